@@ -1,0 +1,635 @@
+"""The sans-IO engine: input events in, actions out.
+
+The engine owns the history, the turn counter and the bookkeeping of the current
+batch of tool calls. It performs no I/O, reads no clock and draws no random number:
+the same events give the same states, history and transition log (I5). Which state
+follows which is decided by the ``transitions`` machine built from ``_table.py``;
+this module supplies the guard predicates the table names and the effects of
+entering each state.
+
+How an input event is handled:
+
+1. In an absorbing (terminal) state, the event is logged and dropped (I4).
+2. If the table has no row for (state, trigger), or the payload does not fit the
+   bookkeeping (a result for a call that is not running...), ``ProtocolError`` is
+   raised *before anything changes* (I8).
+3. The event's data is recorded (a message appended, a result stored), the trigger
+   is fired on the machine (which picks the first row whose guard holds), and the
+   destination's entry effects run (e.g. entering ``AwaitingModel`` asks for a model
+   call).
+4. Internal triggers are fired while their guards hold (``dispatched``,
+   ``results_complete``, ``settled``).
+
+Every transition is logged as one structlog event ``transition`` and recorded in
+``Engine.trace``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import structlog
+from transitions import Machine
+
+from ._errors import InvalidInputError, ProtocolError
+from ._events import (
+    AbortRequested,
+    Action,
+    CallModel,
+    CancelOperations,
+    CheckPermission,
+    Event,
+    HistoryView,
+    ModelCancelled,
+    ModelFailed,
+    ModelResponded,
+    RunEnded,
+    StartTool,
+    ToolCancelled,
+    ToolDenied,
+    ToolFinished,
+    ToolPermitted,
+)
+from ._invariants import history_violations
+from ._messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from ._table import (
+    ABSORBING,
+    INTERNAL_TRIGGERS,
+    RETURNS_TO_CALLER,
+    TRANSITIONS,
+    Guard,
+    Trigger,
+    TurnState,
+    rows_from,
+)
+from ._tools import ToolDefinition, ToolOutput, validate_arguments
+
+__all__ = ["Engine", "TransitionRecord", "build_machine", "check_history", "check_tool_definitions"]
+
+S = TurnState
+
+# Status of one tool call of the current batch.
+_WAITING_PERMISSION: Final = "waiting-permission"
+_READY: Final = "ready"
+_RUNNING: Final = "running"
+_DONE: Final = "done"
+
+
+@attrs.frozen
+class TransitionRecord:
+    """One step of the transition log."""
+
+    source: TurnState
+    trigger: Trigger
+    dest: TurnState
+    turn: int
+
+
+class _Slot:
+    """The bookkeeping of one tool call of the current batch."""
+
+    __slots__ = ("call", "result", "status")
+
+    def __init__(self, call: ToolCall) -> None:
+        self.call = call
+        self.status: str = _READY
+        self.result: ToolResultMessage | None = None
+
+
+class _MachineModel:
+    """The object the ``transitions`` machine moves; it holds nothing but the state."""
+
+    state: TurnState
+
+
+def build_machine(
+    model: object, guards: Mapping[Guard, Any], initial: TurnState = S.Ready
+) -> Machine:
+    """A plain ``transitions.Machine`` for ``model``, derived row by row from the table.
+
+    ``auto_transitions=False`` because the ``to_<state>`` helpers would skip every
+    guard; invalid triggers keep raising; dispatch goes through ``trigger(name)``
+    because a trigger whose name collides with a model attribute is silently not
+    bound as a method.
+    """
+    machine = Machine(
+        model=model,
+        states=list(TurnState),
+        initial=initial,
+        auto_transitions=False,
+        ignore_invalid_triggers=False,
+        send_event=False,
+        model_override=False,
+    )
+    for row in TRANSITIONS:
+        conditions = [guards[row.guard]] if row.guard is not None else None
+        machine.add_transition(row.trigger.value, row.source, row.dest, conditions=conditions)
+    return machine
+
+
+def check_tool_definitions(tools: Sequence[ToolDefinition]) -> tuple[ToolDefinition, ...]:
+    """Refuse a tool list that is not a list of unique definitions."""
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise InvalidInputError("tools must be a sequence of tool definitions")
+    seen: set[str] = set()
+    for i, definition in enumerate(tools):
+        if not isinstance(definition, ToolDefinition):
+            raise InvalidInputError(
+                f"tools[{i}] is a {type(definition).__name__}, not a ToolDefinition"
+            )
+        if definition.name in seen:
+            raise InvalidInputError(
+                f"duplicate tool name {definition.name!r}: tool names must be unique"
+            )
+        seen.add(definition.name)
+    return tuple(tools)
+
+
+def check_history(messages: Sequence[Message]) -> list[Message]:
+    """Refuse a history the engine cannot continue; return it as a new list."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidInputError("messages must be a sequence of messages")
+    history = list(messages)
+    for i, message in enumerate(history):
+        if not isinstance(message, (UserMessage, AssistantMessage, ToolResultMessage)):
+            raise InvalidInputError(
+                f"messages[{i}] is a {type(message).__name__}, not a message "
+                "(use message_from_dict for wire dicts)"
+            )
+    if not history:
+        raise InvalidInputError("the history is empty: give at least one user message")
+    violations = history_violations(history)
+    if violations:
+        raise InvalidInputError("the history is invalid: " + "; ".join(str(v) for v in violations))
+    last = history[-1]
+    if isinstance(last, AssistantMessage):
+        raise InvalidInputError(
+            "the history ends with an assistant message, so there is nothing for the "
+            "model to answer: append a user message to continue"
+        )
+    return history
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+class Engine:
+    """The agent loop as a sans-IO state machine.
+
+    ``handle(event)`` returns the actions to perform next; ``state``, ``messages``,
+    ``turns``, ``trace`` and ``explanation`` describe where the run stands.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[ToolDefinition],
+        messages: Sequence[Message],
+        max_turns: int = 8,
+        check_permissions: bool = False,
+        run_id: str = "run",
+        logger: Any = None,
+    ) -> None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        self._tools = check_tool_definitions(tools)
+        self._tools_by_name = {d.name: d for d in self._tools}
+        self._history: list[Message] = check_history(messages)
+        self._seen_ids: set[str] = {
+            c.id for m in self._history if isinstance(m, AssistantMessage) for c in m.tool_calls
+        }
+        self.max_turns: Final = max_turns
+        self.check_permissions: Final = check_permissions
+        self.run_id: Final = run_id
+        self._log = (logger if logger is not None else structlog.get_logger("statemachine")).bind(
+            run_id=run_id
+        )
+        self.turns = 0
+        self.trace: list[TransitionRecord] = []
+        self.explanation: str | None = None
+        self.abort_reason: str | None = None
+        self._abort_context = ""
+        self._model_outstanding = False
+        self._batch: list[_Slot] = []
+        self._slots: dict[str, _Slot] = {}
+        self._flushed = 0
+        self._denial: tuple[ToolCall, str] | None = None
+        self._event: Event | None = None
+        self._actions: list[Action] = []
+        self._fsm = _MachineModel()
+        guards = {guard: getattr(self, f"_guard_{guard.value}") for guard in Guard}
+        self._machine = build_machine(self._fsm, guards)
+
+    # -- what the caller reads -----------------------------------------------------
+
+    @property
+    def state(self) -> TurnState:
+        return self._fsm.state
+
+    @property
+    def messages(self) -> HistoryView:
+        """The history so far, as an O(1) read-only snapshot."""
+        return HistoryView(self._history)
+
+    @property
+    def tools(self) -> tuple[ToolDefinition, ...]:
+        return self._tools
+
+    @property
+    def is_finished(self) -> bool:
+        """True in a state where a driver returns (terminal, or ``AwaitingUser``)."""
+        return self._fsm.state in RETURNS_TO_CALLER
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """Calls of the current batch that have no result yet, in call order."""
+        return tuple(s.call for s in self._batch if s.status != _DONE)
+
+    # -- handling an event -----------------------------------------------------------
+
+    def handle(self, event: Event) -> tuple[Action, ...]:
+        """Apply one input event; return the actions it calls for.
+
+        Raises ``ProtocolError`` (changing nothing) if the event is not accepted now.
+        """
+        trigger = getattr(event, "trigger", None)
+        if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
+            raise ProtocolError(f"not an input event: {event!r}")
+        state = self._fsm.state
+        if state in ABSORBING:
+            self._log.debug(
+                "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
+            )
+            return ()
+        if not rows_from(state, trigger):
+            accepted = sorted(
+                {r.trigger.value for r in TRANSITIONS if r.source is state}
+                - {t.value for t in INTERNAL_TRIGGERS}
+            )
+            raise ProtocolError(
+                f"{trigger.value!r} is not accepted in state {state.value}; "
+                f"accepted here: {', '.join(accepted) or 'nothing'}"
+            )
+        self._check_payload(state, event)
+        self._actions = []
+        self._event = event
+        try:
+            self._record(state, event)
+            self._fire(trigger)
+            self._run_internal()
+        finally:
+            self._event = None
+        actions = tuple(self._actions)
+        self._actions = []
+        return actions
+
+    def _check_payload(self, state: TurnState, event: Event) -> None:
+        """Refuse events whose data does not fit the bookkeeping; mutate nothing."""
+        if isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
+            if not self._model_outstanding:
+                raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
+            if isinstance(event, ModelCancelled) and state is not S.Aborting:
+                raise ProtocolError("model_cancelled is accepted only while aborting")
+        elif isinstance(event, (ToolPermitted, ToolDenied)):
+            slot = self._slots.get(event.call_id)
+            if slot is None or slot.status != _WAITING_PERMISSION:
+                raise ProtocolError(
+                    f"{event.trigger.value}: call {event.call_id!r} is not waiting for permission"
+                )
+        elif isinstance(event, (ToolFinished, ToolCancelled)):
+            slot = self._slots.get(event.call_id)
+            if slot is None or slot.status != _RUNNING:
+                status = "unknown" if slot is None else slot.status
+                raise ProtocolError(
+                    f"{event.trigger.value}: call {event.call_id!r} is not running (it is {status})"
+                )
+
+    def _record(self, state: TurnState, event: Event) -> None:
+        """Record the event's data; destination-specific effects come on entry."""
+        if isinstance(event, ModelResponded):
+            self._model_outstanding = False
+            message = self._normalise_ids(event.message)
+            self._history.append(message)
+            self._new_batch(message.tool_calls)
+            if state is S.Aborting:
+                self._answer_unresolved("Tool call not started: the run was aborted")
+        elif isinstance(event, ModelFailed):
+            self._model_outstanding = False
+            if state is S.Aborting:
+                self._history.append(
+                    AssistantMessage(
+                        (),
+                        stop_reason=StopReason.ABORTED,
+                        error_message=f"The model call was aborted: {event.error}",
+                    )
+                )
+            else:
+                self._history.append(
+                    AssistantMessage(
+                        (),
+                        stop_reason=StopReason.ERROR,
+                        error_message=f"The model call failed: {event.error}",
+                    )
+                )
+        elif isinstance(event, ModelCancelled):
+            self._model_outstanding = False
+            self._history.append(
+                AssistantMessage(
+                    (),
+                    stop_reason=StopReason.ABORTED,
+                    error_message=f"The model call was aborted: {event.reason}",
+                )
+            )
+        elif isinstance(event, ToolPermitted):
+            self._slots[event.call_id].status = _READY
+        elif isinstance(event, ToolDenied):
+            slot = self._slots[event.call_id]
+            self._resolve(slot, f"Tool call denied: {event.reason}", is_error=True)
+            if not event.advisory and self._denial is None:
+                self._denial = (slot.call, event.reason)
+        elif isinstance(event, ToolFinished):
+            slot = self._slots[event.call_id]
+            self._resolve_output(slot, event.output)
+        elif isinstance(event, ToolCancelled):
+            slot = self._slots[event.call_id]
+            self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
+        elif isinstance(event, AbortRequested) and self.abort_reason is None:
+            self.abort_reason = event.reason
+        self._flush()
+
+    def _fire(self, trigger: Trigger) -> None:
+        source = self._fsm.state
+        if not self._machine.events[trigger.value].trigger(self._fsm):
+            # Unreachable when the table is complete (the checker proves it); kept so
+            # that a broken table fails loudly instead of silently stalling.
+            raise ProtocolError(
+                f"no row of the table applies to {trigger.value!r} in {source.value}"
+            )
+        dest = self._fsm.state
+        self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
+        self._log.debug(
+            "transition",
+            turn=self.turns,
+            from_state=source.value,
+            to_state=dest.value,
+            trigger=trigger.value,
+        )
+        if dest is not source:
+            getattr(self, f"_enter_{dest.value}")(source)
+
+    def _run_internal(self) -> None:
+        # Fire internal triggers to a fixed point. Each firing leaves its source state,
+        # and the table has no cycle of internal triggers, so this terminates.
+        fired = True
+        while fired:
+            fired = False
+            state = self._fsm.state
+            for trigger, guard in INTERNAL_TRIGGERS.items():
+                if rows_from(state, trigger) and getattr(self, f"_guard_{guard.value}")():
+                    self._fire(trigger)
+                    fired = True
+                    break
+
+    # -- guards (named in the table) -----------------------------------------------------
+
+    def _response(self) -> AssistantMessage:
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message
+
+    def _guard_reports_error(self) -> bool:
+        return self._response().stop_reason is StopReason.ERROR
+
+    def _guard_reports_abort(self) -> bool:
+        return self._response().stop_reason is StopReason.ABORTED
+
+    def _guard_has_tool_calls(self) -> bool:
+        return bool(self._batch)
+
+    def _guard_all_calls_resolved(self) -> bool:
+        return all(s.status != _WAITING_PERMISSION for s in self._batch)
+
+    def _guard_all_results_in(self) -> bool:
+        return self._flushed == len(self._batch)
+
+    def _guard_denied_by_policy(self) -> bool:
+        return self._denial is not None
+
+    def _guard_turn_limit_reached(self) -> bool:
+        return self.turns >= self.max_turns
+
+    def _guard_nothing_outstanding(self) -> bool:
+        return not self._model_outstanding and all(s.status != _RUNNING for s in self._batch)
+
+    # -- entry effects -------------------------------------------------------------------
+
+    def _enter_AwaitingModel(self, source: TurnState) -> None:
+        self.turns += 1
+        self._model_outstanding = True
+        self._new_batch(())
+        self._actions.append(CallModel(self.messages, self._tools, self.turns))
+
+    def _enter_DispatchingTools(self, source: TurnState) -> None:
+        for slot in self._batch:
+            definition = self._tools_by_name.get(slot.call.name)
+            if definition is None:
+                self._resolve(slot, self._unknown_tool_text(slot.call.name), is_error=True)
+                continue
+            problems = validate_arguments(definition, slot.call.arguments)
+            if problems:
+                text = (
+                    f"Invalid arguments for tool {slot.call.name}:\n"
+                    + "\n".join(f"- {p}" for p in problems)
+                    + "\nExpected arguments matching this JSON Schema: "
+                    + json.dumps(definition.schema_dict(), sort_keys=True)
+                )
+                self._resolve(slot, text, is_error=True)
+            elif self.check_permissions:
+                slot.status = _WAITING_PERMISSION
+                self._actions.append(CheckPermission(slot.call, self.turns))
+        self._flush()
+
+    def _enter_CollectingResults(self, source: TurnState) -> None:
+        for slot in self._batch:
+            if slot.status == _READY:
+                slot.status = _RUNNING
+                self._actions.append(StartTool(slot.call, self.turns))
+
+    def _enter_Aborting(self, source: TurnState) -> None:
+        reason = self.abort_reason or "aborted"
+        self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
+        running = tuple(s.call.id for s in self._batch if s.status == _RUNNING)
+        self._actions.append(CancelOperations(self._model_outstanding, running, reason))
+        self._abort_context = (
+            f"during the model call of turn {self.turns}"
+            if self._model_outstanding
+            else f"while the tool calls of turn {self.turns} were "
+            + ("running" if source is S.CollectingResults else "being dispatched")
+        )
+
+    def _enter_Done(self, source: TurnState) -> None:
+        self._finish("The model answered without tool calls: the task is complete.")
+
+    def _enter_Failed(self, source: TurnState) -> None:
+        last = self._history[-1]
+        detail = last.error_message if isinstance(last, AssistantMessage) else None
+        if isinstance(self._event, ModelResponded):
+            self._answer_unresolved(
+                "Tool call not run: the model's response reported an error, so its "
+                "arguments may be incomplete"
+            )
+            text = f"The model reported an error: {detail or 'no details given'}"
+        else:
+            text = detail or "The model call failed."
+        self._finish(
+            f"{text}. The run stopped without retrying (turn {self.turns}); fix the "
+            "cause, then run again on this history."
+        )
+
+    def _enter_Aborted(self, source: TurnState) -> None:
+        if source is S.AwaitingModel:
+            self._answer_unresolved(
+                "Tool call not run: the model's response was aborted, so its arguments "
+                "may be incomplete"
+            )
+            last = self._history[-1]
+            detail = last.error_message if isinstance(last, AssistantMessage) else None
+            self._finish(
+                f"The model's response reports that it was aborted"
+                f"{': ' + detail if detail else ''} (turn {self.turns})."
+            )
+            return
+        reason = self.abort_reason or "aborted"
+        if source is S.Aborting:
+            context = self._abort_context
+        elif source is S.Ready:
+            context = "before the first model call"
+        else:
+            context = "while waiting for a person"
+        self._finish(
+            f"Aborted {context}: {reason}. Every tool call that had started has a "
+            "result and finished its cleanup."
+        )
+
+    def _enter_TurnLimitExceeded(self, source: TurnState) -> None:
+        last = self._batch[-1].result if self._batch else None
+        if last is not None:
+            outcome = "failed" if last.is_error else "returned"
+            operation = (
+                f"tool {last.tool_name} (call {last.tool_call_id}) {outcome}: "
+                f"{_short(last.text) or '(no text)'}"
+            )
+        else:
+            operation = "the model's last response"
+        self._finish(
+            f"Stopped at the turn limit: max_turns={self.max_turns} model calls were made "
+            f"and the model still asked for work. Last operation: {operation}. To "
+            "continue, run again on this history with a higher max_turns, or add a user "
+            "message that narrows the task."
+        )
+
+    def _enter_AwaitingUser(self, source: TurnState) -> None:
+        assert self._denial is not None
+        call, reason = self._denial
+        self._denial = None
+        self._finish(
+            f"Waiting for a person: tool call {call.name} (call {call.id}) was denied by "
+            f"policy: {reason}. Resume by appending a user message to this history and "
+            "running again."
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _finish(self, explanation: str) -> None:
+        self.explanation = explanation
+        self._actions.append(RunEnded(self._fsm.state, explanation))
+        self._log.info(
+            "run_ended", turn=self.turns, state=self._fsm.state.value, explanation=explanation
+        )
+
+    def _new_batch(self, calls: Sequence[ToolCall]) -> None:
+        self._batch = [_Slot(c) for c in calls]
+        self._slots = {s.call.id: s for s in self._batch}
+        self._flushed = 0
+
+    def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
+        """Give empty or repeated tool-call ids a unique, deterministic replacement."""
+        calls = message.tool_calls
+        if not calls:
+            return message
+        seen = self._seen_ids
+        if all(c.id and c.id not in seen for c in calls) and len({c.id for c in calls}) == len(
+            calls
+        ):
+            seen.update(c.id for c in calls)
+            return message
+        content = []
+        index = 0
+        for block in message.content:
+            if isinstance(block, ToolCall):
+                if not block.id or block.id in seen:
+                    new_id = f"call_t{self.turns}_{index}"
+                    suffix = 1
+                    while new_id in seen:
+                        new_id = f"call_t{self.turns}_{index}_{suffix}"
+                        suffix += 1
+                    self._log.warning(
+                        "tool_call_id_normalised",
+                        turn=self.turns,
+                        original=block.id,
+                        assigned=new_id,
+                        reason="empty" if not block.id else "repeated",
+                    )
+                    block = ToolCall(new_id, block.name, block.arguments)
+                seen.add(block.id)
+                index += 1
+            content.append(block)
+        return attrs.evolve(message, content=tuple(content))
+
+    def _unknown_tool_text(self, name: str) -> str:
+        if not self._tools:
+            return f"Unknown tool: {name}. No tools are available in this run."
+        names = ", ".join(d.name for d in self._tools)
+        return f"Unknown tool: {name}. Available tools: {names}."
+
+    def _resolve(self, slot: _Slot, text: str, *, is_error: bool) -> None:
+        slot.result = ToolResultMessage(
+            slot.call.id, slot.call.name, (TextContent(text),), is_error=is_error
+        )
+        slot.status = _DONE
+
+    def _resolve_output(self, slot: _Slot, output: ToolOutput) -> None:
+        slot.result = ToolResultMessage(
+            slot.call.id, slot.call.name, output.content, is_error=output.is_error
+        )
+        slot.status = _DONE
+
+    def _answer_unresolved(self, text: str) -> None:
+        """Give every call that never started a result saying why (I1, I6)."""
+        for slot in self._batch:
+            if slot.status in (_WAITING_PERMISSION, _READY):
+                self._resolve(slot, text, is_error=True)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Append the contiguous prefix of arrived results, in call order (I2)."""
+        batch = self._batch
+        i = self._flushed
+        while i < len(batch) and batch[i].status == _DONE:
+            result = batch[i].result
+            assert result is not None
+            self._history.append(result)
+            i += 1
+        self._flushed = i

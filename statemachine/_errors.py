@@ -1,0 +1,100 @@
+"""The one error hierarchy.
+
+Like h11's split between ``LocalProtocolError`` and ``RemoteProtocolError``, the
+hierarchy separates three kinds of trouble, because each calls for a different
+reaction:
+
+* ``UsageError``: the *caller* misused the library (an invalid history, duplicate
+  tool names, an event the engine does not accept in its current state). Raised
+  immediately; fix the calling code.
+* ``BadOutputError``: a *model or tool* produced something unusable (a model client
+  that returned the wrong type, a tool that returned an unsupported value). The
+  driver turns these into an error tool result or a ``Failed`` run; they reach the
+  caller only as explanations, never as a crash.
+* ``RunEndedError``: how a run that did not end ``Done`` explains itself. ``run_agent``
+  never raises these; it puts one in ``RunResult.error`` (and
+  ``RunResult.raise_for_state()`` raises it for callers who prefer exceptions).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AbortedError",
+    "AwaitingUserError",
+    "BadOutputError",
+    "InvalidInputError",
+    "ModelFailedError",
+    "ModelOutputError",
+    "ProtocolError",
+    "RunEndedError",
+    "StateMachineError",
+    "ToolOutputError",
+    "TurnLimitExceededError",
+    "UsageError",
+    "WireFormatError",
+]
+
+
+class StateMachineError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+# -- the caller's misuse -------------------------------------------------------
+
+
+class UsageError(StateMachineError):
+    """The calling code used the library in a way it does not support."""
+
+
+class ProtocolError(UsageError):
+    """An event that the engine does not accept in its current state.
+
+    The engine's state, history and transition log are exactly as they were before
+    the refused event (invariant I8).
+    """
+
+
+class InvalidInputError(UsageError, ValueError):
+    """Input refused before anything ran: an invalid history, tool list or schema."""
+
+
+class WireFormatError(InvalidInputError):
+    """A message dictionary that does not have the wire shape; names the bad path."""
+
+
+# -- a model's or a tool's bad output ------------------------------------------------
+
+
+class BadOutputError(StateMachineError):
+    """A model or a tool produced output that cannot be used as it is."""
+
+
+class ModelOutputError(BadOutputError):
+    """The model client returned something that is not an ``AssistantMessage``."""
+
+
+class ToolOutputError(BadOutputError):
+    """A tool returned a value of a type that cannot become a tool result."""
+
+
+# -- how a run that is not Done explains itself ----------------------------------
+
+
+class RunEndedError(StateMachineError):
+    """A run ended in a state other than ``Done``; the message says why."""
+
+
+class AbortedError(RunEndedError):
+    """The run was aborted (by the caller's signal or by the model's own report)."""
+
+
+class TurnLimitExceededError(RunEndedError):
+    """The turn limit was reached while the model still had work to do."""
+
+
+class ModelFailedError(RunEndedError):
+    """The model provider failed in a way that retrying in the loop will not fix."""
+
+
+class AwaitingUserError(RunEndedError):
+    """The run stopped to wait for a person (a call was denied by policy)."""

@@ -1,0 +1,229 @@
+"""Input events (what a driver tells the engine) and actions (what it asks back).
+
+Both are small frozen classes. An input event names the trigger it causes; the
+transition table (``_table.py``) says what that trigger does in each state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar, TypeAlias, overload
+
+import attrs
+
+from ._messages import AssistantMessage, Message, ToolCall
+from ._table import Trigger, TurnState
+from ._tools import ToolDefinition, ToolOutput
+
+__all__ = [
+    "AbortRequested",
+    "Action",
+    "CallModel",
+    "CancelOperations",
+    "CheckPermission",
+    "Event",
+    "HistoryView",
+    "ModelCancelled",
+    "ModelFailed",
+    "ModelResponded",
+    "RunEnded",
+    "Start",
+    "StartTool",
+    "ToolCancelled",
+    "ToolDenied",
+    "ToolFinished",
+    "ToolPermitted",
+]
+
+_str = attrs.validators.instance_of(str)
+
+# -- input events ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Start:
+    """Begin the run: the first model call."""
+
+    trigger: ClassVar[Trigger] = Trigger.start
+
+
+@attrs.frozen
+class ModelResponded:
+    """The model client returned this assistant message."""
+
+    trigger: ClassVar[Trigger] = Trigger.model_responded
+    message: AssistantMessage = attrs.field(
+        validator=attrs.validators.instance_of(AssistantMessage)
+    )
+
+
+@attrs.frozen
+class ModelFailed:
+    """The model client raised; ``error`` is the readable text of the exception."""
+
+    trigger: ClassVar[Trigger] = Trigger.model_failed
+    error: str = attrs.field(validator=_str)
+
+
+@attrs.frozen
+class ModelCancelled:
+    """After an abort, the driver stopped waiting for the model call."""
+
+    trigger: ClassVar[Trigger] = Trigger.model_cancelled
+    reason: str = attrs.field(default="cancelled after the abort grace period", validator=_str)
+
+
+@attrs.frozen
+class ToolPermitted:
+    """The permission hook allowed this call."""
+
+    trigger: ClassVar[Trigger] = Trigger.tool_permitted
+    call_id: str = attrs.field(validator=_str)
+
+
+@attrs.frozen
+class ToolDenied:
+    """The permission hook denied this call. An *advisory* denial lets the run go on
+    (the model reads the reason); a policy denial stops it in ``AwaitingUser``."""
+
+    trigger: ClassVar[Trigger] = Trigger.tool_denied
+    call_id: str = attrs.field(validator=_str)
+    reason: str = attrs.field(validator=_str)
+    advisory: bool = False
+
+
+@attrs.frozen
+class ToolFinished:
+    """A started tool produced its output (a raise is converted to an error output)."""
+
+    trigger: ClassVar[Trigger] = Trigger.tool_finished
+    call_id: str = attrs.field(validator=_str)
+    output: ToolOutput = attrs.field(validator=attrs.validators.instance_of(ToolOutput))
+
+
+@attrs.frozen
+class ToolCancelled:
+    """After an abort, the driver stopped waiting for this tool."""
+
+    trigger: ClassVar[Trigger] = Trigger.tool_cancelled
+    call_id: str = attrs.field(validator=_str)
+    reason: str = attrs.field(default="cancelled after the abort grace period", validator=_str)
+
+
+@attrs.frozen
+class AbortRequested:
+    """The run's abort signal fired."""
+
+    trigger: ClassVar[Trigger] = Trigger.abort
+    reason: str = attrs.field(default="aborted by the caller", validator=_str)
+
+
+Event: TypeAlias = (
+    Start
+    | ModelResponded
+    | ModelFailed
+    | ModelCancelled
+    | ToolPermitted
+    | ToolDenied
+    | ToolFinished
+    | ToolCancelled
+    | AbortRequested
+)
+
+# -- actions --------------------------------------------------------------------------
+
+
+class HistoryView(Sequence[Message]):
+    """A read-only view of the first ``length`` messages of a history.
+
+    The history is append-only (I2), so a prefix of it never changes: this view is a
+    true snapshot that costs O(1) to make. That keeps the per-turn cost of a model
+    call flat however long the history grows.
+    """
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list[Message], length: int | None = None) -> None:
+        self._items = items
+        self._length = len(items) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        if isinstance(index, slice):
+            return tuple(self._items[: self._length][index])
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("history index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        items = self._items
+        for i in range(self._length):
+            yield items[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == self._length and all(
+                a == b for a, b in zip(self, other, strict=False)
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HistoryView({list(self)!r})"
+
+
+@attrs.frozen
+class CallModel:
+    """Call the model with this context and these tool definitions."""
+
+    messages: Sequence[Message]
+    tools: tuple[ToolDefinition, ...]
+    turn: int
+
+
+@attrs.frozen
+class CheckPermission:
+    """Ask the permission hook about this call; answer with ToolPermitted/ToolDenied."""
+
+    call: ToolCall
+    turn: int
+
+
+@attrs.frozen
+class StartTool:
+    """Run this (validated, permitted) call; answer with ToolFinished."""
+
+    call: ToolCall
+    turn: int
+
+
+@attrs.frozen
+class CancelOperations:
+    """Signal these outstanding operations to stop; after the grace period, answer each
+    that has not finished with ModelCancelled / ToolCancelled."""
+
+    model: bool
+    tool_call_ids: tuple[str, ...]
+    reason: str
+
+
+@attrs.frozen
+class RunEnded:
+    """The run reached a state in which the driver returns to its caller."""
+
+    state: TurnState
+    explanation: str
+
+
+Action: TypeAlias = CallModel | CheckPermission | StartTool | CancelOperations | RunEnded

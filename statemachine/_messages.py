@@ -1,0 +1,457 @@
+"""Messages, their content blocks, and the JSON wire shape.
+
+Everything here is a frozen, slotted attrs class holding tuples, never lists, so a
+message that has entered a history can never change under it (invariant I2 holds by
+construction, not by discipline). Tool-call arguments are JSON values; they are
+frozen deeply (objects become read-only mappings, arrays become tuples) and thawed
+back into plain ``dict``/``list`` for a tool and for the wire, so a tool that mutates
+its arguments cannot rewrite the history.
+
+The wire shape is the seed's camelCase JSON (see DESIGN.md). ``message_from_dict``
+is strict: anything that is not exactly that shape raises ``WireFormatError`` naming
+the path of the first problem (``message.content[2].arguments``), because a
+transcript that half-parses is worse than one that is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeAlias
+
+import attrs
+
+from ._errors import WireFormatError
+
+__all__ = [
+    "AssistantContent",
+    "AssistantMessage",
+    "ImageContent",
+    "Message",
+    "StopReason",
+    "TextContent",
+    "ThinkingContent",
+    "ToolCall",
+    "ToolResultContent",
+    "ToolResultMessage",
+    "Usage",
+    "UserContent",
+    "UserMessage",
+    "freeze_json",
+    "message_from_dict",
+    "message_to_dict",
+    "messages_from_dicts",
+    "messages_to_dicts",
+    "thaw_json",
+]
+
+
+class StopReason(enum.StrEnum):
+    """Why the model stopped. It explains a state; it never drives control flow."""
+
+    STOP = "stop"
+    TOOL_USE = "toolUse"
+    LENGTH = "length"
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+# -- JSON values -----------------------------------------------------------------
+
+
+def freeze_json(value: Any, path: str = "value") -> Any:
+    """Return a deeply immutable copy of a JSON value; raise on non-JSON values."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise WireFormatError(f"{path}: {value!r} is not a JSON number")
+        return value
+    if isinstance(value, Mapping):
+        frozen: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise WireFormatError(f"{path}: object keys must be strings, got {key!r}")
+            frozen[key] = freeze_json(item, f"{path}.{key}")
+        return MappingProxyType(frozen)
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze_json(item, f"{path}[{i}]") for i, item in enumerate(value))
+    raise WireFormatError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+def thaw_json(value: Any) -> Any:
+    """Return a plain, mutable ``dict``/``list`` copy of a frozen JSON value."""
+    if isinstance(value, Mapping):
+        return {key: thaw_json(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [thaw_json(item) for item in value]
+    return value
+
+
+def _freeze_arguments(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise WireFormatError(
+            f"tool call arguments must be a JSON object, got {type(value).__name__}"
+        )
+    frozen: Mapping[str, Any] = freeze_json(value, "arguments")
+    return frozen
+
+
+# -- content blocks -------------------------------------------------------------
+
+
+@attrs.frozen
+class TextContent:
+    """Plain text."""
+
+    type: ClassVar[str] = "text"
+    text: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen
+class ThinkingContent:
+    """A model's reasoning, with the provider's opaque signature when it gives one."""
+
+    type: ClassVar[str] = "thinking"
+    thinking: str = attrs.field(validator=attrs.validators.instance_of(str))
+    signature: str | None = None
+
+
+@attrs.frozen
+class ImageContent:
+    """An image as base64 data and its MIME type."""
+
+    type: ClassVar[str] = "image"
+    data: str = attrs.field(validator=attrs.validators.instance_of(str))
+    mime_type: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+
+@attrs.frozen
+class ToolCall:
+    """A request by the model to run a tool. ``arguments`` is a read-only JSON object."""
+
+    type: ClassVar[str] = "toolCall"
+    id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    arguments: Mapping[str, Any] = attrs.field(
+        factory=lambda: MappingProxyType({}), converter=_freeze_arguments
+    )
+
+    def arguments_dict(self) -> dict[str, Any]:
+        """A fresh, mutable copy of the arguments (what a tool receives)."""
+        thawed: dict[str, Any] = thaw_json(self.arguments)
+        return thawed
+
+
+UserContent: TypeAlias = TextContent | ImageContent
+AssistantContent: TypeAlias = TextContent | ThinkingContent | ToolCall
+ToolResultContent: TypeAlias = TextContent | ImageContent
+
+
+def _blocks(value: Any, allowed: tuple[type, ...], role: str) -> tuple[Any, ...]:
+    if isinstance(value, str):
+        value = (TextContent(value),)
+    elif not isinstance(value, Iterable):
+        raise TypeError(f"{role} content must be a str or a sequence of blocks")
+    blocks = tuple(value)
+    for i, block in enumerate(blocks):
+        if not isinstance(block, allowed):
+            names = ", ".join(cls.__name__ for cls in allowed)
+            raise TypeError(f"{role} content[{i}] is a {type(block).__name__}; expected {names}")
+    return blocks
+
+
+def _user_content(value: Any) -> tuple[UserContent, ...]:
+    return _blocks(value, (TextContent, ImageContent), "user message")
+
+
+def _assistant_content(value: Any) -> tuple[AssistantContent, ...]:
+    return _blocks(value, (TextContent, ThinkingContent, ToolCall), "assistant message")
+
+
+def _result_content(value: Any) -> tuple[ToolResultContent, ...]:
+    return _blocks(value, (TextContent, ImageContent), "tool result")
+
+
+# -- usage ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Usage:
+    """Token usage of one model response; ``cost`` is in USD when a provider gives it."""
+
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    total_tokens: int = 0
+    cost: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        cost: float | None
+        if self.cost is None and other.cost is None:
+            cost = None
+        else:
+            cost = (self.cost or 0.0) + (other.cost or 0.0)
+        return Usage(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=cost,
+        )
+
+
+# -- messages -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class UserMessage:
+    """Input from a person (or a caller speaking for one). A str becomes one text block."""
+
+    role: ClassVar[str] = "user"
+    content: tuple[UserContent, ...] = attrs.field(converter=_user_content)
+
+
+@attrs.frozen
+class AssistantMessage:
+    """One model response: text, thinking and tool calls, in the order the model gave them."""
+
+    role: ClassVar[str] = "assistant"
+    content: tuple[AssistantContent, ...] = attrs.field(converter=_assistant_content)
+    stop_reason: StopReason = attrs.field(default=StopReason.STOP, converter=StopReason)
+    error_message: str | None = None
+    usage: Usage | None = None
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls, in content order. Their presence, not the stop reason,
+        decides whether tools run."""
+        return tuple(block for block in self.content if isinstance(block, ToolCall))
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined (thinking excluded)."""
+        return "".join(b.text for b in self.content if isinstance(b, TextContent))
+
+
+@attrs.frozen
+class ToolResultMessage:
+    """The one result of one tool call. ``is_error`` marks every failure path."""
+
+    role: ClassVar[str] = "toolResult"
+    tool_call_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    tool_name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    content: tuple[ToolResultContent, ...] = attrs.field(converter=_result_content)
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined by newlines."""
+        return "\n".join(b.text for b in self.content if isinstance(b, TextContent))
+
+
+Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
+
+
+# -- wire format: to dict ---------------------------------------------------------------
+
+
+def _block_to_dict(block: Any) -> dict[str, Any]:
+    if isinstance(block, TextContent):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ThinkingContent):
+        out: dict[str, Any] = {"type": "thinking", "thinking": block.thinking}
+        if block.signature is not None:
+            out["signature"] = block.signature
+        return out
+    if isinstance(block, ImageContent):
+        return {"type": "image", "data": block.data, "mimeType": block.mime_type}
+    if isinstance(block, ToolCall):
+        return {
+            "type": "toolCall",
+            "id": block.id,
+            "name": block.name,
+            "arguments": thaw_json(block.arguments),
+        }
+    raise TypeError(f"not a content block: {block!r}")
+
+
+def _usage_to_dict(usage: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "input": usage.input,
+        "output": usage.output,
+        "cacheRead": usage.cache_read,
+        "cacheWrite": usage.cache_write,
+        "totalTokens": usage.total_tokens,
+    }
+    if usage.cost is not None:
+        out["cost"] = usage.cost
+    return out
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """The JSON wire shape of a message (plain dicts and lists, ready for ``json``)."""
+    if isinstance(message, UserMessage):
+        return {"role": "user", "content": [_block_to_dict(b) for b in message.content]}
+    if isinstance(message, AssistantMessage):
+        out: dict[str, Any] = {
+            "role": "assistant",
+            "content": [_block_to_dict(b) for b in message.content],
+            "stopReason": message.stop_reason.value,
+        }
+        if message.error_message is not None:
+            out["errorMessage"] = message.error_message
+        if message.usage is not None:
+            out["usage"] = _usage_to_dict(message.usage)
+        return out
+    if isinstance(message, ToolResultMessage):
+        return {
+            "role": "toolResult",
+            "toolCallId": message.tool_call_id,
+            "toolName": message.tool_name,
+            "content": [_block_to_dict(b) for b in message.content],
+            "isError": message.is_error,
+        }
+    raise TypeError(f"not a message: {message!r}")
+
+
+def messages_to_dicts(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """``message_to_dict`` over a history."""
+    return [message_to_dict(m) for m in messages]
+
+
+# -- wire format: from dict -----------------------------------------------------------
+
+
+def _expect(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    if key not in d:
+        raise WireFormatError(f"{path}: missing key {key!r}")
+    value = d[key]
+    # bool is an int in Python; a JSON true is never a token count.
+    if isinstance(value, bool) and kind in (int, (int, float)):
+        raise WireFormatError(f"{path}.{key}: expected a number, got a boolean")
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        raise WireFormatError(f"{path}.{key}: expected {names}, got {type(value).__name__}")
+    return value
+
+
+def _optional(d: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
+    if key not in d or d[key] is None:
+        return None
+    return _expect(d, key, kind, path)
+
+
+def _check_keys(d: Mapping[str, Any], allowed: set[str], path: str) -> None:
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise WireFormatError(f"{path}: unknown key(s) {', '.join(map(repr, extra))}")
+
+
+_BLOCK_KEYS: dict[str, set[str]] = {
+    "text": {"type", "text"},
+    "thinking": {"type", "thinking", "signature"},
+    "image": {"type", "data", "mimeType"},
+    "toolCall": {"type", "id", "name", "arguments"},
+}
+
+
+def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
+    if not isinstance(d, Mapping):
+        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
+    kind = _expect(d, "type", str, path)
+    if kind not in allowed:
+        raise WireFormatError(
+            f"{path}.type: {kind!r} is not allowed here (expected one of "
+            f"{', '.join(map(repr, allowed))})"
+        )
+    _check_keys(d, _BLOCK_KEYS[kind], path)
+    if kind == "text":
+        return TextContent(_expect(d, "text", str, path))
+    if kind == "thinking":
+        return ThinkingContent(
+            _expect(d, "thinking", str, path), _optional(d, "signature", str, path)
+        )
+    if kind == "image":
+        return ImageContent(_expect(d, "data", str, path), _expect(d, "mimeType", str, path))
+    arguments = _expect(d, "arguments", Mapping, path)
+    return ToolCall(
+        _expect(d, "id", str, path),
+        _expect(d, "name", str, path),
+        freeze_json(arguments, f"{path}.arguments"),
+    )
+
+
+def _content_from(d: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> tuple[Any, ...]:
+    content = _expect(d, "content", list, path)
+    return tuple(
+        _block_from_dict(block, allowed, f"{path}.content[{i}]") for i, block in enumerate(content)
+    )
+
+
+def _usage_from_dict(d: Any, path: str) -> Usage:
+    if not isinstance(d, Mapping):
+        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
+    _check_keys(d, {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}, path)
+    cost = None
+    if d.get("cost") is not None:
+        cost = float(_expect(d, "cost", (int, float), path))
+    return Usage(
+        input=_expect(d, "input", int, path),
+        output=_expect(d, "output", int, path),
+        cache_read=_expect(d, "cacheRead", int, path),
+        cache_write=_expect(d, "cacheWrite", int, path),
+        total_tokens=_expect(d, "totalTokens", int, path),
+        cost=cost,
+    )
+
+
+def message_from_dict(d: Mapping[str, Any], *, path: str = "message") -> Message:
+    """Parse the JSON wire shape; raise ``WireFormatError`` naming the first bad path."""
+    if not isinstance(d, Mapping):
+        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
+    role = _expect(d, "role", str, path)
+    if role == "user":
+        _check_keys(d, {"role", "content"}, path)
+        return UserMessage(_content_from(d, ("text", "image"), path))
+    if role == "assistant":
+        _check_keys(d, {"role", "content", "stopReason", "errorMessage", "usage"}, path)
+        raw_stop = _expect(d, "stopReason", str, path)
+        try:
+            stop = StopReason(raw_stop)
+        except ValueError:
+            valid = ", ".join(repr(s.value) for s in StopReason)
+            raise WireFormatError(
+                f"{path}.stopReason: {raw_stop!r} is not one of {valid}"
+            ) from None
+        usage = None
+        if d.get("usage") is not None:
+            usage = _usage_from_dict(d["usage"], f"{path}.usage")
+        return AssistantMessage(
+            _content_from(d, ("text", "thinking", "toolCall"), path),
+            stop_reason=stop,
+            error_message=_optional(d, "errorMessage", str, path),
+            usage=usage,
+        )
+    if role == "toolResult":
+        _check_keys(d, {"role", "toolCallId", "toolName", "content", "isError"}, path)
+        return ToolResultMessage(
+            _expect(d, "toolCallId", str, path),
+            _expect(d, "toolName", str, path),
+            _content_from(d, ("text", "image"), path),
+            is_error=_expect(d, "isError", bool, path),
+        )
+    raise WireFormatError(f"{path}.role: {role!r} is not one of 'user', 'assistant', 'toolResult'")
+
+
+def messages_from_dicts(items: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """``message_from_dict`` over a history; paths name the index (``messages[3]``)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise WireFormatError("messages: expected an array of messages")
+    return [message_from_dict(d, path=f"messages[{i}]") for i, d in enumerate(items)]

@@ -1,0 +1,342 @@
+"""The transition table: every state, trigger, guard and destination of the loop.
+
+This module is the single source of truth. The ``transitions`` machine that the
+engine runs, the diagrams, the docs, the exhaustive checker and the tests are all
+derived from ``TRANSITIONS`` below; nothing restates it by hand. If you want to know
+what the loop can do, read this file; if you want to change what it does, change
+this table (and the engine's guard predicates, which are named here).
+
+Rules
+=====
+
+A *run* starts in ``Ready`` with a history that already satisfies the invariants
+(every tool call answered exactly once, I1). Each *turn* is one model response plus
+the tool executions it triggers::
+
+    Ready --start--> AwaitingModel --model_responded--> DispatchingTools
+        --dispatched--> CollectingResults --results_complete--> AwaitingModel ...
+
+1. **The assistant message enters history first.** On ``model_responded`` the
+   message is appended before any tool runs, so the transcript, the UI, the journal
+   and a resumed session all see the request before its effects.
+2. **Tool calls decide control flow; the stop reason explains it.** The guard
+   ``has_tool_calls`` looks at the content, never at ``stopReason``: a response with
+   ``stopReason: "stop"`` that carries tool calls still runs them (the classic bug of
+   ending on the stop reason drops them and leaves an invalid history). The one
+   exception: a response that reports its *own* failure (stop reason ``error`` or
+   ``aborted``) ends the run; its tool calls are answered with error results saying
+   they were not run, because their arguments may be cut off.
+3. **Every tool call gets exactly one result (I1), and only from one of two
+   places.** In ``DispatchingTools`` the engine resolves each call in order: an
+   unknown name or arguments that fail the JSON Schema give an error result at once;
+   a call the permission hook denies gives an error result with the reason; every
+   other call is started. In ``CollectingResults`` each started call's result
+   arrives as ``tool_finished`` (a tool's exception arrives as an error output: the
+   driver converts, the engine never sees a raise). A call cannot be answered twice:
+   the engine refuses a second result for it.
+4. **Results enter history in tool-call order (I2),** whatever order the tools
+   finish in: a result waits until every result before it has arrived, then the
+   contiguous prefix is appended. A transcript therefore does not depend on timing,
+   and provider prompt caches stay valid.
+5. **The turn boundary** is ``results_complete``: the batch is fully answered. The
+   guards are tried in this order, and the first that holds wins:
+
+   - ``denied_by_policy`` -> ``AwaitingUser``. A denial fed back to the model only
+     invites retries (the seed), so the run stops and waits for a person. This wins
+     over the turn limit because the person must hear about the denial either way.
+   - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work and
+     would need another call to see its results; I7 forbids that call.
+   - otherwise -> ``AwaitingModel``: the results go back to the model.
+
+6. **A run ends ``Done`` only when the last assistant message has no tool call**
+   (I3). ``Done`` is reached from ``AwaitingModel`` alone.
+7. **Abort** is accepted in every live state. From ``Ready`` and ``AwaitingUser``
+   nothing is running, so the run is ``Aborted`` at once. From the three working
+   states it goes to ``Aborting``: calls that never started get a result saying so
+   at once; the model call and started tools are told (the driver signals them)
+   and the engine waits for each to report, either a final result (kept as it is,
+   I6) or ``*_cancelled`` when the driver gave up on it after the grace period.
+   When nothing is outstanding, ``settled`` moves to ``Aborted``. A model call cut
+   short leaves an assistant message with stop reason ``aborted`` holding whatever
+   content had arrived.
+8. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
+   with an assistant message of stop reason ``error``; the engine does not retry.
+9. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
+   ``TurnLimitExceeded`` and ``Failed`` accept any event and change nothing, so a
+   late report from a straggling task can never corrupt a finished run. Each carries
+   an explanation a person can read.
+10. **Everything else is refused.** An event whose trigger has no row from the
+    current state, or whose payload does not fit (a result for an unknown call, a
+    second result for one call), raises ``ProtocolError`` and leaves the state,
+    history and transition log exactly as they were (I8).
+
+Theory of operation
+===================
+
+There are two kinds of trigger. *Input* triggers are caused by an event that a
+driver hands to ``Engine.handle`` (the model answered, a tool finished, abort was
+asked). *Internal* triggers are fired by the engine itself, right after an input
+was handled, when their guard holds; they model the "and now, if everything is in"
+steps, so that each state's meaning is exact (``DispatchingTools`` really means a
+call is still waiting for permission, ``CollectingResults`` really means a started
+call has no result yet). ``INTERNAL_TRIGGERS`` lists them with the guard that fires
+them; the engine fires them to a fixed point after every input.
+
+Rows that share a source and a trigger are tried in table order; the first whose
+guard holds wins. The last row of a group has no guard, so exactly one row always
+applies, except the lone row of an internal trigger, which carries the guard that
+fires it (so the diagrams can show it). The checker proves for every reachable state
+that some row applies.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+__all__ = [
+    "ABSORBING",
+    "INPUT_TRIGGERS",
+    "INTERNAL_TRIGGERS",
+    "RETURNS_TO_CALLER",
+    "STATE_DOCS",
+    "TERMINAL",
+    "TRANSITIONS",
+    "TRIGGER_DOCS",
+    "Guard",
+    "Transition",
+    "Trigger",
+    "TurnState",
+    "rows_from",
+]
+
+
+class TurnState(enum.StrEnum):
+    """The states of a run. Values are exactly the names used in the docs."""
+
+    Ready = "Ready"
+    AwaitingModel = "AwaitingModel"
+    DispatchingTools = "DispatchingTools"
+    CollectingResults = "CollectingResults"
+    Aborting = "Aborting"
+    AwaitingUser = "AwaitingUser"
+    Done = "Done"
+    Aborted = "Aborted"
+    TurnLimitExceeded = "TurnLimitExceeded"
+    Failed = "Failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for the states that end a run and absorb every further event."""
+        return self in TERMINAL
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Trigger(enum.StrEnum):
+    """Everything that can move the machine. See ``TRIGGER_DOCS``."""
+
+    # input triggers: caused by an event handed to Engine.handle
+    start = "start"
+    model_responded = "model_responded"
+    model_failed = "model_failed"
+    model_cancelled = "model_cancelled"
+    tool_permitted = "tool_permitted"
+    tool_denied = "tool_denied"
+    tool_finished = "tool_finished"
+    tool_cancelled = "tool_cancelled"
+    abort = "abort"
+    # internal triggers: fired by the engine when their guard holds
+    dispatched = "dispatched"
+    results_complete = "results_complete"
+    settled = "settled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Guard(enum.StrEnum):
+    """Named predicates over the engine's state and the event being handled.
+
+    The engine implements each as a method ``_guard_<value>``; a test checks that
+    every guard named here has one and that no other exists.
+    """
+
+    reports_error = "reports_error"
+    reports_abort = "reports_abort"
+    has_tool_calls = "has_tool_calls"
+    all_calls_resolved = "all_calls_resolved"
+    all_results_in = "all_results_in"
+    denied_by_policy = "denied_by_policy"
+    turn_limit_reached = "turn_limit_reached"
+    nothing_outstanding = "nothing_outstanding"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = TurnState
+T = Trigger
+G = Guard
+
+
+@attrs.frozen
+class Transition:
+    """One row: in ``source``, on ``trigger``, if ``guard`` holds, go to ``dest``."""
+
+    source: TurnState
+    trigger: Trigger
+    dest: TurnState
+    guard: Guard | None
+    label: str  # how a person would say it; used by diagrams and docs
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    # -- starting -------------------------------------------------------------------
+    Transition(S.Ready, T.start, S.AwaitingModel, None, "call the model"),
+    Transition(S.Ready, T.abort, S.Aborted, None, "aborted before the first call"),
+    # -- the model answered ---------------------------------------------------------------
+    # Order matters: a response that reports its own failure ends the run even if it
+    # carries tool calls (their arguments may be cut off); otherwise the presence of
+    # tool calls, never the stop reason, decides.
+    Transition(
+        S.AwaitingModel,
+        T.model_responded,
+        S.Failed,
+        G.reports_error,
+        "response reports an error",
+    ),
+    Transition(
+        S.AwaitingModel,
+        T.model_responded,
+        S.Aborted,
+        G.reports_abort,
+        "response reports an abort",
+    ),
+    Transition(
+        S.AwaitingModel,
+        T.model_responded,
+        S.DispatchingTools,
+        G.has_tool_calls,
+        "response has tool calls",
+    ),
+    Transition(S.AwaitingModel, T.model_responded, S.Done, None, "response has no tool call"),
+    Transition(S.AwaitingModel, T.model_failed, S.Failed, None, "model call raised"),
+    Transition(S.AwaitingModel, T.abort, S.Aborting, None, "abort during the model call"),
+    # -- resolving and starting the calls --------------------------------------------------
+    Transition(S.DispatchingTools, T.tool_permitted, S.DispatchingTools, None, "call permitted"),
+    Transition(S.DispatchingTools, T.tool_denied, S.DispatchingTools, None, "call denied"),
+    Transition(
+        S.DispatchingTools,
+        T.dispatched,
+        S.CollectingResults,
+        G.all_calls_resolved,
+        "every call resolved; start the permitted ones",
+    ),
+    Transition(S.DispatchingTools, T.abort, S.Aborting, None, "abort while dispatching"),
+    # -- collecting results -------------------------------------------------------------
+    Transition(S.CollectingResults, T.tool_finished, S.CollectingResults, None, "a tool finished"),
+    # The turn boundary. Denial wins over the limit: a person must hear of it anyway.
+    Transition(
+        S.CollectingResults,
+        T.results_complete,
+        S.AwaitingUser,
+        G.denied_by_policy,
+        "a call was denied by policy",
+    ),
+    Transition(
+        S.CollectingResults,
+        T.results_complete,
+        S.TurnLimitExceeded,
+        G.turn_limit_reached,
+        "turn limit reached with work asked for",
+    ),
+    Transition(
+        S.CollectingResults,
+        T.results_complete,
+        S.AwaitingModel,
+        None,
+        "send the results to the model",
+    ),
+    Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
+    # -- aborting: wait for every started operation to report ----------------------------------
+    Transition(S.Aborting, T.model_responded, S.Aborting, None, "the model call ended"),
+    Transition(S.Aborting, T.model_failed, S.Aborting, None, "the model call raised"),
+    Transition(S.Aborting, T.model_cancelled, S.Aborting, None, "the model call was cancelled"),
+    Transition(S.Aborting, T.tool_finished, S.Aborting, None, "a tool finished its cleanup"),
+    Transition(S.Aborting, T.tool_cancelled, S.Aborting, None, "a tool was cancelled"),
+    Transition(S.Aborting, T.abort, S.Aborting, None, "abort asked again"),
+    Transition(
+        S.Aborting,
+        T.settled,
+        S.Aborted,
+        G.nothing_outstanding,
+        "every started operation has reported",
+    ),
+    # -- waiting for a person ------------------------------------------------------------
+    Transition(S.AwaitingUser, T.abort, S.Aborted, None, "abandoned while waiting"),
+)
+
+TERMINAL: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
+"""States that end a run."""
+
+ABSORBING: frozenset[TurnState] = TERMINAL
+"""States that accept every event and change nothing (I4)."""
+
+RETURNS_TO_CALLER: frozenset[TurnState] = TERMINAL | {S.AwaitingUser}
+"""States in which a driver stops and returns its result."""
+
+INTERNAL_TRIGGERS: Mapping[Trigger, Guard] = {
+    T.dispatched: G.all_calls_resolved,
+    T.results_complete: G.all_results_in,
+    T.settled: G.nothing_outstanding,
+}
+"""Triggers the engine fires itself, with the guard that must hold to fire them."""
+
+INPUT_TRIGGERS: tuple[Trigger, ...] = tuple(t for t in Trigger if t not in INTERNAL_TRIGGERS)
+
+STATE_DOCS: Mapping[TurnState, str] = {
+    S.Ready: "the history is checked; nothing has been asked yet",
+    S.AwaitingModel: "a request is out to the model",
+    S.DispatchingTools: (
+        "the assistant message is in history; its tool calls are being resolved "
+        "(looked up, validated, permitted)"
+    ),
+    S.CollectingResults: "the permitted tool calls are running; results are being collected",
+    S.Aborting: "an abort was asked; started work is finishing its cleanup",
+    S.AwaitingUser: "stopped to wait for a person (a call was denied by policy)",
+    S.Done: "the last assistant message has no tool call",
+    S.Aborted: "the run was aborted; every started tool call has a result",
+    S.TurnLimitExceeded: "the turn limit was reached with work still asked for",
+    S.Failed: "the provider failed; the history ends with an error assistant message",
+}
+
+TRIGGER_DOCS: Mapping[Trigger, str] = {
+    T.start: "the driver starts the run",
+    T.model_responded: "the model client returned an assistant message",
+    T.model_failed: "the model client raised",
+    T.model_cancelled: "after an abort, the driver gave up waiting for the model call",
+    T.tool_permitted: "the permission hook allowed a call",
+    T.tool_denied: "the permission hook denied a call",
+    T.tool_finished: "a started tool returned (or raised; the driver converts it)",
+    T.tool_cancelled: "after an abort, the driver gave up waiting for a tool",
+    T.abort: "the run's abort signal fired",
+    T.dispatched: "internal: every call of the batch is resolved",
+    T.results_complete: "internal: every call of the batch has its result",
+    T.settled: "internal: after an abort, nothing is outstanding",
+}
+
+_BY_SOURCE: dict[tuple[TurnState, Trigger], tuple[Transition, ...]] = {}
+for _row in TRANSITIONS:
+    _BY_SOURCE[(_row.source, _row.trigger)] = (
+        *_BY_SOURCE.get((_row.source, _row.trigger), ()),
+        _row,
+    )
+
+
+def rows_from(source: TurnState, trigger: Trigger) -> tuple[Transition, ...]:
+    """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
+    return _BY_SOURCE.get((source, trigger), ())

@@ -1,0 +1,358 @@
+"""The tool boundary: definitions, runtimes, argument validation, and ``@tool``.
+
+A ``ToolDefinition`` is what the model sees (name, description, JSON Schema of the
+arguments); it is checked when it is made, so a broken schema is the caller's error
+at start-up, never a mystery at the first call. Its compiled validator lives on it,
+because validation is pure computation and belongs to the sans-IO core: the engine
+rejects bad arguments with an error result before any tool code runs.
+
+A ``Tool`` adds the runtime: ``async execute(arguments, signal)``. ``@tool`` builds one
+from a typed Python function.
+
+What abort can do to a tool
+---------------------------
+An async tool receives the run's ``AbortSignal``; when the run is aborted the driver
+waits a grace period for it to finish its cleanup, then cancels its task (a
+``CancelledError`` at its next ``await``). A *sync* function decorated with ``@tool``
+runs in a worker thread, and Python cannot interrupt a thread: abort sets the signal
+(the function may poll ``signal.aborted`` if it takes a ``signal`` parameter), and
+after the grace period the run stops waiting and records "Operation aborted", but the
+thread runs on to its natural end in the background and its return value is dropped.
+Keep sync tools short, or make them check the signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import inspect
+import re
+import types
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias, Union, overload
+
+import attrs
+import jsonschema
+import jsonschema.validators
+
+from ._abort import AbortSignal
+from ._errors import InvalidInputError
+from ._messages import (
+    ImageContent,
+    TextContent,
+    ToolResultContent,
+    freeze_json,
+    thaw_json,
+)
+
+__all__ = [
+    "Tool",
+    "ToolDefinition",
+    "ToolExecute",
+    "ToolOutput",
+    "ToolReturn",
+    "tool",
+    "validate_arguments",
+]
+
+# Providers restrict tool names; OpenAI's rule is the strictest common one.
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _check_name(_: object, __: object, value: str) -> None:
+    if not isinstance(value, str) or not _TOOL_NAME.match(value):
+        raise InvalidInputError(
+            f"tool name {value!r} is invalid: use 1 to 64 letters, digits, '_' or '-'"
+        )
+
+
+def _freeze_schema(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(
+            f"tool parameters must be a JSON Schema object (a mapping), got {type(value).__name__}"
+        )
+    frozen: Mapping[str, Any] = freeze_json(value, "parameters")
+    return frozen
+
+
+@attrs.frozen
+class ToolDefinition:
+    """What the model is told about a tool. ``parameters`` is a JSON Schema with
+    ``"type": "object"``; it is checked here and compiled once."""
+
+    name: str = attrs.field(validator=_check_name)
+    description: str = attrs.field(validator=attrs.validators.instance_of(str))
+    parameters: Mapping[str, Any] = attrs.field(
+        factory=lambda: {"type": "object", "properties": {}}, converter=_freeze_schema
+    )
+    _validator: Any = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        schema = thaw_json(self.parameters)
+        if schema.get("type") != "object":
+            raise InvalidInputError(
+                f"tool {self.name!r}: parameters must be a JSON Schema whose type is "
+                f"'object' (tool arguments are a JSON object), got type {schema.get('type')!r}"
+            )
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.path) or "(root)"
+            raise InvalidInputError(
+                f"tool {self.name!r}: parameters is not a valid JSON Schema at {where}: "
+                f"{exc.message}"
+            ) from None
+        object.__setattr__(self, "_validator", cls(schema))
+
+    def schema_dict(self) -> dict[str, Any]:
+        """A plain, mutable copy of the parameters schema (for provider requests)."""
+        schema: dict[str, Any] = thaw_json(self.parameters)
+        return schema
+
+
+def validate_arguments(definition: ToolDefinition, arguments: Mapping[str, Any]) -> list[str]:
+    """Every schema violation of ``arguments``, each naming its path; empty if valid.
+
+    Sorted by path, so the text is the same whatever order jsonschema walks in
+    (determinism, I5).
+    """
+    instance = thaw_json(arguments)
+    errors = sorted(
+        definition._validator.iter_errors(instance),
+        key=lambda e: (list(map(str, e.absolute_path)), e.message),
+    )
+    out = []
+    for error in errors:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        out.append(f"arguments{path}: {error.message}")
+    return out
+
+
+def _output_content(value: Any) -> tuple[ToolResultContent, ...]:
+    if isinstance(value, str):
+        return (TextContent(value),)
+    blocks = tuple(value)
+    for i, block in enumerate(blocks):
+        if not isinstance(block, (TextContent, ImageContent)):
+            raise TypeError(
+                f"tool output content[{i}] is a {type(block).__name__}; "
+                "expected TextContent or ImageContent"
+            )
+    return blocks
+
+
+@attrs.frozen
+class ToolOutput:
+    """What a tool may return when it wants to say more than a string: content blocks
+    and whether they describe a failure the model should see as such."""
+
+    content: tuple[ToolResultContent, ...] = attrs.field(converter=_output_content)
+    is_error: bool = False
+
+
+ToolReturn: TypeAlias = str | Sequence[ToolResultContent] | ToolOutput
+ToolExecute: TypeAlias = Callable[[dict[str, Any], AbortSignal], Awaitable[ToolReturn]]
+
+
+@attrs.frozen
+class Tool:
+    """A definition plus ``async execute(arguments, signal)``.
+
+    ``arguments`` is a fresh ``dict`` per call, already validated against the schema.
+    """
+
+    definition: ToolDefinition = attrs.field(validator=attrs.validators.instance_of(ToolDefinition))
+    execute: ToolExecute = attrs.field(validator=attrs.validators.is_callable())
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+
+# -- @tool: a Tool from a typed function -------------------------------------------------------
+
+
+def _json_type(annotation: Any, where: str) -> dict[str, Any]:
+    """The JSON Schema of one Python annotation; refuses what it cannot express."""
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return {}
+    if annotation is type(None) or annotation is None:
+        return {"type": "null"}
+    if annotation is bool:
+        return {"type": "boolean"}
+    if annotation is int:
+        return {"type": "integer"}
+    if annotation is float:
+        return {"type": "number"}
+    if annotation is str:
+        return {"type": "string"}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return {"enum": [member.value for member in annotation]}
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (Union, types.UnionType):
+        options = [_json_type(a, where) for a in args]
+        return {"anyOf": options}
+    if origin in (list, tuple, Sequence, set, frozenset) or annotation in (list, tuple):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return {
+                "type": "array",
+                "prefixItems": [_json_type(a, where) for a in args],
+                "minItems": len(args),
+                "maxItems": len(args),
+            }
+        schema: dict[str, Any] = {"type": "array"}
+        if args:
+            schema["items"] = _json_type(args[0], where)
+        return schema
+    if origin in (dict, Mapping) or annotation is dict:
+        schema = {"type": "object"}
+        if len(args) == 2:
+            if args[0] is not str:
+                raise InvalidInputError(f"{where}: JSON object keys are strings, not {args[0]!r}")
+            schema["additionalProperties"] = _json_type(args[1], where)
+        return schema
+    raise InvalidInputError(f"{where}: cannot express {annotation!r} as JSON Schema")
+
+
+_SECTION = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$"
+)
+
+
+def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Summary text and per-parameter descriptions from a Google-style docstring."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        match = _SECTION.match(line)
+        if match:
+            section = match.group(1)
+            current = None
+            continue
+        if section is None:
+            summary.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            item = re.match(r"^\s{0,8}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if item and not line.startswith(" " * 9):
+                current = item.group(1)
+                params[current] = item.group(2).strip()
+            elif current and line.strip():
+                params[current] = (params[current] + " " + line.strip()).strip()
+    return "\n".join(summary).strip(), params
+
+
+def _build_tool(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+    tool_name = name or fn.__name__
+    where = f"@tool {tool_name}"
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
+        raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
+    summary, param_docs = _parse_docstring(fn.__doc__)
+    signature = inspect.signature(fn)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    wants_signal = False
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise InvalidInputError(f"{where}: *args and **kwargs cannot be tool arguments")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise InvalidInputError(f"{where}: positional-only parameter {param.name!r}")
+        annotation = hints.get(param.name, inspect.Parameter.empty)
+        if param.name == "signal" and annotation in (AbortSignal, inspect.Parameter.empty):
+            wants_signal = True
+            continue
+        schema = _json_type(annotation, f"{where}, parameter {param.name!r}")
+        if param.name in param_docs:
+            schema = {**schema, "description": param_docs[param.name]}
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+        else:
+            # A default that is not JSON is still a default, just not advertised.
+            with contextlib.suppress(InvalidInputError):
+                schema = {**schema, "default": thaw_json(freeze_json(param.default))}
+        properties[param.name] = schema
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    if required:
+        parameters["required"] = required
+    definition = ToolDefinition(
+        name=tool_name,
+        description=description if description is not None else summary,
+        parameters=parameters,
+    )
+    is_async = inspect.iscoroutinefunction(fn)
+
+    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
+        kwargs = dict(arguments)
+        if wants_signal:
+            kwargs["signal"] = signal
+        if is_async:
+            result: ToolReturn = await fn(**kwargs)
+        else:
+            # A thread cannot be interrupted; see the module docstring.
+            result = await asyncio.to_thread(functools.partial(fn, **kwargs))
+        return result
+
+    execute.__name__ = f"execute_{tool_name}"
+    return Tool(definition=definition, execute=execute)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Build a ``Tool`` from a typed function, async or sync.
+
+    The JSON Schema comes from the signature (str, int, float, bool, None, Literal,
+    Enum, unions, lists, tuples, ``dict[str, T]``; a parameter with a default is
+    optional), the description from the docstring's summary, and each parameter's
+    description from its ``Args:`` section. A parameter named ``signal`` receives the
+    run's ``AbortSignal`` and is not shown to the model. The function may return a
+    ``str``, a sequence of content blocks, or a ``ToolOutput``; raising an exception
+    gives the model an error result with the exception's text.
+    """
+    if fn is not None:
+        return _build_tool(fn, name, description)
+    return lambda f: _build_tool(f, name, description)
+
+
+def tool_output_from(value: object) -> ToolOutput | None:
+    """Normalise what a tool returned; ``None`` if it is not a supported type."""
+    if isinstance(value, ToolOutput):
+        return value
+    if isinstance(value, str):
+        return ToolOutput((TextContent(value),))
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(block, (TextContent, ImageContent)) for block in value
+    ):
+        return ToolOutput(tuple(value))
+    return None

@@ -1,0 +1,31 @@
+"""Shared test configuration: Hypothesis profiles and structlog quietness.
+
+``HYPOTHESIS_PROFILE=thorough`` runs many more examples (minutes to hours); the
+default profile keeps the whole suite to a few minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import structlog
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# The library never configures structlog; the test *application* does, so that debug
+# transition events do not flood the output. capture_logs() still sees everything.
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

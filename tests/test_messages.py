@@ -1,0 +1,155 @@
+"""Messages and the wire format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import statemachine as sm
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=5)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+texts = st.builds(sm.TextContent, st.text(max_size=20))
+images = st.builds(
+    sm.ImageContent, st.text(max_size=8), st.sampled_from(["image/png", "image/jpeg"])
+)
+calls = st.builds(
+    sm.ToolCall,
+    st.text(min_size=1, max_size=6),
+    st.text(min_size=1, max_size=6),
+    st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+)
+thinking = st.builds(sm.ThinkingContent, st.text(max_size=10), st.none() | st.text(max_size=5))
+usage = st.builds(
+    sm.Usage,
+    *(st.integers(0, 10**6) for _ in range(5)),
+    cost=st.none() | st.floats(0, 100, allow_nan=False),
+)
+messages = st.one_of(
+    st.builds(sm.UserMessage, st.lists(texts | images, max_size=3)),
+    st.builds(
+        sm.AssistantMessage,
+        st.lists(texts | thinking | calls, max_size=4),
+        stop_reason=st.sampled_from(sm.StopReason),
+        error_message=st.none() | st.text(max_size=10),
+        usage=st.none() | usage,
+    ),
+    st.builds(
+        sm.ToolResultMessage,
+        st.text(max_size=5),
+        st.text(max_size=5),
+        st.lists(texts | images, max_size=3),
+        is_error=st.booleans(),
+    ),
+)
+
+
+@given(messages)
+def test_wire_round_trip_is_exact(message: sm.Message) -> None:
+    import json
+
+    wire = sm.message_to_dict(message)
+    assert sm.message_from_dict(json.loads(json.dumps(wire))) == message
+    assert sm.message_to_dict(sm.message_from_dict(wire)) == wire
+
+
+def test_wire_shape_matches_the_seed() -> None:
+    assert sm.message_to_dict(sm.UserMessage("list the files")) == {
+        "role": "user",
+        "content": [{"type": "text", "text": "list the files"}],
+    }
+    call = sm.AssistantMessage([sm.ToolCall("c1", "list_files", {})], stop_reason="toolUse")
+    assert sm.message_to_dict(call) == {
+        "role": "assistant",
+        "stopReason": "toolUse",
+        "content": [{"type": "toolCall", "id": "c1", "name": "list_files", "arguments": {}}],
+    }
+    result = sm.ToolResultMessage("c1", "list_files", "README.md\nsrc/index.ts")
+    assert sm.message_to_dict(result) == {
+        "role": "toolResult",
+        "toolCallId": "c1",
+        "toolName": "list_files",
+        "isError": False,
+        "content": [{"type": "text", "text": "README.md\nsrc/index.ts"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("bad", "path"),
+    [
+        ({"role": "robot", "content": []}, "message.role"),
+        ({"content": []}, "message: missing key 'role'"),
+        ({"role": "user", "content": "hi"}, "message.content: expected list"),
+        ({"role": "user", "content": [{"type": "toolCall"}]}, "message.content[0].type"),
+        (
+            {"role": "assistant", "stopReason": "done", "content": []},
+            "message.stopReason: 'done' is not one of",
+        ),
+        (
+            {
+                "role": "assistant",
+                "stopReason": "stop",
+                "content": [{"type": "toolCall", "id": "a", "name": "x", "arguments": []}],
+            },
+            "message.content[0].arguments: expected Mapping",
+        ),
+        (
+            {"role": "toolResult", "toolCallId": "a", "toolName": "x", "content": [], "isError": 0},
+            "message.isError: expected bool",
+        ),
+        ({"role": "user", "content": [], "extra": 1}, "unknown key(s) 'extra'"),
+        (
+            {"role": "assistant", "stopReason": "stop", "content": [], "usage": {"input": True}},
+            "message.usage.input: expected a number",
+        ),
+        ([], "message: expected an object"),
+    ],
+)
+def test_malformed_wire_dicts_name_the_path(bad: Any, path: str) -> None:
+    with pytest.raises(sm.WireFormatError) as info:
+        sm.message_from_dict(bad)
+    assert path in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_messages_from_dicts_names_the_index() -> None:
+    with pytest.raises(sm.WireFormatError, match=r"messages\[1\]\.role"):
+        sm.messages_from_dicts([{"role": "user", "content": []}, {"role": "x"}])
+
+
+def test_tool_call_arguments_are_frozen_and_tools_get_a_copy() -> None:
+    call = sm.ToolCall("c1", "t", {"a": [1, {"b": 2}]})
+    with pytest.raises(TypeError):
+        call.arguments["a"] = 3  # type: ignore[index]
+    copy = call.arguments_dict()
+    copy["a"].append(4)
+    assert call.arguments_dict() == {"a": [1, {"b": 2}]}
+
+
+def test_messages_are_immutable() -> None:
+    message = sm.UserMessage("hi")
+    with pytest.raises(AttributeError):
+        message.content = ()  # type: ignore[misc]
+    assert message.content == (sm.TextContent("hi"),)
+
+
+def test_content_type_errors_are_clear() -> None:
+    with pytest.raises(TypeError, match="user message content\\[0\\] is a ToolCall"):
+        sm.UserMessage([sm.ToolCall("a", "b", {})])  # type: ignore[list-item]
+
+
+def test_usage_adds_up() -> None:
+    total = sm.Usage(1, 2, 3, 4, 10, None) + sm.Usage(1, 1, 1, 1, 4, 0.5)
+    assert total == sm.Usage(2, 3, 4, 5, 14, 0.5)
