@@ -1,0 +1,238 @@
+"""The transition table: its internal consistency and its agreement with the engine."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from itertools import groupby
+from typing import Any
+
+import pytest
+from transitions import Machine, MachineError
+
+from statemachine._engine import Engine, _MachineModel, build_machine
+from statemachine._table import (
+    ABSORBING,
+    INPUT_TRIGGERS,
+    INTERNAL_TRIGGERS,
+    RETURNS_TO_CALLER,
+    STATE_DOCS,
+    TERMINAL,
+    TRANSITIONS,
+    TRIGGER_DOCS,
+    Guard,
+    Transition,
+    Trigger,
+    TurnState,
+    rows_from,
+)
+
+S = TurnState
+T = Trigger
+
+
+def _engine_methods(prefix: str) -> set[str]:
+    return {
+        name.removeprefix(prefix)
+        for name, _ in inspect.getmembers(Engine, inspect.isfunction)
+        if name.startswith(prefix)
+    }
+
+
+def _groups() -> dict[tuple[TurnState, Trigger], list[Transition]]:
+    out: dict[tuple[TurnState, Trigger], list[Transition]] = {}
+    for row in TRANSITIONS:
+        out.setdefault((row.source, row.trigger), []).append(row)
+    return out
+
+
+def test_turn_state_values_equal_their_names() -> None:
+    for state in TurnState:
+        assert state.value == state.name
+        assert str(state) == state.name
+
+
+def test_design_card_states_exist() -> None:
+    card = {
+        "AwaitingModel",
+        "DispatchingTools",
+        "CollectingResults",
+        "Done",
+        "Aborted",
+        "TurnLimitExceeded",
+        "Failed",
+        "AwaitingUser",
+    }
+    assert card <= {s.value for s in TurnState}
+
+
+def test_every_guard_has_an_engine_method_and_vice_versa() -> None:
+    assert _engine_methods("_guard_") == {g.value for g in Guard}
+
+
+def test_every_guard_is_used_by_a_row_or_fires_an_internal_trigger() -> None:
+    in_rows = {r.guard for r in TRANSITIONS if r.guard is not None}
+    assert in_rows | set(INTERNAL_TRIGGERS.values()) == set(Guard)
+
+
+def test_every_destination_has_an_entry_method_and_every_entry_method_a_state() -> None:
+    entered = {r.dest.value for r in TRANSITIONS if r.dest is not r.source}
+    entry_methods = _engine_methods("_enter_")
+    assert entered <= entry_methods
+    assert entry_methods <= {s.value for s in TurnState}
+
+
+def test_input_trigger_groups_end_with_an_unguarded_row() -> None:
+    for (source, trigger), rows in _groups().items():
+        if trigger in INTERNAL_TRIGGERS:
+            continue
+        assert rows[-1].guard is None, (source, trigger)
+        # an unguarded row before the last would hide the rows after it
+        assert all(r.guard is not None for r in rows[:-1]), (source, trigger)
+
+
+def test_internal_trigger_groups_always_have_a_row_once_fired() -> None:
+    # The engine fires an internal trigger only when its INTERNAL_TRIGGERS guard holds;
+    # then some row must apply: either the lone row carries that very guard, or the
+    # group picks a destination and ends with an unguarded row.
+    for (source, trigger), rows in _groups().items():
+        if trigger not in INTERNAL_TRIGGERS:
+            continue
+        if len(rows) == 1 and rows[0].guard is not None:
+            assert rows[0].guard is INTERNAL_TRIGGERS[trigger], (source, trigger)
+        else:
+            assert rows[-1].guard is None, (source, trigger)
+            assert all(r.guard is not None for r in rows[:-1]), (source, trigger)
+
+
+def test_rows_of_one_group_are_contiguous_in_the_table() -> None:
+    # The prose says rows sharing source and trigger are tried in table order; keeping
+    # them adjacent is what makes that order readable in the file.
+    keys = [k for k, _ in groupby(TRANSITIONS, key=lambda r: (r.source, r.trigger))]
+    assert len(keys) == len(set(keys))
+
+
+def test_rows_from_returns_the_group_in_table_order() -> None:
+    for key, rows in _groups().items():
+        assert list(rows_from(*key)) == rows
+    assert rows_from(S.Done, T.start) == ()
+    assert rows_from(S.Ready, T.tool_finished) == ()
+
+
+def test_docs_cover_every_member_with_text() -> None:
+    assert set(STATE_DOCS) == set(TurnState)
+    assert set(TRIGGER_DOCS) == set(Trigger)
+    assert all(text.strip() for text in (*STATE_DOCS.values(), *TRIGGER_DOCS.values()))
+
+
+def test_trigger_partition() -> None:
+    assert set(INPUT_TRIGGERS) | set(INTERNAL_TRIGGERS) == set(Trigger)
+    assert not set(INPUT_TRIGGERS) & set(INTERNAL_TRIGGERS)
+    assert {r.trigger for r in TRANSITIONS} == set(Trigger)
+
+
+def test_terminal_states_have_no_rows_and_absorb() -> None:
+    assert {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed} == TERMINAL
+    assert ABSORBING == TERMINAL
+    assert TERMINAL | {S.AwaitingUser} == RETURNS_TO_CALLER
+    assert not [r for r in TRANSITIONS if r.source in TERMINAL]
+    for state in TurnState:
+        assert state.is_terminal == (state in TERMINAL)
+
+
+def test_done_is_reached_only_from_awaiting_model() -> None:
+    assert {r.source for r in TRANSITIONS if r.dest is S.Done} == {S.AwaitingModel}
+
+
+def test_abort_is_accepted_in_every_live_state() -> None:
+    live = set(TurnState) - TERMINAL
+    assert {r.source for r in TRANSITIONS if r.trigger is T.abort} == live
+
+
+def test_every_state_is_reachable_from_ready() -> None:
+    reached = {S.Ready}
+    frontier = [S.Ready]
+    while frontier:
+        state = frontier.pop()
+        for row in TRANSITIONS:
+            if row.source is state and row.dest not in reached:
+                reached.add(row.dest)
+                frontier.append(row.dest)
+    assert reached == set(TurnState)
+
+
+def test_every_non_terminal_state_can_reach_a_terminal_state() -> None:
+    for state in set(TurnState) - TERMINAL:
+        seen = {state}
+        frontier = [state]
+        while frontier:
+            current = frontier.pop()
+            for row in TRANSITIONS:
+                if row.source is current and row.dest not in seen:
+                    seen.add(row.dest)
+                    frontier.append(row.dest)
+        assert seen & TERMINAL, state
+
+
+def _machine(holding: set[Guard]) -> tuple[Any, Machine]:
+    # Any: transitions binds trigger methods on the model at run time.
+    model: Any = _MachineModel()
+    guards: dict[Guard, Callable[[], bool]] = {
+        g: (lambda g=g: g in holding)  # type: ignore[misc]
+        for g in Guard
+    }
+    return model, build_machine(model, guards)
+
+
+def test_machine_has_no_auto_transitions() -> None:
+    model, _ = _machine(set())
+    for state in TurnState:
+        assert not hasattr(model, f"to_{state.value}")
+    assert model.state is S.Ready
+
+
+def test_machine_raises_on_a_trigger_without_a_row() -> None:
+    model, _ = _machine(set())
+    with pytest.raises(MachineError):
+        model.trigger("tool_finished")
+    assert model.state is S.Ready
+    with pytest.raises(AttributeError):
+        model.trigger("no_such_trigger")
+
+
+def test_machine_takes_the_first_row_whose_guard_holds() -> None:
+    model, _ = _machine(set())
+    assert model.trigger("start")
+    assert model.trigger("model_responded")
+    assert model.state is S.Done  # every guard false: the unguarded last row
+
+    model, _ = _machine({Guard.has_tool_calls, Guard.reports_error})
+    model.trigger("start")
+    model.trigger("model_responded")
+    assert model.state is S.Failed  # reports_error is listed before has_tool_calls
+
+    model, _ = _machine({Guard.has_tool_calls})
+    model.trigger("start")
+    model.trigger("model_responded")
+    assert model.state is S.DispatchingTools
+
+
+def test_machine_internal_trigger_does_not_move_while_its_guard_fails() -> None:
+    model, _ = _machine({Guard.has_tool_calls})
+    model.trigger("start")
+    model.trigger("model_responded")
+    assert model.trigger("dispatched") is False
+    assert model.state is S.DispatchingTools
+
+
+def test_machine_turn_boundary_prefers_denial_over_the_limit() -> None:
+    holding = {
+        Guard.has_tool_calls,
+        Guard.all_calls_resolved,
+        Guard.denied_by_policy,
+        Guard.turn_limit_reached,
+    }
+    model, _ = _machine(holding)
+    for trigger in ("start", "model_responded", "dispatched", "results_complete"):
+        assert model.trigger(trigger)
+    assert model.state is S.AwaitingUser
