@@ -1,0 +1,112 @@
+"""The error hierarchy: misuse, bad output and run endings stay distinguishable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+import statemachine as sm
+
+
+@pytest.mark.parametrize(
+    ("error", "bases"),
+    [
+        (sm.UsageError, (sm.StateMachineError,)),
+        (sm.ProtocolError, (sm.UsageError,)),
+        (sm.InvalidInputError, (sm.UsageError, ValueError)),
+        (sm.WireFormatError, (sm.InvalidInputError, ValueError)),
+        (sm.BadOutputError, (sm.StateMachineError,)),
+        (sm.ModelOutputError, (sm.BadOutputError,)),
+        (sm.ToolOutputError, (sm.BadOutputError,)),
+        (sm.RunEndedError, (sm.StateMachineError,)),
+        (sm.AbortedError, (sm.RunEndedError,)),
+        (sm.TurnLimitExceededError, (sm.RunEndedError,)),
+        (sm.ModelFailedError, (sm.RunEndedError,)),
+        (sm.AwaitingUserError, (sm.RunEndedError,)),
+    ],
+)
+def test_hierarchy(error: type[Exception], bases: tuple[type[Exception], ...]) -> None:
+    for base in bases:
+        assert issubclass(error, base)
+
+
+def test_the_three_families_do_not_overlap() -> None:
+    families = (sm.UsageError, sm.BadOutputError, sm.RunEndedError)
+    for i, a in enumerate(families):
+        for b in families[i + 1 :]:
+            assert not issubclass(a, b)
+            assert not issubclass(b, a)
+
+
+def test_a_protocol_error_is_not_a_value_error() -> None:
+    # Only input refused before a run is a ValueError; a refused event is misuse of
+    # a running engine, and catching ValueError must not hide it.
+    assert not issubclass(sm.ProtocolError, ValueError)
+
+
+class _Answer:
+    def __init__(self, message: sm.AssistantMessage) -> None:
+        self.message = message
+
+    async def complete(
+        self,
+        messages: Sequence[sm.Message],
+        tools: Sequence[sm.ToolDefinition],
+        signal: sm.AbortSignal,
+    ) -> sm.AssistantMessage:
+        return self.message
+
+
+def _run(message: sm.AssistantMessage, max_turns: int = 1) -> sm.RunResult:
+    async def noop() -> str:
+        return "ok"
+
+    return asyncio.run(
+        sm.run_agent(
+            model=_Answer(message),
+            tools=[sm.tool(noop)],
+            messages=[sm.UserMessage("go")],
+            max_turns=max_turns,
+        )
+    )
+
+
+def test_raise_for_state_returns_the_result_when_done() -> None:
+    result = _run(sm.AssistantMessage("done"))
+    assert result.error is None
+    assert result.raise_for_state() is result
+
+
+@pytest.mark.parametrize(
+    ("message", "state", "error"),
+    [
+        (
+            sm.AssistantMessage((sm.ToolCall("c1", "noop", {}),)),
+            sm.TurnState.TurnLimitExceeded,
+            sm.TurnLimitExceededError,
+        ),
+        (
+            sm.AssistantMessage("x", stop_reason=sm.StopReason.ERROR, error_message="overloaded"),
+            sm.TurnState.Failed,
+            sm.ModelFailedError,
+        ),
+        (
+            sm.AssistantMessage("x", stop_reason=sm.StopReason.ABORTED),
+            sm.TurnState.Aborted,
+            sm.AbortedError,
+        ),
+    ],
+)
+def test_each_ending_carries_its_error_and_raise_for_state_raises_it(
+    message: sm.AssistantMessage, state: sm.TurnState, error: type[sm.RunEndedError]
+) -> None:
+    result = _run(message)
+    assert result.state is state
+    assert type(result.error) is error
+    assert str(result.error) == result.explanation
+    assert result.explanation
+    with pytest.raises(error) as caught:
+        result.raise_for_state()
+    assert caught.value is result.error
