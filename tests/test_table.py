@@ -140,8 +140,21 @@ def test_terminal_states_have_no_rows_and_absorb() -> None:
         assert state.is_terminal == (state in TERMINAL)
 
 
-def test_done_is_reached_only_from_awaiting_model() -> None:
-    assert {r.source for r in TRANSITIONS if r.dest is S.Done} == {S.AwaitingModel}
+def test_tool_calls_are_tested_before_any_row_that_can_end_the_run_done() -> None:
+    # Rule: the presence of tool calls decides, so in the group that reads a model
+    # response no row that ends the run Done may come before the has_tool_calls row.
+    rows = list(rows_from(S.AwaitingModel, T.model_responded))
+    guards = [r.guard for r in rows]
+    assert Guard.has_tool_calls in guards
+    tool_row = guards.index(Guard.has_tool_calls)
+    assert all(r.dest is not S.Done for r in rows[:tool_row])
+    assert rows[tool_row].dest is S.DispatchingTools
+
+
+def test_a_response_reporting_its_own_failure_wins_over_its_tool_calls() -> None:
+    guards = [r.guard for r in rows_from(S.AwaitingModel, T.model_responded)]
+    assert guards.index(Guard.reports_error) < guards.index(Guard.has_tool_calls)
+    assert guards.index(Guard.reports_abort) < guards.index(Guard.has_tool_calls)
 
 
 def test_abort_is_accepted_in_every_live_state() -> None:
@@ -174,14 +187,21 @@ def test_every_non_terminal_state_can_reach_a_terminal_state() -> None:
         assert seen & TERMINAL, state
 
 
-def _machine(holding: set[Guard]) -> tuple[Any, Machine]:
+def _machine(holding: set[Guard], initial: TurnState = S.Ready) -> tuple[Any, Machine]:
     # Any: transitions binds trigger methods on the model at run time.
     model: Any = _MachineModel()
     guards: dict[Guard, Callable[[], bool]] = {
         g: (lambda g=g: g in holding)  # type: ignore[misc]
         for g in Guard
     }
-    return model, build_machine(model, guards)
+    return model, build_machine(model, guards, initial)
+
+
+def _group_order(key: tuple[TurnState, Trigger]) -> tuple[str, str]:
+    return (key[0].value, key[1].value)
+
+
+GROUP_KEYS = sorted(_groups(), key=_group_order)
 
 
 def test_machine_has_no_auto_transitions() -> None:
@@ -200,39 +220,30 @@ def test_machine_raises_on_a_trigger_without_a_row() -> None:
         model.trigger("no_such_trigger")
 
 
-def test_machine_takes_the_first_row_whose_guard_holds() -> None:
-    model, _ = _machine(set())
-    assert model.trigger("start")
-    assert model.trigger("model_responded")
-    assert model.state is S.Done  # every guard false: the unguarded last row
-
-    model, _ = _machine({Guard.has_tool_calls, Guard.reports_error})
-    model.trigger("start")
-    model.trigger("model_responded")
-    assert model.state is S.Failed  # reports_error is listed before has_tool_calls
-
-    model, _ = _machine({Guard.has_tool_calls})
-    model.trigger("start")
-    model.trigger("model_responded")
-    assert model.state is S.DispatchingTools
+@pytest.mark.parametrize("key", GROUP_KEYS, ids="-".join)
+def test_machine_follows_the_table_row_by_row(key: tuple[TurnState, Trigger]) -> None:
+    # For each row, make only its guard hold: the machine must land on that row's
+    # destination (an unguarded last row is reached when no guard holds).
+    source, trigger = key
+    for row in _groups()[key]:
+        model, _ = _machine({row.guard} if row.guard is not None else set(), initial=source)
+        assert model.trigger(trigger.value) is True
+        assert model.state is row.dest, row
 
 
-def test_machine_internal_trigger_does_not_move_while_its_guard_fails() -> None:
-    model, _ = _machine({Guard.has_tool_calls})
-    model.trigger("start")
-    model.trigger("model_responded")
-    assert model.trigger("dispatched") is False
-    assert model.state is S.DispatchingTools
+@pytest.mark.parametrize("key", GROUP_KEYS, ids="-".join)
+def test_machine_takes_the_first_row_whose_guard_holds(key: tuple[TurnState, Trigger]) -> None:
+    source, trigger = key
+    rows = _groups()[key]
+    model, _ = _machine(set(Guard), initial=source)
+    assert model.trigger(trigger.value) is True
+    assert model.state is rows[0].dest
 
 
-def test_machine_turn_boundary_prefers_denial_over_the_limit() -> None:
-    holding = {
-        Guard.has_tool_calls,
-        Guard.all_calls_resolved,
-        Guard.denied_by_policy,
-        Guard.turn_limit_reached,
-    }
-    model, _ = _machine(holding)
-    for trigger in ("start", "model_responded", "dispatched", "results_complete"):
-        assert model.trigger(trigger)
-    assert model.state is S.AwaitingUser
+def test_machine_does_not_move_when_no_row_applies() -> None:
+    for trigger, guard in INTERNAL_TRIGGERS.items():
+        for row in TRANSITIONS:
+            if row.trigger is trigger and row.guard is guard:
+                model, _ = _machine(set(Guard) - {guard}, initial=row.source)
+                assert model.trigger(trigger.value) is False
+                assert model.state is row.source
