@@ -1,0 +1,412 @@
+"""The contenders: one adapter per agent loop, all running the workload of ``workload``.
+
+Each adapter builds its agent once (``__init__``, untimed), runs one whole agent run
+per ``execute`` call (timed), and reads its own framework's result object in
+``outcome`` (untimed) so that the harness can check the run. Every framework runs
+its own loop: its own dispatch, argument validation and history; the adapters only
+supply a scripted model in the framework's native model interface and an ``echo``
+tool declared the framework's usual way.
+
+Fairness rules, the same for all:
+
+- the scripted model does O(1) work per call (a counter, not a scan of the history)
+  and returns usage where the framework would otherwise estimate it by walking the
+  history (PydanticAI's ``FunctionModel`` does that when usage is missing);
+- tracing, callbacks and logging are off or filtered below WARNING;
+- tools are async, so no framework pays for a thread hop.
+
+The peers are imported inside their adapters: the harness (and the smoke test) still
+runs the bare loop and ours when a peer is not installed, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+import statemachine as sm
+from workload import FINAL_TEXT, TOOL_NAME, Outcome, Script, argument, call_id
+
+__all__ = ["CONTENDERS", "Contender", "quiet_logger"]
+
+
+class Contender(Protocol):
+    """What the harness needs from an adapter."""
+
+    name: str
+
+    async def execute(self, script: Script) -> object: ...
+
+    def outcome(self, raw: object) -> Outcome: ...
+
+
+def quiet_logger() -> Any:
+    """A structlog logger that drops everything below WARNING before rendering."""
+    return structlog.wrap_logger(
+        structlog.PrintLogger(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+
+
+ECHO_DESCRIPTION = "Return the text it is given."
+
+
+# -- the bare loop --------------------------------------------------------------------
+
+BareMessage = dict[str, Any]
+BareTool = Callable[[Mapping[str, Any]], Awaitable[str]]
+
+
+async def _bare_echo(arguments: Mapping[str, Any]) -> str:
+    return str(arguments["text"])
+
+
+class Bare:
+    """The physical limit: the seed chapter's teaching loop, transcribed to Python.
+
+    Plain dicts in the wire shape (no classes, no validation, no tasks, no queue): the
+    model is awaited, its message appended, each tool call looked up by name, awaited
+    in place and its result appended. It still does what every contender must do to
+    be correct: keep the history, dispatch by name, answer an unknown tool.
+    """
+
+    name = "bare async loop (dicts)"
+
+    async def execute(self, script: Script) -> object:
+        tools: dict[str, BareTool] = {TOOL_NAME: _bare_echo}
+        messages: list[BareMessage] = [
+            {"role": "user", "content": [{"type": "text", "text": "go"}]}
+        ]
+        for _ in range(script.n):
+            assistant = await _bare_complete(script, messages)
+            messages.append(assistant)
+            calls = [b for b in assistant["content"] if b["type"] == "toolCall"]
+            if not calls:
+                return messages
+            for block in calls:
+                tool = tools.get(block["name"])
+                if tool is None:
+                    text, is_error = f"Unknown tool: {block['name']}", True
+                else:
+                    text, is_error = await tool(block["arguments"]), False
+                messages.append(
+                    {
+                        "role": "toolResult",
+                        "toolCallId": block["id"],
+                        "toolName": block["name"],
+                        "isError": is_error,
+                        "content": [{"type": "text", "text": text}],
+                    }
+                )
+        raise RuntimeError(f"the bare loop exceeded {script.n} turns")
+
+    def outcome(self, raw: object) -> Outcome:
+        assert isinstance(raw, list)
+        assistants = [m for m in raw if m["role"] == "assistant"]
+        results = tuple(m["content"][0]["text"] for m in raw if m["role"] == "toolResult")
+        final = "".join(b["text"] for b in assistants[-1]["content"] if b["type"] == "text")
+        return Outcome(len(assistants), results, final)
+
+
+async def _bare_complete(script: Script, messages: Sequence[BareMessage]) -> BareMessage:
+    turn = script.next_turn()
+    if script.wants_tool(turn):
+        block = {
+            "type": "toolCall",
+            "id": call_id(turn),
+            "name": TOOL_NAME,
+            "arguments": {"text": argument(turn)},
+        }
+        return {"role": "assistant", "stopReason": "toolUse", "content": [block]}
+    return {"role": "assistant", "stopReason": "stop", "content": [{"type": "text", "text": "done"}]}
+
+
+# -- ours ---------------------------------------------------------------------------------
+
+
+@sm.tool(name=TOOL_NAME, description=ECHO_DESCRIPTION)
+async def _sm_echo(text: str) -> str:
+    return text
+
+
+class _ScriptedClient:
+    """A ``statemachine.ModelClient`` that follows the script."""
+
+    def __init__(self) -> None:
+        self.script = Script(0)
+
+    async def complete(
+        self,
+        messages: Sequence[sm.Message],
+        tools: Sequence[sm.ToolDefinition],
+        signal: sm.AbortSignal,
+    ) -> sm.AssistantMessage:
+        script = self.script
+        turn = script.next_turn()
+        if script.wants_tool(turn):
+            call = sm.ToolCall(call_id(turn), TOOL_NAME, {"text": argument(turn)})
+            return sm.AssistantMessage((call,), stop_reason=sm.StopReason.TOOL_USE)
+        return sm.AssistantMessage(FINAL_TEXT)
+
+
+class Ours:
+    """``statemachine.run_agent``: engine, transition table, invariants, asyncio driver."""
+
+    def __init__(self, *, logger: Any = None, default_logger: bool = False) -> None:
+        self.client = _ScriptedClient()
+        # None means run_agent's own default (structlog.get_logger), measured in a note.
+        self.logger = None if default_logger else (logger or quiet_logger())
+        self.name = "statemachine run_agent" + (" (default logger)" if default_logger else "")
+
+    async def execute(self, script: Script) -> object:
+        self.client.script = script
+        return await sm.run_agent(
+            model=self.client,
+            messages=[sm.UserMessage("go")],
+            tools=[_sm_echo],
+            max_turns=script.n,
+            logger=self.logger,
+        )
+
+    def outcome(self, raw: object) -> Outcome:
+        assert isinstance(raw, sm.RunResult)
+        if raw.state is not sm.TurnState.Done:
+            return Outcome(raw.turns, (), f"<run ended {raw.state.value}: {raw.explanation}>")
+        results = tuple(
+            m.text for m in raw.messages if isinstance(m, sm.ToolResultMessage) and not m.is_error
+        )
+        calls = sum(isinstance(m, sm.AssistantMessage) for m in raw.messages)
+        return Outcome(calls, results, raw.final_text)
+
+
+# -- PydanticAI ---------------------------------------------------------------------------
+
+
+class PydanticAI:
+    """PydanticAI's ``Agent`` with a ``FunctionModel`` (its own test model)."""
+
+    name = "PydanticAI (FunctionModel)"
+
+    def __init__(self) -> None:
+        from pydantic_ai import Agent, Tool
+        from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+        from pydantic_ai.models.function import AgentInfo, FunctionModel
+        from pydantic_ai.usage import RequestUsage, UsageLimits
+
+        self.script = Script(0)
+
+        async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            script = self.script
+            turn = script.next_turn()
+            # Usage given, as a real model gives it: without it FunctionModel estimates
+            # tokens by walking the whole history, a cost of the test model, not the loop.
+            usage = RequestUsage(input_tokens=1, output_tokens=1)
+            if script.wants_tool(turn):
+                part = ToolCallPart(TOOL_NAME, {"text": argument(turn)}, tool_call_id=call_id(turn))
+                return ModelResponse(parts=[part], usage=usage)
+            return ModelResponse(parts=[TextPart(FINAL_TEXT)], usage=usage)
+
+        async def echo(text: str) -> str:
+            return text
+
+        self.agent = Agent(
+            FunctionModel(model),
+            tools=[Tool(echo, name=TOOL_NAME, description=ECHO_DESCRIPTION, takes_ctx=False)],
+        )
+        # The default request_limit is 50: lift it, the workload sets the length.
+        self.limits = UsageLimits(request_limit=None)
+
+    async def execute(self, script: Script) -> object:
+        self.script = script
+        return await self.agent.run("go", usage_limits=self.limits)
+
+    def outcome(self, raw: object) -> Outcome:
+        from pydantic_ai.messages import ModelResponse, ToolReturnPart
+
+        messages = raw.all_messages()  # type: ignore[attr-defined]
+        calls = sum(isinstance(m, ModelResponse) for m in messages)
+        results = tuple(
+            str(part.content)
+            for m in messages
+            for part in m.parts
+            if isinstance(part, ToolReturnPart)
+        )
+        return Outcome(calls, results, str(raw.output))  # type: ignore[attr-defined]
+
+
+# -- OpenAI Agents SDK ---------------------------------------------------------------------
+
+
+class OpenAIAgents:
+    """The OpenAI Agents SDK's ``Runner`` with a custom ``Model``; tracing disabled."""
+
+    name = "OpenAI Agents SDK (custom Model)"
+
+    def __init__(self) -> None:
+        from agents import Agent, Model, ModelResponse, Usage, function_tool, set_tracing_disabled
+        from openai.types.responses import (
+            ResponseFunctionToolCall,
+            ResponseOutputMessage,
+            ResponseOutputText,
+        )
+
+        set_tracing_disabled(True)
+        owner = self
+
+        class ScriptedModel(Model):
+            async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+                script = owner.script
+                turn = script.next_turn()
+                usage = Usage(requests=1, input_tokens=1, output_tokens=1, total_tokens=2)
+                output: list[Any]
+                if script.wants_tool(turn):
+                    output = [
+                        ResponseFunctionToolCall(
+                            type="function_call",
+                            call_id=call_id(turn),
+                            name=TOOL_NAME,
+                            arguments='{"text": "' + argument(turn) + '"}',
+                        )
+                    ]
+                else:
+                    text = ResponseOutputText(type="output_text", text=FINAL_TEXT, annotations=[])
+                    output = [
+                        ResponseOutputMessage(
+                            type="message",
+                            id=f"msg_{turn}",
+                            role="assistant",
+                            status="completed",
+                            content=[text],
+                        )
+                    ]
+                return ModelResponse(output=output, usage=usage, response_id=None)
+
+            def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError("the benchmark runs the non-streaming loop")
+
+        @function_tool(name_override=TOOL_NAME, description_override=ECHO_DESCRIPTION)
+        async def echo(text: str) -> str:
+            return text
+
+        self.script = Script(0)
+        self.agent = Agent(name="bench", model=ScriptedModel(), tools=[echo])
+
+    async def execute(self, script: Script) -> object:
+        from agents import Runner
+
+        self.script = script
+        return await Runner.run(self.agent, "go", max_turns=script.n)
+
+    def outcome(self, raw: object) -> Outcome:
+        from agents import ToolCallOutputItem
+
+        items = raw.new_items  # type: ignore[attr-defined]
+        results = tuple(str(i.output) for i in items if isinstance(i, ToolCallOutputItem))
+        calls = len(raw.raw_responses)  # type: ignore[attr-defined]
+        return Outcome(calls, results, str(raw.final_output))  # type: ignore[attr-defined]
+
+
+# -- LangGraph ------------------------------------------------------------------------------
+
+
+class LangGraph:
+    """LangGraph's prebuilt ReAct agent (``create_react_agent``) with a fake chat model."""
+
+    name = "LangGraph (create_react_agent)"
+
+    def __init__(self) -> None:
+        from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+        from langchain_core.language_models import BaseChatModel
+        from langchain_core.messages import AIMessage, BaseMessage
+        from langchain_core.outputs import ChatGeneration, ChatResult
+        from langchain_core.tools import tool as lc_tool
+        from langgraph.prebuilt import create_react_agent
+
+        owner = self
+
+        class ScriptedChatModel(BaseChatModel):
+            @property
+            def _llm_type(self) -> str:
+                return "bench-scripted"
+
+            def _next(self) -> ChatResult:
+                script = owner.script
+                turn = script.next_turn()
+                if script.wants_tool(turn):
+                    message = AIMessage(
+                        content="",
+                        tool_calls=[
+                            {
+                                "name": TOOL_NAME,
+                                "args": {"text": argument(turn)},
+                                "id": call_id(turn),
+                                "type": "tool_call",
+                            }
+                        ],
+                    )
+                else:
+                    message = AIMessage(content=FINAL_TEXT)
+                return ChatResult(generations=[ChatGeneration(message=message)])
+
+            def _generate(
+                self,
+                messages: list[BaseMessage],
+                stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None,
+                **kwargs: Any,
+            ) -> ChatResult:
+                return self._next()
+
+            async def _agenerate(
+                self,
+                messages: list[BaseMessage],
+                stop: list[str] | None = None,
+                run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                **kwargs: Any,
+            ) -> ChatResult:
+                return self._next()
+
+            def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+                # The script already knows its tool; a real model would send the schemas.
+                return self
+
+        @lc_tool(TOOL_NAME, description=ECHO_DESCRIPTION)
+        async def echo(text: str) -> str:
+            return text
+
+        self.script = Script(0)
+        with warnings.catch_warnings():
+            # Deprecated in LangGraph 1.0 in favour of langchain.agents.create_agent, which
+            # needs the full langchain package; the prebuilt agent is still LangGraph's own.
+            warnings.simplefilter("ignore")
+            self.graph = create_react_agent(ScriptedChatModel(), [echo])
+
+    async def execute(self, script: Script) -> object:
+        self.script = script
+        # Each turn is two supersteps (agent, tools): allow the whole run.
+        config: Any = {"recursion_limit": 2 * script.n + 10}
+        return await self.graph.ainvoke({"messages": [("user", "go")]}, config=config)
+
+    def outcome(self, raw: object) -> Outcome:
+        from langchain_core.messages import AIMessage, ToolMessage
+
+        assert isinstance(raw, dict)
+        messages = raw["messages"]
+        ais = [m for m in messages if isinstance(m, AIMessage)]
+        results = tuple(str(m.content) for m in messages if isinstance(m, ToolMessage))
+        final = str(ais[-1].content) if ais else ""
+        return Outcome(len(ais), results, final)
+
+
+CONTENDERS: tuple[tuple[str, Callable[[], Contender]], ...] = (
+    (Bare.name, Bare),
+    ("statemachine run_agent", Ours),
+    (PydanticAI.name, PydanticAI),
+    (OpenAIAgents.name, OpenAIAgents),
+    (LangGraph.name, LangGraph),
+)
+"""In table order; the first is the baseline of every ratio."""
