@@ -1,0 +1,360 @@
+"""The benchmark harness: every contender, every N, one process, one run.
+
+Run it through ``bash bench/run.sh`` (which builds ``bench/.venv`` with the pinned
+peers); ``--smoke`` runs N=10 once per contender, which is what the test suite does.
+
+What is measured, per contender and N (see bench/README.md for the why):
+
+- µs per turn: wall time of one whole agent run divided by N; the median over the
+  repetitions, with the min and max;
+- growth: the median of the last 100 turn intervals over the median of the first
+  100 (fewer when N < 200), where a turn interval is the time between two model calls
+  as stamped inside the scripted model; the median over repetitions;
+- peak memory: tracemalloc's peak during one extra, untimed run (tracemalloc slows
+  the run, so it never overlaps a timed one);
+- the ratio of the median µs per turn to the bare loop's at the same N.
+
+A run whose result is wrong (model calls, tool results or final text) stops the
+harness with an error: a fast wrong answer is not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import gc
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from contenders import CONTENDERS, Contender, Ours
+from micro import Figure, micro_figures
+from workload import Script, intervals_ns, problems
+
+NS = (10, 100, 1_000, 10_000)
+REPETITIONS = {10: 30, 100: 10, 1_000: 5, 10_000: 3}
+CELL_BUDGET_S = 30.0
+"""Timed repetitions of one (contender, N) stop adding up past this."""
+RUN_CAP_S = 60.0
+"""A run projected to take longer than this is skipped (and the table says so)."""
+MEMORY_CAP_S = 15.0
+"""The tracemalloc run is skipped when the timed run took longer than this."""
+WINDOW = 100
+VERSIONED = (
+    "agent-statemachine",
+    "transitions",
+    "attrs",
+    "structlog",
+    "jsonschema",
+    "pydantic-ai-slim",
+    "pydantic",
+    "openai-agents",
+    "openai",
+    "langgraph",
+    "langgraph-prebuilt",
+    "langchain-core",
+)
+
+
+class WrongResultError(RuntimeError):
+    """A contender's run did not do the workload."""
+
+
+@dataclass
+class Cell:
+    """The measurements of one contender at one N."""
+
+    contender: str
+    n: int
+    per_turn_us: list[float] = field(default_factory=list)
+    run_s: list[float] = field(default_factory=list)
+    growth: list[float] = field(default_factory=list)
+    first_interval_us: float = 0.0
+    last_interval_us: float = 0.0
+    peak_bytes: int | None = None
+    skipped: str = ""
+    checked_runs: int = 0
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.per_turn_us)
+
+
+def growth_of(script: Script) -> tuple[float, float, float]:
+    """(growth, median first-window interval µs, median last-window interval µs)."""
+    intervals = intervals_ns(script)
+    k = min(WINDOW, len(intervals) // 2)
+    if k == 0:
+        return 1.0, 0.0, 0.0
+    first = statistics.median(intervals[:k])
+    last = statistics.median(intervals[-k:])
+    return last / first, first / 1e3, last / 1e3
+
+
+def projected_run_s(previous: Cell, n: int) -> float:
+    """A run's duration at ``n`` from the previous cell, assuming that a turn interval
+    grows linearly with the history (``a + b*k``), as the measured intervals say."""
+    a = previous.first_interval_us / 1e6
+    b = max(0.0, previous.last_interval_us / 1e6 - a) / previous.n
+    measured = statistics.median(previous.run_s) * n / previous.n
+    return max(measured, a * n + b * n * n / 2)
+
+
+async def run_once(contender: Contender, n: int) -> tuple[Script, float]:
+    script = Script(n)
+    gc.collect()
+    start = time.perf_counter_ns()
+    raw = await contender.execute(script)
+    elapsed = (time.perf_counter_ns() - start) / 1e9
+    found = problems(contender.outcome(raw), script)
+    if found:
+        raise WrongResultError(f"{contender.name}, N={n}: " + "; ".join(found))
+    return script, elapsed
+
+
+async def peak_memory(contender: Contender, n: int) -> int:
+    script = Script(n)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        raw = await contender.execute(script)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    found = problems(contender.outcome(raw), script)
+    if found:
+        raise WrongResultError(f"{contender.name}, N={n} (memory run): " + "; ".join(found))
+    return peak
+
+
+async def measure(
+    contender: Contender, ns: tuple[int, ...], repetitions: dict[int, int], smoke: bool
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for _ in range(1 if smoke else 3):
+        await run_once(contender, 10)  # warm-up: imports, caches, first-call paths
+    previous: Cell | None = None
+    for n in ns:
+        cell = Cell(contender.name, n)
+        cells.append(cell)
+        if previous is not None and previous.skipped:
+            cell.skipped = previous.skipped
+            continue
+        if previous is not None and not smoke:
+            estimate = projected_run_s(previous, n)
+            if estimate > RUN_CAP_S:
+                cell.skipped = f"skipped: one run projected at {estimate:,.0f} s"
+                previous = cell
+                continue
+        spent = 0.0
+        while len(cell.run_s) < repetitions[n] and (spent < CELL_BUDGET_S or not cell.run_s):
+            script, elapsed = await run_once(contender, n)
+            spent += elapsed
+            cell.checked_runs += 1
+            cell.run_s.append(elapsed)
+            cell.per_turn_us.append(elapsed * 1e6 / n)
+            growth, first, last = growth_of(script)
+            cell.growth.append(growth)
+            cell.first_interval_us, cell.last_interval_us = first, last
+        if smoke or statistics.median(cell.run_s) <= MEMORY_CAP_S:
+            cell.peak_bytes = await peak_memory(contender, n)
+            cell.checked_runs += 1
+        previous = cell
+    return cells
+
+
+async def default_logger_note(n: int, repetitions: int) -> Figure:
+    """Our loop with run_agent's default structlog logger against the filtered one.
+
+    structlog's default configuration renders every debug event to stdout; stdout is
+    redirected to a buffer, so rendering is measured, not the terminal.
+    """
+    quiet, loud = Ours(), Ours(default_logger=True)
+    quiet_us: list[float] = []
+    loud_us: list[float] = []
+    lines = 0
+    for _ in range(repetitions):
+        _, elapsed = await run_once(quiet, n)
+        quiet_us.append(elapsed * 1e6 / n)
+        sink = io.StringIO()
+        with contextlib.redirect_stdout(sink):
+            _, elapsed = await run_once(loud, n)
+        loud_us.append(elapsed * 1e6 / n)
+        lines = sink.getvalue().count("\n")
+    q, d = statistics.median(quiet_us), statistics.median(loud_us)
+    return Figure(
+        "default-logger cost (ours)",
+        f"{d:,.0f} µs/turn vs {q:,.0f} ({d / q:.1f}x)",
+        f"run_agent with logger=None (structlog defaults: {lines} lines rendered per run) "
+        f"vs the WARNING-filtered logger, N={n}, median of {repetitions}",
+    )
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def versions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in VERSIONED:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def _mem(cell: Cell) -> tuple[str, str]:
+    if cell.peak_bytes is None:
+        return "—", "—"
+    return f"{cell.peak_bytes / 2**20:.2f} MiB", f"{cell.peak_bytes / cell.n / 1024:.1f} KiB"
+
+
+def render(
+    cells: list[Cell],
+    unavailable: dict[str, str],
+    figures: list[Figure],
+    info: dict[str, str],
+    vers: dict[str, str],
+    command: str,
+) -> str:
+    bare = {c.n: c.median_us for c in cells if c.contender == CONTENDERS[0][0] and c.run_s}
+    out = [
+        "# Benchmark results",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {info['date']}; machine: {info['nproc']} cores, {info['cpu']}; "
+        f"{info['python']}; load average at start {info['load']} (a shared machine: "
+        "ratios within this run are what count).  ",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + ".",
+        "",
+        "Workload: a scripted model asks for one `echo` tool call per turn for N-1 turns, "
+        "then answers text. µs/turn = run wall time / N (median, min–max over the "
+        "repetitions); growth = median of the last 100 turn intervals / median of the "
+        "first 100; memory = tracemalloc peak of one extra run.",
+        "",
+        "| contender | N | µs/turn (median) | min–max | runs | growth | peak memory "
+        "| memory/turn | × bare |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for cell in cells:
+        if cell.skipped:
+            out.append(f"| {cell.contender} | {cell.n:,} | {cell.skipped} | | | | | | |")
+            continue
+        peak, per_turn = _mem(cell)
+        ratio = f"{cell.median_us / bare[cell.n]:,.1f}" if cell.n in bare else "—"
+        out.append(
+            f"| {cell.contender} | {cell.n:,} | {cell.median_us:,.1f} | "
+            f"{min(cell.per_turn_us):,.1f}–{max(cell.per_turn_us):,.1f} | "
+            f"{len(cell.run_s)} | {statistics.median(cell.growth):.2f} | {peak} | "
+            f"{per_turn} | {ratio} |"
+        )
+    for name, reason in unavailable.items():
+        out.append(f"| {name} | — | not run: {reason} | | | | | | |")
+    out += ["", "| figure | value | how |", "| --- | ---: | --- |"]
+    out += [f"| {f.name} | {f.value} | {f.detail} |" for f in figures]
+    out += ["", *targets(cells, bare)]
+    return "\n".join(out) + "\n"
+
+
+def targets(cells: list[Cell], bare: dict[int, float]) -> list[str]:
+    """Issue 7's targets, judged on this run's numbers."""
+    ours = {c.n: c for c in cells if c.contender == "statemachine run_agent" and c.run_s}
+    lines = ["Targets (issue 7):", ""]
+    if 1_000 in ours and 1_000 in bare:
+        ratio = ours[1_000].median_us / bare[1_000]
+        verdict = "met" if ratio <= 10 else "MISSED"
+        lines.append(f"- our loop ≤ 10x the bare loop per turn at N = 1,000: {ratio:.1f}x, {verdict}")
+    if ours:
+        worst = max(statistics.median(c.growth) for c in ours.values())
+        verdict = "met" if worst <= 1.1 else "MISSED"
+        top = max(ours)
+        lines.append(f"- turn-interval growth ≤ 1.1 up to N = {top:,}: worst {worst:.2f}, {verdict}")
+    with_mem = [c for c in ours.values() if c.peak_bytes is not None and c.n >= 100]
+    if len(with_mem) >= 2:
+        per_turn = [c.peak_bytes / c.n for c in with_mem if c.peak_bytes is not None]
+        spread = max(per_turn) / min(per_turn)
+        verdict = "met" if spread <= 1.5 else "MISSED"
+        lines.append(
+            f"- memory linear in history: peak bytes per turn varies {spread:.2f}x over "
+            f"N = {with_mem[0].n:,}..{with_mem[-1].n:,}, {verdict}"
+        )
+    return lines
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    ns = (10,) if args.smoke else tuple(args.ns)
+    repetitions = {n: 1 for n in ns} if args.smoke else {n: REPETITIONS.get(n, 3) for n in ns}
+    cells: list[Cell] = []
+    unavailable: dict[str, str] = {}
+    for name, factory in CONTENDERS:
+        try:
+            contender = factory()
+        except ImportError as exc:
+            unavailable[name] = f"not installed ({exc.name}); run bench/run.sh"
+            continue
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        cells += await measure(contender, ns, repetitions, args.smoke)
+    figures = await micro_figures(args.smoke)
+    if not args.smoke:
+        figures.insert(0, await default_logger_note(1_000, 3))
+    command = "bash bench/run.sh" + (" --smoke" if args.smoke else "")
+    report = render(cells, unavailable, figures, machine(), versions(), command)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report, encoding="utf-8")
+    if args.json:
+        data = {
+            "cells": [asdict(c) for c in cells],
+            "unavailable": unavailable,
+            "figures": [asdict(f) for f in figures],
+        }
+        Path(args.json).write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--smoke", action="store_true", help="N=10, one run each")
+    parser.add_argument("--ns", type=int, nargs="+", default=list(NS), help="run sizes")
+    parser.add_argument("--out", help="write the markdown table here")
+    parser.add_argument("--json", help="write the raw measurements here")
+    args = parser.parse_args(argv)
+    if any(n < 2 for n in args.ns):
+        parser.error("every N must be at least 2 (N-1 tool turns, then the answer)")
+    try:
+        return asyncio.run(main_async(args))
+    except WrongResultError as exc:
+        print(f"wrong result: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
