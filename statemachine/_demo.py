@@ -1,0 +1,385 @@
+"""``python -m statemachine demo [DIR]``: the seed's checkpoint script, narrated live.
+
+This module owns the demo: an embedded scripted model and a narrator that prints the
+loop as it runs. The script is the seed's checkpoint (user: "列出工作区文件", list the
+files in the workspace; the assistant calls ``list_files {}``; the result goes back to
+the model; the model answers), made one turn richer so that the loop is visible: after
+the listing, the model reads the README (or the first text file) before it answers.
+
+The model is a real ``ModelClient``. It decides each step from the history it is
+given and nothing else, and its final answer is composed from the tool results in
+that history (the file names it was shown, the first line it was read), so the demo
+shows data flowing through ``run_agent``, never canned text. The tools are the real
+``statemachine.workspace`` tools, confined to DIR.
+
+What is printed, as it happens:
+
+- each message: the user's prompt, each assistant message (text and tool calls with
+  their arguments), each tool result (abbreviated);
+- each state transition (``from -> to``, with its trigger), taken from the engine's
+  own structlog ``transition`` events through a logger built here with
+  ``structlog.wrap_logger`` and a processor of ours (structlog is never configured
+  globally);
+- the final state and its explanation.
+
+Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad arguments
+(a DIR that does not exist, for one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import MutableMapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, TextIO
+
+import structlog
+
+from ._abort import AbortSignal
+from ._driver import RunResult, run_agent_sync
+from ._errors import InvalidInputError
+from ._messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from ._model import ModelClient
+from ._table import TurnState
+from ._tools import Tool, ToolDefinition, ToolOutput, ToolReturn, tool_output_from
+from .workspace import workspace_tools
+
+__all__ = ["PROMPT", "ScriptedModel", "cli_demo", "run_demo"]
+
+PROMPT = "List the files in the workspace. (列出工作区文件)"
+"""The user message of the seed's checkpoint script, in English and as the seed has it."""
+
+# How much of the listing the answer names before it says "and N more".
+_NAMED_FILES = 8
+# Extensions the model prefers when there is no README to read.
+_TEXT_SUFFIXES = frozenset(
+    {".md", ".rst", ".txt", ".py", ".ts", ".js", ".json", ".toml", ".yaml", ".yml"}
+    | {".cfg", ".ini", ".sh", ".c", ".h", ".rs", ".go", ".java"}
+)
+
+
+# -- the scripted model ------------------------------------------------------------------
+
+
+def _listed_files(listing: str) -> tuple[list[str], bool]:
+    """The file paths in a ``list_files`` result, and whether the listing was cut.
+
+    Lines in brackets are the tool's notes and lines ending in ``/`` are empty
+    directories; neither is a file.
+    """
+    lines = listing.splitlines()
+    files = [line for line in lines if line and not line.startswith("[") and line[-1] != "/"]
+    cut = any(line.startswith("[Listing stopped") for line in lines)
+    return files, cut
+
+
+def _pick_file(files: Sequence[str]) -> str:
+    """The README nearest the root, else the first text-looking file, else the first."""
+    readmes = [f for f in files if PurePosixPath(f).name.lower().startswith("readme")]
+    if readmes:
+        return min(readmes, key=lambda f: (f.count("/"), f))
+    for f in files:
+        if PurePosixPath(f).suffix.lower() in _TEXT_SUFFIXES:
+            return f
+    return files[0]
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= 80 else line[:77] + "..."
+    return ""
+
+
+def _names(files: Sequence[str]) -> str:
+    if len(files) == 1:
+        return files[0]
+    return ", ".join(files[:-1]) + " and " + files[-1]
+
+
+class ScriptedModel:
+    """The demo's model: list the files, read the README, answer from what it saw.
+
+    Deterministic, no network: each response is a function of the history alone (the
+    messages after the last user message), so the same workspace gives the same run.
+    """
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+    ) -> AssistantMessage:
+        if signal.aborted:
+            return AssistantMessage((), stop_reason=StopReason.ABORTED)
+        available = {t.name for t in tools}
+        start = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
+        turn = list(messages[start + 1 :])
+        calls = {c.id: c for m in turn if isinstance(m, AssistantMessage) for c in m.tool_calls}
+        results = {m.tool_name: m for m in turn if isinstance(m, ToolResultMessage)}
+        next_id = sum(len(m.tool_calls) for m in messages if isinstance(m, AssistantMessage)) + 1
+
+        listing = results.get("list_files")
+        if listing is None:
+            if "list_files" not in available:
+                return AssistantMessage("I cannot list the workspace: I have no list_files tool.")
+            return self._call(f"call_{next_id}", "list_files", {})
+        if listing.is_error:
+            return AssistantMessage(f"I could not list the workspace: {listing.text}")
+        files, cut = _listed_files(listing.text)
+        read = results.get("read_file")
+        if read is None and files and "read_file" in available:
+            return self._call(f"call_{next_id}", "read_file", {"path": _pick_file(files)})
+        read_call = calls.get(read.tool_call_id) if read is not None else None
+        read_path = str(read_call.arguments.get("path", "")) if read_call is not None else ""
+        return AssistantMessage(self._answer(files, cut, read, read_path))
+
+    @staticmethod
+    def _call(call_id: str, name: str, arguments: dict[str, Any]) -> AssistantMessage:
+        return AssistantMessage(
+            (ToolCall(call_id, name, arguments),), stop_reason=StopReason.TOOL_USE
+        )
+
+    @staticmethod
+    def _answer(files: list[str], cut: bool, read: ToolResultMessage | None, read_path: str) -> str:
+        if not files:
+            return "The workspace holds no files."
+        count = f"at least {len(files)}" if cut else str(len(files))
+        noun = "file" if len(files) == 1 and not cut else "files"
+        if len(files) <= _NAMED_FILES:
+            parts = [f"The workspace contains {count} {noun}: {_names(files)}."]
+        else:
+            shown = ", ".join(files[:_NAMED_FILES])
+            parts = [
+                f"The workspace contains {count} {noun}, among them {shown} "
+                f"and {len(files) - _NAMED_FILES} more."
+            ]
+        if read is not None and read.is_error:
+            parts.append(f"I could not read {read_path}: {read.text}")
+        elif read is not None:
+            first = _first_line(read.text)
+            if first:
+                parts.append(f'{read_path} begins with: "{first}".')
+            else:
+                parts.append(f"{read_path} holds no text.")
+        return " ".join(parts)
+
+
+# -- narration ---------------------------------------------------------------------------
+
+
+def _abbreviate(text: str, width: int = 90, lines: int = 3) -> str:
+    """The first few non-blank lines of ``text`` on one line, and its length."""
+    all_lines = text.splitlines()
+    shown = " | ".join([line.strip() for line in all_lines if line.strip()][:lines])
+    if len(shown) > width:
+        shown = shown[: width - 3] + "..."
+    if len(all_lines) > lines:
+        shown += f"  ({len(all_lines)} lines)"
+    return shown
+
+
+_INDENT = " " * 12
+
+
+def _wrap(text: str) -> list[str]:
+    """Text as lines of at most 88 columns (after the 12-column role label)."""
+    out: list[str] = []
+    for paragraph in text.splitlines() or [""]:
+        out.extend(textwrap.wrap(paragraph, 88) or [""])
+    return out
+
+
+class Narrator:
+    """Prints messages and transitions as they happen.
+
+    Messages come from three places, each the earliest moment they are known: the
+    model wrapper (the history it is called with, and the response it returns), the
+    tool wrappers (each output as its tool finishes) and, at the end, the final
+    history. Tool results printed early are remembered, so the history catch-up does
+    not print them twice; error results the engine made itself (an unknown tool, bad
+    arguments) appear at the catch-up.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.shown = 0  # history messages printed so far
+        self.early_results: list[tuple[str, str, bool]] = []
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def message(self, message: Message) -> None:
+        if isinstance(message, UserMessage):
+            text = "".join(b.text for b in message.content if isinstance(b, TextContent))
+            self.line(f"user        {text}")
+        elif isinstance(message, AssistantMessage):
+            parts: list[str] = []
+            for block in message.content:
+                if isinstance(block, TextContent):
+                    parts.extend(_wrap(block.text))
+                elif isinstance(block, ThinkingContent):
+                    parts.append(f"(thinking) {_abbreviate(block.thinking)}")
+                elif isinstance(block, ToolCall):
+                    arguments = json.dumps(block.arguments_dict(), ensure_ascii=False)
+                    parts.append(f"toolCall {block.name} {arguments}  (id {block.id})")
+            if message.error_message:
+                parts.append(f"error: {message.error_message}")
+            body = f"\n{_INDENT}".join(parts) or "(no content)"
+            self.line(f"assistant   {body}  [stopReason: {message.stop_reason.value}]")
+        else:
+            self._result(message.tool_name, message.text, message.is_error)
+
+    def _result(self, name: str, text: str, is_error: bool) -> None:
+        flag = " (isError)" if is_error else ""
+        self.line(f"toolResult  {name}{flag}: {_abbreviate(text)}")
+
+    def tool_output(self, name: str, output: ToolOutput) -> None:
+        text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
+        self.early_results.append((name, text, output.is_error))
+        self._result(name, text, output.is_error)
+
+    def catch_up(self, history: Sequence[Message]) -> None:
+        for message in history[self.shown :]:
+            key = (
+                (message.tool_name, message.text, message.is_error)
+                if isinstance(message, ToolResultMessage)
+                else None
+            )
+            if key is not None and key in self.early_results:
+                self.early_results.remove(key)
+            else:
+                self.message(message)
+        self.shown = max(self.shown, len(history))
+
+    def response(self, message: AssistantMessage) -> None:
+        self.message(message)
+        self.shown += 1  # it enters history next, right after what the model was shown
+
+    def on_log(self, _: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+        """The structlog processor: print transitions and warnings, then drop the event."""
+        if event.get("event") == "transition":
+            arrow = f"{event.get('from_state')} -> {event.get('to_state')}"
+            self.line(f"    {arrow:<42} ({event.get('trigger')}, turn {event.get('turn')})")
+        elif method in ("warning", "error", "critical"):
+            details = ", ".join(
+                f"{k}={v}" for k, v in sorted(event.items()) if k not in ("event", "run_id")
+            )
+            self.line(f"    ! {event.get('event')}: {details}")
+        raise structlog.DropEvent
+
+    def logger(self) -> Any:
+        """A structlog logger that reports to this narrator only."""
+        return structlog.wrap_logger(
+            structlog.ReturnLogger(),
+            processors=[self.on_log],
+            # Explicit, so that an application's global configuration (a level
+            # filter, say) cannot hide the transitions the demo exists to show.
+            wrapper_class=structlog.BoundLogger,
+            context_class=dict,
+            cache_logger_on_first_use=False,
+        )
+
+
+class _NarratedModel:
+    """Shows the model what it is called with and what it answers."""
+
+    def __init__(self, inner: ModelClient, narrator: Narrator) -> None:
+        self.inner = inner
+        self.narrator = narrator
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+    ) -> AssistantMessage:
+        self.narrator.catch_up(messages)
+        response = await self.inner.complete(messages, tools, signal)
+        if isinstance(response, AssistantMessage):
+            self.narrator.response(response)
+        return response
+
+
+def _narrated_tool(tool: Tool, narrator: Narrator) -> Tool:
+    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
+        value = await tool.execute(arguments, signal)
+        output = tool_output_from(value)
+        if output is not None:
+            narrator.tool_output(tool.name, output)
+        return value
+
+    return Tool(tool.definition, execute)
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
+    """Run the script on ``root``, narrating to ``out``; return how the run ended.
+
+    Raises ``InvalidInputError`` if ``root`` is not an existing directory.
+    """
+    tools = workspace_tools(root)
+    narrator = Narrator(out)
+    shown_root = root.resolve()
+    narrator.line(f"statemachine demo: the seed's checkpoint script on {shown_root}")
+    narrator.line("  model: the embedded scripted model (deterministic, no network)")
+    narrator.line(f"  tools: {', '.join(t.name for t in tools)} (confined to that directory)")
+    narrator.line()
+    messages: list[Message] = [UserMessage(PROMPT)]
+    narrator.catch_up(messages)
+    result = run_agent_sync(
+        model=_NarratedModel(ScriptedModel(), narrator),
+        tools=[_narrated_tool(t, narrator) for t in tools],
+        messages=messages,
+        max_turns=max_turns,
+        logger=narrator.logger(),
+        run_id="demo",
+    )
+    narrator.catch_up(result.messages)
+    narrator.line()
+    narrator.line(f"final state: {result.state.value} after {result.turns} model calls")
+    narrator.line(f"explanation: {result.explanation}")
+    return result
+
+
+def cli_demo(argv: list[str]) -> int:
+    """``python -m statemachine demo [DIR] [--max-turns N]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m statemachine demo",
+        description="Run the seed's checkpoint script on DIR with the embedded scripted "
+        "model and the real workspace tools, printing each message and transition.",
+    )
+    parser.add_argument("dir", nargs="?", default=".", help="workspace directory (default: .)")
+    parser.add_argument("--max-turns", type=int, default=8, help="model calls allowed (default: 8)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and on bad arguments
+        return exc.code if isinstance(exc.code, int) else 2
+    root = Path(args.dir)
+    if not root.exists():
+        print(f"demo: directory {args.dir!r} does not exist", file=sys.stderr)
+        return 2
+    if not root.is_dir():
+        print(f"demo: {args.dir!r} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        result = run_demo(root, sys.stdout, max_turns=args.max_turns)
+    except InvalidInputError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    return 0 if result.state is TurnState.Done else 1
