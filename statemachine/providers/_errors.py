@@ -1,0 +1,201 @@
+"""The errors a provider adapter raises, and the classification that picks them.
+
+An adapter's ``complete`` raises only when it has given up, and the driver turns any
+exception into one ``Failed`` run. So the class of the exception is for callers who
+use an adapter directly (a compaction loop catches ``ContextOverflowError``), and its
+text is for people: the driver puts ``"<ClassName>: <text>"`` into the run's
+explanation. Every text here therefore says what happened and what to do about it.
+
+``classify`` is provider-neutral: each adapter extracts the HTTP status, headers and
+error body from its SDK's exception and hands them over. Mid-stream errors carry no
+useful status (the HTTP status was 200), so the error *type* in the body counts as
+much as the status.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from .._errors import StateMachineError
+
+__all__ = [
+    "ContextOverflowError",
+    "Failure",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderRequestError",
+    "ProviderResponseError",
+    "ProviderUnavailableError",
+    "classify",
+    "parse_retry_after",
+    "redact",
+]
+
+
+class ProviderError(StateMachineError):
+    """A model provider failed; the text says how and what to do."""
+
+
+class ProviderAuthError(ProviderError):
+    """401/403: the key is missing, wrong, or lacks permission. Never retried."""
+
+
+class ProviderUnavailableError(ProviderError):
+    """Rate limits, overload or server errors outlasted the retry budget."""
+
+
+class ContextOverflowError(ProviderError):
+    """The request is longer than the model's context window: compact and retry."""
+
+
+class ProviderRequestError(ProviderError):
+    """The provider refused the request as invalid (a 4xx other than auth and limits)."""
+
+
+class ProviderResponseError(ProviderError):
+    """The provider sent something the SDK could not validate or we could not use."""
+
+
+@attrs.frozen
+class Failure:
+    """What one failed attempt means: the error to raise, whether a retry may help,
+    and how long the provider asked us to wait."""
+
+    error: ProviderError
+    retryable: bool
+    retry_after: float | None = None
+
+
+# Context overflow is reported as a plain 400 by every provider; only the text tells.
+# The patterns cover OpenAI, Anthropic, and the common OpenAI-compatible servers.
+_OVERFLOW = re.compile(
+    r"context[_ ]length[_ ]exceeded"
+    r"|maximum context length"
+    r"|prompt is too long"
+    r"|exceeds? the (?:available )?context"
+    r"|context window"
+    r"|too many tokens"
+    r"|input is too long",
+    re.IGNORECASE,
+)
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+_RETRYABLE_TYPES = frozenset(
+    {"overloaded_error", "api_error", "rate_limit_error", "server_error", "timeout_error"}
+)
+_AUTH_TYPES = frozenset({"authentication_error", "permission_error", "invalid_api_key"})
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (of a useful length) replaced by ``[REDACTED]``."""
+    for secret in secrets:
+        # A one-character "secret" would shred the text and protect nothing.
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "[REDACTED]")
+    return text
+
+
+def parse_retry_after(
+    headers: Mapping[str, str], *, now: Callable[[], float] = time.time
+) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or an
+    HTTP date); ``None`` when absent or unusable."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            value = float(raw_ms) / 1000.0
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - now())
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def error_details(body: object) -> tuple[str | None, str | None, str | None]:
+    """``(type, code, message)`` from an error body in either provider's shape
+    (``{"error": {...}}`` or the inner object itself)."""
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping):
+            body = inner
+    if not isinstance(body, Mapping):
+        return None, None, body if isinstance(body, str) and body else None
+    kind, code, message = body.get("type"), body.get("code"), body.get("message")
+    return (
+        kind if isinstance(kind, str) else None,
+        str(code) if isinstance(code, (str, int)) else None,
+        message if isinstance(message, str) else None,
+    )
+
+
+def classify(
+    provider: str,
+    *,
+    status: int | None,
+    headers: Mapping[str, str],
+    body: object,
+    message: str,
+    key_hint: str,
+    secrets: Iterable[str] = (),
+) -> Failure:
+    """Decide what an HTTP-level failure means.
+
+    ``status`` is ``None`` for an error reported inside a stream and for connection
+    failures; ``key_hint`` names where the key comes from (for the auth message).
+    """
+    kind, code, body_message = error_details(body)
+    text = redact(body_message or message or "no error message", secrets)
+    where = f"{provider} returned HTTP {status}" if status else f"{provider} reported an error"
+    detail = f"{where}: {text}"
+    if code == "context_length_exceeded" or (
+        (status in (None, 400, 413, 422) or kind == "invalid_request_error")
+        and _OVERFLOW.search(text)
+    ):
+        return Failure(
+            ContextOverflowError(
+                f"{detail}. The conversation no longer fits the model's context window; "
+                "compact or truncate the history and try again."
+            ),
+            retryable=False,
+        )
+    if status in (401, 403) or kind in _AUTH_TYPES or code in _AUTH_TYPES:
+        return Failure(
+            ProviderAuthError(
+                f"{detail}. Authentication or permission failed; check {key_hint} "
+                "(retrying will not help)."
+            ),
+            retryable=False,
+        )
+    if (status is not None and (status in _RETRYABLE_STATUS or status >= 500)) or (
+        kind in _RETRYABLE_TYPES
+    ):
+        return Failure(
+            ProviderUnavailableError(detail), retryable=True, retry_after=parse_retry_after(headers)
+        )
+    return Failure(ProviderRequestError(f"{detail}. The request was refused as invalid."), False)
+
+
+def connection_failure(provider: str, exc: BaseException, secrets: Iterable[str]) -> Failure:
+    """A request that got no response at all (refused, reset, timed out): retryable."""
+    text = redact(str(exc) or type(exc).__name__, secrets)
+    return Failure(
+        ProviderUnavailableError(f"could not reach {provider}: {text}"),
+        retryable=True,
+    )

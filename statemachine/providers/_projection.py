@@ -1,0 +1,242 @@
+"""What both adapters share between our history and a provider's wire format.
+
+Outbound, ``sendable_history`` reduces a history to what any provider accepts, in a
+shape each adapter can translate one message at a time:
+
+* An assistant message that ended in ``error`` is dropped whole: its content may be
+  cut off anywhere, and a provider would take it as the model's own words.
+* One that ended in ``aborted`` keeps its text (the person saw it; the model should
+  too) but loses its thinking (a cut-off thinking block has no valid signature) and
+  its tool calls (they never ran). The results the engine gave those calls are
+  dropped with them, so no result is left without its call.
+* Every remaining tool call is followed directly by its results, in call order;
+  user messages that arrived between a call and its result move after the results
+  (both APIs require the results first). The engine keeps I1 by construction; for a
+  history built by hand, a call without a result gets an error result saying so and
+  a result without a call is dropped, because a request the provider refuses helps
+  nobody.
+
+Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
+argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
+argument text into a JSON object without ever raising.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from .._messages import (
+    AssistantContent,
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+
+__all__ = [
+    "INVALID_JSON_KEY",
+    "MessageBuilder",
+    "normalise_id",
+    "parse_arguments",
+    "sendable_history",
+]
+
+INVALID_JSON_KEY = "!invalid-json"
+"""How malformed tool-call arguments reach the engine.
+
+The model's argument text is kept as the value of one key that starts with this
+prefix and names the parse problem, e.g. ``{"!invalid-json: not valid JSON (Expecting
+',' delimiter at line 1 column 9)": "<the raw text>"}``. The engine validates arguments
+against the tool's schema, so for a schema that forbids additional properties (as
+every ``@tool`` schema does) or requires any, the model gets an error result whose
+text names the problem and shows the schema, and the tool never runs. The call is
+kept rather than dropped, so the model learns that its call failed and why.
+"""
+
+_ID_OK = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def normalise_id(raw: str, max_length: int) -> str:
+    """``raw`` if a provider accepts it as a tool-call id, else a stable substitute.
+
+    The substitute depends only on ``raw``, so a call and its result map to the same
+    id in every request, and a provider's prompt cache stays valid.
+    """
+    if raw and len(raw) <= max_length and _ID_OK.fullmatch(raw):
+        return raw
+    digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()[:12]
+    clean = re.sub(r"[^A-Za-z0-9_-]", "_", raw)[: max_length - len(digest) - 1]
+    return f"{clean}_{digest}" if clean.strip("_") else f"call_{digest}"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_arguments(raw: str) -> dict[str, Any]:
+    """The JSON object in ``raw``; malformed text becomes the ``INVALID_JSON_KEY``
+    sentinel described above. Empty text is ``{}`` (servers send it for tools that
+    take no arguments)."""
+    if not raw.strip():
+        return {}
+    problem: str
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except (ValueError, RecursionError) as exc:
+        problem = f"not valid JSON ({exc})"
+    else:
+        if isinstance(value, dict):
+            return value
+        problem = f"a JSON {type(value).__name__} where an object was expected"
+    return {f"{INVALID_JSON_KEY}: {problem}": raw[:4000]}
+
+
+# -- outbound -------------------------------------------------------------------------
+
+
+_MISSING_RESULT = (
+    "No result was recorded for this tool call (the history was missing it); "
+    "the call may not have run."
+)
+
+
+def sendable_history(messages: Sequence[Message]) -> list[Message]:
+    """The history reduced to what every provider accepts (see the module docstring)."""
+    dropped_calls: set[str] = set()
+    kept: list[Message] = []
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            if message.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
+                dropped_calls.update(call.id for call in message.tool_calls)
+                if message.stop_reason is StopReason.ERROR:
+                    continue
+                text = tuple(b for b in message.content if isinstance(b, TextContent) and b.text)
+                if not text:
+                    continue
+                message = attrs.evolve(message, content=text)
+            kept.append(message)
+        elif isinstance(message, ToolResultMessage):
+            if message.tool_call_id not in dropped_calls:
+                kept.append(message)
+        else:
+            kept.append(message)
+
+    out: list[Message] = []
+    index = 0
+    while index < len(kept):
+        message = kept[index]
+        index += 1
+        if not (isinstance(message, AssistantMessage) and message.tool_calls):
+            if not isinstance(message, ToolResultMessage):
+                out.append(message)  # a result with no call before it is dropped
+            continue
+        # Gather everything up to the next assistant message.
+        segment: list[Message] = []
+        while index < len(kept) and not isinstance(kept[index], AssistantMessage):
+            segment.append(kept[index])
+            index += 1
+        results = {m.tool_call_id: m for m in segment if isinstance(m, ToolResultMessage)}
+        out.append(message)
+        for call in message.tool_calls:
+            result = results.get(call.id)
+            if result is None:
+                result = ToolResultMessage(call.id, call.name, _MISSING_RESULT, is_error=True)
+            out.append(result)
+        out.extend(m for m in segment if isinstance(m, UserMessage))
+    return out
+
+
+# -- inbound --------------------------------------------------------------------------
+
+
+@attrs.define
+class _Block:
+    kind: str  # "text", "thinking" or "tool"
+    text: list[str] = attrs.Factory(list)
+    signature: str | None = None
+    call_id: str = ""
+    name: str = ""
+
+
+@attrs.define
+class MessageBuilder:
+    """Accumulates one streamed response. Blocks are addressed by the provider's
+    index (OpenAI tool-call index, Anthropic content-block index) and kept in the
+    order they first appeared."""
+
+    on_text: Callable[[str], None] | None = None
+    blocks: list[_Block] = attrs.Factory(list)
+    _by_key: dict[tuple[str, int], _Block] = attrs.Factory(dict)
+
+    def block(self, key: tuple[str, int], kind: str) -> _Block:
+        """The block at ``key``, created on first use."""
+        found = self._by_key.get(key)
+        if found is None:
+            found = _Block(kind)
+            self._by_key[key] = found
+            self.blocks.append(found)
+        return found
+
+    def append_text(self, text: str) -> None:
+        """Text with no index of its own (OpenAI): extends the last block if it is
+        text, so that text after a tool call starts a new block."""
+        if not text:
+            return
+        if not self.blocks or self.blocks[-1].kind != "text":
+            self.blocks.append(_Block("text"))
+        self.blocks[-1].text.append(text)
+        if self.on_text is not None:
+            self.on_text(text)
+
+    def add_text(self, block: _Block, text: str) -> None:
+        block.text.append(text)
+        if self.on_text is not None and block.kind == "text" and text:
+            self.on_text(text)
+
+    def content(self, *, with_calls: bool) -> tuple[AssistantContent, ...]:
+        out: list[AssistantContent] = []
+        for block in self.blocks:
+            text = "".join(block.text)
+            if block.kind == "text":
+                if text:
+                    out.append(TextContent(text))
+            elif block.kind == "thinking":
+                if text or block.signature:
+                    out.append(ThinkingContent(text, block.signature))
+            elif with_calls:
+                out.append(ToolCall(block.call_id, block.name, parse_arguments(text)))
+        return tuple(out)
+
+    def finish(
+        self, stop_reason: StopReason, usage: Usage | None, error_message: str | None = None
+    ) -> AssistantMessage:
+        """The complete message."""
+        return AssistantMessage(
+            self.content(with_calls=True),
+            stop_reason=stop_reason,
+            error_message=error_message,
+            usage=usage,
+        )
+
+    def aborted(self, usage: Usage | None) -> AssistantMessage:
+        """What had arrived when the signal aborted: text and thinking, no tool call
+        (a call may be cut off mid-argument, and an aborted response runs none)."""
+        return AssistantMessage(
+            self.content(with_calls=False),
+            stop_reason=StopReason.ABORTED,
+            error_message="aborted while the response was streaming",
+            usage=usage,
+        )

@@ -1,0 +1,160 @@
+"""A scripted HTTP server on 127.0.0.1 that replays recorded provider responses.
+
+The provider tests run the real SDKs against it: each test queues the replies it
+wants (a JSON error with its status and headers, or a recorded server-sent-event
+stream, optionally cut into small byte pieces so that SSE lines arrive split), and
+afterwards reads every request the server received, to check the projection.
+
+A reply can ``hold`` the connection open after its bytes, as a slow model does;
+``close()`` releases every held connection, so a test never hangs on teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+FIXTURES = Path(__file__).parent / "fixtures" / "providers"
+
+
+def fixture_text(name: str) -> str:
+    """A fixture file's text, by its path under ``tests/fixtures/providers``."""
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+@attrs.frozen
+class Reply:
+    """One scripted response."""
+
+    status: int = 200
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+    piece_size: int = 0  # >0: write the body in pieces of this many bytes, flushing each
+    hold: bool = False  # keep the connection open after the body until close()
+
+
+def sse(name: str, *, piece_size: int = 0, hold: bool = False) -> Reply:
+    """A recorded event stream from a fixture file."""
+    return Reply(
+        200,
+        (("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")),
+        fixture_text(name).encode("utf-8"),
+        piece_size,
+        hold,
+    )
+
+
+def error(status: int, name: str, headers: dict[str, str] | None = None) -> Reply:
+    """A recorded JSON error body with its status (and e.g. retry-after headers)."""
+    return Reply(
+        status,
+        (("Content-Type", "application/json"), *(headers or {}).items()),
+        fixture_text(name).encode("utf-8"),
+    )
+
+
+@attrs.frozen
+class Request:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class LoopbackServer:
+    """Use as ``with LoopbackServer() as server``; ``server.url`` is the base URL."""
+
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.requests: list[Request] = []
+        self.released = threading.Event()
+        self.holding = threading.Event()  # set once a held reply has written its bytes
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def add(self, *replies: Reply) -> None:
+        with self._lock:
+            self.replies.extend(replies)
+
+    def bodies(self) -> list[Any]:
+        """The JSON bodies of every request, in order."""
+        return [r.json() for r in self.requests]
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.released.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def _next(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self.replies:
+                return self.replies.popleft()
+        body = {"error": {"type": "test_error", "message": "no scripted reply left"}}
+        return Reply(418, (("Content-Type", "application/json"),), json.dumps(body).encode())
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # keep test output clean
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                reply = server._next(Request("POST", self.path, headers, body))
+                self.send_response(reply.status)
+                for name, value in reply.headers:
+                    self.send_header(name, value)
+                if not reply.hold and reply.piece_size == 0:
+                    self.send_header("Content-Length", str(len(reply.body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    for piece in _pieces(reply.body, reply.piece_size):
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                    if reply.hold:
+                        server.holding.set()
+                        server.released.wait(timeout=30)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away (an abort): that is the point of some tests
+
+        return Handler
+
+
+def _pieces(body: bytes, size: int) -> Iterator[bytes]:
+    if size <= 0:
+        yield body
+        return
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
