@@ -279,3 +279,16 @@ def test_results_the_engine_makes_are_narrated_from_the_history() -> None:
 def test_scripted_model_without_tools_says_so() -> None:
     result = sm.run_agent_sync(model=ScriptedModel(), messages=[sm.UserMessage(PROMPT)])
     assert result.final_text == "I cannot list the workspace: I have no list_files tool."
+
+
+def test_the_readme_shows_the_demos_real_output(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The demo\n", 1)[1]
+    shown = section.split("$ bash run.sh demo /tmp/ws\n", 1)[1].split("```", 1)[0]
+    make_tree(tmp_path, {"README.md": "# My project\n", "src/index.ts": "export {};\n"})
+    _, output = demo(tmp_path)
+    real = output.replace(str(tmp_path.resolve()), "/tmp/ws")
+    assert shown == real, (
+        "README's demo output drifted; paste the output of `bash run.sh demo /tmp/ws` "
+        "(workspace made by the command above it) into the README"
+    )
