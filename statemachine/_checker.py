@@ -1,0 +1,771 @@
+"""The exhaustive bounded checker: every event sequence the real engine accepts, checked.
+
+This module owns the exploration of the sans-IO ``Engine``'s state space within
+bounds (turns, tool calls per response, the engine configurations to try), the
+checks made at every reachable state and on every refused event, and the
+``python -m statemachine check`` command.
+
+How it works
+------------
+Breadth-first search over engine configurations. From each reachable engine the
+checker offers every candidate input event that ``EVENT_SOURCES`` produces for the
+triggers the table accepts in that state: all model responses within the bounds
+(0..M tool calls, each call valid, to an unknown tool or with invalid arguments,
+every stop reason, plus one response whose ids need normalising), every permission
+answer, every tool finishing (with a result or an error) in any order, cancellation,
+abort at every point. The engine decides what it accepts; an event it refuses must
+raise ``ProtocolError`` and change nothing, which is checked too. For each state the
+checker also offers one event of every trigger the table does *not* accept there, and
+checks that it is refused (or, in a terminal state, absorbed) without any change.
+
+Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, acceptance
+from ``rows_from``, coverage is measured against ``TRANSITIONS``. A new input trigger
+needs one entry in ``EVENT_SOURCES`` (the checker reports a trigger without one);
+a new engine option needs one entry in ``Bounds.configs``.
+
+Deduplication. Two engines are merged when their *control data* are equal: the
+state, the turn counter and every other attribute of the engine except the history,
+the transition log and the plumbing (``_canonical_key``, which walks the engine's
+attributes generically, so a field the engine grows is part of the key without a
+change here). The history is left out on purpose: the engine never reads it back to
+decide anything, and the only part of it the future can pair with (the calls of
+the current batch) is in the batch bookkeeping, which is in the key. Every new state
+is checked on the history of the path that reached it first, and every transition
+checks what it appended, so merging loses no violation. Call ids are made unique
+per turn by the checker, which is why the set of ids seen (used only to normalise
+repeats) can stay out of the key as well.
+
+Copying engines. An engine carries a ``transitions`` machine whose construction is
+the slow part, so the default strategy keeps one engine per configuration and
+restores snapshots of its attributes into it (``snapshot``); the alternative
+(``replay``) rebuilds an engine from the configuration and re-handles the event
+prefix. Both give the same report; ``--strategy`` picks one, and the README has
+their timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import enum
+import functools
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from ._engine import Engine
+from ._errors import ProtocolError
+from ._events import (
+    AbortRequested,
+    CallModel,
+    Event,
+    ModelCancelled,
+    ModelFailed,
+    ModelResponded,
+    RunEnded,
+    Start,
+    StartTool,
+    ToolCancelled,
+    ToolDenied,
+    ToolFinished,
+    ToolPermitted,
+)
+from ._invariants import history_violations
+from ._messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from ._table import (
+    ABSORBING,
+    INPUT_TRIGGERS,
+    RETURNS_TO_CALLER,
+    TERMINAL,
+    TRANSITIONS,
+    Transition,
+    Trigger,
+    TurnState,
+    rows_from,
+)
+from ._tools import ToolDefinition, ToolOutput
+
+__all__ = [
+    "EVENT_SOURCES",
+    "Bounds",
+    "CheckReport",
+    "CheckViolation",
+    "check_engine",
+    "cli_check",
+]
+
+S = TurnState
+T = Trigger
+
+# -- the scenario the checker drives -----------------------------------------------------
+
+TOOL = ToolDefinition(
+    "echo",
+    "Repeat the text back.",
+    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+)
+VALID_ARGUMENTS: Mapping[str, Any] = {"text": "hi"}
+INVALID_ARGUMENTS: Mapping[str, Any] = {"text": 42}
+UNKNOWN_TOOL = "no_such_tool"
+UNKNOWN_CALL = "no-such-call"
+FIRST_MESSAGE = UserMessage("use the tools")
+OK_OUTPUT = ToolOutput("done")
+ERROR_OUTPUT = ToolOutput("Error: it broke", is_error=True)
+
+CallKind = Literal["ok", "unknown", "invalid"]
+
+
+@attrs.frozen(eq=False)  # hashed by identity: it keys the cache of model responses
+class Bounds:
+    """What the checker explores.
+
+    ``turns`` is the engine's ``max_turns``; ``calls`` the most tool calls in one
+    response; ``configs`` the engine options to explore (each a separate search);
+    ``limits`` caps how often a trigger may occur on one path (for inputs that could
+    otherwise repeat forever, such as queued messages).
+    """
+
+    turns: int = 3
+    calls: int = 3
+    call_kinds: tuple[CallKind, ...] = ("ok", "unknown", "invalid")
+    stop_reasons: tuple[StopReason, ...] = tuple(StopReason)
+    configs: tuple[Mapping[str, Any], ...] = (
+        {"check_permissions": False},
+        {"check_permissions": True},
+    )
+    limits: Mapping[Trigger, int] = attrs.field(factory=dict)
+    max_violations: int = 20
+
+    def __attrs_post_init__(self) -> None:
+        if self.turns < 1 or self.calls < 0:
+            raise ValueError("bounds: turns must be >= 1 and calls >= 0")
+
+
+# -- event sources: one entry per input trigger ---------------------------------------------
+
+EventSource = Callable[[Engine, Bounds], Sequence[Event]]
+
+
+def _responses(turn: int, bounds: Bounds) -> list[Event]:
+    """Every model response within the bounds: ids unique per turn, as a model gives."""
+    out: list[Event] = []
+    for count in range(bounds.calls + 1):
+        for kinds in itertools.product(bounds.call_kinds, repeat=count):
+            calls = [_call(f"t{turn}c{i}", kind) for i, kind in enumerate(kinds)]
+            text = [] if calls else [TextContent("finished")]
+            for stop in bounds.stop_reasons:
+                out.append(ModelResponded(AssistantMessage([*text, *calls], stop_reason=stop)))
+    if bounds.calls >= 2:
+        # Ids the engine must normalise (empty and repeated).
+        calls = [_call("", "ok") for _ in range(bounds.calls)]
+        out.append(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    return out
+
+
+def _call(call_id: str, kind: CallKind) -> ToolCall:
+    if kind == "unknown":
+        return ToolCall(call_id, UNKNOWN_TOOL, VALID_ARGUMENTS)
+    return ToolCall(call_id, TOOL.name, VALID_ARGUMENTS if kind == "ok" else INVALID_ARGUMENTS)
+
+
+def _call_ids(engine: Engine) -> list[str]:
+    """Ids of the current batch's calls, answered or not, plus one that does not exist:
+    the engine must accept the right ones and refuse the others unchanged."""
+    ids: list[str] = []
+    for message in reversed(engine.messages):
+        if isinstance(message, AssistantMessage):
+            ids = [c.id for c in message.tool_calls]
+            break
+    pending = [c.id for c in engine.pending_calls()]
+    return [*dict.fromkeys([*pending, *ids]), UNKNOWN_CALL]
+
+
+@functools.lru_cache(maxsize=64)
+def _responses_for(turn: int, bounds: Bounds) -> tuple[Event, ...]:
+    return tuple(_responses(turn, bounds))
+
+
+EVENT_SOURCES: dict[Trigger, EventSource] = {
+    T.start: lambda e, b: [Start()],
+    T.model_responded: lambda e, b: _responses_for(e.turns, b),
+    T.model_failed: lambda e, b: [ModelFailed("HTTP 500 from the provider")],
+    T.model_cancelled: lambda e, b: [ModelCancelled()],
+    T.tool_permitted: lambda e, b: [ToolPermitted(i) for i in _call_ids(e)],
+    T.tool_denied: lambda e, b: [
+        d
+        for i in _call_ids(e)
+        for d in (ToolDenied(i, "policy forbids it"), ToolDenied(i, "try another", True))
+    ],
+    T.tool_finished: lambda e, b: [
+        ToolFinished(i, out) for i in _call_ids(e) for out in (OK_OUTPUT, ERROR_OUTPUT)
+    ],
+    T.tool_cancelled: lambda e, b: [ToolCancelled(i) for i in _call_ids(e)],
+    T.abort: lambda e, b: [AbortRequested("the user pressed stop")],
+}
+"""Candidate events per input trigger, given the engine as it stands."""
+
+# Triggers whose acceptance does not depend on the payload: one refusal stands for all
+# candidates (it saves offering 200 model responses where no model call is out).
+_UNIFORM: frozenset[Trigger] = frozenset({T.model_responded, T.model_failed, T.model_cancelled})
+
+
+# -- canonical keys and snapshots ---------------------------------------------------------
+
+# Engine attributes that are not control data: the history and the log (see the module
+# docstring), the plumbing, and what only explains a finished run.
+_NOT_KEY = frozenset(
+    {
+        "_history",
+        "trace",
+        "_log",
+        "_machine",
+        "_fsm",
+        "_event",
+        "_actions",
+        "_tools",
+        "_tools_by_name",
+        "_seen_ids",
+        "explanation",
+        "journal",
+    }
+)
+# Attributes shared by every copy of an engine: immutable, or plumbing.
+_SHARED = frozenset({"_log", "_machine", "_fsm", "_tools", "_tools_by_name", "journal"})
+
+
+_ATOMIC = (type(None), str, int, float, bool)
+
+
+def _canon(value: Any) -> Any:
+    """A hashable, order-stable rendering of an engine attribute.
+
+    Immutable attrs values (messages, calls, outputs) are rendered by their repr,
+    which attrs generates from every field: cheaper than walking them, and as exact.
+    """
+    cls = type(value)
+    if cls in _ATOMIC or isinstance(value, enum.Enum):
+        return value
+    if cls is list or cls is tuple:
+        return tuple([_canon(v) for v in value])
+    if cls is dict:
+        return tuple(sorted([(str(k), _canon(v)) for k, v in value.items()]))
+    if cls is set or cls is frozenset:
+        return tuple(sorted([repr(_canon(v)) for v in value]))
+    if attrs.has(cls):
+        return repr(value)
+    slots = getattr(cls, "__slots__", None)
+    if slots is not None:
+        return (cls.__name__, *[_canon(getattr(value, s, None)) for s in slots])
+    if isinstance(value, Mapping):
+        return tuple(sorted([(str(k), _canon(v)) for k, v in value.items()]))
+    if hasattr(value, "__dict__"):
+        return (cls.__name__, _canon(vars(value)))
+    return repr(value)
+
+
+def _canonical_key(engine: Engine) -> tuple[Any, ...]:
+    return (
+        engine.state,
+        tuple(
+            (name, _canon(value))
+            for name, value in sorted(vars(engine).items())
+            if name not in _NOT_KEY
+        ),
+    )
+
+
+def _copy(value: Any, memo: dict[int, Any]) -> Any:
+    """Copy the mutable parts of an engine attribute; keep immutable ones shared.
+
+    attrs classes here are frozen by convention (messages, events, outputs), so they
+    are shared; plain mutable objects (the per-call bookkeeping) are copied, once each,
+    so that two containers that shared an object still share its copy.
+    """
+    if value is None or isinstance(value, (str, int, float, enum.Enum, tuple, frozenset)):
+        return value
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    cls = type(value)
+    out: Any
+    if cls is list:
+        out = [_copy(v, memo) for v in value]
+    elif cls is dict:
+        out = {k: _copy(v, memo) for k, v in value.items()}
+    elif cls is set:
+        out = set(value)
+    elif attrs.has(cls):
+        return value
+    elif getattr(cls, "__slots__", None) is not None:
+        out = object.__new__(cls)
+        for slot in cls.__slots__:
+            if hasattr(value, slot):
+                setattr(out, slot, _copy(getattr(value, slot), memo))
+    elif hasattr(value, "__dict__"):
+        out = object.__new__(cls)
+        out.__dict__.update({k: _copy(v, memo) for k, v in vars(value).items()})
+    else:
+        return value
+    memo[id(value)] = out
+    return out
+
+
+@attrs.frozen
+class _Snapshot:
+    state: TurnState
+    attributes: Mapping[str, Any]
+
+
+def _snapshot(engine: Engine) -> _Snapshot:
+    memo: dict[int, Any] = {}
+    attributes = {k: _copy(v, memo) for k, v in vars(engine).items() if k not in _SHARED}
+    return _Snapshot(engine.state, attributes)
+
+
+def _restore(engine: Engine, snap: _Snapshot) -> None:
+    memo: dict[int, Any] = {}
+    for name, value in snap.attributes.items():
+        setattr(engine, name, _copy(value, memo))
+    engine._fsm.state = snap.state
+
+
+def _fingerprint(engine: Engine) -> tuple[Any, ...]:
+    """Everything a refused event must leave as it was (I8)."""
+    return (
+        _canonical_key(engine),
+        tuple(engine.messages),
+        tuple(engine.trace),
+        engine.turns,
+        engine.explanation,
+    )
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CheckViolation:
+    """A property that failed, where, and the event sequence that leads there."""
+
+    invariant: str
+    message: str
+    config: Mapping[str, Any]
+    path: tuple[Event, ...]
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.message}"
+
+
+@attrs.frozen
+class CheckReport:
+    """What one exhaustive check explored and found."""
+
+    bounds: Bounds
+    states: int
+    transitions: int
+    refusals: int
+    rows_taken: frozenset[int]
+    dead_ends: tuple[CheckViolation, ...]
+    violations: tuple[CheckViolation, ...]
+    seconds: float
+    strategy: str
+
+    @property
+    def rows_missed(self) -> tuple[Transition, ...]:
+        return tuple(row for i, row in enumerate(TRANSITIONS) if i not in self.rows_taken)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.dead_ends and not self.rows_missed
+
+    def summary(self) -> str:
+        lines = [
+            f"explored {self.states} states and {self.transitions} transitions "
+            f"({self.refusals} refused events checked) in {self.seconds:.1f} s "
+            f"[turns={self.bounds.turns}, calls={self.bounds.calls}, "
+            f"configs={len(self.bounds.configs)}, strategy={self.strategy}]",
+            f"table rows taken: {len(self.rows_taken)}/{len(TRANSITIONS)}",
+        ]
+        for row in self.rows_missed:
+            lines.append(
+                f"  NOT TAKEN: {row.source.value} --{row.trigger.value}"
+                f"{'[' + row.guard.value + ']' if row.guard else ''}--> {row.dest.value}"
+            )
+        lines.append(f"dead ends (non-terminal states accepting nothing): {len(self.dead_ends)}")
+        lines.append(f"violations: {len(self.violations)}")
+        for v in (*self.dead_ends, *self.violations)[:10]:
+            lines.append(f"  {v}")
+            lines.append(f"    config {dict(v.config)}, path:")
+            lines.extend(f"      {_describe(e)}" for e in v.path)
+        return "\n".join(lines)
+
+
+def _describe(event: Event) -> str:
+    from ._journal import describe_event  # the journal owns the readable form
+
+    return describe_event(event)
+
+
+# -- the search ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Node:
+    key: Any
+    snap: _Snapshot
+    path: tuple[Event, ...]
+    counts: tuple[tuple[Trigger, int], ...]  # occurrences of limited triggers
+    model_calls: int
+    started: frozenset[str]
+
+
+_ROW_INDEX: dict[tuple[TurnState, Trigger, TurnState], int] = {}
+for _i, _row in enumerate(TRANSITIONS):
+    _ROW_INDEX.setdefault((_row.source, _row.trigger, _row.dest), _i)
+
+
+class _SilentLogger:
+    """A structlog-shaped logger that drops everything (no global configuration)."""
+
+    def bind(self, **_: Any) -> _SilentLogger:
+        return self
+
+    def _drop(self, *_: Any, **__: Any) -> None:
+        return None
+
+    debug = info = warning = error = exception = msg = _drop
+
+
+class _Search:
+    def __init__(
+        self,
+        bounds: Bounds,
+        config: Mapping[str, Any],
+        engine_class: type[Engine],
+        strategy: str,
+    ) -> None:
+        self.bounds = bounds
+        self.config = config
+        self.engine_class = engine_class
+        self.strategy = strategy
+        # The checker runs hundreds of thousands of transitions: their debug events would
+        # cost more than the engine, so the engines it makes log nowhere.
+        self.logger = _SilentLogger()
+        self.engine = self._fresh()
+        self.states = 0
+        self.transitions = 0
+        self.refusals = 0
+        self.rows: set[int] = set()
+        self.violations: list[CheckViolation] = []
+        self.dead_ends: list[CheckViolation] = []
+        self.missing_sources = [t for t in INPUT_TRIGGERS if t not in EVENT_SOURCES]
+
+    def _fresh(self) -> Engine:
+        return self.engine_class(
+            tools=[TOOL],
+            messages=[FIRST_MESSAGE],
+            max_turns=self.bounds.turns,
+            run_id="check",
+            logger=self.logger,
+            **self.config,
+        )
+
+    def _load(self, node: _Node) -> Engine:
+        if self.strategy == "snapshot":
+            _restore(self.engine, node.snap)
+            return self.engine
+        engine = self._fresh()
+        for event in node.path:
+            engine.handle(event)
+        return engine
+
+    def _violate(self, invariant: str, message: str, path: tuple[Event, ...]) -> None:
+        self.violations.append(CheckViolation(invariant, message, dict(self.config), path))
+
+    def run(self) -> None:
+        for trigger in self.missing_sources:
+            self._violate(
+                "checker",
+                f"no event source for input trigger {trigger.value!r}: add one to "
+                "statemachine._checker.EVENT_SOURCES",
+                (),
+            )
+        root = _Node(
+            (_canonical_key(self.engine), ()), _snapshot(self.engine), (), (), 0, frozenset()
+        )
+        seen = {root.key}
+        self._check_state(self.engine, root.path, None)
+        queue = collections.deque([root])
+        self.states = 1
+        while queue and len(self.violations) < self.bounds.max_violations:
+            node = queue.popleft()
+            for child in self._expand(node):
+                if child.key in seen:
+                    continue
+                seen.add(child.key)
+                self.states += 1
+                queue.append(child)
+
+    def _expand(self, node: _Node) -> Iterable[_Node]:
+        engine = self._load(node)
+        state = engine.state
+        base = _fingerprint(engine)
+        dirty = False
+        accepted_any = False
+        limits = dict(node.counts)
+        for trigger in INPUT_TRIGGERS:
+            source = EVENT_SOURCES.get(trigger)
+            if source is None:
+                continue
+            if dirty:
+                engine = self._load(node)
+                dirty = False
+            candidates = source(engine, self.bounds)
+            if not candidates:
+                continue
+            if state in ABSORBING or not rows_from(state, trigger):
+                # Not accepted here: one sample must be refused (absorbed when terminal).
+                dirty = self._check_refused(
+                    engine, candidates[0], base, node, absorbed=state in ABSORBING
+                )
+                continue
+            limit = self.bounds.limits.get(trigger)
+            if limit is not None and limits.get(trigger, 0) >= limit:
+                continue
+            for event in candidates:
+                if dirty:
+                    engine = self._load(node)
+                    dirty = False
+                child = self._step(engine, event, node, base)
+                if child is None:
+                    if trigger in _UNIFORM:
+                        break
+                    continue
+                accepted_any = True
+                dirty = True
+                yield child
+        if state not in TERMINAL and not accepted_any:
+            self.dead_ends.append(
+                CheckViolation(
+                    "dead end",
+                    f"{state.value} is not terminal but accepts no event",
+                    dict(self.config),
+                    node.path,
+                )
+            )
+
+    def _check_refused(
+        self, engine: Engine, event: Event, base: tuple[Any, ...], node: _Node, *, absorbed: bool
+    ) -> bool:
+        self.refusals += 1
+        path = (*node.path, event)
+        try:
+            actions = engine.handle(event)
+        except ProtocolError:
+            if absorbed:
+                self._violate("I4", f"{engine.state.value} refused instead of absorbing", path)
+        except Exception as exc:  # noqa: BLE001 - an engine crash is the I8 violation sought
+            self._violate("I8", f"handling the event raised {type(exc).__name__}: {exc}", path)
+            return True
+        else:
+            if not absorbed:
+                self._violate(
+                    "I8",
+                    f"{event.trigger.value} has no row from {node.snap.state.value} but was "
+                    "accepted",
+                    path,
+                )
+            elif actions:
+                self._violate("I4", f"a terminal state answered with actions {actions}", path)
+        if _fingerprint(engine) != base:
+            self._violate(
+                "I8" if not absorbed else "I4", "a refused event changed the engine", path
+            )
+            return True
+        return False
+
+    def _step(
+        self, engine: Engine, event: Event, node: _Node, base: tuple[Any, ...]
+    ) -> _Node | None:
+        path = (*node.path, event)
+        before_history = list(engine.messages)
+        before_trace = len(engine.trace)
+        before_state = engine.state
+        try:
+            actions = engine.handle(event)
+        except ProtocolError:
+            self.refusals += 1
+            if _fingerprint(engine) != base:
+                self._violate("I8", "a refused event changed the engine", path)
+            return None
+        except Exception as exc:  # noqa: BLE001 - an engine crash is the I8 violation sought
+            self._violate("I8", f"handling the event raised {type(exc).__name__}: {exc}", path)
+            return None
+        self.transitions += 1
+        for record in engine.trace[before_trace:]:
+            index = _ROW_INDEX.get((record.source, record.trigger, record.dest))
+            if index is None:
+                self._violate(
+                    "table",
+                    f"the engine took {record.source.value} --{record.trigger.value}--> "
+                    f"{record.dest.value}, which is not a row of the table",
+                    path,
+                )
+            else:
+                self.rows.add(index)
+        model_calls = node.model_calls + sum(isinstance(a, CallModel) for a in actions)
+        started = set(node.started)
+        for action in actions:
+            if isinstance(action, StartTool):
+                if action.call.id in started:
+                    self._violate("I1", f"call {action.call.id!r} was started twice", path)
+                started.add(action.call.id)
+        counts = dict(node.counts)
+        if event.trigger in self.bounds.limits:
+            counts[event.trigger] = counts.get(event.trigger, 0) + 1
+        frozen_counts = tuple(sorted(counts.items()))
+        child = _Node(
+            (_canonical_key(engine), frozen_counts),
+            _snapshot(engine) if self.strategy == "snapshot" else node.snap,
+            path,
+            frozen_counts,
+            model_calls,
+            frozenset(started),
+        )
+        self._check_transition(engine, event, actions, before_history, before_state, path)
+        self._check_state(engine, path, child)
+        return child
+
+    def _check_transition(
+        self,
+        engine: Engine,
+        event: Event,
+        actions: Sequence[Any],
+        before: list[Message],
+        before_state: TurnState,
+        path: tuple[Event, ...],
+    ) -> None:
+        history = engine.messages
+        if len(history) < len(before) or any(
+            a is not b and a != b for a, b in zip(before, history, strict=False)
+        ):
+            self._violate("I2", "the history was not only appended to", path)
+            return
+        state = engine.state
+        ended = [a for a in actions if isinstance(a, RunEnded)]
+        entered = state is not before_state and state in RETURNS_TO_CALLER
+        if entered and (len(ended) != 1 or ended[0].state is not state):
+            self._violate("I4", f"entering {state.value} did not announce RunEnded", path)
+        # I6: a tool's own result, once delivered, is kept as it is.
+        if isinstance(event, ToolFinished):
+            for message in history[len(before) :]:
+                if (
+                    isinstance(message, ToolResultMessage)
+                    and message.tool_call_id == event.call_id
+                    and (
+                        message.content != event.output.content
+                        or message.is_error != event.output.is_error
+                    )
+                ):
+                    self._violate("I6", f"the result of {event.call_id!r} was rewritten", path)
+
+    def _check_state(self, engine: Engine, path: tuple[Event, ...], node: _Node | None) -> None:
+        state = engine.state
+        history = list(engine.messages)
+        pending = engine.pending_calls()
+        for v in history_violations(history, allow_open_tail=bool(pending)):
+            self._violate(v.invariant, str(v), path)
+        if state in TERMINAL and pending:
+            self._violate(
+                "I6" if state is S.Aborted else "I1",
+                f"{state.value} with calls still unanswered: {[c.id for c in pending]}",
+                path,
+            )
+        if engine.turns > engine.max_turns:
+            self._violate(
+                "I7", f"{engine.turns} model calls with max_turns={engine.max_turns}", path
+            )
+        if node is not None and node.model_calls != engine.turns:
+            self._violate(
+                "I7", f"{node.model_calls} model calls asked but turns={engine.turns}", path
+            )
+        if state in RETURNS_TO_CALLER and not (engine.explanation or "").strip():
+            self._violate("I4", f"{state.value} carries no explanation", path)
+        if state is S.Done:
+            last = next((m for m in reversed(history) if isinstance(m, AssistantMessage)), None)
+            if last is None or last.tool_calls:
+                self._violate("I3", "Done, but the last assistant message has tool calls", path)
+        if state is S.TurnLimitExceeded and str(engine.max_turns) not in (engine.explanation or ""):
+            self._violate("I7", "the turn-limit explanation does not name the limit", path)
+
+
+def check_engine(
+    bounds: Bounds | None = None,
+    *,
+    engine_class: type[Engine] = Engine,
+    strategy: Literal["snapshot", "replay"] = "snapshot",
+) -> CheckReport:
+    """Explore ``engine_class`` exhaustively within ``bounds``; see the module docstring."""
+    bounds = bounds or Bounds()
+    if strategy not in ("snapshot", "replay"):
+        raise ValueError(f"strategy must be 'snapshot' or 'replay', got {strategy!r}")
+    started = time.perf_counter()
+    states = transitions = refusals = 0
+    rows: set[int] = set()
+    violations: list[CheckViolation] = []
+    dead_ends: list[CheckViolation] = []
+    for config in bounds.configs:
+        search = _Search(bounds, config, engine_class, strategy)
+        search.run()
+        states += search.states
+        transitions += search.transitions
+        refusals += search.refusals
+        rows |= search.rows
+        violations += search.violations
+        dead_ends += search.dead_ends
+    return CheckReport(
+        bounds=bounds,
+        states=states,
+        transitions=transitions,
+        refusals=refusals,
+        rows_taken=frozenset(rows),
+        dead_ends=tuple(dead_ends),
+        violations=tuple(violations),
+        seconds=time.perf_counter() - started,
+        strategy=strategy,
+    )
+
+
+def cli_check(argv: list[str]) -> int:
+    """``python -m statemachine check [--turns N] [--calls M]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m statemachine check",
+        description="Exhaustively check the engine: every accepted event sequence within "
+        "the bounds, every invariant at every reachable state, every table row taken.",
+    )
+    parser.add_argument("--turns", type=int, default=3, help="max_turns (default 3)")
+    parser.add_argument("--calls", type=int, default=3, help="tool calls per response (3)")
+    parser.add_argument(
+        "--strategy",
+        choices=("snapshot", "replay"),
+        default="snapshot",
+        help="how engines are copied (default snapshot)",
+    )
+    args = parser.parse_args(argv)
+    if args.turns < 1 or args.calls < 0:
+        parser.error("--turns must be >= 1 and --calls >= 0")
+    report = check_engine(Bounds(turns=args.turns, calls=args.calls), strategy=args.strategy)
+    print(report.summary())
+    print("OK" if report.ok else "FAILED")
+    return 0 if report.ok else 1
