@@ -11,6 +11,7 @@ A reply can ``hold`` the connection open after its bytes, as a slow model does;
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import deque
@@ -84,7 +85,7 @@ class LoopbackServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -158,3 +159,19 @@ def _pieces(body: bytes, size: int) -> Iterator[bytes]:
         return
     for start in range(0, len(body), size):
         yield body[start : start + size]
+
+
+class Sleeps:
+    """An injectable ``sleep`` that records each requested delay and returns at once,
+    or, with ``block=True``, never returns (to abort during a backoff)."""
+
+    def __init__(self, *, block: bool = False) -> None:
+        self.delays: list[float] = []
+        self.block = block
+        self.started = threading.Event()
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        self.started.set()
+        if self.block:
+            await asyncio.Event().wait()

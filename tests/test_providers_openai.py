@@ -1,0 +1,566 @@
+"""OpenAIChatModel against the real ``openai`` SDK and a loopback server.
+
+Every test checks what the adapter returns and, where a request went out, the body
+the server received. Retries run with an injected ``sleep`` that records delays and
+returns at once: nothing here waits on a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from providers_server import LoopbackServer, Reply, Sleeps, error, sse
+from statemachine._invariants import history_violations
+from statemachine.providers import (
+    INVALID_JSON_KEY,
+    ContextOverflowError,
+    OpenAIChatModel,
+    ProviderAuthError,
+    ProviderRequestError,
+    ProviderUnavailableError,
+    RetryPolicy,
+)
+from statemachine.providers.openai_chat import project_messages, project_tools
+from statemachine.workspace import workspace_tools
+
+KEY = "sk-test-0123456789abcdef-secret"
+FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> OpenAIChatModel:
+    kw.setdefault("retry", FAST)
+    return OpenAIChatModel(
+        "gpt-4o-mini",
+        api_key=KEY,
+        base_url=server.url + "/v1",
+        sleep=sleeps or Sleeps(),
+        **kw,
+    )
+
+
+def complete(
+    model: OpenAIChatModel,
+    messages: list[sm.Message] | None = None,
+    tools: tuple[sm.ToolDefinition, ...] = (),
+    signal: sm.AbortSignal | None = None,
+) -> sm.AssistantMessage:
+    history = messages if messages is not None else [sm.UserMessage("list the files")]
+    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
+
+
+LIST = sm.ToolDefinition(
+    "list_files",
+    "List a directory.",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
+)
+READ = sm.ToolDefinition(
+    "read_file",
+    "Read a file.",
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+)
+
+
+# -- streaming --------------------------------------------------------------------------
+
+
+def test_text_stream_returns_text_usage_and_sends_the_projected_request(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/text_stream.sse"))
+    pieces: list[str] = []
+    model = make_model(server, on_text=pieces.append, system="Be brief.", max_tokens=300)
+    reply = complete(model)
+    assert reply == sm.AssistantMessage(
+        "The workspace contains README.md and src/index.ts.",
+        stop_reason=sm.StopReason.STOP,
+        usage=sm.Usage(input=412, output=19, total_tokens=431),
+    )
+    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert request.json() == {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "list the files"},
+        ],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 300,
+    }
+
+
+def test_parallel_tool_calls_split_across_awkward_fragments_are_reassembled(
+    server: LoopbackServer,
+) -> None:
+    # piece_size=7 also cuts the SSE lines themselves mid-JSON on the wire.
+    server.add(sse("openai/parallel_tool_calls.sse", piece_size=7))
+    reply = complete(make_model(server), tools=(LIST, READ))
+    assert reply.content == (
+        sm.TextContent("Let me look."),
+        sm.ToolCall("call_q1Xw7fKc0", "list_files", {"path": "src"}),
+        sm.ToolCall("call_Rr9pLm2", "read_file", {"path": "README.md", "note": 'é"\n'}),
+    )
+    assert reply.stop_reason is sm.StopReason.TOOL_USE
+    # prompt_tokens (1830) includes the 1536 cached ones; ours keeps them apart.
+    assert reply.usage == sm.Usage(input=294, output=61, cache_read=1536, total_tokens=1891)
+    assert server.requests[0].json()["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "list_files",
+                "description": "List a directory.",
+                "parameters": LIST.schema_dict(),
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file.",
+                "parameters": READ.schema_dict(),
+            },
+        },
+    ]
+
+
+def test_malformed_tool_arguments_are_kept_under_a_sentinel_that_names_the_problem(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/malformed_arguments.sse"))
+    reply = complete(make_model(server), tools=(READ,))
+    [call] = reply.tool_calls
+    assert call.id == "call_bad1"
+    assert call.name == "read_file"
+    [(key, raw)] = call.arguments.items()
+    assert key.startswith(f"{INVALID_JSON_KEY}: not valid JSON (Expecting value")
+    assert raw == '{"path": "README.md", "limit": }'
+    # finish_reason "stop" with a call present stays "stop": the call still runs.
+    assert reply.stop_reason is sm.StopReason.STOP
+    problems = sm.validate_arguments(READ, call.arguments)
+    assert any("invalid-json: not valid JSON" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "stop", "text", "error_message"),
+    [
+        ("openai/length.sse", sm.StopReason.LENGTH, "The answer is long", None),
+        (
+            "openai/content_filter.sse",
+            sm.StopReason.ERROR,
+            "",
+            "OpenAI's content filter stopped the response",
+        ),
+    ],
+)
+def test_finish_reasons_map_to_our_stop_reasons(
+    server: LoopbackServer,
+    fixture: str,
+    stop: sm.StopReason,
+    text: str,
+    error_message: str | None,
+) -> None:
+    server.add(sse(fixture))
+    reply = complete(make_model(server))
+    assert reply.stop_reason is stop
+    assert reply.text == text
+    assert reply.error_message == error_message
+
+
+def test_reasoning_content_of_compatible_servers_is_kept_as_thinking(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/reasoning_content.sse"))
+    reply = complete(make_model(server, stream_usage=False))
+    assert reply.content == (
+        sm.ThinkingContent("The user wants a greeting."),
+        sm.TextContent("Hello!"),
+    )
+    assert reply.usage is None  # this server sent no usage chunk
+    assert "stream_options" not in server.requests[0].json()
+
+
+def test_a_stream_that_breaks_before_its_finish_reason_is_retried(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/truncated.sse"), sse("openai/text_stream.sse"))
+    sleeps = Sleeps()
+    reply = complete(make_model(server, sleeps))
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    assert sleeps.delays == [0.5]
+    assert len(server.requests) == 2
+
+
+# -- abort --------------------------------------------------------------------------------
+
+
+def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/partial_then_hold.sse", hold=True))
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        arrived = asyncio.Event()
+
+        def on_text(text: str) -> None:
+            if text == "files now":
+                arrived.set()
+
+        model = make_model(server, on_text=on_text)
+        task = asyncio.ensure_future(
+            model.complete([sm.UserMessage("go")], (READ,), controller.signal)
+        )
+        await arrived.wait()
+        controller.abort("user pressed stop")
+        return await task
+
+    reply = asyncio.run(main())
+    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.content == (sm.TextContent("Reading the files now"),)
+    assert reply.tool_calls == ()
+    assert len(server.requests) == 1
+
+
+def test_an_already_aborted_signal_sends_nothing(server: LoopbackServer) -> None:
+    controller = sm.AbortController()
+    controller.abort()
+    reply = complete(make_model(server), signal=controller.signal)
+    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.content == ()
+    assert server.requests == []
+
+
+def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
+    server.add(error(429, "openai/error_429.json", {"retry-after": "30"}))
+    sleeps = Sleeps(block=True)  # the backoff would never end on its own
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+        task = asyncio.ensure_future(
+            model.complete([sm.UserMessage("go")], (), controller.signal)
+        )
+        while not sleeps.started.is_set():
+            await asyncio.sleep(0.01)
+        controller.abort()
+        return await task
+
+    reply = asyncio.run(main())
+    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.error_message is not None
+    assert reply.error_message.startswith("aborted while waiting to retry")
+    assert sleeps.delays == [30.0]
+    assert len(server.requests) == 1
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_401_ends_at_once_with_a_readable_error_that_never_shows_the_key(
+    server: LoopbackServer,
+) -> None:
+    body = {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}
+    server.add(Reply(401, (("Content-Type", "application/json"),), json.dumps(body).encode()))
+    sleeps = Sleeps()
+    with pytest.raises(ProviderAuthError) as caught:
+        complete(make_model(server, sleeps))
+    text = str(caught.value)
+    assert KEY not in text
+    assert "Incorrect API key provided: [REDACTED]" in text
+    assert "HTTP 401" in text
+    assert "OPENAI_API_KEY" in text
+    assert sleeps.delays == []
+    assert len(server.requests) == 1
+
+
+def test_401_fixture_is_not_retried(server: LoopbackServer) -> None:
+    server.add(error(401, "openai/error_401.json"), sse("openai/text_stream.sse"))
+    with pytest.raises(ProviderAuthError, match="retrying will not help"):
+        complete(make_model(server))
+    assert len(server.requests) == 1
+
+
+def test_429_honours_retry_after_then_succeeds(server: LoopbackServer) -> None:
+    server.add(
+        error(429, "openai/error_429.json", {"retry-after": "2"}),
+        error(429, "openai/error_429.json", {"retry-after-ms": "1500", "retry-after": "9"}),
+        sse("openai/text_stream.sse"),
+    )
+    sleeps = Sleeps()
+    reply = complete(make_model(server, sleeps, retry=RetryPolicy(max_attempts=3, jitter=0)))
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    assert sleeps.delays == [2.0, 1.5]  # retry-after-ms wins over retry-after
+    bodies = server.bodies()
+    assert len(bodies) == 3
+    assert bodies[0] == bodies[1] == bodies[2]
+
+
+def test_500s_back_off_exponentially_then_give_up_with_an_explanation(
+    server: LoopbackServer,
+) -> None:
+    server.add(*[error(500, "openai/error_500.json")] * 3)
+    sleeps = Sleeps()
+    with pytest.raises(ProviderUnavailableError) as caught:
+        complete(make_model(server, sleeps))
+    assert sleeps.delays == [0.5, 1.0]
+    assert len(server.requests) == 3
+    text = str(caught.value)
+    assert "HTTP 500" in text
+    assert "The server had an error" in text
+    assert "Gave up after 3 attempt(s)" in text
+
+
+def test_a_retry_after_beyond_the_budget_gives_up_at_once(server: LoopbackServer) -> None:
+    server.add(error(429, "openai/error_429.json", {"retry-after": "600"}))
+    sleeps = Sleeps()
+    model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60, jitter=0))
+    with pytest.raises(ProviderUnavailableError, match=r"next wait \(600 s\) would exceed"):
+        complete(model)
+    assert sleeps.delays == []
+    assert len(server.requests) == 1
+
+
+def test_context_length_is_named_so_a_caller_can_compact(server: LoopbackServer) -> None:
+    server.add(error(400, "openai/error_context_length.json"))
+    with pytest.raises(ContextOverflowError, match="maximum context length is 128000"):
+        complete(make_model(server))
+    assert len(server.requests) == 1
+
+
+def test_other_400s_are_request_errors_and_not_retried(server: LoopbackServer) -> None:
+    server.add(error(400, "openai/error_400.json"))
+    with pytest.raises(ProviderRequestError, match=r"string too long"):
+        complete(make_model(server))
+    assert len(server.requests) == 1
+
+
+def test_a_missing_key_is_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(sm.InvalidInputError, match="OPENAI_API_KEY"):
+        OpenAIChatModel("gpt-4o-mini")
+    # A local server needs no key.
+    local = OpenAIChatModel("llama3", base_url="http://127.0.0.1:1/v1")
+    assert KEY not in repr(local)
+
+
+def test_repr_never_shows_the_key(server: LoopbackServer) -> None:
+    assert KEY not in repr(make_model(server))
+
+
+# -- projection ----------------------------------------------------------------------------
+
+
+def test_projection_orders_results_moves_user_messages_and_drops_failed_turns() -> None:
+    long_id = "fc_68a1|call.with/odd:chars-and-far-too-long-for-openai-0123456789"
+    history: list[sm.Message] = [
+        sm.UserMessage("look at the files"),
+        sm.AssistantMessage(
+            (
+                sm.ThinkingContent("hidden", "sig"),
+                sm.TextContent("Looking."),
+                sm.ToolCall("call_1", "list_files", {"path": "."}),
+                sm.ToolCall(long_id, "read_file", {"path": "a.png"}),
+            ),
+            stop_reason=sm.StopReason.TOOL_USE,
+        ),
+        sm.ToolResultMessage("call_1", "list_files", "a.png\nb.txt"),
+        sm.UserMessage("also check b.txt"),  # arrived between the results
+        sm.ToolResultMessage(
+            long_id,
+            "read_file",
+            (sm.TextContent("binary"), sm.ImageContent("iVBORw0KGgo=", "image/png")),
+        ),
+        sm.AssistantMessage(
+            (sm.TextContent("Partial ans"), sm.ToolCall("call_x", "read_file", {"path": "b"})),
+            stop_reason=sm.StopReason.ABORTED,
+        ),
+        sm.ToolResultMessage("call_x", "read_file", "Operation aborted", is_error=True),
+        sm.UserMessage("go on"),
+        sm.AssistantMessage((), stop_reason=sm.StopReason.ERROR, error_message="HTTP 500"),
+        sm.UserMessage("please"),
+        sm.AssistantMessage(
+            (sm.ToolCall("call_2", "read_file", {"path": "nope"}),),
+            stop_reason=sm.StopReason.TOOL_USE,
+        ),
+        sm.ToolResultMessage("call_2", "read_file", "File not found: nope", is_error=True),
+    ]
+    projected = project_messages(history)
+    new_id = projected[1]["tool_calls"][1]["id"]
+    assert len(new_id) <= 40
+    assert new_id.replace("_", "").replace("-", "").isalnum()
+    assert project_messages(history)[3]["tool_call_id"] == new_id  # stable across requests
+    assert projected == [
+        {"role": "user", "content": "look at the files"},
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "list_files", "arguments": '{"path": "."}'},
+                },
+                {
+                    "id": new_id,
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "a.png"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.png\nb.txt"},
+        {"role": "tool", "tool_call_id": new_id, "content": "binary"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": f"(image output of tool call {new_id})"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            ],
+        },
+        {"role": "user", "content": "also check b.txt"},
+        {"role": "assistant", "content": "Partial ans"},
+        {"role": "user", "content": "go on"},
+        {"role": "user", "content": "please"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "nope"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "Error: File not found: nope"},
+    ]
+
+
+def test_projection_answers_a_call_that_lacks_its_result_and_drops_an_orphan_result() -> None:
+    history: list[sm.Message] = [
+        sm.UserMessage("hi"),
+        sm.ToolResultMessage("ghost", "read_file", "stray"),
+        sm.AssistantMessage((sm.ToolCall("c1", "read_file", {"path": "x"}),)),
+        sm.UserMessage("hello?"),
+    ]
+    assert project_messages(history) == [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "x"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": "Error: No result was recorded for this tool call (the history was "
+            "missing it); the call may not have run.",
+        },
+        {"role": "user", "content": "hello?"},
+    ]
+
+
+def test_project_tools_uses_the_schema_dict() -> None:
+    assert project_tools([LIST]) == [
+        {
+            "type": "function",
+            "function": {
+                "name": "list_files",
+                "description": "List a directory.",
+                "parameters": LIST.schema_dict(),
+            },
+        }
+    ]
+
+
+# -- a whole run ----------------------------------------------------------------------------
+
+
+def test_run_agent_end_to_end_with_workspace_tools(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    (tmp_path / "README.md").write_text("# Demo\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "index.ts").write_text("export {}\n")
+    server.add(
+        sse("openai/parallel_tool_calls.sse", piece_size=11),
+        sse("openai/single_tool_call.sse"),
+        sse("openai/text_stream.sse"),
+    )
+    model = make_model(server)
+    result = sm.run_agent_sync(
+        model=model,
+        tools=workspace_tools(tmp_path),
+        messages=[sm.UserMessage("list the files")],
+        max_turns=5,
+    )
+    assert result.state is sm.TurnState.Done
+    assert result.turns == 3
+    assert history_violations(result.messages) == []
+    roles = [m.role for m in result.messages]
+    assert roles == [
+        "user",
+        "assistant",
+        "toolResult",
+        "toolResult",
+        "assistant",
+        "toolResult",
+        "assistant",
+    ]
+    listing, bad_read, good_read = (m for m in result.messages if isinstance(m, sm.ToolResultMessage))
+    assert not listing.is_error
+    assert "index.ts" in listing.text
+    assert bad_read.is_error  # the workspace read_file takes no "note"
+    assert "'note' was unexpected" in bad_read.text
+    assert not good_read.is_error
+    assert "# Demo" in good_read.text
+    bodies = server.bodies()
+    assert len(bodies) == 3
+    # The third request carries the whole exchange, each result right after its call.
+    third = bodies[2]["messages"]
+    assert [m["role"] for m in third] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    assert [m["tool_call_id"] for m in third if m["role"] == "tool"] == [
+        "call_q1Xw7fKc0",
+        "call_Rr9pLm2",
+        "call_Zq3",
+    ]
+    assert third[2]["content"] == listing.text
+    assert third[3]["content"] == "Error: " + bad_read.text
+    assert json.loads(third[4]["tool_calls"][0]["function"]["arguments"]) == {"path": "README.md"}
+    total = sum(
+        (m.usage for m in result.messages if isinstance(m, sm.AssistantMessage) and m.usage),
+        sm.Usage(),
+    )
+    assert total.cache_read == 1536 + 1792
