@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
+from workload import FINAL_TEXT, TOOL_NAME, Outcome, Script, argument, call_id
 
 import statemachine as sm
-from workload import FINAL_TEXT, TOOL_NAME, Outcome, Script, argument, call_id
 
 __all__ = ["CONTENDERS", "Contender", "quiet_logger"]
 
@@ -122,7 +122,11 @@ async def _bare_complete(script: Script, messages: Sequence[BareMessage]) -> Bar
             "arguments": {"text": argument(turn)},
         }
         return {"role": "assistant", "stopReason": "toolUse", "content": [block]}
-    return {"role": "assistant", "stopReason": "stop", "content": [{"type": "text", "text": "done"}]}
+    return {
+        "role": "assistant",
+        "stopReason": "stop",
+        "content": [{"type": "text", "text": "done"}],
+    }
 
 
 # -- ours ---------------------------------------------------------------------------------

@@ -306,7 +306,9 @@ def targets(cells: list[Cell], bare: dict[int, float], dicts: dict[int, float]) 
         worst = max(statistics.median(c.growth) for c in ours.values())
         verdict = "met" if worst <= 1.1 else "MISSED"
         top = max(ours)
-        lines.append(f"- turn-interval growth ≤ 1.1 up to N = {top:,}: worst {worst:.2f}, {verdict}")
+        lines.append(
+            f"- turn-interval growth ≤ 1.1 up to N = {top:,}: worst {worst:.2f}, {verdict}"
+        )
     with_mem = [c for c in ours.values() if c.peak_bytes is not None and c.n >= 100]
     if len(with_mem) >= 2:
         per_turn = [c.peak_bytes / c.n for c in with_mem if c.peak_bytes is not None]

@@ -14,8 +14,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import statemachine as sm
 from contenders import quiet_logger
+
+import statemachine as sm
 
 __all__ = ["Figure", "engine_transitions", "micro_figures", "parallel_tools"]
 
@@ -148,4 +149,3 @@ async def micro_figures(smoke: bool) -> list[Figure]:
     figures.append(await parallel_tools(10, 0.01 if smoke else 0.1, 1 if smoke else 5))
     figures.extend(pending_figures())
     return figures
-

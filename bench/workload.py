@@ -9,6 +9,7 @@ code, at the same point of the loop, for everyone.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -64,7 +65,11 @@ def problems(outcome: Outcome, script: Script) -> list[str]:
     if outcome.tool_results != expected:
         got = len(outcome.tool_results)
         first_bad = next(
-            (i for i, (a, b) in enumerate(zip(outcome.tool_results, expected)) if a != b),
+            (
+                i
+                for i, (a, b) in enumerate(zip(outcome.tool_results, expected, strict=False))
+                if a != b
+            ),
             min(got, len(expected)),
         )
         found.append(
@@ -79,4 +84,4 @@ def problems(outcome: Outcome, script: Script) -> list[str]:
 def intervals_ns(script: Script) -> list[int]:
     """The time between consecutive model calls: one tool round trip of the loop each."""
     stamps = script.stamps
-    return [b - a for a, b in zip(stamps, stamps[1:])]
+    return [b - a for a, b in itertools.pairwise(stamps)]
