@@ -45,6 +45,7 @@ import enum
 import hashlib
 import io
 import json
+import logging
 import os
 import sys
 import types
@@ -820,9 +821,12 @@ def describe_event(event: Event) -> str:
 
 
 def format_step(step: ReplayStep) -> str:
+    """Two lines: the journal line number and the event, then the transitions it caused."""
     moves = ", ".join(
         f"{r.trigger.value}: {r.source.value} -> {r.dest.value}" for r in step.transitions
     )
+    if not moves:
+        moves = f"(absorbed: the run is over in {step.state.value})"
     return f"{step.line:>5}  {describe_event(step.event)}\n       {moves}"
 
 
@@ -837,7 +841,12 @@ def cli_replay(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = io.StringIO()
     try:
-        result = replay(args.file, strict=False)
+        # The command prints its own trace; the engine's per-transition log lines would
+        # only repeat it (warnings, such as normalised ids, still show).
+        quiet = structlog.wrap_logger(
+            None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
+        )
+        result = replay(args.file, strict=False, logger=quiet)
     except JournalError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1

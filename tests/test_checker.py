@@ -1,0 +1,247 @@
+"""The exhaustive checker: the real engine passes at the default bound, and the checker
+catches deliberately broken engines (each kept here as proof that it can fail)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from statemachine._checker import (
+    EVENT_SOURCES,
+    Bounds,
+    CheckReport,
+    _canonical_key,
+    _restore,
+    _snapshot,
+    check_engine,
+    cli_check,
+)
+from statemachine._engine import Engine
+from statemachine._errors import ProtocolError
+from statemachine._events import Action, Event, ModelResponded, Start
+from statemachine._messages import AssistantMessage, ToolCall, UserMessage
+from statemachine._table import TERMINAL, TRANSITIONS, Trigger, TurnState
+
+SMALL = Bounds(turns=2, calls=2, max_violations=3)
+
+
+def _invariants(report: CheckReport) -> set[str]:
+    return {v.invariant for v in report.violations}
+
+
+def test_default_bound_passes_and_takes_every_row() -> None:
+    report = check_engine()
+    assert report.violations == ()
+    assert report.dead_ends == ()
+    assert report.rows_missed == ()
+    assert report.rows_taken == frozenset(range(len(TRANSITIONS)))
+    assert report.ok
+    # Both configurations, every turn and every batch shape: far more than a handful.
+    assert report.states > 1000
+    assert report.transitions > report.states
+    assert report.refusals > 0
+
+
+def test_snapshot_and_replay_strategies_explore_the_same_space() -> None:
+    bounds = Bounds(turns=2, calls=1)
+    snap = check_engine(bounds, strategy="snapshot")
+    replayed = check_engine(bounds, strategy="replay")
+    assert (snap.states, snap.transitions, snap.refusals, snap.rows_taken) == (
+        replayed.states,
+        replayed.transitions,
+        replayed.refusals,
+        replayed.rows_taken,
+    )
+    assert snap.ok
+    assert replayed.ok
+
+
+def test_small_bounds_miss_rows_and_say_which() -> None:
+    # With one turn the model never sees results, so that row cannot be taken.
+    report = check_engine(Bounds(turns=1, calls=1))
+    missed = {(r.source, r.trigger, r.dest) for r in report.rows_missed}
+    assert (
+        TurnState.CollectingResults,
+        Trigger.results_complete,
+        TurnState.AwaitingModel,
+    ) in missed
+    assert report.violations == ()
+    assert not report.ok
+    assert "NOT TAKEN" in report.summary()
+
+
+def test_snapshot_restore_round_trips_the_engine() -> None:
+    engine = Engine(tools=[], messages=[UserMessage("hi")], max_turns=2, logger=_quiet())
+    engine.handle(Start())
+    snap = _snapshot(engine)
+    key = _canonical_key(engine)
+    history = tuple(engine.messages)
+    engine.handle(ModelResponded(AssistantMessage([ToolCall("c1", "nope", {})])))
+    assert _canonical_key(engine) != key
+    _restore(engine, snap)
+    assert _canonical_key(engine) == key
+    assert tuple(engine.messages) == history
+    assert engine.state is TurnState.AwaitingModel
+
+
+# -- the checker can fail: broken engines ---------------------------------------------------
+
+
+class CompletionOrderEngine(Engine):
+    """Writes each result as soon as it arrives (the order tools finish in)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._written: set[str] = set()
+
+    def _flush(self) -> None:
+        # One result arrives per event, so appending whatever is new appends in the
+        # order the tools finished.
+        for slot in self._batch:
+            if slot.result is not None and slot.call.id not in self._written:
+                self._written.add(slot.call.id)
+                self._history.append(slot.result)
+        self._flushed = sum(1 for s in self._batch if s.result is not None)
+
+
+class DropsSecondResultEngine(Engine):
+    """Loses the result of the second call of every batch."""
+
+    def _flush(self) -> None:
+        batch = self._batch
+        i = self._flushed
+        while i < len(batch) and batch[i].result is not None:
+            if i != 1:
+                result = batch[i].result
+                assert result is not None
+                self._history.append(result)
+            i += 1
+        self._flushed = i
+
+
+class StopReasonEngine(Engine):
+    """Decides by the stop reason: tool calls under ``stop`` are silently dropped."""
+
+    def _guard_has_tool_calls(self) -> bool:
+        response = self._response()
+        return bool(self._batch) and response.stop_reason.value == "toolUse"
+
+
+class OffByOneLimitEngine(Engine):
+    """Allows one model call too many."""
+
+    def _guard_turn_limit_reached(self) -> bool:
+        return self.turns > self.max_turns
+
+
+class LeakyRefusalEngine(Engine):
+    """Counts a turn even for an event it refuses."""
+
+    def handle(self, event: Event) -> tuple[Action, ...]:
+        try:
+            return super().handle(event)
+        except ProtocolError:
+            self.turns += 1
+            raise
+
+
+class NonAbsorbingEngine(Engine):
+    """Refuses events once the run is over, instead of absorbing them."""
+
+    def handle(self, event: Event) -> tuple[Action, ...]:
+        if self.state in TERMINAL:
+            raise ProtocolError("the run is over")
+        return super().handle(event)
+
+
+class ForgetsUnstartedCallsEngine(Engine):
+    """On abort, leaves the calls that never started without a result."""
+
+    def _answer_unresolved(self, text: str) -> None:
+        return None
+
+
+class StallsEngine(Engine):
+    """Refuses everything while tools run: the run can never finish from there."""
+
+    def handle(self, event: Event) -> tuple[Action, ...]:
+        if self.state is TurnState.CollectingResults:
+            raise ProtocolError("busy")
+        return super().handle(event)
+
+
+@pytest.mark.parametrize(
+    ("engine_class", "invariant"),
+    [
+        (CompletionOrderEngine, "I2"),
+        (DropsSecondResultEngine, "I1"),
+        (StopReasonEngine, "I3"),
+        (OffByOneLimitEngine, "I7"),
+        (LeakyRefusalEngine, "I8"),
+        (NonAbsorbingEngine, "I4"),
+        (ForgetsUnstartedCallsEngine, "I6"),
+    ],
+)
+def test_checker_catches_a_broken_engine(engine_class: type[Engine], invariant: str) -> None:
+    report = check_engine(SMALL, engine_class=engine_class)
+    assert not report.ok
+    assert invariant in _invariants(report), report.summary()
+    failing = next(v for v in report.violations if v.invariant == invariant)
+    # The counterexample is the event sequence that leads there, not just a verdict.
+    assert failing.path
+    assert str(failing) in report.summary()
+
+
+def test_checker_reports_a_dead_end() -> None:
+    report = check_engine(
+        Bounds(turns=1, calls=1, configs=({"check_permissions": False},)), engine_class=StallsEngine
+    )
+    assert report.dead_ends
+    assert all("CollectingResults" in v.message for v in report.dead_ends)
+    assert not report.ok
+
+
+def test_checker_reports_a_trigger_without_event_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(EVENT_SOURCES, Trigger.tool_cancelled)
+    report = check_engine(Bounds(turns=2, calls=1))
+    assert any("tool_cancelled" in v.message for v in report.violations)
+    assert {r.trigger for r in report.rows_missed} == {Trigger.tool_cancelled}
+
+
+def test_every_input_trigger_has_an_event_source() -> None:
+    from statemachine._table import INPUT_TRIGGERS
+
+    assert set(INPUT_TRIGGERS) <= set(EVENT_SOURCES)
+
+
+def test_cli_check_passes_and_fails_by_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_check(["--turns", "2", "--calls", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"table rows taken: {len(TRANSITIONS)}/{len(TRANSITIONS)}" in out
+    assert out.rstrip().endswith("OK")
+    assert cli_check(["--turns", "1", "--calls", "0"]) == 1
+    assert "NOT TAKEN" in capsys.readouterr().out
+
+
+def test_cli_check_refuses_bad_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_check(["--turns", "0"])
+    assert "--turns" in capsys.readouterr().err
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="turns"):
+        Bounds(turns=0)
+    with pytest.raises(ValueError, match="strategy"):
+        check_engine(strategy="deepcopy")  # type: ignore[arg-type]
+
+
+def _quiet() -> Any:
+    import logging
+
+    import structlog
+
+    return structlog.wrap_logger(
+        None, wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL)
+    )

@@ -1,0 +1,512 @@
+"""The journal: the event codec, the writer and its flush policy, replay and its errors."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import io
+import json
+import logging
+import os
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statemachine import _events
+from statemachine._abort import AbortSignal
+from statemachine._checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
+from statemachine._engine import Engine
+from statemachine._errors import InvalidInputError, ProtocolError, WireFormatError
+from statemachine._events import (
+    AbortRequested,
+    Event,
+    ModelResponded,
+    Start,
+    ToolFinished,
+)
+from statemachine._journal import (
+    Journal,
+    JournalError,
+    JournalHeader,
+    JournalingEngine,
+    cli_replay,
+    event_from_dict,
+    event_to_dict,
+    replay,
+    run_agent_journaled,
+)
+from statemachine._messages import (
+    AssistantMessage,
+    ImageContent,
+    Message,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from statemachine._table import INPUT_TRIGGERS, TurnState, rows_from
+from statemachine._tools import Tool, ToolDefinition, ToolOutput
+
+
+def _quiet() -> Any:
+    return structlog.wrap_logger(
+        None, wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL)
+    )
+
+
+# -- strategies: derived from field types, as the codec is -------------------------------
+
+_text = st.text(max_size=12)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    max_leaves=6,
+)
+_call = st.builds(
+    ToolCall, _text, st.sampled_from(["echo", "x"]), st.dictionaries(_text, _json, max_size=2)
+)
+_result_blocks = st.lists(
+    st.builds(TextContent, _text) | st.builds(ImageContent, _text, st.just("image/png")), max_size=2
+)
+_assistant = st.builds(
+    AssistantMessage,
+    st.lists(
+        st.builds(TextContent, _text)
+        | st.builds(ThinkingContent, _text, st.none() | _text)
+        | _call,
+        max_size=3,
+    ),
+    stop_reason=st.sampled_from(list(StopReason)),
+    error_message=st.none() | _text,
+)
+_user = st.builds(UserMessage, st.lists(st.builds(TextContent, _text), min_size=1, max_size=2))
+_output = st.builds(ToolOutput, _result_blocks, is_error=st.booleans())
+
+_BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
+    str: _text,
+    bool: st.booleans(),
+    int: st.integers(0, 10),
+    AssistantMessage: _assistant,
+    UserMessage: _user,
+    ToolOutput: _output,
+    ToolCall: _call,
+}
+
+
+def _for_type(hint: Any) -> st.SearchStrategy[Any]:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return st.sampled_from(list(hint))
+    return _BY_TYPE[hint]
+
+
+def _event_strategy(cls: type) -> st.SearchStrategy[Any]:
+    import attrs
+
+    hints = typing.get_type_hints(cls, vars(_events))
+    return st.builds(cls, **{f.name: _for_type(hints[f.name]) for f in attrs.fields(cls)})
+
+
+EVENT_CLASSES = typing.get_args(Event)
+any_event = st.one_of([_event_strategy(cls) for cls in EVENT_CLASSES])
+
+
+@given(any_event)
+def test_every_event_round_trips_through_json(event: Event) -> None:
+    wire = json.loads(json.dumps(event_to_dict(event)))
+    assert wire["type"] == type(event).__name__
+    assert event_from_dict(wire) == event
+
+
+def test_every_event_class_has_a_codec() -> None:
+    # One per input trigger: the journal can record whatever the engine can be told.
+    assert {cls.trigger for cls in EVENT_CLASSES} == set(INPUT_TRIGGERS)
+
+
+@pytest.mark.parametrize(
+    ("wire", "where"),
+    [
+        ({"type": "Nope"}, "event.type"),
+        ({"type": "ToolFinished", "callId": "c1"}, "missing key 'output'"),
+        (
+            {"type": "ToolFinished", "callId": 3, "output": {"content": [], "isError": False}},
+            "event.callId",
+        ),
+        ({"type": "ToolFinished", "callId": "c", "output": {"content": []}}, "event.output"),
+        ({"type": "Start", "extra": 1}, "unknown key"),
+        ({"type": "ModelResponded", "message": {"role": "user", "content": []}}, "event.message"),
+        ([], "expected an object"),
+    ],
+)
+def test_bad_event_dicts_name_the_path(wire: Any, where: str) -> None:
+    with pytest.raises(WireFormatError, match=where.replace(".", r"\.")):
+        event_from_dict(wire)
+
+
+# -- a run, journaled --------------------------------------------------------------------
+
+
+def _engine_with(journal: Journal, **kwargs: Any) -> JournalingEngine:
+    options: dict[str, Any] = {
+        "tools": [TOOL],
+        "messages": [FIRST_MESSAGE],
+        "max_turns": 3,
+        "logger": _quiet(),
+        **kwargs,
+    }
+    return JournalingEngine(journal=journal, **options)
+
+
+TWO_CALLS = AssistantMessage(
+    [ToolCall("a", "echo", {"text": "1"}), ToolCall("b", "echo", {"text": "2"})],
+    stop_reason=StopReason.STOP,
+)
+SCRIPT: tuple[Event, ...] = (
+    Start(),
+    ModelResponded(TWO_CALLS),
+    ToolFinished("b", ToolOutput("two")),
+    ToolFinished("a", ToolOutput("one", is_error=True)),
+    ModelResponded(AssistantMessage("all done")),
+    AbortRequested("late"),  # absorbed: journaled, changes nothing
+)
+
+
+def _journal_text(events: Sequence[Event] = SCRIPT, **kwargs: Any) -> tuple[str, Engine]:
+    stream = io.StringIO()
+    engine = _engine_with(Journal(stream), **kwargs)
+    for event in events:
+        engine.handle(event)
+    return stream.getvalue(), engine
+
+
+def test_replay_rebuilds_the_identical_run() -> None:
+    text, engine = _journal_text()
+    result = replay(text.splitlines(keepends=True), logger=_quiet())
+    assert result.ok
+    assert result.state is TurnState.Done
+    assert result.messages == tuple(engine.messages)
+    assert result.trace == tuple(engine.trace)
+    assert result.checkpoints == 1
+    assert [s.event for s in result.steps] == list(SCRIPT)
+    assert result.states == (
+        TurnState.Ready,
+        TurnState.AwaitingModel,
+        TurnState.CollectingResults,
+        TurnState.CollectingResults,
+        TurnState.AwaitingModel,
+        TurnState.Done,
+        TurnState.Done,
+    )
+
+
+def test_refused_events_are_not_journaled() -> None:
+    stream = io.StringIO()
+    engine = _engine_with(Journal(stream))
+    engine.handle(Start())
+    with pytest.raises(ProtocolError):
+        engine.handle(ToolFinished("ghost", ToolOutput("x")))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert json.loads(lines[1])["event"] == {"type": "Start"}
+
+
+def test_header_records_the_configuration() -> None:
+    text, _ = _journal_text(check_permissions=True, run_id="r-42", events=(Start(),))
+    header = json.loads(text.splitlines()[0])
+    assert header["format"] == "statemachine-journal"
+    assert header["version"] == 1
+    assert header["runId"] == "r-42"
+    assert header["checkPermissions"] is True
+    assert header["maxTurns"] == 3
+    assert header["tools"][0]["name"] == "echo"
+    assert header["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "use the tools"}]}
+    ]
+
+
+def test_an_option_that_cannot_be_replayed_is_refused() -> None:
+    engine = Engine(tools=[], messages=[UserMessage("x")], logger=_quiet())
+    with pytest.raises(InvalidInputError, match="cannot record engine option hook"):
+        JournalHeader.of(engine, tuple(engine.messages), hook=print)
+
+
+# -- damaged journals ------------------------------------------------------------------------
+
+
+def _lines() -> list[str]:
+    text, _ = _journal_text()
+    return text.splitlines(keepends=True)
+
+
+def test_a_truncated_journal_names_the_line_and_keeps_what_came_before() -> None:
+    lines = _lines()
+    cut = [*lines[:4], lines[4][: len(lines[4]) // 2]]  # line 5 cut mid-write
+    with pytest.raises(JournalError, match=r"journal line 5: not valid JSON.*cut off") as info:
+        replay(cut, logger=_quiet())
+    assert info.value.line == 5
+    partial = replay(cut, strict=False, logger=_quiet())
+    assert partial.error is not None
+    assert partial.error.line == 5
+    assert [s.event for s in partial.steps] == list(SCRIPT[:3])
+    full = replay(lines, logger=_quiet())
+    assert partial.messages == tuple(full.engine.messages)[: len(partial.messages)]
+    assert partial.state is TurnState.CollectingResults
+
+
+@pytest.mark.parametrize(
+    ("damage", "line", "text"),
+    [
+        (lambda r: {**r, "seq": 9}, 3, "event number 9 where 2 was expected"),
+        (lambda r: {**r, "after": "Done"}, 3, "replay diverged"),
+        (lambda r: {**r, "after": "Sleeping"}, 3, "'Sleeping' is not a state"),
+        (lambda r: {**r, "event": {"type": "Bogus"}}, 3, "is not an event type"),
+        (lambda r: {"seq": 2}, 3, "expected an event record"),
+        (
+            lambda r: {
+                **r,
+                "event": {
+                    "type": "ToolFinished",
+                    "callId": "zz",
+                    "output": {"content": [], "isError": False},
+                },
+            },
+            3,
+            "the engine refuses ToolFinished here",
+        ),
+    ],
+)
+def test_a_corrupted_line_is_named(damage: Any, line: int, text: str) -> None:
+    lines = _lines()
+    lines[line - 1] = json.dumps(damage(json.loads(lines[line - 1]))) + "\n"
+    with pytest.raises(JournalError, match=text) as info:
+        replay(lines, logger=_quiet())
+    assert info.value.line == line
+    partial = replay(lines, strict=False, logger=_quiet())
+    assert len(partial.steps) == line - 2  # every event before the bad line replayed
+
+
+def test_a_checkpoint_that_does_not_match_is_reported() -> None:
+    lines = _lines()
+    index = next(i for i, ln in enumerate(lines) if '"checkpoint"' in ln)
+    record = json.loads(lines[index])
+    record["checkpoint"]["digest"] = "0" * 64
+    lines[index] = json.dumps(record) + "\n"
+    with pytest.raises(JournalError, match="does not match the checkpoint: digest") as info:
+        replay(lines, logger=_quiet())
+    assert info.value.line == index + 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "text"),
+    [
+        ([], "empty"),
+        (['{"hello": 1}\n'], "not a statemachine journal"),
+        (['{"format": "statemachine-journal", "version": 7}\n'], "version 7 is not supported"),
+        (["{not json\n"], "journal line 1: not valid JSON"),
+    ],
+)
+def test_a_bad_header_always_raises(lines: list[str], text: str) -> None:
+    with pytest.raises(JournalError, match=text):
+        replay(lines, strict=False)
+
+
+def test_a_blank_line_is_an_error() -> None:
+    lines = _lines()
+    lines.insert(2, "\n")
+    with pytest.raises(JournalError, match="journal line 3: blank line"):
+        replay(lines, logger=_quiet())
+
+
+# -- the writer ------------------------------------------------------------------------------
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("event", 8), ("checkpoint", 2), ("close", 0)])
+def test_flush_policy(policy: Any, expected: int) -> None:
+    stream = CountingStream()
+    engine = _engine_with(Journal(stream, flush=policy))
+    for event in SCRIPT:
+        engine.handle(event)
+    # header + 6 events + 1 checkpoint = 8 records
+    assert len(stream.getvalue().splitlines()) == 8
+    assert stream.flushes == expected
+    engine.journal.close()
+    assert stream.flushes == expected + 1
+    assert not stream.closed  # a stream we were given is not ours to close
+
+
+def test_every_event_is_on_disk_as_soon_as_it_is_handled(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with Journal(path) as journal:
+        engine = _engine_with(journal)
+        for i, event in enumerate(SCRIPT[:4], start=2):
+            engine.handle(event)
+            assert len(path.read_text(encoding="utf-8").splitlines()) == i
+    assert replay(path, logger=_quiet()).state is TurnState.AwaitingModel
+
+
+def test_fsync_syncs_every_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    with Journal(tmp_path / "run.jsonl", fsync=True) as journal:
+        engine = _engine_with(journal)
+        engine.handle(Start())
+        assert len(synced) == 2  # header, event
+    assert len(synced) == 3  # and on close
+
+
+def test_journal_refuses_to_overwrite_and_misuse(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text("x")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        Journal(path)
+    with pytest.raises(InvalidInputError, match="flush must be"):
+        Journal(io.StringIO(), flush="sometimes")  # type: ignore[arg-type]
+    journal = Journal(io.StringIO())
+    with pytest.raises(InvalidInputError, match="header"):
+        journal.record(Start(), TurnState.AwaitingModel)
+    journal.close()
+    with pytest.raises(InvalidInputError, match="closed"):
+        journal.begin(JournalHeader("r", (), (UserMessage("x"),), 1, False))
+
+
+def test_replay_of_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="cannot read journal"):
+        replay(tmp_path / "nope.jsonl")
+
+
+# -- the property: any accepted run, journaled and replayed, is identical ------------------------
+
+
+@st.composite
+def accepted_runs(draw: st.DrawFn) -> tuple[bool, list[Event]]:
+    """An event sequence the engine accepts, built from the checker's event sources."""
+    permissions = draw(st.booleans())
+    engine = Engine(
+        tools=[TOOL],
+        messages=[FIRST_MESSAGE],
+        max_turns=3,
+        check_permissions=permissions,
+        logger=_quiet(),
+    )
+    bounds = Bounds(turns=3, calls=3)
+    events: list[Event] = []
+    for _ in range(draw(st.integers(1, 30))):
+        candidates = [
+            event
+            for trigger in INPUT_TRIGGERS
+            if rows_from(engine.state, trigger) and trigger in EVENT_SOURCES
+            for event in EVENT_SOURCES[trigger](engine, bounds)
+        ]
+        if not candidates:
+            break
+        event = draw(st.sampled_from(candidates))
+        try:
+            engine.handle(event)
+        except ProtocolError:
+            continue
+        events.append(event)
+    return permissions, events
+
+
+@given(accepted_runs())
+def test_journaled_and_replayed_runs_are_identical(run: tuple[bool, list[Event]]) -> None:
+    permissions, events = run
+    text, engine = _journal_text(events, check_permissions=permissions)
+    result = replay(io.StringIO(text), logger=_quiet())
+    assert result.ok
+    assert result.state is engine.state
+    assert result.messages == tuple(engine.messages)
+    assert result.trace == tuple(engine.trace)
+    assert result.engine.turns == engine.turns
+    assert result.engine.explanation == engine.explanation
+    assert [s.event for s in result.steps] == events
+
+
+# -- the driver shim and the command ------------------------------------------------------
+
+
+class ScriptedModel:
+    def __init__(self, responses: list[AssistantMessage]) -> None:
+        self.responses = responses
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> AssistantMessage:
+        return self.responses.pop(0)
+
+
+async def _echo(arguments: dict[str, Any], signal: AbortSignal) -> str:
+    return f"echo {arguments['text']}"
+
+
+def test_run_agent_journaled_replays_to_the_same_result(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    model = ScriptedModel(
+        [
+            AssistantMessage([ToolCall("c1", "echo", {"text": "x"}), ToolCall("c2", "nope", {})]),
+            AssistantMessage("finished"),
+        ]
+    )
+    with Journal(path) as journal:
+        result = asyncio.run(
+            run_agent_journaled(
+                journal=journal,
+                model=model,
+                messages=[UserMessage("go")],
+                tools=[Tool(TOOL, _echo)],
+                logger=_quiet(),
+            )
+        )
+    assert result.state is TurnState.Done
+    replayed = replay(path, logger=_quiet())
+    assert replayed.messages == result.messages
+    assert replayed.trace == result.trace
+    assert replayed.header.run_id == result.run_id
+    assert isinstance(replayed.messages[2], ToolResultMessage)
+    assert replayed.messages[3].is_error  # type: ignore[union-attr]
+
+
+def test_cli_replay_prints_the_trace_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.jsonl"
+    text, _ = _journal_text()
+    path.write_text(text, encoding="utf-8")
+    assert cli_replay([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ModelResponded [stop] echo#a" in out
+    assert "tool_finished: CollectingResults -> CollectingResults" in out
+    assert "absorbed" in out
+    assert "state Done after 6 event(s)" in out
+    assert out.rstrip().endswith("OK: the replay matches the journal")
+
+    path.write_text(text[: len(text) - 40], encoding="utf-8")
+    assert cli_replay([str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED: journal line 8" in captured.err
+    assert "everything before line 8 replayed" in captured.err
+    assert "state Done after 5 event(s)" in captured.out
+
+
+def test_cli_replay_of_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b"\xff\xfe")
+    assert cli_replay([str(path)]) == 1
+    assert "FAILED" in capsys.readouterr().err
