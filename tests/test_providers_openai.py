@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from providers_server import LoopbackServer, Reply, Sleeps, error, sse
 
 import statemachine as sm
-from providers_server import LoopbackServer, Reply, Sleeps, error, sse
 from statemachine._invariants import history_violations
 from statemachine.providers import (
     INVALID_JSON_KEY,
@@ -24,6 +24,7 @@ from statemachine.providers import (
     OpenAIChatModel,
     ProviderAuthError,
     ProviderRequestError,
+    ProviderResponseError,
     ProviderUnavailableError,
     RetryPolicy,
 )
@@ -257,9 +258,7 @@ def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
 
     async def main() -> sm.AssistantMessage:
         model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
-        task = asyncio.ensure_future(
-            model.complete([sm.UserMessage("go")], (), controller.signal)
-        )
+        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
         while not sleeps.started.is_set():
             await asyncio.sleep(0.01)
         controller.abort()
@@ -501,9 +500,7 @@ def test_project_tools_uses_the_schema_dict() -> None:
 # -- a whole run ----------------------------------------------------------------------------
 
 
-def test_run_agent_end_to_end_with_workspace_tools(
-    server: LoopbackServer, tmp_path: Path
-) -> None:
+def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("# Demo\n")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "index.ts").write_text("export {}\n")
@@ -532,7 +529,9 @@ def test_run_agent_end_to_end_with_workspace_tools(
         "toolResult",
         "assistant",
     ]
-    listing, bad_read, good_read = (m for m in result.messages if isinstance(m, sm.ToolResultMessage))
+    listing, bad_read, good_read = (
+        m for m in result.messages if isinstance(m, sm.ToolResultMessage)
+    )
     assert not listing.is_error
     assert "index.ts" in listing.text
     assert bad_read.is_error  # the workspace read_file takes no "note"
@@ -564,3 +563,10 @@ def test_run_agent_end_to_end_with_workspace_tools(
         sm.Usage(),
     )
     assert total.cache_read == 1536 + 1792
+
+
+def test_strict_validation_refuses_a_chunk_of_the_wrong_shape(server: LoopbackServer) -> None:
+    server.add(sse("openai/invalid_chunk.sse"), sse("openai/text_stream.sse"))
+    with pytest.raises(ProviderResponseError, match="could not validate"):
+        complete(make_model(server))
+    assert len(server.requests) == 1  # a malformed response is not retried

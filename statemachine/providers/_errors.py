@@ -192,6 +192,16 @@ def classify(
     return Failure(ProviderRequestError(f"{detail}. The request was refused as invalid."), False)
 
 
+def validation_detail(exc: BaseException) -> str:
+    """The SDK's validation message plus the first lines of pydantic's reason."""
+    text = str(exc)
+    cause = exc.__cause__
+    if cause is not None:
+        lines = str(cause).splitlines()[:3]
+        text = f"{text} ({'; '.join(line.strip() for line in lines)})"
+    return text[:600]
+
+
 def connection_failure(provider: str, exc: BaseException, secrets: Iterable[str]) -> Failure:
     """A request that got no response at all (refused, reset, timed out): retryable."""
     text = redact(str(exc) or type(exc).__name__, secrets)

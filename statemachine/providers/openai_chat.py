@@ -50,7 +50,14 @@ from .._messages import (
     thaw_json,
 )
 from .._tools import ToolDefinition
-from ._errors import Failure, ProviderResponseError, classify, connection_failure, redact
+from ._errors import (
+    Failure,
+    ProviderResponseError,
+    classify,
+    connection_failure,
+    redact,
+    validation_detail,
+)
 from ._projection import MessageBuilder, normalise_id, sendable_history
 from ._retry import (
     AbortWatch,
@@ -309,7 +316,7 @@ class OpenAIChatModel:
             return Failure(
                 ProviderResponseError(
                     f"{self.provider} sent a response the SDK could not validate: "
-                    f"{redact(str(exc), self._secrets)}"
+                    f"{redact(validation_detail(exc), self._secrets)}"
                 ),
                 retryable=False,
             )

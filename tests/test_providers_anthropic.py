@@ -1,0 +1,484 @@
+"""AnthropicModel against the real ``anthropic`` SDK and a loopback server.
+
+Every test checks what the adapter returns and, where a request went out, the body
+the server received. Retries run with an injected ``sleep`` that records delays and
+returns at once: nothing here waits on a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from providers_server import LoopbackServer, Reply, Sleeps, error, sse
+
+import statemachine as sm
+from statemachine._invariants import history_violations
+from statemachine.providers import (
+    INVALID_JSON_KEY,
+    AnthropicModel,
+    ContextOverflowError,
+    ProviderAuthError,
+    ProviderResponseError,
+    ProviderUnavailableError,
+    RetryPolicy,
+)
+from statemachine.providers.anthropic_messages import project_messages, project_tools
+from statemachine.workspace import workspace_tools
+
+KEY = "sk-ant-test-0123456789-secret"
+FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
+
+LIST = sm.ToolDefinition(
+    "list_files",
+    "List a directory.",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
+)
+READ = sm.ToolDefinition(
+    "read_file",
+    "Read a file.",
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+)
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> AnthropicModel:
+    kw.setdefault("retry", FAST)
+    return AnthropicModel(
+        "claude-sonnet-4-5",
+        api_key=KEY,
+        base_url=server.url,
+        sleep=sleeps or Sleeps(),
+        **kw,
+    )
+
+
+def complete(
+    model: AnthropicModel,
+    messages: list[sm.Message] | None = None,
+    tools: tuple[sm.ToolDefinition, ...] = (),
+    signal: sm.AbortSignal | None = None,
+) -> sm.AssistantMessage:
+    history = messages if messages is not None else [sm.UserMessage("list the files")]
+    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
+
+
+# -- streaming --------------------------------------------------------------------------
+
+
+def test_text_stream_returns_text_usage_and_sends_the_projected_request(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("anthropic/text_stream.sse"))
+    pieces: list[str] = []
+    model = make_model(server, on_text=pieces.append, system="Be brief.", max_tokens=300)
+    reply = complete(model, tools=(LIST,))
+    assert reply == sm.AssistantMessage(
+        "The workspace contains README.md and src/index.ts.",
+        stop_reason=sm.StopReason.STOP,
+        usage=sm.Usage(input=412, output=19, total_tokens=431),
+    )
+    assert pieces == ["The work", "space contains ", "README.md and ", "src/index.ts."]
+    [request] = server.requests
+    assert request.path == "/v1/messages"
+    assert KEY in (request.headers.get("x-api-key", "") + request.headers.get("authorization", ""))
+    assert request.json() == {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 300,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "list the files"}]}],
+        "tools": [
+            {
+                "name": "list_files",
+                "description": "List a directory.",
+                "input_schema": LIST.schema_dict(),
+            }
+        ],
+        "stream": True,
+    }
+
+
+def test_thinking_text_and_parallel_tool_uses_are_reassembled(server: LoopbackServer) -> None:
+    # piece_size=5 also cuts the SSE lines themselves on the wire.
+    server.add(sse("anthropic/thinking_tool_use.sse", piece_size=5))
+    model = make_model(server, thinking={"type": "enabled", "budget_tokens": 1024})
+    reply = complete(model, tools=(LIST, READ))
+    assert reply.content == (
+        sm.ThinkingContent(
+            "I should list the files and read the README.",
+            "EqQBCkgIARABGAIiQL2msig-part-2==",
+        ),
+        sm.TextContent("Let me look."),
+        sm.ToolCall("toolu_01A09q90qw90lq917835lq9", "list_files", {"path": "src"}),
+        sm.ToolCall("toolu_01B7mNq2Zr", "read_file", {"path": "README.md", "note": 'é"\n'}),
+    )
+    assert reply.stop_reason is sm.StopReason.TOOL_USE
+    assert reply.usage == sm.Usage(
+        input=58, output=87, cache_read=1536, cache_write=236, total_tokens=58 + 87 + 1536 + 236
+    )
+    assert server.requests[0].json()["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+
+
+def test_malformed_tool_input_is_kept_under_a_sentinel_that_names_the_problem(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("anthropic/malformed_arguments.sse"))
+    reply = complete(make_model(server), tools=(READ,))
+    [call] = reply.tool_calls
+    [(key, raw)] = call.arguments.items()
+    assert key.startswith(f"{INVALID_JSON_KEY}: not valid JSON (Expecting value")
+    assert raw == '{"path": "README.md", "limit": }'
+    assert any(
+        "invalid-json: not valid JSON" in p for p in sm.validate_arguments(READ, call.arguments)
+    )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "stop", "text", "error_message"),
+    [
+        ("anthropic/max_tokens.sse", sm.StopReason.LENGTH, "Writing", None),
+        (
+            "anthropic/refusal.sse",
+            sm.StopReason.ERROR,
+            "I can",
+            "Anthropic refused to continue the response (stop reason 'refusal')",
+        ),
+        ("anthropic/redacted_thinking.sse", sm.StopReason.STOP, "Done.", None),
+    ],
+)
+def test_stop_reasons_map_to_ours(
+    server: LoopbackServer,
+    fixture: str,
+    stop: sm.StopReason,
+    text: str,
+    error_message: str | None,
+) -> None:
+    server.add(sse(fixture))
+    reply = complete(make_model(server))
+    assert reply.stop_reason is stop
+    assert reply.text == text
+    assert reply.error_message == error_message
+    assert reply.tool_calls == ()
+
+
+def test_an_overloaded_error_inside_the_stream_is_retried(server: LoopbackServer) -> None:
+    server.add(sse("anthropic/overloaded_midstream.sse"), sse("anthropic/text_stream.sse"))
+    sleeps = Sleeps()
+    reply = complete(make_model(server, sleeps))
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    assert sleeps.delays == [0.5]
+    assert len(server.requests) == 2
+
+
+# -- abort --------------------------------------------------------------------------------
+
+
+def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("anthropic/partial_then_hold.sse", hold=True))
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        arrived = asyncio.Event()
+
+        def on_text(text: str) -> None:
+            if text == "files now":
+                arrived.set()
+
+        model = make_model(server, on_text=on_text)
+        task = asyncio.ensure_future(
+            model.complete([sm.UserMessage("go")], (READ,), controller.signal)
+        )
+        await arrived.wait()
+        controller.abort("user pressed stop")
+        return await task
+
+    reply = asyncio.run(main())
+    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.content == (sm.TextContent("Reading the files now"),)
+    assert reply.usage == sm.Usage(input=100, output=1, total_tokens=101)
+
+
+def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
+    server.add(error(529, "anthropic/error_529.json", {"retry-after": "20"}))
+    sleeps = Sleeps(block=True)
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
+        while not sleeps.started.is_set():
+            await asyncio.sleep(0.01)
+        controller.abort()
+        return await task
+
+    reply = asyncio.run(main())
+    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.content == ()
+    assert sleeps.delays == [20.0]
+    assert len(server.requests) == 1
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "fixture"), [(401, "error_401"), (403, "error_403")])
+def test_auth_and_permission_errors_end_at_once(
+    server: LoopbackServer, status: int, fixture: str
+) -> None:
+    server.add(error(status, f"anthropic/{fixture}.json"), sse("anthropic/text_stream.sse"))
+    sleeps = Sleeps()
+    with pytest.raises(ProviderAuthError) as caught:
+        complete(make_model(server, sleeps))
+    text = str(caught.value)
+    assert f"HTTP {status}" in text
+    assert "ANTHROPIC_API_KEY" in text
+    assert sleeps.delays == []
+    assert len(server.requests) == 1
+
+
+def test_an_error_body_that_echoes_the_key_is_redacted(server: LoopbackServer) -> None:
+    body = {"type": "error", "error": {"type": "authentication_error", "message": f"bad {KEY}"}}
+    server.add(Reply(401, (("Content-Type", "application/json"),), json.dumps(body).encode()))
+    with pytest.raises(ProviderAuthError) as caught:
+        complete(make_model(server))
+    assert KEY not in str(caught.value)
+    assert "bad [REDACTED]" in str(caught.value)
+
+
+def test_429_529_and_500_are_retried_honouring_retry_after(server: LoopbackServer) -> None:
+    server.add(
+        error(429, "anthropic/error_429.json", {"retry-after": "3"}),
+        error(529, "anthropic/error_529.json", {"retry-after-ms": "250"}),
+        error(500, "anthropic/error_500.json"),
+        sse("anthropic/text_stream.sse"),
+    )
+    sleeps = Sleeps()
+    model = make_model(server, sleeps, retry=RetryPolicy(max_attempts=4, initial_delay=0.5))
+    reply = complete(model)
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    # The third wait has no header: backoff 0.5 * 2**2, jitter within 10 %.
+    assert sleeps.delays[:2] == [3.0, 0.25]
+    assert 2.0 <= sleeps.delays[2] <= 2.2
+    assert len(server.requests) == 4
+
+
+def test_overload_that_outlasts_the_budget_gives_up_with_an_explanation(
+    server: LoopbackServer,
+) -> None:
+    server.add(*[error(529, "anthropic/error_529.json")] * 3)
+    sleeps = Sleeps()
+    with pytest.raises(ProviderUnavailableError) as caught:
+        complete(make_model(server, sleeps))
+    assert sleeps.delays == [0.5, 1.0]
+    assert "HTTP 529: Overloaded. Gave up after 3 attempt(s)" in str(caught.value)
+
+
+def test_prompt_too_long_is_a_context_overflow(server: LoopbackServer) -> None:
+    server.add(error(400, "anthropic/error_context_length.json"))
+    with pytest.raises(ContextOverflowError, match="prompt is too long: 208154 tokens"):
+        complete(make_model(server))
+    assert len(server.requests) == 1
+
+
+def test_a_missing_key_is_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(sm.InvalidInputError, match="ANTHROPIC_API_KEY"):
+        AnthropicModel("claude-sonnet-4-5")
+
+
+# -- projection ----------------------------------------------------------------------------
+
+
+def test_projection_groups_results_merges_roles_and_handles_failed_turns() -> None:
+    odd_id = "call_abc|fc.9/x"
+    history: list[sm.Message] = [
+        sm.UserMessage("look"),
+        sm.UserMessage((sm.TextContent("and this"), sm.ImageContent("R0lGOD", "image/gif"))),
+        sm.AssistantMessage(
+            (
+                sm.ThinkingContent("signed", "sig=="),
+                sm.ThinkingContent("unsigned (another provider)"),
+                sm.TextContent(""),
+                sm.ToolCall("toolu_1", "list_files", {"path": "."}),
+                sm.ToolCall(odd_id, "read_file", {"path": "a.png"}),
+            ),
+            stop_reason=sm.StopReason.TOOL_USE,
+        ),
+        sm.ToolResultMessage("toolu_1", "list_files", "a.png"),
+        sm.UserMessage("hurry"),
+        sm.ToolResultMessage(
+            odd_id, "read_file", (sm.ImageContent("iVBOR", "image/png"),), is_error=False
+        ),
+        sm.AssistantMessage(
+            (
+                sm.ThinkingContent("cut off", None),
+                sm.TextContent("Partial"),
+                sm.ToolCall("toolu_x", "read_file", {"path": "b"}),
+            ),
+            stop_reason=sm.StopReason.ABORTED,
+        ),
+        sm.ToolResultMessage("toolu_x", "read_file", "Operation aborted", is_error=True),
+        sm.UserMessage("go on"),
+        sm.AssistantMessage((sm.TextContent("Hal"),), stop_reason=sm.StopReason.ERROR),
+        sm.UserMessage("again"),
+        sm.AssistantMessage((sm.ToolCall("toolu_2", "read_file", {"path": "nope"}),)),
+        sm.ToolResultMessage("toolu_2", "read_file", "File not found: nope", is_error=True),
+    ]
+    projected = project_messages(history)
+    new_id = projected[1]["content"][2]["id"]
+    assert new_id != odd_id
+    assert new_id.replace("_", "").replace("-", "").isalnum()
+    assert projected == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look"},
+                {"type": "text", "text": "and this"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/gif", "data": "R0lGOD"},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "signed", "signature": "sig=="},
+                {"type": "tool_use", "id": "toolu_1", "name": "list_files", "input": {"path": "."}},
+                {"type": "tool_use", "id": new_id, "name": "read_file", "input": {"path": "a.png"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "a.png"}],
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": new_id,
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": "iVBOR",
+                            },
+                        }
+                    ],
+                },
+                {"type": "text", "text": "hurry"},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "Partial"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "go on"}, {"type": "text", "text": "again"}],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_2",
+                    "name": "read_file",
+                    "input": {"path": "nope"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": [{"type": "text", "text": "File not found: nope"}],
+                    "is_error": True,
+                }
+            ],
+        },
+    ]
+
+
+def test_project_tools_uses_input_schema() -> None:
+    assert project_tools([READ]) == [
+        {"name": "read_file", "description": "Read a file.", "input_schema": READ.schema_dict()}
+    ]
+
+
+# -- a whole run ----------------------------------------------------------------------------
+
+
+def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("# Demo\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "index.ts").write_text("export {}\n")
+    server.add(
+        sse("anthropic/thinking_tool_use.sse", piece_size=13),
+        sse("anthropic/single_tool_call.sse"),
+        sse("anthropic/text_stream.sse"),
+    )
+    result = sm.run_agent_sync(
+        model=make_model(server),
+        tools=workspace_tools(tmp_path),
+        messages=[sm.UserMessage("list the files")],
+        max_turns=5,
+    )
+    assert result.state is sm.TurnState.Done
+    assert result.turns == 3
+    assert history_violations(result.messages) == []
+    listing, bad_read, good_read = (
+        m for m in result.messages if isinstance(m, sm.ToolResultMessage)
+    )
+    assert "index.ts" in listing.text
+    assert not listing.is_error
+    assert bad_read.is_error
+    assert "'note' was unexpected" in bad_read.text
+    assert "# Demo" in good_read.text
+    assert not good_read.is_error
+    third = server.bodies()[2]["messages"]
+    assert [m["role"] for m in third] == ["user", "assistant", "user", "assistant", "user"]
+    # Thinking goes back with its signature, and both results share one user message.
+    assert third[1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "I should list the files and read the README.",
+        "signature": "EqQBCkgIARABGAIiQL2msig-part-2==",
+    }
+    assert [b["tool_use_id"] for b in third[2]["content"]] == [
+        "toolu_01A09q90qw90lq917835lq9",
+        "toolu_01B7mNq2Zr",
+    ]
+    assert [b.get("is_error", False) for b in third[2]["content"]] == [False, True]
+    assert third[4]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_01Zq3",
+            "content": [{"type": "text", "text": good_read.text}],
+        }
+    ]
+
+
+def test_strict_validation_refuses_an_event_of_the_wrong_shape(server: LoopbackServer) -> None:
+    server.add(sse("anthropic/invalid_event.sse"), sse("anthropic/text_stream.sse"))
+    with pytest.raises(ProviderResponseError, match="could not validate"):
+        complete(make_model(server))
+    assert len(server.requests) == 1  # a malformed response is not retried
