@@ -28,6 +28,7 @@ from statemachine._diagrams import (
     demo_run,
     overlay_from_trace,
     readme_block,
+    recovery_run,
     render,
     run_result_from_dict,
     run_result_to_dict,
@@ -298,9 +299,10 @@ def test_readme_shows_the_generated_mermaid() -> None:
 def test_stale_files_notices_a_changed_diagram(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{readme_block('old')}\nrest\n", encoding="utf-8")
-    assert len(stale_files(tmp_path, readme)) == 7  # six diagrams, the README block
+    want = 9  # machine x3, run file x2, overlay x2, the page, the README block
+    assert len(stale_files(tmp_path, readme)) == want
     changed = write_all(tmp_path, readme)
-    assert len(changed) == 7
+    assert len(changed) == want
     assert stale_files(tmp_path, readme) == []
     assert readme.read_text(encoding="utf-8").startswith("intro\n")
     (tmp_path / "statemachine.dot").write_text("digraph {}\n", encoding="utf-8")
@@ -315,9 +317,14 @@ def test_a_readme_without_markers_is_refused() -> None:
 # -- run files ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module", params=["demo", "recovery"])
+def demo(request: pytest.FixtureRequest) -> RunResult:
+    return demo_run() if request.param == "demo" else recovery_run()
+
+
 @pytest.fixture(scope="module")
-def demo() -> RunResult:
-    return demo_run()
+def recovery() -> RunResult:
+    return recovery_run()
 
 
 def test_run_files_round_trip(demo: RunResult) -> None:
@@ -421,10 +428,16 @@ def test_sequence_diagram_has_a_lane_per_tool_and_crosses_out_errors(demo: RunRe
         assert f"  participant tool_{name} as {name}" in lines
     assert sum(ln.startswith("  Model->>tool_") for ln in lines) == len(calls)
     errors = [r for r in results if r.is_error]
-    assert errors  # the demo reads a mistyped path
     assert sum("--xModel: ✗" in ln for ln in lines) == len(errors)
     assert sum("-->>Model:" in ln for ln in lines) == len(results) - len(errors)
     assert lines[-1].endswith(f"{demo.state.value}: {demo.explanation}")
+
+
+def test_the_recovery_run_shows_an_error_result(recovery: RunResult) -> None:
+    errors = [m for m in recovery.messages if isinstance(m, ToolResultMessage) and m.is_error]
+    assert [e.text for e in errors] == ["File not found: src/maths.ts. Did you mean src/math.ts?"]
+    assert f"--xModel: ✗ {errors[0].text}" in sequence_diagram(recovery)
+    assert recovery.state is TurnState.Done
 
 
 def test_sequence_diagram_marks_failures_and_aborts_and_escapes_text() -> None:
