@@ -58,19 +58,36 @@ from ._table import (
 from ._tools import ToolOutput, tool
 
 __all__ = [
+    "DEMO_WORKSPACE",
     "FORMATS",
+    "REGENERATE",
     "RUN_FILE_FORMAT",
     "Chart",
     "DiagramError",
+    "Edge",
+    "Line",
     "Overlay",
+    "Row",
     "chart_from_table",
     "cli_diagram",
     "cli_trace",
+    "demo_run",
+    "generated_files",
+    "load_run",
+    "normalize_svg",
     "overlay_from_trace",
+    "readme_block",
+    "recovery_run",
     "render",
+    "run_page",
     "run_result_from_dict",
+    "run_result_from_journal",
     "run_result_to_dict",
+    "run_section",
     "sequence_diagram",
+    "stale_files",
+    "update_readme",
+    "write_all",
 ]
 
 Format: TypeAlias = Literal["mermaid", "dot", "svg", "png"]
@@ -1117,21 +1134,23 @@ def cli_diagram(argv: list[str]) -> int:
 
 
 def cli_trace(argv: list[str]) -> int:
-    """``python -m statemachine trace RUN.json``: draw the path a finished run took."""
+    """``python -m statemachine trace RUN``: draw the path a finished run took."""
     parser = argparse.ArgumentParser(
         prog="python -m statemachine trace",
         description=(
             "Draw the machine with the path a finished run took (states and steps, with "
-            "counts), or the run's messages as a sequence diagram. RUN is a JSON file "
-            "written from statemachine._diagrams.run_result_to_dict(result)."
+            "counts), or the run's messages as a sequence diagram. RUN is a run file (JSON "
+            "from statemachine._diagrams.run_result_to_dict(result)) or a run journal "
+            "(statemachine-journal JSON Lines), which is replayed and verified first."
         ),
     )
-    parser.add_argument("run", type=Path, help="the run file (JSON)")
+    parser.add_argument("run", type=Path, help="the run file or journal")
     parser.add_argument(
         "--format",
         choices=(*FORMATS, "sequence", "markdown"),
         help="mermaid|dot|svg|png: the path overlay; sequence: a mermaid sequenceDiagram; "
-        "markdown: a page with both (default: from --out's extension, else mermaid)",
+        "markdown: a page with both, and with --out its overlay SVG next to it "
+        "(default: from --out's extension, else mermaid)",
     )
     parser.add_argument("--out", help="write here instead of standard output")
     args = parser.parse_args(argv)
