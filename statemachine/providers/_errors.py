@@ -161,7 +161,8 @@ def classify(
     failures; ``key_hint`` names where the key comes from (for the auth message).
     """
     kind, code, body_message = error_details(body)
-    text = redact(body_message or message or "no error message", secrets)
+    # Sentences are joined below, so a trailing period would double.
+    text = redact(body_message or message or "no error message", secrets).rstrip().rstrip(".")
     where = f"{provider} returned HTTP {status}" if status else f"{provider} reported an error"
     detail = f"{where}: {text}"
     if code == "context_length_exceeded" or (

@@ -1,0 +1,253 @@
+"""``python -m statemachine run``: a real agent, a real provider, the workspace tools.
+
+    python -m statemachine run --provider openai|anthropic --model NAME "prompt"
+        [--base-url URL] [--dir DIR] [--max-turns N] [--system TEXT] [--verbose]
+
+The transcript is printed as it happens: the assistant's text as it streams, each
+tool call when its response completes, each tool result before the next model call,
+then the final state and its explanation. The key comes from ``OPENAI_API_KEY`` or
+``ANTHROPIC_API_KEY`` (an OpenAI-compatible local server given by ``--base-url``
+needs none). It is never printed: everything this command writes, transcript and
+logs alike, passes through redaction, and logs are rendered by the command's own
+structlog logger (the library never configures structlog globally).
+
+Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad usage.
+Ctrl-C aborts the run through its signal, so tools clean up and the transcript
+stays valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal as _signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from .._abort import AbortController, AbortSignal
+from .._driver import RunResult, run_agent
+from .._errors import InvalidInputError
+from .._messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    thaw_json,
+)
+from .._model import ModelClient
+from .._table import TurnState
+from .._tools import ToolDefinition
+from ._errors import redact
+from ._logging import RedactSecrets
+
+__all__ = ["cli_run"]
+
+_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_RESULT_LINES = 12  # a transcript shows the head of a long tool result, not all of it
+
+
+class _Transcript:
+    """Prints messages once each, in history order, with every secret redacted."""
+
+    def __init__(self, out: TextIO, secrets: Sequence[str]) -> None:
+        self.out = out
+        self.secrets = tuple(secrets)
+        self.shown = 0
+        self.streaming = False
+
+    def write(self, text: str) -> None:
+        self.out.write(redact(text, self.secrets))
+        self.out.flush()
+
+    def line(self, text: str = "") -> None:
+        self.write(text + "\n")
+
+    def stream_text(self, text: str) -> None:
+        if not self.streaming:
+            self.write("assistant: ")
+            self.streaming = True
+        self.write(text)
+
+    def catch_up(self, history: Sequence[Message]) -> None:
+        """Show the messages of ``history`` not shown yet."""
+        for message in history[self.shown :]:
+            self.show(message)
+        self.shown = max(self.shown, len(history))
+
+    def show(self, message: Message) -> None:
+        if isinstance(message, UserMessage):
+            text = "\n".join(getattr(b, "text", "[image]") for b in message.content)
+            self.line(f"user: {text}")
+        elif isinstance(message, ToolResultMessage):
+            lines = message.text.splitlines() or [""]
+            more = len(lines) - _RESULT_LINES
+            label = "error" if message.is_error else "result"
+            self.line(f"  {label} ({message.tool_name}): {lines[0]}")
+            for extra in lines[1:_RESULT_LINES]:
+                self.line(f"    {extra}")
+            if more > 0:
+                self.line(f"    ... ({more} more lines)")
+        else:
+            self.show_assistant(message, streamed=False)
+
+    def show_assistant(self, message: AssistantMessage, *, streamed: bool) -> None:
+        if not streamed and message.text:
+            self.stream_text(message.text)
+        if self.streaming:
+            self.line()
+            self.streaming = False
+        for block in message.content:
+            if isinstance(block, ToolCall):
+                arguments = json.dumps(thaw_json(block.arguments), ensure_ascii=False)
+                self.line(f"  -> {block.name} {arguments}")
+        if message.stop_reason not in (StopReason.STOP, StopReason.TOOL_USE):
+            why = f": {message.error_message}" if message.error_message else ""
+            self.line(f"  [stop reason {message.stop_reason.value}{why}]")
+
+
+class _ShowingModel:
+    """Shows the history the engine sends before each call, and each response."""
+
+    def __init__(self, inner: ModelClient, transcript: _Transcript) -> None:
+        self.inner = inner
+        self.transcript = transcript
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+    ) -> AssistantMessage:
+        self.transcript.catch_up(messages)
+        try:
+            reply = await self.inner.complete(messages, tools, signal)
+        finally:
+            if self.transcript.streaming:
+                self.transcript.line()
+                self.transcript.streaming = False
+        self.transcript.show_assistant(reply, streamed=True)
+        self.transcript.shown = len(messages) + 1
+        return reply
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m statemachine run",
+        description="Run a real agent with the workspace tools (list_files, read_file) "
+        "against a model provider, printing the transcript as it streams.",
+    )
+    parser.add_argument("prompt", help="what to ask the agent")
+    parser.add_argument("--provider", required=True, choices=sorted(_KEY_ENV))
+    parser.add_argument("--model", required=True, help="model name, e.g. gpt-4o-mini")
+    parser.add_argument(
+        "--base-url",
+        help="API base URL; for a local OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1",
+    )
+    parser.add_argument("--dir", default=".", help="workspace directory (default: .)")
+    parser.add_argument("--max-turns", type=int, default=8, help="model calls allowed")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--verbose", action="store_true", help="log each transition")
+    return parser
+
+
+def _logger(secrets: Sequence[str], verbose: bool) -> Any:
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        processors=[
+            RedactSecrets(secrets),
+            structlog.processors.add_log_level,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if verbose else logging.WARNING
+        ),
+    )
+
+
+def _model(args: argparse.Namespace, key: str | None, transcript: _Transcript, log: Any) -> Any:
+    common: dict[str, Any] = {
+        "api_key": key,
+        "base_url": args.base_url,
+        "system": args.system,
+        "on_text": transcript.stream_text,
+        "logger": log,
+    }
+    if args.provider == "openai":
+        from .openai_chat import OpenAIChatModel
+
+        return OpenAIChatModel(args.model, **common)
+    from .anthropic_messages import AnthropicModel
+
+    return AnthropicModel(args.model, **common)
+
+
+async def _run(model: ModelClient, tools: Any, prompt: str, max_turns: int, log: Any) -> RunResult:
+    controller = AbortController()
+    loop = asyncio.get_running_loop()
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        # Only possible in the main thread of a Unix process; elsewhere Ctrl-C
+        # simply interrupts as usual.
+        loop.add_signal_handler(_signal.SIGINT, controller.abort, "interrupted (Ctrl-C)")
+        installed = True
+    try:
+        return await run_agent(
+            model=model,
+            tools=tools,
+            messages=[UserMessage(prompt)],
+            max_turns=max_turns,
+            signal=controller.signal,
+            logger=log,
+        )
+    finally:
+        if installed:
+            loop.remove_signal_handler(_signal.SIGINT)
+
+
+def cli_run(argv: list[str]) -> int:
+    """``python -m statemachine run ...``; see the module docstring."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and on bad arguments
+        return exc.code if isinstance(exc.code, int) else 2
+    env = _KEY_ENV[args.provider]
+    key = os.environ.get(env) or None
+    if key is None and not (args.provider == "openai" and args.base_url):
+        print(f"run: set {env} to your API key", file=sys.stderr)
+        return 2
+    if args.max_turns < 1:
+        print("run: --max-turns must be at least 1", file=sys.stderr)
+        return 2
+    secrets = [key] if key else []
+    transcript = _Transcript(sys.stdout, secrets)
+    log = _logger(secrets, args.verbose)
+    try:
+        from ..workspace import workspace_tools
+
+        tools = workspace_tools(Path(args.dir))
+        model = _model(args, key, transcript, log)
+    except (InvalidInputError, ImportError) as exc:
+        print(redact(f"run: {exc}", secrets), file=sys.stderr)
+        return 2
+    shown = Path(args.dir).resolve()
+    transcript.line(f"statemachine run: {args.provider} model {args.model} on {shown}")
+    transcript.line(f"  tools: {', '.join(t.name for t in tools)}")
+    transcript.line()
+    result = asyncio.run(
+        _run(_ShowingModel(model, transcript), tools, args.prompt, args.max_turns, log)
+    )
+    transcript.catch_up(result.messages)
+    transcript.line()
+    transcript.line(f"final state: {result.state.value} after {result.turns} model call(s)")
+    transcript.line(f"explanation: {result.explanation}")
+    return 0 if result.state is TurnState.Done else 1
