@@ -1,0 +1,210 @@
+"""The executable specification: every scenario in specs/ passes, the catalog is
+covered, and the runner fails (with a readable diff) when an expectation is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from statemachine._messages import (
+    AssistantMessage,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from statemachine._spec import (
+    CATALOG,
+    SpecError,
+    cli_spec,
+    compact,
+    coverage,
+    default_spec_dir,
+    discover,
+    load_scenario,
+    run_scenario,
+)
+
+SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
+SPEC_FILES = sorted(SPEC_DIR.glob("*.toml"))
+
+
+def test_the_spec_directory_is_found() -> None:
+    assert len(SPEC_FILES) >= 15
+    assert default_spec_dir().resolve() == SPEC_DIR.resolve()
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=[p.stem for p in SPEC_FILES])
+def test_scenario(path: Path) -> None:
+    outcome = run_scenario(load_scenario(path))
+    assert outcome.passed, "\n".join(outcome.problems)
+
+
+def test_every_acceptance_line_and_invariant_has_a_scenario() -> None:
+    covered = coverage(load_scenario(p) for p in SPEC_FILES)
+    assert {key for key, names in covered.items() if not names} == set()
+    assert set(covered) == set(CATALOG)
+
+
+# -- the runner can fail ------------------------------------------------------------------
+
+WRONG = """
+name = "deliberately wrong expectations"
+checks = ["I1"]
+
+[run]
+messages = ["List the files."]
+
+[[tools]]
+name = "list_files"
+description = "List files."
+parameters = { type = "object", properties = {} }
+returns = "README.md"
+
+[[model]]
+tool_calls = [{ id = "c1", name = "list_files", arguments = {} }]
+
+[[model]]
+text = "One file."
+
+[expect]
+state = "Failed"
+turns = 3
+states = ["Ready", "AwaitingModel", "Done"]
+transcript = [
+    "user: List the files.",
+    "assistant(toolUse): call c1 list_files {}",
+    "result c1 list_files: src/index.ts",
+    "assistant(stop): One file.",
+]
+explanation_contains = ["exploded"]
+finished = ["c2"]
+requests = [{ turn = 5, tail = ["x"] }, { turn = 2, tail = ["user: something else"] }]
+"""
+
+
+def test_a_wrong_expectation_fails_with_a_readable_diff(tmp_path: Path) -> None:
+    path = tmp_path / "wrong.toml"
+    path.write_text(WRONG, encoding="utf-8")
+    outcome = run_scenario(load_scenario(path))
+    assert not outcome.passed
+    text = "\n".join(outcome.problems)
+    assert "final state: expected Failed, got Done" in text
+    assert "turns: expected 3, got 2" in text
+    assert '-"result c1 list_files: src/index.ts"' in text
+    assert '+"result c1 list_files: README.md"' in text
+    assert "--- expected states" in text
+    assert '+"DispatchingTools"' in text
+    assert "expected it to contain 'exploded'" in text
+    assert '-"c2"' in text
+    assert "there was no model call 5" in text
+    assert '+"result c1 list_files: README.md"' in text.split("actual request 2 (last 1)")[1]
+
+
+def test_cli_prints_pass_and_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = SPEC_DIR / "checkpoint_list_files.toml"
+    assert cli_spec([str(good)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS  The seed's checkpoint script")
+    assert "1 passed, 0 failed; not covered:" in out
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(WRONG, encoding="utf-8")
+    assert cli_spec([str(good), str(wrong)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  deliberately wrong expectations" in out
+    assert "      final state: expected Failed, got Done" in out
+    assert "1 passed, 1 failed" in out
+
+
+def test_cli_reports_bad_paths_and_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_spec([str(tmp_path / "missing.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli_spec([str(tmp_path)]) == 2
+    assert "no scenario files" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nchecks = ["I1"]\nfrobnicate = 1\n', encoding="utf-8")
+    assert cli_spec([str(bad)]) == 2
+    assert "unknown key(s) frobnicate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name = \n", "not valid TOML"),
+        ('checks = ["I1"]\n', "every scenario needs a name"),
+        ('name = "x"\n', "name at least one of"),
+        ('name = "x"\nchecks = ["I9"]\n', "unknown: I9"),
+        ('name = "x"\nchecks = ["I1"]\n', "give at least one message"),
+        ('name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n', "expect.state"),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\nmax_turns = true\n'
+            '[expect]\nstate = "Done"\n',
+            "run.max_turns: expected a number, got a boolean",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[[model]]\n'
+            'stop_reason = "finished"\n[expect]\nstate = "Done"\n',
+            r"model\[0\].stop_reason: 'finished' is not one of",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[calls.c1]\n'
+            'on_abort = "panic"\n[expect]\nstate = "Done"\n',
+            "calls.c1.on_abort",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[[tools]]\nname = "bad name"\n'
+            '[expect]\nstate = "Done"\n',
+            r"tools\[0\]: tool name 'bad name' is invalid",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = [{ role = "robot" }]\n'
+            '[expect]\nstate = "Done"\n',
+            r"run.messages\[0\]",
+        ),
+    ],
+)
+def test_bad_scenarios_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError, match=message) as info:
+        load_scenario(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_model_script_that_runs_out_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "short.toml"
+    path.write_text(
+        'name = "short"\nchecks = ["I8"]\n[run]\nmessages = ["hi"]\n[expect]\nstate = "Done"\n',
+        encoding="utf-8",
+    )
+    outcome = run_scenario(load_scenario(path))
+    assert not outcome.passed
+    assert "final state: expected Done, got Failed" in outcome.problems[0]
+    assert "scripts 0 model response(s)" in outcome.problems[0]
+
+
+def test_discover_finds_files_in_directories(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.toml").write_text("", encoding="utf-8")
+    (tmp_path / "y.toml").write_text("", encoding="utf-8")
+    (tmp_path / "notes.md").write_text("", encoding="utf-8")
+    assert discover([tmp_path]) == [tmp_path / "a" / "x.toml", tmp_path / "y.toml"]
+
+
+def test_compact_form() -> None:
+    assert compact(UserMessage("hi")) == "user: hi"
+    message = AssistantMessage(
+        [ThinkingContent("hmm"), TextContent("ok"), ToolCall("c1", "f", {"b": 1, "a": "é"})],
+        stop_reason=StopReason.LENGTH,
+        error_message="cut",
+    )
+    assert compact(message) == (
+        'assistant(length): thinking: hmm | ok | call c1 f {"a": "é", "b": 1} | error: cut'
+    )
+    assert compact(ToolResultMessage("c1", "f", "x\ny", is_error=True)) == "error c1 f: x\ny"
+    assert compact(ToolResultMessage("c1", "f", "done")) == "result c1 f: done"
