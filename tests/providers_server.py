@@ -7,6 +7,10 @@ afterwards reads every request the server received, to check the projection.
 
 A reply can ``hold`` the connection open after its bytes, as a slow model does;
 ``close()`` releases every held connection, so a test never hangs on teardown.
+
+``provider_histories()`` generates the histories the projection property tests feed
+to both adapters: every stop reason, odd and over-long tool-call ids, thinking with
+and without signatures, empty texts, images, and user messages between results.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from hypothesis import strategies as st
+
+import statemachine as sm
+from statemachine._invariants import history_violations
+from statemachine._messages import AssistantContent
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 
@@ -175,3 +184,55 @@ class Sleeps:
         self.started.set()
         if self.block:
             await asyncio.Event().wait()
+
+
+_TEXT = st.text(max_size=12)
+_RAW_IDS = st.one_of(
+    st.from_regex(r"call_[A-Za-z0-9]{1,8}", fullmatch=True),
+    st.text(min_size=1, max_size=90),  # any characters, often too long for OpenAI
+)
+
+
+@st.composite
+def _result(draw: st.DrawFn, call: sm.ToolCall) -> sm.ToolResultMessage:
+    blocks: list[sm.TextContent | sm.ImageContent] = [
+        sm.TextContent(t) for t in draw(st.lists(_TEXT, max_size=2))
+    ]
+    if draw(st.booleans()):
+        blocks.append(sm.ImageContent("iVBORw0KGgo=", "image/png"))
+    return sm.ToolResultMessage(call.id, call.name, tuple(blocks), is_error=draw(st.booleans()))
+
+
+@st.composite
+def provider_histories(draw: st.DrawFn) -> list[sm.Message]:
+    """A valid history (I1 and I2 hold) with everything a projection must handle."""
+    messages: list[sm.Message] = [sm.UserMessage(draw(_TEXT))]
+    used: set[str] = set()
+    for turn in range(draw(st.integers(1, 4))):
+        content: list[AssistantContent] = []
+        if draw(st.booleans()):
+            signature = draw(st.one_of(st.none(), st.just("c2lnbmF0dXJl")))
+            content.append(sm.ThinkingContent(draw(_TEXT), signature))
+        if draw(st.booleans()):
+            content.append(sm.TextContent(draw(_TEXT)))
+        calls = []
+        for index in range(draw(st.integers(0, 3))):
+            raw = draw(_RAW_IDS)
+            if raw in used:
+                raw = f"{raw}#{turn}.{index}"  # ids are unique in a valid history
+            used.add(raw)
+            name = draw(st.sampled_from(["read_file", "list_files"]))
+            calls.append(sm.ToolCall(raw, name, {"path": draw(_TEXT)}))
+        content.extend(calls)
+        stop = draw(st.sampled_from(list(sm.StopReason)))
+        messages.append(sm.AssistantMessage(tuple(content), stop_reason=stop))
+        between: list[sm.Message] = [draw(_result(call)) for call in calls]
+        interleave = draw(st.booleans())
+        if between and interleave:
+            at = draw(st.integers(0, len(between) - 1))
+            between.insert(at, sm.UserMessage(draw(_TEXT)))
+        messages.extend(between)
+        if draw(st.booleans()):
+            messages.append(sm.UserMessage(draw(_TEXT)))
+    assert history_violations(messages) == []
+    return messages

@@ -8,13 +8,16 @@ returns at once: nothing here waits on a clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from providers_server import LoopbackServer, Reply, Sleeps, error, sse
+from hypothesis import given
+from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
 
 import statemachine as sm
 from statemachine._invariants import history_violations
@@ -419,6 +422,15 @@ def test_projection_groups_results_merges_roles_and_handles_failed_turns() -> No
     ]
 
 
+def test_a_history_opened_by_the_assistant_or_with_empty_input_stays_sendable() -> None:
+    history: list[sm.Message] = [sm.AssistantMessage("Hello, how can I help?"), sm.UserMessage("")]
+    assert project_messages(history) == [
+        {"role": "user", "content": [{"type": "text", "text": "(conversation start)"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello, how can I help?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
+    ]
+
+
 def test_project_tools_uses_input_schema() -> None:
     assert project_tools([READ]) == [
         {"name": "read_file", "description": "Read a file.", "input_schema": READ.schema_dict()}
@@ -482,3 +494,38 @@ def test_strict_validation_refuses_an_event_of_the_wrong_shape(server: LoopbackS
     with pytest.raises(ProviderResponseError, match="could not validate"):
         complete(make_model(server))
     assert len(server.requests) == 1  # a malformed response is not retried
+
+
+@given(provider_histories())
+def test_every_projected_history_is_valid_messages_api_input(
+    history: list[sm.Message],
+) -> None:
+    projected = project_messages(history)
+    assert projected[0]["role"] == "user"
+    roles = [m["role"] for m in projected]
+    assert all(a != b for a, b in itertools.pairwise(roles)), "roles must alternate"
+    open_calls: list[str] = []
+    seen: set[str] = set()
+    for message in projected:
+        blocks = message["content"]
+        assert blocks, "no empty content"
+        for block in blocks:
+            if block["type"] == "text":
+                assert block["text"], "no empty text block"
+            if block["type"] == "thinking":
+                assert block["signature"], "thinking goes back only with its signature"
+        results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
+        if message["role"] == "user":
+            # The previous assistant message's calls, answered first and in order.
+            assert results == open_calls
+            assert [b["type"] for b in blocks[: len(results)]] == ["tool_result"] * len(results)
+            open_calls = []
+        else:
+            assert not results
+            assert open_calls == [], "calls must be answered in the next user message"
+            open_calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            for call_id in open_calls:
+                assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", call_id)
+                assert call_id not in seen
+                seen.add(call_id)
+    assert open_calls == []

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from providers_server import LoopbackServer, Reply, Sleeps, error, sse
+from hypothesis import given
+from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
 
 import statemachine as sm
 from statemachine._invariants import history_violations
@@ -484,6 +486,19 @@ def test_projection_answers_a_call_that_lacks_its_result_and_drops_an_orphan_res
     ]
 
 
+def test_empty_user_content_and_empty_results_are_never_sent_empty() -> None:
+    history: list[sm.Message] = [
+        sm.UserMessage(""),
+        sm.AssistantMessage((sm.ToolCall("c1", "list_files", {}),)),
+        sm.ToolResultMessage("c1", "list_files", ()),
+    ]
+    assert [m.get("content") for m in project_messages(history)] == [
+        "(empty message)",
+        None,
+        "(no output)",
+    ]
+
+
 def test_project_tools_uses_the_schema_dict() -> None:
     assert project_tools([LIST]) == [
         {
@@ -570,3 +585,38 @@ def test_strict_validation_refuses_a_chunk_of_the_wrong_shape(server: LoopbackSe
     with pytest.raises(ProviderResponseError, match="could not validate"):
         complete(make_model(server))
     assert len(server.requests) == 1  # a malformed response is not retried
+
+
+@given(provider_histories())
+def test_every_projected_history_is_valid_chat_completions_input(
+    history: list[sm.Message],
+) -> None:
+    projected = project_messages(history, "sys")
+    assert projected[0] == {"role": "system", "content": "sys"}
+    seen: set[str] = set()
+    index = 1
+    while index < len(projected):
+        message = projected[index]
+        index += 1
+        assert message["role"] in ("user", "assistant"), f"stray {message['role']} message"
+        assert message.get("content") or message.get("tool_calls")
+        calls = message.get("tool_calls", [])
+        for call in calls:
+            assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", call["id"])
+            assert call["id"] not in seen
+            seen.add(call["id"])
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
+        # The results follow directly, one per call, in call order.
+        answers = projected[index : index + len(calls)]
+        assert [m["role"] for m in answers] == ["tool"] * len(calls)
+        assert [m["tool_call_id"] for m in answers] == [c["id"] for c in calls]
+        assert all(isinstance(m["content"], str) and m["content"] for m in answers)
+        index += len(calls)
+    # Nothing of a failed response is sent: no call of an aborted or errored message.
+    sent_calls = sum(len(m.get("tool_calls", [])) for m in projected)
+    assert sent_calls == sum(
+        len(m.tool_calls)
+        for m in history
+        if isinstance(m, sm.AssistantMessage)
+        and m.stop_reason not in (sm.StopReason.ERROR, sm.StopReason.ABORTED)
+    )

@@ -13,7 +13,10 @@ Projection to the Messages wire format, on top of ``sendable_history``:
 * a thinking block goes back with its signature; one without a signature (cut off,
   or from another provider) is dropped, since the API would refuse it. Redacted
   thinking has no representation in our messages and is not kept;
-* empty text blocks are dropped (the API refuses them); tool-use ids are kept when
+* empty text blocks are dropped (the API refuses them), and a user message left with
+  no content says ``(empty message)``; a history that starts with an assistant
+  message gets a ``(conversation start)`` user message first, because the API
+  wants the user to open; tool-use ids are kept when
   they match ``[A-Za-z0-9_-]{1,64}`` and otherwise replaced by a stable substitute.
 
 Streaming: ``content_block_*`` events by index (text, thinking and its signature,
@@ -86,6 +89,10 @@ class _IncompleteStreamError(Exception):
     """The stream ended before ``message_stop``: the connection broke mid-response."""
 
 
+_EMPTY = {"type": "text", "text": "(empty message)"}
+_START = {"type": "text", "text": "(conversation start)"}
+
+
 def _image(block: ImageContent) -> dict[str, Any]:
     return {
         "type": "image",
@@ -132,7 +139,9 @@ def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for message in sendable_history(messages):
         if isinstance(message, UserMessage):
-            role, blocks = "user", _media(message.content)
+            # The API refuses empty content; the model should still see that a turn
+            # of the person's passed.
+            role, blocks = "user", _media(message.content) or [_EMPTY]
         elif isinstance(message, AssistantMessage):
             role, blocks = "assistant", _assistant_blocks(message)
         else:
@@ -150,6 +159,8 @@ def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out[-1]["content"].extend(blocks)
         else:
             out.append({"role": role, "content": blocks})
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [_START]})  # the API wants a user first
     return out
 
 

@@ -7,7 +7,9 @@ pass ``base_url``. It uses the official ``openai`` SDK, created with
 Projection to the Chat Completions wire format, on top of ``sendable_history``:
 
 * user text is a plain string when it is one block (every compatible server takes
-  that), otherwise a list of parts; images become ``image_url`` data URLs;
+  that), otherwise a list of parts; images become ``image_url`` data URLs; empty
+  content is sent as ``(empty message)`` (and an empty result as ``(no output)``),
+  since some servers refuse empty strings;
 * an assistant message becomes ``content`` plus ``tool_calls`` (arguments as JSON
   text); thinking is not sent back (Chat Completions has no input for it);
 * each result becomes one ``role: tool`` message right after its assistant message.
@@ -119,9 +121,9 @@ def project_messages(
         if not isinstance(message, ToolResultMessage):
             flush_images()
         if isinstance(message, UserMessage):
-            parts = _user_parts(message.content)
-            if parts:
-                out.append({"role": "user", "content": parts})
+            # Some compatible servers refuse empty content; say that it was empty.
+            parts = _user_parts(message.content) or "(empty message)"
+            out.append({"role": "user", "content": parts})
         elif isinstance(message, AssistantMessage):
             entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
             calls = [
@@ -152,6 +154,7 @@ def project_messages(
                     {"type": "image_url", "image_url": {"url": _data_url(b)}} for b in images
                 )
                 text = text or "(see the image(s) in the next message)"
+            text = text or "(no output)"
             out.append(
                 {
                     "role": "tool",
