@@ -17,7 +17,7 @@ import pytest
 from providers_server import LoopbackServer, Reply, sse
 
 from statemachine.__main__ import main
-from statemachine.providers._logging import RedactSecrets
+from statemachine.providers import RedactSecrets
 
 OPENAI_KEY = "sk-live-cli-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-cli-0123456789abcdef"

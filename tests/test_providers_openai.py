@@ -163,6 +163,38 @@ def test_malformed_tool_arguments_are_kept_under_a_sentinel_that_names_the_probl
     assert any("invalid-json: not valid JSON" in p for p in problems)
 
 
+def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_runs(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/malformed_arguments.sse"), sse("openai/text_stream.sse"))
+    ran: list[str] = []
+
+    @sm.tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        return "contents"
+
+    result = sm.run_agent_sync(
+        model=make_model(server), tools=[read_file], messages=[sm.UserMessage("read it")]
+    )
+    assert result.state is sm.TurnState.Done
+    assert ran == []
+    [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert answer.is_error
+    assert "Invalid arguments for tool read_file" in answer.text
+    assert "!invalid-json: not valid JSON (Expecting value at line 1 column 32)" in answer.text
+    assert "'path' is a required property" in answer.text
+    # The model is told, in the next request, exactly that.
+    tool_message = server.bodies()[1]["messages"][2]
+    assert tool_message == {
+        "role": "tool",
+        "tool_call_id": "call_bad1",
+        "content": "Error: " + answer.text,
+    }
+    assert history_violations(result.messages) == []
+
+
 @pytest.mark.parametrize(
     ("fixture", "stop", "text", "error_message"),
     [

@@ -18,6 +18,7 @@ from ._errors import (
     ProviderResponseError,
     ProviderUnavailableError,
 )
+from ._logging import RedactSecrets
 from ._projection import INVALID_JSON_KEY
 from ._retry import RetryPolicy
 
@@ -35,6 +36,7 @@ __all__ = [
     "ProviderRequestError",
     "ProviderResponseError",
     "ProviderUnavailableError",
+    "RedactSecrets",
     "RetryPolicy",
 ]
 
