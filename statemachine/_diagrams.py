@@ -168,7 +168,8 @@ class Chart:
 
 
 def _words(name: str) -> str:
-    return name.replace("_", " ")
+    """``has_tool_calls`` as a person says it; a name of underscores stays as it is."""
+    return " ".join(name.replace("_", " ").split()) or name
 
 
 def chart_from_table(
@@ -191,11 +192,12 @@ def chart_from_table(
     states: dict[str, None] = {}
     start = str(initial) if initial is not None else str(rows[0].source)
     states[start] = None
-    for row in rows:
-        for name in (row.source, row.dest):
-            if not isinstance(name, str) or not name:
-                raise DiagramError(f"a state name must be a non-empty string, got {name!r}")
-            states.setdefault(str(name), None)
+    for i, row in enumerate(rows):
+        for what, name in (("source", row.source), ("trigger", row.trigger), ("dest", row.dest)):
+            if not isinstance(name, str) or not name.strip():
+                raise DiagramError(f"row {i}: {what} must be a non-blank string, got {name!r}")
+        states.setdefault(str(row.source), None)
+        states.setdefault(str(row.dest), None)
     internal_set = {str(t) for t in internal}
     # A group's rows are tried in order, so an unguarded row is an "else" only after a
     # guarded one.
@@ -212,7 +214,7 @@ def chart_from_table(
             guard = ""
         lines = edges.setdefault((src, dst, trig in internal_set), {})
         guards, notes = lines.setdefault(trig, ([], []))
-        if guard and guard not in guards:
+        if guard not in guards:
             guards.append(guard)
         notes.append(row.label)
     return Chart(
@@ -225,7 +227,8 @@ def chart_from_table(
                 src,
                 dst,
                 is_internal,
-                tuple(Line(t, tuple(g), tuple(n)) for t, (g, n) in ls.items()),
+                # A row without a guard takes the edge whatever the others say.
+                tuple(Line(t, () if "" in g else tuple(g), tuple(n)) for t, (g, n) in ls.items()),
             )
             for (src, dst, is_internal), ls in edges.items()
         ),
@@ -322,14 +325,25 @@ def _mermaid_ids(states: Sequence[str]) -> dict[str, str]:
     return ids
 
 
-_MERMAID_CODES: Final = {"#": "#35;", ";": "#59;", '"': "#quot;", "<": "#lt;", ">": "#gt;"}
-_MERMAID_SPECIAL: Final = re.compile('[#;"<>]')
+_MERMAID_CODES: Final = {
+    "#": "#35;",
+    ";": "#59;",
+    '"': "#quot;",
+    "<": "#lt;",
+    ">": "#gt;",
+    "{": "#123;",
+    "}": "#125;",
+    "|": "#124;",
+}
+_MERMAID_SPECIAL: Final = re.compile('[#;"<>{}|]')
 
 
 def _mermaid_text(text: str) -> str:
     """Escape text for a mermaid label with its entity codes (``#35;`` and so on).
 
-    Quotes end a state label, ``;`` ends a statement and ``<``/``>`` read as HTML.
+    Quotes end a state label, ``;`` ends a statement, ``<``/``>`` read as HTML, a
+    line ending in ``{`` opens a composite state, and ``|`` is what transitions joins
+    an edge's labels with.
     """
     # One pass: replacing one character at a time would escape the "#" and ";" of
     # the codes already written.
@@ -532,9 +546,11 @@ def _style_agraph(graph: Any, chart: Chart, o: Overlay | None) -> None:
         else:
             reused.add(pair)
             graph.get_edge(edge.source, edge.dest).attr.update(attr)
-    graph.add_node("__start__", shape="point", width="0.15", label="", tooltip="the run starts")
-    graph.add_edge("__start__", chart.initial, label="", tooltip="start")
-    graph.get_edge("__start__", chart.initial).attr.update(label="", style="solid")
+    start = "__start__"
+    while start in chart.states:  # a table may use any name, this one included
+        start += "_"
+    graph.add_node(start, shape="point", width="0.15", label="", tooltip="the run starts")
+    graph.add_edge(start, chart.initial, label="", style="solid", tooltip="start")
 
 
 _QUIET_TRIGGERS: Final = frozenset({Trigger.abort.value})

@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 import pygraphviz  # type: ignore[import-untyped]  # no stubs, no py.typed
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transitions.extensions import diagrams_pygraphviz
 from transitions.extensions.diagrams import GraphMachine
 
@@ -24,6 +26,7 @@ from statemachine._diagrams import (
     Chart,
     DiagramError,
     _draw,
+    _mermaid_text,
     chart_from_table,
     demo_run,
     overlay_from_trace,
@@ -118,9 +121,19 @@ def test_internal_triggers_get_edges_of_their_own() -> None:
         assert all((ln.trigger in INTERNAL_TRIGGERS) is edge.internal for ln in edge.lines)
 
 
-def test_an_empty_table_is_refused() -> None:
+def test_an_empty_table_or_a_blank_name_is_refused() -> None:
     with pytest.raises(DiagramError, match="empty"):
         chart_from_table(())
+    with pytest.raises(DiagramError, match="row 1: dest must be a non-blank string"):
+        chart_from_table((Row("A", "go", "B"), Row("B", "go", "  ")))
+
+
+def test_a_state_named_like_the_start_marker_keeps_its_own_node() -> None:
+    chart = chart_from_table((Row("__start__", "go", "B"),), terminal={"B"}, waiting=())
+    graph = dot_graph(chart)
+    assert graph.get_node("__start__").attr["shape"] != "point"
+    assert graph.get_node("__start___").attr["shape"] == "point"
+    assert graph.has_edge("__start___", "__start__")
 
 
 # -- mermaid -----------------------------------------------------------------------------
@@ -205,6 +218,39 @@ def test_transitions_mermaid_breaks_on_awkward_names_and_ours_does_not() -> None
 def test_mermaid_refuses_nothing_it_can_draw_and_is_deterministic() -> None:
     assert render("mermaid") == render("mermaid")
     assert render("dot") == render("dot")
+
+
+_NAMES = st.text(
+    alphabet=st.sampled_from("abcXYZ019 -_\"';#<>:%[]{}()|é→*&"), min_size=1, max_size=10
+).filter(lambda s: s.strip() != "")
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> tuple[Row, ...]:
+    states = draw(st.lists(_NAMES, min_size=1, max_size=5, unique=True))
+    row = st.builds(
+        Row,
+        st.sampled_from(states),
+        _NAMES,
+        st.sampled_from(states),
+        st.none() | _NAMES,
+        _NAMES,
+    )
+    return tuple(draw(st.lists(row, min_size=1, max_size=8)))
+
+
+@given(tables())
+def test_any_table_gives_well_formed_mermaid_with_every_row(rows: tuple[Row, ...]) -> None:
+    chart = chart_from_table(rows, terminal={rows[-1].dest}, waiting=(), internal=())
+    text = render("mermaid", chart)
+    assert isinstance(text, str)
+    assert_valid_mermaid(text)
+    ids = re.findall(r'^  state "[^\n]*" as (\S+)$', text, re.MULTILINE)
+    assert len(ids) == len(set(ids)) == len(chart.states)
+    edges = [ln.split(": ", 1)[1] for ln in text.splitlines() if " --> " in ln and ": " in ln]
+    for edge in chart.edges:
+        for line in edge.lines:
+            assert any(_mermaid_text(line.text) in e.split(" | ") for e in edges)
 
 
 # -- graphviz --------------------------------------------------------------------------------
@@ -533,3 +579,61 @@ def test_importing_the_library_does_not_import_the_diagram_machinery() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+# -- journals ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def journaled(tmp_path: Path) -> tuple[Path, RunResult]:
+    """A journal of the demo model's run on a one-file workspace, and the run."""
+    import asyncio
+
+    from statemachine import _journal
+    from statemachine._demo import PROMPT, ScriptedModel
+    from statemachine.workspace import workspace_tools
+
+    (tmp_path / "README.md").write_text("# hello\n", encoding="utf-8")
+    path = tmp_path / "run.jsonl"
+    with _journal.Journal(path) as journal:
+        result = asyncio.run(
+            _journal.run_agent_journaled(
+                journal=journal,
+                model=ScriptedModel(),
+                tools=workspace_tools(tmp_path),
+                messages=[UserMessage(PROMPT)],
+                run_id="journaled",
+            )
+        )
+    return path, result
+
+
+def test_trace_reads_a_journal_by_replaying_it(
+    journaled: tuple[Path, RunResult], tmp_path: Path
+) -> None:
+    from statemachine import _journal
+    from statemachine._diagrams import _JOURNAL_FORMAT
+
+    assert _JOURNAL_FORMAT == _journal.FORMAT
+    path, result = journaled
+    out = tmp_path / "seq.mmd"
+    assert cli.main(["trace", str(path), "--format", "sequence", "--out", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == sequence_diagram(result)
+    assert cli.main(["trace", str(path), "--format", "dot", "--out", str(tmp_path / "p.dot")]) == 0
+    chart = chart_from_table()
+    overlay = overlay_from_trace(chart, result.trace, result.state.value)
+    assert (tmp_path / "p.dot").read_text(encoding="utf-8") == render("dot", chart, overlay)
+
+
+def test_a_damaged_journal_is_refused_with_its_line(
+    journaled: tuple[Path, RunResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = journaled
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][:10], encoding="utf-8")
+    assert cli.main(["trace", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"trace: journal line {len(lines)}: not valid JSON")
+    path.write_text('{"format": "statemachine-journal", "version": 1}\n', encoding="utf-8")
+    assert cli.main(["trace", str(path)]) == 1
+    assert capsys.readouterr().err.startswith("trace: journal line 1: bad header")
