@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from statemachine.providers import (
     ProviderUnavailableError,
     RetryPolicy,
 )
+from statemachine.providers._projection import MessageBuilder
 from statemachine.providers.openai_chat import project_messages, project_tools
 from statemachine.workspace import workspace_tools
 
@@ -652,3 +654,58 @@ def test_every_projected_history_is_valid_chat_completions_input(
         if isinstance(m, sm.AssistantMessage)
         and m.stop_reason not in (sm.StopReason.ERROR, sm.StopReason.ABORTED)
     )
+
+
+def test_calls_that_reuse_index_zero_with_new_ids_stay_separate_calls(
+    server: LoopbackServer,
+) -> None:
+    # Ollama sends each call whole, every one at index 0.
+    server.add(sse("openai/same_index_calls.sse"))
+    reply = complete(make_model(server), tools=(LIST, READ))
+    assert reply.tool_calls == (
+        sm.ToolCall("call_k2l0x1", "list_files", {"path": "."}),
+        sm.ToolCall("call_p9q8r7", "read_file", {"path": "README.md"}),
+    )
+    assert reply.usage == sm.Usage(input=310, output=40, total_tokens=350)
+
+
+def test_an_error_object_inside_the_stream_is_classified_and_retried(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("openai/error_midstream.sse"), sse("openai/text_stream.sse"))
+    sleeps = Sleeps()
+    reply = complete(make_model(server, sleeps))
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    assert sleeps.delays == [0.5]
+
+
+def test_a_server_that_is_not_there_is_retried_then_explained() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Nothing listens on the port any more: every connection is refused.
+    sleeps = Sleeps()
+    model = OpenAIChatModel(
+        "m", api_key=KEY, base_url=f"http://127.0.0.1:{port}/v1", retry=FAST, sleep=sleeps
+    )
+    with pytest.raises(ProviderUnavailableError) as caught:
+        complete(model)
+    assert str(caught.value).startswith("could not reach OpenAI")
+    assert "Gave up after 3 attempt(s)" in str(caught.value)
+    assert sleeps.delays == [0.5, 1.0]
+
+
+def test_the_sdk_client_never_retries_and_validates_strictly(server: LoopbackServer) -> None:
+    client = make_model(server)._client
+    assert client.max_retries == 0
+    assert client._strict_response_validation is True
+
+
+def test_json_nested_beyond_what_a_message_can_hold_becomes_the_sentinel() -> None:
+    builder = MessageBuilder()
+    block = builder.block(("tool", 0), "tool")
+    block.call_id, block.name = "c1", "read_file"
+    block.text.append('{"a": ' * 50_000 + "1" + "}" * 50_000)
+    [call] = builder.finish(sm.StopReason.TOOL_USE, None).tool_calls
+    [key] = call.arguments
+    assert key.startswith(INVALID_JSON_KEY)

@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from .._errors import WireFormatError
 from .._messages import (
     AssistantContent,
     AssistantMessage,
@@ -162,6 +163,16 @@ def sendable_history(messages: Sequence[Message]) -> list[Message]:
 # -- inbound --------------------------------------------------------------------------
 
 
+def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
+    arguments = parse_arguments(raw)
+    try:
+        return ToolCall(call_id, name, arguments)
+    except (WireFormatError, RecursionError) as exc:
+        # Valid JSON that our messages cannot hold (nested too deeply to freeze).
+        problem = f"not usable as arguments ({type(exc).__name__})"
+        return ToolCall(call_id, name, {f"{INVALID_JSON_KEY}: {problem}": raw[:4000]})
+
+
 @attrs.define
 class _Block:
     kind: str  # "text", "thinking" or "tool"
@@ -190,6 +201,12 @@ class MessageBuilder:
             self.blocks.append(found)
         return found
 
+    def restart(self, key: tuple[str, int], kind: str) -> _Block:
+        """A new block at ``key``, leaving the old one where it was (for servers that
+        reuse an index for a second, different call)."""
+        self._by_key.pop(key, None)
+        return self.block(key, kind)
+
     def append_text(self, text: str) -> None:
         """Text with no index of its own (OpenAI): extends the last block if it is
         text, so that text after a tool call starts a new block."""
@@ -217,7 +234,7 @@ class MessageBuilder:
                 if text or block.signature:
                     out.append(ThinkingContent(text, block.signature))
             elif with_calls:
-                out.append(ToolCall(block.call_id, block.name, parse_arguments(text)))
+                out.append(_tool_call(block.call_id, block.name, text))
         return tuple(out)
 
     def finish(

@@ -385,6 +385,10 @@ class OpenAIChatModel:
                 builder.append_text(delta.refusal)
             for fragment in delta.tool_calls or ():
                 block = builder.block(("tool", fragment.index), "tool")
+                if fragment.id and block.call_id and fragment.id != block.call_id:
+                    # Some servers (Ollama) send every call whole at index 0: a new
+                    # id at a used index is a new call, not more of the old one.
+                    block = builder.restart(("tool", fragment.index), "tool")
                 if fragment.id:
                     block.call_id = fragment.id
                 function = fragment.function
