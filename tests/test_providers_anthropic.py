@@ -529,3 +529,37 @@ def test_every_projected_history_is_valid_messages_api_input(
                 assert call_id not in seen
                 seen.add(call_id)
     assert open_calls == []
+
+
+def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    server.add(
+        sse("anthropic/single_tool_call.sse"), sse("anthropic/partial_then_hold.sse", hold=True)
+    )
+    (tmp_path / "README.md").write_text("# Demo\n")
+    controller = sm.AbortController()
+
+    def on_text(text: str) -> None:
+        if text == "files now":
+            controller.abort("user pressed stop")
+
+    result = sm.run_agent_sync(
+        model=make_model(server, on_text=on_text),
+        tools=workspace_tools(tmp_path),
+        messages=[sm.UserMessage("read the readme")],
+        signal=controller.signal,
+    )
+    assert result.state is sm.TurnState.Aborted
+    assert result.turns == 2
+    last = result.messages[-1]
+    assert isinstance(last, sm.AssistantMessage)
+    assert last.stop_reason is sm.StopReason.ABORTED
+    assert last.content == (sm.TextContent("Reading the files now"),)
+    assert history_violations(result.messages) == []
+    # Resuming on that history sends the partial text, and nothing of the cut call.
+    resumed = project_messages([*result.messages, sm.UserMessage("go on")])
+    assert resumed[-2:] == [
+        {"role": "assistant", "content": [{"type": "text", "text": "Reading the files now"}]},
+        {"role": "user", "content": [{"type": "text", "text": "go on"}]},
+    ]
