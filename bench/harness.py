@@ -241,6 +241,7 @@ def render(
     info: dict[str, str],
     vers: dict[str, str],
     command: str,
+    note: str = "",
 ) -> str:
     bare = _medians(cells, CONTENDERS[0][0])
     dicts = _medians(cells, CONTENDERS[1][0])
@@ -252,6 +253,7 @@ def render(
         f"{info['python']}; load average at start {info['load']} (a shared machine: "
         "ratios within this run are what count).  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()) + ".",
+        *([f"  \n{note}"] if note else []),
         "",
         "Workload: a scripted model asks for one `echo` tool call per turn for N-1 turns, "
         "then answers text. µs/turn = run wall time / N (median, min–max over the "
@@ -343,7 +345,7 @@ async def main_async(args: argparse.Namespace) -> int:
     if not args.smoke and not args.no_micro:
         figures.insert(0, await default_logger_note(1_000, 3))
     command = "bash bench/run.sh" + (" --smoke" if args.smoke else "")
-    report = render(cells, unavailable, figures, machine(), versions(), command)
+    report = render(cells, unavailable, figures, machine(), versions(), command, args.note)
     print(report)
     if args.out:
         Path(args.out).write_text(report, encoding="utf-8")
@@ -365,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="+", help="run only contenders whose name contains one of these"
     )
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
+    parser.add_argument("--note", default="", help="a line for the report's header")
     parser.add_argument("--out", help="write the markdown table here")
     parser.add_argument("--json", help="write the raw measurements here")
     args = parser.parse_args(argv)
