@@ -1,11 +1,11 @@
 """The asyncio driver: performs the engine's actions and feeds back what happened.
 
-The engine decides; this module only does I/O. Every outstanding operation (the model
-call, each tool call, the permission checks) runs in its own task, and every task
-reports exactly once, through one queue, as an input event. The main loop takes one
-event at a time and hands it to the engine, so the engine sees a strict sequence of
-events even though tools finish in any order; that sequence is all the history
-depends on (I5).
+The engine decides; this module only does I/O and runs the caller's hooks. Every
+outstanding operation (the model call, each tool call, the permission and
+should_continue hooks) runs in its own task, and every task reports exactly once,
+through one queue, as an input event. The main loop takes one event at a time and
+hands it to the engine, so the engine sees a strict sequence of events even though
+tools finish in any order; that sequence is all the history depends on (I5).
 
 Abort and the grace period
 --------------------------
@@ -18,15 +18,35 @@ that arrives then is kept as it is, I6), then cancels their tasks (each reports
 or code that swallows ``CancelledError``) is given up after a second grace period:
 the driver reports it cancelled and stops waiting, so ``run_agent`` returns within
 about two grace periods whatever a client or tool does.
+
+Hooks and their failure modes
+-----------------------------
+- ``before_tool_call(call)``: ``None`` allows, ``Deny(reason)`` refuses (a policy
+  denial stops the run in ``AwaitingUser`` at the turn boundary; ``advisory=True``
+  only tells the model), ``RequireApproval(reason)`` suspends the call until a person
+  decides. A hook that raises fails closed: a policy denial naming the error.
+- ``after_tool_call(call, output)``: may return a replacement ``ToolOutput``. A hook
+  that raises turns the result into an error result that names the hook's error and
+  keeps the tool's own text (nothing is lost).
+- ``should_continue(messages, turn)``: asked at each turn boundary; ``Stop(reason)``
+  ends the run ``Done`` with the reason as explanation. A hook that raises stops the
+  run the same way, with the error as the reason.
+- ``transform_context(messages)``: what the model is sent (for compaction); the
+  history itself stays append-only. A hook that raises fails that model call, so the
+  run ends ``Failed`` with the hook's error as explanation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import threading
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeAlias, TypeVar
 
 import attrs
 import structlog
@@ -47,14 +67,19 @@ from ._errors import (
 from ._events import (
     AbortRequested,
     Action,
+    ApprovalDecided,
+    ApprovalRequired,
     CallModel,
     CancelOperations,
+    CheckContinue,
     CheckPermission,
+    ContinueDecided,
     Event,
+    InputKind,
+    InputQueued,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
-    RunEnded,
     Start,
     StartTool,
     ToolCancelled,
@@ -62,15 +87,44 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
-from ._messages import AssistantMessage, Message, ToolCall
+from ._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
 from ._model import ModelClient
-from ._table import TurnState
+from ._table import RETURNS_TO_CALLER, TurnState
 from ._tools import Tool, ToolOutput, tool_output_from
 
-__all__ = ["BeforeToolCall", "Deny", "RunResult", "run_agent", "run_agent_sync"]
+__all__ = [
+    "AfterToolCall",
+    "AgentRun",
+    "BeforeToolCall",
+    "Deny",
+    "MessageAdded",
+    "RequireApproval",
+    "RunEvent",
+    "RunFinished",
+    "RunResult",
+    "RunStarted",
+    "RunStats",
+    "ShouldContinue",
+    "StateChanged",
+    "Stop",
+    "ToolEnded",
+    "ToolProgress",
+    "ToolStarted",
+    "TransformContext",
+    "TurnEnded",
+    "TurnStarted",
+    "report_progress",
+    "resume_agent",
+    "run_agent",
+    "run_agent_sync",
+]
 
 DEFAULT_GRACE_PERIOD = 1.0
 """Seconds an aborted operation is given to finish its cleanup before cancellation."""
+
+_T = TypeVar("_T")
+
+# -- hook decisions ----------------------------------------------------------------
 
 
 @attrs.frozen
@@ -85,8 +139,113 @@ class Deny:
     advisory: bool = False
 
 
-BeforeToolCall: TypeAlias = Callable[[ToolCall], Awaitable[Deny | None] | (Deny | None)]
-"""``before_tool_call(call)``: return ``None`` to allow, a ``Deny`` to refuse."""
+@attrs.frozen
+class RequireApproval:
+    """What ``before_tool_call`` returns when a person must approve the call first."""
+
+    reason: str = ""
+
+
+@attrs.frozen
+class Stop:
+    """What ``should_continue`` returns to end the run at a turn boundary."""
+
+    reason: str
+
+
+BeforeToolCall: TypeAlias = Callable[
+    [ToolCall], Awaitable[Deny | RequireApproval | None] | Deny | RequireApproval | None
+]
+AfterToolCall: TypeAlias = Callable[
+    [ToolCall, ToolOutput], Awaitable[ToolOutput | None] | ToolOutput | None
+]
+ShouldContinue: TypeAlias = Callable[[Sequence[Message], int], Awaitable[Stop | None] | Stop | None]
+TransformContext: TypeAlias = Callable[
+    [Sequence[Message]], Awaitable[Sequence[Message]] | Sequence[Message]
+]
+
+# -- the event stream ----------------------------------------------------------------
+
+
+@attrs.frozen
+class RunStarted:
+    run_id: str
+
+
+@attrs.frozen
+class TurnStarted:
+    turn: int
+
+
+@attrs.frozen
+class MessageAdded:
+    index: int
+    message: Message
+
+
+@attrs.frozen
+class StateChanged:
+    record: TransitionRecord
+
+
+@attrs.frozen
+class ToolStarted:
+    call: ToolCall
+
+
+@attrs.frozen
+class ToolProgress:
+    call_id: str
+    data: object
+
+
+@attrs.frozen
+class ToolEnded:
+    """A tool call's outcome, in completion order (history keeps call order)."""
+
+    call: ToolCall
+    output: ToolOutput
+    seconds: float
+    cancelled: bool = False
+
+
+@attrs.frozen
+class TurnEnded:
+    turn: int
+    seconds: float
+
+
+@attrs.frozen
+class RunFinished:
+    state: TurnState
+    explanation: str
+    stats: RunStats
+
+
+RunEvent: TypeAlias = (
+    RunStarted
+    | TurnStarted
+    | MessageAdded
+    | StateChanged
+    | ToolStarted
+    | ToolProgress
+    | ToolEnded
+    | TurnEnded
+    | RunFinished
+)
+
+
+@attrs.frozen
+class RunStats:
+    """What a run cost. Times are measured by the driver, never by the engine."""
+
+    model_calls: int
+    tool_calls: Mapping[str, Mapping[str, int]]  # tool -> outcome ("ok"/"error"/"cancelled")
+    usage: Usage
+    turn_seconds: tuple[float, ...]
+    tool_seconds: Mapping[str, float]  # call id -> seconds
+    wall_seconds: float
+
 
 _ERRORS: dict[TurnState, type[RunEndedError]] = {
     TurnState.Aborted: AbortedError,
@@ -107,6 +266,10 @@ class RunResult:
     explanation: str
     trace: tuple[TransitionRecord, ...] = ()
     run_id: str = ""
+    stats: RunStats | None = None
+    pending_approvals: tuple[ToolCall, ...] = ()
+    queued_input: tuple[InputQueued, ...] = ()
+    snapshot: Mapping[str, Any] | None = None  # for AwaitingUser: resume_agent(snapshot)
 
     @property
     def ok(self) -> bool:
@@ -133,121 +296,400 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class _Run:
-    """The I/O around one engine."""
+async def _maybe_await(value: Awaitable[_T] | _T) -> _T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+# -- progress reports from inside tools ------------------------------------------------
+
+_progress_sink: contextvars.ContextVar[Callable[[object], None] | None] = contextvars.ContextVar(
+    "statemachine_progress_sink", default=None
+)
+
+
+def report_progress(data: object) -> bool:
+    """Report progress from inside a running tool (async or sync, any thread).
+
+    Subscribers of ``AgentRun.events()`` receive a ``ToolProgress`` event. Returns
+    False (and does nothing) outside a tool run by the driver.
+    """
+    sink = _progress_sink.get()
+    if sink is None:
+        return False
+    sink(data)
+    return True
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+class AgentRun:
+    """One run of the loop, with a handle for steering, aborting and watching it.
+
+    ``await AgentRun(...).run()`` is ``run_agent(...)``. Before or while it runs:
+    ``steer(msg)`` queues a message for the next turn boundary, ``follow_up(msg)``
+    one for when the model would otherwise finish, ``abort(reason)`` aborts, and
+    ``events()`` is an async iterator of ``RunEvent``s (subscribe before ``run()``
+    to see them all).
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        *,
         model: ModelClient,
-        tools: dict[str, Tool],
-        signal: AbortSignal,
-        before_tool_call: BeforeToolCall | None,
-        grace_period: float,
-        log: Any,
+        messages: Sequence[Message] = (),
+        tools: Sequence[Tool] = (),
+        max_turns: int = 8,
+        signal: AbortSignal | None = None,
+        before_tool_call: BeforeToolCall | None = None,
+        after_tool_call: AfterToolCall | None = None,
+        should_continue: ShouldContinue | None = None,
+        transform_context: TransformContext | None = None,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        logger: Any = None,
+        run_id: str | None = None,
+        _engine: Engine | None = None,
+        _resume_events: Sequence[Event] = (),
     ) -> None:
-        self.engine = engine
-        self.model = model
-        self.tools = tools
-        self.user_signal = signal
-        self.controller = AbortController()  # what tools and the model client hold
-        self.before_tool_call = before_tool_call
-        self.grace_period = grace_period
-        self.log = log
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
-        self.tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
-        self.reported: set[str] = set()  # keys whose one event has been queued
-        self.helpers: set[asyncio.Task[None]] = set()  # permission and grace tasks
-        self.aborting = False
+        _check_tools(tools)
+        if not callable(getattr(model, "complete", None)):
+            raise InvalidInputError("model must have an async complete(messages, tools, signal)")
+        if (
+            isinstance(grace_period, bool)
+            or not isinstance(grace_period, (int, float))
+            or grace_period < 0
+        ):
+            raise InvalidInputError(
+                f"grace_period must be a non-negative number, got {grace_period!r}"
+            )
+        if signal is not None and not isinstance(signal, AbortSignal):
+            raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
+        base = logger if logger is not None else structlog.get_logger("statemachine")
+        if _engine is None:
+            run_id = run_id or uuid.uuid4().hex[:12]
+            _engine = Engine(
+                tools=[t.definition for t in tools],
+                messages=messages,
+                max_turns=max_turns,
+                check_permissions=before_tool_call is not None,
+                check_continue=should_continue is not None,
+                scheduling={t.name: t.scheduling for t in tools},
+                run_id=run_id,
+                logger=base,
+            )
+        self.engine = _engine
+        self.run_id = _engine.run_id
+        self._resume_events = tuple(_resume_events)
+        self._model = model
+        self._tools = {t.name: t for t in tools}
+        self._user_signal = signal if signal is not None else AbortSignal()
+        self._controller = AbortController()  # what tools and the model client hold
+        self._before = before_tool_call
+        self._after = after_tool_call
+        self._should_continue = should_continue
+        self._transform = transform_context
+        self._grace = float(grace_period)
+        self._log = base.bind(run_id=self.run_id)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: asyncio.Queue[Event] | None = None
+        self._early: list[Event] = []  # input queued before run() started
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
+        self._reported: set[str] = set()  # keys whose one event has been queued
+        self._helpers: set[asyncio.Task[None]] = set()  # hooks and grace timers
+        self._aborting = False
+        self._started = False
+        self._finished = False
+        self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
+        # bookkeeping for the event stream and stats
+        self._seen_messages = len(_engine.messages)
+        self._seen_trace = len(_engine.trace)
+        self._t0 = 0.0
+        self._turn_start: float | None = None
+        self._turn_seconds: list[float] = []
+        self._tool_start: dict[str, float] = {}
+        self._tool_seconds: dict[str, float] = {}
+        self._tool_counts: dict[str, dict[str, int]] = {}
+        self._usage = Usage()
+        self._model_calls = 0
 
-    # -- the loop ---------------------------------------------------------------------
+    # -- the caller's handle ------------------------------------------------------------
 
-    async def run(self) -> None:
+    def steer(self, message: str | UserMessage) -> None:
+        """Queue a message for the model, injected at the next turn boundary."""
+        self._queue_input(message, InputKind.STEER)
+
+    def follow_up(self, message: str | UserMessage) -> None:
+        """Queue a message used when the model would otherwise finish."""
+        self._queue_input(message, InputKind.FOLLOW_UP)
+
+    def abort(self, reason: object = None) -> None:
+        """Abort the run (thread-safe); same as aborting the run's signal."""
+        reason = "aborted by the caller" if reason is None else reason
+        if self._loop is None:
+            self._early.append(AbortRequested(str(reason)))
+        else:
+            self._loop.call_soon_threadsafe(self._abort, str(reason))
+
+    def events(self) -> AsyncIterator[RunEvent]:
+        """An async iterator of this run's events; ends after ``RunFinished``."""
+        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+        if self._finished:
+            queue.put_nowait(None)
+        self._subscribers.append(queue)
+
+        async def iterate() -> AsyncIterator[RunEvent]:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                yield item
+
+        return iterate()
+
+    def _queue_input(self, message: str | UserMessage, kind: InputKind) -> None:
+        if isinstance(message, str):
+            message = UserMessage(message)
+        if not isinstance(message, UserMessage):
+            raise InvalidInputError("queued input must be a str or a UserMessage")
+        if self._finished:
+            raise UsageError("the run has ended; start a new run with this message")
+        event = InputQueued(message, kind)
+        if self._loop is None:
+            self._early.append(event)
+        else:
+            self._loop.call_soon_threadsafe(self._post_input, event)
+
+    def _post_input(self, event: Event) -> None:
+        assert self._inbox is not None
+        self._inbox.put_nowait(event)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        """Drive the run to a terminal state or ``AwaitingUser``; never raises for
+        how it ends (see ``RunResult``)."""
+        if self._started:
+            raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
+        self._started = True
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._inbox = asyncio.Queue()
+        self._t0 = time.perf_counter()
+
+        loop_thread = threading.get_ident()
 
         def on_abort(reason: object) -> None:
-            # May run in any thread: only hand the news to the loop.
+            # On the loop's own thread (a tool or hook aborting), act at once, so the
+            # signals that tools hold fire before the aborting code's next line; from
+            # any other thread, only hand the news to the loop.
+            if threading.get_ident() == loop_thread:
+                self._abort(str(reason))
+                return
             try:
                 loop.call_soon_threadsafe(self._abort, str(reason))
             except RuntimeError:
                 pass  # the loop is closed: the run is over, nothing to abort
 
-        remove = self.user_signal.add_listener(on_abort)
+        remove = self._user_signal.add_listener(on_abort)
         try:
-            if self.user_signal.aborted:
-                self._abort(str(self.user_signal.reason))
+            self._emit(partial(RunStarted, self.run_id))
+            early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
+            early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
+            if self._user_signal.aborted or early_abort is not None:
+                # Aborted before anything started: no model call is made at all.
+                if not self._resume_events:
+                    for queued in early_inputs:
+                        self._handle(queued)  # kept as queued input, nothing is lost
+                reason = (
+                    str(self._user_signal.reason) if early_abort is None else early_abort.reason
+                )
+                self._aborting = True
+                self._controller.abort(reason)
+                self._handle(AbortRequested(reason))
             else:
-                self._perform(self.engine.handle(Start()))
+                first: list[Event] = (
+                    [*self._resume_events, *early_inputs]
+                    if self._resume_events
+                    else [*early_inputs, Start()]
+                )
+                for event in first:
+                    self._handle(event)
             while not self.engine.is_finished:
-                event = await self.queue.get()
-                self._perform(self.engine.handle(event))
+                self._handle(await self._inbox.get())
         finally:
             remove()
             await self._cleanup()
+        return self._result()
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, (ToolFinished, ToolCancelled)):
+            self._tool_done(event)
+        actions = self.engine.handle(event)
+        self._observe()
+        self._perform(actions)
 
     def _abort(self, reason: str) -> None:
-        if self.aborting or self.engine.is_finished:
+        if self._aborting or self._finished:
             return
-        self.aborting = True
-        self.controller.abort(reason)
-        for task in self.helpers:
-            task.cancel()  # permission checks: their calls are answered by the engine
-        self.queue.put_nowait(AbortRequested(reason))
+        self._aborting = True
+        self._controller.abort(reason)
+        for task in self._helpers:
+            task.cancel()  # hooks: their calls are answered by the engine
+        if self._inbox is not None:
+            self._inbox.put_nowait(AbortRequested(reason))
 
     def _post(self, key: str, event: Event) -> None:
         """Queue the one event of an operation; later reports of it are dropped."""
-        if key in self.reported:
+        if key in self._reported:
             return
-        self.reported.add(key)
-        self.queue.put_nowait(event)
+        self._reported.add(key)
+        assert self._inbox is not None
+        self._inbox.put_nowait(event)
 
     def _perform(self, actions: Sequence[Action]) -> None:
         checks: list[ToolCall] = []
         for action in actions:
             if isinstance(action, CallModel):
+                self._model_calls += 1
                 self._spawn("model", self._call_model(action))
             elif isinstance(action, StartTool):
+                self._tool_start[action.call.id] = time.perf_counter()
+                self._emit(partial(ToolStarted, action.call))
                 self._spawn(action.call.id, self._run_tool(action.call))
             elif isinstance(action, CheckPermission):
                 checks.append(action.call)
+            elif isinstance(action, CheckContinue):
+                self._helper(self._check_continue(action.turn))
             elif isinstance(action, CancelOperations):
                 keys = (["model"] if action.model else []) + list(action.tool_call_ids)
                 self._helper(self._cancel_after_grace(keys, action.reason))
-            elif isinstance(action, RunEnded):
-                pass  # the loop condition sees it
         if checks:
             self._helper(self._check_permissions(checks))
 
     def _spawn(self, key: str, coro: Awaitable[None]) -> None:
-        self.reported.discard(key)
-        self.tasks[key] = asyncio.ensure_future(coro)
+        self._reported.discard(key)
+        self._tasks[key] = asyncio.ensure_future(coro)
 
     def _helper(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
-        self.helpers.add(task)
-        task.add_done_callback(self.helpers.discard)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
 
     async def _cleanup(self) -> None:
         # Normally nothing is left: every operation reported before the run ended.
-        # Left over only when the caller cancelled run_agent itself.
-        pending = [t for t in (*self.tasks.values(), *self.helpers) if not t.done()]
+        # Left over only when the caller cancelled run() itself.
+        pending = [t for t in (*self._tasks.values(), *self._helpers) if not t.done()]
         for task in pending:
             task.cancel()
         if pending:
-            await asyncio.wait(pending, timeout=self.grace_period)
+            await asyncio.wait(pending, timeout=self._grace)
 
-    # -- operations --------------------------------------------------------------------
+    # -- deriving the event stream and stats from what the engine did -----------------
+
+    def _emit(self, make: Callable[[], RunEvent]) -> None:
+        if not self._subscribers:
+            return  # nobody listens: build nothing (keeps the hot path flat)
+        event = make()
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    def _observe(self) -> None:
+        engine = self.engine
+        history = engine.messages
+        for index in range(self._seen_messages, len(history)):
+            message = history[index]
+            if isinstance(message, AssistantMessage) and message.usage is not None:
+                self._usage = self._usage + message.usage
+            self._emit(partial(MessageAdded, index, message))
+        self._seen_messages = len(history)
+        trace = engine.trace
+        for index in range(self._seen_trace, len(trace)):
+            record = trace[index]
+            self._emit(partial(StateChanged, record))
+            if record.dest is TurnState.AwaitingModel:
+                self._turn_start = time.perf_counter()
+                self._emit(partial(TurnStarted, record.turn + 1))
+            elif self._turn_start is not None and (
+                record.dest is TurnState.TurnBoundary or record.dest in RETURNS_TO_CALLER
+            ):
+                seconds = time.perf_counter() - self._turn_start
+                self._turn_start = None
+                self._turn_seconds.append(seconds)
+                self._emit(partial(TurnEnded, record.turn, seconds))
+        self._seen_trace = len(trace)
+        if engine.is_finished and not self._finished:
+            self._finished = True
+            stats = self._stats()
+            explanation = engine.explanation or ""
+            self._emit(partial(RunFinished, engine.state, explanation, stats))
+            for queue in self._subscribers:
+                queue.put_nowait(None)
+
+    def _tool_done(self, event: ToolFinished | ToolCancelled) -> None:
+        call = next((c for c in self.engine.pending_calls() if c.id == event.call_id), None)
+        started = self._tool_start.pop(event.call_id, None)
+        seconds = 0.0 if started is None else time.perf_counter() - started
+        self._tool_seconds[event.call_id] = seconds
+        if isinstance(event, ToolFinished):
+            output, outcome = event.output, ("error" if event.output.is_error else "ok")
+        else:
+            output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
+            outcome = "cancelled"
+        if call is not None:
+            counts = self._tool_counts.setdefault(call.name, {})
+            counts[outcome] = counts.get(outcome, 0) + 1
+            cancelled = isinstance(event, ToolCancelled)
+            self._emit(partial(ToolEnded, call, output, seconds, cancelled))
+
+    def _stats(self) -> RunStats:
+        return RunStats(
+            model_calls=self._model_calls,
+            tool_calls={k: dict(v) for k, v in self._tool_counts.items()},
+            usage=self._usage,
+            turn_seconds=tuple(self._turn_seconds),
+            tool_seconds=dict(self._tool_seconds),
+            wall_seconds=time.perf_counter() - self._t0,
+        )
+
+    def _result(self) -> RunResult:
+        engine = self.engine
+        state = engine.state
+        explanation = engine.explanation or ""
+        error_type = _ERRORS.get(state)
+        return RunResult(
+            state=state,
+            messages=tuple(engine.messages),
+            error=error_type(explanation) if error_type is not None else None,
+            turns=engine.turns,
+            explanation=explanation,
+            trace=tuple(engine.trace),
+            run_id=self.run_id,
+            stats=self._stats(),
+            pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
+            queued_input=engine.queued_input(),
+            snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
+        )
+
+    # -- operations ------------------------------------------------------------------------
 
     async def _call_model(self, action: CallModel) -> None:
         try:
-            message = await self.model.complete(
-                action.messages, action.tools, self.controller.signal
-            )
+            context: Sequence[Message] = action.messages
+            if self._transform is not None:
+                try:
+                    context = await _maybe_await(self._transform(action.messages))
+                except Exception as exc:
+                    raise ModelOutputError(
+                        f"the transform_context hook raised {_describe(exc)}"
+                    ) from exc
+            message = await self._model.complete(context, action.tools, self._controller.signal)
         except asyncio.CancelledError:
             self._post("model", ModelCancelled())
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is one failed call
-            self.log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
+            self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
             self._post("model", ModelFailed(_describe(exc)))
             return
         if not isinstance(message, AssistantMessage):
@@ -259,79 +701,192 @@ class _Run:
         self._post("model", ModelResponded(message))
 
     async def _run_tool(self, call: ToolCall) -> None:
-        tool = self.tools[call.name]
-        signal = self.controller.signal
+        tool = self._tools[call.name]
+        # A per-call signal: fires on the run's abort and on this call's timeout.
+        controller = AbortController()
+        unlink = self._controller.signal.add_listener(controller.abort)
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def sink(data: object) -> None:
+            def deliver() -> None:
+                self._emit(partial(ToolProgress, call.id, data))
+
+            if threading.get_ident() == loop_thread:
+                deliver()
+            else:
+                loop.call_soon_threadsafe(deliver)
+
+        token = _progress_sink.set(sink)
         try:
-            value = await tool.execute(call.arguments_dict(), signal)
+            output = await self._execute(tool, call, controller)
         except asyncio.CancelledError:
             self._post(call.id, ToolCancelled(call.id))
             raise
-        except Exception as exc:  # noqa: BLE001 - a tool's failure becomes its result
-            if signal.aborted:
-                output = ToolOutput(f"Operation aborted: {_describe(exc)}", is_error=True)
+        finally:
+            _progress_sink.reset(token)
+            unlink()
+        if self._after is not None:
+            output = await self._after_hook(call, output)
+        self._post(call.id, ToolFinished(call.id, output))
+
+    async def _execute(self, tool: Tool, call: ToolCall, controller: AbortController) -> ToolOutput:
+        signal = controller.signal
+        try:
+            if tool.timeout is None:
+                value = await tool.execute(call.arguments_dict(), signal)
             else:
-                output = ToolOutput(_describe(exc), is_error=True)
-            self.log.info("tool_raised", call_id=call.id, tool=call.name, error=_describe(exc))
-            self._post(call.id, ToolFinished(call.id, output))
-            return
+                value = await self._with_timeout(tool, call, controller)
+        except asyncio.CancelledError:
+            raise
+        except _TimedOutError as timed_out:
+            return ToolOutput(str(timed_out), is_error=True)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure becomes its result
+            self._log.info("tool_raised", call_id=call.id, tool=call.name, error=_describe(exc))
+            if self._controller.signal.aborted:
+                return ToolOutput(f"Operation aborted: {_describe(exc)}", is_error=True)
+            return ToolOutput(_describe(exc), is_error=True)
         normalised = tool_output_from(value)
         if normalised is None:
             error = ToolOutputError(
                 f"tool {call.name} returned a {type(value).__name__}; expected a str, a "
                 "list of content blocks, or a ToolOutput"
             )
-            self.log.warning("tool_bad_output", call_id=call.id, tool=call.name)
-            normalised = ToolOutput(str(error), is_error=True)
-        self._post(call.id, ToolFinished(call.id, normalised))
+            self._log.warning("tool_bad_output", call_id=call.id, tool=call.name)
+            return ToolOutput(str(error), is_error=True)
+        return normalised
+
+    async def _with_timeout(self, tool: Tool, call: ToolCall, controller: AbortController) -> Any:
+        assert tool.timeout is not None
+        task = asyncio.ensure_future(tool.execute(call.arguments_dict(), controller.signal))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=tool.timeout)
+            if task in done:
+                return task.result()
+            # Timed out: signal, give its cleanup the grace period, then cancel.
+            text = f"Tool {call.name} timed out after {tool.timeout:g} s"
+            controller.abort(text)
+            await asyncio.wait({task}, timeout=self._grace)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=self._grace)
+            raise _TimedOutError(text)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+
+    async def _after_hook(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
+        assert self._after is not None
+        try:
+            replaced = await _maybe_await(self._after(call, output))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
+            self._log.warning("after_tool_call_raised", call_id=call.id, error=_describe(exc))
+            original = "\n".join(getattr(b, "text", "[image]") for b in output.content)
+            return ToolOutput(
+                f"The after_tool_call hook raised {_describe(exc)}. The tool's own result "
+                f"was:\n{original}",
+                is_error=True,
+            )
+        if replaced is None:
+            return output
+        if not isinstance(replaced, ToolOutput):
+            return ToolOutput(
+                f"The after_tool_call hook returned {type(replaced).__name__}, expected a "
+                "ToolOutput or None; the tool's own result was kept out",
+                is_error=True,
+            )
+        return replaced
 
     async def _check_permissions(self, calls: list[ToolCall]) -> None:
-        hook = self.before_tool_call
+        hook = self._before
         assert hook is not None
+        assert self._inbox is not None
         # In call order, one at a time: a hook may ask a person, one question at a time.
         for call in calls:
+            decision: object
             try:
-                decision = hook(call)
-                if inspect.isawaitable(decision):
-                    decision = await decision
+                decision = await _maybe_await(hook(call))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
-                self.log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
+                self._log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
                 decision = Deny(
                     f"the before_tool_call hook raised {_describe(exc)}; the call was not run"
                 )
+            event: Event
             if decision is None:
-                self.queue.put_nowait(ToolPermitted(call.id))
+                event = ToolPermitted(call.id)
             elif isinstance(decision, Deny):
-                self.queue.put_nowait(ToolDenied(call.id, decision.reason, decision.advisory))
+                event = ToolDenied(call.id, decision.reason, decision.advisory)
+            elif isinstance(decision, RequireApproval):
+                event = ApprovalRequired(call.id, decision.reason)
             else:
-                self.queue.put_nowait(
-                    ToolDenied(
-                        call.id,
-                        f"the before_tool_call hook returned {type(decision).__name__}, "
-                        "expected None or Deny; the call was not run",
-                    )
+                event = ToolDenied(
+                    call.id,
+                    f"the before_tool_call hook returned {type(decision).__name__}, "
+                    "expected None or Deny or RequireApproval; the call was not run",
                 )
+            self._inbox.put_nowait(event)
+
+    async def _check_continue(self, turn: int) -> None:
+        hook = self._should_continue
+        assert hook is not None
+        assert self._inbox is not None
+        try:
+            decision: object = await _maybe_await(hook(self.engine.messages, turn))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
+            self._log.warning("should_continue_raised", turn=turn, error=_describe(exc))
+            decision = Stop(f"the should_continue hook raised {_describe(exc)}")
+        if decision is None:
+            self._inbox.put_nowait(ContinueDecided(False))
+        elif isinstance(decision, Stop):
+            self._inbox.put_nowait(ContinueDecided(True, decision.reason))
+        else:
+            self._inbox.put_nowait(
+                ContinueDecided(
+                    True,
+                    f"the should_continue hook returned {type(decision).__name__}, "
+                    "expected None or Stop",
+                )
+            )
 
     async def _cancel_after_grace(self, keys: list[str], reason: str) -> None:
-        tasks = [self.tasks[k] for k in keys if k in self.tasks]
+        tasks = [self._tasks[k] for k in keys if k in self._tasks]
         if tasks:
-            await asyncio.wait(tasks, timeout=self.grace_period)
-        stubborn = [k for k in keys if k in self.tasks and not self.tasks[k].done()]
+            await asyncio.wait(tasks, timeout=self._grace)
+        stubborn = [k for k in keys if k in self._tasks and not self._tasks[k].done()]
         for key in stubborn:
-            self.tasks[key].cancel()
+            self._tasks[key].cancel()
         if stubborn:
-            await asyncio.wait([self.tasks[k] for k in stubborn], timeout=self.grace_period)
+            await asyncio.wait([self._tasks[k] for k in stubborn], timeout=self._grace)
         for key in stubborn:
-            if not self.tasks[key].done():
+            if not self._tasks[key].done():
                 # It ignored cancellation too: stop waiting for it (module docstring).
-                self.log.warning("operation_abandoned", key=key, reason=reason)
+                self._log.warning("operation_abandoned", key=key, reason=reason)
                 self._post(
                     key,
                     ModelCancelled("abandoned: it ignored cancellation")
                     if key == "model"
                     else ToolCancelled(key, "abandoned: the tool ignored cancellation"),
                 )
+
+
+class _TimedOutError(Exception):
+    """A tool call ran past its tool's timeout."""
+
+
+def _check_tools(tools: Sequence[Tool]) -> None:
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise InvalidInputError("tools must be a sequence of Tool")
+    for i, item in enumerate(tools):
+        if not isinstance(item, Tool):
+            raise InvalidInputError(
+                f"tools[{i}] is a {type(item).__name__}, not a Tool (see statemachine.tool)"
+            )
 
 
 async def run_agent(
@@ -342,6 +897,9 @@ async def run_agent(
     max_turns: int = 8,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    should_continue: ShouldContinue | None = None,
+    transform_context: TransformContext | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
     run_id: str | None = None,
@@ -350,53 +908,100 @@ async def run_agent(
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
     before any model call for an invalid history, duplicate tool names or bad
-    arguments.
+    arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
     """
-    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
-        raise InvalidInputError("tools must be a sequence of Tool")
-    for i, item in enumerate(tools):
-        if not isinstance(item, Tool):
-            raise InvalidInputError(
-                f"tools[{i}] is a {type(item).__name__}, not a Tool (see statemachine.tool)"
-            )
-    if not callable(getattr(model, "complete", None)):
-        raise InvalidInputError("model must have an async complete(messages, tools, signal)")
-    if not isinstance(grace_period, (int, float)) or grace_period < 0:
-        raise InvalidInputError(f"grace_period must be a non-negative number, got {grace_period!r}")
-    if signal is not None and not isinstance(signal, AbortSignal):
-        raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
-    run_id = run_id or uuid.uuid4().hex[:12]
-    base = logger if logger is not None else structlog.get_logger("statemachine")
-    engine = Engine(
-        tools=[t.definition for t in tools],
+    run = AgentRun(
+        model=model,
         messages=messages,
+        tools=tools,
         max_turns=max_turns,
-        check_permissions=before_tool_call is not None,
-        run_id=run_id,
-        logger=base,
-    )
-    run = _Run(
-        engine,
-        model,
-        {t.name: t for t in tools},
-        signal if signal is not None else AbortSignal(),
-        before_tool_call,
-        float(grace_period),
-        base.bind(run_id=run_id),
-    )
-    await run.run()
-    state = engine.state
-    explanation = engine.explanation or ""
-    error_type = _ERRORS.get(state)
-    return RunResult(
-        state=state,
-        messages=tuple(engine.messages),
-        error=error_type(explanation) if error_type is not None else None,
-        turns=engine.turns,
-        explanation=explanation,
-        trace=tuple(engine.trace),
+        signal=signal,
+        before_tool_call=before_tool_call,
+        after_tool_call=after_tool_call,
+        should_continue=should_continue,
+        transform_context=transform_context,
+        grace_period=grace_period,
+        logger=logger,
         run_id=run_id,
     )
+    return await run.run()
+
+
+def resume_run(
+    state: RunResult | Mapping[str, Any],
+    *,
+    model: ModelClient,
+    tools: Sequence[Tool] = (),
+    approvals: Mapping[str, bool | Deny] | None = None,
+    message: str | UserMessage | None = None,
+    max_turns: int | None = None,
+    **kwargs: Any,
+) -> AgentRun:
+    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
+
+    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, so it may come
+    from another process). Give ``approvals`` (call id -> True, False, or a
+    ``Deny`` with the person's reason) for every pending call, or a new ``message``
+    (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
+    """
+    snapshot = state.snapshot if isinstance(state, RunResult) else state
+    if snapshot is None:
+        raise UsageError("only a run that stopped in AwaitingUser can be resumed")
+    _check_tools(tools)
+    engine = Engine.restore(
+        snapshot,
+        scheduling={t.name: t.scheduling for t in tools},
+        logger=kwargs.get("logger"),
+    )
+    if engine.state is not TurnState.AwaitingUser:
+        raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
+    if max_turns is not None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        engine.max_turns = max_turns
+    events: list[Event] = []
+    pending = [call.id for call, _ in engine.pending_approvals()]
+    for call_id, decision in (approvals or {}).items():
+        if call_id not in pending:
+            raise InvalidInputError(f"call {call_id!r} is not waiting for approval")
+        if isinstance(decision, Deny):
+            events.append(ApprovalDecided(call_id, False, decision.reason))
+        elif isinstance(decision, bool):
+            events.append(ApprovalDecided(call_id, decision))
+        else:
+            raise InvalidInputError("an approval is True, False, or a Deny(reason)")
+    if message is not None:
+        events.append(InputQueued(UserMessage(message) if isinstance(message, str) else message))
+    elif len(events) != len(pending) or not pending:
+        missing = sorted(set(pending) - {e.call_id for e in events if hasattr(e, "call_id")})
+        raise InvalidInputError(
+            "resume needs a decision for every pending call "
+            f"(missing: {', '.join(missing) or 'none are pending'}) or a new message"
+        )
+    return AgentRun(model=model, tools=tools, _engine=engine, _resume_events=events, **kwargs)
+
+
+async def resume_agent(
+    state: RunResult | Mapping[str, Any],
+    *,
+    model: ModelClient,
+    tools: Sequence[Tool] = (),
+    approvals: Mapping[str, bool | Deny] | None = None,
+    message: str | UserMessage | None = None,
+    max_turns: int | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``)."""
+    run = resume_run(
+        state,
+        model=model,
+        tools=tools,
+        approvals=approvals,
+        message=message,
+        max_turns=max_turns,
+        **kwargs,
+    )
+    return await run.run()
 
 
 def run_agent_sync(**kwargs: Any) -> RunResult:

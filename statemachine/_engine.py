@@ -1,11 +1,11 @@
 """The sans-IO engine: input events in, actions out.
 
-The engine owns the history, the turn counter and the bookkeeping of the current
-batch of tool calls. It performs no I/O, reads no clock and draws no random number:
-the same events give the same states, history and transition log (I5). Which state
-follows which is decided by the ``transitions`` machine built from ``_table.py``;
-this module supplies the guard predicates the table names and the effects of
-entering each state.
+The engine owns the history, the turn counter, the input queues and the bookkeeping
+of the current batch of tool calls. It performs no I/O, reads no clock and draws no
+random number: the same events give the same states, history and transition log
+(I5). Which state follows which is decided by the ``transitions`` machine built from
+``_table.py``; this module supplies the guard predicates the table names and the
+effects of entering each state.
 
 How an input event is handled:
 
@@ -18,7 +18,7 @@ How an input event is handled:
    destination's entry effects run (e.g. entering ``AwaitingModel`` asks for a model
    call).
 4. Internal triggers are fired while their guards hold (``dispatched``,
-   ``results_complete``, ``settled``).
+   ``results_complete``, ``next_turn``, ``settled``).
 
 Every transition is logged as one structlog event ``transition`` and recorded in
 ``Engine.trace``.
@@ -27,22 +27,28 @@ Every transition is logged as one structlog event ``transition`` and recorded in
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 import structlog
 from transitions import Machine
 
-from ._errors import InvalidInputError, ProtocolError
+from ._errors import InvalidInputError, ProtocolError, WireFormatError
 from ._events import (
     AbortRequested,
     Action,
+    ApprovalDecided,
+    ApprovalRequired,
     CallModel,
     CancelOperations,
+    CheckContinue,
     CheckPermission,
+    ContinueDecided,
     Event,
     HistoryView,
+    InputKind,
+    InputQueued,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
@@ -62,6 +68,8 @@ from ._messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    message_from_dict,
+    message_to_dict,
 )
 from ._table import (
     ABSORBING,
@@ -73,17 +81,31 @@ from ._table import (
     TurnState,
     rows_from,
 )
-from ._tools import ToolDefinition, ToolOutput, validate_arguments
+from ._tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 
-__all__ = ["Engine", "TransitionRecord", "build_machine", "check_history", "check_tool_definitions"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "Engine",
+    "TransitionRecord",
+    "build_machine",
+    "check_history",
+    "check_tool_definitions",
+]
 
 S = TurnState
 
 # Status of one tool call of the current batch.
 _WAITING_PERMISSION: Final = "waiting-permission"
-_READY: Final = "ready"
+_WAITING_APPROVAL: Final = "waiting-approval"
+_READY: Final = "ready"  # permitted; starts when every earlier unfinished call allows it
 _RUNNING: Final = "running"
 _DONE: Final = "done"
+_STATUSES: Final = (_WAITING_PERMISSION, _WAITING_APPROVAL, _READY, _RUNNING, _DONE)
+
+SNAPSHOT_VERSION: Final = 1
+_NO_SCHEDULING: Final = Scheduling()
+
+log_default = structlog.get_logger("statemachine")
 
 
 @attrs.frozen
@@ -99,12 +121,15 @@ class TransitionRecord:
 class _Slot:
     """The bookkeeping of one tool call of the current batch."""
 
-    __slots__ = ("call", "result", "status")
+    __slots__ = ("call", "note", "resources", "result", "sequential", "status")
 
     def __init__(self, call: ToolCall) -> None:
         self.call = call
         self.status: str = _READY
         self.result: ToolResultMessage | None = None
+        self.sequential = False
+        self.resources: frozenset[str] = frozenset()
+        self.note = ""  # why it waits for approval
 
 
 class _MachineModel:
@@ -191,6 +216,11 @@ class Engine:
 
     ``handle(event)`` returns the actions to perform next; ``state``, ``messages``,
     ``turns``, ``trace`` and ``explanation`` describe where the run stands.
+
+    ``scheduling`` maps tool names to how their calls may run concurrently (a tool
+    absent from it runs concurrently with everything). ``check_permissions`` makes
+    every valid call wait for ``ToolPermitted``/``ToolDenied``/``ApprovalRequired``;
+    ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
     """
 
     def __init__(
@@ -200,23 +230,50 @@ class Engine:
         messages: Sequence[Message],
         max_turns: int = 8,
         check_permissions: bool = False,
+        check_continue: bool = False,
+        scheduling: Mapping[str, Scheduling] | None = None,
         run_id: str = "run",
         logger: Any = None,
     ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
-        self._tools = check_tool_definitions(tools)
-        self._tools_by_name = {d.name: d for d in self._tools}
-        self._history: list[Message] = check_history(messages)
-        self._seen_ids: set[str] = {
-            c.id for m in self._history if isinstance(m, AssistantMessage) for c in m.tool_calls
-        }
-        self.max_turns: Final = max_turns
-        self.check_permissions: Final = check_permissions
-        self.run_id: Final = run_id
-        self._log = (logger if logger is not None else structlog.get_logger("statemachine")).bind(
-            run_id=run_id
+        self._setup(
+            tools=check_tool_definitions(tools),
+            history=check_history(messages),
+            max_turns=max_turns,
+            check_permissions=check_permissions,
+            check_continue=check_continue,
+            scheduling=scheduling,
+            run_id=run_id,
+            logger=logger,
+            initial=S.Ready,
         )
+
+    def _setup(
+        self,
+        *,
+        tools: tuple[ToolDefinition, ...],
+        history: list[Message],
+        max_turns: int,
+        check_permissions: bool,
+        check_continue: bool,
+        scheduling: Mapping[str, Scheduling] | None,
+        run_id: str,
+        logger: Any,
+        initial: TurnState,
+    ) -> None:
+        self._tools = tools
+        self._tools_by_name = {d.name: d for d in tools}
+        self._scheduling = dict(scheduling or {})
+        self._history = history
+        self._seen_ids: set[str] = {
+            c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
+        }
+        self.max_turns = max_turns
+        self.check_permissions = check_permissions
+        self.check_continue = check_continue
+        self.run_id = run_id
+        self._log = (logger if logger is not None else log_default).bind(run_id=run_id)
         self.turns = 0
         self.trace: list[TransitionRecord] = []
         self.explanation: str | None = None
@@ -227,11 +284,15 @@ class Engine:
         self._slots: dict[str, _Slot] = {}
         self._flushed = 0
         self._denial: tuple[ToolCall, str] | None = None
+        self._steer: list[UserMessage] = []
+        self._follow_up: list[UserMessage] = []
+        self._continue_pending = False
+        self._stop_reason: str | None = None
         self._event: Event | None = None
         self._actions: list[Action] = []
         self._fsm = _MachineModel()
         guards = {guard: getattr(self, f"_guard_{guard.value}") for guard in Guard}
-        self._machine = build_machine(self._fsm, guards)
+        self._machine = build_machine(self._fsm, guards, initial)
 
     # -- what the caller reads -----------------------------------------------------
 
@@ -256,6 +317,18 @@ class Engine:
     def pending_calls(self) -> tuple[ToolCall, ...]:
         """Calls of the current batch that have no result yet, in call order."""
         return tuple(s.call for s in self._batch if s.status != _DONE)
+
+    def pending_approvals(self) -> tuple[tuple[ToolCall, str], ...]:
+        """Calls waiting for a person's approval, with the hook's reason."""
+        return tuple((s.call, s.note) for s in self._batch if s.status == _WAITING_APPROVAL)
+
+    def queued_input(self) -> tuple[InputQueued, ...]:
+        """Queued input not yet injected: steering first, then follow-ups, each in order.
+
+        Nothing queued is lost when a run ends: this is what a caller re-queues."""
+        return tuple(InputQueued(m, InputKind.STEER) for m in self._steer) + tuple(
+            InputQueued(m, InputKind.FOLLOW_UP) for m in self._follow_up
+        )
 
     # -- handling an event -----------------------------------------------------------
 
@@ -302,19 +375,22 @@ class Engine:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
             if isinstance(event, ModelCancelled) and state is not S.Aborting:
                 raise ProtocolError("model_cancelled is accepted only while aborting")
-        elif isinstance(event, (ToolPermitted, ToolDenied)):
-            slot = self._slots.get(event.call_id)
-            if slot is None or slot.status != _WAITING_PERMISSION:
-                raise ProtocolError(
-                    f"{event.trigger.value}: call {event.call_id!r} is not waiting for permission"
-                )
+        elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired)):
+            self._expect_slot(event.call_id, _WAITING_PERMISSION, event.trigger)
+        elif isinstance(event, ApprovalDecided):
+            self._expect_slot(event.call_id, _WAITING_APPROVAL, event.trigger)
         elif isinstance(event, (ToolFinished, ToolCancelled)):
-            slot = self._slots.get(event.call_id)
-            if slot is None or slot.status != _RUNNING:
-                status = "unknown" if slot is None else slot.status
-                raise ProtocolError(
-                    f"{event.trigger.value}: call {event.call_id!r} is not running (it is {status})"
-                )
+            self._expect_slot(event.call_id, _RUNNING, event.trigger)
+        elif isinstance(event, ContinueDecided) and not self._continue_pending:
+            raise ProtocolError("continue_decided: no should_continue check is pending")
+
+    def _expect_slot(self, call_id: str, status: str, trigger: Trigger) -> None:
+        slot = self._slots.get(call_id)
+        if slot is None or slot.status != status:
+            actual = "not in the current batch" if slot is None else slot.status
+            raise ProtocolError(
+                f"{trigger.value}: call {call_id!r} is not {status} (it is {actual})"
+            )
 
     def _record(self, state: TurnState, event: Event) -> None:
         """Record the event's data; destination-specific effects come on entry."""
@@ -325,33 +401,26 @@ class Engine:
             self._new_batch(message.tool_calls)
             if state is S.Aborting:
                 self._answer_unresolved("Tool call not started: the run was aborted")
-        elif isinstance(event, ModelFailed):
+        elif isinstance(event, (ModelFailed, ModelCancelled)):
             self._model_outstanding = False
+            detail = event.error if isinstance(event, ModelFailed) else event.reason
             if state is S.Aborting:
-                self._history.append(
-                    AssistantMessage(
-                        (),
-                        stop_reason=StopReason.ABORTED,
-                        error_message=f"The model call was aborted: {event.error}",
-                    )
-                )
+                stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
             else:
-                self._history.append(
-                    AssistantMessage(
-                        (),
-                        stop_reason=StopReason.ERROR,
-                        error_message=f"The model call failed: {event.error}",
-                    )
+                stop, text = StopReason.ERROR, f"The model call failed: {detail}"
+            self._history.append(AssistantMessage((), stop_reason=stop, error_message=text))
+        elif isinstance(event, InputQueued):
+            if state is S.AwaitingUser:
+                # A person answered with a message instead of deciding: the calls that
+                # waited for approval are answered, and the message goes to the model.
+                self._answer_unresolved(
+                    "Tool call not run: it was not approved (the user sent a message instead)"
                 )
-        elif isinstance(event, ModelCancelled):
-            self._model_outstanding = False
-            self._history.append(
-                AssistantMessage(
-                    (),
-                    stop_reason=StopReason.ABORTED,
-                    error_message=f"The model call was aborted: {event.reason}",
-                )
-            )
+                self._steer.append(event.message)
+            elif event.kind is InputKind.FOLLOW_UP:
+                self._follow_up.append(event.message)
+            else:
+                self._steer.append(event.message)
         elif isinstance(event, ToolPermitted):
             self._slots[event.call_id].status = _READY
         elif isinstance(event, ToolDenied):
@@ -359,12 +428,28 @@ class Engine:
             self._resolve(slot, f"Tool call denied: {event.reason}", is_error=True)
             if not event.advisory and self._denial is None:
                 self._denial = (slot.call, event.reason)
-        elif isinstance(event, ToolFinished):
+        elif isinstance(event, ApprovalRequired):
             slot = self._slots[event.call_id]
-            self._resolve_output(slot, event.output)
+            slot.status = _WAITING_APPROVAL
+            slot.note = event.reason
+        elif isinstance(event, ApprovalDecided):
+            slot = self._slots[event.call_id]
+            if event.approved:
+                slot.status = _READY
+            else:
+                reason = f": {event.reason}" if event.reason else ""
+                self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
+        elif isinstance(event, ToolFinished):
+            self._resolve_output(self._slots[event.call_id], event.output)
+            if state is S.CollectingResults:
+                self._start_runnable()
         elif isinstance(event, ToolCancelled):
             slot = self._slots[event.call_id]
             self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
+        elif isinstance(event, ContinueDecided):
+            self._continue_pending = False
+            if event.stop:
+                self._stop_reason = event.reason or "should_continue asked to stop"
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
         self._flush()
@@ -374,9 +459,7 @@ class Engine:
         if not self._machine.events[trigger.value].trigger(self._fsm):
             # Unreachable when the table is complete (the checker proves it); kept so
             # that a broken table fails loudly instead of silently stalling.
-            raise ProtocolError(
-                f"no row of the table applies to {trigger.value!r} in {source.value}"
-            )
+            raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
         dest = self._fsm.state
         self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
         self._log.debug(
@@ -390,8 +473,10 @@ class Engine:
             getattr(self, f"_enter_{dest.value}")(source)
 
     def _run_internal(self) -> None:
-        # Fire internal triggers to a fixed point. Each firing leaves its source state,
-        # and the table has no cycle of internal triggers, so this terminates.
+        # Fire internal triggers to a fixed point. Each firing leaves its source state
+        # and the internal triggers form no cycle without an input in between
+        # (Dispatching -> Collecting -> TurnBoundary -> AwaitingModel waits for the
+        # model), so this terminates.
         fired = True
         while fired:
             fired = False
@@ -418,14 +503,26 @@ class Engine:
     def _guard_has_tool_calls(self) -> bool:
         return bool(self._batch)
 
+    def _guard_input_queued(self) -> bool:
+        return bool(self._steer or self._follow_up)
+
     def _guard_all_calls_resolved(self) -> bool:
         return all(s.status != _WAITING_PERMISSION for s in self._batch)
 
-    def _guard_all_results_in(self) -> bool:
-        return self._flushed == len(self._batch)
+    def _guard_nothing_running(self) -> bool:
+        return all(s.status != _RUNNING for s in self._batch)
+
+    def _guard_approvals_pending(self) -> bool:
+        return any(s.status == _WAITING_APPROVAL for s in self._batch)
+
+    def _guard_boundary_ready(self) -> bool:
+        return not self._continue_pending
 
     def _guard_denied_by_policy(self) -> bool:
         return self._denial is not None
+
+    def _guard_stop_requested(self) -> bool:
+        return self._stop_reason is not None
 
     def _guard_turn_limit_reached(self) -> bool:
         return self.turns >= self.max_turns
@@ -436,6 +533,7 @@ class Engine:
     # -- entry effects -------------------------------------------------------------------
 
     def _enter_AwaitingModel(self, source: TurnState) -> None:
+        self._inject_queued()
         self.turns += 1
         self._model_outstanding = True
         self._new_batch(())
@@ -456,16 +554,20 @@ class Engine:
                     + json.dumps(definition.schema_dict(), sort_keys=True)
                 )
                 self._resolve(slot, text, is_error=True)
-            elif self.check_permissions:
+                continue
+            self._classify(slot)
+            if self.check_permissions:
                 slot.status = _WAITING_PERMISSION
                 self._actions.append(CheckPermission(slot.call, self.turns))
         self._flush()
 
     def _enter_CollectingResults(self, source: TurnState) -> None:
-        for slot in self._batch:
-            if slot.status == _READY:
-                slot.status = _RUNNING
-                self._actions.append(StartTool(slot.call, self.turns))
+        self._start_runnable()
+
+    def _enter_TurnBoundary(self, source: TurnState) -> None:
+        if self.check_continue:
+            self._continue_pending = True
+            self._actions.append(CheckContinue(self.turns))
 
     def _enter_Aborting(self, source: TurnState) -> None:
         reason = self.abort_reason or "aborted"
@@ -480,7 +582,10 @@ class Engine:
         )
 
     def _enter_Done(self, source: TurnState) -> None:
-        self._finish("The model answered without tool calls: the task is complete.")
+        if source is S.TurnBoundary:
+            self._finish(f"Stopped at a turn boundary by should_continue: {self._stop_reason}.")
+        else:
+            self._finish("The model answered without tool calls: the task is complete.")
 
     def _enter_Failed(self, source: TurnState) -> None:
         last = self._history[-1]
@@ -494,33 +599,34 @@ class Engine:
         else:
             text = detail or "The model call failed."
         self._finish(
-            f"{text}. The run stopped without retrying (turn {self.turns}); fix the "
-            "cause, then run again on this history."
+            f"{text.rstrip('.')}. The run stopped without retrying (turn {self.turns}); fix "
+            "the cause, then run again on this history."
         )
 
     def _enter_Aborted(self, source: TurnState) -> None:
         if source is S.AwaitingModel:
+            last = self._history[-1]  # the aborted response, before its calls' results
+            detail = last.error_message if isinstance(last, AssistantMessage) else None
             self._answer_unresolved(
                 "Tool call not run: the model's response was aborted, so its arguments "
                 "may be incomplete"
             )
-            last = self._history[-1]
-            detail = last.error_message if isinstance(last, AssistantMessage) else None
             self._finish(
                 f"The model's response reports that it was aborted"
                 f"{': ' + detail if detail else ''} (turn {self.turns})."
             )
             return
         reason = self.abort_reason or "aborted"
-        if source is S.Aborting:
-            context = self._abort_context
-        elif source is S.Ready:
-            context = "before the first model call"
-        else:
-            context = "while waiting for a person"
+        self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
+        contexts = {
+            S.Aborting: self._abort_context,
+            S.Ready: "before the first model call",
+            S.TurnBoundary: f"at the turn boundary after turn {self.turns}",
+            S.AwaitingUser: "while waiting for a person",
+        }
         self._finish(
-            f"Aborted {context}: {reason}. Every tool call that had started has a "
-            "result and finished its cleanup."
+            f"Aborted {contexts[source]}: {reason}. Every tool call that had started has "
+            "a result and finished its cleanup."
         )
 
     def _enter_TurnLimitExceeded(self, source: TurnState) -> None:
@@ -533,21 +639,33 @@ class Engine:
             )
         else:
             operation = "the model's last response"
+        queued = len(self._steer) + len(self._follow_up)
+        waiting = f" and {queued} queued input message(s) wait" if queued else ""
         self._finish(
             f"Stopped at the turn limit: max_turns={self.max_turns} model calls were made "
-            f"and the model still asked for work. Last operation: {operation}. To "
+            f"and the model still had work to do{waiting}. Last operation: {operation}. To "
             "continue, run again on this history with a higher max_turns, or add a user "
             "message that narrows the task."
         )
 
     def _enter_AwaitingUser(self, source: TurnState) -> None:
+        pending = self.pending_approvals()
+        if pending:
+            listed = "; ".join(
+                f"{call.name} (call {call.id}){': ' + note if note else ''}"
+                for call, note in pending
+            )
+            self._finish(
+                f"Waiting for a person to approve {len(pending)} tool call(s): {listed}. "
+                "Resume with a decision for each call, or with a new user message."
+            )
+            return
         assert self._denial is not None
         call, reason = self._denial
         self._denial = None
         self._finish(
             f"Waiting for a person: tool call {call.name} (call {call.id}) was denied by "
-            f"policy: {reason}. Resume by appending a user message to this history and "
-            "running again."
+            f"policy: {reason}. Resume with a new user message on this history."
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -559,10 +677,57 @@ class Engine:
             "run_ended", turn=self.turns, state=self._fsm.state.value, explanation=explanation
         )
 
+    def _inject_queued(self) -> None:
+        """Queued input enters history at the start of a model call (rule 6)."""
+        if self._steer:
+            self._history.extend(self._steer)
+            self._steer = []
+        elif self._follow_up and self._model_would_finish():
+            self._history.extend(self._follow_up)
+            self._follow_up = []
+
+    def _model_would_finish(self) -> bool:
+        for message in reversed(self._history):
+            if isinstance(message, AssistantMessage):
+                return not message.tool_calls
+            if isinstance(message, ToolResultMessage):
+                return False
+        return False
+
     def _new_batch(self, calls: Sequence[ToolCall]) -> None:
         self._batch = [_Slot(c) for c in calls]
         self._slots = {s.call.id: s for s in self._batch}
         self._flushed = 0
+
+    def _classify(self, slot: _Slot) -> None:
+        """Read the tool's scheduling for this call (rule 4)."""
+        scheduling = self._scheduling.get(slot.call.name, _NO_SCHEDULING)
+        slot.sequential = scheduling.sequential
+        if scheduling.resources is None:
+            return
+        try:
+            keys: Iterable[str] = scheduling.resources(slot.call.arguments)
+            slot.resources = frozenset(str(k) for k in keys)
+        except Exception as exc:  # noqa: BLE001 - user code; fail safe, not open
+            # Not knowing what a call touches, run it alone: slower, never racy.
+            slot.sequential = True
+            self._log.warning(
+                "resources_failed", call_id=slot.call.id, tool=slot.call.name, error=repr(exc)
+            )
+
+    def _start_runnable(self) -> None:
+        """Start every ready call whose earlier unfinished calls all allow it (rule 4)."""
+        unfinished: list[_Slot] = []
+        for slot in self._batch:
+            if slot.status == _DONE:
+                continue
+            if slot.status == _READY and all(
+                not (slot.sequential or other.sequential or slot.resources & other.resources)
+                for other in unfinished
+            ):
+                slot.status = _RUNNING
+                self._actions.append(StartTool(slot.call, self.turns))
+            unfinished.append(slot)
 
     def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
         """Give empty or repeated tool-call ids a unique, deterministic replacement."""
@@ -570,10 +735,9 @@ class Engine:
         if not calls:
             return message
         seen = self._seen_ids
-        if all(c.id and c.id not in seen for c in calls) and len({c.id for c in calls}) == len(
-            calls
-        ):
-            seen.update(c.id for c in calls)
+        ids = [c.id for c in calls]
+        if all(ids) and not seen.intersection(ids) and len(set(ids)) == len(ids):
+            seen.update(ids)
             return message
         content = []
         index = 0
@@ -619,7 +783,7 @@ class Engine:
     def _answer_unresolved(self, text: str) -> None:
         """Give every call that never started a result saying why (I1, I6)."""
         for slot in self._batch:
-            if slot.status in (_WAITING_PERMISSION, _READY):
+            if slot.status in (_WAITING_PERMISSION, _WAITING_APPROVAL, _READY):
                 self._resolve(slot, text, is_error=True)
         self._flush()
 
@@ -633,3 +797,141 @@ class Engine:
             self._history.append(result)
             i += 1
         self._flushed = i
+
+    # -- snapshot and restore (suspension across processes) ------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole engine state as JSON-ready data (for ``Engine.restore``).
+
+        Refused while an operation is outstanding (a model call or a running tool):
+        what it will report cannot be written down. ``AwaitingUser`` and the terminal
+        states are always safe.
+        """
+        if self._model_outstanding or any(s.status == _RUNNING for s in self._batch):
+            raise ProtocolError(
+                f"cannot snapshot in {self.state} while an operation is outstanding"
+            )
+        return {
+            "version": SNAPSHOT_VERSION,
+            "runId": self.run_id,
+            "state": self.state.value,
+            "maxTurns": self.max_turns,
+            "checkPermissions": self.check_permissions,
+            "checkContinue": self.check_continue,
+            "turns": self.turns,
+            "tools": [
+                {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
+                for d in self._tools
+            ],
+            "messages": [message_to_dict(m) for m in self._history],
+            "batch": [
+                {
+                    "call": message_to_dict(AssistantMessage((s.call,)))["content"][0],
+                    "status": s.status,
+                    "sequential": s.sequential,
+                    "resources": sorted(s.resources),
+                    "note": s.note,
+                    "result": None if s.result is None else message_to_dict(s.result),
+                }
+                for s in self._batch
+            ],
+            "flushed": self._flushed,
+            "denial": None
+            if self._denial is None
+            else {"callId": self._denial[0].id, "reason": self._denial[1]},
+            "steer": [message_to_dict(m) for m in self._steer],
+            "followUp": [message_to_dict(m) for m in self._follow_up],
+            "continuePending": self._continue_pending,
+            "stopReason": self._stop_reason,
+            "abortReason": self.abort_reason,
+            "explanation": self.explanation,
+            "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in self.trace],
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: Mapping[str, Any],
+        *,
+        scheduling: Mapping[str, Scheduling] | None = None,
+        logger: Any = None,
+    ) -> Engine:
+        """Rebuild an engine from ``snapshot()``; raises ``WireFormatError`` if malformed."""
+        try:
+            if snapshot.get("version") != SNAPSHOT_VERSION:
+                raise WireFormatError(
+                    f"snapshot version {snapshot.get('version')!r} is not {SNAPSHOT_VERSION}"
+                )
+            tools = tuple(
+                ToolDefinition(t["name"], t["description"], t["parameters"])
+                for t in snapshot["tools"]
+            )
+            history = [
+                message_from_dict(d, path=f"snapshot.messages[{i}]")
+                for i, d in enumerate(snapshot["messages"])
+            ]
+            engine = cls.__new__(cls)
+            engine._setup(
+                tools=check_tool_definitions(tools),
+                history=history,
+                max_turns=int(snapshot["maxTurns"]),
+                check_permissions=bool(snapshot["checkPermissions"]),
+                check_continue=bool(snapshot["checkContinue"]),
+                scheduling=scheduling,
+                run_id=str(snapshot["runId"]),
+                logger=logger,
+                initial=TurnState(snapshot["state"]),
+            )
+            engine.turns = int(snapshot["turns"])
+            batch = []
+            for i, item in enumerate(snapshot["batch"]):
+                wrapper = {"role": "assistant", "stopReason": "toolUse", "content": [item["call"]]}
+                call = message_from_dict(wrapper, path=f"snapshot.batch[{i}]").content[0]
+                assert isinstance(call, ToolCall)
+                slot = _Slot(call)
+                if item["status"] not in _STATUSES or item["status"] == _RUNNING:
+                    raise WireFormatError(f"snapshot.batch[{i}].status: {item['status']!r}")
+                slot.status = item["status"]
+                slot.sequential = bool(item["sequential"])
+                slot.resources = frozenset(item["resources"])
+                slot.note = str(item["note"])
+                if item["result"] is not None:
+                    result = message_from_dict(item["result"], path=f"snapshot.batch[{i}].result")
+                    assert isinstance(result, ToolResultMessage)
+                    slot.result = result
+                batch.append(slot)
+            engine._batch = batch
+            engine._slots = {s.call.id: s for s in batch}
+            engine._seen_ids.update(engine._slots)
+            engine._flushed = int(snapshot["flushed"])
+            denial = snapshot["denial"]
+            if denial is not None:
+                engine._denial = (engine._slots[denial["callId"]].call, str(denial["reason"]))
+            engine._steer = [_user(d) for d in snapshot["steer"]]
+            engine._follow_up = [_user(d) for d in snapshot["followUp"]]
+            engine._continue_pending = bool(snapshot["continuePending"])
+            engine._stop_reason = snapshot["stopReason"]
+            engine.abort_reason = snapshot["abortReason"]
+            engine.explanation = snapshot["explanation"]
+            engine.trace = [
+                TransitionRecord(TurnState(a), Trigger(b), TurnState(c), int(d))
+                for a, b, c, d in snapshot["trace"]
+            ]
+        except WireFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AssertionError) as exc:
+            raise WireFormatError(f"malformed engine snapshot: {exc!r}") from None
+        open_tail = bool(engine._batch) and engine._flushed < len(engine._batch)
+        violations = history_violations(engine._history, allow_open_tail=open_tail)
+        if violations:
+            raise WireFormatError(
+                "snapshot history is invalid: " + "; ".join(str(v) for v in violations)
+            )
+        return engine
+
+
+def _user(d: Mapping[str, Any]) -> UserMessage:
+    message = message_from_dict(d)
+    if not isinstance(message, UserMessage):
+        raise WireFormatError("queued input must be user messages")
+    return message

@@ -6,23 +6,31 @@ transition table (``_table.py``) says what that trigger does in each state.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, TypeAlias, overload
 
 import attrs
 
-from ._messages import AssistantMessage, Message, ToolCall
+from ._messages import AssistantMessage, Message, ToolCall, UserMessage
 from ._table import Trigger, TurnState
 from ._tools import ToolDefinition, ToolOutput
 
 __all__ = [
+    "EVENT_TYPES",
     "AbortRequested",
     "Action",
+    "ApprovalDecided",
+    "ApprovalRequired",
     "CallModel",
     "CancelOperations",
+    "CheckContinue",
     "CheckPermission",
+    "ContinueDecided",
     "Event",
     "HistoryView",
+    "InputKind",
+    "InputQueued",
     "ModelCancelled",
     "ModelFailed",
     "ModelResponded",
@@ -118,17 +126,83 @@ class AbortRequested:
     reason: str = attrs.field(default="aborted by the caller", validator=_str)
 
 
+class InputKind(enum.StrEnum):
+    """When queued input reaches the model."""
+
+    STEER = "steer"  # at the next turn boundary, before the next model call
+    FOLLOW_UP = "follow_up"  # only when the model would otherwise finish
+
+
+@attrs.frozen
+class InputQueued:
+    """A message for the model, queued until a turn boundary (or a person's answer
+    while the run waits in ``AwaitingUser``)."""
+
+    trigger: ClassVar[Trigger] = Trigger.input_queued
+    message: UserMessage = attrs.field(validator=attrs.validators.instance_of(UserMessage))
+    kind: InputKind = attrs.field(default=InputKind.STEER, converter=InputKind)
+
+
+@attrs.frozen
+class ApprovalRequired:
+    """The permission hook wants a person to approve this call before it runs."""
+
+    trigger: ClassVar[Trigger] = Trigger.approval_required
+    call_id: str = attrs.field(validator=_str)
+    reason: str = attrs.field(default="", validator=_str)
+
+
+@attrs.frozen
+class ApprovalDecided:
+    """A person approved or denied a call that was waiting for approval."""
+
+    trigger: ClassVar[Trigger] = Trigger.approval_decided
+    call_id: str = attrs.field(validator=_str)
+    approved: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    reason: str = attrs.field(default="", validator=_str)
+
+
+@attrs.frozen
+class ContinueDecided:
+    """The should_continue hook answered at a turn boundary."""
+
+    trigger: ClassVar[Trigger] = Trigger.continue_decided
+    stop: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    reason: str = attrs.field(default="", validator=_str)
+
+
 Event: TypeAlias = (
     Start
     | ModelResponded
     | ModelFailed
     | ModelCancelled
+    | InputQueued
     | ToolPermitted
     | ToolDenied
+    | ApprovalRequired
+    | ApprovalDecided
     | ToolFinished
     | ToolCancelled
+    | ContinueDecided
     | AbortRequested
 )
+
+EVENT_TYPES: tuple[type, ...] = (
+    Start,
+    ModelResponded,
+    ModelFailed,
+    ModelCancelled,
+    InputQueued,
+    ToolPermitted,
+    ToolDenied,
+    ApprovalRequired,
+    ApprovalDecided,
+    ToolFinished,
+    ToolCancelled,
+    ContinueDecided,
+    AbortRequested,
+)
+"""Every input event class, one per input trigger."""
 
 # -- actions --------------------------------------------------------------------------
 
@@ -219,6 +293,13 @@ class CancelOperations:
 
 
 @attrs.frozen
+class CheckContinue:
+    """Ask the should_continue hook at this turn boundary; answer with ContinueDecided."""
+
+    turn: int
+
+
+@attrs.frozen
 class RunEnded:
     """The run reached a state in which the driver returns to its caller."""
 
@@ -226,4 +307,6 @@ class RunEnded:
     explanation: str
 
 
-Action: TypeAlias = CallModel | CheckPermission | StartTool | CancelOperations | RunEnded
+Action: TypeAlias = (
+    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | RunEnded
+)

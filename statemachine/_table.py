@@ -14,7 +14,8 @@ A *run* starts in ``Ready`` with a history that already satisfies the invariants
 the tool executions it triggers::
 
     Ready --start--> AwaitingModel --model_responded--> DispatchingTools
-        --dispatched--> CollectingResults --results_complete--> AwaitingModel ...
+        --dispatched--> CollectingResults --results_complete--> TurnBoundary
+        --next_turn--> AwaitingModel ...
 
 1. **The assistant message enters history first.** On ``model_responded`` the
    message is appended before any tool runs, so the transcript, the UI, the journal
@@ -26,46 +27,68 @@ the tool executions it triggers::
    exception: a response that reports its *own* failure (stop reason ``error`` or
    ``aborted``) ends the run; its tool calls are answered with error results saying
    they were not run, because their arguments may be cut off.
-3. **Every tool call gets exactly one result (I1), and only from one of two
-   places.** In ``DispatchingTools`` the engine resolves each call in order: an
-   unknown name or arguments that fail the JSON Schema give an error result at once;
-   a call the permission hook denies gives an error result with the reason; every
-   other call is started. In ``CollectingResults`` each started call's result
-   arrives as ``tool_finished`` (a tool's exception arrives as an error output: the
-   driver converts, the engine never sees a raise). A call cannot be answered twice:
-   the engine refuses a second result for it.
-4. **Results enter history in tool-call order (I2),** whatever order the tools
+3. **Every tool call gets exactly one result (I1).** In ``DispatchingTools`` the
+   engine resolves each call in order: an unknown name or arguments that fail the
+   JSON Schema give an error result at once; the permission hook (when there is one)
+   permits a call, denies it (an error result with the reason), or asks for a
+   person's approval. In ``CollectingResults`` each started call's result arrives as
+   ``tool_finished`` (a tool's exception arrives as an error output: the driver
+   converts, the engine never sees a raise). A call cannot be answered twice: the
+   engine refuses a second result for it.
+4. **Calls run concurrently unless their tools say otherwise.** A call may start
+   when every earlier unfinished call of its batch is compatible with it: neither
+   tool is *sequential* (a barrier that runs alone, after the calls before it), and
+   their *resources* (for example resolved file paths) do not overlap. So calls on
+   one resource run one after another in call order, and two edits of one file never
+   race. The engine decides what starts; the driver only runs what it is told.
+5. **Results enter history in tool-call order (I2),** whatever order the tools
    finish in: a result waits until every result before it has arrived, then the
    contiguous prefix is appended. A transcript therefore does not depend on timing,
    and provider prompt caches stay valid.
-5. **The turn boundary** is ``results_complete``: the batch is fully answered. The
-   guards are tried in this order, and the first that holds wins:
+6. **Queued input waits for a turn boundary.** A steering message or a follow-up
+   may be queued in any live state. Tool calls already asked for are never skipped
+   for it. Steering messages are injected (in queue order) when the next model call
+   starts; follow-ups only when the model would otherwise finish (its last message
+   has no tool call and no steering is queued). A final answer with input queued
+   goes to ``TurnBoundary`` instead of ``Done`` (I3: a run ends only when there is no
+   tool call and no queued input).
+7. **The turn boundary** (``TurnBoundary``) is where the batch is fully answered.
+   The ``should_continue`` hook, when there is one, is asked first; then
+   ``next_turn`` tries its guards in this order, and the first that holds wins:
 
    - ``denied_by_policy`` -> ``AwaitingUser``. A denial fed back to the model only
      invites retries (the seed), so the run stops and waits for a person. This wins
-     over the turn limit because the person must hear about the denial either way.
-   - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work and
-     would need another call to see its results; I7 forbids that call.
-   - otherwise -> ``AwaitingModel``: the results go back to the model.
+     over everything else because the person must hear of it either way.
+   - ``stop_requested`` -> ``Done``: ``should_continue`` asked to stop; its reason is
+     the explanation.
+   - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work (tool
+     results to read, or queued input) and would need another call; I7 forbids it.
+   - otherwise -> ``AwaitingModel``, with queued input injected.
 
-6. **A run ends ``Done`` only when the last assistant message has no tool call**
-   (I3). ``Done`` is reached from ``AwaitingModel`` alone.
-7. **Abort** is accepted in every live state. From ``Ready`` and ``AwaitingUser``
-   nothing is running, so the run is ``Aborted`` at once. From the three working
-   states it goes to ``Aborting``: calls that never started get a result saying so
-   at once; the model call and started tools are told (the driver signals them)
-   and the engine waits for each to report, either a final result (kept as it is,
-   I6) or ``*_cancelled`` when the driver gave up on it after the grace period.
+8. **Approvals suspend the run.** When a call needs a person's approval, the other
+   calls of the batch run; once nothing is running, ``results_complete`` goes to
+   ``AwaitingUser`` with those calls pending (their results, and any after them, are
+   held back so I2 holds). ``approval_decided`` answers them one by one; when all are
+   decided the approved ones run. A message from the person instead answers every
+   pending call "not approved" and goes to the turn boundary. The engine's state
+   serialises to JSON, so the person may answer in another process.
+9. **Abort** is accepted in every live state. From ``Ready``, ``TurnBoundary`` and
+   ``AwaitingUser`` nothing is running, so the run is ``Aborted`` at once. From the
+   three working states it goes to ``Aborting``: calls that never started get a result
+   saying so at once; the model call and started tools are told (the driver signals
+   them) and the engine waits for each to report, either a final result (kept as it
+   is, I6) or ``*_cancelled`` when the driver gave up on it after the grace period.
    When nothing is outstanding, ``settled`` moves to ``Aborted``. A model call cut
    short leaves an assistant message with stop reason ``aborted`` holding whatever
    content had arrived.
-8. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
-   with an assistant message of stop reason ``error``; the engine does not retry.
-9. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
-   ``TurnLimitExceeded`` and ``Failed`` accept any event and change nothing, so a
-   late report from a straggling task can never corrupt a finished run. Each carries
-   an explanation a person can read.
-10. **Everything else is refused.** An event whose trigger has no row from the
+10. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
+    with an assistant message of stop reason ``error``; the engine does not retry.
+11. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
+    ``TurnLimitExceeded`` and ``Failed`` accept any event and change nothing, so a
+    late report from a straggling task can never corrupt a finished run. Each carries
+    an explanation a person can read. Input still queued when a run ends is not
+    dropped: it is reported with the result.
+12. **Everything else is refused.** An event whose trigger has no row from the
     current state, or whose payload does not fit (a result for an unknown call, a
     second result for one call), raises ``ProtocolError`` and leaves the state,
     history and transition log exactly as they were (I8).
@@ -79,7 +102,8 @@ asked). *Internal* triggers are fired by the engine itself, right after an input
 was handled, when their guard holds; they model the "and now, if everything is in"
 steps, so that each state's meaning is exact (``DispatchingTools`` really means a
 call is still waiting for permission, ``CollectingResults`` really means a started
-call has no result yet). ``INTERNAL_TRIGGERS`` lists them with the guard that fires
+call has no result yet, ``TurnBoundary`` really means the should_continue hook has
+not answered yet). ``INTERNAL_TRIGGERS`` lists them with the guard that fires
 them; the engine fires them to a fixed point after every input.
 
 Rows that share a source and a trigger are tried in table order; the first whose
@@ -120,6 +144,7 @@ class TurnState(enum.StrEnum):
     AwaitingModel = "AwaitingModel"
     DispatchingTools = "DispatchingTools"
     CollectingResults = "CollectingResults"
+    TurnBoundary = "TurnBoundary"
     Aborting = "Aborting"
     AwaitingUser = "AwaitingUser"
     Done = "Done"
@@ -132,9 +157,6 @@ class TurnState(enum.StrEnum):
         """True for the states that end a run and absorb every further event."""
         return self in TERMINAL
 
-    def __str__(self) -> str:
-        return self.value
-
 
 class Trigger(enum.StrEnum):
     """Everything that can move the machine. See ``TRIGGER_DOCS``."""
@@ -144,18 +166,20 @@ class Trigger(enum.StrEnum):
     model_responded = "model_responded"
     model_failed = "model_failed"
     model_cancelled = "model_cancelled"
+    input_queued = "input_queued"
     tool_permitted = "tool_permitted"
     tool_denied = "tool_denied"
+    approval_required = "approval_required"
+    approval_decided = "approval_decided"
     tool_finished = "tool_finished"
     tool_cancelled = "tool_cancelled"
+    continue_decided = "continue_decided"
     abort = "abort"
     # internal triggers: fired by the engine when their guard holds
     dispatched = "dispatched"
     results_complete = "results_complete"
+    next_turn = "next_turn"
     settled = "settled"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class Guard(enum.StrEnum):
@@ -168,14 +192,15 @@ class Guard(enum.StrEnum):
     reports_error = "reports_error"
     reports_abort = "reports_abort"
     has_tool_calls = "has_tool_calls"
+    input_queued = "input_queued"
     all_calls_resolved = "all_calls_resolved"
-    all_results_in = "all_results_in"
+    nothing_running = "nothing_running"
+    approvals_pending = "approvals_pending"
+    boundary_ready = "boundary_ready"
     denied_by_policy = "denied_by_policy"
+    stop_requested = "stop_requested"
     turn_limit_reached = "turn_limit_reached"
     nothing_outstanding = "nothing_outstanding"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 S = TurnState
@@ -194,91 +219,89 @@ class Transition:
     label: str  # how a person would say it; used by diagrams and docs
 
 
+def _queue(state: TurnState) -> Transition:
+    # Input may be queued in every live state; it waits for a turn boundary.
+    return Transition(state, T.input_queued, state, None, "input queued")
+
+
+# fmt: off
 TRANSITIONS: tuple[Transition, ...] = (
-    # -- starting -------------------------------------------------------------------
+    # -- starting ------------------------------------------------------------------------
     Transition(S.Ready, T.start, S.AwaitingModel, None, "call the model"),
+    _queue(S.Ready),
     Transition(S.Ready, T.abort, S.Aborted, None, "aborted before the first call"),
-    # -- the model answered ---------------------------------------------------------------
+    # -- the model answered ----------------------------------------------------------------
     # Order matters: a response that reports its own failure ends the run even if it
     # carries tool calls (their arguments may be cut off); otherwise the presence of
-    # tool calls, never the stop reason, decides.
-    Transition(
-        S.AwaitingModel,
-        T.model_responded,
-        S.Failed,
-        G.reports_error,
-        "response reports an error",
-    ),
-    Transition(
-        S.AwaitingModel,
-        T.model_responded,
-        S.Aborted,
-        G.reports_abort,
-        "response reports an abort",
-    ),
-    Transition(
-        S.AwaitingModel,
-        T.model_responded,
-        S.DispatchingTools,
-        G.has_tool_calls,
-        "response has tool calls",
-    ),
-    Transition(S.AwaitingModel, T.model_responded, S.Done, None, "response has no tool call"),
+    # tool calls, never the stop reason, decides; a final answer ends the run only
+    # when no input is queued (I3).
+    Transition(S.AwaitingModel, T.model_responded, S.Failed, G.reports_error,
+               "response reports an error"),
+    Transition(S.AwaitingModel, T.model_responded, S.Aborted, G.reports_abort,
+               "response reports an abort"),
+    Transition(S.AwaitingModel, T.model_responded, S.DispatchingTools, G.has_tool_calls,
+               "response has tool calls"),
+    Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.input_queued,
+               "final answer, but input is queued"),
+    Transition(S.AwaitingModel, T.model_responded, S.Done, None, "final answer"),
     Transition(S.AwaitingModel, T.model_failed, S.Failed, None, "model call raised"),
+    _queue(S.AwaitingModel),
     Transition(S.AwaitingModel, T.abort, S.Aborting, None, "abort during the model call"),
-    # -- resolving and starting the calls --------------------------------------------------
-    Transition(S.DispatchingTools, T.tool_permitted, S.DispatchingTools, None, "call permitted"),
+    # -- resolving the calls: look up, validate, ask the permission hook ---------------------
+    Transition(S.DispatchingTools, T.tool_permitted, S.DispatchingTools, None,
+               "call permitted"),
     Transition(S.DispatchingTools, T.tool_denied, S.DispatchingTools, None, "call denied"),
-    Transition(
-        S.DispatchingTools,
-        T.dispatched,
-        S.CollectingResults,
-        G.all_calls_resolved,
-        "every call resolved; start the permitted ones",
-    ),
+    Transition(S.DispatchingTools, T.approval_required, S.DispatchingTools, None,
+               "call needs a person's approval"),
+    _queue(S.DispatchingTools),
+    Transition(S.DispatchingTools, T.dispatched, S.CollectingResults, G.all_calls_resolved,
+               "every call resolved; start the permitted ones"),
     Transition(S.DispatchingTools, T.abort, S.Aborting, None, "abort while dispatching"),
-    # -- collecting results -------------------------------------------------------------
-    Transition(S.CollectingResults, T.tool_finished, S.CollectingResults, None, "a tool finished"),
-    # The turn boundary. Denial wins over the limit: a person must hear of it anyway.
-    Transition(
-        S.CollectingResults,
-        T.results_complete,
-        S.AwaitingUser,
-        G.denied_by_policy,
-        "a call was denied by policy",
-    ),
-    Transition(
-        S.CollectingResults,
-        T.results_complete,
-        S.TurnLimitExceeded,
-        G.turn_limit_reached,
-        "turn limit reached with work asked for",
-    ),
-    Transition(
-        S.CollectingResults,
-        T.results_complete,
-        S.AwaitingModel,
-        None,
-        "send the results to the model",
-    ),
+    # -- collecting results ----------------------------------------------------------------
+    Transition(S.CollectingResults, T.tool_finished, S.CollectingResults, None,
+               "a tool finished; start the calls it held back"),
+    _queue(S.CollectingResults),
+    Transition(S.CollectingResults, T.results_complete, S.AwaitingUser, G.approvals_pending,
+               "calls wait for approval"),
+    Transition(S.CollectingResults, T.results_complete, S.TurnBoundary, None,
+               "batch answered"),
     Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
-    # -- aborting: wait for every started operation to report ----------------------------------
+    # -- the turn boundary: queued input, the should_continue hook, limits -------------------
+    # Order matters: a policy denial wins (a person must hear of it whatever else
+    # holds), then a stop asked by should_continue, then the turn limit (I7).
+    Transition(S.TurnBoundary, T.continue_decided, S.TurnBoundary, None,
+               "should_continue answered"),
+    _queue(S.TurnBoundary),
+    Transition(S.TurnBoundary, T.next_turn, S.AwaitingUser, G.denied_by_policy,
+               "a call was denied by policy"),
+    Transition(S.TurnBoundary, T.next_turn, S.Done, G.stop_requested,
+               "should_continue said stop"),
+    Transition(S.TurnBoundary, T.next_turn, S.TurnLimitExceeded, G.turn_limit_reached,
+               "turn limit reached with work asked for"),
+    Transition(S.TurnBoundary, T.next_turn, S.AwaitingModel, None,
+               "inject queued input; call the model"),
+    Transition(S.TurnBoundary, T.abort, S.Aborted, None, "abort at the turn boundary"),
+    # -- aborting: wait for every started operation to report ---------------------------------
     Transition(S.Aborting, T.model_responded, S.Aborting, None, "the model call ended"),
     Transition(S.Aborting, T.model_failed, S.Aborting, None, "the model call raised"),
-    Transition(S.Aborting, T.model_cancelled, S.Aborting, None, "the model call was cancelled"),
+    Transition(S.Aborting, T.model_cancelled, S.Aborting, None,
+               "the model call was cancelled"),
     Transition(S.Aborting, T.tool_finished, S.Aborting, None, "a tool finished its cleanup"),
     Transition(S.Aborting, T.tool_cancelled, S.Aborting, None, "a tool was cancelled"),
+    _queue(S.Aborting),
     Transition(S.Aborting, T.abort, S.Aborting, None, "abort asked again"),
-    Transition(
-        S.Aborting,
-        T.settled,
-        S.Aborted,
-        G.nothing_outstanding,
-        "every started operation has reported",
-    ),
-    # -- waiting for a person ------------------------------------------------------------
+    Transition(S.Aborting, T.settled, S.Aborted, G.nothing_outstanding,
+               "every started operation has reported"),
+    # -- waiting for a person: approvals, or a new message ------------------------------------
+    Transition(S.AwaitingUser, T.approval_decided, S.AwaitingUser, G.approvals_pending,
+               "a call decided; more to decide"),
+    Transition(S.AwaitingUser, T.approval_decided, S.CollectingResults, None,
+               "every approval decided; run the approved calls"),
+    Transition(S.AwaitingUser, T.input_queued, S.TurnBoundary, None,
+               "a person answered with a message"),
     Transition(S.AwaitingUser, T.abort, S.Aborted, None, "abandoned while waiting"),
 )
+# fmt: on
 
 TERMINAL: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
 """States that end a run."""
@@ -291,7 +314,8 @@ RETURNS_TO_CALLER: frozenset[TurnState] = TERMINAL | {S.AwaitingUser}
 
 INTERNAL_TRIGGERS: Mapping[Trigger, Guard] = {
     T.dispatched: G.all_calls_resolved,
-    T.results_complete: G.all_results_in,
+    T.results_complete: G.nothing_running,
+    T.next_turn: G.boundary_ready,
     T.settled: G.nothing_outstanding,
 }
 """Triggers the engine fires itself, with the guard that must hold to fire them."""
@@ -305,10 +329,19 @@ STATE_DOCS: Mapping[TurnState, str] = {
         "the assistant message is in history; its tool calls are being resolved "
         "(looked up, validated, permitted)"
     ),
-    S.CollectingResults: "the permitted tool calls are running; results are being collected",
+    S.CollectingResults: (
+        "the permitted tool calls are running (concurrently where their tools allow); "
+        "results are being collected"
+    ),
+    S.TurnBoundary: (
+        "the batch is answered: queued input is injected, should_continue and the turn "
+        "limit are checked"
+    ),
     S.Aborting: "an abort was asked; started work is finishing its cleanup",
-    S.AwaitingUser: "stopped to wait for a person (a call was denied by policy)",
-    S.Done: "the last assistant message has no tool call",
+    S.AwaitingUser: (
+        "stopped to wait for a person: a call was denied by policy, or calls wait for approval"
+    ),
+    S.Done: "the last assistant message has no tool call and no input is queued",
     S.Aborted: "the run was aborted; every started tool call has a result",
     S.TurnLimitExceeded: "the turn limit was reached with work still asked for",
     S.Failed: "the provider failed; the history ends with an error assistant message",
@@ -319,13 +352,18 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.model_responded: "the model client returned an assistant message",
     T.model_failed: "the model client raised",
     T.model_cancelled: "after an abort, the driver gave up waiting for the model call",
+    T.input_queued: "a steering or follow-up message was queued (or a person answered)",
     T.tool_permitted: "the permission hook allowed a call",
     T.tool_denied: "the permission hook denied a call",
+    T.approval_required: "the permission hook asked for a person's approval",
+    T.approval_decided: "a person approved or denied a call",
     T.tool_finished: "a started tool returned (or raised; the driver converts it)",
     T.tool_cancelled: "after an abort, the driver gave up waiting for a tool",
+    T.continue_decided: "the should_continue hook answered",
     T.abort: "the run's abort signal fired",
     T.dispatched: "internal: every call of the batch is resolved",
-    T.results_complete: "internal: every call of the batch has its result",
+    T.results_complete: "internal: no call of the batch is running any more",
+    T.next_turn: "internal: the turn boundary's checks are done",
     T.settled: "internal: after an abort, nothing is outstanding",
 }
 

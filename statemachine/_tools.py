@@ -31,7 +31,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias, Union, overload
 
 import attrs
@@ -49,6 +49,8 @@ from ._messages import (
 )
 
 __all__ = [
+    "ResourceKeys",
+    "Scheduling",
     "Tool",
     "ToolDefinition",
     "ToolExecute",
@@ -158,19 +160,55 @@ ToolReturn: TypeAlias = str | Sequence[ToolResultContent] | ToolOutput
 ToolExecute: TypeAlias = Callable[[dict[str, Any], AbortSignal], Awaitable[ToolReturn]]
 
 
+ResourceKeys: TypeAlias = Callable[[Mapping[str, Any]], "Iterable[str]"]
+"""``resources(arguments)``: the names of what a call touches (e.g. resolved paths)."""
+
+
+def _check_timeout(_: object, __: object, value: float | None) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+    ):
+        raise InvalidInputError(f"tool timeout must be a positive number of seconds, got {value!r}")
+
+
+@attrs.frozen
+class Scheduling:
+    """How the calls of one tool may run beside the other calls of their batch.
+
+    The engine reads it (it decides what starts when, so the order is deterministic).
+    ``sequential``: a barrier; the call runs alone, after every call before it.
+    ``resources``: a pure function of the arguments naming what the call touches;
+    calls whose resources overlap run one after another, in call order. Everything
+    else runs concurrently.
+    """
+
+    sequential: bool = False
+    resources: ResourceKeys | None = None
+
+
 @attrs.frozen
 class Tool:
     """A definition plus ``async execute(arguments, signal)``.
 
     ``arguments`` is a fresh ``dict`` per call, already validated against the schema.
+    ``sequential`` and ``resources`` say how its calls may run concurrently (see
+    ``Scheduling``); ``timeout`` (seconds) gives a call that runs longer a "timed out"
+    error result, after its signal fired and its cleanup had a grace period.
     """
 
     definition: ToolDefinition = attrs.field(validator=attrs.validators.instance_of(ToolDefinition))
     execute: ToolExecute = attrs.field(validator=attrs.validators.is_callable())
+    sequential: bool = attrs.field(default=False, kw_only=True)
+    resources: ResourceKeys | None = attrs.field(default=None, kw_only=True)
+    timeout: float | None = attrs.field(default=None, kw_only=True, validator=_check_timeout)
 
     @property
     def name(self) -> str:
         return self.definition.name
+
+    @property
+    def scheduling(self) -> Scheduling:
+        return Scheduling(self.sequential, self.resources)
 
 
 # -- @tool: a Tool from a typed function -------------------------------------------------------
@@ -253,7 +291,12 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(summary).strip(), params
 
 
-def _build_tool(fn: Callable[..., Any], name: str | None, description: str | None) -> Tool:
+def _build_tool(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    options: dict[str, Any] | None = None,
+) -> Tool:
     tool_name = name or fn.__name__
     where = f"@tool {tool_name}"
     try:
@@ -310,7 +353,7 @@ def _build_tool(fn: Callable[..., Any], name: str | None, description: str | Non
         return result
 
     execute.__name__ = f"execute_{tool_name}"
-    return Tool(definition=definition, execute=execute)
+    return Tool(definition=definition, execute=execute, **(options or {}))
 
 
 @overload
@@ -319,7 +362,12 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    sequential: bool = False,
+    resources: ResourceKeys | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -329,6 +377,9 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    sequential: bool = False,
+    resources: ResourceKeys | None = None,
+    timeout: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Build a ``Tool`` from a typed function, async or sync.
 
@@ -338,11 +389,13 @@ def tool(
     description from its ``Args:`` section. A parameter named ``signal`` receives the
     run's ``AbortSignal`` and is not shown to the model. The function may return a
     ``str``, a sequence of content blocks, or a ``ToolOutput``; raising an exception
-    gives the model an error result with the exception's text.
+    gives the model an error result with the exception's text. ``sequential``,
+    ``resources`` and ``timeout`` are passed to ``Tool``.
     """
+    options = {"sequential": sequential, "resources": resources, "timeout": timeout}
     if fn is not None:
-        return _build_tool(fn, name, description)
-    return lambda f: _build_tool(f, name, description)
+        return _build_tool(fn, name, description, options)
+    return lambda f: _build_tool(f, name, description, options)
 
 
 def tool_output_from(value: object) -> ToolOutput | None:
