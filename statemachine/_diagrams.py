@@ -351,13 +351,18 @@ def _mermaid_text(text: str) -> str:
 
 
 def _graph_machine(
-    chart: Chart, engine: Literal["mermaid", "pygraphviz"], ids: Mapping[str, str]
+    chart: Chart,
+    engine: Literal["mermaid", "pygraphviz"],
+    ids: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
 ) -> Any:
-    """A ``GraphMachine`` drawing ``chart`` with ``engine`` named, never a fallback."""
-    try:
-        from transitions.extensions import diagrams, diagrams_mermaid
-    except ImportError as exc:  # pragma: no cover - transitions is a dependency
-        raise DiagramError(f"transitions' diagram support cannot be imported: {exc}") from exc
+    """A ``GraphMachine`` drawing ``chart`` with ``engine`` named, never a fallback.
+
+    ``ids`` are the node names the engine gets; ``labels`` what a node shows (default:
+    the state's name).
+    """
+    from transitions.extensions import diagrams, diagrams_mermaid
+
     if engine == "pygraphviz":
         from transitions.extensions import diagrams_pygraphviz
 
@@ -400,10 +405,11 @@ def _graph_machine(
             f"transitions drew with {machine.graph_cls.__module__} instead of {engine}"
         )
     for name in chart.states:
-        if ids[name] != name:
+        label = labels.get(name, name) if labels is not None else name
+        if label != ids[name]:
             # transitions' State takes no label, but its markup reads one if present.
             state: Any = machine.get_state(ids[name])
-            state.label = _mermaid_text(name)
+            state.label = _mermaid_text(label)
     for edge in chart.edges:
         for line in edge.lines:
             label = _mermaid_text(("(auto) " if edge.internal else "") + _words(line.trigger))
@@ -448,7 +454,10 @@ def _mermaid_source(chart: Chart, overlay: Overlay | None) -> str:
     ids = _mermaid_ids(chart.states)
     if overlay is not None:
         chart = _with_counts(chart, overlay)
-    machine, model = _graph_machine(chart, "mermaid", ids)
+    labels = None
+    if overlay is not None:
+        labels = {s: f"{s} ×{n}" for s, n in overlay.states.items()}
+    machine, model = _graph_machine(chart, "mermaid", ids, labels)
     _style_nodes(machine, model, chart, ids, overlay)
     source: str = model.get_graph().source
     lines = source.split("\n")

@@ -472,6 +472,9 @@ def test_dot_overlay_highlights_the_path_with_counts(demo: RunResult) -> None:
     assert isinstance(text, str)
     assert_valid_mermaid(text)
     assert f"Class {overlay.final} s_current" in text
+    for state in chart.states:
+        shown = f'state "{state} ×{overlay.states[state]}"' if state in overlay.states else ""
+        assert (shown or f'state "{state}" as') in text
 
 
 # -- sequence diagrams --------------------------------------------------------------------------
