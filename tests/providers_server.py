@@ -48,6 +48,7 @@ class Reply:
     body: bytes = b""
     piece_size: int = 0  # >0: write the body in pieces of this many bytes, flushing each
     hold: bool = False  # keep the connection open after the body until close()
+    stall: bool = False  # send nothing at all, not even the status, until close()
 
 
 def sse(name: str, *, piece_size: int = 0, hold: bool = False) -> Reply:
@@ -142,6 +143,10 @@ class LoopbackServer:
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 reply = server._next(Request("POST", self.path, headers, body))
+                if reply.stall:
+                    server.holding.set()
+                    server.released.wait(timeout=30)
+                    return
                 self.send_response(reply.status)
                 for name, value in reply.headers:
                     self.send_header(name, value)

@@ -709,3 +709,21 @@ def test_json_nested_beyond_what_a_message_can_hold_becomes_the_sentinel() -> No
     [call] = builder.finish(sm.StopReason.TOOL_USE, None).tool_calls
     [key] = call.arguments
     assert key.startswith(INVALID_JSON_KEY)
+
+
+def test_abort_before_the_response_begins_returns_at_once(server: LoopbackServer) -> None:
+    server.add(Reply(stall=True))  # the server never even sends a status line
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        model = make_model(server)
+        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
+        await asyncio.to_thread(server.holding.wait, 30)
+        controller.abort()
+        return await task
+
+    reply = asyncio.run(main())
+    assert reply == sm.AssistantMessage(
+        (), stop_reason=sm.StopReason.ABORTED, error_message="aborted before the response began"
+    )
+    assert len(server.requests) == 1
