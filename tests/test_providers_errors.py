@@ -10,6 +10,7 @@ import email.utils
 
 import pytest
 
+from statemachine import InvalidInputError
 from statemachine.providers import (
     ContextOverflowError,
     ProviderAuthError,
@@ -126,5 +127,5 @@ def test_backoff_grows_is_capped_and_jitters_upwards() -> None:
     ],
 )
 def test_retry_policy_refuses_nonsense(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match="RetryPolicy"):
+    with pytest.raises(InvalidInputError, match="RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]

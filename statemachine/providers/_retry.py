@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .._abort import AbortSignal
+from .._errors import InvalidInputError
 from .._messages import AssistantMessage, StopReason
 from ._errors import Failure, ProviderUnavailableError
 
@@ -31,9 +32,9 @@ T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 
 
-def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"RetryPolicy.{attribute.name} must be a non-negative number")
+        raise InvalidInputError(f"RetryPolicy.{attribute.name} must be a non-negative number")
 
 
 @attrs.frozen
@@ -48,16 +49,16 @@ class RetryPolicy:
     """
 
     max_attempts: int = attrs.field(default=4)
-    initial_delay: float = attrs.field(default=1.0, validator=_positive)
-    multiplier: float = attrs.field(default=2.0, validator=_positive)
-    max_delay: float = attrs.field(default=30.0, validator=_positive)
-    max_total_delay: float = attrs.field(default=120.0, validator=_positive)
-    jitter: float = attrs.field(default=0.1, validator=_positive)
+    initial_delay: float = attrs.field(default=1.0, validator=_non_negative)
+    multiplier: float = attrs.field(default=2.0, validator=_non_negative)
+    max_delay: float = attrs.field(default=30.0, validator=_non_negative)
+    max_total_delay: float = attrs.field(default=120.0, validator=_non_negative)
+    jitter: float = attrs.field(default=0.1, validator=_non_negative)
 
     @max_attempts.validator
     def _check_attempts(self, _: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError("RetryPolicy.max_attempts must be an integer >= 1")
+            raise InvalidInputError("RetryPolicy.max_attempts must be an integer >= 1")
 
     def backoff(self, retry: int, random: Callable[[], float] = _random.random) -> float:
         """The wait before retry number ``retry`` (0-based) when the provider named none."""

@@ -232,6 +232,7 @@ class OpenAIChatModel:
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be a non-empty model name")
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self._secrets = (key,) if key else ()
         if not key:
             if base_url is None and client is None:
                 raise InvalidInputError(
@@ -249,7 +250,6 @@ class OpenAIChatModel:
         self.on_text = on_text
         self.sleep = sleep
         self.random = random
-        self._secrets = (key,)
         self.log = logger if logger is not None else structlog.get_logger("statemachine")
         self._client = client or openai.AsyncOpenAI(
             api_key=key,
