@@ -340,7 +340,12 @@ async def main_async(args: argparse.Namespace) -> int:
             unavailable[name] = f"not installed ({exc.name}); run bench/run.sh"
             continue
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        cells += await measure(contender, ns, repetitions, args.smoke)
+        try:
+            cells += await measure(contender, ns, repetitions, args.smoke)
+        except WrongResultError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken peer must not cost the run
+            unavailable[name] = f"failed: {type(exc).__name__}: {exc}"
     figures = [] if args.no_micro else await micro_figures(args.smoke)
     if not args.smoke and not args.no_micro:
         figures.insert(0, await default_logger_note(1_000, 3))

@@ -17,7 +17,7 @@ stamp="$VENV/.installed-$(cat bench/requirements.txt pyproject.toml | sha256sum 
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install --quiet -r bench/requirements.txt
-  "$VENV/bin/python" -m pip install --quiet -e .
+  "$VENV/bin/python" -m pip install --quiet -e '.[test]'
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
