@@ -1,0 +1,105 @@
+"""``statemachine.testing``: verify an agent loop, ours or yours.
+
+A supported public module (like ``structlog.testing``). It offers:
+
+* **scenarios**: ``Scenario`` and its parts describe one run completely (the
+  scripted model responses, each tool call's behaviour, the abort instant, the turn
+  limit); ``run_scenario`` runs one through any loop of the shape
+  ``async loop(*, model, tools, messages, max_turns, signal)`` returning a message
+  sequence or a ``RunResult`` (``agent_loop()`` adapts ``run_agent``) and returns a
+  ``RunRecord`` of what happened;
+* **strategies**: ``statemachine.testing.strategies`` generates scenarios with
+  Hypothesis (model scripts, tool behaviours, completion orders, abort instants,
+  limits);
+* **properties**: ``check_record`` and the ``check_*`` functions judge a record
+  against the invariants I1–I8 of DESIGN.md;
+* **conformance**: ``run_conformance(loop)`` searches for a scenario that breaks a
+  property and reports it shrunk;
+* **transcripts**: ``check_transcript`` finds pairing and order violations in our
+  histories and in OpenAI or Anthropic ones;
+* **stateful testing**: ``AgentEngineMachine``, a Hypothesis
+  ``RuleBasedStateMachine`` to subclass for your own engine;
+* **pytest**: the opt-in plugin ``statemachine.testing.plugin``.
+"""
+
+from __future__ import annotations
+
+from .._invariants import Violation
+from .conformance import ConformanceReport, Failure, run_conformance
+from .properties import (
+    PROPERTIES,
+    PROPERTY_TITLES,
+    Expectation,
+    check_abort,
+    check_control,
+    check_determinism,
+    check_limits,
+    check_no_crash,
+    check_order,
+    check_pairing,
+    check_record,
+    check_terminal,
+    expected_run,
+)
+from .scenario import (
+    KNOWN_TOOLS,
+    UNKNOWN_TOOL,
+    AbortAt,
+    AbortKind,
+    AgentLoop,
+    Execution,
+    ModelTurn,
+    OnAbort,
+    Outcome,
+    RunRecord,
+    Scenario,
+    ScriptedCall,
+    ScriptedModel,
+    ToolBehaviour,
+    agent_loop,
+    call_key,
+    run_scenario,
+    run_scenario_async,
+)
+from .transcript import TranscriptFormat, check_transcript, render_transcript
+
+__all__ = [
+    "KNOWN_TOOLS",
+    "PROPERTIES",
+    "PROPERTY_TITLES",
+    "UNKNOWN_TOOL",
+    "AbortAt",
+    "AbortKind",
+    "AgentLoop",
+    "ConformanceReport",
+    "Execution",
+    "Expectation",
+    "Failure",
+    "ModelTurn",
+    "OnAbort",
+    "Outcome",
+    "RunRecord",
+    "Scenario",
+    "ScriptedCall",
+    "ScriptedModel",
+    "ToolBehaviour",
+    "TranscriptFormat",
+    "Violation",
+    "agent_loop",
+    "call_key",
+    "check_abort",
+    "check_control",
+    "check_determinism",
+    "check_limits",
+    "check_no_crash",
+    "check_order",
+    "check_pairing",
+    "check_record",
+    "check_terminal",
+    "check_transcript",
+    "expected_run",
+    "render_transcript",
+    "run_conformance",
+    "run_scenario",
+    "run_scenario_async",
+]

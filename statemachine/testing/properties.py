@@ -1,0 +1,429 @@
+"""The invariants I1–I8 as checks over one recorded run of a scenario.
+
+Each property is a function from a ``RunRecord`` (``I5``: two records of the same
+scenario) to a list of sentences, one per violation; an empty list means it holds.
+They judge any loop: what a correct loop must do follows from the scenario alone,
+because the scripted model answers call *n* the same way whatever it is sent
+(``expected_run``), and the scripted tools report which calls really ran.
+
+Properties that only make sense for a loop that returns a ``RunResult`` (the state
+and its explanation, I4 and parts of I6 and I7) hold vacuously for loops that
+return a bare message sequence. When the loop crashed (I8), the properties that
+need a transcript have nothing to judge and hold vacuously too: I8 reports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+from .._invariants import history_violations
+from .._messages import AssistantMessage, Message, StopReason, ToolCall, ToolResultMessage
+from .._table import TERMINAL, TurnState
+from .scenario import AbortKind, RunRecord, Scenario, call_key
+
+__all__ = [
+    "PROPERTIES",
+    "PROPERTY_TITLES",
+    "Expectation",
+    "PropertyCheck",
+    "check_abort",
+    "check_control",
+    "check_determinism",
+    "check_limits",
+    "check_no_crash",
+    "check_order",
+    "check_pairing",
+    "check_record",
+    "check_terminal",
+    "expected_run",
+]
+
+PropertyCheck = Callable[[RunRecord], list[str]]
+
+PROPERTY_TITLES: Mapping[str, str] = {
+    "I1": "pairing",
+    "I2": "order",
+    "I3": "control",
+    "I4": "terminal",
+    "I5": "determinism",
+    "I6": "abort",
+    "I7": "limits",
+    "I8": "no crash",
+}
+
+
+@attrs.frozen
+class Expectation:
+    """What a correct loop does with a scenario."""
+
+    model_calls: int
+    state: TurnState
+    abort_fires: bool
+    reason: str  # why the run ends there, in words
+
+
+def expected_run(scenario: Scenario) -> Expectation:
+    """How many model calls a correct loop makes, and the state it ends in."""
+    abort = scenario.abort
+    if abort.kind is AbortKind.BEFORE_START:
+        return Expectation(0, TurnState.Aborted, True, "the signal was aborted before the start")
+    n = 0
+    while True:
+        n += 1
+        turn = scenario.turn(n)
+        if abort.kind is AbortKind.MODEL_CALL and abort.turn == n:
+            return Expectation(n, TurnState.Aborted, True, f"the abort fired during model call {n}")
+        if turn is None:
+            return Expectation(n, TurnState.Done, False, f"model call {n} answered without tools")
+        if turn.raises:
+            return Expectation(n, TurnState.Failed, False, f"model call {n} raised")
+        if turn.stop_reason is StopReason.ERROR:
+            return Expectation(n, TurnState.Failed, False, f"model call {n} reported an error")
+        if turn.stop_reason is StopReason.ABORTED:
+            return Expectation(n, TurnState.Aborted, False, f"model call {n} reported an abort")
+        if not turn.calls:
+            return Expectation(n, TurnState.Done, False, f"model call {n} answered without tools")
+        if (
+            abort.kind is AbortKind.TOOL_START
+            and abort.turn == n
+            and 0 <= abort.call < len(turn.calls)
+            and turn.calls[abort.call].executable
+        ):
+            return Expectation(
+                n,
+                TurnState.Aborted,
+                True,
+                f"the abort fired when tool call {call_key(n, abort.call)} started",
+            )
+        if n >= scenario.max_turns:
+            return Expectation(
+                n,
+                TurnState.TurnLimitExceeded,
+                False,
+                f"model call {n} asked for work at the limit max_turns={scenario.max_turns}",
+            )
+
+
+# -- helpers over a transcript ----------------------------------------------------------
+
+
+def _key(call: ToolCall) -> str | None:
+    key = call.arguments.get("key")
+    return key if isinstance(key, str) else None
+
+
+def _calls_and_results(
+    transcript: Sequence[Message], start: int = 0
+) -> list[tuple[ToolCall, ToolResultMessage | None]]:
+    """Each tool call from message ``start`` on with its first result (by id, after
+    it), in history order."""
+    out: list[tuple[ToolCall, ToolResultMessage | None]] = []
+    for i, message in enumerate(transcript):
+        if i < start or not isinstance(message, AssistantMessage):
+            continue
+        for call in message.tool_calls:
+            result = next(
+                (
+                    m
+                    for m in transcript[i + 1 :]
+                    if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id
+                ),
+                None,
+            )
+            out.append((call, result))
+    return out
+
+
+def _shape(message: AssistantMessage) -> tuple[object, ...]:
+    """A message modulo tool-call ids (a loop may rename empty or repeated ids)."""
+    return (
+        message.text,
+        message.stop_reason,
+        tuple((c.name, dict(c.arguments)) for c in message.tool_calls),
+    )
+
+
+# -- the properties ---------------------------------------------------------------------
+
+
+def check_no_crash(record: RunRecord) -> list[str]:
+    """I8: the loop returns, nothing escapes it, and what it returns is a history."""
+    if record.timed_out:
+        return [f"{record.error} (a model or tool misbehaved and the loop hung)"]
+    if record.error is not None:
+        return [f"the loop did not return a history: {record.error}"]
+    return []
+
+
+def check_pairing(record: RunRecord) -> list[str]:
+    """I1: every call has exactly one result, between its message and the next; ids
+    are unique; a result carries the output of its own call."""
+    if record.transcript is None:
+        return []
+    out = [str(v) for v in history_violations(record.transcript) if v.invariant == "I1"]
+    executions = {ex.key: ex for ex in record.executions}
+    for call, result in _calls_and_results(record.transcript, len(record.scenario.history)):
+        key = _key(call)
+        ex = executions.get(key) if key is not None else None
+        if (
+            result is None
+            or ex is None
+            or ex.how != "returned"
+            or ex.key in record.running_at_return
+        ):
+            continue
+        if result.is_error or result.text != ex.output:
+            out.append(
+                f"the result of tool call {call.id!r} ({key}) is {result.text[:80]!r}"
+                f"{' (an error)' if result.is_error else ''}, but its tool returned "
+                f"{ex.output!r}: a result that arrived must be kept as it is"
+            )
+    return out
+
+
+def check_order(record: RunRecord) -> list[str]:
+    """I2: append-only over the input; results in call order; the model's messages in
+    the order it produced them, none lost, none invented (except the loop's own
+    error/aborted record of a failed or cut-off model call)."""
+    if record.transcript is None:
+        return []
+    transcript = record.transcript
+    history = record.scenario.history
+    out: list[str] = []
+    if tuple(transcript[: len(history)]) != tuple(history):
+        out.append(
+            f"the input history of {len(history)} messages was changed: the transcript "
+            "does not start with it unchanged (the history is append-only)"
+        )
+    out += [str(v) for v in history_violations(transcript) if v.invariant == "I2"]
+    produced = [_shape(m) for m in record.produced]
+    position = 0
+    for index, message in enumerate(transcript[len(history) :], len(history)):
+        if not isinstance(message, AssistantMessage):
+            continue
+        if position < len(produced) and _shape(message) == produced[position]:
+            position += 1
+        elif message.stop_reason in (StopReason.ERROR, StopReason.ABORTED) and not (
+            message.tool_calls
+        ):
+            continue  # the loop's record of a model call that failed or was cut off
+        else:
+            out.append(
+                f"assistant message {index} is not the model's next response "
+                f"(response {position + 1} of {len(produced)}): messages must appear in "
+                "the order they arrived"
+            )
+    if position < len(produced) and not out:
+        out.append(f"model response {position + 1} of {len(produced)} is missing from the history")
+    return out
+
+
+def check_control(record: RunRecord) -> list[str]:
+    """I3: every call is executed or answered with an error, whatever the stop reason;
+    only calls a correct loop may run are run, once; the loop stops only when the
+    model stops asking for work (or a limit, error or abort ends the run)."""
+    out: list[str] = []
+    runs: dict[str, int] = {}
+    for ex in record.executions:
+        runs[ex.key] = runs.get(ex.key, 0) + 1
+    scripted = {
+        call_key(t, c): call
+        for t, turn in enumerate(record.scenario.turns, 1)
+        for c, call in enumerate(turn.calls)
+    }
+    # What the tools saw is judged even when the loop crashed afterwards.
+    for key, count in sorted(runs.items()):
+        if count > 1:
+            out.append(f"tool call {key} was executed {count} times")
+        spec = scripted.get(key)
+        if spec is not None and not spec.valid_arguments:
+            out.append(
+                f"tool call {key} was executed although its arguments fail the tool's "
+                "JSON Schema (it must get an error result instead)"
+            )
+    if record.transcript is None:
+        return out
+    seen_keys: set[str] = set()
+    for call, answer in _calls_and_results(record.transcript, len(record.scenario.history)):
+        call_ref = _key(call)
+        if call_ref is not None:
+            seen_keys.add(call_ref)
+        ran = call_ref is not None and call_ref in runs
+        if answer is not None and not ran and not answer.is_error:
+            out.append(
+                f"tool call {call.id!r} ({call.name}) has a successful result but its tool "
+                "never ran"
+            )
+    out += [
+        f"tool call {key} was executed but is not in the history"
+        for key in sorted(runs)
+        if key not in seen_keys
+    ]
+    expected = expected_run(record.scenario)
+    if record.model_calls < expected.model_calls and not record.abort_fired:
+        what = (
+            f"response {record.model_calls} asked for tools"
+            if record.model_calls
+            else "nothing was asked yet"
+        )
+        out.append(
+            f"the loop stopped after {record.model_calls} model call(s) though {what}: "
+            f"a correct loop sends the results back and makes {expected.model_calls} "
+            f"call(s) ({expected.reason})"
+        )
+    elif (
+        record.model_calls > expected.model_calls
+        and not record.abort_fired
+        and expected.state is not TurnState.TurnLimitExceeded
+    ):
+        out.append(
+            f"the loop called the model {record.model_calls} times; it should have stopped "
+            f"after {expected.model_calls} ({expected.reason})"
+        )
+    result = record.result
+    if result is not None and result.state is TurnState.Done:
+        last_assistant = next(
+            (m for m in reversed(record.transcript) if isinstance(m, AssistantMessage)), None
+        )
+        if last_assistant is not None and last_assistant.tool_calls:
+            out.append("the run ended Done although the last assistant message has tool calls")
+    return out
+
+
+def check_terminal(record: RunRecord) -> list[str]:
+    """I4 (RunResult loops): the run ends in a terminal state that a person can read,
+    and in the state the scenario calls for."""
+    result = record.result
+    if result is None:
+        return []
+    out: list[str] = []
+    if result.state not in TERMINAL:
+        out.append(f"the run returned in {result.state}, which is not terminal")
+    if not isinstance(result.explanation, str) or not result.explanation.strip():
+        out.append(f"the run ended {result.state} without an explanation")
+    if (result.error is None) != (result.state is TurnState.Done):
+        out.append(
+            f"the run ended {result.state} with error={result.error!r}: only Done has no error"
+        )
+    expected = expected_run(record.scenario)
+    if result.state is not expected.state:
+        out.append(
+            f"the run ended {result.state}, but it should end {expected.state} ({expected.reason})"
+        )
+    return out
+
+
+def check_abort(record: RunRecord) -> list[str]:
+    """I6: after an abort, every started call has a result and finished its cleanup
+    before the loop returned; never-started calls have an error result; the model is
+    not called again; a RunResult loop ends Aborted."""
+    if not record.abort_fired:
+        return []
+    out = [
+        f"tool call {key} was still running when the loop returned: its cleanup had not finished"
+        for key in record.running_at_return
+    ]
+    if record.model_calls_after_abort:
+        out.append(
+            f"the loop called the model {record.model_calls_after_abort} time(s) after the abort"
+        )
+    if record.transcript is None:
+        return out
+    answered: dict[str, ToolResultMessage | None] = {}
+    for call, result in _calls_and_results(record.transcript, len(record.scenario.history)):
+        key = _key(call)
+        if key is not None:
+            answered[key] = result
+    executed = {ex.key for ex in record.executions}
+    for ex in record.executions:
+        if answered.get(ex.key) is None:
+            out.append(f"tool call {ex.key} had started but has no result after the abort")
+    for key, result in answered.items():
+        if key not in executed and result is not None and not result.is_error:
+            out.append(f"tool call {key} never started but its result is not an error")
+    if record.result is not None and record.result.state is not TurnState.Aborted:
+        out.append(f"the run was aborted but ended {record.result.state}")
+    return out
+
+
+def check_limits(record: RunRecord) -> list[str]:
+    """I7: at most ``max_turns`` model calls; reaching the limit with work asked for
+    ends a RunResult loop in TurnLimitExceeded with an explanation naming the limit."""
+    limit = record.scenario.max_turns
+    out: list[str] = []
+    if record.model_calls > limit:
+        out.append(f"the loop made {record.model_calls} model calls with max_turns={limit}")
+    expected = expected_run(record.scenario)
+    result = record.result
+    if result is not None and expected.state is TurnState.TurnLimitExceeded:
+        if result.state is not TurnState.TurnLimitExceeded:
+            out.append(
+                f"the limit max_turns={limit} was reached with work asked for, but the run "
+                f"ended {result.state}"
+            )
+        elif str(limit) not in result.explanation:
+            out.append(
+                f"the TurnLimitExceeded explanation does not name the limit {limit}: "
+                f"{result.explanation!r}"
+            )
+    return out
+
+
+def check_determinism(first: RunRecord, second: RunRecord) -> list[str]:
+    """I5: the same scenario run twice gives the same history (and state, turns and
+    transition trace for RunResult loops)."""
+    out: list[str] = []
+    if first.error != second.error:
+        out.append(f"run 1 ended with {first.error!r}, run 2 with {second.error!r}")
+    if first.transcript != second.transcript:
+        a, b = first.transcript or (), second.transcript or ()
+        where = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        out.append(
+            f"the two runs' histories differ from message {where} on "
+            f"({len(a)} vs {len(b)} messages)"
+        )
+    r1, r2 = first.result, second.result
+    if r1 is not None and r2 is not None:
+        for name in ("state", "turns", "explanation", "trace"):
+            if getattr(r1, name) != getattr(r2, name):
+                out.append(f"the two runs' {name} differ")
+    return out
+
+
+PROPERTIES: Mapping[str, PropertyCheck] = {
+    "I1": check_pairing,
+    "I2": check_order,
+    "I3": check_control,
+    "I4": check_terminal,
+    "I6": check_abort,
+    "I7": check_limits,
+    "I8": check_no_crash,
+}
+"""The single-run properties by invariant name (I5 needs two runs: ``check_determinism``)."""
+
+
+def check_record(
+    record: RunRecord,
+    rerun: RunRecord | None = None,
+    *,
+    properties: Sequence[str] = tuple(PROPERTY_TITLES),
+) -> dict[str, list[str]]:
+    """Run the selected properties; return the violated ones with their sentences."""
+    unknown = sorted(set(properties) - set(PROPERTY_TITLES))
+    if unknown:
+        raise ValueError(
+            f"unknown property name(s) {', '.join(unknown)}; known: {', '.join(PROPERTY_TITLES)}"
+        )
+    out: dict[str, list[str]] = {}
+    for name in sorted(properties):
+        if name == "I5":
+            problems = check_determinism(record, rerun) if rerun is not None else []
+        else:
+            problems = PROPERTIES[name](record)
+        if problems:
+            out[name] = problems
+    return out
