@@ -755,7 +755,8 @@ class EngineMachine(RuleBasedStateMachine):
     def history_pairs_and_orders(self) -> None:
         e = self.engine
         open_tail = bool(e.pending_calls()) and not e.state.is_terminal
-        assert history_violations(e.messages, allow_open_tail=open_tail) == []
+        violations = history_violations(e.messages, allow_open_tail=open_tail)
+        assert violations == [], "; ".join(map(str, violations))
 
     @invariant()
     def history_is_append_only(self) -> None:
@@ -769,7 +770,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @invariant()
     def turns_within_limit(self) -> None:
-        assert self.engine.turns <= self.engine.max_turns
+        assert self.engine.turns <= self.engine.max_turns, "I7: more model calls than max_turns"
         assert self.engine.turns == self.model_calls
 
     @invariant()
@@ -792,7 +793,8 @@ class EngineMachine(RuleBasedStateMachine):
         if self.terminal_snapshot is None:
             self.terminal_snapshot = now
         assert now == self.terminal_snapshot
-        assert history_violations(e.messages) == []  # nothing left open at the end
+        violations = history_violations(e.messages)  # nothing may be left open at the end
+        assert violations == [], "; ".join(map(str, violations))
         assert e.pending_calls() == ()
 
     @invariant()
@@ -803,7 +805,7 @@ class EngineMachine(RuleBasedStateMachine):
         )
         if e.state is S.Done:
             assert isinstance(last, sm.AssistantMessage)
-            assert last.tool_calls == ()
+            assert last.tool_calls == (), "I3: Done, yet the last response asks for tools"
             assert e.messages[-1] is last
         if e.state is S.Failed:
             assert isinstance(last, sm.AssistantMessage)
@@ -815,13 +817,27 @@ class EngineMachine(RuleBasedStateMachine):
 TestEngineMachine = EngineMachine.TestCase
 
 
-def test_the_fuzz_can_catch_a_broken_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Show the stateful check is able to fail: an engine whose Done guard ignores the
-    # tool calls (the seed's "end on the first answer" bug) must be caught.
-    monkeypatch.setattr(sm.Engine, "_guard_has_tool_calls", lambda self: False)
-    # no shrinking and no example database: only detection matters here
-    quick = settings(phases=[Phase.generate], database=None)
-    with pytest.raises(AssertionError):
+BROKEN_ENGINES = [
+    # the seed's "text only" loop: tool calls never decide anything
+    ("statemachine._engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
+    # no safety valve: the turn limit never holds
+    ("statemachine._engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),
+    # finished runs that still react to late events
+    ("statemachine._engine.ABSORBING", frozenset(), "absorb"),
+]
+
+
+@pytest.mark.parametrize(("target", "value", "caught_by"), BROKEN_ENGINES)
+def test_the_fuzz_can_catch_a_broken_engine(
+    monkeypatch: pytest.MonkeyPatch, target: str, value: object, caught_by: str
+) -> None:
+    # The stateful check must be able to fail: each deliberately broken engine is
+    # caught, and by the invariant meant to catch it.
+    monkeypatch.setattr(target, value)
+    # Only detection matters here: no shrinking, no example database, and a fixed
+    # seed with room to search, so that the check does not depend on luck.
+    quick = settings(phases=[Phase.generate], database=None, derandomize=True, max_examples=500)
+    with pytest.raises(AssertionError, match=caught_by):
         run_state_machine_as_test(EngineMachine, settings=quick)
 
 
