@@ -147,9 +147,73 @@ def test_messages_are_immutable() -> None:
 
 def test_content_type_errors_are_clear() -> None:
     with pytest.raises(TypeError, match="user message content\\[0\\] is a ToolCall"):
-        sm.UserMessage([sm.ToolCall("a", "b", {})])  # type: ignore[list-item]
+        sm.UserMessage([sm.ToolCall("a", "b", {})])
 
 
 def test_usage_adds_up() -> None:
     total = sm.Usage(1, 2, 3, 4, 10, None) + sm.Usage(1, 1, 1, 1, 4, 0.5)
     assert total == sm.Usage(2, 3, 4, 5, 14, 0.5)
+
+
+def test_wire_keys_beyond_the_seed_example() -> None:
+    message = sm.AssistantMessage(
+        [sm.ThinkingContent("hmm", "sig"), sm.TextContent("a"), sm.TextContent("b")],
+        stop_reason=sm.StopReason.ERROR,
+        error_message="overloaded",
+        usage=sm.Usage(1, 2, 3, 4, 10, 0.5),
+    )
+    assert sm.message_to_dict(message) == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+            {"type": "text", "text": "a"},
+            {"type": "text", "text": "b"},
+        ],
+        "stopReason": "error",
+        "errorMessage": "overloaded",
+        "usage": {
+            "input": 1,
+            "output": 2,
+            "cacheRead": 3,
+            "cacheWrite": 4,
+            "totalTokens": 10,
+            "cost": 0.5,
+        },
+    }
+    image = sm.UserMessage([sm.ImageContent("AAAA", "image/png")])
+    assert sm.message_to_dict(image)["content"] == [
+        {"type": "image", "data": "AAAA", "mimeType": "image/png"}
+    ]
+
+
+def test_text_joins_only_text_blocks() -> None:
+    assistant = sm.AssistantMessage(
+        [sm.ThinkingContent("not this"), sm.TextContent("a"), sm.TextContent("b")]
+    )
+    assert assistant.text == "ab"
+    result = sm.ToolResultMessage(
+        "c", "t", [sm.TextContent("x"), sm.ImageContent("A", "image/png"), sm.TextContent("y")]
+    )
+    assert result.text == "x\ny"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        ({"a": {1, 2}}, "arguments.a: set is not a JSON value"),
+        ({"a": float("nan")}, "arguments.a: nan is not a JSON number"),
+        ({1: 2}, "arguments: object keys must be strings, got 1"),
+        ({"a": [object()]}, "arguments.a[0]: object is not a JSON value"),
+    ],
+)
+def test_tool_call_arguments_must_be_json(arguments: Any, needle: str) -> None:
+    with pytest.raises(sm.WireFormatError) as caught:
+        sm.ToolCall("c1", "t", arguments)
+    assert needle in str(caught.value)
+
+
+def test_tool_calls_are_read_from_content_in_order() -> None:
+    first, second = sm.ToolCall("a", "x", {}), sm.ToolCall("b", "y", {})
+    message = sm.AssistantMessage([first, sm.TextContent("between"), second])
+    assert message.tool_calls == (first, second)
+    assert sm.AssistantMessage("only text").tool_calls == ()
