@@ -364,8 +364,12 @@ def cli_demo(argv: list[str]) -> int:
         description="Run the seed's checkpoint script on DIR with the embedded scripted "
         "model and the real workspace tools, printing each message and transition.",
     )
-    parser.add_argument("dir", nargs="?", default=".", help="workspace directory (default: .)")
-    parser.add_argument("--max-turns", type=int, default=8, help="model calls allowed (default: 8)")
+    parser.add_argument(
+        "dir", nargs="?", default=".", metavar="DIR", help="workspace directory (default: .)"
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=8, metavar="N", help="model calls allowed (default: 8)"
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help and on bad arguments
