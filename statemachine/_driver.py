@@ -379,6 +379,11 @@ class AgentRun:
                 run_id=run_id,
                 logger=base,
             )
+        else:
+            # A restored engine asks the hooks that this run has: hooks are code, they
+            # do not travel in a snapshot.
+            _engine.check_permissions = before_tool_call is not None
+            _engine.check_continue = should_continue is not None
         self.engine = _engine
         self.run_id = _engine.run_id
         self._resume_events = tuple(_resume_events)

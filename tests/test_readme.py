@@ -1,0 +1,51 @@
+"""The README's Python examples run as they are, in order, in one namespace."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+TEXT = README.read_text(encoding="utf-8")
+# A block right after a "readme-test: not run" comment needs a provider account or a
+# model server; every other block must run here, offline.
+NOT_RUN = re.compile(r"<!-- readme-test: not run \((.+?)\) -->\n```python\n(.*?)```", re.S)
+SKIPPED = NOT_RUN.findall(TEXT)
+BLOCKS = re.findall(r"```python\n(.*?)```", NOT_RUN.sub("", TEXT), re.S)
+
+
+def test_only_provider_examples_are_not_run() -> None:
+    assert len(SKIPPED) <= 2
+    for reason, block in SKIPPED:
+        assert "provider" in reason or "server" in reason
+        assert "statemachine.providers" in block or "OpenAIChatModel(" in block
+        compile(block, "README.md provider example", "exec")  # at least it parses
+
+
+def test_the_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 5
+
+
+def test_every_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run from the repository root so the examples that read README.md find it.
+    monkeypatch.chdir(README.parent)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for index, block in enumerate(BLOCKS):
+            try:
+                exec(compile(block, f"README.md python block {index}", "exec"), namespace)
+            except Exception as exc:
+                raise AssertionError(f"README python block {index} failed: {exc!r}") from exc
+    printed = out.getvalue()
+    # What the examples claim in their comments is what they print.
+    assert "['c1', 'c2', 'c3', 'c4']" in printed
+    assert "Done 3 {'build': {'ok': 1}}" in printed
+    assert "AwaitingUser ['c2']" in printed
+    assert "Done Committed after approval." in printed
+    assert os.getcwd() == str(README.parent)
