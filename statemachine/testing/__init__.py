@@ -41,6 +41,7 @@ from .properties import (
     check_terminal,
     expected_run,
 )
+from .rules import AgentEngineMachine, assistant_messages
 from .scenario import (
     KNOWN_TOOLS,
     UNKNOWN_TOOL,
@@ -70,6 +71,7 @@ __all__ = [
     "UNKNOWN_TOOL",
     "AbortAt",
     "AbortKind",
+    "AgentEngineMachine",
     "AgentLoop",
     "ConformanceReport",
     "Execution",
@@ -86,6 +88,7 @@ __all__ = [
     "TranscriptFormat",
     "Violation",
     "agent_loop",
+    "assistant_messages",
     "call_key",
     "check_abort",
     "check_control",
