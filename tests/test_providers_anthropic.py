@@ -31,6 +31,7 @@ from statemachine.providers import (
     RetryPolicy,
 )
 from statemachine.providers.anthropic_messages import project_messages, project_tools
+from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-ant-test-0123456789-secret"
@@ -458,6 +459,9 @@ def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_p
     assert result.state is sm.TurnState.Done
     assert result.turns == 3
     assert history_violations(result.messages) == []
+    assert check_transcript(result.messages) == []
+    for body in server.bodies():
+        assert check_transcript(body["messages"], "anthropic") == []
     listing, bad_read, good_read = (
         m for m in result.messages if isinstance(m, sm.ToolResultMessage)
     )
@@ -502,6 +506,7 @@ def test_every_projected_history_is_valid_messages_api_input(
 ) -> None:
     projected = project_messages(history)
     assert projected[0]["role"] == "user"
+    assert check_transcript(projected, "anthropic") == []
     roles = [m["role"] for m in projected]
     assert all(a != b for a, b in itertools.pairwise(roles)), "roles must alternate"
     open_calls: list[str] = []
@@ -557,6 +562,7 @@ def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(
     assert last.stop_reason is sm.StopReason.ABORTED
     assert last.content == (sm.TextContent("Reading the files now"),)
     assert history_violations(result.messages) == []
+    assert check_transcript(result.messages) == []
     # Resuming on that history sends the partial text, and nothing of the cut call.
     resumed = project_messages([*result.messages, sm.UserMessage("go on")])
     assert resumed[-2:] == [

@@ -33,6 +33,7 @@ from statemachine.providers import (
 )
 from statemachine.providers._projection import MessageBuilder
 from statemachine.providers.openai_chat import project_messages, project_tools
+from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-test-0123456789abcdef-secret"
@@ -195,6 +196,7 @@ def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_
         "content": "Error: " + answer.text,
     }
     assert history_violations(result.messages) == []
+    assert check_transcript(result.messages) == []
 
 
 @pytest.mark.parametrize(
@@ -568,6 +570,9 @@ def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_p
     assert result.state is sm.TurnState.Done
     assert result.turns == 3
     assert history_violations(result.messages) == []
+    assert check_transcript(result.messages) == []
+    for body in server.bodies():
+        assert check_transcript(body["messages"], "openai") == []
     roles = [m.role for m in result.messages]
     assert roles == [
         "user",
@@ -626,6 +631,7 @@ def test_every_projected_history_is_valid_chat_completions_input(
     history: list[sm.Message],
 ) -> None:
     projected = project_messages(history, "sys")
+    assert check_transcript(projected, "openai") == []
     assert projected[0] == {"role": "system", "content": "sys"}
     seen: set[str] = set()
     index = 1
