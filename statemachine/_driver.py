@@ -291,6 +291,12 @@ class RunResult:
         return self
 
 
+def _cancel_requested() -> bool:
+    """True if someone called ``cancel()`` on the running task (not a stray raise)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -691,8 +697,13 @@ class AgentRun:
                     ) from exc
             message = await self._model.complete(context, action.tools, self._controller.signal)
         except asyncio.CancelledError:
-            self._post("model", ModelCancelled())
-            raise
+            if _cancel_requested():
+                self._post("model", ModelCancelled())
+                raise
+            # Nobody cancelled this task: the client leaked a CancelledError of its own.
+            # That is one failed call, not a cancellation the engine never asked for.
+            self._post("model", ModelFailed("CancelledError raised by the model client"))
+            return
         except Exception as exc:  # noqa: BLE001 - every failure is one failed call
             self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
             self._post("model", ModelFailed(_describe(exc)))
@@ -743,7 +754,14 @@ class AgentRun:
             else:
                 value = await self._with_timeout(tool, call, controller)
         except asyncio.CancelledError:
-            raise
+            if _cancel_requested():
+                raise
+            # Nobody cancelled this task: the tool leaked a CancelledError of its own,
+            # which is its failure like any other exception (one error result).
+            self._log.info("tool_raised", call_id=call.id, tool=call.name, error="CancelledError")
+            if self._controller.signal.aborted:
+                return ToolOutput("Operation aborted: CancelledError", is_error=True)
+            return ToolOutput("CancelledError raised by the tool", is_error=True)
         except _TimedOutError as timed_out:
             return ToolOutput(str(timed_out), is_error=True)
         except Exception as exc:  # noqa: BLE001 - a tool's failure becomes its result
