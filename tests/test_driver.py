@@ -237,6 +237,20 @@ def test_a_hook_returning_something_else_fails_closed() -> None:
     assert "returned bool, expected None or Deny" in results_of(result)[0].text
 
 
+def test_a_tool_raising_cancelled_error_by_itself_gives_one_error_result() -> None:
+    # An SDK may leak a CancelledError that nobody asked for; it is the tool's failure,
+    # not a cancellation, and must not crash the run.
+    async def leaky(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+        raise asyncio.CancelledError
+
+    tool = sm.Tool(sm.ToolDefinition("leaky", ""), leaky)
+    result = run(model=ScriptedModel(asks(call("c1", "leaky")), DONE), tools=[tool])
+    assert result.state is sm.TurnState.Done
+    (only,) = results_of(result)
+    assert only.is_error
+    assert "CancelledError" in only.text
+
+
 # -- the model fails ---------------------------------------------------------------------------
 
 
@@ -266,6 +280,17 @@ def test_a_model_returning_something_else_ends_failed() -> None:
     assert last.stop_reason is sm.StopReason.ERROR
     assert "ModelOutputError" in (last.error_message or "")
     assert "returned dict, expected an AssistantMessage" in result.explanation
+
+
+def test_a_model_raising_cancelled_error_by_itself_ends_failed() -> None:
+    async def leaky(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+        raise asyncio.CancelledError
+
+    model = ScriptedModel(leaky, DONE)
+    result = run(model=model)
+    assert result.state is sm.TurnState.Failed
+    assert len(model.requests) == 1
+    assert "CancelledError raised by the model client" in result.explanation
 
 
 @pytest.mark.parametrize(
