@@ -308,6 +308,21 @@ async def _maybe_await(value: Awaitable[_T] | _T) -> _T:
     return value
 
 
+class StrayCancelledError(Exception):
+    """User code raised ``CancelledError`` although nothing cancelled its task."""
+
+
+async def _call_hook(hook: Callable[..., Awaitable[_T] | _T], *args: Any) -> _T:
+    """Call a hook; a stray ``CancelledError`` from it becomes an ordinary failure, so
+    the hook's failure path runs (otherwise its task dies silently and the run hangs)."""
+    try:
+        return await _maybe_await(hook(*args))
+    except asyncio.CancelledError:
+        if _cancel_requested():
+            raise
+        raise StrayCancelledError("raised by the hook though nothing cancelled it") from None
+
+
 # -- progress reports from inside tools ------------------------------------------------
 
 _progress_sink: contextvars.ContextVar[Callable[[object], None] | None] = contextvars.ContextVar(
@@ -690,7 +705,7 @@ class AgentRun:
             context: Sequence[Message] = action.messages
             if self._transform is not None:
                 try:
-                    context = await _maybe_await(self._transform(action.messages))
+                    context = await _call_hook(self._transform, action.messages)
                 except Exception as exc:
                     raise ModelOutputError(
                         f"the transform_context hook raised {_describe(exc)}"
@@ -801,7 +816,7 @@ class AgentRun:
     async def _after_hook(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
         assert self._after is not None
         try:
-            replaced = await _maybe_await(self._after(call, output))
+            replaced = await _call_hook(self._after, call, output)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
@@ -830,7 +845,7 @@ class AgentRun:
         for call in calls:
             decision: object
             try:
-                decision = await _maybe_await(hook(call))
+                decision = await _call_hook(hook, call)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
@@ -858,7 +873,7 @@ class AgentRun:
         assert hook is not None
         assert self._inbox is not None
         try:
-            decision: object = await _maybe_await(hook(self.engine.messages, turn))
+            decision: object = await _call_hook(hook, self.engine.messages, turn)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
