@@ -66,10 +66,14 @@ def results_of(result: sm.RunResult) -> list[sm.ToolResultMessage]:
     return [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
 
 
+HANG_GUARD = 60.0
+"""Not a timing assertion: a generous bound that turns a hung run into a failure."""
+
+
 def run(**kwargs: Any) -> sm.RunResult:
     kwargs.setdefault("messages", [sm.UserMessage("go")])
     kwargs.setdefault("grace_period", GRACE)
-    return asyncio.run(sm.run_agent(**kwargs))
+    return asyncio.run(asyncio.wait_for(sm.run_agent(**kwargs), HANG_GUARD))
 
 
 @sm.tool
@@ -249,6 +253,39 @@ def test_a_tool_raising_cancelled_error_by_itself_gives_one_error_result() -> No
     (only,) = results_of(result)
     assert only.is_error
     assert "CancelledError" in only.text
+
+
+@pytest.mark.parametrize(
+    ("hook_name", "state", "where"),
+    [
+        ("before_tool_call", sm.TurnState.AwaitingUser, "result"),  # fails closed
+        ("after_tool_call", sm.TurnState.Done, "result"),  # the result says so
+        ("should_continue", sm.TurnState.Done, "explanation"),  # stops, explained
+    ],
+)
+def test_a_hook_raising_cancelled_error_by_itself_does_not_hang_the_run(
+    hook_name: str, state: sm.TurnState, where: str
+) -> None:
+    # Before the fix, the hook's task died silently and the run waited forever.
+    async def leaky(*args: object) -> Any:
+        raise asyncio.CancelledError
+
+    model = ScriptedModel(asks(call("c1", "echo", text="x")), DONE)
+    result = run(model=model, tools=[echo], **{hook_name: leaky})
+    assert result.state is state
+    assert history_violations(result.messages) == []
+    (only,) = results_of(result)
+    text = only.text if where == "result" else result.explanation
+    assert f"the {hook_name} hook raised StrayCancelledError".lower() in text.lower()
+
+
+def test_a_context_transform_raising_cancelled_error_by_itself_fails_the_call() -> None:
+    async def leaky(messages: Sequence[sm.Message]) -> Any:
+        raise asyncio.CancelledError
+
+    result = run(model=ScriptedModel(DONE), transform_context=leaky)
+    assert result.state is sm.TurnState.Failed
+    assert "StrayCancelledError" in result.explanation
 
 
 # -- the model fails ---------------------------------------------------------------------------
