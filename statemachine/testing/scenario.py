@@ -64,6 +64,7 @@ __all__ = [
     "RunRecord",
     "Scenario",
     "ScenarioRunner",
+    "Scripted",
     "ScriptedCall",
     "ScriptedModel",
     "ToolBehaviour",
@@ -508,6 +509,29 @@ def _make_tool(name: str, observer: _Observer) -> Tool:
 def scripted_tools(observer: _Observer) -> tuple[Tool, ...]:
     """The scenario's known tools, bound to one run's observer."""
     return tuple(_make_tool(name, observer) for name in KNOWN_TOOLS)
+
+
+class Scripted:
+    """A scenario's scripted model, tools and abort controller, for driving a loop by
+    hand (``run_scenario`` does this for you and records the outcome)."""
+
+    def __init__(self, scenario: Scenario, *, hang_limit: float = 1.0) -> None:
+        self.controller = AbortController()
+        self._observer = _Observer(scenario, self.controller, hang_limit)
+        self.model = ScriptedModel(self._observer)
+        self.tools = scripted_tools(self._observer)
+        if scenario.abort.kind is AbortKind.BEFORE_START:
+            self._observer.fire_abort("before the loop started")
+
+    @property
+    def signal(self) -> AbortSignal:
+        """The signal to give the loop; the scenario's abort instant fires it."""
+        return self.controller.signal
+
+    @property
+    def executions(self) -> tuple[Execution, ...]:
+        """The tool executions so far, in start order."""
+        return tuple(self._observer.executions)
 
 
 # -- running a loop --------------------------------------------------------------------
