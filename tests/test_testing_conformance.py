@@ -1,0 +1,185 @@
+"""``run_conformance`` and the scenario runner: the report, its inputs, its edges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statemachine import AbortSignal, Message, StopReason, Tool, message_to_dict
+from statemachine.testing import (
+    AbortAt,
+    AbortKind,
+    ModelTurn,
+    OnAbort,
+    Scenario,
+    ScriptedCall,
+    agent_loop,
+    check_record,
+    run_conformance,
+    run_scenario,
+)
+from statemachine.testing.strategies import (
+    completion_order,
+    completion_orders,
+    scenarios,
+)
+
+
+async def wire_dict_loop(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[dict[str, Any]]:
+    """``run_agent``, answering with wire dicts instead of message objects."""
+    result = await agent_loop()(
+        model=model, tools=tools, messages=messages, max_turns=max_turns, signal=signal
+    )
+    return [message_to_dict(m) for m in result.messages]
+
+
+async def returns_none(**kwargs: Any) -> None:
+    return None
+
+
+def test_a_loop_returning_wire_dicts_is_judged_like_any_other() -> None:
+    report = run_conformance(wire_dict_loop, max_examples=25, seed=1)
+    assert report.passed, report.summary()
+    assert report.examples_run == 25
+    assert report.failures == ()
+    assert report.summary().startswith("passed: 25 generated scenario(s)")
+
+
+def test_a_loop_returning_nothing_fails_i8_on_the_smallest_scenario() -> None:
+    report = run_conformance(returns_none, max_examples=10, seed=1)
+    assert report.failed_properties == ("I8",)
+    failure = report.failures[0]
+    assert "returned a NoneType" in failure.sentence
+    assert failure.scenario == Scenario(turns=(), max_turns=1)
+    assert failure.transcript is None
+    assert "(the loop gave no history)" in failure.describe()
+
+
+def test_the_seed_makes_the_search_repeatable() -> None:
+    async def drops_results(**kwargs: Any) -> list[Message]:
+        result = await agent_loop()(**kwargs)
+        return [m for m in result.messages if m.role != "toolResult"]
+
+    first = run_conformance(drops_results, max_examples=30, seed=99)
+    second = run_conformance(drops_results, max_examples=30, seed=99)
+    assert first.seed == 99
+    assert not first.passed
+    assert first.failures == second.failures
+    assert first.examples_run == second.examples_run
+
+
+def test_a_random_seed_is_reported_so_a_failure_can_be_repeated() -> None:
+    report = run_conformance(agent_loop(), max_examples=3)
+    assert isinstance(report.seed, int)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"properties": ["I9"]}, ValueError, "unknown property name"),
+        ({"max_examples": 0}, ValueError, "max_examples must be a positive integer"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(kwargs: dict[str, Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        run_conformance(agent_loop(), **kwargs)
+
+
+def test_a_loop_that_is_not_callable_is_refused() -> None:
+    with pytest.raises(TypeError, match="loop must be an async callable"):
+        run_conformance("run_agent")  # type: ignore[arg-type]
+
+
+def test_check_record_refuses_unknown_property_names() -> None:
+    record = run_scenario(agent_loop(), Scenario(turns=()))
+    with pytest.raises(ValueError, match="unknown property name"):
+        check_record(record, properties=["I1", "bogus"])
+
+
+def test_a_loop_that_hangs_is_reported_not_waited_for_forever() -> None:
+    async def hangs(**kwargs: Any) -> list[Message]:
+        await model_never_answers()
+        return []
+
+    async def model_never_answers() -> None:
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    record = run_scenario(hangs, Scenario(turns=()), timeout=0.05)
+    assert record.timed_out
+    assert "did not return within 0.05 s" in check_record(record)["I8"][0]
+
+
+def test_runner_records_what_the_tools_saw() -> None:
+    calls = (ScriptedCall(), ScriptedCall("ghost"), ScriptedCall("beta", valid_arguments=False))
+    scenario = Scenario(turns=(ModelTurn(calls=calls, stop_reason=StopReason.TOOL_USE),))
+    record = run_scenario(agent_loop(), scenario)
+    assert [(ex.key, ex.how, ex.output) for ex in record.executions] == [
+        ("t1c0", "returned", "alpha output for t1c0")
+    ]
+    assert record.model_calls == 2
+    assert record.abort_fired is False
+    assert check_record(record) == {}
+
+
+def test_abort_during_a_hanging_model_call() -> None:
+    turn = ModelTurn(calls=(ScriptedCall(),), on_abort=OnAbort.HANG)
+    scenario = Scenario(turns=(turn,), abort=AbortAt(AbortKind.MODEL_CALL, 1))
+    record = run_scenario(agent_loop(), scenario)
+    assert record.abort_fired
+    assert record.produced == ()  # the model never answered: it was cancelled
+    assert record.result is not None
+    assert record.result.state == "Aborted"
+    assert check_record(record) == {}
+
+
+def test_describe_names_every_unusual_part() -> None:
+    calls = (ScriptedCall("ghost", valid_arguments=False, call_id=""),)
+    scenario = Scenario(
+        turns=(ModelTurn(text="hm", calls=calls, raises=True),),
+        abort=AbortAt(AbortKind.TOOL_START, 1, 0),
+        max_turns=2,
+    )
+    text = scenario.describe()
+    for words in ("max_turns=2", "when tool call t1c0 starts", "raises", "ghost", "invalid"):
+        assert words in text
+
+
+@given(st.data())
+def test_completion_order_sets_ticks_that_follow_the_order(data: st.DataObject) -> None:
+    calls = tuple(ScriptedCall() for _ in range(data.draw(st.integers(0, 4))))
+    order = data.draw(completion_orders(len(calls)))
+    ordered = completion_order(calls, order)
+    ticks = [c.behaviour.ticks for c in ordered]
+    assert sorted(range(len(calls)), key=lambda i: ticks[i]) == order
+
+
+def test_completion_order_refuses_a_non_permutation() -> None:
+    with pytest.raises(ValueError, match="permutation"):
+        completion_order((ScriptedCall(),), [1])
+
+
+@given(scenarios())
+def test_generated_hangs_sit_only_where_an_abort_reaches_them(scenario: Scenario) -> None:
+    abort = scenario.abort
+    for t, turn in enumerate(scenario.turns, 1):
+        if turn.on_abort is OnAbort.HANG:
+            assert abort.kind is AbortKind.MODEL_CALL
+            assert abort.turn == t
+        for c, call in enumerate(turn.calls):
+            if call.behaviour.on_abort is OnAbort.HANG:
+                assert abort.kind is AbortKind.TOOL_START
+                assert abort.turn == t
+                assert c >= abort.call
