@@ -9,6 +9,7 @@ checks the invariants after every step.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -60,7 +61,7 @@ def ok(text: str = "ok") -> sm.ToolOutput:
     return sm.ToolOutput(text)
 
 
-def snapshot(e: sm.Engine) -> tuple[Any, ...]:
+def observe(e: sm.Engine) -> tuple[Any, ...]:
     """Everything a caller can observe of an engine."""
     return (
         e.state,
@@ -69,6 +70,8 @@ def snapshot(e: sm.Engine) -> tuple[Any, ...]:
         e.turns,
         e.explanation,
         e.pending_calls(),
+        e.pending_approvals(),
+        e.queued_input(),
         e.is_finished,
         e.abort_reason,
     )
@@ -294,10 +297,10 @@ def test_an_advisory_denial_goes_back_to_the_model() -> None:
 def test_without_permission_checks_a_permission_event_is_refused() -> None:
     e = engine()
     feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))))
-    before = snapshot(e)
+    before = observe(e)
     with pytest.raises(sm.ProtocolError):
         e.handle(sm.ToolPermitted("c1"))
-    assert snapshot(e) == before
+    assert observe(e) == before
 
 
 # -- abort in each live state -------------------------------------------------------------------
@@ -418,15 +421,15 @@ def _collecting() -> sm.Engine:
 )
 def test_a_refused_event_changes_nothing(event: sm.Event, needle: str) -> None:
     e = _collecting()
-    before = snapshot(e)
+    before = observe(e)
     with pytest.raises(sm.ProtocolError) as caught:
         e.handle(event)
     assert needle in str(caught.value)
-    assert snapshot(e) == before
+    assert observe(e) == before
     # and the engine goes on exactly like one that never saw the refused event
     twin = _collecting()
     assert e.handle(sm.ToolFinished("c2", ok())) == twin.handle(sm.ToolFinished("c2", ok()))
-    assert snapshot(e) == snapshot(twin)
+    assert observe(e) == observe(twin)
 
 
 def test_refusal_names_what_is_accepted() -> None:
@@ -442,28 +445,28 @@ def test_model_events_without_an_outstanding_call_are_refused() -> None:
     assert state(e) is S.Aborted  # terminal: later reports are absorbed, not refused
     e2 = engine()
     feed(e2, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.AbortRequested())
-    before = snapshot(e2)
+    before = observe(e2)
     with pytest.raises(sm.ProtocolError, match="no model call is outstanding"):
         e2.handle(sm.ModelResponded(sm.AssistantMessage("late")))
-    assert snapshot(e2) == before
+    assert observe(e2) == before
 
 
 def test_model_cancelled_outside_aborting_is_refused() -> None:
     e = engine()
     e.handle(sm.Start())
-    before = snapshot(e)
+    before = observe(e)
     with pytest.raises(sm.ProtocolError, match="not accepted in state AwaitingModel"):
         e.handle(sm.ModelCancelled())
-    assert snapshot(e) == before
+    assert observe(e) == before
 
 
 @pytest.mark.parametrize("bogus", [object(), "start", sm.CallModel((), (), 1)])
 def test_something_that_is_not_an_input_event_is_refused(bogus: Any) -> None:
     e = engine()
-    before = snapshot(e)
+    before = observe(e)
     with pytest.raises(sm.ProtocolError, match="not an input event"):
         e.handle(bogus)
-    assert snapshot(e) == before
+    assert observe(e) == before
 
 
 def _finished(kind: str) -> sm.Engine:
@@ -496,11 +499,11 @@ EVERY_EVENT: list[sm.Event] = [
 @pytest.mark.parametrize("kind", ["Done", "Aborted", "Failed", "TurnLimitExceeded"])
 def test_terminal_states_absorb_every_event(kind: str) -> None:
     e = _finished(kind)
-    before = snapshot(e)
+    before = observe(e)
     assert e.explanation
     for event in EVERY_EVENT:
         assert e.handle(event) == ()
-        assert snapshot(e) == before
+        assert observe(e) == before
 
 
 # -- determinism and logging ---------------------------------------------------------------------
@@ -521,7 +524,7 @@ def test_the_same_events_give_the_same_trace_history_and_actions() -> None:
     for _ in range(2):
         e = engine()
         actions = feed(e, *SCRIPT)
-        runs.append((actions, snapshot(e)))
+        runs.append((actions, observe(e)))
     assert runs[0] == runs[1]
     assert runs[0][1][0] is S.Done
     assert history_violations(runs[0][1][1]) == []
@@ -591,7 +594,8 @@ outputs = st.builds(sm.ToolOutput, TEXT, is_error=st.booleans())
 class EngineMachine(RuleBasedStateMachine):
     """Fires valid and invalid events at a real engine; a twin engine receives only
     the accepted ones, so a refused event that left any trace would show up as a
-    difference between the two."""
+    difference between the two. The twin is now and then replaced by a copy restored
+    from the engine's JSON snapshot, which must then behave exactly the same."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -600,25 +604,29 @@ class EngineMachine(RuleBasedStateMachine):
         self.previous: tuple[sm.Message, ...] = ()
         self.running: list[str] = []
         self.asking: list[str] = []
+        self.approving: list[str] = []
+        self.continue_pending = False
+        self.stop_asked = False
         self.model_out = False
         self.model_calls = 0
-        self.terminal_snapshot: tuple[Any, ...] | None = None
+        self.terminal_view: tuple[Any, ...] | None = None
 
-    @initialize(max_turns=st.integers(1, 4), permissions=st.booleans())
-    def setup(self, max_turns: int, permissions: bool) -> None:
-        self.engine = engine(max_turns=max_turns, check_permissions=permissions)
-        self.twin = engine(max_turns=max_turns, check_permissions=permissions)
+    @initialize(max_turns=st.integers(1, 4), permissions=st.booleans(), ask=st.booleans())
+    def setup(self, max_turns: int, permissions: bool, ask: bool) -> None:
+        options = {"max_turns": max_turns, "check_permissions": permissions, "check_continue": ask}
+        self.engine = engine(**options)
+        self.twin = engine(**options)
         self.previous = tuple(self.engine.messages)
 
     # -- firing one event, accepted or refused ------------------------------------------------
 
     def fire(self, event: sm.Event, *, must_refuse: bool = False) -> None:
-        before = snapshot(self.engine)
+        before = observe(self.engine)
         try:
             actions = self.engine.handle(event)
         except sm.ProtocolError:
             assert not before[0].is_terminal, "a terminal state must absorb, not refuse"
-            assert snapshot(self.engine) == before, "a refused event changed the engine"
+            assert observe(self.engine) == before, "a refused event changed the engine"
             return
         assert not (must_refuse and not before[0].is_terminal), f"{event!r} was accepted"
         assert self.twin.handle(event) == actions
@@ -632,8 +640,15 @@ class EngineMachine(RuleBasedStateMachine):
             self.model_out = False
         if isinstance(event, (sm.ToolFinished, sm.ToolCancelled)):
             self.running.remove(event.call_id)
-        if isinstance(event, (sm.ToolPermitted, sm.ToolDenied)):
+        if isinstance(event, (sm.ToolPermitted, sm.ToolDenied, sm.ApprovalRequired)):
             self.asking.remove(event.call_id)
+        if isinstance(event, sm.ApprovalRequired):
+            self.approving.append(event.call_id)
+        if isinstance(event, sm.ApprovalDecided):
+            self.approving.remove(event.call_id)
+        if isinstance(event, sm.ContinueDecided):
+            self.continue_pending = False
+            self.stop_asked = self.stop_asked or event.stop
         for action in actions:
             if isinstance(action, sm.CallModel):
                 self.model_out = True
@@ -644,6 +659,8 @@ class EngineMachine(RuleBasedStateMachine):
                 self.running.append(action.call.id)
             elif isinstance(action, sm.CheckPermission):
                 self.asking.append(action.call.id)
+            elif isinstance(action, sm.CheckContinue):
+                self.continue_pending = True
             elif isinstance(action, sm.CancelOperations):
                 assert set(action.tool_call_ids) == set(self.running)
                 assert action.model == self.model_out
@@ -651,62 +668,92 @@ class EngineMachine(RuleBasedStateMachine):
                 assert action.state is self.engine.state
                 assert action.explanation == self.engine.explanation
         if self.engine.state.is_terminal:
-            self.asking, self.running = [], []
+            self.continue_pending = False
         # calls answered without a report of their own (abort, a response reporting
-        # its failure) are no longer waiting for anything
+        # its failure, a person's message instead of a decision) wait for nothing more
         pending = {c.id for c in self.engine.pending_calls()}
         self.asking = [c for c in self.asking if c in pending]
+        self.approving = [c for c in self.approving if c in pending]
         self.running = [c for c in self.running if c in pending]
 
     # -- rules ----------------------------------------------------------------------------------
-    # Each rule that moves a run forward is enabled only where its event is expected, and
-    # everything else (abort, a failing model, late or bogus reports) is one ``disturb``
-    # rule: Hypothesis picks among enabled rules evenly, so progress stays likely and
-    # runs reach their later turns instead of being aborted at every other step.
+    # Moving a run forward is one rule that fires an event the current state expects;
+    # everything else (abort, a failing model, queued input, late or bogus reports) is
+    # another. Hypothesis picks among rules evenly and, per example, may switch some
+    # off: with one rule per event kind, switching off ``start`` alone would leave a
+    # whole example stuck in Ready.
 
-    @precondition(lambda self: self.engine.state is S.Ready)
-    @rule()
-    def start(self) -> None:
-        self.fire(sm.Start())
+    def progress_options(self) -> list[str]:
+        options = []
+        if self.engine.state is S.Ready:
+            options.append("start")
+        if self.model_out:
+            options.append("respond")
+        if self.asking:
+            options.append("permission")
+        if self.approving:
+            options.append("approval")
+        if self.running:
+            options.append("finish")
+        if self.continue_pending:
+            options.append("continue")
+        if self.engine.is_finished and not self.engine.pending_calls():
+            options.append("resume")
+        return options
 
-    @precondition(lambda self: self.model_out)
-    @rule(message=responses())
-    def model_responds(self, message: sm.AssistantMessage) -> None:
-        self.fire(sm.ModelResponded(message))
-
-    @precondition(lambda self: bool(self.asking))
-    @rule(data=st.data(), deny=st.booleans(), advisory=st.booleans())
-    def permission_answered(self, data: st.DataObject, deny: bool, advisory: bool) -> None:
-        call_id = data.draw(st.sampled_from(self.asking))
-        if deny:
-            self.fire(sm.ToolDenied(call_id, "policy", advisory))
+    @precondition(lambda self: bool(self.progress_options()))
+    @rule(data=st.data())
+    def progress(self, data: st.DataObject) -> None:
+        step = data.draw(st.sampled_from(self.progress_options()))
+        if step == "start":
+            self.fire(sm.Start())
+        elif step == "respond":
+            self.fire(sm.ModelResponded(data.draw(responses())))
+        elif step == "permission":
+            call_id = data.draw(st.sampled_from(self.asking))
+            answer = data.draw(st.sampled_from(["permit", "permit", "deny", "advise", "ask"]))
+            if answer == "permit":
+                self.fire(sm.ToolPermitted(call_id))
+            elif answer == "ask":
+                self.fire(sm.ApprovalRequired(call_id, "writes a file"))
+            else:
+                self.fire(sm.ToolDenied(call_id, "policy", advisory=answer == "advise"))
+        elif step == "approval":
+            call_id = data.draw(st.sampled_from(self.approving))
+            approved = data.draw(st.booleans())
+            self.fire(sm.ApprovalDecided(call_id, approved, "" if approved else "not now"))
+        elif step == "finish":
+            call_id = data.draw(st.sampled_from(self.running))
+            self.fire(sm.ToolFinished(call_id, data.draw(outputs)))
+        elif step == "continue":
+            self.fire(sm.ContinueDecided(data.draw(st.booleans()), data.draw(TEXT)))
         else:
-            self.fire(sm.ToolPermitted(call_id))
+            self.resume(data.draw(TEXT))
 
-    @precondition(lambda self: bool(self.running))
-    @rule(data=st.data(), output=outputs)
-    def tool_finishes(self, data: st.DataObject, output: sm.ToolOutput) -> None:
-        self.fire(sm.ToolFinished(data.draw(st.sampled_from(self.running)), output))
-
-    @precondition(lambda self: self.engine.is_finished)
-    @rule(text=TEXT)
     def resume(self, text: str) -> None:
         # A finished run's history, with a new user message, must be valid input for
         # the next run: what a session that goes on after Done, a denial or an abort does.
         history = [*self.engine.messages, sm.UserMessage(text)]
-        self.engine = engine(
-            messages=history,
-            max_turns=self.engine.max_turns,
-            check_permissions=self.engine.check_permissions,
-        )
-        self.twin = engine(
-            messages=history,
-            max_turns=self.twin.max_turns,
-            check_permissions=self.twin.check_permissions,
-        )
+        options = {
+            "max_turns": self.engine.max_turns,
+            "check_permissions": self.engine.check_permissions,
+            "check_continue": self.engine.check_continue,
+        }
+        self.engine = engine(messages=history, **options)
+        self.twin = engine(messages=history, **options)
         self.model_calls = 0
-        self.running, self.asking, self.model_out = [], [], False
-        self.terminal_snapshot = None
+        self.running, self.asking, self.approving = [], [], []
+        self.model_out = self.continue_pending = self.stop_asked = False
+        self.terminal_view = None
+
+    @precondition(lambda self: not self.model_out and not self.running)
+    @rule()
+    def restore_the_twin_from_a_snapshot(self) -> None:
+        data = self.engine.snapshot()
+        restored = sm.Engine.restore(json.loads(json.dumps(data)))
+        assert observe(restored) == observe(self.engine)
+        assert restored.snapshot() == data
+        self.twin = restored
 
     @rule(
         kind=st.sampled_from(
@@ -717,6 +764,8 @@ class EngineMachine(RuleBasedStateMachine):
                 "model_failed",
                 "model_cancelled",
                 "tool_cancelled",
+                "continue_decided",
+                "input",
                 "bogus",
             ]
         ),
@@ -739,6 +788,12 @@ class EngineMachine(RuleBasedStateMachine):
         elif kind == "tool_cancelled":
             ids = [*self.running, "c1", "bogus"]
             self.fire(sm.ToolCancelled(data.draw(st.sampled_from(ids)), text))
+        elif kind == "continue_decided":
+            self.fire(sm.ContinueDecided(data.draw(st.booleans()), text))
+        elif kind == "input":
+            self.fire(
+                sm.InputQueued(sm.UserMessage(text), data.draw(st.sampled_from(sm.InputKind)))
+            )
         else:
             call_id = data.draw(BOGUS_IDS)
             bogus: list[sm.Event] = [
@@ -746,6 +801,8 @@ class EngineMachine(RuleBasedStateMachine):
                 sm.ToolCancelled(call_id),
                 sm.ToolPermitted(call_id),
                 sm.ToolDenied(call_id, "no"),
+                sm.ApprovalRequired(call_id),
+                sm.ApprovalDecided(call_id, data.draw(st.booleans())),
             ]
             self.fire(data.draw(st.sampled_from(bogus)), must_refuse=True)
 
@@ -766,7 +823,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @invariant()
     def twin_agrees(self) -> None:
-        assert snapshot(self.engine) == snapshot(self.twin)
+        assert observe(self.engine) == observe(self.twin)
 
     @invariant()
     def turns_within_limit(self) -> None:
@@ -786,13 +843,13 @@ class EngineMachine(RuleBasedStateMachine):
     def terminal_states_absorb_and_explain(self) -> None:
         e = self.engine
         if not e.state.is_terminal:
-            assert self.terminal_snapshot is None
+            assert self.terminal_view is None
             return
         assert e.explanation
-        now = snapshot(e)
-        if self.terminal_snapshot is None:
-            self.terminal_snapshot = now
-        assert now == self.terminal_snapshot
+        now = observe(e)
+        if self.terminal_view is None:
+            self.terminal_view = now
+        assert now == self.terminal_view
         violations = history_violations(e.messages)  # nothing may be left open at the end
         assert violations == [], "; ".join(map(str, violations))
         assert e.pending_calls() == ()
@@ -803,10 +860,11 @@ class EngineMachine(RuleBasedStateMachine):
         last = next(
             (m for m in reversed(tuple(e.messages)) if isinstance(m, sm.AssistantMessage)), None
         )
-        if e.state is S.Done:
+        if e.state is S.Done and not self.stop_asked:
             assert isinstance(last, sm.AssistantMessage)
             assert last.tool_calls == (), "I3: Done, yet the last response asks for tools"
             assert e.messages[-1] is last
+            assert e.queued_input() == (), "I3: Done with input still queued"
         if e.state is S.Failed:
             assert isinstance(last, sm.AssistantMessage)
             assert last.stop_reason is sm.StopReason.ERROR
