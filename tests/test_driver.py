@@ -854,3 +854,25 @@ def test_the_result_carries_its_trace_and_run_id() -> None:
     for before, after in zip(result.trace, result.trace[1:], strict=False):
         assert before.dest is after.source
     assert result.ok
+
+
+def test_a_signal_outlives_its_run_safely() -> None:
+    controller = sm.AbortController()
+    first = run(model=ScriptedModel(DONE), signal=controller.signal)
+    assert first.state is sm.TurnState.Done
+    controller.abort("after the run")  # the run's listener is gone: nothing to crash
+    model = ScriptedModel(DONE)
+    second = run(model=model, signal=controller.signal)
+    assert second.state is sm.TurnState.Aborted
+    assert model.requests == []
+
+
+def test_a_model_client_whose_complete_is_not_async_ends_failed_with_a_reason() -> None:
+    class SyncClient:
+        def complete(self, messages: object, tools: object, signal: object) -> object:
+            return DONE
+
+    result = run(model=SyncClient())
+    assert result.state is sm.TurnState.Failed
+    assert "TypeError" in result.explanation
+    assert "await" in result.explanation

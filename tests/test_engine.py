@@ -249,6 +249,47 @@ def test_repeated_and_empty_ids_are_replaced_deterministically() -> None:
     assert feed(other, sm.Start(), sm.ModelResponded(response)) == actions
 
 
+def test_a_replacement_id_never_collides_with_one_already_in_the_history() -> None:
+    # A resumed session holds ids that an earlier run assigned; the new run starts
+    # counting turns again, so its first replacement would collide without a check.
+    history: list[sm.Message] = [
+        USER,
+        asks(call("call_t1_0")),
+        sm.ToolResultMessage("call_t1_0", "noop", "ok"),
+        sm.AssistantMessage("ok"),
+        sm.UserMessage("again"),
+    ]
+    e = engine(messages=history)
+    e.handle(sm.Start())
+    actions = e.handle(sm.ModelResponded(asks(call(""), call("call_t1_0"))))
+    ids = [a.call.id for a in of_type(actions, sm.StartTool)]
+    assert len(set(ids)) == 2
+    assert "call_t1_0" not in ids
+    assert "" not in ids
+
+
+def test_the_history_view_is_a_fixed_read_only_snapshot() -> None:
+    e = engine()
+    e.handle(sm.Start())
+    view = e.messages
+    e.handle(sm.ModelResponded(asks(call("c1"))))
+    assert len(view) == 1
+    assert len(e.messages) == 2
+    assert view[0] == USER
+    assert view[-1] == USER
+    assert view[:5] == (USER,)
+    assert view == [USER]
+    assert view == (USER,)
+    assert view != [USER, USER]
+    with pytest.raises(IndexError):
+        view[1]
+    with pytest.raises(IndexError):
+        view[-2]
+    with pytest.raises(TypeError):
+        hash(view)
+    assert not hasattr(view, "append")
+
+
 # -- permissions ----------------------------------------------------------------------------------
 
 
