@@ -19,12 +19,16 @@ they generate, and why it shrinks well:
 * ``scenarios()``: all of the above together, with hangs placed only where an abort
   reaches them (a hang with no abort to end it would only measure patience).
 
+The strategy functions are cached: building a strategy costs more than drawing
+from it, and a composite strategy would otherwise rebuild its parts on every draw.
+
 Everything shrinks towards the plain case: no abort, known tools, valid arguments,
 unique ids, calls finishing in call order, nothing raising.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import attrs
@@ -76,6 +80,7 @@ PRIOR_EXCHANGE: tuple[Message, ...] = (
 """A finished earlier exchange; its call id ``prev_1`` may be repeated by the model."""
 
 
+@functools.cache
 def tool_behaviours(
     *, allow_hang: bool = False, max_ticks: int = 4
 ) -> st.SearchStrategy[ToolBehaviour]:
@@ -91,6 +96,7 @@ def tool_behaviours(
     )
 
 
+@functools.cache
 def scripted_calls(*, allow_hang: bool = False) -> st.SearchStrategy[ScriptedCall]:
     """One tool call of a scripted response: known/unknown tool, valid/invalid
     arguments, unique/empty/duplicate id, and its behaviour."""
@@ -121,6 +127,7 @@ def completion_order(
     )
 
 
+@functools.cache
 @st.composite
 def model_turns(draw: st.DrawFn, *, max_calls: int = 3) -> ModelTurn:
     """One scripted model response (or raise). Each call draws its own ticks, so a
@@ -149,6 +156,7 @@ def model_turns(draw: st.DrawFn, *, max_calls: int = 3) -> ModelTurn:
     )
 
 
+@functools.cache
 def model_scripts(
     *, max_responses: int = 4, max_calls: int = 3
 ) -> st.SearchStrategy[list[ModelTurn]]:
@@ -170,11 +178,13 @@ def abort_instants(turns: Sequence[ModelTurn]) -> st.SearchStrategy[AbortAt]:
     return st.one_of(st.just(AbortAt()), st.sampled_from(candidates))
 
 
+@functools.cache
 def limits(*, low: int = 1, high: int = 6) -> st.SearchStrategy[int]:
     """``max_turns`` values."""
     return st.integers(low, high)
 
 
+@functools.cache
 def histories() -> st.SearchStrategy[tuple[Message, ...]]:
     """Valid input histories: one user message, or a finished exchange and a new ask."""
     return st.sampled_from([DEFAULT_HISTORY, PRIOR_EXCHANGE])
@@ -184,6 +194,7 @@ def histories() -> st.SearchStrategy[tuple[Message, ...]]:
 _rarely = st.sampled_from([False, False, False, True])
 
 
+@functools.cache
 @st.composite
 def scenarios(
     draw: st.DrawFn,
