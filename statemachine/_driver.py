@@ -380,7 +380,7 @@ class AgentRun:
         if (
             isinstance(grace_period, bool)
             or not isinstance(grace_period, (int, float))
-            or grace_period < 0
+            or not grace_period >= 0  # also refuses NaN, with which the grace never ends
         ):
             raise InvalidInputError(
                 f"grace_period must be a non-negative number, got {grace_period!r}"

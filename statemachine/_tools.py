@@ -166,7 +166,8 @@ ResourceKeys: TypeAlias = Callable[[Mapping[str, Any]], "Iterable[str]"]
 
 def _check_timeout(_: object, __: object, value: float | None) -> None:
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+        # "not > 0" also refuses NaN, which no comparison would ever time out against
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
     ):
         raise InvalidInputError(f"tool timeout must be a positive number of seconds, got {value!r}")
 
