@@ -759,6 +759,7 @@ ENDS_WITH_ASSISTANT = [sm.UserMessage("go"), sm.AssistantMessage("hi")]
         ({"max_turns": True}, "max_turns must be a positive integer"),
         ({"max_turns": 2.5}, "max_turns must be a positive integer"),
         ({"grace_period": -1}, "grace_period must be a non-negative number"),
+        ({"grace_period": float("nan")}, "grace_period must be a non-negative number"),
         ({"signal": sm.AbortController()}, "signal must be an AbortSignal"),
     ],
 )

@@ -396,3 +396,19 @@ def test_tool_output_accepts_text_or_blocks() -> None:
 def test_tool_output_refuses_other_blocks() -> None:
     with pytest.raises(TypeError, match=r"content\[0\] is a ToolCall"):
         sm.ToolOutput([sm.ToolCall("c", "t", {})])
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), True, "5"])
+def test_a_tool_timeout_must_be_a_positive_number(timeout: Any) -> None:
+    async def execute(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+        return ""
+
+    with pytest.raises(sm.InvalidInputError, match="timeout must be a positive number"):
+        sm.Tool(sm.ToolDefinition("t", ""), execute, timeout=timeout)
+
+
+def test_a_tool_timeout_may_be_fractional() -> None:
+    async def execute(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+        return ""
+
+    assert sm.Tool(sm.ToolDefinition("t", ""), execute, timeout=0.5).timeout == 0.5
