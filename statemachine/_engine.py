@@ -26,9 +26,10 @@ Every transition is logged as one structlog event ``transition`` and recorded in
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import attrs
 import structlog
@@ -90,6 +91,7 @@ __all__ = [
     "build_machine",
     "check_history",
     "check_tool_definitions",
+    "reference_machine",
 ]
 
 S = TurnState
@@ -133,9 +135,44 @@ class _Slot:
 
 
 class _MachineModel:
-    """The object the ``transitions`` machine moves; it holds nothing but the state."""
+    """What holds the state: the shape of a ``transitions`` model, so the reference
+    machine can move a copy of it."""
 
     state: TurnState
+
+
+# Guards are looked up by name at each use (not cached or stored): a subclass or a
+# test may replace one, and engine attributes stay plain data that can be copied.
+_GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
+
+
+def _machine_guard(guard: Guard, engine: Engine) -> bool:
+    result: bool = getattr(engine, _GUARD_METHOD[guard])()
+    return result
+
+
+@functools.cache
+def reference_machine() -> Machine:
+    """The plain ``transitions.Machine`` built from the table, with no model of its own.
+
+    Its guards take the engine as their argument, so one machine serves every engine.
+    ``Engine.verify_against_machine`` makes each transition also run through it.
+    """
+    guards = {guard: functools.partial(_machine_guard, guard) for guard in Guard}
+    return build_machine(None, guards)
+
+
+def _verify_with_machine(
+    engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState
+) -> None:
+    mirror = _MachineModel()
+    mirror.state = source
+    moved = reference_machine().events[trigger.value].trigger(mirror, engine)
+    if not moved or mirror.state is not dest:
+        raise AssertionError(
+            f"the transitions machine took {trigger} from {source} to "
+            f"{mirror.state if moved else 'nowhere'}; the engine chose {dest}"
+        )
 
 
 def build_machine(
@@ -221,7 +258,15 @@ class Engine:
     absent from it runs concurrently with everything). ``check_permissions`` makes
     every valid call wait for ``ToolPermitted``/``ToolDenied``/``ApprovalRequired``;
     ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
+
+    Dispatch applies the table directly (the first row whose guard holds), which is
+    all ``transitions.Machine.trigger`` would do for us at a fifth of the cost (see
+    bench/). With ``verify_against_machine`` set (the test suite sets it for every
+    engine), each transition is also run through ``reference_machine()``, the plain
+    ``transitions.Machine`` built from the same table, and any disagreement raises.
     """
+
+    verify_against_machine: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -291,8 +336,7 @@ class Engine:
         self._event: Event | None = None
         self._actions: list[Action] = []
         self._fsm = _MachineModel()
-        guards = {guard: getattr(self, f"_guard_{guard.value}") for guard in Guard}
-        self._machine = build_machine(self._fsm, guards, initial)
+        self._fsm.state = initial
 
     # -- what the caller reads -----------------------------------------------------
 
@@ -456,11 +500,18 @@ class Engine:
 
     def _fire(self, trigger: Trigger) -> None:
         source = self._fsm.state
-        if not self._machine.events[trigger.value].trigger(self._fsm):
+        # The table's own rule: the first row for (state, trigger) whose guard holds.
+        for row in rows_from(source, trigger):
+            if row.guard is None or getattr(self, _GUARD_METHOD[row.guard])():
+                dest = row.dest
+                break
+        else:
             # Unreachable when the table is complete (the checker proves it); kept so
             # that a broken table fails loudly instead of silently stalling.
             raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
-        dest = self._fsm.state
+        if self.verify_against_machine:
+            _verify_with_machine(self, source, trigger, dest)
+        self._fsm.state = dest
         self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
         self._log.debug(
             "transition",
@@ -482,7 +533,7 @@ class Engine:
             fired = False
             state = self._fsm.state
             for trigger, guard in INTERNAL_TRIGGERS.items():
-                if rows_from(state, trigger) and getattr(self, f"_guard_{guard.value}")():
+                if rows_from(state, trigger) and getattr(self, _GUARD_METHOD[guard])():
                     self._fire(trigger)
                     fired = True
                     break

@@ -405,3 +405,51 @@ def test_random_event_streams_never_break_the_invariants(
         assert history_violations(history, allow_open_tail=open_tail) == []
         if e.state.is_terminal:
             assert e.explanation
+
+
+# -- the fast dispatch is checked against the transitions machine ------------------------------
+
+
+def test_every_engine_in_the_suite_is_verified_against_the_machine() -> None:
+    assert Engine.verify_against_machine  # set in conftest.py for the whole suite
+
+
+def test_a_dispatch_that_disagrees_with_the_machine_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import statemachine._engine as engine_module
+
+    real = engine_module.rows_from  # type: ignore[attr-defined]
+
+    def last_row_first(source: sm.TurnState, trigger: Any) -> Any:
+        return tuple(reversed(real(source, trigger)))  # ignores the table's row order
+
+    monkeypatch.setattr(engine_module, "rows_from", last_row_first)
+    e = engine()
+    e.handle(sm.Start())
+    with pytest.raises(AssertionError, match="the transitions machine took model_responded"):
+        e.handle(ask(echo("a", "x")))  # the engine would pick 'final answer' -> Done
+
+
+def test_the_reference_machine_is_a_plain_transitions_machine() -> None:
+    from transitions import Machine
+
+    from statemachine._engine import reference_machine
+
+    machine = reference_machine()
+    assert type(machine) is Machine
+    assert machine.auto_transitions is False
+    rows = {(r.source.name, r.trigger.value, r.dest.name) for r in sm_table().TRANSITIONS}
+    built = {
+        (t.source, name, t.dest)
+        for name, event in machine.events.items()
+        for ts in event.transitions.values()
+        for t in ts
+    }
+    assert built == rows
+
+
+def sm_table() -> Any:
+    import statemachine._table as table
+
+    return table
