@@ -21,7 +21,7 @@ checks that it is refused (or, in a terminal state, absorbed) without any change
 Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, acceptance
 from ``rows_from``, coverage is measured against ``TRANSITIONS``. A new input trigger
 needs one entry in ``EVENT_SOURCES`` (the checker reports a trigger without one);
-a new engine option needs one entry in ``Bounds.configs``.
+a new engine option needs one entry in ``DEFAULT_CONFIGS``.
 
 Deduplication. Two engines are merged when their *control data* are equal: the
 state, the turn counter and every other attribute of the engine except the history,
@@ -51,6 +51,7 @@ import enum
 import functools
 import itertools
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -60,8 +61,13 @@ from ._engine import Engine
 from ._errors import ProtocolError
 from ._events import (
     AbortRequested,
+    ApprovalDecided,
+    ApprovalRequired,
     CallModel,
+    ContinueDecided,
     Event,
+    InputKind,
+    InputQueued,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
@@ -97,10 +103,12 @@ from ._table import (
 from ._tools import ToolDefinition, ToolOutput
 
 __all__ = [
+    "DEFAULT_CONFIGS",
     "EVENT_SOURCES",
     "Bounds",
     "CheckReport",
     "CheckViolation",
+    "Config",
     "check_engine",
     "cli_check",
 ]
@@ -126,30 +134,63 @@ ERROR_OUTPUT = ToolOutput("Error: it broke", is_error=True)
 CallKind = Literal["ok", "unknown", "invalid"]
 
 
+@attrs.frozen
+class Config:
+    """One engine configuration to explore: the ``Engine`` options, and where the state
+    space needs it, a tighter cap on tool calls per response than ``Bounds.calls``."""
+
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    max_calls: int | None = None
+
+    def describe(self) -> str:
+        flags = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) or "no hooks"
+        return flags + (f" (at most {self.max_calls} calls)" if self.max_calls is not None else "")
+
+
+# A permission hook gives every call four answers, in any order, then approvals: at three
+# calls per response that alone is ~70,000 states (about a minute), so the hooked
+# configuration is explored with two calls per response by default (``--uncapped``
+# lifts it). The configurations without hooks take the full bound.
+DEFAULT_CONFIGS: tuple[Config, ...] = (
+    Config({}),
+    Config({"check_continue": True}),
+    Config({"check_permissions": True, "check_continue": True}, max_calls=2),
+)
+
+
 @attrs.frozen(eq=False)  # hashed by identity: it keys the cache of model responses
 class Bounds:
     """What the checker explores.
 
     ``turns`` is the engine's ``max_turns``; ``calls`` the most tool calls in one
-    response; ``configs`` the engine options to explore (each a separate search);
-    ``limits`` caps how often a trigger may occur on one path (for inputs that could
-    otherwise repeat forever, such as queued messages).
+    response; ``configs`` the engine configurations to explore (each a separate
+    search; see ``Config``);
+    ``queued`` is the most inputs waiting in the queue at once; ``limits`` caps how
+    often a trigger may occur on one path (for an input that could otherwise repeat
+    forever and has no state of its own to bound it).
+
+    Every refused event must raise ``ProtocolError``. That it also left the engine
+    exactly as it was is verified (a full comparison, the costliest check) for the
+    first ``refusals_per_pair`` refusals of each (state, trigger) pair and for every
+    ``refusal_stride``-th refusal after that; ``refusal_stride=1`` verifies them all.
     """
 
     turns: int = 3
     calls: int = 3
     call_kinds: tuple[CallKind, ...] = ("ok", "unknown", "invalid")
     stop_reasons: tuple[StopReason, ...] = tuple(StopReason)
-    configs: tuple[Mapping[str, Any], ...] = (
-        {"check_permissions": False},
-        {"check_permissions": True},
-    )
+    configs: tuple[Config, ...] = DEFAULT_CONFIGS
+    queued: int = 1
     limits: Mapping[Trigger, int] = attrs.field(factory=dict)
     max_violations: int = 20
+    refusals_per_pair: int = 50
+    refusal_stride: int = 4
 
     def __attrs_post_init__(self) -> None:
         if self.turns < 1 or self.calls < 0:
             raise ValueError("bounds: turns must be >= 1 and calls >= 0")
+        if self.refusal_stride < 1 or self.refusals_per_pair < 0:
+            raise ValueError("bounds: refusal_stride must be >= 1, refusals_per_pair >= 0")
 
 
 # -- event sources: one entry per input trigger ---------------------------------------------
@@ -212,6 +253,21 @@ EVENT_SOURCES: dict[Trigger, EventSource] = {
     ],
     T.tool_cancelled: lambda e, b: [ToolCancelled(i) for i in _call_ids(e)],
     T.abort: lambda e, b: [AbortRequested("the user pressed stop")],
+    # Bounded by the queue's length, not by a count per path: once the queue is
+    # injected the run is where it would have been without it, and merges with it.
+    T.input_queued: lambda e, b: (
+        [
+            InputQueued(UserMessage("also run the tests"), InputKind.STEER),
+            InputQueued(UserMessage("then summarise"), InputKind.FOLLOW_UP),
+        ]
+        if len(e.queued_input()) < b.queued
+        else []
+    ),
+    T.approval_required: lambda e, b: [ApprovalRequired(i, "needs sign-off") for i in _call_ids(e)],
+    T.approval_decided: lambda e, b: [
+        d for i in _call_ids(e) for d in (ApprovalDecided(i, True), ApprovalDecided(i, False, "no"))
+    ],
+    T.continue_decided: lambda e, b: [ContinueDecided(False), ContinueDecided(True, "enough")],
 }
 """Candidate events per input trigger, given the engine as it stands."""
 
@@ -246,43 +302,84 @@ _SHARED = frozenset({"_log", "_machine", "_fsm", "_tools", "_tools_by_name", "jo
 
 _ATOMIC = (type(None), str, int, float, bool)
 
+# repr of immutable attrs values, by identity. The object is kept with its repr so its
+# id cannot be reused while the entry exists; ``check_engine`` clears it per search.
+_REPRS: dict[int, tuple[Any, str]] = {}
+_IS_ATTRS: dict[type, bool] = {}
 
-def _canon(value: Any) -> Any:
+
+def _canon(value: Any, memo: dict[int, Any]) -> Any:
     """A hashable, order-stable rendering of an engine attribute.
 
     Immutable attrs values (messages, calls, outputs) are rendered by their repr,
     which attrs generates from every field: cheaper than walking them, and as exact.
+    ``memo`` renders an object reachable twice (a call's bookkeeping is both in the
+    batch and in the index by id) only once.
     """
     cls = type(value)
     if cls in _ATOMIC or isinstance(value, enum.Enum):
         return value
+    key = id(value)
+    is_attrs = _IS_ATTRS.get(cls)
+    if is_attrs is None:
+        is_attrs = _IS_ATTRS[cls] = attrs.has(cls)
+    if is_attrs:
+        known = _REPRS.get(key)
+        if known is None:
+            known = _REPRS[key] = (value, repr(value))
+        return known[1]
+    if key in memo:
+        return memo[key]
+    out: Any
     if cls is list or cls is tuple:
-        return tuple([_canon(v) for v in value])
-    if cls is dict:
-        return tuple(sorted([(str(k), _canon(v)) for k, v in value.items()]))
-    if cls is set or cls is frozenset:
-        return tuple(sorted([repr(_canon(v)) for v in value]))
-    if attrs.has(cls):
-        return repr(value)
-    slots = getattr(cls, "__slots__", None)
-    if slots is not None:
-        return (cls.__name__, *[_canon(getattr(value, s, None)) for s in slots])
-    if isinstance(value, Mapping):
-        return tuple(sorted([(str(k), _canon(v)) for k, v in value.items()]))
-    if hasattr(value, "__dict__"):
-        return (cls.__name__, _canon(vars(value)))
-    return repr(value)
+        out = tuple([_canon(v, memo) for v in value])
+    elif cls is dict or isinstance(value, Mapping):
+        out = tuple(sorted([(str(k), _canon(v, memo)) for k, v in value.items()]))
+    elif cls is set or cls is frozenset:
+        out = tuple(sorted([repr(_canon(v, memo)) for v in value]))
+    elif getattr(cls, "__slots__", None) is not None:
+        out = (cls.__name__, *[_canon(getattr(value, s, None), memo) for s in cls.__slots__])
+    elif hasattr(value, "__dict__"):
+        out = (cls.__name__, _canon(vars(value), memo))
+    else:
+        out = repr(value)
+    memo[key] = out
+    return out
 
 
 def _canonical_key(engine: Engine) -> tuple[Any, ...]:
-    return (
-        engine.state,
-        tuple(
-            (name, _canon(value))
-            for name, value in sorted(vars(engine).items())
-            if name not in _NOT_KEY
-        ),
-    )
+    memo: dict[int, Any] = {}
+    parts = []
+    for name, value in sorted(vars(engine).items()):
+        if name not in _NOT_KEY:
+            parts.append((name, value if type(value) in _ATOMIC else _canon(value, memo)))
+    return (engine.state, tuple(parts))
+
+
+_SHARE, _LIST, _DICT, _SET, _SLOTS, _OBJECT = range(6)
+_KINDS: dict[type, int] = {}
+
+
+def _kind(cls: type) -> int:
+    """How ``_copy`` treats instances of ``cls`` (cached: it is asked millions of times)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        if cls in _ATOMIC or issubclass(cls, (enum.Enum, tuple, frozenset)) or attrs.has(cls):
+            kind = _SHARE
+        elif cls is list:
+            kind = _LIST
+        elif cls is dict:
+            kind = _DICT
+        elif cls is set:
+            kind = _SET
+        elif issubclass(cls, (types.FunctionType, types.MethodType, type)):
+            kind = _SHARE  # code and classes are not state
+        elif getattr(cls, "__slots__", None) is not None:
+            kind = _SLOTS
+        else:
+            kind = _OBJECT
+        _KINDS[cls] = kind
+    return kind
 
 
 def _copy(value: Any, memo: dict[int, Any]) -> Any:
@@ -292,31 +389,27 @@ def _copy(value: Any, memo: dict[int, Any]) -> Any:
     are shared; plain mutable objects (the per-call bookkeeping) are copied, once each,
     so that two containers that shared an object still share its copy.
     """
-    if value is None or isinstance(value, (str, int, float, enum.Enum, tuple, frozenset)):
+    kind = _kind(type(value))
+    if kind == _SHARE:
         return value
     known = memo.get(id(value))
     if known is not None:
         return known
-    cls = type(value)
     out: Any
-    if cls is list:
-        out = [_copy(v, memo) for v in value]
-    elif cls is dict:
-        out = {k: _copy(v, memo) for k, v in value.items()}
-    elif cls is set:
+    if kind == _LIST:
+        out = [v if _kind(type(v)) == _SHARE else _copy(v, memo) for v in value]
+    elif kind == _DICT:
+        out = {k: v if _kind(type(v)) == _SHARE else _copy(v, memo) for k, v in value.items()}
+    elif kind == _SET:
         out = set(value)
-    elif attrs.has(cls):
-        return value
-    elif getattr(cls, "__slots__", None) is not None:
-        out = object.__new__(cls)
-        for slot in cls.__slots__:
+    elif kind == _SLOTS:
+        out = object.__new__(type(value))
+        for slot in type(value).__slots__:
             if hasattr(value, slot):
                 setattr(out, slot, _copy(getattr(value, slot), memo))
-    elif hasattr(value, "__dict__"):
-        out = object.__new__(cls)
-        out.__dict__.update({k: _copy(v, memo) for k, v in vars(value).items()})
     else:
-        return value
+        out = object.__new__(type(value))
+        out.__dict__.update({k: _copy(v, memo) for k, v in vars(value).items()})
     memo[id(value)] = out
     return out
 
@@ -340,10 +433,10 @@ def _restore(engine: Engine, snap: _Snapshot) -> None:
     engine._fsm.state = snap.state
 
 
-def _fingerprint(engine: Engine) -> tuple[Any, ...]:
-    """Everything a refused event must leave as it was (I8)."""
+def _fingerprint(engine: Engine, key: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """Everything a refused event must leave as it was (I8); ``key``: if known."""
     return (
-        _canonical_key(engine),
+        key if key is not None else _canonical_key(engine),
         tuple(engine.messages),
         tuple(engine.trace),
         engine.turns,
@@ -394,7 +487,8 @@ class CheckReport:
             f"explored {self.states} states and {self.transitions} transitions "
             f"({self.refusals} refused events checked) in {self.seconds:.1f} s "
             f"[turns={self.bounds.turns}, calls={self.bounds.calls}, "
-            f"configs={len(self.bounds.configs)}, strategy={self.strategy}]",
+            f"strategy={self.strategy}]",
+            "configurations: " + "; ".join(c.describe() for c in self.bounds.configs),
             f"table rows taken: {len(self.rows_taken)}/{len(TRANSITIONS)}",
         ]
         for row in self.rows_missed:
@@ -451,18 +545,21 @@ class _Search:
     def __init__(
         self,
         bounds: Bounds,
-        config: Mapping[str, Any],
+        config: Config,
         engine_class: type[Engine],
         strategy: str,
     ) -> None:
+        if config.max_calls is not None and config.max_calls < bounds.calls:
+            bounds = attrs.evolve(bounds, calls=config.max_calls)
         self.bounds = bounds
-        self.config = config
+        self.config = config.options
         self.engine_class = engine_class
         self.strategy = strategy
         # The checker runs hundreds of thousands of transitions: their debug events would
         # cost more than the engine, so the engines it makes log nowhere.
         self.logger = _SilentLogger()
         self.engine = self._fresh()
+        self.current = self.engine  # the engine in the state of the latest child
         self.states = 0
         self.transitions = 0
         self.refusals = 0
@@ -470,6 +567,8 @@ class _Search:
         self.violations: list[CheckViolation] = []
         self.dead_ends: list[CheckViolation] = []
         self.missing_sources = [t for t in INPUT_TRIGGERS if t not in EVENT_SOURCES]
+        self.seen: set[Any] = set()
+        self.verified: collections.Counter[tuple[TurnState, Trigger]] = collections.Counter()
 
     def _fresh(self) -> Engine:
         return self.engine_class(
@@ -504,23 +603,31 @@ class _Search:
         root = _Node(
             (_canonical_key(self.engine), ()), _snapshot(self.engine), (), (), 0, frozenset()
         )
-        seen = {root.key}
+        self.seen.add(root.key)
         self._check_state(self.engine, root.path, None)
         queue = collections.deque([root])
         self.states = 1
         while queue and len(self.violations) < self.bounds.max_violations:
             node = queue.popleft()
+            # Children are checked and keyed as they are made, one at a time, so a child
+            # already seen is recognised before it is snapshotted.
             for child in self._expand(node):
-                if child.key in seen:
+                if child.key in self.seen:
                     continue
-                seen.add(child.key)
+                self.seen.add(child.key)
                 self.states += 1
-                queue.append(child)
+                if child.key[0][0] in ABSORBING:
+                    # A leaf: checked now, while the engine that just reached it is at
+                    # hand, instead of being snapshotted, queued and restored.
+                    self._absorb(self.current, child)
+                else:
+                    queue.append(child)
 
     def _expand(self, node: _Node) -> Iterable[_Node]:
+        """Offer every candidate event to a live state; yield each accepted child."""
         engine = self._load(node)
         state = engine.state
-        base = _fingerprint(engine)
+        base = _fingerprint(engine, node.key[0])
         dirty = False
         accepted_any = False
         limits = dict(node.counts)
@@ -534,11 +641,9 @@ class _Search:
             candidates = source(engine, self.bounds)
             if not candidates:
                 continue
-            if state in ABSORBING or not rows_from(state, trigger):
-                # Not accepted here: one sample must be refused (absorbed when terminal).
-                dirty = self._check_refused(
-                    engine, candidates[0], base, node, absorbed=state in ABSORBING
-                )
+            if not rows_from(state, trigger):
+                # Not accepted here: one sample must be refused, changing nothing.
+                dirty = self._check_refused(engine, candidates[0], base, node, absorbed=False)
                 continue
             limit = self.bounds.limits.get(trigger)
             if limit is not None and limits.get(trigger, 0) >= limit:
@@ -555,7 +660,7 @@ class _Search:
                 accepted_any = True
                 dirty = True
                 yield child
-        if state not in TERMINAL and not accepted_any:
+        if not accepted_any:
             self.dead_ends.append(
                 CheckViolation(
                     "dead end",
@@ -564,6 +669,15 @@ class _Search:
                     node.path,
                 )
             )
+
+    def _absorb(self, engine: Engine, node: _Node) -> None:
+        """In a terminal state (``engine`` is in it): every event is absorbed (I4)."""
+        base = _fingerprint(engine, node.key[0])
+        for trigger in INPUT_TRIGGERS:
+            source = EVENT_SOURCES.get(trigger)
+            candidates = source(engine, self.bounds) if source is not None else ()
+            if candidates and self._check_refused(engine, candidates[0], base, node, absorbed=True):
+                return  # the engine changed: the violation is recorded, stop here
 
     def _check_refused(
         self, engine: Engine, event: Event, base: tuple[Any, ...], node: _Node, *, absorbed: bool
@@ -588,12 +702,19 @@ class _Search:
                 )
             elif actions:
                 self._violate("I4", f"a terminal state answered with actions {actions}", path)
-        if _fingerprint(engine) != base:
+        if self._verify(node.snap.state, event) and _fingerprint(engine) != base:
             self._violate(
                 "I8" if not absorbed else "I4", "a refused event changed the engine", path
             )
             return True
         return False
+
+    def _verify(self, state: TurnState, event: Event) -> bool:
+        """Whether to verify that this refusal changed nothing (see ``Bounds``)."""
+        pair = (state, event.trigger)
+        self.verified[pair] += 1
+        stride = self.bounds.refusal_stride
+        return self.verified[pair] <= self.bounds.refusals_per_pair or self.refusals % stride == 0
 
     def _step(
         self, engine: Engine, event: Event, node: _Node, base: tuple[Any, ...]
@@ -606,7 +727,7 @@ class _Search:
             actions = engine.handle(event)
         except ProtocolError:
             self.refusals += 1
-            if _fingerprint(engine) != base:
+            if self._verify(before_state, event) and _fingerprint(engine) != base:
                 self._violate("I8", "a refused event changed the engine", path)
             return None
         except Exception as exc:  # noqa: BLE001 - an engine crash is the I8 violation sought
@@ -635,9 +756,12 @@ class _Search:
         if event.trigger in self.bounds.limits:
             counts[event.trigger] = counts.get(event.trigger, 0) + 1
         frozen_counts = tuple(sorted(counts.items()))
+        key = (_canonical_key(engine), frozen_counts)
         child = _Node(
-            (_canonical_key(engine), frozen_counts),
-            _snapshot(engine) if self.strategy == "snapshot" else node.snap,
+            key,
+            node.snap
+            if self.strategy != "snapshot" or key in self.seen or engine.state in ABSORBING
+            else _snapshot(engine),
             path,
             frozen_counts,
             model_calls,
@@ -645,6 +769,7 @@ class _Search:
         )
         self._check_transition(engine, event, actions, before_history, before_state, path)
         self._check_state(engine, path, child)
+        self.current = engine
         return child
 
     def _check_transition(
@@ -702,10 +827,14 @@ class _Search:
             )
         if state in RETURNS_TO_CALLER and not (engine.explanation or "").strip():
             self._violate("I4", f"{state.value} carries no explanation", path)
-        if state is S.Done:
+        # I3: the model's own final answer ends the run only with nothing queued and no
+        # tool call (a should_continue stop may also end it Done, after tool results).
+        if state is S.Done and engine.trace and engine.trace[-1].trigger is T.model_responded:
             last = next((m for m in reversed(history) if isinstance(m, AssistantMessage)), None)
             if last is None or last.tool_calls:
                 self._violate("I3", "Done, but the last assistant message has tool calls", path)
+            if engine.queued_input():
+                self._violate("I3", "Done with input still queued", path)
         if state is S.TurnLimitExceeded and str(engine.max_turns) not in (engine.explanation or ""):
             self._violate("I7", "the turn-limit explanation does not name the limit", path)
 
@@ -721,6 +850,7 @@ def check_engine(
     if strategy not in ("snapshot", "replay"):
         raise ValueError(f"strategy must be 'snapshot' or 'replay', got {strategy!r}")
     started = time.perf_counter()
+    _REPRS.clear()
     states = transitions = refusals = 0
     rows: set[int] = set()
     violations: list[CheckViolation] = []
@@ -734,6 +864,7 @@ def check_engine(
         rows |= search.rows
         violations += search.violations
         dead_ends += search.dead_ends
+    _REPRS.clear()
     return CheckReport(
         bounds=bounds,
         states=states,
@@ -757,6 +888,11 @@ def cli_check(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=3, help="max_turns (default 3)")
     parser.add_argument("--calls", type=int, default=3, help="tool calls per response (3)")
     parser.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="explore every configuration with --calls (the hooked one is capped at 2)",
+    )
+    parser.add_argument(
         "--strategy",
         choices=("snapshot", "replay"),
         default="snapshot",
@@ -765,7 +901,11 @@ def cli_check(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.turns < 1 or args.calls < 0:
         parser.error("--turns must be >= 1 and --calls >= 0")
-    report = check_engine(Bounds(turns=args.turns, calls=args.calls), strategy=args.strategy)
+    configs = DEFAULT_CONFIGS
+    if args.uncapped:
+        configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
+    bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
+    report = check_engine(bounds, strategy=args.strategy)
     print(report.summary())
     print("OK" if report.ok else "FAILED")
     return 0 if report.ok else 1

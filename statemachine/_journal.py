@@ -58,8 +58,7 @@ import attrs
 import structlog
 
 from . import _events
-from ._abort import AbortSignal
-from ._driver import _ERRORS, DEFAULT_GRACE_PERIOD, BeforeToolCall, RunResult, _Run
+from ._driver import AgentRun, BeforeToolCall, RunResult, ShouldContinue
 from ._engine import Engine, TransitionRecord
 from ._errors import InvalidInputError, ProtocolError, WireFormatError
 from ._events import Action, Event
@@ -78,7 +77,7 @@ from ._messages import (
 )
 from ._model import ModelClient
 from ._table import RETURNS_TO_CALLER, TurnState
-from ._tools import Tool, ToolDefinition, ToolOutput
+from ._tools import Scheduling, Tool, ToolDefinition, ToolOutput
 
 __all__ = [
     "FORMAT",
@@ -298,10 +297,43 @@ def event_from_dict(d: Mapping[str, Any], *, path: str = "event") -> Event:
 # -- the engine configuration (the header) ------------------------------------------------
 
 
-# Engine keyword arguments the header holds in fields of its own; any other engine
-# option must be a JSON scalar (a flag, a count, a name) and is kept in ``options``.
+# Engine keyword arguments the header holds in fields of its own; other engine options
+# are JSON scalars (flags, counts, names) kept as they are in ``options``, or have an
+# entry in ``_OPTION_CODECS``.
 _HEADER_FIELDS = frozenset({"tools", "messages", "max_turns", "check_permissions", "run_id"})
 _NOT_RECORDED = frozenset({"logger"})  # no effect on what the engine decides
+
+
+def _encode_scheduling(value: Mapping[str, Scheduling]) -> dict[str, Any]:
+    # A resources function cannot be written down: the journal records that there was
+    # one, and replay asks for it back (see ``replay``).
+    return {
+        name: {"sequential": s.sequential, "resources": s.resources is not None}
+        for name, s in sorted(value.items())
+        if s.sequential or s.resources is not None
+    }
+
+
+def _decode_scheduling(value: Any, path: str) -> dict[str, Scheduling]:
+    if not isinstance(value, Mapping):
+        raise _fail(path, "an object", value)
+    out = {}
+    for name, entry in value.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("sequential"), bool):
+            raise WireFormatError(f"{path}.{name}: expected {{'sequential': bool, ...}}")
+        out[str(name)] = Scheduling(sequential=entry["sequential"])
+    return out
+
+
+def _needs_functions(options: Mapping[str, Any]) -> list[str]:
+    """Tools whose scheduling used a resources function (replay needs it back)."""
+    raw = options.get("scheduling", {})
+    return sorted(n for n, e in raw.items() if isinstance(e, Mapping) and e.get("resources"))
+
+
+_OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
+    "scheduling": (_encode_scheduling, _decode_scheduling),
+}
 
 
 @attrs.frozen
@@ -318,11 +350,17 @@ class JournalHeader:
     @classmethod
     def of(cls, engine: Engine, messages: Sequence[Message], **options: Any) -> JournalHeader:
         """The header of ``engine`` (freshly made from ``messages`` and ``options``)."""
+        recorded: dict[str, Any] = {}
         for name, value in options.items():
-            if value is not None and not isinstance(value, (bool, int, float, str)):
+            if name in _OPTION_CODECS:
+                recorded[name] = _OPTION_CODECS[name][0](value)
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                recorded[name] = value
+            else:
                 raise InvalidInputError(
                     f"the journal cannot record engine option {name}={value!r}: only JSON "
-                    "scalars (flags, numbers, names) can be replayed"
+                    "scalars (flags, numbers, names) and the options in _OPTION_CODECS "
+                    "can be replayed"
                 )
         return cls(
             run_id=engine.run_id,
@@ -330,7 +368,7 @@ class JournalHeader:
             messages=tuple(messages),
             max_turns=engine.max_turns,
             check_permissions=engine.check_permissions,
-            options=dict(options),
+            options=recorded,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -398,15 +436,29 @@ class JournalHeader:
         )
 
     def engine(self, engine_class: type[Engine] = Engine, **kwargs: Any) -> Engine:
-        """A fresh engine with this configuration (``kwargs``: e.g. ``logger``)."""
+        """A fresh engine with this configuration; ``kwargs`` (e.g. ``logger``, or the
+        ``scheduling`` a journal could not hold) override what the header says."""
+        missing = _needs_functions(self.options)
+        if missing and "scheduling" not in kwargs:
+            raise InvalidInputError(
+                f"tool(s) {', '.join(missing)} chose their resources with a function, which "
+                "a journal cannot hold: pass the tools' scheduling to replay "
+                "(scheduling={t.name: t.scheduling for t in tools})"
+            )
+        options = {
+            name: _OPTION_CODECS[name][1](value, f"header.options.{name}")
+            if name in _OPTION_CODECS
+            else value
+            for name, value in self.options.items()
+        }
+        options.update(kwargs)
         return engine_class(
             tools=self.tools,
             messages=self.messages,
             max_turns=self.max_turns,
             check_permissions=self.check_permissions,
             run_id=self.run_id,
-            **self.options,
-            **kwargs,
+            **options,
         )
 
 
@@ -555,54 +607,43 @@ async def run_agent_journaled(
     messages: Sequence[Message],
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
-    signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
+    should_continue: ShouldContinue | None = None,
     logger: Any = None,
     run_id: str | None = None,
+    **kwargs: Any,
 ) -> RunResult:
     """``run_agent`` that writes ``journal`` as it goes (same arguments and result).
 
-    A shim over the asyncio driver's internals until ``run_agent`` accepts an engine
-    factory or a journal itself; it does not close the journal.
+    A shim over the driver's private engine parameter until ``run_agent`` accepts a
+    journal (or an engine factory) itself; it does not close the journal.
     """
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise InvalidInputError("tools must be a sequence of Tool")
     for i, item in enumerate(tools):
         if not isinstance(item, Tool):
             raise InvalidInputError(f"tools[{i}] is a {type(item).__name__}, not a Tool")
-    run_id = run_id or uuid.uuid4().hex[:12]
-    base = logger if logger is not None else structlog.get_logger("statemachine")
     engine = JournalingEngine(
         journal=journal,
         tools=[t.definition for t in tools],
         messages=messages,
         max_turns=max_turns,
         check_permissions=before_tool_call is not None,
-        run_id=run_id,
-        logger=base,
+        check_continue=should_continue is not None,
+        scheduling={t.name: t.scheduling for t in tools},
+        run_id=run_id or uuid.uuid4().hex[:12],
+        logger=logger if logger is not None else structlog.get_logger("statemachine"),
     )
-    run = _Run(
-        engine,
-        model,
-        {t.name: t for t in tools},
-        signal if signal is not None else AbortSignal(),
-        before_tool_call,
-        float(grace_period),
-        base.bind(run_id=run_id),
+    run = AgentRun(
+        model=model,
+        tools=tools,
+        before_tool_call=before_tool_call,
+        should_continue=should_continue,
+        logger=logger,
+        _engine=engine,
+        **kwargs,
     )
-    await run.run()
-    explanation = engine.explanation or ""
-    error_type = _ERRORS.get(engine.state)
-    return RunResult(
-        state=engine.state,
-        messages=tuple(engine.messages),
-        error=error_type(explanation) if error_type is not None else None,
-        turns=engine.turns,
-        explanation=explanation,
-        trace=tuple(engine.trace),
-        run_id=run_id,
-    )
+    return await run.run()
 
 
 # -- reading and replaying ------------------------------------------------------------------
@@ -685,6 +726,7 @@ def replay(
     strict: bool = True,
     engine_class: type[Engine] = Engine,
     logger: Any = None,
+    **engine_options: Any,
 ) -> ReplayResult:
     """Rebuild a run from its journal and verify it against what the journal records.
 
@@ -693,7 +735,8 @@ def replay(
     replay stops there and the result holds the run up to that line plus the error.
     A journal whose header cannot be read always raises: there is nothing to replay.
     ``engine_class`` lets a test replay into an instrumented or deliberately broken
-    engine.
+    engine; ``engine_options`` override the header's (a tool's ``scheduling`` whose
+    resources function the journal could not hold must be given here).
     """
     lines = _lines(source)
     first = next(lines, None)
@@ -701,7 +744,7 @@ def replay(
         raise JournalError(1, "the journal is empty: the first line must be the header")
     try:
         header = JournalHeader.from_dict(_parse(first, 1, False))
-        engine = header.engine(engine_class, logger=logger)
+        engine = header.engine(engine_class, logger=logger, **engine_options)
     except JournalError:
         raise
     except InvalidInputError as exc:

@@ -11,6 +11,7 @@ from statemachine._checker import (
     EVENT_SOURCES,
     Bounds,
     CheckReport,
+    Config,
     _canonical_key,
     _restore,
     _snapshot,
@@ -30,8 +31,10 @@ def _invariants(report: CheckReport) -> set[str]:
     return {v.invariant for v in report.violations}
 
 
-def test_default_bound_passes_and_takes_every_row() -> None:
-    report = check_engine()
+def test_near_default_bound_passes_and_takes_every_row() -> None:
+    # The default bound (calls=3) takes about 25 s on the shared CI machine; two calls
+    # per response still reach every row. `python -m statemachine check` runs the default.
+    report = check_engine(Bounds(turns=3, calls=2))
     assert report.violations == ()
     assert report.dead_ends == ()
     assert report.rows_missed == ()
@@ -53,19 +56,22 @@ def test_snapshot_and_replay_strategies_explore_the_same_space() -> None:
         replayed.refusals,
         replayed.rows_taken,
     )
-    assert snap.ok
-    assert replayed.ok
+    assert snap.violations == ()
+    assert replayed.violations == ()
 
 
 def test_small_bounds_miss_rows_and_say_which() -> None:
-    # With one turn the model never sees results, so that row cannot be taken.
+    # With one turn the model never sees results: no row back into AwaitingModel,
+    # other than the first call, can be taken.
     report = check_engine(Bounds(turns=1, calls=1))
-    missed = {(r.source, r.trigger, r.dest) for r in report.rows_missed}
-    assert (
-        TurnState.CollectingResults,
-        Trigger.results_complete,
-        TurnState.AwaitingModel,
-    ) in missed
+    back = {
+        r
+        for r in TRANSITIONS
+        if r.dest is TurnState.AwaitingModel
+        and r.source not in (TurnState.Ready, TurnState.AwaitingModel)
+    }
+    assert back
+    assert back <= set(report.rows_missed)
     assert report.violations == ()
     assert not report.ok
     assert "NOT TAKEN" in report.summary()
@@ -195,7 +201,7 @@ def test_checker_catches_a_broken_engine(engine_class: type[Engine], invariant: 
 
 def test_checker_reports_a_dead_end() -> None:
     report = check_engine(
-        Bounds(turns=1, calls=1, configs=({"check_permissions": False},)), engine_class=StallsEngine
+        Bounds(turns=1, calls=1, configs=(Config({}),)), engine_class=StallsEngine
     )
     assert report.dead_ends
     assert all("CollectingResults" in v.message for v in report.dead_ends)
@@ -204,9 +210,11 @@ def test_checker_reports_a_dead_end() -> None:
 
 def test_checker_reports_a_trigger_without_event_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(EVENT_SOURCES, Trigger.tool_cancelled)
-    report = check_engine(Bounds(turns=2, calls=1))
+    report = check_engine(Bounds(turns=1, calls=1, configs=(Config({}),)))
     assert any("tool_cancelled" in v.message for v in report.violations)
-    assert {r.trigger for r in report.rows_missed} == {Trigger.tool_cancelled}
+    cancelled = {r for r in TRANSITIONS if r.trigger is Trigger.tool_cancelled}
+    assert cancelled
+    assert cancelled <= set(report.rows_missed)
 
 
 def test_every_input_trigger_has_an_event_source() -> None:
@@ -216,7 +224,7 @@ def test_every_input_trigger_has_an_event_source() -> None:
 
 
 def test_cli_check_passes_and_fails_by_bounds(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_check(["--turns", "2", "--calls", "1"]) == 0
+    assert cli_check(["--turns", "2", "--calls", "2"]) == 0
     out = capsys.readouterr().out
     assert f"table rows taken: {len(TRANSITIONS)}/{len(TRANSITIONS)}" in out
     assert out.rstrip().endswith("OK")
