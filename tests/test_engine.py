@@ -940,11 +940,19 @@ def test_the_fuzz_can_catch_a_broken_engine(
         run_state_machine_as_test(EngineMachine, settings=quick)
 
 
-def test_logging_is_quiet_by_default() -> None:
-    # The library never configures structlog: with the test configuration at WARNING,
-    # a normal run emits nothing.
+def test_the_engine_leaves_the_logging_configuration_alone() -> None:
+    # A library never configures structlog or stdlib logging: the application does.
+    before = dict(structlog.get_config())
+    processors = list(before["processors"])
+    handlers = list(logging.getLogger("statemachine").handlers)
     with capture_logs() as logs:
         e = engine()
-        feed(e, sm.Start(), sm.ModelResponded(sm.AssistantMessage("hi")))
-    assert [x for x in logs if x.get("log_level") in ("warning", "error")] == []
-    assert logging.getLogger("statemachine").handlers == []
+        feed(e, *SCRIPT)
+    assert dict(structlog.get_config()) == before
+    assert list(structlog.get_config()["processors"]) == processors
+    assert logging.getLogger("statemachine").handlers == handlers
+    # a normal run warns only about what deserves it: here, the replaced id
+    assert [x["event"] for x in logs if x.get("log_level") == "warning"] == [
+        "tool_call_id_normalised",
+        "tool_call_id_normalised",
+    ]
