@@ -77,6 +77,7 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
+from ._journal import Journal, JournalError, JournalingEngine, ReplayResult, replay
 from ._messages import (
     AssistantMessage,
     ImageContent,
@@ -127,6 +128,9 @@ __all__ = [
     "InputKind",
     "InputQueued",
     "InvalidInputError",
+    "Journal",
+    "JournalError",
+    "JournalingEngine",
     "Message",
     "MessageAdded",
     "ModelCancelled",
@@ -136,6 +140,7 @@ __all__ = [
     "ModelOutputError",
     "ModelResponded",
     "ProtocolError",
+    "ReplayResult",
     "RequireApproval",
     "RunEnded",
     "RunEndedError",
@@ -182,6 +187,7 @@ __all__ = [
     "message_to_dict",
     "messages_from_dicts",
     "messages_to_dicts",
+    "replay",
     "report_progress",
     "resume_agent",
     "resume_run",
