@@ -229,7 +229,7 @@ async def completion_order_loop(
 
 
 # Broken loops never cancel a hanging tool; a short safety net keeps them quick.
-HANG_LIMIT = 0.1
+HANG_LIMIT = 0.03
 
 
 def _calls(scenario: Scenario) -> int:
