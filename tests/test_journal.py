@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from statemachine._engine import Engine
 from statemachine._errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine._events import (
     AbortRequested,
+    ContinueDecided,
     Event,
     ModelResponded,
     Start,
@@ -53,7 +54,7 @@ from statemachine._messages import (
     UserMessage,
 )
 from statemachine._table import INPUT_TRIGGERS, TurnState, rows_from
-from statemachine._tools import Tool, ToolDefinition, ToolOutput
+from statemachine._tools import Scheduling, Tool, ToolDefinition, ToolOutput
 
 
 def _quiet() -> Any:
@@ -510,3 +511,65 @@ def test_cli_replay_of_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str
     path.write_bytes(b"\xff\xfe")
     assert cli_replay([str(path)]) == 1
     assert "FAILED" in capsys.readouterr().err
+
+
+# -- engine options: scheduling -------------------------------------------------------------
+
+
+def test_sequential_scheduling_is_journaled_and_replayed() -> None:
+    scheduling = {"echo": Scheduling(sequential=True)}
+    # Sequential: b starts only after a finished.
+    events = (*SCRIPT[:2], ToolFinished("a", ToolOutput("1")), ToolFinished("b", ToolOutput("2")))
+    text, engine = _journal_text(events, scheduling=scheduling, check_continue=True)
+    header = json.loads(text.splitlines()[0])
+    assert header["options"]["scheduling"] == {"echo": {"sequential": True, "resources": False}}
+    assert header["options"]["check_continue"] is True
+    result = replay(io.StringIO(text), logger=_quiet())
+    assert result.messages == tuple(engine.messages)
+    assert result.trace == tuple(engine.trace)
+    # The rebuilt engine really is sequential: right after the response, b is held back.
+    upto_response = text.splitlines(keepends=True)[:3]
+    partial = replay(upto_response, logger=_quiet())
+    with pytest.raises(ProtocolError, match="'b' is not running"):
+        partial.engine.handle(ToolFinished("b", ToolOutput("2")))
+
+
+def _by_text(arguments: Mapping[str, Any]) -> list[str]:
+    return [str(arguments.get("text"))]
+
+
+def test_a_resources_function_must_be_given_back_to_replay() -> None:
+    scheduling = {"echo": Scheduling(resources=_by_text)}
+    text, engine = _journal_text(SCRIPT[:3], scheduling=scheduling)
+    with pytest.raises(JournalError, match=r"journal line 1: .*echo.*pass the tools' scheduling"):
+        replay(io.StringIO(text), logger=_quiet())
+    result = replay(io.StringIO(text), logger=_quiet(), scheduling=scheduling)
+    assert result.messages == tuple(engine.messages)
+
+
+def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    model = ScriptedModel(
+        [AssistantMessage([ToolCall("c1", "echo", {"text": "x"})]), AssistantMessage("done")]
+    )
+
+    async def keep_going(messages: Sequence[Message], turn: int) -> None:
+        return None
+
+    with Journal(path) as journal:
+        result = asyncio.run(
+            run_agent_journaled(
+                journal=journal,
+                model=model,
+                messages=[UserMessage("go")],
+                tools=[Tool(TOOL, _echo)],
+                should_continue=keep_going,
+                logger=_quiet(),
+            )
+        )
+    assert result.state is TurnState.Done
+    replayed = replay(path, logger=_quiet())
+    assert replayed.header.options["check_continue"] is True
+    assert any(isinstance(s.event, ContinueDecided) for s in replayed.steps)
+    assert replayed.messages == result.messages
+    assert replayed.trace == result.trace
