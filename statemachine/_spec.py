@@ -8,11 +8,12 @@ format for the people who write scenarios; ``CATALOG`` names what a scenario may
 claim to check (the seed's checkpoint and acceptance lines, the invariants I1–I8),
 and the runner reports which of them no scenario covers.
 
-Scenarios run through the real ``run_agent``. Determinism without clocks: tools that
+Scenarios run through the real loop (``AgentRun``, which ``run_agent`` runs; its
+handle lets a scenario steer mid-run). Determinism without clocks: tools that
 must finish in a given order wait for the calls they name (``after``), and an abort
-is pressed at a named point (before the start, when the model is called for the Nth
-time, when a tool starts, when the permission hook is asked about a call), never
-after a delay. Only the grace period is real time, and a scenario sets it small.
+is pressed and input queued at a named point (before the start, when the model is
+called for the Nth time, when a tool starts, when the permission hook is asked about
+a call), never after a delay. Only the grace period is real time, and a scenario sets it small.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import attrs
 import structlog
 
 from ._abort import AbortController, AbortSignal
-from ._driver import Deny, RunResult, run_agent
+from ._driver import AgentRun, Deny, RequireApproval, RunResult, Stop
 from ._errors import InvalidInputError
 from ._messages import (
     AssistantMessage,
@@ -205,17 +206,21 @@ class Scenario:
     abort: Mapping[str, Any]
     permissions: Mapping[str, Any] | None
     expect: Mapping[str, Any]
+    inputs: tuple[Mapping[str, Any], ...] = ()
+    should_continue: Mapping[str, Any] | None = None
 
 
 _TOP = {"name", "checks", "description", "run", "tools", "calls", "model", "abort"}
-_TOP |= {"permissions", "expect"}
+_TOP |= {"permissions", "expect", "inputs", "continue"}
 _RUN = {"max_turns", "grace_period", "messages"}
 _TOOL = {"name", "description", "parameters", "returns", "raises", "is_error", "bad_output"}
 _CALL = {"returns", "raises", "is_error", "bad_output", "after", "hang", "on_abort"}
 _MODEL = {"text", "thinking", "stop_reason", "tool_calls", "error_message", "raises", "hang"}
 _MODEL |= {"on_abort"}
 _ABORT = {"before_start", "during_model_call", "when_tool_starts", "reason"}
-_PERMISSIONS = {"deny", "advisory", "raise_for", "abort_at"}
+_PERMISSIONS = {"deny", "advisory", "approve", "raise_for", "abort_at"}
+_INPUT = {"kind", "text", "before_start", "during_model_call", "when_tool_starts"}
+_CONTINUE = {"stop_at_turn", "reason"}
 _EXPECT = {"state", "turns", "states", "transitions", "transcript", "messages"}
 _EXPECT |= {"explanation_contains", "requests", "repeat", "finished"}
 
@@ -385,6 +390,18 @@ def load_scenario(path: str | Path) -> Scenario:
     permissions = None
     if "permissions" in top:
         permissions = reader.table(top["permissions"], "permissions", _PERMISSIONS)
+    inputs = []
+    for i, raw in enumerate(reader.get(top, "inputs", list, "(top level)", [])):
+        where = f"inputs[{i}]"
+        table = reader.table(raw, where, _INPUT)
+        if reader.get(table, "kind", str, where, "steer") not in ("steer", "follow_up"):
+            raise reader.fail(f"{where}.kind", "is 'steer' or 'follow_up'")
+        if not isinstance(table.get("text"), str):
+            raise reader.fail(f"{where}.text", "give the message text")
+        inputs.append(table)
+    should_continue = None
+    if "continue" in top:
+        should_continue = reader.table(top["continue"], "continue", _CONTINUE)
     expect = reader.table(top.get("expect", {}), "expect", _EXPECT)
     state = reader.get(expect, "state", str, "expect")
     if state is None or state not in TurnState.__members__:
@@ -406,6 +423,8 @@ def load_scenario(path: str | Path) -> Scenario:
         abort=abort,
         permissions=permissions,
         expect=expect,
+        inputs=tuple(inputs),
+        should_continue=should_continue,
     )
 
 
@@ -424,6 +443,7 @@ class _World:
         self.batch: list[ToolCall] = []  # the calls of the latest response
         self.started: set[int] = set()  # indices into batch whose tool has started
         self.finish_order: list[str] = []  # call ids, in the order their tools returned
+        self.run: AgentRun | None = None
 
     def _done(self, call_id: str) -> asyncio.Event:
         return self.finished.setdefault(call_id, asyncio.Event())
@@ -431,11 +451,37 @@ class _World:
     def _press_stop(self) -> None:
         self.controller.abort(self.scenario.abort.get("reason", "the user pressed stop"))
 
+    async def _queue_inputs(self, point: str, value: object) -> None:
+        """Queue the scenario's inputs that arrive at this point (steer or follow up).
+
+        The driver posts queued input on the loop's next turn; yielding once lets it
+        reach the engine before the answer of the call in progress, which is what
+        "during the call" means in a scenario.
+        """
+        assert self.run is not None
+        queued = False
+        for item in self.scenario.inputs:
+            if item.get(point) == value:
+                queued = True
+                if item.get("kind", "steer") == "follow_up":
+                    self.run.follow_up(item["text"])
+                else:
+                    self.run.steer(item["text"])
+        if queued:
+            await asyncio.sleep(0)
+
+    async def should_continue(self, messages: Sequence[Message], turn: int) -> Stop | None:
+        rules = self.scenario.should_continue or {}
+        if rules.get("stop_at_turn") == turn:
+            return Stop(str(rules.get("reason", "should_continue said stop")))
+        return None
+
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
         self.model_calls += 1
         self.requests.append([compact(m) for m in messages])
+        await self._queue_inputs("during_model_call", self.model_calls)
         if self.scenario.abort.get("during_model_call") == self.model_calls:
             self._press_stop()
         if self.model_calls > len(self.scenario.model):
@@ -488,6 +534,7 @@ class _World:
     ) -> ToolReturn:
         if self.scenario.abort.get("when_tool_starts") == call_id:
             self._press_stop()
+        await self._queue_inputs("when_tool_starts", call_id)
         for other in b.after:
             await self._done(other).wait()
         if b.hang:
@@ -510,7 +557,7 @@ class _World:
         text = b.returns if b.returns is not None else f"{definition.name} ok"
         return ToolOutput(text, is_error=b.is_error)
 
-    async def before_tool_call(self, call: ToolCall) -> Deny | None:
+    async def before_tool_call(self, call: ToolCall) -> Deny | RequireApproval | None:
         rules = self.scenario.permissions or {}
         if call.id == rules.get("abort_at"):
             self._press_stop()
@@ -521,6 +568,8 @@ class _World:
             return Deny(str(rules["deny"][call.id]))
         if call.id in rules.get("advisory", {}):
             return Deny(str(rules["advisory"][call.id]), advisory=True)
+        if call.id in rules.get("approve", {}):
+            return RequireApproval(str(rules["approve"][call.id]))
         return None
 
 
@@ -561,17 +610,22 @@ async def _run_once(scenario: Scenario) -> tuple[RunResult, _World]:
     if scenario.abort.get("before_start"):
         world._press_stop()
     tools = [world.tool(d) for d in scenario.tools]
-    result = await run_agent(
+    # AgentRun is what run_agent runs; its handle lets the scenario steer mid-run.
+    run = AgentRun(
         model=world,
         messages=scenario.messages,
         tools=tools,
         max_turns=scenario.max_turns,
         signal=controller.signal,
         before_tool_call=world.before_tool_call if scenario.permissions is not None else None,
+        should_continue=world.should_continue if scenario.should_continue is not None else None,
         grace_period=scenario.grace_period,
         run_id=scenario.path.stem,
         logger=_QUIET,
     )
+    world.run = run
+    await world._queue_inputs("before_start", True)
+    result = await run.run()
     return result, world
 
 

@@ -166,6 +166,16 @@ def test_cli_reports_bad_paths_and_files(
             '[expect]\nstate = "Done"\n',
             r"run.messages\[0\]",
         ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[[inputs]]\n'
+            'kind = "shout"\ntext = "x"\n[expect]\nstate = "Done"\n',
+            r"inputs\[0\].kind",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[continue]\n'
+            'after = 2\n[expect]\nstate = "Done"\n',
+            "continue: unknown key",
+        ),
     ],
 )
 def test_bad_scenarios_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
