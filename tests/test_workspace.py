@@ -354,7 +354,7 @@ def test_offset_past_the_end_and_invalid_offset(tmp_path: Path) -> None:
     lines=st.lists(
         st.text(
             alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x00"),
-            max_size=12,
+            max_size=9,
         ).map(lambda s: s + "\n"),
         min_size=1,
         max_size=40,
