@@ -95,7 +95,7 @@ def test_printed_transitions_are_the_runs_trace_in_order(project: Path) -> None:
     assert expected[0][:3] == ("Ready", "AwaitingModel", "start")
     assert expected[-1][:3] == ("AwaitingModel", "Done", "model_responded")
     dispatches = [t for t in expected if t[:2] == ("DispatchingTools", "CollectingResults")]
-    assert [t[3] for t in dispatches] == [1, 2]
+    assert len(dispatches) == 2  # the listing's turn and the reading's turn
 
 
 def test_messages_and_transitions_are_interleaved_as_they_happen(project: Path) -> None:
