@@ -353,7 +353,7 @@ def test_offset_past_the_end_and_invalid_offset(tmp_path: Path) -> None:
 @given(
     lines=st.lists(
         st.text(
-            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x00"),
+            alphabet=st.characters(codec="utf-8", exclude_characters="\r\n\x00"),
             max_size=9,
         ).map(lambda s: s + "\n"),
         min_size=1,
