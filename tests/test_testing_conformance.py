@@ -183,3 +183,101 @@ def test_generated_hangs_sit_only_where_an_abort_reaches_them(scenario: Scenario
                 assert abort.kind is AbortKind.TOOL_START
                 assert abort.turn == t
                 assert c >= abort.call
+
+
+# -- a loop written independently of run_agent passes too --------------------------------------
+
+
+async def _until_abort(work: Any, signal: AbortSignal, grace: float) -> tuple[bool, Any]:
+    """Run ``work``; on abort give it ``grace`` seconds, then cancel it.
+    Returns (finished, value or exception)."""
+    import asyncio
+
+    task = asyncio.ensure_future(work)
+    aborted = asyncio.Event()
+    remove = signal.add_listener(lambda _reason: aborted.set())
+    waiter = asyncio.ensure_future(aborted.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=grace)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+            return False, None
+        if task.cancelled():
+            return False, None
+        exc = task.exception()
+        return True, exc if exc is not None else task.result()
+    finally:
+        remove()
+        waiter.cancel()
+
+
+async def reference_loop(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[Message]:
+    """A small serial loop that follows the seed's rules, written from the chapter,
+    not from run_agent: content decides control flow, every failure becomes an error
+    result, ids are made unique, an abort is waited out and then cancelled."""
+    from statemachine import AssistantMessage, ToolCall, ToolResultMessage, validate_arguments
+
+    history = list(messages)
+    by_name = {t.definition.name: t for t in tools}
+    seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    for turn in range(1, max_turns + 1):
+        if signal.aborted:
+            return history
+        finished, reply = await _until_abort(
+            model.complete(history, [t.definition for t in tools], signal), signal, 0.02
+        )
+        if not finished:
+            history.append(AssistantMessage((), stop_reason=StopReason.ABORTED))
+            return history
+        if isinstance(reply, Exception):
+            history.append(AssistantMessage((), stop_reason="error", error_message=str(reply)))
+            return history
+        content = []
+        for i, block in enumerate(reply.content):
+            if isinstance(block, ToolCall) and (not block.id or block.id in seen):
+                block = ToolCall(f"t{turn}_{i}", block.name, block.arguments)
+            if isinstance(block, ToolCall):
+                seen.add(block.id)
+            content.append(block)
+        reply = AssistantMessage(tuple(content), stop_reason=reply.stop_reason)
+        history.append(reply)
+        if not reply.tool_calls:
+            return history
+        broken = reply.stop_reason in (StopReason.ERROR, StopReason.ABORTED)
+        for call in reply.tool_calls:
+            tool = by_name.get(call.name)
+            if broken or signal.aborted:
+                text, is_error = "not run: the response failed or the run was aborted", True
+            elif tool is None:
+                text, is_error = f"Unknown tool: {call.name}", True
+            elif problems := validate_arguments(tool.definition, call.arguments):
+                text, is_error = "; ".join(problems), True
+            else:
+                done, value = await _until_abort(
+                    tool.execute(call.arguments_dict(), signal), signal, 0.02
+                )
+                if not done:
+                    text, is_error = "Operation aborted", True
+                elif isinstance(value, Exception):
+                    text, is_error = f"{type(value).__name__}: {value}", True
+                else:
+                    text, is_error = value, False
+            history.append(ToolResultMessage(call.id, call.name, text, is_error=is_error))
+        if broken or signal.aborted:
+            return history
+    return history
+
+
+def test_a_loop_written_from_the_chapter_passes_too() -> None:
+    report = run_conformance(reference_loop, max_examples=60, seed=11)
+    assert report.passed, report.summary()
