@@ -281,3 +281,15 @@ async def reference_loop(
 def test_a_loop_written_from_the_chapter_passes_too() -> None:
     report = run_conformance(reference_loop, max_examples=60, seed=11)
     assert report.passed, report.summary()
+
+
+def test_a_cancelled_error_escaping_the_loop_is_an_i8_failure() -> None:
+    import asyncio
+
+    async def swallows_nothing(**kwargs: Any) -> list[Message]:
+        raise asyncio.CancelledError
+
+    record = run_scenario(swallows_nothing, Scenario(turns=()))
+    assert check_record(record)["I8"] == [
+        "the loop did not return a history: CancelledError escaped the loop"
+    ]

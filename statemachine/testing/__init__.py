@@ -20,6 +20,8 @@ A supported public module (like ``structlog.testing``). It offers:
 * **stateful testing**: ``AgentEngineMachine``, a Hypothesis
   ``RuleBasedStateMachine`` to subclass for your own engine;
 * **pytest**: the opt-in plugin ``statemachine.testing.plugin``.
+
+It needs Hypothesis and pytest: ``pip install 'agent-statemachine[test]'``.
 """
 
 from __future__ import annotations

@@ -594,6 +594,11 @@ async def run_scenario_async(
     except TimeoutError:
         timed_out = True
         error = f"the loop did not return within {timeout:g} s"
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the runner itself is being cancelled: not the loop's doing
+        error = "CancelledError escaped the loop"
     except Exception as exc:  # noqa: BLE001 - an escaping exception is what I8 judges
         error = f"{type(exc).__name__}: {exc}"
     else:
