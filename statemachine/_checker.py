@@ -173,6 +173,8 @@ class Bounds:
     exactly as it was is verified (a full comparison, the costliest check) for the
     first ``refusals_per_pair`` refusals of each (state, trigger) pair and for every
     ``refusal_stride``-th refusal after that; ``refusal_stride=1`` verifies them all.
+    Every ``determinism_stride``-th run that reaches a terminal state is replayed on a
+    fresh engine, which must give the identical run (I5).
     """
 
     turns: int = 3
@@ -185,12 +187,15 @@ class Bounds:
     max_violations: int = 20
     refusals_per_pair: int = 50
     refusal_stride: int = 4
+    determinism_stride: int = 25
 
     def __attrs_post_init__(self) -> None:
         if self.turns < 1 or self.calls < 0:
             raise ValueError("bounds: turns must be >= 1 and calls >= 0")
-        if self.refusal_stride < 1 or self.refusals_per_pair < 0:
-            raise ValueError("bounds: refusal_stride must be >= 1, refusals_per_pair >= 0")
+        if self.refusal_stride < 1 or self.refusals_per_pair < 0 or self.determinism_stride < 1:
+            raise ValueError(
+                "bounds: refusal_stride and determinism_stride must be >= 1, refusals_per_pair >= 0"
+            )
 
 
 # -- event sources: one entry per input trigger ---------------------------------------------
@@ -560,6 +565,7 @@ class _Search:
         self.logger = _SilentLogger()
         self.engine = self._fresh()
         self.current = self.engine  # the engine in the state of the latest child
+        self.leaves = 0
         self.states = 0
         self.transitions = 0
         self.refusals = 0
@@ -671,13 +677,37 @@ class _Search:
             )
 
     def _absorb(self, engine: Engine, node: _Node) -> None:
-        """In a terminal state (``engine`` is in it): every event is absorbed (I4)."""
+        """In a terminal state (``engine`` is in it): every event is absorbed (I4), and
+        on a sample of runs, the same events give the same run again (I5)."""
+        self.leaves += 1
+        if self.leaves % self.bounds.determinism_stride == 1:
+            self._check_determinism(engine, node.path)
         base = _fingerprint(engine, node.key[0])
         for trigger in INPUT_TRIGGERS:
             source = EVENT_SOURCES.get(trigger)
             candidates = source(engine, self.bounds) if source is not None else ()
             if candidates and self._check_refused(engine, candidates[0], base, node, absorbed=True):
                 return  # the engine changed: the violation is recorded, stop here
+
+    def _check_determinism(self, engine: Engine, path: tuple[Event, ...]) -> None:
+        # A fresh engine, the same events: the same states, history, log and explanation.
+        again = self._fresh()
+        try:
+            for event in path:
+                again.handle(event)
+        except Exception as exc:  # noqa: BLE001 - a crash on a replay is the finding
+            self._violate("I5", f"replaying the run raised {type(exc).__name__}: {exc}", path)
+            return
+        same = (
+            again.state is engine.state
+            and tuple(again.messages) == tuple(engine.messages)
+            and again.trace == engine.trace
+            and again.explanation == engine.explanation
+        )
+        if not same:
+            self._violate(
+                "I5", "the same events, replayed on a fresh engine, gave another run", path
+            )
 
     def _check_refused(
         self, engine: Engine, event: Event, base: tuple[Any, ...], node: _Node, *, absorbed: bool
