@@ -569,3 +569,35 @@ def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(
         {"role": "assistant", "content": [{"type": "text", "text": "Reading the files now"}]},
         {"role": "user", "content": [{"type": "text", "text": "go on"}]},
     ]
+
+
+def test_prompt_cache_marks_the_system_prompt_and_the_last_message(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("anthropic/text_stream.sse"), sse("anthropic/text_stream.sse"))
+    history: list[sm.Message] = [
+        sm.UserMessage("read it"),
+        sm.AssistantMessage(
+            (sm.ThinkingContent("t", "sig"), sm.ToolCall("toolu_1", "read_file", {"path": "a"}))
+        ),
+        sm.ToolResultMessage("toolu_1", "read_file", "contents"),
+    ]
+    complete(make_model(server, system="Be brief.", prompt_cache=True), history, (READ,))
+    complete(make_model(server, prompt_cache=True), history[:1], (READ,))
+    with_system, without_system = server.bodies()
+    ephemeral = {"type": "ephemeral"}
+    assert with_system["system"] == [
+        {"type": "text", "text": "Be brief.", "cache_control": ephemeral}
+    ]
+    assert "cache_control" not in with_system["tools"][-1]
+    assert with_system["messages"][-1]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "contents"}],
+            "cache_control": ephemeral,
+        }
+    ]
+    assert "cache_control" not in with_system["messages"][1]["content"][0]  # thinking
+    assert without_system["tools"][-1]["cache_control"] == ephemeral
+    assert without_system["messages"][-1]["content"][-1]["cache_control"] == ephemeral

@@ -172,12 +172,34 @@ def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
     ]
 
 
+_CACHEABLE = frozenset({"text", "image", "tool_use", "tool_result"})
+
+
+def _mark_cache_breakpoints(body: dict[str, Any]) -> None:
+    """Mark two prompt-cache breakpoints: the end of the tools and system prompt
+    (stable for the whole run) and the end of the last message (so the next turn,
+    which only appends, reads everything before it from the cache). The API allows
+    four; thinking blocks cannot carry one, so the last cacheable block is used."""
+    ephemeral = {"type": "ephemeral"}
+    if "system" in body:
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": ephemeral}]
+    elif body.get("tools"):
+        body["tools"][-1]["cache_control"] = ephemeral
+    if body["messages"]:
+        for block in reversed(body["messages"][-1]["content"]):
+            if block["type"] in _CACHEABLE:
+                block["cache_control"] = ephemeral
+                break
+
+
 class AnthropicModel:
     """A streaming ``ModelClient`` for the Anthropic Messages API.
 
     The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. ``thinking`` is passed
     through as the request's ``thinking`` object (e.g. ``{"type": "enabled",
-    "budget_tokens": 2048}``). ``on_text`` receives text deltas as they arrive (a
+    "budget_tokens": 2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
+    each turn pays back from its second turn on. ``on_text`` receives text deltas as they arrive (a
     retried attempt streams its text again). ``sleep`` and ``random`` exist for tests;
     ``client`` replaces the SDK client entirely.
     """
@@ -194,6 +216,7 @@ class AnthropicModel:
         max_tokens: int = 4096,
         temperature: float | None = None,
         thinking: Mapping[str, Any] | None = None,
+        prompt_cache: bool = False,
         extra_body: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = 600.0,
@@ -215,6 +238,7 @@ class AnthropicModel:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.thinking = dict(thinking) if thinking is not None else None
+        self.prompt_cache = prompt_cache
         self.extra_body = dict(extra_body or {})
         self.retry = retry if retry is not None else RetryPolicy()
         self.on_text = on_text
@@ -248,6 +272,8 @@ class AnthropicModel:
             body["system"] = self.system
         if tools:
             body["tools"] = project_tools(tools)
+        if self.prompt_cache:
+            _mark_cache_breakpoints(body)
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.thinking is not None:
