@@ -50,10 +50,11 @@ import collections
 import enum
 import functools
 import itertools
+import os
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import attrs
 
@@ -111,6 +112,7 @@ __all__ = [
     "Config",
     "check_engine",
     "cli_check",
+    "write_counterexample",
 ]
 
 S = TurnState
@@ -516,6 +518,43 @@ def _describe(event: Event) -> str:
     return describe_event(event)
 
 
+def write_counterexample(
+    violation: CheckViolation,
+    target: str | os.PathLike[str] | IO[str],
+    *,
+    bounds: Bounds | None = None,
+    engine_class: type[Engine] = Engine,
+) -> int:
+    """Write the path that led to ``violation`` as a journal; return the events written.
+
+    The journal is made by ``engine_class`` (the engine that was checked) in the
+    configuration of the violation, so ``replay(target, engine_class=engine_class)``
+    reproduces the run, and replaying it into another engine (the real ``Engine``, for
+    a deliberately broken one) names the first line where the two part ways. An event
+    the engine refused ends the journal: it is not part of the run.
+    """
+    from ._journal import Journal, JournalingEngine
+
+    bounds = bounds or Bounds()
+    recording = type(f"Journaling{engine_class.__name__}", (JournalingEngine, engine_class), {})
+    with Journal(target) as journal:
+        engine = recording(
+            journal=journal,
+            tools=[TOOL],
+            messages=[FIRST_MESSAGE],
+            max_turns=bounds.turns,
+            run_id="counterexample",
+            logger=_SilentLogger(),
+            **violation.config,
+        )
+        for event in violation.path:
+            try:
+                engine.handle(event)
+            except Exception:  # noqa: BLE001 - the refused or crashing event ends the run
+                break
+        return journal.events_written
+
+
 # -- the search ------------------------------------------------------------------------------
 
 
@@ -918,6 +957,11 @@ def cli_check(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=3, help="max_turns (default 3)")
     parser.add_argument("--calls", type=int, default=3, help="tool calls per response (3)")
     parser.add_argument(
+        "--counterexample",
+        metavar="FILE",
+        help="write the first violation's event path as a journal (replay it to see it)",
+    )
+    parser.add_argument(
         "--uncapped",
         action="store_true",
         help="explore every configuration with --calls (the hooked one is capped at 2)",
@@ -937,5 +981,9 @@ def cli_check(argv: list[str]) -> int:
     bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
     report = check_engine(bounds, strategy=args.strategy)
     print(report.summary())
+    findings = (*report.violations, *report.dead_ends)
+    if args.counterexample and findings:
+        count = write_counterexample(findings[0], args.counterexample, bounds=bounds)
+        print(f"wrote {count} event(s) to {args.counterexample}: python -m statemachine replay")
     print("OK" if report.ok else "FAILED")
     return 0 if report.ok else 1

@@ -4,6 +4,7 @@ catches deliberately broken engines (each kept here as proof that it can fail)."
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +19,13 @@ from statemachine._checker import (
     _snapshot,
     check_engine,
     cli_check,
+    write_counterexample,
 )
 from statemachine._engine import Engine
 from statemachine._errors import ProtocolError
 from statemachine._events import Action, Event, ModelResponded, Start
+from statemachine._invariants import history_violations
+from statemachine._journal import replay
 from statemachine._messages import AssistantMessage, ToolCall, UserMessage
 from statemachine._table import TERMINAL, TRANSITIONS, Trigger, TurnState
 
@@ -262,3 +266,24 @@ def _quiet() -> Any:
     return structlog.wrap_logger(
         None, wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL)
     )
+
+
+def test_a_counterexample_replays_as_a_journal(tmp_path: Path) -> None:
+    report = check_engine(SMALL, engine_class=CompletionOrderEngine)
+    violation = next(v for v in report.violations if v.invariant == "I2")
+    path = tmp_path / "counterexample.jsonl"
+    written = write_counterexample(
+        violation, path, bounds=SMALL, engine_class=CompletionOrderEngine
+    )
+    assert written == len(violation.path)
+    broken = replay(path, engine_class=CompletionOrderEngine, logger=_quiet())
+    assert "I2" in {v.invariant for v in history_violations(broken.messages, allow_open_tail=True)}
+    # The real engine accepts the same events and keeps the call order.
+    real = replay(path, logger=_quiet())
+    assert history_violations(real.messages, allow_open_tail=True) == []
+
+
+def test_rows_are_told_apart_by_source_trigger_and_destination() -> None:
+    # The checker maps a transition record to its row by (source, trigger, dest).
+    triples = [(r.source, r.trigger, r.dest) for r in TRANSITIONS]
+    assert len(triples) == len(set(triples))
