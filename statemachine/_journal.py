@@ -11,7 +11,7 @@ Format (one JSON object per line, UTF-8)::
 
     {"format": "statemachine-journal", "version": 1, "runId": ..., "maxTurns": ...,
      "checkPermissions": ..., "tools": [{"name", "description", "parameters"}],
-     "messages": [<wire messages>]}                                 # line 1: header
+     "messages": [<wire messages>], "options": {...}}               # line 1: header
     {"seq": 1, "event": {"type": "Start"}, "after": "AwaitingModel"}  # one per event
     {"checkpoint": {"state": "Done", "turns": 2, "messages": 4,
                     "transitions": 6, "digest": "<sha256>"}}         # at each return
@@ -32,6 +32,11 @@ line, which replay reports as the truncation it is. ``flush="checkpoint"`` flush
 only at checkpoints and on close (cheaper; a crash may lose the events since the last
 checkpoint). ``fsync=True`` also asks the OS to put every flushed record on disk,
 which survives a power loss at the cost of a disk sync per flush.
+
+``options`` holds the engine's other keyword arguments (``check_continue``, the tools'
+``scheduling``...): JSON scalars as they are, the rest through ``_OPTION_CODECS``. A
+tool whose scheduling names its resources with a function cannot be written down;
+``replay`` then asks for the scheduling back.
 
 The codec is derived from the event classes: every class in the ``Event`` union is
 encoded field by field from its type hints (a new event class needs no code here as
@@ -89,8 +94,10 @@ __all__ = [
     "ReplayResult",
     "ReplayStep",
     "cli_replay",
+    "describe_event",
     "event_from_dict",
     "event_to_dict",
+    "format_step",
     "history_digest",
     "replay",
     "run_agent_journaled",
