@@ -169,7 +169,8 @@ class Chart:
 
 def _words(name: str) -> str:
     """``has_tool_calls`` as a person says it; a name of underscores stays as it is."""
-    return " ".join(name.replace("_", " ").split()) or name
+    # Labels lose outer whitespace when drawn, so the fallback is stripped too.
+    return " ".join(name.replace("_", " ").split()) or name.strip() or name
 
 
 def chart_from_table(

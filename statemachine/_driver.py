@@ -439,6 +439,7 @@ class AgentRun:
         self._tool_counts: dict[str, dict[str, int]] = {}
         self._usage = Usage()
         self._model_calls = 0
+        self._model_exception: Exception | None = None
 
     # -- the caller's handle ------------------------------------------------------------
 
@@ -684,10 +685,13 @@ class AgentRun:
         state = engine.state
         explanation = engine.explanation or ""
         error_type = _ERRORS.get(state)
+        error = error_type(explanation) if error_type is not None else None
+        if error is not None and state is TurnState.Failed:
+            error.__cause__ = self._model_exception
         return RunResult(
             state=state,
             messages=tuple(engine.messages),
-            error=error_type(explanation) if error_type is not None else None,
+            error=error,
             turns=engine.turns,
             explanation=explanation,
             trace=tuple(engine.trace),
@@ -721,6 +725,10 @@ class AgentRun:
             return
         except Exception as exc:  # noqa: BLE001 - every failure is one failed call
             self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
+            # The engine records text (runs replay from data); the caller also gets the
+            # exception itself as the cause of RunResult.error, e.g. to detect context
+            # overflow and compact.
+            self._model_exception = exc
             self._post("model", ModelFailed(_describe(exc)))
             return
         if not isinstance(message, AssistantMessage):

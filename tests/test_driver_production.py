@@ -444,3 +444,23 @@ def test_abort_through_the_handle_while_tools_run() -> None:
     assert result.state is sm.TurnState.Aborted
     assert [r.text for r in results(result.messages)] == ["stopped cleanly", "stopped cleanly"]
     assert "user pressed stop" in result.explanation
+
+
+def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> None:
+    class Overflow(Exception):
+        pass
+
+    class Failing:
+        async def complete(
+            self,
+            messages: Sequence[sm.Message],
+            tools: Sequence[sm.ToolDefinition],
+            signal: sm.AbortSignal,
+        ) -> sm.AssistantMessage:
+            raise Overflow("context too long")
+
+    result = sm.run_agent_sync(model=Failing(), messages=[sm.UserMessage("go")])
+    assert result.state is sm.TurnState.Failed
+    assert isinstance(result.error, sm.ModelFailedError)
+    assert isinstance(result.error.__cause__, Overflow)
+    assert "Overflow: context too long" in result.explanation
