@@ -447,7 +447,7 @@ def test_abort_through_the_handle_while_tools_run() -> None:
 
 
 def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> None:
-    class Overflow(Exception):
+    class ContextTooLongError(Exception):
         pass
 
     class Failing:
@@ -457,10 +457,10 @@ def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> Non
             tools: Sequence[sm.ToolDefinition],
             signal: sm.AbortSignal,
         ) -> sm.AssistantMessage:
-            raise Overflow("context too long")
+            raise ContextTooLongError("context too long")
 
     result = sm.run_agent_sync(model=Failing(), messages=[sm.UserMessage("go")])
     assert result.state is sm.TurnState.Failed
     assert isinstance(result.error, sm.ModelFailedError)
-    assert isinstance(result.error.__cause__, Overflow)
-    assert "Overflow: context too long" in result.explanation
+    assert isinstance(result.error.__cause__, ContextTooLongError)
+    assert "ContextTooLongError: context too long" in result.explanation
