@@ -661,13 +661,23 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- firing one event, accepted or refused ------------------------------------------------
 
+    def internals(self) -> dict[str, Any] | None:
+        # The engine's whole state, private bookkeeping included, where it can be
+        # written down (not while an operation is outstanding).
+        try:
+            return self.engine.snapshot()
+        except sm.ProtocolError:
+            return None
+
     def fire(self, event: sm.Event, *, must_refuse: bool = False) -> None:
         before = observe(self.engine)
+        before_internals = self.internals()
         try:
             actions = self.engine.handle(event)
         except sm.ProtocolError:
             assert not before[0].is_terminal, "a terminal state must absorb, not refuse"
             assert observe(self.engine) == before, "a refused event changed the engine"
+            assert self.internals() == before_internals, "a refused event changed internals"
             return
         assert not (must_refuse and not before[0].is_terminal), f"{event!r} was accepted"
         assert self.twin.handle(event) == actions
@@ -916,6 +926,17 @@ class EngineMachine(RuleBasedStateMachine):
 TestEngineMachine = EngineMachine.TestCase
 
 
+_check_payload = sm.Engine._check_payload
+
+
+def _marking_check(self: sm.Engine, state: sm.TurnState, event: sm.Event) -> None:
+    try:
+        _check_payload(self, state, event)
+    except sm.ProtocolError:
+        self.abort_reason = "left behind by a refused event"
+        raise
+
+
 BROKEN_ENGINES = [
     # the seed's "text only" loop: tool calls never decide anything
     ("statemachine._engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
@@ -923,10 +944,16 @@ BROKEN_ENGINES = [
     ("statemachine._engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),
     # finished runs that still react to late events
     ("statemachine._engine.ABSORBING", frozenset(), "absorb"),
+    # a refusal that leaves a mark behind (I8)
+    ("statemachine._engine.Engine._check_payload", _marking_check, "a refused event changed"),
 ]
 
 
-@pytest.mark.parametrize(("target", "value", "caught_by"), BROKEN_ENGINES)
+@pytest.mark.parametrize(
+    ("target", "value", "caught_by"),
+    BROKEN_ENGINES,
+    ids=["ignores-tool-calls", "no-turn-limit", "not-absorbing", "refusal-leaves-a-mark"],
+)
 def test_the_fuzz_can_catch_a_broken_engine(
     monkeypatch: pytest.MonkeyPatch, target: str, value: object, caught_by: str
 ) -> None:
