@@ -298,7 +298,10 @@ def _cancel_requested() -> bool:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not kill the reporting task
+        text = "(its text could not be read)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -762,6 +765,12 @@ class AgentRun:
         except asyncio.CancelledError:
             self._post(call.id, ToolCancelled(call.id))
             raise
+        except Exception as exc:  # noqa: BLE001 - a task that dies unreported hangs the run
+            self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
+            output = ToolOutput(
+                f"tool {call.name} returned output that could not be read: {_describe(exc)}",
+                is_error=True,
+            )
         finally:
             _progress_sink.reset(token)
             unlink()
