@@ -288,6 +288,47 @@ def test_a_context_transform_raising_cancelled_error_by_itself_fails_the_call() 
     assert "StrayCancelledError" in result.explanation
 
 
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_an_exception_whose_text_cannot_be_read_still_gives_one_error_result() -> None:
+    @sm.tool
+    async def odd() -> str:
+        raise _UnprintableError
+
+    result = run(model=ScriptedModel(asks(call("c1", "odd")), DONE), tools=[odd])
+    assert result.state is sm.TurnState.Done
+    (only,) = results_of(result)
+    assert only.is_error
+    assert only.text == "_UnprintableError: (its text could not be read)"
+
+
+def test_a_model_exception_whose_text_cannot_be_read_still_ends_failed() -> None:
+    result = run(model=ScriptedModel(_UnprintableError()))
+    assert result.state is sm.TurnState.Failed
+    assert "_UnprintableError: (its text could not be read)" in result.explanation
+
+
+def test_output_that_breaks_when_read_gives_one_error_result() -> None:
+    class BadList(list[sm.TextContent]):
+        def __iter__(self) -> Any:
+            raise RuntimeError("cannot iterate")
+
+    async def execute(arguments: dict[str, Any], signal: sm.AbortSignal) -> Any:
+        return BadList([sm.TextContent("x")])
+
+    odd = sm.Tool(sm.ToolDefinition("odd", ""), execute)
+    result = run(model=ScriptedModel(asks(call("c1", "odd")), DONE), tools=[odd])
+    assert result.state is sm.TurnState.Done
+    (only,) = results_of(result)
+    assert only.is_error
+    assert (
+        only.text == "tool odd returned output that could not be read: RuntimeError: cannot iterate"
+    )
+
+
 # -- the model fails ---------------------------------------------------------------------------
 
 
