@@ -135,22 +135,24 @@ class Deny:
     boundary; an ``advisory`` one only tells the model, and the run goes on.
     """
 
-    reason: str
-    advisory: bool = False
+    # Checked here, inside the hook's own call: a bad value then takes the hook's
+    # failure path (fail closed) instead of killing the permission task later.
+    reason: str = attrs.field(validator=attrs.validators.instance_of(str))
+    advisory: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 @attrs.frozen
 class RequireApproval:
     """What ``before_tool_call`` returns when a person must approve the call first."""
 
-    reason: str = ""
+    reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
 
 @attrs.frozen
 class Stop:
     """What ``should_continue`` returns to end the run at a turn boundary."""
 
-    reason: str
+    reason: str = attrs.field(validator=attrs.validators.instance_of(str))
 
 
 BeforeToolCall: TypeAlias = Callable[
