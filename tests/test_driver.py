@@ -329,6 +329,32 @@ def test_output_that_breaks_when_read_gives_one_error_result() -> None:
     )
 
 
+def test_a_hook_building_a_bad_deny_fails_closed_instead_of_hanging() -> None:
+    def hook(c: sm.ToolCall) -> sm.Deny:
+        return sm.Deny(123)  # type: ignore[arg-type]
+
+    result = run(
+        model=ScriptedModel(asks(call("c1", "echo", text="x"))), tools=[echo], before_tool_call=hook
+    )
+    assert result.state is sm.TurnState.AwaitingUser
+    (only,) = results_of(result)
+    assert "the before_tool_call hook raised TypeError" in only.text
+
+
+@pytest.mark.parametrize(
+    ("answer", "arguments"),
+    [
+        (sm.Deny, {"reason": None}),
+        (sm.Deny, {"reason": "x", "advisory": "yes"}),
+        (sm.RequireApproval, {"reason": 3}),
+        (sm.Stop, {"reason": b"bytes"}),
+    ],
+)
+def test_hook_answers_check_their_fields(answer: Any, arguments: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="must be <class"):
+        answer(**arguments)
+
+
 # -- the model fails ---------------------------------------------------------------------------
 
 
