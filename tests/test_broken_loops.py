@@ -219,7 +219,11 @@ async def completion_order_loop(
         history.append(assistant)
         if not assistant.tool_calls:
             return history
-        pending = [_run_call(by_name, call, signal) for call in assistant.tool_calls]
+        # Tasks started in call order, so the completion order (and this loop's
+        # output) follows the tools' ticks, not the hashing of a set of coroutines.
+        pending = [
+            asyncio.ensure_future(_run_call(by_name, call, signal)) for call in assistant.tool_calls
+        ]
         for finished in asyncio.as_completed(pending):
             history.append(await finished)
     return history
