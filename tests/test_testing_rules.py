@@ -35,7 +35,8 @@ class ResultDroppingEngine(AgentEngineMachine):
 def test_the_machine_catches_a_history_that_loses_a_result() -> None:
     with pytest.raises(AssertionError, match=r"rewritten|no result"):
         run_state_machine_as_test(
-            ResultDroppingEngine, settings=settings(max_examples=200, stateful_step_count=30)
+            ResultDroppingEngine,
+            settings=settings(max_examples=200, stateful_step_count=30, derandomize=True),
         )
 
 
@@ -51,5 +52,6 @@ class OverLimitMachine(AgentEngineMachine):
 def test_the_machine_catches_too_many_model_calls() -> None:
     with pytest.raises(AssertionError, match="model responses with max_turns=1"):
         run_state_machine_as_test(
-            OverLimitMachine, settings=settings(max_examples=200, stateful_step_count=30)
+            OverLimitMachine,
+            settings=settings(max_examples=200, stateful_step_count=30, derandomize=True),
         )
