@@ -102,6 +102,11 @@ def _freeze_arguments(value: Mapping[str, Any]) -> Mapping[str, Any]:
 # -- content blocks -------------------------------------------------------------
 
 
+# Fields the wire format reads back strictly are checked on the way in too, so that
+# every message that can be built survives message_to_dict/message_from_dict.
+_optional_str = attrs.validators.optional(attrs.validators.instance_of(str))
+
+
 @attrs.frozen
 class TextContent:
     """Plain text."""
@@ -116,7 +121,7 @@ class ThinkingContent:
 
     type: ClassVar[str] = "thinking"
     thinking: str = attrs.field(validator=attrs.validators.instance_of(str))
-    signature: str | None = None
+    signature: str | None = attrs.field(default=None, validator=_optional_str)
 
 
 @attrs.frozen
@@ -225,8 +230,10 @@ class AssistantMessage:
     role: ClassVar[str] = "assistant"
     content: tuple[AssistantContent, ...] = attrs.field(converter=_assistant_content)
     stop_reason: StopReason = attrs.field(default=StopReason.STOP, converter=StopReason)
-    error_message: str | None = None
-    usage: Usage | None = None
+    error_message: str | None = attrs.field(default=None, validator=_optional_str)
+    usage: Usage | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Usage))
+    )
 
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
@@ -248,7 +255,7 @@ class ToolResultMessage:
     tool_call_id: str = attrs.field(validator=attrs.validators.instance_of(str))
     tool_name: str = attrs.field(validator=attrs.validators.instance_of(str))
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_result_content)
-    is_error: bool = False
+    is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def text(self) -> str:

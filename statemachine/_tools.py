@@ -153,7 +153,7 @@ class ToolOutput:
     and whether they describe a failure the model should see as such."""
 
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_output_content)
-    is_error: bool = False
+    is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 ToolReturn: TypeAlias = str | Sequence[ToolResultContent] | ToolOutput
