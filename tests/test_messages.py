@@ -217,3 +217,27 @@ def test_tool_calls_are_read_from_content_in_order() -> None:
     message = sm.AssistantMessage([first, sm.TextContent("between"), second])
     assert message.tool_calls == (first, second)
     assert sm.AssistantMessage("only text").tool_calls == ()
+
+
+@pytest.mark.parametrize(
+    ("kind", "arguments"),
+    [
+        (sm.ToolResultMessage, {"is_error": "yes"}),
+        (sm.ToolResultMessage, {"is_error": 1}),
+        (sm.AssistantMessage, {"error_message": 5}),
+        (sm.AssistantMessage, {"usage": {"input": 1}}),
+        (sm.ThinkingContent, {"signature": b"sig"}),
+    ],
+)
+def test_fields_the_wire_reads_strictly_are_checked_when_built(
+    kind: Any, arguments: dict[str, Any]
+) -> None:
+    # Otherwise a message could be built whose wire form cannot be read back, and a
+    # journal or snapshot holding it would fail only when it is restored.
+    positional = {
+        sm.ToolResultMessage: ("c", "t", "x"),
+        sm.AssistantMessage: ("x",),
+        sm.ThinkingContent: ("hm",),
+    }[kind]
+    with pytest.raises(TypeError):
+        kind(*positional, **arguments)

@@ -412,3 +412,8 @@ def test_a_tool_timeout_may_be_fractional() -> None:
         return ""
 
     assert sm.Tool(sm.ToolDefinition("t", ""), execute, timeout=0.5).timeout == 0.5
+
+
+def test_tool_output_is_error_must_be_a_bool() -> None:
+    with pytest.raises(TypeError):
+        sm.ToolOutput("x", is_error="yes")  # type: ignore[arg-type]
