@@ -396,15 +396,16 @@ def test_replay_of_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @st.composite
-def accepted_runs(draw: st.DrawFn) -> tuple[bool, list[Event]]:
+def accepted_runs(draw: st.DrawFn) -> tuple[dict[str, bool], list[Event]]:
     """An event sequence the engine accepts, built from the checker's event sources."""
-    permissions = draw(st.booleans())
+    options = {"check_permissions": draw(st.booleans()), "check_continue": draw(st.booleans())}
     engine = Engine(
         tools=[TOOL],
         messages=[FIRST_MESSAGE],
         max_turns=3,
-        check_permissions=permissions,
         logger=_quiet(),
+        check_permissions=options["check_permissions"],
+        check_continue=options["check_continue"],
     )
     bounds = Bounds(turns=3, calls=3)
     events: list[Event] = []
@@ -423,13 +424,15 @@ def accepted_runs(draw: st.DrawFn) -> tuple[bool, list[Event]]:
         except ProtocolError:
             continue
         events.append(event)
-    return permissions, events
+    return options, events
 
 
 @given(accepted_runs())
-def test_journaled_and_replayed_runs_are_identical(run: tuple[bool, list[Event]]) -> None:
-    permissions, events = run
-    text, engine = _journal_text(events, check_permissions=permissions)
+def test_journaled_and_replayed_runs_are_identical(
+    run: tuple[dict[str, bool], list[Event]],
+) -> None:
+    options, events = run
+    text, engine = _journal_text(events, **options)
     result = replay(io.StringIO(text), logger=_quiet())
     assert result.ok
     assert result.state is engine.state
