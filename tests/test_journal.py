@@ -576,3 +576,20 @@ def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
     assert any(isinstance(s.event, ContinueDecided) for s in replayed.steps)
     assert replayed.messages == result.messages
     assert replayed.trace == result.trace
+
+
+class StopReasonEngine(Engine):
+    """Decides by the stop reason (the classic bug): tool calls under "stop" are dropped."""
+
+    def _guard_has_tool_calls(self) -> bool:
+        return bool(self._batch) and self._response().stop_reason is StopReason.TOOL_USE
+
+
+def test_replay_into_another_engine_names_where_it_diverges() -> None:
+    # The journal is a regression test: an engine that behaves differently is caught at
+    # the first event where it does (SCRIPT's response has stop reason "stop").
+    text, _ = _journal_text()
+    with pytest.raises(JournalError, match="journal line 3: replay diverged") as info:
+        replay(io.StringIO(text), engine_class=StopReasonEngine, logger=_quiet())
+    assert "went to CollectingResults" in str(info.value)
+    assert "engine went to Done" in str(info.value)
