@@ -183,16 +183,29 @@ def _result_content(value: Any) -> tuple[ToolResultContent, ...]:
 # -- usage ----------------------------------------------------------------------------
 
 
+def _count(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"usage {attribute.name} must be an int, got {value!r}")
+
+
+def _cost(_: object, __: object, value: float | None) -> None:
+    # NaN is refused too: it is never equal to itself, so no round trip could match.
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
+    ):
+        raise TypeError(f"usage cost must be a number or None, got {value!r}")
+
+
 @attrs.frozen
 class Usage:
     """Token usage of one model response; ``cost`` is in USD when a provider gives it."""
 
-    input: int = 0
-    output: int = 0
-    cache_read: int = 0
-    cache_write: int = 0
-    total_tokens: int = 0
-    cost: float | None = None
+    input: int = attrs.field(default=0, validator=_count)
+    output: int = attrs.field(default=0, validator=_count)
+    cache_read: int = attrs.field(default=0, validator=_count)
+    cache_write: int = attrs.field(default=0, validator=_count)
+    total_tokens: int = attrs.field(default=0, validator=_count)
+    cost: float | None = attrs.field(default=None, validator=_cost)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
