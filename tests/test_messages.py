@@ -241,3 +241,25 @@ def test_fields_the_wire_reads_strictly_are_checked_when_built(
     }[kind]
     with pytest.raises(TypeError):
         kind(*positional, **arguments)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"input": 1.5},
+        {"output": True},
+        {"total_tokens": "3"},
+        {"cost": float("nan")},
+        {"cost": "1"},
+    ],
+)
+def test_usage_refuses_values_the_wire_cannot_carry_back(arguments: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="usage"):
+        sm.Usage(**arguments)
+
+
+def test_usage_accepts_an_integer_cost() -> None:
+    usage = sm.Usage(cost=2)
+    assert sm.message_from_dict(sm.message_to_dict(sm.AssistantMessage("x", usage=usage))) == (
+        sm.AssistantMessage("x", usage=usage)
+    )
