@@ -32,7 +32,8 @@ def flat_schemas(draw: st.DrawFn) -> dict[str, Any]:
     names = draw(st.lists(st.sampled_from("abcd"), unique=True, max_size=4))
     properties = {n: {"type": draw(st.sampled_from(TYPES))} for n in names}
     schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if names and draw(st.booleans()):
+    wants_required: bool = draw(st.booleans())
+    if names and wants_required:
         schema["required"] = draw(st.lists(st.sampled_from(names), unique=True))
     if draw(st.booleans()):
         schema["additionalProperties"] = draw(st.booleans())
