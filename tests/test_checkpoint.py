@@ -162,14 +162,16 @@ def test_after_abort_every_started_call_has_a_result_and_the_state_is_explainabl
 
     @sm.tool
     async def long_job(name: str, signal: sm.AbortSignal) -> str:
+        stopped = asyncio.Event()
+        signal.add_listener(lambda _: stopped.set())
         started.append(name)
         if len(started) == 2:
             controller.abort("user pressed stop")
         try:
-            while not signal.aborted:
-                await asyncio.sleep(0.001)
+            await stopped.wait()  # the work, until the signal says stop
             raise RuntimeError("interrupted")
         finally:
+            await asyncio.sleep(0)  # asynchronous cleanup, e.g. killing a subprocess
             cleaned.append(name)
 
     model = ScriptedModel(asks(call("a", "long_job", name="a"), call("b", "long_job", name="b")))
