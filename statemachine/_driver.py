@@ -113,6 +113,7 @@ __all__ = [
     "TransformContext",
     "TurnEnded",
     "TurnStarted",
+    "current_tool_call",
     "report_progress",
     "resume_agent",
     "run_agent",
@@ -335,6 +336,17 @@ _progress_sink: contextvars.ContextVar[Callable[[object], None] | None] = contex
 )
 
 
+_current_call: contextvars.ContextVar[ToolCall | None] = contextvars.ContextVar(
+    "statemachine_current_call", default=None
+)
+
+
+def current_tool_call() -> ToolCall | None:
+    """The call a tool is executing (its id, name and arguments), or ``None``
+    outside a tool run by the driver; works in sync tools' worker threads too."""
+    return _current_call.get()
+
+
 def report_progress(data: object) -> bool:
     """Report progress from inside a running tool (async or sync, any thread).
 
@@ -424,6 +436,8 @@ class AgentRun:
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._late_input: list[InputQueued] = []  # queued, but the run had already ended
         self._inbox: asyncio.Queue[Event] | None = None
         self._early: list[Event] = []  # input queued before run() started
         self._tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
@@ -490,6 +504,10 @@ class AgentRun:
         event = InputQueued(message, kind)
         if self._loop is None:
             self._early.append(event)
+        elif threading.get_ident() == self._loop_thread:
+            # From a tool, hook or model client of this run: queue it now, so it is
+            # ahead of the event that the calling operation reports next.
+            self._post_input(event)
         else:
             self._loop.call_soon_threadsafe(self._post_input, event)
 
@@ -507,6 +525,7 @@ class AgentRun:
         self._started = True
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         self._inbox = asyncio.Queue()
         self._t0 = time.perf_counter()
 
@@ -550,6 +569,12 @@ class AgentRun:
                     self._handle(event)
             while not self.engine.is_finished:
                 self._handle(await self._inbox.get())
+            # Input that was queued but arrived after the run ended is not dropped: it
+            # is reported with the result, like input the run never got to inject.
+            while not self._inbox.empty():
+                late = self._inbox.get_nowait()
+                if isinstance(late, InputQueued):
+                    self._late_input.append(late)
         finally:
             remove()
             await self._cleanup()
@@ -703,7 +728,7 @@ class AgentRun:
             run_id=self.run_id,
             stats=self._stats(),
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
-            queued_input=engine.queued_input(),
+            queued_input=engine.queued_input() + tuple(self._late_input),
             snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
         )
 
@@ -762,6 +787,7 @@ class AgentRun:
                 loop.call_soon_threadsafe(deliver)
 
         token = _progress_sink.set(sink)
+        call_token = _current_call.set(call)
         try:
             output = await self._execute(tool, call, controller)
         except asyncio.CancelledError:
@@ -774,6 +800,7 @@ class AgentRun:
                 is_error=True,
             )
         finally:
+            _current_call.reset(call_token)
             _progress_sink.reset(token)
             unlink()
         if self._after is not None:

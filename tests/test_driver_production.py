@@ -464,3 +464,76 @@ def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> Non
     assert isinstance(result.error, sm.ModelFailedError)
     assert isinstance(result.error.__cause__, ContextTooLongError)
     assert "ContextTooLongError: context too long" in result.explanation
+
+
+def test_a_tool_knows_which_call_it_is_executing() -> None:
+    seen: list[str | None] = []
+
+    @sm.tool
+    def whoami() -> str:
+        """Report the call id (runs in a worker thread)."""
+        call = sm.current_tool_call()
+        seen.append(None if call is None else call.id)
+        return "ok"
+
+    calls = [sm.ToolCall("first", "whoami", {}), sm.ToolCall("second", "whoami", {})]
+    sm.run_agent_sync(
+        model=Scripted(asks(*calls), sm.AssistantMessage("ok")),
+        tools=[whoami],
+        messages=[sm.UserMessage("go")],
+    )
+    assert sorted(s or "" for s in seen) == ["first", "second"]
+    assert sm.current_tool_call() is None
+
+
+def test_input_queued_by_a_model_client_is_ahead_of_its_own_response() -> None:
+    class Queues:
+        def __init__(self) -> None:
+            self.run: sm.AgentRun | None = None
+            self.calls = 0
+
+        async def complete(
+            self,
+            messages: Sequence[sm.Message],
+            tools: Sequence[sm.ToolDefinition],
+            signal: sm.AbortSignal,
+        ) -> sm.AssistantMessage:
+            self.calls += 1
+            if self.calls == 1:
+                assert self.run is not None
+                self.run.follow_up("and one more")  # then answer at once
+            return sm.AssistantMessage(f"answer {self.calls}")
+
+    model = Queues()
+    run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
+    model.run = run
+    result = asyncio.run(run.run())
+    assert model.calls == 2  # the follow-up was not lost behind the first answer
+    assert result.messages[2] == sm.UserMessage("and one more")
+    assert result.queued_input == ()
+
+
+def test_input_that_arrives_as_the_run_ends_is_reported_not_dropped() -> None:
+    class QueuesFromAThread:
+        def __init__(self) -> None:
+            self.run: sm.AgentRun | None = None
+
+        async def complete(
+            self,
+            messages: Sequence[sm.Message],
+            tools: Sequence[sm.ToolDefinition],
+            signal: sm.AbortSignal,
+        ) -> sm.AssistantMessage:
+            assert self.run is not None
+            run = self.run
+            helper = threading.Thread(target=lambda: run.steer("too late to inject"))
+            helper.start()
+            helper.join()
+            return sm.AssistantMessage("final answer")
+
+    model = QueuesFromAThread()
+    run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
+    model.run = run
+    result = asyncio.run(run.run())
+    assert result.state is sm.TurnState.Done
+    assert [q.message for q in result.queued_input] == [sm.UserMessage("too late to inject")]
