@@ -108,9 +108,11 @@ them; the engine fires them to a fixed point after every input.
 
 Rows that share a source and a trigger are tried in table order; the first whose
 guard holds wins. The last row of a group has no guard, so exactly one row always
-applies, except the lone row of an internal trigger, which carries the guard that
-fires it (so the diagrams can show it). The checker proves for every reachable state
-that some row applies.
+applies; the only exceptions are the lone rows of ``dispatched`` and ``settled``,
+which carry the guard that fires them so the diagrams can show it. (The firing guards
+of ``results_complete`` and ``next_turn`` are in ``INTERNAL_TRIGGERS``; their rows
+carry only the guards that choose among destinations.) The checker proves for every
+reachable state that some row applies.
 """
 
 from __future__ import annotations

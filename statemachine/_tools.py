@@ -184,7 +184,8 @@ def validate_arguments(definition: ToolDefinition, arguments: Mapping[str, Any])
     instance = thaw_json(arguments)
     errors = sorted(
         definition._validator.iter_errors(instance),
-        key=lambda e: (list(map(str, e.absolute_path)), e.message),
+        # Paths sort as paths: array indices by number ([2] before [10]), keys by name.
+        key=lambda e: ([(isinstance(p, str), p) for p in e.absolute_path], e.message),
     )
     out = []
     for error in errors:
@@ -374,7 +375,11 @@ def _build_tool(
         if param.kind is param.POSITIONAL_ONLY:
             raise InvalidInputError(f"{where}: positional-only parameter {param.name!r}")
         annotation = hints.get(param.name, inspect.Parameter.empty)
-        if param.name == "signal" and annotation in (AbortSignal, inspect.Parameter.empty):
+        if param.name == "signal" and annotation in (
+            AbortSignal,
+            AbortSignal | None,
+            inspect.Parameter.empty,
+        ):
             wants_signal = True
             continue
         schema = _json_type(annotation, f"{where}, parameter {param.name!r}")

@@ -79,3 +79,41 @@ def test_the_contract_catches_a_fast_path_that_only_checks_required_keys() -> No
     real = _fast_check(schema)
     assert real is not None
     assert agrees_with_jsonschema(real, schema, {"a": "x"})
+
+
+def test_errors_sort_array_indices_by_number() -> None:
+    definition = sm.ToolDefinition(
+        "t",
+        "",
+        {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}},
+    )
+    values = [0, 1, 2, "x", 4, 5, 6, 7, 8, 9, 10, "y"]
+    assert sm.validate_arguments(definition, {"a": values}) == [
+        "arguments.a[3]: 'x' is not of type 'integer'",
+        "arguments.a[11]: 'y' is not of type 'integer'",
+    ]
+
+
+def test_an_optional_signal_parameter_is_injected_not_shown() -> None:
+    @sm.tool
+    async def job(n: int, signal: sm.AbortSignal | None = None) -> str:
+        """A job."""
+        return "signal" if signal is not None else "none"
+
+    assert set(job.definition.parameters["properties"]) == {"n"}
+    result = sm.run_agent_sync(
+        model=_OneCall(sm.ToolCall("c", "job", {"n": 1})),
+        tools=[job],
+        messages=[sm.UserMessage("go")],
+    )
+    assert [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)] == ["signal"]
+
+
+class _OneCall:
+    def __init__(self, call: sm.ToolCall) -> None:
+        self.responses = [sm.AssistantMessage((call,)), sm.AssistantMessage("done")]
+
+    async def complete(
+        self, messages: Any, tools: Any, signal: sm.AbortSignal
+    ) -> sm.AssistantMessage:
+        return self.responses.pop(0)
