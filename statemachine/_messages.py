@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeGuard
 
 import attrs
 
@@ -48,6 +48,15 @@ __all__ = [
 ]
 
 
+# dict first: a concrete-type check is far cheaper than the Mapping ABC check, and
+# almost every value here is a dict (parsed JSON) or a MappingProxyType (frozen).
+_MAPPINGS: tuple[type, ...] = (dict, MappingProxyType, Mapping)
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    return isinstance(value, _MAPPINGS)
+
+
 class StopReason(enum.StrEnum):
     """Why the model stopped. It explains a state; it never drives control flow."""
 
@@ -69,7 +78,7 @@ def freeze_json(value: Any, path: str = "value") -> Any:
         if not math.isfinite(value):
             raise WireFormatError(f"{path}: {value!r} is not a JSON number")
         return value
-    if isinstance(value, Mapping):
+    if _is_mapping(value):
         frozen: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
@@ -83,7 +92,7 @@ def freeze_json(value: Any, path: str = "value") -> Any:
 
 def thaw_json(value: Any) -> Any:
     """Return a plain, mutable ``dict``/``list`` copy of a frozen JSON value."""
-    if isinstance(value, Mapping):
+    if _is_mapping(value):
         return {key: thaw_json(item) for key, item in value.items()}
     if isinstance(value, tuple):
         return [thaw_json(item) for item in value]
@@ -91,7 +100,7 @@ def thaw_json(value: Any) -> Any:
 
 
 def _freeze_arguments(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    if not _is_mapping(value):
         raise WireFormatError(
             f"tool call arguments must be a JSON object, got {type(value).__name__}"
         )
@@ -383,7 +392,7 @@ _BLOCK_KEYS: dict[str, set[str]] = {
 
 
 def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
-    if not isinstance(d, Mapping):
+    if not _is_mapping(d):
         raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
     kind = _expect(d, "type", str, path)
     if kind not in allowed:
@@ -416,7 +425,7 @@ def _content_from(d: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> 
 
 
 def _usage_from_dict(d: Any, path: str) -> Usage:
-    if not isinstance(d, Mapping):
+    if not _is_mapping(d):
         raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
     _check_keys(d, {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}, path)
     cost = None
@@ -434,7 +443,7 @@ def _usage_from_dict(d: Any, path: str) -> Usage:
 
 def message_from_dict(d: Mapping[str, Any], *, path: str = "message") -> Message:
     """Parse the JSON wire shape; raise ``WireFormatError`` naming the first bad path."""
-    if not isinstance(d, Mapping):
+    if not _is_mapping(d):
         raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
     role = _expect(d, "role", str, path)
     if role == "user":
