@@ -27,6 +27,7 @@ It needs Hypothesis and pytest: ``pip install 'agent-statemachine[test]'``.
 from __future__ import annotations
 
 from .._invariants import Violation
+from .bridge import bridge_loop as bridge_loop
 from .conformance import ConformanceReport, Failure, run_conformance
 from .properties import (
     PROPERTIES,

@@ -1,0 +1,427 @@
+"""The bridge: run the kit against an agent loop in another process and language.
+
+``bridge_loop(command)`` returns an ``AgentLoop`` (the shape ``run_scenario`` and
+``run_conformance`` drive) that starts ``command`` once per run and speaks the JSON
+Lines protocol of ``specs/bridge-protocol.md`` with it over stdin/stdout. The peer
+runs its own loop; the kit plays its model and its tools: each ``modelRequest`` the
+peer sends is answered by the scenario's scripted model, each ``toolExecute`` by the
+scenario's scripted tool, the scenario's abort is forwarded as ``abort``, and the
+peer's final ``result`` (the transcript in our wire format) is what the loop returns.
+
+Why the kit, not the peer, executes the tools: the properties judge what the tools
+themselves observed (which calls ran, whether their cleanup finished before the loop
+returned), so the tools must live where the observer lives.
+
+Why an abort reaches every running model request and tool execution at once: the
+scenario fires its abort from inside a scripted call, and a round trip through the
+peer takes thousands of event-loop ticks, so whether a tool "saw" the abort would
+depend on pipe latency and two runs of one scenario would differ (a false I5). A
+loop in-process passes its signal down to its tools; the bridge treats the peer as
+doing the same. A peer that cancels one operation on its own sends ``cancel``.
+
+A peer that writes something unreadable, exits early, or stays silent longer than
+``silence_timeout`` makes the loop raise ``BridgeError`` with what went wrong, the
+last line it sent and the tail of its stderr; ``run_scenario`` records that as the
+loop's error (I8), and the peer process is always killed: never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._abort import AbortController, AbortSignal
+from .._messages import (
+    AssistantMessage,
+    Message,
+    ToolResultMessage,
+    message_from_dict,
+    message_to_dict,
+    thaw_json,
+)
+from .._tools import Tool, ToolOutput
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "BridgeError",
+    "BridgeLoop",
+    "BridgeProtocolError",
+    "BridgeTimeoutError",
+    "bridge_loop",
+]
+
+PROTOCOL_VERSION = 1
+"""The version of ``specs/bridge-protocol.md`` this kit speaks."""
+
+_LINE_LIMIT = 16 * 1024 * 1024  # one transcript line may be large; refuse absurd ones
+_STDERR_TAIL = 2000
+
+
+class BridgeError(RuntimeError):
+    """The peer process did not hold up its side of the bridge protocol."""
+
+
+class BridgeProtocolError(BridgeError):
+    """The peer sent a line that is not a valid protocol message."""
+
+
+class BridgeTimeoutError(BridgeError):
+    """The peer stayed silent longer than the silence timeout.
+
+    Deliberately not a ``TimeoutError``: ``run_scenario`` reads a ``TimeoutError`` as
+    its own whole-run timeout and would hide this more precise message.
+    """
+
+
+class _StderrTail:
+    """Drains the peer's stderr (so it can never block on a full pipe), keeping the end."""
+
+    def __init__(self, stream: asyncio.StreamReader | None) -> None:
+        self.text = ""
+        self._task = asyncio.ensure_future(self._drain(stream)) if stream else None
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self.text = (self.text + chunk.decode("utf-8", "replace"))[-_STDERR_TAIL:]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 0.5)
+
+
+def _field(message: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
+    value = message.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
+        raise BridgeProtocolError(
+            f"{what}: field {key!r} must be a {kind.__name__}, got {value!r:.80}"
+        )
+    return value
+
+
+def _messages(items: Any, what: str) -> list[Message]:
+    if not isinstance(items, list):
+        raise BridgeProtocolError(f"{what}: 'messages' must be a list of wire messages")
+    out: list[Message] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise BridgeProtocolError(f"{what}: messages[{i}] is not a JSON object")
+        try:
+            out.append(message_from_dict(item, path=f"messages[{i}]"))
+        except (ValueError, TypeError) as exc:
+            raise BridgeProtocolError(f"{what}: unreadable message: {exc}") from exc
+    return out
+
+
+def _tool_answer(name: str, value: Any) -> tuple[list[dict[str, Any]], bool]:
+    """A tool's return value as wire content blocks and its error flag."""
+    if isinstance(value, ToolOutput):
+        message = ToolResultMessage("x", name, value.content, is_error=value.is_error)
+    else:
+        message = ToolResultMessage("x", name, value)
+    wire = message_to_dict(message)
+    return wire["content"], bool(wire["isError"])
+
+
+class _Session:
+    """One run of one peer process."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        *,
+        model: Any,
+        tools: Sequence[Tool],
+        signal: AbortSignal,
+        silence_timeout: float,
+        command: str,
+    ) -> None:
+        self.process = process
+        self.model = model
+        self.tools = {tool.definition.name: tool for tool in tools}
+        self.definitions = tuple(tool.definition for tool in tools)
+        self.signal = signal
+        self.silence_timeout = silence_timeout
+        self.command = command
+        self.stderr = _StderrTail(process.stderr)
+        self.operations: dict[str, AbortController] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        self.last_line = "(nothing yet)"
+        self.lines = 0
+
+    # -- writing ---------------------------------------------------------------------
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        if self.closed or self.process.stdin is None:
+            return
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        # A peer that has gone away shows up as end of file on the reading side,
+        # with its exit code; a failed write here would only hide that.
+        with contextlib.suppress(OSError, RuntimeError):
+            self.process.stdin.write(data)
+
+    def on_abort(self, reason: object) -> None:
+        self.send({"type": "abort", "reason": str(reason)})
+        for controller in list(self.operations.values()):
+            controller.abort(reason)
+
+    # -- errors ------------------------------------------------------------------------
+
+    def fail(self, kind: type[BridgeError], text: str) -> BridgeError:
+        tail = self.stderr.text.strip()
+        return kind(
+            f"bridge peer {self.command}: {text} (line {self.lines}: {self.last_line[:200]})"
+            + (f"; its stderr ends with: {tail[-500:]}" if tail else "")
+        )
+
+    # -- the conversation --------------------------------------------------------------
+
+    async def read(self) -> dict[str, Any] | None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        try:
+            raw = await asyncio.wait_for(stdout.readline(), self.silence_timeout)
+        except TimeoutError:
+            raise self.fail(
+                BridgeTimeoutError,
+                f"the peer sent nothing for {self.silence_timeout:g} s "
+                f"({len(self.operations)} request(s) answered by the kit and unfinished)",
+            ) from None
+        except ValueError as exc:  # a line beyond the stream limit
+            raise self.fail(BridgeProtocolError, f"unreadable output: {exc}") from exc
+        if not raw:
+            return None
+        self.lines += 1
+        self.last_line = raw.decode("utf-8", "replace").rstrip("\n")
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            raise self.fail(BridgeProtocolError, "a line that is not JSON") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise self.fail(BridgeProtocolError, "a line that is not an object with a 'type'")
+        return message
+
+    async def run(self, messages: Sequence[Message], max_turns: int) -> list[Message]:
+        hello = await self.read()
+        if hello is None:
+            raise await self.exited("before its hello")
+        if hello.get("type") != "hello":
+            raise self.fail(BridgeProtocolError, "the first line must be a 'hello'")
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            raise self.fail(
+                BridgeProtocolError,
+                f"the peer speaks protocol {hello.get('protocol')!r}; "
+                f"this kit speaks {PROTOCOL_VERSION}",
+            )
+        self.send(
+            {
+                "type": "start",
+                "protocol": PROTOCOL_VERSION,
+                "messages": [message_to_dict(m) for m in messages],
+                "tools": [
+                    {
+                        "name": d.name,
+                        "description": d.description,
+                        "parameters": thaw_json(d.parameters),
+                    }
+                    for d in self.definitions
+                ],
+                "maxTurns": max_turns,
+                "aborted": self.signal.aborted,
+            }
+        )
+        # After 'start', so the peer always hears of its run before of its abort (an
+        # already aborted signal calls the listener at once).
+        remove = self.signal.add_listener(self.on_abort)
+        try:
+            while True:
+                message = await self.read()
+                if message is None:
+                    raise await self.exited("without sending its result")
+                kind = message["type"]
+                if kind == "result":
+                    return _messages(message.get("messages"), "result")
+                if kind == "modelRequest":
+                    self.model_request(message)
+                elif kind == "toolExecute":
+                    self.tool_execute(message)
+                elif kind == "cancel":
+                    op = _field(message, "id", str, "cancel")
+                    if op in self.operations:
+                        self.operations[op].abort("cancelled by the peer")
+                elif kind == "error":
+                    raise self.fail(
+                        BridgeError, f"the peer reported an error: {message.get('message')!r}"
+                    )
+                else:
+                    raise self.fail(BridgeProtocolError, f"unknown message type {kind!r}")
+        except BridgeError:
+            raise
+        finally:
+            remove()
+
+    async def exited(self, when: str) -> BridgeError:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.process.wait(), 1.0)
+        await self.stderr.close()
+        return self.fail(BridgeError, f"the peer exited (code {self.process.returncode}) {when}")
+
+    def operation(self, message: Mapping[str, Any], what: str) -> tuple[str, AbortController]:
+        op = _field(message, "id", str, what)
+        if op in self.operations:
+            raise self.fail(BridgeProtocolError, f"{what}: id {op!r} was used before")
+        controller = AbortController()
+        if self.signal.aborted:
+            controller.abort(self.signal.reason)
+        self.operations[op] = controller
+        return op, controller
+
+    def spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def model_request(self, message: Mapping[str, Any]) -> None:
+        op, controller = self.operation(message, "modelRequest")
+        context = _messages(message.get("messages"), "modelRequest")
+
+        async def answer() -> None:
+            try:
+                response = await self.model.complete(context, self.definitions, controller.signal)
+                if not isinstance(response, AssistantMessage):
+                    raise TypeError(f"the model returned a {type(response).__name__}")
+                reply: dict[str, Any] = {
+                    "type": "modelResponse",
+                    "id": op,
+                    "message": message_to_dict(response),
+                }
+            except Exception as exc:  # noqa: BLE001 - a provider failure is the peer's to handle
+                reply = {"type": "modelError", "id": op, "error": f"{type(exc).__name__}: {exc}"}
+            self.send(reply)
+
+        self.spawn(answer())
+
+    def tool_execute(self, message: Mapping[str, Any]) -> None:
+        op, controller = self.operation(message, "toolExecute")
+        name = _field(message, "name", str, "toolExecute")
+        arguments = message.get("arguments")
+        if not isinstance(arguments, dict):
+            raise self.fail(BridgeProtocolError, "toolExecute: 'arguments' must be an object")
+        tool = self.tools.get(name)
+
+        async def answer() -> None:
+            content: list[dict[str, Any]]
+            if tool is None:
+                content, is_error = [{"type": "text", "text": f"Tool {name} not found"}], True
+            else:
+                try:
+                    value = await tool.execute(dict(arguments), controller.signal)
+                    content, is_error = _tool_answer(name, value)
+                except Exception as exc:  # noqa: BLE001 - a tool failure is the peer's to report
+                    content = [{"type": "text", "text": str(exc) or type(exc).__name__}]
+                    is_error = True
+            self.send({"type": "toolResult", "id": op, "content": content, "isError": is_error})
+
+        self.spawn(answer())
+
+    async def close(self) -> None:
+        """Stop talking to the peer and make sure its process is gone.
+
+        Kit-side operations still running are left alone: a tool the peer abandoned is
+        still running when the loop returns, which is exactly what I6 must see.
+        """
+        self.closed = True
+        stdin = self.process.stdin
+        if stdin is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                stdin.close()
+        if self.process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 0.5)
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+        await self.stderr.close()
+
+
+class BridgeLoop:
+    """An ``AgentLoop`` whose loop runs in a peer process (see ``bridge_loop``)."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        silence_timeout: float = 5.0,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if isinstance(command, str) or not command:
+            raise ValueError("command must be a non-empty sequence of arguments, not a string")
+        if not silence_timeout > 0:
+            raise ValueError(f"silence_timeout must be positive, got {silence_timeout!r}")
+        self.command = tuple(str(part) for part in command)
+        self.silence_timeout = silence_timeout
+        self.cwd = cwd
+        self.env = dict(env) if env is not None else None
+
+    def __repr__(self) -> str:
+        return f"bridge_loop({list(self.command)!r})"
+
+    async def __call__(
+        self,
+        *,
+        model: Any,
+        tools: Sequence[Tool],
+        messages: Sequence[Message],
+        max_turns: int,
+        signal: AbortSignal,
+    ) -> list[Message]:
+        shown = " ".join(self.command)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+                limit=_LINE_LIMIT,
+            )
+        except OSError as exc:
+            raise BridgeError(f"bridge peer {shown}: cannot start it: {exc}") from exc
+        session = _Session(
+            process,
+            model=model,
+            tools=tools,
+            signal=signal,
+            silence_timeout=self.silence_timeout,
+            command=shown,
+        )
+        try:
+            return await session.run(messages, max_turns)
+        finally:
+            # Shielded: a whole-run timeout cancels this call, and the peer must still
+            # be reaped rather than left running.
+            await asyncio.shield(session.close())
+
+
+def bridge_loop(
+    command: Sequence[str],
+    *,
+    silence_timeout: float = 5.0,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BridgeLoop:
+    """An ``AgentLoop`` that runs ``command`` (one process per run) over the bridge.
+
+    ``silence_timeout`` is how long the peer may stay silent before the run fails
+    with ``BridgeTimeoutError``; keep it above the ``hang_limit`` of the scenarios
+    (a peer legitimately waits that long on a scripted call that hangs).
+    """
+    return BridgeLoop(command, silence_timeout=silence_timeout, cwd=cwd, env=env)

@@ -1,0 +1,212 @@
+"""The bridge: the kit drives agent loops running in other processes and languages.
+
+The peers are tiny loops written for these tests (``tests/bridge_peers``): one that
+conforms and one with a classic defect, in Node.js and in Python. Searches use fixed
+seeds and few examples so the suite stays fast; ``hang_limit`` is short because a
+peer in another process cannot cancel a hanging scripted call, only abort it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from statemachine import ToolResultMessage
+from statemachine.testing import ModelTurn, Scenario, ScriptedCall, run_conformance, run_scenario
+from statemachine.testing.bridge import (
+    PROTOCOL_VERSION,
+    BridgeError,
+    BridgeProtocolError,
+    BridgeTimeoutError,
+    bridge_loop,
+)
+from statemachine.testing.scenario import AbortAt, AbortKind, Scripted
+from statemachine.testing.strategies import scenarios
+
+PEERS = Path(__file__).parent / "bridge_peers"
+PYTHON_OK = [sys.executable, str(PEERS / "conforming_loop.py")]
+PYTHON_BROKEN = [sys.executable, str(PEERS / "broken_loop.py")]
+NODE_OK = ["node", str(PEERS / "conforming_loop.mjs")]
+NODE_BROKEN = ["node", str(PEERS / "broken_loop.mjs")]
+
+# The broken peers' defects need no abort, so their searches skip hangs (each costs a
+# hang_limit per run) and long scripts: the shrink then takes a few dozen runs.
+SMALL = scenarios(max_responses=2, hangs=False)
+ONE_CALL = Scenario(turns=[ModelTurn(calls=[ScriptedCall()], stop_reason="toolUse")])
+HELLO = f'{{"type": "hello", "protocol": {PROTOCOL_VERSION}}}'
+
+
+def _python_peer(source: str) -> list[str]:
+    return [sys.executable, "-c", source]
+
+
+@pytest.mark.parametrize("command", [PYTHON_OK, NODE_OK], ids=["python", "node"])
+def test_a_conforming_peer_runs_one_scenario(command: list[str]) -> None:
+    record = run_scenario(bridge_loop(command), ONE_CALL)
+    assert record.error is None
+    assert record.transcript is not None
+    assert [m.role for m in record.transcript] == ["user", "assistant", "toolResult", "assistant"]
+    assert [ex.how for ex in record.executions] == ["returned"]
+
+
+@pytest.mark.parametrize("command", [PYTHON_OK, NODE_OK], ids=["python", "node"])
+def test_a_peer_hears_the_abort_and_forwards_it(command: list[str]) -> None:
+    scenario = Scenario(
+        turns=[ModelTurn(calls=[ScriptedCall(), ScriptedCall()], stop_reason="toolUse")],
+        abort=AbortAt(AbortKind.TOOL_START, turn=1, call=0),
+    )
+    record = run_scenario(bridge_loop(command), scenario)
+    assert record.error is None
+    assert record.transcript is not None
+    assert [ex.how for ex in record.executions] == ["aborted"]
+    results = [m for m in record.transcript if isinstance(m, ToolResultMessage)]
+    assert [r.is_error for r in results] == [True, True]
+    assert record.model_calls_after_abort == 0
+
+
+@pytest.mark.parametrize("command", [PYTHON_OK, NODE_OK], ids=["python", "node"])
+def test_conforming_peers_pass_run_conformance(command: list[str]) -> None:
+    report = run_conformance(bridge_loop(command), max_examples=12, seed=7, hang_limit=0.1)
+    assert report.passed, report.summary()
+
+
+def test_the_broken_python_peer_fails_with_a_shrunk_counterexample() -> None:
+    report = run_conformance(
+        bridge_loop(PYTHON_BROKEN), max_examples=60, seed=7, scenarios=SMALL, max_shrink_runs=40
+    )
+    assert not report.passed
+    failure = report.failures[0]
+    assert failure.property == "I1"
+    assert "has no result" in failure.sentence
+    # Shrunk to the defect itself: one response that holds a call but does not say toolUse.
+    assert len(failure.scenario.turns) == 1
+    assert len(failure.scenario.turns[0].calls) == 1
+    assert failure.scenario.turns[0].stop_reason.value != "toolUse"
+    assert "I1 pairing is violated" in report.summary()
+
+
+def test_the_broken_node_peer_fails_with_a_shrunk_counterexample() -> None:
+    report = run_conformance(
+        bridge_loop(NODE_BROKEN), max_examples=60, seed=7, scenarios=SMALL, max_shrink_runs=40
+    )
+    assert not report.passed
+    assert "I3" in report.failed_properties
+    failure = next(f for f in report.failures if f.property == "I3")
+    assert "arguments fail the tool's JSON Schema" in failure.sentence
+    assert len(failure.scenario.turns) == 1
+    assert [c.valid_arguments for c in failure.scenario.turns[0].calls] == [False]
+
+
+# -- misbehaving peers: a clear error, never a hang ---------------------------------------
+
+
+def _error(command: list[str], *, silence_timeout: float = 5.0) -> str:
+    record = run_scenario(bridge_loop(command, silence_timeout=silence_timeout), ONE_CALL)
+    assert not record.timed_out  # the bridge's own error, not the kit's whole-run timeout
+    assert record.error is not None
+    return record.error
+
+
+def test_a_silent_peer_times_out_with_a_clear_error() -> None:
+    error = _error(_python_peer("import time; time.sleep(60)"), silence_timeout=0.3)
+    assert error.startswith("BridgeTimeoutError")
+    assert "sent nothing for 0.3 s" in error
+
+
+def test_a_peer_that_goes_silent_mid_run_times_out() -> None:
+    source = (
+        "import sys, time\n"
+        f"print({HELLO!r}, flush=True)\n"
+        "sys.stdin.readline()\n"
+        'print(\'{"type": "modelRequest", "id": "m1", "messages": []}\', flush=True)\n'
+        "time.sleep(60)\n"
+    )
+    error = _error(_python_peer(source), silence_timeout=0.3)
+    assert "BridgeTimeoutError" in error
+    assert "modelRequest" in error
+
+
+def test_a_peer_that_writes_no_json_gets_a_protocol_error() -> None:
+    source = f"print({HELLO!r}, flush=True); print('hello, kit', flush=True); input()"
+    error = _error(_python_peer(source))
+    assert error.startswith("BridgeProtocolError")
+    assert "not JSON" in error
+    assert "hello, kit" in error
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"type": "hello", "protocol": 99}', "speaks protocol 99; this kit speaks 1"),
+        ('{"type": "result", "messages": []}', "first line must be a 'hello'"),
+        ("[1, 2]", "not an object with a 'type'"),
+    ],
+)
+def test_a_bad_first_line_is_refused(line: str, expected: str) -> None:
+    error = _error(_python_peer(f"print({line!r}, flush=True); input()"))
+    assert "BridgeProtocolError" in error
+    assert expected in error
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"type": "dance"}', "unknown message type 'dance'"),
+        ('{"type": "toolExecute", "id": 3, "name": "alpha", "arguments": {}}', "'id' must be"),
+        ('{"type": "toolExecute", "id": "x", "name": "alpha", "arguments": []}', "'arguments'"),
+        ('{"type": "result", "messages": [{"role": "robot"}]}', "unreadable message"),
+    ],
+)
+def test_a_malformed_message_mid_run_is_refused(line: str, expected: str) -> None:
+    source = (
+        f"import sys\nprint({HELLO!r}, flush=True)\nsys.stdin.readline()\n"
+        f"print({line!r}, flush=True)\ninput()\n"
+    )
+    error = _error(_python_peer(source))
+    assert "BridgeProtocolError" in error
+    assert expected in error
+
+
+def test_a_peer_that_exits_early_says_so_with_its_stderr() -> None:
+    source = (
+        f"import sys; print({HELLO!r}, flush=True)\nsys.stderr.write('boom: no model'); sys.exit(3)"
+    )
+    error = _error(_python_peer(source))
+    assert "exited (code 3) without sending its result" in error
+    assert "boom: no model" in error
+
+
+def test_a_command_that_does_not_exist_is_a_bridge_error() -> None:
+    error = _error(["/nonexistent/peer-binary"])
+    assert error.startswith("BridgeError")
+    assert "cannot start it" in error
+
+
+def test_the_peer_process_is_gone_after_a_failed_run() -> None:
+    loop = bridge_loop(_python_peer("import time; time.sleep(60)"), silence_timeout=0.2)
+    scripted = Scripted(ONE_CALL)
+
+    async def go() -> None:
+        with pytest.raises(BridgeTimeoutError):
+            await loop(
+                model=scripted.model,
+                tools=scripted.tools,
+                messages=list(ONE_CALL.history),
+                max_turns=8,
+                signal=scripted.signal,
+            )
+
+    asyncio.run(go())
+    # asyncio.run would warn about, and pytest fail on, a child left unreaped.
+
+
+def test_bridge_loop_refuses_a_command_string() -> None:
+    with pytest.raises(ValueError, match="sequence of arguments"):
+        bridge_loop("node peer.mjs")
+    with pytest.raises(ValueError, match="silence_timeout"):
+        bridge_loop(["node"], silence_timeout=0)
+    assert issubclass(BridgeProtocolError, BridgeError)
+    assert not issubclass(BridgeTimeoutError, TimeoutError)
