@@ -1,8 +1,11 @@
 """statemachine: the LLM agent loop as a deterministic, explicit state machine.
 
 The public surface is what this module exports; everything in a ``_``-module is
-private. ``statemachine.testing`` (conformance kit) and ``statemachine.workspace``
-(file tools) are public submodules.
+private. Public submodules: ``statemachine.testing`` (the conformance kit: scenarios,
+strategies, properties, ``run_conformance``, ``check_transcript``, an opt-in pytest
+plugin), ``statemachine.workspace`` (file tools confined to a root) and
+``statemachine.providers`` (OpenAI-compatible and Anthropic model clients; needs the
+``openai`` / ``anthropic`` extra).
 """
 
 from __future__ import annotations
