@@ -475,8 +475,15 @@ class AgentRun:
         reason = "aborted by the caller" if reason is None else reason
         if self._loop is None:
             self._early.append(AbortRequested(str(reason)))
+        elif self._finished:
+            return  # nothing left to abort; not an error (abort is idempotent)
+        elif threading.get_ident() == self._loop_thread:
+            self._abort(str(reason))
         else:
-            self._loop.call_soon_threadsafe(self._abort, str(reason))
+            try:
+                self._loop.call_soon_threadsafe(self._abort, str(reason))
+            except RuntimeError:
+                pass  # the loop has closed: the run is over
 
     def events(self) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunFinished``."""

@@ -537,3 +537,20 @@ def test_input_that_arrives_as_the_run_ends_is_reported_not_dropped() -> None:
     result = asyncio.run(run.run())
     assert result.state is sm.TurnState.Done
     assert [q.message for q in result.queued_input] == [sm.UserMessage("too late to inject")]
+
+
+def test_abort_through_the_handle_after_the_run_is_a_no_op() -> None:
+    run = sm.AgentRun(model=Scripted(sm.AssistantMessage("done")), messages=[sm.UserMessage("go")])
+    result = asyncio.run(run.run())
+    run.abort("too late")  # the loop is closed; nothing to do, nothing raised
+    assert result.state is sm.TurnState.Done
+
+
+def test_abort_before_the_run_starts_makes_no_model_call() -> None:
+    model = Scripted(sm.AssistantMessage("never"))
+    run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
+    run.abort("changed my mind")
+    result = asyncio.run(run.run())
+    assert result.state is sm.TurnState.Aborted
+    assert model.contexts == []
+    assert "changed my mind" in result.explanation
