@@ -1,0 +1,90 @@
+"""Run the conformance kit against the four peers; write ``results.md``.
+
+    python examples/conformance/conformance.py [--examples N] [--seed S] [--peer NAME ...]
+
+(``run.sh`` runs it with the peers' venv and installs pi-agent-core first.) For each
+peer and each property I1–I8 it searches separately (``run_conformance(loop,
+properties=[P])``), so that every property gets its own verdict and its own shrunk
+counterexample, instead of the first failure hiding the rest. ``results.md`` holds
+the raw verdicts and counterexamples; ``REPORT.md`` is the hand-checked reading of
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from python_peers import LOOPS  # noqa: E402
+
+from statemachine.testing import PROPERTY_TITLES, run_conformance  # noqa: E402
+from statemachine.testing.bridge import bridge_loop  # noqa: E402
+
+
+def pi_loop() -> Any:
+    """pi-agent-core's ``agentLoop`` in Node.js, through the bridge (pi/adapter.mjs)."""
+    adapter = HERE / "pi" / "adapter.mjs"
+    if not (HERE / "pi" / "node_modules" / "@mariozechner" / "pi-agent-core").is_dir():
+        raise SystemExit("pi-agent-core is not installed: run examples/conformance/install-pi.sh")
+    return bridge_loop(["node", str(adapter)])
+
+
+PEERS: dict[str, Callable[[], Any]] = {**LOOPS, "pi-agent-core": pi_loop}
+
+VACUOUS = {
+    "I4": "vacuous: the peers return a history, not a RunResult with a state to judge",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=100, help="scenarios per property")
+    parser.add_argument("--seed", type=int, default=20261202)
+    parser.add_argument("--peer", action="append", choices=sorted(PEERS), help="default: all")
+    parser.add_argument("--out", type=Path, default=HERE / "results.md")
+    args = parser.parse_args()
+    names = args.peer or list(PEERS)
+    lines = [
+        "# Conformance results (generated)",
+        "",
+        f"`python examples/conformance/conformance.py --examples {args.examples} "
+        f"--seed {args.seed}`: one search per peer and property, up to "
+        f"{args.examples} generated scenarios each, shrunk on failure. Read `REPORT.md` "
+        "for what each failure means.",
+        "",
+    ]
+    table = ["| peer | " + " | ".join(PROPERTY_TITLES) + " |", "| --- |" + " --- |" * 8]
+    details: list[str] = []
+    for name in names:
+        loop = PEERS[name]()
+        row = [name]
+        for prop in PROPERTY_TITLES:
+            start = time.monotonic()
+            report = run_conformance(
+                loop, max_examples=args.examples, seed=args.seed, properties=[prop]
+            )
+            took = time.monotonic() - start
+            verdict = "pass" if report.passed else "**FAIL**"
+            row.append(verdict + (" (vacuous)" if prop in VACUOUS and report.passed else ""))
+            print(
+                f"{name} {prop}: {verdict} ({report.examples_run} runs, {took:.1f} s)", flush=True
+            )
+            if not report.passed:
+                details += [f"## {name}: {prop} {PROPERTY_TITLES[prop]}", "", "```"]
+                details += [report.summary(), "```", ""]
+        table.append("| " + " | ".join(row) + " |")
+    notes = [f"- {p}: {why}" for p, why in VACUOUS.items()]
+    args.out.write_text("\n".join(lines + table + [""] + notes + [""] + details) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

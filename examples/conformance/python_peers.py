@@ -1,0 +1,555 @@
+"""Adapters: three real Python agent loops in the kit's loop shape.
+
+Each adapter is an ``AgentLoop`` (``async loop(*, model, tools, messages, max_turns,
+signal)``) that runs the peer's OWN loop, configured with its documented defaults;
+the adapter only supplies:
+
+* the kit's scripted model in the peer's native model interface (PydanticAI's
+  ``FunctionModel``, an Agents SDK ``Model``, a LangChain ``BaseChatModel``);
+* the kit's scripted tools declared the peer's usual way: typed Python functions
+  ``(key: str, count: int | None = None)``, the kit's one tool schema, so that the
+  peer validates arguments with its own machinery;
+* the input history in the peer's message types, and the peer's history back in the
+  kit's wire types at the end;
+* the abort: none of the three has an abort signal for a non-streaming run, so the
+  kit's abort cancels the run's task, their documented way to stop a run, and the
+  history is read from the peer's documented place for an interrupted run
+  (PydanticAI's ``capture_run_messages``, the Agents SDK's session, LangGraph's
+  checkpointer);
+* the turn limit: the peer's own limit set to ``max_turns`` model calls; the peer's
+  documented "limit reached" exception is its way of ending such a run, so the
+  adapter returns the history it holds, as a ``RunResult.error`` would carry the
+  explanation. Any other exception escapes the adapter, and the kit reports it (I8).
+
+Where the peer's history has no slot for what the model said (a stop reason), the
+adapter keeps the model's own value beside it, keyed by the response, so that a
+lossy translation cannot pass for the peer's defect.
+
+The peers are imported inside the adapters; run with the peers' venv
+(``bench/.venv``), see ``run.sh``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import statemachine as sm
+from statemachine.testing import KNOWN_TOOLS
+
+__all__ = ["LOOPS", "langgraph_loop", "openai_agents_loop", "pydantic_ai_loop"]
+
+KEY_DESCRIPTION = "Scripted tool: its behaviour follows the scenario."
+
+
+def _text(message: sm.AssistantMessage) -> str:
+    return "".join(b.text for b in message.content if isinstance(b, sm.TextContent))
+
+
+def _split_history(
+    messages: Sequence[sm.Message],
+) -> tuple[list[sm.Message], str]:
+    """The history before the last user message, and that message's text (the prompt)."""
+    last = messages[-1]
+    if not isinstance(last, sm.UserMessage):
+        raise ValueError("the kit's histories end with a user message")
+    text = "".join(b.text for b in last.content if isinstance(b, sm.TextContent))
+    return list(messages[:-1]), text
+
+
+async def _output_text(tool: sm.Tool, arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+    """Run a kit tool; its output as the text the peers' tools return."""
+    value = await tool.execute(arguments, signal)
+    if isinstance(value, str):
+        return value
+    output = value if isinstance(value, sm.ToolOutput) else sm.ToolOutput(value)
+    return "\n".join(b.text for b in output.content if isinstance(b, sm.TextContent))
+
+
+def _arguments(key: str, count: int | None) -> dict[str, Any]:
+    return {"key": key} if count is None else {"key": key, "count": count}
+
+
+async def _run_until_aborted(
+    work: Callable[[], Awaitable[Any]], signal: sm.AbortSignal
+) -> tuple[Any, bool]:
+    """Run ``work`` as a task that the kit's abort cancels; (its value, aborted?)."""
+    task = asyncio.ensure_future(work())
+    loop = asyncio.get_running_loop()
+
+    def cancel(_: object) -> None:
+        loop.call_soon_threadsafe(task.cancel)  # abort() may come from any thread
+
+    remove = signal.add_listener(cancel)
+    try:
+        return await task, False
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # the kit cancelled us: not the abort
+        return None, True
+    finally:
+        remove()
+
+
+# -- PydanticAI ------------------------------------------------------------------------
+
+_STOP_KEY = "statemachine_stop_reason"
+
+
+def pydantic_ai_loop() -> Any:
+    """PydanticAI's ``Agent`` with a ``FunctionModel``; ``UsageLimits(request_limit=max_turns)``."""
+    from pydantic_ai import Agent, Tool, capture_run_messages
+    from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        RetryPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import RequestUsage, UsageLimits
+
+    finish = {
+        sm.StopReason.STOP: "stop",
+        sm.StopReason.TOOL_USE: "tool_call",
+        sm.StopReason.LENGTH: "length",
+        sm.StopReason.ERROR: "error",
+    }
+
+    def to_response(message: sm.AssistantMessage) -> ModelResponse:
+        parts: list[Any] = []
+        for block in message.content:
+            if isinstance(block, sm.TextContent):
+                parts.append(TextPart(block.text))
+            elif isinstance(block, sm.ToolCall):
+                parts.append(
+                    ToolCallPart(block.name, block.arguments_dict(), tool_call_id=block.id)
+                )
+        return ModelResponse(
+            parts=parts,
+            usage=RequestUsage(input_tokens=1, output_tokens=1),
+            finish_reason=finish.get(message.stop_reason),  # type: ignore[arg-type]
+            provider_details={_STOP_KEY: message.stop_reason.value},
+        )
+
+    def to_pydantic(history: Sequence[sm.Message]) -> list[ModelMessage]:
+        out: list[ModelMessage] = []
+        for m in history:
+            if isinstance(m, sm.UserMessage):
+                text = "".join(b.text for b in m.content if isinstance(b, sm.TextContent))
+                out.append(ModelRequest(parts=[UserPromptPart(text)]))
+            elif isinstance(m, sm.AssistantMessage):
+                out.append(to_response(m))
+            else:
+                part = ToolReturnPart(m.tool_name, m.text, tool_call_id=m.tool_call_id)
+                last = out[-1] if out else None
+                if isinstance(last, ModelRequest) and all(
+                    isinstance(p, ToolReturnPart) for p in last.parts
+                ):
+                    last.parts = [*last.parts, part]
+                else:
+                    out.append(ModelRequest(parts=[part]))
+        return out
+
+    def from_pydantic(history: Sequence[ModelMessage]) -> list[sm.Message]:
+        out: list[sm.Message] = []
+        for m in history:
+            if isinstance(m, ModelResponse):
+                content: list[Any] = []
+                for p in m.parts:
+                    if isinstance(p, TextPart):
+                        content.append(sm.TextContent(p.content))
+                    elif isinstance(p, ToolCallPart):
+                        content.append(sm.ToolCall(p.tool_call_id, p.tool_name, p.args_as_dict()))
+                calls = any(isinstance(c, sm.ToolCall) for c in content)
+                said = (m.provider_details or {}).get(_STOP_KEY)
+                stop = said or ("toolUse" if calls else "stop")
+                out.append(sm.AssistantMessage(tuple(content), stop_reason=stop))
+                continue
+            for part in m.parts:
+                if isinstance(part, UserPromptPart):
+                    out.append(sm.UserMessage(str(part.content)))
+                elif isinstance(part, ToolReturnPart):
+                    # outcome: 'success', or 'failed' / 'denied' / 'interrupted' /
+                    # 'retried' (an unknown tool, arguments that fail validation): errors.
+                    out.append(
+                        sm.ToolResultMessage(
+                            part.tool_call_id,
+                            part.tool_name,
+                            part.model_response_str(),
+                            is_error=part.outcome != "success",
+                        )
+                    )
+                elif isinstance(part, RetryPromptPart):
+                    if part.tool_name is None:
+                        out.append(sm.UserMessage(part.model_response()))
+                    else:
+                        out.append(
+                            sm.ToolResultMessage(
+                                part.tool_call_id,
+                                part.tool_name,
+                                part.model_response(),
+                                is_error=True,
+                            )
+                        )
+        return out
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        definitions = [t.definition for t in tools]
+
+        async def function(_: list[ModelMessage], __: AgentInfo) -> ModelResponse:
+            return to_response(await model.complete((), definitions, signal))
+
+        def declare(tool: sm.Tool) -> Tool[None]:
+            async def run(key: str, count: int | None = None) -> str:
+                return await _output_text(tool, _arguments(key, count), signal)
+
+            return Tool(run, name=tool.definition.name, description=KEY_DESCRIPTION)
+
+        agent = Agent(FunctionModel(function), tools=[declare(t) for t in tools])
+        before, prompt = _split_history(messages)
+        with capture_run_messages() as captured:
+
+            async def work() -> Any:
+                try:
+                    return await agent.run(
+                        prompt,
+                        message_history=to_pydantic(before) or None,
+                        usage_limits=UsageLimits(request_limit=max_turns),
+                    )
+                except UsageLimitExceeded:
+                    return None  # the limit's documented ending: the history says the rest
+
+            result, _ = await _run_until_aborted(work, signal)
+        history = result.all_messages() if result is not None else captured
+        if not history:  # aborted before the run began: the input is the whole history
+            return list(messages)
+        return from_pydantic(history)
+
+    return loop
+
+
+# -- OpenAI Agents SDK -----------------------------------------------------------------
+
+# The SDK's default failure_error_function answers every tool failure with this text
+# (agents/tool.py, default_tool_error_function); the Responses item that carries it
+# has no error flag, so this text is how the history says "error".
+_AGENTS_TOOL_ERROR = "An error occurred while running the tool. Please try again."
+
+
+def openai_agents_loop() -> Any:
+    """The Agents SDK's ``Runner.run`` with a custom ``Model``; tracing off; a session."""
+    from agents import (
+        Agent,
+        MaxTurnsExceeded,
+        Model,
+        ModelResponse,
+        Runner,
+        SQLiteSession,
+        Usage,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
+
+    set_tracing_disabled(True)
+
+    def to_items(message: sm.AssistantMessage, tag: str, said: dict[str, str]) -> list[Any]:
+        output: list[Any] = []
+        text = _text(message)
+        if text or not message.tool_calls:
+            output.append(
+                ResponseOutputMessage(
+                    type="message",
+                    id=f"msg_{tag}",
+                    role="assistant",
+                    status="completed",
+                    content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+                )
+            )
+        for c, call in enumerate(message.tool_calls):
+            output.append(
+                ResponseFunctionToolCall(
+                    type="function_call",
+                    id=f"fc_{tag}_{c}",
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=json.dumps(call.arguments_dict()),
+                )
+            )
+        for item in output:
+            said[item.id] = message.stop_reason.value
+        return output
+
+    def from_items(items: Sequence[Any], said: dict[str, str]) -> list[sm.Message]:
+        out: list[sm.Message] = []
+        names: dict[str, str] = {}
+        pending: list[Any] = []  # the content of the assistant message being read
+        stop: str | None = None
+
+        def flush() -> None:
+            nonlocal pending, stop
+            if pending or stop is not None:
+                calls = any(isinstance(b, sm.ToolCall) for b in pending)
+                out.append(
+                    sm.AssistantMessage(
+                        tuple(pending), stop_reason=stop or ("toolUse" if calls else "stop")
+                    )
+                )
+            pending, stop = [], None
+
+        for raw in items:
+            item = raw if isinstance(raw, dict) else raw.model_dump(exclude_unset=True)
+            kind = item.get("type", "message")
+            if kind == "message" and item.get("role") == "assistant":
+                if pending and any(isinstance(b, sm.ToolCall) for b in pending):
+                    flush()  # a new response begins after the previous one's calls
+                stop = said.get(str(item.get("id")), stop)
+                for part in item.get("content", []):
+                    if part.get("text"):
+                        pending.append(sm.TextContent(part["text"]))
+            elif kind == "function_call":
+                stop = said.get(str(item.get("id")), stop)
+                names[item["call_id"]] = item["name"]
+                pending.append(
+                    sm.ToolCall(item["call_id"], item["name"], json.loads(item["arguments"]))
+                )
+            elif kind == "function_call_output":
+                flush()
+                text = str(item["output"])
+                out.append(
+                    sm.ToolResultMessage(
+                        item["call_id"],
+                        names.get(item["call_id"], ""),
+                        text,
+                        is_error=text.startswith(_AGENTS_TOOL_ERROR),
+                    )
+                )
+            elif item.get("role") == "user":
+                flush()
+                content = item["content"]
+                if not isinstance(content, str):
+                    content = "".join(p.get("text", "") for p in content)
+                out.append(sm.UserMessage(content))
+        flush()
+        return out
+
+    def to_input(history: Sequence[sm.Message], said: dict[str, str]) -> list[Any]:
+        items: list[Any] = []
+        for i, m in enumerate(history):
+            if isinstance(m, sm.UserMessage):
+                text = "".join(b.text for b in m.content if isinstance(b, sm.TextContent))
+                items.append({"role": "user", "content": text})
+            elif isinstance(m, sm.AssistantMessage):
+                items += [x.model_dump(exclude_unset=True) for x in to_items(m, f"h{i}", said)]
+            else:
+                items.append(
+                    {"type": "function_call_output", "call_id": m.tool_call_id, "output": m.text}
+                )
+        return items
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        definitions = [t.definition for t in tools]
+        said: dict[str, str] = {}
+        responses = 0
+
+        class ScriptedModel(Model):
+            async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+                nonlocal responses
+                responses += 1
+                message = await model.complete((), definitions, signal)
+                usage = Usage(requests=1, input_tokens=1, output_tokens=1, total_tokens=2)
+                output = to_items(message, str(responses), said)
+                return ModelResponse(output=output, usage=usage, response_id=None)
+
+            def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError("the conformance run uses the non-streaming loop")
+
+        def declare(tool: sm.Tool) -> Any:
+            async def run(key: str, count: int | None = None) -> str:
+                return await _output_text(tool, _arguments(key, count), signal)
+
+            return function_tool(
+                run, name_override=tool.definition.name, description_override=KEY_DESCRIPTION
+            )
+
+        agent = Agent(name="conformance", model=ScriptedModel(), tools=[declare(t) for t in tools])
+        session = SQLiteSession("conformance")
+        await session.add_items(to_input(messages[:-1], said))
+        _, prompt = _split_history(messages)
+
+        async def work() -> Any:
+            try:
+                return await Runner.run(agent, prompt, max_turns=max_turns, session=session)
+            except MaxTurnsExceeded:
+                return None  # the limit's documented ending: the session holds the history
+
+        await _run_until_aborted(work, signal)
+        items = await session.get_items()
+        history = from_items(items, said)
+        if len(history) < len(messages):  # aborted before the prompt was saved
+            return list(messages)
+        return history
+
+    return loop
+
+
+# -- LangGraph -------------------------------------------------------------------------
+
+
+def langgraph_loop() -> Any:
+    """LangGraph's prebuilt ``create_react_agent`` with a fake chat model and a checkpointer."""
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.errors import GraphRecursionError
+    from langgraph.prebuilt import create_react_agent
+
+    def to_ai(message: sm.AssistantMessage) -> AIMessage:
+        return AIMessage(
+            content=_text(message),
+            tool_calls=[
+                {"name": c.name, "args": c.arguments_dict(), "id": c.id, "type": "tool_call"}
+                for c in message.tool_calls
+            ],
+            response_metadata={_STOP_KEY: message.stop_reason.value},
+        )
+
+    def to_langchain(history: Sequence[sm.Message]) -> list[BaseMessage]:
+        out: list[BaseMessage] = []
+        for m in history:
+            if isinstance(m, sm.UserMessage):
+                text = "".join(b.text for b in m.content if isinstance(b, sm.TextContent))
+                out.append(HumanMessage(text))
+            elif isinstance(m, sm.AssistantMessage):
+                out.append(to_ai(m))
+            else:
+                out.append(
+                    ToolMessage(
+                        m.text,
+                        tool_call_id=m.tool_call_id,
+                        name=m.tool_name,
+                        status="error" if m.is_error else "success",
+                    )
+                )
+        return out
+
+    def from_langchain(history: Sequence[BaseMessage]) -> list[sm.Message]:
+        out: list[sm.Message] = []
+        for m in history:
+            if isinstance(m, HumanMessage):
+                out.append(sm.UserMessage(str(m.content)))
+            elif isinstance(m, AIMessage):
+                content: list[Any] = [sm.TextContent(str(m.content))] if m.content else []
+                content += [sm.ToolCall(c["id"] or "", c["name"], c["args"]) for c in m.tool_calls]
+                said = m.response_metadata.get(_STOP_KEY)
+                stop = said or ("toolUse" if m.tool_calls else "stop")
+                out.append(sm.AssistantMessage(tuple(content), stop_reason=stop))
+            elif isinstance(m, ToolMessage):
+                out.append(
+                    sm.ToolResultMessage(
+                        m.tool_call_id, m.name or "", str(m.content), is_error=m.status == "error"
+                    )
+                )
+        return out
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        definitions = [t.definition for t in tools]
+
+        class ScriptedChatModel(BaseChatModel):
+            @property
+            def _llm_type(self) -> str:
+                return "conformance-scripted"
+
+            def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+                raise NotImplementedError("the conformance run is async")
+
+            async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
+                message = await model.complete((), definitions, signal)
+                return ChatResult(generations=[ChatGeneration(message=to_ai(message))])
+
+            def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+                return self  # the script knows its tools; a real model gets the schemas
+
+        def declare(tool: sm.Tool) -> Any:
+            async def run(key: str, count: int | None = None) -> str:
+                return await _output_text(tool, _arguments(key, count), signal)
+
+            return StructuredTool.from_function(
+                coroutine=run, name=tool.definition.name, description=KEY_DESCRIPTION
+            )
+
+        with warnings.catch_warnings():
+            # Deprecated in LangGraph 1.0 for langchain.agents.create_agent (the full
+            # langchain package); the prebuilt agent is still LangGraph's own.
+            warnings.simplefilter("ignore")
+            graph = create_react_agent(
+                ScriptedChatModel(),
+                [declare(t) for t in tools],
+                checkpointer=InMemorySaver(),
+            )
+        # One model call and one tool step per turn: max_turns model calls and the
+        # tools of the last one fit in 2 * max_turns supersteps.
+        config: Any = {
+            "recursion_limit": 2 * max_turns,
+            "configurable": {"thread_id": "conformance"},
+        }
+
+        async def work() -> Any:
+            try:
+                return await graph.ainvoke({"messages": to_langchain(messages)}, config=config)
+            except GraphRecursionError:
+                return None  # the limit's documented ending: the checkpoint has the history
+
+        await _run_until_aborted(work, signal)
+        state = await graph.aget_state(config)
+        held = state.values.get("messages") if state.values else None
+        if not held:  # aborted before the first checkpoint
+            return list(messages)
+        return from_langchain(held)
+
+    return loop
+
+
+LOOPS: dict[str, Callable[[], Any]] = {
+    "PydanticAI": pydantic_ai_loop,
+    "OpenAI Agents SDK": openai_agents_loop,
+    "LangGraph": langgraph_loop,
+}
+
+assert KNOWN_TOOLS == ("alpha", "beta")  # the adapters declare the kit's one tool schema
