@@ -3,5 +3,6 @@
 # (gitignored). Needs Node 20+ and npm; only the npm registry is contacted.
 set -euo pipefail
 cd "$(dirname "$0")/pi"
-npm install --no-audit --no-fund --loglevel=error
+# package-lock.json pins every transitive version; `npm ci` installs exactly it.
+npm ci --no-audit --no-fund --loglevel=error
 node -e 'const p=require("./node_modules/@mariozechner/pi-agent-core/package.json"); console.log(`${p.name} ${p.version} installed`)'
