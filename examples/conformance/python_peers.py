@@ -102,8 +102,8 @@ _STOP_KEY = "statemachine_stop_reason"
 
 def pydantic_ai_loop() -> Any:
     """PydanticAI's ``Agent`` with a ``FunctionModel``; ``UsageLimits(request_limit=max_turns)``."""
-    from pydantic_ai import Agent, Tool, capture_run_messages
-    from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai import Agent, CancellationToken, Tool, capture_run_messages
+    from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded
     from pydantic_ai.messages import (
         ModelMessage,
         ModelRequest,
@@ -223,21 +223,29 @@ def pydantic_ai_loop() -> Any:
 
         agent = Agent(FunctionModel(function), tools=[declare(t) for t in tools])
         before, prompt = _split_history(messages)
+        # PydanticAI's documented run cancellation: a CancellationToken; the run then
+        # raises RunCancelled, whose all_messages() holds everything it completed.
+        token = CancellationToken()
+        remove = signal.add_listener(lambda _: token.cancel())
+        history: Sequence[ModelMessage]
         with capture_run_messages() as captured:
-
-            async def work() -> Any:
-                try:
-                    return await agent.run(
-                        prompt,
-                        message_history=to_pydantic(before) or None,
-                        usage_limits=UsageLimits(request_limit=max_turns),
-                    )
-                except UsageLimitExceeded:
-                    return None  # the limit's documented ending: the history says the rest
-
-            result, _ = await _run_until_aborted(work, signal)
-        history = result.all_messages() if result is not None else captured
-        if not history:  # aborted before the run began: the input is the whole history
+            try:
+                result = await agent.run(
+                    prompt,
+                    message_history=to_pydantic(before) or None,
+                    usage_limits=UsageLimits(request_limit=max_turns),
+                    cancellation_token=token,
+                )
+                history = result.all_messages()
+            except UsageLimitExceeded:
+                history = captured  # the limit's documented ending: the history says the rest
+            except RunCancelled as exc:
+                history = exc.all_messages()
+            finally:
+                remove()
+        if len(history) < len(messages):
+            # Cancelled before the run recorded its prompt (PydanticAI keeps the prompt
+            # out of message_history until a request is built): nothing happened.
             return list(messages)
         return from_pydantic(history)
 
