@@ -260,8 +260,6 @@ class _Session:
                     )
                 else:
                     raise self.fail(BridgeProtocolError, f"unknown message type {kind!r}")
-        except BridgeError:
-            raise
         finally:
             remove()
 
