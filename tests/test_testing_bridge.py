@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from statemachine import ToolResultMessage
+from statemachine import AbortSignal, Tool, ToolResultMessage
 from statemachine.testing import ModelTurn, Scenario, ScriptedCall, run_conformance, run_scenario
 from statemachine.testing.bridge import (
     PROTOCOL_VERSION,
@@ -23,7 +25,7 @@ from statemachine.testing.bridge import (
     BridgeTimeoutError,
     bridge_loop,
 )
-from statemachine.testing.scenario import AbortAt, AbortKind, Scripted
+from statemachine.testing.scenario import AbortAt, AbortKind, Scripted, ToolBehaviour
 from statemachine.testing.strategies import scenarios
 
 PEERS = Path(__file__).parent / "bridge_peers"
@@ -65,6 +67,42 @@ def test_a_peer_hears_the_abort_and_forwards_it(command: list[str]) -> None:
     results = [m for m in record.transcript if isinstance(m, ToolResultMessage)]
     assert [r.is_error for r in results] == [True, True]
     assert record.model_calls_after_abort == 0
+
+
+def test_an_abort_from_another_thread_reaches_the_peer() -> None:
+    # A person pressing stop aborts from a UI thread: the bridge hands the abort to
+    # its event loop, which forwards it to the peer and to the running tool.
+    scenario = Scenario(
+        turns=[
+            ModelTurn(calls=[ScriptedCall(behaviour=ToolBehaviour(ticks=5))], stop_reason="toolUse")
+        ]
+    )
+    scripted = Scripted(scenario)
+    inner = scripted.tools[0]
+
+    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> Any:
+        elsewhere = threading.Thread(target=scripted.controller.abort, args=("stop pressed",))
+        elsewhere.start()
+        elsewhere.join()  # the abort has happened, on another thread, before the tool runs
+        return await inner.execute(arguments, signal)
+
+    tools = (Tool(inner.definition, execute), *scripted.tools[1:])
+
+    async def go() -> list[Any]:
+        loop = bridge_loop(PYTHON_OK)
+        return await loop(
+            model=scripted.model,
+            tools=tools,
+            messages=list(scenario.history),
+            max_turns=8,
+            signal=scripted.signal,
+        )
+
+    transcript = asyncio.run(go())
+    assert [ex.how for ex in scripted.executions] == ["aborted"]
+    assert isinstance(transcript[-1], ToolResultMessage)
+    assert transcript[-1].is_error
+    assert scripted.model.calls == 1
 
 
 @pytest.mark.parametrize("command", [PYTHON_OK, NODE_OK], ids=["python", "node"])

@@ -141,6 +141,7 @@ class _Session:
         command: str,
     ) -> None:
         self.process = process
+        self.loop = asyncio.get_running_loop()
         self.model = model
         self.tools = {tool.definition.name: tool for tool in tools}
         self.definitions = tuple(tool.definition for tool in tools)
@@ -166,6 +167,19 @@ class _Session:
             self.process.stdin.write(data)
 
     def on_abort(self, reason: object) -> None:
+        # AbortSignal listeners run in the aborting thread. On the loop's own thread the
+        # abort is forwarded at once, so that the peer reads it before the answer of the
+        # call that fired it; from any other thread it is handed to the loop.
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self.forward_abort(reason)
+        else:
+            self.loop.call_soon_threadsafe(self.forward_abort, reason)
+
+    def forward_abort(self, reason: object) -> None:
         self.send({"type": "abort", "reason": str(reason)})
         for controller in list(self.operations.values()):
             controller.abort(reason)
