@@ -12,7 +12,7 @@ A supported public module (like ``structlog.testing``). It offers:
   Hypothesis (model scripts, tool behaviours, completion orders, abort instants,
   limits);
 * **properties**: ``check_record`` and the ``check_*`` functions judge a record
-  against the invariants I1–I8 of DESIGN.md;
+  against the invariants I1–I8 (listed in the README);
 * **conformance**: ``run_conformance(loop)`` searches for a scenario that breaks a
   property and reports it shrunk;
 * **transcripts**: ``check_transcript`` finds pairing and order violations in our

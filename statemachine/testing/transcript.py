@@ -3,7 +3,7 @@
 Three formats are read:
 
 * ``"statemachine"``: our message objects, or their wire dicts (camelCase, see
-  DESIGN.md). Checked by ``statemachine._invariants.history_violations``, the same
+  ``statemachine._messages``). Checked by ``statemachine._invariants.history_violations``, the same
   definition the engine uses to refuse an invalid input history.
 * ``"openai"``: Chat Completions histories: assistant messages with ``tool_calls``
   (``{"id", "type": "function", "function": {"name", "arguments"}}``), answered by
