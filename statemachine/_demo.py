@@ -12,14 +12,15 @@ that history (the file names it was shown, the first line it was read), so the d
 shows data flowing through ``run_agent``, never canned text. The tools are the real
 ``statemachine.workspace`` tools, confined to DIR.
 
-What is printed, as it happens:
+What is printed, as it happens (the initial history, then the run's own event stream,
+``AgentRun.events()``, in order):
 
 - each message: the user's prompt, each assistant message (text and tool calls with
-  their arguments), each tool result (abbreviated);
-- each state transition (``from -> to``, with its trigger), taken from the engine's
-  own structlog ``transition`` events through a logger built here with
-  ``structlog.wrap_logger`` and a processor of ours (structlog is never configured
-  globally);
+  their arguments), each tool result (abbreviated) (``MessageAdded``);
+- each state transition (``from -> to``, with its trigger and turn) (``StateChanged``);
+- any warning the run logs, through a logger built here with ``structlog.wrap_logger``
+  and a processor of ours (structlog is never configured globally), which also keeps
+  the engine's debug log out of the output;
 - the final state and its explanation.
 
 Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad arguments
@@ -29,6 +30,7 @@ Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad argume
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import textwrap
@@ -39,8 +41,9 @@ from typing import Any, TextIO
 import structlog
 
 from ._abort import AbortSignal
-from ._driver import RunResult, run_agent_sync
-from ._errors import InvalidInputError
+from ._driver import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
+from ._engine import TransitionRecord
+from ._errors import InvalidInputError, UsageError
 from ._messages import (
     AssistantMessage,
     Message,
@@ -51,9 +54,8 @@ from ._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._model import ModelClient
 from ._table import TurnState
-from ._tools import Tool, ToolDefinition, ToolOutput, ToolReturn, tool_output_from
+from ._tools import ToolDefinition
 from .workspace import workspace_tools
 
 __all__ = ["PROMPT", "ScriptedModel", "cli_demo", "run_demo"]
@@ -204,20 +206,14 @@ def _wrap(text: str) -> list[str]:
 
 
 class Narrator:
-    """Prints messages and transitions as they happen.
+    """Prints messages and transitions, in the order the run's event stream gives them.
 
-    Messages come from three places, each the earliest moment they are known: the
-    model wrapper (the history it is called with, and the response it returns), the
-    tool wrappers (each output as its tool finishes) and, at the end, the final
-    history. Tool results printed early are remembered, so the history catch-up does
-    not print them twice; error results the engine made itself (an unknown tool, bad
-    arguments) appear at the catch-up.
+    The initial history is printed first (``message``); then each ``MessageAdded`` and
+    ``StateChanged`` of ``AgentRun.events()`` as it arrives (``event``).
     """
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
-        self.shown = 0  # history messages printed so far
-        self.early_results: list[tuple[str, str, bool]] = []
 
     def line(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -241,40 +237,22 @@ class Narrator:
             body = f"\n{_INDENT}".join(parts) or "(no content)"
             self.line(f"assistant   {body}  [stopReason: {message.stop_reason.value}]")
         else:
-            self._result(message.tool_name, message.text, message.is_error)
+            flag = " (isError)" if message.is_error else ""
+            self.line(f"toolResult  {message.tool_name}{flag}: {_abbreviate(message.text)}")
 
-    def _result(self, name: str, text: str, is_error: bool) -> None:
-        flag = " (isError)" if is_error else ""
-        self.line(f"toolResult  {name}{flag}: {_abbreviate(text)}")
+    def transition(self, record: TransitionRecord) -> None:
+        arrow = f"{record.source.value} -> {record.dest.value}"
+        self.line(f"    {arrow:<42} ({record.trigger.value}, turn {record.turn})")
 
-    def tool_output(self, name: str, output: ToolOutput) -> None:
-        text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
-        self.early_results.append((name, text, output.is_error))
-        self._result(name, text, output.is_error)
-
-    def catch_up(self, history: Sequence[Message]) -> None:
-        for message in history[self.shown :]:
-            key = (
-                (message.tool_name, message.text, message.is_error)
-                if isinstance(message, ToolResultMessage)
-                else None
-            )
-            if key is not None and key in self.early_results:
-                self.early_results.remove(key)
-            else:
-                self.message(message)
-        self.shown = max(self.shown, len(history))
-
-    def response(self, message: AssistantMessage) -> None:
-        self.message(message)
-        self.shown += 1  # it enters history next, right after what the model was shown
+    def event(self, event: RunEvent) -> None:
+        if isinstance(event, MessageAdded):
+            self.message(event.message)
+        elif isinstance(event, StateChanged):
+            self.transition(event.record)
 
     def on_log(self, _: Any, method: str, event: MutableMapping[str, Any]) -> Any:
-        """The structlog processor: print transitions and warnings, then drop the event."""
-        if event.get("event") == "transition":
-            arrow = f"{event.get('from_state')} -> {event.get('to_state')}"
-            self.line(f"    {arrow:<42} ({event.get('trigger')}, turn {event.get('turn')})")
-        elif method in ("warning", "error", "critical"):
+        """The structlog processor: print warnings and errors, drop everything."""
+        if method in ("warning", "error", "critical"):
             details = ", ".join(
                 f"{k}={v}" for k, v in sorted(event.items()) if k not in ("event", "run_id")
             )
@@ -287,42 +265,30 @@ class Narrator:
             structlog.ReturnLogger(),
             processors=[self.on_log],
             # Explicit, so that an application's global configuration (a level
-            # filter, say) cannot hide the transitions the demo exists to show.
+            # filter, say) cannot hide the warnings the demo shows.
             wrapper_class=structlog.BoundLogger,
             context_class=dict,
             cache_logger_on_first_use=False,
         )
 
+    async def narrate(self, run: AgentRun, history: Sequence[Message]) -> RunResult:
+        """Run ``run`` (whose initial history is ``history``), printing it as it goes."""
+        events = run.events()  # subscribed before run(), so no event is missed
+        for message in history:
+            self.message(message)
 
-class _NarratedModel:
-    """Shows the model what it is called with and what it answers."""
+        async def show() -> None:
+            async for event in events:
+                self.event(event)
 
-    def __init__(self, inner: ModelClient, narrator: Narrator) -> None:
-        self.inner = inner
-        self.narrator = narrator
-
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        self.narrator.catch_up(messages)
-        response = await self.inner.complete(messages, tools, signal)
-        if isinstance(response, AssistantMessage):
-            self.narrator.response(response)
-        return response
-
-
-def _narrated_tool(tool: Tool, narrator: Narrator) -> Tool:
-    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
-        value = await tool.execute(arguments, signal)
-        output = tool_output_from(value)
-        if output is not None:
-            narrator.tool_output(tool.name, output)
-        return value
-
-    return Tool(tool.definition, execute)
+        shown = asyncio.ensure_future(show())
+        try:
+            result = await run.run()
+        except BaseException:
+            shown.cancel()
+            raise
+        await shown  # the stream ends with RunFinished, which run() has emitted
+        return result
 
 
 # -- the command -------------------------------------------------------------------------
@@ -331,8 +297,15 @@ def _narrated_tool(tool: Tool, narrator: Narrator) -> Tool:
 def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
     """Run the script on ``root``, narrating to ``out``; return how the run ended.
 
-    Raises ``InvalidInputError`` if ``root`` is not an existing directory.
+    Raises ``InvalidInputError`` if ``root`` is not an existing directory, and
+    ``UsageError`` if called from a running event loop.
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise UsageError("run_demo() cannot be called from a running event loop")
     tools = workspace_tools(root)
     narrator = Narrator(out)
     shown_root = root.resolve()
@@ -341,16 +314,15 @@ def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
     narrator.line(f"  tools: {', '.join(t.name for t in tools)} (confined to that directory)")
     narrator.line()
     messages: list[Message] = [UserMessage(PROMPT)]
-    narrator.catch_up(messages)
-    result = run_agent_sync(
-        model=_NarratedModel(ScriptedModel(), narrator),
-        tools=[_narrated_tool(t, narrator) for t in tools],
+    run = AgentRun(
+        model=ScriptedModel(),
+        tools=tools,
         messages=messages,
         max_turns=max_turns,
         logger=narrator.logger(),
         run_id="demo",
     )
-    narrator.catch_up(result.messages)
+    result = asyncio.run(narrator.narrate(run, messages))
     narrator.line()
     narrator.line(f"final state: {result.state.value} after {result.turns} model calls")
     narrator.line(f"explanation: {result.explanation}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 import structlog
 
 import statemachine as sm
-from statemachine._demo import PROMPT, Narrator, ScriptedModel, _NarratedModel, cli_demo, run_demo
+from statemachine._demo import PROMPT, Narrator, ScriptedModel, cli_demo, run_demo
 
 TRANSITION = re.compile(r"^    (\w+) -> (\w+) +\((\w+), turn (\d+)\)$")
 
@@ -257,23 +258,31 @@ class _UnknownToolModel:
         return sm.AssistantMessage([sm.ToolCall("x1", "nope", {})])
 
 
-def test_results_the_engine_makes_are_narrated_from_the_history() -> None:
+def test_results_the_engine_makes_are_narrated_from_the_event_stream() -> None:
     out = io.StringIO()
     narrator = Narrator(out)
     messages = [sm.UserMessage("go")]
-    narrator.catch_up(messages)
-    result = sm.run_agent_sync(
-        model=_NarratedModel(_UnknownToolModel(), narrator),
-        messages=messages,
-        logger=narrator.logger(),
-    )
-    narrator.catch_up(result.messages)
-    lines = out.getvalue().splitlines()
+    run = sm.AgentRun(model=_UnknownToolModel(), messages=messages, logger=narrator.logger())
+    result = asyncio.run(narrator.narrate(run, messages))
+    output = out.getvalue()
+    lines = output.splitlines()
     results = [line for line in lines if line.startswith("toolResult")]
     assert len(results) == 1
     assert results[0].startswith("toolResult  nope (isError): ")
     roles = [line.split()[0] for line in lines if re.match(r"^\w+ {2,}", line)]
     assert roles == [m.role for m in result.messages]
+    expected = [(r.source.value, r.dest.value, r.trigger.value, r.turn) for r in result.trace]
+    assert printed_transitions(output) == expected
+
+
+def test_warnings_are_shown_and_debug_logs_are_not() -> None:
+    out = io.StringIO()
+    narrator = Narrator(out)
+    log = narrator.logger()
+    log.debug("transition", from_state="Ready")
+    log.info("tool_raised", call_id="c1")
+    log.warning("model_call_failed", run_id="r", turn=1, error="boom")
+    assert out.getvalue() == "    ! model_call_failed: error=boom, turn=1\n"
 
 
 def test_scripted_model_without_tools_says_so() -> None:

@@ -6,6 +6,7 @@ anything the command prints, transcript or logs.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -16,8 +17,11 @@ from pathlib import Path
 import pytest
 from providers_server import LoopbackServer, Reply, sse
 
+import statemachine as sm
 from statemachine.__main__ import main
+from statemachine._driver import MessageAdded, TurnStarted
 from statemachine.providers import RedactSecrets
+from statemachine.providers._cli import _Transcript
 
 OPENAI_KEY = "sk-live-cli-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-cli-0123456789abcdef"
@@ -224,3 +228,30 @@ def test_redact_secrets_processor_cleans_nested_values_and_sensitive_keys() -> N
         "attempts": ["x[REDACTED]x", 3],
         "error": "ValueError: key [REDACTED]",
     }
+
+
+def test_the_transcript_prints_the_event_stream_after_the_streamed_text() -> None:
+    out = io.StringIO()
+    transcript = _Transcript(out, [OPENAI_KEY])
+    transcript.show(sm.UserMessage("hi"))
+    transcript.stream_text("Let me ")
+    transcript.stream_text("look.")
+    call = sm.ToolCall("c1", "list_files", {})
+    streamed = sm.AssistantMessage(
+        [sm.TextContent("Let me look."), call], stop_reason=sm.StopReason.TOOL_USE
+    )
+    transcript.event(MessageAdded(1, streamed))  # its text was streamed: not again
+    transcript.event(MessageAdded(2, sm.ToolResultMessage("c1", "list_files", "a\nb")))
+    transcript.event(TurnStarted(2))
+    transcript.event(MessageAdded(3, sm.AssistantMessage(f"not streamed {OPENAI_KEY}")))
+    transcript.stream_text("cut")
+    transcript.event(TurnStarted(3))  # a call that ended without a message ends the line
+    assert out.getvalue().splitlines() == [
+        "user: hi",
+        "assistant: Let me look.",
+        "  -> list_files {}",
+        "  result (list_files): a",
+        "    b",
+        "assistant: not streamed [REDACTED]",
+        "assistant: cut",
+    ]

@@ -3,8 +3,9 @@
     python -m statemachine run --provider openai|anthropic --model NAME "prompt"
         [--base-url URL] [--dir DIR] [--max-turns N] [--system TEXT] [--verbose]
 
-The transcript is printed as it happens: the assistant's text as it streams, each
-tool call when its response completes, each tool result before the next model call,
+The transcript is printed as it happens: the assistant's text as it streams (the
+provider's ``on_text``), then, from the run's event stream (``AgentRun.events()``),
+each tool call when its response enters the history and each tool result as it does,
 then the final state and its explanation. The key comes from ``OPENAI_API_KEY`` or
 ``ANTHROPIC_API_KEY`` (an OpenAI-compatible local server given by ``--base-url``
 needs none). It is never printed: everything this command writes, transcript and
@@ -32,8 +33,8 @@ from typing import Any, TextIO
 
 import structlog
 
-from .._abort import AbortController, AbortSignal
-from .._driver import RunResult, run_agent
+from .._abort import AbortController
+from .._driver import AgentRun, MessageAdded, RunEvent, RunResult
 from .._errors import InvalidInputError
 from .._messages import (
     AssistantMessage,
@@ -46,7 +47,6 @@ from .._messages import (
 )
 from .._model import ModelClient
 from .._table import TurnState
-from .._tools import ToolDefinition
 from ._errors import redact
 from ._logging import RedactSecrets
 
@@ -62,8 +62,8 @@ class _Transcript:
     def __init__(self, out: TextIO, secrets: Sequence[str]) -> None:
         self.out = out
         self.secrets = tuple(secrets)
-        self.shown = 0
-        self.streaming = False
+        self.streaming = False  # an assistant line is open
+        self.streamed = False  # text streamed since the last assistant message shown
 
     def write(self, text: str) -> None:
         self.out.write(redact(text, self.secrets))
@@ -76,13 +76,19 @@ class _Transcript:
         if not self.streaming:
             self.write("assistant: ")
             self.streaming = True
+        self.streamed = True
         self.write(text)
 
-    def catch_up(self, history: Sequence[Message]) -> None:
-        """Show the messages of ``history`` not shown yet."""
-        for message in history[self.shown :]:
-            self.show(message)
-        self.shown = max(self.shown, len(history))
+    def end_stream(self) -> None:
+        if self.streaming:
+            self.line()
+            self.streaming = False
+
+    def event(self, event: RunEvent) -> None:
+        if isinstance(event, MessageAdded):
+            self.show(event.message)
+        else:
+            self.end_stream()  # e.g. a model call that ended without a message
 
     def show(self, message: Message) -> None:
         if isinstance(message, UserMessage):
@@ -98,14 +104,13 @@ class _Transcript:
             if more > 0:
                 self.line(f"    ... ({more} more lines)")
         else:
-            self.show_assistant(message, streamed=False)
+            self.show_assistant(message)
 
-    def show_assistant(self, message: AssistantMessage, *, streamed: bool) -> None:
-        if not streamed and message.text:
-            self.stream_text(message.text)
-        if self.streaming:
-            self.line()
-            self.streaming = False
+    def show_assistant(self, message: AssistantMessage) -> None:
+        if not self.streamed and message.text:
+            self.stream_text(message.text)  # a message whose text was not streamed
+        self.streamed = False
+        self.end_stream()
         for block in message.content:
             if isinstance(block, ToolCall):
                 arguments = json.dumps(thaw_json(block.arguments), ensure_ascii=False)
@@ -113,31 +118,6 @@ class _Transcript:
         if message.stop_reason not in (StopReason.STOP, StopReason.TOOL_USE):
             why = f": {message.error_message}" if message.error_message else ""
             self.line(f"  [stop reason {message.stop_reason.value}{why}]")
-
-
-class _ShowingModel:
-    """Shows the history the engine sends before each call, and each response."""
-
-    def __init__(self, inner: ModelClient, transcript: _Transcript) -> None:
-        self.inner = inner
-        self.transcript = transcript
-
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        self.transcript.catch_up(messages)
-        try:
-            reply = await self.inner.complete(messages, tools, signal)
-        finally:
-            if self.transcript.streaming:
-                self.transcript.line()
-                self.transcript.streaming = False
-        self.transcript.show_assistant(reply, streamed=True)
-        self.transcript.shown = len(messages) + 1
-        return reply
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -191,8 +171,28 @@ def _model(args: argparse.Namespace, key: str | None, transcript: _Transcript, l
     return AnthropicModel(args.model, **common)
 
 
-async def _run(model: ModelClient, tools: Any, prompt: str, max_turns: int, log: Any) -> RunResult:
+async def _run(
+    model: ModelClient, tools: Any, prompt: str, max_turns: int, log: Any, transcript: _Transcript
+) -> RunResult:
     controller = AbortController()
+    messages = [UserMessage(prompt)]
+    run = AgentRun(
+        model=model,
+        tools=tools,
+        messages=messages,
+        max_turns=max_turns,
+        signal=controller.signal,
+        logger=log,
+    )
+    events = run.events()  # subscribed before run(), so no event is missed
+    for message in messages:
+        transcript.show(message)
+
+    async def show() -> None:
+        async for event in events:
+            transcript.event(event)
+
+    shown = asyncio.ensure_future(show())
     loop = asyncio.get_running_loop()
     installed = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -201,17 +201,16 @@ async def _run(model: ModelClient, tools: Any, prompt: str, max_turns: int, log:
         loop.add_signal_handler(_signal.SIGINT, controller.abort, "interrupted (Ctrl-C)")
         installed = True
     try:
-        return await run_agent(
-            model=model,
-            tools=tools,
-            messages=[UserMessage(prompt)],
-            max_turns=max_turns,
-            signal=controller.signal,
-            logger=log,
-        )
+        result = await run.run()
+    except BaseException:
+        shown.cancel()
+        raise
     finally:
         if installed:
             loop.remove_signal_handler(_signal.SIGINT)
+    await shown  # the stream ends with RunFinished, which run() has emitted
+    transcript.end_stream()
+    return result
 
 
 def cli_run(argv: list[str]) -> int:
@@ -243,10 +242,7 @@ def cli_run(argv: list[str]) -> int:
     transcript.line(f"statemachine run: {args.provider} model {args.model} on {shown}")
     transcript.line(f"  tools: {', '.join(t.name for t in tools)}")
     transcript.line()
-    result = asyncio.run(
-        _run(_ShowingModel(model, transcript), tools, args.prompt, args.max_turns, log)
-    )
-    transcript.catch_up(result.messages)
+    result = asyncio.run(_run(model, tools, args.prompt, args.max_turns, log, transcript))
     transcript.line()
     transcript.line(f"final state: {result.state.value} after {result.turns} model call(s)")
     transcript.line(f"explanation: {result.explanation}")
