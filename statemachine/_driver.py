@@ -262,17 +262,19 @@ _ERRORS: dict[TurnState, type[RunEndedError]] = {
 class RunResult:
     """How a run ended: its state, the whole history, and why."""
 
+    # The history, the log and the snapshot grow with the run: they are left out of
+    # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
     state: TurnState
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...] = attrs.field(repr=False)
     error: RunEndedError | None
     turns: int
     explanation: str
-    trace: tuple[TransitionRecord, ...] = ()
+    trace: tuple[TransitionRecord, ...] = attrs.field(default=(), repr=False)
     run_id: str = ""
-    stats: RunStats | None = None
+    stats: RunStats | None = attrs.field(default=None, repr=False)
     pending_approvals: tuple[ToolCall, ...] = ()
     queued_input: tuple[InputQueued, ...] = ()
-    snapshot: Mapping[str, Any] | None = None  # for AwaitingUser: resume_agent(snapshot)
+    snapshot: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:

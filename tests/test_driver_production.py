@@ -554,3 +554,11 @@ def test_abort_before_the_run_starts_makes_no_model_call() -> None:
     assert result.state is sm.TurnState.Aborted
     assert model.contexts == []
     assert "changed my mind" in result.explanation
+
+
+def test_a_run_results_repr_stays_short_however_long_the_run() -> None:
+    model = Scripted(sm.AssistantMessage("x" * 10_000))
+    result = sm.run_agent_sync(model=model, messages=[sm.UserMessage("go")])
+    assert len(result.messages) == 2
+    assert "x" * 100 not in repr(result)
+    assert "Done" in repr(result)
