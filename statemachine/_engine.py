@@ -74,6 +74,7 @@ from ._messages import (
 )
 from ._table import (
     ABSORBING,
+    INITIAL,
     INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
     TRANSITIONS,
@@ -176,7 +177,7 @@ def _verify_with_machine(
 
 
 def build_machine(
-    model: object, guards: Mapping[Guard, Any], initial: TurnState = S.Ready
+    model: object, guards: Mapping[Guard, Any], initial: TurnState = INITIAL
 ) -> Machine:
     """A plain ``transitions.Machine`` for ``model``, derived row by row from the table.
 
@@ -291,7 +292,7 @@ class Engine:
             scheduling=scheduling,
             run_id=run_id,
             logger=logger,
-            initial=S.Ready,
+            initial=INITIAL,
         )
 
     def _setup(

@@ -124,6 +124,7 @@ import attrs
 
 __all__ = [
     "ABSORBING",
+    "INITIAL",
     "INPUT_TRIGGERS",
     "INTERNAL_TRIGGERS",
     "RETURNS_TO_CALLER",
@@ -304,6 +305,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.AwaitingUser, T.abort, S.Aborted, None, "abandoned while waiting"),
 )
 # fmt: on
+
+INITIAL: TurnState = S.Ready
+"""Where every run starts. The first row of ``TRANSITIONS`` starts from it, because
+the diagrams read a table's start from its first row."""
 
 TERMINAL: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
 """States that end a run."""

@@ -247,3 +247,14 @@ def test_machine_does_not_move_when_no_row_applies() -> None:
                 model, _ = _machine(set(Guard) - {guard}, initial=row.source)
                 assert model.trigger(trigger.value) is False
                 assert model.state is row.source
+
+
+def test_every_run_starts_from_the_first_rows_source() -> None:
+    # The diagrams read a table's start from its first row.
+    from statemachine._table import INITIAL, TRANSITIONS
+
+    assert TRANSITIONS[0].source is INITIAL
+    from statemachine import UserMessage
+
+    engine = Engine(tools=[], messages=[UserMessage("go")])
+    assert engine.state is INITIAL
