@@ -390,6 +390,7 @@ class AgentRun:
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
         run_id: str | None = None,
+        engine_factory: Callable[..., Engine] = Engine,
         _engine: Engine | None = None,
         _resume_events: Sequence[Event] = (),
     ) -> None:
@@ -409,7 +410,7 @@ class AgentRun:
         base = logger if logger is not None else structlog.get_logger("statemachine")
         if _engine is None:
             run_id = run_id or uuid.uuid4().hex[:12]
-            _engine = Engine(
+            _engine = engine_factory(
                 tools=[t.definition for t in tools],
                 messages=messages,
                 max_turns=max_turns,
@@ -996,12 +997,15 @@ async def run_agent(
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
     run_id: str | None = None,
+    engine_factory: Callable[..., Engine] = Engine,
 ) -> RunResult:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
     before any model call for an invalid history, duplicate tool names or bad
     arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
+    ``engine_factory`` (called with ``Engine``'s keyword arguments) lets a caller run
+    an ``Engine`` subclass, e.g. ``functools.partial(JournalingEngine, journal=j)``.
     """
     run = AgentRun(
         model=model,
@@ -1016,6 +1020,7 @@ async def run_agent(
         grace_period=grace_period,
         logger=logger,
         run_id=run_id,
+        engine_factory=engine_factory,
     )
     return await run.run()
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import hashlib
 import io
 import json
@@ -55,7 +56,6 @@ import os
 import sys
 import types
 import typing
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, Final, Literal
 
@@ -63,7 +63,7 @@ import attrs
 import structlog
 
 from . import _events
-from ._driver import AgentRun, BeforeToolCall, RunResult, ShouldContinue
+from ._driver import RunResult, run_agent
 from ._engine import Engine, TransitionRecord
 from ._errors import InvalidInputError, ProtocolError, WireFormatError
 from ._events import Action, Event
@@ -80,9 +80,8 @@ from ._messages import (
     message_to_dict,
     thaw_json,
 )
-from ._model import ModelClient
 from ._table import RETURNS_TO_CALLER, TurnState
-from ._tools import Scheduling, Tool, ToolDefinition, ToolOutput
+from ._tools import Scheduling, ToolDefinition, ToolOutput
 
 __all__ = [
     "FORMAT",
@@ -607,50 +606,16 @@ class JournalingEngine(Engine):
         return actions
 
 
-async def run_agent_journaled(
-    *,
-    journal: Journal,
-    model: ModelClient,
-    messages: Sequence[Message],
-    tools: Sequence[Tool] = (),
-    max_turns: int = 8,
-    before_tool_call: BeforeToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    logger: Any = None,
-    run_id: str | None = None,
-    **kwargs: Any,
-) -> RunResult:
+async def run_agent_journaled(*, journal: Journal, **run_agent_kwargs: Any) -> RunResult:
     """``run_agent`` that writes ``journal`` as it goes (same arguments and result).
 
-    A shim over the driver's private engine parameter until ``run_agent`` accepts a
-    journal (or an engine factory) itself; it does not close the journal.
+    It runs a ``JournalingEngine`` through ``run_agent``'s ``engine_factory``; it does
+    not close the journal.
     """
-    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
-        raise InvalidInputError("tools must be a sequence of Tool")
-    for i, item in enumerate(tools):
-        if not isinstance(item, Tool):
-            raise InvalidInputError(f"tools[{i}] is a {type(item).__name__}, not a Tool")
-    engine = JournalingEngine(
-        journal=journal,
-        tools=[t.definition for t in tools],
-        messages=messages,
-        max_turns=max_turns,
-        check_permissions=before_tool_call is not None,
-        check_continue=should_continue is not None,
-        scheduling={t.name: t.scheduling for t in tools},
-        run_id=run_id or uuid.uuid4().hex[:12],
-        logger=logger if logger is not None else structlog.get_logger("statemachine"),
+    return await run_agent(
+        engine_factory=functools.partial(JournalingEngine, journal=journal),
+        **run_agent_kwargs,
     )
-    run = AgentRun(
-        model=model,
-        tools=tools,
-        before_tool_call=before_tool_call,
-        should_continue=should_continue,
-        logger=logger,
-        _engine=engine,
-        **kwargs,
-    )
-    return await run.run()
 
 
 # -- reading and replaying ------------------------------------------------------------------
