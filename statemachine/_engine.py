@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, NamedTuple
 
 import attrs
 import structlog
@@ -111,9 +113,12 @@ _NO_SCHEDULING: Final = Scheduling()
 log_default = structlog.get_logger("statemachine")
 
 
-@attrs.frozen
-class TransitionRecord:
-    """One step of the transition log."""
+class TransitionRecord(NamedTuple):
+    """One step of the transition log (immutable).
+
+    A named tuple rather than an attrs class: the engine makes one per transition,
+    several per event, and a tuple is made at under half the cost (bench/, replay).
+    """
 
     source: TurnState
     trigger: Trigger
@@ -145,6 +150,49 @@ class _MachineModel:
 # Guards are looked up by name at each use (not cached or stored): a subclass or a
 # test may replace one, and engine attributes stay plain data that can be copied.
 _GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
+
+# The table, pre-digested for dispatch (derived here once, never written by hand):
+# for each (state, trigger) its rows in table order as (guard method or None, dest);
+# for each state the internal triggers that have a row from it, with the method of
+# the guard that fires them; and each state's entry method.
+_ROWS: Final[dict[tuple[TurnState, Trigger], tuple[tuple[str | None, TurnState], ...]]] = {
+    (state, trigger): tuple(
+        (None if row.guard is None else _GUARD_METHOD[row.guard], row.dest)
+        for row in rows_from(state, trigger)
+    )
+    for state in TurnState
+    for trigger in Trigger
+    if rows_from(state, trigger)
+}
+_INTERNAL_FROM: Final[dict[TurnState, tuple[tuple[Trigger, str], ...]]] = {
+    state: tuple(
+        (trigger, _GUARD_METHOD[guard])
+        for trigger, guard in INTERNAL_TRIGGERS.items()
+        if rows_from(state, trigger)
+    )
+    for state in TurnState
+}
+_ENTER: Final = {state: f"_enter_{state.value}" for state in TurnState}
+# The trigger of each input event class (the classes name it as a ClassVar).
+_INPUT_TRIGGER: Final[dict[type, Trigger]] = {
+    cls: cls.trigger for cls in typing.get_args(Event) if cls.trigger not in INTERNAL_TRIGGERS
+}
+
+
+def _debug_enabled(log: Any) -> bool:
+    """False only when the logger has said, once and for all, that it drops debug.
+
+    structlog's filtering bound loggers fix their level when they are made, so the
+    transition log's arguments need not even be built for them (measured: a third of
+    a quiet engine step). Any other logger, the lazy default proxy included (it
+    follows configuration made later), gets every call.
+    """
+    if getattr(type(log), "is_enabled_for", None) is None:
+        return True
+    try:
+        return bool(log.is_enabled_for(logging.DEBUG))
+    except Exception:  # noqa: BLE001 - a logger we cannot ask is given everything
+        return True
 
 
 def _machine_guard(guard: Guard, engine: Engine) -> bool:
@@ -320,6 +368,7 @@ class Engine:
         self.check_continue = check_continue
         self.run_id = run_id
         self._log = (logger if logger is not None else log_default).bind(run_id=run_id)
+        self._debug = _debug_enabled(self._log)
         self.turns = 0
         self.trace: list[TransitionRecord] = []
         self.explanation: str | None = None
@@ -382,16 +431,19 @@ class Engine:
 
         Raises ``ProtocolError`` (changing nothing) if the event is not accepted now.
         """
-        trigger = getattr(event, "trigger", None)
-        if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
-            raise ProtocolError(f"not an input event: {event!r}")
+        trigger = _INPUT_TRIGGER.get(type(event))
+        if trigger is None:
+            # Not one of the event classes (a subclass, or not an event at all).
+            trigger = getattr(event, "trigger", None)
+            if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
+                raise ProtocolError(f"not an input event: {event!r}")
         state = self._fsm.state
         if state in ABSORBING:
             self._log.debug(
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        if not rows_from(state, trigger):
+        if (state, trigger) not in _ROWS:
             accepted = sorted(
                 {r.trigger.value for r in TRANSITIONS if r.source is state}
                 - {t.value for t in INTERNAL_TRIGGERS}
@@ -415,7 +467,10 @@ class Engine:
 
     def _check_payload(self, state: TurnState, event: Event) -> None:
         """Refuse events whose data does not fit the bookkeeping; mutate nothing."""
-        if isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
+        # Tool results first: the most frequent input there is.
+        if isinstance(event, (ToolFinished, ToolCancelled)):
+            self._expect_slot(event.call_id, _RUNNING, event.trigger)
+        elif isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
             if not self._model_outstanding:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
             if isinstance(event, ModelCancelled) and state is not S.Aborting:
@@ -424,8 +479,6 @@ class Engine:
             self._expect_slot(event.call_id, _WAITING_PERMISSION, event.trigger)
         elif isinstance(event, ApprovalDecided):
             self._expect_slot(event.call_id, _WAITING_APPROVAL, event.trigger)
-        elif isinstance(event, (ToolFinished, ToolCancelled)):
-            self._expect_slot(event.call_id, _RUNNING, event.trigger)
         elif isinstance(event, ContinueDecided) and not self._continue_pending:
             raise ProtocolError("continue_decided: no should_continue check is pending")
 
@@ -439,7 +492,11 @@ class Engine:
 
     def _record(self, state: TurnState, event: Event) -> None:
         """Record the event's data; destination-specific effects come on entry."""
-        if isinstance(event, ModelResponded):
+        if isinstance(event, ToolFinished):  # the most frequent event first
+            self._resolve_output(self._slots[event.call_id], event.output)
+            if state is S.CollectingResults:
+                self._start_runnable()
+        elif isinstance(event, ModelResponded):
             self._model_outstanding = False
             message = self._normalise_ids(event.message)
             self._history.append(message)
@@ -484,10 +541,6 @@ class Engine:
             else:
                 reason = f": {event.reason}" if event.reason else ""
                 self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
-        elif isinstance(event, ToolFinished):
-            self._resolve_output(self._slots[event.call_id], event.output)
-            if state is S.CollectingResults:
-                self._start_runnable()
         elif isinstance(event, ToolCancelled):
             slot = self._slots[event.call_id]
             self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
@@ -502,9 +555,8 @@ class Engine:
     def _fire(self, trigger: Trigger) -> None:
         source = self._fsm.state
         # The table's own rule: the first row for (state, trigger) whose guard holds.
-        for row in rows_from(source, trigger):
-            if row.guard is None or getattr(self, _GUARD_METHOD[row.guard])():
-                dest = row.dest
+        for guard, dest in _ROWS.get((source, trigger), ()):  # noqa: B007 - used after
+            if guard is None or getattr(self, guard)():
                 break
         else:
             # Unreachable when the table is complete (the checker proves it); kept so
@@ -514,30 +566,29 @@ class Engine:
             _verify_with_machine(self, source, trigger, dest)
         self._fsm.state = dest
         self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
-        self._log.debug(
-            "transition",
-            turn=self.turns,
-            from_state=source.value,
-            to_state=dest.value,
-            trigger=trigger.value,
-        )
+        if self._debug:
+            self._log.debug(
+                "transition",
+                turn=self.turns,
+                from_state=source.value,
+                to_state=dest.value,
+                trigger=trigger.value,
+            )
         if dest is not source:
-            getattr(self, f"_enter_{dest.value}")(source)
+            getattr(self, _ENTER[dest])(source)
 
     def _run_internal(self) -> None:
         # Fire internal triggers to a fixed point. Each firing leaves its source state
         # and the internal triggers form no cycle without an input in between
         # (Dispatching -> Collecting -> TurnBoundary -> AwaitingModel waits for the
         # model), so this terminates.
-        fired = True
-        while fired:
-            fired = False
-            state = self._fsm.state
-            for trigger, guard in INTERNAL_TRIGGERS.items():
-                if rows_from(state, trigger) and getattr(self, _GUARD_METHOD[guard])():
+        while True:
+            for trigger, guard in _INTERNAL_FROM[self._fsm.state]:
+                if getattr(self, guard)():
                     self._fire(trigger)
-                    fired = True
                     break
+            else:
+                return
 
     # -- guards (named in the table) -----------------------------------------------------
 
