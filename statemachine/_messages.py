@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeAlias, TypeGuard
+from typing import Any, ClassVar, Final, TypeAlias, TypeGuard, TypeVar
 
 import attrs
 
@@ -72,26 +72,69 @@ class StopReason(enum.StrEnum):
 
 def freeze_json(value: Any, path: str = "value") -> Any:
     """Return a deeply immutable copy of a JSON value; raise on non-JSON values."""
-    if value is None or isinstance(value, (bool, int, str)):
+    try:
+        return _freeze(value)
+    except _NotJsonError:
+        # Walk again to name the bad value's path: building a path for every key on
+        # the way down would cost more than the freezing itself (replay, bench/).
+        _explain_not_json(value, path)
+        raise AssertionError("unreachable: _freeze refused a value that is JSON") from None
+
+
+class _NotJsonError(Exception):
+    """Raised by ``_freeze``; ``freeze_json`` turns it into a ``WireFormatError``."""
+
+
+_JSON_SCALARS: Final = frozenset({str, int, bool, type(None)})
+
+
+def _freeze(value: Any) -> Any:
+    kind = type(value)
+    if kind in _JSON_SCALARS:
         return value
+    if kind is dict or (kind is not list and _is_mapping(value)):
+        frozen: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                raise _NotJsonError
+            frozen[key] = _freeze(item)
+        return MappingProxyType(frozen)
+    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+        return tuple([_freeze(item) for item in value])
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _NotJsonError
+        return value
+    if isinstance(value, (bool, int, str)) or value is None:  # subclasses of scalars
+        return value
+    raise _NotJsonError
+
+
+def _explain_not_json(value: Any, path: str) -> None:
+    """Raise ``WireFormatError`` naming the first non-JSON value under ``value``."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise WireFormatError(f"{path}: {value!r} is not a JSON number")
-        return value
+        return
     if _is_mapping(value):
-        frozen: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise WireFormatError(f"{path}: object keys must be strings, got {key!r}")
-            frozen[key] = freeze_json(item, f"{path}.{key}")
-        return MappingProxyType(frozen)
+            _explain_not_json(item, f"{path}.{key}")
+        return
     if isinstance(value, (list, tuple)):
-        return tuple(freeze_json(item, f"{path}[{i}]") for i, item in enumerate(value))
+        for i, item in enumerate(value):
+            _explain_not_json(item, f"{path}[{i}]")
+        return
     raise WireFormatError(f"{path}: {type(value).__name__} is not a JSON value")
 
 
 def thaw_json(value: Any) -> Any:
     """Return a plain, mutable ``dict``/``list`` copy of a frozen JSON value."""
+    if type(value) in _JSON_SCALARS:
+        return value
     if _is_mapping(value):
         return {key: thaw_json(item) for key, item in value.items()}
     if isinstance(value, tuple):
@@ -377,18 +420,53 @@ def _optional(d: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
     return _expect(d, key, kind, path)
 
 
-def _check_keys(d: Mapping[str, Any], allowed: set[str], path: str) -> None:
+def _check_keys(d: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
+    if d.keys() <= allowed:
+        return
     extra = sorted(set(d) - allowed)
-    if extra:
-        raise WireFormatError(f"{path}: unknown key(s) {', '.join(map(repr, extra))}")
+    raise WireFormatError(f"{path}: unknown key(s) {', '.join(map(repr, extra))}")
 
 
-_BLOCK_KEYS: dict[str, set[str]] = {
-    "text": {"type", "text"},
-    "thinking": {"type", "thinking", "signature"},
-    "image": {"type", "data", "mimeType"},
-    "toolCall": {"type", "id", "name", "arguments"},
+_BLOCK_KEYS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "image": frozenset({"type", "data", "mimeType"}),
+    "toolCall": frozenset({"type", "id", "name", "arguments"}),
 }
+_USER_KEYS: Final = frozenset({"role", "content"})
+_ASSISTANT_KEYS: Final = frozenset({"role", "content", "stopReason", "errorMessage", "usage"})
+_RESULT_KEYS: Final = frozenset({"role", "toolCallId", "toolName", "content", "isError"})
+_USAGE_KEYS: Final = frozenset(
+    {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}
+)
+_STOP_REASONS: Final = {s.value: s for s in StopReason}
+_T = TypeVar("_T")
+
+
+def _checked(cls: type[_T], *values: Any) -> _T:
+    """An instance of the frozen ``cls`` from values the wire parser has already checked.
+
+    The parser checks every field against exactly what the class's validators and
+    converters would (types, the stop reason, frozen arguments, tuples of the right
+    blocks) and names the bad path when one fails; running them again costs as much
+    as the parsing (replay, bench/). Only the functions below call this, each right
+    after its checks; tests/test_messages.py checks that what it builds equals what
+    the class's own ``__init__`` builds.
+    """
+    instance = object.__new__(cls)
+    for name, value in zip(_field_names(cls), values, strict=True):
+        object.__setattr__(instance, name, value)
+    return instance
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(field.name for field in attrs.fields(cls))
+    return names
 
 
 def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
@@ -402,7 +480,7 @@ def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
         )
     _check_keys(d, _BLOCK_KEYS[kind], path)
     if kind == "text":
-        return TextContent(_expect(d, "text", str, path))
+        return _checked(TextContent, _expect(d, "text", str, path))
     if kind == "thinking":
         return ThinkingContent(
             _expect(d, "thinking", str, path), _optional(d, "signature", str, path)
@@ -410,7 +488,8 @@ def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
     if kind == "image":
         return ImageContent(_expect(d, "data", str, path), _expect(d, "mimeType", str, path))
     arguments = _expect(d, "arguments", Mapping, path)
-    return ToolCall(
+    return _checked(
+        ToolCall,
         _expect(d, "id", str, path),
         _expect(d, "name", str, path),
         freeze_json(arguments, f"{path}.arguments"),
@@ -427,7 +506,7 @@ def _content_from(d: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> 
 def _usage_from_dict(d: Any, path: str) -> Usage:
     if not _is_mapping(d):
         raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
-    _check_keys(d, {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}, path)
+    _check_keys(d, _USAGE_KEYS, path)
     cost = None
     if d.get("cost") is not None:
         cost = float(_expect(d, "cost", (int, float), path))
@@ -447,34 +526,33 @@ def message_from_dict(d: Mapping[str, Any], *, path: str = "message") -> Message
         raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
     role = _expect(d, "role", str, path)
     if role == "user":
-        _check_keys(d, {"role", "content"}, path)
-        return UserMessage(_content_from(d, ("text", "image"), path))
+        _check_keys(d, _USER_KEYS, path)
+        return _checked(UserMessage, _content_from(d, ("text", "image"), path))
     if role == "assistant":
-        _check_keys(d, {"role", "content", "stopReason", "errorMessage", "usage"}, path)
+        _check_keys(d, _ASSISTANT_KEYS, path)
         raw_stop = _expect(d, "stopReason", str, path)
-        try:
-            stop = StopReason(raw_stop)
-        except ValueError:
+        stop = _STOP_REASONS.get(raw_stop)
+        if stop is None:
             valid = ", ".join(repr(s.value) for s in StopReason)
-            raise WireFormatError(
-                f"{path}.stopReason: {raw_stop!r} is not one of {valid}"
-            ) from None
+            raise WireFormatError(f"{path}.stopReason: {raw_stop!r} is not one of {valid}")
         usage = None
         if d.get("usage") is not None:
             usage = _usage_from_dict(d["usage"], f"{path}.usage")
-        return AssistantMessage(
+        return _checked(
+            AssistantMessage,
             _content_from(d, ("text", "thinking", "toolCall"), path),
-            stop_reason=stop,
-            error_message=_optional(d, "errorMessage", str, path),
-            usage=usage,
+            stop,
+            _optional(d, "errorMessage", str, path),
+            usage,
         )
     if role == "toolResult":
-        _check_keys(d, {"role", "toolCallId", "toolName", "content", "isError"}, path)
-        return ToolResultMessage(
+        _check_keys(d, _RESULT_KEYS, path)
+        return _checked(
+            ToolResultMessage,
             _expect(d, "toolCallId", str, path),
             _expect(d, "toolName", str, path),
             _content_from(d, ("text", "image"), path),
-            is_error=_expect(d, "isError", bool, path),
+            _expect(d, "isError", bool, path),
         )
     raise WireFormatError(f"{path}.role: {role!r} is not one of 'user', 'assistant', 'toolResult'")
 

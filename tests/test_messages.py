@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -63,6 +65,36 @@ def test_wire_round_trip_is_exact(message: sm.Message) -> None:
     wire = sm.message_to_dict(message)
     assert sm.message_from_dict(json.loads(json.dumps(wire))) == message
     assert sm.message_to_dict(sm.message_from_dict(wire)) == wire
+
+
+def _same_structure(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (``==`` alone lets a list pass
+    for a tuple inside a mapping, or a str for a StopReason)."""
+    if type(a) is not type(b):
+        return False
+    if attrs.has(type(a)):
+        return all(
+            _same_structure(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a))
+        )
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(_same_structure, a, b))
+    if isinstance(a, MappingProxyType):
+        return a.keys() == b.keys() and all(_same_structure(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@given(messages)
+def test_parsed_messages_are_what_their_constructors_build(message: sm.Message) -> None:
+    # The parser builds messages without re-running the classes' validators and
+    # converters (its own checks are the same); what it builds must be exactly what
+    # the constructor builds from the same values.
+    import json
+
+    parsed = sm.message_from_dict(json.loads(json.dumps(sm.message_to_dict(message))))
+    fields = attrs.fields(type(message))
+    rebuilt = type(message)(**{f.name: getattr(parsed, f.name) for f in fields})
+    assert _same_structure(parsed, message)
+    assert _same_structure(parsed, rebuilt)
 
 
 def test_wire_shape_matches_the_seed() -> None:
