@@ -593,3 +593,73 @@ def test_replay_into_another_engine_names_where_it_diverges() -> None:
         replay(io.StringIO(text), engine_class=StopReasonEngine, logger=_quiet())
     assert "went to CollectingResults" in str(info.value)
     assert "engine went to Done" in str(info.value)
+
+
+# -- the checkpoint digest ----------------------------------------------------------------
+
+
+def _digest_by_definition(messages: Sequence[Message], trace: Sequence[Any]) -> str:
+    """``history_digest`` as its docstring defines it, written the slow, obvious way."""
+    import hashlib
+
+    from statemachine._messages import message_to_dict
+
+    payload = {
+        "messages": [message_to_dict(m) for m in messages],
+        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in trace],
+    }
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@given(accepted_runs())
+def test_the_running_digest_is_the_digest_at_every_step(
+    run: tuple[dict[str, bool], list[Event]],
+) -> None:
+    from statemachine._journal import _RunningDigest, history_digest
+
+    options, events = run
+    engine = Engine(
+        tools=[TOOL],
+        messages=[FIRST_MESSAGE],
+        max_turns=3,
+        logger=_quiet(),
+        check_permissions=options["check_permissions"],
+        check_continue=options["check_continue"],
+    )
+    running = _RunningDigest()
+    for event in events:
+        engine.handle(event)
+        expected = _digest_by_definition(engine.messages, engine.trace)
+        assert history_digest(engine.messages, engine.trace) == expected
+        assert running.digest(engine.messages, engine.trace) == expected
+
+
+def test_the_running_digest_starts_over_when_the_past_changes() -> None:
+    from statemachine._journal import _RunningDigest
+
+    first: list[Message] = [UserMessage("go"), AssistantMessage("one")]
+    running = _RunningDigest()
+    assert running.digest(first, []) == _digest_by_definition(first, [])
+    rewritten: list[Message] = [UserMessage("go"), AssistantMessage("two"), UserMessage("more")]
+    assert running.digest(rewritten, []) == _digest_by_definition(rewritten, [])
+    assert running.digest(rewritten[:1], []) == _digest_by_definition(rewritten[:1], [])
+
+
+def test_a_lone_surrogate_is_journaled_and_replays(tmp_path: Path) -> None:
+    # A cut-off model stream can end a string inside a surrogate pair: such a string
+    # has no UTF-8 form, yet the run must journal, checkpoint and replay like any other.
+    path = tmp_path / "run.jsonl"
+    broken = AssistantMessage("half an emoji: \ud83d")
+    with Journal(path) as journal:
+        engine = JournalingEngine(
+            journal=journal, tools=[], messages=[UserMessage("go")], logger=_quiet()
+        )
+        engine.handle(Start())
+        engine.handle(ModelResponded(broken))
+    assert engine.state is TurnState.Done
+    assert "\\ud83d" in path.read_text(encoding="utf-8")
+    result = replay(path, logger=_quiet())
+    assert result.ok
+    assert result.checkpoints == 1
+    assert result.messages == (UserMessage("go"), broken)
