@@ -31,6 +31,7 @@ from statemachine.testing import (
     agent_loop,
     run_conformance,
 )
+from statemachine.testing.strategies import scenarios
 
 # -- the broken loops ---------------------------------------------------------------------
 
@@ -240,7 +241,15 @@ def _calls(scenario: Scenario) -> int:
     return sum(len(turn.calls) for turn in scenario.turns)
 
 
-def _caught(loop: Any, prop: str, *, max_examples: int = 100) -> ConformanceReport:
+# Most broken loops also pass the model's tool call ids through unchecked, so an empty
+# or repeated id breaks I1 on them before anything else; the tests of their other
+# defects use scenarios with unique ids (the id defect has its own test below).
+UNIQUE_IDS = scenarios(odd_ids=False)
+
+
+def _caught(
+    loop: Any, prop: str, *, max_examples: int = 100, unique_ids: bool = False
+) -> ConformanceReport:
     report = run_conformance(
         loop,
         properties=[prop],
@@ -248,6 +257,7 @@ def _caught(loop: Any, prop: str, *, max_examples: int = 100) -> ConformanceRepo
         seed=20260,
         hang_limit=HANG_LIMIT,
         max_shrink_runs=150,
+        scenarios=UNIQUE_IDS if unique_ids else None,
     )
     assert not report.passed, f"{prop} did not catch {loop.__name__}"
     assert report.failed_properties == (prop,)
@@ -301,7 +311,7 @@ def test_one_tool_round_loop_never_sends_results_back() -> None:
 
 
 def test_stop_reason_loop_drops_calls_of_a_stop_response() -> None:
-    report = _caught(stop_reason_loop, "I1")
+    report = _caught(stop_reason_loop, "I1", unique_ids=True)
     shrunk = report.failures[0].scenario
     assert _calls(shrunk) == 1
     assert shrunk.turns[-1].stop_reason is not StopReason.TOOL_USE
@@ -315,7 +325,7 @@ def test_escaping_exceptions_loop_crashes() -> None:
 
 
 def test_abort_drops_results_loop_leaves_started_batches_unanswered() -> None:
-    report = _caught(abort_drops_results_loop, "I1")
+    report = _caught(abort_drops_results_loop, "I1", unique_ids=True)
     shrunk = report.failures[0].scenario
     assert shrunk.abort.kind is not AbortKind.NEVER
     assert _calls(shrunk) == 1
@@ -327,6 +337,16 @@ def test_completion_order_loop_writes_results_out_of_call_order() -> None:
     shrunk = report.failures[0].scenario
     assert _calls(shrunk) == 2
     assert "comes before the result(s) of earlier call(s)" in report.failures[0].sentence
+
+
+@pytest.mark.parametrize("loop", [stop_reason_loop, abort_drops_results_loop])
+def test_loops_that_pass_model_ids_through_fail_on_an_empty_or_repeated_id(loop: Any) -> None:
+    report = _caught(loop, "I1")
+    shrunk = report.failures[0].scenario
+    assert _calls(shrunk) == 1
+    assert shrunk.abort.kind is AbortKind.NEVER
+    assert shrunk.turns[0].calls[0].call_id in ("", "prev_1")
+    assert "empty id" in report.failures[0].sentence or "repeat" in report.failures[0].sentence
 
 
 @pytest.mark.parametrize(

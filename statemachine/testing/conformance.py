@@ -1,10 +1,11 @@
 """``run_conformance``: generated scenarios through any loop, with shrunk failures.
 
-The search is Hypothesis's own: ``hypothesis.find`` generates scenarios until one
-violates a property, then shrinks it to a minimal counterexample, so a failure
-reads as the smallest script that breaks the loop (one model call, one tool call...)
-rather than the random one that first did. Each scenario runs twice when I5
-(determinism) is among the properties checked.
+``hypothesis.find`` generates scenarios until one violates a property; this module
+then shrinks it to a minimal counterexample (``_simplify``: drop the abort, a
+response, a call; lower the limit; move the abort earlier; put each field back to
+its plain value), so a failure reads as the smallest script that breaks the loop
+(one model call, one tool call...) rather than the random one that first did. Each
+scenario runs twice when I5 (determinism) is among the properties checked.
 
 The whole search runs on one private event loop (``asyncio.Runner``), so it must be
 called from synchronous code; every example gets a fresh scripted model and fresh
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
@@ -27,15 +28,20 @@ from .._messages import Message, StopReason
 from .properties import PROPERTY_TITLES, check_record
 from .scenario import (
     DEFAULT_HISTORY,
+    KNOWN_TOOLS,
     AbortAt,
     AbortKind,
     AgentLoop,
     ModelTurn,
+    OnAbort,
+    Outcome,
     RunRecord,
     Scenario,
+    ScriptedCall,
     ToolBehaviour,
     run_scenario_async,
 )
+from .strategies import _abort_candidates
 from .strategies import scenarios as default_scenarios
 from .transcript import render_transcript
 
@@ -107,17 +113,91 @@ class ConformanceReport:
         return self.summary()
 
 
-def _candidates(s: Scenario) -> Iterator[Scenario]:
-    """Smaller or plainer variants of ``s``, most drastic first.
+def _without_hangs(turns: tuple[ModelTurn, ...]) -> tuple[ModelTurn, ...]:
+    """The turns with every hang made an honoured abort (a hang only an abort ends)."""
+    out = []
+    for turn in turns:
+        if turn.on_abort is OnAbort.HANG:
+            turn = attrs.evolve(turn, on_abort=OnAbort.HONOUR)
+        if any(c.behaviour.on_abort is OnAbort.HANG for c in turn.calls):
+            turn = attrs.evolve(
+                turn,
+                calls=[
+                    attrs.evolve(c, behaviour=attrs.evolve(c.behaviour, on_abort=OnAbort.HONOUR))
+                    if c.behaviour.on_abort is OnAbort.HANG
+                    else c
+                    for c in turn.calls
+                ],
+            )
+        out.append(turn)
+    return tuple(out)
 
-    Hypothesis shrinks the choices behind a scenario; this pass shrinks the scenario
-    itself (drop a response, drop a call, restore a default), which removes the
-    leftovers the generic shrinker cannot see are irrelevant, such as responses
-    past the turn limit.
+
+def _plainer_calls(call: ScriptedCall) -> Iterator[ScriptedCall]:
+    """One field of the call back to its plain value, whole behaviour first."""
+    b = call.behaviour
+    for variant in (
+        attrs.evolve(call, behaviour=ToolBehaviour()),
+        attrs.evolve(call, tool=KNOWN_TOOLS[0]),
+        attrs.evolve(call, valid_arguments=True),
+        attrs.evolve(call, call_id=None),
+        attrs.evolve(call, behaviour=attrs.evolve(b, outcome=Outcome.RETURN)),
+        attrs.evolve(call, behaviour=attrs.evolve(b, on_abort=OnAbort.HONOUR)),
+        attrs.evolve(call, behaviour=attrs.evolve(b, sleep=0.0)),
+        attrs.evolve(call, behaviour=attrs.evolve(b, ticks=0)),
+        attrs.evolve(call, behaviour=attrs.evolve(b, cleanup_ticks=0)),
+    ):
+        if variant != call:
+            yield variant
+
+
+def _plainer_turns(turn: ModelTurn) -> Iterator[ModelTurn]:
+    """The response with its extras dropped, or one field back to its plain value."""
+    for variant in (
+        ModelTurn(calls=turn.calls, stop_reason=turn.stop_reason, raises=turn.raises),
+        attrs.evolve(turn, raises=False),
+        attrs.evolve(turn, stop_reason=StopReason.TOOL_USE),
+        attrs.evolve(turn, on_abort=OnAbort.HONOUR),
+        attrs.evolve(turn, text=""),
+        attrs.evolve(turn, ticks=0),
+    ):
+        if variant != turn:
+            yield variant
+
+
+def _earlier_aborts(s: Scenario) -> Iterator[Scenario]:
+    """The abort moved to an earlier instant (never when something hangs: a hang sits
+    where the abort reaches it). An abort at a tool start may also move to the model
+    call of that response, with the model ignoring it so the calls still come."""
+    abort = s.abort
+    if abort.kind is AbortKind.NEVER or _without_hangs(s.turns) != s.turns:
+        return
+    for candidate in _abort_candidates(s.turns):
+        if candidate == abort:
+            break
+        yield attrs.evolve(s, abort=candidate)
+    if abort.kind is AbortKind.TOOL_START:
+        turn = s.turns[abort.turn - 1]
+        ignoring = attrs.evolve(turn, on_abort=OnAbort.IGNORE)
+        yield attrs.evolve(
+            s,
+            abort=AbortAt(AbortKind.MODEL_CALL, abort.turn),
+            turns=(*s.turns[: abort.turn - 1], ignoring, *s.turns[abort.turn :]),
+        )
+
+
+def _candidates(s: Scenario) -> Iterator[Scenario]:
+    """Smaller or plainer variants of ``s``, most drastic first: no abort, a response
+    or a call dropped, the plain history, a lower limit, an earlier abort, then one
+    field of a response or call back to its plain value.
+
+    This is the whole shrinker: the search draws a scenario as one byte string
+    (``strategies``), whose bytes Hypothesis's generic shrinker would sort and swap
+    to no purpose, so it only generates; this pass knows what each part means.
     """
     abort = s.abort
     if abort.kind is not AbortKind.NEVER:
-        yield attrs.evolve(s, abort=AbortAt())
+        yield attrs.evolve(s, abort=AbortAt(), turns=_without_hangs(s.turns))
     for t in range(len(s.turns), 0, -1):
         if abort.kind in (AbortKind.MODEL_CALL, AbortKind.TOOL_START) and abort.turn == t:
             continue
@@ -140,20 +220,15 @@ def _candidates(s: Scenario) -> Iterator[Scenario]:
         yield attrs.evolve(s, history=DEFAULT_HISTORY)
     for limit in range(1, s.max_turns):
         yield attrs.evolve(s, max_turns=limit)
+    yield from _earlier_aborts(s)
     for t, turn in enumerate(s.turns, 1):
-        plain = ModelTurn(calls=turn.calls, stop_reason=turn.stop_reason, raises=turn.raises)
-        for variant in (plain, attrs.evolve(turn, stop_reason=StopReason.TOOL_USE)):
-            if variant != turn:
-                yield attrs.evolve(s, turns=(*s.turns[: t - 1], variant, *s.turns[t:]))
+        for variant in _plainer_turns(turn):
+            yield attrs.evolve(s, turns=(*s.turns[: t - 1], variant, *s.turns[t:]))
         for c, call in enumerate(turn.calls):
-            for variant_call in (
-                attrs.evolve(call, behaviour=ToolBehaviour()),
-                attrs.evolve(call, call_id=None),
-            ):
-                if variant_call != call:
-                    calls = (*turn.calls[:c], variant_call, *turn.calls[c + 1 :])
-                    turns = (*s.turns[: t - 1], attrs.evolve(turn, calls=calls), *s.turns[t:])
-                    yield attrs.evolve(s, turns=turns)
+            for variant_call in _plainer_calls(call):
+                calls = (*turn.calls[:c], variant_call, *turn.calls[c + 1 :])
+                turns = (*s.turns[: t - 1], attrs.evolve(turn, calls=calls), *s.turns[t:])
+                yield attrs.evolve(s, turns=turns)
 
 
 def _simplify(scenario: Scenario, still_fails: Callable[[Scenario], bool]) -> Scenario:
@@ -211,34 +286,50 @@ def run_conformance(
     found = False
 
     with asyncio.Runner() as runner:
-        # Keyed by repr: scenarios hold read-only mappings, so they do not hash. The
-        # cache also makes the search consistent for a loop whose result varies
+        # The cache also makes the search consistent for a loop whose result varies
         # between runs (Hypothesis replays examples and would call it flaky): such a
         # loop is reported through I5 instead.
-        cache: dict[str, tuple[RunRecord, dict[str, list[str]]]] = {}
+        cache: dict[Hashable, tuple[RunRecord, dict[str, list[str]]]] = {}
+        # A scenario's history holds read-only mappings, so it does not hash: it is
+        # keyed by its repr, computed once per history object (the strategies reuse a
+        # few); the rest of a scenario hashes, and is cheaper to hash than to repr.
+        histories: dict[int, tuple[tuple[Message, ...], str]] = {}
+
+        def key(scenario: Scenario) -> Hashable:
+            history = scenario.history
+            known = histories.get(id(history))
+            if known is None or known[0] is not history:
+                known = histories[id(history)] = (history, repr(history))
+            return (scenario.turns, scenario.abort, scenario.max_turns, known[1])
 
         def evaluate(
             scenario: Scenario,
         ) -> tuple[RunRecord, dict[str, list[str]]]:
-            key = repr(scenario)
-            if key in cache:
-                return cache[key]
-            first = runner.run(
-                run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
+            k = key(scenario)
+            if k in cache:
+                return cache[k]
+            first, second = runner.run(runs(scenario))
+            cache[k] = (first, check_record(first, second, properties=props))
+            return cache[k]
+
+        async def runs(scenario: Scenario) -> tuple[RunRecord, RunRecord | None]:
+            # Both runs in one Runner.run: entering and leaving the event loop costs
+            # about as much as a scripted run (more on the main thread, where it also
+            # installs and restores a SIGINT handler).
+            first = await run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
+            if "I5" not in props:
+                return first, None
+            second = await run_scenario_async(
+                loop, scenario, timeout=timeout, hang_limit=hang_limit
             )
-            second = None
-            if "I5" in props:
-                second = runner.run(
-                    run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
-                )
-            cache[key] = (first, check_record(first, second, properties=props))
-            return cache[key]
+            return first, second
 
         def violates(scenario: Scenario) -> bool:
             nonlocal found
             if found:
-                if repr(scenario) in cache:
-                    return bool(cache[repr(scenario)][1])
+                k = key(scenario)
+                if k in cache:
+                    return bool(cache[k][1])
                 if counts["shrink"] >= max_shrink_runs:
                     return False  # budget spent: keep the smallest failure so far
                 counts["shrink"] += 1
@@ -257,7 +348,8 @@ def run_conformance(
                     max_examples=max_examples,
                     database=None,
                     deadline=None,
-                    phases=[Phase.generate, Phase.shrink],
+                    phases=[Phase.generate],  # _simplify shrinks (see _candidates)
+                    report_multiple_bugs=False,
                     suppress_health_check=list(HealthCheck),
                 ),
                 random=random.Random(seed),

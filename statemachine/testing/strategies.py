@@ -3,9 +3,9 @@
 Each function returns a strategy; compose them or take whole ``scenarios()``. What
 they generate, and why it shrinks well:
 
-* ``tool_behaviours()``: return or raise; a few event-loop ticks or a tiny real
-  sleep; honour the abort signal (with a cleanup of some ticks) or ignore it; with
-  ``allow_hang``, hang until cancelled.
+* ``tool_behaviours()``: return or raise; a few event-loop ticks or (rarely) a tiny
+  real sleep; honour the abort signal (with a cleanup of some ticks) or ignore it;
+  with ``allow_hang``, hang until cancelled.
 * ``scripted_calls()``: a call to a known tool, to an unknown one, or with arguments
   that fail the tool's JSON Schema; a unique, empty or duplicate id.
 * ``completion_orders(n)``: a permutation of ``range(n)``, the order in which a
@@ -19,8 +19,18 @@ they generate, and why it shrinks well:
 * ``scenarios()``: all of the above together, with hangs placed only where an abort
   reaches them (a hang with no abort to end it would only measure patience).
 
+How they draw: a record (a tool's behaviour, a scripted call, the head of a model
+response) is a fixed number of bytes, one byte per field, each byte picking one of
+the field's options (byte 0 the first, the plain one; an option listed twice is
+twice as likely). ``scenarios()`` draws a whole scenario as ONE byte string and
+decodes it, because Hypothesis's cost is per draw (a scenario drawn field by field
+took about seventy draws, more time than running it twice). Bytes are drawn
+uniformly and shrink one by one towards zero, so every field shrinks on its own
+towards its plain option; ``run_conformance`` then drops responses and calls
+outright (``conformance._simplify``).
+
 The strategy functions are cached: building a strategy costs more than drawing
-from it, and a composite strategy would otherwise rebuild its parts on every draw.
+from it.
 
 Everything shrinks towards the plain case: no abort, known tools, valid arguments,
 unique ids, calls finishing in call order, nothing raising.
@@ -80,33 +90,110 @@ PRIOR_EXCHANGE: tuple[Message, ...] = (
 """A finished earlier exchange; its call id ``prev_1`` may be repeated by the model."""
 
 
+# -- the byte encoding --------------------------------------------------------------------
+
+
+def _pick(options: Sequence[object], byte: int) -> object:
+    """The option a byte picks: 0 picks the first, and each option takes an equal
+    share of the 256 values (a repeated option, a bigger share)."""
+    return options[byte * len(options) >> 8]
+
+
+_OUTCOMES = (Outcome.RETURN, Outcome.RETURN, Outcome.RAISE)
+# A real sleep idles the event loop for a millisecond or more (epoll's resolution),
+# longer than a whole scripted run, so one call in 128 sleeps; ticks vary completion
+# orders for free.
+_SLEEPS: tuple[float, ...] = (0.0,) * 126 + (0.0005, 0.001)
+_CLEANUP_TICKS = (0, 1, 2)
+_TOOLS = (*KNOWN_TOOLS, *KNOWN_TOOLS, UNKNOWN_TOOL)
+_VALID = (True, True, True, False)
+_CALL_IDS: tuple[str | None, ...] = (None, None, None, None, "", "dup", "prev_1")
+_STOP_REASONS = (
+    StopReason.TOOL_USE,
+    StopReason.STOP,
+    StopReason.TOOL_USE,
+    StopReason.LENGTH,
+    StopReason.ERROR,
+    StopReason.ABORTED,
+)
+_TEXTS = ("", "Working on it.")
+_RAISES = (False,) * 9 + (True,)
+_MODEL_TICKS = (0, 1, 2)
+_MODEL_ON_ABORT = (OnAbort.HONOUR, OnAbort.IGNORE)
+_HISTORIES = (DEFAULT_HISTORY, PRIOR_EXCHANGE)
+_LIMITS = (1, 2, 3, 4, 5, 6)
+
+_BEHAVIOUR_BYTES = 5  # outcome, ticks, sleep, on_abort, cleanup ticks
+_CALL_BYTES = 3 + _BEHAVIOUR_BYTES  # tool, valid arguments, id; the behaviour
+_HEAD_BYTES = 6  # number of calls, raises, stop reason, text, ticks, on abort
+
+
+@functools.cache
+def _on_abort_options(allow_hang: bool) -> tuple[OnAbort, ...]:
+    return (OnAbort.HONOUR, OnAbort.IGNORE) + ((OnAbort.HANG,) if allow_hang else ())
+
+
+@functools.cache
+def _behaviour(code: bytes, allow_hang: bool, max_ticks: int) -> ToolBehaviour:
+    """The behaviour these bytes encode (cached: there are few distinct ones)."""
+    outcome, ticks, sleep, on_abort, cleanup = code
+    return ToolBehaviour(
+        outcome=_pick(_OUTCOMES, outcome),  # type: ignore[arg-type]
+        ticks=ticks * (max_ticks + 1) >> 8,
+        sleep=_pick(_SLEEPS, sleep),  # type: ignore[arg-type]
+        on_abort=_pick(_on_abort_options(allow_hang), on_abort),  # type: ignore[arg-type]
+        cleanup_ticks=_pick(_CLEANUP_TICKS, cleanup),  # type: ignore[arg-type]
+    )
+
+
+def _call(code: bytes, allow_hang: bool = False, odd_ids: bool = True) -> ScriptedCall:
+    return ScriptedCall(
+        tool=_pick(_TOOLS, code[0]),  # type: ignore[arg-type]
+        valid_arguments=_pick(_VALID, code[1]),  # type: ignore[arg-type]
+        call_id=_pick(_CALL_IDS, code[2]) if odd_ids else None,  # type: ignore[arg-type]
+        behaviour=_behaviour(code[3:_CALL_BYTES], allow_hang, 4),
+    )
+
+
+def _turn(code: bytes, max_calls: int, odd_ids: bool = True) -> ModelTurn:
+    """A response from ``_HEAD_BYTES + max_calls * _CALL_BYTES`` bytes; the first byte
+    says how many of the calls are there."""
+    n_calls = code[0] * (max_calls + 1) >> 8
+    calls = tuple(
+        _call(code[start : start + _CALL_BYTES], odd_ids=odd_ids)
+        for start in range(_HEAD_BYTES, _HEAD_BYTES + n_calls * _CALL_BYTES, _CALL_BYTES)
+    )
+    return ModelTurn(
+        text=_pick(_TEXTS, code[3]),  # type: ignore[arg-type]
+        calls=calls,
+        stop_reason=_pick(_STOP_REASONS, code[2]),  # type: ignore[arg-type]
+        raises=_pick(_RAISES, code[1]),  # type: ignore[arg-type]
+        ticks=_pick(_MODEL_TICKS, code[4]),  # type: ignore[arg-type]
+        on_abort=_pick(_MODEL_ON_ABORT, code[5]),  # type: ignore[arg-type]
+    )
+
+
+@functools.cache
+def _fixed_bytes(size: int) -> st.SearchStrategy[bytes]:
+    return st.binary(min_size=size, max_size=size)
+
+
+# -- the public strategies -----------------------------------------------------------------
+
+
 @functools.cache
 def tool_behaviours(
     *, allow_hang: bool = False, max_ticks: int = 4
 ) -> st.SearchStrategy[ToolBehaviour]:
     """How one tool call behaves once started."""
-    on_abort = [OnAbort.HONOUR, OnAbort.IGNORE] + ([OnAbort.HANG] if allow_hang else [])
-    return st.builds(
-        ToolBehaviour,
-        outcome=st.sampled_from([Outcome.RETURN, Outcome.RETURN, Outcome.RAISE]),
-        ticks=st.integers(0, max_ticks),
-        sleep=st.sampled_from([0.0, 0.0, 0.0, 0.0005, 0.001]),
-        on_abort=st.sampled_from(on_abort),
-        cleanup_ticks=st.integers(0, 2),
-    )
+    return _fixed_bytes(_BEHAVIOUR_BYTES).map(lambda code: _behaviour(code, allow_hang, max_ticks))
 
 
 @functools.cache
 def scripted_calls(*, allow_hang: bool = False) -> st.SearchStrategy[ScriptedCall]:
     """One tool call of a scripted response: known/unknown tool, valid/invalid
     arguments, unique/empty/duplicate id, and its behaviour."""
-    return st.builds(
-        ScriptedCall,
-        tool=st.sampled_from([*KNOWN_TOOLS, *KNOWN_TOOLS, UNKNOWN_TOOL]),
-        valid_arguments=st.sampled_from([True, True, True, False]),
-        call_id=st.sampled_from([None, None, None, None, "", "dup", "prev_1"]),
-        behaviour=tool_behaviours(allow_hang=allow_hang),
-    )
+    return _fixed_bytes(_CALL_BYTES).map(lambda code: _call(code, allow_hang))
 
 
 def completion_orders(n: int) -> st.SearchStrategy[list[int]]:
@@ -128,31 +215,13 @@ def completion_order(
 
 
 @functools.cache
-@st.composite
-def model_turns(draw: st.DrawFn, *, max_calls: int = 3) -> ModelTurn:
+def model_turns(*, max_calls: int = 3) -> st.SearchStrategy[ModelTurn]:
     """One scripted model response (or raise). Each call draws its own ticks, so a
     batch finishes in any order; shrinking goes to call order. (Each call drawing
-    its own ticks, rather than one permutation per batch, lets the shrinker delete
-    a call without disturbing the others.)"""
-    calls = draw(st.lists(scripted_calls(), max_size=max_calls))
-    return ModelTurn(
-        text=draw(st.sampled_from(["", "Working on it."])),
-        calls=tuple(calls),
-        stop_reason=draw(
-            st.sampled_from(
-                [
-                    StopReason.TOOL_USE,
-                    StopReason.STOP,
-                    StopReason.TOOL_USE,
-                    StopReason.LENGTH,
-                    StopReason.ERROR,
-                    StopReason.ABORTED,
-                ]
-            )
-        ),
-        raises=draw(st.sampled_from([False] * 9 + [True])),
-        ticks=draw(st.integers(0, 2)),
-        on_abort=draw(st.sampled_from([OnAbort.HONOUR, OnAbort.IGNORE])),
+    its own ticks, rather than one permutation per batch, lets the shrinker zero a
+    call's bytes without disturbing the others.)"""
+    return _fixed_bytes(_HEAD_BYTES + max_calls * _CALL_BYTES).map(
+        lambda code: _turn(code, max_calls)
     )
 
 
@@ -164,8 +233,7 @@ def model_scripts(
     return st.lists(model_turns(max_calls=max_calls), max_size=max_responses)
 
 
-def abort_instants(turns: Sequence[ModelTurn]) -> st.SearchStrategy[AbortAt]:
-    """Every instant at which an abort can hit a run of this script."""
+def _abort_candidates(turns: Sequence[ModelTurn]) -> list[AbortAt]:
     candidates: list[AbortAt] = [AbortAt(AbortKind.BEFORE_START)]
     for t in range(1, len(turns) + 2):
         candidates.append(AbortAt(AbortKind.MODEL_CALL, t))
@@ -175,7 +243,12 @@ def abort_instants(turns: Sequence[ModelTurn]) -> st.SearchStrategy[AbortAt]:
             for c, call in enumerate(turn.calls)
             if call.executable
         )
-    return st.one_of(st.just(AbortAt()), st.sampled_from(candidates))
+    return candidates
+
+
+def abort_instants(turns: Sequence[ModelTurn]) -> st.SearchStrategy[AbortAt]:
+    """Every instant at which an abort can hit a run of this script."""
+    return st.one_of(st.just(AbortAt()), st.sampled_from(_abort_candidates(turns)))
 
 
 @functools.cache
@@ -187,11 +260,24 @@ def limits(*, low: int = 1, high: int = 6) -> st.SearchStrategy[int]:
 @functools.cache
 def histories() -> st.SearchStrategy[tuple[Message, ...]]:
     """Valid input histories: one user message, or a finished exchange and a new ask."""
-    return st.sampled_from([DEFAULT_HISTORY, PRIOR_EXCHANGE])
+    return st.sampled_from(_HISTORIES)
 
 
-# Hangs cost a grace period of real time each, so they are drawn sparingly.
-_rarely = st.sampled_from([False, False, False, True])
+# A hang costs the loop's grace period in real time (tens of milliseconds, where a
+# whole run takes a fraction of one), so hangs are rare: one abort in 64 that hits a
+# model call of the script, or a tool start, finds the call(s) it reaches hanging.
+_HANG_ODDS = 64
+# The bytes before the responses: abort instant (two: there can be many candidates),
+# hangs, max_turns, history, number of responses. They come first because the
+# shrinker goes through the bytes in order: an abort is moved to an earlier instant
+# while the responses are still as generated (an abort during a model call that
+# ignores it and returns calls is simpler than one at the start of a second call).
+_HEAD_OF_SCENARIO = 6
+
+
+@functools.cache
+def _scenario_bytes(max_responses: int, max_calls: int) -> st.SearchStrategy[bytes]:
+    return _fixed_bytes(_HEAD_OF_SCENARIO + max_responses * (_HEAD_BYTES + max_calls * _CALL_BYTES))
 
 
 @functools.cache
@@ -204,25 +290,53 @@ def scenarios(
     aborts: bool = True,
     hangs: bool = True,
     max_turns: st.SearchStrategy[int] | None = None,
+    odd_ids: bool = True,
 ) -> Scenario:
     """Whole scenarios. A hang is placed only where the abort reaches it: in the model
-    call the abort hits, or in a call at or after the one whose start fires it."""
-    turns = list(draw(model_scripts(max_responses=max_responses, max_calls=max_calls)))
-    abort = draw(abort_instants(turns)) if aborts else AbortAt()
-    if hangs and abort.kind is AbortKind.MODEL_CALL and abort.turn <= len(turns) and draw(_rarely):
-        turns[abort.turn - 1] = attrs.evolve(turns[abort.turn - 1], on_abort=OnAbort.HANG)
-    if hangs and abort.kind is AbortKind.TOOL_START:
-        turn = turns[abort.turn - 1]
-        calls = list(turn.calls)
-        for c in range(abort.call, len(calls)):
-            if draw(_rarely):
-                calls[c] = attrs.evolve(
-                    calls[c], behaviour=attrs.evolve(calls[c].behaviour, on_abort=OnAbort.HANG)
-                )
-        turns[abort.turn - 1] = attrs.evolve(turn, calls=tuple(calls))
+    call the abort hits, or in calls at or after the one whose start fires it.
+    ``odd_ids=False`` gives every call a unique id (no empty or repeated ones), to
+    look at a loop's other behaviour when it is known to mishandle those.
+
+    One draw of bytes: abort, hangs, limit, history and the number of responses,
+    then each response (head and calls); see the module docstring."""
+    code = draw(_scenario_bytes(max_responses, max_calls))
+    abort_hi, abort_lo, hang, limit, history, count = code[:_HEAD_OF_SCENARIO]
+    turn_bytes = _HEAD_BYTES + max_calls * _CALL_BYTES
+    # No response at all gets half the share of one to max_responses responses.
+    n_turns = ((count * (2 * max_responses + 1) >> 8) + 1) // 2
+    turns = [
+        _turn(code[start : start + turn_bytes], max_calls, odd_ids)
+        for start in range(_HEAD_OF_SCENARIO, _HEAD_OF_SCENARIO + n_turns * turn_bytes, turn_bytes)
+    ]
+    abort = AbortAt()
+    if aborts:
+        # The lower half of the values means no abort (where shrinking goes); the
+        # upper half names one candidate instant.
+        candidates = _abort_candidates(turns)
+        pick = ((abort_hi << 8) | abort_lo) * 2 * len(candidates) >> 16
+        if pick >= len(candidates):
+            abort = candidates[pick - len(candidates)]
+    # Bytes in the top 1/_HANG_ODDS of the range place a hang, the others none.
+    hang_at = hang - (256 - 256 // _HANG_ODDS)
+    if hangs and hang_at >= 0:
+        if abort.kind is AbortKind.MODEL_CALL and abort.turn <= len(turns):
+            turns[abort.turn - 1] = attrs.evolve(turns[abort.turn - 1], on_abort=OnAbort.HANG)
+        elif abort.kind is AbortKind.TOOL_START:
+            turn = turns[abort.turn - 1]
+            reached = len(turn.calls) - abort.call
+            # Which of the reached calls hang: a non-empty subset, one in the bits.
+            mask = 1 + hang_at % ((1 << reached) - 1)
+            calls = list(turn.calls)
+            for i in range(reached):
+                if mask >> i & 1:
+                    c = abort.call + i
+                    calls[c] = attrs.evolve(
+                        calls[c], behaviour=attrs.evolve(calls[c].behaviour, on_abort=OnAbort.HANG)
+                    )
+            turns[abort.turn - 1] = attrs.evolve(turn, calls=tuple(calls))
     return Scenario(
         turns=tuple(turns),
         abort=abort,
-        max_turns=draw(max_turns if max_turns is not None else limits()),
-        history=draw(histories()),
+        max_turns=draw(max_turns) if max_turns is not None else _pick(_LIMITS, limit),  # type: ignore[arg-type]
+        history=_pick(_HISTORIES, history),  # type: ignore[arg-type]
     )
