@@ -648,6 +648,17 @@ class Engine:
             if definition is None:
                 self._resolve(slot, self._unknown_tool_text(slot.call.name), is_error=True)
                 continue
+            if slot.call.parse_error is not None:
+                # Checked before the schema: empty arguments may satisfy it, and the
+                # model asked for something else that nobody could read.
+                text = (
+                    f"Invalid arguments for tool {slot.call.name}: "
+                    f"{slot.call.parse_error.rstrip('.')}. The tool was not run. Call it "
+                    "again with a JSON object matching this JSON Schema: "
+                    + json.dumps(definition.schema_dict(), sort_keys=True)
+                )
+                self._resolve(slot, text, is_error=True)
+                continue
             problems = validate_arguments(definition, slot.call.arguments)
             if problems:
                 text = (

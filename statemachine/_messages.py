@@ -187,7 +187,13 @@ class ImageContent:
 
 @attrs.frozen
 class ToolCall:
-    """A request by the model to run a tool. ``arguments`` is a read-only JSON object."""
+    """A request by the model to run a tool. ``arguments`` is a read-only JSON object.
+
+    ``parse_error`` is set when the model's argument text could not be read as a JSON
+    object (a provider adapter says why and quotes the text; ``arguments`` is then
+    empty). The engine answers such a call with an error result and never runs it,
+    whatever the tool's schema would have let through.
+    """
 
     type: ClassVar[str] = "toolCall"
     id: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -195,6 +201,7 @@ class ToolCall:
     arguments: Mapping[str, Any] = attrs.field(
         factory=lambda: MappingProxyType({}), converter=_freeze_arguments
     )
+    parse_error: str | None = attrs.field(default=None, validator=_optional_str, kw_only=True)
 
     def arguments_dict(self) -> dict[str, Any]:
         """A fresh, mutable copy of the arguments (what a tool receives)."""
@@ -345,12 +352,15 @@ def _block_to_dict(block: Any) -> dict[str, Any]:
     if isinstance(block, ImageContent):
         return {"type": "image", "data": block.data, "mimeType": block.mime_type}
     if isinstance(block, ToolCall):
-        return {
+        call: dict[str, Any] = {
             "type": "toolCall",
             "id": block.id,
             "name": block.name,
             "arguments": thaw_json(block.arguments),
         }
+        if block.parse_error is not None:
+            call["parseError"] = block.parse_error
+        return call
     raise TypeError(f"not a content block: {block!r}")
 
 
@@ -431,7 +441,7 @@ _BLOCK_KEYS: dict[str, frozenset[str]] = {
     "text": frozenset({"type", "text"}),
     "thinking": frozenset({"type", "thinking", "signature"}),
     "image": frozenset({"type", "data", "mimeType"}),
-    "toolCall": frozenset({"type", "id", "name", "arguments"}),
+    "toolCall": frozenset({"type", "id", "name", "arguments", "parseError"}),
 }
 _USER_KEYS: Final = frozenset({"role", "content"})
 _ASSISTANT_KEYS: Final = frozenset({"role", "content", "stopReason", "errorMessage", "usage"})
@@ -493,6 +503,7 @@ def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
         _expect(d, "id", str, path),
         _expect(d, "name", str, path),
         freeze_json(arguments, f"{path}.arguments"),
+        _optional(d, "parseError", str, path),
     )
 
 

@@ -192,6 +192,22 @@ def test_unknown_and_invalid_calls_are_answered_without_starting() -> None:
     assert "arguments.text: 3 is not of type 'string'" in invalid.text
 
 
+def test_a_call_whose_arguments_could_not_be_read_never_starts() -> None:
+    # NOOP's schema accepts {}: only parse_error keeps the call from running.
+    e = engine()
+    unreadable = sm.ToolCall("c1", "noop", parse_error="the arguments are not valid JSON: {x")
+    actions = feed(e, sm.Start(), sm.ModelResponded(asks(unreadable, call("c2"))))
+    assert of_type(actions, sm.StartTool) == [sm.StartTool(call("c2"), 1)]
+    result = e.messages[2]
+    assert isinstance(result, sm.ToolResultMessage)
+    assert result.tool_call_id == "c1"
+    assert result.is_error
+    assert result.text.startswith(
+        "Invalid arguments for tool noop: the arguments are not valid JSON: {x. The tool "
+        "was not run. Call it again with a JSON object matching this JSON Schema: "
+    )
+
+
 def test_a_batch_with_only_unknown_calls_goes_straight_back_to_the_model() -> None:
     e = engine()
     e.handle(sm.Start())

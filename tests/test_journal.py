@@ -72,7 +72,11 @@ _json = st.recursive(
     max_leaves=6,
 )
 _call = st.builds(
-    ToolCall, _text, st.sampled_from(["echo", "x"]), st.dictionaries(_text, _json, max_size=2)
+    ToolCall,
+    _text,
+    st.sampled_from(["echo", "x"]),
+    st.dictionaries(_text, _json, max_size=2),
+    parse_error=st.none() | _text,
 )
 _result_blocks = st.lists(
     st.builds(TextContent, _text) | st.builds(ImageContent, _text, st.just("image/png")), max_size=2

@@ -32,6 +32,7 @@ calls = st.builds(
     st.text(min_size=1, max_size=6),
     st.text(min_size=1, max_size=6),
     st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+    parse_error=st.none() | st.text(max_size=8),
 )
 thinking = st.builds(sm.ThinkingContent, st.text(max_size=10), st.none() | st.text(max_size=5))
 usage = st.builds(
@@ -212,6 +213,10 @@ def test_wire_keys_beyond_the_seed_example() -> None:
             "cost": 0.5,
         },
     }
+    unreadable = sm.AssistantMessage([sm.ToolCall("c1", "f", parse_error="not JSON: {x")])
+    assert sm.message_to_dict(unreadable)["content"] == [
+        {"type": "toolCall", "id": "c1", "name": "f", "arguments": {}, "parseError": "not JSON: {x"}
+    ]
     image = sm.UserMessage([sm.ImageContent("AAAA", "image/png")])
     assert sm.message_to_dict(image)["content"] == [
         {"type": "image", "data": "AAAA", "mimeType": "image/png"}

@@ -22,7 +22,6 @@ from providers_server import LoopbackServer, Reply, Sleeps, error, provider_hist
 import statemachine as sm
 from statemachine._invariants import history_violations
 from statemachine.providers import (
-    INVALID_JSON_KEY,
     AnthropicModel,
     ContextOverflowError,
     ProviderAuthError,
@@ -137,18 +136,16 @@ def test_thinking_text_and_parallel_tool_uses_are_reassembled(server: LoopbackSe
     assert server.requests[0].json()["thinking"] == {"type": "enabled", "budget_tokens": 1024}
 
 
-def test_malformed_tool_input_is_kept_under_a_sentinel_that_names_the_problem(
+def test_malformed_tool_input_becomes_a_parse_error_that_names_the_problem(
     server: LoopbackServer,
 ) -> None:
     server.add(sse("anthropic/malformed_arguments.sse"))
     reply = complete(make_model(server), tools=(READ,))
     [call] = reply.tool_calls
-    [(key, raw)] = call.arguments.items()
-    assert key.startswith(f"{INVALID_JSON_KEY}: not valid JSON (Expecting value")
-    assert raw == '{"path": "README.md", "limit": }'
-    assert any(
-        "invalid-json: not valid JSON" in p for p in sm.validate_arguments(READ, call.arguments)
-    )
+    assert dict(call.arguments) == {}
+    assert call.parse_error is not None
+    assert call.parse_error.startswith("the arguments are not valid JSON (Expecting value")
+    assert call.parse_error.endswith(': {"path": "README.md", "limit": }')
 
 
 @pytest.mark.parametrize(

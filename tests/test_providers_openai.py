@@ -22,7 +22,6 @@ from providers_server import LoopbackServer, Reply, Sleeps, error, provider_hist
 import statemachine as sm
 from statemachine._invariants import history_violations
 from statemachine.providers import (
-    INVALID_JSON_KEY,
     ContextOverflowError,
     OpenAIChatModel,
     ProviderAuthError,
@@ -149,7 +148,7 @@ def test_parallel_tool_calls_split_across_awkward_fragments_are_reassembled(
     ]
 
 
-def test_malformed_tool_arguments_are_kept_under_a_sentinel_that_names_the_problem(
+def test_malformed_tool_arguments_become_a_parse_error_that_names_the_problem(
     server: LoopbackServer,
 ) -> None:
     server.add(sse("openai/malformed_arguments.sse"))
@@ -157,13 +156,13 @@ def test_malformed_tool_arguments_are_kept_under_a_sentinel_that_names_the_probl
     [call] = reply.tool_calls
     assert call.id == "call_bad1"
     assert call.name == "read_file"
-    [(key, raw)] = call.arguments.items()
-    assert key.startswith(f"{INVALID_JSON_KEY}: not valid JSON (Expecting value")
-    assert raw == '{"path": "README.md", "limit": }'
-    # finish_reason "stop" with a call present stays "stop": the call still runs.
+    assert dict(call.arguments) == {}
+    assert call.parse_error == (
+        "the arguments are not valid JSON (Expecting value at line 1 column 32): "
+        '{"path": "README.md", "limit": }'
+    )
+    # finish_reason "stop" with a call present stays "stop": the call is still answered.
     assert reply.stop_reason is sm.StopReason.STOP
-    problems = sm.validate_arguments(READ, call.arguments)
-    assert any("invalid-json: not valid JSON" in p for p in problems)
 
 
 def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_runs(
@@ -185,9 +184,11 @@ def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_
     assert ran == []
     [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.is_error
-    assert "Invalid arguments for tool read_file" in answer.text
-    assert "!invalid-json: not valid JSON (Expecting value at line 1 column 32)" in answer.text
-    assert "'path' is a required property" in answer.text
+    assert answer.text.startswith(
+        "Invalid arguments for tool read_file: the arguments are not valid JSON (Expecting "
+        'value at line 1 column 32): {"path": "README.md", "limit": }. The tool was not run.'
+    )
+    assert '"required": ["path"]' in answer.text  # the schema, to try again with
     # The model is told, in the next request, exactly that.
     tool_message = server.bodies()[1]["messages"][2]
     assert tool_message == {
@@ -707,14 +708,16 @@ def test_the_sdk_client_never_retries_and_validates_strictly(server: LoopbackSer
     assert client._strict_response_validation is True
 
 
-def test_json_nested_beyond_what_a_message_can_hold_becomes_the_sentinel() -> None:
+def test_json_nested_beyond_what_a_message_can_hold_becomes_a_parse_error() -> None:
     builder = MessageBuilder()
     block = builder.block(("tool", 0), "tool")
     block.call_id, block.name = "c1", "read_file"
     block.text.append('{"a": ' * 50_000 + "1" + "}" * 50_000)
     [call] = builder.finish(sm.StopReason.TOOL_USE, None).tool_calls
-    [key] = call.arguments
-    assert key.startswith(INVALID_JSON_KEY)
+    assert dict(call.arguments) == {}
+    assert call.parse_error is not None
+    assert call.parse_error.startswith("the arguments are not valid JSON (")
+    assert call.parse_error.endswith("\u2026")  # the quoted text is cut short
 
 
 def test_abort_before_the_response_begins_returns_at_once(server: LoopbackServer) -> None:

@@ -19,7 +19,6 @@ from ._errors import (
     ProviderUnavailableError,
 )
 from ._logging import RedactSecrets
-from ._projection import INVALID_JSON_KEY
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from .openai_chat import OpenAIChatModel
 
 __all__ = [
-    "INVALID_JSON_KEY",
     "AnthropicModel",
     "ContextOverflowError",
     "OpenAIChatModel",

@@ -18,7 +18,9 @@ shape each adapter can translate one message at a time:
 
 Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
 argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
-argument text into a JSON object without ever raising.
+argument text into a JSON object without ever raising: text that is not one becomes
+a call with empty arguments and a ``parse_error`` that names the problem and quotes
+the text. The engine answers such a call with an error result and never runs it.
 """
 
 from __future__ import annotations
@@ -46,24 +48,11 @@ from .._messages import (
 )
 
 __all__ = [
-    "INVALID_JSON_KEY",
     "MessageBuilder",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
 ]
-
-INVALID_JSON_KEY = "!invalid-json"
-"""How malformed tool-call arguments reach the engine.
-
-The model's argument text is kept as the value of one key that starts with this
-prefix and names the parse problem, e.g. ``{"!invalid-json: not valid JSON (Expecting
-',' delimiter at line 1 column 9)": "<the raw text>"}``. The engine validates arguments
-against the tool's schema, so for a schema that forbids additional properties (as
-every ``@tool`` schema does) or requires any, the model gets an error result whose
-text names the problem and shows the schema, and the tool never runs. The call is
-kept rather than dropped, so the model learns that its call failed and why.
-"""
 
 _ID_OK = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -85,12 +74,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_arguments(raw: str) -> dict[str, Any]:
-    """The JSON object in ``raw``; malformed text becomes the ``INVALID_JSON_KEY``
-    sentinel described above. Empty text is ``{}`` (servers send it for tools that
-    take no arguments)."""
+def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """The JSON object in ``raw`` and ``None``, or ``{}`` and why ``raw`` is not one.
+
+    Never raises. Empty text is ``{}`` (servers send it for tools that take no
+    arguments). The reason names the parse problem and quotes the start of the text,
+    so the model, which reads it in the call's error result, can see what it sent.
+    """
     if not raw.strip():
-        return {}
+        return {}, None
     problem: str
     try:
         value = json.loads(raw, parse_constant=_reject_constant)
@@ -100,9 +92,17 @@ def parse_arguments(raw: str) -> dict[str, Any]:
         problem = f"not valid JSON ({exc})"
     else:
         if isinstance(value, dict):
-            return value
+            return value, None
         problem = f"a JSON {type(value).__name__} where an object was expected"
-    return {f"{INVALID_JSON_KEY}: {problem}": raw[:4000]}
+    return {}, _quoting(problem, raw)
+
+
+def _quoting(problem: str, raw: str) -> str:
+    excerpt = raw if len(raw) <= _QUOTE_LIMIT else raw[:_QUOTE_LIMIT] + "\u2026"
+    return f"the arguments are {problem}: {excerpt}"
+
+
+_QUOTE_LIMIT = 2000
 
 
 # -- outbound -------------------------------------------------------------------------
@@ -164,13 +164,15 @@ def sendable_history(messages: Sequence[Message]) -> list[Message]:
 
 
 def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
-    arguments = parse_arguments(raw)
+    arguments, problem = parse_arguments(raw)
+    if problem is not None:
+        return ToolCall(call_id, name, parse_error=problem)
     try:
         return ToolCall(call_id, name, arguments)
     except (WireFormatError, RecursionError) as exc:
         # Valid JSON that our messages cannot hold (nested too deeply to freeze).
-        problem = f"not usable as arguments ({type(exc).__name__})"
-        return ToolCall(call_id, name, {f"{INVALID_JSON_KEY}: {problem}": raw[:4000]})
+        problem = f"JSON that cannot be used as arguments ({type(exc).__name__})"
+        return ToolCall(call_id, name, parse_error=_quoting(problem, raw))
 
 
 @attrs.define
