@@ -228,7 +228,8 @@ class Narrator:
                 if isinstance(block, TextContent):
                     parts.extend(_wrap(block.text))
                 elif isinstance(block, ThinkingContent):
-                    parts.append(f"(thinking) {_abbreviate(block.thinking)}")
+                    shown = "(redacted)" if block.redacted else _abbreviate(block.thinking)
+                    parts.append(f"(thinking) {shown}")
                 elif isinstance(block, ToolCall):
                     arguments = json.dumps(block.arguments_dict(), ensure_ascii=False)
                     parts.append(f"toolCall {block.name} {arguments}  (id {block.id})")

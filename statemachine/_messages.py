@@ -169,11 +169,19 @@ class TextContent:
 
 @attrs.frozen
 class ThinkingContent:
-    """A model's reasoning, with the provider's opaque signature when it gives one."""
+    """A model's reasoning, with the provider's opaque signature when it gives one.
+
+    A ``redacted`` block is reasoning the provider encrypted (Anthropic's
+    ``redacted_thinking``): ``thinking`` is empty and ``signature`` holds the encrypted
+    data, which must go back to the provider unchanged for the conversation to go on.
+    """
 
     type: ClassVar[str] = "thinking"
     thinking: str = attrs.field(validator=attrs.validators.instance_of(str))
     signature: str | None = attrs.field(default=None, validator=_optional_str)
+    redacted: bool = attrs.field(
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
 
 
 @attrs.frozen
@@ -348,6 +356,8 @@ def _block_to_dict(block: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "thinking", "thinking": block.thinking}
         if block.signature is not None:
             out["signature"] = block.signature
+        if block.redacted:
+            out["redacted"] = True
         return out
     if isinstance(block, ImageContent):
         return {"type": "image", "data": block.data, "mimeType": block.mime_type}
@@ -439,7 +449,7 @@ def _check_keys(d: Mapping[str, Any], allowed: frozenset[str], path: str) -> Non
 
 _BLOCK_KEYS: dict[str, frozenset[str]] = {
     "text": frozenset({"type", "text"}),
-    "thinking": frozenset({"type", "thinking", "signature"}),
+    "thinking": frozenset({"type", "thinking", "signature", "redacted"}),
     "image": frozenset({"type", "data", "mimeType"}),
     "toolCall": frozenset({"type", "id", "name", "arguments", "parseError"}),
 }
@@ -492,8 +502,11 @@ def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
     if kind == "text":
         return _checked(TextContent, _expect(d, "text", str, path))
     if kind == "thinking":
-        return ThinkingContent(
-            _expect(d, "thinking", str, path), _optional(d, "signature", str, path)
+        return _checked(
+            ThinkingContent,
+            _expect(d, "thinking", str, path),
+            _optional(d, "signature", str, path),
+            _optional(d, "redacted", bool, path) or False,
         )
     if kind == "image":
         return ImageContent(_expect(d, "data", str, path), _expect(d, "mimeType", str, path))

@@ -120,7 +120,9 @@ def compact(message: Message) -> str:
             if isinstance(block, TextContent):
                 parts.append(block.text)
             elif isinstance(block, ThinkingContent):
-                parts.append(f"thinking: {block.thinking}")
+                parts.append(
+                    "thinking: (redacted)" if block.redacted else f"thinking: {block.thinking}"
+                )
             elif isinstance(block, ToolCall):
                 parts.append(f"call {block.id} {block.name} {_args(block.arguments)}")
         if message.error_message is not None:

@@ -34,7 +34,12 @@ calls = st.builds(
     st.dictionaries(st.text(max_size=4), json_values, max_size=3),
     parse_error=st.none() | st.text(max_size=8),
 )
-thinking = st.builds(sm.ThinkingContent, st.text(max_size=10), st.none() | st.text(max_size=5))
+thinking = st.builds(
+    sm.ThinkingContent,
+    st.text(max_size=10),
+    st.none() | st.text(max_size=5),
+    redacted=st.booleans(),
+)
 usage = st.builds(
     sm.Usage,
     *(st.integers(0, 10**6) for _ in range(5)),

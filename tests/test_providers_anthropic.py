@@ -148,6 +148,26 @@ def test_malformed_tool_input_becomes_a_parse_error_that_names_the_problem(
     assert call.parse_error.endswith(': {"path": "README.md", "limit": }')
 
 
+def test_redacted_thinking_is_kept_and_goes_back_as_it_came(server: LoopbackServer) -> None:
+    # The API wants the encrypted block back, unchanged, with the turn it belongs to.
+    server.add(sse("anthropic/redacted_thinking.sse"), sse("anthropic/text_stream.sse"))
+    model = make_model(server, thinking={"type": "enabled", "budget_tokens": 1024})
+    reply = complete(model)
+    assert reply.content == (
+        sm.ThinkingContent("", "EmwKAhgBEgy3va3pzix/LafPsn4a", redacted=True),
+        sm.TextContent("Done."),
+    )
+    assert sm.message_from_dict(sm.message_to_dict(reply)) == reply
+    complete(model, [sm.UserMessage("list the files"), reply, sm.UserMessage("and now?")])
+    assert server.bodies()[1]["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"},
+            {"type": "text", "text": "Done."},
+        ],
+    }
+
+
 @pytest.mark.parametrize(
     ("fixture", "stop", "text", "error_message"),
     [

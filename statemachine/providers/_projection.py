@@ -180,6 +180,7 @@ class _Block:
     kind: str  # "text", "thinking" or "tool"
     text: list[str] = attrs.Factory(list)
     signature: str | None = None
+    redacted: bool = False  # thinking the provider encrypted; ``signature`` holds it
     call_id: str = ""
     name: str = ""
 
@@ -234,7 +235,7 @@ class MessageBuilder:
                     out.append(TextContent(text))
             elif block.kind == "thinking":
                 if text or block.signature:
-                    out.append(ThinkingContent(text, block.signature))
+                    out.append(ThinkingContent(text, block.signature, redacted=block.redacted))
             elif with_calls:
                 out.append(_tool_call(block.call_id, block.name, text))
         return tuple(out)

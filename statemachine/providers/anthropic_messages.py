@@ -12,7 +12,8 @@ Projection to the Messages wire format, on top of ``sendable_history``:
 * consecutive messages of the same role are merged into one;
 * a thinking block goes back with its signature; one without a signature (cut off,
   or from another provider) is dropped, since the API would refuse it. Redacted
-  thinking has no representation in our messages and is not kept;
+  thinking is kept as a redacted ``ThinkingContent`` holding the encrypted data and
+  goes back as the ``redacted_thinking`` block it came as;
 * empty text blocks are dropped (the API refuses them), and a user message left with
   no content says ``(empty message)``; a history that starts with an assistant
   message gets a ``(conversation start)`` user message first, because the API
@@ -115,7 +116,9 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, ThinkingContent):
-            if block.signature:
+            if block.redacted and block.signature:
+                out.append({"type": "redacted_thinking", "data": block.signature})
+            elif block.signature:
                 out.append(
                     {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
                 )
@@ -413,12 +416,16 @@ class _StreamState:
                 target = builder.block(("block", event.index), "thinking")
                 target.text.append(block.thinking)
                 target.signature = block.signature or None
+            elif block.type == "redacted_thinking":
+                target = builder.block(("block", event.index), "thinking")
+                target.signature = block.data
+                target.redacted = True
             elif block.type == "tool_use":
                 target = builder.block(("block", event.index), "tool")
                 target.call_id = block.id
                 target.name = block.name
             else:
-                # Redacted thinking and server-side tool blocks are not ours to keep.
+                # Server-side tool blocks are not ours to keep.
                 self.ignored.add(event.index)
         elif event.type == "content_block_delta":
             delta = event.delta
