@@ -248,6 +248,10 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
+_BATCH = 8
+"""Scenarios per Hypothesis test case in ``run_conformance``."""
+
+
 def run_conformance(
     loop: AgentLoop,
     *,
@@ -340,12 +344,29 @@ def run_conformance(
                 found = True
             return bool(problems)
 
+        # Hypothesis's own cost is mostly per test case (a few hundred microseconds,
+        # more than drawing a scenario), so each test case is a batch of distinct
+        # scenarios, run in order until one fails. (A unique collection also keeps
+        # Hypothesis from "mutating" a batch by copying one scenario over another,
+        # which would make most of the next batch repeats.)
+        size = min(_BATCH, max_examples)
+        first_failure: list[Scenario] = []
+
+        def batch_violates(batch: list[Scenario]) -> bool:
+            for scenario in batch:
+                if counts["generated"] >= max_examples:
+                    return False
+                if violates(scenario):
+                    first_failure.append(scenario)
+                    return True
+            return False
+
         try:
-            shrunk = find(
-                strategy,
-                violates,
+            find(
+                st.lists(strategy, min_size=size, max_size=size, unique_by=key),
+                batch_violates,
                 settings=settings(
-                    max_examples=max_examples,
+                    max_examples=-(-max_examples // size),
                     database=None,
                     deadline=None,
                     phases=[Phase.generate],  # _simplify shrinks (see _candidates)
@@ -356,6 +377,7 @@ def run_conformance(
             )
         except NoSuchExample:
             return ConformanceReport((), counts["generated"], 0, seed, props)
+        shrunk = first_failure[0]
         shrunk = _simplify(shrunk, violates)
         record, problems = evaluate(shrunk)
     failures = tuple(
