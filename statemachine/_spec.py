@@ -124,7 +124,10 @@ def compact(message: Message) -> str:
                     "thinking: (redacted)" if block.redacted else f"thinking: {block.thinking}"
                 )
             elif isinstance(block, ToolCall):
-                parts.append(f"call {block.id} {block.name} {_args(block.arguments)}")
+                unreadable = (
+                    "" if block.parse_error is None else f" (unreadable: {block.parse_error})"
+                )
+                parts.append(f"call {block.id} {block.name} {_args(block.arguments)}{unreadable}")
         if message.error_message is not None:
             parts.append(f"error: {message.error_message}")
         return f"assistant({message.stop_reason.value}): " + " | ".join(parts)
@@ -301,12 +304,13 @@ def _model_step(reader: _Reader, data: Any, where: str) -> ModelStep:
             content.append(TextContent(text))
         for i, call in enumerate(reader.get(table, "tool_calls", list, where, [])):
             call_where = f"{where}.tool_calls[{i}]"
-            call_table = reader.table(call, call_where, {"id", "name", "arguments"})
+            call_table = reader.table(call, call_where, {"id", "name", "arguments", "parse_error"})
             content.append(
                 ToolCall(
                     reader.get(call_table, "id", str, call_where, ""),
                     reader.get(call_table, "name", str, call_where, ""),
                     reader.get(call_table, "arguments", Mapping, call_where, {}),
+                    parse_error=reader.get(call_table, "parse_error", str, call_where),
                 )
             )
         stop = reader.get(table, "stop_reason", str, where)
