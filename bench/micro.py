@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contenders import quiet_logger
 
@@ -45,17 +46,11 @@ def _engine_events(turns: int) -> list[sm.Event]:
 
 def engine_transitions(turns: int, repetitions: int) -> tuple[Figure, int]:
     """Drive ``statemachine.Engine`` directly; transitions per second (median run)."""
-    definition = _echo_definition()
     rates: list[float] = []
     transitions = 0
     for _ in range(repetitions):
         events = _engine_events(turns)
-        engine = sm.Engine(
-            tools=[definition],
-            messages=[sm.UserMessage("go")],
-            max_turns=turns,
-            logger=quiet_logger(),
-        )
+        engine = _echo_engine(turns)
         start = time.perf_counter_ns()
         for event in events:
             engine.handle(event)
@@ -119,6 +114,17 @@ async def parallel_tools(count: int, seconds: float, repetitions: int) -> Figure
     )
 
 
+def _echo_engine(turns: int, cls: type[sm.Engine] = sm.Engine, **kwargs: Any) -> sm.Engine:
+    """An engine for ``_engine_events(turns)``: the echo tool, a quiet logger."""
+    return cls(
+        tools=[_echo_definition()],
+        messages=[sm.UserMessage("go")],
+        max_turns=turns,
+        logger=quiet_logger(),
+        **kwargs,
+    )
+
+
 def _echo_definition() -> sm.ToolDefinition:
     return sm.ToolDefinition(
         "echo",
@@ -134,12 +140,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
     from statemachine._journal import Journal, JournalHeader, JournalingEngine, replay
 
     events = _engine_events(turns)
-    plain = sm.Engine(
-        tools=[_echo_definition()],
-        messages=[sm.UserMessage("go")],
-        max_turns=turns,
-        logger=quiet_logger(),
-    )
+    plain = _echo_engine(turns)
     states = []
     for event in events:  # the states the journal records, computed before the clock
         plain.handle(event)
@@ -157,13 +158,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
                 append_rates.append(len(events) / ((time.perf_counter_ns() - start) / 1e9))
             path = Path(tmp) / f"run-{rep}.jsonl"
             with Journal(path) as journal:
-                engine = JournalingEngine(
-                    journal=journal,
-                    tools=[_echo_definition()],
-                    messages=[sm.UserMessage("go")],
-                    max_turns=turns,
-                    logger=quiet_logger(),
-                )
+                engine = _echo_engine(turns, JournalingEngine, journal=journal)
                 for event in events:
                     engine.handle(event)
             start = time.perf_counter_ns()
@@ -221,12 +216,7 @@ def _replay_floor(
         start = time.perf_counter_ns()
         built = [event_from_dict(d) for d in event_dicts]
         build.append(len(built) / ((time.perf_counter_ns() - start) / 1e9))
-        engine = sm.Engine(
-            tools=[_echo_definition()],
-            messages=[sm.UserMessage("go")],
-            max_turns=turns,
-            logger=quiet_logger(),
-        )
+        engine = _echo_engine(turns)
         start = time.perf_counter_ns()
         for event in events:
             engine.handle(event)

@@ -399,11 +399,9 @@ def test_replay_of_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 # -- the property: any accepted run, journaled and replayed, is identical ------------------------
 
 
-@st.composite
-def accepted_runs(draw: st.DrawFn) -> tuple[dict[str, bool], list[Event]]:
-    """An event sequence the engine accepts, built from the checker's event sources."""
-    options = {"check_permissions": draw(st.booleans()), "check_continue": draw(st.booleans())}
-    engine = Engine(
+def _checker_engine(options: dict[str, bool]) -> Engine:
+    """An engine like the checker's, with the run's permission and continue options."""
+    return Engine(
         tools=[TOOL],
         messages=[FIRST_MESSAGE],
         max_turns=3,
@@ -411,6 +409,13 @@ def accepted_runs(draw: st.DrawFn) -> tuple[dict[str, bool], list[Event]]:
         check_permissions=options["check_permissions"],
         check_continue=options["check_continue"],
     )
+
+
+@st.composite
+def accepted_runs(draw: st.DrawFn) -> tuple[dict[str, bool], list[Event]]:
+    """An event sequence the engine accepts, built from the checker's event sources."""
+    options = {"check_permissions": draw(st.booleans()), "check_continue": draw(st.booleans())}
+    engine = _checker_engine(options)
     bounds = Bounds(turns=3, calls=3)
     events: list[Event] = []
     for _ in range(draw(st.integers(1, 30))):
@@ -623,14 +628,7 @@ def test_the_running_digest_is_the_digest_at_every_step(
     from statemachine._journal import _RunningDigest, history_digest
 
     options, events = run
-    engine = Engine(
-        tools=[TOOL],
-        messages=[FIRST_MESSAGE],
-        max_turns=3,
-        logger=_quiet(),
-        check_permissions=options["check_permissions"],
-        check_continue=options["check_continue"],
-    )
+    engine = _checker_engine(options)
     running = _RunningDigest()
     for event in events:
         engine.handle(event)
