@@ -67,6 +67,9 @@ BEHAVIOURS: dict[str, Callable[[Scenario], bool]] = {
     "a tool ignores the abort": _any_call(lambda c: c.behaviour.on_abort is OnAbort.IGNORE),
     "a tool cleans up in ticks": _any_call(lambda c: c.behaviour.cleanup_ticks == 2),
     "a tool hangs": _any_call(lambda c: c.behaviour.on_abort is OnAbort.HANG),
+    "two calls of a batch hang": _any_turn(
+        lambda t: sum(c.behaviour.on_abort is OnAbort.HANG for c in t.calls) >= 2
+    ),
     "an unknown tool": _any_call(lambda c: c.tool == "ghost"),
     "the other known tool": _any_call(lambda c: c.tool == "beta"),
     "invalid arguments": _any_call(lambda c: not c.valid_arguments),

@@ -268,11 +268,12 @@ def histories() -> st.SearchStrategy[tuple[Message, ...]]:
 # model call of the script, or a tool start, finds the call(s) it reaches hanging.
 _HANG_ODDS = 64
 # The bytes before the responses: abort instant (two: there can be many candidates),
-# hangs, max_turns, history, number of responses. They come first because the
-# shrinker goes through the bytes in order: an abort is moved to an earlier instant
-# while the responses are still as generated (an abort during a model call that
-# ignores it and returns calls is simpler than one at the start of a second call).
-_HEAD_OF_SCENARIO = 6
+# whether and which calls hang (two), max_turns, history, number of responses. They
+# come first because the shrinker goes through the bytes in order: an abort is moved
+# to an earlier instant while the responses are still as generated (an abort during a
+# model call that ignores it and returns calls is simpler than one at the start of a
+# second call).
+_HEAD_OF_SCENARIO = 7
 
 
 @functools.cache
@@ -297,10 +298,10 @@ def scenarios(
     ``odd_ids=False`` gives every call a unique id (no empty or repeated ones), to
     look at a loop's other behaviour when it is known to mishandle those.
 
-    One draw of bytes: abort, hangs, limit, history and the number of responses,
+    One draw of bytes: abort, hangs, limit, history, the number of responses,
     then each response (head and calls); see the module docstring."""
     code = draw(_scenario_bytes(max_responses, max_calls))
-    abort_hi, abort_lo, hang, limit, history, count = code[:_HEAD_OF_SCENARIO]
+    abort_hi, abort_lo, hang, which, limit, history, count = code[:_HEAD_OF_SCENARIO]
     turn_bytes = _HEAD_BYTES + max_calls * _CALL_BYTES
     # No response at all gets half the share of one to max_responses responses.
     n_turns = ((count * (2 * max_responses + 1) >> 8) + 1) // 2
@@ -325,7 +326,7 @@ def scenarios(
             turn = turns[abort.turn - 1]
             reached = len(turn.calls) - abort.call
             # Which of the reached calls hang: a non-empty subset, one in the bits.
-            mask = 1 + hang_at % ((1 << reached) - 1)
+            mask = 1 + (which * ((1 << reached) - 1) >> 8)
             calls = list(turn.calls)
             for i in range(reached):
                 if mask >> i & 1:
