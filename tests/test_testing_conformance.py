@@ -293,3 +293,21 @@ def test_a_cancelled_error_escaping_the_loop_is_an_i8_failure() -> None:
     assert check_record(record)["I8"] == [
         "the loop did not return a history: CancelledError escaped the loop"
     ]
+
+
+@pytest.mark.parametrize(
+    "few",
+    [
+        st.just(Scenario(turns=(ModelTurn(calls=(ScriptedCall(),)),))),
+        st.builds(lambda n: Scenario(turns=(), max_turns=n), st.integers(1, 3)),
+    ],
+)
+def test_a_strategy_with_fewer_scenarios_than_a_batch_is_searched_too(
+    few: st.SearchStrategy[Scenario],
+) -> None:
+    # The search draws batches of distinct scenarios; a strategy that cannot fill
+    # one is searched a scenario at a time, and a loop failing on it is still caught.
+    assert run_conformance(agent_loop(), max_examples=10, seed=1, scenarios=few).passed
+    report = run_conformance(returns_none, max_examples=10, seed=1, scenarios=few)
+    assert not report.passed
+    assert "I8" in report.failed_properties

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
+from hypothesis.errors import InvalidArgument, NoSuchExample, Unsatisfiable
 
 from .._messages import Message, StopReason
 from .properties import PROPERTY_TITLES, check_record
@@ -349,7 +349,6 @@ def run_conformance(
         # scenarios, run in order until one fails. (A unique collection also keeps
         # Hypothesis from "mutating" a batch by copying one scenario over another,
         # which would make most of the next batch repeats.)
-        size = min(_BATCH, max_examples)
         first_failure: list[Scenario] = []
 
         def batch_violates(batch: list[Scenario]) -> bool:
@@ -361,7 +360,7 @@ def run_conformance(
                     return True
             return False
 
-        try:
+        def search(size: int) -> None:
             find(
                 st.lists(strategy, min_size=size, max_size=size, unique_by=key),
                 batch_violates,
@@ -375,6 +374,15 @@ def run_conformance(
                 ),
                 random=random.Random(seed),
             )
+
+        try:
+            try:
+                search(min(_BATCH, max_examples))
+            except (InvalidArgument, Unsatisfiable):
+                # A strategy with fewer distinct scenarios than a batch holds (such
+                # as st.just(scenario)): one scenario per test case, as it comes.
+                counts["generated"] = 0
+                search(1)
         except NoSuchExample:
             return ConformanceReport((), counts["generated"], 0, seed, props)
         shrunk = first_failure[0]
