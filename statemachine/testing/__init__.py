@@ -14,7 +14,8 @@ A supported public module (like ``structlog.testing``). It offers:
 * **properties**: ``check_record`` and the ``check_*`` functions judge a record
   against the invariants I1–I8 (listed in the README);
 * **conformance**: ``run_conformance(loop)`` searches for a scenario that breaks a
-  property and reports it shrunk;
+  property and reports it shrunk, on ``IdleSkippingLoop`` (``statemachine.testing.clock``),
+  an event loop whose clock skips idle waits;
 * **transcripts**: ``check_transcript`` finds pairing and order violations in our
   histories and in OpenAI or Anthropic ones;
 * **stateful testing**: ``AgentEngineMachine``, a Hypothesis
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from .._invariants import Violation
 from .bridge import bridge_loop as bridge_loop
+from .clock import IdleSkippingLoop
 from .conformance import ConformanceReport, Failure, run_conformance
 from .properties import (
     PROPERTIES,
@@ -81,6 +83,7 @@ __all__ = [
     "Execution",
     "Expectation",
     "Failure",
+    "IdleSkippingLoop",
     "ModelTurn",
     "OnAbort",
     "Outcome",

@@ -365,6 +365,10 @@ class _Session:
 class BridgeLoop:
     """An ``AgentLoop`` whose loop runs in a peer process (see ``bridge_loop``)."""
 
+    # Waiting for the peer process to exit is reported by a watcher thread, which an
+    # idle-skipping event loop cannot see coming (statemachine/testing/clock.py).
+    needs_real_time = True
+
     def __init__(
         self,
         command: Sequence[str],

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument, NoSuchExample, Unsatisfiable
 
 from .._messages import Message, StopReason
+from .clock import IdleSkippingLoop, needs_real_time
 from .properties import PROPERTY_TITLES, check_record
 from .scenario import (
     DEFAULT_HISTORY,
@@ -262,6 +263,7 @@ def run_conformance(
     max_shrink_runs: int = 300,
     timeout: float = 10.0,
     hang_limit: float = 1.0,
+    virtual_time: bool | None = None,
 ) -> ConformanceReport:
     """Run up to ``max_examples`` generated scenarios through ``loop``.
 
@@ -273,6 +275,13 @@ def run_conformance(
     violates. ``seed`` makes the search repeatable; the report carries the one used.
     ``timeout`` bounds one run; ``hang_limit`` is how long a hanging scripted call
     waits to be cancelled.
+
+    The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``,
+    statemachine/testing/clock.py), so hangs, sleeps, grace periods and timeouts cost
+    no real time while nothing else can happen. ``virtual_time=False`` runs them on a
+    plain event loop instead; that is needed for a loop that threads of its own wake
+    up, or that waits for a subprocess to exit. The default (``None``) uses a plain
+    loop only for a loop object with ``needs_real_time = True`` (``bridge_loop``).
     """
     props = tuple(sorted(properties))
     unknown = sorted(set(props) - set(PROPERTY_TITLES))
@@ -289,7 +298,9 @@ def run_conformance(
     counts = {"generated": 0, "shrink": 0}
     found = False
 
-    with asyncio.Runner() as runner:
+    if virtual_time is None:
+        virtual_time = not needs_real_time(loop)
+    with asyncio.Runner(loop_factory=IdleSkippingLoop if virtual_time else None) as runner:
         # The cache also makes the search consistent for a loop whose result varies
         # between runs (Hypothesis replays examples and would call it flaky): such a
         # loop is reported through I5 instead.

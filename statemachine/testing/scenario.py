@@ -49,6 +49,7 @@ from .._messages import (
     message_from_dict,
 )
 from .._tools import Tool, ToolDefinition
+from .clock import IdleSkippingLoop, needs_real_time
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -630,10 +631,24 @@ ScenarioRunner: TypeAlias = Callable[[AgentLoop, Scenario], RunRecord]
 
 
 def run_scenario(
-    loop: AgentLoop, scenario: Scenario, *, timeout: float = 10.0, hang_limit: float = 1.0
+    loop: AgentLoop,
+    scenario: Scenario,
+    *,
+    timeout: float = 10.0,
+    hang_limit: float = 1.0,
+    virtual_time: bool | None = None,
 ) -> RunRecord:
-    """``run_scenario_async`` for code without an event loop (one fresh loop per call)."""
-    return asyncio.run(run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit))
+    """``run_scenario_async`` for code without an event loop (one fresh loop per call).
+
+    ``virtual_time`` as in ``run_conformance``: by default the run goes on an event
+    loop whose clock skips idle waits, unless ``loop.needs_real_time`` is set.
+    """
+    if virtual_time is None:
+        virtual_time = not needs_real_time(loop)
+    with asyncio.Runner(loop_factory=IdleSkippingLoop if virtual_time else None) as runner:
+        return runner.run(
+            run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
+        )
 
 
 def agent_loop(*, grace_period: float = 0.02, **run_agent_kwargs: Any) -> AgentLoop:

@@ -3,9 +3,9 @@
 Each function returns a strategy; compose them or take whole ``scenarios()``. What
 they generate, and why it shrinks well:
 
-* ``tool_behaviours()``: return or raise; a few event-loop ticks or (rarely) a tiny
-  real sleep; honour the abort signal (with a cleanup of some ticks) or ignore it;
-  with ``allow_hang``, hang until cancelled.
+* ``tool_behaviours()``: return or raise; a few event-loop ticks or a tiny sleep;
+  honour the abort signal (with a cleanup of some ticks) or ignore it; with
+  ``allow_hang``, hang until cancelled.
 * ``scripted_calls()``: a call to a known tool, to an unknown one, or with arguments
   that fail the tool's JSON Schema; a unique, empty or duplicate id.
 * ``completion_orders(n)``: a permutation of ``range(n)``, the order in which a
@@ -100,10 +100,10 @@ def _pick(options: Sequence[object], byte: int) -> object:
 
 
 _OUTCOMES = (Outcome.RETURN, Outcome.RETURN, Outcome.RAISE)
-# A real sleep idles the event loop for a millisecond or more (epoll's resolution),
-# longer than a whole scripted run, so one call in 128 sleeps; ticks vary completion
-# orders for free.
-_SLEEPS: tuple[float, ...] = (0.0,) * 126 + (0.0005, 0.001)
+# Sleeps (timers) interleave with ticks differently from ticks alone. They cost no real
+# time where nothing else can happen on ``run_conformance``'s idle-skipping loop
+# (testing/clock.py); on a plain loop each costs a millisecond or more.
+_SLEEPS: tuple[float, ...] = (0.0,) * 4 + (0.0005, 0.001, 0.002)
 _CLEANUP_TICKS = (0, 1, 2)
 _TOOLS = (*KNOWN_TOOLS, *KNOWN_TOOLS, UNKNOWN_TOOL)
 _VALID = (True, True, True, False)
@@ -263,10 +263,10 @@ def histories() -> st.SearchStrategy[tuple[Message, ...]]:
     return st.sampled_from(_HISTORIES)
 
 
-# A hang costs the loop's grace period in real time (tens of milliseconds, where a
-# whole run takes a fraction of one), so hangs are rare: one abort in 64 that hits a
-# model call of the script, or a tool start, finds the call(s) it reaches hanging.
-_HANG_ODDS = 64
+# One abort in four that hits a model call of the script, or a tool start, finds the
+# call(s) it reaches hanging. A hang lasts until the loop cancels it (its grace period)
+# which costs no real time on run_conformance's idle-skipping loop (testing/clock.py).
+_HANG_ODDS = 4
 # The bytes before the responses: abort instant (two: there can be many candidates),
 # whether and which calls hang (two), max_turns, history, number of responses. They
 # come first because the shrinker goes through the bytes in order: an abort is moved
