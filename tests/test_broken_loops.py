@@ -27,6 +27,7 @@ from statemachine import (
 from statemachine.testing import (
     AbortKind,
     ConformanceReport,
+    OnAbort,
     Scenario,
     agent_loop,
     run_conformance,
@@ -230,6 +231,31 @@ async def completion_order_loop(
     return history
 
 
+async def never_cancels_loop(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[Message]:
+    """(h) Runs each batch concurrently and, after an abort, waits for every started
+    call to finish by itself: it never cancels one, so a tool that ignores the abort
+    and hangs would hold the run forever."""
+    history = list(messages)
+    by_name = {t.definition.name: t for t in tools}
+    for _turn in range(max_turns):
+        if signal.aborted:
+            return history
+        assistant = await model.complete(history, [t.definition for t in tools], signal)
+        history.append(assistant)
+        if not assistant.tool_calls:
+            return history
+        batch = [_run_call(by_name, call, signal) for call in assistant.tool_calls]
+        history.extend(await asyncio.gather(*batch))
+    return history
+
+
 # -- the tests ------------------------------------------------------------------------------
 
 
@@ -339,6 +365,15 @@ def test_completion_order_loop_writes_results_out_of_call_order() -> None:
     assert "comes before the result(s) of earlier call(s)" in report.failures[0].sentence
 
 
+def test_never_cancels_loop_waits_for_a_hanging_tool() -> None:
+    report = _caught(never_cancels_loop, "I6", unique_ids=True)
+    shrunk = report.failures[0].scenario
+    assert _calls(shrunk) == 1
+    assert shrunk.abort.kind is AbortKind.TOOL_START
+    assert shrunk.turns[0].calls[0].behaviour.on_abort is OnAbort.HANG
+    assert "the loop never cancelled it" in report.failures[0].sentence
+
+
 @pytest.mark.parametrize("loop", [stop_reason_loop, abort_drops_results_loop])
 def test_loops_that_pass_model_ids_through_fail_on_an_empty_or_repeated_id(loop: Any) -> None:
     report = _caught(loop, "I1")
@@ -359,6 +394,7 @@ def test_loops_that_pass_model_ids_through_fail_on_an_empty_or_repeated_id(loop:
         escaping_exceptions_loop,
         abort_drops_results_loop,
         completion_order_loop,
+        never_cancels_loop,
     ],
 )
 def test_every_broken_loop_fails_the_full_suite(loop: Any) -> None:

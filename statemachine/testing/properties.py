@@ -329,6 +329,17 @@ def check_abort(record: RunRecord) -> list[str]:
         out.append(
             f"the loop called the model {record.model_calls_after_abort} time(s) after the abort"
         )
+    # A call that ignores the abort and hangs must be cancelled: one that gave up by
+    # itself after the kit's hang limit means the loop would have waited forever.
+    never_cancelled = "ignored the abort and hung, and the loop never cancelled it"
+    real_hang = "after the kit's hang limit (a real hang would have held the run forever)"
+    if record.model_hang_expired:
+        out.append(f"the model call {never_cancelled}: it only ended by giving up {real_hang}")
+    out += [
+        f"tool call {ex.key} {never_cancelled}: it only ended by giving up {real_hang}"
+        for ex in record.executions
+        if ex.how == "hang expired"
+    ]
     if record.transcript is None:
         return out
     answered: dict[str, ToolResultMessage | None] = {}

@@ -329,6 +329,9 @@ class RunRecord:
     abort_fired: bool
     abort_fired_after_model_calls: int  # model calls begun when the abort fired
     model_calls_after_abort: int
+    # A model call that ignored the abort and hung was never cancelled: it gave up by
+    # itself after ``hang_limit`` (a tool's is its Execution's ``how``).
+    model_hang_expired: bool = False
 
 
 # -- the scripted model and tools ---------------------------------------------------------
@@ -348,6 +351,7 @@ class _Observer:
         self.abort_fired = False
         self.abort_fired_after = 0
         self.model_calls_after_abort = 0
+        self.model_hang_expired = False
 
     def fire_abort(self, where: str) -> None:
         if not self.abort_fired:
@@ -431,6 +435,7 @@ class ScriptedModel:
                 return message
             if behaviour is OnAbort.HANG:
                 await asyncio.sleep(obs.hang_limit)
+                obs.model_hang_expired = True
         if turn is None:
             message = script_exhausted_message()
             obs.produced.append(message)
@@ -569,7 +574,9 @@ async def run_scenario_async(
 
     ``timeout`` bounds the whole run (a loop still running then is recorded as not
     returning); ``hang_limit`` is how long a hanging model call or tool waits to be
-    cancelled before it gives up and finishes on its own.
+    cancelled before it gives up and finishes on its own (which I6 reports: a loop must
+    cancel a call that ignores the abort, so raise it for a loop whose grace period is
+    longer; on the idle-skipping loop a longer wait costs no real time).
     """
     controller = AbortController()
     obs = _Observer(scenario, controller, hang_limit)
@@ -624,6 +631,7 @@ async def run_scenario_async(
         abort_fired=obs.abort_fired,
         abort_fired_after_model_calls=obs.abort_fired_after,
         model_calls_after_abort=obs.model_calls_after_abort,
+        model_hang_expired=obs.model_hang_expired,
     )
 
 
