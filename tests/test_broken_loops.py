@@ -366,21 +366,29 @@ def test_completion_order_loop_writes_results_out_of_call_order() -> None:
 
 
 def test_never_cancels_loop_waits_for_a_hanging_tool() -> None:
-    report = _caught(never_cancels_loop, "I6", unique_ids=True)
+    # A hang needs an abort that reaches a started call: rarer than most oddities.
+    report = _caught(never_cancels_loop, "I6", unique_ids=True, max_examples=300)
     shrunk = report.failures[0].scenario
-    assert _calls(shrunk) == 1
-    assert shrunk.abort.kind is AbortKind.TOOL_START
-    assert shrunk.turns[0].calls[0].behaviour.on_abort is OnAbort.HANG
     assert "the loop never cancelled it" in report.failures[0].sentence
+    # Shrunk to one hang the abort reaches: the model call it hits, or a started call.
+    if shrunk.abort.kind is AbortKind.MODEL_CALL:
+        assert _calls(shrunk) == 0
+        assert shrunk.turns[shrunk.abort.turn - 1].on_abort is OnAbort.HANG
+    else:
+        assert shrunk.abort.kind is AbortKind.TOOL_START
+        assert _calls(shrunk) == 1
+        assert shrunk.turns[0].calls[0].behaviour.on_abort is OnAbort.HANG
 
 
 @pytest.mark.parametrize("loop", [stop_reason_loop, abort_drops_results_loop])
 def test_loops_that_pass_model_ids_through_fail_on_an_empty_or_repeated_id(loop: Any) -> None:
     report = _caught(loop, "I1")
     shrunk = report.failures[0].scenario
-    assert _calls(shrunk) == 1
     assert shrunk.abort.kind is AbortKind.NEVER
-    assert shrunk.turns[0].calls[0].call_id in ("", "prev_1")
+    ids = [call.call_id for turn in shrunk.turns for call in turn.calls]
+    # One call with an empty id or the input history's id, or two that share one.
+    assert ids in ([""], ["prev_1"]) or (len(ids) == 2 and ids[0] == ids[1])
+    assert _calls(shrunk) == len(ids)
     assert "empty id" in report.failures[0].sentence or "repeat" in report.failures[0].sentence
 
 

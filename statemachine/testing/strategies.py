@@ -24,7 +24,10 @@ response) is a fixed number of bytes, one byte per field, each byte picking one 
 the field's options (byte 0 the first, the plain one; an option listed twice is
 twice as likely). ``scenarios()`` draws a whole scenario as ONE byte string and
 decodes it, because Hypothesis's cost is per draw (a scenario drawn field by field
-took about seventy draws, more time than running it twice). Bytes are drawn
+took about seventy draws, more time than running it twice). The string also holds an
+"oddness level" and a gate byte per choice: a choice is kept as drawn only where its
+gate is below the level, and is plain elsewhere, so scenarios range from plain to odd
+in every field, and a loop's defect shows alone as well as among others. Bytes are drawn
 uniformly and shrink one by one towards zero, so every field shrinks on its own
 towards its plain option; ``run_conformance`` then drops responses and calls
 outright (``conformance._simplify``).
@@ -276,9 +279,42 @@ _HANG_ODDS = 4
 _HEAD_OF_SCENARIO = 7
 
 
+# Which bytes of a scenario an "oddness level" may turn plain (True): every choice
+# with a plain option. Counts (responses, calls per response), the limit, ticks, and
+# whether and which of the calls an abort reaches hang (no abort, no hang) stay as
+# drawn: they shape a run without being odd on their own.
+_HEAD_MASK = (True, True, False, False, False, True, False)  # abort (2), hang, which, ...
+_TURN_MASK = (False, True, True, True, False, True)  # calls, raises, stop, text, ticks, abort
+_CALL_MASK = (True, True, True, True, False, True, True, False)  # tool, args, id, behaviour
+
+
+@functools.cache
+def _plainable(max_responses: int, max_calls: int) -> tuple[bool, ...]:
+    turn = _TURN_MASK + _CALL_MASK * max_calls
+    return _HEAD_MASK + turn * max_responses
+
+
 @functools.cache
 def _scenario_bytes(max_responses: int, max_calls: int) -> st.SearchStrategy[bytes]:
-    return _fixed_bytes(_HEAD_OF_SCENARIO + max_responses * (_HEAD_BYTES + max_calls * _CALL_BYTES))
+    # The scenario's bytes, as many gate bytes, and the level: see ``_with_oddness``.
+    return _fixed_bytes(2 * len(_plainable(max_responses, max_calls)) + 1)
+
+
+def _with_oddness(raw: bytes, plainable: Sequence[bool]) -> bytes:
+    """The scenario's bytes with each plainable choice kept only when its gate byte is
+    below the scenario's level byte, and made plain (0) otherwise.
+
+    Uniform bytes alone make almost every scenario odd in many ways at once (an unknown
+    tool here, an empty id there, a raise...), and a loop's first defect then hides the
+    others: a loop that crashes on an unknown tool is never seen mishandling a repeated
+    id. The level spreads scenarios from plain (level 0) to odd everywhere (255).
+    """
+    n = len(plainable)
+    level = raw[2 * n]
+    return bytes(
+        byte if not plain or gate < level else 0
+        for byte, gate, plain in zip(raw[:n], raw[n : 2 * n], plainable, strict=True)
+    )
 
 
 @functools.cache
@@ -300,7 +336,9 @@ def scenarios(
 
     One draw of bytes: abort, hangs, limit, history, the number of responses,
     then each response (head and calls); see the module docstring."""
-    code = draw(_scenario_bytes(max_responses, max_calls))
+    code = _with_oddness(
+        draw(_scenario_bytes(max_responses, max_calls)), _plainable(max_responses, max_calls)
+    )
     abort_hi, abort_lo, hang, which, limit, history, count = code[:_HEAD_OF_SCENARIO]
     turn_bytes = _HEAD_BYTES + max_calls * _CALL_BYTES
     # No response at all gets half the share of one to max_responses responses.
