@@ -66,6 +66,47 @@ def test_a_loop_returning_nothing_fails_i8_on_the_smallest_scenario() -> None:
     assert "(the loop gave no history)" in failure.describe()
 
 
+async def text_only_loop(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[Message]:
+    """Asks the model once and returns, whatever it asked for."""
+    history = list(messages)
+    history.append(await model.complete(history, [t.definition for t in tools], signal))
+    return history
+
+
+def test_per_property_searches_give_each_broken_property_its_own_shrunk_scenario() -> None:
+    one = run_conformance(text_only_loop, max_examples=60, seed=3)
+    each = run_conformance(text_only_loop, max_examples=60, seed=3, per_property=True)
+    # One search reports what its first (shrunk) scenario breaks; one per property
+    # finds every property the loop breaks, here at least I1 (calls left unanswered)
+    # and I3 (stopping while the model asks for work), each on its own scenario.
+    assert set(one.failed_properties) < set(each.failed_properties)
+    assert {"I1", "I3"} <= set(each.failed_properties)
+    assert list(each.failed_properties) == sorted(each.failed_properties)
+    for failure in each.failures:
+        assert failure.problems
+        assert failure.sentence.startswith(f"{failure.property} ")
+        assert _calls_in(failure.scenario) <= 1  # shrunk to at most one call
+    assert each.seed == 3
+    assert each.examples_run >= 60
+
+
+def _calls_in(scenario: Scenario) -> int:
+    return sum(len(turn.calls) for turn in scenario.turns)
+
+
+def test_run_agent_passes_every_per_property_search() -> None:
+    report = run_conformance(agent_loop(), max_examples=40, seed=5, per_property=True)
+    assert report.passed, report.summary()
+    assert report.examples_run == 40 * 8
+
+
 def test_the_seed_makes_the_search_repeatable() -> None:
     async def drops_results(**kwargs: Any) -> list[Message]:
         result = await agent_loop()(**kwargs)

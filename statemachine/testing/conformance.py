@@ -264,6 +264,7 @@ def run_conformance(
     timeout: float = 10.0,
     hang_limit: float = 1.0,
     virtual_time: bool | None = None,
+    per_property: bool = False,
 ) -> ConformanceReport:
     """Run up to ``max_examples`` generated scenarios through ``loop``.
 
@@ -282,6 +283,12 @@ def run_conformance(
     plain event loop instead; that is needed for a loop that threads of its own wake
     up, or that waits for a subprocess to exit. The default (``None``) uses a plain
     loop only for a loop object with ``needs_real_time = True`` (``bridge_loop``).
+
+    With ``per_property`` each property gets a search of its own (up to
+    ``max_examples`` scenarios each, same seed), so the report holds every property
+    the loop breaks, each with the smallest scenario that breaks *it*; by default one
+    search stops at the first scenario that breaks any of them, and the report lists
+    every property that scenario breaks.
     """
     props = tuple(sorted(properties))
     unknown = sorted(set(props) - set(PROPERTY_TITLES))
@@ -295,6 +302,28 @@ def run_conformance(
         raise TypeError(f"loop must be an async callable, got {type(loop).__name__}")
     strategy = scenarios if scenarios is not None else default_scenarios()
     seed = random.randrange(2**32) if seed is None else seed
+    if per_property:
+        reports = [
+            run_conformance(
+                loop,
+                max_examples=max_examples,
+                seed=seed,
+                properties=[name],
+                scenarios=strategy,
+                max_shrink_runs=max_shrink_runs,
+                timeout=timeout,
+                hang_limit=hang_limit,
+                virtual_time=virtual_time,
+            )
+            for name in props
+        ]
+        return ConformanceReport(
+            tuple(f for r in reports for f in r.failures),
+            sum(r.examples_run for r in reports),
+            sum(r.shrink_runs for r in reports),
+            seed,
+            props,
+        )
     counts = {"generated": 0, "shrink": 0}
     found = False
 
