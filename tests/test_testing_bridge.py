@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from statemachine import AbortSignal, Tool, ToolResultMessage
-from statemachine.testing import ModelTurn, Scenario, ScriptedCall, run_conformance, run_scenario
+from statemachine.testing import (
+    ModelTurn,
+    Scenario,
+    ScriptedCall,
+    check_record,
+    run_conformance,
+    run_scenario,
+)
 from statemachine.testing.bridge import (
     PROTOCOL_VERSION,
     BridgeError,
@@ -67,6 +74,38 @@ def test_a_peer_hears_the_abort_and_forwards_it(command: list[str]) -> None:
     results = [m for m in record.transcript if isinstance(m, ToolResultMessage)]
     assert [r.is_error for r in results] == [True, True]
     assert record.model_calls_after_abort == 0
+
+
+@pytest.mark.parametrize("command", [PYTHON_OK, NODE_OK], ids=["python", "node"])
+def test_a_peer_cancels_a_model_call_and_a_tool_that_hang(command: list[str]) -> None:
+    # The peer's 'cancel' cancels the kit-side call, as an in-process loop cancels its
+    # task: nothing waits for the hang limit (I6 would report that), and the peer gets
+    # an answer to what it cancelled.
+    model_hang = Scenario(
+        turns=[ModelTurn(calls=[ScriptedCall()], stop_reason="toolUse", on_abort="hang")],
+        abort=AbortAt(AbortKind.MODEL_CALL, turn=1),
+    )
+    tool_hang = Scenario(
+        turns=[
+            ModelTurn(
+                calls=[ScriptedCall(behaviour=ToolBehaviour(on_abort="hang"))],
+                stop_reason="toolUse",
+            )
+        ],
+        abort=AbortAt(AbortKind.TOOL_START, turn=1, call=0),
+    )
+    loop = bridge_loop(command)
+    record = run_scenario(loop, model_hang, hang_limit=30.0)
+    assert record.error is None
+    assert not record.model_hang_expired
+    assert check_record(record, None, properties=["I6"]) == {}
+    record = run_scenario(loop, tool_hang, hang_limit=30.0)
+    assert record.error is None
+    assert [ex.how for ex in record.executions] == ["cancelled"]
+    assert check_record(record, None, properties=["I6"]) == {}
+    assert record.transcript is not None
+    [result] = [m for m in record.transcript if isinstance(m, ToolResultMessage)]
+    assert result.is_error
 
 
 def test_an_abort_from_another_thread_reaches_the_peer() -> None:

@@ -151,6 +151,8 @@ class _Session:
         self.stderr = _StderrTail(process.stderr)
         self.operations: dict[str, AbortController] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.op_tasks: dict[str, asyncio.Task[None]] = {}
+        self.cancelled_by_peer: set[str] = set()
         self.closed = False
         self.last_line = "(nothing yet)"
         self.lines = 0
@@ -267,7 +269,14 @@ class _Session:
                 elif kind == "cancel":
                     op = _field(message, "id", str, "cancel")
                     if op in self.operations:
+                        # What an in-process loop does when it gives up a call: abort
+                        # its signal and cancel its task. The call is answered with an
+                        # error unless it answered first.
                         self.operations[op].abort("cancelled by the peer")
+                        task = self.op_tasks.get(op)
+                        if task is not None and not task.done():
+                            self.cancelled_by_peer.add(op)
+                            task.cancel()
                 elif kind == "error":
                     raise self.fail(
                         BridgeError, f"the peer reported an error: {message.get('message')!r}"
@@ -293,10 +302,20 @@ class _Session:
         self.operations[op] = controller
         return op, controller
 
-    def spawn(self, work: Any) -> None:
+    def spawn(self, op: str, work: Any) -> None:
         task = asyncio.ensure_future(work)
         self.tasks.add(task)
+        self.op_tasks[op] = task
         task.add_done_callback(self.tasks.discard)
+
+    def peer_cancelled(self, op: str) -> bool:
+        """True when the peer's ``cancel`` alone cancelled ``op``: the cancellation is
+        then taken back (the call is answered), while one of the run itself goes on."""
+        task = asyncio.current_task()
+        if op not in self.cancelled_by_peer or task is None or task.cancelling() > 1:
+            return False
+        task.uncancel()
+        return True
 
     def model_request(self, message: Mapping[str, Any]) -> None:
         op, controller = self.operation(message, "modelRequest")
@@ -304,7 +323,15 @@ class _Session:
 
         async def answer() -> None:
             try:
-                response = await self.model.complete(context, self.definitions, controller.signal)
+                try:
+                    response = await self.model.complete(
+                        context, self.definitions, controller.signal
+                    )
+                except asyncio.CancelledError:
+                    if not self.peer_cancelled(op):
+                        raise
+                    self.send({"type": "modelError", "id": op, "error": _CANCELLED})
+                    return
                 if not isinstance(response, AssistantMessage):
                     raise TypeError(f"the model returned a {type(response).__name__}")
                 reply: dict[str, Any] = {
@@ -316,7 +343,7 @@ class _Session:
                 reply = {"type": "modelError", "id": op, "error": f"{type(exc).__name__}: {exc}"}
             self.send(reply)
 
-        self.spawn(answer())
+        self.spawn(op, answer())
 
     def tool_execute(self, message: Mapping[str, Any]) -> None:
         op, controller = self.operation(message, "toolExecute")
@@ -334,12 +361,16 @@ class _Session:
                 try:
                     value = await tool.execute(dict(arguments), controller.signal)
                     content, is_error = _tool_answer(name, value)
+                except asyncio.CancelledError:
+                    if not self.peer_cancelled(op):
+                        raise
+                    content, is_error = [{"type": "text", "text": _CANCELLED}], True
                 except Exception as exc:  # noqa: BLE001 - a tool failure is the peer's to report
                     content = [{"type": "text", "text": str(exc) or type(exc).__name__}]
                     is_error = True
             self.send({"type": "toolResult", "id": op, "content": content, "isError": is_error})
 
-        self.spawn(answer())
+        self.spawn(op, answer())
 
     async def close(self) -> None:
         """Stop talking to the peer and make sure its process is gone.
@@ -360,6 +391,9 @@ class _Session:
                 self.process.kill()
             await self.process.wait()
         await self.stderr.close()
+
+
+_CANCELLED = "Operation cancelled: the peer sent 'cancel'"
 
 
 class BridgeLoop:
