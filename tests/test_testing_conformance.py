@@ -66,21 +66,9 @@ def test_a_loop_returning_nothing_fails_i8_on_the_smallest_scenario() -> None:
     assert "(the loop gave no history)" in failure.describe()
 
 
-async def text_only_loop(
-    *,
-    model: Any,
-    tools: Sequence[Tool],
-    messages: Sequence[Message],
-    max_turns: int,
-    signal: AbortSignal,
-) -> list[Message]:
-    """Asks the model once and returns, whatever it asked for."""
-    history = list(messages)
-    history.append(await model.complete(history, [t.definition for t in tools], signal))
-    return history
-
-
 def test_per_property_searches_give_each_broken_property_its_own_shrunk_scenario() -> None:
+    from test_broken_loops import text_only_loop  # the seed's failure mode (b)
+
     one = run_conformance(text_only_loop, max_examples=60, seed=3)
     each = run_conformance(text_only_loop, max_examples=60, seed=3, per_property=True)
     # One search reports what its first (shrunk) scenario breaks; one per property
