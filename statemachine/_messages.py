@@ -92,15 +92,16 @@ def _freeze(value: Any) -> Any:
     kind = type(value)
     if kind in _JSON_SCALARS:
         return value
-    if kind is dict or (kind is not list and _is_mapping(value)):
+    # Arrays before objects: the Mapping ABC check that objects may need is slow.
+    if isinstance(value, (list, tuple)):
+        return tuple([_freeze(item) for item in value])
+    if _is_mapping(value):
         frozen: dict[str, Any] = {}
         for key, item in value.items():
-            if type(key) is not str and not isinstance(key, str):
+            if not isinstance(key, str):
                 raise _NotJsonError
             frozen[key] = _freeze(item)
         return MappingProxyType(frozen)
-    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
-        return tuple([_freeze(item) for item in value])
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _NotJsonError

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-__all__ = ["IdleSkippingLoop", "needs_real_time"]
+__all__ = ["IdleSkippingLoop", "needs_real_time", "runner_for"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -114,3 +114,11 @@ class IdleSkippingLoop(asyncio.SelectorEventLoop):
 def needs_real_time(loop: object) -> bool:
     """True when a loop under test says it must run on a plain event loop."""
     return bool(getattr(loop, "needs_real_time", False))
+
+
+def runner_for(loop: object, virtual_time: bool | None) -> asyncio.Runner:
+    """The runner for scenarios of ``loop``: on an ``IdleSkippingLoop`` unless
+    ``virtual_time`` is False, or is None and the loop says it needs real time."""
+    if virtual_time is None:
+        virtual_time = not needs_real_time(loop)
+    return asyncio.Runner(loop_factory=IdleSkippingLoop if virtual_time else None)

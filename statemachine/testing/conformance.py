@@ -14,7 +14,6 @@ tools.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import random
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -25,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument, NoSuchExample, Unsatisfiable
 
 from .._messages import Message, StopReason
-from .clock import IdleSkippingLoop, needs_real_time
+from .clock import runner_for
 from .properties import PROPERTY_TITLES, check_record
 from .scenario import (
     DEFAULT_HISTORY,
@@ -327,9 +326,7 @@ def run_conformance(
     counts = {"generated": 0, "shrink": 0}
     found = False
 
-    if virtual_time is None:
-        virtual_time = not needs_real_time(loop)
-    with asyncio.Runner(loop_factory=IdleSkippingLoop if virtual_time else None) as runner:
+    with runner_for(loop, virtual_time) as runner:
         # The cache also makes the search consistent for a loop whose result varies
         # between runs (Hypothesis replays examples and would call it flaky): such a
         # loop is reported through I5 instead.

@@ -49,7 +49,7 @@ from .._messages import (
     message_from_dict,
 )
 from .._tools import Tool, ToolDefinition
-from .clock import IdleSkippingLoop, needs_real_time
+from .clock import runner_for
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -651,9 +651,7 @@ def run_scenario(
     ``virtual_time`` as in ``run_conformance``: by default the run goes on an event
     loop whose clock skips idle waits, unless ``loop.needs_real_time`` is set.
     """
-    if virtual_time is None:
-        virtual_time = not needs_real_time(loop)
-    with asyncio.Runner(loop_factory=IdleSkippingLoop if virtual_time else None) as runner:
+    with runner_for(loop, virtual_time) as runner:
         return runner.run(
             run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
         )
