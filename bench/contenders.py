@@ -162,7 +162,7 @@ class Ours:
 
     def __init__(self, *, logger: Any = None, default_logger: bool = False) -> None:
         self.client = _ScriptedClient()
-        # None means run_agent's own default (structlog.get_logger), measured in a note.
+        # None means run_agent's own default logger (silent stdlib logging), measured in a note.
         self.logger = None if default_logger else (logger or quiet_logger())
         self.name = "statemachine run_agent" + (" (default logger)" if default_logger else "")
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import structlog
-
 from ._errors import AbortedError
+from ._log import library_logger
 
 __all__ = ["AbortController", "AbortSignal"]
 
@@ -79,7 +78,7 @@ class AbortSignal:
             try:
                 listener(reason)
             except Exception:  # noqa: BLE001 - isolation is the point
-                structlog.get_logger("statemachine").exception("abort_listener_failed")
+                library_logger().exception("abort_listener_failed")
 
     def __repr__(self) -> str:
         return f"AbortSignal(aborted={self._aborted!r}, reason={self._reason!r})"

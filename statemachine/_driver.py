@@ -49,7 +49,6 @@ from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
 import attrs
-import structlog
 
 from ._abort import AbortController, AbortSignal
 from ._engine import Engine, TransitionRecord
@@ -87,6 +86,7 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
+from ._log import library_logger
 from ._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
 from ._model import ModelClient
 from ._table import RETURNS_TO_CALLER, TurnState
@@ -407,7 +407,7 @@ class AgentRun:
             )
         if signal is not None and not isinstance(signal, AbortSignal):
             raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
-        base = logger if logger is not None else structlog.get_logger("statemachine")
+        base = logger if logger is not None else library_logger()
         if _engine is None:
             run_id = run_id or uuid.uuid4().hex[:12]
             _engine = engine_factory(

@@ -34,7 +34,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, NamedTuple
 
 import attrs
-import structlog
 from transitions import Machine
 
 from ._errors import InvalidInputError, ProtocolError, WireFormatError
@@ -63,6 +62,7 @@ from ._events import (
     ToolPermitted,
 )
 from ._invariants import history_violations
+from ._log import library_logger
 from ._messages import (
     AssistantMessage,
     Message,
@@ -109,8 +109,6 @@ _STATUSES: Final = (_WAITING_PERMISSION, _WAITING_APPROVAL, _READY, _RUNNING, _D
 
 SNAPSHOT_VERSION: Final = 1
 _NO_SCHEDULING: Final = Scheduling()
-
-log_default = structlog.get_logger("statemachine")
 
 
 class TransitionRecord(NamedTuple):
@@ -182,15 +180,17 @@ _INPUT_TRIGGER: Final[dict[type, Trigger]] = {
 def _debug_enabled(log: Any) -> bool:
     """False only when the logger has said, once and for all, that it drops debug.
 
-    structlog's filtering bound loggers fix their level when they are made, so the
-    transition log's arguments need not even be built for them (measured: a third of
-    a quiet engine step). Any other logger, the lazy default proxy included (it
-    follows configuration made later), gets every call.
+    structlog's filtering bound loggers fix their level when they are made, and the
+    default stdlib-backed logger (``_log.library_logger``) is asked once, when the
+    engine is made, so the transition log's arguments need not even be built for
+    them (measured: a third of a quiet engine step). Any other logger, structlog's
+    lazy proxy included (it follows configuration made later), gets every call.
     """
-    if getattr(type(log), "is_enabled_for", None) is None:
+    ask = getattr(type(log), "is_enabled_for", None) or getattr(type(log), "isEnabledFor", None)
+    if ask is None:
         return True
     try:
-        return bool(log.is_enabled_for(logging.DEBUG))
+        return bool(ask(log, logging.DEBUG))
     except Exception:  # noqa: BLE001 - a logger we cannot ask is given everything
         return True
 
@@ -367,7 +367,7 @@ class Engine:
         self.check_permissions = check_permissions
         self.check_continue = check_continue
         self.run_id = run_id
-        self._log = (logger if logger is not None else log_default).bind(run_id=run_id)
+        self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
         self._debug = _debug_enabled(self._log)
         self.turns = 0
         self.trace: list[TransitionRecord] = []

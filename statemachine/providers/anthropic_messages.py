@@ -35,11 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import anthropic
-import structlog
 from anthropic.types import RawMessageStreamEvent
 
 from .._abort import AbortSignal
 from .._errors import InvalidInputError
+from .._log import library_logger
 from .._messages import (
     AssistantMessage,
     ImageContent,
@@ -248,7 +248,7 @@ class AnthropicModel:
         self.sleep = sleep
         self.random = random
         self._secrets = (key,) if key else ()
-        self.log = logger if logger is not None else structlog.get_logger("statemachine")
+        self.log = logger if logger is not None else library_logger("statemachine.providers")
         self._client = client or anthropic.AsyncAnthropic(
             api_key=key,
             base_url=base_url,

@@ -34,11 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import openai
-import structlog
 from openai.types.chat import ChatCompletionChunk
 
 from .._abort import AbortSignal
 from .._errors import InvalidInputError
+from .._log import library_logger
 from .._messages import (
     AssistantMessage,
     ImageContent,
@@ -250,7 +250,7 @@ class OpenAIChatModel:
         self.on_text = on_text
         self.sleep = sleep
         self.random = random
-        self.log = logger if logger is not None else structlog.get_logger("statemachine")
+        self.log = logger if logger is not None else library_logger("statemachine.providers")
         self._client = client or openai.AsyncOpenAI(
             api_key=key,
             base_url=base_url,
