@@ -10,6 +10,8 @@ plugin), ``statemachine.workspace`` (file tools confined to a root) and
 
 from __future__ import annotations
 
+# First: fail with a clear message if python-statemachine shadows this package.
+from . import _shadow  # noqa: F401  # isort: skip
 from ._abort import AbortController, AbortSignal
 from ._driver import (
     AfterToolCall,
@@ -101,8 +103,7 @@ from ._messages import (
 from ._model import ModelClient
 from ._table import TurnState
 from ._tools import Scheduling, Tool, ToolDefinition, ToolOutput, tool, validate_arguments
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "EVENT_TYPES",

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("statemachine._demo", "run the seed's checkpoint script on a directory"),
+    "demo": ("statemachine._demo", "run the demo agent (embedded scripted model) on a directory"),
     "spec": ("statemachine._spec", "run the executable specification in specs/"),
     "check": ("statemachine._checker", "exhaustively check the engine within bounds"),
     "replay": ("statemachine._journal", "replay and verify a run journal"),
@@ -22,7 +22,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def usage() -> str:
-    lines = ["usage: python -m statemachine COMMAND [ARGS...]", "", "commands:"]
+    lines = [
+        "usage: python -m statemachine [--version] COMMAND [ARGS...]",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -32,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        from ._version import DISTRIBUTION, __version__
+
+        print(f"{DISTRIBUTION} {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
