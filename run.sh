@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for people and CI: sets up .venv on first use, then runs a job.
-#   bash run.sh demo [DIR]   the seed's checkpoint script on DIR (default: the current
-#                            directory), with the embedded scripted model
+#   bash run.sh demo [DIR]   the demo agent on DIR (default: the current directory),
+#                            with the embedded scripted model
 #   bash run.sh test         ruff, mypy --strict, then the test suite
 #   bash run.sh <anything>   python -m statemachine <anything> (spec, check, diagram, ...)
 # Paths given to a job are read from the directory you call it from.
@@ -12,15 +12,22 @@ VENV="$ROOT/.venv"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-# Reinstall when pyproject.toml changes (the stamp holds its hash).
-stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
-  rm -f "$VENV"/.installed-*
-  touch "$stamp"
-fi
 job="${1:-test}"
+# The demo needs only the core (a quick first run); every other job gets the [dev] extra
+# (linters, SDKs, Hypothesis, pygraphviz). Reinstall when pyproject.toml changes (each
+# stamp holds its hash; a dev install serves the demo too).
+extra=dev
+spec="$ROOT[dev]"
+if [ "$job" = demo ]; then
+  extra=core
+  spec="$ROOT"
+fi
+hash="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$hash" ]; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
+  rm -f "$VENV"/.installed-*
+  touch "$VENV/.installed-$extra-$hash"
+fi
 shift || true
 case "$job" in
   test)
