@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import re
 from pathlib import Path
@@ -48,4 +49,10 @@ def test_every_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "Done 3 {'build': {'ok': 1}}" in printed
     assert "AwaitingUser ['c2']" in printed
     assert "Done Committed after approval." in printed
+    # And generally: a comment right after a print(...) line is what that line prints.
+    for block in BLOCKS:
+        lines = block.splitlines()
+        for line, after in itertools.pairwise(lines):
+            if line.startswith("print(") and after.startswith("# "):
+                assert after[2:] in printed, f"README claims {after!r} after {line!r}"
     assert os.getcwd() == str(README.parent)
