@@ -1,0 +1,225 @@
+"""OpenTelemetry spans of traced runs, read back from the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import statemachine as sm
+from statemachine.otel import AgentTracer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Script:
+    def __init__(self, *responses: sm.AssistantMessage) -> None:
+        self.responses = list(responses)
+        self.model = "scripted-1"
+
+    async def complete(
+        self, messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: Any
+    ) -> sm.AssistantMessage:
+        return self.responses.pop(0)
+
+
+def _calls(*calls: tuple[str, str, dict[str, Any]]) -> sm.AssistantMessage:
+    blocks = tuple(sm.ToolCall(i, name, args) for i, name, args in calls)
+    usage = sm.Usage(input=100, output=20, cache_read=5)
+    return sm.AssistantMessage(blocks, stop_reason=sm.StopReason.TOOL_USE, usage=usage)
+
+
+@sm.tool
+async def double(n: int) -> str:
+    """Double a number."""
+    await asyncio.sleep(0.01)
+    return str(2 * n)
+
+
+@sm.tool
+async def fail() -> str:
+    """Always raises."""
+    raise RuntimeError("secret detail that must not reach the trace")
+
+
+@sm.tool
+async def wait_forever() -> str:
+    """Never finishes by itself."""
+    await asyncio.sleep(3600)
+    return "unreachable"
+
+
+def _tracer(capture_content: bool = False) -> tuple[AgentTracer, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return AgentTracer(provider, agent_name="tester", capture_content=capture_content), exporter
+
+
+def _tree(spans: Sequence[ReadableSpan]) -> tuple[ReadableSpan, list[ReadableSpan]]:
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.context is not None
+    children = [s for s in spans if s.parent is not None]
+    for child in children:
+        assert child.parent is not None
+        assert child.parent.span_id == root.context.span_id, child.name
+        assert child.context is not None
+        assert child.context.trace_id == root.context.trace_id
+    return root, sorted(children, key=lambda s: (s.start_time or 0, s.name))
+
+
+@pytest.mark.timeout(30)
+def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
+    tracer, exporter = _tracer()
+    model = Script(
+        _calls(("a", "double", {"n": 2}), ("b", "double", {"n": 5}), ("c", "fail", {})),
+        _calls(("d", "missing", {})),
+        sm.AssistantMessage((sm.TextContent("done"),), usage=sm.Usage(input=300, output=4)),
+    )
+    result = asyncio.run(
+        tracer.run_agent(
+            model=model, tools=[double, fail], messages=[sm.UserMessage("go")], run_id="run-1"
+        )
+    )
+    assert result.state is sm.TurnState.Done
+    root, children = _tree(exporter.get_finished_spans())
+    assert root.name == "invoke_agent tester"
+    assert root.kind is SpanKind.INTERNAL
+    assert dict(root.attributes or {}) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "tester",
+        "gen_ai.conversation.id": "run-1",
+        "statemachine.run.state": "Done",
+        "statemachine.run.turns": 3,
+    }
+    assert root.status.status_code is StatusCode.UNSET
+    chats = [s for s in children if s.name == "chat scripted-1"]
+    assert len(chats) == 3
+    assert all(s.kind is SpanKind.CLIENT for s in chats)
+    first = dict(chats[0].attributes or {})
+    assert first["gen_ai.operation.name"] == "chat"
+    assert first["gen_ai.request.model"] == "scripted-1"
+    assert first["gen_ai.response.finish_reasons"] == ("toolUse",)
+    assert first["gen_ai.usage.input_tokens"] == 100
+    assert first["gen_ai.usage.output_tokens"] == 20
+    assert first["gen_ai.usage.cache_read.input_tokens"] == 5
+    assert "gen_ai.input.messages" not in first  # content only when asked for
+    tools = {
+        str(dict(s.attributes or {})["gen_ai.tool.call.id"]): s for s in children if s not in chats
+    }
+    assert sorted(tools) == ["a", "b", "c", "d"]
+    for call_id in "ab":
+        span = tools[call_id]
+        assert span.name == "execute_tool double"
+        assert span.status.status_code is StatusCode.UNSET
+        assert dict(span.attributes or {})["statemachine.tool.executed"] is True
+    # a and b ran side by side: their spans overlap
+    a, b = tools["a"], tools["b"]
+    assert a.start_time is not None
+    assert a.end_time is not None
+    assert b.start_time is not None
+    assert b.end_time is not None
+    assert a.start_time < b.end_time
+    assert b.start_time < a.end_time
+    failed = tools["c"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert dict(failed.attributes or {})["error.type"] == "RuntimeError"
+    missing = tools["d"]
+    assert missing.name == "execute_tool missing"
+    assert dict(missing.attributes or {})["statemachine.tool.executed"] is False
+    assert missing.status.status_code is StatusCode.ERROR
+    everything = json.dumps([s.to_json() for s in exporter.get_finished_spans()])
+    assert "secret detail" not in everything
+
+
+@pytest.mark.timeout(30)
+def test_an_aborted_run_marks_the_cancelled_call_and_the_run() -> None:
+    tracer, exporter = _tracer()
+    model = Script(_calls(("h", "wait_forever", {}), ("x", "double", {"n": 1})))
+
+    async def go() -> sm.RunResult:
+        run = sm.AgentRun(
+            model=tracer.model(model),
+            tools=tracer.tools([wait_forever, double]),
+            messages=[sm.UserMessage("go")],
+            grace_period=0.2,
+        )
+        asyncio.get_running_loop().call_later(0.2, run.abort, "stop")
+        return await tracer.trace(run)
+
+    result = asyncio.run(go())
+    assert result.state is sm.TurnState.Aborted
+    root, children = _tree(exporter.get_finished_spans())
+    assert root.status.status_code is StatusCode.ERROR
+    assert dict(root.attributes or {})["error.type"] == "Aborted"
+    tools = {dict(s.attributes or {}).get("gen_ai.tool.call.id"): s for s in children}
+    hung = tools["h"]
+    assert hung.status.status_code is StatusCode.ERROR
+    assert dict(hung.attributes or {})["error.type"] == "cancelled"
+    assert tools["x"].status.status_code is StatusCode.UNSET
+
+
+@pytest.mark.timeout(30)
+def test_content_is_recorded_only_when_asked_for() -> None:
+    tracer, exporter = _tracer(capture_content=True)
+    model = Script(_calls(("a", "double", {"n": 21})), sm.AssistantMessage("it is 42"))
+    asyncio.run(tracer.run_agent(model=model, tools=[double], messages=[sm.UserMessage("hi")]))
+    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    tool = spans["execute_tool double"]
+    assert json.loads(str(tool["gen_ai.tool.call.arguments"])) == {"n": 21}
+    assert json.loads(str(tool["gen_ai.tool.call.result"])) == [{"type": "text", "text": "42"}]
+    chat = spans["chat scripted-1"]
+    sent = json.loads(str(chat["gen_ai.input.messages"]))
+    assert sent[0]["role"] == "user"
+    assert json.loads(str(chat["gen_ai.output.messages"]))[0]["role"] == "assistant"
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_model_call_is_an_error_span() -> None:
+    class Broken:
+        model = "broken-1"
+
+        async def complete(self, *args: Any) -> sm.AssistantMessage:
+            raise ConnectionError("api key sk-123 in the message")
+
+    tracer, exporter = _tracer()
+    result = asyncio.run(tracer.run_agent(model=Broken(), messages=[sm.UserMessage("go")]))
+    assert result.state is sm.TurnState.Failed
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    chat = spans["chat broken-1"]
+    assert chat.status.status_code is StatusCode.ERROR
+    assert dict(chat.attributes or {})["error.type"] == "ConnectionError"
+    assert "sk-123" not in json.dumps([s.to_json() for s in spans.values()])
+    assert spans["invoke_agent tester"].status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.timeout(60)
+def test_an_untraced_run_never_loads_opentelemetry() -> None:
+    code = (
+        "import sys, statemachine as sm, statemachine.testing, statemachine.workspace\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry')]"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_without_opentelemetry_the_import_says_which_extra_to_install() -> None:
+    code = "import sys; sys.modules['opentelemetry'] = None; import statemachine.otel"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 1
+    assert "pip install 'agent-statemachine[otel]'" in proc.stderr.splitlines()[-1]
