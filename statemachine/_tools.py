@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import inspect
 import re
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias, Union, overload
+from typing import Any, TypeAlias, Union, overload
 
 import attrs
 import jsonschema
@@ -47,6 +46,7 @@ from ._messages import (
     freeze_json,
     thaw_json,
 )
+from ._signature import Converter, check_return, compile_annotation, result_value
 
 __all__ = [
     "ResourceKeys",
@@ -275,51 +275,6 @@ class Tool:
 # -- @tool: a Tool from a typed function -------------------------------------------------------
 
 
-def _json_type(annotation: Any, where: str) -> dict[str, Any]:
-    """The JSON Schema of one Python annotation; refuses what it cannot express."""
-    if annotation is Any or annotation is inspect.Parameter.empty:
-        return {}
-    if annotation is type(None) or annotation is None:
-        return {"type": "null"}
-    if annotation is bool:
-        return {"type": "boolean"}
-    if annotation is int:
-        return {"type": "integer"}
-    if annotation is float:
-        return {"type": "number"}
-    if annotation is str:
-        return {"type": "string"}
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return {"enum": [member.value for member in annotation]}
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is Literal:
-        return {"enum": list(args)}
-    if origin in (Union, types.UnionType):
-        options = [_json_type(a, where) for a in args]
-        return {"anyOf": options}
-    if origin in (list, tuple, Sequence, set, frozenset) or annotation in (list, tuple):
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return {
-                "type": "array",
-                "prefixItems": [_json_type(a, where) for a in args],
-                "minItems": len(args),
-                "maxItems": len(args),
-            }
-        schema: dict[str, Any] = {"type": "array"}
-        if args:
-            schema["items"] = _json_type(args[0], where)
-        return schema
-    if origin in (dict, Mapping) or annotation is dict:
-        schema = {"type": "object"}
-        if len(args) == 2:
-            if args[0] is not str:
-                raise InvalidInputError(f"{where}: JSON object keys are strings, not {args[0]!r}")
-            schema["additionalProperties"] = _json_type(args[1], where)
-        return schema
-    raise InvalidInputError(f"{where}: cannot express {annotation!r} as JSON Schema")
-
-
 _SECTION = re.compile(
     r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$"
 )
@@ -361,13 +316,14 @@ def _build_tool(
     tool_name = name or fn.__name__
     where = f"@tool {tool_name}"
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
         raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
     summary, param_docs = _parse_docstring(fn.__doc__)
     signature = inspect.signature(fn)
     properties: dict[str, Any] = {}
     required: list[str] = []
+    converters: dict[str, Converter] = {}
     wants_signal = False
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -382,8 +338,10 @@ def _build_tool(
         ):
             wants_signal = True
             continue
-        schema = _json_type(annotation, f"{where}, parameter {param.name!r}")
-        if param.name in param_docs:
+        schema, convert = compile_annotation(annotation, f"{where}, parameter {param.name!r}")
+        if convert is not None:
+            converters[param.name] = convert
+        if param.name in param_docs and "description" not in schema:
             schema = {**schema, "description": param_docs[param.name]}
         if param.default is inspect.Parameter.empty:
             required.append(param.name)
@@ -399,6 +357,7 @@ def _build_tool(
     }
     if required:
         parameters["required"] = required
+    check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
     definition = ToolDefinition(
         name=tool_name,
         description=description if description is not None else summary,
@@ -407,15 +366,17 @@ def _build_tool(
     is_async = inspect.iscoroutinefunction(fn)
 
     async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
-        kwargs = dict(arguments)
+        kwargs = {k: converters[k](v) if k in converters else v for k, v in arguments.items()}
         if wants_signal:
             kwargs["signal"] = signal
         if is_async:
-            result: ToolReturn = await fn(**kwargs)
+            result = await fn(**kwargs)
         else:
             # A thread cannot be interrupted; see the module docstring.
             result = await asyncio.to_thread(functools.partial(fn, **kwargs))
-        return result
+        if isinstance(result, (str, ToolOutput)) or _is_content(result):
+            return typing.cast(ToolReturn, result)
+        return result_value(result, tool_name)  # data: its JSON (see _signature)
 
     execute.__name__ = f"execute_{tool_name}"
     return Tool(definition=definition, execute=execute, **(options or {}))
@@ -448,19 +409,47 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Build a ``Tool`` from a typed function, async or sync.
 
-    The JSON Schema comes from the signature (str, int, float, bool, None, Literal,
-    Enum, unions, lists, tuples, ``dict[str, T]``; a parameter with a default is
-    optional), the description from the docstring's summary, and each parameter's
-    description from its ``Args:`` section. A parameter named ``signal`` receives the
-    run's ``AbortSignal`` and is not shown to the model. The function may return a
-    ``str``, a sequence of content blocks, or a ``ToolOutput``; raising an exception
-    gives the model an error result with the exception's text. ``sequential``,
-    ``resources`` and ``timeout`` are passed to ``Tool``.
+    The JSON Schema comes from the signature: JSON types, ``Literal``, ``Enum``,
+    optional values and unions, lists, tuples and sets, ``dict[str, T]``,
+    dataclasses, attrs classes, ``TypedDict``s and pydantic models (the arguments
+    arrive as those Python values); a parameter with a default is optional; an
+    annotation that cannot be expressed is refused here, naming the parameter (the
+    return annotation is checked too). The description comes from the docstring's
+    summary, each parameter's from ``Annotated[T, "..."]`` or the docstring's
+    ``Args:`` section. A parameter named ``signal`` receives the run's
+    ``AbortSignal`` and is not shown to the model. The function may return a
+    ``str`` (the result text), content blocks or a ``ToolOutput`` (used as they
+    are), or any JSON data (dicts, lists, numbers, booleans, ``None``, dataclasses,
+    attrs classes, pydantic models, enums), which becomes its JSON text; raising an
+    exception gives the model an error result with the exception's text. See
+    ``statemachine._signature`` for the exact rules. ``sequential``, ``resources``
+    and ``timeout`` are passed to ``Tool``.
     """
     options = {"sequential": sequential, "resources": resources, "timeout": timeout}
     if fn is not None:
         return _build_tool(fn, name, description, options)
     return lambda f: _build_tool(f, name, description, options)
+
+
+def _is_content(value: object) -> bool:
+    """A non-empty sequence of content blocks (an empty list is data: ``[]``)."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(block, (TextContent, ImageContent)) for block in value)
+    )
+
+
+def _is_result_type(annotation: Any) -> bool:
+    """Return annotations that name a result rather than data."""
+    if annotation in (str, ToolOutput, TextContent, ImageContent):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return all(_is_result_type(a) or a in (str,) for a in args)
+    if typing.get_origin(annotation) in (list, tuple, Sequence) and args:
+        return all(a is Ellipsis or _is_result_type(a) for a in args)
+    return False
 
 
 def tool_output_from(value: object) -> ToolOutput | None:

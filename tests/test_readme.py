@@ -7,6 +7,8 @@ import io
 import itertools
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,10 @@ def test_the_readme_has_examples() -> None:
 def test_every_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Run from the repository root so the examples that read README.md find it.
     monkeypatch.chdir(README.parent)
-    namespace: dict[str, object] = {"__name__": "readme"}
+    # A real module, so that classes defined in the examples (dataclasses) can find it.
+    module = types.ModuleType("readme")
+    monkeypatch.setitem(sys.modules, "readme", module)
+    namespace = module.__dict__
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         for index, block in enumerate(BLOCKS):

@@ -181,11 +181,11 @@ def test_a_parameter_named_signal_with_another_type_is_a_normal_argument() -> No
 @pytest.mark.parametrize(
     ("annotation", "needle"),
     [
-        ("complex", "cannot express <class 'complex'> as JSON Schema"),
-        ("object", "cannot express <class 'object'> as JSON Schema"),
+        ("complex", "cannot express complex as JSON Schema"),
+        ("object", "cannot express object as JSON Schema"),
         ("dict[int, str]", "JSON object keys are strings"),
-        ("list[complex]", "cannot express <class 'complex'>"),
-        ("int | bytes", "cannot express <class 'bytes'>"),
+        ("list[complex]", "cannot express complex"),
+        ("int | bytes", "cannot express bytes"),
     ],
 )
 def test_unsupported_annotations_are_refused_clearly(annotation: str, needle: str) -> None:
