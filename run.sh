@@ -2,7 +2,7 @@
 # One entry point for people and CI: sets up .venv on first use, then runs a job.
 #   bash run.sh demo [DIR]   the demo agent on DIR (default: the current directory),
 #                            with the embedded scripted model
-#   bash run.sh test         ruff, mypy --strict, then the test suite
+#   bash run.sh test         ruff, mypy --strict, the docs site (strict), the test suite
 #   bash run.sh <anything>   python -m statemachine <anything> (spec, check, diagram, ...)
 # Paths given to a job are read from the directory you call it from.
 set -euo pipefail
@@ -35,6 +35,7 @@ case "$job" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     "$VENV/bin/mypy"
+    NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)
