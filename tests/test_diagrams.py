@@ -348,6 +348,16 @@ def test_committed_diagrams_match_the_code() -> None:
     assert not stale, f"stale diagrams: {names}; regenerate with: {REGENERATE}"
 
 
+def test_the_docs_concepts_page_shows_the_generated_mermaid() -> None:
+    from statemachine._diagrams import DIAGRAM_PAGES
+
+    assert DIAGRAM_PAGES
+    for page in DIAGRAM_PAGES:
+        text = page.read_text(encoding="utf-8")
+        assert readme_block(mermaid()) in text, f"{page.name} diagram is stale; run: {REGENERATE}"
+    assert stale_files(REPO / "diagrams", None, DIAGRAM_PAGES) == []
+
+
 def test_readme_shows_the_generated_mermaid() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme_block(mermaid()) in readme, f"README diagram is stale; run: {REGENERATE}"
