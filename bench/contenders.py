@@ -187,6 +187,27 @@ class Ours:
         return Outcome(calls, results, raw.final_text)
 
 
+class OursTraced(Ours):
+    """``run_agent`` through ``statemachine.otel.AgentTracer`` (spans made, none exported)."""
+
+    def __init__(self, provider: Any) -> None:
+        super().__init__()
+        from statemachine.otel import AgentTracer
+
+        self.tracer = AgentTracer(provider)
+        self.name = "statemachine run_agent (traced)"
+
+    async def execute(self, script: Script) -> object:
+        self.client.script = script
+        return await self.tracer.run_agent(
+            model=self.client,
+            messages=[sm.UserMessage("go")],
+            tools=[_sm_echo],
+            max_turns=script.n,
+            logger=self.logger,
+        )
+
+
 class BareTyped:
     """The same teaching loop on our own types: the scripted ``ModelClient``, the
     ``@tool``-built ``Tool`` and frozen attrs messages, with none of the engine.

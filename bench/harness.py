@@ -218,6 +218,36 @@ async def default_logger_note(n: int, repetitions: int) -> Figure:
     )
 
 
+async def tracing_note(n: int, repetitions: int) -> Figure | None:
+    """What tracing a run with ``statemachine.otel`` costs, against the same run untraced.
+
+    An untraced run has no tracing code on its path at all (it never imports
+    OpenTelemetry; a test checks that); this shows what opting in costs, with the SDK's
+    tracer provider making every span but exporting none.
+    """
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError:
+        return None
+    from contenders import OursTraced
+
+    plain, traced = Ours(), OursTraced(TracerProvider())
+    plain_us: list[float] = []
+    traced_us: list[float] = []
+    for _ in range(repetitions):
+        _, elapsed, _ = await run_once(plain, n)
+        plain_us.append(elapsed * 1e6 / n)
+        _, elapsed, _ = await run_once(traced, n)
+        traced_us.append(elapsed * 1e6 / n)
+    p, t = statistics.median(plain_us), statistics.median(traced_us)
+    return Figure(
+        "OpenTelemetry tracing cost (ours)",
+        f"{t:,.0f} µs/turn vs {p:,.0f} ({t / p:.2f}x)",
+        f"run_agent through AgentTracer (SDK provider, 3 spans a turn, none exported) vs "
+        f"untraced, N={n}, median of {repetitions}; an untraced run has no tracing code",
+    )
+
+
 # -- the report ----------------------------------------------------------------------------
 
 
@@ -395,6 +425,9 @@ async def main_async(args: argparse.Namespace) -> int:
     figures = [] if args.no_micro else await asyncio.to_thread(_micro_in_fresh_process, args.smoke)
     if not args.smoke and not args.no_micro:
         figures.insert(0, await default_logger_note(1_000, 3))
+        tracing = await tracing_note(1_000, 3)
+        if tracing is not None:
+            figures.insert(1, tracing)
     command = "bash bench/run.sh" + (" --smoke" if args.smoke else "")
     report = render(cells, unavailable, figures, machine(), versions(), command, args.note)
     print(report)

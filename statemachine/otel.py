@@ -30,8 +30,9 @@ format. Exception messages are never recorded (they may quote content); the clas
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import attrs
@@ -128,9 +129,10 @@ class AgentTracer:
 
     # -- span helpers -------------------------------------------------------------------------
 
-    def _content(self, span: Span, key: str, value: object) -> None:
+    def _content(self, span: Span, key: str, build: Callable[[], object]) -> None:
+        """Record content as JSON, building it only when content is captured."""
         if self.capture_content:
-            span.set_attribute(key, json.dumps(value, ensure_ascii=False, default=str))
+            span.set_attribute(key, json.dumps(build(), ensure_ascii=False, default=str))
 
     def _span(self, name: str, kind: SpanKind) -> Any:
         # Exceptions are neither recorded nor put in the status by the SDK: their
@@ -145,7 +147,9 @@ class AgentTracer:
                 with self._span(f"execute_tool {message.tool_name}", SpanKind.INTERNAL) as span:
                     _tool_attributes(span, message.tool_name, message.tool_call_id)
                     span.set_attribute("statemachine.tool.executed", False)
-                    self._content(span, "gen_ai.tool.call.result", message_to_dict(message))
+                    self._content(
+                        span, "gen_ai.tool.call.result", partial(message_to_dict, message)
+                    )
                     _error(span, "tool_error")
 
 
@@ -192,7 +196,9 @@ class _TracedModel:
             span.set_attribute("gen_ai.operation.name", "chat")
             span.set_attribute("gen_ai.provider.name", self._provider)
             span.set_attribute("gen_ai.request.model", self._model)
-            tracer._content(span, "gen_ai.input.messages", [message_to_dict(m) for m in messages])
+            tracer._content(
+                span, "gen_ai.input.messages", lambda: [message_to_dict(m) for m in messages]
+            )
             try:
                 response = await self._client.complete(messages, tools, signal)
             except BaseException as exc:
@@ -209,7 +215,7 @@ class _TracedModel:
                     span.set_attribute(
                         "gen_ai.usage.cache_creation.input_tokens", usage.cache_write
                     )
-            tracer._content(span, "gen_ai.output.messages", [message_to_dict(response)])
+            tracer._content(span, "gen_ai.output.messages", lambda: [message_to_dict(response)])
             if response.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
                 _error(span, response.stop_reason.value)
             return response
@@ -231,7 +237,7 @@ class _TracedExecute:
         with tracer._span(f"execute_tool {name}", SpanKind.INTERNAL) as span:
             _tool_attributes(span, name, call_id)
             span.set_attribute("statemachine.tool.executed", True)
-            tracer._content(span, "gen_ai.tool.call.arguments", arguments)
+            tracer._content(span, "gen_ai.tool.call.arguments", lambda: arguments)
             try:
                 value = await self._tool.execute(arguments, signal)
             except BaseException as exc:
@@ -242,7 +248,8 @@ class _TracedExecute:
             if output is not None:
                 if output.is_error:
                     _error(span, "tool_error")
-                if tracer.capture_content:
-                    blocks = [_block_to_dict(b) for b in output.content]
-                    tracer._content(span, "gen_ai.tool.call.result", blocks)
+                content = output.content
+                tracer._content(
+                    span, "gen_ai.tool.call.result", lambda: [_block_to_dict(b) for b in content]
+                )
             return value

@@ -223,3 +223,22 @@ def test_without_opentelemetry_the_import_says_which_extra_to_install() -> None:
     )
     assert proc.returncode == 1
     assert "pip install 'agent-statemachine[otel]'" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.timeout(30)
+def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Building the history's JSON per model call would make tracing cost grow with the run.
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("content built although capture_content is off")
+
+    monkeypatch.setattr("statemachine.otel.message_to_dict", refuse)
+    monkeypatch.setattr("statemachine.otel._block_to_dict", refuse)
+    tracer, exporter = _tracer()
+    model = Script(
+        _calls(("a", "double", {"n": 1}), ("b", "missing", {})), sm.AssistantMessage("ok")
+    )
+    result = asyncio.run(
+        tracer.run_agent(model=model, tools=[double], messages=[sm.UserMessage("go")])
+    )
+    assert result.state is sm.TurnState.Done
+    assert len(exporter.get_finished_spans()) == 5
