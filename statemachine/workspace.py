@@ -92,6 +92,7 @@ __all__ = [
     "IGNORED_DIRS",
     "Workspace",
     "list_files_tool",
+    "printable",
     "read_file_tool",
     "workspace_tools",
 ]
@@ -252,7 +253,10 @@ class Workspace:
     """A root directory and the two file operations allowed inside it.
 
     The methods are blocking and return a ``ToolOutput``; the tools built by
-    ``tools()`` run them in a worker thread.
+    ``tools()`` run them in a worker thread. ``max_entries`` (default 200) caps the
+    lines of a listing; ``max_bytes`` (default 64 KiB) caps the text ``read_file``
+    returns and the paths a listing shows; the module docstring lists the fixed
+    bounds (the 64 KiB read chunk, the 20,000-path scans, 5 paths per note).
     """
 
     def __init__(
@@ -705,10 +709,13 @@ def list_files_tool(
     root: str | os.PathLike[str],
     *,
     max_entries: int = DEFAULT_MAX_ENTRIES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
     ignored_dirs: Iterable[str] = IGNORED_DIRS,
 ) -> Tool:
     """A ``list_files`` tool confined to ``root``."""
-    return Workspace(root, max_entries=max_entries, ignored_dirs=ignored_dirs).list_files_tool()
+    return Workspace(
+        root, max_entries=max_entries, max_bytes=max_bytes, ignored_dirs=ignored_dirs
+    ).list_files_tool()
 
 
 def read_file_tool(root: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tool:
