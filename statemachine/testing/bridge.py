@@ -29,8 +29,8 @@ Closing, whatever the peer does
 -------------------------------
 The peer starts in a process group of its own (POSIX). When the run ends the kit
 closes the peer's stdin, gives it 0.5 s to exit, then kills the whole group with
-SIGKILL, so nothing the peer started outlives the run, and waits at most 2 s for the
-pipes to close before letting go of them. A grandchild that keeps stdout open, a peer
+SIGKILL, so nothing the peer started outlives the run, waits at most 2 s for the peer
+to be reaped, and closes its ends of the pipes. A grandchild that keeps stdout open, a peer
 that ignores SIGTERM or writes forever without a newline: ``close()`` returns within
 those bounds all the same. Only a process that leaves the group on purpose (``setsid``)
 escapes the kill; the kit still stops reading from it.
@@ -77,7 +77,7 @@ one line and may be large, but a peer that never ends its line must not fill mem
 
 _STDERR_TAIL = 2000
 # How long a peer whose stdin was closed may take to exit by itself, and how long the
-# kit then waits for the pipes of its killed process group to close.
+# kit then waits for the killed peer to be reaped.
 _EXIT_GRACE = 0.5
 _REAP_LIMIT = 2.0
 
@@ -409,22 +409,21 @@ class _Session:
         if stdin is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 stdin.close()
-        await self.exit_or_grace()
+        await self.exit_within(_EXIT_GRACE)
         # Even a peer that exited may have left children holding the pipes.
         _kill_group(self.process)
-        # Until every pipe is closed, wait() does not return (Python 3.11); a process
-        # that left the group can hold one forever, so the wait is bounded and the
-        # pipes are then let go of.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.process.wait(), _REAP_LIMIT)
+        await self.exit_within(_REAP_LIMIT)
+        # process.wait() would also wait for every pipe to close (Python 3.11), which a
+        # process outside the group, or a pipe the kit stopped reading, can put off
+        # forever: the kit lets go of the pipes itself.
         transport = getattr(self.process, "_transport", None)
         if transport is not None:
             transport.close()
         await self.stderr.close()
 
-    async def exit_or_grace(self) -> None:
-        """Wait up to ``_EXIT_GRACE`` for the peer itself to exit (not for its pipes)."""
-        deadline = self.loop.time() + _EXIT_GRACE
+    async def exit_within(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the peer process itself to exit."""
+        deadline = self.loop.time() + seconds
         while self.process.returncode is None and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
 
