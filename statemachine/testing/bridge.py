@@ -484,23 +484,6 @@ class BridgeLoop:
     def __repr__(self) -> str:
         return f"bridge_loop({list(self.command)!r})"
 
-    async def _spawn(self, shown: str) -> asyncio.subprocess.Process:
-        # A group of its own, so that close() can kill whatever the peer started.
-        group: dict[str, Any] = {"process_group": 0} if os.name == "posix" else {}
-        try:
-            return await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=self.cwd,
-                env=self.env,
-                limit=self.max_line_bytes,
-                **group,
-            )
-        except OSError as exc:
-            raise BridgeError(f"bridge peer {shown}: cannot start it: {exc}") from exc
-
     async def __call__(
         self,
         *,
@@ -527,6 +510,23 @@ class BridgeLoop:
             # Shielded: a whole-run timeout cancels this call, and the peer must still
             # be reaped rather than left running.
             await asyncio.shield(session.close())
+
+    async def _spawn(self, shown: str) -> asyncio.subprocess.Process:
+        # A group of its own, so that close() can kill whatever the peer started.
+        group: dict[str, Any] = {"process_group": 0} if os.name == "posix" else {}
+        try:
+            return await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+                limit=self.max_line_bytes,
+                **group,
+            )
+        except OSError as exc:
+            raise BridgeError(f"bridge peer {shown}: cannot start it: {exc}") from exc
 
 
 def bridge_loop(
