@@ -15,7 +15,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
@@ -569,7 +569,6 @@ class _ChunkBoundaryBug(Workspace):
 
 
 def _paging_property(workspace_class: type[Workspace]) -> Callable[..., None]:
-    @settings(max_examples=200, deadline=None)
     @given(
         data=st.text(alphabet="ab\n", min_size=1, max_size=60).map(str.encode),
         max_bytes=st.integers(min_value=1, max_value=12),
@@ -597,8 +596,10 @@ def test_chunked_reading_agrees_with_reading_the_whole_file() -> None:
 
 
 def test_the_chunk_property_catches_a_reader_that_loses_lines_across_chunks() -> None:
+    # Finding the bug is the point here; shrinking it is Hypothesis's business.
+    quick = settings(phases=[Phase.generate], database=None, derandomize=True, max_examples=200)
     with pytest.raises(AssertionError):
-        _paging_property(_ChunkBoundaryBug)()
+        quick(_paging_property(_ChunkBoundaryBug))()
 
 
 def test_a_listing_is_bounded_in_bytes_and_counts_what_it_left_out(tmp_path: Path) -> None:
