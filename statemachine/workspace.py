@@ -46,8 +46,9 @@ of 64 KiB and reading stops at ``max_bytes`` whatever the lines look like, so a 
 holds about ``max_bytes`` of the file in memory, never the whole file (skipping to a
 far ``offset`` reads on through the file, chunk by chunk). Binary files (a NUL byte,
 or invalid UTF-8, in the first 8 KiB) are refused; so are directories, devices,
-sockets and FIFOs. The file is opened non-blocking and the *opened* descriptor is
-checked, so a FIFO swapped in after the path was checked is refused too, at once.
+sockets and FIFOs, which are never opened. A file is opened non-blocking and the
+*opened* descriptor is checked again, so a FIFO swapped in after the check is refused
+too, at once.
 
 A missing path gets "Did you mean" suggestions: ``difflib`` matches against the
 workspace's relative paths and, separately, against their base names, so both
@@ -541,8 +542,11 @@ class Workspace:
             raise _RefusalError(f"offset must be a line number of 1 or more, got {offset!r}.")
         target, rel = self._resolve(raw)
         try:
+            # Opening some devices acts on them (a watchdog starts, a tape rewinds):
+            # what is not a file or a directory now is not opened at all.
+            self._check_kind(os.stat(target).st_mode, rel)
             # Non-blocking: opening a FIFO would otherwise wait for a writer. The kind
-            # is judged on the opened descriptor, so nothing can be swapped in between.
+            # is judged again on the opened descriptor, against a swap in between.
             fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise self._not_found(raw, rel, want_dir=False) from None
@@ -552,19 +556,23 @@ class Workspace:
             raise _RefusalError(f"Cannot read {rel}: {exc.strerror or exc}.") from None
         try:
             info = os.fstat(fd)
-            if stat.S_ISDIR(info.st_mode):
-                raise _RefusalError(
-                    f"{rel} is a directory, not a file. Use list_files with path={rel!r} to "
-                    "see what it holds."
-                )
-            if not stat.S_ISREG(info.st_mode):
-                raise _RefusalError(_NOT_REGULAR.format(rel=rel))
+            self._check_kind(info.st_mode, rel)
             with open(fd, "rb", buffering=0, closefd=False) as f:
                 return self._read_text(f, rel, info.st_size, offset)
         except OSError as exc:
             raise _RefusalError(f"Cannot read {rel}: {exc.strerror or exc}.") from None
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _check_kind(mode: int, rel: str) -> None:
+        if stat.S_ISDIR(mode):
+            raise _RefusalError(
+                f"{rel} is a directory, not a file. Use list_files with path={rel!r} to "
+                "see what it holds."
+            )
+        if not stat.S_ISREG(mode):
+            raise _RefusalError(_NOT_REGULAR.format(rel=rel))
 
     def _read_text(self, f: io.RawIOBase, rel: str, size: int, offset: int) -> str:
         head = f.read(_SNIFF_BYTES) or b""

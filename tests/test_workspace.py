@@ -777,7 +777,17 @@ def test_a_fifo_swapped_in_after_the_check_is_refused_without_blocking(
 
 
 @pytest.mark.timeout(10)
-def test_devices_and_sockets_are_refused(tmp_path: Path) -> None:
+def test_devices_and_sockets_are_refused_without_being_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
     dev = Workspace("/dev")
     for name in ("null", "zero", "tty"):
         if os.path.exists(f"/dev/{name}"):
@@ -789,6 +799,7 @@ def test_devices_and_sockets_are_refused(tmp_path: Path) -> None:
         assert refused(Workspace(tmp_path).read_file("s.sock")) == (
             "s.sock is not a regular file (a device, socket or FIFO)."
         )
+    assert opened == []
 
 
 def test_suggestions_never_name_a_dangling_symlink_or_a_fifo(tmp_path: Path) -> None:
