@@ -43,8 +43,9 @@ not fatal), from line ``offset`` on, up to ``max_bytes`` (default 64 KiB). A lon
 file is cut at a line boundary with a note naming the ``offset`` to read on from; a
 single line longer than ``max_bytes`` is cut inside it. The file is read in chunks
 of 64 KiB and reading stops at ``max_bytes`` whatever the lines look like, so a call
-holds about ``max_bytes`` of the file in memory, never the whole file (skipping to a
-far ``offset`` reads on through the file, chunk by chunk). Binary files (a NUL byte,
+holds about ``max_bytes`` of the file in memory, never the whole file. Skipping to
+``offset`` reads through the file chunk by chunk, and gives up after 1 GiB, so that
+one call stays short. Binary files (a NUL byte,
 or invalid UTF-8, in the first 8 KiB) are refused; so are directories, devices,
 sockets and FIFOs, which are never opened. A file is opened non-blocking and the
 *opened* descriptor is checked again, so a FIFO swapped in after the check is refused
@@ -128,8 +129,10 @@ each stops with a note."""
 
 # How much of a file decides whether it is text; the same window git uses.
 _SNIFF_BYTES = 8192
-# What read_file holds of a file besides its max_bytes.
+# What read_file holds of a file besides its max_bytes, and how far it reads to find
+# the line to start at.
 _CHUNK_BYTES = 64 * 1024
+_SKIP_LIMIT_BYTES = 1024 * 1024 * 1024
 # Bounds the walk made to find "did you mean" candidates in a huge tree, and the
 # walk that counts what a stopped listing left out.
 _SUGGESTION_SCAN_LIMIT = 20_000
@@ -599,12 +602,20 @@ class Workspace:
         ends_with_newline = False
         out = bytearray()
         limit = self.max_bytes + 1
+        skipped = 0
         for chunk in chunks:
             ends_with_newline = chunk.endswith(b"\n")
             if line_no < offset:
                 count = chunk.count(b"\n")
                 if line_no + count < offset:
                     line_no += count
+                    skipped += len(chunk)
+                    if skipped > _SKIP_LIMIT_BYTES:
+                        raise _RefusalError(
+                            f"read_file skips at most {_SKIP_LIMIT_BYTES} bytes to find the "
+                            f"line to start at; line {offset} of {rel} lies further in "
+                            f"(past line {line_no - 1})."
+                        )
                     continue
                 chunk = chunk[_nth_newline(chunk, offset - line_no) + 1 :]
                 line_no = offset

@@ -527,6 +527,21 @@ def test_reading_a_huge_single_line_holds_about_max_bytes_in_memory(tmp_path: Pa
     assert peak < 1 * _MiB
 
 
+def test_skipping_to_an_offset_is_bounded(tmp_path: Path) -> None:
+    (tmp_path / "log.txt").write_text("line\n" * 1000)  # 5000 bytes
+    ws = Workspace(tmp_path)
+    with (
+        mock.patch.object(workspace_module, "_SKIP_LIMIT_BYTES", 2000),
+        mock.patch.object(workspace_module, "_CHUNK_BYTES", 1000),
+        mock.patch.object(workspace_module, "_SNIFF_BYTES", 1000),
+    ):
+        assert ok(ws.read_file("log.txt", offset=600)) == "line\n" * 401
+        assert refused(ws.read_file("log.txt", offset=700)) == (
+            "read_file skips at most 2000 bytes to find the line to start at; line 700 of "
+            "log.txt lies further in (past line 600)."
+        )
+
+
 def test_a_long_line_is_cut_between_characters(tmp_path: Path) -> None:
     (tmp_path / "e.txt").write_text("é" * 10, encoding="utf-8")  # 2 bytes each
     assert ok(Workspace(tmp_path, max_bytes=5).read_file("e.txt")).startswith("éé\n[Truncated")
