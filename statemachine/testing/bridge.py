@@ -313,8 +313,8 @@ class _Session:
             remove()
 
     async def exited(self, when: str) -> BridgeError:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.process.wait(), 1.0)
+        # Its exit code; not process.wait(), which also waits for pipes a child may hold.
+        await self.exit_within(1.0)
         await self.stderr.close()
         return self.fail(BridgeError, f"the peer exited (code {self.process.returncode}) {when}")
 
