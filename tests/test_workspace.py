@@ -455,7 +455,11 @@ class _Script:
         tools: Sequence[sm.ToolDefinition],
         signal: sm.AbortSignal,
     ) -> sm.AssistantMessage:
-        results = [m for m in messages if isinstance(m, sm.ToolResultMessage)]
+        return self.answer(messages, [m for m in messages if isinstance(m, sm.ToolResultMessage)])
+
+    def answer(
+        self, messages: Sequence[sm.Message], results: list[sm.ToolResultMessage]
+    ) -> sm.AssistantMessage:
         if not results:
             call = sm.ToolCall("c1", "read_file", {"path": "src/maths.ts"})
             return sm.AssistantMessage([call], stop_reason=sm.StopReason.TOOL_USE)
@@ -711,22 +715,19 @@ def test_errors_about_such_names_are_utf8_too(latin1_tree: Workspace) -> None:
     assert printable("a\udce9b") == "a\\xe9b"
 
 
-class _ListThenRead:
+class _ListThenRead(_Script):
     """Lists the workspace, reads every line of the listing, then stops."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[bytes] = []
 
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
+    def answer(
+        self, messages: Sequence[sm.Message], results: list[sm.ToolResultMessage]
     ) -> sm.AssistantMessage:
         # What a provider client sends: the whole context as strict UTF-8 JSON.
         body = json.dumps([sm.message_to_dict(m) for m in messages], ensure_ascii=False)
         self.requests.append(body.encode("utf-8"))
-        results = [m for m in messages if isinstance(m, sm.ToolResultMessage)]
         if not results:
             call = sm.ToolCall("c0", "list_files", {})
             return sm.AssistantMessage([call], stop_reason=sm.StopReason.TOOL_USE)
