@@ -6,6 +6,15 @@ at start-up, never a mystery at the first call. Its compiled validator lives on 
 because validation is pure computation and belongs to the sans-IO core: the engine
 rejects bad arguments with an error result before any tool code runs.
 
+References (``$ref``) are checked with the schema: only local, non-recursive ones
+(``#/$defs/...``, ``#/properties/...``, ``#anchor``) are allowed, and every one must
+resolve. A remote or relative reference would make jsonschema fetch it (over the
+network, or from a ``file:`` URI) at the first validation, and a recursive schema is
+one that several providers refuse; both are ``InvalidInputError`` when the tool is
+defined, naming the tool and the reference. The compiled validator is also given a
+registry that cannot retrieve anything, so validation never touches the network or
+the filesystem whatever the schema says.
+
 A ``Tool`` adds the runtime: ``async execute(arguments, signal)``. ``@tool`` builds one
 from a typed Python function.
 
@@ -30,12 +39,14 @@ import inspect
 import re
 import types
 import typing
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, Union, overload
 
 import attrs
 import jsonschema
 import jsonschema.validators
+import referencing
 
 from ._abort import AbortSignal
 from ._errors import InvalidInputError
@@ -111,13 +122,150 @@ class ToolDefinition:
                 f"tool {self.name!r}: parameters is not a valid JSON Schema at {where}: "
                 f"{exc.message}"
             ) from None
-        object.__setattr__(self, "_validator", cls(schema))
+        _check_references(self.name, schema)
+        # An empty registry retrieves nothing: jsonschema's default one would fetch
+        # an unknown URI with urlopen (http and file alike) in the middle of a run.
+        object.__setattr__(self, "_validator", cls(schema, registry=referencing.Registry()))
         object.__setattr__(self, "_certainly_valid", _fast_check(schema))
 
     def schema_dict(self) -> dict[str, Any]:
         """A plain, mutable copy of the parameters schema (for provider requests)."""
         schema: dict[str, Any] = thaw_json(self.parameters)
         return schema
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of schemas, across
+# drafts 4 to 2020-12 (a superset: a keyword another draft ignores may only make a
+# reference be checked that would never be followed, never the other way round).
+_SUBSCHEMA = frozenset(
+    {
+        "additionalItems",
+        "additionalProperties",
+        "contains",
+        "contentSchema",
+        "else",
+        "if",
+        "items",
+        "not",
+        "propertyNames",
+        "then",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
+_SUBSCHEMA_LIST = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+_SUBSCHEMA_MAP = frozenset(
+    {"properties", "patternProperties", "dependentSchemas", "dependencies", "$defs", "definitions"}
+)
+_DEFINITIONS = frozenset({"$defs", "definitions"})
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+_Pointer: TypeAlias = tuple[str | int, ...]
+
+
+def _subschemas(
+    schema: Any, at: _Pointer, *, definitions: bool = True
+) -> Iterable[tuple[_Pointer, Mapping[str, Any]]]:
+    """``(pointer, subschema)`` for ``schema`` and every schema object inside it.
+
+    ``definitions=False`` skips ``$defs``: what validating against ``schema`` can
+    reach, as opposed to everything the document holds.
+    """
+    if not isinstance(schema, Mapping):
+        return
+    yield at, schema
+    for key, value in schema.items():
+        if key in _DEFINITIONS and not definitions:
+            continue
+        if key in _SUBSCHEMA_LIST and isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from _subschemas(item, (*at, key, i), definitions=definitions)
+        elif key in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+            for name, item in value.items():
+                yield from _subschemas(item, (*at, key, name), definitions=definitions)
+        elif key in _SUBSCHEMA:
+            yield from _subschemas(value, (*at, key), definitions=definitions)
+
+
+def _where(pointer: _Pointer) -> str:
+    return "/".join(str(p) for p in pointer) or "(root)"
+
+
+def _ref_target(
+    ref: str, schema: Mapping[str, Any], anchors: Mapping[str, _Pointer]
+) -> _Pointer | None:
+    """Where a ``#...`` reference points inside ``schema``; None if nowhere."""
+    fragment = urllib.parse.unquote(ref[1:])
+    if fragment and not fragment.startswith("/"):
+        return anchors.get(fragment)
+    node: Any = schema
+    pointer: list[str | int] = []
+    for raw in fragment.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            pointer.append(int(token))
+            node = node[int(token)]
+        elif isinstance(node, Mapping) and token in node:
+            pointer.append(token)
+            node = node[token]
+        else:
+            return None
+    return tuple(pointer) if isinstance(node, (Mapping, bool)) else None
+
+
+def _check_references(tool_name: str, schema: Mapping[str, Any]) -> None:
+    """Refuse remote, relative, dangling and recursive references (module docstring)."""
+
+    def refuse(ref: str, at: _Pointer, why: str) -> InvalidInputError:
+        return InvalidInputError(
+            f"tool {tool_name!r}: parameters reference {ref!r} (at {_where(at)}) {why}; "
+            "only local references such as '#/$defs/Name' to a part of the same schema "
+            "that does not refer back to itself are allowed"
+        )
+
+    anchors: dict[str, _Pointer] = {}
+    refs: list[tuple[_Pointer, str]] = []
+    for at, sub in _subschemas(schema, ()):
+        if at and "$id" in sub:
+            raise refuse(str(sub["$id"]), at, "is an embedded $id, which moves the base URI")
+        for keyword in ("$anchor", "$dynamicAnchor"):
+            if isinstance(sub.get(keyword), str):
+                anchors.setdefault(sub[keyword], at)
+        refs.extend((at, sub[k]) for k in _REF_KEYWORDS if isinstance(sub.get(k), str))
+    for at, ref in refs:
+        if not ref.startswith("#"):
+            raise refuse(ref, at, "is not local: it would be fetched at validation time")
+        if _ref_target(ref, schema, anchors) is None:
+            raise refuse(ref, at, "does not resolve inside the schema")
+    _check_acyclic(schema, anchors, refuse)
+
+
+def _check_acyclic(
+    schema: Mapping[str, Any],
+    anchors: Mapping[str, _Pointer],
+    refuse: Callable[[str, _Pointer, str], InvalidInputError],
+) -> None:
+    """Depth-first over what each reference reaches; a target met again on the
+    current path is a recursive schema."""
+    done: set[_Pointer] = set()
+    path: list[_Pointer] = []
+
+    def visit(target: _Pointer) -> None:
+        path.append(target)
+        node: Any = schema
+        for token in target:
+            node = node[token]
+        for at, sub in _subschemas(node, target, definitions=False):
+            for ref in (sub[k] for k in _REF_KEYWORDS if isinstance(sub.get(k), str)):
+                inner = _ref_target(ref, schema, anchors)
+                if inner in path:
+                    raise refuse(ref, at, "makes the schema recursive")
+                if inner is not None and inner not in done:
+                    visit(inner)
+        path.pop()
+        done.add(target)
+
+    visit(())
 
 
 _FAST_TYPES: dict[str, Callable[[Any], bool]] = {

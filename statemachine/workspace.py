@@ -1,10 +1,10 @@
-"""Workspace tools: ``list_files`` and ``read_file``, confined to one root directory.
+r"""Workspace tools: ``list_files`` and ``read_file``, confined to one root directory.
 
 This module owns the file tools that the demo runs and that users can hand to
 ``run_agent`` as they are. Everything a model can ask for is refused with an error
 tool result (``ToolOutput(..., is_error=True)``) whose text says what to do instead,
 because a refusal the model can act on is fixed in the next turn, while an exception
-would only end the conversation (the seed's "all failures converge on one exit").
+would only end the conversation.
 
 Confinement
 -----------
@@ -13,7 +13,7 @@ A path is always relative to the root. It is refused when it is absolute, when i
 when the file it names resolves, through symlinks, to a place outside the root. The
 check runs on the real path just before the access; a symlink swapped between the
 check and the open is outside what this module defends against (run untrusted
-agents in a container).
+agents in a container), though the open never blocks and only a regular file is read.
 
 What ``list_files`` shows
 -------------------------
@@ -29,29 +29,56 @@ every machine. Paths are relative to the root, so each line can be passed to
   inside the root is listed under its own path);
 - symlinks that lead outside the root, or nowhere.
 
-A listing stops after ``max_entries`` lines. Every omission is stated in a closing
-``[...]`` note, so the model knows what it did not see and how to see it.
+A listing stops after ``max_entries`` lines (default 200) or ``max_bytes`` bytes
+(default 64 KiB), whichever comes first; the walk then goes on, showing nothing, to
+count what was left out ("... and 57 more entries"), up to 20,000 entries (beyond
+that, "more than 20000"). Every omission is stated in a closing ``[...]`` note, so
+the model knows what it did not see and how to see it; a note names at most 5 paths
+and counts the rest.
 
 What ``read_file`` returns
 --------------------------
 The text of a UTF-8 file (undecodable bytes after the first 8 KiB are replaced,
-not fatal), from line ``offset`` on, up to ``max_bytes``. A longer file is cut at a
-line boundary with a note naming the ``offset`` to read on from. Binary files (a
-NUL byte, or invalid UTF-8, in the first 8 KiB) are refused; so are directories,
-devices and FIFOs (reading a FIFO would block the tool forever).
+not fatal), from line ``offset`` on, up to ``max_bytes`` (default 64 KiB). A longer
+file is cut at a line boundary with a note naming the ``offset`` to read on from; a
+single line longer than ``max_bytes`` is cut inside it. The file is read in chunks
+of 64 KiB and reading stops at ``max_bytes`` whatever the lines look like, so a call
+holds about ``max_bytes`` of the file in memory, never the whole file. Skipping to
+``offset`` reads through the file chunk by chunk, and gives up after 1 GiB, so that
+one call stays short. Binary files (a NUL byte,
+or invalid UTF-8, in the first 8 KiB) are refused; so are directories, devices,
+sockets and FIFOs, which are never opened. A file is opened non-blocking and the
+*opened* descriptor is checked again, so a FIFO swapped in after the check is refused
+too, at once.
 
 A missing path gets "Did you mean" suggestions: ``difflib`` matches against the
 workspace's relative paths and, separately, against their base names, so both
-``src/maths.ts`` and a bare ``maths.ts`` find ``src/math.ts``.
+``src/maths.ts`` and a bare ``maths.ts`` find ``src/math.ts``. Only what the tool
+would accept is suggested (regular files, or symlinks to one inside the root, for
+``read_file``; directories for ``list_files``), never a dangling symlink. The scan
+for candidates stops after 20,000 paths.
+
+File names that are not UTF-8
+-----------------------------
+POSIX file names are bytes. A byte that is not part of valid UTF-8 is shown as
+``\xNN`` (Python's escape for it), and a lone surrogate a model sent as ``\uNNNN``,
+so every tool result is valid UTF-8: the journal and the next provider request can
+always encode it. An escaped path passed back to either tool names the file it was
+shown for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import difflib
+import errno
 import functools
+import io
+import itertools
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
@@ -67,6 +94,7 @@ __all__ = [
     "IGNORED_DIRS",
     "Workspace",
     "list_files_tool",
+    "printable",
     "read_file_tool",
     "workspace_tools",
 ]
@@ -96,18 +124,93 @@ DEFAULT_MAX_ENTRIES = 200
 """Lines a listing shows before it stops with a note."""
 
 DEFAULT_MAX_BYTES = 64 * 1024
-"""Bytes of text ``read_file`` returns before it stops with a note."""
+"""Bytes of text ``read_file`` returns, and of paths ``list_files`` shows, before
+each stops with a note."""
 
 # How much of a file decides whether it is text; the same window git uses.
 _SNIFF_BYTES = 8192
-# Bounds the walk made to find "did you mean" candidates in a huge tree.
+# What read_file holds of a file besides its max_bytes, and how far it reads to find
+# the line to start at.
+_CHUNK_BYTES = 64 * 1024
+_SKIP_LIMIT_BYTES = 1024 * 1024 * 1024
+# Bounds the walk made to find "did you mean" candidates in a huge tree, and the
+# walk that counts what a stopped listing left out.
 _SUGGESTION_SCAN_LIMIT = 20_000
+_COUNT_LIMIT = 20_000
+# Paths a note names before it only counts the rest.
+_NOTE_PATHS = 5
 _MAX_SUGGESTIONS = 3
 _SUGGESTION_CUTOFF = 0.7
 
 
+_NOT_REGULAR = "{rel} is not a regular file (a device, socket or FIFO)."
+
+
 class _RefusalError(Exception):
     """A request the tool answers with an error result; the text is for the model."""
+
+
+# os.fsdecode turns a byte that is not UTF-8 into a lone surrogate (U+DC80-U+DCFF),
+# which no strict UTF-8 encoder accepts; a model may also send a lone surrogate.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if code >= 0xDC80 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    r"""``text`` with every lone surrogate escaped (``\xNN`` for an undecodable byte
+    of a file name), so that it encodes as UTF-8 with ``errors="strict"``."""
+    return _SURROGATE.sub(_escape, text)
+
+
+def _unescape(path: str) -> str:
+    """The file name ``printable`` showed as ``path``."""
+    return _ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
+
+
+def _some(paths: list[str], total: int) -> str:
+    """The first paths of a note and a count of the rest."""
+    rest = total - len(paths)
+    return ", ".join(paths) + (f" and {rest} more" if rest > 0 else "")
+
+
+def _nth_newline(chunk: bytes, n: int) -> int:
+    """The index of the ``n``-th newline of ``chunk`` (which has at least ``n``)."""
+    at = -1
+    for _ in range(n):
+        at = chunk.index(b"\n", at + 1)
+    return at
+
+
+class _Skipped:
+    """What a listing left out, by kind: a count and the first few paths."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.paths: dict[str, list[str]] = {}
+        self.noise_names: set[str] = set()
+        self.more_noise_names = False
+
+    def __call__(self, kind: str, path: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if kind == "noise":
+            # Named by base name, each once: ".git" rather than every repo's path.
+            name = PurePosixPath(path).name
+            if len(self.noise_names) < _NOTE_PATHS:
+                self.noise_names.add(name)
+            elif name not in self.noise_names:
+                self.more_noise_names = True
+            return
+        paths = self.paths.setdefault(kind, [])
+        if len(paths) < _NOTE_PATHS:
+            paths.append(path)
+
+    def note(self, kind: str) -> str:
+        return _some(self.paths.get(kind, []), self.counts.get(kind, 0))
 
 
 def _join_choices(items: list[str]) -> str:
@@ -154,7 +257,10 @@ class Workspace:
     """A root directory and the two file operations allowed inside it.
 
     The methods are blocking and return a ``ToolOutput``; the tools built by
-    ``tools()`` run them in a worker thread.
+    ``tools()`` run them in a worker thread. ``max_entries`` (default 200) caps the
+    lines of a listing; ``max_bytes`` (default 64 KiB) caps the text ``read_file``
+    returns and the paths a listing shows; the module docstring lists the fixed
+    bounds (the 64 KiB read chunk, the 20,000-path scans, 5 paths per note).
     """
 
     def __init__(
@@ -200,8 +306,25 @@ class Workspace:
             raise ValueError(str(exc)) from None
 
     def _resolve(self, raw: str) -> tuple[Path, str]:
+        literal = self._resolve_exact(raw)
+        if _ESCAPED_BYTE.search(raw) and not os.path.lexists(literal[0]):
+            # A name shown escaped (a file whose name really holds "\xNN" comes first).
+            with contextlib.suppress(_RefusalError):
+                found = self._resolve_exact(_unescape(raw))
+                if os.path.lexists(found[0]):
+                    return found
+        return literal
+
+    def _resolve_exact(self, raw: str) -> tuple[Path, str]:
         if "\x00" in raw:
             raise _RefusalError(f"Invalid path {raw!r}: it contains a NUL character.")
+        try:
+            os.fsencode(raw)
+        except UnicodeError:
+            raise _RefusalError(
+                f"Invalid path {printable(raw)}: it holds a lone surrogate, which no file "
+                "name can. Use a path as list_files prints it."
+            ) from None
         pure = PurePosixPath(raw)
         # "~/x" is a file named "~" to the OS, but a model that writes it means $HOME.
         if raw == "~" or raw.startswith("~/"):
@@ -316,29 +439,40 @@ class Workspace:
                 continue
             for entry in entries:
                 rel = f"{rel_top}{entry.name}"
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                    if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(
-                        self.root
-                    ):
-                        continue  # never suggest a path that would be refused
-                except (OSError, RuntimeError):
-                    continue
-                if is_dir and self.is_ignored(entry.name):
+                kind = self._candidate_kind(entry)
+                if kind is None or (kind == "dir" and self.is_ignored(entry.name)):
                     continue
                 count += 1
-                yield rel, is_dir
-                if is_dir:
+                yield rel, kind != "file"
+                if kind == "dir":
                     stack.append((Path(entry.path), rel + "/"))
+
+    def _candidate_kind(self, entry: os.DirEntry[str]) -> str | None:
+        """``file``, ``dir`` (to descend), ``dirlink``, or None: not worth suggesting.
+
+        Never suggest a path the tools would refuse: a symlink that dangles or leads
+        out, a FIFO, a socket, a device.
+        """
+        try:
+            if entry.is_symlink():
+                real = Path(entry.path).resolve(strict=True)
+                if not real.is_relative_to(self.root):
+                    return None
+                return "dirlink" if real.is_dir() else "file" if real.is_file() else None
+            if entry.is_dir(follow_symlinks=False):
+                return "dir"
+            return "file" if entry.is_file(follow_symlinks=False) else None
+        except (OSError, RuntimeError):  # a loop, or gone since the scan
+            return None
 
     # -- list_files ------------------------------------------------------------------
 
     def list_files(self, path: str = ".") -> ToolOutput:
         """The listing of ``path`` (see the module docstring), or a refusal."""
         try:
-            return ToolOutput(self._list(path))
+            return ToolOutput(printable(self._list(path)))
         except _RefusalError as exc:
-            return ToolOutput(str(exc), is_error=True)
+            return ToolOutput(printable(str(exc)), is_error=True)
 
     def _list(self, raw: str) -> str:
         target, rel = self._resolve(raw)
@@ -348,46 +482,53 @@ class Workspace:
             raise _RefusalError(
                 f"{rel} is a file, not a directory. Use read_file with path={rel!r} to read it."
             )
-        skipped: dict[str, list[str]] = {}
-
-        def on_skip(kind: str, skipped_path: str) -> None:
-            skipped.setdefault(kind, []).append(skipped_path)
-
+        skipped = _Skipped()
         lines: list[str] = []
-        more = False
-        for entry, _ in self._walk(target, rel, on_skip):
-            if len(lines) == self.max_entries:
-                more = True
+        used = 0
+        more = 0
+        walk = self._walk(target, rel, skipped)
+        for entry, _ in walk:
+            line = printable(entry)
+            used += len(line.encode()) + 1
+            if len(lines) == self.max_entries or used > self.max_bytes:
+                # Counted, not shown: the model learns how much it did not see.
+                more = 1 + sum(1 for _ in itertools.islice(walk, _COUNT_LIMIT))
                 break
-            lines.append(entry)
+            lines.append(line)
         if not lines and not more:
             lines.append(f"[{'The workspace' if rel == '.' else rel} holds no files.]")
-        lines.extend(self._notes(skipped, more))
+        if more:
+            lines.append(self._more_note(more, stopped_at_entries=len(lines) == self.max_entries))
+        lines.extend(self._notes(skipped))
         return "\n".join(lines)
 
-    def _notes(self, skipped: dict[str, list[str]], more: bool) -> list[str]:
+    def _more_note(self, more: int, *, stopped_at_entries: bool) -> str:
+        count = f"more than {_COUNT_LIMIT}" if more > _COUNT_LIMIT else str(more)
+        limit = f"{self.max_entries} entries" if stopped_at_entries else f"{self.max_bytes} bytes"
+        return (
+            f"[Listing stopped at {limit} ... and {count} more "
+            f"{'entry' if more == 1 else 'entries'}. Pass path=<a subdirectory> to list "
+            "part of the tree.]"
+        )
+
+    def _notes(self, skipped: _Skipped) -> list[str]:
         notes: list[str] = []
-        if more:
+        if noise := skipped.counts.get("noise"):
+            names = ", ".join(sorted(skipped.noise_names))
             notes.append(
-                f"[Listing stopped at {self.max_entries} entries; more exist. "
-                "Pass path=<a subdirectory> to list part of the tree.]"
+                f"[Not listed: {_count(noise, 'directory', 'directories')} of tooling or "
+                f"version control ({names}{', ...' if skipped.more_noise_names else ''}); "
+                "pass one as path to list it.]"
             )
-        if noise := skipped.get("noise"):
-            names = sorted({PurePosixPath(p).name for p in noise})
-            notes.append(
-                f"[Not listed: {_count(len(noise), 'directory', 'directories')} of "
-                f"tooling or version control ({', '.join(names)}); pass one as path to "
-                "list it.]"
-            )
-        if links := skipped.get("dirlink"):
-            notes.append(f"[Not followed: symlinked directories {', '.join(links)}.]")
-        if outside := skipped.get("outside"):
+        if "dirlink" in skipped.counts:
+            notes.append(f"[Not followed: symlinked directories {skipped.note('dirlink')}.]")
+        if "outside" in skipped.counts:
             notes.append(
                 "[Not listed: symlinks leading outside the workspace or nowhere: "
-                f"{', '.join(outside)}.]"
+                f"{skipped.note('outside')}.]"
             )
-        if unreadable := skipped.get("unreadable"):
-            notes.append(f"[Could not read: {', '.join(unreadable)}.]")
+        if "unreadable" in skipped.counts:
+            notes.append(f"[Could not read: {skipped.note('unreadable')}.]")
         return notes
 
     # -- read_file -------------------------------------------------------------------
@@ -395,35 +536,49 @@ class Workspace:
     def read_file(self, path: str, offset: int = 1) -> ToolOutput:
         """The text of ``path`` from line ``offset`` (1-based), or a refusal."""
         try:
-            return ToolOutput(self._read(path, offset))
+            return ToolOutput(printable(self._read(path, offset)))
         except _RefusalError as exc:
-            return ToolOutput(str(exc), is_error=True)
+            return ToolOutput(printable(str(exc)), is_error=True)
 
     def _read(self, raw: str, offset: int) -> str:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
             raise _RefusalError(f"offset must be a line number of 1 or more, got {offset!r}.")
         target, rel = self._resolve(raw)
         try:
-            info = target.stat()
+            # Opening some devices acts on them (a watchdog starts, a tape rewinds):
+            # what is not a file or a directory now is not opened at all.
+            self._check_kind(os.stat(target).st_mode, rel)
+            # Non-blocking: opening a FIFO would otherwise wait for a writer. The kind
+            # is judged again on the opened descriptor, against a swap in between.
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise self._not_found(raw, rel, want_dir=False) from None
         except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket, or a device with no driver
+                raise _RefusalError(_NOT_REGULAR.format(rel=rel)) from None
             raise _RefusalError(f"Cannot read {rel}: {exc.strerror or exc}.") from None
-        if stat.S_ISDIR(info.st_mode):
+        try:
+            info = os.fstat(fd)
+            self._check_kind(info.st_mode, rel)
+            with open(fd, "rb", buffering=0, closefd=False) as f:
+                return self._read_text(f, rel, info.st_size, offset)
+        except OSError as exc:
+            raise _RefusalError(f"Cannot read {rel}: {exc.strerror or exc}.") from None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _check_kind(mode: int, rel: str) -> None:
+        if stat.S_ISDIR(mode):
             raise _RefusalError(
                 f"{rel} is a directory, not a file. Use list_files with path={rel!r} to "
                 "see what it holds."
             )
-        if not stat.S_ISREG(info.st_mode):
-            raise _RefusalError(f"{rel} is not a regular file (a device, socket or FIFO).")
-        try:
-            with target.open("rb") as f:
-                return self._read_text(f, rel, info.st_size, offset)
-        except OSError as exc:
-            raise _RefusalError(f"Cannot read {rel}: {exc.strerror or exc}.") from None
+        if not stat.S_ISREG(mode):
+            raise _RefusalError(_NOT_REGULAR.format(rel=rel))
 
-    def _read_text(self, f: Any, rel: str, size: int, offset: int) -> str:
-        head: bytes = f.read(_SNIFF_BYTES)
+    def _read_text(self, f: io.RawIOBase, rel: str, size: int, offset: int) -> str:
+        head = f.read(_SNIFF_BYTES) or b""
         decoder = codecs.getincrementaldecoder("utf-8")()
         try:
             # final=False: a character cut by the window's end is not an error.
@@ -435,41 +590,66 @@ class Workspace:
             raise _RefusalError(
                 f"{rel} is a binary file ({size} bytes); read_file returns text only."
             )
-        if size == 0:
+        if not head:
             return f"[{rel} is empty.]"
-        f.seek(0)
-        budget = self.max_bytes
-        out: list[bytes] = []
-        line_no = 0
-        for line in f:
-            line_no += 1
+        rest = iter(lambda: f.read(_CHUNK_BYTES) or b"", b"")
+        return self._page(itertools.chain([head], rest), rel, size, offset)
+
+    def _page(self, chunks: Iterable[bytes], rel: str, size: int, offset: int) -> str:
+        """The text from line ``offset`` on, reading no more than ``max_bytes + 1``
+        bytes past its start (the extra byte tells whether anything was cut)."""
+        line_no = 1  # the line the next byte belongs to
+        ends_with_newline = False
+        out = bytearray()
+        limit = self.max_bytes + 1
+        skipped = 0
+        for chunk in chunks:
+            ends_with_newline = chunk.endswith(b"\n")
             if line_no < offset:
-                continue
-            if len(line) > budget:
-                if not out:
-                    # One line longer than the whole budget: show its start anyway.
-                    out.append(line[:budget])
-                    text = b"".join(out).decode("utf-8", errors="replace")
-                    return (
-                        f"{text}\n[Truncated: line {line_no} of {rel} is longer than "
-                        f"{self.max_bytes} bytes; only its start is shown. Call read_file "
-                        f"with offset={line_no + 1} to read on after it.]"
-                    )
-                text = b"".join(out).decode("utf-8", errors="replace")
-                sep = "" if text.endswith("\n") else "\n"
-                return (
-                    f"{text}{sep}[Truncated: showing lines {offset}-{line_no - 1} of {rel} "
-                    f"({size} bytes in all, {self.max_bytes}-byte limit). Call read_file "
-                    f"with offset={line_no} to read on.]"
-                )
-            out.append(line)
-            budget -= len(line)
-        if line_no < offset:
+                count = chunk.count(b"\n")
+                if line_no + count < offset:
+                    line_no += count
+                    skipped += len(chunk)
+                    if skipped > _SKIP_LIMIT_BYTES:
+                        raise _RefusalError(
+                            f"read_file skips at most {_SKIP_LIMIT_BYTES} bytes to find the "
+                            f"line to start at; line {offset} of {rel} lies further in "
+                            f"(past line {line_no - 1})."
+                        )
+                    continue
+                chunk = chunk[_nth_newline(chunk, offset - line_no) + 1 :]
+                line_no = offset
+            out += chunk[: limit - len(out)]
+            if len(out) == limit:
+                break
+        if not out and offset > 1:
+            lines = line_no - 1 if ends_with_newline else line_no
             raise _RefusalError(
                 f"offset {offset} is past the end of {rel}, which has "
-                f"{_count(line_no, 'line', 'lines')}."
+                f"{_count(lines, 'line', 'lines')}."
             )
-        return b"".join(out).decode("utf-8", errors="replace")
+        if len(out) < limit:
+            return out.decode("utf-8", errors="replace")
+        return self._truncated(bytes(out[: self.max_bytes]), rel, size, offset)
+
+    def _truncated(self, body: bytes, rel: str, size: int, offset: int) -> str:
+        cut = body.rfind(b"\n") + 1
+        if cut:
+            last = offset + body.count(b"\n", 0, cut) - 1
+            text = body[:cut].decode("utf-8", errors="replace")
+            return (
+                f"{text}[Truncated: showing lines {offset}-{last} of {rel} ({size} bytes in "
+                f"all, {self.max_bytes}-byte limit). Call read_file with offset={last + 1} "
+                "to read on.]"
+            )
+        # One line longer than the whole budget: show its start anyway, without the
+        # character the cut may have split.
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(body, final=False)
+        return (
+            f"{text}\n[Truncated: line {offset} of {rel} is longer than {self.max_bytes} "
+            f"bytes; only its start is shown. Call read_file with offset={offset + 1} to "
+            "read on after it.]"
+        )
 
     # -- tools -----------------------------------------------------------------------
 
@@ -548,10 +728,13 @@ def list_files_tool(
     root: str | os.PathLike[str],
     *,
     max_entries: int = DEFAULT_MAX_ENTRIES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
     ignored_dirs: Iterable[str] = IGNORED_DIRS,
 ) -> Tool:
     """A ``list_files`` tool confined to ``root``."""
-    return Workspace(root, max_entries=max_entries, ignored_dirs=ignored_dirs).list_files_tool()
+    return Workspace(
+        root, max_entries=max_entries, max_bytes=max_bytes, ignored_dirs=ignored_dirs
+    ).list_files_tool()
 
 
 def read_file_tool(root: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Tool:

@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from statemachine import AbortSignal, Tool, ToolResultMessage
+from statemachine import (
+    AbortSignal,
+    InvalidInputError,
+    Message,
+    StateMachineError,
+    Tool,
+    ToolResultMessage,
+)
 from statemachine.testing import (
     ModelTurn,
     Scenario,
@@ -28,6 +36,7 @@ from statemachine.testing import (
 from statemachine.testing.bridge import (
     PROTOCOL_VERSION,
     BridgeError,
+    BridgeLoop,
     BridgeProtocolError,
     BridgeTimeoutError,
     bridge_loop,
@@ -295,3 +304,96 @@ def test_bridge_loop_refuses_a_command_string() -> None:
         bridge_loop(["node"], silence_timeout=0)
     assert issubclass(BridgeProtocolError, BridgeError)
     assert not issubclass(BridgeTimeoutError, TimeoutError)
+
+
+# -- the transport: capped lines, process groups, a close that always returns ------------
+
+MISBEHAVING = PEERS / "misbehaving.py"
+
+
+def _misbehaving(mode: str, pidfile: Path) -> list[str]:
+    return [sys.executable, str(MISBEHAVING), mode, str(pidfile)]
+
+
+def _drive(loop: BridgeLoop) -> tuple[list[Message] | BaseException, float]:
+    """Run ``loop`` on ONE_CALL; what it returned or raised, and how long it took."""
+    scripted = Scripted(ONE_CALL)
+
+    async def go() -> list[Message]:
+        return await loop(
+            model=scripted.model,
+            tools=scripted.tools,
+            messages=list(ONE_CALL.history),
+            max_turns=8,
+            signal=scripted.signal,
+        )
+
+    began = time.monotonic()
+    try:
+        outcome: list[Message] | BaseException = asyncio.run(go())
+    except BridgeError as exc:
+        outcome = exc
+    return outcome, time.monotonic() - began
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie waiting for its reaper counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _grandchild_is_gone(pidfile: Path) -> bool:
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 2.0  # SIGKILL is delivered at once; reaping may lag
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _gone(pid)
+
+
+@pytest.mark.timeout(20)
+def test_a_line_without_end_hits_the_line_cap(tmp_path: Path) -> None:
+    loop = bridge_loop(_misbehaving("endless-line", tmp_path / "pid"), max_line_bytes=64 * 1024)
+    outcome, took = _drive(loop)
+    assert isinstance(outcome, BridgeProtocolError)
+    assert "a line longer than 65536 bytes (max_line_bytes)" in str(outcome)
+    assert took < 5.0
+
+
+@pytest.mark.timeout(20)
+def test_a_grandchild_holding_the_pipes_cannot_block_close(tmp_path: Path) -> None:
+    # The peer answers and exits; its grandchild keeps stdout open for two minutes.
+    outcome, took = _drive(bridge_loop(_misbehaving("grandchild-result", tmp_path / "pid")))
+    assert isinstance(outcome, list)
+    assert [m.role for m in outcome] == ["user"]
+    assert took < 5.0
+    assert _grandchild_is_gone(tmp_path / "pid")
+
+
+@pytest.mark.timeout(20)
+def test_a_peer_gone_silent_behind_its_grandchild_times_out_and_is_reaped(
+    tmp_path: Path,
+) -> None:
+    loop = bridge_loop(_misbehaving("grandchild-silent", tmp_path / "pid"), silence_timeout=0.5)
+    outcome, took = _drive(loop)
+    assert isinstance(outcome, BridgeTimeoutError)
+    assert took < 5.0
+    assert _grandchild_is_gone(tmp_path / "pid")
+
+
+@pytest.mark.timeout(20)
+def test_the_whole_process_group_is_killed_on_close(tmp_path: Path) -> None:
+    # Ignores SIGTERM and the end of its stdin; so does nothing it started.
+    loop = bridge_loop(_misbehaving("stubborn", tmp_path / "pid"), silence_timeout=0.5)
+    outcome, took = _drive(loop)
+    assert isinstance(outcome, BridgeTimeoutError)
+    assert took < 5.0
+    assert _grandchild_is_gone(tmp_path / "pid")
+
+
+def test_bridge_errors_belong_to_the_library_hierarchy() -> None:
+    assert issubclass(BridgeError, StateMachineError)
+    with pytest.raises(InvalidInputError, match="max_line_bytes must be a positive integer"):
+        bridge_loop(["node"], max_line_bytes=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import threading
 from typing import Any, Literal, Optional
 
@@ -417,3 +418,190 @@ def test_a_tool_timeout_may_be_fractional() -> None:
 def test_tool_output_is_error_must_be_a_bool() -> None:
     with pytest.raises(TypeError):
         sm.ToolOutput("x", is_error="yes")  # type: ignore[arg-type]
+
+
+# -- references in a schema ------------------------------------------------------------
+
+_INTEGER_DEF = {"$defs": {"n": {"type": "integer", "minimum": 0}}}
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field"),
+    [
+        (
+            {
+                **_object(a={"$ref": "#/$defs/n"}, b={"items": {"$ref": "#/$defs/n"}}),
+                **_INTEGER_DEF,
+            },
+            "a",
+        ),
+        ({**_object(a={"$ref": "#/definitions/n"}), "definitions": _INTEGER_DEF["$defs"]}, "a"),
+        (
+            {
+                **_object(a={"$ref": "#count"}),
+                "$defs": {"c": {"$anchor": "count", "type": "integer"}},
+            },
+            "a",
+        ),
+        ({**_object(a={"$ref": "#/$defs/a~1b"}), "$defs": {"a/b": {"type": "integer"}}}, "a"),
+        (_object(a={"type": "integer"}, b={"$ref": "#/properties/a"}), "b"),
+    ],
+    ids=["defs", "definitions", "anchor", "escaped-pointer", "sibling-property"],
+)
+def test_local_references_keep_working(parameters: dict[str, Any], field: str) -> None:
+    definition = sm.ToolDefinition("t", "d", parameters)
+    assert sm.validate_arguments(definition, {field: 3}) == []
+    assert sm.validate_arguments(definition, {field: "x"}) == [
+        f"arguments.{field}: 'x' is not of type 'integer'"
+    ]
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "https://example.com/schemas/n.json",
+        "http://127.0.0.1:1/n.json",
+        "file:///etc/passwd",
+        "n.json",
+        "urn:example:n",
+        "https://json-schema.org/draft/2020-12/schema",
+    ],
+)
+def test_remote_and_relative_references_are_refused_at_definition(ref: str) -> None:
+    with pytest.raises(sm.InvalidInputError) as caught:
+        sm.ToolDefinition("fetcher", "d", _object(a={"$ref": ref}))
+    message = str(caught.value)
+    assert message.startswith(f"tool 'fetcher': parameters reference {ref!r} (at properties/a)")
+    assert "is not local: it would be fetched at validation time" in message
+
+
+def test_a_remote_reference_anywhere_is_refused() -> None:
+    # In an unused definition, inside anyOf, as a $dynamicRef: all refused all the same.
+    for parameters, where in [
+        ({**_object(), "$defs": {"x": {"$ref": "https://e.com/x"}}}, "$defs/x"),
+        (
+            _object(a={"anyOf": [{"type": "null"}, {"$ref": "https://e.com/x"}]}),
+            "properties/a/anyOf/1",
+        ),
+        (_object(a={"$dynamicRef": "https://e.com/x"}), "properties/a"),
+    ]:
+        with pytest.raises(sm.InvalidInputError, match=re.escape(f"at {where}) is not local")):
+            sm.ToolDefinition("t", "d", parameters)
+
+
+def test_a_tool_made_with_the_decorator_is_checked_the_same_way() -> None:
+    # @tool builds its schema from annotations and never writes a $ref; the check
+    # sits in ToolDefinition, which @tool goes through, so a schema handed to a Tool
+    # by any route is checked once, before the run.
+    @sm.tool
+    def count(n: int) -> str:
+        return str(n)
+
+    assert "$ref" not in str(_schema(count))
+    with pytest.raises(sm.InvalidInputError, match="'count': parameters reference"):
+        sm.ToolDefinition(count.name, "d", _object(n={"$ref": "https://e.com/n"}))
+
+
+@pytest.mark.parametrize(
+    ("parameters", "ref", "where"),
+    [
+        (_object(child={"$ref": "#"}), "#", "properties/child"),
+        (
+            {
+                **_object(a={"$ref": "#/$defs/node"}),
+                "$defs": {"node": _object(next={"$ref": "#/$defs/node"})},
+            },
+            "#/$defs/node",
+            "$defs/node/properties/next",
+        ),
+        (
+            {
+                **_object(a={"$ref": "#/$defs/a"}),
+                "$defs": {
+                    "a": {"items": {"$ref": "#/$defs/b"}},
+                    "b": {"anyOf": [{"$ref": "#/$defs/a"}]},
+                },
+            },
+            "#/$defs/a",
+            "$defs/b/anyOf/0",
+        ),
+        (
+            {
+                **_object(a={"$ref": "#tree"}),
+                "$defs": {"t": {"$anchor": "tree", "items": {"$ref": "#tree"}}},
+            },
+            "#tree",
+            "$defs/t/items",
+        ),
+    ],
+    ids=["root", "self", "mutual", "anchor"],
+)
+def test_recursive_references_are_refused_at_definition(
+    parameters: dict[str, Any], ref: str, where: str
+) -> None:
+    with pytest.raises(sm.InvalidInputError) as caught:
+        sm.ToolDefinition("tree", "d", parameters)
+    assert str(caught.value).startswith(
+        f"tool 'tree': parameters reference {ref!r} (at {where}) makes the schema recursive"
+    )
+
+
+def test_dangling_references_and_embedded_ids_are_refused() -> None:
+    with pytest.raises(sm.InvalidInputError, match=r"'#/\$defs/missing' .* does not resolve"):
+        sm.ToolDefinition("t", "d", {**_object(a={"$ref": "#/$defs/missing"}), **_INTEGER_DEF})
+    with pytest.raises(sm.InvalidInputError, match=r"'#nowhere' .* does not resolve"):
+        sm.ToolDefinition("t", "d", _object(a={"$ref": "#nowhere"}))
+    with pytest.raises(sm.InvalidInputError, match=r"is an embedded \$id"):
+        sm.ToolDefinition("t", "d", _object(a={"$id": "https://e.com/a", "$ref": "#/x"}))
+
+
+def test_what_only_looks_like_a_reference_is_left_alone() -> None:
+    # Data (a default, an enum, a const) may hold a "$ref" key; it is not a reference.
+    # A definition nested in a definition that refers to its parent is not reached
+    # by validating the parent, so it is not recursion.
+    data = {"$ref": "https://e.com/x"}
+    sm.ToolDefinition("t", "d", _object(a={"default": data, "enum": [data], "const": data}))
+    nested = {
+        **_object(a={"$ref": "#/$defs/outer"}),
+        "$defs": {"outer": {"type": "object", "$defs": {"inner": {"$ref": "#/$defs/outer"}}}},
+    }
+    sm.ToolDefinition("t", "d", nested)
+    diamond = {
+        **_object(a={"$ref": "#/$defs/pair"}, b={"$ref": "#/$defs/n"}),
+        "$defs": {"pair": {"items": {"$ref": "#/$defs/n"}}, "n": {"type": "integer"}},
+    }
+    sm.ToolDefinition("t", "d", diamond)
+
+
+def test_validation_never_fetches_a_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.request
+
+    import jsonschema
+    import referencing.exceptions
+
+    fetched: list[str] = []
+
+    def urlopen(request: Any, *args: Any, **kwargs: Any) -> Any:
+        fetched.append(getattr(request, "full_url", str(request)))
+        raise OSError("no network in tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    remote = {"$ref": "https://example.com/n.json"}
+    # What the check guards against: jsonschema's default registry fetches unknown URIs.
+    with pytest.raises(referencing.exceptions.Unresolvable):
+        list(jsonschema.Draft202012Validator(remote).iter_errors(1))
+    assert fetched == ["https://example.com/n.json"]
+    fetched.clear()
+    # A definition's validator retrieves nothing, even for a schema swapped in later.
+    definition = sm.ToolDefinition("t", "d", {**_object(a={"$ref": "#/$defs/n"}), **_INTEGER_DEF})
+    assert sm.validate_arguments(definition, {"a": -1}) == [
+        "arguments.a: -1 is less than the minimum of 0"
+    ]
+    evolved = definition._validator.evolve(schema=remote)
+    with pytest.raises(referencing.exceptions.Unresolvable, match="Unresolvable"):
+        list(evolved.iter_errors(1))
+    assert fetched == []

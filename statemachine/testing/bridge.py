@@ -19,10 +19,21 @@ depend on pipe latency and two runs of one scenario would differ (a false I5). A
 loop in-process passes its signal down to its tools; the bridge treats the peer as
 doing the same. A peer that cancels one operation on its own sends ``cancel``.
 
-A peer that writes something unreadable, exits early, or stays silent longer than
-``silence_timeout`` makes the loop raise ``BridgeError`` with what went wrong, the
-last line it sent and the tail of its stderr; ``run_scenario`` records that as the
-loop's error (I8), and the peer process is always killed: never a hang.
+A peer that writes something unreadable, a line longer than ``max_line_bytes``
+(default 16 MiB), exits early, or stays silent longer than ``silence_timeout``
+(default 5 s) makes the loop raise ``BridgeError`` with what went wrong, the last line
+it sent and the tail of its stderr; ``run_scenario`` records that as the loop's error
+(I8). The peer is always killed: never a hang.
+
+Closing, whatever the peer does
+-------------------------------
+The peer starts in a process group of its own (POSIX). When the run ends the kit
+closes the peer's stdin, gives it 0.5 s to exit, then kills the whole group with
+SIGKILL, so nothing the peer started outlives the run, waits at most 2 s for the peer
+to be reaped, and closes its ends of the pipes. A grandchild that keeps stdout open, a peer
+that ignores SIGTERM or writes forever without a newline: ``close()`` returns within
+those bounds all the same. Only a process that leaves the group on purpose (``setsid``)
+escapes the kill; the kit still stops reading from it.
 """
 
 from __future__ import annotations
@@ -31,10 +42,12 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._abort import AbortController, AbortSignal
+from .._errors import InvalidInputError, StateMachineError
 from .._messages import (
     AssistantMessage,
     Message,
@@ -46,6 +59,7 @@ from .._messages import (
 from .._tools import Tool, ToolOutput
 
 __all__ = [
+    "DEFAULT_MAX_LINE_BYTES",
     "PROTOCOL_VERSION",
     "BridgeError",
     "BridgeLoop",
@@ -57,11 +71,18 @@ __all__ = [
 PROTOCOL_VERSION = 1
 """The version of ``specs/bridge-protocol.md`` this kit speaks."""
 
-_LINE_LIMIT = 16 * 1024 * 1024  # one transcript line may be large; refuse absurd ones
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest line (without its newline) the kit reads from a peer: a transcript is
+one line and may be large, but a peer that never ends its line must not fill memory."""
+
 _STDERR_TAIL = 2000
+# How long a peer whose stdin was closed may take to exit by itself, and how long the
+# kit then waits for the killed peer to be reaped.
+_EXIT_GRACE = 0.5
+_REAP_LIMIT = 2.0
 
 
-class BridgeError(RuntimeError):
+class BridgeError(StateMachineError, RuntimeError):
     """The peer process did not hold up its side of the bridge protocol."""
 
 
@@ -138,9 +159,11 @@ class _Session:
         tools: Sequence[Tool],
         signal: AbortSignal,
         silence_timeout: float,
+        max_line_bytes: int,
         command: str,
     ) -> None:
         self.process = process
+        self.max_line_bytes = max_line_bytes
         self.loop = asyncio.get_running_loop()
         self.model = model
         self.tools = {tool.definition.name: tool for tool in tools}
@@ -208,8 +231,11 @@ class _Session:
                 f"the peer sent nothing for {self.silence_timeout:g} s "
                 f"({len(self.operations)} request(s) answered by the kit and unfinished)",
             ) from None
-        except ValueError as exc:  # a line beyond the stream limit
-            raise self.fail(BridgeProtocolError, f"unreadable output: {exc}") from exc
+        except ValueError:  # the stream's limit: the line so far is already dropped
+            raise self.fail(
+                BridgeProtocolError,
+                f"a line longer than {self.max_line_bytes} bytes (max_line_bytes)",
+            ) from None
         if not raw:
             return None
         self.lines += 1
@@ -287,8 +313,8 @@ class _Session:
             remove()
 
     async def exited(self, when: str) -> BridgeError:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.process.wait(), 1.0)
+        # Its exit code; not process.wait(), which also waits for pipes a child may hold.
+        await self.exit_within(1.0)
         await self.stderr.close()
         return self.fail(BridgeError, f"the peer exited (code {self.process.returncode}) {when}")
 
@@ -383,17 +409,40 @@ class _Session:
         if stdin is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 stdin.close()
-        if self.process.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.process.wait(), 0.5)
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-            await self.process.wait()
+        await self.exit_within(_EXIT_GRACE)
+        # Even a peer that exited may have left children holding the pipes.
+        _kill_group(self.process)
+        await self.exit_within(_REAP_LIMIT)
+        # process.wait() would also wait for every pipe to close (Python 3.11), which a
+        # process outside the group, or a pipe the kit stopped reading, can put off
+        # forever: the kit lets go of the pipes itself.
+        transport = getattr(self.process, "_transport", None)
+        if transport is not None:
+            transport.close()
         await self.stderr.close()
+
+    async def exit_within(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the peer process itself to exit."""
+        deadline = self.loop.time() + seconds
+        while self.process.returncode is None and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
 
 
 _CANCELLED = "Operation cancelled: the peer sent 'cancel'"
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the peer's process group (its id is the peer's pid, see ``_spawn``).
+
+    The group outlives its leader while a member lives, and Linux gives no new process
+    a pid that is still a group's id, so the signal reaches only what the peer started.
+    """
+    killpg = getattr(os, "killpg", None)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if killpg is not None:
+            killpg(process.pid, signal.SIGKILL)
+        elif process.returncode is None:
+            process.kill()
 
 
 class BridgeLoop:
@@ -410,13 +459,25 @@ class BridgeLoop:
         silence_timeout: float = 5.0,
         cwd: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         if isinstance(command, str) or not command:
-            raise ValueError("command must be a non-empty sequence of arguments, not a string")
+            raise InvalidInputError(
+                "command must be a non-empty sequence of arguments, not a string"
+            )
         if not silence_timeout > 0:
-            raise ValueError(f"silence_timeout must be positive, got {silence_timeout!r}")
+            raise InvalidInputError(f"silence_timeout must be positive, got {silence_timeout!r}")
+        if (
+            isinstance(max_line_bytes, bool)
+            or not isinstance(max_line_bytes, int)
+            or (max_line_bytes < 1)
+        ):
+            raise InvalidInputError(
+                f"max_line_bytes must be a positive integer, got {max_line_bytes!r}"
+            )
         self.command = tuple(str(part) for part in command)
         self.silence_timeout = silence_timeout
+        self.max_line_bytes = max_line_bytes
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
 
@@ -433,24 +494,14 @@ class BridgeLoop:
         signal: AbortSignal,
     ) -> list[Message]:
         shown = " ".join(self.command)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=self.cwd,
-                env=self.env,
-                limit=_LINE_LIMIT,
-            )
-        except OSError as exc:
-            raise BridgeError(f"bridge peer {shown}: cannot start it: {exc}") from exc
+        process = await self._spawn(shown)
         session = _Session(
             process,
             model=model,
             tools=tools,
             signal=signal,
             silence_timeout=self.silence_timeout,
+            max_line_bytes=self.max_line_bytes,
             command=shown,
         )
         try:
@@ -460,6 +511,23 @@ class BridgeLoop:
             # be reaped rather than left running.
             await asyncio.shield(session.close())
 
+    async def _spawn(self, shown: str) -> asyncio.subprocess.Process:
+        # A group of its own, so that close() can kill whatever the peer started.
+        group: dict[str, Any] = {"process_group": 0} if os.name == "posix" else {}
+        try:
+            return await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+                limit=self.max_line_bytes,
+                **group,
+            )
+        except OSError as exc:
+            raise BridgeError(f"bridge peer {shown}: cannot start it: {exc}") from exc
+
 
 def bridge_loop(
     command: Sequence[str],
@@ -467,11 +535,16 @@ def bridge_loop(
     silence_timeout: float = 5.0,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> BridgeLoop:
     """An ``AgentLoop`` that runs ``command`` (one process per run) over the bridge.
 
     ``silence_timeout`` is how long the peer may stay silent before the run fails
     with ``BridgeTimeoutError``; keep it above the ``hang_limit`` of the scenarios
     (a peer legitimately waits that long on a scripted call that hangs).
+    ``max_line_bytes`` (default 16 MiB) caps one line the peer writes; a longer one
+    fails the run with ``BridgeProtocolError``.
     """
-    return BridgeLoop(command, silence_timeout=silence_timeout, cwd=cwd, env=env)
+    return BridgeLoop(
+        command, silence_timeout=silence_timeout, cwd=cwd, env=env, max_line_bytes=max_line_bytes
+    )
