@@ -349,10 +349,12 @@ class ModelAdapter(abc.ABC):
     def _limit_error(self, limit: str) -> ProviderLimitError:
         n = self.limits
         what = {
-            "timeout": f"the call took longer than its limit of {n.timeout:g} s (timeout=)",
-            "idle_timeout": f"the response sent nothing for {n.idle_timeout:g} s (idle_timeout=)",
+            "timeout": f"the call took longer than its limit of {n.timeout:g} s "
+            f"(timeout={n.timeout:g})",
+            "idle_timeout": f"the response sent nothing for {n.idle_timeout:g} s "
+            f"(idle_timeout={n.idle_timeout:g})",
             "max_response_bytes": f"the response grew beyond its limit of "
-            f"{n.max_response_bytes} bytes (max_response_bytes=)",
+            f"{n.max_response_bytes} bytes (max_response_bytes={n.max_response_bytes})",
         }[limit]
         return ProviderLimitError(
             f"{self.where}: {what}. The call was stopped and is not retried; raise the "
@@ -367,8 +369,10 @@ class ModelAdapter(abc.ABC):
             return Failure(self._limit_error("max_response_bytes"), retryable=False)
         if inner is not None:
             return self._bad_response(str(inner))
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            return self._bad_response(f"it is not valid JSON text ({type(exc).__name__}: {exc})")
+        if isinstance(exc, json.JSONDecodeError):
+            return self._bad_response(f"it is not valid JSON text (JSONDecodeError: {exc})")
+        if isinstance(exc, UnicodeDecodeError):
+            return self._bad_response(f"it is not UTF-8 text (UnicodeDecodeError: {exc})")
         if isinstance(exc, (IncompleteStreamError, httpx2.TransportError, OSError)):
             return connection_failure(self.where, exc, self._secrets)
         return self._classify_sdk(exc)
