@@ -21,7 +21,6 @@ import statemachine as sm
 from statemachine.providers import (
     AnthropicModel,
     OpenAIChatModel,
-    ProviderError,
     ProviderLimitError,
     ProviderResponseError,
     ProviderUnavailableError,

@@ -50,6 +50,7 @@ from ._errors import (
     redact,
     validation_detail,
 )
+from ._logging import protect_secret
 from ._projection import MessageBuilder
 from ._retry import (
     AbortWatch,
@@ -236,6 +237,8 @@ class ModelAdapter(abc.ABC):
         self.random = random
         self.log = logger if logger is not None else structlog.get_logger("statemachine")
         self._secrets: tuple[str, ...] = (key,) if key else ()
+        if key:
+            protect_secret(key)
 
     def _http_client(self, base: type[httpx2.AsyncClient]) -> httpx2.AsyncClient:
         """The SDK's default HTTP client class with the size limit mixed in."""
