@@ -201,7 +201,7 @@ def test_a_deadline_inside_run_agent_fails_the_run_with_a_model_failed_error(
 def test_limits_are_checked_up_front() -> None:
     for bad in ({"timeout": 0}, {"idle_timeout": -1.0}, {"timeout": float("nan")}):
         with pytest.raises(sm.InvalidInputError, match="positive number of seconds"):
-            OpenAIChatModel("m", api_key=KEY, **bad)  # type: ignore[arg-type]
+            OpenAIChatModel("m", api_key=KEY, **bad)
     for size in (0, 1.5, True):
         with pytest.raises(sm.InvalidInputError, match="positive whole number of bytes"):
             AnthropicModel("m", api_key=KEY, max_response_bytes=size)  # type: ignore[arg-type]
