@@ -27,10 +27,12 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import random as _random
 import urllib.parse
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypedDict
 
 import attrs
 import httpx2
@@ -61,7 +63,7 @@ from ._retry import (
     race_abort,
 )
 
-__all__ = ["Limits", "ModelAdapter", "ResponseReader", "SizeLimitedClient"]
+__all__ = ["AdapterOptions", "Limits", "ModelAdapter", "ResponseReader", "SizeLimitedClient"]
 
 _MIB = 1024 * 1024
 
@@ -203,9 +205,37 @@ class ResponseReader(abc.ABC):
         return self.builder.aborted(self.usage())
 
 
+class AdapterOptions(TypedDict, total=False):
+    """The options both adapters take (defaults in brackets).
+
+    * ``system`` [None]: the system prompt, sent with every request.
+    * ``temperature`` [None: the provider's default] and ``extra_body`` [{}]: extra
+      request fields, passed through.
+    * ``retry`` [``RetryPolicy()``]: how transient failures are retried.
+    * ``timeout`` [600 s], ``idle_timeout`` [300 s], ``max_response_bytes`` [32 MiB]:
+      the limits of one attempt (see the ``_adapter`` module).
+    * ``on_text`` [None]: called with each text delta as it arrives (a retried
+      attempt streams its text again).
+    * ``logger`` [``structlog.get_logger("statemachine")``]: where retries are logged.
+    * ``sleep`` [``asyncio.sleep``] and ``random`` [``random.random``]: for tests.
+    """
+
+    system: str | None
+    temperature: float | None
+    extra_body: Mapping[str, Any] | None
+    retry: RetryPolicy | None
+    timeout: float
+    idle_timeout: float
+    max_response_bytes: int
+    on_text: Callable[[str], None] | None
+    logger: Any
+    sleep: Sleep
+    random: Callable[[], float]
+
+
 class ModelAdapter(abc.ABC):
-    """The part of a ``ModelClient`` that does not depend on the provider: retries,
-    limits, classification of failures, redaction, and reading a response."""
+    """The part of a ``ModelClient`` that does not depend on the provider: options,
+    retries, limits, classification of failures, redaction, reading a response."""
 
     provider: ClassVar[str]
     key_env: ClassVar[str]
@@ -213,32 +243,41 @@ class ModelAdapter(abc.ABC):
     model: str
     _client: Any
 
-    def _setup(
-        self,
-        model: str,
-        key: str | None,
-        *,
-        system: str | None,
-        retry: RetryPolicy | None,
-        limits: Limits,
-        on_text: Callable[[str], None] | None,
-        logger: Any,
-        sleep: Sleep,
-        random: Callable[[], float],
-    ) -> None:
+    def _setup(self, model: str, api_key: str | None, options: AdapterOptions) -> str | None:
+        """Check and keep the shared options; the key (``api_key`` or the environment)."""
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be a non-empty model name")
+        unknown = set(options) - set(AdapterOptions.__annotations__)
+        if unknown:
+            raise InvalidInputError(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.model = model
-        self.system = system
-        self.retry = retry if retry is not None else RetryPolicy()
-        self.limits = limits
-        self.on_text = on_text
-        self.sleep = sleep
-        self.random = random
+        self.system = options.get("system")
+        self.temperature = options.get("temperature")
+        self.extra_body = dict(options.get("extra_body") or {})
+        self.retry = options.get("retry") or RetryPolicy()
+        self.limits = Limits(
+            options.get("timeout", 600.0),
+            options.get("idle_timeout", 300.0),
+            options.get("max_response_bytes", 32 * _MIB),
+        )
+        self.on_text = options.get("on_text")
+        self.sleep = options.get("sleep", asyncio.sleep)
+        self.random = options.get("random", _random.random)
+        logger = options.get("logger")
         self.log = logger if logger is not None else structlog.get_logger("statemachine")
+        key = api_key if api_key is not None else os.environ.get(self.key_env)
         self._secrets: tuple[str, ...] = (key,) if key else ()
         if key:
             protect_secret(key)
+        return key
+
+    def _shared_fields(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the request fields both APIs take alike."""
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.extra_body:
+            body["extra_body"] = dict(self.extra_body)
+        return body
 
     def _http_client(self, base: type[httpx2.AsyncClient]) -> httpx2.AsyncClient:
         """The SDK's default HTTP client class with the size limit mixed in."""
@@ -249,6 +288,16 @@ class ModelAdapter(abc.ABC):
             timeout=self.limits.timeout,
         )
         return client
+
+    def _sdk_options(self, base_url: str | None) -> dict[str, Any]:
+        """The SDK client's keyword arguments (besides the key)."""
+        return {
+            "base_url": base_url,
+            "max_retries": 0,  # retries are ours
+            "timeout": self.limits.timeout,
+            "http_client": self._http_client(self.sdk.DefaultAsyncHttpxClient),
+            "_strict_response_validation": True,
+        }
 
     @property
     def where(self) -> str:

@@ -27,11 +27,8 @@ cumulative ``message_delta``, and the stop reason from ``message_delta``.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import random as _random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Unpack, cast
 
 from ._errors import missing_extra
 
@@ -54,9 +51,8 @@ from .._messages import (
     thaw_json,
 )
 from .._tools import ToolDefinition
-from ._adapter import IncompleteStreamError, Limits, ModelAdapter, ResponseReader
+from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
 from ._projection import normalise_id, sendable_history
-from ._retry import RetryPolicy, Sleep
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
 
@@ -209,50 +205,22 @@ class AnthropicModel(ModelAdapter):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        system: str | None = None,
         max_tokens: int = 4096,
-        temperature: float | None = None,
         thinking: Mapping[str, Any] | None = None,
         prompt_cache: bool = False,
-        extra_body: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        idle_timeout: float = 300.0,
-        max_response_bytes: int = 32 * 1024 * 1024,
-        on_text: Callable[[str], None] | None = None,
-        logger: Any = None,
         client: anthropic.AsyncAnthropic | None = None,
-        sleep: Sleep = asyncio.sleep,
-        random: Callable[[], float] = _random.random,
+        **options: Unpack[AdapterOptions],
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
-        self._setup(
-            model,
-            key,
-            system=system,
-            retry=retry,
-            limits=Limits(timeout, idle_timeout, max_response_bytes),
-            on_text=on_text,
-            logger=logger,
-            sleep=sleep,
-            random=random,
-        )
+        key = self._setup(model, api_key, options)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidInputError("max_tokens must be a positive integer")
         if not key and client is None:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
         self.max_tokens = max_tokens
-        self.temperature = temperature
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
-        self.extra_body = dict(extra_body or {})
         self._client = client or anthropic.AsyncAnthropic(
-            api_key=key,
-            base_url=base_url,
-            max_retries=0,
-            timeout=timeout,
-            http_client=self._http_client(anthropic.DefaultAsyncHttpxClient),
-            _strict_response_validation=True,
+            api_key=key, **self._sdk_options(base_url)
         )
 
     def request_body(
@@ -271,13 +239,9 @@ class AnthropicModel(ModelAdapter):
             body["tools"] = project_tools(tools)
         if self.prompt_cache:
             _mark_cache_breakpoints(body)
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
-        if self.extra_body:
-            body["extra_body"] = dict(self.extra_body)
-        return body
+        return self._shared_fields(body)
 
     def _reader(self) -> ResponseReader:
         return _StreamState(self.on_text, self.provider)

@@ -31,13 +31,10 @@ raises ``ProviderUnavailableError`` at once, naming the URL and the model.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import random as _random
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Unpack, cast
 
 from ._errors import missing_extra
 
@@ -62,10 +59,9 @@ from .._messages import (
     thaw_json,
 )
 from .._tools import ToolDefinition
-from ._adapter import IncompleteStreamError, Limits, ModelAdapter, ResponseReader
+from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
 from ._errors import Failure, ProviderRequestError
 from ._projection import normalise_id, sendable_history
-from ._retry import RetryPolicy, Sleep
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
 
@@ -297,34 +293,13 @@ class OpenAIChatModel(ModelAdapter):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        system: str | None = None,
         max_tokens: int | None = None,
-        temperature: float | None = None,
-        extra_body: Mapping[str, Any] | None = None,
         stream: bool = True,
         stream_usage: bool = True,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        idle_timeout: float = 300.0,
-        max_response_bytes: int = 32 * 1024 * 1024,
-        on_text: Callable[[str], None] | None = None,
-        logger: Any = None,
         client: openai.AsyncOpenAI | None = None,
-        sleep: Sleep = asyncio.sleep,
-        random: Callable[[], float] = _random.random,
+        **options: Unpack[AdapterOptions],
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self._setup(
-            model,
-            key,
-            system=system,
-            retry=retry,
-            limits=Limits(timeout, idle_timeout, max_response_bytes),
-            on_text=on_text,
-            logger=logger,
-            sleep=sleep,
-            random=random,
-        )
+        key = self._setup(model, api_key, options)
         if not key:
             if base_url is None and client is None:
                 raise InvalidInputError(
@@ -333,18 +308,9 @@ class OpenAIChatModel(ModelAdapter):
                 )
             key = "no-key"  # local servers ignore it, but the SDK requires one
         self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.extra_body = dict(extra_body or {})
         self.stream = stream
         self.stream_usage = stream_usage
-        self._client = client or openai.AsyncOpenAI(
-            api_key=key,
-            base_url=base_url,
-            max_retries=0,
-            timeout=timeout,
-            http_client=self._http_client(openai.DefaultAsyncHttpxClient),
-            _strict_response_validation=True,
-        )
+        self._client = client or openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
@@ -361,11 +327,7 @@ class OpenAIChatModel(ModelAdapter):
             body["tools"] = project_tools(tools)
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.extra_body:
-            body["extra_body"] = dict(self.extra_body)
-        return body
+        return self._shared_fields(body)
 
     def _reader(self) -> ResponseReader:
         return _ChunkReader(self.on_text, self.provider)
