@@ -45,7 +45,13 @@ class RetryPolicy:
     ``initial_delay * multiplier**n`` capped at ``max_delay``, stretched by up to
     ``jitter`` (a fraction) so that many clients do not retry in step; a provider's
     ``Retry-After`` replaces it. The adapter gives up rather than wait beyond
-    ``max_total_delay`` seconds in all.
+    ``max_total_delay`` seconds in all. Since each attempt is bounded by the
+    adapter's ``timeout``, one ``complete`` takes at most about
+    ``max_attempts * timeout + max_total_delay`` (with the defaults, 4 attempts of
+    600 s and 120 s of waiting: 2,520 s). Only transient failures are retried (429,
+    408/409/425, 5xx, 529, overload or server errors inside a stream, a connection
+    that broke); authentication, refused requests, unreadable responses, limits and
+    refused connections end the call at once.
     """
 
     max_attempts: int = attrs.field(default=4)
