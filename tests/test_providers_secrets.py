@@ -208,3 +208,18 @@ def test_redaction_removes_every_piece_of_eight_or_more_characters() -> None:
     assert leaks(cleaned) == []
     assert cleaned == "a [REDACTED] b [REDACTED] c [REDACTED]****[REDACTED] d sk-proj e"
     assert redact("nothing here", [KEY]) == "nothing here"
+
+
+def test_a_key_inside_the_base_url_stays_out_of_reprs_and_errors() -> None:
+    url = f"http://user:{KEY}@127.0.0.1:9/v1?api_key={KEY}#{KEY}"
+    for model in (
+        OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=url),
+        AnthropicModel("claude-test", api_key=KEY, base_url=url),
+    ):
+        assert model.base_url.startswith("http://127.0.0.1:9")
+        assert leaks(repr(model) + model.where) == []
+
+
+def test_unknown_options_are_refused() -> None:
+    with pytest.raises(sm.InvalidInputError, match="unknown option\\(s\\): timout"):
+        OpenAIChatModel("m", api_key=KEY, timout=3)  # type: ignore[call-arg]

@@ -300,15 +300,19 @@ class ModelAdapter(abc.ABC):
         }
 
     @property
+    def base_url(self) -> str:
+        """The client's base URL without anything that could be a credential."""
+        raw = str(getattr(self._client, "base_url", ""))
+        return redact(_public_url(raw), self._secrets) if raw else "(unknown URL)"
+
+    @property
     def where(self) -> str:
         """The provider, model and URL, as every error names them."""
-        url = redact(_public_url(str(self._client.base_url)), self._secrets)
-        return f"{self.provider} model {self.model!r} at {url}"
+        return f"{self.provider} model {self.model!r} at {self.base_url}"
 
     def __repr__(self) -> str:
         # Never the key: reprs end up in logs and tracebacks.
-        url = redact(_public_url(str(self._client.base_url)), self._secrets)
-        return f"{type(self).__name__}(model={self.model!r}, base_url={url!r})"
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r})"
 
     @abc.abstractmethod
     def request_body(

@@ -162,11 +162,14 @@ async def complete_with_retries(
                 if redact(_text(failed), secrets) == _text(failed):
                     raise failed
                 failure = Failure(ProviderError(redact(_text(failed), secrets)), False)
-            cause = redacted_chain(failed, secrets)
-            del failed
+            # A ProviderError of our own is raised as it is, after its own causes.
+            origin = failed.__cause__ if failure.error is failed else failed
+            cause = redacted_chain(origin, secrets) if origin is not None else None
+            del failed, origin
             delay = _next_wait(failure, number, waited, policy, random)
             if isinstance(delay, ProviderError):
-                raise delay from cause
+                final_error = delay  # named for the traceback line that shows it
+                raise final_error from cause
             log.warning(
                 "provider_retry",
                 provider=provider,
