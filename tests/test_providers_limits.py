@@ -180,6 +180,14 @@ def test_a_compressed_stream_within_the_limit_reads_normally(
     assert server.requests[0].headers["accept-encoding"] == "gzip, deflate"
 
 
+def test_a_corrupt_compressed_body_is_a_response_error(
+    server: LoopbackServer, provider: str
+) -> None:
+    server.add(Reply(200, (*SSE, ("Content-Encoding", "gzip")), b"\x1f\x8b not gzip at all"))
+    with pytest.raises(ProviderResponseError, match="the compressed body is corrupt"):
+        complete(make_model(server, provider))
+
+
 def test_an_unknown_content_encoding_is_refused(server: LoopbackServer, provider: str) -> None:
     server.add(Reply(200, (*SSE, ("Content-Encoding", "br")), b"\x00\x01"))
     with pytest.raises(ProviderResponseError, match="content encoding 'br'"):

@@ -107,24 +107,31 @@ class _CountedStream(httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, limit: int, compressed: bool) -> None:
         self._inner = inner
         self._limit = limit
+        self._total = 0
         # wbits 47 reads both the gzip and the zlib wrapper.
         self._decoder = zlib.decompressobj(wbits=47) if compressed else None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        total = 0
+        self._total = 0
         async for chunk in self._inner:
-            if self._decoder is not None:
-                try:
-                    # At most one byte beyond the limit is ever inflated.
-                    chunk = self._decoder.decompress(chunk, self._limit - total + 1)
-                except zlib.error as exc:
-                    raise UnreadableResponseError(
-                        f"the compressed body is corrupt ({exc})"
-                    ) from None
-            total += len(chunk)
-            if total > self._limit:
-                raise ResponseTooLargeError(self._limit)
-            yield chunk
+            yield self._count(self._inflate(chunk))
+        if self._decoder is not None:
+            yield self._count(self._decoder.flush())
+
+    def _inflate(self, chunk: bytes) -> bytes:
+        if self._decoder is None:
+            return chunk
+        try:
+            # At most one byte beyond the limit is ever inflated.
+            return self._decoder.decompress(chunk, self._limit - self._total + 1)
+        except zlib.error as exc:
+            raise UnreadableResponseError(f"the compressed body is corrupt ({exc})") from None
+
+    def _count(self, chunk: bytes) -> bytes:
+        self._total += len(chunk)
+        if self._total > self._limit:
+            raise ResponseTooLargeError(self._limit)
+        return chunk
 
     async def aclose(self) -> None:
         await self._inner.aclose()
