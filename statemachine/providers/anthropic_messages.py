@@ -177,13 +177,14 @@ def _mark_cache_breakpoints(body: dict[str, Any]) -> None:
 class AnthropicModel(ModelAdapter):
     """A streaming ``ModelClient`` for the Anthropic Messages API.
 
-    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. ``system`` is sent as the
-    request's ``system`` field. ``thinking`` is passed through as the request's
-    ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens": 2048}``).
-    ``prompt_cache=True`` marks cache breakpoints (see ``_mark_cache_breakpoints``),
-    which an agent loop that resends a growing history each turn pays back from its
-    second turn on. ``on_text`` receives text deltas as they arrive (a retried attempt
-    streams its text again).
+    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. The options shared with
+    ``OpenAIChatModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
+    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
+    is sent as the request's ``system`` field. ``thinking`` is passed through as the
+    request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
+    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
+    each turn pays back from its second turn on.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     response stream included; ``idle_timeout`` 300 s between stream events (the

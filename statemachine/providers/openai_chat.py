@@ -265,9 +265,10 @@ class OpenAIChatModel(ModelAdapter):
     """A ``ModelClient`` for OpenAI Chat Completions and compatible servers.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``; with a ``base_url`` and no
-    key (a local server) a placeholder is sent. ``on_text`` receives text deltas as
-    they arrive (a retried attempt streams its text again). ``system`` is sent as the
-    first message, with the ``system`` role.
+    key (a local server) a placeholder is sent. The options shared with
+    ``AnthropicModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
+    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
+    is sent as the first message, with the ``system`` role.
 
     ``stream=False`` asks for the whole response at once, for servers that do not
     stream; a server that answers a streaming request with plain JSON, or refuses
