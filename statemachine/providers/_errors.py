@@ -257,7 +257,7 @@ def classify(
     """
     kind, code, body_message = error_details(body)
     # Sentences are joined below, so a trailing period would double.
-    text = redact(body_message or message or "no error message", secrets).rstrip().rstrip(".")
+    text = _shorten(redact(body_message or message or "no error message", secrets))
     where = f"{provider} returned HTTP {status}" if status else f"{provider} reported an error"
     detail = f"{where}: {text}"
     if code == "context_length_exceeded" or (
@@ -310,7 +310,7 @@ def connection_failure(where: str, exc: BaseException, secrets: Iterable[str]) -
     if cause is not None and str(cause):
         # The SDK's own text ("Connection error.") says little; its cause says what.
         text = f"{text} ({type(cause).__name__}: {cause})"
-    text = redact(text, secrets)
+    text = _shorten(redact(text, secrets))
     if _refused(exc):
         return Failure(
             ProviderUnavailableError(
@@ -320,6 +320,19 @@ def connection_failure(where: str, exc: BaseException, secrets: Iterable[str]) -
             retryable=False,
         )
     return Failure(ProviderUnavailableError(f"could not reach {where}: {text}"), retryable=True)
+
+
+MAX_ERROR_TEXT = 2000  # characters of a provider's own error text kept in ours
+
+
+def _shorten(text: str) -> str:
+    """``text`` cut to ``MAX_ERROR_TEXT``: a server's error body can be megabytes, and
+    ours ends up in explanations, journals and logs. No trailing period (sentences are
+    joined after it)."""
+    text = text.strip().rstrip(".")
+    if len(text) > MAX_ERROR_TEXT:
+        text = f"{text[:MAX_ERROR_TEXT]}\u2026 ({len(text) - MAX_ERROR_TEXT} more characters)"
+    return text
 
 
 def _refused(exc: BaseException) -> bool:
