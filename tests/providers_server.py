@@ -5,8 +5,11 @@ wants (a JSON error with its status and headers, or a recorded server-sent-event
 stream, optionally cut into small byte pieces so that SSE lines arrive split), and
 afterwards reads every request the server received, to check the projection.
 
-A reply can ``hold`` the connection open after its bytes, as a slow model does;
-``close()`` releases every held connection, so a test never hangs on teardown.
+A reply can ``hold`` the connection open after its bytes, as a slow model does,
+``repeat`` its body until the client goes away (a stream that never ends), or wait
+``delay`` seconds between pieces (a slow drip); ``respond`` builds the body from the
+request (to echo what the client sent, e.g. its key). ``close()`` releases every held
+connection, so a test never hangs on teardown.
 
 ``provider_histories()`` generates the histories the projection property tests feed
 to both adapters: every stop reason, odd and over-long tool-call ids, thinking with
@@ -18,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,9 @@ class Reply:
     piece_size: int = 0  # >0: write the body in pieces of this many bytes, flushing each
     hold: bool = False  # keep the connection open after the body until close()
     stall: bool = False  # send nothing at all, not even the status, until close()
+    repeat: bool = False  # send the body again and again until the client goes away
+    delay: float = 0.0  # seconds between pieces
+    respond: Callable[[Request], bytes] | None = None  # the body, from the request
 
 
 def sse(name: str, *, piece_size: int = 0, hold: bool = False) -> Reply:
@@ -142,26 +149,36 @@ class LoopbackServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                reply = server._next(Request("POST", self.path, headers, body))
+                request = Request("POST", self.path, headers, body)
+                reply = server._next(request)
                 if reply.stall:
                     server.holding.set()
                     server.released.wait(timeout=30)
                     return
+                body = reply.respond(request) if reply.respond else reply.body
                 self.send_response(reply.status)
                 for name, value in reply.headers:
                     self.send_header(name, value)
-                if not reply.hold and reply.piece_size == 0:
-                    self.send_header("Content-Length", str(len(reply.body)))
+                streamed = reply.hold or reply.repeat or reply.piece_size or reply.delay
+                if not streamed:
+                    self.send_header("Content-Length", str(len(body)))
                 self.send_header("Connection", "close")
                 self.end_headers()
                 try:
-                    for piece in _pieces(reply.body, reply.piece_size):
-                        self.wfile.write(piece)
-                        self.wfile.flush()
+                    while True:
+                        for piece in _pieces(body, reply.piece_size):
+                            if server.released.is_set():
+                                return
+                            self.wfile.write(piece)
+                            self.wfile.flush()
+                            if reply.delay:
+                                time.sleep(reply.delay)
+                        if not reply.repeat:
+                            break
                     if reply.hold:
                         server.holding.set()
                         server.released.wait(timeout=30)
-                except (BrokenPipeError, ConnectionResetError):
+                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
                     pass  # the client went away (an abort): that is the point of some tests
 
         return Handler

@@ -129,3 +129,17 @@ def test_backoff_grows_is_capped_and_jitters_upwards() -> None:
 def test_retry_policy_refuses_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidInputError, match="RetryPolicy"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_huge_error_text_is_cut_short() -> None:
+    failure = classify(
+        "A",
+        status=400,
+        headers={},
+        body={"error": {"message": "x" * 50_000}},
+        message="",
+        key_hint="K",
+    )
+    text = str(failure.error)
+    assert len(text) < 2_200
+    assert "\u2026 (48000 more characters). The request was refused as invalid." in text

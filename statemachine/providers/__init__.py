@@ -2,7 +2,8 @@
 
 ``OpenAIChatModel`` and ``AnthropicModel`` each need their SDK (the extras
 ``agent-statemachine[openai]`` and ``[anthropic]``); they are imported on first use,
-so that this package, its errors and its retry policy load without either SDK.
+so that this package, its errors and its retry policy load without either SDK. An
+adapter whose SDK is missing raises ``ImportError`` saying which extra to install.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ._errors import (
     ContextOverflowError,
     ProviderAuthError,
     ProviderError,
+    ProviderLimitError,
     ProviderRequestError,
     ProviderResponseError,
     ProviderUnavailableError,
@@ -31,6 +33,7 @@ __all__ = [
     "OpenAIChatModel",
     "ProviderAuthError",
     "ProviderError",
+    "ProviderLimitError",
     "ProviderRequestError",
     "ProviderResponseError",
     "ProviderUnavailableError",
@@ -39,19 +42,13 @@ __all__ = [
 ]
 
 _LAZY = {
-    "OpenAIChatModel": ("statemachine.providers.openai_chat", "openai"),
-    "AnthropicModel": ("statemachine.providers.anthropic_messages", "anthropic"),
+    "OpenAIChatModel": "statemachine.providers.openai_chat",
+    "AnthropicModel": "statemachine.providers.anthropic_messages",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, extra = _LAZY[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(
-            f"{name} needs the {extra!r} SDK: pip install 'agent-statemachine[{extra}]' ({exc})"
-        ) from exc
-    return getattr(module, name)
+    # Without its SDK, the module raises the one message: pip install the extra.
+    return getattr(importlib.import_module(_LAZY[name]), name)

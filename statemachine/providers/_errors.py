@@ -15,6 +15,8 @@ much as the status.
 from __future__ import annotations
 
 import email.utils
+import functools
+import itertools
 import math
 import re
 import time
@@ -22,19 +24,23 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from .._errors import StateMachineError
+from .._errors import ModelFailedError, StateMachineError
 
 __all__ = [
     "ContextOverflowError",
     "Failure",
     "ProviderAuthError",
     "ProviderError",
+    "ProviderLimitError",
     "ProviderRequestError",
     "ProviderResponseError",
     "ProviderUnavailableError",
+    "RedactedCauseError",
     "classify",
+    "missing_extra",
     "parse_retry_after",
     "redact",
+    "redacted_chain",
 ]
 
 
@@ -60,6 +66,27 @@ class ProviderRequestError(ProviderError):
 
 class ProviderResponseError(ProviderError):
     """The provider sent something the SDK could not validate or we could not use."""
+
+
+class ProviderLimitError(ProviderError, ModelFailedError):
+    """A response outgrew a limit of the adapter (total time, idle time, size).
+
+    Also a ``ModelFailedError``: retrying in the loop would meet the same limit. Never
+    retried by the adapter either; the text names the URL, the model and the limit.
+    """
+
+
+class RedactedCauseError(Exception):
+    """Stands in for an SDK exception in a ``ProviderError``'s chain: the original's
+    type and text with every secret removed (SDK texts can echo the key)."""
+
+
+def missing_extra(extra: str) -> ImportError:
+    """The one message for an adapter whose SDK is not installed."""
+    return ImportError(
+        f"the {extra!r} SDK is not installed; the {extra} adapter needs it: "
+        f"pip install 'agent-statemachine[{extra}]'"
+    )
 
 
 @attrs.frozen
@@ -91,13 +118,81 @@ _RETRYABLE_TYPES = frozenset(
 _AUTH_TYPES = frozenset({"authentication_error", "permission_error", "invalid_api_key"})
 
 
+_FRAGMENT = 8  # a key's pieces this long or longer are secret too
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (of a useful length) replaced by ``[REDACTED]``."""
+    """``text`` with every secret (of a useful length) replaced by ``[REDACTED]``.
+
+    A secret of 8 characters or more is also removed where only a piece of it (8
+    characters or more) appears: providers echo keys half-masked
+    (``"sk-abc123...wxyz"``), and servers cut them into URLs and headers.
+    """
     for secret in secrets:
         # A one-character "secret" would shred the text and protect nothing.
-        if secret and len(secret) >= 4:
+        if not secret or len(secret) < 4:
+            continue
+        if len(secret) < _FRAGMENT:
             text = text.replace(secret, "[REDACTED]")
+        else:
+            text = _redact_fragments(text, secret)
     return text
+
+
+@functools.lru_cache(maxsize=16)
+def _fragments(secret: str) -> frozenset[str]:
+    return frozenset(secret[i : i + _FRAGMENT] for i in range(len(secret) - _FRAGMENT + 1))
+
+
+def _redact_fragments(text: str, secret: str) -> str:
+    spans: list[tuple[int, int]] = []
+    for fragment in _fragments(secret):
+        # str.find runs in C: cheap even for long texts with nothing to hide.
+        at = text.find(fragment)
+        while at != -1:
+            spans.append((at, at + _FRAGMENT))
+            at = text.find(fragment, at + 1)
+    if not spans:
+        return text
+    spans.sort()
+    out: list[str] = []
+    kept = 0  # text[:kept] has been written or redacted
+    for start, end in spans:
+        if not out or start > kept:
+            out += (text[kept:start], "[REDACTED]")
+        kept = max(kept, end)
+    out.append(text[kept:])
+    return "".join(out)
+
+
+def redacted_chain(exc: BaseException, secrets: Iterable[str]) -> RedactedCauseError:
+    """A copy of ``exc``'s chain (``__cause__``, else unsuppressed ``__context__``) in
+    which each exception is a ``RedactedCauseError`` naming the original's type and text.
+
+    The copies carry no tracebacks: a traceback keeps frames alive whose locals (the
+    request headers) hold the key, and tools that render locals would show it.
+    """
+    keys = tuple(secrets)
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < 16 and all(c is not current for c in chain):
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    copies = [RedactedCauseError(redact(_describe(e), keys)) for e in chain]
+    for copy, cause in itertools.pairwise(copies):
+        copy.__cause__ = cause
+    return copies[0]
+
+
+def _describe(exc: BaseException) -> str:
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the error
+        text = "(its text could not be read)"
+    return f"{kind}: {text}" if text else kind
 
 
 def parse_retry_after(
@@ -162,7 +257,7 @@ def classify(
     """
     kind, code, body_message = error_details(body)
     # Sentences are joined below, so a trailing period would double.
-    text = redact(body_message or message or "no error message", secrets).rstrip().rstrip(".")
+    text = _shorten(redact(body_message or message or "no error message", secrets))
     where = f"{provider} returned HTTP {status}" if status else f"{provider} reported an error"
     detail = f"{where}: {text}"
     if code == "context_length_exceeded" or (
@@ -203,10 +298,49 @@ def validation_detail(exc: BaseException) -> str:
     return text[:600]
 
 
-def connection_failure(provider: str, exc: BaseException, secrets: Iterable[str]) -> Failure:
-    """A request that got no response at all (refused, reset, timed out): retryable."""
-    text = redact(str(exc) or type(exc).__name__, secrets)
-    return Failure(
-        ProviderUnavailableError(f"could not reach {provider}: {text}"),
-        retryable=True,
-    )
+def connection_failure(where: str, exc: BaseException, secrets: Iterable[str]) -> Failure:
+    """A request that got no response at all; ``where`` names the URL and the model.
+
+    A refused connection is not retried: nothing listens at that address, which a few
+    seconds of backoff will not change (an overloaded provider answers 503 instead).
+    Anything else (reset, dropped, cut off mid-stream) is retryable.
+    """
+    text = str(exc).rstrip().rstrip(".") or type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause):
+        # The SDK's own text ("Connection error.") says little; its cause says what.
+        text = f"{text} ({type(cause).__name__}: {cause})"
+    text = _shorten(redact(text, secrets))
+    if _refused(exc):
+        return Failure(
+            ProviderUnavailableError(
+                f"could not connect to {where}: the connection was refused ({text}). "
+                "Is the server running, and is base_url right?"
+            ),
+            retryable=False,
+        )
+    return Failure(ProviderUnavailableError(f"could not reach {where}: {text}"), retryable=True)
+
+
+MAX_ERROR_TEXT = 2000  # characters of a provider's own error text kept in ours
+
+
+def _shorten(text: str) -> str:
+    """``text`` cut to ``MAX_ERROR_TEXT``: a server's error body can be megabytes, and
+    ours ends up in explanations, journals and logs. No trailing period (sentences are
+    joined after it)."""
+    text = text.strip().rstrip(".")
+    if len(text) > MAX_ERROR_TEXT:
+        text = f"{text[:MAX_ERROR_TEXT]}\u2026 ({len(text) - MAX_ERROR_TEXT} more characters)"
+    return text
+
+
+def _refused(exc: BaseException) -> bool:
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 16:
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        seen += 1
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,19 +1,62 @@
-"""``RedactSecrets``: a structlog processor that keeps API keys out of log output.
+"""Keeping API keys out of logs.
 
-The library never configures structlog; an application that logs provider activity
-adds this processor to its own chain (the ``run`` command does), so that a key that
-reaches an event by any route (an error text that echoes it, a header, a repr) is
-replaced before anything is rendered.
+``RedactSecrets`` is a structlog processor. The library never configures structlog;
+an application that logs provider activity adds this processor to its own chain (the
+``run`` command does), so that a key that reaches an event by any route (an error
+text that echoes it, a header, a repr) is replaced before anything is rendered.
+
+``protect_secret`` covers the standard-library logging of the layers below us: at
+DEBUG level the HTTP stack logs response headers, which a server may have filled
+with the key. Each adapter registers its key, and a filter on the loggers of the
+SDKs and of their HTTP stack redacts it from every record they create (the SDKs
+filter their own loggers the same way, for request headers). Nothing is emitted,
+and no level or handler is touched.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from ._errors import redact
 
-__all__ = ["RedactSecrets"]
+__all__ = ["RedactSecrets", "protect_secret"]
+
+_PROTECTED: set[str] = set()
+_LIBRARIES = ("httpx2", "httpcore2", "openai", "anthropic")
+
+
+class _RedactRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's to report
+            return True
+        cleaned = redact(message, _PROTECTED)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+_FILTER = _RedactRecords()
+
+
+def protect_secret(secret: str) -> None:
+    """Redact ``secret`` from the log records of the SDKs and their HTTP stack.
+
+    A logger's filter sees only the records created on that very logger, so the
+    filter goes on each of theirs that exists (they are made when those modules are
+    imported, which an adapter has done before it calls this).
+    """
+    _PROTECTED.add(secret)
+    names = [*logging.Logger.manager.loggerDict, *_LIBRARIES]
+    for name in names:
+        if name.split(".")[0] in _LIBRARIES:
+            logger = logging.getLogger(name)
+            if _FILTER not in logger.filters:
+                logger.addFilter(_FILTER)
+
 
 _SENSITIVE_KEYS = frozenset({"api_key", "apikey", "authorization", "x-api-key", "token"})
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random as _random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -24,7 +24,7 @@ import attrs
 from .._abort import AbortSignal
 from .._errors import InvalidInputError
 from .._messages import AssistantMessage, StopReason
-from ._errors import Failure, ProviderUnavailableError
+from ._errors import Failure, ProviderError, ProviderUnavailableError, redact, redacted_chain
 
 __all__ = ["AbortWatch", "RetryPolicy", "Sleep", "complete_with_retries", "race_abort"]
 
@@ -45,7 +45,13 @@ class RetryPolicy:
     ``initial_delay * multiplier**n`` capped at ``max_delay``, stretched by up to
     ``jitter`` (a fraction) so that many clients do not retry in step; a provider's
     ``Retry-After`` replaces it. The adapter gives up rather than wait beyond
-    ``max_total_delay`` seconds in all.
+    ``max_total_delay`` seconds in all. Since each attempt is bounded by the
+    adapter's ``timeout``, one ``complete`` takes at most about
+    ``max_attempts * timeout + max_total_delay`` (with the defaults, 4 attempts of
+    600 s and 120 s of waiting: 2,520 s). Only transient failures are retried (429,
+    408/409/425, 5xx, 529, overload or server errors inside a stream, a connection
+    that broke); authentication, refused requests, unreadable responses, limits and
+    refused connections end the call at once.
     """
 
     max_attempts: int = attrs.field(default=4)
@@ -131,11 +137,14 @@ async def complete_with_retries(
     sleep: Sleep,
     random: Callable[[], float],
     log: Any,
+    secrets: Sequence[str] = (),
 ) -> AssistantMessage:
     """Call ``attempt`` until it returns, retrying what ``classify`` calls retryable.
 
     ``classify`` returns ``None`` for an exception that is not a provider failure (a
-    bug): that one propagates untouched.
+    bug): that one propagates untouched, unless its text holds a secret. A provider
+    failure is raised with a redacted copy of the original chain as its cause (see
+    ``redacted_chain``), never the SDK's exception itself, whose text may echo the key.
     """
     waited = 0.0
     async with AbortWatch(signal) as watch:
@@ -144,39 +153,66 @@ async def complete_with_retries(
                 return aborted_message("aborted before the request was sent")
             try:
                 return await attempt(watch)
-            except Exception as exc:
-                failure = classify(exc)
-                if failure is None:
-                    raise
-                if not failure.retryable:
-                    raise failure.error from exc
-                reason = str(failure.error)
-                if number == policy.max_attempts:
-                    raise ProviderUnavailableError(
-                        f"{reason}. Gave up after {number} attempt(s) (the retry budget "
-                        f"allows {policy.max_attempts}); try again later."
-                    ) from exc
-                delay = failure.retry_after
-                if delay is None:
-                    delay = policy.backoff(number - 1, random)
-                if waited + delay > policy.max_total_delay:
-                    raise ProviderUnavailableError(
-                        f"{reason}. Gave up after {number} attempt(s): the next wait "
-                        f"({delay:g} s) would exceed the retry budget of "
-                        f"{policy.max_total_delay:g} s of waiting; try again later."
-                    ) from exc
-                log.warning(
-                    "provider_retry",
-                    provider=provider,
-                    attempt=number,
-                    delay=delay,
-                    error=reason,
-                )
-                aborted, _ = await race_abort(watch, _as_coroutine(sleep(delay)))
-                if aborted:
-                    return aborted_message(f"aborted while waiting to retry ({reason})")
-                waited += delay
+            except Exception as exc:  # noqa: BLE001 - sorted out below, outside the handler
+                failed: Exception = exc
+            # Raising here, outside the handler, leaves no __context__ pointing at the
+            # SDK's exception.
+            failure = classify(failed)
+            if failure is None:
+                if redact(_text(failed), secrets) == _text(failed):
+                    raise failed
+                failure = Failure(ProviderError(redact(_text(failed), secrets)), False)
+            # A ProviderError of our own is raised as it is, after its own causes.
+            origin = failed.__cause__ if failure.error is failed else failed
+            cause = redacted_chain(origin, secrets) if origin is not None else None
+            del failed, origin
+            delay = _next_wait(failure, number, waited, policy, random)
+            if isinstance(delay, ProviderError):
+                final_error = delay  # named for the traceback line that shows it
+                raise final_error from cause
+            log.warning(
+                "provider_retry",
+                provider=provider,
+                attempt=number,
+                delay=delay,
+                error=str(failure.error),
+            )
+            aborted, _ = await race_abort(watch, _as_coroutine(sleep(delay)))
+            if aborted:
+                return aborted_message(f"aborted while waiting to retry ({failure.error})")
+            waited += delay
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - a broken __str__ is no secret
+        return type(exc).__name__
+
+
+def _next_wait(
+    failure: Failure, number: int, waited: float, policy: RetryPolicy, random: Callable[[], float]
+) -> float | ProviderError:
+    """How long to wait before attempt ``number + 1``, or the error that ends the call."""
+    if not failure.retryable:
+        return failure.error
+    reason = str(failure.error)
+    if number == policy.max_attempts:
+        return ProviderUnavailableError(
+            f"{reason}. Gave up after {number} attempt(s) (the retry budget "
+            f"allows {policy.max_attempts}); try again later."
+        )
+    delay = failure.retry_after
+    if delay is None:
+        delay = policy.backoff(number - 1, random)
+    if waited + delay > policy.max_total_delay:
+        return ProviderUnavailableError(
+            f"{reason}. Gave up after {number} attempt(s): the next wait "
+            f"({delay:g} s) would exceed the retry budget of "
+            f"{policy.max_total_delay:g} s of waiting; try again later."
+        )
+    return delay
 
 
 async def _as_coroutine(awaitable: Awaitable[None]) -> None:

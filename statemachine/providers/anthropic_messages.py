@@ -27,19 +27,17 @@ cumulative ``message_delta``, and the stop reason from ``message_delta``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import random as _random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, Unpack, cast
 
-import anthropic
-from anthropic.types import RawMessageStreamEvent
+from ._errors import missing_extra
 
-from .._abort import AbortSignal
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
+    raise missing_extra("anthropic") from exc
+
 from .._errors import InvalidInputError
-from .._log import library_logger
 from .._messages import (
     AssistantMessage,
     ImageContent,
@@ -53,23 +51,8 @@ from .._messages import (
     thaw_json,
 )
 from .._tools import ToolDefinition
-from ._errors import (
-    Failure,
-    ProviderResponseError,
-    classify,
-    connection_failure,
-    redact,
-    validation_detail,
-)
-from ._projection import MessageBuilder, normalise_id, sendable_history
-from ._retry import (
-    AbortWatch,
-    RetryPolicy,
-    Sleep,
-    aborted_message,
-    complete_with_retries,
-    race_abort,
-)
+from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
+from ._projection import normalise_id, sendable_history
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
 
@@ -84,10 +67,6 @@ _STOP: dict[str, StopReason] = {
     "model_context_window_exceeded": StopReason.LENGTH,
     "refusal": StopReason.ERROR,
 }
-
-
-class _IncompleteStreamError(Exception):
-    """The stream ended before ``message_stop``: the connection broke mid-response."""
 
 
 _EMPTY = {"type": "text", "text": "(empty message)"}
@@ -195,19 +174,31 @@ def _mark_cache_breakpoints(body: dict[str, Any]) -> None:
                 break
 
 
-class AnthropicModel:
+class AnthropicModel(ModelAdapter):
     """A streaming ``ModelClient`` for the Anthropic Messages API.
 
-    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. ``thinking`` is passed
-    through as the request's ``thinking`` object (e.g. ``{"type": "enabled",
-    "budget_tokens": 2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. The options shared with
+    ``OpenAIChatModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
+    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
+    is sent as the request's ``system`` field. ``thinking`` is passed through as the
+    request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
+    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
     ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
-    each turn pays back from its second turn on. ``on_text`` receives text deltas as they arrive (a
-    retried attempt streams its text again). ``sleep`` and ``random`` exist for tests;
-    ``client`` replaces the SDK client entirely.
+    each turn pays back from its second turn on.
+
+    Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
+    response stream included; ``idle_timeout`` 300 s between stream events (the
+    SDK drops ``ping`` events, so they do not count); ``max_response_bytes`` 32 MiB.
+    Exceeding one raises ``ProviderLimitError`` naming the URL, the model and the
+    limit. Retries follow ``retry`` (``RetryPolicy()``: 4 attempts, at most 120 s of
+    waiting in all); a refused connection fails at once. ``sleep`` and ``random``
+    exist for tests; ``client`` replaces the SDK client entirely (and with it the size
+    limit, which lives in the HTTP client the adapter builds).
     """
 
     provider = "Anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+    sdk: ClassVar[Any] = anthropic
 
     def __init__(
         self,
@@ -215,51 +206,23 @@ class AnthropicModel:
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        system: str | None = None,
         max_tokens: int = 4096,
-        temperature: float | None = None,
         thinking: Mapping[str, Any] | None = None,
         prompt_cache: bool = False,
-        extra_body: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        on_text: Callable[[str], None] | None = None,
-        logger: Any = None,
         client: anthropic.AsyncAnthropic | None = None,
-        sleep: Sleep = asyncio.sleep,
-        random: Callable[[], float] = _random.random,
+        **options: Unpack[AdapterOptions],
     ) -> None:
-        if not isinstance(model, str) or not model:
-            raise InvalidInputError("model must be a non-empty model name")
+        key = self._setup(model, api_key, options)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidInputError("max_tokens must be a positive integer")
-        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
         if not key and client is None:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
-        self.model = model
-        self.system = system
         self.max_tokens = max_tokens
-        self.temperature = temperature
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
-        self.extra_body = dict(extra_body or {})
-        self.retry = retry if retry is not None else RetryPolicy()
-        self.on_text = on_text
-        self.sleep = sleep
-        self.random = random
-        self._secrets = (key,) if key else ()
-        self.log = logger if logger is not None else library_logger("statemachine.providers")
         self._client = client or anthropic.AsyncAnthropic(
-            api_key=key,
-            base_url=base_url,
-            max_retries=0,
-            timeout=timeout,
-            _strict_response_validation=True,
+            api_key=key, **self._sdk_options(base_url)
         )
-
-    def __repr__(self) -> str:
-        # Never the key: reprs end up in logs and tracebacks.
-        return f"AnthropicModel(model={self.model!r}, base_url={str(self._client.base_url)!r})"
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
@@ -277,103 +240,23 @@ class AnthropicModel:
             body["tools"] = project_tools(tools)
         if self.prompt_cache:
             _mark_cache_breakpoints(body)
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
-        if self.extra_body:
-            body["extra_body"] = dict(self.extra_body)
-        return body
+        return self._shared_fields(body)
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        body = self.request_body(messages, tools)
-        return await complete_with_retries(
-            lambda watch: self._attempt(body, watch),
-            self._classify,
-            provider=self.provider,
-            policy=self.retry,
-            signal=signal,
-            sleep=self.sleep,
-            random=self.random,
-            log=self.log,
-        )
+    def _reader(self) -> ResponseReader:
+        return _StreamState(self.on_text, self.provider)
 
-    def _classify(self, exc: Exception) -> Failure | None:
-        if isinstance(exc, anthropic.APIStatusError):
-            # A mid-stream ``error`` event arrives as a status error with the stream's
-            # own status (200); only its body tells what it was.
-            status = exc.status_code if exc.status_code >= 400 else None
-            return classify(
-                self.provider,
-                status=status,
-                headers=exc.response.headers,
-                body=exc.body,
-                message=exc.message,
-                key_hint="ANTHROPIC_API_KEY",
-                secrets=self._secrets,
-            )
-        if isinstance(exc, (anthropic.APIConnectionError, _IncompleteStreamError)):
-            return connection_failure(self.provider, exc, self._secrets)
-        if isinstance(exc, anthropic.APIResponseValidationError):
-            return Failure(
-                ProviderResponseError(
-                    f"{self.provider} sent a response the SDK could not validate: "
-                    f"{redact(validation_detail(exc), self._secrets)}"
-                ),
-                retryable=False,
-            )
-        if isinstance(exc, anthropic.APIError):
-            return classify(
-                self.provider,
-                status=None,
-                headers={},
-                body=exc.body,
-                message=exc.message,
-                key_hint="ANTHROPIC_API_KEY",
-                secrets=self._secrets,
-            )
-        return None
-
-    async def _attempt(self, body: dict[str, Any], watch: AbortWatch) -> AssistantMessage:
-        create = cast(Any, self._client.messages).create
-        aborted, opened = await race_abort(watch, create(**body))
-        if aborted or opened is None:
-            return aborted_message("aborted before the response began")
-        stream = cast("anthropic.AsyncStream[RawMessageStreamEvent]", opened)
-        builder = MessageBuilder(on_text=self.on_text)
-        state = _StreamState()
-
-        async def consume() -> None:
-            async for event in stream:
-                state.apply(event, builder)
-                if watch.signal.aborted:
-                    return
-
-        try:
-            aborted, _ = await race_abort(watch, consume())
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.close()
-        if aborted or watch.signal.aborted:
-            return builder.aborted(state.usage())
-        if not state.stopped:
-            raise _IncompleteStreamError("the response stream ended before message_stop")
-        reason = state.stop_reason or "end_turn"
-        error = None
-        if reason == "refusal":
-            error = f"{self.provider} refused to continue the response (stop reason 'refusal')"
-        return builder.finish(_STOP.get(reason, StopReason.STOP), state.usage(), error)
+    async def _open(self, body: dict[str, Any]) -> Any:
+        return await cast(Any, self._client.messages).create(**body)
 
 
-class _StreamState:
-    """Stop reason and token counts as the stream reports them."""
+class _StreamState(ResponseReader):
+    """The message, stop reason and token counts as the stream reports them."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_text: Callable[[str], None] | None, provider: str) -> None:
+        super().__init__(on_text)
+        self.provider = provider
         self.stop_reason: str | None = None
         self.stopped = False
         self.counts = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
@@ -405,7 +288,17 @@ class _StreamState:
             total_tokens=c["input"] + c["output"] + c["cache_read"] + c["cache_write"],
         )
 
-    def apply(self, event: RawMessageStreamEvent, builder: MessageBuilder) -> None:
+    def result(self) -> AssistantMessage:
+        if not self.stopped:
+            raise IncompleteStreamError("the response stream ended before message_stop")
+        reason = self.stop_reason or "end_turn"
+        error = None
+        if reason == "refusal":
+            error = f"{self.provider} refused to continue the response (stop reason 'refusal')"
+        return self.builder.finish(_STOP.get(reason, StopReason.STOP), self.usage(), error)
+
+    def apply(self, event: Any) -> None:
+        builder = self.builder
         if event.type == "message_start":
             self._count(event.message.usage)
         elif event.type == "content_block_start":

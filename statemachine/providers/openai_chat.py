@@ -20,25 +20,32 @@ Projection to the Chat Completions wire format, on top of ``sendable_history``:
 
 Streaming: text deltas, tool-call fragments keyed by ``index`` (id and name arrive
 once, arguments in pieces), a final usage chunk (``stream_options.include_usage``),
-and ``reasoning_content`` that some compatible servers send, kept as thinking.
+and ``reasoning_content`` that some compatible servers send, kept as thinking. With
+``stream=False`` the whole completion arrives at once and is read the same way.
+
+Limits (per attempt; see ``_adapter``): ``timeout=600`` s for the whole attempt,
+``idle_timeout=300`` s between stream events, ``max_response_bytes`` 32 MiB. Invalid
+JSON or a malformed chunk raises ``ProviderResponseError``; a refused connection
+raises ``ProviderUnavailableError`` at once, naming the URL and the model.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
-import random as _random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Unpack, cast
 
-import openai
-from openai.types.chat import ChatCompletionChunk
+from ._errors import missing_extra
 
-from .._abort import AbortSignal
+try:
+    import openai
+except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
+    raise missing_extra("openai") from exc
+
+from openai.types.chat import ChatCompletion
+
 from .._errors import InvalidInputError
-from .._log import library_logger
 from .._messages import (
     AssistantMessage,
     ImageContent,
@@ -52,23 +59,9 @@ from .._messages import (
     thaw_json,
 )
 from .._tools import ToolDefinition
-from ._errors import (
-    Failure,
-    ProviderResponseError,
-    classify,
-    connection_failure,
-    redact,
-    validation_detail,
-)
-from ._projection import MessageBuilder, normalise_id, sendable_history
-from ._retry import (
-    AbortWatch,
-    RetryPolicy,
-    Sleep,
-    aborted_message,
-    complete_with_retries,
-    race_abort,
-)
+from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
+from ._errors import Failure, ProviderRequestError
+from ._projection import normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
 
@@ -80,10 +73,6 @@ _FINISH: dict[str, StopReason] = {
     "length": StopReason.LENGTH,
     "content_filter": StopReason.ERROR,
 }
-
-
-class _IncompleteStreamError(Exception):
-    """The stream ended before a finish reason: the connection broke mid-response."""
 
 
 def _data_url(block: ImageContent) -> str:
@@ -199,16 +188,105 @@ def _usage(raw: Any) -> Usage | None:
     )
 
 
-class OpenAIChatModel:
-    """A streaming ``ModelClient`` for OpenAI Chat Completions and compatible servers.
+class _ChunkReader(ResponseReader):
+    """Reads the chunks of a stream, or one whole completion (``stream=False``)."""
+
+    def __init__(self, on_text: Callable[[str], None] | None, provider: str) -> None:
+        super().__init__(on_text)
+        self.provider = provider
+        self.finish: str | None = None
+        self.raw_usage: Any = None
+
+    def usage(self) -> Usage | None:
+        return _usage(self.raw_usage)
+
+    def result(self) -> AssistantMessage:
+        if self.finish is None:
+            raise IncompleteStreamError("the response ended before a finish reason")
+        error = None
+        if self.finish == "content_filter":
+            error = f"{self.provider}'s content filter stopped the response"
+        return self.builder.finish(_FINISH.get(self.finish, StopReason.STOP), self.usage(), error)
+
+    def apply(self, item: Any) -> None:
+        if item.usage is not None:
+            self.raw_usage = item.usage
+        whole = isinstance(item, ChatCompletion)
+        for choice in item.choices:
+            if choice.index != 0:
+                continue  # we ask for one choice; ignore any other
+            part = choice.message if whole else choice.delta
+            extra = part.model_extra or {}
+            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self.builder.add_text(self.builder.block(("thinking", 0), "thinking"), reasoning)
+            if part.content:
+                self.builder.append_text(part.content)
+            if part.refusal:
+                self.builder.append_text(part.refusal)
+            if whole:
+                self._whole_calls(choice.message.tool_calls or ())
+            else:
+                self._call_fragments(choice.delta.tool_calls or ())
+            if choice.finish_reason is not None:
+                self.finish = choice.finish_reason
+
+    def _whole_calls(self, calls: Sequence[Any]) -> None:
+        for index, call in enumerate(calls):
+            function = getattr(call, "function", None)
+            if function is None:
+                continue  # a custom (non-function) tool call: not one of ours
+            block = self.builder.block(("tool", index), "tool")
+            block.call_id, block.name = call.id, function.name
+            block.text.append(function.arguments)
+
+    def _call_fragments(self, fragments: Sequence[Any]) -> None:
+        builder = self.builder
+        for fragment in fragments:
+            block = builder.block(("tool", fragment.index), "tool")
+            if fragment.id and block.call_id and fragment.id != block.call_id:
+                # Some servers (Ollama) send every call whole at index 0: a new
+                # id at a used index is a new call, not more of the old one.
+                block = builder.restart(("tool", fragment.index), "tool")
+            if fragment.id:
+                block.call_id = fragment.id
+            function = fragment.function
+            if function is not None:
+                if function.name:
+                    block.name += function.name
+                if function.arguments:
+                    block.text.append(function.arguments)
+
+
+_MENTIONS_STREAMING = re.compile(r"stream", re.IGNORECASE)
+
+
+class OpenAIChatModel(ModelAdapter):
+    """A ``ModelClient`` for OpenAI Chat Completions and compatible servers.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``; with a ``base_url`` and no
-    key (a local server) a placeholder is sent. ``on_text`` receives text deltas as
-    they arrive (a retried attempt streams its text again). ``sleep`` and ``random``
-    exist for tests; ``client`` replaces the SDK client entirely.
+    key (a local server) a placeholder is sent. The options shared with
+    ``AnthropicModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
+    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
+    is sent as the first message, with the ``system`` role.
+
+    ``stream=False`` asks for the whole response at once, for servers that do not
+    stream; a server that answers a streaming request with plain JSON, or refuses
+    one with an error that mentions streaming, gets an error that says to pass it.
+
+    Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
+    response stream included; ``idle_timeout`` 300 s between stream events (streaming
+    only); ``max_response_bytes`` 32 MiB. Exceeding one raises ``ProviderLimitError``
+    naming the URL, the model and the limit. Retries follow ``retry``
+    (``RetryPolicy()``: 4 attempts, at most 120 s of waiting in all); a refused
+    connection fails at once. ``sleep`` and ``random`` exist for tests; ``client``
+    replaces the SDK client entirely (and with it the size limit, which lives in the
+    HTTP client the adapter builds).
     """
 
     provider = "OpenAI"
+    key_env = "OPENAI_API_KEY"
+    sdk: ClassVar[Any] = openai
 
     def __init__(
         self,
@@ -216,23 +294,13 @@ class OpenAIChatModel:
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        system: str | None = None,
         max_tokens: int | None = None,
-        temperature: float | None = None,
-        extra_body: Mapping[str, Any] | None = None,
+        stream: bool = True,
         stream_usage: bool = True,
-        retry: RetryPolicy | None = None,
-        timeout: float = 600.0,
-        on_text: Callable[[str], None] | None = None,
-        logger: Any = None,
         client: openai.AsyncOpenAI | None = None,
-        sleep: Sleep = asyncio.sleep,
-        random: Callable[[], float] = _random.random,
+        **options: Unpack[AdapterOptions],
     ) -> None:
-        if not isinstance(model, str) or not model:
-            raise InvalidInputError("model must be a non-empty model name")
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self._secrets = (key,) if key else ()
+        key = self._setup(model, api_key, options)
         if not key:
             if base_url is None and client is None:
                 raise InvalidInputError(
@@ -240,28 +308,10 @@ class OpenAIChatModel:
                     "(a local server given by base_url needs none)"
                 )
             key = "no-key"  # local servers ignore it, but the SDK requires one
-        self.model = model
-        self.system = system
         self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.extra_body = dict(extra_body or {})
+        self.stream = stream
         self.stream_usage = stream_usage
-        self.retry = retry if retry is not None else RetryPolicy()
-        self.on_text = on_text
-        self.sleep = sleep
-        self.random = random
-        self.log = logger if logger is not None else library_logger("statemachine.providers")
-        self._client = client or openai.AsyncOpenAI(
-            api_key=key,
-            base_url=base_url,
-            max_retries=0,
-            timeout=timeout,
-            _strict_response_validation=True,
-        )
-
-    def __repr__(self) -> str:
-        # Never the key: reprs end up in logs and tracebacks.
-        return f"OpenAIChatModel(model={self.model!r}, base_url={str(self._client.base_url)!r})"
+        self._client = client or openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
@@ -270,132 +320,44 @@ class OpenAIChatModel:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": project_messages(messages, self.system),
-            "stream": True,
+            "stream": self.stream,
         }
-        if self.stream_usage:
+        if self.stream and self.stream_usage:
             body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = project_tools(tools)
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.extra_body:
-            body["extra_body"] = dict(self.extra_body)
-        return body
+        return self._shared_fields(body)
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        body = self.request_body(messages, tools)
-        return await complete_with_retries(
-            lambda watch: self._attempt(body, watch),
-            self._classify,
-            provider=self.provider,
-            policy=self.retry,
-            signal=signal,
-            sleep=self.sleep,
-            random=self.random,
-            log=self.log,
-        )
+    def _reader(self) -> ResponseReader:
+        return _ChunkReader(self.on_text, self.provider)
+
+    async def _open(self, body: dict[str, Any]) -> Any:
+        opened = await cast(Any, self._client.chat.completions).create(**body)
+        if not body["stream"]:
+            return opened
+        content_type = str(opened.response.headers.get("content-type", "")).lower()
+        if "json" in content_type:
+            # The server ignored "stream": true and sent one JSON document.
+            await opened.close()
+            raise ProviderRequestError(
+                f"{self.where} answered a streaming request with {content_type!r} "
+                "instead of an event stream: the server does not stream. Pass "
+                "stream=False to OpenAIChatModel."
+            )
+        return opened
 
     def _classify(self, exc: Exception) -> Failure | None:
-        if isinstance(exc, openai.APIStatusError):
-            return classify(
-                self.provider,
-                status=exc.status_code,
-                headers=exc.response.headers,
-                body=exc.body,
-                message=exc.message,
-                key_hint="OPENAI_API_KEY",
-                secrets=self._secrets,
+        failure = super()._classify(exc)
+        if (
+            failure is not None
+            and self.stream
+            and type(failure.error) is ProviderRequestError
+            and _MENTIONS_STREAMING.search(str(getattr(exc, "message", "")))
+        ):
+            hint = (
+                " If the server does not support streaming, pass stream=False to OpenAIChatModel."
             )
-        if isinstance(exc, (openai.APIConnectionError, _IncompleteStreamError)):
-            return connection_failure(self.provider, exc, self._secrets)
-        if isinstance(exc, openai.APIResponseValidationError):
-            return Failure(
-                ProviderResponseError(
-                    f"{self.provider} sent a response the SDK could not validate: "
-                    f"{redact(validation_detail(exc), self._secrets)}"
-                ),
-                retryable=False,
-            )
-        if isinstance(exc, openai.APIError):
-            # An error object inside the stream: no status, only its body.
-            return classify(
-                self.provider,
-                status=None,
-                headers={},
-                body=exc.body,
-                message=exc.message,
-                key_hint="OPENAI_API_KEY",
-                secrets=self._secrets,
-            )
-        return None
-
-    async def _attempt(self, body: dict[str, Any], watch: AbortWatch) -> AssistantMessage:
-        create = cast(Any, self._client.chat.completions).create
-        aborted, opened = await race_abort(watch, create(**body))
-        if aborted or opened is None:
-            return aborted_message("aborted before the response began")
-        stream = cast("openai.AsyncStream[ChatCompletionChunk]", opened)
-        builder = MessageBuilder(on_text=self.on_text)
-        state: dict[str, Any] = {"finish": None, "usage": None}
-
-        async def consume() -> None:
-            async for chunk in stream:
-                self._apply(chunk, builder, state)
-                if watch.signal.aborted:
-                    return
-
-        try:
-            aborted, _ = await race_abort(watch, consume())
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.close()
-        if aborted or watch.signal.aborted:
-            return builder.aborted(_usage(state["usage"]))
-        finish = state["finish"]
-        if finish is None:
-            raise _IncompleteStreamError("the response stream ended before a finish reason")
-        stop = _FINISH.get(finish, StopReason.STOP)
-        error = None
-        if finish == "content_filter":
-            error = f"{self.provider}'s content filter stopped the response"
-        return builder.finish(stop, _usage(state["usage"]), error)
-
-    @staticmethod
-    def _apply(chunk: ChatCompletionChunk, builder: MessageBuilder, state: dict[str, Any]) -> None:
-        if chunk.usage is not None:
-            state["usage"] = chunk.usage
-        for choice in chunk.choices:
-            if choice.index != 0:
-                continue  # we ask for one choice; ignore any other
-            delta = choice.delta
-            extra = delta.model_extra or {}
-            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
-            if isinstance(reasoning, str) and reasoning:
-                builder.add_text(builder.block(("thinking", 0), "thinking"), reasoning)
-            if delta.content:
-                builder.append_text(delta.content)
-            if delta.refusal:
-                builder.append_text(delta.refusal)
-            for fragment in delta.tool_calls or ():
-                block = builder.block(("tool", fragment.index), "tool")
-                if fragment.id and block.call_id and fragment.id != block.call_id:
-                    # Some servers (Ollama) send every call whole at index 0: a new
-                    # id at a used index is a new call, not more of the old one.
-                    block = builder.restart(("tool", fragment.index), "tool")
-                if fragment.id:
-                    block.call_id = fragment.id
-                function = fragment.function
-                if function is not None:
-                    if function.name:
-                        block.name += function.name
-                    if function.arguments:
-                        block.text.append(function.arguments)
-            if choice.finish_reason is not None:
-                state["finish"] = choice.finish_reason
+            return Failure(ProviderRequestError(f"{failure.error}{hint}"), retryable=False)
+        return failure
