@@ -68,7 +68,13 @@ from .scenario import (
     run_scenario,
     run_scenario_async,
 )
-from .transcript import TranscriptFormat, check_transcript, render_transcript
+from .transcript import (
+    Finding,
+    TranscriptFormat,
+    check_transcript,
+    render_transcript,
+    transcript_findings,
+)
 
 __all__ = [
     "KNOWN_TOOLS",
@@ -83,6 +89,7 @@ __all__ = [
     "Execution",
     "Expectation",
     "Failure",
+    "Finding",
     "IdleSkippingLoop",
     "ModelTurn",
     "OnAbort",
@@ -113,4 +120,5 @@ __all__ = [
     "run_conformance",
     "run_scenario",
     "run_scenario_async",
+    "transcript_findings",
 ]
