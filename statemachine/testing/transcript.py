@@ -491,6 +491,7 @@ class _Pairing:
     def walk_items(self, turns: list[Turn]) -> None:
         open_: dict[str, Call] = {}
         interrupted: set[str] = set()  # open calls with a message item after them
+        early: set[str] = set()  # outputs seen before their call
         ids_later = {c.id: t.index for t in turns for c in t.calls}
         for turn in turns:
             for call in turn.calls:
@@ -501,6 +502,9 @@ class _Pairing:
                     self.seen[call.id] = call.index
                 else:
                     self.check_id(call, set())
+                if call.id in early:
+                    early.discard(call.id)  # reported with its output already
+                    continue
                 open_[call.id] = call
             for result in turn.results:
                 if result.id in open_:
@@ -520,6 +524,7 @@ class _Pairing:
                     self.add(
                         "I1", result.index, f"the output for {result.id!r} comes before its call"
                     )
+                    early.add(result.id)
                 elif not turn.damaged and not self.continued:
                     self.add("I1", result.index, f"no tool call found for the output {result.id!r}")
             if turn.role in ("user", "assistant", "system", "developer"):
