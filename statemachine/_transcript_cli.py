@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         "--id-reuse",
         choices=("warning", "error"),
         default=None,
-        help="level of a call id reused across turns (default: warning for provider "
-        "formats, error for ours)",
+        help="level of a call id reused across turns (default: warning for the OpenAI "
+        "formats, error for anthropic and statemachine)",
     )
     parser.add_argument(
         "--max-bytes",

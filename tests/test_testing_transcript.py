@@ -355,9 +355,11 @@ GO = {"role": "user", "content": "go"}
 
 def test_anthropic_merges_consecutive_messages_of_one_role() -> None:
     text_then_results = [GO, _an_call("a"), {"role": "user", "content": "wait"}, _an_res("a")]
-    [late, missing] = sorted(check_transcript(text_then_results, "anthropic"), key=str)
-    assert (missing.index, late.index) == (3, 1) or (late.index, missing.index) == (1, 3)
-    assert any("tool_result blocks must come first" in v.message for v in (late, missing))
+    # Merged, the user turn opens with text: the API finds no result right after the call.
+    errors = check_transcript(text_then_results, "anthropic")
+    assert [(v.index, v.invariant) for v in errors] == [(1, "I1"), (3, "I1")]
+    assert "has no result" in errors[0].message
+    assert "tool_result blocks must come first" in errors[1].message
     results_then_text = [GO, _an_call("a"), _an_res("a"), {"role": "user", "content": "more"}]
     assert transcript_findings(results_then_text, "anthropic") == []
     split_assistant = [
@@ -720,3 +722,11 @@ def test_cli_checks_the_whole_corpus(capsys: pytest.CaptureFixture[str]) -> None
     code, out, _ = _run(rejected, capsys)
     assert code == 1
     assert out.count(": FAIL (") == len(rejected)
+
+
+def test_anthropic_refuses_reused_tool_use_ids_by_default() -> None:
+    history = [GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]
+    [error] = check_transcript(history, "anthropic")
+    assert error.index == 3
+    assert "(ids must be unique across the request)" in error.message
+    assert check_transcript(history, "anthropic", id_reuse="warning") == []

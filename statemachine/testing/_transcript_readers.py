@@ -191,9 +191,10 @@ def _is_server_result(kind: Any) -> bool:
 
 def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[Violation]) -> None:
     for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, Mapping) else None
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
         if kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
-            assert isinstance(block, Mapping)
             call_id, name = block.get("id"), block.get("name")
             if not isinstance(call_id, str):
                 problems.append(Violation("format", i, f"content[{j}] ({kind}) has no string id"))
@@ -207,7 +208,6 @@ def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[V
             else:
                 turn.calls.append(call)
         elif _is_server_result(kind):
-            assert isinstance(block, Mapping)
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 problems.append(Violation("format", i, f"content[{j}] ({kind}) has no tool_use_id"))
@@ -219,8 +219,7 @@ def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[V
 def _anthropic_user(i: int, blocks: list[Any], turn: Turn, problems: list[Violation]) -> None:
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, Mapping) else None
-        if kind == "tool_result":
-            assert isinstance(block, Mapping)
+        if kind == "tool_result" and isinstance(block, Mapping):
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 problems.append(

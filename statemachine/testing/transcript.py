@@ -67,6 +67,9 @@ __all__ = [
 TranscriptFormat = Literal["statemachine", "openai", "openai-responses", "anthropic", "auto"]
 Level = Literal["error", "warning"]
 FORMATS: tuple[str, ...] = ("statemachine", "openai", "openai-responses", "anthropic")
+# OpenAI accepts a call id used again in a later turn; Anthropic refuses a request
+# whose tool_use ids repeat ("tool_use ids must be unique"), and our engine too.
+_REUSE_ACCEPTED = frozenset({"openai", "openai-responses"})
 
 
 @attrs.frozen
@@ -119,9 +122,9 @@ def transcript_findings(
     ``allow_open_tail`` accepts a log that ends mid-turn: the calls of the last
     assistant message (Responses: calls after the last message item) may lack
     results. ``id_reuse`` is the level of a call id that repeats the id of a call in
-    an earlier turn: providers accept it, so it defaults to ``"warning"`` for their
-    formats and to ``"error"`` for ours (the engine refuses it). Two calls with one id
-    in the same message are always errors.
+    an earlier turn: OpenAI accepts it, so it defaults to ``"warning"`` for its two
+    formats; Anthropic and our engine refuse it (``"error"``). Two calls with one id in
+    the same message are always errors.
 
     Raises ``TypeError`` for something that is not a list (or a wrapper of one) and
     ``ValueError`` for an unknown format.
@@ -132,7 +135,7 @@ def transcript_findings(
         raise ValueError(
             f"unknown transcript format {fmt!r}: use one of {', '.join(FORMATS)} or 'auto'"
         )
-    reuse: Level = id_reuse or ("error" if fmt == "statemachine" else "warning")
+    reuse: Level = id_reuse or ("warning" if fmt in _REUSE_ACCEPTED else "error")
     if fmt == "statemachine":
         out = _check_statemachine(items, allow_open_tail, reuse)
     else:
@@ -354,8 +357,12 @@ class _Pairing:
                 "I1",
                 call.index,
                 f"tool call id {call.id!r} reuses the id of a call in message "
-                f"{self.seen[call.id]} (the provider accepts it; the results pair with the "
-                "latest call)",
+                f"{self.seen[call.id]}"
+                + (
+                    " (the provider accepts it; the results pair with the latest call)"
+                    if self.reuse == "warning"
+                    else " (ids must be unique across the request)"
+                ),
                 self.reuse,
             )
         ids_here.add(call.id)
