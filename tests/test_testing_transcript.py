@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import Phase, assume, given, settings
+from hypothesis import strategies as st
 
 from statemachine import (
     AssistantMessage,
@@ -20,7 +23,13 @@ from statemachine import (
 )
 from statemachine.__main__ import usage
 from statemachine._transcript_cli import DEFAULT_MAX_BYTES, cli_transcript
-from statemachine.testing import Finding, check_transcript, render_transcript, transcript_findings
+from statemachine.testing import (
+    Finding,
+    Violation,
+    check_transcript,
+    render_transcript,
+    transcript_findings,
+)
 from statemachine.testing.transcript import detect_format
 
 # -- our format ---------------------------------------------------------------------------
@@ -730,3 +739,184 @@ def test_anthropic_refuses_reused_tool_use_ids_by_default() -> None:
     assert error.index == 3
     assert "(ids must be unique across the request)" in error.message
     assert check_transcript(history, "anthropic", id_reuse="warning") == []
+
+
+# -- properties over generated provider histories -----------------------------------------
+#
+# A conversation is a list of turns, each a list of (call id, tool name). It is rendered
+# as a provider would receive it; the valid rendering must give no error, and one
+# damage of the kind providers reject must give an error where the damage is.
+
+Turns = list[list[tuple[str, str]]]
+Checker = Callable[[list[dict[str, Any]], str], list[Violation]]
+
+
+@st.composite
+def conversations(draw: st.DrawFn, *, restart_ids: bool) -> Turns:
+    turns: Turns = []
+    for t in range(draw(st.integers(1, 4))):
+        names = draw(st.lists(st.sampled_from(["read", "write", "grep"]), max_size=3))
+        # Logs that restart their ids every turn ("call_0", "call_1", ...) are accepted
+        # by OpenAI; Anthropic wants every id unique.
+        ids = [f"call_{j}" if restart_ids else f"toolu_{t}_{j}" for j in range(len(names))]
+        turns.append(list(zip(ids, names, strict=True)))
+    return turns
+
+
+def _render_openai(turns: Turns) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "system", "content": "s"}, USER]
+    for calls in turns:
+        if not calls:
+            out.append({"role": "assistant", "content": "thinking"})
+            continue
+        out.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}}
+                    for i, n in calls
+                ],
+            }
+        )
+        out += [{"role": "tool", "tool_call_id": i, "name": n, "content": "ok"} for i, n in calls]
+    out.append({"role": "assistant", "content": "done"})
+    return out
+
+
+def _render_anthropic(turns: Turns) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [GO]
+    for calls in turns:
+        blocks = [{"type": "tool_use", "id": i, "name": n, "input": {}} for i, n in calls]
+        out.append({"role": "assistant", "content": [{"type": "text", "text": "t"}, *blocks]})
+        results = [{"type": "tool_result", "tool_use_id": i, "content": "ok"} for i, _ in calls]
+        out.append({"role": "user", "content": [*results, {"type": "text", "text": "go on"}]})
+    out.append({"role": "assistant", "content": [{"type": "text", "text": "done"}]})
+    return out
+
+
+def _valid_histories_have_no_error(check: Checker, fmt: str, turns: Turns) -> None:
+    history = _render_openai(turns) if fmt == "openai" else _render_anthropic(turns)
+    assert check(history, fmt) == []
+
+
+def _damage(fmt: str, turns: Turns, data: st.DataObject) -> tuple[list[dict[str, Any]], int]:
+    """One damage a provider rejects, and the index of the message that shows it."""
+    history = _render_openai(turns) if fmt == "openai" else _render_anthropic(turns)
+    owners = [n for n, m in enumerate(history) if m.get("tool_calls") or _has_tool_use(m)]
+    owner = data.draw(st.sampled_from(owners))
+    kind = data.draw(st.sampled_from(["drop", "interpose", "duplicate"]))
+    if fmt == "openai":
+        first_result = owner + 1
+        if kind == "drop":
+            del history[first_result]
+            return history, owner
+        if kind == "interpose":
+            role = data.draw(st.sampled_from(["user", "system", "developer"]))
+            history.insert(first_result, {"role": role, "content": "x"})
+            return history, owner
+        history.insert(first_result + 1, dict(history[first_result]))
+        return history, first_result + 1
+    blocks = history[owner + 1]["content"]
+    if kind == "drop":
+        del blocks[0]
+        return history, owner
+    if kind == "interpose":
+        blocks.insert(0, {"type": "text", "text": "first"})
+        return history, owner
+    blocks.insert(1, dict(blocks[0]))
+    return history, owner + 1
+
+
+def _has_tool_use(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(b.get("type") == "tool_use" for b in content)
+
+
+def _damage_is_found(check: Checker, fmt: str, turns: Turns, data: st.DataObject) -> None:
+    assume(any(turns))
+    history, index = _damage(fmt, turns, data)
+    errors = check(history, fmt)
+    assert any(v.index == index and v.invariant == "I1" for v in errors), (history, errors)
+
+
+def _real_checker(history: list[dict[str, Any]], fmt: str) -> list[Violation]:
+    return check_transcript(history, fmt)  # type: ignore[arg-type]
+
+
+@given(turns=conversations(restart_ids=True))
+def test_property_valid_openai_histories_have_no_error(turns: Turns) -> None:
+    _valid_histories_have_no_error(_real_checker, "openai", turns)
+
+
+@given(turns=conversations(restart_ids=False))
+def test_property_valid_anthropic_histories_have_no_error(turns: Turns) -> None:
+    _valid_histories_have_no_error(_real_checker, "anthropic", turns)
+
+
+@given(turns=conversations(restart_ids=True), data=st.data())
+def test_property_a_damaged_openai_history_has_an_error_where_the_damage_is(
+    turns: Turns, data: st.DataObject
+) -> None:
+    _damage_is_found(_real_checker, "openai", turns, data)
+
+
+@given(turns=conversations(restart_ids=False), data=st.data())
+def test_property_a_damaged_anthropic_history_has_an_error_where_the_damage_is(
+    turns: Turns, data: st.DataObject
+) -> None:
+    _damage_is_found(_real_checker, "anthropic", turns, data)
+
+
+def _first_name_wins(history: list[dict[str, Any]], fmt: str) -> list[Violation]:
+    """The checker as it was: reused ids are I1 errors and a result's tool name is the
+    first name ever seen for its id."""
+    first: dict[str, str] = {}
+    out = check_transcript(history, fmt, id_reuse="error")  # type: ignore[arg-type]
+    for n, message in enumerate(history):
+        for call in message.get("tool_calls") or ():
+            first.setdefault(call["id"], call["function"]["name"])
+        if message.get("role") == "tool" and message["name"] != first[message["tool_call_id"]]:
+            out.append(Violation("I1", n, "wrong tool name"))
+    return out
+
+
+def _pairs_by_id_anywhere(history: list[dict[str, Any]], fmt: str) -> list[Violation]:
+    """A naive checker: every call has a result with its id somewhere after it."""
+    out = []
+    for n, message in enumerate(history):
+        for call in message.get("tool_calls") or ():
+            later = [m for m in history[n + 1 :] if m.get("tool_call_id") == call["id"]]
+            if not later:
+                out.append(Violation("I1", n, "no result"))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_the_properties_catch_broken_checkers() -> None:
+    # No shrinking: only whether a counterexample is found matters here.
+    quick = settings(max_examples=300, database=None, derandomize=True, phases=[Phase.generate])
+    valid = quick(given(turns=conversations(restart_ids=True))(_valid_property(_first_name_wins)))
+    with pytest.raises(AssertionError):
+        valid()
+    damaged = quick(
+        given(turns=conversations(restart_ids=True), data=st.data())(
+            _damage_property(_pairs_by_id_anywhere)
+        )
+    )
+    with pytest.raises(AssertionError):
+        damaged()
+
+
+def _valid_property(check: Checker) -> Callable[[Turns], None]:
+    def run(turns: Turns) -> None:
+        _valid_histories_have_no_error(check, "openai", turns)
+
+    return run
+
+
+def _damage_property(check: Checker) -> Callable[[Turns, st.DataObject], None]:
+    def run(turns: Turns, data: st.DataObject) -> None:
+        _damage_is_found(check, "openai", turns, data)
+
+    return run
