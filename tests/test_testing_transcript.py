@@ -920,3 +920,12 @@ def _damage_property(check: Checker) -> Callable[[Turns, st.DataObject], None]:
         _damage_is_found(check, "openai", turns, data)
 
     return run
+
+
+def test_responses_function_call_without_call_id_is_one_format_finding() -> None:
+    items = [
+        {"type": "function_call", "name": "read", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    found = transcript_findings(items, "openai-responses")
+    assert [(f.invariant, f.index) for f in found] == [("format", 0)]

@@ -135,6 +135,11 @@ def _responses_kind(item: Mapping[str, Any]) -> str:
     return str(kind)
 
 
+# Calls the caller runs and must answer; other ``*_call`` items without a ``call_id``
+# (``web_search_call``, ``mcp_call``, ...) are run by the provider and carry their result.
+_CLIENT_CALLS = frozenset({"function_call", "custom_tool_call"})
+
+
 def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
     """Each input item is a turn: ``*_call`` items with a ``call_id`` are calls,
     ``*_call_output`` items their results, ``message`` items (or bare role dicts)
@@ -158,7 +163,7 @@ def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
             else:
                 problems.append(Violation("format", i, f"a {kind} item without a call_id"))
                 turn.damaged = True
-        elif kind.endswith("_call") and "call_id" in item:
+        elif kind.endswith("_call") and ("call_id" in item or kind in _CLIENT_CALLS):
             turn = Turn(kind, i)
             name = item.get("name")
             if isinstance(call_id, str):

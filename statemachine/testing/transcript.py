@@ -501,6 +501,8 @@ class _Pairing:
         early: set[str] = set()  # outputs seen before their call
         ids_later = {c.id: t.index for t in turns for c in t.calls}
         for turn in turns:
+            # An unreadable call may be the one any unmatched output answers.
+            self.damaged |= turn.damaged and turn.role.endswith("_call")
             for call in turn.calls:
                 if call.id in open_:
                     self.add(
@@ -532,7 +534,7 @@ class _Pairing:
                         "I1", result.index, f"the output for {result.id!r} comes before its call"
                     )
                     early.add(result.id)
-                elif not turn.damaged and not self.continued:
+                elif not (turn.damaged or self.damaged or self.continued):
                     self.add("I1", result.index, f"no tool call found for the output {result.id!r}")
             if turn.role in ("user", "assistant", "system", "developer"):
                 interrupted |= set(open_)
