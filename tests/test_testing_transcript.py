@@ -572,6 +572,7 @@ def test_unreadable_wire_dict_keeps_its_calls_for_pairing() -> None:
 def test_wrappers_are_accepted() -> None:
     history = [USER, _oa_call("a"), _oa_res("a")]
     assert check_transcript({"model": "gpt-4o", "messages": history}, "openai") == []
+    assert transcript_findings({"model": "gpt-5", "input": "hello"}, "auto") == []
     with pytest.raises(TypeError, match="as 'messages' or 'input'"):
         check_transcript({"conversation": history}, "openai")
 

@@ -17,7 +17,8 @@ A supported public module (like ``structlog.testing``). It offers:
   property and reports it shrunk, on ``IdleSkippingLoop`` (``statemachine.testing.clock``),
   an event loop whose clock skips idle waits;
 * **transcripts**: ``check_transcript`` finds pairing and order violations in our
-  histories and in OpenAI or Anthropic ones;
+  histories and in OpenAI (Chat Completions, Responses) or Anthropic ones, each by
+  the provider's own rules; ``transcript_findings`` adds the warnings;
 * **stateful testing**: ``AgentEngineMachine``, a Hypothesis
   ``RuleBasedStateMachine`` to subclass for your own engine;
 * **pytest**: the opt-in plugin ``statemachine.testing.plugin``.

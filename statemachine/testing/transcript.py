@@ -162,6 +162,8 @@ def _unwrap(messages: Any) -> Sequence[Any]:
     if isinstance(messages, Mapping):
         for key in ("messages", "input"):
             inner = messages.get(key)
+            if key == "input" and isinstance(inner, str):
+                return [{"role": "user", "content": inner}]  # the Responses shorthand
             if isinstance(inner, Sequence) and not isinstance(inner, (str, bytes)):
                 return inner
         raise TypeError("a mapping must wrap the history as 'messages' or 'input'")
