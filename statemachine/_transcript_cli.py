@@ -6,8 +6,9 @@ every line is a list or a wrapper, else one message per line. The checker is
 ``statemachine.testing.transcript_findings``.
 
 Exit status: 0 when no file has an error-level finding, 1 when one has, 2 when a file
-cannot be read (missing, too large, not UTF-8 JSON or JSONL) or the arguments are
-wrong. Findings go to stdout; a file that cannot be read is one line on stderr.
+cannot be read (missing, too large, not UTF-8 JSON or JSONL, or JSON that holds no list
+of messages) or the arguments are wrong. Findings go to stdout; a file that cannot be
+read is one line on stderr.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any, NoReturn, cast
 
 from .testing.transcript import (
     FORMATS,
-    Finding,
     TranscriptFormat,
     detect_format,
     transcript_findings,
@@ -96,7 +96,12 @@ def cli_transcript(argv: list[str]) -> int:
             worst = 2
             continue
         for label, transcript in transcripts:
-            errors = _report(f"{name}{label}", transcript, args)
+            try:
+                errors = _report(f"{name}{label}", transcript, args)
+            except _UnreadableError as exc:
+                print(f"transcript: {name}{label}: {exc}", file=sys.stderr)
+                worst = 2
+                continue
             if errors and worst == 0:
                 worst = 1
     return worst
@@ -112,9 +117,8 @@ def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
             allow_open_tail=args.allow_open_tail,
             id_reuse=args.id_reuse,
         )
-    except TypeError as exc:
-        found = [Finding("format", 0, str(exc))]
-        fmt = args.format
+    except TypeError as exc:  # JSON, but no list of messages in it
+        raise _UnreadableError(str(exc)) from None
     errors = sum(1 for f in found if f.level == "error")
     warnings = len(found) - errors
     size = _count(transcript)

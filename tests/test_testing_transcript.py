@@ -660,12 +660,15 @@ def test_cli_unreadable_input_exits_2_with_one_line(
     broken.write_text('[{"role": "user"')
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe[]")
+    scalar = tmp_path / "scalar.json"
+    scalar.write_text("42")
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     for path, words in [
         (broken, "not JSON"),
         (binary, "not UTF-8"),
         (deep, "nested too deeply"),
+        (scalar, "messages must be a sequence, got int"),
         (tmp_path / "missing.json", "No such file"),
     ]:
         code, out, err = _run([str(good), str(path)], capsys)
