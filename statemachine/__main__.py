@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diagram": ("statemachine._diagrams", "render the state machine"),
     "trace": ("statemachine._diagrams", "draw the path a run took"),
     "run": ("statemachine.providers._cli", "run a real agent against a provider"),
+    "transcript": ("statemachine._transcript_cli", "check recorded conversation logs"),
 }
 
 

@@ -17,7 +17,8 @@ A supported public module (like ``structlog.testing``). It offers:
   property and reports it shrunk, on ``IdleSkippingLoop`` (``statemachine.testing.clock``),
   an event loop whose clock skips idle waits;
 * **transcripts**: ``check_transcript`` finds pairing and order violations in our
-  histories and in OpenAI or Anthropic ones;
+  histories and in OpenAI (Chat Completions, Responses) or Anthropic ones, each by
+  the provider's own rules; ``transcript_findings`` adds the warnings;
 * **stateful testing**: ``AgentEngineMachine``, a Hypothesis
   ``RuleBasedStateMachine`` to subclass for your own engine;
 * **pytest**: the opt-in plugin ``statemachine.testing.plugin``.
@@ -68,7 +69,13 @@ from .scenario import (
     run_scenario,
     run_scenario_async,
 )
-from .transcript import TranscriptFormat, check_transcript, render_transcript
+from .transcript import (
+    Finding,
+    TranscriptFormat,
+    check_transcript,
+    render_transcript,
+    transcript_findings,
+)
 
 __all__ = [
     "KNOWN_TOOLS",
@@ -83,6 +90,7 @@ __all__ = [
     "Execution",
     "Expectation",
     "Failure",
+    "Finding",
     "IdleSkippingLoop",
     "ModelTurn",
     "OnAbort",
@@ -113,4 +121,5 @@ __all__ = [
     "run_conformance",
     "run_scenario",
     "run_scenario_async",
+    "transcript_findings",
 ]

@@ -1,25 +1,28 @@
 """``check_transcript``: the history invariants over any transcript, ours or a provider's.
 
-Three formats are read:
+Four formats are read:
 
 * ``"statemachine"``: our message objects, or their wire dicts (camelCase, see
   ``statemachine._messages``). Checked by ``statemachine._invariants.history_violations``, the same
   definition the engine uses to refuse an invalid input history.
 * ``"openai"``: Chat Completions histories: assistant messages with ``tool_calls``
-  (``{"id", "type": "function", "function": {"name", "arguments"}}``), answered by
-  ``{"role": "tool", "tool_call_id", "content"}`` messages. ``system`` and
-  ``developer`` messages are allowed anywhere.
-* ``"anthropic"``: Messages API histories: ``tool_use`` blocks in assistant
-  content, answered by ``tool_result`` blocks (``tool_use_id``, ``is_error``) in the
-  next user message.
+  answered by ``{"role": "tool", "tool_call_id"}`` messages, and the legacy
+  ``function_call`` answered by a ``{"role": "function", "name"}`` message.
+* ``"openai-responses"``: Responses API input items: ``function_call`` (and every
+  other ``*_call`` item with a ``call_id``) answered by its ``*_call_output``, among
+  ``message`` items.
+* ``"anthropic"``: Messages API histories: ``tool_use`` blocks answered by
+  ``tool_result`` blocks at the start of the next user message, and server tools
+  (``server_tool_use``, ``mcp_tool_use``) answered inside the assistant message by
+  their ``*_tool_result`` block.
 
-Provider formats are converted to our messages (the neutral form) while keeping,
-for every converted message, the index of the message it came from, so a violation
-names the index in the caller's own list. On top of the shared checks, each provider
-has an adjacency rule its API enforces: OpenAI wants the ``tool`` messages directly
-after the assistant message, Anthropic wants every result in the very next user
-message. A message that cannot be read at all is reported (invariant ``"format"``)
-rather than raised, so one bad entry does not hide the others.
+``"auto"`` picks one from the shape. A provider's history is checked by that
+provider's own rules, the ones its API enforces when it accepts or rejects a request:
+what it rejects is an ``error`` finding; what it accepts but is likely a mistake (an id
+reused across turns, results out of call order, a result naming another tool) is a
+``warning``. ``check_transcript`` returns the errors, ``transcript_findings`` both. A
+field that cannot be read is one ``format`` finding, never a cascade of pairing
+findings.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+
+import attrs
 
 from .._errors import WireFormatError
 from .._invariants import Violation, history_violations
@@ -40,44 +45,234 @@ from .._messages import (
     UserMessage,
     message_from_dict,
 )
+from ._transcript_readers import (
+    Call,
+    Result,
+    Turn,
+    read_anthropic,
+    read_openai,
+    read_responses,
+)
 
-__all__ = ["TranscriptFormat", "check_transcript", "render_transcript"]
+__all__ = [
+    "Finding",
+    "Level",
+    "TranscriptFormat",
+    "check_transcript",
+    "detect_format",
+    "render_transcript",
+    "transcript_findings",
+]
 
-TranscriptFormat = Literal["statemachine", "openai", "anthropic"]
+TranscriptFormat = Literal["statemachine", "openai", "openai-responses", "anthropic", "auto"]
+Level = Literal["error", "warning"]
+FORMATS: tuple[str, ...] = ("statemachine", "openai", "openai-responses", "anthropic")
+# OpenAI accepts a call id used again in a later turn; Anthropic refuses a request
+# whose tool_use ids repeat ("tool_use ids must be unique"), and our engine too.
+_REUSE_ACCEPTED = frozenset({"openai", "openai-responses"})
 
-_Converted = tuple[list[Message], list[int], list[Violation]]
+
+@attrs.frozen
+class Finding(Violation):
+    """A ``Violation`` with a level: ``"error"`` (the provider rejects such a history,
+    or our engine refuses it) or ``"warning"`` (accepted, but likely a mistake)."""
+
+    level: Level = "error"
+
+    def __str__(self) -> str:
+        prefix = "warning: " if self.level == "warning" else ""
+        return f"{prefix}{self.invariant} at message {self.index}: {self.message}"
 
 
 def check_transcript(
-    messages: Sequence[Any], format: TranscriptFormat = "statemachine"
+    messages: Any,
+    format: TranscriptFormat = "statemachine",
+    *,
+    allow_open_tail: bool = False,
+    id_reuse: Level | None = None,
 ) -> list[Violation]:
-    """Every pairing and order violation in a transcript, each with the invariant it
-    breaks (``"I1"``, ``"I2"``), the index of the message where it shows, and a
-    sentence. An empty list means the transcript is valid.
+    """Every error-level pairing and order violation in a transcript, each with the
+    invariant it breaks (``"I1"``, ``"I2"``, ``"format"``), the index of the message
+    where it shows, and a sentence. An empty list means the transcript is valid.
 
     Catches at least: a call without a result, two results for one call, a result
-    without a call, results out of call order, a result after the next assistant
-    message, and duplicate (or empty) call ids.
+    without a call, results out of call order (where the format requires the order),
+    a result after the next assistant message or not where the provider wants it,
+    and duplicate (or empty) call ids. Options as for ``transcript_findings``.
     """
+    found = transcript_findings(
+        messages, format, allow_open_tail=allow_open_tail, id_reuse=id_reuse
+    )
+    return [f for f in found if f.level == "error"]
+
+
+def transcript_findings(
+    messages: Any,
+    format: TranscriptFormat = "statemachine",
+    *,
+    allow_open_tail: bool = False,
+    id_reuse: Level | None = None,
+) -> list[Finding]:
+    """Every finding, errors and warnings, sorted by message index.
+
+    ``messages`` is the list, or a request body wrapping it (``{"messages": [...]}``;
+    ``{"input": [...]}`` for the Responses API, where a ``previous_response_id`` or
+    ``conversation`` lets outputs answer calls the input does not hold).
+
+    ``allow_open_tail`` accepts a log that ends mid-turn: the calls of the last
+    assistant message (Responses: calls after the last message item) may lack
+    results. ``id_reuse`` is the level of a call id that repeats the id of a call in
+    an earlier turn: OpenAI accepts it, so it defaults to ``"warning"`` for its two
+    formats; Anthropic and our engine refuse it (``"error"``). Two calls with one id in
+    the same message are always errors.
+
+    Raises ``TypeError`` for something that is not a list (or a wrapper of one) and
+    ``ValueError`` for an unknown format.
+    """
+    items = _unwrap(messages)
+    fmt: str = detect_format(messages) if format == "auto" else format
+    if fmt not in FORMATS:
+        raise ValueError(
+            f"unknown transcript format {fmt!r}: use one of {', '.join(FORMATS)} or 'auto'"
+        )
+    reuse: Level = id_reuse or ("warning" if fmt in _REUSE_ACCEPTED else "error")
+    if fmt == "statemachine":
+        out = _check_statemachine(items, allow_open_tail, reuse)
+    else:
+        reader = {"openai": read_openai, "openai-responses": read_responses}.get(
+            fmt, read_anthropic
+        )
+        turns, problems = reader(items)
+        pairing = _Pairing(fmt, allow_open_tail, reuse)
+        # A Responses request that continues a stored response answers calls the
+        # input does not hold.
+        pairing.continued = isinstance(messages, Mapping) and bool(
+            messages.get("previous_response_id") or messages.get("conversation")
+        )
+        pairing.out += [Finding(p.invariant, p.index, p.message) for p in problems]
+        if fmt == "openai-responses":
+            pairing.walk_items(turns)
+        else:
+            pairing.walk_turns(turns)
+        out = pairing.out
+    return sorted(out, key=lambda f: (f.index, f.level, f.invariant, f.message))
+
+
+def _unwrap(messages: Any) -> Sequence[Any]:
+    if isinstance(messages, Mapping):
+        for key in ("messages", "input"):
+            inner = messages.get(key)
+            if key == "input" and isinstance(inner, str):
+                return [{"role": "user", "content": inner}]  # the Responses shorthand
+            if isinstance(inner, Sequence) and not isinstance(inner, (str, bytes)):
+                return inner
+        raise TypeError("a mapping must wrap the history as 'messages' or 'input'")
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a sequence, got {type(messages).__name__}")
-    if format == "statemachine":
-        neutral, origin, problems = _from_statemachine(messages)
-    elif format == "openai":
-        neutral, origin, problems = _from_openai(messages)
-    elif format == "anthropic":
-        neutral, origin, problems = _from_anthropic(messages)
-    else:
-        raise ValueError(
-            f"unknown transcript format {format!r}: use 'statemachine', 'openai' or 'anthropic'"
-        )
-    out = list(problems)
-    for v in history_violations(neutral):
+    return messages
+
+
+def detect_format(messages: Any) -> str:
+    """The format a history is most likely in, from the shape of its items:
+    ``"statemachine"`` if any item is one of our messages or has a ``toolResult``
+    role or camelCase keys, ``"openai-responses"`` for typed input items,
+    ``"anthropic"`` for typed content blocks of its kinds, else ``"openai"``."""
+    if isinstance(messages, Mapping) and "input" in messages and "messages" not in messages:
+        return "openai-responses"
+    if isinstance(messages, Mapping) and ("system" in messages or "anthropic_version" in messages):
+        return "anthropic"
+    items = _unwrap(messages)
+    for item in items:
+        if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
+            return "statemachine"
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("role") == "toolResult" or "stopReason" in item:
+            return "statemachine"
+        kind = item.get("type")
+        if isinstance(kind, str) and (kind.endswith("_call") or kind.endswith("_output")):
+            return "openai-responses"
+        if "tool_calls" in item or item.get("role") in ("tool", "function", "developer"):
+            return "openai"
+        content = item.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, Mapping) and b.get("type") in _ANTHROPIC_ONLY for b in content
+        ):
+            return "anthropic"
+        if isinstance(content, list) and any(
+            isinstance(b, Mapping) and b.get("type") == "toolCall" for b in content
+        ):
+            return "statemachine"
+    return "openai"
+
+
+_ANTHROPIC_ONLY = frozenset(
+    {
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "mcp_tool_use",
+        "thinking",
+        "redacted_thinking",
+        "document",
+        "image",
+        "search_result",
+    }
+)
+
+
+# -- our format ----------------------------------------------------------------------
+
+
+def _check_statemachine(items: Sequence[Any], allow_open_tail: bool, reuse: Level) -> list[Finding]:
+    neutral: list[Message] = []
+    origin: list[int] = []
+    out: list[Finding] = []
+    for i, item in enumerate(items):
+        if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
+            neutral.append(item)
+            origin.append(i)
+        elif isinstance(item, Mapping):
+            try:
+                neutral.append(message_from_dict(item, path=f"messages[{i}]"))
+            except WireFormatError as exc:
+                out.append(Finding("format", i, str(exc)))
+                salvaged = _salvage(item)
+                if salvaged is None:
+                    continue
+                neutral.append(salvaged)
+            origin.append(i)
+        else:
+            out.append(
+                Finding("format", i, f"a {type(item).__name__} is not a message or a wire dict")
+            )
+    for v in history_violations(neutral, allow_open_tail=allow_open_tail):
         index = origin[v.index] if 0 <= v.index < len(origin) else v.index
-        out.append(Violation(v.invariant, index, _renumber(v.message, origin)))
-    if format != "statemachine":
-        out += _adjacency(neutral, origin, format)
-    return sorted(out, key=lambda v: (v.index, v.invariant, v.message))
+        level: Level = "error"
+        if "repeats the id" in v.message and f"message {v.index}" not in v.message:
+            level = reuse
+        out.append(Finding(v.invariant, index, _renumber(v.message, origin), level))
+    return out
+
+
+def _salvage(item: Mapping[str, Any]) -> Message | None:
+    """What pairing needs from an unreadable wire dict (its calls, or the call its
+    result answers), so that one bad field does not orphan every call around it."""
+    role = item.get("role")
+    if role == "assistant":
+        content = item.get("content")
+        calls = [
+            ToolCall(b["id"], str(b.get("name", "")), {})
+            for b in (content if isinstance(content, list) else ())
+            if isinstance(b, Mapping)
+            and b.get("type") == "toolCall"
+            and isinstance(b.get("id"), str)
+        ]
+        return AssistantMessage(tuple(calls), stop_reason="toolUse" if calls else "stop")
+    if role == "toolResult" and isinstance(item.get("toolCallId"), str):
+        name = item.get("toolName")
+        return ToolResultMessage(item["toolCallId"], name if isinstance(name, str) else "", "")
+    return UserMessage("") if role == "user" else None
 
 
 def _renumber(sentence: str, origin: list[int]) -> str:
@@ -89,201 +284,266 @@ def _renumber(sentence: str, origin: list[int]) -> str:
     return re.sub(r"message (\d+)", sub, sentence)
 
 
-# -- our format ----------------------------------------------------------------------
+# -- the providers' rules -----------------------------------------------------------------
 
 
-def _from_statemachine(messages: Sequence[Any]) -> _Converted:
-    neutral: list[Message] = []
-    origin: list[int] = []
-    problems: list[Violation] = []
-    for i, item in enumerate(messages):
-        if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
-            neutral.append(item)
-            origin.append(i)
-        elif isinstance(item, Mapping):
-            try:
-                neutral.append(message_from_dict(item, path=f"messages[{i}]"))
-                origin.append(i)
-            except WireFormatError as exc:
-                problems.append(Violation("format", i, str(exc)))
-        else:
-            problems.append(
-                Violation("format", i, f"a {type(item).__name__} is not a message or a wire dict")
-            )
-    return neutral, origin, problems
+class _Pairing:
+    """Walks a provider's turns, pairing each result with the call that owns its id
+    (the latest call with that id, so ids reused across turns pair correctly)."""
 
+    def __init__(self, format: str, allow_open_tail: bool, reuse: Level) -> None:
+        self.format = format
+        self.allow_open_tail = allow_open_tail
+        self.reuse = reuse
+        self.out: list[Finding] = []
+        self.pending: list[Call] = []  # calls of the last assistant turn still unanswered
+        self.damaged = False  # a damaged turn since those calls: stay silent about them
+        self.seen: dict[str, int] = {}  # call id -> index of the latest call with it
+        self.answered: dict[str, Call] = {}
+        self.abandoned: dict[str, tuple[Call, Turn]] = {}  # id -> (call, turn that cut in)
+        self.continued = False
 
-# -- OpenAI Chat Completions ---------------------------------------------------------------
+    def add(self, invariant: str, index: int, message: str, level: Level = "error") -> None:
+        self.out.append(Finding(invariant, index, message, level))
 
+    # Chat Completions and Messages: turn after turn ------------------------------------
 
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "".join(parts)
-    return ""
-
-
-def _arguments(raw: Any) -> Mapping[str, Any]:
-    # Arguments that are not a JSON object are the tool's problem, not the pairing's.
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            return {}
-    return raw if isinstance(raw, Mapping) else {}
-
-
-def _from_openai(messages: Sequence[Any]) -> _Converted:
-    neutral: list[Message] = []
-    origin: list[int] = []
-    problems: list[Violation] = []
-    names: dict[str, str] = {}
-    for i, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            problems.append(Violation("format", i, f"a {type(item).__name__} is not a message"))
-            continue
-        role = item.get("role")
-        if role in ("system", "developer"):
-            continue
-        if role == "user":
-            neutral.append(UserMessage(_text_of(item.get("content"))))
-        elif role == "assistant":
-            content: list[Any] = []
-            text = _text_of(item.get("content"))
-            if text:
-                content.append(TextContent(text))
-            for j, call in enumerate(item.get("tool_calls") or ()):
-                function = call.get("function") if isinstance(call, Mapping) else None
-                if not isinstance(function, Mapping) or not isinstance(call.get("id"), str):
-                    problems.append(
-                        Violation("format", i, f"tool_calls[{j}] has no string id or no function")
-                    )
-                    continue
-                name = str(function.get("name", ""))
-                names.setdefault(call["id"], name)
-                content.append(ToolCall(call["id"], name, _arguments(function.get("arguments"))))
-            neutral.append(AssistantMessage(tuple(content)))
-        elif role == "tool":
-            call_id = item.get("tool_call_id")
-            if not isinstance(call_id, str):
-                problems.append(Violation("format", i, "a tool message without a tool_call_id"))
-                continue
-            name = names.get(call_id, str(item.get("name", "")))
-            neutral.append(ToolResultMessage(call_id, name, _text_of(item.get("content"))))
-        else:
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-            continue
-        origin.append(i)
-    return neutral, origin, problems
-
-
-# -- Anthropic Messages -------------------------------------------------------------------
-
-
-def _blocks(content: Any) -> list[Any]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return list(content) if isinstance(content, Sequence) else []
-
-
-def _from_anthropic(messages: Sequence[Any]) -> _Converted:
-    neutral: list[Message] = []
-    origin: list[int] = []
-    problems: list[Violation] = []
-    names: dict[str, str] = {}
-    for i, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            problems.append(Violation("format", i, f"a {type(item).__name__} is not a message"))
-            continue
-        role = item.get("role")
-        blocks = _blocks(item.get("content"))
-        if role == "assistant":
-            content: list[Any] = []
-            for block in blocks:
-                if not isinstance(block, Mapping):
-                    continue
-                if block.get("type") == "text" and isinstance(block.get("text"), str):
-                    content.append(TextContent(block["text"]))
-                elif block.get("type") == "tool_use":
-                    if not isinstance(block.get("id"), str):
-                        problems.append(Violation("format", i, "a tool_use block without an id"))
-                        continue
-                    name = str(block.get("name", ""))
-                    names.setdefault(block["id"], name)
-                    content.append(ToolCall(block["id"], name, _arguments(block.get("input"))))
-            neutral.append(AssistantMessage(tuple(content)))
-            origin.append(i)
-        elif role == "user":
-            text_parts: list[str] = []
-            for block in blocks:
-                if not isinstance(block, Mapping):
-                    continue
-                if block.get("type") == "tool_result":
-                    call_id = block.get("tool_use_id")
-                    if not isinstance(call_id, str):
-                        problems.append(
-                            Violation("format", i, "a tool_result block without a tool_use_id")
-                        )
-                        continue
-                    neutral.append(
-                        ToolResultMessage(
-                            call_id,
-                            names.get(call_id, ""),
-                            _text_of(_blocks(block.get("content"))),
-                            is_error=bool(block.get("is_error", False)),
-                        )
-                    )
-                    origin.append(i)
-                elif block.get("type") == "text" and isinstance(block.get("text"), str):
-                    text_parts.append(block["text"])
-            if text_parts or not blocks:
-                neutral.append(UserMessage("".join(text_parts)))
-                origin.append(i)
-        else:
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-    return neutral, origin, problems
-
-
-def _adjacency(neutral: list[Message], origin: list[int], format: str) -> list[Violation]:
-    """The provider's own rule: results come right after the message with the calls
-    (OpenAI: the next messages; Anthropic: inside the very next message)."""
-    out: list[Violation] = []
-    for n, message in enumerate(neutral):
-        if not isinstance(message, AssistantMessage) or not message.tool_calls:
-            continue
-        ids = {c.id for c in message.tool_calls}
-        for m in range(n + 1, len(neutral)):
-            later = neutral[m]
-            if isinstance(later, AssistantMessage):
-                break
-            if isinstance(later, ToolResultMessage) and later.tool_call_id in ids:
-                gap = (
-                    origin[m] != origin[n] + 1
-                    if format == "anthropic"
-                    else any(not isinstance(neutral[k], ToolResultMessage) for k in range(n + 1, m))
-                )
-                if gap:
-                    where = (
-                        "in the user message right after the assistant message"
-                        if format == "anthropic"
-                        else "right after the assistant message, before any other message"
-                    )
-                    out.append(
-                        Violation(
+    def walk_turns(self, turns: list[Turn]) -> None:
+        last_assistant = max((n for n, t in enumerate(turns) if t.role == "assistant"), default=-1)
+        for n, turn in enumerate(turns):
+            if turn.role == "assistant":
+                self.close(turn)
+                self.server_calls(turn, is_last=n == last_assistant)
+                self.open(turn)
+            elif turn.role in ("tool", "function") and self.format == "openai":
+                self.damaged |= turn.damaged
+                for result in turn.results:
+                    self.answer(result, turn)
+            elif turn.role == "user" and self.format == "anthropic":
+                self.damaged |= turn.damaged
+                for result in turn.results:
+                    if result.after_other_content:
+                        self.add(
                             "I1",
-                            origin[m],
-                            f"the result for tool call {later.tool_call_id!r} must come "
-                            f"{where} (message {origin[n]}) for this provider",
+                            result.index,
+                            f"the tool_result for {result.id!r} comes after other content: "
+                            "tool_result blocks must come first in the user message",
                         )
+                    else:
+                        self.answer(result, turn)
+                self.close(turn)
+            else:
+                self.close(turn)
+        if self.pending and not self.allow_open_tail and not self.damaged:
+            for call in self.pending:
+                self.missing(call, "and the transcript ends")
+        self.pending = []
+
+    def open(self, turn: Turn) -> None:
+        self.pending = []
+        self.damaged = turn.damaged
+        ids_here: set[str] = set()
+        for call in turn.calls:
+            self.check_id(call, ids_here)
+            self.pending.append(call)
+
+    def check_id(self, call: Call, ids_here: set[str]) -> None:
+        if not call.id and not call.legacy:
+            self.add("I1", call.index, f"tool call {call.name} has an empty id")
+        elif call.id in ids_here:
+            self.add(
+                "I1", call.index, f"tool call id {call.id!r} appears twice in the same message"
+            )
+        elif call.id in self.seen and not call.legacy:
+            self.add(
+                "I1",
+                call.index,
+                f"tool call id {call.id!r} reuses the id of a call in message "
+                f"{self.seen[call.id]}"
+                + (
+                    " (the provider accepts it; the results pair with the latest call)"
+                    if self.reuse == "warning"
+                    else " (ids must be unique across the request)"
+                ),
+                self.reuse,
+            )
+        ids_here.add(call.id)
+        self.seen[call.id] = call.index
+        self.answered.pop(call.id, None)
+        self.abandoned.pop(call.id, None)
+
+    def close(self, turn: Turn) -> None:
+        """``turn`` comes after the results: calls still unanswered never get one."""
+        if turn.damaged:
+            self.damaged = True
+        for call in self.pending:
+            self.abandoned[call.id] = (call, turn)
+            if not self.damaged:
+                self.missing(call, f"before message {turn.index} ({turn.role})")
+        self.pending = []
+
+    def missing(self, call: Call, where: str) -> None:
+        if call.legacy:
+            self.add(
+                "I1",
+                call.index,
+                f"function_call {call.name!r} has no function message {where} (legacy "
+                "functions are not checked by the API)",
+                "warning",
+            )
+            return
+        rule = (
+            "tool_result blocks must open the next user message"
+            if self.format == "anthropic"
+            else "tool messages must follow the assistant message directly"
+        )
+        self.add(
+            "I1", call.index, f"tool call {call.id!r} ({call.name}) has no result {where}: {rule}"
+        )
+
+    def answer(self, result: Result, turn: Turn) -> None:
+        match = next(
+            (c for c in self.pending if c.id == result.id and c.legacy == result.legacy), None
+        )
+        if match is not None:
+            self.matched(match, result)
+            return
+        if self.damaged or result.legacy:
+            if result.legacy and not self.damaged:
+                self.add(
+                    "I1",
+                    result.index,
+                    f"function message {result.name!r} answers no function_call right "
+                    "before it (legacy functions are not checked by the API)",
+                    "warning",
+                )
+            return
+        self.unmatched(result)
+
+    def matched(self, call: Call, result: Result) -> None:
+        position = self.pending.index(call)
+        if position:
+            skipped = ", ".join(repr(c.id) for c in self.pending[:position])
+            self.add(
+                "I2",
+                result.index,
+                f"result for tool call {call.id!r} comes before the result(s) of earlier "
+                f"call(s) {skipped} of message {call.index} (the provider accepts it)",
+                "warning",
+            )
+        if result.name is not None and result.name != call.name and not call.legacy:
+            self.add(
+                "I1",
+                result.index,
+                f"result for tool call {call.id!r} names tool {result.name!r}, but the call "
+                f"(message {call.index}) was to {call.name!r} (the provider does not check it)",
+                "warning",
+            )
+        self.pending.remove(call)
+        self.answered[call.id] = call
+
+    def unmatched(self, result: Result) -> None:
+        if result.id in self.answered:
+            self.add("I1", result.index, f"a second result for tool call {result.id!r}")
+        elif result.id in self.abandoned:
+            call, cut = self.abandoned[result.id]
+            if cut.role == "assistant":
+                where = f"comes after the next assistant message (message {cut.index})"
+            elif self.format == "anthropic":
+                where = (
+                    f"must be in the user message right after the assistant message "
+                    f"(message {call.index})"
+                )
+            else:
+                where = (
+                    f"must come right after the assistant message (message {call.index}), "
+                    f"before any other message (message {cut.index} comes first)"
+                )
+            self.add("I1", result.index, f"the result for tool call {result.id!r} {where}")
+        else:
+            self.add("I1", result.index, f"result for tool call {result.id!r} has no matching call")
+
+    # Anthropic server tools: call and result inside one assistant turn ---------------
+
+    def server_calls(self, turn: Turn, *, is_last: bool) -> None:
+        open_: dict[str, Call] = {}
+        done: set[str] = set()
+        for block in turn.server_blocks:
+            if isinstance(block, Call):
+                self.check_id(block, set(open_) | done)
+                open_[block.id] = block
+            elif block.id in open_:
+                done.add(block.id)
+                del open_[block.id]
+            elif block.id in done:
+                self.add("I1", block.index, f"a second result for server tool call {block.id!r}")
+            elif not turn.damaged:
+                self.add(
+                    "I1",
+                    block.index,
+                    f"server tool result for {block.id!r} has no server_tool_use (or "
+                    "mcp_tool_use) block before it in the assistant message",
+                )
+        # The last assistant message may stop mid server call (pause_turn): sending it
+        # back is how the caller lets the provider finish it.
+        if not is_last and not turn.damaged:
+            for call in open_.values():
+                self.add(
+                    "I1",
+                    call.index,
+                    f"server tool call {call.id!r} ({call.name}) has no result block in its "
+                    "assistant message",
+                )
+
+    # Responses API: a flat list of items -----------------------------------------------
+
+    def walk_items(self, turns: list[Turn]) -> None:
+        open_: dict[str, Call] = {}
+        interrupted: set[str] = set()  # open calls with a message item after them
+        early: set[str] = set()  # outputs seen before their call
+        ids_later = {c.id: t.index for t in turns for c in t.calls}
+        for turn in turns:
+            # An unreadable call may be the one any unmatched output answers.
+            self.damaged |= turn.damaged and turn.role.endswith("_call")
+            for call in turn.calls:
+                if call.id in open_:
+                    self.add(
+                        "I1", call.index, f"call id {call.id!r} repeats an unanswered call's id"
                     )
-    return out
+                    self.seen[call.id] = call.index
+                else:
+                    self.check_id(call, set())
+                if call.id in early:
+                    early.discard(call.id)  # reported with its output already
+                    continue
+                open_[call.id] = call
+            for result in turn.results:
+                if result.id in open_:
+                    if result.id in interrupted:
+                        self.add(
+                            "I1",
+                            result.index,
+                            f"the output for {result.id!r} comes after a message item that "
+                            "follows its call (OpenAI accepts it; some compatible servers do not)",
+                            "warning",
+                        )
+                    self.answered[result.id] = open_.pop(result.id)
+                    interrupted.discard(result.id)
+                elif result.id in self.answered:
+                    self.add("I1", result.index, f"a second output for call {result.id!r}")
+                elif ids_later.get(result.id, -1) > result.index:
+                    self.add(
+                        "I1", result.index, f"the output for {result.id!r} comes before its call"
+                    )
+                    early.add(result.id)
+                elif not (turn.damaged or self.damaged or self.continued):
+                    self.add("I1", result.index, f"no tool call found for the output {result.id!r}")
+            if turn.role in ("user", "assistant", "system", "developer"):
+                interrupted |= set(open_)
+        for call_id, call in open_.items():
+            if self.allow_open_tail and call_id not in interrupted:
+                continue
+            self.add("I1", call.index, f"no tool output found for call {call_id!r} ({call.name})")
 
 
 # -- rendering -----------------------------------------------------------------------------

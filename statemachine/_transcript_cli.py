@@ -1,0 +1,192 @@
+"""``python -m statemachine transcript FILE...``: check recorded conversation logs.
+
+Each file holds one transcript (a JSON list of messages, or a request body that wraps
+it as ``messages`` / ``input``) or several in JSON Lines: one transcript per line when
+every line is a list or a wrapper, else one message per line. The checker is
+``statemachine.testing.transcript_findings``.
+
+Exit status: 0 when no file has an error-level finding, 1 when one has, 2 when a file
+cannot be read (missing, too large, not UTF-8 JSON or JSONL, or JSON that holds no list
+of messages) or the arguments are wrong. Findings go to stdout; a file that cannot be
+read is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn, cast
+
+from .testing.transcript import (
+    FORMATS,
+    TranscriptFormat,
+    detect_format,
+    transcript_findings,
+)
+
+__all__ = ["DEFAULT_MAX_BYTES", "cli_transcript"]
+
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+"""Files larger than this are refused unread (``--max-bytes`` changes it)."""
+
+
+class _UnreadableError(Exception):
+    """A file that cannot be read as transcripts; the message is one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as for every other failure of this command.
+        self.exit(2, f"transcript: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m statemachine transcript",
+        description="Check recorded conversation logs for tool-call pairing and order "
+        "problems (I1, I2), by each provider's own rules.",
+        epilog="exit status: 0 no error-level finding, 1 error-level findings, "
+        "2 unreadable input or bad arguments",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="JSON or JSONL file")
+    parser.add_argument(
+        "--format",
+        choices=(*FORMATS, "auto"),
+        default="auto",
+        help="the log's format (default: auto, guessed from the shape of each transcript)",
+    )
+    parser.add_argument(
+        "--allow-open-tail",
+        action="store_true",
+        help="accept a log that ends mid-turn (unanswered calls in the last message)",
+    )
+    parser.add_argument(
+        "--id-reuse",
+        choices=("warning", "error"),
+        default=None,
+        help="level of a call id reused across turns (default: warning for the OpenAI "
+        "formats, error for anthropic and statemachine)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help=f"refuse files larger than this (default: {DEFAULT_MAX_BYTES})",
+    )
+    parser.add_argument(
+        "--errors-only", action="store_true", help="print error-level findings only"
+    )
+    return parser
+
+
+def cli_transcript(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.max_bytes <= 0:
+        print("transcript: --max-bytes must be positive", file=sys.stderr)
+        return 2
+    worst = 0
+    for name in args.files:
+        try:
+            transcripts = _read(Path(name), args.max_bytes)
+        except _UnreadableError as exc:
+            print(f"transcript: {name}: {exc}", file=sys.stderr)
+            worst = 2
+            continue
+        for label, transcript in transcripts:
+            try:
+                errors = _report(f"{name}{label}", transcript, args)
+            except _UnreadableError as exc:
+                print(f"transcript: {name}{label}: {exc}", file=sys.stderr)
+                worst = 2
+                continue
+            if errors and worst == 0:
+                worst = 1
+    return worst
+
+
+def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
+    """Prints one summary line and the findings; returns the number of errors."""
+    try:
+        fmt = detect_format(transcript) if args.format == "auto" else args.format
+        found = transcript_findings(
+            transcript,
+            cast(TranscriptFormat, fmt),
+            allow_open_tail=args.allow_open_tail,
+            id_reuse=args.id_reuse,
+        )
+    except TypeError as exc:  # JSON, but no list of messages in it
+        raise _UnreadableError(str(exc)) from None
+    errors = sum(1 for f in found if f.level == "error")
+    warnings = len(found) - errors
+    size = _count(transcript)
+    verdict = "ok" if not errors else "FAIL"
+    print(
+        f"{name}: {verdict} ({fmt}, {size} messages, "
+        f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')})"
+    )
+    for finding in found:
+        if finding.level == "error" or not args.errors_only:
+            print(
+                f"  {finding.level} {finding.invariant} at message {finding.index}: "
+                f"{finding.message}"
+            )
+    return errors
+
+
+def _count(transcript: Any) -> int:
+    if isinstance(transcript, dict):
+        transcript = transcript.get("messages", transcript.get("input"))
+    return len(transcript) if isinstance(transcript, list) else 0
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _read(path: Path, max_bytes: int) -> list[tuple[str, Any]]:
+    """The transcripts in a file, each with a label for the report ("" or ":LINE")."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise _UnreadableError(f"{size} bytes, over the limit of {max_bytes} (--max-bytes)")
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise _UnreadableError(exc.strerror or type(exc).__name__) from None
+    if len(raw) > max_bytes:  # the file grew after stat
+        raise _UnreadableError(f"over the limit of {max_bytes} bytes (--max-bytes)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _UnreadableError(f"not UTF-8 (byte {exc.start})") from None
+    try:
+        return [("", _loads(text))]
+    except ValueError as whole:
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(lines) < 2:
+            raise _UnreadableError(f"not JSON: {whole}") from None
+    values: list[tuple[int, Any]] = []
+    for n, line in lines:
+        try:
+            values.append((n, _loads(line)))
+        except ValueError as exc:
+            raise _UnreadableError(f"not JSON or JSONL (line {n}: {exc})") from None
+    if all(_is_transcript(v) for _, v in values):
+        return [(f":{n}", v) for n, v in values]
+    return [("", [v for _, v in values])]
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _is_transcript(value: Any) -> bool:
+    if isinstance(value, dict):
+        return isinstance(value.get("messages"), list) or isinstance(value.get("input"), list)
+    return isinstance(value, Sequence) and not isinstance(value, str)

@@ -1,0 +1,271 @@
+"""Readers that turn a provider's request history into turns of calls and results.
+
+A turn is what the provider's pairing rules see: for Chat Completions one message,
+for the Messages API a run of same-role messages merged as the API merges them. Each
+call and result keeps the index of the message it came from, so a finding names the
+caller's own index. A field that cannot be read gives one ``format`` finding and marks
+its turn damaged; the pairing rules then stay silent about what that turn would have
+said, so one bad field never turns into a finding on every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .._invariants import Violation
+
+__all__ = ["Call", "Result", "Turn", "read_anthropic", "read_openai", "read_responses"]
+
+
+@attrs.define
+class Call:
+    id: str
+    name: str
+    index: int
+    server: bool = False  # a provider-run tool (Anthropic server_tool_use, mcp_tool_use)
+    legacy: bool = False  # Chat Completions' single ``function_call``, paired by name
+
+
+@attrs.define
+class Result:
+    id: str
+    name: str | None
+    index: int
+    server: bool = False
+    legacy: bool = False
+    after_other_content: bool = False  # Anthropic: a non-result block came before it
+
+
+@attrs.define
+class Turn:
+    role: str  # "assistant", "user", "tool", "system" ("message" items: their role)
+    index: int
+    calls: list[Call] = attrs.field(factory=list)
+    results: list[Result] = attrs.field(factory=list)
+    damaged: bool = False
+    # Anthropic assistant turns: server calls and results in block order
+    server_blocks: list[Call | Result] = attrs.field(factory=list)
+    # Anthropic user turns: a block other than tool_result has been seen
+    other_content: bool = False
+
+
+def _not_a_message(i: int, item: Any) -> Violation:
+    return Violation("format", i, f"a {type(item).__name__} is not a message")
+
+
+# -- OpenAI Chat Completions ---------------------------------------------------------------
+
+
+def _openai_calls(i: int, item: Mapping[str, Any], turn: Turn, problems: list[Violation]) -> None:
+    raw = item.get("tool_calls")
+    if raw is not None and (isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence)):
+        problems.append(Violation("format", i, "tool_calls is not a list"))
+        turn.damaged = True
+        raw = ()
+    for j, call in enumerate(raw or ()):
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(call_id, str):
+            problems.append(Violation("format", i, f"tool_calls[{j}] has no string id"))
+            turn.damaged = True
+            continue
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str):
+            # Custom tools carry their name under "custom"; anything else is unreadable.
+            custom = call.get("custom") if isinstance(call, Mapping) else None
+            name = custom.get("name") if isinstance(custom, Mapping) else None
+        if not isinstance(name, str):
+            problems.append(Violation("format", i, f"tool_calls[{j}] has no function name"))
+            name = ""
+        turn.calls.append(Call(call_id, name, i))
+    legacy = item.get("function_call")
+    if legacy is not None:
+        name = legacy.get("name") if isinstance(legacy, Mapping) else None
+        if isinstance(name, str):
+            turn.calls.append(Call(f"function_call:{name}", name, i, legacy=True))
+        else:
+            problems.append(Violation("format", i, "function_call has no name"))
+            turn.damaged = True
+
+
+def read_openai(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role")
+        turn = Turn(str(role), i)
+        if role == "assistant":
+            _openai_calls(i, item, turn, problems)
+        elif role == "tool":
+            call_id = item.get("tool_call_id")
+            if isinstance(call_id, str):
+                name = item.get("name")
+                turn.results.append(Result(call_id, name if isinstance(name, str) else None, i))
+            else:
+                problems.append(Violation("format", i, "a tool message without a tool_call_id"))
+                turn.damaged = True
+        elif role == "function":
+            name = item.get("name")
+            if isinstance(name, str):
+                turn.results.append(Result(f"function_call:{name}", name, i, legacy=True))
+            else:
+                problems.append(Violation("format", i, "a function message without a name"))
+                turn.damaged = True
+        elif role not in ("user", "system", "developer"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turn.damaged = True
+        turns.append(turn)
+    return turns, problems
+
+
+# -- OpenAI Responses input items ----------------------------------------------------------
+
+
+def _responses_kind(item: Mapping[str, Any]) -> str:
+    kind = item.get("type")
+    if kind is None and "role" in item:
+        return "message"
+    return str(kind)
+
+
+# Calls the caller runs and must answer; other ``*_call`` items without a ``call_id``
+# (``web_search_call``, ``mcp_call``, ...) are run by the provider and carry their result.
+_CLIENT_CALLS = frozenset({"function_call", "custom_tool_call"})
+
+
+def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Each input item is a turn: ``*_call`` items with a ``call_id`` are calls,
+    ``*_call_output`` items their results, ``message`` items (or bare role dicts)
+    messages; items a provider runs itself (``web_search_call``, ``mcp_call``, ...)
+    carry their own result and need no pairing."""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        kind = _responses_kind(item)
+        call_id = item.get("call_id")
+        if kind == "message":
+            turn = Turn(str(item.get("role")), i)
+        elif kind.endswith("_call_output"):
+            turn = Turn(kind, i)
+            if isinstance(call_id, str):
+                turn.results.append(Result(call_id, None, i))
+            else:
+                problems.append(Violation("format", i, f"a {kind} item without a call_id"))
+                turn.damaged = True
+        elif kind.endswith("_call") and ("call_id" in item or kind in _CLIENT_CALLS):
+            turn = Turn(kind, i)
+            name = item.get("name")
+            if isinstance(call_id, str):
+                turn.calls.append(Call(call_id, name if isinstance(name, str) else kind, i))
+            else:
+                problems.append(
+                    Violation("format", i, f"a {kind} item whose call_id is unreadable")
+                )
+                turn.damaged = True
+        else:
+            turn = Turn(kind, i)
+        turns.append(turn)
+    return turns, problems
+
+
+# -- Anthropic Messages -------------------------------------------------------------------
+
+
+def _blocks(content: Any) -> list[Any] | None:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, Sequence) and not isinstance(content, bytes):
+        return list(content)
+    return None
+
+
+def _is_server_result(kind: Any) -> bool:
+    return isinstance(kind, str) and kind.endswith("_tool_result") and kind != "tool_result"
+
+
+def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[Violation]) -> None:
+    for j, block in enumerate(blocks):
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
+            call_id, name = block.get("id"), block.get("name")
+            if not isinstance(call_id, str):
+                problems.append(Violation("format", i, f"content[{j}] ({kind}) has no string id"))
+                turn.damaged = True
+                continue
+            call = Call(
+                call_id, name if isinstance(name, str) else "", i, server=kind != "tool_use"
+            )
+            if call.server:
+                turn.server_blocks.append(call)
+            else:
+                turn.calls.append(call)
+        elif _is_server_result(kind):
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                problems.append(Violation("format", i, f"content[{j}] ({kind}) has no tool_use_id"))
+                turn.damaged = True
+                continue
+            turn.server_blocks.append(Result(call_id, None, i, server=True))
+
+
+def _anthropic_user(i: int, blocks: list[Any], turn: Turn, problems: list[Violation]) -> None:
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "tool_result" and isinstance(block, Mapping):
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                problems.append(
+                    Violation("format", i, f"content[{j}] (tool_result) has no tool_use_id")
+                )
+                turn.damaged = True
+                continue
+            # In a merged turn, content of an earlier message also counts as "before".
+            turn.results.append(Result(call_id, None, i, after_other_content=turn.other_content))
+        else:
+            turn.other_content = True
+
+
+def read_anthropic(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Consecutive messages of one role are merged into one turn (the API does the
+    same before it checks anything); ``system`` messages mid-conversation are turns
+    of their own."""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role")
+        if role not in ("user", "assistant", "system"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        if turns and turns[-1].role == role and role != "system":
+            turn = turns[-1]
+        else:
+            turn = Turn(role, i)
+            turns.append(turn)
+        blocks = _blocks(item.get("content"))
+        if blocks is None:
+            problems.append(Violation("format", i, "content is neither a string nor a list"))
+            turn.damaged = True
+            continue
+        if role == "assistant":
+            _anthropic_assistant(i, blocks, turn, problems)
+        elif role == "user":
+            _anthropic_user(i, blocks, turn, problems)
+    return turns, problems
