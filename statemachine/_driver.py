@@ -922,7 +922,9 @@ class AgentRun:
         except asyncio.CancelledError:
             self._post(call.id, ToolCancelled(call.id))
             raise
-        except BaseException as exc:  # noqa: BLE001 - a task that dies unreported hangs the run
+        except BaseException as exc:
+            if call.id in self._reported:
+                raise  # abandoned, and now closed by its loop: nothing left to answer
             self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
             output = ToolOutput(
                 f"tool {call.name} returned output that could not be read: {_describe(exc)}",
@@ -953,9 +955,12 @@ class AgentRun:
         try:
             return await self._execute(tool, call, controller)
         finally:
-            _current_call.reset(call_token)
-            _progress_sink.reset(token)
             unlink()
+            try:
+                _current_call.reset(call_token)
+                _progress_sink.reset(token)
+            except ValueError:
+                pass  # an abandoned call closed later, from another context
 
     async def _execute(self, tool: Tool, call: ToolCall, controller: AbortController) -> ToolOutput:
         signal = controller.signal
@@ -1043,8 +1048,8 @@ class AgentRun:
         assert self._inbox is not None
         # In call order, one at a time: a hook may ask a person, one question at a time.
         for call in calls:
-            if self._aborting:
-                return  # the engine answers the calls left unchecked
+            if self._aborting or self._fatal is not None:
+                return  # the engine answers the calls left unchecked when it aborts
             decision: object
             try:
                 decision = await _call_hook(hook, call)
@@ -1301,6 +1306,11 @@ def _close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
             task.cancel()
         if pending:
             loop.run_until_complete(asyncio.wait(pending, timeout=max(float(grace), 0.0)))
+        for task in pending:
+            if not task.done():
+                # Abandoned, and reported as such by the run: asyncio need not say
+                # again, when the task is collected, that it never finished.
+                setattr(task, "_log_destroy_pending", False)  # noqa: B010
         loop.run_until_complete(
             asyncio.wait(
                 [loop.create_task(loop.shutdown_asyncgens())], timeout=max(float(grace), 0.0)
