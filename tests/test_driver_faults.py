@@ -347,6 +347,24 @@ def test_a_stopping_exception_from_a_hook_is_raised_after_the_run_is_closed(
 
 
 @pytest.mark.timeout(30)
+def test_no_model_call_starts_after_a_stopping_exception_from_the_last_tool() -> None:
+    exc = KeyboardInterrupt()
+    model = ScriptedModel(asks("bad"), DONE)
+    run = sm.AgentRun(model=model, messages=GO, tools=[raising_tool(exc, "async")])
+    assert on_virtual_time(lambda: _run_expecting(run, exc)) == set()
+    # The tool's error result completed the turn before the abort was handled; the
+    # model call that the engine then asked for is never made.
+    assert model.calls == 1
+    assert run.result is not None
+    assert run.result.state is sm.TurnState.Aborted
+    last = run.result.messages[-1]
+    assert isinstance(last, sm.AssistantMessage)
+    assert last.error_message == (
+        "The model call was aborted: not started: the run was aborted before the call began"
+    )
+
+
+@pytest.mark.timeout(30)
 def test_run_agent_sync_raises_a_keyboard_interrupt_from_a_tool() -> None:
     exc = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt) as raised:
@@ -602,6 +620,11 @@ def test_no_model_call_starts_after_an_abort_queued_behind_a_result() -> None:
     assert result.state is sm.TurnState.Aborted
     assert results(result)["c1"].text == "finished while the abort waited"
     assert "stop from the ui" in result.explanation
+    # The abort was handled before the queued result: the run never reached a second
+    # turn (not even one answered "not started").
+    assert result.turns == 1
+    assert isinstance(result.messages[-1], sm.ToolResultMessage)
+    assert "while the tool calls of turn 1 were running" in result.explanation
 
 
 @pytest.mark.timeout(30)
