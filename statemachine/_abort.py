@@ -5,6 +5,11 @@ no I/O and knows nothing of asyncio, so the sans-IO core and any driver can shar
 it. ``abort()`` may be called from any thread (a UI thread, a signal handler);
 listeners run synchronously in the aborting thread, which is why the asyncio driver's
 listener only hands the news to its loop with ``call_soon_threadsafe``.
+
+A listener is someone else's code (a tool's, a client's): whatever it raises, every
+other listener still hears the news and the signal is left aborted. Only
+``KeyboardInterrupt`` and ``SystemExit``, which mean "stop the process", are raised
+again, once all listeners have run.
 """
 
 from __future__ import annotations
@@ -73,12 +78,17 @@ class AbortSignal:
             self._aborted = True
             self._reason = reason
             listeners, self._listeners = self._listeners, []
+        fatal: BaseException | None = None
         for listener in listeners:
             # A listener that raises must not keep the others from hearing the news.
             try:
                 listener(reason)
-            except Exception:  # noqa: BLE001 - isolation is the point
+            except (KeyboardInterrupt, SystemExit) as exc:
+                fatal = fatal or exc
+            except BaseException:  # noqa: BLE001 - isolation is the point
                 library_logger().exception("abort_listener_failed")
+        if fatal is not None:
+            raise fatal
 
     def __repr__(self) -> str:
         return f"AbortSignal(aborted={self._aborted!r}, reason={self._reason!r})"

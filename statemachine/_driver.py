@@ -10,14 +10,31 @@ tools finish in any order; that sequence is all the history depends on (I5).
 Abort and the grace period
 --------------------------
 When the run's signal fires, the driver forwards it to the internal signal that
-tools and the model client hold, and tells the engine (``AbortRequested``). The
-engine answers with ``CancelOperations`` naming what is still outstanding. The driver
-waits ``grace_period`` seconds for those operations to finish on their own (a result
-that arrives then is kept as it is, I6), then cancels their tasks (each reports
-``*Cancelled``). An operation that even ignores cancellation (a sync tool in a thread,
-or code that swallows ``CancelledError``) is given up after a second grace period:
-the driver reports it cancelled and stops waiting, so ``run_agent`` returns within
-about two grace periods whatever a client or tool does.
+tools and the model client hold, and tells the engine (``AbortRequested``) before any
+event that was already waiting, so that no model call and no tool call starts after
+the abort. The engine answers with ``CancelOperations`` naming what is still
+outstanding. The grace period is one budget, counted from then: for its first half
+the operations may finish on their own (a result that arrives then is kept as it is,
+I6); then their tasks are cancelled (each reports ``*Cancelled`` once its cleanup has
+run); an operation still running when the grace period ends (one that swallows
+``CancelledError`` and keeps going, a sync tool in its thread) is abandoned: the
+driver records it as such (result text, ``ToolEnded.abandoned``, the explanation)
+and stops waiting for it. So ``run_agent`` returns within the grace period after the
+abort is seen, whatever a client or tool does. Code that blocks the event loop
+delays when the abort is seen (nothing can interrupt it); the grace period then runs
+from when the loop is free again.
+
+Exceptions that are not ``Exception``
+-------------------------------------
+A tool, model client or hook may raise any ``BaseException``. ``GeneratorExit`` or a
+class of its own is that operation's failure like any exception (an error result, a
+failed model call, the hook's failure path). ``KeyboardInterrupt`` and ``SystemExit``
+mean "stop": the operation is answered the same way, the run is aborted and closed
+(every task cancelled and awaited, every call answered), and then ``run()`` raises
+the exception to its caller; ``AgentRun.result`` holds how the run ended. A
+``CancelledError`` that nothing asked for is the operation's failure too. When the
+caller cancels ``run()`` itself (``asyncio.Runner`` does so on Ctrl-C), the run is
+aborted and closed the same way before the cancellation goes on.
 
 Hooks and their failure modes
 -----------------------------
@@ -51,7 +68,7 @@ from typing import Any, TypeAlias, TypeVar
 import attrs
 
 from ._abort import AbortController, AbortSignal
-from ._engine import Engine, TransitionRecord
+from ._engine import ABANDONED, Engine, TransitionRecord
 from ._errors import (
     AbortedError,
     AwaitingUserError,
@@ -210,6 +227,8 @@ class ToolEnded:
     output: ToolOutput
     seconds: float
     cancelled: bool = False
+    # Still running when the grace period ended: given up on, its cleanup unfinished.
+    abandoned: bool = False
 
 
 @attrs.frozen
@@ -302,7 +321,16 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+_FATAL = (KeyboardInterrupt, SystemExit)
+"""What a tool, client or hook may raise to stop the process: re-raised after the run."""
+
+_MODEL_NOT_STARTED = "not started: the run was aborted before the call began"
+_TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
+
+
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, _EscapedError):
+        exc = exc.original
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not kill the reporting task
@@ -320,15 +348,43 @@ class StrayCancelledError(Exception):
     """User code raised ``CancelledError`` although nothing cancelled its task."""
 
 
+class _EscapedError(Exception):
+    """A ``BaseException`` that is not an ``Exception``, carried as an ordinary failure
+    so that the failure path of whatever raised it runs (module docstring)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(_describe(original))
+        self.original = original
+
+
+def _fatal_in(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt`` or ``SystemExit`` that ``exc`` is or carries."""
+    original = exc.original if isinstance(exc, _EscapedError) else exc
+    return original if isinstance(original, _FATAL) else None
+
+
 async def _call_hook(hook: Callable[..., Awaitable[_T] | _T], *args: Any) -> _T:
-    """Call a hook; a stray ``CancelledError`` from it becomes an ordinary failure, so
-    the hook's failure path runs (otherwise its task dies silently and the run hangs)."""
+    """Call a hook; whatever it raises reaches the caller as an ``Exception``, so the
+    hook's failure path runs (otherwise its task dies silently and the run hangs)."""
     try:
         return await _maybe_await(hook(*args))
     except asyncio.CancelledError:
         if _cancel_requested():
             raise
         raise StrayCancelledError("raised by the hook though nothing cancelled it") from None
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise
+        raise _EscapedError(exc) from exc
+
+
+async def _carried(awaitable: Awaitable[_T]) -> _T:
+    """Await in a task of its own: a ``KeyboardInterrupt`` or ``SystemExit`` escaping a
+    task is raised out of the event loop itself, so it leaves the task as a failure."""
+    try:
+        return await awaitable
+    except _FATAL as exc:
+        raise _EscapedError(exc) from exc
 
 
 # -- progress reports from inside tools ------------------------------------------------
@@ -461,7 +517,18 @@ class AgentRun:
         self._tool_counts: dict[str, dict[str, int]] = {}
         self._usage = Usage()
         self._model_calls = 0
-        self._model_exception: Exception | None = None
+        self._model_exception: BaseException | None = None
+        self._fatal: BaseException | None = None  # raised again once the run is closed
+        self._abort_first: AbortRequested | None = None  # handled before queued events
+        self._abandoned: set[str] = set()  # keys given up on at the end of the grace
+        self._outcome: RunResult | None = None
+
+    @property
+    def result(self) -> RunResult | None:
+        """How the run ended, once ``run()`` has returned or raised (a
+        ``KeyboardInterrupt`` or ``SystemExit`` from a tool, client or hook, or the
+        caller's cancellation); ``None`` before."""
+        return self._outcome
 
     # -- the caller's handle ------------------------------------------------------------
 
@@ -529,7 +596,8 @@ class AgentRun:
 
     async def run(self) -> RunResult:
         """Drive the run to a terminal state or ``AwaitingUser``; never raises for
-        how it ends (see ``RunResult``)."""
+        how it ends (see ``RunResult``), only a ``KeyboardInterrupt`` or
+        ``SystemExit`` raised under it, once the run is closed (module docstring)."""
         if self._started:
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
@@ -577,18 +645,48 @@ class AgentRun:
                 )
                 for event in first:
                     self._handle(event)
-            while not self.engine.is_finished:
-                self._handle(await self._inbox.get())
-            # Input that was queued but arrived after the run ended is not dropped: it
-            # is reported with the result, like input the run never got to inject.
-            while not self._inbox.empty():
-                late = self._inbox.get_nowait()
-                if isinstance(late, InputQueued):
-                    self._late_input.append(late)
+            try:
+                await self._drive()
+            except asyncio.CancelledError:
+                # The caller cancelled run() (asyncio.Runner does on Ctrl-C): close the
+                # run as an abort, so every call still gets its result, then go on.
+                self._abort("the caller cancelled the run")
+                await self._drive()
+                raise
         finally:
             remove()
             await self._cleanup()
-        return self._result()
+            self._outcome = self._result()
+        if self._fatal is not None:
+            raise self._fatal
+        return self._outcome
+
+    async def _drive(self) -> None:
+        engine = self.engine
+        inbox = self._inbox
+        assert inbox is not None
+        while not engine.is_finished:
+            event = await inbox.get()
+            first = self._abort_first
+            if first is not None:
+                # An abort goes ahead of what was already queued: a result queued
+                # before it must not start a new model call or tool call.
+                self._abort_first = None
+                self._handle(first)
+                if event is first:
+                    continue
+                if engine.is_finished:
+                    self._keep_late(event)
+                    break
+            self._handle(event)
+        # Input that was queued but arrived after the run ended is not dropped: it
+        # is reported with the result, like input the run never got to inject.
+        while not inbox.empty():
+            self._keep_late(inbox.get_nowait())
+
+    def _keep_late(self, event: Event) -> None:
+        if isinstance(event, InputQueued):
+            self._late_input.append(event)
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, (ToolFinished, ToolCancelled)):
@@ -597,15 +695,34 @@ class AgentRun:
         self._observe()
         self._perform(actions)
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, urgent: bool = True) -> None:
+        """Abort the run; ``urgent`` puts the abort ahead of the events already queued
+        (a caller's abort), otherwise it follows them (an operation's own failure)."""
         if self._aborting or self._finished:
             return
         self._aborting = True
-        self._controller.abort(reason)
+        event = AbortRequested(reason)
+        if urgent:
+            self._abort_first = event
+        try:
+            self._controller.abort(reason)
+        except _FATAL as exc:  # a tool's abort listener: first close the run
+            self._fatal = self._fatal or exc
         for task in self._helpers:
             task.cancel()  # hooks: their calls are answered by the engine
         if self._inbox is not None:
-            self._inbox.put_nowait(AbortRequested(reason))
+            self._inbox.put_nowait(event)
+
+    def _note_failure(self, exc: BaseException, where: str) -> None:
+        """After an operation has reported its failure: if it was a KeyboardInterrupt
+        or SystemExit, abort the run (behind that report) and raise it afterwards."""
+        fatal = _fatal_in(exc)
+        if fatal is None:
+            return
+        self._fatal = self._fatal or fatal
+        self._log.warning("run_interrupted", by=where, error=_describe(fatal))
+        reason = f"{type(fatal).__name__} raised by {where}"
+        asyncio.get_running_loop().call_soon(self._abort, reason, False)
 
     def _post(self, key: str, event: Event) -> None:
         """Queue the one event of an operation; later reports of it are dropped."""
@@ -619,9 +736,16 @@ class AgentRun:
         checks: list[ToolCall] = []
         for action in actions:
             if isinstance(action, CallModel):
+                if self._aborting:
+                    self._not_started("model", ModelCancelled(_MODEL_NOT_STARTED))
+                    continue
                 self._model_calls += 1
                 self._spawn("model", self._call_model(action))
             elif isinstance(action, StartTool):
+                if self._aborting:
+                    call_id = action.call.id
+                    self._not_started(call_id, ToolCancelled(call_id, _TOOL_NOT_STARTED))
+                    continue
                 self._tool_start[action.call.id] = time.perf_counter()
                 self._emit(partial(ToolStarted, action.call))
                 self._spawn(action.call.id, self._run_tool(action.call))
@@ -635,6 +759,12 @@ class AgentRun:
         if checks:
             self._helper(self._check_permissions(checks))
 
+    def _not_started(self, key: str, event: Event) -> None:
+        """An operation the engine asked for after the abort (queued events it handled
+        first): it is never begun, and answered as such once the abort is handled."""
+        self._reported.discard(key)
+        self._post(key, event)
+
     def _spawn(self, key: str, coro: Awaitable[None]) -> None:
         self._reported.discard(key)
         self._tasks[key] = asyncio.ensure_future(coro)
@@ -645,9 +775,11 @@ class AgentRun:
         task.add_done_callback(self._helpers.discard)
 
     async def _cleanup(self) -> None:
-        # Normally nothing is left: every operation reported before the run ended.
-        # Left over only when the caller cancelled run() itself.
-        pending = [t for t in (*self._tasks.values(), *self._helpers) if not t.done()]
+        # Normally nothing is left: every operation reported before the run ended,
+        # and an abandoned one is not waited for again. Left over only when the
+        # caller cancelled run() twice.
+        tasks = [t for k, t in self._tasks.items() if k not in self._abandoned]
+        pending = [t for t in (*tasks, *self._helpers) if not t.done()]
         for task in pending:
             task.cancel()
         if pending:
@@ -708,7 +840,8 @@ class AgentRun:
             counts = self._tool_counts.setdefault(call.name, {})
             counts[outcome] = counts.get(outcome, 0) + 1
             cancelled = isinstance(event, ToolCancelled)
-            self._emit(partial(ToolEnded, call, output, seconds, cancelled))
+            abandoned = cancelled and event.call_id in self._abandoned
+            self._emit(partial(ToolEnded, call, output, seconds, cancelled, abandoned))
 
     def _stats(self) -> RunStats:
         return RunStats(
@@ -751,6 +884,7 @@ class AgentRun:
                 try:
                     context = await _call_hook(self._transform, action.messages)
                 except Exception as exc:
+                    self._note_failure(exc, "the transform_context hook")
                     raise ModelOutputError(
                         f"the transform_context hook raised {_describe(exc)}"
                     ) from exc
@@ -763,13 +897,14 @@ class AgentRun:
             # That is one failed call, not a cancellation the engine never asked for.
             self._post("model", ModelFailed("CancelledError raised by the model client"))
             return
-        except Exception as exc:  # noqa: BLE001 - every failure is one failed call
+        except BaseException as exc:  # noqa: BLE001 - every failure is one failed call
             self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
             # The engine records text (runs replay from data); the caller also gets the
             # exception itself as the cause of RunResult.error, e.g. to detect context
             # overflow and compact.
             self._model_exception = exc
             self._post("model", ModelFailed(_describe(exc)))
+            self._note_failure(exc, "the model client")
             return
         if not isinstance(message, AssistantMessage):
             error = ModelOutputError(
@@ -780,6 +915,25 @@ class AgentRun:
         self._post("model", ModelResponded(message))
 
     async def _run_tool(self, call: ToolCall) -> None:
+        try:
+            output = await self._tool_output(call)
+            if self._after is not None:
+                output = await self._after_hook(call, output)
+        except asyncio.CancelledError:
+            self._post(call.id, ToolCancelled(call.id))
+            raise
+        except BaseException as exc:
+            if call.id in self._reported:
+                raise  # abandoned, and now closed by its loop: nothing left to answer
+            self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
+            output = ToolOutput(
+                f"tool {call.name} returned output that could not be read: {_describe(exc)}",
+                is_error=True,
+            )
+            self._note_failure(exc, f"tool {call.name}")
+        self._post(call.id, ToolFinished(call.id, output))
+
+    async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self._tools[call.name]
         # A per-call signal: fires on the run's abort and on this call's timeout.
         controller = AbortController()
@@ -799,23 +953,14 @@ class AgentRun:
         token = _progress_sink.set(sink)
         call_token = _current_call.set(call)
         try:
-            output = await self._execute(tool, call, controller)
-        except asyncio.CancelledError:
-            self._post(call.id, ToolCancelled(call.id))
-            raise
-        except Exception as exc:  # noqa: BLE001 - a task that dies unreported hangs the run
-            self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
-            output = ToolOutput(
-                f"tool {call.name} returned output that could not be read: {_describe(exc)}",
-                is_error=True,
-            )
+            return await self._execute(tool, call, controller)
         finally:
-            _current_call.reset(call_token)
-            _progress_sink.reset(token)
             unlink()
-        if self._after is not None:
-            output = await self._after_hook(call, output)
-        self._post(call.id, ToolFinished(call.id, output))
+            try:
+                _current_call.reset(call_token)
+                _progress_sink.reset(token)
+            except ValueError:
+                pass  # an abandoned call closed later, from another context
 
     async def _execute(self, tool: Tool, call: ToolCall, controller: AbortController) -> ToolOutput:
         signal = controller.signal
@@ -835,8 +980,9 @@ class AgentRun:
             return ToolOutput("CancelledError raised by the tool", is_error=True)
         except _TimedOutError as timed_out:
             return ToolOutput(str(timed_out), is_error=True)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure becomes its result
+        except BaseException as exc:  # noqa: BLE001 - a tool's failure becomes its result
             self._log.info("tool_raised", call_id=call.id, tool=call.name, error=_describe(exc))
+            self._note_failure(exc, f"tool {call.name}")
             if self._controller.signal.aborted:
                 return ToolOutput(f"Operation aborted: {_describe(exc)}", is_error=True)
             return ToolOutput(_describe(exc), is_error=True)
@@ -852,7 +998,9 @@ class AgentRun:
 
     async def _with_timeout(self, tool: Tool, call: ToolCall, controller: AbortController) -> Any:
         assert tool.timeout is not None
-        task = asyncio.ensure_future(tool.execute(call.arguments_dict(), controller.signal))
+        task = asyncio.ensure_future(
+            _carried(tool.execute(call.arguments_dict(), controller.signal))
+        )
         try:
             done, _ = await asyncio.wait({task}, timeout=tool.timeout)
             if task in done:
@@ -877,6 +1025,7 @@ class AgentRun:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
             self._log.warning("after_tool_call_raised", call_id=call.id, error=_describe(exc))
+            self._note_failure(exc, "the after_tool_call hook")
             original = "\n".join(getattr(b, "text", "[image]") for b in output.content)
             return ToolOutput(
                 f"The after_tool_call hook raised {_describe(exc)}. The tool's own result "
@@ -899,6 +1048,8 @@ class AgentRun:
         assert self._inbox is not None
         # In call order, one at a time: a hook may ask a person, one question at a time.
         for call in calls:
+            if self._aborting or self._fatal is not None:
+                return  # the engine answers the calls left unchecked when it aborts
             decision: object
             try:
                 decision = await _call_hook(hook, call)
@@ -906,6 +1057,7 @@ class AgentRun:
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
                 self._log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
+                self._note_failure(exc, "the before_tool_call hook")
                 decision = Deny(
                     f"the before_tool_call hook raised {_describe(exc)}; the call was not run"
                 )
@@ -934,6 +1086,7 @@ class AgentRun:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
             self._log.warning("should_continue_raised", turn=turn, error=_describe(exc))
+            self._note_failure(exc, "the should_continue hook")
             decision = Stop(f"the should_continue hook raised {_describe(exc)}")
         if decision is None:
             self._inbox.put_nowait(ContinueDecided(False))
@@ -949,24 +1102,38 @@ class AgentRun:
             )
 
     async def _cancel_after_grace(self, keys: list[str], reason: str) -> None:
+        # One grace period from the abort on: half to finish on their own, half for
+        # the cleanup of a cancellation; then give up (module docstring).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._grace
         tasks = [self._tasks[k] for k in keys if k in self._tasks]
         if tasks:
-            await asyncio.wait(tasks, timeout=self._grace)
+            await asyncio.wait(tasks, timeout=self._grace / 2)
         stubborn = [k for k in keys if k in self._tasks and not self._tasks[k].done()]
         for key in stubborn:
             self._tasks[key].cancel()
         if stubborn:
-            await asyncio.wait([self._tasks[k] for k in stubborn], timeout=self._grace)
-        for key in stubborn:
-            if not self._tasks[key].done():
-                # It ignored cancellation too: stop waiting for it (module docstring).
+            # At least one pass of the loop, even when a blocked loop used up the
+            # grace period: a cancelled task that ends at once is not abandoned.
+            remaining = max(deadline - loop.time(), 0.0)
+            await asyncio.wait([self._tasks[k] for k in stubborn], timeout=remaining)
+        for key in keys:
+            task = self._tasks.get(key)
+            if key in self._reported or task is None:
+                continue
+            event: Event
+            if task.done():  # it ended without a word: still one answer
+                event = ModelCancelled() if key == "model" else ToolCancelled(key)
+            else:
+                # It ignored cancellation too: stop waiting for it.
+                self._abandoned.add(key)
                 self._log.warning("operation_abandoned", key=key, reason=reason)
-                self._post(
-                    key,
-                    ModelCancelled("abandoned: it ignored cancellation")
+                event = (
+                    ModelCancelled(f"{ABANDONED}: it ignored cancellation")
                     if key == "model"
-                    else ToolCancelled(key, "abandoned: the tool ignored cancellation"),
+                    else ToolCancelled(key, f"{ABANDONED}: the tool ignored cancellation")
                 )
+            self._post(key, event)
 
 
 class _TimedOutError(Exception):
@@ -1103,12 +1270,51 @@ async def resume_agent(
 
 
 def run_agent_sync(**kwargs: Any) -> RunResult:
-    """``run_agent`` for code without an event loop (same keyword arguments)."""
+    """``run_agent`` for code without an event loop (same keyword arguments).
+
+    Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
+    raises ``KeyboardInterrupt``), except that it never waits for what the run has
+    abandoned: ``asyncio.run`` would wait for every leftover task and every executor
+    thread, so a tool that ignores cancellation, or a sync tool blocked in its
+    thread, would hold it forever. Such a thread keeps running after the return (a
+    thread cannot be interrupted), and the interpreter waits for it when it exits.
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_agent(**kwargs))
-    raise UsageError(
-        "run_agent_sync() cannot be called from a running event loop; "
-        "use 'await run_agent(...)' instead"
-    )
+        pass
+    else:
+        raise UsageError(
+            "run_agent_sync() cannot be called from a running event loop; "
+            "use 'await run_agent(...)' instead"
+        )
+    grace = kwargs.get("grace_period", DEFAULT_GRACE_PERIOD)
+    runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+    loop = runner.get_loop()
+    try:
+        return runner.run(run_agent(**kwargs))
+    finally:
+        _close_loop(loop, grace if isinstance(grace, (int, float)) else DEFAULT_GRACE_PERIOD)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
+    """Close ``loop`` without waiting past ``grace`` for tasks that ignore cancellation,
+    nor at all for executor threads (``loop.close()`` does not join them)."""
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=max(float(grace), 0.0)))
+        for task in pending:
+            if not task.done():
+                # Abandoned, and reported as such by the run: asyncio need not say
+                # again, when the task is collected, that it never finished.
+                setattr(task, "_log_destroy_pending", False)  # noqa: B010
+        loop.run_until_complete(
+            asyncio.wait(
+                [loop.create_task(loop.shutdown_asyncgens())], timeout=max(float(grace), 0.0)
+            )
+        )
+    finally:
+        loop.close()

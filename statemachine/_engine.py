@@ -88,6 +88,7 @@ from ._table import (
 from ._tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 
 __all__ = [
+    "ABANDONED",
     "SNAPSHOT_VERSION",
     "Engine",
     "TransitionRecord",
@@ -108,6 +109,11 @@ _DONE: Final = "done"
 _STATUSES: Final = (_WAITING_PERMISSION, _WAITING_APPROVAL, _READY, _RUNNING, _DONE)
 
 SNAPSHOT_VERSION: Final = 1
+
+ABANDONED: Final = "abandoned"
+"""How a ``ModelCancelled``/``ToolCancelled`` reason starts when the driver stopped
+waiting for an operation that ignored cancellation and may still be running: the
+explanation then says so instead of claiming that its cleanup finished."""
 _NO_SCHEDULING: Final = Scheduling()
 
 
@@ -374,6 +380,7 @@ class Engine:
         self.explanation: str | None = None
         self.abort_reason: str | None = None
         self._abort_context = ""
+        self._abandoned: list[str] = []  # operations the driver gave up on, still running
         self._model_outstanding = False
         self._batch: list[_Slot] = []
         self._slots: dict[str, _Slot] = {}
@@ -506,6 +513,8 @@ class Engine:
         elif isinstance(event, (ModelFailed, ModelCancelled)):
             self._model_outstanding = False
             detail = event.error if isinstance(event, ModelFailed) else event.reason
+            if isinstance(event, ModelCancelled) and detail.startswith(ABANDONED):
+                self._abandoned.append("the model call")
             if state is S.Aborting:
                 stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
             else:
@@ -543,6 +552,8 @@ class Engine:
                 self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
         elif isinstance(event, ToolCancelled):
             slot = self._slots[event.call_id]
+            if event.reason.startswith(ABANDONED):
+                self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
             self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
         elif isinstance(event, ContinueDecided):
             self._continue_pending = False
@@ -738,9 +749,17 @@ class Engine:
             S.TurnBoundary: f"at the turn boundary after turn {self.turns}",
             S.AwaitingUser: "while waiting for a person",
         }
+        if self._abandoned:
+            cleanup = (
+                f" (the driver abandoned {', '.join(self._abandoned)}: it ignored "
+                "cancellation and was still running at the end of the grace period, so its "
+                "cleanup may not have finished)."
+            )
+        else:
+            cleanup = " and finished its cleanup."
         self._finish(
             f"Aborted {contexts[source]}: {reason}. Every tool call that had started has "
-            "a result and finished its cleanup."
+            f"a result{cleanup}"
         )
 
     def _enter_TurnLimitExceeded(self, source: TurnState) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -944,3 +945,218 @@ def test_a_model_client_whose_complete_is_not_async_ends_failed_with_a_reason() 
     assert result.state is sm.TurnState.Failed
     assert "TypeError" in result.explanation
     assert "await" in result.explanation
+
+
+# -- behaviours pinned one by one: resume, approvals, the handle, the event stream --------------
+
+
+def _denied_first() -> tuple[sm.RunResult, Callable[[sm.ToolCall], sm.Deny | None]]:
+    def hook(c: sm.ToolCall) -> sm.Deny | None:
+        return sm.Deny("no writes today") if c.arguments["text"] == "write" else None
+
+    first = run(
+        model=ScriptedModel(
+            asks(call("c1", "echo", text="write"), call("c2", "echo", text="read"))
+        ),
+        tools=[echo],
+        before_tool_call=hook,
+    )
+    assert first.state is sm.TurnState.AwaitingUser
+    return first, hook
+
+
+def test_a_run_goes_on_after_a_policy_denial_once_a_person_answers() -> None:
+    first, hook = _denied_first()
+    model = ScriptedModel(asks(call("c3", "echo", text="again")), DONE)
+    second = asyncio.run(
+        sm.resume_agent(
+            first,
+            model=model,
+            tools=[echo],
+            message="fine, only read",
+            before_tool_call=hook,
+            grace_period=GRACE,
+        )
+    )
+    # The denial stopped one boundary only: the next turn's boundary goes on.
+    assert second.state is sm.TurnState.Done
+    assert len(model.requests) == 2
+    sent = model.requests[0]
+    assert sent[-1] == sm.UserMessage("fine, only read")
+    assert [r.text for r in sent if isinstance(r, sm.ToolResultMessage)] == [
+        "Tool call denied: no writes today",
+        "read",
+    ]
+    assert [r.text for r in results_of(second)][-1] == "again"
+    assert history_violations(second.messages) == []
+
+
+def test_resume_run_with_a_message_answers_every_pending_approval() -> None:
+    ran: list[str] = []
+
+    @sm.tool
+    async def act(name: str) -> str:
+        ran.append(name)
+        return f"did {name}"
+
+    first = run(
+        model=ScriptedModel(asks(call("a", "act", name="rm"), call("b", "act", name="mv"))),
+        tools=[act],
+        before_tool_call=lambda c: sm.RequireApproval("changes files"),
+    )
+    assert [c.id for c in first.pending_approvals] == ["a", "b"]
+    model = ScriptedModel(DONE)
+    resumed = sm.resume_run(first, model=model, tools=[act], message="never mind, stop")
+    second = asyncio.run(resumed.run())
+    assert second.state is sm.TurnState.Done
+    assert ran == []
+    sent = model.requests[0]
+    assert sent[-1] == sm.UserMessage("never mind, stop")
+    answers = [r for r in sent if isinstance(r, sm.ToolResultMessage)]
+    assert [r.tool_call_id for r in answers] == ["a", "b"]
+    assert all(
+        r.is_error and r.text.startswith("Tool call not run: it was not approved") for r in answers
+    )
+
+
+def test_more_than_one_pending_approval_is_listed_and_each_needs_a_decision() -> None:
+    ran: list[str] = []
+
+    @sm.tool
+    async def act(name: str) -> str:
+        ran.append(name)
+        return f"did {name}"
+
+    def hook(c: sm.ToolCall) -> sm.RequireApproval | None:
+        return None if c.arguments["name"] == "ls" else sm.RequireApproval(c.arguments["name"])
+
+    first = run(
+        model=ScriptedModel(
+            asks(
+                call("a", "act", name="rm"),
+                call("b", "act", name="ls"),
+                call("c", "act", name="mv"),
+            )
+        ),
+        tools=[act],
+        before_tool_call=hook,
+    )
+    assert [c.id for c in first.pending_approvals] == ["a", "c"]
+    assert "approve 2 tool call(s): act (call a): rm; act (call c): mv" in first.explanation
+    assert ran == ["ls"]
+    with pytest.raises(sm.InvalidInputError, match="missing: c"):
+        sm.resume_run(first, model=ScriptedModel(DONE), tools=[act], approvals={"a": True})
+    second = asyncio.run(
+        sm.resume_agent(
+            first,
+            model=ScriptedModel(DONE),
+            tools=[act],
+            approvals={"a": True, "c": sm.Deny("not that one")},
+            before_tool_call=hook,
+        )
+    )
+    assert second.state is sm.TurnState.Done
+    assert ran == ["ls", "rm"]
+    assert [(r.tool_call_id, r.text) for r in results_of(second)] == [
+        ("a", "did rm"),
+        ("b", "did ls"),
+        ("c", "Tool call denied by a person: not that one"),
+    ]
+
+
+def test_abort_through_the_handle_from_another_thread_wakes_an_idle_loop() -> None:
+    started = threading.Event()
+    holder: list[sm.AgentRun] = []
+
+    async def idle(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+        started.set()
+        await asyncio.Event().wait()  # nothing on the loop will ever wake it
+
+    def ui() -> None:
+        started.wait(30)
+        holder[0].abort("stop from the ui thread")
+
+    agent = sm.AgentRun(
+        model=ScriptedModel(idle), messages=[sm.UserMessage("go")], grace_period=GRACE
+    )
+    holder.append(agent)
+    thread = threading.Thread(target=ui)
+    thread.start()
+    began = time.monotonic()
+    try:
+        # The guard is long: an abort that did not wake the loop would only be seen
+        # when the guard's own timer fires, and the run would fail on the time below.
+        result = asyncio.run(asyncio.wait_for(agent.run(), HANG_GUARD))
+    finally:
+        started.set()
+        thread.join()
+    assert time.monotonic() - began < HANG_GUARD / 2
+    assert result.state is sm.TurnState.Aborted
+    assert "stop from the ui thread" in result.explanation
+
+
+def test_abort_before_the_start_keeps_the_input_queued_before_it() -> None:
+    model = ScriptedModel(DONE)
+    agent = sm.AgentRun(model=model, messages=[sm.UserMessage("go")], grace_period=GRACE)
+    agent.steer("look at the tests first")
+    agent.follow_up("then summarise")
+    agent.abort("changed my mind")
+    result = asyncio.run(agent.run())
+    assert result.state is sm.TurnState.Aborted
+    assert model.requests == []
+    assert result.messages == (sm.UserMessage("go"),)
+    assert [(q.message, q.kind) for q in result.queued_input] == [
+        (sm.UserMessage("look at the tests first"), sm.InputKind.STEER),
+        (sm.UserMessage("then summarise"), sm.InputKind.FOLLOW_UP),
+    ]
+
+
+def test_turn_started_and_turn_ended_number_the_turns_from_one() -> None:
+    model = ScriptedModel(
+        asks(call("c1", "echo", text="a")), asks(call("c2", "echo", text="b")), DONE
+    )
+    agent = sm.AgentRun(
+        model=model, tools=[echo], messages=[sm.UserMessage("go")], grace_period=GRACE
+    )
+    stream = agent.events()
+
+    async def main() -> list[sm.RunEvent]:
+        result = await agent.run()
+        assert result.state is sm.TurnState.Done
+        return [event async for event in stream]
+
+    events = asyncio.run(main())
+    assert [e.turn for e in events if isinstance(e, sm.TurnStarted)] == [1, 2, 3]
+    assert [e.turn for e in events if isinstance(e, sm.TurnEnded)] == [1, 2, 3]
+
+
+def test_progress_is_reported_by_tools_only_not_by_after_tool_call() -> None:
+    # report_progress belongs to the running tool (its call id is the event's); the
+    # after_tool_call hook runs once the tool is over and has its call as argument.
+    seen: list[tuple[bool, sm.ToolCall | None]] = []
+
+    @sm.tool
+    async def step() -> str:
+        assert sm.report_progress("from the tool")
+        return "done"
+
+    def after(c: sm.ToolCall, output: sm.ToolOutput) -> None:
+        seen.append((sm.report_progress("from the hook"), sm.current_tool_call()))
+
+    agent = sm.AgentRun(
+        model=ScriptedModel(asks(call("c1", "step")), DONE),
+        tools=[step],
+        messages=[sm.UserMessage("go")],
+        after_tool_call=after,
+    )
+    stream = agent.events()
+
+    async def main() -> list[sm.RunEvent]:
+        await agent.run()
+        return [event async for event in stream]
+
+    events = asyncio.run(main())
+    assert seen == [(False, None)]
+    assert [(e.call_id, e.data) for e in events if isinstance(e, sm.ToolProgress)] == [
+        ("c1", "from the tool")
+    ]

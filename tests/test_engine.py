@@ -563,6 +563,112 @@ def test_terminal_states_absorb_every_event(kind: str) -> None:
         assert observe(e) == before
 
 
+# -- the turn boundary, approvals and restore: behaviours pinned one by one ---------------------
+
+
+def test_the_turn_limit_explanation_names_the_last_call_of_the_batch() -> None:
+    e = engine(max_turns=1)
+    feed(
+        e,
+        sm.Start(),
+        sm.ModelResponded(asks(call("c1"), call("c2"))),
+        sm.ToolFinished("c1", ok("first")),
+        sm.ToolFinished("c2", ok("second")),
+    )
+    assert state(e) is S.TurnLimitExceeded
+    assert "Last operation: tool noop (call c2) returned: second." in (e.explanation or "")
+    assert "c1" not in (e.explanation or "")
+
+
+def test_a_policy_denial_wins_over_a_stop_at_the_same_turn_boundary() -> None:
+    # The table tries "denied by policy" before "stop requested": a person must see
+    # the denial, which a stop would otherwise hide behind a Done.
+    e = engine(check_permissions=True, check_continue=True)
+    feed(
+        e,
+        sm.Start(),
+        sm.ModelResponded(asks(call("c1"), call("c2"))),
+        sm.ToolDenied("c1", "not on this branch"),
+        sm.ToolPermitted("c2"),
+        sm.ToolFinished("c2", ok()),
+    )
+    assert state(e) is S.TurnBoundary
+    e.handle(sm.ContinueDecided(True, "budget spent"))
+    assert state(e) is S.AwaitingUser
+    assert "denied by policy: not on this branch" in (e.explanation or "")
+
+
+def test_input_queued_while_should_continue_is_pending_waits_for_the_decision() -> None:
+    e = engine(check_continue=True)
+    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+    assert state(e) is S.TurnBoundary
+    actions = e.handle(sm.InputQueued(sm.UserMessage("also check the tests")))
+    assert of_type(actions, sm.CallModel) == []  # the decision is still pending
+    assert state(e) is S.TurnBoundary
+    assert [q.message for q in e.queued_input()] == [sm.UserMessage("also check the tests")]
+    (request,) = of_type(e.handle(sm.ContinueDecided(False)), sm.CallModel)
+    assert request.messages[-1] == sm.UserMessage("also check the tests")
+    assert e.queued_input() == ()
+
+
+def test_input_queued_while_should_continue_is_pending_is_reported_on_a_stop() -> None:
+    e = engine(check_continue=True)
+    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+    e.handle(sm.InputQueued(sm.UserMessage("one more thing")))
+    e.handle(sm.ContinueDecided(True, "enough"))
+    assert state(e) is S.Done
+    assert [q.message for q in e.queued_input()] == [sm.UserMessage("one more thing")]
+    assert sm.UserMessage("one more thing") not in list(e.messages)
+
+
+def _awaiting_two_approvals() -> sm.Engine:
+    e = engine(check_permissions=True)
+    feed(
+        e,
+        sm.Start(),
+        sm.ModelResponded(asks(call("a"), call("b"), call("c"))),
+        sm.ApprovalRequired("a", "writes"),
+        sm.ToolPermitted("b"),
+        sm.ApprovalRequired("c", "deletes"),
+        sm.ToolFinished("b", ok("b done")),
+    )
+    assert state(e) is S.AwaitingUser
+    return e
+
+
+def test_more_than_one_pending_approval_waits_for_every_decision() -> None:
+    e = _awaiting_two_approvals()
+    assert [(c.id, note) for c, note in e.pending_approvals()] == [
+        ("a", "writes"),
+        ("c", "deletes"),
+    ]
+    assert "approve 2 tool call(s): noop (call a): writes; noop (call c): deletes" in (
+        e.explanation or ""
+    )
+    actions = e.handle(sm.ApprovalDecided("c", False, "no"))
+    assert state(e) is S.AwaitingUser  # "a" still waits
+    assert of_type(actions, sm.StartTool) == []
+    assert [c.id for c, _ in e.pending_approvals()] == ["a"]
+    (start,) = of_type(e.handle(sm.ApprovalDecided("a", True)), sm.StartTool)
+    assert start.call.id == "a"
+    assert state(e) is S.CollectingResults
+    e.handle(sm.ToolFinished("a", ok("a done")))
+    texts = [m.text for m in e.messages if isinstance(m, sm.ToolResultMessage)]
+    assert texts == ["a done", "b done", "Tool call denied by a person: no"]
+    assert state(e) is S.AwaitingModel
+
+
+def test_restore_refuses_assistant_messages_in_queued_input() -> None:
+    e = _awaiting_two_approvals()
+    good = json.loads(json.dumps(e.snapshot()))
+    assert sm.Engine.restore(good).state is S.AwaitingUser
+    for key in ("steer", "followUp"):
+        bad = json.loads(json.dumps(good))
+        bad[key] = [sm.message_to_dict(sm.AssistantMessage("I queued this myself"))]
+        with pytest.raises(sm.WireFormatError, match="queued input must be user messages"):
+            sm.Engine.restore(bad)
+
+
 # -- determinism and logging ---------------------------------------------------------------------
 
 SCRIPT: list[sm.Event] = [
