@@ -340,3 +340,60 @@ def test_a_strategy_with_fewer_scenarios_than_a_batch_is_searched_too(
     report = run_conformance(returns_none, max_examples=10, seed=1, scenarios=few)
     assert not report.passed
     assert "I8" in report.failed_properties
+
+
+def fails_on_run(n: int) -> Any:
+    """``run_agent``, except that its ``n``-th run (counting every run) raises."""
+    inner = agent_loop()
+    runs = 0
+
+    async def loop(**kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        if runs == n:
+            raise RuntimeError(f"run {n} breaks")
+        return await inner(**kwargs)
+
+    return loop
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("budget", [8, 9])
+@pytest.mark.parametrize("offset", [-1, 0])
+def test_a_failure_up_to_the_last_scenario_of_the_budget_is_reported(
+    budget: int, offset: int
+) -> None:
+    # The budget is 8 (one whole batch) or 9 (one scenario into the second batch);
+    # the failing run is the last one allowed or the one before it. Hypothesis replays
+    # the failing batch; the replay must not be judged against the spent budget.
+    n = budget + offset
+    report = run_conformance(fails_on_run(n), max_examples=budget, seed=3, properties=["I8"])
+    assert report.examples_run == n
+    assert report.failed_properties == ("I8",)
+    assert report.failures[0].problems == (
+        f"the loop did not return a history: RuntimeError: run {n} breaks",
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("budget", [8, 9])
+def test_a_failure_past_the_budget_is_never_reached(budget: int) -> None:
+    report = run_conformance(
+        fails_on_run(budget + 1), max_examples=budget, seed=3, properties=["I8"]
+    )
+    assert report.passed, report.summary()
+    assert report.examples_run == budget
+
+
+@pytest.mark.timeout(60)
+def test_a_strategy_that_draws_differently_on_replay_still_gives_a_report() -> None:
+    # Hypothesis replays the failing test case from the same bytes; this strategy
+    # then builds other scenarios, which Hypothesis calls flaky. The report keeps the
+    # failure the loop showed.
+    import itertools
+
+    limits = itertools.count(1)
+    drifting = st.builds(lambda _: Scenario(turns=(), max_turns=next(limits)), st.none())
+    report = run_conformance(returns_none, max_examples=10, seed=1, scenarios=drifting)
+    assert report.failed_properties == ("I8",)
+    assert report.examples_run == 1
