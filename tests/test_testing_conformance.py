@@ -397,3 +397,82 @@ def test_a_strategy_that_draws_differently_on_replay_still_gives_a_report() -> N
     report = run_conformance(returns_none, max_examples=10, seed=1, scenarios=drifting)
     assert report.failed_properties == ("I8",)
     assert report.examples_run == 1
+
+
+async def cancels_each_tool_at_once(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[Message]:
+    """A serial loop that cancels every tool right after starting it (one tick in),
+    answers each call, and cancels the model call at once on an abort."""
+    import asyncio
+
+    from statemachine import AssistantMessage, ToolResultMessage, validate_arguments
+
+    history: list[Message] = list(messages)
+    by_name = {t.definition.name: t for t in tools}
+    for _ in range(max_turns):
+        if signal.aborted:
+            break
+        finished, reply = await _until_abort(
+            model.complete(history, [t.definition for t in tools], signal), signal, 0.0
+        )
+        if not finished or isinstance(reply, Exception):
+            history.append(AssistantMessage((), stop_reason=StopReason.ABORTED))
+            break
+        history.append(reply)
+        if not reply.tool_calls or reply.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
+            if reply.tool_calls:
+                history += [
+                    ToolResultMessage(c.id, c.name, "not run", is_error=True)
+                    for c in reply.tool_calls
+                ]
+            break
+        for call in reply.tool_calls:
+            tool = by_name.get(call.name)
+            if (
+                tool is None
+                or validate_arguments(tool.definition, call.arguments)
+                or (signal.aborted)
+            ):
+                history.append(ToolResultMessage(call.id, call.name, "not run", is_error=True))
+                continue
+            task = asyncio.ensure_future(tool.execute(call.arguments_dict(), signal))
+            await asyncio.sleep(0)  # the tool starts and reaches its first await
+            task.cancel()
+            try:
+                value = await task
+            except (asyncio.CancelledError, Exception):
+                history.append(ToolResultMessage(call.id, call.name, "cancelled", is_error=True))
+            else:
+                history.append(ToolResultMessage(call.id, call.name, str(value)))
+    return history
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_cancelled_at_its_first_await_is_recorded_as_ended() -> None:
+    # The scripted tool fires the scenario's abort as it starts, then awaits once: the
+    # loop's cancel lands on that very first await.
+    scenario = Scenario(
+        turns=(ModelTurn(calls=(ScriptedCall(),), stop_reason=StopReason.TOOL_USE),),
+        abort=AbortAt(AbortKind.TOOL_START, 1, 0),
+    )
+    record = run_scenario(cancels_each_tool_at_once, scenario)
+    (execution,) = record.executions
+    assert (execution.how, execution.finished, execution.cleanup_done) == (
+        "cancelled",
+        True,
+        True,
+    )
+    assert record.running_at_return == ()
+    assert check_record(record, properties=["I6"]) == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_that_cancels_each_tool_at_once_passes_i6() -> None:
+    report = run_conformance(cancels_each_tool_at_once, max_examples=80, seed=5, properties=["I6"])
+    assert report.passed, report.summary()
