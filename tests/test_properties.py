@@ -11,6 +11,7 @@ the same checks catch the seed's broken loops.
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -393,3 +394,30 @@ def test_repeated_ids_after_an_abort_pair_by_position_too() -> None:
     )
     assert check_pairing(record) == [_DUP_FINDING]
     assert check_abort(record) == []
+
+
+def test_repeated_ids_pair_by_tool_name_before_position() -> None:
+    # The loop ran only the second call (beta) of two sharing an id: its result is
+    # beta's, and the one fault is alpha's missing result.
+    calls = (ScriptedCall(call_id="dup"), ScriptedCall("beta", call_id="dup"))
+    record = _record(
+        (ModelTurn(calls=calls),),
+        [
+            _asks(("dup", "alpha", "t1c0"), ("dup", "beta", "t1c1")),
+            _answer("dup", "t1c1", "beta"),
+            _DONE,
+        ],
+        ran=("t1c1",),
+    )
+    record = attrs.evolve(
+        record,
+        executions=(
+            attrs.evolve(record.executions[0], tool="beta", output="beta output for t1c1"),
+        ),
+    )
+    assert check_pairing(record) == [  # in call order within one message
+        "I1 at message 1: tool call 'dup' (alpha) has no result before the next assistant "
+        "message (message 3)",
+        _DUP_FINDING,
+    ]
+    assert check_control(record) == []

@@ -118,7 +118,8 @@ class _Pair:
     """A tool call and the result that answers it.
 
     A result answers the first call of the assistant message before it that has the
-    result's id and no result yet, so repeated ids pair by position. A result whose id
+    result's id and no result yet (and, among calls that share the id, the result's
+    tool name), so repeated ids pair by position. A result whose id
     matches no call of that message answers the first call left without one (a wrong
     id, one fault, not "a call without a result" plus "a result without a call");
     ``how`` says which: ``"answered"``, ``"wrong id"``, ``"late"`` (after the next
@@ -162,9 +163,10 @@ def _pair_results(transcript: Sequence[Message]) -> tuple[list[_Pair], list[_Str
             result = transcript[j]
             if not isinstance(result, ToolResultMessage):
                 continue
-            slot = next(
-                (p for p in block if p.how == "missing" and p.call.id == result.tool_call_id),
-                None,
+            waiting = [p for p in block if p.how == "missing" and p.call.id == result.tool_call_id]
+            # Among calls that share the id, the one to the tool the result names.
+            slot = next((p for p in waiting if p.call.name == result.tool_name), None) or next(
+                iter(waiting), None
             )
             if slot is None:
                 leftovers.append((j, result))
