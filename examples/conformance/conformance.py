@@ -1,4 +1,4 @@
-"""Run the conformance kit against the four peers; write ``results.md``.
+"""Run the conformance kit against the five peers; write ``results.md``.
 
     python examples/conformance/conformance.py [--examples N] [--seed S] [--peer NAME ...]
 
