@@ -10,6 +10,14 @@ Properties that only make sense for a loop that returns a ``RunResult`` (the sta
 and its explanation, I4 and parts of I6 and I7) hold vacuously for loops that
 return a bare message sequence. When the loop crashed (I8), the properties that
 need a transcript have nothing to judge and hold vacuously too: I8 reports it.
+
+One fault, one finding: a sentence names the message index (I1, I2) or call where a
+fault shows and what was expected there, and nothing that follows only from it is
+reported again. Results are paired with calls by position (``_pair_results``), so a
+repeated id, a wrong id or a late result is one I1 finding, and I2 and I3/I6 judge the
+pairs that remain; the model's responses are matched with resynchronisation, so one
+rewritten, dropped or invented response is one I2 finding. Findings are listed in
+message order.
 """
 
 from __future__ import annotations
