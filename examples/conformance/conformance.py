@@ -1,6 +1,7 @@
-"""Run the conformance kit against the four peers; write ``results.md``.
+"""Run the conformance kit against the five peers; write ``results.md``.
 
     python examples/conformance/conformance.py [--examples N] [--seed S] [--peer NAME ...]
+        [--property I1 ...]
 
 (``run.sh`` runs it with the peers' venv and installs pi-agent-core first.) For each
 peer and each property I1–I8 it searches separately (``run_conformance(loop,
@@ -33,8 +34,17 @@ def pi_loop() -> Any:
     adapter = HERE / "pi" / "adapter.mjs"
     if not (HERE / "pi" / "node_modules" / "@mariozechner" / "pi-agent-core").is_dir():
         raise SystemExit("pi-agent-core is not installed: run examples/conformance/install-pi.sh")
-    return bridge_loop(["node", str(adapter)])
+    # Each run starts a Node process that imports pi-ai before it says anything: half a
+    # second on an idle machine, past the bridge's default 5 s of silence on a loaded
+    # one, which would be reported as the peer's failure.
+    return bridge_loop(["node", str(adapter)], silence_timeout=SILENCE_TIMEOUT)
 
+
+SILENCE_TIMEOUT = 30.0
+"""Seconds a bridged peer may stay silent (its start-up included)."""
+
+RUN_TIMEOUT = 60.0
+"""Seconds one run may take; no scenario needs more than a few on a loaded machine."""
 
 PEERS: dict[str, Callable[[], Any]] = {**LOOPS, "pi-agent-core": pi_loop}
 
@@ -48,6 +58,9 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=100, help="scenarios per property")
     parser.add_argument("--seed", type=int, default=20261202)
     parser.add_argument("--peer", action="append", choices=sorted(PEERS), help="default: all")
+    parser.add_argument(
+        "--property", action="append", choices=list(PROPERTY_TITLES), help="default: all"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
     names = args.peer or list(PEERS)
@@ -66,9 +79,16 @@ def main() -> int:
         loop = PEERS[name]()
         row = [name]
         for prop in PROPERTY_TITLES:
+            if args.property and prop not in args.property:
+                row.append("not run")
+                continue
             start = time.monotonic()
             report = run_conformance(
-                loop, max_examples=args.examples, seed=args.seed, properties=[prop]
+                loop,
+                max_examples=args.examples,
+                seed=args.seed,
+                properties=[prop],
+                timeout=RUN_TIMEOUT,
             )
             took = time.monotonic() - start
             verdict = "pass" if report.passed else "**FAIL**"

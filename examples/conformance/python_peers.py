@@ -1,21 +1,23 @@
-"""Adapters: three real Python agent loops in the kit's loop shape.
+"""Adapters: four real Python agent loops in the kit's loop shape.
 
 Each adapter is an ``AgentLoop`` (``async loop(*, model, tools, messages, max_turns,
 signal)``) that runs the peer's OWN loop, configured with its documented defaults;
 the adapter only supplies:
 
 * the kit's scripted model in the peer's native model interface (PydanticAI's
-  ``FunctionModel``, an Agents SDK ``Model``, a LangChain ``BaseChatModel``);
+  ``FunctionModel``, an Agents SDK ``Model``, a LangChain ``BaseChatModel``, a
+  smolagents ``Model``);
 * the kit's scripted tools declared the peer's usual way: typed Python functions
-  ``(key: str, count: int | None = None)``, the kit's one tool schema, so that the
-  peer validates arguments with its own machinery;
+  ``(key: str, count: int | None = None)`` (for smolagents a ``Tool`` subclass with
+  the same two inputs), the kit's one tool schema, so that the peer validates
+  arguments with its own machinery;
 * the input history in the peer's message types, and the peer's history back in the
   kit's wire types at the end;
-* the abort: none of the three has an abort signal for a non-streaming run, so the
-  kit's abort cancels the run's task, their documented way to stop a run, and the
-  history is read from the peer's documented place for an interrupted run
-  (PydanticAI's ``capture_run_messages``, the Agents SDK's session, LangGraph's
-  checkpointer);
+* the abort: PydanticAI's ``CancellationToken`` and smolagents' ``agent.interrupt()``;
+  the Agents SDK and LangGraph have no abort for a non-streamed run, so the kit's abort
+  cancels the run's task, their documented way to stop a run; the history is read
+  from the peer's documented place for an interrupted run (``RunCancelled``, the
+  Agents SDK's session, LangGraph's checkpointer, smolagents' ``agent.memory``);
 * the turn limit: the peer's own limit set to ``max_turns`` model calls; the peer's
   documented "limit reached" exception is its way of ending such a run, so the
   adapter returns the history it holds, as a ``RunResult.error`` would carry the
@@ -26,7 +28,7 @@ adapter keeps the model's own value beside it, keyed by the response, so that a
 lossy translation cannot pass for the peer's defect.
 
 The peers are imported inside the adapters; run with the peers' venv
-(``bench/.venv``), see ``run.sh``.
+(``examples/conformance/.venv``, built by ``run.sh``).
 """
 
 from __future__ import annotations
@@ -34,13 +36,19 @@ from __future__ import annotations
 import asyncio
 import json
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, ClassVar
 
 import statemachine as sm
 from statemachine.testing import KNOWN_TOOLS
 
-__all__ = ["LOOPS", "langgraph_loop", "openai_agents_loop", "pydantic_ai_loop"]
+__all__ = [
+    "LOOPS",
+    "langgraph_loop",
+    "openai_agents_loop",
+    "pydantic_ai_loop",
+    "smolagents_loop",
+]
 
 KEY_DESCRIPTION = "Scripted tool: its behaviour follows the scenario."
 
@@ -58,6 +66,10 @@ def _split_history(
         raise ValueError("the kit's histories end with a user message")
     text = "".join(b.text for b in last.content if isinstance(b, sm.TextContent))
     return list(messages[:-1]), text
+
+
+def _user_text(message: sm.UserMessage) -> str:
+    return "".join(b.text for b in message.content if isinstance(b, sm.TextContent))
 
 
 async def _output_text(tool: sm.Tool, arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
@@ -554,10 +566,203 @@ def langgraph_loop() -> Any:
     return loop
 
 
+# -- smolagents ------------------------------------------------------------------------
+
+
+def smolagents_loop() -> Any:
+    """smolagents' ``ToolCallingAgent`` with a scripted ``Model``; ``max_steps=max_turns``.
+
+    smolagents is synchronous: the agent runs in a worker thread (``asyncio.to_thread``)
+    and its model and tools reach the kit's scripted ones on the event loop
+    (``run_coroutine_threadsafe``), so the run needs a real-time event loop. The abort
+    is ``agent.interrupt()``, its documented way to stop a run, which ends the run with
+    ``AgentError("Agent interrupted.")`` at the next step. The history is read from
+    ``agent.memory.steps`` (its own record of the run, from which it writes what the
+    model sees next); the input history is put there the same way, as the steps of an
+    earlier run continued with ``run(task, reset=False)``.
+    """
+    # smolagents ships no type information (no py.typed).
+    from smolagents import Tool as SmolTool  # type: ignore[import-untyped]
+    from smolagents import ToolCallingAgent
+    from smolagents.memory import (  # type: ignore[import-untyped]
+        ActionStep,
+        TaskStep,
+        Timing,
+    )
+    from smolagents.memory import ToolCall as SmolCall
+    from smolagents.models import (  # type: ignore[import-untyped]
+        ChatMessage,
+        ChatMessageToolCall,
+        ChatMessageToolCallFunction,
+        MessageRole,
+        Model,
+    )
+    from smolagents.monitoring import LogLevel, TokenUsage  # type: ignore[import-untyped]
+    from smolagents.utils import AgentError  # type: ignore[import-untyped]
+
+    def to_chat(message: sm.AssistantMessage, said: dict[int, str]) -> ChatMessage:
+        calls = [
+            ChatMessageToolCall(
+                function=ChatMessageToolCallFunction(name=c.name, arguments=c.arguments_dict()),
+                id=c.id,
+                type="function",
+            )
+            for c in message.tool_calls
+        ]
+        chat = ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content=_text(message),
+            tool_calls=calls or None,
+            token_usage=TokenUsage(input_tokens=1, output_tokens=1),
+        )
+        said[id(chat)] = message.stop_reason.value
+        return chat
+
+    def seed_steps(history: Sequence[sm.Message], said: dict[int, str]) -> list[Any]:
+        """The input history (less its last user message) as smolagents memory steps."""
+        steps: list[Any] = []
+        for m in history:
+            if isinstance(m, sm.UserMessage):
+                steps.append(TaskStep(task=_user_text(m)))
+            elif isinstance(m, sm.AssistantMessage):
+                chat = to_chat(m, said)
+                calls = [SmolCall(c.name, c.arguments_dict(), c.id) for c in m.tool_calls]
+                steps.append(
+                    ActionStep(
+                        step_number=len(steps),
+                        timing=Timing(start_time=0.0, end_time=0.0),
+                        model_output_message=chat,
+                        model_output=_text(m),
+                        tool_calls=calls or None,
+                    )
+                )
+            else:
+                step = steps[-1]
+                observations = f"{step.observations}\n{m.text}" if step.observations else m.text
+                step.observations = observations
+        return steps
+
+    def from_steps(steps: Sequence[Any], said: dict[int, str], last: list[Any]) -> list[sm.Message]:
+        out: list[sm.Message] = []
+        for step in steps:
+            if isinstance(step, TaskStep):
+                out.append(sm.UserMessage(step.task))
+                continue
+            if not isinstance(step, ActionStep):
+                continue
+            chat = step.model_output_message
+            if chat is None:
+                if step.action_output is not None and last:
+                    # The limit's final answer: smolagents keeps only the text of the
+                    # model's last response (provide_final_answer).
+                    stop = said.get(id(last[-1]), "stop")
+                    out.append(sm.AssistantMessage(str(step.action_output), stop_reason=stop))
+                continue
+            made = chat.tool_calls or []
+            content: list[Any] = [sm.TextContent(chat.content)] if chat.content else []
+            content += [sm.ToolCall(c.id, c.function.name, c.function.arguments) for c in made]
+            stop = said.get(id(chat), "toolUse" if made else "stop")
+            out.append(sm.AssistantMessage(tuple(content), stop_reason=stop))
+            recorded = step.tool_calls or []
+            if recorded and step.observations is not None:
+                # One observation text for the step, the calls' outputs joined by
+                # newlines in id order (process_tool_calls); the kit's outputs are one
+                # line each.
+                lines = step.observations.split("\n")
+                if len(lines) != len(recorded):
+                    raise RuntimeError(f"cannot split {len(recorded)} observations: {lines!r}")
+                out += [
+                    sm.ToolResultMessage(c.id, c.name, line)
+                    for c, line in zip(recorded, lines, strict=True)
+                ]
+            if step.error is not None:
+                # As ActionStep.to_messages writes it for the model: the step's error is
+                # its tool response under the id of its first recorded call, and with
+                # no recorded call (a call that raised stops the recording) a message
+                # with no id, which the model gets as a user message.
+                if recorded:
+                    first = recorded[0]
+                    out.append(
+                        sm.ToolResultMessage(first.id, first.name, str(step.error), is_error=True)
+                    )
+                else:
+                    out.append(sm.UserMessage(f"Error:\n{step.error}"))
+        return out
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        definitions = [t.definition for t in tools]
+        events = asyncio.get_running_loop()
+        said: dict[int, str] = {}
+        generated: list[Any] = []  # every response, in order (kept alive for ``said``)
+
+        def on_loop(work: Coroutine[Any, Any, Any]) -> Any:
+            return asyncio.run_coroutine_threadsafe(work, events).result()
+
+        class ScriptedModel(Model):  # type: ignore[misc]
+            def generate(self, *args: Any, **kwargs: Any) -> ChatMessage:
+                chat = to_chat(on_loop(model.complete((), definitions, signal)), said)
+                generated.append(chat)
+                return chat
+
+        def declare(tool: sm.Tool) -> Any:
+            class Scripted(SmolTool):  # type: ignore[misc]
+                name = tool.definition.name
+                description = KEY_DESCRIPTION
+                inputs: ClassVar[dict[str, Any]] = {
+                    "key": {"type": "string", "description": "the scripted call's key"},
+                    "count": {"type": "integer", "description": "unused", "nullable": True},
+                }
+                output_type = "string"
+
+                def forward(self, key: str, count: int | None = None) -> str:
+                    return str(on_loop(_output_text(tool, _arguments(key, count), signal)))
+
+            return Scripted()
+
+        agent = ToolCallingAgent(
+            tools=[declare(t) for t in tools],
+            model=ScriptedModel(),
+            verbosity_level=LogLevel.OFF,
+        )
+        before, prompt = _split_history(messages)
+        agent.memory.steps = seed_steps(before, said)
+
+        def run() -> None:
+            # run() clears the interrupt switch as it starts: the abort is wired to it
+            # after that, so an abort that came first still interrupts the run. The
+            # streamed run is the same loop (run(stream=False) drains it).
+            steps = agent.run(prompt, stream=True, reset=False, max_steps=max_turns)
+            remove = signal.add_listener(lambda _: agent.interrupt())
+            try:
+                for _ in steps:
+                    pass
+            finally:
+                remove()
+
+        try:
+            await asyncio.to_thread(run)
+        except AgentError as exc:
+            if type(exc) is not AgentError or not agent.interrupt_switch:
+                raise
+            # "Agent interrupted.": the abort's documented ending; memory has the rest.
+        return from_steps(agent.memory.steps, said, generated)
+
+    loop.needs_real_time = True  # type: ignore[attr-defined]  # threads wake the loop
+    return loop
+
+
 LOOPS: dict[str, Callable[[], Any]] = {
     "PydanticAI": pydantic_ai_loop,
     "OpenAI Agents SDK": openai_agents_loop,
     "LangGraph": langgraph_loop,
+    "smolagents": smolagents_loop,
 }
 
 assert KNOWN_TOOLS == ("alpha", "beta")  # the adapters declare the kit's one tool schema

@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# Runs the conformance kit against the four peers and writes examples/conformance/results.md.
+# Runs the conformance kit against the five peers and writes examples/conformance/results.md.
 #   bash examples/conformance/run.sh [--examples N] [--seed S] [--peer NAME ...]
-# Python peers (PydanticAI, OpenAI Agents SDK, LangGraph) run in-process, in the peers'
-# venv bench/.venv (built by bench/run.sh from bench/requirements.txt, which pins them);
-# pi-agent-core runs in Node.js through the bridge, installed here by install-pi.sh.
+# Python peers (PydanticAI, OpenAI Agents SDK, LangGraph, smolagents) run in-process, in
+# a venv of their own, examples/conformance/.venv, built here on first use from
+# bench/requirements.txt and requirements.txt beside this script (both pin every
+# version), plus this package, editable; pi-agent-core runs in Node.js through the
+# bridge, installed here by install-pi.sh. Only PyPI and the npm registry are contacted.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-PY="$ROOT/bench/.venv/bin/python"
-if [ ! -x "$PY" ]; then
-  echo "bench/.venv is missing: build it with 'bash bench/run.sh' (it installs the pinned peers)" >&2
-  exit 1
+VENV="$HERE/.venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  "${PYTHON:-python3}" -m venv "$VENV"
+fi
+# Reinstall when the pins or the package's own dependencies change.
+stamp="$VENV/.installed-$(cat "$ROOT/bench/requirements.txt" "$HERE/requirements.txt" \
+  "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  "$VENV/bin/python" -m pip install --quiet -r "$ROOT/bench/requirements.txt" \
+    -r "$HERE/requirements.txt"
+  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
 fi
 if [ ! -d "$HERE/pi/node_modules/@mariozechner/pi-agent-core" ]; then
   bash "$HERE/install-pi.sh"
 fi
-exec "$PY" "$HERE/conformance.py" "$@"
+exec "$VENV/bin/python" "$HERE/conformance.py" "$@"

@@ -472,10 +472,12 @@ def _make_tool(name: str, observer: _Observer) -> Tool:
         ex = Execution(key, name, len(obs.executions), obs.abort_fired)
         obs.executions.append(ex)
         abort = obs.scenario.abort
-        if abort.kind is AbortKind.TOOL_START and call_key(abort.turn, abort.call) == key:
-            obs.fire_abort(f"when tool call {key} started")
-            await asyncio.sleep(0)  # as for the model: the abort lands mid-call
+        # Every await is inside the try, the first one included: a loop that cancels
+        # the tool as soon as it has started must see it recorded as ended (cancelled).
         try:
+            if abort.kind is AbortKind.TOOL_START and call_key(abort.turn, abort.call) == key:
+                obs.fire_abort(f"when tool call {key} started")
+                await asyncio.sleep(0)  # as for the model: the abort lands mid-call
             honour = behaviour.on_abort is OnAbort.HONOUR
             for _ in range(behaviour.ticks):
                 if honour and signal.aborted:
