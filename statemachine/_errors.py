@@ -14,6 +14,10 @@ reaction:
 * ``RunEndedError``: how a run that did not end ``Done`` explains itself. ``run_agent``
   never raises these; it puts one in ``RunResult.error`` (and
   ``RunResult.raise_for_state()`` raises it for callers who prefer exceptions).
+
+Apart from the three, ``EngineInvariantError`` reports a bug: the engine broke a
+guarantee of its own (no input can cause it), for example internal transitions that
+never settle.
 """
 
 from __future__ import annotations
