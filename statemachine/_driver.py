@@ -1197,6 +1197,7 @@ class _ResumedRun(AgentRun):
     async def run(self) -> RunResult:
         if self._policy_again is not None:
             await _ask_policy_again(self._policy_again, self._recheck)
+            self._policy_again = None  # agreed: a second run() is refused by AgentRun
         return await super().run()
 
 

@@ -938,3 +938,19 @@ def test_where_the_new_errors_sit_in_the_hierarchy() -> None:
     assert issubclass(sm.EngineInvariantError, sm.StateMachineError)
     for family in (sm.UsageError, sm.BadOutputError, sm.RunEndedError):
         assert not issubclass(sm.EngineInvariantError, family)
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_resume_stays_refused_when_run_again() -> None:
+    recorder = Recorder()
+    run = sm.resume_run(
+        _held_denial_marked_ready(),
+        model=recorder,
+        tools=recorder.tools,
+        approvals={"b": True},
+        before_tool_call=policy,
+    )
+    for _ in range(2):
+        with pytest.raises(sm.SnapshotError, match="call 'd'"):
+            asyncio.run(run.run())
+    assert recorder.ran == []
