@@ -954,3 +954,32 @@ def test_a_refused_resume_stays_refused_when_run_again() -> None:
         with pytest.raises(sm.SnapshotError, match="call 'd'"):
             asyncio.run(run.run())
     assert recorder.ran == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("schema", "field"),
+    [
+        ({"type": "object", "$schema": 5}, r"snapshot\.tools\[0\]\.parameters: not a usable"),
+        ({"type": "object", "pattern": "("}, r"snapshot\.tools\[0\]: tool 'act': parameters"),
+        ({"type": "object", "properties": 5}, r"snapshot\.tools\[0\]: tool 'act': parameters"),
+    ],
+)
+def test_a_hostile_tool_schema_is_refused_naming_the_tool(schema: Any, field: str) -> None:
+    snap = json.loads(suspended_snapshot("approval"))
+    snap["tools"][0]["parameters"] = schema
+    with pytest.raises(sm.SnapshotError, match=field):
+        Engine.restore(snap)
+
+
+@pytest.mark.timeout(30)
+def test_restore_does_not_match_arguments_against_the_snapshots_own_patterns() -> None:
+    # A pattern that backtracks for ever on the call's argument: restore must not run
+    # it (the caller's own tools are what resume matches the arguments against).
+    snap = json.loads(suspended_snapshot("approval"))
+    evil = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(a+)+$"}}}
+    snap["tools"][0]["parameters"] = evil
+    slow = "a" * 64 + "!"
+    snap["batch"][1]["call"]["arguments"] = {"name": slow}
+    _last_assistant(snap)["content"][1]["arguments"] = {"name": slow}
+    assert Engine.restore(snap).pending_approvals()[0][0].arguments["name"] == slow
