@@ -52,7 +52,7 @@ import attrs
 import structlog
 
 from ._abort import AbortController, AbortSignal
-from ._engine import Engine, TransitionRecord
+from ._engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine, TransitionRecord
 from ._errors import (
     AbortedError,
     AwaitingUserError,
@@ -1039,6 +1039,7 @@ def resume_run(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     **kwargs: Any,
 ) -> AgentRun:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
@@ -1051,7 +1052,8 @@ def resume_run(
     Before anything runs, the snapshot is checked against itself
     (``Engine.restore``: its pending calls must be exactly the unanswered calls of its
     last assistant message) and, with ``key``, against its signature
-    (``SnapshotSignatureError`` if it is missing or wrong). ``tools`` must hold the
+    (``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
+    bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
     tool of every call that may run (else ``UsageError`` naming the missing ones), and
     the calls' arguments must fit those tools' schemas. When calls may run (resuming
     with ``approvals``), ``before_tool_call`` is asked again about each of them as the
@@ -1069,6 +1071,7 @@ def resume_run(
         scheduling={t.name: t.scheduling for t in tools},
         logger=kwargs.get("logger"),
         key=key,
+        max_bytes=max_snapshot_bytes,
     )
     if engine.state is not TurnState.AwaitingUser:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
@@ -1210,6 +1213,7 @@ async def resume_agent(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     **kwargs: Any,
 ) -> RunResult:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
@@ -1222,6 +1226,7 @@ async def resume_agent(
         message=message,
         max_turns=max_turns,
         key=key,
+        max_snapshot_bytes=max_snapshot_bytes,
         **kwargs,
     )
     return await run.run()

@@ -1037,6 +1037,9 @@ class Engine:
         far as it agrees with itself: whoever can edit it can also edit the history
         consistently, so store it where only you can write, or sign it.
         """
+        for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise InvalidInputError(f"{name} must be a positive integer, got {limit!r}")
         _snapshots.check_shape(snapshot, max_bytes=max_bytes, max_depth=max_depth)
         if key is not None:
             _snapshots.verify(snapshot, key)

@@ -44,6 +44,7 @@ rest is for tool-call arguments and schemas. Far below Python's recursion limit,
 the recursive parsers that run after the shape gate cannot exhaust the stack."""
 
 SIGNATURE_FIELD: Final = "signature"
+_MAX_INT_BITS: Final = 1024
 _SCHEME: Final = "hmac-sha256:"
 
 
@@ -74,7 +75,12 @@ def check_shape(data: object, *, max_bytes: int, max_depth: int) -> None:
         value, depth, link = stack.pop()
         if isinstance(value, str):
             size += len(value) + 2
-        elif value is None or isinstance(value, (bool, int)):
+        elif value is None or isinstance(value, bool):
+            size += 8
+        elif isinstance(value, int):
+            # Python reads any length of digits; json and repr refuse past 4300 of them.
+            if value.bit_length() > _MAX_INT_BITS:
+                raise SnapshotError(f"{_path(link)}: an integer of over {_MAX_INT_BITS} bits")
             size += 8
         elif isinstance(value, float):
             if not math.isfinite(value):

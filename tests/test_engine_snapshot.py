@@ -983,3 +983,35 @@ def test_restore_does_not_match_arguments_against_the_snapshots_own_patterns() -
     snap["batch"][1]["call"]["arguments"] = {"name": slow}
     _last_assistant(snap)["content"][1]["arguments"] = {"name": slow}
     assert Engine.restore(snap).pending_approvals()[0][0].arguments["name"] == slow
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_integer_is_refused_naming_the_field() -> None:
+    snap = json.loads(suspended_snapshot("approval"))
+    snap["turns"] = 10**2000
+    with pytest.raises(sm.SnapshotError, match=r"snapshot\.turns: an integer of over 1024 bits"):
+        Engine.restore(snap, key=KEY)
+
+
+@pytest.mark.timeout(30)
+def test_resume_takes_a_size_limit() -> None:
+    recorder = Recorder()
+    with pytest.raises(sm.SnapshotError, match="larger than max_bytes=100"):
+        sm.resume_run(
+            json.loads(suspended_snapshot("approval")),
+            model=recorder,
+            tools=recorder.tools,
+            approvals={"b": True},
+            before_tool_call=policy,
+            max_snapshot_bytes=100,
+        )
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("limit", [0, -1, "big", True, 1.5])
+def test_the_limits_themselves_are_checked(limit: Any) -> None:
+    snap = json.loads(suspended_snapshot("approval"))
+    with pytest.raises(sm.InvalidInputError, match="max_bytes must be a positive integer"):
+        Engine.restore(snap, max_bytes=limit)
+    with pytest.raises(sm.InvalidInputError, match="max_depth must be a positive integer"):
+        Engine.restore(snap, max_depth=limit)
