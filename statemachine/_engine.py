@@ -1236,7 +1236,6 @@ class Engine:
     def _check_slots(self) -> None:
         state = self._fsm.state
         allowed = _OPEN_STATUSES.get(state, frozenset())
-        unfinished: list[_Slot] = []
         for i, slot in enumerate(self._batch):
             p = f"snapshot.batch[{i}]"
             done = slot.status == _DONE
@@ -1259,26 +1258,15 @@ class Engine:
             if slot.status not in allowed:
                 raise SnapshotError(f"{p}.status: {slot.status!r} is impossible in {state}")
             self._check_dispatchable(slot, p)
-            # The rule of _start_runnable: in AwaitingUser nothing runs, so a ready call
-            # that nothing before it holds back would have started.
-            if (
-                state is S.AwaitingUser
-                and slot.status == _READY
-                and all(
-                    not (slot.sequential or o.sequential or slot.resources & o.resources)
-                    for o in unfinished
-                )
-            ):
-                raise SnapshotError(
-                    f"{p}.status: ready in AwaitingUser, but nothing before it holds it back"
-                )
-            unfinished.append(slot)
+            # A ready call in AwaitingUser may be held back by an earlier one, or
+            # approved by a person while others still wait: both are fine, so what
+            # made it ready cannot be read from here. resume_run asks the policy again.
         statuses = {s.status for s in self._batch}
         if state is S.DispatchingTools and _WAITING_PERMISSION not in statuses:
             raise SnapshotError(
                 "snapshot.state: DispatchingTools, but no call waits for permission"
             )
-        if state is S.AwaitingUser and unfinished and _WAITING_APPROVAL not in statuses:
+        if state is S.AwaitingUser and statuses - {_DONE} and _WAITING_APPROVAL not in statuses:
             raise SnapshotError(
                 "snapshot.batch: calls are open in AwaitingUser, but none waits for approval"
             )

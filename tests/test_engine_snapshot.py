@@ -143,6 +143,13 @@ def _resting_engines() -> Iterator[tuple[str, Engine]]:
     e.handle(sm.ToolPermitted("p"))
     e.handle(sm.ApprovalRequired("q", "why"))
     yield "dispatching", e
+    e = _engine(check_permissions=True)
+    e.handle(sm.Start())
+    e.handle(_ask("p", "q"))
+    e.handle(sm.ApprovalRequired("p", "why"))
+    e.handle(sm.ApprovalRequired("q", "why"))
+    e.handle(sm.ApprovalDecided("p", True))
+    yield "mid-approval", e  # p is ready, approved by a person, while q still waits
     e = _engine(check_continue=True)
     e.handle(sm.Start())
     e.handle(_ask("p"))
@@ -224,12 +231,6 @@ def _json_true_for_one(snap: Snapshot) -> None:
     snap["batch"][0]["call"]["arguments"] = {"name": True}
 
 
-def _deny_to_ready(snap: Snapshot) -> None:
-    i = _batch_index(snap, "d")
-    snap["batch"][i].update(status="ready", result=None)
-    snap["denial"] = None
-
-
 def _flushed_off(snap: Snapshot) -> None:
     snap["flushed"] += 1
 
@@ -260,7 +261,6 @@ TAMPERING: list[tuple[str, Callable[[Snapshot], None], str]] = [
     ("approval", _set_id_in_batch, r"snapshot\.batch\[1\]\.call: differs"),
     ("approval", _add_call_to_batch, r"snapshot\.batch: holds 4 call\(s\)"),
     ("approval", _json_true_for_one, r"snapshot\.batch\[0\]\.call: differs"),
-    ("held-denial", _deny_to_ready, r"snapshot\.batch\[1\]\.status: ready in AwaitingUser"),
     ("approval", _flushed_off, r"snapshot\.flushed"),
     ("approval", _turns_off, r"snapshot\.turns: 5, but the trace shows 1"),
     ("approval", _trace_off, r"snapshot\.trace\[\d+\]: .* is not a row"),
