@@ -68,7 +68,7 @@ from typing import Any, TypeAlias, TypeVar
 import attrs
 
 from ._abort import AbortController, AbortSignal
-from ._engine import ABANDONED, Engine, TransitionRecord
+from ._engine import ABANDONED, DEFAULT_MAX_SNAPSHOT_BYTES, Engine, TransitionRecord
 from ._errors import (
     AbortedError,
     AwaitingUserError,
@@ -76,6 +76,7 @@ from ._errors import (
     ModelFailedError,
     ModelOutputError,
     RunEndedError,
+    SnapshotError,
     ToolOutputError,
     TurnLimitExceededError,
     UsageError,
@@ -107,7 +108,7 @@ from ._log import library_logger
 from ._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
 from ._model import ModelClient
 from ._table import RETURNS_TO_CALLER, TurnState
-from ._tools import Tool, ToolOutput, tool_output_from
+from ._tools import Tool, ToolOutput, tool_output_from, validate_arguments
 
 __all__ = [
     "AfterToolCall",
@@ -1143,11 +1144,15 @@ class _TimedOutError(Exception):
 def _check_tools(tools: Sequence[Tool]) -> None:
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise InvalidInputError("tools must be a sequence of Tool")
+    seen: set[str] = set()
     for i, item in enumerate(tools):
         if not isinstance(item, Tool):
             raise InvalidInputError(
                 f"tools[{i}] is a {type(item).__name__}, not a Tool (see statemachine.tool)"
             )
+        if item.name in seen:
+            raise InvalidInputError(f"duplicate tool name {item.name!r}: tool names must be unique")
+        seen.add(item.name)
 
 
 async def run_agent(
@@ -1200,6 +1205,8 @@ def resume_run(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     **kwargs: Any,
 ) -> AgentRun:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
@@ -1208,6 +1215,19 @@ def resume_run(
     from another process). Give ``approvals`` (call id -> True, False, or a
     ``Deny`` with the person's reason) for every pending call, or a new ``message``
     (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
+
+    Before anything runs, the snapshot is checked against itself
+    (``Engine.restore``: its pending calls must be exactly the unanswered calls of its
+    last assistant message) and, with ``key``, against its signature
+    (``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
+    bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
+    tool of every call that may run (else ``UsageError`` naming the missing ones), and
+    the calls' arguments must fit those tools' schemas. When calls may run (resuming
+    with ``approvals``), ``before_tool_call`` is asked again about each of them as the
+    run starts, because the snapshot's record of what it allowed could have been
+    edited: if it now denies a call, or requires approval for a call the snapshot
+    marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
+    suspended under a ``before_tool_call`` hook must be resumed with one.
     """
     snapshot = state.snapshot if isinstance(state, RunResult) else state
     if snapshot is None:
@@ -1217,6 +1237,8 @@ def resume_run(
         snapshot,
         scheduling={t.name: t.scheduling for t in tools},
         logger=kwargs.get("logger"),
+        key=key,
+        max_bytes=max_snapshot_bytes,
     )
     if engine.state is not TurnState.AwaitingUser:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
@@ -1224,6 +1246,36 @@ def resume_run(
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         engine.max_turns = max_turns
+    events = _resume_events(engine, approvals, message)
+    if message is not None:
+        # Every open call is answered "not approved": nothing of the batch runs.
+        return AgentRun(model=model, tools=tools, _engine=engine, _resume_events=events, **kwargs)
+    approved = {e.call_id for e in events if isinstance(e, ApprovalDecided) and e.approved}
+    waiting = {call.id for call, _ in engine.pending_approvals()}
+    may_run = [c for c in engine.pending_calls() if c.id in approved or c.id not in waiting]
+    _check_tools_for(may_run, tools)
+    policy = kwargs.get("before_tool_call")
+    if policy is None and engine.check_permissions:
+        raise UsageError(
+            "this run was suspended under a before_tool_call hook: resume it with the hook, "
+            "which is asked again about the calls that may run"
+        )
+    return _ResumedRun(
+        policy=policy,
+        recheck=tuple((c, c.id in waiting) for c in may_run),
+        model=model,
+        tools=tools,
+        _engine=engine,
+        _resume_events=events,
+        **kwargs,
+    )
+
+
+def _resume_events(
+    engine: Engine,
+    approvals: Mapping[str, bool | Deny] | None,
+    message: str | UserMessage | None,
+) -> list[Event]:
     events: list[Event] = []
     pending = [call.id for call, _ in engine.pending_approvals()]
     for call_id, decision in (approvals or {}).items():
@@ -1243,7 +1295,80 @@ def resume_run(
             "resume needs a decision for every pending call "
             f"(missing: {', '.join(missing) or 'none are pending'}) or a new message"
         )
-    return AgentRun(model=model, tools=tools, _engine=engine, _resume_events=events, **kwargs)
+    return events
+
+
+def _check_tools_for(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> None:
+    """Refuse at once what would otherwise fail inside a tool's task."""
+    by_name = {t.name: t for t in tools}
+    missing = sorted({c.name for c in calls} - by_name.keys())
+    if missing:
+        ids = ", ".join(c.id for c in calls if c.name not in by_name)
+        raise UsageError(
+            f"tools lacks {', '.join(missing)}, needed by the pending call(s) {ids}: "
+            "resume with the tools of the suspended run"
+        )
+    for call in calls:
+        if validate_arguments(by_name[call.name].definition, call.arguments):
+            raise InvalidInputError(
+                f"the arguments of pending call {call.id!r} do not fit the schema of tool "
+                f"{call.name!r} as given now"
+            )
+
+
+async def _ask_policy_again(
+    policy: BeforeToolCall, recheck: Sequence[tuple[ToolCall, bool]]
+) -> None:
+    """Ask the policy about every call of a restored batch that may still run.
+
+    A call may go on only if the policy allows it now: permitted, or, for a call that
+    waits for a person, also "requires approval" (the person decides). Anything else
+    refuses the resume before anything runs; like the run's own dispatch, a hook that
+    raises counts as a denial.
+    """
+    for call, awaits_person in recheck:
+        decision: object
+        try:
+            decision = await _call_hook(policy, call)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
+            decision = Deny(f"the before_tool_call hook raised {_describe(exc)}")
+        if decision is None or (awaits_person and isinstance(decision, RequireApproval)):
+            continue
+        if isinstance(decision, Deny):
+            answer = f"denies it ({decision.reason})"
+        elif isinstance(decision, RequireApproval):
+            answer = "requires a person's approval for it"
+        else:
+            answer = f"returns a {type(decision).__name__}"
+        marked = "waits for approval" if awaits_person else "is marked permitted"
+        raise SnapshotError(
+            f"snapshot.batch: call {call.id!r} ({call.name}) {marked} in the snapshot, but "
+            f"the before_tool_call hook, asked again on resume, {answer}; nothing was run "
+            "(resume with a message instead, or find out who changed the snapshot)"
+        )
+
+
+class _ResumedRun(AgentRun):
+    """A resumed ``AgentRun`` that asks the policy again before it goes on."""
+
+    def __init__(
+        self,
+        *,
+        policy: BeforeToolCall | None,
+        recheck: Sequence[tuple[ToolCall, bool]],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._policy_again = policy
+        self._recheck = tuple(recheck)
+
+    async def run(self) -> RunResult:
+        if self._policy_again is not None:
+            await _ask_policy_again(self._policy_again, self._recheck)
+            self._policy_again = None  # agreed: a second run() is refused by AgentRun
+        return await super().run()
 
 
 async def resume_agent(
@@ -1254,9 +1379,12 @@ async def resume_agent(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     **kwargs: Any,
 ) -> RunResult:
-    """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``)."""
+    """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
+    says what is checked before anything runs)."""
     run = resume_run(
         state,
         model=model,
@@ -1264,6 +1392,8 @@ async def resume_agent(
         approvals=approvals,
         message=message,
         max_turns=max_turns,
+        key=key,
+        max_snapshot_bytes=max_snapshot_bytes,
         **kwargs,
     )
     return await run.run()

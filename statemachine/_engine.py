@@ -36,7 +36,8 @@ from typing import Any, ClassVar, Final, NamedTuple
 import attrs
 from transitions import Machine
 
-from ._errors import InvalidInputError, ProtocolError, WireFormatError
+from . import _snapshot as _snapshots
+from ._errors import EngineInvariantError, InvalidInputError, ProtocolError, SnapshotError
 from ._events import (
     AbortRequested,
     Action,
@@ -71,9 +72,12 @@ from ._messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+    _block_from_dict,
     message_from_dict,
     message_to_dict,
+    thaw_json,
 )
+from ._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
 from ._table import (
     ABSORBING,
     INITIAL,
@@ -89,6 +93,9 @@ from ._tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 
 __all__ = [
     "ABANDONED",
+    "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "DEFAULT_MAX_SNAPSHOT_DEPTH",
+    "MAX_INTERNAL_TRANSITIONS",
     "SNAPSHOT_VERSION",
     "Engine",
     "TransitionRecord",
@@ -109,6 +116,12 @@ _DONE: Final = "done"
 _STATUSES: Final = (_WAITING_PERMISSION, _WAITING_APPROVAL, _READY, _RUNNING, _DONE)
 
 SNAPSHOT_VERSION: Final = 1
+
+MAX_INTERNAL_TRANSITIONS: Final = 32
+"""How many internal transitions one input event may cause. The table needs at most
+three (DispatchingTools -> CollectingResults -> TurnBoundary -> AwaitingModel); a
+guard that still holds after this many means a broken table or guard, and the engine
+raises ``EngineInvariantError`` instead of looping forever."""
 
 ABANDONED: Final = "abandoned"
 """How a ``ModelCancelled``/``ToolCancelled`` reason starts when the driver stopped
@@ -592,14 +605,29 @@ class Engine:
         # Fire internal triggers to a fixed point. Each firing leaves its source state
         # and the internal triggers form no cycle without an input in between
         # (Dispatching -> Collecting -> TurnBoundary -> AwaitingModel waits for the
-        # model), so this terminates.
+        # model), so this terminates; the cap turns a broken table or guard into an
+        # error that shows the loop instead of a hang.
+        fired = 0
         while True:
             for trigger, guard in _INTERNAL_FROM[self._fsm.state]:
                 if getattr(self, guard)():
+                    if fired == MAX_INTERNAL_TRANSITIONS:
+                        self._runaway(trigger, fired)
                     self._fire(trigger)
+                    fired += 1
                     break
             else:
                 return
+
+    def _runaway(self, trigger: Trigger, fired: int) -> typing.NoReturn:
+        recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest
+        shown = ", ".join(f"{r.source}-{r.trigger}->{r.dest}" for r in recent[-6:])
+        raise EngineInvariantError(
+            f"internal transitions do not settle: {fired} fired after one input event and "
+            f"{trigger} would fire again in {self._fsm.state} (a broken table or guard; "
+            f"this engine cannot go on). Last transitions: {shown}",
+            recent,
+        )
 
     # -- guards (named in the table) -----------------------------------------------------
 
@@ -933,18 +961,23 @@ class Engine:
 
     # -- snapshot and restore (suspension across processes) ------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, *, key: bytes | str | None = None) -> dict[str, Any]:
         """The whole engine state as JSON-ready data (for ``Engine.restore``).
 
         Refused while an operation is outstanding (a model call or a running tool):
         what it will report cannot be written down. ``AwaitingUser`` and the terminal
         states are always safe.
+
+        With ``key``, the snapshot carries a ``signature`` field: HMAC-SHA256 over its
+        canonical JSON (see ``Engine.sign_snapshot``). Sign a snapshot that will be
+        stored or sent where someone else could change it, and give the same key to
+        ``restore``/``resume_agent``, which then refuse it if it was changed.
         """
         if self._model_outstanding or any(s.status == _RUNNING for s in self._batch):
             raise ProtocolError(
                 f"cannot snapshot in {self.state} while an operation is outstanding"
             )
-        return {
+        data = {
             "version": SNAPSHOT_VERSION,
             "runId": self.run_id,
             "state": self.state.value,
@@ -980,6 +1013,15 @@ class Engine:
             "explanation": self.explanation,
             "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in self.trace],
         }
+        return data if key is None else _snapshots.sign(data, key)
+
+    @staticmethod
+    def sign_snapshot(snapshot: Mapping[str, Any], key: bytes | str) -> dict[str, Any]:
+        """A copy of ``snapshot`` with a ``signature`` field: ``"hmac-sha256:<hex>"``
+        over its canonical JSON (sorted keys, no spaces, ASCII only, without the
+        ``signature`` field). For a snapshot made without a key, such as
+        ``RunResult.snapshot``, before it leaves the process."""
+        return _snapshots.sign(snapshot, key)
 
     @classmethod
     def restore(
@@ -988,83 +1030,415 @@ class Engine:
         *,
         scheduling: Mapping[str, Scheduling] | None = None,
         logger: Any = None,
+        key: bytes | str | None = None,
+        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+        max_depth: int = DEFAULT_MAX_SNAPSHOT_DEPTH,
     ) -> Engine:
-        """Rebuild an engine from ``snapshot()``; raises ``WireFormatError`` if malformed."""
+        """Rebuild an engine from ``snapshot()``, refusing anything it could not have written.
+
+        Raises ``SnapshotError`` (an ``InvalidInputError``) whose message starts with
+        the bad field's path, before anything is built, when the snapshot:
+
+        * is not JSON data within ``max_bytes`` (default 32 MiB of JSON text) and
+          ``max_depth`` (default 64 levels), or has a field of the wrong type, a
+          missing or an unknown key;
+        * contradicts itself: its batch is not exactly the calls of the last assistant
+          message (ids, names, arguments, in order), the results after that message
+          are not the batch's first ``flushed`` results, a call's status does not fit
+          the state (only a call to a known tool, with readable arguments, can wait or
+          be ready), the counters do not agree with the transition log (``turns`` is
+          the number of model calls it shows, each record is a row of the table and
+          they chain up to ``state``), or queued input holds something other than
+          user messages.
+
+        With ``key``, the signature must be the one ``snapshot(key=...)`` writes, or
+        ``SnapshotSignatureError`` is raised. Without a key a snapshot is trusted as
+        far as it agrees with itself: whoever can edit it can also edit the history
+        consistently, so store it where only you can write, or sign it.
+        """
+        for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise InvalidInputError(f"{name} must be a positive integer, got {limit!r}")
+        _snapshots.check_shape(snapshot, max_bytes=max_bytes, max_depth=max_depth)
+        if key is not None:
+            _snapshots.verify(snapshot, key)
+        engine = cls.__new__(cls)
         try:
-            if snapshot.get("version") != SNAPSHOT_VERSION:
-                raise WireFormatError(
-                    f"snapshot version {snapshot.get('version')!r} is not {SNAPSHOT_VERSION}"
-                )
-            tools = tuple(
-                ToolDefinition(t["name"], t["description"], t["parameters"])
-                for t in snapshot["tools"]
-            )
-            history = [
-                message_from_dict(d, path=f"snapshot.messages[{i}]")
-                for i, d in enumerate(snapshot["messages"])
-            ]
-            engine = cls.__new__(cls)
-            engine._setup(
-                tools=check_tool_definitions(tools),
-                history=history,
-                max_turns=int(snapshot["maxTurns"]),
-                check_permissions=bool(snapshot["checkPermissions"]),
-                check_continue=bool(snapshot["checkContinue"]),
-                scheduling=scheduling,
-                run_id=str(snapshot["runId"]),
-                logger=logger,
-                initial=TurnState(snapshot["state"]),
-            )
-            engine.turns = int(snapshot["turns"])
-            batch = []
-            for i, item in enumerate(snapshot["batch"]):
-                wrapper = {"role": "assistant", "stopReason": "toolUse", "content": [item["call"]]}
-                call = message_from_dict(wrapper, path=f"snapshot.batch[{i}]").content[0]
-                assert isinstance(call, ToolCall)
-                slot = _Slot(call)
-                if item["status"] not in _STATUSES or item["status"] == _RUNNING:
-                    raise WireFormatError(f"snapshot.batch[{i}].status: {item['status']!r}")
-                slot.status = item["status"]
-                slot.sequential = bool(item["sequential"])
-                slot.resources = frozenset(item["resources"])
-                slot.note = str(item["note"])
-                if item["result"] is not None:
-                    result = message_from_dict(item["result"], path=f"snapshot.batch[{i}].result")
-                    assert isinstance(result, ToolResultMessage)
-                    slot.result = result
-                batch.append(slot)
-            engine._batch = batch
-            engine._slots = {s.call.id: s for s in batch}
-            engine._seen_ids.update(engine._slots)
-            engine._flushed = int(snapshot["flushed"])
-            denial = snapshot["denial"]
-            if denial is not None:
-                engine._denial = (engine._slots[denial["callId"]].call, str(denial["reason"]))
-            engine._steer = [_user(d) for d in snapshot["steer"]]
-            engine._follow_up = [_user(d) for d in snapshot["followUp"]]
-            engine._continue_pending = bool(snapshot["continuePending"])
-            engine._stop_reason = snapshot["stopReason"]
-            engine.abort_reason = snapshot["abortReason"]
-            engine.explanation = snapshot["explanation"]
-            engine.trace = [
-                TransitionRecord(TurnState(a), Trigger(b), TurnState(c), int(d))
-                for a, b, c, d in snapshot["trace"]
-            ]
-        except WireFormatError:
+            engine._load(snapshot, scheduling, logger)
+        except SnapshotError:
             raise
-        except (KeyError, TypeError, ValueError, AssertionError) as exc:
-            raise WireFormatError(f"malformed engine snapshot: {exc!r}") from None
-        open_tail = bool(engine._batch) and engine._flushed < len(engine._batch)
-        violations = history_violations(engine._history, allow_open_tail=open_tail)
-        if violations:
-            raise WireFormatError(
-                "snapshot history is invalid: " + "; ".join(str(v) for v in violations)
-            )
+        except InvalidInputError as exc:  # a message's own parser names its path
+            raise SnapshotError(str(exc)) from None
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+            # Not expected: every field is read by a typed reader. Kept so that a gap
+            # still gives the documented error, never a crash.
+            raise SnapshotError(f"snapshot: malformed ({type(exc).__name__})") from None
+        engine._check_restored()
         return engine
 
+    # -- reading a snapshot's fields --------------------------------------------------------
 
-def _user(d: Mapping[str, Any]) -> UserMessage:
-    message = message_from_dict(d)
+    def _load(
+        self, data: Mapping[str, Any], scheduling: Mapping[str, Scheduling] | None, logger: Any
+    ) -> None:
+        p = "snapshot"
+        _snapshots.only_keys(data, _SNAPSHOT_KEYS, p)
+        version = _snapshots.field(data, "version", p)
+        if type(version) is not int or version != SNAPSHOT_VERSION:
+            raise SnapshotError(f"snapshot.version: {version!r:.40} is not {SNAPSHOT_VERSION}")
+        tools = tuple(
+            _tool_from(t, f"snapshot.tools[{i}]")
+            for i, t in enumerate(_snapshots.array(data, "tools", p))
+        )
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise SnapshotError("snapshot.tools: tool names repeat")
+        history = [
+            message_from_dict(_snapshots.obj(d, f"{p}.messages[{i}]"), path=f"{p}.messages[{i}]")
+            for i, d in enumerate(_snapshots.array(data, "messages", p))
+        ]
+        if not history:
+            raise SnapshotError("snapshot.messages: empty")
+        state_name = _snapshots.string(data, "state", p)
+        if state_name not in _STATES:
+            raise SnapshotError(f"snapshot.state: {state_name!r:.40} is not a state")
+        self._setup(
+            tools=tools,
+            history=history,
+            max_turns=_snapshots.integer(data, "maxTurns", p, minimum=1),
+            check_permissions=_snapshots.boolean(data, "checkPermissions", p),
+            check_continue=_snapshots.boolean(data, "checkContinue", p),
+            scheduling=scheduling,
+            run_id=_snapshots.string(data, "runId", p),
+            logger=logger,
+            initial=_STATES[state_name],
+        )
+        self.turns = _snapshots.integer(data, "turns", p, minimum=0)
+        self._batch = [
+            _slot_from(item, f"snapshot.batch[{i}]")
+            for i, item in enumerate(_snapshots.array(data, "batch", p))
+        ]
+        self._slots = {s.call.id: s for s in self._batch}
+        if len(self._slots) != len(self._batch):
+            raise SnapshotError("snapshot.batch: call ids repeat")
+        self._seen_ids.update(self._slots)
+        self._flushed = _snapshots.integer(data, "flushed", p, minimum=0)
+        self._denial = self._denial_from(_snapshots.field(data, "denial", p))
+        self._steer = [
+            _user(d, f"snapshot.steer[{i}]")
+            for i, d in enumerate(_snapshots.array(data, "steer", p))
+        ]
+        self._follow_up = [
+            _user(d, f"snapshot.followUp[{i}]")
+            for i, d in enumerate(_snapshots.array(data, "followUp", p))
+        ]
+        self._continue_pending = _snapshots.boolean(data, "continuePending", p)
+        self._stop_reason = _snapshots.string(data, "stopReason", p, optional=True)
+        self.abort_reason = _snapshots.string(data, "abortReason", p, optional=True)
+        self.explanation = _snapshots.string(data, "explanation", p, optional=True)
+        self.trace = [
+            _record_from(r, f"snapshot.trace[{i}]")
+            for i, r in enumerate(_snapshots.array(data, "trace", p))
+        ]
+
+    def _denial_from(self, value: object) -> tuple[ToolCall, str] | None:
+        if value is None:
+            return None
+        d = _snapshots.obj(value, "snapshot.denial")
+        _snapshots.only_keys(d, frozenset({"callId", "reason"}), "snapshot.denial")
+        call_id = _snapshots.string(d, "callId", "snapshot.denial")
+        reason = _snapshots.string(d, "reason", "snapshot.denial")
+        slot = self._slots.get(call_id)
+        if slot is None:
+            raise SnapshotError(
+                f"snapshot.denial.callId: {call_id!r:.40} is not a call of snapshot.batch"
+            )
+        return slot.call, reason
+
+    # -- checking a restored snapshot against itself ------------------------------------------
+
+    def _check_restored(self) -> None:
+        """Refuse a restored snapshot that no run could have written (see ``restore``)."""
+        state = self._fsm.state
+        if state in _NEVER_AT_REST:
+            raise SnapshotError(
+                f"snapshot.state: {state} always has an operation outstanding, and no "
+                "snapshot is taken while one is"
+            )
+        self._check_trace()
+        self._check_batch_is_last_calls()
+        self._check_slots()
+        self._check_flags()
+        open_tail = bool(self._batch) and self._flushed < len(self._batch)
+        violations = history_violations(self._history, allow_open_tail=open_tail)
+        if violations:
+            raise SnapshotError(
+                "snapshot.messages: invalid history: " + "; ".join(map(str, violations[:3]))
+            )
+
+    def _check_trace(self) -> None:
+        # The log is replayed: each record a row of the table, each starting where the
+        # one before ended, each stamped with the model calls made before it.
+        at, turns = INITIAL, 0
+        for i, r in enumerate(self.trace):
+            if (r.source, r.trigger, r.dest) not in _ROW_SET:
+                raise SnapshotError(
+                    f"snapshot.trace[{i}]: {r.source} --{r.trigger}--> {r.dest} is not a "
+                    "row of the transition table"
+                )
+            if r.source is not at:
+                raise SnapshotError(
+                    f"snapshot.trace[{i}]: starts in {r.source}, but the run was in {at}"
+                )
+            if r.turn != turns:
+                raise SnapshotError(
+                    f"snapshot.trace[{i}]: turn {r.turn}, but {turns} model call(s) came before"
+                )
+            if r.dest is S.AwaitingModel and r.source is not S.AwaitingModel:
+                turns += 1
+            at = r.dest
+        if at is not self._fsm.state:
+            raise SnapshotError(f"snapshot.state: {self._fsm.state}, but the trace ends in {at}")
+        if turns != self.turns:
+            raise SnapshotError(
+                f"snapshot.turns: {self.turns}, but the trace shows {turns} model call(s)"
+            )
+
+    def _check_batch_is_last_calls(self) -> None:
+        batch, history, flushed = self._batch, self._history, self._flushed
+        if not batch:
+            if flushed:
+                raise SnapshotError(f"snapshot.flushed: {flushed}, but the batch is empty")
+            return
+        k = next(
+            (
+                i
+                for i in range(len(history) - 1, -1, -1)
+                if isinstance(history[i], AssistantMessage)
+            ),
+            None,
+        )
+        if k is None:
+            raise SnapshotError("snapshot.batch: not empty, but no assistant message made calls")
+        last = history[k]
+        assert isinstance(last, AssistantMessage)
+        calls = last.tool_calls
+        if len(calls) != len(batch):
+            raise SnapshotError(
+                f"snapshot.batch: holds {len(batch)} call(s), but the last assistant message "
+                f"(snapshot.messages[{k}]) made {len(calls)}"
+            )
+        for i, (slot, call) in enumerate(zip(batch, calls, strict=True)):
+            if _call_key(slot.call) != _call_key(call):
+                raise SnapshotError(
+                    f"snapshot.batch[{i}].call: differs from call {i} of the last assistant "
+                    f"message (snapshot.messages[{k}]) in its id, name or arguments"
+                )
+            # One object from here on: what runs is exactly what the history shows.
+            slot.call = call
+        self._slots = {s.call.id: s for s in batch}
+        if self._denial is not None:
+            self._denial = (self._slots[self._denial[0].id].call, self._denial[1])
+        tail = history[k + 1 :]
+        if flushed > len(batch) or len(tail) != flushed:
+            raise SnapshotError(
+                f"snapshot.flushed: {flushed}, but {len(tail)} message(s) follow the last "
+                f"assistant message and the batch holds {len(batch)} call(s)"
+            )
+        for i, message in enumerate(tail):
+            if message != batch[i].result:
+                raise SnapshotError(
+                    f"snapshot.batch[{i}].result: differs from snapshot.messages[{k + 1 + i}], "
+                    "its place in the history"
+                )
+
+    def _check_slots(self) -> None:
+        state = self._fsm.state
+        allowed = _OPEN_STATUSES.get(state, frozenset())
+        for i, slot in enumerate(self._batch):
+            p = f"snapshot.batch[{i}]"
+            done = slot.status == _DONE
+            if done != (slot.result is not None):
+                raise SnapshotError(
+                    f"{p}.result: "
+                    + ("missing for a call with status done" if done else "present, but not done")
+                )
+            if slot.result is not None and (
+                slot.result.tool_call_id != slot.call.id or slot.result.tool_name != slot.call.name
+            ):
+                raise SnapshotError(f"{p}.result: answers another call than {p}.call")
+            if done:
+                if i == self._flushed:
+                    raise SnapshotError(
+                        f"{p}.status: done, but its result is held back although every "
+                        "result before it is in the history (snapshot.flushed)"
+                    )
+                continue
+            if slot.status not in allowed:
+                raise SnapshotError(f"{p}.status: {slot.status!r} is impossible in {state}")
+            self._check_dispatchable(slot, p)
+            # A ready call in AwaitingUser may be held back by an earlier one, or
+            # approved by a person while others still wait: both are fine, so what
+            # made it ready cannot be read from here. resume_run asks the policy again.
+        statuses = {s.status for s in self._batch}
+        if state is S.DispatchingTools and _WAITING_PERMISSION not in statuses:
+            raise SnapshotError(
+                "snapshot.state: DispatchingTools, but no call waits for permission"
+            )
+        if state is S.AwaitingUser and statuses - {_DONE} and _WAITING_APPROVAL not in statuses:
+            raise SnapshotError(
+                "snapshot.batch: calls are open in AwaitingUser, but none waits for approval"
+            )
+
+    def _check_dispatchable(self, slot: _Slot, p: str) -> None:
+        """A call still open named a known tool and had readable arguments: dispatch
+        answers any other at once. (Its arguments are not matched against the
+        snapshot's own schema here: a hostile pattern could make that take forever.
+        ``resume_run`` matches them against the caller's tools.)"""
+        call = slot.call
+        if call.name not in self._tools_by_name:
+            raise SnapshotError(f"{p}.call: tool {call.name!r} is not in snapshot.tools")
+        if call.parse_error is not None:
+            raise SnapshotError(f"{p}.call: arguments that could not be parsed cannot be open")
+
+    def _check_flags(self) -> None:
+        state = self._fsm.state
+        # At rest, TurnBoundary always waits for should_continue; an abort there leaves
+        # the (now moot) question pending in Aborted.
+        if self._continue_pending != (state is S.TurnBoundary) and not (
+            self._continue_pending and state is S.Aborted
+        ):
+            raise SnapshotError(
+                f"snapshot.continuePending: {str(self._continue_pending).lower()} in {state}"
+            )
+        if state is S.Ready and self._batch:
+            raise SnapshotError("snapshot.batch: not empty, but no model call was made")
+        if state is S.Ready and isinstance(self._history[-1], AssistantMessage):
+            raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
+        if state in RETURNS_TO_CALLER and self.explanation is None:
+            raise SnapshotError(f"snapshot.explanation: missing in {state}")
+        if self.abort_reason is not None and state is not S.Aborted:
+            raise SnapshotError(f"snapshot.abortReason: set, but the run is {state}")
+        if self._denial is not None:
+            slot = self._slots[self._denial[0].id]
+            result = slot.result
+            if (
+                result is None
+                or not result.is_error
+                or (result.text != f"Tool call denied: {self._denial[1]}")
+            ):
+                raise SnapshotError(
+                    "snapshot.denial: the call it names was not answered with that denial"
+                )
+
+
+# -- snapshot fields (module level: no engine needed) ---------------------------------------
+
+_SNAPSHOT_KEYS: Final = frozenset(
+    {
+        "version",
+        "runId",
+        "state",
+        "maxTurns",
+        "checkPermissions",
+        "checkContinue",
+        "turns",
+        "tools",
+        "messages",
+        "batch",
+        "flushed",
+        "denial",
+        "steer",
+        "followUp",
+        "continuePending",
+        "stopReason",
+        "abortReason",
+        "explanation",
+        "trace",
+        _snapshots.SIGNATURE_FIELD,
+    }
+)
+_SLOT_KEYS: Final = frozenset({"call", "status", "sequential", "resources", "note", "result"})
+_STATES: Final = {s.value: s for s in TurnState}
+_TRIGGERS: Final = {t.value: t for t in Trigger}
+_ROW_SET: Final = frozenset((r.source, r.trigger, r.dest) for r in TRANSITIONS)
+# States a run only passes through while an operation is outstanding.
+_NEVER_AT_REST: Final = frozenset({S.AwaitingModel, S.CollectingResults, S.Aborting})
+# The statuses a call without a result may have when the run rests in a state.
+_OPEN_STATUSES: Final = {
+    S.DispatchingTools: frozenset({_WAITING_PERMISSION, _WAITING_APPROVAL, _READY}),
+    S.AwaitingUser: frozenset({_WAITING_APPROVAL, _READY}),
+}
+
+
+def _call_key(call: ToolCall) -> str:
+    # Exact JSON, not ==: in Python 1 == 1.0 == True, and a tool would see the difference.
+    return json.dumps(
+        [call.id, call.name, thaw_json(call.arguments), call.parse_error], sort_keys=True
+    )
+
+
+def _tool_from(value: object, path: str) -> ToolDefinition:
+    d = _snapshots.obj(value, path)
+    _snapshots.only_keys(d, frozenset({"name", "description", "parameters"}), path)
+    name = _snapshots.string(d, "name", path)
+    description = _snapshots.string(d, "description", path)
+    parameters = _snapshots.obj(_snapshots.field(d, "parameters", path), f"{path}.parameters")
+    try:
+        return ToolDefinition(name, description, parameters)
+    except InvalidInputError as exc:
+        raise SnapshotError(f"{path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the schema library on a hostile schema
+        raise SnapshotError(
+            f"{path}.parameters: not a usable JSON Schema ({type(exc).__name__})"
+        ) from None
+
+
+def _slot_from(value: object, path: str) -> _Slot:
+    item = _snapshots.obj(value, path)
+    _snapshots.only_keys(item, _SLOT_KEYS, path)
+    call = _block_from_dict(_snapshots.field(item, "call", path), ("toolCall",), f"{path}.call")
+    assert isinstance(call, ToolCall)
+    slot = _Slot(call)
+    status = _snapshots.string(item, "status", path)
+    if status not in _STATUSES or status == _RUNNING:
+        raise SnapshotError(f"{path}.status: {status!r:.40} is not a status a snapshot holds")
+    slot.status = status
+    slot.sequential = _snapshots.boolean(item, "sequential", path)
+    resources = _snapshots.array(item, "resources", path)
+    if not all(isinstance(r, str) for r in resources):
+        raise SnapshotError(f"{path}.resources: expected an array of strings")
+    slot.resources = frozenset(resources)
+    slot.note = _snapshots.string(item, "note", path)
+    result = _snapshots.field(item, "result", path)
+    if result is not None:
+        message = message_from_dict(_snapshots.obj(result, f"{path}.result"), path=f"{path}.result")
+        if not isinstance(message, ToolResultMessage):
+            raise SnapshotError(f"{path}.result: expected a tool result message")
+        slot.result = message
+    return slot
+
+
+def _record_from(value: object, path: str) -> TransitionRecord:
+    if not isinstance(value, (list, tuple)) or len(value) != 4:
+        raise SnapshotError(f"{path}: expected [source, trigger, dest, turn]")
+    source, trigger, dest, turn = value
+    if not (
+        isinstance(source, str)
+        and source in _STATES
+        and isinstance(trigger, str)
+        and trigger in _TRIGGERS
+        and isinstance(dest, str)
+        and dest in _STATES
+    ):
+        raise SnapshotError(f"{path}: names an unknown state or trigger")
+    if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+        raise SnapshotError(f"{path}[3]: expected an integer >= 0")
+    return TransitionRecord(_STATES[source], _TRIGGERS[trigger], _STATES[dest], turn)
+
+
+def _user(value: object, path: str) -> UserMessage:
+    message = message_from_dict(_snapshots.obj(value, path), path=path)
     if not isinstance(message, UserMessage):
-        raise WireFormatError("queued input must be user messages")
+        raise SnapshotError(f"{path}: queued input must be a user message")
     return message

@@ -14,19 +14,33 @@ reaction:
 * ``RunEndedError``: how a run that did not end ``Done`` explains itself. ``run_agent``
   never raises these; it puts one in ``RunResult.error`` (and
   ``RunResult.raise_for_state()`` raises it for callers who prefer exceptions).
+
+Apart from the three, ``EngineInvariantError`` reports a bug: the engine broke a
+guarantee of its own (no input can cause it), for example internal transitions that
+never settle.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._engine import TransitionRecord
 
 __all__ = [
     "AbortedError",
     "AwaitingUserError",
     "BadOutputError",
+    "EngineInvariantError",
     "InvalidInputError",
     "ModelFailedError",
     "ModelOutputError",
     "ProtocolError",
     "RunEndedError",
+    "SnapshotError",
+    "SnapshotSignatureError",
     "StateMachineError",
     "ToolOutputError",
     "TurnLimitExceededError",
@@ -37,6 +51,18 @@ __all__ = [
 
 class StateMachineError(Exception):
     """Base class of every error this library raises on purpose."""
+
+
+class EngineInvariantError(StateMachineError):
+    """The engine broke one of its own guarantees: a bug in the library, in an
+    ``Engine`` subclass or in a patched table, never something a caller's input can
+    cause. For example, internal transitions that do not settle after one event.
+    ``trace`` holds the transitions that led there, oldest first.
+    """
+
+    def __init__(self, message: str, trace: Sequence[TransitionRecord] = ()) -> None:
+        super().__init__(message)
+        self.trace: tuple[TransitionRecord, ...] = tuple(trace)
 
 
 # -- the caller's misuse -------------------------------------------------------
@@ -60,6 +86,20 @@ class InvalidInputError(UsageError, ValueError):
 
 class WireFormatError(InvalidInputError):
     """A message dictionary that does not have the wire shape; names the bad path."""
+
+
+class SnapshotError(WireFormatError):
+    """A snapshot refused by ``Engine.restore`` before anything ran: malformed, too
+    large or too deep, inconsistent with itself (its pending calls are not the
+    unanswered calls of its last assistant message...), or refused by the policy when
+    asked again on resume. The message starts with the path of the bad field
+    (``snapshot.batch[1].call``)."""
+
+
+class SnapshotSignatureError(SnapshotError):
+    """A key was given to restore, and the snapshot's signature is missing or does
+    not match it: the snapshot was not written by a holder of the key, or was changed
+    since."""
 
 
 # -- a model's or a tool's bad output ------------------------------------------------
