@@ -665,7 +665,9 @@ def test_restore_refuses_assistant_messages_in_queued_input() -> None:
     for key in ("steer", "followUp"):
         bad = json.loads(json.dumps(good))
         bad[key] = [sm.message_to_dict(sm.AssistantMessage("I queued this myself"))]
-        with pytest.raises(sm.WireFormatError, match="queued input must be user messages"):
+        with pytest.raises(
+            sm.WireFormatError, match=rf"snapshot\.{key}\[0\]: queued input must be a user message"
+        ):
             sm.Engine.restore(bad)
 
 
