@@ -56,5 +56,6 @@ def test_every_python_block_runs(page: Path, monkeypatch: pytest.MonkeyPatch) ->
     printed = out.getvalue()
     for block in blocks:
         for line, after in itertools.pairwise(block.splitlines()):
+            line, after = line.strip(), after.strip()
             if line.startswith("print(") and after.startswith("# "):
                 assert after[2:] in printed, f"{page.name} claims {after!r} after {line!r}"

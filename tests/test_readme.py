@@ -31,7 +31,7 @@ def test_only_provider_examples_are_not_run() -> None:
 
 
 def test_the_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 5
+    assert len(BLOCKS) >= 1  # the rest of the examples live in docs/ (tests/test_docs.py)
 
 
 def test_every_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,15 +49,12 @@ def test_every_python_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             except Exception as exc:
                 raise AssertionError(f"README python block {index} failed: {exc!r}") from exc
     printed = out.getvalue()
-    # What the examples claim in their comments is what they print.
-    assert "['c1', 'c2', 'c3', 'c4']" in printed
-    assert "Done 3 {'build': {'ok': 1}}" in printed
-    assert "AwaitingUser ['c2']" in printed
-    assert "Done Committed after approval." in printed
-    # And generally: a comment right after a print(...) line is what that line prints.
+    # What the examples claim in their comments is what they print: a comment right
+    # after a print(...) line is what that line prints.
     for block in BLOCKS:
         lines = block.splitlines()
         for line, after in itertools.pairwise(lines):
+            line, after = line.strip(), after.strip()
             if line.startswith("print(") and after.startswith("# "):
                 assert after[2:] in printed, f"README claims {after!r} after {line!r}"
     assert os.getcwd() == str(README.parent)
