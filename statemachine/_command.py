@@ -39,9 +39,14 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 
 
-def exit_codes(failed: str) -> str:
-    """The ``--help`` epilog line that documents the exit codes; ``failed`` says what 1 means."""
-    return f"exit status: 0 ok, 1 {failed}, 2 bad arguments or unreadable input"
+def exit_codes(failed: str | None) -> str:
+    """The ``--help`` epilog line that documents the exit codes.
+
+    ``failed`` says what 1 means; ``None`` for a command that checks nothing (it never
+    exits 1).
+    """
+    one = "" if failed is None else f", 1 {failed}"
+    return f"exit status: 0 ok{one}, 2 bad arguments or unreadable input"
 
 
 def _fill(text: str) -> str:
@@ -52,7 +57,9 @@ def _fill(text: str) -> str:
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``COMMAND: message (see --help)``."""
 
-    def __init__(self, command: str, *, description: str, failed: str, epilog: str = "") -> None:
+    def __init__(
+        self, command: str, *, description: str, failed: str | None, epilog: str = ""
+    ) -> None:
         super().__init__(
             prog=f"python -m statemachine {command}",
             description=_fill(description),

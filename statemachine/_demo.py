@@ -3,8 +3,9 @@
 This module owns the demo: an embedded scripted model and a narrator that prints the
 loop as it runs. The checkpoint script is the loop's smallest whole run (user:
 "列出工作区文件", list the files in the workspace; the assistant calls ``list_files {}``;
-the result goes back to the model; the model answers), made one turn richer so that the loop is visible: after
-the listing, the model reads the README (or the first text file) before it answers.
+the result goes back to the model; the model answers), made one turn richer so that
+the loop is visible: after the listing, the model reads the README (or the first text
+file) before it answers.
 
 The model is a real ``ModelClient``. It decides each step from the history it is
 given and nothing else, and its final answer is composed from the tool results in

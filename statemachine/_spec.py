@@ -22,7 +22,6 @@ import asyncio
 import difflib
 import json
 import logging
-import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
