@@ -46,8 +46,27 @@ def usage() -> str:
     return "\n".join([*lines, "", EXIT_CODES])
 
 
+EXTRAS: dict[str, str] = {
+    "hypothesis": "test",
+    "pytest": "test",
+    "pygraphviz": "diagrams",
+    "openai": "openai",
+    "anthropic": "anthropic",
+    "httpx2": "openai",
+}
+"""The extra that installs each optional package a command may import."""
+
+
 def _dispatch(name: str, rest: list[str]) -> int:
-    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if not missing or missing == "statemachine":
+            raise  # our own module missing is a broken install, not an expected error
+        extra = EXTRAS.get(missing)
+        hint = f": pip install 'agent-statemachine[{extra}]'" if extra else ""
+        return fail(name, f"needs the Python package {missing!r}, which is not installed{hint}")
     try:
         code: int = getattr(module, f"cli_{name}")(rest)
     except SystemExit as exc:  # a command whose parser still exits on --help or bad usage

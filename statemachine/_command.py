@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import textwrap
+import time
 from types import TracebackType
 from typing import Final, NoReturn, TextIO
 
@@ -94,15 +95,25 @@ def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:
 class Progress:
     """A one-line ``LABEL [i/n] item`` display, redrawn in place, for long runs.
 
+    ``total`` is ``None`` for work whose size is not known in advance (an exhaustive
+    search: ``LABEL [i] item``).
+
     It draws only when ``stream`` (stderr by default) is a terminal whose ``TERM`` is not
-    ``dumb``; anywhere else every method does nothing, so piped or captured output holds
-    exactly what the command prints. Print a result line through ``write`` (it clears the
-    display first, so the two never share a line). Use it as a context manager so the
-    display is cleared however the run ends.
+    ``dumb``; anywhere else it draws nothing, so piped or captured output holds exactly
+    what the command prints. Redraws come at most every ``interval`` seconds, so a loop
+    that steps thousands of times a second costs no terminal traffic. Print a result
+    line through ``write`` (it clears the display first, so the two never share a line).
+    Use it as a context manager so the display is cleared however the run ends.
     """
 
     def __init__(
-        self, label: str, total: int, stream: TextIO | None = None, *, enabled: bool | None = None
+        self,
+        label: str,
+        total: int | None,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool | None = None,
+        interval: float = 0.1,
     ) -> None:
         self.label = label
         self.total = total
@@ -112,15 +123,22 @@ class Progress:
             isatty = getattr(self.stream, "isatty", None)
             enabled = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
         self.enabled = enabled
+        self.interval = interval
         self._shown = False
+        self._drawn_at: float | None = None
 
     def step(self, item: str) -> None:
         """Show that work on ``item`` (the next of ``total``) starts."""
         self.done += 1
         if not self.enabled:
             return
+        now = time.monotonic()
+        if self._drawn_at is not None and now - self._drawn_at < self.interval:
+            return
+        self._drawn_at = now
         width = shutil.get_terminal_size((80, 24)).columns - 1
-        text = f"{self.label} [{self.done}/{self.total}] {item}"
+        count = self.done if self.total is None else f"{self.done}/{self.total}"
+        text = f"{self.label} [{count}] {item}"
         self.stream.write("\r\x1b[K" + text[:width])
         self.stream.flush()
         self._shown = True
