@@ -1,10 +1,11 @@
-"""``python -m statemachine demo [DIR]``: the seed's checkpoint script, narrated live.
+"""``python -m statemachine demo [DIR]``: the checkpoint script, narrated live.
 
 This module owns the demo: an embedded scripted model and a narrator that prints the
-loop as it runs. The script is the seed's checkpoint (user: "列出工作区文件", list the
-files in the workspace; the assistant calls ``list_files {}``; the result goes back to
-the model; the model answers), made one turn richer so that the loop is visible: after
-the listing, the model reads the README (or the first text file) before it answers.
+loop as it runs. The checkpoint script is the loop's smallest whole run (user:
+"列出工作区文件", list the files in the workspace; the assistant calls ``list_files {}``;
+the result goes back to the model; the model answers), made one turn richer so that
+the loop is visible: after the listing, the model reads the README (or the first text
+file) before it answers.
 
 The model is a real ``ModelClient``. It decides each step from the history it is
 given and nothing else, and its final answer is composed from the tool results in
@@ -29,7 +30,6 @@ Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad argume
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -41,6 +41,7 @@ from typing import Any, TextIO
 import structlog
 
 from ._abort import AbortSignal
+from ._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
 from ._driver import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
 from ._engine import TransitionRecord
 from ._errors import InvalidInputError, UsageError
@@ -61,7 +62,7 @@ from .workspace import workspace_tools
 __all__ = ["PROMPT", "ScriptedModel", "cli_demo", "run_demo"]
 
 PROMPT = "List the files in the workspace. (列出工作区文件)"
-"""The user message of the seed's checkpoint script, in English and as the seed has it."""
+"""The user message of the checkpoint script, in English and in the original Chinese."""
 
 # How much of the listing the answer names before it says "and N more".
 _NAMED_FILES = 8
@@ -310,7 +311,7 @@ def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
     tools = workspace_tools(root)
     narrator = Narrator(out)
     shown_root = root.resolve()
-    narrator.line(f"statemachine demo: the seed's checkpoint script on {shown_root}")
+    narrator.line(f"statemachine demo: the checkpoint script on {shown_root}")
     narrator.line("  model: the embedded scripted model (deterministic, no network)")
     narrator.line(f"  tools: {', '.join(t.name for t in tools)} (confined to that directory)")
     narrator.line()
@@ -332,10 +333,12 @@ def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
 
 def cli_demo(argv: list[str]) -> int:
     """``python -m statemachine demo [DIR] [--max-turns N]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine demo",
-        description="Run the seed's checkpoint script on DIR with the embedded scripted "
-        "model and the real workspace tools, printing each message and transition.",
+    parser = CommandParser(
+        "demo",
+        description="Run the checkpoint script (list the workspace files, read the README, "
+        "answer) on DIR with the embedded scripted model (deterministic, no network) and "
+        "the real workspace tools, printing each message and state transition as it happens.",
+        failed="the run did not end Done (e.g. the turn limit)",
     )
     parser.add_argument(
         "dir", nargs="?", default=".", metavar="DIR", help="workspace directory (default: .)"
@@ -343,20 +346,16 @@ def cli_demo(argv: list[str]) -> int:
     parser.add_argument(
         "--max-turns", type=int, default=8, metavar="N", help="model calls allowed (default: 8)"
     )
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help and on bad arguments
-        return exc.code if isinstance(exc.code, int) else 2
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
     root = Path(args.dir)
     if not root.exists():
-        print(f"demo: directory {args.dir!r} does not exist", file=sys.stderr)
-        return 2
+        return fail("demo", f"directory {args.dir!r} does not exist")
     if not root.is_dir():
-        print(f"demo: {args.dir!r} is not a directory", file=sys.stderr)
-        return 2
+        return fail("demo", f"{args.dir!r} is not a directory")
     try:
         result = run_demo(root, sys.stdout, max_turns=args.max_turns)
     except InvalidInputError as exc:
-        print(f"demo: {exc}", file=sys.stderr)
-        return 2
-    return 0 if result.state is TurnState.Done else 1
+        return fail("demo", str(exc))
+    return EXIT_OK if result.state is TurnState.Done else EXIT_FAILED

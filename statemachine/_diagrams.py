@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 import attrs
 import structlog
 
+from ._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
 from ._driver import _ERRORS, RunResult, run_agent
 from ._engine import TransitionRecord
 from ._errors import InvalidInputError, UsageError
@@ -104,6 +105,8 @@ REGENERATE: Final = "bash run.sh diagram --all"
 
 # _journal.FORMAT, spelled out so that reading a run file never imports the journal.
 _JOURNAL_FORMAT: Final = "statemachine-journal"
+MAX_RUN_FILE_BYTES: Final = 64 * 1024 * 1024
+"""``load_run`` refuses a run file or journal larger than this, unread."""
 _REPO: Final = Path(__file__).resolve().parent.parent
 # Docs pages that show the generated diagram between the same markers as the README.
 DIAGRAM_PAGES: Final = (_REPO / "docs" / "concepts.md",)
@@ -686,7 +689,11 @@ def load_run(path: Path) -> RunResult:
     Bad input gives ``InvalidInputError`` naming the problem, never a traceback.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            raw = file.read(MAX_RUN_FILE_BYTES + 1)
+        if len(raw) > MAX_RUN_FILE_BYTES:
+            raise InvalidInputError(f"{path} is larger than {MAX_RUN_FILE_BYTES} bytes")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -803,7 +810,7 @@ DEMO_WORKSPACE: Final[Mapping[str, str]] = {
     "README.md": "# calc\n\nA tiny calculator library.\n",
     "src/index.ts": "export const add = (a: number, b: number): number => a + b;\n",
 }
-"""The seed checkpoint's workspace (README.md, src/index.ts) for the demo run."""
+"""The checkpoint script's workspace (README.md, src/index.ts) for the demo run."""
 
 
 def demo_run() -> RunResult:
@@ -997,7 +1004,7 @@ def generated_files(directory: Path) -> dict[Path, str | bytes]:
             run_section(
                 demo,
                 "The demo run",
-                "`python -m statemachine demo` on the seed checkpoint's workspace "
+                "`python -m statemachine demo` on the checkpoint script's workspace "
                 f"({', '.join(DEMO_WORKSPACE)}): the demo's scripted model lists the files, "
                 "reads the README and answers. Saved as the run file "
                 "[`demo-run.json`](demo-run.json) (`run_result_to_dict`).",
@@ -1008,7 +1015,7 @@ def generated_files(directory: Path) -> dict[Path, str | bytes]:
                 recovery,
                 "A run that recovers from an error result",
                 "A scripted model reads a mistyped path, gets an error result it can act on "
-                "(the seed's example), then reads the right file while running the tests in "
+                "(the classic example), then reads the right file while running the tests in "
                 "the same turn. Saved as the run file [`recovery-run.json`](recovery-run.json) "
                 "(`run_result_to_dict`).",
                 "recovery-run.json",
@@ -1119,63 +1126,84 @@ def _format_for(out: str | None, given: str | None, default: str) -> str:
     return default
 
 
-def cli_diagram(argv: list[str]) -> int:
-    """``python -m statemachine diagram``: draw the machine from the transition table."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine diagram",
-        description="Draw the state machine from statemachine/_table.py.",
-        epilog=f"Regenerate every committed diagram with: {REGENERATE}",
+def _diagram_parser() -> CommandParser:
+    parser = CommandParser(
+        "diagram",
+        description="Draw the state machine from its transition table "
+        "(statemachine._table): states, triggers and guards.",
+        failed="with --all --check: a committed diagram is stale",
+        epilog=f"In a checkout, regenerate every committed diagram with: {REGENERATE}",
     )
     parser.add_argument(
         "--format", choices=FORMATS, help="default: from --out's extension, else mermaid"
     )
     parser.add_argument("--out", help="write here instead of standard output")
     parser.add_argument(
-        "--all", action="store_true", help="regenerate diagrams/ and the README block"
+        "--all",
+        action="store_true",
+        help="regenerate diagrams/ and the README block (of a checkout, unless --dir)",
     )
     parser.add_argument(
         "--check", action="store_true", help="with --all: only report stale files (exit 1)"
     )
     parser.add_argument(
-        "--dir", type=Path, default=_REPO / "diagrams", help="with --all: where to write"
+        "--dir", type=Path, help="with --all: where to write (default: the checkout's diagrams/)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _diagram_all(directory: Path | None, check: bool) -> int:
+    if directory is None:
+        if not (_REPO / "pyproject.toml").is_file():
+            return fail("diagram", "--all without --dir needs a source checkout; give --dir")
+        directory = _REPO / "diagrams"
+    in_repo = directory == _REPO / "diagrams"
+    readme = _REPO / "README.md" if in_repo else None
+    pages = [p for p in DIAGRAM_PAGES if p.exists()] if in_repo else []
+    if check:
+        stale = stale_files(directory, readme, pages)
+        for path in stale:
+            print(f"stale: {path}", file=sys.stderr)
+        if stale:
+            print(f"regenerate with: {REGENERATE}", file=sys.stderr)
+        return EXIT_FAILED if stale else EXIT_OK
+    for path in write_all(directory, readme, pages):
+        print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cli_diagram(argv: list[str]) -> int:
+    """``python -m statemachine diagram``: draw the machine from the transition table."""
+    args = parse(_diagram_parser(), argv)
+    if isinstance(args, int):
+        return args
+    if args.check and not args.all:
+        return fail("diagram", "--check goes with --all (see --help)")
+    if args.dir is not None and not args.all:
+        return fail("diagram", "--dir goes with --all (see --help)")
     try:
         if args.all:
-            in_repo = args.dir == _REPO / "diagrams"
-            readme = _REPO / "README.md" if in_repo else None
-            pages = [p for p in DIAGRAM_PAGES if p.exists()] if in_repo else []
-            if args.check:
-                stale = stale_files(args.dir, readme, pages)
-                for path in stale:
-                    print(f"stale: {path}", file=sys.stderr)
-                if stale:
-                    print(f"regenerate with: {REGENERATE}", file=sys.stderr)
-                return 1 if stale else 0
-            for path in write_all(args.dir, readme, pages):
-                print(f"wrote {path}", file=sys.stderr)
-            return 0
-        if args.check:
-            parser.error("--check goes with --all")
+            return _diagram_all(args.dir, args.check)
         _emit(render(_format_for(args.out, args.format, "mermaid")), args.out)
     except (UsageError, OSError) as exc:
-        print(f"diagram: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return fail("diagram", str(exc))
+    return EXIT_OK
 
 
-def cli_trace(argv: list[str]) -> int:
-    """``python -m statemachine trace RUN``: draw the path a finished run took."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine trace",
+def _trace_parser() -> CommandParser:
+    parser = CommandParser(
+        "trace",
         description=(
             "Draw the machine with the path a finished run took (states and steps, with "
             "counts), or the run's messages as a sequence diagram. RUN is a run file (JSON "
             "from statemachine._diagrams.run_result_to_dict(result)) or a run journal "
             "(statemachine-journal JSON Lines), which is replayed and verified first."
         ),
+        failed=None,
+        epilog="A run file or journal that cannot be read, parsed or replayed as recorded "
+        "is unreadable input.",
     )
-    parser.add_argument("run", type=Path, help="the run file or journal")
+    parser.add_argument("run", type=Path, metavar="RUN", help="the run file or journal")
     parser.add_argument(
         "--format",
         choices=(*FORMATS, "sequence", "markdown"),
@@ -1184,32 +1212,36 @@ def cli_trace(argv: list[str]) -> int:
         "(default: from --out's extension, else mermaid)",
     )
     parser.add_argument("--out", help="write here instead of standard output")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _trace_data(args: argparse.Namespace) -> str | bytes:
+    result = load_run(args.run)
+    fmt = _format_for(args.out, args.format, "mermaid")
+    if fmt == "sequence":
+        return sequence_diagram(result)
+    chart = chart_from_table()
+    overlay = overlay_from_trace(chart, result.trace, result.state.value)
+    if fmt != "markdown":
+        return render(fmt, chart, overlay)
+    stem = Path(args.out).stem if args.out else args.run.stem
+    svg = f"{stem}.svg"
+    if args.out:
+        (Path(args.out).parent / svg).write_text(str(render("svg", chart, overlay)), "utf-8")
+    intro = f"The run recorded in `{args.run.name}`."
+    return run_page(
+        f"Run {result.run_id or args.run.stem}",
+        [run_section(result, "The run", intro, args.run.name, svg)],
+    )
+
+
+def cli_trace(argv: list[str]) -> int:
+    """``python -m statemachine trace RUN``: draw the path a finished run took."""
+    args = parse(_trace_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
-        result = load_run(args.run)
-        fmt = _format_for(args.out, args.format, "mermaid")
-        data: str | bytes
-        if fmt == "sequence":
-            data = sequence_diagram(result)
-        elif fmt == "markdown":
-            stem = Path(args.out).stem if args.out else args.run.stem
-            svg = f"{stem}.svg"
-            chart = chart_from_table()
-            overlay = overlay_from_trace(chart, result.trace, result.state.value)
-            if args.out:
-                (Path(args.out).parent / svg).write_text(
-                    str(render("svg", chart, overlay)), encoding="utf-8"
-                )
-            intro = f"The run recorded in `{args.run.name}`."
-            data = run_page(
-                f"Run {result.run_id or args.run.stem}",
-                [run_section(result, "The run", intro, args.run.name, svg)],
-            )
-        else:
-            chart = chart_from_table()
-            data = render(fmt, chart, overlay_from_trace(chart, result.trace, result.state.value))
-        _emit(data, args.out)
+        _emit(_trace_data(args), args.out)
     except (UsageError, OSError) as exc:
-        print(f"trace: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return fail("trace", str(exc))
+    return EXIT_OK

@@ -5,7 +5,7 @@ This module owns the scenario format (TOML, read with the standard library's
 describes, the comparison of a run with what the scenario expects, and the
 ``python -m statemachine spec [PATHS]`` command. ``specs/README.md`` documents the
 format for the people who write scenarios; ``CATALOG`` names what a scenario may
-claim to check (the seed's checkpoint and acceptance lines, the invariants I1–I8),
+claim to check (the checkpoint script, the acceptance lines, the invariants I1–I8),
 and the runner reports which of them no scenario covers.
 
 Scenarios run through the real loop (``AgentRun``, which ``run_agent`` runs; its
@@ -18,12 +18,10 @@ a call), never after a delay. Only the grace period is real time, and a scenario
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import difflib
 import json
 import logging
-import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +31,7 @@ import attrs
 import structlog
 
 from ._abort import AbortController, AbortSignal
+from ._command import EXIT_FAILED, EXIT_OK, CommandParser, Progress, fail, parse
 from ._driver import AgentRun, Deny, RequireApproval, RunResult, Stop
 from ._errors import InvalidInputError
 from ._messages import (
@@ -62,7 +61,7 @@ __all__ = [
 ]
 
 CATALOG: Mapping[str, str] = {
-    "checkpoint": "the seed's checkpoint script runs: list the files, then answer",
+    "checkpoint": "the checkpoint script runs: list the workspace files, then answer",
     "A1": "assistant 的 tool call 会被执行，即使 stopReason 不是 toolUse。"
     " (tool calls run even when the stop reason is not toolUse)",
     "A2": "tool result 会进入下一次模型请求。 (tool results reach the next model request)",
@@ -81,9 +80,12 @@ CATALOG: Mapping[str, str] = {
     "I7": "limits: model calls never exceed max_turns; the limit is explained",
     "I8": "no crash, nothing lost: misbehaving tools, hooks and models end in results",
 }
-"""What a scenario's ``checks`` may name: the seed's acceptance lines and invariants."""
+"""What a scenario's ``checks`` may name: the acceptance lines and the invariants."""
 
 DEFAULT_GRACE_PERIOD = 0.05
+
+MAX_SCENARIO_BYTES = 1024 * 1024
+"""A scenario file larger than this is refused unread (the largest shipped is ~2 KB)."""
 
 # The runner prints its own verdicts; the engine's events (warnings included: the
 # scenarios provoke them on purpose) would bury them. A filtering logger, not a global
@@ -343,7 +345,11 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     reader = _Reader(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:
+            raw = file.read(MAX_SCENARIO_BYTES + 1)
+        if len(raw) > MAX_SCENARIO_BYTES:
+            raise SpecError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; not a scenario")
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -730,10 +736,21 @@ def discover(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
+PACKAGED_SPEC_DIR = Path(__file__).resolve().parent / "_specs"
+"""Where an installed wheel keeps the scenarios (``specs/``, shipped as package data)."""
+
+CHECKOUT_SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
+"""Where a source checkout keeps them: the one source the wheel's copy is built from."""
+
+
 def default_spec_dir() -> Path:
-    """``specs/`` in the current directory, else the one next to the package."""
-    here = Path("specs")
-    return here if here.is_dir() else Path(__file__).resolve().parent.parent / "specs"
+    """The scenarios that belong to this copy of the library.
+
+    The packaged copy when the library is installed from a wheel, else ``specs/`` of the
+    checkout the package is imported from. Never the current directory's ``specs/``: a
+    directory of that name elsewhere is not ours, and a path argument runs it anyway.
+    """
+    return PACKAGED_SPEC_DIR if PACKAGED_SPEC_DIR.is_dir() else CHECKOUT_SPEC_DIR
 
 
 def coverage(scenarios: Iterable[Scenario]) -> dict[str, list[str]]:
@@ -745,32 +762,50 @@ def coverage(scenarios: Iterable[Scenario]) -> dict[str, list[str]]:
     return out
 
 
+def _parser() -> CommandParser:
+    return CommandParser(
+        "spec",
+        description="Run the executable specification: scenario files (TOML) that script "
+        "the model, tools, permission hook and abort, run them through the real loop and "
+        "compare the run with what they expect. Prints one PASS/FAIL line per scenario, a "
+        "diff under each failure, and which catalog entries no scenario covers.",
+        failed="a scenario failed",
+        epilog=f"default PATHS: the scenarios that ship with the library (here: "
+        f"{default_spec_dir()})",
+    )
+
+
 def cli_spec(argv: list[str]) -> int:
     """``python -m statemachine spec [PATHS]``: run scenarios, print pass/fail."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine spec",
-        description="Run the executable specification (scenario files, TOML).",
+    parser = _parser()
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="scenario files or directories searched for *.toml (default: see below)",
     )
-    parser.add_argument("paths", nargs="*", help="scenario files or directories (default specs/)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
     try:
         files = discover(args.paths or [default_spec_dir()])
         scenarios = [load_scenario(f) for f in files]
     except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail("spec", str(exc))
     if not scenarios:
-        print("error: no scenario files found", file=sys.stderr)
-        return 2
+        return fail("spec", "no scenario files found")
     failed = 0
-    for scenario in scenarios:
-        outcome = run_scenario(scenario)
-        verdict = "PASS" if outcome.passed else "FAIL"
-        print(f"{verdict}  {scenario.name}  [{', '.join(scenario.checks)}]  ({scenario.path})")
-        if not outcome.passed:
-            failed += 1
-            for problem in outcome.problems:
-                print("      " + problem.replace("\n", "\n      "))
+    with Progress("spec", len(scenarios)) as progress:
+        for scenario in scenarios:
+            progress.step(scenario.name)
+            outcome = run_scenario(scenario)
+            verdict = "PASS" if outcome.passed else "FAIL"
+            checks = ", ".join(scenario.checks)
+            progress.write(f"{verdict}  {scenario.name}  [{checks}]  ({scenario.path})")
+            if not outcome.passed:
+                failed += 1
+                for problem in outcome.problems:
+                    progress.write("      " + problem.replace("\n", "\n      "))
     covered = coverage(scenarios)
     missing = [key for key, names in covered.items() if not names]
     print(
@@ -781,4 +816,4 @@ def cli_spec(argv: list[str]) -> int:
             else f"not covered: {', '.join(missing)}"
         )
     )
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
+from ._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
 from .testing.transcript import (
     FORMATS,
     TranscriptFormat,
@@ -37,19 +37,12 @@ class _UnreadableError(Exception):
     """A file that cannot be read as transcripts; the message is one line."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, as for every other failure of this command.
-        self.exit(2, f"transcript: {message} (see --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m statemachine transcript",
+    parser = CommandParser(
+        "transcript",
         description="Check recorded conversation logs for tool-call pairing and order "
         "problems (I1, I2), by each provider's own rules.",
-        epilog="exit status: 0 no error-level finding, 1 error-level findings, "
-        "2 unreadable input or bad arguments",
+        failed="error-level findings",
     )
     parser.add_argument("files", nargs="+", metavar="FILE", help="JSON or JSONL file")
     parser.add_argument(
@@ -83,27 +76,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cli_transcript(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    """``python -m statemachine transcript FILE...``; see the module docstring."""
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
     if args.max_bytes <= 0:
-        print("transcript: --max-bytes must be positive", file=sys.stderr)
-        return 2
-    worst = 0
+        return fail("transcript", "--max-bytes must be positive")
+    worst = EXIT_OK
     for name in args.files:
         try:
             transcripts = _read(Path(name), args.max_bytes)
         except _UnreadableError as exc:
-            print(f"transcript: {name}: {exc}", file=sys.stderr)
-            worst = 2
+            worst = fail("transcript", f"{name}: {exc}")
             continue
         for label, transcript in transcripts:
             try:
                 errors = _report(f"{name}{label}", transcript, args)
             except _UnreadableError as exc:
-                print(f"transcript: {name}{label}: {exc}", file=sys.stderr)
-                worst = 2
+                worst = fail("transcript", f"{name}{label}: {exc}")
                 continue
-            if errors and worst == 0:
-                worst = 1
+            if errors and worst == EXIT_OK:
+                worst = EXIT_FAILED
     return worst
 
 

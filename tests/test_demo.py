@@ -212,7 +212,7 @@ def test_default_directory_is_the_current_one(
     monkeypatch.chdir(project)
     assert cli_demo([]) == 0
     lines = logical_lines(capsys.readouterr().out)
-    assert lines[0] == f"statemachine demo: the seed's checkpoint script on {project.resolve()}"
+    assert lines[0] == f"statemachine demo: the checkpoint script on {project.resolve()}"
     assert any("2 files: README.md and src/index.ts" in line for line in lines)
 
 

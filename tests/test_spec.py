@@ -108,7 +108,7 @@ def test_cli_prints_pass_and_fail(tmp_path: Path, capsys: pytest.CaptureFixture[
     good = SPEC_DIR / "checkpoint_list_files.toml"
     assert cli_spec([str(good)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("PASS  The seed's checkpoint script")
+    assert out.startswith("PASS  The checkpoint script")
     assert "1 passed, 0 failed; not covered:" in out
     wrong = tmp_path / "wrong.toml"
     wrong.write_text(WRONG, encoding="utf-8")

@@ -12,7 +12,8 @@ needs none). It is never printed: everything this command writes, transcript and
 logs alike, passes through redaction, and logs are rendered by the command's own
 structlog logger (the library never configures structlog globally).
 
-Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad usage.
+Exit status: 0 when the run ends ``Done``, 1 for any other end, 2 for bad usage or an
+unusable workspace directory.
 Ctrl-C aborts the run through its signal, so tools clean up and the transcript
 stays valid.
 """
@@ -34,6 +35,7 @@ from typing import Any, TextIO
 import structlog
 
 from .._abort import AbortController
+from .._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
 from .._driver import AgentRun, MessageAdded, RunEvent, RunResult
 from .._errors import InvalidInputError
 from .._messages import (
@@ -121,10 +123,14 @@ class _Transcript:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine run",
+    parser = CommandParser(
+        "run",
         description="Run a real agent with the workspace tools (list_files, read_file) "
-        "against a model provider, printing the transcript as it streams.",
+        "against a model provider, printing the transcript as it streams. The API key "
+        "comes from OPENAI_API_KEY or ANTHROPIC_API_KEY (a local OpenAI-compatible server "
+        "given by --base-url needs none) and is never printed. Ctrl-C aborts the run; "
+        "tools clean up and the transcript stays valid.",
+        failed="the run did not end Done (model failure, turn limit, abort)",
     )
     parser.add_argument("prompt", help="what to ask the agent")
     parser.add_argument("--provider", required=True, choices=sorted(_KEY_ENV))
@@ -134,7 +140,9 @@ def _parser() -> argparse.ArgumentParser:
         help="API base URL; for a local OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1",
     )
     parser.add_argument("--dir", default=".", help="workspace directory (default: .)")
-    parser.add_argument("--max-turns", type=int, default=8, help="model calls allowed")
+    parser.add_argument(
+        "--max-turns", type=int, default=8, metavar="N", help="model calls allowed (default: 8)"
+    )
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--verbose", action="store_true", help="log each transition")
     return parser
@@ -215,18 +223,15 @@ async def _run(
 
 def cli_run(argv: list[str]) -> int:
     """``python -m statemachine run ...``; see the module docstring."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help and on bad arguments
-        return exc.code if isinstance(exc.code, int) else 2
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
     env = _KEY_ENV[args.provider]
     key = os.environ.get(env) or None
     if key is None and not (args.provider == "openai" and args.base_url):
-        print(f"run: set {env} to your API key", file=sys.stderr)
-        return 2
+        return fail("run", f"set {env} to your API key")
     if args.max_turns < 1:
-        print("run: --max-turns must be at least 1", file=sys.stderr)
-        return 2
+        return fail("run", "--max-turns must be at least 1")
     secrets = [key] if key else []
     transcript = _Transcript(sys.stdout, secrets)
     log = _logger(secrets, args.verbose)
@@ -236,8 +241,7 @@ def cli_run(argv: list[str]) -> int:
         tools = workspace_tools(Path(args.dir))
         model = _model(args, key, transcript, log)
     except (InvalidInputError, ImportError) as exc:
-        print(redact(f"run: {exc}", secrets), file=sys.stderr)
-        return 2
+        return fail("run", redact(str(exc), secrets))
     shown = Path(args.dir).resolve()
     transcript.line(f"statemachine run: {args.provider} model {args.model} on {shown}")
     transcript.line(f"  tools: {', '.join(t.name for t in tools)}")
@@ -246,4 +250,4 @@ def cli_run(argv: list[str]) -> int:
     transcript.line()
     transcript.line(f"final state: {result.state.value} after {result.turns} model call(s)")
     transcript.line(f"explanation: {result.explanation}")
-    return 0 if result.state is TurnState.Done else 1
+    return EXIT_OK if result.state is TurnState.Done else EXIT_FAILED

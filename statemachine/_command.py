@@ -1,0 +1,167 @@
+"""What every ``python -m statemachine`` command shares: parsing, exit codes, progress.
+
+One style across commands: ``--help`` everywhere, with the exit codes in its epilog; an
+expected failure (a bad option, a path that does not exist, a file that cannot be read)
+is one line on stderr that starts with the command's name, never a traceback; and a
+long run shows its progress on a terminal and prints nothing extra anywhere else.
+
+Exit codes, the same for every command:
+
+- ``EXIT_OK`` (0): the command did what was asked and what it checked holds;
+- ``EXIT_FAILED`` (1): the thing the command checks or runs failed (a scenario, a
+  run that did not end ``Done``, a stale file, an error-level finding);
+- ``EXIT_USAGE`` (2): bad arguments, or input that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import textwrap
+import time
+from types import TracebackType
+from typing import Final, NoReturn, TextIO
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CommandParser",
+    "Progress",
+    "exit_codes",
+    "fail",
+    "parse",
+]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+def exit_codes(failed: str | None) -> str:
+    """The ``--help`` epilog line that documents the exit codes.
+
+    ``failed`` says what 1 means; ``None`` for a command that checks nothing (it never
+    exits 1).
+    """
+    one = "" if failed is None else f", 1 {failed}"
+    return f"exit status: 0 ok{one}, 2 bad arguments or unreadable input"
+
+
+def _fill(text: str) -> str:
+    # Paragraphs wrapped here, because argparse's own wrapping would join them.
+    return "\n\n".join(textwrap.fill(p, 78) for p in text.split("\n\n"))
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``COMMAND: message (see --help)``."""
+
+    def __init__(
+        self, command: str, *, description: str, failed: str | None, epilog: str = ""
+    ) -> None:
+        super().__init__(
+            prog=f"python -m statemachine {command}",
+            description=_fill(description),
+            epilog=_fill("\n\n".join(filter(None, (epilog, exit_codes(failed))))),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self.command = command
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.command}: {message} (see --help)\n")
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """``parser.parse_args(argv)``, or the exit code where argparse would exit.
+
+    A command's ``cli_*`` function returns its exit code and never raises ``SystemExit``,
+    so that ``main()`` and callers in tests see one contract.
+    """
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) and bad arguments (2) end the parse here
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:
+    """Print ``COMMAND: message`` as one line on stderr and return ``code``."""
+    one_line = " ".join(message.split())
+    print(f"{command}: {one_line}", file=sys.stderr)
+    return code
+
+
+class Progress:
+    """A one-line ``LABEL [i/n] item`` display, redrawn in place, for long runs.
+
+    ``total`` is ``None`` for work whose size is not known in advance (an exhaustive
+    search: ``LABEL [i] item``).
+
+    It draws only when ``stream`` (stderr by default) is a terminal whose ``TERM`` is not
+    ``dumb``; anywhere else it draws nothing, so piped or captured output holds exactly
+    what the command prints. Redraws come at most every ``interval`` seconds, so a loop
+    that steps thousands of times a second costs no terminal traffic. Print a result
+    line through ``write`` (it clears the display first, so the two never share a line).
+    Use it as a context manager so the display is cleared however the run ends.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: int | None,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool | None = None,
+        interval: float = 0.1,
+    ) -> None:
+        self.label = label
+        self.total = total
+        self.done = 0
+        self.stream = sys.stderr if stream is None else stream
+        if enabled is None:
+            isatty = getattr(self.stream, "isatty", None)
+            enabled = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+        self.enabled = enabled
+        self.interval = interval
+        self._shown = False
+        self._drawn_at: float | None = None
+
+    def step(self, item: str) -> None:
+        """Show that work on ``item`` (the next of ``total``) starts."""
+        self.done += 1
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self._drawn_at is not None and now - self._drawn_at < self.interval:
+            return
+        self._drawn_at = now
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        count = self.done if self.total is None else f"{self.done}/{self.total}"
+        text = f"{self.label} [{count}] {item}"
+        self.stream.write("\r\x1b[K" + text[:width])
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        """Remove the display (nothing to do when it is not shown)."""
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+    def write(self, text: str, out: TextIO | None = None) -> None:
+        """Print ``text`` as a line on ``out`` (stdout by default) without garbling."""
+        self.clear()
+        print(text, file=sys.stdout if out is None else out, flush=self.enabled)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.clear()

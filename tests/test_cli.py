@@ -1,0 +1,469 @@
+"""The command line as a whole: one style across commands, and every command working
+from an installed wheel, run from a directory outside the checkout."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from statemachine import _diagrams, _spec
+from statemachine.__main__ import COMMANDS, main, usage
+from statemachine._command import Progress, exit_codes
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("demo", "spec", "diagram", "trace", "run", "transcript")
+"""The commands that follow the shared convention in full (``_command.CommandParser``)."""
+
+HISTORY_WORDS = re.compile(r"\bseed\b|\bissue \d|\bproduction loop\b|\bphase\b", re.IGNORECASE)
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- help ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", OURS)
+def test_every_command_has_help_with_its_exit_codes(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _main([command, "--help"], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"usage: python -m statemachine {command} ")
+    flat = " ".join(out.split())
+    assert re.search(r"exit status: 0 ok, (1 .+, )?2 bad arguments or unreadable input$", flat)
+    assert not HISTORY_WORDS.search(out), HISTORY_WORDS.search(out)
+    assert _main(["help", command], capsys) == (0, out, "")
+
+
+def test_the_top_level_help_names_every_command_and_the_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _main(["--help"], capsys)
+    assert (code, err) == (0, "")
+    assert out == usage() + "\n"
+    for name in COMMANDS:
+        assert re.search(rf"^  {name} +\S", out, re.MULTILINE), name
+    assert "0 ok, 1 the thing the command checks or runs failed" in out
+    assert not HISTORY_WORDS.search(out)
+    assert _main(["help"], capsys) == (0, out, "")
+    # No command at all is a usage error: the usage goes to stderr.
+    assert _main([], capsys) == (2, "", out)
+
+
+def test_the_history_word_pattern_catches_what_it_is_for() -> None:
+    for text in ("the Seed's checkpoint", "see issue 17", "the production loop", "phase 2"):
+        assert HISTORY_WORDS.search(text), text
+    assert not HISTORY_WORDS.search("seeded random; the issuer; productions")
+
+
+def test_exit_codes_text_says_what_one_means_or_leaves_it_out() -> None:
+    assert (
+        exit_codes("x failed")
+        == "exit status: 0 ok, 1 x failed, 2 bad arguments or unreadable input"
+    )
+    assert exit_codes(None) == "exit status: 0 ok, 2 bad arguments or unreadable input"
+
+
+# -- errors: one line on stderr, prefixed by the command, exit 2 -------------------------------
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
+    (tmp / "latin1.toml").write_bytes(b'name = "caf\xe9"\n')
+    (tmp / "big.toml").write_bytes(b"#" * (_spec.MAX_SCENARIO_BYTES + 1))
+    (tmp / "file.txt").write_text("x", encoding="utf-8")
+    missing = str(tmp / "missing")
+    return [
+        (["spec", "--bogus"], "spec: unrecognized arguments: --bogus (see --help)"),
+        (["spec", missing], f"spec: {missing}: no such file or directory"),
+        (["spec", str(tmp / "latin1.toml")], "spec: "),
+        (["spec", str(tmp / "big.toml")], f"larger than {_spec.MAX_SCENARIO_BYTES} bytes"),
+        (["spec", str(tmp / "file.txt")], "spec: "),
+        (["demo", missing], f"demo: directory '{missing}' does not exist"),
+        (["demo", str(tmp), "--max-turns", "x"], "demo: argument --max-turns: invalid int"),
+        (["diagram", "--format", "jpeg"], "diagram: argument --format: invalid choice"),
+        (["diagram", "--out", str(tmp / "no" / "dir" / "m.mmd")], "diagram: "),
+        (["diagram", "--dir", str(tmp)], "diagram: --dir goes with --all"),
+        (["trace", missing], f"trace: cannot read {missing}"),
+        (["trace", str(tmp / "file.txt")], "trace: "),
+        (["trace"], "trace: the following arguments are required: RUN"),
+        (["transcript", missing], f"transcript: {missing}: "),
+        (["transcript", "--max-bytes", "0", missing], "transcript: --max-bytes must be positive"),
+        (["run", "--provider", "openai", "hi"], "run: the following arguments are required"),
+        (["run", "--provider", "openai", "--model", "m", "--dir", missing, "hi"], "run: "),
+        (["nope"], "statemachine: unknown command 'nope' (see --help)"),
+    ]
+
+
+def test_expected_errors_are_one_line_prefixed_by_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
+    for argv, expected in _bad_inputs(tmp_path):
+        code, out, err = _main(argv, capsys)
+        prefix = "statemachine" if argv[0] == "nope" else argv[0]
+        assert code == 2, (argv, err)
+        assert out == "", argv
+        assert err.count("\n") == 1, (argv, err)
+        assert err.endswith("\n"), (argv, err)
+        assert err.startswith(f"{prefix}: "), (argv, err)
+        assert expected in err, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_a_run_file_over_the_size_limit_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _diagrams.MAX_RUN_FILE_BYTES == 64 * 1024 * 1024
+    monkeypatch.setattr(_diagrams, "MAX_RUN_FILE_BYTES", 10)
+    run = tmp_path / "run.json"
+    run.write_text("{" + " " * 10 + "}", encoding="utf-8")
+    code, _, err = _main(["trace", str(run)], capsys)
+    assert code == 2
+    assert err == f"trace: {run} is larger than 10 bytes\n"
+
+
+def test_diagram_all_without_dir_needs_a_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Installed, the package's parent is site-packages: --all must not write there.
+    monkeypatch.setattr(_diagrams, "_REPO", tmp_path)
+    code, _, err = _main(["diagram", "--all"], capsys)
+    assert code == 2
+    assert err == "diagram: --all without --dir needs a source checkout; give --dir\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- check and replay: what holds today ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_check_and_replay_have_help_and_refuse_bad_options(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _main([command, "--help"], capsys)
+    assert code == 0
+    assert out.startswith(f"usage: python -m statemachine {command} ")
+    code, out, err = _main([command, "--bogus"], capsys)
+    assert code == 2
+    assert "--bogus" in err or "required" in err
+    assert "Traceback" not in err
+
+
+def test_replay_of_a_missing_file_fails_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _main(["replay", str(tmp_path / "missing.jsonl")], capsys)
+    assert code != 0
+    assert err.count("\n") == 1
+    assert "cannot read journal" in err
+    assert "Traceback" not in err
+
+
+NEEDS_HYPOTHESIS = (
+    "needs the Python package 'hypothesis', which is not installed: "
+    "pip install 'agent-statemachine[test]'"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_command_whose_optional_dependency_is_missing_says_which_extra() -> None:
+    code = (
+        "import sys; sys.modules['hypothesis'] = None\n"
+        "from statemachine.__main__ import main\n"
+        "sys.exit(main(['transcript', 'log.json']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"transcript: {NEEDS_HYPOTHESIS}\n"
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm")
+    piped, out = io.StringIO(), io.StringIO()
+    with Progress("spec", 2, piped) as progress:
+        progress.step("first")
+        progress.write("PASS first", out)
+    assert piped.getvalue() == ""
+    assert out.getvalue() == "PASS first\n"
+    assert progress.done == 1
+
+    tty, out = _Terminal(), io.StringIO()
+    with Progress("spec", 2, tty, interval=0) as progress:
+        progress.step("first")
+        assert tty.getvalue() == "\r\x1b[Kspec [1/2] first"
+        progress.write("PASS first", out)
+        assert tty.getvalue().endswith("first\r\x1b[K")
+        progress.step("second")
+    assert tty.getvalue() == "\r\x1b[Kspec [1/2] first\r\x1b[K\r\x1b[Kspec [2/2] second\r\x1b[K"
+    assert out.getvalue() == "PASS first\n"
+
+    monkeypatch.setenv("TERM", "dumb")
+    dumb = _Terminal()
+    with Progress("spec", 1, dumb) as progress:
+        progress.step("x")
+    assert dumb.getvalue() == ""
+
+
+def test_progress_without_a_total_counts_up() -> None:
+    tty = _Terminal()
+    progress = Progress("check", None, tty, enabled=True, interval=0)
+    progress.step("depth 1")
+    progress.step("depth 2")
+    assert tty.getvalue() == "\r\x1b[Kcheck [1] depth 1\r\x1b[Kcheck [2] depth 2"
+
+
+def test_progress_redraws_at_most_once_per_interval() -> None:
+    tty = _Terminal()
+    progress = Progress("check", None, tty, enabled=True, interval=3600)
+    for i in range(1000):
+        progress.step(f"state {i}")
+    assert tty.getvalue() == "\r\x1b[Kcheck [1] state 0"
+    assert progress.done == 1000
+
+
+def test_progress_is_cut_to_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "20")
+    tty = _Terminal()
+    Progress("spec", 1, tty, enabled=True).step("a" * 50)
+    assert tty.getvalue() == "\r\x1b[K" + ("spec [1/1] " + "a" * 50)[:19]
+
+
+def _two_scenarios(tmp: Path) -> list[str]:
+    names = ["checkpoint_list_files.toml", "turn_limit.toml"]
+    for name in names:
+        shutil.copy(ROOT / "specs" / name, tmp / name)
+    return [str(tmp / name) for name in names]
+
+
+def test_spec_shows_progress_on_a_terminal_and_nothing_extra_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _two_scenarios(tmp_path)
+    code, plain, err = _main(["spec", *paths], capsys)
+    assert (code, err) == (0, "")
+    assert "\r" not in plain
+    assert "\x1b" not in plain
+    assert plain.count("\n") == 3  # two verdicts and the summary
+
+    monkeypatch.setenv("TERM", "xterm")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["spec", *paths]) == 0
+    assert capsys.readouterr().out == plain  # stdout is the same either way
+    shown = terminal.getvalue()
+    assert "spec [1/2] The checkpoint script" in shown
+    assert shown.count("spec [") <= 2  # at most one redraw per scenario
+    assert shown.endswith("\r\x1b[K")  # cleared at the end
+
+
+# -- where spec finds its scenarios -------------------------------------------------------------
+
+
+def test_spec_defaults_to_the_scenarios_of_this_copy_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "other.toml").write_text("not = 'ours'\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert _spec.default_spec_dir() == _spec.CHECKOUT_SPEC_DIR == ROOT / "specs"
+    packaged = tmp_path / "_specs"
+    packaged.mkdir()
+    monkeypatch.setattr(_spec, "PACKAGED_SPEC_DIR", packaged)
+    assert _spec.default_spec_dir() == packaged
+
+
+def test_the_wheel_configuration_ships_specs_and_every_package() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = config["tool"]["setuptools"]
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "statemachine").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
+    assert set(setuptools["packages"]) == on_disk | {"statemachine._specs"}
+    assert setuptools["package-dir"] == {"statemachine._specs": "specs"}
+    assert setuptools["package-data"]["statemachine._specs"] == ["*.toml", "*.md"]
+    assert config["project"]["scripts"] == {"statemachine": "statemachine.__main__:main"}
+
+
+# -- an installed wheel, run from elsewhere -----------------------------------------------------
+
+FROM_INDEX = os.environ.get("STATEMACHINE_TEST_INDEX") == "1"
+"""Build with an isolated build environment and install the dependencies from the
+package index (network); by default the test stays offline (see ``_install``)."""
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _copy_source(dest: Path) -> Path:
+    # A copy, so that the build's build/ and egg-info never land in the checkout.
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "statemachine", dest / "statemachine", ignore=ignore)
+    shutil.copytree(ROOT / "specs", dest / "specs", ignore=ignore)
+    return dest
+
+
+def _install(tmp: Path, env: dict[str, str]) -> Path:
+    """Build the wheel and install it into a new virtual environment; its bin/ directory.
+
+    Offline (the default): the build uses this interpreter's setuptools, and the new
+    environment finds the dependencies in this interpreter's site-packages through a
+    ``.pth`` file, so only the wheel's own files come from the build. With
+    ``STATEMACHINE_TEST_INDEX=1``: an isolated build and ``pip install`` from the index.
+    """
+    (tmp / "src").mkdir()
+    source = _copy_source(tmp / "src")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    offline = [] if FROM_INDEX else ["--no-build-isolation", "--no-index"]
+    built = _run(
+        [*pip, "wheel", "--no-deps", *offline, "-w", str(tmp / "dist"), str(source)], tmp, env
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp / "dist").glob("agent_statemachine-*.whl")
+    venv = tmp / "venv"
+    bin_ = venv / "bin"
+    if FROM_INDEX:
+        assert _run([sys.executable, "-m", "venv", str(venv)], tmp, env).returncode == 0
+        done = _run([str(bin_ / "python"), "-m", "pip", "install", "--quiet", str(wheel)], tmp, env)
+    else:
+        assert (
+            _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp, env).returncode
+            == 0
+        )
+        done = _run(
+            [
+                *pip,
+                "--python",
+                str(bin_ / "python"),
+                "install",
+                "--no-deps",
+                "--no-index",
+                str(wheel),
+            ],
+            tmp,
+            env,
+        )
+        purelib = _run(
+            [
+                str(bin_ / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            tmp,
+            env,
+        )
+        Path(purelib.stdout.strip(), "deps.pth").write_text(
+            sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8"
+        )
+    assert done.returncode == 0, done.stderr
+    return bin_
+
+
+@pytest.mark.timeout(300)
+def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
+    started = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    bin_ = _install(tmp_path, env)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "ws").mkdir(parents=True)
+    (elsewhere / "ws" / "README.md").write_text("# Installed\n", encoding="utf-8")
+    python, script = str(bin_ / "python"), str(bin_ / "statemachine")
+
+    where = _run(
+        [python, "-c", "import statemachine; print(statemachine.__file__)"], elsewhere, env
+    )
+    assert Path(where.stdout.strip()).is_relative_to(tmp_path / "venv"), where
+
+    top = _run([script, "--help"], elsewhere, env)
+    assert top.returncode == 0
+    assert top.stdout == _run([python, "-m", "statemachine", "--help"], elsewhere, env).stdout
+    # A core install (the index variant) has no Hypothesis, which statemachine.testing
+    # and so the transcript command import; that command says so in one line.
+    needs_test_extra = FROM_INDEX
+    for command in COMMANDS:
+        shown = _run([script, "help", command], elsewhere, env)
+        if command == "transcript" and needs_test_extra:
+            assert (shown.returncode, shown.stderr) == (2, f"transcript: {NEEDS_HYPOTHESIS}\n")
+            continue
+        assert shown.returncode == 0, (command, shown.stderr)
+        assert shown.stdout.startswith(f"usage: python -m statemachine {command} "), command
+
+    spec = _run([script, "spec"], elsewhere, env)
+    assert spec.returncode == 0, spec.stdout + spec.stderr
+    assert spec.stderr == ""
+    assert re.search(r"^27 passed, 0 failed; every acceptance line", spec.stdout, re.MULTILINE)
+    assert f"{os.sep}statemachine{os.sep}_specs{os.sep}turn_limit.toml" in spec.stdout
+
+    demo = _run([python, "-m", "statemachine", "demo", "ws"], elsewhere, env)
+    assert demo.returncode == 0, demo.stderr
+    assert "final state: Done" in demo.stdout
+    assert 'README.md begins with: "# Installed"' in " ".join(demo.stdout.split())
+
+    diagram = _run([script, "diagram"], elsewhere, env)
+    assert diagram.returncode == 0, diagram.stderr
+    assert "stateDiagram" in diagram.stdout
+    refused = _run([script, "diagram", "--all"], elsewhere, env)
+    assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
+
+    run_file = elsewhere / "run.json"
+    make_run = (
+        "import json, sys; from statemachine._diagrams import demo_run, run_result_to_dict; "
+        "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(demo_run())))"
+    )
+    assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0
+    trace = _run([script, "trace", str(run_file), "--format", "sequence"], elsewhere, env)
+    assert trace.returncode == 0, trace.stderr
+    assert trace.stdout.startswith("sequenceDiagram")
+
+    log = elsewhere / "log.json"
+    log.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    transcript = _run([script, "transcript", str(log)], elsewhere, env)
+    if needs_test_extra:
+        assert transcript.stderr == f"transcript: {NEEDS_HYPOTHESIS}\n"
+    else:
+        assert transcript.returncode == 0, transcript.stderr
+        assert transcript.stdout.startswith(f"{log}: ok")
+
+    missing = _run([script, "spec", "nope.toml"], elsewhere, env)
+    assert (missing.returncode, missing.stderr) == (
+        2,
+        "spec: nope.toml: no such file or directory\n",
+    )
+    # Measured for the record (the default suite keeps this test only while it is quick).
+    print(f"installed-wheel test: {time.monotonic() - started:.1f} s")
