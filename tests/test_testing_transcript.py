@@ -930,3 +930,24 @@ def test_responses_function_call_without_call_id_is_one_format_finding() -> None
     ]
     found = transcript_findings(items, "openai-responses")
     assert [(f.invariant, f.index) for f in found] == [("format", 0)]
+
+
+@pytest.mark.timeout(60)
+def test_the_checker_works_without_hypothesis_and_the_searches_say_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['hypothesis'] = None\n"
+        "import statemachine.testing as t\n"
+        "assert t.check_transcript([], 'statemachine') == []\n"
+        "try:\n"
+        "    from statemachine.testing import run_conformance\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'agent-statemachine[test]'" in proc.stdout

@@ -23,15 +23,19 @@ A supported public module (like ``structlog.testing``). It offers:
   ``RuleBasedStateMachine`` to subclass for your own engine;
 * **pytest**: the opt-in plugin ``statemachine.testing.plugin``.
 
-It needs Hypothesis and pytest: ``pip install 'agent-statemachine[test]'``.
+The searches (``run_conformance``, ``AgentEngineMachine``) need Hypothesis and pytest:
+``pip install 'agent-statemachine[test]'``. They are imported when first used, so the
+rest (the transcript checker, the properties, ``run_scenario``) works on a core install.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .._invariants import Violation
 from .bridge import bridge_loop as bridge_loop
 from .clock import IdleSkippingLoop
-from .conformance import ConformanceReport, Failure, run_conformance
 from .properties import (
     PROPERTIES,
     PROPERTY_TITLES,
@@ -47,7 +51,6 @@ from .properties import (
     check_terminal,
     expected_run,
 )
-from .rules import AgentEngineMachine, assistant_messages
 from .scenario import (
     KNOWN_TOOLS,
     UNKNOWN_TOOL,
@@ -76,6 +79,35 @@ from .transcript import (
     render_transcript,
     transcript_findings,
 )
+
+if TYPE_CHECKING:
+    from .conformance import ConformanceReport, Failure, run_conformance
+    from .rules import AgentEngineMachine, assistant_messages
+
+# What needs Hypothesis, by the module that holds it.
+_LAZY = {
+    "ConformanceReport": "conformance",
+    "Failure": "conformance",
+    "run_conformance": "conformance",
+    "AgentEngineMachine": "rules",
+    "assistant_messages": "rules",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return getattr(importlib.import_module(f".{module}", __name__), name)
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith(("hypothesis", "pytest")):
+            raise
+        raise ImportError(
+            f"statemachine.testing.{name} needs Hypothesis and pytest: "
+            "pip install 'agent-statemachine[test]'"
+        ) from exc
+
 
 __all__ = [
     "KNOWN_TOOLS",
