@@ -290,14 +290,13 @@ def test_scripted_model_without_tools_says_so() -> None:
     assert result.final_text == "I cannot list the workspace: I have no list_files tool."
 
 
-def test_the_readme_shows_the_demos_real_output(tmp_path: Path) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## The demo\n", 1)[1]
-    shown = section.split("$ bash run.sh demo /tmp/ws\n", 1)[1].split("```", 1)[0]
+def test_the_docs_show_the_demos_real_output(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "demo.md").read_text(encoding="utf-8")
+    shown = page.split("$ bash run.sh demo /tmp/ws\n", 1)[1].split("```", 1)[0]
     make_tree(tmp_path, {"README.md": "# My project\n", "src/index.ts": "export {};\n"})
     _, output = demo(tmp_path)
     real = output.replace(str(tmp_path.resolve()), "/tmp/ws")
     assert shown == real, (
-        "README's demo output drifted; paste the output of `bash run.sh demo /tmp/ws` "
-        "(workspace made by the command above it) into the README"
+        "docs/demo.md's demo output drifted; paste the output of `bash run.sh demo /tmp/ws` "
+        "(workspace made by the command above it) into it"
     )
