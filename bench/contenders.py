@@ -66,7 +66,7 @@ async def _bare_echo(arguments: Mapping[str, Any]) -> str:
 
 
 class Bare:
-    """The physical limit: the seed chapter's teaching loop, transcribed to Python.
+    """The physical limit: the classic teaching loop, transcribed to Python.
 
     Plain dicts in the wire shape (no classes, no validation, no tasks, no queue): the
     model is awaited, its message appended, each tool call looked up by name, awaited

@@ -341,9 +341,9 @@ def _ratio(cell: Cell, baseline: dict[int, float]) -> str:
 
 
 def targets(cells: list[Cell], bare: dict[int, float], dicts: dict[int, float]) -> list[str]:
-    """Issue 7's targets, judged on this run's numbers."""
+    """The overhead targets, judged on this run's numbers."""
     ours = {c.n: c for c in cells if c.contender == "statemachine run_agent" and c.run_s}
-    lines = ["Targets (issue 7):", ""]
+    lines = ["Targets:", ""]
     for label, baseline in (("our types", bare), ("dicts", dicts)):
         if 1_000 in ours and 1_000 in baseline:
             ratio = ours[1_000].median_us / baseline[1_000]

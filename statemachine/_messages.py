@@ -7,7 +7,7 @@ frozen deeply (objects become read-only mappings, arrays become tuples) and thaw
 back into plain ``dict``/``list`` for a tool and for the wire, so a tool that mutates
 its arguments cannot rewrite the history.
 
-The wire shape is the seed's camelCase JSON (see the README). ``message_from_dict``
+The wire shape is a camelCase JSON (see the README). ``message_from_dict``
 is strict: anything that is not exactly that shape raises ``WireFormatError`` naming
 the path of the first problem (``message.content[2].arguments``), because a
 transcript that half-parses is worse than one that is refused.

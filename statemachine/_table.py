@@ -57,7 +57,7 @@ the tool executions it triggers::
    ``next_turn`` tries its guards in this order, and the first that holds wins:
 
    - ``denied_by_policy`` -> ``AwaitingUser``. A denial fed back to the model only
-     invites retries (the seed), so the run stops and waits for a person. This wins
+     invites retries, so the run stops and waits for a person. This wins
      over everything else because the person must hear of it either way.
    - ``stop_requested`` -> ``Done``: ``should_continue`` asked to stop; its reason is
      the explanation.

@@ -1,6 +1,6 @@
 """Deliberately broken agent loops, each caught by the conformance kit.
 
-These loops are the failure modes the seed chapter warns about, written the way
+These loops are the classic failure modes of a minimal agent loop, written the way
 people write them. Each test runs ``run_conformance`` on one of them, asserts that
 the search fails with the named property on a *shrunk* counterexample (a scenario
 no bigger than the bug needs), and the last test shows ``run_agent`` passing the
@@ -51,7 +51,7 @@ async def seed_run_agent(
     max_turns: int,
     signal: AbortSignal,
 ) -> list[Message]:
-    """(a) A literal rendering of the seed's teaching ``runAgent``: serial, the model
+    """(a) A literal rendering of the classic teaching ``runAgent``: serial, the model
     is not given the signal, no argument validation, no abort handling, tool
     exceptions escape, and it throws at the turn limit."""
     history = list(messages)

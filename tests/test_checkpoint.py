@@ -1,4 +1,5 @@
-"""The seed's checkpoint (检查点): its script, and one test per acceptance line (验收标准).
+"""The checkpoint of the minimal agent loop (检查点): its script, and one test per
+acceptance line (验收标准).
 
 Each test drives the real asyncio driver with a scripted model client that records
 every request it receives, so the assertions are about what the model actually saw.

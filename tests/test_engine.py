@@ -1062,7 +1062,7 @@ def _marking_check(self: sm.Engine, state: sm.TurnState, event: sm.Event) -> Non
 
 
 BROKEN_ENGINES = [
-    # the seed's "text only" loop: tool calls never decide anything
+    # the classic "text only" loop: tool calls never decide anything
     ("statemachine._engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
     # no safety valve: the turn limit never holds
     ("statemachine._engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),

@@ -6,7 +6,7 @@ reason (``stop`` with tool calls included), text-only answers and raises; tools
 that return, raise, take ticks or tiny sleeps (so batches finish in any order),
 honour or ignore the abort signal, or hang until cancelled; every abort instant;
 turn limits. Each property is shown able to fail in ``test_broken_loops.py``, where
-the same checks catch the seed's broken loops.
+the same checks catch the deliberately broken loops.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_a_loop_returning_nothing_fails_i8_on_the_smallest_scenario() -> None:
 
 
 def test_per_property_searches_give_each_broken_property_its_own_shrunk_scenario() -> None:
-    from test_broken_loops import text_only_loop  # the seed's failure mode (b)
+    from test_broken_loops import text_only_loop  # the classic failure mode (b)
 
     one = run_conformance(text_only_loop, max_examples=60, seed=3)
     each = run_conformance(text_only_loop, max_examples=60, seed=3, per_property=True)
@@ -251,7 +251,7 @@ async def reference_loop(
     max_turns: int,
     signal: AbortSignal,
 ) -> list[Message]:
-    """A small serial loop that follows the seed's rules, written from the chapter,
+    """A small serial loop that follows the rules of the minimal agent loop,
     not from run_agent: content decides control flow, every failure becomes an error
     result, ids are made unique, an abort is waited out and then cancelled."""
     from statemachine import AssistantMessage, ToolCall, ToolResultMessage, validate_arguments

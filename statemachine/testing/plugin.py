@@ -17,7 +17,7 @@ It provides:
       class TestMyLoop(AgentLoopConformance):
           loop = staticmethod(my_loop)   # async (*, model, tools, messages, max_turns, signal)
 
-  It runs the generated conformance search and a few fixed scenarios (the seed's
+  It runs the generated conformance search and a few fixed scenarios (the
   checkpoint script, tool calls under ``stopReason: "stop"``, failing tools, an
   abort while tools run, the turn limit), each failing with a readable report.
 
@@ -138,7 +138,7 @@ class AgentLoopConformance:
             pytest.fail(report.summary(), pytrace=False)
 
     def test_checkpoint_script(self) -> None:
-        """The seed's checkpoint: a tool call, its result back, a final answer."""
+        """The checkpoint script: a tool call, its result back, a final answer."""
         self._run(Scenario(turns=(_ASK,)), "the checkpoint script")
 
     def test_tool_calls_under_stop_reason_stop_still_run(self) -> None:

@@ -1,4 +1,4 @@
-"""``conforming_loop.py`` with the seed's classic defect: it stops on the stop reason.
+"""``conforming_loop.py`` with the classic defect: it stops on the stop reason.
 
 A response whose ``stopReason`` is not ``toolUse`` ends the run, even when it holds
 tool calls, which are then left without results (I1) and never run (I3).

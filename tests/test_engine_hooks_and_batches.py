@@ -1,4 +1,5 @@
-"""The production-loop rules of the sans-IO engine (issue 5), driven event by event.
+"""The sans-IO engine's rules for parallel tools, queued input, hooks and approvals,
+driven event by event.
 
 Scheduling (sequential barriers, per-resource queues), queued input, approvals with
 snapshot/restore, the should_continue hook and abort in the new states. The

@@ -1,5 +1,5 @@
-"""The production loop through the asyncio driver (issue 5): parallel tools, steering,
-hooks, approvals with resume in a fresh run, the event stream and run statistics.
+"""Through the asyncio driver: parallel tools, steering, hooks, approvals with resume
+in a fresh run, the event stream and run statistics.
 
 No test asserts a duration: concurrency is shown by what overlapped (a barrier that
 only releases when every call has started), not by how long it took.
