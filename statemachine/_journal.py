@@ -50,6 +50,7 @@ import contextlib
 import enum
 import functools
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -338,21 +339,69 @@ def _decode_scheduling(value: Any, path: str) -> dict[str, Scheduling]:
         raise _fail(path, "an object", value)
     out = {}
     for name, entry in value.items():
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("sequential"), bool):
-            raise WireFormatError(f"{path}.{name}: expected {{'sequential': bool, ...}}")
+        if (
+            not isinstance(entry, Mapping)
+            or set(entry) != {"sequential", "resources"}
+            or type(entry["sequential"]) is not bool
+            or type(entry["resources"]) is not bool
+        ):
+            raise WireFormatError(
+                f"{path}.{_short(str(name))}: expected {{'sequential': bool, 'resources': bool}}"
+            )
         out[str(name)] = Scheduling(sequential=entry["sequential"])
     return out
+
+
+def _decode_flag(value: Any, path: str) -> bool:
+    if type(value) is not bool:
+        raise _fail(path, "a boolean", value)
+    return value
 
 
 def _needs_functions(options: Mapping[str, Any]) -> list[str]:
     """Tools whose scheduling used a resources function (replay needs it back)."""
     raw = options.get("scheduling", {})
-    return sorted(n for n, e in raw.items() if isinstance(e, Mapping) and e.get("resources"))
+    if not isinstance(raw, Mapping):
+        return []
+    return sorted(
+        str(n) for n, e in raw.items() if isinstance(e, Mapping) and e.get("resources") is True
+    )
 
 
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
+    "check_continue": (lambda v: v, _decode_flag),
 }
+_HEADER_KEYS: Final = frozenset(
+    {"format", "version", "runId", "maxTurns", "checkPermissions", "tools", "messages", "options"}
+)
+
+
+def _check_options(options: Any) -> None:
+    """A header's options: each once (the header decoder refuses a repeated key), none
+    that the header holds itself, each of its codec's type or a JSON scalar."""
+    if not isinstance(options, dict):
+        raise _fail("header.options", "an object", options)
+    for name, value in options.items():
+        if name in _HEADER_FIELDS or name in _NOT_RECORDED:
+            raise WireFormatError(f"header.options.{name}: not an option the header records")
+        if name in _OPTION_CODECS:
+            _OPTION_CODECS[name][1](value, f"header.options.{name}")
+        elif not (value is None or type(value) in (bool, int, float, str)):
+            raise _fail(f"header.options.{_short(name)}", "a JSON scalar", value)
+
+
+def _engine_keywords(engine_class: type) -> set[str]:
+    """The keyword arguments the constructors of ``engine_class`` name."""
+    names: set[str] = set()
+    for cls in engine_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None or cls is object:
+            continue
+        for parameter in inspect.signature(init).parameters.values():
+            if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+                names.add(parameter.name)
+    return names
 
 
 @attrs.frozen
@@ -414,7 +463,7 @@ class JournalHeader:
                 f"not a statemachine journal (the first line must be an object with "
                 f'"format": "{FORMAT}")'
             )
-        if d.get("version") != VERSION:
+        if type(d.get("version")) is not int or d.get("version") != VERSION:
             raise WireFormatError(
                 f"journal format version {d.get('version')!r} is not supported (this "
                 f"library reads version {VERSION})"
@@ -439,9 +488,11 @@ class JournalHeader:
         raw_messages = d.get("messages")
         if not isinstance(raw_messages, list):
             raise _fail("header.messages", "an array", raw_messages)
+        unknown = set(d) - _HEADER_KEYS
+        if unknown:
+            raise WireFormatError(f"header: unknown key(s) {_short(', '.join(sorted(unknown)))}")
         options = d.get("options", {})
-        if not isinstance(options, dict):
-            raise _fail("header.options", "an object", options)
+        _check_options(options)
         return cls(
             run_id=decode_str(d.get("runId"), "header.runId"),
             tools=tuple(tools),
@@ -457,6 +508,12 @@ class JournalHeader:
     def engine(self, engine_class: type[Engine] = Engine, **kwargs: Any) -> Engine:
         """A fresh engine with this configuration; ``kwargs`` (e.g. ``logger``, or the
         ``scheduling`` a journal could not hold) override what the header says."""
+        unknown = sorted(set(self.options) - _engine_keywords(engine_class))
+        if unknown:
+            raise InvalidInputError(
+                f"header.options: {engine_class.__name__} has no option(s) "
+                f"{_short(', '.join(unknown))}"
+            )
         missing = _needs_functions(self.options)
         if missing and "scheduling" not in kwargs:
             raise InvalidInputError(
@@ -795,7 +852,7 @@ DEFAULT_MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 """The longest journal line ``replay`` reads (bytes of UTF-8; characters for lines given as
 ``str``): a longer line is a ``JournalError``, found before the line is read whole."""
 
-MAX_DEPTH: Final = 512
+MAX_DEPTH: Final = 320
 """How deeply a journal line may nest arrays and objects (the record itself takes six
 levels around a tool call's arguments). Deeper lines are a ``JournalError``: the run that
 wrote them could not have gone much deeper (the interpreter's recursion limit bounds the
@@ -817,6 +874,9 @@ class _Lines:
         self.max_line_bytes = max_line_bytes
         self.number = 0
         self.unterminated = False
+
+    def __iter__(self) -> Iterator[bytes | str]:
+        raise NotImplementedError
 
     def too_long(self) -> JournalError:
         return JournalError(
@@ -1290,7 +1350,7 @@ def _fast_event_builder(codec: _EventCodec) -> Callable[[dict[str, Any]], Event]
         specs.append((setter, key, _fast_field(field, hints[field.name]), default))
 
     def build(data: dict[str, Any]) -> Event:
-        event = _new(cls)
+        event: Event = _new(cls)
         known = 1  # "type"
         for setter, key, decode, default in specs:
             if key in data:
@@ -1302,7 +1362,7 @@ def _fast_event_builder(codec: _EventCodec) -> Callable[[dict[str, Any]], Event]
                 setter(event, default)
         if known != len(data):  # a key that is not a field
             raise _NotFastError
-        return event  # type: ignore[no-any-return]
+        return event
 
     return build
 
