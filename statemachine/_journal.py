@@ -1646,6 +1646,12 @@ def cli_replay(argv: list[str]) -> int:
     )
     parser.add_argument("file", help="the journal (JSON Lines)")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict")
+    parser.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=DEFAULT_MAX_LINE_BYTES,
+        help="refuse a line longer than this (default: 16 MiB)",
+    )
     args = parser.parse_args(argv)
     out = io.StringIO()
     try:
@@ -1654,8 +1660,8 @@ def cli_replay(argv: list[str]) -> int:
         quiet = structlog.wrap_logger(
             None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
         )
-        result = replay(args.file, strict=False, logger=quiet)
-    except JournalError as exc:
+        result = replay(args.file, strict=False, logger=quiet, max_line_bytes=args.max_line_bytes)
+    except InvalidInputError as exc:  # a JournalError, or a --max-line-bytes below 1
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
     header = result.header

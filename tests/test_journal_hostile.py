@@ -434,3 +434,13 @@ def _unwrapped_replay(lines: list[str], strict: bool = True, logger: Any = None)
 def test_the_corruption_property_catches_a_replay_without_error_wrapping() -> None:
     found = find(corrupted(), lambda ls: not _only_journal_errors(_unwrapped_replay, ls))
     assert not _only_journal_errors(_unwrapped_replay, found)
+
+
+def test_cli_replay_takes_a_line_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from statemachine._journal import cli_replay
+
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(_journal()), encoding="utf-8")
+    assert cli_replay([str(path), "--quiet"]) == 0
+    assert cli_replay([str(path), "--max-line-bytes", "100"]) == 1
+    assert "journal line 1: the line is longer than 100 bytes" in capsys.readouterr().err
