@@ -16,6 +16,7 @@ import pytest
 import structlog
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from test_journal import _digest_by_definition, any_event
 
 from statemachine._checker import FIRST_MESSAGE, TOOL
 from statemachine._engine import Engine
@@ -34,7 +35,6 @@ from statemachine._journal import (
 )
 from statemachine._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
 from statemachine._tools import ToolOutput
-from tests.test_journal import _digest_by_definition, any_event
 
 
 def _quiet() -> Any:
