@@ -266,16 +266,17 @@ def test_integers_beyond_64_bits_and_floats_replay_exactly() -> None:
 
 
 def test_a_hostile_tool_schema_fails_as_a_journal_error() -> None:
-    # A schema that refers to itself forever: the engine's validation cannot finish.
+    # A schema that refers to itself forever would make the engine's validation recurse
+    # without end; the tool definition refuses it, so the header is the bad line.
     lines = _journal()
     header = json.loads(lines[0])
     header["tools"][0]["parameters"] = {"type": "object", "$ref": "#", "required": ["zz"]}
     lines[0] = json.dumps(header) + "\n"
     error = _partial_error(lines)
     assert error is not None
-    assert error.line == 3  # the event whose call the engine validates
-    assert "RecursionError" in str(error)
-    assert isinstance(error.__cause__, RecursionError)
+    assert error.line == 1
+    assert "bad header: tool 'echo': parameters reference '#'" in str(error)
+    assert "makes the schema recursive" in str(error)
 
 
 # -- the fast decoder agrees with the exact one ------------------------------------------------
