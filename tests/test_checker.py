@@ -281,9 +281,3 @@ def test_a_counterexample_replays_as_a_journal(tmp_path: Path) -> None:
     # The real engine accepts the same events and keeps the call order.
     real = replay(path, logger=_quiet())
     assert history_violations(real.messages, allow_open_tail=True) == []
-
-
-def test_rows_are_told_apart_by_source_trigger_and_destination() -> None:
-    # The checker maps a transition record to its row by (source, trigger, dest).
-    triples = [(r.source, r.trigger, r.dest) for r in TRANSITIONS]
-    assert len(triples) == len(set(triples))
