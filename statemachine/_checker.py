@@ -18,10 +18,24 @@ raise ``ProtocolError`` and change nothing, which is checked too. For each state
 checker also offers one event of every trigger the table does *not* accept there, and
 checks that it is refused (or, in a terminal state, absorbed) without any change.
 
-Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, acceptance
-from ``rows_from``, coverage is measured against ``TRANSITIONS``. A new input trigger
-needs one entry in ``EVENT_SOURCES`` (the checker reports a trigger without one);
-a new engine option needs one entry in ``DEFAULT_CONFIGS``.
+Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, coverage
+is measured against ``TRANSITIONS``. A new input trigger needs one entry in
+``EVENT_SOURCES`` (the checker reports a trigger without one); a new engine option
+needs one entry in ``DEFAULT_CONFIGS``.
+
+Held to the rules. The invariants say what a run must never do, not where each event
+must lead; a table row with the wrong destination or guard can keep every invariant.
+So the engine's dispatch is watched (``_observing``): every trigger it fires is
+recorded with the guard values of that moment and compared with ``_rules``, the
+table's prose rules written a second time without reading a row. The check reports,
+with the events that lead there, a destination the rules do not give (``rule 7: in
+TurnBoundary on next_turn with stop_requested=True, ..., expected Done, actual
+TurnLimitExceeded``), a trigger accepted by one and not the other, an internal trigger
+left unfired though due, and actions that are not what the transitions announce (a
+model call per ``AwaitingModel`` entered, a cancel per ``Aborting``, a check per turn
+boundary with the hook, a ``RunEnded`` per return to the caller). Row coverage counts
+the row the dispatch applied, by position, so two rows of a group with one destination
+are told apart.
 
 Deduplication. Two engines are merged when their *control data* are equal: the
 state, the turn counter and every other attribute of the engine except the history,
