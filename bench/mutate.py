@@ -30,6 +30,7 @@ import copy
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,11 @@ class _Finder(ast.NodeVisitor):
             self._add("delete-assign", node, "pass")
         self.generic_visit(node)
 
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        # The annotation is never evaluated (``from __future__ import annotations``).
+        if node.value is not None:
+            self.visit(node.value)
+
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         flips = {ast.Add: ast.Sub, ast.Sub: ast.Add}
         new_op = flips.get(type(node.op))
@@ -403,7 +409,7 @@ def _scratch_copy(target: Path) -> None:
             shutil.copy2(ROOT / entry, target / entry)
 
 
-def _run_tests(workdir: Path, tests: str, timeout: float) -> tuple[str, float]:
+def _run_tests(workdir: Path, tests: str, timeout: float) -> tuple[str, float, str]:
     env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
     command = (
         f"nice -n 19 {sys.executable} -m pytest -x -q -p no:cacheprovider "
@@ -421,13 +427,14 @@ def _run_tests(workdir: Path, tests: str, timeout: float) -> tuple[str, float]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return "killed (timeout)", time.monotonic() - started
+        return "killed (timeout)", time.monotonic() - started, ""
     elapsed = time.monotonic() - started
+    output = done.stdout.decode(errors="replace")[-3000:]
     if done.returncode == 0:
-        return "survived", elapsed
+        return "survived", elapsed, output
     if done.returncode == 1:
-        return "killed", elapsed
-    return f"killed (pytest exit {done.returncode})", elapsed
+        return "killed", elapsed, output
+    return f"killed (pytest exit {done.returncode})", elapsed, output
 
 
 def _worker_dirs(jobs: int) -> Iterator[Path]:
@@ -450,22 +457,30 @@ def _load_results(source_hash: dict[str, str]) -> dict[str, dict[str, object]]:
     return results
 
 
-def run(names: list[str], jobs: int, timeout: float) -> dict[str, dict[str, object]]:
+def run(
+    names: list[str], jobs: int, timeout: float, *, baseline: bool = True
+) -> dict[str, dict[str, object]]:
     OUT.mkdir(parents=True, exist_ok=True)
     sources = {n: (ROOT / MODULES[n][0]).read_text() for n in names}
     source_hash = {
         n: hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest() for n, s in sources.items()
     }
     results = _load_results(source_hash)
-    todo = [m for n in names for m in mutants_of(n) if m.ident not in results]
+    todo: list[Mutant] = []
+    for name in names:
+        pending = [m for m in mutants_of(name) if m.ident not in results]
+        # A fixed shuffle: a run stopped part way has decided an unbiased sample of
+        # the module, not just its first functions.
+        random.Random(name).shuffle(pending)
+        todo += pending
     print(f"{len(todo)} mutants to run ({len(results)} already decided)", flush=True)
     free = list(_worker_dirs(jobs))
-    for workdir in free:
+    for workdir in free[:1] if baseline else ():
         for name in names:
-            verdict, _ = _run_tests(workdir, MODULES[name][1], timeout)
+            verdict, _, output = _run_tests(workdir, MODULES[name][1], timeout)
             if verdict != "survived":
+                print(output)
                 raise SystemExit(f"the tests for {name} fail without any mutant: fix that first")
-        break  # one baseline run is enough
     log = (OUT / "results.jsonl").open("a")
 
     def one(mutant: Mutant) -> dict[str, object]:
@@ -473,7 +488,7 @@ def run(names: list[str], jobs: int, timeout: float) -> dict[str, dict[str, obje
         try:
             path, tests = MODULES[mutant.module]
             (workdir / path).write_text(mutant.apply(sources[mutant.module]))
-            verdict, seconds = _run_tests(workdir, tests, timeout)
+            verdict, seconds, _ = _run_tests(workdir, tests, timeout)
         finally:
             (workdir / path).write_text(sources[mutant.module])
             free.append(workdir)
@@ -523,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument(
+        "--skip-baseline", action="store_true", help="do not first run the tests unmutated"
+    )
     args = parser.parse_args(argv)
     names = args.module or list(MODULES)
     if args.list:
@@ -530,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             for mutant in mutants_of(name):
                 print(mutant.ident, mutant.describe())
         return 0
-    results = run(names, max(1, args.jobs), args.timeout)
+    results = run(names, max(1, args.jobs), args.timeout, baseline=not args.skip_baseline)
     text = summary(names, results)
     (OUT / "summary.md").write_text(text)
     print(text)
