@@ -943,8 +943,8 @@ class _Search:
             if not absorbed:
                 self._violate(
                     "I8",
-                    f"{event.trigger.value} has no row from {node.snap.state.value} but was "
-                    "accepted",
+                    f"{event.trigger.value} is not accepted in {node.snap.state.value} "
+                    "(rule 12) but the engine took it",
                     path,
                 )
             elif actions:
