@@ -51,12 +51,14 @@ MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
     "table": (
         "statemachine/_table.py",
-        "tests/test_table.py tests/test_engine_production.py tests/test_checker_mutants.py "
+        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_production.py "
+        "tests/test_checker_mutants.py "
         f"tests/test_engine.py {_CHECKER_FAST}",
     ),
     "engine": (
         "statemachine/_engine.py",
-        "tests/test_table.py tests/test_engine_production.py tests/test_engine.py "
+        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_production.py "
+        "tests/test_engine.py "
         f"tests/test_checker_mutants.py {_CHECKER_FAST}",
     ),
     "driver": (
