@@ -8,13 +8,20 @@ import pytest
 from statemachine._engine import Engine
 from statemachine._events import (
     CallModel,
+    CheckPermission,
     InputQueued,
     ModelResponded,
     RunEnded,
     Start,
     ToolDenied,
 )
-from statemachine._messages import AssistantMessage, StopReason, ToolCall, UserMessage
+from statemachine._messages import (
+    AssistantMessage,
+    StopReason,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 from statemachine._table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
 from statemachine._tools import ToolDefinition
 
@@ -59,3 +66,25 @@ def test_the_lone_internal_rows_carry_their_firing_guard() -> None:
         rows = [r for r in TRANSITIONS if r.trigger is trigger]
         assert len(rows) == 1, trigger
         assert rows[0].guard is INTERNAL_TRIGGERS[trigger], trigger
+
+
+@pytest.mark.timeout(30)
+def test_calls_after_one_with_unreadable_arguments_are_still_checked() -> None:
+    # Gap: resolving a call whose arguments could not be parsed stopped the checks of
+    # the batch, so a later call to an unknown tool was started as if it were valid.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [
+        ToolCall("c1", "echo", {}, parse_error="Expecting value: line 1 column 9"),
+        ToolCall("c2", "no_such_tool", {"text": "hi"}),
+        ToolCall("c3", "echo", {"text": "hi"}),
+    ]
+    actions = engine.handle(
+        ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE))
+    )
+    # Only the valid call is asked about; the other two are answered with errors.
+    assert [a.call.id for a in actions if isinstance(a, CheckPermission)] == ["c3"]
+    assert [c.id for c in engine.pending_calls()] == ["c3"]
+    results = [m for m in engine.messages if isinstance(m, ToolResultMessage)]
+    assert [(r.tool_call_id, r.is_error) for r in results] == [("c1", True), ("c2", True)]
+    assert "Unknown tool: no_such_tool" in results[1].text
