@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+import attrs
 import pytest
 
 from statemachine._engine import Engine
+from statemachine._errors import ProtocolError
 from statemachine._events import (
+    AbortRequested,
     CallModel,
     CheckPermission,
     InputQueued,
@@ -88,3 +93,42 @@ def test_calls_after_one_with_unreadable_arguments_are_still_checked() -> None:
     results = [m for m in engine.messages if isinstance(m, ToolResultMessage)]
     assert [(r.tool_call_id, r.is_error) for r in results] == [("c1", True), ("c2", True)]
     assert "Unknown tool: no_such_tool" in results[1].text
+
+
+@pytest.mark.timeout(30)
+def test_a_response_reporting_an_abort_explains_itself_with_its_own_message() -> None:
+    # Gap: the aborted response's own error message could be dropped from the
+    # explanation without any test noticing.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    response = AssistantMessage(
+        [ToolCall("c1", "echo", {"text": "hi"})],
+        stop_reason=StopReason.ABORTED,
+        error_message="stream cut by the user",
+    )
+    engine.handle(ModelResponded(response))
+    assert engine.state is S.Aborted
+    assert engine.explanation is not None
+    assert "reports that it was aborted: stream cut by the user" in engine.explanation
+
+
+class _LateAbort(AbortRequested):
+    """A subclass of an input event: not in the engine's table of event classes."""
+
+
+@attrs.frozen
+class _InternalTrigger:
+    trigger: ClassVar[Trigger] = Trigger.dispatched
+
+
+@pytest.mark.timeout(30)
+def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
+    # Gap: which duck-typed events are accepted was untested. An input trigger is
+    # accepted from any class that names it; an internal one never is.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    with pytest.raises(ProtocolError, match="not an input event"):
+        engine.handle(_InternalTrigger())  # type: ignore[arg-type]
+    before = engine.state
+    engine.handle(_LateAbort("stop"))
+    assert (before, engine.state) == (S.AwaitingModel, S.Aborting)
