@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from statemachine._engine import Engine
-from statemachine._errors import ProtocolError
+from statemachine._errors import ProtocolError, WireFormatError
 from statemachine._events import (
     AbortRequested,
     CallModel,
@@ -19,6 +19,7 @@ from statemachine._events import (
     RunEnded,
     Start,
     ToolDenied,
+    ToolFinished,
 )
 from statemachine._messages import (
     AssistantMessage,
@@ -28,7 +29,7 @@ from statemachine._messages import (
     UserMessage,
 )
 from statemachine._table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
-from statemachine._tools import ToolDefinition
+from statemachine._tools import ToolDefinition, ToolOutput
 
 S = TurnState
 ECHO = ToolDefinition(
@@ -132,3 +133,35 @@ def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
     before = engine.state
     engine.handle(_LateAbort("stop"))
     assert (before, engine.state) == (S.AwaitingModel, S.Aborting)
+
+
+@pytest.mark.timeout(30)
+def test_a_steering_message_enters_the_history_once() -> None:
+    # Gap: the steering queue was not emptied once injected, so the message would be
+    # sent again at every later model call; nothing checked it entered only once.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], max_turns=4)
+    engine.handle(Start())
+    engine.handle(InputQueued(UserMessage("also run the tests")))
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c1", ToolOutput("hi")))
+    assert engine.state is S.AwaitingModel
+    call2 = ToolCall("c2", "echo", {"text": "again"})
+    engine.handle(ModelResponded(AssistantMessage([call2], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c2", ToolOutput("again")))
+    steering = [m for m in engine.messages if m == UserMessage("also run the tests")]
+    assert len(steering) == 1
+    assert engine.queued_input() == ()
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
+    # Gap: with every result of the batch delivered, the history may not end with an
+    # unanswered call; a snapshot that drops a result must not be restored.
+    snapshot = _denied_engine().snapshot()
+    messages = snapshot["messages"]
+    assert messages[-1]["role"] == "toolResult"
+    broken = {**snapshot, "messages": messages[:-1]}
+    with pytest.raises(WireFormatError, match="history is invalid"):
+        Engine.restore(broken)
+    assert Engine.restore(snapshot).state is S.AwaitingUser
