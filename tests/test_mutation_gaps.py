@@ -165,3 +165,30 @@ def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
     with pytest.raises(WireFormatError, match="history is invalid"):
         Engine.restore(broken)
     assert Engine.restore(snapshot).state is S.AwaitingUser
+
+
+class _UnaskableLogger:
+    """A logger whose level cannot be asked: it must be given every event."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def bind(self, **_: object) -> _UnaskableLogger:
+        return self
+
+    def is_enabled_for(self, level: int) -> bool:
+        raise RuntimeError("no level here")
+
+    def debug(self, event: str, **_: object) -> None:
+        self.events.append(event)
+
+    info = warning = debug
+
+
+@pytest.mark.timeout(30)
+def test_a_logger_that_cannot_be_asked_its_level_gets_the_transitions() -> None:
+    # Gap: a logger whose level check raises could silently lose the transition log.
+    logger = _UnaskableLogger()
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
+    engine.handle(Start())
+    assert "transition" in logger.events
