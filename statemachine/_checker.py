@@ -18,10 +18,24 @@ raise ``ProtocolError`` and change nothing, which is checked too. For each state
 checker also offers one event of every trigger the table does *not* accept there, and
 checks that it is refused (or, in a terminal state, absorbed) without any change.
 
-Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, acceptance
-from ``rows_from``, coverage is measured against ``TRANSITIONS``. A new input trigger
-needs one entry in ``EVENT_SOURCES`` (the checker reports a trigger without one);
-a new engine option needs one entry in ``DEFAULT_CONFIGS``.
+Nothing here restates the table: the triggers come from ``INPUT_TRIGGERS``, coverage
+is measured against ``TRANSITIONS``. A new input trigger needs one entry in
+``EVENT_SOURCES`` (the checker reports a trigger without one); a new engine option
+needs one entry in ``DEFAULT_CONFIGS``.
+
+Held to the rules. The invariants say what a run must never do, not where each event
+must lead; a table row with the wrong destination or guard can keep every invariant.
+So the engine's dispatch is watched (``_observing``): every trigger it fires is
+recorded with the guard values of that moment and compared with ``_rules``, the
+table's prose rules written a second time without reading a row. The check reports,
+with the events that lead there, a destination the rules do not give (``rule 7: in
+TurnBoundary on next_turn with stop_requested=True, ..., expected Done, actual
+TurnLimitExceeded``), a trigger accepted by one and not the other, an internal trigger
+left unfired though due, and actions that are not what the transitions announce (a
+model call per ``AwaitingModel`` entered, a cancel per ``Aborting``, a check per turn
+boundary with the hook, a ``RunEnded`` per return to the caller). Row coverage counts
+the row the dispatch applied, by position, so two rows of a group with one destination
+are told apart.
 
 Deduplication. Two engines are merged when their *control data* are equal: the
 state, the turn counter and every other attribute of the engine except the history,
@@ -58,6 +72,7 @@ from typing import IO, Any, Literal
 
 import attrs
 
+from . import _rules, _table
 from ._engine import Engine
 from ._errors import ProtocolError
 from ._events import (
@@ -65,6 +80,9 @@ from ._events import (
     ApprovalDecided,
     ApprovalRequired,
     CallModel,
+    CancelOperations,
+    CheckContinue,
+    CheckPermission,
     ContinueDecided,
     Event,
     InputKind,
@@ -93,9 +111,10 @@ from ._messages import (
 from ._table import (
     ABSORBING,
     INPUT_TRIGGERS,
+    INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
     TERMINAL,
-    TRANSITIONS,
+    Guard,
     Transition,
     Trigger,
     TurnState,
@@ -177,6 +196,9 @@ class Bounds:
     ``refusal_stride``-th refusal after that; ``refusal_stride=1`` verifies them all.
     Every ``determinism_stride``-th run that reaches a terminal state is replayed on a
     fresh engine, which must give the identical run (I5).
+
+    ``rules`` compares every transition with the rules oracle (``_rules``); turning
+    it off shows what the checker finds from the invariants alone.
     """
 
     turns: int = 3
@@ -190,6 +212,7 @@ class Bounds:
     refusals_per_pair: int = 50
     refusal_stride: int = 4
     determinism_stride: int = 25
+    rules: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.turns < 1 or self.calls < 0:
@@ -480,10 +503,14 @@ class CheckReport:
     violations: tuple[CheckViolation, ...]
     seconds: float
     strategy: str
+    table: tuple[Transition, ...] = attrs.field(factory=lambda: _table.TRANSITIONS)
+    """The rows ``rows_taken`` indexes: the table as it was when the check ran."""
 
     @property
     def rows_missed(self) -> tuple[Transition, ...]:
-        return tuple(row for i, row in enumerate(TRANSITIONS) if i not in self.rows_taken)
+        """Rows no transition took, each row itself (two rows of one group may share a
+        destination, so rows are told apart by position, not by where they lead)."""
+        return tuple(row for i, row in enumerate(self.table) if i not in self.rows_taken)
 
     @property
     def ok(self) -> bool:
@@ -496,7 +523,7 @@ class CheckReport:
             f"[turns={self.bounds.turns}, calls={self.bounds.calls}, "
             f"strategy={self.strategy}]",
             "configurations: " + "; ".join(c.describe() for c in self.bounds.configs),
-            f"table rows taken: {len(self.rows_taken)}/{len(TRANSITIONS)}",
+            f"table rows taken: {len(self.rows_taken)}/{len(self.table)}",
         ]
         for row in self.rows_missed:
             lines.append(
@@ -507,7 +534,7 @@ class CheckReport:
         lines.append(f"violations: {len(self.violations)}")
         for v in (*self.dead_ends, *self.violations)[:10]:
             lines.append(f"  {v}")
-            lines.append(f"    config {dict(v.config)}, path:")
+            lines.append(f"    config {dict(v.config)}, path from the start:")
             lines.extend(f"      {_describe(e)}" for e in v.path)
         return "\n".join(lines)
 
@@ -555,6 +582,51 @@ def write_counterexample(
         return journal.events_written
 
 
+# -- holding the engine to the rules -------------------------------------------------------
+
+_ANNOUNCED = (CallModel, CancelOperations, CheckContinue, RunEnded)
+
+
+def _count(counter: collections.Counter[type]) -> str:
+    return (
+        ", ".join(
+            f"{n} {cls.__name__}"
+            for cls, n in sorted(counter.items(), key=lambda item: item[0].__name__)
+            if n
+        )
+        or "nothing"
+    )
+
+
+def _rules_never(guard: Guard) -> bool:
+    return False
+
+
+def _guard_value(engine: Engine, guard: Guard) -> bool:
+    return bool(getattr(engine, _GUARD_METHOD[guard])())
+
+
+def _disagreement(firing: _Firing) -> str | None:
+    """Why ``firing`` contradicts the rules, in words; ``None`` if it does not."""
+    source, trigger = firing.source.value, firing.trigger.value
+    went = firing.actual.value if firing.actual is not None else "nowhere (no row applied)"
+    if firing.trigger in INTERNAL_TRIGGERS and firing.due is not firing.trigger:
+        due = firing.due.value if firing.due is not None else "nothing"
+        return (
+            f"the theory of operation: the engine fired {trigger} in {source} "
+            f"({firing.describe_guards()}), but the rules fire {due} there"
+        )
+    if firing.expected is None:
+        return f"rule 12: no rule accepts {trigger} in {source}, yet the engine went to {went}"
+    if firing.actual is not firing.expected.dest:
+        return (
+            f"{firing.expected.rule}: in {source} on {trigger} with "
+            f"{firing.describe_guards()}, expected {firing.expected.dest.value}, "
+            f"actual {went}"
+        )
+    return None
+
+
 # -- the search ------------------------------------------------------------------------------
 
 
@@ -568,9 +640,74 @@ class _Node:
     started: frozenset[str]
 
 
-_ROW_INDEX: dict[tuple[TurnState, Trigger, TurnState], int] = {}
-for _i, _row in enumerate(TRANSITIONS):
-    _ROW_INDEX.setdefault((_row.source, _row.trigger, _row.dest), _i)
+@attrs.frozen
+class _Firing:
+    """One trigger the engine fired, as seen from inside its dispatch."""
+
+    source: TurnState
+    trigger: Trigger
+    guards: tuple[tuple[Guard, bool], ...]  # every guard consulted, in the order asked
+    expected: _rules.Expected | None  # where the rules send the run (None: not accepted)
+    due: Trigger | None  # for an internal trigger: the one the rules fire here now
+    row: int | None  # the table row the engine's own dispatch applies
+    actual: TurnState | None  # where the engine went (None: it raised, no row applied)
+
+    def describe_guards(self) -> str:
+        return ", ".join(f"{g.value}={v}" for g, v in self.guards) or "no guard consulted"
+
+
+_GUARD_METHOD = {guard: f"_guard_{guard.value}" for guard in Guard}
+
+# Rows by (source, trigger): (index in the table, guard), in table order.
+_RowGroups = Mapping[tuple[TurnState, Trigger], tuple[tuple[int, Guard | None], ...]]
+
+
+def _row_groups(table: Sequence[Transition]) -> _RowGroups:
+    groups: dict[tuple[TurnState, Trigger], tuple[tuple[int, Guard | None], ...]] = {}
+    for i, row in enumerate(table):
+        key = (row.source, row.trigger)
+        groups[key] = (*groups.get(key, ()), (i, row.guard))
+    return groups
+
+
+def _observing(
+    engine_class: type[Engine], firings: list[_Firing], groups: _RowGroups
+) -> type[Engine]:
+    """``engine_class`` with its dispatch watched: each firing is recorded with the
+    guard values of that moment, the rules' verdict and the table row that applies.
+
+    Guards are pure predicates, so asking them here, just before the engine asks
+    them itself, gives the values the engine decides on. The records go to a list the
+    search owns (not an engine attribute, so snapshots and keys ignore them).
+    """
+    fire = engine_class._fire
+
+    def _fire(self: Engine, trigger: Trigger) -> None:
+        source = self._fsm.state
+        memo: dict[Guard, bool] = {}
+
+        def holds(guard: Guard) -> bool:
+            if guard not in memo:
+                memo[guard] = bool(getattr(self, _GUARD_METHOD[guard])())
+            return memo[guard]
+
+        expected = _rules.destination(source, trigger, holds)
+        due = _rules.due(source, holds) if trigger in INTERNAL_TRIGGERS else None
+        row = next((i for i, g in groups.get((source, trigger), ()) if g is None or holds(g)), None)
+        taken = len(self.trace)
+        try:
+            fire(self, trigger)
+        finally:
+            # Where it went even if an entry effect then raised (the state is set first).
+            actual = self.trace[-1].dest if len(self.trace) > taken else None
+            firings.append(
+                _Firing(source, trigger, tuple(memo.items()), expected, due, row, actual)
+            )
+
+    observed: type[Engine] = type(
+        f"Observed{engine_class.__name__}", (engine_class,), {"_fire": _fire}
+    )
+    return observed
 
 
 class _SilentLogger:
@@ -597,7 +734,14 @@ class _Search:
             bounds = attrs.evolve(bounds, calls=config.max_calls)
         self.bounds = bounds
         self.config = config.options
+        self.check_continue = bool(config.options.get("check_continue"))
         self.engine_class = engine_class
+        # The table as it stands now (read through the module, so that a test may
+        # install another table and check it).
+        self.table = _table.TRANSITIONS
+        self.row_set = frozenset((r.source, r.trigger, r.dest) for r in self.table)
+        self.firings: list[_Firing] = []
+        self.observed_class = _observing(engine_class, self.firings, _row_groups(self.table))
         self.strategy = strategy
         # The checker runs hundreds of thousands of transitions: their debug events would
         # cost more than the engine, so the engines it makes log nowhere.
@@ -612,11 +756,12 @@ class _Search:
         self.violations: list[CheckViolation] = []
         self.dead_ends: list[CheckViolation] = []
         self.missing_sources = [t for t in INPUT_TRIGGERS if t not in EVENT_SOURCES]
+        self.acceptance_checked: set[tuple[TurnState, Trigger]] = set()
         self.seen: set[Any] = set()
         self.verified: collections.Counter[tuple[TurnState, Trigger]] = collections.Counter()
 
     def _fresh(self) -> Engine:
-        return self.engine_class(
+        return self.observed_class(
             tools=[TOOL],
             messages=[FIRST_MESSAGE],
             max_turns=self.bounds.turns,
@@ -632,6 +777,7 @@ class _Search:
         engine = self._fresh()
         for event in node.path:
             engine.handle(event)
+        self.firings.clear()  # checked when the path was first taken
         return engine
 
     def _violate(self, invariant: str, message: str, path: tuple[Event, ...]) -> None:
@@ -643,6 +789,14 @@ class _Search:
                 "checker",
                 f"no event source for input trigger {trigger.value!r}: add one to "
                 "statemachine._checker.EVENT_SOURCES",
+                (),
+            )
+        if self.bounds.rules and TERMINAL != _rules.ENDS:
+            self._violate(
+                "rules",
+                "rule 11: the terminal states are "
+                f"{sorted(s.value for s in _rules.ENDS)}, the table says "
+                f"{sorted(s.value for s in TERMINAL)}",
                 (),
             )
         root = _Node(
@@ -686,7 +840,8 @@ class _Search:
             candidates = source(engine, self.bounds)
             if not candidates:
                 continue
-            if not rows_from(state, trigger):
+            accepted = self._accepted(state, trigger, node.path)
+            if not accepted:
                 # Not accepted here: one sample must be refused, changing nothing.
                 dirty = self._check_refused(engine, candidates[0], base, node, absorbed=False)
                 continue
@@ -715,6 +870,27 @@ class _Search:
                 )
             )
 
+    def _accepted(self, state: TurnState, trigger: Trigger, path: tuple[Event, ...]) -> bool:
+        """Whether ``trigger`` is accepted in ``state`` (by the rules, unless they are
+        off); a table that disagrees is reported once per (state, trigger)."""
+        by_table = bool(rows_from(state, trigger))
+        if not self.bounds.rules:
+            return by_table
+        by_rules = _rules.accepts(state, trigger)
+        if by_rules != by_table and (state, trigger) not in self.acceptance_checked:
+            self.acceptance_checked.add((state, trigger))
+            expected = _rules.destination(state, trigger, _rules_never)
+            self._violate(
+                "rules",
+                f"{expected.rule}: {trigger.value} is accepted in {state.value}, but the table "
+                "has no row for it"
+                if expected is not None
+                else f"rule 12: no rule accepts {trigger.value} in {state.value}, but the table "
+                "has a row for it",
+                path,
+            )
+        return by_rules
+
     def _absorb(self, engine: Engine, node: _Node) -> None:
         """In a terminal state (``engine`` is in it): every event is absorbed (I4), and
         on a sample of runs, the same events give the same run again (I5)."""
@@ -737,6 +913,8 @@ class _Search:
         except Exception as exc:  # noqa: BLE001 - a crash on a replay is the finding
             self._violate("I5", f"replaying the run raised {type(exc).__name__}: {exc}", path)
             return
+        finally:
+            self.firings.clear()  # checked when the path was first taken
         same = (
             again.state is engine.state
             and tuple(again.messages) == tuple(engine.messages)
@@ -765,12 +943,14 @@ class _Search:
             if not absorbed:
                 self._violate(
                     "I8",
-                    f"{event.trigger.value} has no row from {node.snap.state.value} but was "
-                    "accepted",
+                    f"{event.trigger.value} is not accepted in {node.snap.state.value} "
+                    "(rule 12) but the engine took it",
                     path,
                 )
             elif actions:
                 self._violate("I4", f"a terminal state answered with actions {actions}", path)
+        finally:
+            self.firings.clear()  # an event that should not be taken: reported above
         if self._verify(node.snap.state, event) and _fingerprint(engine) != base:
             self._violate(
                 "I8" if not absorbed else "I4", "a refused event changed the engine", path
@@ -792,28 +972,35 @@ class _Search:
         before_history = list(engine.messages)
         before_trace = len(engine.trace)
         before_state = engine.state
+        before_turns = engine.turns
+        self.firings.clear()
         try:
             actions = engine.handle(event)
         except ProtocolError:
             self.refusals += 1
+            # A refusal from inside the dispatch (no row applied) is a transition the
+            # rules may have expected.
+            self._check_firings(path)
             if self._verify(before_state, event) and _fingerprint(engine) != base:
                 self._violate("I8", "a refused event changed the engine", path)
             return None
         except Exception as exc:  # noqa: BLE001 - an engine crash is the I8 violation sought
+            # A crash after a wrong step is the step's fault: name the step first.
+            self._check_firings(path)
             self._violate("I8", f"handling the event raised {type(exc).__name__}: {exc}", path)
             return None
         self.transitions += 1
         for record in engine.trace[before_trace:]:
-            index = _ROW_INDEX.get((record.source, record.trigger, record.dest))
-            if index is None:
+            if (record.source, record.trigger, record.dest) not in self.row_set:
                 self._violate(
                     "table",
                     f"the engine took {record.source.value} --{record.trigger.value}--> "
                     f"{record.dest.value}, which is not a row of the table",
                     path,
                 )
-            else:
-                self.rows.add(index)
+        entered = self._check_firings(path)
+        if entered is not None and self.bounds.rules:
+            self._check_effects(engine, actions, entered, before_turns, path)
         model_calls = node.model_calls + sum(isinstance(a, CallModel) for a in actions)
         started = set(node.started)
         for action in actions:
@@ -840,6 +1027,84 @@ class _Search:
         self._check_state(engine, path, child)
         self.current = engine
         return child
+
+    def _check_firings(self, path: tuple[Event, ...]) -> list[_Firing] | None:
+        """Count the rows the engine took, and hold each firing to the rules.
+
+        Returns the firings, or ``None`` once a disagreement is reported (what follows
+        from a wrong step would only repeat it)."""
+        firings = list(self.firings)
+        self.firings.clear()
+        for firing in firings:
+            if firing.row is not None and firing.actual is not None:
+                self.rows.add(firing.row)
+        if not self.bounds.rules:
+            return firings
+        for firing in firings:
+            problem = _disagreement(firing)
+            if problem is not None:
+                self._violate("rules", problem, path)
+                return None
+        return firings
+
+    def _check_effects(
+        self,
+        engine: Engine,
+        actions: Sequence[Any],
+        firings: list[_Firing],
+        before_turns: int,
+        path: tuple[Event, ...],
+    ) -> None:
+        """The actions of one event are those its transitions' entries announce, and
+        the engine rests only where no internal trigger is due."""
+        expected: collections.Counter[type] = collections.Counter()
+        for f in firings:
+            if f.actual is not None:
+                expected += _rules.entry_actions(
+                    f.source, f.actual, check_continue=self.check_continue
+                )
+        actual = collections.Counter(type(a) for a in actions if type(a) in _ANNOUNCED)
+        steps = " then ".join(
+            f"{f.source.value} --{f.trigger.value}--> {f.actual.value if f.actual else '?'}"
+            for f in firings
+        )
+        if actual != expected:
+            self._violate(
+                "rules",
+                f"effects: {steps} announces {_count(expected)}; the engine emitted "
+                f"{_count(actual)}",
+                path,
+            )
+        elif engine.turns - before_turns != expected[CallModel]:
+            self._violate(
+                "rules",
+                f"effects: {steps} makes {expected[CallModel]} model call(s), but the turn "
+                f"counter went from {before_turns} to {engine.turns}",
+                path,
+            )
+        into = {f.actual for f in firings if f.actual is not f.source}
+        stays = {f.actual for f in firings}
+        if any(isinstance(a, StartTool) for a in actions) and S.CollectingResults not in stays:
+            self._violate(
+                "rules", f"effects: {steps} started a tool outside CollectingResults", path
+            )
+        if any(isinstance(a, CheckPermission) for a in actions) and (
+            S.DispatchingTools not in into
+        ):
+            self._violate(
+                "rules",
+                f"effects: {steps} asked for permission without entering DispatchingTools",
+                path,
+            )
+        state = engine.state
+        pending = _rules.due(state, functools.partial(_guard_value, engine))
+        if pending is not None:
+            self._violate(
+                "rules",
+                f"the theory of operation: the engine rests in {state.value}, but "
+                f"{pending.value} is due there (its guard holds)",
+                path,
+            )
 
     def _check_transition(
         self,
@@ -944,6 +1209,7 @@ def check_engine(
         violations=tuple(violations),
         seconds=time.perf_counter() - started,
         strategy=strategy,
+        table=_table.TRANSITIONS,
     )
 
 

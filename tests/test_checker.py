@@ -23,7 +23,7 @@ from statemachine._checker import (
 )
 from statemachine._engine import Engine
 from statemachine._errors import ProtocolError
-from statemachine._events import Action, Event, ModelResponded, Start
+from statemachine._events import Action, CancelOperations, Event, ModelResponded, Start
 from statemachine._invariants import history_violations
 from statemachine._journal import replay
 from statemachine._messages import AssistantMessage, ToolCall, UserMessage
@@ -180,6 +180,22 @@ class NondeterministicEngine(Engine):
         super()._finish(f"{explanation} (#{next(self.finished)})")
 
 
+class NoCancelEngine(Engine):
+    """Enters Aborting without telling the driver to cancel anything."""
+
+    def _enter_Aborting(self, source: TurnState) -> None:
+        super()._enter_Aborting(source)
+        self._actions = [a for a in self._actions if not isinstance(a, CancelOperations)]
+
+
+class NeverSettlesEngine(Engine):
+    """Once aborting, never fires ``settled``: the run would wait forever."""
+
+    def _run_internal(self) -> None:
+        if self.state is not TurnState.Aborting:
+            super()._run_internal()
+
+
 class StallsEngine(Engine):
     """Refuses everything while tools run: the run can never finish from there."""
 
@@ -200,6 +216,8 @@ class StallsEngine(Engine):
         (NonAbsorbingEngine, "I4"),
         (ForgetsUnstartedCallsEngine, "I6"),
         (NondeterministicEngine, "I5"),
+        (NoCancelEngine, "rules"),
+        (NeverSettlesEngine, "rules"),
     ],
 )
 def test_checker_catches_a_broken_engine(engine_class: type[Engine], invariant: str) -> None:
@@ -281,9 +299,3 @@ def test_a_counterexample_replays_as_a_journal(tmp_path: Path) -> None:
     # The real engine accepts the same events and keeps the call order.
     real = replay(path, logger=_quiet())
     assert history_violations(real.messages, allow_open_tail=True) == []
-
-
-def test_rows_are_told_apart_by_source_trigger_and_destination() -> None:
-    # The checker maps a transition record to its row by (source, trigger, dest).
-    triples = [(r.source, r.trigger, r.dest) for r in TRANSITIONS]
-    assert len(triples) == len(set(triples))

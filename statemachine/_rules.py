@@ -1,0 +1,259 @@
+"""The loop's rules, stated a second time: the oracle the exhaustive checker holds the
+table to.
+
+``_table.py`` opens with numbered rules in prose and then encodes them as rows. This
+module encodes the same prose again, rule by rule, without reading a single row:
+
+* ``destination(source, trigger, holds)``: where the rules send the run when
+  ``trigger`` fires in ``source``, given the guard values ``holds`` reports (``None``:
+  the rules do not accept the trigger there, rule 12);
+* ``accepts(state, trigger)``: whether an input trigger is accepted at all;
+* ``due(state, holds)``: the internal trigger that must fire now, if any;
+* ``entry_actions(source, dest, ...)``: the actions that entering a state announces.
+
+The checker (``_checker.py``) compares every transition the engine makes, at every
+reachable state and with the guard values of that moment, against these. A row written
+wrong (a wrong destination, two rows in the wrong order, a guard dropped or inverted, a
+row deleted, an abort into the wrong terminal state) is then reported where the table
+and the rules part ways, with the rule the row contradicts. Only the vocabulary (the
+state, trigger and guard names) is shared with the table: a mistake would have to be
+made twice, in two different shapes, to pass.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import attrs
+
+from ._events import CallModel, CancelOperations, CheckContinue, RunEnded
+from ._table import Guard, Trigger, TurnState
+
+__all__ = [
+    "ENDS",
+    "Expected",
+    "Holds",
+    "accepts",
+    "destination",
+    "due",
+    "entry_actions",
+]
+
+S = TurnState
+T = Trigger
+G = Guard
+
+Holds = Callable[[Guard], bool]
+"""The value of a named guard at the moment a trigger fires."""
+
+ENDS: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
+"""Rule 11: the states that end a run and absorb every further event."""
+
+# Rule 9: where an abort finds nothing running, the run ends at once; where work is
+# out, it waits in Aborting for every started operation to report.
+_IDLE = frozenset({S.Ready, S.TurnBoundary, S.AwaitingUser})
+_WORKING = frozenset({S.AwaitingModel, S.DispatchingTools, S.CollectingResults})
+
+
+@attrs.frozen
+class Expected:
+    """Where the rules send the run, and which rule says so (for the report)."""
+
+    dest: TurnState
+    rule: str
+
+
+def _starting(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.Ready:
+        return Expected(S.AwaitingModel, "the run starts with a model call")
+    return None
+
+
+def _model_responded(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.Aborting:
+        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
+    if source is not S.AwaitingModel:
+        return None
+    # Rule 2: a response that reports its own failure ends the run, tool calls or not.
+    if holds(G.reports_error):
+        return Expected(S.Failed, "rule 2: a response reporting an error ends the run Failed")
+    if holds(G.reports_abort):
+        return Expected(S.Aborted, "rule 2: a response reporting an abort ends the run Aborted")
+    # Rule 2: tool calls, never the stop reason, decide.
+    if holds(G.has_tool_calls):
+        return Expected(S.DispatchingTools, "rule 2: a response with tool calls runs them")
+    # Rule 6 and I3: a final answer ends the run only with nothing queued.
+    if holds(G.input_queued):
+        return Expected(S.TurnBoundary, "rule 6: a final answer with input queued goes on")
+    return Expected(S.Done, "rule 6: a final answer with nothing queued ends the run Done")
+
+
+def _model_failed(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.AwaitingModel:
+        return Expected(S.Failed, "rule 10: a model call that raises ends the run Failed")
+    if source is S.Aborting:
+        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
+    return None
+
+
+def _only_while_aborting(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.Aborting:
+        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
+    return None
+
+
+def _input_queued(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.AwaitingUser:
+        return Expected(S.TurnBoundary, "rule 8: a person's message goes to the turn boundary")
+    if source in ENDS:
+        return None
+    return Expected(source, "rule 6: input queued in a live state waits for a turn boundary")
+
+
+def _resolving(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.DispatchingTools:
+        return Expected(S.DispatchingTools, "rule 3: a permission answer resolves one call")
+    return None
+
+
+def _approval_decided(source: TurnState, holds: Holds) -> Expected | None:
+    if source is not S.AwaitingUser:
+        return None
+    if holds(G.approvals_pending):
+        return Expected(S.AwaitingUser, "rule 8: approvals are decided one by one")
+    return Expected(S.CollectingResults, "rule 8: once all are decided the approved ones run")
+
+
+def _tool_finished(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.CollectingResults:
+        return Expected(S.CollectingResults, "rule 3: a started call's result arrives")
+    return _only_while_aborting(source, holds)
+
+
+def _continue_decided(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.TurnBoundary:
+        return Expected(S.TurnBoundary, "rule 7: should_continue is asked first")
+    return None
+
+
+def _abort(source: TurnState, holds: Holds) -> Expected | None:
+    if source in _IDLE:
+        return Expected(S.Aborted, "rule 9: with nothing running an abort ends the run at once")
+    if source in _WORKING or source is S.Aborting:
+        return Expected(S.Aborting, "rule 9: with work out, an abort waits for it to report")
+    return None
+
+
+def _dispatched(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.DispatchingTools:
+        return Expected(S.CollectingResults, "rule 3: once every call is resolved, they run")
+    return None
+
+
+def _results_complete(source: TurnState, holds: Holds) -> Expected | None:
+    if source is not S.CollectingResults:
+        return None
+    if holds(G.approvals_pending):
+        return Expected(S.AwaitingUser, "rule 8: calls waiting for approval suspend the run")
+    return Expected(S.TurnBoundary, "rule 7: a fully answered batch reaches the turn boundary")
+
+
+def _next_turn(source: TurnState, holds: Holds) -> Expected | None:
+    if source is not S.TurnBoundary:
+        return None
+    # Rule 7, in its stated order: a denial, a stop, the limit, else the next call.
+    if holds(G.denied_by_policy):
+        return Expected(S.AwaitingUser, "rule 7: a policy denial wins; a person must hear of it")
+    if holds(G.stop_requested):
+        return Expected(S.Done, "rule 7: should_continue asked to stop")
+    if holds(G.turn_limit_reached):
+        return Expected(S.TurnLimitExceeded, "rule 7: the turn limit forbids another call (I7)")
+    return Expected(S.AwaitingModel, "rule 7: otherwise the model is called again")
+
+
+def _settled(source: TurnState, holds: Holds) -> Expected | None:
+    if source is S.Aborting:
+        return Expected(S.Aborted, "rule 9: with nothing outstanding the run is Aborted")
+    return None
+
+
+_BY_TRIGGER: dict[Trigger, Callable[[TurnState, Holds], Expected | None]] = {
+    T.start: _starting,
+    T.model_responded: _model_responded,
+    T.model_failed: _model_failed,
+    T.model_cancelled: _only_while_aborting,
+    T.input_queued: _input_queued,
+    T.tool_permitted: _resolving,
+    T.tool_denied: _resolving,
+    T.approval_required: _resolving,
+    T.approval_decided: _approval_decided,
+    T.tool_finished: _tool_finished,
+    T.tool_cancelled: _only_while_aborting,
+    T.continue_decided: _continue_decided,
+    T.abort: _abort,
+    T.dispatched: _dispatched,
+    T.results_complete: _results_complete,
+    T.next_turn: _next_turn,
+    T.settled: _settled,
+}
+
+
+def destination(source: TurnState, trigger: Trigger, holds: Holds) -> Expected | None:
+    """Where the rules send a run in ``source`` when ``trigger`` fires (``None``: the
+    trigger is not accepted there, rule 12). Terminal states absorb events without a
+    transition (rule 11), so nothing is accepted from them either."""
+    if source in ENDS:
+        return None
+    return _BY_TRIGGER[trigger](source, holds)
+
+
+def _never(guard: Guard) -> bool:
+    return False
+
+
+def accepts(state: TurnState, trigger: Trigger) -> bool:
+    """Whether the rules accept ``trigger`` in ``state`` at all; guards only choose
+    among destinations, never whether a trigger is accepted."""
+    return destination(state, trigger, _never) is not None
+
+
+# The theory of operation: each internal trigger fires as soon as its guard holds, so
+# that a state means exactly what it says.
+_DUE: dict[TurnState, tuple[Trigger, Guard]] = {
+    S.DispatchingTools: (T.dispatched, G.all_calls_resolved),
+    S.CollectingResults: (T.results_complete, G.nothing_running),
+    S.TurnBoundary: (T.next_turn, G.boundary_ready),
+    S.Aborting: (T.settled, G.nothing_outstanding),
+}
+
+
+def due(state: TurnState, holds: Holds) -> Trigger | None:
+    """The internal trigger that must fire now in ``state``, or ``None``."""
+    entry = _DUE.get(state)
+    if entry is None or not holds(entry[1]):
+        return None
+    return entry[0]
+
+
+def entry_actions(
+    source: TurnState, dest: TurnState, *, check_continue: bool
+) -> collections.Counter[type]:
+    """The actions entering ``dest`` from ``source`` announces, one of each.
+
+    A model call is one turn; an abort with work out tells the driver to cancel it;
+    the turn boundary asks should_continue when there is a hook; a state in which the
+    driver returns (an end, or waiting for a person) says why.
+    """
+    out: collections.Counter[type] = collections.Counter()
+    if dest is source:
+        return out
+    if dest is S.AwaitingModel:
+        out[CallModel] += 1
+    elif dest is S.Aborting:
+        out[CancelOperations] += 1
+    elif dest is S.TurnBoundary and check_continue:
+        out[CheckContinue] += 1
+    if dest in ENDS or dest is S.AwaitingUser:
+        out[RunEnded] += 1
+    return out

@@ -1,0 +1,352 @@
+"""The checker holds the table to the rules: mutants of the table are caught.
+
+Each mutant below is the real table with one row written wrong, the way a person
+editing it could: a wrong destination, two rows of a group in the wrong order, a guard
+dropped or inverted, a row deleted, an abort sent to the wrong terminal state. The
+mutant is installed everywhere the engine reads the table, and the checker must fail
+it with a ``rules`` finding whose counterexample reads: the events from the start, the
+state, the trigger, expected versus actual. A mutant no run can tell from the real
+table is listed as equivalent, and the checker must pass it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+import pytest
+
+from statemachine import _engine, _rules, _table
+from statemachine._checker import Bounds, CheckReport, Config, check_engine
+from statemachine._table import Guard, Transition, Trigger, TurnState
+
+S = TurnState
+T = Trigger
+G = Guard
+
+# Each mutant is checked in the one engine configuration that reaches its row (the
+# default check explores all three and fails every mutant too; bench/mutation.md has the
+# figures): two turns, one call per response, and one finding stops the search.
+PLAIN = Bounds(turns=2, calls=1, configs=(Config({}),), max_violations=1)
+CONTINUE = attrs.evolve(PLAIN, configs=(Config({"check_continue": True}),))
+HOOKED = attrs.evolve(PLAIN, configs=(Config({"check_permissions": True, "check_continue": True}),))
+
+Rows = tuple[Transition, ...]
+Edit = Callable[[Rows], Rows]
+
+
+def _find(rows: Rows, source: TurnState, trigger: Trigger, guard: Guard | None) -> int:
+    matches = [
+        i for i, r in enumerate(rows) if (r.source, r.trigger, r.guard) == (source, trigger, guard)
+    ]
+    assert len(matches) == 1, f"no single row {source} --{trigger}[{guard}]-->"
+    return matches[0]
+
+
+def redirect(source: TurnState, trigger: Trigger, guard: Guard | None, dest: TurnState) -> Edit:
+    """The row goes to ``dest`` instead."""
+
+    def edit(rows: Rows) -> Rows:
+        i = _find(rows, source, trigger, guard)
+        return (*rows[:i], attrs.evolve(rows[i], dest=dest), *rows[i + 1 :])
+
+    return edit
+
+
+def swap(source: TurnState, trigger: Trigger, first: Guard, second: Guard) -> Edit:
+    """The two rows of a group are tried in the other order."""
+
+    def edit(rows: Rows) -> Rows:
+        i, j = _find(rows, source, trigger, first), _find(rows, source, trigger, second)
+        out = list(rows)
+        out[i], out[j] = rows[j], rows[i]
+        return tuple(out)
+
+    return edit
+
+
+def drop_guard(source: TurnState, trigger: Trigger, guard: Guard) -> Edit:
+    """The row applies whether its guard holds or not."""
+
+    def edit(rows: Rows) -> Rows:
+        i = _find(rows, source, trigger, guard)
+        return (*rows[:i], attrs.evolve(rows[i], guard=None), *rows[i + 1 :])
+
+    return edit
+
+
+def invert_guard(source: TurnState, trigger: Trigger, guard: Guard) -> Edit:
+    """The guarded row applies exactly when its guard does not hold: the guarded row
+    and the group's last (unguarded) row exchange their destinations."""
+
+    def edit(rows: Rows) -> Rows:
+        i = _find(rows, source, trigger, guard)
+        j = _find(rows, source, trigger, None)
+        out = list(rows)
+        out[i] = attrs.evolve(rows[i], dest=rows[j].dest)
+        out[j] = attrs.evolve(rows[j], dest=rows[i].dest)
+        return tuple(out)
+
+    return edit
+
+
+def delete(source: TurnState, trigger: Trigger, guard: Guard | None) -> Edit:
+    """The row is gone."""
+
+    def edit(rows: Rows) -> Rows:
+        i = _find(rows, source, trigger, guard)
+        return (*rows[:i], *rows[i + 1 :])
+
+    return edit
+
+
+MUTANTS: dict[str, tuple[Edit, Bounds]] = {
+    # a wrong destination
+    "final answer with input queued ends Done": (
+        redirect(S.AwaitingModel, T.model_responded, G.input_queued, S.Done),
+        PLAIN,
+    ),
+    "turn limit ends Done": (
+        redirect(S.TurnBoundary, T.next_turn, G.turn_limit_reached, S.Done),
+        PLAIN,
+    ),
+    "a failed model call ends Aborted": (
+        redirect(S.AwaitingModel, T.model_failed, None, S.Aborted),
+        PLAIN,
+    ),
+    "approvals pending go to the turn boundary": (
+        redirect(S.CollectingResults, T.results_complete, G.approvals_pending, S.TurnBoundary),
+        HOOKED,
+    ),
+    # rows of a group in the wrong order
+    "stop asked wins over a policy denial": (
+        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.stop_requested),
+        HOOKED,
+    ),
+    "turn limit wins over a stop asked": (
+        swap(S.TurnBoundary, T.next_turn, G.stop_requested, G.turn_limit_reached),
+        CONTINUE,
+    ),
+    "queued input wins over tool calls": (
+        swap(S.AwaitingModel, T.model_responded, G.has_tool_calls, G.input_queued),
+        PLAIN,
+    ),
+    "tool calls win over a reported abort": (
+        swap(S.AwaitingModel, T.model_responded, G.reports_abort, G.has_tool_calls),
+        PLAIN,
+    ),
+    # a guard dropped
+    "every response reports an abort": (
+        drop_guard(S.AwaitingModel, T.model_responded, G.reports_abort),
+        PLAIN,
+    ),
+    "every turn boundary is the limit": (
+        drop_guard(S.TurnBoundary, T.next_turn, G.turn_limit_reached),
+        PLAIN,
+    ),
+    "every batch waits for approval": (
+        drop_guard(S.CollectingResults, T.results_complete, G.approvals_pending),
+        PLAIN,
+    ),
+    # a guard inverted
+    "the last approval keeps waiting": (
+        invert_guard(S.AwaitingUser, T.approval_decided, G.approvals_pending),
+        HOOKED,
+    ),
+    "calls run while approvals are pending": (
+        invert_guard(S.CollectingResults, T.results_complete, G.approvals_pending),
+        PLAIN,
+    ),
+    "the turn limit is inverted": (
+        invert_guard(S.TurnBoundary, T.next_turn, G.turn_limit_reached),
+        PLAIN,
+    ),
+    # a row deleted
+    "no final answer with input queued": (
+        delete(S.AwaitingModel, T.model_responded, G.input_queued),
+        PLAIN,
+    ),
+    "a reported error is not an end": (
+        delete(S.AwaitingModel, T.model_responded, G.reports_error),
+        PLAIN,
+    ),
+    "no cancelled tool while aborting": (delete(S.Aborting, T.tool_cancelled, None), PLAIN),
+    "no abort at the turn boundary": (delete(S.TurnBoundary, T.abort, None), CONTINUE),
+    "aborting never settles": (delete(S.Aborting, T.settled, G.nothing_outstanding), PLAIN),
+    # an abort into the wrong terminal state
+    "abort before the first call ends Done": (redirect(S.Ready, T.abort, None, S.Done), PLAIN),
+    "abort while waiting for a person ends Failed": (
+        redirect(S.AwaitingUser, T.abort, None, S.Failed),
+        HOOKED,
+    ),
+    "settling an abort ends Done": (
+        redirect(S.Aborting, T.settled, G.nothing_outstanding, S.Done),
+        PLAIN,
+    ),
+    "abort at the turn boundary hits the turn limit": (
+        redirect(S.TurnBoundary, T.abort, None, S.TurnLimitExceeded),
+        CONTINUE,
+    ),
+}
+
+EQUIVALENT: dict[str, Edit] = {
+    # A response has one stop reason: it cannot report an error and an abort at once,
+    # so the order of these two rows is invisible.
+    "reported abort tried before reported error": swap(
+        S.AwaitingModel, T.model_responded, G.reports_error, G.reports_abort
+    ),
+}
+
+
+Dispatch = dict[tuple[TurnState, Trigger], tuple[tuple[str | None, TurnState], ...]]
+Internal = dict[TurnState, tuple[tuple[Trigger, str], ...]]
+
+
+def _groups(rows: Sequence[Transition]) -> dict[tuple[TurnState, Trigger], Rows]:
+    groups: dict[tuple[TurnState, Trigger], Rows] = {}
+    for row in rows:
+        groups[(row.source, row.trigger)] = (*groups.get((row.source, row.trigger), ()), row)
+    return groups
+
+
+def _dispatch(rows: Sequence[Transition]) -> tuple[Dispatch, Internal]:
+    """The engine's pre-digested dispatch for ``rows``, built as the engine builds it."""
+    groups = _groups(rows)
+    method = {guard: f"_guard_{guard.value}" for guard in Guard}
+    dispatch: Dispatch = {
+        key: tuple((None if r.guard is None else method[r.guard], r.dest) for r in group)
+        for key, group in groups.items()
+    }
+    internal: Internal = {
+        state: tuple(
+            (trigger, method[guard])
+            for trigger, guard in _table.INTERNAL_TRIGGERS.items()
+            if (state, trigger) in groups
+        )
+        for state in TurnState
+    }
+    return dispatch, internal
+
+
+@contextlib.contextmanager
+def installed(rows: Rows) -> Iterator[None]:
+    """Make ``rows`` the table everywhere it is read: the table module, the engine's
+    dispatch and its reference ``transitions`` machine; restore the real one after."""
+    dispatch, internal = _dispatch(rows)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_table, "TRANSITIONS", rows)
+        patch.setattr(_table, "_BY_SOURCE", _groups(rows))
+        patch.setattr(_engine, "TRANSITIONS", rows)
+        patch.setattr(_engine, "_ROWS", dispatch)
+        patch.setattr(_engine, "_INTERNAL_FROM", internal)
+        _engine.reference_machine.cache_clear()
+        try:
+            yield
+        finally:
+            _engine.reference_machine.cache_clear()
+
+
+def check_mutant(edit: Edit, bounds: Bounds) -> CheckReport:
+    rows = edit(_table.TRANSITIONS)
+    assert rows != _table.TRANSITIONS
+    with installed(rows):
+        return check_engine(bounds)
+
+
+def test_the_harness_rebuilds_the_engines_dispatch_exactly() -> None:
+    # If the engine changes how it digests the table, the mutants below would be
+    # installed wrongly: this fails first.
+    dispatch, internal = _dispatch(_table.TRANSITIONS)
+    assert dispatch == _engine._ROWS
+    assert internal == _engine._INTERNAL_FROM
+
+
+def test_there_are_mutants_of_every_kind() -> None:
+    assert len(MUTANTS) >= 13
+    # Each mutant really changes the table.
+    tables = {edit(_table.TRANSITIONS) for edit, _ in MUTANTS.values()}
+    assert len(tables) == len(MUTANTS)
+    assert _table.TRANSITIONS not in tables
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_the_checker_fails_a_table_mutant(name: str) -> None:
+    report = check_mutant(*MUTANTS[name])
+    assert not report.ok
+    findings = [v for v in report.violations if v.invariant == "rules"]
+    assert findings, report.summary()
+    finding = findings[0]
+    assert finding.path, "a counterexample starts from the first event"
+    text = report.summary()
+    assert str(finding) in text
+    assert "path from the start:" in text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bounds", [PLAIN, CONTINUE, HOOKED], ids=["plain", "continue", "hooked"])
+def test_the_real_table_passes_the_mutants_bounds(bounds: Bounds) -> None:
+    # So every finding above is the mutant's, not the bounds'.
+    report = check_engine(attrs.evolve(bounds, max_violations=20))
+    assert report.violations == (), report.summary()
+    assert report.dead_ends == ()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(EQUIVALENT))
+def test_an_equivalent_mutant_passes(name: str) -> None:
+    # Every default configuration, at two turns and one call per response.
+    report = check_mutant(EQUIVALENT[name], Bounds(turns=2, calls=1))
+    assert report.violations == (), report.summary()
+    assert report.dead_ends == ()
+
+
+@pytest.mark.timeout(60)
+def test_a_counterexample_names_state_trigger_expected_and_actual() -> None:
+    report = check_mutant(*MUTANTS["turn limit wins over a stop asked"])
+    finding = next(v for v in report.violations if v.invariant == "rules")
+    assert finding.message.startswith("rule 7")
+    assert "in TurnBoundary on next_turn" in finding.message
+    assert "stop_requested=True" in finding.message
+    assert "expected Done, actual TurnLimitExceeded" in finding.message
+    # The path ends where the run was sent the wrong way: should_continue said stop.
+    assert finding.path[-1].trigger is T.continue_decided
+
+
+@pytest.mark.timeout(60)
+def test_without_the_rules_the_invariants_alone_miss_these_mutants() -> None:
+    # Why the rules oracle exists: each of these breaks a stated rule without breaking
+    # any invariant, so only the comparison with the rules sees it.
+    missed = [
+        "turn limit wins over a stop asked",
+        "abort at the turn boundary hits the turn limit",
+        "the last approval keeps waiting",
+    ]
+    for name in missed:
+        edit, bounds = MUTANTS[name]
+        report = check_mutant(edit, attrs.evolve(bounds, rules=False))
+        assert report.violations == (), (name, report.summary())
+        assert not check_mutant(edit, bounds).ok
+
+
+def test_rows_are_counted_by_position_not_by_destination() -> None:
+    # An equivalent refinement of the table: queued input at the boundary gets a row of
+    # its own, with the same destination as the group's last row. Both rows are taken,
+    # and the coverage says so (keyed by destination, the second would look unused).
+    last = _find(_table.TRANSITIONS, S.TurnBoundary, T.next_turn, None)
+    extra = attrs.evolve(_table.TRANSITIONS[last], guard=G.input_queued, label="queued input")
+    rows = (*_table.TRANSITIONS[:last], extra, *_table.TRANSITIONS[last:])
+    with installed(rows):
+        report = check_engine(Bounds(turns=2, calls=1))
+    assert report.violations == (), report.summary()
+    assert last in report.rows_taken
+    assert last + 1 in report.rows_taken
+    assert report.table == rows
+
+
+def test_the_rules_have_an_answer_for_every_trigger() -> None:
+    for trigger in Trigger:
+        assert any(_rules.accepts(state, trigger) for state in TurnState), trigger
+    for state in _rules.ENDS:
+        assert not any(_rules.accepts(state, trigger) for trigger in Trigger)
