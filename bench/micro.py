@@ -110,7 +110,7 @@ async def parallel_tools(count: int, seconds: float, repetitions: int) -> Figure
         f"{count} tools × {seconds * 1000:.0f} ms sleep in one turn",
         f"{statistics.median(batches):.1f} ms",
         f"batch wall time, model call to model call (min {min(batches):.1f}, max "
-        f"{max(batches):.1f}, {repetitions} runs; target < 150 ms, issue 5)",
+        f"{max(batches):.1f}, {repetitions} runs; target < 150 ms)",
     )
 
 
@@ -180,7 +180,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
             "journal replay events/s",
             f"{replay_rate:,.0f}",
             f"replay(path): read, re-handle and verify each event and the checkpoint "
-            f"digest; {how} (target ≥ 100,000, issue 3)",
+            f"digest; {how} (target ≥ 100,000)",
         ),
         *(
             Figure(
@@ -262,7 +262,7 @@ def checker_figure(smoke: bool) -> Figure:
         f"{report.seconds:.1f} s",
         f"check_engine(): {report.states:,} states, {report.transitions:,} transitions, "
         f"{report.refusals:,} refusals [turns={bounds.turns}, calls={bounds.calls}], "
-        f"{verdict} (target < 60 s, issue 3)",
+        f"{verdict} (target < 60 s)",
     )
 
 
@@ -303,7 +303,7 @@ def conformance_figure(smoke: bool) -> list[Figure]:
             f"{runs / elapsed:,.0f}",
             f"{runs} generated scenarios on run_agent (agent_loop()), default scenario "
             f"set, seed 0, {verdict}, {elapsed:.2f} s after a 16-scenario warm-up; each "
-            "scenario runs the loop twice (I5) (target ≥ 500/s, issue 3)",
+            "scenario runs the loop twice (I5) (target ≥ 500/s)",
         )
     ]
 
