@@ -2,6 +2,9 @@
 
 A supported public module (like ``structlog.testing``). It offers:
 
+* **fake models** for your own tests: ``ScriptedModel(*responses)`` answers from a
+  script, ``FunctionModel(fn)`` answers what a function of the context decides; both
+  record every ``Request`` they were sent (``statemachine.testing.models``);
 * **scenarios**: ``Scenario`` and its parts describe one run completely (the
   scripted model responses, each tool call's behaviour, the abort instant, the turn
   limit); ``run_scenario`` runs one through any loop of the shape
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .._invariants import Violation
 from .bridge import bridge_loop as bridge_loop
 from .clock import IdleSkippingLoop
+from .models import FunctionModel, Request, ScriptedModel
 from .properties import (
     PROPERTIES,
     PROPERTY_TITLES,
@@ -63,9 +67,9 @@ from .scenario import (
     Outcome,
     RunRecord,
     Scenario,
+    ScenarioModel,
     Scripted,
     ScriptedCall,
-    ScriptedModel,
     ToolBehaviour,
     agent_loop,
     call_key,
@@ -123,12 +127,15 @@ __all__ = [
     "Expectation",
     "Failure",
     "Finding",
+    "FunctionModel",
     "IdleSkippingLoop",
     "ModelTurn",
     "OnAbort",
     "Outcome",
+    "Request",
     "RunRecord",
     "Scenario",
+    "ScenarioModel",
     "Scripted",
     "ScriptedCall",
     "ScriptedModel",

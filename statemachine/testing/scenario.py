@@ -64,10 +64,10 @@ __all__ = [
     "Outcome",
     "RunRecord",
     "Scenario",
+    "ScenarioModel",
     "ScenarioRunner",
     "Scripted",
     "ScriptedCall",
-    "ScriptedModel",
     "ToolBehaviour",
     "agent_loop",
     "call_key",
@@ -379,7 +379,7 @@ def _build_message(scenario: Scenario, number: int, turn: ModelTurn) -> Assistan
     return AssistantMessage(tuple(content), stop_reason=turn.stop_reason)
 
 
-class ScriptedModel:
+class ScenarioModel:
     """A ``ModelClient`` that answers model call *n* with ``scenario.turns[n-1]``.
 
     Its answers do not depend on the context it is sent, so what a correct loop must
@@ -526,7 +526,7 @@ class Scripted:
     def __init__(self, scenario: Scenario, *, hang_limit: float = 1.0) -> None:
         self.controller = AbortController()
         self._observer = _Observer(scenario, self.controller, hang_limit)
-        self.model = ScriptedModel(self._observer)
+        self.model = ScenarioModel(self._observer)
         self.tools = scripted_tools(self._observer)
         if scenario.abort.kind is AbortKind.BEFORE_START:
             self._observer.fire_abort("before the loop started")
@@ -582,7 +582,7 @@ async def run_scenario_async(
     """
     controller = AbortController()
     obs = _Observer(scenario, controller, hang_limit)
-    model = ScriptedModel(obs)
+    model = ScenarioModel(obs)
     tools = scripted_tools(obs)
     if scenario.abort.kind is AbortKind.BEFORE_START:
         obs.fire_abort("before the loop started")

@@ -1,0 +1,86 @@
+"""The fake models of statemachine.testing: ScriptedModel and FunctionModel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+import statemachine as sm
+from statemachine.testing import FunctionModel, Request, ScriptedModel
+
+
+@sm.tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def _run(model: sm.ModelClient, max_turns: int = 8) -> sm.RunResult:
+    return sm.run_agent_sync(
+        model=model, tools=[add], messages=[sm.UserMessage("40 + 2?")], max_turns=max_turns
+    )
+
+
+def test_a_script_is_answered_in_order_and_every_request_is_recorded() -> None:
+    model = ScriptedModel(sm.ToolCall("c1", "add", {"a": 40, "b": 2}), "It is 42.")
+    result = _run(model)
+    assert result.state is sm.TurnState.Done
+    assert result.final_text == "It is 42."
+    assert model.calls == 2
+    assert model.remaining == 0
+    first, second = model.requests
+    assert first == Request((sm.UserMessage("40 + 2?"),), (add.definition,))
+    assert isinstance(second.messages[-1], sm.ToolResultMessage)
+    assert second.messages[-1].text == "42"
+
+
+def test_short_responses_stand_for_messages() -> None:
+    call = sm.ToolCall("c1", "add", {"a": 1, "b": 2})
+    model = ScriptedModel([sm.TextContent("adding"), call], sm.AssistantMessage("done"))
+    result = _run(model)
+    assistant = result.messages[1]
+    assert isinstance(assistant, sm.AssistantMessage)
+    assert assistant.stop_reason is sm.StopReason.TOOL_USE
+    assert assistant.text == "adding"
+    assert assistant.tool_calls == (call,)
+
+
+def test_a_call_past_the_script_fails_the_run_saying_so() -> None:
+    result = _run(ScriptedModel(sm.ToolCall("c1", "add", {"a": 1, "b": 2})))
+    assert result.state is sm.TurnState.Failed
+    assert "ScriptedModel: model call 2, but the script has 1 response(s)" in result.explanation
+
+
+def test_an_exception_in_the_script_is_a_failing_provider() -> None:
+    result = _run(ScriptedModel(ConnectionError("down")))
+    assert result.state is sm.TurnState.Failed
+    assert isinstance(result.error, sm.ModelFailedError)
+    assert isinstance(result.error.__cause__, ConnectionError)
+
+
+def test_a_function_decides_from_the_context_sync_or_async() -> None:
+    def answer(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> object:
+        last = messages[-1]
+        if isinstance(last, sm.ToolResultMessage):
+            return f"It is {last.text}."
+        return sm.ToolCall("c1", tools[0].name, {"a": 40, "b": 2})
+
+    async def answer_later(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> object:
+        return answer(messages, tools)
+
+    for fn in (answer, answer_later):
+        model = FunctionModel(fn)  # type: ignore[arg-type]
+        result = _run(model)
+        assert result.final_text == "It is 42."
+        assert model.calls == 2
+
+
+def test_bad_responses_and_functions_are_refused_clearly() -> None:
+    result = _run(ScriptedModel([1, 2]))  # type: ignore[list-item]
+    assert result.state is sm.TurnState.Failed
+    assert "a fake model's response is an AssistantMessage" in result.explanation
+    with pytest.raises(sm.UsageError, match="FunctionModel needs a function"):
+        FunctionModel("not a function")  # type: ignore[arg-type]
