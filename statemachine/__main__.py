@@ -69,7 +69,7 @@ def _dispatch(name: str, rest: list[str]) -> int:
         return fail(name, f"needs the Python package {missing!r}, which is not installed{hint}")
     try:
         code: int = getattr(module, f"cli_{name}")(rest)
-    except SystemExit as exc:  # a command whose parser still exits on --help or bad usage
+    except SystemExit as exc:  # a command that exits instead of returning: keep one contract
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return code
 

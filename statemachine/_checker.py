@@ -59,7 +59,6 @@ their timings.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import enum
 import functools
@@ -73,6 +72,7 @@ from typing import IO, Any, Literal
 import attrs
 
 from . import _rules, _table
+from ._command import CommandParser, fail, parse
 from ._engine import Engine
 from ._errors import ProtocolError
 from ._events import (
@@ -1215,10 +1215,13 @@ def check_engine(
 
 def cli_check(argv: list[str]) -> int:
     """``python -m statemachine check [--turns N] [--calls M]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine check",
+    parser = CommandParser(
+        "check",
         description="Exhaustively check the engine: every accepted event sequence within "
-        "the bounds, every invariant at every reachable state, every table row taken.",
+        "the bounds, every invariant at every reachable state, every destination against "
+        "the rules, every table row taken.",
+        failed="a finding (an invariant broken, a destination against the rules, a row "
+        "never taken, a dead end)",
     )
     parser.add_argument("--turns", type=int, default=3, help="max_turns (default 3)")
     parser.add_argument("--calls", type=int, default=3, help="tool calls per response (3)")
@@ -1238,9 +1241,11 @@ def cli_check(argv: list[str]) -> int:
         default="snapshot",
         help="how engines are copied (default snapshot)",
     )
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
     if args.turns < 1 or args.calls < 0:
-        parser.error("--turns must be >= 1 and --calls >= 0")
+        return fail("check", "--turns must be >= 1 and --calls >= 0 (see --help)")
     configs = DEFAULT_CONFIGS
     if args.uncapped:
         configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
@@ -1249,7 +1254,10 @@ def cli_check(argv: list[str]) -> int:
     print(report.summary())
     findings = (*report.violations, *report.dead_ends)
     if args.counterexample and findings:
-        count = write_counterexample(findings[0], args.counterexample, bounds=bounds)
+        try:
+            count = write_counterexample(findings[0], args.counterexample, bounds=bounds)
+        except OSError as exc:
+            return fail("check", f"cannot write {args.counterexample}: {exc.strerror or exc}")
         print(f"wrote {count} event(s) to {args.counterexample}: python -m statemachine replay")
     print("OK" if report.ok else "FAILED")
     return 0 if report.ok else 1

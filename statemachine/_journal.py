@@ -45,7 +45,6 @@ long as its fields have types listed in ``_value_codec``), under its class name.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import enum
 import functools
@@ -69,6 +68,7 @@ import orjson
 import structlog
 
 from . import _events
+from ._command import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
 from ._driver import RunResult, run_agent
 from ._engine import Engine, TransitionRecord
 from ._errors import InvalidInputError, ProtocolError, WireFormatError
@@ -1640,9 +1640,11 @@ def format_step(step: ReplayStep) -> str:
 
 def cli_replay(argv: list[str]) -> int:
     """``python -m statemachine replay FILE``: print the run and verify it."""
-    parser = argparse.ArgumentParser(
-        prog="python -m statemachine replay",
+    parser = CommandParser(
+        "replay",
         description="Replay a run journal, print it as a readable trace and verify it.",
+        failed="the journal does not replay as recorded (a bad or cut-off line, or a step "
+        "that comes out differently)",
     )
     parser.add_argument("file", help="the journal (JSON Lines)")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict")
@@ -1652,7 +1654,11 @@ def cli_replay(argv: list[str]) -> int:
         default=DEFAULT_MAX_LINE_BYTES,
         help="refuse a line longer than this (default: 16 MiB)",
     )
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    if args.max_line_bytes < 1:
+        return fail("replay", f"--max-line-bytes must be at least 1, got {args.max_line_bytes}")
     out = io.StringIO()
     try:
         # The command prints its own trace; the engine's per-transition log lines would
@@ -1661,9 +1667,12 @@ def cli_replay(argv: list[str]) -> int:
             None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
         )
         result = replay(args.file, strict=False, logger=quiet, max_line_bytes=args.max_line_bytes)
-    except InvalidInputError as exc:  # a JournalError, or a --max-line-bytes below 1
-        print(f"FAILED: {exc}", file=sys.stderr)
-        return 1
+    except JournalError as exc:
+        if exc.line == 0:  # line 0: the file itself cannot be opened
+            return fail("replay", str(exc), EXIT_USAGE)
+        return fail("replay", f"FAILED: {exc}", EXIT_FAILED)
+    except InvalidInputError as exc:
+        return fail("replay", str(exc), EXIT_USAGE)
     header = result.header
     out.write(
         f"run {header.run_id}: {len(header.messages)} initial message(s), "
@@ -1684,12 +1693,12 @@ def cli_replay(argv: list[str]) -> int:
         out.write(f"explanation: {engine.explanation}\n")
     sys.stdout.write(out.getvalue())
     if result.error is not None:
-        print(
-            f"FAILED: {result.error}\n(everything before line {result.error.line} replayed "
+        return fail(
+            "replay",
+            f"FAILED: {result.error} (everything before line {result.error.line} replayed "
             "and verified)",
-            file=sys.stderr,
+            EXIT_FAILED,
         )
-        return 1
     if result.checkpoints == 0:
         print(
             "OK (no checkpoint: the run had not returned when the journal ends)",

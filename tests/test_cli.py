@@ -22,7 +22,7 @@ from statemachine.__main__ import COMMANDS, main, usage
 from statemachine._command import Progress, exit_codes
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("demo", "spec", "diagram", "trace", "run", "transcript")
+OURS = ("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript")
 """The commands that follow the shared convention in full (``_command.CommandParser``)."""
 
 HISTORY_WORDS = re.compile(r"\bseed\b|\bissue \d|\bproduction loop\b|\bphase\b", re.IGNORECASE)
@@ -148,30 +148,48 @@ def test_diagram_all_without_dir_needs_a_checkout(
     assert list(tmp_path.iterdir()) == []
 
 
-# -- check and replay: what holds today ---------------------------------------------------------
+# -- check and replay ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("command", ["check", "replay"])
-def test_check_and_replay_have_help_and_refuse_bad_options(
+def test_check_and_replay_refuse_bad_options_in_one_line(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = _main([command, "--help"], capsys)
-    assert code == 0
-    assert out.startswith(f"usage: python -m statemachine {command} ")
     code, out, err = _main([command, "--bogus"], capsys)
-    assert code == 2
-    assert "--bogus" in err or "required" in err
-    assert "Traceback" not in err
+    assert (code, out) == (2, "")
+    assert err.startswith(f"{command}: ")
+    assert err.endswith(" (see --help)\n")
+    assert err.count("\n") == 1
 
 
-def test_replay_of_a_missing_file_fails_without_a_traceback(
+def test_check_refuses_bad_bounds_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(["check", "--turns", "0"], capsys) == (
+        2,
+        "",
+        "check: --turns must be >= 1 and --calls >= 0 (see --help)\n",
+    )
+
+
+def test_replay_of_a_missing_file_is_unreadable_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = _main(["replay", str(tmp_path / "missing.jsonl")], capsys)
-    assert code != 0
+    assert code == 2
+    assert err.startswith("replay: ")
     assert err.count("\n") == 1
     assert "cannot read journal" in err
     assert "Traceback" not in err
+
+
+def test_replay_of_a_bad_journal_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = tmp_path / "bad.jsonl"
+    journal.write_text('{"not": "a journal"}\n', encoding="utf-8")
+    code, _, err = _main(["replay", str(journal)], capsys)
+    assert code == 1
+    assert err.startswith("replay: FAILED: journal line 1")
+    assert err.count("\n") == 1
 
 
 @pytest.mark.timeout(60)
