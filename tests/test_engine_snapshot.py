@@ -82,6 +82,23 @@ class Recorder:
         return self.responses.pop(0) if self.responses else sm.AssistantMessage("done")
 
 
+def _resume_is_refused(snap: dict[str, Any], error: type[Exception], match: str) -> None:
+    """Resuming ``snap`` (approving 'b' under ``policy``) raises, and nothing ran."""
+    recorder = Recorder()
+    with pytest.raises(error, match=match):
+        asyncio.run(
+            sm.resume_agent(
+                snap,
+                model=recorder,
+                tools=recorder.tools,
+                approvals={"b": True},
+                before_tool_call=policy,
+            )
+        )
+    assert recorder.ran == []
+    assert recorder.model_calls == 0
+
+
 def act(call_id: str, name: str) -> sm.ToolCall:
     return sm.ToolCall(call_id, "act", {"name": name})
 
@@ -293,19 +310,7 @@ def test_a_tampered_snapshot_is_refused_naming_the_field(
 def test_a_refused_snapshot_runs_nothing() -> None:
     snap = json.loads(suspended_snapshot("approval"))
     _set_args_in_batch(snap)
-    recorder = Recorder()
-    with pytest.raises(sm.InvalidInputError, match=r"batch\[1\]\.call"):
-        asyncio.run(
-            sm.resume_agent(
-                snap,
-                model=recorder,
-                tools=recorder.tools,
-                approvals={"b": True},
-                before_tool_call=policy,
-            )
-        )
-    assert recorder.ran == []
-    assert recorder.model_calls == 0
+    _resume_is_refused(snap, sm.InvalidInputError, r"batch\[1\]\.call")
 
 
 # -- malformed input: always SnapshotError, never a crash ----------------------------------------
@@ -671,19 +676,7 @@ def _held_denial_marked_ready() -> Snapshot:
 def test_a_denied_call_edited_to_ready_is_denied_again_on_resume() -> None:
     snap = _held_denial_marked_ready()
     Engine.restore(snap)  # the snapshot alone cannot tell
-    recorder = Recorder()
-    with pytest.raises(sm.SnapshotError, match=r"call 'd' \(act\) is marked permitted .* denies"):
-        asyncio.run(
-            sm.resume_agent(
-                snap,
-                model=recorder,
-                tools=recorder.tools,
-                approvals={"b": True},
-                before_tool_call=policy,
-            )
-        )
-    assert recorder.ran == []
-    assert recorder.model_calls == 0
+    _resume_is_refused(snap, sm.SnapshotError, r"call 'd' \(act\) is marked permitted .* denies")
 
 
 @pytest.mark.timeout(30)
