@@ -137,7 +137,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
     """Journal append (``Journal.record`` alone, default flush per event, to a file in a
     temporary directory) and ``replay`` (parse, rebuild the engine, re-handle every
     event, verify every state and the checkpoint) of a ``turns``-long run."""
-    from statemachine._journal import Journal, JournalHeader, JournalingEngine, replay
+    from statemachine.journal._journal import Journal, JournalHeader, JournalingEngine, replay
 
     events = _engine_events(turns)
     plain = _echo_engine(turns)
@@ -203,7 +203,7 @@ def _replay_floor(
     is the floor."""
     import orjson
 
-    from statemachine._journal import _FAST_EVENTS
+    from statemachine.journal._journal import _FAST_EVENTS
 
     lines = path.read_bytes().splitlines()[1:]
     event_lines = [line for line in lines if b'"checkpoint"' not in line[:16]]
@@ -246,7 +246,7 @@ def _replay_floor(
 
 def checker_figure(smoke: bool) -> Figure:
     """The exhaustive check with its default bounds (the CLI's ``check``)."""
-    from statemachine._checker import Bounds, check_engine
+    from statemachine.testing.checker import Bounds, check_engine
 
     bounds = Bounds(turns=1, calls=1) if smoke else Bounds()
     report = check_engine(bounds)
@@ -314,7 +314,7 @@ async def micro_figures(smoke: bool) -> list[Figure]:
     figures.append(await parallel_tools(10, 0.01 if smoke else 0.1, 1 if smoke else 5))
     figures += _guarded(
         "journal append / replay events/s",
-        "statemachine._journal",
+        "statemachine.journal._journal",
         lambda: journal_figures(turns, reps),
     )
     figures += await asyncio.to_thread(
@@ -324,7 +324,7 @@ async def micro_figures(smoke: bool) -> list[Figure]:
         lambda: conformance_figure(smoke),
     )
     figures += _guarded(
-        "exhaustive check", "statemachine._checker", lambda: [checker_figure(smoke)]
+        "exhaustive check", "statemachine.testing.checker", lambda: [checker_figure(smoke)]
     )
     return figures
 

@@ -11,9 +11,10 @@ plugin), ``statemachine.workspace`` (file tools confined to a root) and
 from __future__ import annotations
 
 # First: fail with a clear message if python-statemachine shadows this package.
-from . import _shadow  # noqa: F401  # isort: skip
-from ._abort import AbortController, AbortSignal
-from ._driver import (
+from statemachine import _shadow  # noqa: F401  # isort: skip
+from statemachine._version import __version__
+from statemachine.agent.model import ModelClient
+from statemachine.agent.run import (
     AfterToolCall,
     AgentRun,
     BeforeToolCall,
@@ -41,8 +42,10 @@ from ._driver import (
     run_agent,
     run_agent_sync,
 )
-from ._engine import Engine, TransitionRecord
-from ._errors import (
+from statemachine.agent.tools import Tool, tool
+from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.engine import Engine, TransitionRecord
+from statemachine.core.errors import (
     AbortedError,
     AwaitingUserError,
     BadOutputError,
@@ -60,7 +63,7 @@ from ._errors import (
     UsageError,
     WireFormatError,
 )
-from ._events import (
+from statemachine.core.events import (
     EVENT_TYPES,
     AbortRequested,
     Action,
@@ -86,8 +89,7 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
-from ._journal import Journal, JournalError, JournalingEngine, ReplayResult, replay
-from ._messages import (
+from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
@@ -103,10 +105,15 @@ from ._messages import (
     messages_from_dicts,
     messages_to_dicts,
 )
-from ._model import ModelClient
-from ._table import TurnState
-from ._tools import Scheduling, Tool, ToolDefinition, ToolOutput, tool, validate_arguments
-from ._version import __version__
+from statemachine.core.table import TurnState
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
+from statemachine.journal._journal import (
+    Journal,
+    JournalError,
+    JournalingEngine,
+    ReplayResult,
+    replay,
+)
 
 __all__ = [
     "EVENT_TYPES",

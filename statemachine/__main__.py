@@ -1,99 +1,10 @@
-"""``python -m statemachine COMMAND`` (or the ``statemachine`` script): the entry point.
-
-Each command lives in the module that owns its subject and exposes
-``cli_COMMAND(argv: list[str]) -> int``; this file only dispatches, importing lazily so
-that ``demo`` does not pay for the diagram or provider machinery. ``main`` returns the
-exit code and never raises ``SystemExit`` itself; both entry points pass the code to
-``sys.exit``, so they behave the same.
-"""
+"""``python -m statemachine``: the command line (see ``statemachine.cli``)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-from ._command import EXIT_OK, EXIT_USAGE, fail
-
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": (
-        "statemachine._demo",
-        "the checkpoint script: list the workspace files (scripted model, no network)",
-    ),
-    "spec": ("statemachine._spec", "run the executable specification (the shipped scenarios)"),
-    "check": ("statemachine._checker", "exhaustively check the engine within bounds"),
-    "replay": ("statemachine._journal", "replay and verify a run journal"),
-    "diagram": ("statemachine._diagrams", "draw the state machine"),
-    "trace": ("statemachine._diagrams", "draw the path a run took"),
-    "run": ("statemachine.providers._cli", "run a real agent against a provider"),
-    "transcript": ("statemachine._transcript_cli", "check recorded conversation logs"),
-}
-
-EXIT_CODES = (
-    "exit status (every command): 0 ok, 1 the thing the command checks or runs failed,\n"
-    "2 bad arguments or unreadable input. Expected errors are one line on stderr,\n"
-    "prefixed by the command's name."
-)
-
-
-def usage() -> str:
-    lines = [
-        "usage: python -m statemachine [--version] COMMAND [ARGS...]",
-        "       python -m statemachine help COMMAND   (or COMMAND --help)",
-        "",
-        "commands:",
-    ]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "\n".join([*lines, "", EXIT_CODES])
-
-
-EXTRAS: dict[str, str] = {
-    "hypothesis": "test",
-    "pytest": "test",
-    "pygraphviz": "diagrams",
-    "openai": "openai",
-    "anthropic": "anthropic",
-    "httpx2": "openai",
-}
-"""The extra that installs each optional package a command may import."""
-
-
-def _dispatch(name: str, rest: list[str]) -> int:
-    try:
-        module = importlib.import_module(COMMANDS[name][0])
-    except ModuleNotFoundError as exc:
-        missing = (exc.name or "").partition(".")[0]
-        if not missing or missing == "statemachine":
-            raise  # our own module missing is a broken install, not an expected error
-        extra = EXTRAS.get(missing)
-        hint = f": pip install 'agent-statemachine[{extra}]'" if extra else ""
-        return fail(name, f"needs the Python package {missing!r}, which is not installed{hint}")
-    try:
-        code: int = getattr(module, f"cli_{name}")(rest)
-    except SystemExit as exc:  # a command that exits instead of returning: keep one contract
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print(usage(), file=sys.stderr)
-        return EXIT_USAGE
-    if args[0] in ("-h", "--help") or args == ["help"]:
-        print(usage())
-        return EXIT_OK
-    if args[0] in ("--version", "-V"):
-        from ._version import DISTRIBUTION, __version__
-
-        print(f"{DISTRIBUTION} {__version__}")
-        return EXIT_OK
-    if args[0] == "help":
-        args = [*args[1:2], "--help"]
-    name, rest = args[0], args[1:]
-    if name not in COMMANDS:
-        return fail("statemachine", f"unknown command {name!r} (see --help)")
-    return _dispatch(name, rest)
-
+from statemachine.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

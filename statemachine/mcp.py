@@ -43,10 +43,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from ._abort import AbortSignal
-from ._errors import InvalidInputError, StateMachineError
-from ._messages import ImageContent, TextContent, ToolResultContent
-from ._tools import Tool, ToolDefinition, ToolOutput
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import InvalidInputError, StateMachineError
+from statemachine.core.messages import ImageContent, TextContent, ToolResultContent
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 try:
     import mcp

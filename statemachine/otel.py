@@ -37,9 +37,11 @@ from typing import Any
 
 import attrs
 
-from ._abort import AbortSignal
-from ._driver import AgentRun, RunResult, current_tool_call
-from ._messages import (
+from statemachine.agent.model import ModelClient
+from statemachine.agent.run import AgentRun, RunResult, current_tool_call
+from statemachine.agent.tools import Tool, tool_output_from
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -47,9 +49,8 @@ from ._messages import (
     _block_to_dict,
     message_to_dict,
 )
-from ._model import ModelClient
-from ._table import TurnState
-from ._tools import Tool, ToolDefinition, ToolOutput, tool_output_from
+from statemachine.core.table import TurnState
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 try:
     from opentelemetry import trace

@@ -33,6 +33,6 @@ structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.
 # Every engine in the test suite also runs each transition through the plain
 # transitions.Machine built from the table and fails on any disagreement, so the
 # fast dispatch is checked against the reference on every test (see _engine.Engine).
-from statemachine._engine import Engine  # noqa: E402
+from statemachine.core.engine import Engine  # noqa: E402
 
 Engine.verify_against_machine = True

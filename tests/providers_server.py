@@ -32,8 +32,8 @@ import attrs
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._invariants import history_violations
-from statemachine._messages import AssistantContent
+from statemachine.core.invariants import history_violations
+from statemachine.core.messages import AssistantContent
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from statemachine._checker import (
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import Action, CancelOperations, Event, ModelResponded, Start
+from statemachine.core.invariants import history_violations
+from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
+from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
+from statemachine.journal._journal import replay
+from statemachine.testing.checker import (
     EVENT_SOURCES,
     Bounds,
     CheckReport,
@@ -21,13 +28,6 @@ from statemachine._checker import (
     cli_check,
     write_counterexample,
 )
-from statemachine._engine import Engine
-from statemachine._errors import ProtocolError
-from statemachine._events import Action, CancelOperations, Event, ModelResponded, Start
-from statemachine._invariants import history_violations
-from statemachine._journal import replay
-from statemachine._messages import AssistantMessage, ToolCall, UserMessage
-from statemachine._table import TERMINAL, TRANSITIONS, Trigger, TurnState
 
 SMALL = Bounds(turns=2, calls=2, max_violations=3)
 
@@ -249,7 +249,7 @@ def test_checker_reports_a_trigger_without_event_source(monkeypatch: pytest.Monk
 
 
 def test_every_input_trigger_has_an_event_source() -> None:
-    from statemachine._table import INPUT_TRIGGERS
+    from statemachine.core.table import INPUT_TRIGGERS
 
     assert set(INPUT_TRIGGERS) <= set(EVENT_SOURCES)
 

@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 import pytest
 
-from statemachine import _engine, _rules, _table
-from statemachine._checker import Bounds, CheckReport, Config, check_engine
-from statemachine._table import Guard, Transition, Trigger, TurnState
+from statemachine.core import engine as _engine
+from statemachine.core import table as _table
+from statemachine.core.table import Guard, Transition, Trigger, TurnState
+from statemachine.testing import _oracle as _rules
+from statemachine.testing.checker import Bounds, CheckReport, Config, check_engine
 
 S = TurnState
 T = Trigger

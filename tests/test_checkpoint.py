@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 
 Reply = sm.AssistantMessage | Callable[[Sequence[sm.Message]], sm.AssistantMessage]
 

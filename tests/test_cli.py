@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from statemachine import _diagrams, _spec
-from statemachine.__main__ import COMMANDS, main, usage
-from statemachine._command import Progress, exit_codes
+from statemachine.cli import COMMANDS, main, usage
+from statemachine.cli import diagram as _diagrams
+from statemachine.cli.common import Progress, exit_codes
+from statemachine.testing import spec as _spec
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript")
@@ -196,7 +197,7 @@ def test_replay_of_a_bad_journal_fails_in_one_line(
 def test_a_command_whose_optional_dependency_is_missing_says_which_extra() -> None:
     code = (
         "import sys; sys.modules['openai'] = None\n"
-        "from statemachine.__main__ import main\n"
+        "from statemachine.cli import main\n"
         "sys.exit(main(['run', '--provider', 'openai', '--model', 'm', 'hi']))"
     )
     done = subprocess.run(
@@ -220,7 +221,7 @@ def test_transcript_works_without_the_test_extra(tmp_path: Path) -> None:
     log.write_text('[{"role": "user", "content": "hi"}]', encoding="utf-8")
     code = (
         "import sys; sys.modules['hypothesis'] = None\n"
-        "from statemachine.__main__ import main\n"
+        "from statemachine.cli import main\n"
         f"sys.exit(main(['transcript', {str(log)!r}]))"
     )
     done = subprocess.run(
@@ -348,7 +349,7 @@ def test_the_wheel_configuration_ships_specs_and_every_package() -> None:
     assert set(setuptools["packages"]) == on_disk | {"statemachine._specs"}
     assert setuptools["package-dir"] == {"statemachine._specs": "specs"}
     assert setuptools["package-data"]["statemachine._specs"] == ["*.toml", "*.md"]
-    assert config["project"]["scripts"] == {"statemachine": "statemachine.__main__:main"}
+    assert config["project"]["scripts"] == {"statemachine": "statemachine.cli:main"}
 
 
 # -- an installed wheel, run from elsewhere -----------------------------------------------------
@@ -474,7 +475,7 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
 
     run_file = elsewhere / "run.json"
     make_run = (
-        "import json, sys; from statemachine._diagrams import demo_run, run_result_to_dict; "
+        "import json, sys; from statemachine.cli.diagram import demo_run, run_result_to_dict; "
         "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(demo_run())))"
     )
     assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0

@@ -1,4 +1,4 @@
-"""Tests of the demo: ``python -m statemachine demo [DIR]`` (statemachine._demo)."""
+"""Tests of the demo: ``python -m statemachine demo [DIR]`` (statemachine.cli.demo)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import structlog
 
 import statemachine as sm
-from statemachine._demo import PROMPT, Narrator, ScriptedModel, cli_demo, run_demo
+from statemachine.cli.demo import PROMPT, Narrator, ScriptedModel, cli_demo, run_demo
 
 TRANSITION = re.compile(r"^    (\w+) -> (\w+) +\((\w+), turn (\d+)\)$")
 

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from transitions.extensions import diagrams_pygraphviz
 from transitions.extensions.diagrams import GraphMachine
 
+import statemachine.cli as cli
 from statemachine import AssistantMessage, StopReason, ToolCall, ToolResultMessage, UserMessage
-from statemachine import __main__ as cli
-from statemachine._diagrams import (
+from statemachine.agent.run import RunResult
+from statemachine.cli.diagram import (
     REGENERATE,
     Chart,
     DiagramError,
@@ -41,10 +42,9 @@ from statemachine._diagrams import (
     update_readme,
     write_all,
 )
-from statemachine._driver import RunResult
-from statemachine._engine import TransitionRecord
-from statemachine._errors import InvalidInputError
-from statemachine._table import INTERNAL_TRIGGERS, TERMINAL, TRANSITIONS, Trigger, TurnState
+from statemachine.core.engine import TransitionRecord
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.table import INTERNAL_TRIGGERS, TERMINAL, TRANSITIONS, Trigger, TurnState
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -218,7 +218,7 @@ def test_transitions_mermaid_breaks_on_awkward_names_and_ours_does_not() -> None
 
 def test_output_does_not_depend_on_hash_seeds() -> None:
     # Sets and dicts keyed by str iterate in a per-process order; nothing drawn may.
-    code = "from statemachine._diagrams import render\nprint(render('mermaid') + render('dot'))"
+    code = "from statemachine.cli.diagram import render\nprint(render('mermaid') + render('dot'))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -349,7 +349,7 @@ def test_committed_diagrams_match_the_code() -> None:
 
 
 def test_the_docs_concepts_page_shows_the_generated_mermaid() -> None:
-    from statemachine._diagrams import DIAGRAM_PAGES
+    from statemachine.cli.diagram import DIAGRAM_PAGES
 
     assert DIAGRAM_PAGES
     for page in DIAGRAM_PAGES:
@@ -596,7 +596,7 @@ def test_cli_trace_explains_a_bad_run_file(
 def test_importing_the_library_does_not_import_the_diagram_machinery() -> None:
     code = (
         "import sys, statemachine\n"
-        "bad = [m for m in ('statemachine._diagrams', 'transitions.extensions.diagrams',"
+        "bad = [m for m in ('statemachine.cli.diagram', 'transitions.extensions.diagrams',"
         " 'pygraphviz') if m in sys.modules]\n"
         "print(bad)"
     )
@@ -614,8 +614,8 @@ def journaled(tmp_path: Path) -> tuple[Path, RunResult]:
     """A journal of the demo model's run on a one-file workspace, and the run."""
     import asyncio
 
-    from statemachine import _journal
-    from statemachine._demo import PROMPT, ScriptedModel
+    from statemachine.cli.demo import PROMPT, ScriptedModel
+    from statemachine.journal import _journal
     from statemachine.workspace import workspace_tools
 
     (tmp_path / "README.md").write_text("# hello\n", encoding="utf-8")
@@ -636,8 +636,8 @@ def journaled(tmp_path: Path) -> tuple[Path, RunResult]:
 def test_trace_reads_a_journal_by_replaying_it(
     journaled: tuple[Path, RunResult], tmp_path: Path
 ) -> None:
-    from statemachine import _journal
-    from statemachine._diagrams import _JOURNAL_FORMAT
+    from statemachine.cli.diagram import _JOURNAL_FORMAT
+    from statemachine.journal import _journal
 
     assert _JOURNAL_FORMAT == _journal.FORMAT
     path, result = journaled

@@ -18,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 from statemachine.testing.clock import IdleSkippingLoop
 
 Reply = sm.AssistantMessage | Callable[[sm.AbortSignal], Awaitable[Any]]

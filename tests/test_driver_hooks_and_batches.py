@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 
 
 class Scripted:

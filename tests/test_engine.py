@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 from structlog.testing import capture_logs
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 
 S = sm.TurnState
 
@@ -1063,13 +1063,13 @@ def _marking_check(self: sm.Engine, state: sm.TurnState, event: sm.Event) -> Non
 
 BROKEN_ENGINES = [
     # the classic "text only" loop: tool calls never decide anything
-    ("statemachine._engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
+    ("statemachine.core.engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
     # no safety valve: the turn limit never holds
-    ("statemachine._engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),
+    ("statemachine.core.engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),
     # finished runs that still react to late events
-    ("statemachine._engine.ABSORBING", frozenset(), "absorb"),
+    ("statemachine.core.engine.ABSORBING", frozenset(), "absorb"),
     # a refusal that leaves a mark behind (I8)
-    ("statemachine._engine.Engine._check_payload", _marking_check, "a refused event changed"),
+    ("statemachine.core.engine.Engine._check_payload", _marking_check, "a refused event changed"),
 ]
 
 

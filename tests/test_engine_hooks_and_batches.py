@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._engine import Engine
-from statemachine._invariants import history_violations
-from statemachine._tools import Scheduling
+from statemachine.core.engine import Engine
+from statemachine.core.invariants import history_violations
+from statemachine.core.tools import Scheduling
 
 ECHO = sm.ToolDefinition(
     "echo",
@@ -418,7 +418,7 @@ def test_every_engine_in_the_suite_is_verified_against_the_machine() -> None:
 def test_a_dispatch_that_disagrees_with_the_machine_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import statemachine._engine as engine_module
+    import statemachine.core.engine as engine_module
 
     # A dispatch that ignores the table's row order: the last row of each group first.
     last_row_first = {key: tuple(reversed(rows)) for key, rows in engine_module._ROWS.items()}
@@ -432,7 +432,7 @@ def test_a_dispatch_that_disagrees_with_the_machine_is_caught(
 def test_the_reference_machine_is_a_plain_transitions_machine() -> None:
     from transitions import Machine
 
-    from statemachine._engine import reference_machine
+    from statemachine.core.engine import reference_machine
 
     machine = reference_machine()
     assert type(machine) is Machine
@@ -448,6 +448,6 @@ def test_the_reference_machine_is_a_plain_transitions_machine() -> None:
 
 
 def sm_table() -> Any:
-    import statemachine._table as table
+    import statemachine.core.table as table
 
     return table

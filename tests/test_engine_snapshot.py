@@ -24,10 +24,10 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine import _driver
-from statemachine import _engine as engine_module
-from statemachine._engine import MAX_INTERNAL_TRANSITIONS, Engine
-from statemachine._table import Trigger
+from statemachine.agent import run as _driver
+from statemachine.core import engine as engine_module
+from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
+from statemachine.core.table import Trigger
 
 S = sm.TurnState
 Snapshot = dict[str, Any]

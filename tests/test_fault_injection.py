@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine import _driver
+from statemachine.agent import run as _driver
 from statemachine.testing import (
     Execution as KitExecution,
 )

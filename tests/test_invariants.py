@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._invariants import Violation, history_violations
+from statemachine.core.invariants import Violation, history_violations
 
 
 def user(text: str = "go") -> sm.UserMessage:

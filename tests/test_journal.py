@@ -18,12 +18,12 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statemachine import _events
-from statemachine._abort import AbortSignal
-from statemachine._checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
-from statemachine._engine import Engine
-from statemachine._errors import InvalidInputError, ProtocolError, WireFormatError
-from statemachine._events import (
+from statemachine.agent.tools import Tool
+from statemachine.core import events as _events
+from statemachine.core.abort import AbortSignal
+from statemachine.core.engine import Engine
+from statemachine.core.errors import InvalidInputError, ProtocolError, WireFormatError
+from statemachine.core.events import (
     AbortRequested,
     ContinueDecided,
     Event,
@@ -31,18 +31,7 @@ from statemachine._events import (
     Start,
     ToolFinished,
 )
-from statemachine._journal import (
-    Journal,
-    JournalError,
-    JournalHeader,
-    JournalingEngine,
-    cli_replay,
-    event_from_dict,
-    event_to_dict,
-    replay,
-    run_agent_journaled,
-)
-from statemachine._messages import (
+from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
@@ -53,8 +42,20 @@ from statemachine._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine._table import INPUT_TRIGGERS, TurnState, rows_from
-from statemachine._tools import Scheduling, Tool, ToolDefinition, ToolOutput
+from statemachine.core.table import INPUT_TRIGGERS, TurnState, rows_from
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.journal._journal import (
+    Journal,
+    JournalError,
+    JournalHeader,
+    JournalingEngine,
+    cli_replay,
+    event_from_dict,
+    event_to_dict,
+    replay,
+    run_agent_journaled,
+)
+from statemachine.testing.checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
 
 
 def _quiet() -> Any:
@@ -611,7 +612,7 @@ def _digest_by_definition(messages: Sequence[Message], trace: Sequence[Any]) -> 
     """``history_digest`` as its docstring defines it, written the slow, obvious way."""
     import hashlib
 
-    from statemachine._messages import message_to_dict
+    from statemachine.core.messages import message_to_dict
 
     payload = {
         "messages": [message_to_dict(m) for m in messages],
@@ -625,7 +626,7 @@ def _digest_by_definition(messages: Sequence[Message], trace: Sequence[Any]) -> 
 def test_the_running_digest_is_the_digest_at_every_step(
     run: tuple[dict[str, bool], list[Event]],
 ) -> None:
-    from statemachine._journal import _RunningDigest, history_digest
+    from statemachine.journal._journal import _RunningDigest, history_digest
 
     options, events = run
     engine = _checker_engine(options)
@@ -638,7 +639,7 @@ def test_the_running_digest_is_the_digest_at_every_step(
 
 
 def test_the_running_digest_starts_over_when_the_past_changes() -> None:
-    from statemachine._journal import _RunningDigest
+    from statemachine.journal._journal import _RunningDigest
 
     first: list[Message] = [UserMessage("go"), AssistantMessage("one")]
     running = _RunningDigest()

@@ -18,10 +18,11 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 from test_journal import _digest_by_definition, any_event
 
-from statemachine._checker import FIRST_MESSAGE, TOOL
-from statemachine._engine import Engine
-from statemachine._events import Event, ModelResponded, Start, ToolFinished
-from statemachine._journal import (
+from statemachine.core.engine import Engine
+from statemachine.core.events import Event, ModelResponded, Start, ToolFinished
+from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
+from statemachine.core.tools import ToolOutput
+from statemachine.journal._journal import (
     _FAST_EVENTS,
     DEFAULT_MAX_LINE_BYTES,
     MAX_DEPTH,
@@ -33,8 +34,7 @@ from statemachine._journal import (
     event_to_dict,
     replay,
 )
-from statemachine._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
-from statemachine._tools import ToolOutput
+from statemachine.testing.checker import FIRST_MESSAGE, TOOL
 
 
 def _quiet() -> Any:
@@ -305,7 +305,7 @@ def test_the_fast_decoder_builds_what_event_from_dict_builds(event: Event) -> No
 def test_fast_arguments_and_usage_decode_or_defer(arguments: dict[str, Any], cost: Any) -> None:
     import orjson
 
-    from statemachine._journal import _NotFastError
+    from statemachine.journal._journal import _NotFastError
 
     usage = Usage(1, 2, 0, 0, 3, cost=None if cost is None else float(cost))
     event = ModelResponded(AssistantMessage((ToolCall("c", "echo", arguments),), usage=usage))
@@ -438,7 +438,7 @@ def test_the_corruption_property_catches_a_replay_without_error_wrapping() -> No
 
 
 def test_cli_replay_takes_a_line_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from statemachine._journal import cli_replay
+    from statemachine.journal._journal import cli_replay
 
     path = tmp_path / "run.jsonl"
     path.write_text("".join(_journal()), encoding="utf-8")

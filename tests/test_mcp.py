@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 from statemachine.mcp import MCPError, MCPServer
 
 _T = TypeVar("_T")

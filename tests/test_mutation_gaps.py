@@ -8,9 +8,9 @@ from typing import ClassVar
 import attrs
 import pytest
 
-from statemachine._engine import Engine
-from statemachine._errors import ProtocolError, WireFormatError
-from statemachine._events import (
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError, WireFormatError
+from statemachine.core.events import (
     AbortRequested,
     CallModel,
     CheckPermission,
@@ -21,15 +21,15 @@ from statemachine._events import (
     ToolDenied,
     ToolFinished,
 )
-from statemachine._messages import (
+from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
     ToolCall,
     ToolResultMessage,
     UserMessage,
 )
-from statemachine._table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
-from statemachine._tools import ToolDefinition, ToolOutput
+from statemachine.core.table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 S = TurnState
 ECHO = ToolDefinition(

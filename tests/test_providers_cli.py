@@ -18,10 +18,10 @@ import pytest
 from providers_server import LoopbackServer, Reply, sse
 
 import statemachine as sm
-from statemachine.__main__ import main
-from statemachine._driver import MessageAdded, TurnStarted
+from statemachine.agent.run import MessageAdded, TurnStarted
+from statemachine.cli import main
+from statemachine.cli.run import _Transcript
 from statemachine.providers import RedactSecrets
-from statemachine.providers._cli import _Transcript
 
 OPENAI_KEY = "sk-live-cli-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-cli-0123456789abcdef"

@@ -14,6 +14,7 @@ import pytest
 from providers_server import LoopbackServer, Reply, Sleeps, sse
 
 import statemachine as sm
+from statemachine.cli.run import cli_run
 from statemachine.providers import (
     AnthropicModel,
     OpenAIChatModel,
@@ -21,7 +22,6 @@ from statemachine.providers import (
     ProviderResponseError,
     RetryPolicy,
 )
-from statemachine.providers._cli import cli_run
 
 KEY = "sk-edge-test-0123456789abcdef"
 JSON = (("Content-Type", "application/json"),)

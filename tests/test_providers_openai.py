@@ -20,7 +20,7 @@ from hypothesis import given
 from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
 
 import statemachine as sm
-from statemachine._invariants import history_violations
+from statemachine.core.invariants import history_violations
 from statemachine.providers import (
     ContextOverflowError,
     OpenAIChatModel,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import statemachine
-from statemachine.__main__ import main
+from statemachine.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

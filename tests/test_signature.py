@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 import statemachine as sm
-from statemachine._signature import compile_annotation
+from statemachine.agent.signature import compile_annotation
 
 
 class Color(enum.Enum):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from statemachine._messages import (
+from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
     TextContent,
@@ -16,7 +16,7 @@ from statemachine._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine._spec import (
+from statemachine.testing.spec import (
     CATALOG,
     SpecError,
     cli_spec,

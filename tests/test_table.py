@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
-from statemachine._engine import Engine, _MachineModel, build_machine
-from statemachine._table import (
+from statemachine.core.engine import Engine, _MachineModel, build_machine
+from statemachine.core.table import (
     ABSORBING,
     INPUT_TRIGGERS,
     INTERNAL_TRIGGERS,
@@ -251,7 +251,7 @@ def test_machine_does_not_move_when_no_row_applies() -> None:
 
 def test_every_run_starts_from_the_first_rows_source() -> None:
     # The diagrams read a table's start from its first row.
-    from statemachine._table import INITIAL, TRANSITIONS
+    from statemachine.core.table import INITIAL, TRANSITIONS
 
     assert TRANSITIONS[0].source is INITIAL
     from statemachine import UserMessage

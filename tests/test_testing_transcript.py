@@ -21,8 +21,8 @@ from statemachine import (
     UserMessage,
     message_to_dict,
 )
-from statemachine.__main__ import usage
-from statemachine._transcript_cli import DEFAULT_MAX_BYTES, cli_transcript
+from statemachine.cli import usage
+from statemachine.cli.transcript import DEFAULT_MAX_BYTES, cli_transcript
 from statemachine.testing import (
     Finding,
     Violation,

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
-from statemachine._tools import _fast_check
+from statemachine.core.tools import _fast_check
 
 TYPES = ["string", "integer", "number", "boolean"]
 values = (

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import statemachine as sm
 import statemachine.workspace as workspace_module
-from statemachine._journal import run_agent_journaled
-from statemachine._tools import ToolReturn
+from statemachine.core.tools import ToolReturn
+from statemachine.journal._journal import run_agent_journaled
 from statemachine.workspace import (
     IGNORED_DIRS,
     Workspace,

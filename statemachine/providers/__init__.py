@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
+from statemachine.providers._errors import (
     ContextOverflowError,
     ProviderAuthError,
     ProviderError,
@@ -20,12 +20,12 @@ from ._errors import (
     ProviderResponseError,
     ProviderUnavailableError,
 )
-from ._logging import RedactSecrets
-from ._retry import RetryPolicy
+from statemachine.providers._logging import RedactSecrets
+from statemachine.providers._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from .anthropic_messages import AnthropicModel
-    from .openai_chat import OpenAIChatModel
+    from statemachine.providers.anthropic_messages import AnthropicModel
+    from statemachine.providers.openai_chat import OpenAIChatModel
 
 __all__ = [
     "AnthropicModel",

@@ -37,12 +37,12 @@ from typing import Any, ClassVar, TypedDict
 import attrs
 import httpx2
 
-from .._abort import AbortSignal
-from .._errors import InvalidInputError
-from .._log import library_logger
-from .._messages import AssistantMessage, Message, Usage
-from .._tools import ToolDefinition
-from ._errors import (
+from statemachine._log import library_logger
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import AssistantMessage, Message, Usage
+from statemachine.core.tools import ToolDefinition
+from statemachine.providers._errors import (
     Failure,
     ProviderError,
     ProviderLimitError,
@@ -52,9 +52,9 @@ from ._errors import (
     redact,
     validation_detail,
 )
-from ._logging import protect_secret
-from ._projection import MessageBuilder
-from ._retry import (
+from statemachine.providers._logging import protect_secret
+from statemachine.providers._projection import MessageBuilder
+from statemachine.providers._retry import (
     AbortWatch,
     RetryPolicy,
     Sleep,

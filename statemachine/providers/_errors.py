@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from .._errors import ModelFailedError, StateMachineError
+from statemachine.core.errors import ModelFailedError, StateMachineError
 
 __all__ = [
     "ContextOverflowError",

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from ._errors import redact
+from statemachine.providers._errors import redact
 
 __all__ = ["RedactSecrets", "protect_secret"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import attrs
 
-from .._errors import WireFormatError
-from .._messages import (
+from statemachine.core.errors import WireFormatError
+from statemachine.core.messages import (
     AssistantContent,
     AssistantMessage,
     Message,

@@ -5,7 +5,7 @@ adapters retry transient failures here, within a budget that bounds both the num
 of attempts and the total time spent waiting. A wait honours the provider's
 ``Retry-After`` when it gives one. An abort ends a wait at once: the adapter then
 returns an ``aborted`` assistant message instead of raising, as the model boundary
-asks (see ``statemachine._model``).
+asks (see ``statemachine.agent.model``).
 
 ``sleep`` and ``random`` are injectable so that tests run the whole backoff path
 without waiting and without randomness.
@@ -21,10 +21,16 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .._abort import AbortSignal
-from .._errors import InvalidInputError
-from .._messages import AssistantMessage, StopReason
-from ._errors import Failure, ProviderError, ProviderUnavailableError, redact, redacted_chain
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import AssistantMessage, StopReason
+from statemachine.providers._errors import (
+    Failure,
+    ProviderError,
+    ProviderUnavailableError,
+    redact,
+    redacted_chain,
+)
 
 __all__ = ["AbortWatch", "RetryPolicy", "Sleep", "complete_with_retries", "race_abort"]
 

@@ -30,15 +30,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Unpack, cast
 
-from ._errors import missing_extra
+from statemachine.providers._errors import missing_extra
 
 try:
     import anthropic
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("anthropic") from exc
 
-from .._errors import InvalidInputError
-from .._messages import (
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
@@ -50,9 +50,14 @@ from .._messages import (
     UserMessage,
     thaw_json,
 )
-from .._tools import ToolDefinition
-from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
-from ._projection import normalise_id, sendable_history
+from statemachine.core.tools import ToolDefinition
+from statemachine.providers._adapter import (
+    AdapterOptions,
+    IncompleteStreamError,
+    ModelAdapter,
+    ResponseReader,
+)
+from statemachine.providers._projection import normalise_id, sendable_history
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
 

@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Unpack, cast
 
-from ._errors import missing_extra
+from statemachine.providers._errors import missing_extra
 
 try:
     import openai
@@ -45,8 +45,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from openai.types.chat import ChatCompletion
 
-from .._errors import InvalidInputError
-from .._messages import (
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
@@ -58,10 +58,15 @@ from .._messages import (
     UserMessage,
     thaw_json,
 )
-from .._tools import ToolDefinition
-from ._adapter import AdapterOptions, IncompleteStreamError, ModelAdapter, ResponseReader
-from ._errors import Failure, ProviderRequestError
-from ._projection import normalise_id, sendable_history
+from statemachine.core.tools import ToolDefinition
+from statemachine.providers._adapter import (
+    AdapterOptions,
+    IncompleteStreamError,
+    ModelAdapter,
+    ResponseReader,
+)
+from statemachine.providers._errors import Failure, ProviderRequestError
+from statemachine.providers._projection import normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
 

@@ -36,11 +36,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .._invariants import Violation
-from .bridge import bridge_loop as bridge_loop
-from .clock import IdleSkippingLoop
-from .models import FunctionModel, Request, ScriptedModel
-from .properties import (
+from statemachine.core.invariants import Violation
+from statemachine.testing.bridge import bridge_loop as bridge_loop
+from statemachine.testing.clock import IdleSkippingLoop
+from statemachine.testing.models import FunctionModel, Request, ScriptedModel
+from statemachine.testing.properties import (
     PROPERTIES,
     PROPERTY_TITLES,
     Expectation,
@@ -55,7 +55,7 @@ from .properties import (
     check_terminal,
     expected_run,
 )
-from .scenario import (
+from statemachine.testing.scenario import (
     KNOWN_TOOLS,
     UNKNOWN_TOOL,
     AbortAt,
@@ -76,7 +76,7 @@ from .scenario import (
     run_scenario,
     run_scenario_async,
 )
-from .transcript import (
+from statemachine.testing.transcript import (
     Finding,
     TranscriptFormat,
     check_transcript,
@@ -85,8 +85,8 @@ from .transcript import (
 )
 
 if TYPE_CHECKING:
-    from .conformance import ConformanceReport, Failure, run_conformance
-    from .rules import AgentEngineMachine, assistant_messages
+    from statemachine.testing.conformance import ConformanceReport, Failure, run_conformance
+    from statemachine.testing.rules import AgentEngineMachine, assistant_messages
 
 # What needs Hypothesis, by the module that holds it.
 _LAZY = {

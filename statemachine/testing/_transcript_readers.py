@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from .._invariants import Violation
+from statemachine.core.invariants import Violation
 
 __all__ = ["Call", "Result", "Turn", "read_anthropic", "read_openai", "read_responses"]
 

@@ -46,9 +46,10 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._abort import AbortController, AbortSignal
-from .._errors import InvalidInputError, StateMachineError
-from .._messages import (
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.errors import InvalidInputError, StateMachineError
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     ToolResultMessage,
@@ -56,7 +57,7 @@ from .._messages import (
     message_to_dict,
     thaw_json,
 )
-from .._tools import Tool, ToolOutput
+from statemachine.core.tools import ToolOutput
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",

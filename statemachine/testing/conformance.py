@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiable
 
-from .._messages import Message, StopReason
-from .clock import runner_for
-from .properties import PROPERTY_TITLES, check_record
-from .scenario import (
+from statemachine.core.messages import Message, StopReason
+from statemachine.testing.clock import runner_for
+from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.scenario import (
     DEFAULT_HISTORY,
     KNOWN_TOOLS,
     AbortAt,
@@ -41,9 +41,9 @@ from .scenario import (
     ToolBehaviour,
     run_scenario_async,
 )
-from .strategies import _abort_candidates
-from .strategies import scenarios as default_scenarios
-from .transcript import render_transcript
+from statemachine.testing.strategies import _abort_candidates
+from statemachine.testing.strategies import scenarios as default_scenarios
+from statemachine.testing.transcript import render_transcript
 
 __all__ = ["ConformanceReport", "Failure", "run_conformance"]
 

@@ -22,10 +22,10 @@ from typing import TypeAlias
 
 import attrs
 
-from .._abort import AbortSignal
-from .._errors import UsageError
-from .._messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
-from .._tools import ToolDefinition
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import UsageError
+from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
+from statemachine.core.tools import ToolDefinition
 
 __all__ = ["FunctionModel", "Request", "Response", "ScriptedModel"]
 

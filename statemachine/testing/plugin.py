@@ -31,10 +31,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._messages import StopReason
-from .conformance import run_conformance
-from .properties import PROPERTY_TITLES, check_record
-from .scenario import (
+from statemachine.core.messages import StopReason
+from statemachine.testing.conformance import run_conformance
+from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.scenario import (
     AbortAt,
     AbortKind,
     AgentLoop,
@@ -48,7 +48,7 @@ from .scenario import (
     ToolBehaviour,
     run_scenario,
 )
-from .transcript import render_transcript
+from statemachine.testing.transcript import render_transcript
 
 __all__ = [
     "AgentLoopConformance",

@@ -26,9 +26,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from .._messages import AssistantMessage, Message, StopReason, ToolCall, ToolResultMessage
-from .._table import TERMINAL, TurnState
-from .scenario import AbortKind, RunRecord, Scenario, call_key
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    ToolCall,
+    ToolResultMessage,
+)
+from statemachine.core.table import TERMINAL, TurnState
+from statemachine.testing.scenario import AbortKind, RunRecord, Scenario, call_key
 
 __all__ = [
     "PROPERTIES",

@@ -40,9 +40,9 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .._engine import Engine
-from .._errors import ProtocolError
-from .._events import (
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import (
     AbortRequested,
     CallModel,
     Event,
@@ -54,10 +54,10 @@ from .._events import (
     ToolCancelled,
     ToolFinished,
 )
-from .._invariants import history_violations
-from .._messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
-from .._tools import ToolDefinition, ToolOutput
-from .scenario import _DEFINITIONS, DEFAULT_HISTORY, KNOWN_TOOLS, UNKNOWN_TOOL
+from statemachine.core.invariants import history_violations
+from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
+from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.testing.scenario import _DEFINITIONS, DEFAULT_HISTORY, KNOWN_TOOLS, UNKNOWN_TOOL
 
 __all__ = ["AgentEngineMachine", "assistant_messages"]
 

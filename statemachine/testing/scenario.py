@@ -36,9 +36,10 @@ from typing import Any, Protocol, TypeAlias
 
 import attrs
 
-from .._abort import AbortController, AbortSignal
-from .._driver import RunResult, run_agent
-from .._messages import (
+from statemachine.agent.run import RunResult, run_agent
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -48,8 +49,8 @@ from .._messages import (
     UserMessage,
     message_from_dict,
 )
-from .._tools import Tool, ToolDefinition
-from .clock import runner_for
+from statemachine.core.tools import ToolDefinition
+from statemachine.testing.clock import runner_for
 
 __all__ = [
     "DEFAULT_HISTORY",

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import attrs
 from hypothesis import strategies as st
 
-from .._messages import (
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -55,7 +55,7 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from .scenario import (
+from statemachine.testing.scenario import (
     DEFAULT_HISTORY,
     KNOWN_TOOLS,
     UNKNOWN_TOOL,

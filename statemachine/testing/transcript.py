@@ -3,7 +3,8 @@
 Four formats are read:
 
 * ``"statemachine"``: our message objects, or their wire dicts (camelCase, see
-  ``statemachine._messages``). Checked by ``statemachine._invariants.history_violations``, the same
+  ``statemachine.core.messages``). Checked by
+  ``statemachine.core.invariants.history_violations``, the same
   definition the engine uses to refuse an invalid input history.
 * ``"openai"``: Chat Completions histories: assistant messages with ``tool_calls``
   answered by ``{"role": "tool", "tool_call_id"}`` messages, and the legacy
@@ -34,9 +35,9 @@ from typing import Any, Literal
 
 import attrs
 
-from .._errors import WireFormatError
-from .._invariants import Violation, history_violations
-from .._messages import (
+from statemachine.core.errors import WireFormatError
+from statemachine.core.invariants import Violation, history_violations
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     TextContent,
@@ -45,7 +46,7 @@ from .._messages import (
     UserMessage,
     message_from_dict,
 )
-from ._transcript_readers import (
+from statemachine.testing._transcript_readers import (
     Call,
     Result,
     Turn,

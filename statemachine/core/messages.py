@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Final, TypeAlias, TypeGuard, TypeVar
 
 import attrs
 
-from ._errors import WireFormatError
+from statemachine.core.errors import WireFormatError
 
 __all__ = [
     "AssistantContent",

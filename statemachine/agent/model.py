@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ._abort import AbortSignal
-from ._messages import AssistantMessage, Message
-from ._tools import ToolDefinition
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import AssistantMessage, Message
+from statemachine.core.tools import ToolDefinition
 
 __all__ = ["ModelClient"]
 

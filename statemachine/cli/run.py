@@ -34,11 +34,12 @@ from typing import Any, TextIO
 
 import structlog
 
-from .._abort import AbortController
-from .._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
-from .._driver import AgentRun, MessageAdded, RunEvent, RunResult
-from .._errors import InvalidInputError
-from .._messages import (
+from statemachine.agent.model import ModelClient
+from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
+from statemachine.core.abort import AbortController
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -47,10 +48,9 @@ from .._messages import (
     UserMessage,
     thaw_json,
 )
-from .._model import ModelClient
-from .._table import TurnState
-from ._errors import redact
-from ._logging import RedactSecrets
+from statemachine.core.table import TurnState
+from statemachine.providers._errors import redact
+from statemachine.providers._logging import RedactSecrets
 
 __all__ = ["cli_run"]
 
@@ -171,10 +171,10 @@ def _model(args: argparse.Namespace, key: str | None, transcript: _Transcript, l
         "logger": log,
     }
     if args.provider == "openai":
-        from .openai_chat import OpenAIChatModel
+        from statemachine.providers.openai_chat import OpenAIChatModel
 
         return OpenAIChatModel(args.model, **common)
-    from .anthropic_messages import AnthropicModel
+    from statemachine.providers.anthropic_messages import AnthropicModel
 
     return AnthropicModel(args.model, **common)
 
@@ -236,7 +236,7 @@ def cli_run(argv: list[str]) -> int:
     transcript = _Transcript(sys.stdout, secrets)
     log = _logger(secrets, args.verbose)
     try:
-        from ..workspace import workspace_tools
+        from statemachine.workspace import workspace_tools
 
         tools = workspace_tools(Path(args.dir))
         model = _model(args, key, transcript, log)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ._errors import AbortedError
-from ._log import library_logger
+from statemachine._log import library_logger
+from statemachine.core.errors import AbortedError
 
 __all__ = ["AbortController", "AbortSignal"]
 

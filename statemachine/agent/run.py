@@ -67,9 +67,12 @@ from typing import Any, TypeAlias, TypeVar
 
 import attrs
 
-from ._abort import AbortController, AbortSignal
-from ._engine import ABANDONED, DEFAULT_MAX_SNAPSHOT_BYTES, Engine, TransitionRecord
-from ._errors import (
+from statemachine._log import library_logger
+from statemachine.agent.model import ModelClient
+from statemachine.agent.tools import Tool, tool_output_from
+from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.engine import ABANDONED, DEFAULT_MAX_SNAPSHOT_BYTES, Engine, TransitionRecord
+from statemachine.core.errors import (
     AbortedError,
     AwaitingUserError,
     InvalidInputError,
@@ -81,7 +84,7 @@ from ._errors import (
     TurnLimitExceededError,
     UsageError,
 )
-from ._events import (
+from statemachine.core.events import (
     AbortRequested,
     Action,
     ApprovalDecided,
@@ -104,11 +107,9 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
-from ._log import library_logger
-from ._messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
-from ._model import ModelClient
-from ._table import RETURNS_TO_CALLER, TurnState
-from ._tools import Tool, ToolOutput, tool_output_from, validate_arguments
+from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
+from statemachine.core.table import RETURNS_TO_CALLER, TurnState
+from statemachine.core.tools import ToolOutput, validate_arguments
 
 __all__ = [
     "AfterToolCall",

@@ -40,12 +40,12 @@ from typing import Any, TextIO
 
 import structlog
 
-from ._abort import AbortSignal
-from ._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
-from ._driver import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
-from ._engine import TransitionRecord
-from ._errors import InvalidInputError, UsageError
-from ._messages import (
+from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
+from statemachine.core.abort import AbortSignal
+from statemachine.core.engine import TransitionRecord
+from statemachine.core.errors import InvalidInputError, UsageError
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -55,9 +55,9 @@ from ._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._table import TurnState
-from ._tools import ToolDefinition
-from .workspace import workspace_tools
+from statemachine.core.table import TurnState
+from statemachine.core.tools import ToolDefinition
+from statemachine.workspace import workspace_tools
 
 __all__ = ["PROMPT", "ScriptedModel", "cli_demo", "run_demo"]
 

@@ -12,9 +12,9 @@ from typing import ClassVar, TypeAlias, overload
 
 import attrs
 
-from ._messages import AssistantMessage, Message, ToolCall, UserMessage
-from ._table import Trigger, TurnState
-from ._tools import ToolDefinition, ToolOutput
+from statemachine.core.messages import AssistantMessage, Message, ToolCall, UserMessage
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 __all__ = [
     "EVENT_TYPES",

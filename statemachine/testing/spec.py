@@ -30,11 +30,12 @@ from typing import Any
 import attrs
 import structlog
 
-from ._abort import AbortController, AbortSignal
-from ._command import EXIT_FAILED, EXIT_OK, CommandParser, Progress, fail, parse
-from ._driver import AgentRun, Deny, RequireApproval, RunResult, Stop
-from ._errors import InvalidInputError
-from ._messages import (
+from statemachine.agent.run import AgentRun, Deny, RequireApproval, RunResult, Stop
+from statemachine.agent.tools import Tool
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, Progress, fail, parse
+from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
@@ -46,8 +47,8 @@ from ._messages import (
     message_from_dict,
     message_to_dict,
 )
-from ._table import TurnState
-from ._tools import Tool, ToolDefinition, ToolOutput, ToolReturn
+from statemachine.core.table import TurnState
+from statemachine.core.tools import ToolDefinition, ToolOutput, ToolReturn
 
 __all__ = [
     "CATALOG",
@@ -736,10 +737,10 @@ def discover(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-PACKAGED_SPEC_DIR = Path(__file__).resolve().parent / "_specs"
+PACKAGED_SPEC_DIR = Path(__file__).resolve().parents[1] / "_specs"
 """Where an installed wheel keeps the scenarios (``specs/``, shipped as package data)."""
 
-CHECKOUT_SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
+CHECKOUT_SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
 """Where a source checkout keeps them: the one source the wheel's copy is built from."""
 
 

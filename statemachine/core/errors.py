@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._engine import TransitionRecord
+    from statemachine.core.engine import TransitionRecord
 
 __all__ = [
     "AbortedError",

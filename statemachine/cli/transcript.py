@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from ._command import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
-from .testing.transcript import (
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
+from statemachine.testing.transcript import (
     FORMATS,
     TranscriptFormat,
     detect_format,

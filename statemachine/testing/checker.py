@@ -71,11 +71,11 @@ from typing import IO, Any, Literal
 
 import attrs
 
-from . import _rules, _table
-from ._command import CommandParser, fail, parse
-from ._engine import Engine
-from ._errors import ProtocolError
-from ._events import (
+from statemachine.cli.common import CommandParser, fail, parse
+from statemachine.core import table as _table
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import (
     AbortRequested,
     ApprovalDecided,
     ApprovalRequired,
@@ -98,8 +98,8 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
-from ._invariants import history_violations
-from ._messages import (
+from statemachine.core.invariants import history_violations
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -108,7 +108,7 @@ from ._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._table import (
+from statemachine.core.table import (
     ABSORBING,
     INPUT_TRIGGERS,
     INTERNAL_TRIGGERS,
@@ -120,7 +120,8 @@ from ._table import (
     TurnState,
     rows_from,
 )
-from ._tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.testing import _oracle as _rules
 
 __all__ = [
     "DEFAULT_CONFIGS",
@@ -540,7 +541,7 @@ class CheckReport:
 
 
 def _describe(event: Event) -> str:
-    from ._journal import describe_event  # the journal owns the readable form
+    from statemachine.journal._journal import describe_event  # the journal owns the readable form
 
     return describe_event(event)
 
@@ -560,7 +561,7 @@ def write_counterexample(
     a deliberately broken one) names the first line where the two part ways. An event
     the engine refused ends the journal: it is not part of the run.
     """
-    from ._journal import Journal, JournalingEngine
+    from statemachine.journal._journal import Journal, JournalingEngine
 
     bounds = bounds or Bounds()
     recording = type(f"Journaling{engine_class.__name__}", (JournalingEngine, engine_class), {})
@@ -788,7 +789,7 @@ class _Search:
             self._violate(
                 "checker",
                 f"no event source for input trigger {trigger.value!r}: add one to "
-                "statemachine._checker.EVENT_SOURCES",
+                "statemachine.testing.checker.EVENT_SOURCES",
                 (),
             )
         if self.bounds.rules and TERMINAL != _rules.ENDS:

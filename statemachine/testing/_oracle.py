@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import attrs
 
-from ._events import CallModel, CancelOperations, CheckContinue, RunEnded
-from ._table import Guard, Trigger, TurnState
+from statemachine.core.events import CallModel, CancelOperations, CheckContinue, RunEnded
+from statemachine.core.table import Guard, Trigger, TurnState
 
 __all__ = [
     "ENDS",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 
 __all__ = ["Violation", "history_violations"]
 

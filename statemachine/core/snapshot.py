@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ._errors import SnapshotError, SnapshotSignatureError, UsageError
+from statemachine.core.errors import SnapshotError, SnapshotSignatureError, UsageError
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",

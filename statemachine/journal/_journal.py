@@ -67,13 +67,13 @@ import attrs
 import orjson
 import structlog
 
-from . import _events
-from ._command import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
-from ._driver import RunResult, run_agent
-from ._engine import Engine, TransitionRecord
-from ._errors import InvalidInputError, ProtocolError, WireFormatError
-from ._events import Action, Event
-from ._messages import (
+from statemachine.agent.run import RunResult, run_agent
+from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
+from statemachine.core import events as _events
+from statemachine.core.engine import Engine, TransitionRecord
+from statemachine.core.errors import InvalidInputError, ProtocolError, WireFormatError
+from statemachine.core.events import Action, Event
+from statemachine.core.messages import (
     _STOP_REASONS,
     AssistantMessage,
     ImageContent,
@@ -91,8 +91,8 @@ from ._messages import (
     message_to_dict,
     thaw_json,
 )
-from ._table import RETURNS_TO_CALLER, Trigger, TurnState
-from ._tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.core.table import RETURNS_TO_CALLER, Trigger, TurnState
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",

@@ -36,9 +36,15 @@ from typing import Any, ClassVar, Final, NamedTuple
 import attrs
 from transitions import Machine
 
-from . import _snapshot as _snapshots
-from ._errors import EngineInvariantError, InvalidInputError, ProtocolError, SnapshotError
-from ._events import (
+from statemachine._log import library_logger
+from statemachine.core import snapshot as _snapshots
+from statemachine.core.errors import (
+    EngineInvariantError,
+    InvalidInputError,
+    ProtocolError,
+    SnapshotError,
+)
+from statemachine.core.events import (
     AbortRequested,
     Action,
     ApprovalDecided,
@@ -62,9 +68,8 @@ from ._events import (
     ToolFinished,
     ToolPermitted,
 )
-from ._invariants import history_violations
-from ._log import library_logger
-from ._messages import (
+from statemachine.core.invariants import history_violations
+from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
@@ -77,8 +82,8 @@ from ._messages import (
     message_to_dict,
     thaw_json,
 )
-from ._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
-from ._table import (
+from statemachine.core.snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
+from statemachine.core.table import (
     ABSORBING,
     INITIAL,
     INTERNAL_TRIGGERS,
@@ -89,7 +94,7 @@ from ._table import (
     TurnState,
     rows_from,
 )
-from ._tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 
 __all__ = [
     "ABANDONED",

@@ -84,9 +84,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ._abort import AbortSignal
-from ._errors import InvalidInputError
-from ._tools import Tool, ToolDefinition, ToolExecute, ToolOutput, ToolReturn
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.tools import ToolDefinition, ToolExecute, ToolOutput, ToolReturn
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

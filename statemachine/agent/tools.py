@@ -1,0 +1,269 @@
+"""The tool runtime: ``Tool`` (a definition plus ``async execute``) and ``@tool``.
+
+A ``Tool`` adds the runtime: ``async execute(arguments, signal)``. ``@tool`` builds one
+from a typed Python function.
+
+What abort can do to a tool
+---------------------------
+An async tool receives the run's ``AbortSignal``; when the run is aborted the driver
+waits a grace period for it to finish its cleanup, then cancels its task (a
+``CancelledError`` at its next ``await``). A *sync* function decorated with ``@tool``
+runs in a worker thread, and Python cannot interrupt a thread: abort sets the signal
+(the function may poll ``signal.aborted`` if it takes a ``signal`` parameter), and
+after the grace period the run stops waiting and records "Operation aborted", but the
+thread runs on to its natural end in the background and its return value is dropped.
+Keep sync tools short, or make them check the signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Union, overload
+
+import attrs
+
+from statemachine.agent.signature import Converter, check_return, compile_annotation, result_value
+from statemachine.core.abort import AbortSignal
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
+    ImageContent,
+    TextContent,
+    freeze_json,
+    thaw_json,
+)
+from statemachine.core.tools import (
+    ResourceKeys,
+    Scheduling,
+    ToolDefinition,
+    ToolExecute,
+    ToolOutput,
+    ToolReturn,
+    check_timeout,
+)
+
+__all__ = ["Tool", "tool", "tool_output_from"]
+
+
+@attrs.frozen
+class Tool:
+    """A definition plus ``async execute(arguments, signal)``.
+
+    ``arguments`` is a fresh ``dict`` per call, already validated against the schema.
+    ``sequential`` and ``resources`` say how its calls may run concurrently (see
+    ``Scheduling``); ``timeout`` (seconds) gives a call that runs longer a "timed out"
+    error result, after its signal fired and its cleanup had a grace period.
+    """
+
+    definition: ToolDefinition = attrs.field(validator=attrs.validators.instance_of(ToolDefinition))
+    execute: ToolExecute = attrs.field(validator=attrs.validators.is_callable())
+    sequential: bool = attrs.field(default=False, kw_only=True)
+    resources: ResourceKeys | None = attrs.field(default=None, kw_only=True)
+    timeout: float | None = attrs.field(default=None, kw_only=True, validator=check_timeout)
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def scheduling(self) -> Scheduling:
+        return Scheduling(self.sequential, self.resources)
+
+
+# -- @tool: a Tool from a typed function -------------------------------------------------------
+
+
+_SECTION = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$"
+)
+
+
+def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Summary text and per-parameter descriptions from a Google-style docstring."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        match = _SECTION.match(line)
+        if match:
+            section = match.group(1)
+            current = None
+            continue
+        if section is None:
+            summary.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            item = re.match(r"^\s{0,8}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if item and not line.startswith(" " * 9):
+                current = item.group(1)
+                params[current] = item.group(2).strip()
+            elif current and line.strip():
+                params[current] = (params[current] + " " + line.strip()).strip()
+    return "\n".join(summary).strip(), params
+
+
+def _build_tool(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    options: dict[str, Any] | None = None,
+) -> Tool:
+    tool_name = name or fn.__name__
+    where = f"@tool {tool_name}"
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
+        raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
+    summary, param_docs = _parse_docstring(fn.__doc__)
+    signature = inspect.signature(fn)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    converters: dict[str, Converter] = {}
+    wants_signal = False
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise InvalidInputError(f"{where}: *args and **kwargs cannot be tool arguments")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise InvalidInputError(f"{where}: positional-only parameter {param.name!r}")
+        annotation = hints.get(param.name, inspect.Parameter.empty)
+        if param.name == "signal" and annotation in (
+            AbortSignal,
+            AbortSignal | None,
+            inspect.Parameter.empty,
+        ):
+            wants_signal = True
+            continue
+        schema, convert = compile_annotation(annotation, f"{where}, parameter {param.name!r}")
+        if convert is not None:
+            converters[param.name] = convert
+        if param.name in param_docs and "description" not in schema:
+            schema = {**schema, "description": param_docs[param.name]}
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+        else:
+            # A default that is not JSON is still a default, just not advertised.
+            with contextlib.suppress(InvalidInputError):
+                schema = {**schema, "default": thaw_json(freeze_json(param.default))}
+        properties[param.name] = schema
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    if required:
+        parameters["required"] = required
+    check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
+    definition = ToolDefinition(
+        name=tool_name,
+        description=description if description is not None else summary,
+        parameters=parameters,
+    )
+    is_async = inspect.iscoroutinefunction(fn)
+
+    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
+        kwargs = {k: converters[k](v) if k in converters else v for k, v in arguments.items()}
+        if wants_signal:
+            kwargs["signal"] = signal
+        if is_async:
+            result = await fn(**kwargs)
+        else:
+            # A thread cannot be interrupted; see the module docstring.
+            result = await asyncio.to_thread(functools.partial(fn, **kwargs))
+        if isinstance(result, (str, ToolOutput)) or _is_content(result):
+            return typing.cast(ToolReturn, result)
+        return result_value(result, tool_name)  # data: its JSON (see _signature)
+
+    execute.__name__ = f"execute_{tool_name}"
+    return Tool(definition=definition, execute=execute, **(options or {}))
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    sequential: bool = False,
+    resources: ResourceKeys | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    sequential: bool = False,
+    resources: ResourceKeys | None = None,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Build a ``Tool`` from a typed function, async or sync.
+
+    The JSON Schema comes from the signature: JSON types, ``Literal``, ``Enum``,
+    optional values and unions, lists, tuples and sets, ``dict[str, T]``,
+    dataclasses, attrs classes, ``TypedDict``s and pydantic models (the arguments
+    arrive as those Python values); a parameter with a default is optional; an
+    annotation that cannot be expressed is refused here, naming the parameter (the
+    return annotation is checked too). The description comes from the docstring's
+    summary, each parameter's from ``Annotated[T, "..."]`` or the docstring's
+    ``Args:`` section. A parameter named ``signal`` receives the run's
+    ``AbortSignal`` and is not shown to the model. The function may return a
+    ``str`` (the result text), content blocks or a ``ToolOutput`` (used as they
+    are), or any JSON data (dicts, lists, numbers, booleans, ``None``, dataclasses,
+    attrs classes, pydantic models, enums), which becomes its JSON text; raising an
+    exception gives the model an error result with the exception's text. See
+    ``statemachine.agent.signature`` for the exact rules. ``sequential``, ``resources``
+    and ``timeout`` are passed to ``Tool``.
+    """
+    options = {"sequential": sequential, "resources": resources, "timeout": timeout}
+    if fn is not None:
+        return _build_tool(fn, name, description, options)
+    return lambda f: _build_tool(f, name, description, options)
+
+
+def _is_content(value: object) -> bool:
+    """A non-empty sequence of content blocks (an empty list is data: ``[]``)."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(block, (TextContent, ImageContent)) for block in value)
+    )
+
+
+def _is_result_type(annotation: Any) -> bool:
+    """Return annotations that name a result rather than data."""
+    if annotation in (str, ToolOutput, TextContent, ImageContent):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return all(_is_result_type(a) or a in (str,) for a in args)
+    if typing.get_origin(annotation) in (list, tuple, Sequence) and args:
+        return all(a is Ellipsis or _is_result_type(a) for a in args)
+    return False
+
+
+def tool_output_from(value: object) -> ToolOutput | None:
+    """Normalise what a tool returned; ``None`` if it is not a supported type."""
+    if isinstance(value, ToolOutput):
+        return value
+    if isinstance(value, str):
+        return ToolOutput((TextContent(value),))
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(block, (TextContent, ImageContent)) for block in value
+    ):
+        return ToolOutput(tuple(value))
+    return None
