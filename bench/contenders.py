@@ -30,6 +30,7 @@ import structlog
 from workload import FINAL_TEXT, TOOL_NAME, Outcome, Script, argument, call_id
 
 import statemachine as sm
+import statemachine.messages
 
 __all__ = ["CONTENDERS", "Contender", "quiet_logger"]
 
@@ -153,7 +154,7 @@ class _ScriptedClient:
         turn = script.next_turn()
         if script.wants_tool(turn):
             call = sm.ToolCall(call_id(turn), TOOL_NAME, {"text": argument(turn)})
-            return sm.AssistantMessage((call,), stop_reason=sm.StopReason.TOOL_USE)
+            return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage(FINAL_TEXT)
 
 

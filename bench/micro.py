@@ -22,6 +22,7 @@ from typing import Any
 from contenders import quiet_logger
 
 import statemachine as sm
+import statemachine.engine
 
 __all__ = ["Figure", "engine_transitions", "micro_figures", "parallel_tools"]
 
@@ -33,14 +34,14 @@ class Figure:
     detail: str
 
 
-def _engine_events(turns: int) -> list[sm.Event]:
+def _engine_events(turns: int) -> list[sm.engine.Event]:
     """The input events of a ``turns``-long run, built before the clock starts."""
-    events: list[sm.Event] = [sm.Start()]
+    events: list[sm.engine.Event] = [sm.engine.Start()]
     for turn in range(turns - 1):
         call = sm.ToolCall(f"call_{turn}", "echo", {"text": f"ping {turn}"})
-        events.append(sm.ModelResponded(sm.AssistantMessage((call,), stop_reason="toolUse")))
-        events.append(sm.ToolFinished(call.id, sm.ToolOutput(f"ping {turn}")))
-    events.append(sm.ModelResponded(sm.AssistantMessage("done")))
+        events.append(sm.engine.ModelResponded(sm.AssistantMessage((call,), stop_reason="toolUse")))
+        events.append(sm.engine.ToolFinished(call.id, sm.ToolOutput(f"ping {turn}")))
+    events.append(sm.engine.ModelResponded(sm.AssistantMessage("done")))
     return events
 
 
@@ -114,7 +115,9 @@ async def parallel_tools(count: int, seconds: float, repetitions: int) -> Figure
     )
 
 
-def _echo_engine(turns: int, cls: type[sm.Engine] = sm.Engine, **kwargs: Any) -> sm.Engine:
+def _echo_engine(
+    turns: int, cls: type[sm.engine.Engine] = sm.engine.Engine, **kwargs: Any
+) -> sm.engine.Engine:
     """An engine for ``_engine_events(turns)``: the echo tool, a quiet logger."""
     return cls(
         tools=[_echo_definition()],
@@ -194,7 +197,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
 
 
 def _replay_floor(
-    path: Path, events: list[sm.Event], turns: int, repetitions: int
+    path: Path, events: list[sm.engine.Event], turns: int, repetitions: int
 ) -> list[tuple[str, float, str]]:
     """What replay cannot avoid, measured alone on the same journal: reading each line
     with orjson (as replay does), building each event from its parsed dict on replay's

@@ -1,23 +1,30 @@
 """statemachine: the LLM agent loop as a deterministic, explicit state machine.
 
-The public surface is what this module exports; everything in a ``_``-module is
-private. Public submodules: ``statemachine.testing`` (the conformance kit: scenarios,
-strategies, properties, ``run_conformance``, ``check_transcript``, an opt-in pytest
-plugin), ``statemachine.workspace`` (file tools confined to a root) and
-``statemachine.providers`` (OpenAI-compatible and Anthropic model clients; needs the
-``openai`` / ``anthropic`` extra).
-"""
+This module is what an application writes against: run and resume an agent, define
+tools, read messages and results, approve or deny calls, abort, and the errors to catch.
+Every name here is also exported by the public module of its subject, which holds the
+rest of that subject:
 
-from __future__ import annotations
+* ``statemachine.engine``: the sans-IO engine (``Engine``, its events and actions) for
+  embedding the loop in your own driver;
+* ``statemachine.messages``: every message and content type, and their JSON form;
+* ``statemachine.errors``: the whole error hierarchy;
+* ``statemachine.hooks``: the hook signatures and the decisions hooks return;
+* ``statemachine.journal``: record a run and replay it exactly;
+* ``statemachine.testing``: the conformance kit, fake models, the checker;
+* ``statemachine.workspace``, ``statemachine.providers``, ``statemachine.mcp``,
+  ``statemachine.otel``: file tools, model clients, MCP tools, OpenTelemetry.
+
+The folders ``core``, ``agent`` and ``cli`` are internal layers: import from the
+modules above, never from them.
+"""
 
 # First: fail with a clear message if python-statemachine shadows this package.
 from statemachine import _shadow  # noqa: F401  # isort: skip
 from statemachine._version import __version__
 from statemachine.agent.model import ModelClient
 from statemachine.agent.run import (
-    AfterToolCall,
     AgentRun,
-    BeforeToolCall,
     Deny,
     MessageAdded,
     RequireApproval,
@@ -26,13 +33,11 @@ from statemachine.agent.run import (
     RunResult,
     RunStarted,
     RunStats,
-    ShouldContinue,
     StateChanged,
     Stop,
     ToolEnded,
     ToolProgress,
     ToolStarted,
-    TransformContext,
     TurnEnded,
     TurnStarted,
     current_tool_call,
@@ -44,174 +49,69 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.tools import Tool, tool
 from statemachine.core.abort import AbortController, AbortSignal
-from statemachine.core.engine import Engine, TransitionRecord
 from statemachine.core.errors import (
     AbortedError,
-    AwaitingUserError,
-    BadOutputError,
-    EngineInvariantError,
     InvalidInputError,
     ModelFailedError,
-    ModelOutputError,
-    ProtocolError,
-    RunEndedError,
-    SnapshotError,
-    SnapshotSignatureError,
     StateMachineError,
-    ToolOutputError,
     TurnLimitExceededError,
     UsageError,
-    WireFormatError,
-)
-from statemachine.core.events import (
-    EVENT_TYPES,
-    AbortRequested,
-    Action,
-    ApprovalDecided,
-    ApprovalRequired,
-    CallModel,
-    CancelOperations,
-    CheckContinue,
-    CheckPermission,
-    ContinueDecided,
-    Event,
-    HistoryView,
-    InputKind,
-    InputQueued,
-    ModelCancelled,
-    ModelFailed,
-    ModelResponded,
-    RunEnded,
-    Start,
-    StartTool,
-    ToolCancelled,
-    ToolDenied,
-    ToolFinished,
-    ToolPermitted,
 )
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
     Message,
-    StopReason,
     TextContent,
-    ThinkingContent,
     ToolCall,
     ToolResultMessage,
-    Usage,
     UserMessage,
-    message_from_dict,
-    message_to_dict,
-    messages_from_dicts,
-    messages_to_dicts,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
-from statemachine.journal._journal import (
-    Journal,
-    JournalError,
-    JournalingEngine,
-    ReplayResult,
-    replay,
-)
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 __all__ = [
-    "EVENT_TYPES",
     "AbortController",
-    "AbortRequested",
     "AbortSignal",
     "AbortedError",
-    "Action",
-    "AfterToolCall",
     "AgentRun",
-    "ApprovalDecided",
-    "ApprovalRequired",
     "AssistantMessage",
-    "AwaitingUserError",
-    "BadOutputError",
-    "BeforeToolCall",
-    "CallModel",
-    "CancelOperations",
-    "CheckContinue",
-    "CheckPermission",
-    "ContinueDecided",
     "Deny",
-    "Engine",
-    "EngineInvariantError",
-    "Event",
-    "HistoryView",
     "ImageContent",
-    "InputKind",
-    "InputQueued",
     "InvalidInputError",
-    "Journal",
-    "JournalError",
-    "JournalingEngine",
     "Message",
     "MessageAdded",
-    "ModelCancelled",
     "ModelClient",
-    "ModelFailed",
     "ModelFailedError",
-    "ModelOutputError",
-    "ModelResponded",
-    "ProtocolError",
-    "ReplayResult",
     "RequireApproval",
-    "RunEnded",
-    "RunEndedError",
     "RunEvent",
     "RunFinished",
     "RunResult",
     "RunStarted",
     "RunStats",
-    "Scheduling",
-    "ShouldContinue",
-    "SnapshotError",
-    "SnapshotSignatureError",
-    "Start",
-    "StartTool",
     "StateChanged",
     "StateMachineError",
     "Stop",
-    "StopReason",
     "TextContent",
-    "ThinkingContent",
     "Tool",
     "ToolCall",
-    "ToolCancelled",
     "ToolDefinition",
-    "ToolDenied",
     "ToolEnded",
-    "ToolFinished",
     "ToolOutput",
-    "ToolOutputError",
-    "ToolPermitted",
     "ToolProgress",
     "ToolResultMessage",
     "ToolStarted",
-    "TransformContext",
-    "TransitionRecord",
     "TurnEnded",
     "TurnLimitExceededError",
     "TurnStarted",
     "TurnState",
-    "Usage",
     "UsageError",
     "UserMessage",
-    "WireFormatError",
     "__version__",
     "current_tool_call",
-    "message_from_dict",
-    "message_to_dict",
-    "messages_from_dicts",
-    "messages_to_dicts",
-    "replay",
     "report_progress",
     "resume_agent",
     "resume_run",
     "run_agent",
     "run_agent_sync",
     "tool",
-    "validate_arguments",
 ]

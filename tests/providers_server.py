@@ -32,6 +32,7 @@ import attrs
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantContent
 
@@ -234,7 +235,7 @@ def provider_histories(draw: st.DrawFn) -> list[sm.Message]:
         content: list[AssistantContent] = []
         if draw(st.booleans()):
             signature = draw(st.one_of(st.none(), st.just("c2lnbmF0dXJl")))
-            content.append(sm.ThinkingContent(draw(_TEXT), signature))
+            content.append(sm.messages.ThinkingContent(draw(_TEXT), signature))
         if draw(st.booleans()):
             content.append(sm.TextContent(draw(_TEXT)))
         calls = []
@@ -246,7 +247,7 @@ def provider_histories(draw: st.DrawFn) -> list[sm.Message]:
             name = draw(st.sampled_from(["read_file", "list_files"]))
             calls.append(sm.ToolCall(raw, name, {"path": draw(_TEXT)}))
         content.extend(calls)
-        stop = draw(st.sampled_from(list(sm.StopReason)))
+        stop = draw(st.sampled_from(list(sm.messages.StopReason)))
         messages.append(sm.AssistantMessage(tuple(content), stop_reason=stop))
         between: list[sm.Message] = [draw(_result(call)) for call in calls]
         interleave = draw(st.booleans())

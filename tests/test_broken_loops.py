@@ -15,15 +15,9 @@ from typing import Any
 
 import pytest
 
-from statemachine import (
-    AbortSignal,
-    Message,
-    StopReason,
-    Tool,
-    ToolOutput,
-    ToolResultMessage,
-    validate_arguments,
-)
+from statemachine import AbortSignal, Message, Tool, ToolOutput, ToolResultMessage
+from statemachine.engine import validate_arguments
+from statemachine.messages import StopReason
 from statemachine.testing import (
     AbortKind,
     ConformanceReport,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 
 Reply = sm.AssistantMessage | Callable[[Sequence[sm.Message]], sm.AssistantMessage]
@@ -41,7 +42,9 @@ def call(call_id: str, tool_name: str, /, **arguments: Any) -> sm.ToolCall:
     return sm.ToolCall(call_id, tool_name, arguments)
 
 
-def asks(*calls: sm.ToolCall, stop: sm.StopReason = sm.StopReason.TOOL_USE) -> sm.AssistantMessage:
+def asks(
+    *calls: sm.ToolCall, stop: sm.messages.StopReason = sm.messages.StopReason.TOOL_USE
+) -> sm.AssistantMessage:
     return sm.AssistantMessage(calls, stop_reason=stop)
 
 
@@ -93,8 +96,8 @@ def test_tool_calls_run_even_when_stop_reason_is_not_tool_use() -> None:
         return f"touched {name}"
 
     model = ScriptedModel(
-        asks(call("a", "touch", name="stop"), stop=sm.StopReason.STOP),
-        asks(call("b", "touch", name="length"), stop=sm.StopReason.LENGTH),
+        asks(call("a", "touch", name="stop"), stop=sm.messages.StopReason.STOP),
+        asks(call("b", "touch", name="length"), stop=sm.messages.StopReason.LENGTH),
         sm.AssistantMessage("finished"),
     )
     result = run(model=model, tools=[touch], messages=[sm.UserMessage("go")])

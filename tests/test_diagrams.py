@@ -21,7 +21,7 @@ from transitions.extensions import diagrams_pygraphviz
 from transitions.extensions.diagrams import GraphMachine
 
 import statemachine.cli as cli
-from statemachine import AssistantMessage, StopReason, ToolCall, ToolResultMessage, UserMessage
+from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.agent.run import RunResult
 from statemachine.cli.diagram import (
     REGENERATE,
@@ -45,6 +45,7 @@ from statemachine.cli.diagram import (
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.table import INTERNAL_TRIGGERS, TERMINAL, TRANSITIONS, Trigger, TurnState
+from statemachine.messages import StopReason
 
 REPO = Path(__file__).resolve().parent.parent
 

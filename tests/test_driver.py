@@ -17,6 +17,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.errors
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 
 Reply = (
@@ -57,7 +60,7 @@ def call(call_id: str, tool_name: str, /, **arguments: Any) -> sm.ToolCall:
 
 
 def asks(*calls: sm.ToolCall) -> sm.AssistantMessage:
-    return sm.AssistantMessage(calls, stop_reason=sm.StopReason.TOOL_USE)
+    return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
 
 
 DONE = sm.AssistantMessage("done")
@@ -174,7 +177,7 @@ def test_a_policy_denial_stops_in_awaiting_user_with_the_reason() -> None:
     assert denied.text == "Tool call denied: deleting is not allowed"
     assert (allowed.is_error, allowed.text) == (False, "did read")
     assert len(model.requests) == 1  # the denial was not fed back to the model
-    assert isinstance(result.error, sm.AwaitingUserError)
+    assert isinstance(result.error, sm.errors.AwaitingUserError)
     assert "deleting is not allowed" in result.explanation
     assert "act (call c1)" in result.explanation
     assert history_violations(result.messages) == []
@@ -367,7 +370,7 @@ def test_a_model_exception_ends_failed_once_without_retry() -> None:
     assert model.replies == [DONE]  # nothing consumed a second reply
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ERROR
+    assert last.stop_reason is sm.messages.StopReason.ERROR
     assert last.error_message == "The model call failed: ConnectionError: 401 invalid api key"
     assert isinstance(result.error, sm.ModelFailedError)
     assert "401 invalid api key" in result.explanation
@@ -382,7 +385,7 @@ def test_a_model_returning_something_else_ends_failed() -> None:
     assert result.state is sm.TurnState.Failed
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ERROR
+    assert last.stop_reason is sm.messages.StopReason.ERROR
     assert "ModelOutputError" in (last.error_message or "")
     assert "returned dict, expected an AssistantMessage" in result.explanation
 
@@ -400,10 +403,13 @@ def test_a_model_raising_cancelled_error_by_itself_ends_failed() -> None:
 
 @pytest.mark.parametrize(
     ("stop", "state"),
-    [(sm.StopReason.ERROR, sm.TurnState.Failed), (sm.StopReason.ABORTED, sm.TurnState.Aborted)],
+    [
+        (sm.messages.StopReason.ERROR, sm.TurnState.Failed),
+        (sm.messages.StopReason.ABORTED, sm.TurnState.Aborted),
+    ],
 )
 def test_a_response_reporting_its_own_failure_does_not_run_its_calls(
-    stop: sm.StopReason, state: sm.TurnState
+    stop: sm.messages.StopReason, state: sm.TurnState
 ) -> None:
     ran: list[str] = []
 
@@ -447,7 +453,7 @@ def test_abort_during_a_model_call_that_ignores_the_signal() -> None:
     assert result.turns == 1
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ABORTED
+    assert last.stop_reason is sm.messages.StopReason.ABORTED
     assert "stop pressed" in result.explanation
     assert "during the model call of turn 1" in result.explanation
 
@@ -460,12 +466,12 @@ def test_abort_during_a_model_call_keeps_what_a_polite_client_returns() -> None:
         signal.add_listener(lambda _: done.set())
         controller.abort()
         await done.wait()
-        return sm.AssistantMessage("partial answ", stop_reason=sm.StopReason.ABORTED)
+        return sm.AssistantMessage("partial answ", stop_reason=sm.messages.StopReason.ABORTED)
 
     result = run(model=ScriptedModel(polite), signal=controller.signal)
     assert result.state is sm.TurnState.Aborted
     assert result.messages[-1] == sm.AssistantMessage(
-        "partial answ", stop_reason=sm.StopReason.ABORTED
+        "partial answ", stop_reason=sm.messages.StopReason.ABORTED
     )
 
 
@@ -489,7 +495,7 @@ def test_a_model_call_that_swallows_cancellation_is_abandoned() -> None:
     assert result.state is sm.TurnState.Aborted
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ABORTED
+    assert last.stop_reason is sm.messages.StopReason.ABORTED
     assert "abandoned" in (last.error_message or "")
     assert "operation_abandoned" in [e["event"] for e in logs]
 
@@ -1106,8 +1112,8 @@ def test_abort_before_the_start_keeps_the_input_queued_before_it() -> None:
     assert model.requests == []
     assert result.messages == (sm.UserMessage("go"),)
     assert [(q.message, q.kind) for q in result.queued_input] == [
-        (sm.UserMessage("look at the tests first"), sm.InputKind.STEER),
-        (sm.UserMessage("then summarise"), sm.InputKind.FOLLOW_UP),
+        (sm.UserMessage("look at the tests first"), sm.engine.InputKind.STEER),
+        (sm.UserMessage("then summarise"), sm.engine.InputKind.FOLLOW_UP),
     ]
 
 

@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.testing.clock import IdleSkippingLoop
 
@@ -47,7 +48,7 @@ class ScriptedModel:
 
 def asks(*names: str) -> sm.AssistantMessage:
     calls = [sm.ToolCall(f"c{i}", name, {}) for i, name in enumerate(names, 1)]
-    return sm.AssistantMessage(calls, stop_reason=sm.StopReason.TOOL_USE)
+    return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
 
 
 DONE = sm.AssistantMessage("done")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 
 
@@ -372,7 +373,7 @@ def test_the_event_stream_is_derived_from_the_run() -> None:
         sm.report_progress("half")
         return "ok"
 
-    usage = sm.Usage(input=10, output=5, total_tokens=15, cost=0.01)
+    usage = sm.messages.Usage(input=10, output=5, total_tokens=15, cost=0.01)
     model = Scripted(
         sm.AssistantMessage(
             (sm.ToolCall("a", "step", {}), sm.ToolCall("b", "sync_step", {})), usage=usage
@@ -415,7 +416,7 @@ def test_the_event_stream_is_derived_from_the_run() -> None:
     stats = finished.stats
     assert stats.model_calls == 2
     assert stats.tool_calls == {"step": {"ok": 1}, "sync_step": {"ok": 1}}
-    assert stats.usage == sm.Usage(input=20, output=10, total_tokens=30, cost=0.02)
+    assert stats.usage == sm.messages.Usage(input=20, output=10, total_tokens=30, cost=0.02)
     assert len(stats.turn_seconds) == 2
     assert set(stats.tool_seconds) == {"a", "b"}
 

@@ -29,6 +29,9 @@ from hypothesis.stateful import (
 from structlog.testing import capture_logs
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.errors
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 
 S = sm.TurnState
@@ -43,10 +46,10 @@ TOOLS = (ECHO, NOOP)
 USER = sm.UserMessage("go")
 
 
-def engine(**kwargs: Any) -> sm.Engine:
+def engine(**kwargs: Any) -> sm.engine.Engine:
     kwargs.setdefault("tools", TOOLS)
     kwargs.setdefault("messages", [USER])
-    return sm.Engine(**kwargs)
+    return sm.engine.Engine(**kwargs)
 
 
 def call(call_id: str, tool_name: str = "noop", /, **arguments: Any) -> sm.ToolCall:
@@ -54,14 +57,14 @@ def call(call_id: str, tool_name: str = "noop", /, **arguments: Any) -> sm.ToolC
 
 
 def asks(*calls: sm.ToolCall) -> sm.AssistantMessage:
-    return sm.AssistantMessage(calls, stop_reason=sm.StopReason.TOOL_USE)
+    return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
 
 
 def ok(text: str = "ok") -> sm.ToolOutput:
     return sm.ToolOutput(text)
 
 
-def observe(e: sm.Engine) -> tuple[Any, ...]:
+def observe(e: sm.engine.Engine) -> tuple[Any, ...]:
     """Everything a caller can observe of an engine."""
     return (
         e.state,
@@ -77,19 +80,19 @@ def observe(e: sm.Engine) -> tuple[Any, ...]:
     )
 
 
-def state(e: sm.Engine) -> sm.TurnState:
+def state(e: sm.engine.Engine) -> sm.TurnState:
     # a call, not the property: mypy would otherwise narrow e.state after one assert
     return e.state
 
 
-def feed(e: sm.Engine, *events: sm.Event) -> list[sm.Action]:
-    actions: list[sm.Action] = []
+def feed(e: sm.engine.Engine, *events: sm.engine.Event) -> list[sm.engine.Action]:
+    actions: list[sm.engine.Action] = []
     for event in events:
         actions.extend(e.handle(event))
     return actions
 
 
-def of_type(actions: Sequence[sm.Action], kind: type) -> list[Any]:
+def of_type(actions: Sequence[sm.engine.Action], kind: type) -> list[Any]:
     return [a for a in actions if isinstance(a, kind)]
 
 
@@ -129,22 +132,22 @@ def test_a_new_engine_is_ready_and_untouched() -> None:
 
 def test_start_asks_for_the_first_model_call() -> None:
     e = engine()
-    actions = e.handle(sm.Start())
-    assert actions == (sm.CallModel([USER], TOOLS, 1),)
+    actions = e.handle(sm.engine.Start())
+    assert actions == (sm.engine.CallModel([USER], TOOLS, 1),)
     assert state(e) is S.AwaitingModel
     assert e.turns == 1
     assert [(r.source, r.trigger, r.dest, r.turn) for r in e.trace] == [
-        (S.Ready, sm.Start.trigger, S.AwaitingModel, 0)
+        (S.Ready, sm.engine.Start.trigger, S.AwaitingModel, 0)
     ]
 
 
 def test_an_answer_without_tool_calls_ends_done() -> None:
     e = engine()
-    answer = sm.AssistantMessage("hello", stop_reason=sm.StopReason.TOOL_USE)
-    actions = feed(e, sm.Start(), sm.ModelResponded(answer))
+    answer = sm.AssistantMessage("hello", stop_reason=sm.messages.StopReason.TOOL_USE)
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(answer))
     assert state(e) is S.Done
     assert list(e.messages) == [USER, answer]
-    (ended,) = of_type(actions, sm.RunEnded)
+    (ended,) = of_type(actions, sm.engine.RunEnded)
     assert ended.state is S.Done
     assert ended.explanation == e.explanation
     assert e.explanation
@@ -154,24 +157,24 @@ def test_an_answer_without_tool_calls_ends_done() -> None:
 def test_tool_calls_start_and_their_results_go_back_to_the_model() -> None:
     e = engine()
     response = asks(call("c1", "echo", text="a"), call("c2"))
-    actions = feed(e, sm.Start(), sm.ModelResponded(response))
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(response))
     assert state(e) is S.CollectingResults
-    assert of_type(actions, sm.StartTool) == [
-        sm.StartTool(call("c1", "echo", text="a"), 1),
-        sm.StartTool(call("c2"), 1),
+    assert of_type(actions, sm.engine.StartTool) == [
+        sm.engine.StartTool(call("c1", "echo", text="a"), 1),
+        sm.engine.StartTool(call("c2"), 1),
     ]
     assert e.pending_calls() == response.tool_calls
     # c2 finishes first: its result waits for c1's (I2)
-    assert feed(e, sm.ToolFinished("c2", ok("two"))) == []
+    assert feed(e, sm.engine.ToolFinished("c2", ok("two"))) == []
     assert list(e.messages) == [USER, response]
-    actions = feed(e, sm.ToolFinished("c1", ok("one")))
+    actions = feed(e, sm.engine.ToolFinished("c1", ok("one")))
     assert list(e.messages) == [
         USER,
         response,
         sm.ToolResultMessage("c1", "echo", "one"),
         sm.ToolResultMessage("c2", "noop", "two"),
     ]
-    (request,) = of_type(actions, sm.CallModel)
+    (request,) = of_type(actions, sm.engine.CallModel)
     assert request.turn == 2
     assert list(request.messages) == list(e.messages)
     assert state(e) is S.AwaitingModel
@@ -181,8 +184,10 @@ def test_tool_calls_start_and_their_results_go_back_to_the_model() -> None:
 def test_unknown_and_invalid_calls_are_answered_without_starting() -> None:
     e = engine()
     response = asks(call("c1", "nope"), call("c2", "echo", text=3), call("c3", "echo", text="x"))
-    actions = feed(e, sm.Start(), sm.ModelResponded(response))
-    assert of_type(actions, sm.StartTool) == [sm.StartTool(call("c3", "echo", text="x"), 1)]
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(response))
+    assert of_type(actions, sm.engine.StartTool) == [
+        sm.engine.StartTool(call("c3", "echo", text="x"), 1)
+    ]
     unknown, invalid = e.messages[2], e.messages[3]
     assert isinstance(unknown, sm.ToolResultMessage)
     assert isinstance(invalid, sm.ToolResultMessage)
@@ -196,8 +201,8 @@ def test_a_call_whose_arguments_could_not_be_read_never_starts() -> None:
     # NOOP's schema accepts {}: only parse_error keeps the call from running.
     e = engine()
     unreadable = sm.ToolCall("c1", "noop", parse_error="the arguments are not valid JSON: {x")
-    actions = feed(e, sm.Start(), sm.ModelResponded(asks(unreadable, call("c2"))))
-    assert of_type(actions, sm.StartTool) == [sm.StartTool(call("c2"), 1)]
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(unreadable, call("c2"))))
+    assert of_type(actions, sm.engine.StartTool) == [sm.engine.StartTool(call("c2"), 1)]
     result = e.messages[2]
     assert isinstance(result, sm.ToolResultMessage)
     assert result.tool_call_id == "c1"
@@ -210,27 +215,32 @@ def test_a_call_whose_arguments_could_not_be_read_never_starts() -> None:
 
 def test_a_batch_with_only_unknown_calls_goes_straight_back_to_the_model() -> None:
     e = engine()
-    e.handle(sm.Start())
-    actions = e.handle(sm.ModelResponded(asks(call("c1", "nope"))))
-    assert of_type(actions, sm.StartTool) == []
-    assert [a.turn for a in of_type(actions, sm.CallModel)] == [2]
+    e.handle(sm.engine.Start())
+    actions = e.handle(sm.engine.ModelResponded(asks(call("c1", "nope"))))
+    assert of_type(actions, sm.engine.StartTool) == []
+    assert [a.turn for a in of_type(actions, sm.engine.CallModel)] == [2]
     assert state(e) is S.AwaitingModel
 
 
 def test_the_call_model_snapshot_does_not_grow_with_the_history() -> None:
     e = engine()
-    (first,) = e.handle(sm.Start())
-    assert isinstance(first, sm.CallModel)
-    feed(e, sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+    (first,) = e.handle(sm.engine.Start())
+    assert isinstance(first, sm.engine.CallModel)
+    feed(e, sm.engine.ModelResponded(asks(call("c1"))), sm.engine.ToolFinished("c1", ok()))
     assert len(e.messages) == 3
     assert list(first.messages) == [USER]
 
 
 def test_the_turn_limit_stops_before_another_model_call() -> None:
     e = engine(max_turns=1)
-    actions = feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+    actions = feed(
+        e,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.ToolFinished("c1", ok()),
+    )
     assert state(e) is S.TurnLimitExceeded
-    assert len(of_type(actions, sm.CallModel)) == 1
+    assert len(of_type(actions, sm.engine.CallModel)) == 1
     assert e.turns == 1
     assert e.explanation is not None
     assert "max_turns=1" in e.explanation
@@ -240,11 +250,11 @@ def test_the_turn_limit_stops_before_another_model_call() -> None:
 
 def test_a_model_failure_ends_failed_with_an_error_message() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.ModelFailed("TimeoutError: read timed out"))
+    feed(e, sm.engine.Start(), sm.engine.ModelFailed("TimeoutError: read timed out"))
     assert state(e) is S.Failed
     last = e.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ERROR
+    assert last.stop_reason is sm.messages.StopReason.ERROR
     assert last.error_message == "The model call failed: TimeoutError: read timed out"
     assert e.explanation is not None
     assert "read timed out" in e.explanation
@@ -253,8 +263,8 @@ def test_a_model_failure_ends_failed_with_an_error_message() -> None:
 def test_repeated_and_empty_ids_are_replaced_deterministically() -> None:
     e = engine()
     response = asks(call(""), call("x"), call("x"))
-    actions = feed(e, sm.Start(), sm.ModelResponded(response))
-    ids = [a.call.id for a in of_type(actions, sm.StartTool)]
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(response))
+    ids = [a.call.id for a in of_type(actions, sm.engine.StartTool)]
     assert ids[1] == "x"
     assert len(set(ids)) == 3
     assert all(ids)
@@ -262,7 +272,7 @@ def test_repeated_and_empty_ids_are_replaced_deterministically() -> None:
     assert isinstance(stored, sm.AssistantMessage)
     assert [c.id for c in stored.tool_calls] == ids
     other = engine()
-    assert feed(other, sm.Start(), sm.ModelResponded(response)) == actions
+    assert feed(other, sm.engine.Start(), sm.engine.ModelResponded(response)) == actions
 
 
 def test_a_replacement_id_never_collides_with_one_already_in_the_history() -> None:
@@ -276,9 +286,9 @@ def test_a_replacement_id_never_collides_with_one_already_in_the_history() -> No
         sm.UserMessage("again"),
     ]
     e = engine(messages=history)
-    e.handle(sm.Start())
-    actions = e.handle(sm.ModelResponded(asks(call(""), call("call_t1_0"))))
-    ids = [a.call.id for a in of_type(actions, sm.StartTool)]
+    e.handle(sm.engine.Start())
+    actions = e.handle(sm.engine.ModelResponded(asks(call(""), call("call_t1_0"))))
+    ids = [a.call.id for a in of_type(actions, sm.engine.StartTool)]
     assert len(set(ids)) == 2
     assert "call_t1_0" not in ids
     assert "" not in ids
@@ -286,9 +296,9 @@ def test_a_replacement_id_never_collides_with_one_already_in_the_history() -> No
 
 def test_the_history_view_is_a_fixed_read_only_snapshot() -> None:
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     view = e.messages
-    e.handle(sm.ModelResponded(asks(call("c1"))))
+    e.handle(sm.engine.ModelResponded(asks(call("c1"))))
     assert len(view) == 1
     assert len(e.messages) == 2
     assert view[0] == USER
@@ -312,22 +322,22 @@ def test_the_history_view_is_a_fixed_read_only_snapshot() -> None:
 def test_permission_flow_with_a_policy_denial() -> None:
     e = engine(check_permissions=True)
     response = asks(call("c1"), call("c2"), call("c3", "nope"))
-    actions = feed(e, sm.Start(), sm.ModelResponded(response))
-    assert of_type(actions, sm.CheckPermission) == [
-        sm.CheckPermission(call("c1"), 1),
-        sm.CheckPermission(call("c2"), 1),
+    actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(response))
+    assert of_type(actions, sm.engine.CheckPermission) == [
+        sm.engine.CheckPermission(call("c1"), 1),
+        sm.engine.CheckPermission(call("c2"), 1),
     ]
-    assert of_type(actions, sm.StartTool) == []
+    assert of_type(actions, sm.engine.StartTool) == []
     assert state(e) is S.DispatchingTools
-    assert feed(e, sm.ToolPermitted("c1")) == []  # nothing starts until all are resolved
+    assert feed(e, sm.engine.ToolPermitted("c1")) == []  # nothing starts until all are resolved
     assert state(e) is S.DispatchingTools
-    actions = feed(e, sm.ToolDenied("c2", "writes are off"))
-    assert of_type(actions, sm.StartTool) == [sm.StartTool(call("c1"), 1)]
+    actions = feed(e, sm.engine.ToolDenied("c2", "writes are off"))
+    assert of_type(actions, sm.engine.StartTool) == [sm.engine.StartTool(call("c1"), 1)]
     assert state(e) is S.CollectingResults
     assert len(e.messages) == 2  # c2's result waits for c1's
-    actions = feed(e, sm.ToolFinished("c1", ok()))
+    actions = feed(e, sm.engine.ToolFinished("c1", ok()))
     assert state(e) is S.AwaitingUser
-    assert of_type(actions, sm.CallModel) == []
+    assert of_type(actions, sm.engine.CallModel) == []
     assert [m.text for m in e.messages[2:]] == [  # type: ignore[union-attr]
         "ok",
         "Tool call denied: writes are off",
@@ -343,20 +353,20 @@ def test_an_advisory_denial_goes_back_to_the_model() -> None:
     e = engine(check_permissions=True)
     actions = feed(
         e,
-        sm.Start(),
-        sm.ModelResponded(asks(call("c1"))),
-        sm.ToolDenied("c1", "try echo", advisory=True),
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.ToolDenied("c1", "try echo", advisory=True),
     )
     assert state(e) is S.AwaitingModel
-    assert [a.turn for a in of_type(actions, sm.CallModel)] == [1, 2]
+    assert [a.turn for a in of_type(actions, sm.engine.CallModel)] == [1, 2]
 
 
 def test_without_permission_checks_a_permission_event_is_refused() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))))
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"))))
     before = observe(e)
-    with pytest.raises(sm.ProtocolError):
-        e.handle(sm.ToolPermitted("c1"))
+    with pytest.raises(sm.errors.ProtocolError):
+        e.handle(sm.engine.ToolPermitted("c1"))
     assert observe(e) == before
 
 
@@ -365,33 +375,33 @@ def test_without_permission_checks_a_permission_event_is_refused() -> None:
 
 def test_abort_when_ready() -> None:
     e = engine()
-    actions = e.handle(sm.AbortRequested("never mind"))
+    actions = e.handle(sm.engine.AbortRequested("never mind"))
     assert state(e) is S.Aborted
-    assert of_type(actions, sm.CallModel) == []
+    assert of_type(actions, sm.engine.CallModel) == []
     assert e.explanation is not None
     assert "before the first model call: never mind" in e.explanation
 
 
 def test_abort_while_awaiting_the_model() -> None:
     e = engine()
-    e.handle(sm.Start())
-    actions = e.handle(sm.AbortRequested("stop"))
-    assert actions == (sm.CancelOperations(True, (), "stop"),)
+    e.handle(sm.engine.Start())
+    actions = e.handle(sm.engine.AbortRequested("stop"))
+    assert actions == (sm.engine.CancelOperations(True, (), "stop"),)
     assert state(e) is S.Aborting
-    e.handle(sm.ModelCancelled())
+    e.handle(sm.engine.ModelCancelled())
     assert state(e) is S.Aborted
     last = e.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ABORTED
+    assert last.stop_reason is sm.messages.StopReason.ABORTED
     assert e.explanation is not None
     assert "during the model call of turn 1: stop" in e.explanation
 
 
 def test_a_late_response_while_aborting_is_kept_and_its_calls_answered() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.AbortRequested())
+    feed(e, sm.engine.Start(), sm.engine.AbortRequested())
     late = asks(call("c1"))
-    e.handle(sm.ModelResponded(late))
+    e.handle(sm.engine.ModelResponded(late))
     assert state(e) is S.Aborted
     assert e.messages[1] == late
     result = e.messages[2]
@@ -403,9 +413,14 @@ def test_a_late_response_while_aborting_is_kept_and_its_calls_answered() -> None
 
 def test_abort_while_dispatching() -> None:
     e = engine(check_permissions=True)
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"), call("c2"))), sm.ToolPermitted("c1"))
-    actions = e.handle(sm.AbortRequested("stop"))
-    assert sm.CancelOperations(False, (), "stop") in actions
+    feed(
+        e,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"), call("c2"))),
+        sm.engine.ToolPermitted("c1"),
+    )
+    actions = e.handle(sm.engine.AbortRequested("stop"))
+    assert sm.engine.CancelOperations(False, (), "stop") in actions
     assert state(e) is S.Aborted  # nothing was running, so nothing to wait for
     texts = [m.text for m in e.messages[2:]]  # type: ignore[union-attr]
     assert texts == ["Tool call not started: the run was aborted (stop)"] * 2
@@ -414,16 +429,16 @@ def test_abort_while_dispatching() -> None:
 
 def test_abort_while_collecting_keeps_arrived_results() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"), call("c2"), call("c3"))))
-    e.handle(sm.ToolFinished("c1", ok("first")))
-    actions = e.handle(sm.AbortRequested("stop"))
-    assert actions == (sm.CancelOperations(False, ("c2", "c3"), "stop"),)
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"), call("c2"), call("c3"))))
+    e.handle(sm.engine.ToolFinished("c1", ok("first")))
+    actions = e.handle(sm.engine.AbortRequested("stop"))
+    assert actions == (sm.engine.CancelOperations(False, ("c2", "c3"), "stop"),)
     assert state(e) is S.Aborting
-    with pytest.raises(sm.ProtocolError):
-        e.handle(sm.Start())
-    e.handle(sm.ToolFinished("c3", ok("cleaned up")))
+    with pytest.raises(sm.errors.ProtocolError):
+        e.handle(sm.engine.Start())
+    e.handle(sm.engine.ToolFinished("c3", ok("cleaned up")))
     assert state(e) is S.Aborting
-    e.handle(sm.ToolCancelled("c2"))
+    e.handle(sm.engine.ToolCancelled("c2"))
     assert state(e) is S.Aborted
     assert [(m.text, m.is_error) for m in e.messages[2:]] == [  # type: ignore[union-attr]
         ("first", False),
@@ -436,9 +451,14 @@ def test_abort_while_collecting_keeps_arrived_results() -> None:
 
 def test_abort_while_awaiting_user() -> None:
     e = engine(check_permissions=True)
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolDenied("c1", "no"))
+    feed(
+        e,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.ToolDenied("c1", "no"),
+    )
     assert state(e) is S.AwaitingUser
-    e.handle(sm.AbortRequested("bye"))
+    e.handle(sm.engine.AbortRequested("bye"))
     assert state(e) is S.Aborted
     assert e.explanation is not None
     assert "bye" in e.explanation
@@ -446,9 +466,11 @@ def test_abort_while_awaiting_user() -> None:
 
 def test_a_second_abort_keeps_the_first_reason() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.AbortRequested("first"), sm.AbortRequested("second"))
+    feed(
+        e, sm.engine.Start(), sm.engine.AbortRequested("first"), sm.engine.AbortRequested("second")
+    )
     assert e.abort_reason == "first"
-    e.handle(sm.ModelCancelled())
+    e.handle(sm.engine.ModelCancelled())
     assert e.explanation is not None
     assert "first" in e.explanation
     assert "second" not in e.explanation
@@ -457,99 +479,114 @@ def test_a_second_abort_keeps_the_first_reason() -> None:
 # -- refusals and absorption --------------------------------------------------------------------
 
 
-def _collecting() -> sm.Engine:
+def _collecting() -> sm.engine.Engine:
     e = engine()
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"), call("c2"))))
-    e.handle(sm.ToolFinished("c1", ok()))
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"), call("c2"))))
+    e.handle(sm.engine.ToolFinished("c1", ok()))
     return e
 
 
 @pytest.mark.parametrize(
     ("event", "needle"),
     [
-        (sm.Start(), "'start' is not accepted in state CollectingResults"),
-        (sm.ModelResponded(sm.AssistantMessage("x")), "not accepted in state CollectingResults"),
-        (sm.ToolFinished("c1", ok()), "call 'c1' is not running"),
-        (sm.ToolFinished("zz", ok()), "call 'zz' is not running"),
-        (sm.ToolCancelled("c2"), "not accepted in state CollectingResults"),
-        (sm.ToolPermitted("c2"), "not accepted in state CollectingResults"),
-        (sm.ModelCancelled(), "not accepted in state CollectingResults"),
+        (sm.engine.Start(), "'start' is not accepted in state CollectingResults"),
+        (
+            sm.engine.ModelResponded(sm.AssistantMessage("x")),
+            "not accepted in state CollectingResults",
+        ),
+        (sm.engine.ToolFinished("c1", ok()), "call 'c1' is not running"),
+        (sm.engine.ToolFinished("zz", ok()), "call 'zz' is not running"),
+        (sm.engine.ToolCancelled("c2"), "not accepted in state CollectingResults"),
+        (sm.engine.ToolPermitted("c2"), "not accepted in state CollectingResults"),
+        (sm.engine.ModelCancelled(), "not accepted in state CollectingResults"),
     ],
 )
-def test_a_refused_event_changes_nothing(event: sm.Event, needle: str) -> None:
+def test_a_refused_event_changes_nothing(event: sm.engine.Event, needle: str) -> None:
     e = _collecting()
     before = observe(e)
-    with pytest.raises(sm.ProtocolError) as caught:
+    with pytest.raises(sm.errors.ProtocolError) as caught:
         e.handle(event)
     assert needle in str(caught.value)
     assert observe(e) == before
     # and the engine goes on exactly like one that never saw the refused event
     twin = _collecting()
-    assert e.handle(sm.ToolFinished("c2", ok())) == twin.handle(sm.ToolFinished("c2", ok()))
+    assert e.handle(sm.engine.ToolFinished("c2", ok())) == twin.handle(
+        sm.engine.ToolFinished("c2", ok())
+    )
     assert observe(e) == observe(twin)
 
 
 def test_refusal_names_what_is_accepted() -> None:
     e = engine()
-    with pytest.raises(sm.ProtocolError, match=r"accepted here: .*start"):
-        e.handle(sm.ToolFinished("c1", ok()))
+    with pytest.raises(sm.errors.ProtocolError, match=r"accepted here: .*start"):
+        e.handle(sm.engine.ToolFinished("c1", ok()))
 
 
 def test_model_events_without_an_outstanding_call_are_refused() -> None:
     e = engine()
-    feed(e, sm.Start(), sm.AbortRequested())
-    e.handle(sm.ModelCancelled())
+    feed(e, sm.engine.Start(), sm.engine.AbortRequested())
+    e.handle(sm.engine.ModelCancelled())
     assert state(e) is S.Aborted  # terminal: later reports are absorbed, not refused
     e2 = engine()
-    feed(e2, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.AbortRequested())
+    feed(
+        e2,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.AbortRequested(),
+    )
     before = observe(e2)
-    with pytest.raises(sm.ProtocolError, match="no model call is outstanding"):
-        e2.handle(sm.ModelResponded(sm.AssistantMessage("late")))
+    with pytest.raises(sm.errors.ProtocolError, match="no model call is outstanding"):
+        e2.handle(sm.engine.ModelResponded(sm.AssistantMessage("late")))
     assert observe(e2) == before
 
 
 def test_model_cancelled_outside_aborting_is_refused() -> None:
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     before = observe(e)
-    with pytest.raises(sm.ProtocolError, match="not accepted in state AwaitingModel"):
-        e.handle(sm.ModelCancelled())
+    with pytest.raises(sm.errors.ProtocolError, match="not accepted in state AwaitingModel"):
+        e.handle(sm.engine.ModelCancelled())
     assert observe(e) == before
 
 
-@pytest.mark.parametrize("bogus", [object(), "start", sm.CallModel((), (), 1)])
+@pytest.mark.parametrize("bogus", [object(), "start", sm.engine.CallModel((), (), 1)])
 def test_something_that_is_not_an_input_event_is_refused(bogus: Any) -> None:
     e = engine()
     before = observe(e)
-    with pytest.raises(sm.ProtocolError, match="not an input event"):
+    with pytest.raises(sm.errors.ProtocolError, match="not an input event"):
         e.handle(bogus)
     assert observe(e) == before
 
 
-def _finished(kind: str) -> sm.Engine:
+def _finished(kind: str) -> sm.engine.Engine:
     e = engine(max_turns=1)
     if kind == "Done":
-        feed(e, sm.Start(), sm.ModelResponded(sm.AssistantMessage("bye")))
+        feed(e, sm.engine.Start(), sm.engine.ModelResponded(sm.AssistantMessage("bye")))
     elif kind == "Aborted":
-        e.handle(sm.AbortRequested())
+        e.handle(sm.engine.AbortRequested())
     elif kind == "Failed":
-        feed(e, sm.Start(), sm.ModelFailed("boom"))
+        feed(e, sm.engine.Start(), sm.engine.ModelFailed("boom"))
     else:
-        feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+        feed(
+            e,
+            sm.engine.Start(),
+            sm.engine.ModelResponded(asks(call("c1"))),
+            sm.engine.ToolFinished("c1", ok()),
+        )
     assert e.state.value == kind
     return e
 
 
-EVERY_EVENT: list[sm.Event] = [
-    sm.Start(),
-    sm.ModelResponded(asks(call("c9"))),
-    sm.ModelFailed("x"),
-    sm.ModelCancelled(),
-    sm.ToolPermitted("c1"),
-    sm.ToolDenied("c1", "no"),
-    sm.ToolFinished("c1", ok()),
-    sm.ToolCancelled("c1"),
-    sm.AbortRequested(),
+EVERY_EVENT: list[sm.engine.Event] = [
+    sm.engine.Start(),
+    sm.engine.ModelResponded(asks(call("c9"))),
+    sm.engine.ModelFailed("x"),
+    sm.engine.ModelCancelled(),
+    sm.engine.ToolPermitted("c1"),
+    sm.engine.ToolDenied("c1", "no"),
+    sm.engine.ToolFinished("c1", ok()),
+    sm.engine.ToolCancelled("c1"),
+    sm.engine.AbortRequested(),
 ]
 
 
@@ -570,10 +607,10 @@ def test_the_turn_limit_explanation_names_the_last_call_of_the_batch() -> None:
     e = engine(max_turns=1)
     feed(
         e,
-        sm.Start(),
-        sm.ModelResponded(asks(call("c1"), call("c2"))),
-        sm.ToolFinished("c1", ok("first")),
-        sm.ToolFinished("c2", ok("second")),
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"), call("c2"))),
+        sm.engine.ToolFinished("c1", ok("first")),
+        sm.engine.ToolFinished("c2", ok("second")),
     )
     assert state(e) is S.TurnLimitExceeded
     assert "Last operation: tool noop (call c2) returned: second." in (e.explanation or "")
@@ -586,51 +623,61 @@ def test_a_policy_denial_wins_over_a_stop_at_the_same_turn_boundary() -> None:
     e = engine(check_permissions=True, check_continue=True)
     feed(
         e,
-        sm.Start(),
-        sm.ModelResponded(asks(call("c1"), call("c2"))),
-        sm.ToolDenied("c1", "not on this branch"),
-        sm.ToolPermitted("c2"),
-        sm.ToolFinished("c2", ok()),
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"), call("c2"))),
+        sm.engine.ToolDenied("c1", "not on this branch"),
+        sm.engine.ToolPermitted("c2"),
+        sm.engine.ToolFinished("c2", ok()),
     )
     assert state(e) is S.TurnBoundary
-    e.handle(sm.ContinueDecided(True, "budget spent"))
+    e.handle(sm.engine.ContinueDecided(True, "budget spent"))
     assert state(e) is S.AwaitingUser
     assert "denied by policy: not on this branch" in (e.explanation or "")
 
 
 def test_input_queued_while_should_continue_is_pending_waits_for_the_decision() -> None:
     e = engine(check_continue=True)
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
+    feed(
+        e,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.ToolFinished("c1", ok()),
+    )
     assert state(e) is S.TurnBoundary
-    actions = e.handle(sm.InputQueued(sm.UserMessage("also check the tests")))
-    assert of_type(actions, sm.CallModel) == []  # the decision is still pending
+    actions = e.handle(sm.engine.InputQueued(sm.UserMessage("also check the tests")))
+    assert of_type(actions, sm.engine.CallModel) == []  # the decision is still pending
     assert state(e) is S.TurnBoundary
     assert [q.message for q in e.queued_input()] == [sm.UserMessage("also check the tests")]
-    (request,) = of_type(e.handle(sm.ContinueDecided(False)), sm.CallModel)
+    (request,) = of_type(e.handle(sm.engine.ContinueDecided(False)), sm.engine.CallModel)
     assert request.messages[-1] == sm.UserMessage("also check the tests")
     assert e.queued_input() == ()
 
 
 def test_input_queued_while_should_continue_is_pending_is_reported_on_a_stop() -> None:
     e = engine(check_continue=True)
-    feed(e, sm.Start(), sm.ModelResponded(asks(call("c1"))), sm.ToolFinished("c1", ok()))
-    e.handle(sm.InputQueued(sm.UserMessage("one more thing")))
-    e.handle(sm.ContinueDecided(True, "enough"))
+    feed(
+        e,
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("c1"))),
+        sm.engine.ToolFinished("c1", ok()),
+    )
+    e.handle(sm.engine.InputQueued(sm.UserMessage("one more thing")))
+    e.handle(sm.engine.ContinueDecided(True, "enough"))
     assert state(e) is S.Done
     assert [q.message for q in e.queued_input()] == [sm.UserMessage("one more thing")]
     assert sm.UserMessage("one more thing") not in list(e.messages)
 
 
-def _awaiting_two_approvals() -> sm.Engine:
+def _awaiting_two_approvals() -> sm.engine.Engine:
     e = engine(check_permissions=True)
     feed(
         e,
-        sm.Start(),
-        sm.ModelResponded(asks(call("a"), call("b"), call("c"))),
-        sm.ApprovalRequired("a", "writes"),
-        sm.ToolPermitted("b"),
-        sm.ApprovalRequired("c", "deletes"),
-        sm.ToolFinished("b", ok("b done")),
+        sm.engine.Start(),
+        sm.engine.ModelResponded(asks(call("a"), call("b"), call("c"))),
+        sm.engine.ApprovalRequired("a", "writes"),
+        sm.engine.ToolPermitted("b"),
+        sm.engine.ApprovalRequired("c", "deletes"),
+        sm.engine.ToolFinished("b", ok("b done")),
     )
     assert state(e) is S.AwaitingUser
     return e
@@ -645,14 +692,14 @@ def test_more_than_one_pending_approval_waits_for_every_decision() -> None:
     assert "approve 2 tool call(s): noop (call a): writes; noop (call c): deletes" in (
         e.explanation or ""
     )
-    actions = e.handle(sm.ApprovalDecided("c", False, "no"))
+    actions = e.handle(sm.engine.ApprovalDecided("c", False, "no"))
     assert state(e) is S.AwaitingUser  # "a" still waits
-    assert of_type(actions, sm.StartTool) == []
+    assert of_type(actions, sm.engine.StartTool) == []
     assert [c.id for c, _ in e.pending_approvals()] == ["a"]
-    (start,) = of_type(e.handle(sm.ApprovalDecided("a", True)), sm.StartTool)
+    (start,) = of_type(e.handle(sm.engine.ApprovalDecided("a", True)), sm.engine.StartTool)
     assert start.call.id == "a"
     assert state(e) is S.CollectingResults
-    e.handle(sm.ToolFinished("a", ok("a done")))
+    e.handle(sm.engine.ToolFinished("a", ok("a done")))
     texts = [m.text for m in e.messages if isinstance(m, sm.ToolResultMessage)]
     assert texts == ["a done", "b done", "Tool call denied by a person: no"]
     assert state(e) is S.AwaitingModel
@@ -661,26 +708,29 @@ def test_more_than_one_pending_approval_waits_for_every_decision() -> None:
 def test_restore_refuses_assistant_messages_in_queued_input() -> None:
     e = _awaiting_two_approvals()
     good = json.loads(json.dumps(e.snapshot()))
-    assert sm.Engine.restore(good).state is S.AwaitingUser
+    assert sm.engine.Engine.restore(good).state is S.AwaitingUser
     for key in ("steer", "followUp"):
         bad = json.loads(json.dumps(good))
-        bad[key] = [sm.message_to_dict(sm.AssistantMessage("I queued this myself"))]
+        bad[key] = [sm.messages.message_to_dict(sm.AssistantMessage("I queued this myself"))]
         with pytest.raises(
-            sm.WireFormatError, match=rf"snapshot\.{key}\[0\]: queued input must be a user message"
+            sm.errors.WireFormatError,
+            match=rf"snapshot\.{key}\[0\]: queued input must be a user message",
         ):
-            sm.Engine.restore(bad)
+            sm.engine.Engine.restore(bad)
 
 
 # -- determinism and logging ---------------------------------------------------------------------
 
-SCRIPT: list[sm.Event] = [
-    sm.Start(),
-    sm.ModelResponded(asks(call("a", "echo", text="1"), call("b"), call("", "nope"))),
-    sm.ToolFinished("b", ok("B")),
-    sm.ToolFinished("a", sm.ToolOutput("A", is_error=True)),
-    sm.ModelResponded(asks(call("a"))),
-    sm.ToolFinished("call_t2_0", ok()),  # the repeated id "a" was replaced by a deterministic one
-    sm.ModelResponded(sm.AssistantMessage("done")),
+SCRIPT: list[sm.engine.Event] = [
+    sm.engine.Start(),
+    sm.engine.ModelResponded(asks(call("a", "echo", text="1"), call("b"), call("", "nope"))),
+    sm.engine.ToolFinished("b", ok("B")),
+    sm.engine.ToolFinished("a", sm.ToolOutput("A", is_error=True)),
+    sm.engine.ModelResponded(asks(call("a"))),
+    sm.engine.ToolFinished(
+        "call_t2_0", ok()
+    ),  # the repeated id "a" was replaced by a deterministic one
+    sm.engine.ModelResponded(sm.AssistantMessage("done")),
 ]
 
 
@@ -727,7 +777,9 @@ TEXT = st.text(alphabet="abc ", max_size=6)
 
 STOP_REASONS = st.sampled_from(
     # weighted towards responses that keep the run going; the rest end it
-    [sm.StopReason.TOOL_USE] * 4 + [sm.StopReason.STOP] * 3 + list(sm.StopReason)
+    [sm.messages.StopReason.TOOL_USE] * 4
+    + [sm.messages.StopReason.STOP] * 3
+    + list(sm.messages.StopReason)
 )
 
 
@@ -790,15 +842,15 @@ class EngineMachine(RuleBasedStateMachine):
         # written down (not while an operation is outstanding).
         try:
             return self.engine.snapshot()
-        except sm.ProtocolError:
+        except sm.errors.ProtocolError:
             return None
 
-    def fire(self, event: sm.Event, *, must_refuse: bool = False) -> None:
+    def fire(self, event: sm.engine.Event, *, must_refuse: bool = False) -> None:
         before = observe(self.engine)
         before_internals = self.internals()
         try:
             actions = self.engine.handle(event)
-        except sm.ProtocolError:
+        except sm.errors.ProtocolError:
             assert not before[0].is_terminal, "a terminal state must absorb, not refuse"
             assert observe(self.engine) == before, "a refused event changed the engine"
             assert self.internals() == before_internals, "a refused event changed internals"
@@ -810,36 +862,40 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             self.track(event, actions)
 
-    def track(self, event: sm.Event, actions: Sequence[sm.Action]) -> None:
-        if isinstance(event, (sm.ModelResponded, sm.ModelFailed, sm.ModelCancelled)):
+    def track(self, event: sm.engine.Event, actions: Sequence[sm.engine.Action]) -> None:
+        if isinstance(
+            event, (sm.engine.ModelResponded, sm.engine.ModelFailed, sm.engine.ModelCancelled)
+        ):
             self.model_out = False
-        if isinstance(event, (sm.ToolFinished, sm.ToolCancelled)):
+        if isinstance(event, (sm.engine.ToolFinished, sm.engine.ToolCancelled)):
             self.running.remove(event.call_id)
-        if isinstance(event, (sm.ToolPermitted, sm.ToolDenied, sm.ApprovalRequired)):
+        if isinstance(
+            event, (sm.engine.ToolPermitted, sm.engine.ToolDenied, sm.engine.ApprovalRequired)
+        ):
             self.asking.remove(event.call_id)
-        if isinstance(event, sm.ApprovalRequired):
+        if isinstance(event, sm.engine.ApprovalRequired):
             self.approving.append(event.call_id)
-        if isinstance(event, sm.ApprovalDecided):
+        if isinstance(event, sm.engine.ApprovalDecided):
             self.approving.remove(event.call_id)
-        if isinstance(event, sm.ContinueDecided):
+        if isinstance(event, sm.engine.ContinueDecided):
             self.continue_pending = False
             self.stop_asked = self.stop_asked or event.stop
         for action in actions:
-            if isinstance(action, sm.CallModel):
+            if isinstance(action, sm.engine.CallModel):
                 self.model_out = True
                 self.model_calls += 1
                 assert action.turn == self.model_calls
                 assert list(action.messages) == list(self.engine.messages)
-            elif isinstance(action, sm.StartTool):
+            elif isinstance(action, sm.engine.StartTool):
                 self.running.append(action.call.id)
-            elif isinstance(action, sm.CheckPermission):
+            elif isinstance(action, sm.engine.CheckPermission):
                 self.asking.append(action.call.id)
-            elif isinstance(action, sm.CheckContinue):
+            elif isinstance(action, sm.engine.CheckContinue):
                 self.continue_pending = True
-            elif isinstance(action, sm.CancelOperations):
+            elif isinstance(action, sm.engine.CancelOperations):
                 assert set(action.tool_call_ids) == set(self.running)
                 assert action.model == self.model_out
-            elif isinstance(action, sm.RunEnded):
+            elif isinstance(action, sm.engine.RunEnded):
                 assert action.state is self.engine.state
                 assert action.explanation == self.engine.explanation
         if self.engine.state.is_terminal:
@@ -881,27 +937,27 @@ class EngineMachine(RuleBasedStateMachine):
     def progress(self, data: st.DataObject) -> None:
         step = data.draw(st.sampled_from(self.progress_options()))
         if step == "start":
-            self.fire(sm.Start())
+            self.fire(sm.engine.Start())
         elif step == "respond":
-            self.fire(sm.ModelResponded(data.draw(responses())))
+            self.fire(sm.engine.ModelResponded(data.draw(responses())))
         elif step == "permission":
             call_id = data.draw(st.sampled_from(self.asking))
             answer = data.draw(st.sampled_from(["permit", "permit", "deny", "advise", "ask"]))
             if answer == "permit":
-                self.fire(sm.ToolPermitted(call_id))
+                self.fire(sm.engine.ToolPermitted(call_id))
             elif answer == "ask":
-                self.fire(sm.ApprovalRequired(call_id, "writes a file"))
+                self.fire(sm.engine.ApprovalRequired(call_id, "writes a file"))
             else:
-                self.fire(sm.ToolDenied(call_id, "policy", advisory=answer == "advise"))
+                self.fire(sm.engine.ToolDenied(call_id, "policy", advisory=answer == "advise"))
         elif step == "approval":
             call_id = data.draw(st.sampled_from(self.approving))
             approved = data.draw(st.booleans())
-            self.fire(sm.ApprovalDecided(call_id, approved, "" if approved else "not now"))
+            self.fire(sm.engine.ApprovalDecided(call_id, approved, "" if approved else "not now"))
         elif step == "finish":
             call_id = data.draw(st.sampled_from(self.running))
-            self.fire(sm.ToolFinished(call_id, data.draw(outputs)))
+            self.fire(sm.engine.ToolFinished(call_id, data.draw(outputs)))
         elif step == "continue":
-            self.fire(sm.ContinueDecided(data.draw(st.booleans()), data.draw(TEXT)))
+            self.fire(sm.engine.ContinueDecided(data.draw(st.booleans()), data.draw(TEXT)))
         else:
             self.resume(data.draw(TEXT))
 
@@ -925,7 +981,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def restore_the_twin_from_a_snapshot(self) -> None:
         data = self.engine.snapshot()
-        restored = sm.Engine.restore(json.loads(json.dumps(data)))
+        restored = sm.engine.Engine.restore(json.loads(json.dumps(data)))
         assert observe(restored) == observe(self.engine)
         assert restored.snapshot() == data
         self.twin = restored
@@ -951,33 +1007,35 @@ class EngineMachine(RuleBasedStateMachine):
         # Valid in some states and refused in others (the engine must get both right),
         # or, for "bogus", about a call that does not exist: always refused.
         if kind == "abort":
-            self.fire(sm.AbortRequested(text))
+            self.fire(sm.engine.AbortRequested(text))
         elif kind == "start":
-            self.fire(sm.Start())
+            self.fire(sm.engine.Start())
         elif kind == "model_responded":
-            self.fire(sm.ModelResponded(data.draw(responses())))
+            self.fire(sm.engine.ModelResponded(data.draw(responses())))
         elif kind == "model_failed":
-            self.fire(sm.ModelFailed(text))
+            self.fire(sm.engine.ModelFailed(text))
         elif kind == "model_cancelled":
-            self.fire(sm.ModelCancelled(text))
+            self.fire(sm.engine.ModelCancelled(text))
         elif kind == "tool_cancelled":
             ids = [*self.running, "c1", "bogus"]
-            self.fire(sm.ToolCancelled(data.draw(st.sampled_from(ids)), text))
+            self.fire(sm.engine.ToolCancelled(data.draw(st.sampled_from(ids)), text))
         elif kind == "continue_decided":
-            self.fire(sm.ContinueDecided(data.draw(st.booleans()), text))
+            self.fire(sm.engine.ContinueDecided(data.draw(st.booleans()), text))
         elif kind == "input":
             self.fire(
-                sm.InputQueued(sm.UserMessage(text), data.draw(st.sampled_from(sm.InputKind)))
+                sm.engine.InputQueued(
+                    sm.UserMessage(text), data.draw(st.sampled_from(sm.engine.InputKind))
+                )
             )
         else:
             call_id = data.draw(BOGUS_IDS)
-            bogus: list[sm.Event] = [
-                sm.ToolFinished(call_id, data.draw(outputs)),
-                sm.ToolCancelled(call_id),
-                sm.ToolPermitted(call_id),
-                sm.ToolDenied(call_id, "no"),
-                sm.ApprovalRequired(call_id),
-                sm.ApprovalDecided(call_id, data.draw(st.booleans())),
+            bogus: list[sm.engine.Event] = [
+                sm.engine.ToolFinished(call_id, data.draw(outputs)),
+                sm.engine.ToolCancelled(call_id),
+                sm.engine.ToolPermitted(call_id),
+                sm.engine.ToolDenied(call_id, "no"),
+                sm.engine.ApprovalRequired(call_id),
+                sm.engine.ApprovalDecided(call_id, data.draw(st.booleans())),
             ]
             self.fire(data.draw(st.sampled_from(bogus)), must_refuse=True)
 
@@ -1042,7 +1100,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert e.queued_input() == (), "I3: Done with input still queued"
         if e.state is S.Failed:
             assert isinstance(last, sm.AssistantMessage)
-            assert last.stop_reason is sm.StopReason.ERROR
+            assert last.stop_reason is sm.messages.StopReason.ERROR
         if e.state is S.TurnLimitExceeded:
             assert e.turns == e.max_turns
 
@@ -1050,13 +1108,13 @@ class EngineMachine(RuleBasedStateMachine):
 TestEngineMachine = EngineMachine.TestCase
 
 
-_check_payload = sm.Engine._check_payload
+_check_payload = sm.engine.Engine._check_payload
 
 
-def _marking_check(self: sm.Engine, state: sm.TurnState, event: sm.Event) -> None:
+def _marking_check(self: sm.engine.Engine, state: sm.TurnState, event: sm.engine.Event) -> None:
     try:
         _check_payload(self, state, event)
-    except sm.ProtocolError:
+    except sm.errors.ProtocolError:
         self.abort_reason = "left behind by a refused event"
         raise
 

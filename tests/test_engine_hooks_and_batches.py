@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.errors
 from statemachine.core.engine import Engine
 from statemachine.core.invariants import history_violations
 from statemachine.core.tools import Scheduling
@@ -50,20 +52,20 @@ def state(e: Engine) -> sm.TurnState:
     return e.state
 
 
-def ask(*calls: sm.ToolCall) -> sm.ModelResponded:
-    return sm.ModelResponded(sm.AssistantMessage(calls, stop_reason="toolUse"))
+def ask(*calls: sm.ToolCall) -> sm.engine.ModelResponded:
+    return sm.engine.ModelResponded(sm.AssistantMessage(calls, stop_reason="toolUse"))
 
 
 def echo(call_id: str, path: str) -> sm.ToolCall:
     return sm.ToolCall(call_id, "echo", {"path": path})
 
 
-def started(actions: Sequence[sm.Action]) -> list[str]:
-    return [a.call.id for a in actions if isinstance(a, sm.StartTool)]
+def started(actions: Sequence[sm.engine.Action]) -> list[str]:
+    return [a.call.id for a in actions if isinstance(a, sm.engine.StartTool)]
 
 
-def finish(call_id: str, text: str = "ok") -> sm.ToolFinished:
-    return sm.ToolFinished(call_id, sm.ToolOutput(text))
+def finish(call_id: str, text: str = "ok") -> sm.engine.ToolFinished:
+    return sm.engine.ToolFinished(call_id, sm.ToolOutput(text))
 
 
 # -- scheduling -------------------------------------------------------------------------
@@ -71,7 +73,7 @@ def finish(call_id: str, text: str = "ok") -> sm.ToolFinished:
 
 def test_calls_on_one_resource_run_in_call_order_others_concurrently() -> None:
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     actions = e.handle(ask(echo("a", "x"), echo("b", "y"), echo("c", "x")))
     assert started(actions) == ["a", "b"]  # c waits for a: same resource
     assert started(e.handle(finish("b"))) == []
@@ -83,7 +85,7 @@ def test_calls_on_one_resource_run_in_call_order_others_concurrently() -> None:
 
 def test_a_sequential_tool_is_a_barrier() -> None:
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     barrier = sm.ToolCall("s", "barrier", {})
     actions = e.handle(ask(echo("a", "x"), barrier, echo("b", "y")))
     assert started(actions) == ["a"]  # s waits for a; b waits for s
@@ -96,7 +98,7 @@ def test_a_resources_function_that_raises_makes_the_call_run_alone() -> None:
         raise KeyError("nope")
 
     e = engine(scheduling={"echo": Scheduling(resources=broken)})
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     actions = e.handle(ask(echo("a", "x"), echo("b", "y")))
     assert started(actions) == ["a"]
     assert started(e.handle(finish("a"))) == ["b"]
@@ -119,7 +121,7 @@ def batches(draw: st.DrawFn) -> tuple[list[sm.ToolCall], list[int]]:
 def check_scheduling(make: Any, calls: list[sm.ToolCall], picks: list[int]) -> None:
     """Drive one batch in the completion order ``picks``; assert the scheduling rules."""
     e = make()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     running: list[str] = started(e.handle(ask(*calls)))
     by_id = {c.id: c for c in calls}
     finished: list[str] = []
@@ -157,7 +159,7 @@ class StartsEverything(Engine):
         for slot in self._batch:
             if slot.status == "ready":
                 slot.status = "running"
-                self._actions.append(sm.StartTool(slot.call, self.turns))
+                self._actions.append(sm.engine.StartTool(slot.call, self.turns))
 
 
 def test_the_scheduling_property_catches_an_engine_that_starts_everything() -> None:
@@ -177,55 +179,55 @@ def test_the_scheduling_property_catches_an_engine_that_starts_everything() -> N
 
 def test_steering_waits_for_the_batch_and_never_skips_asked_calls() -> None:
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(ask(echo("a", "x")))
     before = len(e.messages)
-    e.handle(sm.InputQueued(sm.UserMessage("steer me")))
+    e.handle(sm.engine.InputQueued(sm.UserMessage("steer me")))
     assert len(e.messages) == before  # not injected mid-batch
     actions = e.handle(finish("a"))
     history = list(e.messages)
     assert isinstance(history[-2], sm.ToolResultMessage)
     assert history[-1] == sm.UserMessage("steer me")
-    assert any(isinstance(a, sm.CallModel) for a in actions)
+    assert any(isinstance(a, sm.engine.CallModel) for a in actions)
     assert state(e) is sm.TurnState.AwaitingModel
 
 
 def test_a_final_answer_with_input_queued_is_not_done() -> None:
     e = engine()
-    e.handle(sm.Start())
-    e.handle(sm.InputQueued(sm.UserMessage("later"), sm.InputKind.FOLLOW_UP))
-    e.handle(sm.ModelResponded(sm.AssistantMessage("first answer")))
+    e.handle(sm.engine.Start())
+    e.handle(sm.engine.InputQueued(sm.UserMessage("later"), sm.engine.InputKind.FOLLOW_UP))
+    e.handle(sm.engine.ModelResponded(sm.AssistantMessage("first answer")))
     assert state(e) is sm.TurnState.AwaitingModel
     assert list(e.messages)[-1] == sm.UserMessage("later")
-    e.handle(sm.ModelResponded(sm.AssistantMessage("second answer")))
+    e.handle(sm.engine.ModelResponded(sm.AssistantMessage("second answer")))
     assert state(e) is sm.TurnState.Done
 
 
 def test_follow_ups_wait_until_the_model_would_finish() -> None:
     e = engine()
-    e.handle(sm.Start())
-    e.handle(sm.InputQueued(sm.UserMessage("after"), sm.InputKind.FOLLOW_UP))
+    e.handle(sm.engine.Start())
+    e.handle(sm.engine.InputQueued(sm.UserMessage("after"), sm.engine.InputKind.FOLLOW_UP))
     e.handle(ask(echo("a", "x")))
     e.handle(finish("a"))
     # the model still had tool results to read: the follow-up is not injected yet
     assert sm.UserMessage("after") not in list(e.messages)
-    e.handle(sm.ModelResponded(sm.AssistantMessage("done?")))
+    e.handle(sm.engine.ModelResponded(sm.AssistantMessage("done?")))
     assert list(e.messages)[-1] == sm.UserMessage("after")
 
 
 def test_queue_order_is_kept_and_input_left_at_the_end_is_reported() -> None:
     e = engine(max_turns=1)
-    e.handle(sm.Start())
-    e.handle(sm.InputQueued(sm.UserMessage("one")))
-    e.handle(sm.InputQueued(sm.UserMessage("two")))
-    e.handle(sm.InputQueued(sm.UserMessage("three"), sm.InputKind.FOLLOW_UP))
-    e.handle(sm.ModelResponded(sm.AssistantMessage("answer")))
+    e.handle(sm.engine.Start())
+    e.handle(sm.engine.InputQueued(sm.UserMessage("one")))
+    e.handle(sm.engine.InputQueued(sm.UserMessage("two")))
+    e.handle(sm.engine.InputQueued(sm.UserMessage("three"), sm.engine.InputKind.FOLLOW_UP))
+    e.handle(sm.engine.ModelResponded(sm.AssistantMessage("answer")))
     assert state(e) is sm.TurnState.TurnLimitExceeded
     assert "3 queued input message(s)" in (e.explanation or "")
     assert [(q.message, q.kind) for q in e.queued_input()] == [
-        (sm.UserMessage("one"), sm.InputKind.STEER),
-        (sm.UserMessage("two"), sm.InputKind.STEER),
-        (sm.UserMessage("three"), sm.InputKind.FOLLOW_UP),
+        (sm.UserMessage("one"), sm.engine.InputKind.STEER),
+        (sm.UserMessage("two"), sm.engine.InputKind.STEER),
+        (sm.UserMessage("three"), sm.engine.InputKind.FOLLOW_UP),
     ]
 
 
@@ -234,27 +236,27 @@ def test_queue_order_is_kept_and_input_left_at_the_end_is_reported() -> None:
 
 def test_should_continue_is_asked_at_each_boundary_and_can_stop() -> None:
     e = engine(check_continue=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     actions = e.handle(ask(echo("a", "x")))
     actions = e.handle(finish("a"))
-    assert [type(a) for a in actions] == [sm.CheckContinue]
+    assert [type(a) for a in actions] == [sm.engine.CheckContinue]
     assert state(e) is sm.TurnState.TurnBoundary
-    with pytest.raises(sm.ProtocolError):
+    with pytest.raises(sm.errors.ProtocolError):
         e.handle(finish("a"))
-    e.handle(sm.ContinueDecided(True, "budget spent"))
+    e.handle(sm.engine.ContinueDecided(True, "budget spent"))
     assert state(e) is sm.TurnState.Done
     assert "budget spent" in (e.explanation or "")
 
 
 def test_a_continue_decision_that_was_not_asked_for_is_refused() -> None:
     e = engine(check_continue=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(ask(echo("a", "x")))
     e.handle(finish("a"))
-    e.handle(sm.ContinueDecided(False))
+    e.handle(sm.engine.ContinueDecided(False))
     assert state(e) is sm.TurnState.AwaitingModel
-    with pytest.raises(sm.ProtocolError):
-        e.handle(sm.ContinueDecided(False))
+    with pytest.raises(sm.errors.ProtocolError):
+        e.handle(sm.engine.ContinueDecided(False))
 
 
 # -- approvals and snapshot/restore ----------------------------------------------------------------
@@ -262,11 +264,11 @@ def test_a_continue_decision_that_was_not_asked_for_is_refused() -> None:
 
 def suspended() -> Engine:
     e = engine(check_permissions=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(ask(echo("a", "x"), echo("b", "y"), echo("c", "z")))
-    e.handle(sm.ToolPermitted("a"))
-    e.handle(sm.ApprovalRequired("b", "writes a file"))
-    actions = e.handle(sm.ToolPermitted("c"))
+    e.handle(sm.engine.ToolPermitted("a"))
+    e.handle(sm.engine.ApprovalRequired("b", "writes a file"))
+    actions = e.handle(sm.engine.ToolPermitted("c"))
     assert sorted(started(actions)) == ["a", "c"]
     e.handle(finish("c", "c done"))
     e.handle(finish("a", "a done"))
@@ -287,7 +289,7 @@ def test_restore_in_a_fresh_engine_then_approve() -> None:
     snapshot = json.loads(json.dumps(suspended().snapshot()))
     e = Engine.restore(snapshot, scheduling=SCHEDULING)
     assert state(e) is sm.TurnState.AwaitingUser
-    assert started(e.handle(sm.ApprovalDecided("b", True))) == ["b"]
+    assert started(e.handle(sm.engine.ApprovalDecided("b", True))) == ["b"]
     e.handle(finish("b", "b done"))
     results = [m for m in e.messages if isinstance(m, sm.ToolResultMessage)]
     assert [(r.tool_call_id, r.text) for r in results] == [
@@ -301,7 +303,7 @@ def test_restore_in_a_fresh_engine_then_approve() -> None:
 
 def test_a_denied_approval_gets_an_error_result_naming_the_person() -> None:
     e = Engine.restore(suspended().snapshot(), scheduling=SCHEDULING)
-    e.handle(sm.ApprovalDecided("b", False, "not today"))
+    e.handle(sm.engine.ApprovalDecided("b", False, "not today"))
     (b,) = [m for m in e.messages if isinstance(m, sm.ToolResultMessage) and m.tool_call_id == "b"]
     assert b.is_error
     assert b.text == "Tool call denied by a person: not today"
@@ -310,7 +312,7 @@ def test_a_denied_approval_gets_an_error_result_naming_the_person() -> None:
 
 def test_a_message_instead_of_a_decision_answers_pending_calls() -> None:
     e = suspended()
-    e.handle(sm.InputQueued(sm.UserMessage("do something else")))
+    e.handle(sm.engine.InputQueued(sm.UserMessage("do something else")))
     history = list(e.messages)
     assert state(e) is sm.TurnState.AwaitingModel
     assert history[-1] == sm.UserMessage("do something else")
@@ -321,7 +323,7 @@ def test_a_message_instead_of_a_decision_answers_pending_calls() -> None:
 
 def test_abort_while_awaiting_approval_answers_every_pending_call() -> None:
     e = suspended()
-    e.handle(sm.AbortRequested("user left"))
+    e.handle(sm.engine.AbortRequested("user left"))
     assert state(e) is sm.TurnState.Aborted
     assert history_violations(e.messages) == []
     assert "while waiting for a person" in (e.explanation or "")
@@ -329,8 +331,8 @@ def test_abort_while_awaiting_approval_answers_every_pending_call() -> None:
 
 def test_a_snapshot_is_refused_while_work_is_outstanding() -> None:
     e = engine()
-    e.handle(sm.Start())
-    with pytest.raises(sm.ProtocolError, match="outstanding"):
+    e.handle(sm.engine.Start())
+    with pytest.raises(sm.errors.ProtocolError, match="outstanding"):
         e.snapshot()
 
 
@@ -347,7 +349,7 @@ def test_a_snapshot_is_refused_while_work_is_outstanding() -> None:
 def test_a_damaged_snapshot_is_refused_clearly(damage: Any) -> None:
     snapshot = json.loads(json.dumps(suspended().snapshot()))
     damage(snapshot)
-    with pytest.raises(sm.WireFormatError):
+    with pytest.raises(sm.errors.WireFormatError):
         Engine.restore(snapshot)
 
 
@@ -356,11 +358,11 @@ def test_a_damaged_snapshot_is_refused_clearly(damage: Any) -> None:
 
 def test_abort_at_the_turn_boundary() -> None:
     e = engine(check_continue=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(ask(echo("a", "x")))
     e.handle(finish("a"))
     assert state(e) is sm.TurnState.TurnBoundary
-    e.handle(sm.AbortRequested("enough"))
+    e.handle(sm.engine.AbortRequested("enough"))
     assert state(e) is sm.TurnState.Aborted
     assert "at the turn boundary" in (e.explanation or "")
     assert history_violations(e.messages) == []
@@ -376,29 +378,29 @@ def test_random_event_streams_never_break_the_invariants(
 ) -> None:
     calls, _ = batch
     e = engine(check_continue=True, max_turns=3)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(ask(*calls))
     for step in script:
         before = (e.state, list(e.messages), list(e.trace), e.turns)
         running = [c.id for c in e.pending_calls()]
-        event: sm.Event
+        event: sm.engine.Event
         if step == "finish":
             event = finish(running[0] if running else "none")
         elif step == "abort":
-            event = sm.AbortRequested("x")
+            event = sm.engine.AbortRequested("x")
         elif step in ("steer", "follow"):
-            kind = sm.InputKind.STEER if step == "steer" else sm.InputKind.FOLLOW_UP
-            event = sm.InputQueued(sm.UserMessage(step), kind)
+            kind = sm.engine.InputKind.STEER if step == "steer" else sm.engine.InputKind.FOLLOW_UP
+            event = sm.engine.InputQueued(sm.UserMessage(step), kind)
         elif step in ("continue", "stop"):
-            event = sm.ContinueDecided(step == "stop", step)
+            event = sm.engine.ContinueDecided(step == "stop", step)
         else:
-            event = sm.ToolPermitted("bogus")
+            event = sm.engine.ToolPermitted("bogus")
         try:
             e.handle(event)
-        except sm.ProtocolError:
+        except sm.errors.ProtocolError:
             assert (e.state, list(e.messages), list(e.trace), e.turns) == before
         if e.state is sm.TurnState.AwaitingModel:
-            e.handle(sm.ModelResponded(sm.AssistantMessage("answer")))
+            e.handle(sm.engine.ModelResponded(sm.AssistantMessage("answer")))
         history = list(e.messages)
         assert history[: len(before[1])] == before[1]  # append-only
         assert e.turns <= e.max_turns
@@ -424,7 +426,7 @@ def test_a_dispatch_that_disagrees_with_the_machine_is_caught(
     last_row_first = {key: tuple(reversed(rows)) for key, rows in engine_module._ROWS.items()}
     monkeypatch.setattr(engine_module, "_ROWS", last_row_first)
     e = engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     with pytest.raises(AssertionError, match="the transitions machine took model_responded"):
         e.handle(ask(echo("a", "x")))  # the engine would pick 'final answer' -> Done
 

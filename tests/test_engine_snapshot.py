@@ -24,6 +24,8 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.errors
 from statemachine.agent import run as _driver
 from statemachine.core import engine as engine_module
 from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
@@ -145,52 +147,52 @@ def _engine(**kwargs: Any) -> Engine:
     return Engine(**{**options, **kwargs})
 
 
-def _ask(*ids: str) -> sm.ModelResponded:
+def _ask(*ids: str) -> sm.engine.ModelResponded:
     calls = tuple(sm.ToolCall(i, "echo", {"text": i}) for i in ids)
-    return sm.ModelResponded(sm.AssistantMessage(calls, stop_reason="toolUse"))
+    return sm.engine.ModelResponded(sm.AssistantMessage(calls, stop_reason="toolUse"))
 
 
 def _resting_engines() -> Iterator[tuple[str, Engine]]:
     e = _engine()
-    e.handle(sm.InputQueued(sm.UserMessage("later"), sm.InputKind.FOLLOW_UP))
+    e.handle(sm.engine.InputQueued(sm.UserMessage("later"), sm.engine.InputKind.FOLLOW_UP))
     yield "ready-with-input", e
     e = _engine(check_permissions=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p", "q", "r"))
-    e.handle(sm.ToolPermitted("p"))
-    e.handle(sm.ApprovalRequired("q", "why"))
+    e.handle(sm.engine.ToolPermitted("p"))
+    e.handle(sm.engine.ApprovalRequired("q", "why"))
     yield "dispatching", e
     e = _engine(check_permissions=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p", "q"))
-    e.handle(sm.ApprovalRequired("p", "why"))
-    e.handle(sm.ApprovalRequired("q", "why"))
-    e.handle(sm.ApprovalDecided("p", True))
+    e.handle(sm.engine.ApprovalRequired("p", "why"))
+    e.handle(sm.engine.ApprovalRequired("q", "why"))
+    e.handle(sm.engine.ApprovalDecided("p", True))
     yield "mid-approval", e  # p is ready, approved by a person, while q still waits
     e = _engine(check_continue=True)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p"))
-    e.handle(sm.ToolFinished("p", sm.ToolOutput("ok")))
+    e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
     yield "turn-boundary", e
     e = _engine()
-    e.handle(sm.Start())
-    e.handle(sm.ModelResponded(sm.AssistantMessage("answer")))
+    e.handle(sm.engine.Start())
+    e.handle(sm.engine.ModelResponded(sm.AssistantMessage("answer")))
     yield "done", e
     e = _engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p", "q"))
-    e.handle(sm.AbortRequested("stop"))
-    e.handle(sm.ToolCancelled("p", "stop"))
-    e.handle(sm.ToolFinished("q", sm.ToolOutput("late")))
+    e.handle(sm.engine.AbortRequested("stop"))
+    e.handle(sm.engine.ToolCancelled("p", "stop"))
+    e.handle(sm.engine.ToolFinished("q", sm.ToolOutput("late")))
     yield "aborted", e
     e = _engine()
-    e.handle(sm.Start())
-    e.handle(sm.ModelFailed("boom"))
+    e.handle(sm.engine.Start())
+    e.handle(sm.engine.ModelFailed("boom"))
     yield "failed", e
     e = _engine(max_turns=1)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p"))
-    e.handle(sm.ToolFinished("p", sm.ToolOutput("ok")))
+    e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
     yield "turn-limit", e
 
 
@@ -302,7 +304,7 @@ def test_a_tampered_snapshot_is_refused_naming_the_field(
 ) -> None:
     snap = json.loads(suspended_snapshot(base))
     damage(snap)
-    with pytest.raises(sm.SnapshotError, match=field):
+    with pytest.raises(sm.errors.SnapshotError, match=field):
         Engine.restore(snap)
 
 
@@ -338,7 +340,7 @@ def _nested(depth: int) -> list[Any]:
     ],
 )
 def test_malformed_snapshots_are_refused_naming_the_field(snapshot: Any, field: str) -> None:
-    with pytest.raises(sm.SnapshotError, match=field):
+    with pytest.raises(sm.errors.SnapshotError, match=field):
         Engine.restore(snapshot)
 
 
@@ -346,13 +348,13 @@ def test_malformed_snapshots_are_refused_naming_the_field(snapshot: Any, field: 
 def test_deep_arguments_and_cycles_are_refused_without_recursion() -> None:
     snap = json.loads(suspended_snapshot("approval"))
     snap["batch"][1]["call"]["arguments"] = {"name": _nested(10_000)}
-    with pytest.raises(sm.SnapshotError, match=r"snapshot\.batch\[1\]\.call\.arguments"):
+    with pytest.raises(sm.errors.SnapshotError, match=r"snapshot\.batch\[1\]\.call\.arguments"):
         Engine.restore(snap)
     cycle: list[Any] = []
     cycle.append(cycle)
     snap = json.loads(suspended_snapshot("approval"))
     snap["steer"] = cycle
-    with pytest.raises(sm.SnapshotError, match="nested deeper than 64 levels"):
+    with pytest.raises(sm.errors.SnapshotError, match="nested deeper than 64 levels"):
         Engine.restore(snap)
 
 
@@ -361,12 +363,12 @@ def test_size_and_depth_limits_have_defaults_and_can_be_set() -> None:
     snap = json.loads(suspended_snapshot("approval"))
     assert engine_module.DEFAULT_MAX_SNAPSHOT_BYTES == 32 * 1024 * 1024
     assert engine_module.DEFAULT_MAX_SNAPSHOT_DEPTH == 64
-    with pytest.raises(sm.SnapshotError, match="larger than max_bytes=1000"):
+    with pytest.raises(sm.errors.SnapshotError, match="larger than max_bytes=1000"):
         Engine.restore(snap, max_bytes=1000)
-    with pytest.raises(sm.SnapshotError, match="nested deeper than 3 levels"):
+    with pytest.raises(sm.errors.SnapshotError, match="nested deeper than 3 levels"):
         Engine.restore(snap, max_depth=3)
     snap["messages"][0]["content"][0]["text"] = "x" * (engine_module.DEFAULT_MAX_SNAPSHOT_BYTES)
-    with pytest.raises(sm.SnapshotError, match="larger than max_bytes"):
+    with pytest.raises(sm.errors.SnapshotError, match="larger than max_bytes"):
         Engine.restore(snap)
 
 
@@ -531,10 +533,10 @@ def _history_calls(messages: Sequence[sm.Message]) -> set[str]:
 
 def restore_property(case: tuple[str, Snapshot, list[str]]) -> None:
     _, snap, _ = case
-    refused: sm.SnapshotError | None = None
+    refused: sm.errors.SnapshotError | None = None
     try:
         engine = Engine.restore(snap)
-    except sm.SnapshotError as exc:
+    except sm.errors.SnapshotError as exc:
         refused = exc
     if refused is not None:
         text = str(refused)
@@ -545,8 +547,8 @@ def restore_property(case: tuple[str, Snapshot, list[str]]) -> None:
     started: list[sm.ToolCall] = []
     waiting = engine.pending_approvals() if engine.state is S.AwaitingUser else ()
     for call, _ in waiting:
-        actions = engine.handle(sm.ApprovalDecided(call.id, True))
-        started += [a.call for a in actions if isinstance(a, sm.StartTool)]
+        actions = engine.handle(sm.engine.ApprovalDecided(call.id, True))
+        started += [a.call for a in actions if isinstance(a, sm.engine.StartTool)]
     for call in started:
         assert _call_key(call) in history, f"started a call absent from the history: {call}"
 
@@ -676,7 +678,9 @@ def _held_denial_marked_ready() -> Snapshot:
 def test_a_denied_call_edited_to_ready_is_denied_again_on_resume() -> None:
     snap = _held_denial_marked_ready()
     Engine.restore(snap)  # the snapshot alone cannot tell
-    _resume_is_refused(snap, sm.SnapshotError, r"call 'd' \(act\) is marked permitted .* denies")
+    _resume_is_refused(
+        snap, sm.errors.SnapshotError, r"call 'd' \(act\) is marked permitted .* denies"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -808,7 +812,7 @@ def test_a_wrong_or_missing_signature_is_refused(
 ) -> None:
     signed = Engine.sign_snapshot(json.loads(suspended_snapshot("approval")), KEY)
     change(signed)
-    with pytest.raises(sm.SnapshotSignatureError, match=f"snapshot.signature: {message}"):
+    with pytest.raises(sm.errors.SnapshotSignatureError, match=f"snapshot.signature: {message}"):
         Engine.restore(signed, key=KEY)
 
 
@@ -817,7 +821,7 @@ def test_the_signature_error_does_not_show_the_expected_signature() -> None:
     signed = Engine.sign_snapshot(json.loads(suspended_snapshot("approval")), KEY)
     good = signed["signature"]
     signed["turns"] = 2
-    with pytest.raises(sm.SnapshotSignatureError) as info:
+    with pytest.raises(sm.errors.SnapshotSignatureError) as info:
         Engine.restore(signed, key=KEY)
     assert good[12:] not in str(info.value)
     expected = Engine.sign_snapshot(signed, KEY)["signature"]
@@ -831,7 +835,7 @@ def test_resume_checks_the_signature_before_anything_runs() -> None:
     tampered = copy.deepcopy(stored)
     tampered["batch"][1]["note"] = "harmless"
     for bad in (tampered, json.loads(suspended_snapshot("approval"))):
-        with pytest.raises(sm.SnapshotSignatureError):
+        with pytest.raises(sm.errors.SnapshotSignatureError):
             sm.resume_run(
                 bad,
                 model=recorder,
@@ -883,10 +887,10 @@ def test_internal_transitions_that_never_settle_raise_with_the_trace(
     monkeypatch.setattr(Engine, "verify_against_machine", False)  # the table is broken
     monkeypatch.setitem(engine_module._ROWS, row, ((None, dest),))
     e = _engine()
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p"))
-    with pytest.raises(sm.EngineInvariantError, match="do not settle") as info:
-        e.handle(sm.ToolFinished("p", sm.ToolOutput("ok")))
+    with pytest.raises(sm.errors.EngineInvariantError, match="do not settle") as info:
+        e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
     trace = info.value.trace
     assert len(trace) == MAX_INTERNAL_TRANSITIONS + 1
     assert trace[0].trigger is Trigger.tool_finished
@@ -908,29 +912,29 @@ def test_a_guard_that_always_holds_is_caught_by_the_cap(monkeypatch: pytest.Monk
     )
     monkeypatch.setattr(Engine, "_guard_nothing_outstanding", lambda self: True)
     e = _engine()
-    e.handle(sm.Start())
-    with pytest.raises(sm.EngineInvariantError) as info:
-        e.handle(sm.AbortRequested("stop"))
+    e.handle(sm.engine.Start())
+    with pytest.raises(sm.errors.EngineInvariantError) as info:
+        e.handle(sm.engine.AbortRequested("stop"))
     assert {r.trigger for r in info.value.trace[1:]} == {Trigger.settled}
 
 
 def test_a_normal_run_stays_far_below_the_cap() -> None:
     e = _engine(check_permissions=False)
-    e.handle(sm.Start())
+    e.handle(sm.engine.Start())
     e.handle(_ask("p", "q"))
-    e.handle(sm.ToolFinished("p", sm.ToolOutput("ok")))
+    e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
     before = len(e.trace)
-    e.handle(sm.ToolFinished("q", sm.ToolOutput("ok")))
+    e.handle(sm.engine.ToolFinished("q", sm.ToolOutput("ok")))
     assert len(e.trace) - before == 3  # the input, results_complete, next_turn
 
 
 def test_where_the_new_errors_sit_in_the_hierarchy() -> None:
-    assert issubclass(sm.SnapshotError, sm.WireFormatError)
-    assert issubclass(sm.SnapshotError, sm.InvalidInputError)
-    assert issubclass(sm.SnapshotSignatureError, sm.SnapshotError)
-    assert issubclass(sm.EngineInvariantError, sm.StateMachineError)
-    for family in (sm.UsageError, sm.BadOutputError, sm.RunEndedError):
-        assert not issubclass(sm.EngineInvariantError, family)
+    assert issubclass(sm.errors.SnapshotError, sm.errors.WireFormatError)
+    assert issubclass(sm.errors.SnapshotError, sm.InvalidInputError)
+    assert issubclass(sm.errors.SnapshotSignatureError, sm.errors.SnapshotError)
+    assert issubclass(sm.errors.EngineInvariantError, sm.StateMachineError)
+    for family in (sm.UsageError, sm.errors.BadOutputError, sm.errors.RunEndedError):
+        assert not issubclass(sm.errors.EngineInvariantError, family)
 
 
 @pytest.mark.timeout(30)
@@ -944,7 +948,7 @@ def test_a_refused_resume_stays_refused_when_run_again() -> None:
         before_tool_call=policy,
     )
     for _ in range(2):
-        with pytest.raises(sm.SnapshotError, match="call 'd'"):
+        with pytest.raises(sm.errors.SnapshotError, match="call 'd'"):
             asyncio.run(run.run())
     assert recorder.ran == []
 
@@ -961,7 +965,7 @@ def test_a_refused_resume_stays_refused_when_run_again() -> None:
 def test_a_hostile_tool_schema_is_refused_naming_the_tool(schema: Any, field: str) -> None:
     snap = json.loads(suspended_snapshot("approval"))
     snap["tools"][0]["parameters"] = schema
-    with pytest.raises(sm.SnapshotError, match=field):
+    with pytest.raises(sm.errors.SnapshotError, match=field):
         Engine.restore(snap)
 
 
@@ -982,14 +986,16 @@ def test_restore_does_not_match_arguments_against_the_snapshots_own_patterns() -
 def test_a_huge_integer_is_refused_naming_the_field() -> None:
     snap = json.loads(suspended_snapshot("approval"))
     snap["turns"] = 10**2000
-    with pytest.raises(sm.SnapshotError, match=r"snapshot\.turns: an integer of over 1024 bits"):
+    with pytest.raises(
+        sm.errors.SnapshotError, match=r"snapshot\.turns: an integer of over 1024 bits"
+    ):
         Engine.restore(snap, key=KEY)
 
 
 @pytest.mark.timeout(30)
 def test_resume_takes_a_size_limit() -> None:
     recorder = Recorder()
-    with pytest.raises(sm.SnapshotError, match="larger than max_bytes=100"):
+    with pytest.raises(sm.errors.SnapshotError, match="larger than max_bytes=100"):
         sm.resume_run(
             json.loads(suspended_snapshot("approval")),
             model=recorder,

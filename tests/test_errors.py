@@ -8,23 +8,25 @@ from collections.abc import Sequence
 import pytest
 
 import statemachine as sm
+import statemachine.errors
+import statemachine.messages
 
 
 @pytest.mark.parametrize(
     ("error", "bases"),
     [
         (sm.UsageError, (sm.StateMachineError,)),
-        (sm.ProtocolError, (sm.UsageError,)),
+        (sm.errors.ProtocolError, (sm.UsageError,)),
         (sm.InvalidInputError, (sm.UsageError, ValueError)),
-        (sm.WireFormatError, (sm.InvalidInputError, ValueError)),
-        (sm.BadOutputError, (sm.StateMachineError,)),
-        (sm.ModelOutputError, (sm.BadOutputError,)),
-        (sm.ToolOutputError, (sm.BadOutputError,)),
-        (sm.RunEndedError, (sm.StateMachineError,)),
-        (sm.AbortedError, (sm.RunEndedError,)),
-        (sm.TurnLimitExceededError, (sm.RunEndedError,)),
-        (sm.ModelFailedError, (sm.RunEndedError,)),
-        (sm.AwaitingUserError, (sm.RunEndedError,)),
+        (sm.errors.WireFormatError, (sm.InvalidInputError, ValueError)),
+        (sm.errors.BadOutputError, (sm.StateMachineError,)),
+        (sm.errors.ModelOutputError, (sm.errors.BadOutputError,)),
+        (sm.errors.ToolOutputError, (sm.errors.BadOutputError,)),
+        (sm.errors.RunEndedError, (sm.StateMachineError,)),
+        (sm.AbortedError, (sm.errors.RunEndedError,)),
+        (sm.TurnLimitExceededError, (sm.errors.RunEndedError,)),
+        (sm.ModelFailedError, (sm.errors.RunEndedError,)),
+        (sm.errors.AwaitingUserError, (sm.errors.RunEndedError,)),
     ],
 )
 def test_hierarchy(error: type[Exception], bases: tuple[type[Exception], ...]) -> None:
@@ -33,7 +35,7 @@ def test_hierarchy(error: type[Exception], bases: tuple[type[Exception], ...]) -
 
 
 def test_the_three_families_do_not_overlap() -> None:
-    families = (sm.UsageError, sm.BadOutputError, sm.RunEndedError)
+    families = (sm.UsageError, sm.errors.BadOutputError, sm.errors.RunEndedError)
     for i, a in enumerate(families):
         for b in families[i + 1 :]:
             assert not issubclass(a, b)
@@ -43,7 +45,7 @@ def test_the_three_families_do_not_overlap() -> None:
 def test_a_protocol_error_is_not_a_value_error() -> None:
     # Only input refused before a run is a ValueError; a refused event is misuse of
     # a running engine, and catching ValueError must not hide it.
-    assert not issubclass(sm.ProtocolError, ValueError)
+    assert not issubclass(sm.errors.ProtocolError, ValueError)
 
 
 class _Answer:
@@ -88,19 +90,21 @@ def test_raise_for_state_returns_the_result_when_done() -> None:
             sm.TurnLimitExceededError,
         ),
         (
-            sm.AssistantMessage("x", stop_reason=sm.StopReason.ERROR, error_message="overloaded"),
+            sm.AssistantMessage(
+                "x", stop_reason=sm.messages.StopReason.ERROR, error_message="overloaded"
+            ),
             sm.TurnState.Failed,
             sm.ModelFailedError,
         ),
         (
-            sm.AssistantMessage("x", stop_reason=sm.StopReason.ABORTED),
+            sm.AssistantMessage("x", stop_reason=sm.messages.StopReason.ABORTED),
             sm.TurnState.Aborted,
             sm.AbortedError,
         ),
     ],
 )
 def test_each_ending_carries_its_error_and_raise_for_state_raises_it(
-    message: sm.AssistantMessage, state: sm.TurnState, error: type[sm.RunEndedError]
+    message: sm.AssistantMessage, state: sm.TurnState, error: type[sm.errors.RunEndedError]
 ) -> None:
     result = _run(message)
     assert result.state is state

@@ -36,6 +36,8 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.messages
 from statemachine.agent import run as _driver
 from statemachine.testing import (
     Execution as KitExecution,
@@ -260,13 +262,13 @@ class Model:
         finally:
             obs.model_running = False
         if text is None:
-            message = sm.AssistantMessage("", stop_reason=sm.StopReason.ABORTED)
+            message = sm.AssistantMessage("", stop_reason=sm.messages.StopReason.ABORTED)
         else:
             calls = [
                 sm.ToolCall(f"call_{n}_{i}", "work", {"key": f"t{n}c{i}"})
                 for i in range(len(turn.calls))
             ]
-            stop = sm.StopReason.TOOL_USE if calls else sm.StopReason.STOP
+            stop = sm.messages.StopReason.TOOL_USE if calls else sm.messages.StopReason.STOP
             message = sm.AssistantMessage([sm.TextContent(text), *calls], stop_reason=stop)
         obs.produced.append(message)
         return message
@@ -680,7 +682,7 @@ def test_the_properties_catch_a_driver_that_forgets_a_result(
     post = sm.AgentRun._post
 
     def forgetful(self: sm.AgentRun, key: str, event: Any) -> None:
-        if isinstance(event, sm.ToolFinished) and key.endswith("_1"):
+        if isinstance(event, sm.engine.ToolFinished) and key.endswith("_1"):
             return  # the second call of a batch never reports
         post(self, key, event)
 

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _RUN = textwrap.dedent(
     """
     import statemachine as sm
+    import statemachine.messages
 
     class Model:
         def __init__(self):
@@ -29,7 +30,7 @@ _RUN = textwrap.dedent(
             self.n += 1
             if self.n < 3:
                 call = sm.ToolCall(id="same", name="echo", arguments={"text": "hi"})
-                return sm.AssistantMessage((call,), stop_reason=sm.StopReason.TOOL_USE)
+                return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
             return sm.AssistantMessage((sm.TextContent("done"),))
 
     @sm.tool

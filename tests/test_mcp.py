@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.mcp import MCPError, MCPServer
 
@@ -66,7 +67,7 @@ class Script:
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> sm.AssistantMessage:
     blocks = tuple(sm.ToolCall(f"c{i}", name, args) for i, (name, args) in enumerate(calls))
-    return sm.AssistantMessage(blocks, stop_reason=sm.StopReason.TOOL_USE)
+    return sm.AssistantMessage(blocks, stop_reason=sm.messages.StopReason.TOOL_USE)
 
 
 def _done() -> sm.AssistantMessage:

@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.errors
+import statemachine.messages
 
 json_values = st.recursive(
     st.none()
@@ -35,13 +37,13 @@ calls = st.builds(
     parse_error=st.none() | st.text(max_size=8),
 )
 thinking = st.builds(
-    sm.ThinkingContent,
+    sm.messages.ThinkingContent,
     st.text(max_size=10),
     st.none() | st.text(max_size=5),
     redacted=st.booleans(),
 )
 usage = st.builds(
-    sm.Usage,
+    sm.messages.Usage,
     *(st.integers(0, 10**6) for _ in range(5)),
     cost=st.none() | st.floats(0, 100, allow_nan=False),
 )
@@ -50,7 +52,7 @@ messages = st.one_of(
     st.builds(
         sm.AssistantMessage,
         st.lists(texts | thinking | calls, max_size=4),
-        stop_reason=st.sampled_from(sm.StopReason),
+        stop_reason=st.sampled_from(sm.messages.StopReason),
         error_message=st.none() | st.text(max_size=10),
         usage=st.none() | usage,
     ),
@@ -68,9 +70,9 @@ messages = st.one_of(
 def test_wire_round_trip_is_exact(message: sm.Message) -> None:
     import json
 
-    wire = sm.message_to_dict(message)
-    assert sm.message_from_dict(json.loads(json.dumps(wire))) == message
-    assert sm.message_to_dict(sm.message_from_dict(wire)) == wire
+    wire = sm.messages.message_to_dict(message)
+    assert sm.messages.message_from_dict(json.loads(json.dumps(wire))) == message
+    assert sm.messages.message_to_dict(sm.messages.message_from_dict(wire)) == wire
 
 
 def _same_structure(a: Any, b: Any) -> bool:
@@ -96,7 +98,9 @@ def test_parsed_messages_are_what_their_constructors_build(message: sm.Message) 
     # the constructor builds from the same values.
     import json
 
-    parsed = sm.message_from_dict(json.loads(json.dumps(sm.message_to_dict(message))))
+    parsed = sm.messages.message_from_dict(
+        json.loads(json.dumps(sm.messages.message_to_dict(message)))
+    )
     fields = attrs.fields(type(message))
     rebuilt = type(message)(**{f.name: getattr(parsed, f.name) for f in fields})
     assert _same_structure(parsed, message)
@@ -104,18 +108,18 @@ def test_parsed_messages_are_what_their_constructors_build(message: sm.Message) 
 
 
 def test_wire_shape_matches_the_seed() -> None:
-    assert sm.message_to_dict(sm.UserMessage("list the files")) == {
+    assert sm.messages.message_to_dict(sm.UserMessage("list the files")) == {
         "role": "user",
         "content": [{"type": "text", "text": "list the files"}],
     }
     call = sm.AssistantMessage([sm.ToolCall("c1", "list_files", {})], stop_reason="toolUse")
-    assert sm.message_to_dict(call) == {
+    assert sm.messages.message_to_dict(call) == {
         "role": "assistant",
         "stopReason": "toolUse",
         "content": [{"type": "toolCall", "id": "c1", "name": "list_files", "arguments": {}}],
     }
     result = sm.ToolResultMessage("c1", "list_files", "README.md\nsrc/index.ts")
-    assert sm.message_to_dict(result) == {
+    assert sm.messages.message_to_dict(result) == {
         "role": "toolResult",
         "toolCallId": "c1",
         "toolName": "list_files",
@@ -156,15 +160,15 @@ def test_wire_shape_matches_the_seed() -> None:
     ],
 )
 def test_malformed_wire_dicts_name_the_path(bad: Any, path: str) -> None:
-    with pytest.raises(sm.WireFormatError) as info:
-        sm.message_from_dict(bad)
+    with pytest.raises(sm.errors.WireFormatError) as info:
+        sm.messages.message_from_dict(bad)
     assert path in str(info.value)
     assert isinstance(info.value, ValueError)
 
 
 def test_messages_from_dicts_names_the_index() -> None:
-    with pytest.raises(sm.WireFormatError, match=r"messages\[1\]\.role"):
-        sm.messages_from_dicts([{"role": "user", "content": []}, {"role": "x"}])
+    with pytest.raises(sm.errors.WireFormatError, match=r"messages\[1\]\.role"):
+        sm.messages.messages_from_dicts([{"role": "user", "content": []}, {"role": "x"}])
 
 
 def test_tool_call_arguments_are_frozen_and_tools_get_a_copy() -> None:
@@ -189,18 +193,18 @@ def test_content_type_errors_are_clear() -> None:
 
 
 def test_usage_adds_up() -> None:
-    total = sm.Usage(1, 2, 3, 4, 10, None) + sm.Usage(1, 1, 1, 1, 4, 0.5)
-    assert total == sm.Usage(2, 3, 4, 5, 14, 0.5)
+    total = sm.messages.Usage(1, 2, 3, 4, 10, None) + sm.messages.Usage(1, 1, 1, 1, 4, 0.5)
+    assert total == sm.messages.Usage(2, 3, 4, 5, 14, 0.5)
 
 
 def test_wire_keys_beyond_the_seed_example() -> None:
     message = sm.AssistantMessage(
-        [sm.ThinkingContent("hmm", "sig"), sm.TextContent("a"), sm.TextContent("b")],
-        stop_reason=sm.StopReason.ERROR,
+        [sm.messages.ThinkingContent("hmm", "sig"), sm.TextContent("a"), sm.TextContent("b")],
+        stop_reason=sm.messages.StopReason.ERROR,
         error_message="overloaded",
-        usage=sm.Usage(1, 2, 3, 4, 10, 0.5),
+        usage=sm.messages.Usage(1, 2, 3, 4, 10, 0.5),
     )
-    assert sm.message_to_dict(message) == {
+    assert sm.messages.message_to_dict(message) == {
         "role": "assistant",
         "content": [
             {"type": "thinking", "thinking": "hmm", "signature": "sig"},
@@ -219,18 +223,18 @@ def test_wire_keys_beyond_the_seed_example() -> None:
         },
     }
     unreadable = sm.AssistantMessage([sm.ToolCall("c1", "f", parse_error="not JSON: {x")])
-    assert sm.message_to_dict(unreadable)["content"] == [
+    assert sm.messages.message_to_dict(unreadable)["content"] == [
         {"type": "toolCall", "id": "c1", "name": "f", "arguments": {}, "parseError": "not JSON: {x"}
     ]
     image = sm.UserMessage([sm.ImageContent("AAAA", "image/png")])
-    assert sm.message_to_dict(image)["content"] == [
+    assert sm.messages.message_to_dict(image)["content"] == [
         {"type": "image", "data": "AAAA", "mimeType": "image/png"}
     ]
 
 
 def test_text_joins_only_text_blocks() -> None:
     assistant = sm.AssistantMessage(
-        [sm.ThinkingContent("not this"), sm.TextContent("a"), sm.TextContent("b")]
+        [sm.messages.ThinkingContent("not this"), sm.TextContent("a"), sm.TextContent("b")]
     )
     assert assistant.text == "ab"
     result = sm.ToolResultMessage(
@@ -249,7 +253,7 @@ def test_text_joins_only_text_blocks() -> None:
     ],
 )
 def test_tool_call_arguments_must_be_json(arguments: Any, needle: str) -> None:
-    with pytest.raises(sm.WireFormatError) as caught:
+    with pytest.raises(sm.errors.WireFormatError) as caught:
         sm.ToolCall("c1", "t", arguments)
     assert needle in str(caught.value)
 
@@ -268,7 +272,7 @@ def test_tool_calls_are_read_from_content_in_order() -> None:
         (sm.ToolResultMessage, {"is_error": 1}),
         (sm.AssistantMessage, {"error_message": 5}),
         (sm.AssistantMessage, {"usage": {"input": 1}}),
-        (sm.ThinkingContent, {"signature": b"sig"}),
+        (sm.messages.ThinkingContent, {"signature": b"sig"}),
     ],
 )
 def test_fields_the_wire_reads_strictly_are_checked_when_built(
@@ -279,7 +283,7 @@ def test_fields_the_wire_reads_strictly_are_checked_when_built(
     positional = {
         sm.ToolResultMessage: ("c", "t", "x"),
         sm.AssistantMessage: ("x",),
-        sm.ThinkingContent: ("hm",),
+        sm.messages.ThinkingContent: ("hm",),
     }[kind]
     with pytest.raises(TypeError):
         kind(*positional, **arguments)
@@ -297,11 +301,11 @@ def test_fields_the_wire_reads_strictly_are_checked_when_built(
 )
 def test_usage_refuses_values_the_wire_cannot_carry_back(arguments: dict[str, Any]) -> None:
     with pytest.raises(TypeError, match="usage"):
-        sm.Usage(**arguments)
+        sm.messages.Usage(**arguments)
 
 
 def test_usage_accepts_an_integer_cost() -> None:
-    usage = sm.Usage(cost=2)
-    assert sm.message_from_dict(sm.message_to_dict(sm.AssistantMessage("x", usage=usage))) == (
-        sm.AssistantMessage("x", usage=usage)
-    )
+    usage = sm.messages.Usage(cost=2)
+    assert sm.messages.message_from_dict(
+        sm.messages.message_to_dict(sm.AssistantMessage("x", usage=usage))
+    ) == (sm.AssistantMessage("x", usage=usage))

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.otel import AgentTracer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +36,8 @@ class Script:
 
 def _calls(*calls: tuple[str, str, dict[str, Any]]) -> sm.AssistantMessage:
     blocks = tuple(sm.ToolCall(i, name, args) for i, name, args in calls)
-    usage = sm.Usage(input=100, output=20, cache_read=5)
-    return sm.AssistantMessage(blocks, stop_reason=sm.StopReason.TOOL_USE, usage=usage)
+    usage = sm.messages.Usage(input=100, output=20, cache_read=5)
+    return sm.AssistantMessage(blocks, stop_reason=sm.messages.StopReason.TOOL_USE, usage=usage)
 
 
 @sm.tool
@@ -84,7 +85,9 @@ def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
     model = Script(
         _calls(("a", "double", {"n": 2}), ("b", "double", {"n": 5}), ("c", "fail", {})),
         _calls(("d", "missing", {})),
-        sm.AssistantMessage((sm.TextContent("done"),), usage=sm.Usage(input=300, output=4)),
+        sm.AssistantMessage(
+            (sm.TextContent("done"),), usage=sm.messages.Usage(input=300, output=4)
+        ),
     )
     result = asyncio.run(
         tracer.run_agent(

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from statemachine import (
     AssistantMessage,
     Message,
-    StopReason,
     TextContent,
     ToolCall,
     ToolResultMessage,
     TurnState,
     UserMessage,
 )
+from statemachine.messages import StopReason
 from statemachine.testing import (
     AbortAt,
     AbortKind,

@@ -20,6 +20,7 @@ from hypothesis import given
 from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.providers import (
     AnthropicModel,
@@ -92,8 +93,8 @@ def test_text_stream_returns_text_usage_and_sends_the_projected_request(
     reply = complete(model, tools=(LIST,))
     assert reply == sm.AssistantMessage(
         "The workspace contains README.md and src/index.ts.",
-        stop_reason=sm.StopReason.STOP,
-        usage=sm.Usage(input=412, output=19, total_tokens=431),
+        stop_reason=sm.messages.StopReason.STOP,
+        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
     )
     assert pieces == ["The work", "space contains ", "README.md and ", "src/index.ts."]
     [request] = server.requests
@@ -121,7 +122,7 @@ def test_thinking_text_and_parallel_tool_uses_are_reassembled(server: LoopbackSe
     model = make_model(server, thinking={"type": "enabled", "budget_tokens": 1024})
     reply = complete(model, tools=(LIST, READ))
     assert reply.content == (
-        sm.ThinkingContent(
+        sm.messages.ThinkingContent(
             "I should list the files and read the README.",
             "EqQBCkgIARABGAIiQL2msig-part-2==",
         ),
@@ -129,8 +130,8 @@ def test_thinking_text_and_parallel_tool_uses_are_reassembled(server: LoopbackSe
         sm.ToolCall("toolu_01A09q90qw90lq917835lq9", "list_files", {"path": "src"}),
         sm.ToolCall("toolu_01B7mNq2Zr", "read_file", {"path": "README.md", "note": 'é"\n'}),
     )
-    assert reply.stop_reason is sm.StopReason.TOOL_USE
-    assert reply.usage == sm.Usage(
+    assert reply.stop_reason is sm.messages.StopReason.TOOL_USE
+    assert reply.usage == sm.messages.Usage(
         input=58, output=87, cache_read=1536, cache_write=236, total_tokens=58 + 87 + 1536 + 236
     )
     assert server.requests[0].json()["thinking"] == {"type": "enabled", "budget_tokens": 1024}
@@ -154,10 +155,10 @@ def test_redacted_thinking_is_kept_and_goes_back_as_it_came(server: LoopbackServ
     model = make_model(server, thinking={"type": "enabled", "budget_tokens": 1024})
     reply = complete(model)
     assert reply.content == (
-        sm.ThinkingContent("", "EmwKAhgBEgy3va3pzix/LafPsn4a", redacted=True),
+        sm.messages.ThinkingContent("", "EmwKAhgBEgy3va3pzix/LafPsn4a", redacted=True),
         sm.TextContent("Done."),
     )
-    assert sm.message_from_dict(sm.message_to_dict(reply)) == reply
+    assert sm.messages.message_from_dict(sm.messages.message_to_dict(reply)) == reply
     complete(model, [sm.UserMessage("list the files"), reply, sm.UserMessage("and now?")])
     assert server.bodies()[1]["messages"][1] == {
         "role": "assistant",
@@ -171,20 +172,20 @@ def test_redacted_thinking_is_kept_and_goes_back_as_it_came(server: LoopbackServ
 @pytest.mark.parametrize(
     ("fixture", "stop", "text", "error_message"),
     [
-        ("anthropic/max_tokens.sse", sm.StopReason.LENGTH, "Writing", None),
+        ("anthropic/max_tokens.sse", sm.messages.StopReason.LENGTH, "Writing", None),
         (
             "anthropic/refusal.sse",
-            sm.StopReason.ERROR,
+            sm.messages.StopReason.ERROR,
             "I can",
             "Anthropic refused to continue the response (stop reason 'refusal')",
         ),
-        ("anthropic/redacted_thinking.sse", sm.StopReason.STOP, "Done.", None),
+        ("anthropic/redacted_thinking.sse", sm.messages.StopReason.STOP, "Done.", None),
     ],
 )
 def test_stop_reasons_map_to_ours(
     server: LoopbackServer,
     fixture: str,
-    stop: sm.StopReason,
+    stop: sm.messages.StopReason,
     text: str,
     error_message: str | None,
 ) -> None:
@@ -230,9 +231,9 @@ def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
         return await task
 
     reply = asyncio.run(main())
-    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == (sm.TextContent("Reading the files now"),)
-    assert reply.usage == sm.Usage(input=100, output=1, total_tokens=101)
+    assert reply.usage == sm.messages.Usage(input=100, output=1, total_tokens=101)
 
 
 def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
@@ -249,7 +250,7 @@ def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
         return await task
 
     reply = asyncio.run(main())
-    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == ()
     assert sleeps.delays == [20.0]
     assert len(server.requests) == 1
@@ -333,13 +334,13 @@ def test_projection_groups_results_merges_roles_and_handles_failed_turns() -> No
         sm.UserMessage((sm.TextContent("and this"), sm.ImageContent("R0lGOD", "image/gif"))),
         sm.AssistantMessage(
             (
-                sm.ThinkingContent("signed", "sig=="),
-                sm.ThinkingContent("unsigned (another provider)"),
+                sm.messages.ThinkingContent("signed", "sig=="),
+                sm.messages.ThinkingContent("unsigned (another provider)"),
                 sm.TextContent(""),
                 sm.ToolCall("toolu_1", "list_files", {"path": "."}),
                 sm.ToolCall(odd_id, "read_file", {"path": "a.png"}),
             ),
-            stop_reason=sm.StopReason.TOOL_USE,
+            stop_reason=sm.messages.StopReason.TOOL_USE,
         ),
         sm.ToolResultMessage("toolu_1", "list_files", "a.png"),
         sm.UserMessage("hurry"),
@@ -348,15 +349,15 @@ def test_projection_groups_results_merges_roles_and_handles_failed_turns() -> No
         ),
         sm.AssistantMessage(
             (
-                sm.ThinkingContent("cut off", None),
+                sm.messages.ThinkingContent("cut off", None),
                 sm.TextContent("Partial"),
                 sm.ToolCall("toolu_x", "read_file", {"path": "b"}),
             ),
-            stop_reason=sm.StopReason.ABORTED,
+            stop_reason=sm.messages.StopReason.ABORTED,
         ),
         sm.ToolResultMessage("toolu_x", "read_file", "Operation aborted", is_error=True),
         sm.UserMessage("go on"),
-        sm.AssistantMessage((sm.TextContent("Hal"),), stop_reason=sm.StopReason.ERROR),
+        sm.AssistantMessage((sm.TextContent("Hal"),), stop_reason=sm.messages.StopReason.ERROR),
         sm.UserMessage("again"),
         sm.AssistantMessage((sm.ToolCall("toolu_2", "read_file", {"path": "nope"}),)),
         sm.ToolResultMessage("toolu_2", "read_file", "File not found: nope", is_error=True),
@@ -576,7 +577,7 @@ def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(
     assert result.turns == 2
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
-    assert last.stop_reason is sm.StopReason.ABORTED
+    assert last.stop_reason is sm.messages.StopReason.ABORTED
     assert last.content == (sm.TextContent("Reading the files now"),)
     assert history_violations(result.messages) == []
     assert check_transcript(result.messages) == []
@@ -595,7 +596,10 @@ def test_prompt_cache_marks_the_system_prompt_and_the_last_message(
     history: list[sm.Message] = [
         sm.UserMessage("read it"),
         sm.AssistantMessage(
-            (sm.ThinkingContent("t", "sig"), sm.ToolCall("toolu_1", "read_file", {"path": "a"}))
+            (
+                sm.messages.ThinkingContent("t", "sig"),
+                sm.ToolCall("toolu_1", "read_file", {"path": "a"}),
+            )
         ),
         sm.ToolResultMessage("toolu_1", "read_file", "contents"),
     ]

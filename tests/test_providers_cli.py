@@ -18,6 +18,7 @@ import pytest
 from providers_server import LoopbackServer, Reply, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.agent.run import MessageAdded, TurnStarted
 from statemachine.cli import main
 from statemachine.cli.run import _Transcript
@@ -238,7 +239,7 @@ def test_the_transcript_prints_the_event_stream_after_the_streamed_text() -> Non
     transcript.stream_text("look.")
     call = sm.ToolCall("c1", "list_files", {})
     streamed = sm.AssistantMessage(
-        [sm.TextContent("Let me look."), call], stop_reason=sm.StopReason.TOOL_USE
+        [sm.TextContent("Let me look."), call], stop_reason=sm.messages.StopReason.TOOL_USE
     )
     transcript.event(MessageAdded(1, streamed))  # its text was streamed: not again
     transcript.event(MessageAdded(2, sm.ToolResultMessage("c1", "list_files", "a\nb")))

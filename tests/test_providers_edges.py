@@ -14,6 +14,7 @@ import pytest
 from providers_server import LoopbackServer, Reply, Sleeps, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.cli.run import cli_run
 from statemachine.providers import (
     AnthropicModel,
@@ -81,12 +82,12 @@ def test_stream_false_reads_a_whole_completion(server: LoopbackServer) -> None:
     reply = complete(openai_model(server, stream=False, on_text=pieces.append))
     assert reply == sm.AssistantMessage(
         (
-            sm.ThinkingContent("The user wants the files."),
+            sm.messages.ThinkingContent("The user wants the files."),
             sm.TextContent("Let me look."),
             sm.ToolCall("call_1", "list_files", {"path": "."}),
         ),
-        stop_reason=sm.StopReason.TOOL_USE,
-        usage=sm.Usage(input=50, output=12, total_tokens=62),
+        stop_reason=sm.messages.StopReason.TOOL_USE,
+        usage=sm.messages.Usage(input=50, output=12, total_tokens=62),
     )
     assert pieces == ["Let me look."]
     body = server.requests[0].json()

@@ -20,6 +20,7 @@ from hypothesis import given
 from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.providers import (
     ContextOverflowError,
@@ -95,8 +96,8 @@ def test_text_stream_returns_text_usage_and_sends_the_projected_request(
     reply = complete(model)
     assert reply == sm.AssistantMessage(
         "The workspace contains README.md and src/index.ts.",
-        stop_reason=sm.StopReason.STOP,
-        usage=sm.Usage(input=412, output=19, total_tokens=431),
+        stop_reason=sm.messages.StopReason.STOP,
+        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
     )
     assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
     [request] = server.requests
@@ -125,9 +126,11 @@ def test_parallel_tool_calls_split_across_awkward_fragments_are_reassembled(
         sm.ToolCall("call_q1Xw7fKc0", "list_files", {"path": "src"}),
         sm.ToolCall("call_Rr9pLm2", "read_file", {"path": "README.md", "note": 'é"\n'}),
     )
-    assert reply.stop_reason is sm.StopReason.TOOL_USE
+    assert reply.stop_reason is sm.messages.StopReason.TOOL_USE
     # prompt_tokens (1830) includes the 1536 cached ones; ours keeps them apart.
-    assert reply.usage == sm.Usage(input=294, output=61, cache_read=1536, total_tokens=1891)
+    assert reply.usage == sm.messages.Usage(
+        input=294, output=61, cache_read=1536, total_tokens=1891
+    )
     assert server.requests[0].json()["tools"] == [
         {
             "type": "function",
@@ -162,7 +165,7 @@ def test_malformed_tool_arguments_become_a_parse_error_that_names_the_problem(
         '{"path": "README.md", "limit": }'
     )
     # finish_reason "stop" with a call present stays "stop": the call is still answered.
-    assert reply.stop_reason is sm.StopReason.STOP
+    assert reply.stop_reason is sm.messages.StopReason.STOP
 
 
 def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_runs(
@@ -203,10 +206,10 @@ def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_
 @pytest.mark.parametrize(
     ("fixture", "stop", "text", "error_message"),
     [
-        ("openai/length.sse", sm.StopReason.LENGTH, "The answer is long", None),
+        ("openai/length.sse", sm.messages.StopReason.LENGTH, "The answer is long", None),
         (
             "openai/content_filter.sse",
-            sm.StopReason.ERROR,
+            sm.messages.StopReason.ERROR,
             "",
             "OpenAI's content filter stopped the response",
         ),
@@ -215,7 +218,7 @@ def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_
 def test_finish_reasons_map_to_our_stop_reasons(
     server: LoopbackServer,
     fixture: str,
-    stop: sm.StopReason,
+    stop: sm.messages.StopReason,
     text: str,
     error_message: str | None,
 ) -> None:
@@ -232,7 +235,7 @@ def test_reasoning_content_of_compatible_servers_is_kept_as_thinking(
     server.add(sse("openai/reasoning_content.sse"))
     reply = complete(make_model(server, stream_usage=False))
     assert reply.content == (
-        sm.ThinkingContent("The user wants a greeting."),
+        sm.messages.ThinkingContent("The user wants a greeting."),
         sm.TextContent("Hello!"),
     )
     assert reply.usage is None  # this server sent no usage chunk
@@ -275,7 +278,7 @@ def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
         return await task
 
     reply = asyncio.run(main())
-    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == (sm.TextContent("Reading the files now"),)
     assert reply.tool_calls == ()
     assert len(server.requests) == 1
@@ -285,7 +288,7 @@ def test_an_already_aborted_signal_sends_nothing(server: LoopbackServer) -> None
     controller = sm.AbortController()
     controller.abort()
     reply = complete(make_model(server), signal=controller.signal)
-    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == ()
     assert server.requests == []
 
@@ -304,7 +307,7 @@ def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
         return await task
 
     reply = asyncio.run(main())
-    assert reply.stop_reason is sm.StopReason.ABORTED
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.error_message is not None
     assert reply.error_message.startswith("aborted while waiting to retry")
     assert sleeps.delays == [30.0]
@@ -414,12 +417,12 @@ def test_projection_orders_results_moves_user_messages_and_drops_failed_turns() 
         sm.UserMessage("look at the files"),
         sm.AssistantMessage(
             (
-                sm.ThinkingContent("hidden", "sig"),
+                sm.messages.ThinkingContent("hidden", "sig"),
                 sm.TextContent("Looking."),
                 sm.ToolCall("call_1", "list_files", {"path": "."}),
                 sm.ToolCall(long_id, "read_file", {"path": "a.png"}),
             ),
-            stop_reason=sm.StopReason.TOOL_USE,
+            stop_reason=sm.messages.StopReason.TOOL_USE,
         ),
         sm.ToolResultMessage("call_1", "list_files", "a.png\nb.txt"),
         sm.UserMessage("also check b.txt"),  # arrived between the results
@@ -430,15 +433,15 @@ def test_projection_orders_results_moves_user_messages_and_drops_failed_turns() 
         ),
         sm.AssistantMessage(
             (sm.TextContent("Partial ans"), sm.ToolCall("call_x", "read_file", {"path": "b"})),
-            stop_reason=sm.StopReason.ABORTED,
+            stop_reason=sm.messages.StopReason.ABORTED,
         ),
         sm.ToolResultMessage("call_x", "read_file", "Operation aborted", is_error=True),
         sm.UserMessage("go on"),
-        sm.AssistantMessage((), stop_reason=sm.StopReason.ERROR, error_message="HTTP 500"),
+        sm.AssistantMessage((), stop_reason=sm.messages.StopReason.ERROR, error_message="HTTP 500"),
         sm.UserMessage("please"),
         sm.AssistantMessage(
             (sm.ToolCall("call_2", "read_file", {"path": "nope"}),),
-            stop_reason=sm.StopReason.TOOL_USE,
+            stop_reason=sm.messages.StopReason.TOOL_USE,
         ),
         sm.ToolResultMessage("call_2", "read_file", "File not found: nope", is_error=True),
     ]
@@ -615,7 +618,7 @@ def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_p
     assert json.loads(third[4]["tool_calls"][0]["function"]["arguments"]) == {"path": "README.md"}
     total = sum(
         (m.usage for m in result.messages if isinstance(m, sm.AssistantMessage) and m.usage),
-        sm.Usage(),
+        sm.messages.Usage(),
     )
     assert total.cache_read == 1536 + 1792
 
@@ -659,7 +662,7 @@ def test_every_projected_history_is_valid_chat_completions_input(
         len(m.tool_calls)
         for m in history
         if isinstance(m, sm.AssistantMessage)
-        and m.stop_reason not in (sm.StopReason.ERROR, sm.StopReason.ABORTED)
+        and m.stop_reason not in (sm.messages.StopReason.ERROR, sm.messages.StopReason.ABORTED)
     )
 
 
@@ -673,7 +676,7 @@ def test_calls_that_reuse_index_zero_with_new_ids_stay_separate_calls(
         sm.ToolCall("call_k2l0x1", "list_files", {"path": "."}),
         sm.ToolCall("call_p9q8r7", "read_file", {"path": "README.md"}),
     )
-    assert reply.usage == sm.Usage(input=310, output=40, total_tokens=350)
+    assert reply.usage == sm.messages.Usage(input=310, output=40, total_tokens=350)
 
 
 def test_an_error_object_inside_the_stream_is_classified_and_retried(
@@ -717,7 +720,7 @@ def test_json_nested_beyond_what_a_message_can_hold_becomes_a_parse_error() -> N
     block = builder.block(("tool", 0), "tool")
     block.call_id, block.name = "c1", "read_file"
     block.text.append('{"a": ' * 50_000 + "1" + "}" * 50_000)
-    [call] = builder.finish(sm.StopReason.TOOL_USE, None).tool_calls
+    [call] = builder.finish(sm.messages.StopReason.TOOL_USE, None).tool_calls
     assert dict(call.arguments) == {}
     assert call.parse_error is not None
     assert call.parse_error.startswith("the arguments are not valid JSON (")
@@ -737,6 +740,8 @@ def test_abort_before_the_response_begins_returns_at_once(server: LoopbackServer
 
     reply = asyncio.run(main())
     assert reply == sm.AssistantMessage(
-        (), stop_reason=sm.StopReason.ABORTED, error_message="aborted before the response began"
+        (),
+        stop_reason=sm.messages.StopReason.ABORTED,
+        error_message="aborted before the response began",
     )
     assert len(server.requests) == 1

@@ -23,6 +23,7 @@ import structlog
 from providers_server import LoopbackServer, Reply, Request, Sleeps
 
 import statemachine as sm
+import statemachine.journal
 from statemachine.providers import AnthropicModel, OpenAIChatModel, RetryPolicy
 from statemachine.providers._errors import redact
 
@@ -134,7 +135,7 @@ def make_model(server: LoopbackServer, provider: str) -> OpenAIChatModel | Anthr
 def run_and_collect(model: Any) -> tuple[sm.RunResult, dict[str, str]]:
     """Run once; every text the run produced, by where it came from."""
     journal_text = io.StringIO()
-    journal = sm.Journal(journal_text)
+    journal = sm.journal.Journal(journal_text)
     events: list[str] = []
 
     async def main() -> sm.RunResult:
@@ -142,7 +143,7 @@ def run_and_collect(model: Any) -> tuple[sm.RunResult, dict[str, str]]:
             model=model,
             tools=[],
             messages=[sm.UserMessage("hello")],
-            engine_factory=functools.partial(sm.JournalingEngine, journal=journal),
+            engine_factory=functools.partial(sm.journal.JournalingEngine, journal=journal),
         )
         stream = run.events()
 

@@ -14,6 +14,8 @@ import pydantic
 import pytest
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.messages
 from statemachine.agent.signature import compile_annotation
 
 
@@ -63,7 +65,7 @@ def _schema(tool: sm.Tool) -> dict[str, Any]:
 
 
 async def _call(tool: sm.Tool, arguments: dict[str, Any]) -> Any:
-    problems = sm.validate_arguments(tool.definition, arguments)
+    problems = sm.engine.validate_arguments(tool.definition, arguments)
     assert not problems, problems
     return await tool.execute(arguments, sm.AbortController().signal)
 
@@ -255,7 +257,7 @@ def test_a_value_that_is_not_json_data_is_an_error_result(value: Any, why: str) 
             self.calls += 1
             if self.calls == 1:
                 call = sm.ToolCall("c1", "give", {})
-                return sm.AssistantMessage((call,), stop_reason=sm.StopReason.TOOL_USE)
+                return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
             return sm.AssistantMessage("done")
 
     result = sm.run_agent_sync(model=Model(), tools=[give], messages=[sm.UserMessage("go")])

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statemachine import AbortSignal, Message, StopReason, Tool, message_to_dict
+from statemachine import AbortSignal, Message, Tool
+from statemachine.messages import StopReason, message_to_dict
 from statemachine.testing import (
     AbortAt,
     AbortKind,
@@ -254,7 +255,8 @@ async def reference_loop(
     """A small serial loop that follows the rules of the minimal agent loop,
     not from run_agent: content decides control flow, every failure becomes an error
     result, ids are made unique, an abort is waited out and then cancelled."""
-    from statemachine import AssistantMessage, ToolCall, ToolResultMessage, validate_arguments
+    from statemachine import AssistantMessage, ToolCall, ToolResultMessage
+    from statemachine.engine import validate_arguments
 
     history = list(messages)
     by_name = {t.definition.name: t for t in tools}
@@ -411,7 +413,8 @@ async def cancels_each_tool_at_once(
     answers each call, and cancels the model call at once on an abort."""
     import asyncio
 
-    from statemachine import AssistantMessage, ToolResultMessage, validate_arguments
+    from statemachine import AssistantMessage, ToolResultMessage
+    from statemachine.engine import validate_arguments
 
     history: list[Message] = list(messages)
     by_name = {t.definition.name: t for t in tools}

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.testing import FunctionModel, Request, ScriptedModel
 
 
@@ -41,7 +42,7 @@ def test_short_responses_stand_for_messages() -> None:
     result = _run(model)
     assistant = result.messages[1]
     assert isinstance(assistant, sm.AssistantMessage)
-    assert assistant.stop_reason is sm.StopReason.TOOL_USE
+    assert assistant.stop_reason is sm.messages.StopReason.TOOL_USE
     assert assistant.text == "adding"
     assert assistant.tool_calls == (call,)
 

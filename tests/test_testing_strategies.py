@@ -18,14 +18,9 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from statemachine import (
-    AbortSignal,
-    Message,
-    StopReason,
-    Tool,
-    ToolResultMessage,
-    validate_arguments,
-)
+from statemachine import AbortSignal, Message, Tool, ToolResultMessage
+from statemachine.engine import validate_arguments
+from statemachine.messages import StopReason
 from statemachine.testing import (
     AbortAt,
     AbortKind,

@@ -14,15 +14,10 @@ import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from statemachine import (
-    AssistantMessage,
-    ToolCall,
-    ToolResultMessage,
-    UserMessage,
-    message_to_dict,
-)
+from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.cli import usage
 from statemachine.cli.transcript import DEFAULT_MAX_BYTES, cli_transcript
+from statemachine.messages import message_to_dict
 from statemachine.testing import (
     Finding,
     Violation,

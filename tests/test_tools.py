@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional
 import pytest
 
 import statemachine as sm
+import statemachine.engine
 
 
 class Color(enum.Enum):
@@ -352,11 +353,11 @@ NESTED = sm.ToolDefinition(
 
 
 def test_valid_arguments_give_no_problem() -> None:
-    assert sm.validate_arguments(NESTED, {"q": 1, "a": {"b": [1, 2]}, "z": "s"}) == []
+    assert sm.engine.validate_arguments(NESTED, {"q": 1, "a": {"b": [1, 2]}, "z": "s"}) == []
 
 
 def test_every_failing_path_is_named_in_path_order() -> None:
-    problems = sm.validate_arguments(NESTED, {"a": {"b": [1, "x", 2.5]}, "z": 3})
+    problems = sm.engine.validate_arguments(NESTED, {"a": {"b": [1, "x", 2.5]}, "z": 3})
     assert problems == [
         "arguments: 'q' is a required property",
         "arguments.a.b[1]: 'x' is not of type 'integer'",
@@ -366,8 +367,8 @@ def test_every_failing_path_is_named_in_path_order() -> None:
 
 
 def test_validation_does_not_depend_on_key_order() -> None:
-    first = sm.validate_arguments(NESTED, {"z": 3, "a": {"b": ["x"]}, "extra": None})
-    second = sm.validate_arguments(NESTED, {"extra": None, "a": {"b": ["x"]}, "z": 3})
+    first = sm.engine.validate_arguments(NESTED, {"z": 3, "a": {"b": ["x"]}, "extra": None})
+    second = sm.engine.validate_arguments(NESTED, {"extra": None, "a": {"b": ["x"]}, "z": 3})
     assert first == second
     assert len(first) == 3
 
@@ -377,7 +378,7 @@ def test_validate_arguments_with_a_generated_schema() -> None:
     def f(path: str, mode: Literal["r", "w"] = "r") -> str:
         return ""
 
-    problems = sm.validate_arguments(f.definition, {"mode": "x", "other": 1})
+    problems = sm.engine.validate_arguments(f.definition, {"mode": "x", "other": 1})
     assert problems == [
         "arguments: 'path' is a required property",
         "arguments: Additional properties are not allowed ('other' was unexpected)",
@@ -454,8 +455,8 @@ def _object(**properties: Any) -> dict[str, Any]:
 )
 def test_local_references_keep_working(parameters: dict[str, Any], field: str) -> None:
     definition = sm.ToolDefinition("t", "d", parameters)
-    assert sm.validate_arguments(definition, {field: 3}) == []
-    assert sm.validate_arguments(definition, {field: "x"}) == [
+    assert sm.engine.validate_arguments(definition, {field: 3}) == []
+    assert sm.engine.validate_arguments(definition, {field: "x"}) == [
         f"arguments.{field}: 'x' is not of type 'integer'"
     ]
 
@@ -598,7 +599,7 @@ def test_validation_never_fetches_a_reference(monkeypatch: pytest.MonkeyPatch) -
     fetched.clear()
     # A definition's validator retrieves nothing, even for a schema swapped in later.
     definition = sm.ToolDefinition("t", "d", {**_object(a={"$ref": "#/$defs/n"}), **_INTEGER_DEF})
-    assert sm.validate_arguments(definition, {"a": -1}) == [
+    assert sm.engine.validate_arguments(definition, {"a": -1}) == [
         "arguments.a: -1 is less than the minimum of 0"
     ]
     evolved = definition._validator.evolve(schema=remote)

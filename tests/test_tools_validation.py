@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
 from statemachine.core.tools import _fast_check
 
 TYPES = ["string", "integer", "number", "boolean"]
@@ -57,7 +58,7 @@ def test_fast_path_says_valid_only_where_jsonschema_agrees(
     assert agrees_with_jsonschema(check, schema, arguments)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
     definition = sm.ToolDefinition("t", "", schema)
-    assert len(sm.validate_arguments(definition, arguments)) == len(errors)
+    assert len(sm.engine.validate_arguments(definition, arguments)) == len(errors)
 
 
 def test_schemas_beyond_flat_primitives_take_the_jsonschema_path() -> None:
@@ -88,7 +89,7 @@ def test_errors_sort_array_indices_by_number() -> None:
         {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}},
     )
     values = [0, 1, 2, "x", 4, 5, 6, 7, 8, 9, 10, "y"]
-    assert sm.validate_arguments(definition, {"a": values}) == [
+    assert sm.engine.validate_arguments(definition, {"a": values}) == [
         "arguments.a[3]: 'x' is not of type 'integer'",
         "arguments.a[11]: 'y' is not of type 'integer'",
     ]

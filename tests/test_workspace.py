@@ -19,6 +19,9 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
+import statemachine.journal
+import statemachine.messages
 import statemachine.workspace as workspace_module
 from statemachine.core.tools import ToolReturn
 from statemachine.journal._journal import run_agent_journaled
@@ -421,15 +424,15 @@ def execute(coro_tool: sm.Tool, arguments: dict[str, object]) -> sm.ToolOutput:
 def test_tools_have_schemas_that_validate_arguments(ws: Workspace) -> None:
     list_files, read_file = workspace_tools(ws.root)
     assert [list_files.name, read_file.name] == ["list_files", "read_file"]
-    assert sm.validate_arguments(list_files.definition, {}) == []
-    assert sm.validate_arguments(read_file.definition, {"path": "a", "offset": 2}) == []
-    assert sm.validate_arguments(read_file.definition, {}) == [
+    assert sm.engine.validate_arguments(list_files.definition, {}) == []
+    assert sm.engine.validate_arguments(read_file.definition, {"path": "a", "offset": 2}) == []
+    assert sm.engine.validate_arguments(read_file.definition, {}) == [
         "arguments: 'path' is a required property"
     ]
-    assert sm.validate_arguments(read_file.definition, {"path": "a", "offset": 0}) == [
+    assert sm.engine.validate_arguments(read_file.definition, {"path": "a", "offset": 0}) == [
         "arguments.offset: 0 is less than the minimum of 1"
     ]
-    assert len(sm.validate_arguments(list_files.definition, {"recursive": True})) == 1
+    assert len(sm.engine.validate_arguments(list_files.definition, {"recursive": True})) == 1
 
 
 def test_tools_execute_off_the_event_loop(ws: Workspace) -> None:
@@ -462,13 +465,13 @@ class _Script:
     ) -> sm.AssistantMessage:
         if not results:
             call = sm.ToolCall("c1", "read_file", {"path": "src/maths.ts"})
-            return sm.AssistantMessage([call], stop_reason=sm.StopReason.TOOL_USE)
+            return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
         last = results[-1]
         self.seen.append(last)
         if last.is_error and "Did you mean " in last.text:
             path = last.text.split("Did you mean ")[1].rstrip("?")
             call = sm.ToolCall("c2", "read_file", {"path": path})
-            return sm.AssistantMessage([call], stop_reason=sm.StopReason.TOOL_USE)
+            return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage(f"It says: {last.text.strip()}")
 
 
@@ -726,15 +729,15 @@ class _ListThenRead(_Script):
         self, messages: Sequence[sm.Message], results: list[sm.ToolResultMessage]
     ) -> sm.AssistantMessage:
         # What a provider client sends: the whole context as strict UTF-8 JSON.
-        body = json.dumps([sm.message_to_dict(m) for m in messages], ensure_ascii=False)
+        body = json.dumps([sm.messages.message_to_dict(m) for m in messages], ensure_ascii=False)
         self.requests.append(body.encode("utf-8"))
         if not results:
             call = sm.ToolCall("c0", "list_files", {})
-            return sm.AssistantMessage([call], stop_reason=sm.StopReason.TOOL_USE)
+            return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
         if len(results) == 1:
             paths = results[0].text.splitlines()
             calls = [sm.ToolCall(f"c{i}", "read_file", {"path": p}) for i, p in enumerate(paths, 1)]
-            return sm.AssistantMessage(calls, stop_reason=sm.StopReason.TOOL_USE)
+            return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage("done")
 
 
@@ -743,7 +746,7 @@ def test_a_journaled_run_over_such_names_completes_and_replays(
 ) -> None:
     model = _ListThenRead()
     journal_path = tmp_path_factory.mktemp("journal") / "run.jsonl"
-    with sm.Journal(journal_path) as journal:
+    with sm.journal.Journal(journal_path) as journal:
         result = asyncio.run(
             run_agent_journaled(
                 journal=journal,
@@ -757,7 +760,7 @@ def test_a_journaled_run_over_such_names_completes_and_replays(
     assert [r.is_error for r in results] == [False, False, False, False]
     assert len(model.requests) == 3
     journal_path.read_bytes().decode("utf-8")  # strict
-    assert sm.replay(journal_path).engine.state is sm.TurnState.Done
+    assert sm.journal.replay(journal_path).engine.state is sm.TurnState.Done
 
 
 # -- what is not a regular file ----------------------------------------------------------

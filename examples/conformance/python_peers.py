@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.testing import KNOWN_TOOLS
 
 __all__ = [
@@ -130,10 +131,10 @@ def pydantic_ai_loop() -> Any:
     from pydantic_ai.usage import RequestUsage, UsageLimits
 
     finish = {
-        sm.StopReason.STOP: "stop",
-        sm.StopReason.TOOL_USE: "tool_call",
-        sm.StopReason.LENGTH: "length",
-        sm.StopReason.ERROR: "error",
+        sm.messages.StopReason.STOP: "stop",
+        sm.messages.StopReason.TOOL_USE: "tool_call",
+        sm.messages.StopReason.LENGTH: "length",
+        sm.messages.StopReason.ERROR: "error",
     }
 
     def to_response(message: sm.AssistantMessage) -> ModelResponse:

@@ -1,0 +1,78 @@
+"""The sans-IO engine, for embedding the loop in a driver of your own.
+
+``Engine`` takes events (``Start``, ``ModelResponded``, ``ToolFinished``...) and returns
+the actions to perform (``CallModel``, ``StartTool``, ``CheckPermission``...). It does no
+I/O and never awaits; ``statemachine.run_agent`` is one driver built on it. The
+transition table it follows is ``TRANSITIONS``; ``TurnState`` and ``Trigger`` name its
+states and triggers.
+"""
+
+from __future__ import annotations
+
+from statemachine.core.engine import Engine, TransitionRecord
+from statemachine.core.events import (
+    EVENT_TYPES,
+    AbortRequested,
+    Action,
+    ApprovalDecided,
+    ApprovalRequired,
+    CallModel,
+    CancelOperations,
+    CheckContinue,
+    CheckPermission,
+    ContinueDecided,
+    Event,
+    HistoryView,
+    InputKind,
+    InputQueued,
+    ModelCancelled,
+    ModelFailed,
+    ModelResponded,
+    RunEnded,
+    Start,
+    StartTool,
+    ToolCancelled,
+    ToolDenied,
+    ToolFinished,
+    ToolPermitted,
+)
+from statemachine.core.table import TRANSITIONS, Guard, Transition, Trigger, TurnState
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
+
+__all__ = [
+    "EVENT_TYPES",
+    "TRANSITIONS",
+    "AbortRequested",
+    "Action",
+    "ApprovalDecided",
+    "ApprovalRequired",
+    "CallModel",
+    "CancelOperations",
+    "CheckContinue",
+    "CheckPermission",
+    "ContinueDecided",
+    "Engine",
+    "Event",
+    "Guard",
+    "HistoryView",
+    "InputKind",
+    "InputQueued",
+    "ModelCancelled",
+    "ModelFailed",
+    "ModelResponded",
+    "RunEnded",
+    "Scheduling",
+    "Start",
+    "StartTool",
+    "ToolCancelled",
+    "ToolDefinition",
+    "ToolDenied",
+    "ToolFinished",
+    "ToolOutput",
+    "ToolPermitted",
+    "Transition",
+    "TransitionRecord",
+    "Trigger",
+    "TurnState",
+    "validate_arguments",
+]
