@@ -21,6 +21,7 @@ import shutil
 import sys
 import textwrap
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Final, NoReturn, TextIO
 
@@ -30,6 +31,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandParser",
     "Progress",
+    "emit",
     "exit_codes",
     "fail",
     "parse",
@@ -83,6 +85,22 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
         return parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) and bad arguments (2) end the parse here
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def emit(data: str | bytes, out: str | None) -> None:
+    """Write a command's output to ``out``, or to standard output for ``None`` or ``-``."""
+    if out is None or out == "-":
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+        return
+    path = Path(out)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
 
 
 def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:
