@@ -22,7 +22,8 @@ import statemachine as sm
 import statemachine.engine
 import statemachine.journal
 import statemachine.messages
-import statemachine.workspace as workspace_module
+import statemachine.workspace._list as list_module
+import statemachine.workspace._read as read_module
 from statemachine.core.tools import ToolReturn
 from statemachine.journal._journal import run_agent_journaled
 from statemachine.workspace import (
@@ -538,9 +539,9 @@ def test_skipping_to_an_offset_is_bounded(tmp_path: Path) -> None:
     (tmp_path / "log.txt").write_text("line\n" * 1000)  # 5000 bytes
     ws = Workspace(tmp_path)
     with (
-        mock.patch.object(workspace_module, "_SKIP_LIMIT_BYTES", 2000),
-        mock.patch.object(workspace_module, "_CHUNK_BYTES", 1000),
-        mock.patch.object(workspace_module, "_SNIFF_BYTES", 1000),
+        mock.patch.object(read_module, "_SKIP_LIMIT_BYTES", 2000),
+        mock.patch.object(read_module, "_CHUNK_BYTES", 1000),
+        mock.patch.object(read_module, "_SNIFF_BYTES", 1000),
     ):
         assert ok(ws.read_file("log.txt", offset=600)) == "line\n" * 401
         assert refused(ws.read_file("log.txt", offset=700)) == (
@@ -572,8 +573,8 @@ def _reference_read(data: bytes, offset: int, max_bytes: int) -> tuple[bytes, in
 
 def _read_in_chunks(ws: Workspace, chunk: int, offset: int) -> tuple[bytes, int | None]:
     with (
-        mock.patch.object(workspace_module, "_CHUNK_BYTES", chunk),
-        mock.patch.object(workspace_module, "_SNIFF_BYTES", chunk),
+        mock.patch.object(read_module, "_CHUNK_BYTES", chunk),
+        mock.patch.object(read_module, "_SNIFF_BYTES", chunk),
     ):
         text = ok(ws.read_file("f.txt", offset=offset))
     body, _, note = text.partition("[Truncated: ")
@@ -642,7 +643,7 @@ def test_a_listing_is_bounded_in_bytes_and_counts_what_it_left_out(tmp_path: Pat
 
 def test_the_count_of_what_a_listing_left_out_is_bounded(tmp_path: Path) -> None:
     make_tree(tmp_path, {f"d{i}/f{j}.txt": "" for i in range(3) for j in range(4)})
-    with mock.patch.object(workspace_module, "_COUNT_LIMIT", 5):
+    with mock.patch.object(list_module, "_COUNT_LIMIT", 5):
         lines = ok(Workspace(tmp_path, max_entries=2).list_files()).splitlines()
     assert lines[2] == (
         "[Listing stopped at 2 entries ... and more than 5 more entries. "
