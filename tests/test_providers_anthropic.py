@@ -17,7 +17,20 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    abort_in_backoff,
+    complete,
+    error,
+    provider_histories,
+    run_on_workspace,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -35,23 +48,6 @@ from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-ant-test-0123456789-secret"
-FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
-
-LIST = sm.ToolDefinition(
-    "list_files",
-    "List a directory.",
-    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
-)
-READ = sm.ToolDefinition(
-    "read_file",
-    "Read a file.",
-    {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-)
 
 
 @pytest.fixture
@@ -69,16 +65,6 @@ def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) 
         sleep=sleeps or Sleeps(),
         **kw,
     )
-
-
-def complete(
-    model: AnthropicModel,
-    messages: list[sm.Message] | None = None,
-    tools: tuple[sm.ToolDefinition, ...] = (),
-    signal: sm.AbortSignal | None = None,
-) -> sm.AssistantMessage:
-    history = messages if messages is not None else [sm.UserMessage("list the files")]
-    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
 
 
 # -- streaming --------------------------------------------------------------------------
@@ -238,18 +224,9 @@ def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
 
 def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
     server.add(error(529, "anthropic/error_529.json", {"retry-after": "20"}))
-    sleeps = Sleeps(block=True)
-    controller = sm.AbortController()
-
-    async def main() -> sm.AssistantMessage:
-        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
-        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
-        while not sleeps.started.is_set():
-            await asyncio.sleep(0.01)
-        controller.abort()
-        return await task
-
-    reply = asyncio.run(main())
+    reply, sleeps = abort_in_backoff(
+        lambda sleeps: make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+    )
     assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == ()
     assert sleeps.delays == [20.0]
@@ -460,26 +437,12 @@ def test_project_tools_uses_input_schema() -> None:
 
 
 def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("# Demo\n")
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "index.ts").write_text("export {}\n")
     server.add(
         sse("anthropic/thinking_tool_use.sse", piece_size=13),
         sse("anthropic/single_tool_call.sse"),
         sse("anthropic/text_stream.sse"),
     )
-    result = sm.run_agent_sync(
-        model=make_model(server),
-        tools=workspace_tools(tmp_path),
-        messages=[sm.UserMessage("list the files")],
-        max_turns=5,
-    )
-    assert result.state is sm.TurnState.Done
-    assert result.turns == 3
-    assert history_violations(result.messages) == []
-    assert check_transcript(result.messages) == []
-    for body in server.bodies():
-        assert check_transcript(body["messages"], "anthropic") == []
+    result = run_on_workspace(make_model(server), tmp_path, server, "anthropic")
     listing, bad_read, good_read = (
         m for m in result.messages if isinstance(m, sm.ToolResultMessage)
     )

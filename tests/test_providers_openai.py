@@ -17,7 +17,20 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    abort_in_backoff,
+    complete,
+    error,
+    provider_histories,
+    run_on_workspace,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -34,10 +47,8 @@ from statemachine.providers import (
 from statemachine.providers._projection import MessageBuilder
 from statemachine.providers.openai_chat import project_messages, project_tools
 from statemachine.testing import check_transcript
-from statemachine.workspace import workspace_tools
 
 KEY = "sk-test-0123456789abcdef-secret"
-FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
 
 
 @pytest.fixture
@@ -55,33 +66,6 @@ def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) 
         sleep=sleeps or Sleeps(),
         **kw,
     )
-
-
-def complete(
-    model: OpenAIChatModel,
-    messages: list[sm.Message] | None = None,
-    tools: tuple[sm.ToolDefinition, ...] = (),
-    signal: sm.AbortSignal | None = None,
-) -> sm.AssistantMessage:
-    history = messages if messages is not None else [sm.UserMessage("list the files")]
-    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
-
-
-LIST = sm.ToolDefinition(
-    "list_files",
-    "List a directory.",
-    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
-)
-READ = sm.ToolDefinition(
-    "read_file",
-    "Read a file.",
-    {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-)
 
 
 # -- streaming --------------------------------------------------------------------------
@@ -295,18 +279,9 @@ def test_an_already_aborted_signal_sends_nothing(server: LoopbackServer) -> None
 
 def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
     server.add(error(429, "openai/error_429.json", {"retry-after": "30"}))
-    sleeps = Sleeps(block=True)  # the backoff would never end on its own
-    controller = sm.AbortController()
-
-    async def main() -> sm.AssistantMessage:
-        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
-        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
-        while not sleeps.started.is_set():
-            await asyncio.sleep(0.01)
-        controller.abort()
-        return await task
-
-    reply = asyncio.run(main())
+    reply, sleeps = abort_in_backoff(
+        lambda sleeps: make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+    )
     assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.error_message is not None
     assert reply.error_message.startswith("aborted while waiting to retry")
@@ -556,27 +531,13 @@ def test_project_tools_uses_the_schema_dict() -> None:
 
 
 def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("# Demo\n")
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "index.ts").write_text("export {}\n")
     server.add(
         sse("openai/parallel_tool_calls.sse", piece_size=11),
         sse("openai/single_tool_call.sse"),
         sse("openai/text_stream.sse"),
     )
     model = make_model(server)
-    result = sm.run_agent_sync(
-        model=model,
-        tools=workspace_tools(tmp_path),
-        messages=[sm.UserMessage("list the files")],
-        max_turns=5,
-    )
-    assert result.state is sm.TurnState.Done
-    assert result.turns == 3
-    assert history_violations(result.messages) == []
-    assert check_transcript(result.messages) == []
-    for body in server.bodies():
-        assert check_transcript(body["messages"], "openai") == []
+    result = run_on_workspace(model, tmp_path, server, "openai")
     roles = [m.role for m in result.messages]
     assert roles == [
         "user",

@@ -41,7 +41,7 @@ from typing import Any, TextIO
 import structlog
 
 from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
-from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.messages import (
@@ -269,22 +269,7 @@ class Narrator:
 
     async def narrate(self, run: AgentRun, history: Sequence[Message]) -> RunResult:
         """Run ``run`` (whose initial history is ``history``), printing it as it goes."""
-        events = run.events()  # subscribed before run(), so no event is missed
-        for message in history:
-            self.message(message)
-
-        async def show() -> None:
-            async for event in events:
-                self.event(event)
-
-        shown = asyncio.ensure_future(show())
-        try:
-            result = await run.run()
-        except BaseException:
-            shown.cancel()
-            raise
-        await shown  # the stream ends with RunFinished, which run() has emitted
-        return result
+        return await run_shown(run, history, self.message, self.event)
 
 
 # -- the command -------------------------------------------------------------------------
