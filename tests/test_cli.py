@@ -431,6 +431,29 @@ def _install(tmp: Path, env: dict[str, str]) -> Path:
     return bin_
 
 
+def _trace_and_transcript_work_installed(
+    python: str, script: str, elsewhere: Path, env: dict[str, str]
+) -> None:
+    """A run saved as a run file draws with ``trace``; a log checks with ``transcript``."""
+    run_file = elsewhere / "run.json"
+    make_run = (
+        "import json, sys, statemachine as sm; from statemachine.cli.demo import demo_model; "
+        "from statemachine.cli.trace import run_result_to_dict; "
+        "r = sm.run_agent_sync(model=demo_model(), messages=[sm.UserMessage('hi')]); "
+        "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(r)))"
+    )
+    assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0
+    trace = _run([script, "trace", str(run_file), "--format", "sequence"], elsewhere, env)
+    assert trace.returncode == 0, trace.stderr
+    assert trace.stdout.startswith("sequenceDiagram")
+
+    log = elsewhere / "log.json"
+    log.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    transcript = _run([script, "transcript", str(log)], elsewhere, env)
+    assert transcript.returncode == 0, transcript.stderr
+    assert transcript.stdout.startswith(f"{log}: ok")
+
+
 @pytest.mark.timeout(300)
 def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     started = time.monotonic()
@@ -473,23 +496,7 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     refused = _run([script, "diagram", "--all"], elsewhere, env)
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
 
-    run_file = elsewhere / "run.json"
-    make_run = (
-        "import json, sys, statemachine as sm; from statemachine.cli.demo import demo_model; "
-        "from statemachine.cli.trace import run_result_to_dict; "
-        "r = sm.run_agent_sync(model=demo_model(), messages=[sm.UserMessage('hi')]); "
-        "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(r)))"
-    )
-    assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0
-    trace = _run([script, "trace", str(run_file), "--format", "sequence"], elsewhere, env)
-    assert trace.returncode == 0, trace.stderr
-    assert trace.stdout.startswith("sequenceDiagram")
-
-    log = elsewhere / "log.json"
-    log.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
-    transcript = _run([script, "transcript", str(log)], elsewhere, env)
-    assert transcript.returncode == 0, transcript.stderr
-    assert transcript.stdout.startswith(f"{log}: ok")
+    _trace_and_transcript_work_installed(python, script, elsewhere, env)
 
     missing = _run([script, "spec", "nope.toml"], elsewhere, env)
     assert (missing.returncode, missing.stderr) == (
