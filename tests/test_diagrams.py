@@ -211,7 +211,7 @@ def test_transitions_mermaid_breaks_on_awkward_names_and_ours_does_not() -> None
 
 def test_output_does_not_depend_on_hash_seeds() -> None:
     # Sets and dicts keyed by str iterate in a per-process order; nothing drawn may.
-    code = "from statemachine.cli.diagram import render\nprint(render('mermaid') + render('dot'))"
+    code = "from statemachine._render import render\nprint(render('mermaid') + render('dot'))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
