@@ -11,6 +11,11 @@ A reply can ``hold`` the connection open after its bytes, as a slow model does,
 request (to echo what the client sent, e.g. its key). ``close()`` releases every held
 connection, so a test never hangs on teardown.
 
+``FAST``, ``LIST``, ``READ``, ``complete``, ``abort_in_backoff`` and
+``run_on_workspace`` are what the tests of both adapters share: a quick retry policy,
+two tool definitions, one model call, an abort while the adapter waits to retry, and a
+whole run on a small workspace.
+
 ``provider_histories()`` generates the histories the projection property tests feed
 to both adapters: every stop reason, odd and over-long tool-call ids, thinking with
 and without signatures, empty texts, images, and user messages between results.
@@ -23,10 +28,10 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from hypothesis import strategies as st
@@ -35,6 +40,9 @@ import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantContent
+from statemachine.providers import RetryPolicy
+from statemachine.testing import check_transcript
+from statemachine.workspace import workspace_tools
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 
@@ -207,6 +215,79 @@ class Sleeps:
         self.started.set()
         if self.block:
             await asyncio.Event().wait()
+
+
+# -- what the tests of both adapters share ----------------------------------------------
+
+FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
+
+LIST = sm.ToolDefinition(
+    "list_files",
+    "List a directory.",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
+)
+READ = sm.ToolDefinition(
+    "read_file",
+    "Read a file.",
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+)
+
+
+def complete(
+    model: sm.ModelClient,
+    messages: Sequence[sm.Message] | None = None,
+    tools: tuple[sm.ToolDefinition, ...] = (),
+    signal: sm.AbortSignal | None = None,
+) -> sm.AssistantMessage:
+    """One call of ``model`` (default history: the user asks to list the files)."""
+    history = messages if messages is not None else [sm.UserMessage("list the files")]
+    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
+
+
+def abort_in_backoff(
+    make_model: Callable[[Sleeps], sm.ModelClient],
+) -> tuple[sm.AssistantMessage, Sleeps]:
+    """A call aborted while the adapter waits to retry (its backoff never ends alone)."""
+    sleeps = Sleeps(block=True)
+    controller = sm.AbortController()
+
+    async def main() -> sm.AssistantMessage:
+        model = make_model(sleeps)
+        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
+        while not sleeps.started.is_set():
+            await asyncio.sleep(0.01)
+        controller.abort()
+        return await task
+
+    return asyncio.run(main()), sleeps
+
+
+def run_on_workspace(
+    model: sm.ModelClient, root: Path, server: LoopbackServer, wire: Literal["openai", "anthropic"]
+) -> sm.RunResult:
+    """A whole run with the workspace tools on a README and ``src/index.ts``: it ends
+    ``Done`` after 3 model calls, and every history, ours and each request's, is valid."""
+    (root / "README.md").write_text("# Demo\n")
+    (root / "src").mkdir()
+    (root / "src" / "index.ts").write_text("export {}\n")
+    result = sm.run_agent_sync(
+        model=model,
+        tools=workspace_tools(root),
+        messages=[sm.UserMessage("list the files")],
+        max_turns=5,
+    )
+    assert result.state is sm.TurnState.Done
+    assert result.turns == 3
+    assert history_violations(result.messages) == []
+    assert check_transcript(result.messages) == []
+    for body in server.bodies():
+        assert check_transcript(body["messages"], wire) == []
+    return result
 
 
 _TEXT = st.text(max_size=12)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from statemachine import _runs
 from statemachine.cli import COMMANDS, main, usage
-from statemachine.cli import diagram as _diagrams
 from statemachine.cli.common import Progress, exit_codes
 from statemachine.testing import spec as _spec
 
@@ -98,7 +98,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["demo", str(tmp), "--max-turns", "x"], "demo: argument --max-turns: invalid int"),
         (["diagram", "--format", "jpeg"], "diagram: argument --format: invalid choice"),
         (["diagram", "--out", str(tmp / "no" / "dir" / "m.mmd")], "diagram: "),
-        (["diagram", "--dir", str(tmp)], "diagram: --dir goes with --all"),
+        (["diagram", "--dir", str(tmp)], "diagram: unrecognized arguments: --dir"),
         (["trace", missing], f"trace: cannot read {missing}"),
         (["trace", str(tmp / "file.txt")], "trace: "),
         (["trace"], "trace: the following arguments are required: RUN"),
@@ -129,8 +129,8 @@ def test_expected_errors_are_one_line_prefixed_by_the_command(
 def test_a_run_file_over_the_size_limit_is_refused_unread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _diagrams.MAX_RUN_FILE_BYTES == 64 * 1024 * 1024
-    monkeypatch.setattr(_diagrams, "MAX_RUN_FILE_BYTES", 10)
+    assert _runs.MAX_RUN_FILE_BYTES == 64 * 1024 * 1024
+    monkeypatch.setattr(_runs, "MAX_RUN_FILE_BYTES", 10)
     run = tmp_path / "run.json"
     run.write_text("{" + " " * 10 + "}", encoding="utf-8")
     code, _, err = _main(["trace", str(run)], capsys)
@@ -138,15 +138,15 @@ def test_a_run_file_over_the_size_limit_is_refused_unread(
     assert err == f"trace: {run} is larger than 10 bytes\n"
 
 
-def test_diagram_all_without_dir_needs_a_checkout(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Installed, the package's parent is site-packages: --all must not write there.
-    monkeypatch.setattr(_diagrams, "_REPO", tmp_path)
-    code, _, err = _main(["diagram", "--all"], capsys)
-    assert code == 2
-    assert err == "diagram: --all without --dir needs a source checkout; give --dir\n"
-    assert list(tmp_path.iterdir()) == []
+def test_diagram_writes_no_file_of_the_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    # Installed, the package's parent is site-packages: the command must never write
+    # there. Regenerating the committed figures is tools/figures.py's job.
+    code, out, err = _main(["diagram", "--all"], capsys)
+    assert (code, out) == (2, "")
+    assert err == "diagram: unrecognized arguments: --all (see --help)\n"
+    code, out, _ = _main(["diagram", "--help"], capsys)
+    assert code == 0
+    assert "python tools/figures.py" in " ".join(out.split())
 
 
 # -- check and replay ----------------------------------------------------------------------------
@@ -431,6 +431,29 @@ def _install(tmp: Path, env: dict[str, str]) -> Path:
     return bin_
 
 
+def _trace_and_transcript_work_installed(
+    python: str, script: str, elsewhere: Path, env: dict[str, str]
+) -> None:
+    """A run saved as a run file draws with ``trace``; a log checks with ``transcript``."""
+    run_file = elsewhere / "run.json"
+    make_run = (
+        "import json, sys, statemachine as sm; from statemachine.cli.demo import demo_model; "
+        "from statemachine.cli.trace import run_result_to_dict; "
+        "r = sm.run_agent_sync(model=demo_model(), messages=[sm.UserMessage('hi')]); "
+        "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(r)))"
+    )
+    assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0
+    trace = _run([script, "trace", str(run_file), "--format", "sequence"], elsewhere, env)
+    assert trace.returncode == 0, trace.stderr
+    assert trace.stdout.startswith("sequenceDiagram")
+
+    log = elsewhere / "log.json"
+    log.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    transcript = _run([script, "transcript", str(log)], elsewhere, env)
+    assert transcript.returncode == 0, transcript.stderr
+    assert transcript.stdout.startswith(f"{log}: ok")
+
+
 @pytest.mark.timeout(300)
 def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     started = time.monotonic()
@@ -473,21 +496,7 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     refused = _run([script, "diagram", "--all"], elsewhere, env)
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
 
-    run_file = elsewhere / "run.json"
-    make_run = (
-        "import json, sys; from statemachine.cli.diagram import demo_run, run_result_to_dict; "
-        "open(sys.argv[1], 'w').write(json.dumps(run_result_to_dict(demo_run())))"
-    )
-    assert _run([python, "-c", make_run, str(run_file)], elsewhere, env).returncode == 0
-    trace = _run([script, "trace", str(run_file), "--format", "sequence"], elsewhere, env)
-    assert trace.returncode == 0, trace.stderr
-    assert trace.stdout.startswith("sequenceDiagram")
-
-    log = elsewhere / "log.json"
-    log.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
-    transcript = _run([script, "transcript", str(log)], elsewhere, env)
-    assert transcript.returncode == 0, transcript.stderr
-    assert transcript.stdout.startswith(f"{log}: ok")
+    _trace_and_transcript_work_installed(python, script, elsewhere, env)
 
     missing = _run([script, "spec", "nope.toml"], elsewhere, env)
     assert (missing.returncode, missing.stderr) == (

@@ -15,7 +15,7 @@ import pytest
 import structlog
 
 import statemachine as sm
-from statemachine.cli.demo import PROMPT, Narrator, ScriptedModel, cli_demo, run_demo
+from statemachine.cli.demo import PROMPT, Narrator, cli_demo, demo_model, run_demo
 
 TRANSITION = re.compile(r"^    (\w+) -> (\w+) +\((\w+), turn (\d+)\)$")
 
@@ -286,7 +286,7 @@ def test_warnings_are_shown_and_debug_logs_are_not() -> None:
 
 
 def test_scripted_model_without_tools_says_so() -> None:
-    result = sm.run_agent_sync(model=ScriptedModel(), messages=[sm.UserMessage(PROMPT)])
+    result = sm.run_agent_sync(model=demo_model(), messages=[sm.UserMessage(PROMPT)])
     assert result.final_text == "I cannot list the workspace: I have no list_files tool."
 
 

@@ -8,16 +8,25 @@ returns at once: nothing here waits on a clock.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    abort_in_backoff,
+    complete,
+    error,
+    run_on_workspace,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -30,28 +39,11 @@ from statemachine.providers import (
     ProviderUnavailableError,
     RetryPolicy,
 )
-from statemachine.providers.anthropic_messages import project_messages, project_tools
+from statemachine.providers.anthropic_messages import project_messages
 from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-ant-test-0123456789-secret"
-FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
-
-LIST = sm.ToolDefinition(
-    "list_files",
-    "List a directory.",
-    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
-)
-READ = sm.ToolDefinition(
-    "read_file",
-    "Read a file.",
-    {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-)
 
 
 @pytest.fixture
@@ -69,16 +61,6 @@ def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) 
         sleep=sleeps or Sleeps(),
         **kw,
     )
-
-
-def complete(
-    model: AnthropicModel,
-    messages: list[sm.Message] | None = None,
-    tools: tuple[sm.ToolDefinition, ...] = (),
-    signal: sm.AbortSignal | None = None,
-) -> sm.AssistantMessage:
-    history = messages if messages is not None else [sm.UserMessage("list the files")]
-    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
 
 
 # -- streaming --------------------------------------------------------------------------
@@ -238,18 +220,9 @@ def test_abort_mid_stream_returns_the_text_so_far_and_drops_the_partial_call(
 
 def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
     server.add(error(529, "anthropic/error_529.json", {"retry-after": "20"}))
-    sleeps = Sleeps(block=True)
-    controller = sm.AbortController()
-
-    async def main() -> sm.AssistantMessage:
-        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
-        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
-        while not sleeps.started.is_set():
-            await asyncio.sleep(0.01)
-        controller.abort()
-        return await task
-
-    reply = asyncio.run(main())
+    reply, sleeps = abort_in_backoff(
+        lambda sleeps: make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+    )
     assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.content == ()
     assert sleeps.delays == [20.0]
@@ -324,162 +297,16 @@ def test_a_missing_key_is_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> N
         AnthropicModel("claude-sonnet-4-5")
 
 
-# -- projection ----------------------------------------------------------------------------
-
-
-def test_projection_groups_results_merges_roles_and_handles_failed_turns() -> None:
-    odd_id = "call_abc|fc.9/x"
-    history: list[sm.Message] = [
-        sm.UserMessage("look"),
-        sm.UserMessage((sm.TextContent("and this"), sm.ImageContent("R0lGOD", "image/gif"))),
-        sm.AssistantMessage(
-            (
-                sm.messages.ThinkingContent("signed", "sig=="),
-                sm.messages.ThinkingContent("unsigned (another provider)"),
-                sm.TextContent(""),
-                sm.ToolCall("toolu_1", "list_files", {"path": "."}),
-                sm.ToolCall(odd_id, "read_file", {"path": "a.png"}),
-            ),
-            stop_reason=sm.messages.StopReason.TOOL_USE,
-        ),
-        sm.ToolResultMessage("toolu_1", "list_files", "a.png"),
-        sm.UserMessage("hurry"),
-        sm.ToolResultMessage(
-            odd_id, "read_file", (sm.ImageContent("iVBOR", "image/png"),), is_error=False
-        ),
-        sm.AssistantMessage(
-            (
-                sm.messages.ThinkingContent("cut off", None),
-                sm.TextContent("Partial"),
-                sm.ToolCall("toolu_x", "read_file", {"path": "b"}),
-            ),
-            stop_reason=sm.messages.StopReason.ABORTED,
-        ),
-        sm.ToolResultMessage("toolu_x", "read_file", "Operation aborted", is_error=True),
-        sm.UserMessage("go on"),
-        sm.AssistantMessage((sm.TextContent("Hal"),), stop_reason=sm.messages.StopReason.ERROR),
-        sm.UserMessage("again"),
-        sm.AssistantMessage((sm.ToolCall("toolu_2", "read_file", {"path": "nope"}),)),
-        sm.ToolResultMessage("toolu_2", "read_file", "File not found: nope", is_error=True),
-    ]
-    projected = project_messages(history)
-    new_id = projected[1]["content"][2]["id"]
-    assert new_id != odd_id
-    assert new_id.replace("_", "").replace("-", "").isalnum()
-    assert projected == [
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "look"},
-                {"type": "text", "text": "and this"},
-                {
-                    "type": "image",
-                    "source": {"type": "base64", "media_type": "image/gif", "data": "R0lGOD"},
-                },
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "thinking", "thinking": "signed", "signature": "sig=="},
-                {"type": "tool_use", "id": "toolu_1", "name": "list_files", "input": {"path": "."}},
-                {"type": "tool_use", "id": new_id, "name": "read_file", "input": {"path": "a.png"}},
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "toolu_1",
-                    "content": [{"type": "text", "text": "a.png"}],
-                },
-                {
-                    "type": "tool_result",
-                    "tool_use_id": new_id,
-                    "content": [
-                        {
-                            "type": "image",
-                            "source": {
-                                "type": "base64",
-                                "media_type": "image/png",
-                                "data": "iVBOR",
-                            },
-                        }
-                    ],
-                },
-                {"type": "text", "text": "hurry"},
-            ],
-        },
-        {"role": "assistant", "content": [{"type": "text", "text": "Partial"}]},
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "go on"}, {"type": "text", "text": "again"}],
-        },
-        {
-            "role": "assistant",
-            "content": [
-                {
-                    "type": "tool_use",
-                    "id": "toolu_2",
-                    "name": "read_file",
-                    "input": {"path": "nope"},
-                }
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "toolu_2",
-                    "content": [{"type": "text", "text": "File not found: nope"}],
-                    "is_error": True,
-                }
-            ],
-        },
-    ]
-
-
-def test_a_history_opened_by_the_assistant_or_with_empty_input_stays_sendable() -> None:
-    history: list[sm.Message] = [sm.AssistantMessage("Hello, how can I help?"), sm.UserMessage("")]
-    assert project_messages(history) == [
-        {"role": "user", "content": [{"type": "text", "text": "(conversation start)"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "Hello, how can I help?"}]},
-        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
-    ]
-
-
-def test_project_tools_uses_input_schema() -> None:
-    assert project_tools([READ]) == [
-        {"name": "read_file", "description": "Read a file.", "input_schema": READ.schema_dict()}
-    ]
-
-
 # -- a whole run ----------------------------------------------------------------------------
 
 
 def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("# Demo\n")
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "index.ts").write_text("export {}\n")
     server.add(
         sse("anthropic/thinking_tool_use.sse", piece_size=13),
         sse("anthropic/single_tool_call.sse"),
         sse("anthropic/text_stream.sse"),
     )
-    result = sm.run_agent_sync(
-        model=make_model(server),
-        tools=workspace_tools(tmp_path),
-        messages=[sm.UserMessage("list the files")],
-        max_turns=5,
-    )
-    assert result.state is sm.TurnState.Done
-    assert result.turns == 3
-    assert history_violations(result.messages) == []
-    assert check_transcript(result.messages) == []
-    for body in server.bodies():
-        assert check_transcript(body["messages"], "anthropic") == []
+    result = run_on_workspace(make_model(server), tmp_path, server, "anthropic")
     listing, bad_read, good_read = (
         m for m in result.messages if isinstance(m, sm.ToolResultMessage)
     )
@@ -516,42 +343,6 @@ def test_strict_validation_refuses_an_event_of_the_wrong_shape(server: LoopbackS
     with pytest.raises(ProviderResponseError, match="could not validate"):
         complete(make_model(server))
     assert len(server.requests) == 1  # a malformed response is not retried
-
-
-@given(provider_histories())
-def test_every_projected_history_is_valid_messages_api_input(
-    history: list[sm.Message],
-) -> None:
-    projected = project_messages(history)
-    assert projected[0]["role"] == "user"
-    assert check_transcript(projected, "anthropic") == []
-    roles = [m["role"] for m in projected]
-    assert all(a != b for a, b in itertools.pairwise(roles)), "roles must alternate"
-    open_calls: list[str] = []
-    seen: set[str] = set()
-    for message in projected:
-        blocks = message["content"]
-        assert blocks, "no empty content"
-        for block in blocks:
-            if block["type"] == "text":
-                assert block["text"], "no empty text block"
-            if block["type"] == "thinking":
-                assert block["signature"], "thinking goes back only with its signature"
-        results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
-        if message["role"] == "user":
-            # The previous assistant message's calls, answered first and in order.
-            assert results == open_calls
-            assert [b["type"] for b in blocks[: len(results)]] == ["tool_result"] * len(results)
-            open_calls = []
-        else:
-            assert not results
-            assert open_calls == [], "calls must be answered in the next user message"
-            open_calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
-            for call_id in open_calls:
-                assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", call_id)
-                assert call_id not in seen
-                seen.add(call_id)
-    assert open_calls == []
 
 
 def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(

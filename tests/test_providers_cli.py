@@ -52,6 +52,12 @@ def run(*argv: str) -> int:
     return main(["run", *argv])
 
 
+def run_openai(server: LoopbackServer, workspace: Path, *argv: str) -> int:
+    """``run`` with the gpt-4o-mini model of the loopback server, on ``workspace``."""
+    provider = ("--provider", "openai", "--base-url", server.url + "/v1")
+    return run(*provider, "--model", "gpt-4o-mini", "--dir", str(workspace), *argv)
+
+
 def test_openai_run_streams_the_transcript_and_ends_done(
     server: LoopbackServer, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -60,19 +66,7 @@ def test_openai_run_streams_the_transcript_and_ends_done(
         sse("openai/single_tool_call.sse"),
         sse("openai/text_stream.sse"),
     )
-    code = run(
-        "--provider",
-        "openai",
-        "--base-url",
-        server.url + "/v1",
-        "--model",
-        "gpt-4o-mini",
-        "--dir",
-        str(workspace),
-        "--max-turns",
-        "4",
-        "list the files",
-    )
+    code = run_openai(server, workspace, "--max-turns", "4", "list the files")
     out, err = capsys.readouterr()
     assert code == 0
     lines = out.splitlines()
@@ -129,18 +123,7 @@ def test_an_auth_failure_ends_failed_and_the_echoed_key_is_redacted_everywhere(
 ) -> None:
     body = {"error": {"message": f"Incorrect API key provided: {OPENAI_KEY}.", "code": "x"}}
     server.add(Reply(401, (("Content-Type", "application/json"),), json.dumps(body).encode()))
-    code = run(
-        "--provider",
-        "openai",
-        "--base-url",
-        server.url + "/v1",
-        "--model",
-        "gpt-4o-mini",
-        "--dir",
-        str(workspace),
-        "--verbose",
-        "hi",
-    )
+    code = run_openai(server, workspace, "--verbose", "hi")
     out, err = capsys.readouterr()
     assert code == 1
     assert "final state: Failed after 1 model call(s)" in out

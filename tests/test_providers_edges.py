@@ -3,7 +3,6 @@ missing SDK."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import sys
@@ -11,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import LoopbackServer, Reply, Sleeps, sse
+from providers_server import LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 import statemachine.messages
@@ -63,14 +62,6 @@ def server() -> Iterator[LoopbackServer]:
 def openai_model(server: LoopbackServer, **kw: Any) -> OpenAIChatModel:
     kw.setdefault("retry", RetryPolicy(max_attempts=2, jitter=0.0))
     return OpenAIChatModel("local", api_key=KEY, base_url=server.url + "/v1", sleep=Sleeps(), **kw)
-
-
-def complete(model: Any) -> sm.AssistantMessage:
-    history = [sm.UserMessage("list the files")]
-    reply: sm.AssistantMessage = asyncio.run(
-        model.complete(history, (), sm.AbortController().signal)
-    )
-    return reply
 
 
 # -- servers that do not stream ----------------------------------------------------------

@@ -6,7 +6,6 @@ show as a test that runs into its (small) timeout instead of a quick failure.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import socket
@@ -15,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import LoopbackServer, Reply, Sleeps, sse
+from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 from statemachine.providers import (
@@ -24,11 +23,9 @@ from statemachine.providers import (
     ProviderLimitError,
     ProviderResponseError,
     ProviderUnavailableError,
-    RetryPolicy,
 )
 
 KEY = "sk-limit-test-0123456789abcdef"
-FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
 SSE = (("Content-Type", "text/event-stream"),)
 
 OPENAI_DELTA = (
@@ -69,14 +66,6 @@ def url_of(server: LoopbackServer, provider: str) -> str:
 
 def delta(provider: str) -> bytes:
     return OPENAI_DELTA if provider == "openai" else ANTHROPIC_DELTA
-
-
-def complete(model: Any, signal: sm.AbortSignal | None = None) -> sm.AssistantMessage:
-    history = [sm.UserMessage("hello")]
-    reply: sm.AssistantMessage = asyncio.run(
-        model.complete(history, (), signal or sm.AbortController().signal)
-    )
-    return reply
 
 
 def names_url_model_and(

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from providers_server import LoopbackServer, Reply, Sleeps, error, provider_histories, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    abort_in_backoff,
+    complete,
+    error,
+    run_on_workspace,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -32,12 +42,9 @@ from statemachine.providers import (
     RetryPolicy,
 )
 from statemachine.providers._projection import MessageBuilder
-from statemachine.providers.openai_chat import project_messages, project_tools
 from statemachine.testing import check_transcript
-from statemachine.workspace import workspace_tools
 
 KEY = "sk-test-0123456789abcdef-secret"
-FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
 
 
 @pytest.fixture
@@ -55,33 +62,6 @@ def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) 
         sleep=sleeps or Sleeps(),
         **kw,
     )
-
-
-def complete(
-    model: OpenAIChatModel,
-    messages: list[sm.Message] | None = None,
-    tools: tuple[sm.ToolDefinition, ...] = (),
-    signal: sm.AbortSignal | None = None,
-) -> sm.AssistantMessage:
-    history = messages if messages is not None else [sm.UserMessage("list the files")]
-    return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
-
-
-LIST = sm.ToolDefinition(
-    "list_files",
-    "List a directory.",
-    {"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": False},
-)
-READ = sm.ToolDefinition(
-    "read_file",
-    "Read a file.",
-    {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "note": {"type": "string"}},
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-)
 
 
 # -- streaming --------------------------------------------------------------------------
@@ -295,18 +275,9 @@ def test_an_already_aborted_signal_sends_nothing(server: LoopbackServer) -> None
 
 def test_abort_during_backoff_returns_promptly(server: LoopbackServer) -> None:
     server.add(error(429, "openai/error_429.json", {"retry-after": "30"}))
-    sleeps = Sleeps(block=True)  # the backoff would never end on its own
-    controller = sm.AbortController()
-
-    async def main() -> sm.AssistantMessage:
-        model = make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
-        task = asyncio.ensure_future(model.complete([sm.UserMessage("go")], (), controller.signal))
-        while not sleeps.started.is_set():
-            await asyncio.sleep(0.01)
-        controller.abort()
-        return await task
-
-    reply = asyncio.run(main())
+    reply, sleeps = abort_in_backoff(
+        lambda sleeps: make_model(server, sleeps, retry=RetryPolicy(max_total_delay=60))
+    )
     assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert reply.error_message is not None
     assert reply.error_message.startswith("aborted while waiting to retry")
@@ -408,175 +379,17 @@ def test_repr_never_shows_the_key(server: LoopbackServer) -> None:
     assert KEY not in repr(make_model(server))
 
 
-# -- projection ----------------------------------------------------------------------------
-
-
-def test_projection_orders_results_moves_user_messages_and_drops_failed_turns() -> None:
-    long_id = "fc_68a1|call.with/odd:chars-and-far-too-long-for-openai-0123456789"
-    history: list[sm.Message] = [
-        sm.UserMessage("look at the files"),
-        sm.AssistantMessage(
-            (
-                sm.messages.ThinkingContent("hidden", "sig"),
-                sm.TextContent("Looking."),
-                sm.ToolCall("call_1", "list_files", {"path": "."}),
-                sm.ToolCall(long_id, "read_file", {"path": "a.png"}),
-            ),
-            stop_reason=sm.messages.StopReason.TOOL_USE,
-        ),
-        sm.ToolResultMessage("call_1", "list_files", "a.png\nb.txt"),
-        sm.UserMessage("also check b.txt"),  # arrived between the results
-        sm.ToolResultMessage(
-            long_id,
-            "read_file",
-            (sm.TextContent("binary"), sm.ImageContent("iVBORw0KGgo=", "image/png")),
-        ),
-        sm.AssistantMessage(
-            (sm.TextContent("Partial ans"), sm.ToolCall("call_x", "read_file", {"path": "b"})),
-            stop_reason=sm.messages.StopReason.ABORTED,
-        ),
-        sm.ToolResultMessage("call_x", "read_file", "Operation aborted", is_error=True),
-        sm.UserMessage("go on"),
-        sm.AssistantMessage((), stop_reason=sm.messages.StopReason.ERROR, error_message="HTTP 500"),
-        sm.UserMessage("please"),
-        sm.AssistantMessage(
-            (sm.ToolCall("call_2", "read_file", {"path": "nope"}),),
-            stop_reason=sm.messages.StopReason.TOOL_USE,
-        ),
-        sm.ToolResultMessage("call_2", "read_file", "File not found: nope", is_error=True),
-    ]
-    projected = project_messages(history)
-    new_id = projected[1]["tool_calls"][1]["id"]
-    assert len(new_id) <= 40
-    assert new_id.replace("_", "").replace("-", "").isalnum()
-    assert project_messages(history)[3]["tool_call_id"] == new_id  # stable across requests
-    assert projected == [
-        {"role": "user", "content": "look at the files"},
-        {
-            "role": "assistant",
-            "content": "Looking.",
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "list_files", "arguments": '{"path": "."}'},
-                },
-                {
-                    "id": new_id,
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": '{"path": "a.png"}'},
-                },
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": "a.png\nb.txt"},
-        {"role": "tool", "tool_call_id": new_id, "content": "binary"},
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": f"(image output of tool call {new_id})"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
-            ],
-        },
-        {"role": "user", "content": "also check b.txt"},
-        {"role": "assistant", "content": "Partial ans"},
-        {"role": "user", "content": "go on"},
-        {"role": "user", "content": "please"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_2",
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": '{"path": "nope"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_2", "content": "Error: File not found: nope"},
-    ]
-
-
-def test_projection_answers_a_call_that_lacks_its_result_and_drops_an_orphan_result() -> None:
-    history: list[sm.Message] = [
-        sm.UserMessage("hi"),
-        sm.ToolResultMessage("ghost", "read_file", "stray"),
-        sm.AssistantMessage((sm.ToolCall("c1", "read_file", {"path": "x"}),)),
-        sm.UserMessage("hello?"),
-    ]
-    assert project_messages(history) == [
-        {"role": "user", "content": "hi"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": '{"path": "x"}'},
-                }
-            ],
-        },
-        {
-            "role": "tool",
-            "tool_call_id": "c1",
-            "content": "Error: No result was recorded for this tool call (the history was "
-            "missing it); the call may not have run.",
-        },
-        {"role": "user", "content": "hello?"},
-    ]
-
-
-def test_empty_user_content_and_empty_results_are_never_sent_empty() -> None:
-    history: list[sm.Message] = [
-        sm.UserMessage(""),
-        sm.AssistantMessage((sm.ToolCall("c1", "list_files", {}),)),
-        sm.ToolResultMessage("c1", "list_files", ()),
-    ]
-    assert [m.get("content") for m in project_messages(history)] == [
-        "(empty message)",
-        None,
-        "(no output)",
-    ]
-
-
-def test_project_tools_uses_the_schema_dict() -> None:
-    assert project_tools([LIST]) == [
-        {
-            "type": "function",
-            "function": {
-                "name": "list_files",
-                "description": "List a directory.",
-                "parameters": LIST.schema_dict(),
-            },
-        }
-    ]
-
-
 # -- a whole run ----------------------------------------------------------------------------
 
 
 def test_run_agent_end_to_end_with_workspace_tools(server: LoopbackServer, tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("# Demo\n")
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "index.ts").write_text("export {}\n")
     server.add(
         sse("openai/parallel_tool_calls.sse", piece_size=11),
         sse("openai/single_tool_call.sse"),
         sse("openai/text_stream.sse"),
     )
     model = make_model(server)
-    result = sm.run_agent_sync(
-        model=model,
-        tools=workspace_tools(tmp_path),
-        messages=[sm.UserMessage("list the files")],
-        max_turns=5,
-    )
-    assert result.state is sm.TurnState.Done
-    assert result.turns == 3
-    assert history_violations(result.messages) == []
-    assert check_transcript(result.messages) == []
-    for body in server.bodies():
-        assert check_transcript(body["messages"], "openai") == []
+    result = run_on_workspace(model, tmp_path, server, "openai")
     roles = [m.role for m in result.messages]
     assert roles == [
         "user",
@@ -628,42 +441,6 @@ def test_strict_validation_refuses_a_chunk_of_the_wrong_shape(server: LoopbackSe
     with pytest.raises(ProviderResponseError, match="could not validate"):
         complete(make_model(server))
     assert len(server.requests) == 1  # a malformed response is not retried
-
-
-@given(provider_histories())
-def test_every_projected_history_is_valid_chat_completions_input(
-    history: list[sm.Message],
-) -> None:
-    projected = project_messages(history, "sys")
-    assert check_transcript(projected, "openai") == []
-    assert projected[0] == {"role": "system", "content": "sys"}
-    seen: set[str] = set()
-    index = 1
-    while index < len(projected):
-        message = projected[index]
-        index += 1
-        assert message["role"] in ("user", "assistant"), f"stray {message['role']} message"
-        assert message.get("content") or message.get("tool_calls")
-        calls = message.get("tool_calls", [])
-        for call in calls:
-            assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", call["id"])
-            assert call["id"] not in seen
-            seen.add(call["id"])
-            assert isinstance(json.loads(call["function"]["arguments"]), dict)
-        # The results follow directly, one per call, in call order.
-        answers = projected[index : index + len(calls)]
-        assert [m["role"] for m in answers] == ["tool"] * len(calls)
-        assert [m["tool_call_id"] for m in answers] == [c["id"] for c in calls]
-        assert all(isinstance(m["content"], str) and m["content"] for m in answers)
-        index += len(calls)
-    # Nothing of a failed response is sent: no call of an aborted or errored message.
-    sent_calls = sum(len(m.get("tool_calls", [])) for m in projected)
-    assert sent_calls == sum(
-        len(m.tool_calls)
-        for m in history
-        if isinstance(m, sm.AssistantMessage)
-        and m.stop_reason not in (sm.messages.StopReason.ERROR, sm.messages.StopReason.ABORTED)
-    )
 
 
 def test_calls_that_reuse_index_zero_with_new_ids_stay_separate_calls(

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("statemachine.testing.checker", "exhaustively check the engine within bounds"),
     "replay": ("statemachine.journal._journal", "replay and verify a run journal"),
     "diagram": ("statemachine.cli.diagram", "draw the state machine"),
-    "trace": ("statemachine.cli.diagram", "draw the path a run took"),
+    "trace": ("statemachine.cli.trace", "draw the path a run took"),
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
     "transcript": ("statemachine.cli.transcript", "check recorded conversation logs"),
 }

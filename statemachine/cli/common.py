@@ -16,13 +16,20 @@ Exit codes, the same for every command:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Final, NoReturn, TextIO
+
+if TYPE_CHECKING:  # the run layer is imported by the commands that run agents, not here
+    from statemachine.agent.run import AgentRun, RunEvent, RunResult
+    from statemachine.core.messages import Message
 
 __all__ = [
     "EXIT_FAILED",
@@ -30,9 +37,11 @@ __all__ = [
     "EXIT_USAGE",
     "CommandParser",
     "Progress",
+    "emit",
     "exit_codes",
     "fail",
     "parse",
+    "run_shown",
 ]
 
 EXIT_OK: Final = 0
@@ -83,6 +92,48 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
         return parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) and bad arguments (2) end the parse here
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+async def run_shown(
+    run: AgentRun,
+    history: Sequence[Message],
+    show: Callable[[Message], None],
+    on_event: Callable[[RunEvent], None],
+) -> RunResult:
+    """Run ``run``: ``show`` each message of its initial ``history``, then hand each
+    event of its stream to ``on_event`` as it arrives; return how the run ended."""
+    events = run.events()  # subscribed before run(), so no event is missed
+    for message in history:
+        show(message)
+
+    async def follow() -> None:
+        async for event in events:
+            on_event(event)
+
+    shown = asyncio.ensure_future(follow())
+    try:
+        result = await run.run()
+    except BaseException:
+        shown.cancel()
+        raise
+    await shown  # the stream ends with RunFinished, which run() has emitted
+    return result
+
+
+def emit(data: str | bytes, out: str | None) -> None:
+    """Write a command's output to ``out``, or to standard output for ``None`` or ``-``."""
+    if out is None or out == "-":
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+        return
+    path = Path(out)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
 
 
 def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:

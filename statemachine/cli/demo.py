@@ -1,17 +1,17 @@
 """``python -m statemachine demo [DIR]``: the checkpoint script, narrated live.
 
-This module owns the demo: an embedded scripted model and a narrator that prints the
+This module owns the demo: a scripted model and a narrator that prints the
 loop as it runs. The checkpoint script is the loop's smallest whole run (user:
 "列出工作区文件", list the files in the workspace; the assistant calls ``list_files {}``;
 the result goes back to the model; the model answers), made one turn richer so that
 the loop is visible: after the listing, the model reads the README (or the first text
 file) before it answers.
 
-The model is a real ``ModelClient``. It decides each step from the history it is
-given and nothing else, and its final answer is composed from the tool results in
-that history (the file names it was shown, the first line it was read), so the demo
-shows data flowing through ``run_agent``, never canned text. The tools are the real
-``statemachine.workspace`` tools, confined to DIR.
+The model is a ``statemachine.testing.FunctionModel`` around ``_respond``. It decides
+each step from the history it is given and nothing else, and its final answer is
+composed from the tool results in that history (the file names it was shown, the first
+line it was read), so the demo shows data flowing through ``run_agent``, never canned
+text. The tools are the real ``statemachine.workspace`` tools, confined to DIR.
 
 What is printed, as it happens (the initial history, then the run's own event stream,
 ``AgentRun.events()``, in order):
@@ -41,8 +41,7 @@ from typing import Any, TextIO
 import structlog
 
 from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
-from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
-from statemachine.core.abort import AbortSignal
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.messages import (
@@ -57,9 +56,10 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
+from statemachine.testing.models import FunctionModel
 from statemachine.workspace import workspace_tools
 
-__all__ = ["PROMPT", "ScriptedModel", "cli_demo", "run_demo"]
+__all__ = ["PROMPT", "cli_demo", "demo_model", "run_demo"]
 
 PROMPT = "List the files in the workspace. (列出工作区文件)"
 """The user message of the checkpoint script, in English and in the original Chinese."""
@@ -113,72 +113,66 @@ def _names(files: Sequence[str]) -> str:
     return ", ".join(files[:-1]) + " and " + files[-1]
 
 
-class ScriptedModel:
-    """The demo's model: list the files, read the README, answer from what it saw.
+def _respond(messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> AssistantMessage:
+    """The demo model's next answer: list the files, read the README, answer from both.
 
-    Deterministic, no network: each response is a function of the history alone (the
-    messages after the last user message), so the same workspace gives the same run.
+    Each answer is a function of the history alone (the messages after the last user
+    message), so the same workspace gives the same run.
     """
+    available = {t.name for t in tools}
+    start = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
+    turn = list(messages[start + 1 :])
+    calls = {c.id: c for m in turn if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    results = {m.tool_name: m for m in turn if isinstance(m, ToolResultMessage)}
+    next_id = sum(len(m.tool_calls) for m in messages if isinstance(m, AssistantMessage)) + 1
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        if signal.aborted:
-            return AssistantMessage((), stop_reason=StopReason.ABORTED)
-        available = {t.name for t in tools}
-        start = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
-        turn = list(messages[start + 1 :])
-        calls = {c.id: c for m in turn if isinstance(m, AssistantMessage) for c in m.tool_calls}
-        results = {m.tool_name: m for m in turn if isinstance(m, ToolResultMessage)}
-        next_id = sum(len(m.tool_calls) for m in messages if isinstance(m, AssistantMessage)) + 1
+    listing = results.get("list_files")
+    if listing is None:
+        if "list_files" not in available:
+            return AssistantMessage("I cannot list the workspace: I have no list_files tool.")
+        return _call(f"call_{next_id}", "list_files", {})
+    if listing.is_error:
+        return AssistantMessage(f"I could not list the workspace: {listing.text}")
+    files, cut = _listed_files(listing.text)
+    read = results.get("read_file")
+    if read is None and files and "read_file" in available:
+        return _call(f"call_{next_id}", "read_file", {"path": _pick_file(files)})
+    read_call = calls.get(read.tool_call_id) if read is not None else None
+    read_path = str(read_call.arguments.get("path", "")) if read_call is not None else ""
+    return AssistantMessage(_answer(files, cut, read, read_path))
 
-        listing = results.get("list_files")
-        if listing is None:
-            if "list_files" not in available:
-                return AssistantMessage("I cannot list the workspace: I have no list_files tool.")
-            return self._call(f"call_{next_id}", "list_files", {})
-        if listing.is_error:
-            return AssistantMessage(f"I could not list the workspace: {listing.text}")
-        files, cut = _listed_files(listing.text)
-        read = results.get("read_file")
-        if read is None and files and "read_file" in available:
-            return self._call(f"call_{next_id}", "read_file", {"path": _pick_file(files)})
-        read_call = calls.get(read.tool_call_id) if read is not None else None
-        read_path = str(read_call.arguments.get("path", "")) if read_call is not None else ""
-        return AssistantMessage(self._answer(files, cut, read, read_path))
 
-    @staticmethod
-    def _call(call_id: str, name: str, arguments: dict[str, Any]) -> AssistantMessage:
-        return AssistantMessage(
-            (ToolCall(call_id, name, arguments),), stop_reason=StopReason.TOOL_USE
-        )
+def demo_model() -> FunctionModel:
+    """The demo's model: a ``FunctionModel`` that lists, reads and answers (no network)."""
+    return FunctionModel(_respond)
 
-    @staticmethod
-    def _answer(files: list[str], cut: bool, read: ToolResultMessage | None, read_path: str) -> str:
-        if not files:
-            return "The workspace holds no files."
-        count = f"at least {len(files)}" if cut else str(len(files))
-        noun = "file" if len(files) == 1 and not cut else "files"
-        if len(files) <= _NAMED_FILES:
-            parts = [f"The workspace contains {count} {noun}: {_names(files)}."]
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> AssistantMessage:
+    return AssistantMessage((ToolCall(call_id, name, arguments),), stop_reason=StopReason.TOOL_USE)
+
+
+def _answer(files: list[str], cut: bool, read: ToolResultMessage | None, read_path: str) -> str:
+    if not files:
+        return "The workspace holds no files."
+    count = f"at least {len(files)}" if cut else str(len(files))
+    noun = "file" if len(files) == 1 and not cut else "files"
+    if len(files) <= _NAMED_FILES:
+        parts = [f"The workspace contains {count} {noun}: {_names(files)}."]
+    else:
+        shown = ", ".join(files[:_NAMED_FILES])
+        parts = [
+            f"The workspace contains {count} {noun}, among them {shown} "
+            f"and {len(files) - _NAMED_FILES} more."
+        ]
+    if read is not None and read.is_error:
+        parts.append(f"I could not read {read_path}: {read.text}")
+    elif read is not None:
+        first = _first_line(read.text)
+        if first:
+            parts.append(f'{read_path} begins with: "{first}".')
         else:
-            shown = ", ".join(files[:_NAMED_FILES])
-            parts = [
-                f"The workspace contains {count} {noun}, among them {shown} "
-                f"and {len(files) - _NAMED_FILES} more."
-            ]
-        if read is not None and read.is_error:
-            parts.append(f"I could not read {read_path}: {read.text}")
-        elif read is not None:
-            first = _first_line(read.text)
-            if first:
-                parts.append(f'{read_path} begins with: "{first}".')
-            else:
-                parts.append(f"{read_path} holds no text.")
-        return " ".join(parts)
+            parts.append(f"{read_path} holds no text.")
+    return " ".join(parts)
 
 
 # -- narration ---------------------------------------------------------------------------
@@ -275,22 +269,7 @@ class Narrator:
 
     async def narrate(self, run: AgentRun, history: Sequence[Message]) -> RunResult:
         """Run ``run`` (whose initial history is ``history``), printing it as it goes."""
-        events = run.events()  # subscribed before run(), so no event is missed
-        for message in history:
-            self.message(message)
-
-        async def show() -> None:
-            async for event in events:
-                self.event(event)
-
-        shown = asyncio.ensure_future(show())
-        try:
-            result = await run.run()
-        except BaseException:
-            shown.cancel()
-            raise
-        await shown  # the stream ends with RunFinished, which run() has emitted
-        return result
+        return await run_shown(run, history, self.message, self.event)
 
 
 # -- the command -------------------------------------------------------------------------
@@ -317,7 +296,7 @@ def run_demo(root: Path, out: TextIO, *, max_turns: int = 8) -> RunResult:
     narrator.line()
     messages: list[Message] = [UserMessage(PROMPT)]
     run = AgentRun(
-        model=ScriptedModel(),
+        model=demo_model(),
         tools=tools,
         messages=messages,
         max_turns=max_turns,

@@ -36,7 +36,7 @@ import structlog
 
 from statemachine.agent.model import ModelClient
 from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult
-from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse
+from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.abort import AbortController
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
@@ -192,15 +192,6 @@ async def _run(
         signal=controller.signal,
         logger=log,
     )
-    events = run.events()  # subscribed before run(), so no event is missed
-    for message in messages:
-        transcript.show(message)
-
-    async def show() -> None:
-        async for event in events:
-            transcript.event(event)
-
-    shown = asyncio.ensure_future(show())
     loop = asyncio.get_running_loop()
     installed = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -209,14 +200,10 @@ async def _run(
         loop.add_signal_handler(_signal.SIGINT, controller.abort, "interrupted (Ctrl-C)")
         installed = True
     try:
-        result = await run.run()
-    except BaseException:
-        shown.cancel()
-        raise
+        result = await run_shown(run, messages, transcript.show, transcript.event)
     finally:
         if installed:
             loop.remove_signal_handler(_signal.SIGINT)
-    await shown  # the stream ends with RunFinished, which run() has emitted
     transcript.end_stream()
     return result
 

@@ -190,8 +190,9 @@ class ResponseReader(abc.ABC):
     """Turns the items of one response (stream events, or one whole completion) into
     an ``AssistantMessage``; each adapter has its own."""
 
-    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+    def __init__(self, on_text: Callable[[str], None] | None, provider: str) -> None:
         self.builder = MessageBuilder(on_text=on_text)
+        self.provider = provider  # named in the errors a response can end with
         self.opened = False  # the response has begun
 
     @abc.abstractmethod
@@ -249,6 +250,7 @@ class ModelAdapter(abc.ABC):
     provider: ClassVar[str]
     key_env: ClassVar[str]
     sdk: ClassVar[Any]  # the SDK module: both name their exceptions alike
+    reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
     model: str
     _client: Any
 
@@ -333,9 +335,9 @@ class ModelAdapter(abc.ABC):
     async def _open(self, body: dict[str, Any]) -> Any:
         """Send the request; the stream to read, or the whole response."""
 
-    @abc.abstractmethod
     def _reader(self) -> ResponseReader:
         """A fresh reader for one response."""
+        return self.reader(self.on_text, self.provider)
 
     def _streams(self, body: dict[str, Any]) -> bool:
         return bool(body.get("stream"))

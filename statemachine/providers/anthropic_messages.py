@@ -179,89 +179,11 @@ def _mark_cache_breakpoints(body: dict[str, Any]) -> None:
                 break
 
 
-class AnthropicModel(ModelAdapter):
-    """A streaming ``ModelClient`` for the Anthropic Messages API.
-
-    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. The options shared with
-    ``OpenAIChatModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
-    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
-    is sent as the request's ``system`` field. ``thinking`` is passed through as the
-    request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
-    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
-    ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
-    each turn pays back from its second turn on.
-
-    Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
-    response stream included; ``idle_timeout`` 300 s between stream events (the
-    SDK drops ``ping`` events, so they do not count); ``max_response_bytes`` 32 MiB.
-    Exceeding one raises ``ProviderLimitError`` naming the URL, the model and the
-    limit. Retries follow ``retry`` (``RetryPolicy()``: 4 attempts, at most 120 s of
-    waiting in all); a refused connection fails at once. ``sleep`` and ``random``
-    exist for tests; ``client`` replaces the SDK client entirely (and with it the size
-    limit, which lives in the HTTP client the adapter builds).
-    """
-
-    provider = "Anthropic"
-    key_env = "ANTHROPIC_API_KEY"
-    sdk: ClassVar[Any] = anthropic
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        max_tokens: int = 4096,
-        thinking: Mapping[str, Any] | None = None,
-        prompt_cache: bool = False,
-        client: anthropic.AsyncAnthropic | None = None,
-        **options: Unpack[AdapterOptions],
-    ) -> None:
-        key = self._setup(model, api_key, options)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidInputError("max_tokens must be a positive integer")
-        if not key and client is None:
-            raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
-        self.max_tokens = max_tokens
-        self.thinking = dict(thinking) if thinking is not None else None
-        self.prompt_cache = prompt_cache
-        self._client = client or anthropic.AsyncAnthropic(
-            api_key=key, **self._sdk_options(base_url)
-        )
-
-    def request_body(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
-    ) -> dict[str, Any]:
-        """The keyword arguments of ``messages.create`` for this context."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "messages": project_messages(messages),
-            "stream": True,
-        }
-        if self.system:
-            body["system"] = self.system
-        if tools:
-            body["tools"] = project_tools(tools)
-        if self.prompt_cache:
-            _mark_cache_breakpoints(body)
-        if self.thinking is not None:
-            body["thinking"] = dict(self.thinking)
-        return self._shared_fields(body)
-
-    def _reader(self) -> ResponseReader:
-        return _StreamState(self.on_text, self.provider)
-
-    async def _open(self, body: dict[str, Any]) -> Any:
-        return await cast(Any, self._client.messages).create(**body)
-
-
 class _StreamState(ResponseReader):
     """The message, stop reason and token counts as the stream reports them."""
 
     def __init__(self, on_text: Callable[[str], None] | None, provider: str) -> None:
-        super().__init__(on_text)
-        self.provider = provider
+        super().__init__(on_text, provider)
         self.stop_reason: str | None = None
         self.stopped = False
         self.counts = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
@@ -344,3 +266,78 @@ class _StreamState(ResponseReader):
             self._count(event.usage)
         elif event.type == "message_stop":
             self.stopped = True
+
+
+class AnthropicModel(ModelAdapter):
+    """A streaming ``ModelClient`` for the Anthropic Messages API.
+
+    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``. The options shared with
+    ``OpenAIChatModel`` (``system``, ``temperature``, ``extra_body``, ``retry``, the
+    limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
+    is sent as the request's ``system`` field. ``thinking`` is passed through as the
+    request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
+    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
+    each turn pays back from its second turn on.
+
+    Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
+    response stream included; ``idle_timeout`` 300 s between stream events (the
+    SDK drops ``ping`` events, so they do not count); ``max_response_bytes`` 32 MiB.
+    Exceeding one raises ``ProviderLimitError`` naming the URL, the model and the
+    limit. Retries follow ``retry`` (``RetryPolicy()``: 4 attempts, at most 120 s of
+    waiting in all); a refused connection fails at once. ``sleep`` and ``random``
+    exist for tests; ``client`` replaces the SDK client entirely (and with it the size
+    limit, which lives in the HTTP client the adapter builds).
+    """
+
+    provider = "Anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+    sdk: ClassVar[Any] = anthropic
+    reader = _StreamState
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_tokens: int = 4096,
+        thinking: Mapping[str, Any] | None = None,
+        prompt_cache: bool = False,
+        client: anthropic.AsyncAnthropic | None = None,
+        **options: Unpack[AdapterOptions],
+    ) -> None:
+        key = self._setup(model, api_key, options)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidInputError("max_tokens must be a positive integer")
+        if not key and client is None:
+            raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
+        self.max_tokens = max_tokens
+        self.thinking = dict(thinking) if thinking is not None else None
+        self.prompt_cache = prompt_cache
+        self._client = client or anthropic.AsyncAnthropic(
+            api_key=key, **self._sdk_options(base_url)
+        )
+
+    def request_body(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
+    ) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for this context."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": project_messages(messages),
+            "stream": True,
+        }
+        if self.system:
+            body["system"] = self.system
+        if tools:
+            body["tools"] = project_tools(tools)
+        if self.prompt_cache:
+            _mark_cache_breakpoints(body)
+        if self.thinking is not None:
+            body["thinking"] = dict(self.thinking)
+        return self._shared_fields(body)
+
+    async def _open(self, body: dict[str, Any]) -> Any:
+        return await cast(Any, self._client.messages).create(**body)

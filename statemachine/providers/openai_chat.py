@@ -197,8 +197,7 @@ class _ChunkReader(ResponseReader):
     """Reads the chunks of a stream, or one whole completion (``stream=False``)."""
 
     def __init__(self, on_text: Callable[[str], None] | None, provider: str) -> None:
-        super().__init__(on_text)
-        self.provider = provider
+        super().__init__(on_text, provider)
         self.finish: str | None = None
         self.raw_usage: Any = None
 
@@ -292,6 +291,7 @@ class OpenAIChatModel(ModelAdapter):
     provider = "OpenAI"
     key_env = "OPENAI_API_KEY"
     sdk: ClassVar[Any] = openai
+    reader = _ChunkReader
 
     def __init__(
         self,
@@ -334,9 +334,6 @@ class OpenAIChatModel(ModelAdapter):
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         return self._shared_fields(body)
-
-    def _reader(self) -> ResponseReader:
-        return _ChunkReader(self.on_text, self.provider)
 
     async def _open(self, body: dict[str, Any]) -> Any:
         opened = await cast(Any, self._client.chat.completions).create(**body)
