@@ -8,14 +8,9 @@ action and checkpoint is what the journal says.
 
 from __future__ import annotations
 
-from statemachine.journal._journal import (
-    Journal,
-    JournalError,
-    JournalingEngine,
-    ReplayResult,
-    replay,
-    run_agent_journaled,
-)
+from statemachine.journal._format import JournalError
+from statemachine.journal._replay import ReplayResult, replay
+from statemachine.journal._writer import Journal, JournalingEngine, run_agent_journaled
 
 __all__ = [
     "Journal",
