@@ -75,6 +75,9 @@ def freeze_json(value: Any, path: str = "value") -> Any:
         # the way down would cost more than the freezing itself (replay, bench/).
         _explain_not_json(value, path)
         raise AssertionError("unreachable: _freeze refused a value that is JSON") from None
+    except RecursionError:
+        # Deeper than the interpreter can walk: no JSON a run writes nests like this.
+        raise WireFormatError(f"{path}: nested too deeply to be read") from None
 
 
 class _NotJsonError(Exception):
