@@ -140,7 +140,8 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
     """Journal append (``Journal.record`` alone, default flush per event, to a file in a
     temporary directory) and ``replay`` (parse, rebuild the engine, re-handle every
     event, verify every state and the checkpoint) of a ``turns``-long run."""
-    from statemachine.journal._journal import Journal, JournalHeader, JournalingEngine, replay
+    from statemachine.journal import Journal, JournalingEngine, replay
+    from statemachine.journal._format import JournalHeader
 
     events = _engine_events(turns)
     plain = _echo_engine(turns)
@@ -206,7 +207,7 @@ def _replay_floor(
     is the floor."""
     import orjson
 
-    from statemachine.journal._journal import _FAST_EVENTS
+    from statemachine.journal._fast import FAST_EVENTS
 
     lines = path.read_bytes().splitlines()[1:]
     event_lines = [line for line in lines if b'"checkpoint"' not in line[:16]]
@@ -219,7 +220,7 @@ def _replay_floor(
         # The fast builders wrap the parsed arguments in place: parse afresh each time.
         event_dicts = [orjson.loads(line)["event"] for line in event_lines]
         start = time.perf_counter_ns()
-        built = [_FAST_EVENTS[d["type"]](d) for d in event_dicts]
+        built = [FAST_EVENTS[d["type"]](d) for d in event_dicts]
         build.append(len(built) / ((time.perf_counter_ns() - start) / 1e9))
         if built != events:
             raise RuntimeError("the fast decoder built other events than the run's")
@@ -317,7 +318,7 @@ async def micro_figures(smoke: bool) -> list[Figure]:
     figures.append(await parallel_tools(10, 0.01 if smoke else 0.1, 1 if smoke else 5))
     figures += _guarded(
         "journal append / replay events/s",
-        "statemachine.journal._journal",
+        "statemachine.journal._replay",
         lambda: journal_figures(turns, reps),
     )
     figures += await asyncio.to_thread(

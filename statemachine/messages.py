@@ -21,6 +21,8 @@ from statemachine.core.messages import (
     Usage,
     UserContent,
     UserMessage,
+)
+from statemachine.core.wire import (
     message_from_dict,
     message_to_dict,
     messages_from_dicts,

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statemachine.agent.tools import Tool
+from statemachine.cli.replay import cli_replay
 from statemachine.core import events as _events
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import Engine
@@ -44,17 +45,15 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import INPUT_TRIGGERS, TurnState, rows_from
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
-from statemachine.journal._journal import (
+from statemachine.core.wire import event_from_dict, event_to_dict
+from statemachine.journal import (
     Journal,
     JournalError,
-    JournalHeader,
     JournalingEngine,
-    cli_replay,
-    event_from_dict,
-    event_to_dict,
     replay,
     run_agent_journaled,
 )
+from statemachine.journal._format import JournalHeader
 from statemachine.testing.checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
 
 
@@ -612,7 +611,7 @@ def _digest_by_definition(messages: Sequence[Message], trace: Sequence[Any]) -> 
     """``history_digest`` as its docstring defines it, written the slow, obvious way."""
     import hashlib
 
-    from statemachine.core.messages import message_to_dict
+    from statemachine.core.wire import message_to_dict
 
     payload = {
         "messages": [message_to_dict(m) for m in messages],
@@ -626,7 +625,8 @@ def _digest_by_definition(messages: Sequence[Message], trace: Sequence[Any]) -> 
 def test_the_running_digest_is_the_digest_at_every_step(
     run: tuple[dict[str, bool], list[Event]],
 ) -> None:
-    from statemachine.journal._journal import _RunningDigest, history_digest
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
+    from statemachine.journal._digest import history_digest
 
     options, events = run
     engine = _checker_engine(options)
@@ -639,7 +639,7 @@ def test_the_running_digest_is_the_digest_at_every_step(
 
 
 def test_the_running_digest_starts_over_when_the_past_changes() -> None:
-    from statemachine.journal._journal import _RunningDigest
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
 
     first: list[Message] = [UserMessage("go"), AssistantMessage("one")]
     running = _RunningDigest()

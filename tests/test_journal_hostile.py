@@ -22,18 +22,11 @@ from statemachine.core.engine import Engine
 from statemachine.core.events import Event, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage, UserMessage
 from statemachine.core.tools import ToolOutput
-from statemachine.journal._journal import (
-    _FAST_EVENTS,
-    DEFAULT_MAX_LINE_BYTES,
-    MAX_DEPTH,
-    Journal,
-    JournalError,
-    JournalingEngine,
-    _RunningDigest,
-    event_from_dict,
-    event_to_dict,
-    replay,
-)
+from statemachine.core.wire import event_from_dict, event_to_dict
+from statemachine.journal import Journal, JournalError, JournalingEngine, replay
+from statemachine.journal._digest import RunningDigest as _RunningDigest
+from statemachine.journal._fast import FAST_EVENTS as _FAST_EVENTS
+from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES, MAX_DEPTH
 from statemachine.testing.checker import FIRST_MESSAGE, TOOL
 
 
@@ -305,7 +298,7 @@ def test_the_fast_decoder_builds_what_event_from_dict_builds(event: Event) -> No
 def test_fast_arguments_and_usage_decode_or_defer(arguments: dict[str, Any], cost: Any) -> None:
     import orjson
 
-    from statemachine.journal._journal import _NotFastError
+    from statemachine.journal._fast import NotFastError as _NotFastError
 
     usage = Usage(1, 2, 0, 0, 3, cost=None if cost is None else float(cost))
     event = ModelResponded(AssistantMessage((ToolCall("c", "echo", arguments),), usage=usage))
@@ -438,7 +431,7 @@ def test_the_corruption_property_catches_a_replay_without_error_wrapping() -> No
 
 
 def test_cli_replay_takes_a_line_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from statemachine.journal._journal import cli_replay
+    from statemachine.cli.replay import cli_replay
 
     path = tmp_path / "run.jsonl"
     path.write_text("".join(_journal()), encoding="utf-8")

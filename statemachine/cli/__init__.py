@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run the executable specification (the shipped scenarios)",
     ),
     "check": ("statemachine.testing.checker", "exhaustively check the engine within bounds"),
-    "replay": ("statemachine.journal._journal", "replay and verify a run journal"),
+    "replay": ("statemachine.cli.replay", "replay and verify a run journal"),
     "diagram": ("statemachine.cli.diagram", "draw the state machine"),
     "trace": ("statemachine.cli.trace", "draw the path a run took"),
     "run": ("statemachine.cli.run", "run a real agent against a provider"),

@@ -1,4 +1,4 @@
-"""Messages, their content blocks, and the JSON wire shape.
+"""Messages and their content blocks.
 
 Everything here is a frozen, slotted attrs class holding tuples, never lists, so a
 message that has entered a history can never change under it (invariant I2 holds by
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, TypeAlias, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, TypeGuard
 
 import attrs
 
@@ -40,10 +40,6 @@ __all__ = [
     "UserContent",
     "UserMessage",
     "freeze_json",
-    "message_from_dict",
-    "message_to_dict",
-    "messages_from_dicts",
-    "messages_to_dicts",
     "thaw_json",
 ]
 
@@ -79,6 +75,9 @@ def freeze_json(value: Any, path: str = "value") -> Any:
         # the way down would cost more than the freezing itself (replay, bench/).
         _explain_not_json(value, path)
         raise AssertionError("unreachable: _freeze refused a value that is JSON") from None
+    except RecursionError:
+        # Deeper than the interpreter can walk: no JSON a run writes nests like this.
+        raise WireFormatError(f"{path}: nested too deeply to be read") from None
 
 
 class _NotJsonError(Exception):
@@ -347,243 +346,37 @@ class ToolResultMessage:
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
 
 
-# -- wire format: to dict ---------------------------------------------------------------
-
-
-def _block_to_dict(block: Any) -> dict[str, Any]:
-    if isinstance(block, TextContent):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, ThinkingContent):
-        out: dict[str, Any] = {"type": "thinking", "thinking": block.thinking}
-        if block.signature is not None:
-            out["signature"] = block.signature
-        if block.redacted:
-            out["redacted"] = True
-        return out
-    if isinstance(block, ImageContent):
-        return {"type": "image", "data": block.data, "mimeType": block.mime_type}
-    if isinstance(block, ToolCall):
-        call: dict[str, Any] = {
-            "type": "toolCall",
-            "id": block.id,
-            "name": block.name,
-            "arguments": thaw_json(block.arguments),
-        }
-        if block.parse_error is not None:
-            call["parseError"] = block.parse_error
-        return call
-    raise TypeError(f"not a content block: {block!r}")
-
-
-def _usage_to_dict(usage: Usage) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "input": usage.input,
-        "output": usage.output,
-        "cacheRead": usage.cache_read,
-        "cacheWrite": usage.cache_write,
-        "totalTokens": usage.total_tokens,
-    }
-    if usage.cost is not None:
-        out["cost"] = usage.cost
-    return out
-
-
-def message_to_dict(message: Message) -> dict[str, Any]:
-    """The JSON wire shape of a message (plain dicts and lists, ready for ``json``)."""
-    if isinstance(message, UserMessage):
-        return {"role": "user", "content": [_block_to_dict(b) for b in message.content]}
-    if isinstance(message, AssistantMessage):
-        out: dict[str, Any] = {
-            "role": "assistant",
-            "content": [_block_to_dict(b) for b in message.content],
-            "stopReason": message.stop_reason.value,
-        }
-        if message.error_message is not None:
-            out["errorMessage"] = message.error_message
-        if message.usage is not None:
-            out["usage"] = _usage_to_dict(message.usage)
-        return out
-    if isinstance(message, ToolResultMessage):
-        return {
-            "role": "toolResult",
-            "toolCallId": message.tool_call_id,
-            "toolName": message.tool_name,
-            "content": [_block_to_dict(b) for b in message.content],
-            "isError": message.is_error,
-        }
-    raise TypeError(f"not a message: {message!r}")
-
-
-def messages_to_dicts(messages: Iterable[Message]) -> list[dict[str, Any]]:
-    """``message_to_dict`` over a history."""
-    return [message_to_dict(m) for m in messages]
-
-
-# -- wire format: from dict -----------------------------------------------------------
-
-
-def _expect(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
-    if key not in d:
-        raise WireFormatError(f"{path}: missing key {key!r}")
-    value = d[key]
-    # bool is an int in Python; a JSON true is never a token count.
-    if isinstance(value, bool) and kind in (int, (int, float)):
-        raise WireFormatError(f"{path}.{key}: expected a number, got a boolean")
-    if not isinstance(value, kind):
-        names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-        raise WireFormatError(f"{path}.{key}: expected {names}, got {type(value).__name__}")
-    return value
-
-
-def _optional(d: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
-    if key not in d or d[key] is None:
-        return None
-    return _expect(d, key, kind, path)
-
-
-def _check_keys(d: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
-    if d.keys() <= allowed:
-        return
-    extra = sorted(set(d) - allowed)
-    raise WireFormatError(f"{path}: unknown key(s) {', '.join(map(repr, extra))}")
-
-
-_BLOCK_KEYS: dict[str, frozenset[str]] = {
-    "text": frozenset({"type", "text"}),
-    "thinking": frozenset({"type", "thinking", "signature", "redacted"}),
-    "image": frozenset({"type", "data", "mimeType"}),
-    "toolCall": frozenset({"type", "id", "name", "arguments", "parseError"}),
+# The codec moved to statemachine.core.wire; these names still resolve here for the
+# modules that import them from this one. Resolved lazily: wire imports this module.
+_MOVED: Final = {
+    "message_to_dict": "message_to_dict",
+    "message_from_dict": "message_from_dict",
+    "messages_to_dicts": "messages_to_dicts",
+    "messages_from_dicts": "messages_from_dicts",
+    "_block_to_dict": "block_to_dict",
+    "_block_from_dict": "block_from_dict",
+    "_usage_to_dict": "usage_to_dict",
+    "_STOP_REASONS": "STOP_REASONS",
 }
-_USER_KEYS: Final = frozenset({"role", "content"})
-_ASSISTANT_KEYS: Final = frozenset({"role", "content", "stopReason", "errorMessage", "usage"})
-_RESULT_KEYS: Final = frozenset({"role", "toolCallId", "toolName", "content", "isError"})
-_USAGE_KEYS: Final = frozenset(
-    {"input", "output", "cacheRead", "cacheWrite", "totalTokens", "cost"}
-)
-_STOP_REASONS: Final = {s.value: s for s in StopReason}
-_T = TypeVar("_T")
 
 
-def _checked(cls: type[_T], *values: Any) -> _T:
-    """An instance of the frozen ``cls`` from values the wire parser has already checked.
+if TYPE_CHECKING:
+    from statemachine.core import wire as _wire
+    from statemachine.core.wire import message_from_dict as message_from_dict
+    from statemachine.core.wire import message_to_dict as message_to_dict
+    from statemachine.core.wire import messages_from_dicts as messages_from_dicts
+    from statemachine.core.wire import messages_to_dicts as messages_to_dicts
 
-    The parser checks every field against exactly what the class's validators and
-    converters would (types, the stop reason, frozen arguments, tuples of the right
-    blocks) and names the bad path when one fails; running them again costs as much
-    as the parsing (replay, bench/). Only the functions below call this, each right
-    after its checks; tests/test_messages.py checks that what it builds equals what
-    the class's own ``__init__`` builds.
-    """
-    instance = object.__new__(cls)
-    for name, value in zip(_field_names(cls), values, strict=True):
-        object.__setattr__(instance, name, value)
-    return instance
+    _STOP_REASONS = _wire.STOP_REASONS
+    _block_from_dict = _wire.block_from_dict
+    _block_to_dict = _wire.block_to_dict
+    _usage_to_dict = _wire.usage_to_dict
+else:
 
+    def __getattr__(name: str) -> Any:
+        moved = _MOVED.get(name)
+        if moved is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from statemachine.core import wire
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(field.name for field in attrs.fields(cls))
-    return names
-
-
-def _block_from_dict(d: Any, allowed: tuple[str, ...], path: str) -> Any:
-    if not _is_mapping(d):
-        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
-    kind = _expect(d, "type", str, path)
-    if kind not in allowed:
-        raise WireFormatError(
-            f"{path}.type: {kind!r} is not allowed here (expected one of "
-            f"{', '.join(map(repr, allowed))})"
-        )
-    _check_keys(d, _BLOCK_KEYS[kind], path)
-    if kind == "text":
-        return _checked(TextContent, _expect(d, "text", str, path))
-    if kind == "thinking":
-        return _checked(
-            ThinkingContent,
-            _expect(d, "thinking", str, path),
-            _optional(d, "signature", str, path),
-            _optional(d, "redacted", bool, path) or False,
-        )
-    if kind == "image":
-        return ImageContent(_expect(d, "data", str, path), _expect(d, "mimeType", str, path))
-    arguments = _expect(d, "arguments", Mapping, path)
-    return _checked(
-        ToolCall,
-        _expect(d, "id", str, path),
-        _expect(d, "name", str, path),
-        freeze_json(arguments, f"{path}.arguments"),
-        _optional(d, "parseError", str, path),
-    )
-
-
-def _content_from(d: Mapping[str, Any], allowed: tuple[str, ...], path: str) -> tuple[Any, ...]:
-    content = _expect(d, "content", list, path)
-    return tuple(
-        _block_from_dict(block, allowed, f"{path}.content[{i}]") for i, block in enumerate(content)
-    )
-
-
-def _usage_from_dict(d: Any, path: str) -> Usage:
-    if not _is_mapping(d):
-        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
-    _check_keys(d, _USAGE_KEYS, path)
-    cost = None
-    if d.get("cost") is not None:
-        cost = float(_expect(d, "cost", (int, float), path))
-    return Usage(
-        input=_expect(d, "input", int, path),
-        output=_expect(d, "output", int, path),
-        cache_read=_expect(d, "cacheRead", int, path),
-        cache_write=_expect(d, "cacheWrite", int, path),
-        total_tokens=_expect(d, "totalTokens", int, path),
-        cost=cost,
-    )
-
-
-def message_from_dict(d: Mapping[str, Any], *, path: str = "message") -> Message:
-    """Parse the JSON wire shape; raise ``WireFormatError`` naming the first bad path."""
-    if not _is_mapping(d):
-        raise WireFormatError(f"{path}: expected an object, got {type(d).__name__}")
-    role = _expect(d, "role", str, path)
-    if role == "user":
-        _check_keys(d, _USER_KEYS, path)
-        return _checked(UserMessage, _content_from(d, ("text", "image"), path))
-    if role == "assistant":
-        _check_keys(d, _ASSISTANT_KEYS, path)
-        raw_stop = _expect(d, "stopReason", str, path)
-        stop = _STOP_REASONS.get(raw_stop)
-        if stop is None:
-            valid = ", ".join(repr(s.value) for s in StopReason)
-            raise WireFormatError(f"{path}.stopReason: {raw_stop!r} is not one of {valid}")
-        usage = None
-        if d.get("usage") is not None:
-            usage = _usage_from_dict(d["usage"], f"{path}.usage")
-        return _checked(
-            AssistantMessage,
-            _content_from(d, ("text", "thinking", "toolCall"), path),
-            stop,
-            _optional(d, "errorMessage", str, path),
-            usage,
-        )
-    if role == "toolResult":
-        _check_keys(d, _RESULT_KEYS, path)
-        return _checked(
-            ToolResultMessage,
-            _expect(d, "toolCallId", str, path),
-            _expect(d, "toolName", str, path),
-            _content_from(d, ("text", "image"), path),
-            _expect(d, "isError", bool, path),
-        )
-    raise WireFormatError(f"{path}.role: {role!r} is not one of 'user', 'assistant', 'toolResult'")
-
-
-def messages_from_dicts(items: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """``message_from_dict`` over a history; paths name the index (``messages[3]``)."""
-    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
-        raise WireFormatError("messages: expected an array of messages")
-    return [message_from_dict(d, path=f"messages[{i}]") for i, d in enumerate(items)]
+        return getattr(wire, moved)

@@ -1,21 +1,34 @@
-"""Run journals: record every event and action of a run, and replay them exactly.
+"""Run journals: record every input event of a run, and replay them exactly.
 
-A journal is a JSON Lines file: a header (the table's digest, the run's parameters),
-then one line per event the engine accepted with the actions it announced, then a
-footer. ``replay`` feeds the recorded events to a fresh engine and checks that every
-action and checkpoint is what the journal says.
+The engine is deterministic (I5), so a run is fully described by its configuration
+and the sequence of input events it accepted. A journal is that record, as JSON
+Lines; ``replay`` rebuilds the engine from it and checks that the engine goes exactly
+where the journal says it went, and a divergence names the line where it shows.
+
+Format (one JSON object per line, UTF-8)::
+
+    {"format": "statemachine-journal", "version": 1, "runId": ..., "maxTurns": ...,
+     "checkPermissions": ..., "tools": [{"name", "description", "parameters"}],
+     "messages": [<wire messages>], "options": {...}}               # line 1: header
+    {"seq": 1, "event": {"type": "Start"}, "after": "AwaitingModel"}  # one per event
+    {"checkpoint": {"state": "Done", "turns": 2, "messages": 4,
+                    "transitions": 6, "digest": "<sha256>"}}         # at each return
+
+Each event line carries the state the engine was in *after* handling it, and a
+checkpoint line is written whenever the engine reaches a state in which a driver
+returns (terminal or ``AwaitingUser``), with a digest of the whole history and
+transition log. Replay checks both, so a journal is not only rebuilt but verified,
+and a divergence names the line where it shows. Only *accepted* events are written:
+a refused event changes nothing (I8), so it is not part of the run.
+
+The events and messages are written in ``statemachine.core.wire``'s form.
 """
 
 from __future__ import annotations
 
-from statemachine.journal._journal import (
-    Journal,
-    JournalError,
-    JournalingEngine,
-    ReplayResult,
-    replay,
-    run_agent_journaled,
-)
+from statemachine.journal._format import JournalError
+from statemachine.journal._replay import ReplayResult, replay
+from statemachine.journal._writer import Journal, JournalingEngine, run_agent_journaled
 
 __all__ = [
     "Journal",

@@ -49,15 +49,15 @@ from typing import Any
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.errors import InvalidInputError, StateMachineError
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    ToolResultMessage,
+from statemachine.core.messages import AssistantMessage, Message
+from statemachine.core.tools import ToolOutput
+from statemachine.core.wire import (
     message_from_dict,
     message_to_dict,
-    thaw_json,
+    messages_to_dicts,
+    tool_definition_to_dict,
+    tool_output_to_dict,
 )
-from statemachine.core.tools import ToolOutput
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -139,13 +139,9 @@ def _messages(items: Any, what: str) -> list[Message]:
     return out
 
 
-def _tool_answer(name: str, value: Any) -> tuple[list[dict[str, Any]], bool]:
+def _tool_answer(value: Any) -> tuple[list[dict[str, Any]], bool]:
     """A tool's return value as wire content blocks and its error flag."""
-    if isinstance(value, ToolOutput):
-        message = ToolResultMessage("x", name, value.content, is_error=value.is_error)
-    else:
-        message = ToolResultMessage("x", name, value)
-    wire = message_to_dict(message)
+    wire = tool_output_to_dict(value if isinstance(value, ToolOutput) else ToolOutput(value))
     return wire["content"], bool(wire["isError"])
 
 
@@ -265,15 +261,8 @@ class _Session:
             {
                 "type": "start",
                 "protocol": PROTOCOL_VERSION,
-                "messages": [message_to_dict(m) for m in messages],
-                "tools": [
-                    {
-                        "name": d.name,
-                        "description": d.description,
-                        "parameters": thaw_json(d.parameters),
-                    }
-                    for d in self.definitions
-                ],
+                "messages": messages_to_dicts(messages),
+                "tools": [tool_definition_to_dict(d) for d in self.definitions],
                 "maxTurns": max_turns,
                 "aborted": self.signal.aborted,
             }
@@ -286,32 +275,35 @@ class _Session:
                 message = await self.read()
                 if message is None:
                     raise await self.exited("without sending its result")
-                kind = message["type"]
-                if kind == "result":
+                if message["type"] == "result":
                     return _messages(message.get("messages"), "result")
-                if kind == "modelRequest":
-                    self.model_request(message)
-                elif kind == "toolExecute":
-                    self.tool_execute(message)
-                elif kind == "cancel":
-                    op = _field(message, "id", str, "cancel")
-                    if op in self.operations:
-                        # What an in-process loop does when it gives up a call: abort
-                        # its signal and cancel its task. The call is answered with an
-                        # error unless it answered first.
-                        self.operations[op].abort("cancelled by the peer")
-                        task = self.op_tasks.get(op)
-                        if task is not None and not task.done():
-                            self.cancelled_by_peer.add(op)
-                            task.cancel()
-                elif kind == "error":
-                    raise self.fail(
-                        BridgeError, f"the peer reported an error: {message.get('message')!r}"
-                    )
-                else:
-                    raise self.fail(BridgeProtocolError, f"unknown message type {kind!r}")
+                self.dispatch(message)
         finally:
             remove()
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        """Act on one line of the peer's other than its result."""
+        kind = message["type"]
+        if kind == "modelRequest":
+            self.model_request(message)
+        elif kind == "toolExecute":
+            self.tool_execute(message)
+        elif kind == "cancel":
+            self.cancel(_field(message, "id", str, "cancel"))
+        elif kind == "error":
+            raise self.fail(BridgeError, f"the peer reported an error: {message.get('message')!r}")
+        else:
+            raise self.fail(BridgeProtocolError, f"unknown message type {kind!r}")
+
+    def cancel(self, op: str) -> None:
+        if op in self.operations:
+            # What an in-process loop does when it gives up a call: abort its signal and
+            # cancel its task. The call is answered with an error unless it answered first.
+            self.operations[op].abort("cancelled by the peer")
+            task = self.op_tasks.get(op)
+            if task is not None and not task.done():
+                self.cancelled_by_peer.add(op)
+                task.cancel()
 
     async def exited(self, when: str) -> BridgeError:
         # Its exit code; not process.wait(), which also waits for pipes a child may hold.
@@ -387,7 +379,7 @@ class _Session:
             else:
                 try:
                     value = await tool.execute(dict(arguments), controller.signal)
-                    content, is_error = _tool_answer(name, value)
+                    content, is_error = _tool_answer(value)
                 except asyncio.CancelledError:
                     if not self.peer_cancelled(op):
                         raise

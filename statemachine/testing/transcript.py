@@ -44,8 +44,9 @@ from statemachine.core.messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
-    message_from_dict,
+    thaw_json,
 )
+from statemachine.core.wire import message_from_dict
 from statemachine.testing._transcript_readers import (
     Call,
     Result,
@@ -559,7 +560,7 @@ def render_transcript(messages: Sequence[Message]) -> str:
             lines.append(f"{i:>3} user: {text!r}")
         elif isinstance(message, AssistantMessage):
             calls = ", ".join(
-                f"{c.name}#{c.id}({json.dumps(dict(c.arguments), sort_keys=True)})"
+                f"{c.name}#{c.id}({json.dumps(thaw_json(c.arguments), sort_keys=True)})"
                 for c in message.tool_calls
             )
             bits = [f"{i:>3} assistant [{message.stop_reason.value}]"]
