@@ -194,7 +194,7 @@ class AsyncioExecutor(ActionLoop):
         task = _start(coro)
         if task is None:
             self._tasks.pop(key, None)
-            self._yield_due = True
+            self._yield_due = True  # see ActionLoop._drive
         else:
             self._tasks[key] = task
 
