@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
+import sys
 from collections.abc import Coroutine, Generator
 from typing import Any
 
 import pytest
 
 import statemachine as sm
+from statemachine.agent.executor import _start
 from statemachine.agent.loop import ActionLoop, Inbox
 from statemachine.core.events import CallModel, InputQueued, Start
 from statemachine.testing import ScriptedModel
@@ -142,3 +145,30 @@ def _seam() -> Generator[tuple[str, tuple[Any, ...]], None, None]:
 def test_an_executor_must_perform_every_kind_of_action(name: str, args: tuple[Any, ...]) -> None:
     with pytest.raises(NotImplementedError):
         getattr(ActionLoop(), name)(*args)
+
+
+@pytest.mark.timeout(10)
+def test_an_operation_destroyed_while_it_waits_closes_quietly() -> None:
+    unraisable: list[Any] = []
+    loop = asyncio.new_event_loop()
+
+    async def waits() -> None:
+        await loop.create_future()
+
+    async def main() -> asyncio.Task[None]:
+        coro = waits()
+        task = _start(coro)
+        assert task is not None
+        coro.close()  # collected first, as garbage of the same collection may be
+        return task
+
+    previous, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        task = loop.run_until_complete(main())
+        loop.close()
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        del task
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert unraisable == []

@@ -128,6 +128,12 @@ class _Resumed:
             try:
                 try:
                     sent = yield value
+                except GeneratorExit:
+                    # Closed (a task destroyed while pending, e.g. abandoned at the
+                    # loop's close): close the coroutine too, which may be closed
+                    # already, being garbage in the same collection.
+                    coro.close()
+                    raise
                 except BaseException as exc:  # noqa: BLE001 - passed on, as the task would
                     value = coro.throw(exc)
                 else:
