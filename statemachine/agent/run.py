@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from statemachine._log import library_logger
+from statemachine.agent.events import _ERRORS as _ERRORS  # for statemachine.cli.diagram
 from statemachine.agent.events import (
-    _ERRORS,
     MessageAdded,
     RunEvent,
     RunFinished,
@@ -62,7 +62,6 @@ from statemachine.core.messages import Message, UserMessage
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
-    "_ERRORS",
     "AfterToolCall",
     "AgentRun",
     "BeforeToolCall",
