@@ -23,6 +23,7 @@ modules above, never from them.
 from statemachine import _shadow  # noqa: F401  # isort: skip
 from statemachine._version import __version__
 from statemachine.agent.model import ModelClient
+from statemachine.agent.resume import resume_agent, resume_run
 from statemachine.agent.run import (
     AgentRun,
     Deny,
@@ -42,8 +43,6 @@ from statemachine.agent.run import (
     TurnStarted,
     current_tool_call,
     report_progress,
-    resume_agent,
-    resume_run,
     run_agent,
     run_agent_sync,
 )

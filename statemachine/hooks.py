@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from statemachine.agent.run import (
+from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
     Deny,

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import statemachine as sm
 import statemachine.engine
 import statemachine.errors
-from statemachine.agent import run as _driver
+from statemachine.agent import resume as _driver
 from statemachine.core import engine as engine_module
 from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
 from statemachine.core.table import Trigger

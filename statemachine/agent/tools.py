@@ -24,7 +24,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Union, overload
 
 import attrs
@@ -124,12 +124,27 @@ def _build_tool(
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
         raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
     summary, param_docs = _parse_docstring(fn.__doc__)
-    signature = inspect.signature(fn)
+    parameters, converters, wants_signal = _parameters(fn, hints, param_docs, where)
+    check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
+    definition = ToolDefinition(
+        name=tool_name,
+        description=description if description is not None else summary,
+        parameters=parameters,
+    )
+    execute = _executor(fn, tool_name, converters, wants_signal)
+    return Tool(definition=definition, execute=execute, **(options or {}))
+
+
+def _parameters(
+    fn: Callable[..., Any], hints: dict[str, Any], param_docs: dict[str, str], where: str
+) -> tuple[dict[str, Any], dict[str, Converter], bool]:
+    """The JSON schema of ``fn``'s arguments, their converters, and whether it takes
+    the call's ``signal``."""
     properties: dict[str, Any] = {}
     required: list[str] = []
     converters: dict[str, Converter] = {}
     wants_signal = False
-    for param in signature.parameters.values():
+    for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise InvalidInputError(f"{where}: *args and **kwargs cannot be tool arguments")
         if param.kind is param.POSITIONAL_ONLY:
@@ -161,12 +176,13 @@ def _build_tool(
     }
     if required:
         parameters["required"] = required
-    check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
-    definition = ToolDefinition(
-        name=tool_name,
-        description=description if description is not None else summary,
-        parameters=parameters,
-    )
+    return parameters, converters, wants_signal
+
+
+def _executor(
+    fn: Callable[..., Any], tool_name: str, converters: dict[str, Converter], wants_signal: bool
+) -> Callable[[dict[str, Any], AbortSignal], Awaitable[ToolReturn]]:
+    """What runs a call of ``fn``: its arguments converted, its result normalised."""
     is_async = inspect.iscoroutinefunction(fn)
 
     async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
@@ -183,7 +199,7 @@ def _build_tool(
         return result_value(result, tool_name)  # data: its JSON (see _signature)
 
     execute.__name__ = f"execute_{tool_name}"
-    return Tool(definition=definition, execute=execute, **(options or {}))
+    return execute
 
 
 @overload

@@ -97,6 +97,29 @@ def _user_parts(content: Sequence[TextContent | ImageContent]) -> str | list[dic
     return parts
 
 
+def _assistant_entry(message: AssistantMessage) -> dict[str, Any] | None:
+    """An assistant message as a Chat Completions entry; ``None`` if it has neither
+    text nor calls (e.g. a response that held only thinking)."""
+    entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    calls = [
+        {
+            "id": normalise_id(call.id, MAX_ID_LENGTH),
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": json.dumps(thaw_json(call.arguments), ensure_ascii=False),
+            },
+        }
+        for call in message.content
+        if isinstance(call, ToolCall)
+    ]
+    if calls:
+        entry["tool_calls"] = calls
+    if entry["content"] is None and not calls:
+        return None
+    return entry
+
+
 def project_messages(
     messages: Sequence[Message], system: str | None = None
 ) -> list[dict[str, Any]]:
@@ -119,24 +142,9 @@ def project_messages(
             parts = _user_parts(message.content) or "(empty message)"
             out.append({"role": "user", "content": parts})
         elif isinstance(message, AssistantMessage):
-            entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
-            calls = [
-                {
-                    "id": normalise_id(call.id, MAX_ID_LENGTH),
-                    "type": "function",
-                    "function": {
-                        "name": call.name,
-                        "arguments": json.dumps(thaw_json(call.arguments), ensure_ascii=False),
-                    },
-                }
-                for call in message.content
-                if isinstance(call, ToolCall)
-            ]
-            if calls:
-                entry["tool_calls"] = calls
-            if entry["content"] is None and not calls:
-                continue  # e.g. a response that held only thinking
-            out.append(entry)
+            entry = _assistant_entry(message)
+            if entry is not None:
+                out.append(entry)
         else:
             text = message.text
             images = [b for b in message.content if isinstance(b, ImageContent)]

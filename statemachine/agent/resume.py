@@ -1,0 +1,241 @@
+"""Resuming a run suspended in ``AwaitingUser``: ``resume_run`` and ``resume_agent``.
+
+A suspended run is a snapshot (``RunResult.snapshot``): it is checked against itself
+and, with a key, against its signature before anything runs; then the person's
+decisions (approvals, or a new message) are the first events of the resumed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from statemachine.agent.events import RunResult
+from statemachine.agent.hooks import BeforeToolCall, Deny, RequireApproval, _call_hook, _describe
+from statemachine.agent.model import ModelClient
+from statemachine.agent.run import AgentRun, _check_tools
+from statemachine.agent.tools import Tool
+from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
+from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
+from statemachine.core.events import ApprovalDecided, Event, InputQueued
+from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.table import TurnState
+from statemachine.core.tools import validate_arguments
+
+__all__ = ["resume_agent", "resume_run"]
+
+
+def resume_run(
+    state: RunResult | Mapping[str, Any],
+    *,
+    model: ModelClient,
+    tools: Sequence[Tool] = (),
+    approvals: Mapping[str, bool | Deny] | None = None,
+    message: str | UserMessage | None = None,
+    max_turns: int | None = None,
+    key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    **kwargs: Any,
+) -> AgentRun:
+    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
+
+    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, so it may come
+    from another process). Give ``approvals`` (call id -> True, False, or a
+    ``Deny`` with the person's reason) for every pending call, or a new ``message``
+    (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
+
+    Before anything runs, the snapshot is checked against itself
+    (``Engine.restore``: its pending calls must be exactly the unanswered calls of its
+    last assistant message) and, with ``key``, against its signature
+    (``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
+    bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
+    tool of every call that may run (else ``UsageError`` naming the missing ones), and
+    the calls' arguments must fit those tools' schemas. When calls may run (resuming
+    with ``approvals``), ``before_tool_call`` is asked again about each of them as the
+    run starts, because the snapshot's record of what it allowed could have been
+    edited: if it now denies a call, or requires approval for a call the snapshot
+    marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
+    suspended under a ``before_tool_call`` hook must be resumed with one.
+    """
+    engine = _restore(state, tools, kwargs.get("logger"), key, max_snapshot_bytes, max_turns)
+    events = _resume_events(engine, approvals, message)
+    if message is not None:
+        # Every open call is answered "not approved": nothing of the batch runs.
+        return AgentRun(model=model, tools=tools, _engine=engine, _resume_events=events, **kwargs)
+    approved = {e.call_id for e in events if isinstance(e, ApprovalDecided) and e.approved}
+    waiting = {call.id for call, _ in engine.pending_approvals()}
+    may_run = [c for c in engine.pending_calls() if c.id in approved or c.id not in waiting]
+    _check_tools_for(may_run, tools)
+    policy = kwargs.get("before_tool_call")
+    if policy is None and engine.check_permissions:
+        raise UsageError(
+            "this run was suspended under a before_tool_call hook: resume it with the hook, "
+            "which is asked again about the calls that may run"
+        )
+    return _ResumedRun(
+        policy=policy,
+        recheck=tuple((c, c.id in waiting) for c in may_run),
+        model=model,
+        tools=tools,
+        _engine=engine,
+        _resume_events=events,
+        **kwargs,
+    )
+
+
+def _restore(
+    state: RunResult | Mapping[str, Any],
+    tools: Sequence[Tool],
+    logger: Any,
+    key: bytes | str | None,
+    max_snapshot_bytes: int,
+    max_turns: int | None,
+) -> Engine:
+    """The engine of the suspended run, checked (``resume_run``)."""
+    snapshot = state.snapshot if isinstance(state, RunResult) else state
+    if snapshot is None:
+        raise UsageError("only a run that stopped in AwaitingUser can be resumed")
+    _check_tools(tools)
+    engine = Engine.restore(
+        snapshot,
+        scheduling={t.name: t.scheduling for t in tools},
+        logger=logger,
+        key=key,
+        max_bytes=max_snapshot_bytes,
+    )
+    if engine.state is not TurnState.AwaitingUser:
+        raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
+    if max_turns is not None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        engine.max_turns = max_turns
+    return engine
+
+
+def _resume_events(
+    engine: Engine,
+    approvals: Mapping[str, bool | Deny] | None,
+    message: str | UserMessage | None,
+) -> list[Event]:
+    events: list[Event] = []
+    pending = [call.id for call, _ in engine.pending_approvals()]
+    for call_id, decision in (approvals or {}).items():
+        if call_id not in pending:
+            raise InvalidInputError(f"call {call_id!r} is not waiting for approval")
+        if isinstance(decision, Deny):
+            events.append(ApprovalDecided(call_id, False, decision.reason))
+        elif isinstance(decision, bool):
+            events.append(ApprovalDecided(call_id, decision))
+        else:
+            raise InvalidInputError("an approval is True, False, or a Deny(reason)")
+    if message is not None:
+        events.append(InputQueued(UserMessage(message) if isinstance(message, str) else message))
+    elif len(events) != len(pending) or not pending:
+        missing = sorted(set(pending) - {e.call_id for e in events if hasattr(e, "call_id")})
+        raise InvalidInputError(
+            "resume needs a decision for every pending call "
+            f"(missing: {', '.join(missing) or 'none are pending'}) or a new message"
+        )
+    return events
+
+
+def _check_tools_for(calls: Sequence[ToolCall], tools: Sequence[Tool]) -> None:
+    """Refuse at once what would otherwise fail inside a tool's task."""
+    by_name = {t.name: t for t in tools}
+    missing = sorted({c.name for c in calls} - by_name.keys())
+    if missing:
+        ids = ", ".join(c.id for c in calls if c.name not in by_name)
+        raise UsageError(
+            f"tools lacks {', '.join(missing)}, needed by the pending call(s) {ids}: "
+            "resume with the tools of the suspended run"
+        )
+    for call in calls:
+        if validate_arguments(by_name[call.name].definition, call.arguments):
+            raise InvalidInputError(
+                f"the arguments of pending call {call.id!r} do not fit the schema of tool "
+                f"{call.name!r} as given now"
+            )
+
+
+async def _ask_policy_again(
+    policy: BeforeToolCall, recheck: Sequence[tuple[ToolCall, bool]]
+) -> None:
+    """Ask the policy about every call of a restored batch that may still run.
+
+    A call may go on only if the policy allows it now: permitted, or, for a call that
+    waits for a person, also "requires approval" (the person decides). Anything else
+    refuses the resume before anything runs; like the run's own dispatch, a hook that
+    raises counts as a denial.
+    """
+    for call, awaits_person in recheck:
+        decision: object
+        try:
+            decision = await _call_hook(policy, call)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
+            decision = Deny(f"the before_tool_call hook raised {_describe(exc)}")
+        if decision is None or (awaits_person and isinstance(decision, RequireApproval)):
+            continue
+        if isinstance(decision, Deny):
+            answer = f"denies it ({decision.reason})"
+        elif isinstance(decision, RequireApproval):
+            answer = "requires a person's approval for it"
+        else:
+            answer = f"returns a {type(decision).__name__}"
+        marked = "waits for approval" if awaits_person else "is marked permitted"
+        raise SnapshotError(
+            f"snapshot.batch: call {call.id!r} ({call.name}) {marked} in the snapshot, but "
+            f"the before_tool_call hook, asked again on resume, {answer}; nothing was run "
+            "(resume with a message instead, or find out who changed the snapshot)"
+        )
+
+
+class _ResumedRun(AgentRun):
+    """A resumed ``AgentRun`` that asks the policy again before it goes on."""
+
+    def __init__(
+        self,
+        *,
+        policy: BeforeToolCall | None,
+        recheck: Sequence[tuple[ToolCall, bool]],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._policy_again = policy
+        self._recheck = tuple(recheck)
+
+    async def run(self) -> RunResult:
+        if self._policy_again is not None:
+            await _ask_policy_again(self._policy_again, self._recheck)
+            self._policy_again = None  # agreed: a second run() is refused by AgentRun
+        return await super().run()
+
+
+async def resume_agent(
+    state: RunResult | Mapping[str, Any],
+    *,
+    model: ModelClient,
+    tools: Sequence[Tool] = (),
+    approvals: Mapping[str, bool | Deny] | None = None,
+    message: str | UserMessage | None = None,
+    max_turns: int | None = None,
+    key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    **kwargs: Any,
+) -> RunResult:
+    """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
+    says what is checked before anything runs)."""
+    run = resume_run(
+        state,
+        model=model,
+        tools=tools,
+        approvals=approvals,
+        message=message,
+        max_turns=max_turns,
+        key=key,
+        max_snapshot_bytes=max_snapshot_bytes,
+        **kwargs,
+    )
+    return await run.run()
