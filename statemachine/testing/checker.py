@@ -317,7 +317,7 @@ _NOT_KEY = frozenset(
         "trace",
         "_log",
         "_machine",
-        "_fsm",
+        "_state",
         "_event",
         "_actions",
         "_tools",
@@ -328,7 +328,7 @@ _NOT_KEY = frozenset(
     }
 )
 # Attributes shared by every copy of an engine: immutable, or plumbing.
-_SHARED = frozenset({"_log", "_machine", "_fsm", "_tools", "_tools_by_name", "journal"})
+_SHARED = frozenset({"_log", "_machine", "_state", "_tools", "_tools_by_name", "journal"})
 
 
 _ATOMIC = (type(None), str, int, float, bool)
@@ -461,7 +461,7 @@ def _restore(engine: Engine, snap: _Snapshot) -> None:
     memo: dict[int, Any] = {}
     for name, value in snap.attributes.items():
         setattr(engine, name, _copy(value, memo))
-    engine._fsm.state = snap.state
+    engine._state = snap.state
 
 
 def _fingerprint(engine: Engine, key: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
@@ -684,7 +684,7 @@ def _observing(
     fire = engine_class._fire
 
     def _fire(self: Engine, trigger: Trigger) -> None:
-        source = self._fsm.state
+        source = self.state
         memo: dict[Guard, bool] = {}
 
         def holds(guard: Guard) -> bool:
