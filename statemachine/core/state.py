@@ -86,10 +86,11 @@ class EngineFields:
         the other.
 
         Messages, calls and records are immutable and shared; every container is
-        copied, and so is each call's bookkeeping. The fork is of the same class; a
-        subclass that adds mutable attributes of its own copies them by overriding
-        ``fork`` (its other attributes are shared). About as cheap as one engine step,
-        so a search can keep a fork of every state it still has to expand.
+        copied, and so is each call's bookkeeping. The fork is of the same class; the
+        lists, dicts and sets a subclass adds are copied (shallowly) and its other
+        attributes shared: a subclass with deeper state of its own overrides ``fork``.
+        About as cheap as one engine step, so a search can keep a fork of every state
+        it still has to expand.
         """
         new = object.__new__(type(self))
         fields = new.__dict__
@@ -104,6 +105,10 @@ class EngineFields:
         fields["_steer"] = list(self._steer)
         fields["_follow_up"] = list(self._follow_up)
         fields["_actions"] = list(self._actions)
+        for name in fields.keys() - _DECLARED:  # a subclass's own attributes
+            value = fields[name]
+            if type(value) in (list, dict, set):
+                fields[name] = value.copy()
         return new
 
     def control_key(self) -> tuple[Any, ...]:
@@ -112,7 +117,8 @@ class EngineFields:
 
         It holds the state and every control field (see the class docstring), not the
         history or the transition log: the engine never reads those back to decide.
-        Compare keys only between engines made with the same tools and scheduling.
+        Attributes a subclass adds are part of it, by ``repr``. Compare keys only
+        between engines made with the same tools and scheduling.
         """
         return (
             self._state,
@@ -131,6 +137,7 @@ class EngineFields:
             tuple(_rendered(m) for m in self._follow_up),
             self._continue_pending,
             self._stop_reason,
+            _extra_key(self.__dict__),
         )
 
 
@@ -155,6 +162,15 @@ CONTROL: Final = frozenset(EngineFields.__annotations__) - CONFIGURATION - RECOR
 # be reused while the entry exists. Bounded: cleared when full (a cache, not a store).
 _REPRS: dict[int, tuple[object, str]] = {}
 _REPRS_MAX: Final = 1 << 16
+
+
+_DECLARED: Final = frozenset(EngineFields.__annotations__)
+
+
+def _extra_key(fields: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A subclass's own attributes, by ``repr`` (none for ``Engine`` itself)."""
+    extra = fields.keys() - _DECLARED
+    return tuple(sorted((name, repr(fields[name])) for name in extra)) if extra else ()
 
 
 def _slot_key(slot: CallSlot) -> tuple[Any, ...]:
