@@ -242,3 +242,15 @@ def test_an_undeclared_field_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Engine, "_setup", with_a_new_field)
     with pytest.raises(AssertionError):
         test_every_field_an_engine_holds_is_declared({})
+
+
+def test_the_engine_does_not_import_transitions() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, statemachine, statemachine.engine\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'transitions'], 'imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
