@@ -50,20 +50,20 @@ _CHECKER_FAST = (
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
     "table": (
-        "statemachine/_table.py",
-        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_production.py "
+        "statemachine/core/table.py",
+        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
         "tests/test_checker_mutants.py "
         f"tests/test_engine.py {_CHECKER_FAST}",
     ),
     "engine": (
-        "statemachine/_engine.py",
-        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_production.py "
+        "statemachine/core/engine.py",
+        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
         "tests/test_engine.py "
         f"tests/test_checker_mutants.py {_CHECKER_FAST}",
     ),
     "driver": (
-        "statemachine/_driver.py",
-        "tests/test_driver.py tests/test_driver_production.py tests/test_abort.py",
+        "statemachine/agent/run.py",
+        "tests/test_driver.py tests/test_driver_hooks_and_batches.py tests/test_abort.py",
     ),
 }
 

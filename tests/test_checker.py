@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from statemachine.cli.check import cli_check
 from statemachine.core.engine import Engine
 from statemachine.core.errors import ProtocolError
 from statemachine.core.events import Action, CancelOperations, Event, ModelResponded, Start
@@ -21,11 +22,7 @@ from statemachine.testing.checker import (
     Bounds,
     CheckReport,
     Config,
-    _canonical_key,
-    _restore,
-    _snapshot,
     check_engine,
-    cli_check,
     write_counterexample,
 )
 
@@ -80,18 +77,17 @@ def test_small_bounds_miss_rows_and_say_which() -> None:
     assert "NOT TAKEN" in report.summary()
 
 
-def test_snapshot_restore_round_trips_the_engine() -> None:
+def test_a_fork_keeps_the_state_the_original_leaves() -> None:
     engine = Engine(tools=[], messages=[UserMessage("hi")], max_turns=2, logger=_quiet())
     engine.handle(Start())
-    snap = _snapshot(engine)
-    key = _canonical_key(engine)
+    kept = engine.fork()
+    key = engine.control_key()
     history = tuple(engine.messages)
     engine.handle(ModelResponded(AssistantMessage([ToolCall("c1", "nope", {})])))
-    assert _canonical_key(engine) != key
-    _restore(engine, snap)
-    assert _canonical_key(engine) == key
-    assert tuple(engine.messages) == history
-    assert engine.state is TurnState.AwaitingModel
+    assert engine.control_key() != key
+    assert kept.control_key() == key
+    assert tuple(kept.messages) == history
+    assert kept.state is TurnState.AwaitingModel
 
 
 # -- the checker can fail: broken engines ---------------------------------------------------

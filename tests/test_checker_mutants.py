@@ -21,6 +21,7 @@ from statemachine.core import engine as _engine
 from statemachine.core import table as _table
 from statemachine.core.table import Guard, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
+from statemachine.testing import _reference
 from statemachine.testing.checker import Bounds, CheckReport, Config, check_engine
 
 S = TurnState
@@ -242,11 +243,11 @@ def installed(rows: Rows) -> Iterator[None]:
         patch.setattr(_engine, "TRANSITIONS", rows)
         patch.setattr(_engine, "_ROWS", dispatch)
         patch.setattr(_engine, "_INTERNAL_FROM", internal)
-        _engine.reference_machine.cache_clear()
+        _reference.reference_machine.cache_clear()
         try:
             yield
         finally:
-            _engine.reference_machine.cache_clear()
+            _reference.reference_machine.cache_clear()
 
 
 def check_mutant(edit: Edit, bounds: Bounds) -> CheckReport:

@@ -28,6 +28,7 @@ import statemachine.engine
 import statemachine.errors
 from statemachine.agent import resume as _driver
 from statemachine.core import engine as engine_module
+from statemachine.core import engine_snapshot
 from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
 from statemachine.core.table import Trigger
 
@@ -644,7 +645,7 @@ def test_the_properties_catch_a_restore_without_its_self_check(
     caught: str,
 ) -> None:
     # The typed readers stay: what the property catches is what the self-check is for.
-    monkeypatch.setattr(Engine, "_check_restored", lambda self: None)
+    monkeypatch.setattr(engine_snapshot, "check_restored", lambda engine: None)
     cases = damaged(["approval", "held-barrier"], ["args-in-batch", "name-in-batch"])
     with pytest.raises(AssertionError, match=caught):
         ONLY_FOUND_WITHOUT_CHECKS(given(case=cases)(prop))()
@@ -884,7 +885,7 @@ def test_an_empty_or_odd_key_is_a_usage_error(key: Any) -> None:
 def test_internal_transitions_that_never_settle_raise_with_the_trace(
     monkeypatch: pytest.MonkeyPatch, row: tuple[S, Trigger], dest: S
 ) -> None:
-    monkeypatch.setattr(Engine, "verify_against_machine", False)  # the table is broken
+    monkeypatch.setattr(Engine, "transition_hook", None)  # the table is broken
     monkeypatch.setitem(engine_module._ROWS, row, ((None, dest),))
     e = _engine()
     e.handle(sm.engine.Start())
@@ -904,7 +905,7 @@ def test_internal_transitions_that_never_settle_raise_with_the_trace(
 @pytest.mark.timeout(10)
 def test_a_guard_that_always_holds_is_caught_by_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     # settled moves Aborting to Aborted; patched to stay, with its guard always true
-    monkeypatch.setattr(Engine, "verify_against_machine", False)
+    monkeypatch.setattr(Engine, "transition_hook", None)
     monkeypatch.setitem(
         engine_module._ROWS,
         (S.Aborting, Trigger.settled),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
-from statemachine.core.engine import Engine, _MachineModel, build_machine
+from statemachine.core.engine import Engine
 from statemachine.core.table import (
     ABSORBING,
     INPUT_TRIGGERS,
@@ -26,6 +26,7 @@ from statemachine.core.table import (
     TurnState,
     rows_from,
 )
+from statemachine.testing._reference import MachineModel, build_machine
 
 S = TurnState
 T = Trigger
@@ -189,7 +190,7 @@ def test_every_non_terminal_state_can_reach_a_terminal_state() -> None:
 
 def _machine(holding: set[Guard], initial: TurnState = S.Ready) -> tuple[Any, Machine]:
     # Any: transitions binds trigger methods on the model at run time.
-    model: Any = _MachineModel()
+    model: Any = MachineModel()
     guards: dict[Guard, Callable[[], bool]] = {
         g: (lambda g=g: g in holding)  # type: ignore[misc]
         for g in Guard

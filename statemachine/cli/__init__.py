@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "statemachine.testing.spec",
         "run the executable specification (the shipped scenarios)",
     ),
-    "check": ("statemachine.testing.checker", "exhaustively check the engine within bounds"),
+    "check": ("statemachine.cli.check", "exhaustively check the engine within bounds"),
     "replay": ("statemachine.cli.replay", "replay and verify a run journal"),
     "diagram": ("statemachine.cli.diagram", "draw the state machine"),
     "trace": ("statemachine.cli.trace", "draw the path a run took"),

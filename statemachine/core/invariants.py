@@ -40,95 +40,100 @@ def history_violations(
     ids are unique. With ``allow_open_tail`` the calls of the *last* assistant
     message may still lack results (a history in the middle of a turn).
     """
-    out: list[Violation] = []
-    seen_ids: dict[str, int] = {}
-    # calls of the current assistant message still waiting for their result, in order
-    open_calls: list[tuple[str, str]] = []
-    open_owner = -1
-    answered: set[str] = set()
+    pairing = _Pairing()
     for index, message in enumerate(messages):
         if isinstance(message, AssistantMessage):
-            for call_id, name in open_calls:
-                out.append(
-                    Violation(
-                        "I1",
-                        open_owner,
-                        f"tool call {call_id!r} ({name}) has no result before the next "
-                        f"assistant message (message {index})",
-                    )
-                )
-            open_calls = []
-            open_owner = index
-            for call in message.tool_calls:
-                if not call.id:
-                    out.append(Violation("I1", index, f"tool call {call.name} has an empty id"))
-                if call.id in seen_ids:
-                    out.append(
-                        Violation(
-                            "I1",
-                            index,
-                            f"tool call id {call.id!r} repeats the id of a call in "
-                            f"message {seen_ids[call.id]}",
-                        )
-                    )
-                else:
-                    seen_ids[call.id] = index
-                open_calls.append((call.id, call.name))
+            pairing.assistant(index, message)
         elif isinstance(message, ToolResultMessage):
-            call_id = message.tool_call_id
-            position = next((i for i, (cid, _) in enumerate(open_calls) if cid == call_id), None)
-            if position is None:
-                if call_id in answered:
-                    out.append(Violation("I1", index, f"a second result for tool call {call_id!r}"))
-                elif call_id in seen_ids:
-                    out.append(
-                        Violation(
-                            "I1",
-                            index,
-                            f"result for tool call {call_id!r} comes after the next "
-                            "assistant message",
-                        )
-                    )
-                else:
-                    out.append(
-                        Violation(
-                            "I1",
-                            index,
-                            f"result for tool call {call_id!r} has no matching call",
-                        )
-                    )
-                continue
-            if position != 0:
-                skipped = ", ".join(repr(cid) for cid, _ in open_calls[:position])
-                out.append(
-                    Violation(
-                        "I2",
-                        index,
-                        f"result for tool call {call_id!r} comes before the result(s) "
-                        f"of earlier call(s) {skipped} of the same assistant message",
-                    )
-                )
-            name = open_calls[position][1]
-            if message.tool_name != name:
-                out.append(
-                    Violation(
-                        "I1",
-                        index,
-                        f"result for tool call {call_id!r} names tool {message.tool_name!r}, "
-                        f"but the call was to {name!r}",
-                    )
-                )
-            del open_calls[position]
-            answered.add(call_id)
+            pairing.result(index, message)
         elif not isinstance(message, UserMessage):
-            out.append(Violation("I8", index, f"not a message: {type(message).__name__}"))
-    if open_calls and not allow_open_tail:
-        for call_id, name in open_calls:
-            out.append(
+            pairing.out.append(Violation("I8", index, f"not a message: {type(message).__name__}"))
+    if not allow_open_tail:
+        pairing.close()
+    return pairing.out
+
+
+class _Pairing:
+    """One pass over a history: which calls wait for their results, and what broke."""
+
+    def __init__(self) -> None:
+        self.out: list[Violation] = []
+        self.seen_ids: dict[str, int] = {}  # call id -> index of the message that made it
+        # calls of the current assistant message still waiting for their result, in order
+        self.open_calls: list[tuple[str, str]] = []
+        self.open_owner = -1
+        self.answered: set[str] = set()
+
+    def assistant(self, index: int, message: AssistantMessage) -> None:
+        """A new assistant message: every call still open lost its chance (I1)."""
+        for call_id, name in self.open_calls:
+            self.out.append(
                 Violation(
                     "I1",
-                    open_owner,
-                    f"tool call {call_id!r} ({name}) has no result",
+                    self.open_owner,
+                    f"tool call {call_id!r} ({name}) has no result before the next "
+                    f"assistant message (message {index})",
                 )
             )
-    return out
+        self.open_calls = []
+        self.open_owner = index
+        for call in message.tool_calls:
+            if not call.id:
+                self.out.append(Violation("I1", index, f"tool call {call.name} has an empty id"))
+            if call.id in self.seen_ids:
+                self.out.append(
+                    Violation(
+                        "I1",
+                        index,
+                        f"tool call id {call.id!r} repeats the id of a call in "
+                        f"message {self.seen_ids[call.id]}",
+                    )
+                )
+            else:
+                self.seen_ids[call.id] = index
+            self.open_calls.append((call.id, call.name))
+
+    def result(self, index: int, message: ToolResultMessage) -> None:
+        """A tool result: it must answer the first open call of its message (I1, I2)."""
+        call_id = message.tool_call_id
+        position = next((i for i, (cid, _) in enumerate(self.open_calls) if cid == call_id), None)
+        if position is None:
+            self.out.append(Violation("I1", index, self._unmatched(call_id)))
+            return
+        if position != 0:
+            skipped = ", ".join(repr(cid) for cid, _ in self.open_calls[:position])
+            self.out.append(
+                Violation(
+                    "I2",
+                    index,
+                    f"result for tool call {call_id!r} comes before the result(s) "
+                    f"of earlier call(s) {skipped} of the same assistant message",
+                )
+            )
+        name = self.open_calls[position][1]
+        if message.tool_name != name:
+            self.out.append(
+                Violation(
+                    "I1",
+                    index,
+                    f"result for tool call {call_id!r} names tool {message.tool_name!r}, "
+                    f"but the call was to {name!r}",
+                )
+            )
+        del self.open_calls[position]
+        self.answered.add(call_id)
+
+    def _unmatched(self, call_id: str) -> str:
+        """Why a result that answers no open call is wrong, in words."""
+        if call_id in self.answered:
+            return f"a second result for tool call {call_id!r}"
+        if call_id in self.seen_ids:
+            return f"result for tool call {call_id!r} comes after the next assistant message"
+        return f"result for tool call {call_id!r} has no matching call"
+
+    def close(self) -> None:
+        """The end of the history: the calls still open have no result (I1)."""
+        for call_id, name in self.open_calls:
+            self.out.append(
+                Violation("I1", self.open_owner, f"tool call {call_id!r} ({name}) has no result")
+            )

@@ -11,8 +11,9 @@ module encodes the same prose again, rule by rule, without reading a single row:
 * ``due(state, holds)``: the internal trigger that must fire now, if any;
 * ``entry_actions(source, dest, ...)``: the actions that entering a state announces.
 
-The checker (``_checker.py``) compares every transition the engine makes, at every
-reachable state and with the guard values of that moment, against these. A row written
+The checker (``checker.py``; the search is ``_explore.py``) compares every transition
+the engine makes, at every reachable state and with the guard values of that moment,
+against these. A row written
 wrong (a wrong destination, two rows in the wrong order, a guard dropped or inverted, a
 row deleted, an abort into the wrong terminal state) is then reported where the table
 and the rules part ways, with the rule the row contradicts. Only the vocabulary (the

@@ -1,0 +1,65 @@
+"""``python -m statemachine check``: the exhaustive checker from the command line."""
+
+from __future__ import annotations
+
+import attrs
+
+from statemachine.cli.common import CommandParser, fail, parse
+from statemachine.testing.checker import (
+    DEFAULT_CONFIGS,
+    Bounds,
+    check_engine,
+    write_counterexample,
+)
+
+__all__ = ["cli_check"]
+
+
+def cli_check(argv: list[str]) -> int:
+    """``python -m statemachine check [--turns N] [--calls M]``."""
+    parser = CommandParser(
+        "check",
+        description="Exhaustively check the engine: every accepted event sequence within "
+        "the bounds, every invariant at every reachable state, every destination against "
+        "the rules, every table row taken.",
+        failed="a finding (an invariant broken, a destination against the rules, a row "
+        "never taken, a dead end)",
+    )
+    parser.add_argument("--turns", type=int, default=3, help="max_turns (default 3)")
+    parser.add_argument("--calls", type=int, default=3, help="tool calls per response (3)")
+    parser.add_argument(
+        "--counterexample",
+        metavar="FILE",
+        help="write the first violation's event path as a journal (replay it to see it)",
+    )
+    parser.add_argument(
+        "--uncapped",
+        action="store_true",
+        help="explore every configuration with --calls (the hooked one is capped at 2)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("snapshot", "replay"),
+        default="snapshot",
+        help="how engines are copied (default snapshot)",
+    )
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    if args.turns < 1 or args.calls < 0:
+        return fail("check", "--turns must be >= 1 and --calls >= 0 (see --help)")
+    configs = DEFAULT_CONFIGS
+    if args.uncapped:
+        configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
+    bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
+    report = check_engine(bounds, strategy=args.strategy)
+    print(report.summary())
+    findings = (*report.violations, *report.dead_ends)
+    if args.counterexample and findings:
+        try:
+            count = write_counterexample(findings[0], args.counterexample, bounds=bounds)
+        except OSError as exc:
+            return fail("check", f"cannot write {args.counterexample}: {exc.strerror or exc}")
+        print(f"wrote {count} event(s) to {args.counterexample}: python -m statemachine replay")
+    print("OK" if report.ok else "FAILED")
+    return 0 if report.ok else 1

@@ -1,0 +1,256 @@
+"""The engine's state: every field declared once, ``fork()`` and ``control_key()``.
+
+``Engine.fork()`` and ``Engine.control_key()`` are the one public way to copy and
+compare an engine (the exhaustive checker uses nothing else). These tests fail when
+an engine holds a field that ``core/state.py`` does not declare, when a fork shares a
+mutable object with its original, or when a fork behaves or snapshots differently
+from the engine it was made from, over random runs in every checker configuration.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from statemachine.core import state as engine_state
+from statemachine.core.batch import CallSlot
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import Action, CallModel, Event
+from statemachine.core.state import EngineFields
+from statemachine.core.table import INPUT_TRIGGERS
+from statemachine.testing._space import (
+    DEFAULT_CONFIGS,
+    EVENT_SOURCES,
+    FIRST_MESSAGE,
+    TOOL,
+    Bounds,
+    _SilentLogger,
+)
+
+BOUNDS = Bounds(turns=3, calls=2)
+SEEDS = range(12)
+OPTIONS = [config.options for config in DEFAULT_CONFIGS]
+
+
+def _engine(options: Any) -> Engine:
+    return Engine(
+        tools=[TOOL], messages=[FIRST_MESSAGE], max_turns=3, logger=_SilentLogger(), **options
+    )
+
+
+def _accepted_step(engine: Engine, rng: random.Random) -> Event | None:
+    """Handle one random candidate event the engine accepts; ``None`` if none is."""
+    candidates = [e for t in INPUT_TRIGGERS for e in EVENT_SOURCES[t](engine, BOUNDS)]
+    rng.shuffle(candidates)
+    for event in candidates:
+        try:
+            engine.handle(event)
+        except ProtocolError:
+            continue
+        return event
+    return None
+
+
+def _run(options: Any, seed: int, steps: int = 30) -> list[Engine]:
+    """One random run; a fork of the engine after every step (the run's states)."""
+    rng = random.Random(seed)
+    engine = _engine(options)
+    states = [engine.fork()]
+    for _ in range(steps):
+        if _accepted_step(engine, rng) is None:
+            break
+        states.append(engine.fork())
+    return states
+
+
+def _outcome(engine: Engine, event: Event) -> Any:
+    """What handling ``event`` did, comparable between two engines."""
+    try:
+        actions = engine.handle(event)
+    except ProtocolError as exc:
+        return ("refused", str(exc))
+    return tuple(_comparable(a) for a in actions)
+
+
+def _comparable(action: Action) -> Any:
+    if isinstance(action, CallModel):  # its history is a view: compare what it shows
+        return ("CallModel", tuple(action.messages), action.tools, action.turn)
+    return action
+
+
+def _picture(engine: Engine) -> Any:
+    """Everything a caller can read from an engine."""
+    try:
+        snapshot: Any = engine.snapshot()
+    except ProtocolError:
+        snapshot = "outstanding"
+    return (
+        engine.state,
+        tuple(engine.messages),
+        tuple(engine.trace),
+        engine.turns,
+        engine.explanation,
+        engine.pending_calls(),
+        engine.pending_approvals(),
+        engine.queued_input(),
+        engine.control_key(),
+        snapshot,
+    )
+
+
+def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
+    for name, value in vars(original).items():
+        copied = vars(fork)[name]
+        if name in engine_state.CONFIGURATION:
+            continue  # fixed for the run: never written after the engine is made
+        if isinstance(value, (list, dict, set, CallSlot)):
+            assert copied is not value, f"the fork shares {name}"
+    for mine, theirs in zip(original._batch, fork._batch, strict=True):
+        assert mine is not theirs, "the fork shares a call's bookkeeping"
+    assert all(fork._slots[s.call.id] is s for s in fork._batch), "the index is not the batch"
+
+
+# -- every field is declared ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_every_field_an_engine_holds_is_declared(options: Any) -> None:
+    declared = set(EngineFields.__annotations__)
+    for seed in SEEDS:
+        for engine in _run(options, seed):
+            assert set(vars(engine)) == declared, set(vars(engine)) ^ declared
+
+
+def test_the_roles_partition_the_declared_fields() -> None:
+    roles = [
+        engine_state.CONFIGURATION,
+        engine_state.RECORD,
+        engine_state.CONTROL,
+        engine_state.TRANSIENT,
+    ]
+    assert set().union(*roles) == set(EngineFields.__annotations__)
+    assert sum(len(r) for r in roles) == len(EngineFields.__annotations__)
+
+
+def test_the_control_key_reads_every_control_field() -> None:
+    source = inspect.getsource(EngineFields.control_key)
+    derived = {"_slots"}  # the batch by call id: the batch itself is keyed
+    missing = {n for n in engine_state.CONTROL - derived if f"self.{n}" not in source}
+    assert not missing, f"control_key leaves out {sorted(missing)}"
+
+
+# -- a fork is independent and behaves like its original -------------------------------------
+
+
+def _check_no_sharing_over_runs(options: Any) -> None:
+    for seed in SEEDS:
+        for engine in _run(options, seed):
+            _assert_no_shared_mutables(engine, engine.fork())
+
+
+def _check_fork_behaves_alike_over_runs(options: Any) -> None:
+    for seed in SEEDS:
+        _check_fork_behaves_alike(options, seed)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_a_fork_shares_no_mutable_object_with_its_original(options: Any) -> None:
+    _check_no_sharing_over_runs(options)
+
+
+def _check_fork_behaves_alike(options: Any, seed: int) -> None:
+    rng = random.Random(seed)
+    engine = _engine(options)
+    for _ in range(rng.randrange(0, 12)):
+        if _accepted_step(engine, rng) is None:
+            break
+    fork = engine.fork()
+    assert _picture(fork) == _picture(engine)
+    # The original goes on alone first: nothing it does may show in the fork.
+    events: list[Event] = []
+    outcomes = []
+    for _ in range(15):
+        before = engine.fork()
+        event = _accepted_step(engine, rng)
+        if event is None:
+            break
+        events.append(event)
+        outcomes.append(_outcome(before, event))
+    for event, outcome in zip(events, outcomes, strict=True):
+        assert _outcome(fork, event) == outcome
+    assert _picture(fork) == _picture(engine)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_fork_behaves_and_snapshots_like_its_original(options: Any, seed: int) -> None:
+    _check_fork_behaves_alike(options, seed)
+
+
+def test_a_subclass_list_is_copied_by_the_fork() -> None:
+    class Noting(Engine):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.notes: list[str] = []
+
+    engine = Noting(tools=[TOOL], messages=[FIRST_MESSAGE], logger=_SilentLogger())
+    fork = engine.fork()
+    engine.notes.append("x")
+    assert fork.notes == []
+    assert engine.control_key() != fork.control_key()  # its own fields are keyed too
+
+
+# -- the checks can fail ---------------------------------------------------------------------
+
+
+def _sharing(name: str) -> Callable[[EngineFields], Any]:
+    fork = EngineFields.fork
+
+    def broken(self: EngineFields) -> Any:
+        out = fork(self)
+        vars(out)[name] = vars(self)[name]  # as if the field were new and forgotten
+        return out
+
+    return broken
+
+
+@pytest.mark.parametrize("name", ["_steer", "_batch", "_history"])
+def test_a_fork_that_forgets_a_field_is_caught(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setattr(EngineFields, "fork", _sharing(name))
+    with pytest.raises(AssertionError, match=f"shares {name}"):
+        _check_no_sharing_over_runs({"check_continue": True})
+
+
+def test_a_shared_field_shows_in_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(EngineFields, "fork", _sharing("_history"))
+    with pytest.raises(AssertionError):
+        _check_fork_behaves_alike_over_runs({})
+
+
+def test_an_undeclared_field_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    setup = Engine._setup
+
+    def with_a_new_field(self: Engine, **kwargs: Any) -> None:
+        setup(self, **kwargs)
+        self._new_field = 0  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(Engine, "_setup", with_a_new_field)
+    with pytest.raises(AssertionError):
+        test_every_field_an_engine_holds_is_declared({})
+
+
+def test_the_engine_does_not_import_transitions() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, statemachine, statemachine.engine\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'transitions'], 'imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
