@@ -43,7 +43,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import INPUT_TRIGGERS, TurnState, rows_from
-from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.journal._journal import (
     Journal,
     JournalError,
@@ -56,6 +56,7 @@ from statemachine.journal._journal import (
     run_agent_journaled,
 )
 from statemachine.testing.checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
+from statemachine.testing.models import ScriptedModel
 
 
 def _quiet() -> Any:
@@ -456,16 +457,6 @@ def test_journaled_and_replayed_runs_are_identical(
 # -- the driver shim and the command ------------------------------------------------------
 
 
-class ScriptedModel:
-    def __init__(self, responses: list[AssistantMessage]) -> None:
-        self.responses = responses
-
-    async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
-    ) -> AssistantMessage:
-        return self.responses.pop(0)
-
-
 async def _echo(arguments: dict[str, Any], signal: AbortSignal) -> str:
     return f"echo {arguments['text']}"
 
@@ -473,10 +464,8 @@ async def _echo(arguments: dict[str, Any], signal: AbortSignal) -> str:
 def test_run_agent_journaled_replays_to_the_same_result(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     model = ScriptedModel(
-        [
-            AssistantMessage([ToolCall("c1", "echo", {"text": "x"}), ToolCall("c2", "nope", {})]),
-            AssistantMessage("finished"),
-        ]
+        AssistantMessage([ToolCall("c1", "echo", {"text": "x"}), ToolCall("c2", "nope", {})]),
+        AssistantMessage("finished"),
     )
     with Journal(path) as journal:
         result = asyncio.run(
@@ -563,7 +552,7 @@ def test_a_resources_function_must_be_given_back_to_replay() -> None:
 def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     model = ScriptedModel(
-        [AssistantMessage([ToolCall("c1", "echo", {"text": "x"})]), AssistantMessage("done")]
+        AssistantMessage([ToolCall("c1", "echo", {"text": "x"})]), AssistantMessage("done")
     )
 
     async def keep_going(messages: Sequence[Message], turn: int) -> None:
