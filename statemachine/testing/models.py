@@ -105,9 +105,9 @@ class _Recording:
         return len(self.requests)
 
     @property
-    def contexts(self) -> list[tuple[Message, ...]]:
+    def contexts(self) -> list[list[Message]]:
         """The messages of each request, in order (``requests`` without the tools)."""
-        return [r.messages for r in self.requests]
+        return [list(r.messages) for r in self.requests]
 
     def _record(self, messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> None:
         self.requests.append(Request(tuple(messages), tuple(tools)))
