@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import random
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
@@ -277,44 +277,23 @@ def run_conformance(
     ``timeout`` bounds one run; ``hang_limit`` is how long a hanging scripted call
     waits to be cancelled.
 
-    The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``,
-    statemachine/testing/clock.py), so hangs, sleeps, grace periods and timeouts cost
-    no real time while nothing else can happen. ``virtual_time=False`` runs them on a
-    plain event loop instead; that is needed for a loop that threads of its own wake
-    up, or that waits for a subprocess to exit. The default (``None``) uses a plain
-    loop only for a loop object with ``needs_real_time = True`` (``bridge_loop``).
+    The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``),
+    so hangs, sleeps, grace periods and timeouts cost no real time. ``virtual_time=False``
+    runs them on a plain event loop, as a loop woken by threads of its own or waiting
+    for a subprocess needs; by default (``None``) only a loop object with
+    ``needs_real_time = True`` (``bridge_loop``) gets one.
 
-    With ``per_property`` each property gets a search of its own (up to
-    ``max_examples`` scenarios each, same seed), so the report holds every property
-    the loop breaks, each with the smallest scenario that breaks *it*; by default one
-    search stops at the first scenario that breaks any of them, and the report lists
-    every property that scenario breaks.
+    With ``per_property`` each property gets a search of its own (same seed), so the
+    report holds every property the loop breaks, each with the smallest scenario that
+    breaks *it*; by default the search stops at the first scenario that breaks any.
     """
     props = _checked_arguments(loop, properties, max_examples)
     strategy = scenarios if scenarios is not None else default_scenarios()
     seed = random.randrange(2**32) if seed is None else seed
     if per_property:
-        reports = [
-            run_conformance(
-                loop,
-                max_examples=max_examples,
-                seed=seed,
-                properties=[name],
-                scenarios=strategy,
-                max_shrink_runs=max_shrink_runs,
-                timeout=timeout,
-                hang_limit=hang_limit,
-                virtual_time=virtual_time,
-            )
-            for name in props
-        ]
-        return ConformanceReport(
-            tuple(f for r in reports for f in r.failures),
-            sum(r.examples_run for r in reports),
-            sum(r.shrink_runs for r in reports),
-            seed,
-            props,
-        )
+        options: dict[str, Any] = {"max_shrink_runs": max_shrink_runs, "timeout": timeout}
+        options |= {"hang_limit": hang_limit, "virtual_time": virtual_time}
+        return _per_property(loop, props, max_examples, seed, strategy, options)
     with runner_for(loop, virtual_time) as runner:
         search = _Search(
             lambda scenario: runner.run(search.runs(scenario)),
@@ -335,6 +314,35 @@ def run_conformance(
         for name, sentences in sorted(problems.items())
     )
     return ConformanceReport(failures, search.generated, search.shrink, seed, props)
+
+
+def _per_property(
+    loop: AgentLoop,
+    props: tuple[str, ...],
+    max_examples: int,
+    seed: int,
+    strategy: st.SearchStrategy[Scenario],
+    options: dict[str, Any],
+) -> ConformanceReport:
+    """One search per property, the same seed for each; their failures together."""
+    reports = [
+        run_conformance(
+            loop,
+            max_examples=max_examples,
+            seed=seed,
+            properties=[name],
+            scenarios=strategy,
+            **options,
+        )
+        for name in props
+    ]
+    return ConformanceReport(
+        tuple(f for r in reports for f in r.failures),
+        sum(r.examples_run for r in reports),
+        sum(r.shrink_runs for r in reports),
+        seed,
+        props,
+    )
 
 
 def _checked_arguments(
