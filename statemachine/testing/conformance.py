@@ -273,9 +273,8 @@ def run_conformance(
     dicts) or a ``RunResult``; ``statemachine.testing.agent_loop()`` adapts
     ``run_agent``. The first scenario that violates one of ``properties`` is shrunk
     (at most ``max_shrink_runs`` more runs) and reported with every property it
-    violates. ``seed`` makes the search repeatable; the report carries the one used.
-    ``timeout`` bounds one run; ``hang_limit`` is how long a hanging scripted call
-    waits to be cancelled.
+    violates. ``seed`` makes the search repeatable (the report carries it); ``timeout``
+    bounds one run; ``hang_limit`` is how long a hanging call waits to be cancelled.
 
     The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``),
     so hangs, sleeps, grace periods and timeouts cost no real time. ``virtual_time=False``
