@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from statemachine.cli.spec import cli_spec
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -19,7 +20,6 @@ from statemachine.core.messages import (
 from statemachine.testing.spec import (
     CATALOG,
     SpecError,
-    cli_spec,
     compact,
     coverage,
     default_spec_dir,
