@@ -27,6 +27,7 @@ from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiab
 from statemachine.core.messages import Message, StopReason
 from statemachine.testing.clock import runner_for
 from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.runner import run_scenario_async
 from statemachine.testing.scenario import (
     DEFAULT_HISTORY,
     KNOWN_TOOLS,
@@ -40,7 +41,6 @@ from statemachine.testing.scenario import (
     Scenario,
     ScriptedCall,
     ToolBehaviour,
-    run_scenario_async,
 )
 from statemachine.testing.strategies import _abort_candidates
 from statemachine.testing.strategies import scenarios as default_scenarios
