@@ -127,6 +127,14 @@ def _history_tuple(value: Iterable[Message]) -> tuple[Message, ...]:
     return tuple(value)
 
 
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _inputs_tuple(value: Iterable[Input]) -> tuple[Input, ...]:
+    return tuple(value)
+
+
 class OnAbort(enum.StrEnum):
     """What a scripted model call or tool does when the run is aborted under it."""
 
@@ -164,7 +172,7 @@ class ToolBehaviour:
     is_error: bool = False  # the tool reports an error itself
     error: str = ""  # with outcome RAISE: raise RuntimeError(error) instead
     bad_output: bool = False  # return a value that is not a result
-    after: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # keys to wait for
+    after: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)  # keys to wait for
     until_abort: bool = False  # work until the abort fires, then do as ``on_abort`` says
     late_by: float = 0.0  # STUBBORN: seconds it goes on after being cancelled
 
@@ -275,11 +283,11 @@ class Hooks:
     deny: Mapping[str, str] = attrs.field(factory=dict)  # policy denials
     advisory: Mapping[str, str] = attrs.field(factory=dict)  # denials the model reads
     approve: Mapping[str, str] = attrs.field(factory=dict)  # calls a person must approve
-    raise_for: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # the hook raises
+    raise_for: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)  # the hook raises
     permissions: bool = False  # install the permission hook
     stop_at_turn: int | None = None  # should_continue says stop at this boundary
     stop_reason: str = "should_continue said stop"
-    inputs: tuple[Input, ...] = attrs.field(default=(), converter=tuple)
+    inputs: tuple[Input, ...] = attrs.field(default=(), converter=_inputs_tuple)
 
 
 @attrs.frozen
