@@ -22,7 +22,6 @@ period is a time, and it runs on the kit's idle-skipping event loop.
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,15 +31,13 @@ import attrs
 from statemachine.agent.run import RunResult
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
-    Message,
     StopReason,
-    UserMessage,
-    message_from_dict,
     message_to_dict,
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
 from statemachine.testing._compact import compact, diff, lines_match
+from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
 from statemachine.testing.runner import agent_loop
 from statemachine.testing.runner import run_scenario as run_record
 from statemachine.testing.scenario import (
@@ -60,6 +57,7 @@ from statemachine.testing.scenario import (
 
 __all__ = [
     "CATALOG",
+    "MAX_SCENARIO_BYTES",
     "Expectations",
     "Spec",
     "SpecError",
@@ -95,14 +93,7 @@ CATALOG: Mapping[str, str] = {
 """What a scenario's ``checks`` may name: the acceptance lines and the invariants."""
 
 
-class SpecError(InvalidInputError):
-    """A scenario file that is not a valid scenario; the message names file and key."""
-
-
 DEFAULT_GRACE_PERIOD = 0.05
-
-MAX_SCENARIO_BYTES = 1024 * 1024
-"""A scenario file larger than this is refused unread (the largest shipped is ~2 KB)."""
 
 HANG_LIMIT = 60.0
 """How long a call that ignores the abort waits to be cancelled: far past any grace
@@ -163,68 +154,6 @@ _TOOL_ON_ABORT = {
 _MODEL_ON_ABORT = {"return": OnAbort.HONOUR, "raise": OnAbort.RAISE, "ignore": OnAbort.HANG}
 
 
-class _Reader:
-    """Typed access to the parsed TOML, with errors that name the file and key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> SpecError:
-        return SpecError(f"{self.path}: {where}: {problem}")
-
-    def table(self, data: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"expected a table, got {type(data).__name__}")
-        extra = sorted(set(data) - allowed)
-        if extra:
-            raise self.fail(
-                where, f"unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})"
-            )
-        return data
-
-    def get(self, data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str,
-            default: Any = None) -> Any:  # fmt: skip
-        if key not in data:
-            return default
-        value = data[key]
-        if isinstance(value, bool) and kind in (int, float, (int, float)):
-            raise self.fail(f"{where}.{key}", "expected a number, got a boolean")
-        if not isinstance(value, kind):
-            names = (
-                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            )
-            raise self.fail(f"{where}.{key}", f"expected {names}, got {type(value).__name__}")
-        return value
-
-    def strings(self, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-        value = self.get(data, key, list, where, [])
-        if not all(isinstance(v, str) for v in value):
-            raise self.fail(f"{where}.{key}", "expected an array of strings")
-        return tuple(value)
-
-
-def _read(path: Path) -> Any:
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_SCENARIO_BYTES + 1)
-        if len(raw) > MAX_SCENARIO_BYTES:
-            raise SpecError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; not a scenario")
-        return tomllib.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _message(reader: _Reader, data: Any, where: str) -> Message:
-    if isinstance(data, str):
-        return UserMessage(data)
-    try:
-        return message_from_dict(data, path=where)
-    except InvalidInputError as exc:
-        raise reader.fail(where, str(exc)) from None
-
-
 class _Loader:
     """One spec file being read into a scenario.
 
@@ -233,7 +162,7 @@ class _Loader:
     call that has it, so ``after``, ``when_tool_starts`` and typed input can name calls.
     """
 
-    def __init__(self, reader: _Reader, top: Mapping[str, Any]) -> None:
+    def __init__(self, reader: Reader, top: Mapping[str, Any]) -> None:
         self.r = reader
         self.top = top
         self.steps = [
@@ -465,8 +394,8 @@ class _Loader:
 def load_scenario(path: str | Path) -> Spec:
     """Read and check one spec file; ``SpecError`` names what is wrong."""
     path = Path(path)
-    reader = _Reader(path)
-    top = reader.table(_read(path), "(top level)", _TOP)
+    reader = Reader(path)
+    top = reader.table(read(path), "(top level)", _TOP)
     name = reader.get(top, "name", str, "(top level)")
     if not name:
         raise reader.fail("name", "every scenario needs a name")
@@ -480,7 +409,7 @@ def load_scenario(path: str | Path) -> Spec:
         )
     run = reader.table(top.get("run", {}), "run", _RUN)
     messages = tuple(
-        _message(reader, m, f"run.messages[{i}]")
+        message(reader, m, f"run.messages[{i}]")
         for i, m in enumerate(reader.get(run, "messages", list, "run", []))
     )
     if not messages:
