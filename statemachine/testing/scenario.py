@@ -320,6 +320,10 @@ class Scenario:
         lines = [f"max_turns={self.max_turns}; abort {self.abort.describe()}"]
         if self.history != DEFAULT_HISTORY:
             lines.append(f"input history: {len(self.history)} messages")
+        if self.tools is not None:
+            lines.append("tools: " + ", ".join(d.name for d in self.tools))
+        if self.hooks is not None:
+            lines.append(f"hooks: {self.hooks!r}")
         for t, turn in enumerate(self.turns, 1):
             head = f"model call {t}: "
             if turn.raises:
@@ -340,6 +344,8 @@ class Scenario:
                     bits.append("invalid arguments")
                 if call.call_id is not None:
                     bits.append(f"id {call.call_id!r}")
+                if call.arguments is not None:
+                    bits.append(f"arguments {dict(call.arguments)!r}")
                 bits.append(b.outcome.value)
                 if b.ticks:
                     bits.append(f"{b.ticks} ticks")
