@@ -31,6 +31,7 @@ from workload import FINAL_TEXT, TOOL_NAME, Outcome, Script, argument, call_id
 
 import statemachine as sm
 import statemachine.messages
+from statemachine import testing as sm_testing
 
 __all__ = ["CONTENDERS", "Contender", "quiet_logger"]
 
@@ -138,39 +139,34 @@ async def _sm_echo(text: str) -> str:
     return text
 
 
-class _ScriptedClient:
-    """A ``statemachine.ModelClient`` that follows the script."""
+def _scripted_client(script: Script) -> sm_testing.FunctionModel:
+    """The library's own fake ``ModelClient`` (``statemachine.testing.FunctionModel``),
+    answering as the script says: one per run, so its record of requests is that run's."""
 
-    def __init__(self) -> None:
-        self.script = Script(0)
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
+    def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
     ) -> sm.AssistantMessage:
-        script = self.script
         turn = script.next_turn()
         if script.wants_tool(turn):
             call = sm.ToolCall(call_id(turn), TOOL_NAME, {"text": argument(turn)})
             return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage(FINAL_TEXT)
 
+    return sm_testing.FunctionModel(answer)
+
 
 class Ours:
     """``statemachine.run_agent``: engine, transition table, invariants, asyncio driver."""
 
     def __init__(self, *, logger: Any = None, default_logger: bool = False) -> None:
-        self.client = _ScriptedClient()
         # None means run_agent's own default logger (silent stdlib logging), measured in a note.
         self.logger = None if default_logger else (logger or quiet_logger())
         self.name = "statemachine run_agent" + (" (default logger)" if default_logger else "")
 
     async def execute(self, script: Script) -> object:
-        self.client.script = script
+        client = _scripted_client(script)
         return await sm.run_agent(
-            model=self.client,
+            model=client,
             messages=[sm.UserMessage("go")],
             tools=[_sm_echo],
             max_turns=script.n,
@@ -199,9 +195,9 @@ class OursTraced(Ours):
         self.name = "statemachine run_agent (traced)"
 
     async def execute(self, script: Script) -> object:
-        self.client.script = script
+        client = _scripted_client(script)
         return await self.tracer.run_agent(
-            model=self.client,
+            model=client,
             messages=[sm.UserMessage("go")],
             tools=[_sm_echo],
             max_turns=script.n,
@@ -220,17 +216,14 @@ class BareTyped:
 
     name = "bare async loop (our types)"
 
-    def __init__(self) -> None:
-        self.client = _ScriptedClient()
-
     async def execute(self, script: Script) -> object:
-        self.client.script = script
+        client = _scripted_client(script)
         tools = {_sm_echo.name: _sm_echo}
         definitions = [_sm_echo.definition]
         signal = sm.AbortSignal()
         messages: list[sm.Message] = [sm.UserMessage("go")]
         for _ in range(script.n):
-            assistant = await self.client.complete(messages, definitions, signal)
+            assistant = await client.complete(messages, definitions, signal)
             messages.append(assistant)
             calls = assistant.tool_calls
             if not calls:

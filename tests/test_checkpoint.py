@@ -8,34 +8,13 @@ every request it receives, so the assertions are about what the model actually s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
-
-Reply = sm.AssistantMessage | Callable[[Sequence[sm.Message]], sm.AssistantMessage]
-
-
-class ScriptedModel:
-    """Answers from a script; records each request's messages and tool names."""
-
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.requests: list[tuple[sm.Message, ...]] = []
-        self.tool_names: list[tuple[str, ...]] = []
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
-    ) -> sm.AssistantMessage:
-        self.requests.append(tuple(messages))
-        self.tool_names.append(tuple(t.name for t in tools))
-        reply = self.replies.pop(0)
-        return reply if isinstance(reply, sm.AssistantMessage) else reply(messages)
+from statemachine.testing import ScriptedModel
 
 
 def call(call_id: str, tool_name: str, /, **arguments: Any) -> sm.ToolCall:
@@ -64,7 +43,9 @@ async def list_files() -> str:
 def test_the_checkpoint_script() -> None:
     """user: 列出工作区文件 → toolCall list_files {} → toolResult → the answer."""
 
-    def answer_from_result(messages: Sequence[sm.Message]) -> sm.AssistantMessage:
+    def answer_from_result(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> sm.AssistantMessage:
         last = messages[-1]
         assert isinstance(last, sm.ToolResultMessage)
         files = last.text.splitlines()
@@ -83,7 +64,7 @@ def test_the_checkpoint_script() -> None:
         sm.AssistantMessage("工作区包含 README.md 和 src/index.ts。"),
     ]
     assert result.final_text == "工作区包含 README.md 和 src/index.ts。"
-    assert model.tool_names == [("list_files",), ("list_files",)]
+    assert [r.tool_names for r in model.requests] == [("list_files",), ("list_files",)]
 
 
 def test_tool_calls_run_even_when_stop_reason_is_not_tool_use() -> None:
@@ -117,7 +98,7 @@ def test_tool_results_reach_the_next_model_request() -> None:
     result = run(model=model, tools=[list_files], messages=[sm.UserMessage("ls")])
 
     assert len(model.requests) == 2
-    first, second = model.requests
+    first, second = (r.messages for r in model.requests)
     assert first == (sm.UserMessage("ls"),)
     assert second == (
         sm.UserMessage("ls"),
@@ -155,7 +136,7 @@ def test_unknown_tool_invalid_arguments_and_exceptions_become_error_results() ->
     assert "arguments.path: 42 is not of type 'string'" in invalid
     assert raised == ("FileNotFoundError: File not found: src/maths.ts. Did you mean src/math.ts?")
     # the second request carried all three errors back to the model
-    assert model.requests[1][-3:] == tuple(results)
+    assert model.requests[1].messages[-3:] == tuple(results)
 
 
 def test_after_abort_every_started_call_has_a_result_and_the_state_is_explainable() -> None:
@@ -254,5 +235,5 @@ def test_all_messages_are_kept_in_the_order_they_happened() -> None:
         sm.AssistantMessage("all done"),
     ]
     # every request was a prefix of the final history: nothing rewritten or reordered
-    for request in model.requests:
+    for request in (r.messages for r in model.requests):
         assert result.messages[: len(request)] == request

@@ -16,6 +16,7 @@ import structlog
 
 import statemachine as sm
 from statemachine.cli.demo import PROMPT, Narrator, cli_demo, demo_model, run_demo
+from statemachine.testing import FunctionModel
 
 TRANSITION = re.compile(r"^    (\w+) -> (\w+) +\((\w+), turn (\d+)\)$")
 
@@ -244,25 +245,24 @@ def test_python_dash_m_runs_it(project: Path) -> None:
     assert "does not exist" in missing.stderr
 
 
-class _UnknownToolModel:
+def _unknown_tool_model() -> FunctionModel:
     """Calls a tool that does not exist, then stops: the engine makes that result."""
 
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
+    def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
     ) -> sm.AssistantMessage:
         if isinstance(messages[-1], sm.ToolResultMessage):
             return sm.AssistantMessage("ok")
         return sm.AssistantMessage([sm.ToolCall("x1", "nope", {})])
+
+    return FunctionModel(answer)
 
 
 def test_results_the_engine_makes_are_narrated_from_the_event_stream() -> None:
     out = io.StringIO()
     narrator = Narrator(out)
     messages = [sm.UserMessage("go")]
-    run = sm.AgentRun(model=_UnknownToolModel(), messages=messages, logger=narrator.logger())
+    run = sm.AgentRun(model=_unknown_tool_model(), messages=messages, logger=narrator.logger())
     result = asyncio.run(narrator.narrate(run, messages))
     output = out.getvalue()
     lines = output.splitlines()

@@ -20,30 +20,27 @@ from structlog.testing import capture_logs
 import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
+from statemachine.testing import FunctionModel
 from statemachine.testing.clock import IdleSkippingLoop
 
 Reply = sm.AssistantMessage | Callable[[sm.AbortSignal], Awaitable[Any]]
 
 
-class ScriptedModel:
-    """Answers from a script: a message, or a coroutine function of the signal."""
+def ScriptedModel(*replies: Reply) -> FunctionModel:
+    """Answers from a script (``DONE`` once it runs out): a message, or a coroutine
+    function of the signal."""
+    script = list(replies)
 
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.calls = 0
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
+    async def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
     ) -> sm.AssistantMessage:
-        self.calls += 1
-        reply = self.replies.pop(0) if self.replies else DONE
+        reply = script.pop(0) if script else DONE
         if isinstance(reply, sm.AssistantMessage):
             return reply
         returned: sm.AssistantMessage = await reply(signal)
         return returned
+
+    return FunctionModel(answer, with_signal=True)
 
 
 def asks(*names: str) -> sm.AssistantMessage:

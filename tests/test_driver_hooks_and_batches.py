@@ -18,23 +18,7 @@ import pytest
 import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
-
-
-class Scripted:
-    """A model that answers from a script and records every context it was sent."""
-
-    def __init__(self, *responses: sm.AssistantMessage) -> None:
-        self.responses = list(responses)
-        self.contexts: list[list[sm.Message]] = []
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
-    ) -> sm.AssistantMessage:
-        self.contexts.append(list(messages))
-        return self.responses.pop(0)
+from statemachine.testing import ScriptedModel as Scripted
 
 
 def asks(*calls: sm.ToolCall) -> sm.AssistantMessage:

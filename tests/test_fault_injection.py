@@ -43,6 +43,7 @@ from statemachine.testing import (
     Execution as KitExecution,
 )
 from statemachine.testing import (
+    FunctionModel,
     ModelTurn,
     RunRecord,
     Scenario,
@@ -237,17 +238,15 @@ class Observer:
         return f"output of {where}"
 
 
-class Model:
-    def __init__(self, observer: Observer) -> None:
-        self.obs = observer
+def Model(observer: Observer) -> FunctionModel:
+    """The plan's model: a ``FunctionModel`` answering model call *n* with turn *n*."""
 
-    async def complete(
-        self,
+    async def answer(
         messages: Sequence[sm.Message],
         tools: Sequence[sm.ToolDefinition],
         signal: sm.AbortSignal,
     ) -> sm.AssistantMessage:
-        obs = self.obs
+        obs = observer
         obs.model_calls += 1
         obs.model_calls_after_abort += obs.abort_fired
         n = obs.model_calls
@@ -272,6 +271,8 @@ class Model:
             message = sm.AssistantMessage([sm.TextContent(text), *calls], stop_reason=stop)
         obs.produced.append(message)
         return message
+
+    return FunctionModel(answer, with_signal=True)
 
 
 # Built once: checking a schema costs more than a whole run.

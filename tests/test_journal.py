@@ -44,7 +44,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import INPUT_TRIGGERS, TurnState, rows_from
-from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.journal import (
     Journal,
@@ -55,6 +55,7 @@ from statemachine.journal import (
 )
 from statemachine.journal._format import JournalHeader
 from statemachine.testing.checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
+from statemachine.testing.models import ScriptedModel
 
 
 def _quiet() -> Any:
@@ -455,16 +456,6 @@ def test_journaled_and_replayed_runs_are_identical(
 # -- the driver shim and the command ------------------------------------------------------
 
 
-class ScriptedModel:
-    def __init__(self, responses: list[AssistantMessage]) -> None:
-        self.responses = responses
-
-    async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
-    ) -> AssistantMessage:
-        return self.responses.pop(0)
-
-
 async def _echo(arguments: dict[str, Any], signal: AbortSignal) -> str:
     return f"echo {arguments['text']}"
 
@@ -472,10 +463,8 @@ async def _echo(arguments: dict[str, Any], signal: AbortSignal) -> str:
 def test_run_agent_journaled_replays_to_the_same_result(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     model = ScriptedModel(
-        [
-            AssistantMessage([ToolCall("c1", "echo", {"text": "x"}), ToolCall("c2", "nope", {})]),
-            AssistantMessage("finished"),
-        ]
+        AssistantMessage([ToolCall("c1", "echo", {"text": "x"}), ToolCall("c2", "nope", {})]),
+        AssistantMessage("finished"),
     )
     with Journal(path) as journal:
         result = asyncio.run(
@@ -562,7 +551,7 @@ def test_a_resources_function_must_be_given_back_to_replay() -> None:
 def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     model = ScriptedModel(
-        [AssistantMessage([ToolCall("c1", "echo", {"text": "x"})]), AssistantMessage("done")]
+        AssistantMessage([ToolCall("c1", "echo", {"text": "x"})]), AssistantMessage("done")
     )
 
     async def keep_going(messages: Sequence[Message], turn: int) -> None:

@@ -20,18 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _RUN = textwrap.dedent(
     """
     import statemachine as sm
-    import statemachine.messages
+    from statemachine.testing import ScriptedModel
 
-    class Model:
-        def __init__(self):
-            self.n = 0
-
-        async def complete(self, messages, tools, signal):
-            self.n += 1
-            if self.n < 3:
-                call = sm.ToolCall(id="same", name="echo", arguments={"text": "hi"})
-                return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
-            return sm.AssistantMessage((sm.TextContent("done"),))
+    call = sm.ToolCall(id="same", name="echo", arguments={"text": "hi"})
+    model = ScriptedModel(call, call, "done")
 
     @sm.tool
     async def echo(text: str) -> str:
@@ -39,7 +31,7 @@ _RUN = textwrap.dedent(
         return text
 
     result = sm.run_agent_sync(
-        model=Model(), tools=[echo], messages=[sm.UserMessage("go")], max_turns=5
+        model=model, tools=[echo], messages=[sm.UserMessage("go")], max_turns=5
     )
     assert result.state is sm.TurnState.Done, result.state
     """

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import enum
 import json
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 import attrs
@@ -17,6 +16,7 @@ import statemachine as sm
 import statemachine.engine
 import statemachine.messages
 from statemachine.agent.signature import compile_annotation
+from statemachine.testing import ScriptedModel
 
 
 class Color(enum.Enum):
@@ -248,19 +248,8 @@ def test_a_value_that_is_not_json_data_is_an_error_result(value: Any, why: str) 
         """Give."""
         return value
 
-    class Model:
-        calls = 0
-
-        async def complete(
-            self, messages: Sequence[sm.Message], tools: Any, signal: Any
-        ) -> sm.AssistantMessage:
-            self.calls += 1
-            if self.calls == 1:
-                call = sm.ToolCall("c1", "give", {})
-                return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
-            return sm.AssistantMessage("done")
-
-    result = sm.run_agent_sync(model=Model(), tools=[give], messages=[sm.UserMessage("go")])
+    model = ScriptedModel(sm.ToolCall("c1", "give", {}), "done")
+    result = sm.run_agent_sync(model=model, tools=[give], messages=[sm.UserMessage("go")])
     (answer,) = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.is_error
     assert f"tool give returned a {type(value).__name__} that is not JSON data: {why}" in (

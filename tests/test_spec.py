@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from statemachine.cli.spec import cli_spec
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -16,10 +17,11 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from statemachine.testing import AbortAt, AbortKind, OnAbort, Scenario, agent_loop
+from statemachine.testing import run_scenario as run_record
 from statemachine.testing.spec import (
     CATALOG,
     SpecError,
-    cli_spec,
     compact,
     coverage,
     default_spec_dir,
@@ -176,6 +178,26 @@ def test_cli_reports_bad_paths_and_files(
             'after = 2\n[expect]\nstate = "Done"\n',
             "continue: unknown key",
         ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[calls.c1]\n'
+            'after = ["c9"]\n[expect]\nstate = "Done"\n',
+            r"calls.c1.after: no model response calls 'c9'",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[abort]\n'
+            'when_tool_starts = "c9"\n[expect]\nstate = "Done"\n',
+            r"abort.when_tool_starts: no model response calls 'c9'",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[[model]]\nhang = true\n'
+            '[expect]\nstate = "Done"\n',
+            r"model\[0\].hang: needs \[abort\] during_model_call = 1",
+        ),
+        (
+            'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[abort]\n'
+            'before_start = true\nduring_model_call = 1\n[expect]\nstate = "Done"\n',
+            "abort: give at most one instant",
+        ),
     ],
 )
 def test_bad_scenarios_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
@@ -218,3 +240,20 @@ def test_compact_form() -> None:
     )
     assert compact(ToolResultMessage("c1", "f", "x\ny", is_error=True)) == "error c1 f: x\ny"
     assert compact(ToolResultMessage("c1", "f", "done")) == "result c1 f: done"
+
+
+def test_a_spec_file_is_a_scenario_of_the_kit() -> None:
+    spec = load_scenario(SPEC_DIR / "abort_while_tools_run.toml")
+    scenario = spec.scenario
+    assert isinstance(scenario, Scenario)
+    assert [d.name for d in scenario.tools or ()] == ["job"]
+    assert scenario.abort == AbortAt(AbortKind.TOOL_START, 1, 2, reason="the user pressed stop")
+    calls = scenario.turns[0].calls
+    assert [c.call_id for c in calls] == ["c1", "c2", "c3"]
+    assert [c.behaviour.on_abort for c in calls] == [OnAbort.FINISH, OnAbort.RAISE, OnAbort.HANG]
+    assert spec.ids == {"t1c0": "c1", "t1c1": "c2", "t1c2": "c3"}
+    # The kit's runner runs it as it runs a generated scenario.
+    record = run_record(agent_loop(grace_period=0.05), scenario, hang_limit=60)
+    assert record.result is not None
+    assert record.result.state.value == spec.expect.state == "Aborted"
+    assert record.finish_order == ("t1c0", "t1c1", "t1c2")

@@ -85,3 +85,30 @@ def test_bad_responses_and_functions_are_refused_clearly() -> None:
     assert "a fake model's response is an AssistantMessage" in result.explanation
     with pytest.raises(sm.UsageError, match="FunctionModel needs a function"):
         FunctionModel("not a function")  # type: ignore[arg-type]
+
+
+def test_a_script_step_may_be_a_function_of_the_context() -> None:
+    def answer(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> str:
+        last = messages[-1]
+        assert isinstance(last, sm.ToolResultMessage)
+        return f"It is {last.text}."
+
+    model = ScriptedModel(sm.ToolCall("c1", "add", {"a": 40, "b": 2}), answer)
+    result = _run(model)
+    assert result.final_text == "It is 42."
+    assert [r.tool_names for r in model.requests] == [("add",), ("add",)]
+    assert model.contexts[0] == [sm.UserMessage("40 + 2?")]
+    assert len(model.contexts[1]) == 3
+
+
+def test_a_function_model_may_be_given_the_abort_signal() -> None:
+    seen: list[bool] = []
+
+    async def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> str:
+        seen.append(signal.aborted)
+        return "done"
+
+    assert _run(FunctionModel(answer, with_signal=True)).final_text == "done"
+    assert seen == [False]

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the checkpoint script: list the workspace files (scripted model, no network)",
     ),
     "spec": (
-        "statemachine.testing.spec",
+        "statemachine.cli.spec",
         "run the executable specification (the shipped scenarios)",
     ),
     "check": ("statemachine.cli.check", "exhaustively check the engine within bounds"),

@@ -55,6 +55,7 @@ from statemachine.testing.properties import (
     check_terminal,
     expected_run,
 )
+from statemachine.testing.runner import agent_loop, run_scenario, run_scenario_async
 from statemachine.testing.scenario import (
     KNOWN_TOOLS,
     UNKNOWN_TOOL,
@@ -67,14 +68,9 @@ from statemachine.testing.scenario import (
     Outcome,
     RunRecord,
     Scenario,
-    ScenarioModel,
-    Scripted,
     ScriptedCall,
     ToolBehaviour,
-    agent_loop,
     call_key,
-    run_scenario,
-    run_scenario_async,
 )
 from statemachine.testing.transcript import (
     Finding,
@@ -83,6 +79,7 @@ from statemachine.testing.transcript import (
     render_transcript,
     transcript_findings,
 )
+from statemachine.testing.world import ScenarioModel, Scripted
 
 if TYPE_CHECKING:
     from statemachine.testing.conformance import ConformanceReport, Failure, run_conformance

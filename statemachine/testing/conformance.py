@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import random
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
@@ -26,6 +27,7 @@ from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiab
 from statemachine.core.messages import Message, StopReason
 from statemachine.testing.clock import runner_for
 from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.runner import run_scenario_async
 from statemachine.testing.scenario import (
     DEFAULT_HISTORY,
     KNOWN_TOOLS,
@@ -39,7 +41,6 @@ from statemachine.testing.scenario import (
     Scenario,
     ScriptedCall,
     ToolBehaviour,
-    run_scenario_async,
 )
 from statemachine.testing.strategies import _abort_candidates
 from statemachine.testing.strategies import scenarios as default_scenarios
@@ -272,23 +273,81 @@ def run_conformance(
     dicts) or a ``RunResult``; ``statemachine.testing.agent_loop()`` adapts
     ``run_agent``. The first scenario that violates one of ``properties`` is shrunk
     (at most ``max_shrink_runs`` more runs) and reported with every property it
-    violates. ``seed`` makes the search repeatable; the report carries the one used.
-    ``timeout`` bounds one run; ``hang_limit`` is how long a hanging scripted call
-    waits to be cancelled.
+    violates. ``seed`` makes the search repeatable (the report carries it); ``timeout``
+    bounds one run; ``hang_limit`` is how long a hanging call waits to be cancelled.
 
-    The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``,
-    statemachine/testing/clock.py), so hangs, sleeps, grace periods and timeouts cost
-    no real time while nothing else can happen. ``virtual_time=False`` runs them on a
-    plain event loop instead; that is needed for a loop that threads of its own wake
-    up, or that waits for a subprocess to exit. The default (``None``) uses a plain
-    loop only for a loop object with ``needs_real_time = True`` (``bridge_loop``).
+    The runs go on an event loop whose clock skips idle waits (``IdleSkippingLoop``),
+    so hangs, sleeps, grace periods and timeouts cost no real time. ``virtual_time=False``
+    runs them on a plain event loop, as a loop woken by threads of its own or waiting
+    for a subprocess needs; by default (``None``) only a loop object with
+    ``needs_real_time = True`` (``bridge_loop``) gets one.
 
-    With ``per_property`` each property gets a search of its own (up to
-    ``max_examples`` scenarios each, same seed), so the report holds every property
-    the loop breaks, each with the smallest scenario that breaks *it*; by default one
-    search stops at the first scenario that breaks any of them, and the report lists
-    every property that scenario breaks.
+    With ``per_property`` each property gets a search of its own (same seed), so the
+    report holds every property the loop breaks, each with the smallest scenario that
+    breaks *it*; by default the search stops at the first scenario that breaks any.
     """
+    props = _checked_arguments(loop, properties, max_examples)
+    strategy = scenarios if scenarios is not None else default_scenarios()
+    seed = random.randrange(2**32) if seed is None else seed
+    if per_property:
+        options: dict[str, Any] = {"max_shrink_runs": max_shrink_runs, "timeout": timeout}
+        options |= {"hang_limit": hang_limit, "virtual_time": virtual_time}
+        return _per_property(loop, props, max_examples, seed, strategy, options)
+    with runner_for(loop, virtual_time) as runner:
+        search = _Search(
+            lambda scenario: runner.run(search.runs(scenario)),
+            loop,
+            props,
+            max_examples=max_examples,
+            max_shrink_runs=max_shrink_runs,
+            timeout=timeout,
+            hang_limit=hang_limit,
+        )
+        found = search.find(strategy, seed)
+        if found is None:
+            return ConformanceReport((), search.generated, 0, seed, props)
+        shrunk = _simplify(found, search.violates)
+        record, problems = search.evaluate(shrunk)
+    failures = tuple(
+        Failure(name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences))
+        for name, sentences in sorted(problems.items())
+    )
+    return ConformanceReport(failures, search.generated, search.shrink, seed, props)
+
+
+def _per_property(
+    loop: AgentLoop,
+    props: tuple[str, ...],
+    max_examples: int,
+    seed: int,
+    strategy: st.SearchStrategy[Scenario],
+    options: dict[str, Any],
+) -> ConformanceReport:
+    """One search per property, the same seed for each; their failures together."""
+    reports = [
+        run_conformance(
+            loop,
+            max_examples=max_examples,
+            seed=seed,
+            properties=[name],
+            scenarios=strategy,
+            **options,
+        )
+        for name in props
+    ]
+    return ConformanceReport(
+        tuple(f for r in reports for f in r.failures),
+        sum(r.examples_run for r in reports),
+        sum(r.shrink_runs for r in reports),
+        seed,
+        props,
+    )
+
+
+def _checked_arguments(
+    loop: AgentLoop, properties: Sequence[str], max_examples: int
+) -> tuple[str, ...]:
+    """The property names, sorted; ``ValueError``/``TypeError`` for a bad argument."""
     props = tuple(sorted(properties))
     unknown = sorted(set(props) - set(PROPERTY_TITLES))
     if unknown:
@@ -299,147 +358,139 @@ def run_conformance(
         raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
     if not callable(loop):
         raise TypeError(f"loop must be an async callable, got {type(loop).__name__}")
-    strategy = scenarios if scenarios is not None else default_scenarios()
-    seed = random.randrange(2**32) if seed is None else seed
-    if per_property:
-        reports = [
-            run_conformance(
-                loop,
-                max_examples=max_examples,
-                seed=seed,
-                properties=[name],
-                scenarios=strategy,
-                max_shrink_runs=max_shrink_runs,
-                timeout=timeout,
-                hang_limit=hang_limit,
-                virtual_time=virtual_time,
-            )
-            for name in props
-        ]
-        return ConformanceReport(
-            tuple(f for r in reports for f in r.failures),
-            sum(r.examples_run for r in reports),
-            sum(r.shrink_runs for r in reports),
-            seed,
-            props,
-        )
-    counts = {"generated": 0, "shrink": 0}
-    found = False
+    return props
 
-    with runner_for(loop, virtual_time) as runner:
-        # The cache also makes the search consistent for a loop whose result varies
-        # between runs (Hypothesis replays examples and would call it flaky): such a
-        # loop is reported through I5 instead.
-        cache: dict[Hashable, tuple[RunRecord, dict[str, list[str]]]] = {}
+
+Verdict: TypeAlias = tuple[RunRecord, dict[str, list[str]]]
+
+
+class _Search:
+    """One search: the scenarios run so far (cached by content), the budgets, and the
+    first failing scenario.
+
+    The cache also makes the search consistent for a loop whose result varies between
+    runs (Hypothesis replays examples and would call it flaky): such a loop is
+    reported through I5 instead.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Scenario], tuple[RunRecord, RunRecord | None]],
+        loop: AgentLoop,
+        props: tuple[str, ...],
+        *,
+        max_examples: int,
+        max_shrink_runs: int,
+        timeout: float,
+        hang_limit: float,
+    ) -> None:
+        self._run, self._loop, self.props = run, loop, props
+        self.max_examples, self.max_shrink_runs = max_examples, max_shrink_runs
+        self.timeout, self.hang_limit = timeout, hang_limit
+        self.generated = 0
+        self.shrink = 0
+        self.found = False
+        self.cache: dict[Hashable, Verdict] = {}
         # A scenario's history holds read-only mappings, so it does not hash: it is
         # keyed by its repr, computed once per history object (the strategies reuse a
         # few); the rest of a scenario hashes, and is cheaper to hash than to repr.
-        histories: dict[int, tuple[tuple[Message, ...], str]] = {}
+        self.histories: dict[int, tuple[tuple[Message, ...], str]] = {}
+        self.first_failure: list[Scenario] = []
+        self.failing_batch: list[Hashable] = []
 
-        def key(scenario: Scenario) -> Hashable:
-            history = scenario.history
-            known = histories.get(id(history))
-            if known is None or known[0] is not history:
-                known = histories[id(history)] = (history, repr(history))
-            return (scenario.turns, scenario.abort, scenario.max_turns, known[1])
+    def key(self, scenario: Scenario) -> Hashable:
+        history = scenario.history
+        known = self.histories.get(id(history))
+        if known is None or known[0] is not history:
+            known = self.histories[id(history)] = (history, repr(history))
+        return (scenario.turns, scenario.abort, scenario.max_turns, known[1])
 
-        def evaluate(
-            scenario: Scenario,
-        ) -> tuple[RunRecord, dict[str, list[str]]]:
-            k = key(scenario)
-            if k in cache:
-                return cache[k]
-            first, second = runner.run(runs(scenario))
-            cache[k] = (first, check_record(first, second, properties=props))
-            return cache[k]
+    def evaluate(self, scenario: Scenario) -> Verdict:
+        k = self.key(scenario)
+        if k not in self.cache:
+            first, second = self._run(scenario)
+            self.cache[k] = (first, check_record(first, second, properties=self.props))
+        return self.cache[k]
 
-        async def runs(scenario: Scenario) -> tuple[RunRecord, RunRecord | None]:
-            # Both runs in one Runner.run: entering and leaving the event loop costs
-            # about as much as a scripted run (more on the main thread, where it also
-            # installs and restores a SIGINT handler).
-            first = await run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
-            if "I5" not in props:
-                return first, None
-            second = await run_scenario_async(
-                loop, scenario, timeout=timeout, hang_limit=hang_limit
-            )
-            return first, second
+    async def runs(self, scenario: Scenario) -> tuple[RunRecord, RunRecord | None]:
+        # Both runs in one Runner.run: entering and leaving the event loop costs
+        # about as much as a scripted run (more on the main thread, where it also
+        # installs and restores a SIGINT handler).
+        options = {"timeout": self.timeout, "hang_limit": self.hang_limit}
+        first = await run_scenario_async(self._loop, scenario, **options)
+        if "I5" not in self.props:
+            return first, None
+        return first, await run_scenario_async(self._loop, scenario, **options)
 
-        def violates(scenario: Scenario) -> bool:
-            nonlocal found
-            if found:
-                k = key(scenario)
-                if k in cache:
-                    return bool(cache[k][1])
-                if counts["shrink"] >= max_shrink_runs:
-                    return False  # budget spent: keep the smallest failure so far
-                counts["shrink"] += 1
-            else:
-                counts["generated"] += 1
-            _, problems = evaluate(scenario)
-            if problems:
-                found = True
-            return bool(problems)
+    def violates(self, scenario: Scenario) -> bool:
+        if self.found:
+            k = self.key(scenario)
+            if k in self.cache:
+                return bool(self.cache[k][1])
+            if self.shrink >= self.max_shrink_runs:
+                return False  # budget spent: keep the smallest failure so far
+            self.shrink += 1
+        else:
+            self.generated += 1
+        _, problems = self.evaluate(scenario)
+        if problems:
+            self.found = True
+        return bool(problems)
 
-        # Hypothesis's own cost is mostly per test case (a few hundred microseconds,
-        # more than drawing a scenario), so each test case is a batch of distinct
-        # scenarios, run in order until one fails. (A unique collection also keeps
-        # Hypothesis from "mutating" a batch by copying one scenario over another,
-        # which would make most of the next batch repeats.)
-        first_failure: list[Scenario] = []
-        failing_batch: list[Hashable] = []
+    def batch_violates(self, batch: list[Scenario]) -> bool:
+        """Run a batch in order until one scenario fails.
 
-        def batch_violates(batch: list[Scenario]) -> bool:
-            if first_failure:
-                # Hypothesis replays the failing test case once more before it
-                # returns: answer from the record, not from the budget (spent when the
-                # failure was the last scenario allowed) nor from a new run.
-                return [key(s) for s in batch] == failing_batch
-            for scenario in batch:
-                if counts["generated"] >= max_examples:
-                    return False
-                if violates(scenario):
-                    first_failure.append(scenario)
-                    failing_batch.extend(key(s) for s in batch)
-                    return True
-            return False
+        Hypothesis's own cost is mostly per test case (a few hundred microseconds,
+        more than drawing a scenario), so each test case is a batch of distinct
+        scenarios. (A unique collection also keeps Hypothesis from "mutating" a batch
+        by copying one scenario over another, which would make most of the next
+        batch repeats.)
+        """
+        if self.first_failure:
+            # Hypothesis replays the failing test case once more before it returns:
+            # answer from the record, not from the budget (spent when the failure was
+            # the last scenario allowed) nor from a new run.
+            return [self.key(s) for s in batch] == self.failing_batch
+        for scenario in batch:
+            if self.generated >= self.max_examples:
+                return False
+            if self.violates(scenario):
+                self.first_failure.append(scenario)
+                self.failing_batch.extend(self.key(s) for s in batch)
+                return True
+        return False
 
-        def search(size: int) -> None:
-            find(
-                st.lists(strategy, min_size=size, max_size=size, unique_by=key),
-                batch_violates,
-                settings=settings(
-                    max_examples=-(-max_examples // size),
-                    database=None,
-                    deadline=None,
-                    phases=[Phase.generate],  # _simplify shrinks (see _candidates)
-                    report_multiple_bugs=False,
-                    suppress_health_check=list(HealthCheck),
-                ),
-                random=random.Random(seed),
-            )
+    def _search(self, strategy: st.SearchStrategy[Scenario], seed: int, size: int) -> None:
+        find(
+            st.lists(strategy, min_size=size, max_size=size, unique_by=self.key),
+            self.batch_violates,
+            settings=settings(
+                max_examples=-(-self.max_examples // size),
+                database=None,
+                deadline=None,
+                phases=[Phase.generate],  # _simplify shrinks (see _candidates)
+                report_multiple_bugs=False,
+                suppress_health_check=list(HealthCheck),
+            ),
+            random=random.Random(seed),
+        )
 
+    def find(self, strategy: st.SearchStrategy[Scenario], seed: int) -> Scenario | None:
+        """The first scenario that breaks a property, or None."""
         try:
             try:
-                search(min(_BATCH, max_examples))
+                self._search(strategy, seed, min(_BATCH, self.max_examples))
             except (InvalidArgument, Unsatisfiable):
                 # A strategy with fewer distinct scenarios than a batch holds (such
                 # as st.just(scenario)): one scenario per test case, as it comes.
-                counts["generated"] = 0
-                search(1)
+                self.generated = 0
+                self._search(strategy, seed, 1)
         except NoSuchExample:
-            return ConformanceReport((), counts["generated"], 0, seed, props)
+            return None
         except Flaky:
             # Hypothesis replays the failing test case and calls the search flaky when
             # the replay differs (a strategy that draws other scenarios from the same
             # bytes). The failure the loop showed is kept: the report is built from it.
-            if not first_failure:
+            if not self.first_failure:
                 raise
-        shrunk = first_failure[0]
-        shrunk = _simplify(shrunk, violates)
-        record, problems = evaluate(shrunk)
-    failures = tuple(
-        Failure(name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences))
-        for name, sentences in sorted(problems.items())
-    )
-    return ConformanceReport(failures, counts["generated"], counts["shrink"], seed, props)
+        return self.first_failure[0]

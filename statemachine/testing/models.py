@@ -6,7 +6,11 @@ result:
 
 - ``ScriptedModel(*responses)`` answers call *n* with ``responses[n-1]``;
 - ``FunctionModel(fn)`` answers with ``fn(messages, tools)``, so the answer can depend on
-  the context (say, on the last tool result).
+  the context (say, on the last tool result); with ``with_signal=True`` it is called
+  ``fn(messages, tools, signal)``, for an answer that waits for or reacts to the abort.
+
+A step of a script may also be such a function (called as ``FunctionModel`` calls it),
+for the one call whose answer depends on what the model was sent.
 
 A response may be written short: a ``str`` is a text answer; a ``ToolCall`` (or a list
 of them, with text blocks if you like) is a tool-calling answer with stop reason
@@ -27,7 +31,7 @@ from statemachine.core.errors import UsageError
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
 
-__all__ = ["FunctionModel", "Request", "Response", "ScriptedModel"]
+__all__ = ["FunctionModel", "ModelFunction", "Request", "Response", "ScriptedModel", "Step"]
 
 Response: TypeAlias = (
     AssistantMessage | str | ToolCall | Sequence[ToolCall | TextContent] | BaseException
@@ -41,6 +45,11 @@ class Request:
 
     messages: tuple[Message, ...]
     tools: tuple[ToolDefinition, ...]
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The names of the tools offered, in order."""
+        return tuple(t.name for t in self.tools)
 
 
 def as_message(response: Response | type[BaseException]) -> AssistantMessage:
@@ -65,6 +74,27 @@ def as_message(response: Response | type[BaseException]) -> AssistantMessage:
     return AssistantMessage(blocks, stop_reason=StopReason.TOOL_USE if has_calls else "stop")
 
 
+ModelFunction: TypeAlias = Callable[..., "Response | Awaitable[Response]"]
+"""``fn(messages, tools)``, or ``fn(messages, tools, signal)`` with ``with_signal``."""
+
+Step: TypeAlias = Response | type[BaseException] | ModelFunction
+"""One step of a script: a response, an exception to raise, or a function deciding it."""
+
+
+async def _answer(
+    step: Step,
+    messages: Sequence[Message],
+    tools: Sequence[ToolDefinition],
+    signal: AbortSignal | None,
+) -> AssistantMessage:
+    if callable(step) and not isinstance(step, type):
+        response = step(messages, tools) if signal is None else step(messages, tools, signal)
+        if inspect.isawaitable(response):
+            response = await response
+        return as_message(response)
+    return as_message(step)
+
+
 class _Recording:
     def __init__(self) -> None:
         self.requests: list[Request] = []
@@ -73,6 +103,11 @@ class _Recording:
     def calls(self) -> int:
         """How many times the model was called."""
         return len(self.requests)
+
+    @property
+    def contexts(self) -> list[list[Message]]:
+        """The messages of each request, in order (``requests`` without the tools)."""
+        return [list(r.messages) for r in self.requests]
 
     def _record(self, messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> None:
         self.requests.append(Request(tuple(messages), tuple(tools)))
@@ -86,7 +121,7 @@ class ScriptedModel(_Recording):
     fails loudly instead of looping.
     """
 
-    def __init__(self, *responses: Response | type[BaseException]) -> None:
+    def __init__(self, *responses: Step) -> None:
         super().__init__()
         self._script = list(responses)
 
@@ -105,28 +140,22 @@ class ScriptedModel(_Recording):
                 f"ScriptedModel: model call {number}, but the script has "
                 f"{len(self._script)} response(s)"
             )
-        return as_message(self._script[number - 1])
-
-
-ModelFunction: TypeAlias = Callable[
-    [Sequence[Message], Sequence[ToolDefinition]], "Response | Awaitable[Response]"
-]
+        return await _answer(self._script[number - 1], messages, tools, None)
 
 
 class FunctionModel(_Recording):
-    """Answers with ``fn(messages, tools)``; ``fn`` may be sync or async."""
+    """Answers with ``fn(messages, tools)`` (``fn(messages, tools, signal)`` with
+    ``with_signal``); ``fn`` may be sync or async."""
 
-    def __init__(self, fn: ModelFunction) -> None:
+    def __init__(self, fn: ModelFunction, *, with_signal: bool = False) -> None:
         if not callable(fn):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
         super().__init__()
         self._fn = fn
+        self._with_signal = with_signal
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
         self._record(messages, tools)
-        response = self._fn(messages, tools)
-        if inspect.isawaitable(response):
-            response = await response
-        return as_message(response)
+        return await _answer(self._fn, messages, tools, signal if self._with_signal else None)

@@ -22,18 +22,21 @@ message order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    StopReason,
-    ToolCall,
-    ToolResultMessage,
-)
+from statemachine.core.messages import AssistantMessage, Message, StopReason, ToolResultMessage
 from statemachine.core.table import TERMINAL, TurnState
+from statemachine.testing._history import (
+    calls_and_results,
+    findings,
+    key_argument,
+    pair_results,
+    pairing_findings,
+    response_findings,
+    result_order_findings,
+)
 from statemachine.testing.scenario import AbortKind, RunRecord, Scenario, call_key
 
 __all__ = [
@@ -119,246 +122,6 @@ def expected_run(scenario: Scenario) -> Expectation:
             )
 
 
-# -- helpers over a transcript ----------------------------------------------------------
-
-
-def _key(call: ToolCall) -> str | None:
-    key = call.arguments.get("key")
-    return key if isinstance(key, str) else None
-
-
-@attrs.frozen
-class _Pair:
-    """A tool call and the result that answers it.
-
-    A result answers the first call of the assistant message before it that has the
-    result's id and no result yet (and, among calls that share the id, the result's
-    tool name), so repeated ids pair by position. A result whose id
-    matches no call of that message answers the first call left without one (a wrong
-    id, one fault, not "a call without a result" plus "a result without a call");
-    ``how`` says which: ``"answered"``, ``"wrong id"``, ``"late"`` (after the next
-    assistant message) or ``"missing"``.
-    """
-
-    call: ToolCall
-    index: int  # the message index of the call's assistant message
-    position: int  # the call's position in that message
-    result: ToolResultMessage | None = None
-    result_index: int = -1
-    how: str = "missing"
-
-
-@attrs.frozen
-class _Stray:
-    """A result that answers no call: a second result, or one before any call."""
-
-    result: ToolResultMessage
-    index: int
-    second: bool
-
-
-def _pair_results(transcript: Sequence[Message]) -> tuple[list[_Pair], list[_Stray]]:
-    """Every tool call with its result (in history order), and the stray results."""
-    pairs: list[_Pair] = []
-    strays: list[_Stray] = []
-    owners = [i for i, m in enumerate(transcript) if isinstance(m, AssistantMessage)]
-    strays += [
-        _Stray(m, j, False)
-        for j, m in enumerate(transcript[: owners[0] if owners else len(transcript)])
-        if isinstance(m, ToolResultMessage)
-    ]
-    for n, owner in enumerate(owners):
-        message = transcript[owner]
-        assert isinstance(message, AssistantMessage)
-        block = [_Pair(c, owner, k) for k, c in enumerate(message.tool_calls)]
-        leftovers: list[tuple[int, ToolResultMessage]] = []
-        end = owners[n + 1] if n + 1 < len(owners) else len(transcript)
-        for j in range(owner + 1, end):
-            result = transcript[j]
-            if not isinstance(result, ToolResultMessage):
-                continue
-            waiting = [p for p in block if p.how == "missing" and p.call.id == result.tool_call_id]
-            # Among calls that share the id, the one to the tool the result names.
-            slot = next((p for p in waiting if p.call.name == result.tool_name), None) or next(
-                iter(waiting), None
-            )
-            if slot is None:
-                leftovers.append((j, result))
-            else:
-                block[slot.position] = attrs.evolve(
-                    slot, result=result, result_index=j, how="answered"
-                )
-        for j, result in leftovers:
-            late = next(
-                (
-                    q
-                    for q, p in enumerate(pairs)
-                    if p.how == "missing" and p.call.id == result.tool_call_id
-                ),
-                None,
-            )
-            if late is not None:
-                pairs[late] = attrs.evolve(pairs[late], result=result, result_index=j, how="late")
-            elif any(
-                p.result is not None and p.call.id == result.tool_call_id for p in pairs + block
-            ):
-                strays.append(_Stray(result, j, True))
-            elif (slot := next((p for p in block if p.how == "missing"), None)) is not None:
-                block[slot.position] = attrs.evolve(
-                    slot, result=result, result_index=j, how="wrong id"
-                )
-            else:
-                strays.append(_Stray(result, j, False))
-        pairs += block
-    return pairs, strays
-
-
-def _next_assistant(transcript: Sequence[Message], index: int) -> int | None:
-    return next(
-        (
-            i
-            for i in range(index + 1, len(transcript))
-            if isinstance(transcript[i], AssistantMessage)
-        ),
-        None,
-    )
-
-
-def _pairing_findings(
-    transcript: Sequence[Message], pairs: list[_Pair], strays: list[_Stray]
-) -> list[tuple[int, str]]:
-    """I1 over the history: each fault once, at the message where it shows."""
-    out: list[tuple[int, str]] = []
-    first_use: dict[str, int] = {}
-    for p in pairs:
-        call = p.call
-        if not call.id:
-            out.append((p.index, f"tool call {call.name} has an empty id"))
-        elif call.id in first_use:
-            out.append(
-                (
-                    p.index,
-                    f"tool call id {call.id!r} repeats the id of a call in message "
-                    f"{first_use[call.id]}",
-                )
-            )
-        else:
-            first_use[call.id] = p.index
-        following = _next_assistant(transcript, p.index)
-        before_next = (
-            f" before the next assistant message (message {following})"
-            if following is not None
-            else ""
-        )
-        if p.how == "missing":
-            out.append((p.index, f"tool call {call.id!r} ({call.name}) has no result{before_next}"))
-        elif p.how == "late":
-            out.append(
-                (
-                    p.index,
-                    f"tool call {call.id!r} ({call.name}) has no result{before_next}: its "
-                    f"result comes later, at message {p.result_index}",
-                )
-            )
-        elif p.how == "wrong id":
-            assert p.result is not None
-            out.append(
-                (
-                    p.result_index,
-                    f"the result has id {p.result.tool_call_id!r}, which no call of message "
-                    f"{p.index} has: the result expected there is that of tool call "
-                    f"{call.id!r} ({call.name})",
-                )
-            )
-        if p.result is not None and p.how != "wrong id" and p.result.tool_name != call.name:
-            out.append(
-                (
-                    p.result_index,
-                    f"result for tool call {call.id!r} names tool {p.result.tool_name!r}, "
-                    f"but the call was to {call.name!r}",
-                )
-            )
-    for stray in strays:
-        call_id = stray.result.tool_call_id
-        out.append(
-            (
-                stray.index,
-                f"a second result for tool call {call_id!r}"
-                if stray.second
-                else f"result for tool call {call_id!r} has no matching call",
-            )
-        )
-    return out
-
-
-def _result_order_findings(pairs: list[_Pair]) -> list[tuple[int, str]]:
-    """I2 over the results of each assistant message: in call order. A call whose
-    result is missing, late or under a wrong id is an I1 fault, left out here; a call
-    reported as skipped is not reported again for the results that follow it."""
-    out: list[tuple[int, str]] = []
-    by_owner: dict[int, list[_Pair]] = {}
-    for p in pairs:
-        if p.how == "answered":
-            by_owner.setdefault(p.index, []).append(p)
-    for answered in by_owner.values():
-        waiting = list(answered)  # in call order
-        known_late: set[int] = set()
-        for p in sorted(answered, key=lambda p: p.result_index):
-            skipped = waiting[: waiting.index(p)]
-            waiting.remove(p)
-            if any(s.position not in known_late for s in skipped):
-                ids = ", ".join(repr(s.call.id) for s in skipped)
-                out.append(
-                    (
-                        p.result_index,
-                        f"result for tool call {p.call.id!r} comes before the result(s) of "
-                        f"earlier call(s) {ids} of the same assistant message",
-                    )
-                )
-                known_late.update(s.position for s in skipped)
-    return out
-
-
-def _calls_and_results(
-    transcript: Sequence[Message], start: int = 0
-) -> list[tuple[ToolCall, ToolResultMessage | None]]:
-    """Each tool call from message ``start`` on with the result that answers it."""
-    return [(p.call, p.result) for p in _pair_results(transcript)[0] if p.index >= start]
-
-
-def _summary(message: AssistantMessage) -> str:
-    """A response in a few words, to say what was expected where another stands."""
-    bits = [f"[{message.stop_reason.value}]"]
-    if message.text:
-        text = message.text if len(message.text) <= 40 else message.text[:37] + "..."
-        bits.append(repr(text))
-    if message.tool_calls:
-        bits.append("calls " + ", ".join(f"{c.name}({_key(c) or '?'})" for c in message.tool_calls))
-    return " ".join(bits)
-
-
-def _responses(numbers: Iterable[int], total: int) -> str:
-    """``model response 2 of 3 is`` or ``model responses 2, 3 of 3 are``."""
-    listed = list(numbers)
-    if len(listed) == 1:
-        return f"model response {listed[0]} of {total} is"
-    return f"model responses {', '.join(map(str, listed))} of {total} are"
-
-
-def _findings(invariant: str, found: list[tuple[int, str]]) -> list[str]:
-    """Sentences in message order."""
-    return [f"{invariant} at message {i}: {text}" for i, text in sorted(found, key=lambda f: f[0])]
-
-
-def _shape(message: AssistantMessage) -> tuple[object, ...]:
-    """A message modulo tool-call ids (a loop may rename empty or repeated ids)."""
-    return (
-        message.text,
-        message.stop_reason,
-        tuple((c.name, dict(c.arguments)) for c in message.tool_calls),
-    )
-
-
 # -- the properties ---------------------------------------------------------------------
 
 
@@ -376,11 +139,11 @@ def check_pairing(record: RunRecord) -> list[str]:
     are unique; a result carries the output of its own call."""
     if record.transcript is None:
         return []
-    pairs, strays = _pair_results(record.transcript)
-    found = _pairing_findings(record.transcript, pairs, strays)
+    pairs, strays = pair_results(record.transcript)
+    found = pairing_findings(record.transcript, pairs, strays)
     executions = {ex.key: ex for ex in record.executions}
     for p in pairs:
-        key = _key(p.call)
+        key = key_argument(p.call)
         ex = executions.get(key) if key is not None else None
         if (
             p.index < len(record.scenario.history)
@@ -401,82 +164,7 @@ def check_pairing(record: RunRecord) -> list[str]:
                     f"{ex.output!r}: a result that arrived must be kept as it is",
                 )
             )
-    return _findings("I1", found)
-
-
-def _response_findings(
-    transcript: Sequence[Message], start: int, produced: Sequence[AssistantMessage]
-) -> list[tuple[int, str]]:
-    """The model's responses in the history, in the order it produced them.
-
-    Each assistant message after the input is matched to a response (modulo ids); the
-    loop's own record of a failed or cut-off call (error or aborted, no calls) is
-    allowed anywhere. A fault is reported once where it shows, and the matching goes
-    on from there: after a response rewritten, dropped, invented or moved, the
-    responses that follow in order are not reported again.
-    """
-    shapes = [_shape(m) for m in produced]
-    total = len(shapes)
-    messages = [
-        (i, m) for i, m in enumerate(transcript[start:], start) if isinstance(m, AssistantMessage)
-    ]
-    out: list[tuple[int, str]] = []
-    placed: set[int] = set()  # responses matched, or already reported
-    position = 0  # the first response not placed yet
-    for n, (index, message) in enumerate(messages):
-        while position in placed:
-            position += 1
-        shape = _shape(message)
-        if position < total and shape == shapes[position]:
-            placed.add(position)
-            continue
-        if message.stop_reason in (StopReason.ERROR, StopReason.ABORTED) and not (
-            message.tool_calls
-        ):
-            continue  # the loop's record of a model call that failed or was cut off
-        later = next(
-            (q for q in range(position + 1, total) if q not in placed and shapes[q] == shape),
-            None,
-        )
-        awaited = position < total and any(
-            _shape(m) == shapes[position] for _, m in messages[n + 1 :]
-        )
-        if later is not None and awaited:
-            text = (
-                f"assistant message {index} is model response {later + 1} of {total}, but "
-                f"response {position + 1} comes after it: messages must appear in the "
-                "order they arrived"
-            )
-            placed.add(later)
-        elif later is not None:
-            text = (
-                f"{_responses(range(position + 1, later + 1), total)} missing from the "
-                f"history: assistant message {index} is response {later + 1}"
-            )
-            placed.update(range(position, later + 1))
-        elif awaited:
-            text = (
-                f"assistant message {index} is not a response of the model: response "
-                f"{position + 1} of {total} ({_summary(produced[position])}) was expected "
-                "there, and comes after it"
-            )
-        elif position < total:
-            text = (
-                f"assistant message {index} is not the model's next response: response "
-                f"{position + 1} of {total} ({_summary(produced[position])}) was expected "
-                "there (messages must appear as they arrived)"
-            )
-            placed.add(position)
-        else:
-            text = (
-                f"assistant message {index} is not a response of the model: all {total} "
-                "of its responses come before it"
-            )
-        out.append((index, text))
-    missing = [q + 1 for q in range(total) if q not in placed]
-    if missing:
-        out.append((len(transcript), f"{_responses(missing, total)} missing from the history"))
-    return out
+    return findings("I1", found)
 
 
 def check_order(record: RunRecord) -> list[str]:
@@ -500,26 +188,21 @@ def check_order(record: RunRecord) -> list[str]:
                 "does not start with it unchanged (the history is append-only)",
             )
         )
-    pairs, _ = _pair_results(transcript)
-    found += _result_order_findings(pairs)
-    found += _response_findings(transcript, len(history), record.produced)
-    return _findings("I2", found)
+    pairs, _ = pair_results(transcript)
+    found += result_order_findings(pairs)
+    found += response_findings(transcript, len(history), record.produced)
+    return findings("I2", found)
 
 
-def check_control(record: RunRecord) -> list[str]:
-    """I3: every call is executed or answered with an error, whatever the stop reason;
-    only calls a correct loop may run are run, once; the loop stops only when the
-    model stops asking for work (or a limit, error or abort ends the run)."""
+def _execution_findings(record: RunRecord, runs: Mapping[str, int]) -> list[str]:
+    """What the tools saw: a call run twice, or run with arguments the schema refuses
+    (judged even when the loop crashed afterwards)."""
     out: list[str] = []
-    runs: dict[str, int] = {}
-    for ex in record.executions:
-        runs[ex.key] = runs.get(ex.key, 0) + 1
     scripted = {
         call_key(t, c): call
         for t, turn in enumerate(record.scenario.turns, 1)
         for c, call in enumerate(turn.calls)
     }
-    # What the tools saw is judged even when the loop crashed afterwards.
     for key, count in sorted(runs.items()):
         if count > 1:
             out.append(f"tool call {key} was executed {count} times")
@@ -529,11 +212,17 @@ def check_control(record: RunRecord) -> list[str]:
                 f"tool call {key} was executed although its arguments fail the tool's "
                 "JSON Schema (it must get an error result instead)"
             )
-    if record.transcript is None:
-        return out
+    return out
+
+
+def _history_findings(
+    record: RunRecord, transcript: Sequence[Message], runs: Mapping[str, int]
+) -> list[str]:
+    """A successful result for a call that never ran; a run call the history lacks."""
+    out: list[str] = []
     seen_keys: set[str] = set()
-    for call, answer in _calls_and_results(record.transcript, len(record.scenario.history)):
-        call_ref = _key(call)
+    for call, answer in calls_and_results(transcript, len(record.scenario.history)):
+        call_ref = key_argument(call)
         if call_ref is not None:
             seen_keys.add(call_ref)
         ran = call_ref is not None and call_ref in runs
@@ -547,6 +236,12 @@ def check_control(record: RunRecord) -> list[str]:
         for key in sorted(runs)
         if key not in seen_keys
     ]
+    return out
+
+
+def _stopping_findings(record: RunRecord, transcript: Sequence[Message]) -> list[str]:
+    """The loop stopped too early or too late, or ended Done with calls unanswered."""
+    out: list[str] = []
     expected = expected_run(record.scenario)
     if record.model_calls < expected.model_calls and not record.abort_fired:
         what = (
@@ -571,11 +266,28 @@ def check_control(record: RunRecord) -> list[str]:
     result = record.result
     if result is not None and result.state is TurnState.Done:
         last_assistant = next(
-            (m for m in reversed(record.transcript) if isinstance(m, AssistantMessage)), None
+            (m for m in reversed(transcript) if isinstance(m, AssistantMessage)), None
         )
         if last_assistant is not None and last_assistant.tool_calls:
             out.append("the run ended Done although the last assistant message has tool calls")
     return out
+
+
+def check_control(record: RunRecord) -> list[str]:
+    """I3: every call is executed or answered with an error, whatever the stop reason;
+    only calls a correct loop may run are run, once; the loop stops only when the
+    model stops asking for work (or a limit, error or abort ends the run)."""
+    runs: dict[str, int] = {}
+    for ex in record.executions:
+        runs[ex.key] = runs.get(ex.key, 0) + 1
+    out = _execution_findings(record, runs)
+    if record.transcript is None:
+        return out
+    return (
+        out
+        + _history_findings(record, record.transcript, runs)
+        + _stopping_findings(record, record.transcript)
+    )
 
 
 def check_terminal(record: RunRecord) -> list[str]:
@@ -629,8 +341,8 @@ def check_abort(record: RunRecord) -> list[str]:
     if record.transcript is None:
         return out
     answered: dict[str, ToolResultMessage | None] = {}
-    for call, result in _calls_and_results(record.transcript, len(record.scenario.history)):
-        key = _key(call)
+    for call, result in calls_and_results(record.transcript, len(record.scenario.history)):
+        key = key_argument(call)
         if key is not None:
             answered[key] = result
     executed = {ex.key for ex in record.executions}

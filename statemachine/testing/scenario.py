@@ -1,25 +1,30 @@
-"""Scenarios: a frozen description of one run, and the deterministic runner.
+"""Scenarios: a frozen description of one run, the one model of the kit and the specs.
 
 A ``Scenario`` says everything that happens *outside* the loop under test: what the
-model answers on each call (text, tool calls with known or unknown names and valid
-or invalid arguments, any stop reason, or a raise), how each tool call behaves
-(return, raise, take some event-loop ticks, honour or ignore the abort signal, hang
-until cancelled), when the caller aborts, and the turn limit. ``run_scenario``
-builds a scripted ``ModelClient`` and scripted ``Tool`` objects from it, runs *any*
-loop of the shape::
+model answers on each call (text, thinking, tool calls with known or unknown names and
+valid, invalid or unreadable arguments, any stop reason, or a raise), how each tool
+call behaves (return or raise, take event-loop ticks, wait for other calls or for the
+abort, honour or ignore the abort, hang until cancelled), when the caller aborts, the
+turn limit, and the hooks a person would install (permissions, a stop rule, messages
+typed while the run goes on). Generated scenarios (``strategies``) use the kit's two
+tools; a spec file (``specs/*.toml``, read by ``spec.py``) is a scenario written by
+hand, with tools of its own and the expectations of its run.
+
+``runner.run_scenario`` builds the scripted model, tools and hooks a scenario
+describes (``world.py``), runs *any* loop of the shape::
 
     async def loop(*, model, tools, messages, max_turns, signal) -> Sequence[Message] | RunResult
 
 and returns a ``RunRecord``: the transcript plus what the scripted model and tools
-observed (which calls really ran, whether their cleanup finished before the loop
-returned, when the abort fired). The properties in ``properties.py`` judge that
-record.
+observed (which calls really ran, what the model was sent, whether cleanup finished
+before the loop returned, when the abort fired). ``properties.py`` judges a record
+against the invariants; ``spec.py`` against a spec's expectations.
 
-Why the scripted tools find their behaviour through a ``key`` argument: a tool's
-``execute`` receives only its arguments and the signal, never the call id (and a
-loop may legitimately rename empty or repeated ids). Every scripted call carries a
-unique ``key`` such as ``"t2c0"`` (turn 2, call 0), so a tool knows which scripted
-call it is executing whatever the loop did to the ids.
+Why the kit's tools find their behaviour through a ``key`` argument: a tool's
+``execute`` receives only its arguments and the signal, never the call id (and a loop
+may legitimately rename empty or repeated ids). Every generated call carries a unique
+``key`` such as ``"t2c0"`` (turn 2, call 0). A call written with arguments of its own
+is found by the order the driver starts the calls of a response in.
 
 Timing is made of event-loop ticks (``await asyncio.sleep(0)``), so that completion
 orders vary between calls yet repeat exactly between runs; real sleeps are at most a
@@ -29,37 +34,38 @@ net (``hang_limit``) so that a loop that never cancels still returns.
 
 from __future__ import annotations
 
-import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeAlias
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from statemachine.agent.run import RunResult, run_agent
+from statemachine.agent.run import RunResult
 from statemachine.agent.tools import Tool
-from statemachine.core.abort import AbortController, AbortSignal
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    StopReason,
-    TextContent,
-    ToolCall,
-    ToolResultMessage,
-    UserMessage,
-    message_from_dict,
-)
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import AssistantMessage, Message, StopReason, UserMessage
 from statemachine.core.tools import ToolDefinition
-from statemachine.testing.clock import runner_for
+
+if TYPE_CHECKING:
+    from statemachine.testing.runner import (
+        ScenarioRunner,
+        agent_loop,
+        run_scenario,
+        run_scenario_async,
+    )
+    from statemachine.testing.world import ScenarioModel, Scripted, scripted_tools
 
 __all__ = [
     "DEFAULT_HISTORY",
     "KNOWN_TOOLS",
+    "TOOL_DEFINITIONS",
     "UNKNOWN_TOOL",
     "AbortAt",
     "AbortKind",
     "AgentLoop",
     "Execution",
+    "Hooks",
+    "Input",
     "ModelTurn",
     "OnAbort",
     "Outcome",
@@ -69,6 +75,7 @@ __all__ = [
     "ScenarioRunner",
     "Scripted",
     "ScriptedCall",
+    "ScriptedToolError",
     "ToolBehaviour",
     "agent_loop",
     "call_key",
@@ -120,12 +127,23 @@ def _history_tuple(value: Iterable[Message]) -> tuple[Message, ...]:
     return tuple(value)
 
 
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _inputs_tuple(value: Iterable[Input]) -> tuple[Input, ...]:
+    return tuple(value)
+
+
 class OnAbort(enum.StrEnum):
     """What a scripted model call or tool does when the run is aborted under it."""
 
     HONOUR = "honour"  # stop promptly (after its cleanup) and report the abort
     IGNORE = "ignore"  # finish the scripted work as if nothing happened
     HANG = "hang"  # never finish on its own: wait until it is cancelled
+    FINISH = "finish"  # a tool: stop cleanly and return its result, kept as it is
+    RAISE = "raise"  # raise an error of its own while stopping
+    STUBBORN = "stubborn"  # a tool: hang, swallow the cancellation, finish too late
 
     def __repr__(self) -> str:
         return f"OnAbort.{self.name}"
@@ -150,6 +168,13 @@ class ToolBehaviour:
     sleep: float = 0.0  # an extra real sleep in seconds (keep it to a few ms)
     on_abort: OnAbort = attrs.field(default=OnAbort.HONOUR, converter=OnAbort)
     cleanup_ticks: int = 0  # ticks its cleanup takes after an abort or cancellation
+    returns: str | None = None  # the result text (default "<tool> output for <key>")
+    is_error: bool = False  # the tool reports an error itself
+    error: str = ""  # with outcome RAISE: raise RuntimeError(error) instead
+    bad_output: bool = False  # return a value that is not a result
+    after: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)  # keys to wait for
+    until_abort: bool = False  # work until the abort fires, then do as ``on_abort`` says
+    late_by: float = 0.0  # STUBBORN: seconds it goes on after being cancelled
 
 
 @attrs.frozen
@@ -165,6 +190,8 @@ class ScriptedCall:
     valid_arguments: bool = True
     call_id: str | None = None
     behaviour: ToolBehaviour = ToolBehaviour()
+    arguments: Mapping[str, Any] | None = None  # as written; None: the generated ``key``
+    parse_error: str | None = None  # the arguments could not be read
 
     @property
     def executable(self) -> bool:
@@ -182,6 +209,9 @@ class ModelTurn:
     raises: bool = False
     ticks: int = 0
     on_abort: OnAbort = attrs.field(default=OnAbort.HONOUR, converter=OnAbort)
+    thinking: str = ""
+    error_message: str | None = None  # what a provider says with stop reason error/aborted
+    error: str = ""  # with ``raises``: the text of the RuntimeError
 
     @property
     def asks_for_work(self) -> bool:
@@ -200,6 +230,7 @@ class AbortKind(enum.StrEnum):
     BEFORE_START = "before_start"  # the signal is aborted before the loop is called
     MODEL_CALL = "model_call"  # as model call ``turn`` (1-based) begins
     TOOL_START = "tool_start"  # as call ``call`` of turn ``turn``'s response starts
+    PERMISSION = "permission"  # while the permission hook is asked about that call
 
     def __repr__(self) -> str:
         return f"AbortKind.{self.name}"
@@ -212,6 +243,7 @@ class AbortAt:
     kind: AbortKind = attrs.field(default=AbortKind.NEVER, converter=AbortKind)
     turn: int = 0
     call: int = 0
+    reason: str = ""  # what the caller says; default: the instant in words
 
     def describe(self) -> str:
         """The instant in words."""
@@ -221,6 +253,8 @@ class AbortAt:
             return "before the loop starts"
         if self.kind is AbortKind.MODEL_CALL:
             return f"during model call {self.turn}"
+        if self.kind is AbortKind.PERMISSION:
+            return f"while tool call {call_key(self.turn, self.call)} is asked about"
         return f"when tool call {call_key(self.turn, self.call)} starts"
 
 
@@ -230,13 +264,44 @@ def call_key(turn: int, index: int) -> str:
 
 
 @attrs.frozen
+class Input:
+    """A message the user types while the run goes on, and when."""
+
+    text: str
+    kind: str = "steer"  # "steer" (next turn boundary) or "follow_up" (instead of stopping)
+    before_start: bool = False
+    model_call: int = 0  # during this model call (1-based)
+    tool_start: str = ""  # when the call with this key starts
+
+
+@attrs.frozen
+class Hooks:
+    """What a person installs around the run: a permission hook (by tool call id), a
+    stop rule, and messages typed while it goes on. A scenario with hooks needs a loop
+    that takes them (``agent_loop``)."""
+
+    deny: Mapping[str, str] = attrs.field(factory=dict)  # policy denials
+    advisory: Mapping[str, str] = attrs.field(factory=dict)  # denials the model reads
+    approve: Mapping[str, str] = attrs.field(factory=dict)  # calls a person must approve
+    raise_for: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)  # the hook raises
+    permissions: bool = False  # install the permission hook
+    stop_at_turn: int | None = None  # should_continue says stop at this boundary
+    stop_reason: str = "should_continue said stop"
+    inputs: tuple[Input, ...] = attrs.field(default=(), converter=_inputs_tuple)
+
+
+@attrs.frozen
 class Scenario:
-    """One run, described completely: model script, tools, abort instant, limit."""
+    """One run, described completely: model script, tools, abort instant, limit,
+    hooks. ``tools`` None offers the kit's tools (``KNOWN_TOOLS``)."""
 
     turns: tuple[ModelTurn, ...] = attrs.field(converter=_turns_tuple)
     abort: AbortAt = AbortAt()
     max_turns: int = 8
     history: tuple[Message, ...] = attrs.field(default=DEFAULT_HISTORY, converter=_history_tuple)
+    tools: tuple[ToolDefinition, ...] | None = None
+    hooks: Hooks | None = None
+    script_must_last: bool = False  # a model call past the script raises instead of answering
 
     def turn(self, number: int) -> ModelTurn | None:
         """The scripted answer to model call ``number`` (1-based); None past the end."""
@@ -255,6 +320,10 @@ class Scenario:
         lines = [f"max_turns={self.max_turns}; abort {self.abort.describe()}"]
         if self.history != DEFAULT_HISTORY:
             lines.append(f"input history: {len(self.history)} messages")
+        if self.tools is not None:
+            lines.append("tools: " + ", ".join(d.name for d in self.tools))
+        if self.hooks is not None:
+            lines.append(f"hooks: {self.hooks!r}")
         for t, turn in enumerate(self.turns, 1):
             head = f"model call {t}: "
             if turn.raises:
@@ -275,6 +344,8 @@ class Scenario:
                     bits.append("invalid arguments")
                 if call.call_id is not None:
                     bits.append(f"id {call.call_id!r}")
+                if call.arguments is not None:
+                    bits.append(f"arguments {dict(call.arguments)!r}")
                 bits.append(b.outcome.value)
                 if b.ticks:
                     bits.append(f"{b.ticks} ticks")
@@ -333,371 +404,41 @@ class RunRecord:
     # A model call that ignored the abort and hung was never cancelled: it gave up by
     # itself after ``hang_limit`` (a tool's is its Execution's ``how``).
     model_hang_expired: bool = False
-
-
-# -- the scripted model and tools ---------------------------------------------------------
-
-
-class _Observer:
-    """Shared bookkeeping of one run: what the model and tools saw."""
-
-    def __init__(self, scenario: Scenario, controller: AbortController, hang_limit: float):
-        self.scenario = scenario
-        self.controller = controller
-        self.hang_limit = hang_limit
-        self.model_calls = 0
-        self.produced: list[AssistantMessage] = []
-        self.raised_at: list[int] = []
-        self.executions: list[Execution] = []
-        self.abort_fired = False
-        self.abort_fired_after = 0
-        self.model_calls_after_abort = 0
-        self.model_hang_expired = False
-
-    def fire_abort(self, where: str) -> None:
-        if not self.abort_fired:
-            self.abort_fired = True
-            self.abort_fired_after = self.model_calls
-            self.controller.abort(f"scenario abort {where}")
-
-
-async def _ticks(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
-def _build_message(scenario: Scenario, number: int, turn: ModelTurn) -> AssistantMessage:
-    content: list[Any] = []
-    if turn.text:
-        content.append(TextContent(turn.text))
-    for c, call in enumerate(turn.calls):
-        key = call_key(number, c)
-        arguments: dict[str, Any] = {"key": key}
-        if not call.valid_arguments:
-            arguments["count"] = "many"  # the schema says integer
-        call_id = f"call_{number}_{c}" if call.call_id is None else call.call_id
-        content.append(ToolCall(call_id, call.tool, arguments))
-    return AssistantMessage(tuple(content), stop_reason=turn.stop_reason)
-
-
-class ScenarioModel:
-    """A ``ModelClient`` that answers model call *n* with ``scenario.turns[n-1]``.
-
-    Its answers do not depend on the context it is sent, so what a correct loop must
-    do follows from the scenario alone. Past the end of the script it answers plain
-    text with no tool call.
-    """
-
-    def __init__(self, observer: _Observer) -> None:
-        self._obs = observer
-
-    @property
-    def calls(self) -> int:
-        """Model calls made so far."""
-        return self._obs.model_calls
-
-    @property
-    def produced(self) -> tuple[AssistantMessage, ...]:
-        """The messages returned so far, in order."""
-        return tuple(self._obs.produced)
-
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-    ) -> AssistantMessage:
-        obs = self._obs
-        if obs.abort_fired:
-            obs.model_calls_after_abort += 1
-        obs.model_calls += 1
-        number = obs.model_calls
-        scenario = obs.scenario
-        turn = scenario.turn(number)
-        abort = scenario.abort
-        if abort.kind is AbortKind.MODEL_CALL and abort.turn == number:
-            obs.fire_abort(f"during model call {number}")
-            # The abort happens while the call is in flight: give the loop one tick
-            # to hear of it before this call can possibly return.
-            await asyncio.sleep(0)
-            behaviour = turn.on_abort if turn is not None else OnAbort.HONOUR
-            if behaviour is OnAbort.HONOUR:
-                # Give the loop a few ticks to forward the abort to this signal; a
-                # provider whose connection is cut reports the abort either way.
-                for _ in range(50):
-                    if signal.aborted:
-                        break
-                    await asyncio.sleep(0)
-                text = turn.text if turn is not None else ""
-                message = AssistantMessage(
-                    (TextContent(text),) if text else (), stop_reason=StopReason.ABORTED
-                )
-                obs.produced.append(message)
-                return message
-            if behaviour is OnAbort.HANG:
-                await asyncio.sleep(obs.hang_limit)
-                obs.model_hang_expired = True
-        if turn is None:
-            message = script_exhausted_message()
-            obs.produced.append(message)
-            return message
-        await _ticks(turn.ticks)
-        if turn.raises:
-            obs.raised_at.append(number)
-            raise RuntimeError(f"scripted model failure on call {number}")
-        message = _build_message(scenario, number, turn)
-        obs.produced.append(message)
-        return message
+    requests: tuple[tuple[Message, ...], ...] = ()  # what the model was sent, per call
+    finish_order: tuple[str, ...] = ()  # keys of the tool calls, in the order they ended
 
 
 class ScriptedToolError(RuntimeError):
     """What a scripted tool with outcome ``raise`` raises."""
 
 
-# Made once: checking a schema costs far more than a whole scripted run.
-_DEFINITIONS: Mapping[str, ToolDefinition] = {
+TOOL_DEFINITIONS: Mapping[str, ToolDefinition] = {
     name: ToolDefinition(
         name, f"Scripted tool {name}: its behaviour follows the scenario.", _PARAMETERS
     )
     for name in KNOWN_TOOLS
 }
+"""The kit's tools. Made once: checking a schema costs far more than a whole run."""
+
+_DEFINITIONS = TOOL_DEFINITIONS
+
+# The scripted world and the runner live in modules of their own, which import this
+# one; they are offered from here too, looked up when first used.
+_ELSEWHERE = {
+    "ScenarioModel": "world",
+    "Scripted": "world",
+    "scripted_tools": "world",
+    "ScenarioRunner": "runner",
+    "agent_loop": "runner",
+    "run_scenario": "runner",
+    "run_scenario_async": "runner",
+}
 
 
-def _make_tool(name: str, observer: _Observer) -> Tool:
-    definition = _DEFINITIONS[name]
+def __getattr__(name: str) -> Any:
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    async def execute(arguments: dict[str, Any], signal: AbortSignal) -> str:
-        obs = observer
-        key = str(arguments.get("key", ""))
-        behaviour = obs.scenario.behaviour(key) or ToolBehaviour()
-        ex = Execution(key, name, len(obs.executions), obs.abort_fired)
-        obs.executions.append(ex)
-        abort = obs.scenario.abort
-        # Every await is inside the try, the first one included: a loop that cancels
-        # the tool as soon as it has started must see it recorded as ended (cancelled).
-        try:
-            if abort.kind is AbortKind.TOOL_START and call_key(abort.turn, abort.call) == key:
-                obs.fire_abort(f"when tool call {key} started")
-                await asyncio.sleep(0)  # as for the model: the abort lands mid-call
-            honour = behaviour.on_abort is OnAbort.HONOUR
-            for _ in range(behaviour.ticks):
-                if honour and signal.aborted:
-                    break
-                await asyncio.sleep(0)
-            if behaviour.sleep and not (honour and signal.aborted):
-                await asyncio.sleep(behaviour.sleep)
-            if behaviour.on_abort is OnAbort.HANG:
-                await asyncio.sleep(obs.hang_limit)
-                ex.how = "hang expired"
-            if honour and signal.aborted:
-                ex.saw_abort = True
-                await _ticks(behaviour.cleanup_ticks)
-                ex.cleanup_done = True
-                ex.how = "aborted"
-                raise ScriptedToolError(f"Operation aborted in {name} ({key})")
-            if behaviour.outcome is Outcome.RAISE:
-                ex.how = "raised"
-                raise ScriptedToolError(f"{name} failed for {key}")
-            output = f"{name} output for {key}"
-            if ex.how == "running":
-                ex.how = "returned"
-            ex.output = output
-            return output
-        except asyncio.CancelledError:
-            ex.how = "cancelled"
-            await _ticks(behaviour.cleanup_ticks)
-            ex.cleanup_done = True
-            raise
-        finally:
-            ex.finished = True
-
-    execute.__name__ = f"scripted_{name}"
-    return Tool(definition, execute)
-
-
-def scripted_tools(observer: _Observer) -> tuple[Tool, ...]:
-    """The scenario's known tools, bound to one run's observer."""
-    return tuple(_make_tool(name, observer) for name in KNOWN_TOOLS)
-
-
-class Scripted:
-    """A scenario's scripted model, tools and abort controller, for driving a loop by
-    hand (``run_scenario`` does this for you and records the outcome)."""
-
-    def __init__(self, scenario: Scenario, *, hang_limit: float = 1.0) -> None:
-        self.controller = AbortController()
-        self._observer = _Observer(scenario, self.controller, hang_limit)
-        self.model = ScenarioModel(self._observer)
-        self.tools = scripted_tools(self._observer)
-        if scenario.abort.kind is AbortKind.BEFORE_START:
-            self._observer.fire_abort("before the loop started")
-
-    @property
-    def signal(self) -> AbortSignal:
-        """The signal to give the loop; the scenario's abort instant fires it."""
-        return self.controller.signal
-
-    @property
-    def executions(self) -> tuple[Execution, ...]:
-        """The tool executions so far, in start order."""
-        return tuple(self._observer.executions)
-
-
-# -- running a loop --------------------------------------------------------------------
-
-
-def _as_messages(value: Any) -> tuple[tuple[Message, ...] | None, RunResult | None, str | None]:
-    """Read what a loop returned: a RunResult, or a sequence of messages or wire dicts."""
-    if isinstance(value, RunResult):
-        return tuple(value.messages), value, None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        return None, None, f"the loop returned a {type(value).__name__}, not a message sequence"
-    out: list[Message] = []
-    for i, item in enumerate(value):
-        if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
-            out.append(item)
-        elif isinstance(item, Mapping):
-            try:
-                out.append(message_from_dict(item, path=f"messages[{i}]"))
-            except ValueError as exc:
-                return None, None, f"the loop returned an unreadable message: {exc}"
-        else:
-            return None, None, f"the loop returned messages[{i}] of type {type(item).__name__}"
-    return tuple(out), None, None
-
-
-async def run_scenario_async(
-    loop: AgentLoop,
-    scenario: Scenario,
-    *,
-    timeout: float = 10.0,
-    hang_limit: float = 1.0,
-) -> RunRecord:
-    """Run ``scenario`` through ``loop`` and record what happened.
-
-    ``timeout`` bounds the whole run (a loop still running then is recorded as not
-    returning); ``hang_limit`` is how long a hanging model call or tool waits to be
-    cancelled before it gives up and finishes on its own (which I6 reports: a loop must
-    cancel a call that ignores the abort, so raise it for a loop whose grace period is
-    longer; on the idle-skipping loop a longer wait costs no real time).
-    """
-    controller = AbortController()
-    obs = _Observer(scenario, controller, hang_limit)
-    model = ScenarioModel(obs)
-    tools = scripted_tools(obs)
-    if scenario.abort.kind is AbortKind.BEFORE_START:
-        obs.fire_abort("before the loop started")
-    transcript: tuple[Message, ...] | None = None
-    result: RunResult | None = None
-    error: str | None = None
-    timed_out = False
-    try:
-        value = await asyncio.wait_for(
-            loop(
-                model=model,
-                tools=tools,
-                messages=list(scenario.history),
-                max_turns=scenario.max_turns,
-                signal=controller.signal,
-            ),
-            timeout,
-        )
-    except TimeoutError:
-        timed_out = True
-        error = f"the loop did not return within {timeout:g} s"
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the runner itself is being cancelled: not the loop's doing
-        error = "CancelledError escaped the loop"
-    except Exception as exc:  # noqa: BLE001 - an escaping exception is what I8 judges
-        error = f"{type(exc).__name__}: {exc}"
-    else:
-        transcript, result, error = _as_messages(value)
-    running = tuple(ex.key for ex in obs.executions if not ex.finished)
-    # Let stragglers the loop abandoned finish, so they cannot leak into the next run.
-    for _ in range(5):
-        if all(ex.finished for ex in obs.executions):
-            break
-        await asyncio.sleep(0)
-    return RunRecord(
-        scenario=scenario,
-        transcript=transcript,
-        result=result,
-        error=error,
-        timed_out=timed_out,
-        model_calls=obs.model_calls,
-        produced=tuple(obs.produced),
-        raised_at=tuple(obs.raised_at),
-        executions=tuple(attrs.evolve(ex) for ex in obs.executions),
-        running_at_return=running,
-        abort_fired=obs.abort_fired,
-        abort_fired_after_model_calls=obs.abort_fired_after,
-        model_calls_after_abort=obs.model_calls_after_abort,
-        model_hang_expired=obs.model_hang_expired,
-    )
-
-
-ScenarioRunner: TypeAlias = Callable[[AgentLoop, Scenario], RunRecord]
-
-
-def run_scenario(
-    loop: AgentLoop,
-    scenario: Scenario,
-    *,
-    timeout: float = 10.0,
-    hang_limit: float = 1.0,
-    virtual_time: bool | None = None,
-) -> RunRecord:
-    """``run_scenario_async`` for code without an event loop (one fresh loop per call).
-
-    ``virtual_time`` as in ``run_conformance``: by default the run goes on an event
-    loop whose clock skips idle waits, unless ``loop.needs_real_time`` is set.
-    """
-    with runner_for(loop, virtual_time) as runner:
-        return runner.run(
-            run_scenario_async(loop, scenario, timeout=timeout, hang_limit=hang_limit)
-        )
-
-
-def agent_loop(*, grace_period: float = 0.02, **run_agent_kwargs: Any) -> AgentLoop:
-    """``statemachine.run_agent`` in the loop shape the kit runs.
-
-    The grace period is short (scripted tools that honour the abort stop within a
-    few ticks) so conformance runs stay fast; the driver's logs are discarded unless
-    ``logger=`` is given, because thousands of runs would otherwise flood the output.
-    """
-    if "logger" not in run_agent_kwargs:
-        run_agent_kwargs["logger"] = _quiet_logger()
-
-    async def loop(
-        *,
-        model: Any,
-        tools: Sequence[Tool],
-        messages: Sequence[Message],
-        max_turns: int,
-        signal: AbortSignal,
-    ) -> RunResult:
-        return await run_agent(
-            model=model,
-            tools=tools,
-            messages=messages,
-            max_turns=max_turns,
-            signal=signal,
-            grace_period=grace_period,
-            **run_agent_kwargs,
-        )
-
-    return loop
-
-
-def _quiet_logger() -> Any:
-    import logging
-
-    import structlog
-
-    return structlog.wrap_logger(
-        structlog.ReturnLogger(),
-        processors=[],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
-    )
+    return getattr(importlib.import_module(f"statemachine.testing.{module}"), name)

@@ -1,62 +1,71 @@
-"""The executable specification: scenario files in ``specs/``, and the runner.
+"""The executable specification: scenario files in ``specs/``, read into scenarios.
 
-This module owns the scenario format (TOML, read with the standard library's
-``tomllib``), the deterministic scripted model, tools and permission hook a scenario
-describes, the comparison of a run with what the scenario expects, and the
-``python -m statemachine spec [PATHS]`` command. ``specs/README.md`` documents the
-format for the people who write scenarios; ``CATALOG`` names what a scenario may
-claim to check (the checkpoint script, the acceptance lines, the invariants I1–I8),
-and the runner reports which of them no scenario covers.
+A spec file (TOML, read with the standard library's ``tomllib``) is a serialisation of
+a ``statemachine.testing.Scenario`` (the model's responses, the tools and how each
+call behaves, the abort instant, the hooks) plus what its run must show
+(``Expectations``: the final state, the transcript, the state trace...). ``load_scenario``
+reads one into a ``Spec``; ``run_scenario`` runs its scenario through the kit's one
+runner (``runner.run_scenario`` with ``agent_loop``, that is the real loop) and
+compares the ``RunRecord`` with the expectations. ``specs/README.md`` documents the
+format for the people who write scenarios; ``CATALOG`` names what a scenario may claim
+to check (the checkpoint script, the acceptance lines, the invariants I1–I8), and
+``coverage`` says which of them no scenario covers. The command is
+``python -m statemachine spec [PATHS]`` (``statemachine/cli/spec.py``).
 
-Scenarios run through the real loop (``AgentRun``, which ``run_agent`` runs; its
-handle lets a scenario steer mid-run). Determinism without clocks: tools that
-must finish in a given order wait for the calls they name (``after``), and an abort
-is pressed and input queued at a named point (before the start, when the model is
-called for the Nth time, when a tool starts, when the permission hook is asked about
-a call), never after a delay. Only the grace period is real time, and a scenario sets it small.
+Determinism without clocks: tools that must finish in a given order wait for the calls
+they name (``after``), and an abort is pressed and input queued at a named point
+(before the start, when the model is called for the Nth time, when a tool starts,
+when the permission hook is asked about a call), never after a delay. Only the grace
+period is a time, and it runs on the kit's idle-skipping event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import difflib
 import json
-import logging
-import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
-from statemachine.agent.run import AgentRun, Deny, RequireApproval, RunResult, Stop
-from statemachine.agent.tools import Tool
-from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, Progress, fail, parse
-from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.agent.run import RunResult
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
-    AssistantMessage,
-    ImageContent,
-    Message,
     StopReason,
-    TextContent,
-    ThinkingContent,
-    ToolCall,
-    UserMessage,
-    message_from_dict,
     message_to_dict,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput, ToolReturn
+from statemachine.core.tools import ToolDefinition
+from statemachine.testing._compact import compact, diff, lines_match
+from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
+from statemachine.testing.runner import agent_loop
+from statemachine.testing.runner import run_scenario as run_record
+from statemachine.testing.scenario import (
+    AbortAt,
+    AbortKind,
+    Hooks,
+    Input,
+    ModelTurn,
+    OnAbort,
+    Outcome,
+    RunRecord,
+    Scenario,
+    ScriptedCall,
+    ToolBehaviour,
+    call_key,
+)
 
 __all__ = [
     "CATALOG",
-    "Scenario",
+    "MAX_SCENARIO_BYTES",
+    "Expectations",
+    "Spec",
     "SpecError",
     "SpecOutcome",
-    "cli_spec",
     "compact",
+    "coverage",
+    "default_spec_dir",
+    "discover",
     "load_scenario",
     "run_scenario",
 ]
@@ -83,139 +92,42 @@ CATALOG: Mapping[str, str] = {
 }
 """What a scenario's ``checks`` may name: the acceptance lines and the invariants."""
 
+
 DEFAULT_GRACE_PERIOD = 0.05
 
-MAX_SCENARIO_BYTES = 1024 * 1024
-"""A scenario file larger than this is refused unread (the largest shipped is ~2 KB)."""
-
-# The runner prints its own verdicts; the engine's events (warnings included: the
-# scenarios provoke them on purpose) would bury them. A filtering logger, not a global
-# structlog configuration, keeps only errors.
-_QUIET = structlog.wrap_logger(
-    None, wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR)
-)
-
-
-class SpecError(InvalidInputError):
-    """A scenario file that is not a valid scenario; the message names file and key."""
-
-
-# -- the compact transcript form ----------------------------------------------------------
-
-
-def _args(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
-
-
-def compact(message: Message) -> str:
-    """One message as one readable string (the form scenarios write transcripts in).
-
-    ``user: TEXT``; ``assistant(STOP): TEXT | call ID NAME {ARGS} | error: MSG``;
-    ``result ID NAME: TEXT`` or ``error ID NAME: TEXT`` for a tool result.
-    """
-    if isinstance(message, UserMessage):
-        return "user: " + " | ".join(
-            b.text if isinstance(b, TextContent) else "[image]" for b in message.content
-        )
-    if isinstance(message, AssistantMessage):
-        parts = []
-        for block in message.content:
-            if isinstance(block, TextContent):
-                parts.append(block.text)
-            elif isinstance(block, ThinkingContent):
-                parts.append(
-                    "thinking: (redacted)" if block.redacted else f"thinking: {block.thinking}"
-                )
-            elif isinstance(block, ToolCall):
-                unreadable = (
-                    "" if block.parse_error is None else f" (unreadable: {block.parse_error})"
-                )
-                parts.append(f"call {block.id} {block.name} {_args(block.arguments)}{unreadable}")
-        if message.error_message is not None:
-            parts.append(f"error: {message.error_message}")
-        return f"assistant({message.stop_reason.value}): " + " | ".join(parts)
-    kind = "error" if message.is_error else "result"
-    text = " | ".join(
-        b.text if isinstance(b, TextContent) else "[image]"
-        for b in message.content
-        if isinstance(b, (TextContent, ImageContent))
-    )
-    return f"{kind} {message.tool_call_id} {message.tool_name}: {text}"
-
-
-def _matches(expected: str, actual: str) -> bool:
-    # "..." at the end of an expected line stands for any rest (long error texts).
-    if expected.endswith("..."):
-        return actual.startswith(expected[:-3])
-    return expected == actual
-
-
-def _lines_match(expected: Sequence[str], actual: Sequence[str]) -> bool:
-    return len(expected) == len(actual) and all(
-        _matches(e, a) for e, a in zip(expected, actual, strict=True)
-    )
-
-
-def _diff(label: str, expected: Sequence[str], actual: Sequence[str]) -> str:
-    # One JSON string per line, so a message with newlines stays one diff line.
-    shown = [a if not _matches(e, a) else e for e, a in zip(expected, actual, strict=False)]
-    shown += list(actual[len(expected) :])
-    lines = difflib.unified_diff(
-        [json.dumps(e, ensure_ascii=False) for e in expected],
-        [json.dumps(a, ensure_ascii=False) for a in shown],
-        fromfile=f"expected {label}",
-        tofile=f"actual {label}",
-        lineterm="",
-    )
-    return "\n".join(lines)
-
-
-# -- the scenario ---------------------------------------------------------------------------
+HANG_LIMIT = 60.0
+"""How long a call that ignores the abort waits to be cancelled: far past any grace
+period a spec sets, and free on the idle-skipping loop."""
 
 
 @attrs.frozen
-class ModelStep:
-    """One scripted model call: a response, a raise, or a wait for the abort."""
+class Expectations:
+    """What the run of a spec must show; an absent field is not checked."""
 
-    response: AssistantMessage | None
-    raises: str | None
-    hang: bool
-    on_abort: str  # "return" | "raise" | "ignore"
-
-
-@attrs.frozen
-class CallBehaviour:
-    """How the tool behaves for one call id."""
-
-    returns: str | None = None
-    raises: str | None = None
-    is_error: bool = False
-    bad_output: bool = False
-    after: tuple[str, ...] = ()
-    hang: bool = False
-    on_abort: str = "finish"  # "finish" | "raise" | "ignore" | "stubborn"
+    state: str
+    turns: int | None = None
+    states: tuple[str, ...] | None = None  # the state trace, repeats collapsed
+    transitions: tuple[str, ...] | None = None  # "Source --trigger--> Dest"
+    transcript: tuple[str, ...] | None = None  # compact form
+    messages: tuple[Any, ...] | None = None  # wire form
+    explanation_contains: tuple[str, ...] = ()
+    requests: tuple[Mapping[str, Any], ...] = ()  # {turn, tail}: what the model saw
+    finished: tuple[str, ...] | None = None  # call ids, in the order their tools ended
+    repeat: int = 1  # runs that must all be identical (I5)
 
 
 @attrs.frozen
-class Scenario:
-    """A parsed scenario file."""
+class Spec:
+    """A parsed spec file: its scenario, its expectations, and what it claims to check."""
 
     path: Path
     name: str
     checks: tuple[str, ...]
     description: str
-    messages: tuple[Message, ...]
-    max_turns: int
+    scenario: Scenario
+    expect: Expectations
     grace_period: float
-    tools: tuple[ToolDefinition, ...]
-    tool_defaults: Mapping[str, CallBehaviour]
-    calls: Mapping[str, CallBehaviour]
-    model: tuple[ModelStep, ...]
-    abort: Mapping[str, Any]
-    permissions: Mapping[str, Any] | None
-    expect: Mapping[str, Any]
-    inputs: tuple[Mapping[str, Any], ...] = ()
-    should_continue: Mapping[str, Any] | None = None
+    ids: Mapping[str, str]  # call key -> the call id the file gave it
 
 
 _TOP = {"name", "checks", "description", "run", "tools", "calls", "model", "abort"}
@@ -225,6 +137,7 @@ _TOOL = {"name", "description", "parameters", "returns", "raises", "is_error", "
 _CALL = {"returns", "raises", "is_error", "bad_output", "after", "hang", "on_abort"}
 _MODEL = {"text", "thinking", "stop_reason", "tool_calls", "error_message", "raises", "hang"}
 _MODEL |= {"on_abort"}
+_TOOL_CALL = {"id", "name", "arguments", "parse_error"}
 _ABORT = {"before_start", "during_model_call", "when_tool_starts", "reason"}
 _PERMISSIONS = {"deny", "advisory", "approve", "raise_for", "abort_at"}
 _INPUT = {"kind", "text", "before_start", "during_model_call", "when_tool_starts"}
@@ -232,130 +145,257 @@ _CONTINUE = {"stop_at_turn", "reason"}
 _EXPECT = {"state", "turns", "states", "transitions", "transcript", "messages"}
 _EXPECT |= {"explanation_contains", "requests", "repeat", "finished"}
 
-
-class _Reader:
-    """Typed access to the parsed TOML, with errors that name the file and key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> SpecError:
-        return SpecError(f"{self.path}: {where}: {problem}")
-
-    def table(self, data: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"expected a table, got {type(data).__name__}")
-        extra = sorted(set(data) - allowed)
-        if extra:
-            raise self.fail(
-                where, f"unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})"
-            )
-        return data
-
-    def get(self, data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str,
-            default: Any = None) -> Any:  # fmt: skip
-        if key not in data:
-            return default
-        value = data[key]
-        if isinstance(value, bool) and kind in (int, float, (int, float)):
-            raise self.fail(f"{where}.{key}", "expected a number, got a boolean")
-        if not isinstance(value, kind):
-            names = (
-                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            )
-            raise self.fail(f"{where}.{key}", f"expected {names}, got {type(value).__name__}")
-        return value
-
-    def strings(self, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-        value = self.get(data, key, list, where, [])
-        if not all(isinstance(v, str) for v in value):
-            raise self.fail(f"{where}.{key}", "expected an array of strings")
-        return tuple(value)
+_TOOL_ON_ABORT = {
+    "finish": OnAbort.FINISH,
+    "raise": OnAbort.RAISE,
+    "ignore": OnAbort.HANG,
+    "stubborn": OnAbort.STUBBORN,
+}
+_MODEL_ON_ABORT = {"return": OnAbort.HONOUR, "raise": OnAbort.RAISE, "ignore": OnAbort.HANG}
 
 
-def _behaviour(reader: _Reader, data: Any, where: str, allowed: set[str]) -> CallBehaviour:
-    table = reader.table(data, where, allowed)
-    on_abort = reader.get(table, "on_abort", str, where, "finish")
-    if on_abort not in ("finish", "raise", "ignore", "stubborn"):
-        raise reader.fail(f"{where}.on_abort", f"{on_abort!r} is not finish/raise/ignore/stubborn")
-    return CallBehaviour(
-        returns=reader.get(table, "returns", str, where),
-        raises=reader.get(table, "raises", str, where),
-        is_error=reader.get(table, "is_error", bool, where, False),
-        bad_output=reader.get(table, "bad_output", bool, where, False),
-        after=reader.strings(table, "after", where),
-        hang=reader.get(table, "hang", bool, where, False),
-        on_abort=on_abort,
-    )
+class _Loader:
+    """One spec file being read into a scenario.
 
+    The file names tool calls by the ids the model gives them; the scenario by their
+    keys (``call_key``: turn and position). ``keys`` maps an id to the key of the first
+    call that has it, so ``after``, ``when_tool_starts`` and typed input can name calls.
+    """
 
-def _model_step(reader: _Reader, data: Any, where: str) -> ModelStep:
-    table = reader.table(data, where, _MODEL)
-    on_abort = reader.get(table, "on_abort", str, where, "return")
-    if on_abort not in ("return", "raise", "ignore"):
-        raise reader.fail(f"{where}.on_abort", f"{on_abort!r} is not return/raise/ignore")
-    hang = reader.get(table, "hang", bool, where, False)
-    raises = reader.get(table, "raises", str, where)
-    response = None
-    if raises is None:
-        content: list[Any] = []
-        thinking = reader.get(table, "thinking", str, where)
-        if thinking is not None:
-            content.append(ThinkingContent(thinking))
-        text = reader.get(table, "text", str, where)
-        if text is not None:
-            content.append(TextContent(text))
-        for i, call in enumerate(reader.get(table, "tool_calls", list, where, [])):
-            call_where = f"{where}.tool_calls[{i}]"
-            call_table = reader.table(call, call_where, {"id", "name", "arguments", "parse_error"})
-            content.append(
-                ToolCall(
-                    reader.get(call_table, "id", str, call_where, ""),
-                    reader.get(call_table, "name", str, call_where, ""),
-                    reader.get(call_table, "arguments", Mapping, call_where, {}),
-                    parse_error=reader.get(call_table, "parse_error", str, call_where),
+    def __init__(self, reader: Reader, top: Mapping[str, Any]) -> None:
+        self.r = reader
+        self.top = top
+        self.steps = [
+            reader.table(raw, f"model[{i}]", _MODEL)
+            for i, raw in enumerate(reader.get(top, "model", list, "(top level)", []))
+        ]
+        self.calls: list[list[Mapping[str, Any]]] = []
+        self.keys: dict[str, str] = {}
+        self.positions: dict[str, tuple[int, int]] = {}
+        self.ids: dict[str, str] = {}
+        for t, step in enumerate(self.steps, 1):
+            where = f"model[{t - 1}]"
+            raw_calls = reader.get(step, "tool_calls", list, where, [])
+            tables = [
+                reader.table(c, f"{where}.tool_calls[{i}]", _TOOL_CALL)
+                for i, c in enumerate(raw_calls)
+            ]
+            self.calls.append(tables)
+            for c, table in enumerate(tables):
+                call_id = reader.get(table, "id", str, f"{where}.tool_calls[{c}]", "")
+                self.keys.setdefault(call_id, call_key(t, c))
+                self.positions.setdefault(call_id, (t, c))
+                self.ids[call_key(t, c)] = call_id
+
+    def key(self, call_id: str, where: str) -> str:
+        if call_id not in self.keys:
+            raise self.r.fail(where, f"no model response calls {call_id!r}")
+        return self.keys[call_id]
+
+    def behaviour(self, data: Any, where: str, allowed: set[str], grace: float) -> ToolBehaviour:
+        r = self.r
+        table = r.table(data, where, allowed)
+        on_abort = r.get(table, "on_abort", str, where, "finish")
+        if on_abort not in _TOOL_ON_ABORT:
+            raise r.fail(f"{where}.on_abort", f"{on_abort!r} is not finish/raise/ignore/stubborn")
+        hang = r.get(table, "hang", bool, where, False)
+        raises = r.get(table, "raises", str, where)
+        after = tuple(self.key(i, f"{where}.after") for i in r.strings(table, "after", where))
+        return ToolBehaviour(
+            outcome=Outcome.RAISE if raises is not None else Outcome.RETURN,
+            error=raises or "",
+            returns=r.get(table, "returns", str, where),
+            is_error=r.get(table, "is_error", bool, where, False),
+            bad_output=r.get(table, "bad_output", bool, where, False),
+            after=after,
+            until_abort=hang,
+            on_abort=_TOOL_ON_ABORT[on_abort] if hang else OnAbort.FINISH,
+            late_by=grace * 6,
+        )
+
+    def tools(self, grace: float) -> tuple[tuple[ToolDefinition, ...], dict[str, ToolBehaviour]]:
+        """The tools the file declares, with each one's default behaviour."""
+        r = self.r
+        definitions: list[ToolDefinition] = []
+        defaults: dict[str, ToolBehaviour] = {}
+        for i, raw in enumerate(r.get(self.top, "tools", list, "(top level)", [])):
+            where = f"tools[{i}]"
+            table = r.table(raw, where, _TOOL)
+            try:
+                definition = ToolDefinition(
+                    r.get(table, "name", str, where, ""),
+                    r.get(table, "description", str, where, ""),
+                    r.get(table, "parameters", Mapping, where, {"type": "object"}),
                 )
-            )
-        stop = reader.get(table, "stop_reason", str, where)
+            except InvalidInputError as exc:
+                raise r.fail(where, str(exc)) from None
+            definitions.append(definition)
+            behaviour = {k: v for k, v in table.items() if k in _CALL}
+            defaults[definition.name] = self.behaviour(behaviour, where, _CALL, grace)
+        return tuple(definitions), defaults
+
+    def turns(
+        self, grace: float, abort: AbortAt, defaults: Mapping[str, ToolBehaviour]
+    ) -> tuple[ModelTurn, ...]:
+        """The model's responses, each call with the behaviour the file gives it (its
+        own, else its tool's)."""
+        by_id = {
+            str(call_id): self.behaviour(raw, f"calls.{call_id}", _CALL, grace)
+            for call_id, raw in self.r.get(self.top, "calls", Mapping, "(top level)", {}).items()
+        }
+        turns = []
+        for t, step in enumerate(self.steps, 1):
+            calls = []
+            for c, table in enumerate(self.calls[t - 1]):
+                where = f"model[{t - 1}].tool_calls[{c}]"
+                call_id = self.r.get(table, "id", str, where, "")
+                name = self.r.get(table, "name", str, where, "")
+                behaviour = (
+                    by_id.get(call_id)
+                    or defaults.get(name)
+                    or ToolBehaviour(on_abort=OnAbort.FINISH)
+                )
+                if behaviour.returns is None:
+                    behaviour = attrs.evolve(behaviour, returns=f"{name} ok")
+                calls.append(
+                    ScriptedCall(
+                        tool=name,
+                        call_id=call_id,
+                        behaviour=behaviour,
+                        arguments=self.r.get(table, "arguments", Mapping, where, {}),
+                        parse_error=self.r.get(table, "parse_error", str, where),
+                    )
+                )
+            turns.append(self.turn(step, t, calls, abort))
+        return tuple(turns)
+
+    def turn(
+        self, step: Mapping[str, Any], number: int, calls: list[ScriptedCall], abort: AbortAt
+    ) -> ModelTurn:
+        r, where = self.r, f"model[{number - 1}]"
+        on_abort = r.get(step, "on_abort", str, where, "return")
+        if on_abort not in _MODEL_ON_ABORT:
+            raise r.fail(f"{where}.on_abort", f"{on_abort!r} is not return/raise/ignore")
+        hang = r.get(step, "hang", bool, where, False)
+        if hang and not (abort.kind is AbortKind.MODEL_CALL and abort.turn == number):
+            raise r.fail(f"{where}.hang", f"needs [abort] during_model_call = {number}")
+        stop = r.get(step, "stop_reason", str, where)
         if stop is None:
-            stop = "toolUse" if any(isinstance(b, ToolCall) for b in content) else "stop"
+            stop = "toolUse" if calls else "stop"
         try:
             stop_reason = StopReason(stop)
         except ValueError:
             valid = ", ".join(s.value for s in StopReason)
-            raise reader.fail(f"{where}.stop_reason", f"{stop!r} is not one of {valid}") from None
-        response = AssistantMessage(
-            content,
+            raise r.fail(f"{where}.stop_reason", f"{stop!r} is not one of {valid}") from None
+        raises = r.get(step, "raises", str, where)
+        return ModelTurn(
+            text=r.get(step, "text", str, where, ""),
+            thinking=r.get(step, "thinking", str, where, ""),
+            calls=calls,
             stop_reason=stop_reason,
-            error_message=reader.get(table, "error_message", str, where),
+            error_message=r.get(step, "error_message", str, where),
+            raises=raises is not None,
+            error=raises or "",
+            on_abort=_MODEL_ON_ABORT[on_abort] if hang else OnAbort.IGNORE,
         )
-    return ModelStep(response, raises, hang, on_abort)
+
+    def abort(self) -> AbortAt:
+        """The one abort instant: ``[abort]``, or the permission hook's ``abort_at``."""
+        r = self.r
+        table = r.table(self.top.get("abort", {}), "abort", _ABORT)
+        permissions = r.table(self.top.get("permissions", {}), "permissions", _PERMISSIONS)
+        reason = r.get(table, "reason", str, "abort", "the user pressed stop")
+        instants: list[AbortAt] = []
+        if r.get(table, "before_start", bool, "abort", False):
+            instants.append(AbortAt(AbortKind.BEFORE_START, reason=reason))
+        if "during_model_call" in table:
+            turn = r.get(table, "during_model_call", int, "abort")
+            instants.append(AbortAt(AbortKind.MODEL_CALL, turn, reason=reason))
+        for kind, raw in (
+            (AbortKind.TOOL_START, r.get(table, "when_tool_starts", str, "abort")),
+            (AbortKind.PERMISSION, r.get(permissions, "abort_at", str, "permissions")),
+        ):
+            if raw is not None:
+                where = "abort.when_tool_starts" if kind is AbortKind.TOOL_START else "abort_at"
+                self.key(raw, where)  # a call some response makes
+                turn, call = self.positions[raw]
+                instants.append(AbortAt(kind, turn, call, reason=reason))
+        if len(instants) > 1:
+            raise r.fail("abort", "give at most one instant to press stop at")
+        return instants[0] if instants else AbortAt()
+
+    def hooks(self) -> Hooks | None:
+        """The permission hook, the stop rule and the typed input, when there are any."""
+        r, top = self.r, self.top
+        if not {"permissions", "continue", "inputs"} & set(top):
+            return None
+        rules = r.table(top.get("permissions", {}), "permissions", _PERMISSIONS)
+        stop = r.table(top.get("continue", {}), "continue", _CONTINUE)
+
+        def texts(key: str) -> dict[str, str]:
+            given = r.get(rules, key, Mapping, "permissions", {})
+            return {str(k): str(v) for k, v in given.items()}
+
+        return Hooks(
+            deny=texts("deny"),
+            advisory=texts("advisory"),
+            approve=texts("approve"),
+            raise_for=r.strings(rules, "raise_for", "permissions"),
+            permissions="permissions" in top,
+            stop_at_turn=r.get(stop, "stop_at_turn", int, "continue"),
+            stop_reason=r.get(stop, "reason", str, "continue", "should_continue said stop"),
+            inputs=tuple(
+                self.typed(raw, f"inputs[{i}]")
+                for i, raw in enumerate(r.get(top, "inputs", list, "(top level)", []))
+            ),
+        )
+
+    def typed(self, raw: Any, where: str) -> Input:
+        r = self.r
+        table = r.table(raw, where, _INPUT)
+        kind = r.get(table, "kind", str, where, "steer")
+        if kind not in ("steer", "follow_up"):
+            raise r.fail(f"{where}.kind", "is 'steer' or 'follow_up'")
+        if not isinstance(table.get("text"), str):
+            raise r.fail(f"{where}.text", "give the message text")
+        tool = r.get(table, "when_tool_starts", str, where)
+        return Input(
+            table["text"],
+            kind,
+            before_start=r.get(table, "before_start", bool, where, False),
+            model_call=r.get(table, "during_model_call", int, where, 0),
+            tool_start=self.key(tool, f"{where}.when_tool_starts") if tool is not None else "",
+        )
+
+    def expectations(self) -> Expectations:
+        r = self.r
+        expect = r.table(self.top.get("expect", {}), "expect", _EXPECT)
+        state = r.get(expect, "state", str, "expect")
+        if state is None or state not in TurnState.__members__:
+            raise r.fail("expect.state", f"name the final state, one of {', '.join(TurnState)}")
+
+        def lines(key: str) -> tuple[Any, ...] | None:
+            return tuple(r.get(expect, key, list, "expect")) if key in expect else None
+
+        return Expectations(
+            state=state,
+            turns=r.get(expect, "turns", int, "expect"),
+            states=lines("states"),
+            transitions=lines("transitions"),
+            transcript=lines("transcript"),
+            messages=lines("messages"),
+            explanation_contains=r.strings(expect, "explanation_contains", "expect"),
+            requests=tuple(r.get(expect, "requests", list, "expect", [])),
+            finished=lines("finished"),
+            repeat=r.get(expect, "repeat", int, "expect", 1),
+        )
 
 
-def _message(reader: _Reader, data: Any, where: str) -> Message:
-    if isinstance(data, str):
-        return UserMessage(data)
-    try:
-        return message_from_dict(data, path=where)
-    except InvalidInputError as exc:
-        raise reader.fail(where, str(exc)) from None
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and check one scenario file; ``SpecError`` names what is wrong."""
+def load_scenario(path: str | Path) -> Spec:
+    """Read and check one spec file; ``SpecError`` names what is wrong."""
     path = Path(path)
-    reader = _Reader(path)
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_SCENARIO_BYTES + 1)
-        if len(raw) > MAX_SCENARIO_BYTES:
-            raise SpecError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; not a scenario")
-        data = tomllib.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: not valid TOML: {exc}") from None
-    top = reader.table(data, "(top level)", _TOP)
+    reader = Reader(path)
+    top = reader.table(read(path), "(top level)", _TOP)
     name = reader.get(top, "name", str, "(top level)")
     if not name:
         raise reader.fail("name", "every scenario needs a name")
@@ -369,226 +409,26 @@ def load_scenario(path: str | Path) -> Scenario:
         )
     run = reader.table(top.get("run", {}), "run", _RUN)
     messages = tuple(
-        _message(reader, m, f"run.messages[{i}]")
+        message(reader, m, f"run.messages[{i}]")
         for i, m in enumerate(reader.get(run, "messages", list, "run", []))
     )
     if not messages:
         raise reader.fail("run.messages", "give at least one message")
-    tools: list[ToolDefinition] = []
-    defaults: dict[str, CallBehaviour] = {}
-    for i, raw in enumerate(reader.get(top, "tools", list, "(top level)", [])):
-        where = f"tools[{i}]"
-        table = reader.table(raw, where, _TOOL)
-        try:
-            definition = ToolDefinition(
-                reader.get(table, "name", str, where, ""),
-                reader.get(table, "description", str, where, ""),
-                reader.get(table, "parameters", Mapping, where, {"type": "object"}),
-            )
-        except InvalidInputError as exc:
-            raise reader.fail(where, str(exc)) from None
-        tools.append(definition)
-        defaults[definition.name] = _behaviour(
-            reader, {k: v for k, v in table.items() if k in _CALL}, where, _CALL
-        )
-    calls = {
-        str(call_id): _behaviour(reader, raw, f"calls.{call_id}", _CALL)
-        for call_id, raw in reader.get(top, "calls", Mapping, "(top level)", {}).items()
-    }
-    model = tuple(
-        _model_step(reader, raw, f"model[{i}]")
-        for i, raw in enumerate(reader.get(top, "model", list, "(top level)", []))
-    )
-    abort = reader.table(top.get("abort", {}), "abort", _ABORT)
-    permissions = None
-    if "permissions" in top:
-        permissions = reader.table(top["permissions"], "permissions", _PERMISSIONS)
-    inputs = []
-    for i, raw in enumerate(reader.get(top, "inputs", list, "(top level)", [])):
-        where = f"inputs[{i}]"
-        table = reader.table(raw, where, _INPUT)
-        if reader.get(table, "kind", str, where, "steer") not in ("steer", "follow_up"):
-            raise reader.fail(f"{where}.kind", "is 'steer' or 'follow_up'")
-        if not isinstance(table.get("text"), str):
-            raise reader.fail(f"{where}.text", "give the message text")
-        inputs.append(table)
-    should_continue = None
-    if "continue" in top:
-        should_continue = reader.table(top["continue"], "continue", _CONTINUE)
-    expect = reader.table(top.get("expect", {}), "expect", _EXPECT)
-    state = reader.get(expect, "state", str, "expect")
-    if state is None or state not in TurnState.__members__:
-        raise reader.fail("expect.state", f"name the final state, one of {', '.join(TurnState)}")
-    return Scenario(
-        path=path,
-        name=name,
-        checks=checks,
-        description=reader.get(top, "description", str, "(top level)", ""),
-        messages=messages,
-        max_turns=reader.get(run, "max_turns", int, "run", 8),
-        grace_period=float(
-            reader.get(run, "grace_period", (int, float), "run", DEFAULT_GRACE_PERIOD)
-        ),
-        tools=tuple(tools),
-        tool_defaults=defaults,
-        calls=calls,
-        model=model,
+    grace = float(reader.get(run, "grace_period", (int, float), "run", DEFAULT_GRACE_PERIOD))
+    loader = _Loader(reader, top)
+    abort = loader.abort()
+    tools, defaults = loader.tools(grace)
+    scenario = Scenario(
+        turns=loader.turns(grace, abort, defaults),
         abort=abort,
-        permissions=permissions,
-        expect=expect,
-        inputs=tuple(inputs),
-        should_continue=should_continue,
+        max_turns=reader.get(run, "max_turns", int, "run", 8),
+        history=messages,
+        tools=tools,
+        hooks=loader.hooks(),
+        script_must_last=True,
     )
-
-
-# -- the scripted world ------------------------------------------------------------------------
-
-
-class _World:
-    """The model, tools and hook a scenario describes, for one run."""
-
-    def __init__(self, scenario: Scenario, controller: AbortController) -> None:
-        self.scenario = scenario
-        self.controller = controller
-        self.model_calls = 0
-        self.requests: list[list[str]] = []
-        self.finished: dict[str, asyncio.Event] = {}
-        self.batch: list[ToolCall] = []  # the calls of the latest response
-        self.started: set[int] = set()  # indices into batch whose tool has started
-        self.finish_order: list[str] = []  # call ids, in the order their tools returned
-        self.run: AgentRun | None = None
-
-    def _done(self, call_id: str) -> asyncio.Event:
-        return self.finished.setdefault(call_id, asyncio.Event())
-
-    def _press_stop(self) -> None:
-        self.controller.abort(self.scenario.abort.get("reason", "the user pressed stop"))
-
-    async def _queue_inputs(self, point: str, value: object) -> None:
-        """Queue the scenario's inputs that arrive at this point (steer or follow up).
-
-        The driver posts queued input on the loop's next turn; yielding once lets it
-        reach the engine before the answer of the call in progress, which is what
-        "during the call" means in a scenario.
-        """
-        assert self.run is not None
-        queued = False
-        for item in self.scenario.inputs:
-            if item.get(point) == value:
-                queued = True
-                if item.get("kind", "steer") == "follow_up":
-                    self.run.follow_up(item["text"])
-                else:
-                    self.run.steer(item["text"])
-        if queued:
-            await asyncio.sleep(0)
-
-    async def should_continue(self, messages: Sequence[Message], turn: int) -> Stop | None:
-        rules = self.scenario.should_continue or {}
-        if rules.get("stop_at_turn") == turn:
-            return Stop(str(rules.get("reason", "should_continue said stop")))
-        return None
-
-    async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
-    ) -> AssistantMessage:
-        self.model_calls += 1
-        self.requests.append([compact(m) for m in messages])
-        await self._queue_inputs("during_model_call", self.model_calls)
-        if self.scenario.abort.get("during_model_call") == self.model_calls:
-            self._press_stop()
-        if self.model_calls > len(self.scenario.model):
-            raise RuntimeError(
-                f"the scenario scripts {len(self.scenario.model)} model response(s); "
-                f"call {self.model_calls} has none"
-            )
-        step = self.scenario.model[self.model_calls - 1]
-        if step.hang:
-            await _until_aborted(signal)
-            if step.on_abort == "raise":
-                raise RuntimeError("the request was aborted")
-            if step.on_abort == "ignore":
-                await asyncio.Event().wait()
-            return step.response or AssistantMessage((), stop_reason=StopReason.ABORTED)
-        if step.raises is not None:
-            raise RuntimeError(step.raises)
-        assert step.response is not None
-        self.batch = list(step.response.tool_calls)
-        self.started = set()
-        return step.response
-
-    def tool(self, definition: ToolDefinition) -> Tool:
-        async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
-            call_id = self._which_call(definition.name, arguments)
-            behaviour = self.scenario.calls.get(call_id) or self.scenario.tool_defaults.get(
-                definition.name, CallBehaviour()
-            )
-            try:
-                return await self._behave(definition, call_id, behaviour, signal)
-            finally:
-                self.finish_order.append(call_id)
-                self._done(call_id).set()
-
-        return Tool(definition, execute)
-
-    def _which_call(self, name: str, arguments: dict[str, Any]) -> str:
-        # ``execute`` is not told its call id. The driver starts calls in call order,
-        # so the first call of the latest response with this tool and these arguments
-        # that has not started yet is this one.
-        for index, call in enumerate(self.batch):
-            fits = call.name == name and call.arguments_dict() == arguments
-            if fits and index not in self.started:
-                self.started.add(index)
-                return call.id
-        return ""
-
-    async def _behave(
-        self, definition: ToolDefinition, call_id: str, b: CallBehaviour, signal: AbortSignal
-    ) -> ToolReturn:
-        if self.scenario.abort.get("when_tool_starts") == call_id:
-            self._press_stop()
-        await self._queue_inputs("when_tool_starts", call_id)
-        for other in b.after:
-            await self._done(other).wait()
-        if b.hang:
-            await _until_aborted(signal)
-            if b.on_abort == "raise":
-                raise RuntimeError("interrupted while cleaning up")
-            if b.on_abort == "ignore":
-                await asyncio.Event().wait()
-            if b.on_abort == "stubborn":
-                # Swallows the cancellation and finishes long after the run gave up on it.
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    await asyncio.sleep(self.scenario.grace_period * 6)
-                return "a result too late to count"
-        if b.raises is not None:
-            raise RuntimeError(b.raises)
-        if b.bad_output:
-            return 42  # type: ignore[return-value]
-        text = b.returns if b.returns is not None else f"{definition.name} ok"
-        return ToolOutput(text, is_error=b.is_error)
-
-    async def before_tool_call(self, call: ToolCall) -> Deny | RequireApproval | None:
-        rules = self.scenario.permissions or {}
-        if call.id == rules.get("abort_at"):
-            self._press_stop()
-            await asyncio.Event().wait()
-        if call.id in rules.get("raise_for", ()):
-            raise RuntimeError("the policy service is unreachable")
-        if call.id in rules.get("deny", {}):
-            return Deny(str(rules["deny"][call.id]))
-        if call.id in rules.get("advisory", {}):
-            return Deny(str(rules["advisory"][call.id]), advisory=True)
-        if call.id in rules.get("approve", {}):
-            return RequireApproval(str(rules["approve"][call.id]))
-        return None
-
-
-async def _until_aborted(signal: AbortSignal) -> None:
-    while not signal.aborted:
-        await asyncio.sleep(0.001)
+    description = reader.get(top, "description", str, "(top level)", "")
+    return Spec(path, name, checks, description, scenario, loader.expectations(), grace, loader.ids)
 
 
 # -- running and comparing ---------------------------------------------------------------------
@@ -596,9 +436,9 @@ async def _until_aborted(signal: AbortSignal) -> None:
 
 @attrs.frozen
 class SpecOutcome:
-    """The verdict on one scenario: ``problems`` is empty when it passed."""
+    """The verdict on one spec: ``problems`` is empty when it passed."""
 
-    scenario: Scenario
+    scenario: Spec
     problems: tuple[str, ...]
     result: RunResult | None
 
@@ -617,110 +457,98 @@ def _state_trace(result: RunResult) -> list[str]:
     return states
 
 
-async def _run_once(scenario: Scenario) -> tuple[RunResult, _World]:
-    controller = AbortController()
-    world = _World(scenario, controller)
-    if scenario.abort.get("before_start"):
-        world._press_stop()
-    tools = [world.tool(d) for d in scenario.tools]
-    # AgentRun is what run_agent runs; its handle lets the scenario steer mid-run.
-    run = AgentRun(
-        model=world,
-        messages=scenario.messages,
-        tools=tools,
-        max_turns=scenario.max_turns,
-        signal=controller.signal,
-        before_tool_call=world.before_tool_call if scenario.permissions is not None else None,
-        should_continue=world.should_continue if scenario.should_continue is not None else None,
-        grace_period=scenario.grace_period,
-        run_id=scenario.path.stem,
-        logger=_QUIET,
-    )
-    world.run = run
-    await world._queue_inputs("before_start", True)
-    result = await run.run()
-    return result, world
+def _run_once(spec: Spec) -> RunRecord:
+    loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem)
+    return run_record(loop, spec.scenario, timeout=HANG_LIMIT * 2, hang_limit=HANG_LIMIT)
 
 
-def _compare(scenario: Scenario, result: RunResult, world: _World) -> list[str]:
-    expect = scenario.expect
+def _result_problems(expect: Expectations, result: RunResult) -> list[str]:
+    """The final state, turns, state trace, transitions and explanation."""
     problems: list[str] = []
-    if result.state.value != expect["state"]:
+    if result.state.value != expect.state:
         problems.append(
-            f"final state: expected {expect['state']}, got {result.state.value} "
-            f"({result.explanation})"
+            f"final state: expected {expect.state}, got {result.state.value} ({result.explanation})"
         )
-    if "turns" in expect and result.turns != expect["turns"]:
-        problems.append(f"turns: expected {expect['turns']}, got {result.turns}")
+    if expect.turns is not None and result.turns != expect.turns:
+        problems.append(f"turns: expected {expect.turns}, got {result.turns}")
     states = _state_trace(result)
-    if "states" in expect and list(expect["states"]) != states:
-        problems.append(_diff("states", list(expect["states"]), states))
-    if "transitions" in expect:
+    if expect.states is not None and list(expect.states) != states:
+        problems.append(diff("states", list(expect.states), states))
+    if expect.transitions is not None:
         actual = [f"{r.source.value} --{r.trigger.value}--> {r.dest.value}" for r in result.trace]
-        if list(expect["transitions"]) != actual:
-            problems.append(_diff("transitions", list(expect["transitions"]), actual))
-    transcript = [compact(m) for m in result.messages]
-    if "transcript" in expect and not _lines_match(expect["transcript"], transcript):
-        problems.append(_diff("transcript", list(expect["transcript"]), transcript))
-    if "messages" in expect:
-        wire = [message_to_dict(m) for m in result.messages]
-        if wire != list(expect["messages"]):
-            problems.append(
-                _diff(
-                    "messages (wire)",
-                    [json.dumps(m, ensure_ascii=False, sort_keys=True) for m in expect["messages"]],
-                    [json.dumps(m, ensure_ascii=False, sort_keys=True) for m in wire],
-                )
-            )
-    if "finished" in expect and list(expect["finished"]) != world.finish_order:
-        problems.append(
-            _diff("order the tools finished in", expect["finished"], world.finish_order)
-        )
-    for needle in expect.get("explanation_contains", ()):
-        if needle not in result.explanation:
-            problems.append(
-                f"explanation: expected it to contain {needle!r}, got {result.explanation!r}"
-            )
-    for i, request in enumerate(expect.get("requests", ())):
-        turn, tail = request.get("turn"), list(request.get("tail", ()))
-        if not isinstance(turn, int) or not 1 <= turn <= len(world.requests):
-            problems.append(f"requests[{i}]: there was no model call {turn!r}")
-            continue
-        actual = world.requests[turn - 1][-len(tail) :] if tail else []
-        if not _lines_match(tail, actual):
-            problems.append(_diff(f"request {turn} (last {len(tail)})", tail, actual))
+        if list(expect.transitions) != actual:
+            problems.append(diff("transitions", list(expect.transitions), actual))
+    problems += [
+        f"explanation: expected it to contain {needle!r}, got {result.explanation!r}"
+        for needle in expect.explanation_contains
+        if needle not in result.explanation
+    ]
     return problems
 
 
-def run_scenario(scenario: Scenario) -> SpecOutcome:
-    """Run one scenario through ``run_agent`` and compare it with what it expects.
+def _history_problems(expect: Expectations, result: RunResult) -> list[str]:
+    """The transcript (compact form) and the messages (wire form)."""
+    problems: list[str] = []
+    transcript = [compact(m) for m in result.messages]
+    if expect.transcript is not None and not lines_match(expect.transcript, transcript):
+        problems.append(diff("transcript", list(expect.transcript), transcript))
+    if expect.messages is not None:
+        wire = [message_to_dict(m) for m in result.messages]
+        if wire != list(expect.messages):
+            problems.append(
+                diff(
+                    "messages (wire)",
+                    [json.dumps(m, ensure_ascii=False, sort_keys=True) for m in expect.messages],
+                    [json.dumps(m, ensure_ascii=False, sort_keys=True) for m in wire],
+                )
+            )
+    return problems
+
+
+def _world_problems(spec: Spec, record: RunRecord) -> list[str]:
+    """What the scripted world saw: the order the tools ended in, the model's requests."""
+    expect, problems = spec.expect, []
+    finished = [spec.ids.get(key, key) for key in record.finish_order]
+    if expect.finished is not None and list(expect.finished) != finished:
+        problems.append(diff("order the tools finished in", list(expect.finished), finished))
+    requests = [[compact(m) for m in sent] for sent in record.requests]
+    for i, request in enumerate(expect.requests):
+        turn, tail = request.get("turn"), list(request.get("tail", ()))
+        if not isinstance(turn, int) or not 1 <= turn <= len(requests):
+            problems.append(f"requests[{i}]: there was no model call {turn!r}")
+            continue
+        actual = requests[turn - 1][-len(tail) :] if tail else []
+        if not lines_match(tail, actual):
+            problems.append(diff(f"request {turn} (last {len(tail)})", tail, actual))
+    return problems
+
+
+def run_scenario(spec: Spec) -> SpecOutcome:
+    """Run one spec's scenario through the real loop and compare it with what it expects.
 
     With ``expect.repeat = N`` the scenario runs N times and every run must give the
     same state trace, transition log and transcript (I5).
     """
-    repeat = scenario.expect.get("repeat", 1)
     first: tuple[list[str], list[Any], list[str]] | None = None
     problems: list[str] = []
     result: RunResult | None = None
-    for attempt in range(1, repeat + 1):
-        try:
-            result, world = asyncio.run(_run_once(scenario))
-        except Exception as exc:  # noqa: BLE001 - a crash is a failed scenario, reported
-            return SpecOutcome(scenario, (f"run_agent raised {type(exc).__name__}: {exc}",), None)
-        seen = (
-            _state_trace(result),
-            list(result.trace),
-            [compact(m) for m in result.messages],
-        )
+    for attempt in range(1, spec.expect.repeat + 1):
+        record = _run_once(spec)
+        result = record.result
+        if result is None:
+            return SpecOutcome(spec, (f"run_agent raised {record.error}",), None)
+        seen = (_state_trace(result), list(result.trace), [compact(m) for m in result.messages])
         if first is None:
             first = seen
-            problems += _compare(scenario, result, world)
+            problems += _result_problems(spec.expect, result)
+            problems += _history_problems(spec.expect, result)
+            problems += _world_problems(spec, record)
         elif seen != first:
             problems.append(
-                f"run {attempt} of {repeat} differs from run 1 (I5):\n"
-                + _diff("transcript (run 1)", first[2], seen[2])
+                f"run {attempt} of {spec.expect.repeat} differs from run 1 (I5):\n"
+                + diff("transcript (run 1)", first[2], seen[2])
             )
-    return SpecOutcome(scenario, tuple(problems), result)
+    return SpecOutcome(spec, tuple(problems), result)
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:
@@ -754,67 +582,10 @@ def default_spec_dir() -> Path:
     return PACKAGED_SPEC_DIR if PACKAGED_SPEC_DIR.is_dir() else CHECKOUT_SPEC_DIR
 
 
-def coverage(scenarios: Iterable[Scenario]) -> dict[str, list[str]]:
+def coverage(scenarios: Iterable[Spec]) -> dict[str, list[str]]:
     """For every catalog entry, the scenarios that claim to check it."""
     out: dict[str, list[str]] = {key: [] for key in CATALOG}
     for scenario in scenarios:
         for key in scenario.checks:
             out[key].append(scenario.path.stem)
     return out
-
-
-def _parser() -> CommandParser:
-    return CommandParser(
-        "spec",
-        description="Run the executable specification: scenario files (TOML) that script "
-        "the model, tools, permission hook and abort, run them through the real loop and "
-        "compare the run with what they expect. Prints one PASS/FAIL line per scenario, a "
-        "diff under each failure, and which catalog entries no scenario covers.",
-        failed="a scenario failed",
-        epilog=f"default PATHS: the scenarios that ship with the library (here: "
-        f"{default_spec_dir()})",
-    )
-
-
-def cli_spec(argv: list[str]) -> int:
-    """``python -m statemachine spec [PATHS]``: run scenarios, print pass/fail."""
-    parser = _parser()
-    parser.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help="scenario files or directories searched for *.toml (default: see below)",
-    )
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    try:
-        files = discover(args.paths or [default_spec_dir()])
-        scenarios = [load_scenario(f) for f in files]
-    except SpecError as exc:
-        return fail("spec", str(exc))
-    if not scenarios:
-        return fail("spec", "no scenario files found")
-    failed = 0
-    with Progress("spec", len(scenarios)) as progress:
-        for scenario in scenarios:
-            progress.step(scenario.name)
-            outcome = run_scenario(scenario)
-            verdict = "PASS" if outcome.passed else "FAIL"
-            checks = ", ".join(scenario.checks)
-            progress.write(f"{verdict}  {scenario.name}  [{checks}]  ({scenario.path})")
-            if not outcome.passed:
-                failed += 1
-                for problem in outcome.problems:
-                    progress.write("      " + problem.replace("\n", "\n      "))
-    covered = coverage(scenarios)
-    missing = [key for key, names in covered.items() if not names]
-    print(
-        f"{len(scenarios) - failed} passed, {failed} failed; "
-        + (
-            "every acceptance line and invariant is covered"
-            if not missing
-            else f"not covered: {', '.join(missing)}"
-        )
-    )
-    return EXIT_FAILED if failed else EXIT_OK

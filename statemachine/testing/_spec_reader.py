@@ -1,0 +1,84 @@
+"""Reading a spec file: size limit, TOML, and typed access whose errors name the
+file and the key (``SpecError``)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import Message, UserMessage, message_from_dict
+
+__all__ = ["MAX_SCENARIO_BYTES", "Reader", "SpecError", "message", "read"]
+
+
+class SpecError(InvalidInputError):
+    """A scenario file that is not a valid scenario; the message names file and key."""
+
+
+MAX_SCENARIO_BYTES = 1024 * 1024
+"""A scenario file larger than this is refused unread (the largest shipped is ~2 KB)."""
+
+
+class Reader:
+    """Typed access to the parsed TOML, with errors that name the file and key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, problem: str) -> SpecError:
+        return SpecError(f"{self.path}: {where}: {problem}")
+
+    def table(self, data: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+        if not isinstance(data, Mapping):
+            raise self.fail(where, f"expected a table, got {type(data).__name__}")
+        extra = sorted(set(data) - allowed)
+        if extra:
+            raise self.fail(
+                where, f"unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})"
+            )
+        return data
+
+    def get(self, data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str,
+            default: Any = None) -> Any:  # fmt: skip
+        if key not in data:
+            return default
+        value = data[key]
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise self.fail(f"{where}.{key}", "expected a number, got a boolean")
+        if not isinstance(value, kind):
+            names = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise self.fail(f"{where}.{key}", f"expected {names}, got {type(value).__name__}")
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+        value = self.get(data, key, list, where, [])
+        if not all(isinstance(v, str) for v in value):
+            raise self.fail(f"{where}.{key}", "expected an array of strings")
+        return tuple(value)
+
+
+def read(path: Path) -> Any:
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_SCENARIO_BYTES + 1)
+        if len(raw) > MAX_SCENARIO_BYTES:
+            raise SpecError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes; not a scenario")
+        return tomllib.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+
+
+def message(reader: Reader, data: Any, where: str) -> Message:
+    if isinstance(data, str):
+        return UserMessage(data)
+    try:
+        return message_from_dict(data, path=where)
+    except InvalidInputError as exc:
+        raise reader.fail(where, str(exc)) from None
