@@ -152,7 +152,7 @@ def _scripted_client(script: Script) -> sm_testing.FunctionModel:
             return sm.AssistantMessage((call,), stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage(FINAL_TEXT)
 
-    return sm_testing.FunctionModel(answer)
+    return sm_testing.FunctionModel(answer, record=False)  # a 10,000-turn run: no copies
 
 
 class Ours:

@@ -112,3 +112,16 @@ def test_a_function_model_may_be_given_the_abort_signal() -> None:
 
     assert _run(FunctionModel(answer, with_signal=True)).final_text == "done"
     assert seen == [False]
+
+
+def test_without_recording_a_model_counts_its_calls_and_keeps_no_context() -> None:
+    scripted = ScriptedModel(sm.ToolCall("c1", "add", {"a": 40, "b": 2}), "42", record=False)
+    assert _run(scripted).final_text == "42"
+    assert (scripted.calls, scripted.remaining, scripted.requests) == (2, 0, [])
+    function = FunctionModel(lambda messages, tools: "done", record=False)
+    assert _run(function).final_text == "done"
+    assert (function.calls, function.requests) == (1, [])
+    # the count still ends the script: a call past it fails the run
+    result = _run(ScriptedModel(sm.ToolCall("c1", "add", {"a": 1, "b": 1}), record=False))
+    assert result.state is sm.TurnState.Failed
+    assert "model call 2, but the script has 1" in result.explanation

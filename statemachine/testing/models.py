@@ -12,6 +12,10 @@ result:
 A step of a script may also be such a function (called as ``FunctionModel`` calls it),
 for the one call whose answer depends on what the model was sent.
 
+``record=False`` keeps only the count of calls (``calls``), not each request's context:
+recording copies the whole history at every call, which a run of thousands of turns
+(a benchmark) should not pay for.
+
 A response may be written short: a ``str`` is a text answer; a ``ToolCall`` (or a list
 of them, with text blocks if you like) is a tool-calling answer with stop reason
 ``toolUse``; an ``AssistantMessage`` is used as it is. An exception class or instance
@@ -96,13 +100,17 @@ async def _answer(
 
 
 class _Recording:
-    def __init__(self) -> None:
+    # Recording keeps the whole context of every call: quadratic in the run's length,
+    # which a long run (a benchmark of 10,000 turns) turns off with record=False.
+    def __init__(self, record: bool) -> None:
         self.requests: list[Request] = []
+        self._record_requests = record
+        self._calls = 0
 
     @property
     def calls(self) -> int:
         """How many times the model was called."""
-        return len(self.requests)
+        return self._calls
 
     @property
     def contexts(self) -> list[list[Message]]:
@@ -110,7 +118,9 @@ class _Recording:
         return [list(r.messages) for r in self.requests]
 
     def _record(self, messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> None:
-        self.requests.append(Request(tuple(messages), tuple(tools)))
+        self._calls += 1
+        if self._record_requests:
+            self.requests.append(Request(tuple(messages), tuple(tools)))
 
 
 class ScriptedModel(_Recording):
@@ -121,8 +131,8 @@ class ScriptedModel(_Recording):
     fails loudly instead of looping.
     """
 
-    def __init__(self, *responses: Step) -> None:
-        super().__init__()
+    def __init__(self, *responses: Step, record: bool = True) -> None:
+        super().__init__(record)
         self._script = list(responses)
 
     @property
@@ -147,10 +157,12 @@ class FunctionModel(_Recording):
     """Answers with ``fn(messages, tools)`` (``fn(messages, tools, signal)`` with
     ``with_signal``); ``fn`` may be sync or async."""
 
-    def __init__(self, fn: ModelFunction, *, with_signal: bool = False) -> None:
+    def __init__(
+        self, fn: ModelFunction, *, with_signal: bool = False, record: bool = True
+    ) -> None:
         if not callable(fn):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
-        super().__init__()
+        super().__init__(record)
         self._fn = fn
         self._with_signal = with_signal
 
