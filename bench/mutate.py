@@ -47,6 +47,15 @@ OUT = ROOT / "bench" / ".mutation"
 _CHECKER_FAST = (
     "tests/test_checker.py -k 'not default_bound and not cli_check_passes and not strategies'"
 )
+_ENGINE_TESTS = (
+    "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
+    "tests/test_engine.py tests/test_engine_state.py "
+    f"tests/test_checker_mutants.py {_CHECKER_FAST}"
+)
+_DRIVER_TESTS = (
+    "tests/test_loop.py tests/test_driver.py tests/test_driver_hooks_and_batches.py "
+    "tests/test_abort.py tests/test_driver_faults.py"
+)
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
     "table": (
@@ -55,16 +64,23 @@ MODULES: dict[str, tuple[str, str]] = {
         "tests/test_checker_mutants.py "
         f"tests/test_engine.py {_CHECKER_FAST}",
     ),
-    "engine": (
-        "statemachine/core/engine.py",
-        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
-        "tests/test_engine.py "
-        f"tests/test_checker_mutants.py {_CHECKER_FAST}",
+    # the engine, module by module (core/)
+    "engine": ("statemachine/core/engine.py", _ENGINE_TESTS),
+    "engine-batch": ("statemachine/core/batch.py", _ENGINE_TESTS),
+    "engine-entry": ("statemachine/core/entry.py", _ENGINE_TESTS),
+    "engine-guards": ("statemachine/core/guards.py", _ENGINE_TESTS),
+    "engine-state": ("statemachine/core/state.py", _ENGINE_TESTS),
+    "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
+    "engine-snapshot": ("statemachine/core/engine_snapshot.py", _ENGINE_TESTS),
+    # the driver, module by module (agent/)
+    "driver": ("statemachine/agent/run.py", _DRIVER_TESTS),
+    "driver-loop": ("statemachine/agent/loop.py", _DRIVER_TESTS),
+    "driver-executor": ("statemachine/agent/executor.py", _DRIVER_TESTS),
+    "driver-resume": (
+        "statemachine/agent/resume.py",
+        _DRIVER_TESTS + " tests/test_engine_snapshot.py",
     ),
-    "driver": (
-        "statemachine/agent/run.py",
-        "tests/test_driver.py tests/test_driver_hooks_and_batches.py tests/test_abort.py",
-    ),
+    "driver-hooks": ("statemachine/agent/hooks.py", _DRIVER_TESTS),
 }
 
 OPERATORS = {

@@ -17,7 +17,7 @@ and provider adapter asks :func:`library_logger` when it is made:
 
 The level is read when the engine is made: the per-transition debug events of a run
 whose logger drops debug cost nothing, not even building their arguments (the
-engine asks ``is_enabled_for``/``isEnabledFor`` once; see ``_engine._debug_enabled``).
+engine asks ``is_enabled_for``/``isEnabledFor`` once; see ``statemachine.core.engine``).
 """
 
 from __future__ import annotations

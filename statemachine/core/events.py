@@ -1,7 +1,7 @@
 """Input events (what a driver tells the engine) and actions (what it asks back).
 
 Both are small frozen classes. An input event names the trigger it causes; the
-transition table (``_table.py``) says what that trigger does in each state.
+transition table (``core/table.py``) says what that trigger does in each state.
 """
 
 from __future__ import annotations

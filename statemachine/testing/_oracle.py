@@ -1,7 +1,7 @@
 """The loop's rules, stated a second time: the oracle the exhaustive checker holds the
 table to.
 
-``_table.py`` opens with numbered rules in prose and then encodes them as rows. This
+``core/table.py`` opens with numbered rules in prose and then encodes them as rows. This
 module encodes the same prose again, rule by rule, without reading a single row:
 
 * ``destination(source, trigger, holds)``: where the rules send the run when

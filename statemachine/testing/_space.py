@@ -106,7 +106,7 @@ class Bounds:
     Every ``determinism_stride``-th run that reaches a terminal state is replayed on a
     fresh engine, which must give the identical run (I5).
 
-    ``rules`` compares every transition with the rules oracle (``_rules``); turning
+    ``rules`` compares every transition with the rules oracle (``testing/_oracle.py``); turning
     it off shows what the checker finds from the invariants alone.
     """
 

@@ -27,7 +27,7 @@ Held to the rules. The invariants say what a run must never do, not where each e
 must lead; a table row with the wrong destination or guard can keep every invariant.
 So the engine's dispatch is watched (``_coverage.observing``, through the public
 ``Engine.transition_hook``): every trigger it fires is recorded with the guard values
-of that moment and compared with ``_rules``, the
+of that moment and compared with the rules oracle (``_oracle``), the
 table's prose rules written a second time without reading a row. The check reports,
 with the events that lead there, a destination the rules do not give (``rule 7: in
 TurnBoundary on next_turn with stop_requested=True, ..., expected Done, actual
