@@ -46,7 +46,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, StepOptions
+from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, StepOptions, WorkflowHandleAsync
 
 from statemachine.agent.events import _ERRORS, RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
@@ -501,6 +501,7 @@ class DBOSRunHandle:
         return await _handle(client, run_id)
 
     async def result(self, timeout: float | None = None) -> RunResult:
+        handle: WorkflowHandleAsync[dict[str, Any]]
         handle = await self._client.retrieve_workflow_async(self.run_id)
         output = await asyncio.wait_for(handle.get_result(polling_interval_sec=_POLL), timeout)
         return _result_from_dict(self.run_id, output)
