@@ -280,3 +280,84 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         assert issubclass(NotPendingError, UsageError)
 
     asyncio.run(body())
+
+
+def _said(messages: Any) -> str:
+    texts = [
+        block.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for block in m.content
+        if isinstance(block, sm.TextContent)
+    ]
+    return " | ".join(texts)
+
+
+def _gated_runner(tmp_path: Path) -> tuple[DBOSRunner, asyncio.Event, asyncio.Event]:
+    """A runner whose one tool waits for the test to open a gate; the model answers
+    with what the person said so far."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    @sm.tool
+    async def wait_at_gate() -> str:
+        """Wait until the gate opens."""
+        entered.set()
+        await gate.wait()
+        return "opened"
+
+    def model(messages: Any, tools: Any) -> sm.AssistantMessage:
+        if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+        return sm.AssistantMessage(f"heard: {_said(messages)}")
+
+    runner = DBOSRunner(
+        models={"gated": FunctionModel(model)},
+        tools=[wait_at_gate],
+        database_url=f"sqlite:///{tmp_path}/runs.sqlite",
+    )
+    return runner, entered, gate
+
+
+@pytest.mark.timeout(60)
+def test_steer_and_follow_up_reach_the_run_as_stored_messages(tmp_path: Path) -> None:
+    async def body() -> sm.RunResult:
+        runner, entered, gate = _gated_runner(tmp_path)
+        runner.launch()
+        try:
+            handle = await runner.start("steered", model="gated", messages="go")
+            await asyncio.wait_for(entered.wait(), 30)
+            await handle.steer("change of plan")
+            await handle.follow_up("one more thing")
+            gate.set()
+            return await handle.result(timeout=30)
+        finally:
+            runner.destroy()
+
+    result = asyncio.run(body())
+    assert result.ok
+    assert result.final_text == "heard: go | change of plan | one more thing"
+
+
+@pytest.mark.timeout(60)
+def test_abort_ends_the_run_at_its_next_model_call_with_every_result(tmp_path: Path) -> None:
+    async def body() -> sm.RunResult:
+        runner, entered, gate = _gated_runner(tmp_path)
+        runner.launch()
+        try:
+            handle = await runner.start("aborted", model="gated", messages="go")
+            await asyncio.wait_for(entered.wait(), 30)
+            await handle.abort("the person left")
+            gate.set()
+            return await handle.result(timeout=30)
+        finally:
+            runner.destroy()
+
+    result = asyncio.run(body())
+    assert result.state is sm.TurnState.Aborted
+    assert "the person left" in result.explanation
+    tool_results = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert [m.text for m in tool_results] == ["opened"]  # the started call kept its result
+    last = result.messages[-1]  # the model call the abort kept from starting
+    assert isinstance(last, sm.AssistantMessage)
+    assert last.content == ()
+    assert "not started" in (last.error_message or "")
