@@ -88,6 +88,22 @@ def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
 
+def _run_tools_outside_their_steps() -> None:
+    """A broken backend, for showing that the kill trials' check can fail: every tool
+    call also runs outside its step, so a recovery runs finished calls again."""
+    from dbos import DBOS
+
+    recorded = DBOS.run_step_async
+
+    async def run_step(options: Any, func: Any) -> Any:
+        if options.get("name") == "statemachine.tool":
+            await func()
+        return await recorded(options, func)
+
+    dbos: Any = DBOS  # typed as DBOS's own; replaced here on purpose
+    dbos.run_step_async = run_step
+
+
 def result_json(result: sm.RunResult) -> dict[str, Any]:
     return {
         "state": result.state.value,
@@ -99,6 +115,8 @@ def result_json(result: sm.RunResult) -> dict[str, Any]:
 async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     from statemachine.durable.dbos import DBOSRunner
 
+    if mode == "broken":
+        _run_tools_outside_their_steps()
     hook = beta_needs_approval if mode == "approvals" else None
     runner = DBOSRunner(
         models={"scripted": FunctionModel(answer)},

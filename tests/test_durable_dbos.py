@@ -96,6 +96,19 @@ def _kill_when(proc: subprocess.Popen[bytes], log: Path, lines: int, extra: floa
         return True
 
 
+def _reruns_of_finished_calls(log: Path, processes: list[tuple[int, set[str]]]) -> list[str]:
+    """Calls recorded when one process ended that started again in a later one."""
+    order = {pid: i for i, (pid, _) in enumerate(processes)}
+    problems = []
+    for what, call, pid in _log_lines(log):
+        if what != "start":
+            continue
+        for earlier, (_, recorded) in enumerate(processes):
+            if order[int(pid)] > earlier and call in recorded:
+                problems.append(f"finished call {call} ran again in process {order[int(pid)]}")
+    return problems
+
+
 def _trial(tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], list[str]]:
     """One run killed one to three times; its result and any broken promise."""
     db, run_id = f"sqlite:///{tmp}/trial{index}.sqlite", f"run{index}"
@@ -111,13 +124,7 @@ def _trial(tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], l
     if proc.wait(timeout=120) != 0:
         problems.append("the last worker failed")
     processes.append((proc.pid, set()))
-    order = {pid: i for i, (pid, _) in enumerate(processes)}
-    for what, call, pid in _log_lines(log):
-        if what != "start":
-            continue
-        for earlier, (_, recorded) in enumerate(processes):
-            if order[int(pid)] > earlier and call in recorded:
-                problems.append(f"finished call {call} ran again in process {order[int(pid)]}")
+    problems += _reruns_of_finished_calls(log, processes)
     starts = [call for what, call, _ in _log_lines(log) if what == "start"]
     started = set(starts)
     # -s shows what each trial did: kills, and interrupted calls run again.
@@ -171,6 +178,23 @@ def test_kill_9_at_random_points_loses_nothing_and_reruns_no_finished_tool(
         if problems:
             failures.append(f"trial {index}: {'; '.join(problems)}")
     assert not failures, failures
+
+
+@pytest.mark.timeout(120)
+def test_the_kill_check_catches_a_backend_that_runs_finished_tools_again(tmp_path: Path) -> None:
+    db, out, log = f"sqlite:///{tmp_path}/runs.sqlite", tmp_path / "out.json", tmp_path / "log"
+    proc = _start_worker(db, "broken", out, log, "broken")
+    deadline = time.monotonic() + 60
+    while not _recorded_calls(db, "broken") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    processes = [(proc.pid, _recorded_calls(db, "broken"))]
+    assert processes[0][1], "no tool call was recorded before the kill"
+    proc = _start_worker(db, "broken", out, log, "broken")
+    assert proc.wait(timeout=60) == 0
+    processes.append((proc.pid, set()))
+    assert _reruns_of_finished_calls(log, processes)
 
 
 async def _open_when_started(client: Any, run_id: str) -> DBOSRunHandle:
