@@ -290,6 +290,10 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
                 await runner.start("r", model="scripted", messages="go", tools=["gamma"])
             with pytest.raises(InvalidInputError, match="run id"):
                 await runner.start("", model="scripted", messages="go")
+            with pytest.raises(InvalidInputError, match="max_turns"):
+                await runner.start("r", model="scripted", messages="go", max_turns=0)
+            with pytest.raises(InvalidInputError, match="messages"):
+                await runner.start("r", model="scripted", messages=b"go")  # type: ignore[arg-type]
             handle = await runner.start("r", model="scripted", messages="go")
             await handle.result(timeout=60)
             with pytest.raises(NotPendingError, match="t1b"):

@@ -61,6 +61,7 @@ from statemachine.core.events import (
     InputQueued,
     ModelCancelled,
 )
+from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.trace import TransitionRecord
@@ -381,8 +382,11 @@ class DBOSRunner:
         unknown = [n for n in names if n not in self.tools]
         if unknown:
             raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         if isinstance(messages, str):
-            messages = [UserMessage(messages)]
+            messages = [UserMessage(_text(messages, "a message"))]
+        messages = check_history(messages)  # refused here, not in the worker later
         spec = {
             "model": model,
             "tools": names,
