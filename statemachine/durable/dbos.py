@@ -182,8 +182,10 @@ class _DurableRun(AgentRun):
             saved = await DBOS.run_step_async(StepOptions(name=name), step)
         except asyncio.CancelledError:
             # Cancelled after an abort: what it reported (its cancellation) still
-            # answers it; not recorded, so a recovery runs the call again.
-            self._deliver(key, capture.events)
+            # answers it; not recorded, so a recovery runs the call again. If it
+            # reported nothing, the grace period's end answers for it.
+            if capture.events:
+                self._deliver(key, capture.events)
             raise
         self._deliver(key, [event_from_dict(d) for d in saved])
 
