@@ -1,4 +1,10 @@
-"""Durable runs on DBOS (SQLite): the same run as run_agent, kill -9, approvals, bad input.
+"""Durable runs on DBOS: the same run as run_agent, kill -9, approvals, bad input.
+
+The tests that matter most for durability (the same history, the kill trials, an
+approval across a kill) run on SQLite and on PostgreSQL. PostgreSQL needs a server:
+`bash .ci/postgres.sh COMMAND` starts a throwaway one and sets
+STATEMACHINE_TEST_POSTGRES (`.ci/run` does); without it they skip, except under
+CI=true, where they fail.
 
 The kill trials run real worker processes (tests/durable_worker.py) and kill them with
 SIGKILL at random points of a run of three turns with two parallel tools each. The
@@ -16,6 +22,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,30 @@ WORKER = str(Path(__file__).with_name("durable_worker.py"))
 ROOT = str(Path(__file__).resolve().parent.parent)
 TRIALS = int(os.environ.get("DURABLE_KILL_TRIALS", "6"))
 CALLS = [f"t{turn}{side}" for turn in (1, 2, 3) for side in "ab"]
+POSTGRES = os.environ.get("STATEMACHINE_TEST_POSTGRES")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """The database URL for a name, on each backend (a fresh database per test)."""
+    if request.param == "sqlite":
+        return lambda name: f"sqlite:///{tmp_path}/{name}.sqlite"
+    if not POSTGRES:
+        if os.environ.get("CI") == "true":
+            pytest.fail("under CI the PostgreSQL tests must run: use bash .ci/postgres.sh")
+        pytest.skip("no PostgreSQL: run under bash .ci/postgres.sh to include it")
+    prefix = f"sm_{uuid.uuid4().hex[:12]}"
+
+    def url(name: str) -> str:
+        # A fresh database per name, made here: a handle may connect before any worker.
+        import psycopg
+
+        server = POSTGRES.replace("+psycopg", "") + "/postgres"
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{prefix}_{name}"')
+        return f"{POSTGRES}/{prefix}_{name}"
+
+    return url
 
 
 def _reference() -> dict[str, Any]:
@@ -109,9 +141,9 @@ def _reruns_of_finished_calls(log: Path, processes: list[tuple[int, set[str]]]) 
     return problems
 
 
-def _trial(tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], list[str]]:
+def _trial(db: str, tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], list[str]]:
     """One run killed one to three times; its result and any broken promise."""
-    db, run_id = f"sqlite:///{tmp}/trial{index}.sqlite", f"run{index}"
+    run_id = f"run{index}"
     out, log = tmp / f"trial{index}.json", tmp / f"trial{index}.log"
     processes: list[tuple[int, set[str]]] = []  # pid, calls recorded when it ended
     problems: list[str] = []
@@ -135,12 +167,14 @@ def _trial(tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], l
 
 
 @pytest.mark.timeout(120)
-def test_a_durable_run_has_the_history_and_trace_of_run_agent(tmp_path: Path) -> None:
+def test_a_durable_run_has_the_history_and_trace_of_run_agent(
+    database: Callable[[str], str],
+) -> None:
     async def body() -> tuple[dict[str, Any], RunHandle]:
         runner = DBOSRunner(
             models={"scripted": FunctionModel(answer)},
             tools=TOOLS,
-            database_url=f"sqlite:///{tmp_path}/runs.sqlite",
+            database_url=database("runs"),
         )
         runner.launch()
         try:
@@ -162,13 +196,13 @@ def test_a_durable_run_has_the_history_and_trace_of_run_agent(tmp_path: Path) ->
 
 @pytest.mark.timeout(60 + 30 * TRIALS)
 def test_kill_9_at_random_points_loses_nothing_and_reruns_no_finished_tool(
-    tmp_path: Path,
+    tmp_path: Path, database: Callable[[str], str]
 ) -> None:
     expected = _reference()
     rng = random.Random(int(os.environ.get("DURABLE_KILL_SEED", "15")))
     failures = []
     for index in range(TRIALS):
-        got, problems = _trial(tmp_path, index, rng)
+        got, problems = _trial(database(f"trial{index}"), tmp_path, index, rng)
         if got.get("state") != "Done":
             problems.append(f"state {got.get('state')}")
         if got.get("messages") != expected["messages"]:
@@ -224,9 +258,9 @@ async def _wait_for_pending(
 
 @pytest.mark.timeout(120)
 def test_an_approval_waits_across_a_kill_and_is_decided_after_the_restart(
-    tmp_path: Path,
+    tmp_path: Path, database: Callable[[str], str]
 ) -> None:
-    db, out, log = f"sqlite:///{tmp_path}/runs.sqlite", tmp_path / "out.json", tmp_path / "log"
+    db, out, log = database("runs"), tmp_path / "out.json", tmp_path / "log"
 
     async def body() -> None:
         proc = _start_worker(db, "appr", out, log, "approvals")
