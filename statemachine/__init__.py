@@ -22,27 +22,33 @@ modules above, never from them.
 # First: fail with a clear message if python-statemachine shadows this package.
 from statemachine import _shadow  # noqa: F401  # isort: skip
 from statemachine._version import __version__
-from statemachine.agent.model import ModelClient
-from statemachine.agent.resume import resume_agent, resume_run
-from statemachine.agent.run import (
-    AgentRun,
-    Deny,
+from statemachine.agent.events import (
     MessageAdded,
-    RequireApproval,
     RunEvent,
     RunFinished,
     RunResult,
     RunStarted,
     RunStats,
     StateChanged,
-    Stop,
     ToolEnded,
     ToolProgress,
     ToolStarted,
     TurnEnded,
     TurnStarted,
+)
+from statemachine.agent.executor import (
     current_tool_call,
     report_progress,
+)
+from statemachine.agent.hooks import (
+    Deny,
+    RequireApproval,
+    Stop,
+)
+from statemachine.agent.model import ModelClient
+from statemachine.agent.resume import resume_agent, resume_run
+from statemachine.agent.run import (
+    AgentRun,
     run_agent,
     run_agent_sync,
 )

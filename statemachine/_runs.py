@@ -25,7 +25,10 @@ from statemachine._render import (
     overlay_from_trace,
     render,
 )
-from statemachine.agent.run import _ERRORS, RunResult
+from statemachine.agent.events import (
+    _ERRORS,
+    RunResult,
+)
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
@@ -33,10 +36,12 @@ from statemachine.core.messages import (
     StopReason,
     ToolResultMessage,
     UserMessage,
+)
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.wire import (
     messages_from_dicts,
     messages_to_dicts,
 )
-from statemachine.core.table import Trigger, TurnState
 
 __all__ = [
     "MAX_RUN_FILE_BYTES",
@@ -175,9 +180,9 @@ def load_run(path: Path) -> RunResult:
 
 def run_result_from_journal(lines: Iterable[str]) -> RunResult:
     """The run a journal records, rebuilt by replaying it (which also verifies it)."""
-    from statemachine.journal import _journal
+    from statemachine.journal._replay import replay
 
-    replayed = _journal.replay(lines, logger=quiet_logger())
+    replayed = replay(lines, logger=quiet_logger())
     engine = replayed.engine
     explanation = engine.explanation or ""
     error_type = _ERRORS.get(engine.state)

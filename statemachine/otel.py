@@ -37,8 +37,16 @@ from typing import Any
 
 import attrs
 
+from statemachine.agent.events import (
+    RunResult,
+)
+from statemachine.agent.executor import (
+    current_tool_call,
+)
 from statemachine.agent.model import ModelClient
-from statemachine.agent.run import AgentRun, RunResult, current_tool_call
+from statemachine.agent.run import (
+    AgentRun,
+)
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -46,11 +54,13 @@ from statemachine.core.messages import (
     Message,
     StopReason,
     ToolResultMessage,
-    _block_to_dict,
-    message_to_dict,
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.wire import (
+    block_to_dict,
+    message_to_dict,
+)
 
 try:
     from opentelemetry import trace
@@ -251,6 +261,6 @@ class _TracedExecute:
                     _error(span, "tool_error")
                 content = output.content
                 tracer._content(
-                    span, "gen_ai.tool.call.result", lambda: [_block_to_dict(b) for b in content]
+                    span, "gen_ai.tool.call.result", lambda: [block_to_dict(b) for b in content]
                 )
             return value

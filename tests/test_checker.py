@@ -16,7 +16,7 @@ from statemachine.core.events import Action, CancelOperations, Event, ModelRespo
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
 from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
-from statemachine.journal._journal import replay
+from statemachine.journal import replay
 from statemachine.testing.checker import (
     EVENT_SOURCES,
     Bounds,

@@ -235,7 +235,7 @@ def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.Mo
         raise AssertionError("content built although capture_content is off")
 
     monkeypatch.setattr("statemachine.otel.message_to_dict", refuse)
-    monkeypatch.setattr("statemachine.otel._block_to_dict", refuse)
+    monkeypatch.setattr("statemachine.otel.block_to_dict", refuse)
     tracer, exporter = _tracer()
     model = Script(
         _calls(("a", "double", {"n": 1}), ("b", "missing", {})), sm.AssistantMessage("ok")

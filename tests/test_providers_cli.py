@@ -19,7 +19,10 @@ from providers_server import LoopbackServer, Reply, sse
 
 import statemachine as sm
 import statemachine.messages
-from statemachine.agent.run import MessageAdded, TurnStarted
+from statemachine.agent.events import (
+    MessageAdded,
+    TurnStarted,
+)
 from statemachine.cli import main
 from statemachine.cli.run import _Transcript
 from statemachine.providers import RedactSecrets

@@ -15,7 +15,9 @@ import statemachine.cli as cli
 from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine._render import DiagramError, chart_from_table, overlay_from_trace, render
 from statemachine._runs import run_result_from_dict, run_result_to_dict, sequence_diagram
-from statemachine.agent.run import RunResult
+from statemachine.agent.events import (
+    RunResult,
+)
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.table import Trigger, TurnState
@@ -210,8 +212,8 @@ def journaled(tmp_path: Path) -> tuple[Path, RunResult]:
     """A journal of the demo model's run on a one-file workspace, and the run."""
     import asyncio
 
+    from statemachine import journal as _journal
     from statemachine.cli.demo import PROMPT, demo_model
-    from statemachine.journal import _journal
     from statemachine.workspace import workspace_tools
 
     (tmp_path / "README.md").write_text("# hello\n", encoding="utf-8")
@@ -233,9 +235,9 @@ def test_trace_reads_a_journal_by_replaying_it(
     journaled: tuple[Path, RunResult], tmp_path: Path
 ) -> None:
     from statemachine._runs import _JOURNAL_FORMAT
-    from statemachine.journal import _journal
+    from statemachine.journal._format import FORMAT
 
-    assert _JOURNAL_FORMAT == _journal.FORMAT
+    assert _JOURNAL_FORMAT == FORMAT
     path, result = journaled
     out = tmp_path / "seq.mmd"
     assert cli.main(["trace", str(path), "--format", "sequence", "--out", str(out)]) == 0

@@ -41,8 +41,15 @@ from statemachine.testing.bridge import (
     BridgeTimeoutError,
     bridge_loop,
 )
-from statemachine.testing.scenario import AbortAt, AbortKind, Scripted, ToolBehaviour
+from statemachine.testing.scenario import (
+    AbortAt,
+    AbortKind,
+    ToolBehaviour,
+)
 from statemachine.testing.strategies import scenarios
+from statemachine.testing.world import (
+    Scripted,
+)
 
 PEERS = Path(__file__).parent / "bridge_peers"
 PYTHON_OK = [sys.executable, str(PEERS / "conforming_loop.py")]

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine.messages as public_messages
-from statemachine.core import messages as core_messages
 from statemachine.core import wire
 from statemachine.core.engine import Engine
 from statemachine.core.errors import WireFormatError
@@ -222,13 +221,9 @@ def test_arguments_nested_past_what_the_interpreter_can_walk_are_refused() -> No
         wire.message_from_dict(message)
 
 
-def test_the_old_homes_of_the_codec_still_resolve_to_it() -> None:
+def test_the_public_messages_module_exports_the_wire_codec() -> None:
     assert public_messages.message_to_dict is wire.message_to_dict
     assert public_messages.messages_from_dicts is wire.messages_from_dicts
-    assert core_messages.message_from_dict is wire.message_from_dict
-    assert core_messages._block_to_dict is wire.block_to_dict
-    with pytest.raises(AttributeError):
-        _ = core_messages.no_such_name  # type: ignore[attr-defined]
 
 
 # -- the digest's text of a message ----------------------------------------------------------

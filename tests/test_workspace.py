@@ -17,7 +17,7 @@ import statemachine.engine
 import statemachine.journal
 import statemachine.messages
 from statemachine.core.tools import ToolReturn
-from statemachine.journal._journal import run_agent_journaled
+from statemachine.journal import run_agent_journaled
 from statemachine.workspace import (
     IGNORED_DIRS,
     Workspace,

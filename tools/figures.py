@@ -27,7 +27,9 @@ from statemachine import run_agent
 from statemachine._render import DiagramError, chart_from_table, normalize_svg, render
 from statemachine._render import overlay_from_trace as _overlay
 from statemachine._runs import quiet_logger, run_page, run_result_to_dict, run_section
-from statemachine.agent.run import RunResult
+from statemachine.agent.events import (
+    RunResult,
+)
 from statemachine.agent.tools import Tool, tool
 from statemachine.cli import demo as _demo
 from statemachine.core.messages import (

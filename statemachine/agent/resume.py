@@ -14,7 +14,10 @@ from typing import Any
 from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import BeforeToolCall, Deny, RequireApproval, _call_hook, _describe
 from statemachine.agent.model import ModelClient
-from statemachine.agent.run import AgentRun, _check_tools
+from statemachine.agent.run import (
+    AgentRun,
+    _check_tools,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError

@@ -25,30 +25,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from statemachine._log import library_logger
-from statemachine.agent.events import _ERRORS as _ERRORS  # for statemachine.cli.diagram
 from statemachine.agent.events import (
-    MessageAdded,
     RunEvent,
-    RunFinished,
     RunResult,
     RunStarted,
-    RunStats,
-    StateChanged,
-    ToolEnded,
-    ToolProgress,
-    ToolStarted,
-    TurnEnded,
-    TurnStarted,
 )
-from statemachine.agent.executor import AsyncioExecutor, current_tool_call, report_progress
+from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
-    Deny,
-    RequireApproval,
     ShouldContinue,
-    Stop,
-    StrayCancelledError,
     TransformContext,
 )
 from statemachine.agent.loop import Inbox
@@ -62,29 +48,7 @@ from statemachine.core.messages import Message, UserMessage
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
-    "AfterToolCall",
     "AgentRun",
-    "BeforeToolCall",
-    "Deny",
-    "MessageAdded",
-    "RequireApproval",
-    "RunEvent",
-    "RunFinished",
-    "RunResult",
-    "RunStarted",
-    "RunStats",
-    "ShouldContinue",
-    "StateChanged",
-    "Stop",
-    "StrayCancelledError",
-    "ToolEnded",
-    "ToolProgress",
-    "ToolStarted",
-    "TransformContext",
-    "TurnEnded",
-    "TurnStarted",
-    "current_tool_call",
-    "report_progress",
     "run_agent",
     "run_agent_sync",
 ]

@@ -28,7 +28,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 
 if TYPE_CHECKING:  # the run layer is imported by the commands that run agents, not here
-    from statemachine.agent.run import AgentRun, RunEvent, RunResult
+    from statemachine.agent.events import (
+        RunEvent,
+        RunResult,
+    )
+    from statemachine.agent.run import (
+        AgentRun,
+    )
     from statemachine.core.messages import Message
 
 __all__ = [

@@ -40,7 +40,15 @@ from typing import Any, TextIO
 
 import structlog
 
-from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult, StateChanged
+from statemachine.agent.events import (
+    MessageAdded,
+    RunEvent,
+    RunResult,
+    StateChanged,
+)
+from statemachine.agent.run import (
+    AgentRun,
+)
 from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError, UsageError

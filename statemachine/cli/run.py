@@ -34,8 +34,15 @@ from typing import Any, TextIO
 
 import structlog
 
+from statemachine.agent.events import (
+    MessageAdded,
+    RunEvent,
+    RunResult,
+)
 from statemachine.agent.model import ModelClient
-from statemachine.agent.run import AgentRun, MessageAdded, RunEvent, RunResult
+from statemachine.agent.run import (
+    AgentRun,
+)
 from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.abort import AbortController
 from statemachine.core.errors import InvalidInputError

@@ -32,14 +32,16 @@ from statemachine.core.messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
-    _block_from_dict,
-    message_from_dict,
-    message_to_dict,
     thaw_json,
 )
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.trace import TransitionRecord
+from statemachine.core.wire import (
+    block_from_dict,
+    message_from_dict,
+    message_to_dict,
+)
 
 if TYPE_CHECKING:
     from statemachine.core.engine import Engine
@@ -422,7 +424,7 @@ def _tool_from(value: object, path: str) -> ToolDefinition:
 def _slot_from(value: object, path: str) -> CallSlot:
     item = _snapshots.obj(value, path)
     _snapshots.only_keys(item, _SLOT_KEYS, path)
-    call = _block_from_dict(_snapshots.field(item, "call", path), ("toolCall",), f"{path}.call")
+    call = block_from_dict(_snapshots.field(item, "call", path), ("toolCall",), f"{path}.call")
     assert isinstance(call, ToolCall)
     slot = CallSlot(call)
     status = _snapshots.string(item, "status", path)

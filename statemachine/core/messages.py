@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, TypeGuard
+from typing import Any, ClassVar, Final, TypeAlias, TypeGuard
 
 import attrs
 
@@ -344,39 +344,3 @@ class ToolResultMessage:
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
-
-
-# The codec moved to statemachine.core.wire; these names still resolve here for the
-# modules that import them from this one. Resolved lazily: wire imports this module.
-_MOVED: Final = {
-    "message_to_dict": "message_to_dict",
-    "message_from_dict": "message_from_dict",
-    "messages_to_dicts": "messages_to_dicts",
-    "messages_from_dicts": "messages_from_dicts",
-    "_block_to_dict": "block_to_dict",
-    "_block_from_dict": "block_from_dict",
-    "_usage_to_dict": "usage_to_dict",
-    "_STOP_REASONS": "STOP_REASONS",
-}
-
-
-if TYPE_CHECKING:
-    from statemachine.core import wire as _wire
-    from statemachine.core.wire import message_from_dict as message_from_dict
-    from statemachine.core.wire import message_to_dict as message_to_dict
-    from statemachine.core.wire import messages_from_dicts as messages_from_dicts
-    from statemachine.core.wire import messages_to_dicts as messages_to_dicts
-
-    _STOP_REASONS = _wire.STOP_REASONS
-    _block_from_dict = _wire.block_from_dict
-    _block_to_dict = _wire.block_to_dict
-    _usage_to_dict = _wire.usage_to_dict
-else:
-
-    def __getattr__(name: str) -> Any:
-        moved = _MOVED.get(name)
-        if moved is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from statemachine.core import wire
-
-        return getattr(wire, moved)

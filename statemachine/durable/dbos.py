@@ -51,7 +51,9 @@ from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, StepOptions, Workf
 from statemachine.agent.events import _ERRORS, RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
-from statemachine.agent.run import AgentRun
+from statemachine.agent.run import (
+    AgentRun,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import (

@@ -24,7 +24,12 @@ import os
 from collections.abc import Mapping
 from typing import IO, Any, Literal
 
-from statemachine.agent.run import RunResult, run_agent
+from statemachine.agent.events import (
+    RunResult,
+)
+from statemachine.agent.run import (
+    run_agent,
+)
 from statemachine.core.engine import Engine
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import Action, Event

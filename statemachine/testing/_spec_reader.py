@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from statemachine.core.errors import InvalidInputError
-from statemachine.core.messages import Message, UserMessage, message_from_dict
+from statemachine.core.messages import Message, UserMessage
+from statemachine.core.wire import message_from_dict
 
 __all__ = ["MAX_SCENARIO_BYTES", "Reader", "SpecError", "message", "read"]
 

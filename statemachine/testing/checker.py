@@ -166,7 +166,7 @@ class CheckReport:
 
 
 def _describe(event: Event) -> str:
-    from statemachine.journal._journal import describe_event  # the journal owns the readable form
+    from statemachine.journal._replay import describe_event  # the journal owns the readable form
 
     return describe_event(event)
 
@@ -186,7 +186,7 @@ def write_counterexample(
     a deliberately broken one) names the first line where the two part ways. An event
     the engine refused ends the journal: it is not part of the run.
     """
-    from statemachine.journal._journal import Journal, JournalingEngine
+    from statemachine.journal._writer import Journal, JournalingEngine
 
     bounds = bounds or Bounds()
     recording = type(f"Journaling{engine_class.__name__}", (JournalingEngine, engine_class), {})

@@ -34,6 +34,9 @@ import pytest
 from statemachine.core.messages import StopReason
 from statemachine.testing.conformance import run_conformance
 from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.runner import (
+    run_scenario,
+)
 from statemachine.testing.scenario import (
     AbortAt,
     AbortKind,
@@ -43,12 +46,13 @@ from statemachine.testing.scenario import (
     Outcome,
     RunRecord,
     Scenario,
-    Scripted,
     ScriptedCall,
     ToolBehaviour,
-    run_scenario,
 )
 from statemachine.testing.transcript import render_transcript
+from statemachine.testing.world import (
+    Scripted,
+)
 
 __all__ = [
     "AgentLoopConformance",

@@ -13,7 +13,12 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from statemachine.agent.run import AgentRun, RunResult
+from statemachine.agent.events import (
+    RunResult,
+)
+from statemachine.agent.run import (
+    AgentRun,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -21,6 +26,8 @@ from statemachine.core.messages import (
     Message,
     ToolResultMessage,
     UserMessage,
+)
+from statemachine.core.wire import (
     message_from_dict,
 )
 from statemachine.testing.clock import runner_for

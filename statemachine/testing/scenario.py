@@ -36,24 +36,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 
-from statemachine.agent.run import RunResult
+from statemachine.agent.events import (
+    RunResult,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, StopReason, UserMessage
 from statemachine.core.tools import ToolDefinition
-
-if TYPE_CHECKING:
-    from statemachine.testing.runner import (
-        ScenarioRunner,
-        agent_loop,
-        run_scenario,
-        run_scenario_async,
-    )
-    from statemachine.testing.world import ScenarioModel, Scripted, scripted_tools
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -71,17 +64,10 @@ __all__ = [
     "Outcome",
     "RunRecord",
     "Scenario",
-    "ScenarioModel",
-    "ScenarioRunner",
-    "Scripted",
     "ScriptedCall",
     "ScriptedToolError",
     "ToolBehaviour",
-    "agent_loop",
     "call_key",
-    "run_scenario",
-    "run_scenario_async",
-    "scripted_tools",
 ]
 
 KNOWN_TOOLS: tuple[str, ...] = ("alpha", "beta")
@@ -421,24 +407,3 @@ TOOL_DEFINITIONS: Mapping[str, ToolDefinition] = {
 """The kit's tools. Made once: checking a schema costs far more than a whole run."""
 
 _DEFINITIONS = TOOL_DEFINITIONS
-
-# The scripted world and the runner live in modules of their own, which import this
-# one; they are offered from here too, looked up when first used.
-_ELSEWHERE = {
-    "ScenarioModel": "world",
-    "Scripted": "world",
-    "scripted_tools": "world",
-    "ScenarioRunner": "runner",
-    "agent_loop": "runner",
-    "run_scenario": "runner",
-    "run_scenario_async": "runner",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _ELSEWHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"statemachine.testing.{module}"), name)

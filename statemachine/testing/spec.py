@@ -28,14 +28,18 @@ from typing import Any
 
 import attrs
 
-from statemachine.agent.run import RunResult
+from statemachine.agent.events import (
+    RunResult,
+)
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     StopReason,
-    message_to_dict,
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
+from statemachine.core.wire import (
+    message_to_dict,
+)
 from statemachine.testing._compact import compact, diff, lines_match
 from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
 from statemachine.testing.runner import agent_loop

@@ -13,7 +13,11 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from statemachine.agent.run import Deny, RequireApproval, Stop
+from statemachine.agent.hooks import (
+    Deny,
+    RequireApproval,
+    Stop,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.messages import (
