@@ -1,10 +1,18 @@
-"""A durable-run worker process for tests/test_durable_dbos.py (killed -9 at will).
+"""A durable-run worker process for the tests/test_durable_*.py (killed -9 at will),
+and what those tests share about it.
 
-    python tests/durable_worker.py DB_URL RUN_ID OUT [approvals]
+    python tests/durable_worker.py DB_URL RUN_ID OUT [MODE]
 
-Starts the run RUN_ID (or takes it back after a restart), waits for its result and
-writes it as JSON to OUT. Every tool start and end is appended to the file named by
-DURABLE_SIDE_EFFECTS, with the process id, and synced, so a line survives a kill.
+MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
+same, beta needing a person), "broken" (tools also run outside their steps), "gated"
+(one tool that waits until the file DURABLE_GATE exists; the model repeats what the
+person said) or "serve" (no run of its own: it takes runs from the queue "jobs",
+first taking over the runs of the workers named in DURABLE_RECOVER, until the file
+OUT exists). Every other mode starts RUN_ID (or takes it back after a restart),
+waits for its result and writes it as JSON to OUT. The worker's executor id is
+DURABLE_EXECUTOR ("local"). Every tool start and end is appended to the file named by
+DURABLE_SIDE_EFFECTS, with the process id and the run id, and synced, so a line
+survives a kill.
 """
 
 from __future__ import annotations
@@ -12,26 +20,36 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
+from statemachine.durable import idempotency_key
 from statemachine.testing import FunctionModel
 
 TURNS = 4  # three turns of two parallel tool calls, then the answer
 TOOL_DELAY = 0.04
+QUEUE = "jobs"
+WORKER = str(Path(__file__).resolve())
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def _log(line: str) -> None:
     path = os.environ.get("DURABLE_SIDE_EFFECTS")
     if not path:
         return
+    key = idempotency_key() or ":"
+    run_id = key.rsplit(":", 1)[0]
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{line} {os.getpid()}\n".encode())
+        os.write(fd, f"{line} {os.getpid()} {run_id}\n".encode())
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -88,6 +106,35 @@ def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
 
+@sm.tool
+async def wait_at_gate() -> str:
+    """Wait until the gate opens."""
+    _log("start g1")
+    gate = Path(os.environ["DURABLE_GATE"])
+    while not gate.exists():
+        await asyncio.sleep(0.01)
+    return "opened"
+
+
+def said(messages: Sequence[sm.Message]) -> str:
+    """What the person said so far, joined."""
+    texts = [
+        block.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for block in m.content
+        if isinstance(block, sm.TextContent)
+    ]
+    return " | ".join(texts)
+
+
+def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """Call the gate once, then repeat what the person said."""
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+    return sm.AssistantMessage(f"heard: {said(messages)}")
+
+
 def _run_tools_outside_their_steps() -> None:
     """A broken backend, for showing that the kill trials' check can fail: every tool
     call also runs outside its step, so a recovery runs finished calls again."""
@@ -95,10 +142,10 @@ def _run_tools_outside_their_steps() -> None:
 
     recorded = DBOS.run_step_async
 
-    async def run_step(options: Any, func: Any) -> Any:
+    async def run_step(options: Any, func: Any, *args: Any) -> Any:
         if options.get("name") == "statemachine.tool":
-            await func()
-        return await recorded(options, func)
+            await func(*args)
+        return await recorded(options, func, *args)
 
     dbos: Any = DBOS  # typed as DBOS's own; replaced here on purpose
     dbos.run_step_async = run_step
@@ -117,15 +164,23 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
 
     if mode == "broken":
         _run_tools_outside_their_steps()
-    hook = beta_needs_approval if mode == "approvals" else None
+    gated = mode == "gated"
     runner = DBOSRunner(
-        models={"scripted": FunctionModel(answer)},
-        tools=TOOLS,
+        models={"scripted": FunctionModel(echo if gated else answer)},
+        tools=[wait_at_gate] if gated else TOOLS,
         database_url=db_url,
-        before_tool_call=hook,
+        before_tool_call=beta_needs_approval if mode == "approvals" else None,
+        executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
+        queues={QUEUE: 2} if mode == "serve" else None,
     )
     runner.launch()
     try:
+        if mode == "serve":
+            dead = [e for e in os.environ.get("DURABLE_RECOVER", "").split(",") if e]
+            await runner.recover(dead)
+            while not os.path.exists(out):
+                await asyncio.sleep(0.05)
+            return
         handle = await runner.start(run_id, model="scripted", messages="go")
         result = await handle.result()
     finally:
@@ -133,6 +188,71 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     with open(out + ".tmp", "w") as f:
         json.dump(result_json(result), f)
     os.replace(out + ".tmp", out)
+
+
+# -- what the tests use to drive worker processes -------------------------------------------
+
+POSTGRES = os.environ.get("STATEMACHINE_TEST_POSTGRES")
+
+
+def database_urls(backend: str, tmp_path: Path) -> Any:
+    """The ``database`` fixture's value: a function from a name to the URL of a fresh
+    database of that name on ``backend`` (call it from a pytest fixture)."""
+    import pytest
+
+    if backend == "sqlite":
+        return lambda name: f"sqlite:///{tmp_path}/{name}.sqlite"
+    if not POSTGRES:
+        if os.environ.get("CI") == "true":
+            pytest.fail("under CI the PostgreSQL tests must run: use bash .ci/postgres.sh")
+        # A developer machine without a server: the SQLite case of the same test still
+        # runs; CI (above) never skips, since .ci/run starts PostgreSQL for it.
+        pytest.skip("no PostgreSQL: run under bash .ci/postgres.sh to include it")
+    prefix = f"sm_{os.urandom(6).hex()}"
+
+    def url(name: str) -> str:
+        # A fresh database per name, made here: a handle may connect before any worker.
+        import psycopg
+
+        assert POSTGRES is not None
+        server = POSTGRES.replace("+psycopg", "") + "/postgres"
+        with psycopg.connect(server, autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{prefix}_{name}"')
+        return f"{POSTGRES}/{prefix}_{name}"
+
+    return url
+
+
+
+def start_worker(
+    db: str, run_id: str, out: Path, log: Path, mode: str = "", **env: str
+) -> subprocess.Popen[bytes]:
+    environment = dict(os.environ, DURABLE_SIDE_EFFECTS=str(log), PYTHONPATH=ROOT, **env)
+    return subprocess.Popen(
+        [sys.executable, WORKER, db, run_id, str(out), mode],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def log_lines(log: Path) -> list[list[str]]:
+    """The side-effect log: [what, call id, pid, run id] per line."""
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def wait_for_log(log: Path, lines: int, proc: subprocess.Popen[bytes], limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
+    while len(log_lines(log)) < lines and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the worker logged {len(log_lines(log))} lines, not {lines}")
+        time.sleep(0.002)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import attrs
 from statemachine._version import __version__
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
-from statemachine.core.errors import UsageError
+from statemachine.core.errors import StateMachineError, UsageError
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TRANSITIONS
 
@@ -51,6 +51,7 @@ __all__ = [
     "NotPendingError",
     "RunHandle",
     "RunStatus",
+    "StoreUnavailableError",
     "UnknownRunError",
     "application_version",
     "idempotency_key",
@@ -64,6 +65,11 @@ class UnknownRunError(UsageError):
 
 class NotPendingError(UsageError):
     """A decision for a call that is not waiting for one (unknown or already decided)."""
+
+
+class StoreUnavailableError(StateMachineError):
+    """The runs' database cannot be reached or opened (the message names it, with
+    any password hidden); nothing was changed in it."""
 
 
 @attrs.frozen
@@ -86,8 +92,9 @@ class RunHandle(Protocol):
     run_id: str
 
     async def result(self, timeout: float | None = None) -> RunResult:
-        """Wait for the run to end; the same ``RunResult`` as ``run_agent``'s (its
-        ``stats`` are ``None``: times measured in processes that died mean nothing)."""
+        """Wait for the run to end; the same ``RunResult`` as ``run_agent``'s. Its
+        ``stats`` count every call the engine was handed (the same after a crash);
+        its times are those measured by the process that finished the run."""
         ...
 
     async def pending_approvals(self) -> tuple[ToolCall, ...]:

@@ -2,15 +2,15 @@
 
 A run is one DBOS workflow, named ``statemachine.run``, whose id is the run id. It
 drives the same ``AgentRun`` as ``run_agent`` (the one action loop of
-``statemachine.agent.loop``); only the executor differs (``_DurableRun``): each model
+``statemachine.agent.loop``); only the executor differs (``_dbos_run``): each model
 call, each tool call, each batch of ``before_tool_call`` checks and each
 ``should_continue`` check runs as a DBOS step whose recorded output is the JSON of the
-engine events it reported (``statemachine.core.wire``; our messages do not pickle).
-After a crash DBOS runs the workflow again from the top: the steps already recorded
-return their saved events without running, so the engine receives the same events in
-the same order and ends up with the same history and trace. The tool results of a
-batch are handed to the engine in call order, whatever order the tools finish in, so
-that this order does not depend on timing.
+engine events it reported (``_dbos_wire.decode_step_events`` reads it back; our
+messages do not pickle). After a crash DBOS runs the workflow again from the top: the
+steps already recorded return their saved events without running, so the engine
+receives the same events in the same order and ends up with the same history and
+trace. The tool results of a batch are handed to the engine in call order, whatever
+order the tools finish in, so that this order does not depend on timing.
 
 Models, tools and hooks are code, not data: the workflow's input names the model and
 the tools, and every worker process resolves the names in its own registry
@@ -18,234 +18,88 @@ the tools, and every worker process resolves the names in its own registry
 same registry, and a model client must keep no state between calls (after a restart
 it is a fresh object; a model keyed on a call counter would answer turn 1 again).
 
-Messages to a run (``steer``, ``follow_up``, ``abort``, approval decisions) are DBOS
-messages on one topic, stored in the database, so they may be sent from any process,
-with or without a live worker. The run takes them at deterministic points: before
-each model call (a recorded ``recv`` that does not wait) and while it waits for
-approvals. So an abort reaches a run at its next model call or while it waits for a
-person, not in the middle of a tool call.
+Messages to a run
+-----------------
+``steer``, ``follow_up``, ``abort`` and approval decisions are DBOS messages on one
+topic, stored in the database, so they may be sent from any process, with or without
+a live worker. The run listens all the time (``_dbos_control``): a message takes
+effect within about a DBOS notification interval (0.1 s by default on SQLite; at once
+on PostgreSQL), between two engine events, in the middle of a tool call too. An abort
+fires the abort signal of the running tools and of the model client at once; they
+then get the grace period, as in ``run_agent``, and every started call still gets its
+result (I6). Where a message took effect is recorded (``{"at": n, "message": m}``: after
+``n`` engine events), and the run takes a message only once that record is saved;
+after a crash each message takes effect again after the same ``n`` events, so the
+engine receives the same events in the same order as an uninterrupted run that got the
+message at that moment. After an abort the run listens no more.
+
+What it costs: one saved operation per model call and per tool call (one more per
+``before_tool_call`` batch and per ``should_continue`` check when those hooks are
+set); listening costs one saved operation per run (the wait's deadline) and three per
+message taken; a wait for approvals costs one per published change of the pending
+calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
-takes (a durable ``recv``; the worker may die and restart meanwhile). A decision is
-sent with the idempotency key ``"{run_id}:{call_id}"``, so a second decision sent
-before the run took the first is dropped by DBOS; one sent after is refused by
-``decide`` with ``NotPendingError``, as is a decision for a call that is not pending.
+takes; the worker may die and restart meanwhile. A decision is sent with the
+idempotency key ``"{run_id}:{call_id}"``, so a second decision sent before the run
+took the first is dropped by DBOS; one sent after is refused by ``decide`` with
+``NotPendingError``, as is a decision for a call that is not pending.
 
-The database: SQLite by default (``sqlite:///statemachine.sqlite``); one runner per
-process (DBOS is a process-wide singleton). At ``launch()`` DBOS recovers the
-unfinished runs of this executor id and this application version
-(``statemachine.durable.application_version()``).
+Workers, queues, failover: the database is SQLite by default
+(``sqlite:///statemachine.sqlite``) or PostgreSQL; one runner per process (DBOS is a
+process-wide singleton). Each worker needs its own stable ``executor_id``: at
+``launch()`` DBOS recovers the unfinished runs of this executor id and this
+application version (``statemachine.durable.application_version()``). ``enqueue``
+puts a run on a named queue that workers ``listen`` to, each taking at most its
+concurrency limit at a time. A dead worker's runs stay pending until it comes back or
+another worker takes them over with ``recover(executor_ids)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from functools import partial
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, StepOptions, WorkflowHandleAsync
+from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
 
-from statemachine.agent.events import _ERRORS, RunResult
+from statemachine.agent.events import RunResult, RunStats
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
-from statemachine.agent.run import (
-    AgentRun,
-)
 from statemachine.agent.tools import Tool
 from statemachine.core.errors import InvalidInputError, UsageError
-from statemachine.core.events import (
-    ApprovalDecided,
-    CallModel,
-    Event,
-    InputQueued,
-    ModelCancelled,
-)
+from statemachine.core.events import ApprovalDecided, Event
 from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, ToolCall, UserMessage
-from statemachine.core.table import Trigger, TurnState
-from statemachine.core.trace import TransitionRecord
-from statemachine.core.wire import (
-    block_from_dict,
-    block_to_dict,
-    event_from_dict,
-    event_to_dict,
-    message_from_dict,
-    message_to_dict,
-    messages_from_dicts,
-    messages_to_dicts,
-)
+from statemachine.core.table import TurnState
+from statemachine.core.wire import message_to_dict, messages_from_dicts, messages_to_dicts
 from statemachine.durable import (
     NotPendingError,
     RunStatus,
     UnknownRunError,
-    _durable_run_id,
     application_version,
+)
+from statemachine.durable._dbos_control import TOPIC, Control
+from statemachine.durable._dbos_errors import reachable, store_errors
+from statemachine.durable._dbos_run import DurableRun, user_message
+from statemachine.durable._dbos_wire import (
+    call_from_dict,
+    call_to_dict,
+    merge_stats,
+    result_from_dict,
+    result_to_dict,
 )
 
 __all__ = ["DBOSRunHandle", "DBOSRunner", "connect"]
 
 WORKFLOW = "statemachine.run"
-_CONTROL = "statemachine.control"  # the topic of every message to a run
 _PENDING = "pending"  # the event holding the calls waiting for a decision
-_WAIT_SECONDS = 7 * 24 * 3600.0  # one recv's wait for a person; the wait then goes on
 _POLL = 0.05  # how often a handle's result() looks (DBOS's default is a second)
 MAX_MESSAGE_CHARS = 100_000  # a steer or follow-up message, a reason
-
-_capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
-    "statemachine_durable_capture", default=None
-)
-
-
-class _Capture:
-    """Stands in for the loop's inbox inside a step: keeps what the operation reports,
-    so that the step's recorded output is exactly those events."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def put_nowait(self, event: Event) -> None:
-        self.events.append(event)
-
-
-class _DurableRun(AgentRun):
-    """``AgentRun`` with each operation a DBOS step (module docstring)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self._order: list[str] = []  # call ids of started tools, in call order
-        self._ready: dict[str, list[Event]] = {}  # their recorded events, until posted
-        super().__init__(**kwargs)
-
-    # Inside a step the inbox is the step's capture (the permission and continue
-    # checks post to the inbox directly).
-    @property
-    def _inbox(self) -> Any:
-        capture = _capture.get()
-        return capture if capture is not None else self.__dict__.get("_real_inbox")
-
-    @_inbox.setter
-    def _inbox(self, value: Any) -> None:
-        self.__dict__["_real_inbox"] = value
-
-    def _post(self, key: str, event: Event) -> None:
-        capture = _capture.get()
-        if capture is not None:
-            capture.put_nowait(event)
-            return
-        super()._post(key, event)
-        self._flush()
-
-    # -- the seam --------------------------------------------------------------------------
-
-    def _start_model(self, action: CallModel, alone: bool) -> None:
-        self._spawn("model", self._model_turn(action), alone)
-
-    def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._order.append(call.id)
-        step = self._step(call.id, "statemachine.tool", partial(self._run_tool, call))
-        self._spawn(call.id, step, alone)
-
-    def _start_permission_checks(self, calls: list[ToolCall]) -> None:
-        self._helper(
-            self._step("", "statemachine.permissions", partial(self._check_permissions, calls))
-        )
-
-    def _start_continue_check(self, turn: int) -> None:
-        self._helper(self._step("", "statemachine.continue", partial(self._check_continue, turn)))
-
-    # -- steps -----------------------------------------------------------------------------
-
-    async def _model_turn(self, action: CallModel) -> None:
-        if await self._take_messages():
-            self._not_started("model", ModelCancelled("not started: the run was aborted"))
-            return
-        await self._step("model", "statemachine.model", partial(self._call_model, action))
-
-    async def _step(
-        self, key: str, name: str, operation: Callable[[], Coroutine[Any, Any, None]]
-    ) -> None:
-        """Run ``operation`` as the DBOS step ``name``; hand its events to the loop."""
-        capture = _Capture()
-
-        async def step() -> list[dict[str, Any]]:
-            capture.events.clear()  # a retried attempt starts afresh
-            token = _capture.set(capture)
-            run_token = _durable_run_id.set(self.run_id)
-            try:
-                await operation()
-            finally:
-                _durable_run_id.reset(run_token)
-                _capture.reset(token)
-            return [event_to_dict(e) for e in capture.events]
-
-        try:
-            saved = await DBOS.run_step_async(StepOptions(name=name), step)
-        except asyncio.CancelledError:
-            # Cancelled after an abort: what it reported (its cancellation) still
-            # answers it; not recorded, so a recovery runs the call again. If it
-            # reported nothing, the grace period's end answers for it.
-            if capture.events:
-                self._deliver(key, capture.events)
-            raise
-        self._deliver(key, [event_from_dict(d) for d in saved])
-
-    def _deliver(self, key: str, events: list[Event]) -> None:
-        inbox = self.__dict__["_real_inbox"]
-        if key in self._order:
-            if key not in self._reported:
-                self._ready[key] = events
-            self._flush()
-            return
-        if key:
-            if key in self._reported:
-                return
-            self._reported.add(key)
-        for event in events:
-            inbox.put_nowait(event)
-
-    def _flush(self) -> None:
-        """Post the tool results that are next in call order."""
-        inbox = self.__dict__["_real_inbox"]
-        while self._order:
-            head = self._order[0]
-            if head in self._ready:
-                self._reported.add(head)
-                for event in self._ready.pop(head):
-                    inbox.put_nowait(event)
-            elif head not in self._reported:
-                return  # still running
-            self._order.pop(0)
-
-    async def _take_messages(self) -> bool:
-        """Take the messages sent to the run so far (recorded; never waits); True
-        if the run is aborting."""
-        while True:
-            message = await DBOS.recv_async(_CONTROL, timeout_seconds=0)
-            if message is None:
-                return self._aborting
-            _apply(self, message)
-
-
-def _apply(run: AgentRun, message: Mapping[str, Any]) -> None:
-    """A steer, follow-up or abort message, applied to ``run`` (decisions are taken
-    only while the run waits for them; a late one is dropped)."""
-    kind = message.get("kind")
-    if kind == "abort":
-        run.abort(message.get("reason") or "aborted by the caller")
-    elif kind == "steer":
-        run.steer(_user_message(message))
-    elif kind == "follow_up":
-        run.follow_up(_user_message(message))
-
-
-def _user_message(message: Mapping[str, Any]) -> UserMessage:
-    user = message_from_dict(message["message"])
-    if not isinstance(user, UserMessage):
-        raise InvalidInputError("a queued message must be a user message")
-    return user
-
+MAX_QUEUE_CONCURRENCY = 1000
+MAX_URL_CHARS = 2000
 
 # -- the workflow ---------------------------------------------------------------------------
 
@@ -258,59 +112,17 @@ async def _workflow(run_id: str, spec: dict[str, Any]) -> dict[str, Any]:
     return await _active._execute(run_id, spec)
 
 
-def _call_to_dict(call: ToolCall) -> dict[str, Any]:
-    return block_to_dict(call)
-
-
-def _call_from_dict(d: Any) -> ToolCall:
-    call = block_from_dict(d, ("toolCall",), "call")
-    assert isinstance(call, ToolCall)
-    return call
-
-
-def _result_to_dict(result: RunResult) -> dict[str, Any]:
-    return {
-        "state": result.state.value,
-        "messages": messages_to_dicts(result.messages),
-        "turns": result.turns,
-        "explanation": result.explanation,
-        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
-        "pending": [_call_to_dict(c) for c in result.pending_approvals],
-        "queued": [event_to_dict(e) for e in result.queued_input],
-        "snapshot": None if result.snapshot is None else dict(result.snapshot),
-    }
-
-
-def _result_from_dict(run_id: str, d: Mapping[str, Any]) -> RunResult:
-    state = TurnState(d["state"])
-    error_type = _ERRORS.get(state)
-    queued = [event_from_dict(e) for e in d["queued"]]
-    return RunResult(
-        state=state,
-        messages=tuple(messages_from_dicts(d["messages"])),
-        error=None if error_type is None else error_type(d["explanation"]),
-        turns=d["turns"],
-        explanation=d["explanation"],
-        trace=tuple(
-            TransitionRecord(TurnState(s), Trigger(t), TurnState(e), n) for s, t, e, n in d["trace"]
-        ),
-        run_id=run_id,
-        stats=None,
-        pending_approvals=tuple(_call_from_dict(c) for c in d["pending"]),
-        queued_input=tuple(e for e in queued if isinstance(e, InputQueued)),
-        snapshot=d["snapshot"],
-    )
-
-
 class DBOSRunner:
     """Runs agent runs as DBOS workflows in this process (a worker).
 
     ``models`` maps names to model clients and ``tools`` lists the tools a run may
     use; a run names its model and tools, and every worker resolves the names here, so
     build every worker with the same registry (module docstring). The hooks are the
-    same for every run of this runner. ``executor_id`` tells workers apart: a worker
-    restarted with the same id (and the same application version) takes its
-    unfinished runs back at ``launch()``.
+    same for every run of this runner. ``executor_id`` tells workers apart: give
+    each worker its own, the same across its restarts; a worker restarted with the
+    same id (and the same application version) takes its unfinished runs back at
+    ``launch()``. ``queues`` names the queues this worker takes enqueued runs from,
+    each with the most runs it runs from that queue at once (none by default).
     """
 
     def __init__(
@@ -323,6 +135,7 @@ class DBOSRunner:
         after_tool_call: AfterToolCall | None = None,
         should_continue: ShouldContinue | None = None,
         executor_id: str = "local",
+        queues: Mapping[str, int] | None = None,
         name: str = "statemachine",
         notification_interval: float = 0.1,
     ) -> None:
@@ -331,9 +144,11 @@ class DBOSRunner:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise InvalidInputError(f"tool names must be unique, got {names}")
+        _check_name(executor_id, "executor_id")
+        self.queues = _check_queues(queues or {})
         self.models = dict(models)
         self.tools = {t.name: t for t in tools}
-        self.database_url = database_url
+        self.database_url = _check_url(database_url)
         self.hooks: dict[str, Any] = {
             "before_tool_call": before_tool_call,
             "after_tool_call": after_tool_call,
@@ -350,15 +165,29 @@ class DBOSRunner:
         self._client: DBOSClient | None = None
 
     def launch(self) -> None:
-        """Start DBOS in this process; recovers this worker's unfinished runs."""
+        """Start DBOS in this process; recovers this worker's unfinished runs.
+        ``StoreUnavailableError`` if the database cannot be reached."""
         global _active
         if _active is not None:
             raise UsageError("a DBOSRunner is already launched in this process")
-        DBOS.workflow(name=WORKFLOW)(_workflow)
-        DBOS(config=self.config)
-        _active = self
-        DBOS.launch()
-        self._client = DBOSClient(system_database_url=self.database_url)
+        reachable(self.database_url)
+        with store_errors(self.database_url):
+            # The client first: a recovered run reads its records through it.
+            self._client = DBOSClient(system_database_url=self.database_url)
+            DBOS.workflow(name=WORKFLOW)(_workflow)
+            DBOS(config=self.config)
+            DBOS.listen_queues(list(self.queues))
+            _active = self
+            try:
+                DBOS.launch()
+                _outside_the_loop(self._register_queues)
+            except BaseException:
+                self.destroy()
+                raise
+
+    def _register_queues(self) -> None:
+        for queue, concurrency in self.queues.items():
+            DBOS.register_queue(queue, worker_concurrency=concurrency)
 
     def destroy(self) -> None:
         """Stop DBOS in this process (unfinished runs stay in the database)."""
@@ -378,7 +207,71 @@ class DBOSRunner:
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
     ) -> DBOSRunHandle:
-        """Start the run ``run_id`` (or, if it exists, return its handle)."""
+        """Start the run ``run_id`` in this worker (or, if it exists, return its handle)."""
+        spec = self._spec(run_id, model, messages, tools, max_turns)
+        with store_errors(self.database_url), SetWorkflowID(run_id):
+            await DBOS.start_workflow_async(_workflow, run_id, spec)
+        return DBOSRunHandle(self._require_client(), run_id)
+
+    async def enqueue(
+        self,
+        run_id: str,
+        *,
+        queue: str,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None = None,
+        max_turns: int = 8,
+    ) -> DBOSRunHandle:
+        """Put the run ``run_id`` on ``queue``: a worker launched with that queue in
+        its ``queues`` runs it (or, if the run exists, return its handle)."""
+        _check_name(queue, "queue")
+        spec = self._spec(run_id, model, messages, tools, max_turns)
+        options: EnqueueOptions = {
+            "workflow_name": WORKFLOW,
+            "queue_name": queue,
+            "workflow_id": run_id,
+            "app_version": application_version(),
+        }
+        client = self._require_client()
+        with store_errors(self.database_url):
+            await client.enqueue_async(options, run_id, spec)
+        return DBOSRunHandle(client, run_id)
+
+    async def recover(self, executor_ids: Sequence[str]) -> list[str]:
+        """Take over the unfinished runs of the workers ``executor_ids``, which must
+        be dead (a live worker would run them too): they are put back on DBOS's
+        internal queue, from which this worker (or another live one) finishes them.
+        Only runs of this application version are taken. Returns their run ids."""
+        ids = list(executor_ids)
+        for executor_id in ids:
+            _check_name(executor_id, "executor_id")
+        if not ids:
+            return []
+        client = self._require_client()
+        with store_errors(self.database_url):
+            found = await client.list_workflows_async(
+                status="PENDING",
+                name=WORKFLOW,
+                executor_id=ids,
+                app_version=application_version(),
+                load_input=False,
+                load_output=False,
+            )
+            run_ids = [w.workflow_id for w in found]
+            if run_ids:
+                await client.resume_workflows_async(run_ids)
+        return run_ids
+
+    def _spec(
+        self,
+        run_id: str,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None,
+        max_turns: int,
+    ) -> dict[str, Any]:
+        """The workflow's input, checked here rather than in a worker later."""
         _check_run_id(run_id)
         if model not in self.models:
             raise InvalidInputError(f"unknown model {model!r}; known: {sorted(self.models)}")
@@ -390,16 +283,13 @@ class DBOSRunner:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         if isinstance(messages, str):
             messages = [UserMessage(_text(messages, "a message"))]
-        messages = check_history(messages)  # refused here, not in the worker later
-        spec = {
+        messages = check_history(messages)
+        return {
             "model": model,
             "tools": names,
             "messages": messages_to_dicts(messages),
             "max_turns": max_turns,
         }
-        with SetWorkflowID(run_id):
-            await DBOS.start_workflow_async(_workflow, run_id, spec)
-        return DBOSRunHandle(self._require_client(), run_id)
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
@@ -412,8 +302,8 @@ class DBOSRunner:
 
     # -- inside the workflow -------------------------------------------------------------
 
-    def _new_run(self, run_id: str, spec: Mapping[str, Any], **kwargs: Any) -> _DurableRun:
-        return _DurableRun(
+    def _new_run(self, run_id: str, spec: Mapping[str, Any], **kwargs: Any) -> DurableRun:
+        return DurableRun(
             model=self.models[spec["model"]],
             tools=[self.tools[n] for n in spec["tools"]],
             max_turns=spec["max_turns"],
@@ -423,29 +313,53 @@ class DBOSRunner:
         )
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        run = self._new_run(run_id, spec, messages=messages_from_dicts(spec["messages"]))
-        result = await run.run()
-        while result.state is TurnState.AwaitingUser and result.pending_approvals:
-            decisions, messages = await _wait_for_decisions(result.pending_approvals)
-            run = self._new_run(run_id, spec, _engine=run.engine, _resume_events=decisions)
-            for message in messages:
-                _apply(run, message)
+        # What an earlier execution recorded (a read, not an operation): where the
+        # messages took effect (``_dbos_control``).
+        recorded = await self._require_client().list_workflow_steps_async(run_id)
+        control = Control([dict(s) for s in recorded])
+        control.start()
+        try:
+            messages = messages_from_dicts(spec["messages"])
+            run = self._new_run(run_id, spec, control=control, messages=messages)
             result = await run.run()
-        return _result_to_dict(result)
+            stats: RunStats | None = result.stats
+            while result.state is TurnState.AwaitingUser and result.pending_approvals:
+                decisions, others = await _wait_for_decisions(control, result.pending_approvals)
+                run = self._new_run(
+                    run_id, spec, control=control, _engine=run.engine, _resume_events=decisions
+                )
+                for message in others:
+                    _apply_early(run, message)
+                result = await run.run()
+                stats = merge_stats(stats, result.stats) if result.stats else stats
+        finally:
+            await control.close()
+        return result_to_dict(result, stats)
+
+
+def _apply_early(run: DurableRun, message: Mapping[str, Any]) -> None:
+    """A message taken while the run waited for a person, for the resumed run."""
+    kind = message.get("kind")
+    if kind == "abort":
+        run.abort(message.get("reason") or "aborted by the caller")
+    elif kind == "steer":
+        run.steer(user_message(message))
+    elif kind == "follow_up":
+        run.follow_up(user_message(message))
 
 
 async def _wait_for_decisions(
-    calls: Sequence[ToolCall],
+    control: Control, calls: Sequence[ToolCall]
 ) -> tuple[list[Event], list[Mapping[str, Any]]]:
     """Publish ``calls`` and wait (durably) until each is decided or the run is
     aborted; the decisions in call order, and the other messages received."""
     waiting = {c.id: c for c in calls}
     decided: dict[str, Event] = {}
     others: list[Mapping[str, Any]] = []
-    await DBOS.set_event_async(_PENDING, [_call_to_dict(c) for c in calls])
+    await DBOS.set_event_async(_PENDING, [call_to_dict(c) for c in calls])
     while len(decided) < len(waiting):
-        message = await DBOS.recv_async(_CONTROL, timeout_seconds=_WAIT_SECONDS)
-        if message is None:
+        message = await control.next_message()
+        if not isinstance(message, Mapping):
             continue  # a week without a word: wait on
         if message.get("kind") != "decision":
             others.append(message)
@@ -456,7 +370,7 @@ async def _wait_for_decisions(
         if call_id not in waiting or call_id in decided:
             continue  # raced with another decision; decide() refuses it when it can
         decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
-        left = [_call_to_dict(c) for c in calls if c.id not in decided]
+        left = [call_to_dict(c) for c in calls if c.id not in decided]
         await DBOS.set_event_async(_PENDING, left)
     return [decided[c.id] for c in calls if c.id in decided], others
 
@@ -466,8 +380,59 @@ async def _wait_for_decisions(
 
 def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
     """A client of the runs' database, for processes that are not workers: pass it to
-    ``DBOSRunHandle.open``. ``destroy()`` it when done."""
-    return DBOSClient(system_database_url=database_url)
+    ``DBOSRunHandle.open``. ``destroy()`` it when done. ``StoreUnavailableError`` if
+    the database cannot be reached."""
+    reachable(_check_url(database_url))
+    with store_errors(database_url):
+        return DBOSClient(system_database_url=database_url)
+
+
+def _check_url(url: object) -> str:
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
+        raise InvalidInputError(
+            f"a database URL is a non-empty str of at most {MAX_URL_CHARS} chars"
+        )
+    return url
+
+
+def _check_queues(queues: object) -> dict[str, int]:
+    if not isinstance(queues, Mapping):
+        raise InvalidInputError("queues must map queue names to concurrency limits")
+    for queue, limit in queues.items():
+        _check_name(queue, "a queue name")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            limit = -1
+        if not 1 <= limit <= MAX_QUEUE_CONCURRENCY:
+            raise InvalidInputError(
+                f"queue {queue!r}: the concurrency limit must be an integer from 1 to "
+                f"{MAX_QUEUE_CONCURRENCY}, got {queues[queue]!r}"
+            )
+    return dict(queues)
+
+
+def _outside_the_loop(call: Callable[[], None]) -> None:
+    """Run a synchronous DBOS call, which DBOS refuses inside a running event loop,
+    from a thread of its own, and wait for it."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="statemachine-dbos-setup")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise InvalidInputError(
+            f"{what} must be a non-empty str of at most 200 chars, got {name!r}"
+        )
 
 
 def _check_run_id(run_id: object) -> None:
@@ -477,12 +442,18 @@ def _check_run_id(run_id: object) -> None:
 
 async def _handle(client: DBOSClient, run_id: str) -> DBOSRunHandle:
     _check_run_id(run_id)
+    await _find(client, run_id)
+    return DBOSRunHandle(client, run_id)
+
+
+async def _find(client: DBOSClient, run_id: str) -> Any:
+    """The run's DBOS status; ``UnknownRunError`` if there is no such run."""
     found = await client.list_workflows_async(
-        workflow_ids=[run_id], load_input=False, load_output=False
+        workflow_ids=[run_id], name=WORKFLOW, load_input=False, load_output=False
     )
     if not found:
         raise UnknownRunError(f"no durable run has the id {run_id!r}")
-    return DBOSRunHandle(client, run_id)
+    return found[0]
 
 
 _STATES = {
@@ -509,14 +480,17 @@ class DBOSRunHandle:
         return await _handle(client, run_id)
 
     async def result(self, timeout: float | None = None) -> RunResult:
+        await _find(self._client, self.run_id)
         handle: WorkflowHandleAsync[dict[str, Any]]
         handle = await self._client.retrieve_workflow_async(self.run_id)
         output = await asyncio.wait_for(handle.get_result(polling_interval_sec=_POLL), timeout)
-        return _result_from_dict(self.run_id, output)
+        return result_from_dict(self.run_id, output)
 
     async def pending_approvals(self) -> tuple[ToolCall, ...]:
         published = await self._client.get_event_async(self.run_id, _PENDING, timeout_seconds=0)
-        return tuple(_call_from_dict(c) for c in published or ())
+        if published is None:
+            await _find(self._client, self.run_id)
+        return tuple(call_from_dict(c) for c in published or ())
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         if not isinstance(approve, bool):
@@ -540,19 +514,16 @@ class DBOSRunHandle:
         await self._send({"kind": "abort", "reason": _text(reason or "", "reason")})
 
     async def status(self) -> RunStatus:
-        found = await self._client.list_workflows_async(
-            workflow_ids=[self.run_id], load_input=False, load_output=False
-        )
-        if not found:
-            raise UnknownRunError(f"no durable run has the id {self.run_id!r}")
+        found = await _find(self._client, self.run_id)
         pending = await self.pending_approvals()
-        state = _STATES.get(found[0].status, found[0].status.lower())
+        state = _STATES.get(found.status, found.status.lower())
         if state == "running" and pending:
             state = "waiting"
-        return RunStatus(self.run_id, state, pending, found[0].app_version or "")
+        return RunStatus(self.run_id, state, pending, found.app_version or "")
 
     async def _send(self, message: dict[str, Any], key: str | None = None) -> None:
-        await self._client.send_async(self.run_id, message, _CONTROL, idempotency_key=key)
+        await _find(self._client, self.run_id)  # DBOS would keep a message to no run
+        await self._client.send_async(self.run_id, message, TOPIC, idempotency_key=key)
 
 
 def _text(value: object, what: str) -> str:

@@ -1,0 +1,71 @@
+"""The runs' database failing: one clear error, and never a password in it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
+
+from statemachine.core.errors import InvalidInputError
+from statemachine.durable import StoreUnavailableError
+
+__all__ = ["reachable", "redact", "store_errors"]
+
+_MAX_DETAIL = 300  # chars of the driver's own words kept in the message
+
+
+def redact(url: str) -> str:
+    """``url`` with its password hidden (``***``)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
+        return "<an unreadable database URL>"
+
+
+def _password(url: str) -> str | None:
+    try:
+        return make_url(url).password
+    except (sqlalchemy.exc.ArgumentError, ValueError, TypeError):
+        return None
+
+
+def _detail(exc: BaseException, url: str) -> str:
+    """The driver's first line, without the password, cut short."""
+    inner = getattr(exc, "orig", None) or exc
+    lines = str(inner).strip().splitlines() or [type(inner).__name__]
+    line = lines[0]
+    secret = _password(url)
+    if secret:
+        line = line.replace(secret, "***")
+    return line[:_MAX_DETAIL]
+
+
+def reachable(url: str) -> None:
+    """Refuse at once what cannot work: a SQLite file in a missing directory."""
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        raise InvalidInputError(f"not a database URL: {redact(url)}") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = os.path.dirname(os.path.abspath(parsed.database or ""))
+        if not os.path.isdir(folder):
+            raise StoreUnavailableError(
+                f"the runs' database {redact(url)} cannot be opened: "
+                f"the directory {folder} does not exist"
+            )
+
+
+@contextlib.contextmanager
+def store_errors(url: str) -> Iterator[None]:
+    """Turn the database's failures to connect into ``StoreUnavailableError``."""
+    try:
+        yield
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+        raise StoreUnavailableError(
+            f"the runs' database {redact(url)} cannot be reached: {_detail(exc, url)}"
+        ) from None
+    except sqlalchemy.exc.ArgumentError:
+        raise InvalidInputError(f"not a database URL: {redact(url)}") from None

@@ -1,0 +1,234 @@
+"""The executor of a durable run: ``AgentRun`` with each operation a DBOS step.
+
+Each model call, tool call, batch of ``before_tool_call`` checks and
+``should_continue`` check runs as a DBOS step whose recorded output is the JSON of
+the engine events it reported (``_dbos_wire``). Every step is started eagerly, at
+the point the engine asks for it, so that DBOS numbers the steps in the engine's
+order (``_dbos_control.start_now``). The tool results of a batch are handed to the
+engine in call order, whatever order the tools finish in, so that this order does
+not depend on timing. Messages to the run come through its inbox, between two
+engine events, at the place ``_dbos_control.Control`` records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine, Mapping
+from functools import partial
+from typing import Any
+
+from dbos import DBOS, StepOptions
+
+from statemachine.agent.events import RunResult
+from statemachine.agent.loop import Inbox
+from statemachine.agent.run import AgentRun
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.events import CallModel, Event, InputKind, InputQueued
+from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.wire import message_from_dict
+from statemachine.durable import _durable_run_id
+from statemachine.durable._dbos_control import NOTHING, Control, start_now
+from statemachine.durable._dbos_wire import decode_step_events, encode_step_events
+
+__all__ = ["DurableRun", "user_message"]
+
+_capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
+    "statemachine_durable_capture", default=None
+)
+
+
+class _Capture:
+    """Stands in for the loop's inbox inside a step: keeps what the operation reports,
+    so that the step's recorded output is exactly those events."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def put_nowait(self, event: Event) -> None:
+        self.events.append(event)
+
+
+class _ControlInbox(Inbox):
+    """The loop's inbox, which also hands over the messages to the run where the
+    control lane places them."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: DurableRun) -> None:
+        super().__init__()
+        self._run = run
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Event:
+        while True:
+            message = await self._run.control.due()
+            if message is not NOTHING:
+                event = self._run.take(message)
+                if event is not None:
+                    return event
+                continue
+            if self._items:
+                return self._items.popleft()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+
+class DurableRun(AgentRun):
+    """``AgentRun`` with each operation a DBOS step (module docstring)."""
+
+    def __init__(self, *, control: Control, **kwargs: Any) -> None:
+        self.control = control
+        self._order: list[str] = []  # call ids of started tools, in call order
+        self._ready: dict[str, list[Event]] = {}  # their recorded events, until posted
+        super().__init__(**kwargs)
+
+    # Inside a step the inbox is the step's capture (the permission and continue
+    # checks post to the inbox directly).
+    @property
+    def _inbox(self) -> Any:
+        capture = _capture.get()
+        return capture if capture is not None else self.__dict__.get("_real_inbox")
+
+    @_inbox.setter
+    def _inbox(self, value: Any) -> None:
+        if value is not None and type(value) is Inbox:
+            value = _ControlInbox(self)
+        self.__dict__["_real_inbox"] = value
+
+    async def run(self) -> RunResult:
+        try:
+            return await super().run()
+        finally:
+            self.control.on_arrival = None
+
+    def _begin(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        remove = super()._begin(loop)
+        self.control.on_arrival = self.__dict__["_real_inbox"].wake
+        return remove
+
+    def _handle(self, event: Event) -> None:
+        self.control.handled += 1
+        super()._handle(event)
+
+    def _post(self, key: str, event: Event) -> None:
+        capture = _capture.get()
+        if capture is not None:
+            capture.put_nowait(event)
+            return
+        super()._post(key, event)
+        self._flush()
+
+    def take(self, message: Any) -> Event | None:
+        """A message to the run, taking effect now: the event to hand the engine
+        next, if any (an abort goes ahead by itself; a late decision is dropped)."""
+        if not isinstance(message, Mapping):
+            return None  # a listener's wait ended without a message
+        kind = message.get("kind")
+        if kind == "abort":
+            self._abort(message.get("reason") or "aborted by the caller")
+        elif kind in ("steer", "follow_up"):
+            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
+            return InputQueued(user_message(message), which)
+        return None
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def _spawn(self, key: str, coro: Coroutine[Any, Any, None], alone: bool) -> None:
+        super()._spawn(key, coro, True)  # started now: DBOS numbers it now
+
+    def _start_model(self, action: CallModel, alone: bool) -> None:
+        step = self._step("model", "statemachine.model", partial(self._call_model, action))
+        self._spawn("model", step, alone)
+
+    def _start_tool(self, call: ToolCall, alone: bool) -> None:
+        self._order.append(call.id)
+        step = self._step(call.id, "statemachine.tool", partial(self._run_tool, call))
+        self._spawn(call.id, step, alone)
+
+    def _start_permission_checks(self, calls: list[ToolCall]) -> None:
+        check = partial(self._check_permissions, calls)
+        self._helper_now(self._step("", "statemachine.permissions", check))
+
+    def _start_continue_check(self, turn: int) -> None:
+        check = partial(self._check_continue, turn)
+        self._helper_now(self._step("", "statemachine.continue", check))
+
+    def _helper_now(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = start_now(coro)
+        if not task.done():
+            self._helpers.add(task)  # type: ignore[arg-type]
+            task.add_done_callback(self._helpers.discard)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    async def _step(
+        self, key: str, name: str, operation: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """Run ``operation`` as the DBOS step ``name``; hand its events to the loop."""
+        capture = _Capture()
+
+        async def step() -> list[dict[str, Any]]:
+            capture.events.clear()  # a retried attempt starts afresh
+            token = _capture.set(capture)
+            run_token = _durable_run_id.set(self.run_id)
+            try:
+                await operation()
+            finally:
+                _durable_run_id.reset(run_token)
+                _capture.reset(token)
+            return encode_step_events(capture.events)
+
+        try:
+            saved = await DBOS.run_step_async(StepOptions(name=name), step)
+        except asyncio.CancelledError:
+            # Cancelled after an abort: what it reported (its cancellation) still
+            # answers it; not recorded, so a recovery runs the call again. If it
+            # reported nothing, the grace period's end answers for it.
+            if capture.events:
+                self._deliver(key, capture.events)
+            raise
+        self._deliver(key, decode_step_events(saved))
+
+    def _deliver(self, key: str, events: list[Event]) -> None:
+        inbox = self.__dict__["_real_inbox"]
+        if key in self._order:
+            if key not in self._reported:
+                self._ready[key] = events
+            self._flush()
+            return
+        if key:
+            if key in self._reported:
+                return
+            self._reported.add(key)
+        for event in events:
+            inbox.put_nowait(event)
+
+    def _flush(self) -> None:
+        """Post the tool results that are next in call order."""
+        inbox = self.__dict__["_real_inbox"]
+        while self._order:
+            head = self._order[0]
+            if head in self._ready:
+                self._reported.add(head)
+                for event in self._ready.pop(head):
+                    inbox.put_nowait(event)
+            elif head not in self._reported:
+                return  # still running
+            self._order.pop(0)
+
+
+def user_message(message: Mapping[str, Any]) -> UserMessage:
+    """The user message a steer or follow-up message carries."""
+    user = message_from_dict(message["message"])
+    if not isinstance(user, UserMessage):
+        raise InvalidInputError("a queued message must be a user message")
+    return user

@@ -1,0 +1,137 @@
+"""What a durable run on DBOS saves, as JSON: step outputs, pending calls, the result.
+
+DBOS would pickle a step's output by default; our messages do not pickle, and a
+record should be readable by any later version anyway, so every saved value is the
+JSON of ``statemachine.core.wire``. A step's output is the list of the engine
+events it reported; ``decode_step_events`` is the one function that reads it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from statemachine.agent.events import _ERRORS, RunResult, RunStats
+from statemachine.core.events import Event, InputQueued
+from statemachine.core.messages import ToolCall, Usage
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.trace import TransitionRecord
+from statemachine.core.wire import (
+    block_from_dict,
+    block_to_dict,
+    event_from_dict,
+    event_to_dict,
+    messages_from_dicts,
+    messages_to_dicts,
+    usage_from_dict,
+    usage_to_dict,
+)
+
+__all__ = [
+    "decode_step_events",
+    "encode_step_events",
+    "merge_stats",
+    "result_from_dict",
+    "result_to_dict",
+]
+
+
+def encode_step_events(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """A step's output: the JSON of the engine events it reported, in order."""
+    return [event_to_dict(e) for e in events]
+
+
+def decode_step_events(output: Any) -> list[Event]:
+    """The engine events saved as the output of a model, tool, permission or
+    should_continue step (``encode_step_events``), in order."""
+    return [event_from_dict(d) for d in output]
+
+
+def call_to_dict(call: ToolCall) -> dict[str, Any]:
+    return block_to_dict(call)
+
+
+def call_from_dict(d: Any) -> ToolCall:
+    call = block_from_dict(d, ("toolCall",), "call")
+    assert isinstance(call, ToolCall)
+    return call
+
+
+def merge_stats(first: RunStats | None, second: RunStats) -> RunStats:
+    """The stats of a run resumed after approvals: its parts added up."""
+    if first is None:
+        return second
+    tools: dict[str, dict[str, int]] = {k: dict(v) for k, v in first.tool_calls.items()}
+    for name, counts in second.tool_calls.items():
+        mine = tools.setdefault(name, {})
+        for outcome, n in counts.items():
+            mine[outcome] = mine.get(outcome, 0) + n
+    return RunStats(
+        model_calls=first.model_calls + second.model_calls,
+        tool_calls=tools,
+        usage=first.usage + second.usage,
+        turn_seconds=first.turn_seconds + second.turn_seconds,
+        tool_seconds={**first.tool_seconds, **second.tool_seconds},
+        wall_seconds=first.wall_seconds + second.wall_seconds,
+    )
+
+
+def _stats_to_dict(stats: RunStats) -> dict[str, Any]:
+    return {
+        "modelCalls": stats.model_calls,
+        "toolCalls": {k: dict(v) for k, v in stats.tool_calls.items()},
+        "usage": usage_to_dict(stats.usage),
+        "turnSeconds": list(stats.turn_seconds),
+        "toolSeconds": dict(stats.tool_seconds),
+        "wallSeconds": stats.wall_seconds,
+    }
+
+
+def _stats_from_dict(d: Mapping[str, Any] | None) -> RunStats | None:
+    if d is None:
+        return None
+    return RunStats(
+        model_calls=d["modelCalls"],
+        tool_calls={k: dict(v) for k, v in d["toolCalls"].items()},
+        usage=usage_from_dict(d["usage"], "stats.usage") if d["usage"] else Usage(),
+        turn_seconds=tuple(d["turnSeconds"]),
+        tool_seconds=dict(d["toolSeconds"]),
+        wall_seconds=d["wallSeconds"],
+    )
+
+
+def result_to_dict(result: RunResult, stats: RunStats | None) -> dict[str, Any]:
+    """The workflow's output: ``result`` with ``stats`` (the run's, all parts)."""
+    return {
+        "state": result.state.value,
+        "messages": messages_to_dicts(result.messages),
+        "turns": result.turns,
+        "explanation": result.explanation,
+        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
+        "pending": [call_to_dict(c) for c in result.pending_approvals],
+        "queued": [event_to_dict(e) for e in result.queued_input],
+        "snapshot": None if result.snapshot is None else dict(result.snapshot),
+        "stats": None if stats is None else _stats_to_dict(stats),
+    }
+
+
+def result_from_dict(run_id: str, d: Mapping[str, Any]) -> RunResult:
+    """The ``RunResult`` of a workflow's output (``result_to_dict``)."""
+    state = TurnState(d["state"])
+    error_type = _ERRORS.get(state)
+    queued = [event_from_dict(e) for e in d["queued"]]
+    return RunResult(
+        state=state,
+        messages=tuple(messages_from_dicts(d["messages"])),
+        error=None if error_type is None else error_type(d["explanation"]),
+        turns=d["turns"],
+        explanation=d["explanation"],
+        trace=tuple(
+            TransitionRecord(TurnState(s), Trigger(t), TurnState(e), n) for s, t, e, n in d["trace"]
+        ),
+        run_id=run_id,
+        stats=_stats_from_dict(d.get("stats")),
+        pending_approvals=tuple(call_from_dict(c) for c in d["pending"]),
+        queued_input=tuple(e for e in queued if isinstance(e, InputQueued)),
+        snapshot=d["snapshot"],
+    )

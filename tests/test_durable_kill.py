@@ -1,0 +1,164 @@
+"""Durable runs on DBOS under kill -9: nothing lost, no finished tool run again.
+
+Real worker processes (tests/durable_worker.py) are killed with SIGKILL at random
+points of a run of three turns with two parallel tools each, one to three times,
+then a last worker finishes the run; its history and trace must be run_agent's. The
+suite runs DURABLE_KILL_TRIALS trials per backend (20 by default); DURABLE_KILL_SEED
+picks the kill points. PostgreSQL runs under `bash .ci/postgres.sh` (see
+test_durable_dbos.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CI") == "true":
+    import dbos  # noqa: F401 - under CI the extra is installed: fail here, never skip
+else:
+    pytest.importorskip("dbos")
+
+from durable_worker import TOOLS, answer, database_urls, log_lines, result_json, start_worker
+
+import statemachine as sm
+from statemachine.durable.dbos import connect
+from statemachine.testing import FunctionModel
+
+TRIALS = int(os.environ.get("DURABLE_KILL_TRIALS", "20"))
+CALLS = [f"t{turn}{side}" for turn in (1, 2, 3) for side in "ab"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """The database URL for a name, on each backend (a fresh database per test)."""
+    return database_urls(request.param, tmp_path)  # type: ignore[no-any-return]
+
+
+def _reference() -> dict[str, Any]:
+    result = asyncio.run(
+        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
+    )
+    return result_json(result)
+
+
+def _recorded_calls(db: str, run_id: str) -> set[str]:
+    """The tool calls whose step is recorded in the database."""
+    try:
+        client = connect(db)
+    except Exception:
+        return set()  # the database is not made yet
+    try:
+        steps = client.list_workflow_steps(run_id)
+    except Exception:
+        return set()  # the run is not in the database yet
+    finally:
+        client.destroy()
+    return {
+        s["output"][0]["callId"]
+        for s in steps
+        if s["function_name"] == "statemachine.tool" and s["output"]
+    }
+
+
+def _kill_when(proc: subprocess.Popen[bytes], log: Path, lines: int, extra: float) -> bool:
+    """SIGKILL ``proc`` once the log has ``lines`` lines, ``extra`` s later; False if
+    it ended on its own first."""
+    deadline = time.monotonic() + 60
+    while len(log_lines(log)) < lines and proc.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    try:
+        proc.wait(timeout=extra)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+def reruns_of_finished_calls(log: Path, processes: list[tuple[int, set[str]]]) -> list[str]:
+    """Calls recorded when one process ended that started again in a later one."""
+    order = {pid: i for i, (pid, _) in enumerate(processes)}
+    problems = []
+    for what, call, pid, *_ in log_lines(log):
+        if what != "start":
+            continue
+        for earlier, (_, recorded) in enumerate(processes):
+            if order[int(pid)] > earlier and call in recorded:
+                problems.append(f"finished call {call} ran again in process {order[int(pid)]}")
+    return problems
+
+
+def _trial(db: str, tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], list[str]]:
+    """One run killed one to three times; its result and any broken promise."""
+    run_id = f"run{index}"
+    out, log = tmp / f"trial{index}.json", tmp / f"trial{index}.log"
+    processes: list[tuple[int, set[str]]] = []  # pid, calls recorded when it ended
+    problems: list[str] = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        proc = start_worker(db, run_id, out, log)
+        already = len(log_lines(log))
+        _kill_when(proc, log, already + rng.randint(0, 8), rng.uniform(0.0, 0.08))
+        processes.append((proc.pid, _recorded_calls(db, run_id)))
+    proc = start_worker(db, run_id, out, log)
+    if proc.wait(timeout=120) != 0:
+        problems.append("the last worker failed")
+    processes.append((proc.pid, set()))
+    problems += reruns_of_finished_calls(log, processes)
+    starts = [line[1] for line in log_lines(log) if line[0] == "start"]
+    started = set(starts)
+    # -s shows what each trial did: kills, and interrupted calls run again.
+    print(f"trial {index}: {len(processes) - 1} kills, {len(starts) - len(started)} re-runs")
+    if started != set(CALLS):
+        problems.append(f"calls started: {sorted(started)}")
+    return (json.loads(out.read_text()) if out.exists() else {}), problems
+
+
+@pytest.mark.timeout(60 + 30 * TRIALS)
+def test_kill_9_at_random_points_loses_nothing_and_reruns_no_finished_tool(
+    tmp_path: Path, database: Callable[[str], str]
+) -> None:
+    expected = _reference()
+    rng = random.Random(int(os.environ.get("DURABLE_KILL_SEED", "15")))
+    failures = []
+    started = time.monotonic()
+    for index in range(TRIALS):
+        got, problems = _trial(database(f"trial{index}"), tmp_path, index, rng)
+        if got.get("state") != "Done":
+            problems.append(f"state {got.get('state')}")
+        if got.get("messages") != expected["messages"]:
+            problems.append("the history differs from run_agent's")
+        if got.get("trace") != expected["trace"]:
+            problems.append("the trace differs from run_agent's")
+        if problems:
+            failures.append(f"trial {index}: {'; '.join(problems)}")
+    print(f"{TRIALS} trials in {time.monotonic() - started:.1f} s")
+    assert not failures, failures
+
+
+@pytest.mark.timeout(120)
+def test_the_kill_check_catches_a_backend_that_runs_finished_tools_again(tmp_path: Path) -> None:
+    db, out, log = f"sqlite:///{tmp_path}/runs.sqlite", tmp_path / "out.json", tmp_path / "log"
+    proc = start_worker(db, "broken", out, log, "broken")
+    deadline = time.monotonic() + 60
+    while not _recorded_calls(db, "broken") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    processes = [(proc.pid, _recorded_calls(db, "broken"))]
+    assert processes[0][1], "no tool call was recorded before the kill"
+    proc = start_worker(db, "broken", out, log, "broken")
+    assert proc.wait(timeout=60) == 0
+    processes.append((proc.pid, set()))
+    assert reruns_of_finished_calls(log, processes)
