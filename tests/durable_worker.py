@@ -223,7 +223,6 @@ def database_urls(backend: str, tmp_path: Path) -> Any:
     return url
 
 
-
 def start_worker(
     db: str, run_id: str, out: Path, log: Path, mode: str = "", **env: str
 ) -> subprocess.Popen[bytes]:

@@ -86,7 +86,8 @@ def test_a_durable_run_has_the_history_trace_and_stats_of_run_agent(
     reference = _reference()
     assert result_json(durable) == result_json(reference)
     stats, expected = durable.stats, reference.stats
-    assert stats is not None and expected is not None
+    assert stats is not None
+    assert expected is not None
     assert stats.model_calls == expected.model_calls == 4
     assert stats.tool_calls == expected.tool_calls == {"alpha": {"ok": 3}, "beta": {"ok": 3}}
     assert stats.usage == expected.usage
@@ -229,7 +230,9 @@ def test_a_handle_on_an_unknown_run_says_so_and_stores_nothing(tmp_path: Path) -
     db = f"sqlite:///{tmp_path}/runs.sqlite"
 
     async def body() -> None:
-        runner = DBOSRunner(models={"scripted": FunctionModel(answer)}, tools=TOOLS, database_url=db)
+        runner = DBOSRunner(
+            models={"scripted": FunctionModel(answer)}, tools=TOOLS, database_url=db
+        )
         runner.launch()
         runner.destroy()
         client = connect(db)

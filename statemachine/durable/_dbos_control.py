@@ -154,7 +154,8 @@ class Control:
         elif recv is not None and recv.done() and (waiting or self._caught_up()):
             message = recv.result()
             assert self._place is not None
-            await self._place.run_async(StepOptions(name=STEP), _record, self.handled, message)
+            place, self._recv, self._place = self._place, None, None
+            await place.run_async(StepOptions(name=STEP), _record, self.handled, message)
         else:
             return NOTHING
         if isinstance(message, Mapping) and message.get("kind") == "abort":
