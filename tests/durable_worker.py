@@ -7,8 +7,8 @@ MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (t
 same, beta needing a person), "broken" (tools also run outside their steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said) or "serve" (no run of its own: it takes runs from the queue "jobs",
-first taking over the runs of the workers named in DURABLE_RECOVER, until the file
-OUT exists). Every other mode starts RUN_ID (or takes it back after a restart),
+first taking over the runs of the workers named in DURABLE_RECOVER; then it makes
+the file OUT.ready, and it stops when the file OUT exists). Every other mode starts RUN_ID (or takes it back after a restart),
 waits for its result and writes it as JSON to OUT. The worker's executor id is
 DURABLE_EXECUTOR ("local"). Every tool start and end is appended to the file named by
 DURABLE_SIDE_EFFECTS, with the process id and the run id, and synced, so a line
@@ -178,6 +178,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         if mode == "serve":
             dead = [e for e in os.environ.get("DURABLE_RECOVER", "").split(",") if e]
             await runner.recover(dead)
+            Path(out + ".ready").touch()
             while not os.path.exists(out):
                 await asyncio.sleep(0.05)
             return
