@@ -8,8 +8,10 @@ same, beta needing a person), "broken" (tools also run outside their steps), "ga
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said) or "serve" (no run of its own: it takes runs from the queue "jobs",
 first taking over the runs of the workers named in DURABLE_RECOVER; then it makes
-the file OUT.ready, and it stops when the file OUT exists). Every other mode starts RUN_ID (or takes it back after a restart),
-waits for its result and writes it as JSON to OUT. The worker's executor id is
+the file OUT.ready, and it stops when the file OUT exists). Every other mode starts
+RUN_ID (or takes it back after a restart), waits for its result and writes it as
+JSON to OUT (with DURABLE_GO set, it first waits for that file to exist). The
+worker's executor id is
 DURABLE_EXECUTOR ("local"). Every tool start and end is appended to the file named by
 DURABLE_SIDE_EFFECTS, with the process id and the run id, and synced, so a line
 survives a kill.
@@ -255,6 +257,19 @@ def wait_for_log(log: Path, lines: int, proc: subprocess.Popen[bytes], limit: fl
         time.sleep(0.002)
 
 
+def _wait_for_go() -> None:
+    """With DURABLE_GO set: import everything, then wait until that file exists (a
+    test starts the next worker while the current one runs, to save the imports)."""
+    go = os.environ.get("DURABLE_GO")
+    if not go:
+        return
+    import statemachine.durable.dbos  # noqa: F401 - imported now, used at go
+
+    while not os.path.exists(go):
+        time.sleep(0.002)
+
+
 if __name__ == "__main__":
     mode = sys.argv[4] if len(sys.argv) > 4 else ""
+    _wait_for_go()
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], mode))
