@@ -217,12 +217,38 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
             with pytest.raises(InvalidInputError):
                 await handle.steer("x" * 200_000)
             assert (await handle.result(timeout=5)).ok  # the refusals changed nothing
+            with pytest.raises(InvalidInputError, match="queue"):
+                await runner.enqueue("q", queue="", model="scripted", messages="go")
+            with pytest.raises(InvalidInputError, match="executor_id"):
+                await runner.recover(["w1", ""])
+            assert await runner.recover([]) == []
+            assert await runner.recover(["nobody"]) == []
         finally:
             runner.destroy()
         assert issubclass(UnknownRunError, UsageError)
         assert issubclass(NotPendingError, UsageError)
 
     asyncio.run(body())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"queues": {"jobs": 0}}, "concurrency limit"),
+        ({"queues": {"jobs": 10_000}}, "concurrency limit"),
+        ({"queues": {"jobs": True}}, "concurrency limit"),
+        ({"queues": {"": 1}}, "queue name"),
+        ({"queues": ["jobs"]}, "queues"),
+        ({"executor_id": ""}, "executor_id"),
+        ({"executor_id": "x" * 201}, "executor_id"),
+        ({"database_url": ""}, "database URL"),
+        ({"database_url": "x" * 3000}, "database URL"),
+    ],
+)
+def test_bad_runner_options_get_clear_errors(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        DBOSRunner(models={"scripted": FunctionModel(answer)}, tools=TOOLS, **options)
 
 
 @pytest.mark.timeout(60)
