@@ -6,7 +6,8 @@ and what those tests share about it.
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
 same, beta needing a person), "broken" (tools also run outside their steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
-person said) or "serve" (no run of its own: it takes runs from the queue "jobs",
+person said; "gated-dies": the same, dying when a message has come, before its
+place is recorded) or "serve" (no run of its own: it takes runs from the queue "jobs",
 first taking over the runs of the workers named in DURABLE_RECOVER; then it makes
 the file OUT.ready, and it stops when the file OUT exists). Every other mode starts
 RUN_ID (or takes it back after a restart), waits for its result and writes it as
@@ -153,6 +154,18 @@ def _run_tools_outside_their_steps() -> None:
     dbos.run_step_async = run_step
 
 
+def _die_before_placing_a_message() -> None:
+    """Die (as by kill -9) after a message was received and before its place was
+    recorded: the narrowest window of the control lane."""
+    from dbos import StepReservation
+
+    def run_async(self: Any, options: Any, func: Any, *args: Any) -> Any:
+        os._exit(9)
+
+    reservation: Any = StepReservation  # replaced here on purpose
+    reservation.run_async = run_async
+
+
 def result_json(result: sm.RunResult) -> dict[str, Any]:
     return {
         "state": result.state.value,
@@ -166,7 +179,9 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
 
     if mode == "broken":
         _run_tools_outside_their_steps()
-    gated = mode == "gated"
+    if mode == "gated-dies":
+        _die_before_placing_a_message()
+    gated = mode.startswith("gated")
     runner = DBOSRunner(
         models={"scripted": FunctionModel(echo if gated else answer)},
         tools=[wait_at_gate] if gated else TOOLS,

@@ -214,3 +214,36 @@ async def _connect(db: str) -> Any:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_a_message_received_but_not_placed_before_a_crash_takes_effect_after_it(
+    tmp_path: Path, database: Callable[[str], str]
+) -> None:
+    db, out, log = database("runs"), tmp_path / "out.json", tmp_path / "log"
+    gate = tmp_path / "gate"
+    procs = [start_worker(db, "torn", out, log, "gated-dies", DURABLE_GATE=str(gate))]
+    try:
+        wait_for_log(log, 1, procs[0])  # the tool is waiting at the gate
+
+        async def steer() -> None:
+            client = await _connect(db)
+            await (await DBOSRunHandle.open(client, "torn")).steer("change of plan")
+            client.destroy()
+
+        asyncio.run(steer())
+        assert procs[0].wait(timeout=30) == 9  # died with the message received
+        client = connect(db)
+        steps = _steps(client, "torn")
+        client.destroy()
+        assert "DBOS.recv" in steps  # taken from the database, recorded
+        assert CONTROL not in steps  # but its place never recorded
+        gate.touch()
+        procs.append(start_worker(db, "torn", out, log, "gated", DURABLE_GATE=str(gate)))
+        assert procs[-1].wait(timeout=60) == 0
+    finally:
+        for proc in procs:
+            kill(proc)
+    got = json.loads(out.read_text())
+    assert got["state"] == "Done"
+    assert got["messages"][-1]["content"][0]["text"] == "heard: go | change of plan"

@@ -52,8 +52,9 @@ process-wide singleton). Each worker needs its own stable ``executor_id``: at
 ``launch()`` DBOS recovers the unfinished runs of this executor id and this
 application version (``statemachine.durable.application_version()``). ``enqueue``
 puts a run on a named queue; the workers launched with that queue in their ``queues``
-take its runs, each at most its limit at a time, each run by one worker. A dead worker's runs stay pending until it comes back or
-another worker takes them over with ``recover(executor_ids)``.
+take its runs, each at most its limit at a time, each run by one worker. A dead
+worker's runs stay pending until it comes back or another worker takes them over
+with ``recover(executor_ids)``.
 """
 
 from __future__ import annotations
