@@ -54,6 +54,14 @@ class CallSlot:
         return out
 
 
+def _compatible(slot: CallSlot, unfinished: list[CallSlot]) -> bool:
+    """Whether ``slot`` may run beside every earlier unfinished call (rule 4)."""
+    for other in unfinished:
+        if slot.sequential or other.sequential or slot.resources & other.resources:
+            return False
+    return True
+
+
 class BatchBookkeeping(EngineFields):
     """The engine's methods on the current batch (mixed into ``Engine``)."""
 
@@ -66,8 +74,12 @@ class BatchBookkeeping(EngineFields):
         return tuple((s.call, s.note) for s in self._batch if s.status == WAITING_APPROVAL)
 
     def _new_batch(self, calls: Sequence[ToolCall]) -> None:
-        self._batch = [CallSlot(c) for c in calls]
-        self._slots = {s.call.id: s for s in self._batch}
+        if calls:
+            self._batch = batch = [CallSlot(c) for c in calls]
+            self._slots = {s.call.id: s for s in batch}
+        else:  # every model call empties the batch first
+            self._batch = []
+            self._slots = {}
         self._flushed = 0
 
     def _classify(self, slot: CallSlot) -> None:
@@ -90,22 +102,27 @@ class BatchBookkeeping(EngineFields):
         """Start every ready call whose earlier unfinished calls all allow it (rule 4)."""
         unfinished: list[CallSlot] = []
         for slot in self._batch:
-            if slot.status == DONE:
+            status = slot.status
+            if status == DONE:
                 continue
-            if slot.status == READY and all(
-                not (slot.sequential or other.sequential or slot.resources & other.resources)
-                for other in unfinished
-            ):
+            if status == READY and (not unfinished or _compatible(slot, unfinished)):
                 slot.status = RUNNING
                 self._actions.append(StartTool(slot.call, self.turns))
             unfinished.append(slot)
 
-    def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
-        """Give empty or repeated tool-call ids a unique, deterministic replacement."""
-        calls = message.tool_calls
+    def _normalise_ids(
+        self, message: AssistantMessage, calls: tuple[ToolCall, ...]
+    ) -> AssistantMessage:
+        """Give empty or repeated tool-call ids a unique, deterministic replacement
+        (``calls`` are the message's tool calls)."""
         if not calls:
             return message
         seen = self._seen_ids
+        if len(calls) == 1:
+            only = calls[0].id
+            if only and only not in seen:
+                seen.add(only)
+                return message
         ids = [c.id for c in calls]
         if all(ids) and not seen.intersection(ids) and len(set(ids)) == len(ids):
             seen.update(ids)
@@ -150,9 +167,8 @@ class BatchBookkeeping(EngineFields):
         slot.status = DONE
 
     def _resolve_output(self, slot: CallSlot, output: ToolOutput) -> None:
-        slot.result = ToolResultMessage(
-            slot.call.id, slot.call.name, output.content, is_error=output.is_error
-        )
+        call = slot.call
+        slot.result = ToolResultMessage(call.id, call.name, output.content, output.is_error)
         slot.status = DONE
 
     def _answer_unresolved(self, text: str) -> None:
@@ -166,7 +182,10 @@ class BatchBookkeeping(EngineFields):
         """Append the contiguous prefix of arrived results, in call order (I2)."""
         batch = self._batch
         i = self._flushed
-        while i < len(batch) and batch[i].status == DONE:
+        end = len(batch)
+        if i == end:
+            return
+        while i < end and batch[i].status == DONE:
             result = batch[i].result
             assert result is not None
             self._history.append(result)

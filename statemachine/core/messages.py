@@ -411,7 +411,7 @@ class AssistantMessage:
     def tool_calls(self) -> tuple[ToolCall, ...]:
         """The tool calls, in content order. Their presence, not the stop reason,
         decides whether tools run."""
-        return tuple(block for block in self.content if isinstance(block, ToolCall))
+        return tuple([block for block in self.content if isinstance(block, ToolCall)])
 
     @property
     def text(self) -> str:
