@@ -93,6 +93,34 @@ _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
 
 
+_MAX_SKIPPED_YIELDS = 16
+"""How many operations that finished at once may follow each other with nothing else
+ready before the loop still yields to the event loop (which then polls I/O)."""
+
+
+def _waiting_check(loop: asyncio.AbstractEventLoop) -> Callable[[], bool]:
+    """A test of whether anything else could run now: a ready callback or a timer.
+
+    asyncio's own loops keep them in ``_ready`` and ``_scheduled``; for any other
+    loop (or if those ever go) the answer is always yes: the loop yields every time.
+    """
+    ready = getattr(loop, "_ready", None)
+    scheduled = getattr(loop, "_scheduled", None)
+    if not isinstance(loop, asyncio.BaseEventLoop) or not (
+        isinstance(ready, deque) and isinstance(scheduled, list)
+    ):
+        return _always
+
+    def waiting() -> bool:
+        return bool(ready or scheduled)
+
+    return waiting
+
+
+def _always() -> bool:
+    return True
+
+
 class Inbox:
     """The loop's queue of input events: a deque and at most one waiter.
 
@@ -196,13 +224,23 @@ class ActionLoop:
         engine = self.engine
         inbox = self._inbox
         assert inbox is not None
+        others_waiting = _waiting_check(asyncio.get_running_loop())
+        skipped = 0
         while not engine.is_finished:
             if self._yield_due:
                 # An operation finished at once, without the loop ever waiting: give
                 # other tasks (an abort, a timer) their turn, as a task would have.
+                # A pass of the event loop costs as much as the engine's whole step,
+                # so it is made when something else is ready to run (a callback, one
+                # from another thread, a timer), and at least every few operations
+                # so that I/O is still polled.
                 self._yield_due = False
-                await asyncio.sleep(0)
-            event = await inbox.get()
+                if skipped == _MAX_SKIPPED_YIELDS or others_waiting():
+                    skipped = 0
+                    await asyncio.sleep(0)
+                else:
+                    skipped += 1
+            event = await inbox.get() if inbox.empty() else inbox.get_nowait()
             first = self._abort_first
             if first is not None:
                 # An abort goes ahead of what was already queued: a result queued
