@@ -91,6 +91,7 @@ _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 # Where the engine went, for timing turns: a turn starts on entering AwaitingModel and
 # ends at the next boundary or return to the caller.
 _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
+_AWAITING_MODEL = TurnState.AwaitingModel
 
 
 _MAX_SKIPPED_YIELDS = 16
@@ -358,31 +359,46 @@ class ActionLoop:
 
     def _observe(self) -> None:
         engine = self.engine
-        if self._subscribers:
-            history = engine.messages
-            for index in range(self._seen_messages, len(history)):
-                self._emit(MessageAdded(index, history[index]))
-            self._seen_messages = len(history)
         trace = engine.trace
-        listening = bool(self._subscribers)
+        if self._subscribers:
+            self._observe_listening()
+        elif len(trace) > self._seen_trace:
+            # Nobody listens: only the turns' timing is kept (one clock read an event).
+            now = 0.0
+            for record in trace[self._seen_trace :]:
+                dest = record[2]
+                if dest is _AWAITING_MODEL:
+                    now = now or time.perf_counter()
+                    self._turn_start = now
+                elif self._turn_start is not None and dest in _TURN_ENDS:
+                    now = now or time.perf_counter()
+                    self._turn_seconds.append(now - self._turn_start)
+                    self._turn_start = None
+        self._seen_trace = len(trace)
+        if not self._finished and engine.is_finished:
+            self._finish()
+
+    def _observe_listening(self) -> None:
+        """What ``_observe`` does for subscribers: every message and transition as a
+        run event, and the turns timed."""
+        engine = self.engine
+        history = engine.messages
+        for index in range(self._seen_messages, len(history)):
+            self._emit(MessageAdded(index, history[index]))
+        self._seen_messages = len(history)
+        trace = engine.trace
         for index in range(self._seen_trace, len(trace)):
             record = trace[index]
-            if listening:
-                self._emit(StateChanged(record))
+            self._emit(StateChanged(record))
             dest = record.dest
             if dest is TurnState.AwaitingModel:
                 self._turn_start = time.perf_counter()
-                if listening:
-                    self._emit(TurnStarted(record.turn + 1))
+                self._emit(TurnStarted(record.turn + 1))
             elif self._turn_start is not None and dest in _TURN_ENDS:
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
                 self._turn_seconds.append(seconds)
-                if listening:
-                    self._emit(TurnEnded(record.turn, seconds))
-        self._seen_trace = len(trace)
-        if engine.is_finished and not self._finished:
-            self._finish()
+                self._emit(TurnEnded(record.turn, seconds))
 
     def _finish(self) -> None:
         self._finished = True
