@@ -34,10 +34,14 @@ class Guards(EntryEffects):
     # one call takes to scan.
 
     def _guard_reports_error(self) -> bool:
-        return self._response().stop_reason is StopReason.ERROR
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message.stop_reason is StopReason.ERROR
 
     def _guard_reports_abort(self) -> bool:
-        return self._response().stop_reason is StopReason.ABORTED
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message.stop_reason is StopReason.ABORTED
 
     def _guard_has_tool_calls(self) -> bool:
         return bool(self._batch)
