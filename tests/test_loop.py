@@ -216,3 +216,24 @@ def test_a_ready_callback_runs_before_the_next_event_is_handled() -> None:
     result = asyncio.run(main())
     assert result.state is sm.TurnState.Aborted
     assert result.turns == 1  # the first model call had already started
+
+
+def test_the_loop_queues_are_found_only_on_asyncio_loops() -> None:
+    from collections import deque
+
+    from statemachine.agent.loop import _loop_queues
+
+    loop = asyncio.new_event_loop()
+    try:
+        ready, scheduled = _loop_queues(loop)
+        assert isinstance(ready, deque)
+        assert isinstance(scheduled, list)
+    finally:
+        loop.close()
+
+    class Elsewhere:  # any other loop: unknown queues, so the run always yields
+        def __init__(self) -> None:
+            self._ready: deque[object] = deque()
+            self._scheduled: list[object] = []
+
+    assert _loop_queues(Elsewhere()) == (None, None)  # type: ignore[arg-type]

@@ -99,27 +99,22 @@ _MAX_SKIPPED_YIELDS = 16
 ready before the loop still yields to the event loop (which then polls I/O)."""
 
 
-def _waiting_check(loop: asyncio.AbstractEventLoop) -> Callable[[], bool]:
-    """A test of whether anything else could run now: a ready callback or a timer.
+def _loop_queues(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[deque[Any], list[Any]] | tuple[None, None]:
+    """Where ``loop`` keeps its ready callbacks and its timers, to tell whether anything
+    else could run now; ``(None, None)`` when unknown: the loop then yields every time.
 
-    asyncio's own loops keep them in ``_ready`` and ``_scheduled``; for any other
-    loop (or if those ever go) the answer is always yes: the loop yields every time.
+    asyncio's own loops keep them in ``_ready`` and ``_scheduled``; any other loop (or
+    asyncio, should those ever go) is treated as always having something ready.
     """
     ready = getattr(loop, "_ready", None)
     scheduled = getattr(loop, "_scheduled", None)
-    if not isinstance(loop, asyncio.BaseEventLoop) or not (
+    if isinstance(loop, asyncio.BaseEventLoop) and (
         isinstance(ready, deque) and isinstance(scheduled, list)
     ):
-        return _always
-
-    def waiting() -> bool:
-        return bool(ready or scheduled)
-
-    return waiting
-
-
-def _always() -> bool:
-    return True
+        return ready, scheduled
+    return None, None
 
 
 class Inbox:
@@ -225,7 +220,8 @@ class ActionLoop:
         engine = self.engine
         inbox = self._inbox
         assert inbox is not None
-        others_waiting = _waiting_check(asyncio.get_running_loop())
+        ready, scheduled = _loop_queues(asyncio.get_running_loop())
+        queued = inbox._items  # read in place: this is every event's path
         skipped = 0
         while not engine.is_finished:
             if self._yield_due:
@@ -236,12 +232,12 @@ class ActionLoop:
                 # from another thread, a timer), and at least every few operations
                 # so that I/O is still polled.
                 self._yield_due = False
-                if skipped == _MAX_SKIPPED_YIELDS or others_waiting():
+                if skipped == _MAX_SKIPPED_YIELDS or ready is None or ready or scheduled:
                     skipped = 0
                     await asyncio.sleep(0)
                 else:
                     skipped += 1
-            event = await inbox.get() if inbox.empty() else inbox.get_nowait()
+            event = queued.popleft() if queued else await inbox.get()
             first = self._abort_first
             if first is not None:
                 # An abort goes ahead of what was already queued: a result queued
