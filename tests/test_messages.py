@@ -424,3 +424,16 @@ def test_converters_run_as_before() -> None:
     assert attrs.evolve(message, error_message="e") == sm.AssistantMessage(
         message.content, StopReason.TOOL_USE, "e"
     )
+
+
+def test_a_result_of_checked_values_equals_one_built_with_checks() -> None:
+    from statemachine.core.messages import checked_result
+
+    content = (sm.TextContent("ok"),)
+    built = checked_result("c1", "echo", content, False)
+    assert type(built) is sm.ToolResultMessage
+    assert built == sm.ToolResultMessage("c1", "echo", content, is_error=False)
+    assert hash(built) == hash(sm.ToolResultMessage("c1", "echo", "ok"))
+    assert repr(built) == repr(sm.ToolResultMessage("c1", "echo", "ok"))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.is_error = True  # type: ignore[misc]

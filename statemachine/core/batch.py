@@ -16,7 +16,13 @@ from typing import Final
 import attrs
 
 from statemachine.core.events import StartTool
-from statemachine.core.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
+from statemachine.core.messages import (
+    AssistantMessage,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    checked_result,
+)
 from statemachine.core.state import EngineFields
 from statemachine.core.tools import Scheduling, ToolOutput
 
@@ -74,12 +80,14 @@ class BatchBookkeeping(EngineFields):
         return tuple((s.call, s.note) for s in self._batch if s.status == WAITING_APPROVAL)
 
     def _new_batch(self, calls: Sequence[ToolCall]) -> None:
-        if calls:
-            self._batch = batch = [CallSlot(c) for c in calls]
-            self._slots = {s.call.id: s for s in batch}
-        else:  # every model call empties the batch first
-            self._batch = []
-            self._slots = {}
+        batch: list[CallSlot] = []
+        slots: dict[str, CallSlot] = {}
+        for call in calls:
+            slot = CallSlot(call)
+            batch.append(slot)
+            slots[call.id] = slot
+        self._batch = batch
+        self._slots = slots
         self._flushed = 0
 
     def _classify(self, slot: CallSlot) -> None:
@@ -160,15 +168,17 @@ class BatchBookkeeping(EngineFields):
         names = ", ".join(d.name for d in self._tools)
         return f"Unknown tool: {name}. Available tools: {names}."
 
+    # Results are built from checked values (the call's id and name, the engine's own
+    # text or a ToolOutput's content and flag): see messages.checked_result.
+
     def _resolve(self, slot: CallSlot, text: str, *, is_error: bool) -> None:
-        slot.result = ToolResultMessage(
-            slot.call.id, slot.call.name, (TextContent(text),), is_error=is_error
-        )
+        call = slot.call
+        slot.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
         slot.status = DONE
 
     def _resolve_output(self, slot: CallSlot, output: ToolOutput) -> None:
         call = slot.call
-        slot.result = ToolResultMessage(call.id, call.name, output.content, output.is_error)
+        slot.result = checked_result(call.id, call.name, output.content, output.is_error)
         slot.status = DONE
 
     def _answer_unresolved(self, text: str) -> None:

@@ -454,11 +454,13 @@ class Engine(Guards):
             reason = f": {event.reason}" if event.reason else ""
             self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
 
-    def _fire(self, trigger: Trigger) -> None:
+    def _fire(self, trigger: Trigger, holds: str | None = None) -> None:
+        """Take the transition for ``trigger``; ``holds`` names a guard just seen to
+        hold (guards are pure, and nothing has changed since: it is not asked again)."""
         source = self._state
         # The table's own rule: the first row for (state, trigger) whose guard holds.
         for guard, dest in _ROWS.get((source, trigger), ()):  # noqa: B007 - used after
-            if guard is None or getattr(self, guard)():
+            if guard is None or guard is holds or getattr(self, guard)():
                 break
         else:
             hook = type(self).transition_hook
@@ -495,7 +497,7 @@ class Engine(Guards):
                 if getattr(self, guard)():
                     if fired == MAX_INTERNAL_TRANSITIONS:
                         self._runaway(trigger, fired)
-                    self._fire(trigger)
+                    self._fire(trigger, guard)
                     fired += 1
                     break
             else:

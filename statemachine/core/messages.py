@@ -453,4 +453,18 @@ class ToolResultMessage:
         return "\n".join(b.text for b in self.content if isinstance(b, TextContent))
 
 
+def checked_result(
+    tool_call_id: str, tool_name: str, content: tuple[ToolResultContent, ...], is_error: bool
+) -> ToolResultMessage:
+    """A ``ToolResultMessage`` of values that were checked when they were made (a
+    ``ToolCall``'s id and name, a ``ToolOutput``'s content and flag): the engine's
+    results, built without checking them again."""
+    message: ToolResultMessage = object.__new__(ToolResultMessage)
+    _set(message, "tool_call_id", tool_call_id)
+    _set(message, "tool_name", tool_name)
+    _set(message, "content", content)
+    _set(message, "is_error", is_error)
+    return message
+
+
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
