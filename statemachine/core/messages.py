@@ -272,8 +272,11 @@ class ToolCall:
 
     def arguments_dict(self) -> dict[str, Any]:
         """A fresh, mutable copy of the arguments (what a tool receives)."""
-        thawed: dict[str, Any] = thaw_json(self.arguments)
-        return thawed
+        # One pass over the (usually flat) object; nested values are thawed in turn.
+        return {
+            key: item if item.__class__ in _JSON_SCALARS else thaw_json(item)
+            for key, item in self.arguments.items()
+        }
 
 
 UserContent: TypeAlias = TextContent | ImageContent
