@@ -172,3 +172,68 @@ def test_an_operation_destroyed_while_it_waits_closes_quietly() -> None:
     finally:
         sys.unraisablehook = previous
     assert unraisable == []
+
+
+# -- yielding to the event loop between operations that did not wait ----------------------
+
+
+async def _abort_on_io(turns: int) -> sm.RunResult:
+    """A run whose every operation finishes at once, and an abort that can only arrive
+    through I/O (a socket already readable when the run starts)."""
+    import socket
+
+    loop = asyncio.get_running_loop()
+    reader, writer = socket.socketpair()
+    model = ScriptedModel(*[_asks("echo") for _ in range(turns - 1)], "done", record=False)
+    run = sm.AgentRun(model=model, messages=GO, tools=[echo], max_turns=turns)
+    try:
+        writer.send(b"x")
+        loop.add_reader(reader.fileno(), lambda: run.abort("seen on a socket"))
+        return await run.run()
+    finally:
+        loop.remove_reader(reader.fileno())
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.timeout(10)
+def test_io_is_polled_during_a_run_whose_operations_never_wait() -> None:
+    # Nothing else is ready, so most passes of the event loop are skipped; I/O must
+    # still be polled within a few operations, not only when the run ends.
+    result = asyncio.run(_abort_on_io(200))
+    assert result.state is sm.TurnState.Aborted
+    assert result.turns < 20
+
+
+@pytest.mark.timeout(10)
+def test_a_ready_callback_runs_before_the_next_event_is_handled() -> None:
+    async def main() -> sm.RunResult:
+        model = ScriptedModel(*[_asks("echo") for _ in range(9)], "done")
+        run = sm.AgentRun(model=model, messages=GO, tools=[echo], max_turns=10)
+        asyncio.get_running_loop().call_soon(run.abort, "at once")
+        return await run.run()
+
+    result = asyncio.run(main())
+    assert result.state is sm.TurnState.Aborted
+    assert result.turns == 1  # the first model call had already started
+
+
+def test_the_loop_queues_are_found_only_on_asyncio_loops() -> None:
+    from collections import deque
+
+    from statemachine.agent.loop import _loop_queues
+
+    loop = asyncio.new_event_loop()
+    try:
+        ready, scheduled = _loop_queues(loop)
+        assert isinstance(ready, deque)
+        assert isinstance(scheduled, list)
+    finally:
+        loop.close()
+
+    class Elsewhere:  # any other loop: unknown queues, so the run always yields
+        def __init__(self) -> None:
+            self._ready: deque[object] = deque()
+            self._scheduled: list[object] = []
+
+    assert _loop_queues(Elsewhere()) == (None, None)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -11,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import statemachine as sm
+import statemachine.engine
 import statemachine.errors
 import statemachine.messages
+from statemachine.messages import StopReason
 
 json_values = st.recursive(
     st.none()
@@ -309,3 +312,128 @@ def test_usage_accepts_an_integer_cost() -> None:
     assert sm.messages.message_from_dict(
         sm.messages.message_to_dict(sm.AssistantMessage("x", usage=usage))
     ) == (sm.AssistantMessage("x", usage=usage))
+
+
+# -- the hand-written constructors: the same checks and errors as attrs' own ------------
+
+
+class _Text(str):
+    """A str subclass: attrs' instance_of(str) accepts it, so must the fast path."""
+
+
+_WRONG_FIELDS: list[tuple[Callable[[], object], type, str, object]] = [
+    (lambda: sm.TextContent(1), sm.TextContent, "text", 1),  # type: ignore[arg-type]
+    (lambda: sm.ToolCall(1, "n"), sm.ToolCall, "id", 1),  # type: ignore[arg-type]
+    (lambda: sm.ToolCall("i", b"n"), sm.ToolCall, "name", b"n"),  # type: ignore[arg-type]
+    (lambda: sm.ToolCall(2, b"n"), sm.ToolCall, "id", 2),  # type: ignore[arg-type]
+    (
+        lambda: sm.ToolCall("i", "n", parse_error=3),  # type: ignore[arg-type]
+        sm.ToolCall,
+        "parse_error",
+        3,
+    ),
+    (
+        lambda: sm.AssistantMessage("x", error_message=3),  # type: ignore[arg-type]
+        sm.AssistantMessage,
+        "error_message",
+        3,
+    ),
+    (
+        lambda: sm.AssistantMessage("x", usage={}),  # type: ignore[arg-type]
+        sm.AssistantMessage,
+        "usage",
+        {},
+    ),
+    (
+        lambda: sm.ToolResultMessage(1, "n", "t"),  # type: ignore[arg-type]
+        sm.ToolResultMessage,
+        "tool_call_id",
+        1,
+    ),
+    (
+        lambda: sm.ToolResultMessage("i", None, "t"),  # type: ignore[arg-type]
+        sm.ToolResultMessage,
+        "tool_name",
+        None,
+    ),
+    (
+        lambda: sm.ToolResultMessage("i", "n", "t", 1),  # type: ignore[arg-type]
+        sm.ToolResultMessage,
+        "is_error",
+        1,
+    ),
+    (
+        lambda: sm.engine.ModelResponded("x"),  # type: ignore[arg-type]
+        sm.engine.ModelResponded,
+        "message",
+        "x",
+    ),
+    (
+        lambda: sm.engine.ToolFinished(1, sm.ToolOutput("x")),  # type: ignore[arg-type]
+        sm.engine.ToolFinished,
+        "call_id",
+        1,
+    ),
+    (
+        lambda: sm.engine.ToolFinished("i", "x"),  # type: ignore[arg-type]
+        sm.engine.ToolFinished,
+        "output",
+        "x",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "cls", "name", "value"), _WRONG_FIELDS)
+def test_a_wrong_field_raises_the_error_of_its_attrs_validator(
+    build: Callable[[], object], cls: type, name: str, value: object
+) -> None:
+    field = attrs.fields_dict(cls)[name]
+    assert field.validator is not None
+    with pytest.raises(TypeError) as expected:
+        field.validator(None, field, value)
+    with pytest.raises(TypeError) as raised:
+        build()
+    assert raised.value.args == expected.value.args
+
+
+def test_subclasses_of_the_field_types_are_accepted_as_before() -> None:
+    call = sm.ToolCall(_Text("i"), _Text("n"), {"a": _Text("b")}, parse_error=_Text("p"))
+    assert call == sm.ToolCall("i", "n", {"a": "b"}, parse_error="p")
+    assert sm.TextContent(_Text("t")) == sm.TextContent("t")
+    result = sm.ToolResultMessage(_Text("i"), _Text("n"), _Text("t"))
+    assert result == sm.ToolResultMessage("i", "n", "t")
+    assert sm.AssistantMessage("x", error_message=_Text("e")).error_message == "e"
+
+
+def test_converters_run_as_before() -> None:
+    assert sm.ToolCall("i", "n").arguments == {}
+    with pytest.raises(sm.errors.WireFormatError, match="must be a JSON object"):
+        sm.ToolCall("i", "n", None)  # type: ignore[arg-type]
+    with pytest.raises(sm.errors.WireFormatError, match=r"arguments\.k"):
+        sm.ToolCall("i", "n", {"k": float("inf")})
+    with pytest.raises(sm.errors.WireFormatError, match="keys must be strings"):
+        sm.ToolCall("i", "n", {1: "v"})  # type: ignore[dict-item]
+    nested = sm.ToolCall("i", "n", {"k": [{"x": 1}]})
+    assert nested.arguments_dict() == {"k": [{"x": 1}]}
+    assert sm.AssistantMessage("x", stop_reason="toolUse").stop_reason is StopReason.TOOL_USE
+    with pytest.raises(ValueError, match="bogus"):
+        sm.AssistantMessage("x", stop_reason="bogus")
+    blocks = [sm.TextContent("a")]
+    assert sm.UserMessage(blocks).content == (sm.TextContent("a"),)
+    message = sm.AssistantMessage((sm.ToolCall("i", "n", {"a": 1}),), stop_reason="toolUse")
+    assert attrs.evolve(message, error_message="e") == sm.AssistantMessage(
+        message.content, StopReason.TOOL_USE, "e"
+    )
+
+
+def test_a_result_of_checked_values_equals_one_built_with_checks() -> None:
+    from statemachine.core.messages import checked_result
+
+    content = (sm.TextContent("ok"),)
+    built = checked_result("c1", "echo", content, False)
+    assert type(built) is sm.ToolResultMessage
+    assert built == sm.ToolResultMessage("c1", "echo", content, is_error=False)
+    assert hash(built) == hash(sm.ToolResultMessage("c1", "echo", "ok"))
+    assert repr(built) == repr(sm.ToolResultMessage("c1", "echo", "ok"))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.is_error = True  # type: ignore[misc]

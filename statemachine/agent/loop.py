@@ -91,6 +91,30 @@ _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 # Where the engine went, for timing turns: a turn starts on entering AwaitingModel and
 # ends at the next boundary or return to the caller.
 _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
+_AWAITING_MODEL = TurnState.AwaitingModel
+
+
+_MAX_SKIPPED_YIELDS = 16
+"""How many operations that finished at once may follow each other with nothing else
+ready before the loop still yields to the event loop (which then polls I/O)."""
+
+
+def _loop_queues(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[deque[Any], list[Any]] | tuple[None, None]:
+    """Where ``loop`` keeps its ready callbacks and its timers, to tell whether anything
+    else could run now; ``(None, None)`` when unknown: the loop then yields every time.
+
+    asyncio's own loops keep them in ``_ready`` and ``_scheduled``; any other loop (or
+    asyncio, should those ever go) is treated as always having something ready.
+    """
+    ready = getattr(loop, "_ready", None)
+    scheduled = getattr(loop, "_scheduled", None)
+    if isinstance(loop, asyncio.BaseEventLoop) and (
+        isinstance(ready, deque) and isinstance(scheduled, list)
+    ):
+        return ready, scheduled
+    return None, None
 
 
 class Inbox:
@@ -196,13 +220,24 @@ class ActionLoop:
         engine = self.engine
         inbox = self._inbox
         assert inbox is not None
+        ready, scheduled = _loop_queues(asyncio.get_running_loop())
+        queued = inbox._items  # read in place: this is every event's path
+        skipped = 0
         while not engine.is_finished:
             if self._yield_due:
                 # An operation finished at once, without the loop ever waiting: give
                 # other tasks (an abort, a timer) their turn, as a task would have.
+                # A pass of the event loop costs as much as the engine's whole step,
+                # so it is made when something else is ready to run (a callback, one
+                # from another thread, a timer), and at least every few operations
+                # so that I/O is still polled.
                 self._yield_due = False
-                await asyncio.sleep(0)
-            event = await inbox.get()
+                if skipped == _MAX_SKIPPED_YIELDS or ready is None or ready or scheduled:
+                    skipped = 0
+                    await asyncio.sleep(0)
+                else:
+                    skipped += 1
+            event = queued.popleft() if queued else await inbox.get()
             first = self._abort_first
             if first is not None:
                 # An abort goes ahead of what was already queued: a result queued
@@ -320,31 +355,46 @@ class ActionLoop:
 
     def _observe(self) -> None:
         engine = self.engine
-        if self._subscribers:
-            history = engine.messages
-            for index in range(self._seen_messages, len(history)):
-                self._emit(MessageAdded(index, history[index]))
-            self._seen_messages = len(history)
         trace = engine.trace
-        listening = bool(self._subscribers)
+        if self._subscribers:
+            self._observe_listening()
+        elif len(trace) > self._seen_trace:
+            # Nobody listens: only the turns' timing is kept (one clock read an event).
+            now = 0.0
+            for record in trace[self._seen_trace :]:
+                dest = record[2]
+                if dest is _AWAITING_MODEL:
+                    now = now or time.perf_counter()
+                    self._turn_start = now
+                elif self._turn_start is not None and dest in _TURN_ENDS:
+                    now = now or time.perf_counter()
+                    self._turn_seconds.append(now - self._turn_start)
+                    self._turn_start = None
+        self._seen_trace = len(trace)
+        if not self._finished and engine.is_finished:
+            self._finish()
+
+    def _observe_listening(self) -> None:
+        """What ``_observe`` does for subscribers: every message and transition as a
+        run event, and the turns timed."""
+        engine = self.engine
+        history = engine.messages
+        for index in range(self._seen_messages, len(history)):
+            self._emit(MessageAdded(index, history[index]))
+        self._seen_messages = len(history)
+        trace = engine.trace
         for index in range(self._seen_trace, len(trace)):
             record = trace[index]
-            if listening:
-                self._emit(StateChanged(record))
+            self._emit(StateChanged(record))
             dest = record.dest
             if dest is TurnState.AwaitingModel:
                 self._turn_start = time.perf_counter()
-                if listening:
-                    self._emit(TurnStarted(record.turn + 1))
+                self._emit(TurnStarted(record.turn + 1))
             elif self._turn_start is not None and dest in _TURN_ENDS:
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
                 self._turn_seconds.append(seconds)
-                if listening:
-                    self._emit(TurnEnded(record.turn, seconds))
-        self._seen_trace = len(trace)
-        if engine.is_finished and not self._finished:
-            self._finish()
+                self._emit(TurnEnded(record.turn, seconds))
 
     def _finish(self) -> None:
         self._finished = True

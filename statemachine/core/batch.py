@@ -16,7 +16,13 @@ from typing import Final
 import attrs
 
 from statemachine.core.events import StartTool
-from statemachine.core.messages import AssistantMessage, TextContent, ToolCall, ToolResultMessage
+from statemachine.core.messages import (
+    AssistantMessage,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    checked_result,
+)
 from statemachine.core.state import EngineFields
 from statemachine.core.tools import Scheduling, ToolOutput
 
@@ -54,6 +60,14 @@ class CallSlot:
         return out
 
 
+def _compatible(slot: CallSlot, unfinished: list[CallSlot]) -> bool:
+    """Whether ``slot`` may run beside every earlier unfinished call (rule 4)."""
+    for other in unfinished:
+        if slot.sequential or other.sequential or slot.resources & other.resources:
+            return False
+    return True
+
+
 class BatchBookkeeping(EngineFields):
     """The engine's methods on the current batch (mixed into ``Engine``)."""
 
@@ -66,8 +80,14 @@ class BatchBookkeeping(EngineFields):
         return tuple((s.call, s.note) for s in self._batch if s.status == WAITING_APPROVAL)
 
     def _new_batch(self, calls: Sequence[ToolCall]) -> None:
-        self._batch = [CallSlot(c) for c in calls]
-        self._slots = {s.call.id: s for s in self._batch}
+        batch: list[CallSlot] = []
+        slots: dict[str, CallSlot] = {}
+        for call in calls:
+            slot = CallSlot(call)
+            batch.append(slot)
+            slots[call.id] = slot
+        self._batch = batch
+        self._slots = slots
         self._flushed = 0
 
     def _classify(self, slot: CallSlot) -> None:
@@ -90,22 +110,27 @@ class BatchBookkeeping(EngineFields):
         """Start every ready call whose earlier unfinished calls all allow it (rule 4)."""
         unfinished: list[CallSlot] = []
         for slot in self._batch:
-            if slot.status == DONE:
+            status = slot.status
+            if status == DONE:
                 continue
-            if slot.status == READY and all(
-                not (slot.sequential or other.sequential or slot.resources & other.resources)
-                for other in unfinished
-            ):
+            if status == READY and (not unfinished or _compatible(slot, unfinished)):
                 slot.status = RUNNING
                 self._actions.append(StartTool(slot.call, self.turns))
             unfinished.append(slot)
 
-    def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
-        """Give empty or repeated tool-call ids a unique, deterministic replacement."""
-        calls = message.tool_calls
+    def _normalise_ids(
+        self, message: AssistantMessage, calls: tuple[ToolCall, ...]
+    ) -> AssistantMessage:
+        """Give empty or repeated tool-call ids a unique, deterministic replacement
+        (``calls`` are the message's tool calls)."""
         if not calls:
             return message
         seen = self._seen_ids
+        if len(calls) == 1:
+            only = calls[0].id
+            if only and only not in seen:
+                seen.add(only)
+                return message
         ids = [c.id for c in calls]
         if all(ids) and not seen.intersection(ids) and len(set(ids)) == len(ids):
             seen.update(ids)
@@ -143,16 +168,17 @@ class BatchBookkeeping(EngineFields):
         names = ", ".join(d.name for d in self._tools)
         return f"Unknown tool: {name}. Available tools: {names}."
 
+    # Results are built from checked values (the call's id and name, the engine's own
+    # text or a ToolOutput's content and flag): see messages.checked_result.
+
     def _resolve(self, slot: CallSlot, text: str, *, is_error: bool) -> None:
-        slot.result = ToolResultMessage(
-            slot.call.id, slot.call.name, (TextContent(text),), is_error=is_error
-        )
+        call = slot.call
+        slot.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
         slot.status = DONE
 
     def _resolve_output(self, slot: CallSlot, output: ToolOutput) -> None:
-        slot.result = ToolResultMessage(
-            slot.call.id, slot.call.name, output.content, is_error=output.is_error
-        )
+        call = slot.call
+        slot.result = checked_result(call.id, call.name, output.content, output.is_error)
         slot.status = DONE
 
     def _answer_unresolved(self, text: str) -> None:
@@ -166,7 +192,10 @@ class BatchBookkeeping(EngineFields):
         """Append the contiguous prefix of arrived results, in call order (I2)."""
         batch = self._batch
         i = self._flushed
-        while i < len(batch) and batch[i].status == DONE:
+        end = len(batch)
+        if i == end:
+            return
+        while i < end and batch[i].status == DONE:
             result = batch[i].result
             assert result is not None
             self._history.append(result)

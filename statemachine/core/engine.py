@@ -37,6 +37,7 @@ Every transition is logged as one structlog event ``transition`` and recorded in
 
 from __future__ import annotations
 
+import functools
 import logging
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -156,6 +157,13 @@ _ENTER: Final = {state: f"_enter_{state.value}" for state in TurnState}
 _INPUT_TRIGGER: Final[dict[type, Trigger]] = {
     cls: cls.trigger for cls in typing.get_args(Event) if cls.trigger not in INTERNAL_TRIGGERS
 }
+
+
+# A TransitionRecord from one tuple, without the named tuple's Python-level __new__
+# (one record per transition, several per event).
+_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
+    functools.partial(tuple.__new__, TransitionRecord)
+)
 
 
 def _debug_enabled(log: Any) -> bool:
@@ -374,9 +382,13 @@ class Engine(Guards):
                 self._start_runnable()
         elif isinstance(event, ModelResponded):
             self._model_outstanding = False
-            message = self._normalise_ids(event.message)
+            message = event.message
+            calls = message.tool_calls
+            normalised = self._normalise_ids(message, calls)
+            if normalised is not message:
+                message, calls = normalised, normalised.tool_calls
             self._history.append(message)
-            self._new_batch(message.tool_calls)
+            self._new_batch(calls)
             if state is S.Aborting:
                 self._answer_unresolved("Tool call not started: the run was aborted")
         elif isinstance(event, (ModelFailed, ModelCancelled)):
@@ -442,23 +454,26 @@ class Engine(Guards):
             reason = f": {event.reason}" if event.reason else ""
             self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
 
-    def _fire(self, trigger: Trigger) -> None:
+    def _fire(self, trigger: Trigger, holds: str | None = None) -> None:
+        """Take the transition for ``trigger``; ``holds`` names a guard just seen to
+        hold (guards are pure, and nothing has changed since: it is not asked again)."""
         source = self._state
         # The table's own rule: the first row for (state, trigger) whose guard holds.
-        hook = type(self).transition_hook
         for guard, dest in _ROWS.get((source, trigger), ()):  # noqa: B007 - used after
-            if guard is None or getattr(self, guard)():
+            if guard is None or guard is holds or getattr(self, guard)():
                 break
         else:
+            hook = type(self).transition_hook
             if hook is not None:
                 hook(self, source, trigger, None)
             # Unreachable when the table is complete (the checker proves it); kept so
             # that a broken table fails loudly instead of silently stalling.
             raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
+        hook = type(self).transition_hook
         if hook is not None:
             hook(self, source, trigger, dest)
         self._state = dest
-        self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
+        self.trace.append(_new_record((source, trigger, dest, self.turns)))
         if self._debug:
             self._log.debug(
                 "transition",
@@ -482,7 +497,7 @@ class Engine(Guards):
                 if getattr(self, guard)():
                     if fired == MAX_INTERNAL_TRANSITIONS:
                         self._runaway(trigger, fired)
-                    self._fire(trigger)
+                    self._fire(trigger, guard)
                     fired += 1
                     break
             else:

@@ -39,7 +39,8 @@ class EntryEffects(BatchBookkeeping):
     """The engine's entry effects (mixed into ``Engine``)."""
 
     def _enter_AwaitingModel(self, source: TurnState) -> None:
-        self._inject_queued()
+        if self._steer or self._follow_up:
+            self._inject_queued()
         self.turns += 1
         self._model_outstanding = True
         self._new_batch(())

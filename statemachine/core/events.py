@@ -12,7 +12,13 @@ from typing import ClassVar, TypeAlias, overload
 
 import attrs
 
-from statemachine.core.messages import AssistantMessage, Message, ToolCall, UserMessage
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    ToolCall,
+    UserMessage,
+    _validate,
+)
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
@@ -45,6 +51,11 @@ __all__ = [
 
 _str = attrs.validators.instance_of(str)
 
+# The two events of every turn write their own ``__init__``, as the messages do (see
+# ``core/messages.py``): exact types pass on one test, anything else meets the field's
+# own attrs validator and its error.
+_set = object.__setattr__
+
 # -- input events ------------------------------------------------------------------
 
 
@@ -55,7 +66,7 @@ class Start:
     trigger: ClassVar[Trigger] = Trigger.start
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class ModelResponded:
     """The model client returned this assistant message."""
 
@@ -63,6 +74,11 @@ class ModelResponded:
     message: AssistantMessage = attrs.field(
         validator=attrs.validators.instance_of(AssistantMessage)
     )
+
+    def __init__(self, message: AssistantMessage) -> None:
+        _set(self, "message", message)
+        if message.__class__ is not AssistantMessage:
+            _validate(ModelResponded, "message", self, message)
 
 
 @attrs.frozen
@@ -100,13 +116,21 @@ class ToolDenied:
     advisory: bool = False
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class ToolFinished:
     """A started tool produced its output (a raise is converted to an error output)."""
 
     trigger: ClassVar[Trigger] = Trigger.tool_finished
     call_id: str = attrs.field(validator=_str)
     output: ToolOutput = attrs.field(validator=attrs.validators.instance_of(ToolOutput))
+
+    def __init__(self, call_id: str, output: ToolOutput) -> None:
+        _set(self, "call_id", call_id)
+        _set(self, "output", output)
+        if call_id.__class__ is not str:
+            _validate(ToolFinished, "call_id", self, call_id)
+        if output.__class__ is not ToolOutput:
+            _validate(ToolFinished, "output", self, output)
 
 
 @attrs.frozen

@@ -29,11 +29,19 @@ class Guards(EntryEffects):
         assert isinstance(event, ModelResponded)
         return event.message
 
+    # Written as plain loops and attribute reads, not all()/any() over a generator:
+    # several guards are asked per event, and a generator costs more than a batch of
+    # one call takes to scan.
+
     def _guard_reports_error(self) -> bool:
-        return self._response().stop_reason is StopReason.ERROR
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message.stop_reason is StopReason.ERROR
 
     def _guard_reports_abort(self) -> bool:
-        return self._response().stop_reason is StopReason.ABORTED
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message.stop_reason is StopReason.ABORTED
 
     def _guard_has_tool_calls(self) -> bool:
         return bool(self._batch)
@@ -42,13 +50,22 @@ class Guards(EntryEffects):
         return bool(self._steer or self._follow_up)
 
     def _guard_all_calls_resolved(self) -> bool:
-        return all(s.status != WAITING_PERMISSION for s in self._batch)
+        for slot in self._batch:  # noqa: SIM110 - no generator (above)
+            if slot.status == WAITING_PERMISSION:
+                return False
+        return True
 
     def _guard_nothing_running(self) -> bool:
-        return all(s.status != RUNNING for s in self._batch)
+        for slot in self._batch:  # noqa: SIM110 - no generator (above)
+            if slot.status == RUNNING:
+                return False
+        return True
 
     def _guard_approvals_pending(self) -> bool:
-        return any(s.status == WAITING_APPROVAL for s in self._batch)
+        for slot in self._batch:  # noqa: SIM110 - no generator (above)
+            if slot.status == WAITING_APPROVAL:
+                return True
+        return False
 
     def _guard_boundary_ready(self) -> bool:
         return not self._continue_pending
@@ -63,7 +80,12 @@ class Guards(EntryEffects):
         return self.turns >= self.max_turns
 
     def _guard_nothing_outstanding(self) -> bool:
-        return not self._model_outstanding and all(s.status != RUNNING for s in self._batch)
+        if self._model_outstanding:
+            return False
+        for slot in self._batch:  # noqa: SIM110 - no generator (above)
+            if slot.status == RUNNING:
+                return False
+        return True
 
     def guard_holds(self, guard: Guard) -> bool:
         """Whether the table's ``guard`` holds now (guards are pure: asking changes nothing).

@@ -143,12 +143,25 @@ def thaw_json(value: Any) -> Any:
 
 
 def _freeze_arguments(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    if value.__class__ is dict or value.__class__ is MappingProxyType:
+        # The common case (an object of scalars, string keys) in one pass; anything
+        # else takes the general path below, which also names what is wrong.
+        frozen: dict[str, Any] = {}
+        try:
+            for key, item in value.items():
+                if key.__class__ is not str:
+                    raise _NotJsonError
+                frozen[key] = item if item.__class__ in _JSON_SCALARS else _freeze(item)
+        except (_NotJsonError, RecursionError):
+            pass
+        else:
+            return MappingProxyType(frozen)
     if not _is_mapping(value):
         raise WireFormatError(
             f"tool call arguments must be a JSON object, got {type(value).__name__}"
         )
-    frozen: Mapping[str, Any] = freeze_json(value, "arguments")
-    return frozen
+    general: Mapping[str, Any] = freeze_json(value, "arguments")
+    return general
 
 
 # -- content blocks -------------------------------------------------------------
@@ -158,13 +171,33 @@ def _freeze_arguments(value: Mapping[str, Any]) -> Mapping[str, Any]:
 # every message that can be built survives message_to_dict/message_from_dict.
 _optional_str = attrs.validators.optional(attrs.validators.instance_of(str))
 
+# The classes a run builds on every turn (text, tool calls, the three messages) write
+# their own ``__init__``: the common case (exact types) is one type test per field,
+# and anything else goes through the field's own attrs validator, which raises the
+# very error the attrs-made ``__init__`` raised (measured: about half the cost of
+# the attrs-made one). Converters run first, then the checks, in field order, as attrs
+# orders them.
+_set = object.__setattr__
 
-@attrs.frozen
+
+def _validate(cls: type, name: str, instance: object, value: object) -> None:
+    """Run the attrs validator of ``cls.name`` on ``value`` (it raises if it must)."""
+    field = attrs.fields_dict(cls)[name]
+    assert field.validator is not None
+    field.validator(instance, field, value)
+
+
+@attrs.frozen(init=False)
 class TextContent:
     """Plain text."""
 
     type: ClassVar[str] = "text"
     text: str = attrs.field(validator=attrs.validators.instance_of(str))
+
+    def __init__(self, text: str) -> None:
+        if text.__class__ is not str:
+            _validate(TextContent, "text", self, text)
+        _set(self, "text", text)
 
 
 @attrs.frozen
@@ -193,7 +226,10 @@ class ImageContent:
     mime_type: str = attrs.field(validator=attrs.validators.instance_of(str))
 
 
-@attrs.frozen
+_NO_ARGUMENTS: Final[Mapping[str, Any]] = MappingProxyType({})  # never frozen, only compared
+
+
+@attrs.frozen(init=False)
 class ToolCall:
     """A request by the model to run a tool. ``arguments`` is a read-only JSON object.
 
@@ -211,10 +247,36 @@ class ToolCall:
     )
     parse_error: str | None = attrs.field(default=None, validator=_optional_str, kw_only=True)
 
+    def __init__(
+        self,
+        id: str,
+        name: str,
+        arguments: Mapping[str, Any] = _NO_ARGUMENTS,
+        *,
+        parse_error: str | None = None,
+    ) -> None:
+        if arguments is _NO_ARGUMENTS:
+            frozen: Mapping[str, Any] = MappingProxyType({})
+        else:
+            frozen = _freeze_arguments(arguments)
+        _set(self, "id", id)
+        _set(self, "name", name)
+        _set(self, "arguments", frozen)
+        _set(self, "parse_error", parse_error)
+        if id.__class__ is not str:
+            _validate(ToolCall, "id", self, id)
+        if name.__class__ is not str:
+            _validate(ToolCall, "name", self, name)
+        if parse_error is not None and parse_error.__class__ is not str:
+            _validate(ToolCall, "parse_error", self, parse_error)
+
     def arguments_dict(self) -> dict[str, Any]:
         """A fresh, mutable copy of the arguments (what a tool receives)."""
-        thawed: dict[str, Any] = thaw_json(self.arguments)
-        return thawed
+        # One pass over the (usually flat) object; nested values are thawed in turn.
+        return {
+            key: item if item.__class__ in _JSON_SCALARS else thaw_json(item)
+            for key, item in self.arguments.items()
+        }
 
 
 UserContent: TypeAlias = TextContent | ImageContent
@@ -223,6 +285,13 @@ ToolResultContent: TypeAlias = TextContent | ImageContent
 
 
 def _blocks(value: Any, allowed: tuple[type, ...], role: str) -> tuple[Any, ...]:
+    if value.__class__ is tuple:
+        # The common case, a tuple of exact block classes: nothing to convert.
+        for block in value:
+            if block.__class__ not in allowed:
+                break
+        else:
+            return value
     if isinstance(value, str):
         value = (TextContent(value),)
     elif not isinstance(value, Iterable):
@@ -235,16 +304,21 @@ def _blocks(value: Any, allowed: tuple[type, ...], role: str) -> tuple[Any, ...]
     return blocks
 
 
+_USER_BLOCKS: Final = (TextContent, ImageContent)
+_ASSISTANT_BLOCKS: Final = (TextContent, ThinkingContent, ToolCall)
+_RESULT_BLOCKS: Final = (TextContent, ImageContent)
+
+
 def _user_content(value: Any) -> tuple[UserContent, ...]:
-    return _blocks(value, (TextContent, ImageContent), "user message")
+    return _blocks(value, _USER_BLOCKS, "user message")
 
 
 def _assistant_content(value: Any) -> tuple[AssistantContent, ...]:
-    return _blocks(value, (TextContent, ThinkingContent, ToolCall), "assistant message")
+    return _blocks(value, _ASSISTANT_BLOCKS, "assistant message")
 
 
 def _result_content(value: Any) -> tuple[ToolResultContent, ...]:
-    return _blocks(value, (TextContent, ImageContent), "tool result")
+    return _blocks(value, _RESULT_BLOCKS, "tool result")
 
 
 # -- usage ----------------------------------------------------------------------------
@@ -295,15 +369,18 @@ class Usage:
 # -- messages -----------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class UserMessage:
     """Input from a person (or a caller speaking for one). A str becomes one text block."""
 
     role: ClassVar[str] = "user"
     content: tuple[UserContent, ...] = attrs.field(converter=_user_content)
 
+    def __init__(self, content: Any) -> None:
+        _set(self, "content", _blocks(content, _USER_BLOCKS, "user message"))
 
-@attrs.frozen
+
+@attrs.frozen(init=False)
 class AssistantMessage:
     """One model response: text, thinking and tool calls, in the order the model gave them."""
 
@@ -315,11 +392,29 @@ class AssistantMessage:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Usage))
     )
 
+    def __init__(
+        self,
+        content: Any,
+        stop_reason: StopReason | str = StopReason.STOP,
+        error_message: str | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        _set(self, "content", _blocks(content, _ASSISTANT_BLOCKS, "assistant message"))
+        if stop_reason.__class__ is not StopReason:
+            stop_reason = StopReason(stop_reason)
+        _set(self, "stop_reason", stop_reason)
+        _set(self, "error_message", error_message)
+        _set(self, "usage", usage)
+        if error_message is not None and error_message.__class__ is not str:
+            _validate(AssistantMessage, "error_message", self, error_message)
+        if usage is not None and usage.__class__ is not Usage:
+            _validate(AssistantMessage, "usage", self, usage)
+
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
         """The tool calls, in content order. Their presence, not the stop reason,
         decides whether tools run."""
-        return tuple(block for block in self.content if isinstance(block, ToolCall))
+        return tuple([block for block in self.content if isinstance(block, ToolCall)])
 
     @property
     def text(self) -> str:
@@ -327,7 +422,7 @@ class AssistantMessage:
         return "".join(b.text for b in self.content if isinstance(b, TextContent))
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class ToolResultMessage:
     """The one result of one tool call. ``is_error`` marks every failure path."""
 
@@ -337,10 +432,42 @@ class ToolResultMessage:
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_result_content)
     is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
+    def __init__(
+        self,
+        tool_call_id: str,
+        tool_name: str,
+        content: Any,
+        is_error: bool = False,
+    ) -> None:
+        _set(self, "tool_call_id", tool_call_id)
+        _set(self, "tool_name", tool_name)
+        _set(self, "content", _blocks(content, _RESULT_BLOCKS, "tool result"))
+        _set(self, "is_error", is_error)
+        if tool_call_id.__class__ is not str:
+            _validate(ToolResultMessage, "tool_call_id", self, tool_call_id)
+        if tool_name.__class__ is not str:
+            _validate(ToolResultMessage, "tool_name", self, tool_name)
+        if is_error.__class__ is not bool:
+            _validate(ToolResultMessage, "is_error", self, is_error)
+
     @property
     def text(self) -> str:
         """All text blocks joined by newlines."""
         return "\n".join(b.text for b in self.content if isinstance(b, TextContent))
+
+
+def checked_result(
+    tool_call_id: str, tool_name: str, content: tuple[ToolResultContent, ...], is_error: bool
+) -> ToolResultMessage:
+    """A ``ToolResultMessage`` of values that were checked when they were made (a
+    ``ToolCall``'s id and name, a ``ToolOutput``'s content and flag): the engine's
+    results, built without checking them again."""
+    message: ToolResultMessage = object.__new__(ToolResultMessage)
+    _set(message, "tool_call_id", tool_call_id)
+    _set(message, "tool_name", tool_name)
+    _set(message, "content", content)
+    _set(message, "is_error", is_error)
+    return message
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage

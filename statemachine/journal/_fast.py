@@ -306,16 +306,23 @@ _INSTANCE_OF: Final = type(attrs.validators.instance_of(str))
 _REQUIRED: Final = object()
 
 
+_Spec = tuple[Callable[[Any, Any], None], str, Callable[[Any], Any], Any]
+# (slot setter, wire key, decoder, default or _REQUIRED) of one event field
+
+
 def _fast_event_builder(codec: ClassCodec) -> Callable[[dict[str, Any]], Event]:
     cls = codec.cls
     hints = typing.get_type_hints(cls, vars(_events))
-    specs = []
+    specs: list[_Spec] = []
     for field, (_, key, _, _, _) in zip(attrs.fields(cls), codec.fields, strict=True):
         if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
             raise LookupError(field.name)
         default = _REQUIRED if field.default is attrs.NOTHING else field.default
         (setter,) = setters(cls, field.name)
         specs.append((setter, key, _fast_field(field, hints[field.name]), default))
+
+    if 1 <= len(specs) <= 2 and all(default is _REQUIRED for *_, default in specs):
+        return _required_fields_builder(cls, specs)
 
     def build(data: dict[str, Any]) -> Event:
         event: Event = new(cls)
@@ -333,6 +340,34 @@ def _fast_event_builder(codec: ClassCodec) -> Callable[[dict[str, Any]], Event]:
         return event
 
     return build
+
+
+def _required_fields_builder(cls: type, specs: list[_Spec]) -> Callable[[dict[str, Any]], Event]:
+    """The builder of an event of one or two fields, none with a default (the events
+    of every turn: ``model_responded``, ``tool_finished``), unrolled: the same checks
+    as the general builder (every field's key, and no other key than "type")."""
+    if len(specs) == 1:
+        ((setter, key, decode, _),) = specs
+
+        def build_one(data: dict[str, Any]) -> Event:
+            if len(data) != 2:
+                raise NotFastError
+            event: Event = new(cls)
+            setter(event, decode(data[key]))  # KeyError when absent: not fast either
+            return event
+
+        return build_one
+    (set_a, key_a, decode_a, _), (set_b, key_b, decode_b, _) = specs
+
+    def build_two(data: dict[str, Any]) -> Event:
+        if len(data) != 3:
+            raise NotFastError
+        event: Event = new(cls)
+        set_a(event, decode_a(data[key_a]))
+        set_b(event, decode_b(data[key_b]))
+        return event
+
+    return build_two
 
 
 def _fast_event_builders() -> dict[str, Callable[[dict[str, Any]], Event]]:
