@@ -146,7 +146,7 @@ def cli_durable(argv: list[str]) -> int:
 
 DEMO_RUN = "parcels"
 DEMO_TURNS = 3  # turns that each call the tool; the next one answers
-TOOL_SECONDS = 1.0  # long enough to be killed in the middle of
+TOOL_SECONDS = 1.5  # long enough to be killed in the middle of, even on a busy machine
 _WAIT = 60.0  # seconds a demo step may take before the demo gives up
 
 
@@ -241,7 +241,7 @@ def _kill_in_second_call(directory: str, worker: subprocess.Popen[bytes]) -> boo
         if worker.poll() is not None or time.monotonic() > deadline:
             return False
         time.sleep(0.02)
-    time.sleep(TOOL_SECONDS / 3)  # well inside the call
+    time.sleep(0.3)  # well inside the call
     worker.send_signal(signal.SIGKILL)
     worker.wait()
     return True
