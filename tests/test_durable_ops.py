@@ -14,6 +14,8 @@ import asyncio
 import io
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -371,3 +373,26 @@ def test_a_database_password_never_shows_in_an_error(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "s3cret-word" not in err
     assert err.startswith("durable: ")
+
+
+# -- the benchmark still runs ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_the_durable_benchmark_runs_at_smoke_size() -> None:
+    """No timing is asserted: the figures live in bench/results.md."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / "durable.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| SQLite (WAL) |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["in memory", "durable", "bare DBOS"]
+    bare_ops = rows[2].split("|")[6].strip()
+    assert bare_ops == "1.67"  # 3 turns: a model and a tool step twice, then a model step
