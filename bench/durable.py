@@ -49,7 +49,7 @@ from statemachine.core.tools import ToolDefinition
 from statemachine.durable.dbos import DBOSRunner
 from statemachine.testing import FunctionModel
 
-CONTENDERS = ("in memory", "durable", "bare DBOS")
+CONTENDERS = ("in memory", "durable", "bare DBOS", "bare DBOS + recv")
 BARE = "bench.bare"
 
 
@@ -79,12 +79,15 @@ async def _noop() -> list[Any]:
     return []
 
 
-async def _bare(turns: int) -> int:
-    """The bare workflow: the durable run's steps, each doing nothing."""
-    for _ in range(turns - 1):
+async def _bare(turns: int, recv: bool) -> int:
+    """The bare workflow: the durable run's steps, each doing nothing; with ``recv``,
+    also a non-waiting ``recv`` before each model step, as the runner does today."""
+    for turn in range(1, turns + 1):
+        if recv:
+            await DBOS.recv_async("bench", timeout_seconds=0)
         await DBOS.run_step_async(StepOptions(name="model"), _noop)
-        await DBOS.run_step_async(StepOptions(name="tool"), _noop)
-    await DBOS.run_step_async(StepOptions(name="model"), _noop)
+        if turn < turns:
+            await DBOS.run_step_async(StepOptions(name="tool"), _noop)
     return turns
 
 
@@ -130,11 +133,13 @@ async def _durable(runner: DBOSRunner, run_id: str, turns: int) -> tuple[float, 
     return await _span(runner._require_client(), run_id)
 
 
-async def _bare_run(runner: DBOSRunner, run_id: str, turns: int) -> tuple[float, int]:
+async def _bare_run(
+    runner: DBOSRunner, run_id: str, turns: int, recv: bool = False
+) -> tuple[float, int]:
     from dbos import SetWorkflowID
 
     with SetWorkflowID(run_id):
-        handle = await DBOS.start_workflow_async(_bare, turns)
+        handle = await DBOS.start_workflow_async(_bare, turns, recv)
     assert await handle.get_result() == turns
     return await _span(runner._require_client(), run_id)
 
@@ -145,8 +150,10 @@ async def _repetition(runner: DBOSRunner, label: str, rep: int, turns: int, samp
         "in memory": partial(_in_memory, turns),
         "durable": partial(_durable, runner, f"{label}-durable-{rep}", turns),
         "bare DBOS": partial(_bare_run, runner, f"{label}-bare-{rep}", turns),
+        "bare DBOS + recv": partial(_bare_run, runner, f"{label}-recv-{rep}", turns, True),
     }
-    for name in CONTENDERS[rep % 3 :] + CONTENDERS[: rep % 3]:
+    turn = rep % len(CONTENDERS)
+    for name in CONTENDERS[turn:] + CONTENDERS[:turn]:
         _kinds.clear()
         seconds, operations = await runs[name]()
         sample.seconds[name].append(seconds)
@@ -197,16 +204,13 @@ def _postgres_url(given: str | None) -> str | None:
 def _rows(label: str, sample: Sample, turns: int) -> list[str]:
     memory = statistics.median(sample.seconds["in memory"])
     bare = statistics.median(sample.seconds["bare DBOS"])
-    paired = [
-        d / b for d, b in zip(sample.seconds["durable"], sample.seconds["bare DBOS"], strict=True)
-    ]
     rows = []
     for name in CONTENDERS:
         times = sample.seconds[name]
         ms = [1000 * t / turns for t in times]
         ops = statistics.median(sample.operations[name]) / turns if name != "in memory" else 0
         vs_bare = (
-            statistics.median(paired) if name == "durable" else statistics.median(times) / bare
+            _paired(sample, "bare DBOS") if name == "durable" else statistics.median(times) / bare
         )
         per_op = statistics.median(ms) / ops if ops else 0.0
         rows.append(
@@ -215,6 +219,12 @@ def _rows(label: str, sample: Sample, turns: int) -> list[str]:
             + ("— | — |" if name == "in memory" else f"{ops:.2f} | {per_op:.2f} |")
         )
     return rows
+
+
+def _paired(sample: Sample, over: str) -> float:
+    """The median of the durable run's per-repetition ratios to ``over``."""
+    pairs = zip(sample.seconds["durable"], sample.seconds[over], strict=True)
+    return statistics.median(d / o for d, o in pairs)
 
 
 def _table(results: dict[str, Sample], turns: int, reps: int) -> str:
@@ -229,6 +239,11 @@ def _table(results: dict[str, Sample], turns: int, reps: int) -> str:
     ]
     for label, sample in results.items():
         lines += _rows(label, sample, turns)
+    lines += ["", "Durable against a bare workflow with its recv per model call, per backend:", ""]
+    for label, sample in results.items():
+        lines.append(
+            f"- {label}: durable / (bare DBOS + recv) = {_paired(sample, 'bare DBOS + recv'):.2f}"
+        )
     lines += ["", "The durable run's operations, ms each (median, as DBOS stamps them):", ""]
     for label, sample in results.items():
         runs = max(1, len(sample.seconds["durable"]))
