@@ -33,6 +33,7 @@ def test_the_demo_run_survives_kill_9_with_nothing_lost(tmp_path: Path) -> None:
     assert "worker 2: model call, turn 2" not in text  # recorded: not called again
     assert "final state: Done" in text
     assert "Parcels 1 to 3 are shipped." in text
+    assert "statemachine replay verifies it: state Done" in text
     assert text.endswith("nothing was lost.")
     assert (tmp_path / "runs.sqlite").exists()  # --dir keeps the demo's files
 

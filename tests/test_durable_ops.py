@@ -118,6 +118,35 @@ def _tool_dict(definition: ToolDefinition) -> dict[str, Any]:
     return tool_definition_to_dict(definition)
 
 
+@pytest.mark.timeout(120)
+def test_a_run_with_a_continue_hook_exports_to_its_result(tmp_path: Path) -> None:
+    """should_continue stops the run after its second turn: its checks are steps too."""
+
+    def stop_after_two(messages: Sequence[sm.Message], turn: int) -> sm.Stop | None:
+        return sm.Stop("two turns are enough") if turn >= 2 else None
+
+    runner = DBOSRunner(
+        models={"scripted": FunctionModel(answer)},
+        tools=TOOLS,
+        database_url=f"sqlite:///{tmp_path}/runs.sqlite",
+        should_continue=stop_after_two,
+    )
+
+    async def body(runner: DBOSRunner) -> sm.RunResult:
+        handle = await runner.start("stops", model="scripted", messages="go")
+        result = await handle.result(timeout=60)
+        client = connect(f"sqlite:///{tmp_path}/runs.sqlite")
+        try:  # without the runner: the hook is known from the recorded checks
+            await export_journal(client, "stops", tmp_path / "stops.jsonl")
+        finally:
+            client.destroy()
+        return result
+
+    result = _with_runner(runner, body)
+    assert result.turns == 2
+    _replays_to(tmp_path / "stops.jsonl", result)
+
+
 # -- a run that took messages, or is not finished ----------------------------------------------
 
 
@@ -294,7 +323,7 @@ def test_list_runs_newest_first_with_their_state_and_approvals(tmp_path: Path) -
         first = await runner.start("first", model="scripted", messages="go")
         await first.abort("not needed")  # taken at its first model call
         await first.result(timeout=60)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(1.1)  # SQLite keeps the creation time to the second
         second = await runner.start("second", model="scripted", messages="go")
         while not await second.pending_approvals():
             await asyncio.sleep(0.05)
@@ -393,6 +422,7 @@ def test_the_durable_benchmark_runs_at_smoke_size() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| SQLite (WAL) |")]
-    assert [row.split("|")[2].strip() for row in rows] == ["in memory", "durable", "bare DBOS"]
+    names = [row.split("|")[2].strip() for row in rows]
+    assert names == ["in memory", "durable", "bare DBOS", "bare DBOS + recv"]
     bare_ops = rows[2].split("|")[6].strip()
     assert bare_ops == "1.67"  # 3 turns: a model and a tool step twice, then a model step

@@ -287,6 +287,31 @@ def _history(directory: str) -> list[str]:
     return lines
 
 
+def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
+    """Export the run as a journal and replay it: the same history and trace."""
+    from statemachine.durable._dbos_ops import export_journal
+    from statemachine.durable.dbos import connect
+    from statemachine.journal._replay import replay
+
+    journal = Path(directory, f"{DEMO_RUN}.jsonl")
+    journal.unlink(missing_ok=True)  # a --dir used before
+
+    async def export() -> None:
+        client = connect(f"sqlite:///{directory}/runs.sqlite")
+        try:
+            await export_journal(client, DEMO_RUN, journal, tools=[ship_parcel])
+        finally:
+            client.destroy()
+
+    asyncio.run(export())  # checked against the run's saved result
+    replayed = replay(journal)
+    say(
+        f"\nexported as a journal ({len(replayed.steps)} events, {journal.name}); "
+        f"statemachine replay verifies it: state {replayed.state.value}"
+    )
+    return [] if replayed.ok else [f"the exported journal does not replay: {replayed.error}"]
+
+
 def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
     say(f"durable demo in {directory} (SQLite, no network)")
     first = _spawn(directory)
@@ -315,6 +340,7 @@ def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
     for line in _history(directory):
         say(line)
     problems = _broken_promises(records, workers)
+    problems += _export_and_replay(directory, say)
     for problem in problems:
         say(f"FAILED: {problem}")
     if not problems:

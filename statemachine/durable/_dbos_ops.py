@@ -378,7 +378,8 @@ _DBOS_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
 @attrs.frozen
 class ListedRun(RunStatus):
     """A ``RunStatus`` with when the run was created and last updated (seconds since
-    the epoch, as DBOS keeps them: to the millisecond)."""
+    the epoch, as DBOS keeps them: to the millisecond on PostgreSQL, to the second on
+    SQLite, where runs created in the same second list in no set order)."""
 
     created: float = 0.0
     updated: float = 0.0
