@@ -43,7 +43,7 @@ from statemachine.durable._dbos_ops import (
 from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner, connect
 from statemachine.errors import InvalidInputError
 from statemachine.journal import replay
-from statemachine.testing import FunctionModel
+from statemachine.testing import FunctionModel, check_transcript
 
 POSTGRES = os.environ.get("STATEMACHINE_TEST_POSTGRES")
 T = TypeVar("T")
@@ -84,6 +84,7 @@ def _replays_to(path: Path, result: sm.RunResult) -> None:
     assert replayed.state is result.state
     assert replayed.messages == result.messages
     assert replayed.trace == result.trace
+    assert check_transcript(list(replayed.messages)) == []  # the transcript checker reads it
 
 
 @pytest.mark.timeout(120)
