@@ -36,6 +36,7 @@ def test_the_demo_run_survives_kill_9_with_nothing_lost(tmp_path: Path) -> None:
     assert "statemachine replay verifies it: state Done" in text
     assert text.endswith("nothing was lost.")
     assert (tmp_path / "runs.sqlite").exists()  # --dir keeps the demo's files
+    assert main(["durable", "demo", "--dir", str(tmp_path)]) == 2  # not twice in one
 
 
 def _log(*records: tuple[int, str, int]) -> list[dict[str, Any]]:

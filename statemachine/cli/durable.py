@@ -128,6 +128,9 @@ def cli_durable(argv: list[str]) -> int:
     if args.action == "demo":
         if args.dir is not None and not Path(args.dir).is_dir():
             return fail("durable", f"--dir {args.dir!r} is not a directory")
+        taken = [n for n in _DEMO_FILES if args.dir and Path(args.dir, n).exists()]
+        if taken:
+            return fail("durable", f"--dir already holds {', '.join(taken)}: use a new directory")
         return 0 if run_demo(args.dir, print) else EXIT_FAILED
     try:
         text = asyncio.run(_export(args) if args.action == "export" else _list(args))
@@ -148,6 +151,7 @@ DEMO_RUN = "parcels"
 DEMO_TURNS = 3  # turns that each call the tool; the next one answers
 TOOL_SECONDS = 1.5  # long enough to be killed in the middle of, even on a busy machine
 _WAIT = 60.0  # seconds a demo step may take before the demo gives up
+_DEMO_FILES = ("runs.sqlite", "side-effects.log", "result.json", f"{DEMO_RUN}.jsonl")
 
 
 def _note(**record: Any) -> None:
@@ -294,7 +298,6 @@ def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
     from statemachine.journal._replay import replay
 
     journal = Path(directory, f"{DEMO_RUN}.jsonl")
-    journal.unlink(missing_ok=True)  # a --dir used before
 
     async def export() -> None:
         client = connect(f"sqlite:///{directory}/runs.sqlite")
@@ -318,6 +321,7 @@ def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
     say(f"worker 1 (pid {first.pid}) starts run {DEMO_RUN!r}: three turns, one slow tool each")
     if not _kill_in_second_call(directory, first):
         first.kill()
+        first.wait()
         say("FAILED: worker 1 never reached the second tool call")
         return False
     say("kill -9 worker 1 in the middle of ship_parcel(2)")
