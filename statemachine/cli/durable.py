@@ -35,7 +35,7 @@ import statemachine
 from statemachine.agent.tools import tool
 from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError, UsageError
+from statemachine.core.errors import UsageError
 from statemachine.core.messages import AssistantMessage, Message, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import idempotency_key
@@ -132,12 +132,13 @@ def cli_durable(argv: list[str]) -> int:
         if taken:
             return fail("durable", f"--dir already holds {', '.join(taken)}: use a new directory")
         return 0 if run_demo(args.dir, print) else EXIT_FAILED
+    from statemachine.durable._dbos_ops import ExportError  # needs the [dbos] extra
+
     try:
         text = asyncio.run(_export(args) if args.action == "export" else _list(args))
-    except InvalidInputError as exc:
-        failed = type(exc).__name__ == "ExportError"
-        return fail("durable", str(exc), EXIT_FAILED if failed else EXIT_USAGE)
-    except UsageError as exc:
+    except ExportError as exc:
+        return fail("durable", str(exc), EXIT_FAILED)
+    except UsageError as exc:  # bad input (InvalidInputError), an unknown run
         return fail("durable", str(exc), EXIT_USAGE)
     except Exception as exc:  # noqa: BLE001 - the database: unreachable, not DBOS's...
         return fail("durable", _without_password(f"{type(exc).__name__}: {exc}", args.db))

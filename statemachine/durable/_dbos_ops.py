@@ -41,7 +41,14 @@ from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.errors import InvalidInputError
-from statemachine.core.events import ApprovalDecided, CallModel, Event, ModelCancelled
+from statemachine.core.events import (
+    ApprovalDecided,
+    CallModel,
+    Event,
+    ModelCancelled,
+    ToolCancelled,
+    ToolFinished,
+)
 from statemachine.core.messages import AssistantMessage, Message, ToolCall
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
@@ -112,8 +119,10 @@ class _Recorded:
             events = decode_step_events(output or [])
             if name == _MODEL_STEP:
                 self.model.append((int(step["function_id"]), events))
-            elif name == _TOOL_STEP and events:
-                self.tools[str(getattr(events[0], "call_id", ""))] = events
+            elif name == _TOOL_STEP:
+                # Its answer names the call (a tool may also have queued input first).
+                ends = [e.call_id for e in events if isinstance(e, (ToolFinished, ToolCancelled))]
+                self.tools[ends[0] if ends else ""] = events
             elif name == _PERMISSION_STEP:
                 self.permissions.append(events)
             else:
