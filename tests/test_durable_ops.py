@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from durable_worker import TOOLS, answer, beta_needs_approval
 import statemachine as sm
 from statemachine.cli import main
 from statemachine.core.tools import ToolDefinition
+from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import UnknownRunError
 from statemachine.durable._dbos_ops import (
     MAX_LIST_LIMIT,
@@ -230,13 +232,61 @@ def test_an_unfinished_run_exports_what_it_has(tmp_path: Path) -> None:
         return done, await handle.result(timeout=60)
 
     done, result = _with_runner(_gated_runner(db, gate), body)
-    assert not done.finished
+    assert (done.finished, done.state, done.events) == (False, "CollectingResults", 2)
     replayed = replay(stream.getvalue().splitlines())
     assert replayed.ok
     assert replayed.checkpoints == 0
     assert replayed.state is sm.TurnState.CollectingResults
     assert replayed.messages == result.messages[:2]  # the prompt and the tool call
     assert replayed.trace == result.trace[: len(replayed.trace)]
+
+
+@pytest.mark.timeout(180)
+def test_a_run_whose_worker_was_killed_exports_what_it_has_then_all(tmp_path: Path) -> None:
+    """kill -9 in the middle of a tool call: the export ends where the saved steps end;
+    once another worker has finished the run, it replays to the run's result."""
+    db, log, out = f"sqlite:///{tmp_path}/runs.sqlite", tmp_path / "log", tmp_path / "out.json"
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, DURABLE_SIDE_EFFECTS=str(log), PYTHONPATH=str(root))
+    worker = [sys.executable, str(root / "tests" / "durable_worker.py"), db, "killed", str(out)]
+    first = subprocess.Popen(worker, env=env, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):  # until the second turn's first tool call has started
+            if log.exists() and "start t2a" in log.read_text():
+                break
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait()
+
+    async def export(path: Path) -> Any:
+        client = connect(db)
+        try:
+            return await export_journal(client, "killed", path, tools=TOOLS)
+        finally:
+            client.destroy()
+
+    partial = asyncio.run(export(tmp_path / "partial.jsonl"))
+    assert not partial.finished
+    replayed = replay(tmp_path / "partial.jsonl")
+    assert replayed.ok
+    assert replayed.state is sm.TurnState.CollectingResults
+    assert [m.role for m in replayed.messages] == [
+        "user",
+        "assistant",
+        "toolResult",
+        "toolResult",
+        "assistant",
+    ]
+    assert subprocess.run(worker, env=env, timeout=120, check=False).returncode == 0
+    whole = asyncio.run(export(tmp_path / "whole.jsonl"))
+    assert whole.finished
+    rebuilt = replay(tmp_path / "whole.jsonl")
+    assert json.loads(out.read_text()) == {  # the worker's result (durable_worker.result_json)
+        "state": rebuilt.state.value,
+        "messages": messages_to_dicts(rebuilt.messages),
+        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in rebuilt.trace],
+    }
 
 
 @pytest.mark.timeout(120)

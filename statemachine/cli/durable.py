@@ -86,7 +86,7 @@ async def _export(args: argparse.Namespace) -> str:
     finally:
         client.destroy()
     how = "finished" if done.finished else "not finished: the journal ends where its steps end"
-    return f"run {done.run_id}: {done.events} event(s), state {done.state or '-'} ({how})"
+    return f"run {done.run_id}: {done.events} event(s), state {done.state} ({how})"
 
 
 async def _list(args: argparse.Namespace) -> str:

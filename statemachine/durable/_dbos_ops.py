@@ -265,9 +265,9 @@ async def _rebuild(
     recorded: _Recorded,
     journal: Journal,
     options: Mapping[str, Any],
-) -> RunResult | None:
-    """Run the loop again over the recorded steps, writing ``journal``; the result, or
-    ``None`` where the recorded steps end first."""
+) -> tuple[RunResult | None, TurnState]:
+    """Run the loop again over the recorded steps, writing ``journal``; the result
+    (``None`` where the recorded steps end first) and the state the engine is in."""
     kwargs: dict[str, Any] = {"model": _NoModel(), "max_turns": spec["max_turns"], **options}
     run = _ReplayRun(
         recorded,
@@ -280,12 +280,12 @@ async def _rebuild(
         try:
             result = await run.run()
         except _RecordEndedError:
-            return None
+            return None, run.engine.state
         if result.state is not TurnState.AwaitingUser or not result.pending_approvals:
-            return result
+            return result, result.state
         taken = _decisions(recorded, result.pending_approvals)
         if taken is None:
-            return None  # waiting for a person when the record ends
+            return None, result.state  # waiting for a person when the record ends
         run = _ReplayRun(recorded, _engine=run.engine, _resume_events=taken[0], **kwargs)
         for message in taken[1]:
             _apply(run, message)
@@ -353,14 +353,14 @@ async def export_journal(
     recorded = _Recorded(steps)
     buffer = io.StringIO()  # written out only once it is known right
     journal = Journal(buffer, flush="close")
-    result = await _rebuild(run_id, spec, recorded, journal, _options(spec, recorded, tools, hooks))
+    options = _options(spec, recorded, tools, hooks)
+    result, state = await _rebuild(run_id, spec, recorded, journal, options)
     output = status.output
     finished = status.status == "SUCCESS" and isinstance(output, Mapping)
     if isinstance(output, Mapping) and finished:
         _check_against(result, output, run_id)
     _write(target, buffer.getvalue())
-    state = "" if result is None else result.state.value
-    return ExportedJournal(run_id, journal.events_written, state, finished)
+    return ExportedJournal(run_id, journal.events_written, state.value, finished)
 
 
 def _write(target: str | os.PathLike[str] | IO[str], text: str) -> None:
