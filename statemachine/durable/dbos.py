@@ -348,6 +348,24 @@ def _apply_early(run: DurableRun, message: Mapping[str, Any]) -> None:
     elif kind == "follow_up":
         run.follow_up(user_message(message))
 
+    # -- looking at runs (statemachine.durable._dbos_ops) --------------------------------
+
+    async def export_journal(self, run_id: str, target: Any) -> Any:
+        """Write the run ``run_id`` as a journal (``_dbos_ops.export_journal``), with
+        this runner's tools and hooks."""
+        from statemachine.durable._dbos_ops import export_journal
+
+        tools = list(self.tools.values())
+        return await export_journal(
+            self._require_client(), run_id, target, tools=tools, hooks=self.hooks
+        )
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> Any:
+        """The runs of this database, newest first (``_dbos_ops.list_runs``)."""
+        from statemachine.durable._dbos_ops import list_runs
+
+        return await list_runs(self._require_client(), status, limit)
+
 
 async def _wait_for_decisions(
     control: Control, calls: Sequence[ToolCall]
@@ -525,6 +543,12 @@ class DBOSRunHandle:
     async def _send(self, message: dict[str, Any], key: str | None = None) -> None:
         await _find(self._client, self.run_id)  # DBOS would keep a message to no run
         await self._client.send_async(self.run_id, message, TOPIC, idempotency_key=key)
+
+    async def export_journal(self, target: Any, tools: Sequence[Tool] | None = None) -> Any:
+        """Write this run as a journal (``_dbos_ops.export_journal``)."""
+        from statemachine.durable._dbos_ops import export_journal
+
+        return await export_journal(self._client, self.run_id, target, tools=tools)
 
 
 def _text(value: object, what: str) -> str:
