@@ -154,17 +154,19 @@ def test_a_run_with_a_continue_hook_exports_to_its_result(tmp_path: Path) -> Non
 
 
 def _gated_runner(db: str, gate: list[asyncio.Event], **hooks: Any) -> DBOSRunner:
-    """A run whose one tool waits until the test opens ``gate[0]``, then answers."""
+    """A run whose one tool waits until the test opens ``gate[0]`` or the run is
+    aborted, then answers."""
 
     @sm.tool
-    async def wait_here(x: int) -> str:
+    async def wait_here(x: int, signal: sm.AbortSignal) -> str:
         """Wait for the test.
 
         Args:
             x: a number
         """
-        await gate[0].wait()
-        return f"waited {x}"
+        while not gate[0].is_set() and not signal.aborted:
+            await asyncio.sleep(0.005)
+        return f"stopped: {signal.reason}" if signal.aborted else f"waited {x}"
 
     def model(messages: Sequence[sm.Message], _: Sequence[ToolDefinition]) -> sm.AssistantMessage:
         if any(isinstance(m, sm.ToolResultMessage) for m in messages):
@@ -176,45 +178,106 @@ def _gated_runner(db: str, gate: list[asyncio.Event], **hooks: Any) -> DBOSRunne
     )
 
 
-async def _when_tool_runs(handle: DBOSRunHandle, db: str) -> None:
+async def _until(db: str, run_id: str, step: str) -> list[dict[str, Any]]:
+    """Wait until the run has recorded a step ``step``; its steps so far."""
     client = connect(db)
     try:
         for _ in range(600):
-            steps = await client.list_workflow_steps_async(handle.run_id)
-            if any(s["function_name"] == "statemachine.model" for s in steps):
-                await asyncio.sleep(0.05)
-                return
+            steps = await client.list_workflow_steps_async(run_id)
+            if any(s["function_name"] == step for s in steps):
+                return [dict(s) for s in steps]
             await asyncio.sleep(0.05)
     finally:
         client.destroy()
-    raise AssertionError("the run never reached its tool")
+    raise AssertionError(f"the run never recorded a step {step}")
+
+
+async def _when_tool_runs(handle: DBOSRunHandle, db: str) -> None:
+    await _until(db, handle.run_id, "statemachine.model")
+    await asyncio.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("message", ["steer", "abort"])
-def test_a_run_that_took_a_message_exports_to_its_result(message: str, tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path}/runs.sqlite"
+@pytest.mark.parametrize("message", ["steer", "follow_up", "abort"])
+def test_a_message_taken_in_the_middle_of_a_tool_exports_to_its_result(
+    message: str, database: str, tmp_path: Path
+) -> None:
+    """The message takes effect while the tool runs (its place recorded: after two
+    engine events, the start and the model's answer); the export applies it there."""
     gate: list[asyncio.Event] = []
 
-    async def body(runner: DBOSRunner) -> sm.RunResult:
+    async def body(runner: DBOSRunner) -> tuple[sm.RunResult, list[dict[str, Any]]]:
         gate.append(asyncio.Event())
         handle = await runner.start("told", model="gated", messages="go")
-        await _when_tool_runs(handle, db)
+        await _when_tool_runs(handle, database)
         if message == "steer":
             await handle.steer("and be quick")
+        elif message == "follow_up":
+            await handle.follow_up("and then stop")
         else:
             await handle.abort("changed my mind")
+        steps = await _until(database, "told", "statemachine.control")
         gate[0].set()
         result = await handle.result(timeout=60)
         await handle.export_journal(tmp_path / "told.jsonl")  # checked against the result
-        return result
+        return result, steps
 
-    result = _with_runner(_gated_runner(db, gate), body)
-    expected = sm.TurnState.Done if message == "steer" else sm.TurnState.Aborted
-    assert result.state is expected
+    result, steps = _with_runner(_gated_runner(database, gate), body)
+    taken = [s["output"] for s in steps if s["function_name"] == "statemachine.control"]
+    assert [t["at"] for t in taken] == [2]
+    if message != "abort":  # the tool was still running (an abort ends it: see its result)
+        assert not any(s["function_name"] == "statemachine.tool" for s in steps)
+    roles = [m.role for m in result.messages]
     if message == "steer":
-        assert sm.UserMessage("and be quick") in result.messages
+        assert result.state is sm.TurnState.Done
+        assert roles == ["user", "assistant", "toolResult", "user", "assistant"]
+        assert result.messages[3] == sm.UserMessage("and be quick")
+    elif message == "follow_up":
+        assert result.state is sm.TurnState.Done
+        assert roles == ["user", "assistant", "toolResult", "assistant", "user", "assistant"]
+        assert result.messages[4] == sm.UserMessage("and then stop")
+    else:
+        assert result.state is sm.TurnState.Aborted
+        assert roles == ["user", "assistant", "toolResult"]
+        assert "stopped: changed my mind" in str(result.messages[2])
     _replays_to(tmp_path / "told.jsonl", result)
+
+
+@pytest.mark.timeout(120)
+def test_an_abort_that_cancels_a_deaf_tool_exports_to_its_result(tmp_path: Path) -> None:
+    """The tool ignores the abort signal and is cancelled after half the grace period:
+    its step saved no output, and the export answers it as the run did (cancelled)."""
+    db = f"sqlite:///{tmp_path}/runs.sqlite"
+    never = asyncio.Event()
+
+    @sm.tool
+    async def deaf(x: int) -> str:
+        """Wait for what never comes.
+
+        Args:
+            x: a number
+        """
+        await never.wait()
+        return "unreachable"
+
+    def model(messages: Sequence[sm.Message], _: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+        return sm.AssistantMessage([sm.ToolCall("d1", "deaf", {"x": 1})])
+
+    runner = DBOSRunner(models={"deaf": FunctionModel(model)}, tools=[deaf], database_url=db)
+
+    async def body(runner: DBOSRunner) -> tuple[sm.RunResult, list[str]]:
+        handle = await runner.start("deaf", model="deaf", messages="go")
+        await _when_tool_runs(handle, db)
+        await handle.abort("enough")
+        result = await handle.result(timeout=60)
+        await handle.export_journal(tmp_path / "deaf.jsonl")  # checked against the result
+        steps = await _until(db, "deaf", "statemachine.control")
+        return result, [s["function_name"] for s in steps if s.get("error") is None]
+
+    result, saved = _with_runner(runner, body)
+    assert result.state is sm.TurnState.Aborted
+    assert "statemachine.tool" not in saved  # cancelled: nothing saved
+    _replays_to(tmp_path / "deaf.jsonl", result)
 
 
 @pytest.mark.timeout(120)

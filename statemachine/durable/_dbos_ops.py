@@ -36,14 +36,10 @@ import attrs
 from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
-from statemachine.agent.loop import Inbox
-from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import (
-    ApprovalDecided,
-    CallModel,
     Event,
     ModelCancelled,
     ToolCancelled,
@@ -52,16 +48,12 @@ from statemachine.core.events import (
 from statemachine.core.messages import AssistantMessage, Message, ToolCall
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
-from statemachine.core.wire import event_from_dict, messages_from_dicts
+from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import RunStatus, UnknownRunError
-from statemachine.durable.dbos import (
-    _STATES,
-    WORKFLOW,
-    DBOSRunHandle,
-    _apply,
-    _check_run_id,
-    _result_from_dict,
-)
+from statemachine.durable._dbos_control import Control
+from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun, drive
+from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
+from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -82,143 +74,95 @@ _MODEL_STEP = "statemachine.model"
 _TOOL_STEP = "statemachine.tool"
 _PERMISSION_STEP = "statemachine.permissions"
 _CONTINUE_STEP = "statemachine.continue"
-_RECV = "DBOS.recv"
+_STEPS = (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP)
 
 
 class ExportError(InvalidInputError):
     """A durable run whose recorded steps do not rebuild its recorded result."""
 
 
-def decode_step_events(output: Any) -> list[Event]:
-    """The engine events a step's recorded output holds (the runner's step format)."""
-    return [event_from_dict(d) for d in output]
-
-
 # -- what a run recorded ------------------------------------------------------------------------
 
 
 class _Recorded:
-    """A run's recorded steps, sorted by kind, each taken once, in recorded order."""
+    """A run's recorded operations, by kind, each taken once, in recorded order (the
+    places of its messages are read by ``Control``)."""
 
     def __init__(self, steps: Sequence[Mapping[str, Any]]) -> None:
-        self.model: deque[tuple[int, list[Event]]] = deque()
-        self.tools: dict[str, list[Event]] = {}
-        self.permissions: deque[list[Event]] = deque()
-        self.continues: deque[list[Event]] = deque()
-        self.messages: deque[tuple[int, Mapping[str, Any]]] = deque()
-        for step in sorted(steps, key=lambda s: int(s["function_id"])):
+        self.steps = [dict(s) for s in steps]
+        self.outputs: dict[str, deque[Any]] = {name: deque() for name in _STEPS}
+        self.tools: dict[str, Any] = {}
+        for step in sorted(self.steps, key=lambda s: int(s["function_id"])):
             name, output = step["function_name"], step.get("output")
-            if step.get("error") is not None:
-                continue  # a step that raised reported nothing the engine saw
-            if name == _RECV:
-                if isinstance(output, Mapping):
-                    self.messages.append((int(step["function_id"]), output))
-                continue
-            if name not in (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP):
-                continue
-            events = decode_step_events(output or [])
-            if name == _MODEL_STEP:
-                self.model.append((int(step["function_id"]), events))
-            elif name == _TOOL_STEP:
+            if step.get("error") is not None or name not in _STEPS:
+                continue  # a step that raised or was cancelled saved nothing the engine saw
+            if name == _TOOL_STEP:
                 # Its answer names the call (a tool may also have queued input first).
+                events = decode_step_events(output)
                 ends = [e.call_id for e in events if isinstance(e, (ToolFinished, ToolCancelled))]
-                self.tools[ends[0] if ends else ""] = events
-            elif name == _PERMISSION_STEP:
-                self.permissions.append(events)
+                self.tools[ends[0] if ends else ""] = output
             else:
-                self.continues.append(events)
+                self.outputs[name].append(output)
 
-    def messages_before_model(self) -> list[Mapping[str, Any]]:
-        """The messages the run took before its next model call: those recorded before
-        that call's step, or all that are left if the call has none (the run ended,
-        aborted, before the call, or it had not been made yet)."""
-        end = self.model[0][0] if self.model else float("inf")
-        taken = []
-        while self.messages and self.messages[0][0] < end:
-            taken.append(self.messages.popleft()[1])
-        return taken
+    def has(self, name: str) -> bool:
+        """Whether the run recorded any step ``name``."""
+        return bool(self.outputs[name])
+
+    def take(self, name: str, key: str) -> Any:
+        """The saved output of the next step ``name`` (``key``: a tool's call id)."""
+        if name == _TOOL_STEP:
+            return self.tools.pop(key, NOT_RECORDED)
+        found = self.outputs[name]
+        return found.popleft() if found else NOT_RECORDED
 
 
 class _RecordEndedError(Exception):
     """The recorded steps end here: the run had gone no further."""
 
 
-class _ReplayInbox(Inbox):
-    """Every recorded answer is posted before the loop waits, so an empty inbox means
-    the recorded steps have run out."""
+class _ReplayControl(Control):
+    """The control lane with the run's recorded messages only: no listening."""
 
-    async def get(self) -> Event:
-        if not self._items:
-            raise _RecordEndedError
-        return self._items.popleft()
+    def start(self) -> None:
+        """Nothing to listen to: the messages are the recorded ones."""
+
+    async def next_message(self) -> Any:
+        if not self._schedule:
+            raise _RecordEndedError  # waiting for a person when the record ends
+        return await super().next_message()
 
 
-class _ReplayRun(AgentRun):
-    """``AgentRun`` whose operations are answered by their recorded steps."""
+class _ReplayInbox(ControlInbox):
+    """The run's inbox; an empty one is the end of the recorded steps (``_ReplayRun``)."""
+
+    async def _wait(self) -> None:
+        raise _RecordEndedError
+
+
+class _ReplayRun(DurableRun):
+    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
+    Every recorded answer is posted when its step starts, so a loop that would wait
+    has reached the end of the recorded steps."""
 
     def __init__(self, recorded: _Recorded, **kwargs: Any) -> None:
         self._recorded = recorded
+        self._unrecorded: list[str] = []  # operations started but not recorded
         super().__init__(**kwargs)
 
-    def _begin(self, loop: Any) -> Any:
-        remove = super()._begin(loop)
-        self._inbox = _ReplayInbox()
-        return remove
+    _inbox_type = _ReplayInbox
 
-    def _answer(self, key: str, events: list[Event] | None) -> None:
-        if events is None:
-            return  # not recorded: the loop stops at the next wait (_ReplayInbox)
-        assert self._inbox is not None
-        if key:
-            self._reported.add(key)
-        for event in events:
-            self._inbox.put_nowait(event)
-
-    def _start_model(self, action: CallModel, alone: bool) -> None:
-        for message in self._recorded.messages_before_model():
-            _apply(self, message)
-        if self._aborting:
-            self._not_started("model", ModelCancelled("not started: the run was aborted"))
-            return
-        model = self._recorded.model
-        self._answer("model", model.popleft()[1] if model else None)
-
-    def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._answer(call.id, self._recorded.tools.pop(call.id, None))
-
-    def _start_permission_checks(self, calls: list[ToolCall]) -> None:
-        checks = self._recorded.permissions
-        self._answer("", checks.popleft() if checks else None)
-
-    def _start_continue_check(self, turn: int) -> None:
-        checks = self._recorded.continues
-        self._answer("", checks.popleft() if checks else None)
+    async def _saved(self, name: str, key: str, step: Any) -> Any:
+        saved = self._recorded.take(name, key)
+        if saved is NOT_RECORDED:
+            self._unrecorded.append(key)
+        return saved
 
     def _start_cancellation(self, keys: list[str], reason: str) -> None:
-        """Nothing to end: every recorded answer is queued already."""
-
-
-def _decisions(
-    recorded: _Recorded, calls: Sequence[ToolCall]
-) -> tuple[list[Event], list[Mapping[str, Any]]] | None:
-    """The decisions the run took while ``calls`` waited (as the runner takes them),
-    and the other messages; ``None`` if the recorded messages end first."""
-    waiting = {c.id for c in calls}
-    decided: dict[str, Event] = {}
-    others: list[Mapping[str, Any]] = []
-    while len(decided) < len(waiting):
-        if not recorded.messages:
-            return None
-        message = recorded.messages.popleft()[1]
-        if message.get("kind") != "decision":
-            others.append(message)
-            if message.get("kind") == "abort":
-                break
-            continue
-        call_id = message.get("call_id")
-        if call_id in waiting and call_id not in decided:
-            decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
-    return [decided[c.id] for c in calls if c.id in decided], others
+        """An operation cancelled after the abort saved no output: answered as the
+        end of the grace period answers one that ended without a word."""
+        for key in keys:
+            if key in self._unrecorded and key not in self._reported:
+                self._deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
 
 
 # -- the export --------------------------------------------------------------------------------
@@ -266,29 +210,41 @@ async def _rebuild(
     journal: Journal,
     options: Mapping[str, Any],
 ) -> tuple[RunResult | None, TurnState]:
-    """Run the loop again over the recorded steps, writing ``journal``; the result
-    (``None`` where the recorded steps end first) and the state the engine is in."""
-    kwargs: dict[str, Any] = {"model": _NoModel(), "max_turns": spec["max_turns"], **options}
-    run = _ReplayRun(
-        recorded,
-        messages=messages_from_dicts(spec["messages"]),
-        run_id=run_id,
-        engine_factory=partial(JournalingEngine, journal=journal),
-        **kwargs,
-    )
-    while True:
-        try:
-            result = await run.run()
-        except _RecordEndedError:
-            return None, run.engine.state
-        if result.state is not TurnState.AwaitingUser or not result.pending_approvals:
-            return result, result.state
-        taken = _decisions(recorded, result.pending_approvals)
-        if taken is None:
-            return None, result.state  # waiting for a person when the record ends
-        run = _ReplayRun(recorded, _engine=run.engine, _resume_events=taken[0], **kwargs)
-        for message in taken[1]:
-            _apply(run, message)
+    """Run the run's course again over its recorded steps (``_dbos_run.drive``, as the
+    workflow does), writing ``journal``; the result (``None`` where the recorded steps
+    end first) and the state the engine is in."""
+    control = _ReplayControl(recorded.steps)
+    kwargs: dict[str, Any] = {
+        "model": _NoModel(),
+        "max_turns": spec["max_turns"],
+        "run_id": run_id,
+        "control": control,
+        **options,
+    }
+    runs = [
+        _ReplayRun(
+            recorded,
+            messages=messages_from_dicts(spec["messages"]),
+            engine_factory=partial(JournalingEngine, journal=journal),
+            **kwargs,
+        )
+    ]
+
+    def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
+        runs.append(_ReplayRun(recorded, _engine=done.engine, _resume_events=decisions, **kwargs))
+        return runs[-1]
+
+    try:
+        result, _ = await drive(runs[0], resume, _publish_nothing)
+    except _RecordEndedError:
+        return None, runs[-1].engine.state
+    except RuntimeError as exc:  # Control: a recorded message has no place in this course
+        raise ExportError(f"run {run_id!r}: {exc}") from None
+    return result, result.state
+
+
+async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
+    """An export publishes nothing."""
 
 
 def _options(
@@ -303,8 +259,8 @@ def _options(
     known = {t.name: t for t in tools or ()}
     chosen = [known.get(n) or _stand_in(n) for n in names]
     if hooks is None:
-        asked_permission = bool(recorded.permissions)
-        asked_continue = bool(recorded.continues)
+        asked_permission = recorded.has(_PERMISSION_STEP)
+        asked_continue = recorded.has(_CONTINUE_STEP)
     else:
         asked_permission = hooks.get("before_tool_call") is not None
         asked_continue = hooks.get("should_continue") is not None
@@ -316,7 +272,7 @@ def _options(
 
 
 def _check_against(result: RunResult | None, recorded: Mapping[str, Any], run_id: str) -> None:
-    expected = _result_from_dict(run_id, recorded)
+    expected = result_from_dict(run_id, recorded)
     if result is None:
         raise ExportError(f"run {run_id!r} finished, but its recorded steps end early")
     for what in ("state", "messages", "trace"):
