@@ -3,11 +3,14 @@
 ``export_journal`` writes a durable run as the journal ``run_agent_journaled`` would
 have written for it (``statemachine.journal``: header, events, checkpoints), so
 ``statemachine replay``, ``statemachine check`` and the transcript checker read it
-unchanged. It is built the way a recovery rebuilds the run: the action loop
-(``AgentRun``) runs again over a ``JournalingEngine``, and every model call, tool call
-and hook check is answered by the events its recorded step saved, never by running
-it; the messages the run took (steer, follow-up, abort, decisions) are applied where
-the run took them. So the journal holds exactly the events the run's engine accepted.
+unchanged. It is built the way a recovery rebuilds the run: the run's own course
+(``_dbos_run.drive`` and ``DurableRun``, as the workflow runs them) goes again over a
+``JournalingEngine``, every model call, tool call and hook check answered by the
+events its recorded step saved, never by running it, and each message the run took
+(steer, follow-up, abort, decision) taking effect after the number of engine events
+its ``statemachine.control`` record names (``_dbos_control.Control``). So the journal
+holds exactly the events the run's engine accepted. An operation cancelled after an
+abort saved no output; it is answered as the run answered it (cancelled).
 A run that is not finished exports what it has: the journal ends where the recorded
 steps end. A finished run's export is checked against the run's recorded result
 (state, history, trace) before anything is written; a difference is an
