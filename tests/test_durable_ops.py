@@ -537,6 +537,6 @@ def test_the_durable_benchmark_runs_at_smoke_size() -> None:
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| SQLite (WAL) |")]
     names = [row.split("|")[2].strip() for row in rows]
-    assert names == ["in memory", "durable", "bare DBOS", "bare DBOS + recv"]
+    assert names == ["in memory", "durable", "bare DBOS", "bare DBOS + listener"]
     bare_ops = rows[2].split("|")[6].strip()
     assert bare_ops == "1.67"  # 3 turns: a model and a tool step twice, then a model step
