@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -54,13 +55,26 @@ class _Capture:
 
 class ControlInbox(Inbox):
     """The loop's inbox, which also hands over the messages to the run where the
-    control lane places them."""
+    control lane places them. Its events are kept apart from ``Inbox``'s own deque,
+    which stays empty, so that the loop always asks ``get`` (which places the
+    messages) and never takes a queued event past a message's place."""
 
-    __slots__ = ("_run",)
+    __slots__ = ("_queue", "_run")
 
     def __init__(self, run: DurableRun) -> None:
         super().__init__()
+        self._queue: deque[Event] = deque()
         self._run = run
+
+    def put_nowait(self, event: Event) -> None:
+        self._queue.append(event)
+        self.wake()
+
+    def empty(self) -> bool:
+        return not self._queue
+
+    def get_nowait(self) -> Event:
+        return self._queue.popleft()
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -75,8 +89,8 @@ class ControlInbox(Inbox):
                 if event is not None:
                     return event
                 continue
-            if self._items:
-                return self._items.popleft()
+            if self._queue:
+                return self._queue.popleft()
             await self._wait()
 
     async def _wait(self) -> None:
