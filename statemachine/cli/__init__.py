@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("statemachine.cli.trace", "draw the path a run took"),
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
     "transcript": ("statemachine.cli.transcript", "check recorded conversation logs"),
+    "durable": ("statemachine.cli.durable", "export, list durable runs; watch one survive kill -9"),
 }
 
 EXIT_CODES = (
@@ -56,6 +57,7 @@ EXTRAS: dict[str, str] = {
     "openai": "openai",
     "anthropic": "anthropic",
     "httpx2": "openai",
+    "dbos": "dbos",
 }
 """The extra that installs each optional package a command may import."""
 

@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Coroutine, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from dbos import DBOS, StepOptions
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, RunStats
 from statemachine.agent.loop import Inbox
 from statemachine.agent.run import AgentRun
 from statemachine.core.errors import InvalidInputError
-from statemachine.core.events import CallModel, Event, InputKind, InputQueued
+from statemachine.core.events import ApprovalDecided, CallModel, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.table import TurnState
 from statemachine.core.wire import message_from_dict
 from statemachine.durable import _durable_run_id
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
-from statemachine.durable._dbos_wire import decode_step_events, encode_step_events
+from statemachine.durable._dbos_wire import decode_step_events, encode_step_events, merge_stats
 
-__all__ = ["DurableRun", "user_message"]
+__all__ = ["NOT_RECORDED", "ControlInbox", "DurableRun", "drive", "user_message"]
+
+NOT_RECORDED: Any = object()  # a step an export finds no record of (``_dbos_ops``)
 
 _capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
     "statemachine_durable_capture", default=None
@@ -49,15 +53,28 @@ class _Capture:
         self.events.append(event)
 
 
-class _ControlInbox(Inbox):
+class ControlInbox(Inbox):
     """The loop's inbox, which also hands over the messages to the run where the
-    control lane places them."""
+    control lane places them. Its events are kept apart from ``Inbox``'s own deque,
+    which stays empty, so that the loop always asks ``get`` (which places the
+    messages) and never takes a queued event past a message's place."""
 
-    __slots__ = ("_run",)
+    __slots__ = ("_queue", "_run")
 
     def __init__(self, run: DurableRun) -> None:
         super().__init__()
+        self._queue: deque[Event] = deque()
         self._run = run
+
+    def put_nowait(self, event: Event) -> None:
+        self._queue.append(event)
+        self.wake()
+
+    def empty(self) -> bool:
+        return not self._queue
+
+    def get_nowait(self) -> Event:
+        return self._queue.popleft()
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -72,18 +89,24 @@ class _ControlInbox(Inbox):
                 if event is not None:
                     return event
                 continue
-            if self._items:
-                return self._items.popleft()
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiter = waiter
-            try:
-                await waiter
-            finally:
-                self._waiter = None
+            if self._queue:
+                return self._queue.popleft()
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait until an operation reports or a message comes."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
 
 
 class DurableRun(AgentRun):
     """``AgentRun`` with each operation a DBOS step (module docstring)."""
+
+    _inbox_type: type[ControlInbox] = ControlInbox
 
     def __init__(self, *, control: Control, **kwargs: Any) -> None:
         self.control = control
@@ -101,7 +124,7 @@ class DurableRun(AgentRun):
     @_inbox.setter
     def _inbox(self, value: Any) -> None:
         if value is not None and type(value) is Inbox:
-            value = _ControlInbox(self)
+            value = self._inbox_type(self)
         self.__dict__["_real_inbox"] = value
 
     async def run(self) -> RunResult:
@@ -188,7 +211,7 @@ class DurableRun(AgentRun):
             return encode_step_events(capture.events)
 
         try:
-            saved = await DBOS.run_step_async(StepOptions(name=name), step)
+            saved = await self._saved(name, key, step)
         except asyncio.CancelledError:
             # Cancelled after an abort: what it reported (its cancellation) still
             # answers it; not recorded, so a recovery runs the call again. If it
@@ -196,7 +219,15 @@ class DurableRun(AgentRun):
             if capture.events:
                 self._deliver(key, capture.events)
             raise
-        self._deliver(key, decode_step_events(saved))
+        if saved is not NOT_RECORDED:
+            self._deliver(key, decode_step_events(saved))
+
+    async def _saved(
+        self, name: str, key: str, step: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]
+    ) -> Any:
+        """The step's output: ``step`` run as a DBOS step (or, when the workflow runs
+        again, the output DBOS recorded for it)."""
+        return await DBOS.run_step_async(StepOptions(name=name), step)
 
     def _deliver(self, key: str, events: list[Event]) -> None:
         inbox = self.__dict__["_real_inbox"]
@@ -224,6 +255,71 @@ class DurableRun(AgentRun):
             elif head not in self._reported:
                 return  # still running
             self._order.pop(0)
+
+
+# -- the run's course, approvals included ------------------------------------------------------
+
+Resume = Callable[[DurableRun, list[Event]], DurableRun]
+Publish = Callable[[Sequence[ToolCall]], Awaitable[None]]
+
+
+async def drive(
+    run: DurableRun, resume: Resume, publish: Publish
+) -> tuple[RunResult, RunStats | None]:
+    """Run ``run`` to its end, through its waits for approvals: publish the pending
+    calls, wait for the decisions (and take the other messages) through the control
+    lane, and go on with ``resume(run, decisions)``. The workflow runs this, and an
+    export runs it again over the recorded steps (``_dbos_ops``). The result and the
+    stats of all parts."""
+    result = await run.run()
+    stats: RunStats | None = result.stats
+    while result.state is TurnState.AwaitingUser and result.pending_approvals:
+        decisions, others = await _wait_for_decisions(
+            run.control, result.pending_approvals, publish
+        )
+        run = resume(run, decisions)
+        for message in others:
+            _take_early(run, message)
+        result = await run.run()
+        stats = merge_stats(stats, result.stats) if result.stats else stats
+    return result, stats
+
+
+async def _wait_for_decisions(
+    control: Control, calls: Sequence[ToolCall], publish: Publish
+) -> tuple[list[Event], list[Mapping[str, Any]]]:
+    """Publish ``calls`` and wait (durably) until each is decided or the run is
+    aborted; the decisions in call order, and the other messages received."""
+    waiting = {c.id: c for c in calls}
+    decided: dict[str, Event] = {}
+    others: list[Mapping[str, Any]] = []
+    await publish(calls)
+    while len(decided) < len(waiting):
+        message = await control.next_message()
+        if not isinstance(message, Mapping):
+            continue  # a week without a word: wait on
+        if message.get("kind") != "decision":
+            others.append(message)
+            if message.get("kind") == "abort":
+                break
+            continue
+        call_id = message.get("call_id")
+        if call_id not in waiting or call_id in decided:
+            continue  # raced with another decision; decide() refuses it when it can
+        decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
+        await publish([c for c in calls if c.id not in decided])
+    return [decided[c.id] for c in calls if c.id in decided], others
+
+
+def _take_early(run: DurableRun, message: Mapping[str, Any]) -> None:
+    """A message taken while the run waited for a person, for the resumed run."""
+    kind = message.get("kind")
+    if kind == "abort":
+        run.abort(message.get("reason") or "aborted by the caller")
+    elif kind == "steer":
+        run.steer(user_message(message))
+    elif kind == "follow_up":
+        run.follow_up(user_message(message))
 
 
 def user_message(message: Mapping[str, Any]) -> UserMessage:

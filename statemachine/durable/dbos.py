@@ -60,21 +60,21 @@ with ``recover(executor_ids)``.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
 
-from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.tools import Tool
 from statemachine.core.errors import InvalidInputError, UsageError
-from statemachine.core.events import ApprovalDecided, Event
+from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, ToolCall, UserMessage
-from statemachine.core.table import TurnState
 from statemachine.core.wire import message_to_dict, messages_from_dicts, messages_to_dicts
 from statemachine.durable import (
     NotPendingError,
@@ -84,14 +84,16 @@ from statemachine.durable import (
 )
 from statemachine.durable._dbos_control import TOPIC, Control
 from statemachine.durable._dbos_errors import reachable, store_errors
-from statemachine.durable._dbos_run import DurableRun, user_message
+from statemachine.durable._dbos_run import DurableRun, drive
 from statemachine.durable._dbos_wire import (
     call_from_dict,
     call_to_dict,
-    merge_stats,
     result_from_dict,
     result_to_dict,
 )
+
+if TYPE_CHECKING:
+    from statemachine.durable._dbos_ops import ExportedJournal, ListedRun
 
 __all__ = ["DBOSRunHandle", "DBOSRunner", "connect"]
 
@@ -322,58 +324,41 @@ class DBOSRunner:
         try:
             messages = messages_from_dicts(spec["messages"])
             run = self._new_run(run_id, spec, control=control, messages=messages)
-            result = await run.run()
-            stats: RunStats | None = result.stats
-            while result.state is TurnState.AwaitingUser and result.pending_approvals:
-                decisions, others = await _wait_for_decisions(control, result.pending_approvals)
-                run = self._new_run(
-                    run_id, spec, control=control, _engine=run.engine, _resume_events=decisions
+
+            def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
+                return self._new_run(
+                    run_id, spec, control=control, _engine=done.engine, _resume_events=decisions
                 )
-                for message in others:
-                    _apply_early(run, message)
-                result = await run.run()
-                stats = merge_stats(stats, result.stats) if result.stats else stats
+
+            result, stats = await drive(run, resume, _publish)
         finally:
             await control.close()
         return result_to_dict(result, stats)
 
+    # -- looking at runs (statemachine.durable._dbos_ops) --------------------------------
 
-def _apply_early(run: DurableRun, message: Mapping[str, Any]) -> None:
-    """A message taken while the run waited for a person, for the resumed run."""
-    kind = message.get("kind")
-    if kind == "abort":
-        run.abort(message.get("reason") or "aborted by the caller")
-    elif kind == "steer":
-        run.steer(user_message(message))
-    elif kind == "follow_up":
-        run.follow_up(user_message(message))
+    async def export_journal(
+        self, run_id: str, target: str | os.PathLike[str] | IO[str]
+    ) -> ExportedJournal:
+        """Write the run ``run_id`` as a journal (``_dbos_ops.export_journal``), with
+        this runner's tools and hooks."""
+        from statemachine.durable._dbos_ops import export_journal
+
+        tools = list(self.tools.values())
+        return await export_journal(
+            self._require_client(), run_id, target, tools=tools, hooks=self.hooks
+        )
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        """The runs of this database, newest first (``_dbos_ops.list_runs``)."""
+        from statemachine.durable._dbos_ops import list_runs
+
+        return await list_runs(self._require_client(), status, limit)
 
 
-async def _wait_for_decisions(
-    control: Control, calls: Sequence[ToolCall]
-) -> tuple[list[Event], list[Mapping[str, Any]]]:
-    """Publish ``calls`` and wait (durably) until each is decided or the run is
-    aborted; the decisions in call order, and the other messages received."""
-    waiting = {c.id: c for c in calls}
-    decided: dict[str, Event] = {}
-    others: list[Mapping[str, Any]] = []
+async def _publish(calls: Sequence[ToolCall]) -> None:
+    """Publish the calls waiting for a decision (``DBOSRunHandle.pending_approvals``)."""
     await DBOS.set_event_async(_PENDING, [call_to_dict(c) for c in calls])
-    while len(decided) < len(waiting):
-        message = await control.next_message()
-        if not isinstance(message, Mapping):
-            continue  # a week without a word: wait on
-        if message.get("kind") != "decision":
-            others.append(message)
-            if message.get("kind") == "abort":
-                break
-            continue
-        call_id = message.get("call_id")
-        if call_id not in waiting or call_id in decided:
-            continue  # raced with another decision; decide() refuses it when it can
-        decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
-        left = [call_to_dict(c) for c in calls if c.id not in decided]
-        await DBOS.set_event_async(_PENDING, left)
-    return [decided[c.id] for c in calls if c.id in decided], others
 
 
 # -- handles --------------------------------------------------------------------------------
@@ -525,6 +510,14 @@ class DBOSRunHandle:
     async def _send(self, message: dict[str, Any], key: str | None = None) -> None:
         await _find(self._client, self.run_id)  # DBOS would keep a message to no run
         await self._client.send_async(self.run_id, message, TOPIC, idempotency_key=key)
+
+    async def export_journal(
+        self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
+    ) -> ExportedJournal:
+        """Write this run as a journal (``_dbos_ops.export_journal``)."""
+        from statemachine.durable._dbos_ops import export_journal
+
+        return await export_journal(self._client, self.run_id, target, tools=tools)
 
 
 def _text(value: object, what: str) -> str:
