@@ -135,7 +135,8 @@ changes, so the engine's guards still give the values the dispatch decided on.""
 # for each (state, trigger) its rows in table order as (guard method or None, dest);
 # for each state the internal triggers that have a row from it, with the method of
 # the guard that fires them; and each state's entry method.
-_ROWS: Final[dict[tuple[TurnState, Trigger], tuple[tuple[str | None, TurnState], ...]]] = {
+_Rows = tuple[tuple[str | None, TurnState], ...]
+_ROWS: Final[dict[tuple[TurnState, Trigger], _Rows]] = {
     (state, trigger): tuple(
         (None if row.guard is None else GUARD_METHOD[row.guard], row.dest)
         for row in rows_from(state, trigger)
@@ -455,12 +456,7 @@ class Engine(Guards):
             reason = f": {event.reason}" if event.reason else ""
             self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
 
-    def _fire(
-        self,
-        trigger: Trigger,
-        holds: str | None = None,
-        rows: tuple[tuple[str | None, TurnState], ...] | None = None,
-    ) -> None:
+    def _fire(self, trigger: Trigger, holds: str | None = None, rows: _Rows | None = None) -> None:
         """Take the transition for ``trigger``; ``holds`` names a guard just seen to
         hold (guards are pure, and nothing has changed since: it is not asked again);
         ``rows`` are the table's rows for (state, trigger) when the caller has them."""
