@@ -436,7 +436,7 @@ def test_tool_output_own_init_gives_what_the_fields_would() -> None:
     assert sm.ToolOutput((text,), is_error=True) == sm.ToolOutput([text], True)
     assert hash(sm.ToolOutput("x")) == hash(sm.ToolOutput([sm.TextContent("x")]))
     with pytest.raises(TypeError, match=r"content\[1\] is a int; expected TextContent"):
-        sm.ToolOutput([text, 1])  # type: ignore[list-item]
+        sm.ToolOutput([text, 1])
     with pytest.raises(TypeError, match="'is_error' must be <class 'bool'>"):
         sm.ToolOutput("x", 1)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
