@@ -316,6 +316,18 @@ def test_the_history_view_is_a_fixed_read_only_snapshot() -> None:
     assert not hasattr(view, "append")
 
 
+def test_iterating_a_history_view_gives_its_prefix_even_as_the_history_grows() -> None:
+    e = engine()
+    e.handle(sm.engine.Start())
+    view = e.messages
+    started = iter(view)  # made before the history grows, read after
+    e.handle(sm.engine.ModelResponded(asks(call("c1"))))
+    assert list(started) == [USER]
+    assert list(view) == [USER]
+    assert tuple(e.messages) == tuple(e.messages[:]) == (USER, e.messages[1])
+    assert list(reversed(list(e.messages))) == [e.messages[1], USER]
+
+
 # -- permissions ----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import structlog
-from hypothesis import find, given, settings
+from hypothesis import example, find, given, settings
 from hypothesis import strategies as st
 from test_journal import _digest_by_definition, any_event
 
@@ -321,6 +321,31 @@ def test_the_digest_is_its_definition_for_any_values(
     for i, args in enumerate(arguments):
         call = ToolCall(f"c{i}", "echo", args)
         messages.append(AssistantMessage((call,), usage=Usage(1, 1, 0, 0, 2, cost=0.5 * i)))
+    assert _RunningDigest().digest(messages, []) == _digest_by_definition(messages, [])
+
+
+@given(
+    st.lists(
+        st.dictionaries(
+            st.text(max_size=4),
+            _value | st.integers() | st.text(alphabet=st.characters(), max_size=3),
+            max_size=3,
+        ),
+        max_size=3,
+    )
+)
+@example([{"a": 1e-05, "b": "x"}, {"n": 2**70}, {"s": "\ud800"}, {"k": {"z": 1, "a": [True]}}])
+def test_the_digest_of_calls_without_usage_is_its_definition(
+    arguments: list[dict[str, Any]],
+) -> None:
+    # No usage: each call's own encoder writes it (flat arguments, nested ones, and
+    # what orjson refuses or writes otherwise: big integers, floats, lone surrogates).
+    messages: list[Message] = [UserMessage("go")]
+    for i, args in enumerate(arguments):
+        parse_error = "cut off" if i == 1 else None
+        messages.append(
+            AssistantMessage((ToolCall(f"c{i}", "echo", args, parse_error=parse_error),))
+        )
     assert _RunningDigest().digest(messages, []) == _digest_by_definition(messages, [])
 
 

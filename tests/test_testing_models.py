@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 import statemachine as sm
 import statemachine.messages
 from statemachine.testing import FunctionModel, Request, ScriptedModel
+from statemachine.testing.models import Response
 
 
 @sm.tool
@@ -125,3 +126,29 @@ def test_without_recording_a_model_counts_its_calls_and_keeps_no_context() -> No
     result = _run(ScriptedModel(sm.ToolCall("c1", "add", {"a": 1, "b": 1}), record=False))
     assert result.state is sm.TurnState.Failed
     assert "model call 2, but the script has 1" in result.explanation
+
+
+class _Answer(sm.AssistantMessage):
+    pass
+
+
+def test_a_function_model_answers_as_the_script_step_would() -> None:
+    # The model's own path for a function (an AssistantMessage taken as it is, anything
+    # else read as a short response) gives what a script step gives.
+    message = sm.AssistantMessage("same")
+    model = FunctionModel(lambda messages, tools: message)
+    assert _run(model).messages[-1] is message
+    subclassed = _Answer("sub")
+    assert _run(FunctionModel(lambda messages, tools: subclassed)).messages[-1] is subclassed
+    call = sm.ToolCall("c1", "add", {"a": 1, "b": 2})
+    answers: Iterator[Response] = iter([[call], "3"])
+    result = _run(FunctionModel(lambda messages, tools: next(answers)))
+    assert result.messages[1] == sm.AssistantMessage((call,), stop_reason="toolUse")
+    assert result.final_text == "3"
+    # A class is a response, as in a script: an exception class is raised, not called
+    # with the context.
+    failing = _run(FunctionModel(ConnectionError))
+    assert failing.state is sm.TurnState.Failed
+    assert isinstance(failing.error, sm.ModelFailedError)
+    assert failing.error.__cause__ is not None
+    assert failing.error.__cause__.args == ()

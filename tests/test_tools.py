@@ -421,6 +421,28 @@ def test_tool_output_is_error_must_be_a_bool() -> None:
         sm.ToolOutput("x", is_error="yes")  # type: ignore[arg-type]
 
 
+class _Text(str):
+    pass
+
+
+def test_tool_output_own_init_gives_what_the_fields_would() -> None:
+    # ToolOutput writes its own __init__: a str is wrapped on one type test, anything
+    # else meets the field's converter and validator (the same values and errors).
+    text, image = sm.TextContent("t"), sm.ImageContent("AA==", "image/png")
+    assert sm.ToolOutput("x").content == (sm.TextContent("x"),)
+    assert sm.ToolOutput("x").is_error is False
+    assert sm.ToolOutput(_Text("y"), True).content == (sm.TextContent("y"),)
+    assert sm.ToolOutput([text, image]).content == (text, image)
+    assert sm.ToolOutput((text,), is_error=True) == sm.ToolOutput([text], True)
+    assert hash(sm.ToolOutput("x")) == hash(sm.ToolOutput([sm.TextContent("x")]))
+    with pytest.raises(TypeError, match=r"content\[1\] is a int; expected TextContent"):
+        sm.ToolOutput([text, 1])
+    with pytest.raises(TypeError, match="'is_error' must be <class 'bool'>"):
+        sm.ToolOutput("x", 1)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        sm.ToolOutput("x").is_error = True  # type: ignore[misc]
+
+
 # -- references in a schema ------------------------------------------------------------
 
 _INTEGER_DEF = {"$defs": {"n": {"type": "integer", "minimum": 0}}}

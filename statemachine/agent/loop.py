@@ -430,9 +430,7 @@ class ActionLoop:
 
     def _stats(self) -> RunStats:
         usage = Usage()
-        history = self.engine.messages
-        for index in range(self._first_message, len(history)):
-            message = history[index]
+        for message in self.engine.messages[self._first_message :]:  # one slice, not a call each
             if isinstance(message, AssistantMessage) and message.usage is not None:
                 usage = usage + message.usage
         return RunStats(

@@ -186,7 +186,10 @@ def _executor(
     is_async = inspect.iscoroutinefunction(fn)
 
     async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
-        kwargs = {k: converters[k](v) if k in converters else v for k, v in arguments.items()}
+        if converters:
+            kwargs = {k: converters[k](v) if k in converters else v for k, v in arguments.items()}
+        else:  # JSON values as they are (no comprehension's frame per call)
+            kwargs = dict(arguments)
         if wants_signal:
             kwargs["signal"] = signal
         if is_async:
@@ -277,7 +280,7 @@ def tool_output_from(value: object) -> ToolOutput | None:
     if isinstance(value, ToolOutput):
         return value
     if isinstance(value, str):
-        return ToolOutput((TextContent(value),))
+        return ToolOutput(value)  # wrapped in one TextContent by ToolOutput itself
     if isinstance(value, (list, tuple)) and all(
         isinstance(block, (TextContent, ImageContent)) for block in value
     ):

@@ -135,7 +135,8 @@ changes, so the engine's guards still give the values the dispatch decided on.""
 # for each (state, trigger) its rows in table order as (guard method or None, dest);
 # for each state the internal triggers that have a row from it, with the method of
 # the guard that fires them; and each state's entry method.
-_ROWS: Final[dict[tuple[TurnState, Trigger], tuple[tuple[str | None, TurnState], ...]]] = {
+_Rows = tuple[tuple[str | None, TurnState], ...]
+_ROWS: Final[dict[tuple[TurnState, Trigger], _Rows]] = {
     (state, trigger): tuple(
         (None if row.guard is None else GUARD_METHOD[row.guard], row.dest)
         for row in rows_from(state, trigger)
@@ -327,7 +328,8 @@ class Engine(Guards):
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        if (state, trigger) not in _ROWS:
+        rows = _ROWS.get((state, trigger))
+        if rows is None:
             accepted = sorted(
                 {r.trigger.value for r in TRANSITIONS if r.source is state}
                 - {t.value for t in INTERNAL_TRIGGERS}
@@ -341,7 +343,7 @@ class Engine(Guards):
         self._event = event
         try:
             self._record(state, event)
-            self._fire(trigger)
+            self._fire(trigger, None, rows)
             self._run_internal()
         finally:
             self._event = None
@@ -454,22 +456,24 @@ class Engine(Guards):
             reason = f": {event.reason}" if event.reason else ""
             self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
 
-    def _fire(self, trigger: Trigger, holds: str | None = None) -> None:
+    def _fire(self, trigger: Trigger, holds: str | None = None, rows: _Rows | None = None) -> None:
         """Take the transition for ``trigger``; ``holds`` names a guard just seen to
-        hold (guards are pure, and nothing has changed since: it is not asked again)."""
+        hold (guards are pure, and nothing has changed since: it is not asked again);
+        ``rows`` are the table's rows for (state, trigger) when the caller has them."""
         source = self._state
+        if rows is None:
+            rows = _ROWS.get((source, trigger), ())
+        hook = type(self).transition_hook
         # The table's own rule: the first row for (state, trigger) whose guard holds.
-        for guard, dest in _ROWS.get((source, trigger), ()):  # noqa: B007 - used after
+        for guard, dest in rows:  # noqa: B007 - used after
             if guard is None or guard is holds or getattr(self, guard)():
                 break
         else:
-            hook = type(self).transition_hook
             if hook is not None:
                 hook(self, source, trigger, None)
             # Unreachable when the table is complete (the checker proves it); kept so
             # that a broken table fails loudly instead of silently stalling.
             raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
-        hook = type(self).transition_hook
         if hook is not None:
             hook(self, source, trigger, dest)
         self._state = dest

@@ -7,6 +7,7 @@ transition table (``core/table.py``) says what that trigger does in each state.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, TypeAlias, overload
 
@@ -264,9 +265,9 @@ class HistoryView(Sequence[Message]):
         return self._items[index]
 
     def __iter__(self) -> Iterator[Message]:
-        items = self._items
-        for i in range(self._length):
-            yield items[i]
+        # The first ``_length`` items, read by C code (no generator frame per message):
+        # a run's result and its stats walk the whole history.
+        return itertools.islice(self._items, self._length)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):

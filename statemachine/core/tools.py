@@ -36,6 +36,7 @@ from statemachine.core.messages import (
     ImageContent,
     TextContent,
     ToolResultContent,
+    _validate,
     freeze_json,
     thaw_json,
 )
@@ -334,7 +335,7 @@ def _output_content(value: Any) -> tuple[ToolResultContent, ...]:
     return blocks
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class ToolOutput:
     """What a tool may return when it wants to say more than a string: content blocks
     and whether they describe a failure the model should see as such."""
@@ -342,6 +343,20 @@ class ToolOutput:
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_output_content)
     is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
+    # Its own __init__, as the messages write theirs (core/messages.py): one is made per
+    # tool call, and a str, the usual output, is wrapped on one type test; anything
+    # else goes through the field's converter and validator, so the same errors.
+    def __init__(self, content: Any, is_error: bool = False) -> None:
+        if content.__class__ is str:
+            _set(self, "content", (TextContent(content),))
+        else:
+            _set(self, "content", _output_content(content))
+        _set(self, "is_error", is_error)
+        if is_error.__class__ is not bool:
+            _validate(ToolOutput, "is_error", self, is_error)
+
+
+_set = object.__setattr__
 
 ToolReturn: TypeAlias = str | Sequence[ToolResultContent] | ToolOutput
 ToolExecute: TypeAlias = Callable[[dict[str, Any], AbortSignal], Awaitable[ToolReturn]]
