@@ -5,11 +5,9 @@ readable form of a replayed step.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Final
 
 import attrs
@@ -97,9 +95,7 @@ def replay(
     A journal whose header cannot be read always raises: there is nothing to replay.
     ``engine_class`` lets a test replay into an instrumented or deliberately broken
     engine; ``engine_options`` override the header's (a tool's ``scheduling`` whose
-    resources function the journal could not hold must be given here). Python's
-    cyclic garbage collector is paused while the lines are replayed, and running
-    again afterwards if it was running before (``collector_paused``).
+    resources function the journal could not hold must be given here).
 
     Whatever a journal holds, what goes wrong is a ``JournalError`` naming its line:
     a line longer than ``max_line_bytes`` (16 MiB by default; it is refused before it
@@ -134,34 +130,13 @@ def _replay_lines(
     replayer = _Replayer(engine)
     error: JournalError | None = None
     try:
-        with collector_paused():
-            for raw in each:
-                replayer.replay_line(raw, lines)
+        for raw in each:
+            replayer.replay_line(raw, lines)
     except JournalError as exc:
         error = exc
     if error is not None and strict:
         raise error
     return ReplayResult(header, engine, tuple(replayer.steps), replayer.checkpoints, error)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the lines are replayed.
-
-    Replay allocates several objects per line and keeps most of them (the history, the
-    transition log, the steps), so the collector's passes find almost nothing and cost
-    a fifth of the replay (bench/results.md). What replay leaves behind is freed by
-    reference counting as usual; any cycle waits for the collector's next pass, which
-    it runs again afterwards. The collector is left as it was found: paused only if it
-    was running, and running again however the replay ends."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _start(
