@@ -1,13 +1,17 @@
-"""Tests written for mutants of the engine and the table that outlived the suite
+"""Tests written for mutants of the engine, the table and the driver that outlived the suite
 (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import pytest
 
+import statemachine as sm
+from statemachine.agent.events import RunFinished
 from statemachine.core.engine import Engine
 from statemachine.core.errors import ProtocolError, WireFormatError
 from statemachine.core.events import (
@@ -30,6 +34,10 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.testing import ScriptedModel
+from statemachine.testing.clock import IdleSkippingLoop
+
+_T = TypeVar("_T")
 
 S = TurnState
 ECHO = ToolDefinition(
@@ -192,3 +200,230 @@ def test_a_logger_that_cannot_be_asked_its_level_gets_the_transitions() -> None:
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
     engine.handle(Start())
     assert "transition" in logger.events
+
+
+# -- the driver (statemachine/agent/loop.py) --------------------------------------------------
+
+
+def _on_virtual_time(main: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run ``main()`` on the idle-skipping loop: waits and grace periods cost nothing."""
+    with asyncio.Runner(loop_factory=IdleSkippingLoop) as runner:
+        return runner.run(main())
+
+
+def _tool(name: str, fn: Callable[..., Any]) -> sm.Tool:
+    fn.__name__ = name
+    fn.__doc__ = f"The {name} tool."
+    return sm.tool(fn)
+
+
+def _asks(*names: str) -> AssistantMessage:
+    calls = [ToolCall(f"c{i}", name, {}) for i, name in enumerate(names, 1)]
+    return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
+
+
+async def _forever() -> str:
+    await asyncio.Event().wait()
+    return "never"
+
+
+@pytest.mark.timeout(30)
+def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> None:
+    # Gap: the before_tool_call hook in progress was cancelled only when the run
+    # closed, after it had reported its end, not when the abort came.
+    order: list[str] = []
+
+    async def before(call: ToolCall) -> None:
+        run.abort("stop")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            order.append("hook cancelled")
+            raise
+
+    async def watch() -> None:
+        async for event in run.events():
+            if isinstance(event, RunFinished):
+                order.append("run finished")
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+
+    async def main() -> sm.RunResult:
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert order == ["hook cancelled", "run finished"]
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_an_abort_listener_is_raised_once_the_run_closes() -> None:
+    # Gap: a KeyboardInterrupt raised by a tool's abort listener when the caller
+    # aborted could be swallowed; the run must close, then raise it.
+    interrupt = KeyboardInterrupt("ctrl-c in a listener")
+    closed: list[str] = []
+
+    async def listens(signal: sm.AbortSignal) -> str:
+        def stop(reason: object) -> None:
+            raise interrupt
+
+        signal.add_listener(stop)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append("tool cleaned up")
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("listens")),
+        messages=[UserMessage("go")],
+        tools=[_tool("listens", listens)],
+        grace_period=1.0,
+    )
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        await run.run()
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(main)
+    assert raised.value is interrupt
+    assert closed == ["tool cleaned up"]
+
+
+async def _for_a_long_time() -> str:
+    await asyncio.sleep(1000.0)
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None:
+    # Gap: a second abort was acted on again, which cancelled the grace period's own
+    # timer: a tool still running was never cancelled, and the run waited for it.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("long")),
+        messages=[UserMessage("go")],
+        tools=[_tool("long", _for_a_long_time)],
+        grace_period=2.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, float]:
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, run.abort, "first")
+        loop.call_later(1.5, run.abort, "second")
+        started = loop.time()
+        result = await run.run()
+        return result, loop.time() - started
+
+    result, seconds = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert "first" in result.explanation
+    assert seconds < 1.0 + 2.0 + 0.5
+
+
+async def _ignores_one_cancellation() -> str:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        await asyncio.sleep(5.0)  # past the grace period: abandoned
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_call_beside_an_abandoned_one_reports_once() -> None:
+    # Gap: an operation's report was not remembered, so at the end of the grace
+    # period a call that had already reported its cancellation was reported again
+    # (the engine refuses a second result for a call).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever), _tool("stubborn", _ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert sorted(texts) == ["c1", "c2"]
+    assert "ignored cancellation" in texts["c2"]
+    assert "ignored cancellation" not in texts["c1"]
+
+
+@pytest.mark.timeout(30)
+def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
+    # Gap: the abort handed ahead of the queue was handed to the engine again before
+    # every later event (the engine absorbs a repeated abort, but records it).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert [r.trigger for r in result.trace].count(Trigger.abort) == 1
+
+
+@pytest.mark.timeout(30)
+def test_the_run_finished_event_carries_the_explanation() -> None:
+    # Gap: nothing read RunFinished.explanation.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=0.5,
+    )
+    finished: list[RunFinished] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, RunFinished):
+                    finished.append(event)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert "enough" in result.explanation
+    assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
+
+
+@pytest.mark.timeout(30)
+def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> None:
+    # Gap: a message queued ahead of an abort that ended the run at once was taken
+    # from the queue and dropped instead of being returned with the result.
+    async def before(call: ToolCall) -> None:
+        run.steer("also check the logs")
+        run.abort("stop")
+        await asyncio.Event().wait()
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Aborted
+    assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
