@@ -12,6 +12,7 @@ import pytest
 
 import statemachine as sm
 from statemachine.agent.events import RunFinished
+from statemachine.core import state
 from statemachine.core.engine import Engine
 from statemachine.core.errors import ProtocolError, WireFormatError
 from statemachine.core.events import (
@@ -427,3 +428,39 @@ def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> No
     result = _on_virtual_time(run.run)
     assert result.state is S.Aborted
     assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
+
+
+# -- the engine's state (statemachine/core/state.py) ------------------------------------------
+
+
+def _holding(text: str) -> Engine:
+    """An engine whose second call finished first: its result is held for call order."""
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c2", ToolOutput(text)))
+    return engine
+
+
+@pytest.mark.timeout(30)
+def test_a_result_held_for_call_order_is_part_of_the_control_key() -> None:
+    # Gap: the held result could drop out of the key, although it is what the next
+    # model call will be sent.
+    assert _holding("one").control_key() == _holding("one").control_key()
+    assert _holding("one").control_key() != _holding("two").control_key()
+
+
+@pytest.mark.timeout(60)
+def test_the_repr_cache_of_the_control_key_is_bounded_and_kept() -> None:
+    # Gap: neither the bound of the cache nor that it keeps anything was checked.
+    state._REPRS.clear()
+    values = [UserMessage(str(i)) for i in range(state._REPRS_MAX)]
+    for value in values:
+        state._rendered(value)
+    assert len(state._REPRS) == state._REPRS_MAX  # kept, up to the bound
+    state._rendered(values[0])
+    assert len(state._REPRS) == state._REPRS_MAX  # a value seen before is not added
+    state._rendered(UserMessage("one more"))
+    assert len(state._REPRS) == 1  # full: cleared, then the new value
+    state._REPRS.clear()
