@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -239,13 +240,15 @@ def run(
         n: hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest() for n, s in sources.items()
     }
     results = _load_results(source_hash, rerun_survivors=rerun_survivors)
-    todo: list[Mutant] = []
+    queues: list[list[Mutant]] = []
     for name in names:
         pending = [m for m in mutants_of(name) if m.ident not in results]
         # A fixed shuffle: a run stopped part way has decided an unbiased sample of
         # the module, not just its first functions.
         random.Random(name).shuffle(pending)
-        todo += pending
+        queues.append(pending)
+    # The modules taken in turn: a run stopped part way has a sample of each of them.
+    todo = [m for group in itertools.zip_longest(*queues) for m in group if m is not None]
     print(f"{len(todo)} mutants to run ({len(results)} already decided)", flush=True)
     free = list(_worker_dirs(jobs))
     # The measured run is also the check that the tests pass without any mutant.
