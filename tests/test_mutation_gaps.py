@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 import statemachine as sm
-from statemachine.agent.events import RunFinished
+from statemachine.agent.events import RunFinished, TurnEnded
 from statemachine.core import state
 from statemachine.core.engine import Engine
 from statemachine.core.errors import ProtocolError, WireFormatError
@@ -428,6 +428,45 @@ def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> No
     result = _on_virtual_time(run.run)
     assert result.state is S.Aborted
     assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_stopped_at_its_boundary_is_timed_once() -> None:
+    # Gap: the turn timer was not cleared at the turn's end, so the run's end right
+    # after a boundary counted the same turn twice (stats and TurnEnded).
+    async def echo(text: str) -> str:
+        return text
+
+    def stop(messages: object, turn: int) -> sm.Stop:
+        return sm.Stop("one turn is enough")
+
+    ask = AssistantMessage(
+        [ToolCall("c1", "echo", {"text": "hi"})], stop_reason=StopReason.TOOL_USE
+    )
+    run = sm.AgentRun(
+        model=ScriptedModel(ask),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+        should_continue=stop,
+    )
+    ended: list[int] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, TurnEnded):
+                    ended.append(event.turn)
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Done
+    assert result.turns == 1
+    assert len(result.stats.turn_seconds) == 1
+    assert ended == [1]
 
 
 # -- the engine's state (statemachine/core/state.py) ------------------------------------------
