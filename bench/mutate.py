@@ -32,6 +32,7 @@ Not a CI gate.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import hashlib
 import itertools
@@ -123,7 +124,9 @@ def _run_tests(workdir: Path, args: list[str], timeout: float) -> tuple[str, flo
     env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [
         *("nice", "-n", "19", sys.executable, "-m", "pytest", "-x", "-q"),
-        *("-p", "no:cacheprovider", "--timeout=120", "-o", "addopts=", *args),
+        # No pytest-timeout: a test's own limit is not meant for a loaded machine; a
+        # hang is caught by the budget.
+        *("-p", "no:cacheprovider", "-p", "no:timeout", "-o", "addopts=", *args),
     ]
     started = time.monotonic()
     try:
@@ -195,35 +198,111 @@ def _plan(mutant: Mutant, coverage: mutation_coverage.CoverageMap | None, limit:
     return _Plan([*options, *chosen], budget, str(len(chosen)))
 
 
-def _measure_all(
-    names: list[str], workdirs: list[Path], timeout: float
-) -> dict[str, mutation_coverage.CoverageMap]:
-    """The coverage map of every selection the modules use, one job per selection."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        groups.setdefault(MODULES[name][1], []).append(name)
+def _start_measuring(
+    names: list[str], jobs: int, timeout: float
+) -> dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]]:
+    """Start measuring the coverage map of every selection the modules use, each in a
+    scratch copy of its own; the map of each module, as a future."""
+    selections = list(dict.fromkeys(MODULES[name][1] for name in names))
     # Every module of a selection is measured, not only those asked for: one map then
     # serves them all, and the cache key does not depend on the command line.
     measured = {
         selection: sorted({path for path, s in MODULES.values() if s == selection})
-        for selection in groups
+        for selection in selections
     }
-    by_selection: dict[str, mutation_coverage.CoverageMap] = {}
-    with concurrent.futures.ThreadPoolExecutor(len(workdirs)) as pool:
-        futures = {
-            selection: pool.submit(
-                mutation_coverage.measure,
-                workdirs[i % len(workdirs)],
-                selection,
-                measured[selection],
-                OUT,
-                timeout,
-            )
-            for i, selection in enumerate(groups)
+    pool = concurrent.futures.ThreadPoolExecutor(jobs)
+    futures = {
+        selection: pool.submit(
+            mutation_coverage.measure, workdir, selection, measured[selection], OUT, timeout
+        )
+        for selection, workdir in zip(selections, _worker_dirs(len(selections)), strict=True)
+    }
+    pool.shutdown(wait=False)
+    return {name: futures[MODULES[name][1]] for name in names}
+
+
+def _next_ready(
+    todo: collections.deque[Mutant],
+    maps: dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]],
+) -> Mutant | None:
+    """The first mutant whose module's map is ready (its tests can be chosen)."""
+    for mutant in todo:
+        future = maps.get(mutant.module)
+        if future is None or future.done():
+            if future is not None and future.exception() is not None:
+                raise SystemExit(str(future.exception()))
+            todo.remove(mutant)
+            return mutant
+    return None
+
+
+def _todo(names: list[str], results: dict[str, dict[str, object]]) -> list[Mutant]:
+    queues: list[list[Mutant]] = []
+    for name in names:
+        pending = [m for m in mutants_of(name) if m.ident not in results]
+        # A fixed shuffle: a run stopped part way has decided an unbiased sample of
+        # the module, not just its first functions.
+        random.Random(name).shuffle(pending)
+        queues.append(pending)
+    # The modules taken in turn: a run stopped part way has a sample of each of them.
+    return [m for group in itertools.zip_longest(*queues) for m in group if m is not None]
+
+
+def _check_baseline(names: list[str], workdir: Path, timeout: float) -> None:
+    """Without coverage maps: the selections must pass without any mutant."""
+    for selection in {MODULES[name][1] for name in names}:
+        paths, options = mutation_coverage.split_selection(selection)
+        verdict, _, output = _run_tests(workdir, [*options, *paths], timeout)
+        if verdict != "survived":
+            print(output)
+            raise SystemExit(f"the tests {selection!r} fail without any mutant: fix that first")
+
+
+_Maps = dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]]
+
+
+@attrs.define
+class _Runner:
+    """Runs one mutant at a time in each free scratch copy."""
+
+    sources: dict[str, str]
+    source_hash: dict[str, str]
+    maps: _Maps
+    free: list[Path]
+    limit: float
+
+    def one(self, mutant: Mutant) -> dict[str, object]:
+        future = self.maps.get(mutant.module)
+        plan = _plan(mutant, None if future is None else future.result(), self.limit)
+        verdict, seconds = "survived (not covered)", 0.0
+        if plan.args:
+            verdict, seconds = self._try(mutant, plan)
+        return {
+            "id": mutant.ident,
+            "module": mutant.module,
+            "source": self.source_hash[mutant.module],
+            "operator": mutant.operator,
+            "line": mutant.line,
+            "change": mutant.describe(),
+            "verdict": verdict,
+            "tests": plan.tests,
+            "seconds": round(seconds, 1),
         }
-        for selection, future in futures.items():
-            by_selection[selection] = future.result()
-    return {name: by_selection[MODULES[name][1]] for name in names}
+
+    def _try(self, mutant: Mutant, plan: _Plan) -> tuple[str, float]:
+        workdir = self.free.pop()
+        path, source = MODULES[mutant.module][0], self.sources[mutant.module]
+        try:
+            (workdir / path).write_text(mutant.apply(source))
+            verdict, seconds, _ = _run_tests(workdir, plan.args, plan.budget)
+            if verdict == "killed (timeout)" and plan.budget < self.limit:
+                budget = min(self.limit, 3 * plan.budget)
+                verdict, more, _ = _run_tests(workdir, plan.args, budget)
+                seconds += more
+        finally:
+            (workdir / path).write_text(source)
+            self.free.append(workdir)
+        return verdict, seconds
 
 
 def run(
@@ -240,72 +319,48 @@ def run(
         n: hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest() for n, s in sources.items()
     }
     results = _load_results(source_hash, rerun_survivors=rerun_survivors)
-    queues: list[list[Mutant]] = []
-    for name in names:
-        pending = [m for m in mutants_of(name) if m.ident not in results]
-        # A fixed shuffle: a run stopped part way has decided an unbiased sample of
-        # the module, not just its first functions.
-        random.Random(name).shuffle(pending)
-        queues.append(pending)
-    # The modules taken in turn: a run stopped part way has a sample of each of them.
-    todo = [m for group in itertools.zip_longest(*queues) for m in group if m is not None]
+    todo = collections.deque(_todo(names, results))
     print(f"{len(todo)} mutants to run ({len(results)} already decided)", flush=True)
+    if not todo:
+        return results
+    # The measured run is also the check that the tests pass without any mutant; the
+    # mutants of a module start as soon as its map is ready.
+    maps = _start_measuring(names, jobs, timeout) if use_coverage else {}
     free = list(_worker_dirs(jobs))
-    # The measured run is also the check that the tests pass without any mutant.
-    maps = _measure_all(names, free, timeout) if use_coverage and todo else {}
-    for selection in {MODULES[name][1] for name in names} if todo and not maps else ():
-        paths, options = mutation_coverage.split_selection(selection)
-        verdict, _, output = _run_tests(free[0], [*options, *paths], timeout)
-        if verdict != "survived":
-            print(output)
-            raise SystemExit(f"the tests {selection!r} fail without any mutant: fix that first")
-    log = (OUT / "results.jsonl").open("a")
-
-    def one(mutant: Mutant) -> dict[str, object]:
-        plan = _plan(mutant, maps.get(mutant.module), timeout)
-        verdict, seconds = "survived (not covered)", 0.0
-        if plan.args:
-            verdict, seconds = _try(mutant, plan, sources[mutant.module], timeout)
-        return {
-            "id": mutant.ident,
-            "module": mutant.module,
-            "source": source_hash[mutant.module],
-            "operator": mutant.operator,
-            "line": mutant.line,
-            "change": mutant.describe(),
-            "verdict": verdict,
-            "tests": plan.tests,
-            "seconds": round(seconds, 1),
-        }
-
-    def _try(mutant: Mutant, plan: _Plan, source: str, limit: float) -> tuple[str, float]:
-        workdir = free.pop()
-        path = MODULES[mutant.module][0]
-        try:
-            (workdir / path).write_text(mutant.apply(source))
-            verdict, seconds, _ = _run_tests(workdir, plan.args, plan.budget)
-            if verdict == "killed (timeout)" and plan.budget < limit:
-                verdict, more, _ = _run_tests(workdir, plan.args, min(limit, 3 * plan.budget))
-                seconds += more
-        finally:
-            (workdir / path).write_text(source)
-            free.append(workdir)
-        return verdict, seconds
-
-    started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        for i, record in enumerate(pool.map(one, todo), 1):
+    if not use_coverage:
+        _check_baseline(names, free[0], timeout)
+    runner = _Runner(sources, source_hash, maps, free, timeout)
+    with (OUT / "results.jsonl").open("a") as log:
+        for record in _schedule(runner, todo, jobs):
             results[str(record["id"])] = record
             log.write(json.dumps(record) + "\n")
             log.flush()
-            rate = 60 * i / (time.monotonic() - started)
-            print(
-                f"[{i}/{len(todo)} {rate:.1f}/min] {record['verdict']:<10} "
-                f"({record['tests']} tests) {record['id']} {record['change']}",
-                flush=True,
-            )
-    log.close()
     return results
+
+
+def _schedule(
+    runner: _Runner, todo: collections.deque[Mutant], jobs: int
+) -> Iterator[dict[str, object]]:
+    """Run the mutants, ``jobs`` at a time, each once its map is ready; yield each record."""
+    started, total, count = time.monotonic(), len(todo), 0
+    running: set[concurrent.futures.Future[dict[str, object]]] = set()
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        while todo or running:
+            while len(running) < jobs and (mutant := _next_ready(todo, runner.maps)) is not None:
+                running.add(pool.submit(runner.one, mutant))
+            waiting = running | {f for f in runner.maps.values() if not f.done()}
+            finished, _ = concurrent.futures.wait(waiting, return_when="FIRST_COMPLETED")
+            for future in finished & running:
+                running.discard(future)
+                record = future.result()
+                count += 1
+                rate = 60 * count / (time.monotonic() - started)
+                print(
+                    f"[{count}/{total} {rate:.1f}/min] {record['verdict']:<10} "
+                    f"({record['tests']} tests) {record['id']} {record['change']}",
+                    flush=True,
+                )
+                yield record
 
 
 def summary(names: list[str], results: dict[str, dict[str, object]]) -> str:

@@ -469,6 +469,52 @@ def test_a_turn_stopped_at_its_boundary_is_timed_once() -> None:
     assert ended == [1]
 
 
+@pytest.mark.timeout(30)
+def test_calls_due_after_an_interrupting_hook_are_answered_not_started() -> None:
+    # Gap (no test ran it): after_tool_call raising KeyboardInterrupt aborts the run
+    # behind the call's result; the engine, handed that result first, asks for the
+    # calls that were waiting for it, which must not start but each be answered as
+    # never begun.
+    interrupt = KeyboardInterrupt("ctrl-c in a hook")
+    ran: list[str] = []
+
+    async def gate() -> str:
+        ran.append("gate")
+        return "open"
+
+    async def step(text: str) -> str:
+        ran.append(text)
+        return text
+
+    def after(call: ToolCall, output: ToolOutput) -> None:
+        if call.name == "gate":
+            raise interrupt
+
+    calls = [
+        ToolCall("c1", "gate", {}),
+        ToolCall("c2", "step", {"text": "two"}),
+        ToolCall("c3", "step", {"text": "three"}),
+    ]
+    gate.__doc__ = "The gate tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(sequential=True)(gate), _tool("step", step)],
+        after_tool_call=after,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    assert ran == ["gate"]
+    result = run.result
+    assert result is not None
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert "KeyboardInterrupt" in texts["c1"]
+    assert "not started" in texts["c2"]
+    assert "not started" in texts["c3"]
+
+
 # -- the engine's state (statemachine/core/state.py) ------------------------------------------
 
 
