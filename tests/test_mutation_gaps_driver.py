@@ -1,0 +1,526 @@
+"""Tests written for mutants of the driver (``statemachine/agent/``) that outlived the
+suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+import statemachine as sm
+from statemachine.agent.events import RunFinished, TurnEnded
+from statemachine.core.errors import SnapshotError
+from statemachine.core.messages import (
+    AssistantMessage,
+    StopReason,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.tools import ToolOutput
+from statemachine.testing import ScriptedModel
+from statemachine.testing.clock import IdleSkippingLoop
+
+S = TurnState
+_T = TypeVar("_T")
+
+
+def _on_virtual_time(main: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run ``main()`` on the idle-skipping loop: waits and grace periods cost nothing."""
+    with asyncio.Runner(loop_factory=IdleSkippingLoop) as runner:
+        return runner.run(main())
+
+
+def _tool(name: str, fn: Callable[..., Any]) -> sm.Tool:
+    fn.__name__ = name
+    fn.__doc__ = f"The {name} tool."
+    return sm.tool(fn)
+
+
+def _asks(*names: str) -> AssistantMessage:
+    calls = [ToolCall(f"c{i}", name, {}) for i, name in enumerate(names, 1)]
+    return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
+
+
+async def _forever() -> str:
+    await asyncio.Event().wait()
+    return "never"
+
+
+@pytest.mark.timeout(30)
+def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> None:
+    # Gap: the before_tool_call hook in progress was cancelled only when the run
+    # closed, after it had reported its end, not when the abort came.
+    order: list[str] = []
+
+    async def before(call: ToolCall) -> None:
+        run.abort("stop")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            order.append("hook cancelled")
+            raise
+
+    async def watch() -> None:
+        async for event in run.events():
+            if isinstance(event, RunFinished):
+                order.append("run finished")
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+
+    async def main() -> sm.RunResult:
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert order == ["hook cancelled", "run finished"]
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_an_abort_listener_is_raised_once_the_run_closes() -> None:
+    # Gap: a KeyboardInterrupt raised by a tool's abort listener when the caller
+    # aborted could be swallowed; the run must close, then raise it.
+    interrupt = KeyboardInterrupt("ctrl-c in a listener")
+    closed: list[str] = []
+
+    async def listens(signal: sm.AbortSignal) -> str:
+        def stop(reason: object) -> None:
+            raise interrupt
+
+        signal.add_listener(stop)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append("tool cleaned up")
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("listens")),
+        messages=[UserMessage("go")],
+        tools=[_tool("listens", listens)],
+        grace_period=1.0,
+    )
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        await run.run()
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(main)
+    assert raised.value is interrupt
+    assert closed == ["tool cleaned up"]
+
+
+async def _for_a_long_time() -> str:
+    await asyncio.sleep(1000.0)
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None:
+    # Gap: a second abort was acted on again, which cancelled the grace period's own
+    # timer: a tool still running was never cancelled, and the run waited for it.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("long")),
+        messages=[UserMessage("go")],
+        tools=[_tool("long", _for_a_long_time)],
+        grace_period=2.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, float]:
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, run.abort, "first")
+        loop.call_later(1.5, run.abort, "second")
+        started = loop.time()
+        result = await run.run()
+        return result, loop.time() - started
+
+    result, seconds = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert "first" in result.explanation
+    assert seconds < 1.0 + 2.0 + 0.5
+
+
+async def _ignores_one_cancellation() -> str:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        await asyncio.sleep(5.0)  # past the grace period: abandoned
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_call_beside_an_abandoned_one_reports_once() -> None:
+    # Gap: an operation's report was not remembered, so at the end of the grace
+    # period a call that had already reported its cancellation was reported again
+    # (the engine refuses a second result for a call).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever), _tool("stubborn", _ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert sorted(texts) == ["c1", "c2"]
+    assert "ignored cancellation" in texts["c2"]
+    assert "ignored cancellation" not in texts["c1"]
+
+
+@pytest.mark.timeout(30)
+def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
+    # Gap: the abort handed ahead of the queue was handed to the engine again before
+    # every later event (the engine absorbs a repeated abort, but records it).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert [r.trigger for r in result.trace].count(Trigger.abort) == 1
+
+
+@pytest.mark.timeout(30)
+def test_the_run_finished_event_carries_the_explanation() -> None:
+    # Gap: nothing read RunFinished.explanation.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=0.5,
+    )
+    finished: list[RunFinished] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, RunFinished):
+                    finished.append(event)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert "enough" in result.explanation
+    assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
+
+
+@pytest.mark.timeout(30)
+def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> None:
+    # Gap: a message queued ahead of an abort that ended the run at once was taken
+    # from the queue and dropped instead of being returned with the result.
+    async def before(call: ToolCall) -> None:
+        run.steer("also check the logs")
+        run.abort("stop")
+        await asyncio.Event().wait()
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Aborted
+    assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_stopped_at_its_boundary_is_timed_once() -> None:
+    # Gap: the turn timer was not cleared at the turn's end, so the run's end right
+    # after a boundary counted the same turn twice (stats and TurnEnded).
+    async def echo(text: str) -> str:
+        return text
+
+    def stop(messages: object, turn: int) -> sm.Stop:
+        return sm.Stop("one turn is enough")
+
+    ask = AssistantMessage(
+        [ToolCall("c1", "echo", {"text": "hi"})], stop_reason=StopReason.TOOL_USE
+    )
+    run = sm.AgentRun(
+        model=ScriptedModel(ask),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+        should_continue=stop,
+    )
+    ended: list[int] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, TurnEnded):
+                    ended.append(event.turn)
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Done
+    assert result.turns == 1
+    assert len(result.stats.turn_seconds) == 1
+    assert ended == [1]
+
+
+@pytest.mark.timeout(30)
+def test_calls_due_after_an_interrupting_hook_are_answered_not_started() -> None:
+    # Gap (no test ran it): after_tool_call raising KeyboardInterrupt aborts the run
+    # behind the call's result; the engine, handed that result first, asks for the
+    # calls that were waiting for it, which must not start but each be answered as
+    # never begun.
+    interrupt = KeyboardInterrupt("ctrl-c in a hook")
+    ran: list[str] = []
+
+    async def gate() -> str:
+        ran.append("gate")
+        return "open"
+
+    async def step(text: str) -> str:
+        ran.append(text)
+        return text
+
+    def after(call: ToolCall, output: ToolOutput) -> None:
+        if call.name == "gate":
+            raise interrupt
+
+    calls = [
+        ToolCall("c1", "gate", {}),
+        ToolCall("c2", "step", {"text": "two"}),
+        ToolCall("c3", "step", {"text": "three"}),
+    ]
+    gate.__doc__ = "The gate tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(sequential=True)(gate), _tool("step", step)],
+        after_tool_call=after,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    assert ran == ["gate"]
+    result = run.result
+    assert result is not None
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert "KeyboardInterrupt" in texts["c1"]
+    assert "not started" in texts["c2"]
+    assert "not started" in texts["c3"]
+
+
+@pytest.mark.timeout(30)
+def test_the_turn_times_are_durations_within_the_run() -> None:
+    # Gap: a turn's time was never compared with anything.
+    async def echo(text: str) -> str:
+        await asyncio.sleep(0.25)
+        return text
+
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    run = sm.AgentRun(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+    )
+    result = asyncio.run(run.run())
+    assert result.state is S.Done
+    assert len(result.stats.turn_seconds) == 2
+    assert 0.25 <= sum(result.stats.turn_seconds) <= result.stats.wall_seconds
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_with_a_timeout_is_cancelled_with_the_run() -> None:
+    # Gap (no test ran it): cancelling a tool that has a timeout must cancel the task
+    # that runs it, not only the task waiting for it.
+    cleaned: list[str] = []
+
+    async def slow() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("slow cleaned up")
+        return "never"
+
+    slow.__doc__ = "The slow tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("slow")),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=100.0)(slow)],
+        grace_period=1.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, list[str]]:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        return result, list(cleaned)
+
+    result, cleaned_by_then = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert cleaned_by_then == ["slow cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() -> None:
+    # Gap: a tool that raises CancelledError itself once the run's signal fired (no
+    # one cancelled its task yet) gets "Operation aborted", not a plain failure.
+    async def quits(signal: sm.AbortSignal) -> str:
+        fired = asyncio.Event()
+        signal.add_listener(lambda reason: fired.set())
+        await fired.wait()
+        raise asyncio.CancelledError
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("quits")),
+        messages=[UserMessage("go")],
+        tools=[_tool("quits", quits)],
+        grace_period=2.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert only.text == "Operation aborted: CancelledError"
+
+
+def _suspended(approvals: dict[str, str]) -> sm.RunResult:
+    """A run stopped for approval: the calls named in ``approvals`` need it (with that
+    reason); the others were permitted, and wait their turn (the tool is sequential)."""
+
+    async def act(name: str) -> str:
+        return f"did {name}"
+
+    act.__doc__ = "The act tool."
+
+    def before(call: ToolCall) -> sm.RequireApproval | None:
+        reason = approvals.get(call.id)
+        return None if reason is None else sm.RequireApproval(reason)
+
+    calls = [ToolCall(i, "act", {"name": i}) for i in ("a", "b")]
+    return sm.run_agent_sync(
+        model=ScriptedModel(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(sequential=True)(act)],
+        before_tool_call=before,
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_call_refused_on_resume_needs_no_tool_and_is_not_asked_about() -> None:
+    # Gap: which calls may run on resume counted a refusal as an approval.
+    first = _suspended({"a": "a person decides", "b": "a person decides"})
+    asked: list[str] = []
+
+    def before(call: ToolCall) -> sm.RequireApproval:
+        asked.append(call.id)
+        return sm.RequireApproval("still a person")
+
+    async def other() -> str:
+        return "other"
+
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(AssistantMessage("fine")),
+        tools=[_tool("other", other)],  # no "act": neither call may run
+        approvals={"a": False, "b": sm.Deny("no")},
+        before_tool_call=before,
+    )
+    result = asyncio.run(run.run())
+    assert asked == []
+    assert result.state is S.Done
+
+
+@pytest.mark.timeout(30)
+def test_resume_takes_a_turn_limit_of_one_and_refuses_zero() -> None:
+    # Gap (no test ran it): the lowest turn limit a resume accepts.
+    first = _suspended({"a": "a person decides"})
+    tools = [sm.tool(sequential=True)(act)]
+    with pytest.raises(sm.InvalidInputError, match="max_turns must be a positive integer"):
+        sm.resume_run(
+            first, model=ScriptedModel(), tools=tools, approvals={"a": False}, max_turns=0
+        )
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(AssistantMessage("fine")),
+        tools=tools,
+        approvals={"a": False},
+        max_turns=1,
+        before_tool_call=lambda call: None,
+    )
+    result = asyncio.run(run.run())
+    assert result.state is S.TurnLimitExceeded
+
+
+async def act(name: str) -> str:
+    """The act tool."""
+    return f"did {name}"
+
+
+@pytest.mark.timeout(30)
+def test_a_resume_whose_hook_now_wants_approval_for_a_permitted_call_says_so() -> None:
+    # Gap (no test ran it): the refusal names what the hook answered.
+    first = _suspended({"a": "a person decides"})  # "b" was permitted
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(AssistantMessage("fine")),
+        tools=[sm.tool(sequential=True)(act)],
+        approvals={"a": True},
+        before_tool_call=lambda call: sm.RequireApproval("now it does"),
+    )
+    with pytest.raises(SnapshotError, match="requires a person's approval for it"):
+        asyncio.run(run.run())
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_closes_its_event_loop() -> None:
+    # Gap: nothing checked that the loop run_agent_sync makes is closed afterwards.
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def where() -> str:
+        loops.append(asyncio.get_running_loop())
+        return "here"
+
+    call = ToolCall("c1", "where", {})
+    result = sm.run_agent_sync(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("where", where)],
+    )
+    assert result.state is S.Done
+    (loop,) = loops
+    assert loop.is_closed()
