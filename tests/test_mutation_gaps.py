@@ -10,9 +10,15 @@ import pytest
 
 from statemachine.core import state
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError, WireFormatError
+from statemachine.core.errors import (
+    InvalidInputError,
+    ProtocolError,
+    SnapshotError,
+    WireFormatError,
+)
 from statemachine.core.events import (
     AbortRequested,
+    ApprovalRequired,
     CallModel,
     CheckPermission,
     InputQueued,
@@ -30,7 +36,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import INTERNAL_TRIGGERS, TRANSITIONS, Trigger, TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 
 _T = TypeVar("_T")
 
@@ -231,3 +237,71 @@ def test_the_repr_cache_of_the_control_key_is_bounded_and_kept() -> None:
     state._rendered(UserMessage("one more"))
     assert len(state._REPRS) == 1  # full: cleared, then the new value
     state._REPRS.clear()
+
+
+# -- the engine's inputs, entry actions and snapshots -----------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_the_engine_refuses_tools_and_histories_that_are_not_sequences_of_them() -> None:
+    # Gap: the engine's own checks were only reached through the driver's, which
+    # refuse the same inputs first.
+    for tools in ("echo", b"echo", 42, (d for d in [ECHO])):
+        with pytest.raises(InvalidInputError, match="tools must be a sequence"):
+            Engine(tools=tools, messages=[UserMessage("go")])  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="duplicate tool name 'echo'"):
+        Engine(tools=[ECHO, ECHO], messages=[UserMessage("go")])
+    for messages in ("go", b"go", 42):
+        with pytest.raises(InvalidInputError, match="messages must be a sequence"):
+            Engine(tools=[ECHO], messages=messages)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_calls_waiting_their_turn_are_answered_when_the_abort_begins() -> None:
+    # Gap: the calls that never started were answered only once the run had settled;
+    # they are answered at the abort, while the running call finishes.
+    slow = ToolDefinition("slow", "Wait.", {"type": "object", "properties": {}})
+    engine = Engine(
+        tools=[ECHO, slow],
+        messages=[UserMessage("go")],
+        scheduling={"slow": Scheduling(sequential=True)},
+    )
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "slow", {})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    assert [c.id for c in engine.pending_calls()] == ["c1", "c2"]
+    engine.handle(AbortRequested("stop"))
+    assert engine.state is S.Aborting
+    assert [c.id for c in engine.pending_calls()] == ["c1"]
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_with_an_unknown_key_is_refused() -> None:
+    # Gap: the check of the snapshot's keys could be dropped unnoticed.
+    snapshot = _denied_engine().snapshot()
+    with pytest.raises(WireFormatError, match="surprise"):
+        Engine.restore({**snapshot, "surprise": 1})
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_whose_denial_was_not_answered_with_it_is_refused() -> None:
+    # Gap: the denial's own check was only met by valid snapshots.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "echo", {"text": "ho"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolDenied("c1", "not on weekends"))
+    engine.handle(ApprovalRequired("c2", "a person decides"))
+    snapshot = engine.snapshot()
+    assert snapshot["denial"] == {"callId": "c1", "reason": "not on weekends"}
+    assert Engine.restore(snapshot).state is S.AwaitingUser
+    result = snapshot["batch"][0]["result"]
+    edits = [
+        {**result, "content": [{"type": "text", "text": "Tool call denied: some other reason"}]},
+        {**result, "isError": False},
+    ]
+    for edited in edits:
+        batch = [{**snapshot["batch"][0], "result": edited}, snapshot["batch"][1]]
+        messages = [*snapshot["messages"][:-1], edited]
+        with pytest.raises(SnapshotError, match=r"snapshot\.denial"):
+            Engine.restore({**snapshot, "batch": batch, "messages": messages})
