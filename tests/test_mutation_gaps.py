@@ -22,6 +22,7 @@ from statemachine.core.events import (
     CallModel,
     CheckPermission,
     InputQueued,
+    ModelCancelled,
     ModelResponded,
     RunEnded,
     Start,
@@ -305,3 +306,33 @@ def test_a_snapshot_whose_denial_was_not_answered_with_it_is_refused() -> None:
         messages = [*snapshot["messages"][:-1], edited]
         with pytest.raises(SnapshotError, match=r"snapshot\.denial"):
             Engine.restore({**snapshot, "batch": batch, "messages": messages})
+
+
+@pytest.mark.timeout(30)
+def test_calls_after_one_with_arguments_off_the_schema_are_still_checked() -> None:
+    # Gap: resolving a call whose arguments do not fit its schema stopped the checks
+    # of the rest of the batch.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {}), ToolCall("c2", "echo", {"text": "hi"})]
+    actions = engine.handle(
+        ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE))
+    )
+    assert [a.call.id for a in actions if isinstance(a, CheckPermission)] == ["c2"]
+    (result,) = [m for m in engine.messages if isinstance(m, ToolResultMessage)]
+    assert result.tool_call_id == "c1"
+    assert result.is_error
+
+
+@pytest.mark.timeout(30)
+def test_a_model_call_cancelled_in_time_is_not_reported_abandoned() -> None:
+    # Gap: only a cancellation that says it gave up (ABANDONED) marks the model call
+    # abandoned; an ordinary one did not reach the explanation's check.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    engine.handle(AbortRequested("stop"))
+    engine.handle(ModelCancelled())
+    assert engine.state is S.Aborted
+    assert engine.explanation is not None
+    assert "abandoned" not in engine.explanation
+    assert engine.explanation.endswith("and finished its cleanup.")
