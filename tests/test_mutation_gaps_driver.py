@@ -524,3 +524,12 @@ def test_run_agent_sync_closes_its_event_loop() -> None:
     assert result.state is S.Done
     (loop,) = loops
     assert loop.is_closed()
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_run_runs_once() -> None:
+    # Gap: nothing ran an AgentRun twice.
+    run = sm.AgentRun(model=ScriptedModel(AssistantMessage("done")), messages=[UserMessage("go")])
+    assert asyncio.run(run.run()).state is S.Done
+    with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
+        asyncio.run(run.run())
