@@ -468,10 +468,15 @@ def test_resume_takes_a_turn_limit_of_one_and_refuses_zero() -> None:
     # Gap (no test ran it): the lowest turn limit a resume accepts.
     first = _suspended({"a": "a person decides"})
     tools = [sm.tool(sequential=True)(act)]
-    with pytest.raises(sm.InvalidInputError, match="max_turns must be a positive integer"):
-        sm.resume_run(
-            first, model=ScriptedModel(), tools=tools, approvals={"a": False}, max_turns=0
-        )
+    for bad in (0, -1, True, 2.0, "2"):
+        with pytest.raises(sm.InvalidInputError, match="max_turns must be a positive integer"):
+            sm.resume_run(
+                first,
+                model=ScriptedModel(),
+                tools=tools,
+                approvals={"a": False},
+                max_turns=bad,  # type: ignore[arg-type]
+            )
     run = sm.resume_run(
         first,
         model=ScriptedModel(AssistantMessage("fine")),
