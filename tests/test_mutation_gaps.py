@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from statemachine.core import state
-from statemachine.core.engine import Engine
+from statemachine.core.engine import ABANDONED, Engine
 from statemachine.core.errors import (
     InvalidInputError,
     ProtocolError,
@@ -26,6 +26,7 @@ from statemachine.core.events import (
     ModelResponded,
     RunEnded,
     Start,
+    ToolCancelled,
     ToolDenied,
     ToolFinished,
 )
@@ -336,3 +337,41 @@ def test_a_model_call_cancelled_in_time_is_not_reported_abandoned() -> None:
     assert engine.explanation is not None
     assert "abandoned" not in engine.explanation
     assert engine.explanation.endswith("and finished its cleanup.")
+
+
+@pytest.mark.timeout(30)
+def test_an_abandoned_tool_is_named_in_the_explanation() -> None:
+    # Gap: the abandoned tool could drop out of the explanation unnoticed.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(AbortRequested("stop"))
+    engine.handle(ToolCancelled("c1", f"{ABANDONED}: the tool ignored cancellation"))
+    assert engine.state is S.Aborted
+    assert engine.explanation is not None
+    assert "the driver abandoned tool echo (call c1)" in engine.explanation
+
+
+class _PlainLogger:
+    """A logger that cannot be asked its level at all: it gets every event."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def bind(self, **_: object) -> _PlainLogger:
+        return self
+
+    def debug(self, event: str, **_: object) -> None:
+        self.events.append(event)
+
+    info = warning = debug
+
+
+@pytest.mark.timeout(30)
+def test_a_logger_without_a_level_check_gets_the_transitions() -> None:
+    # Gap: only a logger whose level check raises was tried, not one without it.
+    logger = _PlainLogger()
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
+    engine.handle(Start())
+    assert "transition" in logger.events

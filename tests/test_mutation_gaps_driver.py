@@ -538,3 +538,33 @@ def test_an_agent_run_runs_once() -> None:
     assert asyncio.run(run.run()).state is S.Done
     with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
         asyncio.run(run.run())
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_closes_the_async_generators_it_leaves_open() -> None:
+    # Gap: nothing left an async generator open to see run_agent_sync finish it.
+    closed: list[str] = []
+    kept: list[Any] = []
+
+    async def numbers() -> Any:
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append("generator closed")
+
+    async def first() -> str:
+        generator = numbers()
+        kept.append(generator)  # still referenced: only the loop's shutdown closes it
+        return str(await generator.__anext__())
+
+    call = ToolCall("c1", "first", {})
+    result = sm.run_agent_sync(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("first", first)],
+    )
+    assert result.state is S.Done
+    assert closed == ["generator closed"]
