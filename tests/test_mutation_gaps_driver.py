@@ -4,6 +4,9 @@ suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -568,3 +571,69 @@ def test_run_agent_sync_closes_the_async_generators_it_leaves_open() -> None:
     )
     assert result.state is S.Done
     assert closed == ["generator closed"]
+
+
+@pytest.mark.timeout(30)
+def test_a_caller_cancelling_twice_still_gets_the_running_tools_cancelled() -> None:
+    # Gap: the run's last cleanup (when the caller cancelled run() a second time,
+    # during the abort's grace period) must cancel what still runs.
+    cleaned: list[str] = []
+
+    async def waits() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("waits cleaned up")
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("waits")),
+        messages=[UserMessage("go")],
+        tools=[_tool("waits", waits)],
+        grace_period=10.0,
+    )
+
+    async def main() -> list[str]:
+        task = asyncio.ensure_future(run.run())
+        await asyncio.sleep(0.5)  # the tool is running
+        task.cancel()  # the run aborts; its grace period starts
+        await asyncio.sleep(0.5)
+        task.cancel()  # again, well within the grace period
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return list(cleaned)
+
+    assert _on_virtual_time(main) == ["waits cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_keeps_quiet_about_a_task_it_abandoned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Gap: an abandoned task is reported by the run; asyncio must not also log, when
+    # the task is collected, that it was destroyed while pending.
+    async def stubborn() -> str:
+        while True:
+            try:
+                await asyncio.sleep(10.0)
+            except asyncio.CancelledError:
+                pass
+
+    controller = sm.AbortController()
+
+    def abort_soon(call: ToolCall) -> None:
+        threading.Timer(0.2, controller.abort, ["stop"]).start()
+
+    result = sm.run_agent_sync(
+        model=ScriptedModel(_asks("stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("stubborn", stubborn)],
+        signal=controller.signal,
+        before_tool_call=abort_soon,
+        grace_period=0.05,
+    )
+    assert result.state is S.Aborted
+    assert "abandoned" in result.explanation
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+    assert "destroyed but it is pending" not in caplog.text
