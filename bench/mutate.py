@@ -63,7 +63,8 @@ _ENGINE_TESTS = (
     f"tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
-    "tests/test_mutation_gaps_driver.py tests/test_loop.py tests/test_driver.py "
+    "tests/test_mutation_gaps_driver.py tests/test_mutation_gaps_resume.py tests/test_loop.py "
+    "tests/test_driver.py "
     "tests/test_driver_hooks_and_batches.py tests/test_abort.py tests/test_driver_faults.py"
 )
 MODULES: dict[str, tuple[str, str]] = {

@@ -21,6 +21,7 @@ from statemachine.core.events import (
     ApprovalRequired,
     CallModel,
     CheckPermission,
+    InputKind,
     InputQueued,
     ModelCancelled,
     ModelResponded,
@@ -375,3 +376,29 @@ def test_a_logger_without_a_level_check_gets_the_transitions() -> None:
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
     engine.handle(Start())
     assert "transition" in logger.events
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_taken_while_a_call_waits_for_approval_in_dispatch_restores() -> None:
+    # Gap: only snapshots of runs at rest in AwaitingUser were restored with a call
+    # waiting for a person; one is also possible while the other checks go on.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "echo", {"text": "ho"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    assert engine.state is S.DispatchingTools
+    restored = Engine.restore(engine.snapshot())
+    assert restored.state is S.DispatchingTools
+    assert restored.control_key() == engine.control_key()
+
+
+@pytest.mark.timeout(30)
+def test_a_follow_up_queued_before_the_start_waits_for_the_model_to_finish() -> None:
+    # Gap: with no model message yet, the model is not finishing: a follow-up queued
+    # before the first call stays queued.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(InputQueued(UserMessage("and then this"), InputKind.FOLLOW_UP))
+    engine.handle(Start())
+    assert engine.messages == (UserMessage("go"),)
+    assert [q.message for q in engine.queued_input()] == [UserMessage("and then this")]

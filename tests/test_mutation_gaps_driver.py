@@ -4,9 +4,6 @@ suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
 from __future__ import annotations
 
 import asyncio
-import gc
-import logging
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -14,7 +11,6 @@ import pytest
 
 import statemachine as sm
 from statemachine.agent.events import RunFinished, TurnEnded
-from statemachine.core.errors import SnapshotError
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -290,6 +286,7 @@ def test_a_turn_stopped_at_its_boundary_is_timed_once() -> None:
     result = _on_virtual_time(main)
     assert result.state is S.Done
     assert result.turns == 1
+    assert result.stats is not None
     assert len(result.stats.turn_seconds) == 1
     assert ended == [1]
 
@@ -357,6 +354,7 @@ def test_the_turn_times_are_durations_within_the_run() -> None:
     )
     result = asyncio.run(run.run())
     assert result.state is S.Done
+    assert result.stats is not None
     assert len(result.stats.turn_seconds) == 2
     assert 0.25 <= sum(result.stats.turn_seconds) <= result.stats.wall_seconds
 
@@ -419,121 +417,6 @@ def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() ->
     assert only.text == "Operation aborted: CancelledError"
 
 
-def _suspended(approvals: dict[str, str]) -> sm.RunResult:
-    """A run stopped for approval: the calls named in ``approvals`` need it (with that
-    reason); the others were permitted, and wait their turn (the tool is sequential)."""
-
-    async def act(name: str) -> str:
-        return f"did {name}"
-
-    act.__doc__ = "The act tool."
-
-    def before(call: ToolCall) -> sm.RequireApproval | None:
-        reason = approvals.get(call.id)
-        return None if reason is None else sm.RequireApproval(reason)
-
-    calls = [ToolCall(i, "act", {"name": i}) for i in ("a", "b")]
-    return sm.run_agent_sync(
-        model=ScriptedModel(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)),
-        messages=[UserMessage("go")],
-        tools=[sm.tool(sequential=True)(act)],
-        before_tool_call=before,
-    )
-
-
-@pytest.mark.timeout(30)
-def test_a_call_refused_on_resume_needs_no_tool_and_is_not_asked_about() -> None:
-    # Gap: which calls may run on resume counted a refusal as an approval.
-    first = _suspended({"a": "a person decides", "b": "a person decides"})
-    asked: list[str] = []
-
-    def before(call: ToolCall) -> sm.RequireApproval:
-        asked.append(call.id)
-        return sm.RequireApproval("still a person")
-
-    async def other() -> str:
-        return "other"
-
-    run = sm.resume_run(
-        first,
-        model=ScriptedModel(AssistantMessage("fine")),
-        tools=[_tool("other", other)],  # no "act": neither call may run
-        approvals={"a": False, "b": sm.Deny("no")},
-        before_tool_call=before,
-    )
-    result = asyncio.run(run.run())
-    assert asked == []
-    assert result.state is S.Done
-
-
-@pytest.mark.timeout(30)
-def test_resume_takes_a_turn_limit_of_one_and_refuses_zero() -> None:
-    # Gap (no test ran it): the lowest turn limit a resume accepts.
-    first = _suspended({"a": "a person decides"})
-    tools = [sm.tool(sequential=True)(act)]
-    for bad in (0, -1, True, 2.0, "2"):
-        with pytest.raises(sm.InvalidInputError, match="max_turns must be a positive integer"):
-            sm.resume_run(
-                first,
-                model=ScriptedModel(),
-                tools=tools,
-                approvals={"a": False},
-                max_turns=bad,  # type: ignore[arg-type]
-            )
-    run = sm.resume_run(
-        first,
-        model=ScriptedModel(AssistantMessage("fine")),
-        tools=tools,
-        approvals={"a": False},
-        max_turns=1,
-        before_tool_call=lambda call: None,
-    )
-    result = asyncio.run(run.run())
-    assert result.state is S.TurnLimitExceeded
-
-
-async def act(name: str) -> str:
-    """The act tool."""
-    return f"did {name}"
-
-
-@pytest.mark.timeout(30)
-def test_a_resume_whose_hook_now_wants_approval_for_a_permitted_call_says_so() -> None:
-    # Gap (no test ran it): the refusal names what the hook answered.
-    first = _suspended({"a": "a person decides"})  # "b" was permitted
-    run = sm.resume_run(
-        first,
-        model=ScriptedModel(AssistantMessage("fine")),
-        tools=[sm.tool(sequential=True)(act)],
-        approvals={"a": True},
-        before_tool_call=lambda call: sm.RequireApproval("now it does"),
-    )
-    with pytest.raises(SnapshotError, match="requires a person's approval for it"):
-        asyncio.run(run.run())
-
-
-@pytest.mark.timeout(30)
-def test_run_agent_sync_closes_its_event_loop() -> None:
-    # Gap: nothing checked that the loop run_agent_sync makes is closed afterwards.
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    async def where() -> str:
-        loops.append(asyncio.get_running_loop())
-        return "here"
-
-    call = ToolCall("c1", "where", {})
-    result = sm.run_agent_sync(
-        model=ScriptedModel(
-            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
-        ),
-        messages=[UserMessage("go")],
-        tools=[_tool("where", where)],
-    )
-    assert result.state is S.Done
-    (loop,) = loops
-    assert loop.is_closed()
-
-
 @pytest.mark.timeout(30)
 def test_an_agent_run_runs_once() -> None:
     # Gap: nothing ran an AgentRun twice.
@@ -541,36 +424,6 @@ def test_an_agent_run_runs_once() -> None:
     assert asyncio.run(run.run()).state is S.Done
     with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
         asyncio.run(run.run())
-
-
-@pytest.mark.timeout(30)
-def test_run_agent_sync_closes_the_async_generators_it_leaves_open() -> None:
-    # Gap: nothing left an async generator open to see run_agent_sync finish it.
-    closed: list[str] = []
-    kept: list[Any] = []
-
-    async def numbers() -> Any:
-        try:
-            yield 1
-            yield 2
-        finally:
-            closed.append("generator closed")
-
-    async def first() -> str:
-        generator = numbers()
-        kept.append(generator)  # still referenced: only the loop's shutdown closes it
-        return str(await generator.__anext__())
-
-    call = ToolCall("c1", "first", {})
-    result = sm.run_agent_sync(
-        model=ScriptedModel(
-            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
-        ),
-        messages=[UserMessage("go")],
-        tools=[_tool("first", first)],
-    )
-    assert result.state is S.Done
-    assert closed == ["generator closed"]
 
 
 @pytest.mark.timeout(30)
@@ -604,36 +457,3 @@ def test_a_caller_cancelling_twice_still_gets_the_running_tools_cancelled() -> N
         return list(cleaned)
 
     assert _on_virtual_time(main) == ["waits cleaned up"]
-
-
-@pytest.mark.timeout(30)
-def test_run_agent_sync_keeps_quiet_about_a_task_it_abandoned(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Gap: an abandoned task is reported by the run; asyncio must not also log, when
-    # the task is collected, that it was destroyed while pending.
-    async def stubborn() -> str:
-        while True:
-            try:
-                await asyncio.sleep(10.0)
-            except asyncio.CancelledError:
-                pass
-
-    controller = sm.AbortController()
-
-    def abort_soon(call: ToolCall) -> None:
-        threading.Timer(0.2, controller.abort, ["stop"]).start()
-
-    result = sm.run_agent_sync(
-        model=ScriptedModel(_asks("stubborn")),
-        messages=[UserMessage("go")],
-        tools=[_tool("stubborn", stubborn)],
-        signal=controller.signal,
-        before_tool_call=abort_soon,
-        grace_period=0.05,
-    )
-    assert result.state is S.Aborted
-    assert "abandoned" in result.explanation
-    with caplog.at_level(logging.ERROR, logger="asyncio"):
-        gc.collect()
-    assert "destroyed but it is pending" not in caplog.text
