@@ -388,11 +388,15 @@ def summary(names: list[str], results: dict[str, dict[str, object]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global OUT  # --out: the functions above read it
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", action="append", choices=sorted(MODULES))
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="most seconds per mutant")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="where results and maps are kept (a fresh run)"
+    )
     parser.add_argument(
         "--all-tests",
         action="store_true",
@@ -405,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     names = args.module or list(MODULES)
+    OUT = args.out.resolve()
     if args.list:
         for name in names:
             for mutant in mutants_of(name):
