@@ -457,3 +457,35 @@ def test_a_caller_cancelling_twice_still_gets_the_running_tools_cancelled() -> N
         return list(cleaned)
 
     assert _on_virtual_time(main) == ["waits cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_that_ignores_its_timeout_signal_is_cancelled() -> None:
+    # Gap: after a tool's timeout and the grace period, a tool still running must be
+    # cancelled, not left behind.
+    cleaned: list[str] = []
+
+    async def deaf() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("deaf cleaned up")
+        return "never"
+
+    deaf.__doc__ = "The deaf tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("deaf"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=1.0)(deaf)],
+        grace_period=1.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, list[str]]:
+        result = await run.run()
+        return result, list(cleaned)
+
+    result, cleaned_by_then = _on_virtual_time(main)
+    assert result.state is S.Done
+    assert cleaned_by_then == ["deaf cleaned up"]
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert "timed out after 1 s" in only.text

@@ -228,3 +228,32 @@ def test_resume_without_a_needed_tool_names_the_calls_that_need_it() -> None:
             approvals={"a": True},
             before_tool_call=lambda call: None,
         )
+
+
+@pytest.mark.timeout(30)
+def test_a_run_resumed_with_a_message_and_no_hook_runs_its_tools_unasked() -> None:
+    # Gap: a restored engine must ask the hooks this run has, not those of the
+    # suspended one: resumed without before_tool_call, nothing is asked.
+    first = _suspended({"a": "a person decides"})
+    ran: list[str] = []
+
+    async def recorded(name: str) -> str:
+        ran.append(name)
+        return f"did {name}"
+
+    call = ToolCall("c9", "act", {"name": "look"})
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        tools=[_tool("act", recorded)],
+        message="never mind, just look",
+    )
+
+    async def main() -> sm.RunResult:
+        return await asyncio.wait_for(run.run(), timeout=10.0)
+
+    result = asyncio.run(main())
+    assert result.state is S.Done
+    assert ran == ["look"]
