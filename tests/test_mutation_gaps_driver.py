@@ -489,3 +489,25 @@ def test_a_tool_that_ignores_its_timeout_signal_is_cancelled() -> None:
     assert cleaned_by_then == ["deaf cleaned up"]
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert "timed out after 1 s" in only.text
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_transform_context_is_raised_after_the_run() -> None:
+    # Gap: the context hook's KeyboardInterrupt must stop the process like the others,
+    # once the run is closed, not only fail the model call.
+    interrupt = KeyboardInterrupt("ctrl-c in transform_context")
+
+    def transform(messages: object) -> object:
+        raise interrupt
+
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        transform_context=transform,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    assert run.result is not None
+    assert run.result.state is S.Failed
+    assert "KeyboardInterrupt" in run.result.explanation
