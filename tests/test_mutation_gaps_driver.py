@@ -4,7 +4,7 @@ suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -497,7 +497,7 @@ def test_a_keyboard_interrupt_from_transform_context_is_raised_after_the_run() -
     # once the run is closed, not only fail the model call.
     interrupt = KeyboardInterrupt("ctrl-c in transform_context")
 
-    def transform(messages: object) -> object:
+    def transform(messages: Sequence[sm.Message]) -> Sequence[sm.Message]:
         raise interrupt
 
     run = sm.AgentRun(
