@@ -30,6 +30,7 @@ from statemachine.core.events import (
     ToolCancelled,
     ToolDenied,
     ToolFinished,
+    ToolPermitted,
 )
 from statemachine.core.messages import (
     AssistantMessage,
@@ -402,3 +403,20 @@ def test_a_follow_up_queued_before_the_start_waits_for_the_model_to_finish() -> 
     engine.handle(Start())
     assert engine.messages == (UserMessage("go"),)
     assert [q.message for q in engine.queued_input()] == [UserMessage("and then this")]
+
+
+@pytest.mark.timeout(30)
+def test_a_restored_call_keeps_the_resources_it_touches() -> None:
+    # Gap: the resources of a restored call were not compared with the original's.
+    scheduling = {"echo": Scheduling(resources=lambda arguments: [str(arguments["text"])])}
+    engine = Engine(
+        tools=[ECHO], messages=[UserMessage("go")], check_permissions=True, scheduling=scheduling
+    )
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "a"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    engine.handle(ToolPermitted("c2"))
+    assert engine.state is S.AwaitingUser
+    restored = Engine.restore(engine.snapshot(), scheduling=scheduling)
+    assert restored.control_key() == engine.control_key()

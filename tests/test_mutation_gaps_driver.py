@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 
 import statemachine as sm
-from statemachine.agent.events import RunFinished, TurnEnded
+from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -511,3 +511,30 @@ def test_a_keyboard_interrupt_from_transform_context_is_raised_after_the_run() -
     assert run.result is not None
     assert run.result.state is S.Failed
     assert "KeyboardInterrupt" in run.result.explanation
+
+
+@pytest.mark.timeout(30)
+def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
+    # Gap: ToolEnded.abandoned was not read for a call that was only cancelled.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever), _tool("stubborn", _ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+    ended: dict[str, tuple[bool, bool]] = {}
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, ToolEnded):
+                    ended[event.call.id] = (event.cancelled, event.abandoned)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        await watcher
+        return result
+
+    assert _on_virtual_time(main).state is S.Aborted
+    assert ended == {"c1": (True, False), "c2": (True, True)}
