@@ -4,30 +4,38 @@ the tests catch.
     python bench/mutate.py                       # every module below, 1 job, niced
     python bench/mutate.py --module table --module engine --jobs 2
     python bench/mutate.py --module driver --list  # the mutants, without running them
+    python bench/mutate.py --module driver-loop --rerun-survivors   # after adding tests
 
 Each mutant is one small edit of one module (an operator flipped, a condition negated,
 a statement removed, a table row deleted, redirected, unguarded or swapped with its
-neighbour; the full list is ``OPERATORS``). The module is rewritten in a scratch copy of
-the project and a fast test selection runs against it with ``-x``: a failure (or a
-timeout, or a crash on import) kills the mutant; a green run means it survived, and
-every survivor is either an equivalent mutant (no test could tell it apart) or a gap
-in the tests. Text is not mutated (messages, docstrings, log calls): their wording is
-checked where it matters by the tests that read it, and mutating it would mostly
-measure that.
+neighbour; the full list is ``OPERATORS`` in ``bench/mutants.py``). The module is
+rewritten in a scratch copy of the project and tests run against it with ``-x``: a
+failure (or a timeout, or a crash on import) kills the mutant; a green run means it
+survived, and every survivor is either an equivalent mutant (no test could tell it
+apart) or a gap in the tests. Text is not mutated (messages, docstrings, log calls):
+their wording is checked where it matters by the tests that read it, and mutating it
+would mostly measure that.
+
+Which tests: each module has a selection (``MODULES``), run once under coverage with a
+context per test (``bench/mutation_coverage.py``); a mutant then runs only the test
+functions that execute its lines, fastest first, within a budget scaled from their
+measured time. A mutant that runs at import (module or class level) gets the whole
+selection; one whose lines no test executes survives at once, "not covered".
+``--all-tests`` runs the whole selection against every mutant instead.
 
 Results go to ``bench/.mutation/results.jsonl`` as they come (a re-run skips mutants
 already decided for the same source) and the summary with every survivor to
 ``bench/.mutation/summary.md``; ``bench/mutation.md`` holds the classified findings.
-Not a CI gate: a full run takes about an hour on two shared cores.
+Not a CI gate.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import collections
 import concurrent.futures
-import copy
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -40,6 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import mutation_coverage
+from mutants import Mutant, find_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / ".mutation"
@@ -53,8 +63,9 @@ _ENGINE_TESTS = (
     f"tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
-    "tests/test_loop.py tests/test_driver.py tests/test_driver_hooks_and_batches.py "
-    "tests/test_abort.py tests/test_driver_faults.py"
+    "tests/test_mutation_gaps_driver.py tests/test_mutation_gaps_resume.py tests/test_loop.py "
+    "tests/test_driver.py "
+    "tests/test_driver_hooks_and_batches.py tests/test_abort.py tests/test_driver_faults.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
@@ -83,336 +94,19 @@ MODULES: dict[str, tuple[str, str]] = {
     "driver-hooks": ("statemachine/agent/hooks.py", _DRIVER_TESTS),
 }
 
-OPERATORS = {
-    "compare": "a comparison flipped (== !=, < >=, <= >, is / is not, in / not in)",
-    "boundary": "a comparison's boundary moved (< <=, > >=)",
-    "boolop": "and / or exchanged",
-    "not": "a `not` removed",
-    "negate-if": "an if/elif/while/ternary condition negated",
-    "negate-return": "the result of a function returning bool negated",
-    "constant": "True / False exchanged, an integer n made n + 1",
-    "arith": "+ / - exchanged (also += / -=)",
-    "delete-call": "a statement that is a call removed",
-    "delete-assign": "an assignment to an attribute or subscript removed",
-    "break": "break / continue exchanged",
-    "row-delete": "a table row (or an element of a module-level collection) removed",
-    "row-dest": "a table row sent to the next state instead",
-    "row-unguard": "a table row's guard removed",
-    "row-swap": "two neighbouring rows of one group exchanged",
-}
-
-_COMPARE_FLIP: dict[type[ast.cmpop], type[ast.cmpop]] = {
-    ast.Eq: ast.NotEq,
-    ast.NotEq: ast.Eq,
-    ast.Lt: ast.GtE,
-    ast.GtE: ast.Lt,
-    ast.LtE: ast.Gt,
-    ast.Gt: ast.LtE,
-    ast.Is: ast.IsNot,
-    ast.IsNot: ast.Is,
-    ast.In: ast.NotIn,
-    ast.NotIn: ast.In,
-}
-_BOUNDARY: dict[type[ast.cmpop], type[ast.cmpop]] = {
-    ast.Lt: ast.LtE,
-    ast.LtE: ast.Lt,
-    ast.Gt: ast.GtE,
-    ast.GtE: ast.Gt,
-}
-_STATES = [
-    "Ready",
-    "AwaitingModel",
-    "DispatchingTools",
-    "CollectingResults",
-    "TurnBoundary",
-    "Aborting",
-    "AwaitingUser",
-    "Done",
-    "Aborted",
-    "TurnLimitExceeded",
-    "Failed",
-]
-
-
-@attrs.frozen
-class Mutant:
-    module: str
-    operator: str
-    line: int
-    start: tuple[int, int]  # (line, column) of the replaced source, 1-based lines
-    end: tuple[int, int]
-    replacement: str
-    original: str
-
-    @property
-    def ident(self) -> str:
-        digest = hashlib.sha1(
-            f"{self.start}{self.end}{self.replacement}".encode(), usedforsecurity=False
-        ).hexdigest()[:8]
-        return f"{self.module}:{self.line}:{self.operator}:{digest}"
-
-    def describe(self) -> str:
-        def short(text: str) -> str:
-            text = " ".join(text.split())
-            return text if len(text) <= 70 else text[:67] + "..."
-
-        return f"`{short(self.original)}` -> `{short(self.replacement) or '(removed)'}`"
-
-    def apply(self, source: str) -> str:
-        lines = source.splitlines(keepends=True)
-        offsets = [0]
-        for line in lines:
-            offsets.append(offsets[-1] + len(line.encode()))
-        data = source.encode()
-        begin = offsets[self.start[0] - 1] + self.start[1]
-        finish = offsets[self.end[0] - 1] + self.end[1]
-        return (data[:begin] + self.replacement.encode() + data[finish:]).decode()
-
-
-# -- generating mutants ---------------------------------------------------------------------
-
-
-def _is_text(node: ast.AST) -> bool:
-    return isinstance(node, ast.JoinedStr) or (
-        isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes))
-    )
-
-
-def _is_log_call(node: ast.AST) -> bool:
-    # ``self._log.debug(...)``, ``log.warning(...)``: observability, not behaviour.
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-        return False
-    target = node.func.value
-    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-    return "log" in name.lower()
-
-
-class _Finder(ast.NodeVisitor):
-    def __init__(self, module: str, source: str) -> None:
-        self.module = module
-        self.source = source
-        self.found: list[Mutant] = []
-        self.in_function = 0
-        self.returns_bool: list[bool] = []
-
-    def _add(self, operator: str, node: ast.AST, replacement: str) -> None:
-        original = ast.get_source_segment(self.source, node) or ""
-        if replacement == original:
-            return
-        self.found.append(
-            Mutant(
-                self.module,
-                operator,
-                node.lineno,  # type: ignore[attr-defined]
-                (node.lineno, node.col_offset),  # type: ignore[attr-defined]
-                (node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
-                replacement,
-                original,
-            )
-        )
-
-    def _swap(self, operator: str, node: ast.expr, new: ast.expr) -> None:
-        self._add(operator, node, f"({ast.unparse(new)})")
-
-    # functions ---------------------------------------------------------------------------
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self._function(node)
-
-    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
-        self._function(node)
-
-    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.in_function += 1
-        self.returns_bool.append(isinstance(node.returns, ast.Name) and node.returns.id == "bool")
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and _is_text(body[0].value):
-            body = body[1:]  # the docstring
-        for statement in body:
-            self.visit(statement)
-        for decorator in node.decorator_list:
-            self.visit(decorator)
-        self.returns_bool.pop()
-        self.in_function -= 1
-
-    # statements ----------------------------------------------------------------------------
-
-    def visit_Expr(self, node: ast.Expr) -> None:
-        if self.in_function and isinstance(node.value, (ast.Call, ast.Await)):
-            call = node.value.value if isinstance(node.value, ast.Await) else node.value
-            if not _is_log_call(call):
-                self._add("delete-call", node, "pass")
-        self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        if self.in_function and all(
-            isinstance(t, (ast.Attribute, ast.Subscript)) for t in node.targets
-        ):
-            self._add("delete-assign", node, "pass")
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        # The annotation is never evaluated (``from __future__ import annotations``).
-        if node.value is not None:
-            self.visit(node.value)
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        flips = {ast.Add: ast.Sub, ast.Sub: ast.Add}
-        new_op = flips.get(type(node.op))
-        if new_op is not None:
-            self._add("arith", node, ast.unparse(ast.AugAssign(node.target, new_op(), node.value)))
-        self.generic_visit(node)
-
-    def visit_Return(self, node: ast.Return) -> None:
-        if node.value is not None and self.returns_bool and self.returns_bool[-1]:
-            self._swap("negate-return", node.value, ast.UnaryOp(ast.Not(), node.value))
-        self.generic_visit(node)
-
-    def visit_If(self, node: ast.If) -> None:
-        self._negate(node.test)
-        self.generic_visit(node)
-
-    def visit_While(self, node: ast.While) -> None:
-        if not (isinstance(node.test, ast.Constant) and node.test.value is True):
-            self._negate(node.test)
-        self.generic_visit(node)
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        self._negate(node.test)
-        self.generic_visit(node)
-
-    def _negate(self, test: ast.expr) -> None:
-        if not (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)):
-            self._swap("negate-if", test, ast.UnaryOp(ast.Not(), test))
-
-    def visit_Break(self, node: ast.Break) -> None:
-        self._add("break", node, "continue")
-
-    def visit_Continue(self, node: ast.Continue) -> None:
-        self._add("break", node, "break")
-
-    # expressions ---------------------------------------------------------------------------
-
-    def visit_Compare(self, node: ast.Compare) -> None:
-        for i, op in enumerate(node.ops):
-            for operator, table in (("compare", _COMPARE_FLIP), ("boundary", _BOUNDARY)):
-                new_op = table.get(type(op))
-                if new_op is not None:
-                    ops = [*node.ops[:i], new_op(), *node.ops[i + 1 :]]
-                    self._swap(operator, node, ast.Compare(node.left, ops, node.comparators))
-        self.generic_visit(node)
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> None:
-        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-        self._swap("boolop", node, ast.BoolOp(other, node.values))
-        self.generic_visit(node)
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
-        if isinstance(node.op, ast.Not):
-            self._swap("not", node, node.operand)
-        self.generic_visit(node)
-
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        flips = {ast.Add: ast.Sub, ast.Sub: ast.Add}
-        new_op = flips.get(type(node.op))
-        if new_op is not None and not (_is_text(node.left) or _is_text(node.right)):
-            self._swap("arith", node, ast.BinOp(node.left, new_op(), node.right))
-        self.generic_visit(node)
-
-    def visit_Constant(self, node: ast.Constant) -> None:
-        if node.value is True or node.value is False:
-            self._add("constant", node, str(not node.value))
-        elif type(node.value) is int:
-            self._add("constant", node, str(node.value + 1))
-
-    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        return None  # text
-
-    def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id == "Transition":
-            self._row(node)
-        self.generic_visit(node)
-
-    # the table -----------------------------------------------------------------------------
-
-    def _row(self, node: ast.Call) -> None:
-        args = node.args
-        if len(args) >= 3 and isinstance(args[2], ast.Attribute) and args[2].attr in _STATES:
-            dest = args[2].attr
-            nxt = _STATES[(_STATES.index(dest) + 1) % len(_STATES)]
-            new = copy.copy(args[2])
-            new.attr = nxt
-            self._add("row-dest", args[2], ast.unparse(new))
-        if len(args) >= 4 and not (isinstance(args[3], ast.Constant) and args[3].value is None):
-            self._add("row-unguard", args[3], "None")
-
-    def visit_Tuple(self, node: ast.Tuple) -> None:
-        self._collection(node, node.elts, lambda elts: ast.Tuple(elts, ast.Load()))
-        if self.in_function == 0 and len(node.elts) > 1:
-            for i in range(len(node.elts) - 1):
-                a, b = node.elts[i], node.elts[i + 1]
-                if _row_key(a) is not None and _row_key(a) == _row_key(b):
-                    elts = [*node.elts[:i], b, a, *node.elts[i + 2 :]]
-                    self._swap("row-swap", node, ast.Tuple(elts, ast.Load()))
-        self.generic_visit(node)
-
-    def visit_Set(self, node: ast.Set) -> None:
-        self._collection(node, node.elts, lambda elts: ast.Set(elts))
-        self.generic_visit(node)
-
-    def visit_Dict(self, node: ast.Dict) -> None:
-        if self.in_function == 0 and len(node.keys) > 1:
-            for i in range(len(node.keys)):
-                keys = [*node.keys[:i], *node.keys[i + 1 :]]
-                values = [*node.values[:i], *node.values[i + 1 :]]
-                self._swap("row-delete", node, ast.Dict(keys, values))
-        self.generic_visit(node)
-
-    def _collection(self, node: ast.expr, elts: list[ast.expr], make: object) -> None:
-        if self.in_function or len(elts) < 2 or all(_is_text(e) for e in elts):
-            return
-        for i in range(len(elts)):
-            rest = [*elts[:i], *elts[i + 1 :]]
-            self._swap("row-delete", node, make(rest))  # type: ignore[operator]
-
-
-def _row_key(node: ast.expr) -> tuple[str, str] | None:
-    """(source, trigger) of a ``Transition(...)`` row, for the row-swap operator."""
-    if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Transition"):
-        return None
-    if len(node.args) < 2:
-        return None
-    return ast.unparse(node.args[0]), ast.unparse(node.args[1])
-
 
 def mutants_of(name: str) -> list[Mutant]:
-    path = MODULES[name][0]
-    source = (ROOT / path).read_text()
-    finder = _Finder(name, source)
-    tree = ast.parse(source)
-    # Module level: skip the docstring and the imports; visit the rest.
-    for statement in tree.body:
-        if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(statement, ast.Expr) and _is_text(statement.value):
-            continue
-        if isinstance(statement, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets
-        ):
-            continue
-        finder.visit(statement)
-    unique: dict[str, Mutant] = {}
-    for mutant in finder.found:
-        mutated = mutant.apply(source)
-        try:
-            ast.parse(mutated)
-        except SyntaxError:
-            continue
-        unique.setdefault(mutant.ident, mutant)
-    return list(unique.values())
+    return find_mutants(name, (ROOT / MODULES[name][0]).read_text())
 
 
 # -- running them ---------------------------------------------------------------------------
+
+# A mutant's budget: this many seconds, plus this many times the measured time of its
+# tests (measured under coverage, so already on the slow side). A run over budget is
+# tried once more with three times the budget before the mutant counts as killed by a
+# hang: the machine is shared, and a slow neighbour is not a hang.
+_BUDGET_FIXED = 20.0
+_BUDGET_FACTOR = 4.0
 
 
 def _scratch_copy(target: Path) -> None:
@@ -427,22 +121,18 @@ def _scratch_copy(target: Path) -> None:
             shutil.copy2(ROOT / entry, target / entry)
 
 
-def _run_tests(workdir: Path, tests: str, timeout: float) -> tuple[str, float, str]:
+def _run_tests(workdir: Path, args: list[str], timeout: float) -> tuple[str, float, str]:
     env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
-    command = (
-        f"nice -n 19 {sys.executable} -m pytest -x -q -p no:cacheprovider "
-        f"--timeout=120 -o addopts='' {tests}"
-    )
+    command = [
+        *("nice", "-n", "19", sys.executable, "-m", "pytest", "-x", "-q"),
+        # No pytest-timeout: a test's own limit is not meant for a loaded machine; a
+        # hang is caught by the budget.
+        *("-p", "no:cacheprovider", "-p", "no:timeout", "-o", "addopts=", *args),
+    ]
     started = time.monotonic()
     try:
         done = subprocess.run(
-            command,
-            shell=True,
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
+            command, cwd=workdir, env=env, capture_output=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:
         return "killed (timeout)", time.monotonic() - started, ""
@@ -464,109 +154,274 @@ def _worker_dirs(jobs: int) -> Iterator[Path]:
         yield target
 
 
-def _load_results(source_hash: dict[str, str]) -> dict[str, dict[str, object]]:
+def _load_results(
+    source_hash: dict[str, str], *, rerun_survivors: bool
+) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = {}
     path = OUT / "results.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            if source_hash.get(str(record["module"])) == record["source"]:
-                results[str(record["id"])] = record
+            if source_hash.get(str(record["module"])) != record["source"]:
+                continue
+            if rerun_survivors and str(record["verdict"]).startswith("survived"):
+                results.pop(str(record["id"]), None)
+                continue
+            results[str(record["id"])] = record
     return results
 
 
+@attrs.frozen
+class _Plan:
+    """What runs against one mutant: pytest arguments and a budget in seconds; or no
+    test at all (``args`` empty: no test executes the mutated lines)."""
+
+    args: list[str]
+    budget: float
+    tests: str  # "all", or how many test functions
+
+
+def _plan(mutant: Mutant, coverage: mutation_coverage.CoverageMap | None, limit: float) -> _Plan:
+    path, selection = MODULES[mutant.module]
+    paths, options = mutation_coverage.split_selection(selection)
+    chosen = None
+    if coverage is not None and mutant.in_function:
+        chosen = coverage.tests_for(path, mutant.start[0], mutant.end[0])
+    if chosen is None:
+        seconds = sum(coverage.seconds.values()) if coverage is not None else limit
+        budget = min(limit, _BUDGET_FIXED + _BUDGET_FACTOR * seconds)
+        return _Plan([*options, *paths], budget, "all")
+    assert coverage is not None
+    if not chosen:
+        return _Plan([], 0.0, "0")  # no test runs these lines: a survivor, not covered
+    seconds = sum(coverage.seconds.get(test, 0.0) for test in chosen)
+    budget = min(limit, _BUDGET_FIXED + _BUDGET_FACTOR * seconds)
+    return _Plan([*options, *chosen], budget, str(len(chosen)))
+
+
+def _start_measuring(
+    names: list[str], jobs: int, timeout: float
+) -> dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]]:
+    """Start measuring the coverage map of every selection the modules use, each in a
+    scratch copy of its own; the map of each module, as a future."""
+    selections = list(dict.fromkeys(MODULES[name][1] for name in names))
+    # Every module of a selection is measured, not only those asked for: one map then
+    # serves them all, and the cache key does not depend on the command line.
+    measured = {
+        selection: sorted({path for path, s in MODULES.values() if s == selection})
+        for selection in selections
+    }
+    pool = concurrent.futures.ThreadPoolExecutor(jobs)
+    futures = {
+        selection: pool.submit(
+            mutation_coverage.measure, workdir, selection, measured[selection], OUT, timeout
+        )
+        for selection, workdir in zip(selections, _worker_dirs(len(selections)), strict=True)
+    }
+    pool.shutdown(wait=False)
+    return {name: futures[MODULES[name][1]] for name in names}
+
+
+def _next_ready(
+    todo: collections.deque[Mutant],
+    maps: dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]],
+) -> Mutant | None:
+    """The first mutant whose module's map is ready (its tests can be chosen)."""
+    for mutant in todo:
+        future = maps.get(mutant.module)
+        if future is None or future.done():
+            if future is not None and future.exception() is not None:
+                raise SystemExit(str(future.exception()))
+            todo.remove(mutant)
+            return mutant
+    return None
+
+
+def _todo(names: list[str], results: dict[str, dict[str, object]]) -> list[Mutant]:
+    queues: list[list[Mutant]] = []
+    for name in names:
+        pending = [m for m in mutants_of(name) if m.ident not in results]
+        # A fixed shuffle: a run stopped part way has decided an unbiased sample of
+        # the module, not just its first functions.
+        random.Random(name).shuffle(pending)
+        queues.append(pending)
+    # The modules taken in turn: a run stopped part way has a sample of each of them.
+    return [m for group in itertools.zip_longest(*queues) for m in group if m is not None]
+
+
+def _check_baseline(names: list[str], workdir: Path, timeout: float) -> None:
+    """Without coverage maps: the selections must pass without any mutant."""
+    for selection in {MODULES[name][1] for name in names}:
+        paths, options = mutation_coverage.split_selection(selection)
+        verdict, _, output = _run_tests(workdir, [*options, *paths], timeout)
+        if verdict != "survived":
+            print(output)
+            raise SystemExit(f"the tests {selection!r} fail without any mutant: fix that first")
+
+
+_Maps = dict[str, concurrent.futures.Future[mutation_coverage.CoverageMap]]
+
+
+@attrs.define
+class _Runner:
+    """Runs one mutant at a time in each free scratch copy."""
+
+    sources: dict[str, str]
+    source_hash: dict[str, str]
+    maps: _Maps
+    free: list[Path]
+    limit: float
+
+    def one(self, mutant: Mutant) -> dict[str, object]:
+        future = self.maps.get(mutant.module)
+        plan = _plan(mutant, None if future is None else future.result(), self.limit)
+        verdict, seconds = "survived (not covered)", 0.0
+        if plan.args:
+            verdict, seconds = self._try(mutant, plan)
+        return {
+            "id": mutant.ident,
+            "module": mutant.module,
+            "source": self.source_hash[mutant.module],
+            "operator": mutant.operator,
+            "line": mutant.line,
+            "change": mutant.describe(),
+            "verdict": verdict,
+            "tests": plan.tests,
+            "seconds": round(seconds, 1),
+        }
+
+    def _try(self, mutant: Mutant, plan: _Plan) -> tuple[str, float]:
+        workdir = self.free.pop()
+        path, source = MODULES[mutant.module][0], self.sources[mutant.module]
+        try:
+            (workdir / path).write_text(mutant.apply(source))
+            verdict, seconds, _ = _run_tests(workdir, plan.args, plan.budget)
+            if verdict == "killed (timeout)" and plan.budget < self.limit:
+                budget = min(self.limit, 3 * plan.budget)
+                verdict, more, _ = _run_tests(workdir, plan.args, budget)
+                seconds += more
+        finally:
+            (workdir / path).write_text(source)
+            self.free.append(workdir)
+        return verdict, seconds
+
+
 def run(
-    names: list[str], jobs: int, timeout: float, *, baseline: bool = True
+    names: list[str],
+    jobs: int,
+    timeout: float,
+    *,
+    use_coverage: bool = True,
+    rerun_survivors: bool = False,
 ) -> dict[str, dict[str, object]]:
     OUT.mkdir(parents=True, exist_ok=True)
     sources = {n: (ROOT / MODULES[n][0]).read_text() for n in names}
     source_hash = {
         n: hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest() for n, s in sources.items()
     }
-    results = _load_results(source_hash)
-    todo: list[Mutant] = []
-    for name in names:
-        pending = [m for m in mutants_of(name) if m.ident not in results]
-        # A fixed shuffle: a run stopped part way has decided an unbiased sample of
-        # the module, not just its first functions.
-        random.Random(name).shuffle(pending)
-        todo += pending
+    results = _load_results(source_hash, rerun_survivors=rerun_survivors)
+    todo = collections.deque(_todo(names, results))
     print(f"{len(todo)} mutants to run ({len(results)} already decided)", flush=True)
+    if not todo:
+        return results
+    # The measured run is also the check that the tests pass without any mutant; the
+    # mutants of a module start as soon as its map is ready.
+    maps = _start_measuring(names, jobs, timeout) if use_coverage else {}
     free = list(_worker_dirs(jobs))
-    for workdir in free[:1] if baseline else ():
-        for name in names:
-            verdict, _, output = _run_tests(workdir, MODULES[name][1], timeout)
-            if verdict != "survived":
-                print(output)
-                raise SystemExit(f"the tests for {name} fail without any mutant: fix that first")
-    log = (OUT / "results.jsonl").open("a")
-
-    def one(mutant: Mutant) -> dict[str, object]:
-        workdir = free.pop()
-        try:
-            path, tests = MODULES[mutant.module]
-            (workdir / path).write_text(mutant.apply(sources[mutant.module]))
-            verdict, seconds, _ = _run_tests(workdir, tests, timeout)
-        finally:
-            (workdir / path).write_text(sources[mutant.module])
-            free.append(workdir)
-        return {
-            "id": mutant.ident,
-            "module": mutant.module,
-            "source": source_hash[mutant.module],
-            "operator": mutant.operator,
-            "line": mutant.line,
-            "change": mutant.describe(),
-            "verdict": verdict,
-            "seconds": round(seconds, 1),
-        }
-
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        for i, record in enumerate(pool.map(one, todo), 1):
+    if not use_coverage:
+        _check_baseline(names, free[0], timeout)
+    runner = _Runner(sources, source_hash, maps, free, timeout)
+    with (OUT / "results.jsonl").open("a") as log:
+        for record in _schedule(runner, todo, jobs):
             results[str(record["id"])] = record
             log.write(json.dumps(record) + "\n")
             log.flush()
-            print(
-                f"[{i}/{len(todo)}] {record['verdict']:<10} {record['id']} {record['change']}",
-                flush=True,
-            )
-    log.close()
     return results
 
 
+def _schedule(
+    runner: _Runner, todo: collections.deque[Mutant], jobs: int
+) -> Iterator[dict[str, object]]:
+    """Run the mutants, ``jobs`` at a time, each once its map is ready; yield each record."""
+    started, total, count = time.monotonic(), len(todo), 0
+    running: set[concurrent.futures.Future[dict[str, object]]] = set()
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        while todo or running:
+            while len(running) < jobs and (mutant := _next_ready(todo, runner.maps)) is not None:
+                running.add(pool.submit(runner.one, mutant))
+            waiting = running | {f for f in runner.maps.values() if not f.done()}
+            finished, _ = concurrent.futures.wait(waiting, return_when="FIRST_COMPLETED")
+            for future in finished & running:
+                running.discard(future)
+                record = future.result()
+                count += 1
+                rate = 60 * count / (time.monotonic() - started)
+                print(
+                    f"[{count}/{total} {rate:.1f}/min] {record['verdict']:<10} "
+                    f"({record['tests']} tests) {record['id']} {record['change']}",
+                    flush=True,
+                )
+                yield record
+
+
 def summary(names: list[str], results: dict[str, dict[str, object]]) -> str:
-    lines = ["| module | mutants | killed | survived | score |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| module | mutants | killed | survived | of which not covered | score |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     survivors: list[dict[str, object]] = []
     for name in names:
         records = [r for r in results.values() if r["module"] == name]
-        alive = [r for r in records if r["verdict"] == "survived"]
+        alive = [r for r in records if str(r["verdict"]).startswith("survived")]
+        bare = [r for r in alive if r["verdict"] == "survived (not covered)"]
         survivors += alive
         total = len(records)
         score = f"{100 * (total - len(alive)) / total:.1f}%" if total else "-"
-        lines.append(f"| {name} | {total} | {total - len(alive)} | {len(alive)} | {score} |")
+        lines.append(
+            f"| {name} | {total} | {total - len(alive)} | {len(alive)} | {len(bare)} | {score} |"
+        )
     lines += ["", "Survivors:", ""]
     for r in sorted(survivors, key=lambda r: (str(r["module"]), int(str(r["line"])))):
-        lines.append(f"- {r['module']}:{r['line']} [{r['operator']}] {r['change']}")
+        bare = " (not covered)" if r["verdict"] == "survived (not covered)" else ""
+        lines.append(f"- {r['id']}{bare} {r['change']}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    global OUT  # --out: the functions above read it
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", action="append", choices=sorted(MODULES))
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant")
+    parser.add_argument("--timeout", type=float, default=600.0, help="most seconds per mutant")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument(
-        "--skip-baseline", action="store_true", help="do not first run the tests unmutated"
+        "--out", type=Path, default=OUT, help="where results and maps are kept (a fresh run)"
+    )
+    parser.add_argument(
+        "--all-tests",
+        action="store_true",
+        help="run the module's whole selection against every mutant (no coverage map)",
+    )
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="decide the survivors again (after adding tests)",
     )
     args = parser.parse_args(argv)
     names = args.module or list(MODULES)
+    OUT = args.out.resolve()
     if args.list:
         for name in names:
             for mutant in mutants_of(name):
                 print(mutant.ident, mutant.describe())
         return 0
-    results = run(names, max(1, args.jobs), args.timeout, baseline=not args.skip_baseline)
+    results = run(
+        names,
+        max(1, args.jobs),
+        args.timeout,
+        use_coverage=not args.all_tests,
+        rerun_survivors=args.rerun_survivors,
+    )
     text = summary(names, results)
     (OUT / "summary.md").write_text(text)
     print(text)

@@ -1,0 +1,540 @@
+"""Tests written for mutants of the driver (``statemachine/agent/``) that outlived the
+suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+import statemachine as sm
+from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
+from statemachine.core.messages import (
+    AssistantMessage,
+    StopReason,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.tools import ToolOutput
+from statemachine.testing import ScriptedModel
+from statemachine.testing.clock import IdleSkippingLoop
+
+S = TurnState
+_T = TypeVar("_T")
+
+
+def _on_virtual_time(main: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """Run ``main()`` on the idle-skipping loop: waits and grace periods cost nothing."""
+    with asyncio.Runner(loop_factory=IdleSkippingLoop) as runner:
+        return runner.run(main())
+
+
+def _tool(name: str, fn: Callable[..., Any]) -> sm.Tool:
+    fn.__name__ = name
+    fn.__doc__ = f"The {name} tool."
+    return sm.tool(fn)
+
+
+def _asks(*names: str) -> AssistantMessage:
+    calls = [ToolCall(f"c{i}", name, {}) for i, name in enumerate(names, 1)]
+    return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
+
+
+async def _forever() -> str:
+    await asyncio.Event().wait()
+    return "never"
+
+
+@pytest.mark.timeout(30)
+def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> None:
+    # Gap: the before_tool_call hook in progress was cancelled only when the run
+    # closed, after it had reported its end, not when the abort came.
+    order: list[str] = []
+
+    async def before(call: ToolCall) -> None:
+        run.abort("stop")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            order.append("hook cancelled")
+            raise
+
+    async def watch() -> None:
+        async for event in run.events():
+            if isinstance(event, RunFinished):
+                order.append("run finished")
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+
+    async def main() -> sm.RunResult:
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert order == ["hook cancelled", "run finished"]
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_an_abort_listener_is_raised_once_the_run_closes() -> None:
+    # Gap: a KeyboardInterrupt raised by a tool's abort listener when the caller
+    # aborted could be swallowed; the run must close, then raise it.
+    interrupt = KeyboardInterrupt("ctrl-c in a listener")
+    closed: list[str] = []
+
+    async def listens(signal: sm.AbortSignal) -> str:
+        def stop(reason: object) -> None:
+            raise interrupt
+
+        signal.add_listener(stop)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append("tool cleaned up")
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("listens")),
+        messages=[UserMessage("go")],
+        tools=[_tool("listens", listens)],
+        grace_period=1.0,
+    )
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        await run.run()
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(main)
+    assert raised.value is interrupt
+    assert closed == ["tool cleaned up"]
+
+
+async def _for_a_long_time() -> str:
+    await asyncio.sleep(1000.0)
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None:
+    # Gap: a second abort was acted on again, which cancelled the grace period's own
+    # timer: a tool still running was never cancelled, and the run waited for it.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("long")),
+        messages=[UserMessage("go")],
+        tools=[_tool("long", _for_a_long_time)],
+        grace_period=2.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, float]:
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, run.abort, "first")
+        loop.call_later(1.5, run.abort, "second")
+        started = loop.time()
+        result = await run.run()
+        return result, loop.time() - started
+
+    result, seconds = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert "first" in result.explanation
+    assert seconds < 1.0 + 2.0 + 0.5
+
+
+async def _ignores_one_cancellation() -> str:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        await asyncio.sleep(5.0)  # past the grace period: abandoned
+    return "late"
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_call_beside_an_abandoned_one_reports_once() -> None:
+    # Gap: an operation's report was not remembered, so at the end of the grace
+    # period a call that had already reported its cancellation was reported again
+    # (the engine refuses a second result for a call).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever), _tool("stubborn", _ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert sorted(texts) == ["c1", "c2"]
+    assert "ignored cancellation" in texts["c2"]
+    assert "ignored cancellation" not in texts["c1"]
+
+
+@pytest.mark.timeout(30)
+def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
+    # Gap: the abort handed ahead of the queue was handed to the engine again before
+    # every later event (the engine absorbs a repeated abort, but records it).
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=1.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert [r.trigger for r in result.trace].count(Trigger.abort) == 1
+
+
+@pytest.mark.timeout(30)
+def test_the_run_finished_event_carries_the_explanation() -> None:
+    # Gap: nothing read RunFinished.explanation.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        grace_period=0.5,
+    )
+    finished: list[RunFinished] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, RunFinished):
+                    finished.append(event)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert "enough" in result.explanation
+    assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
+
+
+@pytest.mark.timeout(30)
+def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> None:
+    # Gap: a message queued ahead of an abort that ended the run at once was taken
+    # from the queue and dropped instead of being returned with the result.
+    async def before(call: ToolCall) -> None:
+        run.steer("also check the logs")
+        run.abort("stop")
+        await asyncio.Event().wait()
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever)],
+        before_tool_call=before,
+    )
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Aborted
+    assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_stopped_at_its_boundary_is_timed_once() -> None:
+    # Gap: the turn timer was not cleared at the turn's end, so the run's end right
+    # after a boundary counted the same turn twice (stats and TurnEnded).
+    async def echo(text: str) -> str:
+        return text
+
+    def stop(messages: object, turn: int) -> sm.Stop:
+        return sm.Stop("one turn is enough")
+
+    ask = AssistantMessage(
+        [ToolCall("c1", "echo", {"text": "hi"})], stop_reason=StopReason.TOOL_USE
+    )
+    run = sm.AgentRun(
+        model=ScriptedModel(ask),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+        should_continue=stop,
+    )
+    ended: list[int] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, TurnEnded):
+                    ended.append(event.turn)
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Done
+    assert result.turns == 1
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 1
+    assert ended == [1]
+
+
+@pytest.mark.timeout(30)
+def test_calls_due_after_an_interrupting_hook_are_answered_not_started() -> None:
+    # Gap (no test ran it): after_tool_call raising KeyboardInterrupt aborts the run
+    # behind the call's result; the engine, handed that result first, asks for the
+    # calls that were waiting for it, which must not start but each be answered as
+    # never begun.
+    interrupt = KeyboardInterrupt("ctrl-c in a hook")
+    ran: list[str] = []
+
+    async def gate() -> str:
+        ran.append("gate")
+        return "open"
+
+    async def step(text: str) -> str:
+        ran.append(text)
+        return text
+
+    def after(call: ToolCall, output: ToolOutput) -> None:
+        if call.name == "gate":
+            raise interrupt
+
+    calls = [
+        ToolCall("c1", "gate", {}),
+        ToolCall("c2", "step", {"text": "two"}),
+        ToolCall("c3", "step", {"text": "three"}),
+    ]
+    gate.__doc__ = "The gate tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(sequential=True)(gate), _tool("step", step)],
+        after_tool_call=after,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    assert ran == ["gate"]
+    result = run.result
+    assert result is not None
+    assert result.state is S.Aborted
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
+    assert "KeyboardInterrupt" in texts["c1"]
+    assert "not started" in texts["c2"]
+    assert "not started" in texts["c3"]
+
+
+@pytest.mark.timeout(30)
+def test_the_turn_times_are_durations_within_the_run() -> None:
+    # Gap: a turn's time was never compared with anything.
+    async def echo(text: str) -> str:
+        await asyncio.sleep(0.25)
+        return text
+
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    run = sm.AgentRun(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+    )
+    result = asyncio.run(run.run())
+    assert result.state is S.Done
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 2
+    assert 0.25 <= sum(result.stats.turn_seconds) <= result.stats.wall_seconds
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_with_a_timeout_is_cancelled_with_the_run() -> None:
+    # Gap (no test ran it): cancelling a tool that has a timeout must cancel the task
+    # that runs it, not only the task waiting for it.
+    cleaned: list[str] = []
+
+    async def slow() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("slow cleaned up")
+        return "never"
+
+    slow.__doc__ = "The slow tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("slow")),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=100.0)(slow)],
+        grace_period=1.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, list[str]]:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        return result, list(cleaned)
+
+    result, cleaned_by_then = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert cleaned_by_then == ["slow cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() -> None:
+    # Gap: a tool that raises CancelledError itself once the run's signal fired (no
+    # one cancelled its task yet) gets "Operation aborted", not a plain failure.
+    async def quits(signal: sm.AbortSignal) -> str:
+        fired = asyncio.Event()
+        signal.add_listener(lambda reason: fired.set())
+        await fired.wait()
+        raise asyncio.CancelledError
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("quits")),
+        messages=[UserMessage("go")],
+        tools=[_tool("quits", quits)],
+        grace_period=2.0,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        return await run.run()
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert only.text == "Operation aborted: CancelledError"
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_run_runs_once() -> None:
+    # Gap: nothing ran an AgentRun twice.
+    run = sm.AgentRun(model=ScriptedModel(AssistantMessage("done")), messages=[UserMessage("go")])
+    assert asyncio.run(run.run()).state is S.Done
+    with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
+        asyncio.run(run.run())
+
+
+@pytest.mark.timeout(30)
+def test_a_caller_cancelling_twice_still_gets_the_running_tools_cancelled() -> None:
+    # Gap: the run's last cleanup (when the caller cancelled run() a second time,
+    # during the abort's grace period) must cancel what still runs.
+    cleaned: list[str] = []
+
+    async def waits() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("waits cleaned up")
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("waits")),
+        messages=[UserMessage("go")],
+        tools=[_tool("waits", waits)],
+        grace_period=10.0,
+    )
+
+    async def main() -> list[str]:
+        task = asyncio.ensure_future(run.run())
+        await asyncio.sleep(0.5)  # the tool is running
+        task.cancel()  # the run aborts; its grace period starts
+        await asyncio.sleep(0.5)
+        task.cancel()  # again, well within the grace period
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return list(cleaned)
+
+    assert _on_virtual_time(main) == ["waits cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_that_ignores_its_timeout_signal_is_cancelled() -> None:
+    # Gap: after a tool's timeout and the grace period, a tool still running must be
+    # cancelled, not left behind.
+    cleaned: list[str] = []
+
+    async def deaf() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("deaf cleaned up")
+        return "never"
+
+    deaf.__doc__ = "The deaf tool."
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("deaf"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=1.0)(deaf)],
+        grace_period=1.0,
+    )
+
+    async def main() -> tuple[sm.RunResult, list[str]]:
+        result = await run.run()
+        return result, list(cleaned)
+
+    result, cleaned_by_then = _on_virtual_time(main)
+    assert result.state is S.Done
+    assert cleaned_by_then == ["deaf cleaned up"]
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert "timed out after 1 s" in only.text
+
+
+@pytest.mark.timeout(30)
+def test_a_keyboard_interrupt_from_transform_context_is_raised_after_the_run() -> None:
+    # Gap: the context hook's KeyboardInterrupt must stop the process like the others,
+    # once the run is closed, not only fail the model call.
+    interrupt = KeyboardInterrupt("ctrl-c in transform_context")
+
+    def transform(messages: Sequence[sm.Message]) -> Sequence[sm.Message]:
+        raise interrupt
+
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        transform_context=transform,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    assert run.result is not None
+    assert run.result.state is S.Failed
+    assert "KeyboardInterrupt" in run.result.explanation
+
+
+@pytest.mark.timeout(30)
+def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
+    # Gap: ToolEnded.abandoned was not read for a call that was only cancelled.
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[_tool("wait", _forever), _tool("stubborn", _ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+    ended: dict[str, tuple[bool, bool]] = {}
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, ToolEnded):
+                    ended[event.call.id] = (event.cancelled, event.abandoned)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        await watcher
+        return result
+
+    assert _on_virtual_time(main).state is S.Aborted
+    assert ended == {"c1": (True, False), "c2": (True, True)}
