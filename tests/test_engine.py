@@ -746,6 +746,23 @@ SCRIPT: list[sm.engine.Event] = [
 ]
 
 
+def test_a_lone_call_that_reuses_an_earlier_lone_calls_id_gets_a_fresh_one() -> None:
+    e = engine()
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("a"))))
+    feed(e, sm.engine.ToolFinished("a", ok()))
+    started = of_type(feed(e, sm.engine.ModelResponded(asks(call("a")))), sm.engine.StartTool)
+    assert [action.call.id for action in started] == ["call_t2_0"]
+
+
+def test_a_batch_that_reuses_an_earlier_batchs_id_gets_a_fresh_one_for_it() -> None:
+    e = engine()
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("a"), call("b"))))
+    feed(e, sm.engine.ToolFinished("a", ok()), sm.engine.ToolFinished("b", ok()))
+    response = sm.engine.ModelResponded(asks(call("c"), call("a")))
+    started = of_type(feed(e, response), sm.engine.StartTool)
+    assert [action.call.id for action in started] == ["c", "call_t2_1"]
+
+
 def test_the_same_events_give_the_same_trace_history_and_actions() -> None:
     runs = []
     for _ in range(2):
