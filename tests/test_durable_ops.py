@@ -59,6 +59,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if not POSTGRES:
         if os.environ.get("CI") == "true":
             pytest.fail("under CI the PostgreSQL tests must run: use bash .ci/postgres.sh")
+        # A developer machine without a server: the SQLite case of the same test still
+        # runs; CI (above) never skips, since .ci/run starts PostgreSQL for it.
         pytest.skip("no PostgreSQL: run under bash .ci/postgres.sh to include it")
     import psycopg
 

@@ -30,7 +30,7 @@ import contextvars
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from statemachine.agent.events import ToolProgress
 from statemachine.agent.hooks import (
@@ -63,6 +63,8 @@ from statemachine.core.events import (
 )
 from statemachine.core.messages import AssistantMessage, Message, ToolCall
 from statemachine.core.tools import ToolOutput
+
+_T = TypeVar("_T")
 
 __all__ = ["AsyncioExecutor", "current_tool_call", "report_progress"]
 
@@ -110,19 +112,21 @@ def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
     return asyncio.get_running_loop().create_task(_carry_on(coro, waiting_on), context=context)
 
 
-async def _carry_on(coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
-    await _Resumed(coro, waiting_on)
+async def _carry_on(coro: Coroutine[Any, Any, _T], waiting_on: Any) -> _T:
+    """Carry on, as a task, a coroutine already run to its first wait; its result."""
+    result: _T = await _Resumed(coro, waiting_on)
+    return result
 
 
 class _Resumed:
     """Awaiting this goes on with a coroutine that has already run to its first wait
     (on ``waiting_on``): the task passes what it receives straight through."""
 
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
         self._coro = coro
         self._waiting_on = waiting_on
 
-    def __await__(self) -> Generator[Any, Any, None]:
+    def __await__(self) -> Generator[Any, Any, Any]:
         coro, value = self._coro, self._waiting_on
         while True:
             try:
@@ -138,8 +142,8 @@ class _Resumed:
                     value = coro.throw(exc)
                 else:
                     value = coro.send(sent)
-            except StopIteration:
-                return
+            except StopIteration as stop:
+                return stop.value
 
 
 class _TimedOutError(Exception):

@@ -34,10 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dbos import DBOS, StepOptions, StepReservation
+
+from statemachine.agent.executor import _carry_on  # the one way to carry a started coroutine on
 
 __all__ = ["NOTHING", "Control", "start_now"]
 
@@ -61,35 +63,6 @@ def start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         done.set_result(stop.value)
         return done
     return loop.create_task(_carry_on(coro, waiting_on), context=context)
-
-
-async def _carry_on(coro: Coroutine[Any, Any, _T], waiting_on: Any) -> _T:
-    result: _T = await _Resumed(coro, waiting_on)
-    return result
-
-
-class _Resumed:
-    """Awaiting this goes on with a coroutine already run to its first wait."""
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
-        self._coro = coro
-        self._waiting_on = waiting_on
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self._coro, self._waiting_on
-        while True:
-            try:
-                try:
-                    sent = yield value
-                except GeneratorExit:
-                    coro.close()
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - passed on, as a task would
-                    value = coro.throw(exc)
-                else:
-                    value = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
 
 
 def _next_operation_id() -> int:
