@@ -250,7 +250,7 @@ class RunningDigest:
         as ``_DIGEST_JSON`` does (see ``_ORJSON_EXACT``)."""
         try:
             text = _dumps(wire, option=_SORTED)
-        except orjson.JSONEncodeError:
+        except Exception:  # noqa: BLE001 - whatever orjson refuses is written from the object
             return
         self._known[id(value)] = text
         self._kept.append(value)
