@@ -16,7 +16,7 @@ import pytest
 import structlog
 from hypothesis import example, find, given, settings
 from hypothesis import strategies as st
-from test_journal import _digest_by_definition, any_event
+from test_journal import _digest_by_definition, _event_strategy, any_event
 
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event, ModelResponded, Start, ToolFinished
@@ -463,3 +463,72 @@ def test_cli_replay_takes_a_line_cap(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_replay([str(path), "--quiet"]) == 0
     assert cli_replay([str(path), "--max-line-bytes", "100"]) == 1
     assert "journal line 1: the line is longer than 100 bytes" in capsys.readouterr().err
+
+
+# -- the digest's texts taken from parsed lines ------------------------------------------
+
+
+@st.composite
+def _message_lines(draw: st.DrawFn) -> str:
+    """A journal line of a model's message or a tool's output, some with every optional
+    key written at its default (null, false), which the wire form leaves out."""
+    event = draw(_event_strategy(ModelResponded) | _event_strategy(ToolFinished))
+    wire = event_to_dict(event)
+    if "message" in wire:
+        message = wire["message"]
+        for key in ("errorMessage", "usage"):
+            if draw(st.booleans()):
+                message.setdefault(key, None)
+        if message.get("usage") is not None and draw(st.booleans()):
+            message["usage"].setdefault("cost", None)
+        for block in message["content"]:
+            defaults = {"thinking": {"signature": None, "redacted": False}}.get(
+                block["type"], {"parseError": None} if block["type"] == "toolCall" else {}
+            )
+            for key, value in defaults.items():
+                if draw(st.booleans()):
+                    block.setdefault(key, value)
+    return json.dumps(wire, ensure_ascii=draw(st.booleans()))
+
+
+@given(_message_lines())
+@example(
+    '{"type":"ModelResponded","message":{"role":"assistant","content":[],'
+    '"stopReason":"stop","usage":{"input":1,"output":1,"cacheRead":0,'
+    '"cacheWrite":0,"totalTokens":2,"cost":3}}}'
+)
+@example(
+    '{"type":"ModelResponded","message":{"role":"assistant","content":[{"type":'
+    '"toolCall","id":"c","name":"n","arguments":{"x":1e-05}}],"stopReason":"stop"}}'
+)
+@example(
+    '{"type":"ModelResponded","message":{"role":"assistant","content":[{"type":"thinking",'
+    '"thinking":"t","signature":null,"redacted":false}],"stopReason":"stop"}}'
+)
+@example(
+    '{"type":"ModelResponded","message":{"role":"assistant","content":[{"type":"toolCall",'
+    '"id":"c","name":"n","arguments":{},"parseError":null}],"stopReason":"stop"}}'
+)
+@example(
+    '{"type":"ModelResponded","message":{"role":"assistant","content":[],"stopReason":"stop",'
+    '"errorMessage":null}}'
+)
+def test_the_digest_of_parsed_messages_is_its_definition(line: str) -> None:
+    import orjson
+
+    from statemachine.core.messages import checked_result
+
+    data = orjson.loads(line)
+    try:
+        event = _FAST_EVENTS[data["type"]](data)
+    except Exception:  # not the fast decoder's case: replay reads it exactly
+        return
+    digest = _RunningDigest()
+    if isinstance(event, ModelResponded):
+        digest.know(event.message, data["message"])
+        message: Message = event.message
+    else:
+        assert isinstance(event, ToolFinished)
+        digest.know(event.output.content, data["output"]["content"])
+        message = checked_result("c", "echo", event.output.content, event.output.is_error)
+    assert digest.digest([message], []) == _digest_by_definition([message], [])

@@ -173,8 +173,13 @@ def _user(message: UserMessage) -> bytes:
 
 
 def _result(message: ToolResultMessage) -> bytes:
+    return _result_after(_content(message.content), message)
+
+
+def _result_after(content: bytes, message: ToolResultMessage) -> bytes:
+    """A tool result's text, from the text of its content (``{"content":[...]``)."""
     return (
-        _content(message.content)
+        content
         + (b',"isError":true' if message.is_error else b',"isError":false')
         + b',"role":"toolResult","toolCallId":'
         + _dumps(message.tool_call_id)
@@ -228,7 +233,39 @@ class RunningDigest:
     """
 
     def __init__(self) -> None:
+        # Texts given by ``know``, by the id of their object (a message, or a tool
+        # output's content); ``_kept`` holds those objects so no other takes their id.
+        self._known: dict[int, bytes] = {}
+        self._kept: list[object] = []
         self._start_over()
+
+    def know(self, value: object, wire: Any) -> None:
+        """Take the text of ``value`` (a message, or the content tuple of a tool's
+        output) from ``wire``, its wire form as orjson parsed it from a journal line.
+
+        ``wire`` must hold exactly what ``value``'s wire form holds, or at the places
+        where it may not (a key at its default value, a float) something orjson cannot
+        write (replay's fast decoder puts ``INEXACT`` there): then ``value`` is simply
+        written from the object when the digest reaches it. orjson writes these types
+        as ``_DIGEST_JSON`` does (see ``_ORJSON_EXACT``)."""
+        try:
+            text = _dumps(wire, option=_SORTED)
+        except Exception:  # noqa: BLE001 - whatever orjson refuses is written from the object
+            return
+        self._known[id(value)] = text
+        self._kept.append(value)
+
+    def _text(self, message: Message) -> bytes:
+        known = self._known
+        if known:
+            text = known.pop(id(message), None)
+            if text is not None:
+                return text
+            if type(message) is ToolResultMessage:
+                content = known.pop(id(message.content), None)
+                if content is not None:
+                    return _result_after(b'{"content":' + content, message)
+        return canonical_message(message)
 
     def _start_over(self) -> None:
         self._hash = hashlib.sha256(b'{"messages":[')
@@ -242,7 +279,7 @@ class RunningDigest:
         new = list(messages[len(self._messages) :])
         if new:
             # The payload's array is the messages' texts joined by commas.
-            text = b",".join([canonical_message(m) for m in new])
+            text = b",".join([self._text(m) for m in new])
             self._hash.update((b"," if self._messages else b"") + text)
             self._messages += new
         new_trace = list(trace[len(self._trace) :])

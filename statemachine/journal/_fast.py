@@ -37,11 +37,18 @@ from statemachine.core.tools import ToolOutput
 from statemachine.core.wire import EVENT_CODECS, STOP_REASONS, ClassCodec
 from statemachine.journal._reader import MAX_DEPTH
 
-__all__ = ["FAST_EVENTS", "NotFastError", "new", "setters"]
+__all__ = ["FAST_EVENTS", "INEXACT", "NotFastError", "new", "setters"]
 
 
 class NotFastError(Exception):
     """Raised by the fast decoder for anything but the common case."""
+
+
+INEXACT: Final = object()
+"""Put by the fast decoders into a parsed message where orjson would not write the
+digest's text of what they built (an optional key at its default, which the wire form
+leaves out; a float, which orjson writes otherwise): orjson cannot write it, so the
+digest writes that message from the object (``RunningDigest.know``)."""
 
 
 new = object.__new__
@@ -151,6 +158,8 @@ def _fast_thinking(block: dict[str, Any]) -> ThinkingContent:
         or (redacted is not None and type(redacted) is not bool)
     ):
         raise NotFastError
+    if ("signature" in block and signature is None) or ("redacted" in block and not redacted):
+        block["type"] = INEXACT  # the wire form leaves these out
     out = new(ThinkingContent)
     set_thinking, set_signature, set_redacted = _SET_THINKING
     set_thinking(out, thinking)
@@ -184,11 +193,18 @@ def _fast_call(block: dict[str, Any]) -> ToolCall:
         or (parse_error is not None and type(parse_error) is not str)
     ):
         raise NotFastError
+    if _NESTED.isdisjoint(map(type, arguments.values())):  # flat: the common case
+        frozen: Any = MappingProxyType(arguments)
+        if parse_error is None and "parseError" in block:
+            block["type"] = INEXACT  # the wire form leaves it out
+    else:  # nested values are frozen in place, and floats are written otherwise
+        frozen = _fast_freeze(arguments, _ARGUMENTS_DEPTH)
+        block["type"] = INEXACT
     out = new(ToolCall)
     set_id, set_name, set_arguments, set_parse_error = _SET_CALL
     set_id(out, call_id)
     set_name(out, name)
-    set_arguments(out, _fast_freeze(arguments, _ARGUMENTS_DEPTH))
+    set_arguments(out, frozen)
     set_parse_error(out, parse_error)
     return out
 
@@ -207,6 +223,9 @@ def _fast_blocks(content: Any, allowed: _Blocks) -> tuple[Any, ...]:
         raise NotFastError
     # A block that is not an object, or of a type not allowed, raises here (TypeError,
     # KeyError): any exception sends the line to the exact decoder.
+    if len(content) == 1:  # the common case, without a comprehension's frame
+        block = content[0]
+        return (allowed[block["type"]](block),)
     return tuple([allowed[block["type"]](block) for block in content])
 
 
@@ -250,7 +269,16 @@ def _fast_assistant(value: Any) -> AssistantMessage:
     set_content(out, _fast_blocks(value["content"], _ASSISTANT_BLOCKS))
     set_stop_reason(out, STOP_REASONS[value["stopReason"]])
     set_error(out, error)
-    set_usage(out, None if usage is None else _fast_usage(usage))
+    if usage is None:
+        set_usage(out, None)
+        if "usage" in value:
+            value["role"] = INEXACT  # the wire form leaves it out
+    else:
+        set_usage(out, _fast_usage(usage))
+        if "cost" in usage:  # a float, or null which the wire form leaves out
+            value["role"] = INEXACT
+    if error is None and "errorMessage" in value:
+        value["role"] = INEXACT
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -16,7 +16,7 @@ import orjson
 from statemachine.core import events as _events
 from statemachine.core.engine import Engine, TransitionRecord
 from statemachine.core.errors import InvalidInputError, ProtocolError, WireFormatError
-from statemachine.core.events import Event
+from statemachine.core.events import Event, ModelResponded, ToolFinished
 from statemachine.core.messages import Message, thaw_json
 from statemachine.core.table import TurnState
 from statemachine.core.wire import event_from_dict, event_to_dict
@@ -130,13 +130,12 @@ def _replay_lines(
     replayer = _Replayer(engine)
     error: JournalError | None = None
     try:
-        for raw in each:
-            replayer.replay_line(raw, lines)
+        replayer.replay(each, lines)
     except JournalError as exc:
         error = exc
     if error is not None and strict:
         raise error
-    return ReplayResult(header, engine, tuple(replayer.steps), replayer.checkpoints, error)
+    return ReplayResult(header, engine, replayer.steps(), replayer.checkpoints, error)
 
 
 def _start(
@@ -155,6 +154,26 @@ def _start(
 
 
 _EVENT_RECORD_KEYS: Final = frozenset({"seq", "event", "after"})
+
+
+def _engine_failure(event: Event, exc: Exception, number: int) -> JournalError:
+    if isinstance(exc, ProtocolError):
+        return JournalError(number, f"the engine refuses {type(event).__name__} here: {exc}")
+    return _cannot_replay(number, exc)
+
+
+def _diverged(after: TurnState, state: TurnState, number: int) -> JournalError:
+    return JournalError(
+        number,
+        f"replay diverged: the journal says the run went to {after.value}, the "
+        f"engine went to {state.value}",
+    )
+
+
+def _cannot_replay(number: int, exc: Exception) -> JournalError:
+    return JournalError(number, f"cannot replay this line: {type(exc).__name__}: {exc}")
+
+
 _SET_STEP: Final = setters(ReplayStep, "line", "event", "transitions", "state")
 _STATE_NAMES: Final = {state.value: state for state in TurnState}
 
@@ -165,70 +184,99 @@ class _Replayer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.digest = RunningDigest()
-        self.steps: list[ReplayStep] = []
         self.checkpoints = 0
         self.expected_seq = 1
+        # Each replayed event's line, the event, the length of the trace after it and
+        # the state: its ``ReplayStep`` is made at the end (``steps``).
+        self._lines: list[int] = []
+        self._events: list[Event] = []
+        self._marks: list[int] = []
+        self._states: list[TurnState] = []
+        self._first_mark = len(engine.trace)
 
-    def replay_line(self, raw: bytes | str, lines: Lines) -> None:
-        """Replay one line; anything that goes wrong is a ``JournalError`` naming it."""
+    def replay(self, each: Iterator[bytes | str], lines: Lines) -> None:
+        """Replay the event lines; anything that goes wrong is a ``JournalError``
+        naming its line. The common case is read inline (``orjson`` and the fast
+        decoder); anything else, or any failure of that reading, goes to
+        ``_read_other``, which reads the line exactly or says what is wrong with it."""
+        engine, digest, fast_events, loads = self.engine, self.digest, FAST_EVENTS, orjson.loads
+        know, states, expected = digest.know, _STATE_NAMES, self.expected_seq
+        handle = engine.handle
+        add_line, add_event = self._lines.append, self._events.append
+        add_mark, add_state = self._marks.append, self._states.append
+        event: Any
+        for raw in each:
+            try:
+                record = loads(raw)
+                data = record["event"]
+                seq = record["seq"]
+                after = states[record["after"]]
+                if len(record) != 3 or type(seq) is not int or seq != expected:
+                    raise NotFastError
+                event = fast_events[data["type"]](data)
+            except Exception:  # noqa: BLE001 - anything unusual: the exact reading says what
+                read = self._read_other(raw, lines)
+                if read is None:
+                    continue
+                event, after = read
+            else:
+                # The digest takes the texts of the messages of every turn from what
+                # was parsed: the model's message, the tool's output (a result's content).
+                kind = type(event)
+                if kind is ModelResponded:
+                    know(event.message, data["message"])
+                elif kind is ToolFinished:
+                    know(event.output.content, data["output"]["content"])
+            try:
+                handle(event)
+            except Exception as exc:  # noqa: BLE001 - refused, or failed: named and raised
+                cause = None if isinstance(exc, ProtocolError) else exc
+                raise _engine_failure(event, exc, lines.number) from cause
+            if engine.state is not after:
+                raise _diverged(after, engine.state, lines.number)
+            expected += 1
+            self.expected_seq = expected
+            add_line(lines.number)
+            add_event(event)
+            add_mark(len(engine.trace))
+            add_state(after)
+
+    def _read_other(self, raw: bytes | str, lines: Lines) -> tuple[Event, TurnState] | None:
+        """A checkpoint, or a line that is not the common case: read exactly."""
         try:
-            self._replay_line(raw, lines)
+            try:
+                record = orjson.loads(raw)
+                if type(record) is dict and "checkpoint" in record:
+                    self._verify_checkpoint(record["checkpoint"], 0)
+                    self.checkpoints += 1
+                    return None
+                raise NotFastError
+            except Exception:  # noqa: BLE001 - anything unusual: the exact reading says what
+                read = self._read_exact(decode_exact(raw, lines, EXACT_DECODER), lines.number)
+                if read is None:
+                    self.checkpoints += 1
+                return read
         except JournalError:
             raise
-        except Exception as exc:  # the journal's fault or the engine's: either way, named
-            raise JournalError(
-                lines.number, f"cannot replay this line: {type(exc).__name__}: {exc}"
-            ) from exc
+        except Exception as exc:  # the journal's fault: named
+            raise _cannot_replay(lines.number, exc) from exc
 
-    def _replay_line(self, raw: bytes | str, lines: Lines) -> None:
-        try:
-            read = self._read_fast(orjson.loads(raw), raw)
-        except Exception:  # noqa: BLE001 - anything unusual: the exact reading says what
-            read = self._read_exact(decode_exact(raw, lines, EXACT_DECODER), lines.number)
-        if read is None:
-            self.checkpoints += 1
-            return
-        event, after = read
-        engine = self.engine
-        trace = engine.trace
-        mark = len(trace)
-        try:
-            engine.handle(event)
-        except ProtocolError as exc:
-            raise JournalError(
-                lines.number, f"the engine refuses {type(event).__name__} here: {exc}"
-            ) from None
-        state = engine.state
-        if state is not after:
-            raise JournalError(
-                lines.number,
-                f"replay diverged: the journal says the run went to {after.value}, the "
-                f"engine went to {state.value}",
-            )
-        step = new(ReplayStep)  # as ReplayStep(...) would, at a third of the cost
+    def steps(self) -> tuple[ReplayStep, ...]:
+        """The replayed steps, each with the transitions its event caused."""
+        trace = self.engine.trace
+        steps = []
+        mark = self._first_mark
         set_line, set_event, set_transitions, set_state = _SET_STEP
-        set_line(step, lines.number)
-        set_event(step, event)
-        set_transitions(step, tuple(trace[mark:]))
-        set_state(step, state)
-        self.steps.append(step)
-        self.expected_seq += 1
-
-    def _read_fast(self, record: Any, raw: bytes | str) -> tuple[Event, TurnState] | None:
-        """The common case, or an exception (of any kind) for anything else."""
-        if type(record) is not dict:
-            raise NotFastError
-        if "checkpoint" in record:
-            self._verify_checkpoint(record["checkpoint"], 0)
-            return None
-        if record.keys() != _EVENT_RECORD_KEYS:
-            raise NotFastError
-        seq = record["seq"]
-        if type(seq) is not int or seq != self.expected_seq:
-            raise NotFastError
-        data = record["event"]
-        event = FAST_EVENTS[data["type"]](data)
-        return event, _STATE_NAMES[record["after"]]
+        each = zip(self._lines, self._events, self._marks, self._states, strict=True)
+        for line, event, end, state in each:
+            step = new(ReplayStep)  # as ReplayStep(...) would, at a third of the cost
+            set_line(step, line)
+            set_event(step, event)
+            set_transitions(step, tuple(trace[mark:end]))
+            set_state(step, state)
+            steps.append(step)
+            mark = end
+        return tuple(steps)
 
     def _read_exact(self, record: Any, number: int) -> tuple[Event, TurnState] | None:
         """Read a line as ``event_from_dict`` does, or say what is wrong with it."""
