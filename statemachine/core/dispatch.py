@@ -25,14 +25,13 @@ transition hook is read on every step: a hook sees every transition on this one 
 
 from __future__ import annotations
 
-import functools
 import keyword
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 
 from statemachine.core.errors import ProtocolError
 from statemachine.core.table import Trigger, TurnState
-from statemachine.core.trace import TransitionRecord
+from statemachine.core.trace import TURN, transition_code
 
 __all__ = ["Compiled", "TableData", "compile_table", "current"]
 
@@ -135,19 +134,11 @@ def compile_table(
 def _namespace(cap: int) -> dict[str, Any]:
     names: dict[str, Any] = {f"S_{s.name}": s for s in TurnState}
     names.update({f"T_{t.name}": t for t in Trigger})
-    names.update(CAP=cap, no_row=_no_row, logged=_logged, record=_record)
+    names.update(CAP=cap, TURN=TURN, no_row=_no_row, logged=_logged)
     return names
 
 
 # What every transition does besides the row's own choice, called by the steps.
-
-_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
-    functools.partial(tuple.__new__, TransitionRecord)
-)
-
-
-def _record(engine: Any, source: TurnState, trigger: Trigger, dest: TurnState) -> None:
-    engine.trace.append(_new_record((source, trigger, dest, engine.turns)))
 
 
 def _logged(engine: Any, source: TurnState, trigger: Trigger, dest: TurnState) -> None:
@@ -186,7 +177,8 @@ def _take(source: TurnState, trigger: Trigger, dest: TurnState, then: str) -> li
         "if hook is not None:",
         f"    hook(self, {s}, {t}, {d})",
         f"self._state = {d}",
-        f"record(self, {s}, {t}, {d})",
+        # the record, stored compactly (core/trace.py)
+        f"self.trace._codes.append(self.turns * TURN + {transition_code(source, trigger, dest)})",
         "if self._debug:",
         f"    logged(self, {s}, {t}, {d})",
     ]

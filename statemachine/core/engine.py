@@ -98,7 +98,7 @@ from statemachine.core.table import (
     rows_from,
 )
 from statemachine.core.tools import Scheduling, ToolDefinition
-from statemachine.core.trace import TransitionRecord
+from statemachine.core.trace import Trace, TransitionRecord
 
 __all__ = [
     "ABANDONED",
@@ -212,10 +212,10 @@ class Engine(Guards):
     Dispatch applies the table directly (the first row whose guard holds), which is
     all ``transitions.Machine.trigger`` would do for us at a fraction of the cost (see
     bench/): the rows are compiled to Python once (``core/dispatch.py``) and the
-    guards and entry effects called by name. ``transition_hook``, when set on the class, sees every trigger fired
-    (``TransitionHook``): the test suite sets it to run each transition through the
-    reference ``transitions`` machine too, and the exhaustive checker to hold each one
-    to the rules.
+    guards and entry effects called by name. ``transition_hook``, when set on the
+    class, sees every trigger fired (``TransitionHook``): the test suite sets it to run
+    each transition through the reference ``transitions`` machine too, and the
+    exhaustive checker to hold each one to the rules.
     """
 
     transition_hook: ClassVar[TransitionHook | None] = None
@@ -274,7 +274,7 @@ class Engine(Guards):
         self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
         self._debug = _debug_enabled(self._log)
         self.turns = 0
-        self.trace = []
+        self.trace = Trace()
         self.explanation = None
         self.abort_reason = None
         self._abort_context = ""
