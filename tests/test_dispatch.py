@@ -65,9 +65,9 @@ def test_the_engines_tables_forget_their_compiled_dispatch_on_every_write() -> N
     ]
     for write in writes:
         engine_module._dispatch()
-        assert dispatch.current() is not None
+        assert dispatch.latest is not None
         write()
-        assert dispatch.current() is None, write
+        assert dispatch.latest is None, write
     engine_module._dispatch()
 
 

@@ -33,7 +33,7 @@ from statemachine.core.errors import ProtocolError
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.trace import TURN, transition_code
 
-__all__ = ["Compiled", "TableData", "compile_table", "current"]
+__all__ = ["Compiled", "TableData", "compile_table", "forget", "latest"]
 
 Rows = tuple[tuple[str | None, TurnState], ...]
 Step = Callable[[Any], None]
@@ -103,17 +103,14 @@ class Compiled:
         self.settle: dict[TurnState, Settle] = namespace["SETTLE"]
 
 
-_current: Compiled | None = None
-
-
-def current() -> Compiled | None:
-    """The dispatch compiled last (``None`` once a table it was built from was written)."""
-    return _current
+latest: Compiled | None = None
+"""The dispatch compiled last (``None`` once a table it was built from was written).
+A variable, not a function: the engine reads it on every event."""
 
 
 def forget() -> None:
-    global _current
-    _current = None
+    global latest
+    latest = None
 
 
 def compile_table(
@@ -123,9 +120,9 @@ def compile_table(
 ) -> Compiled:
     """The dispatch for these tables (``cap``: internal firings allowed per input),
     compiled now and kept until they change."""
-    global _current
-    _current = Compiled(rows, internal, cap)
-    return _current
+    global latest
+    latest = Compiled(rows, internal, cap)
+    return latest
 
 
 # -- writing the source ---------------------------------------------------------------

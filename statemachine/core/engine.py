@@ -48,6 +48,7 @@ from statemachine.core import dispatch as _compiled
 from statemachine.core import engine_snapshot as _serial
 from statemachine.core import snapshot as _snapshots
 from statemachine.core.batch import (
+    DONE,
     READY,
     RUNNING,
     WAITING_APPROVAL,
@@ -85,6 +86,7 @@ from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
+    checked_result,
 )
 from statemachine.core.snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
 from statemachine.core.table import (
@@ -168,7 +170,7 @@ _INPUT_TRIGGER: Final[dict[type, Trigger]] = {
 
 def _dispatch() -> _compiled.Compiled:
     """The compiled dispatch of the current tables (compiled again if they changed)."""
-    plan = _compiled.current()
+    plan = _compiled.latest
     if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
         plan = _compiled.compile_table(_ROWS, _INTERNAL_FROM, MAX_INTERNAL_TRANSITIONS)
     return plan
@@ -339,7 +341,10 @@ class Engine(Guards):
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        step = _dispatch().steps.get((state, trigger))
+        plan = _compiled.latest
+        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
+            plan = _dispatch()
+        step = plan.steps.get((state, trigger))
         if step is None:
             accepted = sorted(
                 {r.trigger.value for r in TRANSITIONS if r.source is state}
@@ -366,7 +371,9 @@ class Engine(Guards):
         """Refuse events whose data does not fit the bookkeeping; mutate nothing."""
         # Tool results first: the most frequent input there is.
         if isinstance(event, (ToolFinished, ToolCancelled)):
-            self._expect_slot(event.call_id, RUNNING, event.trigger)
+            slot = self._slots.get(event.call_id)
+            if slot is None or slot.status != RUNNING:
+                self._expect_slot(event.call_id, RUNNING, event.trigger)
         elif isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
             if not self._model_outstanding:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
@@ -388,11 +395,18 @@ class Engine(Guards):
             )
 
     def _record(self, state: TurnState, event: Event) -> None:
-        """Record the event's data; destination-specific effects come on entry."""
+        """Record the event's data; destination-specific effects come on entry.
+
+        Results enter the history (``_flush``) after the events that give one; every
+        other event leaves no result waiting (each effect that answers a call flushes)."""
         if isinstance(event, ToolFinished):  # the most frequent event first
-            self._resolve_output(self._slots[event.call_id], event.output)
+            slot = self._slots[event.call_id]
+            call, output = slot.call, event.output
+            slot.result = checked_result(call.id, call.name, output.content, output.is_error)
+            slot.status = DONE
             if state is S.CollectingResults:
                 self._start_runnable()
+            self._flush()
         elif isinstance(event, ModelResponded):
             self._model_outstanding = False
             message = event.message
@@ -410,18 +424,19 @@ class Engine(Guards):
             self._record_input(state, event)
         elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired, ApprovalDecided)):
             self._record_decision(event)
+            self._flush()
         elif isinstance(event, ToolCancelled):
             slot = self._slots[event.call_id]
             if event.reason.startswith(ABANDONED):
                 self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
             self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
+            self._flush()
         elif isinstance(event, ContinueDecided):
             self._continue_pending = False
             if event.stop:
                 self._stop_reason = event.reason or "should_continue asked to stop"
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
-        self._flush()
 
     def _record_model_error(self, state: TurnState, event: ModelFailed | ModelCancelled) -> None:
         self._model_outstanding = False
@@ -475,7 +490,10 @@ class Engine(Guards):
         # TurnBoundary -> AwaitingModel waits for the model), so this terminates; the
         # cap (MAX_INTERNAL_TRANSITIONS) turns a broken table or guard into an error
         # that shows the loop instead of a hang.
-        _dispatch().settle[self._state](self, 0)
+        plan = _compiled.latest
+        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
+            plan = _dispatch()
+        plan.settle[self._state](self, 0)
 
     def _runaway(self, trigger: Trigger, fired: int) -> typing.NoReturn:
         recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest
