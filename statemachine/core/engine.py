@@ -404,8 +404,8 @@ class Engine(Guards):
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
             slot.status = DONE
-            if state is S.CollectingResults:
-                self._start_runnable()
+            if state is S.CollectingResults and len(self._batch) > 1:
+                self._start_runnable()  # (a lone call held nothing back)
             self._flush()
         elif isinstance(event, ModelResponded):
             self._model_outstanding = False
