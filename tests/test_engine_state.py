@@ -23,6 +23,7 @@ from statemachine.core.errors import ProtocolError
 from statemachine.core.events import Action, CallModel, Event
 from statemachine.core.state import EngineFields
 from statemachine.core.table import INPUT_TRIGGERS
+from statemachine.core.trace import Trace
 from statemachine.testing._space import (
     DEFAULT_CONFIGS,
     EVENT_SOURCES,
@@ -108,7 +109,7 @@ def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
         copied = vars(fork)[name]
         if name in engine_state.CONFIGURATION:
             continue  # fixed for the run: never written after the engine is made
-        if isinstance(value, (list, dict, set, CallSlot)):
+        if isinstance(value, (list, dict, set, CallSlot, Trace)):
             assert copied is not value, f"the fork shares {name}"
     for mine, theirs in zip(original._batch, fork._batch, strict=True):
         assert mine is not theirs, "the fork shares a call's bookkeeping"

@@ -8,6 +8,7 @@ directly: for (state, trigger), the first row whose guard holds. This module sup
 the guard predicates the table names and the handling of one event; the rest of the
 engine lives beside it, one job per module:
 
+* ``core/dispatch.py``: the table's rows compiled to Python (the steps ``handle`` runs);
 * ``core/state.py``: the fields an engine holds, ``Engine.fork`` and ``control_key``;
 * ``core/batch.py``: the bookkeeping of the current batch of tool calls;
 * ``core/entry.py``: what entering each state does (the entry effects);
@@ -37,21 +38,23 @@ Every transition is logged as one structlog event ``transition`` and recorded in
 
 from __future__ import annotations
 
-import functools
 import logging
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
 from statemachine._log import library_logger
+from statemachine.core import dispatch as _compiled
 from statemachine.core import engine_snapshot as _serial
 from statemachine.core import snapshot as _snapshots
 from statemachine.core.batch import (
+    DONE,
     READY,
     RUNNING,
     WAITING_APPROVAL,
     WAITING_PERMISSION,
 )
+from statemachine.core.dispatch import TableData
 from statemachine.core.engine_snapshot import SNAPSHOT_VERSION
 from statemachine.core.errors import (
     EngineInvariantError,
@@ -83,6 +86,7 @@ from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
+    checked_result,
 )
 from statemachine.core.snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
 from statemachine.core.table import (
@@ -96,7 +100,7 @@ from statemachine.core.table import (
     rows_from,
 )
 from statemachine.core.tools import Scheduling, ToolDefinition
-from statemachine.core.trace import TransitionRecord
+from statemachine.core.trace import Trace, TransitionRecord
 
 __all__ = [
     "ABANDONED",
@@ -134,37 +138,45 @@ changes, so the engine's guards still give the values the dispatch decided on.""
 # The table, pre-digested for dispatch (derived here once, never written by hand):
 # for each (state, trigger) its rows in table order as (guard method or None, dest);
 # for each state the internal triggers that have a row from it, with the method of
-# the guard that fires them; and each state's entry method.
+# the guard that fires them. ``core/dispatch.py`` compiles the two into the steps
+# ``handle`` runs, again whenever either is replaced or written (``TableData``).
 _Rows = tuple[tuple[str | None, TurnState], ...]
-_ROWS: Final[dict[tuple[TurnState, Trigger], _Rows]] = {
-    (state, trigger): tuple(
-        (None if row.guard is None else GUARD_METHOD[row.guard], row.dest)
-        for row in rows_from(state, trigger)
-    )
-    for state in TurnState
-    for trigger in Trigger
-    if rows_from(state, trigger)
-}
-_INTERNAL_FROM: Final[dict[TurnState, tuple[tuple[Trigger, str], ...]]] = {
-    state: tuple(
-        (trigger, GUARD_METHOD[guard])
-        for trigger, guard in INTERNAL_TRIGGERS.items()
+_ROWS: Final[dict[tuple[TurnState, Trigger], _Rows]] = TableData(
+    {
+        (state, trigger): tuple(
+            (None if row.guard is None else GUARD_METHOD[row.guard], row.dest)
+            for row in rows_from(state, trigger)
+        )
+        for state in TurnState
+        for trigger in Trigger
         if rows_from(state, trigger)
-    )
-    for state in TurnState
-}
-_ENTER: Final = {state: f"_enter_{state.value}" for state in TurnState}
+    }
+)
+_INTERNAL_FROM: Final[dict[TurnState, tuple[tuple[Trigger, str], ...]]] = TableData(
+    {
+        state: tuple(
+            (trigger, GUARD_METHOD[guard])
+            for trigger, guard in INTERNAL_TRIGGERS.items()
+            if rows_from(state, trigger)
+        )
+        for state in TurnState
+    }
+)
 # The trigger of each input event class (the classes name it as a ClassVar).
 _INPUT_TRIGGER: Final[dict[type, Trigger]] = {
     cls: cls.trigger for cls in typing.get_args(Event) if cls.trigger not in INTERNAL_TRIGGERS
 }
 
 
-# A TransitionRecord from one tuple, without the named tuple's Python-level __new__
-# (one record per transition, several per event).
-_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
-    functools.partial(tuple.__new__, TransitionRecord)
-)
+def _dispatch() -> _compiled.Compiled:
+    """The compiled dispatch of the current tables (compiled again if they changed)."""
+    plan = _compiled.latest
+    if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
+        plan = _compiled.compile_table(_ROWS, _INTERNAL_FROM, MAX_INTERNAL_TRANSITIONS)
+    return plan
+
+
+_dispatch()  # compiled when the module is imported, not by the first event
 
 
 def _debug_enabled(log: Any) -> bool:
@@ -200,11 +212,12 @@ class Engine(Guards):
     ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
 
     Dispatch applies the table directly (the first row whose guard holds), which is
-    all ``transitions.Machine.trigger`` would do for us at a fifth of the cost (see
-    bench/). ``transition_hook``, when set on the class, sees every trigger fired
-    (``TransitionHook``): the test suite sets it to run each transition through the
-    reference ``transitions`` machine too, and the exhaustive checker to hold each one
-    to the rules.
+    all ``transitions.Machine.trigger`` would do for us at a fraction of the cost (see
+    bench/): the rows are compiled to Python once (``core/dispatch.py``) and the
+    guards and entry effects called by name. ``transition_hook``, when set on the
+    class, sees every trigger fired (``TransitionHook``): the test suite sets it to run
+    each transition through the reference ``transitions`` machine too, and the
+    exhaustive checker to hold each one to the rules.
     """
 
     transition_hook: ClassVar[TransitionHook | None] = None
@@ -263,7 +276,7 @@ class Engine(Guards):
         self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
         self._debug = _debug_enabled(self._log)
         self.turns = 0
-        self.trace = []
+        self.trace = Trace()
         self.explanation = None
         self.abort_reason = None
         self._abort_context = ""
@@ -328,8 +341,11 @@ class Engine(Guards):
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        rows = _ROWS.get((state, trigger))
-        if rows is None:
+        plan = _compiled.latest
+        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
+            plan = _dispatch()
+        step = plan.steps.get((state, trigger))
+        if step is None:
             accepted = sorted(
                 {r.trigger.value for r in TRANSITIONS if r.source is state}
                 - {t.value for t in INTERNAL_TRIGGERS}
@@ -343,7 +359,7 @@ class Engine(Guards):
         self._event = event
         try:
             self._record(state, event)
-            self._fire(trigger, None, rows)
+            step(self)  # the first row whose guard holds (core/dispatch.py)
             self._run_internal()
         finally:
             self._event = None
@@ -355,7 +371,9 @@ class Engine(Guards):
         """Refuse events whose data does not fit the bookkeeping; mutate nothing."""
         # Tool results first: the most frequent input there is.
         if isinstance(event, (ToolFinished, ToolCancelled)):
-            self._expect_slot(event.call_id, RUNNING, event.trigger)
+            slot = self._slots.get(event.call_id)
+            if slot is None or slot.status != RUNNING:
+                self._expect_slot(event.call_id, RUNNING, event.trigger)
         elif isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
             if not self._model_outstanding:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
@@ -377,11 +395,18 @@ class Engine(Guards):
             )
 
     def _record(self, state: TurnState, event: Event) -> None:
-        """Record the event's data; destination-specific effects come on entry."""
+        """Record the event's data; destination-specific effects come on entry.
+
+        Results enter the history (``_flush``) after the events that give one; every
+        other event leaves no result waiting (each effect that answers a call flushes)."""
         if isinstance(event, ToolFinished):  # the most frequent event first
-            self._resolve_output(self._slots[event.call_id], event.output)
-            if state is S.CollectingResults:
-                self._start_runnable()
+            slot = self._slots[event.call_id]
+            call, output = slot.call, event.output
+            slot.result = checked_result(call.id, call.name, output.content, output.is_error)
+            slot.status = DONE
+            if state is S.CollectingResults and len(self._batch) > 1:
+                self._start_runnable()  # (a lone call held nothing back)
+            self._flush()
         elif isinstance(event, ModelResponded):
             self._model_outstanding = False
             message = event.message
@@ -399,18 +424,19 @@ class Engine(Guards):
             self._record_input(state, event)
         elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired, ApprovalDecided)):
             self._record_decision(event)
+            self._flush()
         elif isinstance(event, ToolCancelled):
             slot = self._slots[event.call_id]
             if event.reason.startswith(ABANDONED):
                 self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
             self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
+            self._flush()
         elif isinstance(event, ContinueDecided):
             self._continue_pending = False
             if event.stop:
                 self._stop_reason = event.reason or "should_continue asked to stop"
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
-        self._flush()
 
     def _record_model_error(self, state: TurnState, event: ModelFailed | ModelCancelled) -> None:
         self._model_outstanding = False
@@ -456,56 +482,18 @@ class Engine(Guards):
             reason = f": {event.reason}" if event.reason else ""
             self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
 
-    def _fire(self, trigger: Trigger, holds: str | None = None, rows: _Rows | None = None) -> None:
-        """Take the transition for ``trigger``; ``holds`` names a guard just seen to
-        hold (guards are pure, and nothing has changed since: it is not asked again);
-        ``rows`` are the table's rows for (state, trigger) when the caller has them."""
-        source = self._state
-        if rows is None:
-            rows = _ROWS.get((source, trigger), ())
-        hook = type(self).transition_hook
-        # The table's own rule: the first row for (state, trigger) whose guard holds.
-        for guard, dest in rows:  # noqa: B007 - used after
-            if guard is None or guard is holds or getattr(self, guard)():
-                break
-        else:
-            if hook is not None:
-                hook(self, source, trigger, None)
-            # Unreachable when the table is complete (the checker proves it); kept so
-            # that a broken table fails loudly instead of silently stalling.
-            raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
-        if hook is not None:
-            hook(self, source, trigger, dest)
-        self._state = dest
-        self.trace.append(_new_record((source, trigger, dest, self.turns)))
-        if self._debug:
-            self._log.debug(
-                "transition",
-                turn=self.turns,
-                from_state=source.value,
-                to_state=dest.value,
-                trigger=trigger.value,
-            )
-        if dest is not source:
-            getattr(self, _ENTER[dest])(source)
-
     def _run_internal(self) -> None:
-        # Fire internal triggers to a fixed point. Each firing leaves its source state
-        # and the internal triggers form no cycle without an input in between
-        # (Dispatching -> Collecting -> TurnBoundary -> AwaitingModel waits for the
-        # model), so this terminates; the cap turns a broken table or guard into an
-        # error that shows the loop instead of a hang.
-        fired = 0
-        while True:
-            for trigger, guard in _INTERNAL_FROM[self._state]:
-                if getattr(self, guard)():
-                    if fired == MAX_INTERNAL_TRANSITIONS:
-                        self._runaway(trigger, fired)
-                    self._fire(trigger, guard)
-                    fired += 1
-                    break
-            else:
-                return
+        # Fire internal triggers to a fixed point (each state's compiled settle fires
+        # the first internal trigger whose guard holds, then settles the state it
+        # reached). Each firing leaves its source state and the internal triggers form
+        # no cycle without an input in between (Dispatching -> Collecting ->
+        # TurnBoundary -> AwaitingModel waits for the model), so this terminates; the
+        # cap (MAX_INTERNAL_TRANSITIONS) turns a broken table or guard into an error
+        # that shows the loop instead of a hang.
+        plan = _compiled.latest
+        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
+            plan = _dispatch()
+        plan.settle[self._state](self, 0)
 
     def _runaway(self, trigger: Trigger, fired: int) -> typing.NoReturn:
         recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest

@@ -36,7 +36,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
-from statemachine.core.trace import TransitionRecord
+from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.core.wire import (
     block_from_dict,
     message_from_dict,
@@ -163,10 +163,10 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     engine._stop_reason = _snapshots.string(data, "stopReason", p, optional=True)
     engine.abort_reason = _snapshots.string(data, "abortReason", p, optional=True)
     engine.explanation = _snapshots.string(data, "explanation", p, optional=True)
-    engine.trace = [
+    engine.trace = Trace(
         _record_from(r, f"snapshot.trace[{i}]")
         for i, r in enumerate(_snapshots.array(data, "trace", p))
-    ]
+    )
 
 
 def _denial_from(engine: Engine, value: object) -> tuple[ToolCall, str] | None:

@@ -43,14 +43,18 @@ class EntryEffects(BatchBookkeeping):
             self._inject_queued()
         self.turns += 1
         self._model_outstanding = True
-        self._new_batch(())
+        self._batch = []  # a new, empty batch
+        self._slots = {}
+        self._flushed = 0
         self._actions.append(CallModel(HistoryView(self._history), self._tools, self.turns))
 
     def _enter_DispatchingTools(self, source: TurnState) -> None:
+        answered = False  # whether a call was answered here (its result to flush)
         for slot in self._batch:
             definition = self._tools_by_name.get(slot.call.name)
             if definition is None:
                 self._resolve(slot, self._unknown_tool_text(slot.call.name), is_error=True)
+                answered = True
                 continue
             if slot.call.parse_error is not None:
                 # Checked before the schema: empty arguments may satisfy it, and the
@@ -62,6 +66,7 @@ class EntryEffects(BatchBookkeeping):
                     + json.dumps(definition.schema_dict(), sort_keys=True)
                 )
                 self._resolve(slot, text, is_error=True)
+                answered = True
                 continue
             problems = validate_arguments(definition, slot.call.arguments)
             if problems:
@@ -72,12 +77,14 @@ class EntryEffects(BatchBookkeeping):
                     + json.dumps(definition.schema_dict(), sort_keys=True)
                 )
                 self._resolve(slot, text, is_error=True)
+                answered = True
                 continue
             self._classify(slot)
             if self.check_permissions:
                 slot.status = WAITING_PERMISSION
                 self._actions.append(CheckPermission(slot.call, self.turns))
-        self._flush()
+        if answered:
+            self._flush()
 
     def _enter_CollectingResults(self, source: TurnState) -> None:
         self._start_runnable()

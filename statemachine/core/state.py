@@ -27,7 +27,7 @@ from statemachine.core.events import Action, Event
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
-from statemachine.core.trace import TransitionRecord
+from statemachine.core.trace import Trace
 
 if TYPE_CHECKING:
     from statemachine.core.batch import CallSlot
@@ -61,7 +61,7 @@ class EngineFields:
     _debug: bool
     # record
     _history: list[Message]
-    trace: list[TransitionRecord]
+    trace: Trace
     explanation: str | None
     _seen_ids: set[str]
     # control
@@ -101,7 +101,7 @@ class EngineFields:
         fields["_batch"] = batch
         fields["_slots"] = {slot.call.id: slot for slot in batch}
         fields["_history"] = list(self._history)
-        fields["trace"] = list(self.trace)
+        fields["trace"] = self.trace.copy()
         fields["_seen_ids"] = set(self._seen_ids)
         fields["_abandoned"] = list(self._abandoned)
         fields["_steer"] = list(self._steer)

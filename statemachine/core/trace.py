@@ -1,27 +1,116 @@
 """The transition log: one immutable record per transition an engine takes.
 
-``Engine.trace`` is a list of these, oldest first; the journal, the diagrams and the
-snapshot write them out, and ``EngineInvariantError.trace`` carries the ones that
+``Engine.trace`` is a ``Trace`` of these, oldest first; the journal, the diagrams and
+the snapshot write them out, and ``EngineInvariantError.trace`` carries the ones that
 led to a broken table.
+
+A ``Trace`` stores one int per transition and makes each ``TransitionRecord`` when it
+is read: an engine takes several transitions per event and most are never read back
+one by one, so the log costs an append of an int instead of a tuple made and kept
+(and walked by the garbage collector) per transition. It reads as the list it
+replaces: length, indexing and slices (a slice is a list of records), iteration, and
+equality with a list or tuple of records.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Final, NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
 
-__all__ = ["TransitionRecord"]
+__all__ = ["Trace", "TransitionRecord", "transition_code"]
 
 
 class TransitionRecord(NamedTuple):
     """One step of the transition log (immutable).
 
-    A named tuple rather than an attrs class: the engine makes one per transition,
-    several per event, and a tuple is made at under half the cost (bench/, replay).
+    A named tuple rather than an attrs class: it is made for every record read, and a
+    tuple is made at under half the cost (bench/, replay).
     """
 
     source: TurnState
     trigger: Trigger
     dest: TurnState
     turn: int
+
+
+# A transition is stored as turn * TURN + the number of its (source, trigger, dest):
+# numbers are given out as transitions are first seen, and there are fewer possible
+# triples (11 states, 17 triggers, 11 states) than TURN.
+TURN: Final = 4096
+_TRIPLES: list[tuple[TurnState, Trigger, TurnState]] = []
+_NUMBERS: dict[tuple[TurnState, Trigger, TurnState], int] = {}
+
+
+def transition_code(source: TurnState, trigger: Trigger, dest: TurnState) -> int:
+    """The number of ``(source, trigger, dest)`` in a trace (``turn * TURN`` is added)."""
+    triple = (TurnState(source), Trigger(trigger), TurnState(dest))
+    number = _NUMBERS.get(triple)
+    if number is None:
+        number = _NUMBERS[triple] = len(_TRIPLES)
+        _TRIPLES.append(triple)
+    return number
+
+
+def _record(code: int) -> TransitionRecord:
+    turn, number = divmod(code, TURN)
+    source, trigger, dest = _TRIPLES[number]
+    return TransitionRecord(source, trigger, dest, turn)
+
+
+class Trace(Sequence[TransitionRecord]):
+    """An engine's transition log: a list of ``TransitionRecord`` stored compactly."""
+
+    __slots__ = ("_codes",)
+
+    def __init__(self, records: Iterable[TransitionRecord] = ()) -> None:
+        self._codes: list[int] = []
+        for record in records:
+            self.append(record)
+
+    def append(self, record: TransitionRecord) -> None:
+        source, trigger, dest, turn = record
+        self._codes.append(turn * TURN + transition_code(source, trigger, dest))
+
+    def copy(self) -> Trace:
+        out = Trace.__new__(Trace)
+        out._codes = self._codes.copy()
+        return out
+
+    def dests(self, start: int = 0) -> list[TurnState]:
+        """The destination of every transition from index ``start`` on, without making
+        their records (what a driver reads after each event to time the turns)."""
+        triples = _TRIPLES
+        return [triples[code % TURN][2] for code in self._codes[start:]]
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    @overload
+    def __getitem__(self, index: int) -> TransitionRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TransitionRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> TransitionRecord | list[TransitionRecord]:
+        if isinstance(index, slice):
+            return [_record(code) for code in self._codes[index]]
+        return _record(self._codes[index])
+
+    def __iter__(self) -> Iterator[TransitionRecord]:
+        return map(_record, self._codes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Trace):
+            return self._codes == other._codes
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self._codes) and all(
+                a == b for a, b in zip(self, other, strict=True)
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))
