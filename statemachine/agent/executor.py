@@ -191,7 +191,11 @@ class AsyncioExecutor(ActionLoop):
         try:
             waiting_on = context.run(coro.send, None)
         except StopIteration as stop:
-            self._model_answered(stop.value)
+            message = stop.value
+            if message.__class__ is AssistantMessage:
+                self._post("model", ModelResponded(message))
+            else:
+                self._model_answered(message)
         except BaseException as exc:  # noqa: BLE001 - what _call_model does with it
             context.run(self._model_raised, exc, action)
         else:
@@ -221,7 +225,11 @@ class AsyncioExecutor(ActionLoop):
             coro = cast(Coroutine[Any, Any, Any], tool.execute(call.arguments_dict(), signal))
             waiting_on = context.run(coro.send, None)
         except StopIteration as stop:
-            output: ToolOutput | None = self._readable(call, stop.value)
+            value = stop.value
+            # A str is the usual result: wrapped here, as tool_output_from would.
+            output: ToolOutput | None = (
+                ToolOutput(value) if value.__class__ is str else self._readable(call, value)
+            )
         except BaseException as exc:  # noqa: BLE001 - what _execute does with it
             output = context.run(self._tool_raised, call, exc)
         else:

@@ -262,8 +262,30 @@ class ActionLoop:
     def _handle(self, event: Event) -> None:
         if isinstance(event, (ToolFinished, ToolCancelled)):
             self._tool_done(event)
-        actions = self.engine.handle(event)
-        self._observe()
+        engine = self.engine
+        actions = engine.handle(event)
+        if self._subscribers:
+            self._observe_listening()
+        else:
+            # Nobody listens: of the new transitions only the turns' timing is kept
+            # (one clock read an event); the trace is read by index and length only.
+            trace = engine.trace
+            end = len(trace)
+            index = self._seen_trace
+            self._seen_trace = end
+            now = 0.0
+            while index < end:
+                dest = trace[index][2]
+                index += 1
+                if dest is _AWAITING_MODEL:
+                    now = now or time.perf_counter()
+                    self._turn_start = now
+                elif dest in _TURN_ENDS and self._turn_start is not None:
+                    now = now or time.perf_counter()
+                    self._turn_seconds.append(now - self._turn_start)
+                    self._turn_start = None
+        if not self._finished and engine.is_finished:
+            self._finish()
         if len(actions) == 1 and not self._aborting:
             # The usual step: one model call or one tool call, started alone.
             action = actions[0]
@@ -367,33 +389,8 @@ class ActionLoop:
         for queue in self._subscribers:
             queue.put_nowait(event)
 
-    def _observe(self) -> None:
-        engine = self.engine
-        if self._subscribers:
-            self._observe_listening()
-        else:
-            # Nobody listens: only the turns' timing is kept (one clock read an event).
-            # The trace is read by index and length only, whatever sequence it is.
-            trace = engine.trace
-            end = len(trace)
-            index = self._seen_trace
-            self._seen_trace = end
-            now = 0.0
-            while index < end:
-                dest = trace[index][2]
-                index += 1
-                if dest is _AWAITING_MODEL:
-                    now = now or time.perf_counter()
-                    self._turn_start = now
-                elif dest in _TURN_ENDS and self._turn_start is not None:
-                    now = now or time.perf_counter()
-                    self._turn_seconds.append(now - self._turn_start)
-                    self._turn_start = None
-        if not self._finished and engine.is_finished:
-            self._finish()
-
     def _observe_listening(self) -> None:
-        """What ``_observe`` does for subscribers: every message and transition as a
+        """What ``_handle`` notes for subscribers: every message and transition as a
         run event, and the turns timed."""
         engine = self.engine
         history = engine.messages
