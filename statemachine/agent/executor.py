@@ -46,7 +46,7 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.tools import Tool, tool_output_from
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.errors import ModelOutputError, ToolOutputError
 from statemachine.core.events import (
@@ -163,6 +163,7 @@ class AsyncioExecutor(ActionLoop):
     _should_continue: Callable[..., Any] | None
     _transform: Callable[..., Any] | None
     _grace: float
+    _signal: AbortSignal  # self._controller.signal
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int
 
@@ -187,7 +188,7 @@ class AsyncioExecutor(ActionLoop):
         # layers of _call_model around it, which it gets only if it has to wait.
         self._reported.discard("model")
         context = contextvars.copy_context()
-        coro = self._model.complete(action.messages, action.tools, self._controller.signal)
+        coro = self._model.complete(action.messages, action.tools, self._signal)
         try:
             waiting_on = context.run(coro.send, None)
         except StopIteration as stop:
@@ -202,7 +203,8 @@ class AsyncioExecutor(ActionLoop):
             rest = self._call_model(action, _Resumed(coro, waiting_on))
             self._tasks["model"] = asyncio.get_running_loop().create_task(rest, context=context)
             return
-        self._tasks.pop("model", None)
+        if self._tasks:
+            self._tasks.pop("model", None)
         self._yield_due = True  # see ActionLoop._drive
 
     def _start_tool(self, call: ToolCall, alone: bool) -> None:
@@ -219,7 +221,7 @@ class AsyncioExecutor(ActionLoop):
         self._reported.discard(key)
         context = contextvars.copy_context()
         context.run(_running.set, (self, call))
-        signal = self._controller.signal
+        signal = self._signal
         try:
             # A coroutine: its execute is a coroutine function (self._direct).
             coro = cast(Coroutine[Any, Any, Any], tool.execute(call.arguments_dict(), signal))
@@ -237,7 +239,8 @@ class AsyncioExecutor(ActionLoop):
             self._tasks[key] = asyncio.get_running_loop().create_task(rest, context=context)
             return
         self._post(key, ToolCancelled(key) if output is None else ToolFinished(key, output))
-        self._tasks.pop(key, None)
+        if self._tasks:
+            self._tasks.pop(key, None)
         self._yield_due = True
 
     def _start_permission_checks(self, calls: list[ToolCall]) -> None:

@@ -92,6 +92,7 @@ _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 # ends at the next boundary or return to the caller.
 _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
 _AWAITING_MODEL = TurnState.AwaitingModel
+_TIMED = frozenset({_AWAITING_MODEL, *_TURN_ENDS})
 
 
 _MAX_SKIPPED_YIELDS = 16
@@ -170,7 +171,8 @@ class ActionLoop:
         self._late_input: list[InputQueued] = []  # queued, but the run had already ended
         self._reported: set[str] = set()  # keys whose one event has been queued
         self._aborting = False
-        self._finished = False
+        self._finished = False  # the run has ended (its end is reported once)
+        self._done = engine.is_finished  # where the engine stood after the last event
         self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
         self._fatal: BaseException | None = None  # raised again once the run is closed
         self._abort_first: AbortRequested | None = None  # handled before queued events
@@ -223,7 +225,8 @@ class ActionLoop:
         ready, scheduled = _loop_queues(asyncio.get_running_loop())
         queued = inbox._items  # read in place: this is every event's path
         skipped = 0
-        while not engine.is_finished:
+        done = engine.is_finished  # then as _handle saw it after each event
+        while not done:
             if self._yield_due:
                 # An operation finished at once, without the loop ever waiting: give
                 # other tasks (an abort, a timer) their turn, as a task would have.
@@ -244,12 +247,14 @@ class ActionLoop:
                 # before it must not start a new model call or tool call.
                 self._abort_first = None
                 self._handle(first)
+                done = self._done
                 if event is first:
                     continue
-                if engine.is_finished:
+                if done:
                     self._keep_late(event)
                     break
             self._handle(event)
+            done = self._done
         # Input that was queued but arrived after the run ended is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
@@ -277,14 +282,17 @@ class ActionLoop:
             while index < end:
                 dest = trace[index][2]
                 index += 1
+                if dest not in _TIMED:
+                    continue  # most transitions: one test
                 if dest is _AWAITING_MODEL:
                     now = now or time.perf_counter()
                     self._turn_start = now
-                elif dest in _TURN_ENDS and self._turn_start is not None:
+                elif self._turn_start is not None:
                     now = now or time.perf_counter()
                     self._turn_seconds.append(now - self._turn_start)
                     self._turn_start = None
-        if not self._finished and engine.is_finished:
+        self._done = done = engine.is_finished
+        if done and not self._finished:
             self._finish()
         if len(actions) == 1 and not self._aborting:
             # The usual step: one model call or one tool call, started alone.
