@@ -171,35 +171,42 @@ class AsyncioExecutor(ActionLoop):
         self._tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
         self._helpers: set[asyncio.Task[None]] = set()  # hooks and grace timers
         # Whether an operation can be started by sending into the client's or the
-        # tool's own coroutine (see _start_model), by tool name; "" is the model.
+        # tool's own coroutine (see _start_model): for the model, and by tool name.
+        self._direct_model: bool | None = None
         self._direct: dict[str, bool] = {}
+        # An operation that ended at once queues its event itself, unless _post is
+        # another executor's (which then has its own _start_model and _start_tool).
+        self._own_post = type(self)._post is ActionLoop._post
 
     # -- the seam ------------------------------------------------------------------------
 
     def _start_model(self, action: CallModel, alone: bool) -> None:
-        direct = self._direct.get("")
+        direct = self._direct_model
         if direct is None:
-            complete = self._model.complete
-            direct = self._direct[""] = inspect.iscoroutinefunction(complete)
+            direct = self._direct_model = inspect.iscoroutinefunction(self._model.complete)
         if not alone or not direct or self._transform is not None:
             self._spawn("model", self._call_model(action), alone)
             return
         # Alone and plain: the client's own coroutine is started here, without the
         # layers of _call_model around it, which it gets only if it has to wait.
-        self._reported.discard("model")
+        # Its one event is queued as _post would (nothing else can report it meanwhile).
         context = contextvars.copy_context()
         coro = self._model.complete(action.messages, action.tools, self._signal)
         try:
             waiting_on = context.run(coro.send, None)
         except StopIteration as stop:
             message = stop.value
-            if message.__class__ is AssistantMessage:
-                self._post("model", ModelResponded(message))
+            if message.__class__ is AssistantMessage and self._own_post:
+                self._reported.add("model")
+                self._inbox.put_nowait(ModelResponded(message))  # type: ignore[union-attr]
             else:
+                self._reported.discard("model")
                 self._model_answered(message)
         except BaseException as exc:  # noqa: BLE001 - what _call_model does with it
+            self._reported.discard("model")
             context.run(self._model_raised, exc, action)
         else:
+            self._reported.discard("model")
             rest = self._call_model(action, _Resumed(coro, waiting_on))
             self._tasks["model"] = asyncio.get_running_loop().create_task(rest, context=context)
             return
@@ -218,27 +225,31 @@ class AsyncioExecutor(ActionLoop):
             return
         # As _start_model: the tool's own coroutine, in a context of its own.
         key = call.id
-        self._reported.discard(key)
         context = contextvars.copy_context()
         context.run(_running.set, (self, call))
-        signal = self._signal
         try:
             # A coroutine: its execute is a coroutine function (self._direct).
-            coro = cast(Coroutine[Any, Any, Any], tool.execute(call.arguments_dict(), signal))
+            coro = cast(Coroutine[Any, Any, Any], tool.execute(call.arguments_dict(), self._signal))
             waiting_on = context.run(coro.send, None)
         except StopIteration as stop:
             value = stop.value
             # A str is the usual result: wrapped here, as tool_output_from would.
-            output: ToolOutput | None = (
-                ToolOutput(value) if value.__class__ is str else self._readable(call, value)
-            )
+            output = ToolOutput(value) if value.__class__ is str else self._readable(call, value)
+            event: Event = ToolFinished(key, output)
         except BaseException as exc:  # noqa: BLE001 - what _execute does with it
-            output = context.run(self._tool_raised, call, exc)
+            failed = context.run(self._tool_raised, call, exc)
+            event = ToolCancelled(key) if failed is None else ToolFinished(key, failed)
         else:
+            self._reported.discard(key)
             rest = self._run_tool(call, _Resumed(coro, waiting_on))
             self._tasks[key] = asyncio.get_running_loop().create_task(rest, context=context)
             return
-        self._post(key, ToolCancelled(key) if output is None else ToolFinished(key, output))
+        if self._own_post:
+            self._reported.add(key)
+            self._inbox.put_nowait(event)  # type: ignore[union-attr]
+        else:
+            self._reported.discard(key)
+            self._post(key, event)
         if self._tasks:
             self._tasks.pop(key, None)
         self._yield_due = True
