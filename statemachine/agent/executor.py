@@ -145,6 +145,10 @@ class _Resumed:
                 return stop.value
 
 
+_UNKNOWN: Any = object()
+"""Not looked at yet (``AsyncioExecutor._direct``)."""
+
+
 class _TimedOutError(Exception):
     """A tool call ran past its tool's timeout."""
 
@@ -171,9 +175,10 @@ class AsyncioExecutor(ActionLoop):
         self._tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
         self._helpers: set[asyncio.Task[None]] = set()  # hooks and grace timers
         # Whether an operation can be started by sending into the client's or the
-        # tool's own coroutine (see _start_model): for the model, and by tool name.
+        # tool's own coroutine (see _start_model): for the model, and by tool name
+        # (the tool, or None if not).
         self._direct_model: bool | None = None
-        self._direct: dict[str, bool] = {}
+        self._direct: dict[str, Tool | None] = {}
         # An operation that ended at once queues its event itself, unless _post is
         # another executor's (which then has its own _start_model and _start_tool).
         self._own_post = type(self)._post is ActionLoop._post
@@ -215,12 +220,13 @@ class AsyncioExecutor(ActionLoop):
         self._yield_due = True  # see ActionLoop._drive
 
     def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        tool = self._tools[call.name]
-        direct = self._direct.get(call.name)
-        if direct is None:
-            direct = inspect.iscoroutinefunction(tool.execute) and tool.timeout is None
-            self._direct[call.name] = direct
-        if not alone or not direct or self._after is not None:
+        name = call.name
+        tool = self._direct.get(name, _UNKNOWN)
+        if tool is _UNKNOWN:
+            tool = self._tools[name]
+            plain = inspect.iscoroutinefunction(tool.execute) and tool.timeout is None
+            tool = self._direct[name] = tool if plain and self._after is None else None
+        if not alone or tool is None:
             self._spawn(call.id, self._run_tool(call), alone)
             return
         # As _start_model: the tool's own coroutine, in a context of its own.
