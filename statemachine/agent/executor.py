@@ -34,10 +34,8 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from statemachine.agent.events import ToolProgress
+from statemachine.agent.hook_calls import HookCalls
 from statemachine.agent.hooks import (
-    Deny,
-    RequireApproval,
-    Stop,
     _call_hook,
     _cancel_requested,
     _carried,
@@ -50,17 +48,13 @@ from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.errors import ModelOutputError, ToolOutputError
 from statemachine.core.events import (
-    ApprovalRequired,
     CallModel,
-    ContinueDecided,
     Event,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
     ToolCancelled,
-    ToolDenied,
     ToolFinished,
-    ToolPermitted,
 )
 from statemachine.core.messages import AssistantMessage, Message, ToolCall
 from statemachine.core.tools import ToolOutput
@@ -157,14 +151,11 @@ def _nothing() -> None:
     """Nothing to undo."""
 
 
-class AsyncioExecutor(ActionLoop):
+class AsyncioExecutor(HookCalls):
     """Performs the loop's actions with asyncio tasks (module docstring)."""
 
     _model: ModelClient
     _tools: dict[str, Tool]
-    _before: Callable[..., Any] | None
-    _after: Callable[..., Any] | None
-    _should_continue: Callable[..., Any] | None
     _transform: Callable[..., Any] | None
     _grace: float
     _signal: AbortSignal  # self._controller.signal
@@ -501,90 +492,6 @@ class AsyncioExecutor(ActionLoop):
         except asyncio.CancelledError:
             task.cancel()
             raise
-
-    async def _after_hook(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
-        assert self._after is not None
-        try:
-            replaced = await _call_hook(self._after, call, output)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
-            self._log.warning("after_tool_call_raised", call_id=call.id, error=_describe(exc))
-            self._note_failure(exc, "the after_tool_call hook")
-            original = "\n".join(getattr(b, "text", "[image]") for b in output.content)
-            return ToolOutput(
-                f"The after_tool_call hook raised {_describe(exc)}. The tool's own result "
-                f"was:\n{original}",
-                is_error=True,
-            )
-        if replaced is None:
-            return output
-        if not isinstance(replaced, ToolOutput):
-            return ToolOutput(
-                f"The after_tool_call hook returned {type(replaced).__name__}, expected a "
-                "ToolOutput or None; the tool's own result was kept out",
-                is_error=True,
-            )
-        return replaced
-
-    async def _check_permissions(self, calls: list[ToolCall]) -> None:
-        hook = self._before
-        assert hook is not None
-        assert self._inbox is not None
-        # In call order, one at a time: a hook may ask a person, one question at a time.
-        for call in calls:
-            if self._aborting or self._fatal is not None:
-                return  # the engine answers the calls left unchecked when it aborts
-            decision: object
-            try:
-                decision = await _call_hook(hook, call)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
-                self._log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
-                self._note_failure(exc, "the before_tool_call hook")
-                decision = Deny(
-                    f"the before_tool_call hook raised {_describe(exc)}; the call was not run"
-                )
-            event: Event
-            if decision is None:
-                event = ToolPermitted(call.id)
-            elif isinstance(decision, Deny):
-                event = ToolDenied(call.id, decision.reason, decision.advisory)
-            elif isinstance(decision, RequireApproval):
-                event = ApprovalRequired(call.id, decision.reason)
-            else:
-                event = ToolDenied(
-                    call.id,
-                    f"the before_tool_call hook returned {type(decision).__name__}, "
-                    "expected None or Deny or RequireApproval; the call was not run",
-                )
-            self._inbox.put_nowait(event)
-
-    async def _check_continue(self, turn: int) -> None:
-        hook = self._should_continue
-        assert hook is not None
-        assert self._inbox is not None
-        try:
-            decision: object = await _call_hook(hook, self.engine.messages, turn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
-            self._log.warning("should_continue_raised", turn=turn, error=_describe(exc))
-            self._note_failure(exc, "the should_continue hook")
-            decision = Stop(f"the should_continue hook raised {_describe(exc)}")
-        if decision is None:
-            self._inbox.put_nowait(ContinueDecided(False))
-        elif isinstance(decision, Stop):
-            self._inbox.put_nowait(ContinueDecided(True, decision.reason))
-        else:
-            self._inbox.put_nowait(
-                ContinueDecided(
-                    True,
-                    f"the should_continue hook returned {type(decision).__name__}, "
-                    "expected None or Stop",
-                )
-            )
 
     async def _cancel_after_grace(self, keys: list[str], reason: str) -> None:
         # One grace period from the abort on: half to finish on their own, half for
