@@ -7,7 +7,7 @@ import asyncio
 import contextvars
 import gc
 import sys
-from collections.abc import Coroutine, Generator
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any
 
 import pytest
@@ -78,7 +78,8 @@ def test_an_operation_that_waits_goes_on_as_a_task() -> None:
     result, created = asyncio.run(_run_counting_tasks(model, [sleepy]))
     assert result.ok
     assert [t.text for t in result.messages if isinstance(t, sm.ToolResultMessage)] == ["sleepy"]
-    assert created.count("_carry_on") == 1  # the tool call, from its first wait on
+    # One task: the tool call, carried on from its first wait (the model calls ended at once)
+    assert created == ["AsyncioExecutor._run_tool"]
 
 
 @pytest.mark.timeout(10)
@@ -237,3 +238,61 @@ def test_the_loop_queues_are_found_only_on_asyncio_loops() -> None:
             self._scheduled: list[object] = []
 
     assert _loop_queues(Elsewhere()) == (None, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+def test_an_operation_with_its_hooks_around_it_that_does_not_wait_starts_no_task() -> None:
+    async def transform(messages: Sequence[sm.Message]) -> Sequence[sm.Message]:
+        return messages  # an async hook that returns at once
+
+    async def after(call: sm.ToolCall, output: sm.ToolOutput) -> None:
+        return None
+
+    async def main() -> tuple[sm.RunResult, list[str]]:
+        loop = asyncio.get_running_loop()
+        created: list[str] = []
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            created.append(getattr(coro, "__qualname__", type(coro).__name__))
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        try:
+            result = await sm.run_agent(
+                model=ScriptedModel(_asks("echo"), "done"),
+                messages=GO,
+                tools=[echo],
+                transform_context=transform,
+                after_tool_call=after,
+            )
+        finally:
+            loop.set_task_factory(None)
+        return result, created
+
+    result, created = asyncio.run(main())
+    assert result.ok
+    assert [t.text for t in result.messages if isinstance(t, sm.ToolResultMessage)] == ["echo"]
+    assert created == []
+
+
+@pytest.mark.timeout(10)
+def test_an_executor_with_its_own_post_gets_every_operation_s_event_through_it() -> None:
+    from statemachine.agent.run import AgentRun
+
+    posted: list[tuple[str, str]] = []
+
+    class Posting(AgentRun):
+        def _post(self, key: str, event: Any) -> None:
+            posted.append((key, type(event).__name__))
+            super()._post(key, event)
+
+    run = Posting(model=ScriptedModel(_asks("echo"), "done"), messages=GO, tools=[echo])
+    result = asyncio.run(run.run())
+    assert result.ok
+    assert posted == [
+        ("model", "ModelResponded"),
+        ("c_echo", "ToolFinished"),
+        ("model", "ModelResponded"),
+    ]

@@ -152,3 +152,16 @@ def test_a_function_model_answers_as_the_script_step_would() -> None:
     assert isinstance(failing.error, sm.ModelFailedError)
     assert failing.error.__cause__ is not None
     assert failing.error.__cause__.args == ()
+
+
+def test_a_function_model_given_the_signal_may_answer_a_message_as_it_is() -> None:
+    seen: list[bool] = []
+
+    def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> sm.AssistantMessage:
+        seen.append(signal.aborted)
+        return sm.AssistantMessage("done")
+
+    assert _run(FunctionModel(answer, with_signal=True)).final_text == "done"
+    assert seen == [False]

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from statemachine.agent.events import ToolProgress
+from statemachine.agent.hook_calls import HookCalls
 from statemachine.agent.hooks import (
-    Deny,
-    RequireApproval,
-    Stop,
     _call_hook,
     _cancel_requested,
     _carried,
@@ -45,21 +44,17 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.tools import Tool, tool_output_from
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.errors import ModelOutputError, ToolOutputError
 from statemachine.core.events import (
-    ApprovalRequired,
     CallModel,
-    ContinueDecided,
     Event,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
     ToolCancelled,
-    ToolDenied,
     ToolFinished,
-    ToolPermitted,
 )
 from statemachine.core.messages import AssistantMessage, Message, ToolCall
 from statemachine.core.tools import ToolOutput
@@ -70,20 +65,17 @@ __all__ = ["AsyncioExecutor", "current_tool_call", "report_progress"]
 
 # -- progress reports from inside tools ------------------------------------------------
 
-_progress_sink: contextvars.ContextVar[Callable[[object], None] | None] = contextvars.ContextVar(
-    "statemachine_progress_sink", default=None
+_running: contextvars.ContextVar[tuple[AsyncioExecutor, ToolCall] | None] = contextvars.ContextVar(
+    "statemachine_running_call", default=None
 )
-
-
-_current_call: contextvars.ContextVar[ToolCall | None] = contextvars.ContextVar(
-    "statemachine_current_call", default=None
-)
+"""The executor running a tool call, and the call: set in the call's own context."""
 
 
 def current_tool_call() -> ToolCall | None:
     """The call a tool is executing (its id, name and arguments), or ``None``
     outside a tool run by the driver; works in sync tools' worker threads too."""
-    return _current_call.get()
+    running = _running.get()
+    return None if running is None else running[1]
 
 
 def report_progress(data: object) -> bool:
@@ -92,10 +84,11 @@ def report_progress(data: object) -> bool:
     Subscribers of ``AgentRun.events()`` receive a ``ToolProgress`` event. Returns
     False (and does nothing) outside a tool run by the driver.
     """
-    sink = _progress_sink.get()
-    if sink is None:
+    running = _running.get()
+    if running is None:
         return False
-    sink(data)
+    executor, call = running
+    executor._progress(call.id, data)
     return True
 
 
@@ -146,6 +139,10 @@ class _Resumed:
                 return stop.value
 
 
+_UNKNOWN: Any = object()
+"""Not looked at yet (``AsyncioExecutor._direct``)."""
+
+
 class _TimedOutError(Exception):
     """A tool call ran past its tool's timeout."""
 
@@ -154,30 +151,105 @@ def _nothing() -> None:
     """Nothing to undo."""
 
 
-class AsyncioExecutor(ActionLoop):
+class AsyncioExecutor(HookCalls):
     """Performs the loop's actions with asyncio tasks (module docstring)."""
 
     _model: ModelClient
     _tools: dict[str, Tool]
-    _before: Callable[..., Any] | None
-    _after: Callable[..., Any] | None
-    _should_continue: Callable[..., Any] | None
     _transform: Callable[..., Any] | None
     _grace: float
+    _signal: AbortSignal  # self._controller.signal
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int
 
     def _init_executor(self) -> None:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # "model" or a call id
         self._helpers: set[asyncio.Task[None]] = set()  # hooks and grace timers
+        # Whether an operation can be started by sending into the client's or the
+        # tool's own coroutine (see _start_model): for the model, and by tool name
+        # (the tool, or None if not).
+        self._direct_model: bool | None = None
+        self._direct: dict[str, Tool | None] = {}
+        # An operation that ended at once queues its event itself, unless _post is
+        # another executor's (which then has its own _start_model and _start_tool).
+        self._own_post = type(self)._post is ActionLoop._post
 
     # -- the seam ------------------------------------------------------------------------
 
     def _start_model(self, action: CallModel, alone: bool) -> None:
-        self._spawn("model", self._call_model(action), alone)
+        direct = self._direct_model
+        if direct is None:
+            direct = self._direct_model = inspect.iscoroutinefunction(self._model.complete)
+        if not alone or not direct or self._transform is not None:
+            self._spawn("model", self._call_model(action), alone)
+            return
+        # Alone and plain: the client's own coroutine is started here, without the
+        # layers of _call_model around it, which it gets only if it has to wait.
+        # Its one event is queued as _post would (nothing else can report it meanwhile).
+        context = contextvars.copy_context()
+        coro = self._model.complete(action.messages, action.tools, self._signal)
+        try:
+            waiting_on = context.run(coro.send, None)
+        except StopIteration as stop:
+            message = stop.value
+            if message.__class__ is AssistantMessage and self._own_post:
+                self._reported.add("model")
+                self._inbox.put_nowait(ModelResponded(message))  # type: ignore[union-attr]
+            else:
+                self._reported.discard("model")
+                self._model_answered(message)
+        except BaseException as exc:  # noqa: BLE001 - what _call_model does with it
+            self._reported.discard("model")
+            context.run(self._model_raised, exc, action)
+        else:
+            self._reported.discard("model")
+            rest = self._call_model(action, _Resumed(coro, waiting_on))
+            self._tasks["model"] = asyncio.get_running_loop().create_task(rest, context=context)
+            return
+        if self._tasks:
+            self._tasks.pop("model", None)
+        self._yield_due = True  # see ActionLoop._drive
 
     def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._spawn(call.id, self._run_tool(call), alone)
+        name = call.name
+        tool = self._direct.get(name, _UNKNOWN)
+        if tool is _UNKNOWN:
+            tool = self._tools[name]
+            plain = inspect.iscoroutinefunction(tool.execute) and tool.timeout is None
+            tool = self._direct[name] = tool if plain and self._after is None else None
+        if not alone or tool is None:
+            self._spawn(call.id, self._run_tool(call), alone)
+            return
+        # As _start_model: the tool's own coroutine, in a context of its own.
+        key = call.id
+        context = contextvars.copy_context()
+        context.run(_running.set, (self, call))
+        try:
+            # A coroutine: its execute is a coroutine function (self._direct).
+            coro = cast(Coroutine[Any, Any, Any], tool.execute(call.arguments_dict(), self._signal))
+            waiting_on = context.run(coro.send, None)
+        except StopIteration as stop:
+            value = stop.value
+            # A str is the usual result: wrapped here, as tool_output_from would.
+            output = ToolOutput(value) if value.__class__ is str else self._readable(call, value)
+            event: Event = ToolFinished(key, output)
+        except BaseException as exc:  # noqa: BLE001 - what _execute does with it
+            failed = context.run(self._tool_raised, call, exc)
+            event = ToolCancelled(key) if failed is None else ToolFinished(key, failed)
+        else:
+            self._reported.discard(key)
+            rest = self._run_tool(call, _Resumed(coro, waiting_on))
+            self._tasks[key] = asyncio.get_running_loop().create_task(rest, context=context)
+            return
+        if self._own_post:
+            self._reported.add(key)
+            self._inbox.put_nowait(event)  # type: ignore[union-attr]
+        else:
+            self._reported.discard(key)
+            self._post(key, event)
+        if self._tasks:
+            self._tasks.pop(key, None)
+        self._yield_due = True
 
     def _start_permission_checks(self, calls: list[ToolCall]) -> None:
         self._helper(self._check_permissions(calls))
@@ -226,46 +298,68 @@ class AsyncioExecutor(ActionLoop):
 
     # -- operations ------------------------------------------------------------------------
 
-    async def _call_model(self, action: CallModel) -> None:
+    async def _call_model(self, action: CallModel, started: _Resumed | None = None) -> None:
+        """The model call; ``started``: the client's call, already begun."""
         try:
-            context: Sequence[Message] = action.messages
-            if self._transform is not None:
-                try:
-                    context = await _call_hook(self._transform, action.messages)
-                except Exception as exc:
-                    self._note_failure(exc, "the transform_context hook")
-                    raise ModelOutputError(
-                        f"the transform_context hook raised {_describe(exc)}"
-                    ) from exc
-            message = await self._model.complete(context, action.tools, self._controller.signal)
-        except asyncio.CancelledError:
+            if started is None:
+                context: Sequence[Message] = action.messages
+                if self._transform is not None:
+                    context = await self._transformed(action.messages)
+                message = await self._model.complete(context, action.tools, self._controller.signal)
+            else:
+                message = await started
+        except BaseException as exc:
+            if self._model_raised(exc, action):
+                raise
+            return
+        self._model_answered(message)
+
+    async def _transformed(self, messages: Sequence[Message]) -> Sequence[Message]:
+        assert self._transform is not None
+        try:
+            context: Sequence[Message] = await _call_hook(self._transform, messages)
+        except Exception as exc:
+            self._note_failure(exc, "the transform_context hook")
+            raise ModelOutputError(f"the transform_context hook raised {_describe(exc)}") from exc
+        return context
+
+    def _model_answered(self, message: object) -> None:
+        if message.__class__ is AssistantMessage or isinstance(message, AssistantMessage):
+            self._post("model", ModelResponded(message))
+            return
+        error = ModelOutputError(
+            f"the model client returned {type(message).__name__}, expected an AssistantMessage"
+        )
+        self._post("model", ModelFailed(_describe(error)))
+
+    def _model_raised(self, exc: BaseException, action: CallModel) -> bool:
+        """Report the model call's failure; True for a cancellation someone asked for
+        (reported as such, and to be raised on)."""
+        if isinstance(exc, asyncio.CancelledError):
             if _cancel_requested():
                 self._post("model", ModelCancelled())
-                raise
+                return True
             # Nobody cancelled this task: the client leaked a CancelledError of its own.
             # That is one failed call, not a cancellation the engine never asked for.
             self._post("model", ModelFailed("CancelledError raised by the model client"))
-            return
-        except BaseException as exc:  # noqa: BLE001 - every failure is one failed call
-            self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
-            # The engine records text (runs replay from data); the caller also gets the
-            # exception itself as the cause of RunResult.error, e.g. to detect context
-            # overflow and compact.
-            self._model_exception = exc
-            self._post("model", ModelFailed(_describe(exc)))
-            self._note_failure(exc, "the model client")
-            return
-        if not isinstance(message, AssistantMessage):
-            error = ModelOutputError(
-                f"the model client returned {type(message).__name__}, expected an AssistantMessage"
-            )
-            self._post("model", ModelFailed(_describe(error)))
-            return
-        self._post("model", ModelResponded(message))
+            return False
+        self._log.warning("model_call_failed", turn=action.turn, error=_describe(exc))
+        # The engine records text (runs replay from data); the caller also gets the
+        # exception itself as the cause of RunResult.error, e.g. to detect context
+        # overflow and compact.
+        self._model_exception = exc
+        self._post("model", ModelFailed(_describe(exc)))
+        self._note_failure(exc, "the model client")
+        return False
 
-    async def _run_tool(self, call: ToolCall) -> None:
+    async def _run_tool(self, call: ToolCall, started: _Resumed | None = None) -> None:
+        """The tool call; ``started``: the tool's coroutine, already begun in this
+        context (by ``_start_tool``)."""
         try:
-            output = await self._tool_output(call)
+            if started is None:
+                output = await self._tool_output(call)
+            else:
+                output = await self._resumed_output(call, started)
             if self._after is not None:
                 output = await self._after_hook(call, output)
         except asyncio.CancelledError:
@@ -274,13 +368,34 @@ class AsyncioExecutor(ActionLoop):
         except BaseException as exc:
             if call.id in self._reported:
                 raise  # abandoned, and now closed by its loop: nothing left to answer
-            self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
-            output = ToolOutput(
-                f"tool {call.name} returned output that could not be read: {_describe(exc)}",
-                is_error=True,
-            )
-            self._note_failure(exc, f"tool {call.name}")
+            output = self._unreadable(call, exc)
         self._post(call.id, ToolFinished(call.id, output))
+
+    def _unreadable(self, call: ToolCall, exc: BaseException) -> ToolOutput:
+        self._log.warning("tool_output_unusable", call_id=call.id, error=_describe(exc))
+        output = ToolOutput(
+            f"tool {call.name} returned output that could not be read: {_describe(exc)}",
+            is_error=True,
+        )
+        self._note_failure(exc, f"tool {call.name}")
+        return output
+
+    def _readable(self, call: ToolCall, value: object) -> ToolOutput:
+        """What a tool returned, normalised (``_run_tool``'s answer if that fails)."""
+        try:
+            return self._normalised(call, value)
+        except BaseException as exc:  # noqa: BLE001 - as _run_tool
+            return self._unreadable(call, exc)
+
+    async def _resumed_output(self, call: ToolCall, started: _Resumed) -> ToolOutput:
+        try:
+            value = await started
+        except BaseException as exc:
+            output = self._tool_raised(call, exc)
+            if output is None:
+                raise
+            return output
+        return self._normalised(call, value)
 
     async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self._tools[call.name]
@@ -290,54 +405,63 @@ class AsyncioExecutor(ActionLoop):
             # A per-call signal: fires on the run's abort and on this call's timeout.
             controller = AbortController()
             unlink = self._controller.signal.add_listener(controller.abort)
-        loop, loop_thread = self._loop, self._loop_thread
-        assert loop is not None
-
-        def sink(data: object) -> None:
-            def deliver() -> None:
-                self._emit(partial(ToolProgress, call.id, data))
-
-            if threading.get_ident() == loop_thread:
-                deliver()
-            else:
-                loop.call_soon_threadsafe(deliver)
-
-        token = _progress_sink.set(sink)
-        call_token = _current_call.set(call)
+        token = _running.set((self, call))
         try:
             return await self._execute(tool, call, controller)
         finally:
             unlink()
             try:
-                _current_call.reset(call_token)
-                _progress_sink.reset(token)
+                _running.reset(token)
             except ValueError:
                 pass  # an abandoned call closed later, from another context
 
+    def _progress(self, call_id: str, data: object) -> None:
+        """A running tool's progress report, handed to the subscribers on the loop."""
+        loop = self._loop
+        assert loop is not None
+
+        def deliver() -> None:
+            self._emit(partial(ToolProgress, call_id, data))
+
+        if threading.get_ident() == self._loop_thread:
+            deliver()
+        else:
+            loop.call_soon_threadsafe(deliver)
+
     async def _execute(self, tool: Tool, call: ToolCall, controller: AbortController) -> ToolOutput:
-        signal = controller.signal
         try:
             if tool.timeout is None:
-                value = await tool.execute(call.arguments_dict(), signal)
+                value = await tool.execute(call.arguments_dict(), controller.signal)
             else:
                 value = await self._with_timeout(tool, call, controller)
-        except asyncio.CancelledError:
-            if _cancel_requested():
+        except BaseException as exc:
+            output = self._tool_raised(call, exc)
+            if output is None:
                 raise
+            return output
+        return self._normalised(call, value)
+
+    def _tool_raised(self, call: ToolCall, exc: BaseException) -> ToolOutput | None:
+        """The result of a call that raised ``exc``; None for a cancellation someone
+        asked for (to be raised on)."""
+        if isinstance(exc, asyncio.CancelledError):
+            if _cancel_requested():
+                return None
             # Nobody cancelled this task: the tool leaked a CancelledError of its own,
             # which is its failure like any other exception (one error result).
             self._log.info("tool_raised", call_id=call.id, tool=call.name, error="CancelledError")
             if self._controller.signal.aborted:
                 return ToolOutput("Operation aborted: CancelledError", is_error=True)
             return ToolOutput("CancelledError raised by the tool", is_error=True)
-        except _TimedOutError as timed_out:
-            return ToolOutput(str(timed_out), is_error=True)
-        except BaseException as exc:  # noqa: BLE001 - a tool's failure becomes its result
-            self._log.info("tool_raised", call_id=call.id, tool=call.name, error=_describe(exc))
-            self._note_failure(exc, f"tool {call.name}")
-            if self._controller.signal.aborted:
-                return ToolOutput(f"Operation aborted: {_describe(exc)}", is_error=True)
-            return ToolOutput(_describe(exc), is_error=True)
+        if isinstance(exc, _TimedOutError):
+            return ToolOutput(str(exc), is_error=True)
+        self._log.info("tool_raised", call_id=call.id, tool=call.name, error=_describe(exc))
+        self._note_failure(exc, f"tool {call.name}")
+        if self._controller.signal.aborted:
+            return ToolOutput(f"Operation aborted: {_describe(exc)}", is_error=True)
+        return ToolOutput(_describe(exc), is_error=True)
+
+    def _normalised(self, call: ToolCall, value: object) -> ToolOutput:
         normalised = tool_output_from(value)
         if normalised is None:
             error = ToolOutputError(
@@ -368,90 +492,6 @@ class AsyncioExecutor(ActionLoop):
         except asyncio.CancelledError:
             task.cancel()
             raise
-
-    async def _after_hook(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
-        assert self._after is not None
-        try:
-            replaced = await _call_hook(self._after, call, output)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
-            self._log.warning("after_tool_call_raised", call_id=call.id, error=_describe(exc))
-            self._note_failure(exc, "the after_tool_call hook")
-            original = "\n".join(getattr(b, "text", "[image]") for b in output.content)
-            return ToolOutput(
-                f"The after_tool_call hook raised {_describe(exc)}. The tool's own result "
-                f"was:\n{original}",
-                is_error=True,
-            )
-        if replaced is None:
-            return output
-        if not isinstance(replaced, ToolOutput):
-            return ToolOutput(
-                f"The after_tool_call hook returned {type(replaced).__name__}, expected a "
-                "ToolOutput or None; the tool's own result was kept out",
-                is_error=True,
-            )
-        return replaced
-
-    async def _check_permissions(self, calls: list[ToolCall]) -> None:
-        hook = self._before
-        assert hook is not None
-        assert self._inbox is not None
-        # In call order, one at a time: a hook may ask a person, one question at a time.
-        for call in calls:
-            if self._aborting or self._fatal is not None:
-                return  # the engine answers the calls left unchecked when it aborts
-            decision: object
-            try:
-                decision = await _call_hook(hook, call)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
-                self._log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
-                self._note_failure(exc, "the before_tool_call hook")
-                decision = Deny(
-                    f"the before_tool_call hook raised {_describe(exc)}; the call was not run"
-                )
-            event: Event
-            if decision is None:
-                event = ToolPermitted(call.id)
-            elif isinstance(decision, Deny):
-                event = ToolDenied(call.id, decision.reason, decision.advisory)
-            elif isinstance(decision, RequireApproval):
-                event = ApprovalRequired(call.id, decision.reason)
-            else:
-                event = ToolDenied(
-                    call.id,
-                    f"the before_tool_call hook returned {type(decision).__name__}, "
-                    "expected None or Deny or RequireApproval; the call was not run",
-                )
-            self._inbox.put_nowait(event)
-
-    async def _check_continue(self, turn: int) -> None:
-        hook = self._should_continue
-        assert hook is not None
-        assert self._inbox is not None
-        try:
-            decision: object = await _call_hook(hook, self.engine.messages, turn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
-            self._log.warning("should_continue_raised", turn=turn, error=_describe(exc))
-            self._note_failure(exc, "the should_continue hook")
-            decision = Stop(f"the should_continue hook raised {_describe(exc)}")
-        if decision is None:
-            self._inbox.put_nowait(ContinueDecided(False))
-        elif isinstance(decision, Stop):
-            self._inbox.put_nowait(ContinueDecided(True, decision.reason))
-        else:
-            self._inbox.put_nowait(
-                ContinueDecided(
-                    True,
-                    f"the should_continue hook returned {type(decision).__name__}, "
-                    "expected None or Stop",
-                )
-            )
 
     async def _cancel_after_grace(self, keys: list[str], reason: str) -> None:
         # One grace period from the abort on: half to finish on their own, half for

@@ -92,6 +92,7 @@ _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 # ends at the next boundary or return to the caller.
 _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
 _AWAITING_MODEL = TurnState.AwaitingModel
+_TIMED = frozenset({_AWAITING_MODEL, *_TURN_ENDS})
 
 
 _MAX_SKIPPED_YIELDS = 16
@@ -170,7 +171,8 @@ class ActionLoop:
         self._late_input: list[InputQueued] = []  # queued, but the run had already ended
         self._reported: set[str] = set()  # keys whose one event has been queued
         self._aborting = False
-        self._finished = False
+        self._finished = False  # the run has ended (its end is reported once)
+        self._done = engine.is_finished  # where the engine stood after the last event
         self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
         self._fatal: BaseException | None = None  # raised again once the run is closed
         self._abort_first: AbortRequested | None = None  # handled before queued events
@@ -183,10 +185,10 @@ class ActionLoop:
         self._t0 = 0.0
         self._turn_start: float | None = None
         self._turn_seconds: list[float] = []
-        self._calls: dict[str, ToolCall] = {}  # call id -> call, until it reports
-        self._tool_start: dict[str, float] = {}
+        # call id -> the call and when it started (None: never), until it reports
+        self._calls: dict[str, tuple[ToolCall, float | None]] = {}
         self._tool_seconds: dict[str, float] = {}
-        self._tool_counts: dict[str, dict[str, int]] = {}
+        self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
         self._model_exception: BaseException | None = None
 
@@ -223,7 +225,8 @@ class ActionLoop:
         ready, scheduled = _loop_queues(asyncio.get_running_loop())
         queued = inbox._items  # read in place: this is every event's path
         skipped = 0
-        while not engine.is_finished:
+        done = engine.is_finished  # then as _handle saw it after each event
+        while not done:
             if self._yield_due:
                 # An operation finished at once, without the loop ever waiting: give
                 # other tasks (an abort, a timer) their turn, as a task would have.
@@ -244,12 +247,14 @@ class ActionLoop:
                 # before it must not start a new model call or tool call.
                 self._abort_first = None
                 self._handle(first)
+                done = self._done
                 if event is first:
                     continue
-                if engine.is_finished:
+                if done:
                     self._keep_late(event)
                     break
             self._handle(event)
+            done = self._done
         # Input that was queued but arrived after the run ended is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
@@ -262,8 +267,47 @@ class ActionLoop:
     def _handle(self, event: Event) -> None:
         if isinstance(event, (ToolFinished, ToolCancelled)):
             self._tool_done(event)
-        actions = self.engine.handle(event)
-        self._observe()
+        engine = self.engine
+        actions = engine.handle(event)
+        if self._subscribers:
+            self._observe_listening()
+        else:
+            # Nobody listens: of the new transitions only the turns' timing is kept
+            # (one clock read an event); the trace is read by index and length only.
+            trace = engine.trace
+            end = len(trace)
+            index = self._seen_trace
+            self._seen_trace = end
+            now = 0.0
+            while index < end:
+                dest = trace[index][2]
+                index += 1
+                if dest not in _TIMED:
+                    continue  # most transitions: one test
+                if dest is _AWAITING_MODEL:
+                    now = now or time.perf_counter()
+                    self._turn_start = now
+                elif self._turn_start is not None:
+                    now = now or time.perf_counter()
+                    self._turn_seconds.append(now - self._turn_start)
+                    self._turn_start = None
+        self._done = done = engine.is_finished
+        if done and not self._finished:
+            self._finish()
+        if len(actions) == 1 and not self._aborting:
+            # The usual step: one model call or one tool call, started alone.
+            action = actions[0]
+            if action.__class__ is CallModel:
+                self._model_calls += 1
+                self._start_model(action, True)
+                return
+            if action.__class__ is StartTool:
+                call = action.call
+                self._calls[call.id] = (call, time.perf_counter())
+                if self._subscribers:
+                    self._emit(ToolStarted(call))
+                self._start_tool(call, True)
+                return
         self._perform(actions)
 
     def _perform(self, actions: Sequence[Action]) -> None:
@@ -272,11 +316,11 @@ class ActionLoop:
         for action in actions:
             if isinstance(action, StartTool):
                 call = action.call
-                self._calls[call.id] = call
                 if self._aborting:
+                    self._calls[call.id] = (call, None)
                     self._not_started(call.id, ToolCancelled(call.id, _TOOL_NOT_STARTED))
                     continue
-                self._tool_start[call.id] = time.perf_counter()
+                self._calls[call.id] = (call, time.perf_counter())
                 if self._subscribers:
                     self._emit(ToolStarted(call))
                 self._start_tool(call, alone)
@@ -353,29 +397,8 @@ class ActionLoop:
         for queue in self._subscribers:
             queue.put_nowait(event)
 
-    def _observe(self) -> None:
-        engine = self.engine
-        trace = engine.trace
-        if self._subscribers:
-            self._observe_listening()
-        elif len(trace) > self._seen_trace:
-            # Nobody listens: only the turns' timing is kept (one clock read an event).
-            now = 0.0
-            for record in trace[self._seen_trace :]:
-                dest = record[2]
-                if dest is _AWAITING_MODEL:
-                    now = now or time.perf_counter()
-                    self._turn_start = now
-                elif self._turn_start is not None and dest in _TURN_ENDS:
-                    now = now or time.perf_counter()
-                    self._turn_seconds.append(now - self._turn_start)
-                    self._turn_start = None
-        self._seen_trace = len(trace)
-        if not self._finished and engine.is_finished:
-            self._finish()
-
     def _observe_listening(self) -> None:
-        """What ``_observe`` does for subscribers: every message and transition as a
+        """What ``_handle`` notes for subscribers: every message and transition as a
         run event, and the turns timed."""
         engine = self.engine
         history = engine.messages
@@ -395,6 +418,7 @@ class ActionLoop:
                 self._turn_start = None
                 self._turn_seconds.append(seconds)
                 self._emit(TurnEnded(record.turn, seconds))
+        self._seen_trace = len(trace)
 
     def _finish(self) -> None:
         self._finished = True
@@ -407,18 +431,20 @@ class ActionLoop:
             queue.put_nowait(None)
 
     def _tool_done(self, event: ToolFinished | ToolCancelled) -> None:
-        call = self._calls.pop(event.call_id, None)
-        started = self._tool_start.pop(event.call_id, None)
-        seconds = 0.0 if started is None else time.perf_counter() - started
-        self._tool_seconds[event.call_id] = seconds
-        if call is None:
+        call_id = event.call_id
+        begun = self._calls.pop(call_id, None)
+        if begun is None:
+            self._tool_seconds[call_id] = 0.0
             return
+        call, started = begun
+        seconds = 0.0 if started is None else time.perf_counter() - started
+        self._tool_seconds[call_id] = seconds
         if isinstance(event, ToolFinished):
             outcome = "error" if event.output.is_error else "ok"
         else:
             outcome = "cancelled"
-        counts = self._tool_counts.setdefault(call.name, {})
-        counts[outcome] = counts.get(outcome, 0) + 1
+        key = (call.name, outcome)
+        self._tool_counts[key] = self._tool_counts.get(key, 0) + 1
         if self._subscribers:
             if isinstance(event, ToolFinished):
                 output = event.output
@@ -435,12 +461,19 @@ class ActionLoop:
                 usage = usage + message.usage
         return RunStats(
             model_calls=self._model_calls,
-            tool_calls={k: dict(v) for k, v in self._tool_counts.items()},
+            tool_calls=self._tool_calls(),
             usage=usage,
             turn_seconds=tuple(self._turn_seconds),
             tool_seconds=dict(self._tool_seconds),
             wall_seconds=time.perf_counter() - self._t0,
         )
+
+    def _tool_calls(self) -> dict[str, dict[str, int]]:
+        """The tool calls by name and outcome ("ok", "error", "cancelled")."""
+        by_name: dict[str, dict[str, int]] = {}
+        for (name, outcome), count in self._tool_counts.items():
+            by_name.setdefault(name, {})[outcome] = count
+        return by_name
 
     def _result(self) -> RunResult:
         engine = self.engine

@@ -126,6 +126,7 @@ class AgentRun(AsyncioExecutor):
         self._tools = {t.name: t for t in tools}
         self._user_signal = signal if signal is not None else AbortSignal()
         self._controller = AbortController()  # what tools and the model client hold
+        self._signal = self._controller.signal  # read on every call: kept at hand
         self._before = before_tool_call
         self._after = after_tool_call
         self._should_continue = should_continue

@@ -188,8 +188,10 @@ def _executor(
     async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
         if converters:
             kwargs = {k: converters[k](v) if k in converters else v for k, v in arguments.items()}
-        else:  # JSON values as they are (no comprehension's frame per call)
+        elif wants_signal:
             kwargs = dict(arguments)
+        else:  # JSON values as they are: fn(**arguments) copies them, the caller's is kept
+            kwargs = arguments
         if wants_signal:
             kwargs["signal"] = signal
         if is_async:
@@ -197,8 +199,8 @@ def _executor(
         else:
             # A thread cannot be interrupted; see the module docstring.
             result = await asyncio.to_thread(functools.partial(fn, **kwargs))
-        if isinstance(result, (str, ToolOutput)) or _is_content(result):
-            return typing.cast(ToolReturn, result)
+        if result.__class__ is str or isinstance(result, (str, ToolOutput)) or _is_content(result):
+            return result  # type: ignore[no-any-return]
         return result_value(result, tool_name)  # data: its JSON (see _signature)
 
     execute.__name__ = f"execute_{tool_name}"
