@@ -273,15 +273,12 @@ class ActionLoop:
             self._observe_listening()
         else:
             # Nobody listens: of the new transitions only the turns' timing is kept
-            # (one clock read an event); the trace is read by index and length only.
+            # (one clock read an event), from the destinations alone (no records made).
             trace = engine.trace
-            end = len(trace)
-            index = self._seen_trace
-            self._seen_trace = end
+            start = self._seen_trace
+            self._seen_trace = len(trace)
             now = 0.0
-            while index < end:
-                dest = trace[index][2]
-                index += 1
+            for dest in trace.dests(start):
                 if dest not in _TIMED:
                     continue  # most transitions: one test
                 if dest is _AWAITING_MODEL:
