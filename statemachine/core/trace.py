@@ -14,7 +14,8 @@ equality with a list or tuple of records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final, NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
@@ -38,7 +39,8 @@ class TransitionRecord(NamedTuple):
 # A transition is stored as turn * TURN + the number of its (source, trigger, dest):
 # numbers are given out as transitions are first seen, and there are fewer possible
 # triples (11 states, 17 triggers, 11 states) than TURN.
-TURN: Final = 4096
+_SHIFT: Final = 12
+TURN: Final = 1 << _SHIFT  # a power of two: a code splits into turn and number by bits
 _TRIPLES: list[tuple[TurnState, Trigger, TurnState]] = []
 _NUMBERS: dict[tuple[TurnState, Trigger, TurnState], int] = {}
 
@@ -53,10 +55,16 @@ def transition_code(source: TurnState, trigger: Trigger, dest: TurnState) -> int
     return number
 
 
+_MASK: Final = TURN - 1
+# A record from one tuple, without the named tuple's Python-level __new__ (a run's
+# result reads its whole trace: several records per event).
+_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
+    functools.partial(tuple.__new__, TransitionRecord)
+)
+
+
 def _record(code: int) -> TransitionRecord:
-    turn, number = divmod(code, TURN)
-    source, trigger, dest = _TRIPLES[number]
-    return TransitionRecord(source, trigger, dest, turn)
+    return _new_record(_TRIPLES[code & _MASK] + (code >> _SHIFT,))
 
 
 class Trace(Sequence[TransitionRecord]):
@@ -82,7 +90,8 @@ class Trace(Sequence[TransitionRecord]):
         """The destination of every transition from index ``start`` on, without making
         their records (what a driver reads after each event to time the turns)."""
         triples = _TRIPLES
-        return [triples[code % TURN][2] for code in self._codes[start:]]
+        mask = _MASK
+        return [triples[code & mask][2] for code in self._codes[start:]]
 
     def __len__(self) -> int:
         return len(self._codes)
