@@ -74,3 +74,22 @@ def test_every_possible_transition_has_its_own_number_below_a_turn() -> None:
 def test_a_trace_is_not_hashable() -> None:
     with pytest.raises(TypeError):
         hash(Trace())
+
+
+def test_each_record_is_made_once_and_reads_stay_right_as_the_log_grows() -> None:
+    trace = Trace(RECORDS[:2])
+    first = trace[:]
+    assert first == RECORDS[:2]
+    assert trace[0] is first[0]  # made once, when first read
+    for record in RECORDS[2:]:
+        trace.append(record)
+    # Records made before the appends are kept; the new ones are made on the next read.
+    assert trace[:] == RECORDS
+    assert trace[1] is first[1]
+    assert trace[-1] == RECORDS[-1]
+    assert list(trace) == RECORDS
+    copy = trace.copy()
+    copy.append(RECORDS[0])
+    assert list(trace) == RECORDS
+    assert list(copy) == [*RECORDS, RECORDS[0]]
+    assert copy[:-1] == RECORDS

@@ -5,9 +5,10 @@ the snapshot write them out, and ``EngineInvariantError.trace`` carries the ones
 led to a broken table.
 
 A ``Trace`` stores one int per transition and makes each ``TransitionRecord`` when it
-is read: an engine takes several transitions per event and most are never read back
-one by one, so the log costs an append of an int instead of a tuple made and kept
-(and walked by the garbage collector) per transition. It reads as the list it
+is first read, once: an engine takes several transitions per event, and while it runs
+the log costs an append of an int instead of a tuple made and kept (and walked by the
+garbage collector) per transition; a reader that reads the whole log (a run's result,
+a replay's steps and its digest) makes each record once. It reads as the list it
 replaces: length, indexing and slices (a slice is a list of records), iteration, and
 equality with a list or tuple of records.
 """
@@ -70,10 +71,13 @@ def _record(code: int) -> TransitionRecord:
 class Trace(Sequence[TransitionRecord]):
     """An engine's transition log: a list of ``TransitionRecord`` stored compactly."""
 
-    __slots__ = ("_codes",)
+    __slots__ = ("_built", "_codes")
 
     def __init__(self, records: Iterable[TransitionRecord] = ()) -> None:
         self._codes: list[int] = []
+        # The records made so far, a prefix of the log: each is made once, when first
+        # read (a run's result, a replay's steps and its digest read the same ones).
+        self._built: list[TransitionRecord] = []
         for record in records:
             self.append(record)
 
@@ -84,6 +88,7 @@ class Trace(Sequence[TransitionRecord]):
     def copy(self) -> Trace:
         out = Trace.__new__(Trace)
         out._codes = self._codes.copy()
+        out._built = self._built.copy()
         return out
 
     def dests(self, start: int = 0) -> list[TurnState]:
@@ -92,6 +97,15 @@ class Trace(Sequence[TransitionRecord]):
         triples = _TRIPLES
         mask = _MASK
         return [triples[code & mask][2] for code in self._codes[start:]]
+
+    def _records(self) -> list[TransitionRecord]:
+        """Every record, made now for the transitions not read before."""
+        built = self._built
+        codes = self._codes
+        if len(built) < len(codes):
+            triples, new, mask, shift = _TRIPLES, _new_record, _MASK, _SHIFT
+            built += [new(triples[c & mask] + (c >> shift,)) for c in codes[len(built) :]]
+        return built
 
     def __len__(self) -> int:
         return len(self._codes)
@@ -104,11 +118,14 @@ class Trace(Sequence[TransitionRecord]):
 
     def __getitem__(self, index: int | slice) -> TransitionRecord | list[TransitionRecord]:
         if isinstance(index, slice):
-            return [_record(code) for code in self._codes[index]]
+            return self._records()[index]
+        built = self._built
+        if 0 <= index < len(built):
+            return built[index]
         return _record(self._codes[index])
 
     def __iter__(self) -> Iterator[TransitionRecord]:
-        return map(_record, self._codes)
+        return iter(self._records().copy())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Trace):
