@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import ClassVar, TypeVar
 
 import attrs
@@ -463,7 +464,7 @@ def test_a_logger_that_drops_debug_is_not_given_the_transitions(
     assert "transition" not in logger.events
 
 
-def _invalid_argument_text(schema: dict[str, object], call: ToolCall) -> str:
+def _invalid_argument_text(schema: Mapping[str, object], call: ToolCall) -> str:
     engine = Engine(tools=[ToolDefinition("echo", "Repeat.", schema)], messages=[UserMessage("go")])
     engine.handle(Start())
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
