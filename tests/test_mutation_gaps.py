@@ -534,3 +534,27 @@ def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -
         ("done", False),
         ("waiting-approval", False),
     ]
+
+
+@pytest.mark.timeout(30)
+def test_a_should_continue_question_left_by_an_abort_restores_and_one_elsewhere_is_not() -> None:
+    # Gap: the snapshot check of the pending should_continue question was only tried
+    # where it must be pending; an abort at the boundary leaves it (moot) in Aborted,
+    # and a question pending anywhere else is a forged snapshot.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_continue=True)
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "a"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c1", ToolOutput("ok")))
+    assert engine.state is S.TurnBoundary
+    engine.handle(AbortRequested("stop"))
+    snapshot = engine.snapshot()
+    assert (snapshot["state"], snapshot["continuePending"]) == ("Aborted", True)
+    assert Engine.restore(snapshot).state is S.Aborted
+    resting = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    resting.handle(Start())
+    resting.handle(ModelResponded(AssistantMessage("done", stop_reason=StopReason.STOP)))
+    assert Engine.restore(resting.snapshot()).state is S.Done
+    forged = {**resting.snapshot(), "continuePending": True}
+    with pytest.raises(SnapshotError, match=r"snapshot\.continuePending: true in Done"):
+        Engine.restore(forged)
