@@ -558,3 +558,17 @@ def test_a_should_continue_question_left_by_an_abort_restores_and_one_elsewhere_
     forged = {**resting.snapshot(), "continuePending": True}
     with pytest.raises(SnapshotError, match=r"snapshot\.continuePending: true in Done"):
         Engine.restore(forged)
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_that_rests_while_the_model_is_called_is_refused() -> None:
+    # Gap: of the states that always have an operation outstanding, AwaitingModel was
+    # never offered to restore. Its data is written here as if the call had ended
+    # without its answer (no run can write it: snapshot() refuses).
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    assert engine.state is S.AwaitingModel
+    engine._model_outstanding = False
+    forged = engine.snapshot()
+    with pytest.raises(SnapshotError, match=r"snapshot\.state: AwaitingModel always has"):
+        Engine.restore(forged)
