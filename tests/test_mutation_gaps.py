@@ -560,15 +560,47 @@ def test_a_should_continue_question_left_by_an_abort_restores_and_one_elsewhere_
         Engine.restore(forged)
 
 
-@pytest.mark.timeout(30)
-def test_a_snapshot_that_rests_while_the_model_is_called_is_refused() -> None:
-    # Gap: of the states that always have an operation outstanding, AwaitingModel was
-    # never offered to restore. Its data is written here as if the call had ended
-    # without its answer (no run can write it: snapshot() refuses).
+def _outstanding(state: TurnState) -> Engine:
+    """An engine in ``state`` with its operation outstanding, as if it had ended without
+    its answer (no run can write that: snapshot() refuses while one is outstanding)."""
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
     engine.handle(Start())
-    assert engine.state is S.AwaitingModel
+    if state is S.CollectingResults:
+        call = ToolCall("c1", "echo", {"text": "a"})
+        engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    if state is S.Aborting:
+        engine.handle(AbortRequested("stop"))
+    assert engine.state is state
     engine._model_outstanding = False
-    forged = engine.snapshot()
-    with pytest.raises(SnapshotError, match=r"snapshot\.state: AwaitingModel always has"):
+    for slot in engine._batch:  # its result arrived, but the batch never completed
+        engine._resolve(slot, "ok", is_error=False)
+    engine._flush()
+    return engine
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("state", [S.AwaitingModel, S.CollectingResults, S.Aborting])
+def test_a_snapshot_that_rests_while_an_operation_is_outstanding_is_refused(
+    state: TurnState,
+) -> None:
+    # Gap: of the states that always have an operation outstanding, AwaitingModel and
+    # Aborting were never offered to restore.
+    forged = _outstanding(state).snapshot()
+    forged["abortReason"] = None  # which only Aborted may have: the state alone refuses it
+    with pytest.raises(SnapshotError, match=rf"snapshot\.state: {state} always has"):
         Engine.restore(forged)
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_whose_denial_has_an_unknown_key_is_refused() -> None:
+    # Gap: the keys of the policy denial a snapshot carries were not checked.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolDenied("c1", "not on weekends"))
+    snapshot = engine.snapshot()  # c2 still waits for the policy
+    assert Engine.restore(snapshot).state is S.DispatchingTools
+    snapshot["denial"] = {**snapshot["denial"], "advisory": False}
+    with pytest.raises(SnapshotError, match=r"snapshot\.denial"):
+        Engine.restore(snapshot)
