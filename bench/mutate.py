@@ -60,8 +60,8 @@ _CHECKER_FAST = (
 )
 _ENGINE_TESTS = (
     "tests/test_mutation_gaps.py tests/test_mutation_gaps_snapshot.py tests/test_table.py "
-    "tests/test_engine_hooks_and_batches.py tests/test_engine.py tests/test_engine_state.py tests/test_engine_snapshot.py "
-    f"tests/test_checker_mutants.py {_CHECKER_FAST}"
+    "tests/test_engine_hooks_and_batches.py tests/test_engine.py tests/test_engine_state.py "
+    f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
     "tests/test_mutation_gaps_driver.py tests/test_mutation_gaps_resume.py tests/test_loop.py "
