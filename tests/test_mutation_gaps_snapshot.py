@@ -16,6 +16,7 @@ from statemachine.core.events import (
     StartTool,
     ToolDenied,
     ToolFinished,
+    ToolPermitted,
 )
 from statemachine.core.messages import (
     AssistantMessage,
@@ -154,3 +155,43 @@ def test_a_snapshot_with_many_faults_in_its_history_names_the_first_three() -> N
     with pytest.raises(SnapshotError, match="invalid history") as info:
         Engine.restore(snapshot)
     assert str(info.value).count("; ") == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("turn", [-1, True, "1", 1.0])
+def test_a_snapshot_whose_trace_has_a_turn_that_is_not_a_count_is_refused(turn: object) -> None:
+    # Gap: the turn of a transition record was read without being checked.
+    snapshot = _waiting_for_approval().snapshot()
+    snapshot["trace"][0] = [*snapshot["trace"][0][:3], turn]
+    with pytest.raises(SnapshotError, match=r"snapshot\.trace\[0\]\[3\]: expected an integer"):
+        Engine.restore(snapshot)
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_whose_tool_has_an_unknown_key_is_refused() -> None:
+    # Gap: the keys of a tool definition in a snapshot were not checked.
+    snapshot = _waiting_for_approval().snapshot()
+    snapshot["tools"][0] = {**snapshot["tools"][0], "strict": True}
+    with pytest.raises(SnapshotError, match=r"snapshot\.tools\[0\]"):
+        Engine.restore(snapshot)
+
+
+@pytest.mark.timeout(30)
+def test_a_held_result_that_answers_another_call_of_the_same_tool_is_refused() -> None:
+    # Gap: only a result naming another tool was offered; one with the right tool and
+    # another call's id must be refused too (it is not in the history yet to be caught).
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    engine.handle(ToolPermitted("c2"))
+    engine.handle(ToolFinished("c2", ToolOutput("done")))
+    snapshot = engine.snapshot()
+    assert snapshot["state"] == "AwaitingUser"
+    held = snapshot["batch"][1]["result"]
+    assert (held["toolCallId"], snapshot["flushed"]) == ("c2", 0)
+    assert Engine.restore(snapshot).state is S.AwaitingUser
+    snapshot["batch"][1]["result"] = {**held, "toolCallId": "c9"}
+    with pytest.raises(SnapshotError, match=r"snapshot\.batch\[1\]\.result: answers another"):
+        Engine.restore(snapshot)
