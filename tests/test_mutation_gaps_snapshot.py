@@ -195,3 +195,20 @@ def test_a_held_result_that_answers_another_call_of_the_same_tool_is_refused() -
     snapshot["batch"][1]["result"] = {**held, "toolCallId": "c9"}
     with pytest.raises(SnapshotError, match=r"snapshot\.batch\[1\]\.result: answers another"):
         Engine.restore(snapshot)
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_call_whose_arguments_are_stored_in_another_key_order_restores() -> None:
+    # Gap: a store that rewrites JSON may reorder an object's keys; the order of a
+    # call's arguments is no part of the call, so the batch still matches its history.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "a", "n": 1})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    snapshot = engine.snapshot()
+    stored = snapshot["batch"][0]["call"]
+    assert list(stored["arguments"]) == ["text", "n"]
+    stored["arguments"] = {"n": 1, "text": "a"}
+    restored = Engine.restore(snapshot)
+    assert restored.control_key() == engine.control_key()
