@@ -5,6 +5,7 @@ the tests catch.
     python bench/mutate.py --module table --module engine --jobs 2
     python bench/mutate.py --module driver --list  # the mutants, without running them
     python bench/mutate.py --module driver-loop --rerun-survivors   # after adding tests
+    python bench/mutate.py --report              # the table of what is decided, run nothing
 
 Each mutant is one small edit of one module (an operator flipped, a condition negated,
 a statement removed, a table row deleted, redirected, unguarded or swapped with its
@@ -58,9 +59,9 @@ _CHECKER_FAST = (
     "tests/test_checker.py -k 'not default_bound and not cli_check_passes and not strategies'"
 )
 _ENGINE_TESTS = (
-    "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
-    "tests/test_engine.py tests/test_engine_state.py "
-    f"tests/test_checker_mutants.py {_CHECKER_FAST}"
+    "tests/test_mutation_gaps.py tests/test_mutation_gaps_snapshot.py tests/test_table.py "
+    "tests/test_engine_hooks_and_batches.py tests/test_engine.py tests/test_engine_state.py "
+    f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
     "tests/test_mutation_gaps_driver.py tests/test_mutation_gaps_resume.py tests/test_loop.py "
@@ -316,9 +317,7 @@ def run(
 ) -> dict[str, dict[str, object]]:
     OUT.mkdir(parents=True, exist_ok=True)
     sources = {n: (ROOT / MODULES[n][0]).read_text() for n in names}
-    source_hash = {
-        n: hashlib.sha1(s.encode(), usedforsecurity=False).hexdigest() for n, s in sources.items()
-    }
+    source_hash = _source_hashes(names)
     results = _load_results(source_hash, rerun_survivors=rerun_survivors)
     todo = collections.deque(_todo(names, results))
     print(f"{len(todo)} mutants to run ({len(results)} already decided)", flush=True)
@@ -364,27 +363,61 @@ def _schedule(
                 yield record
 
 
-def summary(names: list[str], results: dict[str, dict[str, object]]) -> str:
+def _source_hashes(names: list[str]) -> dict[str, str]:
+    """Each module's current source, hashed: the key its results are cached under."""
+    return {
+        n: hashlib.sha1(
+            (ROOT / MODULES[n][0]).read_text().encode(), usedforsecurity=False
+        ).hexdigest()
+        for n in names
+    }
+
+
+def table(names: list[str], results: dict[str, dict[str, object]]) -> list[str]:
+    """The per-module table of ``bench/mutation.md``: for each module, its mutants
+    decided (of all it has now), killed, survivors, survivors no test ran, raw score."""
     lines = [
-        "| module | mutants | killed | survived | of which not covered | score |",
+        "| module | decided | killed | survivors | of which not covered | raw score |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    survivors: list[dict[str, object]] = []
+    sums = [0, 0, 0, 0, 0]
     for name in names:
-        records = [r for r in results.values() if r["module"] == name]
+        idents = {m.ident for m in mutants_of(name)}
+        records = [r for r in results.values() if r["module"] == name and r["id"] in idents]
         alive = [r for r in records if str(r["verdict"]).startswith("survived")]
         bare = [r for r in alive if r["verdict"] == "survived (not covered)"]
-        survivors += alive
-        total = len(records)
-        score = f"{100 * (total - len(alive)) / total:.1f}%" if total else "-"
-        lines.append(
-            f"| {name} | {total} | {total - len(alive)} | {len(alive)} | {len(bare)} | {score} |"
-        )
-    lines += ["", "Survivors:", ""]
+        row = [len(records), len(idents), len(records) - len(alive), len(alive), len(bare)]
+        sums = [a + b for a, b in zip(sums, row, strict=True)]
+        shown = MODULES[name][0].removeprefix("statemachine/")
+        lines.append(_row(f"{name} (`{shown}`)", *row))
+    if len(names) > 1:
+        lines.append(_row("**all**", *sums))
+    return lines
+
+
+def _row(label: str, decided: int, total: int, killed: int, alive: int, bare: int) -> str:
+    score = f"{100 * killed / decided:.1f}%" if decided else "-"
+    return f"| {label} | {decided} of {total} | {killed} | {alive} | {bare} | {score} |"
+
+
+def summary(names: list[str], results: dict[str, dict[str, object]]) -> str:
+    """The table, then every survivor of the current sources."""
+    lines = [*table(names, results), "", "Survivors:", ""]
+    idents = {m.ident for name in names for m in mutants_of(name)}
+    survivors = [
+        r
+        for r in results.values()
+        if r["id"] in idents and str(r["verdict"]).startswith("survived")
+    ]
     for r in sorted(survivors, key=lambda r: (str(r["module"]), int(str(r["line"])))):
         bare = " (not covered)" if r["verdict"] == "survived (not covered)" else ""
         lines.append(f"- {r['id']}{bare} {r['change']}")
     return "\n".join(lines) + "\n"
+
+
+def report(names: list[str]) -> str:
+    """The summary of what the cache holds for the modules' current sources; runs nothing."""
+    return summary(names, _load_results(_source_hashes(names), rerun_survivors=False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600.0, help="most seconds per mutant")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="print the table and survivors cached for the current sources, run nothing",
+    )
     parser.add_argument(
         "--out", type=Path, default=OUT, help="where results and maps are kept (a fresh run)"
     )
@@ -414,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             for mutant in mutants_of(name):
                 print(mutant.ident, mutant.describe())
+        return 0
+    if args.report:
+        print(report(names), end="")
         return 0
     results = run(
         names,

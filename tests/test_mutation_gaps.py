@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Mapping
 from typing import ClassVar, TypeVar
 
 import attrs
@@ -420,3 +423,114 @@ def test_a_restored_call_keeps_the_resources_it_touches() -> None:
     assert engine.state is S.AwaitingUser
     restored = Engine.restore(engine.snapshot(), scheduling=scheduling)
     assert restored.control_key() == engine.control_key()
+
+
+class _DroppingLogger:
+    """A logger that says once and for all that it drops debug; it records what it gets."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def bind(self, **_: object) -> _DroppingLogger:
+        return self
+
+    def debug(self, event: str, **_: object) -> None:
+        self.events.append(event)
+
+    info = warning = debug
+
+
+class _StructlogStyle(_DroppingLogger):
+    def is_enabled_for(self, level: int) -> bool:
+        return level > logging.DEBUG
+
+
+class _StdlibStyle(_DroppingLogger):
+    def isEnabledFor(self, level: int) -> bool:  # the stdlib spelling
+        return level > logging.DEBUG
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("logger_class", [_StructlogStyle, _StdlibStyle])
+def test_a_logger_that_drops_debug_is_not_given_the_transitions(
+    logger_class: type[_DroppingLogger],
+) -> None:
+    # Gap: a logger with either spelling of the level check was never shown to be
+    # spared the transition log (it was only asked to get it).
+    logger = logger_class()
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
+    engine.handle(Start())
+    assert engine.trace
+    assert "transition" not in logger.events
+
+
+def _invalid_argument_text(schema: Mapping[str, object], call: ToolCall) -> str:
+    engine = Engine(tools=[ToolDefinition("echo", "Repeat.", schema)], messages=[UserMessage("go")])
+    engine.handle(Start())
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    result = engine.messages[-1]
+    assert isinstance(result, ToolResultMessage)
+    assert result.is_error
+    return result.text
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "call",
+    [
+        ToolCall("c1", "echo", {"text": 7}),  # off the schema
+        ToolCall("c1", "echo", {}, parse_error="not JSON: '{tex'"),  # unreadable
+    ],
+)
+def test_the_schema_quoted_to_the_model_does_not_depend_on_its_key_order(call: ToolCall) -> None:
+    # Gap: the schema in an invalid-arguments result was not shown to be canonical:
+    # the same schema written in another key order must give the model the same text.
+    properties = {"text": {"type": "string"}, "a": {"type": "integer"}}
+    written = {"type": "object", "properties": properties, "required": ["text"]}
+    reordered = {
+        "required": ["text"],
+        "properties": {"a": {"type": "integer"}, "text": {"type": "string"}},
+        "type": "object",
+    }
+    text = _invalid_argument_text(written, call)
+    assert text == _invalid_argument_text(reordered, call)
+    assert json.dumps(written, sort_keys=True) in text
+
+
+@pytest.mark.timeout(30)
+def test_a_long_result_quoted_in_the_turn_limit_explanation_is_cut_to_160_characters() -> None:
+    # Gap: the cut of the last result in the turn-limit explanation was never measured.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], max_turns=1)
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c1", ToolOutput("x" * 500)))
+    assert engine.state is S.TurnLimitExceeded
+    assert engine.explanation is not None
+    assert "x" * 159 + "\u2026" in engine.explanation
+    assert "x" * 160 not in engine.explanation
+    # a text that fits is quoted whole
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], max_turns=1)
+    engine.handle(Start())
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c1", ToolOutput("y" * 160)))
+    assert engine.explanation is not None
+    assert "y" * 160 + "\u2026" not in engine.explanation
+    assert "y" * 160 in engine.explanation
+
+
+@pytest.mark.timeout(30)
+def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -> None:
+    # Gap: a call resolved at dispatch (an unknown tool) never reads its scheduling;
+    # the snapshot must still say what the engine holds for it: not sequential.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "nope", {}), ToolCall("c2", "echo", {"text": "a"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c2", "a person decides"))
+    assert engine.state is S.AwaitingUser
+    batch = engine.snapshot()["batch"]
+    assert [(slot["status"], slot["sequential"]) for slot in batch] == [
+        ("done", False),
+        ("waiting-approval", False),
+    ]

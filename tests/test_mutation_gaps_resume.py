@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import statemachine as sm
-from statemachine.core.errors import SnapshotError
+from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.testing import ScriptedModel
@@ -257,3 +257,45 @@ def test_a_run_resumed_with_a_message_and_no_hook_runs_its_tools_unasked() -> No
     result = asyncio.run(main())
     assert result.state is S.Done
     assert ran == ["look"]
+
+
+@pytest.mark.timeout(30)
+def test_a_resumed_run_started_twice_asks_the_policy_once() -> None:
+    # Gap: the second run() of a resumed run is refused; it must be refused before
+    # the policy is asked again about calls that will not run.
+    first = _suspended({"a": "a person decides"})  # "b" was permitted
+    asked: list[str] = []
+
+    def policy(call: ToolCall) -> None:
+        asked.append(call.id)
+
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(AssistantMessage("fine")),
+        tools=[sm.tool(sequential=True)(act)],
+        approvals={"a": True},
+        before_tool_call=policy,
+    )
+    assert asyncio.run(run.run()).state is S.Done
+    assert sorted(asked) == ["a", "b"]
+    with pytest.raises(UsageError, match="runs once"):
+        asyncio.run(run.run())
+    assert sorted(asked) == ["a", "b"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        ("act", "tools must be a sequence of Tool"),
+        ([act], r"tools\[0\] is a function, not a Tool"),
+    ],
+)
+def test_resume_refuses_tools_that_are_not_tools_before_it_restores(
+    tools: Any, message: str
+) -> None:
+    # Gap: the tools given to resume were checked only by the run built after the
+    # snapshot was restored, which reads their names first.
+    first = _suspended({"a": "a person decides"})
+    with pytest.raises(InvalidInputError, match=message):
+        sm.resume_run(first, model=ScriptedModel(), tools=tools, approvals={"a": True})
