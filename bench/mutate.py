@@ -61,6 +61,7 @@ _CHECKER_FAST = (
 _ENGINE_TESTS = (
     "tests/test_mutation_gaps.py tests/test_mutation_gaps_snapshot.py tests/test_table.py "
     "tests/test_engine_hooks_and_batches.py tests/test_engine.py tests/test_engine_state.py "
+    "tests/test_dispatch.py tests/test_trace.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
@@ -84,6 +85,8 @@ MODULES: dict[str, tuple[str, str]] = {
     "engine-state": ("statemachine/core/state.py", _ENGINE_TESTS),
     "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
     "engine-snapshot": ("statemachine/core/engine_snapshot.py", _ENGINE_TESTS),
+    "engine-dispatch": ("statemachine/core/dispatch.py", _ENGINE_TESTS),
+    "engine-trace": ("statemachine/core/trace.py", _ENGINE_TESTS),
     # the driver, module by module (agent/)
     "driver": ("statemachine/agent/run.py", _DRIVER_TESTS),
     "driver-loop": ("statemachine/agent/loop.py", _DRIVER_TESTS),
@@ -93,6 +96,7 @@ MODULES: dict[str, tuple[str, str]] = {
         _DRIVER_TESTS + " tests/test_engine_snapshot.py",
     ),
     "driver-hooks": ("statemachine/agent/hooks.py", _DRIVER_TESTS),
+    "driver-hook-calls": ("statemachine/agent/hook_calls.py", _DRIVER_TESTS),
 }
 
 
