@@ -38,6 +38,7 @@ from statemachine.core.events import (
 )
 from statemachine.core.table import TRANSITIONS, Guard, Transition, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
+from statemachine.core.trace import Trace
 
 __all__ = [
     "EVENT_TYPES",
@@ -70,6 +71,7 @@ __all__ = [
     "ToolFinished",
     "ToolOutput",
     "ToolPermitted",
+    "Trace",
     "Transition",
     "TransitionRecord",
     "Trigger",
