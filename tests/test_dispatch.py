@@ -52,22 +52,25 @@ def _no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_engines_tables_forget_their_compiled_dispatch_on_every_write() -> None:
-    table = TableData({1: 2})
-    writes = [
-        lambda: table.__setitem__(3, 4),
-        lambda: table.__delitem__(3),
-        lambda: table.update({5: 6}),
-        lambda: table.setdefault(7, 8),
-        lambda: table.pop(7),
-        lambda: table.popitem(),
-        lambda: table.__ior__({9: 10}),
-        table.clear,
+    # Each write is done to a plain dict as well: it must also take effect.
+    table, plain = TableData({1: 2}), {1: 2}
+    writes: list[tuple[str, tuple[object, ...]]] = [
+        ("__setitem__", (3, 4)),
+        ("__delitem__", (3,)),
+        ("update", ({5: 6},)),
+        ("setdefault", (7, 8)),
+        ("pop", (7,)),
+        ("popitem", ()),
+        ("__ior__", ({9: 10},)),
+        ("clear", ()),
     ]
-    for write in writes:
+    for name, args in writes:
         engine_module._dispatch()
         assert dispatch.latest is not None
-        write()
-        assert dispatch.latest is None, write
+        getattr(table, name)(*args)
+        getattr(plain, name)(*args)
+        assert dispatch.latest is None, name
+        assert table == plain, name
     engine_module._dispatch()
 
 

@@ -538,3 +538,32 @@ def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
 
     assert _on_virtual_time(main).state is S.Aborted
     assert ended == {"c1": (True, False), "c2": (True, True)}
+
+
+def test_a_tools_time_is_the_time_it_ran() -> None:
+    async def nap() -> str:
+        await asyncio.sleep(0.01)
+        return "rested"
+
+    async def quick() -> str:
+        return "done"
+
+    call = ToolCall("c1", "nap", {})
+    lone = ToolCall("c2", "quick", {})
+    model = ScriptedModel(
+        AssistantMessage((call,), stop_reason=StopReason.TOOL_USE),
+        AssistantMessage((lone,), stop_reason=StopReason.TOOL_USE),
+        AssistantMessage("ok"),
+    )
+    result = asyncio.run(
+        sm.run_agent(
+            model=model,
+            tools=[_tool("nap", nap), _tool("quick", quick)],
+            messages=[UserMessage("go")],
+        )
+    )
+    assert result.state is S.Done
+    assert result.stats is not None
+    seconds = result.stats.tool_seconds
+    assert 0.005 <= seconds["c1"] < 30  # a clock difference, not a sum of clock readings
+    assert 0 <= seconds["c2"] < 30
