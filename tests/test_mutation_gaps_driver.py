@@ -567,3 +567,29 @@ def test_a_tools_time_is_the_time_it_ran() -> None:
     seconds = result.stats.tool_seconds
     assert 0.005 <= seconds["c1"] < 30  # a clock difference, not a sum of clock readings
     assert 0 <= seconds["c2"] < 30
+
+
+def test_a_should_continue_answer_that_is_not_none_or_stop_stops_the_run_saying_so() -> None:
+    async def echo(text: str) -> str:
+        return text
+
+    def should_continue(messages: Sequence[sm.Message], turn: int) -> object:
+        return "yes, go on"  # neither None nor Stop
+
+    model = ScriptedModel(
+        *(
+            AssistantMessage((ToolCall(f"c{i}", "echo", {"text": "x"}),), StopReason.TOOL_USE)
+            for i in range(3)
+        )
+    )
+    result = asyncio.run(
+        sm.run_agent(
+            model=model,
+            tools=[_tool("echo", echo)],
+            messages=[UserMessage("go")],
+            should_continue=should_continue,  # type: ignore[arg-type]
+        )
+    )
+    assert result.state is S.Done
+    assert result.turns == 1
+    assert "the should_continue hook returned str, expected None or Stop" in result.explanation
