@@ -43,8 +43,9 @@ async def sleepy(text: str) -> str:
 
 
 async def _run_counting_tasks(
-    model: ScriptedModel, tools: list[sm.Tool]
+    model: ScriptedModel, tools: list[sm.Tool], **options: Any
 ) -> tuple[sm.RunResult, list[str]]:
+    """Run ``run_agent`` (with ``options``), naming every asyncio task it creates."""
     loop = asyncio.get_running_loop()
     created: list[str] = []
 
@@ -56,7 +57,7 @@ async def _run_counting_tasks(
 
     loop.set_task_factory(factory)  # type: ignore[arg-type]
     try:
-        result = await sm.run_agent(model=model, messages=GO, tools=tools, max_turns=10)
+        result = await sm.run_agent(model=model, messages=GO, tools=tools, max_turns=10, **options)
     finally:
         loop.set_task_factory(None)
     return result, created
@@ -248,30 +249,10 @@ def test_an_operation_with_its_hooks_around_it_that_does_not_wait_starts_no_task
     async def after(call: sm.ToolCall, output: sm.ToolOutput) -> None:
         return None
 
-    async def main() -> tuple[sm.RunResult, list[str]]:
-        loop = asyncio.get_running_loop()
-        created: list[str] = []
-
-        def factory(
-            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
-        ) -> asyncio.Task[Any]:
-            created.append(getattr(coro, "__qualname__", type(coro).__name__))
-            return asyncio.Task(coro, loop=loop, **kwargs)
-
-        loop.set_task_factory(factory)  # type: ignore[arg-type]
-        try:
-            result = await sm.run_agent(
-                model=ScriptedModel(_asks("echo"), "done"),
-                messages=GO,
-                tools=[echo],
-                transform_context=transform,
-                after_tool_call=after,
-            )
-        finally:
-            loop.set_task_factory(None)
-        return result, created
-
-    result, created = asyncio.run(main())
+    model = ScriptedModel(_asks("echo"), "done")
+    result, created = asyncio.run(
+        _run_counting_tasks(model, [echo], transform_context=transform, after_tool_call=after)
+    )
     assert result.ok
     assert [t.text for t in result.messages if isinstance(t, sm.ToolResultMessage)] == ["echo"]
     assert created == []
