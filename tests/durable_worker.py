@@ -166,6 +166,13 @@ def _die_before_placing_a_message() -> None:
     reservation.run_async = run_async
 
 
+def reference_run() -> sm.RunResult:
+    """The run every durable test compares with: the same model and tools, in memory."""
+    return asyncio.run(
+        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
+    )
+
+
 def result_json(result: sm.RunResult) -> dict[str, Any]:
     return {
         "state": result.state.value,

@@ -30,6 +30,7 @@ from durable_worker import (
     database_urls,
     kill,
     log_lines,
+    reference_run,
     result_json,
     start_worker,
 )
@@ -53,9 +54,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], 
 
 
 def _reference() -> sm.RunResult:
-    return asyncio.run(
-        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
-    )
+    return reference_run()
 
 
 @pytest.mark.timeout(120)

@@ -10,7 +10,6 @@ test_durable_dbos.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -29,11 +28,9 @@ if os.environ.get("CI") == "true":
 else:
     pytest.importorskip("dbos")
 
-from durable_worker import TOOLS, answer, database_urls, log_lines, result_json, start_worker
+from durable_worker import database_urls, log_lines, reference_run, result_json, start_worker
 
-import statemachine as sm
 from statemachine.durable.dbos import connect
-from statemachine.testing import FunctionModel
 
 TRIALS = int(os.environ.get("DURABLE_KILL_TRIALS", "20"))
 PARALLEL = 4  # trials at once
@@ -47,10 +44,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], 
 
 
 def _reference() -> dict[str, Any]:
-    result = asyncio.run(
-        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
-    )
-    return result_json(result)
+    return result_json(reference_run())
 
 
 def _recorded_calls(db: str, run_id: str) -> set[str]:

@@ -27,6 +27,7 @@ from durable_worker import (
     database_urls,
     kill,
     log_lines,
+    reference_run,
     result_json,
     start_worker,
     wait_for_log,
@@ -46,10 +47,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], 
 
 
 def _reference() -> dict[str, Any]:
-    result = asyncio.run(
-        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
-    )
-    return result_json(result)
+    return result_json(reference_run())
 
 
 async def _results(db: str, run_ids: list[str], timeout: float) -> list[sm.RunResult]:
