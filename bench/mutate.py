@@ -25,8 +25,10 @@ selection; one whose lines no test executes survives at once, "not covered".
 ``--all-tests`` runs the whole selection against every mutant instead.
 
 Results go to ``bench/.mutation/results.jsonl`` as they come (a re-run skips mutants
-already decided for the same source) and the summary with every survivor to
-``bench/.mutation/summary.md``; ``bench/mutation.md`` holds the classified findings.
+already decided for the same source). That file is committed, so a run stopped part way
+is taken up on another machine; the coverage maps beside it are a cache. The summary,
+with every survivor, goes to ``bench/.mutation/summary.md``; ``bench/mutation.md`` holds
+the classified findings.
 Not a CI gate.
 """
 
