@@ -54,6 +54,7 @@ from statemachine.journal import (
     run_agent_journaled,
 )
 from statemachine.journal._format import JournalHeader
+from statemachine.journal._replay import ReplayStep
 from statemachine.testing.checker import EVENT_SOURCES, FIRST_MESSAGE, TOOL, Bounds
 from statemachine.testing.models import ScriptedModel
 
@@ -210,6 +211,34 @@ def test_replay_rebuilds_the_identical_run() -> None:
         TurnState.Done,
         TurnState.Done,
     )
+
+
+def test_replay_makes_its_steps_once_and_only_when_they_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import statemachine.journal._replay as replay_module
+
+    made: list[type] = []
+    real_new = replay_module.new  # type: ignore[attr-defined]
+
+    def counting_new(cls: type) -> Any:
+        made.append(cls)
+        return real_new(cls)
+
+    monkeypatch.setattr(replay_module, "new", counting_new)
+    text, engine = _journal_text()
+    result = replay(text.splitlines(keepends=True), logger=_quiet())
+    assert result.ok
+    assert result.state is TurnState.Done
+    assert len(result.states) == 7
+    assert made == []  # verified, and nothing read the steps: none made
+    steps = result.steps
+    assert made == [ReplayStep] * len(SCRIPT)
+    assert result.steps is steps  # made once
+    assert made == [ReplayStep] * len(SCRIPT)
+    # Each step holds the transitions its own event caused, and together they are the trace.
+    assert [r for step in steps for r in step.transitions] == list(engine.trace)
+    assert all(step.transitions[-1].dest is step.state for step in steps if step.transitions)
 
 
 def test_refused_events_are_not_journaled() -> None:

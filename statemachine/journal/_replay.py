@@ -48,13 +48,21 @@ class ReplayStep:
 @attrs.frozen
 class ReplayResult:
     """A rebuilt run. ``error`` is set (in partial mode) when the journal stopped
-    replaying at some line; everything before that line was replayed and verified."""
+    replaying at some line; everything before that line was replayed and verified.
+
+    ``steps`` are made when first read, once: a replay that only verifies a journal
+    (``ok``, ``state``, ``engine``) does not pay for a record per event."""
 
     header: JournalHeader
     engine: Engine
-    steps: tuple[ReplayStep, ...]
+    _replayed: _Replayer = attrs.field(alias="replayed", repr=False, eq=False)
     checkpoints: int
     error: JournalError | None = None
+
+    @property
+    def steps(self) -> tuple[ReplayStep, ...]:
+        """Every replayed event with the transitions it caused, in journal order."""
+        return self._replayed.steps()
 
     @property
     def ok(self) -> bool:
@@ -75,7 +83,7 @@ class ReplayResult:
     @property
     def states(self) -> tuple[TurnState, ...]:
         """The state trace: where the run started, then the state after each event."""
-        return (TurnState.Ready, *(s.state for s in self.steps))
+        return (TurnState.Ready, *self._replayed.states)
 
 
 def replay(
@@ -135,7 +143,7 @@ def _replay_lines(
         error = exc
     if error is not None and strict:
         raise error
-    return ReplayResult(header, engine, replayer.steps(), replayer.checkpoints, error)
+    return ReplayResult(header, engine, replayer, replayer.checkpoints, error)
 
 
 def _start(
@@ -191,8 +199,9 @@ class _Replayer:
         self._lines: list[int] = []
         self._events: list[Event] = []
         self._marks: list[int] = []
-        self._states: list[TurnState] = []
+        self.states: list[TurnState] = []
         self._first_mark = len(engine.trace)
+        self._steps: tuple[ReplayStep, ...] | None = None
 
     def replay(self, each: Iterator[bytes | str], lines: Lines) -> None:
         """Replay the event lines; anything that goes wrong is a ``JournalError``
@@ -203,7 +212,7 @@ class _Replayer:
         know, states, expected = digest.know, _STATE_NAMES, self.expected_seq
         handle = engine.handle
         add_line, add_event = self._lines.append, self._events.append
-        add_mark, add_state = self._marks.append, self._states.append
+        add_mark, add_state = self._marks.append, self.states.append
         event: Any
         for raw in each:
             try:
@@ -262,12 +271,15 @@ class _Replayer:
             raise _cannot_replay(lines.number, exc) from exc
 
     def steps(self) -> tuple[ReplayStep, ...]:
-        """The replayed steps, each with the transitions its event caused."""
+        """The replayed steps, each with the transitions its event caused (made once,
+        when first asked for)."""
+        if self._steps is not None:
+            return self._steps
         trace = self.engine.trace
         steps = []
         mark = self._first_mark
         set_line, set_event, set_transitions, set_state = _SET_STEP
-        each = zip(self._lines, self._events, self._marks, self._states, strict=True)
+        each = zip(self._lines, self._events, self._marks, self.states, strict=True)
         for line, event, end, state in each:
             step = new(ReplayStep)  # as ReplayStep(...) would, at a third of the cost
             set_line(step, line)
@@ -276,7 +288,8 @@ class _Replayer:
             set_state(step, state)
             steps.append(step)
             mark = end
-        return tuple(steps)
+        self._steps = tuple(steps)
+        return self._steps
 
     def _read_exact(self, record: Any, number: int) -> tuple[Event, TurnState] | None:
         """Read a line as ``event_from_dict`` does, or say what is wrong with it."""
