@@ -402,6 +402,22 @@ def _micro_in_fresh_process(smoke: bool) -> list[Figure]:
 # -- entry point ---------------------------------------------------------------------------
 
 
+# The generated report is the top of bench/results.md; below this line are dated
+# sections written by hand (before/after measurements of each change), which a new
+# run keeps.
+KEPT_MARKER = "<!-- Below: dated sections, kept when bench/run.sh writes the report above. -->"
+
+
+def with_kept_sections(report: str, out: Path) -> str:
+    """``report``, followed by the marker and what follows it in ``out`` (if any)."""
+    kept = ""
+    if out.exists():
+        old = out.read_text(encoding="utf-8")
+        if KEPT_MARKER in old:
+            kept = old[old.index(KEPT_MARKER) + len(KEPT_MARKER) :]
+    return report.rstrip("\n") + "\n\n" + KEPT_MARKER + (kept or "\n")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     ns = (10,) if args.smoke else tuple(args.ns)
     repetitions = {n: 1 for n in ns} if args.smoke else {n: REPETITIONS.get(n, 3) for n in ns}
@@ -432,7 +448,7 @@ async def main_async(args: argparse.Namespace) -> int:
     report = render(cells, unavailable, figures, machine(), versions(), command, args.note)
     print(report)
     if args.out:
-        Path(args.out).write_text(report, encoding="utf-8")
+        Path(args.out).write_text(with_kept_sections(report, Path(args.out)), encoding="utf-8")
     if args.json:
         data = {
             "cells": [asdict(c) for c in cells],

@@ -120,3 +120,24 @@ def test_growth_and_projection_follow_linear_intervals(monkeypatch: pytest.Monke
     cell = harness.Cell("x", 1000, run_s=[0.0], first_interval_us=1.0, last_interval_us=11.0)
     # a = 1 µs, b = 10 µs / 1000 turns: a*n + b*n*n/2 at n = 10,000.
     assert harness.projected_run_s(cell, 10_000) == pytest.approx(0.01 + 0.5)
+
+
+@pytest.mark.timeout(60)
+def test_a_new_report_keeps_the_dated_sections_below_the_marker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    harness = _load("harness", monkeypatch)
+    out = tmp_path / "results.md"
+    # No file yet, then a file without the marker: the report alone, marker after it.
+    first = harness.with_kept_sections("# Report 1\n", out)
+    assert first == f"# Report 1\n\n{harness.KEPT_MARKER}\n"
+    out.write_text("# An old report, no marker\n")
+    assert harness.with_kept_sections("# Report 1\n", out) == first
+    # A file with the marker: what follows it is kept, the report above it replaced.
+    out.write_text(f"# Report 1\n\n{harness.KEPT_MARKER}\n\n## Tuesday\n\nfigures\n")
+    again = harness.with_kept_sections("# Report 2\n", out)
+    assert again == f"# Report 2\n\n{harness.KEPT_MARKER}\n\n## Tuesday\n\nfigures\n"
+    # The real file has the marker, with the dated sections after it.
+    real = (Path(__file__).parent.parent / "bench" / "results.md").read_text(encoding="utf-8")
+    assert real.count(harness.KEPT_MARKER) == 1
+    assert "\n## " in real.split(harness.KEPT_MARKER)[1]
