@@ -1166,3 +1166,44 @@ def test_progress_is_reported_by_tools_only_not_by_after_tool_call() -> None:
     assert [(e.call_id, e.data) for e in events if isinstance(e, sm.ToolProgress)] == [
         ("c1", "from the tool")
     ]
+
+
+@pytest.mark.timeout(30)
+def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> None:
+    # The first model call answers without waiting (its answer is queued where it was
+    # started); the second waits, so it runs as a task whose answer comes later. That
+    # answer is the second call's own and must reach the run, not be taken for the first.
+    async def later(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> sm.AssistantMessage:
+        await asyncio.sleep(0.01)
+        return asks(call("c2", "echo", text="b"))
+
+    model = ScriptedModel(asks(call("c1", "echo", text="a")), later, DONE)
+
+    async def main() -> sm.RunResult:
+        return await asyncio.wait_for(
+            sm.run_agent(model=model, tools=[echo], messages=[sm.UserMessage("go")]), 5
+        )
+
+    result = asyncio.run(main())
+    assert result.state is sm.TurnState.Done
+    assert result.stats.model_calls == 3
+    results = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert results == ["a", "b"]
+
+
+@pytest.mark.timeout(30)
+def test_events_asked_for_after_the_run_finished_end_at_once() -> None:
+    agent = sm.AgentRun(
+        model=ScriptedModel(DONE), tools=[echo], messages=[sm.UserMessage("go")]
+    )
+
+    async def main() -> list[sm.RunEvent]:
+        result = await agent.run()
+        assert result.state is sm.TurnState.Done
+        stream = agent.events()  # subscribed once the run is over: nothing more to say
+        return await asyncio.wait_for(_drain(stream), 5)
+
+    async def _drain(stream: Any) -> list[sm.RunEvent]:
+        return [event async for event in stream]
+
+    assert asyncio.run(main()) == []

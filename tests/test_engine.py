@@ -294,6 +294,29 @@ def test_a_replacement_id_never_collides_with_one_already_in_the_history() -> No
     assert "" not in ids
 
 
+@pytest.mark.parametrize(
+    ("taken", "assigned"),
+    [
+        (["call_t1_0"], "call_t1_0_1"),
+        (["call_t1_0", "call_t1_0_1"], "call_t1_0_2"),
+        (["call_t1_0", "call_t1_0_1", "call_t1_0_2"], "call_t1_0_3"),
+    ],
+)
+def test_a_replacement_id_that_is_taken_gets_the_next_free_suffix(
+    taken: list[str], assigned: str
+) -> None:
+    # The replacement is deterministic: call_t<turn>_<index>, then _1, _2, ... in
+    # order until one is free (the same run replays to the same ids).
+    history: list[sm.Message] = [USER]
+    for taken_id in taken:
+        history += [asks(call(taken_id)), sm.ToolResultMessage(taken_id, "noop", "ok")]
+    history += [sm.AssistantMessage("ok"), sm.UserMessage("again")]
+    e = engine(messages=history)
+    e.handle(sm.engine.Start())
+    actions = e.handle(sm.engine.ModelResponded(asks(call(""))))
+    assert [a.call.id for a in of_type(actions, sm.engine.StartTool)] == [assigned]
+
+
 def test_the_history_view_is_a_fixed_read_only_snapshot() -> None:
     e = engine()
     e.handle(sm.engine.Start())

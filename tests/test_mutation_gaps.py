@@ -534,3 +534,28 @@ def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -
         ("done", False),
         ("waiting-approval", False),
     ]
+
+
+def test_a_tool_cancelled_during_the_abort_is_answered_at_once_beside_one_still_running() -> None:
+    # I2 holds at every step, not only at the end: the first call's result enters the
+    # history when its cancellation arrives, while the second call is still running.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    first, second = ToolCall("a", "echo", {"text": "1"}), ToolCall("b", "echo", {"text": "2"})
+    message = AssistantMessage((first, second), stop_reason=StopReason.TOOL_USE)
+    started = engine.handle(ModelResponded(message))
+    assert [a.call.id for a in started] == ["a", "b"]  # type: ignore[attr-defined]
+    engine.handle(AbortRequested("stop"))
+    assert engine.state is S.Aborting
+    engine.handle(ToolCancelled("a"))
+    assert engine.state is S.Aborting  # the second call still runs
+    last = engine.messages[-1]
+    assert isinstance(last, ToolResultMessage)
+    assert (last.tool_call_id, last.is_error) == ("a", True)
+    assert last.text == "Operation aborted: cancelled after the abort grace period"
+    engine.handle(ToolCancelled("b"))
+    assert engine.state is S.Aborted
+    assert [m.tool_call_id for m in engine.messages if isinstance(m, ToolResultMessage)] == [
+        "a",
+        "b",
+    ]

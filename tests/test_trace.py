@@ -3,6 +3,8 @@ as the list of ``TransitionRecord`` it replaces."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
 from statemachine.core.table import Trigger, TurnState
@@ -93,3 +95,13 @@ def test_each_record_is_made_once_and_reads_stay_right_as_the_log_grows() -> Non
     assert list(trace) == RECORDS
     assert list(copy) == [*RECORDS, RECORDS[0]]
     assert copy[:-1] == RECORDS
+
+
+def test_comparing_with_something_else_lets_the_other_side_answer() -> None:
+    # Trace.__eq__ answers NotImplemented for what it does not know, as list does, so
+    # Python asks the other operand: a matcher such as mock.ANY then decides.
+    trace = Trace(RECORDS)
+    assert trace == mock.ANY
+    assert trace != object()
+    assert trace != "not a trace"
+    assert trace.__eq__(object()) is NotImplemented
