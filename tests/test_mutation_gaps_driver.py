@@ -4,6 +4,7 @@ suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -11,6 +12,7 @@ import pytest
 
 import statemachine as sm
 from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
+from statemachine.core.events import ModelCancelled, ToolCancelled
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -415,6 +417,7 @@ def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() ->
     assert result.state is S.Aborted
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert only.text == "Operation aborted: CancelledError"
+    assert only.is_error
 
 
 @pytest.mark.timeout(30)
@@ -540,6 +543,7 @@ def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
     assert ended == {"c1": (True, False), "c2": (True, True)}
 
 
+@pytest.mark.timeout(30)
 def test_a_tools_time_is_the_time_it_ran() -> None:
     async def nap() -> str:
         await asyncio.sleep(0.01)
@@ -569,6 +573,7 @@ def test_a_tools_time_is_the_time_it_ran() -> None:
     assert 0 <= seconds["c2"] < 30
 
 
+@pytest.mark.timeout(30)
 def test_a_should_continue_answer_that_is_not_none_or_stop_stops_the_run_saying_so() -> None:
     async def echo(text: str) -> str:
         return text
@@ -593,3 +598,199 @@ def test_a_should_continue_answer_that_is_not_none_or_stop_stops_the_run_saying_
     assert result.state is S.Done
     assert result.turns == 1
     assert "the should_continue hook returned str, expected None or Stop" in result.explanation
+
+
+@pytest.mark.timeout(30)
+def test_progress_reported_on_the_event_loop_reaches_subscribers_before_the_calls_end() -> None:
+    # A report made on the loop's thread is handed to the subscribers at once. Two
+    # calls of one batch run as tasks: the first ends at once and wakes the run, the
+    # second reports progress and ends in the same pass of the loop; a report held
+    # back to a later pass would reach the subscribers after the second call's end.
+    async def quick() -> str:
+        return "quick"
+
+    async def reports() -> str:
+        assert sm.report_progress("half way")
+        return "reported"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("quick", "reports"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[_tool("quick", quick), _tool("reports", reports)],
+    )
+    seen: list[str] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, sm.ToolProgress):
+                    seen.append(f"progress {event.call_id}")
+                elif isinstance(event, ToolEnded):
+                    seen.append(f"ended {event.call.id}")
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    assert _on_virtual_time(main).state is S.Done
+    assert seen.index("progress c2") < seen.index("ended c2")
+    assert seen.count("progress c2") == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_long_run_keeps_no_finished_hook_tasks() -> None:
+    # White-box: the tasks that ask the hooks (should_continue at each turn's end,
+    # before_tool_call before each call) are memory the run holds; a finished one must
+    # be let go, or a long run grows by one task per question. Nothing public shows it.
+    turns = 30
+
+    async def echo(text: str) -> str:
+        return text
+
+    def allow(call: ToolCall) -> None:
+        return None
+
+    def go_on(messages: Sequence[sm.Message], turn: int) -> None:
+        return None
+
+    model = ScriptedModel(
+        *(
+            AssistantMessage((ToolCall(f"c{i}", "echo", {"text": "x"}),), StopReason.TOOL_USE)
+            for i in range(turns)
+        ),
+        AssistantMessage("done"),
+    )
+    run = sm.AgentRun(
+        model=model,
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+        max_turns=turns + 1,
+        before_tool_call=allow,
+        should_continue=go_on,
+    )
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Done
+    assert result.turns == turns + 1
+    assert run._helpers == set()
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -> None:
+    # The grace period after an abort is one budget: half for the tool to finish on
+    # its own, then it is cancelled and its cleanup has what is left (half of it). A
+    # cleanup that takes a quarter of the grace period ends in time: the call is
+    # reported cancelled, not abandoned.
+    grace = 1.0
+    cleaned: list[str] = []
+
+    async def deaf() -> str:
+        try:
+            await asyncio.Event().wait()  # does not listen to the abort signal
+        except asyncio.CancelledError:
+            await asyncio.sleep(grace * 0.25)
+            cleaned.append("deaf cleaned up")
+            raise
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("deaf")),
+        messages=[UserMessage("go")],
+        tools=[_tool("deaf", deaf)],
+        grace_period=grace,
+    )
+    ended: list[tuple[bool, bool]] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, ToolEnded):
+                    ended.append((event.cancelled, event.abandoned))
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        await watcher
+        return result
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert cleaned == ["deaf cleaned up"]
+    assert ended == [(True, False)]
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert "ignored cancellation" not in only.text
+
+
+@pytest.mark.timeout(30)
+def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> None:
+    # White-box: every operation of the library reports its own end, so an operation
+    # whose task is over without a word cannot be made through the public API. The
+    # end of the grace period still answers it, as what it is: the model call with a
+    # ModelCancelled, a tool call with a ToolCancelled for that call.
+    run = sm.AgentRun(model=ScriptedModel(AssistantMessage("done")), messages=[UserMessage("go")])
+
+    async def silent() -> None:
+        return None
+
+    async def main() -> list[object]:
+        remove = run._begin(asyncio.get_running_loop())
+        try:
+            for key in ("model", "c1"):
+                task = asyncio.ensure_future(silent())
+                await task
+                run._tasks[key] = task
+            await run._cancel_after_grace(["model", "c1"], "stop")
+            assert run._inbox is not None
+            return list(run._inbox._items)
+        finally:
+            remove()
+
+    assert _on_virtual_time(main) == [ModelCancelled(), ToolCancelled("c1")]
+
+
+@pytest.mark.timeout(30)
+def test_an_after_tool_call_answer_that_is_not_a_tool_output_is_an_error_result() -> None:
+    async def echo(text: str) -> str:
+        return text
+
+    def after(call: ToolCall, output: ToolOutput) -> object:
+        return "replaced"  # neither None nor a ToolOutput
+
+    model = ScriptedModel(
+        AssistantMessage((ToolCall("c1", "echo", {"text": "secret"}),), StopReason.TOOL_USE),
+        AssistantMessage("done"),
+    )
+    result = _on_virtual_time(
+        lambda: sm.run_agent(
+            model=model,
+            tools=[_tool("echo", echo)],
+            messages=[UserMessage("go")],
+            after_tool_call=after,  # type: ignore[arg-type]
+        )
+    )
+    assert result.state is S.Done
+    (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert only.is_error
+    assert "The after_tool_call hook returned str, expected a ToolOutput or None" in only.text
+    assert "secret" not in only.text
+
+
+@pytest.mark.timeout(30)
+def test_the_wall_time_of_a_run_is_the_time_it_took() -> None:
+    async def nap() -> str:
+        await asyncio.sleep(0.01)
+        return "rested"
+
+    model = ScriptedModel(_asks("nap"), AssistantMessage("done"))
+
+    async def main() -> tuple[sm.RunResult, float]:
+        started = time.perf_counter()
+        result = await sm.run_agent(
+            model=model, tools=[_tool("nap", nap)], messages=[UserMessage("go")]
+        )
+        return result, time.perf_counter() - started
+
+    result, took = asyncio.run(main())
+    assert result.state is S.Done
+    assert result.stats is not None
+    assert 0.005 <= result.stats.wall_seconds <= took  # a clock difference, not a sum
