@@ -205,6 +205,30 @@ def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
     assert [r.trigger for r in result.trace].count(Trigger.abort) == 1
 
 
+_E = TypeVar("_E")
+
+
+def _aborted_at_half_a_second(
+    run: sm.AgentRun, reason: str, kind: type[_E]
+) -> tuple[sm.RunResult, list[_E]]:
+    """Run ``run`` on virtual time, aborted after 0.5 s; with its events of ``kind``."""
+    seen: list[_E] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, kind):
+                    seen.append(event)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, reason)
+        result = await run.run()
+        await watcher
+        return result
+
+    return _on_virtual_time(main), seen
+
+
 @pytest.mark.timeout(30)
 def test_the_run_finished_event_carries_the_explanation() -> None:
     # Gap: nothing read RunFinished.explanation.
@@ -214,21 +238,7 @@ def test_the_run_finished_event_carries_the_explanation() -> None:
         tools=[_tool("wait", _forever)],
         grace_period=0.5,
     )
-    finished: list[RunFinished] = []
-
-    async def main() -> sm.RunResult:
-        async def watch() -> None:
-            async for event in run.events():
-                if isinstance(event, RunFinished):
-                    finished.append(event)
-
-        watcher = asyncio.ensure_future(watch())
-        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
-        result = await run.run()
-        await watcher
-        return result
-
-    result = _on_virtual_time(main)
+    result, finished = _aborted_at_half_a_second(run, "enough", RunFinished)
     assert "enough" in result.explanation
     assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
 
@@ -699,24 +709,10 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
         tools=[_tool("deaf", deaf)],
         grace_period=grace,
     )
-    ended: list[tuple[bool, bool]] = []
-
-    async def main() -> sm.RunResult:
-        async def watch() -> None:
-            async for event in run.events():
-                if isinstance(event, ToolEnded):
-                    ended.append((event.cancelled, event.abandoned))
-
-        watcher = asyncio.ensure_future(watch())
-        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
-        result = await run.run()
-        await watcher
-        return result
-
-    result = _on_virtual_time(main)
+    result, ended = _aborted_at_half_a_second(run, "stop", ToolEnded)
     assert result.state is S.Aborted
     assert cleaned == ["deaf cleaned up"]
-    assert ended == [(True, False)]
+    assert [(e.cancelled, e.abandoned) for e in ended] == [(True, False)]
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert "ignored cancellation" not in only.text
 
