@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,38 +21,9 @@ import statemachine.engine
 import statemachine.errors
 import statemachine.messages
 from statemachine.core.invariants import history_violations
-
-Reply = (
-    sm.AssistantMessage
-    | BaseException
-    | Callable[[Sequence[sm.Message], sm.AbortSignal], Awaitable[Any]]
-)
+from statemachine.testing import ScriptedModel
 
 GRACE = 0.05
-
-
-class ScriptedModel:
-    """Answers from a script: a message, an exception to raise, or a coroutine function
-    ``(messages, signal)`` whose return value is handed back as is."""
-
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.requests: list[tuple[sm.Message, ...]] = []
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
-    ) -> sm.AssistantMessage:
-        self.requests.append(tuple(messages))
-        reply = self.replies.pop(0)
-        if isinstance(reply, BaseException):
-            raise reply
-        if isinstance(reply, sm.AssistantMessage):
-            return reply
-        returned: sm.AssistantMessage = await reply(messages, signal)
-        return returned
 
 
 def call(call_id: str, tool_name: str, /, **arguments: Any) -> sm.ToolCall:
@@ -138,8 +109,9 @@ def test_an_exception_in_a_tool_becomes_its_error_result() -> None:
     async def broken(path: str) -> str:
         raise FileNotFoundError(f"File not found: {path}")
 
-    model = ScriptedModel(asks(call("c1", "broken", path="a.ts"), call("c2", "echo", text="hi")))
-    model.replies.append(DONE)
+    model = ScriptedModel(
+        asks(call("c1", "broken", path="a.ts"), call("c2", "echo", text="hi")), DONE
+    )
     result = run(model=model, tools=[broken, echo])
     first, second = results_of(result)
     assert (first.is_error, first.text) == (True, "FileNotFoundError: File not found: a.ts")
@@ -192,7 +164,7 @@ def test_an_advisory_denial_lets_the_run_go_on() -> None:
     assert result.state is sm.TurnState.Done
     (only,) = results_of(result)
     assert (only.is_error, only.text) == (True, "Tool call denied: use read_file instead")
-    assert model.requests[1][-1] == only
+    assert model.requests[1].messages[-1] == only
 
 
 def test_an_allowing_hook_sees_every_valid_call_in_order() -> None:
@@ -367,7 +339,7 @@ def test_a_model_exception_ends_failed_once_without_retry() -> None:
     result = run(model=model, tools=[echo])
     assert result.state is sm.TurnState.Failed
     assert len(model.requests) == 1
-    assert model.replies == [DONE]  # nothing consumed a second reply
+    assert model.remaining == 1  # nothing consumed a second reply
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.stop_reason is sm.messages.StopReason.ERROR
@@ -378,10 +350,14 @@ def test_a_model_exception_ends_failed_once_without_retry() -> None:
 
 
 def test_a_model_returning_something_else_ends_failed() -> None:
-    async def wrong(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
-        return {"role": "assistant", "content": []}
+    class WrongClient:
+        # The library's fake models turn an answer into a message or refuse it
+        # themselves; the driver's own check of what a client returns needs a client
+        # that returns something else.
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            return {"role": "assistant", "content": []}
 
-    result = run(model=ScriptedModel(wrong))
+    result = run(model=WrongClient())
     assert result.state is sm.TurnState.Failed
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
@@ -391,7 +367,7 @@ def test_a_model_returning_something_else_ends_failed() -> None:
 
 
 def test_a_model_raising_cancelled_error_by_itself_ends_failed() -> None:
-    async def leaky(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def leaky(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
         raise asyncio.CancelledError
 
     model = ScriptedModel(leaky, DONE)
@@ -436,7 +412,7 @@ def test_abort_during_a_model_call_that_ignores_the_signal() -> None:
     controller = sm.AbortController()
     events: list[str] = []
 
-    async def deaf(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def deaf(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
         events.append("model started")
         controller.abort("stop pressed")
         try:
@@ -461,14 +437,16 @@ def test_abort_during_a_model_call_that_ignores_the_signal() -> None:
 def test_abort_during_a_model_call_keeps_what_a_polite_client_returns() -> None:
     controller = sm.AbortController()
 
-    async def polite(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def polite(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> Any:
         done = asyncio.Event()
         signal.add_listener(lambda _: done.set())
         controller.abort()
         await done.wait()
         return sm.AssistantMessage("partial answ", stop_reason=sm.messages.StopReason.ABORTED)
 
-    result = run(model=ScriptedModel(polite), signal=controller.signal)
+    result = run(model=ScriptedModel(polite, with_signal=True), signal=controller.signal)
     assert result.state is sm.TurnState.Aborted
     assert result.messages[-1] == sm.AssistantMessage(
         "partial answ", stop_reason=sm.messages.StopReason.ABORTED
@@ -479,7 +457,7 @@ def test_a_model_call_that_swallows_cancellation_is_abandoned() -> None:
     controller = sm.AbortController()
     events: list[str] = []
 
-    async def stubborn(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def stubborn(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
         controller.abort()
         try:
             await asyncio.Event().wait()
@@ -660,7 +638,7 @@ def test_abort_from_another_thread() -> None:
         model_started.wait()
         controller.abort("from the ui thread")
 
-    async def waits(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def waits(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
         model_started.set()
         await asyncio.Event().wait()
 
@@ -893,7 +871,7 @@ def test_cancelling_run_agent_leaves_no_pending_task() -> None:
     async def main() -> set[asyncio.Task[Any]]:
         started = asyncio.Event()
 
-        async def ready(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+        async def ready(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
             started.set()
             return asks(call("c1", "forever"), call("c2", "forever"))
 
@@ -987,7 +965,7 @@ def test_a_run_goes_on_after_a_policy_denial_once_a_person_answers() -> None:
     # The denial stopped one boundary only: the next turn's boundary goes on.
     assert second.state is sm.TurnState.Done
     assert len(model.requests) == 2
-    sent = model.requests[0]
+    sent = model.requests[0].messages
     assert sent[-1] == sm.UserMessage("fine, only read")
     assert [r.text for r in sent if isinstance(r, sm.ToolResultMessage)] == [
         "Tool call denied: no writes today",
@@ -1016,7 +994,7 @@ def test_resume_run_with_a_message_answers_every_pending_approval() -> None:
     second = asyncio.run(resumed.run())
     assert second.state is sm.TurnState.Done
     assert ran == []
-    sent = model.requests[0]
+    sent = model.requests[0].messages
     assert sent[-1] == sm.UserMessage("never mind, stop")
     answers = [r for r in sent if isinstance(r, sm.ToolResultMessage)]
     assert [r.tool_call_id for r in answers] == ["a", "b"]
@@ -1074,7 +1052,7 @@ def test_abort_through_the_handle_from_another_thread_wakes_an_idle_loop() -> No
     started = threading.Event()
     holder: list[sm.AgentRun] = []
 
-    async def idle(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> Any:
+    async def idle(messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]) -> Any:
         started.set()
         await asyncio.Event().wait()  # nothing on the loop will ever wake it
 
@@ -1173,7 +1151,9 @@ def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> N
     # The first model call answers without waiting (its answer is queued where it was
     # started); the second waits, so it runs as a task whose answer comes later. That
     # answer is the second call's own and must reach the run, not be taken for the first.
-    async def later(messages: Sequence[sm.Message], signal: sm.AbortSignal) -> sm.AssistantMessage:
+    async def later(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> sm.AssistantMessage:
         await asyncio.sleep(0.01)
         return asks(call("c2", "echo", text="b"))
 
@@ -1186,6 +1166,7 @@ def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> N
 
     result = asyncio.run(main())
     assert result.state is sm.TurnState.Done
+    assert result.stats is not None
     assert result.stats.model_calls == 3
     results = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert results == ["a", "b"]

@@ -18,6 +18,7 @@ import pytest
 import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
+from statemachine.testing import FunctionModel
 from statemachine.testing import ScriptedModel as Scripted
 
 
@@ -435,16 +436,8 @@ def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> Non
     class ContextTooLongError(Exception):
         pass
 
-    class Failing:
-        async def complete(
-            self,
-            messages: Sequence[sm.Message],
-            tools: Sequence[sm.ToolDefinition],
-            signal: sm.AbortSignal,
-        ) -> sm.AssistantMessage:
-            raise ContextTooLongError("context too long")
-
-    result = sm.run_agent_sync(model=Failing(), messages=[sm.UserMessage("go")])
+    model = Scripted(ContextTooLongError("context too long"))
+    result = sm.run_agent_sync(model=model, messages=[sm.UserMessage("go")])
     assert result.state is sm.TurnState.Failed
     assert isinstance(result.error, sm.ModelFailedError)
     assert isinstance(result.error.__cause__, ContextTooLongError)
@@ -472,26 +465,15 @@ def test_a_tool_knows_which_call_it_is_executing() -> None:
 
 
 def test_input_queued_by_a_model_client_is_ahead_of_its_own_response() -> None:
-    class Queues:
-        def __init__(self) -> None:
-            self.run: sm.AgentRun | None = None
-            self.calls = 0
+    def queues(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> sm.AssistantMessage:
+        if model.calls == 1:
+            run.follow_up("and one more")  # then answer at once
+        return sm.AssistantMessage(f"answer {model.calls}")
 
-        async def complete(
-            self,
-            messages: Sequence[sm.Message],
-            tools: Sequence[sm.ToolDefinition],
-            signal: sm.AbortSignal,
-        ) -> sm.AssistantMessage:
-            self.calls += 1
-            if self.calls == 1:
-                assert self.run is not None
-                self.run.follow_up("and one more")  # then answer at once
-            return sm.AssistantMessage(f"answer {self.calls}")
-
-    model = Queues()
+    model = FunctionModel(queues)
     run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
-    model.run = run
     result = asyncio.run(run.run())
     assert model.calls == 2  # the follow-up was not lost behind the first answer
     assert result.messages[2] == sm.UserMessage("and one more")
@@ -499,26 +481,15 @@ def test_input_queued_by_a_model_client_is_ahead_of_its_own_response() -> None:
 
 
 def test_input_that_arrives_as_the_run_ends_is_reported_not_dropped() -> None:
-    class QueuesFromAThread:
-        def __init__(self) -> None:
-            self.run: sm.AgentRun | None = None
+    def queues_from_a_thread(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> sm.AssistantMessage:
+        thread = threading.Thread(target=lambda: run.steer("too late to inject"))
+        thread.start()
+        thread.join()
+        return sm.AssistantMessage("final answer")
 
-        async def complete(
-            self,
-            messages: Sequence[sm.Message],
-            tools: Sequence[sm.ToolDefinition],
-            signal: sm.AbortSignal,
-        ) -> sm.AssistantMessage:
-            assert self.run is not None
-            run = self.run
-            helper = threading.Thread(target=lambda: run.steer("too late to inject"))
-            helper.start()
-            helper.join()
-            return sm.AssistantMessage("final answer")
-
-    model = QueuesFromAThread()
-    run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
-    model.run = run
+    run = sm.AgentRun(model=FunctionModel(queues_from_a_thread), messages=[sm.UserMessage("go")])
     result = asyncio.run(run.run())
     assert result.state is sm.TurnState.Done
     assert [q.message for q in result.queued_input] == [sm.UserMessage("too late to inject")]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
 import statemachine as sm
 import statemachine.errors
 import statemachine.messages
+from statemachine.testing import FunctionModel
 
 
 @pytest.mark.parametrize(
@@ -48,26 +48,13 @@ def test_a_protocol_error_is_not_a_value_error() -> None:
     assert not issubclass(sm.errors.ProtocolError, ValueError)
 
 
-class _Answer:
-    def __init__(self, message: sm.AssistantMessage) -> None:
-        self.message = message
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
-    ) -> sm.AssistantMessage:
-        return self.message
-
-
 def _run(message: sm.AssistantMessage, max_turns: int = 1) -> sm.RunResult:
     async def noop() -> str:
         return "ok"
 
     return asyncio.run(
         sm.run_agent(
-            model=_Answer(message),
+            model=FunctionModel(lambda messages, tools: message),
             tools=[sm.tool(noop)],
             messages=[sm.UserMessage("go")],
             max_turns=max_turns,

@@ -25,6 +25,7 @@ import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.mcp import MCPError, MCPServer
+from statemachine.testing import ScriptedModel
 
 _T = TypeVar("_T")
 SERVER = Path(__file__).resolve().parent / "mcp_servers" / "server.py"
@@ -49,20 +50,6 @@ def _sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]
         asyncio.run(test(*args, **kwargs))
 
     return run
-
-
-class Script:
-    """A model that answers with the given responses, one per call."""
-
-    def __init__(self, *responses: sm.AssistantMessage) -> None:
-        self.responses = list(responses)
-        self.seen: list[Sequence[sm.Message]] = []
-
-    async def complete(
-        self, messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: Any
-    ) -> sm.AssistantMessage:
-        self.seen.append(list(messages))
-        return self.responses.pop(0)
 
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> sm.AssistantMessage:
@@ -183,7 +170,7 @@ def test_results_map_to_tool_results(shared: Shared) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_run_with_parallel_mcp_calls_keeps_every_invariant(shared: Shared) -> None:
-    model = Script(
+    model = ScriptedModel(
         _calls(("add", {"a": 1, "b": 2}), ("echo", {"text": "parallel"}), ("boom", {})),
         _calls(("add", {"a": "not a number", "b": 1}), ("nope", {})),
         _done(),
@@ -201,12 +188,12 @@ def test_a_run_with_parallel_mcp_calls_keeps_every_invariant(shared: Shared) -> 
     # the call with invalid arguments never reached the server, nor the unknown tool
     assert sorted(shared.lines()[before:]) == ["add 1 2", "echo parallel"]
     # the results went back to the model
-    assert model.seen[1][-3:] == list(result.messages[2:5])
+    assert model.contexts[1][-3:] == list(result.messages[2:5])
 
 
 @pytest.mark.timeout(60)
 def test_abort_cancels_a_hanging_call_on_the_server(shared: Shared) -> None:
-    model = Script(_calls(("hang", {"label": "A"}), ("echo", {"text": "fast"})), _done())
+    model = ScriptedModel(_calls(("hang", {"label": "A"}), ("echo", {"text": "fast"})), _done())
 
     async def go() -> tuple[sm.RunResult, float]:
         run = sm.AgentRun(model=model, tools=shared.server.tools, messages=[sm.UserMessage("go")])
@@ -237,7 +224,7 @@ def test_abort_cancels_a_hanging_call_on_the_server(shared: Shared) -> None:
 @pytest.mark.timeout(60)
 def test_a_call_past_its_deadline_is_answered_timed_out(shared: Shared) -> None:
     hang = attrs.evolve(_tool(shared, "hang"), timeout=0.3)
-    model = Script(_calls(("hang", {"label": "T"})), _done())
+    model = ScriptedModel(_calls(("hang", {"label": "T"})), _done())
     result = shared.run(
         sm.run_agent(model=model, tools=[hang], messages=[sm.UserMessage("go")], grace_period=0.2)
     )
@@ -251,7 +238,7 @@ def test_a_call_past_its_deadline_is_answered_timed_out(shared: Shared) -> None:
 @pytest.mark.timeout(60)
 @_sync
 async def test_a_crashing_server_answers_the_call_with_an_error(tmp_path: Path) -> None:
-    model = Script(_calls(("crash", {})), _done())
+    model = ScriptedModel(_calls(("crash", {})), _done())
     async with _stdio(tmp_path / "log", call_timeout=20) as server:
         started = time.monotonic()
         result = await sm.run_agent(
@@ -371,7 +358,7 @@ async def test_http_tools_run_and_abort_cancels_on_the_server(
     http_server: tuple[str, Path],
 ) -> None:
     url, log = http_server
-    model = Script(_calls(("add", {"a": 40, "b": 2}), ("hang", {"label": "H"})), _done())
+    model = ScriptedModel(_calls(("add", {"a": 40, "b": 2}), ("hang", {"label": "H"})), _done())
     async with MCPServer.http(url, headers={"X-Test": "1"}) as server:
         run = sm.AgentRun(model=model, tools=server.tools, messages=[sm.UserMessage("go")])
         events = run.events()
@@ -432,7 +419,7 @@ def _check_run(shared: Shared, turns: list[list[str]]) -> None:
             return "hang", {"label": labels[-1]}
         return ("add" if name == "add_bad" else name), ARGUMENTS[name]
 
-    model = Script(*[_calls(*map(call, turn)) for turn in turns], _done())
+    model = ScriptedModel(*[_calls(*map(call, turn)) for turn in turns], _done())
 
     async def go() -> tuple[sm.RunResult, float]:
         run = sm.AgentRun(

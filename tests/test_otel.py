@@ -19,19 +19,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 import statemachine as sm
 import statemachine.messages
 from statemachine.otel import AgentTracer
+from statemachine.testing import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Script:
-    def __init__(self, *responses: sm.AssistantMessage) -> None:
-        self.responses = list(responses)
-        self.model = "scripted-1"
+class Script(ScriptedModel):
+    """A scripted model with a name: the tracer reports a client's ``model``."""
 
-    async def complete(
-        self, messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: Any
-    ) -> sm.AssistantMessage:
-        return self.responses.pop(0)
+    model = "scripted-1"
 
 
 def _calls(*calls: tuple[str, str, dict[str, Any]]) -> sm.AssistantMessage:

@@ -165,3 +165,21 @@ def test_a_function_model_given_the_signal_may_answer_a_message_as_it_is() -> No
 
     assert _run(FunctionModel(answer, with_signal=True)).final_text == "done"
     assert seen == [False]
+
+
+def test_a_script_step_may_be_given_the_abort_signal() -> None:
+    seen: list[tuple[int, bool]] = []
+
+    async def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> str:
+        seen.append((len(messages), signal.aborted))
+        return "done"
+
+    model = ScriptedModel(sm.ToolCall("c1", "add", {"a": 40, "b": 2}), answer, with_signal=True)
+    assert _run(model).final_text == "done"
+    assert seen == [(3, False)]
+    assert model.remaining == 0
+    # without it, a step is called with the context and the tools only
+    plain = ScriptedModel(lambda messages, tools: f"{len(messages)} messages")
+    assert _run(plain).final_text == "1 messages"

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import statemachine as sm
 import statemachine.engine
 from statemachine.core.tools import _fast_check
+from statemachine.testing import ScriptedModel
 
 TYPES = ["string", "integer", "number", "boolean"]
 values = (
@@ -103,18 +104,10 @@ def test_an_optional_signal_parameter_is_injected_not_shown() -> None:
 
     assert set(job.definition.parameters["properties"]) == {"n"}
     result = sm.run_agent_sync(
-        model=_OneCall(sm.ToolCall("c", "job", {"n": 1})),
+        model=ScriptedModel(
+            sm.AssistantMessage((sm.ToolCall("c", "job", {"n": 1}),)), sm.AssistantMessage("done")
+        ),
         tools=[job],
         messages=[sm.UserMessage("go")],
     )
     assert [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)] == ["signal"]
-
-
-class _OneCall:
-    def __init__(self, call: sm.ToolCall) -> None:
-        self.responses = [sm.AssistantMessage((call,)), sm.AssistantMessage("done")]
-
-    async def complete(
-        self, messages: Any, tools: Any, signal: sm.AbortSignal
-    ) -> sm.AssistantMessage:
-        return self.responses.pop(0)

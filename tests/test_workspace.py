@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ import statemachine.journal
 import statemachine.messages
 from statemachine.core.tools import ToolReturn
 from statemachine.journal import run_agent_journaled
+from statemachine.testing import FunctionModel
 from statemachine.workspace import (
     IGNORED_DIRS,
     Workspace,
@@ -439,42 +440,41 @@ def test_tools_execute_off_the_event_loop(ws: Workspace) -> None:
     )
 
 
-class _Script:
+def _tool_results(messages: Sequence[sm.Message]) -> list[sm.ToolResultMessage]:
+    return [m for m in messages if isinstance(m, sm.ToolResultMessage)]
+
+
+def _reads_the_suggestion(
+    seen: list[sm.ToolResultMessage],
+) -> Callable[[Sequence[sm.Message], Sequence[sm.ToolDefinition]], sm.AssistantMessage]:
     """A model that reads a misspelt path, then the path the error suggests."""
 
-    def __init__(self) -> None:
-        self.seen: list[sm.ToolResultMessage] = []
-
-    async def complete(
-        self,
-        messages: Sequence[sm.Message],
-        tools: Sequence[sm.ToolDefinition],
-        signal: sm.AbortSignal,
-    ) -> sm.AssistantMessage:
-        return self.answer(messages, [m for m in messages if isinstance(m, sm.ToolResultMessage)])
-
     def answer(
-        self, messages: Sequence[sm.Message], results: list[sm.ToolResultMessage]
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
     ) -> sm.AssistantMessage:
+        results = _tool_results(messages)
         if not results:
             call = sm.ToolCall("c1", "read_file", {"path": "src/maths.ts"})
             return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
         last = results[-1]
-        self.seen.append(last)
+        seen.append(last)
         if last.is_error and "Did you mean " in last.text:
             path = last.text.split("Did you mean ")[1].rstrip("?")
             call = sm.ToolCall("c2", "read_file", {"path": path})
             return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
         return sm.AssistantMessage(f"It says: {last.text.strip()}")
 
+    return answer
+
 
 def test_a_model_recovers_from_the_suggestion_in_a_run(ws: Workspace) -> None:
-    model = _Script()
+    seen: list[sm.ToolResultMessage] = []
+    model = FunctionModel(_reads_the_suggestion(seen))
     result = sm.run_agent_sync(
         model=model, tools=workspace_tools(ws.root), messages=[sm.UserMessage("read math")]
     )
     assert result.state is sm.TurnState.Done
-    assert [(m.is_error, m.text) for m in model.seen] == [
+    assert [(m.is_error, m.text) for m in seen] == [
         (True, "File not found: src/maths.ts. Did you mean src/math.ts?"),
         (False, "export const add = 1;\n"),
     ]
@@ -533,33 +533,28 @@ def test_errors_about_such_names_are_utf8_too(latin1_tree: Workspace) -> None:
     assert printable("a\udce9b") == "a\\xe9b"
 
 
-class _ListThenRead(_Script):
+def _list_then_read(
+    messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+) -> sm.AssistantMessage:
     """Lists the workspace, reads every line of the listing, then stops."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[bytes] = []
-
-    def answer(
-        self, messages: Sequence[sm.Message], results: list[sm.ToolResultMessage]
-    ) -> sm.AssistantMessage:
-        # What a provider client sends: the whole context as strict UTF-8 JSON.
-        body = json.dumps([sm.messages.message_to_dict(m) for m in messages], ensure_ascii=False)
-        self.requests.append(body.encode("utf-8"))
-        if not results:
-            call = sm.ToolCall("c0", "list_files", {})
-            return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
-        if len(results) == 1:
-            paths = results[0].text.splitlines()
-            calls = [sm.ToolCall(f"c{i}", "read_file", {"path": p}) for i, p in enumerate(paths, 1)]
-            return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
-        return sm.AssistantMessage("done")
+    # What a provider client sends: the whole context as strict UTF-8 JSON.
+    body = json.dumps([sm.messages.message_to_dict(m) for m in messages], ensure_ascii=False)
+    body.encode("utf-8")  # strict: raises on a lone surrogate
+    results = _tool_results(messages)
+    if not results:
+        call = sm.ToolCall("c0", "list_files", {})
+        return sm.AssistantMessage([call], stop_reason=sm.messages.StopReason.TOOL_USE)
+    if len(results) == 1:
+        paths = results[0].text.splitlines()
+        calls = [sm.ToolCall(f"c{i}", "read_file", {"path": p}) for i, p in enumerate(paths, 1)]
+        return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
+    return sm.AssistantMessage("done")
 
 
 def test_a_journaled_run_over_such_names_completes_and_replays(
     latin1_tree: Workspace, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    model = _ListThenRead()
+    model = FunctionModel(_list_then_read)
     journal_path = tmp_path_factory.mktemp("journal") / "run.jsonl"
     with sm.journal.Journal(journal_path) as journal:
         result = asyncio.run(

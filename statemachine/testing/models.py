@@ -9,8 +9,9 @@ result:
   the context (say, on the last tool result); with ``with_signal=True`` it is called
   ``fn(messages, tools, signal)``, for an answer that waits for or reacts to the abort.
 
-A step of a script may also be such a function (called as ``FunctionModel`` calls it),
-for the one call whose answer depends on what the model was sent.
+A step of a script may also be such a function, for the one call whose answer depends
+on what the model was sent: ``fn(messages, tools)``, or ``fn(messages, tools, signal)``
+with ``ScriptedModel(..., with_signal=True)`` (a step that waits for the abort).
 
 ``record=False`` keeps only the count of calls (``calls``), not each request's context:
 recording copies the whole history at every call, which a run of thousands of turns
@@ -128,12 +129,14 @@ class ScriptedModel(_Recording):
 
     A call past the end of the script raises ``UsageError`` (the run ends ``Failed``,
     saying so), so a loop that calls the model more often than the test expected
-    fails loudly instead of looping.
+    fails loudly instead of looping. A step that is a function is called
+    ``fn(messages, tools)``, or ``fn(messages, tools, signal)`` with ``with_signal``.
     """
 
-    def __init__(self, *responses: Step, record: bool = True) -> None:
+    def __init__(self, *responses: Step, with_signal: bool = False, record: bool = True) -> None:
         super().__init__(record)
         self._script = list(responses)
+        self._with_signal = with_signal
 
     @property
     def remaining(self) -> int:
@@ -150,7 +153,8 @@ class ScriptedModel(_Recording):
                 f"ScriptedModel: model call {number}, but the script has "
                 f"{len(self._script)} response(s)"
             )
-        return await _answer(self._script[number - 1], messages, tools, None)
+        step = self._script[number - 1]
+        return await _answer(step, messages, tools, signal if self._with_signal else None)
 
 
 class FunctionModel(_Recording):
