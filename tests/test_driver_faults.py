@@ -26,7 +26,7 @@ from statemachine.testing.clock import IdleSkippingLoop
 Reply = sm.AssistantMessage | Callable[[sm.AbortSignal], Awaitable[Any]]
 
 
-def ScriptedModel(*replies: Reply) -> FunctionModel:
+def scripted_then_done(*replies: Reply) -> FunctionModel:
     """Answers from a script (``DONE`` once it runs out): a message, or a coroutine
     function of the signal."""
     script = list(replies)
@@ -112,7 +112,7 @@ def test_a_tool_raising_a_base_exception_gets_one_error_result(
 ) -> None:
     exc = make()
     result = sm.run_agent_sync(
-        model=ScriptedModel(asks("bad"), DONE), messages=GO, tools=[raising_tool(exc, kind)]
+        model=scripted_then_done(asks("bad"), DONE), messages=GO, tools=[raising_tool(exc, kind)]
     )
     assert result.state is sm.TurnState.Done
     (only,) = results(result).values()
@@ -131,7 +131,7 @@ def test_a_model_client_raising_a_base_exception_ends_failed(
     async def raises(signal: sm.AbortSignal) -> Any:
         raise exc
 
-    result = sm.run_agent_sync(model=ScriptedModel(raises), messages=GO)
+    result = sm.run_agent_sync(model=scripted_then_done(raises), messages=GO)
     assert result.state is sm.TurnState.Failed
     assert type(exc).__name__ in result.explanation
     assert result.error is not None
@@ -165,7 +165,7 @@ def test_a_hook_raising_a_base_exception_takes_its_failure_path(
         return "tool text"
 
     result = sm.run_agent_sync(
-        model=ScriptedModel(asks("fine"), DONE),
+        model=scripted_then_done(asks("fine"), DONE),
         messages=GO,
         tools=[make_tool("fine", fine)],
         **_hooks_raising(exc, which),
@@ -215,7 +215,7 @@ def test_a_tool_whose_abort_listener_raises_does_not_keep_the_run_from_ending() 
         return "finished"
 
     result = sm.run_agent_sync(
-        model=ScriptedModel(asks("touchy")),
+        model=scripted_then_done(asks("touchy")),
         messages=GO,
         tools=[make_tool("touchy", touchy)],
         signal=controller.signal,
@@ -259,7 +259,7 @@ def test_a_stopping_exception_from_a_tool_is_raised_after_the_run_is_closed(
     events: list[str] = []
     tools = [*_sibling_tools(events), raising_tool(exc, kind)]
     run = sm.AgentRun(
-        model=ScriptedModel(asks("quick", "waits", "bad")),
+        model=scripted_then_done(asks("quick", "waits", "bad")),
         messages=GO,
         tools=tools,
         grace_period=0.5,
@@ -291,7 +291,7 @@ def test_a_stopping_exception_from_the_model_client_is_raised_after_the_run_ends
     async def raises(signal: sm.AbortSignal) -> Any:
         raise exc
 
-    model = ScriptedModel(raises, DONE)
+    model = scripted_then_done(raises, DONE)
     run = sm.AgentRun(model=model, messages=GO)
     assert on_virtual_time(lambda: _run_expecting(run, exc)) == set()
     assert run.result is not None
@@ -325,7 +325,7 @@ def test_a_stopping_exception_from_a_hook_is_raised_after_the_run_is_closed(
 
     hooks: dict[str, Any] = {which: hook}
     names = ("quick",) if which == "should_continue" else ("quick", "waits")
-    model = ScriptedModel(asks(*names), DONE)
+    model = scripted_then_done(asks(*names), DONE)
     run = sm.AgentRun(
         model=model,
         messages=GO,
@@ -347,7 +347,7 @@ def test_a_stopping_exception_from_a_hook_is_raised_after_the_run_is_closed(
 @pytest.mark.timeout(30)
 def test_no_model_call_starts_after_a_stopping_exception_from_the_last_tool() -> None:
     exc = KeyboardInterrupt()
-    model = ScriptedModel(asks("bad"), DONE)
+    model = scripted_then_done(asks("bad"), DONE)
     run = sm.AgentRun(model=model, messages=GO, tools=[raising_tool(exc, "async")])
     assert on_virtual_time(lambda: _run_expecting(run, exc)) == set()
     # The tool's error result completed the turn before the abort was handled; the
@@ -367,7 +367,7 @@ def test_run_agent_sync_raises_a_keyboard_interrupt_from_a_tool() -> None:
     exc = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt) as raised:
         sm.run_agent_sync(
-            model=ScriptedModel(asks("bad")), messages=GO, tools=[raising_tool(exc, "async")]
+            model=scripted_then_done(asks("bad")), messages=GO, tools=[raising_tool(exc, "async")]
         )
     assert raised.value is exc
 
@@ -376,7 +376,7 @@ def test_run_agent_sync_raises_a_keyboard_interrupt_from_a_tool() -> None:
 def test_cancelling_run_closes_it_as_an_abort_with_every_call_answered() -> None:
     events: list[str] = []
     run = sm.AgentRun(
-        model=ScriptedModel(asks("quick", "waits")),
+        model=scripted_then_done(asks("quick", "waits")),
         messages=GO,
         tools=_sibling_tools(events),
         grace_period=0.5,
@@ -436,7 +436,7 @@ def test_a_tool_that_swallows_cancellation_is_abandoned_at_the_end_of_the_grace(
         return "never"
 
     run = sm.AgentRun(
-        model=ScriptedModel(asks("obstinate")),
+        model=scripted_then_done(asks("obstinate")),
         messages=GO,
         tools=[make_tool("obstinate", obstinate)],
         signal=controller.signal,
@@ -482,7 +482,7 @@ def test_a_model_client_that_ignores_the_signal_and_cancellation_is_abandoned() 
         controller.abort("stop")
         await stubborn.wait_forever()
 
-    model = ScriptedModel(deaf)
+    model = scripted_then_done(deaf)
 
     async def main() -> sm.RunResult:
         result = await sm.run_agent(
@@ -515,7 +515,7 @@ def test_a_tool_that_honours_the_signal_late_keeps_its_result_within_the_first_h
 
     result = on_virtual_time(
         lambda: sm.run_agent(
-            model=ScriptedModel(asks("slow_stop")),
+            model=scripted_then_done(asks("slow_stop")),
             messages=GO,
             tools=[make_tool("slow_stop", slow_stop)],
             signal=controller.signal,
@@ -548,7 +548,7 @@ def test_a_tool_blocking_the_loop_delays_the_abort_only_until_the_loop_is_free()
         return "never"
 
     run = sm.AgentRun(
-        model=ScriptedModel(asks("blocker")),
+        model=scripted_then_done(asks("blocker")),
         messages=GO,
         tools=[make_tool("blocker", blocker)],
         grace_period=GRACE,
@@ -586,7 +586,7 @@ def test_a_cleanup_that_blocks_the_loop_past_the_grace_ends_the_run_once_free() 
 
     async def main() -> sm.RunResult:
         result = await sm.run_agent(
-            model=ScriptedModel(asks("blocking_cleanup")),
+            model=scripted_then_done(asks("blocking_cleanup")),
             messages=GO,
             tools=[make_tool("blocking_cleanup", blocking_cleanup)],
             signal=controller.signal,
@@ -610,7 +610,7 @@ def test_no_model_call_starts_after_an_abort_queued_behind_a_result() -> None:
         time.sleep(0.05)
         return "finished while the abort waited"  # its result is queued first
 
-    model = ScriptedModel(asks("blocker"), DONE)
+    model = scripted_then_done(asks("blocker"), DONE)
     run = sm.AgentRun(model=model, messages=GO, tools=[make_tool("blocker", blocker)])
     holder.append(run)
     result = on_virtual_time(run.run)
@@ -640,7 +640,7 @@ def test_no_tool_call_starts_after_the_abort() -> None:
         return "second result"
 
     run = sm.AgentRun(
-        model=ScriptedModel(asks("first", "second")),
+        model=scripted_then_done(asks("first", "second")),
         messages=GO,
         tools=[make_tool("first", first, sequential=True), make_tool("second", second)],
     )
@@ -669,7 +669,7 @@ def test_run_agent_sync_returns_although_a_tool_never_gives_up() -> None:
 
     started = time.monotonic()
     result = sm.run_agent_sync(
-        model=ScriptedModel(asks("forever")),
+        model=scripted_then_done(asks("forever")),
         messages=GO,
         tools=[make_tool("forever", forever)],
         signal=controller.signal,
@@ -693,7 +693,7 @@ def test_run_agent_sync_returns_although_a_sync_tool_blocks_in_its_thread() -> N
 
     try:
         result = sm.run_agent_sync(
-            model=ScriptedModel(asks("blocked")),
+            model=scripted_then_done(asks("blocked")),
             messages=GO,
             tools=[make_tool("blocked", blocked)],
             signal=controller.signal,
