@@ -43,7 +43,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import INPUT_TRIGGERS, TurnState, rows_from
+from statemachine.core.table import INPUT_TRIGGERS, Trigger, TurnState, rows_from
 from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.journal import (
@@ -665,6 +665,37 @@ def test_the_running_digest_starts_over_when_the_past_changes() -> None:
     rewritten: list[Message] = [UserMessage("go"), AssistantMessage("two"), UserMessage("more")]
     assert running.digest(rewritten, []) == _digest_by_definition(rewritten, [])
     assert running.digest(rewritten[:1], []) == _digest_by_definition(rewritten[:1], [])
+
+
+def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
+    # An engine's Trace is hashed from its stored codes (no record made), a list of
+    # records from the records: the same text either way, whichever comes first, and a
+    # log whose past changed is hashed again from the start.
+    from statemachine.core.trace import Trace, TransitionRecord
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
+
+    records = [
+        TransitionRecord(TurnState.Ready, Trigger.start, TurnState.AwaitingModel, 0),
+        TransitionRecord(
+            TurnState.AwaitingModel, Trigger.model_responded, TurnState.DispatchingTools, 1
+        ),
+        TransitionRecord(
+            TurnState.DispatchingTools, Trigger.dispatched, TurnState.CollectingResults, 1_000_000
+        ),
+    ]
+    messages: list[Message] = [UserMessage("go")]
+    running = _RunningDigest()
+    for end in range(len(records) + 1):
+        expected = _digest_by_definition(messages, records[:end])
+        assert running.digest(messages, Trace(records[:end])) == expected
+    assert running.digest(messages, records) == _digest_by_definition(messages, records)
+    assert running.digest(messages, Trace(records)) == _digest_by_definition(messages, records)
+    changed = [
+        records[0],
+        TransitionRecord(TurnState.AwaitingModel, Trigger.abort, TurnState.Aborting, 1),
+    ]
+    assert running.digest(messages, Trace(changed)) == _digest_by_definition(messages, changed)
+    assert running.digest(messages, changed[:1]) == _digest_by_definition(messages, changed[:1])
 
 
 def test_a_lone_surrogate_is_journaled_and_replays(tmp_path: Path) -> None:

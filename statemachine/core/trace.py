@@ -21,7 +21,7 @@ from typing import Final, NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
 
-__all__ = ["Trace", "TransitionRecord", "transition_code"]
+__all__ = ["TURN", "Trace", "TransitionRecord", "transition_code", "transition_of"]
 
 
 class TransitionRecord(NamedTuple):
@@ -54,6 +54,11 @@ def transition_code(source: TurnState, trigger: Trigger, dest: TurnState) -> int
         number = _NUMBERS[triple] = len(_TRIPLES)
         _TRIPLES.append(triple)
     return number
+
+
+def transition_of(number: int) -> tuple[TurnState, Trigger, TurnState]:
+    """The ``(source, trigger, dest)`` numbered ``number`` (a code's remainder by ``TURN``)."""
+    return _TRIPLES[number]
 
 
 _MASK: Final = TURN - 1
@@ -97,6 +102,12 @@ class Trace(Sequence[TransitionRecord]):
         triples = _TRIPLES
         mask = _MASK
         return [triples[code & mask][2] for code in self._codes[start:]]
+
+    def codes(self) -> list[int]:
+        """The log as stored, a copy: each transition as ``turn * TURN`` plus its number
+        (``transition_of``). For a reader of the whole log that needs no records (the
+        journal's digest writes its text from these)."""
+        return self._codes.copy()
 
     def _records(self) -> list[TransitionRecord]:
         """Every record, made now for the transitions not read before."""
