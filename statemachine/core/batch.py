@@ -24,7 +24,7 @@ from statemachine.core.messages import (
     checked_result,
 )
 from statemachine.core.state import EngineFields
-from statemachine.core.tools import Scheduling, ToolOutput
+from statemachine.core.tools import Scheduling
 
 __all__ = ["STATUSES", "BatchBookkeeping", "CallSlot"]
 
@@ -174,11 +174,6 @@ class BatchBookkeeping(EngineFields):
     def _resolve(self, slot: CallSlot, text: str, *, is_error: bool) -> None:
         call = slot.call
         slot.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
-        slot.status = DONE
-
-    def _resolve_output(self, slot: CallSlot, output: ToolOutput) -> None:
-        call = slot.call
-        slot.result = checked_result(call.id, call.name, output.content, output.is_error)
         slot.status = DONE
 
     def _answer_unresolved(self, text: str) -> None:
