@@ -158,3 +158,17 @@ def test_the_compiled_source_is_kept_for_reading() -> None:
     source = engine_module._dispatch().source
     assert "def step_AwaitingModel_model_responded(self):" in source
     assert "self._guard_has_tool_calls()" in source
+
+
+def test_internal_triggers_replaced_alone_are_obeyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rows stay the same dict and the dispatch compiled from them is current; only
+    # the internal triggers are replaced (by identity, not written): compiled again.
+    e = _engine()
+    e.handle(_call())
+    assert e.state is S.CollectingResults  # dispatched fired
+    internal = dict(engine_module._INTERNAL_FROM)
+    internal[S.DispatchingTools] = ()  # dispatched never fires
+    monkeypatch.setattr(engine_module, "_INTERNAL_FROM", internal)
+    e = _engine()
+    e.handle(_call())
+    assert e.state is S.DispatchingTools

@@ -38,6 +38,7 @@ from statemachine.core.events import (
 )
 from statemachine.core.messages import (
     AssistantMessage,
+    Message,
     StopReason,
     ToolCall,
     ToolResultMessage,
@@ -562,3 +563,20 @@ def test_a_tool_cancelled_during_the_abort_is_answered_at_once_beside_one_still_
         "a",
         "b",
     ]
+
+
+def test_a_follow_up_waits_for_the_answer_to_a_continued_conversation() -> None:
+    # A run that continues a conversation starts on a user message after the model's
+    # last answer: the model has not answered it yet, so a follow-up queued before the
+    # start waits for that answer, as on a run's first message.
+    history: list[Message] = [UserMessage("hi"), AssistantMessage("hello"), UserMessage("next")]
+    engine = Engine(tools=[ECHO], messages=history)
+    engine.handle(InputQueued(UserMessage("and then this"), InputKind.FOLLOW_UP))
+    engine.handle(Start())
+    assert engine.messages == tuple(history)
+    assert [q.message for q in engine.queued_input()] == [UserMessage("and then this")]
+    # The model answers without a tool call: it would finish, so the follow-up goes in.
+    actions = engine.handle(ModelResponded(AssistantMessage("answered")))
+    assert any(isinstance(a, CallModel) for a in actions)
+    assert engine.messages[-2:] == (AssistantMessage("answered"), UserMessage("and then this"))
+    assert engine.queued_input() == ()

@@ -212,3 +212,21 @@ def test_a_batch_call_whose_arguments_are_stored_in_another_key_order_restores()
     stored["arguments"] = {"n": 1, "text": "a"}
     restored = Engine.restore(snapshot)
     assert restored.control_key() == engine.control_key()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("field", [0, 1, 2])
+@pytest.mark.parametrize("name", ["Nowhere", 7])
+def test_a_snapshot_whose_trace_names_an_unknown_state_or_trigger_says_where(
+    field: int, name: object
+) -> None:
+    # Each of source, trigger and dest is checked: a name that is no state or trigger
+    # (or not a string) is refused naming the record, not as a malformed snapshot.
+    snapshot = _waiting_for_approval().snapshot()
+    record = list(snapshot["trace"][0])
+    record[field] = name
+    snapshot["trace"][0] = record
+    with pytest.raises(
+        SnapshotError, match=r"snapshot\.trace\[0\]: names an unknown state or trigger"
+    ):
+        Engine.restore(snapshot)

@@ -21,7 +21,7 @@ from statemachine.core.events import (
     ModelResponded,
     RunEnded,
 )
-from statemachine.core.messages import AssistantMessage, ToolResultMessage
+from statemachine.core.messages import AssistantMessage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
 
@@ -218,9 +218,8 @@ class EntryEffects(BatchBookkeeping):
             self._follow_up = []
 
     def _model_would_finish(self) -> bool:
-        for message in reversed(self._history):
-            if isinstance(message, AssistantMessage):
-                return not message.tool_calls
-            if isinstance(message, ToolResultMessage):
-                return False
-        return False
+        # Only a final answer ends a run: the last message is the model's, without a tool
+        # call. A user message after it (a continued conversation, steering) or a tool
+        # result still awaits the model's answer, as a run's first message does.
+        last = self._history[-1] if self._history else None
+        return isinstance(last, AssistantMessage) and not last.tool_calls

@@ -48,10 +48,10 @@ the tool executions it triggers::
 6. **Queued input waits for a turn boundary.** A steering message or a follow-up
    may be queued in any live state. Tool calls already asked for are never skipped
    for it. Steering messages are injected (in queue order) when the next model call
-   starts; follow-ups only when the model would otherwise finish (its last message
-   has no tool call and no steering is queued). A final answer with input queued
-   goes to ``TurnBoundary`` instead of ``Done`` (I3: a run ends only when there is no
-   tool call and no queued input).
+   starts; follow-ups only when the model would otherwise finish (the last message
+   is the model's, without a tool call, and no steering is queued). A final answer
+   with input queued goes to ``TurnBoundary`` instead of ``Done`` (I3: a run ends
+   only when there is no tool call and no queued input).
 7. **The turn boundary** (``TurnBoundary``) is where the batch is fully answered.
    The ``should_continue`` hook, when there is one, is asked first; then
    ``next_turn`` tries its guards in this order, and the first that holds wins:
