@@ -518,3 +518,70 @@ def test_a_run_results_repr_stays_short_however_long_the_run() -> None:
     assert len(result.messages) == 2
     assert "x" * 100 not in repr(result)
     assert "Done" in repr(result)
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_timing_out_fires_only_its_own_signal() -> None:
+    # A tool's timeout fires a signal of its own call: the run's signal, which the
+    # other tools of the batch and the next model call hold, is not aborted by it.
+    seen: list[bool] = []
+
+    @sm.tool(timeout=0.05)
+    async def slow(signal: sm.AbortSignal) -> str:
+        """Longer than its timeout."""
+        await asyncio.sleep(10)
+        return "unreachable"
+
+    @sm.tool
+    async def patient(signal: sm.AbortSignal) -> str:
+        """Outlives the other's timeout, then says whether its signal fired."""
+        await asyncio.sleep(0.3)
+        seen.append(signal.aborted)
+        return "aborted" if signal.aborted else "fine"
+
+    def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> sm.AssistantMessage:
+        if len(messages) == 1:
+            return asks(sm.ToolCall("a", "slow", {}), sm.ToolCall("b", "patient", {}))
+        seen.append(signal.aborted)
+        return sm.AssistantMessage("ok")
+
+    result = sm.run_agent_sync(
+        model=FunctionModel(answer, with_signal=True),
+        tools=[slow, patient],
+        messages=[sm.UserMessage("go")],
+    )
+    assert result.state is sm.TurnState.Done
+    assert [(r.is_error, r.text) for r in results(result.messages)] == [
+        (True, "Tool slow timed out after 0.05 s"),
+        (False, "fine"),
+    ]
+    assert seen == [False, False]  # the other tool's signal, then the model's
+
+
+@pytest.mark.timeout(30)
+def test_a_lone_tool_call_is_announced_to_subscribers_before_it_ends() -> None:
+    @sm.tool
+    async def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    run = sm.AgentRun(
+        model=Scripted(asks(sm.ToolCall("a", "echo", {"text": "x"})), sm.AssistantMessage("ok")),
+        tools=[echo],
+        messages=[sm.UserMessage("go")],
+    )
+    stream = run.events()
+
+    async def main() -> list[sm.RunEvent]:
+        await run.run()
+        return [event async for event in stream]
+
+    events = asyncio.run(main())
+    tool_events = [
+        (type(e).__name__, e.call.id)
+        for e in events
+        if isinstance(e, (sm.ToolStarted, sm.ToolEnded))
+    ]
+    assert tool_events == [("ToolStarted", "a"), ("ToolEnded", "a")]

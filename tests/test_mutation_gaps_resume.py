@@ -299,3 +299,35 @@ def test_resume_refuses_tools_that_are_not_tools_before_it_restores(
     first = _suspended({"a": "a person decides"})
     with pytest.raises(InvalidInputError, match=message):
         sm.resume_run(first, model=ScriptedModel(), tools=tools, approvals={"a": True})
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
+    # A tool that starts a background task and returns leaves it running when the run
+    # ends: run_agent_sync cancels it before it closes its loop (its cleanup runs then).
+    ended: list[str] = []
+    kept: list[Any] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async def spawn() -> str:
+        kept.append(asyncio.ensure_future(forever()))
+        return "spawned"
+
+    call = ToolCall("c1", "spawn", {})
+    result = sm.run_agent_sync(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("spawn", spawn)],
+        grace_period=0.2,
+    )
+    assert result.state is S.Done
+    assert ended == ["cancelled"]
+    assert kept[0].cancelled()
