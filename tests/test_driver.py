@@ -827,6 +827,14 @@ def test_invalid_input_is_refused_before_any_model_call(
     assert model.requests == []
 
 
+def test_a_grace_period_of_zero_is_taken() -> None:
+    # Non-negative includes zero: an abort then stops waiting at once.
+    result = run(model=ScriptedModel(DONE), tools=[echo], grace_period=0)
+    assert result.state is sm.TurnState.Done
+    result = run(model=ScriptedModel(DONE), tools=[echo], grace_period=0.0)
+    assert result.state is sm.TurnState.Done
+
+
 def test_a_model_without_complete_is_refused() -> None:
     with pytest.raises(sm.InvalidInputError, match="async complete"):
         run(model=object())

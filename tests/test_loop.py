@@ -220,6 +220,28 @@ def test_a_ready_callback_runs_before_the_next_event_is_handled() -> None:
     assert result.turns == 1  # the first model call had already started
 
 
+@pytest.mark.timeout(10)
+def test_on_a_loop_whose_queues_are_unknown_the_run_yields_after_every_operation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loop other than asyncio's (say uvloop) does not show what is ready to run: the
+    # run then gives the event loop its pass after every operation, so a callback
+    # scheduled at the start is run before the second model call.
+    import statemachine.agent.loop as loop_module
+
+    monkeypatch.setattr(loop_module, "_loop_queues", lambda loop: (None, None))
+
+    async def main() -> sm.RunResult:
+        model = ScriptedModel(*[_asks("echo") for _ in range(9)], "done")
+        run = sm.AgentRun(model=model, messages=GO, tools=[echo], max_turns=10)
+        asyncio.get_running_loop().call_soon(run.abort, "at once")
+        return await run.run()
+
+    result = asyncio.run(main())
+    assert result.state is sm.TurnState.Aborted
+    assert result.turns == 1
+
+
 def test_the_loop_queues_are_found_only_on_asyncio_loops() -> None:
     from collections import deque
 
