@@ -172,3 +172,17 @@ def test_internal_triggers_replaced_alone_are_obeyed(monkeypatch: pytest.MonkeyP
     e = _engine()
     e.handle(_call())
     assert e.state is S.DispatchingTools
+
+
+def test_rows_replaced_while_the_dispatch_is_current_are_obeyed_on_the_next_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The dispatch compiled from the old rows is current; the very next event, in a
+    # fresh engine, must already take the replaced rows' transition.
+    _engine()
+    rows = dict(engine_module._ROWS)
+    rows[(S.Ready, T.start)] = ((None, S.Done),)
+    monkeypatch.setattr(engine_module, "_ROWS", rows)
+    e = Engine(tools=[ECHO], messages=[sm.UserMessage("go")], logger=_Quiet())
+    e.handle(Start())
+    assert e.state is S.Done

@@ -1194,3 +1194,30 @@ def test_events_asked_for_after_the_run_finished_end_at_once() -> None:
         return [event async for event in stream]
 
     assert asyncio.run(main()) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_model_failing_after_the_abort_is_not_the_cause_of_the_aborted_result() -> None:
+    # The model client answers the abort with an exception of its own: the run ends
+    # Aborted, and only a Failed run carries the model's exception as its error's cause.
+    async def hangs_up(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition], signal: sm.AbortSignal
+    ) -> sm.AssistantMessage:
+        while not signal.aborted:
+            await asyncio.sleep(0.01)
+        raise ConnectionError("connection closed by the client")
+
+    async def main() -> sm.RunResult:
+        agent = sm.AgentRun(
+            model=ScriptedModel(hangs_up, with_signal=True),
+            tools=[echo],
+            messages=[sm.UserMessage("go")],
+            grace_period=1.0,
+        )
+        asyncio.get_running_loop().call_later(0.05, agent.abort, "stop")
+        return await asyncio.wait_for(agent.run(), HANG_GUARD)
+
+    result = asyncio.run(main())
+    assert result.state is sm.TurnState.Aborted
+    assert isinstance(result.error, sm.AbortedError)
+    assert result.error.__cause__ is None

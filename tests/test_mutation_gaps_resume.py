@@ -331,3 +331,19 @@ def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
     assert result.state is S.Done
     assert ended == ["cancelled"]
     assert kept[0].cancelled()
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_shared_by_many_runs_keeps_no_listener_of_a_finished_run() -> None:
+    # A caller may pass one AbortSignal to run after run: each run stops listening to it
+    # when it ends, so the signal does not hold every finished run (white-box: the
+    # listeners are what would grow, and nothing public counts them).
+    controller = sm.AbortController()
+    for _ in range(5):
+        result = sm.run_agent_sync(
+            model=ScriptedModel(AssistantMessage("done")),
+            messages=[UserMessage("go")],
+            signal=controller.signal,
+        )
+        assert result.state is S.Done
+    assert controller.signal._listeners == []
