@@ -230,3 +230,12 @@ def test_a_snapshot_whose_trace_names_an_unknown_state_or_trigger_says_where(
         SnapshotError, match=r"snapshot\.trace\[0\]: names an unknown state or trigger"
     ):
         Engine.restore(snapshot)
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_whose_batch_slot_has_an_unknown_key_is_refused() -> None:
+    # Every object of a snapshot is read with its keys checked, a call of the batch too.
+    snapshot = _waiting_for_approval().snapshot()
+    snapshot["batch"][0] = {**snapshot["batch"][0], "priority": 1}
+    with pytest.raises(SnapshotError, match=r"snapshot\.batch\[0\]"):
+        Engine.restore(snapshot)
