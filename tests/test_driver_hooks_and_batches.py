@@ -585,3 +585,40 @@ def test_a_lone_tool_call_is_announced_to_subscribers_before_it_ends() -> None:
         if isinstance(e, (sm.ToolStarted, sm.ToolEnded))
     ]
     assert tool_events == [("ToolStarted", "a"), ("ToolEnded", "a")]
+
+
+@pytest.mark.timeout(30)
+def test_a_timed_out_tool_that_ignores_its_signal_finishes_its_cleanup_before_its_result() -> None:
+    # After the timeout, the signal, then the grace period, the tool is cancelled; its
+    # cleanup (which awaits) ends before the timed-out result goes to the model.
+    cleaned: list[str] = []
+    seen_by_model: list[list[str]] = []
+
+    @sm.tool(timeout=0.05)
+    async def deaf(signal: sm.AbortSignal) -> str:
+        """Ignores its signal; cleans up slowly when cancelled."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            cleaned.append("cleaned")
+            raise
+        return "unreachable"
+
+    def answer(
+        messages: Sequence[sm.Message], tools: Sequence[sm.ToolDefinition]
+    ) -> sm.AssistantMessage:
+        if len(messages) == 1:
+            return asks(sm.ToolCall("a", "deaf", {}))
+        seen_by_model.append(list(cleaned))
+        return sm.AssistantMessage("ok")
+
+    result = sm.run_agent_sync(
+        model=FunctionModel(answer),
+        tools=[deaf],
+        messages=[sm.UserMessage("go")],
+        grace_period=0.5,
+    )
+    assert result.state is sm.TurnState.Done
+    assert [r.text for r in results(result.messages)] == ["Tool deaf timed out after 0.05 s"]
+    assert seen_by_model == [["cleaned"]]
