@@ -796,3 +796,81 @@ def test_the_wall_time_of_a_run_is_the_time_it_took() -> None:
     assert result.state is S.Done
     assert result.stats is not None
     assert 0.005 <= result.stats.wall_seconds <= took  # a clock difference, not a sum
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("watched", [False, True], ids=["quiet", "watched"])
+def test_a_run_stopped_at_a_turn_boundary_times_each_turn_once(watched: bool) -> None:
+    # Gap: a turn that ends at the boundary and then the run (stopped by should_continue
+    # or the turn limit) must be timed once, not once more when the run ends; with a
+    # subscriber, each TurnEnded carries a duration within the run.
+    async def echo(text: str) -> str:
+        return text
+
+    def stop_after_one(messages: Sequence[sm.Message], turn: int) -> sm.Stop:
+        return sm.Stop("one is enough")
+
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    run = sm.AgentRun(
+        model=ScriptedModel(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)),
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+        should_continue=stop_after_one,
+    )
+    ended: list[float] = []
+
+    async def main() -> sm.RunResult:
+        if not watched:
+            return await run.run()
+
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, TurnEnded):
+                    ended.append(event.seconds)
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    result = asyncio.run(main())
+    assert result.state is S.Done
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 1
+    assert 0.0 <= result.stats.turn_seconds[0] <= result.stats.wall_seconds
+    if watched:
+        assert ended == list(result.stats.turn_seconds)
+
+
+@pytest.mark.timeout(30)
+def test_a_lone_coroutine_tool_knows_its_call_and_reports_progress() -> None:
+    # Gap: a call that runs alone is started without a task of its own; its context
+    # must still name the call, for current_tool_call and report_progress.
+    seen: list[tuple[str | None, bool]] = []
+
+    async def whoami() -> str:
+        call = sm.current_tool_call()
+        seen.append((None if call is None else call.id, sm.report_progress("half")))
+        return "ok"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("whoami"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[_tool("whoami", whoami)],
+    )
+    progress: list[object] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, sm.ToolProgress):
+                    progress.append((event.call_id, event.data))
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    assert asyncio.run(main()).state is S.Done
+    assert seen == [("c1", True)]
+    assert progress == [("c1", "half")]

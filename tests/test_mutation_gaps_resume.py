@@ -347,3 +347,28 @@ def test_a_signal_shared_by_many_runs_keeps_no_listener_of_a_finished_run() -> N
         )
         assert result.state is S.Done
     assert controller.signal._listeners == []
+
+
+@pytest.mark.timeout(30)
+def test_a_run_resumed_with_should_continue_asks_it_though_the_suspended_run_had_none() -> None:
+    # Gap: a restored engine must ask should_continue when this run has it, even if
+    # the suspended run had none (hooks are code, they do not travel in a snapshot).
+    first = _suspended({"a": "a person decides"})
+    asked: list[int] = []
+
+    def should_continue(messages: Any, turn: int) -> sm.Stop:
+        asked.append(turn)
+        return sm.Stop("that will do")
+
+    run = sm.resume_run(
+        first,
+        model=ScriptedModel(AssistantMessage("not asked")),
+        tools=[sm.tool(sequential=True)(act)],
+        approvals={"a": True},
+        before_tool_call=lambda call: None,
+        should_continue=should_continue,
+    )
+    result = asyncio.run(asyncio.wait_for(run.run(), timeout=10.0))
+    assert asked == [1]
+    assert result.state is S.Done
+    assert "that will do" in result.explanation
