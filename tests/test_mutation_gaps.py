@@ -10,6 +10,7 @@ from typing import ClassVar, TypeVar
 
 import attrs
 import pytest
+from structlog.testing import capture_logs
 
 from statemachine.core import state
 from statemachine.core.engine import ABANDONED, Engine
@@ -580,3 +581,17 @@ def test_a_follow_up_waits_for_the_answer_to_a_continued_conversation() -> None:
     assert any(isinstance(a, CallModel) for a in actions)
     assert engine.messages[-2:] == (AssistantMessage("answered"), UserMessage("and then this"))
     assert engine.queued_input() == ()
+
+
+@pytest.mark.timeout(30)
+def test_a_replaced_call_id_is_logged_with_why_it_was_replaced() -> None:
+    # Gap: the warning's reason (an empty id, or one already used) was read only by a
+    # driver test, outside the engine's own tests.
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    calls = [ToolCall("", "echo", {"text": "a"}), ToolCall("c1", "echo", {"text": "b"})]
+    calls.append(ToolCall("c1", "echo", {"text": "c"}))
+    with capture_logs() as logs:
+        engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    replaced = [e for e in logs if e["event"] == "tool_call_id_normalised"]
+    assert [(e["original"], e["reason"]) for e in replaced] == [("", "empty"), ("c1", "repeated")]
