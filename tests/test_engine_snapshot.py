@@ -1015,3 +1015,14 @@ def test_the_limits_themselves_are_checked(limit: Any) -> None:
         Engine.restore(snap, max_bytes=limit)
     with pytest.raises(sm.InvalidInputError, match="max_depth must be a positive integer"):
         Engine.restore(snap, max_depth=limit)
+
+
+@pytest.mark.timeout(10)
+def test_a_limit_of_one_is_a_limit_not_a_mistake() -> None:
+    # Gap: the smallest allowed limit, 1, was never given; it is a limit (the snapshot
+    # is refused as too large or too deep), not a bad argument.
+    snap = json.loads(suspended_snapshot("approval"))
+    with pytest.raises(sm.errors.SnapshotError, match="larger than max_bytes=1"):
+        Engine.restore(snap, max_bytes=1)
+    with pytest.raises(sm.errors.SnapshotError, match="nested deeper than 1 level"):
+        Engine.restore(snap, max_depth=1)

@@ -372,3 +372,36 @@ def test_a_run_resumed_with_should_continue_asks_it_though_the_suspended_run_had
     assert asked == [1]
     assert result.state is S.Done
     assert "that will do" in result.explanation
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_lets_a_left_task_finish_its_cleanup_within_the_grace_period() -> None:
+    # Gap: the tasks a run leaves behind were cancelled, but their cleanup was not
+    # waited for: a cleanup that awaits was cut off when the loop closed.
+    ended: list[str] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # a cleanup that takes a moment
+            ended.append("cleaned up")
+            raise
+
+    kept: list[Any] = []
+
+    async def spawn() -> str:
+        kept.append(asyncio.ensure_future(forever()))
+        return "spawned"
+
+    call = ToolCall("c1", "spawn", {})
+    result = sm.run_agent_sync(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("spawn", spawn)],
+        grace_period=5.0,
+    )
+    assert result.state is S.Done
+    assert ended == ["cleaned up"]
