@@ -262,6 +262,16 @@ def test_the_loop_queues_are_found_only_on_asyncio_loops() -> None:
 
     assert _loop_queues(Elsewhere()) == (None, None)  # type: ignore[arg-type]
 
+    # An asyncio loop that keeps either queue in another form is not read either.
+    for name, other in (("_scheduled", deque()), ("_ready", [])):
+        odd = asyncio.new_event_loop()
+        try:
+            setattr(odd, name, other)
+            assert _loop_queues(odd) == (None, None), name
+        finally:
+            setattr(odd, name, deque() if name == "_ready" else [])
+            odd.close()
+
 
 @pytest.mark.timeout(10)
 def test_an_operation_with_its_hooks_around_it_that_does_not_wait_starts_no_task() -> None:

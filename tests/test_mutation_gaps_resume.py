@@ -405,3 +405,36 @@ def test_run_agent_sync_lets_a_left_task_finish_its_cleanup_within_the_grace_per
     )
     assert result.state is S.Done
     assert ended == ["cleaned up"]
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_waits_for_a_left_task_no_longer_than_its_grace_period() -> None:
+    # Gap: the grace period given was not the one used when the loop closed (the
+    # default, 1 s, would let this cleanup finish).
+    ended: list[str] = []
+    kept: list[Any] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # longer than the grace period below
+            ended.append("cleaned up")
+            raise
+
+    async def spawn() -> str:
+        kept.append(asyncio.ensure_future(forever()))
+        return "spawned"
+
+    call = ToolCall("c1", "spawn", {})
+    result = sm.run_agent_sync(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[_tool("spawn", spawn)],
+        grace_period=0.01,
+    )
+    assert result.state is S.Done
+    assert ended == []
+    assert not kept[0].done()
