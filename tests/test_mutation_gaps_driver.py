@@ -347,6 +347,9 @@ def test_calls_due_after_an_interrupting_hook_are_answered_not_started() -> None
     assert "KeyboardInterrupt" in texts["c1"]
     assert "not started" in texts["c2"]
     assert "not started" in texts["c3"]
+    # counted as calls of their tool that were cancelled, as any call answered that way
+    assert result.stats is not None
+    assert result.stats.tool_calls["step"] == {"cancelled": 2}
 
 
 @pytest.mark.timeout(30)

@@ -438,3 +438,18 @@ def test_run_agent_sync_waits_for_a_left_task_no_longer_than_its_grace_period() 
     assert result.state is S.Done
     assert ended == []
     assert not kept[0].done()
+
+
+@pytest.mark.timeout(30)
+def test_resume_refuses_two_tools_of_one_name() -> None:
+    # Gap: resume checked each tool but not that their names differ (the run's engine,
+    # which checks that, is restored from the snapshot, not built from these tools).
+    first = _suspended({"a": "a person decides"})
+    with pytest.raises(InvalidInputError, match="duplicate tool name 'act'"):
+        sm.resume_run(
+            first,
+            model=ScriptedModel(AssistantMessage("fine")),
+            tools=[sm.tool(sequential=True)(act), sm.tool(act)],
+            approvals={"a": True},
+            before_tool_call=lambda call: None,
+        )
