@@ -722,6 +722,7 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
     assert result.state is S.Aborted
     assert cleaned == ["deaf cleaned up"]
     assert [(e.cancelled, e.abandoned) for e in ended] == [(True, False)]
+    assert [e.output.is_error for e in ended] == [True]  # a cancelled call is no success
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert "ignored cancellation" not in only.text
 
@@ -877,3 +878,42 @@ def test_a_lone_coroutine_tool_knows_its_call_and_reports_progress() -> None:
     assert asyncio.run(main()).state is S.Done
     assert seen == [("c1", True)]
     assert progress == [("c1", "half")]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("second", ["returns a dict", "raises"])
+def test_a_client_that_fails_after_a_good_answer_fails_the_run(second: str) -> None:
+    # Gap: after an answer queued straight from the client's coroutine, the next
+    # call's failure (an answer of the wrong type, or an exception before it ever
+    # waits) must still be reported, not dropped as already reported, which left the
+    # run waiting forever.
+    class Turncoat:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            self.calls += 1
+            if self.calls == 1:
+                return _asks("echo")
+            if second == "raises":
+                raise RuntimeError("the provider is down")
+            return {"role": "assistant", "content": []}
+
+    async def echo() -> str:
+        return "ok"
+
+    run = sm.AgentRun(
+        model=Turncoat(),  # type: ignore[arg-type]
+        messages=[UserMessage("go")],
+        tools=[_tool("echo", echo)],
+    )
+
+    async def main() -> sm.RunResult:
+        return await asyncio.wait_for(run.run(), timeout=5.0)
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Failed
+    last = result.messages[-1]
+    assert isinstance(last, AssistantMessage)
+    expected = "the provider is down" if second == "raises" else "ModelOutputError"
+    assert expected in (last.error_message or "")

@@ -11,6 +11,7 @@ from statemachine.core.events import (
     AbortRequested,
     ApprovalDecided,
     ApprovalRequired,
+    ContinueDecided,
     ModelResponded,
     Start,
     StartTool,
@@ -239,3 +240,19 @@ def test_a_snapshot_whose_batch_slot_has_an_unknown_key_is_refused() -> None:
     snapshot["batch"][0] = {**snapshot["batch"][0], "priority": 1}
     with pytest.raises(SnapshotError, match=r"snapshot\.batch\[0\]"):
         Engine.restore(snapshot)
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_stopped_by_should_continue_restores_with_its_stop_reason() -> None:
+    # Gap: the stop reason was written to the snapshot but not read back, so the
+    # restored engine was not the one snapshotted (its control key differed).
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_continue=True)
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "a"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c1", ToolOutput("a")))
+    engine.handle(ContinueDecided(stop=True, reason="budget spent"))
+    assert engine.state is S.Done
+    restored = Engine.restore(engine.snapshot())
+    assert restored.control_key() == engine.control_key()
+    assert restored.snapshot() == engine.snapshot()
