@@ -917,3 +917,36 @@ def test_a_client_that_fails_after_a_good_answer_fails_the_run(second: str) -> N
     assert isinstance(last, AssistantMessage)
     expected = "the provider is down" if second == "raises" else "ModelOutputError"
     assert expected in (last.error_message or "")
+
+
+@pytest.mark.timeout(30)
+def test_a_timed_out_tool_that_heeds_its_signal_stops_on_it_and_is_not_cancelled() -> None:
+    # Gap: after a tool's timeout, its signal fires and it gets the grace period to
+    # stop on its own; only then is it cancelled. One that stops on the signal, with
+    # a cleanup that awaits, must not be cancelled in the middle of that cleanup.
+    stopped: list[str] = []
+
+    async def careful(signal: sm.AbortSignal) -> str:
+        heard = asyncio.Event()
+        signal.add_listener(lambda reason: heard.set())
+        await heard.wait()
+        try:
+            await asyncio.sleep(0.1)  # flushing its work, well within the grace period
+        except asyncio.CancelledError:
+            stopped.append("cancelled in its cleanup")
+            raise
+        stopped.append("stopped on its signal")
+        return "partial work saved"
+
+    careful.__doc__ = "Stops when its signal fires."
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("careful"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=0.05)(careful)],
+        grace_period=5.0,
+    )
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Done
+    assert stopped == ["stopped on its signal"]
+    (answer,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert answer.text == "Tool careful timed out after 0.05 s"
