@@ -950,3 +950,69 @@ def test_a_timed_out_tool_that_heeds_its_signal_stops_on_it_and_is_not_cancelled
     assert stopped == ["stopped on its signal"]
     (answer,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert answer.text == "Tool careful timed out after 0.05 s"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("alone", [True, False], ids=["alone", "beside-another"])
+def test_a_keyboard_interrupt_while_reading_a_tools_output_is_raised_after_the_run(
+    alone: bool,
+) -> None:
+    # Gap: an interrupt raised while the output a tool returned was read became that
+    # call's error result, and the run went on as if nothing had happened.
+    interrupt = KeyboardInterrupt("ctrl-c while reading")
+
+    class Treacherous(list[sm.TextContent]):
+        def __iter__(self) -> Any:
+            raise interrupt
+
+    async def odd(arguments: dict[str, Any], signal: sm.AbortSignal) -> Any:
+        return Treacherous([sm.TextContent("x")])
+
+    async def fine() -> str:
+        return "fine"
+
+    tools = [sm.Tool(sm.ToolDefinition("odd", "Odd output."), odd), _tool("fine", fine)]
+    names = ("odd",) if alone else ("odd", "fine")
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks(*names), AssistantMessage("never asked")),
+        messages=[UserMessage("go")],
+        tools=tools,
+    )
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _on_virtual_time(run.run)
+    assert raised.value is interrupt
+    result = run.result
+    assert result is not None
+    assert result.state is S.Aborted
+
+
+@pytest.mark.timeout(30)
+def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
+    # Gap: a call run alone but as a task (here because an after_tool_call hook wraps
+    # it) was not kept with the run's tasks, so the abort never cancelled it and the
+    # run waited for it forever.
+    cancelled: list[str] = []
+
+    async def deaf() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append("deaf")
+            raise
+        return "never"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(_asks("deaf")),
+        messages=[UserMessage("go")],
+        tools=[_tool("deaf", deaf)],
+        after_tool_call=lambda call, output: None,
+        grace_period=0.5,
+    )
+
+    async def main() -> sm.RunResult:
+        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
+        return await asyncio.wait_for(run.run(), timeout=10.0)
+
+    result = _on_virtual_time(main)
+    assert result.state is S.Aborted
+    assert cancelled == ["deaf"]
