@@ -1016,3 +1016,25 @@ def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
     result = _on_virtual_time(main)
     assert result.state is S.Aborted
     assert cancelled == ["deaf"]
+
+
+@pytest.mark.timeout(30)
+def test_a_tool_call_stops_listening_to_the_runs_signal_when_it_ends() -> None:
+    # Gap: the own signal of each call with a timeout listens to the run's, and must
+    # stop when the call
+    # ends, or the run's signal holds one listener for every call ever made
+    # (white-box: the listeners are what would grow, and nothing public counts them).
+    async def echo(text: str) -> str:
+        """Repeat the text back."""
+        return text
+
+    calls = [ToolCall(f"c{i}", "echo", {"text": str(i)}) for i in range(3)]
+    run = sm.AgentRun(
+        model=ScriptedModel(
+            AssistantMessage(calls, stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[sm.tool(timeout=30.0)(echo)],
+    )
+    assert _on_virtual_time(run.run).state is S.Done
+    assert run._controller.signal._listeners == []
