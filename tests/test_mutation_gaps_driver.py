@@ -1021,8 +1021,8 @@ def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
 @pytest.mark.timeout(30)
 def test_a_tool_call_stops_listening_to_the_runs_signal_when_it_ends() -> None:
     # Gap: the own signal of each call with a timeout listens to the run's, and must
-    # stop when the call
-    # ends, or the run's signal holds one listener for every call ever made
+    # stop when the call ends, or the run's signal holds one listener for every call
+    # ever made
     # (white-box: the listeners are what would grow, and nothing public counts them).
     async def echo(text: str) -> str:
         """Repeat the text back."""
