@@ -348,6 +348,19 @@ def test_a_model_call_cancelled_in_time_is_not_reported_abandoned() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_an_abandoned_model_call_is_named_in_the_explanation() -> None:
+    # Gap: no engine test gave up on a model call, so it could drop out of the
+    # explanation unnoticed (the driver's tests, which do, run outside the engine's).
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    engine.handle(AbortRequested("stop"))
+    engine.handle(ModelCancelled(f"{ABANDONED}: the client ignored cancellation"))
+    assert engine.state is S.Aborted
+    assert engine.explanation is not None
+    assert "the driver abandoned the model call" in engine.explanation
+
+
+@pytest.mark.timeout(30)
 def test_an_abandoned_tool_is_named_in_the_explanation() -> None:
     # Gap: the abandoned tool could drop out of the explanation unnoticed.
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
