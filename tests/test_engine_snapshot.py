@@ -894,6 +894,8 @@ def test_internal_transitions_that_never_settle_raise_with_the_trace(
         e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
     trace = info.value.trace
     assert len(trace) == MAX_INTERNAL_TRANSITIONS + 1
+    # the message shows the last six transitions, the whole loop is in .trace
+    assert str(info.value).count("->") == 6
     assert trace[0].trigger is Trigger.tool_finished
     assert all(
         r.trigger in (Trigger.next_turn, Trigger.dispatched, Trigger.results_complete)

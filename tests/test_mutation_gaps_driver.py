@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import pytest
 
 import statemachine as sm
@@ -1038,3 +1039,23 @@ def test_a_tool_call_stops_listening_to_the_runs_signal_when_it_ends() -> None:
     )
     assert _on_virtual_time(run.run).state is S.Done
     assert run._controller.signal._listeners == []
+
+
+@pytest.mark.timeout(30)
+def test_a_client_may_answer_with_a_subclass_of_assistant_message() -> None:
+    # Gap: an answer of a subclass of AssistantMessage is an AssistantMessage; only
+    # the exact class was ever returned by the tests' clients.
+    @attrs.frozen
+    class Annotated(AssistantMessage):
+        pass
+
+    class Client:
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            await asyncio.sleep(0)  # answered after a wait: the client runs as a task
+            return Annotated("all done")
+
+    run = sm.AgentRun(model=Client(), messages=[UserMessage("go")])  # type: ignore[arg-type]
+    result = _on_virtual_time(run.run)
+    assert result.state is S.Done
+    assert isinstance(result.messages[-1], Annotated)
+    assert result.messages[-1].text == "all done"
