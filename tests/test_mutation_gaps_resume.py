@@ -301,10 +301,10 @@ def test_resume_refuses_tools_that_are_not_tools_before_it_restores(
         sm.resume_run(first, model=ScriptedModel(), tools=tools, approvals={"a": True})
 
 
-@pytest.mark.timeout(30)
-def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
-    # A tool that starts a background task and returns leaves it running when the run
-    # ends: run_agent_sync cancels it before it closes its loop (its cleanup runs then).
+def _leaving_a_task(cleanup: float, grace: float) -> tuple[sm.RunResult, list[str], Any]:
+    """``run_agent_sync`` of a run whose tool starts a task that runs forever and
+    returns: the result, what the task's cleanup (``cleanup`` seconds long, after its
+    cancellation) recorded, and the task."""
     ended: list[str] = []
     kept: list[Any] = []
 
@@ -312,7 +312,9 @@ def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            ended.append("cancelled")
+            if cleanup:
+                await asyncio.sleep(cleanup)
+            ended.append("cleaned up")
             raise
 
     async def spawn() -> str:
@@ -326,11 +328,19 @@ def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
         ),
         messages=[UserMessage("go")],
         tools=[_tool("spawn", spawn)],
-        grace_period=0.2,
+        grace_period=grace,
     )
     assert result.state is S.Done
-    assert ended == ["cancelled"]
-    assert kept[0].cancelled()
+    return result, ended, kept[0]
+
+
+@pytest.mark.timeout(30)
+def test_run_agent_sync_cancels_the_tasks_a_run_leaves_behind() -> None:
+    # A tool that starts a background task and returns leaves it running when the run
+    # ends: run_agent_sync cancels it before it closes its loop (its cleanup runs then).
+    _, ended, task = _leaving_a_task(cleanup=0.0, grace=0.2)
+    assert ended == ["cleaned up"]
+    assert task.cancelled()
 
 
 @pytest.mark.timeout(30)
@@ -378,66 +388,17 @@ def test_a_run_resumed_with_should_continue_asks_it_though_the_suspended_run_had
 def test_run_agent_sync_lets_a_left_task_finish_its_cleanup_within_the_grace_period() -> None:
     # Gap: the tasks a run leaves behind were cancelled, but their cleanup was not
     # waited for: a cleanup that awaits was cut off when the loop closed.
-    ended: list[str] = []
-
-    async def forever() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.05)  # a cleanup that takes a moment
-            ended.append("cleaned up")
-            raise
-
-    kept: list[Any] = []
-
-    async def spawn() -> str:
-        kept.append(asyncio.ensure_future(forever()))
-        return "spawned"
-
-    call = ToolCall("c1", "spawn", {})
-    result = sm.run_agent_sync(
-        model=ScriptedModel(
-            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
-        ),
-        messages=[UserMessage("go")],
-        tools=[_tool("spawn", spawn)],
-        grace_period=5.0,
-    )
-    assert result.state is S.Done
+    _, ended, _ = _leaving_a_task(cleanup=0.05, grace=5.0)
     assert ended == ["cleaned up"]
 
 
 @pytest.mark.timeout(30)
 def test_run_agent_sync_waits_for_a_left_task_no_longer_than_its_grace_period() -> None:
     # Gap: the grace period given was not the one used when the loop closed (the
-    # default, 1 s, would let this cleanup finish).
-    ended: list[str] = []
-    kept: list[Any] = []
-
-    async def forever() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.5)  # longer than the grace period below
-            ended.append("cleaned up")
-            raise
-
-    async def spawn() -> str:
-        kept.append(asyncio.ensure_future(forever()))
-        return "spawned"
-
-    call = ToolCall("c1", "spawn", {})
-    result = sm.run_agent_sync(
-        model=ScriptedModel(
-            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
-        ),
-        messages=[UserMessage("go")],
-        tools=[_tool("spawn", spawn)],
-        grace_period=0.01,
-    )
-    assert result.state is S.Done
+    # default, 1 s, would let this cleanup of 0.5 s finish).
+    _, ended, task = _leaving_a_task(cleanup=0.5, grace=0.01)
     assert ended == []
-    assert not kept[0].done()
+    assert not task.done()
 
 
 @pytest.mark.timeout(30)
