@@ -991,32 +991,17 @@ def test_a_keyboard_interrupt_while_reading_a_tools_output_is_raised_after_the_r
 def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
     # Gap: a call run alone but as a task (here because an after_tool_call hook wraps
     # it) was not kept with the run's tasks, so the abort never cancelled it and the
-    # run waited for it forever.
-    cancelled: list[str] = []
-
-    async def deaf() -> str:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.append("deaf")
-            raise
-        return "never"
-
+    # run waited for it forever (the test's timeout fails it).
     run = sm.AgentRun(
         model=ScriptedModel(_asks("deaf")),
         messages=[UserMessage("go")],
-        tools=[_tool("deaf", deaf)],
+        tools=[_tool("deaf", _forever)],
         after_tool_call=lambda call, output: None,
         grace_period=0.5,
     )
-
-    async def main() -> sm.RunResult:
-        asyncio.get_running_loop().call_later(0.5, run.abort, "enough")
-        return await asyncio.wait_for(run.run(), timeout=10.0)
-
-    result = _on_virtual_time(main)
+    result, ended = _aborted_at_half_a_second(run, "enough", ToolEnded)
     assert result.state is S.Aborted
-    assert cancelled == ["deaf"]
+    assert [(e.call.id, e.cancelled, e.abandoned) for e in ended] == [("c1", True, False)]
 
 
 @pytest.mark.timeout(30)
