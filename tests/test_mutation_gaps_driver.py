@@ -209,10 +209,11 @@ def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
 _E = TypeVar("_E")
 
 
-def _aborted_at_half_a_second(
-    run: sm.AgentRun, reason: str, kind: type[_E]
+def _watched(
+    run: sm.AgentRun, kind: type[_E], abort: str | None = None
 ) -> tuple[sm.RunResult, list[_E]]:
-    """Run ``run`` on virtual time, aborted after 0.5 s; with its events of ``kind``."""
+    """Run ``run`` on virtual time, with its events of ``kind``; aborted after 0.5 s
+    for the reason ``abort`` when one is given."""
     seen: list[_E] = []
 
     async def main() -> sm.RunResult:
@@ -222,12 +223,20 @@ def _aborted_at_half_a_second(
                     seen.append(event)
 
         watcher = asyncio.ensure_future(watch())
-        asyncio.get_running_loop().call_later(0.5, run.abort, reason)
+        if abort is not None:
+            asyncio.get_running_loop().call_later(0.5, run.abort, abort)
         result = await run.run()
         await watcher
         return result
 
     return _on_virtual_time(main), seen
+
+
+def _aborted_at_half_a_second(
+    run: sm.AgentRun, reason: str, kind: type[_E]
+) -> tuple[sm.RunResult, list[_E]]:
+    """Run ``run`` on virtual time, aborted after 0.5 s; with its events of ``kind``."""
+    return _watched(run, kind, abort=reason)
 
 
 @pytest.mark.timeout(30)
@@ -285,23 +294,7 @@ def test_a_turn_stopped_at_its_boundary_is_timed_once(watched: bool) -> None:
         tools=[_tool("echo", echo)],
         should_continue=stop,
     )
-    ended: list[TurnEnded] = []
-
-    async def main() -> sm.RunResult:
-        if not watched:
-            return await run.run()
-
-        async def watch() -> None:
-            async for event in run.events():
-                if isinstance(event, TurnEnded):
-                    ended.append(event)
-
-        watcher = asyncio.ensure_future(watch())
-        result = await run.run()
-        await watcher
-        return result
-
-    result = asyncio.run(main())
+    result, ended = _watched(run, TurnEnded) if watched else (_on_virtual_time(run.run), [])
     assert result.state is S.Done
     assert result.turns == 1
     assert result.stats is not None
@@ -826,22 +819,10 @@ def test_a_lone_coroutine_tool_knows_its_call_and_reports_progress() -> None:
         messages=[UserMessage("go")],
         tools=[_tool("whoami", whoami)],
     )
-    progress: list[object] = []
-
-    async def main() -> sm.RunResult:
-        async def watch() -> None:
-            async for event in run.events():
-                if isinstance(event, sm.ToolProgress):
-                    progress.append((event.call_id, event.data))
-
-        watcher = asyncio.ensure_future(watch())
-        result = await run.run()
-        await watcher
-        return result
-
-    assert asyncio.run(main()).state is S.Done
+    result, progress = _watched(run, sm.ToolProgress)
+    assert result.state is S.Done
     assert seen == [("c1", True)]
-    assert progress == [("c1", "half")]
+    assert [(e.call_id, e.data) for e in progress] == [("c1", "half")]
 
 
 @pytest.mark.timeout(30)
@@ -971,8 +952,8 @@ def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
 def test_a_tool_call_stops_listening_to_the_runs_signal_when_it_ends() -> None:
     # Gap: the own signal of each call with a timeout listens to the run's, and must
     # stop when the call ends, or the run's signal holds one listener for every call
-    # ever made
-    # (white-box: the listeners are what would grow, and nothing public counts them).
+    # ever made (white-box: the listeners are what would grow, and nothing public
+    # counts them).
     async def echo(text: str) -> str:
         """Repeat the text back."""
         return text
