@@ -41,7 +41,6 @@ from dbos import DBOSClient
 from statemachine.agent.events import RunResult
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import (
     Event,
     ModelCancelled,
@@ -57,6 +56,7 @@ from statemachine.durable._dbos_control import Control
 from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun, drive
 from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
 from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
+from statemachine.errors import ExportError, InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -78,10 +78,6 @@ _TOOL_STEP = "statemachine.tool"
 _PERMISSION_STEP = "statemachine.permissions"
 _CONTINUE_STEP = "statemachine.continue"
 _STEPS = (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP)
-
-
-class ExportError(InvalidInputError):
-    """A durable run whose recorded steps do not rebuild its recorded result."""
 
 
 # -- what a run recorded ------------------------------------------------------------------------
