@@ -1221,3 +1221,11 @@ def test_a_model_failing_after_the_abort_is_not_the_cause_of_the_aborted_result(
     assert result.state is sm.TurnState.Aborted
     assert isinstance(result.error, sm.AbortedError)
     assert result.error.__cause__ is None
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_run_runs_once() -> None:
+    run = sm.AgentRun(model=ScriptedModel(DONE), messages=[sm.UserMessage("go")])
+    assert asyncio.run(run.run()).state is sm.TurnState.Done
+    with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
+        asyncio.run(run.run())
