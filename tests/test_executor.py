@@ -13,10 +13,10 @@ from typing import Any
 
 import attrs
 import pytest
+import structlog
 from driver_support import asks, make_tool, on_virtual_time, watched
 
 import statemachine as sm
-from statemachine._runs import quiet_logger
 from statemachine.agent.executor import AsyncioExecutor, start_task
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.loop import ActionLoop
@@ -178,7 +178,8 @@ def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> 
     # over without a word cannot be made through a run: the executor is driven here
     # directly. The end of the grace period still answers it, as what it is: the
     # model call with a ModelCancelled, a tool call with a ToolCancelled for that call.
-    engine = Engine(tools=[], messages=GO, logger=quiet_logger())
+    quiet = structlog.wrap_logger(structlog.ReturnLogger())
+    engine = Engine(tools=[], messages=GO, logger=quiet)
     inbox: asyncio.Queue[Any] = asyncio.Queue()
 
     async def silent() -> None:
@@ -190,7 +191,7 @@ def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> 
             inbox=inbox,
             stream=EventStream(engine),
             controller=AbortController(),
-            log=quiet_logger(),
+            log=quiet,
             executor=partial(
                 AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=Hooks(), grace=1.0
             ),
