@@ -41,7 +41,6 @@ from statemachine.agent.model import ModelClient
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
-from statemachine.core.errors import ModelOutputError, ToolOutputError
 from statemachine.core.events import (
     CallModel,
     Event,
@@ -53,6 +52,7 @@ from statemachine.core.events import (
 )
 from statemachine.core.messages import AssistantMessage, ToolCall
 from statemachine.core.tools import ToolOutput
+from statemachine.errors import ModelOutputError, ToolOutputError
 
 _T = TypeVar("_T")
 

@@ -27,7 +27,6 @@ from statemachine.agent.hooks import (
     Stop,
     TransformContext,
 )
-from statemachine.core.errors import ModelOutputError
 from statemachine.core.events import (
     ApprovalRequired,
     ContinueDecided,
@@ -37,6 +36,7 @@ from statemachine.core.events import (
 )
 from statemachine.core.messages import Message, ToolCall
 from statemachine.core.tools import ToolOutput
+from statemachine.errors import ModelOutputError
 
 __all__ = ["HookCaller", "Hooks"]
 

@@ -43,7 +43,6 @@ from statemachine.agent.loop import ActionLoop
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import (
     Event,
     ModelCancelled,
@@ -65,6 +64,7 @@ from statemachine.durable._dbos_run import (
 )
 from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
 from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
+from statemachine.errors import ExportError, InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -86,10 +86,6 @@ _TOOL_STEP = "statemachine.tool"
 _PERMISSION_STEP = "statemachine.permissions"
 _CONTINUE_STEP = "statemachine.continue"
 _STEPS = (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP)
-
-
-class ExportError(InvalidInputError):
-    """A durable run whose recorded steps do not rebuild its recorded result."""
 
 
 # -- what a run recorded ------------------------------------------------------------------------
