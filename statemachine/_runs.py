@@ -25,10 +25,7 @@ from statemachine._render import (
     overlay_from_trace,
     render,
 )
-from statemachine.agent.events import (
-    _ERRORS,
-    RunResult,
-)
+from statemachine.agent.events import RunResult, run_error
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
@@ -137,11 +134,10 @@ def run_result_from_dict(data: Mapping[str, Any]) -> RunResult:
                 _field(item, "turn", int, path),
             )
         )
-    error_type = _ERRORS.get(state)
     return RunResult(
         state=state,
         messages=tuple(messages_from_dicts(_field(data, "messages", list, "run"))),
-        error=error_type(explanation) if error_type is not None else None,
+        error=run_error(state, explanation),
         turns=_field(data, "turns", int, "run"),
         explanation=explanation,
         trace=tuple(trace),
@@ -186,11 +182,10 @@ def run_result_from_journal(lines: Iterable[str]) -> RunResult:
     replayed = replay(lines, logger=quiet_logger())
     engine = replayed.engine
     explanation = engine.explanation or ""
-    error_type = _ERRORS.get(engine.state)
     return RunResult(
         state=engine.state,
         messages=tuple(engine.messages),
-        error=error_type(explanation) if error_type is not None else None,
+        error=run_error(engine.state, explanation),
         turns=engine.turns,
         explanation=explanation,
         trace=tuple(engine.trace),
