@@ -107,22 +107,22 @@ class CompletionOrderEngine(Engine):
             if slot.result is not None and slot.call.id not in self._written:
                 self._written.add(slot.call.id)
                 self._history.append(slot.result)
-        self._flushed = sum(1 for s in self._batch if s.result is not None)
+        self._batch.flushed = sum(1 for s in self._batch if s.result is not None)
 
 
 class DropsSecondResultEngine(Engine):
     """Loses the result of the second call of every batch."""
 
     def _flush(self) -> None:
-        batch = self._batch
-        i = self._flushed
+        batch = self._batch.slots
+        i = self._batch.flushed
         while i < len(batch) and batch[i].result is not None:
             if i != 1:
                 result = batch[i].result
                 assert result is not None
                 self._history.append(result)
             i += 1
-        self._flushed = i
+        self._batch.flushed = i
 
 
 class StopReasonEngine(Engine):
@@ -187,9 +187,9 @@ class NoCancelEngine(Engine):
 class NeverSettlesEngine(Engine):
     """Once aborting, never fires ``settled``: the run would wait forever."""
 
-    def _run_internal(self) -> None:
+    def _settle(self) -> None:
         if self.state is not TurnState.Aborting:
-            super()._run_internal()
+            super()._settle()
 
 
 class StallsEngine(Engine):

@@ -172,7 +172,7 @@ class ActionLoop:
         self._reported: set[str] = set()  # keys whose one event has been queued
         self._aborting = False
         self._finished = False  # the run has ended (its end is reported once)
-        self._done = engine.is_finished  # where the engine stood after the last event
+        self._done = engine.returns_to_caller  # where the engine stood after the last event
         self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
         self._fatal: BaseException | None = None  # raised again once the run is closed
         self._abort_first: AbortRequested | None = None  # handled before queued events
@@ -225,7 +225,7 @@ class ActionLoop:
         ready, scheduled = _loop_queues(asyncio.get_running_loop())
         queued = inbox._items  # read in place: this is every event's path
         skipped = 0
-        done = engine.is_finished  # then as _handle saw it after each event
+        done = engine.returns_to_caller  # then as _handle saw it after each event
         while not done:
             if self._yield_due:
                 # An operation finished at once, without the loop ever waiting: give
@@ -288,7 +288,7 @@ class ActionLoop:
                     now = now or time.perf_counter()
                     self._turn_seconds.append(now - self._turn_start)
                     self._turn_start = None
-        self._done = done = engine.is_finished
+        self._done = done = engine.returns_to_caller
         if done and not self._finished:
             self._finish()
         if len(actions) == 1 and not self._aborting:
