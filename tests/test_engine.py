@@ -1311,3 +1311,14 @@ def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
     before = engine.state
     engine.handle(_LateAbort("stop"))
     assert (before, engine.state) == (S.AwaitingModel, S.Aborting)
+
+
+def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_alias() -> None:
+    e = engine(check_permissions=True)
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"))))
+    assert not e.returns_to_caller
+    e.handle(sm.engine.ApprovalRequired("c1", "a person decides"))
+    assert e.state is S.AwaitingUser
+    assert e.returns_to_caller  # a run resumes from here: not finished
+    assert not e.state.is_terminal
+    assert e.is_finished is e.returns_to_caller

@@ -14,6 +14,7 @@ from statemachine.core.events import (
     ApprovalDecided,
     ApprovalRequired,
     ContinueDecided,
+    InputQueued,
     ModelResponded,
     RunEnded,
     Start,
@@ -30,7 +31,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import TurnState
+from statemachine.core.table import Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 
 S = TurnState
@@ -339,3 +340,12 @@ def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -
         ("done", False),
         ("waiting-approval", False),
     ]
+
+
+def test_a_restored_engine_takes_a_transition_hook_and_a_snapshot_does_not_keep_it() -> None:
+    heard: list[Trigger] = []
+    snapshot = _denied_engine().snapshot()
+    assert Engine.restore(snapshot).transition_hook is None
+    restored = Engine.restore(snapshot, transition_hook=lambda *a: heard.append(a[2]))
+    restored.handle(InputQueued(UserMessage("use another tool")))
+    assert heard == [Trigger.input_queued, Trigger.next_turn]

@@ -1,10 +1,12 @@
 """The transition table: every state, trigger, guard and destination of the loop.
 
-This module is the single source of truth. The ``transitions`` machine that the
-engine runs, the diagrams, the docs, the exhaustive checker and the tests are all
-derived from ``TRANSITIONS`` below; nothing restates it by hand. If you want to know
-what the loop can do, read this file; if you want to change what it does, change
-this table (and the engine's guard predicates, which are named here).
+This module is the single source of truth. The engine interprets ``TRANSITIONS``
+below as it stands (``core/engine.py`` reads the rows with ``rows_from`` on every
+event); the diagrams, the docs, the exhaustive checker, the reference ``transitions``
+machine of the tests and the tests themselves are derived from it; nothing restates
+it by hand. If you want to know what the loop can do, read this file; if you want to
+change what it does, change this table (and the engine's guard predicates, which are
+named here).
 
 Rules
 =====
@@ -188,8 +190,8 @@ class Trigger(enum.StrEnum):
 class Guard(enum.StrEnum):
     """Named predicates over the engine's state and the event being handled.
 
-    The engine implements each as a method ``_guard_<value>``; a test checks that
-    every guard named here has one and that no other exists.
+    The engine answers each with its method ``_guard_<value>`` (``Engine.guard_holds``);
+    a test checks that every guard named here has one and that no other exists.
     """
 
     reports_error = "reports_error"
