@@ -215,7 +215,7 @@ def installed(rows: Rows) -> Iterator[None]:
     restore the real one after."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_table, "TRANSITIONS", rows)
-        patch.setattr(_table, "_BY_SOURCE", _groups(rows))
+        patch.setattr(_table, "_BY_SOURCE", _table.index(rows))
         _reference.reference_machine.cache_clear()
         try:
             yield
@@ -230,10 +230,18 @@ def check_mutant(edit: Edit, bounds: Bounds) -> CheckReport:
         return check_engine(bounds)
 
 
-def test_the_harness_rebuilds_the_tables_index_exactly() -> None:
-    # If the table module changes how it indexes its rows, the mutants below would be
-    # installed wrongly: this fails first.
-    assert _groups(_table.TRANSITIONS) == _table._BY_SOURCE
+def test_the_harness_installs_the_edited_rows_where_the_engine_reads_them() -> None:
+    # If the table module changes how the engine reads its rows, the mutants below would
+    # be installed wrongly: this fails first.
+    rows = redirect(S.Ready, T.start, None, S.Done)(_table.TRANSITIONS)
+    with installed(rows):
+        assert _table.rows_from(S.Ready, T.start)[0].dest is S.Done
+        assert _groups(rows) == {
+            (source, trigger): group
+            for source, by_trigger in _table._BY_SOURCE.items()
+            for trigger, group in by_trigger.items()
+        }
+    assert _table.rows_from(S.Ready, T.start)[0].dest is S.AwaitingModel
 
 
 def test_there_are_mutants_of_every_kind() -> None:

@@ -1234,7 +1234,7 @@ def test_the_engine_leaves_the_logging_configuration_alone() -> None:
 
 def _install_row(monkeypatch: pytest.MonkeyPatch, row: Transition) -> None:
     """Make ``row`` the only row of its (source, trigger) in the table the engine reads."""
-    monkeypatch.setitem(table_module._BY_SOURCE, (row.source, row.trigger), (row,))
+    monkeypatch.setitem(table_module._BY_SOURCE[row.source], row.trigger, (row,))
 
 
 @pytest.mark.timeout(10)

@@ -33,8 +33,7 @@ def _call(call_id: str = "c1") -> ModelResponded:
 
 def _install(monkeypatch: pytest.MonkeyPatch, *rows: Transition) -> None:
     """Make ``rows`` the rows of their (source, trigger) in the table the engine reads."""
-    key = (rows[0].source, rows[0].trigger)
-    monkeypatch.setitem(table_module._BY_SOURCE, key, rows)
+    monkeypatch.setitem(table_module._BY_SOURCE[rows[0].source], rows[0].trigger, rows)
 
 
 def test_a_subclass_guard_is_obeyed_and_only_by_the_subclass() -> None:
@@ -91,7 +90,7 @@ def test_a_row_changed_at_run_time_is_obeyed_by_the_next_event(
 
 
 def test_an_internal_trigger_without_a_row_never_fires(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(table_module._BY_SOURCE, (S.DispatchingTools, T.dispatched))
+    monkeypatch.delitem(table_module._BY_SOURCE[S.DispatchingTools], T.dispatched)
     e = _engine()
     e.handle(_call())
     assert e.state is S.DispatchingTools  # every call is resolved, but no row to take

@@ -102,9 +102,13 @@ class Batch:
     __slots__ = ("by_id", "flushed", "slots")
 
     def __init__(self, calls: Sequence[ToolCall] = ()) -> None:
-        self.slots = [CallSlot(call) for call in calls]
-        self.by_id = {slot.call.id: slot for slot in self.slots}
+        self.slots: list[CallSlot] = []
+        self.by_id: dict[str, CallSlot] = {}
         self.flushed = 0
+        for call in calls:
+            slot = CallSlot(call)
+            self.slots.append(slot)
+            self.by_id[call.id] = slot
 
     @classmethod
     def of(cls, slots: list[CallSlot], flushed: int) -> Batch:
@@ -131,7 +135,10 @@ class Batch:
     # -- what the engine's guards ask ---------------------------------------------------
 
     def any_with(self, status: str) -> bool:
-        return any(slot.status == status for slot in self.slots)
+        for slot in self.slots:  # noqa: SIM110 - asked several times an event: no generator
+            if slot.status == status:
+                return True
+        return False
 
     def running_ids(self) -> tuple[str, ...]:
         return tuple(slot.call.id for slot in self.slots if slot.status == RUNNING)

@@ -12,9 +12,9 @@ table, and nothing else decides where a run goes. One input event goes through
    result for a call that is not running...).
 3. The event's data is recorded (``_record``: a message appended, a result stored).
 4. ``_fire`` takes the first row whose guard holds (``guard_holds``; each guard is a
-   method ``_guard_<name>`` named after its ``Guard``); ``_take`` records the
-   transition in ``trace`` and runs the destination's entry effect
-   (``_enter_<State>``: e.g. entering ``AwaitingModel`` asks for a model call).
+   method ``_guard_<name>`` named after its ``Guard``), records the transition in
+   ``trace`` and runs the destination's entry effect (``_enter_<State>``: e.g.
+   entering ``AwaitingModel`` asks for a model call).
 5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) while their guard
    holds, each again through ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
 
@@ -92,7 +92,6 @@ from statemachine.core.snapshot import (
 from statemachine.core.table import (
     ABSORBING,
     INITIAL,
-    INPUT_TRIGGERS,
     INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
     Guard,
@@ -100,6 +99,7 @@ from statemachine.core.table import (
     Trigger,
     TurnState,
     rows_from,
+    triggers_from,
 )
 from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
 from statemachine.core.trace import Trace, TransitionRecord
@@ -346,8 +346,9 @@ class Engine:
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        if not rows_from(state, trigger):
-            accepted = sorted(t.value for t in INPUT_TRIGGERS if rows_from(state, t))
+        rows = rows_from(state, trigger)
+        if not rows:
+            accepted = sorted(t.value for t in triggers_from(state) if t not in INTERNAL_TRIGGERS)
             raise ProtocolError(
                 f"{trigger.value!r} is not accepted in state {state.value}; "
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
@@ -357,7 +358,7 @@ class Engine:
         self._event = event
         try:
             self._record(event)
-            self._fire(trigger)
+            self._fire(rows)
             self._settle()
         finally:
             self._event = None
@@ -381,7 +382,7 @@ class Engine:
             raise ProtocolError("continue_decided: no should_continue check is pending")
 
     def _expect_slot(self, call_id: str, status: str, trigger: Trigger) -> None:
-        slot = self._batch.slot(call_id)
+        slot = self._batch.by_id.get(call_id)
         if slot is None or slot.status != status:
             actual = "not in the current batch" if slot is None else slot.status
             raise ProtocolError(
@@ -394,12 +395,12 @@ class Engine:
         Every event that answers a call flushes the results now in order (I2)."""
         state = self._state
         if isinstance(event, ToolFinished):
-            slot = self._slot(event.call_id)
+            slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
             slot.status = DONE
-            if state is S.CollectingResults:
-                self._start_runnable()  # the calls this one held back
+            if state is S.CollectingResults and len(self._batch.slots) > 1:
+                self._start_runnable()  # the calls this one held back (a lone call held none)
             self._flush()
         elif isinstance(event, ModelResponded):
             self._record_response(event.message)
@@ -411,7 +412,7 @@ class Engine:
             self._record_decision(event)
             self._flush()
         elif isinstance(event, ToolCancelled):
-            slot = self._slot(event.call_id)
+            slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             if event.reason.startswith(ABANDONED):
                 self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
             slot.answer(f"Operation aborted: {event.reason}", is_error=True)
@@ -422,11 +423,6 @@ class Engine:
                 self._stop_reason = event.reason or "should_continue asked to stop"
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
-
-    def _slot(self, call_id: str) -> CallSlot:
-        slot = self._batch.slot(call_id)
-        assert slot is not None  # _check_payload made sure
-        return slot
 
     def _record_response(self, message: AssistantMessage) -> None:
         """The assistant message enters history first (rule 1); its calls open a batch."""
@@ -463,7 +459,7 @@ class Engine:
         self, event: ToolPermitted | ToolDenied | ApprovalRequired | ApprovalDecided
     ) -> None:
         """A permission hook's or a person's answer about one call."""
-        slot = self._slot(event.call_id)
+        slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
         if isinstance(event, ToolPermitted):
             slot.status = READY
         elif isinstance(event, ToolDenied):
@@ -481,36 +477,39 @@ class Engine:
 
     # -- applying the table ----------------------------------------------------------------
 
-    def _fire(self, trigger: Trigger) -> None:
-        """Take the first row for (state, ``trigger``) whose guard holds."""
-        source = self._state
-        for row in rows_from(source, trigger):
-            if row.guard is None or self.guard_holds(row.guard):
-                self._take(row)
-                return
+    def _fire(self, rows: tuple[Transition, ...], holds: Guard | None = None) -> None:
+        """Take the first of ``rows`` (the rows of one state and trigger, in table order)
+        whose guard holds: tell the transition hook, move to the row's destination,
+        record the transition, and run the destination's entry effect when the state
+        changes. ``holds``: a guard known to hold (the one that fired an internal
+        trigger), not asked again."""
+        for row in rows:
+            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
+                break
+        else:
+            self._no_row(rows[0].source, rows[0].trigger)
+        source, trigger, dest = row.source, row.trigger, row.dest
         if self.transition_hook is not None:
-            self.transition_hook(self, source, trigger, None)
-        # Unreachable when the table is complete (the checker proves it); kept so that a
-        # broken table fails loudly instead of silently stalling.
-        raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
-
-    def _take(self, row: Transition) -> None:
-        """Move to the row's destination, record it, and run the destination's entry
-        effect when the state changes."""
-        if self.transition_hook is not None:
-            self.transition_hook(self, row.source, row.trigger, row.dest)
-        self._state = row.dest
-        self.trace.append(TransitionRecord(row.source, row.trigger, row.dest, self.turns))
+            self.transition_hook(self, source, trigger, dest)
+        self._state = dest
+        self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
         if self._debug:
             self._log.debug(
                 "transition",
                 turn=self.turns,
-                from_state=row.source.value,
-                to_state=row.dest.value,
-                trigger=row.trigger.value,
+                from_state=source.value,
+                to_state=dest.value,
+                trigger=trigger.value,
             )
-        if row.dest is not row.source:
-            getattr(self, _ENTRY_METHOD[row.dest])(row.source)
+        if dest is not source:
+            getattr(self, _ENTRY_METHOD[dest])(source)
+
+    def _no_row(self, source: TurnState, trigger: Trigger) -> NoReturn:
+        # Unreachable when the table is complete (the checker proves it); kept so that a
+        # broken table fails loudly instead of silently stalling.
+        if self.transition_hook is not None:
+            self.transition_hook(self, source, trigger, None)
+        raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
 
     def _settle(self) -> None:
         """Fire internal triggers while one is due (a fixed point).
@@ -520,18 +519,21 @@ class Engine:
         TurnBoundary -> AwaitingModel waits for the model), so this ends; the cap turns
         a broken table or guard into an error that shows the loop instead of a hang."""
         fired = 0
-        while (trigger := self._due()) is not None:
+        while (due := self._due()) is not None:
+            rows, guard = due
             if fired == MAX_INTERNAL_TRANSITIONS:
-                self._runaway(trigger, fired)
-            self._fire(trigger)
+                self._runaway(rows[0].trigger, fired)
+            self._fire(rows, holds=guard)
             fired += 1
 
-    def _due(self) -> Trigger | None:
-        """The internal trigger that fires now: one with a row from this state whose
-        firing guard holds."""
+    def _due(self) -> tuple[tuple[Transition, ...], Guard] | None:
+        """The rows of the internal trigger that fires now, with its firing guard: the
+        first trigger of ``INTERNAL_TRIGGERS`` with rows from this state whose firing
+        guard holds."""
+        rows_here = triggers_from(self._state)
         for trigger, guard in INTERNAL_TRIGGERS.items():
-            if rows_from(self._state, trigger) and self.guard_holds(guard):
-                return trigger
+            if trigger in rows_here and self.guard_holds(guard):
+                return rows_here[trigger], guard
         return None
 
     def _runaway(self, trigger: Trigger, fired: int) -> NoReturn:
@@ -595,8 +597,8 @@ class Engine:
     # -- the entry effects: what entering each state does ----------------------------------
 
     def _enter_AwaitingModel(self, source: TurnState) -> None:
-        taken = self._queue.take(model_would_finish=self._model_would_finish())
-        self._history.extend(taken)
+        if self._queue:
+            self._history.extend(self._queue.take(model_would_finish=self._model_would_finish()))
         self.turns += 1
         self._model_outstanding = True
         self._batch = Batch()

@@ -120,7 +120,7 @@ reachable state that some row applies.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -138,7 +138,9 @@ __all__ = [
     "Transition",
     "Trigger",
     "TurnState",
+    "index",
     "rows_from",
+    "triggers_from",
 ]
 
 
@@ -376,14 +378,27 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.settled: "internal: after an abort, nothing is outstanding",
 }
 
-_BY_SOURCE: dict[tuple[TurnState, Trigger], tuple[Transition, ...]] = {}
-for _row in TRANSITIONS:
-    _BY_SOURCE[(_row.source, _row.trigger)] = (
-        *_BY_SOURCE.get((_row.source, _row.trigger), ()),
-        _row,
-    )
+RowIndex = dict[TurnState, dict[Trigger, tuple[Transition, ...]]]
+
+
+def index(rows: Iterable[Transition]) -> RowIndex:
+    """``rows`` grouped by source state, then by trigger, each group in table order
+    (every state has an entry, empty for a state no row leaves)."""
+    out: RowIndex = {state: {} for state in TurnState}
+    for row in rows:
+        group = out[row.source]
+        group[row.trigger] = (*group.get(row.trigger, ()), row)
+    return out
+
+
+_BY_SOURCE: RowIndex = index(TRANSITIONS)
 
 
 def rows_from(source: TurnState, trigger: Trigger) -> tuple[Transition, ...]:
     """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
-    return _BY_SOURCE.get((source, trigger), ())
+    return _BY_SOURCE[source].get(trigger, ())
+
+
+def triggers_from(source: TurnState) -> Mapping[Trigger, tuple[Transition, ...]]:
+    """Every trigger that has a row from ``source``, with its rows in table order."""
+    return _BY_SOURCE[source]
