@@ -519,22 +519,19 @@ class Engine:
         TurnBoundary -> AwaitingModel waits for the model), so this ends; the cap turns
         a broken table or guard into an error that shows the loop instead of a hang."""
         fired = 0
-        while (due := self._due()) is not None:
-            rows, guard = due
+        while True:
+            # The internal trigger due now: the first with rows from this state whose
+            # firing guard holds.
+            rows_here = triggers_from(self._state)
+            for trigger, guard in INTERNAL_TRIGGERS.items():
+                if trigger in rows_here and self.guard_holds(guard):
+                    break
+            else:
+                return  # none is due: settled
             if fired == MAX_INTERNAL_TRANSITIONS:
-                self._runaway(rows[0].trigger, fired)
-            self._fire(rows, holds=guard)
+                self._runaway(trigger, fired)
+            self._fire(rows_here[trigger], holds=guard)
             fired += 1
-
-    def _due(self) -> tuple[tuple[Transition, ...], Guard] | None:
-        """The rows of the internal trigger that fires now, with its firing guard: the
-        first trigger of ``INTERNAL_TRIGGERS`` with rows from this state whose firing
-        guard holds."""
-        rows_here = triggers_from(self._state)
-        for trigger, guard in INTERNAL_TRIGGERS.items():
-            if trigger in rows_here and self.guard_holds(guard):
-                return rows_here[trigger], guard
-        return None
 
     def _runaway(self, trigger: Trigger, fired: int) -> NoReturn:
         recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest
@@ -565,7 +562,7 @@ class Engine:
         return self._response().stop_reason is StopReason.ABORTED
 
     def _guard_has_tool_calls(self) -> bool:
-        return bool(self._batch)
+        return bool(self._batch.slots)
 
     def _guard_input_queued(self) -> bool:
         return bool(self._queue)
@@ -605,16 +602,19 @@ class Engine:
         self._actions.append(CallModel(HistoryView(self._history), self._tools, self.turns))
 
     def _enter_DispatchingTools(self, source: TurnState) -> None:
-        for slot in self._batch:
+        refused = False
+        for slot in self._batch.slots:
             refusal = self._refusal(slot.call)
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
+                refused = True
                 continue
             slot.classify(self._scheduling.get(slot.call.name), self._log)
             if self.check_permissions:
                 slot.status = WAITING_PERMISSION
                 self._actions.append(CheckPermission(slot.call, self.turns))
-        self._flush()
+        if refused:
+            self._flush()  # the refusals that are next in call order
 
     def _enter_CollectingResults(self, source: TurnState) -> None:
         self._start_runnable()
