@@ -84,6 +84,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "engine": ("statemachine/core/engine.py", _ENGINE_TESTS),
     "engine-batch": ("statemachine/core/batch.py", _ENGINE_TESTS),
     "engine-queue": ("statemachine/core/queue.py", _ENGINE_TESTS),
+    "engine-explanations": ("statemachine/core/explanations.py", _ENGINE_TESTS),
     "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
     "engine-snapshot": ("statemachine/core/snapshot.py", _ENGINE_TESTS),
     "engine-trace": ("statemachine/core/trace.py", _ENGINE_TESTS),

@@ -22,7 +22,8 @@ The actions the entry effects asked for are returned. The engine holds its parts
 composition: the current ``Batch`` of tool calls (``core/batch.py``), the
 ``InputQueue`` of steering and follow-up messages (``core/queue.py``) and the
 ``Trace`` (``core/trace.py``). Snapshots are written, read and checked in
-``core/snapshot.py``.
+``core/snapshot.py``; the explanations a person reads are worded in
+``core/explanations.py``.
 
 A ``transition_hook`` given to an engine sees every trigger it fires; the test suite
 and the exhaustive checker use it to hold the engine to a reference machine and to
@@ -40,6 +41,7 @@ from typing import Any, Final, NoReturn, Self
 import attrs
 
 from statemachine._log import library_logger
+from statemachine.core import explanations as explain
 from statemachine.core import snapshot as _snapshot
 from statemachine.core.batch import (
     DONE,
@@ -638,25 +640,20 @@ class Engine:
 
     def _enter_Done(self, source: TurnState) -> None:
         if source is S.TurnBoundary:
-            self._finish(f"Stopped at a turn boundary by should_continue: {self._stop_reason}.")
+            self._finish(explain.stopped_by_hook(self._stop_reason))
         else:
-            self._finish("The model answered without tool calls: the task is complete.")
+            self._finish(explain.final_answer())
 
     def _enter_Failed(self, source: TurnState) -> None:
-        last = self._history[-1]
+        last = self._history[-1]  # the error message, made by the model or by _record
         detail = last.error_message if isinstance(last, AssistantMessage) else None
-        if isinstance(self._event, ModelResponded):
+        from_response = isinstance(self._event, ModelResponded)
+        if from_response:
             self._answer_unresolved(
                 "Tool call not run: the model's response reported an error, so its "
                 "arguments may be incomplete"
             )
-            text = f"The model reported an error: {detail or 'no details given'}"
-        else:
-            text = detail or "The model call failed."
-        self._finish(
-            f"{text.rstrip('.')}. The run stopped without retrying (turn {self.turns}); fix "
-            "the cause, then run again on this history."
-        )
+        self._finish(explain.failed(detail, reported_by_response=from_response, turn=self.turns))
 
     def _enter_Aborted(self, source: TurnState) -> None:
         if source is S.AwaitingModel:
@@ -666,71 +663,32 @@ class Engine:
                 "Tool call not run: the model's response was aborted, so its arguments "
                 "may be incomplete"
             )
-            self._finish(
-                f"The model's response reports that it was aborted"
-                f"{': ' + detail if detail else ''} (turn {self.turns})."
-            )
+            self._finish(explain.aborted_response(detail, self.turns))
             return
         reason = self.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
-        contexts = {
+        where = {
             S.Aborting: self._abort_context,
             S.Ready: "before the first model call",
             S.TurnBoundary: f"at the turn boundary after turn {self.turns}",
             S.AwaitingUser: "while waiting for a person",
-        }
-        if self._abandoned:
-            cleanup = (
-                f" (the driver abandoned {', '.join(self._abandoned)}: it ignored "
-                "cancellation and was still running at the end of the grace period, so its "
-                "cleanup may not have finished)."
-            )
-        else:
-            cleanup = " and finished its cleanup."
-        self._finish(
-            f"Aborted {contexts[source]}: {reason}. Every tool call that had started has "
-            f"a result{cleanup}"
-        )
+        }[source]
+        self._finish(explain.aborted(where, reason, self._abandoned))
 
     def _enter_TurnLimitExceeded(self, source: TurnState) -> None:
         slots = self._batch.slots
-        last = slots[-1].result if slots else None
-        if last is not None:
-            outcome = "failed" if last.is_error else "returned"
-            operation = (
-                f"tool {last.tool_name} (call {last.tool_call_id}) {outcome}: "
-                f"{_short(last.text) or '(no text)'}"
-            )
-        else:
-            operation = "the model's last response"
-        queued = len(self._queue)
-        waiting = f" and {queued} queued input message(s) wait" if queued else ""
-        self._finish(
-            f"Stopped at the turn limit: max_turns={self.max_turns} model calls were made "
-            f"and the model still had work to do{waiting}. Last operation: {operation}. To "
-            "continue, run again on this history with a higher max_turns, or add a user "
-            "message that narrows the task."
-        )
+        last_result = slots[-1].result if slots else None
+        self._finish(explain.turn_limit(self.max_turns, last_result, len(self._queue)))
 
     def _enter_AwaitingUser(self, source: TurnState) -> None:
         pending = self.pending_approvals()
         if pending:
-            listed = "; ".join(
-                f"{call.name} (call {call.id}){': ' + note if note else ''}"
-                for call, note in pending
-            )
-            self._finish(
-                f"Waiting for a person to approve {len(pending)} tool call(s): {listed}. "
-                "Resume with a decision for each call, or with a new user message."
-            )
+            self._finish(explain.waiting_for_approval(pending))
             return
         assert self._denial is not None
         call, reason = self._denial
-        self._denial = None
-        self._finish(
-            f"Waiting for a person: tool call {call.name} (call {call.id}) was denied by "
-            f"policy: {reason}. Resume with a new user message on this history."
-        )
+        self._denial = None  # told once: a person's answer goes on with the run
+        self._finish(explain.denied_by_policy(call, reason))
 
     # -- what the entry effects share -------------------------------------------------------
 
@@ -958,11 +916,6 @@ class Engine:
 def _schema_text(definition: ToolDefinition) -> str:
     """A tool's JSON Schema as the model reads it in a refusal."""
     return json.dumps(definition.schema_dict(), sort_keys=True)
-
-
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 # -- the roles of the fields, and the parts of a control key ---------------------------------
