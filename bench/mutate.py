@@ -63,7 +63,7 @@ _CHECKER_FAST = (
 _ENGINE_TESTS = (
     "tests/test_batch.py tests/test_queue.py tests/test_inputs.py tests/test_snapshot.py "
     "tests/test_table.py tests/test_engine_rows.py tests/test_engine_logging.py "
-    "tests/test_engine_explanations.py tests/test_engine_hooks_and_batches.py "
+    "tests/test_explanations.py tests/test_engine_hooks_and_batches.py "
     "tests/test_engine.py tests/test_engine_state.py tests/test_trace.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )

@@ -1,6 +1,7 @@
-"""The explanations an engine writes when a run returns to its caller: what ended it,
-in words a person can act on (an aborted response's own message, the operations the
-driver abandoned, the last result quoted at the turn limit)."""
+"""The explanations an engine writes when a run returns to its caller
+(``core/explanations.py``): what ended it, in words a person can act on (an aborted
+response's own message, the operations the driver abandoned, the last result quoted at
+the turn limit)."""
 
 from __future__ import annotations
 
