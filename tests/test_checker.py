@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -17,6 +17,7 @@ from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
 from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
 from statemachine.journal import replay
+from statemachine.testing._reference import verify_transition
 from statemachine.testing.checker import (
     EVENT_SOURCES,
     Bounds,
@@ -44,6 +45,30 @@ def test_default_bound_passes_and_takes_every_row() -> None:
     assert report.states > 1000
     assert report.transitions > report.states
     assert report.refusals > 0
+
+
+class ReferenceCheckedEngine(Engine):
+    """An engine whose every transition also runs through the reference machine."""
+
+    verified: ClassVar[list[Trigger]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(transition_hook=self._verified, **kwargs)
+
+    @staticmethod
+    def _verified(engine: Engine, source: TurnState, trigger: Trigger, dest: Any) -> None:
+        verify_transition(engine, source, trigger, dest)
+        ReferenceCheckedEngine.verified.append(trigger)
+
+
+def test_every_transition_of_the_explored_space_agrees_with_the_reference_machine() -> None:
+    # The engine's hook runs first, then the checker's: both see every transition.
+    ReferenceCheckedEngine.verified.clear()
+    report = check_engine(SMALL, engine_class=ReferenceCheckedEngine)
+    assert report.violations == ()
+    assert report.dead_ends == ()
+    assert len(ReferenceCheckedEngine.verified) >= report.transitions > report.states > 100
+    ReferenceCheckedEngine.verified.clear()
 
 
 def test_snapshot_and_replay_strategies_explore_the_same_space() -> None:

@@ -1,7 +1,8 @@
-"""The sans-IO engine: examples per state, refusals, logging, and a stateful fuzz.
+"""The sans-IO engine: examples per state, refusals, logging, the cap on internal
+transitions, and a stateful fuzz.
 
 The examples drive ``Engine.handle`` by hand and assert on the actions it returns and
-on the history it keeps. ``EngineMachine`` at the end is a Hypothesis
+on the history it keeps. ``EngineMachine`` is a Hypothesis
 ``RuleBasedStateMachine`` that fires valid and invalid events at a real engine and
 checks the invariants after every step.
 """

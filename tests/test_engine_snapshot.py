@@ -29,6 +29,7 @@ from statemachine.agent import resume as _driver
 from statemachine.core import engine as engine_module
 from statemachine.core import snapshot as snapshot_module
 from statemachine.core.engine import Engine
+from statemachine.testing._reference import verify_transition
 
 S = sm.TurnState
 Snapshot = dict[str, Any]
@@ -142,7 +143,13 @@ ECHO = sm.ToolDefinition(
 
 
 def _engine(**kwargs: Any) -> Engine:
-    options: dict[str, Any] = {"tools": [ECHO], "messages": [sm.UserMessage("go")], "max_turns": 3}
+    """An engine whose every transition is checked against the reference machine."""
+    options: dict[str, Any] = {
+        "tools": [ECHO],
+        "messages": [sm.UserMessage("go")],
+        "max_turns": 3,
+        "transition_hook": verify_transition,
+    }
     return Engine(**{**options, **kwargs})
 
 
