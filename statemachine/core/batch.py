@@ -87,9 +87,13 @@ class CallSlot:
                 "resources_failed", call_id=self.call.id, tool=self.call.name, error=repr(exc)
             )
 
-    def allows(self, earlier: CallSlot) -> bool:
-        """Whether this call may run beside ``earlier``, an unfinished call before it."""
-        return not (self.sequential or earlier.sequential or self.resources & earlier.resources)
+    def may_run_beside(self, earlier: list[CallSlot]) -> bool:
+        """Whether this call may run beside every call of ``earlier`` (the unfinished
+        calls before it): neither is sequential, and they touch no common resource."""
+        for other in earlier:
+            if self.sequential or other.sequential or self.resources & other.resources:
+                return False
+        return True
 
 
 class Batch:
@@ -161,7 +165,7 @@ class Batch:
         for slot in self.slots:
             if slot.status == DONE:
                 continue
-            if slot.status == READY and all(slot.allows(other) for other in unfinished):
+            if slot.status == READY and slot.may_run_beside(unfinished):
                 slot.status = RUNNING
                 started.append(slot.call)
             unfinished.append(slot)

@@ -753,7 +753,7 @@ class Engine:
         deterministic replacement (the message itself when every id is new)."""
         seen = self._seen_ids
         ids = [call.id for call in message.tool_calls]
-        if all(ids) and not seen.intersection(ids) and len(set(ids)) == len(ids):
+        if all(ids) and seen.isdisjoint(ids) and len(set(ids)) == len(ids):
             seen.update(ids)
             return message
         content = []

@@ -55,6 +55,7 @@ _RECORD_HEAD: Final[dict[tuple[TurnState, Trigger, TurnState], str]] = {
     for t in Trigger
     for b in TurnState
 }
+_RECORD_HEAD_BYTES: Final = {key: head.encode("utf-8") for key, head in _RECORD_HEAD.items()}
 # orjson writes strings, integers, booleans and null byte for byte as ``_DIGEST_JSON``
 # does (and sorts keys in the same order: UTF-8 preserves code point order) at a
 # fraction of the cost; it writes some floats differently ("1e-5", not "1e-05"), and
@@ -209,10 +210,23 @@ def canonical_message(message: Message) -> bytes:
 
 
 def _trace_text(records: Sequence[TransitionRecord]) -> bytes:
+    """The records' text, ``["Ready","start","AwaitingModel",0]`` each, joined by commas."""
+    heads = _RECORD_HEAD_BYTES
+    parts: list[bytes] = []
+    for source, trigger, dest, turn in records:
+        head = heads.get((source, trigger, dest))
+        if head is None or type(turn) is not int:
+            return _other_trace_text(records)
+        parts.append(head + b"%d]" % turn)
+    return b",".join(parts)
+
+
+def _other_trace_text(records: Sequence[TransitionRecord]) -> bytes:
+    """``_trace_text`` of records that are not the engine's (a test's, a broken engine's)."""
     try:
         # Enum members are written as their values; a record is a tuple of three and a turn.
         return orjson.dumps(list(map(tuple, records)))[1:-1]
-    except orjson.JSONEncodeError:  # not the engine's records: write them as they are
+    except orjson.JSONEncodeError:  # not JSON for orjson: the stdlib writes them
         return ",".join(
             [_RECORD_HEAD[a, b, c] + _DIGEST_JSON.encode(n) + "]" for a, b, c, n in records]
         ).encode("utf-8")
