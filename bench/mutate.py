@@ -61,9 +61,10 @@ _CHECKER_FAST = (
     "tests/test_checker.py -k 'not default_bound and not cli_check_passes and not strategies'"
 )
 _ENGINE_TESTS = (
-    "tests/test_mutation_gaps.py tests/test_mutation_gaps_snapshot.py tests/test_table.py "
-    "tests/test_engine_hooks_and_batches.py tests/test_engine.py tests/test_engine_state.py "
-    "tests/test_dispatch.py tests/test_trace.py "
+    "tests/test_batch.py tests/test_queue.py tests/test_inputs.py tests/test_snapshot.py "
+    "tests/test_table.py tests/test_engine_rows.py tests/test_engine_logging.py "
+    "tests/test_explanations.py tests/test_engine_hooks_and_batches.py "
+    "tests/test_engine.py tests/test_engine_state.py tests/test_trace.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
@@ -76,19 +77,17 @@ MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
     "table": (
         "statemachine/core/table.py",
-        "tests/test_mutation_gaps.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
+        "tests/test_engine_rows.py tests/test_table.py tests/test_engine_hooks_and_batches.py "
         "tests/test_checker_mutants.py "
         f"tests/test_engine.py {_CHECKER_FAST}",
     ),
     # the engine, module by module (core/)
     "engine": ("statemachine/core/engine.py", _ENGINE_TESTS),
     "engine-batch": ("statemachine/core/batch.py", _ENGINE_TESTS),
-    "engine-entry": ("statemachine/core/entry.py", _ENGINE_TESTS),
-    "engine-guards": ("statemachine/core/guards.py", _ENGINE_TESTS),
-    "engine-state": ("statemachine/core/state.py", _ENGINE_TESTS),
+    "engine-queue": ("statemachine/core/queue.py", _ENGINE_TESTS),
+    "engine-explanations": ("statemachine/core/explanations.py", _ENGINE_TESTS),
     "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
-    "engine-snapshot": ("statemachine/core/engine_snapshot.py", _ENGINE_TESTS),
-    "engine-dispatch": ("statemachine/core/dispatch.py", _ENGINE_TESTS),
+    "engine-snapshot": ("statemachine/core/snapshot.py", _ENGINE_TESTS),
     "engine-trace": ("statemachine/core/trace.py", _ENGINE_TESTS),
     # the driver, module by module (agent/)
     "driver": ("statemachine/agent/run.py", _DRIVER_TESTS),

@@ -4,12 +4,12 @@
 the actions to perform (``CallModel``, ``StartTool``, ``CheckPermission``...). It does no
 I/O and never awaits; ``statemachine.run_agent`` is one driver built on it. The
 transition table it follows is ``TRANSITIONS``; ``TurnState`` and ``Trigger`` name its
-states and triggers.
+states and triggers. A ``TransitionHook`` given to an engine sees every transition.
 """
 
 from __future__ import annotations
 
-from statemachine.core.engine import Engine, TransitionRecord
+from statemachine.core.engine import Engine, TransitionHook, TransitionRecord
 from statemachine.core.events import (
     EVENT_TYPES,
     AbortRequested,
@@ -73,6 +73,7 @@ __all__ = [
     "ToolPermitted",
     "Trace",
     "Transition",
+    "TransitionHook",
     "TransitionRecord",
     "Trigger",
     "TurnState",

@@ -29,11 +29,3 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The library never configures structlog; the test *application* does, so that debug
 # transition events do not flood the output. capture_logs() still sees everything.
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-# Every engine in the test suite also runs each transition through the plain
-# transitions.Machine built from the table and fails on any disagreement, so the
-# fast dispatch is checked against the reference on every test (see testing/_reference.py).
-from statemachine.core.engine import Engine  # noqa: E402
-from statemachine.testing._reference import verify_transition  # noqa: E402
-
-Engine.transition_hook = verify_transition

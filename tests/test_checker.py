@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -17,6 +17,7 @@ from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
 from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
 from statemachine.journal import replay
+from statemachine.testing._reference import verify_transition
 from statemachine.testing.checker import (
     EVENT_SOURCES,
     Bounds,
@@ -44,6 +45,30 @@ def test_default_bound_passes_and_takes_every_row() -> None:
     assert report.states > 1000
     assert report.transitions > report.states
     assert report.refusals > 0
+
+
+class ReferenceCheckedEngine(Engine):
+    """An engine whose every transition also runs through the reference machine."""
+
+    verified: ClassVar[list[Trigger]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(transition_hook=self._verified, **kwargs)
+
+    @staticmethod
+    def _verified(engine: Engine, source: TurnState, trigger: Trigger, dest: Any) -> None:
+        verify_transition(engine, source, trigger, dest)
+        ReferenceCheckedEngine.verified.append(trigger)
+
+
+def test_every_transition_of_the_explored_space_agrees_with_the_reference_machine() -> None:
+    # The engine's hook runs first, then the checker's: both see every transition.
+    ReferenceCheckedEngine.verified.clear()
+    report = check_engine(SMALL, engine_class=ReferenceCheckedEngine)
+    assert report.violations == ()
+    assert report.dead_ends == ()
+    assert len(ReferenceCheckedEngine.verified) >= report.transitions > report.states > 100
+    ReferenceCheckedEngine.verified.clear()
 
 
 def test_snapshot_and_replay_strategies_explore_the_same_space() -> None:
@@ -107,22 +132,22 @@ class CompletionOrderEngine(Engine):
             if slot.result is not None and slot.call.id not in self._written:
                 self._written.add(slot.call.id)
                 self._history.append(slot.result)
-        self._flushed = sum(1 for s in self._batch if s.result is not None)
+        self._batch.flushed = sum(1 for s in self._batch if s.result is not None)
 
 
 class DropsSecondResultEngine(Engine):
     """Loses the result of the second call of every batch."""
 
     def _flush(self) -> None:
-        batch = self._batch
-        i = self._flushed
+        batch = self._batch.slots
+        i = self._batch.flushed
         while i < len(batch) and batch[i].result is not None:
             if i != 1:
                 result = batch[i].result
                 assert result is not None
                 self._history.append(result)
             i += 1
-        self._flushed = i
+        self._batch.flushed = i
 
 
 class StopReasonEngine(Engine):
@@ -187,9 +212,9 @@ class NoCancelEngine(Engine):
 class NeverSettlesEngine(Engine):
     """Once aborting, never fires ``settled``: the run would wait forever."""
 
-    def _run_internal(self) -> None:
+    def _settle(self) -> None:
         if self.state is not TurnState.Aborting:
-            super()._run_internal()
+            super()._settle()
 
 
 class StallsEngine(Engine):

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 import pytest
 
-from statemachine.core import engine as _engine
 from statemachine.core import table as _table
 from statemachine.core.table import Guard, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
@@ -202,10 +201,6 @@ EQUIVALENT: dict[str, Edit] = {
 }
 
 
-Dispatch = dict[tuple[TurnState, Trigger], tuple[tuple[str | None, TurnState], ...]]
-Internal = dict[TurnState, tuple[tuple[Trigger, str], ...]]
-
-
 def _groups(rows: Sequence[Transition]) -> dict[tuple[TurnState, Trigger], Rows]:
     groups: dict[tuple[TurnState, Trigger], Rows] = {}
     for row in rows:
@@ -213,36 +208,14 @@ def _groups(rows: Sequence[Transition]) -> dict[tuple[TurnState, Trigger], Rows]
     return groups
 
 
-def _dispatch(rows: Sequence[Transition]) -> tuple[Dispatch, Internal]:
-    """The engine's pre-digested dispatch for ``rows``, built as the engine builds it."""
-    groups = _groups(rows)
-    method = {guard: f"_guard_{guard.value}" for guard in Guard}
-    dispatch: Dispatch = {
-        key: tuple((None if r.guard is None else method[r.guard], r.dest) for r in group)
-        for key, group in groups.items()
-    }
-    internal: Internal = {
-        state: tuple(
-            (trigger, method[guard])
-            for trigger, guard in _table.INTERNAL_TRIGGERS.items()
-            if (state, trigger) in groups
-        )
-        for state in TurnState
-    }
-    return dispatch, internal
-
-
 @contextlib.contextmanager
 def installed(rows: Rows) -> Iterator[None]:
-    """Make ``rows`` the table everywhere it is read: the table module, the engine's
-    dispatch and its reference ``transitions`` machine; restore the real one after."""
-    dispatch, internal = _dispatch(rows)
+    """Make ``rows`` the table everywhere it is read: the table module (which the engine
+    interprets through ``rows_from``) and the reference ``transitions`` machine;
+    restore the real one after."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_table, "TRANSITIONS", rows)
-        patch.setattr(_table, "_BY_SOURCE", _groups(rows))
-        patch.setattr(_engine, "TRANSITIONS", rows)
-        patch.setattr(_engine, "_ROWS", dispatch)
-        patch.setattr(_engine, "_INTERNAL_FROM", internal)
+        patch.setattr(_table, "_BY_SOURCE", _table.index(rows))
         _reference.reference_machine.cache_clear()
         try:
             yield
@@ -257,12 +230,18 @@ def check_mutant(edit: Edit, bounds: Bounds) -> CheckReport:
         return check_engine(bounds)
 
 
-def test_the_harness_rebuilds_the_engines_dispatch_exactly() -> None:
-    # If the engine changes how it digests the table, the mutants below would be
-    # installed wrongly: this fails first.
-    dispatch, internal = _dispatch(_table.TRANSITIONS)
-    assert dispatch == _engine._ROWS
-    assert internal == _engine._INTERNAL_FROM
+def test_the_harness_installs_the_edited_rows_where_the_engine_reads_them() -> None:
+    # If the table module changes how the engine reads its rows, the mutants below would
+    # be installed wrongly: this fails first.
+    rows = redirect(S.Ready, T.start, None, S.Done)(_table.TRANSITIONS)
+    with installed(rows):
+        assert _table.rows_from(S.Ready, T.start)[0].dest is S.Done
+        assert _groups(rows) == {
+            (source, trigger): group
+            for source, by_trigger in _table._BY_SOURCE.items()
+            for trigger, group in by_trigger.items()
+        }
+    assert _table.rows_from(S.Ready, T.start)[0].dest is S.AwaitingModel
 
 
 def test_there_are_mutants_of_every_kind() -> None:

@@ -1,7 +1,8 @@
-"""The sans-IO engine: examples per state, refusals, logging, and a stateful fuzz.
+"""The sans-IO engine: examples per state, refusals, logging, the cap on internal
+transitions, and a stateful fuzz.
 
 The examples drive ``Engine.handle`` by hand and assert on the actions it returns and
-on the history it keeps. ``EngineMachine`` at the end is a Hypothesis
+on the history it keeps. ``EngineMachine`` is a Hypothesis
 ``RuleBasedStateMachine`` that fires valid and invalid events at a real engine and
 checks the invariants after every step.
 """
@@ -12,8 +13,9 @@ import itertools
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 import pytest
 import structlog
 from hypothesis import Phase, settings
@@ -32,7 +34,14 @@ import statemachine as sm
 import statemachine.engine
 import statemachine.errors
 import statemachine.messages
+from statemachine.core import table as table_module
+from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import AbortRequested, Start
 from statemachine.core.invariants import history_violations
+from statemachine.core.messages import UserMessage
+from statemachine.core.table import Guard, Transition, Trigger
+from statemachine.testing._reference import verify_transition
 
 S = sm.TurnState
 
@@ -47,8 +56,10 @@ USER = sm.UserMessage("go")
 
 
 def engine(**kwargs: Any) -> sm.engine.Engine:
+    """An engine whose every transition is checked against the reference machine."""
     kwargs.setdefault("tools", TOOLS)
     kwargs.setdefault("messages", [USER])
+    kwargs.setdefault("transition_hook", verify_transition)
     return sm.engine.Engine(**kwargs)
 
 
@@ -75,7 +86,7 @@ def observe(e: sm.engine.Engine) -> tuple[Any, ...]:
         e.pending_calls(),
         e.pending_approvals(),
         e.queued_input(),
-        e.is_finished,
+        e.returns_to_caller,
         e.abort_reason,
     )
 
@@ -124,7 +135,7 @@ def test_a_new_engine_is_ready_and_untouched() -> None:
     assert e.explanation is None
     assert list(e.messages) == [USER]
     assert e.tools == TOOLS
-    assert not e.is_finished
+    assert not e.returns_to_caller
 
 
 # -- the happy paths ------------------------------------------------------------------------
@@ -151,7 +162,7 @@ def test_an_answer_without_tool_calls_ends_done() -> None:
     assert ended.state is S.Done
     assert ended.explanation == e.explanation
     assert e.explanation
-    assert e.is_finished
+    assert e.returns_to_caller
 
 
 def test_tool_calls_start_and_their_results_go_back_to_the_model() -> None:
@@ -380,7 +391,7 @@ def test_permission_flow_with_a_policy_denial() -> None:
     ]
     assert e.explanation is not None
     assert "writes are off" in e.explanation
-    assert e.is_finished
+    assert e.returns_to_caller
     assert history_violations(e.messages) == []
 
 
@@ -980,7 +991,7 @@ class EngineMachine(RuleBasedStateMachine):
             options.append("finish")
         if self.continue_pending:
             options.append("continue")
-        if self.engine.is_finished and not self.engine.pending_calls():
+        if self.engine.returns_to_caller and not self.engine.pending_calls():
             options.append("resume")
         return options
 
@@ -1163,9 +1174,9 @@ TestEngineMachine = EngineMachine.TestCase
 _check_payload = sm.engine.Engine._check_payload
 
 
-def _marking_check(self: sm.engine.Engine, state: sm.TurnState, event: sm.engine.Event) -> None:
+def _marking_check(self: sm.engine.Engine, event: sm.engine.Event) -> None:
     try:
-        _check_payload(self, state, event)
+        _check_payload(self, event)
     except sm.errors.ProtocolError:
         self.abort_reason = "left behind by a refused event"
         raise
@@ -1217,3 +1228,98 @@ def test_the_engine_leaves_the_logging_configuration_alone() -> None:
         "tool_call_id_normalised",
         "tool_call_id_normalised",
     ]
+
+
+# -- the cap on internal transitions ------------------------------------------------------------
+
+
+def _install_row(monkeypatch: pytest.MonkeyPatch, row: Transition) -> None:
+    """Make ``row`` the only row of its (source, trigger) in the table the engine reads."""
+    monkeypatch.setitem(table_module._BY_SOURCE[row.source], row.trigger, (row,))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "dest",
+    [
+        S.TurnBoundary,  # next_turn loops on itself: a broken table row
+        S.DispatchingTools,  # next_turn re-enters dispatching: a cycle of three
+    ],
+)
+def test_internal_transitions_that_never_settle_raise_with_the_trace(
+    monkeypatch: pytest.MonkeyPatch, dest: sm.TurnState
+) -> None:
+    _install_row(monkeypatch, Transition(S.TurnBoundary, Trigger.next_turn, dest, None, "broken"))
+    e = engine(transition_hook=None)  # the table is broken: no reference to agree with
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("p"))))
+    with pytest.raises(sm.errors.EngineInvariantError, match="do not settle") as info:
+        e.handle(sm.engine.ToolFinished("p", ok()))
+    trace = info.value.trace
+    assert len(trace) == MAX_INTERNAL_TRANSITIONS + 1
+    # the message shows the last six transitions, the whole loop is in .trace
+    assert str(info.value).count("->") == 6
+    assert trace[0].trigger is Trigger.tool_finished
+    assert all(
+        r.trigger in (Trigger.next_turn, Trigger.dispatched, Trigger.results_complete)
+        for r in trace[1:]
+    )
+    assert isinstance(info.value, sm.StateMachineError)
+
+
+class _AlwaysSettling(sm.engine.Engine):
+    def _guard_nothing_outstanding(self) -> bool:
+        return True
+
+
+@pytest.mark.timeout(10)
+def test_a_guard_that_always_holds_is_caught_by_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # settled moves Aborting to Aborted; patched to stay, with its guard always true
+    _install_row(
+        monkeypatch,
+        Transition(S.Aborting, Trigger.settled, S.Aborting, Guard.nothing_outstanding, "stay"),
+    )
+    e = _AlwaysSettling(tools=TOOLS, messages=[USER])
+    e.handle(sm.engine.Start())
+    with pytest.raises(sm.errors.EngineInvariantError) as info:
+        e.handle(sm.engine.AbortRequested("stop"))
+    assert {r.trigger for r in info.value.trace[1:]} == {Trigger.settled}
+
+
+def test_a_normal_run_stays_far_below_the_cap() -> None:
+    e = engine()
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("p"), call("q"))))
+    e.handle(sm.engine.ToolFinished("p", ok()))
+    before = len(e.trace)
+    e.handle(sm.engine.ToolFinished("q", ok()))
+    assert len(e.trace) - before == 3  # the input, results_complete, next_turn
+
+
+class _LateAbort(AbortRequested):
+    """A subclass of an input event: not in the engine's table of event classes."""
+
+
+@attrs.frozen
+class _InternalTrigger:
+    trigger: ClassVar[Trigger] = Trigger.dispatched
+
+
+@pytest.mark.timeout(30)
+def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    with pytest.raises(ProtocolError, match="not an input event"):
+        engine.handle(_InternalTrigger())  # type: ignore[arg-type]
+    before = engine.state
+    engine.handle(_LateAbort("stop"))
+    assert (before, engine.state) == (S.AwaitingModel, S.Aborting)
+
+
+def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_alias() -> None:
+    e = engine(check_permissions=True)
+    feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"))))
+    assert not e.returns_to_caller
+    e.handle(sm.engine.ApprovalRequired("c1", "a person decides"))
+    assert e.state is S.AwaitingUser
+    assert e.returns_to_caller  # a run resumes from here: not finished
+    assert not e.state.is_terminal
+    assert e.is_finished is e.returns_to_caller

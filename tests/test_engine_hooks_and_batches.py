@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 import statemachine as sm
 import statemachine.engine
 import statemachine.errors
+from statemachine.core import table as table_module
 from statemachine.core.engine import Engine
 from statemachine.core.invariants import history_violations
 from statemachine.core.tools import Scheduling
+from statemachine.testing._reference import verify_transition
 
 ECHO = sm.ToolDefinition(
     "echo",
@@ -42,6 +44,7 @@ def engine(**kwargs: Any) -> Engine:
         "messages": [sm.UserMessage("go")],
         "max_turns": 5,
         "scheduling": SCHEDULING,
+        "transition_hook": verify_transition,  # every transition checked by the reference
     }
     base.update(kwargs)
     return Engine(**base)
@@ -410,23 +413,36 @@ def test_random_event_streams_never_break_the_invariants(
             assert e.explanation
 
 
-# -- the fast dispatch is checked against the transitions machine ------------------------------
+# -- the engine is checked against the transitions machine when asked -------------------------
 
 
-def test_every_engine_in_the_suite_is_verified_against_the_machine() -> None:
-    from statemachine.testing._reference import verify_transition
+def test_an_engine_runs_no_hook_unless_given_one() -> None:
+    plain = Engine(tools=[ECHO], messages=[sm.UserMessage("go")])
+    assert plain.transition_hook is None
+    assert engine().transition_hook is verify_transition
+    assert engine().fork().transition_hook is verify_transition
 
-    assert Engine.transition_hook is verify_transition  # set in conftest.py for the suite
+
+def test_a_transition_hook_sees_every_trigger_fired_before_the_state_changes() -> None:
+    heard: list[tuple[sm.TurnState, sm.engine.Trigger, sm.TurnState | None, sm.TurnState]] = []
+
+    def hook(e: Engine, source: sm.TurnState, trigger: sm.engine.Trigger, dest: Any) -> None:
+        heard.append((source, trigger, dest, e.state))
+
+    e = engine(transition_hook=hook)
+    e.handle(sm.engine.Start())
+    e.handle(ask(echo("a", "x")))
+    e.handle(sm.engine.ToolFinished("a", sm.ToolOutput("x")))
+    assert [(r.source, r.trigger, r.dest, r.source) for r in e.trace] == heard
 
 
-def test_a_dispatch_that_disagrees_with_the_machine_is_caught(
+def test_an_engine_that_disagrees_with_the_machine_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import statemachine.core.engine as engine_module
-
-    # A dispatch that ignores the table's row order: the last row of each group first.
-    last_row_first = {key: tuple(reversed(rows)) for key, rows in engine_module._ROWS.items()}
-    monkeypatch.setattr(engine_module, "_ROWS", last_row_first)
+    # The engine reads a table whose rows are in the wrong order (the last row of each
+    # group first); the reference machine is built from the table's true order.
+    reversed_rows = table_module.index(reversed(table_module.TRANSITIONS))
+    monkeypatch.setattr(table_module, "_BY_SOURCE", reversed_rows)
     e = engine()
     e.handle(sm.engine.Start())
     with pytest.raises(AssertionError, match="the transitions machine took model_responded"):

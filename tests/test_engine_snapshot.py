@@ -1,6 +1,5 @@
 """Snapshots that come from outside: checked against themselves, bounded, optionally
-signed; resume asks the policy again and refuses missing tools; the engine's internal
-transitions are capped.
+signed; resume asks the policy again and refuses missing tools.
 
 The property tests draw snapshots from real runs (suspended for approvals, suspended
 by a policy denial, and engines resting in every other state), damage them (typed
@@ -28,9 +27,9 @@ import statemachine.engine
 import statemachine.errors
 from statemachine.agent import resume as _driver
 from statemachine.core import engine as engine_module
-from statemachine.core import engine_snapshot
-from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
-from statemachine.core.table import Trigger
+from statemachine.core import snapshot as snapshot_module
+from statemachine.core.engine import Engine
+from statemachine.testing._reference import verify_transition
 
 S = sm.TurnState
 Snapshot = dict[str, Any]
@@ -144,7 +143,13 @@ ECHO = sm.ToolDefinition(
 
 
 def _engine(**kwargs: Any) -> Engine:
-    options: dict[str, Any] = {"tools": [ECHO], "messages": [sm.UserMessage("go")], "max_turns": 3}
+    """An engine whose every transition is checked against the reference machine."""
+    options: dict[str, Any] = {
+        "tools": [ECHO],
+        "messages": [sm.UserMessage("go")],
+        "max_turns": 3,
+        "transition_hook": verify_transition,
+    }
     return Engine(**{**options, **kwargs})
 
 
@@ -645,7 +650,7 @@ def test_the_properties_catch_a_restore_without_its_self_check(
     caught: str,
 ) -> None:
     # The typed readers stay: what the property catches is what the self-check is for.
-    monkeypatch.setattr(engine_snapshot, "check_restored", lambda engine: None)
+    monkeypatch.setattr(snapshot_module, "check_restored", lambda engine: None)
     cases = damaged(["approval", "held-barrier"], ["args-in-batch", "name-in-batch"])
     with pytest.raises(AssertionError, match=caught):
         ONLY_FOUND_WITHOUT_CHECKS(given(case=cases)(prop))()
@@ -869,68 +874,6 @@ def test_an_empty_or_odd_key_is_a_usage_error(key: Any) -> None:
         Engine.restore(Engine.sign_snapshot(snap, KEY), key=key)
 
 
-# -- the cap on internal transitions ------------------------------------------------------------
-
-
-@pytest.mark.timeout(10)
-@pytest.mark.parametrize(
-    ("row", "dest"),
-    [
-        # next_turn loops on itself: a broken table row
-        ((S.TurnBoundary, Trigger.next_turn), S.TurnBoundary),
-        # next_turn re-enters dispatching, whose guards all hold again: a cycle of three
-        ((S.TurnBoundary, Trigger.next_turn), S.DispatchingTools),
-    ],
-)
-def test_internal_transitions_that_never_settle_raise_with_the_trace(
-    monkeypatch: pytest.MonkeyPatch, row: tuple[S, Trigger], dest: S
-) -> None:
-    monkeypatch.setattr(Engine, "transition_hook", None)  # the table is broken
-    monkeypatch.setitem(engine_module._ROWS, row, ((None, dest),))
-    e = _engine()
-    e.handle(sm.engine.Start())
-    e.handle(_ask("p"))
-    with pytest.raises(sm.errors.EngineInvariantError, match="do not settle") as info:
-        e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
-    trace = info.value.trace
-    assert len(trace) == MAX_INTERNAL_TRANSITIONS + 1
-    # the message shows the last six transitions, the whole loop is in .trace
-    assert str(info.value).count("->") == 6
-    assert trace[0].trigger is Trigger.tool_finished
-    assert all(
-        r.trigger in (Trigger.next_turn, Trigger.dispatched, Trigger.results_complete)
-        for r in trace[1:]
-    )
-    assert isinstance(info.value, sm.StateMachineError)
-
-
-@pytest.mark.timeout(10)
-def test_a_guard_that_always_holds_is_caught_by_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    # settled moves Aborting to Aborted; patched to stay, with its guard always true
-    monkeypatch.setattr(Engine, "transition_hook", None)
-    monkeypatch.setitem(
-        engine_module._ROWS,
-        (S.Aborting, Trigger.settled),
-        (("_guard_nothing_outstanding", S.Aborting),),
-    )
-    monkeypatch.setattr(Engine, "_guard_nothing_outstanding", lambda self: True)
-    e = _engine()
-    e.handle(sm.engine.Start())
-    with pytest.raises(sm.errors.EngineInvariantError) as info:
-        e.handle(sm.engine.AbortRequested("stop"))
-    assert {r.trigger for r in info.value.trace[1:]} == {Trigger.settled}
-
-
-def test_a_normal_run_stays_far_below_the_cap() -> None:
-    e = _engine(check_permissions=False)
-    e.handle(sm.engine.Start())
-    e.handle(_ask("p", "q"))
-    e.handle(sm.engine.ToolFinished("p", sm.ToolOutput("ok")))
-    before = len(e.trace)
-    e.handle(sm.engine.ToolFinished("q", sm.ToolOutput("ok")))
-    assert len(e.trace) - before == 3  # the input, results_complete, next_turn
-
-
 @pytest.mark.timeout(30)
 def test_a_refused_resume_stays_refused_when_run_again() -> None:
     recorder = Recorder()
@@ -1012,8 +955,8 @@ def test_the_limits_themselves_are_checked(limit: Any) -> None:
 
 @pytest.mark.timeout(10)
 def test_a_limit_of_one_is_a_limit_not_a_mistake() -> None:
-    # Gap: the smallest allowed limit, 1, was never given; it is a limit (the snapshot
-    # is refused as too large or too deep), not a bad argument.
+    # The smallest allowed limit is a limit (the snapshot is refused as too large or
+    # too deep), not a bad argument.
     snap = json.loads(suspended_snapshot("approval"))
     with pytest.raises(sm.errors.SnapshotError, match="larger than max_bytes=1"):
         Engine.restore(snap, max_bytes=1)

@@ -2,7 +2,7 @@
 
 ``Engine.fork()`` and ``Engine.control_key()`` are the one public way to copy and
 compare an engine (the exhaustive checker uses nothing else). These tests fail when
-an engine holds a field that ``core/state.py`` does not declare, when a fork shares a
+an engine holds a field that the ``Engine`` class does not declare, when a fork shares a
 mutable object with its original, or when a fork behaves or snapshots differently
 from the engine it was made from, over random runs in every checker configuration.
 """
@@ -16,13 +16,15 @@ from typing import Any
 
 import pytest
 
-from statemachine.core import state as engine_state
-from statemachine.core.batch import CallSlot
+from statemachine.core import engine as engine_state
+from statemachine.core.batch import Batch
 from statemachine.core.engine import Engine
 from statemachine.core.errors import ProtocolError
-from statemachine.core.events import Action, CallModel, Event
-from statemachine.core.state import EngineFields
+from statemachine.core.events import Action, CallModel, Event, ModelResponded, Start, ToolFinished
+from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
+from statemachine.core.queue import InputQueue
 from statemachine.core.table import INPUT_TRIGGERS
+from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.core.trace import Trace
 from statemachine.testing._space import (
     DEFAULT_CONFIGS,
@@ -34,6 +36,11 @@ from statemachine.testing._space import (
 )
 
 BOUNDS = Bounds(turns=3, calls=2)
+ECHO = ToolDefinition(
+    "echo",
+    "Repeat the text back.",
+    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+)
 SEEDS = range(12)
 OPTIONS = [config.options for config in DEFAULT_CONFIGS]
 
@@ -109,11 +116,12 @@ def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
         copied = vars(fork)[name]
         if name in engine_state.CONFIGURATION:
             continue  # fixed for the run: never written after the engine is made
-        if isinstance(value, (list, dict, set, CallSlot, Trace)):
+        if isinstance(value, (list, dict, set, Batch, InputQueue, Trace)):
             assert copied is not value, f"the fork shares {name}"
-    for mine, theirs in zip(original._batch, fork._batch, strict=True):
-        assert mine is not theirs, "the fork shares a call's bookkeeping"
-    assert all(fork._slots[s.call.id] is s for s in fork._batch), "the index is not the batch"
+    mine, theirs = vars(original)["_batch"], vars(fork)["_batch"]
+    for slot, copied_slot in zip(mine, theirs, strict=True):
+        assert slot is not copied_slot, "the fork shares a call's bookkeeping"
+    assert all(theirs.slot(s.call.id) is s for s in theirs), "the index is not the batch"
 
 
 # -- every field is declared ------------------------------------------------------------------
@@ -121,7 +129,7 @@ def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
 
 @pytest.mark.parametrize("options", OPTIONS)
 def test_every_field_an_engine_holds_is_declared(options: Any) -> None:
-    declared = set(EngineFields.__annotations__)
+    declared = set(Engine.__annotations__)
     for seed in SEEDS:
         for engine in _run(options, seed):
             assert set(vars(engine)) == declared, set(vars(engine)) ^ declared
@@ -134,14 +142,13 @@ def test_the_roles_partition_the_declared_fields() -> None:
         engine_state.CONTROL,
         engine_state.TRANSIENT,
     ]
-    assert set().union(*roles) == set(EngineFields.__annotations__)
-    assert sum(len(r) for r in roles) == len(EngineFields.__annotations__)
+    assert set().union(*roles) == set(Engine.__annotations__)
+    assert sum(len(r) for r in roles) == len(Engine.__annotations__)
 
 
 def test_the_control_key_reads_every_control_field() -> None:
-    source = inspect.getsource(EngineFields.control_key)
-    derived = {"_slots"}  # the batch by call id: the batch itself is keyed
-    missing = {n for n in engine_state.CONTROL - derived if f"self.{n}" not in source}
+    source = inspect.getsource(Engine.control_key)
+    missing = {n for n in engine_state.CONTROL if f"self.{n}" not in source}
     assert not missing, f"control_key leaves out {sorted(missing)}"
 
 
@@ -206,13 +213,46 @@ def test_a_subclass_list_is_copied_by_the_fork() -> None:
     assert engine.control_key() != fork.control_key()  # its own fields are keyed too
 
 
+# -- the control key ------------------------------------------------------------------------
+
+
+def _holding(text: str) -> Engine:
+    """An engine whose second call finished first: its result is held for call order."""
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolFinished("c2", ToolOutput(text)))
+    return engine
+
+
+@pytest.mark.timeout(30)
+def test_a_result_held_for_call_order_is_part_of_the_control_key() -> None:
+    assert _holding("one").control_key() == _holding("one").control_key()
+    assert _holding("one").control_key() != _holding("two").control_key()
+
+
+@pytest.mark.timeout(60)
+def test_the_repr_cache_of_the_control_key_is_bounded_and_kept() -> None:
+    engine_state._REPRS.clear()
+    values = [UserMessage(str(i)) for i in range(engine_state._REPRS_MAX)]
+    for value in values:
+        engine_state._rendered(value)
+    assert len(engine_state._REPRS) == engine_state._REPRS_MAX  # kept, up to the bound
+    engine_state._rendered(values[0])
+    assert len(engine_state._REPRS) == engine_state._REPRS_MAX  # a value seen before is not added
+    engine_state._rendered(UserMessage("one more"))
+    assert len(engine_state._REPRS) == 1  # full: cleared, then the new value
+    engine_state._REPRS.clear()
+
+
 # -- the checks can fail ---------------------------------------------------------------------
 
 
-def _sharing(name: str) -> Callable[[EngineFields], Any]:
-    fork = EngineFields.fork
+def _sharing(name: str) -> Callable[[Engine], Any]:
+    fork = Engine.fork
 
-    def broken(self: EngineFields) -> Any:
+    def broken(self: Engine) -> Any:
         out = fork(self)
         vars(out)[name] = vars(self)[name]  # as if the field were new and forgotten
         return out
@@ -220,15 +260,15 @@ def _sharing(name: str) -> Callable[[EngineFields], Any]:
     return broken
 
 
-@pytest.mark.parametrize("name", ["_steer", "_batch", "_history"])
+@pytest.mark.parametrize("name", ["_queue", "_batch", "_history"])
 def test_a_fork_that_forgets_a_field_is_caught(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    monkeypatch.setattr(EngineFields, "fork", _sharing(name))
+    monkeypatch.setattr(Engine, "fork", _sharing(name))
     with pytest.raises(AssertionError, match=f"shares {name}"):
         _check_no_sharing_over_runs({"check_continue": True})
 
 
 def test_a_shared_field_shows_in_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(EngineFields, "fork", _sharing("_history"))
+    monkeypatch.setattr(Engine, "fork", _sharing("_history"))
     with pytest.raises(AssertionError):
         _check_fork_behaves_alike_over_runs({})
 

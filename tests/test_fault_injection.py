@@ -374,7 +374,7 @@ async def _play(plan: Plan, observer: Observer) -> Outcome:
 
     def fire() -> None:
         observer.abort_fired = True
-        observer.abort_effective = not run.engine.is_finished
+        observer.abort_effective = not run.engine.returns_to_caller
         observer.fatal_before_abort = bool(observer.fatal)
         if plan.by_handle:
             run.abort("the caller pressed stop")

@@ -259,3 +259,14 @@ def test_every_run_starts_from_the_first_rows_source() -> None:
 
     engine = Engine(tools=[], messages=[UserMessage("go")])
     assert engine.state is INITIAL
+
+
+@pytest.mark.timeout(30)
+def test_the_lone_internal_rows_carry_their_firing_guard() -> None:
+    # The table's docstring: the lone rows of dispatched and settled carry the guard
+    # that fires them, so the diagrams can show it. (Without it the engine behaves the
+    # same, because it fires them only when the guard holds; the drawing does not.)
+    for trigger in (Trigger.dispatched, Trigger.settled):
+        rows = [r for r in TRANSITIONS if r.trigger is trigger]
+        assert len(rows) == 1, trigger
+        assert rows[0].guard is INTERNAL_TRIGGERS[trigger], trigger

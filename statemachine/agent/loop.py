@@ -54,7 +54,6 @@ from statemachine.core.events import (
     ToolFinished,
 )
 from statemachine.core.messages import ToolCall
-from statemachine.core.table import RETURNS_TO_CALLER
 
 __all__ = ["ActionLoop", "Executor", "Inbox"]
 
@@ -132,7 +131,7 @@ class ActionLoop:
         self.fatal: BaseException | None = None  # raised again once the run is closed
         self.model_exception: BaseException | None = None  # the cause of a failed run
         self.late_input: list[InputQueued] = []  # queued, but the run had already ended
-        self._done = engine.state in RETURNS_TO_CALLER  # where the last event left it
+        self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
         self.executor = executor(self)
 
@@ -176,7 +175,7 @@ class ActionLoop:
         engine = self.engine
         actions = engine.handle(event)
         self.stream.engine_moved(engine)
-        self._done = engine.state in RETURNS_TO_CALLER
+        self._done = engine.returns_to_caller
         if self._done and not self.finished:
             self.finished = True
             self.stream.run_finished(engine)

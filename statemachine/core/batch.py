@@ -1,32 +1,37 @@
-"""The bookkeeping of the current batch of tool calls (rules 4 and 5 of the table).
+"""The current batch of tool calls: who waits, who runs, which results are in history.
 
-A model response with tool calls opens a batch: one ``CallSlot`` per call, in call
-order. A slot moves from waiting (for permission, for a person's approval) to ready,
-running and done; results enter the history only as a contiguous prefix of the batch
-(``flushed``), so they are always in call order (I2) whatever order tools finish in.
-``BatchBookkeeping`` is the part of the engine that keeps these slots; it reads and
-writes the engine's own fields (declared once in ``core/state.py``).
+A model response with tool calls opens a ``Batch``: one ``CallSlot`` per call, in
+call order. A slot moves from waiting (for permission, for a person's approval) to
+ready, running and done (rule 3 of the table). ``start_runnable`` applies rule 4
+(which ready calls may start now), ``flush`` rule 5: results leave the batch for the
+history only as a contiguous prefix, so they are always in call order (I2) whatever
+order the tools finish in. The engine holds one ``Batch`` and asks it; the batch
+knows nothing of states or events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Final
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final
 
-import attrs
-
-from statemachine.core.events import StartTool
 from statemachine.core.messages import (
-    AssistantMessage,
     TextContent,
     ToolCall,
     ToolResultMessage,
     checked_result,
 )
-from statemachine.core.state import EngineFields
 from statemachine.core.tools import Scheduling
 
-__all__ = ["STATUSES", "BatchBookkeeping", "CallSlot"]
+__all__ = [
+    "DONE",
+    "READY",
+    "RUNNING",
+    "STATUSES",
+    "WAITING_APPROVAL",
+    "WAITING_PERMISSION",
+    "Batch",
+    "CallSlot",
+]
 
 # Status of one tool call of the current batch.
 WAITING_PERMISSION: Final = "waiting-permission"
@@ -35,6 +40,7 @@ READY: Final = "ready"  # permitted; starts when every earlier unfinished call a
 RUNNING: Final = "running"
 DONE: Final = "done"
 STATUSES: Final = (WAITING_PERMISSION, WAITING_APPROVAL, READY, RUNNING, DONE)
+UNSTARTED: Final = frozenset({WAITING_PERMISSION, WAITING_APPROVAL, READY})
 
 _NO_SCHEDULING: Final = Scheduling()
 
@@ -54,145 +60,131 @@ class CallSlot:
 
     def copy(self) -> CallSlot:
         """An independent slot with the same values (every field is immutable)."""
-        out = CallSlot.__new__(CallSlot)
-        out.call, out.status, out.result = self.call, self.status, self.result
+        out = CallSlot(self.call)
+        out.status, out.result = self.status, self.result
         out.sequential, out.resources, out.note = self.sequential, self.resources, self.note
         return out
 
+    def answer(self, text: str, *, is_error: bool) -> None:
+        """Give the call a result written by the engine (it never ran, or was refused)."""
+        call = self.call
+        self.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
+        self.status = DONE
 
-def _compatible(slot: CallSlot, unfinished: list[CallSlot]) -> bool:
-    """Whether ``slot`` may run beside every earlier unfinished call (rule 4)."""
-    for other in unfinished:
-        if slot.sequential or other.sequential or slot.resources & other.resources:
-            return False
-    return True
-
-
-class BatchBookkeeping(EngineFields):
-    """The engine's methods on the current batch (mixed into ``Engine``)."""
-
-    def pending_calls(self) -> tuple[ToolCall, ...]:
-        """Calls of the current batch that have no result yet, in call order."""
-        return tuple(s.call for s in self._batch if s.status != DONE)
-
-    def pending_approvals(self) -> tuple[tuple[ToolCall, str], ...]:
-        """Calls waiting for a person's approval, with the hook's reason."""
-        return tuple((s.call, s.note) for s in self._batch if s.status == WAITING_APPROVAL)
-
-    def _new_batch(self, calls: Sequence[ToolCall]) -> None:
-        batch: list[CallSlot] = []
-        slots: dict[str, CallSlot] = {}
-        for call in calls:
-            slot = CallSlot(call)
-            batch.append(slot)
-            slots[call.id] = slot
-        self._batch = batch
-        self._slots = slots
-        self._flushed = 0
-
-    def _classify(self, slot: CallSlot) -> None:
-        """Read the tool's scheduling for this call (rule 4)."""
-        scheduling = self._scheduling.get(slot.call.name, _NO_SCHEDULING)
-        slot.sequential = scheduling.sequential
+    def classify(self, scheduling: Scheduling | None, log: Any) -> None:
+        """Read the tool's scheduling for this call (rule 4). ``scheduling.resources``
+        is user code: if it raises, the call runs alone (slower, never racy)."""
+        scheduling = scheduling or _NO_SCHEDULING
+        self.sequential = scheduling.sequential
         if scheduling.resources is None:
             return
         try:
-            keys: Iterable[str] = scheduling.resources(slot.call.arguments)
-            slot.resources = frozenset(str(k) for k in keys)
+            keys: Iterable[str] = scheduling.resources(self.call.arguments)
+            self.resources = frozenset(str(k) for k in keys)
         except Exception as exc:  # noqa: BLE001 - user code; fail safe, not open
-            # Not knowing what a call touches, run it alone: slower, never racy.
-            slot.sequential = True
-            self._log.warning(
-                "resources_failed", call_id=slot.call.id, tool=slot.call.name, error=repr(exc)
+            self.sequential = True
+            log.warning(
+                "resources_failed", call_id=self.call.id, tool=self.call.name, error=repr(exc)
             )
 
-    def _start_runnable(self) -> None:
-        """Start every ready call whose earlier unfinished calls all allow it (rule 4)."""
+    def may_run_beside(self, earlier: list[CallSlot]) -> bool:
+        """Whether this call may run beside every call of ``earlier`` (the unfinished
+        calls before it): neither is sequential, and they touch no common resource."""
+        for other in earlier:
+            if self.sequential or other.sequential or self.resources & other.resources:
+                return False
+        return True
+
+
+class Batch:
+    """The tool calls of the last model response, with the results not yet flushed.
+
+    ``slots`` is in call order; ``flushed`` counts the results already appended to the
+    history (always a prefix of the batch).
+    """
+
+    __slots__ = ("by_id", "flushed", "slots")
+
+    def __init__(self, calls: Sequence[ToolCall] = ()) -> None:
+        self.slots: list[CallSlot] = []
+        self.by_id: dict[str, CallSlot] = {}
+        self.flushed = 0
+        for call in calls:
+            slot = CallSlot(call)
+            self.slots.append(slot)
+            self.by_id[call.id] = slot
+
+    @classmethod
+    def of(cls, slots: list[CallSlot], flushed: int) -> Batch:
+        """A batch holding these slots, ``flushed`` results already in history."""
+        batch = cls()
+        batch.slots = slots
+        batch.by_id = {slot.call.id: slot for slot in slots}
+        batch.flushed = flushed
+        return batch
+
+    def copy(self) -> Batch:
+        """An independent batch: each slot copied (calls and results are immutable)."""
+        return Batch.of([slot.copy() for slot in self.slots], self.flushed)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __iter__(self) -> Iterator[CallSlot]:
+        return iter(self.slots)
+
+    def slot(self, call_id: str) -> CallSlot | None:
+        return self.by_id.get(call_id)
+
+    # -- what the engine's guards ask ---------------------------------------------------
+
+    def any_with(self, status: str) -> bool:
+        for slot in self.slots:  # noqa: SIM110 - asked several times an event: no generator
+            if slot.status == status:
+                return True
+        return False
+
+    def running_ids(self) -> tuple[str, ...]:
+        return tuple(slot.call.id for slot in self.slots if slot.status == RUNNING)
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """Calls that have no result yet, in call order."""
+        return tuple(slot.call for slot in self.slots if slot.status != DONE)
+
+    def pending_approvals(self) -> tuple[tuple[ToolCall, str], ...]:
+        """Calls waiting for a person's approval, with the hook's reason."""
+        return tuple((s.call, s.note) for s in self.slots if s.status == WAITING_APPROVAL)
+
+    # -- what the engine does to it ---------------------------------------------------------
+
+    def start_runnable(self) -> list[ToolCall]:
+        """Mark running, and return, every ready call whose earlier unfinished calls
+        all allow it (rule 4)."""
+        started: list[ToolCall] = []
         unfinished: list[CallSlot] = []
-        for slot in self._batch:
-            status = slot.status
-            if status == DONE:
+        for slot in self.slots:
+            if slot.status == DONE:
                 continue
-            if status == READY and (not unfinished or _compatible(slot, unfinished)):
+            if slot.status == READY and slot.may_run_beside(unfinished):
                 slot.status = RUNNING
-                self._actions.append(StartTool(slot.call, self.turns))
+                started.append(slot.call)
             unfinished.append(slot)
+        return started
 
-    def _normalise_ids(
-        self, message: AssistantMessage, calls: tuple[ToolCall, ...]
-    ) -> AssistantMessage:
-        """Give empty or repeated tool-call ids a unique, deterministic replacement
-        (``calls`` are the message's tool calls)."""
-        if not calls:
-            return message
-        seen = self._seen_ids
-        if len(calls) == 1:
-            only = calls[0].id
-            if only and only not in seen:
-                seen.add(only)
-                return message
-        ids = [c.id for c in calls]
-        if all(ids) and not seen.intersection(ids) and len(set(ids)) == len(ids):
-            seen.update(ids)
-            return message
-        content = []
-        index = 0
-        for block in message.content:
-            if isinstance(block, ToolCall):
-                if not block.id or block.id in seen:
-                    block = ToolCall(self._fresh_id(block, index), block.name, block.arguments)
-                seen.add(block.id)
-                index += 1
-            content.append(block)
-        return attrs.evolve(message, content=tuple(content))
-
-    def _fresh_id(self, call: ToolCall, index: int) -> str:
-        """An id for the ``index``-th call of this turn that no call has had yet."""
-        new_id = f"call_t{self.turns}_{index}"
-        suffix = 1
-        while new_id in self._seen_ids:
-            new_id = f"call_t{self.turns}_{index}_{suffix}"
-            suffix += 1
-        self._log.warning(
-            "tool_call_id_normalised",
-            turn=self.turns,
-            original=call.id,
-            assigned=new_id,
-            reason="empty" if not call.id else "repeated",
-        )
-        return new_id
-
-    def _unknown_tool_text(self, name: str) -> str:
-        if not self._tools:
-            return f"Unknown tool: {name}. No tools are available in this run."
-        names = ", ".join(d.name for d in self._tools)
-        return f"Unknown tool: {name}. Available tools: {names}."
-
-    # Results are built from checked values (the call's id and name, the engine's own
-    # text or a ToolOutput's content and flag): see messages.checked_result.
-
-    def _resolve(self, slot: CallSlot, text: str, *, is_error: bool) -> None:
-        call = slot.call
-        slot.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
-        slot.status = DONE
-
-    def _answer_unresolved(self, text: str) -> None:
+    def answer_unstarted(self, text: str) -> None:
         """Give every call that never started a result saying why (I1, I6)."""
-        for slot in self._batch:
-            if slot.status in (WAITING_PERMISSION, WAITING_APPROVAL, READY):
-                self._resolve(slot, text, is_error=True)
-        self._flush()
+        for slot in self.slots:
+            if slot.status in UNSTARTED:
+                slot.answer(text, is_error=True)
 
-    def _flush(self) -> None:
-        """Append the contiguous prefix of arrived results, in call order (I2)."""
-        batch = self._batch
-        i = self._flushed
-        end = len(batch)
-        if i == end:
-            return
-        while i < end and batch[i].status == DONE:
-            result = batch[i].result
+    def flush(self) -> list[ToolResultMessage]:
+        """The results that may now enter the history: the contiguous prefix of arrived
+        results after those flushed before (I2)."""
+        out: list[ToolResultMessage] = []
+        slots = self.slots
+        while self.flushed < len(slots) and slots[self.flushed].status == DONE:
+            result = slots[self.flushed].result
             assert result is not None
-            self._history.append(result)
-            i += 1
-        self._flushed = i
+            out.append(result)
+            self.flushed += 1
+        return out

@@ -1,73 +1,67 @@
-"""The sans-IO engine: input events in, actions out.
+"""The sans-IO engine: input events in, actions out. Read it beside ``core/table.py``.
 
-The engine owns the history, the turn counter, the input queues and the bookkeeping
-of the current batch of tool calls. It performs no I/O, reads no clock and draws no
-random number: the same events give the same states, history and transition log
-(I5). Which state follows which is decided by the table (``core/table.py``), applied
-directly: for (state, trigger), the first row whose guard holds. This module supplies
-the guard predicates the table names and the handling of one event; the rest of the
-engine lives beside it, one job per module:
-
-* ``core/dispatch.py``: the table's rows compiled to Python (the steps ``handle`` runs);
-* ``core/state.py``: the fields an engine holds, ``Engine.fork`` and ``control_key``;
-* ``core/batch.py``: the bookkeeping of the current batch of tool calls;
-* ``core/entry.py``: what entering each state does (the entry effects);
-* ``core/engine_snapshot.py``: ``snapshot``/``restore`` and the restored self-check;
-* ``core/trace.py``: ``TransitionRecord``, one entry of the transition log.
-
-The engine does not use the ``transitions`` package at run time. That package builds
-the independent reference machine of ``statemachine/testing/_reference.py``, which a
-test suite may attach through ``Engine.transition_hook`` to run every transition
-through it as well.
-
-How an input event is handled:
+The engine performs no I/O, reads no clock and draws no random number: the same
+events give the same states, history and transition log (I5). It interprets the
+table, and nothing else decides where a run goes. One input event goes through
+``handle`` like this:
 
 1. In an absorbing (terminal) state, the event is logged and dropped (I4).
-2. If the table has no row for (state, trigger), or the payload does not fit the
-   bookkeeping (a result for a call that is not running...), ``ProtocolError`` is
-   raised *before anything changes* (I8).
-3. The event's data is recorded (a message appended, a result stored), the trigger
-   is fired (the first row whose guard holds is taken), and the destination's entry
-   effects run (e.g. entering ``AwaitingModel`` asks for a model call).
-4. Internal triggers are fired while their guards hold (``dispatched``,
-   ``results_complete``, ``next_turn``, ``settled``).
+2. The rows for (state, the event's trigger) are read with ``rows_from``. None: the
+   event is not accepted here, and ``ProtocolError`` is raised before anything
+   changes (I8); so it is when the payload does not fit (``_check_payload``: a
+   result for a call that is not running...).
+3. The event's data is recorded (``_record``: a message appended, a result stored).
+4. ``_fire`` takes the first row whose guard holds (``guard_holds``; each guard is a
+   method ``_guard_<name>`` named after its ``Guard``), records the transition in
+   ``trace`` and runs the destination's entry effect (``_enter_<State>``: e.g.
+   entering ``AwaitingModel`` asks for a model call).
+5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) while their guard
+   holds, each again through ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
 
-Every transition is logged as one structlog event ``transition`` and recorded in
-``Engine.trace``.
+The actions the entry effects asked for are returned. The engine holds its parts by
+composition: the current ``Batch`` of tool calls (``core/batch.py``), the
+``InputQueue`` of steering and follow-up messages (``core/queue.py``) and the
+``Trace`` (``core/trace.py``). Snapshots are written, read and checked in
+``core/snapshot.py``; the explanations a person reads are worded in
+``core/explanations.py``.
+
+A ``transition_hook`` given to an engine sees every trigger it fires; the test suite
+and the exhaustive checker use it to hold the engine to a reference machine and to
+the table's rules (see ``TransitionHook``). The engine never imports the
+``transitions`` package.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, Final, NoReturn, Self
+
+import attrs
 
 from statemachine._log import library_logger
-from statemachine.core import dispatch as _compiled
-from statemachine.core import engine_snapshot as _serial
-from statemachine.core import snapshot as _snapshots
+from statemachine.core import explanations as explain
+from statemachine.core import snapshot as _snapshot
 from statemachine.core.batch import (
     DONE,
     READY,
     RUNNING,
     WAITING_APPROVAL,
     WAITING_PERMISSION,
+    Batch,
+    CallSlot,
 )
-from statemachine.core.dispatch import TableData
-from statemachine.core.engine_snapshot import SNAPSHOT_VERSION
-from statemachine.core.errors import (
-    EngineInvariantError,
-    InvalidInputError,
-    ProtocolError,
-    SnapshotError,
-    WireFormatError,
-)
+from statemachine.core.errors import EngineInvariantError, InvalidInputError, ProtocolError
 from statemachine.core.events import (
     AbortRequested,
     Action,
     ApprovalDecided,
     ApprovalRequired,
+    CallModel,
+    CancelOperations,
+    CheckContinue,
+    CheckPermission,
     ContinueDecided,
     Event,
     HistoryView,
@@ -76,39 +70,52 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
+    RunEnded,
+    StartTool,
     ToolCancelled,
     ToolDenied,
     ToolFinished,
     ToolPermitted,
 )
-from statemachine.core.guards import GUARD_METHOD, Guards
 from statemachine.core.inputs import check_history, check_tool_definitions
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
+    ToolCall,
     checked_result,
 )
-from statemachine.core.snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_DEPTH
+from statemachine.core.queue import InputQueue
+from statemachine.core.snapshot import (
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    DEFAULT_MAX_SNAPSHOT_DEPTH,
+    SNAPSHOT_VERSION,
+)
 from statemachine.core.table import (
     ABSORBING,
     INITIAL,
     INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
-    TRANSITIONS,
+    Guard,
+    Transition,
     Trigger,
     TurnState,
     rows_from,
+    triggers_from,
 )
-from statemachine.core.tools import Scheduling, ToolDefinition
+from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
 from statemachine.core.trace import Trace, TransitionRecord
 
 __all__ = [
     "ABANDONED",
+    "CONFIGURATION",
+    "CONTROL",
     "DEFAULT_MAX_SNAPSHOT_BYTES",
     "DEFAULT_MAX_SNAPSHOT_DEPTH",
     "MAX_INTERNAL_TRANSITIONS",
+    "RECORD",
     "SNAPSHOT_VERSION",
+    "TRANSIENT",
     "Engine",
     "TransitionHook",
     "TransitionRecord",
@@ -130,65 +137,22 @@ waiting for an operation that ignored cancellation and may still be running: the
 explanation then says so instead of claiming that its cleanup finished."""
 
 TransitionHook = Callable[["Engine", TurnState, Trigger, "TurnState | None"], None]
-"""Called by ``Engine`` for every trigger it fires: (engine, source, trigger, dest).
-``dest`` is the destination of the row the dispatch chose, or ``None`` when no row
+"""Called by an engine for every trigger it fires: (engine, source, trigger, dest).
+``dest`` is the destination of the row the engine chose, or ``None`` when no row
 applies (the engine then raises ``ProtocolError``). It is called before the state
-changes, so the engine's guards still give the values the dispatch decided on."""
+changes, so ``engine.guard_holds`` still gives the values the engine decided on.
+Give it as ``Engine(transition_hook=...)`` or set ``engine.transition_hook``."""
 
-
-# The table, pre-digested for dispatch (derived here once, never written by hand):
-# for each (state, trigger) its rows in table order as (guard method or None, dest);
-# for each state the internal triggers that have a row from it, with the method of
-# the guard that fires them. ``core/dispatch.py`` compiles the two into the steps
-# ``handle`` runs, again whenever either is replaced or written (``TableData``).
-_Rows = tuple[tuple[str | None, TurnState], ...]
-_ROWS: Final[dict[tuple[TurnState, Trigger], _Rows]] = TableData(
-    {
-        (state, trigger): tuple(
-            (None if row.guard is None else GUARD_METHOD[row.guard], row.dest)
-            for row in rows_from(state, trigger)
-        )
-        for state in TurnState
-        for trigger in Trigger
-        if rows_from(state, trigger)
-    }
-)
-_INTERNAL_FROM: Final[dict[TurnState, tuple[tuple[Trigger, str], ...]]] = TableData(
-    {
-        state: tuple(
-            (trigger, GUARD_METHOD[guard])
-            for trigger, guard in INTERNAL_TRIGGERS.items()
-            if rows_from(state, trigger)
-        )
-        for state in TurnState
-    }
-)
-# The trigger of each input event class (the classes name it as a ClassVar).
-_INPUT_TRIGGER: Final[dict[type, Trigger]] = {
-    cls: cls.trigger for cls in typing.get_args(Event) if cls.trigger not in INTERNAL_TRIGGERS
-}
-
-
-def _dispatch() -> _compiled.Compiled:
-    """The compiled dispatch of the current tables (compiled again if they changed)."""
-    plan = _compiled.latest
-    if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
-        plan = _compiled.compile_table(_ROWS, _INTERNAL_FROM, MAX_INTERNAL_TRANSITIONS)
-    return plan
-
-
-_dispatch()  # compiled when the module is imported, not by the first event
+_GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
+_ENTRY_METHOD: Final = {state: f"_enter_{state.value}" for state in TurnState}
 
 
 def _debug_enabled(log: Any) -> bool:
-    """False only when the logger has said, once and for all, that it drops debug.
-
-    structlog's filtering bound loggers fix their level when they are made, and the
-    default stdlib-backed logger (``_log.library_logger``) is asked once, when the
-    engine is made, so the transition log's arguments need not even be built for
-    them (measured: a third of a quiet engine step). Any other logger, structlog's
-    lazy proxy included (it follows configuration made later), gets every call.
-    """
+    """False only when the logger says, when the engine is made, that it drops debug
+    events: the transition events are then not built at all. structlog's filtering
+    loggers and the default stdlib-backed logger (``_log.library_logger``) can say so;
+    any other logger (structlog's lazy proxy follows configuration made later) is
+    given every event."""
     ask = getattr(type(log), "is_enabled_for", None) or getattr(type(log), "isEnabledFor", None)
     if ask is None:
         return True
@@ -198,30 +162,60 @@ def _debug_enabled(log: Any) -> bool:
         return True
 
 
-class Engine(Guards):
+class Engine:
     """The agent loop as a sans-IO state machine.
 
     ``handle(event)`` returns the actions to perform next; ``state``, ``messages``,
     ``turns``, ``trace`` and ``explanation`` describe where the run stands.
     ``fork()`` gives an independent copy and ``control_key()`` a value that tells
-    whether two engines will behave alike (see ``core/state.py``): they are the one
-    public way to copy and compare an engine's state.
+    whether two engines will behave alike: they are the one public way to copy and
+    compare an engine's state.
 
     ``scheduling`` maps tool names to how their calls may run concurrently (a tool
     absent from it runs concurrently with everything). ``check_permissions`` makes
     every valid call wait for ``ToolPermitted``/``ToolDenied``/``ApprovalRequired``;
     ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
+    ``transition_hook`` (``TransitionHook``) sees every trigger the engine fires.
 
-    Dispatch applies the table directly (the first row whose guard holds), which is
-    all ``transitions.Machine.trigger`` would do for us at a fraction of the cost (see
-    bench/): the rows are compiled to Python once (``core/dispatch.py``) and the
-    guards and entry effects called by name. ``transition_hook``, when set on the
-    class, sees every trigger fired (``TransitionHook``): the test suite sets it to run
-    each transition through the reference ``transitions`` machine too, and the
-    exhaustive checker to hold each one to the rules.
+    The fields below are every attribute an engine holds, by role (a test fails for
+    one that is not declared here). Configuration is fixed for the run and shared by
+    forks. The record is what happened: copied by forks, left out of
+    ``control_key`` because the engine never reads it back to decide. Control decides
+    what happens next: copied and keyed. Transient fields are set only while
+    ``handle`` runs.
     """
 
-    transition_hook: ClassVar[TransitionHook | None] = None
+    # configuration
+    _tools: tuple[ToolDefinition, ...]
+    _tools_by_name: dict[str, ToolDefinition]
+    _scheduling: dict[str, Scheduling]
+    max_turns: int
+    check_permissions: bool
+    check_continue: bool
+    run_id: str
+    transition_hook: TransitionHook | None
+    _log: Any
+    _debug: bool  # whether the logger keeps debug events (the transition log)
+    # record
+    _history: list[Message]
+    trace: Trace
+    explanation: str | None
+    _seen_ids: set[str]  # every tool-call id so far, only to rename repeats
+    # control
+    _state: TurnState
+    turns: int
+    abort_reason: str | None
+    _abort_context: str  # where the abort found the run, for the explanation
+    _abandoned: list[str]  # operations the driver gave up on, still running
+    _model_outstanding: bool
+    _batch: Batch
+    _queue: InputQueue
+    _denial: tuple[ToolCall, str] | None  # a policy denial, until AwaitingUser tells it
+    _continue_pending: bool  # a CheckContinue is out, not yet answered
+    _stop_reason: str | None  # should_continue asked to stop, with this reason
+    # transient
+    _event: Event | None  # the input event being handled
+    _actions: list[Action]  # what the event's entry effects asked for
 
     def __init__(
         self,
@@ -234,6 +228,7 @@ class Engine(Guards):
         scheduling: Mapping[str, Scheduling] | None = None,
         run_id: str = "run",
         logger: Any = None,
+        transition_hook: TransitionHook | None = None,
     ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
@@ -246,6 +241,7 @@ class Engine(Guards):
             scheduling=scheduling,
             run_id=run_id,
             logger=logger,
+            transition_hook=transition_hook,
             initial=INITIAL,
         )
 
@@ -260,40 +256,39 @@ class Engine(Guards):
         scheduling: Mapping[str, Scheduling] | None,
         run_id: str,
         logger: Any,
+        transition_hook: TransitionHook | None,
         initial: TurnState,
     ) -> None:
-        """Set every field (each is declared, with its role, in ``core/state.py``)."""
+        """Set every field (see the class docstring); ``restore`` then loads progress."""
         self._tools = tools
         self._tools_by_name = {d.name: d for d in tools}
         self._scheduling = dict(scheduling or {})
-        self._history = history
-        self._seen_ids = {
-            c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
-        }
         self.max_turns = max_turns
         self.check_permissions = check_permissions
         self.check_continue = check_continue
         self.run_id = run_id
+        self.transition_hook = transition_hook
         self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
         self._debug = _debug_enabled(self._log)
-        self.turns = 0
+        self._history = history
         self.trace = Trace()
         self.explanation = None
+        self._seen_ids = {
+            c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
+        }
+        self._state = initial
+        self.turns = 0
         self.abort_reason = None
         self._abort_context = ""
         self._abandoned = []
         self._model_outstanding = False
-        self._batch = []
-        self._slots = {}
-        self._flushed = 0
+        self._batch = Batch()
+        self._queue = InputQueue()
         self._denial = None
-        self._steer = []
-        self._follow_up = []
         self._continue_pending = False
         self._stop_reason = None
         self._event = None
         self._actions = []
-        self._state = initial
 
     # -- what the caller reads -----------------------------------------------------
 
@@ -311,17 +306,31 @@ class Engine(Guards):
         return self._tools
 
     @property
+    def returns_to_caller(self) -> bool:
+        """True in a state where a driver stops and returns its result: a terminal
+        state, or ``AwaitingUser`` (which a run resumes from)."""
+        return self._state in RETURNS_TO_CALLER
+
+    @property
     def is_finished(self) -> bool:
-        """True in a state where a driver returns (terminal, or ``AwaitingUser``)."""
+        """Deprecated alias of ``returns_to_caller`` (true in ``AwaitingUser`` too,
+        which is not finished). To ask whether the run is over, use
+        ``engine.state.is_terminal``."""
         return self._state in RETURNS_TO_CALLER
 
     def queued_input(self) -> tuple[InputQueued, ...]:
         """Queued input not yet injected: steering first, then follow-ups, each in order.
 
         Nothing queued is lost when a run ends: this is what a caller re-queues."""
-        return tuple(InputQueued(m, InputKind.STEER) for m in self._steer) + tuple(
-            InputQueued(m, InputKind.FOLLOW_UP) for m in self._follow_up
-        )
+        return self._queue.queued()
+
+    def pending_calls(self) -> tuple[ToolCall, ...]:
+        """Calls of the current batch that have no result yet, in call order."""
+        return self._batch.pending_calls()
+
+    def pending_approvals(self) -> tuple[tuple[ToolCall, str], ...]:
+        """Calls waiting for a person's approval, with the hook's reason."""
+        return self._batch.pending_approvals()
 
     # -- handling an event -----------------------------------------------------------
 
@@ -330,55 +339,42 @@ class Engine(Guards):
 
         Raises ``ProtocolError`` (changing nothing) if the event is not accepted now.
         """
-        trigger = _INPUT_TRIGGER.get(type(event))
-        if trigger is None:
-            # Not one of the event classes (a subclass, or not an event at all).
-            trigger = getattr(event, "trigger", None)
-            if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
-                raise ProtocolError(f"not an input event: {event!r}")
+        trigger = getattr(event, "trigger", None)
+        if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
+            raise ProtocolError(f"not an input event: {event!r}")
         state = self._state
         if state in ABSORBING:
             self._log.debug(
                 "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
             )
             return ()
-        plan = _compiled.latest
-        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
-            plan = _dispatch()
-        step = plan.steps.get((state, trigger))
-        if step is None:
-            accepted = sorted(
-                {r.trigger.value for r in TRANSITIONS if r.source is state}
-                - {t.value for t in INTERNAL_TRIGGERS}
-            )
+        rows = rows_from(state, trigger)
+        if not rows:
+            accepted = sorted(t.value for t in triggers_from(state) if t not in INTERNAL_TRIGGERS)
             raise ProtocolError(
                 f"{trigger.value!r} is not accepted in state {state.value}; "
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
             )
-        self._check_payload(state, event)
+        self._check_payload(event)
         self._actions = []
         self._event = event
         try:
-            self._record(state, event)
-            step(self)  # the first row whose guard holds (core/dispatch.py)
-            self._run_internal()
+            self._record(event)
+            self._fire(rows)
+            self._settle()
         finally:
             self._event = None
-        actions = tuple(self._actions)
-        self._actions = []
+        actions, self._actions = tuple(self._actions), []
         return actions
 
-    def _check_payload(self, state: TurnState, event: Event) -> None:
-        """Refuse events whose data does not fit the bookkeeping; mutate nothing."""
-        # Tool results first: the most frequent input there is.
+    def _check_payload(self, event: Event) -> None:
+        """Refuse events whose data does not fit the bookkeeping; change nothing."""
         if isinstance(event, (ToolFinished, ToolCancelled)):
-            slot = self._slots.get(event.call_id)
-            if slot is None or slot.status != RUNNING:
-                self._expect_slot(event.call_id, RUNNING, event.trigger)
+            self._expect_slot(event.call_id, RUNNING, event.trigger)
         elif isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
             if not self._model_outstanding:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
-            if isinstance(event, ModelCancelled) and state is not S.Aborting:
+            if isinstance(event, ModelCancelled) and self._state is not S.Aborting:
                 raise ProtocolError("model_cancelled is accepted only while aborting")
         elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired)):
             self._expect_slot(event.call_id, WAITING_PERMISSION, event.trigger)
@@ -388,49 +384,40 @@ class Engine(Guards):
             raise ProtocolError("continue_decided: no should_continue check is pending")
 
     def _expect_slot(self, call_id: str, status: str, trigger: Trigger) -> None:
-        slot = self._slots.get(call_id)
+        slot = self._batch.by_id.get(call_id)
         if slot is None or slot.status != status:
             actual = "not in the current batch" if slot is None else slot.status
             raise ProtocolError(
                 f"{trigger.value}: call {call_id!r} is not {status} (it is {actual})"
             )
 
-    def _record(self, state: TurnState, event: Event) -> None:
-        """Record the event's data; destination-specific effects come on entry.
+    def _record(self, event: Event) -> None:
+        """Record the event's data; what depends on the destination comes on entry.
 
-        Results enter the history (``_flush``) after the events that give one; every
-        other event leaves no result waiting (each effect that answers a call flushes)."""
-        if isinstance(event, ToolFinished):  # the most frequent event first
-            slot = self._slots[event.call_id]
+        Every event that answers a call flushes the results now in order (I2)."""
+        state = self._state
+        if isinstance(event, ToolFinished):
+            slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
             slot.status = DONE
-            if state is S.CollectingResults and len(self._batch) > 1:
-                self._start_runnable()  # (a lone call held nothing back)
+            if state is S.CollectingResults and len(self._batch.slots) > 1:
+                self._start_runnable()  # the calls this one held back (a lone call held none)
             self._flush()
         elif isinstance(event, ModelResponded):
-            self._model_outstanding = False
-            message = event.message
-            calls = message.tool_calls
-            normalised = self._normalise_ids(message, calls)
-            if normalised is not message:
-                message, calls = normalised, normalised.tool_calls
-            self._history.append(message)
-            self._new_batch(calls)
-            if state is S.Aborting:
-                self._answer_unresolved("Tool call not started: the run was aborted")
+            self._record_response(event.message)
         elif isinstance(event, (ModelFailed, ModelCancelled)):
-            self._record_model_error(state, event)
+            self._record_model_error(event)
         elif isinstance(event, InputQueued):
-            self._record_input(state, event)
+            self._record_input(event)
         elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired, ApprovalDecided)):
             self._record_decision(event)
             self._flush()
         elif isinstance(event, ToolCancelled):
-            slot = self._slots[event.call_id]
+            slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             if event.reason.startswith(ABANDONED):
                 self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
-            self._resolve(slot, f"Operation aborted: {event.reason}", is_error=True)
+            slot.answer(f"Operation aborted: {event.reason}", is_error=True)
             self._flush()
         elif isinstance(event, ContinueDecided):
             self._continue_pending = False
@@ -439,39 +426,46 @@ class Engine(Guards):
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
 
-    def _record_model_error(self, state: TurnState, event: ModelFailed | ModelCancelled) -> None:
+    def _record_response(self, message: AssistantMessage) -> None:
+        """The assistant message enters history first (rule 1); its calls open a batch."""
+        self._model_outstanding = False
+        message = self._normalise_ids(message)
+        self._history.append(message)
+        self._batch = Batch(message.tool_calls)
+        if self._state is S.Aborting:
+            self._answer_unresolved("Tool call not started: the run was aborted")
+
+    def _record_model_error(self, event: ModelFailed | ModelCancelled) -> None:
         self._model_outstanding = False
         detail = event.error if isinstance(event, ModelFailed) else event.reason
         if isinstance(event, ModelCancelled) and detail.startswith(ABANDONED):
             self._abandoned.append("the model call")
-        if state is S.Aborting:
+        if self._state is S.Aborting:
             stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
         else:
             stop, text = StopReason.ERROR, f"The model call failed: {detail}"
         self._history.append(AssistantMessage((), stop_reason=stop, error_message=text))
 
-    def _record_input(self, state: TurnState, event: InputQueued) -> None:
-        if state is S.AwaitingUser:
+    def _record_input(self, event: InputQueued) -> None:
+        if self._state is S.AwaitingUser:
             # A person answered with a message instead of deciding: the calls that
             # waited for approval are answered, and the message goes to the model.
             self._answer_unresolved(
                 "Tool call not run: it was not approved (the user sent a message instead)"
             )
-            self._steer.append(event.message)
-        elif event.kind is InputKind.FOLLOW_UP:
-            self._follow_up.append(event.message)
+            self._queue.add(event.message, InputKind.STEER)
         else:
-            self._steer.append(event.message)
+            self._queue.add(event.message, event.kind)
 
     def _record_decision(
         self, event: ToolPermitted | ToolDenied | ApprovalRequired | ApprovalDecided
     ) -> None:
         """A permission hook's or a person's answer about one call."""
-        slot = self._slots[event.call_id]
+        slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
         if isinstance(event, ToolPermitted):
             slot.status = READY
         elif isinstance(event, ToolDenied):
-            self._resolve(slot, f"Tool call denied: {event.reason}", is_error=True)
+            slot.answer(f"Tool call denied: {event.reason}", is_error=True)
             if not event.advisory and self._denial is None:
                 self._denial = (slot.call, event.reason)
         elif isinstance(event, ApprovalRequired):
@@ -481,22 +475,67 @@ class Engine(Guards):
             slot.status = READY
         else:
             reason = f": {event.reason}" if event.reason else ""
-            self._resolve(slot, f"Tool call denied by a person{reason}", is_error=True)
+            slot.answer(f"Tool call denied by a person{reason}", is_error=True)
 
-    def _run_internal(self) -> None:
-        # Fire internal triggers to a fixed point (each state's compiled settle fires
-        # the first internal trigger whose guard holds, then settles the state it
-        # reached). Each firing leaves its source state and the internal triggers form
-        # no cycle without an input in between (Dispatching -> Collecting ->
-        # TurnBoundary -> AwaitingModel waits for the model), so this terminates; the
-        # cap (MAX_INTERNAL_TRANSITIONS) turns a broken table or guard into an error
-        # that shows the loop instead of a hang.
-        plan = _compiled.latest
-        if plan is None or plan.rows is not _ROWS or plan.internal is not _INTERNAL_FROM:
-            plan = _dispatch()
-        plan.settle[self._state](self, 0)
+    # -- applying the table ----------------------------------------------------------------
 
-    def _runaway(self, trigger: Trigger, fired: int) -> typing.NoReturn:
+    def _fire(self, rows: tuple[Transition, ...], holds: Guard | None = None) -> None:
+        """Take the first of ``rows`` (the rows of one state and trigger, in table order)
+        whose guard holds: tell the transition hook, move to the row's destination,
+        record the transition, and run the destination's entry effect when the state
+        changes. ``holds``: a guard known to hold (the one that fired an internal
+        trigger), not asked again."""
+        for row in rows:
+            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
+                break
+        else:
+            self._no_row(rows[0].source, rows[0].trigger)
+        source, trigger, dest = row.source, row.trigger, row.dest
+        if self.transition_hook is not None:
+            self.transition_hook(self, source, trigger, dest)
+        self._state = dest
+        self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
+        if self._debug:
+            self._log.debug(
+                "transition",
+                turn=self.turns,
+                from_state=source.value,
+                to_state=dest.value,
+                trigger=trigger.value,
+            )
+        if dest is not source:
+            getattr(self, _ENTRY_METHOD[dest])(source)
+
+    def _no_row(self, source: TurnState, trigger: Trigger) -> NoReturn:
+        # Unreachable when the table is complete (the checker proves it); kept so that a
+        # broken table fails loudly instead of silently stalling.
+        if self.transition_hook is not None:
+            self.transition_hook(self, source, trigger, None)
+        raise ProtocolError(f"no row of the table applies to {trigger.value!r} in {source}")
+
+    def _settle(self) -> None:
+        """Fire internal triggers while one is due (a fixed point).
+
+        Each firing leaves its source state, and the internal triggers form no cycle
+        without an input in between (DispatchingTools -> CollectingResults ->
+        TurnBoundary -> AwaitingModel waits for the model), so this ends; the cap turns
+        a broken table or guard into an error that shows the loop instead of a hang."""
+        fired = 0
+        while True:
+            # The internal trigger due now: the first with rows from this state whose
+            # firing guard holds.
+            rows_here = triggers_from(self._state)
+            for trigger, guard in INTERNAL_TRIGGERS.items():
+                if trigger in rows_here and self.guard_holds(guard):
+                    break
+            else:
+                return  # none is due: settled
+            if fired == MAX_INTERNAL_TRANSITIONS:
+                self._runaway(trigger, fired)
+            self._fire(rows_here[trigger], holds=guard)
+            fired += 1
+
+    def _runaway(self, trigger: Trigger, fired: int) -> NoReturn:
         recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest
         shown = ", ".join(f"{r.source}-{r.trigger}->{r.dest}" for r in recent[-6:])
         raise EngineInvariantError(
@@ -506,7 +545,302 @@ class Engine(Guards):
             recent,
         )
 
-    # -- snapshot and restore (suspension across processes; see core/engine_snapshot.py) --
+    # -- the guards the table names (pure: asking one changes nothing) ----------------------
+
+    def guard_holds(self, guard: Guard) -> bool:
+        """Whether the table's ``guard`` holds now: its method ``_guard_<name>``."""
+        holds: bool = getattr(self, _GUARD_METHOD[guard])()
+        return holds
+
+    def _response(self) -> AssistantMessage:
+        event = self._event
+        assert isinstance(event, ModelResponded)
+        return event.message
+
+    def _guard_reports_error(self) -> bool:
+        return self._response().stop_reason is StopReason.ERROR
+
+    def _guard_reports_abort(self) -> bool:
+        return self._response().stop_reason is StopReason.ABORTED
+
+    def _guard_has_tool_calls(self) -> bool:
+        return bool(self._batch.slots)
+
+    def _guard_input_queued(self) -> bool:
+        return bool(self._queue)
+
+    def _guard_all_calls_resolved(self) -> bool:
+        return not self._batch.any_with(WAITING_PERMISSION)
+
+    def _guard_nothing_running(self) -> bool:
+        return not self._batch.any_with(RUNNING)
+
+    def _guard_approvals_pending(self) -> bool:
+        return self._batch.any_with(WAITING_APPROVAL)
+
+    def _guard_boundary_ready(self) -> bool:
+        return not self._continue_pending
+
+    def _guard_denied_by_policy(self) -> bool:
+        return self._denial is not None
+
+    def _guard_stop_requested(self) -> bool:
+        return self._stop_reason is not None
+
+    def _guard_turn_limit_reached(self) -> bool:
+        return self.turns >= self.max_turns
+
+    def _guard_nothing_outstanding(self) -> bool:
+        return not self._model_outstanding and not self._batch.any_with(RUNNING)
+
+    # -- the entry effects: what entering each state does ----------------------------------
+
+    def _enter_AwaitingModel(self, source: TurnState) -> None:
+        if self._queue:
+            self._history.extend(self._queue.take(model_would_finish=self._model_would_finish()))
+        self.turns += 1
+        self._model_outstanding = True
+        self._batch = Batch()
+        self._actions.append(CallModel(HistoryView(self._history), self._tools, self.turns))
+
+    def _enter_DispatchingTools(self, source: TurnState) -> None:
+        refused = False
+        for slot in self._batch.slots:
+            refusal = self._refusal(slot.call)
+            if refusal is not None:
+                slot.answer(refusal, is_error=True)
+                refused = True
+                continue
+            slot.classify(self._scheduling.get(slot.call.name), self._log)
+            if self.check_permissions:
+                slot.status = WAITING_PERMISSION
+                self._actions.append(CheckPermission(slot.call, self.turns))
+        if refused:
+            self._flush()  # the refusals that are next in call order
+
+    def _enter_CollectingResults(self, source: TurnState) -> None:
+        self._start_runnable()
+
+    def _enter_TurnBoundary(self, source: TurnState) -> None:
+        if self.check_continue:
+            self._continue_pending = True
+            self._actions.append(CheckContinue(self.turns))
+
+    def _enter_Aborting(self, source: TurnState) -> None:
+        reason = self.abort_reason or "aborted"
+        self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
+        running = self._batch.running_ids()
+        self._actions.append(CancelOperations(self._model_outstanding, running, reason))
+        self._abort_context = (
+            f"during the model call of turn {self.turns}"
+            if self._model_outstanding
+            else f"while the tool calls of turn {self.turns} were "
+            + ("running" if source is S.CollectingResults else "being dispatched")
+        )
+
+    def _enter_Done(self, source: TurnState) -> None:
+        if source is S.TurnBoundary:
+            self._finish(explain.stopped_by_hook(self._stop_reason))
+        else:
+            self._finish(explain.final_answer())
+
+    def _enter_Failed(self, source: TurnState) -> None:
+        last = self._history[-1]  # the error message, made by the model or by _record
+        detail = last.error_message if isinstance(last, AssistantMessage) else None
+        from_response = isinstance(self._event, ModelResponded)
+        if from_response:
+            self._answer_unresolved(
+                "Tool call not run: the model's response reported an error, so its "
+                "arguments may be incomplete"
+            )
+        self._finish(explain.failed(detail, reported_by_response=from_response, turn=self.turns))
+
+    def _enter_Aborted(self, source: TurnState) -> None:
+        if source is S.AwaitingModel:
+            last = self._history[-1]  # the aborted response, before its calls' results
+            detail = last.error_message if isinstance(last, AssistantMessage) else None
+            self._answer_unresolved(
+                "Tool call not run: the model's response was aborted, so its arguments "
+                "may be incomplete"
+            )
+            self._finish(explain.aborted_response(detail, self.turns))
+            return
+        reason = self.abort_reason or "aborted"
+        self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
+        where = {
+            S.Aborting: self._abort_context,
+            S.Ready: "before the first model call",
+            S.TurnBoundary: f"at the turn boundary after turn {self.turns}",
+            S.AwaitingUser: "while waiting for a person",
+        }[source]
+        self._finish(explain.aborted(where, reason, self._abandoned))
+
+    def _enter_TurnLimitExceeded(self, source: TurnState) -> None:
+        slots = self._batch.slots
+        last_result = slots[-1].result if slots else None
+        self._finish(explain.turn_limit(self.max_turns, last_result, len(self._queue)))
+
+    def _enter_AwaitingUser(self, source: TurnState) -> None:
+        pending = self.pending_approvals()
+        if pending:
+            self._finish(explain.waiting_for_approval(pending))
+            return
+        assert self._denial is not None
+        call, reason = self._denial
+        self._denial = None  # told once: a person's answer goes on with the run
+        self._finish(explain.denied_by_policy(call, reason))
+
+    # -- what the entry effects share -------------------------------------------------------
+
+    def _finish(self, explanation: str) -> None:
+        """Entering a state that returns to the caller: explain it, announce it."""
+        self.explanation = explanation
+        self._actions.append(RunEnded(self._state, explanation))
+        self._log.info(
+            "run_ended", turn=self.turns, state=self._state.value, explanation=explanation
+        )
+
+    def _flush(self) -> None:
+        """Append the results that are next in call order (I2)."""
+        self._history.extend(self._batch.flush())
+
+    def _answer_unresolved(self, text: str) -> None:
+        """Give every call that never started a result saying why (I1, I6)."""
+        self._batch.answer_unstarted(text)
+        self._flush()
+
+    def _start_runnable(self) -> None:
+        """Start every call that may run now (rule 4)."""
+        for call in self._batch.start_runnable():
+            self._actions.append(StartTool(call, self.turns))
+
+    def _model_would_finish(self) -> bool:
+        # Only a final answer ends a run: the last message is the model's, without a tool
+        # call. A user message after it (a continued conversation, steering) or a tool
+        # result still awaits the model's answer, as a run's first message does.
+        last = self._history[-1] if self._history else None
+        return isinstance(last, AssistantMessage) and not last.tool_calls
+
+    def _refusal(self, call: ToolCall) -> str | None:
+        """Why a call cannot be run at all (an unknown tool, arguments that do not
+        parse or do not match the schema), as the result the model reads; ``None``
+        for a call that can run."""
+        definition = self._tools_by_name.get(call.name)
+        if definition is None:
+            if not self._tools:
+                return f"Unknown tool: {call.name}. No tools are available in this run."
+            names = ", ".join(d.name for d in self._tools)
+            return f"Unknown tool: {call.name}. Available tools: {names}."
+        if call.parse_error is not None:
+            # Checked before the schema: empty arguments may satisfy it, and the model
+            # asked for something else that nobody could read.
+            return (
+                f"Invalid arguments for tool {call.name}: {call.parse_error.rstrip('.')}. "
+                "The tool was not run. Call it again with a JSON object matching this "
+                f"JSON Schema: {_schema_text(definition)}"
+            )
+        problems = validate_arguments(definition, call.arguments)
+        if problems:
+            return (
+                f"Invalid arguments for tool {call.name}:\n"
+                + "\n".join(f"- {p}" for p in problems)
+                + f"\nExpected arguments matching this JSON Schema: {_schema_text(definition)}"
+            )
+        return None
+
+    def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
+        """The message with empty or repeated tool-call ids given a unique,
+        deterministic replacement (the message itself when every id is new)."""
+        seen = self._seen_ids
+        ids = [call.id for call in message.tool_calls]
+        if all(ids) and seen.isdisjoint(ids) and len(set(ids)) == len(ids):
+            seen.update(ids)
+            return message
+        content = []
+        index = 0
+        for block in message.content:
+            if isinstance(block, ToolCall):
+                if not block.id or block.id in seen:
+                    block = ToolCall(self._fresh_id(block, index), block.name, block.arguments)
+                seen.add(block.id)
+                index += 1
+            content.append(block)
+        return attrs.evolve(message, content=tuple(content))
+
+    def _fresh_id(self, call: ToolCall, index: int) -> str:
+        """An id for the ``index``-th call of this turn that no call has had yet."""
+        new_id = f"call_t{self.turns}_{index}"
+        suffix = 1
+        while new_id in self._seen_ids:
+            new_id = f"call_t{self.turns}_{index}_{suffix}"
+            suffix += 1
+        self._log.warning(
+            "tool_call_id_normalised",
+            turn=self.turns,
+            original=call.id,
+            assigned=new_id,
+            reason="empty" if not call.id else "repeated",
+        )
+        return new_id
+
+    # -- copying and comparing ---------------------------------------------------------------
+
+    def fork(self) -> Self:
+        """An independent engine in exactly this state: what one does never shows in
+        the other.
+
+        Messages, calls and records are immutable and shared; every container is
+        copied, and so is each call's bookkeeping. The fork is of the same class; the
+        lists, dicts and sets a subclass adds are copied (shallowly) and its other
+        attributes shared: a subclass with deeper state of its own overrides ``fork``.
+        A search keeps a fork of every state it still has to expand.
+        """
+        new = object.__new__(type(self))
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields["_history"] = list(self._history)
+        fields["trace"] = self.trace.copy()
+        fields["_seen_ids"] = set(self._seen_ids)
+        fields["_abandoned"] = list(self._abandoned)
+        fields["_batch"] = self._batch.copy()
+        fields["_queue"] = self._queue.copy()
+        fields["_actions"] = list(self._actions)
+        for name in fields.keys() - _DECLARED:  # a subclass's own attributes
+            value = fields[name]
+            if type(value) in (list, dict, set):
+                fields[name] = value.copy()
+        return new
+
+    def control_key(self) -> tuple[Any, ...]:
+        """A hashable value equal for two engines of one configuration exactly when
+        they will accept the same events and answer them alike.
+
+        It holds the state and every control field (see the class docstring), not the
+        history or the transition log: the engine never reads those back to decide.
+        Attributes a subclass adds are part of it, by ``repr``. Compare keys only
+        between engines made with the same tools and scheduling.
+        """
+        return (
+            self._state,
+            self.turns,
+            self.max_turns,
+            self.check_permissions,
+            self.check_continue,
+            self.abort_reason,
+            self._abort_context,
+            tuple(self._abandoned),
+            self._model_outstanding,
+            tuple(_slot_key(slot) for slot in self._batch),
+            self._batch.flushed,
+            None if self._denial is None else (self._denial[0].id, self._denial[1]),
+            tuple(_rendered(m) for m in self._queue.steer),
+            tuple(_rendered(m) for m in self._queue.follow_up),
+            self._continue_pending,
+            self._stop_reason,
+            _extra_key(self.__dict__),
+        )
+
+    # -- snapshot and restore (suspension across processes; see core/snapshot.py) ----------
 
     def snapshot(self, *, key: bytes | str | None = None) -> dict[str, Any]:
         """The whole engine state as JSON-ready data (for ``Engine.restore``).
@@ -520,8 +854,8 @@ class Engine(Guards):
         stored or sent where someone else could change it, and give the same key to
         ``restore``/``resume_agent``, which then refuse it if it was changed.
         """
-        data = _serial.write(self)
-        return data if key is None else _snapshots.sign(data, key)
+        data = _snapshot.write(self)
+        return data if key is None else _snapshot.sign(data, key)
 
     @staticmethod
     def sign_snapshot(snapshot: Mapping[str, Any], key: bytes | str) -> dict[str, Any]:
@@ -529,7 +863,7 @@ class Engine(Guards):
         over its canonical JSON (sorted keys, no spaces, ASCII only, without the
         ``signature`` field). For a snapshot made without a key, such as
         ``RunResult.snapshot``, before it leaves the process."""
-        return _snapshots.sign(snapshot, key)
+        return _snapshot.sign(snapshot, key)
 
     @classmethod
     def restore(
@@ -541,7 +875,8 @@ class Engine(Guards):
         key: bytes | str | None = None,
         max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
         max_depth: int = DEFAULT_MAX_SNAPSHOT_DEPTH,
-    ) -> Engine:
+        transition_hook: TransitionHook | None = None,
+    ) -> Self:
         """Rebuild an engine from ``snapshot()``, refusing anything it could not have written.
 
         Raises ``SnapshotError`` (an ``InvalidInputError``) whose message starts with
@@ -564,24 +899,70 @@ class Engine(Guards):
         far as it agrees with itself: whoever can edit it can also edit the history
         consistently, so store it where only you can write, or sign it.
         """
-        for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise InvalidInputError(f"{name} must be a positive integer, got {limit!r}")
-        _snapshots.check_shape(snapshot, max_bytes=max_bytes, max_depth=max_depth)
-        if key is not None:
-            _snapshots.verify(snapshot, key)
         engine = cls.__new__(cls)
-        try:
-            _serial.load(engine, snapshot, scheduling, logger)
-        except SnapshotError:
-            raise
-        except (InvalidInputError, WireFormatError) as exc:  # a parser names the path
-            raise SnapshotError(str(exc)) from None
-        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
-            # Not expected: every field is read by a typed reader. Kept so that a gap
-            # still gives the documented error, never a crash.
-            raise SnapshotError(f"snapshot: malformed ({type(exc).__name__})") from None
-        _serial.check_restored(engine)
+        _snapshot.read(
+            engine,
+            snapshot,
+            scheduling=scheduling,
+            logger=logger,
+            key=key,
+            max_bytes=max_bytes,
+            max_depth=max_depth,
+            transition_hook=transition_hook,
+        )
         return engine
 
-    # -- reading a snapshot's fields --------------------------------------------------------
+
+def _schema_text(definition: ToolDefinition) -> str:
+    """A tool's JSON Schema as the model reads it in a refusal."""
+    return json.dumps(definition.schema_dict(), sort_keys=True)
+
+
+# -- the roles of the fields, and the parts of a control key ---------------------------------
+
+_DECLARED: Final = frozenset(Engine.__annotations__)
+CONFIGURATION: Final = frozenset(
+    {
+        "_tools",
+        "_tools_by_name",
+        "_scheduling",
+        "max_turns",
+        "check_permissions",
+        "check_continue",
+        "run_id",
+        "transition_hook",
+        "_log",
+        "_debug",
+    }
+)
+RECORD: Final = frozenset({"_history", "trace", "explanation", "_seen_ids"})
+TRANSIENT: Final = frozenset({"_event", "_actions"})
+CONTROL: Final = _DECLARED - CONFIGURATION - RECORD - TRANSIENT
+
+# The checker keys hundreds of thousands of engines, most sharing their messages: each
+# immutable value's ``repr`` (which attrs writes from every field) is kept by identity,
+# with the value itself so that its id cannot be reused while the entry exists.
+# Bounded: cleared when full (a cache, not a store).
+_REPRS: dict[int, tuple[object, str]] = {}
+_REPRS_MAX: Final = 1 << 16
+
+
+def _extra_key(fields: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A subclass's own attributes, by ``repr`` (none for ``Engine`` itself)."""
+    extra = fields.keys() - _DECLARED
+    return tuple(sorted((name, repr(fields[name])) for name in extra)) if extra else ()
+
+
+def _slot_key(slot: CallSlot) -> tuple[Any, ...]:
+    result = None if slot.result is None else _rendered(slot.result)
+    resources = tuple(sorted(slot.resources))
+    return (_rendered(slot.call), slot.status, slot.sequential, resources, slot.note, result)
+
+
+def _rendered(value: object) -> str:
+    known = _REPRS.get(id(value))
+    if known is None:
+        if len(_REPRS) >= _REPRS_MAX:
+            _REPRS.clear()
+        known = _REPRS[id(value)] = (value, repr(value))
+    return known[1]

@@ -174,9 +174,8 @@ _optional_str = attrs.validators.optional(attrs.validators.instance_of(str))
 # The classes a run builds on every turn (text, tool calls, the three messages) write
 # their own ``__init__``: the common case (exact types) is one type test per field,
 # and anything else goes through the field's own attrs validator, which raises the
-# very error the attrs-made ``__init__`` raised (measured: about half the cost of
-# the attrs-made one). Converters run first, then the checks, in field order, as attrs
-# orders them.
+# very error the attrs-made ``__init__`` raised. Converters run first, then the
+# checks, in field order, as attrs orders them.
 _set = object.__setattr__
 
 

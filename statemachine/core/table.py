@@ -1,10 +1,12 @@
 """The transition table: every state, trigger, guard and destination of the loop.
 
-This module is the single source of truth. The ``transitions`` machine that the
-engine runs, the diagrams, the docs, the exhaustive checker and the tests are all
-derived from ``TRANSITIONS`` below; nothing restates it by hand. If you want to know
-what the loop can do, read this file; if you want to change what it does, change
-this table (and the engine's guard predicates, which are named here).
+This module is the single source of truth. The engine interprets ``TRANSITIONS``
+below as it stands (``core/engine.py`` reads the rows with ``rows_from`` on every
+event); the diagrams, the docs, the exhaustive checker, the reference ``transitions``
+machine of the tests and the tests themselves are derived from it; nothing restates
+it by hand. If you want to know what the loop can do, read this file; if you want to
+change what it does, change this table (and the engine's guard predicates, which are
+named here).
 
 Rules
 =====
@@ -118,7 +120,7 @@ reachable state that some row applies.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -136,7 +138,9 @@ __all__ = [
     "Transition",
     "Trigger",
     "TurnState",
+    "index",
     "rows_from",
+    "triggers_from",
 ]
 
 
@@ -188,8 +192,8 @@ class Trigger(enum.StrEnum):
 class Guard(enum.StrEnum):
     """Named predicates over the engine's state and the event being handled.
 
-    The engine implements each as a method ``_guard_<value>``; a test checks that
-    every guard named here has one and that no other exists.
+    The engine answers each with its method ``_guard_<value>`` (``Engine.guard_holds``);
+    a test checks that every guard named here has one and that no other exists.
     """
 
     reports_error = "reports_error"
@@ -374,14 +378,27 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.settled: "internal: after an abort, nothing is outstanding",
 }
 
-_BY_SOURCE: dict[tuple[TurnState, Trigger], tuple[Transition, ...]] = {}
-for _row in TRANSITIONS:
-    _BY_SOURCE[(_row.source, _row.trigger)] = (
-        *_BY_SOURCE.get((_row.source, _row.trigger), ()),
-        _row,
-    )
+RowIndex = dict[TurnState, dict[Trigger, tuple[Transition, ...]]]
+
+
+def index(rows: Iterable[Transition]) -> RowIndex:
+    """``rows`` grouped by source state, then by trigger, each group in table order
+    (every state has an entry, empty for a state no row leaves)."""
+    out: RowIndex = {state: {} for state in TurnState}
+    for row in rows:
+        group = out[row.source]
+        group[row.trigger] = (*group.get(row.trigger, ()), row)
+    return out
+
+
+_BY_SOURCE: RowIndex = index(TRANSITIONS)
 
 
 def rows_from(source: TurnState, trigger: Trigger) -> tuple[Transition, ...]:
     """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
-    return _BY_SOURCE.get((source, trigger), ())
+    return _BY_SOURCE[source].get(trigger, ())
+
+
+def triggers_from(source: TurnState) -> Mapping[Trigger, tuple[Transition, ...]]:
+    """Every trigger that has a row from ``source``, with its rows in table order."""
+    return _BY_SOURCE[source]

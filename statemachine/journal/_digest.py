@@ -30,7 +30,6 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import Trigger, TurnState
-from statemachine.core.trace import TURN, Trace, transition_of
 from statemachine.core.wire import message_to_dict
 
 __all__ = ["RunningDigest", "canonical_message", "checkpoint_of", "history_digest"]
@@ -56,6 +55,7 @@ _RECORD_HEAD: Final[dict[tuple[TurnState, Trigger, TurnState], str]] = {
     for t in Trigger
     for b in TurnState
 }
+_RECORD_HEAD_BYTES: Final = {key: head.encode("utf-8") for key, head in _RECORD_HEAD.items()}
 # orjson writes strings, integers, booleans and null byte for byte as ``_DIGEST_JSON``
 # does (and sorts keys in the same order: UTF-8 preserves code point order) at a
 # fraction of the cost; it writes some floats differently ("1e-5", not "1e-05"), and
@@ -210,25 +210,26 @@ def canonical_message(message: Message) -> bytes:
 
 
 def _trace_text(records: Sequence[TransitionRecord]) -> bytes:
+    """The records' text, ``["Ready","start","AwaitingModel",0]`` each, joined by commas."""
+    heads = _RECORD_HEAD_BYTES
+    parts: list[bytes] = []
+    for source, trigger, dest, turn in records:
+        head = heads.get((source, trigger, dest))
+        if head is None or type(turn) is not int:
+            return _other_trace_text(records)
+        parts.append(head + b"%d]" % turn)
+    return b",".join(parts)
+
+
+def _other_trace_text(records: Sequence[TransitionRecord]) -> bytes:
+    """``_trace_text`` of records that are not the engine's (a test's, a broken engine's)."""
     try:
         # Enum members are written as their values; a record is a tuple of three and a turn.
         return orjson.dumps(list(map(tuple, records)))[1:-1]
-    except orjson.JSONEncodeError:  # not the engine's records: write them as they are
+    except orjson.JSONEncodeError:  # not JSON for orjson: the stdlib writes them
         return ",".join(
             [_RECORD_HEAD[a, b, c] + _DIGEST_JSON.encode(n) + "]" for a, b, c, n in records]
         ).encode("utf-8")
-
-
-# The bytes of _RECORD_HEAD by transition number (``Trace.codes``), made as numbers appear.
-_HEADS: Final[dict[int, bytes]] = {}
-
-
-def _codes_text(codes: list[int]) -> bytes:
-    """``_trace_text`` of the records these codes stand for, without making them."""
-    heads = _HEADS
-    for number in {code % TURN for code in codes} - heads.keys():
-        heads[number] = _RECORD_HEAD[transition_of(number)].encode("utf-8")
-    return b",".join([heads[code % TURN] + b"%d]" % (code // TURN) for code in codes])
 
 
 def _extends(items: Sequence[Any], prefix: Sequence[Any]) -> bool:
@@ -283,14 +284,11 @@ class RunningDigest:
     def _start_over(self) -> None:
         self._hash = hashlib.sha256(b'{"messages":[')
         self._messages: list[Message] = []
-        # The log hashed so far: records, or an engine's Trace read as codes (no record made).
-        self._trace: list[TransitionRecord] = []
-        self._codes: list[int] = []
+        self._trace: list[TransitionRecord] = []  # the log hashed so far
         self._trace_text: list[bytes] = []
 
     def digest(self, messages: Sequence[Message], trace: Sequence[TransitionRecord]) -> str:
-        codes = trace.codes() if type(trace) is Trace else None
-        if not (_extends(messages, self._messages) and self._continues(trace, codes)):
+        if not (_extends(messages, self._messages) and _extends(trace, self._trace)):
             self._start_over()
         new = list(messages[len(self._messages) :])
         if new:
@@ -298,26 +296,13 @@ class RunningDigest:
             text = b",".join([self._text(m) for m in new])
             self._hash.update((b"," if self._messages else b"") + text)
             self._messages += new
-        if codes is not None:
-            new_codes = codes[len(self._codes) :]
-            if new_codes:
-                self._trace_text.append(_codes_text(new_codes))
-                self._codes += new_codes
-        else:
-            new_trace = list(trace[len(self._trace) :])
-            if new_trace:
-                self._trace_text.append(_trace_text(new_trace))
-                self._trace += new_trace
+        new_trace = list(trace[len(self._trace) :])
+        if new_trace:
+            self._trace_text.append(_trace_text(new_trace))
+            self._trace += new_trace
         whole = self._hash.copy()
         whole.update(b'],"trace":[' + b",".join(self._trace_text) + b"]}")
         return whole.hexdigest()
-
-    def _continues(self, trace: Sequence[TransitionRecord], codes: list[int] | None) -> bool:
-        """Whether ``trace`` (as ``codes``, for an engine's ``Trace``) continues what was
-        hashed, read the same way."""
-        if codes is None:
-            return not self._codes and _extends(trace, self._trace)
-        return not self._trace and codes[: len(self._codes)] == self._codes
 
 
 def checkpoint_of(engine: Engine, digest: RunningDigest) -> dict[str, Any]:

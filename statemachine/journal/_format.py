@@ -66,7 +66,7 @@ def short(text: str, limit: int = 60) -> str:
 # are JSON scalars (flags, counts, names) kept as they are in ``options``, or have an
 # entry in ``_OPTION_CODECS``.
 HEADER_FIELDS = frozenset({"tools", "messages", "max_turns", "check_permissions", "run_id"})
-NOT_RECORDED = frozenset({"logger"})  # no effect on what the engine decides
+NOT_RECORDED = frozenset({"logger", "transition_hook"})  # no effect on what the engine decides
 
 
 def _encode_scheduling(value: Mapping[str, Scheduling]) -> dict[str, Any]:

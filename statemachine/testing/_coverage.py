@@ -2,8 +2,8 @@
 
 The invariants say what a run must never do, not where each event must lead; a table
 row with the wrong destination or guard can keep every invariant. So the search
-watches the engine's dispatch through the public ``Engine.transition_hook``
-(``observing``): every trigger fired is recorded as a ``_Firing`` with the guard
+watches the engine through the hook that ``observing`` makes, set as each engine's
+``transition_hook``: every trigger fired is recorded as a ``_Firing`` with the guard
 values of that moment (asked through ``Engine.guard_holds``), the rules' verdict
 (``_oracle``, the table's prose rules written a second time without reading a row)
 and the table row that applies, counted by position so that two rows of a group with
@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from statemachine.core.engine import Engine
+from statemachine.core.engine import Engine, TransitionHook
 from statemachine.core.events import (
     CallModel,
     CancelOperations,
@@ -109,18 +109,14 @@ def _row_groups(table: Sequence[Transition]) -> _RowGroups:
     return groups
 
 
-def observing(
-    engine_class: type[Engine], firings: list[_Firing], groups: _RowGroups
-) -> type[Engine]:
-    """``engine_class`` with its dispatch watched: each firing is recorded with the
-    guard values of that moment, the rules' verdict and the table row that applies.
+def observing(firings: list[_Firing], groups: _RowGroups) -> TransitionHook:
+    """A transition hook that records each firing with the guard values of that moment,
+    the rules' verdict and the table row that applies.
 
     The hook runs before the state changes, so the guards asked here give the values
     the engine decided on (guards are pure). The records go to a list the search owns,
-    not to the engine, so forks and keys ignore them. A hook the class already had
-    (the test suite's reference machine) still runs.
+    not to the engine, so forks and keys ignore them.
     """
-    inherited = engine_class.transition_hook
 
     def hook(engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState | None) -> None:
         memo: dict[Guard, bool] = {}
@@ -134,13 +130,20 @@ def observing(
         due = _rules.due(source, holds) if trigger in INTERNAL_TRIGGERS else None
         row = next((i for i, g in groups.get((source, trigger), ()) if g is None or holds(g)), None)
         firings.append(_Firing(source, trigger, tuple(memo.items()), expected, due, row, dest))
-        if inherited is not None:
-            inherited(engine, source, trigger, dest)
 
-    observed: type[Engine] = type(
-        f"Observed{engine_class.__name__}", (engine_class,), {"transition_hook": hook}
-    )
-    return observed
+    return hook
+
+
+def both(first: TransitionHook | None, then: TransitionHook) -> TransitionHook:
+    """A hook that runs ``first`` (when there is one), then ``then``."""
+    if first is None:
+        return then
+
+    def hook(engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState | None) -> None:
+        first(engine, source, trigger, dest)
+        then(engine, source, trigger, dest)
+
+    return hook
 
 
 class RuleChecks:

@@ -6,7 +6,7 @@ accepted event gives a child state, checked at once (``_check_transition``,
 ``_check_state`` and the rule checks of ``_coverage``), and a refused one must raise
 ``ProtocolError`` and change nothing. Engines are copied and compared only through
 their public API: ``Engine.fork()`` keeps a copy of every state still to expand, and
-``Engine.control_key()`` merges states that will behave alike (see ``core/state.py``
+``Engine.control_key()`` merges states that will behave alike (see ``Engine``
 and the ``checker`` module docstring).
 """
 
@@ -40,7 +40,14 @@ from statemachine.core.table import (
     rows_from,
 )
 from statemachine.testing import _oracle as _rules
-from statemachine.testing._coverage import RuleChecks, _Firing, _row_groups, _rules_never, observing
+from statemachine.testing._coverage import (
+    RuleChecks,
+    _Firing,
+    _row_groups,
+    _rules_never,
+    both,
+    observing,
+)
 from statemachine.testing._space import (
     _UNIFORM,
     EVENT_SOURCES,
@@ -96,7 +103,7 @@ class _Search(RuleChecks):
         self.table = _table.TRANSITIONS
         self.row_set = frozenset((r.source, r.trigger, r.dest) for r in self.table)
         self.firings: list[_Firing] = []
-        self.observed_class = observing(engine_class, self.firings, _row_groups(self.table))
+        self.hook = observing(self.firings, _row_groups(self.table))
         self.strategy = strategy
         # The checker runs hundreds of thousands of transitions: their debug events would
         # cost more than the engine, so the engines it makes log nowhere.
@@ -116,7 +123,9 @@ class _Search(RuleChecks):
         self.verified: collections.Counter[tuple[TurnState, Trigger]] = collections.Counter()
 
     def _fresh(self) -> Engine:
-        return self.observed_class(
+        """A new engine of the configuration, watched by the search's hook (after any
+        hook the engine class gave it). Forks keep the hook."""
+        engine = self.engine_class(
             tools=[TOOL],
             messages=[FIRST_MESSAGE],
             max_turns=self.bounds.turns,
@@ -124,6 +133,8 @@ class _Search(RuleChecks):
             logger=self.logger,
             **self.config,
         )
+        engine.transition_hook = both(engine.transition_hook, self.hook)
+        return engine
 
     def _load(self, node: _Node) -> Engine:
         if self.strategy == "snapshot":

@@ -1,13 +1,13 @@
 """The reference model: the table as a plain ``transitions.Machine``, built independently.
 
-The engine applies the table with its own dispatch loop (a fifth of the cost of
-``transitions``). This module builds the same table, row by row, into a machine of the
-``transitions`` package, which has its own implementation of "the first row whose
-guard holds"; ``verify_transition`` runs each transition the engine takes through that
-machine as well and raises on any disagreement. The test suite attaches it to every
-engine (``tests/conftest.py`` sets ``Engine.transition_hook``), so the fast dispatch is
-checked against the reference on every test. The core never imports this module: the
-``transitions`` package is needed only here and by the diagram command.
+The engine interprets the table with its own loop (``Engine._fire``). This module
+builds the same table, row by row, into a machine of the ``transitions`` package,
+which has its own implementation of "the first row whose guard holds";
+``verify_transition`` runs each transition the engine takes through that machine as
+well and raises on any disagreement. A test asks for it explicitly, per engine:
+``Engine(..., transition_hook=verify_transition)``, or ``verified_engine(...)``. The
+core never imports this module: the ``transitions`` package is needed only here and
+by the diagram command.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from statemachine.core import table as _table
 from statemachine.core.engine import Engine
 from statemachine.core.table import INITIAL, Guard, Trigger, TurnState
 
-__all__ = ["MachineModel", "build_machine", "reference_machine", "verify_transition"]
+__all__ = [
+    "MachineModel",
+    "build_machine",
+    "reference_machine",
+    "verified_engine",
+    "verify_transition",
+]
 
 
 class MachineModel:
@@ -75,7 +81,8 @@ def build_machine(
 def verify_transition(
     engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState | None
 ) -> None:
-    """An ``Engine.transition_hook``: the reference machine must go where the engine goes.
+    """A transition hook (``TransitionHook``): the reference machine must go where the
+    engine goes.
 
     A trigger for which the engine's dispatch found no row is left alone: the engine
     raises ``ProtocolError`` for it anyway.
@@ -90,3 +97,8 @@ def verify_transition(
             f"the transitions machine took {trigger} from {source} to "
             f"{mirror.state if moved else 'nowhere'}; the engine chose {dest}"
         )
+
+
+def verified_engine(**options: Any) -> Engine:
+    """``Engine(**options)`` whose every transition is checked by ``verify_transition``."""
+    return Engine(transition_hook=verify_transition, **options)

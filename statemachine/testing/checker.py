@@ -25,23 +25,23 @@ needs one entry in ``DEFAULT_CONFIGS``.
 
 Held to the rules. The invariants say what a run must never do, not where each event
 must lead; a table row with the wrong destination or guard can keep every invariant.
-So the engine's dispatch is watched (``_coverage.observing``, through the public
-``Engine.transition_hook``): every trigger it fires is recorded with the guard values
-of that moment and compared with the rules oracle (``_oracle``), the
-table's prose rules written a second time without reading a row. The check reports,
-with the events that lead there, a destination the rules do not give (``rule 7: in
-TurnBoundary on next_turn with stop_requested=True, ..., expected Done, actual
-TurnLimitExceeded``), a trigger accepted by one and not the other, an internal trigger
-left unfired though due, and actions that are not what the transitions announce (a
-model call per ``AwaitingModel`` entered, a cancel per ``Aborting``, a check per turn
-boundary with the hook, a ``RunEnded`` per return to the caller). Row coverage counts
-the row the dispatch applied, by position, so two rows of a group with one destination
-are told apart.
+So each engine the search makes is watched: its ``transition_hook`` (the one
+``_coverage.observing`` makes, run after any hook the engine already had) records
+every trigger it fires with the guard values of that moment, compared with the rules
+oracle (``_oracle``), the table's prose rules written a second time without reading
+a row. The check reports, with the events that lead there, a destination the rules
+do not give (``rule 7: in TurnBoundary on next_turn with stop_requested=True, ...,
+expected Done, actual TurnLimitExceeded``), a trigger accepted by one and not the
+other, an internal trigger left unfired though due, and actions that are not what
+the transitions announce (a model call per ``AwaitingModel`` entered, a cancel per
+``Aborting``, a check per turn boundary with the hook, a ``RunEnded`` per return to
+the caller). Row coverage counts the row the dispatch applied, by position, so two
+rows of a group with one destination are told apart.
 
 Deduplication. Two engines are merged when their ``Engine.control_key()`` values are
 equal: the state, the turn counter and every other field that decides what the engine
-does next, but not the history or the transition log (``core/state.py`` declares
-which field is which, and a test fails for a field it does not declare). The history
+does next, but not the history or the transition log (``Engine`` declares which
+field is which, and a test fails for a field it does not declare). The history
 is left out on purpose: the engine never reads it back to decide anything, and the
 only part of it the future can pair with (the calls of the current batch) is in the
 batch bookkeeping, which is in the key. Every new state is checked on the history of

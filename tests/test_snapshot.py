@@ -1,18 +1,22 @@
-"""Tests written for mutants of restoring a snapshot (``core/engine_snapshot.py``) that
-outlived the suite (``bench/mutate.py``; each gap is listed in ``bench/mutation.md``)."""
+"""Engine snapshots (``core/snapshot.py``): what restore refuses (a snapshot no run could
+have written: a bad key, a denial or a held result that does not fit, an outstanding
+operation, a trace that does not chain) and what it keeps (every field that decides
+what the engine does next)."""
 
 from __future__ import annotations
 
 import pytest
 
 from statemachine.core.engine import Engine
-from statemachine.core.errors import SnapshotError
+from statemachine.core.errors import SnapshotError, WireFormatError
 from statemachine.core.events import (
     AbortRequested,
     ApprovalDecided,
     ApprovalRequired,
     ContinueDecided,
+    InputQueued,
     ModelResponded,
+    RunEnded,
     Start,
     StartTool,
     ToolDenied,
@@ -27,8 +31,8 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.table import Trigger, TurnState
+from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 
 S = TurnState
 ECHO = ToolDefinition(
@@ -40,9 +44,6 @@ ECHO = ToolDefinition(
 
 @pytest.mark.timeout(30)
 def test_a_should_continue_question_left_by_an_abort_restores_and_one_elsewhere_is_not() -> None:
-    # Gap: the snapshot check of the pending should_continue question was only tried
-    # where it must be pending; an abort at the boundary leaves it (moot) in Aborted,
-    # and a question pending anywhere else is a forged snapshot.
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_continue=True)
     engine.handle(Start())
     call = ToolCall("c1", "echo", {"text": "a"})
@@ -75,7 +76,7 @@ def _outstanding(state: TurnState) -> Engine:
     assert engine.state is state
     engine._model_outstanding = False
     for slot in engine._batch:  # its result arrived, but the batch never completed
-        engine._resolve(slot, "ok", is_error=False)
+        slot.answer("ok", is_error=False)
     engine._flush()
     return engine
 
@@ -85,8 +86,6 @@ def _outstanding(state: TurnState) -> Engine:
 def test_a_snapshot_that_rests_while_an_operation_is_outstanding_is_refused(
     state: TurnState,
 ) -> None:
-    # Gap: of the states that always have an operation outstanding, AwaitingModel and
-    # Aborting were never offered to restore.
     forged = _outstanding(state).snapshot()
     forged["abortReason"] = None  # which only Aborted may have: the state alone refuses it
     with pytest.raises(SnapshotError, match=rf"snapshot\.state: {state} always has"):
@@ -95,7 +94,6 @@ def test_a_snapshot_that_rests_while_an_operation_is_outstanding_is_refused(
 
 @pytest.mark.timeout(30)
 def test_a_snapshot_whose_denial_has_an_unknown_key_is_refused() -> None:
-    # Gap: the keys of the policy denial a snapshot carries were not checked.
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
     engine.handle(Start())
     calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
@@ -120,8 +118,6 @@ def _waiting_for_approval() -> Engine:
 
 @pytest.mark.timeout(30)
 def test_a_restored_call_that_runs_is_the_call_its_history_shows() -> None:
-    # Gap: the call a restored batch starts was not shown to be the history's own
-    # object (read twice from the snapshot, the two could differ where == cannot see).
     restored = Engine.restore(_waiting_for_approval().snapshot())
     [start] = restored.handle(ApprovalDecided("c1", approved=True))
     assert isinstance(start, StartTool)
@@ -132,7 +128,6 @@ def test_a_restored_call_that_runs_is_the_call_its_history_shows() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_snapshot_whose_open_call_names_a_tool_it_lacks_is_refused() -> None:
-    # Gap: a call still open must name one of the snapshot's tools.
     snapshot = _waiting_for_approval().snapshot()
     snapshot["tools"] = []
     with pytest.raises(SnapshotError, match=r"snapshot\.batch\[0\]\.call: tool 'echo' is not in"):
@@ -141,7 +136,7 @@ def test_a_snapshot_whose_open_call_names_a_tool_it_lacks_is_refused() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_snapshot_with_many_faults_in_its_history_names_the_first_three() -> None:
-    # Gap (no test ran the line): the refusal quotes at most three of the faults.
+    # The refusal quotes at most three of the faults.
     call = ToolCall("c1", "echo", {"text": "a"})
     answered: list[Message] = [
         UserMessage("go"),
@@ -161,7 +156,6 @@ def test_a_snapshot_with_many_faults_in_its_history_names_the_first_three() -> N
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("turn", [-1, True, "1", 1.0])
 def test_a_snapshot_whose_trace_has_a_turn_that_is_not_a_count_is_refused(turn: object) -> None:
-    # Gap: the turn of a transition record was read without being checked.
     snapshot = _waiting_for_approval().snapshot()
     snapshot["trace"][0] = [*snapshot["trace"][0][:3], turn]
     with pytest.raises(SnapshotError, match=r"snapshot\.trace\[0\]\[3\]: expected an integer"):
@@ -170,7 +164,6 @@ def test_a_snapshot_whose_trace_has_a_turn_that_is_not_a_count_is_refused(turn: 
 
 @pytest.mark.timeout(30)
 def test_a_snapshot_whose_tool_has_an_unknown_key_is_refused() -> None:
-    # Gap: the keys of a tool definition in a snapshot were not checked.
     snapshot = _waiting_for_approval().snapshot()
     snapshot["tools"][0] = {**snapshot["tools"][0], "strict": True}
     with pytest.raises(SnapshotError, match=r"snapshot\.tools\[0\]"):
@@ -179,8 +172,6 @@ def test_a_snapshot_whose_tool_has_an_unknown_key_is_refused() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_held_result_that_answers_another_call_of_the_same_tool_is_refused() -> None:
-    # Gap: only a result naming another tool was offered; one with the right tool and
-    # another call's id must be refused too (it is not in the history yet to be caught).
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
     engine.handle(Start())
     calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "b"})]
@@ -200,8 +191,6 @@ def test_a_held_result_that_answers_another_call_of_the_same_tool_is_refused() -
 
 @pytest.mark.timeout(30)
 def test_a_batch_call_whose_arguments_are_stored_in_another_key_order_restores() -> None:
-    # Gap: a store that rewrites JSON may reorder an object's keys; the order of a
-    # call's arguments is no part of the call, so the batch still matches its history.
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
     engine.handle(Start())
     call = ToolCall("c1", "echo", {"text": "a", "n": 1})
@@ -244,8 +233,6 @@ def test_a_snapshot_whose_batch_slot_has_an_unknown_key_is_refused() -> None:
 
 @pytest.mark.timeout(30)
 def test_an_engine_stopped_by_should_continue_restores_with_its_stop_reason() -> None:
-    # Gap: the stop reason was written to the snapshot but not read back, so the
-    # restored engine was not the one snapshotted (its control key differed).
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_continue=True)
     engine.handle(Start())
     call = ToolCall("c1", "echo", {"text": "a"})
@@ -256,3 +243,109 @@ def test_an_engine_stopped_by_should_continue_restores_with_its_stop_reason() ->
     restored = Engine.restore(engine.snapshot())
     assert restored.control_key() == engine.control_key()
     assert restored.snapshot() == engine.snapshot()
+
+
+def _denied_engine() -> Engine:
+    """An engine stopped in AwaitingUser by a policy denial."""
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
+    actions = engine.handle(ToolDenied("c1", "not on weekends"))
+    assert engine.state is S.AwaitingUser
+    assert any(isinstance(a, RunEnded) for a in actions)
+    return engine
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
+    snapshot = _denied_engine().snapshot()
+    messages = snapshot["messages"]
+    assert messages[-1]["role"] == "toolResult"
+    broken = {**snapshot, "messages": messages[:-1]}
+    with pytest.raises(WireFormatError, match=r"snapshot\.flushed: 1, but 0 message\(s\) follow"):
+        Engine.restore(broken)
+    assert Engine.restore(snapshot).state is S.AwaitingUser
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_with_an_unknown_key_is_refused() -> None:
+    snapshot = _denied_engine().snapshot()
+    with pytest.raises(WireFormatError, match="surprise"):
+        Engine.restore({**snapshot, "surprise": 1})
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_whose_denial_was_not_answered_with_it_is_refused() -> None:
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "echo", {"text": "ho"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ToolDenied("c1", "not on weekends"))
+    engine.handle(ApprovalRequired("c2", "a person decides"))
+    snapshot = engine.snapshot()
+    assert snapshot["denial"] == {"callId": "c1", "reason": "not on weekends"}
+    assert Engine.restore(snapshot).state is S.AwaitingUser
+    result = snapshot["batch"][0]["result"]
+    edits = [
+        {**result, "content": [{"type": "text", "text": "Tool call denied: some other reason"}]},
+        {**result, "isError": False},
+    ]
+    for edited in edits:
+        batch = [{**snapshot["batch"][0], "result": edited}, snapshot["batch"][1]]
+        messages = [*snapshot["messages"][:-1], edited]
+        with pytest.raises(SnapshotError, match=r"snapshot\.denial"):
+            Engine.restore({**snapshot, "batch": batch, "messages": messages})
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_taken_while_a_call_waits_for_approval_in_dispatch_restores() -> None:
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "echo", {"text": "ho"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    assert engine.state is S.DispatchingTools
+    restored = Engine.restore(engine.snapshot())
+    assert restored.state is S.DispatchingTools
+    assert restored.control_key() == engine.control_key()
+
+
+@pytest.mark.timeout(30)
+def test_a_restored_call_keeps_the_resources_it_touches() -> None:
+    scheduling = {"echo": Scheduling(resources=lambda arguments: [str(arguments["text"])])}
+    engine = Engine(
+        tools=[ECHO], messages=[UserMessage("go")], check_permissions=True, scheduling=scheduling
+    )
+    engine.handle(Start())
+    calls = [ToolCall("c1", "echo", {"text": "a"}), ToolCall("c2", "echo", {"text": "a"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c1", "a person decides"))
+    engine.handle(ToolPermitted("c2"))
+    assert engine.state is S.AwaitingUser
+    restored = Engine.restore(engine.snapshot(), scheduling=scheduling)
+    assert restored.control_key() == engine.control_key()
+
+
+@pytest.mark.timeout(30)
+def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -> None:
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
+    engine.handle(Start())
+    calls = [ToolCall("c1", "nope", {}), ToolCall("c2", "echo", {"text": "a"})]
+    engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
+    engine.handle(ApprovalRequired("c2", "a person decides"))
+    assert engine.state is S.AwaitingUser
+    batch = engine.snapshot()["batch"]
+    assert [(slot["status"], slot["sequential"]) for slot in batch] == [
+        ("done", False),
+        ("waiting-approval", False),
+    ]
+
+
+def test_a_restored_engine_takes_a_transition_hook_and_a_snapshot_does_not_keep_it() -> None:
+    heard: list[Trigger] = []
+    snapshot = _denied_engine().snapshot()
+    assert Engine.restore(snapshot).transition_hook is None
+    restored = Engine.restore(snapshot, transition_hook=lambda *a: heard.append(a[2]))
+    restored.handle(InputQueued(UserMessage("use another tool")))
+    assert heard == [Trigger.input_queued, Trigger.next_turn]

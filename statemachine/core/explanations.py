@@ -1,0 +1,112 @@
+"""The explanations an engine gives when a run returns to its caller, worded here.
+
+Each function turns the facts the engine hands it into the sentence a person reads in
+``Engine.explanation`` and ``RunEnded``: what ended the run (or why it waits), and
+what to do next. The engine decides which one applies (``Engine._enter_<State>``);
+nothing here reads an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from statemachine.core.messages import ToolCall, ToolResultMessage
+
+__all__ = [
+    "aborted",
+    "aborted_response",
+    "denied_by_policy",
+    "failed",
+    "final_answer",
+    "stopped_by_hook",
+    "turn_limit",
+    "waiting_for_approval",
+]
+
+QUOTE_LIMIT = 160
+"""How much of a tool's last result the turn-limit explanation quotes."""
+
+
+def final_answer() -> str:
+    return "The model answered without tool calls: the task is complete."
+
+
+def stopped_by_hook(reason: str | None) -> str:
+    return f"Stopped at a turn boundary by should_continue: {reason}."
+
+
+def failed(detail: str | None, *, reported_by_response: bool, turn: int) -> str:
+    """The model call raised (``detail``: its error), or its response reported an error."""
+    if reported_by_response:
+        text = f"The model reported an error: {detail or 'no details given'}"
+    else:
+        text = detail or "The model call failed."
+    return (
+        f"{text.rstrip('.')}. The run stopped without retrying (turn {turn}); fix the "
+        "cause, then run again on this history."
+    )
+
+
+def aborted_response(detail: str | None, turn: int) -> str:
+    """The model's response reports that it was aborted (its own error message)."""
+    return (
+        f"The model's response reports that it was aborted"
+        f"{': ' + detail if detail else ''} (turn {turn})."
+    )
+
+
+def aborted(where: str, reason: str, abandoned: Sequence[str]) -> str:
+    """An abort ended the run ``where`` it was; ``abandoned``: the operations the
+    driver gave up on, which may still be running."""
+    if abandoned:
+        cleanup = (
+            f" (the driver abandoned {', '.join(abandoned)}: it ignored cancellation and "
+            "was still running at the end of the grace period, so its cleanup may not "
+            "have finished)."
+        )
+    else:
+        cleanup = " and finished its cleanup."
+    return f"Aborted {where}: {reason}. Every tool call that had started has a result{cleanup}"
+
+
+def turn_limit(max_turns: int, last_result: ToolResultMessage | None, queued: int) -> str:
+    """The turn limit was reached with work asked for; ``last_result``: the last result
+    of the batch, if any (else the model's response was the last operation)."""
+    if last_result is not None:
+        outcome = "failed" if last_result.is_error else "returned"
+        operation = (
+            f"tool {last_result.tool_name} (call {last_result.tool_call_id}) {outcome}: "
+            f"{_short(last_result.text) or '(no text)'}"
+        )
+    else:
+        operation = "the model's last response"
+    waiting = f" and {queued} queued input message(s) wait" if queued else ""
+    return (
+        f"Stopped at the turn limit: max_turns={max_turns} model calls were made and the "
+        f"model still had work to do{waiting}. Last operation: {operation}. To continue, "
+        "run again on this history with a higher max_turns, or add a user message that "
+        "narrows the task."
+    )
+
+
+def waiting_for_approval(pending: Sequence[tuple[ToolCall, str]]) -> str:
+    """Calls wait for a person's approval (each with the hook's reason)."""
+    listed = "; ".join(
+        f"{call.name} (call {call.id}){': ' + note if note else ''}" for call, note in pending
+    )
+    return (
+        f"Waiting for a person to approve {len(pending)} tool call(s): {listed}. Resume "
+        "with a decision for each call, or with a new user message."
+    )
+
+
+def denied_by_policy(call: ToolCall, reason: str) -> str:
+    return (
+        f"Waiting for a person: tool call {call.name} (call {call.id}) was denied by "
+        f"policy: {reason}. Resume with a new user message on this history."
+    )
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= QUOTE_LIMIT else text[: QUOTE_LIMIT - 1] + "\u2026"

@@ -1,0 +1,127 @@
+"""How the engine applies the table (``Engine._fire``): the rows ``rows_from`` gives for
+(state, trigger), in table order, the first whose guard holds; guards are the
+engine's ``_guard_<name>`` methods, so a subclass's guard is obeyed; a table changed
+at run time is obeyed by the next event; no row that applies is refused loudly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from statemachine.core import table as table_module
+from statemachine.core.engine import Engine
+from statemachine.core.errors import ProtocolError
+from statemachine.core.events import ModelResponded, Start, ToolFinished
+from statemachine.core.table import Guard, Transition, Trigger, TurnState, rows_from
+
+S = TurnState
+T = Trigger
+ECHO = sm.ToolDefinition("echo", "Echo.", {"type": "object"})
+
+
+def _engine(cls: type[Engine] = Engine, **options: Any) -> Engine:
+    e = cls(tools=[ECHO], messages=[sm.UserMessage("go")], **options)
+    e.handle(Start())
+    return e
+
+
+def _call(call_id: str = "c1") -> ModelResponded:
+    return ModelResponded(sm.AssistantMessage((sm.ToolCall(call_id, "echo", {}),)))
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, *rows: Transition) -> None:
+    """Make ``rows`` the rows of their (source, trigger) in the table the engine reads."""
+    monkeypatch.setitem(table_module._BY_SOURCE[rows[0].source], rows[0].trigger, rows)
+
+
+def test_a_subclass_guard_is_obeyed_and_only_by_the_subclass() -> None:
+    class NeverCalls(Engine):
+        def _guard_has_tool_calls(self) -> bool:
+            return False
+
+    e = _engine(NeverCalls)
+    e.handle(_call())
+    assert e.state is S.Done  # the subclass's guard decided
+    e = _engine()
+    e.handle(_call())
+    assert e.state is S.CollectingResults
+
+
+def test_guard_holds_asks_the_guard_method_named_after_the_guard() -> None:
+    asked: list[str] = []
+
+    class Watched(Engine):
+        def _guard_turn_limit_reached(self) -> bool:
+            asked.append("turn_limit_reached")
+            return True
+
+    e = _engine(Watched)
+    assert e.guard_holds(Guard.turn_limit_reached) is True
+    assert e.guard_holds(Guard.input_queued) is False
+    assert asked == ["turn_limit_reached"]
+
+
+def test_the_rows_are_tried_in_table_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # has_tool_calls holds and input_queued does not: the first row that holds wins,
+    # whatever comes after it.
+    rows = (
+        Transition(S.AwaitingModel, T.model_responded, S.Failed, Guard.input_queued, "a"),
+        Transition(S.AwaitingModel, T.model_responded, S.Aborted, Guard.has_tool_calls, "b"),
+        Transition(S.AwaitingModel, T.model_responded, S.Done, None, "c"),
+    )
+    _install(monkeypatch, *rows)
+    e = _engine()
+    e.handle(_call())
+    assert e.state is S.Aborted
+    assert e.trace[-1] == (S.AwaitingModel, T.model_responded, S.Aborted, 1)
+
+
+def test_a_row_changed_at_run_time_is_obeyed_by_the_next_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _engine()
+    _install(monkeypatch, Transition(S.Ready, T.start, S.Done, None, "straight to the end"))
+    e = Engine(tools=[ECHO], messages=[sm.UserMessage("go")])
+    e.handle(Start())
+    assert e.state is S.Done
+    assert rows_from(S.Ready, T.start)[0].dest is S.Done
+
+
+def test_an_internal_trigger_without_a_row_never_fires(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(table_module._BY_SOURCE[S.DispatchingTools], T.dispatched)
+    e = _engine()
+    e.handle(_call())
+    assert e.state is S.DispatchingTools  # every call is resolved, but no row to take
+
+
+def test_no_row_that_applies_is_refused_after_the_hook_hears_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    heard: list[Any] = []
+    _install(
+        monkeypatch,
+        Transition(S.AwaitingModel, T.model_responded, S.Failed, Guard.reports_error, "only"),
+    )
+    e = _engine(transition_hook=lambda *args: heard.append(args[1:]))
+    with pytest.raises(ProtocolError, match="no row of the table applies"):
+        e.handle(_call())
+    assert heard[-1] == (S.AwaitingModel, T.model_responded, None)
+
+
+def test_the_hook_sees_every_transition_the_trace_records() -> None:
+    heard: list[Any] = []
+    e = _engine(transition_hook=lambda *args: heard.append(args[1:]))
+    e.handle(_call())
+    e.handle(ToolFinished("c1", sm.ToolOutput("ok")))
+    assert heard == [(r.source, r.trigger, r.dest) for r in e.trace]
+    assert len(heard) == 6
+
+
+def test_a_hook_set_after_construction_is_used() -> None:
+    heard: list[Any] = []
+    e = _engine()
+    e.transition_hook = lambda *args: heard.append(args[1:])
+    e.handle(_call())
+    assert heard[0] == (S.AwaitingModel, T.model_responded, S.DispatchingTools)
