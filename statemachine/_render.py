@@ -16,6 +16,7 @@ module imports ``transitions.extensions.diagrams`` only when it draws.
 
 from __future__ import annotations
 
+import html
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,6 +49,8 @@ __all__ = [
     "normalize_svg",
     "overlay_from_trace",
     "render",
+    "svg_fence",
+    "svg_inline",
 ]
 
 Format: TypeAlias = Literal["mermaid", "dot", "svg", "png"]
@@ -573,3 +576,32 @@ def normalize_svg(svg: str) -> str:
     nodes, edges, labels or styles, which this keeps.
     """
     return _SVG_NUMBERS.sub(r'\1=""', _VERSION_COMMENT.sub("", svg))
+
+
+_SVG_PROLOG: Final = re.compile(r"\A.*?(?=<svg\b)", re.S)
+_SVG_SIZE: Final = re.compile(r'<svg width="[^"]*" height="[^"]*"')
+
+
+def svg_inline(svg: str) -> str:
+    """``svg`` as an element for an HTML page: no XML prolog, doctype or comments before
+    it, and sized by the page (its ``viewBox`` keeps the proportions)."""
+    body = _SVG_PROLOG.sub("", svg, count=1)
+    return _SVG_SIZE.sub('<svg width="100%"', body, count=1)
+
+
+def svg_fence(source: str, language: str, css_class: str, options: Any, md: Any, **_: Any) -> str:
+    """A ``pymdownx.superfences`` custom fence: the machine drawn as SVG when the page is built.
+
+    The docs site declares it for ```` ```statemachine-diagram ```` blocks; the block's
+    text, if any, is the figure's caption. The picture is in the page itself, so it shows
+    without a script, a network or a browser that runs mermaid.
+    """
+    svg = render("svg")
+    assert isinstance(svg, str)
+    caption = html.escape(" ".join(source.split()))
+    figcaption = f"<figcaption>{caption}</figcaption>" if caption else ""
+    # Full width (a figure otherwise shrinks to fit its content, which is 100% wide).
+    return (
+        f'<figure class="{html.escape(css_class)}" style="width: 100%">'
+        f"{svg_inline(svg)}{figcaption}</figure>"
+    )
