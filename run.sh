@@ -35,7 +35,7 @@ case "$job" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     "$VENV/bin/mypy"
-    NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
+    STATEMACHINE_SITE_DIR="$VENV/site" "$VENV/bin/zensical" build --strict -f mkdocs.yml
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)

@@ -1,4 +1,4 @@
-"""The docs site as a reader sees it: built with ``mkdocs build --strict``, opened from
+"""The docs site as a reader sees it: built with ``zensical build --strict``, opened from
 disk in headless Chromium with the network off, its pictures drawn.
 
 The state diagram is SVG drawn from the table when the site is built (the
@@ -10,8 +10,10 @@ alone, so a page that shows the diagram's source as text fails. Set
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,19 +28,24 @@ TERMINAL_FILL = (0xEE, 0xEE, 0xEE)  # the grey of a state that ends the run
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return out
+def site() -> Iterator[Path]:
+    # zensical builds only inside the project: a directory of its own under build/.
+    (REPO / "build").mkdir(exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="site-test-", dir=REPO / "build"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "zensical", "build", "--strict", "-f", "mkdocs.yml"],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "STATEMACHINE_SITE_DIR": str(out)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
