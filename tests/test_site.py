@@ -10,6 +10,7 @@ alone, so a page that shows the diagram's source as text fails. Set
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,55 @@ def test_no_page_leaves_a_diagram_to_a_script() -> None:
     pages = sorted((REPO / "docs").rglob("*.md"))
     assert len(pages) > 10
     assert not [p.name for p in pages if "```mermaid" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.timeout(240)
+def test_the_home_page_shows_the_diagram_and_the_example_in_one_screen(
+    site: Path, browser: Browser
+) -> None:
+    browser.open(site / "index.html")
+    names = browser.evaluate(
+        "document.querySelector('figure.statemachine-diagram svg').textContent"
+    )
+    assert all(s.value in names for s in TurnState)
+    # What it is, the picture, the guarantees and the example start on the first
+    # screen of a 1280x1000 window; where to go next follows the example.
+    tops = browser.evaluate(
+        "['h1', 'figure.statemachine-diagram', 'ul', 'pre', 'a[href*=tutorial]'].map(s =>"
+        " document.querySelector('article ' + s).getBoundingClientRect().top)"
+    )
+    assert max(tops[:4]) < 1000, tops
+    assert tops[3] < tops[4] < 1600, tops
+    keep("home.png", browser.screenshot())
+    assert fetched(browser) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("page", ["index.html", "tutorial/index.html", "guides/running/index.html"])
+def test_code_blocks_fit_the_page_without_scrolling(
+    site: Path, browser: Browser, page: str
+) -> None:
+    browser.open(site / page)
+    count = browser.evaluate("document.querySelectorAll('article pre > code').length")
+    assert count > 0
+    wide = browser.evaluate(
+        "[...document.querySelectorAll('article pre > code')]"
+        ".filter(c => c.scrollWidth > c.clientWidth)"
+        ".map(c => c.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b))"
+    )
+    assert wide == [], f"{page}: code blocks scroll sideways; their longest lines: {wide}"
+
+
+def test_the_reference_names_every_export_of_statemachine() -> None:
+    import statemachine
+
+    page = (REPO / "docs" / "reference" / "statemachine.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"^::: statemachine\.(\w+)$", page, re.M))
+    assert set(statemachine.__all__) <= shown, set(statemachine.__all__) - shown
+
+
+@pytest.mark.timeout(240)
+def test_no_reference_page_dumps_an_all_list(site: Path) -> None:
+    pages = sorted((site / "reference").rglob("index.html"))
+    assert len(pages) >= 10
+    assert [p.parent.name for p in pages if "__all__" in p.read_text(encoding="utf-8")] == []
