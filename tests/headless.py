@@ -166,10 +166,12 @@ class Browser:
 
     # -- what the tests use ---------------------------------------------------------------
 
-    def open(self, path: Path) -> None:
-        """Load ``path`` (a file, through ``file://``) and wait for its load event."""
+    def open(self, path: Path, fragment: str = "") -> None:
+        """Load ``path`` (a file, through ``file://``; ``fragment`` after a ``#``) and
+        wait for its load event."""
         self.events = [e for e in self.events if e["method"] != "Page.loadEventFired"]
-        self.call("Page.navigate", url=path.resolve().as_uri())
+        url = path.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+        self.call("Page.navigate", url=url)
         self.wait_event("Page.loadEventFired")
 
     def evaluate(self, expression: str) -> Any:

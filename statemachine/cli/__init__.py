@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "check": ("statemachine.cli.check", "exhaustively check the engine within bounds"),
     "replay": ("statemachine.cli.replay", "replay and verify a run journal"),
+    "view": ("statemachine.cli.view", "write a run journal as an HTML page you can step through"),
     "diagram": ("statemachine.cli.diagram", "draw the state machine"),
     "trace": ("statemachine.cli.trace", "draw the path a run took"),
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
