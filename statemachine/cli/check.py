@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
-from statemachine.cli.common import CommandParser, fail, parse
+from statemachine.cli.common import CommandParser, Progress, fail, parse
 from statemachine.testing.checker import (
     DEFAULT_CONFIGS,
     Bounds,
+    CheckReport,
     check_engine,
     write_counterexample,
 )
+
+
+def check_with_progress(
+    bounds: Bounds, strategy: Literal["snapshot", "replay"], progress: Progress
+) -> CheckReport:
+    """``check_engine(bounds)``, one configuration at a time so that ``progress`` shows
+    which one is being explored; the same report as one call."""
+    if not bounds.configs:
+        return check_engine(bounds, strategy=strategy)
+    reports = []
+    for config in bounds.configs:
+        progress.step(config.describe())
+        reports.append(check_engine(attrs.evolve(bounds, configs=(config,)), strategy=strategy))
+    rows = frozenset().union(*(r.rows_taken for r in reports))
+    return CheckReport(
+        bounds=bounds,
+        states=sum(r.states for r in reports),
+        transitions=sum(r.transitions for r in reports),
+        refusals=sum(r.refusals for r in reports),
+        rows_taken=rows,
+        dead_ends=tuple(d for r in reports for d in r.dead_ends),
+        violations=tuple(v for r in reports for v in r.violations),
+        seconds=sum(r.seconds for r in reports),
+        strategy=strategy,
+        table=reports[0].table,
+    )
+
 
 __all__ = ["cli_check"]
 
@@ -52,7 +82,10 @@ def cli_check(argv: list[str]) -> int:
     if args.uncapped:
         configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
     bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
-    report = check_engine(bounds, strategy=args.strategy)
+    # On a terminal, a one-line display names the configuration being explored (the
+    # whole check takes about a minute); piped output holds only the report.
+    with Progress("check", len(configs)) as progress:
+        report = check_with_progress(bounds, args.strategy, progress)
     print(report.summary())
     findings = (*report.violations, *report.dead_ends)
     if args.counterexample and findings:
