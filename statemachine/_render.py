@@ -583,25 +583,16 @@ _SVG_SIZE: Final = re.compile(r'<svg width="[^"]*" height="[^"]*"')
 
 
 def svg_inline(svg: str) -> str:
-    """``svg`` as an element for an HTML page: no XML prolog, doctype or comments before
-    it, and sized by the page (its ``viewBox`` keeps the proportions)."""
-    body = _SVG_PROLOG.sub("", svg, count=1)
-    return _SVG_SIZE.sub('<svg width="100%"', body, count=1)
+    """``svg`` as an element of an HTML page: nothing before ``<svg``, and as wide as
+    the page (its ``viewBox`` keeps the proportions)."""
+    return _SVG_SIZE.sub('<svg width="100%"', _SVG_PROLOG.sub("", svg, count=1), count=1)
 
 
 def svg_fence(source: str, language: str, css_class: str, options: Any, md: Any, **_: Any) -> str:
-    """A ``pymdownx.superfences`` custom fence: the machine drawn as SVG when the page is built.
-
-    The docs site declares it for ```` ```statemachine-diagram ```` blocks; the block's
-    text, if any, is the figure's caption. The picture is in the page itself, so it shows
-    without a script, a network or a browser that runs mermaid.
-    """
-    svg = render("svg")
-    assert isinstance(svg, str)
+    """A ``pymdownx.superfences`` fence (the docs site's ```` ```statemachine-diagram ````):
+    the machine as inline SVG when the page is built, the block's text as its caption."""
+    svg = str(render("svg"))
     caption = html.escape(" ".join(source.split()))
-    figcaption = f"<figcaption>{caption}</figcaption>" if caption else ""
-    # Full width (a figure otherwise shrinks to fit its content, which is 100% wide).
-    return (
-        f'<figure class="{html.escape(css_class)}" style="width: 100%">'
-        f"{svg_inline(svg)}{figcaption}</figure>"
-    )
+    inner = svg_inline(svg) + (f"<figcaption>{caption}</figcaption>" if caption else "")
+    # Full width: a figure otherwise shrinks to its content, which is 100% of it.
+    return f'<figure class="{html.escape(css_class)}" style="width: 100%">{inner}</figure>'

@@ -85,6 +85,13 @@ class Browser:
         self._ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
         self._session = ""
+        try:
+            self._attach(width, height)
+        except BaseException:
+            self.close()  # a browser that did not start answering is not left behind
+            raise
+
+    def _attach(self, width: int, height: int) -> None:
         targets = self._call("Target.getTargets")["targetInfos"]
         page = next(t for t in targets if t["type"] == "page")
         attached = self._call("Target.attachToTarget", targetId=page["targetId"], flatten=True)

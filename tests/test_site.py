@@ -177,3 +177,17 @@ def test_no_reference_page_dumps_an_all_list(site: Path) -> None:
     pages = sorted((site / "reference").rglob("index.html"))
     assert len(pages) >= 10
     assert [p.parent.name for p in pages if "__all__" in p.read_text(encoding="utf-8")] == []
+
+
+def test_a_missing_browser_fails_under_ci_and_skips_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import headless
+
+    monkeypatch.setattr(headless.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must have it"):
+        headless.chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        headless.chromium()

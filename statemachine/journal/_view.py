@@ -242,6 +242,26 @@ def _bounded(lines: Iterable[str], max_bytes: int) -> Iterator[str]:
         yield line
 
 
+def _within(
+    source: str | os.PathLike[str] | Iterable[str], max_bytes: int
+) -> str | os.PathLike[str] | Iterable[str]:
+    """``source``, refused if a file is larger than ``max_bytes`` (before it is read),
+    or cut off with an error once lines given as text go past it."""
+    if not isinstance(source, (str, os.PathLike)):
+        return _bounded(source, max_bytes)
+    try:
+        size = os.stat(source).st_size
+    except OSError as exc:
+        raise JournalError(0, f"cannot read journal {os.fspath(source)!r}: {exc}") from None
+    if size > max_bytes:
+        raise JournalError(
+            0,
+            f"the journal is {size:,} bytes, more than the view reads ({max_bytes:,}, "
+            "its max_bytes)",
+        )
+    return source
+
+
 def _page_data(result: ReplayResult, limit: int) -> dict[str, Any]:
     messages = _messages(result, limit)
     steps = _steps(result, limit)
@@ -301,23 +321,10 @@ def view_html(
     for name, value in (("max_bytes", max_bytes), ("max_text", max_text)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise JournalError(0, f"{name} must be a positive int, got {value!r}")
-    if isinstance(source, (str, os.PathLike)):
-        try:
-            size = os.stat(source).st_size
-        except OSError as exc:
-            raise JournalError(0, f"cannot read journal {os.fspath(source)!r}: {exc}") from None
-        if size > max_bytes:
-            raise JournalError(
-                0,
-                f"the journal is {size:,} bytes, more than the view reads ({max_bytes:,}, "
-                "its max_bytes)",
-            )
-        lines: str | os.PathLike[str] | Iterable[str] = source
-    else:
-        lines = _bounded(source, max_bytes)
     quiet = structlog.wrap_logger(
         None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
     )
+    lines = _within(source, max_bytes)
     result = replay(lines, strict=False, logger=quiet, max_line_bytes=max_line_bytes)
     chart = chart_from_table()
     overlay = overlay_from_trace(chart, result.trace, result.state.value)
