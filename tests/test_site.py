@@ -182,9 +182,11 @@ def test_no_reference_page_dumps_an_all_list(site: Path) -> None:
 def test_a_missing_browser_fails_under_ci_and_skips_elsewhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import shutil
+
     import headless
 
-    monkeypatch.setattr(headless.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must have it"):
         headless.chromium()
