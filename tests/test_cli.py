@@ -15,6 +15,7 @@ import time
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -723,3 +724,41 @@ def test_run_refuses_tools_it_cannot_load_in_one_line(
     assert err.startswith(f"run: --tool {spec!r}: ")
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_check_redraws_the_running_configuration_while_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from statemachine.cli import check
+    from statemachine.testing.checker import Bounds, CheckReport
+    from statemachine.testing.checker import check_engine as real
+
+    class Terminal(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticked = threading.Event()
+
+        def write(self, text: str) -> int:
+            if " s)" in text:
+                self.ticked.set()
+            return super().write(text)
+
+    terminal = Terminal()
+
+    def slow_check(bounds: Bounds, strategy: Literal["snapshot", "replay"]) -> CheckReport:
+        # Until the display has shown a running time: a check that takes a while.
+        assert terminal.ticked.wait(30)
+        terminal.ticked.clear()
+        return real(bounds, strategy=strategy)
+
+    monkeypatch.setattr(check, "check_engine", slow_check)
+    bounds = Bounds(turns=1, calls=1)
+    with Progress("check", len(bounds.configs), terminal, enabled=True, interval=0) as progress:
+        report = check.check_with_progress(bounds, "snapshot", progress, every=0.01)
+    drawn = terminal.getvalue()
+    for config in bounds.configs:
+        assert re.search(rf"check \[\d/\d\] {re.escape(config.describe())} \(\d+ s\)", drawn)
+    assert report.states > 0
+    assert all(t.name != "check-progress" for t in threading.enumerate())

@@ -413,3 +413,30 @@ def test_a_durable_runs_export_is_viewed(tmp_path: Path) -> None:
     assert data["run"]["error"] == ""
     assert [m["text"] for m in data["messages"]][-1] == result.final_text
     assert any(s["title"] == "add returned" for s in data["steps"])
+
+
+def test_a_run_waiting_for_approval_shows_the_request(tmp_path: Path) -> None:
+    def ask(call: sm.ToolCall, *_: Any) -> sm.RequireApproval | None:
+        return sm.RequireApproval("a person decides") if call.name == "delete" else None
+
+    journal = Journal(tmp_path / "wait.jsonl")
+    try:
+        result = asyncio.run(
+            run_agent_journaled(
+                journal=journal,
+                model=Script(sm.AssistantMessage([sm.ToolCall("d1", "delete", {"path": "a"})])),
+                tools=[delete],
+                messages=[sm.UserMessage("delete a")],
+                before_tool_call=ask,
+            )
+        )
+    finally:
+        journal.close()
+    assert result.state is sm.TurnState.AwaitingUser
+    data = page_data(view_html(tmp_path / "wait.jsonl"))
+    assert data["run"]["state"] == "AwaitingUser"
+    wanted = [s for s in data["steps"] if s["title"] == "delete needs approval"]
+    assert len(wanted) == 1
+    assert wanted[0]["kind"] == "approval"
+    assert 'call d1: delete({"path": "a"})' in wanted[0]["detail"]
+    assert "reason: a person decides" in wanted[0]["detail"]

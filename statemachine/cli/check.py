@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import attrs
@@ -16,8 +20,35 @@ from statemachine.testing.checker import (
 )
 
 
+@contextmanager
+def _ticking(progress: Progress, item: str, every: float) -> Iterator[None]:
+    """While the block runs, redraw ``item`` with its running time every ``every`` s,
+    so a configuration that takes a minute still shows the check is alive."""
+    progress.step(item)
+    if not progress.enabled:
+        yield
+        return
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            progress.update(f"{item} ({time.monotonic() - started:.0f} s)")
+
+    ticker = threading.Thread(target=tick, name="check-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+
+
 def check_with_progress(
-    bounds: Bounds, strategy: Literal["snapshot", "replay"], progress: Progress
+    bounds: Bounds,
+    strategy: Literal["snapshot", "replay"],
+    progress: Progress,
+    every: float = 1.0,
 ) -> CheckReport:
     """``check_engine(bounds)``, one configuration at a time so that ``progress`` shows
     which one is being explored; the same report as one call."""
@@ -25,8 +56,9 @@ def check_with_progress(
         return check_engine(bounds, strategy=strategy)
     reports = []
     for config in bounds.configs:
-        progress.step(config.describe())
-        reports.append(check_engine(attrs.evolve(bounds, configs=(config,)), strategy=strategy))
+        with _ticking(progress, config.describe(), every):
+            one = attrs.evolve(bounds, configs=(config,))
+            reports.append(check_engine(one, strategy=strategy))
     rows = frozenset().union(*(r.rows_taken for r in reports))
     return CheckReport(
         bounds=bounds,

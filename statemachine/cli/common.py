@@ -248,6 +248,10 @@ class Progress:
     def step(self, item: str) -> None:
         """Show that work on ``item`` (the next of ``total``) starts."""
         self.done += 1
+        self.update(item)
+
+    def update(self, item: str) -> None:
+        """Redraw the current step with ``item`` (e.g. how long it has been running)."""
         if not self.enabled:
             return
         now = time.monotonic()
