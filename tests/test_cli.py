@@ -25,7 +25,10 @@ from statemachine.cli.common import Progress, exit_codes
 from statemachine.testing import spec as _spec
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript")
+OURS = (
+    *("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript"),
+    *("view", "mcp-example"),
+)
 """The commands that follow the shared convention in full (``_command.CommandParser``)."""
 
 HISTORY_WORDS = re.compile(r"\bseed\b|\bissue \d|\bproduction loop\b|\bphase\b", re.IGNORECASE)
@@ -762,3 +765,61 @@ def test_check_redraws_the_running_configuration_while_it_runs(
         assert re.search(rf"check \[\d/\d\] {re.escape(config.describe())} \(\d+ s\)", drawn)
     assert report.states > 0
     assert all(t.name != "check-progress" for t in threading.enumerate())
+
+
+@pytest.mark.timeout(120)
+def test_the_example_mcp_server_runs_as_a_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("mcp")  # under CI the extra is installed: fail, never skip
+    import asyncio
+
+    import statemachine as sm
+    from statemachine.mcp import MCPServer
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+    class AddThenAnswer:
+        async def complete(
+            self, messages: Sequence[sm.Message], tools: object, signal: object
+        ) -> sm.AssistantMessage:
+            last = messages[-1]
+            if isinstance(last, sm.ToolResultMessage):
+                return sm.AssistantMessage(f"It is {last.text}.")
+            return sm.AssistantMessage([sm.ToolCall("c1", "calc_add", {"a": 40, "b": 2})])
+
+    async def main_() -> tuple[list[str], sm.RunResult]:
+        server = MCPServer.stdio(
+            sys.executable, ["-m", "statemachine", "mcp-example"], prefix="calc_"
+        )
+        async with server:
+            names = [t.name for t in server.tools]
+            result = await sm.run_agent(
+                model=AddThenAnswer(), tools=server.tools, messages=[sm.UserMessage("40 + 2?")]
+            )
+            return names, result
+
+    names, result = asyncio.run(main_())
+    assert names == ["calc_add", "calc_echo", "calc_word_count"]
+    assert result.final_text == "It is 42."
+
+
+@pytest.mark.timeout(60)
+def test_the_example_mcp_server_without_the_extra_says_which(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['mcp'] = None\n"
+        "from statemachine.cli import main\n"
+        "sys.exit(main(['mcp-example']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "mcp-example: needs the Python package 'mcp', which is not installed: "
+        "pip install 'agent-statemachine[mcp]'\n"
+    )

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
     "transcript": ("statemachine.cli.transcript", "check recorded conversation logs"),
     "durable": ("statemachine.cli.durable", "export, list durable runs; watch one survive kill -9"),
+    "mcp-example": (
+        "statemachine.cli.mcp_example",
+        "a small MCP server on stdio, to try MCP tools",
+    ),
 }
 
 EXIT_CODES = (
@@ -61,6 +65,7 @@ EXTRAS: dict[str, str] = {
     "anthropic": "anthropic",
     "httpx2": "openai",
     "dbos": "dbos",
+    "mcp": "mcp",
 }
 """The extra that installs each optional package a command may import."""
 
@@ -76,7 +81,7 @@ def _dispatch(name: str, rest: list[str]) -> int:
         hint = f": pip install 'agent-statemachine[{extra}]'" if extra else ""
         return fail(name, f"needs the Python package {missing!r}, which is not installed{hint}")
     try:
-        code: int = getattr(module, f"cli_{name}")(rest)
+        code: int = getattr(module, f"cli_{name.replace('-', '_')}")(rest)
     except SystemExit as exc:  # a command that exits instead of returning: keep one contract
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return code
