@@ -9,7 +9,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
+say() { echo "run.sh: $*" >&2; }
 if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV ($("$PY" --version 2>&1))"
   "$PY" -m venv "$VENV"
 fi
 job="${1:-test}"
@@ -24,7 +26,15 @@ if [ "$job" = demo ]; then
 fi
 hash="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$hash" ]; then
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
+  # pip names each package as it fetches and installs it, so a first run is never silent.
+  if [ "$extra" = dev ]; then
+    say "installing agent-statemachine[dev] into .venv: linters, SDKs, Hypothesis, pygraphviz,"
+    say "DBOS, the docs generator (first run or pyproject.toml changed; a few minutes)"
+  else
+    say "installing agent-statemachine (the core) into .venv (first run; about a minute)"
+  fi
+  "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check -e "$spec"
+  say "installed"
   rm -f "$VENV"/.installed-*
   touch "$VENV/.installed-$extra-$hash"
 fi
@@ -32,10 +42,15 @@ shift || true
 case "$job" in
   test)
     cd "$ROOT"
+    say "ruff check"
     "$VENV/bin/ruff" check .
+    say "ruff format --check"
     "$VENV/bin/ruff" format --check .
+    say "mypy --strict (a minute or two the first time, then cached)"
     "$VENV/bin/mypy"
-    NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$VENV/site"
+    say "the docs site: zensical build --strict"
+    STATEMACHINE_SITE_DIR="$VENV/site" "$VENV/bin/zensical" build --strict -f mkdocs.yml
+    say "the test suite: pytest"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)

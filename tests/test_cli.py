@@ -13,7 +13,9 @@ import sys
 import sysconfig
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -23,7 +25,10 @@ from statemachine.cli.common import Progress, exit_codes
 from statemachine.testing import spec as _spec
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript")
+OURS = (
+    *("demo", "spec", "check", "replay", "diagram", "trace", "run", "transcript"),
+    *("view", "mcp-example"),
+)
 """The commands that follow the shared convention in full (``_command.CommandParser``)."""
 
 HISTORY_WORDS = re.compile(r"\bseed\b|\bissue \d|\bproduction loop\b|\bphase\b", re.IGNORECASE)
@@ -471,13 +476,16 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
 
     top = _run([script, "--help"], elsewhere, env)
     assert top.returncode == 0
-    assert top.stdout == _run([python, "-m", "statemachine", "--help"], elsewhere, env).stdout
+    # The same help, naming the program as it was called.
+    module = _run([python, "-m", "statemachine", "--help"], elsewhere, env).stdout
+    assert module.startswith("usage: python -m statemachine ")
+    assert top.stdout == module.replace("python -m statemachine", "statemachine")
     # A core install (the index variant) has no Hypothesis: every command still works
     # (statemachine.testing imports Hypothesis only for its searches).
     for command in COMMANDS:
         shown = _run([script, "help", command], elsewhere, env)
         assert shown.returncode == 0, (command, shown.stderr)
-        assert shown.stdout.startswith(f"usage: python -m statemachine {command} "), command
+        assert shown.stdout.startswith(f"usage: statemachine {command} "), command
 
     spec = _run([script, "spec"], elsewhere, env)
     assert spec.returncode == 0, spec.stdout + spec.stderr
@@ -505,3 +513,313 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     )
     # Measured for the record (the default suite keeps this test only while it is quick).
     print(f"installed-wheel test: {time.monotonic() - started:.1f} s")
+
+
+# -- rough edges: names, formats, interrupts, quiet output -----------------------------------
+
+
+def test_a_mistyped_command_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(["replya"], capsys) == (
+        2,
+        "",
+        "statemachine: unknown command 'replya'; did you mean 'replay'? (see --help)\n",
+    )
+    assert _main(["zzz"], capsys) == (2, "", "statemachine: unknown command 'zzz' (see --help)\n")
+
+
+def test_usage_names_the_program_as_it_was_called(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/statemachine", "--help"])
+    assert usage().startswith("usage: statemachine [--version] COMMAND")
+    code, out, _ = _main(["view", "--help"], capsys)
+    assert code == 0
+    assert out.startswith("usage: statemachine view ")
+    monkeypatch.setattr(sys, "argv", ["/x/statemachine/__main__.py"])
+    assert usage().startswith("usage: python -m statemachine [--version] COMMAND")
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import statemachine.cli as cli
+
+    def interrupted(name: str, rest: list[str]) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_dispatch", interrupted)
+    assert _main(["demo"], capsys) == (130, "", "statemachine: interrupted\n")
+
+
+def test_diagram_refuses_an_extension_that_names_no_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _main(["diagram", "--out", str(tmp_path / "x.gif")], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("diagram: cannot tell the format from 'x.gif': name the file .mmd")
+    assert not (tmp_path / "x.gif").exists()
+    code, _, err = _main(["diagram", "--out", str(tmp_path / "x.md")], capsys)
+    assert code == 2
+    assert "draws mermaid, dot, svg, png, not markdown" in err
+    assert _main(["diagram", "--format", "dot", "--out", str(tmp_path / "x.gif")], capsys)[0] == 0
+    assert (tmp_path / "x.gif").read_text(encoding="utf-8").startswith("digraph")
+
+
+def _journal_file(directory: Path) -> Path:
+    import asyncio
+
+    import statemachine as sm
+    from statemachine.journal import Journal, run_agent_journaled
+
+    class Model:
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            return sm.AssistantMessage("hi")
+
+    path = directory / "run.jsonl"
+    journal = Journal(path)
+    try:
+        asyncio.run(
+            run_agent_journaled(
+                journal=journal, model=Model(), messages=[sm.UserMessage("hi")], run_id="r1"
+            )
+        )
+    finally:
+        journal.close()
+    return path
+
+
+def test_replay_quiet_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _journal_file(tmp_path)
+    assert _main(["replay", "--quiet", str(path)], capsys) == (
+        0,
+        "OK: the replay matches the journal (run r1: Done after 2 event(s), 1 checkpoint(s))\n",
+        "",
+    )
+    path.write_text(path.read_text(encoding="utf-8")[:-30], encoding="utf-8")
+    code, out, err = _main(["replay", "--quiet", str(path)], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("replay: FAILED: journal line")
+    assert err.count("\n") == 1
+
+
+def test_replay_help_says_what_a_file_that_is_not_a_journal_gets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _main(["replay", "--help"], capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "1 the file is not a journal, or does not replay as recorded" in flat
+    (tmp_path / "notes.txt").write_text("hello\n", encoding="utf-8")
+    assert _main(["replay", str(tmp_path / "notes.txt")], capsys)[0] == 1
+
+
+def test_check_shows_which_configuration_it_explores_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statemachine.cli.common import Progress
+    from statemachine.testing.checker import DEFAULT_CONFIGS, Bounds, check_engine
+
+    drawn: list[str] = []
+    monkeypatch.setattr(Progress, "step", lambda self, item: drawn.append(item))
+    code, out, _ = _main(["check", "--turns", "2", "--calls", "2"], capsys)
+    assert code == 0
+    assert drawn == [c.describe() for c in DEFAULT_CONFIGS]
+    # One configuration at a time, the same report as one call.
+    whole = check_engine(Bounds(turns=2, calls=2))
+    assert f"explored {whole.states} states and {whole.transitions} transitions" in out
+    assert f"table rows taken: {len(whole.rows_taken)}/{len(whole.table)}" in out
+
+
+def test_the_console_printer_reads_each_kind_of_event() -> None:
+    import statemachine as sm
+    from statemachine.cli.common import describe_run_event
+
+    async def go() -> list[str]:
+        @sm.tool
+        def add(a: int, b: int) -> int:
+            """Add."""
+            return a + b
+
+        class Model:
+            async def complete(
+                self, messages: Sequence[sm.Message], tools: object, signal: object
+            ) -> sm.AssistantMessage:
+                if isinstance(messages[-1], sm.ToolResultMessage):
+                    return sm.AssistantMessage("It is 42.")
+                return sm.AssistantMessage([sm.ToolCall("c1", "add", {"a": 40, "b": 2})])
+
+        run = sm.AgentRun(model=Model(), tools=[add], messages=[sm.UserMessage("40 + 2?")])
+        stream = run.events()
+        task = asyncio.ensure_future(run.run())
+        lines = [describe_run_event(event) async for event in stream]
+        await task
+        return lines
+
+    import asyncio
+
+    lines = asyncio.run(go())
+    text = "\n".join(lines)
+    assert "Record" not in text
+    assert "TransitionRecord" not in text
+    assert lines[0].startswith("run ")
+    assert lines[0].endswith(" started")
+    assert "turn 1 started" in lines
+    assert "Ready --start--> AwaitingModel" in lines
+    assert 'tool add (c1) started: {"a": 40, "b": 2}' in lines
+    assert any(
+        line.startswith("tool add (c1) returned after ") and line.endswith(": 42") for line in lines
+    )
+    assert "message 3 (assistant): It is 42." in lines
+    assert lines[-1].startswith("run finished: Done: ")
+
+
+def test_run_loads_the_users_tools_and_prints_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from providers_server import LoopbackServer, sse
+
+    (tmp_path / "my_cli_tools.py").write_text(
+        "import statemachine as sm\n\n"
+        "def read_file(path: str) -> str:\n"
+        '    """Read a file (the user\'s own)."""\n'
+        '    return f"my own read_file of {path}"\n',
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "my_cli_tools", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789")
+    with LoopbackServer() as server:
+        server.add(sse("openai/single_tool_call.sse"), sse("openai/text_stream.sse"))
+        code, out, err = _main(
+            [
+                "run", "--provider", "openai", "--base-url", server.url + "/v1",
+                "--model", "m", "--no-workspace-tools", "--tool", "my_cli_tools:read_file",
+                "--events", "read it",
+            ],
+            capsys,
+        )  # fmt: skip
+    assert code == 0, err
+    assert "  tools: read_file" in out
+    assert "  result (read_file): my own read_file of README.md" in out
+    assert "  event: Ready --start--> AwaitingModel" in err
+    assert "  event: tool read_file (" in err
+    assert "sk-test-0123456789" not in out + err
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nocolon", "write MODULE:NAME"),
+        ("no_such_module_here:x", "cannot import no_such_module_here"),
+        ("json:nothing", "json has no nothing"),
+        ("json:__version__", "str is not a Tool, a function or a list of them"),
+    ],
+)
+def test_run_refuses_tools_it_cannot_load_in_one_line(
+    spec: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    argv = ["run", "--provider", "openai", "--model", "m", "--tool", spec, "hi"]
+    code, out, err = _main(argv, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"run: --tool {spec!r}: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_check_redraws_the_running_configuration_while_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from statemachine.cli import check
+    from statemachine.testing.checker import Bounds, CheckReport
+    from statemachine.testing.checker import check_engine as real
+
+    class Terminal(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticked = threading.Event()
+
+        def write(self, text: str) -> int:
+            if " s)" in text:
+                self.ticked.set()
+            return super().write(text)
+
+    terminal = Terminal()
+
+    def slow_check(bounds: Bounds, strategy: Literal["snapshot", "replay"]) -> CheckReport:
+        # Until the display has shown a running time: a check that takes a while.
+        assert terminal.ticked.wait(30)
+        terminal.ticked.clear()
+        return real(bounds, strategy=strategy)
+
+    monkeypatch.setattr(check, "check_engine", slow_check)
+    bounds = Bounds(turns=1, calls=1)
+    with Progress("check", len(bounds.configs), terminal, enabled=True, interval=0) as progress:
+        report = check.check_with_progress(bounds, "snapshot", progress, every=0.01)
+    drawn = terminal.getvalue()
+    for config in bounds.configs:
+        assert re.search(rf"check \[\d/\d\] {re.escape(config.describe())} \(\d+ s\)", drawn)
+    assert report.states > 0
+    assert all(t.name != "check-progress" for t in threading.enumerate())
+
+
+@pytest.mark.timeout(120)
+def test_the_example_mcp_server_runs_as_a_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("mcp")  # under CI the extra is installed: fail, never skip
+    import asyncio
+
+    import statemachine as sm
+    from statemachine.mcp import MCPServer
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+    class AddThenAnswer:
+        async def complete(
+            self, messages: Sequence[sm.Message], tools: object, signal: object
+        ) -> sm.AssistantMessage:
+            last = messages[-1]
+            if isinstance(last, sm.ToolResultMessage):
+                return sm.AssistantMessage(f"It is {last.text}.")
+            return sm.AssistantMessage([sm.ToolCall("c1", "calc_add", {"a": 40, "b": 2})])
+
+    async def main_() -> tuple[list[str], sm.RunResult]:
+        server = MCPServer.stdio(
+            sys.executable, ["-m", "statemachine", "mcp-example"], prefix="calc_"
+        )
+        async with server:
+            names = [t.name for t in server.tools]
+            result = await sm.run_agent(
+                model=AddThenAnswer(), tools=server.tools, messages=[sm.UserMessage("40 + 2?")]
+            )
+            return names, result
+
+    names, result = asyncio.run(main_())
+    assert names == ["calc_add", "calc_echo", "calc_word_count"]
+    assert result.final_text == "It is 42."
+
+
+@pytest.mark.timeout(60)
+def test_the_example_mcp_server_without_the_extra_says_which(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['mcp'] = None\n"
+        "from statemachine.cli import main\n"
+        "sys.exit(main(['mcp-example']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "mcp-example: needs the Python package 'mcp', which is not installed: "
+        "pip install 'agent-statemachine[mcp]'\n"
+    )

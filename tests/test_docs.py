@@ -2,7 +2,7 @@
 
 The blocks of one page run in order, in one namespace (a page is one story); a
 comment line right after a ``print(...)`` line is what that line prints. The site
-itself is built with ``mkdocs build --strict`` by ``run.sh test``.
+itself is built with ``zensical build --strict`` by ``run.sh test``.
 """
 
 from __future__ import annotations

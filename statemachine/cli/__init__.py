@@ -9,10 +9,11 @@ exit code and never raises ``SystemExit`` itself; both entry points pass the cod
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
-from statemachine.cli.common import EXIT_OK, EXIT_USAGE, fail
+from statemachine.cli.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, program
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
@@ -25,24 +26,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "check": ("statemachine.cli.check", "exhaustively check the engine within bounds"),
     "replay": ("statemachine.cli.replay", "replay and verify a run journal"),
+    "view": ("statemachine.cli.view", "write a run journal as an HTML page you can step through"),
     "diagram": ("statemachine.cli.diagram", "draw the state machine"),
     "trace": ("statemachine.cli.trace", "draw the path a run took"),
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
     "transcript": ("statemachine.cli.transcript", "check recorded conversation logs"),
     "durable": ("statemachine.cli.durable", "export, list durable runs; watch one survive kill -9"),
+    "mcp-example": (
+        "statemachine.cli.mcp_example",
+        "a small MCP server on stdio, to try MCP tools",
+    ),
 }
 
 EXIT_CODES = (
     "exit status (every command): 0 ok, 1 the thing the command checks or runs failed,\n"
-    "2 bad arguments or unreadable input. Expected errors are one line on stderr,\n"
-    "prefixed by the command's name."
+    "2 bad arguments or unreadable input, 130 interrupted (Ctrl-C). Expected errors are\n"
+    "one line on stderr, prefixed by the command's name."
 )
 
 
 def usage() -> str:
+    name = program()
     lines = [
-        "usage: python -m statemachine [--version] COMMAND [ARGS...]",
-        "       python -m statemachine help COMMAND   (or COMMAND --help)",
+        f"usage: {name} [--version] COMMAND [ARGS...]",
+        f"       {name} help COMMAND   (or COMMAND --help)",
         "",
         "commands:",
     ]
@@ -58,6 +65,7 @@ EXTRAS: dict[str, str] = {
     "anthropic": "anthropic",
     "httpx2": "openai",
     "dbos": "dbos",
+    "mcp": "mcp",
 }
 """The extra that installs each optional package a command may import."""
 
@@ -73,14 +81,22 @@ def _dispatch(name: str, rest: list[str]) -> int:
         hint = f": pip install 'agent-statemachine[{extra}]'" if extra else ""
         return fail(name, f"needs the Python package {missing!r}, which is not installed{hint}")
     try:
-        code: int = getattr(module, f"cli_{name}")(rest)
+        code: int = getattr(module, f"cli_{name.replace('-', '_')}")(rest)
     except SystemExit as exc:  # a command that exits instead of returning: keep one contract
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Run one command; its exit code (130 after Ctrl-C, with one line, no traceback)."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("statemachine: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(args: list[str]) -> int:
     if not args:
         print(usage(), file=sys.stderr)
         return EXIT_USAGE
@@ -96,5 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         args = [*args[1:2], "--help"]
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        return fail("statemachine", f"unknown command {name!r} (see --help)")
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return fail("statemachine", f"unknown command {name!r}{hint} (see --help)")
     return _dispatch(name, rest)

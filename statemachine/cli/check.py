@@ -2,15 +2,77 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
 import attrs
 
-from statemachine.cli.common import CommandParser, fail, parse
+from statemachine.cli.common import CommandParser, Progress, fail, parse
 from statemachine.testing.checker import (
     DEFAULT_CONFIGS,
     Bounds,
+    CheckReport,
     check_engine,
     write_counterexample,
 )
+
+
+@contextmanager
+def _ticking(progress: Progress, item: str, every: float) -> Iterator[None]:
+    """While the block runs, redraw ``item`` with its running time every ``every`` s,
+    so a configuration that takes a minute still shows the check is alive."""
+    progress.step(item)
+    if not progress.enabled:
+        yield
+        return
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            progress.update(f"{item} ({time.monotonic() - started:.0f} s)")
+
+    ticker = threading.Thread(target=tick, name="check-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+
+
+def check_with_progress(
+    bounds: Bounds,
+    strategy: Literal["snapshot", "replay"],
+    progress: Progress,
+    every: float = 1.0,
+) -> CheckReport:
+    """``check_engine(bounds)``, one configuration at a time so that ``progress`` shows
+    which one is being explored; the same report as one call."""
+    if not bounds.configs:
+        return check_engine(bounds, strategy=strategy)
+    reports = []
+    for config in bounds.configs:
+        with _ticking(progress, config.describe(), every):
+            one = attrs.evolve(bounds, configs=(config,))
+            reports.append(check_engine(one, strategy=strategy))
+    rows = frozenset().union(*(r.rows_taken for r in reports))
+    return CheckReport(
+        bounds=bounds,
+        states=sum(r.states for r in reports),
+        transitions=sum(r.transitions for r in reports),
+        refusals=sum(r.refusals for r in reports),
+        rows_taken=rows,
+        dead_ends=tuple(d for r in reports for d in r.dead_ends),
+        violations=tuple(v for r in reports for v in r.violations),
+        seconds=sum(r.seconds for r in reports),
+        strategy=strategy,
+        table=reports[0].table,
+    )
+
 
 __all__ = ["cli_check"]
 
@@ -52,7 +114,10 @@ def cli_check(argv: list[str]) -> int:
     if args.uncapped:
         configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
     bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
-    report = check_engine(bounds, strategy=args.strategy)
+    # On a terminal, a one-line display names the configuration being explored (the
+    # whole check takes about a minute); piped output holds only the report.
+    with Progress("check", len(configs)) as progress:
+        report = check_with_progress(bounds, args.strategy, progress)
     print(report.summary())
     findings = (*report.violations, *report.dead_ends)
     if args.counterexample and findings:

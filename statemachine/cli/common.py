@@ -39,20 +39,31 @@ if TYPE_CHECKING:  # the run layer is imported by the commands that run agents, 
 
 __all__ = [
     "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
     "CommandParser",
     "Progress",
+    "describe_run_event",
     "emit",
     "exit_codes",
     "fail",
     "parse",
+    "program",
     "run_shown",
 ]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+"""Ctrl-C: the shells' code for a process ended by SIGINT (128 + 2)."""
+
+
+def program() -> str:
+    """How the user called the command line: ``statemachine`` (the script) or
+    ``python -m statemachine``; usage lines say the same."""
+    return "statemachine" if Path(sys.argv[0]).name == "statemachine" else "python -m statemachine"
 
 
 def exit_codes(failed: str | None) -> str:
@@ -77,7 +88,7 @@ class CommandParser(argparse.ArgumentParser):
         self, command: str, *, description: str, failed: str | None, epilog: str = ""
     ) -> None:
         super().__init__(
-            prog=f"python -m statemachine {command}",
+            prog=f"{program()} {command}",
             description=_fill(description),
             epilog=_fill("\n\n".join(filter(None, (epilog, exit_codes(failed))))),
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,6 +135,56 @@ async def run_shown(
         raise
     await shown  # the stream ends with RunFinished, which run() has emitted
     return result
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_run_event(event: RunEvent) -> str:
+    """One readable line for an event of ``AgentRun.events()`` (the console's form)."""
+    import json
+
+    from statemachine.agent import events as ev
+    from statemachine.core.messages import thaw_json
+
+    if isinstance(event, ev.RunStarted):
+        return f"run {event.run_id} started"
+    if isinstance(event, ev.TurnStarted):
+        return f"turn {event.turn} started"
+    if isinstance(event, ev.TurnEnded):
+        return f"turn {event.turn} ended ({event.seconds:.2f} s)"
+    if isinstance(event, ev.StateChanged):
+        r = event.record
+        return f"{r.source.value} --{r.trigger.value.replace('_', ' ')}--> {r.dest.value}"
+    if isinstance(event, ev.MessageAdded):
+        message = event.message
+        text = getattr(message, "text", "") or ""
+        return f"message {event.index} ({message.role}): {_short(text)}"
+    if isinstance(event, ev.ToolStarted):
+        arguments = json.dumps(thaw_json(event.call.arguments), ensure_ascii=False)
+        return f"tool {event.call.name} ({event.call.id}) started: {_short(arguments)}"
+    if isinstance(event, ev.ToolProgress):
+        return f"tool call {event.call_id} progress: {_short(repr(event.data))}"
+    if isinstance(event, ev.ToolEnded):
+        how = (
+            "abandoned"
+            if event.abandoned
+            else "cancelled"
+            if event.cancelled
+            else "failed"
+            if event.output.is_error
+            else "returned"
+        )
+        text = "".join(getattr(b, "text", "") for b in event.output.content)
+        return (
+            f"tool {event.call.name} ({event.call.id}) {how} after {event.seconds:.2f} s: "
+            f"{_short(text)}"
+        )
+    if isinstance(event, ev.RunFinished):
+        return f"run finished: {event.state.value}: {_short(event.explanation, 200)}"
+    return _short(repr(event), 200)  # an event kind this printer does not know yet
 
 
 def emit(data: str | bytes, out: str | None) -> None:
@@ -187,6 +248,10 @@ class Progress:
     def step(self, item: str) -> None:
         """Show that work on ``item`` (the next of ``total``) starts."""
         self.done += 1
+        self.update(item)
+
+    def update(self, item: str) -> None:
+        """Redraw the current step with ``item`` (e.g. how long it has been running)."""
         if not self.enabled:
             return
         now = time.monotonic()

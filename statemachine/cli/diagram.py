@@ -28,13 +28,21 @@ _BY_EXTENSION: Final = {
 
 
 def format_for(out: str | None, given: str | None, default: str) -> str:
-    """The format asked for, or the one ``--out``'s extension names."""
+    """The format asked for, or the one ``--out``'s extension names (``default`` for a
+    name without one); an extension that names no format is a ``UsageError``, never a
+    file of another format under that name."""
     if given is not None:
         return given
-    if out is not None:
+    if out is not None and out != "-":
         ext = Path(out).suffix.lower().lstrip(".")
         if ext in _BY_EXTENSION:
             return _BY_EXTENSION[ext]
+        if ext:
+            known = ", ".join(f".{e}" for e in _BY_EXTENSION)
+            raise UsageError(
+                f"cannot tell the format from {Path(out).name!r}: name the file {known}, "
+                "or give --format"
+            )
     return default
 
 
@@ -60,7 +68,10 @@ def cli_diagram(argv: list[str]) -> int:
     if isinstance(args, int):
         return args
     try:
-        emit(render(format_for(args.out, args.format, "mermaid")), args.out)
+        fmt = format_for(args.out, args.format, "mermaid")
+        if fmt not in FORMATS:
+            raise UsageError(f"the diagram command draws {', '.join(FORMATS)}, not {fmt}")
+        emit(render(fmt), args.out)
     except (UsageError, OSError) as exc:
         return fail("diagram", str(exc))
     return EXIT_OK

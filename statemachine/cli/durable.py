@@ -296,7 +296,7 @@ def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
     """Export the run as a journal and replay it: the same history and trace."""
     from statemachine.durable._dbos_ops import export_journal
     from statemachine.durable.dbos import connect
-    from statemachine.journal._replay import replay
+    from statemachine.journal import replay
 
     journal = Path(directory, f"{DEMO_RUN}.jsonl")
 

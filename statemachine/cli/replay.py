@@ -11,9 +11,13 @@ import structlog
 
 from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
 from statemachine.core.errors import InvalidInputError
-from statemachine.journal._format import JournalError
-from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES
-from statemachine.journal._replay import ReplayResult, format_step, replay
+from statemachine.journal import (
+    DEFAULT_MAX_LINE_BYTES,
+    JournalError,
+    ReplayResult,
+    format_step,
+    replay,
+)
 
 __all__ = ["cli_replay"]
 
@@ -22,11 +26,13 @@ def _parser() -> CommandParser:
     parser = CommandParser(
         "replay",
         description="Replay a run journal, print it as a readable trace and verify it.",
-        failed="the journal does not replay as recorded (a bad or cut-off line, or a step "
-        "that comes out differently)",
+        failed="the file is not a journal, or does not replay as recorded (a bad or "
+        "cut-off line, or a step that comes out differently)",
+        epilog="2 is for a file that cannot be opened at all; a file that opens but is not "
+        "a journal fails with 1, at its first line.",
     )
     parser.add_argument("file", help="the journal (JSON Lines)")
-    parser.add_argument("--quiet", action="store_true", help="print only the verdict")
+    parser.add_argument("--quiet", action="store_true", help="print only the verdict, on one line")
     parser.add_argument(
         "--max-line-bytes",
         type=int,
@@ -80,7 +86,20 @@ def cli_replay(argv: list[str]) -> int:
         return fail("replay", f"FAILED: {exc}", EXIT_FAILED)
     except InvalidInputError as exc:
         return fail("replay", str(exc), EXIT_USAGE)
-    sys.stdout.write(_account(result, args.quiet))
+    if result.error is None and args.quiet:
+        engine = result.engine
+        verdict = (
+            "OK: the replay matches the journal"
+            if result.checkpoints
+            else "OK (no checkpoint: the run had not returned when the journal ends)"
+        )
+        print(
+            f"{verdict} (run {result.header.run_id}: {engine.state.value} after "
+            f"{len(result.steps)} event(s), {result.checkpoints} checkpoint(s))"
+        )
+        return 0
+    if not args.quiet:
+        sys.stdout.write(_account(result, quiet=False))
     if result.error is not None:
         return fail(
             "replay",

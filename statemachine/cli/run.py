@@ -43,7 +43,15 @@ from statemachine.agent.model import ModelClient
 from statemachine.agent.run import (
     AgentRun,
 )
-from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
+from statemachine.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CommandParser,
+    describe_run_event,
+    fail,
+    parse,
+    run_shown,
+)
 from statemachine.core.abort import AbortController
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
@@ -133,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         "run",
         description="Run a real agent with the workspace tools (list_files, read_file) "
-        "against a model provider, printing the transcript as it streams. The API key "
+        "and your own (--tool MODULE:NAME) against a model provider, printing the "
+        "transcript as it streams. The API key "
         "comes from OPENAI_API_KEY or ANTHROPIC_API_KEY (a local OpenAI-compatible server "
         "given by --base-url needs none) and is never printed. Ctrl-C aborts the run; "
         "tools clean up and the transcript stays valid.",
@@ -151,8 +160,59 @@ def _parser() -> argparse.ArgumentParser:
         "--max-turns", type=int, default=8, metavar="N", help="model calls allowed (default: 8)"
     )
     parser.add_argument("--system", help="system prompt")
+    parser.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="add your tools: NAME in MODULE (imported from the current directory or the "
+        "environment) is a Tool, a function (made a tool with statemachine.tool) or a "
+        "list of them; repeat for more",
+    )
+    parser.add_argument(
+        "--no-workspace-tools",
+        action="store_true",
+        help="do not give the model list_files and read_file",
+    )
+    parser.add_argument(
+        "--events", action="store_true", help="print each event of the run on stderr"
+    )
     parser.add_argument("--verbose", action="store_true", help="log each transition")
     return parser
+
+
+def load_tools(spec: str) -> list[Any]:
+    """The tools ``MODULE:NAME`` names; ``InvalidInputError`` saying what is wrong."""
+    import importlib
+
+    from statemachine.agent.tools import Tool, tool
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidInputError(f"--tool {spec!r}: write MODULE:NAME, e.g. mytools:search")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as python -m does: your module beside you
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInputError(f"--tool {spec!r}: cannot import {module_name}: {exc}") from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise InvalidInputError(f"--tool {spec!r}: {module_name} has no {attribute}")
+        found = getattr(found, part)
+    items = list(found) if isinstance(found, (list, tuple)) else [found]
+    tools = []
+    for item in items:
+        if isinstance(item, Tool):
+            tools.append(item)
+        elif callable(item):
+            tools.append(tool(item))
+        else:
+            raise InvalidInputError(
+                f"--tool {spec!r}: {type(item).__name__} is not a Tool, a function or a list "
+                "of them"
+            )
+    return tools
 
 
 def _logger(secrets: Sequence[str], verbose: bool) -> Any:
@@ -187,7 +247,13 @@ def _model(args: argparse.Namespace, key: str | None, transcript: _Transcript, l
 
 
 async def _run(
-    model: ModelClient, tools: Any, prompt: str, max_turns: int, log: Any, transcript: _Transcript
+    model: ModelClient,
+    tools: Any,
+    prompt: str,
+    max_turns: int,
+    log: Any,
+    transcript: _Transcript,
+    events: bool = False,
 ) -> RunResult:
     controller = AbortController()
     messages = [UserMessage(prompt)]
@@ -207,7 +273,16 @@ async def _run(
         loop.add_signal_handler(_signal.SIGINT, controller.abort, "interrupted (Ctrl-C)")
         installed = True
     try:
-        result = await run_shown(run, messages, transcript.show, transcript.event)
+        on_event = transcript.event
+        if events:
+
+            def on_event(event: RunEvent) -> None:
+                transcript.event(event)
+                if not isinstance(event, MessageAdded):
+                    line = redact(describe_run_event(event), transcript.secrets)
+                    print(f"  event: {line}", file=sys.stderr, flush=True)
+
+        result = await run_shown(run, messages, transcript.show, on_event)
     finally:
         if installed:
             loop.remove_signal_handler(_signal.SIGINT)
@@ -232,15 +307,23 @@ def cli_run(argv: list[str]) -> int:
     try:
         from statemachine.workspace import workspace_tools
 
-        tools = workspace_tools(Path(args.dir))
+        tools = [] if args.no_workspace_tools else list(workspace_tools(Path(args.dir)))
+        for spec in args.tool:
+            tools += load_tools(spec)
+        names = [t.name for t in tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidInputError(f"two tools are named {', '.join(twice)}: rename one")
         model = _model(args, key, transcript, log)
     except (InvalidInputError, ImportError) as exc:
         return fail("run", redact(str(exc), secrets))
     shown = Path(args.dir).resolve()
     transcript.line(f"statemachine run: {args.provider} model {args.model} on {shown}")
-    transcript.line(f"  tools: {', '.join(t.name for t in tools)}")
+    transcript.line(f"  tools: {', '.join(t.name for t in tools) or 'none'}")
     transcript.line()
-    result = asyncio.run(_run(model, tools, args.prompt, args.max_turns, log, transcript))
+    result = asyncio.run(
+        _run(model, tools, args.prompt, args.max_turns, log, transcript, args.events)
+    )
     transcript.line()
     transcript.line(f"final state: {result.state.value} after {result.turns} model call(s)")
     transcript.line(f"explanation: {result.explanation}")

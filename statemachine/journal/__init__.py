@@ -22,19 +22,30 @@ and a divergence names the line where it shows. Only *accepted* events are writt
 a refused event changes nothing (I8), so it is not part of the run.
 
 The events and messages are written in ``statemachine.core.wire``'s form.
+
+``view_html`` draws a journal as one self-contained HTML page (the diagram with the
+run's path, a timeline of the events, the transcript); ``statemachine view`` writes it.
 """
 
 from __future__ import annotations
 
 from statemachine.journal._format import JournalError
-from statemachine.journal._replay import ReplayResult, replay
+from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES
+from statemachine.journal._replay import ReplayResult, ReplayStep, format_step, replay
+from statemachine.journal._view import DEFAULT_MAX_VIEW_BYTES, DEFAULT_MAX_VIEW_TEXT, view_html
 from statemachine.journal._writer import Journal, JournalingEngine, run_agent_journaled
 
 __all__ = [
+    "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_VIEW_BYTES",
+    "DEFAULT_MAX_VIEW_TEXT",
     "Journal",
     "JournalError",
     "JournalingEngine",
     "ReplayResult",
+    "ReplayStep",
+    "format_step",
     "replay",
     "run_agent_journaled",
+    "view_html",
 ]

@@ -1,0 +1,71 @@
+"""``statemachine mcp-example``: a small MCP server on stdin/stdout, to try MCP tools
+with an installed package (the ``[mcp]`` extra).
+
+    MCPServer.stdio(sys.executable, ["-m", "statemachine", "mcp-example"], prefix="calc_")
+
+It serves three tools, ``add``, ``echo`` and ``word_count``, written with the MCP SDK's
+own server API. Standard output is the protocol: the server writes nothing else there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from statemachine.cli.common import EXIT_OK, CommandParser, fail, parse
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+__all__ = ["cli_mcp_example"]
+
+MAX_TEXT_CHARS = 100_000
+"""The longest text ``echo`` and ``word_count`` take (the SDK bounds a message too)."""
+
+
+def _server() -> MCPServer:
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("statemachine-example")
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return text[:MAX_TEXT_CHARS]
+
+    @server.tool()
+    def word_count(text: str) -> int:
+        """Count the words of a text."""
+        return len(text[:MAX_TEXT_CHARS].split())
+
+    return server
+
+
+def cli_mcp_example(argv: list[str]) -> int:
+    """``statemachine mcp-example``: serve the example tools over stdio until stdin ends."""
+    parser = CommandParser(
+        "mcp-example",
+        description="A small MCP server on stdin/stdout with three tools (add, echo, "
+        "word_count), to try MCP tools without writing a server: start it from "
+        'statemachine.mcp.MCPServer.stdio(sys.executable, ["-m", "statemachine", '
+        '"mcp-example"]). Needs the [mcp] extra.',
+        failed=None,
+    )
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        server = _server()
+    except ModuleNotFoundError as exc:
+        return fail(
+            "mcp-example",
+            f"needs the Python package {(exc.name or 'mcp').partition('.')[0]!r}, which is not "
+            "installed: "
+            "pip install 'agent-statemachine[mcp]'",
+        )
+    server.run("stdio")
+    return EXIT_OK

@@ -1,0 +1,195 @@
+"""The docs site as a reader sees it: built with ``zensical build --strict``, opened from
+disk in headless Chromium with the network off, its pictures drawn.
+
+The state diagram is SVG drawn from the table when the site is built (the
+``statemachine-diagram`` fence); these tests look at the pixels, not at the markup
+alone, so a page that shows the diagram's source as text fails. Set
+``STATEMACHINE_SCREENSHOTS`` to a directory to keep the screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from headless import Browser, pixels_of, png_pixels
+
+from statemachine.core.table import TurnState
+
+REPO = Path(__file__).resolve().parent.parent
+WAITING_FILL = (0xFF, 0xF4, 0xC2)  # the yellow of a state where the run waits for a person
+TERMINAL_FILL = (0xEE, 0xEE, 0xEE)  # the grey of a state that ends the run
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Path]:
+    # zensical builds only inside the project: a directory of its own under build/.
+    (REPO / "build").mkdir(exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="site-test-", dir=REPO / "build"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "zensical", "build", "--strict", "-f", "mkdocs.yml"],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "STATEMACHINE_SITE_DIR": str(out)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser(width=1280, height=1000) as b:
+        # Offline, as a reader behind a proxy or on a train: anything fetched would fail.
+        b.call("Network.enable")
+        b.call(
+            "Network.emulateNetworkConditions",
+            offline=True,
+            latency=0,
+            downloadThroughput=-1,
+            uploadThroughput=-1,
+        )
+        yield b
+
+
+def keep(name: str, png: bytes) -> None:
+    directory = os.environ.get("STATEMACHINE_SCREENSHOTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / name).write_bytes(png)
+
+
+def fetched(browser: Browser) -> list[str]:
+    """The URLs the page asked for that are not files of the site."""
+    urls = [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e["method"] == "Network.requestWillBeSent"
+    ]
+    return [u for u in urls if not u.startswith(("file:", "data:", "blob:"))]
+
+
+@pytest.mark.timeout(240)
+def test_the_concepts_page_draws_the_state_diagram(site: Path, browser: Browser) -> None:
+    browser.open(site / "concepts" / "index.html")
+    figure = "document.querySelector('figure.statemachine-diagram')"
+    # The DOM: an <svg> in the figure, with every state's name as text.
+    text = browser.evaluate(f"{figure}.querySelector('svg').textContent")
+    missing = [s.value for s in TurnState if s.value not in text]
+    assert not missing, f"states not in the drawn diagram: {missing}"
+    assert browser.evaluate("document.body.textContent.includes('stateDiagram')") is False
+    # The pixels: the figure is scrolled into view and photographed.
+    browser.evaluate(f"{figure}.scrollIntoView({{block: 'center'}})")
+    box = browser.evaluate(
+        f"(() => {{ const r = {figure}.querySelector('svg').getBoundingClientRect();"
+        " return [r.x, r.y, r.width, r.height]; })()"
+    )
+    x, y, width, height = box
+    assert width >= 500, f"the diagram is {width:.0f} px wide"
+    assert height >= 250, f"the diagram is {height:.0f} px high"
+    png = browser.screenshot()
+    keep("concepts.png", png)
+    _, _, rows = png_pixels(png)
+    region = [row[int(x) * 3 : int(x + width) * 3] for row in rows[int(y) : int(y + height)]]
+    # Drawn, not printed: the state boxes' fills cover areas no text has, and ink
+    # (anything not white) spans most of the figure in both directions.
+    yellow = list(pixels_of(region, WAITING_FILL))
+    grey = list(pixels_of(region, TERMINAL_FILL))
+    assert len(yellow) >= 300, f"{len(yellow)} px of the waiting state's fill"
+    assert len(grey) >= 4 * 300, f"{len(grey)} px of the terminal states' fill"
+    ink = [
+        (i // 3, j)
+        for j, row in enumerate(region)
+        for i in range(0, len(row), 3)
+        if row[i : i + 3] != b"\xff\xff\xff"
+    ]
+    xs, ys = [p[0] for p in ink], [p[1] for p in ink]
+    assert max(xs) - min(xs) >= 0.8 * width
+    assert max(ys) - min(ys) >= 0.6 * min(height, 1000 - y)
+    assert fetched(browser) == []
+
+
+def test_no_page_leaves_a_diagram_to_a_script() -> None:
+    pages = sorted((REPO / "docs").rglob("*.md"))
+    assert len(pages) > 10
+    assert not [p.name for p in pages if "```mermaid" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.timeout(240)
+def test_the_home_page_shows_the_diagram_and_the_example_in_one_screen(
+    site: Path, browser: Browser
+) -> None:
+    browser.open(site / "index.html")
+    names = browser.evaluate(
+        "document.querySelector('figure.statemachine-diagram svg').textContent"
+    )
+    assert all(s.value in names for s in TurnState)
+    # What it is, the picture, the guarantees and the example start on the first
+    # screen of a 1280x1000 window; where to go next follows the example.
+    tops = browser.evaluate(
+        "['h1', 'figure.statemachine-diagram', 'ul', 'pre', 'a[href*=tutorial]'].map(s =>"
+        " document.querySelector('article ' + s).getBoundingClientRect().top)"
+    )
+    assert max(tops[:4]) < 1000, tops
+    assert tops[3] < tops[4] < 1600, tops
+    keep("home.png", browser.screenshot())
+    assert fetched(browser) == []
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("page", ["index.html", "tutorial/index.html", "guides/running/index.html"])
+def test_code_blocks_fit_the_page_without_scrolling(
+    site: Path, browser: Browser, page: str
+) -> None:
+    browser.open(site / page)
+    count = browser.evaluate("document.querySelectorAll('article pre > code').length")
+    assert count > 0
+    wide = browser.evaluate(
+        "[...document.querySelectorAll('article pre > code')]"
+        ".filter(c => c.scrollWidth > c.clientWidth)"
+        ".map(c => c.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b))"
+    )
+    assert wide == [], f"{page}: code blocks scroll sideways; their longest lines: {wide}"
+
+
+def test_the_reference_names_every_export_of_statemachine() -> None:
+    import statemachine
+
+    page = (REPO / "docs" / "reference" / "statemachine.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"^::: statemachine\.(\w+)$", page, re.M))
+    assert set(statemachine.__all__) <= shown, set(statemachine.__all__) - shown
+
+
+@pytest.mark.timeout(240)
+def test_no_reference_page_dumps_an_all_list(site: Path) -> None:
+    pages = sorted((site / "reference").rglob("index.html"))
+    assert len(pages) >= 10
+    assert [p.parent.name for p in pages if "__all__" in p.read_text(encoding="utf-8")] == []
+
+
+def test_a_missing_browser_fails_under_ci_and_skips_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shutil
+
+    import headless
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must have it"):
+        headless.chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        headless.chromium()
