@@ -10,25 +10,36 @@ ordinary :class:`~statemachine.Tool` objects::
 
 What holds for every MCP tool, as for any other tool of a run:
 
-- **Schemas are checked at connect time.** Each server tool becomes a
-  ``ToolDefinition`` with the server's ``inputSchema``; a name or schema the library
-  cannot use (not a JSON Schema object, a remote or recursive ``$ref``, a name that
-  providers refuse) fails ``__aenter__`` with an ``InvalidInputError`` naming the
-  server and the tool, never a mystery mid-run. ``prefix`` is prepended to every name
-  so that two servers' tools cannot clash (the server still sees its own names).
+- **Tools are checked at connect time**, within ``connect_timeout``. Each server
+  tool becomes a ``ToolDefinition`` with the server's ``inputSchema``; a name or
+  schema the library cannot use (not a JSON Schema object, a remote or recursive
+  ``$ref``, a name that providers refuse), two tools with one name, or more than
+  ``max_tools`` tools fail ``__aenter__`` with an ``InvalidInputError`` naming the
+  server (and the tool), never a mystery mid-run. The schemas are checked in a
+  worker thread, one tool at a time, so that a server listing thousands of tools
+  never holds the event loop (the check stops at the deadline). ``prefix`` is
+  prepended to every name so that two servers' tools cannot clash (the server still
+  sees its own names); ``allowed_tools`` / ``blocked_tools`` choose which of the
+  server's tools are offered (names, or a predicate on the server's name).
 - **Arguments are validated** by the engine against that schema before a call is
   sent, like any tool's.
-- **Results** map to tool results: text blocks stay text; images stay images; audio,
-  resource links and embedded resources become a short text line each (embedded text
-  resources keep their text); ``structuredContent`` without any content block becomes
-  its JSON; ``isError`` becomes an error result. The text is capped at
-  ``max_output_chars`` (default :data:`DEFAULT_MAX_OUTPUT_CHARS`), with a note saying
-  how much was cut.
+- **Results** map to tool results: text blocks stay text; images stay images, when
+  their data is base64 and their MIME type ``image/*`` (otherwise a line saying why
+  the image was refused); audio, resource links and embedded resources become a
+  short text line each (embedded text resources keep their text);
+  ``structuredContent`` without any content block becomes its JSON; ``isError``
+  becomes an error result. Every result is bounded: at most ``max_blocks`` blocks
+  (default :data:`DEFAULT_MAX_BLOCKS`), ``max_output_chars`` characters of text
+  (default :data:`DEFAULT_MAX_OUTPUT_CHARS`) and ``max_output_bytes`` bytes in all,
+  text in UTF-8 plus image data (default :data:`DEFAULT_MAX_OUTPUT_BYTES`); what is
+  cut or dropped is said in a note.
 - **Failures are results, never hangs.** A JSON-RPC error from the server, a dropped
-  connection or a crashed server answers the call with an error result naming the
-  server; every call has a deadline (``call_timeout``, default
-  :data:`DEFAULT_CALL_TIMEOUT` seconds; ``None`` for none), after which the run
-  records "timed out" (the tool's ``timeout``, enforced by the driver).
+  connection, a crashed or killed server (stdio or HTTP) answers the call with an
+  error result naming the server, and the run goes on; every call has a deadline
+  (``call_timeout``, default :data:`DEFAULT_CALL_TIMEOUT` seconds; ``None`` for
+  none), after which the run records "timed out" (the tool's ``timeout``, enforced by
+  the driver). The SDK's connection lives in a task of its own, so nothing the
+  transport does can cancel the caller.
 - **Abort** cancels the request at once: the SDK sends ``notifications/cancelled`` to
   the server, and the call is answered "Operation aborted" (I6). Connecting has its
   own deadline (``connect_timeout``, default :data:`DEFAULT_CONNECT_TIMEOUT` s).
@@ -37,17 +48,22 @@ What holds for every MCP tool, as for any other tool of a run:
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError, StateMachineError
 from statemachine.core.messages import ImageContent, TextContent, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import InvalidInputError, StateMachineError
 
 try:
     import mcp
@@ -60,7 +76,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_BLOCKS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
+    "DEFAULT_MAX_TOOLS",
     "MCPError",
     "MCPServer",
 ]
@@ -68,9 +87,24 @@ __all__ = [
 DEFAULT_CALL_TIMEOUT = 60.0
 """Seconds one tool call may take before the run answers it "timed out"."""
 DEFAULT_CONNECT_TIMEOUT = 30.0
-"""Seconds to start (or reach) the server and list its tools."""
+"""Seconds to start (or reach) the server, list its tools and check them."""
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 """Characters of text one tool result may hold; the rest is cut, with a note."""
+DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+"""Bytes one tool result may hold in all (text in UTF-8, image data as sent)."""
+DEFAULT_MAX_BLOCKS = 100
+"""Content blocks one tool result may hold; the rest are dropped, with a note."""
+DEFAULT_MAX_TOOLS = 10_000
+"""Tools one server may list."""
+
+# A MIME type of the image/* family: ``image/`` and an RFC 6838 subtype name.
+_IMAGE_MIME = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+# How much of a server's or the SDK's error text an MCPError quotes.
+_CAUSE_CHARS = 300
+
+ToolFilter = Collection[str] | Callable[[str], bool]
+"""Which server tools to offer: their names (as the server spells them), or a
+predicate on the name."""
 
 
 class MCPError(StateMachineError):
@@ -83,6 +117,7 @@ class MCPServer:
     Build it with :meth:`stdio` or :meth:`http`. Inside the block, :attr:`tools` holds
     the server's tools as ``Tool`` objects; leaving the block closes the session and,
     for stdio, stops the subprocess (the SDK terminates its whole process tree).
+    Enter and leave it in any task: the connection is held by a task of its own.
     """
 
     def __init__(
@@ -94,6 +129,11 @@ class MCPServer:
         call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        max_tools: int = DEFAULT_MAX_TOOLS,
+        allowed_tools: ToolFilter | None = None,
+        blocked_tools: ToolFilter = (),
         http_headers: Mapping[str, str] | None = None,
         stderr: TextIO | None = None,
     ) -> None:
@@ -101,21 +141,39 @@ class MCPServer:
             raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
         if not connect_timeout > 0:
             raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
-        if isinstance(max_output_chars, bool) or not (
-            isinstance(max_output_chars, int) and max_output_chars > 0
+        for option, value in (
+            ("max_output_chars", max_output_chars),
+            ("max_output_bytes", max_output_bytes),
+            ("max_blocks", max_blocks),
+            ("max_tools", max_tools),
         ):
-            raise InvalidInputError(
-                f"max_output_chars must be a positive integer, got {max_output_chars!r}"
-            )
+            if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+                raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
         self.name = name
         self.prefix = prefix
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
         self.max_output_chars = max_output_chars
+        self.max_output_bytes = max_output_bytes
+        self.max_blocks = max_blocks
+        self.max_tools = max_tools
+        self._allowed = _predicate(allowed_tools, "allowed_tools")
+        self._allowed_names = (
+            frozenset(allowed_tools)
+            if allowed_tools is not None and not callable(allowed_tools)
+            else frozenset()
+        )
+        self._blocked = _predicate(blocked_tools, "blocked_tools")
         self._target = target
         self._headers = dict(http_headers or {})
         self._stderr = stderr
         self._client: mcp.Client | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
+        self._wake: asyncio.Event | None = None  # set: the holder closes the connection
+        self._stage = "start"
+        self._unreadable: str | None = None  # what the SDK last could not read
+        self._lost: str | None = None  # why the connection ended, once it has
         self._tools: tuple[Tool, ...] = ()
 
     @classmethod
@@ -151,34 +209,28 @@ class MCPServer:
         """The server's tools (empty outside the ``async with`` block)."""
         return self._tools
 
+    # -- connecting ---------------------------------------------------------------------
+
     async def __aenter__(self) -> MCPServer:
-        if self._client is not None:
+        if self._holder is not None:
             raise InvalidInputError(f"MCP server {self.name!r} is already connected")
-        # No SDK read timeout: the call deadline is the tool's own (enforced by the driver).
-        client = mcp.Client(self._transport())
+        loop = asyncio.get_running_loop()
+        listed: asyncio.Future[list[mcp_types.Tool]] = loop.create_future()
+        self._listed = listed
+        self._wake = asyncio.Event()
+        self._stage, self._unreadable, self._lost = "start", None, None
+        self._holder = asyncio.create_task(self._hold(listed), name=f"MCP server {self.name}")
         try:
             async with asyncio.timeout(self.connect_timeout):
-                await client.__aenter__()
-        except TimeoutError:
-            raise MCPError(
-                f"MCP server {self.name!r} did not answer within {self.connect_timeout} s "
-                "(connect_timeout)"
-            ) from None
-        except Exception as exc:
-            raise MCPError(f"MCP server {self.name!r} could not be reached: {exc}") from exc
-        self._client = client
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                listed = await self._list_tools(client)
-            self._tools = tuple(self._tool(t) for t in listed)
+                remote = await asyncio.shield(listed)
+                self._stage = "check"
+                tools = await self._checked(remote)
         except BaseException as exc:
             await self._close()
             if isinstance(exc, TimeoutError):
-                raise MCPError(
-                    f"MCP server {self.name!r} did not list its tools within "
-                    f"{self.connect_timeout} s (connect_timeout)"
-                ) from None
+                raise MCPError(self._late()) from None
             raise
+        self._tools = tools
         return self
 
     async def __aexit__(
@@ -189,10 +241,92 @@ class MCPServer:
     ) -> None:
         await self._close()
 
+    def _late(self) -> str:
+        limit = f"within {self.connect_timeout} s (connect_timeout)"
+        if self._stage == "start":
+            return f"MCP server {self.name!r} did not answer {limit}"
+        if self._stage == "list":
+            cause = f": {self._unreadable}" if self._unreadable else ""
+            return f"MCP server {self.name!r} did not list its tools {limit}{cause}"
+        return f"the tools of MCP server {self.name!r} could not be checked {limit}"
+
+    async def _hold(self, listed: asyncio.Future[list[mcp_types.Tool]]) -> None:
+        """Open the connection, list the tools, and keep the connection until told.
+
+        The SDK's transports run in anyio task groups that cancel the task that
+        entered them when the connection fails (an HTTP server killed mid-call, say):
+        holding the connection here keeps that from ever reaching the caller.
+        """
+        client = mcp.Client(
+            self._transport(),
+            client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
+            message_handler=self._on_message,
+        )
+        try:
+            async with client:
+                self._stage = "list"
+                try:
+                    tools = await self._list_tools(client)
+                except Exception as exc:  # noqa: BLE001 - reported to __aenter__
+                    if not listed.done():
+                        listed.set_exception(self._unreachable(exc))
+                    return
+                self._client = client
+                listed.set_result(tools)
+                assert self._wake is not None
+                await self._wake.wait()
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # closed by _close (or the loop is going away)
+            # the SDK's cancel scope: the transport failed and took the session down
+            self._lost = "the connection was closed"
+            if not listed.done():
+                listed.set_exception(self._unreachable(ConnectionError(self._lost)))
+        except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
+            self._lost = _describe(exc)
+            if not listed.done():
+                listed.set_exception(self._unreachable(exc))
+        finally:
+            self._client = None
+            if not listed.done():  # closed before the tools were listed
+                listed.cancel()
+
+    def _unreachable(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, MCPError | InvalidInputError):
+            return exc
+        if self._stage == "list":
+            cause = self._unreadable or _describe(exc)
+            return MCPError(f"MCP server {self.name!r} could not list its tools: {cause}")
+        return MCPError(f"MCP server {self.name!r} could not be reached: {_describe(exc)}")
+
+    async def _on_message(self, message: Any) -> None:
+        """The SDK's notifications and the transport's faults (never raises)."""
+        if isinstance(message, Exception):
+            self._unreadable = f"it sent a message the SDK could not read ({_describe(message)})"
+            listed = self._listed
+            if self._stage == "list" and listed is not None and not listed.done():
+                # Most likely the tools/list reply itself, which the SDK then drops.
+                listed.set_exception(
+                    MCPError(
+                        f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
+                    )
+                )
+
     async def _close(self) -> None:
-        client, self._client, self._tools = self._client, None, ()
-        if client is not None:
-            await client.__aexit__(None, None, None)
+        holder, self._holder, self._tools = self._holder, None, ()
+        if holder is None:
+            return
+        if self._wake is not None:
+            self._wake.set()
+        if self._client is None:
+            holder.cancel()  # still connecting or listing: nothing to close cleanly
+        try:
+            await holder
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise
+        except BaseException:  # noqa: BLE001 - the holder reports through _lost
+            pass
 
     def _transport(self) -> Any:
         if isinstance(self._target, mcp.StdioServerParameters) and self._stderr is not None:
@@ -211,17 +345,54 @@ class MCPServer:
         listed: list[mcp_types.Tool] = []
         cursor: str | None = None
         while True:
-            page = await client.list_tools(cursor=cursor)
+            try:
+                page = await client.list_tools(cursor=cursor)
+            except Exception as exc:
+                raise self._unreachable(exc) from exc
             listed.extend(page.tools)
+            if len(listed) > self.max_tools:
+                raise InvalidInputError(
+                    f"MCP server {self.name!r} lists more than {self.max_tools} tools (max_tools)"
+                )
             cursor = page.next_cursor
             if not cursor:
                 return listed
 
-    def _tool(self, remote: mcp_types.Tool) -> Tool:
-        name = self.prefix + remote.name
+    async def _checked(self, remote: list[mcp_types.Tool]) -> tuple[Tool, ...]:
+        """The offered tools, their schemas checked in a worker thread, one at a time;
+        stopped between two tools when the deadline passes (or the caller cancels)."""
+        names = [t.name for t in remote]
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise InvalidInputError(f"MCP server {self.name!r} lists two tools named {name!r}")
+            seen.add(name)
+        missing = sorted(self._allowed_names - seen)
+        if missing:
+            raise InvalidInputError(
+                f"MCP server {self.name!r} does not list the allowed tools {missing}"
+            )
+        offered = [t for t in remote if self._allowed(t.name) and not self._blocked(t.name)]
+        stop = threading.Event()
+
+        def check() -> list[ToolDefinition]:
+            definitions = []
+            for tool in offered:
+                if stop.is_set():
+                    break
+                definitions.append(self._definition(tool))
+            return definitions
+
         try:
-            definition = ToolDefinition(
-                name=name,
+            definitions = await asyncio.to_thread(check)
+        finally:
+            stop.set()
+        return tuple(self._tool(t, d) for t, d in zip(offered, definitions, strict=True))
+
+    def _definition(self, remote: mcp_types.Tool) -> ToolDefinition:
+        try:
+            return ToolDefinition(
+                name=self.prefix + remote.name,
                 description=remote.description or remote.title or remote.name,
                 parameters=dict(remote.input_schema),
             )
@@ -230,16 +401,23 @@ class MCPServer:
                 f"MCP server {self.name!r}: its tool {remote.name!r} cannot be used: {exc}"
             ) from None
 
+    def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
+        name = remote.name
+
         async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-            return await self._call(remote.name, arguments, signal)
+            return await self._call(name, arguments, signal)
 
         return Tool(definition, execute, timeout=self.call_timeout)
+
+    # -- calling ------------------------------------------------------------------------
 
     async def _call(
         self, remote: str, arguments: dict[str, Any], signal: AbortSignal
     ) -> ToolOutput:
-        client = self._client
-        if client is None:
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done():
+            if self._lost is not None:
+                raise MCPError(f"MCP server {self.name!r} is no longer connected: {self._lost}")
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
         # The request runs as its own task so that an abort can cancel it at once:
         # cancelling the SDK's request sends notifications/cancelled to the server.
@@ -252,27 +430,82 @@ class MCPServer:
 
         remove = signal.add_listener(on_abort)
         try:
-            result = await request
+            # The connection's end answers the call too, whatever the transport does
+            # with the request it was waiting on.
+            await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
+            if not request.done():
+                request.cancel()
+                request.add_done_callback(_retrieve)  # whatever it ends with, nobody waits
+                raise MCPError(
+                    f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
+                    f"({self._lost or 'closed'})"
+                )
+            result = request.result()
         except asyncio.CancelledError:
+            request.cancel()
             if signal.aborted and not _current_task_cancelling():
                 raise MCPError(
                     f"cancelled on MCP server {self.name!r} (notifications/cancelled sent)"
                 ) from None
-            request.cancel()
+            raise
+        except MCPError:
             raise
         except Exception as exc:
-            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {exc}") from exc
+            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {_describe(exc)}") from exc
         finally:
             remove()
         return self._output(result)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
-        blocks = [_block(item) for item in result.content]
+        items = result.content
+        blocks = [_block(item) for item in items[: self.max_blocks]]
         if not blocks and result.structured_content is not None:
             blocks.append(TextContent(json.dumps(result.structured_content, ensure_ascii=False)))
         if not blocks:
             blocks.append(TextContent("(no content)"))
-        return ToolOutput(_capped(blocks, self.max_output_chars), is_error=bool(result.is_error))
+        out = _capped(blocks, self.max_output_chars, self.max_output_bytes)
+        if len(items) > self.max_blocks:
+            dropped = len(items) - self.max_blocks
+            out.append(
+                TextContent(
+                    f"[{dropped} more content blocks dropped: max_blocks={self.max_blocks}]"
+                )
+            )
+        return ToolOutput(out, is_error=bool(result.is_error))
+
+
+def _predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
+    if tools is None:
+        return lambda _name: True
+    if callable(tools):
+        return tools
+    if isinstance(tools, str) or not all(isinstance(n, str) for n in tools):
+        raise InvalidInputError(f"{option} must be tool names or a predicate on a name")
+    names = frozenset(tools)
+    return names.__contains__
+
+
+def _describe(exc: BaseException) -> str:
+    """A short account of an exception: the leaves of a group, the first line of each."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(_describe(e) for e in exc.exceptions))
+    errors = getattr(exc, "errors", None)
+    text = ""
+    if callable(errors):  # pydantic's ValidationError: its first error's message
+        try:
+            text = str(errors()[0]["msg"])
+        except Exception:  # noqa: BLE001 - any other errors() is not pydantic's
+            text = ""
+    if not text and str(exc).strip():
+        text = str(exc).strip().splitlines()[0]
+    name = type(exc).__name__
+    text = f"{name}: {text}" if text else name
+    return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS] + "..."
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _current_task_cancelling() -> bool:
@@ -284,7 +517,7 @@ def _block(item: Any) -> ToolResultContent:
     if isinstance(item, mcp_types.TextContent):
         return TextContent(item.text)
     if isinstance(item, mcp_types.ImageContent):
-        return ImageContent(item.data, item.mime_type)
+        return _image(item.data, item.mime_type)
     if isinstance(item, mcp_types.AudioContent):
         return TextContent(f"[audio: {item.mime_type}, {len(item.data)} base64 characters]")
     if isinstance(item, mcp_types.ResourceLink):
@@ -297,21 +530,53 @@ def _block(item: Any) -> ToolResultContent:
     return TextContent(f"[{getattr(item, 'type', type(item).__name__)} content]")
 
 
-def _capped(blocks: Iterable[ToolResultContent], limit: int) -> list[ToolResultContent]:
-    """The blocks with their text cut to ``limit`` characters in all, saying so once."""
+def _image(data: str, mime_type: str) -> ToolResultContent:
+    """An image block, or a line saying why the server's image was refused."""
+    if not _IMAGE_MIME.fullmatch(mime_type):
+        return TextContent(f"[image refused: MIME type {mime_type[:60]!r} is not image/*]")
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return TextContent(f"[image refused ({mime_type}): its data is not base64]")
+    return ImageContent(data, mime_type)
+
+
+def _capped(
+    blocks: Iterable[ToolResultContent], max_chars: int, max_bytes: int
+) -> list[ToolResultContent]:
+    """The blocks with their text cut to ``max_chars`` characters in all and the
+    whole cut to ``max_bytes`` bytes (text in UTF-8, image data as sent), saying so."""
     out: list[ToolResultContent] = []
-    budget, cut = limit, 0
+    chars, room = max_chars, max_bytes
+    cut_chars = cut_bytes = dropped_images = 0
     for block in blocks:
-        if not isinstance(block, TextContent):
-            out.append(block)
-        elif len(block.text) <= budget:
-            out.append(block)
-            budget -= len(block.text)
-        else:
-            if budget:
-                out.append(TextContent(block.text[:budget]))
-            cut += len(block.text) - budget
-            budget = 0
-    if cut:
-        out.append(TextContent(f"[{cut} more characters cut: max_output_chars={limit}]"))
+        if isinstance(block, ImageContent):
+            if len(block.data) <= room:
+                out.append(block)
+                room -= len(block.data)
+            else:
+                dropped_images += 1
+                cut_bytes += len(block.data)
+            continue
+        assert isinstance(block, TextContent)
+        text = block.text
+        if len(text) > chars:
+            cut_chars += len(text) - chars
+            text = text[:chars]
+        chars -= len(text)
+        encoded = text.encode("utf-8", "surrogatepass")
+        if len(encoded) > room:
+            cut_bytes += len(encoded) - room
+            text = encoded[:room].decode("utf-8", "ignore")
+            encoded = text.encode("utf-8", "surrogatepass")
+        room -= len(encoded)
+        if text or not block.text:
+            out.append(TextContent(text) if text is not block.text else block)
+    if cut_chars:
+        out.append(TextContent(f"[{cut_chars} more characters cut: max_output_chars={max_chars}]"))
+    if cut_bytes:
+        images = f", {dropped_images} images dropped" if dropped_images else ""
+        out.append(
+            TextContent(f"[{cut_bytes} more bytes cut{images}: max_output_bytes={max_bytes}]")
+        )
     return out

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 
 server = MCPServer("statemachine-test-server")
 
@@ -85,6 +85,14 @@ def weather(city: str) -> dict[str, Any]:
 def big(n: int) -> str:
     """A long answer of n characters."""
     return "x" * n
+
+
+@server.tool()
+def who(ctx: Context) -> str:
+    """The client's name and version, as it introduced itself."""
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
+    return f"{info.name} {info.version}" if info is not None else "(anonymous)"
 
 
 if os.environ.get("MCP_TEST_BAD_TOOL"):
