@@ -56,7 +56,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
@@ -402,12 +402,7 @@ class MCPServer:
             ) from None
 
     def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
-        name = remote.name
-
-        async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-            return await self._call(name, arguments, signal)
-
-        return Tool(definition, execute, timeout=self.call_timeout)
+        return Tool(definition, _Call(self, remote.name), timeout=self.call_timeout)
 
     # -- calling ------------------------------------------------------------------------
 
@@ -472,6 +467,21 @@ class MCPServer:
                 )
             )
         return ToolOutput(out, is_error=bool(result.is_error))
+
+
+class _Call:
+    """A tool's ``execute``: the call of one tool on its server."""
+
+    # For the OpenTelemetry spans (statemachine.otel): a tool the agent runs by
+    # calling an external service is an "extension" in the GenAI conventions.
+    otel_attributes: ClassVar[Mapping[str, str]] = {"gen_ai.tool.type": "extension"}
+
+    def __init__(self, server: MCPServer, remote: str) -> None:
+        self._server = server
+        self._remote = remote
+
+    async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
+        return await self._server._call(self._remote, arguments, signal)
 
 
 def _predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
