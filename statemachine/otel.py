@@ -86,8 +86,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 __all__ = ["DEFAULT_MAX_CONTENT_CHARS", "SCHEMA_URL", "AgentTracer"]
 
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
-"""The semantic conventions' version whose GenAI attributes the spans follow."""
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.1"
+"""The semantic conventions the spans follow: the GenAI conventions (developed in
+their own repository since) build on this version of the general ones."""
 DEFAULT_MAX_CONTENT_CHARS = 65_536
 """Characters of captured content one span may hold (``capture_content=True``)."""
 
@@ -396,23 +397,32 @@ class AgentTracer:
 
     def model(self, client: ModelClient, *, provider_name: str | None = None) -> ModelClient:
         """``client``, making a ``chat`` span around each call (``provider_name``:
-        its ``gen_ai.provider.name``, when the tracer cannot tell)."""
+        its ``gen_ai.provider.name``, when the tracer cannot tell). A client this
+        tracer wrapped already is returned as it is."""
+        if isinstance(client, _TracedModel) and client._tracer is self:
+            return client
         return _TracedModel(client, self, provider_name or self._provider_of(client))
 
     def tools(self, tools: Iterable[Tool]) -> list[Tool]:
-        """``tools``, each making an ``execute_tool`` span around each call."""
-        return [attrs.evolve(t, execute=_TracedExecute(t, self)) for t in tools]
+        """``tools``, each making an ``execute_tool`` span around each call (a tool
+        this tracer wrapped already is kept as it is)."""
+        return [
+            t
+            if isinstance(t.execute, _TracedExecute) and t.execute._tracer is self
+            else attrs.evolve(t, execute=_TracedExecute(t, self))
+            for t in tools
+        ]
 
     def _provider_of(self, client: object) -> str:
-        if self.provider_name:
-            return self.provider_name
+        """The client's own ``provider_name``, the conventions' name of one of the
+        library's adapters, the tracer's ``provider_name``, or the client's class."""
         named = getattr(client, "provider_name", None)
         if isinstance(named, str) and named:
             return named
         adapter = getattr(client, "provider", None)
         if isinstance(adapter, str) and adapter in _PROVIDERS:
             return _PROVIDERS[adapter]
-        return type(client).__name__
+        return self.provider_name or type(client).__name__
 
 
 # -- the run's state, seen by the model and tool wrappers through a context variable --------
