@@ -251,8 +251,13 @@ def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.Mo
     def refuse(*args: Any) -> Any:
         raise AssertionError("content built although capture_content is off")
 
-    for helper in ("_message", "_part", "_result_parts"):
-        monkeypatch.setattr(f"statemachine.otel.{helper}", refuse)
+    for module, helper in [
+        ("_spans", "as_message"),
+        ("_spans", "as_result"),
+        ("_content", "as_message"),
+        ("_content", "as_part"),
+    ]:
+        monkeypatch.setattr(f"statemachine.otel.{module}.{helper}", refuse)
     tracer, exporter = _tracer()
     model = Script(
         _calls(("a", "double", {"n": 1}), ("b", "missing", {})), sm.AssistantMessage("ok")

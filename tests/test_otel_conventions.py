@@ -335,3 +335,18 @@ def test_mcp_tools_are_extensions_with_their_descriptions() -> None:
     tool = dict(_by_name(exporter)["execute_tool add"].attributes or {})
     assert tool["gen_ai.tool.type"] == "extension"
     assert tool["gen_ai.tool.description"] == "Add two integers."
+
+
+@pytest.mark.timeout(30)
+def test_a_traced_agent_run_names_its_provider_and_model_from_its_first_call() -> None:
+    tracer, exporter, _ = _setup(provider_name="acme")
+    run = sm.AgentRun(
+        model=tracer.model(Script(sm.AssistantMessage("x"))),
+        messages=[sm.UserMessage("go")],
+        run_id="r2",
+    )
+    asyncio.run(tracer.trace(run, conversation_id="c-9"))
+    root = dict(_by_name(exporter)["invoke_agent tester"].attributes or {})
+    assert root["gen_ai.provider.name"] == "acme"
+    assert root["gen_ai.request.model"] == "scripted-1"
+    assert root["gen_ai.conversation.id"] == "c-9"
