@@ -270,6 +270,7 @@ class MCPServer:
                 except Exception as exc:  # noqa: BLE001 - reported to __aenter__
                     if not listed.done():
                         listed.set_exception(self._unreachable(exc))
+                    self._stage = "failed"  # the connection closes by itself
                     return
                 self._client = client
                 listed.set_result(tools)
@@ -318,7 +319,7 @@ class MCPServer:
             return
         if self._wake is not None:
             self._wake.set()
-        if self._client is None:
+        if self._stage in ("start", "list"):
             holder.cancel()  # still connecting or listing: nothing to close cleanly
         try:
             await holder
