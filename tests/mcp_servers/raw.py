@@ -2,6 +2,7 @@
 API will not produce.
 
 python raw.py DEPTH     list one tool whose input schema nests DEPTH levels deep
+python raw.py changing  list one tool, then say the list changed and list two
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ def _deep(levels: int) -> dict[str, Any]:
     return schema
 
 
+_listed = 0
+
+
+def _tools(depth: int) -> list[dict[str, Any]]:
+    global _listed
+    _listed += 1
+    if depth:
+        return [{"name": "deep", "description": "Deep.", "inputSchema": _deep(depth)}]
+    names = ["first"] if _listed == 1 else ["first", "second"]
+    return [{"name": n, "description": n.title(), "inputSchema": {"type": "object"}} for n in names]
+
+
 def _answer(request: dict[str, Any], depth: int) -> dict[str, Any] | None:
     method, rid = request.get("method"), request.get("id")
     if rid is None:
@@ -29,8 +42,7 @@ def _answer(request: dict[str, Any], depth: int) -> dict[str, Any] | None:
             "serverInfo": {"name": "raw", "version": "1"},
         }
     elif method == "tools/list":
-        tool = {"name": "deep", "description": "Deep.", "inputSchema": _deep(depth)}
-        result = {"tools": [tool]}
+        result = {"tools": _tools(depth)}
     elif method == "ping":
         result = {}
     else:
@@ -40,12 +52,16 @@ def _answer(request: dict[str, Any], depth: int) -> dict[str, Any] | None:
 
 
 def main() -> None:
-    depth = int(sys.argv[1])
+    depth = 0 if sys.argv[1] == "changing" else int(sys.argv[1])
     sys.setrecursionlimit(10_000)
     for line in sys.stdin:
-        answer = _answer(json.loads(line), depth)
+        request = json.loads(line)
+        answer = _answer(request, depth)
         if answer is not None:
             sys.stdout.write(json.dumps(answer) + "\n")
+            if request.get("method") == "tools/list" and not depth and _listed == 1:
+                changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+                sys.stdout.write(json.dumps(changed) + "\n")
             sys.stdout.flush()
 
 

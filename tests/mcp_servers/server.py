@@ -95,6 +95,17 @@ def who(ctx: Context) -> str:
     return f"{info.name} {info.version}" if info is not None else "(anonymous)"
 
 
+@server.tool()
+def grow(name: str) -> str:
+    """Add a tool named ``name`` that answers its own name."""
+
+    def answer() -> str:
+        return name
+
+    server.add_tool(answer, name=name, description=f"Added by grow: {name}.")
+    return f"added {name}"
+
+
 if os.environ.get("MCP_TEST_BAD_TOOL"):
 
     @server.tool(name="has.dot")

@@ -48,30 +48,31 @@ What holds for every MCP tool, as for any other tool of a run:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
-import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TextIO
 
+from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import ImageContent, TextContent, ToolResultContent
+from statemachine.core.messages import TextContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError, StateMachineError
 
 try:
     import mcp
     import mcp.types as mcp_types
+    from mcp.client.caching import CacheMode
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
     ) from exc
+
+from statemachine.mcp._results import block, capped, describe
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -97,10 +98,6 @@ DEFAULT_MAX_BLOCKS = 100
 DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
 
-# A MIME type of the image/* family: ``image/`` and an RFC 6838 subtype name.
-_IMAGE_MIME = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
-# How much of a server's or the SDK's error text an MCPError quotes.
-_CAUSE_CHARS = 300
 
 ToolFilter = Collection[str] | Callable[[str], bool]
 """Which server tools to offer: their names (as the server spells them), or a
@@ -174,6 +171,9 @@ class MCPServer:
         self._stage = "start"
         self._unreadable: str | None = None  # what the SDK last could not read
         self._lost: str | None = None  # why the connection ended, once it has
+        self._stale = False  # the server said its tool list changed since it was listed
+        self._refresher: asyncio.Future[None] | None = None
+        self._log = library_logger("statemachine.mcp")
         self._tools: tuple[Tool, ...] = ()
 
     @classmethod
@@ -218,7 +218,7 @@ class MCPServer:
         listed: asyncio.Future[list[mcp_types.Tool]] = loop.create_future()
         self._listed = listed
         self._wake = asyncio.Event()
-        self._stage, self._unreadable, self._lost = "start", None, None
+        self._stage, self._unreadable, self._lost, self._stale = "start", None, None, False
         self._holder = asyncio.create_task(self._hold(listed), name=f"MCP server {self.name}")
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -231,6 +231,9 @@ class MCPServer:
                 raise MCPError(self._late()) from None
             raise
         self._tools = tools
+        self._stage = "ready"
+        if self._stale:  # the list changed while it was being checked
+            self._on_tools_changed()
         return self
 
     async def __aexit__(
@@ -284,7 +287,7 @@ class MCPServer:
             if not listed.done():
                 listed.set_exception(self._unreachable(ConnectionError(self._lost)))
         except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
-            self._lost = _describe(exc)
+            self._lost = describe(exc)
             if not listed.done():
                 listed.set_exception(self._unreachable(exc))
         finally:
@@ -296,14 +299,18 @@ class MCPServer:
         if isinstance(exc, MCPError | InvalidInputError):
             return exc
         if self._stage == "list":
-            cause = self._unreadable or _describe(exc)
+            cause = self._unreadable or describe(exc)
             return MCPError(f"MCP server {self.name!r} could not list its tools: {cause}")
-        return MCPError(f"MCP server {self.name!r} could not be reached: {_describe(exc)}")
+        return MCPError(f"MCP server {self.name!r} could not be reached: {describe(exc)}")
 
     async def _on_message(self, message: Any) -> None:
         """The SDK's notifications and the transport's faults (never raises)."""
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._stale = True
+            if self._stage == "ready":
+                self._on_tools_changed()
         if isinstance(message, Exception):
-            self._unreadable = f"it sent a message the SDK could not read ({_describe(message)})"
+            self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
             if self._stage == "list" and listed is not None and not listed.done():
                 # Most likely the tools/list reply itself, which the SDK then drops.
@@ -313,8 +320,25 @@ class MCPServer:
                     )
                 )
 
+    def _on_tools_changed(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.ensure_future(self._refresh_while_stale())
+
+    async def _refresh_while_stale(self) -> None:
+        """Refresh until the list has not changed since (never raises: logs)."""
+        while self._stale and self._client is not None:
+            self._stale = False
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - a background refresh is logged
+                self._log.warning("mcp_refresh_failed", server=self.name, error=describe(exc))
+
     async def _close(self) -> None:
         holder, self._holder, self._tools = self._holder, None, ()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None and not refresher.done():
+            refresher.cancel()
+            await asyncio.wait((refresher,))
         if holder is None:
             return
         if self._wake is not None:
@@ -342,12 +366,14 @@ class MCPServer:
             return streamable_http_client(self._target, http_client=http)
         return self._target
 
-    async def _list_tools(self, client: mcp.Client) -> list[mcp_types.Tool]:
+    async def _list_tools(
+        self, client: mcp.Client, cache_mode: CacheMode = "use"
+    ) -> list[mcp_types.Tool]:
         listed: list[mcp_types.Tool] = []
         cursor: str | None = None
         while True:
             try:
-                page = await client.list_tools(cursor=cursor)
+                page = await client.list_tools(cursor=cursor, cache_mode=cache_mode)
             except Exception as exc:
                 raise self._unreachable(exc) from exc
             listed.extend(page.tools)
@@ -405,6 +431,27 @@ class MCPServer:
     def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
         return Tool(definition, _Call(self, remote.name), timeout=self.call_timeout)
 
+    async def refresh(self) -> tuple[Tool, ...]:
+        """List the server's tools again, checked as when connecting (within
+        ``connect_timeout``), and make them :attr:`tools`: for the runs started after
+        (a run keeps the tools it started with). It runs by itself when the server
+        says its tool list changed (``notifications/tools/list_changed``; a failure
+        then is logged, and ``tools`` stays as it was)."""
+        client = self._client
+        if client is None:
+            raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                remote = await self._list_tools(client, cache_mode="refresh")
+                tools = await self._checked(remote)
+        except TimeoutError:
+            raise MCPError(
+                f"MCP server {self.name!r} did not list and check its tools within "
+                f"{self.connect_timeout} s (connect_timeout)"
+            ) from None
+        self._tools = tools
+        return tools
+
     # -- calling ------------------------------------------------------------------------
 
     async def _call(
@@ -447,19 +494,19 @@ class MCPServer:
         except MCPError:
             raise
         except Exception as exc:
-            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {_describe(exc)}") from exc
+            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}") from exc
         finally:
             remove()
         return self._output(result)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
         items = result.content
-        blocks = [_block(item) for item in items[: self.max_blocks]]
+        blocks = [block(item) for item in items[: self.max_blocks]]
         if not blocks and result.structured_content is not None:
             blocks.append(TextContent(json.dumps(result.structured_content, ensure_ascii=False)))
         if not blocks:
             blocks.append(TextContent("(no content)"))
-        out = _capped(blocks, self.max_output_chars, self.max_output_bytes)
+        out = capped(blocks, self.max_output_chars, self.max_output_bytes)
         if len(items) > self.max_blocks:
             dropped = len(items) - self.max_blocks
             out.append(
@@ -496,24 +543,6 @@ def _predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
     return names.__contains__
 
 
-def _describe(exc: BaseException) -> str:
-    """A short account of an exception: the leaves of a group, the first line of each."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(dict.fromkeys(_describe(e) for e in exc.exceptions))
-    errors = getattr(exc, "errors", None)
-    text = ""
-    if callable(errors):  # pydantic's ValidationError: its first error's message
-        try:
-            text = str(errors()[0]["msg"])
-        except Exception:  # noqa: BLE001 - any other errors() is not pydantic's
-            text = ""
-    if not text and str(exc).strip():
-        text = str(exc).strip().splitlines()[0]
-    name = type(exc).__name__
-    text = f"{name}: {text}" if text else name
-    return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS] + "..."
-
-
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -522,72 +551,3 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-def _block(item: Any) -> ToolResultContent:
-    if isinstance(item, mcp_types.TextContent):
-        return TextContent(item.text)
-    if isinstance(item, mcp_types.ImageContent):
-        return _image(item.data, item.mime_type)
-    if isinstance(item, mcp_types.AudioContent):
-        return TextContent(f"[audio: {item.mime_type}, {len(item.data)} base64 characters]")
-    if isinstance(item, mcp_types.ResourceLink):
-        return TextContent(f"[resource link: {item.uri}]")
-    if isinstance(item, mcp_types.EmbeddedResource):
-        resource = item.resource
-        if isinstance(resource, mcp_types.TextResourceContents):
-            return TextContent(resource.text)
-        return TextContent(f"[resource: {resource.uri}, {resource.mime_type or 'binary'}]")
-    return TextContent(f"[{getattr(item, 'type', type(item).__name__)} content]")
-
-
-def _image(data: str, mime_type: str) -> ToolResultContent:
-    """An image block, or a line saying why the server's image was refused."""
-    if not _IMAGE_MIME.fullmatch(mime_type):
-        return TextContent(f"[image refused: MIME type {mime_type[:60]!r} is not image/*]")
-    try:
-        base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        return TextContent(f"[image refused ({mime_type}): its data is not base64]")
-    return ImageContent(data, mime_type)
-
-
-def _capped(
-    blocks: Iterable[ToolResultContent], max_chars: int, max_bytes: int
-) -> list[ToolResultContent]:
-    """The blocks with their text cut to ``max_chars`` characters in all and the
-    whole cut to ``max_bytes`` bytes (text in UTF-8, image data as sent), saying so."""
-    out: list[ToolResultContent] = []
-    chars, room = max_chars, max_bytes
-    cut_chars = cut_bytes = dropped_images = 0
-    for block in blocks:
-        if isinstance(block, ImageContent):
-            if len(block.data) <= room:
-                out.append(block)
-                room -= len(block.data)
-            else:
-                dropped_images += 1
-                cut_bytes += len(block.data)
-            continue
-        assert isinstance(block, TextContent)
-        text = block.text
-        if len(text) > chars:
-            cut_chars += len(text) - chars
-            text = text[:chars]
-        chars -= len(text)
-        encoded = text.encode("utf-8", "surrogatepass")
-        if len(encoded) > room:
-            cut_bytes += len(encoded) - room
-            text = encoded[:room].decode("utf-8", "ignore")
-            encoded = text.encode("utf-8", "surrogatepass")
-        room -= len(encoded)
-        if text or not block.text:
-            out.append(TextContent(text) if text is not block.text else block)
-    if cut_chars:
-        out.append(TextContent(f"[{cut_chars} more characters cut: max_output_chars={max_chars}]"))
-    if cut_bytes:
-        images = f", {dropped_images} images dropped" if dropped_images else ""
-        out.append(
-            TextContent(f"[{cut_bytes} more bytes cut{images}: max_output_bytes={max_bytes}]")
-        )
-    return out
