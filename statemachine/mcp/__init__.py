@@ -436,7 +436,9 @@ class MCPServer:
         ``connect_timeout``), and make them :attr:`tools`: for the runs started after
         (a run keeps the tools it started with). It runs by itself when the server
         says its tool list changed (``notifications/tools/list_changed``; a failure
-        then is logged, and ``tools`` stays as it was)."""
+        then is logged, and ``tools`` stays as it was). A server of the 2026-07-28
+        protocol says so only on a ``subscriptions/listen`` stream, which this client
+        does not open."""
         client = self._client
         if client is None:
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
