@@ -122,6 +122,24 @@ def test_content_capture_is_bounded_per_span_and_linear_in_the_run() -> None:
     assert total_200 < 2.3 * total_100, (total_100, total_200)
 
 
+@pytest.mark.timeout(60)
+def test_each_message_of_a_run_is_made_json_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from statemachine.otel import _content
+
+    made: list[object] = []
+    real = _content.as_message
+
+    def counted(message: Any) -> dict[str, Any]:
+        made.append(message)
+        return real(message)
+
+    monkeypatch.setattr(_content, "as_message", counted)
+    turns = 150
+    _long_run(turns, 1_000_000)  # every message fits: each call sends the whole history
+    history = 1 + 2 * turns + 1  # the user's, each turn's call and result, the answer
+    assert len(made) <= history, (len(made), history)  # not turns * history / 2
+
+
 @pytest.mark.timeout(30)
 def test_content_past_the_limit_keeps_the_newest_messages_and_says_so() -> None:
     tracer, exporter = _exported(capture_content=True, max_content_chars=400)

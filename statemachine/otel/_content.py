@@ -48,16 +48,25 @@ class Budget:
             attributes[key] = text
             self.left -= len(text)
 
-    def put_messages(self, attributes: Attributes, key: str, messages: Sequence[Message]) -> None:
+    def put_messages(
+        self,
+        attributes: Attributes,
+        key: str,
+        messages: Sequence[Message],
+        cache: MessageCache | None = None,
+    ) -> None:
         """The newest messages that fit, oldest first; the newest one cut if it
-        alone does not fit. Costs what it keeps, not the history's length."""
+        alone does not fit. Costs what it keeps, not the history's length; with a
+        ``cache``, each message of a run is made JSON once, not once per call."""
         if self.left < 2:
             self.truncated = True
             return
         room = self.left - 2  # the brackets
         kept: list[str] = []
+        if cache is not None and len(cache) > 2 * len(messages) + 64:
+            cache.clear()  # messages replaced (a transform_context hook): start over
         for message in reversed(messages):
-            text = json.dumps(as_message(message), ensure_ascii=False, default=str)
+            text = _json_of(message, cache)
             separator = 2 if kept else 0
             if len(text) + separator > room:
                 self.truncated = True
@@ -90,6 +99,22 @@ class Budget:
                 return text
             chars //= 2
         return None
+
+
+MessageCache = dict[int, tuple[Message, str]]
+"""A run's messages as JSON, by identity (each entry keeps its message alive, so an
+identity is never reused while the entry exists)."""
+
+
+def _json_of(message: Message, cache: MessageCache | None) -> str:
+    if cache is not None:
+        cached = cache.get(id(message))
+        if cached is not None and cached[0] is message:
+            return cached[1]
+    text = json.dumps(as_message(message), ensure_ascii=False, default=str)
+    if cache is not None:
+        cache[id(message)] = (message, text)
+    return text
 
 
 def cut(value: object, chars: int) -> object:

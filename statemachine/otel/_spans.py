@@ -24,7 +24,13 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
-from statemachine.otel._content import FINISH_REASONS, Budget, as_message, as_result
+from statemachine.otel._content import (
+    FINISH_REASONS,
+    Budget,
+    MessageCache,
+    as_message,
+    as_result,
+)
 from statemachine.otel._guard import Attributes, Guard
 
 if TYPE_CHECKING:
@@ -54,6 +60,7 @@ class RunState:
         self.executed: set[str] = set()  # the calls that ran
         self.answered: set[str] = set()  # the calls that did not, their span made
         self.open: dict[str, Span | None] = {}
+        self.messages_json: MessageCache = {}  # content capture: each message once
 
     def close(
         self, guard: Guard, call_id: str, error_type: str | None, *, abandoned: bool = False
@@ -255,7 +262,9 @@ class TracedModel:
             budget.put(
                 content, "gen_ai.system_instructions", [{"type": "text", "content": self._system}]
             )
-        budget.put_messages(content, "gen_ai.input.messages", messages)
+        state = run_state.get()
+        cache = state.messages_json if state is not None else None
+        budget.put_messages(content, "gen_ai.input.messages", messages, cache)
         if tools:
             definitions = [
                 {
