@@ -19,8 +19,10 @@ where it comes from is in the OpenTelemetry guide):
   result), the exception's class, ``cancelled`` (an abort) or ``timeout`` (the
   tool's deadline). A call answered without running (unknown tool, invalid
   arguments, denied, never started because of an abort) gets a span of no duration
-  when its answer is recorded, with ``statemachine.tool.executed`` false; a call the
-  run abandoned after an abort has its span ended when it is abandoned.
+  before the next model call's (or at the run's end, for the last batch), with
+  ``statemachine.tool.executed`` false; a call the run abandoned after an abort has
+  its span ended with the run (which ends as it gives up on the call), not whenever
+  the tool returns.
 - Metrics: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
   per model call.
 
@@ -41,14 +43,13 @@ Exception messages are never recorded (they may quote content); the class is.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from statemachine._version import __version__
-from statemachine.agent.events import MessageAdded, RunEvent, RunResult, ToolEnded
+from statemachine.agent.events import RunResult
 from statemachine.agent.model import ModelClient
 from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
@@ -188,7 +189,7 @@ class AgentTracer:
             self._agent_attributes(run, conversation_id, model),
         )
         state = RunState(span, described=model is not None)
-        events = asyncio.ensure_future(self._follow(run.events(), state))
+        before = len(run.engine.messages)
         token = run_state.set(state)
         attached = guard.attach(span)
         try:
@@ -211,14 +212,19 @@ class AgentTracer:
         finally:
             guard.detach(attached)
             run_state.reset(token)
-            # The run's events end with RunFinished; a run that raised may not have
-            # sent it: then they are not waited for.
-            if not events.done():
-                await asyncio.wait((events,), timeout=0 if run.result is None else 1.0)
-                events.cancel()
-            for call_id in list(state.open):  # still running: given up on with the run
-                state.close(guard, call_id, "cancelled", abandoned=True)
+            self._ended(run, state, before)
             guard.end(span)
+
+    def _ended(self, run: AgentRun, state: RunState, before: int) -> None:
+        """The spans the run's end settles, made or ended now (it has just ended):
+        calls of its last batch answered without running (the earlier ones had
+        theirs when the next model call started), and calls it gave up on."""
+        outcome = run.result
+        for message in outcome.messages[before:] if outcome is not None else ():
+            if isinstance(message, ToolResultMessage):
+                record_unexecuted(self, state, message)
+        for call_id in list(state.open):  # still running: abandoned with the run
+            state.close(self._guard, call_id, "cancelled", abandoned=True)
 
     def _agent_attributes(
         self, run: AgentRun, conversation_id: str | None, model: TracedModel | None
@@ -238,17 +244,6 @@ class AgentTracer:
         }
         attributes.update({k: v for k, v in optional.items() if v})
         return attributes
-
-    async def _follow(self, events: AsyncIterator[RunEvent], state: RunState) -> None:
-        """Spans for calls answered without running, when their answer is recorded,
-        and the end of the calls the run abandoned, when it abandons them."""
-        async for event in events:
-            if isinstance(event, MessageAdded):
-                message = event.message
-                if isinstance(message, ToolResultMessage):
-                    record_unexecuted(self, state, message)
-            elif isinstance(event, ToolEnded) and event.abandoned:
-                state.close(self._guard, event.call.id, "cancelled", abandoned=True)
 
     def model(self, client: ModelClient, *, provider_name: str | None = None) -> ModelClient:
         """``client``, making a ``chat`` span around each call (``provider_name``:
