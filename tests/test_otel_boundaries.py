@@ -249,3 +249,44 @@ def test_a_tool_past_its_deadline_is_a_timeout_not_a_cancellation() -> None:
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool slow"]
     assert dict(span.attributes or {})["error.type"] == "timeout"
     assert span.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.timeout(30)
+def test_a_client_answering_something_else_fails_the_run_as_untraced() -> None:
+    class Odd:
+        model = "odd-1"
+
+        async def complete(self, *args: Any) -> Any:
+            return {"not": "a message"}
+
+    untraced = asyncio.run(sm.run_agent(model=Odd(), messages=[sm.UserMessage("go")]))
+    tracer, exporter = _exported(capture_content=True)
+    traced = asyncio.run(tracer.run_agent(model=Odd(), messages=[sm.UserMessage("go")]))
+    assert (traced.state, traced.explanation) == (untraced.state, untraced.explanation)
+    chat = next(s for s in exporter.get_finished_spans() if s.name == "chat odd-1")
+    assert dict(chat.attributes or {})["error.type"] == "_OTHER"
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_in_the_tracers_own_work_never_changes_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from statemachine.otel import _content
+
+    def broken(*args: Any) -> None:
+        raise ValueError("content could not be built")
+
+    monkeypatch.setattr(_content.Budget, "put", broken)
+    tracer, exporter = _exported(capture_content=True)
+    with capture_logs() as logs:
+        result = asyncio.run(
+            tracer.run_agent(model=_script(), tools=[double], messages=[sm.UserMessage("go")])
+        )
+    assert result.state is sm.TurnState.Done
+    (answer,) = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert answer.text == "4"
+    assert not answer.is_error
+    failures = {e["where"] for e in logs if e["event"] == "telemetry_call_failed"}
+    # the tool ran untraced, so the next call tried to record it as unexecuted
+    assert failures == {"start execute_tool", "start chat", "end chat"}
+    assert "invoke_agent tester" in {s.name for s in exporter.get_finished_spans()}

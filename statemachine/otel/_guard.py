@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -35,6 +36,14 @@ class Guard:
             )
         except Exception:  # noqa: BLE001 - a broken logger must not break a run either
             pass
+
+    def safely(self, where: str, work: Callable[..., None], *args: Any) -> None:
+        """``work(*args)``: the tracer's own work around a call (attributes, content,
+        metrics), which must not change a run either."""
+        try:
+            work(*args)
+        except Exception as exc:  # noqa: BLE001 - see the class docstring
+            self.failed(where, exc)
 
     def start(
         self,

@@ -136,10 +136,12 @@ def error_type(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-# -- captured content in the conventions' JSON shapes -----------------------------------------
+# -- the wrappers -------------------------------------------------------------------------------
 
 
 class TracedModel:
+    """A model client whose calls make ``chat`` spans and the GenAI metrics."""
+
     def __init__(self, client: ModelClient, tracer: AgentTracer, provider: str) -> None:
         self._client = client
         self.tracer = tracer
@@ -178,11 +180,31 @@ class TracedModel:
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
+        guard = self.tracer._guard
+        try:
+            span = self._open(messages)
+        except Exception as exc:  # noqa: BLE001 - telemetry never changes a run
+            guard.failed("start chat", exc)
+            return await self._client.complete(messages, tools, signal)
+        attached = guard.attach(span)
+        started = time.monotonic()
+        try:
+            response = await self._client.complete(messages, tools, signal)
+        except BaseException as exc:
+            guard.detach(attached)
+            error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_type(exc)
+            guard.safely("end chat", self._close, span, started, messages, tools, None, error)
+            raise
+        guard.detach(attached)
+        guard.safely("end chat", self._close, span, started, messages, tools, response, None)
+        return response
+
+    def _open(self, messages: Sequence[Message]) -> Span | None:
         tracer, guard = self.tracer, self.tracer._guard
         state = run_state.get()
         if state is not None:
-            # The calls of the last batch that never ran: their spans come before this
-            # call's (the run's events reach the tracer a step later).
+            # The calls of the last batch answered without running (answered at once,
+            # they were recorded before this call): their spans come before its.
             for message in reversed(messages):
                 if not isinstance(message, ToolResultMessage):
                     break
@@ -190,50 +212,50 @@ class TracedModel:
             if not state.described:  # the run's span names the agent's provider and model
                 state.described = True
                 guard.set(state.span, self._described)
-        span = guard.start(
+        return guard.start(
             tracer._tracer,
             self._name,
             SpanKind.CLIENT,
             dict(self._request),
             parent=state.span if state is not None else None,
         )
-        attached = guard.attach(span)
-        started = time.monotonic()
-        try:
-            response = await self._client.complete(messages, tools, signal)
-        except BaseException as exc:
-            error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_type(exc)
+
+    def _close(
+        self,
+        span: Span | None,
+        started: float,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        response: object,
+        error: str | None,
+    ) -> None:
+        guard = self.tracer._guard
+        usage = None
+        if isinstance(response, AssistantMessage):
+            reason = FINISH_REASONS.get(response.stop_reason, "error")
+            ended: Attributes = {"gen_ai.response.finish_reasons": (reason,)}
+            usage = response.usage
+            if usage is not None:
+                ended["gen_ai.usage.input_tokens"] = usage.input
+                ended["gen_ai.usage.output_tokens"] = usage.output
+                if usage.cache_read:
+                    ended["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read
+                if usage.cache_write:
+                    ended["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write
+            guard.set(span, ended)
+            if response.stop_reason is StopReason.ABORTED:
+                error = "cancelled"
+            elif response.stop_reason is StopReason.ERROR:
+                error = "error"
+        elif error is None:  # not a response: the run says so; the span marks it
+            error = "_OTHER"
+        if error is not None:
             guard.error(span, error)
-            self._measure(started, None, error)
-            if tracer.capture_content:
-                self._content(span, messages, tools, None)
-            guard.detach(attached)
-            guard.end(span)
-            raise
-        reason = FINISH_REASONS.get(response.stop_reason, "error")
-        ended: Attributes = {"gen_ai.response.finish_reasons": (reason,)}
-        usage = response.usage
-        if usage is not None:
-            ended["gen_ai.usage.input_tokens"] = usage.input
-            ended["gen_ai.usage.output_tokens"] = usage.output
-            if usage.cache_read:
-                ended["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read
-            if usage.cache_write:
-                ended["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write
-        guard.set(span, ended)
-        failure: str | None = None
-        if response.stop_reason is StopReason.ABORTED:
-            failure = "cancelled"
-        elif response.stop_reason is StopReason.ERROR:
-            failure = "error"
-        if failure is not None:
-            guard.error(span, failure)
-        self._measure(started, usage, failure)
-        if tracer.capture_content:
-            self._content(span, messages, tools, response)
-        guard.detach(attached)
+        self._measure(started, usage, error)
+        if self.tracer.capture_content:
+            answer = response if isinstance(response, AssistantMessage) else None
+            self._content(span, messages, tools, answer)
         guard.end(span)
-        return response
 
     def _measure(self, started: float, usage: Any, error: str | None) -> None:
         guard, tracer = self.tracer._guard, self.tracer
@@ -299,6 +321,8 @@ def server_of(base_url: object) -> Attributes:
 
 
 class TracedExecute:
+    """A tool's ``execute`` whose calls make ``execute_tool`` spans."""
+
     def __init__(self, tool: Tool, tracer: AgentTracer) -> None:
         self._tool = tool
         self.tracer = tracer
@@ -306,17 +330,41 @@ class TracedExecute:
         self.otel_attributes = getattr(tool.execute, "otel_attributes", None)
 
     async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> Any:
-        tracer, guard = self.tracer, self.tracer._guard
+        guard = self.tracer._guard
+        state = run_state.get()
+        try:
+            call_id, span, budget = self._open(arguments, state)
+        except Exception as exc:  # noqa: BLE001 - telemetry never changes a run
+            guard.failed("start execute_tool", exc)
+            return await self._tool.execute(arguments, signal)
+        attached = guard.attach(span)
+        started = time.monotonic()
+        try:
+            value = await self._tool.execute(arguments, signal)
+        except BaseException as exc:
+            guard.detach(attached)
+            error = "timeout" if self._timed_out(signal, started) else self._failure(exc, signal)
+            guard.safely("end execute_tool", self._end, state, call_id, span, error)
+            raise
+        guard.detach(attached)
+        guard.safely(
+            "end execute_tool", self._close, state, call_id, span, budget, value, started, signal
+        )
+        return value
+
+    def _open(
+        self, arguments: dict[str, Any], state: RunState | None
+    ) -> tuple[str | None, Span | None, Budget]:
+        tracer = self.tracer
         call = current_tool_call()
         call_id = call.id if call is not None else None
-        state = run_state.get()
         attributes = tool_attributes(self._tool.name, call_id, self._tool)
         attributes["statemachine.tool.executed"] = True
         budget = Budget(tracer.max_content_chars)
         if tracer.capture_content:
             budget.put(attributes, "gen_ai.tool.call.arguments", arguments)
             budget.mark(attributes)
-        span = guard.start(
+        span = tracer._guard.start(
             tracer._tracer,
             f"execute_tool {self._tool.name}",
             SpanKind.INTERNAL,
@@ -326,28 +374,29 @@ class TracedExecute:
         if state is not None and call_id is not None:
             state.executed.add(call_id)
             state.open[call_id] = span
-        attached = guard.attach(span)
-        started = time.monotonic()
-        try:
-            value = await self._tool.execute(arguments, signal)
-        except BaseException as exc:
-            guard.detach(attached)
-            timed_out = self._timed_out(signal, started)
-            self._end(state, call_id, span, "timeout" if timed_out else self._failure(exc, signal))
-            raise
-        guard.detach(attached)
+        return call_id, span, budget
+
+    def _close(
+        self,
+        state: RunState | None,
+        call_id: str | None,
+        span: Span | None,
+        budget: Budget,
+        value: object,
+        started: float,
+        signal: AbortSignal,
+    ) -> None:
         output = tool_output_from(value)
         error = "timeout" if self._timed_out(signal, started) else None
         if output is not None and error is None:
             if output.is_error:
                 error = "tool_error"
-            if tracer.capture_content:
+            if self.tracer.capture_content:
                 ended: Attributes = {}
                 budget.put(ended, "gen_ai.tool.call.result", as_result(output.content))
                 budget.mark(ended)
-                guard.set(span, ended)
+                self.tracer._guard.set(span, ended)
         self._end(state, call_id, span, error)
-        return value
 
     def _timed_out(self, signal: AbortSignal, started: float) -> bool:
         """Whether the driver gave up on the call at its tool's deadline: it signals
