@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import sys
 import threading
 import time
@@ -347,3 +348,19 @@ async def test_a_tool_list_that_changed_is_listed_again_by_itself() -> None:
     async with server:
         await _until(lambda: [t.name for t in server.tools] == ["first", "second"])
         assert server.tools[1].definition.description == "Second"
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_an_http_servers_errors_never_show_the_credentials_in_its_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://agent:hunter2-secret@127.0.0.1:{port}/mcp?token=tok-secret#frag"
+    server = MCPServer.http(url, headers={"Authorization": "Bearer bearer-secret"})
+    assert server.name == f"http://127.0.0.1:{port}/mcp"
+    with pytest.raises(MCPError) as caught:
+        async with server:
+            pass
+    for secret in ("hunter2", "tok-secret", "bearer-secret"):
+        assert secret not in str(caught.value)

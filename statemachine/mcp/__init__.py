@@ -54,6 +54,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
@@ -201,8 +202,12 @@ class MCPServer:
     def http(
         cls, url: str, *, headers: Mapping[str, str] | None = None, **options: Any
     ) -> MCPServer:
-        """A server reached over streamable HTTP at ``url`` (``headers``: e.g. auth)."""
-        return cls(url, name=options.pop("name", url), http_headers=headers, **options)
+        """A server reached over streamable HTTP at ``url`` (``headers``: e.g. auth).
+
+        Its default name, which errors quote, is the URL without its query and any
+        user and password in it."""
+        name = options.pop("name", None) or _shown(url)
+        return cls(url, name=name, http_headers=headers, **options)
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -532,6 +537,18 @@ class _Call:
 
     async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
         return await self._server._call(self._remote, arguments, signal)
+
+
+def _shown(url: str) -> str:
+    """``url`` without what may be a secret: user and password, query, fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an MCP server URL that could not be read)"
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
 
 
 def _predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
