@@ -50,11 +50,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
@@ -74,6 +73,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from statemachine.mcp._results import block, capped, describe
+from statemachine.mcp._support import (
+    ToolFilter,
+    current_task_cancelling,
+    predicate,
+    retrieve,
+    shown,
+)
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -98,11 +104,6 @@ DEFAULT_MAX_BLOCKS = 100
 """Content blocks one tool result may hold; the rest are dropped, with a note."""
 DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
-
-
-ToolFilter = Collection[str] | Callable[[str], bool]
-"""Which server tools to offer: their names (as the server spells them), or a
-predicate on the name."""
 
 
 class MCPError(StateMachineError):
@@ -155,13 +156,13 @@ class MCPServer:
         self.max_output_bytes = max_output_bytes
         self.max_blocks = max_blocks
         self.max_tools = max_tools
-        self._allowed = _predicate(allowed_tools, "allowed_tools")
+        self._allowed = predicate(allowed_tools, "allowed_tools")
         self._allowed_names = (
             frozenset(allowed_tools)
             if allowed_tools is not None and not callable(allowed_tools)
             else frozenset()
         )
-        self._blocked = _predicate(blocked_tools, "blocked_tools")
+        self._blocked = predicate(blocked_tools, "blocked_tools")
         self._target = target
         self._headers = dict(http_headers or {})
         self._stderr = stderr
@@ -206,7 +207,7 @@ class MCPServer:
 
         Its default name, which errors quote, is the URL without its query and any
         user and password in it."""
-        name = options.pop("name", None) or _shown(url)
+        name = options.pop("name", None) or shown(url)
         return cls(url, name=name, http_headers=headers, **options)
 
     @property
@@ -485,7 +486,7 @@ class MCPServer:
             await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
             if not request.done():
                 request.cancel()
-                request.add_done_callback(_retrieve)  # whatever it ends with, nobody waits
+                request.add_done_callback(retrieve)  # whatever it ends with, nobody waits
                 raise MCPError(
                     f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
                     f"({self._lost or 'closed'})"
@@ -493,7 +494,7 @@ class MCPServer:
             result = request.result()
         except asyncio.CancelledError:
             request.cancel()
-            if signal.aborted and not _current_task_cancelling():
+            if signal.aborted and not current_task_cancelling():
                 raise MCPError(
                     f"cancelled on MCP server {self.name!r} (notifications/cancelled sent)"
                 ) from None
@@ -537,36 +538,3 @@ class _Call:
 
     async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
         return await self._server._call(self._remote, arguments, signal)
-
-
-def _shown(url: str) -> str:
-    """``url`` without what may be a secret: user and password, query, fragment."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "(an MCP server URL that could not be read)"
-    host = f"[{host}]" if ":" in host else host
-    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
-
-
-def _predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
-    if tools is None:
-        return lambda _name: True
-    if callable(tools):
-        return tools
-    if isinstance(tools, str) or not all(isinstance(n, str) for n in tools):
-        raise InvalidInputError(f"{option} must be tool names or a predicate on a name")
-    names = frozenset(tools)
-    return names.__contains__
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _current_task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

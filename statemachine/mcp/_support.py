@@ -1,0 +1,47 @@
+"""Small pieces of the MCP client: URLs shown in errors, tool filters, task helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from statemachine.errors import InvalidInputError
+
+ToolFilter = Collection[str] | Callable[[str], bool]
+"""Which server tools to offer: their names (as the server spells them), or a
+predicate on the name."""
+
+
+def shown(url: str) -> str:
+    """``url`` without what may be a secret: user and password, query, fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an MCP server URL that could not be read)"
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+def predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
+    if tools is None:
+        return lambda _name: True
+    if callable(tools):
+        return tools
+    if isinstance(tools, str) or not all(isinstance(n, str) for n in tools):
+        raise InvalidInputError(f"{option} must be tool names or a predicate on a name")
+    names = frozenset(tools)
+    return names.__contains__
+
+
+def retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
