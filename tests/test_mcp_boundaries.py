@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mcp import DEVNULL, HttpServer, _calls, _results, _sync, _until, http_server
+from test_mcp import (
+    DEVNULL,
+    SERVER,
+    HttpServer,
+    _calls,
+    _results,
+    _sync,
+    _until,
+    http_server,
+)
 
 import statemachine as sm
 from statemachine.core.invariants import history_violations
@@ -23,6 +32,8 @@ from statemachine.mcp import (
     DEFAULT_MAX_BLOCKS,
     DEFAULT_MAX_OUTPUT_BYTES,
     MCPError,
+    MCPPrompt,
+    MCPResource,
     MCPServer,
 )
 from statemachine.testing import ScriptedModel
@@ -300,8 +311,6 @@ async def test_allowed_and_blocked_tools_choose_what_is_offered() -> None:
 @pytest.mark.timeout(60)
 @_sync
 async def test_the_server_is_told_this_library_and_its_version(tmp_path: Path) -> None:
-    from test_mcp import SERVER
-
     log = tmp_path / "log"
     server = MCPServer.stdio(
         sys.executable, [str(SERVER), "stdio"], env={"MCP_TEST_LOG": str(log)}, stderr=DEVNULL
@@ -323,8 +332,6 @@ def test_bounds_must_be_positive_integers() -> None:
 @pytest.mark.timeout(60)
 @_sync
 async def test_refresh_lists_the_tools_again_for_the_next_runs() -> None:
-    from test_mcp import SERVER
-
     async with MCPServer.stdio(sys.executable, [str(SERVER), "stdio"], stderr=DEVNULL) as server:
         before = server.tools
         (grow,) = [t for t in before if t.name == "grow"]
@@ -364,3 +371,74 @@ async def test_an_http_servers_errors_never_show_the_credentials_in_its_url() ->
             pass
     for secret in ("hunter2", "tok-secret", "bearer-secret"):
         assert secret not in str(caught.value)
+
+
+# -- resources and prompts -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_resources_and_prompts_are_listed_read_and_put_in_a_run() -> None:
+    async with MCPServer.stdio(sys.executable, [str(SERVER), "stdio"], stderr=DEVNULL) as server:
+        resources = await server.list_resources()
+        assert MCPResource("test://greeting", "greeting", "A greeting.", "text/plain") in resources
+        assert [r.name for r in resources] == ["greeting", "dot"]
+        (text,) = await server.read_resource("test://greeting")
+        assert text == sm.TextContent("Hello from the server.")
+        (picture,) = await server.read_resource("test://dot.png")
+        assert isinstance(picture, sm.ImageContent)
+        assert picture.mime_type == "image/png"
+        assert await server.list_prompts() == (
+            MCPPrompt("review", "Ask for a review.", ("code", "strict"), ("code",)),
+        )
+        messages = await server.get_prompt("review", {"code": "x = 1"})
+        assert messages == (sm.UserMessage("Please review this code (strict: no): x = 1"),)
+        with pytest.raises(MCPError, match=r"MCP server .*, resource 'test://nope': "):
+            await server.read_resource("test://nope")
+        model = ScriptedModel("reviewed")
+        result = await sm.run_agent(
+            model=model,
+            messages=[*messages, sm.UserMessage((sm.TextContent("Also this:"), text))],
+        )
+    assert result.state is sm.TurnState.Done
+    assert model.contexts[0][0] == messages[0]
+    with pytest.raises(MCPError, match="not connected"):
+        await server.list_resources()
+
+
+def test_resource_contents_and_prompt_messages_are_bounded() -> None:
+    import mcp.types as mcp_types
+
+    from statemachine.mcp._resources import prompt_messages, resource_blocks
+
+    text = mcp_types.TextResourceContents(uri="test://t", text="z" * 50)
+    blob = mcp_types.BlobResourceContents(uri="test://b", blob="AAAA", mime_type="application/zip")
+    fake = mcp_types.BlobResourceContents(uri="test://i", blob="not base64!", mime_type="image/png")
+    read = mcp_types.ReadResourceResult(contents=[text, blob, fake, text, text])
+    blocks = resource_blocks(read, 157, 1_000, 4)  # 147 characters before the last
+    assert blocks == (
+        sm.TextContent("z" * 50),
+        sm.TextContent("[resource: test://b, application/zip, 4 bytes]"),
+        sm.TextContent("[image refused (image/png): its data is not base64]"),
+        sm.TextContent("z" * 10),
+        sm.TextContent("[40 more characters cut: max_output_chars=157]"),
+        sm.TextContent("[1 more contents dropped: max_blocks=4]"),
+    )
+    said = mcp_types.PromptMessage(
+        role="user", content=mcp_types.TextContent(type="text", text="w" * 100)
+    )
+    answered = mcp_types.PromptMessage(
+        role="assistant", content=mcp_types.TextContent(type="text", text="ok")
+    )
+    got = mcp_types.GetPromptResult(messages=[said, answered, said])
+    messages = prompt_messages(got, 40, 1_000, 2)
+    assert messages == (
+        sm.UserMessage(
+            (
+                sm.TextContent("w" * 20),
+                sm.TextContent("[80 more characters cut: max_output_chars=20]"),
+            )
+        ),
+        sm.AssistantMessage("ok"),
+        sm.UserMessage("[1 more messages dropped: max_blocks=2]"),
+    )

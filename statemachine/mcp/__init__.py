@@ -3,63 +3,42 @@
 An :class:`MCPServer` connects to one Model Context Protocol server, over stdio (the
 server is a subprocess this object starts and always reaps) or over streamable HTTP,
 for the lifetime of an ``async with`` block, and offers the server's tools as
-ordinary :class:`~statemachine.Tool` objects::
+ordinary :class:`~statemachine.Tool` objects (and its resources and prompts)::
 
     async with MCPServer.stdio("python", ["server.py"], prefix="fs_") as server:
         result = await run_agent(model=model, tools=[*server.tools, *mine], messages=...)
 
-What holds for every MCP tool, as for any other tool of a run:
+- **Tools are listed and checked at connect time**, within ``connect_timeout``, in a
+  worker thread (a server listing thousands never holds the event loop): a tool the
+  library cannot use, two tools with one name or more than ``max_tools`` fail
+  ``__aenter__`` with an ``InvalidInputError`` naming the server.
+- **Results are bounded** (``max_blocks``, ``max_output_chars``, ``max_output_bytes``)
+  and images checked (base64, ``image/*``); what is cut is said in a note.
+- **Failures are results, never hangs.** A JSON-RPC error, a crashed or killed server
+  (stdio or HTTP) answers the call with an error result naming the server, and the run
+  goes on; every call has a deadline (``call_timeout``). The SDK's connection lives in
+  a task of its own, so nothing its transport does can cancel the caller.
+- **Abort** cancels the request at once (the SDK sends ``notifications/cancelled``).
 
-- **Tools are checked at connect time**, within ``connect_timeout``. Each server
-  tool becomes a ``ToolDefinition`` with the server's ``inputSchema``; a name or
-  schema the library cannot use (not a JSON Schema object, a remote or recursive
-  ``$ref``, a name that providers refuse), two tools with one name, or more than
-  ``max_tools`` tools fail ``__aenter__`` with an ``InvalidInputError`` naming the
-  server (and the tool), never a mystery mid-run. The schemas are checked in a
-  worker thread, one tool at a time, so that a server listing thousands of tools
-  never holds the event loop (the check stops at the deadline). ``prefix`` is
-  prepended to every name so that two servers' tools cannot clash (the server still
-  sees its own names); ``allowed_tools`` / ``blocked_tools`` choose which of the
-  server's tools are offered (names, or a predicate on the server's name).
-- **Arguments are validated** by the engine against that schema before a call is
-  sent, like any tool's.
-- **Results** map to tool results: text blocks stay text; images stay images, when
-  their data is base64 and their MIME type ``image/*`` (otherwise a line saying why
-  the image was refused); audio, resource links and embedded resources become a
-  short text line each (embedded text resources keep their text);
-  ``structuredContent`` without any content block becomes its JSON; ``isError``
-  becomes an error result. Every result is bounded: at most ``max_blocks`` blocks
-  (default :data:`DEFAULT_MAX_BLOCKS`), ``max_output_chars`` characters of text
-  (default :data:`DEFAULT_MAX_OUTPUT_CHARS`) and ``max_output_bytes`` bytes in all,
-  text in UTF-8 plus image data (default :data:`DEFAULT_MAX_OUTPUT_BYTES`); what is
-  cut or dropped is said in a note.
-- **Failures are results, never hangs.** A JSON-RPC error from the server, a dropped
-  connection, a crashed or killed server (stdio or HTTP) answers the call with an
-  error result naming the server, and the run goes on; every call has a deadline
-  (``call_timeout``, default :data:`DEFAULT_CALL_TIMEOUT` seconds; ``None`` for
-  none), after which the run records "timed out" (the tool's ``timeout``, enforced by
-  the driver). The SDK's connection lives in a task of its own, so nothing the
-  transport does can cancel the caller.
-- **Abort** cancels the request at once: the SDK sends ``notifications/cancelled`` to
-  the server, and the call is answered "Operation aborted" (I6). Connecting has its
-  own deadline (``connect_timeout``, default :data:`DEFAULT_CONNECT_TIMEOUT` s).
+The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, TextIO
+from typing import Any, TextIO, TypeVar
 
 from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import TextContent
+from statemachine.core.messages import Message, TextContent, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError, StateMachineError
 
@@ -72,8 +51,17 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
     ) from exc
 
+from statemachine.mcp._resources import (
+    MCPPrompt,
+    MCPResource,
+    prompt_messages,
+    prompt_of,
+    resource_blocks,
+    resource_of,
+)
 from statemachine.mcp._results import block, capped, describe
 from statemachine.mcp._support import (
+    RemoteCall,
     ToolFilter,
     current_task_cancelling,
     predicate,
@@ -89,8 +77,12 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
     "MCPError",
+    "MCPPrompt",
+    "MCPResource",
     "MCPServer",
 ]
+
+_T = TypeVar("_T")
 
 DEFAULT_CALL_TIMEOUT = 60.0
 """Seconds one tool call may take before the run answers it "timed out"."""
@@ -435,7 +427,7 @@ class MCPServer:
             ) from None
 
     def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
-        return Tool(definition, _Call(self, remote.name), timeout=self.call_timeout)
+        return Tool(definition, RemoteCall(self, remote.name), timeout=self.call_timeout)
 
     async def refresh(self) -> tuple[Tool, ...]:
         """List the server's tools again, checked as when connecting (within
@@ -459,6 +451,87 @@ class MCPServer:
             ) from None
         self._tools = tools
         return tools
+
+    # -- resources and prompts ----------------------------------------------------------
+
+    async def list_resources(self) -> tuple[MCPResource, ...]:
+        """The server's resources (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "resources/list", "resources", lambda at, c: c.list_resources(cursor=at)
+        )
+        return tuple(resource_of(r) for page in found for r in page.resources)
+
+    async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
+        """A resource's contents as text and image blocks, bounded like a tool result:
+        put them in a run as ``UserMessage((TextContent("..."), *blocks))``."""
+        read = await self._ask(f"resource {uri!r}", lambda c: c.read_resource(uri))
+        return resource_blocks(read, *self._limits())
+
+    async def list_prompts(self) -> tuple[MCPPrompt, ...]:
+        """The server's prompts (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "prompts/list", "prompts", lambda at, c: c.list_prompts(cursor=at)
+        )
+        return tuple(prompt_of(p) for page in found for p in page.prompts)
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> tuple[Message, ...]:
+        """A prompt's messages, ready to start a run with (bounded like a tool result)."""
+        got = await self._ask(
+            f"prompt {name!r}", lambda c: c.get_prompt(name, dict(arguments or {}))
+        )
+        return prompt_messages(got, *self._limits())
+
+    def _limits(self) -> tuple[int, int, int]:
+        return self.max_output_chars, self.max_output_bytes, self.max_blocks
+
+    async def _listing(
+        self, what: str, field: str, fetch: Callable[[str | None, mcp.Client], Awaitable[Any]]
+    ) -> list[Any]:
+        pages: list[Any] = []
+        cursor: str | None = None
+        listed = 0
+        while True:
+            page = await self._ask(what, functools.partial(fetch, cursor))
+            pages.append(page)
+            listed += len(getattr(page, field))
+            if listed > self.max_tools:
+                raise MCPError(
+                    f"MCP server {self.name!r}: {what} lists more than "
+                    f"{self.max_tools} entries (max_tools)"
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                return pages
+
+    async def _ask(self, what: str, fetch: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
+        """One request, within ``call_timeout``, answered (or failed) when the
+        connection ends."""
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done():
+            raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
+        request = asyncio.ensure_future(fetch(client))
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            request.cancel()
+            request.add_done_callback(retrieve)
+            if isinstance(exc, TimeoutError):
+                raise MCPError(
+                    f"MCP server {self.name!r}, {what}: no answer within "
+                    f"{self.call_timeout} s (call_timeout)"
+                ) from None
+            raise
+        if not request.done():
+            request.cancel()
+            request.add_done_callback(retrieve)
+            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
+        try:
+            return request.result()
+        except Exception as exc:
+            raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc
 
     # -- calling ------------------------------------------------------------------------
 
@@ -523,18 +596,3 @@ class MCPServer:
                 )
             )
         return ToolOutput(out, is_error=bool(result.is_error))
-
-
-class _Call:
-    """A tool's ``execute``: the call of one tool on its server."""
-
-    # For the OpenTelemetry spans (statemachine.otel): a tool the agent runs by
-    # calling an external service is an "extension" in the GenAI conventions.
-    otel_attributes: ClassVar[Mapping[str, str]] = {"gen_ai.tool.type": "extension"}
-
-    def __init__(self, server: MCPServer, remote: str) -> None:
-        self._server = server
-        self._remote = remote
-
-    async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-        return await self._server._call(self._remote, arguments, signal)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
+from statemachine.core.abort import AbortSignal
+from statemachine.core.tools import ToolOutput
 from statemachine.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from statemachine.mcp import MCPServer
 
 ToolFilter = Collection[str] | Callable[[str], bool]
 """Which server tools to offer: their names (as the server spells them), or a
@@ -45,3 +50,18 @@ def retrieve(task: asyncio.Future[Any]) -> None:
 def current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+class RemoteCall:
+    """A tool's ``execute``: the call of one tool on its server."""
+
+    # For the OpenTelemetry spans (statemachine.otel): a tool the agent runs by
+    # calling an external service is an "extension" in the GenAI conventions.
+    otel_attributes: ClassVar[Mapping[str, str]] = {"gen_ai.tool.type": "extension"}
+
+    def __init__(self, server: MCPServer, remote: str) -> None:
+        self._server = server
+        self._remote = remote
+
+    async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
+        return await self._server._call(self._remote, arguments, signal)

@@ -106,6 +106,26 @@ def grow(name: str) -> str:
     return f"added {name}"
 
 
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@server.resource("test://greeting", name="greeting", description="A greeting.")
+def greeting() -> str:
+    return "Hello from the server."
+
+
+@server.resource("test://dot.png", name="dot", mime_type="image/png")
+def dot() -> bytes:
+    return PNG
+
+
+@server.prompt(description="Ask for a review.")
+def review(code: str, strict: str = "no") -> str:
+    return f"Please review this code (strict: {strict}): {code}"
+
+
 if os.environ.get("MCP_TEST_BAD_TOOL"):
 
     @server.tool(name="has.dot")
