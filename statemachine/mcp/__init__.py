@@ -40,7 +40,7 @@ from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import Message, TextContent, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
-from statemachine.errors import InvalidInputError, StateMachineError
+from statemachine.errors import InvalidInputError, MCPError
 
 try:
     import mcp
@@ -96,10 +96,6 @@ DEFAULT_MAX_BLOCKS = 100
 """Content blocks one tool result may hold; the rest are dropped, with a note."""
 DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
-
-
-class MCPError(StateMachineError):
-    """An MCP server could not be reached, listed, or answered a call with an error."""
 
 
 class MCPServer:
