@@ -136,7 +136,8 @@ async def test_tools_are_listed_with_their_schemas_under_a_prefix() -> None:
     async with _stdio(prefix="t_") as server:
         names = [t.name for t in server.tools]
         assert names == [
-            "t_add", "t_echo", "t_hang", "t_boom", "t_crash", "t_picture", "t_weather", "t_big"
+            "t_add", "t_echo", "t_hang", "t_boom", "t_crash", "t_picture", "t_weather", "t_big",
+            "t_who", "t_grow",
         ]  # fmt: skip
         add = server.tools[0].definition
         assert add.description == "Add two integers."
@@ -326,8 +327,19 @@ def test_without_the_sdk_the_import_says_which_extra_to_install() -> None:
 # -- streamable HTTP --------------------------------------------------------------------------
 
 
+@attrs.frozen
+class HttpServer:
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
 @pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def http_server(tmp_path: Path) -> Iterator[HttpServer]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -346,7 +358,7 @@ def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             assert proc.poll() is None, "the server exited"
             assert time.monotonic() < deadline, "the server did not start in time"
             time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp", log
+        yield HttpServer(f"http://127.0.0.1:{port}/mcp", log, proc)
     finally:
         proc.kill()
         proc.wait(10)
@@ -354,10 +366,8 @@ def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 @pytest.mark.timeout(60)
 @_sync
-async def test_http_tools_run_and_abort_cancels_on_the_server(
-    http_server: tuple[str, Path],
-) -> None:
-    url, log = http_server
+async def test_http_tools_run_and_abort_cancels_on_the_server(http_server: HttpServer) -> None:
+    url, log = http_server.url, http_server.log
     model = ScriptedModel(_calls(("add", {"a": 40, "b": 2}), ("hang", {"label": "H"})), _done())
     async with MCPServer.http(url, headers={"X-Test": "1"}) as server:
         run = sm.AgentRun(model=model, tools=server.tools, messages=[sm.UserMessage("go")])

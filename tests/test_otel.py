@@ -96,10 +96,14 @@ def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
     assert root.kind is SpanKind.INTERNAL
     assert dict(root.attributes or {}) == {
         "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "Script",  # a client the tracer does not know: its class
+        "gen_ai.request.model": "scripted-1",
         "gen_ai.agent.name": "tester",
-        "gen_ai.conversation.id": "run-1",
+        "statemachine.run.id": "run-1",
         "statemachine.run.state": "Done",
         "statemachine.run.turns": 3,
+        "gen_ai.usage.input_tokens": 500,
+        "gen_ai.usage.output_tokens": 44,
     }
     assert root.status.status_code is StatusCode.UNSET
     chats = [s for s in children if s.name == "chat scripted-1"]
@@ -108,7 +112,7 @@ def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
     first = dict(chats[0].attributes or {})
     assert first["gen_ai.operation.name"] == "chat"
     assert first["gen_ai.request.model"] == "scripted-1"
-    assert first["gen_ai.response.finish_reasons"] == ("toolUse",)
+    assert first["gen_ai.response.finish_reasons"] == ("tool_call",)
     assert first["gen_ai.usage.input_tokens"] == 100
     assert first["gen_ai.usage.output_tokens"] == 20
     assert first["gen_ai.usage.cache_read.input_tokens"] == 5
@@ -176,11 +180,28 @@ def test_content_is_recorded_only_when_asked_for() -> None:
     spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
     tool = spans["execute_tool double"]
     assert json.loads(str(tool["gen_ai.tool.call.arguments"])) == {"n": 21}
-    assert json.loads(str(tool["gen_ai.tool.call.result"])) == [{"type": "text", "text": "42"}]
+    assert json.loads(str(tool["gen_ai.tool.call.result"])) == "42"
     chat = spans["chat scripted-1"]
     sent = json.loads(str(chat["gen_ai.input.messages"]))
-    assert sent[0]["role"] == "user"
-    assert json.loads(str(chat["gen_ai.output.messages"]))[0]["role"] == "assistant"
+    assert sent == [
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "a", "name": "double", "arguments": {"n": 21}}],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "a", "response": "42"}]},
+    ]
+    assert json.loads(str(chat["gen_ai.output.messages"])) == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "it is 42"}],
+            "finish_reason": "stop",
+        }
+    ]
+    (definition,) = json.loads(str(chat["gen_ai.tool.definitions"]))
+    assert definition["type"] == "function"
+    assert definition["name"] == "double"
+    assert definition["parameters"]["properties"]["n"]["type"] == "integer"
 
 
 @pytest.mark.timeout(30)
@@ -230,8 +251,13 @@ def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.Mo
     def refuse(*args: Any) -> Any:
         raise AssertionError("content built although capture_content is off")
 
-    monkeypatch.setattr("statemachine.otel.message_to_dict", refuse)
-    monkeypatch.setattr("statemachine.otel.block_to_dict", refuse)
+    for module, helper in [
+        ("_spans", "as_message"),
+        ("_spans", "as_result"),
+        ("_content", "as_message"),
+        ("_content", "as_part"),
+    ]:
+        monkeypatch.setattr(f"statemachine.otel.{module}.{helper}", refuse)
     tracer, exporter = _tracer()
     model = Script(
         _calls(("a", "double", {"n": 1}), ("b", "missing", {})), sm.AssistantMessage("ok")

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 
 server = MCPServer("statemachine-test-server")
 
@@ -85,6 +85,45 @@ def weather(city: str) -> dict[str, Any]:
 def big(n: int) -> str:
     """A long answer of n characters."""
     return "x" * n
+
+
+@server.tool()
+def who(ctx: Context) -> str:
+    """The client's name and version, as it introduced itself."""
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
+    return f"{info.name} {info.version}" if info is not None else "(anonymous)"
+
+
+@server.tool()
+def grow(name: str) -> str:
+    """Add a tool named ``name`` that answers its own name."""
+
+    def answer() -> str:
+        return name
+
+    server.add_tool(answer, name=name, description=f"Added by grow: {name}.")
+    return f"added {name}"
+
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@server.resource("test://greeting", name="greeting", description="A greeting.")
+def greeting() -> str:
+    return "Hello from the server."
+
+
+@server.resource("test://dot.png", name="dot", mime_type="image/png")
+def dot() -> bytes:
+    return PNG
+
+
+@server.prompt(description="Ask for a review.")
+def review(code: str, strict: str = "no") -> str:
+    return f"Please review this code (strict: {strict}): {code}"
 
 
 if os.environ.get("MCP_TEST_BAD_TOOL"):

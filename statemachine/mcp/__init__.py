@@ -1,0 +1,594 @@
+"""Tools from MCP servers (the official ``mcp`` SDK; ``pip install 'agent-statemachine[mcp]'``).
+
+An :class:`MCPServer` connects to one Model Context Protocol server, over stdio (the
+server is a subprocess this object starts and always reaps) or over streamable HTTP,
+for the lifetime of an ``async with`` block, and offers the server's tools as
+ordinary :class:`~statemachine.Tool` objects (and its resources and prompts)::
+
+    async with MCPServer.stdio("python", ["server.py"], prefix="fs_") as server:
+        result = await run_agent(model=model, tools=[*server.tools, *mine], messages=...)
+
+- **Tools are listed and checked at connect time**, within ``connect_timeout``, in a
+  worker thread (a server listing thousands never holds the event loop): a tool the
+  library cannot use, two tools with one name or more than ``max_tools`` fail
+  ``__aenter__`` with an ``InvalidInputError`` naming the server.
+- **Results are bounded** (``max_blocks``, ``max_output_chars``, ``max_output_bytes``)
+  and images checked (base64, ``image/*``); what is cut is said in a note.
+- **Failures are results, never hangs.** A JSON-RPC error, a crashed or killed server
+  (stdio or HTTP) answers the call with an error result naming the server, and the run
+  goes on; every call has a deadline (``call_timeout``). The SDK's connection lives in
+  a task of its own, so nothing its transport does can cancel the caller.
+- **Abort** cancels the request at once (the SDK sends ``notifications/cancelled``).
+
+The guide (docs/guides/mcp.md) and docs/limits.md give every default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO, TypeVar
+
+from statemachine._log import library_logger
+from statemachine._version import DISTRIBUTION, __version__
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import Message, TextContent, ToolResultContent
+from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import InvalidInputError, MCPError
+
+try:
+    import mcp
+    import mcp.types as mcp_types
+    from mcp.client.caching import CacheMode
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
+    ) from exc
+
+from statemachine.mcp._resources import (
+    MCPPrompt,
+    MCPResource,
+    prompt_messages,
+    prompt_of,
+    resource_blocks,
+    resource_of,
+)
+from statemachine.mcp._results import block, capped, describe
+from statemachine.mcp._support import (
+    RemoteCall,
+    ToolFilter,
+    current_task_cancelling,
+    predicate,
+    retrieve,
+    shown,
+)
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_BLOCKS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "DEFAULT_MAX_TOOLS",
+    "MCPError",
+    "MCPPrompt",
+    "MCPResource",
+    "MCPServer",
+]
+
+_T = TypeVar("_T")
+
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds one tool call may take before the run answers it "timed out"."""
+DEFAULT_CONNECT_TIMEOUT = 30.0
+"""Seconds to start (or reach) the server, list its tools and check them."""
+DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
+"""Characters of text one tool result may hold; the rest is cut, with a note."""
+DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+"""Bytes one tool result may hold in all (text in UTF-8, image data as sent)."""
+DEFAULT_MAX_BLOCKS = 100
+"""Content blocks one tool result may hold; the rest are dropped, with a note."""
+DEFAULT_MAX_TOOLS = 10_000
+"""Tools one server may list."""
+
+
+class MCPServer:
+    """One MCP server's tools for the lifetime of an ``async with`` block.
+
+    Build it with :meth:`stdio` or :meth:`http`. Inside the block, :attr:`tools` holds
+    the server's tools as ``Tool`` objects; leaving the block closes the session and,
+    for stdio, stops the subprocess (the SDK terminates its whole process tree).
+    Enter and leave it in any task: the connection is held by a task of its own.
+    """
+
+    def __init__(
+        self,
+        target: mcp.StdioServerParameters | str,
+        *,
+        name: str,
+        prefix: str = "",
+        call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        max_tools: int = DEFAULT_MAX_TOOLS,
+        allowed_tools: ToolFilter | None = None,
+        blocked_tools: ToolFilter = (),
+        http_headers: Mapping[str, str] | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
+        if call_timeout is not None and not call_timeout > 0:
+            raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
+        if not connect_timeout > 0:
+            raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
+        for option, value in (
+            ("max_output_chars", max_output_chars),
+            ("max_output_bytes", max_output_bytes),
+            ("max_blocks", max_blocks),
+            ("max_tools", max_tools),
+        ):
+            if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+                raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
+        self.name = name
+        self.prefix = prefix
+        self.call_timeout = call_timeout
+        self.connect_timeout = connect_timeout
+        self.max_output_chars = max_output_chars
+        self.max_output_bytes = max_output_bytes
+        self.max_blocks = max_blocks
+        self.max_tools = max_tools
+        self._allowed = predicate(allowed_tools, "allowed_tools")
+        self._allowed_names = (
+            frozenset(allowed_tools)
+            if allowed_tools is not None and not callable(allowed_tools)
+            else frozenset()
+        )
+        self._blocked = predicate(blocked_tools, "blocked_tools")
+        self._target = target
+        self._headers = dict(http_headers or {})
+        self._stderr = stderr
+        self._client: mcp.Client | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
+        self._wake: asyncio.Event | None = None  # set: the holder closes the connection
+        self._stage = "start"
+        self._unreadable: str | None = None  # what the SDK last could not read
+        self._lost: str | None = None  # why the connection ended, once it has
+        self._stale = False  # the server said its tool list changed since it was listed
+        self._refresher: asyncio.Future[None] | None = None
+        self._log = library_logger("statemachine.mcp")
+        self._tools: tuple[Tool, ...] = ()
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        **options: Any,
+    ) -> MCPServer:
+        """A server started as ``command args...``, spoken to over its stdin/stdout.
+
+        The server's stderr goes to this process's stderr, as a subprocess's would;
+        pass ``stderr=`` (an open text file) to send it elsewhere.
+        """
+        params = mcp.StdioServerParameters(
+            command=command, args=list(args), env=dict(env) if env else None, cwd=cwd
+        )
+        name = options.pop("name", None) or " ".join([Path(command).name, *args])[:120]
+        return cls(params, name=name, **options)
+
+    @classmethod
+    def http(
+        cls, url: str, *, headers: Mapping[str, str] | None = None, **options: Any
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url`` (``headers``: e.g. auth).
+
+        Its default name, which errors quote, is the URL without its query and any
+        user and password in it."""
+        name = options.pop("name", None) or shown(url)
+        return cls(url, name=name, http_headers=headers, **options)
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The server's tools (empty outside the ``async with`` block)."""
+        return self._tools
+
+    # -- connecting ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> MCPServer:
+        if self._holder is not None:
+            raise InvalidInputError(f"MCP server {self.name!r} is already connected")
+        loop = asyncio.get_running_loop()
+        listed: asyncio.Future[list[mcp_types.Tool]] = loop.create_future()
+        self._listed = listed
+        self._wake = asyncio.Event()
+        self._stage, self._unreadable, self._lost, self._stale = "start", None, None, False
+        self._holder = asyncio.create_task(self._hold(listed), name=f"MCP server {self.name}")
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                remote = await asyncio.shield(listed)
+                self._stage = "check"
+                tools = await self._checked(remote)
+        except BaseException as exc:
+            await self._close()
+            if isinstance(exc, TimeoutError):
+                raise MCPError(self._late()) from None
+            raise
+        self._tools = tools
+        self._stage = "ready"
+        if self._stale:  # the list changed while it was being checked
+            self._on_tools_changed()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    def _late(self) -> str:
+        limit = f"within {self.connect_timeout} s (connect_timeout)"
+        if self._stage == "start":
+            return f"MCP server {self.name!r} did not answer {limit}"
+        if self._stage == "list":
+            cause = f": {self._unreadable}" if self._unreadable else ""
+            return f"MCP server {self.name!r} did not list its tools {limit}{cause}"
+        return f"the tools of MCP server {self.name!r} could not be checked {limit}"
+
+    async def _hold(self, listed: asyncio.Future[list[mcp_types.Tool]]) -> None:
+        """Open the connection, list the tools, and keep the connection until told.
+
+        The SDK's transports run in anyio task groups that cancel the task that
+        entered them when the connection fails (an HTTP server killed mid-call, say):
+        holding the connection here keeps that from ever reaching the caller.
+        """
+        client = mcp.Client(
+            self._transport(),
+            client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
+            message_handler=self._on_message,
+        )
+        try:
+            async with client:
+                self._stage = "list"
+                try:
+                    tools = await self._list_tools(client)
+                except Exception as exc:  # noqa: BLE001 - reported to __aenter__
+                    if not listed.done():
+                        listed.set_exception(self._unreachable(exc))
+                    self._stage = "failed"  # the connection closes by itself
+                    return
+                self._client = client
+                listed.set_result(tools)
+                assert self._wake is not None
+                await self._wake.wait()
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # closed by _close (or the loop is going away)
+            # the SDK's cancel scope: the transport failed and took the session down
+            self._lost = "the connection was closed"
+            if not listed.done():
+                listed.set_exception(self._unreachable(ConnectionError(self._lost)))
+        except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
+            self._lost = describe(exc)
+            if not listed.done():
+                listed.set_exception(self._unreachable(exc))
+        finally:
+            self._client = None
+            if not listed.done():  # closed before the tools were listed
+                listed.cancel()
+
+    def _unreachable(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, MCPError | InvalidInputError):
+            return exc
+        if self._stage == "list":
+            cause = self._unreadable or describe(exc)
+            return MCPError(f"MCP server {self.name!r} could not list its tools: {cause}")
+        return MCPError(f"MCP server {self.name!r} could not be reached: {describe(exc)}")
+
+    async def _on_message(self, message: Any) -> None:
+        """The SDK's notifications and the transport's faults (never raises)."""
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self._stale = True
+            if self._stage == "ready":
+                self._on_tools_changed()
+        if isinstance(message, Exception):
+            self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
+            listed = self._listed
+            if self._stage == "list" and listed is not None and not listed.done():
+                # Most likely the tools/list reply itself, which the SDK then drops.
+                listed.set_exception(
+                    MCPError(
+                        f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
+                    )
+                )
+
+    def _on_tools_changed(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.ensure_future(self._refresh_while_stale())
+
+    async def _refresh_while_stale(self) -> None:
+        """Refresh until the list has not changed since (never raises: logs)."""
+        while self._stale and self._client is not None:
+            self._stale = False
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - a background refresh is logged
+                self._log.warning("mcp_refresh_failed", server=self.name, error=describe(exc))
+
+    async def _close(self) -> None:
+        holder, self._holder, self._tools = self._holder, None, ()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None and not refresher.done():
+            refresher.cancel()
+            await asyncio.wait((refresher,))
+        if holder is None:
+            return
+        if self._wake is not None:
+            self._wake.set()
+        if self._stage in ("start", "list"):
+            holder.cancel()  # still connecting or listing: nothing to close cleanly
+        try:
+            await holder
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise
+        except BaseException:  # noqa: BLE001 - the holder reports through _lost
+            pass
+
+    def _transport(self) -> Any:
+        if isinstance(self._target, mcp.StdioServerParameters) and self._stderr is not None:
+            return mcp.stdio_client(self._target, errlog=self._stderr)
+        if isinstance(self._target, str) and self._headers:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(
+                headers=self._headers, timeout=httpx2.Timeout(30.0, read=300.0)
+            )
+            return streamable_http_client(self._target, http_client=http)
+        return self._target
+
+    async def _list_tools(
+        self, client: mcp.Client, cache_mode: CacheMode = "use"
+    ) -> list[mcp_types.Tool]:
+        listed: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        while True:
+            try:
+                page = await client.list_tools(cursor=cursor, cache_mode=cache_mode)
+            except Exception as exc:
+                raise self._unreachable(exc) from exc
+            listed.extend(page.tools)
+            if len(listed) > self.max_tools:
+                raise InvalidInputError(
+                    f"MCP server {self.name!r} lists more than {self.max_tools} tools (max_tools)"
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                return listed
+
+    async def _checked(self, remote: list[mcp_types.Tool]) -> tuple[Tool, ...]:
+        """The offered tools, their schemas checked in a worker thread, one at a time;
+        stopped between two tools when the deadline passes (or the caller cancels)."""
+        names = [t.name for t in remote]
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise InvalidInputError(f"MCP server {self.name!r} lists two tools named {name!r}")
+            seen.add(name)
+        missing = sorted(self._allowed_names - seen)
+        if missing:
+            raise InvalidInputError(
+                f"MCP server {self.name!r} does not list the allowed tools {missing}"
+            )
+        offered = [t for t in remote if self._allowed(t.name) and not self._blocked(t.name)]
+        stop = threading.Event()
+
+        def check() -> list[ToolDefinition]:
+            definitions = []
+            for tool in offered:
+                if stop.is_set():
+                    break
+                definitions.append(self._definition(tool))
+            return definitions
+
+        try:
+            definitions = await asyncio.to_thread(check)
+        finally:
+            stop.set()
+        return tuple(self._tool(t, d) for t, d in zip(offered, definitions, strict=True))
+
+    def _definition(self, remote: mcp_types.Tool) -> ToolDefinition:
+        try:
+            return ToolDefinition(
+                name=self.prefix + remote.name,
+                description=remote.description or remote.title or remote.name,
+                parameters=dict(remote.input_schema),
+            )
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"MCP server {self.name!r}: its tool {remote.name!r} cannot be used: {exc}"
+            ) from None
+
+    def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
+        return Tool(definition, RemoteCall(self, remote.name), timeout=self.call_timeout)
+
+    async def refresh(self) -> tuple[Tool, ...]:
+        """List the server's tools again, checked as when connecting (within
+        ``connect_timeout``), and make them :attr:`tools`: for the runs started after
+        (a run keeps the tools it started with). It runs by itself when the server
+        says its tool list changed (``notifications/tools/list_changed``; a failure
+        then is logged, and ``tools`` stays as it was). A server of the 2026-07-28
+        protocol says so only on a ``subscriptions/listen`` stream, which this client
+        does not open."""
+        client = self._client
+        if client is None:
+            raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                remote = await self._list_tools(client, cache_mode="refresh")
+                tools = await self._checked(remote)
+        except TimeoutError:
+            raise MCPError(
+                f"MCP server {self.name!r} did not list and check its tools within "
+                f"{self.connect_timeout} s (connect_timeout)"
+            ) from None
+        self._tools = tools
+        return tools
+
+    # -- resources and prompts ----------------------------------------------------------
+
+    async def list_resources(self) -> tuple[MCPResource, ...]:
+        """The server's resources (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "resources/list", "resources", lambda at, c: c.list_resources(cursor=at)
+        )
+        return tuple(resource_of(r) for page in found for r in page.resources)
+
+    async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
+        """A resource's contents as text and image blocks, bounded like a tool result:
+        put them in a run as ``UserMessage((TextContent("..."), *blocks))``."""
+        read = await self._ask(f"resource {uri!r}", lambda c: c.read_resource(uri))
+        return resource_blocks(read, *self._limits())
+
+    async def list_prompts(self) -> tuple[MCPPrompt, ...]:
+        """The server's prompts (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "prompts/list", "prompts", lambda at, c: c.list_prompts(cursor=at)
+        )
+        return tuple(prompt_of(p) for page in found for p in page.prompts)
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> tuple[Message, ...]:
+        """A prompt's messages, ready to start a run with (bounded like a tool result)."""
+        got = await self._ask(
+            f"prompt {name!r}", lambda c: c.get_prompt(name, dict(arguments or {}))
+        )
+        return prompt_messages(got, *self._limits())
+
+    def _limits(self) -> tuple[int, int, int]:
+        return self.max_output_chars, self.max_output_bytes, self.max_blocks
+
+    async def _listing(
+        self, what: str, field: str, fetch: Callable[[str | None, mcp.Client], Awaitable[Any]]
+    ) -> list[Any]:
+        pages: list[Any] = []
+        cursor: str | None = None
+        listed = 0
+        while True:
+            page = await self._ask(what, functools.partial(fetch, cursor))
+            pages.append(page)
+            listed += len(getattr(page, field))
+            if listed > self.max_tools:
+                raise MCPError(
+                    f"MCP server {self.name!r}: {what} lists more than "
+                    f"{self.max_tools} entries (max_tools)"
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                return pages
+
+    async def _ask(self, what: str, fetch: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
+        """One request, within ``call_timeout``, answered (or failed) when the
+        connection ends."""
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done():
+            raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
+        request = asyncio.ensure_future(fetch(client))
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            request.cancel()
+            request.add_done_callback(retrieve)
+            if isinstance(exc, TimeoutError):
+                raise MCPError(
+                    f"MCP server {self.name!r}, {what}: no answer within "
+                    f"{self.call_timeout} s (call_timeout)"
+                ) from None
+            raise
+        if not request.done():
+            request.cancel()
+            request.add_done_callback(retrieve)
+            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
+        try:
+            return request.result()
+        except Exception as exc:
+            raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc
+
+    # -- calling ------------------------------------------------------------------------
+
+    async def _call(
+        self, remote: str, arguments: dict[str, Any], signal: AbortSignal
+    ) -> ToolOutput:
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done():
+            if self._lost is not None:
+                raise MCPError(f"MCP server {self.name!r} is no longer connected: {self._lost}")
+            raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
+        # The request runs as its own task so that an abort can cancel it at once:
+        # cancelling the SDK's request sends notifications/cancelled to the server.
+        request = asyncio.ensure_future(client.call_tool(remote, arguments))
+        loop = asyncio.get_running_loop()
+
+        def on_abort(_reason: object) -> None:
+            # abort() may be called from another thread: cancel on the run's own loop.
+            loop.call_soon_threadsafe(request.cancel)
+
+        remove = signal.add_listener(on_abort)
+        try:
+            # The connection's end answers the call too, whatever the transport does
+            # with the request it was waiting on.
+            await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
+            if not request.done():
+                request.cancel()
+                request.add_done_callback(retrieve)  # whatever it ends with, nobody waits
+                raise MCPError(
+                    f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
+                    f"({self._lost or 'closed'})"
+                )
+            result = request.result()
+        except asyncio.CancelledError:
+            request.cancel()
+            if signal.aborted and not current_task_cancelling():
+                raise MCPError(
+                    f"cancelled on MCP server {self.name!r} (notifications/cancelled sent)"
+                ) from None
+            raise
+        except MCPError:
+            raise
+        except Exception as exc:
+            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}") from exc
+        finally:
+            remove()
+        return self._output(result)
+
+    def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
+        items = result.content
+        blocks = [block(item) for item in items[: self.max_blocks]]
+        if not blocks and result.structured_content is not None:
+            blocks.append(TextContent(json.dumps(result.structured_content, ensure_ascii=False)))
+        if not blocks:
+            blocks.append(TextContent("(no content)"))
+        out = capped(blocks, self.max_output_chars, self.max_output_bytes)
+        if len(items) > self.max_blocks:
+            dropped = len(items) - self.max_blocks
+            out.append(
+                TextContent(
+                    f"[{dropped} more content blocks dropped: max_blocks={self.max_blocks}]"
+                )
+            )
+        return ToolOutput(out, is_error=bool(result.is_error))

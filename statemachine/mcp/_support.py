@@ -1,0 +1,67 @@
+"""Small pieces of the MCP client: URLs shown in errors, tool filters, task helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+from statemachine.core.abort import AbortSignal
+from statemachine.core.tools import ToolOutput
+from statemachine.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from statemachine.mcp import MCPServer
+
+ToolFilter = Collection[str] | Callable[[str], bool]
+"""Which server tools to offer: their names (as the server spells them), or a
+predicate on the name."""
+
+
+def shown(url: str) -> str:
+    """``url`` without what may be a secret: user and password, query, fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an MCP server URL that could not be read)"
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+def predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
+    if tools is None:
+        return lambda _name: True
+    if callable(tools):
+        return tools
+    if isinstance(tools, str) or not all(isinstance(n, str) for n in tools):
+        raise InvalidInputError(f"{option} must be tool names or a predicate on a name")
+    names = frozenset(tools)
+    return names.__contains__
+
+
+def retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class RemoteCall:
+    """A tool's ``execute``: the call of one tool on its server."""
+
+    # For the OpenTelemetry spans (statemachine.otel): a tool the agent runs by
+    # calling an external service is an "extension" in the GenAI conventions.
+    otel_attributes: ClassVar[Mapping[str, str]] = {"gen_ai.tool.type": "extension"}
+
+    def __init__(self, server: MCPServer, remote: str) -> None:
+        self._server = server
+        self._remote = remote
+
+    async def __call__(self, arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
+        return await self._server._call(self._remote, arguments, signal)
