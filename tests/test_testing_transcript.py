@@ -80,8 +80,8 @@ def test_unreadable_wire_dict_is_reported_not_raised() -> None:
 
 
 def test_unknown_format_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown transcript format 'gemini'"):
-        check_transcript([], format="gemini")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown transcript format 'cohere'"):
+        check_transcript([], format="cohere")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be a sequence"):
         check_transcript("not a list")
 
@@ -568,7 +568,7 @@ def test_wrappers_are_accepted() -> None:
     history = [USER, _oa_call("a"), _oa_res("a")]
     assert check_transcript({"model": "gpt-4o", "messages": history}, "openai") == []
     assert transcript_findings({"model": "gpt-5", "input": "hello"}, "auto") == []
-    with pytest.raises(TypeError, match="as 'messages' or 'input'"):
+    with pytest.raises(TypeError, match="as 'messages', 'input' or 'contents'"):
         check_transcript({"conversation": history}, "openai")
 
 
@@ -688,10 +688,10 @@ def test_cli_refuses_files_over_the_size_limit(
 
 
 def test_cli_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_transcript(["--format", "gemini", "x.json"]) == 2
+    assert cli_transcript(["--format", "cohere", "x.json"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "invalid choice: 'gemini'" in err
+    assert "invalid choice: 'cohere'" in err
     assert cli_transcript([]) == 2
     assert capsys.readouterr().err.startswith("transcript: ")
 

@@ -17,7 +17,16 @@ import attrs
 
 from statemachine.core.invariants import Violation
 
-__all__ = ["Call", "Result", "Turn", "read_anthropic", "read_openai", "read_responses"]
+__all__ = [
+    "Call",
+    "Result",
+    "Turn",
+    "read_anthropic",
+    "read_converse",
+    "read_gemini",
+    "read_openai",
+    "read_responses",
+]
 
 
 @attrs.define
@@ -268,4 +277,154 @@ def read_anthropic(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]
             _anthropic_assistant(i, blocks, turn, problems)
         elif role == "user":
             _anthropic_user(i, blocks, turn, problems)
+    return turns, problems
+
+
+# -- Amazon Bedrock Converse --------------------------------------------------------------
+
+# Converse content blocks are one-key objects: {"text": ...}, {"toolUse": {...}}, ...
+_CONVERSE_BLOCKS = frozenset(
+    {
+        "text",
+        "toolUse",
+        "toolResult",
+        "image",
+        "document",
+        "video",
+        "reasoningContent",
+        "cachePoint",
+        "guardContent",
+        "citationsContent",
+    }
+)
+
+
+def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Converse messages, one turn each: ``toolUse`` blocks of an assistant message are
+    calls, ``toolResult`` blocks of a user message results. Converse does not merge
+    messages of one role: it requires them to alternate, starting with a user message
+    (``ValidationException``), which is reported here as an ``order`` finding."""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role")
+        if role not in ("user", "assistant"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        previous = next((t for t in reversed(turns) if t.role != "unknown"), None)
+        if previous is None and role != "user":
+            problems.append(
+                Violation("order", i, "a Converse conversation must start with a user message")
+            )
+        elif previous is not None and previous.role == role:
+            problems.append(
+                Violation(
+                    "order",
+                    i,
+                    f"two {role} messages in a row (messages {previous.index} and {i}): "
+                    "Converse requires the roles to alternate",
+                )
+            )
+        turn = Turn(role, i)
+        turns.append(turn)
+        content = item.get("content")
+        if not isinstance(content, Sequence) or isinstance(content, (str, bytes)):
+            problems.append(Violation("format", i, "content is not a list of blocks"))
+            turn.damaged = True
+            continue
+        for j, block in enumerate(content):
+            use = block.get("toolUse") if isinstance(block, Mapping) else None
+            result = block.get("toolResult") if isinstance(block, Mapping) else None
+            if use is not None:
+                call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
+                name = use.get("name") if isinstance(use, Mapping) else None
+                if not isinstance(call_id, str):
+                    problems.append(
+                        Violation("format", i, f"content[{j}].toolUse has no toolUseId")
+                    )
+                    turn.damaged = True
+                    continue
+                if role != "assistant":
+                    problems.append(
+                        Violation("format", i, f"content[{j}]: a toolUse block in a user message")
+                    )
+                    turn.damaged = True
+                    continue
+                turn.calls.append(Call(call_id, name if isinstance(name, str) else "", i))
+            elif result is not None:
+                call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
+                if not isinstance(call_id, str):
+                    problems.append(
+                        Violation("format", i, f"content[{j}].toolResult has no toolUseId")
+                    )
+                    turn.damaged = True
+                    continue
+                if role != "user":
+                    problems.append(
+                        Violation(
+                            "format", i, f"content[{j}]: a toolResult block in an assistant message"
+                        )
+                    )
+                    turn.damaged = True
+                    continue
+                turn.results.append(Result(call_id, None, i))
+    return turns, problems
+
+
+# -- Google Gemini ------------------------------------------------------------------------
+
+
+def _part(part: Mapping[str, Any], camel: str, snake: str) -> Any:
+    return part.get(camel, part.get(snake))
+
+
+def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Gemini ``contents``, one turn each: ``functionCall`` parts of a ``model`` turn are
+    calls, ``functionResponse`` parts (of a ``user`` turn, or the older ``function``
+    role) results. A part's ``id`` is optional: without one, the call's id is empty and
+    results pair by name, as Gemini pairs them. Both the REST spelling (camelCase) and
+    the Python SDK's (snake_case) are read."""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(contents):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role", "user")
+        if role not in ("user", "model", "function", "tool"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        turn = Turn("assistant" if role == "model" else "user", i)
+        turns.append(turn)
+        parts = item.get("parts")
+        if not isinstance(parts, Sequence) or isinstance(parts, (str, bytes)):
+            problems.append(Violation("format", i, "parts is not a list"))
+            turn.damaged = True
+            continue
+        for j, part in enumerate(parts):
+            if not isinstance(part, Mapping):
+                continue
+            call = _part(part, "functionCall", "function_call")
+            response = _part(part, "functionResponse", "function_response")
+            for kind, value in (("functionCall", call), ("functionResponse", response)):
+                if value is None:
+                    continue
+                name = value.get("name") if isinstance(value, Mapping) else None
+                if not isinstance(name, str):
+                    problems.append(Violation("format", i, f"parts[{j}].{kind} has no name"))
+                    turn.damaged = True
+                    continue
+                part_id = value.get("id")
+                part_id = part_id if isinstance(part_id, str) else ""
+                if kind == "functionCall":
+                    turn.calls.append(Call(part_id, name, i))
+                else:
+                    turn.results.append(Result(part_id, name, i))
     return turns, problems

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -52,6 +52,8 @@ from statemachine.testing._transcript_readers import (
     Result,
     Turn,
     read_anthropic,
+    read_converse,
+    read_gemini,
     read_openai,
     read_responses,
 )
@@ -62,13 +64,31 @@ __all__ = [
     "TranscriptFormat",
     "check_transcript",
     "detect_format",
+    "format_evidence",
     "render_transcript",
     "transcript_findings",
 ]
 
-TranscriptFormat = Literal["statemachine", "openai", "openai-responses", "anthropic", "auto"]
+TranscriptFormat = Literal[
+    "statemachine",
+    "openai",
+    "openai-responses",
+    "anthropic",
+    "bedrock-converse",
+    "gemini",
+    "auto",
+]
 Level = Literal["error", "warning"]
-FORMATS: tuple[str, ...] = ("statemachine", "openai", "openai-responses", "anthropic")
+FORMATS: tuple[str, ...] = (
+    "statemachine",
+    "openai",
+    "openai-responses",
+    "anthropic",
+    "bedrock-converse",
+    "gemini",
+)
+# Formats whose results go in the user message right after the calls.
+_NEXT_USER_MESSAGE = frozenset({"anthropic", "bedrock-converse"})
 # OpenAI accepts a call id used again in a later turn; Anthropic refuses a request
 # whose tool_use ids repeat ("tool_use ids must be unique"), and our engine too.
 _REUSE_ACCEPTED = frozenset({"openai", "openai-responses"})
@@ -133,6 +153,8 @@ def transcript_findings(
     """
     items = _unwrap(messages)
     fmt: str = detect_format(messages) if format == "auto" else format
+    if fmt == "unknown" and format == "auto":
+        return [_format_finding(messages)]
     if fmt not in FORMATS:
         raise ValueError(
             f"unknown transcript format {fmt!r}: use one of {', '.join(FORMATS)} or 'auto'"
@@ -141,9 +163,12 @@ def transcript_findings(
     if fmt == "statemachine":
         out = _check_statemachine(items, allow_open_tail, reuse)
     else:
-        reader = {"openai": read_openai, "openai-responses": read_responses}.get(
-            fmt, read_anthropic
-        )
+        reader = {
+            "openai": read_openai,
+            "openai-responses": read_responses,
+            "bedrock-converse": read_converse,
+            "gemini": read_gemini,
+        }.get(fmt, read_anthropic)
         turns, problems = reader(items)
         pairing = _Pairing(fmt, allow_open_tail, reuse)
         # A Responses request that continues a stored response answers calls the
@@ -154,6 +179,8 @@ def transcript_findings(
         pairing.out += [Finding(p.invariant, p.index, p.message) for p in problems]
         if fmt == "openai-responses":
             pairing.walk_items(turns)
+        elif fmt == "gemini":
+            pairing.walk_gemini(turns)
         else:
             pairing.walk_turns(turns)
         out = pairing.out
@@ -162,50 +189,106 @@ def transcript_findings(
 
 def _unwrap(messages: Any) -> Sequence[Any]:
     if isinstance(messages, Mapping):
-        for key in ("messages", "input"):
+        for key in ("messages", "input", "contents"):
             inner = messages.get(key)
             if key == "input" and isinstance(inner, str):
                 return [{"role": "user", "content": inner}]  # the Responses shorthand
             if isinstance(inner, Sequence) and not isinstance(inner, (str, bytes)):
                 return inner
-        raise TypeError("a mapping must wrap the history as 'messages' or 'input'")
+        raise TypeError("a mapping must wrap the history as 'messages', 'input' or 'contents'")
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a sequence, got {type(messages).__name__}")
     return messages
 
 
 def detect_format(messages: Any) -> str:
-    """The format a history is most likely in, from the shape of its items:
-    ``"statemachine"`` if any item is one of our messages or has a ``toolResult``
-    role or camelCase keys, ``"openai-responses"`` for typed input items,
-    ``"anthropic"`` for typed content blocks of its kinds, else ``"openai"``."""
-    if isinstance(messages, Mapping) and "input" in messages and "messages" not in messages:
-        return "openai-responses"
-    if isinstance(messages, Mapping) and ("system" in messages or "anthropic_version" in messages):
-        return "anthropic"
-    items = _unwrap(messages)
-    for item in items:
-        if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
-            return "statemachine"
-        if not isinstance(item, Mapping):
+    """The format a history is in, from all the evidence of its shape: the request
+    body's keys (``contents``, ``modelId``, ``input``, ``system``, the shape of
+    ``tools``) and every item's role, keys and content block types. A history with
+    evidence of exactly one format is in that format; a plain one (roles and text only,
+    read alike by every format) is ``"openai"``. ``"unknown"`` when the evidence points
+    to no format or to several: ``format_evidence`` says what it saw."""
+    evidence = format_evidence(messages)
+    if len(evidence) == 1:
+        return next(iter(evidence))
+    if not evidence and not _unrecognised(messages):
+        return "openai"
+    return "unknown"
+
+
+def format_evidence(messages: Any) -> dict[str, list[str]]:
+    """For each format the history shows a sign of, the first signs (a few words each,
+    e.g. ``"messages[2]: a toolUse block"``). Plain user/assistant/system messages with
+    string content or ``text`` blocks are no sign of any format: every one reads them."""
+    found: dict[str, list[str]] = {}
+
+    def sign(fmt: str, where: str) -> None:
+        signs = found.setdefault(fmt, [])
+        if len(signs) < 3:
+            signs.append(where)
+
+    if isinstance(messages, Mapping):
+        _wrapper_evidence(messages, sign)
+    try:
+        items = _unwrap(messages)
+    except TypeError:
+        return found
+    key = _items_key(messages)
+    for i, item in enumerate(items):
+        if i >= _EVIDENCE_ITEMS:
+            break
+        _item_evidence(item, f"{key}[{i}]", sign)
+    return found
+
+
+_Sign = Callable[[str, str], None]
+_EVIDENCE_ITEMS = 10_000  # items looked at by format_evidence; the format shows early
+
+
+def _items_key(messages: Any) -> str:
+    if isinstance(messages, Mapping):
+        return next((k for k in ("messages", "input", "contents") if k in messages), "messages")
+    return "messages"
+
+
+def _wrapper_evidence(body: Mapping[str, Any], sign: _Sign) -> None:
+    if "contents" in body:
+        sign("gemini", "the body's 'contents'")
+    for key in ("systemInstruction", "system_instruction", "generationConfig"):
+        if key in body:
+            sign("gemini", f"the body's {key!r}")
+    for key in ("modelId", "toolConfig", "inferenceConfig", "additionalModelRequestFields"):
+        if key in body:
+            sign("bedrock-converse", f"the body's {key!r}")
+    if "input" in body and "messages" not in body:
+        sign("openai-responses", "the body's 'input'")
+    for key in ("previous_response_id", "max_output_tokens"):
+        if key in body:
+            sign("openai-responses", f"the body's {key!r}")
+    if "anthropic_version" in body:
+        sign("anthropic", "the body's 'anthropic_version'")
+    system = body.get("system")
+    if isinstance(system, str):
+        sign("anthropic", "a 'system' string in the body")
+    elif isinstance(system, list) and system and isinstance(system[0], Mapping):
+        if "type" in system[0]:
+            sign("anthropic", "typed 'system' blocks in the body")
+        elif "text" in system[0]:
+            sign("bedrock-converse", "untyped 'system' blocks in the body")
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, Mapping):
             continue
-        if item.get("role") == "toolResult" or "stopReason" in item:
-            return "statemachine"
-        kind = item.get("type")
-        if isinstance(kind, str) and (kind.endswith("_call") or kind.endswith("_output")):
-            return "openai-responses"
-        if "tool_calls" in item or item.get("role") in ("tool", "function", "developer"):
-            return "openai"
-        content = item.get("content")
-        if isinstance(content, list) and any(
-            isinstance(b, Mapping) and b.get("type") in _ANTHROPIC_ONLY for b in content
-        ):
-            return "anthropic"
-        if isinstance(content, list) and any(
-            isinstance(b, Mapping) and b.get("type") == "toolCall" for b in content
-        ):
-            return "statemachine"
-    return "openai"
+        if "toolSpec" in tool:
+            sign("bedrock-converse", "a 'toolSpec' tool")
+        elif "functionDeclarations" in tool or "function_declarations" in tool:
+            sign("gemini", "a 'functionDeclarations' tool")
+        elif "input_schema" in tool:
+            sign("anthropic", "a tool with 'input_schema'")
+        elif tool.get("type") == "function" and "function" in tool:
+            sign("openai", "a Chat Completions function tool")
+        elif tool.get("type") == "function" and "name" in tool:
+            sign("openai-responses", "a Responses function tool")
 
 
 _ANTHROPIC_ONLY = frozenset(
@@ -221,6 +304,112 @@ _ANTHROPIC_ONLY = frozenset(
         "search_result",
     }
 )
+_OPENAI_PARTS = frozenset({"image_url", "input_audio", "file", "refusal"})
+_RESPONSES_PARTS = frozenset(
+    {"input_text", "output_text", "input_image", "input_file", "input_audio", "refusal"}
+)
+_RESPONSES_ITEMS = frozenset({"message", "reasoning", "item_reference", "compaction"})
+_CONVERSE_KEYS = frozenset(
+    {
+        "toolUse",
+        "toolResult",
+        "reasoningContent",
+        "cachePoint",
+        "guardContent",
+        "citationsContent",
+        "video",
+    }
+)
+_GEMINI_KEYS = frozenset(
+    {
+        "functionCall",
+        "function_call",
+        "functionResponse",
+        "function_response",
+        "inlineData",
+        "inline_data",
+        "fileData",
+        "file_data",
+        "thought",
+        "thoughtSignature",
+        "thought_signature",
+        "executableCode",
+        "codeExecutionResult",
+    }
+)
+
+
+def _item_evidence(item: Any, where: str, sign: _Sign) -> None:
+    if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
+        sign("statemachine", f"{where}: a statemachine message")
+        return
+    if not isinstance(item, Mapping):
+        return
+    role = item.get("role")
+    kind = item.get("type")
+    if role == "toolResult" or "stopReason" in item or "toolCallId" in item:
+        sign("statemachine", f"{where}: a statemachine wire message")
+    if "parts" in item or role == "model":
+        sign("gemini", f"{where}: 'parts' or the role 'model'")
+    if isinstance(kind, str) and (
+        kind.endswith("_call") or kind.endswith("_output") or kind in _RESPONSES_ITEMS
+    ):
+        sign("openai-responses", f"{where}: a {kind!r} item")
+    if "tool_calls" in item or "function_call" in item or role in ("tool", "function"):
+        sign("openai", f"{where}: {'tool_calls' if 'tool_calls' in item else f'role {role!r}'}")
+    content = item.get("content")
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, Mapping):
+            continue
+        btype = block.get("type")
+        if btype is None:
+            keys = _CONVERSE_KEYS.intersection(block)
+            if keys or (set(block) <= {"text", "image", "document"} and block):
+                sign("bedrock-converse", f"{where}: an untyped {sorted(block)[0]!r} block")
+        elif btype in _ANTHROPIC_ONLY:
+            sign("anthropic", f"{where}: a {btype!r} block")
+        elif btype == "toolCall":
+            sign("statemachine", f"{where}: a 'toolCall' block")
+        elif btype in _RESPONSES_PARTS and btype not in _OPENAI_PARTS:
+            sign("openai-responses", f"{where}: an {btype!r} part")
+        elif btype in _OPENAI_PARTS and btype not in _RESPONSES_PARTS:
+            sign("openai", f"{where}: an {btype!r} part")
+    parts = item.get("parts")
+    for part in parts if isinstance(parts, list) else ():
+        if isinstance(part, Mapping) and _GEMINI_KEYS.intersection(part):
+            sign("gemini", f"{where}: a {sorted(_GEMINI_KEYS.intersection(part))[0]!r} part")
+            break
+
+
+def _unrecognised(messages: Any) -> bool:
+    """Whether a history without a sign of any format still holds something no format
+    reads: a role none of them has, or an item that is not a message."""
+    try:
+        items = _unwrap(messages)
+    except TypeError:
+        return False
+    known = {"user", "assistant", "system", "developer", None}
+    return any(
+        not isinstance(item, Mapping) or item.get("role") not in known
+        for item in items[:_EVIDENCE_ITEMS]
+    )
+
+
+def _format_finding(messages: Any) -> Finding:
+    evidence = format_evidence(messages)
+    if not evidence:
+        return Finding(
+            "format",
+            0,
+            "the log matches no known format (no sign of any, and an item that is not a "
+            "user, assistant or system message): give the format",
+        )
+    signs = "; ".join(f"{fmt}: {', '.join(where)}" for fmt, where in sorted(evidence.items()))
+    return Finding(
+        "format",
+        0,
+        f"the log matches several formats differently ({signs}): give the format",
+    )
 
 
 # -- our format ----------------------------------------------------------------------
@@ -321,7 +510,7 @@ class _Pairing:
                 self.damaged |= turn.damaged
                 for result in turn.results:
                     self.answer(result, turn)
-            elif turn.role == "user" and self.format == "anthropic":
+            elif turn.role == "user" and self.format in _NEXT_USER_MESSAGE:
                 self.damaged |= turn.damaged
                 for result in turn.results:
                     if result.after_other_content:
@@ -394,11 +583,10 @@ class _Pairing:
                 "warning",
             )
             return
-        rule = (
-            "tool_result blocks must open the next user message"
-            if self.format == "anthropic"
-            else "tool messages must follow the assistant message directly"
-        )
+        rule = {
+            "anthropic": "tool_result blocks must open the next user message",
+            "bedrock-converse": "toolResult blocks must be in the next user message",
+        }.get(self.format, "tool messages must follow the assistant message directly")
         self.add(
             "I1", call.index, f"tool call {call.id!r} ({call.name}) has no result {where}: {rule}"
         )
@@ -451,7 +639,7 @@ class _Pairing:
             call, cut = self.abandoned[result.id]
             if cut.role == "assistant":
                 where = f"comes after the next assistant message (message {cut.index})"
-            elif self.format == "anthropic":
+            elif self.format in _NEXT_USER_MESSAGE:
                 where = (
                     f"must be in the user message right after the assistant message "
                     f"(message {call.index})"
@@ -495,6 +683,100 @@ class _Pairing:
                     call.index,
                     f"server tool call {call.id!r} ({call.name}) has no result block in its "
                     "assistant message",
+                )
+
+    # Gemini contents: a function call turn, then a function response turn ---------------
+
+    def walk_gemini(self, turns: list[Turn]) -> None:
+        """Gemini wants each model turn with ``functionCall`` parts followed directly by
+        a turn with as many ``functionResponse`` parts ("Please ensure that the number of
+        function response parts is equal to the number of function call parts of the
+        function call turn"), and a function response turn only right after a function
+        call turn. Parts pair by ``id`` when both carry one, else by name."""
+        pending: list[Call] = []
+        owner = -1
+        for turn in turns:
+            self.damaged |= turn.damaged
+            if turn.results:
+                self.gemini_responses(turn, pending, owner)
+                pending = []
+                continue
+            if pending and not self.damaged:
+                for call in pending:
+                    self.add(
+                        "I1",
+                        call.index,
+                        f"functionCall {call.name!r} has no functionResponse before message "
+                        f"{turn.index}: the function response turn must come right after "
+                        "the function call turn",
+                    )
+            pending = []
+            if turn.role == "assistant" and turn.calls:
+                self.damaged = turn.damaged
+                ids_here: set[str] = set()
+                for call in turn.calls:
+                    if call.id:
+                        self.check_id(call, ids_here)
+                pending, owner = list(turn.calls), turn.index
+        if pending and not self.allow_open_tail and not self.damaged:
+            for call in pending:
+                self.add(
+                    "I1",
+                    call.index,
+                    f"functionCall {call.name!r} has no functionResponse and the transcript ends",
+                )
+
+    def gemini_responses(self, turn: Turn, pending: list[Call], owner: int) -> None:
+        if not pending:
+            if not self.damaged:
+                self.add(
+                    "I1",
+                    turn.index,
+                    f"{len(turn.results)} functionResponse part(s) with no function call turn "
+                    "right before them: a function response turn must come right after its "
+                    "function call turn",
+                )
+            return
+        if len(turn.results) != len(pending):
+            if not self.damaged:
+                self.add(
+                    "I1",
+                    turn.index,
+                    f"{len(turn.results)} functionResponse part(s) answer the "
+                    f"{len(pending)} functionCall part(s) of message {owner}: Gemini wants as "
+                    "many responses as calls",
+                )
+            return
+        unpaired = list(pending)
+        for result in turn.results:
+            match = next(
+                (
+                    c
+                    for c in unpaired
+                    if (c.id == result.id if c.id and result.id else c.name == result.name)
+                ),
+                None,
+            )
+            if match is None:
+                self.add(
+                    "I1",
+                    result.index,
+                    f"the functionResponse {result.name!r}"
+                    + (f" (id {result.id!r})" if result.id else "")
+                    + f" answers no functionCall of message {owner} by "
+                    + ("id" if result.id else "name")
+                    + " (Gemini checks only the count)",
+                    "warning",
+                )
+                continue
+            unpaired.remove(match)
+            if match.id and result.id and match.name != result.name:
+                self.add(
+                    "I1",
+                    result.index,
+                    f"the functionResponse for {result.id!r} names {result.name!r}, but the "
+                    f"call was to {match.name!r}",
+                    "warning",
                 )
 
     # Responses API: a flat list of items -----------------------------------------------

@@ -1,0 +1,205 @@
+"""``check_transcript`` over Bedrock Converse and Gemini histories, and how ``auto``
+tells the formats apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from statemachine.testing import check_transcript, transcript_findings
+from statemachine.testing.transcript import detect_format, format_evidence
+
+# -- Bedrock Converse ----------------------------------------------------------------------
+
+
+def _cv_user(text: str = "go") -> dict[str, Any]:
+    return {"role": "user", "content": [{"text": text}]}
+
+
+def _cv_call(*ids: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": [{"text": "let me look"}]
+        + [{"toolUse": {"toolUseId": i, "name": "read", "input": {"path": "a"}}} for i in ids],
+    }
+
+
+def _cv_res(*ids: str, text: str | None = None) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = [
+        {"toolResult": {"toolUseId": i, "content": [{"text": "ok"}], "status": "success"}}
+        for i in ids
+    ]
+    if text is not None:
+        blocks.append({"text": text})
+    return {"role": "user", "content": blocks}
+
+
+def _cv_done() -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"text": "done"}]}
+
+
+def test_converse_valid_history() -> None:
+    history = [_cv_user(), _cv_call("a", "b"), _cv_res("a", "b", text="and?"), _cv_done()]
+    body = {"modelId": "anthropic.claude-3-haiku", "messages": history}
+    assert detect_format(body) == "bedrock-converse"
+    assert detect_format(history) == "bedrock-converse"
+    assert transcript_findings(body, "auto") == []
+
+
+@pytest.mark.parametrize(
+    ("history", "invariant", "index", "words"),
+    [
+        ([_cv_user(), _cv_call("a"), _cv_user("no result")], "I1", 1, "no result before"),
+        ([_cv_user(), _cv_call("a"), _cv_res("a"), _cv_done(), _cv_res("a")], "I1", 4, "second"),
+        ([_cv_res("z")], "I1", 0, "no matching call"),
+        ([_cv_user(), _cv_call("a", "a"), _cv_res("a", "a")], "I1", 1, "appears twice"),
+        ([_cv_user(), _cv_user()], "order", 1, "alternate"),
+        ([_cv_done(), _cv_user()], "order", 0, "start with a user message"),
+        ([_cv_user(), _cv_call("a")], "I1", 1, "transcript ends"),
+        ([_cv_user(), {"role": "assistant", "content": "hi"}], "format", 1, "not a list"),
+    ],
+)
+def test_converse_damage_is_named(
+    history: list[Any], invariant: str, index: int, words: str
+) -> None:
+    errors = check_transcript(history, "bedrock-converse")
+    assert any(
+        v.invariant == invariant and v.index == index and words in v.message for v in errors
+    ), errors
+
+
+def test_converse_removing_a_tool_result_is_found_by_auto() -> None:
+    history = [_cv_user(), _cv_call("a"), _cv_res("a"), _cv_done()]
+    history[2] = _cv_user("I ran it")
+    [error] = check_transcript(history, "auto")
+    assert (error.invariant, error.index) == ("I1", 1)
+
+
+def test_converse_unreadable_tool_use_is_one_format_finding() -> None:
+    call = _cv_call("a")
+    call["content"][1]["toolUse"].pop("toolUseId")
+    found = transcript_findings([_cv_user(), call, _cv_res("a")], "bedrock-converse")
+    assert [(f.invariant, f.index) for f in found] == [("format", 1)]
+
+
+# -- Gemini ---------------------------------------------------------------------------------
+
+
+def _gm_user(text: str = "go") -> dict[str, Any]:
+    return {"role": "user", "parts": [{"text": text}]}
+
+
+def _gm_call(*names: str, ids: tuple[str, ...] = ()) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for n, name in enumerate(names):
+        call: dict[str, Any] = {"name": name, "args": {}}
+        if ids:
+            call["id"] = ids[n]
+        parts.append({"functionCall": call})
+    return {"role": "model", "parts": parts}
+
+
+def _gm_res(*names: str, ids: tuple[str, ...] = ()) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for n, name in enumerate(names):
+        response: dict[str, Any] = {"name": name, "response": {"result": "ok"}}
+        if ids:
+            response["id"] = ids[n]
+        parts.append({"functionResponse": response})
+    return {"role": "user", "parts": parts}
+
+
+def test_gemini_valid_histories() -> None:
+    history = [_gm_user(), _gm_call("read", "read"), _gm_res("read", "read")]
+    history.append({"role": "model", "parts": [{"text": "done"}]})
+    body = {"contents": history, "systemInstruction": {"parts": [{"text": "be brief"}]}}
+    assert detect_format(body) == "gemini"
+    assert transcript_findings(body, "auto") == []
+    with_ids = [_gm_user(), _gm_call("a", "b", ids=("1", "2")), _gm_res("b", "a", ids=("2", "1"))]
+    assert transcript_findings(with_ids, "gemini") == []
+    snake = [
+        {"role": "user", "parts": [{"text": "go"}]},
+        {"role": "model", "parts": [{"function_call": {"name": "read", "args": {}}}]},
+        {"role": "user", "parts": [{"function_response": {"name": "read", "response": {}}}]},
+    ]
+    assert detect_format(snake) == "gemini"
+    assert transcript_findings(snake, "auto") == []
+
+
+@pytest.mark.parametrize(
+    ("history", "index", "words"),
+    [
+        ([_gm_user(), _gm_call("read"), _gm_user("and?")], 1, "right after the function call"),
+        ([_gm_user(), _gm_res("read")], 1, "no function call turn right before"),
+        ([_gm_user(), _gm_call("a", "b"), _gm_res("a")], 2, "as many responses as calls"),
+        ([_gm_user(), _gm_call("a"), _gm_res("a", "a")], 2, "as many responses as calls"),
+        ([_gm_user(), _gm_call("a")], 1, "the transcript ends"),
+        ([_gm_user(), _gm_call("a", "b", ids=("1", "1")), _gm_res("a", "b")], 1, "twice"),
+    ],
+)
+def test_gemini_damage_is_named(history: list[Any], index: int, words: str) -> None:
+    errors = check_transcript(history, "gemini")
+    assert any(v.invariant == "I1" and v.index == index and words in v.message for v in errors), (
+        errors
+    )
+
+
+def test_gemini_response_naming_no_call_is_a_warning() -> None:
+    history = [_gm_user(), _gm_call("read"), _gm_res("write")]
+    [warning] = transcript_findings(history, "gemini")
+    assert (warning.level, warning.index) == ("warning", 2)
+    assert "answers no functionCall of message 1 by name" in warning.message
+
+
+def test_gemini_open_tail() -> None:
+    assert check_transcript([_gm_user(), _gm_call("a")], "gemini", allow_open_tail=True) == []
+
+
+# -- telling the formats apart ---------------------------------------------------------------
+
+
+ANTHROPIC_PLAIN = {
+    "model": "claude-sonnet-4-5",
+    "system": "be brief",
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+}
+RESPONSES_PLAIN = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "yo"}]},
+]
+
+
+@pytest.mark.parametrize(
+    ("log", "fmt"),
+    [
+        (ANTHROPIC_PLAIN, "anthropic"),
+        (RESPONSES_PLAIN, "openai-responses"),
+        ([{"role": "user", "content": "hi"}], "openai"),
+        ({"messages": [_cv_user()], "system": [{"text": "be brief"}]}, "bedrock-converse"),
+        ({"contents": [_gm_user()]}, "gemini"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "openai"),
+    ],
+)
+def test_auto_detects_logs_without_tool_items(log: Any, fmt: str) -> None:
+    assert detect_format(log) == fmt
+    assert fmt in format_evidence(log) or fmt == "openai"
+
+
+def test_a_log_matching_several_formats_is_one_format_finding() -> None:
+    mixed = [_cv_user(), {"role": "assistant", "tool_calls": [], "content": None}]
+    assert detect_format(mixed) == "unknown"
+    [finding] = transcript_findings(mixed, "auto")
+    assert (finding.invariant, finding.level) == ("format", "error")
+    assert "matches several formats differently" in finding.message
+    assert "bedrock-converse: messages[0]" in finding.message
+    assert "openai: messages[1]" in finding.message
+    # Given its format, it is read as that format.
+    assert transcript_findings(mixed, "openai") == []
+
+
+def test_a_log_matching_no_format_is_one_format_finding() -> None:
+    cohere = [{"role": "USER", "message": "hi"}, {"role": "CHATBOT", "message": "yo"}]
+    assert detect_format(cohere) == "unknown"
+    [finding] = check_transcript(cohere, "auto")
+    assert "matches no known format" in finding.message
