@@ -25,7 +25,7 @@ from statemachine.testing import (
     render_transcript,
     transcript_findings,
 )
-from statemachine.testing.transcript import detect_format
+from statemachine.testing.transcript import STRICT_RULES, detect_format
 
 # -- our format ---------------------------------------------------------------------------
 
@@ -258,6 +258,9 @@ def test_corpus(entry: dict[str, Any]) -> None:
     ), (entry["provider_error"], found)
     if want["level"] == "error":
         assert check_transcript(body, entry["format"]) != []
+    if want.get("strict"):  # a rule some servers enforce: an error under strict
+        strict = check_transcript(body, entry["format"], strict=True)
+        assert any(f.index == want["index"] and want["words"] in f.message for f in strict)
 
 
 # -- ids reused across turns, names checked against the call that owns the id --------------
@@ -630,6 +633,17 @@ def test_cli_findings_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert _run(["--allow-open-tail", str(path)], capsys)[0] == 0
 
 
+def test_cli_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps([GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]))
+    code, out, _ = _run([str(path)], capsys)
+    assert code == 0
+    assert "(anthropic, 5 messages, 0 errors, 1 warning)" in out
+    code, out, _ = _run(["--strict", str(path)], capsys)
+    assert code == 1
+    assert "  error I1 at message 3: tool call id 'a' reuses the id" in out
+
+
 def test_cli_jsonl_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     per_message = tmp_path / "messages.jsonl"
     per_message.write_text("\n".join(json.dumps(m) for m in [USER, _oa_call("a"), _oa_res("a")]))
@@ -729,12 +743,38 @@ def test_cli_checks_the_whole_corpus(capsys: pytest.CaptureFixture[str]) -> None
     assert out.count(": FAIL (") == len(rejected)
 
 
-def test_anthropic_refuses_reused_tool_use_ids_by_default() -> None:
+def test_anthropic_reused_tool_use_ids_are_a_warning_and_an_error_under_strict() -> None:
     history = [GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]
-    [error] = check_transcript(history, "anthropic")
+    assert check_transcript(history, "anthropic") == []
+    [warning] = transcript_findings(history, "anthropic")
+    assert (warning.level, warning.index) == ("warning", 3)
+    assert "an error under strict" in warning.message
+    [error] = check_transcript(history, "anthropic", strict=True)
     assert error.index == 3
     assert "(ids must be unique across the request)" in error.message
-    assert check_transcript(history, "anthropic", id_reuse="warning") == []
+    assert check_transcript(history, "anthropic", strict=True, id_reuse="warning") == []
+    # Two calls with one id in one message stay errors, strict or not.
+    twice = [GO, _an_call("a", "a"), _an_res("a", "a")]
+    assert [e.index for e in check_transcript(twice, "anthropic")] == [1]
+
+
+def test_strict_makes_a_responses_output_after_a_message_item_an_error() -> None:
+    items = [
+        {"type": "function_call", "call_id": "c", "name": "r", "arguments": "{}"},
+        {"role": "user", "content": "and?"},
+        {"type": "function_call_output", "call_id": "c", "output": "x"},
+    ]
+    assert check_transcript(items, "openai-responses") == []
+    [error] = check_transcript(items, "openai-responses", strict=True)
+    assert (error.index, error.invariant) == (2, "I1")
+    assert "DeepSeek" in error.message
+
+
+def test_strict_rules_are_each_documented() -> None:
+    assert set(STRICT_RULES) == {"anthropic-id-reuse", "responses-output-after-message"}
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "conformance-kit.md").read_text()
+    for rule in STRICT_RULES:
+        assert f"`{rule}`" in guide
 
 
 # -- properties over generated provider histories -----------------------------------------

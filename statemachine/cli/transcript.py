@@ -61,8 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         "--id-reuse",
         choices=("warning", "error"),
         default=None,
-        help="level of a call id reused across turns (default: warning for the OpenAI "
-        "formats, error for anthropic and statemachine)",
+        help="level of a call id reused across turns (default: warning for the "
+        "providers' formats, error for statemachine)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="make errors of the rules some servers enforce and others do not (a call id "
+        "reused across turns on Anthropic, a Responses output after a later message item)",
     )
     parser.add_argument(
         "--max-bytes",
@@ -110,6 +116,7 @@ def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
             cast(TranscriptFormat, args.format),
             allow_open_tail=args.allow_open_tail,
             id_reuse=args.id_reuse,
+            strict=args.strict,
         )
     except TypeError as exc:  # JSON, but no list of messages in it
         raise _UnreadableError(str(exc)) from None

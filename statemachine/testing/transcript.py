@@ -21,7 +21,8 @@ Four formats are read:
 provider's own rules, the ones its API enforces when it accepts or rejects a request:
 what it rejects is an ``error`` finding; what it accepts but is likely a mistake (an id
 reused across turns, results out of call order, a result naming another tool) is a
-``warning``. ``check_transcript`` returns the errors, ``transcript_findings`` both. A
+``warning``; ``strict=True`` makes errors of the warnings that some servers enforce
+(``STRICT_RULES``). ``check_transcript`` returns the errors, ``transcript_findings`` both. A
 field that cannot be read is one ``format`` finding, never a cascade of pairing
 findings.
 """
@@ -63,6 +64,7 @@ __all__ = [
     "Level",
     "TranscriptFormat",
     "check_transcript",
+    "STRICT_RULES",
     "detect_format",
     "format_evidence",
     "render_transcript",
@@ -89,9 +91,26 @@ FORMATS: tuple[str, ...] = (
 )
 # Formats whose results go in the user message right after the calls.
 _NEXT_USER_MESSAGE = frozenset({"anthropic", "bedrock-converse"})
-# OpenAI accepts a call id used again in a later turn; Anthropic refuses a request
-# whose tool_use ids repeat ("tool_use ids must be unique"), and our engine too.
-_REUSE_ACCEPTED = frozenset({"openai", "openai-responses"})
+# A call id used again in a later turn: OpenAI accepts it; Anthropic accepted a recorded
+# request with one and refused others ("tool_use ids must be unique"), so it is an error
+# only under ``strict``; our engine refuses it.
+_REUSE_STRICT = frozenset({"anthropic", "bedrock-converse"})
+
+STRICT_RULES: Mapping[str, str] = {
+    "anthropic-id-reuse": (
+        "anthropic, bedrock-converse: a tool_use (toolUse) id that repeats the id of a "
+        "call in an earlier turn. Anthropic accepted a recorded request with Gemini-made "
+        'ids reused in a later turn, and refused others with "tool_use ids must be '
+        'unique".'
+    ),
+    "responses-output-after-message": (
+        "openai-responses: a function_call_output (any *_call_output) after a message "
+        "item that follows its call. OpenAI accepts it; DeepSeek's Responses endpoint "
+        'refused a recorded one with 400 "No tool output found for tool call".'
+    ),
+}
+"""The rules that are warnings by default and errors with ``strict=True``: each is
+enforced by some servers (or some of the time) and not by others."""
 
 
 @attrs.frozen
@@ -112,6 +131,7 @@ def check_transcript(
     *,
     allow_open_tail: bool = False,
     id_reuse: Level | None = None,
+    strict: bool = False,
 ) -> list[Violation]:
     """Every error-level pairing and order violation in a transcript, each with the
     invariant it breaks (``"I1"``, ``"I2"``, ``"format"``), the index of the message
@@ -123,7 +143,7 @@ def check_transcript(
     and duplicate (or empty) call ids. Options as for ``transcript_findings``.
     """
     found = transcript_findings(
-        messages, format, allow_open_tail=allow_open_tail, id_reuse=id_reuse
+        messages, format, allow_open_tail=allow_open_tail, id_reuse=id_reuse, strict=strict
     )
     return [f for f in found if f.level == "error"]
 
@@ -134,6 +154,7 @@ def transcript_findings(
     *,
     allow_open_tail: bool = False,
     id_reuse: Level | None = None,
+    strict: bool = False,
 ) -> list[Finding]:
     """Every finding, errors and warnings, sorted by message index.
 
@@ -144,9 +165,12 @@ def transcript_findings(
     ``allow_open_tail`` accepts a log that ends mid-turn: the calls of the last
     assistant message (Responses: calls after the last message item) may lack
     results. ``id_reuse`` is the level of a call id that repeats the id of a call in
-    an earlier turn: OpenAI accepts it, so it defaults to ``"warning"`` for its two
-    formats; Anthropic and our engine refuse it (``"error"``). Two calls with one id in
-    the same message are always errors.
+    an earlier turn: ``"warning"`` by default for the providers' formats (OpenAI
+    accepts it, Anthropic has accepted it), ``"error"`` for ours (our engine refuses
+    it). Two calls with one id in the same message are always errors.
+
+    ``strict`` makes errors of the rules some servers enforce and others do not
+    (``STRICT_RULES``, one sentence each): for a log meant for any of them.
 
     Raises ``TypeError`` for something that is not a list (or a wrapper of one) and
     ``ValueError`` for an unknown format.
@@ -159,7 +183,9 @@ def transcript_findings(
         raise ValueError(
             f"unknown transcript format {fmt!r}: use one of {', '.join(FORMATS)} or 'auto'"
         )
-    reuse: Level = id_reuse or ("warning" if fmt in _REUSE_ACCEPTED else "error")
+    reuse: Level = id_reuse or (
+        "error" if fmt == "statemachine" or (strict and fmt in _REUSE_STRICT) else "warning"
+    )
     if fmt == "statemachine":
         out = _check_statemachine(items, allow_open_tail, reuse)
     else:
@@ -171,6 +197,7 @@ def transcript_findings(
         }.get(fmt, read_anthropic)
         turns, problems = reader(items)
         pairing = _Pairing(fmt, allow_open_tail, reuse)
+        pairing.strict = strict
         # A Responses request that continues a stored response answers calls the
         # input does not hold.
         pairing.continued = isinstance(messages, Mapping) and bool(
@@ -493,6 +520,7 @@ class _Pairing:
         self.answered: dict[str, Call] = {}
         self.abandoned: dict[str, tuple[Call, Turn]] = {}  # id -> (call, turn that cut in)
         self.continued = False
+        self.strict = False
 
     def add(self, invariant: str, index: int, message: str, level: Level = "error") -> None:
         self.out.append(Finding(invariant, index, message, level))
@@ -552,9 +580,12 @@ class _Pairing:
                 f"tool call id {call.id!r} reuses the id of a call in message "
                 f"{self.seen[call.id]}"
                 + (
-                    " (the provider accepts it; the results pair with the latest call)"
-                    if self.reuse == "warning"
-                    else " (ids must be unique across the request)"
+                    " (ids must be unique across the request)"
+                    if self.reuse == "error"
+                    else " (Anthropic has accepted such requests and refused others: an "
+                    "error under strict; the results pair with the latest call)"
+                    if self.format in _REUSE_STRICT
+                    else " (the provider accepts it; the results pair with the latest call)"
                 ),
                 self.reuse,
             )
@@ -808,8 +839,9 @@ class _Pairing:
                             "I1",
                             result.index,
                             f"the output for {result.id!r} comes after a message item that "
-                            "follows its call (OpenAI accepts it; some compatible servers do not)",
-                            "warning",
+                            "follows its call (OpenAI accepts it; some compatible servers, "
+                            "such as DeepSeek's, do not: an error under strict)",
+                            "error" if self.strict else "warning",
                         )
                     self.answered[result.id] = open_.pop(result.id)
                     interrupted.discard(result.id)
