@@ -60,11 +60,11 @@ from statemachine.testing._transcript_readers import (
 )
 
 __all__ = [
+    "STRICT_RULES",
     "Finding",
     "Level",
     "TranscriptFormat",
     "check_transcript",
-    "STRICT_RULES",
     "detect_format",
     "format_evidence",
     "render_transcript",
