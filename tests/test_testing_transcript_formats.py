@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.testing import check_transcript, transcript_findings
 from statemachine.testing.transcript import detect_format, format_evidence
 
@@ -203,3 +204,84 @@ def test_a_log_matching_no_format_is_one_format_finding() -> None:
     assert detect_format(cohere) == "unknown"
     [finding] = check_transcript(cohere, "auto")
     assert "matches no known format" in finding.message
+
+
+# -- a result under a wrong id -----------------------------------------------------------------
+
+
+def _oa_call(*ids: str) -> dict[str, Any]:
+    calls = [
+        {"id": i, "type": "function", "function": {"name": "read", "arguments": "{}"}} for i in ids
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _oa_res(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+
+def _an_call(*ids: str) -> dict[str, Any]:
+    blocks = [{"type": "tool_use", "id": i, "name": "read", "input": {}} for i in ids]
+    return {"role": "assistant", "content": blocks}
+
+
+def _an_res(*ids: str) -> dict[str, Any]:
+    blocks = [{"type": "tool_result", "tool_use_id": i, "content": "ok"} for i in ids]
+    return {"role": "user", "content": blocks}
+
+
+def _ours(*calls: str, results: tuple[str, ...]) -> list[Any]:
+    call = AssistantMessage(tuple(ToolCall(i, "read", {}) for i in calls), stop_reason="toolUse")
+    return [UserMessage("go"), call, *(ToolResultMessage(r, "read", "ok") for r in results)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "history", "index"),
+    [
+        (
+            "openai",
+            [
+                {"role": "user", "content": "go"},
+                _oa_call("a", "b", "c"),
+                _oa_res("x"),
+                _oa_res("b"),
+                _oa_res("c"),
+            ],
+            2,
+        ),
+        (
+            "anthropic",
+            [{"role": "user", "content": "go"}, _an_call("a", "b", "c"), _an_res("x", "b", "c")],
+            2,
+        ),
+        ("bedrock-converse", [_cv_user(), _cv_call("a", "b", "c"), _cv_res("x", "b", "c")], 2),
+        ("statemachine", _ours("a", "b", "c", results=("x", "b", "c")), 2),
+        # the stand-in after the results of later calls
+        (
+            "openai",
+            [{"role": "user", "content": "go"}, _oa_call("a", "b"), _oa_res("b"), _oa_res("x")],
+            3,
+        ),
+        ("statemachine", _ours("a", "b", results=("b", "x")), 3),
+    ],
+)
+def test_a_result_under_a_wrong_id_is_the_one_finding(
+    fmt: str, history: list[Any], index: int
+) -> None:
+    [finding] = transcript_findings(history, fmt)  # type: ignore[arg-type]
+    assert (finding.invariant, finding.index, finding.level) == ("I1", index, "error")
+    assert (
+        "the result for tool call 'x' answers no call: it stands where the result of call 'a'"
+        in finding.message
+    )
+
+
+def test_unclear_wrong_ids_are_reported_as_they_are() -> None:
+    # Two strangers for one unanswered call: which one stands for it is not clear.
+    history = _ours("a", "b", results=("x", "y", "b"))
+    found = [(f.invariant, f.index) for f in transcript_findings(history)]
+    assert ("I1", 2) in found and ("I1", 3) in found and ("I1", 1) in found
+    assert not any("stands where" in f.message for f in transcript_findings(history))
+    # A genuine order mistake among the others is still reported.
+    mixed = _ours("a", "b", "c", results=("x", "c", "b"))
+    assert [f.invariant for f in transcript_findings(mixed)] == ["I1", "I2"]

@@ -439,6 +439,32 @@ def _format_finding(messages: Any) -> Finding:
     )
 
 
+# -- a result under a wrong id -------------------------------------------------------------
+
+
+def _stand_ins(
+    call_ids: Sequence[str], result_ids: Sequence[str], known: set[str]
+) -> list[tuple[int, int]]:
+    """The results of one assistant message's answer that were sent under a wrong id,
+    as (result position, call position) pairs: a result whose id no call in the whole
+    history has, where a call of the message has no result. Paired in order, and only
+    when there are as many such results as such calls (else nothing is clear)."""
+    strangers = [n for n, rid in enumerate(result_ids) if rid not in known]
+    answered = set(result_ids)
+    orphans = [n for n, cid in enumerate(call_ids) if cid not in answered]
+    if not strangers or len(strangers) != len(orphans):
+        return []
+    return list(zip(strangers, orphans, strict=True))
+
+
+def _wrong_id(result_id: str, call_id: str, name: str, call_index: int) -> str:
+    return (
+        f"the result for tool call {result_id!r} answers no call: it stands where the "
+        f"result of call {call_id!r} ({name}, message {call_index}) belongs, which has no "
+        "other result (a result sent under a wrong id)"
+    )
+
+
 # -- our format ----------------------------------------------------------------------
 
 
@@ -464,13 +490,55 @@ def _check_statemachine(items: Sequence[Any], allow_open_tail: bool, reuse: Leve
             out.append(
                 Finding("format", i, f"a {type(item).__name__} is not a message or a wire dict")
             )
+    stand_in_calls = _mend_wrong_ids(neutral, origin, out)
     for v in history_violations(neutral, allow_open_tail=allow_open_tail):
         index = origin[v.index] if 0 <= v.index < len(origin) else v.index
+        if v.invariant == "I2" and _skips_only(v.message, stand_in_calls):
+            continue  # the mended result is named already; the results after it are in place
         level: Level = "error"
         if "repeats the id" in v.message and f"message {v.index}" not in v.message:
             level = reuse
         out.append(Finding(v.invariant, index, _renumber(v.message, origin), level))
     return out
+
+
+def _mend_wrong_ids(neutral: list[Message], origin: list[int], out: list[Finding]) -> set[str]:
+    """Names each result sent under a wrong id (``_stand_ins``) and gives it the id of
+    the call it stands for, so that the pairing check does not also accuse the call of
+    having no result or the results after it of coming early. Returns those calls' ids."""
+    known = {c.id for m in neutral if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    mended: set[str] = set()
+    for n, message in enumerate(neutral):
+        if not isinstance(message, AssistantMessage) or not message.tool_calls:
+            continue
+        run = n + 1
+        while run < len(neutral) and isinstance(neutral[run], ToolResultMessage):
+            run += 1
+        results = [m for m in neutral[n + 1 : run] if isinstance(m, ToolResultMessage)]
+        calls = message.tool_calls
+        pairs = _stand_ins([c.id for c in calls], [r.tool_call_id for r in results], known)
+        for r, c in pairs:
+            call = calls[c]
+            out.append(
+                Finding(
+                    "I1",
+                    origin[n + 1 + r],
+                    _wrong_id(results[r].tool_call_id, call.id, call.name, origin[n]),
+                )
+            )
+            neutral[n + 1 + r] = attrs.evolve(results[r], tool_call_id=call.id, tool_name=call.name)
+            mended.add(call.id)
+    return mended
+
+
+def _skips_only(sentence: str, call_ids: set[str]) -> bool:
+    """Whether an I2 sentence ("... before the result(s) of earlier call(s) 'a', 'b' of
+    the same assistant message") names only calls in ``call_ids``."""
+    match = re.search(r"earlier call\(s\) (.+) of the same", sentence)
+    if match is None or not call_ids:
+        return False
+    named = set(re.findall(r"'([^']*)'", match.group(1)))
+    return bool(named) and named <= call_ids
 
 
 def _salvage(item: Mapping[str, Any]) -> Message | None:
@@ -521,6 +589,7 @@ class _Pairing:
         self.abandoned: dict[str, tuple[Call, Turn]] = {}  # id -> (call, turn that cut in)
         self.continued = False
         self.strict = False
+        self.stand_ins: set[int] = set()  # calls whose result came under a wrong id
 
     def add(self, invariant: str, index: int, message: str, level: Level = "error") -> None:
         self.out.append(Finding(invariant, index, message, level))
@@ -528,6 +597,7 @@ class _Pairing:
     # Chat Completions and Messages: turn after turn ------------------------------------
 
     def walk_turns(self, turns: list[Turn]) -> None:
+        self.mend_wrong_ids(turns)
         last_assistant = max((n for n, t in enumerate(turns) if t.role == "assistant"), default=-1)
         for n, turn in enumerate(turns):
             if turn.role == "assistant":
@@ -557,6 +627,30 @@ class _Pairing:
             for call in self.pending:
                 self.missing(call, "and the transcript ends")
         self.pending = []
+
+    def mend_wrong_ids(self, turns: list[Turn]) -> None:
+        """Names each result sent under a wrong id (``_stand_ins``) and gives it its
+        call's id, so that the walk neither reports the call unanswered nor the results
+        after it early."""
+        known = {c.id for t in turns for c in t.calls}
+        answer_roles = ("tool", "function") if self.format == "openai" else ("user",)
+        for n, turn in enumerate(turns):
+            if turn.role != "assistant" or not turn.calls:
+                continue
+            results: list[Result] = []
+            for later in turns[n + 1 :]:
+                if later.role not in answer_roles:
+                    break
+                results += [r for r in later.results if not r.legacy]
+                if self.format != "openai":
+                    break  # one user message holds all of them
+            calls = [c for c in turn.calls if not c.legacy]
+            pairs = _stand_ins([c.id for c in calls], [r.id for r in results], known)
+            for r, c in pairs:
+                result, call = results[r], calls[c]
+                self.add("I1", result.index, _wrong_id(result.id, call.id, call.name, call.index))
+                result.id, result.name = call.id, None
+                self.stand_ins.add(id(call))
 
     def open(self, turn: Turn) -> None:
         self.pending = []
@@ -643,8 +737,10 @@ class _Pairing:
 
     def matched(self, call: Call, result: Result) -> None:
         position = self.pending.index(call)
-        if position:
-            skipped = ", ".join(repr(c.id) for c in self.pending[:position])
+        # A result sent under a wrong id is named already: the others are in place.
+        earlier = [c for c in self.pending[:position] if id(c) not in self.stand_ins]
+        if earlier and id(call) not in self.stand_ins:
+            skipped = ", ".join(repr(c.id) for c in earlier)
             self.add(
                 "I2",
                 result.index,
