@@ -56,7 +56,6 @@ def test_converse_valid_history() -> None:
         ([_cv_res("z")], "I1", 0, "no matching call"),
         ([_cv_user(), _cv_call("a", "a"), _cv_res("a", "a")], "I1", 1, "appears twice"),
         ([_cv_user(), _cv_user()], "order", 1, "alternate"),
-        ([_cv_done(), _cv_user()], "order", 0, "start with a user message"),
         ([_cv_user(), _cv_call("a")], "I1", 1, "transcript ends"),
         ([_cv_user(), {"role": "assistant", "content": "hi"}], "format", 1, "not a list"),
     ],
@@ -188,15 +187,33 @@ def test_auto_detects_logs_without_tool_items(log: Any, fmt: str) -> None:
 
 
 def test_a_log_matching_several_formats_is_one_format_finding() -> None:
-    mixed = [_cv_user(), {"role": "assistant", "tool_calls": [], "content": None}]
+    mixed = [_cv_user(), _cv_call("a"), {"role": "tool", "tool_call_id": "a", "content": "ok"}]
     assert detect_format(mixed) == "unknown"
     [finding] = transcript_findings(mixed, "auto")
     assert (finding.invariant, finding.level) == ("format", "error")
     assert "matches several formats differently" in finding.message
-    assert "bedrock-converse: messages[0]" in finding.message
-    assert "openai: messages[1]" in finding.message
+    assert "bedrock-converse: messages[1]: a 'toolUse' block" in finding.message
+    assert "openai: messages[2]: role 'tool'" in finding.message
     # Given its format, it is read as that format.
-    assert transcript_findings(mixed, "openai") == []
+    assert [f.invariant for f in transcript_findings(mixed, "openai")] == ["I1"]
+
+
+def test_how_tool_calls_are_written_outweighs_other_signs() -> None:
+    # Mistral's Chat Completions with a "thinking" content block, as recorded.
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}
+    call = _oa_call("a")
+    call["content"] = [thinking]
+    log = [{"role": "user", "content": "go"}, call, _oa_res("a")]
+    assert set(format_evidence(log)) == {"anthropic", "openai"}
+    assert detect_format(log) == "openai"
+    assert transcript_findings(log, "auto") == []
+    # Without tool calls, the weak signs decide, and must agree.
+    assert detect_format([{"role": "assistant", "content": [thinking]}]) == "anthropic"
+    plain_mixed = [
+        {"role": "assistant", "content": [thinking]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+    ]
+    assert detect_format(plain_mixed) == "unknown"
 
 
 def test_a_log_matching_no_format_is_one_format_finding() -> None:
@@ -285,3 +302,18 @@ def test_unclear_wrong_ids_are_reported_as_they_are() -> None:
     # A genuine order mistake among the others is still reported.
     mixed = _ours("a", "b", "c", results=("x", "c", "b"))
     assert [f.invariant for f in transcript_findings(mixed)] == ["I1", "I2"]
+
+
+def test_responses_reasoning_needs_its_following_item() -> None:
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    user = {"role": "user", "content": "why?"}
+    produced = {"type": "message", "id": "msg_1", "role": "assistant", "content": "42"}
+    assert check_transcript([user, reasoning, produced, user], "openai-responses") == []
+    by_hand = {"role": "assistant", "content": "42"}
+    [error] = check_transcript([user, reasoning, by_hand, user], "openai-responses")
+    assert (error.invariant, error.index) == ("I1", 1)
+    assert "required following item" in error.message
+    assert len(check_transcript([user, reasoning], "openai-responses")) == 1
+    # DeepSeek's reasoning ids are UUIDs, and DeepSeek accepts it.
+    deepseek = {**reasoning, "id": "1e97d346-aa16-46e5-866d-b34e91c5d499"}
+    assert check_transcript([user, deepseek, by_hand, user], "openai-responses") == []

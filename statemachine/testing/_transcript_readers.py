@@ -185,7 +185,32 @@ def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
         else:
             turn = Turn(kind, i)
         turns.append(turn)
+        reasoning_id = item.get("id") if kind == "reasoning" else None
+        if isinstance(reasoning_id, str) and reasoning_id.startswith("rs_"):
+            _reasoning_followed(items, i, problems)
     return turns, problems
+
+
+def _reasoning_followed(items: Sequence[Any], i: int, problems: list[Violation]) -> None:
+    """A reasoning item OpenAI produced (its ``id`` starts with ``rs_``) must be followed
+    by the item it produced after it (which has an ``id`` too): OpenAI rejects "Item 'rs_...'
+    of type 'reasoning' was provided without its required following item" when that
+    item was dropped or replaced by a message written by hand. (DeepSeek, whose ids
+    are UUIDs, accepts such a history.)"""
+    following = items[i + 1] if i + 1 < len(items) else None
+    if isinstance(following, Mapping) and (
+        "id" in following or _responses_kind(following) != "message"
+    ):
+        return
+    what = "nothing" if following is None else "a message item without an id"
+    problems.append(
+        Violation(
+            "I1",
+            i,
+            f"the reasoning item {items[i]['id']!r} is followed by {what}: OpenAI wants "
+            "the item the model produced after it (its required following item)",
+        )
+    )
 
 
 # -- Anthropic Messages -------------------------------------------------------------------
@@ -301,9 +326,11 @@ _CONVERSE_BLOCKS = frozenset(
 
 def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
     """Converse messages, one turn each: ``toolUse`` blocks of an assistant message are
-    calls, ``toolResult`` blocks of a user message results. Converse does not merge
-    messages of one role: it requires them to alternate, starting with a user message
-    (``ValidationException``), which is reported here as an ``order`` finding."""
+    calls, ``toolResult`` blocks of a user message results; a server tool's ``toolUse``
+    (``"type": "server_tool_use"``) is answered by a ``toolResult`` in the same assistant
+    message. Converse does not merge messages of one role: it requires them to
+    alternate (``ValidationException``), which is reported here as an ``order`` finding.
+    (A conversation that starts with an assistant message was accepted for Claude.)"""
     turns: list[Turn] = []
     problems: list[Violation] = []
     for i, item in enumerate(messages):
@@ -317,11 +344,7 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
             turns.append(Turn("unknown", i, damaged=True))
             continue
         previous = next((t for t in reversed(turns) if t.role != "unknown"), None)
-        if previous is None and role != "user":
-            problems.append(
-                Violation("order", i, "a Converse conversation must start with a user message")
-            )
-        elif previous is not None and previous.role == role:
+        if previous is not None and previous.role == role:
             problems.append(
                 Violation(
                     "order",
@@ -355,7 +378,11 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
                     )
                     turn.damaged = True
                     continue
-                turn.calls.append(Call(call_id, name if isinstance(name, str) else "", i))
+                call = Call(call_id, name if isinstance(name, str) else "", i)
+                # A server tool (Nova's code interpreter): its toolResult follows it
+                # inside the assistant message.
+                call.server = use.get("type") == "server_tool_use"
+                (turn.server_blocks if call.server else turn.calls).append(call)
             elif result is not None:
                 call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
                 if not isinstance(call_id, str):
@@ -364,13 +391,8 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
                     )
                     turn.damaged = True
                     continue
-                if role != "user":
-                    problems.append(
-                        Violation(
-                            "format", i, f"content[{j}]: a toolResult block in an assistant message"
-                        )
-                    )
-                    turn.damaged = True
+                if role == "assistant":  # a server tool's result
+                    turn.server_blocks.append(Result(call_id, None, i, server=True))
                     continue
                 turn.results.append(Result(call_id, None, i))
     return turns, problems

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -235,22 +235,38 @@ def detect_format(messages: Any) -> str:
     evidence of exactly one format is in that format; a plain one (roles and text only,
     read alike by every format) is ``"openai"``. ``"unknown"`` when the evidence points
     to no format or to several: ``format_evidence`` says what it saw."""
-    evidence = format_evidence(messages)
-    if len(evidence) == 1:
-        return next(iter(evidence))
-    if not evidence and not _unrecognised(messages):
-        return "openai"
-    return "unknown"
+    strong, weak = _evidence(messages)
+    for signs in (strong, weak):
+        if len(signs) == 1:
+            return next(iter(signs))
+        if signs:
+            return "unknown"
+    return "unknown" if _unrecognised(messages) else "openai"
 
 
 def format_evidence(messages: Any) -> dict[str, list[str]]:
     """For each format the history shows a sign of, the first signs (a few words each,
     e.g. ``"messages[2]: a toolUse block"``). Plain user/assistant/system messages with
-    string content or ``text`` blocks are no sign of any format: every one reads them."""
-    found: dict[str, list[str]] = {}
+    string content or ``text`` blocks are no sign of any format: every one reads them.
+    The signs of how tool calls are written (``tool_calls``, ``tool_use`` blocks,
+    ``toolUse`` blocks, ``functionCall`` parts, ``*_call`` items, ...) outweigh the
+    others (a ``thinking`` block, a body key): ``detect_format`` looks at the others
+    only when the tool calls show no format."""
+    strong, weak = _evidence(messages)
+    merged = {fmt: list(signs) for fmt, signs in strong.items()}
+    for fmt, signs in weak.items():
+        merged.setdefault(fmt, []).extend(signs)
+    return {fmt: signs[:3] for fmt, signs in merged.items()}
 
-    def sign(fmt: str, where: str) -> None:
-        signs = found.setdefault(fmt, [])
+
+def _evidence(messages: Any) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The signs of each format, split into the strong ones (how tool calls and
+    results are written, the key that holds the history) and the weak ones."""
+    strong: dict[str, list[str]] = {}
+    weak: dict[str, list[str]] = {}
+
+    def sign(fmt: str, where: str, is_strong: bool = False) -> None:
+        signs = (strong if is_strong else weak).setdefault(fmt, [])
         if len(signs) < 3:
             signs.append(where)
 
@@ -259,16 +275,19 @@ def format_evidence(messages: Any) -> dict[str, list[str]]:
     try:
         items = _unwrap(messages)
     except TypeError:
-        return found
+        return strong, weak
     key = _items_key(messages)
     for i, item in enumerate(items):
         if i >= _EVIDENCE_ITEMS:
             break
         _item_evidence(item, f"{key}[{i}]", sign)
-    return found
+    return strong, weak
 
 
-_Sign = Callable[[str, str], None]
+class _Sign(Protocol):
+    def __call__(self, fmt: str, where: str, is_strong: bool = False) -> None: ...
+
+
 _EVIDENCE_ITEMS = 10_000  # items looked at by format_evidence; the format shows early
 
 
@@ -280,20 +299,33 @@ def _items_key(messages: Any) -> str:
 
 def _wrapper_evidence(body: Mapping[str, Any], sign: _Sign) -> None:
     if "contents" in body:
-        sign("gemini", "the body's 'contents'")
+        sign("gemini", "the body's 'contents'", True)
     for key in ("systemInstruction", "system_instruction", "generationConfig"):
         if key in body:
             sign("gemini", f"the body's {key!r}")
-    for key in ("modelId", "toolConfig", "inferenceConfig", "additionalModelRequestFields"):
+    for key in ("modelId", "inferenceConfig", "additionalModelRequestFields"):
         if key in body:
             sign("bedrock-converse", f"the body's {key!r}")
-    if "input" in body and "messages" not in body:
-        sign("openai-responses", "the body's 'input'")
+    tool_config = body.get("toolConfig")  # Converse: the tools; Gemini: how to call them
+    if isinstance(tool_config, Mapping) and "tools" in tool_config:
+        sign("bedrock-converse", "the body's 'toolConfig' with 'tools'")
+    if isinstance(body.get("input"), (list, str)) and "messages" not in body:
+        sign("openai-responses", "the body's 'input'", True)
     for key in ("previous_response_id", "max_output_tokens"):
         if key in body:
             sign("openai-responses", f"the body's {key!r}")
-    if "anthropic_version" in body:
-        sign("anthropic", "the body's 'anthropic_version'")
+    for key in ("anthropic_version", "stop_sequences", "thinking", "mcp_servers", "container"):
+        if key in body:
+            sign("anthropic", f"the body's {key!r}")
+    for key in ("max_completion_tokens", "response_format", "stream_options", "logprobs"):
+        if key in body and "messages" in body:
+            sign("openai", f"the body's {key!r}")
+    for key in ("instructions", "store", "include", "text", "reasoning"):
+        if key in body and "input" in body:
+            sign("openai-responses", f"the body's {key!r}")
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") in ("auto", "any", "tool", "none"):
+        sign("anthropic", f"the body's tool_choice of type {choice['type']!r}")
     system = body.get("system")
     if isinstance(system, str):
         sign("anthropic", "a 'system' string in the body")
@@ -331,6 +363,7 @@ _ANTHROPIC_ONLY = frozenset(
         "search_result",
     }
 )
+_ANTHROPIC_TOOLS = frozenset({"tool_use", "tool_result", "server_tool_use", "mcp_tool_use"})
 _OPENAI_PARTS = frozenset({"image_url", "input_audio", "file", "refusal"})
 _RESPONSES_PARTS = frozenset(
     {"input_text", "output_text", "input_image", "input_file", "input_audio", "refusal"}
@@ -368,35 +401,41 @@ _GEMINI_KEYS = frozenset(
 
 def _item_evidence(item: Any, where: str, sign: _Sign) -> None:
     if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
-        sign("statemachine", f"{where}: a statemachine message")
+        sign("statemachine", f"{where}: a statemachine message", True)
         return
     if not isinstance(item, Mapping):
         return
     role = item.get("role")
     kind = item.get("type")
     if role == "toolResult" or "stopReason" in item or "toolCallId" in item:
-        sign("statemachine", f"{where}: a statemachine wire message")
+        sign("statemachine", f"{where}: a statemachine wire message", True)
     if "parts" in item or role == "model":
-        sign("gemini", f"{where}: 'parts' or the role 'model'")
+        sign("gemini", f"{where}: 'parts' or the role 'model'", True)
     if isinstance(kind, str) and (
         kind.endswith("_call") or kind.endswith("_output") or kind in _RESPONSES_ITEMS
     ):
-        sign("openai-responses", f"{where}: a {kind!r} item")
+        sign("openai-responses", f"{where}: a {kind!r} item", True)
     if "tool_calls" in item or "function_call" in item or role in ("tool", "function"):
-        sign("openai", f"{where}: {'tool_calls' if 'tool_calls' in item else f'role {role!r}'}")
+        what = "tool_calls" if "tool_calls" in item else f"role {role!r}"
+        sign("openai", f"{where}: {what}", True)
     content = item.get("content")
     for block in content if isinstance(content, list) else ():
         if not isinstance(block, Mapping):
             continue
         btype = block.get("type")
         if btype is None:
-            keys = _CONVERSE_KEYS.intersection(block)
-            if keys or (set(block) <= {"text", "image", "document"} and block):
+            if "toolUse" in block or "toolResult" in block:
+                sign("bedrock-converse", f"{where}: a {sorted(block)[0]!r} block", True)
+            elif _CONVERSE_KEYS.intersection(block) or (
+                set(block) <= {"text", "image", "document"} and block
+            ):
                 sign("bedrock-converse", f"{where}: an untyped {sorted(block)[0]!r} block")
+        elif btype in _ANTHROPIC_TOOLS:
+            sign("anthropic", f"{where}: a {btype!r} block", True)
         elif btype in _ANTHROPIC_ONLY:
             sign("anthropic", f"{where}: a {btype!r} block")
         elif btype == "toolCall":
-            sign("statemachine", f"{where}: a 'toolCall' block")
+            sign("statemachine", f"{where}: a 'toolCall' block", True)
         elif btype in _RESPONSES_PARTS and btype not in _OPENAI_PARTS:
             sign("openai-responses", f"{where}: an {btype!r} part")
         elif btype in _OPENAI_PARTS and btype not in _RESPONSES_PARTS:
@@ -404,6 +443,7 @@ def _item_evidence(item: Any, where: str, sign: _Sign) -> None:
     parts = item.get("parts")
     for part in parts if isinstance(parts, list) else ():
         if isinstance(part, Mapping) and _GEMINI_KEYS.intersection(part):
+            # "parts" already signed Gemini strongly
             sign("gemini", f"{where}: a {sorted(_GEMINI_KEYS.intersection(part))[0]!r} part")
             break
 
@@ -423,7 +463,8 @@ def _unrecognised(messages: Any) -> bool:
 
 
 def _format_finding(messages: Any) -> Finding:
-    evidence = format_evidence(messages)
+    strong, weak = _evidence(messages)
+    evidence = strong or weak
     if not evidence:
         return Finding(
             "format",
