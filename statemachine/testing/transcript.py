@@ -314,7 +314,7 @@ def _wrapper_evidence(body: Mapping[str, Any], sign: _Sign) -> None:
     for key in ("previous_response_id", "max_output_tokens"):
         if key in body:
             sign("openai-responses", f"the body's {key!r}")
-    for key in ("anthropic_version", "stop_sequences", "thinking", "mcp_servers", "container"):
+    for key in ("anthropic_version", "stop_sequences", "mcp_servers", "container"):
         if key in body:
             sign("anthropic", f"the body's {key!r}")
     for key in ("max_completion_tokens", "response_format", "stream_options", "logprobs"):
