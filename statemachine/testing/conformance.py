@@ -72,14 +72,11 @@ class Failure:
     scenario: Scenario
     transcript: tuple[Message, ...] | None
     problems: tuple[str, ...]
+    # Each problem with its ids and numbers blanked, and the abort that fired: what
+    # tells one defect from another (``per_property`` reports one failure per new shape).
+    shapes: tuple[str, ...] = ()
 
     @builtins.property  # the field ``property`` shadows the builtin in this body
-    def shapes(self) -> tuple[str, ...]:
-        """Each problem with its ids and numbers blanked: what tells one defect from
-        another (``per_property`` reports one failure per new shape)."""
-        return tuple(sorted({failure_shape(p) for p in self.problems}))
-
-    @builtins.property
     def sentence(self) -> str:
         """What went wrong, in one sentence a person can read."""
         return f"{self.property} {self.title} is violated: " + "; ".join(self.problems)
@@ -279,16 +276,28 @@ def _indent(text: str, n: int) -> str:
 _TOOL_NAMES = re.compile(rf"\b({'|'.join(map(re.escape, (*KNOWN_TOOLS, UNKNOWN_TOOL)))})\b")
 
 
+def _shape_in(record: RunRecord, sentence: str) -> str:
+    """The shape of a problem in a run: the abort that fired (none, before the start,
+    during a model call, ...) tells apart defects whose sentences read alike, such as a
+    response replaced after an abort and one changed without any."""
+    fired = record.scenario.abort.kind.value if record.abort_fired else "never"
+    return f"abort {fired}: {failure_shape(sentence)}"
+
+
 def failure_shape(sentence: str) -> str:
     """A problem sentence with its quoted values (ids, texts), tool names and numbers
     blanked, and without its parentheses (which say in which circumstance it showed,
     or render a message), so that the same defect on other calls, or after another
     stop, reads the same."""
-    shape = re.sub(r"'[^']*'", "'…'", sentence)
+    shape = re.sub(r"(?<!\w)'[^']*'(?!\w)", "'…'", sentence)  # not the one in "model's"
     shape = _TOOL_NAMES.sub("…", shape)
     shape = re.sub(r"\d+", "N", shape)
+
+    def tags(group: re.Match[str]) -> str:  # "([toolUse] calls …)" -> " [toolUse]"
+        return "".join(f" {tag}" for tag in re.findall(r"\[\w+\]", group.group(1)))
+
     while True:
-        bare = re.sub(r"\s*\([^()]*\)", "", shape)
+        bare = re.sub(r"\s*\(([^()]*)\)", tags, shape)
         if bare == shape:
             return shape
         shape = bare
@@ -461,31 +470,28 @@ class _Search:
             # After the first failure, shrink keeping a shape not reported yet (the
             # first may shrink to any failure, the smallest the loop has).
             if self.known:
-                self.target = set(self.new_shapes(self.evaluate(found)[1]))
+                self.target = set(self.new_shapes(*self.evaluate(found)))
             shrunk = _simplify(found, self.violates)
             self.shrink_total += self.shrink
             record, problems = self.evaluate(shrunk)
             for name, sentences in sorted(problems.items()):
+                shapes = tuple(sorted({_shape_in(record, p) for p in sentences}))
                 failure = Failure(
-                    name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences)
+                    name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences), shapes
                 )
-                if set(failure.shapes) - self.known or not out:
+                if set(shapes) - self.known or not out:
                     out.append(failure)
-            self.known |= {failure_shape(p) for ps in problems.values() for p in ps}
+            self.known |= set(self.new_shapes(record, problems))
         return out
 
-    def new_shapes(self, problems: Mapping[str, list[str]]) -> list[str]:
-        return [
-            failure_shape(p)
-            for ps in problems.values()
-            for p in ps
-            if failure_shape(p) not in self.known
-        ]
+    def new_shapes(self, record: RunRecord, problems: Mapping[str, list[str]]) -> list[str]:
+        shapes = [_shape_in(record, p) for ps in problems.values() for p in ps]
+        return [shape for shape in shapes if shape not in self.known]
 
-    def fails(self, problems: Mapping[str, list[str]]) -> bool:
+    def fails(self, verdict: Verdict) -> bool:
         """Whether a verdict counts: a problem of a shape not reported yet, and while
         shrinking, one of the shapes being shrunk."""
-        shapes = set(self.new_shapes(problems))
+        shapes = set(self.new_shapes(*verdict))
         return bool(shapes & self.target) if self.target else bool(shapes)
 
     def key(self, scenario: Scenario) -> Hashable:
@@ -520,16 +526,16 @@ class _Search:
         if self.found:
             k = self.key(scenario)
             if k in self.cache:
-                return self.fails(self.cache[k][1])
+                return self.fails(self.cache[k])
             if self.shrink >= self.max_shrink_runs:
                 return False  # budget spent: keep the smallest failure so far
             self.shrink += 1
         else:
             self.generated += 1
-        _, problems = self.evaluate(scenario)
-        if self.fails(problems):
+        verdict = self.evaluate(scenario)
+        if self.fails(verdict):
             self.found = True
-        return self.fails(problems)
+        return self.fails(verdict)
 
     def batch_violates(self, batch: list[Scenario]) -> bool:
         """Run a batch in order until one scenario fails.
