@@ -23,6 +23,7 @@ from statemachine.testing import (
     run_conformance,
     run_scenario,
 )
+from statemachine.testing.strategies import PRIOR_EXCHANGE
 
 pytest.importorskip("strands", reason="strands-agents is not installed")
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples" / "conformance"))
@@ -119,3 +120,15 @@ def test_the_search_sets_aside_what_strands_cannot_express() -> None:
     report = run_conformance(LOOP, max_examples=20, seed=20261202, properties=["I1"])
     reasons = " ".join(why for _, why in report.not_expressible)
     assert "no stop reason, and no documented exception, for a failed request" in reasons
+
+
+@pytest.mark.timeout(60)
+def test_an_id_of_the_input_history_used_again_runs_and_is_answered() -> None:
+    turn = ModelTurn(calls=(_call("beta", "prev_1"),), stop_reason=StopReason.TOOL_USE)
+    record, problems = _problems(Scenario(turns=(turn,), history=PRIOR_EXCHANGE))
+    assert [e.key for e in record.executions] == ["t1c0"]
+    result = record.transcript[len(PRIOR_EXCHANGE) + 1]
+    assert (result.tool_call_id, result.tool_name) == ("prev_1", "beta")
+    assert problems["I1"] == [
+        "I1 at message 5: tool call id 'prev_1' repeats the id of a call in message 1"
+    ]

@@ -850,7 +850,9 @@ def strands_loop() -> Any:
         which strands keeps nowhere); one that says something else is built from what
         strands holds."""
         out: list[sm.Message] = []
-        names: dict[str, list[str]] = {}  # a toolResult has no name: its call's, in order
+        # A toolResult has no name: it is its call's, the oldest call with its id that
+        # no result has answered yet.
+        names: dict[str, list[str]] = {}
         next_said = 0
         for m in history:
             content = m.get("content", [])
@@ -885,11 +887,11 @@ def strands_loop() -> Any:
             for result in results:
                 text = "\n".join(c["text"] for c in result.get("content", []) if "text" in c)
                 call_id = result["toolUseId"]
-                pending = names.get(call_id) or [""]
+                unanswered = names.get(call_id) or [""]  # the oldest call not answered yet
                 out.append(
                     sm.ToolResultMessage(
                         call_id,
-                        pending.pop(0) if len(pending) > 1 else pending[0],
+                        unanswered.pop(0) if unanswered != [""] else "",
                         text,
                         is_error=result.get("status") == "error",
                     )
