@@ -643,6 +643,19 @@ def test_cli_findings_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert _run(["--allow-open-tail", str(path)], capsys)[0] == 0
 
 
+def test_cli_names_a_log_of_no_clear_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "log.json"
+    converse_call = {"role": "assistant", "content": [{"toolUse": {"toolUseId": "a"}}]}
+    path.write_text(json.dumps([USER, converse_call, _oa_res("a")]))
+    code, out, _ = _run([str(path)], capsys)
+    assert code == 1
+    assert "FAIL (unknown, 3 messages, 1 error, 0 warnings)" in out
+    assert "error format at message 0: the log matches several formats differently" in out
+    assert _run(["--format", "openai", str(path)], capsys)[0] == 1  # read as told
+
+
 def test_cli_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "log.json"
     path.write_text(json.dumps([GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]))

@@ -160,7 +160,10 @@ def transcript_findings(
 
     ``messages`` is the list, or a request body wrapping it (``{"messages": [...]}``;
     ``{"input": [...]}`` for the Responses API, where a ``previous_response_id`` or
-    ``conversation`` lets outputs answer calls the input does not hold).
+    ``conversation`` lets outputs answer calls the input does not hold; ``{"contents":
+    [...]}`` for Gemini). With ``format="auto"`` a log whose evidence points to no
+    format or to several (``detect_format`` gives ``"unknown"``) is one ``format``
+    error naming what was seen, and nothing else is checked.
 
     ``allow_open_tail`` accepts a log that ends mid-turn: the calls of the last
     assistant message (Responses: calls after the last message item) may lack
