@@ -317,3 +317,15 @@ def test_responses_reasoning_needs_its_following_item() -> None:
     # DeepSeek's reasoning ids are UUIDs, and DeepSeek accepts it.
     deepseek = {**reasoning, "id": "1e97d346-aa16-46e5-866d-b34e91c5d499"}
     assert check_transcript([user, deepseek, by_hand, user], "openai-responses") == []
+
+
+@pytest.mark.parametrize("fmt", ["auto", "bedrock-converse", "gemini", "anthropic", "openai"])
+def test_unhashable_values_where_names_belong_are_read_not_raised(fmt: str) -> None:
+    log = [
+        {"role": {"a": 1}, "content": [{"type": ["x"]}, {"toolUse": {"toolUseId": 3}}]},
+        {"role": "model", "parts": [{"functionCall": {"name": ["f"]}}, "text"]},
+        {"role": "assistant", "content": [{"type": {"k": "v"}, "text": "hi"}]},
+    ]
+    found = transcript_findings(log, fmt)  # type: ignore[arg-type]
+    assert found
+    assert all(f.invariant in ("format", "order", "I1") for f in found)

@@ -426,13 +426,15 @@ def _item_evidence(item: Any, where: str, sign: _Sign) -> None:
         if not isinstance(block, Mapping):
             continue
         btype = block.get("type")
+        if btype is not None and not isinstance(btype, str):
+            continue  # unreadable: the format's reader says so
         if btype is None:
             if "toolUse" in block or "toolResult" in block:
-                sign("bedrock-converse", f"{where}: a {sorted(block)[0]!r} block", True)
+                sign("bedrock-converse", f"{where}: a {next(iter(block))!r} block", True)
             elif _CONVERSE_KEYS.intersection(block) or (
                 set(block) <= {"text", "image", "document"} and block
             ):
-                sign("bedrock-converse", f"{where}: an untyped {sorted(block)[0]!r} block")
+                sign("bedrock-converse", f"{where}: an untyped {next(iter(block))!r} block")
         elif btype in _ANTHROPIC_TOOLS:
             sign("anthropic", f"{where}: a {btype!r} block", True)
         elif btype in _ANTHROPIC_ONLY:
@@ -458,7 +460,7 @@ def _unrecognised(messages: Any) -> bool:
         items = _unwrap(messages)
     except TypeError:
         return False
-    known = {"user", "assistant", "system", "developer", None}
+    known = ("user", "assistant", "system", "developer", None)
     return any(
         not isinstance(item, Mapping) or item.get("role") not in known
         for item in items[:_EVIDENCE_ITEMS]
