@@ -43,9 +43,9 @@ import attrs
 from statemachine._version import __version__
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
-from statemachine.core.errors import StateMachineError, UsageError
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TRANSITIONS
+from statemachine.errors import NotPendingError, StoreUnavailableError, UnknownRunError
 
 __all__ = [
     "NotPendingError",
@@ -57,19 +57,6 @@ __all__ = [
     "idempotency_key",
     "table_digest",
 ]
-
-
-class UnknownRunError(UsageError):
-    """No durable run has this run id."""
-
-
-class NotPendingError(UsageError):
-    """A decision for a call that is not waiting for one (unknown or already decided)."""
-
-
-class StoreUnavailableError(StateMachineError):
-    """The runs' database cannot be reached or opened (the message names it, with
-    any password hidden); nothing was changed in it."""
 
 
 @attrs.frozen

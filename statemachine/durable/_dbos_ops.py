@@ -39,9 +39,10 @@ import attrs
 from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
+from statemachine.agent.loop import ActionLoop
+from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import (
     Event,
     ModelCancelled,
@@ -54,9 +55,16 @@ from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import RunStatus, UnknownRunError
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun, drive
+from statemachine.durable._dbos_run import (
+    NOT_RECORDED,
+    ControlInbox,
+    DurableExecutor,
+    DurableRun,
+    drive,
+)
 from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
 from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
+from statemachine.errors import ExportError, InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -78,10 +86,6 @@ _TOOL_STEP = "statemachine.tool"
 _PERMISSION_STEP = "statemachine.permissions"
 _CONTINUE_STEP = "statemachine.continue"
 _STEPS = (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP)
-
-
-class ExportError(InvalidInputError):
-    """A durable run whose recorded steps do not rebuild its recorded result."""
 
 
 # -- what a run recorded ------------------------------------------------------------------------
@@ -142,30 +146,37 @@ class _ReplayInbox(ControlInbox):
         raise _RecordEndedError
 
 
-class _ReplayRun(DurableRun):
-    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
-    Every recorded answer is posted when its step starts, so a loop that would wait
-    has reached the end of the recorded steps."""
+class _ReplayExecutor(DurableExecutor):
+    """Answers every step by its recorded output, never runs it (``_ReplayRun``)."""
 
-    def __init__(self, recorded: _Recorded, **kwargs: Any) -> None:
+    def __init__(self, loop: ActionLoop, *, recorded: _Recorded, **parts: Any) -> None:
+        super().__init__(loop, **parts)
         self._recorded = recorded
         self._unrecorded: list[str] = []  # operations started but not recorded
-        super().__init__(**kwargs)
 
-    _inbox_type = _ReplayInbox
-
-    async def _saved(self, name: str, key: str, step: Any) -> Any:
+    async def saved(self, name: str, key: str, step: Any) -> Any:
         saved = self._recorded.take(name, key)
         if saved is NOT_RECORDED:
             self._unrecorded.append(key)
         return saved
 
-    def _start_cancellation(self, keys: list[str], reason: str) -> None:
+    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         """An operation cancelled after the abort saved no output: answered as the
         end of the grace period answers one that ended without a word."""
         for key in keys:
-            if key in self._unrecorded and key not in self._reported:
-                self._deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+            if key in self._unrecorded and key not in self.loop.reported:
+                self.deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+
+
+class _ReplayRun(DurableRun):
+    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
+    Every recorded answer is posted when its step starts, so a loop that would wait
+    has reached the end of the recorded steps."""
+
+    _inbox_type = _ReplayInbox
+
+    def __init__(self, recorded: _Recorded, **kwargs: Any) -> None:
+        super().__init__(executor=partial(_ReplayExecutor, recorded=recorded), **kwargs)
 
 
 # -- the export --------------------------------------------------------------------------------
@@ -234,7 +245,7 @@ async def _rebuild(
     ]
 
     def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-        runs.append(_ReplayRun(recorded, _engine=done.engine, _resume_events=decisions, **kwargs))
+        runs.append(continue_run(_ReplayRun, done.engine, decisions, recorded=recorded, **kwargs))
         return runs[-1]
 
     try:

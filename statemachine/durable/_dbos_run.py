@@ -22,8 +22,9 @@ from typing import Any
 from dbos import DBOS, StepOptions
 
 from statemachine.agent.events import RunResult, RunStats
-from statemachine.agent.loop import Inbox
-from statemachine.agent.run import AgentRun
+from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.loop import ActionLoop
+from statemachine.agent.run import AgentRun, ExecutorFactory, use_backend
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import ApprovalDecided, CallModel, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
@@ -33,7 +34,7 @@ from statemachine.durable import _durable_run_id
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
 from statemachine.durable._dbos_wire import decode_step_events, encode_step_events, merge_stats
 
-__all__ = ["NOT_RECORDED", "ControlInbox", "DurableRun", "drive", "user_message"]
+__all__ = ["NOT_RECORDED", "ControlInbox", "DurableExecutor", "DurableRun", "drive", "user_message"]
 
 NOT_RECORDED: Any = object()  # a step an export finds no record of (``_dbos_ops``)
 
@@ -53,18 +54,17 @@ class _Capture:
         self.events.append(event)
 
 
-class ControlInbox(Inbox):
-    """The loop's inbox, which also hands over the messages to the run where the
-    control lane places them. Its events are kept apart from ``Inbox``'s own deque,
-    which stays empty, so that the loop always asks ``get`` (which places the
-    messages) and never takes a queued event past a message's place."""
+class ControlInbox:
+    """The loop's inbox (an ``Inbox``), which also hands over the messages to the run
+    where the control lane places them. The loop always asks ``get`` (which places
+    the messages), so it never takes a queued event past a message's place."""
 
-    __slots__ = ("_queue", "_run")
+    __slots__ = ("_queue", "_run", "_waiter")
 
     def __init__(self, run: DurableRun) -> None:
-        super().__init__()
         self._queue: deque[Event] = deque()
         self._run = run
+        self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, event: Event) -> None:
         self._queue.append(event)
@@ -103,93 +103,52 @@ class ControlInbox(Inbox):
             self._waiter = None
 
 
-class DurableRun(AgentRun):
-    """``AgentRun`` with each operation a DBOS step (module docstring)."""
+class DurableExecutor(AsyncioExecutor):
+    """The executor of a durable run: each operation a DBOS step (module docstring)."""
 
-    _inbox_type: type[ControlInbox] = ControlInbox
-
-    def __init__(self, *, control: Control, **kwargs: Any) -> None:
-        self.control = control
+    def __init__(self, loop: ActionLoop, **parts: Any) -> None:
+        super().__init__(loop, **parts)
         self._order: list[str] = []  # call ids of started tools, in call order
         self._ready: dict[str, list[Event]] = {}  # their recorded events, until posted
-        super().__init__(**kwargs)
 
-    # Inside a step the inbox is the step's capture (the permission and continue
-    # checks post to the inbox directly).
-    @property
-    def _inbox(self) -> Any:
-        capture = _capture.get()
-        return capture if capture is not None else self.__dict__.get("_real_inbox")
+    # Inside a step, what an operation reports goes to the step's capture.
 
-    @_inbox.setter
-    def _inbox(self, value: Any) -> None:
-        if value is not None and type(value) is Inbox:
-            value = self._inbox_type(self)
-        self.__dict__["_real_inbox"] = value
-
-    async def run(self) -> RunResult:
-        try:
-            return await super().run()
-        finally:
-            self.control.on_arrival = None
-
-    def _begin(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-        remove = super()._begin(loop)
-        self.control.on_arrival = self.__dict__["_real_inbox"].wake
-        return remove
-
-    def _handle(self, event: Event) -> None:
-        self.control.handled += 1
-        super()._handle(event)
-
-    def _post(self, key: str, event: Event) -> None:
+    def report(self, key: str, event: Event) -> None:
         capture = _capture.get()
         if capture is not None:
             capture.put_nowait(event)
             return
-        super()._post(key, event)
+        super().report(key, event)
         self._flush()
 
-    def take(self, message: Any) -> Event | None:
-        """A message to the run, taking effect now: the event to hand the engine
-        next, if any (an abort goes ahead by itself; a late decision is dropped)."""
-        if not isinstance(message, Mapping):
-            return None  # a listener's wait ended without a message
-        kind = message.get("kind")
-        if kind == "abort":
-            self._abort(message.get("reason") or "aborted by the caller")
-        elif kind in ("steer", "follow_up"):
-            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
-            return InputQueued(user_message(message), which)
-        return None
+    def put(self, event: Event) -> None:
+        capture = _capture.get()
+        if capture is not None:
+            capture.put_nowait(event)
+            return
+        super().put(event)
 
-    # -- the seam --------------------------------------------------------------------------
+    # -- the Executor protocol: every step started now, DBOS numbers it now -----------------
 
-    def _spawn(self, key: str, coro: Coroutine[Any, Any, None], alone: bool) -> None:
-        super()._spawn(key, coro, True)  # started now: DBOS numbers it now
+    def new_task(self, coro: Coroutine[Any, Any, None], *, eager: bool) -> asyncio.Future[None]:
+        return start_now(coro)
 
-    def _start_model(self, action: CallModel, alone: bool) -> None:
-        step = self._step("model", "statemachine.model", partial(self._call_model, action))
-        self._spawn("model", step, alone)
+    def start_model(self, action: CallModel, alone: bool) -> None:
+        step = self._step("model", "statemachine.model", partial(self.call_model, action))
+        self.start_operation("model", step, eager=True)
 
-    def _start_tool(self, call: ToolCall, alone: bool) -> None:
+    def start_tool(self, call: ToolCall, alone: bool) -> None:
         self._order.append(call.id)
-        step = self._step(call.id, "statemachine.tool", partial(self._run_tool, call))
-        self._spawn(call.id, step, alone)
+        step = self._step(call.id, "statemachine.tool", partial(self.run_tool, call))
+        self.start_operation(call.id, step, eager=True)
 
-    def _start_permission_checks(self, calls: list[ToolCall]) -> None:
-        check = partial(self._check_permissions, calls)
-        self._helper_now(self._step("", "statemachine.permissions", check))
+    def start_permission_checks(self, calls: Sequence[ToolCall]) -> None:
+        check = partial(self.check_permissions, calls)
+        self.start_helper(self._step("", "statemachine.permissions", check), eager=True)
 
-    def _start_continue_check(self, turn: int) -> None:
-        check = partial(self._check_continue, turn)
-        self._helper_now(self._step("", "statemachine.continue", check))
-
-    def _helper_now(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = start_now(coro)
-        if not task.done():
-            self._helpers.add(task)  # type: ignore[arg-type]
-            task.add_done_callback(self._helpers.discard)
+    def start_continue_check(self, turn: int) -> None:
+        check = partial(self.check_continue, turn)
+        self.start_helper(self._step("", "statemachine.continue", check), eager=True)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -198,11 +157,12 @@ class DurableRun(AgentRun):
     ) -> None:
         """Run ``operation`` as the DBOS step ``name``; hand its events to the loop."""
         capture = _Capture()
+        run_id = self.loop.engine.run_id
 
         async def step() -> list[dict[str, Any]]:
             capture.events.clear()  # a retried attempt starts afresh
             token = _capture.set(capture)
-            run_token = _durable_run_id.set(self.run_id)
+            run_token = _durable_run_id.set(run_id)
             try:
                 await operation()
             finally:
@@ -211,50 +171,88 @@ class DurableRun(AgentRun):
             return encode_step_events(capture.events)
 
         try:
-            saved = await self._saved(name, key, step)
+            saved = await self.saved(name, key, step)
         except asyncio.CancelledError:
             # Cancelled after an abort: what it reported (its cancellation) still
             # answers it; not recorded, so a recovery runs the call again. If it
             # reported nothing, the grace period's end answers for it.
             if capture.events:
-                self._deliver(key, capture.events)
+                self.deliver(key, capture.events)
             raise
         if saved is not NOT_RECORDED:
-            self._deliver(key, decode_step_events(saved))
+            self.deliver(key, decode_step_events(saved))
 
-    async def _saved(
+    async def saved(
         self, name: str, key: str, step: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]
     ) -> Any:
         """The step's output: ``step`` run as a DBOS step (or, when the workflow runs
         again, the output DBOS recorded for it)."""
         return await DBOS.run_step_async(StepOptions(name=name), step)
 
-    def _deliver(self, key: str, events: list[Event]) -> None:
-        inbox = self.__dict__["_real_inbox"]
+    def deliver(self, key: str, events: list[Event]) -> None:
+        """Hand the loop the events of the operation ``key`` (tools in call order)."""
+        loop = self.loop
         if key in self._order:
-            if key not in self._reported:
+            if key not in loop.reported:
                 self._ready[key] = events
             self._flush()
             return
         if key:
-            if key in self._reported:
+            if key in loop.reported:
                 return
-            self._reported.add(key)
+            loop.reported.add(key)
         for event in events:
-            inbox.put_nowait(event)
+            loop.inbox.put_nowait(event)
 
     def _flush(self) -> None:
         """Post the tool results that are next in call order."""
-        inbox = self.__dict__["_real_inbox"]
+        loop = self.loop
         while self._order:
             head = self._order[0]
             if head in self._ready:
-                self._reported.add(head)
+                loop.reported.add(head)
                 for event in self._ready.pop(head):
-                    inbox.put_nowait(event)
-            elif head not in self._reported:
+                    loop.inbox.put_nowait(event)
+            elif head not in loop.reported:
                 return  # still running
             self._order.pop(0)
+
+
+class DurableRun(AgentRun):
+    """``AgentRun`` with each operation a DBOS step (module docstring)."""
+
+    _inbox_type: type[ControlInbox] = ControlInbox
+
+    def __init__(
+        self, *, control: Control, executor: ExecutorFactory = DurableExecutor, **kwargs: Any
+    ) -> None:
+        self.control = control
+        super().__init__(**kwargs)
+        self.inbox = self._inbox_type(self)
+        use_backend(self, inbox=self.inbox, executor=executor, on_handle=self._count)
+
+    def _count(self, event: Event) -> None:
+        self.control.handled += 1
+
+    async def run(self) -> RunResult:
+        self.control.on_arrival = self.inbox.wake
+        try:
+            return await super().run()
+        finally:
+            self.control.on_arrival = None
+
+    def take(self, message: Any) -> Event | None:
+        """A message to the run, taking effect now: the event to hand the engine
+        next, if any (an abort goes ahead by itself; a late decision is dropped)."""
+        if not isinstance(message, Mapping):
+            return None  # a listener's wait ended without a message
+        kind = message.get("kind")
+        if kind == "abort":
+            self.abort(message.get("reason") or "aborted by the caller")
+        elif kind in ("steer", "follow_up"):
+            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
+            return InputQueued(user_message(message), which)
+        return None
 
 
 # -- the run's course, approvals included ------------------------------------------------------
