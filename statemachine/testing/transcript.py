@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from statemachine.core.errors import WireFormatError
+from statemachine.errors import WireFormatError
 from statemachine.core.invariants import Violation, history_violations
 from statemachine.core.messages import (
     AssistantMessage,
