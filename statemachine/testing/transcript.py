@@ -36,7 +36,6 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from statemachine.errors import WireFormatError
 from statemachine.core.invariants import Violation, history_violations
 from statemachine.core.messages import (
     AssistantMessage,
@@ -48,6 +47,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.wire import message_from_dict
+from statemachine.errors import WireFormatError
 from statemachine.testing._transcript_readers import (
     Call,
     Result,
