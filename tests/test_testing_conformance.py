@@ -23,6 +23,7 @@ from statemachine.testing import (
     run_conformance,
     run_scenario,
 )
+from statemachine.testing.conformance import NotExpressibleError, failure_shape
 from statemachine.testing.strategies import (
     completion_order,
     completion_orders,
@@ -81,7 +82,9 @@ def test_per_property_searches_give_each_broken_property_its_own_shrunk_scenario
     for failure in each.failures:
         assert failure.problems
         assert failure.sentence.startswith(f"{failure.property} ")
-        assert _calls_in(failure.scenario) <= 1  # shrunk to at most one call
+        # shrunk to at most one call, besides the one an abort at a tool start fires on
+        tool_start = failure.scenario.abort.kind is AbortKind.TOOL_START
+        assert _calls_in(failure.scenario) <= 1 + tool_start
     assert each.seed == 3
     assert each.examples_run >= 60
 
@@ -110,8 +113,111 @@ def test_the_seed_makes_the_search_repeatable() -> None:
 
 
 def test_a_random_seed_is_reported_so_a_failure_can_be_repeated() -> None:
-    report = run_conformance(agent_loop(), max_examples=3)
-    assert isinstance(report.seed, int)
+    from test_broken_loops import text_only_loop
+
+    # No seed given: the search draws one, and the report's seed repeats the failure.
+    first = run_conformance(text_only_loop, max_examples=40)
+    assert not first.passed
+    again = run_conformance(text_only_loop, max_examples=40, seed=first.seed)
+    assert again.failures == first.failures
+    assert (again.examples_run, again.shrink_runs) == (first.examples_run, first.shrink_runs)
+    # The shrunk scenario alone reproduces it too.
+    failure = first.failures[0]
+    record = run_scenario(text_only_loop, failure.scenario)
+    assert tuple(check_record(record, properties=[failure.property])[failure.property]) == (
+        failure.problems
+    )
+
+
+def test_per_property_reports_each_distinct_failure_with_its_own_scenario() -> None:
+    from test_broken_loops import text_only_loop
+
+    report = run_conformance(text_only_loop, max_examples=60, seed=3, per_property=True)
+    i1 = [f for f in report.failures if f.property == "I1"]
+    # Unanswered calls, an empty id left unanswered, a reused id left unanswered: each
+    # its own failure, each shrunk to one call; the same defect on another tool or
+    # after another stop is not reported again.
+    assert len(i1) >= 2
+    seen: set[str] = set()
+    for failure in i1:
+        assert set(failure.shapes) - seen, failure.shapes
+        seen |= set(failure.shapes)
+        assert _calls_in(failure.scenario) == 1
+    # The same defect shows once per kind of abort (none, before the start, ...).
+    i3 = [f.scenario.abort.kind for f in report.failures if f.property == "I3"]
+    assert len(i3) == len(set(i3)) >= 1
+    capped = run_conformance(
+        text_only_loop, max_examples=60, seed=3, per_property=True, max_failures_per_property=1
+    )
+    assert len([f for f in capped.failures if f.property == "I1"]) == 1
+    with pytest.raises(ValueError, match="max_failures_per_property"):
+        run_conformance(text_only_loop, per_property=True, max_failures_per_property=0)
+
+
+def test_failure_shapes_blank_ids_names_numbers_and_the_circumstance() -> None:
+    a = "I1 at message 2: tool call 'c_1' (alpha) has no result"
+    b = "I1 at message 4: tool call 'x' (beta) has no result"
+    assert failure_shape(a) == failure_shape(b)
+    stop = "the loop stopped after 1 model call(s) (model call 2 reported an error)"
+    abort = "the loop stopped after 2 model call(s) (the abort fired during model call 2)"
+    assert failure_shape(stop) == failure_shape(abort)
+    assert failure_shape(a) != failure_shape("I1 at message 2: tool call alpha has an empty id")
+    rendered = "message 1 is not response 1 ([stop] 'Hi' calls alpha(t1c0)) as it arrived"
+    assert failure_shape(rendered) == "message N is not response N [stop] as it arrived"
+    said = "the model's response N ([toolUse] 'Working on it.' calls alpha(t1c0)) is gone"
+    assert failure_shape(said) == "the model's response N [toolUse] is gone"
+
+
+def test_a_property_the_peer_cannot_express_is_named_not_failed() -> None:
+    from test_broken_loops import text_only_loop
+
+    why = "this loop has no abort to receive"
+    report = run_conformance(
+        text_only_loop, max_examples=30, seed=3, per_property=True, not_expressible={"I6": why}
+    )
+    assert "I6" not in report.properties
+    assert "I6" not in report.failed_properties
+    assert ("I6", why) in report.not_expressible
+    assert f"not expressible by this peer: I6 ({why})" in report.summary()
+    with pytest.raises(ValueError, match="unknown property name"):
+        run_conformance(text_only_loop, not_expressible={"I9": "?"})
+
+
+def test_a_run_the_adapter_cannot_express_is_set_aside_with_its_reason() -> None:
+    why = "the peer's model interface has no stop reason for an error"
+
+    async def no_error_stop(*, model: Any, **kwargs: Any) -> Any:
+        # A peer that catches its model's exceptions would swallow the adapter's: the
+        # adapter notes what it met and raises after the peer's run.
+        met: list[str] = []
+
+        class Translating:
+            async def complete(self, messages: Any, tools: Any, signal: Any) -> Any:
+                message = await model.complete(messages, tools, signal)
+                if message.stop_reason is StopReason.ERROR:
+                    met.append(why)
+                return message
+
+        result = await agent_loop()(model=Translating(), **kwargs)
+        if met:
+            raise NotExpressibleError(met[0])
+        return result
+
+    report = run_conformance(no_error_stop, max_examples=60, seed=4, per_property=True)
+    assert report.passed, report.summary()
+    [(what, note)] = report.not_expressible
+    assert what == "scenarios"
+    assert note.endswith(f"set aside: {why}")
+    assert int(note.split()[0]) > 0
+
+    # Any other exception from the adapter is the loop's failure (I8).
+    async def raises(**kwargs: Any) -> Any:
+        try:
+            return await no_error_stop(**kwargs)
+        except NotExpressibleError as exc:
+            raise ValueError(str(exc)) from None
+
+    assert "I8" in run_conformance(raises, max_examples=60, seed=4).failed_properties
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from statemachine.testing import (
     render_transcript,
     transcript_findings,
 )
-from statemachine.testing.transcript import detect_format
+from statemachine.testing.transcript import STRICT_RULES, detect_format, format_evidence
 
 # -- our format ---------------------------------------------------------------------------
 
@@ -80,8 +80,8 @@ def test_unreadable_wire_dict_is_reported_not_raised() -> None:
 
 
 def test_unknown_format_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown transcript format 'gemini'"):
-        check_transcript([], format="gemini")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown transcript format 'cohere'"):
+        check_transcript([], format="cohere")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be a sequence"):
         check_transcript("not a list")
 
@@ -235,17 +235,27 @@ MANIFEST: list[dict[str, Any]] = json.loads((CORPUS / "manifest.json").read_text
 
 
 def test_corpus_holds_both_outcomes_for_every_format() -> None:
-    for fmt in ("openai", "openai-responses", "anthropic"):
-        statuses = {e["status"] for e in MANIFEST if e["format"] == fmt}
-        assert statuses == {200, 400}, fmt
+    for fmt in ("openai", "openai-responses", "anthropic", "bedrock-converse", "gemini"):
+        entries = [e for e in MANIFEST if e["format"] == fmt]
+        assert any(e["status"] == 200 and "source" in e for e in entries), fmt
+        assert any(e["status"] >= 400 and e["expect"] for e in entries), fmt
+    recorded = [e for e in MANIFEST if "source" in e]
+    assert len(recorded) >= 60
+    assert all(e["source"]["commit"] and e["source"]["license"] for e in recorded)
+    sources = (CORPUS / "SOURCES.md").read_text()
+    assert all(f"`{e['file']}`" in sources for e in MANIFEST)
 
 
 @pytest.mark.parametrize("entry", MANIFEST, ids=[e["file"] for e in MANIFEST])
 def test_corpus(entry: dict[str, Any]) -> None:
     body = json.loads((CORPUS / entry["file"]).read_text())
-    assert detect_format(body) == entry["format"]
+    # A plain history (roles and text, no sign of any format) reads alike in every
+    # format, and auto reads it as Chat Completions.
+    plain = format_evidence(body) == {}
+    assert detect_format(body) == ("openai" if plain else entry["format"])
     found = transcript_findings(body, entry["format"])
-    if entry["status"] == 200:
+    assert found == transcript_findings(body, "auto")
+    if entry["expect"] is None:  # accepted, or rejected for something else than the history
         assert [f for f in found if f.level == "error"] == [], found
         return
     want = entry["expect"]
@@ -258,6 +268,9 @@ def test_corpus(entry: dict[str, Any]) -> None:
     ), (entry["provider_error"], found)
     if want["level"] == "error":
         assert check_transcript(body, entry["format"]) != []
+    if want.get("strict"):  # a rule some servers enforce: an error under strict
+        strict = check_transcript(body, entry["format"], strict=True)
+        assert any(f.index == want["index"] and want["words"] in f.message for f in strict)
 
 
 # -- ids reused across turns, names checked against the call that owns the id --------------
@@ -568,7 +581,7 @@ def test_wrappers_are_accepted() -> None:
     history = [USER, _oa_call("a"), _oa_res("a")]
     assert check_transcript({"model": "gpt-4o", "messages": history}, "openai") == []
     assert transcript_findings({"model": "gpt-5", "input": "hello"}, "auto") == []
-    with pytest.raises(TypeError, match="as 'messages' or 'input'"):
+    with pytest.raises(TypeError, match="as 'messages', 'input' or 'contents'"):
         check_transcript({"conversation": history}, "openai")
 
 
@@ -630,6 +643,30 @@ def test_cli_findings_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert _run(["--allow-open-tail", str(path)], capsys)[0] == 0
 
 
+def test_cli_names_a_log_of_no_clear_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "log.json"
+    converse_call = {"role": "assistant", "content": [{"toolUse": {"toolUseId": "a"}}]}
+    path.write_text(json.dumps([USER, converse_call, _oa_res("a")]))
+    code, out, _ = _run([str(path)], capsys)
+    assert code == 1
+    assert "FAIL (unknown, 3 messages, 1 error, 0 warnings)" in out
+    assert "error format at message 0: the log matches several formats differently" in out
+    assert _run(["--format", "openai", str(path)], capsys)[0] == 1  # read as told
+
+
+def test_cli_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "log.json"
+    path.write_text(json.dumps([GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]))
+    code, out, _ = _run([str(path)], capsys)
+    assert code == 0
+    assert "(anthropic, 5 messages, 0 errors, 1 warning)" in out
+    code, out, _ = _run(["--strict", str(path)], capsys)
+    assert code == 1
+    assert "  error I1 at message 3: tool call id 'a' reuses the id" in out
+
+
 def test_cli_jsonl_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     per_message = tmp_path / "messages.jsonl"
     per_message.write_text("\n".join(json.dumps(m) for m in [USER, _oa_call("a"), _oa_res("a")]))
@@ -688,10 +725,10 @@ def test_cli_refuses_files_over_the_size_limit(
 
 
 def test_cli_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_transcript(["--format", "gemini", "x.json"]) == 2
+    assert cli_transcript(["--format", "cohere", "x.json"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "invalid choice: 'gemini'" in err
+    assert "invalid choice: 'cohere'" in err
     assert cli_transcript([]) == 2
     assert capsys.readouterr().err.startswith("transcript: ")
 
@@ -715,26 +752,52 @@ def test_cli_is_registered_and_has_help() -> None:
 
 
 def test_cli_checks_the_whole_corpus(capsys: pytest.CaptureFixture[str]) -> None:
-    accepted = [str(CORPUS / e["file"]) for e in MANIFEST if e["status"] == 200]
+    accepted = [str(CORPUS / e["file"]) for e in MANIFEST if e["expect"] is None]
     code, out, _ = _run(accepted, capsys)
     assert code == 0
     assert out.count(": ok (") == len(accepted)
     rejected = [
         str(CORPUS / e["file"])
         for e in MANIFEST
-        if e["status"] == 400 and e["expect"]["level"] == "error"
+        if e["status"] >= 400 and e["expect"] and e["expect"]["level"] == "error"
     ]
     code, out, _ = _run(rejected, capsys)
     assert code == 1
     assert out.count(": FAIL (") == len(rejected)
 
 
-def test_anthropic_refuses_reused_tool_use_ids_by_default() -> None:
+def test_anthropic_reused_tool_use_ids_are_a_warning_and_an_error_under_strict() -> None:
     history = [GO, _an_call("a"), _an_res("a"), _an_call("a"), _an_res("a")]
-    [error] = check_transcript(history, "anthropic")
+    assert check_transcript(history, "anthropic") == []
+    [warning] = transcript_findings(history, "anthropic")
+    assert (warning.level, warning.index) == ("warning", 3)
+    assert "an error under strict" in warning.message
+    [error] = check_transcript(history, "anthropic", strict=True)
     assert error.index == 3
     assert "(ids must be unique across the request)" in error.message
-    assert check_transcript(history, "anthropic", id_reuse="warning") == []
+    assert check_transcript(history, "anthropic", strict=True, id_reuse="warning") == []
+    # Two calls with one id in one message stay errors, strict or not.
+    twice = [GO, _an_call("a", "a"), _an_res("a", "a")]
+    assert [e.index for e in check_transcript(twice, "anthropic")] == [1]
+
+
+def test_strict_makes_a_responses_output_after_a_message_item_an_error() -> None:
+    items = [
+        {"type": "function_call", "call_id": "c", "name": "r", "arguments": "{}"},
+        {"role": "user", "content": "and?"},
+        {"type": "function_call_output", "call_id": "c", "output": "x"},
+    ]
+    assert check_transcript(items, "openai-responses") == []
+    [error] = check_transcript(items, "openai-responses", strict=True)
+    assert (error.index, error.invariant) == (2, "I1")
+    assert "DeepSeek" in error.message
+
+
+def test_strict_rules_are_each_documented() -> None:
+    assert set(STRICT_RULES) == {"anthropic-id-reuse", "responses-output-after-message"}
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "conformance-kit.md").read_text()
+    for rule in STRICT_RULES:
+        assert f"`{rule}`" in guide
 
 
 # -- properties over generated provider histories -----------------------------------------

@@ -1,14 +1,16 @@
-"""Run the conformance kit against the five peers; write ``results.md``.
+"""Run the conformance kit against the six peers; write ``results.md``.
 
     python examples/conformance/conformance.py [--examples N] [--seed S] [--peer NAME ...]
-        [--property I1 ...]
+        [--property I1 ...] [--max-failures K]
 
 (``run.sh`` runs it with the peers' venv and installs pi-agent-core first.) For each
 peer and each property I1–I8 it searches separately (``run_conformance(loop,
-properties=[P])``), so that every property gets its own verdict and its own shrunk
-counterexample, instead of the first failure hiding the rest. ``results.md`` holds
-the raw verdicts and counterexamples; ``REPORT.md`` is the hand-checked reading of
-them.
+properties=[P], per_property=True)``), so that every property gets its own verdict
+and every distinct failure of it (up to ``--max-failures``) its own shrunk
+counterexample, instead of the first failure hiding the rest. Runs an adapter sets
+aside (``NotExpressibleError``: what the peer cannot express) are counted with their
+reason. ``results.md`` holds the raw verdicts and counterexamples; ``REPORT.md`` is the
+hand-checked reading of them.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def main() -> int:
     parser.add_argument(
         "--property", action="append", choices=list(PROPERTY_TITLES), help="default: all"
     )
+    parser.add_argument(
+        "--max-failures", type=int, default=8, help="distinct failures per property"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
     names = args.peer or list(PEERS)
@@ -69,7 +74,8 @@ def main() -> int:
         "",
         f"`python examples/conformance/conformance.py --examples {args.examples} "
         f"--seed {args.seed}`: one search per peer and property, up to "
-        f"{args.examples} generated scenarios each, shrunk on failure. Read `REPORT.md` "
+        f"{args.examples} generated scenarios a round, each distinct failure (up to "
+        f"{args.max_failures}) shrunk; a FAIL cell counts them. Read `REPORT.md` "
         "for what each failure means.",
         "",
     ]
@@ -89,14 +95,16 @@ def main() -> int:
                 seed=args.seed,
                 properties=[prop],
                 timeout=RUN_TIMEOUT,
+                per_property=True,
+                max_failures_per_property=args.max_failures,
             )
             took = time.monotonic() - start
-            verdict = "pass" if report.passed else "**FAIL**"
+            verdict = "pass" if report.passed else f"**FAIL** ({len(report.failures)})"
             row.append(verdict + (" (vacuous)" if prop in VACUOUS and report.passed else ""))
             print(
                 f"{name} {prop}: {verdict} ({report.examples_run} runs, {took:.1f} s)", flush=True
             )
-            if not report.passed:
+            if not report.passed or report.not_expressible:
                 details += [f"## {name}: {prop} {PROPERTY_TITLES[prop]}", "", "```"]
                 details += [report.summary(), "```", ""]
         table.append("| " + " | ".join(row) + " |")

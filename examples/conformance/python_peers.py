@@ -49,6 +49,7 @@ __all__ = [
     "openai_agents_loop",
     "pydantic_ai_loop",
     "smolagents_loop",
+    "strands_loop",
 ]
 
 KEY_DESCRIPTION = "Scripted tool: its behaviour follows the scenario."
@@ -759,11 +760,256 @@ def smolagents_loop() -> Any:
     return loop
 
 
+# -- strands-agents --------------------------------------------------------------------
+
+
+def strands_loop() -> Any:
+    """strands-agents' ``Agent`` with a ``Model`` subclass over the kit's model;
+    ``invoke_async(limits={"turns": max_turns}, cancel_signal=...)``.
+
+    The mapping of the kit's stop reasons onto strands' (``strands/types/event_loop.py``):
+    ``stop`` is ``end_turn``, ``toolUse`` is ``tool_use``, ``length`` is ``max_tokens``
+    (strands then raises its documented ``MaxTokensReachedException``, whose history the
+    adapter returns). ``aborted`` is what strands documents for a provider that aborts in
+    flight: the stream ends without ``messageStop`` after the abort was forwarded to the
+    run's ``cancel_signal`` (``strands/event_loop/streaming.py``, ``process_stream``); an
+    ``aborted`` response while the run was not aborted has no such way. strands has no
+    stop reason for ``error`` and no documented exception for a failed request. Runs
+    that need either are set aside (``NotExpressibleError``).
+    """
+    import logging
+    import threading
+
+    from strands import Agent, tool
+    from strands.models.model import Model
+    from strands.types.exceptions import MaxTokensReachedException
+
+    from statemachine.testing.conformance import NotExpressibleError
+
+    # strands logs a warning for each unknown tool and dropped block: its own business,
+    # not the run's output (the history shows what it did).
+    logging.getLogger("strands").addHandler(logging.NullHandler())
+    stops = {
+        sm.messages.StopReason.STOP: "end_turn",
+        sm.messages.StopReason.TOOL_USE: "tool_use",
+        sm.messages.StopReason.LENGTH: "max_tokens",
+    }
+
+    def signature(content: Sequence[Any]) -> str:
+        """What an assistant message says, to find the model's own message again."""
+        said: list[list[Any]] = []
+        for block in content:
+            if isinstance(block, sm.TextContent):
+                said.append(["text", block.text])
+            elif isinstance(block, sm.ToolCall):
+                said.append(["call", block.id, block.name, block.arguments_dict()])
+            elif isinstance(block, dict) and "text" in block:
+                said.append(["text", block["text"]])
+            elif isinstance(block, dict) and "toolUse" in block:
+                use = block["toolUse"]
+                said.append(["call", use["toolUseId"], use["name"], use["input"]])
+        return json.dumps(said, sort_keys=True)
+
+    def to_strands(history: Sequence[sm.Message]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for m in history:
+            if isinstance(m, sm.UserMessage):
+                out.append({"role": "user", "content": [{"text": _user_text(m)}]})
+            elif isinstance(m, sm.AssistantMessage):
+                content: list[dict[str, Any]] = []
+                for block in m.content:
+                    if isinstance(block, sm.TextContent) and block.text:
+                        content.append({"text": block.text})
+                    elif isinstance(block, sm.ToolCall):
+                        use = {"toolUseId": block.id, "name": block.name}
+                        content.append({"toolUse": use | {"input": block.arguments_dict()}})
+                out.append({"role": "assistant", "content": content})
+            else:
+                result = {
+                    "toolUseId": m.tool_call_id,
+                    "status": "error" if m.is_error else "success",
+                    "content": [{"text": m.text}],
+                }
+                last = out[-1] if out else None
+                if (
+                    last
+                    and last["role"] == "user"
+                    and all("toolResult" in b for b in last["content"])
+                ):
+                    last["content"].append({"toolResult": result})
+                else:
+                    out.append({"role": "user", "content": [{"toolResult": result}]})
+        return out
+
+    def from_strands(
+        history: Sequence[Any], said: Sequence[sm.AssistantMessage]
+    ) -> list[sm.Message]:
+        """strands' history in the kit's types. ``said`` holds the assistant messages
+        of the input history and the model's responses, in order: an assistant message
+        that says what the next of them said is that message (with its stop reason,
+        which strands keeps nowhere); one that says something else is built from what
+        strands holds."""
+        out: list[sm.Message] = []
+        # A toolResult has no name: it is its call's, the oldest call with its id that
+        # no result has answered yet.
+        names: dict[str, list[str]] = {}
+        next_said = 0
+        for m in history:
+            content = m.get("content", [])
+            if m["role"] == "assistant":
+                for block in content:
+                    if "toolUse" in block:
+                        use = block["toolUse"]
+                        names.setdefault(use["toolUseId"], []).append(use["name"])
+                key = signature(content)
+                found = next(
+                    (i for i in range(next_said, len(said)) if signature(said[i].content) == key),
+                    None,
+                )
+                if found is not None:
+                    out.append(said[found])
+                    next_said = found + 1
+                    continue
+                blocks: list[Any] = []
+                for block in content:
+                    if "text" in block:
+                        blocks.append(sm.TextContent(block["text"]))
+                    elif "toolUse" in block:
+                        use = block["toolUse"]
+                        blocks.append(sm.ToolCall(use["toolUseId"], use["name"], use["input"]))
+                calls = any(isinstance(b, sm.ToolCall) for b in blocks)
+                out.append(
+                    sm.AssistantMessage(tuple(blocks), stop_reason="toolUse" if calls else "stop")
+                )
+                continue
+            texts = [b["text"] for b in content if "text" in b]
+            results = [b["toolResult"] for b in content if "toolResult" in b]
+            for result in results:
+                text = "\n".join(c["text"] for c in result.get("content", []) if "text" in c)
+                call_id = result["toolUseId"]
+                unanswered = names.get(call_id) or [""]  # the oldest call not answered yet
+                out.append(
+                    sm.ToolResultMessage(
+                        call_id,
+                        unanswered.pop(0) if unanswered != [""] else "",
+                        text,
+                        is_error=result.get("status") == "error",
+                    )
+                )
+            if texts or not results:
+                out.append(sm.UserMessage("".join(texts)))
+        return out
+
+    class KitModel(Model):
+        """The kit's scripted model in strands' model interface."""
+
+        def __init__(
+            self,
+            model: Any,
+            definitions: list[Any],
+            signal: sm.AbortSignal,
+            said: list[sm.AssistantMessage],
+            unsaid: list[str],
+        ) -> None:
+            self.kit, self.definitions, self.signal = model, definitions, signal
+            self.said, self.unsaid = said, unsaid
+
+        def update_config(self, **model_config: Any) -> None:
+            pass
+
+        def get_config(self) -> Any:
+            return {}
+
+        def structured_output(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("the kit's scenarios ask for no structured output")
+
+        async def stream(
+            self,
+            messages: Any,
+            tool_specs: Any = None,
+            system_prompt: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            sent = tuple(from_strands(messages, self.said))
+            reply = await self.kit.complete(sent, self.definitions, self.signal)
+            why = None
+            if reply.stop_reason is sm.messages.StopReason.ERROR:
+                why = (
+                    "strands has no stop reason, and no documented exception, for a failed request"
+                )
+            elif reply.stop_reason is sm.messages.StopReason.ABORTED and not self.signal.aborted:
+                # strands hears of an aborted request only through the run's cancel_signal
+                why = "strands has no way to say a request was aborted when the run was not"
+            if why is not None:
+                self.unsaid.append(why)
+                raise NotExpressibleError(why)
+            self.said.append(reply)
+            yield {"messageStart": {"role": "assistant"}}
+            for block in reply.content:
+                if isinstance(block, sm.TextContent) and block.text:
+                    yield {"contentBlockDelta": {"delta": {"text": block.text}}}
+                    yield {"contentBlockStop": {}}
+                elif isinstance(block, sm.ToolCall):
+                    use = {"toolUseId": block.id, "name": block.name}
+                    yield {"contentBlockStart": {"start": {"toolUse": use}}}
+                    arguments = json.dumps(block.arguments_dict())
+                    yield {"contentBlockDelta": {"delta": {"toolUse": {"input": arguments}}}}
+                    yield {"contentBlockStop": {}}
+            if reply.stop_reason is sm.messages.StopReason.ABORTED:
+                return  # a provider that aborts in flight ends without messageStop
+            yield {"messageStop": {"stopReason": stops[reply.stop_reason]}}
+            usage = {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2}
+            yield {"metadata": {"usage": usage, "metrics": {"latencyMs": 0}}}
+
+    def declare(kit_tool: sm.Tool, signal: sm.AbortSignal) -> Any:
+        async def run(key: str, count: int | None = None) -> str:
+            return await _output_text(kit_tool, _arguments(key, count), signal)
+
+        run.__doc__ = KEY_DESCRIPTION
+        return tool(name=kit_tool.definition.name, description=KEY_DESCRIPTION)(run)
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        said = [m for m in messages if isinstance(m, sm.AssistantMessage)]
+        unsaid: list[str] = []
+        definitions = [t.definition for t in tools]
+        before, prompt = _split_history(messages)
+        agent = Agent(
+            model=KitModel(model, definitions, signal, said, unsaid),
+            messages=to_strands(before),  # type: ignore[arg-type]
+            tools=[declare(t, signal) for t in tools],
+            callback_handler=None,  # the default handler prints the stream
+        )
+        # strands' documented cancellation from outside the agent: a cancel_signal.
+        cancel = threading.Event()
+        remove = signal.add_listener(lambda _: cancel.set())
+        try:
+            await agent.invoke_async(prompt, limits={"turns": max_turns}, cancel_signal=cancel)
+        except MaxTokensReachedException:
+            pass  # documented for a max_tokens stop: the history holds the partial message
+        except Exception:
+            if unsaid:
+                raise NotExpressibleError(unsaid[0]) from None
+            raise
+        finally:
+            remove()
+        return from_strands(agent.messages, said)
+
+    return loop
+
+
 LOOPS: dict[str, Callable[[], Any]] = {
     "PydanticAI": pydantic_ai_loop,
     "OpenAI Agents SDK": openai_agents_loop,
     "LangGraph": langgraph_loop,
     "smolagents": smolagents_loop,
+    "strands-agents": strands_loop,
 }
 
 assert KNOWN_TOOLS == ("alpha", "beta")  # the adapters declare the kit's one tool schema

@@ -1,8 +1,8 @@
 """``python -m statemachine transcript FILE...``: check recorded conversation logs.
 
 Each file holds one transcript (a JSON list of messages, or a request body that wraps
-it as ``messages`` / ``input``) or several in JSON Lines: one transcript per line when
-every line is a list or a wrapper, else one message per line. The checker is
+it as ``messages`` / ``input`` / ``contents``) or several in JSON Lines: one transcript
+per line when every line is a list or a wrapper, else one message per line. The checker is
 ``statemachine.testing.transcript_findings``.
 
 Exit status: 0 when no file has an error-level finding, 1 when one has, 2 when a file
@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         choices=(*FORMATS, "auto"),
         default="auto",
-        help="the log's format (default: auto, guessed from the shape of each transcript)",
+        help="the log's format (default: auto, from the shape of each transcript; a log "
+        "that matches no format or several is one format error)",
     )
     parser.add_argument(
         "--allow-open-tail",
@@ -60,8 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         "--id-reuse",
         choices=("warning", "error"),
         default=None,
-        help="level of a call id reused across turns (default: warning for the OpenAI "
-        "formats, error for anthropic and statemachine)",
+        help="level of a call id reused across turns (default: warning for the "
+        "providers' formats, error for statemachine)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="make errors of the rules some servers enforce and others do not (a call id "
+        "reused across turns on Anthropic, a Responses output after a later message item)",
     )
     parser.add_argument(
         "--max-bytes",
@@ -106,9 +113,10 @@ def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
         fmt = detect_format(transcript) if args.format == "auto" else args.format
         found = transcript_findings(
             transcript,
-            cast(TranscriptFormat, fmt),
+            cast(TranscriptFormat, args.format),
             allow_open_tail=args.allow_open_tail,
             id_reuse=args.id_reuse,
+            strict=args.strict,
         )
     except TypeError as exc:  # JSON, but no list of messages in it
         raise _UnreadableError(str(exc)) from None
@@ -131,7 +139,9 @@ def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
 
 def _count(transcript: Any) -> int:
     if isinstance(transcript, dict):
-        transcript = transcript.get("messages", transcript.get("input"))
+        transcript = next(
+            (transcript[k] for k in ("messages", "input", "contents") if k in transcript), None
+        )
     return len(transcript) if isinstance(transcript, list) else 0
 
 
@@ -181,5 +191,5 @@ def _loads(text: str) -> Any:
 
 def _is_transcript(value: Any) -> bool:
     if isinstance(value, dict):
-        return isinstance(value.get("messages"), list) or isinstance(value.get("input"), list)
+        return any(isinstance(value.get(k), list) for k in ("messages", "input", "contents"))
     return isinstance(value, Sequence) and not isinstance(value, str)

@@ -17,7 +17,16 @@ import attrs
 
 from statemachine.core.invariants import Violation
 
-__all__ = ["Call", "Result", "Turn", "read_anthropic", "read_openai", "read_responses"]
+__all__ = [
+    "Call",
+    "Result",
+    "Turn",
+    "read_anthropic",
+    "read_converse",
+    "read_gemini",
+    "read_openai",
+    "read_responses",
+]
 
 
 @attrs.define
@@ -176,7 +185,32 @@ def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
         else:
             turn = Turn(kind, i)
         turns.append(turn)
+        reasoning_id = item.get("id") if kind == "reasoning" else None
+        if isinstance(reasoning_id, str) and reasoning_id.startswith("rs_"):
+            _reasoning_followed(items, i, problems)
     return turns, problems
+
+
+def _reasoning_followed(items: Sequence[Any], i: int, problems: list[Violation]) -> None:
+    """A reasoning item OpenAI produced (its ``id`` starts with ``rs_``) must be followed
+    by the item it produced after it (which has an ``id`` too): OpenAI rejects "Item 'rs_...'
+    of type 'reasoning' was provided without its required following item" when that
+    item was dropped or replaced by a message written by hand. (DeepSeek, whose ids
+    are UUIDs, accepts such a history.)"""
+    following = items[i + 1] if i + 1 < len(items) else None
+    if isinstance(following, Mapping) and (
+        "id" in following or _responses_kind(following) != "message"
+    ):
+        return
+    what = "nothing" if following is None else "a message item without an id"
+    problems.append(
+        Violation(
+            "I1",
+            i,
+            f"the reasoning item {items[i]['id']!r} is followed by {what}: OpenAI wants "
+            "the item the model produced after it (its required following item)",
+        )
+    )
 
 
 # -- Anthropic Messages -------------------------------------------------------------------
@@ -268,4 +302,151 @@ def read_anthropic(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]
             _anthropic_assistant(i, blocks, turn, problems)
         elif role == "user":
             _anthropic_user(i, blocks, turn, problems)
+    return turns, problems
+
+
+# -- Amazon Bedrock Converse --------------------------------------------------------------
+
+# Converse content blocks are one-key objects: {"text": ...}, {"toolUse": {...}}, ...
+_CONVERSE_BLOCKS = frozenset(
+    {
+        "text",
+        "toolUse",
+        "toolResult",
+        "image",
+        "document",
+        "video",
+        "reasoningContent",
+        "cachePoint",
+        "guardContent",
+        "citationsContent",
+    }
+)
+
+
+def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Converse messages, one turn each: ``toolUse`` blocks of an assistant message are
+    calls, ``toolResult`` blocks of a user message results; a server tool's ``toolUse``
+    (``"type": "server_tool_use"``) is answered by a ``toolResult`` in the same assistant
+    message. Converse does not merge messages of one role: it requires them to
+    alternate (``ValidationException``), which is reported here as an ``order`` finding.
+    (A conversation that starts with an assistant message was accepted for Claude.)"""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role")
+        if role not in ("user", "assistant"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        previous = next((t for t in reversed(turns) if t.role != "unknown"), None)
+        if previous is not None and previous.role == role:
+            problems.append(
+                Violation(
+                    "order",
+                    i,
+                    f"two {role} messages in a row (messages {previous.index} and {i}): "
+                    "Converse requires the roles to alternate",
+                )
+            )
+        turn = Turn(role, i)
+        turns.append(turn)
+        content = item.get("content")
+        if not isinstance(content, Sequence) or isinstance(content, (str, bytes)):
+            problems.append(Violation("format", i, "content is not a list of blocks"))
+            turn.damaged = True
+            continue
+        for j, block in enumerate(content):
+            use = block.get("toolUse") if isinstance(block, Mapping) else None
+            result = block.get("toolResult") if isinstance(block, Mapping) else None
+            if use is not None:
+                call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
+                name = use.get("name") if isinstance(use, Mapping) else None
+                if not isinstance(call_id, str):
+                    problems.append(
+                        Violation("format", i, f"content[{j}].toolUse has no toolUseId")
+                    )
+                    turn.damaged = True
+                    continue
+                if role != "assistant":
+                    problems.append(
+                        Violation("format", i, f"content[{j}]: a toolUse block in a user message")
+                    )
+                    turn.damaged = True
+                    continue
+                call = Call(call_id, name if isinstance(name, str) else "", i)
+                # A server tool (Nova's code interpreter): its toolResult follows it
+                # inside the assistant message.
+                call.server = use.get("type") == "server_tool_use"
+                (turn.server_blocks if call.server else turn.calls).append(call)
+            elif result is not None:
+                call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
+                if not isinstance(call_id, str):
+                    problems.append(
+                        Violation("format", i, f"content[{j}].toolResult has no toolUseId")
+                    )
+                    turn.damaged = True
+                    continue
+                if role == "assistant":  # a server tool's result
+                    turn.server_blocks.append(Result(call_id, None, i, server=True))
+                    continue
+                turn.results.append(Result(call_id, None, i))
+    return turns, problems
+
+
+# -- Google Gemini ------------------------------------------------------------------------
+
+
+def _part(part: Mapping[str, Any], camel: str, snake: str) -> Any:
+    return part.get(camel, part.get(snake))
+
+
+def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
+    """Gemini ``contents``, one turn each: ``functionCall`` parts of a ``model`` turn are
+    calls, ``functionResponse`` parts (of a ``user`` turn, or the older ``function``
+    role) results. A part's ``id`` is optional: without one, the call's id is empty and
+    results pair by name, as Gemini pairs them. Both the REST spelling (camelCase) and
+    the Python SDK's (snake_case) are read."""
+    turns: list[Turn] = []
+    problems: list[Violation] = []
+    for i, item in enumerate(contents):
+        if not isinstance(item, Mapping):
+            problems.append(_not_a_message(i, item))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        role = item.get("role", "user")
+        if role not in ("user", "model", "function", "tool"):
+            problems.append(Violation("format", i, f"unknown role {role!r}"))
+            turns.append(Turn("unknown", i, damaged=True))
+            continue
+        turn = Turn("assistant" if role == "model" else "user", i)
+        turns.append(turn)
+        parts = item.get("parts")
+        if not isinstance(parts, Sequence) or isinstance(parts, (str, bytes)):
+            problems.append(Violation("format", i, "parts is not a list"))
+            turn.damaged = True
+            continue
+        for j, part in enumerate(parts):
+            if not isinstance(part, Mapping):
+                continue
+            call = _part(part, "functionCall", "function_call")
+            response = _part(part, "functionResponse", "function_response")
+            for kind, value in (("functionCall", call), ("functionResponse", response)):
+                if value is None:
+                    continue
+                name = value.get("name") if isinstance(value, Mapping) else None
+                if not isinstance(name, str):
+                    problems.append(Violation("format", i, f"parts[{j}].{kind} has no name"))
+                    turn.damaged = True
+                    continue
+                part_id = value.get("id")
+                part_id = part_id if isinstance(part_id, str) else ""
+                if kind == "functionCall":
+                    turn.calls.append(Call(part_id, name, i))
+                else:
+                    turn.results.append(Result(part_id, name, i))
     return turns, problems

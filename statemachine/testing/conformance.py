@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import builtins
 import random
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, TypeAlias
+import re
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import TypeAlias
 
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
@@ -31,6 +33,7 @@ from statemachine.testing.runner import run_scenario_async
 from statemachine.testing.scenario import (
     DEFAULT_HISTORY,
     KNOWN_TOOLS,
+    UNKNOWN_TOOL,
     AbortAt,
     AbortKind,
     AgentLoop,
@@ -46,7 +49,18 @@ from statemachine.testing.strategies import _abort_candidates
 from statemachine.testing.strategies import scenarios as default_scenarios
 from statemachine.testing.transcript import render_transcript
 
-__all__ = ["ConformanceReport", "Failure", "run_conformance"]
+__all__ = ["ConformanceReport", "Failure", "NotExpressibleError", "run_conformance"]
+
+
+class NotExpressibleError(Exception):
+    """Raised by an adapter when a scenario asks for something its peer cannot express
+    (a stop reason its model interface has no value for, an abort it has no way to
+    receive). The run is set aside, not judged: the report counts such scenarios with
+    the reason, and the search goes on. Raise this class itself (not a subclass), from
+    the adapter's model or loop, with a sentence that says what the peer lacks."""
+
+
+_NOT_EXPRESSIBLE = f"{NotExpressibleError.__name__}: "
 
 
 @attrs.frozen
@@ -58,6 +72,9 @@ class Failure:
     scenario: Scenario
     transcript: tuple[Message, ...] | None
     problems: tuple[str, ...]
+    # Each problem with its ids and numbers blanked, and the abort that fired: what
+    # tells one defect from another (``per_property`` reports one failure per new shape).
+    shapes: tuple[str, ...] = ()
 
     @builtins.property  # the field ``property`` shadows the builtin in this body
     def sentence(self) -> str:
@@ -88,6 +105,9 @@ class ConformanceReport:
     shrink_runs: int  # scenarios run while shrinking a failure
     seed: int  # pass it back to ``run_conformance`` to repeat the search
     properties: tuple[str, ...]
+    # (property, why) for each property declared not expressible by this peer, and
+    # ("scenarios", "N set aside: why") for the runs the adapter set aside
+    not_expressible: tuple[tuple[str, str], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -105,6 +125,10 @@ class ConformanceReport:
             f"{'passed' if self.passed else 'FAILED'}: {self.examples_run} generated "
             f"scenario(s), properties {', '.join(self.properties)}, seed {self.seed}"
         )
+        if self.not_expressible:
+            head += "\nnot expressible by this peer: " + "; ".join(
+                f"{what} ({why})" for what, why in self.not_expressible
+            )
         if self.passed:
             return head
         body = "\n".join(f.describe() for f in self.failures)
@@ -249,6 +273,36 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
+_TOOL_NAMES = re.compile(rf"\b({'|'.join(map(re.escape, (*KNOWN_TOOLS, UNKNOWN_TOOL)))})\b")
+
+
+def _shape_in(record: RunRecord, sentence: str) -> str:
+    """The shape of a problem in a run: the abort that fired (none, before the start,
+    during a model call, ...) tells apart defects whose sentences read alike, such as a
+    response replaced after an abort and one changed without any."""
+    fired = record.scenario.abort.kind.value if record.abort_fired else "never"
+    return f"abort {fired}: {failure_shape(sentence)}"
+
+
+def failure_shape(sentence: str) -> str:
+    """A problem sentence with its quoted values (ids, texts), tool names and numbers
+    blanked, and without its parentheses (which say in which circumstance it showed,
+    or render a message), so that the same defect on other calls, or after another
+    stop, reads the same."""
+    shape = re.sub(r"(?<!\w)'[^']*'(?!\w)", "'…'", sentence)  # not the one in "model's"
+    shape = _TOOL_NAMES.sub("…", shape)
+    shape = re.sub(r"\d+", "N", shape)
+
+    def tags(group: re.Match[str]) -> str:  # "([toolUse] calls …)" -> " [toolUse]"
+        return "".join(f" {tag}" for tag in re.findall(r"\[\w+\]", group.group(1)))
+
+    while True:
+        bare = re.sub(r"\s*\(([^()]*)\)", tags, shape)
+        if bare == shape:
+            return shape
+        shape = bare
+
+
 _BATCH = 8
 """Scenarios per Hypothesis test case in ``run_conformance``."""
 
@@ -265,6 +319,8 @@ def run_conformance(
     hang_limit: float = 1.0,
     virtual_time: bool | None = None,
     per_property: bool = False,
+    not_expressible: Mapping[str, str] | None = None,
+    max_failures_per_property: int = 5,
 ) -> ConformanceReport:
     """Run up to ``max_examples`` generated scenarios through ``loop``.
 
@@ -282,65 +338,59 @@ def run_conformance(
     for a subprocess needs; by default (``None``) only a loop object with
     ``needs_real_time = True`` (``bridge_loop``) gets one.
 
-    With ``per_property`` each property gets a search of its own (same seed), so the
-    report holds every property the loop breaks, each with the smallest scenario that
-    breaks *it*; by default the search stops at the first scenario that breaks any.
+    With ``per_property`` each property gets searches of its own (same seed), so the
+    report holds every distinct failure: each property the loop breaks, and within one
+    property each new shape of failure (``Failure.shapes``: the sentence with its ids
+    and numbers blanked), up to ``max_failures_per_property``, each with the smallest
+    scenario that shows *it*. By default the search stops at the first scenario that
+    breaks any property.
+
+    ``not_expressible`` maps a property to why the peer cannot express what it checks
+    (``{"I6": "the peer has no way to receive an abort"}``): it is not searched, and the
+    report names it instead of failing it. A run whose adapter raises
+    ``NotExpressibleError`` is set aside the same way, counted with its reason.
     """
-    props = _checked_arguments(loop, properties, max_examples)
+    declared = dict(not_expressible or {})
+    unknown = sorted(set(declared) - set(PROPERTY_TITLES))
+    if unknown:
+        raise ValueError(f"not_expressible names unknown property name(s) {', '.join(unknown)}")
+    props = tuple(
+        p for p in _checked_arguments(loop, properties, max_examples) if p not in declared
+    )
     strategy = scenarios if scenarios is not None else default_scenarios()
     seed = random.randrange(2**32) if seed is None else seed
-    if per_property:
-        options: dict[str, Any] = {"max_shrink_runs": max_shrink_runs, "timeout": timeout}
-        options |= {"hang_limit": hang_limit, "virtual_time": virtual_time}
-        return _per_property(loop, props, max_examples, seed, strategy, options)
+    if max_failures_per_property < 1:
+        raise ValueError("max_failures_per_property must be at least 1")
     with runner_for(loop, virtual_time) as runner:
-        search = _Search(
-            lambda scenario: runner.run(search.runs(scenario)),
-            loop,
-            props,
-            max_examples=max_examples,
-            max_shrink_runs=max_shrink_runs,
-            timeout=timeout,
-            hang_limit=hang_limit,
-        )
-        found = search.find(strategy, seed)
-        if found is None:
-            return ConformanceReport((), search.generated, 0, seed, props)
-        shrunk = _simplify(found, search.violates)
-        record, problems = search.evaluate(shrunk)
-    failures = tuple(
-        Failure(name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences))
-        for name, sentences in sorted(problems.items())
+
+        def search_for(names: tuple[str, ...]) -> _Search:
+            search = _Search(
+                lambda scenario: runner.run(search.runs(scenario)),
+                loop,
+                names,
+                max_examples=max_examples,
+                max_shrink_runs=max_shrink_runs,
+                timeout=timeout,
+                hang_limit=hang_limit,
+            )
+            return search
+
+        searches = [search_for((p,)) for p in props] if per_property else [search_for(props)]
+        rounds = max_failures_per_property if per_property else 1
+        failures = [f for search in searches for f in search.failures(strategy, seed, rounds)]
+    set_aside: Counter[str] = Counter()
+    for search in searches:
+        set_aside.update(search.set_aside)
+    notes = tuple(sorted(declared.items())) + tuple(
+        ("scenarios", f"{n} set aside: {why}") for why, n in sorted(set_aside.items())
     )
-    return ConformanceReport(failures, search.generated, search.shrink, seed, props)
-
-
-def _per_property(
-    loop: AgentLoop,
-    props: tuple[str, ...],
-    max_examples: int,
-    seed: int,
-    strategy: st.SearchStrategy[Scenario],
-    options: dict[str, Any],
-) -> ConformanceReport:
-    """One search per property, the same seed for each; their failures together."""
-    reports = [
-        run_conformance(
-            loop,
-            max_examples=max_examples,
-            seed=seed,
-            properties=[name],
-            scenarios=strategy,
-            **options,
-        )
-        for name in props
-    ]
     return ConformanceReport(
-        tuple(f for r in reports for f in r.failures),
-        sum(r.examples_run for r in reports),
-        sum(r.shrink_runs for r in reports),
+        tuple(failures),
+        sum(s.generated_total for s in searches),
+        sum(s.shrink_total for s in searches),
         seed,
         props,
+        notes,
     )
 
 
@@ -397,6 +447,52 @@ class _Search:
         self.histories: dict[int, tuple[tuple[Message, ...], str]] = {}
         self.first_failure: list[Scenario] = []
         self.failing_batch: list[Hashable] = []
+        self.known: set[str] = set()  # failure shapes already reported (per_property)
+        self.target: set[str] = set()  # while shrinking: the shapes being shrunk
+        self.set_aside: Counter[str] = Counter()  # NotExpressibleError reasons
+        self.generated_total = 0
+        self.shrink_total = 0
+
+    def failures(
+        self, strategy: st.SearchStrategy[Scenario], seed: int, rounds: int
+    ) -> list[Failure]:
+        """Up to ``rounds`` failures, each of a shape the ones before did not show,
+        each shrunk (the scenarios already run are not run again)."""
+        out: list[Failure] = []
+        for _ in range(rounds):
+            self.generated = self.shrink = 0
+            self.found, self.first_failure, self.failing_batch = False, [], []
+            self.target = set()
+            found = self.find(strategy, seed)
+            self.generated_total += self.generated
+            if found is None:
+                break
+            # After the first failure, shrink keeping a shape not reported yet (the
+            # first may shrink to any failure, the smallest the loop has).
+            if self.known:
+                self.target = set(self.new_shapes(*self.evaluate(found)))
+            shrunk = _simplify(found, self.violates)
+            self.shrink_total += self.shrink
+            record, problems = self.evaluate(shrunk)
+            for name, sentences in sorted(problems.items()):
+                shapes = tuple(sorted({_shape_in(record, p) for p in sentences}))
+                failure = Failure(
+                    name, PROPERTY_TITLES[name], shrunk, record.transcript, tuple(sentences), shapes
+                )
+                if set(shapes) - self.known or not out:
+                    out.append(failure)
+            self.known |= set(self.new_shapes(record, problems))
+        return out
+
+    def new_shapes(self, record: RunRecord, problems: Mapping[str, list[str]]) -> list[str]:
+        shapes = [_shape_in(record, p) for ps in problems.values() for p in ps]
+        return [shape for shape in shapes if shape not in self.known]
+
+    def fails(self, verdict: Verdict) -> bool:
+        """Whether a verdict counts: a problem of a shape not reported yet, and while
+        shrinking, one of the shapes being shrunk."""
+        shapes = set(self.new_shapes(*verdict))
+        return bool(shapes & self.target) if self.target else bool(shapes)
 
     def key(self, scenario: Scenario) -> Hashable:
         history = scenario.history
@@ -409,7 +505,11 @@ class _Search:
         k = self.key(scenario)
         if k not in self.cache:
             first, second = self._run(scenario)
-            self.cache[k] = (first, check_record(first, second, properties=self.props))
+            if first.error is not None and first.error.startswith(_NOT_EXPRESSIBLE):
+                self.set_aside[first.error.removeprefix(_NOT_EXPRESSIBLE)] += 1
+                self.cache[k] = (first, {})
+            else:
+                self.cache[k] = (first, check_record(first, second, properties=self.props))
         return self.cache[k]
 
     async def runs(self, scenario: Scenario) -> tuple[RunRecord, RunRecord | None]:
@@ -426,16 +526,16 @@ class _Search:
         if self.found:
             k = self.key(scenario)
             if k in self.cache:
-                return bool(self.cache[k][1])
+                return self.fails(self.cache[k])
             if self.shrink >= self.max_shrink_runs:
                 return False  # budget spent: keep the smallest failure so far
             self.shrink += 1
         else:
             self.generated += 1
-        _, problems = self.evaluate(scenario)
-        if problems:
+        verdict = self.evaluate(scenario)
+        if self.fails(verdict):
             self.found = True
-        return bool(problems)
+        return self.fails(verdict)
 
     def batch_violates(self, batch: list[Scenario]) -> bool:
         """Run a batch in order until one scenario fails.
