@@ -1,4 +1,4 @@
-"""Bounded I/O of both adapters against a loopback server that misbehaves on purpose.
+"""Bounded I/O of every adapter against a loopback server that misbehaves on purpose.
 
 Each test uses limits of a fraction of a second, so a limit that did not hold would
 show as a test that runs into its (small) timeout instead of a quick failure.
@@ -20,6 +20,7 @@ import statemachine as sm
 from statemachine.providers import (
     AnthropicModel,
     OpenAIChatModel,
+    OpenAIResponsesModel,
     ProviderLimitError,
     ProviderResponseError,
     ProviderUnavailableError,
@@ -31,6 +32,11 @@ SSE = (("Content-Type", "text/event-stream"),)
 OPENAI_DELTA = (
     b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",'
     b'"choices":[{"index":0,"delta":{"content":"more "},"finish_reason":null}]}\n\n'
+)
+RESPONSES_DELTA = (
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","output_index":0,"content_index":0,'
+    b'"item_id":"msg_1","delta":"more ","sequence_number":1}\n\n'
 )
 ANTHROPIC_DELTA = (
     b"event: content_block_delta\n"
@@ -45,27 +51,32 @@ def server() -> Iterator[LoopbackServer]:
         yield running
 
 
-@pytest.fixture(params=["openai", "anthropic"])
+@pytest.fixture(params=["openai", "anthropic", "responses"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 def make_model(
     server: LoopbackServer, provider: str, **kw: Any
-) -> OpenAIChatModel | AnthropicModel:
+) -> OpenAIChatModel | AnthropicModel | OpenAIResponsesModel:
     kw.setdefault("retry", FAST)
     kw.setdefault("sleep", Sleeps())
     if provider == "openai":
         return OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
+    if provider == "responses":
+        return OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
     return AnthropicModel("claude-test", api_key=KEY, base_url=server.url, **kw)
 
 
 def url_of(server: LoopbackServer, provider: str) -> str:
-    return server.url + ("/v1" if provider == "openai" else "")
+    return server.url + ("" if provider == "anthropic" else "/v1")
 
 
 def delta(provider: str) -> bytes:
-    return OPENAI_DELTA if provider == "openai" else ANTHROPIC_DELTA
+    return {"openai": OPENAI_DELTA, "responses": RESPONSES_DELTA}.get(provider, ANTHROPIC_DELTA)
+
+
+MODEL_NAMES = {"openai": "'gpt-4o-mini'", "responses": "'gpt-5-mini'", "anthropic": "'claude-test'"}
 
 
 def names_url_model_and(
@@ -73,7 +84,7 @@ def names_url_model_and(
 ) -> None:
     text = str(error)
     assert url_of(server, provider) in text
-    assert ("'gpt-4o-mini'" if provider == "openai" else "'claude-test'") in text
+    assert MODEL_NAMES[provider] in text
     assert f"({limit}=" in text
 
 
@@ -210,6 +221,7 @@ def test_the_defaults_are_the_documented_ones() -> None:
     assert (model.limits.timeout, model.limits.idle_timeout) == (600.0, 300.0)
     assert model.limits.max_response_bytes == 32 * 1024 * 1024 <= 64 * 1024 * 1024
     assert AnthropicModel("m", api_key=KEY).limits == model.limits
+    assert OpenAIResponsesModel("m", api_key=KEY).limits == model.limits
 
 
 # -- bad JSON and malformed events -------------------------------------------------------
@@ -233,7 +245,8 @@ def test_a_malformed_event_is_a_response_error(server: LoopbackServer, provider:
     event = b"event: message_delta\n" if provider == "anthropic" else b""
     # Valid JSON of the wrong shape: a list where an event object belongs.
     server.add(Reply(200, SSE, event + b"data: [1, 2, 3]\n\n"))
-    with pytest.raises(ProviderResponseError, match="could not validate"):
+    # The SDK's validation, or (Responses, read by the adapter itself) the adapter's.
+    with pytest.raises(ProviderResponseError, match=r"could not validate|is not a JSON object"):
         complete(make_model(server, provider))
 
 
@@ -245,10 +258,13 @@ def test_bytes_that_are_not_utf8_are_a_response_error(
         complete(make_model(server, provider))
 
 
-def test_invalid_json_in_a_whole_response_is_a_response_error(server: LoopbackServer) -> None:
+@pytest.mark.parametrize("whole", ["openai", "responses"])
+def test_invalid_json_in_a_whole_response_is_a_response_error(
+    server: LoopbackServer, whole: str
+) -> None:
     server.add(Reply(200, (("Content-Type", "application/json"),), b'{"id": "x", '))
     with pytest.raises(ProviderResponseError, match="it is not valid JSON text"):
-        complete(make_model(server, "openai", stream=False))
+        complete(make_model(server, whole, stream=False))
 
 
 # -- connections -------------------------------------------------------------------------
@@ -265,6 +281,8 @@ def test_a_refused_connection_fails_fast_and_names_the_url(provider: str) -> Non
         model: Any = OpenAIChatModel(
             "gpt-4o-mini", api_key=KEY, base_url=base + "/v1", sleep=sleeps
         )
+    elif provider == "responses":
+        model = OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=base + "/v1", sleep=sleeps)
     else:
         model = AnthropicModel("claude-test", api_key=KEY, base_url=base, sleep=sleeps)
     started = time.monotonic()

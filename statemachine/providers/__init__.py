@@ -1,7 +1,9 @@
-"""Model clients for real providers: OpenAI-compatible Chat Completions and Anthropic.
+"""Model clients for real providers: OpenAI-compatible Chat Completions, the OpenAI
+Responses API and Anthropic.
 
-``OpenAIChatModel`` and ``AnthropicModel`` each need their SDK (the extras
-``agent-statemachine[openai]`` and ``[anthropic]``); they are imported on first use,
+``OpenAIChatModel``, ``OpenAIResponsesModel`` and ``AnthropicModel`` each need their
+SDK (the extras ``agent-statemachine[openai]`` and ``[anthropic]``); they are imported
+on first use,
 so that this package, its errors and its retry policy load without either SDK. An
 adapter whose SDK is missing raises ``ImportError`` saying which extra to install.
 """
@@ -26,11 +28,13 @@ from statemachine.providers._retry import RetryPolicy
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
     from statemachine.providers.openai_chat import OpenAIChatModel
+    from statemachine.providers.openai_responses import OpenAIResponsesModel
 
 __all__ = [
     "AnthropicModel",
     "ContextOverflowError",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "ProviderAuthError",
     "ProviderError",
     "ProviderLimitError",
@@ -43,6 +47,7 @@ __all__ = [
 
 _LAZY = {
     "OpenAIChatModel": "statemachine.providers.openai_chat",
+    "OpenAIResponsesModel": "statemachine.providers.openai_responses",
     "AnthropicModel": "statemachine.providers.anthropic_messages",
 }
 

@@ -63,7 +63,14 @@ from statemachine.providers._retry import (
     race_abort,
 )
 
-__all__ = ["AdapterOptions", "Limits", "ModelAdapter", "ResponseReader", "SizeLimitedClient"]
+__all__ = [
+    "AdapterOptions",
+    "Limits",
+    "ModelAdapter",
+    "ReportedError",
+    "ResponseReader",
+    "SizeLimitedClient",
+]
 
 _MIB = 1024 * 1024
 
@@ -93,11 +100,24 @@ class ResponseTooLargeError(Exception):
 
 
 class UnreadableResponseError(Exception):
-    """Raised inside the HTTP client for a body it will not decode."""
+    """A body the HTTP client will not decode, or a part of a response of a shape the
+    adapter cannot read (raised by the readers that take raw JSON)."""
 
 
 class IncompleteStreamError(Exception):
     """The stream ended before its last event: the connection broke mid-response."""
+
+
+class ReportedError(Exception):
+    """A failure the provider reported in a response it otherwise sent normally (an
+    error event inside a stream, a failed response): classified like an HTTP error,
+    with ``status`` the HTTP status the provider's error code stands for, if any."""
+
+    def __init__(self, message: str, body: object, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.body = body
+        self.status = status
 
 
 class _CountedStream(httpx2.AsyncByteStream):
@@ -194,6 +214,11 @@ class ResponseReader(abc.ABC):
         self.builder = MessageBuilder(on_text=on_text)
         self.provider = provider  # named in the errors a response can end with
         self.opened = False  # the response has begun
+        self.log: Any = library_logger("statemachine.providers")
+
+    def skipped(self, kind: str, detail: str = "") -> None:
+        """Note, at debug level, a part of the response this adapter does not use."""
+        self.log.debug("provider_event_skipped", provider=self.provider, kind=kind, detail=detail)
 
     @abc.abstractmethod
     def apply(self, item: Any) -> None:
@@ -337,7 +362,9 @@ class ModelAdapter(abc.ABC):
 
     def _reader(self) -> ResponseReader:
         """A fresh reader for one response."""
-        return self.reader(self.on_text, self.provider)
+        reader = self.reader(self.on_text, self.provider)
+        reader.log = self.log
+        return reader
 
     def _streams(self, body: dict[str, Any]) -> bool:
         return bool(body.get("stream"))
@@ -442,6 +469,16 @@ class ModelAdapter(abc.ABC):
             return self._bad_response(f"it is not UTF-8 text (UnicodeDecodeError: {exc})")
         if isinstance(exc, (IncompleteStreamError, httpx2.TransportError, OSError)):
             return connection_failure(self.where, exc, self._secrets)
+        if isinstance(exc, ReportedError):
+            return classify(
+                self.where,
+                status=exc.status,
+                headers={},
+                body=exc.body,
+                message=exc.message,
+                key_hint=self.key_env,
+                secrets=self._secrets,
+            )
         return self._classify_sdk(exc)
 
     def _bad_response(self, why: str) -> Failure:
