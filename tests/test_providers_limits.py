@@ -19,6 +19,7 @@ from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
 import statemachine as sm
 from statemachine.providers import (
     AnthropicModel,
+    GeminiModel,
     OpenAIChatModel,
     OpenAIResponsesModel,
     ProviderLimitError,
@@ -38,6 +39,10 @@ RESPONSES_DELTA = (
     b'data: {"type":"response.output_text.delta","output_index":0,"content_index":0,'
     b'"item_id":"msg_1","delta":"more ","sequence_number":1}\n\n'
 )
+GEMINI_DELTA = (
+    b'data: {"candidates": [{"content": {"parts": [{"text": "more "}], "role": "model"},'
+    b' "index": 0}]}\r\n\r\n'
+)
 ANTHROPIC_DELTA = (
     b"event: content_block_delta\n"
     b'data: {"type":"content_block_delta","index":0,'
@@ -51,32 +56,40 @@ def server() -> Iterator[LoopbackServer]:
         yield running
 
 
-@pytest.fixture(params=["openai", "anthropic", "responses"])
+@pytest.fixture(params=["openai", "anthropic", "responses", "gemini"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 def make_model(
     server: LoopbackServer, provider: str, **kw: Any
-) -> OpenAIChatModel | AnthropicModel | OpenAIResponsesModel:
+) -> OpenAIChatModel | AnthropicModel | OpenAIResponsesModel | GeminiModel:
     kw.setdefault("retry", FAST)
     kw.setdefault("sleep", Sleeps())
     if provider == "openai":
         return OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
     if provider == "responses":
         return OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
+    if provider == "gemini":
+        return GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=server.url, **kw)
     return AnthropicModel("claude-test", api_key=KEY, base_url=server.url, **kw)
 
 
 def url_of(server: LoopbackServer, provider: str) -> str:
-    return server.url + ("" if provider == "anthropic" else "/v1")
+    return server.url + ("" if provider in ("anthropic", "gemini") else "/v1")
 
 
 def delta(provider: str) -> bytes:
-    return {"openai": OPENAI_DELTA, "responses": RESPONSES_DELTA}.get(provider, ANTHROPIC_DELTA)
+    deltas = {"openai": OPENAI_DELTA, "responses": RESPONSES_DELTA, "gemini": GEMINI_DELTA}
+    return deltas.get(provider, ANTHROPIC_DELTA)
 
 
-MODEL_NAMES = {"openai": "'gpt-4o-mini'", "responses": "'gpt-5-mini'", "anthropic": "'claude-test'"}
+MODEL_NAMES = {
+    "openai": "'gpt-4o-mini'",
+    "responses": "'gpt-5-mini'",
+    "anthropic": "'claude-test'",
+    "gemini": "'gemini-2.5-flash'",
+}
 
 
 def names_url_model_and(
@@ -222,6 +235,7 @@ def test_the_defaults_are_the_documented_ones() -> None:
     assert model.limits.max_response_bytes == 32 * 1024 * 1024 <= 64 * 1024 * 1024
     assert AnthropicModel("m", api_key=KEY).limits == model.limits
     assert OpenAIResponsesModel("m", api_key=KEY).limits == model.limits
+    assert GeminiModel("m", api_key=KEY).limits == model.limits
 
 
 # -- bad JSON and malformed events -------------------------------------------------------
@@ -245,6 +259,13 @@ def test_a_malformed_event_is_a_response_error(server: LoopbackServer, provider:
     event = b"event: message_delta\n" if provider == "anthropic" else b""
     # Valid JSON of the wrong shape: a list where an event object belongs.
     server.add(Reply(200, SSE, event + b"data: [1, 2, 3]\n\n"))
+    if provider == "gemini":
+        # The Gemini SDK reads such a chunk as an empty one: the stream then ends
+        # without a finish reason, which is a broken stream, retried until given up.
+        server.add(*[Reply(200, SSE, b"data: [1, 2, 3]\n\n")] * 2)
+        with pytest.raises(ProviderUnavailableError, match="ended before a finish reason"):
+            complete(make_model(server, provider))
+        return
     # The SDK's validation, or (Responses, read by the adapter itself) the adapter's.
     with pytest.raises(ProviderResponseError, match=r"could not validate|is not a JSON object"):
         complete(make_model(server, provider))
@@ -254,7 +275,9 @@ def test_bytes_that_are_not_utf8_are_a_response_error(
     server: LoopbackServer, provider: str
 ) -> None:
     server.add(Reply(200, SSE, b"data: \xff\xfe\xfd\n\n"))
-    with pytest.raises(ProviderResponseError, match="cannot be read: it is not UTF-8 text"):
+    # The Gemini SDK decodes with replacement characters, so only the JSON fails there.
+    problem = "it is not valid JSON text" if provider == "gemini" else "it is not UTF-8 text"
+    with pytest.raises(ProviderResponseError, match=f"cannot be read: {problem}"):
         complete(make_model(server, provider))
 
 
@@ -283,6 +306,8 @@ def test_a_refused_connection_fails_fast_and_names_the_url(provider: str) -> Non
         )
     elif provider == "responses":
         model = OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=base + "/v1", sleep=sleeps)
+    elif provider == "gemini":
+        model = GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=base, sleep=sleeps)
     else:
         model = AnthropicModel("claude-test", api_key=KEY, base_url=base, sleep=sleeps)
     started = time.monotonic()

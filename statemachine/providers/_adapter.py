@@ -335,10 +335,15 @@ class ModelAdapter(abc.ABC):
             "_strict_response_validation": True,
         }
 
+    def _raw_base_url(self) -> str:
+        """The base URL as the client holds it (an adapter whose SDK client does not
+        expose one keeps its own)."""
+        return str(getattr(self._client, "base_url", ""))
+
     @property
     def base_url(self) -> str:
         """The client's base URL without anything that could be a credential."""
-        raw = str(getattr(self._client, "base_url", ""))
+        raw = self._raw_base_url()
         return redact(_public_url(raw), self._secrets) if raw else "(unknown URL)"
 
     @property
@@ -437,8 +442,10 @@ class ModelAdapter(abc.ABC):
                 if signal.aborted:
                     return
         finally:
+            # SDK streams have close(); a plain async generator has aclose().
+            close = getattr(response, "aclose", None) or response.close
             with contextlib.suppress(Exception):
-                await response.close()
+                await close()
 
     def _limit_error(self, limit: str) -> ProviderLimitError:
         n = self.limits
