@@ -27,12 +27,14 @@ from statemachine.providers._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
+    from statemachine.providers.bedrock import BedrockModel
     from statemachine.providers.gemini import GeminiModel
     from statemachine.providers.openai_chat import OpenAIChatModel
     from statemachine.providers.openai_responses import OpenAIResponsesModel
 
 __all__ = [
     "AnthropicModel",
+    "BedrockModel",
     "ContextOverflowError",
     "GeminiModel",
     "OpenAIChatModel",
@@ -51,6 +53,7 @@ _LAZY = {
     "OpenAIChatModel": "statemachine.providers.openai_chat",
     "OpenAIResponsesModel": "statemachine.providers.openai_responses",
     "AnthropicModel": "statemachine.providers.anthropic_messages",
+    "BedrockModel": "statemachine.providers.bedrock",
     "GeminiModel": "statemachine.providers.gemini",
 }
 

@@ -49,6 +49,7 @@ from statemachine.core.messages import (
 
 __all__ = [
     "MessageBuilder",
+    "foreign_signature",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
@@ -68,6 +69,17 @@ def normalise_id(raw: str, max_length: int) -> str:
     digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()[:12]
     clean = re.sub(r"[^A-Za-z0-9_-]", "_", raw)[: max_length - len(digest) - 1]
     return f"{clean}_{digest}" if clean.strip("_") else f"call_{digest}"
+
+
+# Signatures our adapters write for providers whose reasoning is not a plain signed
+# block: a provider that takes signed thinking (Anthropic, Bedrock) must not send
+# these as its own.
+_TAGGED_SIGNATURES = ("openai-responses:", "gemini:")
+
+
+def foreign_signature(signature: str) -> bool:
+    """Whether ``signature`` is one of the tagged signatures another adapter wrote."""
+    return signature.startswith(_TAGGED_SIGNATURES)
 
 
 def _reject_constant(name: str) -> Any:

@@ -11,7 +11,8 @@ Projection to the Messages wire format, on top of ``sendable_history``:
   the API wants alternating roles and the results first;
 * consecutive messages of the same role are merged into one;
 * a thinking block goes back with its signature; one without a signature (cut off,
-  or from another provider) is dropped, since the API would refuse it. Redacted
+  or from another provider), or with the tagged signature the Gemini and OpenAI
+  Responses adapters write, is dropped, since the API would refuse it. Redacted
   thinking is kept as a redacted ``ThinkingContent`` holding the encrypted data and
   goes back as the ``redacted_thinking`` block it came as;
 * empty text blocks are dropped (the API refuses them), and a user message left with
@@ -57,7 +58,11 @@ from statemachine.providers._adapter import (
     ModelAdapter,
     ResponseReader,
 )
-from statemachine.providers._projection import normalise_id, sendable_history
+from statemachine.providers._projection import (
+    foreign_signature,
+    normalise_id,
+    sendable_history,
+)
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
 
@@ -100,6 +105,8 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, ThinkingContent):
+            if block.signature and foreign_signature(block.signature):
+                continue  # Gemini's or OpenAI's reasoning: not a Claude signature
             if block.redacted and block.signature:
                 out.append({"type": "redacted_thinking", "data": block.signature})
             elif block.signature:
