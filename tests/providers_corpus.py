@@ -13,7 +13,9 @@ that an adapter reads exactly the bytes the provider sent.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,3 +84,52 @@ def sse_events(text: str) -> list[dict[str, Any]]:
             if data and data != "[DONE]":
                 events.append(json.loads(data))
     return events
+
+
+def event_message(headers: dict[str, str], payload: bytes) -> bytes:
+    """One message of the AWS event-stream framing (the binary stream of Bedrock's
+    ``ConverseStream``): a prelude with both lengths and its CRC32, string headers,
+    the payload, and the CRC32 of the whole message. The recorded streams use the
+    same framing; this builds the hand-made ones."""
+    encoded = b"".join(
+        struct.pack("!B", len(name))
+        + name.encode()
+        + struct.pack("!BH", 7, len(value))
+        + value.encode()
+        for name, value in headers.items()
+    )
+    total = 12 + len(encoded) + len(payload) + 4
+    prelude = struct.pack("!II", total, len(encoded))
+    head = prelude + struct.pack("!I", binascii.crc32(prelude)) + encoded + payload
+    return head + struct.pack("!I", binascii.crc32(head))
+
+
+def bedrock_event(kind: str, body: dict[str, Any]) -> bytes:
+    """A ``ConverseStream`` event of type ``kind``."""
+    headers = {":event-type": kind, ":content-type": "application/json", ":message-type": "event"}
+    return event_message(headers, json.dumps(body).encode())
+
+
+def bedrock_exception(kind: str, message: str) -> bytes:
+    """An exception inside a ``ConverseStream`` (``throttlingException``...)."""
+    headers = {
+        ":exception-type": kind,
+        ":content-type": "application/json",
+        ":message-type": "exception",
+    }
+    return event_message(headers, json.dumps({"message": message}).encode())
+
+
+def bedrock_text_stream() -> bytes:
+    """The text stream every adapter's shared tests use, as Bedrock frames it."""
+    pieces = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    events = [bedrock_event("messageStart", {"role": "assistant"})]
+    events += [
+        bedrock_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": p}})
+        for p in pieces
+    ]
+    events.append(bedrock_event("contentBlockStop", {"contentBlockIndex": 0}))
+    events.append(bedrock_event("messageStop", {"stopReason": "end_turn"}))
+    usage = {"inputTokens": 412, "outputTokens": 19, "totalTokens": 431}
+    events.append(bedrock_event("metadata", {"usage": usage, "metrics": {"latencyMs": 5}}))
+    return b"".join(events)

@@ -31,10 +31,11 @@ Projection to Converse ``messages``, on top of ``sendable_history``:
 Reading: ``contentBlockStart``/``contentBlockDelta`` by block index (text, tool-use
 input as JSON fragments, reasoning text, signature and redacted content),
 ``messageStop`` for the stop reason, ``metadata`` for usage; a ``Converse`` response
-is read the same way. An event or block of a kind this adapter does not use is
-skipped with a debug log. Bedrock's errors (throttling, validation, access denied,
-model errors inside the stream) are classified like HTTP errors and name the region
-and the model id.
+is read the same way. A block or delta of a kind this adapter does not use is
+skipped with a debug log (an event type botocore's service model does not know is
+dropped by botocore itself, before the adapter sees it). Bedrock's errors
+(throttling, validation, access denied, model errors inside the stream) are
+classified like HTTP errors and name the region and the model id.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ from statemachine.providers._errors import missing_extra
 try:
     import boto3
     import botocore.config
+    import botocore.eventstream
     import botocore.exceptions
+    import botocore.parsers
     from botocore.awsrequest import AWSResponse
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("bedrock") from exc
@@ -68,6 +71,7 @@ from statemachine.providers._adapter import (
     IncompleteStreamError,
     ModelAdapter,
     ResponseReader,
+    UnreadableResponseError,
 )
 from statemachine.providers._bedrock_input import project_messages, project_tools
 from statemachine.providers._errors import (
@@ -113,6 +117,25 @@ _CODE_KIND = {
 # -- reading ----------------------------------------------------------------------------
 
 
+def _mapping(value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise UnreadableResponseError(f"{what} is not a JSON object")
+    return value
+
+
+def _index(event: Mapping[str, Any]) -> int:
+    index = event.get("contentBlockIndex")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise UnreadableResponseError("a content block event has no contentBlockIndex")
+    return index
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise UnreadableResponseError(f"{what} is not text")
+    return value
+
+
 class _EventReader(ResponseReader):
     """Reads the events of a ``ConverseStream``, or one ``Converse`` response."""
 
@@ -140,6 +163,12 @@ class _EventReader(ResponseReader):
     def result(self) -> AssistantMessage:
         if self.stop_reason is None:
             raise IncompleteStreamError("the response stream ended before messageStop")
+        ids = [b.call_id for b in self.builder.blocks if b.kind == "tool"]
+        if len(set(ids)) != len(ids):
+            raise UnreadableResponseError(
+                "two toolUse blocks have the same toolUseId, so their results could not "
+                "be told apart"
+            )
         stop = _STOP.get(self.stop_reason, StopReason.STOP)
         error = None
         if stop is StopReason.ERROR:
@@ -147,10 +176,14 @@ class _EventReader(ResponseReader):
         return self.builder.finish(stop, self.usage(), error)
 
     def apply(self, item: Any) -> None:
+        item = _mapping(item, "a response event")
         if "output" in item:  # Converse: the whole response
-            content = item["output"].get("message", {}).get("content", [])
+            message = _mapping(_mapping(item["output"], "the output").get("message"), "the message")
+            content = message.get("content")
+            if not isinstance(content, list):
+                raise UnreadableResponseError("the message has no content list")
             for index, block in enumerate(content):
-                self._block(index, block)
+                self._block(index, _mapping(block, "a content block"))
             self.raw_usage = item.get("usage")
             self.stop_reason = item.get("stopReason") or "end_turn"
             return
@@ -159,17 +192,18 @@ class _EventReader(ResponseReader):
             if handler is None:
                 self.skipped(f"event:{kind}")
             else:
-                handler(self, event)
+                handler(self, _mapping(event, f"the {kind} event"))
 
     def _block(self, index: int, block: Mapping[str, Any]) -> None:
         """One whole content block (of a ``Converse`` response)."""
         builder = self.builder
         if "text" in block:
-            builder.add_text(builder.block(("block", index), "text"), block["text"])
+            builder.add_text(builder.block(("block", index), "text"), _text(block["text"], "text"))
         elif "toolUse" in block:
-            use = block["toolUse"]
+            use = _mapping(block["toolUse"], "a toolUse block")
             target = builder.block(("block", index), "tool")
-            target.call_id, target.name = use["toolUseId"], use["name"]
+            target.call_id = _text(use.get("toolUseId"), "a toolUseId")
+            target.name = _text(use.get("name"), "a tool name")
             target.text.append(json.dumps(use.get("input", {})))
         elif "reasoningContent" in block:
             self._reasoning(index, block["reasoningContent"])
@@ -193,23 +227,28 @@ class _EventReader(ResponseReader):
             target.redacted = True
 
     def _on_start(self, event: Mapping[str, Any]) -> None:
-        start = event.get("start", {})
+        start = _mapping(event.get("start", {}), "a block start")
         if "toolUse" in start:
-            target = self.builder.block(("block", event["contentBlockIndex"]), "tool")
-            target.call_id = start["toolUse"]["toolUseId"]
-            target.name = start["toolUse"]["name"]
+            use = _mapping(start["toolUse"], "a toolUse start")
+            target = self.builder.block(("block", _index(event)), "tool")
+            target.call_id = _text(use.get("toolUseId"), "a toolUseId")
+            target.name = _text(use.get("name"), "a tool name")
         elif start:
             self.skipped("block", ",".join(start))
 
     def _on_delta(self, event: Mapping[str, Any]) -> None:
-        index, delta = event["contentBlockIndex"], event["delta"]
+        index = _index(event)
+        delta = _mapping(event.get("delta"), "a block delta")
         builder = self.builder
         if "text" in delta:
-            builder.add_text(builder.block(("block", index), "text"), delta["text"])
+            text = _text(delta["text"], "a text delta")
+            builder.add_text(builder.block(("block", index), "text"), text)
         elif "toolUse" in delta:
-            builder.block(("block", index), "tool").text.append(delta["toolUse"]["input"])
+            use = _mapping(delta["toolUse"], "a toolUse delta")
+            piece = _text(use.get("input"), "a toolUse input delta")
+            builder.block(("block", index), "tool").text.append(piece)
         elif "reasoningContent" in delta:
-            self._reasoning(index, delta["reasoningContent"])
+            self._reasoning(index, _mapping(delta["reasoningContent"], "a reasoning delta"))
         else:
             self.skipped("delta", ",".join(delta))
 
@@ -295,7 +334,11 @@ class _ThreadedEvents:
         return self
 
     async def __anext__(self) -> Any:
-        item = await asyncio.to_thread(next, self._events, None)
+        try:
+            item = await asyncio.to_thread(next, self._events, None)
+        except (AttributeError, KeyError, TypeError) as exc:
+            # botocore's event parser meeting a payload of the wrong shape.
+            raise UnreadableResponseError(f"botocore could not parse an event ({exc!r})") from exc
         if item is None:
             raise StopAsyncIteration
         return item
@@ -450,6 +493,7 @@ class BedrockModel(ModelAdapter):
         if isinstance(exc, botocore.exceptions.ClientError):
             error = exc.response.get("Error", {})
             code = str(error.get("Code") or "")
+            code = code[:1].upper() + code[1:]  # stream exceptions are camelCase
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             message = str(error.get("Message") or code or "no error message")
             return classify(
@@ -470,6 +514,10 @@ class BedrockModel(ModelAdapter):
                 ProviderRequestError(f"{self.where}: botocore refused the request: {exc}"),
                 retryable=False,
             )
+        if isinstance(exc, botocore.parsers.ResponseParserError):
+            return self._bad_response(f"botocore could not parse it ({exc})")
+        if isinstance(exc, botocore.eventstream.ParserError):
+            return self._bad_response(f"the event stream is corrupt ({exc})")
         if isinstance(exc, botocore.exceptions.NoCredentialsError):
             return Failure(
                 ProviderAuthError(
