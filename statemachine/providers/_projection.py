@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from statemachine.core.messages import (
 __all__ = [
     "MessageBuilder",
     "foreign_signature",
+    "generated_call_id",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
@@ -80,6 +82,12 @@ _TAGGED_SIGNATURES = ("openai-responses:", "gemini:")
 def foreign_signature(signature: str) -> bool:
     """Whether ``signature`` is one of the tagged signatures another adapter wrote."""
     return signature.startswith(_TAGGED_SIGNATURES)
+
+
+def generated_call_id(prefix: str = "call_") -> str:
+    """A new call id, for a call the provider sent without one (or with one it had
+    already used in the same response): unique, and valid for every provider."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def _reject_constant(name: str) -> Any:
@@ -251,6 +259,17 @@ class MessageBuilder:
             elif with_calls:
                 out.append(_tool_call(block.call_id, block.name, text))
         return tuple(out)
+
+    def unique_call_ids(self) -> None:
+        """Give each call without an id, or with one an earlier call of this response
+        has, a new id (``generated_call_id``), so that every result finds its call."""
+        seen: set[str] = set()
+        for block in self.blocks:
+            if block.kind != "tool":
+                continue
+            if not block.call_id or block.call_id in seen:
+                block.call_id = generated_call_id()
+            seen.add(block.call_id)
 
     def finish(
         self, stop_reason: StopReason, usage: Usage | None, error_message: str | None = None
