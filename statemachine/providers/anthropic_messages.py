@@ -23,11 +23,14 @@ Projection to the Messages wire format, on top of ``sendable_history``:
 
 Streaming: ``content_block_*`` events by index (text, thinking and its signature,
 tool-use input as ``partial_json`` fragments), usage from ``message_start`` and the
-cumulative ``message_delta``, and the stop reason from ``message_delta``.
+cumulative ``message_delta``, and the stop reason from ``message_delta``. With
+``stream=False`` the whole message arrives at once and is read the same way. A block
+of a kind this adapter does not keep (server-side tools) is skipped.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Unpack, cast
 
@@ -232,6 +235,9 @@ class _StreamState(ResponseReader):
         return self.builder.finish(_STOP.get(reason, StopReason.STOP), self.usage(), error)
 
     def apply(self, event: Any) -> None:
+        if event.type == "message":  # stream=False: the whole message
+            self._whole(event)
+            return
         builder = self.builder
         if event.type == "message_start":
             self._count(event.message.usage)
@@ -274,6 +280,28 @@ class _StreamState(ResponseReader):
         elif event.type == "message_stop":
             self.stopped = True
 
+    def _whole(self, message: Any) -> None:
+        builder = self.builder
+        for index, block in enumerate(message.content):
+            if block.type == "text":
+                builder.add_text(builder.block(("block", index), "text"), block.text)
+            elif block.type == "thinking":
+                target = builder.block(("block", index), "thinking")
+                target.text.append(block.thinking)
+                target.signature = block.signature or None
+            elif block.type == "redacted_thinking":
+                target = builder.block(("block", index), "thinking")
+                target.signature, target.redacted = block.data, True
+            elif block.type == "tool_use":
+                target = builder.block(("block", index), "tool")
+                target.call_id, target.name = block.id, block.name
+                target.text.append(json.dumps(block.input))
+            else:
+                self.skipped("block", block.type)
+        self._count(message.usage)
+        self.stop_reason = message.stop_reason
+        self.stopped = True
+
 
 class AnthropicModel(ModelAdapter):
     """A streaming ``ModelClient`` for the Anthropic Messages API.
@@ -283,7 +311,8 @@ class AnthropicModel(ModelAdapter):
     limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
     is sent as the request's ``system`` field. ``thinking`` is passed through as the
     request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
-    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    2048}``). ``stream=False`` asks for the whole message at once (for proxies that
+    do not stream). ``prompt_cache=True`` marks cache breakpoints (see
     ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
     each turn pays back from its second turn on.
 
@@ -311,6 +340,7 @@ class AnthropicModel(ModelAdapter):
         max_tokens: int = 4096,
         thinking: Mapping[str, Any] | None = None,
         prompt_cache: bool = False,
+        stream: bool = True,
         client: anthropic.AsyncAnthropic | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:
@@ -322,6 +352,7 @@ class AnthropicModel(ModelAdapter):
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
+        self.stream = stream
         self._client = client or anthropic.AsyncAnthropic(
             api_key=key, **self._sdk_options(base_url)
         )
@@ -334,7 +365,7 @@ class AnthropicModel(ModelAdapter):
             "model": self.model,
             "max_tokens": self.max_tokens,
             "messages": project_messages(messages),
-            "stream": True,
+            "stream": self.stream,
         }
         if self.system:
             body["system"] = self.system
@@ -344,7 +375,15 @@ class AnthropicModel(ModelAdapter):
             _mark_cache_breakpoints(body)
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
-        return self._shared_fields(body)
+        body = self._shared_fields(body)
+        if "temperature" in body:
+            # The SDK's create() no longer names sampling parameters; the API still
+            # takes them, so they travel as extra body fields.
+            body["extra_body"] = {
+                "temperature": body.pop("temperature"),
+                **body.get("extra_body", {}),
+            }
+        return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
         return await cast(Any, self._client.messages).create(**body)
