@@ -180,16 +180,16 @@ def ours(message: sm.AssistantMessage) -> list[Any]:
 
 
 def usage_of(raw: Mapping[str, Any]) -> sm.messages.Usage:
-    counts = [
-        raw.get(k) or 0
-        for k in (
-            "input_tokens",
-            "output_tokens",
-            "cache_read_input_tokens",
-            "cache_creation_input_tokens",
-        )
-    ]
-    return sm.messages.Usage(*counts, total_tokens=sum(counts))
+    fresh, output = raw.get("input_tokens") or 0, raw.get("output_tokens") or 0
+    read = raw.get("cache_read_input_tokens") or 0
+    written = raw.get("cache_creation_input_tokens") or 0
+    return sm.messages.Usage(
+        input=fresh,
+        output=output,
+        cache_read=read,
+        cache_write=written,
+        total_tokens=fresh + output + read + written,
+    )
 
 
 STOPS = {
