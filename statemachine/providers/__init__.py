@@ -1,11 +1,10 @@
 """Model clients for real providers: OpenAI-compatible Chat Completions, the OpenAI
-Responses API and Anthropic.
+Responses API, Anthropic Messages, Gemini and AWS Bedrock Converse.
 
-``OpenAIChatModel``, ``OpenAIResponsesModel`` and ``AnthropicModel`` each need their
-SDK (the extras ``agent-statemachine[openai]`` and ``[anthropic]``); they are imported
-on first use,
-so that this package, its errors and its retry policy load without either SDK. An
-adapter whose SDK is missing raises ``ImportError`` saying which extra to install.
+Each adapter needs its provider's SDK (the extras ``agent-statemachine[openai]``,
+``[anthropic]``, ``[gemini]`` and ``[bedrock]``) and is imported on first use, so that
+this package, its errors and its retry policy load without any SDK. An adapter whose
+SDK is missing raises ``ImportError`` saying which extra to install.
 """
 
 from __future__ import annotations
