@@ -18,6 +18,7 @@ from providers_corpus import bedrock_event, bedrock_text_stream, event_message
 from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.providers import (
     AnthropicModel,
     BedrockModel,
@@ -407,3 +408,23 @@ class LogList:
         self.entries.append((event, fields))
 
     info = debug = error = warning
+
+
+# -- abort -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_an_abort_mid_stream_returns_the_text_so_far_and_frees_everything(
+    server: LoopbackServer, provider: str
+) -> None:
+    # A text delta, then the server holds the connection open: only the abort ends it.
+    server.add(Reply(200, SSE, delta(provider), hold=True))
+    controller = sm.AbortController()
+    model = make_model(server, provider, on_text=lambda _: controller.abort())
+    started = time.monotonic()
+    reply = complete(model, signal=controller.signal)
+    # complete() returned: its event loop closed, so no worker thread was left waiting.
+    assert time.monotonic() - started < 5.0
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
+    assert reply.text == "more "
+    assert len(server.requests) == 1
