@@ -36,6 +36,7 @@ from typing import Any, ClassVar, TypedDict
 
 import attrs
 import httpx2
+import pydantic
 
 from statemachine._log import library_logger
 from statemachine.core.abort import AbortSignal
@@ -476,6 +477,16 @@ class ModelAdapter(abc.ABC):
             return self._bad_response(f"it is not UTF-8 text (UnicodeDecodeError: {exc})")
         if isinstance(exc, (IncompleteStreamError, httpx2.TransportError, OSError)):
             return connection_failure(self.where, exc, self._secrets)
+        if isinstance(exc, pydantic.ValidationError):
+            # An adapter that validates raw events itself (Anthropic, Gemini's SDK).
+            lines = str(exc).splitlines()[:4]
+            detail = redact("; ".join(line.strip() for line in lines), self._secrets)
+            return Failure(
+                ProviderResponseError(
+                    f"{self.where} sent a response the SDK could not validate: {detail[:600]}"
+                ),
+                retryable=False,
+            )
         if isinstance(exc, ReportedError):
             return classify(
                 self.where,

@@ -24,15 +24,22 @@ Projection to the Messages wire format, on top of ``sendable_history``:
 Streaming: ``content_block_*`` events by index (text, thinking and its signature,
 tool-use input as ``partial_json`` fragments), usage from ``message_start`` and the
 cumulative ``message_delta``, and the stop reason from ``message_delta``. With
-``stream=False`` the whole message arrives at once and is read the same way. A block
-of a kind this adapter does not keep (server-side tools) is skipped.
+``stream=False`` the whole message arrives at once and is read the same way. The
+events arrive as raw JSON and each is validated with the SDK's models: an event,
+block or delta of a type newer than the SDK is skipped with a debug log (and so are
+the later events of a block it started), where the SDK's own stream would fail the
+call; any other mismatch is ``ProviderResponseError``. Server-side tool blocks are
+not kept.
 """
 
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Unpack, cast
+
+import pydantic
 
 from statemachine.providers._errors import missing_extra
 
@@ -234,9 +241,13 @@ class _StreamState(ResponseReader):
             error = f"{self.provider} refused to continue the response (stop reason 'refusal')"
         return self.builder.finish(_STOP.get(reason, StopReason.STOP), self.usage(), error)
 
-    def apply(self, event: Any) -> None:
-        if event.type == "message":  # stream=False: the whole message
-            self._whole(event)
+    def apply(self, item: Any) -> None:
+        if isinstance(item, Mapping) and item.get("type") == "message":
+            self._whole(item)  # stream=False: the whole message
+            return
+        event = _known(_EVENT, item)
+        if event is None:
+            self._unknown(item)
             return
         builder = self.builder
         if event.type == "message_start":
@@ -280,9 +291,24 @@ class _StreamState(ResponseReader):
         elif event.type == "message_stop":
             self.stopped = True
 
-    def _whole(self, message: Any) -> None:
+    def _unknown(self, item: Any) -> None:
+        """An event, block or delta of a type the SDK does not know: skipped, and so
+        is every later event of a block it started."""
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        block = item.get("content_block") if isinstance(item, Mapping) else None
+        if kind == "content_block_start" and isinstance(item.get("index"), int):
+            self.ignored.add(item["index"])
+        detail = block.get("type") if isinstance(block, Mapping) else ""
+        self.skipped(f"event:{kind}", str(detail or ""))
+
+    def _whole(self, raw: Mapping[str, Any]) -> None:
+        message = _MESSAGE_HEAD.validate_python(raw)
         builder = self.builder
-        for index, block in enumerate(message.content):
+        for index, item in enumerate(raw.get("content") or ()):
+            block = _known(_BLOCK, item)
+            if block is None:
+                self.skipped("block", str(item.get("type") if isinstance(item, Mapping) else ""))
+                continue
             if block.type == "text":
                 builder.add_text(builder.block(("block", index), "text"), block.text)
             elif block.type == "thinking":
@@ -301,6 +327,64 @@ class _StreamState(ResponseReader):
         self._count(message.usage)
         self.stop_reason = message.stop_reason
         self.stopped = True
+
+
+def _tags(annotation: Any) -> frozenset[str]:
+    """The ``type`` values of a union of the SDK's models (its discriminator)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) or (annotation,)
+    tags: set[str] = set()
+    for member in members:
+        field = getattr(member, "model_fields", {}).get("type")
+        if field is not None:
+            tags.update(typing.get_args(field.annotation))
+    return frozenset(tags)
+
+
+_EVENT_TYPES = _tags(anthropic.types.RawMessageStreamEvent)
+_BLOCK_TYPES = _tags(anthropic.types.ContentBlock)
+_START_TYPES = _tags(
+    anthropic.types.RawContentBlockStartEvent.model_fields["content_block"].annotation
+)
+_DELTA_TYPES = _tags(anthropic.types.RawContentBlockDeltaEvent.model_fields["delta"].annotation)
+
+
+def _unknown_type(item: Any) -> bool:
+    """Whether ``item`` (an event or a block), or the block or delta it carries, is of
+    a type this SDK does not know."""
+    if not isinstance(item, Mapping):
+        return False
+    kind = item.get("type")
+    if kind in _EVENT_TYPES:
+        inner, known = {
+            "content_block_start": ("content_block", _START_TYPES),
+            "content_block_delta": ("delta", _DELTA_TYPES),
+        }.get(kind, ("", frozenset()))
+        nested = item.get(inner) if inner else None
+        return isinstance(nested, Mapping) and nested.get("type") not in known
+    return kind not in _BLOCK_TYPES
+
+
+def _known(adapter: pydantic.TypeAdapter[Any], item: Any) -> Any:
+    """``item`` validated by ``adapter``; ``None`` when its type (or the type of the
+    block or delta it carries) is unknown to the SDK. Any other mismatch raises
+    ``ValidationError``."""
+    if _unknown_type(item):
+        return None
+    return adapter.validate_python(item)
+
+
+class _MessageHead(pydantic.BaseModel):
+    """What a whole message carries besides its content blocks."""
+
+    usage: anthropic.types.Usage
+    stop_reason: str | None = None
+
+
+_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
+_BLOCK: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(anthropic.types.ContentBlock)
+_MESSAGE_HEAD: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(_MessageHead)
 
 
 class AnthropicModel(ModelAdapter):
@@ -386,4 +470,17 @@ class AnthropicModel(ModelAdapter):
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
-        return await cast(Any, self._client.messages).create(**body)
+        # Raw JSON events, each validated by the reader: an event or block type newer
+        # than the SDK is skipped there, where the SDK's own stream would reject it.
+        payload = {k: v for k, v in body.items() if k != "extra_body"}
+        payload.update(body.get("extra_body") or {})
+        client = cast(Any, self._client)
+        if not body["stream"]:
+            return await client.post("/v1/messages", body=payload, cast_to=object)
+        return await client.post(
+            "/v1/messages",
+            body=payload,
+            cast_to=object,
+            stream=True,
+            stream_cls=anthropic.AsyncStream[object],
+        )

@@ -63,7 +63,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     raise missing_extra("gemini") from exc
 
 import httpx2
-import pydantic
 
 from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
@@ -88,11 +87,8 @@ from statemachine.providers._adapter import (
 )
 from statemachine.providers._errors import (
     Failure,
-    ProviderResponseError,
     classify,
     connection_failure,
-    redact,
-    validation_detail,
 )
 from statemachine.providers._projection import sendable_history
 
@@ -446,14 +442,6 @@ class GeminiModel(ModelAdapter):
             cause = exc.__cause__
             why = f"JSONDecodeError: {cause}" if cause is not None else str(exc)
             return self._bad_response(f"it is not valid JSON text ({why})")
-        if isinstance(exc, pydantic.ValidationError):
-            detail = redact(validation_detail(exc), self._secrets)
-            return Failure(
-                ProviderResponseError(
-                    f"{self.where} sent a response the SDK could not validate: {detail}"
-                ),
-                retryable=False,
-            )
         if isinstance(exc, (httpx2.TimeoutException, ConnectionError)):
             return connection_failure(self.where, exc, self._secrets)
         return None
