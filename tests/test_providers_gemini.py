@@ -21,6 +21,7 @@ from statemachine.providers import (
     GeminiModel,
     ProviderAuthError,
     ProviderRequestError,
+    ProviderResponseError,
     ProviderUnavailableError,
 )
 from statemachine.providers.gemini import GENERATED_ID_PREFIX, project_contents
@@ -350,3 +351,15 @@ def test_the_key_comes_from_either_variable(monkeypatch: pytest.MonkeyPatch) -> 
         "GeminiModel(model='gemini-2.5-flash', "
         "base_url='https://generativelanguage.googleapis.com')"
     )
+
+
+def test_call_arguments_that_are_not_an_object_are_a_response_error(
+    server: LoopbackServer,
+) -> None:
+    # Gemini sends arguments as a JSON object, never as text; anything else is refused.
+    server.add(
+        stream(chunk({"functionCall": {"name": "list_files", "args": [1, 2]}}, finish="STOP"))
+    )
+    with pytest.raises(ProviderResponseError, match="could not validate"):
+        complete(make_model(server))
+    assert len(server.requests) == 1
