@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from statemachine.providers import (
     BedrockModel,
     ContextOverflowError,
     ProviderAuthError,
+    ProviderLimitError,
     ProviderRequestError,
     ProviderResponseError,
     ProviderUnavailableError,
@@ -387,3 +389,18 @@ def test_missing_region_and_credentials_are_clear(monkeypatch: pytest.MonkeyPatc
     )
     assert SECRET not in repr(model)
     assert "bedrock-runtime.us-east-1.amazonaws.com" in repr(model)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_server_that_never_answers_is_stopped_at_the_deadline(
+    server: LoopbackServer, streaming: bool
+) -> None:
+    server.add(Reply(stall=True))
+    model = make_model(server, stream=streaming, timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(ProviderLimitError, match=r"\(timeout=0\.5\)") as caught:
+        complete(model)
+    # complete() returned, so botocore's worker thread was not left waiting.
+    assert time.monotonic() - started < 3.0
+    assert "region eu-central-1" in str(caught.value)

@@ -275,11 +275,20 @@ class _EventReader(ResponseReader):
 
 
 class _Call:
-    """One call's loop and the bodies it opened (to close them when it ends)."""
+    """One call's loop, the requests it has in flight and the bodies it opened (to
+    cancel and close them when the call is stopped)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.sending: list[concurrent.futures.Future[AWSResponse]] = []
         self.bodies: list[_LoopBody] = []
+
+    async def stop(self) -> None:
+        """Cancel what is in flight, so that botocore's thread stops waiting."""
+        for future in self.sending:
+            future.cancel()
+        for body in self.bodies:
+            await body.aclose()
 
 
 _CURRENT: contextvars.ContextVar[_Call] = contextvars.ContextVar("statemachine_bedrock_call")
@@ -344,8 +353,7 @@ class _ThreadedEvents:
         return item
 
     async def aclose(self) -> None:
-        for body in self._call.bodies:
-            await body.aclose()
+        await self._call.stop()
 
 
 # -- the adapter ----------------------------------------------------------------------------
@@ -469,15 +477,19 @@ class BedrockModel(ModelAdapter):
             try:
                 return await asyncio.to_thread(lambda: self._client.converse(**body))
             finally:
-                for opened in call.bodies:
-                    await opened.aclose()
-        response = await asyncio.to_thread(lambda: self._client.converse_stream(**body))
+                await call.stop()  # the body was read whole: only cleanup is left
+        try:
+            response = await asyncio.to_thread(lambda: self._client.converse_stream(**body))
+        except BaseException:
+            await call.stop()
+            raise
         return _ThreadedEvents(response["stream"], call)
 
     def _send(self, request: Any, **_: Any) -> AWSResponse:
         """botocore's ``before-send`` hook, in its thread: the loop sends the request."""
         call = _CURRENT.get()
         future = asyncio.run_coroutine_threadsafe(self._send_on_loop(request, call), call.loop)
+        call.sending.append(future)
         return future.result()
 
     async def _send_on_loop(self, request: Any, call: _Call) -> AWSResponse:
