@@ -1,4 +1,4 @@
-"""What both adapters share: the limits on one model call, the HTTP client that
+"""What every adapter shares: the limits on one model call, the HTTP client that
 enforces the size limit, and the bounded attempt that reads one response.
 
 Every attempt (one HTTP request and its response) is bounded three ways:
@@ -240,7 +240,7 @@ class ResponseReader(abc.ABC):
 
 
 class AdapterOptions(TypedDict, total=False):
-    """The options both adapters take (defaults in brackets).
+    """The options every adapter takes (defaults in brackets).
 
     * ``system`` [None]: the system prompt, sent with every request.
     * ``temperature`` [None: the provider's default] and ``extra_body`` [{}]: extra
@@ -275,7 +275,7 @@ class ModelAdapter(abc.ABC):
 
     provider: ClassVar[str]
     key_env: ClassVar[str]
-    sdk: ClassVar[Any]  # the SDK module: both name their exceptions alike
+    sdk: ClassVar[Any]  # the SDK module (OpenAI and Anthropic name their exceptions alike)
     reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
     model: str
     _client: Any
@@ -309,7 +309,7 @@ class ModelAdapter(abc.ABC):
         return key
 
     def _shared_fields(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` with the request fields both APIs take alike."""
+        """``body`` with the request fields the APIs take alike."""
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.extra_body:

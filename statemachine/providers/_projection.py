@@ -1,4 +1,4 @@
-"""What both adapters share between our history and a provider's wire format.
+"""What every adapter shares between our history and a provider's wire format.
 
 Outbound, ``sendable_history`` reduces a history to what any provider accepts, in a
 shape each adapter can translate one message at a time:
@@ -11,7 +11,7 @@ shape each adapter can translate one message at a time:
   dropped with them, so no result is left without its call.
 * Every remaining tool call is followed directly by its results, in call order;
   user messages that arrived between a call and its result move after the results
-  (both APIs require the results first). The engine keeps I1 by construction; for a
+  (the APIs require the results first). The engine keeps I1 by construction; for a
   history built by hand, a call without a result gets an error result saying so and
   a result without a call is dropped, because a request the provider refuses helps
   nobody.
