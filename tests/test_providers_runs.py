@@ -43,8 +43,16 @@ def run(model: sm.ModelClient, root: Path) -> sm.RunResult:
     assert result.turns == 2
     assert history_violations(result.messages) == []
     assert check_transcript(result.messages) == []
-    assert result.messages[-1].text == "Done."
+    last = result.messages[-1]
+    assert isinstance(last, sm.AssistantMessage)
+    assert last.text == "Done."
     return result
+
+
+def first_calls(result: sm.RunResult) -> tuple[sm.ToolCall, ...]:
+    reply = result.messages[1]
+    assert isinstance(reply, sm.AssistantMessage)
+    return reply.tool_calls
 
 
 def event(kind: str, **fields: Any) -> bytes:
@@ -91,7 +99,7 @@ def test_a_run_through_openai_responses_carries_reasoning_and_the_call_back(
     assert sent[3]["type"] == "function_call_output"
     assert sent[3]["call_id"] == "call_1"
     assert "README.md" in sent[3]["output"]
-    assert result.messages[1].tool_calls[0].id == "call_1|fc_1"
+    assert first_calls(result)[0].id == "call_1|fc_1"
 
 
 @pytest.mark.timeout(30)
@@ -120,7 +128,7 @@ def test_a_run_through_gemini_gives_an_id_less_call_an_id_and_sends_none_back(
         ]
     )
     result = run(GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=server.url), tmp_path)
-    [made] = result.messages[1].tool_calls
+    [made] = first_calls(result)
     assert made.id.startswith("gemini_call_")
     contents = server.bodies()[1]["contents"]
     assert contents[1]["parts"] == [
