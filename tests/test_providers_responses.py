@@ -472,3 +472,31 @@ def test_the_key_is_required_unless_a_server_is_named(monkeypatch: pytest.Monkey
     assert OpenAIResponsesModel("m", base_url="http://127.0.0.1:1/v1").model == "m"
     with pytest.raises(sm.InvalidInputError, match="max_output_tokens"):
         OpenAIResponsesModel("m", api_key=KEY, max_output_tokens=0)
+
+
+def test_raw_reasoning_of_an_open_model_is_kept_as_thinking_but_not_sent_back(
+    server: LoopbackServer,
+) -> None:
+    # vLLM and other servers of open models send the raw reasoning, with no summary
+    # and no encrypted content.
+    item = {"type": "reasoning", "id": "rs_1", "summary": []}
+    done = {**item, "content": [{"type": "reasoning_text", "text": "Think. Then act."}]}
+    server.add(
+        stream(
+            event("response.output_item.added", output_index=0, item=item),
+            event("response.reasoning_text.delta", output_index=0, delta="Think. "),
+            event("response.reasoning_text.delta", output_index=0, delta="Then act."),
+            event("response.output_item.done", output_index=0, item=done),
+            event("response.output_text.delta", output_index=1, delta="Acting."),
+            completed([]),
+        )
+    )
+    reply = complete(make_model(server))
+    assert reply.content == (
+        sm.messages.ThinkingContent("Think. Then act."),
+        sm.TextContent("Acting."),
+    )
+    assert project_input([sm.UserMessage("go"), reply]) == [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "Acting."},
+    ]

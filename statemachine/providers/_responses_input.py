@@ -40,7 +40,7 @@ def reasoning_signature(
 ) -> str | None:
     """The ``ThinkingContent.signature`` that carries a reasoning item across turns:
     ``openai-responses:`` and a JSON object with the item id, the encrypted content,
-    the summary parts (when there were several) and, when the item that followed it
+    the summary parts and, when the item that followed it
     was a message, that message's id (and ``phase``), without which the API refuses
     the reasoning item ("provided without its required following item"). ``None``
     without encrypted content: such an item cannot be sent back when nothing is
@@ -49,9 +49,9 @@ def reasoning_signature(
     if not isinstance(encrypted, str) or not encrypted:
         return None
     kept: dict[str, Any] = {"id": item.get("id"), "encrypted_content": encrypted}
-    summary = [s.get("text", "") for s in item.get("summary") or () if isinstance(s, Mapping)]
-    if len(summary) > 1:
-        kept["summary"] = summary
+    kept["summary"] = [
+        s.get("text", "") for s in item.get("summary") or () if isinstance(s, Mapping)
+    ]
     if follower is not None and follower.get("type") == "message":
         message = {"id": follower.get("id")}
         if isinstance(follower.get("phase"), str):
@@ -74,8 +74,10 @@ def _signature_fields(block: ThinkingContent) -> dict[str, Any] | None:
 
 
 def _reasoning_item(block: ThinkingContent, kept: Mapping[str, Any]) -> dict[str, Any]:
+    # The summary goes back as the provider wrote it (the thinking text may be the
+    # model's raw reasoning, which is no summary).
     parts = kept.get("summary")
-    if not (isinstance(parts, list) and "\n\n".join(map(str, parts)) == block.thinking):
+    if not isinstance(parts, list):
         parts = [block.thinking] if block.thinking else []
     item: dict[str, Any] = {
         "type": "reasoning",

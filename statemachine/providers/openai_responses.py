@@ -34,7 +34,8 @@ Projection to the Responses ``input``, on top of ``sendable_history``:
 
 Reading: ``response.output_item.added``/``.done``, ``response.output_text.delta``,
 ``response.refusal.delta``, ``response.function_call_arguments.delta``,
-``response.reasoning_summary_text.delta`` build the message; ``response.completed``
+``response.reasoning_summary_text.delta`` (and ``response.reasoning_text.delta``, the
+raw reasoning open models send) build the message; ``response.completed``
 and ``response.incomplete`` end it (``max_output_tokens`` is ``length``,
 ``content_filter`` an ``error`` stop); ``response.failed`` and ``error`` raise
 the error they report, classified like an HTTP error (``server_error`` and rate
@@ -160,7 +161,6 @@ _IGNORED_EVENTS = frozenset(
         "response.function_call_arguments.done",
         "response.reasoning_summary_part.done",
         "response.reasoning_summary_text.done",
-        "response.reasoning_text.delta",
         "response.reasoning_text.done",
     }
 )
@@ -268,7 +268,17 @@ class _EventReader(ResponseReader):
                 for s in item.get("summary") or ()
                 if isinstance(s, Mapping)
             ]
-            block.text = ["\n\n".join(summary)] if summary else block.text
+            # Open models (served by vLLM and others) send their raw reasoning as
+            # content instead of a summary.
+            raw = [
+                _text(c.get("text"), "reasoning text")
+                for c in item.get("content") or ()
+                if isinstance(c, Mapping) and c.get("type") == "reasoning_text"
+            ]
+            if summary:
+                block.text = ["\n\n".join(summary)]
+            elif raw:
+                block.text = ["".join(raw)]
         elif kind == "message":
             parts = []
             for raw in item.get("content") or ():
@@ -369,6 +379,7 @@ class _EventReader(ResponseReader):
         "response.function_call_arguments.delta": _on_arguments,
         "response.reasoning_summary_part.added": _on_summary_part,
         "response.reasoning_summary_text.delta": _on_summary_text,
+        "response.reasoning_text.delta": _on_summary_text,
         "response.completed": _on_end,
         "response.incomplete": _on_end,
         "response.failed": _on_failed,
