@@ -23,6 +23,7 @@ from statemachine.providers import (
     ProviderRequestError,
     ProviderResponseError,
     ProviderUnavailableError,
+    RetryPolicy,
 )
 from statemachine.providers.gemini import GENERATED_ID_PREFIX, project_contents
 
@@ -363,3 +364,22 @@ def test_call_arguments_that_are_not_an_object_are_a_response_error(
     with pytest.raises(ProviderResponseError, match="could not validate"):
         complete(make_model(server))
     assert len(server.requests) == 1
+
+
+def test_the_retry_delay_google_names_in_the_error_is_honoured(server: LoopbackServer) -> None:
+    body = {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "13s"},
+            ],
+        }
+    }
+    server.add(Reply(429, JSON, json.dumps(body).encode()), sse("gemini/text_stream.sse"))
+    sleeps = Sleeps()
+    policy = RetryPolicy(max_attempts=2, jitter=0.0)
+    assert complete(make_model(server, sleep=sleeps, retry=policy)).text.startswith("The work")
+    assert sleeps.delays == [13.0]

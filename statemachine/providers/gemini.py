@@ -42,6 +42,10 @@ finish reason is incomplete and retried.
 Usage: ``input`` is ``promptTokenCount`` less ``cachedContentTokenCount``
 (``cache_read``); ``output`` is ``candidatesTokenCount`` plus ``thoughtsTokenCount``
 (thinking is billed as output).
+
+Errors are classified like the other adapters' HTTP errors; the wait a rate-limit
+error names in its ``RetryInfo`` detail (``"retryDelay": "13s"``, where Gemini puts
+it instead of a ``Retry-After`` header) is honoured like ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -232,6 +236,23 @@ def _usage(raw: Any) -> Usage | None:
         cache_read=cached,
         total_tokens=raw.total_token_count or prompt + output,
     )
+
+
+def _retry_delay(body: object) -> float | None:
+    """The wait Google names in an error's ``RetryInfo`` detail (``"retryDelay":
+    "13s"``), which Gemini sends instead of a ``Retry-After`` header."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    details = error.get("details") if isinstance(error, Mapping) else None
+    for detail in details if isinstance(details, list) else ():
+        delay = detail.get("retryDelay") if isinstance(detail, Mapping) else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                seconds = float(delay[:-1])
+            except ValueError:
+                continue
+            if 0 <= seconds < 86_400:
+                return seconds
+    return None
 
 
 def _enum_text(value: Any) -> str | None:
@@ -429,7 +450,7 @@ class GeminiModel(ModelAdapter):
         if isinstance(exc, genai_errors.APIError):
             response = getattr(exc, "response", None)
             headers = getattr(response, "headers", None) or {}
-            return classify(
+            failure = classify(
                 self.where,
                 status=exc.code if isinstance(exc.code, int) and exc.code >= 400 else None,
                 headers=headers,
@@ -438,6 +459,10 @@ class GeminiModel(ModelAdapter):
                 key_hint=f"{self.key_env} (or GOOGLE_API_KEY)",
                 secrets=self._secrets,
             )
+            delay = _retry_delay(exc.details)
+            if failure.retryable and failure.retry_after is None and delay is not None:
+                return Failure(failure.error, retryable=True, retry_after=delay)
+            return failure
         if isinstance(exc, genai_errors.UnknownApiResponseError):
             cause = exc.__cause__
             why = f"JSONDecodeError: {cause}" if cause is not None else str(exc)
