@@ -491,3 +491,23 @@ def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
     sent = server.requests[0].json()
     assert sent["stream"] is False
     assert sent["temperature"] == 0.2
+
+
+def test_two_tool_uses_with_one_id_are_a_response_error(server: LoopbackServer) -> None:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "b"}},
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 4},
+    }
+    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+    with pytest.raises(ProviderResponseError, match="two calls have the same tool_use id"):
+        complete(make_model(server, stream=False))
+    assert len(server.requests) == 1

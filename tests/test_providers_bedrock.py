@@ -260,7 +260,7 @@ def test_two_tool_uses_with_one_id_are_a_response_error(server: LoopbackServer) 
             end("tool_use"),
         )
     )
-    with pytest.raises(ProviderResponseError, match="the same toolUseId"):
+    with pytest.raises(ProviderResponseError, match="two calls have the same toolUseId"):
         complete(make_model(server))
 
 

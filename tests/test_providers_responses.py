@@ -372,7 +372,7 @@ def test_calls_that_cannot_be_told_apart_are_a_response_error(server: LoopbackSe
             completed([]),
         )
     )
-    with pytest.raises(ProviderResponseError, match="same call_id and item id"):
+    with pytest.raises(ProviderResponseError, match="two calls have the same call_id and item id"):
         complete(make_model(server))
 
 

@@ -217,6 +217,15 @@ class ResponseReader(abc.ABC):
         self.opened = False  # the response has begun
         self.log: Any = library_logger("statemachine.providers")
 
+    def require_unique_call_ids(self, what: str) -> None:
+        """Refuse a response with two calls of one id (``what`` names the id): their
+        results could not be told apart, and the provider would refuse them too."""
+        ids = [b.call_id for b in self.builder.blocks if b.kind == "tool"]
+        if len(set(ids)) != len(ids):
+            raise UnreadableResponseError(
+                f"two calls have the same {what}, so their results could not be told apart"
+            )
+
     def skipped(self, kind: str, detail: str = "") -> None:
         """Note, at debug level, a part of the response this adapter does not use."""
         self.log.debug("provider_event_skipped", provider=self.provider, kind=kind, detail=detail)

@@ -235,6 +235,7 @@ class _StreamState(ResponseReader):
     def result(self) -> AssistantMessage:
         if not self.stopped:
             raise IncompleteStreamError("the response stream ended before message_stop")
+        self.require_unique_call_ids("tool_use id")
         reason = self.stop_reason or "end_turn"
         error = None
         if reason == "refusal":

@@ -163,12 +163,7 @@ class _EventReader(ResponseReader):
     def result(self) -> AssistantMessage:
         if self.stop_reason is None:
             raise IncompleteStreamError("the response stream ended before messageStop")
-        ids = [b.call_id for b in self.builder.blocks if b.kind == "tool"]
-        if len(set(ids)) != len(ids):
-            raise UnreadableResponseError(
-                "two toolUse blocks have the same toolUseId, so their results could not "
-                "be told apart"
-            )
+        self.require_unique_call_ids("toolUseId")
         stop = _STOP.get(self.stop_reason, StopReason.STOP)
         error = None
         if stop is StopReason.ERROR:

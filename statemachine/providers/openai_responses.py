@@ -183,12 +183,7 @@ class _EventReader(ResponseReader):
     def result(self) -> AssistantMessage:
         if self.status is None:
             raise IncompleteStreamError("the response stream ended before response.completed")
-        ids = [b.call_id for b in self.builder.blocks if b.kind == "tool"]
-        if len(set(ids)) != len(ids):
-            raise UnreadableResponseError(
-                "two function calls have the same call_id and item id, so their results "
-                "could not be told apart"
-            )
+        self.require_unique_call_ids("call_id and item id")
         for index, item in self.items.items():
             if item.get("type") == "reasoning":
                 block = self.builder.block(("item", index), "thinking")
