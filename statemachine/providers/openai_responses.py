@@ -465,15 +465,13 @@ class OpenAIResponsesModel(ModelAdapter):
     async def _open(self, body: dict[str, Any]) -> Any:
         # Raw JSON objects, not the SDK's models: an event type newer than the SDK
         # must be skippable, and strict validation would reject it.
-        options: Any = {"security": {"bearer_auth": True}}
         client = cast(Any, self._client)
         if not body["stream"]:
-            return await client.post("/responses", body=body, cast_to=object, options=options)
+            return await client.post("/responses", body=body, cast_to=object)
         return await client.post(
             "/responses",
             body=body,
             cast_to=object,
-            options=options,
             stream=True,
             stream_cls=openai.AsyncStream[object],
         )
