@@ -413,3 +413,101 @@ def test_prompt_cache_marks_the_system_prompt_and_the_last_message(
     assert "cache_control" not in with_system["messages"][1]["content"][0]  # thinking
     assert without_system["tools"][-1]["cache_control"] == ephemeral
     assert without_system["messages"][-1]["content"][-1]["cache_control"] == ephemeral
+
+
+# -- event and block types newer than the SDK ------------------------------------------------
+
+
+class _DebugLog:
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, dict[str, Any]]] = []
+
+    def debug(self, name: str, **fields: Any) -> None:
+        self.entries.append((name, fields))
+
+    info = warning = error = debug
+
+
+def _event(kind: str, **fields: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
+
+
+def test_an_unknown_event_and_an_unknown_block_are_skipped_with_a_debug_log(
+    server: LoopbackServer,
+) -> None:
+    text = sse("anthropic/text_stream.sse").body.decode()
+    start = text.index("event: content_block_stop")
+    novel = (
+        _event("message_annotation", note="new")
+        + _event("content_block_start", index=5, content_block={"type": "hologram", "x": 1})
+        + _event(
+            "content_block_delta",
+            index=5,
+            delta={"type": "input_json_delta", "partial_json": '{"a": 1}'},
+        )
+        + _event("content_block_stop", index=5)
+    )
+    server.add(
+        Reply(
+            200,
+            (("Content-Type", "text/event-stream"),),
+            (text[:start] + novel + text[start:]).encode(),
+        )
+    )
+    log = _DebugLog()
+    reply = complete(make_model(server, logger=log))
+    assert reply.text == "The workspace contains README.md and src/index.ts."
+    assert reply.tool_calls == ()  # the unknown block's deltas went nowhere
+    assert [(f["kind"], f["detail"]) for _, f in log.entries] == [
+        ("event:message_annotation", ""),
+        ("event:content_block_start", "hologram"),
+    ]
+
+
+def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
+    server: LoopbackServer,
+) -> None:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [
+            {"type": "hologram", "x": 1},
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 4},
+    }
+    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+    reply = complete(make_model(server, stream=False, temperature=0.2))
+    assert reply.content == (
+        sm.TextContent("Reading."),
+        sm.ToolCall("toolu_1", "read_file", {"path": "a"}),
+    )
+    assert reply.stop_reason is sm.messages.StopReason.TOOL_USE
+    sent = server.requests[0].json()
+    assert sent["stream"] is False
+    assert sent["temperature"] == 0.2
+
+
+def test_two_tool_uses_with_one_id_are_a_response_error(server: LoopbackServer) -> None:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "b"}},
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 4},
+    }
+    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+    with pytest.raises(ProviderResponseError, match="two calls have the same tool_use id"):
+        complete(make_model(server, stream=False))
+    assert len(server.requests) == 1

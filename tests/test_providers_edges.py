@@ -198,6 +198,27 @@ def test_a_missing_sdk_says_which_extra_to_install(
         )
 
 
+@pytest.mark.parametrize(
+    ("hidden", "extra", "module", "name"),
+    [
+        ("openai", "openai", "statemachine.providers.openai_responses", "OpenAIResponsesModel"),
+        ("google.genai", "gemini", "statemachine.providers.gemini", "GeminiModel"),
+        ("boto3", "bedrock", "statemachine.providers.bedrock", "BedrockModel"),
+    ],
+)
+def test_a_missing_sdk_of_the_other_adapters_names_their_extra(
+    monkeypatch: pytest.MonkeyPatch, hidden: str, extra: str, module: str, name: str
+) -> None:
+    hide_sdk(monkeypatch, hidden, module)
+    providers = importlib.import_module("statemachine.providers")
+    with pytest.raises(ImportError) as lazy:
+        getattr(providers, name)
+    assert str(lazy.value) == (
+        f"the {extra!r} SDK is not installed; the {extra} adapter needs it: "
+        f"pip install 'agent-statemachine[{extra}]'"
+    )
+
+
 @pytest.mark.parametrize(("sdk", "module", "name"), ADAPTERS)
 def test_the_run_command_gives_the_same_message(
     monkeypatch: pytest.MonkeyPatch,

@@ -1,4 +1,4 @@
-"""Bounded I/O of both adapters against a loopback server that misbehaves on purpose.
+"""Bounded I/O of every adapter against a loopback server that misbehaves on purpose.
 
 Each test uses limits of a fraction of a second, so a limit that did not hold would
 show as a test that runs into its (small) timeout instead of a quick failure.
@@ -14,12 +14,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from providers_corpus import bedrock_event, bedrock_text_stream, event_message
 from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
+import statemachine.messages
 from statemachine.providers import (
     AnthropicModel,
+    BedrockModel,
+    GeminiModel,
     OpenAIChatModel,
+    OpenAIResponsesModel,
     ProviderLimitError,
     ProviderResponseError,
     ProviderUnavailableError,
@@ -31,6 +36,18 @@ SSE = (("Content-Type", "text/event-stream"),)
 OPENAI_DELTA = (
     b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",'
     b'"choices":[{"index":0,"delta":{"content":"more "},"finish_reason":null}]}\n\n'
+)
+RESPONSES_DELTA = (
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","output_index":0,"content_index":0,'
+    b'"item_id":"msg_1","delta":"more ","sequence_number":1}\n\n'
+)
+GEMINI_DELTA = (
+    b'data: {"candidates": [{"content": {"parts": [{"text": "more "}], "role": "model"},'
+    b' "index": 0}]}\r\n\r\n'
+)
+BEDROCK_DELTA = bedrock_event(
+    "contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "more "}}
 )
 ANTHROPIC_DELTA = (
     b"event: content_block_delta\n"
@@ -45,27 +62,64 @@ def server() -> Iterator[LoopbackServer]:
         yield running
 
 
-@pytest.fixture(params=["openai", "anthropic"])
+@pytest.fixture(params=["openai", "anthropic", "responses", "gemini", "bedrock"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def make_model(
-    server: LoopbackServer, provider: str, **kw: Any
-) -> OpenAIChatModel | AnthropicModel:
+def make_model(server: LoopbackServer, provider: str, **kw: Any) -> Any:
     kw.setdefault("retry", FAST)
     kw.setdefault("sleep", Sleeps())
     if provider == "openai":
         return OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
+    if provider == "responses":
+        return OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=server.url + "/v1", **kw)
+    if provider == "gemini":
+        return GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=server.url, **kw)
+    if provider == "bedrock":
+        return bedrock_model(server.url, **kw)
     return AnthropicModel("claude-test", api_key=KEY, base_url=server.url, **kw)
 
 
+def bedrock_model(url: str, **kw: Any) -> BedrockModel:
+    return BedrockModel(
+        "amazon.nova-micro-v1:0",
+        region="eu-west-1",
+        endpoint_url=url,
+        aws_access_key_id="AKIAFAKEFAKEFAKE",
+        aws_secret_access_key=KEY,
+        **kw,
+    )
+
+
 def url_of(server: LoopbackServer, provider: str) -> str:
-    return server.url + ("/v1" if provider == "openai" else "")
+    return server.url + ("/v1" if provider in ("openai", "responses") else "")
+
+
+def text_stream(provider: str) -> bytes:
+    """The text stream of every adapter's fixtures (Bedrock's is framed, not a file)."""
+    if provider == "bedrock":
+        return bedrock_text_stream()
+    return sse(f"{provider}/text_stream.sse").body
 
 
 def delta(provider: str) -> bytes:
-    return OPENAI_DELTA if provider == "openai" else ANTHROPIC_DELTA
+    deltas = {
+        "openai": OPENAI_DELTA,
+        "responses": RESPONSES_DELTA,
+        "gemini": GEMINI_DELTA,
+        "bedrock": BEDROCK_DELTA,
+    }
+    return deltas.get(provider, ANTHROPIC_DELTA)
+
+
+MODEL_NAMES = {
+    "openai": "'gpt-4o-mini'",
+    "responses": "'gpt-5-mini'",
+    "anthropic": "'claude-test'",
+    "gemini": "'gemini-2.5-flash'",
+    "bedrock": "'amazon.nova-micro-v1:0'",
+}
 
 
 def names_url_model_and(
@@ -73,7 +127,7 @@ def names_url_model_and(
 ) -> None:
     text = str(error)
     assert url_of(server, provider) in text
-    assert ("'gpt-4o-mini'" if provider == "openai" else "'claude-test'") in text
+    assert MODEL_NAMES[provider] in text
     assert f"({limit}=" in text
 
 
@@ -161,8 +215,9 @@ def test_a_compressed_body_is_counted_as_it_inflates(server: LoopbackServer, pro
 def test_a_compressed_stream_within_the_limit_reads_normally(
     server: LoopbackServer, provider: str
 ) -> None:
-    fixture = sse(f"{provider}/text_stream.sse")
-    server.add(Reply(200, (*SSE, ("Content-Encoding", "gzip")), gzip.compress(fixture.body)))
+    server.add(
+        Reply(200, (*SSE, ("Content-Encoding", "gzip")), gzip.compress(text_stream(provider)))
+    )
     reply = complete(make_model(server, provider))
     assert reply.text == "The workspace contains README.md and src/index.ts."
     assert server.requests[0].headers["accept-encoding"] == "gzip, deflate"
@@ -209,45 +264,91 @@ def test_the_defaults_are_the_documented_ones() -> None:
     assert (model.limits.timeout, model.limits.idle_timeout) == (600.0, 300.0)
     assert model.limits.max_response_bytes == 32 * 1024 * 1024 <= 64 * 1024 * 1024
     assert AnthropicModel("m", api_key=KEY).limits == model.limits
+    assert OpenAIResponsesModel("m", api_key=KEY).limits == model.limits
+    assert GeminiModel("m", api_key=KEY).limits == model.limits
+    assert bedrock_model("http://127.0.0.1:1").limits == model.limits
 
 
 # -- bad JSON and malformed events -------------------------------------------------------
 
 
+BEDROCK_DELTA_HEADERS = {
+    ":event-type": "contentBlockDelta",
+    ":content-type": "application/json",
+    ":message-type": "event",
+}
+
+
+def bad_event(provider: str, data: bytes, sse_event: bytes = b"") -> Reply:
+    """One event whose data is ``data``: an SSE event, or Bedrock's framed message."""
+    if provider == "bedrock":
+        return Reply(200, SSE, event_message(BEDROCK_DELTA_HEADERS, data))
+    event = sse_event if provider == "anthropic" else b""
+    return Reply(200, SSE, event + b"data: " + data + b"\n\n")
+
+
 def test_invalid_json_in_a_stream_is_a_response_error(
     server: LoopbackServer, provider: str
 ) -> None:
-    event = b"event: content_block_delta\n" if provider == "anthropic" else b""
-    server.add(Reply(200, SSE, event + b'data: {"type": "content_block_delta", oops\n\n'))
+    server.add(
+        bad_event(
+            provider, b'{"type": "content_block_delta", oops', b"event: content_block_delta\n"
+        )
+    )
     with pytest.raises(ProviderResponseError) as caught:
         complete(make_model(server, provider))
     text = str(caught.value)
-    assert "sent a response that cannot be read: it is not valid JSON text" in text
-    assert "JSONDecodeError" in text
+    if provider == "bedrock":
+        # botocore reads a payload that is not JSON as an empty object: the event then
+        # lacks what every delta has.
+        assert "cannot be read: a content block event has no contentBlockIndex" in text
+    else:
+        assert "sent a response that cannot be read: it is not valid JSON text" in text
+        assert "JSONDecodeError" in text
     assert isinstance(caught.value, sm.StateMachineError)
     assert len(server.requests) == 1
 
 
+MALFORMED = {
+    # The SDK's validation, or (Responses, read by the adapter itself) the adapter's.
+    "openai": "could not validate",
+    "anthropic": "could not validate",
+    "responses": "is not a JSON object",
+    "bedrock": "botocore could not parse an event",
+}
+
+
 def test_a_malformed_event_is_a_response_error(server: LoopbackServer, provider: str) -> None:
-    event = b"event: message_delta\n" if provider == "anthropic" else b""
     # Valid JSON of the wrong shape: a list where an event object belongs.
-    server.add(Reply(200, SSE, event + b"data: [1, 2, 3]\n\n"))
-    with pytest.raises(ProviderResponseError, match="could not validate"):
+    server.add(bad_event(provider, b"[1, 2, 3]", b"event: message_delta\n"))
+    if provider == "gemini":
+        # The Gemini SDK reads such a chunk as an empty one: the stream then ends
+        # without a finish reason, which is a broken stream, retried until given up.
+        server.add(*[bad_event(provider, b"[1, 2, 3]")] * 2)
+        with pytest.raises(ProviderUnavailableError, match="ended before a finish reason"):
+            complete(make_model(server, provider))
+        return
+    with pytest.raises(ProviderResponseError, match=MALFORMED[provider]):
         complete(make_model(server, provider))
 
 
 def test_bytes_that_are_not_utf8_are_a_response_error(
     server: LoopbackServer, provider: str
 ) -> None:
-    server.add(Reply(200, SSE, b"data: \xff\xfe\xfd\n\n"))
-    with pytest.raises(ProviderResponseError, match="cannot be read: it is not UTF-8 text"):
+    server.add(bad_event(provider, b"\xff\xfe\xfd"))
+    # The Gemini SDK decodes with replacement characters, so only the JSON fails there.
+    problem = "it is not valid JSON text" if provider == "gemini" else "it is not UTF-8 text"
+    with pytest.raises(ProviderResponseError, match=f"cannot be read: {problem}"):
         complete(make_model(server, provider))
 
 
-def test_invalid_json_in_a_whole_response_is_a_response_error(server: LoopbackServer) -> None:
+@pytest.mark.parametrize("whole", ["openai", "responses"])
+def test_invalid_json_in_a_whole_response_is_a_response_error(
+    server: LoopbackServer, whole: str
+) -> None:
     server.add(Reply(200, (("Content-Type", "application/json"),), b'{"id": "x", '))
     with pytest.raises(ProviderResponseError, match="it is not valid JSON text"):
-        complete(make_model(server, "openai", stream=False))
+        complete(make_model(server, whole, stream=False))
 
 
 # -- connections -------------------------------------------------------------------------
@@ -264,6 +365,12 @@ def test_a_refused_connection_fails_fast_and_names_the_url(provider: str) -> Non
         model: Any = OpenAIChatModel(
             "gpt-4o-mini", api_key=KEY, base_url=base + "/v1", sleep=sleeps
         )
+    elif provider == "responses":
+        model = OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=base + "/v1", sleep=sleeps)
+    elif provider == "gemini":
+        model = GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=base, sleep=sleeps)
+    elif provider == "bedrock":
+        model = bedrock_model(base, sleep=sleeps)
     else:
         model = AnthropicModel("claude-test", api_key=KEY, base_url=base, sleep=sleeps)
     started = time.monotonic()
@@ -278,7 +385,7 @@ def test_a_refused_connection_fails_fast_and_names_the_url(provider: str) -> Non
 def test_a_broken_stream_is_retried_and_names_the_url_and_model(
     server: LoopbackServer, provider: str
 ) -> None:
-    server.add(Reply(200, SSE, delta(provider)), sse(f"{provider}/text_stream.sse"))
+    server.add(Reply(200, SSE, delta(provider)), Reply(200, SSE, text_stream(provider)))
     sleeps = Sleeps()
     log = LogList()
     reply = complete(make_model(server, provider, sleep=sleeps, logger=log))
@@ -300,3 +407,23 @@ class LogList:
         self.entries.append((event, fields))
 
     info = debug = error = warning
+
+
+# -- abort -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_an_abort_mid_stream_returns_the_text_so_far_and_frees_everything(
+    server: LoopbackServer, provider: str
+) -> None:
+    # A text delta, then the server holds the connection open: only the abort ends it.
+    server.add(Reply(200, SSE, delta(provider), hold=True))
+    controller = sm.AbortController()
+    model = make_model(server, provider, on_text=lambda _: controller.abort())
+    started = time.monotonic()
+    reply = complete(model, signal=controller.signal)
+    # complete() returned: its event loop closed, so no worker thread was left waiting.
+    assert time.monotonic() - started < 5.0
+    assert reply.stop_reason is sm.messages.StopReason.ABORTED
+    assert reply.text == "more "
+    assert len(server.requests) == 1

@@ -522,3 +522,41 @@ def test_abort_before_the_response_begins_returns_at_once(server: LoopbackServer
         error_message="aborted before the response began",
     )
     assert len(server.requests) == 1
+
+
+# -- ids a server got wrong ------------------------------------------------------------------
+
+
+def test_calls_with_empty_or_repeated_ids_get_new_unique_ids(server: LoopbackServer) -> None:
+    def call(call_id: str, path: str) -> dict[str, Any]:
+        arguments = json.dumps({"path": path})
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "list_files", "arguments": arguments},
+        }
+
+    completion = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [call("", "a"), call("", "b"), call("c1", "c"), call("c1", "d")],
+                },
+            }
+        ],
+    }
+    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(completion).encode()))
+    reply = complete(make_model(server, stream=False), tools=(LIST,))
+    ids = [c.id for c in reply.tool_calls]
+    assert ids[2] == "c1"
+    assert [i.startswith("call_") and len(i) <= 40 for i in (ids[0], ids[1], ids[3])] == [True] * 3
+    assert len(set(ids)) == 4
+    assert [dict(c.arguments)["path"] for c in reply.tool_calls] == ["a", "b", "c", "d"]

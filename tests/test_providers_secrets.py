@@ -24,7 +24,13 @@ from providers_server import LoopbackServer, Reply, Request, Sleeps
 
 import statemachine as sm
 import statemachine.journal
-from statemachine.providers import AnthropicModel, OpenAIChatModel, RetryPolicy
+from statemachine.providers import (
+    AnthropicModel,
+    GeminiModel,
+    OpenAIChatModel,
+    OpenAIResponsesModel,
+    RetryPolicy,
+)
 from statemachine.providers._errors import redact
 
 KEY = "sk-proj-Zq81xW0cS3cr3tK3yMaterial4242"
@@ -37,7 +43,11 @@ ECHOED: list[bytes] = []  # every body the server built around the key
 
 def the_key(request: Request) -> str:
     """The key as the client sent it (a server that echoes it back)."""
-    sent = request.headers.get("x-api-key") or request.headers["authorization"].split()[-1]
+    sent = (
+        request.headers.get("x-api-key")
+        or request.headers.get("x-goog-api-key")
+        or request.headers["authorization"].split()[-1]
+    )
     assert sent == KEY
     return sent
 
@@ -121,11 +131,19 @@ def server() -> Iterator[LoopbackServer]:
         yield running
 
 
-def make_model(server: LoopbackServer, provider: str) -> OpenAIChatModel | AnthropicModel:
+def make_model(server: LoopbackServer, provider: str) -> Any:
     policy = RetryPolicy(max_attempts=3, initial_delay=0.01, jitter=0.0)
     if provider == "openai":
         return OpenAIChatModel(
             "gpt-4o-mini", api_key=KEY, base_url=server.url + "/v1", retry=policy, sleep=Sleeps()
+        )
+    if provider == "responses":
+        return OpenAIResponsesModel(
+            "gpt-5-mini", api_key=KEY, base_url=server.url + "/v1", retry=policy, sleep=Sleeps()
+        )
+    if provider == "gemini":
+        return GeminiModel(
+            "gemini-2.5-flash", api_key=KEY, base_url=server.url, retry=policy, sleep=Sleeps()
         )
     return AnthropicModel(
         "claude-test", api_key=KEY, base_url=server.url, retry=policy, sleep=Sleeps()
@@ -175,7 +193,7 @@ def run_and_collect(model: Any) -> tuple[sm.RunResult, dict[str, str]]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "responses", "gemini"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_failed_run_never_shows_the_key_or_a_piece_of_it(
     server: LoopbackServer, provider: str, case: str, caplog: pytest.LogCaptureFixture
@@ -192,7 +210,12 @@ def test_a_failed_run_never_shows_the_key_or_a_piece_of_it(
     assert server.requests
     assert ECHOED
     assert all(KEY.encode() in body for body in ECHOED)
-    if case != "invalid JSON holding the key":  # a JSON error does not quote the text
+    # A JSON error does not quote the text; Gemini's SDK drops an event of a shape it
+    # does not know (the stream then breaks off), so the key never reaches an output.
+    quoted = case != "invalid JSON holding the key" and not (
+        provider == "gemini" and case == "an error event in the stream"
+    )
+    if quoted:
         # The key-bearing text did reach every output, redacted.
         unredacted = [w for w, text in outputs.items() if "[REDACTED]" not in text]
         assert unredacted == ["stdlib logging"] or unredacted == []
@@ -219,6 +242,8 @@ def test_a_key_inside_the_base_url_stays_out_of_reprs_and_errors() -> None:
     for model in (
         OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=url),
         AnthropicModel("claude-test", api_key=KEY, base_url=url),
+        OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=url),
+        GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=url),
     ):
         assert model.base_url.startswith("http://127.0.0.1:9")
         assert leaks(repr(model) + model.where) == []

@@ -1,9 +1,10 @@
-"""Model clients for real providers: OpenAI-compatible Chat Completions and Anthropic.
+"""Model clients for real providers: OpenAI-compatible Chat Completions, the OpenAI
+Responses API, Anthropic Messages, Gemini and AWS Bedrock Converse.
 
-``OpenAIChatModel`` and ``AnthropicModel`` each need their SDK (the extras
-``agent-statemachine[openai]`` and ``[anthropic]``); they are imported on first use,
-so that this package, its errors and its retry policy load without either SDK. An
-adapter whose SDK is missing raises ``ImportError`` saying which extra to install.
+Each adapter needs its provider's SDK (the extras ``agent-statemachine[openai]``,
+``[anthropic]``, ``[gemini]`` and ``[bedrock]``) and is imported on first use, so that
+this package, its errors and its retry policy load without any SDK. An adapter whose
+SDK is missing raises ``ImportError`` saying which extra to install.
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ from statemachine.providers._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
+    from statemachine.providers.bedrock import BedrockModel
+    from statemachine.providers.gemini import GeminiModel
     from statemachine.providers.openai_chat import OpenAIChatModel
+    from statemachine.providers.openai_responses import OpenAIResponsesModel
 
 __all__ = [
     "AnthropicModel",
+    "BedrockModel",
     "ContextOverflowError",
+    "GeminiModel",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "ProviderAuthError",
     "ProviderError",
     "ProviderLimitError",
@@ -43,7 +50,10 @@ __all__ = [
 
 _LAZY = {
     "OpenAIChatModel": "statemachine.providers.openai_chat",
+    "OpenAIResponsesModel": "statemachine.providers.openai_responses",
     "AnthropicModel": "statemachine.providers.anthropic_messages",
+    "BedrockModel": "statemachine.providers.bedrock",
+    "GeminiModel": "statemachine.providers.gemini",
 }
 
 

@@ -1,4 +1,4 @@
-"""What both adapters share: the limits on one model call, the HTTP client that
+"""What every adapter shares: the limits on one model call, the HTTP client that
 enforces the size limit, and the bounded attempt that reads one response.
 
 Every attempt (one HTTP request and its response) is bounded three ways:
@@ -36,6 +36,7 @@ from typing import Any, ClassVar, TypedDict
 
 import attrs
 import httpx2
+import pydantic
 
 from statemachine._log import library_logger
 from statemachine.core.abort import AbortSignal
@@ -63,7 +64,14 @@ from statemachine.providers._retry import (
     race_abort,
 )
 
-__all__ = ["AdapterOptions", "Limits", "ModelAdapter", "ResponseReader", "SizeLimitedClient"]
+__all__ = [
+    "AdapterOptions",
+    "Limits",
+    "ModelAdapter",
+    "ReportedError",
+    "ResponseReader",
+    "SizeLimitedClient",
+]
 
 _MIB = 1024 * 1024
 
@@ -93,11 +101,24 @@ class ResponseTooLargeError(Exception):
 
 
 class UnreadableResponseError(Exception):
-    """Raised inside the HTTP client for a body it will not decode."""
+    """A body the HTTP client will not decode, or a part of a response of a shape the
+    adapter cannot read (raised by the readers that take raw JSON)."""
 
 
 class IncompleteStreamError(Exception):
     """The stream ended before its last event: the connection broke mid-response."""
+
+
+class ReportedError(Exception):
+    """A failure the provider reported in a response it otherwise sent normally (an
+    error event inside a stream, a failed response): classified like an HTTP error,
+    with ``status`` the HTTP status the provider's error code stands for, if any."""
+
+    def __init__(self, message: str, body: object, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.body = body
+        self.status = status
 
 
 class _CountedStream(httpx2.AsyncByteStream):
@@ -194,6 +215,20 @@ class ResponseReader(abc.ABC):
         self.builder = MessageBuilder(on_text=on_text)
         self.provider = provider  # named in the errors a response can end with
         self.opened = False  # the response has begun
+        self.log: Any = library_logger("statemachine.providers")
+
+    def require_unique_call_ids(self, what: str) -> None:
+        """Refuse a response with two calls of one id (``what`` names the id): their
+        results could not be told apart, and the provider would refuse them too."""
+        ids = [b.call_id for b in self.builder.blocks if b.kind == "tool"]
+        if len(set(ids)) != len(ids):
+            raise UnreadableResponseError(
+                f"two calls have the same {what}, so their results could not be told apart"
+            )
+
+    def skipped(self, kind: str, detail: str = "") -> None:
+        """Note, at debug level, a part of the response this adapter does not use."""
+        self.log.debug("provider_event_skipped", provider=self.provider, kind=kind, detail=detail)
 
     @abc.abstractmethod
     def apply(self, item: Any) -> None:
@@ -214,7 +249,7 @@ class ResponseReader(abc.ABC):
 
 
 class AdapterOptions(TypedDict, total=False):
-    """The options both adapters take (defaults in brackets).
+    """The options every adapter takes (defaults in brackets).
 
     * ``system`` [None]: the system prompt, sent with every request.
     * ``temperature`` [None: the provider's default] and ``extra_body`` [{}]: extra
@@ -249,7 +284,7 @@ class ModelAdapter(abc.ABC):
 
     provider: ClassVar[str]
     key_env: ClassVar[str]
-    sdk: ClassVar[Any]  # the SDK module: both name their exceptions alike
+    sdk: ClassVar[Any]  # the SDK module (OpenAI and Anthropic name their exceptions alike)
     reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
     model: str
     _client: Any
@@ -283,7 +318,7 @@ class ModelAdapter(abc.ABC):
         return key
 
     def _shared_fields(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` with the request fields both APIs take alike."""
+        """``body`` with the request fields the APIs take alike."""
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.extra_body:
@@ -310,10 +345,15 @@ class ModelAdapter(abc.ABC):
             "_strict_response_validation": True,
         }
 
+    def _raw_base_url(self) -> str:
+        """The base URL as the client holds it (an adapter whose SDK client does not
+        expose one keeps its own)."""
+        return str(getattr(self._client, "base_url", ""))
+
     @property
     def base_url(self) -> str:
         """The client's base URL without anything that could be a credential."""
-        raw = str(getattr(self._client, "base_url", ""))
+        raw = self._raw_base_url()
         return redact(_public_url(raw), self._secrets) if raw else "(unknown URL)"
 
     @property
@@ -337,7 +377,9 @@ class ModelAdapter(abc.ABC):
 
     def _reader(self) -> ResponseReader:
         """A fresh reader for one response."""
-        return self.reader(self.on_text, self.provider)
+        reader = self.reader(self.on_text, self.provider)
+        reader.log = self.log
+        return reader
 
     def _streams(self, body: dict[str, Any]) -> bool:
         return bool(body.get("stream"))
@@ -410,8 +452,10 @@ class ModelAdapter(abc.ABC):
                 if signal.aborted:
                     return
         finally:
+            # SDK streams have close(); a plain async generator has aclose().
+            close = getattr(response, "aclose", None) or response.close
             with contextlib.suppress(Exception):
-                await response.close()
+                await close()
 
     def _limit_error(self, limit: str) -> ProviderLimitError:
         n = self.limits
@@ -442,6 +486,26 @@ class ModelAdapter(abc.ABC):
             return self._bad_response(f"it is not UTF-8 text (UnicodeDecodeError: {exc})")
         if isinstance(exc, (IncompleteStreamError, httpx2.TransportError, OSError)):
             return connection_failure(self.where, exc, self._secrets)
+        if isinstance(exc, pydantic.ValidationError):
+            # An adapter that validates raw events itself (Anthropic, Gemini's SDK).
+            lines = str(exc).splitlines()[:4]
+            detail = redact("; ".join(line.strip() for line in lines), self._secrets)
+            return Failure(
+                ProviderResponseError(
+                    f"{self.where} sent a response the SDK could not validate: {detail[:600]}"
+                ),
+                retryable=False,
+            )
+        if isinstance(exc, ReportedError):
+            return classify(
+                self.where,
+                status=exc.status,
+                headers={},
+                body=exc.body,
+                message=exc.message,
+                key_hint=self.key_env,
+                secrets=self._secrets,
+            )
         return self._classify_sdk(exc)
 
     def _bad_response(self, why: str) -> Failure:

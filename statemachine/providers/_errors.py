@@ -76,9 +76,11 @@ class Failure:
 
 
 # Context overflow is reported as a plain 400 by every provider; only the text tells.
-# The patterns cover OpenAI, Anthropic, and the common OpenAI-compatible servers.
+# The patterns cover OpenAI, Anthropic, Gemini, Bedrock, and the common
+# OpenAI-compatible servers.
 _OVERFLOW = re.compile(
     r"context[_ ]length[_ ]exceeded"
+    r"|exceeds the maximum number of tokens"
     r"|maximum context length"
     r"|prompt is too long"
     r"|exceeds? the (?:available )?context"

@@ -24,7 +24,7 @@ from statemachine.providers._errors import redact
 __all__ = ["RedactSecrets", "protect_secret"]
 
 _PROTECTED: set[str] = set()
-_LIBRARIES = ("httpx2", "httpcore2", "openai", "anthropic")
+_LIBRARIES = ("httpx2", "httpcore2", "openai", "anthropic", "google_genai", "botocore", "boto3")
 
 
 class _RedactRecords(logging.Filter):

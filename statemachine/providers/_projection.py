@@ -1,4 +1,4 @@
-"""What both adapters share between our history and a provider's wire format.
+"""What every adapter shares between our history and a provider's wire format.
 
 Outbound, ``sendable_history`` reduces a history to what any provider accepts, in a
 shape each adapter can translate one message at a time:
@@ -11,7 +11,7 @@ shape each adapter can translate one message at a time:
   dropped with them, so no result is left without its call.
 * Every remaining tool call is followed directly by its results, in call order;
   user messages that arrived between a call and its result move after the results
-  (both APIs require the results first). The engine keeps I1 by construction; for a
+  (the APIs require the results first). The engine keeps I1 by construction; for a
   history built by hand, a call without a result gets an error result saying so and
   a result without a call is dropped, because a request the provider refuses helps
   nobody.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ from statemachine.core.messages import (
 
 __all__ = [
     "MessageBuilder",
+    "foreign_signature",
+    "generated_call_id",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
@@ -68,6 +71,23 @@ def normalise_id(raw: str, max_length: int) -> str:
     digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()[:12]
     clean = re.sub(r"[^A-Za-z0-9_-]", "_", raw)[: max_length - len(digest) - 1]
     return f"{clean}_{digest}" if clean.strip("_") else f"call_{digest}"
+
+
+# Signatures our adapters write for providers whose reasoning is not a plain signed
+# block: a provider that takes signed thinking (Anthropic, Bedrock) must not send
+# these as its own.
+_TAGGED_SIGNATURES = ("openai-responses:", "gemini:")
+
+
+def foreign_signature(signature: str) -> bool:
+    """Whether ``signature`` is one of the tagged signatures another adapter wrote."""
+    return signature.startswith(_TAGGED_SIGNATURES)
+
+
+def generated_call_id(prefix: str = "call_") -> str:
+    """A new call id, for a call the provider sent without one (or with one it had
+    already used in the same response): unique, and valid for every provider."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def _reject_constant(name: str) -> Any:
@@ -239,6 +259,17 @@ class MessageBuilder:
             elif with_calls:
                 out.append(_tool_call(block.call_id, block.name, text))
         return tuple(out)
+
+    def unique_call_ids(self) -> None:
+        """Give each call without an id, or with one an earlier call of this response
+        has, a new id (``generated_call_id``), so that every result finds its call."""
+        seen: set[str] = set()
+        for block in self.blocks:
+            if block.kind != "tool":
+                continue
+            if not block.call_id or block.call_id in seen:
+                block.call_id = generated_call_id()
+            seen.add(block.call_id)
 
     def finish(
         self, stop_reason: StopReason, usage: Usage | None, error_message: str | None = None

@@ -11,7 +11,8 @@ Projection to the Messages wire format, on top of ``sendable_history``:
   the API wants alternating roles and the results first;
 * consecutive messages of the same role are merged into one;
 * a thinking block goes back with its signature; one without a signature (cut off,
-  or from another provider) is dropped, since the API would refuse it. Redacted
+  or from another provider), or with the tagged signature the Gemini and OpenAI
+  Responses adapters write, is dropped, since the API would refuse it. Redacted
   thinking is kept as a redacted ``ThinkingContent`` holding the encrypted data and
   goes back as the ``redacted_thinking`` block it came as;
 * empty text blocks are dropped (the API refuses them), and a user message left with
@@ -22,13 +23,23 @@ Projection to the Messages wire format, on top of ``sendable_history``:
 
 Streaming: ``content_block_*`` events by index (text, thinking and its signature,
 tool-use input as ``partial_json`` fragments), usage from ``message_start`` and the
-cumulative ``message_delta``, and the stop reason from ``message_delta``.
+cumulative ``message_delta``, and the stop reason from ``message_delta``. With
+``stream=False`` the whole message arrives at once and is read the same way. The
+events arrive as raw JSON and each is validated with the SDK's models: an event,
+block or delta of a type newer than the SDK is skipped with a debug log (and so are
+the later events of a block it started), where the SDK's own stream would fail the
+call; any other mismatch is ``ProviderResponseError``. Server-side tool blocks are
+not kept.
 """
 
 from __future__ import annotations
 
+import json
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Unpack, cast
+
+import pydantic
 
 from statemachine.providers._errors import missing_extra
 
@@ -57,7 +68,11 @@ from statemachine.providers._adapter import (
     ModelAdapter,
     ResponseReader,
 )
-from statemachine.providers._projection import normalise_id, sendable_history
+from statemachine.providers._projection import (
+    foreign_signature,
+    normalise_id,
+    sendable_history,
+)
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
 
@@ -100,6 +115,8 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, ThinkingContent):
+            if block.signature and foreign_signature(block.signature):
+                continue  # Gemini's or OpenAI's reasoning: not a Claude signature
             if block.redacted and block.signature:
                 out.append({"type": "redacted_thinking", "data": block.signature})
             elif block.signature:
@@ -218,13 +235,21 @@ class _StreamState(ResponseReader):
     def result(self) -> AssistantMessage:
         if not self.stopped:
             raise IncompleteStreamError("the response stream ended before message_stop")
+        self.require_unique_call_ids("tool_use id")
         reason = self.stop_reason or "end_turn"
         error = None
         if reason == "refusal":
             error = f"{self.provider} refused to continue the response (stop reason 'refusal')"
         return self.builder.finish(_STOP.get(reason, StopReason.STOP), self.usage(), error)
 
-    def apply(self, event: Any) -> None:
+    def apply(self, item: Any) -> None:
+        if isinstance(item, Mapping) and item.get("type") == "message":
+            self._whole(item)  # stream=False: the whole message
+            return
+        event = _known(_EVENT, item)
+        if event is None:
+            self._unknown(item)
+            return
         builder = self.builder
         if event.type == "message_start":
             self._count(event.message.usage)
@@ -267,6 +292,101 @@ class _StreamState(ResponseReader):
         elif event.type == "message_stop":
             self.stopped = True
 
+    def _unknown(self, item: Any) -> None:
+        """An event, block or delta of a type the SDK does not know: skipped, and so
+        is every later event of a block it started."""
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        block = item.get("content_block") if isinstance(item, Mapping) else None
+        if kind == "content_block_start" and isinstance(item.get("index"), int):
+            self.ignored.add(item["index"])
+        detail = block.get("type") if isinstance(block, Mapping) else ""
+        self.skipped(f"event:{kind}", str(detail or ""))
+
+    def _whole(self, raw: Mapping[str, Any]) -> None:
+        message = _MESSAGE_HEAD.validate_python(raw)
+        builder = self.builder
+        for index, item in enumerate(raw.get("content") or ()):
+            block = _known(_BLOCK, item)
+            if block is None:
+                self.skipped("block", str(item.get("type") if isinstance(item, Mapping) else ""))
+                continue
+            if block.type == "text":
+                builder.add_text(builder.block(("block", index), "text"), block.text)
+            elif block.type == "thinking":
+                target = builder.block(("block", index), "thinking")
+                target.text.append(block.thinking)
+                target.signature = block.signature or None
+            elif block.type == "redacted_thinking":
+                target = builder.block(("block", index), "thinking")
+                target.signature, target.redacted = block.data, True
+            elif block.type == "tool_use":
+                target = builder.block(("block", index), "tool")
+                target.call_id, target.name = block.id, block.name
+                target.text.append(json.dumps(block.input))
+            else:
+                self.skipped("block", block.type)
+        self._count(message.usage)
+        self.stop_reason = message.stop_reason
+        self.stopped = True
+
+
+def _tags(annotation: Any) -> frozenset[str]:
+    """The ``type`` values of a union of the SDK's models (its discriminator)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) or (annotation,)
+    tags: set[str] = set()
+    for member in members:
+        field = getattr(member, "model_fields", {}).get("type")
+        if field is not None:
+            tags.update(typing.get_args(field.annotation))
+    return frozenset(tags)
+
+
+_EVENT_TYPES = _tags(anthropic.types.RawMessageStreamEvent)
+_BLOCK_TYPES = _tags(anthropic.types.ContentBlock)
+_START_TYPES = _tags(
+    anthropic.types.RawContentBlockStartEvent.model_fields["content_block"].annotation
+)
+_DELTA_TYPES = _tags(anthropic.types.RawContentBlockDeltaEvent.model_fields["delta"].annotation)
+
+
+def _unknown_type(item: Any) -> bool:
+    """Whether ``item`` (an event or a block), or the block or delta it carries, is of
+    a type this SDK does not know."""
+    if not isinstance(item, Mapping):
+        return False
+    kind = item.get("type")
+    if kind in _EVENT_TYPES:
+        inner, known = {
+            "content_block_start": ("content_block", _START_TYPES),
+            "content_block_delta": ("delta", _DELTA_TYPES),
+        }.get(kind, ("", frozenset()))
+        nested = item.get(inner) if inner else None
+        return isinstance(nested, Mapping) and nested.get("type") not in known
+    return kind not in _BLOCK_TYPES
+
+
+def _known(adapter: pydantic.TypeAdapter[Any], item: Any) -> Any:
+    """``item`` validated by ``adapter``; ``None`` when its type (or the type of the
+    block or delta it carries) is unknown to the SDK. Any other mismatch raises
+    ``ValidationError``."""
+    if _unknown_type(item):
+        return None
+    return adapter.validate_python(item)
+
+
+class _MessageHead(pydantic.BaseModel):
+    """What a whole message carries besides its content blocks."""
+
+    usage: anthropic.types.Usage
+    stop_reason: str | None = None
+
+
+_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
+_BLOCK: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(anthropic.types.ContentBlock)
+_MESSAGE_HEAD: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(_MessageHead)
+
 
 class AnthropicModel(ModelAdapter):
     """A streaming ``ModelClient`` for the Anthropic Messages API.
@@ -276,7 +396,8 @@ class AnthropicModel(ModelAdapter):
     limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
     is sent as the request's ``system`` field. ``thinking`` is passed through as the
     request's ``thinking`` object (e.g. ``{"type": "enabled", "budget_tokens":
-    2048}``). ``prompt_cache=True`` marks cache breakpoints (see
+    2048}``). ``stream=False`` asks for the whole message at once (for proxies that
+    do not stream). ``prompt_cache=True`` marks cache breakpoints (see
     ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
     each turn pays back from its second turn on.
 
@@ -304,6 +425,7 @@ class AnthropicModel(ModelAdapter):
         max_tokens: int = 4096,
         thinking: Mapping[str, Any] | None = None,
         prompt_cache: bool = False,
+        stream: bool = True,
         client: anthropic.AsyncAnthropic | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:
@@ -315,6 +437,7 @@ class AnthropicModel(ModelAdapter):
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
+        self.stream = stream
         self._client = client or anthropic.AsyncAnthropic(
             api_key=key, **self._sdk_options(base_url)
         )
@@ -327,7 +450,7 @@ class AnthropicModel(ModelAdapter):
             "model": self.model,
             "max_tokens": self.max_tokens,
             "messages": project_messages(messages),
-            "stream": True,
+            "stream": self.stream,
         }
         if self.system:
             body["system"] = self.system
@@ -337,7 +460,28 @@ class AnthropicModel(ModelAdapter):
             _mark_cache_breakpoints(body)
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
-        return self._shared_fields(body)
+        body = self._shared_fields(body)
+        if "temperature" in body:
+            # The SDK's create() no longer names sampling parameters; the API still
+            # takes them, so they travel as extra body fields.
+            body["extra_body"] = {
+                "temperature": body.pop("temperature"),
+                **body.get("extra_body", {}),
+            }
+        return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
-        return await cast(Any, self._client.messages).create(**body)
+        # Raw JSON events, each validated by the reader: an event or block type newer
+        # than the SDK is skipped there, where the SDK's own stream would reject it.
+        payload = {k: v for k, v in body.items() if k != "extra_body"}
+        payload.update(body.get("extra_body") or {})
+        client = cast(Any, self._client)
+        if not body["stream"]:
+            return await client.post("/v1/messages", body=payload, cast_to=object)
+        return await client.post(
+            "/v1/messages",
+            body=payload,
+            cast_to=object,
+            stream=True,
+            stream_cls=anthropic.AsyncStream[object],
+        )

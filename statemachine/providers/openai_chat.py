@@ -16,7 +16,9 @@ Projection to the Chat Completions wire format, on top of ``sendable_history``:
   Tool messages carry text only, so a result's images follow in one user message
   after the batch's results;
 * tool-call ids are kept when OpenAI accepts them (at most 40 characters of
-  ``[A-Za-z0-9_-]``) and otherwise replaced by a stable substitute.
+  ``[A-Za-z0-9_-]``) and otherwise replaced by a stable substitute. A call that
+  arrives with an empty id (Gemini's compatible endpoint sends those), or with an
+  id an earlier call of the same response has, gets a new unique ``call_`` id.
 
 Streaming: text deltas, tool-call fragments keyed by ``index`` (id and name arrive
 once, arguments in pieces), a final usage chunk (``stream_options.include_usage``),
@@ -218,6 +220,8 @@ class _ChunkReader(ResponseReader):
         error = None
         if self.finish == "content_filter":
             error = f"{self.provider}'s content filter stopped the response"
+        # Some compatible servers (Gemini's) send calls with empty ids.
+        self.builder.unique_call_ids()
         return self.builder.finish(_FINISH.get(self.finish, StopReason.STOP), self.usage(), error)
 
     def apply(self, item: Any) -> None:

@@ -1,0 +1,114 @@
+"""Bedrock Converse ``messages`` and ``toolConfig.tools``, built from our history (the
+projection ``bedrock`` describes)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.messages import (
+    AssistantMessage,
+    ImageContent,
+    Message,
+    TextContent,
+    ThinkingContent,
+    ToolCall,
+    UserMessage,
+    thaw_json,
+)
+from statemachine.core.tools import ToolDefinition
+from statemachine.providers._projection import foreign_signature, normalise_id, sendable_history
+
+__all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]
+
+MAX_ID_LENGTH = 64
+_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
+_EMPTY = {"text": "(empty message)"}
+_START = {"text": "(conversation start)"}
+
+
+def _image(block: ImageContent) -> dict[str, Any]:
+    image_format = _FORMATS.get(block.mime_type)
+    if image_format is None:
+        raise InvalidInputError(
+            f"Bedrock cannot carry an image of type {block.mime_type!r} "
+            f"(it takes {', '.join(sorted(_FORMATS))})"
+        )
+    return {"image": {"format": image_format, "source": {"bytes": base64.b64decode(block.data)}}}
+
+
+def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for block in content:
+        if isinstance(block, TextContent):
+            if block.text:
+                out.append({"text": block.text})
+        else:
+            out.append(_image(block))
+    return out
+
+
+def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, ThinkingContent):
+            if not block.signature or foreign_signature(block.signature):
+                continue  # cannot be carried: see the bedrock module docstring
+            if block.redacted:
+                raw = base64.b64decode(block.signature)
+                out.append({"reasoningContent": {"redactedContent": raw}})
+            else:
+                text = {"text": block.thinking, "signature": block.signature}
+                out.append({"reasoningContent": {"reasoningText": text}})
+        elif isinstance(block, TextContent):
+            if block.text:
+                out.append({"text": block.text})
+        elif isinstance(block, ToolCall):
+            use = {
+                "toolUseId": normalise_id(block.id, MAX_ID_LENGTH),
+                "name": block.name,
+                "input": thaw_json(block.arguments),
+            }
+            out.append({"toolUse": use})
+    return out
+
+
+def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Our history as Converse ``messages``."""
+    out: list[dict[str, Any]] = []
+    for message in sendable_history(messages):
+        if isinstance(message, UserMessage):
+            role, blocks = "user", _media(message.content) or [_EMPTY]
+        elif isinstance(message, AssistantMessage):
+            role, blocks = "assistant", _assistant_blocks(message)
+        else:
+            result: dict[str, Any] = {
+                "toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
+                "content": _media(message.content) or [{"text": "(no output)"}],
+            }
+            if message.is_error:
+                result["status"] = "error"
+            role, blocks = "user", [{"toolResult": result}]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [_START]})
+    return out
+
+
+def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """Our tool definitions as Converse ``toolSpec`` entries (an empty description is
+    left out: Converse wants one of at least one character, or none)."""
+    specs: list[dict[str, Any]] = []
+    for t in tools:
+        spec: dict[str, Any] = {"name": t.name, "inputSchema": {"json": t.schema_dict()}}
+        if t.description:
+            spec["description"] = t.description
+        specs.append({"toolSpec": spec})
+    return specs

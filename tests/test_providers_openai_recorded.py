@@ -1,0 +1,319 @@
+"""OpenAIChatModel against recorded Chat Completions traffic: OpenAI itself, and the
+OpenAI-compatible endpoints of Gemini, Cerebras and Ollama (``ollama/recorded``: real
+Ollama responses, the path the providers guide tells Ollama users to take).
+
+Each recording is replayed turn by turn through the real ``openai`` SDK: the
+loopback server sends the recorded bytes, and the next turn's history is our reply
+plus the tool results and user messages of the next recorded request. The reply must
+hold what the recorded response holds (read here by a small independent oracle), with
+its usage; the request must match the recorded request field by field.
+
+Where the recording client (PydanticAI) sent something else than we do, the
+difference is named here and asserted, never ignored: it sends ``n: 1`` and a
+``tool_choice`` (we send neither), ``strict`` on tools, and its own ids
+(``pyd_ai_...``) for calls a server sent without one, where we make our own
+``call_`` ids; we send ``stream_options`` when streaming, as it does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from providers_corpus import Recording, recording, recordings, sse_events
+from providers_server import LoopbackServer, Sleeps, complete
+
+import statemachine as sm
+import statemachine.messages
+from statemachine.providers import (
+    OpenAIChatModel,
+    ProviderError,
+    ProviderRequestError,
+    ProviderResponseError,
+    RetryPolicy,
+)
+
+KEY = "sk-recorded-chat-0123456789abcdef"
+CASES = [("openai", r.name) for r in recordings("openai")] + [
+    ("ollama", r.name) for r in recordings("ollama")
+]
+PASSED_THROUGH = ("max_completion_tokens", "response_format", "moderation", "reasoning_effort")
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> OpenAIChatModel:
+    body = request["json"]
+    messages = body["messages"]
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    base = request["path"].removesuffix("/chat/completions")
+    return OpenAIChatModel(
+        body["model"],
+        api_key=KEY,
+        base_url=server.url + base,
+        system=system,
+        stream=bool(body.get("stream", False)),
+        temperature=body.get("temperature"),
+        extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
+        retry=RetryPolicy(max_attempts=1),
+        sleep=Sleeps(),
+        **kw,
+    )
+
+
+def tools_of(body: Mapping[str, Any]) -> tuple[sm.ToolDefinition, ...]:
+    return tuple(
+        sm.ToolDefinition(
+            t["function"]["name"],
+            t["function"].get("description") or "",
+            t["function"].get("parameters") or {"type": "object", "properties": {}},
+        )
+        for t in body.get("tools", ())
+    )
+
+
+def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list[sm.Message]:
+    """The user and tool messages at the end of a recorded request, as our messages;
+    a tool message answers our call at the same position."""
+    tail: list[Mapping[str, Any]] = []
+    for message in reversed(body["messages"]):
+        if message["role"] not in ("user", "tool"):
+            break
+        tail.insert(0, message)
+    if not history:
+        # The first request: everything but the system prompt (an opening assistant
+        # message included) is the history we start from.
+        tail = [m for m in body["messages"] if m["role"] != "system"]
+    calls: list[sm.ToolCall] = []
+    for message in reversed(history):
+        if isinstance(message, sm.AssistantMessage):
+            calls = list(message.tool_calls)
+            break
+    out: list[sm.Message] = []
+    answered = 0
+    for message in tail:
+        if message["role"] == "user":
+            out.append(sm.UserMessage(message["content"]))
+        elif message["role"] == "assistant":
+            out.append(sm.AssistantMessage(message["content"]))
+        else:
+            call = calls[answered]
+            answered += 1
+            out.append(sm.ToolResultMessage(call.id, call.name, message["content"]))
+    return out
+
+
+def replay(
+    rec: Recording, server: LoopbackServer
+) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
+    server.add(*rec.replies())
+    history: list[sm.Message] = []
+    outcomes: list[sm.AssistantMessage | ProviderError] = []
+    pieces: list[list[str]] = []
+    for interaction in rec.interactions:
+        history.extend(new_messages(interaction.body, history))
+        streamed: list[str] = []
+        pieces.append(streamed)
+        model = model_for(interaction.request, server, on_text=streamed.append)
+        try:
+            reply = complete(model, history, tools_of(interaction.body))
+        except ProviderError as exc:
+            outcomes.append(exc)
+            break
+        outcomes.append(reply)
+        history.append(reply)
+    return outcomes, pieces
+
+
+# -- the oracle -----------------------------------------------------------------------------
+
+
+def expected_reply(response: Mapping[str, Any]) -> tuple[list[Any], str, Mapping[str, Any]]:
+    """Content (calls as ``(id, name, args)``), finish reason and usage."""
+    if "json" in response:
+        body = response["json"]
+        message = body["choices"][0]["message"]
+        content: list[Any] = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if reasoning:
+            content.append(("thinking", reasoning))
+        if message.get("content"):
+            content.append(("text", message["content"]))
+        for call in message.get("tool_calls") or ():
+            arguments = json.loads(call["function"]["arguments"] or "{}")
+            content.append(("call", call["id"], call["function"]["name"], arguments))
+        return content, body["choices"][0]["finish_reason"], body["usage"]
+    text, finish = "", ""
+    usage: Mapping[str, Any] = {}
+    calls: dict[int, list[Any]] = {}
+    for chunk in sse_events(response["text"]):
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or ():
+                entry = calls.setdefault(call["index"], ["call", "", "", ""])
+                entry[1] += call.get("id") or ""
+                entry[2] += call.get("function", {}).get("name") or ""
+                entry[3] += call.get("function", {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    content = [("text", text)] if text else []
+    for index in sorted(calls):
+        kind, call_id, name, arguments = calls[index]
+        content.append((kind, call_id, name, json.loads(arguments or "{}")))
+    return content, finish, usage
+
+
+def ours(message: sm.AssistantMessage, generated: set[str]) -> list[Any]:
+    out: list[Any] = []
+    for block in message.content:
+        if isinstance(block, sm.messages.ThinkingContent):
+            out.append(("thinking", block.thinking))
+        elif isinstance(block, sm.TextContent):
+            out.append(("text", block.text))
+        elif isinstance(block, sm.ToolCall):
+            given = "" if block.id in generated else block.id
+            out.append(("call", given, block.name, dict(block.arguments)))
+    return out
+
+
+def usage_of(raw: Mapping[str, Any]) -> sm.messages.Usage:
+    details = raw.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") or 0
+    return sm.messages.Usage(
+        input=raw["prompt_tokens"] - cached,
+        output=raw["completion_tokens"],
+        cache_read=cached,
+        total_tokens=raw["total_tokens"],
+    )
+
+
+STOPS = {
+    "stop": sm.messages.StopReason.STOP,
+    "tool_calls": sm.messages.StopReason.TOOL_USE,
+    "length": sm.messages.StopReason.LENGTH,
+}
+
+
+# -- the request ----------------------------------------------------------------------------
+
+
+def canonical(messages: Sequence[Mapping[str, Any]], ids: dict[str, str]) -> list[Any]:
+    """Messages in one comparable shape; call ids renamed to their position, so that
+    ids made by us and by the recording client for id-less calls compare equal."""
+    out: list[Any] = []
+
+    def position(call_id: str) -> str:
+        return ids.setdefault(call_id, f"call#{len(ids)}")
+
+    for message in messages:
+        role = message["role"]
+        if role == "assistant":
+            calls = [
+                (position(c["id"]), c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in message.get("tool_calls") or ()
+            ]
+            out.append((role, message.get("content") or None, calls))
+        elif role == "tool":
+            out.append((role, position(message["tool_call_id"]), message["content"]))
+        else:
+            out.append((role, message["content"]))
+    return out
+
+
+def assert_same_request(body: Mapping[str, Any], sent: Mapping[str, Any]) -> None:
+    assert sent["model"] == body["model"]
+    assert sent["stream"] is bool(body.get("stream", False))
+    assert sent.get("stream_options") == body.get("stream_options")
+    assert sent.get("temperature") == body.get("temperature")
+    for key in PASSED_THROUGH:
+        assert sent.get(key) == body.get(key)
+    assert tools_of(sent) == tools_of(body)
+    assert canonical(sent["messages"], {}) == canonical(body["messages"], {})
+
+
+# -- every recording ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("provider", "name"), CASES)
+def test_recorded_conversation_replays_with_the_same_messages_usage_and_requests(
+    provider: str, name: str, server: LoopbackServer
+) -> None:
+    rec = recording(provider, name)
+    outcomes, pieces = replay(rec, server)
+    assert len(outcomes) == len(rec.interactions)
+    for index, outcome in enumerate(outcomes):
+        interaction = rec.interactions[index]
+        assert_same_request(interaction.body, server.requests[index].json())
+        if isinstance(outcome, ProviderError):
+            continue  # each error recording has a test of its own below
+        content, finish, usage = expected_reply(interaction.response)
+        recorded_ids = {c[1] for c in content if c[0] == "call"}
+        generated = {c.id for c in outcome.tool_calls if c.id not in recorded_ids}
+        assert all(g.startswith("call_") for g in generated)
+        assert ours(outcome, generated) == content
+        assert outcome.usage == usage_of(usage)
+        assert outcome.stop_reason is STOPS[finish]
+        assert "".join(pieces[index]) == "".join(c[1] for c in content if c[0] == "text")
+
+
+def test_the_corpus_has_ten_recordings_or_more() -> None:
+    assert len([c for c in CASES if c[0] == "openai"]) >= 10
+
+
+# -- what particular recordings show ------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_calls_a_compatible_server_sent_with_empty_ids_get_unique_ids(
+    server: LoopbackServer,
+) -> None:
+    outcomes, _ = replay(recording("openai", "compatible_api_with_tool_calls_without_id"), server)
+    first = outcomes[0]
+    assert isinstance(first, sm.AssistantMessage)
+    [call] = first.tool_calls
+    assert call.id.startswith("call_")
+    assert len(call.id) <= 40
+    second = server.requests[1].json()["messages"]
+    assert second[1]["tool_calls"][0]["id"] == call.id
+    assert second[2]["tool_call_id"] == call.id
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_refusal_of_the_system_role_is_a_request_error(server: LoopbackServer) -> None:
+    [error], _ = replay(recording("openai", "o1_mini_system_role"), server)
+    assert type(error) is ProviderRequestError
+    assert "does not support 'system' with this model" in str(error)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("text_response", "received `text/plain`"),
+        ("invalid_response", "Data returned by API invalid for expected schema"),
+    ],
+)
+def test_a_recorded_response_that_is_not_a_completion_is_a_response_error(
+    name: str, words: str, server: LoopbackServer
+) -> None:
+    [error], _ = replay(recording("openai", name), server)
+    assert type(error) is ProviderResponseError
+    assert words in str(error)
+
+
+@pytest.mark.timeout(60)
+def test_ollama_reasoning_is_kept_as_thinking(server: LoopbackServer) -> None:
+    outcomes, _ = replay(recording("ollama", "ollama_cloud_tool_output"), server)
+    first = outcomes[0]
+    assert isinstance(first, sm.AssistantMessage)
+    thinking = first.content[0]
+    assert isinstance(thinking, sm.messages.ThinkingContent)
+    assert thinking.thinking.startswith("We need to answer question")
