@@ -14,7 +14,7 @@ Every attempt (one HTTP request and its response) is bounded three ways:
   and decompressed in bounded steps). The HTTP client the adapter builds enforces
   it; a ``client=`` of your own is yours to bound.
 
-Hitting a limit raises ``ProviderLimitError`` (also a ``ModelFailedError``) naming
+Hitting a limit raises ``ProviderLimitError`` naming
 the URL, the model and the limit; it is not retried. Retries of other failures are
 bounded by the ``RetryPolicy``, so one ``complete`` takes at most about
 ``max_attempts * timeout + max_total_delay`` seconds (2,520 s with the defaults).
