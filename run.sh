@@ -24,7 +24,8 @@ if [ "$job" = demo ]; then
   extra=core
   spec="$ROOT"
 fi
-hash="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+STRANDS="$ROOT/examples/conformance/strands-requirements.txt"
+hash="$(cat "$ROOT/pyproject.toml" "$STRANDS" | sha256sum | cut -c1-16)"
 if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$hash" ]; then
   # pip names each package as it fetches and installs it, so a first run is never silent.
   if [ "$extra" = dev ]; then
@@ -34,6 +35,14 @@ if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$has
     say "installing agent-statemachine (the core) into .venv (first run; about a minute)"
   fi
   "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check -e "$spec"
+  if [ "$extra" = dev ]; then
+    # The conformance kit's tests run strands-agents, a peer whose own pins conflict with
+    # this package's mcp; its loop does not import mcp, so it is installed without its
+    # resolution, at the versions that file pins (see the file).
+    say "installing strands-agents for the conformance kit's tests ($STRANDS)"
+    "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
+      --no-deps -r "$STRANDS"
+  fi
   say "installed"
   rm -f "$VENV"/.installed-*
   touch "$VENV/.installed-$extra-$hash"
