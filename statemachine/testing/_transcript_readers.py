@@ -343,16 +343,7 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
             problems.append(Violation("format", i, f"unknown role {role!r}"))
             turns.append(Turn("unknown", i, damaged=True))
             continue
-        previous = next((t for t in reversed(turns) if t.role != "unknown"), None)
-        if previous is not None and previous.role == role:
-            problems.append(
-                Violation(
-                    "order",
-                    i,
-                    f"two {role} messages in a row (messages {previous.index} and {i}): "
-                    "Converse requires the roles to alternate",
-                )
-            )
+        _converse_alternation(i, role, turns, problems)
         turn = Turn(role, i)
         turns.append(turn)
         content = item.get("content")
@@ -361,41 +352,58 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
             turn.damaged = True
             continue
         for j, block in enumerate(content):
-            use = block.get("toolUse") if isinstance(block, Mapping) else None
-            result = block.get("toolResult") if isinstance(block, Mapping) else None
-            if use is not None:
-                call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
-                name = use.get("name") if isinstance(use, Mapping) else None
-                if not isinstance(call_id, str):
-                    problems.append(
-                        Violation("format", i, f"content[{j}].toolUse has no toolUseId")
-                    )
-                    turn.damaged = True
-                    continue
-                if role != "assistant":
-                    problems.append(
-                        Violation("format", i, f"content[{j}]: a toolUse block in a user message")
-                    )
-                    turn.damaged = True
-                    continue
-                call = Call(call_id, name if isinstance(name, str) else "", i)
-                # A server tool (Nova's code interpreter): its toolResult follows it
-                # inside the assistant message.
-                call.server = use.get("type") == "server_tool_use"
-                (turn.server_blocks if call.server else turn.calls).append(call)
-            elif result is not None:
-                call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
-                if not isinstance(call_id, str):
-                    problems.append(
-                        Violation("format", i, f"content[{j}].toolResult has no toolUseId")
-                    )
-                    turn.damaged = True
-                    continue
-                if role == "assistant":  # a server tool's result
-                    turn.server_blocks.append(Result(call_id, None, i, server=True))
-                    continue
-                turn.results.append(Result(call_id, None, i))
+            _converse_block(i, j, block, turn, problems)
     return turns, problems
+
+
+def _converse_alternation(i: int, role: str, turns: list[Turn], problems: list[Violation]) -> None:
+    """An ``order`` finding when message ``i`` has the role of the last readable message
+    before it: Converse refuses two messages of one role in a row."""
+    previous = next((t for t in reversed(turns) if t.role != "unknown"), None)
+    if previous is not None and previous.role == role:
+        problems.append(
+            Violation(
+                "order",
+                i,
+                f"two {role} messages in a row (messages {previous.index} and {i}): "
+                "Converse requires the roles to alternate",
+            )
+        )
+
+
+def _converse_block(i: int, j: int, block: Any, turn: Turn, problems: list[Violation]) -> None:
+    """Content block ``j`` of message ``i``: a ``toolUse`` is a call, a ``toolResult`` a
+    result (a server tool's when in an assistant message); other blocks say nothing."""
+    use = block.get("toolUse") if isinstance(block, Mapping) else None
+    result = block.get("toolResult") if isinstance(block, Mapping) else None
+    if use is not None:
+        call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
+        name = use.get("name") if isinstance(use, Mapping) else None
+        if not isinstance(call_id, str):
+            problems.append(Violation("format", i, f"content[{j}].toolUse has no toolUseId"))
+            turn.damaged = True
+            return
+        if turn.role != "assistant":
+            problems.append(
+                Violation("format", i, f"content[{j}]: a toolUse block in a user message")
+            )
+            turn.damaged = True
+            return
+        call = Call(call_id, name if isinstance(name, str) else "", i)
+        # A server tool (Nova's code interpreter): its toolResult follows it
+        # inside the assistant message.
+        call.server = use.get("type") == "server_tool_use"
+        (turn.server_blocks if call.server else turn.calls).append(call)
+    elif result is not None:
+        call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
+        if not isinstance(call_id, str):
+            problems.append(Violation("format", i, f"content[{j}].toolResult has no toolUseId"))
+            turn.damaged = True
+            return
+        if turn.role == "assistant":  # a server tool's result
+            turn.server_blocks.append(Result(call_id, None, i, server=True))
+            return
+        turn.results.append(Result(call_id, None, i))
 
 
 # -- Google Gemini ------------------------------------------------------------------------

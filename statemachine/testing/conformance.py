@@ -14,6 +14,7 @@ tools.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import random
 import re
@@ -351,33 +352,50 @@ def run_conformance(
     ``NotExpressibleError`` is set aside the same way, counted with its reason.
     """
     declared = dict(not_expressible or {})
-    unknown = sorted(set(declared) - set(PROPERTY_TITLES))
-    if unknown:
-        raise ValueError(f"not_expressible names unknown property name(s) {', '.join(unknown)}")
-    props = tuple(
-        p for p in _checked_arguments(loop, properties, max_examples) if p not in declared
-    )
+    props = _checked_arguments(loop, properties, max_examples, declared)
     strategy = scenarios if scenarios is not None else default_scenarios()
     seed = random.randrange(2**32) if seed is None else seed
     if max_failures_per_property < 1:
         raise ValueError("max_failures_per_property must be at least 1")
+    budgets = _Budgets(max_examples, max_shrink_runs, timeout, hang_limit)
+    groups = [(p,) for p in props] if per_property else [props]
+    rounds = max_failures_per_property if per_property else 1
     with runner_for(loop, virtual_time) as runner:
-
-        def search_for(names: tuple[str, ...]) -> _Search:
-            search = _Search(
-                lambda scenario: runner.run(search.runs(scenario)),
-                loop,
-                names,
-                max_examples=max_examples,
-                max_shrink_runs=max_shrink_runs,
-                timeout=timeout,
-                hang_limit=hang_limit,
-            )
-            return search
-
-        searches = [search_for((p,)) for p in props] if per_property else [search_for(props)]
-        rounds = max_failures_per_property if per_property else 1
+        searches = [_Search(runner, loop, names, budgets) for names in groups]
         failures = [f for search in searches for f in search.failures(strategy, seed, rounds)]
+    return _report(failures, searches, seed, props, declared)
+
+
+def _checked_arguments(
+    loop: AgentLoop, properties: Sequence[str], max_examples: int, declared: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The property names to search (sorted, without those ``declared`` not
+    expressible); ``ValueError``/``TypeError`` for a bad argument."""
+    unknown = sorted(set(declared) - set(PROPERTY_TITLES))
+    if unknown:
+        raise ValueError(f"not_expressible names unknown property name(s) {', '.join(unknown)}")
+    props = tuple(sorted(properties))
+    unknown = sorted(set(props) - set(PROPERTY_TITLES))
+    if unknown:
+        raise ValueError(
+            f"unknown property name(s) {', '.join(unknown)}; known: {', '.join(PROPERTY_TITLES)}"
+        )
+    if not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
+    if not callable(loop):
+        raise TypeError(f"loop must be an async callable, got {type(loop).__name__}")
+    return tuple(p for p in props if p not in declared)
+
+
+def _report(
+    failures: list[Failure],
+    searches: list[_Search],
+    seed: int,
+    props: tuple[str, ...],
+    declared: Mapping[str, str],
+) -> ConformanceReport:
+    """The report of the searches: their failures and runs, and as notes each property
+    declared not expressible and each reason runs were set aside."""
     set_aside: Counter[str] = Counter()
     for search in searches:
         set_aside.update(search.set_aside)
@@ -394,24 +412,18 @@ def run_conformance(
     )
 
 
-def _checked_arguments(
-    loop: AgentLoop, properties: Sequence[str], max_examples: int
-) -> tuple[str, ...]:
-    """The property names, sorted; ``ValueError``/``TypeError`` for a bad argument."""
-    props = tuple(sorted(properties))
-    unknown = sorted(set(props) - set(PROPERTY_TITLES))
-    if unknown:
-        raise ValueError(
-            f"unknown property name(s) {', '.join(unknown)}; known: {', '.join(PROPERTY_TITLES)}"
-        )
-    if not isinstance(max_examples, int) or max_examples < 1:
-        raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
-    if not callable(loop):
-        raise TypeError(f"loop must be an async callable, got {type(loop).__name__}")
-    return props
-
-
 Verdict: TypeAlias = tuple[RunRecord, dict[str, list[str]]]
+
+
+@attrs.frozen
+class _Budgets:
+    """What one search may spend: scenarios generated, runs while shrinking, the time
+    one run may take and how long a hanging call waits to be cancelled."""
+
+    max_examples: int
+    max_shrink_runs: int
+    timeout: float
+    hang_limit: float
 
 
 class _Search:
@@ -424,19 +436,9 @@ class _Search:
     """
 
     def __init__(
-        self,
-        run: Callable[[Scenario], tuple[RunRecord, RunRecord | None]],
-        loop: AgentLoop,
-        props: tuple[str, ...],
-        *,
-        max_examples: int,
-        max_shrink_runs: int,
-        timeout: float,
-        hang_limit: float,
+        self, runner: asyncio.Runner, loop: AgentLoop, props: tuple[str, ...], budgets: _Budgets
     ) -> None:
-        self._run, self._loop, self.props = run, loop, props
-        self.max_examples, self.max_shrink_runs = max_examples, max_shrink_runs
-        self.timeout, self.hang_limit = timeout, hang_limit
+        self._runner, self._loop, self.props, self.budgets = runner, loop, props, budgets
         self.generated = 0
         self.shrink = 0
         self.found = False
@@ -504,7 +506,7 @@ class _Search:
     def evaluate(self, scenario: Scenario) -> Verdict:
         k = self.key(scenario)
         if k not in self.cache:
-            first, second = self._run(scenario)
+            first, second = self._runner.run(self.runs(scenario))
             if first.error is not None and first.error.startswith(_NOT_EXPRESSIBLE):
                 self.set_aside[first.error.removeprefix(_NOT_EXPRESSIBLE)] += 1
                 self.cache[k] = (first, {})
@@ -516,7 +518,7 @@ class _Search:
         # Both runs in one Runner.run: entering and leaving the event loop costs
         # about as much as a scripted run (more on the main thread, where it also
         # installs and restores a SIGINT handler).
-        options = {"timeout": self.timeout, "hang_limit": self.hang_limit}
+        options = {"timeout": self.budgets.timeout, "hang_limit": self.budgets.hang_limit}
         first = await run_scenario_async(self._loop, scenario, **options)
         if "I5" not in self.props:
             return first, None
@@ -527,7 +529,7 @@ class _Search:
             k = self.key(scenario)
             if k in self.cache:
                 return self.fails(self.cache[k])
-            if self.shrink >= self.max_shrink_runs:
+            if self.shrink >= self.budgets.max_shrink_runs:
                 return False  # budget spent: keep the smallest failure so far
             self.shrink += 1
         else:
@@ -552,7 +554,7 @@ class _Search:
             # the last scenario allowed) nor from a new run.
             return [self.key(s) for s in batch] == self.failing_batch
         for scenario in batch:
-            if self.generated >= self.max_examples:
+            if self.generated >= self.budgets.max_examples:
                 return False
             if self.violates(scenario):
                 self.first_failure.append(scenario)
@@ -565,7 +567,7 @@ class _Search:
             st.lists(strategy, min_size=size, max_size=size, unique_by=self.key),
             self.batch_violates,
             settings=settings(
-                max_examples=-(-self.max_examples // size),
+                max_examples=-(-self.budgets.max_examples // size),
                 database=None,
                 deadline=None,
                 phases=[Phase.generate],  # _simplify shrinks (see _candidates)
@@ -579,7 +581,7 @@ class _Search:
         """The first scenario that breaks a property, or None."""
         try:
             try:
-                self._search(strategy, seed, min(_BATCH, self.max_examples))
+                self._search(strategy, seed, min(_BATCH, self.budgets.max_examples))
             except (InvalidArgument, Unsatisfiable):
                 # A strategy with fewer distinct scenarios than a batch holds (such
                 # as st.just(scenario)): one scenario per test case, as it comes.
