@@ -49,6 +49,7 @@ from statemachine.core.table import TRANSITIONS
 
 __all__ = [
     "NotPendingError",
+    "RunEndedError",
     "RunHandle",
     "RunStatus",
     "StoreUnavailableError",
@@ -65,6 +66,11 @@ class UnknownRunError(UsageError):
 
 class NotPendingError(UsageError):
     """A decision for a call that is not waiting for one (unknown or already decided)."""
+
+
+class RunEndedError(UsageError):
+    """A message to a run that has ended, or that ended before it took the message:
+    it reaches no model (start a new run with it)."""
 
 
 class StoreUnavailableError(StateMachineError):

@@ -23,6 +23,18 @@ notices it, in the middle of a tool call too. Where it took effect is recorded:
   would be started after it).
 - After an abort the run stops listening: what follows an abort (cancellations,
   the grace period) depends on timing, so no later message could be placed again.
+- No message that was sent is left unread: before the engine is handed a final
+  answer, and once more when the run has ended, the run sends itself a marker
+  (``sync``) and takes every message until the marker (the messages of a topic come
+  in the order they were stored, so every message stored before the marker is taken
+  before it). The messages taken before a final answer reach the model (the engine
+  goes on to a turn boundary); those taken after the run ended are its
+  ``queued_input``, as with ``AgentRun``.
+- Before each such marker the run publishes the event ``OPEN`` as ``False`` (it is
+  ending), and ``True`` again if input came and it goes on. A sender reads it after
+  its message is stored: while it is not ``False``, a marker will follow the message,
+  so the run takes it; otherwise the sender waits for the run to go on or to end, and
+  then learns whether its message was taken (``DBOSRunHandle.steer``).
 
 DBOS draws an operation id when an operation is called, in call order; so every
 operation of a run is started eagerly (up to its first wait) at the point the engine
@@ -45,6 +57,8 @@ __all__ = ["NOTHING", "Control", "start_now"]
 
 TOPIC = "statemachine.control"  # the topic of every message to a run
 STEP = "statemachine.control"  # the step recording where a message took effect
+SYNC = "sync"  # the kind of the marker a run sends itself (module docstring)
+OPEN = "statemachine.open"  # the event saying whether the run is ending (module docstring)
 WAIT_SECONDS = 7 * 24 * 3600.0  # one recv's wait; then the run listens again
 NOTHING: Any = object()  # no message takes effect now
 
@@ -94,6 +108,11 @@ class Control:
         self._recv: asyncio.Future[Any] | None = None
         self._place: StepReservation | None = None
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
+        self._syncs_sent = 0  # markers sent to the run by this execution
+        self._syncs_taken = 0  # markers taken back
+        self._draining = False  # the run has ended: take every message, aborts too
+        self.synced_at: int | None = None  # ``handled`` when the last marker was taken
+        self.closed = False  # ``OPEN`` is False: the run is ending (module docstring)
 
     def start(self) -> None:
         """Listen for the next message (at a point fixed by the run's course): the
@@ -131,10 +150,60 @@ class Control:
             await place.run_async(StepOptions(name=STEP), _record, self.handled, message)
         else:
             return NOTHING
-        if isinstance(message, Mapping) and message.get("kind") == "abort":
+        kind = message.get("kind") if isinstance(message, Mapping) else None
+        if kind == "abort" and not self._draining:
             self.stopped = True
+        elif kind == SYNC:
+            self._syncs_taken += 1
+            self.synced_at = self.handled
+        elif kind in ("steer", "follow_up") and self.closed and not self._draining:
+            # Input before a final answer: the run goes on, and will take what is sent
+            # from now on at its next end.
+            await self._set_open(True)
         self.start()
         return message
+
+    async def sync(self) -> None:
+        """Close the run to messages (``OPEN``), then send it a marker: ``synced()``
+        once the marker has been taken, and with it every message stored before it."""
+        if not self.closed:
+            await self._set_open(False)
+        self._syncs_sent += 1
+        await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+
+    async def _set_open(self, is_open: bool) -> None:
+        self.closed = not is_open
+        await start_now(self._publish(OPEN, is_open))
+
+    async def _publish(self, key: str, value: Any) -> None:
+        await DBOS.set_event_async(key, value)
+
+    async def _send(self, marker: Mapping[str, Any]) -> None:
+        workflow_id = DBOS.workflow_id
+        assert workflow_id is not None
+        await DBOS.send_async(workflow_id, marker, TOPIC)
+
+    def synced(self) -> bool:
+        """Every marker sent has been taken."""
+        return self._syncs_taken >= self._syncs_sent
+
+    async def drain(self) -> list[Any]:
+        """At the run's end: close it to messages and take every message stored so far
+        (places recorded); returns them. Nothing to do right after a final answer
+        taken once the run was closed and synced."""
+        if self.closed and self.synced() and self.handled - (self.synced_at or 0) <= 1:
+            return []
+        self._draining = True
+        if self.stopped:  # after an abort: listen again, now that nothing follows
+            self.stopped = False
+            self.start()
+        await self.sync()
+        taken: list[Any] = []
+        while not self.synced():
+            message = await self.next_message()
+            if not (isinstance(message, Mapping) and message.get("kind") == SYNC):
+                taken.append(message)
+        return taken
 
     def _caught_up(self) -> bool:
         """Every operation recorded before a crash has been started again."""
@@ -162,6 +231,11 @@ class Control:
     async def close(self) -> None:
         """Stop listening (the run is over): a message not taken stays unread."""
         self.stopped = True
+        # A task cancelled before its first step never passes the cancellation on to
+        # the coroutine it carries (``start_now``): that ``recv`` would be closed by
+        # the garbage collector, outside its context, while its setup, in a thread,
+        # went on to write to a finished run. Each listener first takes its step.
+        await asyncio.sleep(0)
         for recv in self._listeners:
             recv.cancel()
         for recv in self._listeners:

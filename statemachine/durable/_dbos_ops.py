@@ -129,6 +129,12 @@ class _ReplayControl(Control):
     def start(self) -> None:
         """Nothing to listen to: the messages are the recorded ones."""
 
+    async def _send(self, marker: Mapping[str, Any]) -> None:
+        """The run's markers are recorded with its messages: nothing to send."""
+
+    async def _publish(self, key: str, value: Any) -> None:
+        """An export publishes nothing."""
+
     async def next_message(self) -> Any:
         if not self._schedule:
             raise _RecordEndedError  # waiting for a person when the record ends
@@ -277,7 +283,10 @@ def _options(
 def _check_against(result: RunResult | None, recorded: Mapping[str, Any], run_id: str) -> None:
     expected = result_from_dict(run_id, recorded)
     if result is None:
-        raise ExportError(f"run {run_id!r} finished, but its recorded steps end early")
+        raise ExportError(
+            f"run {run_id!r} finished, but its recorded steps rebuild a different, unfinished "
+            "course (the run's tools or hooks differ from the exporter's?)"
+        )
     for what in ("state", "messages", "trace"):
         if getattr(result, what) != getattr(expected, what):
             raise ExportError(

@@ -19,13 +19,21 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import attrs
 from dbos import DBOS, StepOptions
 
 from statemachine.agent.events import RunResult, RunStats
 from statemachine.agent.loop import Inbox
 from statemachine.agent.run import AgentRun
 from statemachine.core.errors import InvalidInputError
-from statemachine.core.events import ApprovalDecided, CallModel, Event, InputKind, InputQueued
+from statemachine.core.events import (
+    ApprovalDecided,
+    CallModel,
+    Event,
+    InputKind,
+    InputQueued,
+    ModelResponded,
+)
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.wire import message_from_dict
@@ -59,12 +67,13 @@ class ControlInbox(Inbox):
     which stays empty, so that the loop always asks ``get`` (which places the
     messages) and never takes a queued event past a message's place."""
 
-    __slots__ = ("_queue", "_run")
+    __slots__ = ("_queue", "_run", "_synced_for")
 
     def __init__(self, run: DurableRun) -> None:
         super().__init__()
         self._queue: deque[Event] = deque()
         self._run = run
+        self._synced_for: Event | None = None  # the final answer a marker was sent for
 
     def put_nowait(self, event: Event) -> None:
         self._queue.append(event)
@@ -90,7 +99,18 @@ class ControlInbox(Inbox):
                     return event
                 continue
             if self._queue:
-                return self._queue.popleft()
+                head = self._queue[0]
+                if not self._run.ends_unless_told(head):
+                    return self._queue.popleft()
+                # A final answer: every message sent so far is taken first, so that
+                # none is left unread when the run ends (``_dbos_control``).
+                control = self._run.control
+                if self._synced_for is not head:
+                    self._synced_for = head
+                    await control.sync()
+                    continue
+                if control.synced():
+                    return self._queue.popleft()
             await self._wait()
 
     async def _wait(self) -> None:
@@ -149,6 +169,16 @@ class DurableRun(AgentRun):
             return
         super()._post(key, event)
         self._flush()
+
+    def ends_unless_told(self, event: Event) -> bool:
+        """Whether ``event`` is a final answer the run would end on, unless a message
+        queued input first (and the run still listens for one)."""
+        return (
+            isinstance(event, ModelResponded)
+            and not event.message.tool_calls
+            and not self._aborting
+            and not self.control.stopped
+        )
 
     def take(self, message: Any) -> Event | None:
         """A message to the run, taking effect now: the event to hand the engine
@@ -282,7 +312,19 @@ async def drive(
             _take_early(run, message)
         result = await run.run()
         stats = merge_stats(stats, result.stats) if result.stats else stats
+    # Messages sent before the end and not yet taken: the result's queued input.
+    late = [(user_message(m), m["kind"]) for m in await run.control.drain() if _is_input(m)]
+    if late:
+        queued = tuple(
+            InputQueued(m, InputKind.STEER if k == "steer" else InputKind.FOLLOW_UP)
+            for m, k in late
+        )
+        result = attrs.evolve(result, queued_input=result.queued_input + queued)
     return result, stats
+
+
+def _is_input(message: Any) -> bool:
+    return isinstance(message, Mapping) and message.get("kind") in ("steer", "follow_up")
 
 
 async def _wait_for_decisions(

@@ -33,11 +33,17 @@ after a crash each message takes effect again after the same ``n`` events, so th
 engine receives the same events in the same order as an uninterrupted run that got the
 message at that moment. After an abort the run listens no more.
 
+No message sent to a run is left unread: before the engine is handed a final
+answer the run takes every message stored so far (it sends itself a marker and takes
+messages until the marker), so a steer or follow-up sent while a tool ran reaches
+the model; what comes after the run's last answer is its ``queued_input``.
+
 What it costs: one saved operation per model call and per tool call (one more per
 ``before_tool_call`` batch and per ``should_continue`` check when those hooks are
 set); listening costs one saved operation per run (the wait's deadline) and three per
-message taken; a wait for approvals costs one per published change of the pending
-calls.
+message taken; taking every message before a final answer costs five (and on SQLite
+up to one notification interval); a wait for approvals costs one per published change
+of the pending calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
@@ -62,6 +68,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
@@ -78,11 +86,12 @@ from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.wire import message_to_dict, messages_from_dicts, messages_to_dicts
 from statemachine.durable import (
     NotPendingError,
+    RunEndedError,
     RunStatus,
     UnknownRunError,
     application_version,
 )
-from statemachine.durable._dbos_control import TOPIC, Control
+from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
 from statemachine.durable._dbos_errors import reachable, store_errors
 from statemachine.durable._dbos_run import DurableRun, drive
 from statemachine.durable._dbos_wire import (
@@ -103,6 +112,7 @@ _POLL = 0.05  # how often a handle's result() looks (DBOS's default is a second)
 MAX_MESSAGE_CHARS = 100_000  # a steer or follow-up message, a reason
 MAX_QUEUE_CONCURRENCY = 1000
 MAX_URL_CHARS = 2000
+ENDING_WAIT = 30.0  # seconds a steer waits for an ending run to end or go on
 
 # -- the workflow ---------------------------------------------------------------------------
 
@@ -442,6 +452,7 @@ async def _find(client: DBOSClient, run_id: str) -> Any:
     return found[0]
 
 
+_ENDED = ("finished", "failed", "cancelled")
 _STATES = {
     "PENDING": "running",
     "ENQUEUED": "queued",
@@ -491,10 +502,56 @@ class DBOSRunHandle:
         await self._send(message, f"{self.run_id}:{call_id}")
 
     async def steer(self, message: str | UserMessage) -> None:
-        await self._send({"kind": "steer", "message": _user_dict(message)})
+        """Queue a message for the model. Once this returns, the message reaches the
+        model or, if the run ended first, its result's ``queued_input``;
+        ``RunEndedError`` if the run had ended (module docstring)."""
+        await self._queue_input("steer", message)
 
     async def follow_up(self, message: str | UserMessage) -> None:
-        await self._send({"kind": "follow_up", "message": _user_dict(message)})
+        """Queue a message used when the model would otherwise finish (as ``steer``)."""
+        await self._queue_input("follow_up", message)
+
+    async def _queue_input(self, kind: str, message: str | UserMessage) -> None:
+        text = _user_dict(message)
+        found = await _find(self._client, self.run_id)
+        if _STATES.get(found.status) in _ENDED:
+            raise RunEndedError(f"run {self.run_id!r} has ended; start a new run with this message")
+        message_id = uuid.uuid4().hex
+        await self._send({"kind": kind, "message": text, "id": message_id})
+        await self._confirm(message_id)
+
+    async def _confirm(self, message_id: str) -> None:
+        """Return once the message stored as ``message_id`` is sure to be taken by the
+        run; ``RunEndedError`` if the run ended without it (``_dbos_control``)."""
+        deadline = time.monotonic() + ENDING_WAIT
+        while True:
+            is_open = await self._client.get_event_async(self.run_id, OPEN, timeout_seconds=0)
+            if is_open is not False:
+                return  # a marker follows the message: the run takes it
+            found = await _find(self._client, self.run_id)
+            if _STATES.get(found.status) in _ENDED:
+                if await self._taken(message_id):
+                    return
+                raise RunEndedError(
+                    f"run {self.run_id!r} ended before it took this message; "
+                    "start a new run with it"
+                )
+            if time.monotonic() > deadline:
+                raise RunEndedError(
+                    f"run {self.run_id!r} is ending, and its worker did not finish it "
+                    f"within {ENDING_WAIT:g} s: this message may not reach it"
+                )
+            await asyncio.sleep(_POLL)
+
+    async def _taken(self, message_id: str) -> bool:
+        steps = await self._client.list_workflow_steps_async(self.run_id)
+        for step in steps:
+            output = step.get("output")
+            if step["function_name"] == STEP and isinstance(output, Mapping):
+                message = output.get("message")
+                if isinstance(message, Mapping) and message.get("id") == message_id:
+                    return True
+        return False
 
     async def abort(self, reason: str | None = None) -> None:
         await self._send({"kind": "abort", "reason": _text(reason or "", "reason")})
