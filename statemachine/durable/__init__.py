@@ -21,11 +21,15 @@ What is promised
 - **The trace after recovery equals an uninterrupted run's**: the engine is rebuilt by
   handing it the saved events again, in the same order (a batch's tool results in call
   order), so history and transition log are those of a run that never stopped.
-- **The application version** is the package version plus a digest of the transition
-  table (``application_version()``). A worker recovers and dequeues only runs of its
-  own version, so a deploy with a changed table never replays an old run on the new
-  table: runs in flight at an upgrade stay pending until a worker of their version
-  finishes them (keep one running until they drain), or are cancelled.
+- **The application version** is the one the user sets, or by default the package
+  version plus a digest of the transition table and of the worker's registry (its
+  models, tools and hooks, with a digest of each one's code: ``_registry``). A worker
+  recovers and dequeues only runs of its own version, so a deploy that changes the
+  table or the registry never replays an old run on new code: the old runs wait for a
+  worker of their version (keep one running until they drain) and are listed as
+  ``held`` meanwhile. A worker of the same version whose code does not fit a run (a
+  tool or hook the run used is gone) holds the run instead of running it, naming
+  the mismatch; an operator resumes it on a compatible worker or ends it as failed.
 - **Waiting for a person is durable**: a run that needs approvals publishes them
   (``pending_approvals()``) and waits in the database; ``decide`` may come from any
   process, before or after restarts. A call that is not pending (unknown, or already
@@ -35,22 +39,22 @@ What is promised
 from __future__ import annotations
 
 import contextvars
-import hashlib
 from typing import Protocol, runtime_checkable
 
 import attrs
 
-from statemachine._version import __version__
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
 from statemachine.core.errors import StateMachineError, UsageError
 from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TRANSITIONS
+from statemachine.durable._registry import application_version, table_digest
 
 __all__ = [
     "NotPendingError",
     "RunEndedError",
+    "RunFailedError",
     "RunHandle",
+    "RunHeldError",
     "RunStatus",
     "StoreUnavailableError",
     "UnknownRunError",
@@ -73,6 +77,18 @@ class RunEndedError(UsageError):
     it reaches no model (start a new run with it)."""
 
 
+class RunHeldError(StateMachineError):
+    """The run is held: the code of the worker that took it does not fit what the run
+    recorded (the message names the model, tool or hook), or it waits for a worker of
+    its application version. An operator resumes it on a compatible worker or ends it
+    (``DBOSRunner.resume_held``, ``DBOSRunner.end_held``)."""
+
+
+class RunFailedError(StateMachineError):
+    """The run did not end with a result: the backend gave up on it (the message says
+    why) or an operator ended it (with the explanation given)."""
+
+
 class StoreUnavailableError(StateMachineError):
     """The runs' database cannot be reached or opened (the message names it, with
     any password hidden); nothing was changed in it."""
@@ -81,13 +97,19 @@ class StoreUnavailableError(StateMachineError):
 @attrs.frozen
 class RunStatus:
     """Where a durable run is: ``state`` is ``"queued"``, ``"running"``, ``"waiting"``
-    (for approvals), ``"finished"`` (see ``result()`` for how), ``"failed"`` (the
-    backend gave up on it) or ``"cancelled"``."""
+    (for approvals), ``"held"`` (``held`` names why: the code that took it does not fit
+    it, or it waits for a worker of its ``app_version``), ``"finished"`` (see
+    ``result()`` for how), ``"failed"`` (the backend gave up on it, or an operator
+    ended it: ``explanation`` says so) or ``"cancelled"``. ``notes`` name the changes
+    of code the run went on through (a tool's code changed since it started)."""
 
     run_id: str
     state: str
     pending_approvals: tuple[ToolCall, ...] = ()
     app_version: str = ""
+    held: str = ""
+    explanation: str = ""
+    notes: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -126,22 +148,6 @@ class RunHandle(Protocol):
     async def status(self) -> RunStatus:
         """Where the run is now."""
         ...
-
-
-def table_digest() -> str:
-    """A digest of the transition table's rows: changes whenever the table does."""
-    # Names, not reprs: a guard's repr carries its memory address.
-    rows = "\n".join(
-        f"{t.source.value}|{t.trigger.value}|{t.dest.value}|"
-        f"{getattr(t.guard, '__name__', t.guard)}|{t.label}"
-        for t in TRANSITIONS
-    )
-    return hashlib.sha256(rows.encode()).hexdigest()[:12]
-
-
-def application_version() -> str:
-    """The version a durable backend runs under: package version + table digest."""
-    return f"{__version__}+table.{table_digest()}"
 
 
 _durable_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(

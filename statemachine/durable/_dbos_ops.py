@@ -56,7 +56,7 @@ from statemachine.durable import RunStatus, UnknownRunError
 from statemachine.durable._dbos_control import Control
 from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun, drive
 from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
-from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
+from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id, _state
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -363,20 +363,24 @@ class ListedRun(RunStatus):
 
 
 async def list_runs(
-    client: DBOSClient, status: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    client: DBOSClient,
+    status: str | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    viewer: str = "",
 ) -> tuple[ListedRun, ...]:
     """The durable runs of ``client``'s database, newest first, at most ``limit``
     (``DEFAULT_LIST_LIMIT``, at most ``MAX_LIST_LIMIT``); ``status`` keeps one state
-    (``RunStatus.state``). The pending approvals are read for running runs only."""
+    (``RunStatus.state``), as a worker of the application version ``viewer`` sees it
+    (``"held"`` too for runs waiting for a worker of another version). The pending
+    approvals are read for running and held runs only."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidInputError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
-    known = (*_DBOS_STATUSES, "waiting")
+    known = (*_DBOS_STATUSES, "waiting", "held")
     if status is not None and status not in known:
         raise InvalidInputError(f"unknown status {status!r}; known: {', '.join(sorted(known))}")
-    wanted = _DBOS_STATUSES["running"] if status == "waiting" else _DBOS_STATUSES.get(status or "")
     found = await client.list_workflows_async(
         name=WORKFLOW,
-        status=list(wanted) if wanted else None,
+        status=None if status in (None, "held", "failed") else list(_wanted(status)),
         limit=limit,
         sort_desc=True,
         load_input=False,
@@ -384,21 +388,23 @@ async def list_runs(
     )
     runs = []
     for workflow in found:
-        state = _STATES.get(workflow.status, workflow.status.lower())
-        pending: tuple[ToolCall, ...] = ()
-        if state == "running":
+        listed = _state(workflow, viewer)
+        if listed.state in ("running", "held"):
             pending = await DBOSRunHandle(client, workflow.workflow_id).pending_approvals()
-            state = "waiting" if pending else state
-        if status is not None and state != status:
+            if pending and listed.state == "running":
+                listed = attrs.evolve(listed, state="waiting")
+            listed = attrs.evolve(listed, pending_approvals=pending)
+        if status is not None and listed.state != status:
             continue
         runs.append(
             ListedRun(
-                workflow.workflow_id,
-                state,
-                pending,
-                workflow.app_version or "",
+                **attrs.asdict(listed, recurse=False),
                 created=(workflow.created_at or 0) / 1000,
                 updated=(workflow.updated_at or 0) / 1000,
             )
         )
     return tuple(runs)
+
+
+def _wanted(status: str | None) -> tuple[str, ...]:
+    return _DBOS_STATUSES["running"] if status == "waiting" else _DBOS_STATUSES[status or ""]

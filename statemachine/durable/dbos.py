@@ -73,7 +73,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+import attrs
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
+from dbos._error import DBOSWorkflowCancelledError  # DBOS exports none of its errors
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
@@ -87,9 +89,10 @@ from statemachine.core.wire import message_to_dict, messages_from_dicts, message
 from statemachine.durable import (
     NotPendingError,
     RunEndedError,
+    RunFailedError,
+    RunHeldError,
     RunStatus,
     UnknownRunError,
-    application_version,
 )
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
 from statemachine.durable._dbos_errors import reachable, store_errors
@@ -100,6 +103,7 @@ from statemachine.durable._dbos_wire import (
     result_from_dict,
     result_to_dict,
 )
+from statemachine.durable._registry import application_version, differences, manifest
 
 if TYPE_CHECKING:
     from statemachine.durable._dbos_ops import ExportedJournal, ListedRun
@@ -151,6 +155,7 @@ class DBOSRunner:
         queues: Mapping[str, int] | None = None,
         name: str = "statemachine",
         notification_interval: float = 0.1,
+        app_version: str | None = None,
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -167,10 +172,14 @@ class DBOSRunner:
             "after_tool_call": after_tool_call,
             "should_continue": should_continue,
         }
+        self.manifest = manifest(list(self.models), tools, self.hooks)
+        if app_version is not None:
+            _check_name(app_version, "app_version")
+        self.app_version = app_version or application_version(self.manifest)
         self.config: DBOSConfig = {
             "name": name,
             "system_database_url": database_url,
-            "application_version": application_version(),
+            "application_version": self.app_version,
             "executor_id": executor_id,
             "log_level": "WARNING",
             "notification_listener_polling_interval_sec": notification_interval,
@@ -224,7 +233,7 @@ class DBOSRunner:
         spec = self._spec(run_id, model, messages, tools, max_turns)
         with store_errors(self.database_url), SetWorkflowID(run_id):
             await DBOS.start_workflow_async(_workflow, run_id, spec)
-        return DBOSRunHandle(self._require_client(), run_id)
+        return DBOSRunHandle(self._require_client(), run_id, self.app_version)
 
     async def enqueue(
         self,
@@ -244,12 +253,12 @@ class DBOSRunner:
             "workflow_name": WORKFLOW,
             "queue_name": queue,
             "workflow_id": run_id,
-            "app_version": application_version(),
+            "app_version": self.app_version,
         }
         client = self._require_client()
         with store_errors(self.database_url):
             await client.enqueue_async(options, run_id, spec)
-        return DBOSRunHandle(client, run_id)
+        return DBOSRunHandle(client, run_id, self.app_version)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
         """Take over the unfinished runs of the workers ``executor_ids``, which must
@@ -267,7 +276,7 @@ class DBOSRunner:
                 status="PENDING",
                 name=WORKFLOW,
                 executor_id=ids,
-                app_version=application_version(),
+                app_version=self.app_version,
                 load_input=False,
                 load_output=False,
             )
@@ -302,11 +311,12 @@ class DBOSRunner:
             "tools": names,
             "messages": messages_to_dicts(messages),
             "max_turns": max_turns,
+            "code": self.manifest,
         }
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
-        return await _handle(self._require_client(), run_id)
+        return await _handle(self._require_client(), run_id, self.app_version)
 
     def _require_client(self) -> DBOSClient:
         if self._client is None:
@@ -326,6 +336,7 @@ class DBOSRunner:
         )
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        await self._check_code(run_id, spec)
         # What an earlier execution recorded (a read, not an operation): where the
         # messages took effect (``_dbos_control``).
         recorded = await self._require_client().list_workflow_steps_async(run_id)
@@ -345,6 +356,66 @@ class DBOSRunner:
             await control.close()
         return result_to_dict(result, stats)
 
+    def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """How this worker's code differs from what the run ``spec`` recorded: the
+        blocking changes and the notes (``_registry.differences``)."""
+        recorded = spec.get("code")
+        if not isinstance(recorded, Mapping):  # a run recorded without its manifest
+            recorded = {"tools": {}, "hooks": {}}
+        return differences(recorded, self.manifest, str(spec["model"]), list(spec["tools"]))
+
+    async def _check_code(self, run_id: str, spec: Mapping[str, Any]) -> None:
+        """Before the run is rebuilt: hold it if this worker's code does not fit it
+        (nothing of it runs: no operation is recorded), note what changed otherwise."""
+        blocking, notes = self._fit(spec)
+        client = self._require_client()
+        if notes:
+            await client.update_workflow_attributes_async(run_id, {_NOTES: notes}, merge=True)
+        if not blocking:
+            return
+        held = f"held by worker {self.config['executor_id']!r}: " + "; ".join(blocking)
+        await client.update_workflow_attributes_async(run_id, {_HELD: held}, merge=True)
+        await client.cancel_workflow_async(run_id)
+        # DBOS's own way for a workflow to stop once it has been cancelled.
+        raise DBOSWorkflowCancelledError(f"run {run_id} is held: {held}")
+
+    # -- the operator's hand on held runs ---------------------------------------------------
+
+    async def resume_held(self, run_id: str) -> None:
+        """Let a held run go on: on this worker's code, which must fit it
+        (``RunHeldError`` naming what does not), taken by a worker of its application
+        version (this one if they are the same). ``UsageError`` if it is not held."""
+        client = self._require_client()
+        found = await _find(client, run_id, load_input=True)
+        if found.status != "CANCELLED" or not _attributes(found).get(_HELD):
+            raise UsageError(f"run {run_id!r} is not held by a worker")
+        blocking, _ = self._fit(found.input["args"][1])
+        if blocking:
+            raise RunHeldError(
+                f"run {run_id!r} does not fit this worker's code either: " + "; ".join(blocking)
+            )
+        await client.update_workflow_attributes_async(run_id, {_HELD: ""}, merge=True)
+        await client.resume_workflow_async(run_id)
+
+    async def end_held(self, run_id: str, explanation: str) -> None:
+        """End a held run (or one waiting for a worker of another version) as failed,
+        with ``explanation``: ``status()`` says ``failed`` with it, ``result()`` raises
+        ``RunFailedError`` with it."""
+        text = _text(explanation, "explanation")
+        client = self._require_client()
+        found = await _find(client, run_id)
+        state = _state(found, self.app_version)
+        if state.state != "held":
+            raise UsageError(f"run {run_id!r} is {state.state}, not held")
+        ended = f"ended by an operator: {text}" + (f" ({state.held})" if state.held else "")
+        await client.update_workflow_attributes_async(run_id, {_ENDED_BY: ended}, merge=True)
+        await client.cancel_workflow_async(run_id)
+
+    async def status(self, run_id: str) -> RunStatus:
+        """The status of the run ``run_id`` as this worker sees it: ``held`` too when
+        it waits for a worker of another application version."""
+        return await DBOSRunHandle(self._require_client(), run_id, self.app_version).status()
+
     # -- looking at runs (statemachine.durable._dbos_ops) --------------------------------
 
     async def export_journal(
@@ -363,7 +434,7 @@ class DBOSRunner:
         """The runs of this database, newest first (``_dbos_ops.list_runs``)."""
         from statemachine.durable._dbos_ops import list_runs
 
-        return await list_runs(self._require_client(), status, limit)
+        return await list_runs(self._require_client(), status, limit, self.app_version)
 
 
 async def _publish(calls: Sequence[ToolCall]) -> None:
@@ -436,20 +507,64 @@ def _check_run_id(run_id: object) -> None:
         raise InvalidInputError(f"a run id is a non-empty str of at most 200 chars, got {run_id!r}")
 
 
-async def _handle(client: DBOSClient, run_id: str) -> DBOSRunHandle:
+async def _handle(client: DBOSClient, run_id: str, viewer: str = "") -> DBOSRunHandle:
     _check_run_id(run_id)
     await _find(client, run_id)
-    return DBOSRunHandle(client, run_id)
+    return DBOSRunHandle(client, run_id, viewer)
 
 
-async def _find(client: DBOSClient, run_id: str) -> Any:
+async def _find(client: DBOSClient, run_id: str, load_input: bool = False) -> Any:
     """The run's DBOS status; ``UnknownRunError`` if there is no such run."""
     found = await client.list_workflows_async(
-        workflow_ids=[run_id], name=WORKFLOW, load_input=False, load_output=False
+        workflow_ids=[run_id], name=WORKFLOW, load_input=load_input, load_output=False
     )
     if not found:
         raise UnknownRunError(f"no durable run has the id {run_id!r}")
     return found[0]
+
+
+# The run's attributes (kept by DBOS with its status, written outside its steps).
+_HELD = "statemachine.held"  # why a worker holds the run
+_ENDED_BY = "statemachine.ended"  # the explanation of an operator who ended it
+_NOTES = "statemachine.notes"  # changes of code the run went on through
+
+
+def _attributes(found: Any) -> Mapping[str, Any]:
+    attributes = getattr(found, "attributes", None)
+    return attributes if isinstance(attributes, Mapping) else {}
+
+
+def _state(found: Any, viewer: str = "") -> RunStatus:
+    """The state of a run from its DBOS status (approvals aside), as a worker of the
+    application version ``viewer`` sees it (``""``: any)."""
+    attributes = _attributes(found)
+    notes = tuple(str(n) for n in attributes.get(_NOTES) or ())
+    version = found.app_version or ""
+    run_id = found.workflow_id
+    if found.status == "CANCELLED" and attributes.get(_ENDED_BY):
+        return RunStatus(
+            run_id, "failed", (), version, explanation=attributes[_ENDED_BY], notes=notes
+        )
+    if found.status == "CANCELLED" and attributes.get(_HELD):
+        return RunStatus(run_id, "held", (), version, held=attributes[_HELD], notes=notes)
+    state = _STATES.get(found.status, found.status.lower())
+    if state in ("running", "queued") and viewer and version and version != viewer:
+        held = (
+            f"waits for a worker of application version {version!r} (this worker runs {viewer!r})"
+        )
+        return RunStatus(run_id, "held", (), version, held=held, notes=notes)
+    explanation = ""
+    if state == "failed":
+        explanation = f"the backend gave up on the run: {_described(found.error)}"
+    return RunStatus(run_id, state, (), version, explanation=explanation, notes=notes)
+
+
+def _described(error: object) -> str:
+    if isinstance(error, BaseException):
+        text = f"{type(error).__name__}: {error}"
+    else:
+        text = str(error or "no error recorded")
+    return text[:MAX_MESSAGE_CHARS]
 
 
 _ENDED = ("finished", "failed", "cancelled")
@@ -467,9 +582,10 @@ _STATES = {
 class DBOSRunHandle:
     """A durable run seen from any process (``statemachine.durable.RunHandle``)."""
 
-    def __init__(self, client: DBOSClient, run_id: str) -> None:
+    def __init__(self, client: DBOSClient, run_id: str, viewer: str = "") -> None:
         self._client = client
         self.run_id = run_id
+        self._viewer = viewer  # the application version of the worker that looks
 
     @classmethod
     async def open(cls, client: DBOSClient, run_id: str) -> DBOSRunHandle:
@@ -477,11 +593,32 @@ class DBOSRunHandle:
         return await _handle(client, run_id)
 
     async def result(self, timeout: float | None = None) -> RunResult:
-        await _find(self._client, self.run_id)
+        """The run's result once it ends; ``RunHeldError`` if a worker holds it (its
+        code does not fit the run), ``RunFailedError`` if it ended without a result
+        (the backend gave up on it, or an operator ended it)."""
+        self._raise_unless_going(await _find(self._client, self.run_id))
         handle: WorkflowHandleAsync[dict[str, Any]]
         handle = await self._client.retrieve_workflow_async(self.run_id)
-        output = await asyncio.wait_for(handle.get_result(polling_interval_sec=_POLL), timeout)
+        try:
+            output = await asyncio.wait_for(handle.get_result(polling_interval_sec=_POLL), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            self._raise_unless_going(await _find(self._client, self.run_id))
+            raise RunFailedError(f"run {self.run_id!r}: {_described(exc)}") from exc
         return result_from_dict(self.run_id, output)
+
+    def _raise_unless_going(self, found: Any) -> None:
+        state = _state(found)
+        if state.state == "held":
+            raise RunHeldError(
+                f"run {self.run_id!r} is {state.held}; resume it on a compatible worker "
+                "or end it (DBOSRunner.resume_held, DBOSRunner.end_held)"
+            )
+        if state.state == "failed":
+            raise RunFailedError(f"run {self.run_id!r} failed: {state.explanation}")
+        if state.state == "cancelled":
+            raise RunFailedError(f"run {self.run_id!r} was cancelled")
 
     async def pending_approvals(self) -> tuple[ToolCall, ...]:
         published = await self._client.get_event_async(self.run_id, _PENDING, timeout_seconds=0)
@@ -514,7 +651,7 @@ class DBOSRunHandle:
     async def _queue_input(self, kind: str, message: str | UserMessage) -> None:
         text = _user_dict(message)
         found = await _find(self._client, self.run_id)
-        if _STATES.get(found.status) in _ENDED:
+        if _state(found).state in _ENDED:
             raise RunEndedError(f"run {self.run_id!r} has ended; start a new run with this message")
         message_id = uuid.uuid4().hex
         await self._send({"kind": kind, "message": text, "id": message_id})
@@ -529,7 +666,7 @@ class DBOSRunHandle:
             if is_open is not False:
                 return  # a marker follows the message: the run takes it
             found = await _find(self._client, self.run_id)
-            if _STATES.get(found.status) in _ENDED:
+            if _state(found).state in _ENDED:
                 if await self._taken(message_id):
                     return
                 raise RunEndedError(
@@ -558,11 +695,13 @@ class DBOSRunHandle:
 
     async def status(self) -> RunStatus:
         found = await _find(self._client, self.run_id)
+        status = _state(found, self._viewer)
+        if status.state not in ("running", "held"):
+            return status
         pending = await self.pending_approvals()
-        state = _STATES.get(found.status, found.status.lower())
-        if state == "running" and pending:
-            state = "waiting"
-        return RunStatus(self.run_id, state, pending, found.app_version or "")
+        if pending and status.state == "running":
+            return attrs.evolve(status, state="waiting", pending_approvals=pending)
+        return attrs.evolve(status, pending_approvals=pending)
 
     async def _send(self, message: dict[str, Any], key: str | None = None) -> None:
         await _find(self._client, self.run_id)  # DBOS would keep a message to no run
