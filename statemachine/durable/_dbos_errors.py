@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from statemachine.core.errors import InvalidInputError
 from statemachine.durable import StoreUnavailableError
 
-__all__ = ["reachable", "redact", "store_errors"]
+__all__ = ["reachable", "redact", "still_there", "store_errors"]
 
 _MAX_DETAIL = 300  # chars of the driver's own words kept in the message
 
@@ -56,6 +56,19 @@ def reachable(url: str) -> None:
                 f"the runs' database {redact(url)} cannot be opened: "
                 f"the directory {folder} does not exist"
             )
+
+
+def still_there(url: str) -> None:
+    """Refuse to read a SQLite file that was deleted under the runs: a connection
+    that had it open would still read its old rows (a run "running" for ever)."""
+    parsed = make_url(url)
+    path = parsed.database or ""
+    on_disk = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
+    if on_disk and not os.path.exists(path):
+        raise StoreUnavailableError(
+            f"the runs' database {redact(url)} was deleted: its runs and their "
+            "records are gone (their workers fail on their next write)"
+        )
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from collections import deque
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -319,7 +320,9 @@ async def export_journal(
     if len(steps) > MAX_EXPORT_STEPS:
         raise ExportError(f"run {run_id!r} has more than {MAX_EXPORT_STEPS} recorded operations")
     recorded = _Recorded(steps)
-    buffer = io.StringIO()  # written out only once it is known right
+    # Written out only once it is known right, encoded as a journal file is (a lone
+    # surrogate escaped, as run_agent_journaled writes it).
+    buffer = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", newline="\n")
     journal = Journal(buffer, flush="close")
     options = _options(spec, recorded, tools, hooks)
     result, state = await _rebuild(run_id, spec, recorded, journal, options)
@@ -327,21 +330,36 @@ async def export_journal(
     finished = status.status == "SUCCESS" and isinstance(output, Mapping)
     if isinstance(output, Mapping) and finished:
         _check_against(result, output, run_id)
-    _write(target, buffer.getvalue())
+    buffer.flush()
+    _write(target, buffer.buffer.getvalue())
     return ExportedJournal(run_id, journal.events_written, state.value, finished)
 
 
-def _write(target: str | os.PathLike[str] | IO[str], text: str) -> None:
+def _write(target: str | os.PathLike[str] | IO[str], data: bytes) -> None:
+    """Write the journal at once: a new file appears whole or not at all."""
     if not isinstance(target, (str, os.PathLike)):
-        target.write(text)
+        target.write(data.decode("utf-8"))
         return
+    path = os.fspath(target)
+    if os.path.lexists(path):
+        raise _exists(path)
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        with open(target, "x", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        fd, temporary = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {path!r}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.link(temporary, path)  # fails if the path was taken meanwhile
     except FileExistsError:
-        raise InvalidInputError(
-            f"{os.fspath(target)!r} already exists: a journal holds one run; choose a new path"
-        ) from None
+        raise _exists(path) from None
+    finally:
+        os.unlink(temporary)
+
+
+def _exists(path: str) -> InvalidInputError:
+    return InvalidInputError(f"{path!r} already exists: a journal holds one run; choose a new path")
 
 
 # -- listing -----------------------------------------------------------------------------------

@@ -301,11 +301,17 @@ async def drive(
     lane, and go on with ``resume(run, decisions)``. The workflow runs this, and an
     export runs it again over the recorded steps (``_dbos_ops``). The result and the
     stats of all parts."""
+    published: list[bool] = []
+
+    async def publishing(calls: Sequence[ToolCall]) -> None:
+        published.append(True)
+        await publish(calls)
+
     result = await run.run()
     stats: RunStats | None = result.stats
     while result.state is TurnState.AwaitingUser and result.pending_approvals:
         decisions, others = await _wait_for_decisions(
-            run.control, result.pending_approvals, publish
+            run.control, result.pending_approvals, publishing
         )
         run = resume(run, decisions)
         for message in others:
@@ -320,6 +326,8 @@ async def drive(
             for m, k in late
         )
         result = attrs.evolve(result, queued_input=result.queued_input + queued)
+    if published and not result.pending_approvals:
+        await publish(())  # nothing waits any more (an abort may have ended the wait)
     return result, stats
 
 

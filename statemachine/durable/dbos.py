@@ -66,6 +66,7 @@ with ``recover(executor_ids)``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -84,8 +85,13 @@ from statemachine.agent.tools import Tool
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
-from statemachine.core.messages import Message, ToolCall, UserMessage
-from statemachine.core.wire import message_to_dict, messages_from_dicts, messages_to_dicts
+from statemachine.core.messages import Message, TextContent, ToolCall, UserMessage
+from statemachine.core.wire import (
+    block_to_dict,
+    message_to_dict,
+    messages_from_dicts,
+    messages_to_dicts,
+)
 from statemachine.durable import (
     NotPendingError,
     RunEndedError,
@@ -95,7 +101,7 @@ from statemachine.durable import (
     UnknownRunError,
 )
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
-from statemachine.durable._dbos_errors import reachable, store_errors
+from statemachine.durable._dbos_errors import reachable, still_there, store_errors
 from statemachine.durable._dbos_run import DurableRun, drive
 from statemachine.durable._dbos_wire import (
     call_from_dict,
@@ -233,7 +239,7 @@ class DBOSRunner:
         spec = self._spec(run_id, model, messages, tools, max_turns)
         with store_errors(self.database_url), SetWorkflowID(run_id):
             await DBOS.start_workflow_async(_workflow, run_id, spec)
-        return DBOSRunHandle(self._require_client(), run_id, self.app_version)
+        return DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
 
     async def enqueue(
         self,
@@ -258,7 +264,7 @@ class DBOSRunner:
         client = self._require_client()
         with store_errors(self.database_url):
             await client.enqueue_async(options, run_id, spec)
-        return DBOSRunHandle(client, run_id, self.app_version)
+        return DBOSRunHandle(client, run_id, self.app_version, self)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
         """Take over the unfinished runs of the workers ``executor_ids``, which must
@@ -316,11 +322,13 @@ class DBOSRunner:
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
-        return await _handle(self._require_client(), run_id, self.app_version)
+        return await _handle(self._require_client(), run_id, self.app_version, self)
 
     def _require_client(self) -> DBOSClient:
         if self._client is None:
-            raise UsageError("launch() the runner first")
+            raise UsageError(
+                "the runner is not launched: launch() it first (or again, after destroy())"
+            )
         return self._client
 
     # -- inside the workflow -------------------------------------------------------------
@@ -402,6 +410,7 @@ class DBOSRunner:
         with ``explanation``: ``status()`` says ``failed`` with it, ``result()`` raises
         ``RunFailedError`` with it."""
         text = _text(explanation, "explanation")
+        _storable(text, "explanation")  # kept with the run's attributes, as JSON
         client = self._require_client()
         found = await _find(client, run_id)
         state = _state(found, self.app_version)
@@ -500,17 +509,34 @@ def _check_name(name: object, what: str) -> None:
         raise InvalidInputError(
             f"{what} must be a non-empty str of at most 200 chars, got {name!r}"
         )
+    _storable(name, what)
 
 
 def _check_run_id(run_id: object) -> None:
     if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
         raise InvalidInputError(f"a run id is a non-empty str of at most 200 chars, got {run_id!r}")
+    _storable(run_id, "a run id")
 
 
-async def _handle(client: DBOSClient, run_id: str, viewer: str = "") -> DBOSRunHandle:
+def _storable(text: str, what: str) -> None:
+    """Refuse what a database cannot hold as text: NUL (PostgreSQL), a lone surrogate
+    (no UTF-8 form), before anything is stored."""
+    if "\x00" in text:
+        raise InvalidInputError(f"{what} must not contain NUL, got {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"{what} must be valid Unicode text (no lone surrogate), got {text!r}"
+        ) from None
+
+
+async def _handle(
+    client: DBOSClient, run_id: str, viewer: str = "", owner: DBOSRunner | None = None
+) -> DBOSRunHandle:
     _check_run_id(run_id)
     await _find(client, run_id)
-    return DBOSRunHandle(client, run_id, viewer)
+    return DBOSRunHandle(client, run_id, viewer, owner)
 
 
 async def _find(client: DBOSClient, run_id: str, load_input: bool = False) -> Any:
@@ -582,10 +608,30 @@ _STATES = {
 class DBOSRunHandle:
     """A durable run seen from any process (``statemachine.durable.RunHandle``)."""
 
-    def __init__(self, client: DBOSClient, run_id: str, viewer: str = "") -> None:
-        self._client = client
+    def __init__(
+        self,
+        client: DBOSClient,
+        run_id: str,
+        viewer: str = "",
+        owner: DBOSRunner | None = None,
+    ) -> None:
+        self._own_client = client
         self.run_id = run_id
         self._viewer = viewer  # the application version of the worker that looks
+        self._owner = owner  # the runner whose client this is, if a runner made it
+
+    @property
+    def _client(self) -> DBOSClient:
+        owner = self._owner
+        if owner is not None:
+            still_there(owner.database_url)
+        if owner is not None and owner._client is not self._own_client:
+            raise UsageError(
+                f"the handle of run {self.run_id!r} was made by a runner that has been "
+                "destroyed since: take a new handle (runner.handle(run_id), or "
+                "DBOSRunHandle.open(connect(database_url), run_id))"
+            )
+        return self._own_client
 
     @classmethod
     async def open(cls, client: DBOSClient, run_id: str) -> DBOSRunHandle:
@@ -627,13 +673,16 @@ class DBOSRunHandle:
         return tuple(call_from_dict(c) for c in published or ())
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
+        if not isinstance(call_id, str):
+            raise InvalidInputError(f"call_id must be a str (one call), got {call_id!r}")
         if not isinstance(approve, bool):
             raise InvalidInputError("approve must be True or False")
         text = _text(reason or "", "reason")
-        if call_id not in {c.id for c in await self.pending_approvals()}:
+        ended = _state(await _find(self._client, self.run_id)).state in _ENDED
+        if ended or call_id not in {c.id for c in await self.pending_approvals()}:
             raise NotPendingError(
                 f"call {call_id!r} of run {self.run_id!r} is not waiting for a decision "
-                "(unknown, or decided already)"
+                "(unknown, decided already, or the run has ended)"
             )
         message = {"kind": "decision", "call_id": call_id, "approve": approve, "reason": text}
         await self._send(message, f"{self.run_id}:{call_id}")
@@ -727,4 +776,13 @@ def _user_dict(message: str | UserMessage) -> dict[str, Any]:
         message = UserMessage(_text(message, "a message"))
     if not isinstance(message, UserMessage):
         raise InvalidInputError("queued input must be a str or a UserMessage")
-    return message_to_dict(message)
+    encoded = message_to_dict(message)
+    size = sum(
+        len(block.text) if isinstance(block, TextContent) else len(json.dumps(block_to_dict(block)))
+        for block in message.content
+    )
+    if size > MAX_MESSAGE_CHARS:
+        raise InvalidInputError(
+            f"a message must be at most {MAX_MESSAGE_CHARS} chars, got {size} in a UserMessage"
+        )
+    return encoded
