@@ -10,6 +10,7 @@ import asyncio
 import functools
 import io
 import os
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -217,3 +218,20 @@ def test_a_sqlite_file_deleted_under_a_run_is_a_status_that_says_so(tmp_path: Pa
             await handle.steer("anyone?")
 
     _launched(_runner(f"sqlite:///{path}"), body)
+
+
+@pytest.mark.timeout(60)
+def test_the_default_sqlite_store_runs_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+
+    async def body(runner: DBOSRunner) -> None:
+        handle = await _waiting(runner, "r")
+        await handle.decide("c1", True)
+        assert (await handle.result(timeout=60)).ok
+
+    _launched(_runner(f"sqlite:///{path}"), body)
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        connection.close()

@@ -101,7 +101,7 @@ from statemachine.durable import (
     UnknownRunError,
 )
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
-from statemachine.durable._dbos_errors import reachable, still_there, store_errors
+from statemachine.durable._dbos_errors import reachable, still_there, store_errors, write_ahead
 from statemachine.durable._dbos_run import DurableRun, drive
 from statemachine.durable._dbos_wire import (
     call_from_dict,
@@ -199,6 +199,7 @@ class DBOSRunner:
         if _active is not None:
             raise UsageError("a DBOSRunner is already launched in this process")
         reachable(self.database_url)
+        write_ahead(self.database_url)
         with store_errors(self.database_url):
             # The client first: a recovered run reads its records through it.
             self._client = DBOSClient(system_database_url=self.database_url)
@@ -238,8 +239,10 @@ class DBOSRunner:
         """Start the run ``run_id`` in this worker (or, if it exists, return its handle)."""
         spec = self._spec(run_id, model, messages, tools, max_turns)
         with store_errors(self.database_url), SetWorkflowID(run_id):
-            await DBOS.start_workflow_async(_workflow, run_id, spec)
-        return DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
+            local = await DBOS.start_workflow_async(_workflow, run_id, spec)
+        handle = DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
+        handle._local = local  # result() awaits it rather than polling the database
+        return handle
 
     async def enqueue(
         self,
@@ -459,6 +462,7 @@ def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
     ``DBOSRunHandle.open``. ``destroy()`` it when done. ``StoreUnavailableError`` if
     the database cannot be reached."""
     reachable(_check_url(database_url))
+    write_ahead(database_url)
     with store_errors(database_url):
         return DBOSClient(system_database_url=database_url)
 
@@ -619,6 +623,7 @@ class DBOSRunHandle:
         self.run_id = run_id
         self._viewer = viewer  # the application version of the worker that looks
         self._owner = owner  # the runner whose client this is, if a runner made it
+        self._local: WorkflowHandleAsync[dict[str, Any]] | None = None  # started here
 
     @property
     def _client(self) -> DBOSClient:
@@ -643,16 +648,21 @@ class DBOSRunHandle:
         code does not fit the run), ``RunFailedError`` if it ended without a result
         (the backend gave up on it, or an operator ended it)."""
         self._raise_unless_going(await _find(self._client, self.run_id))
-        handle: WorkflowHandleAsync[dict[str, Any]]
-        handle = await self._client.retrieve_workflow_async(self.run_id)
         try:
-            output = await asyncio.wait_for(handle.get_result(polling_interval_sec=_POLL), timeout)
+            output = await asyncio.wait_for(self._output(), timeout)
         except (TimeoutError, asyncio.CancelledError):
             raise
         except Exception as exc:
             self._raise_unless_going(await _find(self._client, self.run_id))
             raise RunFailedError(f"run {self.run_id!r}: {_described(exc)}") from exc
         return result_from_dict(self.run_id, output)
+
+    async def _output(self) -> dict[str, Any]:
+        if self._local is not None:  # started by this process: no polling
+            return await self._local.get_result()
+        handle: WorkflowHandleAsync[dict[str, Any]]
+        handle = await self._client.retrieve_workflow_async(self.run_id)
+        return await handle.get_result(polling_interval_sec=_POLL)
 
     def _raise_unless_going(self, found: Any) -> None:
         state = _state(found)
