@@ -1,179 +1,52 @@
-"""The control lane of a durable run: messages to the run, and where they took effect.
-
-A message to a run (steer, follow-up, abort, a decision) is a DBOS message on one
-topic. The run listens for the next one all the time, with one ``recv`` that waits
-(for up to a week, then another), so a message reaches the run as soon as DBOS
-notices it, in the middle of a tool call too. Where it took effect is recorded:
-
-- Each listener starts at a point fixed by the run's own course (the start of the
-  workflow, or just after the previous message took effect): the ``recv`` starts,
-  and the id of a step, ``statemachine.control``, is drawn (``DBOS.reserve_step``).
-  When the message has come, the run takes it between two engine events and that
-  step records ``{"at": n, "message": m}``: ``n`` is how many events the engine had
-  been handed in this workflow when the message took effect.
-- The run takes a message only once that record is saved, so nothing the message
-  caused can be saved before it.
-- After a crash the records are read first (one read, not an operation), and each
-  message takes effect again after exactly ``n`` events; the engine so receives the
-  same events in the same order as before the crash, and every operation is started
-  at the same point, so DBOS gives it the same operation id.
-- A message received but whose place was not recorded before the crash never took
-  effect: it takes effect anew, but only once every operation recorded before the
-  crash has been started again (else an operation recorded without the message
-  would be started after it).
-- After an abort the run stops listening: what follows an abort (cancellations,
-  the grace period) depends on timing, so no later message could be placed again.
-- No message that was sent is left unread: before the engine is handed a final
-  answer, and once more when the run has ended, the run sends itself a marker
-  (``sync``) and takes every message until the marker (the messages of a topic come
-  in the order they were stored, so every message stored before the marker is taken
-  before it). The messages taken before a final answer reach the model (the engine
-  goes on to a turn boundary); those taken after the run ended are its
-  ``queued_input``, as with ``AgentRun``.
-- Before each such marker the run publishes the event ``OPEN`` as ``False`` (it is
-  ending), and ``True`` again if input came and it goes on. A sender reads it after
-  its message is stored: while it is not ``False``, a marker will follow the message,
-  so the run takes it; otherwise the sender waits for the run to go on or to end, and
-  then learns whether its message was taken (``DBOSRunHandle.steer``).
-
-DBOS draws an operation id when an operation is called, in call order; so every
-operation of a run is started eagerly (up to its first wait) at the point the engine
-asks for it, never later in a task (``start_now``).
+"""The control lane of a durable run on DBOS (``_lane.ControlLane``): a message to a
+run is a DBOS message on one topic (``TOPIC``); the run waits for the next one with
+``DBOS.recv`` (up to a week, then again), records where each took effect as a step
+``statemachine.control`` reserved when the wait began (``DBOS.reserve_step``),
+publishes whether it is ending as the DBOS event ``OPEN``, and sends itself its
+markers with ``DBOS.send``. The lane's logic is ``_lane``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dbos import DBOS, StepOptions, StepReservation
 
-from statemachine.agent.executor import _carry_on  # the one way to carry a started coroutine on
+from statemachine.durable._lane import NOTHING, OPEN, SYNC, ControlLane, start_now
 
-__all__ = ["NOTHING", "Control", "start_now"]
+__all__ = ["NOTHING", "OPEN", "STEP", "SYNC", "TOPIC", "WAIT_SECONDS", "Control", "start_now"]
 
 TOPIC = "statemachine.control"  # the topic of every message to a run
 STEP = "statemachine.control"  # the step recording where a message took effect
-SYNC = "sync"  # the kind of the marker a run sends itself (module docstring)
-OPEN = "statemachine.open"  # the event saying whether the run is ending (module docstring)
 WAIT_SECONDS = 7 * 24 * 3600.0  # one recv's wait; then the run listens again
-NOTHING: Any = object()  # no message takes effect now
-
-_T = TypeVar("_T")
-
-
-def start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
-    """Run ``coro`` up to its first wait now (DBOS draws its operation id there), in
-    a context of its own as a task would, and carry it on as a task."""
-    loop = asyncio.get_running_loop()
-    context = contextvars.copy_context()
-    try:
-        waiting_on = context.run(coro.send, None)
-    except StopIteration as stop:
-        done: asyncio.Future[_T] = loop.create_future()
-        done.set_result(stop.value)
-        return done
-    return loop.create_task(_carry_on(coro, waiting_on), context=context)
-
-
-def _next_operation_id() -> int:
-    """The id DBOS gives the workflow's next operation, less one."""
-    # Not public in DBOS: the workflow's context counts the operations called so far.
-    from dbos._context import get_local_dbos_context
-
-    ctx = get_local_dbos_context()
-    return 0 if ctx is None else int(ctx.function_id)
 
 
 async def _record(at: int, message: Any) -> dict[str, Any]:
     return {"at": at, "message": message}
 
 
-class Control:
-    """The control lane of one execution of a run's workflow (module docstring)."""
+class Control(ControlLane):
+    """The control lane of one execution of a run's workflow, on DBOS; ``recorded``:
+    the workflow's steps as DBOS lists them (the places of earlier executions)."""
 
     def __init__(self, recorded: Sequence[Mapping[str, Any]]) -> None:
-        self.handled = 0  # engine events handed over in this workflow so far
-        self.stopped = False
-        self.on_arrival: Callable[[], None] | None = None  # wakes whoever takes messages
-        self._schedule: deque[tuple[int, Any]] = deque(
+        places = [
             (s["output"]["at"], s["output"]["message"])
             for s in sorted(recorded, key=lambda s: s["function_id"])
             if s["function_name"] == STEP and isinstance(s.get("output"), dict)
-        )
-        self._last_recorded = max((s["function_id"] for s in recorded), default=0)
-        self._recv: asyncio.Future[Any] | None = None
-        self._place: StepReservation | None = None
-        self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
-        self._syncs_sent = 0  # markers sent to the run by this execution
-        self._syncs_taken = 0  # markers taken back
-        self._draining = False  # the run has ended: take every message, aborts too
-        self.synced_at: int | None = None  # ``handled`` when the last marker was taken
-        self.closed = False  # ``OPEN`` is False: the run is ending (module docstring)
+        ]
+        super().__init__(places, max((s["function_id"] for s in recorded), default=0))
 
-    def start(self) -> None:
-        """Listen for the next message (at a point fixed by the run's course): the
-        ``recv`` starts now, and the id of the step recording its place is drawn."""
-        if self.stopped:
-            return
-        recv = start_now(DBOS.recv_async(TOPIC, timeout_seconds=WAIT_SECONDS))
-        self._recv = recv
-        self._place = DBOS.reserve_step()
-        self._listeners.append(recv)
-        recv.add_done_callback(self._arrived)
+    def _listen(self) -> asyncio.Future[Any]:
+        return start_now(DBOS.recv_async(TOPIC, timeout_seconds=WAIT_SECONDS))
 
-    def _arrived(self, recv: asyncio.Future[Any]) -> None:
-        if recv is self._recv and not recv.cancelled() and self.on_arrival is not None:
-            self.on_arrival()
+    def _reserve(self) -> StepReservation:
+        return DBOS.reserve_step()
 
-    async def due(self, waiting: bool = False) -> Any:
-        """The message that takes effect now (its place recorded first), ``NOTHING``
-        if none; ``waiting``: the run waits for a person, nothing blocks it."""
-        recv = self._recv
-        if self._schedule:
-            at, message = self._schedule[0]
-            if at > self.handled:
-                return NOTHING  # later in the run's course
-            if at < self.handled:
-                raise RuntimeError(
-                    f"a recorded message took effect after {at} events, but the run is "
-                    f"past {self.handled}: the records do not fit this run"
-                )
-            self._schedule.popleft()
-        elif recv is not None and recv.done() and (waiting or self._caught_up()):
-            message = recv.result()
-            assert self._place is not None
-            place, self._recv, self._place = self._place, None, None
-            await place.run_async(StepOptions(name=STEP), _record, self.handled, message)
-        else:
-            return NOTHING
-        kind = message.get("kind") if isinstance(message, Mapping) else None
-        if kind == "abort" and not self._draining:
-            self.stopped = True
-        elif kind == SYNC:
-            self._syncs_taken += 1
-            self.synced_at = self.handled
-        elif kind in ("steer", "follow_up") and self.closed and not self._draining:
-            # Input before a final answer: the run goes on, and will take what is sent
-            # from now on at its next end.
-            await self._set_open(True)
-        self.start()
-        return message
-
-    async def sync(self) -> None:
-        """Close the run to messages (``OPEN``), then send it a marker: ``synced()``
-        once the marker has been taken, and with it every message stored before it."""
-        if not self.closed:
-            await self._set_open(False)
-        self._syncs_sent += 1
-        await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
-
-    async def _set_open(self, is_open: bool) -> None:
-        self.closed = not is_open
-        await start_now(self._publish(OPEN, is_open))
+    async def _record_place(self, place: Any, at: int, message: Any) -> None:
+        await place.run_async(StepOptions(name=STEP), _record, at, message)
 
     async def _publish(self, key: str, value: Any) -> None:
         await DBOS.set_event_async(key, value)
@@ -183,63 +56,10 @@ class Control:
         assert workflow_id is not None
         await DBOS.send_async(workflow_id, marker, TOPIC)
 
-    def synced(self) -> bool:
-        """Every marker sent has been taken."""
-        return self._syncs_taken >= self._syncs_sent
+    def _next_operation(self) -> int:
+        """The id DBOS gives the workflow's next operation, less one."""
+        # Not public in DBOS: the workflow's context counts the operations called so far.
+        from dbos._context import get_local_dbos_context
 
-    async def drain(self) -> list[Any]:
-        """At the run's end: close it to messages and take every message stored so far
-        (places recorded); returns them. Nothing to do right after a final answer
-        taken once the run was closed and synced."""
-        if self.closed and self.synced() and self.handled - (self.synced_at or 0) <= 1:
-            return []
-        self._draining = True
-        if self.stopped:  # after an abort: listen again, now that nothing follows
-            self.stopped = False
-            self.start()
-        await self.sync()
-        taken: list[Any] = []
-        while not self.synced():
-            message = await self.next_message()
-            if not (isinstance(message, Mapping) and message.get("kind") == SYNC):
-                taken.append(message)
-        return taken
-
-    def _caught_up(self) -> bool:
-        """Every operation recorded before a crash has been started again."""
-        return _next_operation_id() >= self._last_recorded
-
-    async def next_message(self) -> Any:
-        """Wait for the next message while the run waits for a person."""
-        while True:
-            message = await self.due(waiting=True)
-            if message is not NOTHING:
-                return message
-            if self._schedule:
-                raise RuntimeError(
-                    f"a recorded message took effect after {self._schedule[0][0]} events, "
-                    f"but the run waits after {self.handled}: the records do not fit this run"
-                )
-            arrived = asyncio.Event()
-            self.on_arrival = arrived.set
-            try:
-                if self._recv is not None and not self._recv.done():
-                    await arrived.wait()
-            finally:
-                self.on_arrival = None
-
-    async def close(self) -> None:
-        """Stop listening (the run is over): a message not taken stays unread."""
-        self.stopped = True
-        # A task cancelled before its first step never passes the cancellation on to
-        # the coroutine it carries (``start_now``): that ``recv`` would be closed by
-        # the garbage collector, outside its context, while its setup, in a thread,
-        # went on to write to a finished run. Each listener first takes its step.
-        await asyncio.sleep(0)
-        for recv in self._listeners:
-            recv.cancel()
-        for recv in self._listeners:
-            try:
-                await recv
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled on purpose
-                pass
+        ctx = get_local_dbos_context()
+        return 0 if ctx is None else int(ctx.function_id)

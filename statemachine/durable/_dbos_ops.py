@@ -54,9 +54,10 @@ from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import RunStatus, UnknownRunError
+from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun, drive
-from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
+from statemachine.durable._dbos_run import NOT_RECORDED, ControlInbox, DurableRun
+from statemachine.durable._wire import decode_step_events, result_from_dict
 from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id, _state
 from statemachine.journal._writer import Journal, JournalingEngine
 

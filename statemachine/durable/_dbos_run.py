@@ -2,7 +2,7 @@
 
 Each model call, tool call, batch of ``before_tool_call`` checks and
 ``should_continue`` check runs as a DBOS step whose recorded output is the JSON of
-the engine events it reported (``_dbos_wire``). Every step is started eagerly, at
+the engine events it reported (``_wire``). Every step is started eagerly, at
 the point the engine asks for it, so that DBOS numbers the steps in the engine's
 order (``_dbos_control.start_now``). The tool results of a batch are handed to the
 engine in call order, whatever order the tools finish in, so that this order does
@@ -15,33 +15,30 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-import attrs
 from dbos import DBOS, StepOptions
 
-from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.events import RunResult
 from statemachine.agent.loop import Inbox
 from statemachine.agent.run import AgentRun
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import (
-    ApprovalDecided,
     CallModel,
     Event,
     InputKind,
     InputQueued,
     ModelResponded,
 )
-from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TurnState
-from statemachine.core.wire import message_from_dict
+from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
+from statemachine.durable._course import user_message
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
-from statemachine.durable._dbos_wire import decode_step_events, encode_step_events, merge_stats
+from statemachine.durable._order import CallOrder
+from statemachine.durable._wire import decode_step_events, encode_step_events
 
-__all__ = ["NOT_RECORDED", "ControlInbox", "DurableRun", "drive", "user_message"]
+__all__ = ["NOT_RECORDED", "ControlInbox", "DurableRun"]
 
 NOT_RECORDED: Any = object()  # a step an export finds no record of (``_dbos_ops``)
 
@@ -130,9 +127,8 @@ class DurableRun(AgentRun):
 
     def __init__(self, *, control: Control, **kwargs: Any) -> None:
         self.control = control
-        self._order: list[str] = []  # call ids of started tools, in call order
-        self._ready: dict[str, list[Event]] = {}  # their recorded events, until posted
         super().__init__(**kwargs)
+        self._order = CallOrder(self._post_events, self._reported)
 
     # Inside a step the inbox is the step's capture (the permission and continue
     # checks post to the inbox directly).
@@ -203,7 +199,7 @@ class DurableRun(AgentRun):
         self._spawn("model", step, alone)
 
     def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._order.append(call.id)
+        self._order.started(call.id)
         step = self._step(call.id, "statemachine.tool", partial(self._run_tool, call))
         self._spawn(call.id, step, alone)
 
@@ -260,121 +256,20 @@ class DurableRun(AgentRun):
         return await DBOS.run_step_async(StepOptions(name=name), step)
 
     def _deliver(self, key: str, events: list[Event]) -> None:
-        inbox = self.__dict__["_real_inbox"]
         if key in self._order:
-            if key not in self._reported:
-                self._ready[key] = events
-            self._flush()
+            self._order.report(key, events)  # tool results go in call order
             return
         if key:
             if key in self._reported:
                 return
             self._reported.add(key)
+        self._post_events(events)
+
+    def _post_events(self, events: Iterable[Event]) -> None:
+        inbox = self.__dict__["_real_inbox"]
         for event in events:
             inbox.put_nowait(event)
 
     def _flush(self) -> None:
         """Post the tool results that are next in call order."""
-        inbox = self.__dict__["_real_inbox"]
-        while self._order:
-            head = self._order[0]
-            if head in self._ready:
-                self._reported.add(head)
-                for event in self._ready.pop(head):
-                    inbox.put_nowait(event)
-            elif head not in self._reported:
-                return  # still running
-            self._order.pop(0)
-
-
-# -- the run's course, approvals included ------------------------------------------------------
-
-Resume = Callable[[DurableRun, list[Event]], DurableRun]
-Publish = Callable[[Sequence[ToolCall]], Awaitable[None]]
-
-
-async def drive(
-    run: DurableRun, resume: Resume, publish: Publish
-) -> tuple[RunResult, RunStats | None]:
-    """Run ``run`` to its end, through its waits for approvals: publish the pending
-    calls, wait for the decisions (and take the other messages) through the control
-    lane, and go on with ``resume(run, decisions)``. The workflow runs this, and an
-    export runs it again over the recorded steps (``_dbos_ops``). The result and the
-    stats of all parts."""
-    published: list[bool] = []
-
-    async def publishing(calls: Sequence[ToolCall]) -> None:
-        published.append(True)
-        await publish(calls)
-
-    result = await run.run()
-    stats: RunStats | None = result.stats
-    while result.state is TurnState.AwaitingUser and result.pending_approvals:
-        decisions, others = await _wait_for_decisions(
-            run.control, result.pending_approvals, publishing
-        )
-        run = resume(run, decisions)
-        for message in others:
-            _take_early(run, message)
-        result = await run.run()
-        stats = merge_stats(stats, result.stats) if result.stats else stats
-    # Messages sent before the end and not yet taken: the result's queued input.
-    late = [(user_message(m), m["kind"]) for m in await run.control.drain() if _is_input(m)]
-    if late:
-        queued = tuple(
-            InputQueued(m, InputKind.STEER if k == "steer" else InputKind.FOLLOW_UP)
-            for m, k in late
-        )
-        result = attrs.evolve(result, queued_input=result.queued_input + queued)
-    if published and not result.pending_approvals:
-        await publish(())  # nothing waits any more (an abort may have ended the wait)
-    return result, stats
-
-
-def _is_input(message: Any) -> bool:
-    return isinstance(message, Mapping) and message.get("kind") in ("steer", "follow_up")
-
-
-async def _wait_for_decisions(
-    control: Control, calls: Sequence[ToolCall], publish: Publish
-) -> tuple[list[Event], list[Mapping[str, Any]]]:
-    """Publish ``calls`` and wait (durably) until each is decided or the run is
-    aborted; the decisions in call order, and the other messages received."""
-    waiting = {c.id: c for c in calls}
-    decided: dict[str, Event] = {}
-    others: list[Mapping[str, Any]] = []
-    await publish(calls)
-    while len(decided) < len(waiting):
-        message = await control.next_message()
-        if not isinstance(message, Mapping):
-            continue  # a week without a word: wait on
-        if message.get("kind") != "decision":
-            others.append(message)
-            if message.get("kind") == "abort":
-                break
-            continue
-        call_id = message.get("call_id")
-        if call_id not in waiting or call_id in decided:
-            continue  # raced with another decision; decide() refuses it when it can
-        decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
-        await publish([c for c in calls if c.id not in decided])
-    return [decided[c.id] for c in calls if c.id in decided], others
-
-
-def _take_early(run: DurableRun, message: Mapping[str, Any]) -> None:
-    """A message taken while the run waited for a person, for the resumed run."""
-    kind = message.get("kind")
-    if kind == "abort":
-        run.abort(message.get("reason") or "aborted by the caller")
-    elif kind == "steer":
-        run.steer(user_message(message))
-    elif kind == "follow_up":
-        run.follow_up(user_message(message))
-
-
-def user_message(message: Mapping[str, Any]) -> UserMessage:
-    """The user message a steer or follow-up message carries."""
-    user = message_from_dict(message["message"])
-    if not isinstance(user, UserMessage):
-        raise InvalidInputError("a queued message must be a user message")
-    return user
+        self._order.flush()

@@ -5,7 +5,7 @@ drives the same ``AgentRun`` as ``run_agent`` (the one action loop of
 ``statemachine.agent.loop``); only the executor differs (``_dbos_run``): each model
 call, each tool call, each batch of ``before_tool_call`` checks and each
 ``should_continue`` check runs as a DBOS step whose recorded output is the JSON of the
-engine events it reported (``_dbos_wire.decode_step_events`` reads it back; our
+engine events it reported (``_wire.decode_step_events`` reads it back; our
 messages do not pickle). After a crash DBOS runs the workflow again from the top: the
 steps already recorded return their saved events without running, so the engine
 receives the same events in the same order and ends up with the same history and
@@ -100,16 +100,17 @@ from statemachine.durable import (
     RunStatus,
     UnknownRunError,
 )
+from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
 from statemachine.durable._dbos_errors import reachable, still_there, store_errors, write_ahead
-from statemachine.durable._dbos_run import DurableRun, drive
-from statemachine.durable._dbos_wire import (
+from statemachine.durable._dbos_run import DurableRun
+from statemachine.durable._registry import application_version, differences, manifest
+from statemachine.durable._wire import (
     call_from_dict,
     call_to_dict,
     result_from_dict,
     result_to_dict,
 )
-from statemachine.durable._registry import application_version, differences, manifest
 
 if TYPE_CHECKING:
     from statemachine.durable._dbos_ops import ExportedJournal, ListedRun
