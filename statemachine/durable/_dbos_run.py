@@ -35,12 +35,12 @@ from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
 from statemachine.durable._course import user_message
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
+from statemachine.durable._journal import NOT_RECORDED
 from statemachine.durable._order import CallOrder
 from statemachine.durable._wire import decode_step_events, encode_step_events
 
-__all__ = ["NOT_RECORDED", "ControlInbox", "DurableRun"]
+__all__ = ["ControlInbox", "DurableRun"]
 
-NOT_RECORDED: Any = object()  # a step an export finds no record of (``_dbos_ops``)
 
 _capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
     "statemachine_durable_capture", default=None

@@ -72,7 +72,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import attrs
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
@@ -93,6 +93,8 @@ from statemachine.core.wire import (
     messages_to_dicts,
 )
 from statemachine.durable import (
+    ExportedJournal,
+    ListedRun,
     NotPendingError,
     RunEndedError,
     RunFailedError,
@@ -112,10 +114,7 @@ from statemachine.durable._wire import (
     result_to_dict,
 )
 
-if TYPE_CHECKING:
-    from statemachine.durable._dbos_ops import ExportedJournal, ListedRun
-
-__all__ = ["DBOSRunHandle", "DBOSRunner", "connect"]
+__all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store"]
 
 WORKFLOW = "statemachine.run"
 _PENDING = "pending"  # the event holding the calls waiting for a decision
@@ -456,6 +455,38 @@ async def _publish(calls: Sequence[ToolCall]) -> None:
 
 
 # -- handles --------------------------------------------------------------------------------
+
+
+class DBOSStore:
+    """The runs' database seen from a process that is not a worker
+    (``statemachine.durable.RunStore``, ``open_store("dbos", url)``)."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._client = connect(database_url)
+
+    async def handle(self, run_id: str) -> DBOSRunHandle:
+        return await DBOSRunHandle.open(self._client, run_id)
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        from statemachine.durable._dbos_ops import list_runs
+
+        return await list_runs(self._client, status, limit)
+
+    async def export_journal(
+        self, run_id: str, target: str | os.PathLike[str] | IO[str]
+    ) -> ExportedJournal:
+        from statemachine.durable._dbos_ops import export_journal
+
+        return await export_journal(self._client, run_id, target)
+
+    def close(self) -> None:
+        self._client.destroy()
+
+
+def open_store(database_url: str) -> DBOSStore:
+    """The ``RunStore`` of the DBOS backend on ``database_url``."""
+    return DBOSStore(database_url)
 
 
 def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
