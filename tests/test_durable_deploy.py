@@ -36,7 +36,7 @@ from durable_worker import (
 
 import statemachine as sm
 from statemachine.durable import RunFailedError, RunHeldError, application_version
-from statemachine.durable._registry import manifest
+from statemachine.durable._registry import differences, manifest
 from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner, connect
 from statemachine.testing import FunctionModel
 
@@ -140,6 +140,34 @@ def test_the_default_version_changes_with_the_registry_and_only_then() -> None:
     assert _worker("sqlite:///unused.sqlite", app_version="v1").app_version == "v1"
     with pytest.raises(sm.InvalidInputError, match="app_version"):
         _worker("sqlite:///unused.sqlite", app_version="")
+
+
+def test_each_change_of_code_is_blocking_or_a_note() -> None:
+    hooks = {"before_tool_call": beta_needs_approval}
+    before = manifest(["scripted"], TOOLS, hooks)
+
+    def compare(models: list[str], tools: Sequence[sm.Tool], hooks: Any) -> Any:
+        return differences(before, manifest(models, tools, hooks), "scripted", ["alpha", "beta"])
+
+    sequential = sm.Tool(alpha.definition, alpha.execute, sequential=True)
+    assert compare(["scripted"], TOOLS, hooks) == ([], [])
+    assert compare(["scripted"], [sequential, TOOLS[1]], hooks) == (
+        [
+            "tool 'alpha' is scheduled differently (sequential or resources changed): "
+            "the run's recorded steps were started in another order"
+        ],
+        [],
+    )
+    assert compare(["other"], TOOLS, hooks)[0] == [
+        "model 'scripted' is not in this worker's registry"
+    ]
+    assert compare(["scripted"], TOOLS, {**hooks, "should_continue": lambda *a: True})[0] == [
+        "hook 'should_continue' was added: the run's recorded steps do not ask it"
+    ]
+    assert compare(["scripted"], TOOLS, {**hooks, "after_tool_call": lambda *a: None}) == (
+        [],
+        ["hook 'after_tool_call' was added since the run started"],
+    )
 
 
 @pytest.mark.timeout(180)
@@ -280,3 +308,30 @@ def test_a_tool_whose_code_changed_goes_on_and_the_change_is_noted(
     )
     outputs = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert "beta v2(1)=1001" in outputs  # approved after the deploy: the new code ran
+
+
+@pytest.mark.timeout(180)
+def test_a_mismatch_the_manifest_misses_holds_the_run_rather_than_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: Callable[[str], str]
+) -> None:
+    """Whatever the comparison of registries misses, a step that does not fit what
+    the run recorded holds the run, naming the step (before: DBOSUnexpectedStepError,
+    a ProtocolError, and a run that hung)."""
+    db = database("runs")
+    _old_worker_waits(db, tmp_path, version="v1")
+    monkeypatch.setattr("statemachine.durable.dbos.differences", lambda *args: ([], []))
+
+    async def held(runner: DBOSRunner) -> Any:
+        handle = await runner.handle("appr")
+
+        async def is_held() -> bool:
+            return (await handle.status()).state == "held"
+
+        await _until(is_held, "the run was not held")
+        with pytest.raises(RunHeldError, match="recorded steps do not fit"):
+            await handle.result(timeout=10)
+        return await handle.status()
+
+    status = _launched(_worker(db, before_tool_call=None, app_version="v1"), held)
+    assert "the run's recorded steps do not fit this worker's code" in status.held
+    assert "statemachine.permissions" in status.held  # the step the run recorded there

@@ -38,6 +38,8 @@ class Control(ControlLane):
             if s["function_name"] == STEP and isinstance(s.get("output"), dict)
         ]
         super().__init__(places, max((s["function_id"] for s in recorded), default=0))
+        # Set by a step that does not fit what the run recorded (``_dbos_run``).
+        self.mismatch: asyncio.Future[str] | None = None
 
     def _listen(self) -> asyncio.Future[Any]:
         return start_now(DBOS.recv_async(TOPIC, timeout_seconds=WAIT_SECONDS))

@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from dbos import DBOS, StepOptions
+from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.loop import Inbox
@@ -238,6 +239,15 @@ class DurableRun(AgentRun):
 
         try:
             saved = await self._saved(name, key, step)
+        except DBOSUnexpectedStepError as exc:
+            # The run recorded another operation here: this worker's code does not
+            # fit it. Nothing is handed to the engine; the workflow holds the run
+            # (``DBOSRunner._execute``), which cancels this wait.
+            mismatch = self.control.mismatch
+            if mismatch is not None and not mismatch.done():
+                mismatch.set_result(str(exc))
+            await asyncio.get_running_loop().create_future()
+            raise
         except asyncio.CancelledError:
             # Cancelled after an abort: what it reported (its cancellation) still
             # answers it; not recorded, so a recovery runs the call again. If it

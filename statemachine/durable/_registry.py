@@ -5,8 +5,9 @@ A durable run records the manifest of the registry it was started with (its mode
 its tools with a digest of each one's code and schema, and its hooks with a digest of
 each one's code). A worker that takes the run compares it with its own:
 
-- **blocking** changes (a model or tool the run names is gone, a ``before_tool_call``
-  or ``should_continue`` hook was added or removed) would hand the engine other
+- **blocking** changes (a model or tool the run names is gone, a tool is scheduled
+  differently, a ``before_tool_call`` or ``should_continue`` hook was added or
+  removed) would hand the engine other
   events than the recorded ones, or none: the run is held, never replayed on them;
 - **notes** (a tool's or hook's code or schema changed) do not change the run's
   course: the run goes on, outputs recorded before come from the old code and calls
@@ -105,6 +106,12 @@ def _tool_digest(tool: Tool) -> str:
     return f"{code_digest(tool.execute)}.{hashlib.sha256(schema.encode()).hexdigest()[:8]}"
 
 
+def _scheduling(tool: Tool) -> str:
+    """How the engine schedules the tool's calls (it decides when each starts)."""
+    resources = tool.resources
+    return f"{tool.sequential}:{'' if resources is None else code_digest(resources)}"
+
+
 def manifest(
     models: Sequence[str], tools: Sequence[Tool], hooks: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -113,6 +120,7 @@ def manifest(
     return {
         "models": sorted(models),
         "tools": {t.name: _tool_digest(t) for t in tools},
+        "scheduling": {t.name: _scheduling(t) for t in tools},
         "hooks": {
             name: None if hooks.get(name) is None else code_digest(hooks[name]) for name in HOOKS
         },
@@ -142,6 +150,13 @@ def differences(
         theirs, ours = recorded.get("tools", {}).get(name), mine["tools"].get(name)
         if ours is None:
             blocking.append(f"tool {name!r} is not in this worker's registry (removed or renamed)")
+            continue
+        scheduled = recorded.get("scheduling", {}).get(name)
+        if scheduled is not None and scheduled != mine["scheduling"].get(name):
+            blocking.append(
+                f"tool {name!r} is scheduled differently (sequential or resources changed): "
+                "the run's recorded steps were started in another order"
+            )
         elif theirs is not None and theirs != ours:
             notes.append(
                 f"tool {name!r} changed since the run started: outputs recorded before "

@@ -66,17 +66,21 @@ with ``recover(executor_ids)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import attrs
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
-from dbos._error import DBOSWorkflowCancelledError  # DBOS exports none of its errors
+from dbos._error import (  # DBOS exports none of its errors
+    DBOSUnexpectedStepError,
+    DBOSWorkflowCancelledError,
+)
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
@@ -352,6 +356,7 @@ class DBOSRunner:
         # messages took effect (``_dbos_control``).
         recorded = await self._require_client().list_workflow_steps_async(run_id)
         control = Control([dict(s) for s in recorded])
+        control.mismatch = asyncio.get_running_loop().create_future()
         control.start()
         try:
             messages = messages_from_dicts(spec["messages"])
@@ -362,9 +367,27 @@ class DBOSRunner:
                     run_id, spec, control=control, _engine=done.engine, _resume_events=decisions
                 )
 
-            result, stats = await drive(run, resume, _publish)
+            course = asyncio.ensure_future(drive(run, resume, _publish))
+            waits: set[asyncio.Future[Any]] = {course, control.mismatch}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not course.done():  # a step did not fit, or this execution is cancelled
+                    course.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await course
+            mismatch = control.mismatch.result() if control.mismatch.done() else None
+            if mismatch is None:
+                try:
+                    result, stats = course.result()
+                except DBOSUnexpectedStepError as exc:  # raised by the control lane
+                    mismatch = str(exc)
         finally:
             await control.close()
+        if mismatch is not None:
+            await self._hold(
+                run_id, [f"the run's recorded steps do not fit this worker's code: {mismatch}"]
+            )
         return result_to_dict(result, stats)
 
     def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -382,9 +405,14 @@ class DBOSRunner:
         client = self._require_client()
         if notes:
             await client.update_workflow_attributes_async(run_id, {_NOTES: notes}, merge=True)
-        if not blocking:
-            return
-        held = f"held by worker {self.config['executor_id']!r}: " + "; ".join(blocking)
+        if blocking:
+            await self._hold(run_id, blocking)
+
+    async def _hold(self, run_id: str, reasons: list[str]) -> NoReturn:
+        """Hold the run (its attributes name why, its DBOS status is cancelled, which
+        ``resume_held`` undoes) and stop this execution of it."""
+        client = self._require_client()
+        held = f"held by worker {self.config['executor_id']!r}: " + "; ".join(reasons)
         await client.update_workflow_attributes_async(run_id, {_HELD: held}, merge=True)
         await client.cancel_workflow_async(run_id)
         # DBOS's own way for a workflow to stop once it has been cancelled.
