@@ -2,7 +2,7 @@
 steers, follow-ups, decisions and aborts sent to a run while a tool runs or while it
 waits for a person. Every steer or follow-up whose ``steer()``/``follow_up()`` returned
 is in the run's history or in its ``queued_input``, exactly once; one refused with
-``RunEndedError`` is in neither. PostgreSQL runs under `bash .ci/postgres.sh`.
+``RunClosedError`` is in neither. PostgreSQL runs under `bash .ci/postgres.sh`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from durable_worker import database_urls
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
-from statemachine.durable import NotPendingError, RunEndedError, idempotency_key
+from statemachine.durable import NotPendingError, RunClosedError, idempotency_key
 from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner
 from statemachine.testing import FunctionModel
 
@@ -83,7 +83,7 @@ async def _send(handle: DBOSRunHandle, kind: str, text: str) -> bool:
             await handle.steer(text)
         else:
             await handle.follow_up(text)
-    except RunEndedError:
+    except RunClosedError:
         return False
     return True
 

@@ -73,7 +73,7 @@ __all__ = [
     "ExportedJournal",
     "ListedRun",
     "NotPendingError",
-    "RunEndedError",
+    "RunClosedError",
     "RunFailedError",
     "RunHandle",
     "RunHeldError",
@@ -96,7 +96,7 @@ class NotPendingError(UsageError):
     """A decision for a call that is not waiting for one (unknown or already decided)."""
 
 
-class RunEndedError(UsageError):
+class RunClosedError(UsageError):
     """A message to a run that has ended, or that ended before it took the message:
     it reaches no model (start a new run with it)."""
 

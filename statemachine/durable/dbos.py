@@ -100,7 +100,7 @@ from statemachine.durable import (
     ExportedJournal,
     ListedRun,
     NotPendingError,
-    RunEndedError,
+    RunClosedError,
     RunFailedError,
     RunHeldError,
     RunStatus,
@@ -760,7 +760,7 @@ class DBOSRunHandle:
     async def steer(self, message: str | UserMessage) -> None:
         """Queue a message for the model. Once this returns, the message reaches the
         model or, if the run ended first, its result's ``queued_input``;
-        ``RunEndedError`` if the run had ended (module docstring)."""
+        ``RunClosedError`` if the run had ended (module docstring)."""
         await self._queue_input("steer", message)
 
     async def follow_up(self, message: str | UserMessage) -> None:
@@ -771,14 +771,16 @@ class DBOSRunHandle:
         text = _user_dict(message)
         found = await _find(self._client, self.run_id)
         if _state(found).state in _ENDED:
-            raise RunEndedError(f"run {self.run_id!r} has ended; start a new run with this message")
+            raise RunClosedError(
+                f"run {self.run_id!r} has ended; start a new run with this message"
+            )
         message_id = uuid.uuid4().hex
         await self._send({"kind": kind, "message": text, "id": message_id})
         await self._confirm(message_id)
 
     async def _confirm(self, message_id: str) -> None:
         """Return once the message stored as ``message_id`` is sure to be taken by the
-        run; ``RunEndedError`` if the run ended without it (``_dbos_control``)."""
+        run; ``RunClosedError`` if the run ended without it (``_lane``)."""
         deadline = time.monotonic() + ENDING_WAIT
         while True:
             is_open = await self._client.get_event_async(self.run_id, OPEN, timeout_seconds=0)
@@ -788,12 +790,12 @@ class DBOSRunHandle:
             if _state(found).state in _ENDED:
                 if await self._taken(message_id):
                     return
-                raise RunEndedError(
+                raise RunClosedError(
                     f"run {self.run_id!r} ended before it took this message; "
                     "start a new run with it"
                 )
             if time.monotonic() > deadline:
-                raise RunEndedError(
+                raise RunClosedError(
                     f"run {self.run_id!r} is ending, and its worker did not finish it "
                     f"within {ENDING_WAIT:g} s: this message may not reach it"
                 )
