@@ -4,7 +4,7 @@ Each model call, tool call, batch of ``before_tool_call`` checks and
 ``should_continue`` check runs as a DBOS step whose recorded output is the JSON of
 the engine events it reported (``_wire``). Every step is started eagerly, at
 the point the engine asks for it, so that DBOS numbers the steps in the engine's
-order (``_dbos_control.start_now``). The tool results of a batch are handed to the
+order (``_lane.start_now``). The tool results of a batch are handed to the
 engine in call order, whatever order the tools finish in, so that this order does
 not depend on timing. Messages to the run come through its inbox, between two
 engine events, at the place ``_dbos_control.Control`` records.
@@ -101,7 +101,7 @@ class ControlInbox(Inbox):
                 if not self._run.ends_unless_told(head):
                     return self._queue.popleft()
                 # A final answer: every message sent so far is taken first, so that
-                # none is left unread when the run ends (``_dbos_control``).
+                # none is left unread when the run ends (``_lane``).
                 control = self._run.control
                 if self._synced_for is not head:
                     self._synced_for = head

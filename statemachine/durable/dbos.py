@@ -22,7 +22,7 @@ Messages to a run
 -----------------
 ``steer``, ``follow_up``, ``abort`` and approval decisions are DBOS messages on one
 topic, stored in the database, so they may be sent from any process, with or without
-a live worker. The run listens all the time (``_dbos_control``): a message takes
+a live worker. The run listens all the time (``_lane``): a message takes
 effect within about a DBOS notification interval (0.1 s by default on SQLite; at once
 on PostgreSQL), between two engine events, in the middle of a tool call too. An abort
 fires the abort signal of the running tools and of the model client at once; they
