@@ -67,9 +67,10 @@ _ENGINE_TESTS = (
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
-    "tests/test_mutation_gaps_driver.py tests/test_mutation_gaps_resume.py tests/test_loop.py "
-    "tests/test_driver.py "
-    "tests/test_driver_hooks_and_batches.py tests/test_abort.py tests/test_driver_faults.py"
+    "tests/test_loop.py tests/test_executor.py tests/test_stream.py tests/test_hook_calls.py "
+    "tests/test_resume.py tests/test_run_agent_sync.py tests/test_driver.py "
+    "tests/test_driver_abort.py tests/test_driver_hooks_and_batches.py tests/test_abort.py "
+    "tests/test_driver_faults.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
@@ -99,6 +100,8 @@ MODULES: dict[str, tuple[str, str]] = {
     ),
     "driver-hooks": ("statemachine/agent/hooks.py", _DRIVER_TESTS),
     "driver-hook-calls": ("statemachine/agent/hook_calls.py", _DRIVER_TESTS),
+    "driver-calls": ("statemachine/agent/calls.py", _DRIVER_TESTS),
+    "driver-stream": ("statemachine/agent/stream.py", _DRIVER_TESTS),
 }
 
 

@@ -5,6 +5,7 @@
 #   bash bench/run.sh            the full run (about 5-10 minutes on 2 cores)
 #   bash bench/run.sh --smoke    N=10, one run per contender (seconds)
 #   bash bench/run.sh --help     the harness's other options (--ns, --only, --json ...)
+#   bash bench/run.sh scale      many runs at once in one process: writes bench/scale.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -20,6 +21,13 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install --quiet -e '.[test]'
   rm -f "$VENV"/.installed-*
   touch "$stamp"
+fi
+if [ "${1:-}" = scale ]; then
+  shift
+  if [ "$#" -eq 0 ]; then
+    set -- --out bench/scale.md
+  fi
+  exec "$VENV/bin/python" bench/scale.py "$@"
 fi
 args=("$@")
 if [ "${#args[@]}" -eq 0 ]; then

@@ -24,7 +24,6 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 import attrs
 
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import UsageError
 from statemachine.core.table import (
     INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
@@ -33,6 +32,7 @@ from statemachine.core.table import (
     TRANSITIONS,
     Trigger,
 )
+from statemachine.errors import DiagramError
 
 __all__ = [
     "FORMATS",
@@ -58,10 +58,6 @@ LEGEND: Final = (
     "guards in [brackets] are tried in table order; dashed: fired by the engine itself; "
     "double border: the run ends; yellow: the run returns to wait for a person"
 )
-
-
-class DiagramError(UsageError):
-    """A diagram cannot be drawn as asked (unknown format, missing renderer, bad table)."""
 
 
 class Row(Protocol):

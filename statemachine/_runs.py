@@ -25,12 +25,9 @@ from statemachine._render import (
     overlay_from_trace,
     render,
 )
-from statemachine.agent.events import (
-    _ERRORS,
-    RunResult,
-)
+from statemachine.agent.events import RunResult, run_error
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import InvalidInputError
+from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -91,11 +88,11 @@ def run_result_to_dict(result: RunResult) -> dict[str, Any]:
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
     if key not in data:
-        raise InvalidInputError(f"{path}: missing key {key!r}")
+        raise WireFormatError(f"{path}: missing key {key!r}")
     value = data[key]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise InvalidInputError(f"{path}.{key}: expected {name}, got {type(value).__name__}")
+        raise WireFormatError(f"{path}.{key}: expected {name}, got {type(value).__name__}")
     return value
 
 
@@ -103,22 +100,22 @@ def _enum(kind: type[TurnState] | type[Trigger], value: str, path: str) -> Any:
     try:
         return kind(value)
     except ValueError:
-        raise InvalidInputError(
+        raise WireFormatError(
             f"{path}: {value!r} is not a {kind.__name__} of this version of the library"
         ) from None
 
 
 def run_result_from_dict(data: Mapping[str, Any]) -> RunResult:
-    """Parse ``run_result_to_dict``'s output; raise ``InvalidInputError`` naming the bad path."""
+    """Parse ``run_result_to_dict``'s output; raise ``WireFormatError`` naming the bad path."""
     if not isinstance(data, Mapping):
-        raise InvalidInputError(f"run: expected an object, got {type(data).__name__}")
+        raise WireFormatError(f"run: expected an object, got {type(data).__name__}")
     if data.get("format") != RUN_FILE_FORMAT:
-        raise InvalidInputError(
+        raise WireFormatError(
             f"run.format: expected {RUN_FILE_FORMAT!r}, got {data.get('format')!r} "
             "(write run files with run_result_to_dict)"
         )
     if data.get("version") != _RUN_FILE_VERSION:
-        raise InvalidInputError(
+        raise WireFormatError(
             f"run.version: this library reads version {_RUN_FILE_VERSION}, "
             f"got {data.get('version')!r}"
         )
@@ -128,7 +125,7 @@ def run_result_from_dict(data: Mapping[str, Any]) -> RunResult:
     for i, item in enumerate(_field(data, "trace", list, "run")):
         path = f"run.trace[{i}]"
         if not isinstance(item, Mapping):
-            raise InvalidInputError(f"{path}: expected an object, got {type(item).__name__}")
+            raise WireFormatError(f"{path}: expected an object, got {type(item).__name__}")
         trace.append(
             TransitionRecord(
                 _enum(TurnState, _field(item, "source", str, path), f"{path}.source"),
@@ -137,11 +134,10 @@ def run_result_from_dict(data: Mapping[str, Any]) -> RunResult:
                 _field(item, "turn", int, path),
             )
         )
-    error_type = _ERRORS.get(state)
     return RunResult(
         state=state,
         messages=tuple(messages_from_dicts(_field(data, "messages", list, "run"))),
-        error=error_type(explanation) if error_type is not None else None,
+        error=run_error(state, explanation),
         turns=_field(data, "turns", int, "run"),
         explanation=explanation,
         trace=tuple(trace),
@@ -152,18 +148,19 @@ def run_result_from_dict(data: Mapping[str, Any]) -> RunResult:
 def load_run(path: Path) -> RunResult:
     """Read a run file (``run_result_to_dict``) or a journal (replayed and verified).
 
-    Bad input gives ``InvalidInputError`` naming the problem, never a traceback.
+    A file that cannot be read gives ``InvalidInputError``, one whose content is bad
+    ``WireFormatError`` or ``JournalError``, each naming the problem, never a traceback.
     """
     try:
         with path.open("rb") as file:
             raw = file.read(MAX_RUN_FILE_BYTES + 1)
         if len(raw) > MAX_RUN_FILE_BYTES:
-            raise InvalidInputError(f"{path} is larger than {MAX_RUN_FILE_BYTES} bytes")
+            raise WireFormatError(f"{path} is larger than {MAX_RUN_FILE_BYTES} bytes")
         text = raw.decode("utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{path} is not UTF-8 text: {exc}") from exc
+        raise WireFormatError(f"{path} is not UTF-8 text: {exc}") from exc
     first = text.split("\n", 1)[0]
     try:
         head = json.loads(first)
@@ -174,7 +171,7 @@ def load_run(path: Path) -> RunResult:
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise InvalidInputError(f"{path} is not JSON: {exc}") from exc
+        raise WireFormatError(f"{path} is not JSON: {exc}") from exc
     return run_result_from_dict(data)
 
 
@@ -185,11 +182,10 @@ def run_result_from_journal(lines: Iterable[str]) -> RunResult:
     replayed = replay(lines, logger=quiet_logger())
     engine = replayed.engine
     explanation = engine.explanation or ""
-    error_type = _ERRORS.get(engine.state)
     return RunResult(
         state=engine.state,
         messages=tuple(engine.messages),
-        error=error_type(explanation) if error_type is not None else None,
+        error=run_error(engine.state, explanation),
         turns=engine.turns,
         explanation=explanation,
         trace=tuple(engine.trace),

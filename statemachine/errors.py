@@ -1,48 +1,300 @@
-"""The error hierarchy.
+"""Every exception the library raises on purpose, in one module.
 
-Everything the library raises on purpose is a ``StateMachineError``. ``UsageError``
-is the caller's misuse (wrong arguments, a call at the wrong time); ``InvalidInputError``
-is bad data from outside (a model's output, a tool's result, a file, a snapshot);
-``ModelFailedError``, ``AbortedError`` and ``TurnLimitExceededError`` are how a run
-ended, raised by ``RunResult.raise_for_state``.
+The hierarchy separates trouble by who must act on it, because each calls for a
+different reaction (h11 splits its protocol errors the same way)::
+
+    StateMachineError
+    ├── UsageError                  the calling code misused the library: fix the code
+    │   ├── ProtocolError           an event the engine does not accept in its state
+    │   ├── InvalidInputError       an argument refused before anything ran (ValueError)
+    │   ├── DiagramError            a diagram that cannot be drawn as asked
+    │   ├── UnknownRunError         no durable run has this id
+    │   └── NotPendingError         a decision for a call that waits for none
+    ├── BadDataError                data from outside cannot be used (ValueError)
+    │   ├── WireFormatError         a message, event or document without the wire shape
+    │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
+    │   │       └── SnapshotSignatureError
+    │   ├── JournalError            a journal that cannot be read or does not replay
+    │   ├── ExportError             saved durable steps that do not rebuild their run
+    │   ├── SpecError               a scenario file that is not a scenario
+    │   ├── ModelOutputError        a model client returned no ``AssistantMessage``
+    │   └── ToolOutputError         a tool returned a value that is no tool result
+    ├── ServiceError                a service the run depends on failed
+    │   ├── ProviderError           a model provider (the adapters' errors)
+    │   │   ├── ProviderAuthError
+    │   │   ├── ProviderUnavailableError
+    │   │   ├── ContextOverflowError
+    │   │   ├── ProviderRequestError
+    │   │   ├── ProviderResponseError
+    │   │   └── ProviderLimitError
+    │   ├── MCPError                an MCP server
+    │   ├── StoreUnavailableError   the durable runs' database
+    │   └── BridgeError             a bridged peer process (also a RuntimeError)
+    │       ├── BridgeProtocolError
+    │       └── BridgeTimeoutError
+    ├── RunEndedError               how a run that did not end ``Done`` explains itself
+    │   ├── AbortedError
+    │   ├── TurnLimitExceededError
+    │   ├── ModelFailedError
+    │   └── AwaitingUserError
+    └── EngineInvariantError        the library broke a guarantee of its own: a bug
+
+How each family reaches you:
+
+* ``UsageError`` is raised at once, before anything runs or changes.
+* ``BadDataError`` is raised by the readers of stored or received data (a snapshot, a
+  journal, a wire document, a spec). A model's or a tool's bad output never crashes a
+  run: the driver turns it into an error tool result or a ``Failed`` run, and the
+  exception reaches you only as that run's explanation.
+* ``ServiceError`` is raised by the clients of other people's services when they give
+  up. Inside a run, a provider's failure ends the run ``Failed`` and an MCP server's
+  failure becomes the call's error result.
+* ``RunEndedError`` is never raised by ``run_agent``: it is put in
+  ``RunResult.error``, and ``RunResult.raise_for_state()`` raises it for callers who
+  prefer exceptions.
 """
 
 from __future__ import annotations
 
-from statemachine.core.errors import (
-    AbortedError,
-    AwaitingUserError,
-    BadOutputError,
-    EngineInvariantError,
-    InvalidInputError,
-    ModelFailedError,
-    ModelOutputError,
-    ProtocolError,
-    RunEndedError,
-    SnapshotError,
-    SnapshotSignatureError,
-    StateMachineError,
-    ToolOutputError,
-    TurnLimitExceededError,
-    UsageError,
-    WireFormatError,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from statemachine.core.trace import TransitionRecord
 
 __all__ = [
     "AbortedError",
     "AwaitingUserError",
-    "BadOutputError",
+    "BadDataError",
+    "BridgeError",
+    "BridgeProtocolError",
+    "BridgeTimeoutError",
+    "ContextOverflowError",
+    "DiagramError",
     "EngineInvariantError",
+    "ExportError",
     "InvalidInputError",
+    "JournalError",
+    "MCPError",
     "ModelFailedError",
     "ModelOutputError",
+    "NotPendingError",
     "ProtocolError",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderLimitError",
+    "ProviderRequestError",
+    "ProviderResponseError",
+    "ProviderUnavailableError",
     "RunEndedError",
+    "ServiceError",
     "SnapshotError",
     "SnapshotSignatureError",
+    "SpecError",
     "StateMachineError",
+    "StoreUnavailableError",
     "ToolOutputError",
     "TurnLimitExceededError",
+    "UnknownRunError",
     "UsageError",
     "WireFormatError",
 ]
+
+
+class StateMachineError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+# -- the caller's misuse ------------------------------------------------------------
+
+
+class UsageError(StateMachineError):
+    """The calling code used the library in a way it does not support."""
+
+
+class ProtocolError(UsageError):
+    """An event that the engine does not accept in its current state.
+
+    The engine's state, history and transition log are exactly as they were before
+    the refused event (invariant I8). Not a ``ValueError``: catching ``ValueError``
+    around a running engine must not hide it.
+    """
+
+
+class InvalidInputError(UsageError, ValueError):
+    """An argument refused before anything ran: an invalid history, a tool list with
+    duplicate names, a schema that is not a JSON Schema object, a limit that is not a
+    positive integer."""
+
+
+class DiagramError(UsageError):
+    """A diagram cannot be drawn as asked (unknown format, missing renderer, bad table)."""
+
+
+class UnknownRunError(UsageError):
+    """No durable run has this run id."""
+
+
+class NotPendingError(UsageError):
+    """A decision for a call that is not waiting for one (unknown or already decided)."""
+
+
+# -- bad data from outside ----------------------------------------------------------
+
+
+class BadDataError(StateMachineError, ValueError):
+    """Data from outside the calling code cannot be used as it is: a stored or received
+    document (snapshot, journal, wire message, scenario file), or a model's or a
+    tool's output. The message names where the problem is."""
+
+
+class WireFormatError(BadDataError):
+    """A message, event or engine document that does not have the wire shape; the
+    message starts with the path of the bad field."""
+
+
+class SnapshotError(WireFormatError):
+    """A snapshot refused by ``Engine.restore`` before anything ran: malformed, too
+    large or too deep, inconsistent with itself (its pending calls are not the
+    unanswered calls of its last assistant message...), or refused by the policy when
+    asked again on resume. The message starts with the path of the bad field
+    (``snapshot.batch[1].call``)."""
+
+
+class SnapshotSignatureError(SnapshotError):
+    """A key was given to restore, and the snapshot's signature is missing or does
+    not match it: the snapshot was not written by a holder of the key, or was changed
+    since."""
+
+
+class JournalError(BadDataError):
+    """A journal that cannot be read or does not replay to what it records.
+
+    ``line`` is the 1-based line number where the problem shows (0 if the journal
+    could not be opened at all).
+    """
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"journal line {line}: {message}" if line else message)
+        self.line = line
+
+
+class ExportError(BadDataError):
+    """A durable run whose saved steps do not rebuild its recorded result."""
+
+
+class SpecError(BadDataError):
+    """A scenario file that is not a valid scenario; the message names file and key."""
+
+
+class ModelOutputError(BadDataError):
+    """The model client returned something that is not an ``AssistantMessage``, or a
+    hook that shapes its request failed."""
+
+
+class ToolOutputError(BadDataError):
+    """A tool returned a value of a type that cannot become a tool result."""
+
+
+# -- a service the run depends on failed ----------------------------------------------
+
+
+class ServiceError(StateMachineError):
+    """A service outside the process failed: a model provider, an MCP server, the
+    durable runs' database, a bridged peer. The message says what to do about it."""
+
+
+class ProviderError(ServiceError):
+    """A model provider failed; the text says how and what to do."""
+
+
+class ProviderAuthError(ProviderError):
+    """401/403: the key is missing, wrong, or lacks permission. Never retried."""
+
+
+class ProviderUnavailableError(ProviderError):
+    """Rate limits, overload or server errors outlasted the retry budget."""
+
+
+class ContextOverflowError(ProviderError):
+    """The request is longer than the model's context window: compact and retry."""
+
+
+class ProviderRequestError(ProviderError):
+    """The provider refused the request as invalid (a 4xx other than auth and limits)."""
+
+
+class ProviderResponseError(ProviderError):
+    """The provider sent something the SDK could not validate or we could not use."""
+
+
+class ProviderLimitError(ProviderError):
+    """A response outgrew a limit of the adapter (total time, idle time, size).
+
+    Never retried, by the adapter or the loop: a retry would meet the same limit. The
+    text names the URL, the model and the limit.
+    """
+
+
+class MCPError(ServiceError):
+    """An MCP server could not be reached, listed, or answered a call with an error."""
+
+
+class StoreUnavailableError(ServiceError):
+    """The runs' database cannot be reached or opened (the message names it, with
+    any password hidden); nothing was changed in it."""
+
+
+class BridgeError(ServiceError, RuntimeError):
+    """The peer process did not hold up its side of the bridge protocol."""
+
+
+class BridgeProtocolError(BridgeError):
+    """The peer sent a line that is not a valid protocol message."""
+
+
+class BridgeTimeoutError(BridgeError):
+    """The peer stayed silent longer than the silence timeout.
+
+    Deliberately not a ``TimeoutError``: ``run_scenario`` reads a ``TimeoutError`` as
+    its own whole-run timeout and would hide this more precise message.
+    """
+
+
+# -- how a run that is not Done explains itself -----------------------------------------
+
+
+class RunEndedError(StateMachineError):
+    """A run ended in a state other than ``Done``; the message says why."""
+
+
+class AbortedError(RunEndedError):
+    """The run was aborted (by the caller's signal or by the model's own report)."""
+
+
+class TurnLimitExceededError(RunEndedError):
+    """The turn limit was reached while the model still had work to do."""
+
+
+class ModelFailedError(RunEndedError):
+    """The model provider failed in a way that retrying in the loop will not fix."""
+
+
+class AwaitingUserError(RunEndedError):
+    """The run stopped to wait for a person (a call was denied by policy)."""
+
+
+# -- the library's own bug -----------------------------------------------------------
+
+
+class EngineInvariantError(StateMachineError):
+    """The engine broke one of its own guarantees: a bug in the library or in a
+    patched table, never something a caller's input can cause. For example, internal
+    transitions that do not settle after one event. ``trace`` holds the transitions
+    that led there, oldest first.
+    """
+
+    def __init__(self, message: str, trace: Sequence[TransitionRecord] = ()) -> None:
+        super().__init__(message)
+        self.trace: tuple[TransitionRecord, ...] = tuple(trace)

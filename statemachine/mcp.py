@@ -45,9 +45,9 @@ from typing import Any, TextIO
 
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError, StateMachineError
 from statemachine.core.messages import ImageContent, TextContent, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import InvalidInputError, MCPError
 
 try:
     import mcp
@@ -71,10 +71,6 @@ DEFAULT_CONNECT_TIMEOUT = 30.0
 """Seconds to start (or reach) the server and list its tools."""
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 """Characters of text one tool result may hold; the rest is cut, with a note."""
-
-
-class MCPError(StateMachineError):
-    """An MCP server could not be reached, listed, or answered a call with an error."""
 
 
 class MCPServer:

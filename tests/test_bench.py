@@ -3,6 +3,7 @@ its result. No timing is asserted here; the figures live in bench/results.md."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
@@ -141,3 +142,50 @@ def test_a_new_report_keeps_the_dated_sections_below_the_marker(
     real = (Path(__file__).parent.parent / "bench" / "results.md").read_text(encoding="utf-8")
     assert real.count(harness.KEPT_MARKER) == 1
     assert "\n## " in real.split(harness.KEPT_MARKER)[1]
+
+
+@pytest.mark.timeout(120)
+def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: Path) -> None:
+    # Few runs, short waits: this checks the harness, not the figures.
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "scale.py"),
+            *("--ns", "3", "20", "--turns", "3", "--latency", "0.005"),
+            *("--json", str(out), "--out", str(tmp_path / "scale.md")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(out.read_text(encoding="utf-8"))
+    assert {(c["contender"], c["n"]) for c in cells} == {
+        (name, n) for name in ("bare async loop (dicts)", "statemachine run_agent") for n in (3, 20)
+    }
+    for cell in cells:
+        # Every run waited three model calls of 5 ms at least, all of them in parallel.
+        assert cell["wall_s"] >= 3 * 0.005
+        assert cell["peak_rss_mib"] > 0
+    report = (tmp_path / "scale.md").read_text(encoding="utf-8")
+    assert "| statemachine run_agent | 20 |" in report
+    assert "growth" in report
+
+
+def test_a_scale_run_that_does_not_do_the_workload_fails_the_benchmark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A run that stops early (here: one turn short of the workload) is not a result.
+    scale = _load("scale", monkeypatch)
+    real = scale.sm.run_agent
+
+    async def one_turn_short(**kwargs: Any) -> Any:
+        return await real(**{**kwargs, "max_turns": kwargs["max_turns"] - 1})
+
+    monkeypatch.setattr(scale.sm, "run_agent", one_turn_short)
+    coroutine = scale.measure("statemachine run_agent", 2, 3, 0.001)
+    with pytest.raises(RuntimeError, match="ended TurnLimitExceeded"):
+        asyncio.run(coroutine)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from driver_support import on_virtual_time
 from structlog.testing import capture_logs
 
 import statemachine as sm
@@ -1172,7 +1173,7 @@ def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> N
             sm.run_agent(model=model, tools=[echo], messages=[sm.UserMessage("go")]), 5
         )
 
-    result = asyncio.run(main())
+    result = on_virtual_time(main)
     assert result.state is sm.TurnState.Done
     assert result.stats is not None
     assert result.stats.model_calls == 3
@@ -1217,7 +1218,15 @@ def test_a_model_failing_after_the_abort_is_not_the_cause_of_the_aborted_result(
         asyncio.get_running_loop().call_later(0.05, agent.abort, "stop")
         return await asyncio.wait_for(agent.run(), HANG_GUARD)
 
-    result = asyncio.run(main())
+    result = on_virtual_time(main)
     assert result.state is sm.TurnState.Aborted
     assert isinstance(result.error, sm.AbortedError)
     assert result.error.__cause__ is None
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_run_runs_once() -> None:
+    run = sm.AgentRun(model=ScriptedModel(DONE), messages=[sm.UserMessage("go")])
+    assert asyncio.run(run.run()).state is sm.TurnState.Done
+    with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
+        asyncio.run(run.run())

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from driver_support import on_virtual_time
 
 import statemachine as sm
 import statemachine.messages
@@ -547,10 +548,12 @@ def test_a_tool_timing_out_fires_only_its_own_signal() -> None:
         seen.append(signal.aborted)
         return sm.AssistantMessage("ok")
 
-    result = sm.run_agent_sync(
-        model=FunctionModel(answer, with_signal=True),
-        tools=[slow, patient],
-        messages=[sm.UserMessage("go")],
+    result = on_virtual_time(
+        lambda: sm.run_agent(
+            model=FunctionModel(answer, with_signal=True),
+            tools=[slow, patient],
+            messages=[sm.UserMessage("go")],
+        )
     )
     assert result.state is sm.TurnState.Done
     assert [(r.is_error, r.text) for r in results(result.messages)] == [
@@ -613,11 +616,13 @@ def test_a_timed_out_tool_that_ignores_its_signal_finishes_its_cleanup_before_it
         seen_by_model.append(list(cleaned))
         return sm.AssistantMessage("ok")
 
-    result = sm.run_agent_sync(
-        model=FunctionModel(answer),
-        tools=[deaf],
-        messages=[sm.UserMessage("go")],
-        grace_period=0.5,
+    result = on_virtual_time(
+        lambda: sm.run_agent(
+            model=FunctionModel(answer),
+            tools=[deaf],
+            messages=[sm.UserMessage("go")],
+            grace_period=0.5,
+        )
     )
     assert result.state is sm.TurnState.Done
     assert [r.text for r in results(result.messages)] == ["Tool deaf timed out after 0.05 s"]

@@ -313,7 +313,7 @@ def test_a_tampered_snapshot_is_refused_naming_the_field(
 def test_a_refused_snapshot_runs_nothing() -> None:
     snap = json.loads(suspended_snapshot("approval"))
     _set_args_in_batch(snap)
-    _resume_is_refused(snap, sm.InvalidInputError, r"batch\[1\]\.call")
+    _resume_is_refused(snap, sm.errors.SnapshotError, r"batch\[1\]\.call")
 
 
 # -- malformed input: always SnapshotError, never a crash ----------------------------------------
@@ -599,7 +599,7 @@ def resume_property(case: tuple[str, Snapshot, list[str]]) -> None:
 
     try:
         result = asyncio.run(resume())
-    except sm.UsageError:  # refused before anything ran (InvalidInputError included)
+    except (sm.UsageError, sm.errors.BadDataError):  # refused before anything ran
         assert recorder.ran == [], "a refused resume ran a tool"
         assert recorder.model_calls == 0, "a refused resume called the model"
         return
@@ -929,15 +929,6 @@ def test_a_normal_run_stays_far_below_the_cap() -> None:
     before = len(e.trace)
     e.handle(sm.engine.ToolFinished("q", sm.ToolOutput("ok")))
     assert len(e.trace) - before == 3  # the input, results_complete, next_turn
-
-
-def test_where_the_new_errors_sit_in_the_hierarchy() -> None:
-    assert issubclass(sm.errors.SnapshotError, sm.errors.WireFormatError)
-    assert issubclass(sm.errors.SnapshotError, sm.InvalidInputError)
-    assert issubclass(sm.errors.SnapshotSignatureError, sm.errors.SnapshotError)
-    assert issubclass(sm.errors.EngineInvariantError, sm.StateMachineError)
-    for family in (sm.UsageError, sm.errors.BadOutputError, sm.errors.RunEndedError):
-        assert not issubclass(sm.errors.EngineInvariantError, family)
 
 
 @pytest.mark.timeout(30)

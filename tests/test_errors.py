@@ -18,15 +18,37 @@ from statemachine.testing import FunctionModel
         (sm.UsageError, (sm.StateMachineError,)),
         (sm.errors.ProtocolError, (sm.UsageError,)),
         (sm.InvalidInputError, (sm.UsageError, ValueError)),
-        (sm.errors.WireFormatError, (sm.InvalidInputError, ValueError)),
-        (sm.errors.BadOutputError, (sm.StateMachineError,)),
-        (sm.errors.ModelOutputError, (sm.errors.BadOutputError,)),
-        (sm.errors.ToolOutputError, (sm.errors.BadOutputError,)),
+        (sm.errors.DiagramError, (sm.UsageError,)),
+        (sm.errors.UnknownRunError, (sm.UsageError,)),
+        (sm.errors.NotPendingError, (sm.UsageError,)),
+        (sm.errors.BadDataError, (sm.StateMachineError, ValueError)),
+        (sm.errors.WireFormatError, (sm.errors.BadDataError,)),
+        (sm.errors.SnapshotError, (sm.errors.WireFormatError,)),
+        (sm.errors.SnapshotSignatureError, (sm.errors.SnapshotError,)),
+        (sm.errors.JournalError, (sm.errors.BadDataError,)),
+        (sm.errors.ExportError, (sm.errors.BadDataError,)),
+        (sm.errors.SpecError, (sm.errors.BadDataError,)),
+        (sm.errors.ModelOutputError, (sm.errors.BadDataError,)),
+        (sm.errors.ToolOutputError, (sm.errors.BadDataError,)),
+        (sm.errors.ServiceError, (sm.StateMachineError,)),
+        (sm.errors.ProviderError, (sm.errors.ServiceError,)),
+        (sm.errors.ProviderAuthError, (sm.errors.ProviderError,)),
+        (sm.errors.ProviderUnavailableError, (sm.errors.ProviderError,)),
+        (sm.errors.ContextOverflowError, (sm.errors.ProviderError,)),
+        (sm.errors.ProviderRequestError, (sm.errors.ProviderError,)),
+        (sm.errors.ProviderResponseError, (sm.errors.ProviderError,)),
+        (sm.errors.ProviderLimitError, (sm.errors.ProviderError,)),
+        (sm.errors.MCPError, (sm.errors.ServiceError,)),
+        (sm.errors.StoreUnavailableError, (sm.errors.ServiceError,)),
+        (sm.errors.BridgeError, (sm.errors.ServiceError, RuntimeError)),
+        (sm.errors.BridgeProtocolError, (sm.errors.BridgeError,)),
+        (sm.errors.BridgeTimeoutError, (sm.errors.BridgeError,)),
         (sm.errors.RunEndedError, (sm.StateMachineError,)),
         (sm.AbortedError, (sm.errors.RunEndedError,)),
         (sm.TurnLimitExceededError, (sm.errors.RunEndedError,)),
         (sm.ModelFailedError, (sm.errors.RunEndedError,)),
         (sm.errors.AwaitingUserError, (sm.errors.RunEndedError,)),
+        (sm.errors.EngineInvariantError, (sm.StateMachineError,)),
     ],
 )
 def test_hierarchy(error: type[Exception], bases: tuple[type[Exception], ...]) -> None:
@@ -34,18 +56,51 @@ def test_hierarchy(error: type[Exception], bases: tuple[type[Exception], ...]) -
         assert issubclass(error, base)
 
 
-def test_the_three_families_do_not_overlap() -> None:
-    families = (sm.UsageError, sm.errors.BadOutputError, sm.errors.RunEndedError)
-    for i, a in enumerate(families):
-        for b in families[i + 1 :]:
+_FAMILIES = (
+    sm.UsageError,
+    sm.errors.BadDataError,
+    sm.errors.ServiceError,
+    sm.errors.RunEndedError,
+    sm.errors.EngineInvariantError,
+)
+
+
+def test_the_families_do_not_overlap() -> None:
+    for i, a in enumerate(_FAMILIES):
+        for b in _FAMILIES[i + 1 :]:
             assert not issubclass(a, b)
             assert not issubclass(b, a)
+
+
+def test_every_public_error_is_defined_in_the_one_module_and_in_one_family() -> None:
+    # The tree in the module's docstring is the whole hierarchy: every exception the
+    # library exports lives in statemachine.errors, under exactly one family.
+    exported = [getattr(sm.errors, name) for name in sm.errors.__all__]
+    for error in exported:
+        assert error.__module__ == "statemachine.errors", error
+        if error is sm.StateMachineError or error in _FAMILIES:
+            continue
+        families = [f for f in _FAMILIES if issubclass(error, f)]
+        assert len(families) == 1, (error, families)
+        assert error.__name__ in (sm.errors.__doc__ or ""), error
 
 
 def test_a_protocol_error_is_not_a_value_error() -> None:
     # Only input refused before a run is a ValueError; a refused event is misuse of
     # a running engine, and catching ValueError must not hide it.
     assert not issubclass(sm.errors.ProtocolError, ValueError)
+
+
+def test_a_tampered_document_is_not_the_callers_misuse() -> None:
+    # A snapshot, journal or wire document from outside is bad data, not a bug in the
+    # calling code: an application retries with other data, it does not fix its code.
+    for error in (
+        sm.errors.SnapshotError,
+        sm.errors.JournalError,
+        sm.errors.WireFormatError,
+        sm.errors.ModelOutputError,
+    ):
+        assert not issubclass(error, sm.UsageError), error
 
 
 def _run(message: sm.AssistantMessage, max_turns: int = 1) -> sm.RunResult:

@@ -39,6 +39,7 @@ import statemachine as sm
 import statemachine.engine
 import statemachine.messages
 from statemachine.agent import run as _driver
+from statemachine.agent.executor import AsyncioExecutor
 from statemachine.testing import (
     Execution as KitExecution,
 )
@@ -433,7 +434,7 @@ def play(plan: Plan, *, trace_memory: bool = False) -> Outcome:
     finally:
         if trace_memory:
             tracemalloc.stop()
-        _driver._close_loop(loop, GRACE)
+        _driver.close_loop(loop, GRACE)
 
 
 # -- the properties ---------------------------------------------------------------------------
@@ -657,7 +658,7 @@ def test_a_plan_of_every_fault_at_once() -> None:
 @contextmanager
 def broken(monkeypatch: pytest.MonkeyPatch, name: str, replacement: Any) -> Iterator[None]:
     with monkeypatch.context() as patch:
-        patch.setattr(sm.AgentRun, name, replacement)
+        patch.setattr(AsyncioExecutor, name, replacement)
         yield
 
 
@@ -680,14 +681,14 @@ def _search(problem: str) -> Plan:
 def test_the_properties_catch_a_driver_that_forgets_a_result(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    post = sm.AgentRun._post
+    report = AsyncioExecutor.report
 
-    def forgetful(self: sm.AgentRun, key: str, event: Any) -> None:
+    def forgetful(self: AsyncioExecutor, key: str, event: Any) -> None:
         if isinstance(event, sm.engine.ToolFinished) and key.endswith("_1"):
             return  # the second call of a batch never reports
-        post(self, key, event)
+        report(self, key, event)
 
-    with broken(monkeypatch, "_post", forgetful):
+    with broken(monkeypatch, "report", forgetful):
         plan = _search("did not end")
     assert any(len(turn.calls) >= 2 for turn in plan.turns)
 
@@ -696,10 +697,10 @@ def test_the_properties_catch_a_driver_that_forgets_a_result(
 def test_the_properties_catch_a_driver_that_does_not_cancel_on_abort(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def waits_for_ever(self: sm.AgentRun, keys: list[str], reason: str) -> None:
-        await asyncio.wait([self._tasks[k] for k in keys if k in self._tasks])
+    async def waits_for_ever(self: AsyncioExecutor, keys: list[str], reason: str) -> None:
+        await asyncio.wait([self.tasks[k] for k in keys if k in self.tasks])
 
-    with broken(monkeypatch, "_cancel_after_grace", waits_for_ever):
+    with broken(monkeypatch, "cancel_after_grace", waits_for_ever):
         plan = _search("over its bound")
     # An operation that ignores the signal outlasted the grace period.
     assert plan.abort_time is not None
@@ -710,13 +711,13 @@ def test_the_properties_catch_a_driver_that_does_not_cancel_on_abort(
 def test_the_properties_catch_a_driver_that_rewrites_odd_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    execute = sm.AgentRun._execute
+    execute = AsyncioExecutor.execute
 
-    async def tidy(self: sm.AgentRun, tool: sm.Tool, call: sm.ToolCall, controller: Any) -> Any:
-        output = await execute(self, tool, call, controller)
+    async def tidy(self: AsyncioExecutor, tool: sm.Tool, call: sm.ToolCall) -> Any:
+        output = await execute(self, tool, call)
         text = "".join(getattr(block, "text", "") for block in output.content)
         return sm.ToolOutput(text.encode("utf-8", "replace").decode("utf-8"), output.is_error)
 
-    with broken(monkeypatch, "_execute", tidy):
+    with broken(monkeypatch, "execute", tidy):
         plan = _search("a result that arrived must be kept as it is")
     assert any(op.fault is Fault.SURROGATES for op in plan.ops())

@@ -167,12 +167,35 @@ def test_the_core_is_sans_io_and_imports_nothing_above_it(path: Path) -> None:
     io = {"asyncio", "socket", "subprocess", "os", "httpx", "httpx2"}  # threading: a lock
     assert not {m.partition(".")[0] for m in imports} & io, imports
     ours = {m for m in imports if m.startswith("statemachine.")}
-    allowed = ("statemachine.core", "statemachine._log", "statemachine._version")
+    allowed = (
+        "statemachine.core",
+        "statemachine.errors",
+        "statemachine._log",
+        "statemachine._version",
+    )
     assert all(m.startswith(allowed) for m in ours), sorted(ours)
+
+
+def test_the_error_module_is_the_floor_beneath_every_layer() -> None:
+    # Every layer raises the errors of statemachine.errors, so that module imports
+    # nothing of the library at run time (only a type, for the checker).
+    tree = ast.parse((PACKAGE / "errors.py").read_text(encoding="utf-8"))
+    runtime = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]
+    assert [ast.unparse(node) for node in runtime] == ["from typing import TYPE_CHECKING"]
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "agent").glob("*.py")), ids=lambda p: p.name)
 def test_the_run_layer_imports_only_the_core_below_it(path: Path) -> None:
     ours = {m for m in _imports_of(path) if m.startswith("statemachine.")}
-    allowed = ("statemachine.core", "statemachine.agent", "statemachine._log")
+    allowed = (
+        "statemachine.core",
+        "statemachine.agent",
+        "statemachine.errors",
+        "statemachine._log",
+    )
     assert all(m.startswith(allowed) for m in ours), sorted(ours)

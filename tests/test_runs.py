@@ -19,8 +19,8 @@ from statemachine.agent.events import (
     RunResult,
 )
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.table import Trigger, TurnState
+from statemachine.errors import WireFormatError
 from statemachine.messages import StopReason
 from tools.figures import demo_run, recovery_run
 
@@ -81,7 +81,7 @@ def test_bad_run_files_are_refused_with_the_path(
     demo: RunResult, change: dict[str, Any], message: str
 ) -> None:
     data = {**run_result_to_dict(demo), **change}
-    with pytest.raises(InvalidInputError, match=message):
+    with pytest.raises(WireFormatError, match=message):
         run_result_from_dict(data)
 
 

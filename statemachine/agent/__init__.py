@@ -1,8 +1,10 @@
-"""The run layer: the asyncio action loop that drives the engine, tools, the model.
+"""The run layer: the asyncio driver around the engine.
 
-``loop`` (the action loop and its executor seam), ``executor`` (the asyncio one),
-``hook_calls`` (asking the hooks, for the executor), ``run`` (``AgentRun``,
-``run_agent``), ``resume``, ``hooks``, ``events`` (what a run reports), ``tools``
-(``Tool``, ``@tool``), ``signature``, ``model``. This layer is internal; the public
-names are re-exported by ``statemachine``.
+``run`` (``AgentRun``, ``run_agent``, ``run_agent_sync``), and the parts an
+``AgentRun`` holds: ``loop`` (``ActionLoop``: the engine decides, an executor
+performs), ``executor`` (``AsyncioExecutor``), ``hook_calls`` (``HookCaller``),
+``stream`` (``EventStream``); then ``resume``, ``calls`` (calling code the library does
+not own), ``hooks``, ``events`` (what a run reports), ``tools`` (``Tool``, ``@tool``),
+``signature``, ``model``. This layer is internal; the public names are re-exported by
+``statemachine``.
 """

@@ -37,6 +37,7 @@ __all__ = [
     "ToolStarted",
     "TurnEnded",
     "TurnStarted",
+    "run_error",
 ]
 
 
@@ -122,12 +123,19 @@ class RunStats:
     wall_seconds: float
 
 
-_ERRORS: dict[TurnState, type[RunEndedError]] = {
+_ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
     TurnState.Aborted: AbortedError,
     TurnState.TurnLimitExceeded: TurnLimitExceededError,
     TurnState.Failed: ModelFailedError,
     TurnState.AwaitingUser: AwaitingUserError,
 }
+
+
+def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
+    """``RunResult.error`` of a run that ended in ``state``: the one place where a state
+    becomes its error (``None`` for ``Done``)."""
+    error_type = _ERROR_TYPES.get(state)
+    return None if error_type is None else error_type(explanation)
 
 
 @attrs.frozen

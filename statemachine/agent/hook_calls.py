@@ -1,21 +1,32 @@
 """Asking the run's hooks: ``before_tool_call`` about each call, ``after_tool_call``
-about each result, ``should_continue`` at a turn boundary.
+about each result, ``should_continue`` at a turn boundary, ``transform_context``
+before each model call.
 
 Each answer becomes the input event the engine expects (``ToolPermitted``,
 ``ToolDenied``, ``ApprovalRequired``, ``ContinueDecided``) or the result the model
 reads. A hook that raises or answers something else fails closed, explained: a call
 is denied, the run stops, a result says what went wrong. The executor runs these
-coroutines as helper tasks (``statemachine.agent.executor``).
+coroutines (``statemachine.agent.executor``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from statemachine.agent.hooks import Deny, RequireApproval, Stop, _call_hook, _describe
-from statemachine.agent.loop import ActionLoop
+import attrs
+
+from statemachine.agent.calls import call_hook, describe
+from statemachine.agent.hooks import (
+    AfterToolCall,
+    BeforeToolCall,
+    Deny,
+    RequireApproval,
+    ShouldContinue,
+    Stop,
+    TransformContext,
+)
 from statemachine.core.events import (
     ApprovalRequired,
     ContinueDecided,
@@ -23,31 +34,52 @@ from statemachine.core.events import (
     ToolDenied,
     ToolPermitted,
 )
-from statemachine.core.messages import ToolCall
+from statemachine.core.messages import Message, ToolCall
 from statemachine.core.tools import ToolOutput
+from statemachine.errors import ModelOutputError
 
-__all__ = ["HookCalls"]
+__all__ = ["HookCaller", "Hooks"]
 
 
-class HookCalls(ActionLoop):
-    """The action loop's calls of the run's hooks."""
+@attrs.frozen
+class Hooks:
+    """The hooks of one run (each may be absent)."""
 
-    _before: Callable[..., Any] | None
-    _after: Callable[..., Any] | None
-    _should_continue: Callable[..., Any] | None
+    before_tool_call: BeforeToolCall | None = None
+    after_tool_call: AfterToolCall | None = None
+    should_continue: ShouldContinue | None = None
+    transform_context: TransformContext | None = None
 
-    async def _after_hook(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
-        assert self._after is not None
+
+class HookCaller:
+    """Calls the run's hooks and turns each answer into what the engine expects.
+
+    ``note_failure(exc, where)`` is told of every hook that raised (the action loop's:
+    a ``KeyboardInterrupt`` then aborts the run).
+    """
+
+    def __init__(
+        self, hooks: Hooks, log: Any, note_failure: Callable[[BaseException, str], None]
+    ) -> None:
+        self.hooks = hooks
+        self._log = log
+        self._note_failure = note_failure
+
+    async def after_tool_call(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
+        """The result the model reads: ``output``, or the hook's replacement."""
+        hook = self.hooks.after_tool_call
+        if hook is None:
+            return output
         try:
-            replaced = await _call_hook(self._after, call, output)
+            replaced = await call_hook(hook, call, output)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook must not lose the result
-            self._log.warning("after_tool_call_raised", call_id=call.id, error=_describe(exc))
+            self._log.warning("after_tool_call_raised", call_id=call.id, error=describe(exc))
             self._note_failure(exc, "the after_tool_call hook")
             original = "\n".join(getattr(b, "text", "[image]") for b in output.content)
             return ToolOutput(
-                f"The after_tool_call hook raised {_describe(exc)}. The tool's own result "
+                f"The after_tool_call hook raised {describe(exc)}. The tool's own result "
                 f"was:\n{original}",
                 is_error=True,
             )
@@ -61,61 +93,76 @@ class HookCalls(ActionLoop):
             )
         return replaced
 
-    async def _check_permissions(self, calls: list[ToolCall]) -> None:
-        hook = self._before
+    async def transformed(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """What the model is sent; a hook that raises fails the model call."""
+        hook = self.hooks.transform_context
+        if hook is None:
+            return messages
+        try:
+            context: Sequence[Message] = await call_hook(hook, messages)
+        except Exception as exc:
+            self._note_failure(exc, "the transform_context hook")
+            raise ModelOutputError(f"the transform_context hook raised {describe(exc)}") from exc
+        return context
+
+    async def check_permissions(
+        self,
+        calls: Sequence[ToolCall],
+        put: Callable[[Event], None],
+        stopped: Callable[[], bool],
+    ) -> None:
+        """Ask ``before_tool_call`` about ``calls`` in call order, one at a time (a hook
+        may ask a person, one question at a time); ``put`` each answer as it comes,
+        until ``stopped()`` (the engine answers the calls left unchecked on abort)."""
+        hook = self.hooks.before_tool_call
         assert hook is not None
-        assert self._inbox is not None
-        # In call order, one at a time: a hook may ask a person, one question at a time.
         for call in calls:
-            if self._aborting or self._fatal is not None:
-                return  # the engine answers the calls left unchecked when it aborts
+            if stopped():
+                return
             decision: object
             try:
-                decision = await _call_hook(hook, call)
+                decision = await call_hook(hook, call)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
-                self._log.warning("before_tool_call_raised", call_id=call.id, error=_describe(exc))
+                self._log.warning("before_tool_call_raised", call_id=call.id, error=describe(exc))
                 self._note_failure(exc, "the before_tool_call hook")
                 decision = Deny(
-                    f"the before_tool_call hook raised {_describe(exc)}; the call was not run"
+                    f"the before_tool_call hook raised {describe(exc)}; the call was not run"
                 )
-            event: Event
-            if decision is None:
-                event = ToolPermitted(call.id)
-            elif isinstance(decision, Deny):
-                event = ToolDenied(call.id, decision.reason, decision.advisory)
-            elif isinstance(decision, RequireApproval):
-                event = ApprovalRequired(call.id, decision.reason)
-            else:
-                event = ToolDenied(
-                    call.id,
-                    f"the before_tool_call hook returned {type(decision).__name__}, "
-                    "expected None or Deny or RequireApproval; the call was not run",
-                )
-            self._inbox.put_nowait(event)
+            put(_permission(call, decision))
 
-    async def _check_continue(self, turn: int) -> None:
-        hook = self._should_continue
+    async def check_continue(self, messages: Sequence[Message], turn: int) -> Event:
+        """Ask ``should_continue`` at the boundary after ``turn``: its ``ContinueDecided``."""
+        hook = self.hooks.should_continue
         assert hook is not None
-        assert self._inbox is not None
         try:
-            decision: object = await _call_hook(hook, self.engine.messages, turn)
+            decision: object = await call_hook(hook, messages, turn)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook stops the run, explained
-            self._log.warning("should_continue_raised", turn=turn, error=_describe(exc))
+            self._log.warning("should_continue_raised", turn=turn, error=describe(exc))
             self._note_failure(exc, "the should_continue hook")
-            decision = Stop(f"the should_continue hook raised {_describe(exc)}")
+            decision = Stop(f"the should_continue hook raised {describe(exc)}")
         if decision is None:
-            self._inbox.put_nowait(ContinueDecided(False))
-        elif isinstance(decision, Stop):
-            self._inbox.put_nowait(ContinueDecided(True, decision.reason))
-        else:
-            self._inbox.put_nowait(
-                ContinueDecided(
-                    True,
-                    f"the should_continue hook returned {type(decision).__name__}, "
-                    "expected None or Stop",
-                )
-            )
+            return ContinueDecided(False)
+        if isinstance(decision, Stop):
+            return ContinueDecided(True, decision.reason)
+        return ContinueDecided(
+            True,
+            f"the should_continue hook returned {type(decision).__name__}, expected None or Stop",
+        )
+
+
+def _permission(call: ToolCall, decision: object) -> Event:
+    if decision is None:
+        return ToolPermitted(call.id)
+    if isinstance(decision, Deny):
+        return ToolDenied(call.id, decision.reason, decision.advisory)
+    if isinstance(decision, RequireApproval):
+        return ApprovalRequired(call.id, decision.reason)
+    return ToolDenied(
+        call.id,
+        f"the before_tool_call hook returned {type(decision).__name__}, "
+        "expected None or Deny or RequireApproval; the call was not run",
+    )

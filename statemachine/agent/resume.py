@@ -11,14 +11,20 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from statemachine.agent.calls import call_hook, describe
 from statemachine.agent.events import RunResult
-from statemachine.agent.hooks import BeforeToolCall, Deny, RequireApproval, _call_hook, _describe
-from statemachine.agent.model import ModelClient
-from statemachine.agent.run import (
-    AgentRun,
-    _check_tools,
+from statemachine.agent.hooks import (
+    AfterToolCall,
+    BeforeToolCall,
+    Deny,
+    RequireApproval,
+    ShouldContinue,
+    TransformContext,
 )
+from statemachine.agent.model import ModelClient
+from statemachine.agent.run import DEFAULT_GRACE_PERIOD, AgentRun, check_tools, continue_run
 from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
@@ -39,7 +45,13 @@ def resume_run(
     max_turns: int | None = None,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    **kwargs: Any,
+    signal: AbortSignal | None = None,
+    before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    should_continue: ShouldContinue | None = None,
+    transform_context: TransformContext | None = None,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+    logger: Any = None,
 ) -> AgentRun:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
 
@@ -61,30 +73,49 @@ def resume_run(
     marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
     suspended under a ``before_tool_call`` hook must be resumed with one.
     """
-    engine = _restore(state, tools, kwargs.get("logger"), key, max_snapshot_bytes, max_turns)
+    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns)
     events = _resume_events(engine, approvals, message)
-    if message is not None:
-        # Every open call is answered "not approved": nothing of the batch runs.
-        return AgentRun(model=model, tools=tools, _engine=engine, _resume_events=events, **kwargs)
+    # With a message, every open call is answered "not approved": nothing of the batch
+    # runs, and nothing is asked again.
+    recheck = [] if message is not None else _may_run(engine, events, tools, before_tool_call)
+    run = continue_run(
+        _ResumedRun,
+        engine,
+        events,
+        model=model,
+        tools=tools,
+        signal=signal,
+        before_tool_call=before_tool_call,
+        after_tool_call=after_tool_call,
+        should_continue=should_continue,
+        transform_context=transform_context,
+        grace_period=grace_period,
+        logger=logger,
+    )
+    if before_tool_call is not None and recheck:
+        run.ask_again(before_tool_call, recheck)
+    return run
+
+
+def _may_run(
+    engine: Engine,
+    events: Sequence[Event],
+    tools: Sequence[Tool],
+    before_tool_call: BeforeToolCall | None,
+) -> list[tuple[ToolCall, bool]]:
+    """The calls of the restored batch that may run once the decisions ``events`` are
+    handled, each with whether it waited for a person; refused at once if ``tools``
+    cannot run them or the hook they were suspended under is missing."""
     approved = {e.call_id for e in events if isinstance(e, ApprovalDecided) and e.approved}
     waiting = {call.id for call, _ in engine.pending_approvals()}
     may_run = [c for c in engine.pending_calls() if c.id in approved or c.id not in waiting]
     _check_tools_for(may_run, tools)
-    policy = kwargs.get("before_tool_call")
-    if policy is None and engine.check_permissions:
+    if before_tool_call is None and engine.check_permissions:
         raise UsageError(
             "this run was suspended under a before_tool_call hook: resume it with the hook, "
             "which is asked again about the calls that may run"
         )
-    return _ResumedRun(
-        policy=policy,
-        recheck=tuple((c, c.id in waiting) for c in may_run),
-        model=model,
-        tools=tools,
-        _engine=engine,
-        _resume_events=events,
-        **kwargs,
-    )
+    return [(c, c.id in waiting) for c in may_run]
 
 
 def _restore(
@@ -99,7 +130,7 @@ def _restore(
     snapshot = state.snapshot if isinstance(state, RunResult) else state
     if snapshot is None:
         raise UsageError("only a run that stopped in AwaitingUser can be resumed")
-    _check_tools(tools)
+    check_tools(tools)
     engine = Engine.restore(
         snapshot,
         scheduling={t.name: t.scheduling for t in tools},
@@ -174,11 +205,11 @@ async def _ask_policy_again(
     for call, awaits_person in recheck:
         decision: object
         try:
-            decision = await _call_hook(policy, call)
+            decision = await call_hook(policy, call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
-            decision = Deny(f"the before_tool_call hook raised {_describe(exc)}")
+            decision = Deny(f"the before_tool_call hook raised {describe(exc)}")
         if decision is None or (awaits_person and isinstance(decision, RequireApproval)):
             continue
         if isinstance(decision, Deny):
@@ -198,14 +229,11 @@ async def _ask_policy_again(
 class _ResumedRun(AgentRun):
     """A resumed ``AgentRun`` that asks the policy again before it goes on."""
 
-    def __init__(
-        self,
-        *,
-        policy: BeforeToolCall | None,
-        recheck: Sequence[tuple[ToolCall, bool]],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    _policy_again: BeforeToolCall | None = None
+    _recheck: tuple[tuple[ToolCall, bool], ...] = ()
+
+    def ask_again(self, policy: BeforeToolCall, recheck: Sequence[tuple[ToolCall, bool]]) -> None:
+        """Before anything runs, ask ``policy`` again about the calls ``recheck``."""
         self._policy_again = policy
         self._recheck = tuple(recheck)
 
@@ -226,7 +254,13 @@ async def resume_agent(
     max_turns: int | None = None,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    **kwargs: Any,
+    signal: AbortSignal | None = None,
+    before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    should_continue: ShouldContinue | None = None,
+    transform_context: TransformContext | None = None,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+    logger: Any = None,
 ) -> RunResult:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs)."""
@@ -239,6 +273,12 @@ async def resume_agent(
         max_turns=max_turns,
         key=key,
         max_snapshot_bytes=max_snapshot_bytes,
-        **kwargs,
+        signal=signal,
+        before_tool_call=before_tool_call,
+        after_tool_call=after_tool_call,
+        should_continue=should_continue,
+        transform_context=transform_context,
+        grace_period=grace_period,
+        logger=logger,
     )
     return await run.run()

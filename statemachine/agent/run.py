@@ -1,8 +1,9 @@
 """The run: ``AgentRun`` (a handle for steering, aborting and watching one run),
 ``run_agent`` and ``run_agent_sync``.
 
-``AgentRun`` is the action loop (``statemachine.agent.loop``) with the in-process
-executor (``statemachine.agent.executor``), plus what a caller holds: queued input
+``AgentRun`` holds the engine, the run's event stream (``statemachine.agent.stream``)
+and, while it runs, the action loop (``statemachine.agent.loop``) with the in-process
+executor (``statemachine.agent.executor``); what a caller holds is queued input
 (``steer``, ``follow_up``), ``abort`` and the event stream (``events()``). The hooks
 and their failure modes are in ``statemachine.agent.hooks``; resuming a suspended run
 in ``statemachine.agent.resume``.
@@ -19,38 +20,40 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from statemachine._log import library_logger
-from statemachine.agent.events import (
-    RunEvent,
-    RunResult,
-    RunStarted,
-)
+from statemachine.agent.events import RunEvent, RunResult, run_error
 from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
     ShouldContinue,
     TransformContext,
 )
-from statemachine.agent.loop import Inbox
+from statemachine.agent.loop import ActionLoop, Executor, Inbox
 from statemachine.agent.model import ModelClient
+from statemachine.agent.stream import EventStream
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
 from statemachine.core.messages import Message, UserMessage
+from statemachine.core.table import TurnState
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "AgentRun",
+    "check_tools",
+    "continue_run",
     "run_agent",
     "run_agent_sync",
+    "use_backend",
 ]
 
 DEFAULT_GRACE_PERIOD = 1.0
@@ -70,7 +73,7 @@ def _check_options(model: ModelClient, grace_period: float, signal: AbortSignal 
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
 
 
-class AgentRun(AsyncioExecutor):
+class AgentRun:
     """One run of the loop, with a handle for steering, aborting and watching it.
 
     ``await AgentRun(...).run()`` is ``run_agent(...)``. Before or while it runs:
@@ -78,6 +81,12 @@ class AgentRun(AsyncioExecutor):
     one for when the model would otherwise finish, ``abort(reason)`` aborts, and
     ``events()`` is an async iterator of ``RunEvent``s (subscribe before ``run()``
     to see them all).
+
+    Its parts: the ``engine``; an ``EventStream`` (the subscribers, the stats); and,
+    while ``run()`` runs, an ``ActionLoop`` (``statemachine.agent.loop``) that hands
+    the engine one event at a time and each action it answers with to an executor
+    (``AsyncioExecutor``, ``statemachine.agent.executor``), whose operations report
+    back to the loop's inbox.
     """
 
     def __init__(
@@ -96,46 +105,44 @@ class AgentRun(AsyncioExecutor):
         logger: Any = None,
         run_id: str | None = None,
         engine_factory: Callable[..., Engine] = Engine,
-        _engine: Engine | None = None,
-        _resume_events: Sequence[Event] = (),
     ) -> None:
-        _check_tools(tools)
+        check_tools(tools)
         _check_options(model, grace_period, signal)
         base = logger if logger is not None else library_logger()
-        if _engine is None:
-            _engine = engine_factory(
-                tools=[t.definition for t in tools],
-                messages=messages,
-                max_turns=max_turns,
-                check_permissions=before_tool_call is not None,
-                check_continue=should_continue is not None,
-                scheduling={t.name: t.scheduling for t in tools},
-                run_id=run_id or uuid.uuid4().hex[:12],
-                logger=base,
-            )
-        else:
-            # A restored engine asks the hooks that this run has: hooks are code, they
-            # do not travel in a snapshot.
-            _engine.check_permissions = before_tool_call is not None
-            _engine.check_continue = should_continue is not None
-        self._init_loop(_engine)
-        self._init_executor()
-        self.run_id = _engine.run_id
-        self._resume_events = tuple(_resume_events)
+        engine = engine_factory(
+            tools=[t.definition for t in tools],
+            messages=messages,
+            max_turns=max_turns,
+            check_permissions=before_tool_call is not None,
+            check_continue=should_continue is not None,
+            scheduling={t.name: t.scheduling for t in tools},
+            run_id=run_id or uuid.uuid4().hex[:12],
+            logger=base,
+        )
+        # Hooks are code: they do not travel in a snapshot, so a restored engine
+        # (``continue_run``) asks the hooks that this run has.
+        engine.check_permissions = before_tool_call is not None
+        engine.check_continue = should_continue is not None
+        self.engine = engine
+        self.run_id = engine.run_id
         self._model = model
         self._tools = {t.name: t for t in tools}
-        self._user_signal = signal if signal is not None else AbortSignal()
-        self._controller = AbortController()  # what tools and the model client hold
-        self._signal = self._controller.signal  # read on every call: kept at hand
-        self._before = before_tool_call
-        self._after = after_tool_call
-        self._should_continue = should_continue
-        self._transform = transform_context
+        self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
-        self._loop = None
+        self._user_signal = signal if signal is not None else AbortSignal()
+        self._stream = EventStream(engine)
+        # What starts the run: ``Start``, or the events a resumed run goes on with.
+        self._first: tuple[Event, ...] = ()
+        # What a backend may replace (``use_backend``).
+        self._inbox: Inbox | None = None
+        self._executor: ExecutorFactory = AsyncioExecutor
+        self._on_handle: Callable[[Event], None] | None = None
+        # While run() runs: the action loop, bound to the event loop's thread.
+        self._loop: ActionLoop | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._early: list[Event] = []  # input queued before run() started
+        self._early: list[Event] = []  # input and aborts before run() started
         self._started = False
         self._outcome: RunResult | None = None
 
@@ -158,55 +165,45 @@ class AgentRun(AsyncioExecutor):
 
     def abort(self, reason: object = None) -> None:
         """Abort the run (thread-safe); same as aborting the run's signal."""
-        reason = "aborted by the caller" if reason is None else reason
-        if self._loop is None:
-            self._early.append(AbortRequested(str(reason)))
-        elif self._finished:
-            return  # nothing left to abort; not an error (abort is idempotent)
-        elif threading.get_ident() == self._loop_thread:
-            self._abort(str(reason))
-        else:
-            try:
-                self._loop.call_soon_threadsafe(self._abort, str(reason))
-            except RuntimeError:
-                pass  # the loop has closed: the run is over
+        text = "aborted by the caller" if reason is None else str(reason)
+        loop = self._loop
+        if loop is None:
+            if not self._started:
+                self._early.append(AbortRequested(text))
+            return  # ended: nothing left to abort; not an error (abort is idempotent)
+        self._on_loop_thread(loop.abort, text)
 
     def events(self) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunFinished``."""
-        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
-        if self._finished:
-            queue.put_nowait(None)
-        self._subscribers.append(queue)
-
-        async def iterate() -> AsyncIterator[RunEvent]:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                yield item
-
-        return iterate()
+        return self._stream.subscribe()
 
     def _queue_input(self, message: str | UserMessage, kind: InputKind) -> None:
         if isinstance(message, str):
             message = UserMessage(message)
         if not isinstance(message, UserMessage):
             raise InvalidInputError("queued input must be a str or a UserMessage")
-        if self._finished:
+        loop = self._loop
+        if self._outcome is not None or (loop is not None and loop.finished):
             raise UsageError("the run has ended; start a new run with this message")
         event = InputQueued(message, kind)
-        if self._loop is None:
+        if loop is None:
             self._early.append(event)
-        elif threading.get_ident() == self._loop_thread:
-            # From a tool, hook or model client of this run: queue it now, so it is
-            # ahead of the event that the calling operation reports next.
-            self._post_input(event)
         else:
-            self._loop.call_soon_threadsafe(self._post_input, event)
+            # From a tool, hook or model client of this run (the loop's own thread):
+            # queued now, so it is ahead of the event that the calling operation
+            # reports next.
+            self._on_loop_thread(loop.inbox.put_nowait, event)
 
-    def _post_input(self, event: Event) -> None:
-        assert self._inbox is not None
-        self._inbox.put_nowait(event)
+    def _on_loop_thread(self, act: Callable[[Any], None], arg: Any) -> None:
+        """``act(arg)`` now on the event loop's thread, else handed to that loop."""
+        if threading.get_ident() == self._loop_thread:
+            act(arg)
+            return
+        assert self._event_loop is not None
+        try:
+            self._event_loop.call_soon_threadsafe(act, arg)
+        except RuntimeError:
+            pass  # the loop has closed: the run is over
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -217,73 +214,130 @@ class AgentRun(AsyncioExecutor):
         if self._started:
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
-        remove = self._begin(asyncio.get_running_loop())
+        self._event_loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        loop = ActionLoop(
+            self.engine,
+            inbox=self._inbox if self._inbox is not None else asyncio.Queue(),
+            stream=self._stream,
+            controller=AbortController(),  # what tools and the model client hold
+            log=self._log,
+            executor=partial(
+                self._executor,
+                model=self._model,
+                tools=self._tools,
+                hooks=self._hooks,
+                grace=self._grace,
+            ),
+            on_handle=self._on_handle,
+        )
+        self._loop = loop
+        # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
+        # the signals that tools hold fire before the aborting code's next line.
+        remove = self._user_signal.add_listener(
+            lambda reason: self._on_loop_thread(loop.abort, str(reason))
+        )
         try:
-            self._emit(lambda: RunStarted(self.run_id))
-            self._first_events()
+            self._stream.run_started(self.run_id)
+            self._first_events(loop)
             try:
-                await self._drive()
+                await loop.drive()
             except asyncio.CancelledError:
                 # The caller cancelled run() (asyncio.Runner does on Ctrl-C): close the
                 # run as an abort, so every call still gets its result, then go on.
-                self._abort("the caller cancelled the run")
-                await self._drive()
+                loop.abort("the caller cancelled the run")
+                await loop.drive()
                 raise
         finally:
             remove()
-            await self._cleanup()
-            self._outcome = self._result()
-        if self._fatal is not None:
-            raise self._fatal
+            await loop.executor.close()
+            self._outcome = self._result(loop)
+            self._loop = None
+        if loop.fatal is not None:
+            raise loop.fatal
         return self._outcome
 
-    def _begin(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-        """Bind the run to ``loop`` and listen to the run's signal; returns the
-        listener's removal."""
-        self._loop = loop
-        self._loop_thread = loop_thread = threading.get_ident()
-        self._inbox = Inbox()
-        self._t0 = time.perf_counter()
-
-        def on_abort(reason: object) -> None:
-            # On the loop's own thread (a tool or hook aborting), act at once, so the
-            # signals that tools hold fire before the aborting code's next line; from
-            # any other thread, only hand the news to the loop.
-            if threading.get_ident() == loop_thread:
-                self._abort(str(reason))
-                return
-            try:
-                loop.call_soon_threadsafe(self._abort, str(reason))
-            except RuntimeError:
-                pass  # the loop is closed: the run is over, nothing to abort
-
-        return self._user_signal.add_listener(on_abort)
-
-    def _first_events(self) -> None:
-        """Hand the engine what starts the run: the resume's events or ``Start``, and
-        what was queued before ``run()``; or, if it was aborted already, the abort."""
+    def _first_events(self, loop: ActionLoop) -> None:
+        """Hand the engine what starts the run: ``Start`` (or the events a resumed run
+        goes on with), and what was queued before ``run()``; or, if it was aborted
+        already, the abort."""
         early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
         early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
         if not self._user_signal.aborted and early_abort is None:
             first: list[Event] = (
-                [*self._resume_events, *early_inputs]
-                if self._resume_events
-                else [*early_inputs, Start()]
+                [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
             )
             for event in first:
-                self._handle(event)
+                loop.handle(event)
             return
         # Aborted before anything started: no model call is made at all.
-        if not self._resume_events:
+        if not self._first:
             for queued in early_inputs:
-                self._handle(queued)  # kept as queued input, nothing is lost
+                loop.handle(queued)  # kept as queued input, nothing is lost
         reason = str(self._user_signal.reason) if early_abort is None else early_abort.reason
-        self._aborting = True
-        self._controller.abort(reason)
-        self._handle(AbortRequested(reason))
+        loop.aborting = True
+        loop.controller.abort(reason)
+        loop.handle(AbortRequested(reason))
+
+    def _result(self, loop: ActionLoop) -> RunResult:
+        engine = self.engine
+        state = engine.state
+        explanation = engine.explanation or ""
+        error = run_error(state, explanation)
+        if error is not None and state is TurnState.Failed:
+            error.__cause__ = loop.model_exception
+        return RunResult(
+            state=state,
+            messages=tuple(engine.messages),
+            error=error,
+            turns=engine.turns,
+            explanation=explanation,
+            trace=tuple(engine.trace),
+            run_id=self.run_id,
+            stats=self._stream.stats(engine),
+            pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
+            queued_input=engine.queued_input() + tuple(loop.late_input),
+            snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
+        )
 
 
-def _check_tools(tools: Sequence[Tool]) -> None:
+ExecutorFactory = Callable[..., Executor]
+"""What builds a run's executor: called with the ``ActionLoop`` and the keywords
+``model``, ``tools``, ``hooks`` and ``grace`` (``AsyncioExecutor`` is one)."""
+
+_Run = TypeVar("_Run", bound=AgentRun)
+
+
+def continue_run(
+    run_type: type[_Run], engine: Engine, first_events: Sequence[Event], **options: Any
+) -> _Run:
+    """A run of ``run_type`` that goes on with ``engine`` (restored from a snapshot, or
+    a durable run's after a wait) by handing it ``first_events`` (the person's
+    decisions, or a new message) instead of ``Start``; ``options`` are the keywords
+    of ``run_type`` (``messages``, ``max_turns`` and ``run_id`` are the engine's)."""
+    run = run_type(engine_factory=lambda **_: engine, **options)
+    run._first = tuple(first_events)
+    return run
+
+
+def use_backend(
+    run: AgentRun,
+    *,
+    inbox: Inbox,
+    executor: ExecutorFactory,
+    on_handle: Callable[[Event], None] | None = None,
+) -> None:
+    """Run ``run`` with a backend's ``inbox`` and ``executor`` (the durable backend's
+    record each operation); ``on_handle`` is told of every event before the engine
+    gets it. Before ``run()`` only."""
+    if run._started:
+        raise UsageError("a backend is chosen before the run starts")
+    run._inbox = inbox
+    run._executor = executor
+    run._on_handle = on_handle
+
+
+def check_tools(tools: Sequence[Tool]) -> None:
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise InvalidInputError("tools must be a sequence of Tool")
     seen: set[str] = set()
@@ -339,7 +393,22 @@ async def run_agent(
     return await run.run()
 
 
-def run_agent_sync(**kwargs: Any) -> RunResult:
+def run_agent_sync(
+    *,
+    model: ModelClient,
+    messages: Sequence[Message],
+    tools: Sequence[Tool] = (),
+    max_turns: int = 8,
+    signal: AbortSignal | None = None,
+    before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    should_continue: ShouldContinue | None = None,
+    transform_context: TransformContext | None = None,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+    logger: Any = None,
+    run_id: str | None = None,
+    engine_factory: Callable[..., Engine] = Engine,
+) -> RunResult:
     """``run_agent`` for code without an event loop (same keyword arguments).
 
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
@@ -358,16 +427,41 @@ def run_agent_sync(**kwargs: Any) -> RunResult:
             "run_agent_sync() cannot be called from a running event loop; "
             "use 'await run_agent(...)' instead"
         )
-    grace = kwargs.get("grace_period", DEFAULT_GRACE_PERIOD)
+    run = run_agent(
+        model=model,
+        messages=messages,
+        tools=tools,
+        max_turns=max_turns,
+        signal=signal,
+        before_tool_call=before_tool_call,
+        after_tool_call=after_tool_call,
+        should_continue=should_continue,
+        transform_context=transform_context,
+        grace_period=grace_period,
+        logger=logger,
+        run_id=run_id,
+        engine_factory=engine_factory,
+    )
     runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
     loop = runner.get_loop()
+    grace = grace_period if isinstance(grace_period, (int, float)) else DEFAULT_GRACE_PERIOD
     try:
-        return runner.run(run_agent(**kwargs))
+        return runner.run(run)
     finally:
-        _close_loop(loop, grace if isinstance(grace, (int, float)) else DEFAULT_GRACE_PERIOD)
+        close_loop(loop, grace)
 
 
-def _close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
+def _quiet_about(
+    abandoned: set[int], loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """An exception handler that says nothing of the ``abandoned`` tasks' destruction."""
+    task = context.get("task")
+    if task is not None and id(task) in abandoned and "exception" not in context:
+        return
+    loop.default_exception_handler(context)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
     """Close ``loop`` without waiting past ``grace`` for tasks that ignore cancellation,
     nor at all for executor threads (``loop.close()`` does not join them)."""
     try:
@@ -376,11 +470,11 @@ def _close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
             task.cancel()
         if pending:
             loop.run_until_complete(asyncio.wait(pending, timeout=max(float(grace), 0.0)))
-        for task in pending:
-            if not task.done():
-                # Abandoned, and reported as such by the run: asyncio need not say
-                # again, when the task is collected, that it never finished.
-                setattr(task, "_log_destroy_pending", False)  # noqa: B010
+        abandoned = {id(task) for task in pending if not task.done()}
+        if abandoned:
+            # Abandoned, and reported as such by the run: asyncio need not say again,
+            # when such a task is collected, that it never finished.
+            loop.set_exception_handler(partial(_quiet_about, abandoned))
         loop.run_until_complete(
             asyncio.wait(
                 [loop.create_task(loop.shutdown_asyncgens())], timeout=max(float(grace), 0.0)

@@ -31,7 +31,7 @@ import attrs
 
 from statemachine.agent.signature import Converter, check_return, compile_annotation, result_value
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
+from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     ImageContent,
     TextContent,
@@ -166,7 +166,7 @@ def _parameters(
             required.append(param.name)
         else:
             # A default that is not JSON is still a default, just not advertised.
-            with contextlib.suppress(InvalidInputError):
+            with contextlib.suppress(WireFormatError):
                 schema = {**schema, "default": thaw_json(freeze_json(param.default))}
         properties[param.name] = schema
     parameters: dict[str, Any] = {

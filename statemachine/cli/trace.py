@@ -21,7 +21,7 @@ from statemachine._runs import (
 )
 from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, parse
 from statemachine.cli.diagram import format_for
-from statemachine.core.errors import UsageError
+from statemachine.errors import BadDataError, UsageError
 
 # run_result_to_dict is re-exported: it writes the run files this command reads.
 __all__ = ["cli_trace", "run_result_to_dict"]
@@ -82,6 +82,6 @@ def cli_trace(argv: list[str]) -> int:
         return args
     try:
         emit(_trace_data(args), args.out)
-    except (UsageError, OSError) as exc:
+    except (UsageError, BadDataError, OSError) as exc:
         return fail("trace", str(exc))
     return EXIT_OK

@@ -61,6 +61,7 @@ from statemachine.core.errors import (
     InvalidInputError,
     ProtocolError,
     SnapshotError,
+    WireFormatError,
 )
 from statemachine.core.events import (
     AbortRequested,
@@ -574,7 +575,7 @@ class Engine(Guards):
             _serial.load(engine, snapshot, scheduling, logger)
         except SnapshotError:
             raise
-        except InvalidInputError as exc:  # a message's own parser names its path
+        except (InvalidInputError, WireFormatError) as exc:  # a parser names the path
             raise SnapshotError(str(exc)) from None
         except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
             # Not expected: every field is read by a typed reader. Kept so that a gap

@@ -31,7 +31,7 @@ import jsonschema.validators
 import referencing
 
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
+from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     ImageContent,
     TextContent,
@@ -67,7 +67,10 @@ def _freeze_schema(value: Any) -> Mapping[str, Any]:
         raise InvalidInputError(
             f"tool parameters must be a JSON Schema object (a mapping), got {type(value).__name__}"
         )
-    frozen: Mapping[str, Any] = freeze_json(value, "parameters")
+    try:
+        frozen: Mapping[str, Any] = freeze_json(value, "parameters")
+    except WireFormatError as exc:  # the caller's schema: misuse, not bad data
+        raise InvalidInputError(str(exc)) from None
     return frozen
 
 

@@ -62,9 +62,17 @@ import attrs
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
 from statemachine.agent.tools import Tool
-from statemachine.core.errors import InvalidInputError, StateMachineError, UsageError
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.durable._registry import application_version, table_digest
+from statemachine.errors import (
+    ExportError,
+    InvalidInputError,
+    NotPendingError,
+    ServiceError,
+    StoreUnavailableError,
+    UnknownRunError,
+    UsageError,
+)
 
 __all__ = [
     "BACKENDS",
@@ -88,34 +96,21 @@ __all__ = [
 ]
 
 
-class UnknownRunError(UsageError):
-    """No durable run has this run id."""
-
-
-class NotPendingError(UsageError):
-    """A decision for a call that is not waiting for one (unknown or already decided)."""
-
-
 class RunClosedError(UsageError):
     """A message to a run that has ended, or that ended before it took the message:
     it reaches no model (start a new run with it)."""
 
 
-class RunHeldError(StateMachineError):
+class RunHeldError(ServiceError):
     """The run is held: the code of the worker that took it does not fit what the run
     recorded (the message names the model, tool or hook), or it waits for a worker of
     its application version. An operator resumes it on a compatible worker or ends it
     (``DBOSRunner.resume_held``, ``DBOSRunner.end_held``)."""
 
 
-class RunFailedError(StateMachineError):
+class RunFailedError(ServiceError):
     """The run did not end with a result: the backend gave up on it (the message says
     why) or an operator ended it (with the explanation given)."""
-
-
-class StoreUnavailableError(StateMachineError):
-    """The runs' database cannot be reached or opened (the message names it, with
-    any password hidden); nothing was changed in it."""
 
 
 @attrs.frozen
@@ -155,11 +150,6 @@ class ExportedJournal:
     events: int
     state: str
     finished: bool
-
-
-class ExportError(InvalidInputError):
-    """A durable run whose saved steps do not rebuild its saved result (nothing is
-    written)."""
 
 
 JournalTarget = Union[str, "os.PathLike[str]", IO[str]]  # a new file's path, or a text stream

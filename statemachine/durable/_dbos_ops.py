@@ -37,8 +37,9 @@ import attrs
 from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
+from statemachine.agent.loop import ActionLoop
+from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
 from statemachine.core.table import TurnState
@@ -51,7 +52,7 @@ from statemachine.durable import (
 )
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_run import ControlInbox, DurableRun
+from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     NOT_RECORDED,
@@ -65,6 +66,7 @@ from statemachine.durable._journal import (
     write_journal,
 )
 from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id, _state
+from statemachine.errors import InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -110,30 +112,37 @@ class _ReplayInbox(ControlInbox):
         raise RecordEndedError
 
 
-class _ReplayRun(DurableRun):
-    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
-    Every recorded answer is posted when its step starts, so a loop that would wait
-    has reached the end of the recorded steps."""
+class _ReplayExecutor(DurableExecutor):
+    """Answers every step by its recorded output, never runs it (``_ReplayRun``)."""
 
-    def __init__(self, recorded: Recorded, **kwargs: Any) -> None:
+    def __init__(self, loop: ActionLoop, *, recorded: Recorded, **parts: Any) -> None:
+        super().__init__(loop, **parts)
         self._recorded = recorded
         self._unrecorded: list[str] = []  # operations started but not recorded
-        super().__init__(**kwargs)
 
-    _inbox_type = _ReplayInbox
-
-    async def _saved(self, name: str, key: str, step: Any) -> Any:
+    async def saved(self, name: str, key: str, step: Any) -> Any:
         saved = self._recorded.take(name, key)
         if saved is NOT_RECORDED:
             self._unrecorded.append(key)
         return saved
 
-    def _start_cancellation(self, keys: list[str], reason: str) -> None:
+    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         """An operation cancelled after the abort saved no output: answered as the
         end of the grace period answers one that ended without a word."""
         for key in keys:
-            if key in self._unrecorded and key not in self._reported:
-                self._deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+            if key in self._unrecorded and key not in self.loop.reported:
+                self.deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+
+
+class _ReplayRun(DurableRun):
+    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
+    Every recorded answer is posted when its step starts, so a loop that would wait
+    has reached the end of the recorded steps."""
+
+    _inbox_type = _ReplayInbox
+
+    def __init__(self, recorded: Recorded, **kwargs: Any) -> None:
+        super().__init__(executor=partial(_ReplayExecutor, recorded=recorded), **kwargs)
 
 
 # -- the export --------------------------------------------------------------------------------
@@ -168,7 +177,7 @@ async def _rebuild(
     ]
 
     def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-        runs.append(_ReplayRun(recorded, _engine=done.engine, _resume_events=decisions, **kwargs))
+        runs.append(continue_run(_ReplayRun, done.engine, decisions, recorded=recorded, **kwargs))
         return runs[-1]
 
     try:

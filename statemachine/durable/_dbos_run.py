@@ -7,7 +7,10 @@ the point the engine asks for it, so that DBOS numbers the steps in the engine's
 order (``_lane.start_now``). The tool results of a batch are handed to the
 engine in call order, whatever order the tools finish in, so that this order does
 not depend on timing. Messages to the run come through its inbox, between two
-engine events, at the place ``_dbos_control.Control`` records.
+engine events, at the place ``_dbos_control.Control`` records; before a final
+answer the inbox first takes every message stored for the run (``_lane``). A step
+that does not fit what the run recorded in its place (the worker's code differs)
+hands nothing to the engine: it tells the workflow, which holds the run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,15 +26,10 @@ from dbos import DBOS, StepOptions
 from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
 from statemachine.agent.events import RunResult
-from statemachine.agent.loop import Inbox
-from statemachine.agent.run import AgentRun
-from statemachine.core.events import (
-    CallModel,
-    Event,
-    InputKind,
-    InputQueued,
-    ModelResponded,
-)
+from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.loop import ActionLoop
+from statemachine.agent.run import AgentRun, ExecutorFactory, use_backend
+from statemachine.core.events import CallModel, Event, InputKind, InputQueued, ModelResponded
 from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
 from statemachine.durable._course import user_message
@@ -40,8 +38,7 @@ from statemachine.durable._journal import NOT_RECORDED
 from statemachine.durable._order import CallOrder
 from statemachine.durable._wire import decode_step_events, encode_step_events
 
-__all__ = ["ControlInbox", "DurableRun"]
-
+__all__ = ["ControlInbox", "DurableExecutor", "DurableRun"]
 
 _capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
     "statemachine_durable_capture", default=None
@@ -59,18 +56,17 @@ class _Capture:
         self.events.append(event)
 
 
-class ControlInbox(Inbox):
-    """The loop's inbox, which also hands over the messages to the run where the
-    control lane places them. Its events are kept apart from ``Inbox``'s own deque,
-    which stays empty, so that the loop always asks ``get`` (which places the
-    messages) and never takes a queued event past a message's place."""
+class ControlInbox:
+    """The loop's inbox (an ``Inbox``), which also hands over the messages to the run
+    where the control lane places them. The loop always asks ``get`` (which places
+    the messages), so it never takes a queued event past a message's place."""
 
-    __slots__ = ("_queue", "_run", "_synced_for")
+    __slots__ = ("_queue", "_run", "_synced_for", "_waiter")
 
     def __init__(self, run: DurableRun) -> None:
-        super().__init__()
         self._queue: deque[Event] = deque()
         self._run = run
+        self._waiter: asyncio.Future[None] | None = None
         self._synced_for: Event | None = None  # the final answer a marker was sent for
 
     def put_nowait(self, event: Event) -> None:
@@ -121,59 +117,154 @@ class ControlInbox(Inbox):
             self._waiter = None
 
 
+class DurableExecutor(AsyncioExecutor):
+    """The executor of a durable run: each operation a DBOS step (module docstring)."""
+
+    def __init__(self, loop: ActionLoop, *, control: Control | None = None, **parts: Any) -> None:
+        super().__init__(loop, **parts)
+        self.control = control
+        self._order = CallOrder(self._post_events, loop.reported)  # tools in call order
+
+    # Inside a step, what an operation reports goes to the step's capture.
+
+    def report(self, key: str, event: Event) -> None:
+        capture = _capture.get()
+        if capture is not None:
+            capture.put_nowait(event)
+            return
+        super().report(key, event)
+        self._flush()
+
+    def put(self, event: Event) -> None:
+        capture = _capture.get()
+        if capture is not None:
+            capture.put_nowait(event)
+            return
+        super().put(event)
+
+    # -- the Executor protocol: every step started now, DBOS numbers it now -----------------
+
+    def new_task(self, coro: Coroutine[Any, Any, None], *, eager: bool) -> asyncio.Future[None]:
+        return start_now(coro)
+
+    def start_model(self, action: CallModel, alone: bool) -> None:
+        step = self._step("model", "statemachine.model", partial(self.call_model, action))
+        self.start_operation("model", step, eager=True)
+
+    def start_tool(self, call: ToolCall, alone: bool) -> None:
+        self._order.started(call.id)
+        step = self._step(call.id, "statemachine.tool", partial(self.run_tool, call))
+        self.start_operation(call.id, step, eager=True)
+
+    def start_permission_checks(self, calls: Sequence[ToolCall]) -> None:
+        check = partial(self.check_permissions, calls)
+        self.start_helper(self._step("", "statemachine.permissions", check), eager=True)
+
+    def start_continue_check(self, turn: int) -> None:
+        check = partial(self.check_continue, turn)
+        self.start_helper(self._step("", "statemachine.continue", check), eager=True)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    async def _step(
+        self, key: str, name: str, operation: Callable[[], Coroutine[Any, Any, None]]
+    ) -> None:
+        """Run ``operation`` as the DBOS step ``name``; hand its events to the loop."""
+        capture = _Capture()
+        run_id = self.loop.engine.run_id
+
+        async def step() -> list[dict[str, Any]]:
+            capture.events.clear()  # a retried attempt starts afresh
+            token = _capture.set(capture)
+            run_token = _durable_run_id.set(run_id)
+            try:
+                await operation()
+            finally:
+                _durable_run_id.reset(run_token)
+                _capture.reset(token)
+            return encode_step_events(capture.events)
+
+        try:
+            saved = await self.saved(name, key, step)
+        except DBOSUnexpectedStepError as exc:
+            # The run recorded another operation here: this worker's code does not
+            # fit it. Nothing is handed to the engine; the workflow holds the run
+            # (``DBOSRunner._execute``), which cancels this wait.
+            mismatch = None if self.control is None else self.control.mismatch
+            if mismatch is not None and not mismatch.done():
+                mismatch.set_result(str(exc))
+            await asyncio.get_running_loop().create_future()
+            raise
+        except asyncio.CancelledError:
+            # Cancelled after an abort: what it reported (its cancellation) still
+            # answers it; not recorded, so a recovery runs the call again. If it
+            # reported nothing, the grace period's end answers for it.
+            if capture.events:
+                self.deliver(key, capture.events)
+            raise
+        if saved is not NOT_RECORDED:
+            self.deliver(key, decode_step_events(saved))
+
+    async def saved(
+        self, name: str, key: str, step: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]
+    ) -> Any:
+        """The step's output: ``step`` run as a DBOS step (or, when the workflow runs
+        again, the output DBOS recorded for it)."""
+        return await DBOS.run_step_async(StepOptions(name=name), step)
+
+    def deliver(self, key: str, events: list[Event]) -> None:
+        """Hand the loop the events of the operation ``key`` (tools in call order)."""
+        if key in self._order:
+            self._order.report(key, events)
+            return
+        loop = self.loop
+        if key:
+            if key in loop.reported:
+                return
+            loop.reported.add(key)
+        self._post_events(events)
+
+    def _post_events(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.loop.inbox.put_nowait(event)
+
+    def _flush(self) -> None:
+        """Post the tool results that are next in call order."""
+        self._order.flush()
+
+
 class DurableRun(AgentRun):
     """``AgentRun`` with each operation a DBOS step (module docstring)."""
 
     _inbox_type: type[ControlInbox] = ControlInbox
 
-    def __init__(self, *, control: Control, **kwargs: Any) -> None:
+    def __init__(
+        self, *, control: Control, executor: ExecutorFactory = DurableExecutor, **kwargs: Any
+    ) -> None:
         self.control = control
         super().__init__(**kwargs)
-        self._order = CallOrder(self._post_events, self._reported)
+        self.inbox = self._inbox_type(self)
+        executor = partial(executor, control=control)
+        use_backend(self, inbox=self.inbox, executor=executor, on_handle=self._count)
 
-    # Inside a step the inbox is the step's capture (the permission and continue
-    # checks post to the inbox directly).
-    @property
-    def _inbox(self) -> Any:
-        capture = _capture.get()
-        return capture if capture is not None else self.__dict__.get("_real_inbox")
-
-    @_inbox.setter
-    def _inbox(self, value: Any) -> None:
-        if value is not None and type(value) is Inbox:
-            value = self._inbox_type(self)
-        self.__dict__["_real_inbox"] = value
+    def _count(self, event: Event) -> None:
+        self.control.handled += 1
 
     async def run(self) -> RunResult:
+        self.control.on_arrival = self.inbox.wake
         try:
             return await super().run()
         finally:
             self.control.on_arrival = None
 
-    def _begin(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-        remove = super()._begin(loop)
-        self.control.on_arrival = self.__dict__["_real_inbox"].wake
-        return remove
-
-    def _handle(self, event: Event) -> None:
-        self.control.handled += 1
-        super()._handle(event)
-
-    def _post(self, key: str, event: Event) -> None:
-        capture = _capture.get()
-        if capture is not None:
-            capture.put_nowait(event)
-            return
-        super()._post(key, event)
-        self._flush()
-
     def ends_unless_told(self, event: Event) -> bool:
         """Whether ``event`` is a final answer the run would end on, unless a message
         queued input first (and the run still listens for one)."""
+        loop = self._loop
         return (
             isinstance(event, ModelResponded)
             and not event.message.tool_calls
-            and not self._aborting
+            and not (loop is not None and loop.aborting)
             and not self.control.stopped
         )
 
@@ -184,102 +275,8 @@ class DurableRun(AgentRun):
             return None  # a listener's wait ended without a message
         kind = message.get("kind")
         if kind == "abort":
-            self._abort(message.get("reason") or "aborted by the caller")
+            self.abort(message.get("reason") or "aborted by the caller")
         elif kind in ("steer", "follow_up"):
             which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
             return InputQueued(user_message(message), which)
         return None
-
-    # -- the seam --------------------------------------------------------------------------
-
-    def _spawn(self, key: str, coro: Coroutine[Any, Any, None], alone: bool) -> None:
-        super()._spawn(key, coro, True)  # started now: DBOS numbers it now
-
-    def _start_model(self, action: CallModel, alone: bool) -> None:
-        step = self._step("model", "statemachine.model", partial(self._call_model, action))
-        self._spawn("model", step, alone)
-
-    def _start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._order.started(call.id)
-        step = self._step(call.id, "statemachine.tool", partial(self._run_tool, call))
-        self._spawn(call.id, step, alone)
-
-    def _start_permission_checks(self, calls: list[ToolCall]) -> None:
-        check = partial(self._check_permissions, calls)
-        self._helper_now(self._step("", "statemachine.permissions", check))
-
-    def _start_continue_check(self, turn: int) -> None:
-        check = partial(self._check_continue, turn)
-        self._helper_now(self._step("", "statemachine.continue", check))
-
-    def _helper_now(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = start_now(coro)
-        if not task.done():
-            self._helpers.add(task)  # type: ignore[arg-type]
-            task.add_done_callback(self._helpers.discard)
-
-    # -- steps -----------------------------------------------------------------------------
-
-    async def _step(
-        self, key: str, name: str, operation: Callable[[], Coroutine[Any, Any, None]]
-    ) -> None:
-        """Run ``operation`` as the DBOS step ``name``; hand its events to the loop."""
-        capture = _Capture()
-
-        async def step() -> list[dict[str, Any]]:
-            capture.events.clear()  # a retried attempt starts afresh
-            token = _capture.set(capture)
-            run_token = _durable_run_id.set(self.run_id)
-            try:
-                await operation()
-            finally:
-                _durable_run_id.reset(run_token)
-                _capture.reset(token)
-            return encode_step_events(capture.events)
-
-        try:
-            saved = await self._saved(name, key, step)
-        except DBOSUnexpectedStepError as exc:
-            # The run recorded another operation here: this worker's code does not
-            # fit it. Nothing is handed to the engine; the workflow holds the run
-            # (``DBOSRunner._execute``), which cancels this wait.
-            mismatch = self.control.mismatch
-            if mismatch is not None and not mismatch.done():
-                mismatch.set_result(str(exc))
-            await asyncio.get_running_loop().create_future()
-            raise
-        except asyncio.CancelledError:
-            # Cancelled after an abort: what it reported (its cancellation) still
-            # answers it; not recorded, so a recovery runs the call again. If it
-            # reported nothing, the grace period's end answers for it.
-            if capture.events:
-                self._deliver(key, capture.events)
-            raise
-        if saved is not NOT_RECORDED:
-            self._deliver(key, decode_step_events(saved))
-
-    async def _saved(
-        self, name: str, key: str, step: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]
-    ) -> Any:
-        """The step's output: ``step`` run as a DBOS step (or, when the workflow runs
-        again, the output DBOS recorded for it)."""
-        return await DBOS.run_step_async(StepOptions(name=name), step)
-
-    def _deliver(self, key: str, events: list[Event]) -> None:
-        if key in self._order:
-            self._order.report(key, events)  # tool results go in call order
-            return
-        if key:
-            if key in self._reported:
-                return
-            self._reported.add(key)
-        self._post_events(events)
-
-    def _post_events(self, events: Iterable[Event]) -> None:
-        inbox = self.__dict__["_real_inbox"]
-        for event in events:
-            inbox.put_nowait(event)
-
-    def _flush(self) -> None:
-        """Post the tool results that are next in call order."""
-        self._order.flush()

@@ -47,11 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
-
-from statemachine.agent.executor import _carry_on  # the one way to carry a started coroutine on
 
 __all__ = ["NOTHING", "OPEN", "SYNC", "ControlLane", "start_now"]
 
@@ -64,8 +63,14 @@ _T = TypeVar("_T")
 
 def start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
     """Run ``coro`` up to its first wait now (the backend numbers its operation
-    there), in a context of its own as a task would, and carry it on as a task."""
+    there), in a context of its own as a task would, and carry it on as a task.
+
+    Python 3.12+ does this itself (``eager_start``); Python 3.11 has no eager start,
+    so there the coroutine is stepped once here and its task carries it on from that
+    first wait (``_Resumed``)."""
     loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
     context = contextvars.copy_context()
     try:
         waiting_on = context.run(coro.send, None)
@@ -74,6 +79,40 @@ def start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
         done.set_result(stop.value)
         return done
     return loop.create_task(_carry_on(coro, waiting_on), context=context)
+
+
+async def _carry_on(coro: Coroutine[Any, Any, _T], waiting_on: Any) -> _T:
+    """Carry on, as a task, a coroutine already run to its first wait; its result."""
+    result: _T = await _Resumed(coro, waiting_on)
+    return result
+
+
+class _Resumed:
+    """Awaiting this goes on with a coroutine that has already run to its first wait
+    (on ``waiting_on``): the task passes what it receives straight through."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._waiting_on
+        while True:
+            try:
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    # Closed (a task destroyed while pending): close the coroutine
+                    # too, which may be closed already, being garbage of the same
+                    # collection.
+                    coro.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - passed on, as the task would
+                    value = coro.throw(exc)
+                else:
+                    value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
 
 
 class ControlLane:

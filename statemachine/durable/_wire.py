@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statemachine.agent.events import _ERRORS, RunResult, RunStats
+from statemachine.agent.events import RunResult, RunStats, run_error
 from statemachine.core.events import Event, InputQueued
 from statemachine.core.messages import ToolCall, Usage
 from statemachine.core.table import Trigger, TurnState
@@ -119,12 +119,11 @@ def result_to_dict(result: RunResult, stats: RunStats | None) -> dict[str, Any]:
 def result_from_dict(run_id: str, d: Mapping[str, Any]) -> RunResult:
     """The ``RunResult`` of a workflow's output (``result_to_dict``)."""
     state = TurnState(d["state"])
-    error_type = _ERRORS.get(state)
     queued = [event_from_dict(e) for e in d["queued"]]
     return RunResult(
         state=state,
         messages=tuple(messages_from_dicts(d["messages"])),
-        error=None if error_type is None else error_type(d["explanation"]),
+        error=run_error(state, d["explanation"]),
         turns=d["turns"],
         explanation=d["explanation"],
         trace=tuple(

@@ -85,7 +85,9 @@ from dbos._error import (  # DBOS exports none of its errors
 from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
+from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
+from statemachine.core.engine import Engine
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
@@ -340,15 +342,26 @@ class DBOSRunner:
 
     # -- inside the workflow -------------------------------------------------------------
 
-    def _new_run(self, run_id: str, spec: Mapping[str, Any], **kwargs: Any) -> DurableRun:
-        return DurableRun(
-            model=self.models[spec["model"]],
-            tools=[self.tools[n] for n in spec["tools"]],
-            max_turns=spec["max_turns"],
-            run_id=run_id,
+    def _new_run(
+        self,
+        run_id: str,
+        spec: Mapping[str, Any],
+        resumed: tuple[Engine, list[Event]] | None = None,
+        **kwargs: Any,
+    ) -> DurableRun:
+        """The run of ``spec``; ``resumed``: the engine it goes on with after a wait,
+        and the decisions it goes on with."""
+        options: dict[str, Any] = {
+            "model": self.models[spec["model"]],
+            "tools": [self.tools[n] for n in spec["tools"]],
+            "max_turns": spec["max_turns"],
+            "run_id": run_id,
             **self.hooks,
             **kwargs,
-        )
+        }
+        if resumed is None:
+            return DurableRun(**options)
+        return continue_run(DurableRun, *resumed, **options)
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)
@@ -363,9 +376,7 @@ class DBOSRunner:
             run = self._new_run(run_id, spec, control=control, messages=messages)
 
             def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-                return self._new_run(
-                    run_id, spec, control=control, _engine=done.engine, _resume_events=decisions
-                )
+                return self._new_run(run_id, spec, (done.engine, decisions), control=control)
 
             course = asyncio.ensure_future(drive(run, resume, _publish))
             waits: set[asyncio.Future[Any]] = {course, control.mismatch}

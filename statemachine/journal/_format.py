@@ -20,7 +20,6 @@ from typing import Any, Final
 import attrs
 
 from statemachine.core.engine import Engine
-from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import Message
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.wire import (
@@ -31,24 +30,12 @@ from statemachine.core.wire import (
     tool_definition_from_dict,
     tool_definition_to_dict,
 )
+from statemachine.errors import InvalidInputError, JournalError, WireFormatError
 
 __all__ = ["FORMAT", "VERSION", "JournalError", "JournalHeader"]
 
 FORMAT: Final = "statemachine-journal"
 VERSION: Final = 1
-
-
-class JournalError(InvalidInputError):
-    """A journal that cannot be read or does not replay to what it records.
-
-    ``line`` is the 1-based line number where the problem shows (0 if the journal
-    could not be opened at all).
-    """
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(f"journal line {line}: {message}" if line else message)
-        self.line = line
-        self.detail = message
 
 
 _Encode = Callable[[Any], Any]

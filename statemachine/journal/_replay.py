@@ -154,7 +154,7 @@ def _start(
     try:
         header = JournalHeader.from_dict(value)
         engine = header.engine(engine_class, **options)
-    except InvalidInputError as exc:
+    except (InvalidInputError, WireFormatError) as exc:
         raise JournalError(1, f"bad header: {exc}") from None
     except Exception as exc:  # whatever a header holds, its failure is the header's
         raise JournalError(1, f"bad header: {type(exc).__name__}: {exc}") from exc

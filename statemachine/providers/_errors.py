@@ -24,7 +24,15 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from statemachine.core.errors import ModelFailedError, StateMachineError
+from statemachine.errors import (
+    ContextOverflowError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderLimitError,
+    ProviderRequestError,
+    ProviderResponseError,
+    ProviderUnavailableError,
+)
 
 __all__ = [
     "ContextOverflowError",
@@ -42,38 +50,6 @@ __all__ = [
     "redact",
     "redacted_chain",
 ]
-
-
-class ProviderError(StateMachineError):
-    """A model provider failed; the text says how and what to do."""
-
-
-class ProviderAuthError(ProviderError):
-    """401/403: the key is missing, wrong, or lacks permission. Never retried."""
-
-
-class ProviderUnavailableError(ProviderError):
-    """Rate limits, overload or server errors outlasted the retry budget."""
-
-
-class ContextOverflowError(ProviderError):
-    """The request is longer than the model's context window: compact and retry."""
-
-
-class ProviderRequestError(ProviderError):
-    """The provider refused the request as invalid (a 4xx other than auth and limits)."""
-
-
-class ProviderResponseError(ProviderError):
-    """The provider sent something the SDK could not validate or we could not use."""
-
-
-class ProviderLimitError(ProviderError, ModelFailedError):
-    """A response outgrew a limit of the adapter (total time, idle time, size).
-
-    Also a ``ModelFailedError``: retrying in the loop would meet the same limit. Never
-    retried by the adapter either; the text names the URL, the model and the limit.
-    """
 
 
 class RedactedCauseError(Exception):

@@ -8,15 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.wire import message_from_dict
+from statemachine.errors import SpecError, WireFormatError
 
 __all__ = ["MAX_SCENARIO_BYTES", "Reader", "SpecError", "message", "read"]
-
-
-class SpecError(InvalidInputError):
-    """A scenario file that is not a valid scenario; the message names file and key."""
 
 
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -81,5 +77,5 @@ def message(reader: Reader, data: Any, where: str) -> Message:
         return UserMessage(data)
     try:
         return message_from_dict(data, path=where)
-    except InvalidInputError as exc:
+    except WireFormatError as exc:
         raise reader.fail(where, str(exc)) from None

@@ -48,7 +48,6 @@ from typing import Any
 
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
-from statemachine.core.errors import InvalidInputError, StateMachineError
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolOutput
 from statemachine.core.wire import (
@@ -57,6 +56,12 @@ from statemachine.core.wire import (
     messages_to_dicts,
     tool_definition_to_dict,
     tool_output_to_dict,
+)
+from statemachine.errors import (
+    BridgeError,
+    BridgeProtocolError,
+    BridgeTimeoutError,
+    InvalidInputError,
 )
 
 __all__ = [
@@ -81,22 +86,6 @@ _STDERR_TAIL = 2000
 # kit then waits for the killed peer to be reaped.
 _EXIT_GRACE = 0.5
 _REAP_LIMIT = 2.0
-
-
-class BridgeError(StateMachineError, RuntimeError):
-    """The peer process did not hold up its side of the bridge protocol."""
-
-
-class BridgeProtocolError(BridgeError):
-    """The peer sent a line that is not a valid protocol message."""
-
-
-class BridgeTimeoutError(BridgeError):
-    """The peer stayed silent longer than the silence timeout.
-
-    Deliberately not a ``TimeoutError``: ``run_scenario`` reads a ``TimeoutError`` as
-    its own whole-run timeout and would hide this more precise message.
-    """
 
 
 class _StderrTail:

@@ -169,33 +169,9 @@ class FunctionModel(_Recording):
         super().__init__(record)
         self._fn = fn
         self._with_signal = with_signal
-        # A class is a response to _answer (an exception to raise), not a function.
-        self._plain = not isinstance(fn, type)
-        # The usual function, called as fn(messages, tools): read once per call.
-        self._two_arguments = fn if self._plain and not with_signal else None
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
-        self._calls += 1
-        if self._record_requests:
-            self.requests.append(Request(tuple(messages), tuple(tools)))
-        two_arguments = self._two_arguments
-        if two_arguments is not None:
-            response = two_arguments(messages, tools)
-            if response.__class__ is AssistantMessage:
-                return response
-            if inspect.isawaitable(response):
-                response = await response
-            return as_message(response)
-        if self._plain:
-            # What _answer does, with the common answer (a plain function returning an
-            # AssistantMessage) taken on one type test: a benchmark's model is this.
-            fn = self._fn
-            response = fn(messages, tools, signal) if self._with_signal else fn(messages, tools)
-            if response.__class__ is AssistantMessage:
-                return response
-            if inspect.isawaitable(response):
-                response = await response
-            return as_message(response)
+        self._record(messages, tools)
         return await _answer(self._fn, messages, tools, signal if self._with_signal else None)

@@ -1,0 +1,177 @@
+"""The event stream of a run, and its stats: what the engine did, told to who listens.
+
+``EventStream`` is one part of an ``AgentRun``: the action loop tells it where the
+engine went after each event, which operations began and ended, and when the run
+ended; it times the turns and the tool calls, counts the calls, and hands the
+``RunEvent``s to the subscribers of ``AgentRun.events()``. An event is built only
+when someone subscribed (``emit`` takes a function for the costly ones); the usage is
+summed from the history once, when the stats are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from statemachine.agent.events import (
+    MessageAdded,
+    RunEvent,
+    RunFinished,
+    RunStarted,
+    RunStats,
+    StateChanged,
+    ToolEnded,
+    ToolStarted,
+    TurnEnded,
+    TurnStarted,
+)
+from statemachine.core.engine import Engine
+from statemachine.core.events import ToolCancelled, ToolFinished
+from statemachine.core.messages import AssistantMessage, ToolCall, Usage
+from statemachine.core.table import RETURNS_TO_CALLER, TurnState
+from statemachine.core.tools import ToolOutput
+
+__all__ = ["EventStream"]
+
+# A turn starts on entering AwaitingModel and ends at the next turn boundary or where
+# the run returns to its caller.
+_TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
+
+
+class EventStream:
+    """The subscribers of one run, and the timings and counts of its stats."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
+        self._closed = False  # RunFinished has been told
+        self._seen_messages = len(engine.messages)
+        self._first_message = self._seen_messages  # the usage of this run starts here
+        self._seen_trace = len(engine.trace)
+        self._t0 = time.perf_counter()
+        self._turn_start: float | None = None
+        self._turn_seconds: list[float] = []
+        # call id -> the call and when it started (None: never), until it ends
+        self._calls: dict[str, tuple[ToolCall, float | None]] = {}
+        self._tool_seconds: dict[str, float] = {}
+        self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
+        self._model_calls = 0
+
+    # -- subscribers -----------------------------------------------------------------------
+
+    def subscribe(self) -> AsyncIterator[RunEvent]:
+        """An async iterator of the events from now on; it ends after ``RunFinished``."""
+        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+        if self._closed:
+            queue.put_nowait(None)
+        self._subscribers.append(queue)
+
+        async def iterate() -> AsyncIterator[RunEvent]:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                yield item
+
+        return iterate()
+
+    def emit(self, event: RunEvent | Callable[[], RunEvent]) -> None:
+        """Give ``event`` (or what ``event()`` builds, only if someone listens) to every
+        subscriber."""
+        if not self._subscribers:
+            return
+        if callable(event):
+            event = event()
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    # -- what the action loop tells ----------------------------------------------------------
+
+    def run_started(self, run_id: str) -> None:
+        self._t0 = time.perf_counter()
+        self.emit(lambda: RunStarted(run_id))
+
+    def engine_moved(self, engine: Engine) -> None:
+        """After each event: the new messages and transitions, and the turns timed."""
+        listening = bool(self._subscribers)
+        if listening:
+            history = engine.messages
+            for index in range(self._seen_messages, len(history)):
+                self.emit(MessageAdded(index, history[index]))
+            self._seen_messages = len(history)
+        trace = engine.trace
+        for index in range(self._seen_trace, len(trace)):
+            record = trace[index]
+            if listening:
+                self.emit(StateChanged(record))
+            if record.dest is TurnState.AwaitingModel:
+                self._turn_start = time.perf_counter()
+                if listening:
+                    self.emit(TurnStarted(record.turn + 1))
+            elif self._turn_start is not None and record.dest in _TURN_ENDS:
+                seconds = time.perf_counter() - self._turn_start
+                self._turn_start = None
+                self._turn_seconds.append(seconds)
+                if listening:
+                    self.emit(TurnEnded(record.turn, seconds))
+        self._seen_trace = len(trace)
+
+    def model_called(self) -> None:
+        self._model_calls += 1
+
+    def tool_started(self, call: ToolCall, begun: bool = True) -> None:
+        """A tool call the engine asked for: ``begun``, or answered without being run
+        (asked for after the abort)."""
+        self._calls[call.id] = (call, time.perf_counter() if begun else None)
+        if begun:
+            self.emit(ToolStarted(call))
+
+    def tool_ended(self, event: ToolFinished | ToolCancelled, abandoned: bool) -> None:
+        """A tool call's one answer, as the engine is about to get it."""
+        call_id = event.call_id
+        begun = self._calls.pop(call_id, None)
+        if begun is None:
+            self._tool_seconds[call_id] = 0.0
+            return
+        call, started = begun
+        seconds = 0.0 if started is None else time.perf_counter() - started
+        self._tool_seconds[call_id] = seconds
+        if isinstance(event, ToolFinished):
+            outcome = "error" if event.output.is_error else "ok"
+            output = event.output
+        else:
+            outcome = "cancelled"
+            output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
+        key = (call.name, outcome)
+        self._tool_counts[key] = self._tool_counts.get(key, 0) + 1
+        cancelled = isinstance(event, ToolCancelled)
+        self.emit(lambda: ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
+
+    def run_finished(self, engine: Engine) -> None:
+        """The engine returned to the caller: ``RunFinished``, then the end of every
+        subscriber's iterator."""
+        self._closed = True
+        if not self._subscribers:
+            return
+        self.emit(RunFinished(engine.state, engine.explanation or "", self.stats(engine)))
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+
+    # -- the stats ---------------------------------------------------------------------------
+
+    def stats(self, engine: Engine) -> RunStats:
+        usage = Usage()
+        for message in engine.messages[self._first_message :]:
+            if isinstance(message, AssistantMessage) and message.usage is not None:
+                usage = usage + message.usage
+        by_name: dict[str, dict[str, int]] = {}
+        for (name, outcome), count in self._tool_counts.items():
+            by_name.setdefault(name, {})[outcome] = count
+        return RunStats(
+            model_calls=self._model_calls,
+            tool_calls=by_name,
+            usage=usage,
+            turn_seconds=tuple(self._turn_seconds),
+            tool_seconds=dict(self._tool_seconds),
+            wall_seconds=time.perf_counter() - self._t0,
+        )

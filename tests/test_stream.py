@@ -1,0 +1,208 @@
+"""The event stream and the stats of a run (statemachine.agent.stream): what is
+timed, counted and told to subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from driver_support import (
+    aborted_at_half_a_second,
+    asks,
+    forever,
+    ignores_one_cancellation,
+    make_tool,
+    on_virtual_time,
+    watched,
+)
+
+import statemachine as sm
+from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
+from statemachine.core.messages import (
+    AssistantMessage,
+    StopReason,
+    ToolCall,
+    UserMessage,
+)
+from statemachine.core.table import TurnState
+from statemachine.testing import ScriptedModel
+
+S = TurnState
+
+
+@pytest.mark.timeout(30)
+def test_the_run_finished_event_carries_the_explanation() -> None:
+    run = sm.AgentRun(
+        model=ScriptedModel(asks("wait")),
+        messages=[UserMessage("go")],
+        tools=[make_tool("wait", forever)],
+        grace_period=0.5,
+    )
+    result, finished = aborted_at_half_a_second(run, "enough", RunFinished)
+    assert "enough" in result.explanation
+    assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("listening", [False, True], ids=["quiet", "watched"])
+def test_a_turn_stopped_at_its_boundary_is_timed_once(listening: bool) -> None:
+    async def echo(text: str) -> str:
+        return text
+
+    def stop(messages: object, turn: int) -> sm.Stop:
+        return sm.Stop("one turn is enough")
+
+    ask = AssistantMessage(
+        [ToolCall("c1", "echo", {"text": "hi"})], stop_reason=StopReason.TOOL_USE
+    )
+    run = sm.AgentRun(
+        model=ScriptedModel(ask),
+        messages=[UserMessage("go")],
+        tools=[make_tool("echo", echo)],
+        should_continue=stop,
+    )
+    result, ended = watched(run, TurnEnded) if listening else (on_virtual_time(run.run), [])
+    assert result.state is S.Done
+    assert result.turns == 1
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 1
+    assert 0.0 <= result.stats.turn_seconds[0] <= result.stats.wall_seconds
+    if listening:
+        assert [(e.turn, e.seconds) for e in ended] == [(1, result.stats.turn_seconds[0])]
+
+
+@pytest.mark.timeout(30)
+def test_the_turn_times_are_durations_within_the_run() -> None:
+    async def echo(text: str) -> str:
+        await asyncio.sleep(0.25)
+        return text
+
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    run = sm.AgentRun(
+        model=ScriptedModel(
+            AssistantMessage([call], stop_reason=StopReason.TOOL_USE), AssistantMessage("done")
+        ),
+        messages=[UserMessage("go")],
+        tools=[make_tool("echo", echo)],
+    )
+    result = asyncio.run(run.run())
+    assert result.state is S.Done
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 2
+    assert 0.25 <= sum(result.stats.turn_seconds) <= result.stats.wall_seconds
+
+
+@pytest.mark.timeout(30)
+def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
+    run = sm.AgentRun(
+        model=ScriptedModel(asks("wait", "stubborn")),
+        messages=[UserMessage("go")],
+        tools=[make_tool("wait", forever), make_tool("stubborn", ignores_one_cancellation)],
+        grace_period=1.0,
+    )
+    ended: dict[str, tuple[bool, bool]] = {}
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, ToolEnded):
+                    ended[event.call.id] = (event.cancelled, event.abandoned)
+
+        watcher = asyncio.ensure_future(watch())
+        asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
+        result = await run.run()
+        await watcher
+        return result
+
+    assert on_virtual_time(main).state is S.Aborted
+    assert ended == {"c1": (True, False), "c2": (True, True)}
+
+
+@pytest.mark.timeout(30)
+def test_a_tools_time_is_the_time_it_ran() -> None:
+    async def nap() -> str:
+        await asyncio.sleep(0.01)
+        return "rested"
+
+    async def quick() -> str:
+        return "done"
+
+    call = ToolCall("c1", "nap", {})
+    lone = ToolCall("c2", "quick", {})
+    model = ScriptedModel(
+        AssistantMessage((call,), stop_reason=StopReason.TOOL_USE),
+        AssistantMessage((lone,), stop_reason=StopReason.TOOL_USE),
+        AssistantMessage("ok"),
+    )
+    result = asyncio.run(
+        sm.run_agent(
+            model=model,
+            tools=[make_tool("nap", nap), make_tool("quick", quick)],
+            messages=[UserMessage("go")],
+        )
+    )
+    assert result.state is S.Done
+    assert result.stats is not None
+    seconds = result.stats.tool_seconds
+    assert 0.005 <= seconds["c1"] < 30  # a clock difference, not a sum of clock readings
+    assert 0 <= seconds["c2"] < 30
+
+
+@pytest.mark.timeout(30)
+def test_progress_reported_on_the_event_loop_reaches_subscribers_before_the_calls_end() -> None:
+    # A report made on the loop's thread is handed to the subscribers at once. Two
+    # calls of one batch run as tasks: the first ends at once and wakes the run, the
+    # second reports progress and ends in the same pass of the loop; a report held
+    # back to a later pass would reach the subscribers after the second call's end.
+    async def quick() -> str:
+        return "quick"
+
+    async def reports() -> str:
+        assert sm.report_progress("half way")
+        return "reported"
+
+    run = sm.AgentRun(
+        model=ScriptedModel(asks("quick", "reports"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[make_tool("quick", quick), make_tool("reports", reports)],
+    )
+    seen: list[str] = []
+
+    async def main() -> sm.RunResult:
+        async def watch() -> None:
+            async for event in run.events():
+                if isinstance(event, sm.ToolProgress):
+                    seen.append(f"progress {event.call_id}")
+                elif isinstance(event, ToolEnded):
+                    seen.append(f"ended {event.call.id}")
+
+        watcher = asyncio.ensure_future(watch())
+        result = await run.run()
+        await watcher
+        return result
+
+    assert on_virtual_time(main).state is S.Done
+    assert seen.index("progress c2") < seen.index("ended c2")
+    assert seen.count("progress c2") == 1
+
+
+@pytest.mark.timeout(30)
+def test_the_wall_time_of_a_run_is_the_time_it_took() -> None:
+    async def nap() -> str:
+        await asyncio.sleep(0.01)
+        return "rested"
+
+    model = ScriptedModel(asks("nap"), AssistantMessage("done"))
+
+    async def main() -> tuple[sm.RunResult, float]:
+        started = time.perf_counter()
+        result = await sm.run_agent(
+            model=model, tools=[make_tool("nap", nap)], messages=[UserMessage("go")]
+        )
+        return result, time.perf_counter() - started
+
+    result, took = asyncio.run(main())
+    assert result.state is S.Done
+    assert result.stats is not None
+    assert 0.005 <= result.stats.wall_seconds <= took  # a clock difference, not a sum
