@@ -12,9 +12,9 @@ first taking over the runs of the workers named in DURABLE_RECOVER; then it make
 the file OUT.ready, and it stops when the file OUT exists). Every other mode starts
 RUN_ID (or takes it back after a restart), waits for its result and writes it as
 JSON to OUT (with DURABLE_GO set, it first waits for that file to exist). The
-worker's executor id is
-DURABLE_EXECUTOR ("local"). Every tool start and end is appended to the file named by
-DURABLE_SIDE_EFFECTS, with the process id and the run id, and synced, so a line
+worker's executor id is DURABLE_EXECUTOR ("local"), its application version
+DURABLE_APP_VERSION (if set). Every tool start and end is appended to the file named
+by DURABLE_SIDE_EFFECTS, with the process id and the run id, and synced, so a line
 survives a kill.
 """
 
@@ -196,6 +196,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
+        app_version=os.environ.get("DURABLE_APP_VERSION") or None,
     )
     runner.launch()
     try:

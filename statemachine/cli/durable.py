@@ -38,11 +38,12 @@ from statemachine.core.abort import AbortSignal
 from statemachine.core.errors import UsageError
 from statemachine.core.messages import AssistantMessage, Message, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
-from statemachine.durable import idempotency_key
+from statemachine.durable import BACKENDS, ExportError, idempotency_key, open_store
 
 __all__ = ["cli_durable"]
 
 _DB_HELP = "the runs' database (sqlite:///path or postgresql+psycopg://...)"
+_BACKEND_HELP = "the durable backend that keeps the runs (dbos)"
 
 
 class _ActionParser(argparse.ArgumentParser):
@@ -66,38 +67,34 @@ def _parser() -> CommandParser:
     export.add_argument("run_id", metavar="RUN_ID")
     export.add_argument("--db", required=True, help=_DB_HELP)
     export.add_argument("--out", required=True, help="the journal to create ('-': stdout)")
+    export.add_argument("--backend", choices=sorted(BACKENDS), default="dbos", help=_BACKEND_HELP)
     listing = sub.add_parser("list", help="the runs of a database, newest first")
     listing.add_argument("--db", required=True, help=_DB_HELP)
     listing.add_argument("--status", help="only runs in this state (running, waiting, ...)")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    listing.add_argument("--backend", choices=sorted(BACKENDS), default="dbos", help=_BACKEND_HELP)
     demo = sub.add_parser("demo", help="a run survives kill -9 of its worker (SQLite, no network)")
     demo.add_argument("--dir", help="keep the demo's files here (default: a temp directory)")
     return parser
 
 
 async def _export(args: argparse.Namespace) -> str:
-    from statemachine.durable._dbos_ops import export_journal
-    from statemachine.durable.dbos import connect
-
-    client = connect(args.db)
+    store = open_store(args.backend, args.db)
     try:
         target: Any = sys.stdout if args.out == "-" else args.out
-        done = await export_journal(client, args.run_id, target)
+        done = await store.export_journal(args.run_id, target)
     finally:
-        client.destroy()
+        store.close()
     how = "finished" if done.finished else "not finished: the journal ends where its steps end"
     return f"run {done.run_id}: {done.events} event(s), state {done.state} ({how})"
 
 
 async def _list(args: argparse.Namespace) -> str:
-    from statemachine.durable._dbos_ops import list_runs
-    from statemachine.durable.dbos import connect
-
-    client = connect(args.db)
+    store = open_store(args.backend, args.db)
     try:
-        runs = await list_runs(client, args.status, args.limit)
+        runs = await store.list_runs(args.status, args.limit)
     finally:
-        client.destroy()
+        store.close()
     lines = [f"{'RUN':<24} {'STATE':<10} {'APPROVALS':>9}  {'CREATED (UTC)':<19}  UPDATED (UTC)"]
     for run in runs:
         lines.append(
@@ -132,8 +129,6 @@ def cli_durable(argv: list[str]) -> int:
         if taken:
             return fail("durable", f"--dir already holds {', '.join(taken)}: use a new directory")
         return 0 if run_demo(args.dir, print) else EXIT_FAILED
-    from statemachine.durable._dbos_ops import ExportError  # needs the [dbos] extra
-
     try:
         text = asyncio.run(_export(args) if args.action == "export" else _list(args))
     except ExportError as exc:

@@ -6,6 +6,19 @@ engine sees it, so that the run survives the death of its process and can wait f
 person for days. ``statemachine.durable.dbos`` is the backend on DBOS (the ``[dbos]``
 extra); this module names what any backend promises and what a caller holds.
 
+What a backend offers
+---------------------
+A backend is a module named in ``BACKENDS`` with a ``DurableRunner`` (a worker: it
+runs runs, resolving their models, tools and hooks in its registry), handles
+(``RunHandle``) and ``open_store(database_url)`` (a ``RunStore``: the runs seen from
+a process that is not a worker; the command line's ``durable export|list
+--backend NAME``). What a backend reuses rather than rewrites lives in modules that
+import none: the run's course through its approvals to its end (``_course``), tool
+results delivered in call order (``_order``), the control lane's logic, which places
+each message where it took effect and takes every stored message before the run
+ends (``_lane``), the saved JSON (``_wire``), the registry's manifest and version
+(``_registry``) and the rebuilding of a journal from saved steps (``_journal``).
+
 What is promised
 ----------------
 - **A finished step never runs again.** A model call, a tool call or a hook call
@@ -21,11 +34,15 @@ What is promised
 - **The trace after recovery equals an uninterrupted run's**: the engine is rebuilt by
   handing it the saved events again, in the same order (a batch's tool results in call
   order), so history and transition log are those of a run that never stopped.
-- **The application version** is the package version plus a digest of the transition
-  table (``application_version()``). A worker recovers and dequeues only runs of its
-  own version, so a deploy with a changed table never replays an old run on the new
-  table: runs in flight at an upgrade stay pending until a worker of their version
-  finishes them (keep one running until they drain), or are cancelled.
+- **The application version** is the one the user sets, or by default the package
+  version plus a digest of the transition table and of the worker's registry (its
+  models, tools and hooks, with a digest of each one's code: ``_registry``). A worker
+  recovers and dequeues only runs of its own version, so a deploy that changes the
+  table or the registry never replays an old run on new code: the old runs wait for a
+  worker of their version (keep one running until they drain) and are listed as
+  ``held`` meanwhile. A worker of the same version whose code does not fit a run (a
+  tool or hook the run used is gone) holds the run instead of running it, naming
+  the mismatch; an operator resumes it on a compatible worker or ends it as failed.
 - **Waiting for a person is durable**: a run that needs approvals publishes them
   (``pending_approvals()``) and waits in the database; ``decide`` may come from any
   process, before or after restarts. A call that is not pending (unknown, or already
@@ -35,40 +52,107 @@ What is promised
 from __future__ import annotations
 
 import contextvars
-import hashlib
-from typing import Protocol, runtime_checkable
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import IO, Protocol, Union, runtime_checkable
 
 import attrs
 
-from statemachine._version import __version__
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
-from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TRANSITIONS
-from statemachine.errors import NotPendingError, StoreUnavailableError, UnknownRunError
+from statemachine.agent.tools import Tool
+from statemachine.core.messages import Message, ToolCall, UserMessage
+from statemachine.durable._registry import application_version, table_digest
+from statemachine.errors import (
+    ExportError,
+    InvalidInputError,
+    NotPendingError,
+    ServiceError,
+    StoreUnavailableError,
+    UnknownRunError,
+    UsageError,
+)
 
 __all__ = [
+    "BACKENDS",
+    "DurableRunner",
+    "ExportError",
+    "ExportedJournal",
+    "ListedRun",
     "NotPendingError",
+    "RunClosedError",
+    "RunFailedError",
     "RunHandle",
+    "RunHeldError",
     "RunStatus",
+    "RunStore",
     "StoreUnavailableError",
     "UnknownRunError",
     "application_version",
     "idempotency_key",
+    "open_store",
     "table_digest",
 ]
+
+
+class RunClosedError(UsageError):
+    """A message to a run that has ended, or that ended before it took the message:
+    it reaches no model (start a new run with it)."""
+
+
+class RunHeldError(ServiceError):
+    """The run is held: the code of the worker that took it does not fit what the run
+    recorded (the message names the model, tool or hook), or it waits for a worker of
+    its application version. An operator resumes it on a compatible worker or ends it
+    (``DBOSRunner.resume_held``, ``DBOSRunner.end_held``)."""
+
+
+class RunFailedError(ServiceError):
+    """The run did not end with a result: the backend gave up on it (the message says
+    why) or an operator ended it (with the explanation given)."""
 
 
 @attrs.frozen
 class RunStatus:
     """Where a durable run is: ``state`` is ``"queued"``, ``"running"``, ``"waiting"``
-    (for approvals), ``"finished"`` (see ``result()`` for how), ``"failed"`` (the
-    backend gave up on it) or ``"cancelled"``."""
+    (for approvals), ``"held"`` (``held`` names why: the code that took it does not fit
+    it, or it waits for a worker of its ``app_version``), ``"finished"`` (see
+    ``result()`` for how), ``"failed"`` (the backend gave up on it, or an operator
+    ended it: ``explanation`` says so) or ``"cancelled"``. ``notes`` name the changes
+    of code the run went on through (a tool's code changed since it started)."""
 
     run_id: str
     state: str
     pending_approvals: tuple[ToolCall, ...] = ()
     app_version: str = ""
+    held: str = ""
+    explanation: str = ""
+    notes: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class ListedRun(RunStatus):
+    """A ``RunStatus`` with when the run was created and last updated (seconds since
+    the epoch, as the backend keeps them; DBOS: to the millisecond on PostgreSQL, to
+    the second on SQLite, where runs created in the same second list in no set order)."""
+
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@attrs.frozen
+class ExportedJournal:
+    """What ``export_journal`` wrote: the run, its events, where it stands, and
+    whether the run had finished (``False``: the journal ends where its steps end)."""
+
+    run_id: str
+    events: int
+    state: str
+    finished: bool
+
+
+JournalTarget = Union[str, "os.PathLike[str]", IO[str]]  # a new file's path, or a text stream
 
 
 @runtime_checkable
@@ -108,21 +192,120 @@ class RunHandle(Protocol):
         """Where the run is now."""
         ...
 
-
-def table_digest() -> str:
-    """A digest of the transition table's rows: changes whenever the table does."""
-    # Names, not reprs: a guard's repr carries its memory address.
-    rows = "\n".join(
-        f"{t.source.value}|{t.trigger.value}|{t.dest.value}|"
-        f"{getattr(t.guard, '__name__', t.guard)}|{t.label}"
-        for t in TRANSITIONS
-    )
-    return hashlib.sha256(rows.encode()).hexdigest()[:12]
+    async def export_journal(
+        self, target: JournalTarget, tools: Sequence[Tool] | None = None
+    ) -> ExportedJournal:
+        """Write the run as the journal ``run_agent_journaled`` would have written
+        (``tools``: the run's tools, for their schemas); ``ExportError`` if its saved
+        steps do not rebuild its saved result."""
+        ...
 
 
-def application_version() -> str:
-    """The version a durable backend runs under: package version + table digest."""
-    return f"{__version__}+table.{table_digest()}"
+@runtime_checkable
+class RunStore(Protocol):
+    """The runs' database seen from a process that is not a worker (a command line,
+    a dashboard): every backend offers one (``open_store``)."""
+
+    async def handle(self, run_id: str) -> RunHandle:
+        """The handle of an existing run; ``UnknownRunError`` if there is none."""
+        ...
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        """The runs, newest first, at most ``limit``; ``status`` keeps one state."""
+        ...
+
+    async def export_journal(self, run_id: str, target: JournalTarget) -> ExportedJournal:
+        """Write the run ``run_id`` as a journal (``RunHandle.export_journal``)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the database."""
+        ...
+
+
+@runtime_checkable
+class DurableRunner(Protocol):
+    """A worker of a backend: it runs durable runs in this process, resolving their
+    models, tools and hooks in its registry; every method but ``launch`` and
+    ``destroy`` needs it launched."""
+
+    app_version: str
+
+    def launch(self) -> None:
+        """Start the worker; it takes back its unfinished runs of its version."""
+        ...
+
+    def destroy(self) -> None:
+        """Stop the worker (its unfinished runs stay in the database)."""
+        ...
+
+    async def start(
+        self,
+        run_id: str,
+        *,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None = None,
+        max_turns: int = 8,
+    ) -> RunHandle:
+        """Start the run ``run_id`` in this worker (or return its handle)."""
+        ...
+
+    async def enqueue(
+        self,
+        run_id: str,
+        *,
+        queue: str,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None = None,
+        max_turns: int = 8,
+    ) -> RunHandle:
+        """Put the run ``run_id`` on ``queue`` for a worker that takes from it."""
+        ...
+
+    async def handle(self, run_id: str) -> RunHandle:
+        """The handle of an existing run; ``UnknownRunError`` if there is none."""
+        ...
+
+    async def recover(self, executor_ids: Sequence[str]) -> list[str]:
+        """Take over the unfinished runs of dead workers; their run ids."""
+        ...
+
+    async def status(self, run_id: str) -> RunStatus:
+        """The run's status as this worker sees it (``held`` included)."""
+        ...
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        """The runs, newest first (``RunStore.list_runs``)."""
+        ...
+
+    async def export_journal(self, run_id: str, target: JournalTarget) -> ExportedJournal:
+        """Write the run as a journal, with this worker's tools and hooks."""
+        ...
+
+    async def resume_held(self, run_id: str) -> None:
+        """Let a held run go on, on this worker's code (which must fit it)."""
+        ...
+
+    async def end_held(self, run_id: str, explanation: str) -> None:
+        """End a held run as failed, with ``explanation``."""
+        ...
+
+
+BACKENDS: Mapping[str, str] = {"dbos": "statemachine.durable.dbos"}
+"""The backends by name: each module has ``open_store(database_url) -> RunStore``."""
+
+
+def open_store(backend: str, database_url: str) -> RunStore:
+    """The ``RunStore`` of ``backend`` (a name in ``BACKENDS``) on ``database_url``;
+    ``InvalidInputError`` for an unknown backend, ``StoreUnavailableError`` for a
+    database that cannot be reached, ``ImportError`` without the backend's extra."""
+    if backend not in BACKENDS:
+        raise InvalidInputError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    module = importlib.import_module(BACKENDS[backend])
+    store: RunStore = module.open_store(database_url)
+    return store
 
 
 _durable_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(

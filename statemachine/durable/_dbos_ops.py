@@ -28,9 +28,7 @@ schema refused, which the check against the result then reports).
 
 from __future__ import annotations
 
-import io
 import os
-from collections import deque
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import IO, Any, Final
@@ -42,29 +40,33 @@ from statemachine.agent.events import RunResult
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
-from statemachine.core.abort import AbortSignal
-from statemachine.core.events import (
-    Event,
-    ModelCancelled,
-    ToolCancelled,
-    ToolFinished,
-)
-from statemachine.core.messages import AssistantMessage, Message, ToolCall
+from statemachine.core.events import Event, ModelCancelled, ToolCancelled
+from statemachine.core.messages import ToolCall
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_from_dicts
-from statemachine.durable import RunStatus, UnknownRunError
-from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_run import (
-    NOT_RECORDED,
-    ControlInbox,
-    DurableExecutor,
-    DurableRun,
-    drive,
+from statemachine.durable import (
+    ExportedJournal,
+    ExportError,
+    ListedRun,
+    UnknownRunError,
 )
-from statemachine.durable._dbos_wire import decode_step_events, result_from_dict
-from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id
-from statemachine.errors import ExportError, InvalidInputError
+from statemachine.durable._course import drive
+from statemachine.durable._dbos_control import Control
+from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
+from statemachine.durable._journal import (
+    MAX_EXPORT_STEPS,
+    NOT_RECORDED,
+    NoModel,
+    Recorded,
+    RecordEndedError,
+    SavedStep,
+    check_against,
+    journal_buffer,
+    options,
+    write_journal,
+)
+from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id, _state
+from statemachine.errors import InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
 __all__ = [
@@ -78,53 +80,11 @@ __all__ = [
     "list_runs",
 ]
 
-MAX_EXPORT_STEPS: Final = 200_000  # recorded operations of one run an export reads
 DEFAULT_LIST_LIMIT: Final = 100
 MAX_LIST_LIMIT: Final = 10_000
-_MODEL_STEP = "statemachine.model"
-_TOOL_STEP = "statemachine.tool"
-_PERMISSION_STEP = "statemachine.permissions"
-_CONTINUE_STEP = "statemachine.continue"
-_STEPS = (_MODEL_STEP, _TOOL_STEP, _PERMISSION_STEP, _CONTINUE_STEP)
 
 
 # -- what a run recorded ------------------------------------------------------------------------
-
-
-class _Recorded:
-    """A run's recorded operations, by kind, each taken once, in recorded order (the
-    places of its messages are read by ``Control``)."""
-
-    def __init__(self, steps: Sequence[Mapping[str, Any]]) -> None:
-        self.steps = [dict(s) for s in steps]
-        self.outputs: dict[str, deque[Any]] = {name: deque() for name in _STEPS}
-        self.tools: dict[str, Any] = {}
-        for step in sorted(self.steps, key=lambda s: int(s["function_id"])):
-            name, output = step["function_name"], step.get("output")
-            if step.get("error") is not None or name not in _STEPS:
-                continue  # a step that raised or was cancelled saved nothing the engine saw
-            if name == _TOOL_STEP:
-                # Its answer names the call (a tool may also have queued input first).
-                events = decode_step_events(output)
-                ends = [e.call_id for e in events if isinstance(e, (ToolFinished, ToolCancelled))]
-                self.tools[ends[0] if ends else ""] = output
-            else:
-                self.outputs[name].append(output)
-
-    def has(self, name: str) -> bool:
-        """Whether the run recorded any step ``name``."""
-        return bool(self.outputs[name])
-
-    def take(self, name: str, key: str) -> Any:
-        """The saved output of the next step ``name`` (``key``: a tool's call id)."""
-        if name == _TOOL_STEP:
-            return self.tools.pop(key, NOT_RECORDED)
-        found = self.outputs[name]
-        return found.popleft() if found else NOT_RECORDED
-
-
-class _RecordEndedError(Exception):
-    """The recorded steps end here: the run had gone no further."""
 
 
 class _ReplayControl(Control):
@@ -133,9 +93,15 @@ class _ReplayControl(Control):
     def start(self) -> None:
         """Nothing to listen to: the messages are the recorded ones."""
 
+    async def _send(self, marker: Mapping[str, Any]) -> None:
+        """The run's markers are recorded with its messages: nothing to send."""
+
+    async def _publish(self, key: str, value: Any) -> None:
+        """An export publishes nothing."""
+
     async def next_message(self) -> Any:
         if not self._schedule:
-            raise _RecordEndedError  # waiting for a person when the record ends
+            raise RecordEndedError  # waiting for a person when the record ends
         return await super().next_message()
 
 
@@ -143,13 +109,13 @@ class _ReplayInbox(ControlInbox):
     """The run's inbox; an empty one is the end of the recorded steps (``_ReplayRun``)."""
 
     async def _wait(self) -> None:
-        raise _RecordEndedError
+        raise RecordEndedError
 
 
 class _ReplayExecutor(DurableExecutor):
     """Answers every step by its recorded output, never runs it (``_ReplayRun``)."""
 
-    def __init__(self, loop: ActionLoop, *, recorded: _Recorded, **parts: Any) -> None:
+    def __init__(self, loop: ActionLoop, *, recorded: Recorded, **parts: Any) -> None:
         super().__init__(loop, **parts)
         self._recorded = recorded
         self._unrecorded: list[str] = []  # operations started but not recorded
@@ -175,65 +141,31 @@ class _ReplayRun(DurableRun):
 
     _inbox_type = _ReplayInbox
 
-    def __init__(self, recorded: _Recorded, **kwargs: Any) -> None:
+    def __init__(self, recorded: Recorded, **kwargs: Any) -> None:
         super().__init__(executor=partial(_ReplayExecutor, recorded=recorded), **kwargs)
 
 
 # -- the export --------------------------------------------------------------------------------
 
 
-class _NoModel:
-    """Stands in for the run's model: an export never calls it."""
-
-    async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
-    ) -> AssistantMessage:
-        raise AssertionError("an export answers model calls from the recorded steps")
-
-
-async def _never(arguments: Mapping[str, Any], signal: AbortSignal) -> str:
-    raise AssertionError("an export answers tool calls from the recorded steps")
-
-
-def _stand_in(name: str) -> Tool:
-    definition = ToolDefinition(
-        name, "(schema not recorded with the durable run)", {"type": "object"}
-    )
-    return Tool(definition, _never)
-
-
-def _hook(*args: Any) -> None:
-    """Stands in for a hook the run had: an export never calls it."""
-
-
-@attrs.frozen
-class ExportedJournal:
-    """What ``export_journal`` wrote: the run, its events, where it stands, and
-    whether the run had finished (``False``: the journal ends where its steps end)."""
-
-    run_id: str
-    events: int
-    state: str
-    finished: bool
-
-
 async def _rebuild(
     run_id: str,
     spec: Mapping[str, Any],
-    recorded: _Recorded,
+    recorded: Recorded,
+    steps: Sequence[Mapping[str, Any]],
     journal: Journal,
-    options: Mapping[str, Any],
+    chosen: Mapping[str, Any],
 ) -> tuple[RunResult | None, TurnState]:
-    """Run the run's course again over its recorded steps (``_dbos_run.drive``, as the
+    """Run the run's course again over its recorded steps (``_course.drive``, as the
     workflow does), writing ``journal``; the result (``None`` where the recorded steps
     end first) and the state the engine is in."""
-    control = _ReplayControl(recorded.steps)
+    control = _ReplayControl(steps)
     kwargs: dict[str, Any] = {
-        "model": _NoModel(),
+        "model": NoModel(),
         "max_turns": spec["max_turns"],
         "run_id": run_id,
         "control": control,
-        **options,
+        **chosen,
     }
     runs = [
         _ReplayRun(
@@ -250,7 +182,7 @@ async def _rebuild(
 
     try:
         result, _ = await drive(runs[0], resume, _publish_nothing)
-    except _RecordEndedError:
+    except RecordEndedError:
         return None, runs[-1].engine.state
     except RuntimeError as exc:  # Control: a recorded message has no place in this course
         raise ExportError(f"run {run_id!r}: {exc}") from None
@@ -261,40 +193,12 @@ async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
     """An export publishes nothing."""
 
 
-def _options(
-    spec: Mapping[str, Any],
-    recorded: _Recorded,
-    tools: Sequence[Tool] | None,
-    hooks: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The run's tools and which hooks it had (from the runner when known, else from
-    what its steps show)."""
-    names = [str(n) for n in spec["tools"]]
-    known = {t.name: t for t in tools or ()}
-    chosen = [known.get(n) or _stand_in(n) for n in names]
-    if hooks is None:
-        asked_permission = recorded.has(_PERMISSION_STEP)
-        asked_continue = recorded.has(_CONTINUE_STEP)
-    else:
-        asked_permission = hooks.get("before_tool_call") is not None
-        asked_continue = hooks.get("should_continue") is not None
-    return {
-        "tools": chosen,
-        "before_tool_call": _hook if asked_permission else None,
-        "should_continue": _hook if asked_continue else None,
-    }
-
-
-def _check_against(result: RunResult | None, recorded: Mapping[str, Any], run_id: str) -> None:
-    expected = result_from_dict(run_id, recorded)
-    if result is None:
-        raise ExportError(f"run {run_id!r} finished, but its recorded steps end early")
-    for what in ("state", "messages", "trace"):
-        if getattr(result, what) != getattr(expected, what):
-            raise ExportError(
-                f"run {run_id!r}: its recorded steps rebuild a different {what} than its "
-                "recorded result (the run's tools or hooks differ from the exporter's?)"
-            )
+def _saved(step: Mapping[str, Any]) -> SavedStep:
+    """A step as DBOS lists it, as ``_journal`` reads saved steps."""
+    failed = step.get("error") is not None
+    return SavedStep(
+        int(step["function_id"]), str(step["function_name"]), step.get("output"), failed
+    )
 
 
 async def export_journal(
@@ -320,30 +224,20 @@ async def export_journal(
     steps = await client.list_workflow_steps_async(run_id, limit=MAX_EXPORT_STEPS + 1)
     if len(steps) > MAX_EXPORT_STEPS:
         raise ExportError(f"run {run_id!r} has more than {MAX_EXPORT_STEPS} recorded operations")
-    recorded = _Recorded(steps)
-    buffer = io.StringIO()  # written out only once it is known right
+    recorded = Recorded([_saved(s) for s in steps])
+    # Written out only once it is known right, encoded as a journal file is (a lone
+    # surrogate escaped, as run_agent_journaled writes it).
+    buffer, data = journal_buffer()
     journal = Journal(buffer, flush="close")
-    options = _options(spec, recorded, tools, hooks)
-    result, state = await _rebuild(run_id, spec, recorded, journal, options)
+    chosen = options(spec, recorded, tools, hooks)
+    result, state = await _rebuild(run_id, spec, recorded, steps, journal, chosen)
     output = status.output
     finished = status.status == "SUCCESS" and isinstance(output, Mapping)
     if isinstance(output, Mapping) and finished:
-        _check_against(result, output, run_id)
-    _write(target, buffer.getvalue())
+        check_against(result, output, run_id)
+    buffer.flush()
+    write_journal(target, data.getvalue())
     return ExportedJournal(run_id, journal.events_written, state.value, finished)
-
-
-def _write(target: str | os.PathLike[str] | IO[str], text: str) -> None:
-    if not isinstance(target, (str, os.PathLike)):
-        target.write(text)
-        return
-    try:
-        with open(target, "x", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-    except FileExistsError:
-        raise InvalidInputError(
-            f"{os.fspath(target)!r} already exists: a journal holds one run; choose a new path"
-        ) from None
 
 
 # -- listing -----------------------------------------------------------------------------------
@@ -354,31 +248,25 @@ _DBOS_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 
-@attrs.frozen
-class ListedRun(RunStatus):
-    """A ``RunStatus`` with when the run was created and last updated (seconds since
-    the epoch, as DBOS keeps them: to the millisecond on PostgreSQL, to the second on
-    SQLite, where runs created in the same second list in no set order)."""
-
-    created: float = 0.0
-    updated: float = 0.0
-
-
 async def list_runs(
-    client: DBOSClient, status: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    client: DBOSClient,
+    status: str | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    viewer: str = "",
 ) -> tuple[ListedRun, ...]:
     """The durable runs of ``client``'s database, newest first, at most ``limit``
     (``DEFAULT_LIST_LIMIT``, at most ``MAX_LIST_LIMIT``); ``status`` keeps one state
-    (``RunStatus.state``). The pending approvals are read for running runs only."""
+    (``RunStatus.state``), as a worker of the application version ``viewer`` sees it
+    (``"held"`` too for runs waiting for a worker of another version). The pending
+    approvals are read for running and held runs only."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidInputError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
-    known = (*_DBOS_STATUSES, "waiting")
+    known = (*_DBOS_STATUSES, "waiting", "held")
     if status is not None and status not in known:
         raise InvalidInputError(f"unknown status {status!r}; known: {', '.join(sorted(known))}")
-    wanted = _DBOS_STATUSES["running"] if status == "waiting" else _DBOS_STATUSES.get(status or "")
     found = await client.list_workflows_async(
         name=WORKFLOW,
-        status=list(wanted) if wanted else None,
+        status=None if status in (None, "held", "failed") else list(_wanted(status)),
         limit=limit,
         sort_desc=True,
         load_input=False,
@@ -386,21 +274,23 @@ async def list_runs(
     )
     runs = []
     for workflow in found:
-        state = _STATES.get(workflow.status, workflow.status.lower())
-        pending: tuple[ToolCall, ...] = ()
-        if state == "running":
+        listed = _state(workflow, viewer)
+        if listed.state in ("running", "held"):
             pending = await DBOSRunHandle(client, workflow.workflow_id).pending_approvals()
-            state = "waiting" if pending else state
-        if status is not None and state != status:
+            if pending and listed.state == "running":
+                listed = attrs.evolve(listed, state="waiting")
+            listed = attrs.evolve(listed, pending_approvals=pending)
+        if status is not None and listed.state != status:
             continue
         runs.append(
             ListedRun(
-                workflow.workflow_id,
-                state,
-                pending,
-                workflow.app_version or "",
+                **attrs.asdict(listed, recurse=False),
                 created=(workflow.created_at or 0) / 1000,
                 updated=(workflow.updated_at or 0) / 1000,
             )
         )
     return tuple(runs)
+
+
+def _wanted(status: str | None) -> tuple[str, ...]:
+    return _DBOS_STATUSES["running"] if status == "waiting" else _DBOS_STATUSES[status or ""]

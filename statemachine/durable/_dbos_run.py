@@ -2,12 +2,15 @@
 
 Each model call, tool call, batch of ``before_tool_call`` checks and
 ``should_continue`` check runs as a DBOS step whose recorded output is the JSON of
-the engine events it reported (``_dbos_wire``). Every step is started eagerly, at
+the engine events it reported (``_wire``). Every step is started eagerly, at
 the point the engine asks for it, so that DBOS numbers the steps in the engine's
-order (``_dbos_control.start_now``). The tool results of a batch are handed to the
+order (``_lane.start_now``). The tool results of a batch are handed to the
 engine in call order, whatever order the tools finish in, so that this order does
 not depend on timing. Messages to the run come through its inbox, between two
-engine events, at the place ``_dbos_control.Control`` records.
+engine events, at the place ``_dbos_control.Control`` records; before a final
+answer the inbox first takes every message stored for the run (``_lane``). A step
+that does not fit what the run recorded in its place (the worker's code differs)
+hands nothing to the engine: it tells the workflow, which holds the run.
 """
 
 from __future__ import annotations
@@ -15,28 +18,27 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from dbos import DBOS, StepOptions
+from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
-from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.events import RunResult
 from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.run import AgentRun, ExecutorFactory, use_backend
-from statemachine.core.errors import InvalidInputError
-from statemachine.core.events import ApprovalDecided, CallModel, Event, InputKind, InputQueued
-from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TurnState
-from statemachine.core.wire import message_from_dict
+from statemachine.core.events import CallModel, Event, InputKind, InputQueued, ModelResponded
+from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
+from statemachine.durable._course import user_message
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
-from statemachine.durable._dbos_wire import decode_step_events, encode_step_events, merge_stats
+from statemachine.durable._journal import NOT_RECORDED
+from statemachine.durable._order import CallOrder
+from statemachine.durable._wire import decode_step_events, encode_step_events
 
-__all__ = ["NOT_RECORDED", "ControlInbox", "DurableExecutor", "DurableRun", "drive", "user_message"]
-
-NOT_RECORDED: Any = object()  # a step an export finds no record of (``_dbos_ops``)
+__all__ = ["ControlInbox", "DurableExecutor", "DurableRun"]
 
 _capture: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
     "statemachine_durable_capture", default=None
@@ -59,12 +61,13 @@ class ControlInbox:
     where the control lane places them. The loop always asks ``get`` (which places
     the messages), so it never takes a queued event past a message's place."""
 
-    __slots__ = ("_queue", "_run", "_waiter")
+    __slots__ = ("_queue", "_run", "_synced_for", "_waiter")
 
     def __init__(self, run: DurableRun) -> None:
         self._queue: deque[Event] = deque()
         self._run = run
         self._waiter: asyncio.Future[None] | None = None
+        self._synced_for: Event | None = None  # the final answer a marker was sent for
 
     def put_nowait(self, event: Event) -> None:
         self._queue.append(event)
@@ -90,7 +93,18 @@ class ControlInbox:
                     return event
                 continue
             if self._queue:
-                return self._queue.popleft()
+                head = self._queue[0]
+                if not self._run.ends_unless_told(head):
+                    return self._queue.popleft()
+                # A final answer: every message sent so far is taken first, so that
+                # none is left unread when the run ends (``_lane``).
+                control = self._run.control
+                if self._synced_for is not head:
+                    self._synced_for = head
+                    await control.sync()
+                    continue
+                if control.synced():
+                    return self._queue.popleft()
             await self._wait()
 
     async def _wait(self) -> None:
@@ -106,10 +120,10 @@ class ControlInbox:
 class DurableExecutor(AsyncioExecutor):
     """The executor of a durable run: each operation a DBOS step (module docstring)."""
 
-    def __init__(self, loop: ActionLoop, **parts: Any) -> None:
+    def __init__(self, loop: ActionLoop, *, control: Control | None = None, **parts: Any) -> None:
         super().__init__(loop, **parts)
-        self._order: list[str] = []  # call ids of started tools, in call order
-        self._ready: dict[str, list[Event]] = {}  # their recorded events, until posted
+        self.control = control
+        self._order = CallOrder(self._post_events, loop.reported)  # tools in call order
 
     # Inside a step, what an operation reports goes to the step's capture.
 
@@ -138,7 +152,7 @@ class DurableExecutor(AsyncioExecutor):
         self.start_operation("model", step, eager=True)
 
     def start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._order.append(call.id)
+        self._order.started(call.id)
         step = self._step(call.id, "statemachine.tool", partial(self.run_tool, call))
         self.start_operation(call.id, step, eager=True)
 
@@ -172,6 +186,15 @@ class DurableExecutor(AsyncioExecutor):
 
         try:
             saved = await self.saved(name, key, step)
+        except DBOSUnexpectedStepError as exc:
+            # The run recorded another operation here: this worker's code does not
+            # fit it. Nothing is handed to the engine; the workflow holds the run
+            # (``DBOSRunner._execute``), which cancels this wait.
+            mismatch = None if self.control is None else self.control.mismatch
+            if mismatch is not None and not mismatch.done():
+                mismatch.set_result(str(exc))
+            await asyncio.get_running_loop().create_future()
+            raise
         except asyncio.CancelledError:
             # Cancelled after an abort: what it reported (its cancellation) still
             # answers it; not recorded, so a recovery runs the call again. If it
@@ -191,31 +214,23 @@ class DurableExecutor(AsyncioExecutor):
 
     def deliver(self, key: str, events: list[Event]) -> None:
         """Hand the loop the events of the operation ``key`` (tools in call order)."""
-        loop = self.loop
         if key in self._order:
-            if key not in loop.reported:
-                self._ready[key] = events
-            self._flush()
+            self._order.report(key, events)
             return
+        loop = self.loop
         if key:
             if key in loop.reported:
                 return
             loop.reported.add(key)
+        self._post_events(events)
+
+    def _post_events(self, events: Iterable[Event]) -> None:
         for event in events:
-            loop.inbox.put_nowait(event)
+            self.loop.inbox.put_nowait(event)
 
     def _flush(self) -> None:
         """Post the tool results that are next in call order."""
-        loop = self.loop
-        while self._order:
-            head = self._order[0]
-            if head in self._ready:
-                loop.reported.add(head)
-                for event in self._ready.pop(head):
-                    loop.inbox.put_nowait(event)
-            elif head not in loop.reported:
-                return  # still running
-            self._order.pop(0)
+        self._order.flush()
 
 
 class DurableRun(AgentRun):
@@ -229,6 +244,7 @@ class DurableRun(AgentRun):
         self.control = control
         super().__init__(**kwargs)
         self.inbox = self._inbox_type(self)
+        executor = partial(executor, control=control)
         use_backend(self, inbox=self.inbox, executor=executor, on_handle=self._count)
 
     def _count(self, event: Event) -> None:
@@ -240,6 +256,17 @@ class DurableRun(AgentRun):
             return await super().run()
         finally:
             self.control.on_arrival = None
+
+    def ends_unless_told(self, event: Event) -> bool:
+        """Whether ``event`` is a final answer the run would end on, unless a message
+        queued input first (and the run still listens for one)."""
+        loop = self._loop
+        return (
+            isinstance(event, ModelResponded)
+            and not event.message.tool_calls
+            and not (loop is not None and loop.aborting)
+            and not self.control.stopped
+        )
 
     def take(self, message: Any) -> Event | None:
         """A message to the run, taking effect now: the event to hand the engine
@@ -253,76 +280,3 @@ class DurableRun(AgentRun):
             which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
             return InputQueued(user_message(message), which)
         return None
-
-
-# -- the run's course, approvals included ------------------------------------------------------
-
-Resume = Callable[[DurableRun, list[Event]], DurableRun]
-Publish = Callable[[Sequence[ToolCall]], Awaitable[None]]
-
-
-async def drive(
-    run: DurableRun, resume: Resume, publish: Publish
-) -> tuple[RunResult, RunStats | None]:
-    """Run ``run`` to its end, through its waits for approvals: publish the pending
-    calls, wait for the decisions (and take the other messages) through the control
-    lane, and go on with ``resume(run, decisions)``. The workflow runs this, and an
-    export runs it again over the recorded steps (``_dbos_ops``). The result and the
-    stats of all parts."""
-    result = await run.run()
-    stats: RunStats | None = result.stats
-    while result.state is TurnState.AwaitingUser and result.pending_approvals:
-        decisions, others = await _wait_for_decisions(
-            run.control, result.pending_approvals, publish
-        )
-        run = resume(run, decisions)
-        for message in others:
-            _take_early(run, message)
-        result = await run.run()
-        stats = merge_stats(stats, result.stats) if result.stats else stats
-    return result, stats
-
-
-async def _wait_for_decisions(
-    control: Control, calls: Sequence[ToolCall], publish: Publish
-) -> tuple[list[Event], list[Mapping[str, Any]]]:
-    """Publish ``calls`` and wait (durably) until each is decided or the run is
-    aborted; the decisions in call order, and the other messages received."""
-    waiting = {c.id: c for c in calls}
-    decided: dict[str, Event] = {}
-    others: list[Mapping[str, Any]] = []
-    await publish(calls)
-    while len(decided) < len(waiting):
-        message = await control.next_message()
-        if not isinstance(message, Mapping):
-            continue  # a week without a word: wait on
-        if message.get("kind") != "decision":
-            others.append(message)
-            if message.get("kind") == "abort":
-                break
-            continue
-        call_id = message.get("call_id")
-        if call_id not in waiting or call_id in decided:
-            continue  # raced with another decision; decide() refuses it when it can
-        decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
-        await publish([c for c in calls if c.id not in decided])
-    return [decided[c.id] for c in calls if c.id in decided], others
-
-
-def _take_early(run: DurableRun, message: Mapping[str, Any]) -> None:
-    """A message taken while the run waited for a person, for the resumed run."""
-    kind = message.get("kind")
-    if kind == "abort":
-        run.abort(message.get("reason") or "aborted by the caller")
-    elif kind == "steer":
-        run.steer(user_message(message))
-    elif kind == "follow_up":
-        run.follow_up(user_message(message))
-
-
-def user_message(message: Mapping[str, Any]) -> UserMessage:
-    """The user message a steer or follow-up message carries."""
-    user = message_from_dict(message["message"])
-    if not isinstance(user, UserMessage):
-        raise InvalidInputError("a queued message must be a user message")
-    return user

@@ -1,8 +1,9 @@
-"""What a durable run on DBOS saves, as JSON: step outputs, pending calls, the result.
+"""What a durable run saves, as JSON (on any backend): step outputs, pending calls,
+the result.
 
-DBOS would pickle a step's output by default; our messages do not pickle, and a
-record should be readable by any later version anyway, so every saved value is the
-JSON of ``statemachine.core.wire``. A step's output is the list of the engine
+A backend would often pickle a step's output by default (DBOS does); our messages do
+not pickle, and a record should be readable by any later version anyway, so every
+saved value is the JSON of ``statemachine.core.wire``. A step's output is the list of the engine
 events it reported; ``decode_step_events`` is the one function that reads it back.
 """
 

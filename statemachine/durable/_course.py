@@ -1,0 +1,147 @@
+"""The course of a durable run, on any backend: through its waits for approvals to
+its end, taking the messages sent to it.
+
+``drive`` runs a run (an ``AgentRun`` whose operations a backend saves) to its end:
+when the engine stops to wait for approvals, it publishes the pending calls, waits
+(durably, through the run's control lane) for a decision on each or an abort, and
+goes on with a run resumed with the decisions; other messages taken meanwhile are
+handed to the resumed run. At the end, every message still stored for the run is
+taken (``Lane.drain``): steers and follow-ups become the result's ``queued_input``,
+so none that was acknowledged is lost. The backend's workflow runs this, and an
+export runs it again over the saved steps, so both follow the same course.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from statemachine.agent.events import RunResult, RunStats
+from statemachine.core.errors import InvalidInputError
+from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQueued
+from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.table import TurnState
+from statemachine.core.wire import message_from_dict
+from statemachine.durable._wire import merge_stats
+
+__all__ = ["CourseRun", "Lane", "Publish", "Resume", "drive", "user_message"]
+
+
+class Lane(Protocol):
+    """What the course needs of a run's control lane (messages to the run)."""
+
+    async def next_message(self) -> Any:
+        """Wait for the next message while the run waits for a person."""
+        ...
+
+    async def drain(self) -> list[Any]:
+        """At the run's end: every message stored for it, taken."""
+        ...
+
+
+class CourseRun(Protocol):
+    """What the course needs of a run."""
+
+    @property
+    def control(self) -> Lane: ...
+
+    async def run(self) -> RunResult: ...
+
+    def abort(self, reason: object = None) -> None: ...
+
+    def steer(self, message: str | UserMessage) -> None: ...
+
+    def follow_up(self, message: str | UserMessage) -> None: ...
+
+
+Resume = Callable[[Any, list[Event]], Any]  # (the run that stopped, decisions) -> resumed
+Publish = Callable[[Sequence[ToolCall]], Awaitable[None]]
+
+
+async def drive(
+    run: CourseRun, resume: Resume, publish: Publish
+) -> tuple[RunResult, RunStats | None]:
+    """Run ``run`` to its end, through its waits for approvals: publish the pending
+    calls, wait for the decisions (and take the other messages) through the control
+    lane, and go on with ``resume(run, decisions)``. The workflow runs this, and an
+    export runs it again over the recorded steps. The result and the
+    stats of all parts."""
+    published: list[bool] = []
+
+    async def publishing(calls: Sequence[ToolCall]) -> None:
+        published.append(True)
+        await publish(calls)
+
+    result = await run.run()
+    stats: RunStats | None = result.stats
+    while result.state is TurnState.AwaitingUser and result.pending_approvals:
+        decisions, others = await _wait_for_decisions(
+            run.control, result.pending_approvals, publishing
+        )
+        run = resume(run, decisions)
+        for message in others:
+            _take_early(run, message)
+        result = await run.run()
+        stats = merge_stats(stats, result.stats) if result.stats else stats
+    # Messages sent before the end and not yet taken: the result's queued input.
+    late = [(user_message(m), m["kind"]) for m in await run.control.drain() if _is_input(m)]
+    if late:
+        queued = tuple(
+            InputQueued(m, InputKind.STEER if k == "steer" else InputKind.FOLLOW_UP)
+            for m, k in late
+        )
+        result = attrs.evolve(result, queued_input=result.queued_input + queued)
+    if published and not result.pending_approvals:
+        await publish(())  # nothing waits any more (an abort may have ended the wait)
+    return result, stats
+
+
+def _is_input(message: Any) -> bool:
+    return isinstance(message, Mapping) and message.get("kind") in ("steer", "follow_up")
+
+
+async def _wait_for_decisions(
+    control: Lane, calls: Sequence[ToolCall], publish: Publish
+) -> tuple[list[Event], list[Mapping[str, Any]]]:
+    """Publish ``calls`` and wait (durably) until each is decided or the run is
+    aborted; the decisions in call order, and the other messages received."""
+    waiting = {c.id: c for c in calls}
+    decided: dict[str, Event] = {}
+    others: list[Mapping[str, Any]] = []
+    await publish(calls)
+    while len(decided) < len(waiting):
+        message = await control.next_message()
+        if not isinstance(message, Mapping):
+            continue  # a week without a word: wait on
+        if message.get("kind") != "decision":
+            others.append(message)
+            if message.get("kind") == "abort":
+                break
+            continue
+        call_id = message.get("call_id")
+        if call_id not in waiting or call_id in decided:
+            continue  # raced with another decision; decide() refuses it when it can
+        decided[call_id] = ApprovalDecided(call_id, message["approve"], message["reason"])
+        await publish([c for c in calls if c.id not in decided])
+    return [decided[c.id] for c in calls if c.id in decided], others
+
+
+def _take_early(run: CourseRun, message: Mapping[str, Any]) -> None:
+    """A message taken while the run waited for a person, for the resumed run."""
+    kind = message.get("kind")
+    if kind == "abort":
+        run.abort(message.get("reason") or "aborted by the caller")
+    elif kind == "steer":
+        run.steer(user_message(message))
+    elif kind == "follow_up":
+        run.follow_up(user_message(message))
+
+
+def user_message(message: Mapping[str, Any]) -> UserMessage:
+    """The user message a steer or follow-up message carries."""
+    user = message_from_dict(message["message"])
+    if not isinstance(user, UserMessage):
+        raise InvalidInputError("a queued message must be a user message")
+    return user

@@ -1,0 +1,284 @@
+"""The control lane of a durable run, on any backend: messages to the run, and where
+they took effect.
+
+A message to a run (steer, follow-up, abort, a decision) is stored by the backend
+for the run (on DBOS: a message on one topic). The run listens for the next one all
+the time, with one durable wait (on DBOS: a ``recv`` of up to a week, then another),
+so a message reaches the run as soon as the backend notices it, in the middle of a
+tool call too. Where it took effect is recorded:
+
+- Each listener starts at a point fixed by the run's own course (the start of the
+  workflow, or just after the previous message took effect): the wait starts, and
+  the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
+  When the message has come, the run takes it between two engine events and that
+  operation records ``{"at": n, "message": m}``: ``n`` is how many events the engine had
+  been handed in this workflow when the message took effect.
+- The run takes a message only once that record is saved, so nothing the message
+  caused can be saved before it.
+- After a crash the records are read first (one read, not an operation), and each
+  message takes effect again after exactly ``n`` events; the engine so receives the
+  same events in the same order as before the crash, and every operation is started
+  at the same point, so the backend gives it the same operation id.
+- A message received but whose place was not recorded before the crash never took
+  effect: it takes effect anew, but only once every operation recorded before the
+  crash has been started again (else an operation recorded without the message
+  would be started after it).
+- After an abort the run stops listening: what follows an abort (cancellations,
+  the grace period) depends on timing, so no later message could be placed again.
+- No message that was sent is left unread: before the engine is handed a final
+  answer, and once more when the run has ended, the run sends itself a marker
+  (``sync``) and takes every message until the marker (the messages of a topic come
+  in the order they were stored, so every message stored before the marker is taken
+  before it). The messages taken before a final answer reach the model (the engine
+  goes on to a turn boundary); those taken after the run ended are its
+  ``queued_input``, as with ``AgentRun``.
+- Before each such marker the run publishes the event ``OPEN`` as ``False`` (it is
+  ending), and ``True`` again if input came and it goes on. A sender reads it after
+  its message is stored: while it is not ``False``, a marker will follow the message,
+  so the run takes it; otherwise the sender waits for the run to go on or to end, and
+  then learns whether its message was taken (on DBOS: ``DBOSRunHandle.steer``).
+
+A backend numbers a run's operations in the order they are called (DBOS does); so
+every operation of a run is started eagerly (up to its first wait) at the point the
+engine asks for it, never later in a task (``start_now``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["NOTHING", "OPEN", "SYNC", "ControlLane", "start_now"]
+
+SYNC = "sync"  # the kind of the marker a run sends itself (module docstring)
+OPEN = "statemachine.open"  # published: whether the run is ending (module docstring)
+NOTHING: Any = object()  # no message takes effect now
+
+_T = TypeVar("_T")
+
+
+def start_now(coro: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Run ``coro`` up to its first wait now (the backend numbers its operation
+    there), in a context of its own as a task would, and carry it on as a task.
+
+    Python 3.12+ does this itself (``eager_start``); Python 3.11 has no eager start,
+    so there the coroutine is stepped once here and its task carries it on from that
+    first wait (``_Resumed``)."""
+    loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    context = contextvars.copy_context()
+    try:
+        waiting_on = context.run(coro.send, None)
+    except StopIteration as stop:
+        done: asyncio.Future[_T] = loop.create_future()
+        done.set_result(stop.value)
+        return done
+    return loop.create_task(_carry_on(coro, waiting_on), context=context)
+
+
+async def _carry_on(coro: Coroutine[Any, Any, _T], waiting_on: Any) -> _T:
+    """Carry on, as a task, a coroutine already run to its first wait; its result."""
+    result: _T = await _Resumed(coro, waiting_on)
+    return result
+
+
+class _Resumed:
+    """Awaiting this goes on with a coroutine that has already run to its first wait
+    (on ``waiting_on``): the task passes what it receives straight through."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._waiting_on
+        while True:
+            try:
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    # Closed (a task destroyed while pending): close the coroutine
+                    # too, which may be closed already, being garbage of the same
+                    # collection.
+                    coro.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - passed on, as the task would
+                    value = coro.throw(exc)
+                else:
+                    value = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+class ControlLane:
+    """The control lane of one execution of a run (module docstring); a backend
+    supplies the primitives (``_listen`` and the others below ``close``)."""
+
+    def __init__(self, places: Sequence[tuple[int, Any]], last_recorded: int) -> None:
+        self.handled = 0  # engine events handed over in this workflow so far
+        self.stopped = False
+        self.on_arrival: Callable[[], None] | None = None  # wakes whoever takes messages
+        self._schedule: deque[tuple[int, Any]] = deque(places)  # recorded places, in order
+        self._last_recorded = last_recorded  # the last operation recorded before a crash
+        self._recv: asyncio.Future[Any] | None = None
+        self._place: Any = None  # the reserved record of the message's place
+        self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
+        self._syncs_sent = 0  # markers sent to the run by this execution
+        self._syncs_taken = 0  # markers taken back
+        self._draining = False  # the run has ended: take every message, aborts too
+        self.synced_at: int | None = None  # ``handled`` when the last marker was taken
+        self.closed = False  # ``OPEN`` is False: the run is ending (module docstring)
+
+    def start(self) -> None:
+        """Listen for the next message (at a point fixed by the run's course): the
+        ``recv`` starts now, and the id of the step recording its place is drawn."""
+        if self.stopped:
+            return
+        recv = self._listen()
+        self._recv = recv
+        self._place = self._reserve()
+        self._listeners.append(recv)
+        recv.add_done_callback(self._arrived)
+
+    def _arrived(self, recv: asyncio.Future[Any]) -> None:
+        if recv is self._recv and not recv.cancelled() and self.on_arrival is not None:
+            self.on_arrival()
+
+    async def due(self, waiting: bool = False) -> Any:
+        """The message that takes effect now (its place recorded first), ``NOTHING``
+        if none; ``waiting``: the run waits for a person, nothing blocks it."""
+        recv = self._recv
+        if self._schedule:
+            at, message = self._schedule[0]
+            if at > self.handled:
+                return NOTHING  # later in the run's course
+            if at < self.handled:
+                raise RuntimeError(
+                    f"a recorded message took effect after {at} events, but the run is "
+                    f"past {self.handled}: the records do not fit this run"
+                )
+            self._schedule.popleft()
+        elif recv is not None and recv.done() and (waiting or self._caught_up()):
+            message = recv.result()
+            assert self._place is not None
+            place, self._recv, self._place = self._place, None, None
+            await self._record_place(place, self.handled, message)
+        else:
+            return NOTHING
+        kind = message.get("kind") if isinstance(message, Mapping) else None
+        if kind == "abort" and not self._draining:
+            self.stopped = True
+        elif kind == SYNC:
+            self._syncs_taken += 1
+            self.synced_at = self.handled
+        elif kind in ("steer", "follow_up") and self.closed and not self._draining:
+            # Input before a final answer: the run goes on, and will take what is sent
+            # from now on at its next end.
+            await self._set_open(True)
+        self.start()
+        return message
+
+    async def sync(self) -> None:
+        """Close the run to messages (``OPEN``), then send it a marker: ``synced()``
+        once the marker has been taken, and with it every message stored before it."""
+        if not self.closed:
+            await self._set_open(False)
+        self._syncs_sent += 1
+        await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+
+    async def _set_open(self, is_open: bool) -> None:
+        self.closed = not is_open
+        await start_now(self._publish(OPEN, is_open))
+
+    def synced(self) -> bool:
+        """Every marker sent has been taken."""
+        return self._syncs_taken >= self._syncs_sent
+
+    async def drain(self) -> list[Any]:
+        """At the run's end: close it to messages and take every message stored so far
+        (places recorded); returns them. Nothing to do right after a final answer
+        taken once the run was closed and synced."""
+        if self.closed and self.synced() and self.handled - (self.synced_at or 0) <= 1:
+            return []
+        self._draining = True
+        if self.stopped:  # after an abort: listen again, now that nothing follows
+            self.stopped = False
+            self.start()
+        await self.sync()
+        taken: list[Any] = []
+        while not self.synced():
+            message = await self.next_message()
+            if not (isinstance(message, Mapping) and message.get("kind") == SYNC):
+                taken.append(message)
+        return taken
+
+    def _caught_up(self) -> bool:
+        """Every operation recorded before a crash has been started again."""
+        return self._next_operation() >= self._last_recorded
+
+    async def next_message(self) -> Any:
+        """Wait for the next message while the run waits for a person."""
+        while True:
+            message = await self.due(waiting=True)
+            if message is not NOTHING:
+                return message
+            if self._schedule:
+                raise RuntimeError(
+                    f"a recorded message took effect after {self._schedule[0][0]} events, "
+                    f"but the run waits after {self.handled}: the records do not fit this run"
+                )
+            arrived = asyncio.Event()
+            self.on_arrival = arrived.set
+            try:
+                if self._recv is not None and not self._recv.done():
+                    await arrived.wait()
+            finally:
+                self.on_arrival = None
+
+    async def close(self) -> None:
+        """Stop listening (the run is over): a message not taken stays unread."""
+        self.stopped = True
+        # A task cancelled before its first step never passes the cancellation on to
+        # the coroutine it carries (``start_now``): that ``recv`` would be closed by
+        # the garbage collector, outside its context, while its setup, in a thread,
+        # went on to write to a finished run. Each listener first takes its step.
+        await asyncio.sleep(0)
+        for recv in self._listeners:
+            recv.cancel()
+        for recv in self._listeners:
+            try:
+                await recv
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - cancelled on purpose
+                pass
+
+    # -- what a backend supplies --------------------------------------------------------
+
+    def _listen(self) -> asyncio.Future[Any]:
+        """Start a durable wait for the next message to the run, now (its operation
+        numbered here, ``start_now``); its result is the message."""
+        raise NotImplementedError
+
+    def _reserve(self) -> Any:
+        """Reserve, now, the operation that will record the next message's place."""
+        raise NotImplementedError
+
+    async def _record_place(self, place: Any, at: int, message: Any) -> None:
+        """Record, as the reserved operation ``place``, ``{"at": at, "message": ...}``."""
+        raise NotImplementedError
+
+    async def _publish(self, key: str, value: Any) -> None:
+        """Publish ``value`` under ``key`` for anyone to read (a recorded operation)."""
+        raise NotImplementedError
+
+    async def _send(self, marker: Mapping[str, Any]) -> None:
+        """Send ``marker`` to the run itself, behind the messages stored before it."""
+        raise NotImplementedError
+
+    def _next_operation(self) -> int:
+        """How many operations the run has called so far in this execution."""
+        raise NotImplementedError

@@ -1,0 +1,52 @@
+"""Delivering a durable run's results in call order, on any backend.
+
+A batch's tools finish in any order, but a durable run hands their results to the
+engine in call order, so that the engine's sequence of events (and so history and
+trace) does not depend on timing: a recovery, which answers the tools from their
+saved outputs at once, hands the engine the same sequence as the run that ran them.
+``CallOrder`` keeps the started calls in call order and the reports of those that
+finished early, and posts each report once every earlier call has reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from statemachine.core.events import Event
+
+__all__ = ["CallOrder"]
+
+
+class CallOrder:
+    """The reports of a run's tool calls, posted in call order (module docstring)."""
+
+    def __init__(self, post: Callable[[Iterable[Event]], None], reported: set[str]) -> None:
+        self._post = post  # hands events to the run's loop
+        self._reported = reported  # the run's keys already reported (shared, not copied)
+        self._order: list[str] = []  # call ids of started tools, in call order
+        self._ready: dict[str, list[Event]] = {}  # their reports, until posted
+
+    def started(self, call_id: str) -> None:
+        """A tool call began (in call order)."""
+        self._order.append(call_id)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is a started call whose report is not posted yet."""
+        return key in self._order
+
+    def report(self, call_id: str, events: list[Event]) -> None:
+        """The call ``call_id`` reported ``events``: post what is next in call order."""
+        if call_id not in self._reported:
+            self._ready[call_id] = events
+        self.flush()
+
+    def flush(self) -> None:
+        """Post the reports that are next in call order."""
+        while self._order:
+            head = self._order[0]
+            if head in self._ready:
+                self._reported.add(head)
+                self._post(self._ready.pop(head))
+            elif head not in self._reported:
+                return  # still running
+            self._order.pop(0)

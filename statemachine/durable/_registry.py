@@ -1,0 +1,178 @@
+"""What a worker's code is, for durable runs on any backend: the registry's manifest,
+the application version made from it, and what changed between two manifests.
+
+A durable run records the manifest of the registry it was started with (its models,
+its tools with a digest of each one's code and schema, and its hooks with a digest of
+each one's code). A worker that takes the run compares it with its own:
+
+- **blocking** changes (a model or tool the run names is gone, a tool is scheduled
+  differently, a ``before_tool_call`` or ``should_continue`` hook was added or
+  removed) would hand the engine other
+  events than the recorded ones, or none: the run is held, never replayed on them;
+- **notes** (a tool's or hook's code or schema changed) do not change the run's
+  course: the run goes on, outputs recorded before come from the old code and calls
+  from then on from the new; each such change is recorded with the run.
+
+``application_version`` is the package version, a digest of the transition table and
+a digest of the manifest: it changes when the registry does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from statemachine._version import __version__
+from statemachine.agent.tools import Tool
+from statemachine.core.table import TRANSITIONS
+
+__all__ = [
+    "HOOKS",
+    "application_version",
+    "code_digest",
+    "differences",
+    "manifest",
+    "table_digest",
+]
+
+HOOKS = ("before_tool_call", "after_tool_call", "should_continue")
+_STEP_HOOKS = ("before_tool_call", "should_continue")  # each asked in a step of its own
+_DEPTH = 4  # how deep a digest follows functions held in closures
+
+
+def table_digest() -> str:
+    """A digest of the transition table's rows: changes whenever the table does."""
+    # Names, not reprs: a guard's repr carries its memory address.
+    rows = "\n".join(
+        f"{t.source.value}|{t.trigger.value}|{t.dest.value}|"
+        f"{getattr(t.guard, '__name__', t.guard)}|{t.label}"
+        for t in TRANSITIONS
+    )
+    return hashlib.sha256(rows.encode()).hexdigest()[:12]
+
+
+def _code(code: types.CodeType, depth: int, out: Any) -> None:
+    out.update(code.co_code)
+    out.update(repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code(const, depth, out)
+        else:
+            out.update(repr(const).encode())
+
+
+def _callable(fn: Any, depth: int, out: Any) -> None:
+    if depth > _DEPTH:
+        return
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        _code(code, depth, out)
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(held) and not isinstance(held, type):
+                _callable(held, depth + 1, out)
+        return
+    func = getattr(fn, "func", None)  # functools.partial
+    if func is not None and callable(func):
+        _callable(func, depth + 1, out)
+        out.update(repr((getattr(fn, "args", ()), getattr(fn, "keywords", {}))).encode())
+        return
+    # A callable object: its class's name and the code of its class's __call__.
+    out.update(f"{type(fn).__module__}.{type(fn).__qualname__}".encode())
+    code = getattr(vars(type(fn)).get("__call__"), "__code__", None)
+    if isinstance(code, types.CodeType):
+        _code(code, depth, out)
+
+
+def code_digest(fn: Callable[..., Any]) -> str:
+    """A digest of ``fn``'s code (and of the functions its closure holds): the same in
+    every process running the same code with the same Python."""
+    out = hashlib.sha256()
+    _callable(fn, 0, out)
+    return out.hexdigest()[:12]
+
+
+def _tool_digest(tool: Tool) -> str:
+    schema = json.dumps(
+        [tool.definition.description, tool.definition.parameters], sort_keys=True, default=str
+    )
+    return f"{code_digest(tool.execute)}.{hashlib.sha256(schema.encode()).hexdigest()[:8]}"
+
+
+def _scheduling(tool: Tool) -> str:
+    """How the engine schedules the tool's calls (it decides when each starts)."""
+    resources = tool.resources
+    return f"{tool.sequential}:{'' if resources is None else code_digest(resources)}"
+
+
+def manifest(
+    models: Sequence[str], tools: Sequence[Tool], hooks: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The registry as a run records it (JSON): model names, tools and hooks by name
+    with a digest of each (a hook not set: ``None``)."""
+    return {
+        "models": sorted(models),
+        "tools": {t.name: _tool_digest(t) for t in tools},
+        "scheduling": {t.name: _scheduling(t) for t in tools},
+        "hooks": {
+            name: None if hooks.get(name) is None else code_digest(hooks[name]) for name in HOOKS
+        },
+    }
+
+
+def application_version(registry: Mapping[str, Any] | None = None) -> str:
+    """Package version + table digest (+ a digest of ``registry``, a ``manifest``)."""
+    version = f"{__version__}+table.{table_digest()}"
+    if registry is None:
+        return version
+    text = json.dumps(registry, sort_keys=True)
+    return f"{version}.code.{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def differences(
+    recorded: Mapping[str, Any], mine: Mapping[str, Any], model: str, tools: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """What changed from the manifest a run ``recorded`` (using ``model`` and ``tools``)
+    to this worker's (``mine``): the blocking changes and the notes (module docstring),
+    each a sentence naming the model, tool or hook."""
+    blocking: list[str] = []
+    notes: list[str] = []
+    if model not in mine["models"]:
+        blocking.append(f"model {model!r} is not in this worker's registry")
+    for name in tools:
+        theirs, ours = recorded.get("tools", {}).get(name), mine["tools"].get(name)
+        if ours is None:
+            blocking.append(f"tool {name!r} is not in this worker's registry (removed or renamed)")
+            continue
+        scheduled = recorded.get("scheduling", {}).get(name)
+        if scheduled is not None and scheduled != mine["scheduling"].get(name):
+            blocking.append(
+                f"tool {name!r} is scheduled differently (sequential or resources changed): "
+                "the run's recorded steps were started in another order"
+            )
+        elif theirs is not None and theirs != ours:
+            notes.append(
+                f"tool {name!r} changed since the run started: outputs recorded before "
+                "come from its old code, calls from now on run the new"
+            )
+    for name in HOOKS:
+        if name not in recorded.get("hooks", {}):
+            continue
+        theirs, ours = recorded["hooks"][name], mine["hooks"].get(name)
+        if (theirs is None) != (ours is None):
+            change = "removed" if ours is None else "added"
+            if name in _STEP_HOOKS:
+                asked = "ask" if ours is None else "do not ask"
+                blocking.append(f"hook {name!r} was {change}: the run's recorded steps {asked} it")
+            else:
+                notes.append(f"hook {name!r} was {change} since the run started")
+        elif theirs != ours:
+            notes.append(f"hook {name!r} changed since the run started")
+    return blocking, notes
