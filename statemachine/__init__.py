@@ -54,14 +54,6 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.tools import Tool, tool
 from statemachine.core.abort import AbortController, AbortSignal
-from statemachine.core.errors import (
-    AbortedError,
-    InvalidInputError,
-    ModelFailedError,
-    StateMachineError,
-    TurnLimitExceededError,
-    UsageError,
-)
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -73,6 +65,14 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import (
+    AbortedError,
+    InvalidInputError,
+    ModelFailedError,
+    StateMachineError,
+    TurnLimitExceededError,
+    UsageError,
+)
 
 __all__ = [
     "AbortController",

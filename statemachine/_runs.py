@@ -27,7 +27,6 @@ from statemachine._render import (
 )
 from statemachine.agent.events import RunResult, run_error
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -39,6 +38,7 @@ from statemachine.core.wire import (
     messages_from_dicts,
     messages_to_dicts,
 )
+from statemachine.errors import InvalidInputError, WireFormatError
 
 __all__ = [
     "MAX_RUN_FILE_BYTES",

@@ -9,7 +9,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── InvalidInputError       an argument refused before anything ran (ValueError)
     │   ├── DiagramError            a diagram that cannot be drawn as asked
     │   ├── UnknownRunError         no durable run has this id
-    │   └── NotPendingError         a decision for a call that waits for none
+    │   ├── NotPendingError         a decision for a call that waits for none
+    │   └── RunClosedError          a message to a durable run that has ended
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
@@ -29,6 +30,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   │   └── ProviderLimitError
     │   ├── MCPError                an MCP server
     │   ├── StoreUnavailableError   the durable runs' database
+    │   ├── RunHeldError            a durable run held: the worker's code does not fit it
+    │   ├── RunFailedError          a durable run the backend or an operator gave up on
     │   └── BridgeError             a bridged peer process (also a RuntimeError)
     │       ├── BridgeProtocolError
     │       └── BridgeTimeoutError
@@ -87,7 +90,10 @@ __all__ = [
     "ProviderRequestError",
     "ProviderResponseError",
     "ProviderUnavailableError",
+    "RunClosedError",
     "RunEndedError",
+    "RunFailedError",
+    "RunHeldError",
     "ServiceError",
     "SnapshotError",
     "SnapshotSignatureError",
@@ -138,6 +144,11 @@ class UnknownRunError(UsageError):
 
 class NotPendingError(UsageError):
     """A decision for a call that is not waiting for one (unknown or already decided)."""
+
+
+class RunClosedError(UsageError):
+    """A message to a durable run that has ended, or that ended before it took the
+    message: it reaches no model (start a new run with it)."""
 
 
 # -- bad data from outside ----------------------------------------------------------
@@ -202,7 +213,8 @@ class ToolOutputError(BadDataError):
 
 class ServiceError(StateMachineError):
     """A service outside the process failed: a model provider, an MCP server, the
-    durable runs' database, a bridged peer. The message says what to do about it."""
+    durable runs' database or backend, a bridged peer. The message says what to do
+    about it."""
 
 
 class ProviderError(ServiceError):
@@ -244,6 +256,18 @@ class MCPError(ServiceError):
 class StoreUnavailableError(ServiceError):
     """The runs' database cannot be reached or opened (the message names it, with
     any password hidden); nothing was changed in it."""
+
+
+class RunHeldError(ServiceError):
+    """A durable run is held: the code of the worker that took it does not fit what the
+    run recorded (the message names the model, tool or hook), or it waits for a worker
+    of its application version. An operator resumes it on a compatible worker or ends
+    it (``DBOSRunner.resume_held``, ``DBOSRunner.end_held``)."""
+
+
+class RunFailedError(ServiceError):
+    """A durable run did not end with a result: the backend gave up on it (the message
+    says why) or an operator ended it (with the explanation given)."""
 
 
 class BridgeError(ServiceError, RuntimeError):

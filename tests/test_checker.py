@@ -11,11 +11,11 @@ import pytest
 
 from statemachine.cli.check import cli_check
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import Action, CancelOperations, Event, ModelResponded, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
 from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
+from statemachine.errors import ProtocolError
 from statemachine.journal import replay
 from statemachine.testing._reference import verify_transition
 from statemachine.testing.checker import (

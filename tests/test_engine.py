@@ -36,11 +36,11 @@ import statemachine.errors
 import statemachine.messages
 from statemachine.core import table as table_module
 from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import AbortRequested, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import UserMessage
 from statemachine.core.table import Guard, Transition, Trigger
+from statemachine.errors import ProtocolError
 from statemachine.testing._reference import verify_transition
 
 S = sm.TurnState

@@ -12,9 +12,9 @@ import pytest
 import statemachine as sm
 from statemachine.core import table as table_module
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import ModelResponded, Start, ToolFinished
 from statemachine.core.table import Guard, Transition, Trigger, TurnState, rows_from
+from statemachine.errors import ProtocolError
 
 S = TurnState
 T = Trigger

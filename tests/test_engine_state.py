@@ -19,13 +19,13 @@ import pytest
 from statemachine.core import engine as engine_state
 from statemachine.core.batch import Batch
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import Action, CallModel, Event, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.queue import InputQueue
 from statemachine.core.table import INPUT_TRIGGERS
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.core.trace import Trace
+from statemachine.errors import ProtocolError
 from statemachine.testing._space import (
     DEFAULT_CONFIGS,
     EVENT_SOURCES,

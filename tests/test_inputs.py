@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from statemachine.core.engine import Engine
-from statemachine.core.errors import (
-    InvalidInputError,
-)
 from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import (
+    InvalidInputError,
+)
 
 S = TurnState
 ECHO = ToolDefinition(

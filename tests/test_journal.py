@@ -23,7 +23,6 @@ from statemachine.cli.replay import cli_replay
 from statemachine.core import events as _events
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import Engine
-from statemachine.core.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.core.events import (
     AbortRequested,
     ContinueDecided,
@@ -46,6 +45,7 @@ from statemachine.core.messages import (
 from statemachine.core.table import INPUT_TRIGGERS, Trigger, TurnState, rows_from
 from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.core.wire import event_from_dict, event_to_dict
+from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.journal import (
     Journal,
     JournalError,

@@ -12,7 +12,6 @@ from driver_support import (
 )
 
 import statemachine as sm
-from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -20,6 +19,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
+from statemachine.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.testing import ScriptedModel
 
 S = TurnState

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from statemachine.core.engine import Engine
-from statemachine.core.errors import SnapshotError, WireFormatError
 from statemachine.core.events import (
     AbortRequested,
     ApprovalDecided,
@@ -33,6 +32,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.errors import SnapshotError, WireFormatError
 
 S = TurnState
 ECHO = ToolDefinition(

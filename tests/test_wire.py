@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import statemachine.messages as public_messages
 from statemachine.core import wire
 from statemachine.core.engine import Engine
-from statemachine.core.errors import WireFormatError
 from statemachine.core.events import Action, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import (
     AssistantMessage,
@@ -29,6 +28,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.errors import WireFormatError
 from statemachine.journal import _digest
 
 # -- strategies ---------------------------------------------------------------------------

@@ -12,17 +12,17 @@ from typing import Any, TypeAlias
 import attrs
 
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import (
+from statemachine.core.events import InputQueued
+from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
+from statemachine.core.table import TurnState
+from statemachine.core.tools import ToolOutput
+from statemachine.errors import (
     AbortedError,
     AwaitingUserError,
     ModelFailedError,
     RunEndedError,
     TurnLimitExceededError,
 )
-from statemachine.core.events import InputQueued
-from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
-from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolOutput
 
 __all__ = [
     "MessageAdded",

@@ -26,11 +26,11 @@ from statemachine.agent.run import DEFAULT_GRACE_PERIOD, AgentRun, check_tools, 
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
-from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
+from statemachine.errors import InvalidInputError, SnapshotError, UsageError
 
 __all__ = ["resume_agent", "resume_run"]
 

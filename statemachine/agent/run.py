@@ -41,10 +41,10 @@ from statemachine.agent.stream import EventStream
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
-from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.table import TurnState
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",

@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal, TypeAlias, Union
 
 import attrs
 
-from statemachine.core.errors import InvalidInputError, ToolOutputError
+from statemachine.errors import InvalidInputError, ToolOutputError
 
 __all__ = ["Converter", "check_return", "compile_annotation", "result_value"]
 

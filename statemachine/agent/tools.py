@@ -31,7 +31,6 @@ import attrs
 
 from statemachine.agent.signature import Converter, check_return, compile_annotation, result_value
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     ImageContent,
     TextContent,
@@ -47,6 +46,7 @@ from statemachine.core.tools import (
     ToolReturn,
     check_timeout,
 )
+from statemachine.errors import InvalidInputError, WireFormatError
 
 __all__ = ["Tool", "tool", "tool_output_from"]
 

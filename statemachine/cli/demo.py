@@ -51,7 +51,6 @@ from statemachine.agent.run import (
 )
 from statemachine.cli.common import EXIT_FAILED, EXIT_OK, CommandParser, fail, parse, run_shown
 from statemachine.core.engine import TransitionRecord
-from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -64,6 +63,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError, UsageError
 from statemachine.testing.models import FunctionModel
 from statemachine.workspace import workspace_tools
 

@@ -12,7 +12,7 @@ from typing import Final
 
 from statemachine._render import FORMATS, render
 from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, parse
-from statemachine.core.errors import UsageError
+from statemachine.errors import UsageError
 
 __all__ = ["cli_diagram", "format_for"]
 

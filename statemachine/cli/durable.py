@@ -35,10 +35,10 @@ import statemachine
 from statemachine.agent.tools import tool
 from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import UsageError
 from statemachine.core.messages import AssistantMessage, Message, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import BACKENDS, ExportError, idempotency_key, open_store
+from statemachine.errors import UsageError
 
 __all__ = ["cli_durable"]
 

@@ -10,7 +10,7 @@ import sys
 import structlog
 
 from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
-from statemachine.core.errors import InvalidInputError
+from statemachine.errors import InvalidInputError
 from statemachine.journal import (
     DEFAULT_MAX_LINE_BYTES,
     JournalError,

@@ -53,7 +53,6 @@ from statemachine.cli.common import (
     run_shown,
 )
 from statemachine.core.abort import AbortController
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -64,6 +63,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.table import TurnState
+from statemachine.errors import InvalidInputError
 from statemachine.providers._errors import redact
 from statemachine.providers._logging import RedactSecrets
 

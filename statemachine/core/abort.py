@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 
 from statemachine._log import library_logger
-from statemachine.core.errors import AbortedError
+from statemachine.errors import AbortedError
 
 __all__ = ["AbortController", "AbortSignal"]
 

@@ -52,7 +52,6 @@ from statemachine.core.batch import (
     Batch,
     CallSlot,
 )
-from statemachine.core.errors import EngineInvariantError, InvalidInputError, ProtocolError
 from statemachine.core.events import (
     AbortRequested,
     Action,
@@ -105,6 +104,7 @@ from statemachine.core.table import (
 )
 from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
 from statemachine.core.trace import Trace, TransitionRecord
+from statemachine.errors import EngineInvariantError, InvalidInputError, ProtocolError
 
 __all__ = [
     "ABANDONED",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import (
     AssistantMessage,
@@ -18,6 +17,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 
 __all__ = ["check_history", "check_tool_definitions"]
 

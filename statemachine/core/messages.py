@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Final, TypeAlias, TypeGuard
 
 import attrs
 
-from statemachine.core.errors import WireFormatError
+from statemachine.errors import WireFormatError
 
 __all__ = [
     "AssistantContent",

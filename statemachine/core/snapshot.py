@@ -44,14 +44,6 @@ from statemachine.core.batch import (
     Batch,
     CallSlot,
 )
-from statemachine.core.errors import (
-    InvalidInputError,
-    ProtocolError,
-    SnapshotError,
-    SnapshotSignatureError,
-    UsageError,
-    WireFormatError,
-)
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import (
     AssistantMessage,
@@ -65,6 +57,14 @@ from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Tri
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.core.wire import block_from_dict, message_from_dict, message_to_dict
+from statemachine.errors import (
+    InvalidInputError,
+    ProtocolError,
+    SnapshotError,
+    SnapshotSignatureError,
+    UsageError,
+    WireFormatError,
+)
 
 if TYPE_CHECKING:
     from statemachine.core.engine import Engine, TransitionHook

@@ -31,7 +31,6 @@ import jsonschema.validators
 import referencing
 
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError, WireFormatError
 from statemachine.core.messages import (
     ImageContent,
     TextContent,
@@ -40,6 +39,7 @@ from statemachine.core.messages import (
     freeze_json,
     thaw_json,
 )
+from statemachine.errors import InvalidInputError, WireFormatError
 
 __all__ = [
     "ResourceKeys",

@@ -27,7 +27,6 @@ from typing import Any, Final, TypeVar
 import attrs
 
 from statemachine.core import events as _events
-from statemachine.core.errors import WireFormatError
 from statemachine.core.events import Action, Event
 from statemachine.core.messages import (
     AssistantMessage,
@@ -45,6 +44,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.errors import WireFormatError
 
 __all__ = [
     "STOP_REASONS",

@@ -68,10 +68,11 @@ from statemachine.errors import (
     ExportError,
     InvalidInputError,
     NotPendingError,
-    ServiceError,
+    RunClosedError,
+    RunFailedError,
+    RunHeldError,
     StoreUnavailableError,
     UnknownRunError,
-    UsageError,
 )
 
 __all__ = [
@@ -94,23 +95,6 @@ __all__ = [
     "open_store",
     "table_digest",
 ]
-
-
-class RunClosedError(UsageError):
-    """A message to a run that has ended, or that ended before it took the message:
-    it reaches no model (start a new run with it)."""
-
-
-class RunHeldError(ServiceError):
-    """The run is held: the code of the worker that took it does not fit what the run
-    recorded (the message names the model, tool or hook), or it waits for a worker of
-    its application version. An operator resumes it on a compatible worker or ends it
-    (``DBOSRunner.resume_held``, ``DBOSRunner.end_held``)."""
-
-
-class RunFailedError(ServiceError):
-    """The run did not end with a result: the backend gave up on it (the message says
-    why) or an operator ended it (with the explanation given)."""
 
 
 @attrs.frozen

@@ -19,12 +19,12 @@ from typing import Any, Protocol
 import attrs
 
 from statemachine.agent.events import RunResult, RunStats
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.wire import message_from_dict
 from statemachine.durable._wire import merge_stats
+from statemachine.errors import InvalidInputError
 
 __all__ = ["CourseRun", "Lane", "Publish", "Resume", "drive", "user_message"]
 

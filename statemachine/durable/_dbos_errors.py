@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.durable import StoreUnavailableError
+from statemachine.errors import InvalidInputError
 
 __all__ = ["reachable", "redact", "still_there", "store_errors", "write_ahead"]
 

@@ -25,12 +25,12 @@ import attrs
 from statemachine.agent.events import RunResult
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import ExportError
 from statemachine.durable._wire import decode_step_events, result_from_dict
+from statemachine.errors import InvalidInputError
 
 __all__ = [
     "CONTINUE_STEP",

@@ -88,7 +88,6 @@ from statemachine.agent.model import ModelClient
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
-from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, TextContent, ToolCall, UserMessage
@@ -119,6 +118,7 @@ from statemachine.durable._wire import (
     result_from_dict,
     result_to_dict,
 )
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store"]
 

@@ -15,11 +15,11 @@ import orjson
 
 from statemachine.core import events as _events
 from statemachine.core.engine import Engine, TransitionRecord
-from statemachine.core.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.core.events import Event, ModelResponded, ToolFinished
 from statemachine.core.messages import Message, thaw_json
 from statemachine.core.table import TurnState
 from statemachine.core.wire import event_from_dict, event_to_dict
+from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
 from statemachine.journal._fast import FAST_EVENTS, NotFastError, new, setters
 from statemachine.journal._format import JournalError, JournalHeader, short

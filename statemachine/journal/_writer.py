@@ -31,10 +31,10 @@ from statemachine.agent.run import (
     run_agent,
 )
 from statemachine.core.engine import Engine
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.events import Action, Event
 from statemachine.core.table import RETURNS_TO_CALLER, TurnState
 from statemachine.core.wire import event_to_dict
+from statemachine.errors import InvalidInputError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
 from statemachine.journal._format import HEADER_FIELDS, NOT_RECORDED, JournalHeader
 

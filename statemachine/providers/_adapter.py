@@ -40,9 +40,9 @@ import pydantic
 
 from statemachine._log import library_logger
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import AssistantMessage, Message, Usage
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._errors import (
     Failure,
     ProviderError,

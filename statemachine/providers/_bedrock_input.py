@@ -7,7 +7,6 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -19,6 +18,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._projection import foreign_signature, normalise_id, sendable_history
 
 __all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]

@@ -34,7 +34,6 @@ from typing import Any
 
 import attrs
 
-from statemachine.core.errors import WireFormatError
 from statemachine.core.messages import (
     AssistantContent,
     AssistantMessage,
@@ -47,6 +46,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
+from statemachine.errors import WireFormatError
 
 __all__ = [
     "MessageBuilder",

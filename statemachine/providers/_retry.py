@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import attrs
 
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import AssistantMessage, StopReason
+from statemachine.errors import InvalidInputError
 from statemachine.providers._errors import (
     Failure,
     ProviderError,

@@ -48,7 +48,6 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("anthropic") from exc
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -62,6 +61,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,

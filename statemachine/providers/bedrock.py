@@ -63,9 +63,9 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import httpx2
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,

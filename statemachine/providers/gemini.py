@@ -68,7 +68,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import httpx2
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -83,6 +82,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,

@@ -47,7 +47,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from openai.types.chat import ChatCompletion
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -61,6 +60,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,

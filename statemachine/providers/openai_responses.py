@@ -63,7 +63,6 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("openai") from exc
 
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -71,6 +70,7 @@ from statemachine.core.messages import (
     Usage,
 )
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,

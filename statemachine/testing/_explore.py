@@ -20,7 +20,6 @@ import attrs
 
 from statemachine.core import table as _table
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import (
     CallModel,
     Event,
@@ -39,6 +38,7 @@ from statemachine.core.table import (
     TurnState,
     rows_from,
 )
+from statemachine.errors import ProtocolError
 from statemachine.testing import _oracle as _rules
 from statemachine.testing._coverage import (
     RuleChecks,

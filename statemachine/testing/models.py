@@ -32,9 +32,9 @@ from typing import TypeAlias
 import attrs
 
 from statemachine.core.abort import AbortSignal
-from statemachine.core.errors import UsageError
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import UsageError
 
 __all__ = ["FunctionModel", "ModelFunction", "Request", "Response", "ScriptedModel", "Step"]
 

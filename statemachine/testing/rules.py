@@ -41,7 +41,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from statemachine.core.engine import Engine
-from statemachine.core.errors import ProtocolError
 from statemachine.core.events import (
     AbortRequested,
     CallModel,
@@ -57,6 +56,7 @@ from statemachine.core.events import (
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import ProtocolError
 from statemachine.testing.scenario import _DEFINITIONS, DEFAULT_HISTORY, KNOWN_TOOLS, UNKNOWN_TOOL
 
 __all__ = ["AgentEngineMachine", "assistant_messages"]

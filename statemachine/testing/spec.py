@@ -31,7 +31,6 @@ import attrs
 from statemachine.agent.events import (
     RunResult,
 )
-from statemachine.core.errors import InvalidInputError
 from statemachine.core.messages import (
     StopReason,
 )
@@ -40,6 +39,7 @@ from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import (
     message_to_dict,
 )
+from statemachine.errors import InvalidInputError
 from statemachine.testing._compact import compact, diff, lines_match
 from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
 from statemachine.testing.runner import agent_loop

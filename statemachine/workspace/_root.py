@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from statemachine.core.errors import InvalidInputError
+from statemachine.errors import InvalidInputError
 
 IGNORED_DIRS: frozenset[str] = frozenset(
     {
