@@ -1,5 +1,10 @@
 """Model clients for real providers: OpenAI-compatible Chat Completions and Anthropic.
 
+``model_from_string("openai:gpt-4.1")`` builds one from a model string
+(``statemachine.providers.registry``); ``CallOptions`` and ``ModelSettings`` are what a
+run hands a client besides the context (instructions, settings, streaming listeners;
+see ``statemachine.agent.model`` for the calling convention).
+
 ``OpenAIChatModel`` and ``AnthropicModel`` each need their SDK (the extras
 ``agent-statemachine[openai]`` and ``[anthropic]``); they are imported on first use,
 so that this package, its errors and its retry policy load without either SDK. An
@@ -11,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from statemachine.agent.model import CallOptions, ModelSettings
 from statemachine.providers._errors import (
     ContextOverflowError,
     ProviderAuthError,
@@ -22,6 +28,7 @@ from statemachine.providers._errors import (
 )
 from statemachine.providers._logging import RedactSecrets
 from statemachine.providers._retry import RetryPolicy
+from statemachine.providers.registry import known_providers, model_from_string, register_provider
 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
@@ -29,7 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnthropicModel",
+    "CallOptions",
     "ContextOverflowError",
+    "ModelSettings",
     "OpenAIChatModel",
     "ProviderAuthError",
     "ProviderError",
@@ -39,6 +48,9 @@ __all__ = [
     "ProviderUnavailableError",
     "RedactSecrets",
     "RetryPolicy",
+    "known_providers",
+    "model_from_string",
+    "register_provider",
 ]
 
 _LAZY = {
