@@ -340,7 +340,13 @@ class AnthropicModel(ModelAdapter):
             _mark_cache_breakpoints(body)
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
-        return self._shared_fields(body)
+        body = self._shared_fields(body)
+        if "temperature" in body:  # the SDK's create() no longer names it: a body field
+            body["extra_body"] = {
+                **body.get("extra_body", {}),
+                "temperature": body.pop("temperature"),
+            }
+        return body
 
     accepts_instructions = True
     supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
@@ -348,7 +354,7 @@ class AnthropicModel(ModelAdapter):
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as the ``system`` field (instead of the adapter's
         ``system``), and its settings as request fields (``stop`` is
-        ``stop_sequences``)."""
+        ``stop_sequences``; ``temperature`` and ``top_p`` go in the body as they are)."""
         if options.instructions is not None:
             body["system"] = options.instructions
             if self.prompt_cache:
@@ -356,7 +362,11 @@ class AnthropicModel(ModelAdapter):
         settings = options.settings.set_fields()
         if "stop" in settings:
             body["stop_sequences"] = list(settings.pop("stop"))
-        body.update(settings)
+        if "max_tokens" in settings:
+            body["max_tokens"] = settings.pop("max_tokens")
+        if settings:
+            # Sampling fields the SDK's create() no longer names: sent as body fields.
+            body["extra_body"] = {**body.get("extra_body", {}), **settings}
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
