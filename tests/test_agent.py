@@ -41,7 +41,7 @@ def ask(call_id: str = "c1") -> sm.ToolCall:
 
 def test_an_agent_keeps_what_every_run_repeats() -> None:
     model = ScriptedModel(ask(), "Two books.", ask("c2"), "Three books.")
-    agent: sm.Agent[Library] = sm.Agent(
+    agent = sm.Agent(
         model,
         tools=[count_books],
         instructions=lambda ctx: f"You run a library of {len(ctx.deps.books)} books.",
@@ -253,6 +253,14 @@ def test_a_sub_agent_that_asks_for_approval_ends_its_call_with_an_error_naming_i
     assert answer.is_error
     assert "approval for count_books (c1)" in answer.text
     assert "not carried" in answer.text
+
+
+def test_an_agents_deps_type_is_checked_before_any_model_call() -> None:
+    model = ScriptedModel("never")
+    agent = sm.Agent(model, name="shelf", deps_type=Library)
+    with pytest.raises(sm.UsageError, match=r"deps: Agent shelf takes RunContext\[Library\]"):
+        agent.run_sync("x", deps="not a library")
+    assert model.calls == 0
 
 
 def test_as_tool_needs_a_name() -> None:

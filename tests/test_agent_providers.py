@@ -110,7 +110,7 @@ def test_tool_call_arguments_stream_as_deltas_that_add_up_to_the_call(
     options = CallOptions(on_tool_call_delta=lambda *f: fragments.append(f))
 
     async def call() -> sm.AssistantMessage:
-        model = make(server)
+        model: OpenAIChatModel | AnthropicModel = make(server)
         return await model.complete(
             [sm.UserMessage("read it")], (), sm.AbortController().signal, options=options
         )

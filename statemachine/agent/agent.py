@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import attrs
 
-from statemachine.agent.context import current_run_context, note_child_stats
+from statemachine.agent.context import check_deps, current_run_context, note_child_stats
 from statemachine.agent.events import RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
     AfterToolCall,
@@ -56,8 +56,6 @@ from statemachine.core.tools import ToolDefinition, ToolOutput
 
 __all__ = ["Agent", "StreamedRun"]
 
-DepsT = TypeVar("DepsT")
-
 _PROMPT_SCHEMA = {
     "type": "object",
     "properties": {"prompt": {"type": "string", "description": "what to ask the agent"}},
@@ -66,13 +64,15 @@ _PROMPT_SCHEMA = {
 }
 
 
-class Agent(Generic[DepsT]):
+class Agent:
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
-    keywords are ``run_agent``'s. ``output_type``, ``output_retries`` and
-    ``usage_limits`` are handed to ``run_agent`` as they are, and only when given.
+    keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
+    ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
+    ``output_type``, ``output_retries`` and ``usage_limits`` are handed to
+    ``run_agent`` as they are, and only when given.
     """
 
     def __init__(
@@ -90,6 +90,7 @@ class Agent(Generic[DepsT]):
         transform_context: TransformContext | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
+        deps_type: type | None = None,
         # Typed by the structured-output and usage-limit options of run_agent; passed
         # through untouched (and only when given), so their checks are run_agent's.
         output_type: Any = None,
@@ -114,6 +115,7 @@ class Agent(Generic[DepsT]):
         }
         self.grace_period = grace_period
         self.logger = logger
+        self.deps_type = deps_type
         self.forwarded = {
             key: value
             for key, value in (
@@ -130,6 +132,7 @@ class Agent(Generic[DepsT]):
     # -- the keywords of one run ------------------------------------------------------------
 
     def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
+        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
         return {
             "model": self.model,
             "tools": self.tools,
@@ -167,7 +170,7 @@ class Agent(Generic[DepsT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: DepsT | None = None,
+        deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> RunResult:
@@ -181,7 +184,7 @@ class Agent(Generic[DepsT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: DepsT | None = None,
+        deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> RunResult:
@@ -202,7 +205,7 @@ class Agent(Generic[DepsT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: DepsT | None = None,
+        deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> AsyncIterator[StreamedRun]:
@@ -231,7 +234,7 @@ class Agent(Generic[DepsT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: DepsT | None = None,
+        deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -255,7 +258,7 @@ class Agent(Generic[DepsT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: DepsT | None = None,
+        deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,

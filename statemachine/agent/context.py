@@ -147,6 +147,10 @@ def check_deps(deps: object, declared: Sequence[tuple[str, Any]]) -> None:
         check = typing.get_origin(expected) or expected
         if isinstance(check, type) and not isinstance(deps, check):
             raise UsageError(
-                f"deps: {where} takes RunContext[{getattr(expected, '__name__', expected)}], "
+                f"deps: {where} takes {_context_name(expected)}, "
                 f"but deps is a {type(deps).__name__}"
             )
+
+
+def _context_name(expected: Any) -> str:
+    return f"RunContext[{getattr(expected, '__name__', expected)}]"
