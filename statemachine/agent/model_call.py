@@ -18,6 +18,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+import attrs
+
 from statemachine.agent.context import RunContext
 from statemachine.agent.model import CallOptions, ModelClient, ModelSettings, takes_options
 from statemachine.agent.stream import EventStream
@@ -67,6 +69,14 @@ class RunModel:
         self._stream = stream
         self._context = context
         self._with_options = takes_options(client)
+        self._base = CallOptions(
+            instructions=instructions if isinstance(instructions, str) and instructions else None,
+            settings=settings,
+            on_text=stream.text_delta,
+            on_tool_call_delta=stream.tool_call_delta,
+        )
+        # The same options for every call, unless a function gives the instructions.
+        self._fixed = None if callable(instructions) else self._base
         self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
 
     async def complete(
@@ -74,12 +84,9 @@ class RunModel:
     ) -> AssistantMessage:
         if not self._with_options:
             return await self.client.complete(messages, tools, signal)
-        options = CallOptions(
-            instructions=await self.instructions(),
-            settings=self._settings,
-            on_text=self._stream.text_delta,
-            on_tool_call_delta=self._stream.tool_call_delta,
-        )
+        options = self._fixed
+        if options is None:  # instructions from a function: asked again at every call
+            options = attrs.evolve(self._base, instructions=await self.instructions())
         return await self.client.complete(  # type: ignore[call-arg]
             messages, tools, signal, options=options
         )
