@@ -150,6 +150,18 @@ def test_a_subscriber_task_made_before_run_sees_the_run_from_its_start() -> None
     assert seen[-1] == "RunFinished"
 
 
+def test_what_was_ready_before_run_acts_before_the_run_starts() -> None:
+    async def main() -> tuple[sm.RunResult, int]:
+        model = ScriptedModel("never")
+        run = sm.AgentRun(model=model, messages="x")
+        asyncio.get_running_loop().call_soon(run.abort, "at once")
+        return await run.run(), model.calls
+
+    result, calls = asyncio.run(main())
+    assert result.state is sm.TurnState.Aborted
+    assert calls == 0
+
+
 # -- 3. instructions and model settings ---------------------------------------------------
 
 
