@@ -15,6 +15,7 @@ for every task it starts, so a tool's worker thread sees it too.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -125,7 +126,16 @@ def _annotation(fn: Callable[..., Any], parameter: inspect.Parameter) -> Any:
 
 
 def wants_context(fn: Callable[..., Any]) -> bool:
-    """True if ``fn``'s first parameter is annotated ``RunContext``."""
+    """True if ``fn``'s first parameter is annotated ``RunContext`` (remembered for the
+    hooks a run asks again and again)."""
+    try:
+        return _wants_context(fn)
+    except TypeError:  # an unhashable callable: read it each time
+        return _wants_context.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _wants_context(fn: Callable[..., Any]) -> bool:
     first = _first_parameter(fn)
     target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
     return first is not None and context_type(_annotation(target, first))[0]

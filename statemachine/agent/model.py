@@ -127,7 +127,8 @@ class CallOptions:
     OpenAI a first ``system`` message, Anthropic the ``system`` field), ``None`` for
     none. ``settings``: the run's ``ModelSettings``. ``on_text`` and
     ``on_tool_call_delta`` (``(index, call_id, name, arguments_fragment)``): called
-    with each streamed fragment as it arrives, by a client that streams.
+    with each streamed fragment as it arrives, by a client that streams, on the event
+    loop's thread (they hand run events to the run's subscribers).
     """
 
     instructions: str | None = None
