@@ -22,6 +22,8 @@ modules above, never from them.
 # First: fail with a clear message if python-statemachine shadows this package.
 from statemachine import _shadow  # noqa: F401  # isort: skip
 from statemachine._version import __version__
+from statemachine.agent.agent import Agent
+from statemachine.agent.context import RunContext
 from statemachine.agent.events import (
     MessageAdded,
     RunEvent,
@@ -30,6 +32,8 @@ from statemachine.agent.events import (
     RunStarted,
     RunStats,
     StateChanged,
+    TextDelta,
+    ToolCallDelta,
     ToolEnded,
     ToolProgress,
     ToolStarted,
@@ -45,8 +49,9 @@ from statemachine.agent.hooks import (
     RequireApproval,
     Stop,
 )
-from statemachine.agent.model import ModelClient
-from statemachine.agent.resume import resume_agent, resume_run
+from statemachine.agent.model import ModelClient, ModelSettings
+from statemachine.agent.model import use_model_strings as _use_model_strings
+from statemachine.agent.resume import resume_agent, resume_agent_sync, resume_run
 from statemachine.agent.run import (
     AgentRun,
     run_agent,
@@ -73,11 +78,15 @@ from statemachine.errors import (
     TurnLimitExceededError,
     UsageError,
 )
+from statemachine.providers.registry import model_from_string as _model_from_string
+
+_use_model_strings(_model_from_string)  # "openai:gpt-4.1" wherever a client is taken
 
 __all__ = [
     "AbortController",
     "AbortSignal",
     "AbortedError",
+    "Agent",
     "AgentRun",
     "AssistantMessage",
     "Deny",
@@ -87,7 +96,9 @@ __all__ = [
     "MessageAdded",
     "ModelClient",
     "ModelFailedError",
+    "ModelSettings",
     "RequireApproval",
+    "RunContext",
     "RunEvent",
     "RunFinished",
     "RunResult",
@@ -97,8 +108,10 @@ __all__ = [
     "StateMachineError",
     "Stop",
     "TextContent",
+    "TextDelta",
     "Tool",
     "ToolCall",
+    "ToolCallDelta",
     "ToolDefinition",
     "ToolEnded",
     "ToolOutput",
@@ -115,6 +128,7 @@ __all__ = [
     "current_tool_call",
     "report_progress",
     "resume_agent",
+    "resume_agent_sync",
     "resume_run",
     "run_agent",
     "run_agent_sync",

@@ -10,7 +10,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── DiagramError            a diagram that cannot be drawn as asked
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
-    │   └── RunClosedError          a message to a durable run that has ended
+    │   ├── RunClosedError          a message to a durable run that has ended
+    │   └── InstructionsError       an instructions function raised or gave no text
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
@@ -77,6 +78,7 @@ __all__ = [
     "DiagramError",
     "EngineInvariantError",
     "ExportError",
+    "InstructionsError",
     "InvalidInputError",
     "JournalError",
     "MCPError",
@@ -149,6 +151,12 @@ class NotPendingError(UsageError):
 class RunClosedError(UsageError):
     """A message to a durable run that has ended, or that ended before it took the
     message: it reaches no model (start a new run with it)."""
+
+
+class InstructionsError(UsageError):
+    """The run's instructions function raised, or returned something that is not a
+    string: the model call it was for is not made, and the run ends ``Failed`` with an
+    explanation naming this error and what the function raised."""
 
 
 # -- bad data from outside ----------------------------------------------------------

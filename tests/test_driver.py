@@ -803,7 +803,7 @@ ENDS_WITH_ASSISTANT = [sm.UserMessage("go"), sm.AssistantMessage("hi")]
         ({"messages": ENDS_WITH_ASSISTANT}, "ends with an assistant message"),
         ({"messages": []}, "the history is empty"),
         ({"messages": [{"role": "user", "content": []}]}, "messages[0] is a dict"),
-        ({"messages": "hello"}, "messages must be a sequence"),
+        ({"messages": b"hello"}, "messages must be a sequence"),
         ({"tools": [echo, echo]}, "duplicate tool name 'echo'"),
         ({"tools": [echo.definition]}, "tools[0] is a ToolDefinition, not a Tool"),
         ({"tools": echo}, "tools must be a sequence of Tool"),

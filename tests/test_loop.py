@@ -163,9 +163,13 @@ def test_io_is_polled_during_a_run_whose_operations_never_wait() -> None:
 @pytest.mark.timeout(10)
 def test_a_ready_callback_runs_before_the_next_event_is_handled() -> None:
     async def main() -> sm.RunResult:
-        model = ScriptedModel(*[_asks("echo") for _ in range(9)], "done")
+        def first(messages: object, tools: object) -> sm.AssistantMessage:
+            # Made ready while the run runs (run() lets what was ready before it go first).
+            asyncio.get_running_loop().call_soon(run.abort, "at once")
+            return _asks("echo")
+
+        model = ScriptedModel(first, *[_asks("echo") for _ in range(8)], "done")
         run = sm.AgentRun(model=model, messages=GO, tools=[echo], max_turns=10)
-        asyncio.get_running_loop().call_soon(run.abort, "at once")
         return await run.run()
 
     result = asyncio.run(main())

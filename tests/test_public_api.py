@@ -21,10 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "statemachine"
 
 TOP_LEVEL = {
-    # run and resume
+    # an agent, run and resumed
+    "Agent",
+    "RunContext",
+    "ModelSettings",
     "run_agent",
     "run_agent_sync",
     "resume_agent",
+    "resume_agent_sync",
     "resume_run",
     "AgentRun",
     "RunResult",
@@ -63,6 +67,8 @@ TOP_LEVEL = {
     "ToolEnded",
     "TurnEnded",
     "RunFinished",
+    "TextDelta",
+    "ToolCallDelta",
     # the errors an application catches
     "StateMachineError",
     "UsageError",
@@ -91,7 +97,9 @@ INTERNAL_LAYERS = ("core", "agent", "cli")
 
 def test_the_top_level_exports_what_an_application_writes_and_no_more() -> None:
     assert set(statemachine.__all__) == TOP_LEVEL
-    assert len(statemachine.__all__) <= 45
+    # The agent surface (Agent, RunContext, ModelSettings, resume_agent_sync, the two
+    # delta events) raised the ceiling from 45; keep it at tens of names.
+    assert len(statemachine.__all__) <= 52
     assert len(statemachine.__all__) == len(set(statemachine.__all__))
     for name in statemachine.__all__:
         assert getattr(statemachine, name) is not None
@@ -199,3 +207,22 @@ def test_the_run_layer_imports_only_the_core_below_it(path: Path) -> None:
         "statemachine._log",
     )
     assert all(m.startswith(allowed) for m in ours), sorted(ours)
+
+
+_SM_NAME = re.compile(r"\bsm\.([A-Za-z_]\w*)")
+
+
+@pytest.mark.parametrize("page", _docs_and_readme(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_sm_name_the_docs_use_exists(page: Path) -> None:
+    """``sm.X`` in prose or code (``import statemachine as sm``) names a real top-level
+    name or public module: the docs never send a reader to a name that is not there."""
+    text = page.read_text(encoding="utf-8")
+    public = {m.removeprefix("statemachine.") for m in PUBLIC_MODULES} | {
+        "providers",
+        "mcp",
+        "otel",
+    }
+    missing = sorted(
+        {n for n in _SM_NAME.findall(text) if not hasattr(statemachine, n) and n not in public}
+    )
+    assert not missing, f"{page.name} names sm.{', sm.'.join(missing)}"

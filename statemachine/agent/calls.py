@@ -23,6 +23,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from statemachine.agent.context import current_run_context, wants_context
 from statemachine.agent.hooks import StrayCancelledError
 
 __all__ = ["FATAL", "call_hook", "cancel_requested", "carried", "describe", "fatal_in"]
@@ -68,8 +69,11 @@ def fatal_in(exc: BaseException) -> BaseException | None:
 async def call_hook(hook: Callable[..., Awaitable[_T] | _T], *args: Any) -> _T:
     """Call a hook, sync or async; whatever it raises reaches the caller as an
     ``Exception``, so the hook's failure path runs (otherwise its task dies silently
-    and the run hangs)."""
+    and the run hangs). A hook whose first parameter is annotated ``RunContext``
+    receives the run's context first."""
     try:
+        if wants_context(hook):
+            args = (current_run_context(), *args)
         value = hook(*args)
         if inspect.isawaitable(value):
             return await value

@@ -32,6 +32,8 @@ __all__ = [
     "RunStarted",
     "RunStats",
     "StateChanged",
+    "TextDelta",
+    "ToolCallDelta",
     "ToolEnded",
     "ToolProgress",
     "ToolStarted",
@@ -86,6 +88,28 @@ class ToolEnded:
 
 
 @attrs.frozen
+class TextDelta:
+    """A fragment of the answer's text as the model streams it (``turn`` counts from
+    1). The complete message follows as ``MessageAdded``; a retried attempt streams
+    its text again."""
+
+    turn: int
+    text: str
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """A fragment of a tool call's JSON arguments as the model streams it; ``index``
+    is the call's place in the response, ``call_id`` and ``name`` as far as known."""
+
+    turn: int
+    index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen
 class TurnEnded:
     turn: int
     seconds: float
@@ -108,6 +132,8 @@ RunEvent: TypeAlias = (
     | ToolEnded
     | TurnEnded
     | RunFinished
+    | TextDelta
+    | ToolCallDelta
 )
 
 
@@ -121,6 +147,24 @@ class RunStats:
     turn_seconds: tuple[float, ...]
     tool_seconds: Mapping[str, float]  # call id -> seconds
     wall_seconds: float
+
+    def __add__(self, other: RunStats) -> RunStats:
+        """The stats of both parts of a run (before and after a resume, or a parent
+        and the sub-agents it called): counts and usage summed, times of both."""
+        tool_calls: dict[str, dict[str, int]] = {}
+        for part in (self.tool_calls, other.tool_calls):
+            for name, outcomes in part.items():
+                counts = tool_calls.setdefault(name, {})
+                for outcome, count in outcomes.items():
+                    counts[outcome] = counts.get(outcome, 0) + count
+        return RunStats(
+            model_calls=self.model_calls + other.model_calls,
+            tool_calls=tool_calls,
+            usage=self.usage + other.usage,
+            turn_seconds=(*self.turn_seconds, *other.turn_seconds),
+            tool_seconds={**self.tool_seconds, **other.tool_seconds},
+            wall_seconds=self.wall_seconds + other.wall_seconds,
+        )
 
 
 _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
@@ -155,6 +199,13 @@ class RunResult:
     pending_approvals: tuple[ToolCall, ...] = ()
     queued_input: tuple[InputQueued, ...] = ()
     snapshot: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
+    # How many messages of ``messages`` the run was given (or resumed with).
+    given: int = attrs.field(default=0, repr=False)
+
+    def new_messages(self) -> tuple[Message, ...]:
+        """The messages this run (or this resumed part) added after the history it
+        was given: the prompt's continuation, to store or send on."""
+        return self.messages[self.given :]
 
     @property
     def ok(self) -> bool:

@@ -23,10 +23,11 @@ Hooks and their failure modes
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
+from statemachine.agent.context import RunContext
 from statemachine.core.messages import Message, ToolCall
 from statemachine.core.tools import ToolOutput
 
@@ -70,16 +71,27 @@ class Stop:
     reason: str = attrs.field(validator=attrs.validators.instance_of(str))
 
 
-BeforeToolCall: TypeAlias = Callable[
-    [ToolCall], Awaitable[Deny | RequireApproval | None] | Deny | RequireApproval | None
-]
-AfterToolCall: TypeAlias = Callable[
-    [ToolCall, ToolOutput], Awaitable[ToolOutput | None] | ToolOutput | None
-]
-ShouldContinue: TypeAlias = Callable[[Sequence[Message], int], Awaitable[Stop | None] | Stop | None]
-TransformContext: TypeAlias = Callable[
-    [Sequence[Message]], Awaitable[Sequence[Message]] | Sequence[Message]
-]
+_Decision: TypeAlias = Awaitable[Deny | RequireApproval | None] | Deny | RequireApproval | None
+_Output: TypeAlias = Awaitable[ToolOutput | None] | ToolOutput | None
+_Continue: TypeAlias = Awaitable[Stop | None] | Stop | None
+_Context: TypeAlias = Awaitable[Sequence[Message]] | Sequence[Message]
+
+# Each hook may also take the run's ``RunContext`` first (annotated as such).
+BeforeToolCall: TypeAlias = (
+    Callable[[ToolCall], _Decision] | Callable[[RunContext[Any], ToolCall], _Decision]
+)
+AfterToolCall: TypeAlias = (
+    Callable[[ToolCall, ToolOutput], _Output]
+    | Callable[[RunContext[Any], ToolCall, ToolOutput], _Output]
+)
+ShouldContinue: TypeAlias = (
+    Callable[[Sequence[Message], int], _Continue]
+    | Callable[[RunContext[Any], Sequence[Message], int], _Continue]
+)
+TransformContext: TypeAlias = (
+    Callable[[Sequence[Message]], _Context]
+    | Callable[[RunContext[Any], Sequence[Message]], _Context]
+)
 
 
 class StrayCancelledError(Exception):

@@ -7,23 +7,49 @@ any exception from ``complete`` is one failed call and ends the run ``Failed``).
 On abort, a well-behaved client stops promptly and *returns* an ``AssistantMessage``
 with stop reason ``aborted`` holding what had arrived, partial tool calls dropped.
 A client that ignores the signal is cancelled by the driver after the grace period.
+
+What a call carries besides the context: ``CallOptions``
+-----------------------------------------------------------
+A run may have instructions (the system prompt), per-run ``ModelSettings`` and
+listeners for streamed deltas. They reach the client as one keyword-only argument,
+``options: CallOptions``, which the driver passes **only to a client whose
+``complete`` declares a parameter named ``options``** (read once from its signature,
+when the run is made). So every client written against
+``complete(messages, tools, signal)`` keeps working unchanged; a run that *needs*
+the options (instructions or settings given) with a client that does not take them
+is refused with a ``UsageError`` before any model call, instead of silently dropping
+the system prompt. One object rather than one keyword per feature: a client declares
+it once and later fields (say, an output schema) reach it without another signature
+change. A client says which settings it can send with ``supported_settings`` (a set
+of ``ModelSettings`` field names); a setting outside it is refused the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
+
+import attrs
 
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InvalidInputError, UsageError
 
-__all__ = ["ModelClient"]
+__all__ = [
+    "CallOptions",
+    "ModelClient",
+    "ModelSettings",
+    "check_settings",
+    "takes_options",
+]
 
 
 @runtime_checkable
 class ModelClient(Protocol):
-    """``async complete(messages, tools, signal) -> AssistantMessage``."""
+    """``async complete(messages, tools, signal) -> AssistantMessage``; a client may
+    also take ``options: CallOptions`` (keyword-only; module docstring)."""
 
     async def complete(
         self,
@@ -31,3 +57,138 @@ class ModelClient(Protocol):
         tools: Sequence[ToolDefinition],
         signal: AbortSignal,
     ) -> AssistantMessage: ...
+
+
+def _optional_number(kind: type | tuple[type, ...], low: float, high: float | None) -> Any:
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise InvalidInputError(
+                f"ModelSettings.{attribute.name} must be a number, got {value!r}"
+            )
+        number = float(cast(float, value))
+        if not number >= low or (high is not None and not number <= high):
+            bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            raise InvalidInputError(
+                f"ModelSettings.{attribute.name} must be {bound}, got {value!r}"
+            )
+
+    return check
+
+
+def _stop(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not (
+        isinstance(value, tuple) and all(isinstance(s, str) and s for s in value)
+    ):
+        raise InvalidInputError("ModelSettings.stop must be a sequence of non-empty strings")
+
+
+def _stop_tuple(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return (value,) if isinstance(value, str) else None
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+@attrs.frozen(kw_only=True)
+class ModelSettings:
+    """Sampling settings of a model call; ``None`` leaves the client's own setting.
+
+    Given to ``Agent`` they apply to its every run; given to a run they override the
+    agent's field by field (``merged``). A client sends only those it declares in
+    ``supported_settings``; any other set field refuses the run before a model call.
+    """
+
+    temperature: float | None = attrs.field(
+        default=None, validator=_optional_number((int, float), 0.0, 2.0)
+    )
+    max_tokens: int | None = attrs.field(default=None, validator=_optional_number(int, 1, None))
+    top_p: float | None = attrs.field(
+        default=None, validator=_optional_number((int, float), 0.0, 1.0)
+    )
+    stop: tuple[str, ...] | None = attrs.field(default=None, converter=_stop_tuple, validator=_stop)
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields that are set (not ``None``), by name."""
+        return {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
+
+    def merged(self, override: ModelSettings | None) -> ModelSettings:
+        """These settings, with every field that ``override`` sets taken from it."""
+        if override is None:
+            return self
+        return attrs.evolve(self, **override.set_fields())
+
+
+@attrs.frozen
+class CallOptions:
+    """What one model call carries besides the context (module docstring).
+
+    ``instructions``: the system prompt of this call (sent as the provider expects:
+    OpenAI a first ``system`` message, Anthropic the ``system`` field), ``None`` for
+    none. ``settings``: the run's ``ModelSettings``. ``on_text`` and
+    ``on_tool_call_delta`` (``(index, call_id, name, arguments_fragment)``): called
+    with each streamed fragment as it arrives, by a client that streams, on the event
+    loop's thread (they hand run events to the run's subscribers).
+    """
+
+    instructions: str | None = None
+    settings: ModelSettings = attrs.field(factory=ModelSettings)
+    on_text: Callable[[str], None] | None = None
+    on_tool_call_delta: Callable[[int, str, str, str], None] | None = None
+
+
+def takes_options(model: object) -> bool:
+    """True if ``model.complete`` declares a parameter named ``options``."""
+    try:
+        parameters = inspect.signature(model.complete).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "options" in parameters
+
+
+def check_settings(model: object, settings: ModelSettings, instructions: bool) -> None:
+    """Refuse, before any call, what ``model`` could not send: instructions or settings
+    for a client without ``options``, or a setting outside its ``supported_settings``."""
+    wanted = settings.set_fields()
+    if not takes_options(model):
+        needs = [*(["instructions"] if instructions else []), *sorted(wanted)]
+        if needs:
+            raise UsageError(
+                f"the model client {type(model).__name__} cannot receive "
+                f"{', '.join(needs)}: its complete() takes no 'options' keyword "
+                "(see statemachine.agent.model, CallOptions)"
+            )
+        return
+    if instructions and getattr(model, "accepts_instructions", True) is False:
+        raise UsageError(f"instructions: {type(model).__name__} cannot send instructions")
+    supported = getattr(model, "supported_settings", None)
+    if supported is None:
+        return
+    refused = sorted(set(wanted) - set(supported))
+    if refused:
+        raise UsageError(
+            f"model_settings: {type(model).__name__} cannot send {', '.join(refused)} "
+            f"(it sends {', '.join(sorted(supported)) or 'no settings'})"
+        )
+
+
+# -- model strings ("openai:gpt-4.1") --------------------------------------------------------
+
+_string_models: list[Callable[[str], ModelClient]] = []
+"""What turns a model string into a client: ``statemachine.providers.registry``'s
+``model_from_string``, plugged in by ``statemachine`` (this layer imports nothing above
+the core)."""
+
+
+def use_model_strings(resolver: Callable[[str], ModelClient]) -> None:
+    """Make ``resolver`` the function that turns ``"provider:model"`` into a client."""
+    _string_models[:] = [resolver]
+
+
+def resolve_model(model: ModelClient | str) -> ModelClient:
+    """``model`` itself, or the client a model string names."""
+    if not isinstance(model, str):
+        return model
+    if not _string_models:
+        raise UsageError("model strings need statemachine.providers (import statemachine)")
+    return _string_models[0](model)

@@ -3,6 +3,24 @@
 A suspended run is a snapshot (``RunResult.snapshot``): it is checked against itself
 and, with a key, against its signature before anything runs; then the person's
 decisions (approvals, or a new message) are the first events of the resumed run.
+
+Before anything runs, the snapshot is checked against itself
+(``Engine.restore``: its pending calls must be exactly the unanswered calls of its
+last assistant message) and, with ``key``, against its signature
+(``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
+bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
+tool of every call that may run (else ``UsageError`` naming the missing ones), and
+the calls' arguments must fit those tools' schemas. When calls may run (resuming
+with ``approvals``), ``before_tool_call`` is asked again about each of them as the
+run starts, because the snapshot's record of what it allowed could have been
+edited: if it now denies a call, or requires approval for a call the snapshot
+marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
+suspended under a ``before_tool_call`` hook must be resumed with one.
+
+``RunResult.stats`` of a resumed run count the whole run: the stats of the part before
+the suspension (taken from the ``RunResult`` resumed, or given as ``stats=`` with a
+snapshot alone) plus this part's. ``instructions``, ``model_settings`` and ``deps``
+are ``run_agent``'s: code, which does not travel in a snapshot, so they are given again.
 """
 
 from __future__ import annotations
@@ -12,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from statemachine.agent.calls import call_hook, describe
-from statemachine.agent.events import RunResult
+from statemachine.agent.context import reset_run_context, run_context
+from statemachine.agent.events import RunResult, RunStats
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -21,8 +40,16 @@ from statemachine.agent.hooks import (
     ShouldContinue,
     TransformContext,
 )
-from statemachine.agent.model import ModelClient
-from statemachine.agent.run import DEFAULT_GRACE_PERIOD, AgentRun, check_tools, continue_run
+from statemachine.agent.model import ModelClient, ModelSettings
+from statemachine.agent.model_call import Instructions
+from statemachine.agent.run import (
+    DEFAULT_GRACE_PERIOD,
+    AgentRun,
+    check_tools,
+    continue_run,
+    refuse_running_loop,
+    run_sync,
+)
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
@@ -32,13 +59,13 @@ from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
 from statemachine.errors import InvalidInputError, SnapshotError, UsageError
 
-__all__ = ["resume_agent", "resume_run"]
+__all__ = ["resume_agent", "resume_agent_sync", "resume_run"]
 
 
 def resume_run(
     state: RunResult | Mapping[str, Any],
     *,
-    model: ModelClient,
+    model: ModelClient | str,
     tools: Sequence[Tool] = (),
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
@@ -52,6 +79,10 @@ def resume_run(
     transform_context: TransformContext | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
+    instructions: Instructions | None = None,
+    model_settings: ModelSettings | None = None,
+    deps: object = None,
+    stats: RunStats | None = None,
 ) -> AgentRun:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
 
@@ -60,19 +91,8 @@ def resume_run(
     ``Deny`` with the person's reason) for every pending call, or a new ``message``
     (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
 
-    Before anything runs, the snapshot is checked against itself
-    (``Engine.restore``: its pending calls must be exactly the unanswered calls of its
-    last assistant message) and, with ``key``, against its signature
-    (``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
-    bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
-    tool of every call that may run (else ``UsageError`` naming the missing ones), and
-    the calls' arguments must fit those tools' schemas. When calls may run (resuming
-    with ``approvals``), ``before_tool_call`` is asked again about each of them as the
-    run starts, because the snapshot's record of what it allowed could have been
-    edited: if it now denies a call, or requires approval for a call the snapshot
-    marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
-    suspended under a ``before_tool_call`` hook must be resumed with one.
-    """
+    What is checked before anything runs: the module docstring.
+    ``stats``, ``instructions``, ``model_settings``, ``deps``: module docstring."""
     engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns)
     events = _resume_events(engine, approvals, message)
     # With a message, every open call is answered "not approved": nothing of the batch
@@ -91,6 +111,10 @@ def resume_run(
         transform_context=transform_context,
         grace_period=grace_period,
         logger=logger,
+        instructions=instructions,
+        model_settings=model_settings,
+        deps=deps,
+        previous_stats=stats or (state.stats if isinstance(state, RunResult) else None),
     )
     if before_tool_call is not None and recheck:
         run.ask_again(before_tool_call, recheck)
@@ -239,7 +263,11 @@ class _ResumedRun(AgentRun):
 
     async def run(self) -> RunResult:
         if self._policy_again is not None:
-            await _ask_policy_again(self._policy_again, self._recheck)
+            token = run_context(self.context, self._stream.add_child)
+            try:
+                await _ask_policy_again(self._policy_again, self._recheck)
+            finally:
+                reset_run_context(token)
             self._policy_again = None  # agreed: a second run() is refused by AgentRun
         return await super().run()
 
@@ -247,7 +275,7 @@ class _ResumedRun(AgentRun):
 async def resume_agent(
     state: RunResult | Mapping[str, Any],
     *,
-    model: ModelClient,
+    model: ModelClient | str,
     tools: Sequence[Tool] = (),
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
@@ -261,6 +289,10 @@ async def resume_agent(
     transform_context: TransformContext | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
+    instructions: Instructions | None = None,
+    model_settings: ModelSettings | None = None,
+    deps: object = None,
+    stats: RunStats | None = None,
 ) -> RunResult:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs)."""
@@ -280,5 +312,57 @@ async def resume_agent(
         transform_context=transform_context,
         grace_period=grace_period,
         logger=logger,
+        instructions=instructions,
+        model_settings=model_settings,
+        deps=deps,
+        stats=stats,
     )
     return await run.run()
+
+
+def resume_agent_sync(
+    state: RunResult | Mapping[str, Any],
+    *,
+    model: ModelClient | str,
+    tools: Sequence[Tool] = (),
+    approvals: Mapping[str, bool | Deny] | None = None,
+    message: str | UserMessage | None = None,
+    max_turns: int | None = None,
+    key: bytes | str | None = None,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    signal: AbortSignal | None = None,
+    before_tool_call: BeforeToolCall | None = None,
+    after_tool_call: AfterToolCall | None = None,
+    should_continue: ShouldContinue | None = None,
+    transform_context: TransformContext | None = None,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+    logger: Any = None,
+    instructions: Instructions | None = None,
+    model_settings: ModelSettings | None = None,
+    deps: object = None,
+    stats: RunStats | None = None,
+) -> RunResult:
+    """``resume_agent`` for code without an event loop (see ``run_agent_sync``)."""
+    refuse_running_loop("resume_agent_sync")
+    run = resume_run(
+        state,
+        model=model,
+        tools=tools,
+        approvals=approvals,
+        message=message,
+        max_turns=max_turns,
+        key=key,
+        max_snapshot_bytes=max_snapshot_bytes,
+        signal=signal,
+        before_tool_call=before_tool_call,
+        after_tool_call=after_tool_call,
+        should_continue=should_continue,
+        transform_context=transform_context,
+        grace_period=grace_period,
+        logger=logger,
+        instructions=instructions,
+        model_settings=model_settings,
+        deps=deps,
+        stats=stats,
+    )
+    return run_sync(run.run(), grace_period)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from statemachine._log import library_logger
-from statemachine.agent.events import RunEvent, RunResult, run_error
-from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
+from statemachine.agent.events import RunEvent, RunResult, RunStats, TextDelta, run_error
+from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import (
     AfterToolCall,
@@ -36,7 +37,8 @@ from statemachine.agent.hooks import (
     TransformContext,
 )
 from statemachine.agent.loop import ActionLoop, Executor, Inbox
-from statemachine.agent.model import ModelClient
+from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
+from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.stream import EventStream
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
@@ -53,6 +55,7 @@ __all__ = [
     "continue_run",
     "run_agent",
     "run_agent_sync",
+    "run_sync",
     "use_backend",
 ]
 
@@ -60,7 +63,7 @@ DEFAULT_GRACE_PERIOD = 1.0
 """Seconds an aborted operation is given to finish its cleanup before cancellation."""
 
 
-def _check_options(model: ModelClient, grace_period: float, signal: AbortSignal | None) -> None:
+def _check_options(model: object, grace_period: float, signal: AbortSignal | None) -> None:
     if not callable(getattr(model, "complete", None)):
         raise InvalidInputError("model must have an async complete(messages, tools, signal)")
     if (
@@ -71,6 +74,24 @@ def _check_options(model: ModelClient, grace_period: float, signal: AbortSignal 
         raise InvalidInputError(f"grace_period must be a non-negative number, got {grace_period!r}")
     if signal is not None and not isinstance(signal, AbortSignal):
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
+
+
+def _checked_call_options(
+    model: ModelClient,
+    tools: Sequence[Tool],
+    instructions: Instructions | None,
+    model_settings: ModelSettings | None,
+    deps: object,
+) -> ModelSettings:
+    """The run's settings, once what the client cannot send and deps of a type the
+    tools do not take are refused."""
+    check_instructions(instructions)
+    if model_settings is not None and not isinstance(model_settings, ModelSettings):
+        raise InvalidInputError("model_settings must be a ModelSettings")
+    settings = model_settings or ModelSettings()
+    check_settings(model, settings, instructions is not None)
+    check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
+    return settings
 
 
 class AgentRun:
@@ -92,8 +113,8 @@ class AgentRun:
     def __init__(
         self,
         *,
-        model: ModelClient,
-        messages: Sequence[Message] = (),
+        model: ModelClient | str,
+        messages: Sequence[Message] | str = (),
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
         signal: AbortSignal | None = None,
@@ -105,9 +126,18 @@ class AgentRun:
         logger: Any = None,
         run_id: str | None = None,
         engine_factory: Callable[..., Engine] = Engine,
+        instructions: Instructions | None = None,
+        model_settings: ModelSettings | None = None,
+        deps: object = None,
+        previous_stats: RunStats | None = None,
+        given: int | None = None,
     ) -> None:
+        if isinstance(messages, str):
+            messages = (UserMessage(messages),)
+        model = resolve_model(model)
         check_tools(tools)
         _check_options(model, grace_period, signal)
+        settings = _checked_call_options(model, tools, instructions, model_settings, deps)
         base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
@@ -125,13 +155,21 @@ class AgentRun:
         engine.check_continue = should_continue is not None
         self.engine = engine
         self.run_id = engine.run_id
-        self._model = model
+        self._deps = deps
+        self._given = len(engine.messages) if given is None else given
+        self._stream = EventStream(engine, previous_stats)
+        self._model: ModelClient = RunModel(
+            model, instructions, settings, self._stream, self.context
+        )
         self._tools = {t.name: t for t in tools}
         self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
         self._user_signal = signal if signal is not None else AbortSignal()
-        self._stream = EventStream(engine)
+        self._not_started()
+
+    def _not_started(self) -> None:
+        """The state of a run before ``run()``."""
         # What starts the run: ``Start``, or the events a resumed run goes on with.
         self._first: tuple[Event, ...] = ()
         # What a backend may replace (``use_backend``).
@@ -174,8 +212,26 @@ class AgentRun:
         self._on_loop_thread(loop.abort, text)
 
     def events(self) -> AsyncIterator[RunEvent]:
-        """An async iterator of this run's events; ends after ``RunFinished``."""
+        """An async iterator of this run's events; ends after ``RunFinished``.
+
+        Subscribe before ``run()``, or in a task created before ``run()`` is
+        awaited (``run()`` lets such tasks start first), to see ``RunStarted`` on."""
         return self._stream.subscribe()
+
+    async def stream_text(self) -> AsyncIterator[str]:
+        """The answer's text fragments as the model streams them (``TextDelta``), until
+        the run ends; subscribe as for ``events()``. A client that does not stream
+        (or takes no ``options``) gives none: read ``RunResult.final_text`` then."""
+        async for event in self._stream.subscribe():
+            if isinstance(event, TextDelta):
+                yield event.text
+
+    def context(self) -> RunContext[Any]:
+        """The run's context as it is now (what tools and hooks that ask receive)."""
+        engine = self.engine
+        return RunContext(
+            self._deps, self.run_id, engine.turns, engine.messages, current_tool_call()
+        )
 
     def _queue_input(self, message: str | UserMessage, kind: InputKind) -> None:
         if isinstance(message, str):
@@ -211,6 +267,8 @@ class AgentRun:
         """Drive the run to a terminal state or ``AwaitingUser``; never raises for
         how it ends (see ``RunResult``), only a ``KeyboardInterrupt`` or
         ``SystemExit`` raised under it, once the run is closed (module docstring)."""
+        # Tasks created before run() was awaited (subscribers of events()) start first.
+        await asyncio.sleep(0)
         if self._started:
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
@@ -237,6 +295,7 @@ class AgentRun:
         remove = self._user_signal.add_listener(
             lambda reason: self._on_loop_thread(loop.abort, str(reason))
         )
+        token = run_context(self.context, self._stream.add_child)  # every task inherits it
         try:
             self._stream.run_started(self.run_id)
             self._first_events(loop)
@@ -249,6 +308,7 @@ class AgentRun:
                 await loop.drive()
                 raise
         finally:
+            reset_run_context(token)
             remove()
             await loop.executor.close()
             self._outcome = self._result(loop)
@@ -298,6 +358,7 @@ class AgentRun:
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
             queued_input=engine.queued_input() + tuple(loop.late_input),
             snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
+            given=self._given,
         )
 
 
@@ -353,8 +414,8 @@ def check_tools(tools: Sequence[Tool]) -> None:
 
 async def run_agent(
     *,
-    model: ModelClient,
-    messages: Sequence[Message],
+    model: ModelClient | str,
+    messages: Sequence[Message] | str,
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     signal: AbortSignal | None = None,
@@ -366,12 +427,20 @@ async def run_agent(
     logger: Any = None,
     run_id: str | None = None,
     engine_factory: Callable[..., Engine] = Engine,
+    instructions: Instructions | None = None,
+    model_settings: ModelSettings | None = None,
+    deps: object = None,
 ) -> RunResult:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
     before any model call for an invalid history, duplicate tool names or bad
     arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
+    ``messages`` may be a string (one user message); ``model`` a model string
+    (``"openai:gpt-4.1"``, ``statemachine.providers.registry``). ``instructions`` (a
+    string, or a function of the ``RunContext`` called at each model call) and
+    ``model_settings`` reach clients that take ``options`` (``statemachine.agent.model``);
+    ``deps`` reaches tools, hooks and instructions that take a ``RunContext``.
     ``engine_factory`` (called with ``Engine``'s keyword arguments) lets a caller run
     an ``Engine`` subclass, e.g. ``functools.partial(JournalingEngine, journal=j)``.
     """
@@ -389,14 +458,17 @@ async def run_agent(
         logger=logger,
         run_id=run_id,
         engine_factory=engine_factory,
+        instructions=instructions,
+        model_settings=model_settings,
+        deps=deps,
     )
     return await run.run()
 
 
 def run_agent_sync(
     *,
-    model: ModelClient,
-    messages: Sequence[Message],
+    model: ModelClient | str,
+    messages: Sequence[Message] | str,
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     signal: AbortSignal | None = None,
@@ -408,6 +480,9 @@ def run_agent_sync(
     logger: Any = None,
     run_id: str | None = None,
     engine_factory: Callable[..., Engine] = Engine,
+    instructions: Instructions | None = None,
+    model_settings: ModelSettings | None = None,
+    deps: object = None,
 ) -> RunResult:
     """``run_agent`` for code without an event loop (same keyword arguments).
 
@@ -418,15 +493,7 @@ def run_agent_sync(
     thread, would hold it forever. Such a thread keeps running after the return (a
     thread cannot be interrupted), and the interpreter waits for it when it exits.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise UsageError(
-            "run_agent_sync() cannot be called from a running event loop; "
-            "use 'await run_agent(...)' instead"
-        )
+    refuse_running_loop("run_agent_sync")
     run = run_agent(
         model=model,
         messages=messages,
@@ -441,7 +508,28 @@ def run_agent_sync(
         logger=logger,
         run_id=run_id,
         engine_factory=engine_factory,
+        instructions=instructions,
+        model_settings=model_settings,
+        deps=deps,
     )
+    return run_sync(run, grace_period)
+
+
+def refuse_running_loop(name: str) -> None:
+    """``UsageError`` if called from a running event loop (``name`` is the sync form)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UsageError(
+        f"{name}() cannot be called from a running event loop; "
+        f"use 'await {name.removesuffix('_sync')}(...)' instead"
+    )
+
+
+def run_sync(run: Coroutine[Any, Any, RunResult], grace_period: object) -> RunResult:
+    """Run ``run`` on a new event loop, closed without waiting for what the run
+    abandoned (``run_agent_sync``)."""
     runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
     loop = runner.get_loop()
     grace = grace_period if isinstance(grace_period, (int, float)) else DEFAULT_GRACE_PERIOD

@@ -5,7 +5,9 @@ engine went after each event, which operations began and ended, and when the run
 ended; it times the turns and the tool calls, counts the calls, and hands the
 ``RunEvent``s to the subscribers of ``AgentRun.events()``. An event is built only
 when someone subscribed (``emit`` takes a function for the costly ones); the usage is
-summed from the history once, when the stats are read.
+summed from the history once, when the stats are read. A resumed run's stats start
+from the stats of the part before (``previous``), and a sub-agent's are added to the
+run that called it (``add_child``), so ``RunResult.stats`` is the whole run's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
+import attrs
+
 from statemachine.agent.events import (
     MessageAdded,
     RunEvent,
@@ -21,6 +25,8 @@ from statemachine.agent.events import (
     RunStarted,
     RunStats,
     StateChanged,
+    TextDelta,
+    ToolCallDelta,
     ToolEnded,
     ToolStarted,
     TurnEnded,
@@ -42,7 +48,10 @@ _TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
 class EventStream:
     """The subscribers of one run, and the timings and counts of its stats."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
+        self._previous = previous  # a resumed run's stats before the suspension
+        self._children: list[RunStats] = []  # the sub-agents' stats
+        self._turn = engine.turns + 1
         self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
         self._closed = False  # RunFinished has been told
         self._seen_messages = len(engine.messages)
@@ -105,6 +114,7 @@ class EventStream:
             if listening:
                 self.emit(StateChanged(record))
             if record.dest is TurnState.AwaitingModel:
+                self._turn = record.turn + 1
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
@@ -118,6 +128,19 @@ class EventStream:
 
     def model_called(self) -> None:
         self._model_calls += 1
+
+    def text_delta(self, text: str) -> None:
+        """A fragment of streamed text, from the model client."""
+        if text:
+            self.emit(TextDelta(self._turn, text))
+
+    def tool_call_delta(self, index: int, call_id: str, name: str, arguments: str) -> None:
+        """A fragment of a streamed tool call's arguments, from the model client."""
+        self.emit(lambda: ToolCallDelta(self._turn, index, call_id, name, arguments))
+
+    def add_child(self, stats: RunStats) -> None:
+        """Count a sub-agent's run (a tool of this run) in this run's stats."""
+        self._children.append(stats)
 
     def tool_started(self, call: ToolCall, begun: bool = True) -> None:
         """A tool call the engine asked for: ``begun``, or answered without being run
@@ -167,7 +190,7 @@ class EventStream:
         by_name: dict[str, dict[str, int]] = {}
         for (name, outcome), count in self._tool_counts.items():
             by_name.setdefault(name, {})[outcome] = count
-        return RunStats(
+        own = RunStats(
             model_calls=self._model_calls,
             tool_calls=by_name,
             usage=usage,
@@ -175,3 +198,7 @@ class EventStream:
             tool_seconds=dict(self._tool_seconds),
             wall_seconds=time.perf_counter() - self._t0,
         )
+        for child in self._children:
+            # Its model calls, tool calls and usage; its time is this run's already.
+            own = own + attrs.evolve(child, turn_seconds=(), tool_seconds={}, wall_seconds=0.0)
+        return own if self._previous is None else self._previous + own

@@ -29,6 +29,12 @@ from typing import Any, Union, overload
 
 import attrs
 
+from statemachine.agent.context import (
+    RunContext,
+    current_run_context,
+    deps_type_of,
+    wants_context,
+)
 from statemachine.agent.signature import Converter, check_return, compile_annotation, result_value
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -46,7 +52,7 @@ from statemachine.core.tools import (
     ToolReturn,
     check_timeout,
 )
-from statemachine.errors import InvalidInputError, WireFormatError
+from statemachine.errors import InvalidInputError, UsageError, WireFormatError
 
 __all__ = ["Tool", "tool", "tool_output_from"]
 
@@ -66,6 +72,8 @@ class Tool:
     sequential: bool = attrs.field(default=False, kw_only=True)
     resources: ResourceKeys | None = attrs.field(default=None, kw_only=True)
     timeout: float | None = attrs.field(default=None, kw_only=True, validator=check_timeout)
+    # The deps type its function's RunContext[T] parameter names (None: any or none).
+    deps_type: Any = attrs.field(default=None, kw_only=True)
 
     @property
     def name(self) -> str:
@@ -124,27 +132,36 @@ def _build_tool(
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
         raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
     summary, param_docs = _parse_docstring(fn.__doc__)
-    parameters, converters, wants_signal = _parameters(fn, hints, param_docs, where)
+    takes_context = wants_context(fn)
+    parameters, converters, wants_signal = _parameters(
+        fn, hints, param_docs, where, skip_first=takes_context
+    )
     check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
     definition = ToolDefinition(
         name=tool_name,
         description=description if description is not None else summary,
         parameters=parameters,
     )
-    execute = _executor(fn, tool_name, converters, wants_signal)
-    return Tool(definition=definition, execute=execute, **(options or {}))
+    execute = _executor(fn, tool_name, converters, wants_signal, takes_context)
+    deps = deps_type_of(fn) if takes_context else None
+    return Tool(definition=definition, execute=execute, deps_type=deps, **(options or {}))
 
 
 def _parameters(
-    fn: Callable[..., Any], hints: dict[str, Any], param_docs: dict[str, str], where: str
+    fn: Callable[..., Any],
+    hints: dict[str, Any],
+    param_docs: dict[str, str],
+    where: str,
+    *,
+    skip_first: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Converter], bool]:
     """The JSON schema of ``fn``'s arguments, their converters, and whether it takes
-    the call's ``signal``."""
+    the call's ``signal``; ``skip_first``: the first parameter is the ``RunContext``."""
     properties: dict[str, Any] = {}
     required: list[str] = []
     converters: dict[str, Converter] = {}
     wants_signal = False
-    for param in inspect.signature(fn).parameters.values():
+    for param in list(inspect.signature(fn).parameters.values())[1 if skip_first else 0 :]:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise InvalidInputError(f"{where}: *args and **kwargs cannot be tool arguments")
         if param.kind is param.POSITIONAL_ONLY:
@@ -180,10 +197,17 @@ def _parameters(
 
 
 def _executor(
-    fn: Callable[..., Any], tool_name: str, converters: dict[str, Converter], wants_signal: bool
+    fn: Callable[..., Any],
+    tool_name: str,
+    converters: dict[str, Converter],
+    wants_signal: bool,
+    takes_context: bool = False,
 ) -> Callable[[dict[str, Any], AbortSignal], Awaitable[ToolReturn]]:
-    """What runs a call of ``fn``: its arguments converted, its result normalised."""
+    """What runs a call of ``fn``: its arguments converted, its result normalised; with
+    ``takes_context``, the run's ``RunContext`` first."""
     is_async = inspect.iscoroutinefunction(fn)
+    if takes_context:
+        fn = _with_context(fn, tool_name, is_async)
 
     async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolReturn:
         if converters:
@@ -205,6 +229,28 @@ def _executor(
 
     execute.__name__ = f"execute_{tool_name}"
     return execute
+
+
+def _with_context(fn: Callable[..., Any], tool_name: str, is_async: bool) -> Callable[..., Any]:
+    """``fn`` with the run's context as its first argument, read when it is called."""
+
+    def context() -> RunContext[Any]:
+        found = current_run_context()
+        if found is None:
+            raise UsageError(f"tool {tool_name} takes a RunContext: run it with the driver")
+        return found
+
+    if is_async:
+
+        async def call_async(**kwargs: Any) -> Any:
+            return await fn(context(), **kwargs)
+
+        return call_async
+
+    def call(**kwargs: Any) -> Any:
+        return fn(context(), **kwargs)
+
+    return call
 
 
 @overload
@@ -242,7 +288,9 @@ def tool(
     return annotation is checked too). The description comes from the docstring's
     summary, each parameter's from ``Annotated[T, "..."]`` or the docstring's
     ``Args:`` section. A parameter named ``signal`` receives the run's
-    ``AbortSignal`` and is not shown to the model. The function may return a
+    ``AbortSignal`` and is not shown to the model; neither is a first parameter
+    annotated ``RunContext[Deps]``, which receives the run's context (its ``deps``;
+    ``statemachine.agent.context``). The function may return a
     ``str`` (the result text), content blocks or a ``ToolOutput`` (used as they
     are), or any JSON data (dicts, lists, numbers, booleans, ``None``, dataclasses,
     attrs classes, pydantic models, enums), which becomes its JSON text; raising an

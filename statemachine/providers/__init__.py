@@ -1,6 +1,11 @@
 """Model clients for real providers: OpenAI-compatible Chat Completions, the OpenAI
 Responses API, Anthropic Messages, Gemini and AWS Bedrock Converse.
 
+``model_from_string("openai:gpt-4.1")`` builds one from a model string
+(``statemachine.providers.registry``); ``CallOptions`` and ``ModelSettings`` are what a
+run hands a client besides the context (instructions, settings, streaming listeners;
+see ``statemachine.agent.model`` for the calling convention).
+
 Each adapter needs its provider's SDK (the extras ``agent-statemachine[openai]``,
 ``[anthropic]``, ``[gemini]`` and ``[bedrock]``) and is imported on first use, so that
 this package, its errors and its retry policy load without any SDK. An adapter whose
@@ -12,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from statemachine.agent.model import CallOptions, ModelSettings
 from statemachine.providers._errors import (
     ContextOverflowError,
     ProviderAuthError,
@@ -23,6 +29,7 @@ from statemachine.providers._errors import (
 )
 from statemachine.providers._logging import RedactSecrets
 from statemachine.providers._retry import RetryPolicy
+from statemachine.providers.registry import known_providers, model_from_string, register_provider
 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
@@ -34,8 +41,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AnthropicModel",
     "BedrockModel",
+    "CallOptions",
     "ContextOverflowError",
     "GeminiModel",
+    "ModelSettings",
     "OpenAIChatModel",
     "OpenAIResponsesModel",
     "ProviderAuthError",
@@ -46,6 +55,9 @@ __all__ = [
     "ProviderUnavailableError",
     "RedactSecrets",
     "RetryPolicy",
+    "known_providers",
+    "model_from_string",
+    "register_provider",
 ]
 
 _LAZY = {

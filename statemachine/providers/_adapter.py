@@ -39,10 +39,11 @@ import httpx2
 import pydantic
 
 from statemachine._log import library_logger
+from statemachine.agent.model import CallOptions
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, Usage
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InvalidInputError
+from statemachine.errors import InvalidInputError, UsageError
 from statemachine.providers._errors import (
     Failure,
     ProviderError,
@@ -286,6 +287,9 @@ class ModelAdapter(abc.ABC):
     key_env: ClassVar[str]
     sdk: ClassVar[Any]  # the SDK module (OpenAI and Anthropic name their exceptions alike)
     reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
+    # What the run's CallOptions may carry for this adapter (statemachine.agent.model).
+    accepts_instructions: ClassVar[bool] = False
+    supported_settings: ClassVar[frozenset[str]] = frozenset()
     model: str
     _client: Any
 
@@ -375,11 +379,30 @@ class ModelAdapter(abc.ABC):
     async def _open(self, body: dict[str, Any]) -> Any:
         """Send the request; the stream to read, or the whole response."""
 
-    def _reader(self) -> ResponseReader:
-        """A fresh reader for one response."""
-        reader = self.reader(self.on_text, self.provider)
+    def _reader(self, options: CallOptions | None = None) -> ResponseReader:
+        """A fresh reader for one response, telling the run's listeners too."""
+        if options is None:
+            plain = self.reader(self.on_text, self.provider)
+            plain.log = self.log
+            return plain
+        listeners = [f for f in (self.on_text, options.on_text) if f is not None]
+
+        def on_text(text: str) -> None:
+            for listener in listeners:
+                listener(text)
+
+        reader = self.reader(on_text if listeners else None, self.provider)
+        reader.builder.on_call = options.on_tool_call_delta
         reader.log = self.log
         return reader
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """``body`` with the run's instructions and settings (``CallOptions``). An
+        adapter that sends them overrides this and says so with
+        ``accepts_instructions`` and ``supported_settings`` (checked before the run)."""
+        if options.instructions is not None or options.settings.set_fields():
+            raise UsageError(f"{type(self).__name__} cannot send instructions or settings yet")
+        return body
 
     def _streams(self, body: dict[str, Any]) -> bool:
         return bool(body.get("stream"))
@@ -389,10 +412,14 @@ class ModelAdapter(abc.ABC):
         messages: Sequence[Message],
         tools: Sequence[ToolDefinition],
         signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
     ) -> AssistantMessage:
         body = self.request_body(messages, tools)
+        if options is not None:
+            body = self.apply_options(body, options)
         return await complete_with_retries(
-            lambda watch: self._attempt(body, watch),
+            lambda watch: self._attempt(body, watch, options),
             self._classify,
             provider=self.provider,
             policy=self.retry,
@@ -403,8 +430,10 @@ class ModelAdapter(abc.ABC):
             secrets=self._secrets,
         )
 
-    async def _attempt(self, body: dict[str, Any], watch: AbortWatch) -> AssistantMessage:
-        reader = self._reader()
+    async def _attempt(
+        self, body: dict[str, Any], watch: AbortWatch, options: CallOptions | None = None
+    ) -> AssistantMessage:
+        reader = self._reader(options)
         aborted, _ = await race_abort(watch, self._read(body, reader, watch.signal))
         if aborted or watch.signal.aborted:
             return reader.aborted()

@@ -212,6 +212,8 @@ class MessageBuilder:
     order they first appeared."""
 
     on_text: Callable[[str], None] | None = None
+    # Told each fragment of a call's arguments: (index, call id, name, fragment).
+    on_call: Callable[[int, str, str, str], None] | None = None
     blocks: list[_Block] = attrs.Factory(list)
     _by_key: dict[tuple[str, int], _Block] = attrs.Factory(dict)
 
@@ -240,6 +242,12 @@ class MessageBuilder:
         self.blocks[-1].text.append(text)
         if self.on_text is not None:
             self.on_text(text)
+
+    def add_arguments(self, block: _Block, text: str) -> None:
+        """A fragment of a tool call's argument text."""
+        block.text.append(text)
+        if self.on_call is not None and text:
+            self.on_call(self.blocks.index(block), block.call_id, block.name, text)
 
     def add_text(self, block: _Block, text: str) -> None:
         block.text.append(text)

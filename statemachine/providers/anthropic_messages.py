@@ -48,6 +48,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("anthropic") from exc
 
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -284,7 +285,9 @@ class _StreamState(ResponseReader):
                 target = builder.block(("block", event.index), "thinking")
                 target.signature = (target.signature or "") + delta.signature
             elif delta.type == "input_json_delta":
-                builder.block(("block", event.index), "tool").text.append(delta.partial_json)
+                builder.add_arguments(
+                    builder.block(("block", event.index), "tool"), delta.partial_json
+                )
         elif event.type == "message_delta":
             if event.delta.stop_reason is not None:
                 self.stop_reason = event.delta.stop_reason
@@ -461,13 +464,32 @@ class AnthropicModel(ModelAdapter):
         if self.thinking is not None:
             body["thinking"] = dict(self.thinking)
         body = self._shared_fields(body)
-        if "temperature" in body:
-            # The SDK's create() no longer names sampling parameters; the API still
-            # takes them, so they travel as extra body fields.
+        if "temperature" in body:  # the SDK's create() no longer names it: a body field
             body["extra_body"] = {
-                "temperature": body.pop("temperature"),
                 **body.get("extra_body", {}),
+                "temperature": body.pop("temperature"),
             }
+        return body
+
+    accepts_instructions = True
+    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """The run's instructions as the ``system`` field (instead of the adapter's
+        ``system``), and its settings as request fields (``stop`` is
+        ``stop_sequences``; ``temperature`` and ``top_p`` go in the body as they are)."""
+        if options.instructions is not None:
+            body["system"] = options.instructions
+            if self.prompt_cache:
+                _mark_cache_breakpoints(body)
+        settings = options.settings.set_fields()
+        if "stop" in settings:
+            body["stop_sequences"] = list(settings.pop("stop"))
+        if "max_tokens" in settings:
+            body["max_tokens"] = settings.pop("max_tokens")
+        if settings:
+            # Sampling fields the SDK's create() no longer names: sent as body fields.
+            body["extra_body"] = {**body.get("extra_body", {}), **settings}
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:

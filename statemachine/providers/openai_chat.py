@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from openai.types.chat import ChatCompletion
 
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -271,7 +272,11 @@ class _ChunkReader(ResponseReader):
                 if function.name:
                     block.name += function.name
                 if function.arguments:
-                    block.text.append(function.arguments)
+                    builder.add_arguments(block, function.arguments)
+
+
+def _is_adapter_system(entry: dict[str, Any], system: str | None) -> bool:
+    return bool(system) and entry.get("role") == "system" and entry.get("content") == system
 
 
 _MENTIONS_STREAMING = re.compile(r"stream", re.IGNORECASE)
@@ -346,6 +351,20 @@ class OpenAIChatModel(ModelAdapter):
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         return self._shared_fields(body)
+
+    accepts_instructions = True
+    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """The run's instructions as the first ``system`` message (instead of the
+        adapter's ``system``), and its settings as request fields."""
+        if options.instructions is not None:
+            messages = [m for m in body["messages"] if not _is_adapter_system(m, self.system)]
+            body["messages"] = [{"role": "system", "content": options.instructions}, *messages]
+        body.update(options.settings.set_fields())
+        if "stop" in body:
+            body["stop"] = list(body["stop"])
+        return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
         opened = await cast(Any, self._client.chat.completions).create(**body)

@@ -17,6 +17,14 @@ with ``ScriptedModel(..., with_signal=True)`` (a step that waits for the abort).
 recording copies the whole history at every call, which a run of thousands of turns
 (a benchmark) should not pay for.
 
+Both take the run's ``CallOptions`` (``statemachine.agent.model``): each ``Request``
+records the ``instructions`` and ``settings`` of its call, and a function that
+declares a parameter named ``options`` is given them (``fn(messages, tools,
+options=...)``), so a fake model can answer according to its instructions. With
+``stream=True`` the text of each answer is also streamed to the run, word by word
+(``TextDelta`` events, ``AgentRun.stream_text()``), and each tool call's arguments
+as one fragment (``ToolCallDelta``), as a streaming provider would.
+
 A response may be written short: a ``str`` is a text answer; a ``ToolCall`` (or a list
 of them, with text blocks if you like) is a tool-calling answer with stop reason
 ``toolUse``; an ``AssistantMessage`` is used as it is. An exception class or instance
@@ -26,11 +34,14 @@ in a script is raised by that call (a failing provider).
 from __future__ import annotations
 
 import inspect
+import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeAlias
 
 import attrs
 
+from statemachine.agent.model import CallOptions, ModelSettings
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
@@ -50,6 +61,8 @@ class Request:
 
     messages: tuple[Message, ...]
     tools: tuple[ToolDefinition, ...]
+    instructions: str | None = None
+    settings: ModelSettings = attrs.field(factory=ModelSettings)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -91,21 +104,47 @@ async def _answer(
     messages: Sequence[Message],
     tools: Sequence[ToolDefinition],
     signal: AbortSignal | None,
+    options: CallOptions | None,
 ) -> AssistantMessage:
     if callable(step) and not isinstance(step, type):
-        response = step(messages, tools) if signal is None else step(messages, tools, signal)
+        extra: dict[str, CallOptions] = {}
+        if _declares_options(step):
+            extra["options"] = options if options is not None else CallOptions()
+        args = (messages, tools) if signal is None else (messages, tools, signal)
+        response = step(*args, **extra)
         if inspect.isawaitable(response):
             response = await response
         return as_message(response)
     return as_message(step)
 
 
+def _declares_options(fn: ModelFunction) -> bool:
+    try:
+        return "options" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _stream(message: AssistantMessage, options: CallOptions | None) -> None:
+    """Tell the run the answer's fragments, as a streaming provider would."""
+    if options is None:
+        return
+    for index, block in enumerate(message.content):
+        if isinstance(block, TextContent) and options.on_text is not None:
+            for word in re.findall(r"\S+\s*|\s+", block.text):
+                options.on_text(word)
+        elif isinstance(block, ToolCall) and options.on_tool_call_delta is not None:
+            arguments = json.dumps(dict(block.arguments_dict()))
+            options.on_tool_call_delta(index, block.id, block.name, arguments)
+
+
 class _Recording:
     # Recording keeps the whole context of every call: quadratic in the run's length,
     # which a long run (a benchmark of 10,000 turns) turns off with record=False.
-    def __init__(self, record: bool) -> None:
+    def __init__(self, record: bool, stream: bool) -> None:
         self.requests: list[Request] = []
         self._record_requests = record
+        self._stream = stream
         self._calls = 0
 
     @property
@@ -118,10 +157,28 @@ class _Recording:
         """The messages of each request, in order (``requests`` without the tools)."""
         return [list(r.messages) for r in self.requests]
 
-    def _record(self, messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> None:
+    @property
+    def last_request(self) -> Request | None:
+        """The last call's request (``None`` before the first, or without recording)."""
+        return self.requests[-1] if self.requests else None
+
+    def _record(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        options: CallOptions | None,
+    ) -> None:
         self._calls += 1
         if self._record_requests:
-            self.requests.append(Request(tuple(messages), tuple(tools)))
+            given = options if options is not None else CallOptions()
+            self.requests.append(
+                Request(tuple(messages), tuple(tools), given.instructions, given.settings)
+            )
+
+    def _streamed(self, message: AssistantMessage, options: CallOptions | None) -> AssistantMessage:
+        if self._stream:
+            _stream(message, options)
+        return message
 
 
 class ScriptedModel(_Recording):
@@ -133,8 +190,14 @@ class ScriptedModel(_Recording):
     ``fn(messages, tools)``, or ``fn(messages, tools, signal)`` with ``with_signal``.
     """
 
-    def __init__(self, *responses: Step, with_signal: bool = False, record: bool = True) -> None:
-        super().__init__(record)
+    def __init__(
+        self,
+        *responses: Step,
+        with_signal: bool = False,
+        record: bool = True,
+        stream: bool = False,
+    ) -> None:
+        super().__init__(record, stream)
         self._script = list(responses)
         self._with_signal = with_signal
 
@@ -144,17 +207,23 @@ class ScriptedModel(_Recording):
         return len(self._script) - self.calls
 
     async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
     ) -> AssistantMessage:
         number = self.calls + 1
-        self._record(messages, tools)
+        self._record(messages, tools, options)
         if number > len(self._script):
             raise UsageError(
                 f"ScriptedModel: model call {number}, but the script has "
                 f"{len(self._script)} response(s)"
             )
         step = self._script[number - 1]
-        return await _answer(step, messages, tools, signal if self._with_signal else None)
+        signal_given = signal if self._with_signal else None
+        return self._streamed(await _answer(step, messages, tools, signal_given, options), options)
 
 
 class FunctionModel(_Recording):
@@ -162,16 +231,29 @@ class FunctionModel(_Recording):
     ``with_signal``); ``fn`` may be sync or async."""
 
     def __init__(
-        self, fn: ModelFunction, *, with_signal: bool = False, record: bool = True
+        self,
+        fn: ModelFunction,
+        *,
+        with_signal: bool = False,
+        record: bool = True,
+        stream: bool = False,
     ) -> None:
         if not callable(fn):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
-        super().__init__(record)
+        super().__init__(record, stream)
         self._fn = fn
         self._with_signal = with_signal
 
     async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
     ) -> AssistantMessage:
-        self._record(messages, tools)
-        return await _answer(self._fn, messages, tools, signal if self._with_signal else None)
+        self._record(messages, tools, options)
+        signal_given = signal if self._with_signal else None
+        return self._streamed(
+            await _answer(self._fn, messages, tools, signal_given, options), options
+        )

@@ -1,0 +1,350 @@
+"""``Agent``: a model, tools, instructions, hooks and settings, kept for many runs.
+
+An ``Agent`` holds what every run of it repeats; each method builds the keyword
+arguments of the functional form and calls it, so ``Agent.run`` *is* ``run_agent``
+(``run_stream`` builds the same ``AgentRun`` that ``run_agent`` runs, and ``resume``
+calls ``resume_agent``): one code path, one set of checks, one result type.
+
+Per run: a prompt (a string or a ``UserMessage``) after an optional
+``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
+``RunContext``), ``model_settings`` (field by field over the agent's), a ``signal``.
+
+``as_tool`` makes the agent a tool of another run (a sub-agent): the parent's abort
+reaches the child through the tool's signal, the child's stats are added to the
+parent's, and the parent's ``deps`` are the child's unless given. A child that stops
+for a person's approval ends its call with an error result naming the calls: an
+approval cannot be carried across a tool call (the parent's call would have to stay
+open while the person decides, which the engine's batch does not allow); give the
+sub-agent a ``before_tool_call`` that decides without a person.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from statemachine.agent.context import check_deps, current_run_context, note_child_stats
+from statemachine.agent.events import RunEvent, RunResult, RunStats, TextDelta
+from statemachine.agent.hooks import (
+    AfterToolCall,
+    BeforeToolCall,
+    Deny,
+    ShouldContinue,
+    TransformContext,
+)
+from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
+from statemachine.agent.model_call import Instructions, check_instructions
+from statemachine.agent.resume import resume_agent
+from statemachine.agent.run import (
+    DEFAULT_GRACE_PERIOD,
+    AgentRun,
+    check_tools,
+    refuse_running_loop,
+    run_agent,
+    run_sync,
+)
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import Message, UserMessage
+from statemachine.core.table import TurnState
+from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.errors import InvalidInputError
+
+__all__ = ["Agent", "StreamedRun"]
+
+_PROMPT_SCHEMA = {
+    "type": "object",
+    "properties": {"prompt": {"type": "string", "description": "what to ask the agent"}},
+    "required": ["prompt"],
+    "additionalProperties": False,
+}
+
+
+class Agent:
+    """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
+    ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
+
+    ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
+    keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
+    ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
+    ``output_type``, ``output_retries`` and ``usage_limits`` are handed to
+    ``run_agent`` as they are, and only when given.
+    """
+
+    def __init__(
+        self,
+        model: ModelClient | str,
+        *,
+        name: str | None = None,
+        tools: Sequence[Tool] = (),
+        instructions: Instructions | None = None,
+        model_settings: ModelSettings | None = None,
+        max_turns: int = 8,
+        before_tool_call: BeforeToolCall | None = None,
+        after_tool_call: AfterToolCall | None = None,
+        should_continue: ShouldContinue | None = None,
+        transform_context: TransformContext | None = None,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        logger: Any = None,
+        deps_type: type | None = None,
+        # Typed by the structured-output and usage-limit options of run_agent; passed
+        # through untouched (and only when given), so their checks are run_agent's.
+        output_type: Any = None,
+        output_retries: Any = None,
+        usage_limits: Any = None,
+    ) -> None:
+        check_tools(tools)
+        check_instructions(instructions)
+        if model_settings is not None and not isinstance(model_settings, ModelSettings):
+            raise InvalidInputError("model_settings must be a ModelSettings")
+        self.model = resolve_model(model)
+        self.name = name
+        self.tools = tuple(tools)
+        self.instructions = instructions
+        self.model_settings = model_settings or ModelSettings()
+        self.max_turns = max_turns
+        self.hooks: dict[str, Any] = {
+            "before_tool_call": before_tool_call,
+            "after_tool_call": after_tool_call,
+            "should_continue": should_continue,
+            "transform_context": transform_context,
+        }
+        self.grace_period = grace_period
+        self.logger = logger
+        self.deps_type = deps_type
+        self.forwarded = {
+            key: value
+            for key, value in (
+                ("output_type", output_type),
+                ("output_retries", output_retries),
+                ("usage_limits", usage_limits),
+            )
+            if value is not None
+        }
+
+    def __repr__(self) -> str:
+        return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
+
+    # -- the keywords of one run ------------------------------------------------------------
+
+    def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
+        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
+        return {
+            "model": self.model,
+            "tools": self.tools,
+            "instructions": self.instructions,
+            "model_settings": self.model_settings.merged(model_settings),
+            "deps": deps,
+            "grace_period": self.grace_period,
+            "logger": self.logger,
+            **self.hooks,
+            **self.forwarded,
+        }
+
+    def _run_options(
+        self,
+        prompt: str | UserMessage | None,
+        message_history: Sequence[Message],
+        deps: object,
+        model_settings: ModelSettings | None,
+        signal: AbortSignal | None,
+    ) -> tuple[dict[str, Any], int]:
+        """``run_agent``'s keywords for one run, and how many messages it is given."""
+        if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
+            raise InvalidInputError("message_history must be a sequence of messages")
+        messages = list(message_history)
+        if prompt is not None:
+            messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
+        options = self._shared(deps, model_settings)
+        options.update(messages=messages, max_turns=self.max_turns, signal=signal)
+        return options, len(message_history)
+
+    # -- run --------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: object = None,
+        model_settings: ModelSettings | None = None,
+        signal: AbortSignal | None = None,
+    ) -> RunResult:
+        """``run_agent`` with this agent's model, tools, instructions, hooks and
+        settings, on ``message_history`` followed by ``prompt``."""
+        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        return attrs.evolve(await run_agent(**options), given=given)
+
+    def run_sync(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: object = None,
+        model_settings: ModelSettings | None = None,
+        signal: AbortSignal | None = None,
+    ) -> RunResult:
+        """``run`` for code without an event loop (as ``run_agent_sync``)."""
+        refuse_running_loop("run_sync")
+        run = self.run(
+            prompt,
+            message_history=message_history,
+            deps=deps,
+            model_settings=model_settings,
+            signal=signal,
+        )
+        return run_sync(run, self.grace_period)
+
+    @contextlib.asynccontextmanager
+    async def run_stream(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: object = None,
+        model_settings: ModelSettings | None = None,
+        signal: AbortSignal | None = None,
+    ) -> AsyncIterator[StreamedRun]:
+        """``async with agent.run_stream(prompt) as run:`` iterate ``run`` for every
+        ``RunEvent``, or ``run.stream_text()`` for the answer's text as it arrives;
+        ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
+        the run (and waits for it to close)."""
+        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        streamed = StreamedRun(AgentRun(**options), given)
+        try:
+            yield streamed
+        except BaseException:
+            streamed.run.abort("the run_stream block raised")
+            with contextlib.suppress(Exception):
+                await streamed.result()
+            raise
+        if not streamed.task.done():
+            streamed.run.abort("the run_stream block ended before the run")
+        await streamed.result()
+
+    # -- resume -----------------------------------------------------------------------------
+
+    async def resume(
+        self,
+        state: RunResult | Mapping[str, Any],
+        *,
+        approvals: Mapping[str, bool | Deny] | None = None,
+        message: str | UserMessage | None = None,
+        deps: object = None,
+        model_settings: ModelSettings | None = None,
+        signal: AbortSignal | None = None,
+        key: bytes | str | None = None,
+        stats: RunStats | None = None,
+    ) -> RunResult:
+        """``resume_agent`` with this agent's model, tools, instructions and hooks."""
+        options = self._shared(deps, model_settings)
+        return await resume_agent(
+            state,
+            approvals=approvals,
+            message=message,
+            signal=signal,
+            key=key,
+            stats=stats,
+            **options,
+        )
+
+    def resume_sync(
+        self,
+        state: RunResult | Mapping[str, Any],
+        *,
+        approvals: Mapping[str, bool | Deny] | None = None,
+        message: str | UserMessage | None = None,
+        deps: object = None,
+        model_settings: ModelSettings | None = None,
+        signal: AbortSignal | None = None,
+        key: bytes | str | None = None,
+        stats: RunStats | None = None,
+    ) -> RunResult:
+        """``resume`` for code without an event loop."""
+        refuse_running_loop("resume_sync")
+        run = self.resume(
+            state,
+            approvals=approvals,
+            message=message,
+            deps=deps,
+            model_settings=model_settings,
+            signal=signal,
+            key=key,
+            stats=stats,
+        )
+        return run_sync(run, self.grace_period)
+
+    # -- as a tool of another agent ---------------------------------------------------------
+
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        deps: Callable[[object], object] | None = None,
+        timeout: float | None = None,
+    ) -> Tool:
+        """This agent as a tool taking one ``prompt`` (module docstring). ``deps``
+        turns the parent's deps into the child's (default: the same object)."""
+        tool_name = name or self.name
+        if not tool_name:
+            raise InvalidInputError("as_tool needs a name (or an Agent with one)")
+        definition = ToolDefinition(
+            name=tool_name,
+            description=description or f"Ask the {tool_name} agent.",
+            parameters=_PROMPT_SCHEMA,
+        )
+
+        async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
+            parent = current_run_context()
+            parent_deps = parent.deps if parent is not None else None
+            child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
+            result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
+            if result.stats is not None:
+                note_child_stats(result.stats)
+            return _child_output(tool_name, result)
+
+        return Tool(definition, execute, timeout=timeout)
+
+
+def _child_output(name: str, result: RunResult) -> ToolOutput:
+    """The tool result of a sub-agent's run."""
+    if result.state is TurnState.Done:
+        return ToolOutput(result.final_text)
+    if result.state is TurnState.AwaitingUser:
+        calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
+        return ToolOutput(
+            f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "
+            "approvals are not carried through a sub-agent",
+            is_error=True,
+        )
+    return ToolOutput(
+        f"the {name} agent ended {result.state.value}: {result.explanation}", is_error=True
+    )
+
+
+class StreamedRun:
+    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
+
+    def __init__(self, run: AgentRun, given: int) -> None:
+        self.run = run
+        self._given = given
+        self._events = run.events()  # subscribed before the run starts: sees it all
+        self.task: asyncio.Task[RunResult] = asyncio.ensure_future(run.run())
+
+    def __aiter__(self) -> AsyncIterator[RunEvent]:
+        return self._events
+
+    async def stream_text(self) -> AsyncIterator[str]:
+        """The answer's text fragments as they arrive (``TextDelta`` events)."""
+        async for event in self._events:
+            if isinstance(event, TextDelta):
+                yield event.text
+
+    async def result(self) -> RunResult:
+        """How the run ended (waits for it)."""
+        return attrs.evolve(await self.task, given=self._given)

@@ -1,0 +1,166 @@
+"""The run's context, handed to tools, hooks and instruction functions that ask for it.
+
+A tool function whose first parameter is annotated ``RunContext[MyDeps]`` (or bare
+``RunContext``) receives the context of the run calling it; that parameter is not
+part of the tool's JSON Schema. Hooks and instruction functions receive it the same
+way (a first parameter annotated ``RunContext``). ``deps`` is the object given to the
+run (``run_agent(deps=...)``, ``Agent.run(deps=...)``); when a tool declares its type
+(``RunContext[MyDeps]``), a run whose ``deps`` is not a ``MyDeps`` is refused with a
+``UsageError`` before any model call.
+
+The context is the run's while the run runs: the driver sets it (a context variable)
+for every task it starts, so a tool's worker thread sees it too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import attrs
+
+from statemachine.core.messages import Message, ToolCall
+from statemachine.errors import UsageError
+
+__all__ = [
+    "RunContext",
+    "check_deps",
+    "context_type",
+    "current_run_context",
+    "deps_type_of",
+    "note_child_stats",
+    "reset_run_context",
+    "run_context",
+    "wants_context",
+]
+
+DepsT = TypeVar("DepsT")
+
+
+@attrs.frozen
+class RunContext(Generic[DepsT]):
+    """What a tool, hook or instruction function learns of the run calling it.
+
+    ``deps``: the run's dependencies; ``run_id``; ``turn``: the number of the turn
+    under way (1 for the first; the turns started so far);
+    ``messages``: the history as it is now; ``tool_call``: the call being executed
+    (``None`` outside a tool).
+    """
+
+    deps: DepsT
+    run_id: str
+    turn: int
+    messages: Sequence[Message] = attrs.field(repr=False)
+    tool_call: ToolCall | None = None
+
+
+_Source: TypeAlias = tuple[Callable[[], RunContext[Any]], Callable[[Any], None]]
+
+_context: contextvars.ContextVar[_Source | None] = contextvars.ContextVar(
+    "statemachine_run_context", default=None
+)
+"""What builds the context of the run whose task is running, and what counts the
+stats of a sub-agent it runs."""
+
+
+def run_context(
+    builder: Callable[[], RunContext[Any]], on_child_stats: Callable[[Any], None]
+) -> contextvars.Token[Any]:
+    """Make ``builder`` the source of ``current_run_context()`` in this context, and
+    ``on_child_stats`` what ``note_child_stats`` tells."""
+    return _context.set((builder, on_child_stats))
+
+
+def note_child_stats(stats: object) -> bool:
+    """Add a sub-agent's ``RunStats`` to the run calling this code; False outside one."""
+    source = _context.get()
+    if source is None:
+        return False
+    source[1](stats)
+    return True
+
+
+def reset_run_context(token: contextvars.Token[Any]) -> None:
+    """Undo ``run_context`` (the run has ended)."""
+    _context.reset(token)
+
+
+def current_run_context(call: ToolCall | None = None) -> RunContext[Any] | None:
+    """The context of the run calling this code (``None`` outside a run)."""
+    source = _context.get()
+    if source is None:
+        return None
+    context = source[0]()
+    return context if call is None else attrs.evolve(context, tool_call=call)
+
+
+def context_type(annotation: Any) -> tuple[bool, Any]:
+    """Whether ``annotation`` is ``RunContext`` (bare or subscripted), and the deps
+    type it names (``None`` when it names none, or ``Any``)."""
+    if annotation is RunContext:
+        return True, None
+    if typing.get_origin(annotation) is RunContext:
+        (deps,) = typing.get_args(annotation)
+        return True, None if deps is Any else deps
+    return False, None
+
+
+def _first_parameter(fn: Callable[..., Any]) -> inspect.Parameter | None:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return parameters[0] if parameters else None
+
+
+def _annotation(fn: Callable[..., Any], parameter: inspect.Parameter) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unreadable hints: no context asked for
+        return parameter.annotation
+    return hints.get(parameter.name, parameter.annotation)
+
+
+def wants_context(fn: Callable[..., Any]) -> bool:
+    """True if ``fn``'s first parameter is annotated ``RunContext`` (remembered for the
+    hooks a run asks again and again)."""
+    try:
+        return _wants_context(fn)
+    except TypeError:  # an unhashable callable: read it each time
+        return _wants_context.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    first = _first_parameter(fn)
+    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+    return first is not None and context_type(_annotation(target, first))[0]
+
+
+def deps_type_of(fn: Callable[..., Any]) -> Any:
+    """The deps type ``fn``'s first parameter names (``RunContext[T]``), or ``None``."""
+    first = _first_parameter(fn)
+    if first is None:
+        return None
+    return context_type(_annotation(fn, first))[1]
+
+
+def check_deps(deps: object, declared: Sequence[tuple[str, Any]]) -> None:
+    """Refuse ``deps`` that is not of a type a tool declares (``(tool, type)`` pairs)."""
+    for where, expected in declared:
+        if expected is None:
+            continue
+        check = typing.get_origin(expected) or expected
+        if isinstance(check, type) and not isinstance(deps, check):
+            raise UsageError(
+                f"deps: {where} takes {_context_name(expected)}, "
+                f"but deps is a {type(deps).__name__}"
+            )
+
+
+def _context_name(expected: Any) -> str:
+    return f"RunContext[{getattr(expected, '__name__', expected)}]"

@@ -1,0 +1,118 @@
+"""The run's side of a model call: instructions, settings and streamed deltas.
+
+``RunModel`` stands between the executor and the user's ``ModelClient``: at each
+model call it works out the instructions (a string, or a function of the
+``RunContext`` called then), and hands the client one ``CallOptions`` with them, the
+run's ``ModelSettings`` and the listeners that turn streamed fragments into run
+events. A client that does not declare ``options`` is called as before
+(``statemachine.agent.model`` says why, and what is refused up front).
+
+Instructions that raise fail that model call: the run ends ``Failed`` with an
+explanation naming ``InstructionsError`` and what the function raised (the exception
+is the cause of ``RunResult.error``), never a crash of the driver.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+import attrs
+
+from statemachine.agent.context import RunContext
+from statemachine.agent.model import CallOptions, ModelClient, ModelSettings, takes_options
+from statemachine.agent.stream import EventStream
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import AssistantMessage, Message
+from statemachine.core.tools import ToolDefinition
+from statemachine.errors import InstructionsError, InvalidInputError
+
+__all__ = ["Instructions", "InstructionsError", "RunModel", "check_instructions"]
+
+Instructions: TypeAlias = str | Callable[..., Any]
+"""A system prompt: a string, or a function called at each model call with the run's
+``RunContext`` (or with nothing), sync or async, returning a string."""
+
+
+def check_instructions(instructions: object) -> None:
+    if (
+        instructions is not None
+        and not isinstance(instructions, str)
+        and not callable(instructions)
+    ):
+        raise InvalidInputError(
+            "instructions must be a str or a function of the RunContext returning one, "
+            f"got {type(instructions).__name__}"
+        )
+
+
+class RunModel:
+    """A ``ModelClient`` that calls ``client`` with this run's ``CallOptions``."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        instructions: Instructions | None,
+        settings: ModelSettings,
+        stream: EventStream,
+        context: Callable[[], RunContext[Any]],
+    ) -> None:
+        self.client = client
+        self._instructions = instructions
+        self._settings = settings
+        self._stream = stream
+        self._context = context
+        self._with_options = takes_options(client)
+        self._base = CallOptions(
+            instructions=instructions if isinstance(instructions, str) and instructions else None,
+            settings=settings,
+            on_text=stream.text_delta,
+            on_tool_call_delta=stream.tool_call_delta,
+        )
+        # The same options for every call, unless a function gives the instructions.
+        self._fixed = None if callable(instructions) else self._base
+        self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> AssistantMessage:
+        if not self._with_options:
+            return await self.client.complete(messages, tools, signal)
+        options = self._fixed
+        if options is None:  # instructions from a function: asked again at every call
+            options = attrs.evolve(self._base, instructions=await self.instructions())
+        return await self.client.complete(  # type: ignore[call-arg]
+            messages, tools, signal, options=options
+        )
+
+    async def instructions(self) -> str | None:
+        """The instructions of this call (``InstructionsError`` if the function fails)."""
+        given = self._instructions
+        if given is None or isinstance(given, str):
+            return given or None
+        try:
+            value = given(self._context()) if self._function_takes_context else given()
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            raise InstructionsError(
+                f"the instructions function {getattr(given, '__name__', given)!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if value is not None and not isinstance(value, str):
+            raise InstructionsError(
+                f"the instructions function returned a {type(value).__name__}, not a str"
+            )
+        return value or None
+
+
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+    """True if ``fn`` can be called with one positional argument (the context)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
+    )
