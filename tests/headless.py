@@ -13,11 +13,13 @@ RGBA, not interlaced), so that a test can count what was drawn.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -52,7 +54,12 @@ class Browser:
 
     def __init__(self, width: int = 1280, height: int = 1000, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._profile = tempfile.TemporaryDirectory(prefix="statemachine-chromium-")
+        # Chromium's helper processes may still write the profile for a moment after the
+        # browser exits: the group is ended together (close), and what is left of the
+        # profile after that is not worth failing a test for.
+        self._profile = tempfile.TemporaryDirectory(
+            prefix="statemachine-chromium-", ignore_cleanup_errors=True
+        )
         commands_read, self._commands = os.pipe()
         self._replies, replies_write = os.pipe()
         args = [
@@ -78,6 +85,7 @@ class Browser:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, ended whole by close()
         )
         os.close(commands_read)
         os.close(replies_write)
@@ -115,12 +123,14 @@ class Browser:
     def close(self) -> None:
         os.close(self._commands)
         os.close(self._replies)
-        self._process.terminate()
-        try:
-            self._process.wait(10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(10)
+        for signal_number in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal_number)
+            try:
+                self._process.wait(10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         self._profile.cleanup()
 
     # -- the protocol ---------------------------------------------------------------------
