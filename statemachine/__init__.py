@@ -62,6 +62,7 @@ from statemachine.core.errors import (
     TurnLimitExceededError,
     UsageError,
 )
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -110,6 +111,7 @@ __all__ = [
     "TurnStarted",
     "TurnState",
     "UsageError",
+    "UsageLimits",
     "UserMessage",
     "__version__",
     "current_tool_call",

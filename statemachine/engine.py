@@ -36,6 +36,7 @@ from statemachine.core.events import (
     ToolFinished,
     ToolPermitted,
 )
+from statemachine.core.limits import UsageLimitExceededError, UsageLimits
 from statemachine.core.table import TRANSITIONS, Guard, Transition, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 from statemachine.core.trace import Trace
@@ -77,5 +78,7 @@ __all__ = [
     "TransitionRecord",
     "Trigger",
     "TurnState",
+    "UsageLimitExceededError",
+    "UsageLimits",
     "validate_arguments",
 ]

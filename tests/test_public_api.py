@@ -70,6 +70,8 @@ TOP_LEVEL = {
     "ModelFailedError",
     "AbortedError",
     "TurnLimitExceededError",
+    # the run's budget
+    "UsageLimits",
     "__version__",
 }
 

@@ -20,6 +20,7 @@ from statemachine.core.errors import (
     TurnLimitExceededError,
 )
 from statemachine.core.events import InputQueued
+from statemachine.core.limits import UsageLimitExceededError
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolOutput
@@ -126,6 +127,7 @@ class RunStats:
 _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
     TurnState.Aborted: AbortedError,
     TurnState.TurnLimitExceeded: TurnLimitExceededError,
+    TurnState.UsageLimitExceeded: UsageLimitExceededError,
     TurnState.Failed: ModelFailedError,
     TurnState.AwaitingUser: AwaitingUserError,
 }
@@ -155,6 +157,9 @@ class RunResult:
     pending_approvals: tuple[ToolCall, ...] = ()
     queued_input: tuple[InputQueued, ...] = ()
     snapshot: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
+    usage: Usage = attrs.field(factory=Usage, repr=False)
+    """The usage the provider reported on this run's responses, summed (a resumed run's
+    includes what it used before it was suspended; ``turns`` is its request count)."""
 
     @property
     def ok(self) -> bool:

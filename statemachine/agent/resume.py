@@ -28,6 +28,7 @@ from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.errors import InvalidInputError, SnapshotError, UsageError
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
@@ -43,6 +44,7 @@ def resume_run(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    usage_limits: UsageLimits | None = None,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -54,26 +56,25 @@ def resume_run(
     logger: Any = None,
 ) -> AgentRun:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
+    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, from any process).
+    Give ``approvals`` (call id -> True, False, or a ``Deny`` with the person's reason)
+    for every pending call, or a new ``message`` (which answers pending calls "not
+    approved"). ``max_turns`` may raise the limit; ``usage_limits`` replace the run's.
 
-    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, so it may come
-    from another process). Give ``approvals`` (call id -> True, False, or a
-    ``Deny`` with the person's reason) for every pending call, or a new ``message``
-    (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
-
-    Before anything runs, the snapshot is checked against itself
-    (``Engine.restore``: its pending calls must be exactly the unanswered calls of its
-    last assistant message) and, with ``key``, against its signature
-    (``SnapshotSignatureError`` if it is missing or wrong); ``max_snapshot_bytes``
-    bounds its size (default 32 MiB of JSON text). ``tools`` must hold the
-    tool of every call that may run (else ``UsageError`` naming the missing ones), and
-    the calls' arguments must fit those tools' schemas. When calls may run (resuming
-    with ``approvals``), ``before_tool_call`` is asked again about each of them as the
-    run starts, because the snapshot's record of what it allowed could have been
-    edited: if it now denies a call, or requires approval for a call the snapshot
-    marks as permitted, ``run()`` raises ``SnapshotError`` and nothing runs. A run
-    suspended under a ``before_tool_call`` hook must be resumed with one.
+    Before anything runs, the snapshot is checked against itself (``Engine.restore``:
+    its pending calls must be exactly the unanswered calls of its last assistant
+    message) and, with ``key``, against its signature (``SnapshotSignatureError`` if
+    it is missing or wrong); ``max_snapshot_bytes`` bounds its size (default 32 MiB
+    of JSON text). ``tools`` must hold the tool of every call that may run (else
+    ``UsageError`` naming the missing ones), and the calls' arguments must fit those
+    tools' schemas. When calls may run (resuming with ``approvals``),
+    ``before_tool_call`` is asked again about each of them as the run starts, because
+    the snapshot's record of what it allowed could have been edited: if it now denies
+    a call, or requires approval for a call the snapshot marks as permitted, ``run()``
+    raises ``SnapshotError`` and nothing runs. A run suspended under a
+    ``before_tool_call`` hook must be resumed with one.
     """
-    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns)
+    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits)
     events = _resume_events(engine, approvals, message)
     # With a message, every open call is answered "not approved": nothing of the batch
     # runs, and nothing is asked again.
@@ -125,8 +126,10 @@ def _restore(
     key: bytes | str | None,
     max_snapshot_bytes: int,
     max_turns: int | None,
+    usage_limits: UsageLimits | None,
 ) -> Engine:
     """The engine of the suspended run, checked (``resume_run``)."""
+    check_usage_limits(usage_limits)
     snapshot = state.snapshot if isinstance(state, RunResult) else state
     if snapshot is None:
         raise UsageError("only a run that stopped in AwaitingUser can be resumed")
@@ -144,6 +147,8 @@ def _restore(
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         engine.max_turns = max_turns
+    if usage_limits is not None:
+        engine.usage_limits = usage_limits
     return engine
 
 
@@ -252,6 +257,7 @@ async def resume_agent(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    usage_limits: UsageLimits | None = None,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -271,6 +277,7 @@ async def resume_agent(
         approvals=approvals,
         message=message,
         max_turns=max_turns,
+        usage_limits=usage_limits,
         key=key,
         max_snapshot_bytes=max_snapshot_bytes,
         signal=signal,

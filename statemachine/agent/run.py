@@ -43,6 +43,7 @@ from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.table import TurnState
 
@@ -96,6 +97,7 @@ class AgentRun:
         messages: Sequence[Message] = (),
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
+        usage_limits: UsageLimits | None = None,
         signal: AbortSignal | None = None,
         before_tool_call: BeforeToolCall | None = None,
         after_tool_call: AfterToolCall | None = None,
@@ -108,11 +110,14 @@ class AgentRun:
     ) -> None:
         check_tools(tools)
         _check_options(model, grace_period, signal)
+        check_usage_limits(usage_limits)
         base = logger if logger is not None else library_logger()
+        limits = {} if usage_limits is None else {"usage_limits": usage_limits}
         engine = engine_factory(
             tools=[t.definition for t in tools],
             messages=messages,
             max_turns=max_turns,
+            **limits,
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
@@ -298,6 +303,7 @@ class AgentRun:
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
             queued_input=engine.queued_input() + tuple(loop.late_input),
             snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
+            usage=engine.usage,
         )
 
 
@@ -357,6 +363,7 @@ async def run_agent(
     messages: Sequence[Message],
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
+    usage_limits: UsageLimits | None = None,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -380,6 +387,7 @@ async def run_agent(
         messages=messages,
         tools=tools,
         max_turns=max_turns,
+        usage_limits=usage_limits,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,
@@ -399,6 +407,7 @@ def run_agent_sync(
     messages: Sequence[Message],
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
+    usage_limits: UsageLimits | None = None,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -432,6 +441,7 @@ def run_agent_sync(
         messages=messages,
         tools=tools,
         max_turns=max_turns,
+        usage_limits=usage_limits,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,

@@ -78,11 +78,13 @@ from statemachine.core.events import (
     ToolPermitted,
 )
 from statemachine.core.inputs import check_history, check_tool_definitions
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
     ToolCall,
+    Usage,
     checked_result,
 )
 from statemachine.core.queue import InputQueue
@@ -190,6 +192,7 @@ class Engine:
     _tools_by_name: dict[str, ToolDefinition]
     _scheduling: dict[str, Scheduling]
     max_turns: int
+    usage_limits: UsageLimits | None
     check_permissions: bool
     check_continue: bool
     run_id: str
@@ -204,6 +207,7 @@ class Engine:
     # control
     _state: TurnState
     turns: int
+    usage: Usage  # what the provider reported on this run's responses, summed
     abort_reason: str | None
     _abort_context: str  # where the abort found the run, for the explanation
     _abandoned: list[str]  # operations the driver gave up on, still running
@@ -223,6 +227,7 @@ class Engine:
         tools: Sequence[ToolDefinition],
         messages: Sequence[Message],
         max_turns: int = 8,
+        usage_limits: UsageLimits | None = None,
         check_permissions: bool = False,
         check_continue: bool = False,
         scheduling: Mapping[str, Scheduling] | None = None,
@@ -236,6 +241,7 @@ class Engine:
             tools=check_tool_definitions(tools),
             history=check_history(messages),
             max_turns=max_turns,
+            usage_limits=check_usage_limits(usage_limits),
             check_permissions=check_permissions,
             check_continue=check_continue,
             scheduling=scheduling,
@@ -251,6 +257,7 @@ class Engine:
         tools: tuple[ToolDefinition, ...],
         history: list[Message],
         max_turns: int,
+        usage_limits: UsageLimits | None,
         check_permissions: bool,
         check_continue: bool,
         scheduling: Mapping[str, Scheduling] | None,
@@ -264,6 +271,7 @@ class Engine:
         self._tools_by_name = {d.name: d for d in tools}
         self._scheduling = dict(scheduling or {})
         self.max_turns = max_turns
+        self.usage_limits = usage_limits
         self.check_permissions = check_permissions
         self.check_continue = check_continue
         self.run_id = run_id
@@ -278,6 +286,7 @@ class Engine:
         }
         self._state = initial
         self.turns = 0
+        self.usage = Usage()
         self.abort_reason = None
         self._abort_context = ""
         self._abandoned = []
@@ -427,8 +436,11 @@ class Engine:
             self.abort_reason = event.reason
 
     def _record_response(self, message: AssistantMessage) -> None:
-        """The assistant message enters history first (rule 1); its calls open a batch."""
+        """The assistant message enters history first (rule 1); its calls open a batch.
+        The usage it reports is added to the run's (none: zero tokens)."""
         self._model_outstanding = False
+        if message.usage is not None:
+            self.usage = self.usage + message.usage
         message = self._normalise_ids(message)
         self._history.append(message)
         self._batch = Batch(message.tool_calls)
@@ -590,6 +602,10 @@ class Engine:
     def _guard_turn_limit_reached(self) -> bool:
         return self.turns >= self.max_turns
 
+    def _guard_usage_limit_reached(self) -> bool:
+        limits = self.usage_limits
+        return limits is not None and limits.reached(self.usage, self.turns) is not None
+
     def _guard_nothing_outstanding(self) -> bool:
         return not self._model_outstanding and not self._batch.any_with(RUNNING)
 
@@ -679,6 +695,16 @@ class Engine:
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
         self._finish(explain.turn_limit(self.max_turns, last_result, len(self._queue)))
+
+    def _enter_UsageLimitExceeded(self, source: TurnState) -> None:
+        assert self.usage_limits is not None  # the guard that leads here says so
+        reached = self.usage_limits.reached(self.usage, self.turns)
+        assert reached is not None
+        slots = self._batch.slots
+        last_result = slots[-1].result if slots else None
+        self._finish(
+            explain.usage_limit(reached, self.usage, self.turns, last_result, len(self._queue))
+        )
 
     def _enter_AwaitingUser(self, source: TurnState) -> None:
         pending = self.pending_approvals()
@@ -824,8 +850,10 @@ class Engine:
             self._state,
             self.turns,
             self.max_turns,
+            self.usage_limits,
             self.check_permissions,
             self.check_continue,
+            self.usage,
             self.abort_reason,
             self._abort_context,
             tuple(self._abandoned),
@@ -927,6 +955,7 @@ CONFIGURATION: Final = frozenset(
         "_tools_by_name",
         "_scheduling",
         "max_turns",
+        "usage_limits",
         "check_permissions",
         "check_continue",
         "run_id",

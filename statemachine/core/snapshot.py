@@ -53,6 +53,7 @@ from statemachine.core.errors import (
     WireFormatError,
 )
 from statemachine.core.invariants import history_violations
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
     AssistantMessage,
     ToolCall,
@@ -64,7 +65,13 @@ from statemachine.core.queue import InputQueue
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.trace import Trace, TransitionRecord
-from statemachine.core.wire import block_from_dict, message_from_dict, message_to_dict
+from statemachine.core.wire import (
+    block_from_dict,
+    message_from_dict,
+    message_to_dict,
+    usage_from_dict,
+    usage_to_dict,
+)
 
 if TYPE_CHECKING:
     from statemachine.core.engine import Engine, TransitionHook
@@ -112,9 +119,11 @@ def write(engine: Engine) -> dict[str, Any]:
         "runId": engine.run_id,
         "state": engine.state.value,
         "maxTurns": engine.max_turns,
+        "usageLimits": None if engine.usage_limits is None else engine.usage_limits.to_dict(),
         "checkPermissions": engine.check_permissions,
         "checkContinue": engine.check_continue,
         "turns": engine.turns,
+        "usage": usage_to_dict(engine.usage),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
             for d in engine.tools
@@ -212,6 +221,7 @@ def _load(
         tools=tools,
         history=history,
         max_turns=integer(data, "maxTurns", p, minimum=1),
+        usage_limits=_limits_from(data.get("usageLimits")),
         check_permissions=boolean(data, "checkPermissions", p),
         check_continue=boolean(data, "checkContinue", p),
         scheduling=scheduling,
@@ -227,6 +237,8 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     """The fields a run changes as it goes: counters, batch, queues, flags, the log."""
     p = "snapshot"
     engine.turns = integer(data, "turns", p, minimum=0)
+    if "usage" in data:  # absent from snapshots written before usage was counted
+        engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
@@ -246,6 +258,12 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     engine.trace = Trace(
         _record_from(r, f"snapshot.trace[{i}]") for i, r in enumerate(array(data, "trace", p))
     )
+
+
+def _limits_from(value: object) -> UsageLimits | None:
+    if value is None:  # null, or absent from snapshots written before usage limits
+        return None
+    return UsageLimits.from_dict(value, "snapshot.usageLimits")
 
 
 def _denial_from(batch: Batch, value: object) -> tuple[ToolCall, str] | None:
@@ -446,9 +464,11 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "runId",
         "state",
         "maxTurns",
+        "usageLimits",
         "checkPermissions",
         "checkContinue",
         "turns",
+        "usage",
         "tools",
         "messages",
         "batch",

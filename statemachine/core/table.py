@@ -65,6 +65,16 @@ the tool executions it triggers::
      the explanation.
    - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work (tool
      results to read, or queued input) and would need another call; I7 forbids it.
+   - ``usage_limit_reached`` -> ``UsageLimitExceeded``. The run's ``UsageLimits``
+     (model requests, input, output or total tokens, as the provider reported them
+     on each response) are reached, so the next call would exceed them; I7 forbids
+     it too. It comes after the turn limit: both stop the same call for the same
+     kind of reason, and the turn limit is the bound every run has and that depends
+     on nothing a provider reports, so a run that reaches both is explained by the
+     exact one (and runs without usage limits end exactly as before). It comes after
+     a denial and a stop for the same reasons as the turn limit does: a person must
+     hear of a denial, and a stop asked by the hook is the user's own, more specific
+     decision.
    - otherwise -> ``AwaitingModel``, with queued input injected.
 
 8. **Approvals suspend the run.** When a call needs a person's approval, the other
@@ -86,10 +96,10 @@ the tool executions it triggers::
 10. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
     with an assistant message of stop reason ``error``; the engine does not retry.
 11. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
-    ``TurnLimitExceeded`` and ``Failed`` accept any event and change nothing, so a
-    late report from a straggling task can never corrupt a finished run. Each carries
-    an explanation a person can read. Input still queued when a run ends is not
-    dropped: it is reported with the result.
+    ``TurnLimitExceeded``, ``UsageLimitExceeded`` and ``Failed`` accept any event and
+    change nothing, so a late report from a straggling task can never corrupt a
+    finished run. Each carries an explanation a person can read. Input still queued
+    when a run ends is not dropped: it is reported with the result.
 12. **Everything else is refused.** An event whose trigger has no row from the
     current state, or whose payload does not fit (a result for an unknown call, a
     second result for one call), raises ``ProtocolError`` and leaves the state,
@@ -158,6 +168,7 @@ class TurnState(enum.StrEnum):
     Aborted = "Aborted"
     TurnLimitExceeded = "TurnLimitExceeded"
     Failed = "Failed"
+    UsageLimitExceeded = "UsageLimitExceeded"
 
     @property
     def is_terminal(self) -> bool:
@@ -207,6 +218,7 @@ class Guard(enum.StrEnum):
     denied_by_policy = "denied_by_policy"
     stop_requested = "stop_requested"
     turn_limit_reached = "turn_limit_reached"
+    usage_limit_reached = "usage_limit_reached"
     nothing_outstanding = "nothing_outstanding"
 
 
@@ -275,7 +287,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
     # -- the turn boundary: queued input, the should_continue hook, limits -------------------
     # Order matters: a policy denial wins (a person must hear of it whatever else
-    # holds), then a stop asked by should_continue, then the turn limit (I7).
+    # holds), then a stop asked by should_continue, then the turn limit, then the
+    # usage limits (I7; rule 7 says why).
     Transition(S.TurnBoundary, T.continue_decided, S.TurnBoundary, None,
                "should_continue answered"),
     _queue(S.TurnBoundary),
@@ -285,6 +298,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "should_continue said stop"),
     Transition(S.TurnBoundary, T.next_turn, S.TurnLimitExceeded, G.turn_limit_reached,
                "turn limit reached with work asked for"),
+    Transition(S.TurnBoundary, T.next_turn, S.UsageLimitExceeded, G.usage_limit_reached,
+               "usage limit reached with work asked for"),
     Transition(S.TurnBoundary, T.next_turn, S.AwaitingModel, None,
                "inject queued input; call the model"),
     Transition(S.TurnBoundary, T.abort, S.Aborted, None, "abort at the turn boundary"),
@@ -314,7 +329,9 @@ INITIAL: TurnState = S.Ready
 """Where every run starts. The first row of ``TRANSITIONS`` starts from it, because
 the diagrams read a table's start from its first row."""
 
-TERMINAL: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
+TERMINAL: frozenset[TurnState] = frozenset(
+    {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed, S.UsageLimitExceeded}
+)
 """States that end a run."""
 
 ABSORBING: frozenset[TurnState] = TERMINAL
@@ -345,8 +362,8 @@ STATE_DOCS: Mapping[TurnState, str] = {
         "results are being collected"
     ),
     S.TurnBoundary: (
-        "the batch is answered: queued input is injected, should_continue and the turn "
-        "limit are checked"
+        "the batch is answered: queued input is injected, should_continue, the turn "
+        "limit and the usage limits are checked"
     ),
     S.Aborting: "an abort was asked; started work is finishing its cleanup",
     S.AwaitingUser: (
@@ -356,6 +373,9 @@ STATE_DOCS: Mapping[TurnState, str] = {
     S.Aborted: "the run was aborted; every started tool call has a result",
     S.TurnLimitExceeded: "the turn limit was reached with work still asked for",
     S.Failed: "the provider failed; the history ends with an error assistant message",
+    S.UsageLimitExceeded: (
+        "a usage limit (requests or tokens) was reached with work still asked for"
+    ),
 }
 
 TRIGGER_DOCS: Mapping[Trigger, str] = {

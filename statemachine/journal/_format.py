@@ -20,6 +20,7 @@ from typing import Any, Final
 import attrs
 
 from statemachine.core.engine import Engine
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.wire import (
@@ -104,9 +105,23 @@ def _needs_functions(options: Mapping[str, Any]) -> list[str]:
     )
 
 
+def _encode_usage_limits(value: UsageLimits | None) -> dict[str, int] | None:
+    return None if value is None else value.to_dict()
+
+
+def _decode_usage_limits(value: Any, path: str) -> UsageLimits | None:
+    if value is None:
+        return None
+    try:
+        return UsageLimits.from_dict(value, path)
+    except InvalidInputError as exc:
+        raise WireFormatError(str(exc)) from None
+
+
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "check_continue": (lambda v: v, _decode_flag),
+    "usage_limits": (_encode_usage_limits, _decode_usage_limits),
 }
 _HEADER_KEYS: Final = frozenset(
     {"format", "version", "runId", "maxTurns", "checkPermissions", "tools", "messages", "options"}
