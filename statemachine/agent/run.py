@@ -378,7 +378,9 @@ async def run_agent(
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
     before any model call for an invalid history, duplicate tool names or bad
-    arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
+    arguments. ``usage_limits`` (a ``UsageLimits``) is checked before each further
+    model call: a run that reached one ends ``UsageLimitExceeded``. For steering,
+    abort by handle, or the event stream, use ``AgentRun``.
     ``engine_factory`` (called with ``Engine``'s keyword arguments) lets a caller run
     an ``Engine`` subclass, e.g. ``functools.partial(JournalingEngine, journal=j)``.
     """

@@ -177,6 +177,8 @@ class Engine:
     absent from it runs concurrently with everything). ``check_permissions`` makes
     every valid call wait for ``ToolPermitted``/``ToolDenied``/``ApprovalRequired``;
     ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
+    ``usage_limits`` (``core/limits.py``) ends the run ``UsageLimitExceeded`` at a turn
+    boundary where the usage its responses reported (``usage``) has reached a limit.
     ``transition_hook`` (``TransitionHook``) sees every trigger the engine fires.
 
     The fields below are every attribute an engine holds, by role (a test fails for
