@@ -37,6 +37,7 @@ from statemachine.core.events import (
     ToolPermitted,
 )
 from statemachine.core.limits import UsageLimitExceededError, UsageLimits
+from statemachine.core.output import OutputInvalidError, OutputSpec
 from statemachine.core.table import TRANSITIONS, Guard, Transition, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 from statemachine.core.trace import Trace
@@ -62,6 +63,8 @@ __all__ = [
     "ModelCancelled",
     "ModelFailed",
     "ModelResponded",
+    "OutputInvalidError",
+    "OutputSpec",
     "RunEnded",
     "Scheduling",
     "Start",

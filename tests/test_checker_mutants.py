@@ -21,6 +21,7 @@ from statemachine.core import table as _table
 from statemachine.core.table import Guard, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
 from statemachine.testing import _reference
+from statemachine.testing._space import OUTPUT as OUTPUT_SPEC
 from statemachine.testing._space import RESPONSE_USAGE, USAGE_LIMITS
 from statemachine.testing.checker import Bounds, CheckReport, Config, check_engine
 
@@ -38,6 +39,18 @@ HOOKED = attrs.evolve(PLAIN, configs=(Config({"check_permissions": True, "check_
 # boundary the usage limit may hold alone, or together with the turn limit.
 USAGE = attrs.evolve(
     PLAIN, configs=(Config({"usage_limits": USAGE_LIMITS}, usages=(None, RESPONSE_USAGE)),)
+)
+# Two calls per response: a valid and an invalid final result may come together, so a
+# valid result meets spent retries at one boundary.
+OUTPUT = attrs.evolve(
+    PLAIN,
+    calls=2,
+    configs=(
+        Config(
+            {"output": OUTPUT_SPEC, "check_continue": True},
+            call_kinds=("ok", "final_ok", "final_bad"),
+        ),
+    ),
 )
 HOOKED_USAGE = attrs.evolve(
     PLAIN,
@@ -152,6 +165,22 @@ MUTANTS: dict[str, tuple[Edit, Bounds]] = {
     "usage limit wins over a policy denial": (
         swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.usage_limit_reached),
         HOOKED_USAGE,
+    ),
+    "output retries win over a valid final result": (
+        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.output_retries_exhausted),
+        OUTPUT,
+    ),
+    "the turn limit wins over a valid final result": (
+        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.turn_limit_reached),
+        OUTPUT,
+    ),
+    "final text where a final result is required ends Done": (
+        redirect(S.AwaitingModel, T.model_responded, G.output_missing, S.Done),
+        OUTPUT,
+    ),
+    "spent output retries end Failed": (
+        redirect(S.TurnBoundary, T.next_turn, G.output_retries_exhausted, S.Failed),
+        OUTPUT,
     ),
     "usage limit ends Done": (
         redirect(S.TurnBoundary, T.next_turn, G.usage_limit_reached, S.Done),
@@ -300,8 +329,8 @@ def test_the_checker_fails_a_table_mutant(name: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "bounds",
-    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE],
-    ids=["plain", "continue", "hooked", "usage", "hooked-usage"],
+    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT],
+    ids=["plain", "continue", "hooked", "usage", "hooked-usage", "output"],
 )
 def test_the_real_table_passes_the_mutants_bounds(bounds: Bounds) -> None:
     # So every finding above is the mutant's, not the bounds'.

@@ -7,9 +7,10 @@ did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias
 
 import attrs
+from typing_extensions import TypeVar
 
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.errors import (
@@ -22,6 +23,7 @@ from statemachine.core.errors import (
 from statemachine.core.events import InputQueued
 from statemachine.core.limits import UsageLimitExceededError
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
+from statemachine.core.output import OutputInvalidError
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolOutput
 
@@ -128,6 +130,7 @@ _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
     TurnState.Aborted: AbortedError,
     TurnState.TurnLimitExceeded: TurnLimitExceededError,
     TurnState.UsageLimitExceeded: UsageLimitExceededError,
+    TurnState.OutputInvalid: OutputInvalidError,
     TurnState.Failed: ModelFailedError,
     TurnState.AwaitingUser: AwaitingUserError,
 }
@@ -140,9 +143,18 @@ def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
     return None if error_type is None else error_type(explanation)
 
 
+OutputT = TypeVar("OutputT", default=Any)
+"""The type of ``RunResult.output``: the run's ``output_type`` (``Any`` when unsaid)."""
+
+
 @attrs.frozen
-class RunResult:
-    """How a run ended: its state, the whole history, and why."""
+class RunResult(Generic[OutputT]):
+    """How a run ended: its state, the whole history, and why.
+
+    ``output`` is the run's structured output: with an ``output_type``, the validated
+    arguments of the model's ``final_result`` call as that type, once the run is
+    ``Done``; ``None`` otherwise. ``RunResult[T]`` types it for mypy.
+    """
 
     # The history, the log and the snapshot grow with the run: they are left out of
     # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
@@ -158,6 +170,7 @@ class RunResult:
     queued_input: tuple[InputQueued, ...] = ()
     snapshot: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
     usage: Usage = attrs.field(factory=Usage, repr=False)
+    output: OutputT | None = None
     """The usage the provider reported on this run's responses, summed (a resumed run's
     includes what it used before it was suspended; ``turns`` is its request count)."""
 
@@ -174,7 +187,7 @@ class RunResult:
                 return message.text
         return ""
 
-    def raise_for_state(self) -> RunResult:
+    def raise_for_state(self) -> RunResult[OutputT]:
         """Raise ``error`` unless the run is ``Done``; return self otherwise."""
         if self.error is not None:
             raise self.error

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from statemachine.agent.calls import call_hook, describe
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import OutputT, RunResult
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -22,6 +22,7 @@ from statemachine.agent.hooks import (
     TransformContext,
 )
 from statemachine.agent.model import ModelClient
+from statemachine.agent.output import compile_output
 from statemachine.agent.run import DEFAULT_GRACE_PERIOD, AgentRun, check_tools, continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
@@ -30,6 +31,7 @@ from statemachine.core.errors import InvalidInputError, SnapshotError, UsageErro
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
 
@@ -45,6 +47,8 @@ def resume_run(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -54,35 +58,33 @@ def resume_run(
     transform_context: TransformContext | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
-) -> AgentRun:
-    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
-    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, from any process).
-    Give ``approvals`` (call id -> True, False, or a ``Deny`` with the person's reason)
-    for every pending call, or a new ``message`` (which answers pending calls "not
-    approved"). ``max_turns`` may raise the limit; ``usage_limits`` replace the run's.
+) -> AgentRun[OutputT]:
+    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``. ``state`` is
+    the ``RunResult`` or its ``snapshot``; give ``approvals`` (call id -> True, False or
+    ``Deny(reason)``) for every pending call, or a new ``message`` (pending calls are then
+    "not approved"). ``max_turns`` may raise the limit; ``usage_limits``, ``output_type``,
+    ``output_retries`` replace the run's (give the type again for a typed output).
 
     Before anything runs, the snapshot is checked against itself (``Engine.restore``:
     its pending calls must be exactly the unanswered calls of its last assistant
-    message) and, with ``key``, against its signature (``SnapshotSignatureError`` if
-    it is missing or wrong); ``max_snapshot_bytes`` bounds its size (default 32 MiB
-    of JSON text). ``tools`` must hold the tool of every call that may run (else
-    ``UsageError`` naming the missing ones), and the calls' arguments must fit those
-    tools' schemas. When calls may run (resuming with ``approvals``),
-    ``before_tool_call`` is asked again about each of them as the run starts, because
-    the snapshot's record of what it allowed could have been edited: if it now denies
-    a call, or requires approval for a call the snapshot marks as permitted, ``run()``
-    raises ``SnapshotError`` and nothing runs. A run suspended under a
-    ``before_tool_call`` hook must be resumed with one.
+    message) and, with ``key``, against its signature (``SnapshotSignatureError``);
+    ``max_snapshot_bytes`` bounds its size (default 32 MiB of JSON text). ``tools``
+    must hold the tool of every call that may run (else ``UsageError``), and the
+    calls' arguments must fit their schemas. ``before_tool_call`` is asked again about
+    each call that may run, as the run starts (the snapshot could have been edited):
+    if it now denies one, or requires approval for one marked permitted, ``run()``
+    raises ``SnapshotError`` and nothing runs (so a hooked run is resumed with it).
     """
     engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits)
+    engine.output = _output_spec(engine, output_type, output_retries)
     events = _resume_events(engine, approvals, message)
-    # With a message, every open call is answered "not approved": nothing of the batch
-    # runs, and nothing is asked again.
     recheck = [] if message is not None else _may_run(engine, events, tools, before_tool_call)
     run = continue_run(
         _ResumedRun,
         engine,
         events,
+        output_type=output_type,
+        output_retries=output_retries,
         model=model,
         tools=tools,
         signal=signal,
@@ -96,6 +98,12 @@ def resume_run(
     if before_tool_call is not None and recheck:
         run.ask_again(before_tool_call, recheck)
     return run
+
+
+def _output_spec(engine: Engine, output_type: object, output_retries: int) -> OutputSpec | None:
+    """The final-result tool of the resumed run: the snapshot's, or ``output_type``'s."""
+    output = compile_output(output_type, output_retries)
+    return engine.output if output is None else output.spec
 
 
 def _may_run(
@@ -258,6 +266,8 @@ async def resume_agent(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -267,7 +277,7 @@ async def resume_agent(
     transform_context: TransformContext | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
     logger: Any = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs)."""
     run = resume_run(
@@ -278,6 +288,8 @@ async def resume_agent(
         message=message,
         max_turns=max_turns,
         usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         key=key,
         max_snapshot_bytes=max_snapshot_bytes,
         signal=signal,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from statemachine._log import library_logger
-from statemachine.agent.events import RunEvent, RunResult, run_error
+from statemachine.agent.events import OutputT, RunEvent, RunResult, run_error
 from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import (
@@ -37,6 +37,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.loop import ActionLoop, Executor, Inbox
 from statemachine.agent.model import ModelClient
+from statemachine.agent.output import Output, compile_output
 from statemachine.agent.stream import EventStream
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
@@ -45,6 +46,7 @@ from statemachine.core.errors import InvalidInputError, UsageError
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, UserMessage
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 
 __all__ = [
@@ -61,7 +63,10 @@ DEFAULT_GRACE_PERIOD = 1.0
 """Seconds an aborted operation is given to finish its cleanup before cancellation."""
 
 
-def _check_options(model: ModelClient, grace_period: float, signal: AbortSignal | None) -> None:
+def _check_options(
+    model: ModelClient, tools: Sequence[Tool], grace_period: float, signal: AbortSignal | None
+) -> None:
+    check_tools(tools)
     if not callable(getattr(model, "complete", None)):
         raise InvalidInputError("model must have an async complete(messages, tools, signal)")
     if (
@@ -74,7 +79,7 @@ def _check_options(model: ModelClient, grace_period: float, signal: AbortSignal 
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
 
 
-class AgentRun:
+class AgentRun(Generic[OutputT]):
     """One run of the loop, with a handle for steering, aborting and watching it.
 
     ``await AgentRun(...).run()`` is ``run_agent(...)``. Before or while it runs:
@@ -98,6 +103,8 @@ class AgentRun:
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
         usage_limits: UsageLimits | None = None,
+        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
         signal: AbortSignal | None = None,
         before_tool_call: BeforeToolCall | None = None,
         after_tool_call: AfterToolCall | None = None,
@@ -108,28 +115,26 @@ class AgentRun:
         run_id: str | None = None,
         engine_factory: Callable[..., Engine] = Engine,
     ) -> None:
-        check_tools(tools)
-        _check_options(model, grace_period, signal)
-        check_usage_limits(usage_limits)
+        _check_options(model, tools, grace_period, signal)
+        output = compile_output(output_type, output_retries)
         base = logger if logger is not None else library_logger()
-        limits = {} if usage_limits is None else {"usage_limits": usage_limits}
         engine = engine_factory(
             tools=[t.definition for t in tools],
             messages=messages,
             max_turns=max_turns,
-            **limits,
+            **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
             run_id=run_id or uuid.uuid4().hex[:12],
             logger=base,
         )
-        # Hooks are code: they do not travel in a snapshot, so a restored engine
-        # (``continue_run``) asks the hooks that this run has.
+        # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
         engine.check_permissions = before_tool_call is not None
         engine.check_continue = should_continue is not None
         self.engine = engine
         self.run_id = engine.run_id
+        self._output = output or Output.untyped(engine.output)
         self._model = model
         self._tools = {t.name: t for t in tools}
         self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
@@ -149,10 +154,10 @@ class AgentRun:
         self._loop_thread = 0
         self._early: list[Event] = []  # input and aborts before run() started
         self._started = False
-        self._outcome: RunResult | None = None
+        self._outcome: RunResult[OutputT] | None = None
 
     @property
-    def result(self) -> RunResult | None:
+    def result(self) -> RunResult[OutputT] | None:
         """How the run ended, once ``run()`` has returned or raised (a
         ``KeyboardInterrupt`` or ``SystemExit`` from a tool, client or hook, or the
         caller's cancellation); ``None`` before."""
@@ -212,7 +217,7 @@ class AgentRun:
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def run(self) -> RunResult:
+    async def run(self) -> RunResult[OutputT]:
         """Drive the run to a terminal state or ``AwaitingUser``; never raises for
         how it ends (see ``RunResult``), only a ``KeyboardInterrupt`` or
         ``SystemExit`` raised under it, once the run is closed (module docstring)."""
@@ -284,16 +289,17 @@ class AgentRun:
         loop.controller.abort(reason)
         loop.handle(AbortRequested(reason))
 
-    def _result(self, loop: ActionLoop) -> RunResult:
+    def _result(self, loop: ActionLoop) -> RunResult[OutputT]:
         engine = self.engine
         state = engine.state
         explanation = engine.explanation or ""
         error = run_error(state, explanation)
         if error is not None and state is TurnState.Failed:
             error.__cause__ = loop.model_exception
+        result_messages = tuple(engine.messages)
         return RunResult(
             state=state,
-            messages=tuple(engine.messages),
+            messages=result_messages,
             error=error,
             turns=engine.turns,
             explanation=explanation,
@@ -304,7 +310,21 @@ class AgentRun:
             queued_input=engine.queued_input() + tuple(loop.late_input),
             snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
             usage=engine.usage,
+            output=self._output.value(result_messages, engine.output_call)
+            if self._output is not None and state is TurnState.Done
+            else None,
         )
+
+
+def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:
+    """The engine options of a run's budget, given only when set (so that an
+    ``engine_factory`` written before them still works for runs without them)."""
+    options: dict[str, Any] = {}
+    if check_usage_limits(usage_limits) is not None:
+        options["usage_limits"] = usage_limits
+    if output is not None:
+        options["output"] = output.spec
+    return options
 
 
 ExecutorFactory = Callable[..., Executor]
@@ -364,6 +384,8 @@ async def run_agent(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -373,7 +395,7 @@ async def run_agent(
     logger: Any = None,
     run_id: str | None = None,
     engine_factory: Callable[..., Engine] = Engine,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
@@ -390,6 +412,8 @@ async def run_agent(
         tools=tools,
         max_turns=max_turns,
         usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,
@@ -410,6 +434,8 @@ def run_agent_sync(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -419,16 +445,13 @@ def run_agent_sync(
     logger: Any = None,
     run_id: str | None = None,
     engine_factory: Callable[..., Engine] = Engine,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """``run_agent`` for code without an event loop (same keyword arguments).
-
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
     raises ``KeyboardInterrupt``), except that it never waits for what the run has
-    abandoned: ``asyncio.run`` would wait for every leftover task and every executor
-    thread, so a tool that ignores cancellation, or a sync tool blocked in its
-    thread, would hold it forever. Such a thread keeps running after the return (a
-    thread cannot be interrupted), and the interpreter waits for it when it exits.
-    """
+    abandoned (a tool that ignores cancellation, a sync tool blocked in its thread):
+    such a thread keeps running after the return, and the interpreter waits for it
+    when it exits."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -444,6 +467,8 @@ def run_agent_sync(
         tools=tools,
         max_turns=max_turns,
         usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,

@@ -18,6 +18,8 @@ __all__ = [
     "denied_by_policy",
     "failed",
     "final_answer",
+    "output_accepted",
+    "output_invalid",
     "stopped_by_hook",
     "turn_limit",
     "usage_limit",
@@ -112,6 +114,19 @@ def usage_limit(
         f"{requests} request(s), {prompt} input, {usage.output} output, "
         f"{usage.total_tokens} total tokens. Last operation: {operation}. To continue, "
         "run again on this history with higher usage_limits."
+    )
+
+
+def output_accepted(call_id: str) -> str:
+    return f"The model gave its final result (call {call_id}); it is the run's output."
+
+
+def output_invalid(retries: int, failures: int, error: str | None) -> str:
+    """No valid final result within the retries; ``error``: why the last one failed."""
+    return (
+        f"Stopped: the model gave no valid final result in {failures} attempt(s) "
+        f"(output_retries={retries}). Last error: {_short(error or 'unknown')}. Run again "
+        "with a clearer task or instructions, or a larger output_retries."
     )
 
 

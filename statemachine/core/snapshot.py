@@ -61,6 +61,7 @@ from statemachine.core.messages import (
     UserMessage,
     thaw_json,
 )
+from statemachine.core.output import OUTPUT_ACCEPTED, OutputSpec
 from statemachine.core.queue import InputQueue
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
@@ -120,6 +121,11 @@ def write(engine: Engine) -> dict[str, Any]:
         "state": engine.state.value,
         "maxTurns": engine.max_turns,
         "usageLimits": None if engine.usage_limits is None else engine.usage_limits.to_dict(),
+        "output": None if engine.output is None else engine.output.to_dict(),
+        "outputCall": engine.output_call,
+        "outputFailures": engine._output_failures,
+        "outputError": engine._output_error,
+        "outputRemind": engine._output_remind,
         "checkPermissions": engine.check_permissions,
         "checkContinue": engine.check_continue,
         "turns": engine.turns,
@@ -222,6 +228,9 @@ def _load(
         history=history,
         max_turns=integer(data, "maxTurns", p, minimum=1),
         usage_limits=_limits_from(data.get("usageLimits")),
+        output=None
+        if data.get("output") is None
+        else OutputSpec.from_dict(data["output"], "snapshot.output"),
         check_permissions=boolean(data, "checkPermissions", p),
         check_continue=boolean(data, "checkContinue", p),
         scheduling=scheduling,
@@ -237,6 +246,11 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     """The fields a run changes as it goes: counters, batch, queues, flags, the log."""
     p = "snapshot"
     engine.turns = integer(data, "turns", p, minimum=0)
+    if "outputFailures" in data:  # absent from snapshots written before output types
+        engine.output_call = string(data, "outputCall", p, optional=True)
+        engine._output_failures = integer(data, "outputFailures", p, minimum=0)
+        engine._output_error = string(data, "outputError", p, optional=True)
+        engine._output_remind = boolean(data, "outputRemind", p)
     if "usage" in data:  # absent from snapshots written before usage was counted
         engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
     slots = [
@@ -443,6 +457,15 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
     if state in RETURNS_TO_CALLER and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
+    if engine.output_call is not None and not any(
+        isinstance(m, ToolResultMessage)
+        and m.tool_call_id == engine.output_call
+        and engine.output is not None
+        and m.tool_name == engine.output.name
+        and m.text == OUTPUT_ACCEPTED
+        for m in engine._history
+    ):
+        raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
     if engine.abort_reason is not None and state is not S.Aborted:
         raise SnapshotError(f"snapshot.abortReason: set, but the run is {state}")
     if engine._denial is not None:
@@ -465,6 +488,11 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "state",
         "maxTurns",
         "usageLimits",
+        "output",
+        "outputCall",
+        "outputFailures",
+        "outputError",
+        "outputRemind",
         "checkPermissions",
         "checkContinue",
         "turns",

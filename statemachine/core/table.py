@@ -63,6 +63,13 @@ the tool executions it triggers::
      over everything else because the person must hear of it either way.
    - ``stop_requested`` -> ``Done``: ``should_continue`` asked to stop; its reason is
      the explanation.
+   - ``output_accepted`` -> ``Done``: a final-result call of this batch validated
+     (rule 13); the model has given what the run asked for, so no limit matters (they
+     forbid a *further* call, and none is needed). After a denial and a stop, which
+     are a person's and the hook's own decisions.
+   - ``output_retries_exhausted`` -> ``OutputInvalid``: the model failed to give a
+     valid final result once more than ``retries`` allows (rule 13). Before the limits:
+     it is the more specific reason, and calling again would only spend more.
    - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work (tool
      results to read, or queued input) and would need another call; I7 forbids it.
    - ``usage_limit_reached`` -> ``UsageLimitExceeded``. The run's ``UsageLimits``
@@ -96,14 +103,24 @@ the tool executions it triggers::
 10. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
     with an assistant message of stop reason ``error``; the engine does not retry.
 11. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
-    ``TurnLimitExceeded``, ``UsageLimitExceeded`` and ``Failed`` accept any event and
-    change nothing, so a late report from a straggling task can never corrupt a
-    finished run. Each carries an explanation a person can read. Input still queued
-    when a run ends is not dropped: it is reported with the result.
+    ``TurnLimitExceeded``, ``UsageLimitExceeded``, ``OutputInvalid`` and ``Failed``
+    accept any event and change nothing, so a late report from a straggling task can
+    never corrupt a finished run. Each carries an explanation a person can read.
+    Input still queued when a run ends is not dropped: it is reported with the result.
 12. **Everything else is refused.** An event whose trigger has no row from the
     current state, or whose payload does not fit (a result for an unknown call, a
     second result for one call), raises ``ProtocolError`` and leaves the state,
     history and transition log exactly as they were (I8).
+13. **Structured output.** A run with an output type offers one more tool,
+    ``final_result``, whose parameters are the output's JSON Schema; the engine
+    answers its calls itself in ``DispatchingTools`` (no permission hook, no driver):
+    the first call whose arguments validate is the output, answered "Final result
+    accepted." (I1), and the turn boundary ends the run ``Done`` once the batch is
+    answered (rule 7). Arguments that fail the schema are answered with an error
+    result naming the problems; a final text answer (``output_missing``) goes to the
+    turn boundary instead of ``Done``, and the next model call is preceded by a user
+    message asking for the tool. Each such attempt spends one retry; past the budget
+    the run ends ``OutputInvalid``, naming the last validation error.
 
 Theory of operation
 ===================
@@ -169,6 +186,7 @@ class TurnState(enum.StrEnum):
     TurnLimitExceeded = "TurnLimitExceeded"
     Failed = "Failed"
     UsageLimitExceeded = "UsageLimitExceeded"
+    OutputInvalid = "OutputInvalid"
 
     @property
     def is_terminal(self) -> bool:
@@ -219,6 +237,9 @@ class Guard(enum.StrEnum):
     stop_requested = "stop_requested"
     turn_limit_reached = "turn_limit_reached"
     usage_limit_reached = "usage_limit_reached"
+    output_missing = "output_missing"
+    output_accepted = "output_accepted"
+    output_retries_exhausted = "output_retries_exhausted"
     nothing_outstanding = "nothing_outstanding"
 
 
@@ -262,6 +283,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "response has tool calls"),
     Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.input_queued,
                "final answer, but input is queued"),
+    Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.output_missing,
+               "final text, but a final result is required"),
     Transition(S.AwaitingModel, T.model_responded, S.Done, None, "final answer"),
     Transition(S.AwaitingModel, T.model_failed, S.Failed, None, "model call raised"),
     _queue(S.AwaitingModel),
@@ -287,8 +310,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
     # -- the turn boundary: queued input, the should_continue hook, limits -------------------
     # Order matters: a policy denial wins (a person must hear of it whatever else
-    # holds), then a stop asked by should_continue, then the turn limit, then the
-    # usage limits (I7; rule 7 says why).
+    # holds), then a stop asked by should_continue, then a valid final result, then
+    # the output retries, then the turn limit, then the usage limits (rule 7 says why).
     Transition(S.TurnBoundary, T.continue_decided, S.TurnBoundary, None,
                "should_continue answered"),
     _queue(S.TurnBoundary),
@@ -296,6 +319,10 @@ TRANSITIONS: tuple[Transition, ...] = (
                "a call was denied by policy"),
     Transition(S.TurnBoundary, T.next_turn, S.Done, G.stop_requested,
                "should_continue said stop"),
+    Transition(S.TurnBoundary, T.next_turn, S.Done, G.output_accepted,
+               "a valid final result was given"),
+    Transition(S.TurnBoundary, T.next_turn, S.OutputInvalid, G.output_retries_exhausted,
+               "no valid final result within the retries"),
     Transition(S.TurnBoundary, T.next_turn, S.TurnLimitExceeded, G.turn_limit_reached,
                "turn limit reached with work asked for"),
     Transition(S.TurnBoundary, T.next_turn, S.UsageLimitExceeded, G.usage_limit_reached,
@@ -330,7 +357,7 @@ INITIAL: TurnState = S.Ready
 the diagrams read a table's start from its first row."""
 
 TERMINAL: frozenset[TurnState] = frozenset(
-    {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed, S.UsageLimitExceeded}
+    {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed, S.UsageLimitExceeded, S.OutputInvalid}
 )
 """States that end a run."""
 
@@ -376,6 +403,7 @@ STATE_DOCS: Mapping[TurnState, str] = {
     S.UsageLimitExceeded: (
         "a usage limit (requests or tokens) was reached with work still asked for"
     ),
+    S.OutputInvalid: "the model gave no valid final result within the output retries",
 }
 
 TRIGGER_DOCS: Mapping[Trigger, str] = {

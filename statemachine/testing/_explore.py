@@ -96,6 +96,8 @@ class _Search(RuleChecks):
             bounds = attrs.evolve(bounds, calls=config.max_calls)
         if config.usages is not None:
             bounds = attrs.evolve(bounds, usages=config.usages)
+        if config.call_kinds is not None:
+            bounds = attrs.evolve(bounds, call_kinds=config.call_kinds)
         self.bounds = bounds
         self.config = config.options
         self.check_continue = bool(config.options.get("check_continue"))
@@ -498,6 +500,8 @@ class _Search(RuleChecks):
                 self._violate("I3", "Done with input still queued", path)
         if state is S.TurnLimitExceeded and str(engine.max_turns) not in (engine.explanation or ""):
             self._violate("I7", "the turn-limit explanation does not name the limit", path)
+        if state is S.OutputInvalid and "Last error: " not in (engine.explanation or ""):
+            self._violate("I4", "the OutputInvalid explanation does not name the error", path)
         if state is S.UsageLimitExceeded:
             limits = engine.usage_limits.to_dict() if engine.usage_limits else {}
             named = any(str(v) in (engine.explanation or "") for v in limits.values())

@@ -42,6 +42,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
+from statemachine.core.output import OutputSpec
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
@@ -63,7 +64,7 @@ FIRST_MESSAGE = UserMessage("use the tools")
 OK_OUTPUT = ToolOutput("done")
 ERROR_OUTPUT = ToolOutput("Error: it broke", is_error=True)
 
-CallKind = Literal["ok", "unknown", "invalid"]
+CallKind = Literal["ok", "unknown", "invalid", "final_ok", "final_bad"]
 
 
 @attrs.frozen
@@ -75,6 +76,7 @@ class Config:
     options: Mapping[str, Any] = attrs.field(factory=dict)
     max_calls: int | None = None
     usages: tuple[Usage | None, ...] | None = None
+    call_kinds: tuple[CallKind, ...] | None = None
 
     def describe(self) -> str:
         """One short line (the progress display shows it on one terminal line)."""
@@ -89,6 +91,8 @@ def _short(value: object) -> str:
     if isinstance(value, UsageLimits):
         fields = attrs.asdict(value, filter=lambda _, v: v is not None)
         return ",".join(f"{k}:{v}" for k, v in fields.items())
+    if isinstance(value, OutputSpec):
+        return f"{value.name}(retries:{value.retries})"
     return str(value)
 
 
@@ -98,6 +102,14 @@ def _short(value: object) -> str:
 # with should_continue's stop (which wins too).
 RESPONSE_USAGE = Usage(input=60, output=40, total_tokens=100)
 USAGE_LIMITS = UsageLimits(total_tokens=100)
+
+# The structured output the checker explores: responses may call the final-result tool
+# with valid or invalid arguments, beside ordinary calls, or answer with text; with one
+# retry, the second failed attempt ends the run OutputInvalid.
+OUTPUT = OutputSpec.of(
+    {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    retries=1,
+)
 
 
 # A permission hook gives every call four answers, in any order, then approvals: at three
@@ -109,6 +121,7 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config({"check_continue": True}),
     Config({"check_permissions": True, "check_continue": True}, max_calls=2),
     Config({"usage_limits": USAGE_LIMITS, "check_continue": True}, usages=(None, RESPONSE_USAGE)),
+    Config({"output": OUTPUT, "check_continue": True}, call_kinds=("ok", "final_ok", "final_bad")),
 )
 
 
@@ -182,6 +195,8 @@ def _responses(turn: int, bounds: Bounds) -> list[Event]:
 
 
 def _call(call_id: str, kind: CallKind) -> ToolCall:
+    if kind in ("final_ok", "final_bad"):
+        return ToolCall(call_id, OUTPUT.name, {"answer": "42" if kind == "final_ok" else 42})
     if kind == "unknown":
         return ToolCall(call_id, UNKNOWN_TOOL, VALID_ARGUMENTS)
     return ToolCall(call_id, TOOL.name, VALID_ARGUMENTS if kind == "ok" else INVALID_ARGUMENTS)

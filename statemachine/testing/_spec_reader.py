@@ -10,10 +10,20 @@ from typing import Any
 
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, Usage, UserMessage
+from statemachine.core.output import OutputSpec
 from statemachine.core.wire import message_from_dict
 from statemachine.errors import InvalidInputError, SpecError, WireFormatError
 
-__all__ = ["MAX_SCENARIO_BYTES", "Reader", "SpecError", "message", "read", "usage", "usage_limits"]
+__all__ = [
+    "MAX_SCENARIO_BYTES",
+    "Reader",
+    "SpecError",
+    "message",
+    "read",
+    "run_options",
+    "usage",
+    "usage_limits",
+]
 
 
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -84,6 +94,26 @@ def message(reader: Reader, data: Any, where: str) -> Message:
 
 _USAGE_LIMITS = {"requests", "input_tokens", "output_tokens", "total_tokens"}
 _USAGE = {"input", "output", "cache_read", "cache_write", "total_tokens"}
+
+
+def run_options(r: Reader, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``run_agent`` options of ``[run]`` beyond the history and the turn limit:
+    ``usage_limits``, and ``output_schema`` (a JSON Schema: ``output_type``) with
+    ``output_retries``."""
+    options: dict[str, Any] = {}
+    limits = usage_limits(r, run)
+    if limits is not None:
+        options["usage_limits"] = limits
+    if "output_schema" in run:
+        schema = run["output_schema"]
+        try:
+            OutputSpec.of(schema)  # refused here, naming the key, rather than when it runs
+        except InvalidInputError as exc:
+            raise r.fail("run.output_schema", str(exc)) from None
+        options["output_type"] = dict(schema)
+    if "output_retries" in run:
+        options["output_retries"] = r.get(run, "output_retries", int, "run")
+    return options
 
 
 def usage_limits(r: Reader, run: Mapping[str, Any]) -> UsageLimits | None:

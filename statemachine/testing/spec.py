@@ -30,7 +30,6 @@ import attrs
 
 from statemachine.agent.events import RunResult
 from statemachine.core.errors import InvalidInputError
-from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import StopReason
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
@@ -128,12 +127,13 @@ class Spec:
     expect: Expectations
     grace_period: float
     ids: Mapping[str, str]  # call key -> the call id the file gave it
-    usage_limits: UsageLimits | None = None  # [run.usage_limits]
+    run_options: Mapping[str, Any] = attrs.field(factory=dict)  # usage_limits, output_type...
 
 
 _TOP = {"name", "checks", "description", "run", "tools", "calls", "model", "abort"}
 _TOP |= {"permissions", "expect", "inputs", "continue"}
-_RUN = {"max_turns", "grace_period", "messages", "usage_limits"}
+_RUN = {"max_turns", "grace_period", "messages", "usage_limits", "output_schema"}
+_RUN |= {"output_retries"}
 _TOOL = {"name", "description", "parameters", "returns", "raises", "is_error", "bad_output"}
 _CALL = {"returns", "raises", "is_error", "bad_output", "after", "hang", "on_abort"}
 _MODEL = {"text", "thinking", "stop_reason", "tool_calls", "error_message", "raises", "hang"}
@@ -431,8 +431,8 @@ def load_scenario(path: str | Path) -> Spec:
     )
     description = reader.get(top, "description", str, "(top level)", "")
     expect = loader.expectations()
-    limits = _spec_reader.usage_limits(reader, run)
-    return Spec(path, name, checks, description, scenario, expect, grace, loader.ids, limits)
+    options = _spec_reader.run_options(reader, run)
+    return Spec(path, name, checks, description, scenario, expect, grace, loader.ids, options)
 
 
 # -- running and comparing ---------------------------------------------------------------------
@@ -462,8 +462,8 @@ def _state_trace(result: RunResult) -> list[str]:
 
 
 def _run_once(spec: Spec) -> RunRecord:
-    limits = {} if spec.usage_limits is None else {"usage_limits": spec.usage_limits}
-    loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem, **limits)
+    options = spec.run_options
+    loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem, **options)
     return run_record(loop, spec.scenario, timeout=HANG_LIMIT * 2, hang_limit=HANG_LIMIT)
 
 
