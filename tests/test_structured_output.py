@@ -343,3 +343,42 @@ def test_an_unknown_tool_is_answered_with_the_final_result_tool_among_those_avai
     [result] = _results(engine)
     assert "Available tools: lookup, final_result." in result.text
     assert engine.output_call is None
+
+
+def test_a_final_result_held_behind_an_approval_survives_a_snapshot() -> None:
+    @sm.tool
+    def lookup() -> str:
+        """Look up."""
+        return "found"
+
+    message = AssistantMessage(
+        [ToolCall("c1", "lookup", {}), ToolCall("f1", "final_result", PARIS)],
+        stop_reason=StopReason.TOOL_USE,
+    )
+    first = sm.run_agent_sync(
+        model=ScriptedModel(message),
+        messages=[UserMessage("q")],
+        tools=[lookup],
+        output_type=City,
+        before_tool_call=lambda call: RequireApproval("check"),
+    )
+    assert first.state is S.AwaitingUser
+    assert first.snapshot is not None
+    # f1's result waits behind c1's (I2), so it is not in the history yet.
+    assert not any(isinstance(m, ToolResultMessage) for m in first.messages)
+    resumed = asyncio.run(
+        sm.resume_agent(
+            json.loads(json.dumps(first.snapshot)),
+            model=ScriptedModel(),
+            tools=[lookup],
+            approvals={"c1": True},
+            before_tool_call=lambda call: None,
+            output_type=City,
+        )
+    )
+    assert resumed.state is S.Done
+    assert resumed.output == City(**PARIS)
+    assert [m.tool_call_id for m in resumed.messages if isinstance(m, ToolResultMessage)] == [
+        "c1",
+        "f1",
+    ]

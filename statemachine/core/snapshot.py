@@ -457,13 +457,15 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
     if state in RETURNS_TO_CALLER and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
+    # The accepting result is in the history, or held back in the batch (I2).
+    held = [slot.result for slot in engine._batch if slot.result is not None]
     if engine.output_call is not None and not any(
         isinstance(m, ToolResultMessage)
         and m.tool_call_id == engine.output_call
         and engine.output is not None
         and m.tool_name == engine.output.name
         and m.text == OUTPUT_ACCEPTED
-        for m in engine._history
+        for m in [*engine._history, *held]
     ):
         raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
     if engine.abort_reason is not None and state is not S.Aborted:
