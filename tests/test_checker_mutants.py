@@ -52,6 +52,15 @@ OUTPUT = attrs.evolve(
         ),
     ),
 )
+HOOKED_OUTPUT = attrs.evolve(
+    OUTPUT,
+    configs=(
+        Config(
+            {"output": OUTPUT_SPEC, "check_permissions": True},
+            call_kinds=("ok", "final_ok", "final_bad"),
+        ),
+    ),
+)
 HOOKED_USAGE = attrs.evolve(
     PLAIN,
     configs=(
@@ -181,6 +190,10 @@ MUTANTS: dict[str, tuple[Edit, Bounds]] = {
     "spent output retries end Failed": (
         redirect(S.TurnBoundary, T.next_turn, G.output_retries_exhausted, S.Failed),
         OUTPUT,
+    ),
+    "a valid final result wins over a policy denial": (
+        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.output_accepted),
+        HOOKED_OUTPUT,
     ),
     "usage limit ends Done": (
         redirect(S.TurnBoundary, T.next_turn, G.usage_limit_reached, S.Done),
@@ -329,8 +342,8 @@ def test_the_checker_fails_a_table_mutant(name: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "bounds",
-    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT],
-    ids=["plain", "continue", "hooked", "usage", "hooked-usage", "output"],
+    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT, HOOKED_OUTPUT],
+    ids=["plain", "continue", "hooked", "usage", "hooked-usage", "output", "hooked-output"],
 )
 def test_the_real_table_passes_the_mutants_bounds(bounds: Bounds) -> None:
     # So every finding above is the mutant's, not the bounds'.

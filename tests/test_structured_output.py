@@ -14,7 +14,7 @@ import pytest
 
 import statemachine as sm
 from statemachine.core.engine import Engine
-from statemachine.core.events import CallModel, ModelResponded, Start, ToolFinished
+from statemachine.core.events import CallModel, ContinueDecided, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -382,3 +382,14 @@ def test_a_final_result_held_behind_an_approval_survives_a_snapshot() -> None:
         "c1",
         "f1",
     ]
+
+
+def test_a_stop_asked_with_a_valid_final_result_keeps_both() -> None:
+    engine = _engine(check_continue=True)
+    engine.handle(Start())
+    engine.handle(ModelResponded(_final("f1", **PARIS)))
+    assert _state(engine) is S.TurnBoundary  # should_continue is asked first (rule 7)
+    engine.handle(ContinueDecided(True, "enough"))
+    assert _state(engine) is S.Done
+    assert "enough" in (engine.explanation or "")  # the stop's row won
+    assert engine.output_call == "f1"  # and the output stands

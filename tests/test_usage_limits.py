@@ -343,3 +343,20 @@ def test_replay_gives_the_same_usage_limited_run() -> None:
     assert result.state is S.UsageLimitExceeded
     assert result.messages == tuple(engine.messages)
     assert result.trace == tuple(engine.trace)
+
+
+def test_a_journal_header_with_bad_limits_is_refused_naming_the_field() -> None:
+    from statemachine.journal._format import JournalHeader
+
+    stream = io.StringIO()
+    JournalingEngine(
+        journal=Journal(stream),
+        tools=[GREP],
+        messages=[UserMessage("go")],
+        usage_limits=UsageLimits(requests=2),
+    )
+    header = json.loads(stream.getvalue().splitlines()[0])
+    assert JournalHeader.from_dict(header).engine().usage_limits == UsageLimits(requests=2)
+    header["options"]["usage_limits"] = {"requests": 0}
+    with pytest.raises(sm.errors.WireFormatError, match=r"usage_limits\.requests"):
+        JournalHeader.from_dict(header)

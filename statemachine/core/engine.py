@@ -711,9 +711,9 @@ class Engine:
         )
 
     def _enter_Done(self, source: TurnState) -> None:
-        if self.output_call is not None:
+        if self.output_call is not None and self._stop_reason is None:
             self._finish(explain.output_accepted(self.output_call))
-        elif source is S.TurnBoundary:
+        elif source is S.TurnBoundary:  # should_continue's stop wins the row (rule 7)
             self._finish(explain.stopped_by_hook(self._stop_reason))
         else:
             self._finish(explain.final_answer())
