@@ -274,7 +274,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     # Order matters: a response that reports its own failure ends the run even if it
     # carries tool calls (their arguments may be cut off); otherwise the presence of
     # tool calls, never the stop reason, decides; a final answer ends the run only
-    # when no input is queued (I3).
+    # when no input is queued (I3) and no final result is required (rule 13).
     Transition(S.AwaitingModel, T.model_responded, S.Failed, G.reports_error,
                "response reports an error"),
     Transition(S.AwaitingModel, T.model_responded, S.Aborted, G.reports_abort,
