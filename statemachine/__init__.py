@@ -59,6 +59,7 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.tools import Tool, tool
 from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -123,6 +124,7 @@ __all__ = [
     "TurnStarted",
     "TurnState",
     "UsageError",
+    "UsageLimits",
     "UserMessage",
     "__version__",
     "current_tool_call",

@@ -36,9 +36,12 @@ from statemachine.core.events import (
     ToolFinished,
     ToolPermitted,
 )
+from statemachine.core.limits import UsageLimits
+from statemachine.core.output import OutputSpec
 from statemachine.core.table import TRANSITIONS, Guard, Transition, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput, validate_arguments
 from statemachine.core.trace import Trace
+from statemachine.errors import OutputInvalidError, UsageLimitExceededError
 
 __all__ = [
     "EVENT_TYPES",
@@ -61,6 +64,8 @@ __all__ = [
     "ModelCancelled",
     "ModelFailed",
     "ModelResponded",
+    "OutputInvalidError",
+    "OutputSpec",
     "RunEnded",
     "Scheduling",
     "Start",
@@ -77,5 +82,7 @@ __all__ = [
     "TransitionRecord",
     "Trigger",
     "TurnState",
+    "UsageLimitExceededError",
+    "UsageLimits",
     "validate_arguments",
 ]

@@ -40,7 +40,9 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── AbortedError
     │   ├── TurnLimitExceededError
     │   ├── ModelFailedError
-    │   └── AwaitingUserError
+    │   ├── AwaitingUserError
+    │   ├── UsageLimitExceededError
+    │   └── OutputInvalidError
     └── EngineInvariantError        the library broke a guarantee of its own: a bug
 
 How each family reaches you:
@@ -85,6 +87,7 @@ __all__ = [
     "ModelFailedError",
     "ModelOutputError",
     "NotPendingError",
+    "OutputInvalidError",
     "ProtocolError",
     "ProviderAuthError",
     "ProviderError",
@@ -106,6 +109,7 @@ __all__ = [
     "TurnLimitExceededError",
     "UnknownRunError",
     "UsageError",
+    "UsageLimitExceededError",
     "WireFormatError",
 ]
 
@@ -315,6 +319,16 @@ class ModelFailedError(RunEndedError):
 
 class AwaitingUserError(RunEndedError):
     """The run stopped to wait for a person (a call was denied by policy)."""
+
+
+class UsageLimitExceededError(RunEndedError):
+    """A usage limit (requests or tokens) was reached while the model still had work
+    to do; the message names the limit, the usage so far and the last operation."""
+
+
+class OutputInvalidError(RunEndedError):
+    """The model did not give a valid final result within the retry budget; the
+    message names the last validation error."""
 
 
 # -- the library's own bug -----------------------------------------------------------

@@ -21,6 +21,8 @@ from statemachine.core import table as _table
 from statemachine.core.table import Guard, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
 from statemachine.testing import _reference
+from statemachine.testing._space import OUTPUT as OUTPUT_SPEC
+from statemachine.testing._space import RESPONSE_USAGE, USAGE_LIMITS
 from statemachine.testing.checker import Bounds, CheckReport, Config, check_engine
 
 S = TurnState
@@ -33,6 +35,41 @@ G = Guard
 PLAIN = Bounds(turns=2, calls=1, configs=(Config({}),), max_violations=1)
 CONTINUE = attrs.evolve(PLAIN, configs=(Config({"check_continue": True}),))
 HOOKED = attrs.evolve(PLAIN, configs=(Config({"check_permissions": True, "check_continue": True}),))
+# Responses that report no usage or enough to reach the limit: at the second turn
+# boundary the usage limit may hold alone, or together with the turn limit.
+USAGE = attrs.evolve(
+    PLAIN, configs=(Config({"usage_limits": USAGE_LIMITS}, usages=(None, RESPONSE_USAGE)),)
+)
+# Two calls per response: a valid and an invalid final result may come together, so a
+# valid result meets spent retries at one boundary.
+OUTPUT = attrs.evolve(
+    PLAIN,
+    calls=2,
+    configs=(
+        Config(
+            {"output": OUTPUT_SPEC, "check_continue": True},
+            call_kinds=("ok", "final_ok", "final_bad"),
+        ),
+    ),
+)
+HOOKED_OUTPUT = attrs.evolve(
+    OUTPUT,
+    configs=(
+        Config(
+            {"output": OUTPUT_SPEC, "check_permissions": True},
+            call_kinds=("ok", "final_ok", "final_bad"),
+        ),
+    ),
+)
+HOOKED_USAGE = attrs.evolve(
+    PLAIN,
+    configs=(
+        Config(
+            {"usage_limits": USAGE_LIMITS, "check_permissions": True},
+            usages=(None, RESPONSE_USAGE),
+        ),
+    ),
+)
 
 Rows = tuple[Transition, ...]
 Edit = Callable[[Rows], Rows]
@@ -129,6 +166,42 @@ MUTANTS: dict[str, tuple[Edit, Bounds]] = {
     "turn limit wins over a stop asked": (
         swap(S.TurnBoundary, T.next_turn, G.stop_requested, G.turn_limit_reached),
         CONTINUE,
+    ),
+    "usage limit wins over the turn limit": (
+        swap(S.TurnBoundary, T.next_turn, G.turn_limit_reached, G.usage_limit_reached),
+        USAGE,
+    ),
+    "usage limit wins over a policy denial": (
+        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.usage_limit_reached),
+        HOOKED_USAGE,
+    ),
+    "output retries win over a valid final result": (
+        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.output_retries_exhausted),
+        OUTPUT,
+    ),
+    "the turn limit wins over a valid final result": (
+        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.turn_limit_reached),
+        OUTPUT,
+    ),
+    "final text where a final result is required ends Done": (
+        redirect(S.AwaitingModel, T.model_responded, G.output_missing, S.Done),
+        OUTPUT,
+    ),
+    "spent output retries end Failed": (
+        redirect(S.TurnBoundary, T.next_turn, G.output_retries_exhausted, S.Failed),
+        OUTPUT,
+    ),
+    "a valid final result wins over a policy denial": (
+        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.output_accepted),
+        HOOKED_OUTPUT,
+    ),
+    "usage limit ends Done": (
+        redirect(S.TurnBoundary, T.next_turn, G.usage_limit_reached, S.Done),
+        USAGE,
+    ),
+    "usage limit guard dropped": (
+        drop_guard(S.TurnBoundary, T.next_turn, G.usage_limit_reached),
+        USAGE,
     ),
     "queued input wins over tool calls": (
         swap(S.AwaitingModel, T.model_responded, G.has_tool_calls, G.input_queued),
@@ -267,7 +340,11 @@ def test_the_checker_fails_a_table_mutant(name: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("bounds", [PLAIN, CONTINUE, HOOKED], ids=["plain", "continue", "hooked"])
+@pytest.mark.parametrize(
+    "bounds",
+    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT, HOOKED_OUTPUT],
+    ids=["plain", "continue", "hooked", "usage", "hooked-usage", "output", "hooked-output"],
+)
 def test_the_real_table_passes_the_mutants_bounds(bounds: Bounds) -> None:
     # So every finding above is the mutant's, not the bounds'.
     report = check_engine(attrs.evolve(bounds, max_violations=20))
@@ -302,6 +379,7 @@ def test_without_the_rules_the_invariants_alone_miss_these_mutants() -> None:
     # any invariant, so only the comparison with the rules sees it.
     missed = [
         "turn limit wins over a stop asked",
+        "usage limit wins over the turn limit",
         "abort at the turn boundary hits the turn limit",
         "the last approval keeps waiting",
     ]

@@ -528,6 +528,7 @@ def test_abort_during_tools_awaits_cleanup_and_keeps_arrived_results() -> None:
             aborter(),
         )
         events.append("returned")
+        assert isinstance(result, sm.RunResult)
         return result
 
     result = asyncio.run(main())

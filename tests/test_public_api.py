@@ -76,6 +76,8 @@ TOP_LEVEL = {
     "ModelFailedError",
     "AbortedError",
     "TurnLimitExceededError",
+    # the run's budget
+    "UsageLimits",
     "__version__",
 }
 

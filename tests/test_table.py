@@ -133,7 +133,8 @@ def test_trigger_partition() -> None:
 
 
 def test_terminal_states_have_no_rows_and_absorb() -> None:
-    assert {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed} == TERMINAL
+    terminal = {S.Done, S.Aborted, S.TurnLimitExceeded, S.UsageLimitExceeded, S.Failed}
+    assert terminal | {S.OutputInvalid} == TERMINAL
     assert ABSORBING == TERMINAL
     assert TERMINAL | {S.AwaitingUser} == RETURNS_TO_CALLER
     assert not [r for r in TRANSITIONS if r.source in TERMINAL]

@@ -7,9 +7,10 @@ did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias
 
 import attrs
+from typing_extensions import TypeVar
 
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.events import InputQueued
@@ -20,8 +21,10 @@ from statemachine.errors import (
     AbortedError,
     AwaitingUserError,
     ModelFailedError,
+    OutputInvalidError,
     RunEndedError,
     TurnLimitExceededError,
+    UsageLimitExceededError,
 )
 
 __all__ = [
@@ -170,6 +173,8 @@ class RunStats:
 _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
     TurnState.Aborted: AbortedError,
     TurnState.TurnLimitExceeded: TurnLimitExceededError,
+    TurnState.UsageLimitExceeded: UsageLimitExceededError,
+    TurnState.OutputInvalid: OutputInvalidError,
     TurnState.Failed: ModelFailedError,
     TurnState.AwaitingUser: AwaitingUserError,
 }
@@ -182,9 +187,18 @@ def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
     return None if error_type is None else error_type(explanation)
 
 
+OutputT = TypeVar("OutputT", default=Any)
+"""The type of ``RunResult.output``: the run's ``output_type`` (``Any`` when unsaid)."""
+
+
 @attrs.frozen
-class RunResult:
-    """How a run ended: its state, the whole history, and why."""
+class RunResult(Generic[OutputT]):
+    """How a run ended: its state, the whole history, and why.
+
+    ``output`` is the run's structured output: with an ``output_type``, the validated
+    arguments of the model's ``final_result`` call as that type, once the run is
+    ``Done``; ``None`` otherwise. ``RunResult[T]`` types it for mypy.
+    """
 
     # The history, the log and the snapshot grow with the run: they are left out of
     # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
@@ -207,6 +221,11 @@ class RunResult:
         was given: the prompt's continuation, to store or send on."""
         return self.messages[self.given :]
 
+    usage: Usage = attrs.field(factory=Usage, repr=False)
+    output: OutputT | None = None
+    """The usage the provider reported on this run's responses, summed (a resumed run's
+    includes what it used before it was suspended; ``turns`` is its request count)."""
+
     @property
     def ok(self) -> bool:
         """True when the run ended ``Done``."""
@@ -220,7 +239,7 @@ class RunResult:
                 return message.text
         return ""
 
-    def raise_for_state(self) -> RunResult:
+    def raise_for_state(self) -> RunResult[OutputT]:
         """Raise ``error`` unless the run is ``Done``; return self otherwise."""
         if self.error is not None:
             raise self.error

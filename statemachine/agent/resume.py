@@ -31,7 +31,7 @@ from typing import Any
 
 from statemachine.agent.calls import call_hook, describe
 from statemachine.agent.context import reset_run_context, run_context
-from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.events import OutputT, RunResult, RunStats
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -42,6 +42,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.output import compile_output
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
     AgentRun,
@@ -54,7 +55,9 @@ from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
 from statemachine.errors import InvalidInputError, SnapshotError, UsageError
@@ -70,6 +73,9 @@ def resume_run(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -83,25 +89,34 @@ def resume_run(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
-) -> AgentRun:
-    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``.
+) -> AgentRun[OutputT]:
+    """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``. ``state`` is
+    the ``RunResult`` or its ``snapshot``; give ``approvals`` (call id -> True, False or
+    ``Deny(reason)``) for every pending call, or a new ``message`` (pending calls are then
+    "not approved"). ``max_turns`` may raise the limit; ``usage_limits``, ``output_type``,
+    ``output_retries`` replace the run's (give the type again for a typed output).
+    ``stats``, ``instructions``, ``model_settings``, ``deps``: the module docstring.
 
-    ``state`` is the ``RunResult`` or its ``snapshot`` (JSON-ready, so it may come
-    from another process). Give ``approvals`` (call id -> True, False, or a
-    ``Deny`` with the person's reason) for every pending call, or a new ``message``
-    (which answers pending calls "not approved"). ``max_turns`` may raise the limit.
-
-    What is checked before anything runs: the module docstring.
-    ``stats``, ``instructions``, ``model_settings``, ``deps``: module docstring."""
-    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns)
+    Before anything runs, the snapshot is checked against itself (``Engine.restore``:
+    its pending calls must be exactly the unanswered calls of its last assistant
+    message) and, with ``key``, against its signature (``SnapshotSignatureError``);
+    ``max_snapshot_bytes`` bounds its size (default 32 MiB of JSON text). ``tools``
+    must hold the tool of every call that may run (else ``UsageError``), and the
+    calls' arguments must fit their schemas. ``before_tool_call`` is asked again about
+    each call that may run, as the run starts (the snapshot could have been edited):
+    if it now denies one, or requires approval for one marked permitted, ``run()``
+    raises ``SnapshotError`` and nothing runs (so a hooked run is resumed with it).
+    """
+    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits)
+    engine.output = _output_spec(engine, output_type, output_retries)
     events = _resume_events(engine, approvals, message)
-    # With a message, every open call is answered "not approved": nothing of the batch
-    # runs, and nothing is asked again.
     recheck = [] if message is not None else _may_run(engine, events, tools, before_tool_call)
     run = continue_run(
         _ResumedRun,
         engine,
         events,
+        output_type=output_type,
+        output_retries=output_retries,
         model=model,
         tools=tools,
         signal=signal,
@@ -119,6 +134,12 @@ def resume_run(
     if before_tool_call is not None and recheck:
         run.ask_again(before_tool_call, recheck)
     return run
+
+
+def _output_spec(engine: Engine, output_type: object, output_retries: int) -> OutputSpec | None:
+    """The final-result tool of the resumed run: the snapshot's, or ``output_type``'s."""
+    output = compile_output(output_type, output_retries)
+    return engine.output if output is None else output.spec
 
 
 def _may_run(
@@ -149,8 +170,10 @@ def _restore(
     key: bytes | str | None,
     max_snapshot_bytes: int,
     max_turns: int | None,
+    usage_limits: UsageLimits | None,
 ) -> Engine:
     """The engine of the suspended run, checked (``resume_run``)."""
+    check_usage_limits(usage_limits)
     snapshot = state.snapshot if isinstance(state, RunResult) else state
     if snapshot is None:
         raise UsageError("only a run that stopped in AwaitingUser can be resumed")
@@ -168,6 +191,8 @@ def _restore(
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         engine.max_turns = max_turns
+    if usage_limits is not None:
+        engine.usage_limits = usage_limits
     return engine
 
 
@@ -280,6 +305,9 @@ async def resume_agent(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -293,7 +321,7 @@ async def resume_agent(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs)."""
     run = resume_run(
@@ -303,6 +331,9 @@ async def resume_agent(
         approvals=approvals,
         message=message,
         max_turns=max_turns,
+        usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         key=key,
         max_snapshot_bytes=max_snapshot_bytes,
         signal=signal,
@@ -328,6 +359,9 @@ def resume_agent_sync(
     approvals: Mapping[str, bool | Deny] | None = None,
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
+    usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     signal: AbortSignal | None = None,
@@ -341,7 +375,7 @@ def resume_agent_sync(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """``resume_agent`` for code without an event loop (see ``run_agent_sync``)."""
     refuse_running_loop("resume_agent_sync")
     run = resume_run(
@@ -351,6 +385,9 @@ def resume_agent_sync(
         approvals=approvals,
         message=message,
         max_turns=max_turns,
+        usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         key=key,
         max_snapshot_bytes=max_snapshot_bytes,
         signal=signal,

@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from statemachine._log import library_logger
 from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
-from statemachine.agent.events import RunEvent, RunResult, RunStats, TextDelta, run_error
+from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import (
@@ -39,12 +39,15 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop, Executor, Inbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
+from statemachine.agent.output import Output, compile_output
 from statemachine.agent.stream import EventStream
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, UserMessage
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -94,7 +97,7 @@ def _checked_call_options(
     return settings
 
 
-class AgentRun:
+class AgentRun(Generic[OutputT]):
     """One run of the loop, with a handle for steering, aborting and watching it.
 
     ``await AgentRun(...).run()`` is ``run_agent(...)``. Before or while it runs:
@@ -117,6 +120,9 @@ class AgentRun:
         messages: Sequence[Message] | str = (),
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
+        usage_limits: UsageLimits | None = None,
+        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
         signal: AbortSignal | None = None,
         before_tool_call: BeforeToolCall | None = None,
         after_tool_call: AfterToolCall | None = None,
@@ -138,19 +144,20 @@ class AgentRun:
         check_tools(tools)
         _check_options(model, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
+        output = compile_output(output_type, output_retries)
         base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
             messages=messages,
             max_turns=max_turns,
+            **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
             run_id=run_id or uuid.uuid4().hex[:12],
             logger=base,
         )
-        # Hooks are code: they do not travel in a snapshot, so a restored engine
-        # (``continue_run``) asks the hooks that this run has.
+        # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
         engine.check_permissions = before_tool_call is not None
         engine.check_continue = should_continue is not None
         self.engine = engine
@@ -161,6 +168,7 @@ class AgentRun:
         self._model: ModelClient = RunModel(
             model, instructions, settings, self._stream, self.context
         )
+        self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
         self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
@@ -182,10 +190,10 @@ class AgentRun:
         self._loop_thread = 0
         self._early: list[Event] = []  # input and aborts before run() started
         self._started = False
-        self._outcome: RunResult | None = None
+        self._outcome: RunResult[OutputT] | None = None
 
     @property
-    def result(self) -> RunResult | None:
+    def result(self) -> RunResult[OutputT] | None:
         """How the run ended, once ``run()`` has returned or raised (a
         ``KeyboardInterrupt`` or ``SystemExit`` from a tool, client or hook, or the
         caller's cancellation); ``None`` before."""
@@ -263,7 +271,7 @@ class AgentRun:
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def run(self) -> RunResult:
+    async def run(self) -> RunResult[OutputT]:
         """Drive the run to a terminal state or ``AwaitingUser``; never raises for
         how it ends (see ``RunResult``), only a ``KeyboardInterrupt`` or
         ``SystemExit`` raised under it, once the run is closed (module docstring)."""
@@ -339,16 +347,17 @@ class AgentRun:
         loop.controller.abort(reason)
         loop.handle(AbortRequested(reason))
 
-    def _result(self, loop: ActionLoop) -> RunResult:
+    def _result(self, loop: ActionLoop) -> RunResult[OutputT]:
         engine = self.engine
         state = engine.state
         explanation = engine.explanation or ""
         error = run_error(state, explanation)
         if error is not None and state is TurnState.Failed:
             error.__cause__ = loop.model_exception
+        result_messages = tuple(engine.messages)
         return RunResult(
             state=state,
-            messages=tuple(engine.messages),
+            messages=result_messages,
             error=error,
             turns=engine.turns,
             explanation=explanation,
@@ -359,7 +368,22 @@ class AgentRun:
             queued_input=engine.queued_input() + tuple(loop.late_input),
             snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
             given=self._given,
+            usage=engine.usage,
+            output=self._output.value(result_messages, engine.output_call)
+            if self._output is not None and state is TurnState.Done
+            else None,
         )
+
+
+def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:
+    """The engine options of a run's budget, given only when set (so that an
+    ``engine_factory`` written before them still works for runs without them)."""
+    options: dict[str, Any] = {}
+    if check_usage_limits(usage_limits) is not None:
+        options["usage_limits"] = usage_limits
+    if output is not None:
+        options["output"] = output.spec
+    return options
 
 
 ExecutorFactory = Callable[..., Executor]
@@ -418,6 +442,9 @@ async def run_agent(
     messages: Sequence[Message] | str,
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
+    usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -430,7 +457,7 @@ async def run_agent(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
     Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
@@ -441,6 +468,8 @@ async def run_agent(
     string, or a function of the ``RunContext`` called at each model call) and
     ``model_settings`` reach clients that take ``options`` (``statemachine.agent.model``);
     ``deps`` reaches tools, hooks and instructions that take a ``RunContext``.
+    ``usage_limits`` (a ``UsageLimits``) is checked before each further model call: a
+    run that reached one ends ``UsageLimitExceeded``.
     ``engine_factory`` (called with ``Engine``'s keyword arguments) lets a caller run
     an ``Engine`` subclass, e.g. ``functools.partial(JournalingEngine, journal=j)``.
     """
@@ -449,6 +478,9 @@ async def run_agent(
         messages=messages,
         tools=tools,
         max_turns=max_turns,
+        usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,
@@ -471,6 +503,9 @@ def run_agent_sync(
     messages: Sequence[Message] | str,
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
+    usage_limits: UsageLimits | None = None,
+    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -483,9 +518,8 @@ def run_agent_sync(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """``run_agent`` for code without an event loop (same keyword arguments).
-
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
     raises ``KeyboardInterrupt``), except that it never waits for what the run has
     abandoned: ``asyncio.run`` would wait for every leftover task and every executor
@@ -499,6 +533,9 @@ def run_agent_sync(
         messages=messages,
         tools=tools,
         max_turns=max_turns,
+        usage_limits=usage_limits,
+        output_type=output_type,
+        output_retries=output_retries,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,

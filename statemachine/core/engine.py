@@ -77,13 +77,17 @@ from statemachine.core.events import (
     ToolPermitted,
 )
 from statemachine.core.inputs import check_history, check_tool_definitions
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
     ToolCall,
+    Usage,
+    UserMessage,
     checked_result,
 )
+from statemachine.core.output import OUTPUT_ACCEPTED, OutputSpec, check_output
 from statemachine.core.queue import InputQueue
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -175,6 +179,8 @@ class Engine:
     absent from it runs concurrently with everything). ``check_permissions`` makes
     every valid call wait for ``ToolPermitted``/``ToolDenied``/``ApprovalRequired``;
     ``check_continue`` makes every turn boundary wait for ``ContinueDecided``.
+    ``usage_limits`` (``core/limits.py``) ends the run ``UsageLimitExceeded`` at a turn
+    boundary where the usage its responses reported (``usage``) has reached a limit.
     ``transition_hook`` (``TransitionHook``) sees every trigger the engine fires.
 
     The fields below are every attribute an engine holds, by role (a test fails for
@@ -190,6 +196,8 @@ class Engine:
     _tools_by_name: dict[str, ToolDefinition]
     _scheduling: dict[str, Scheduling]
     max_turns: int
+    usage_limits: UsageLimits | None
+    output: OutputSpec | None  # the final-result tool and its retries (rule 13)
     check_permissions: bool
     check_continue: bool
     run_id: str
@@ -204,6 +212,7 @@ class Engine:
     # control
     _state: TurnState
     turns: int
+    usage: Usage  # what the provider reported on this run's responses, summed
     abort_reason: str | None
     _abort_context: str  # where the abort found the run, for the explanation
     _abandoned: list[str]  # operations the driver gave up on, still running
@@ -213,6 +222,10 @@ class Engine:
     _denial: tuple[ToolCall, str] | None  # a policy denial, until AwaitingUser tells it
     _continue_pending: bool  # a CheckContinue is out, not yet answered
     _stop_reason: str | None  # should_continue asked to stop, with this reason
+    output_call: str | None  # the id of the final-result call that gave the output
+    _output_failures: int  # failed attempts at the final result
+    _output_error: str | None  # why the last attempt failed
+    _output_remind: bool  # ask for the final-result tool before the next call
     # transient
     _event: Event | None  # the input event being handled
     _actions: list[Action]  # what the event's entry effects asked for
@@ -223,6 +236,8 @@ class Engine:
         tools: Sequence[ToolDefinition],
         messages: Sequence[Message],
         max_turns: int = 8,
+        usage_limits: UsageLimits | None = None,
+        output: OutputSpec | None = None,
         check_permissions: bool = False,
         check_continue: bool = False,
         scheduling: Mapping[str, Scheduling] | None = None,
@@ -232,10 +247,13 @@ class Engine:
     ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        checked = check_tool_definitions(tools)
         self._setup(
-            tools=check_tool_definitions(tools),
+            tools=checked,
             history=check_history(messages),
             max_turns=max_turns,
+            usage_limits=check_usage_limits(usage_limits),
+            output=check_output(output, {d.name for d in checked}),
             check_permissions=check_permissions,
             check_continue=check_continue,
             scheduling=scheduling,
@@ -251,6 +269,8 @@ class Engine:
         tools: tuple[ToolDefinition, ...],
         history: list[Message],
         max_turns: int,
+        usage_limits: UsageLimits | None,
+        output: OutputSpec | None,
         check_permissions: bool,
         check_continue: bool,
         scheduling: Mapping[str, Scheduling] | None,
@@ -262,8 +282,12 @@ class Engine:
         """Set every field (see the class docstring); ``restore`` then loads progress."""
         self._tools = tools
         self._tools_by_name = {d.name: d for d in tools}
+        self.output = output
+        if output is not None:
+            self._tools_by_name[output.name] = output.definition
         self._scheduling = dict(scheduling or {})
         self.max_turns = max_turns
+        self.usage_limits = usage_limits
         self.check_permissions = check_permissions
         self.check_continue = check_continue
         self.run_id = run_id
@@ -278,6 +302,7 @@ class Engine:
         }
         self._state = initial
         self.turns = 0
+        self.usage = Usage()
         self.abort_reason = None
         self._abort_context = ""
         self._abandoned = []
@@ -287,6 +312,10 @@ class Engine:
         self._denial = None
         self._continue_pending = False
         self._stop_reason = None
+        self.output_call = None
+        self._output_failures = 0
+        self._output_error = None
+        self._output_remind = False
         self._event = None
         self._actions = []
 
@@ -427,8 +456,11 @@ class Engine:
             self.abort_reason = event.reason
 
     def _record_response(self, message: AssistantMessage) -> None:
-        """The assistant message enters history first (rule 1); its calls open a batch."""
+        """The assistant message enters history first (rule 1); its calls open a batch.
+        The usage it reports is added to the run's (none: zero tokens)."""
         self._model_outstanding = False
+        if message.usage is not None:
+            self.usage = self.usage + message.usage
         message = self._normalise_ids(message)
         self._history.append(message)
         self._batch = Batch(message.tool_calls)
@@ -590,6 +622,19 @@ class Engine:
     def _guard_turn_limit_reached(self) -> bool:
         return self.turns >= self.max_turns
 
+    def _guard_usage_limit_reached(self) -> bool:
+        limits = self.usage_limits
+        return limits is not None and limits.reached(self.usage, self.turns) is not None
+
+    def _guard_output_missing(self) -> bool:
+        return self.output is not None and self.output_call is None
+
+    def _guard_output_accepted(self) -> bool:
+        return self.output_call is not None
+
+    def _guard_output_retries_exhausted(self) -> bool:
+        return self.output is not None and self._output_failures > self.output.retries
+
     def _guard_nothing_outstanding(self) -> bool:
         return not self._model_outstanding and not self._batch.any_with(RUNNING)
 
@@ -598,15 +643,23 @@ class Engine:
     def _enter_AwaitingModel(self, source: TurnState) -> None:
         if self._queue:
             self._history.extend(self._queue.take(model_would_finish=self._model_would_finish()))
+        if self._output_remind and self.output is not None:
+            self._history.append(UserMessage(self.output.reminder()))
+            self._output_remind = False
         self.turns += 1
         self._model_outstanding = True
         self._batch = Batch()
-        self._actions.append(CallModel(HistoryView(self._history), self._tools, self.turns))
+        offered = self._tools if self.output is None else (*self._tools, self.output.definition)
+        self._actions.append(CallModel(HistoryView(self._history), offered, self.turns))
 
     def _enter_DispatchingTools(self, source: TurnState) -> None:
         refused = False
         for slot in self._batch.slots:
             refusal = self._refusal(slot.call)
+            if self.output is not None and slot.call.name == self.output.name:
+                self._resolve_output(slot, refusal)
+                refused = True
+                continue
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
                 refused = True
@@ -618,10 +671,29 @@ class Engine:
         if refused:
             self._flush()  # the refusals that are next in call order
 
+    def _resolve_output(self, slot: CallSlot, refusal: str | None) -> None:
+        """A final-result call, answered by the engine itself (rule 13)."""
+        if refusal is not None:
+            self._output_failures += 1
+            self._output_error = refusal
+            slot.answer(refusal, is_error=True)
+        elif self.output_call is None:
+            self.output_call = slot.call.id
+            slot.answer(OUTPUT_ACCEPTED, is_error=False)
+        else:
+            slot.answer("Not used: a final result was already accepted.", is_error=True)
+
     def _enter_CollectingResults(self, source: TurnState) -> None:
         self._start_runnable()
 
     def _enter_TurnBoundary(self, source: TurnState) -> None:
+        if source is S.AwaitingModel and self.output is not None and self.output_call is None:
+            # A final text answer where a final result is required: one failed attempt.
+            self._output_failures += 1
+            self._output_error = "the model answered with text instead of calling " + (
+                self.output.name
+            )
+            self._output_remind = True
         if self.check_continue:
             self._continue_pending = True
             self._actions.append(CheckContinue(self.turns))
@@ -639,7 +711,9 @@ class Engine:
         )
 
     def _enter_Done(self, source: TurnState) -> None:
-        if source is S.TurnBoundary:
+        if self.output_call is not None and self._stop_reason is None:
+            self._finish(explain.output_accepted(self.output_call))
+        elif source is S.TurnBoundary:  # should_continue's stop wins the row (rule 7)
             self._finish(explain.stopped_by_hook(self._stop_reason))
         else:
             self._finish(explain.final_answer())
@@ -679,6 +753,22 @@ class Engine:
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
         self._finish(explain.turn_limit(self.max_turns, last_result, len(self._queue)))
+
+    def _enter_UsageLimitExceeded(self, source: TurnState) -> None:
+        assert self.usage_limits is not None  # the guard that leads here says so
+        reached = self.usage_limits.reached(self.usage, self.turns)
+        assert reached is not None
+        slots = self._batch.slots
+        last_result = slots[-1].result if slots else None
+        self._finish(
+            explain.usage_limit(reached, self.usage, self.turns, last_result, len(self._queue))
+        )
+
+    def _enter_OutputInvalid(self, source: TurnState) -> None:
+        assert self.output is not None  # the guard that leads here says so
+        self._finish(
+            explain.output_invalid(self.output.retries, self._output_failures, self._output_error)
+        )
 
     def _enter_AwaitingUser(self, source: TurnState) -> None:
         pending = self.pending_approvals()
@@ -727,9 +817,9 @@ class Engine:
         for a call that can run."""
         definition = self._tools_by_name.get(call.name)
         if definition is None:
-            if not self._tools:
+            if not self._tools_by_name:
                 return f"Unknown tool: {call.name}. No tools are available in this run."
-            names = ", ".join(d.name for d in self._tools)
+            names = ", ".join(self._tools_by_name)  # the run's final-result tool too
             return f"Unknown tool: {call.name}. Available tools: {names}."
         if call.parse_error is not None:
             # Checked before the schema: empty arguments may satisfy it, and the model
@@ -824,8 +914,10 @@ class Engine:
             self._state,
             self.turns,
             self.max_turns,
+            self.usage_limits,
             self.check_permissions,
             self.check_continue,
+            self.usage,
             self.abort_reason,
             self._abort_context,
             tuple(self._abandoned),
@@ -837,6 +929,11 @@ class Engine:
             tuple(_rendered(m) for m in self._queue.follow_up),
             self._continue_pending,
             self._stop_reason,
+            None if self.output is None else self.output.retries,  # the schema: as tools
+            self.output_call,
+            self._output_failures,
+            self._output_error,
+            self._output_remind,
             _extra_key(self.__dict__),
         )
 
@@ -927,6 +1024,8 @@ CONFIGURATION: Final = frozenset(
         "_tools_by_name",
         "_scheduling",
         "max_turns",
+        "usage_limits",
+        "output",
         "check_permissions",
         "check_continue",
         "run_id",

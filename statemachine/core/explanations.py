@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from statemachine.core.messages import ToolCall, ToolResultMessage
+from statemachine.core.messages import ToolCall, ToolResultMessage, Usage
 
 __all__ = [
     "aborted",
@@ -18,8 +18,11 @@ __all__ = [
     "denied_by_policy",
     "failed",
     "final_answer",
+    "output_accepted",
+    "output_invalid",
     "stopped_by_hook",
     "turn_limit",
+    "usage_limit",
     "waiting_for_approval",
 ]
 
@@ -69,23 +72,61 @@ def aborted(where: str, reason: str, abandoned: Sequence[str]) -> str:
     return f"Aborted {where}: {reason}. Every tool call that had started has a result{cleanup}"
 
 
+def _last_operation(last_result: ToolResultMessage | None) -> str:
+    if last_result is None:
+        return "the model's last response"
+    outcome = "failed" if last_result.is_error else "returned"
+    return (
+        f"tool {last_result.tool_name} (call {last_result.tool_call_id}) {outcome}: "
+        f"{_short(last_result.text) or '(no text)'}"
+    )
+
+
 def turn_limit(max_turns: int, last_result: ToolResultMessage | None, queued: int) -> str:
     """The turn limit was reached with work asked for; ``last_result``: the last result
     of the batch, if any (else the model's response was the last operation)."""
-    if last_result is not None:
-        outcome = "failed" if last_result.is_error else "returned"
-        operation = (
-            f"tool {last_result.tool_name} (call {last_result.tool_call_id}) {outcome}: "
-            f"{_short(last_result.text) or '(no text)'}"
-        )
-    else:
-        operation = "the model's last response"
+    operation = _last_operation(last_result)
     waiting = f" and {queued} queued input message(s) wait" if queued else ""
     return (
         f"Stopped at the turn limit: max_turns={max_turns} model calls were made and the "
         f"model still had work to do{waiting}. Last operation: {operation}. To continue, "
         "run again on this history with a higher max_turns, or add a user message that "
         "narrows the task."
+    )
+
+
+def usage_limit(
+    reached: tuple[str, int, int],
+    usage: Usage,
+    requests: int,
+    last_result: ToolResultMessage | None,
+    queued: int,
+) -> str:
+    """A usage limit was reached with work asked for: ``reached`` is the limit's
+    ``(name, limit, used)``; ``usage`` and ``requests`` the run's usage so far."""
+    name, limit, used = reached
+    operation = _last_operation(last_result)
+    waiting = f" and {queued} queued input message(s) wait" if queued else ""
+    prompt = usage.input + usage.cache_read + usage.cache_write
+    return (
+        f"Stopped at the usage limit {name}={limit}: {used} used, so the next model call "
+        f"would exceed it, and the model still had work to do{waiting}. Usage so far: "
+        f"{requests} request(s), {prompt} input, {usage.output} output, "
+        f"{usage.total_tokens} total tokens. Last operation: {operation}. To continue, "
+        "run again on this history with higher usage_limits."
+    )
+
+
+def output_accepted(call_id: str) -> str:
+    return f"The model gave its final result (call {call_id}); it is the run's output."
+
+
+def output_invalid(retries: int, failures: int, error: str | None) -> str:
+    """No valid final result within the retries; ``error``: why the last one failed."""
+    return (
+        f"Stopped: the model gave no valid final result in {failures} attempt(s) "
+        f"(output_retries={retries}). Last error: {_short(error or 'unknown')}. Run again "
+        "with a clearer task or instructions, or a larger output_retries."
     )
 
 

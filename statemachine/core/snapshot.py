@@ -45,6 +45,7 @@ from statemachine.core.batch import (
     CallSlot,
 )
 from statemachine.core.invariants import history_violations
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
     AssistantMessage,
     ToolCall,
@@ -52,11 +53,18 @@ from statemachine.core.messages import (
     UserMessage,
     thaw_json,
 )
+from statemachine.core.output import OUTPUT_ACCEPTED, OutputSpec
 from statemachine.core.queue import InputQueue
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.trace import Trace, TransitionRecord
-from statemachine.core.wire import block_from_dict, message_from_dict, message_to_dict
+from statemachine.core.wire import (
+    block_from_dict,
+    message_from_dict,
+    message_to_dict,
+    usage_from_dict,
+    usage_to_dict,
+)
 from statemachine.errors import (
     InvalidInputError,
     ProtocolError,
@@ -112,9 +120,16 @@ def write(engine: Engine) -> dict[str, Any]:
         "runId": engine.run_id,
         "state": engine.state.value,
         "maxTurns": engine.max_turns,
+        "usageLimits": None if engine.usage_limits is None else engine.usage_limits.to_dict(),
+        "output": None if engine.output is None else engine.output.to_dict(),
+        "outputCall": engine.output_call,
+        "outputFailures": engine._output_failures,
+        "outputError": engine._output_error,
+        "outputRemind": engine._output_remind,
         "checkPermissions": engine.check_permissions,
         "checkContinue": engine.check_continue,
         "turns": engine.turns,
+        "usage": usage_to_dict(engine.usage),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
             for d in engine.tools
@@ -212,6 +227,10 @@ def _load(
         tools=tools,
         history=history,
         max_turns=integer(data, "maxTurns", p, minimum=1),
+        usage_limits=_limits_from(data.get("usageLimits")),
+        output=None
+        if data.get("output") is None
+        else OutputSpec.from_dict(data["output"], "snapshot.output"),
         check_permissions=boolean(data, "checkPermissions", p),
         check_continue=boolean(data, "checkContinue", p),
         scheduling=scheduling,
@@ -227,6 +246,13 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     """The fields a run changes as it goes: counters, batch, queues, flags, the log."""
     p = "snapshot"
     engine.turns = integer(data, "turns", p, minimum=0)
+    if "outputFailures" in data:  # absent from snapshots written before output types
+        engine.output_call = string(data, "outputCall", p, optional=True)
+        engine._output_failures = integer(data, "outputFailures", p, minimum=0)
+        engine._output_error = string(data, "outputError", p, optional=True)
+        engine._output_remind = boolean(data, "outputRemind", p)
+    if "usage" in data:  # absent from snapshots written before usage was counted
+        engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
@@ -246,6 +272,12 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     engine.trace = Trace(
         _record_from(r, f"snapshot.trace[{i}]") for i, r in enumerate(array(data, "trace", p))
     )
+
+
+def _limits_from(value: object) -> UsageLimits | None:
+    if value is None:  # null, or absent from snapshots written before usage limits
+        return None
+    return UsageLimits.from_dict(value, "snapshot.usageLimits")
 
 
 def _denial_from(batch: Batch, value: object) -> tuple[ToolCall, str] | None:
@@ -425,6 +457,17 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
     if state in RETURNS_TO_CALLER and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
+    # The accepting result is in the history, or held back in the batch (I2).
+    held = [slot.result for slot in engine._batch if slot.result is not None]
+    if engine.output_call is not None and not any(
+        isinstance(m, ToolResultMessage)
+        and m.tool_call_id == engine.output_call
+        and engine.output is not None
+        and m.tool_name == engine.output.name
+        and m.text == OUTPUT_ACCEPTED
+        for m in [*engine._history, *held]
+    ):
+        raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
     if engine.abort_reason is not None and state is not S.Aborted:
         raise SnapshotError(f"snapshot.abortReason: set, but the run is {state}")
     if engine._denial is not None:
@@ -446,9 +489,16 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "runId",
         "state",
         "maxTurns",
+        "usageLimits",
+        "output",
+        "outputCall",
+        "outputFailures",
+        "outputError",
+        "outputRemind",
         "checkPermissions",
         "checkContinue",
         "turns",
+        "usage",
         "tools",
         "messages",
         "batch",

@@ -63,8 +63,25 @@ the tool executions it triggers::
      over everything else because the person must hear of it either way.
    - ``stop_requested`` -> ``Done``: ``should_continue`` asked to stop; its reason is
      the explanation.
+   - ``output_accepted`` -> ``Done``: a final-result call of this batch validated
+     (rule 13); the model has given what the run asked for, so no limit matters (they
+     forbid a *further* call, and none is needed). After a denial and a stop, which
+     are a person's and the hook's own decisions.
+   - ``output_retries_exhausted`` -> ``OutputInvalid``: the model failed to give a
+     valid final result once more than ``retries`` allows (rule 13). Before the limits:
+     it is the more specific reason, and calling again would only spend more.
    - ``turn_limit_reached`` -> ``TurnLimitExceeded``. The model asked for work (tool
      results to read, or queued input) and would need another call; I7 forbids it.
+   - ``usage_limit_reached`` -> ``UsageLimitExceeded``. The run's ``UsageLimits``
+     (model requests, input, output or total tokens, as the provider reported them
+     on each response) are reached, so the next call would exceed them; I7 forbids
+     it too. It comes after the turn limit: both stop the same call for the same
+     kind of reason, and the turn limit is the bound every run has and that depends
+     on nothing a provider reports, so a run that reaches both is explained by the
+     exact one (and runs without usage limits end exactly as before). It comes after
+     a denial and a stop for the same reasons as the turn limit does: a person must
+     hear of a denial, and a stop asked by the hook is the user's own, more specific
+     decision.
    - otherwise -> ``AwaitingModel``, with queued input injected.
 
 8. **Approvals suspend the run.** When a call needs a person's approval, the other
@@ -86,14 +103,24 @@ the tool executions it triggers::
 10. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
     with an assistant message of stop reason ``error``; the engine does not retry.
 11. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
-    ``TurnLimitExceeded`` and ``Failed`` accept any event and change nothing, so a
-    late report from a straggling task can never corrupt a finished run. Each carries
-    an explanation a person can read. Input still queued when a run ends is not
-    dropped: it is reported with the result.
+    ``TurnLimitExceeded``, ``UsageLimitExceeded``, ``OutputInvalid`` and ``Failed``
+    accept any event and change nothing, so a late report from a straggling task can
+    never corrupt a finished run. Each carries an explanation a person can read.
+    Input still queued when a run ends is not dropped: it is reported with the result.
 12. **Everything else is refused.** An event whose trigger has no row from the
     current state, or whose payload does not fit (a result for an unknown call, a
     second result for one call), raises ``ProtocolError`` and leaves the state,
     history and transition log exactly as they were (I8).
+13. **Structured output.** A run with an output type offers one more tool,
+    ``final_result``, whose parameters are the output's JSON Schema; the engine
+    answers its calls itself in ``DispatchingTools`` (no permission hook, no driver):
+    the first call whose arguments validate is the output, answered "Final result
+    accepted." (I1), and the turn boundary ends the run ``Done`` once the batch is
+    answered (rule 7). Arguments that fail the schema are answered with an error
+    result naming the problems; a final text answer (``output_missing``) goes to the
+    turn boundary instead of ``Done``, and the next model call is preceded by a user
+    message asking for the tool. Each such attempt spends one retry; past the budget
+    the run ends ``OutputInvalid``, naming the last validation error.
 
 Theory of operation
 ===================
@@ -158,6 +185,8 @@ class TurnState(enum.StrEnum):
     Aborted = "Aborted"
     TurnLimitExceeded = "TurnLimitExceeded"
     Failed = "Failed"
+    UsageLimitExceeded = "UsageLimitExceeded"
+    OutputInvalid = "OutputInvalid"
 
     @property
     def is_terminal(self) -> bool:
@@ -207,6 +236,10 @@ class Guard(enum.StrEnum):
     denied_by_policy = "denied_by_policy"
     stop_requested = "stop_requested"
     turn_limit_reached = "turn_limit_reached"
+    usage_limit_reached = "usage_limit_reached"
+    output_missing = "output_missing"
+    output_accepted = "output_accepted"
+    output_retries_exhausted = "output_retries_exhausted"
     nothing_outstanding = "nothing_outstanding"
 
 
@@ -241,7 +274,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     # Order matters: a response that reports its own failure ends the run even if it
     # carries tool calls (their arguments may be cut off); otherwise the presence of
     # tool calls, never the stop reason, decides; a final answer ends the run only
-    # when no input is queued (I3).
+    # when no input is queued (I3) and no final result is required (rule 13).
     Transition(S.AwaitingModel, T.model_responded, S.Failed, G.reports_error,
                "response reports an error"),
     Transition(S.AwaitingModel, T.model_responded, S.Aborted, G.reports_abort,
@@ -250,6 +283,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "response has tool calls"),
     Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.input_queued,
                "final answer, but input is queued"),
+    Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.output_missing,
+               "final text, but a final result is required"),
     Transition(S.AwaitingModel, T.model_responded, S.Done, None, "final answer"),
     Transition(S.AwaitingModel, T.model_failed, S.Failed, None, "model call raised"),
     _queue(S.AwaitingModel),
@@ -275,7 +310,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
     # -- the turn boundary: queued input, the should_continue hook, limits -------------------
     # Order matters: a policy denial wins (a person must hear of it whatever else
-    # holds), then a stop asked by should_continue, then the turn limit (I7).
+    # holds), then a stop asked by should_continue, then a valid final result, then
+    # the output retries, then the turn limit, then the usage limits (rule 7 says why).
     Transition(S.TurnBoundary, T.continue_decided, S.TurnBoundary, None,
                "should_continue answered"),
     _queue(S.TurnBoundary),
@@ -283,8 +319,14 @@ TRANSITIONS: tuple[Transition, ...] = (
                "a call was denied by policy"),
     Transition(S.TurnBoundary, T.next_turn, S.Done, G.stop_requested,
                "should_continue said stop"),
+    Transition(S.TurnBoundary, T.next_turn, S.Done, G.output_accepted,
+               "a valid final result was given"),
+    Transition(S.TurnBoundary, T.next_turn, S.OutputInvalid, G.output_retries_exhausted,
+               "no valid final result within the retries"),
     Transition(S.TurnBoundary, T.next_turn, S.TurnLimitExceeded, G.turn_limit_reached,
                "turn limit reached with work asked for"),
+    Transition(S.TurnBoundary, T.next_turn, S.UsageLimitExceeded, G.usage_limit_reached,
+               "usage limit reached with work asked for"),
     Transition(S.TurnBoundary, T.next_turn, S.AwaitingModel, None,
                "inject queued input; call the model"),
     Transition(S.TurnBoundary, T.abort, S.Aborted, None, "abort at the turn boundary"),
@@ -314,7 +356,9 @@ INITIAL: TurnState = S.Ready
 """Where every run starts. The first row of ``TRANSITIONS`` starts from it, because
 the diagrams read a table's start from its first row."""
 
-TERMINAL: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
+TERMINAL: frozenset[TurnState] = frozenset(
+    {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed, S.UsageLimitExceeded, S.OutputInvalid}
+)
 """States that end a run."""
 
 ABSORBING: frozenset[TurnState] = TERMINAL
@@ -345,8 +389,8 @@ STATE_DOCS: Mapping[TurnState, str] = {
         "results are being collected"
     ),
     S.TurnBoundary: (
-        "the batch is answered: queued input is injected, should_continue and the turn "
-        "limit are checked"
+        "the batch is answered: queued input is injected, should_continue, the turn "
+        "limit and the usage limits are checked"
     ),
     S.Aborting: "an abort was asked; started work is finishing its cleanup",
     S.AwaitingUser: (
@@ -356,6 +400,10 @@ STATE_DOCS: Mapping[TurnState, str] = {
     S.Aborted: "the run was aborted; every started tool call has a result",
     S.TurnLimitExceeded: "the turn limit was reached with work still asked for",
     S.Failed: "the provider failed; the history ends with an error assistant message",
+    S.UsageLimitExceeded: (
+        "a usage limit (requests or tokens) was reached with work still asked for"
+    ),
+    S.OutputInvalid: "the model gave no valid final result within the output retries",
 }
 
 TRIGGER_DOCS: Mapping[Trigger, str] = {

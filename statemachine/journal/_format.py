@@ -20,7 +20,9 @@ from typing import Any, Final
 import attrs
 
 from statemachine.core.engine import Engine
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message
+from statemachine.core.output import OutputSpec
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.wire import (
     message_from_dict,
@@ -104,9 +106,37 @@ def _needs_functions(options: Mapping[str, Any]) -> list[str]:
     )
 
 
+def _encode_usage_limits(value: UsageLimits | None) -> dict[str, int] | None:
+    return None if value is None else value.to_dict()
+
+
+def _decode_usage_limits(value: Any, path: str) -> UsageLimits | None:
+    if value is None:
+        return None
+    try:
+        return UsageLimits.from_dict(value, path)
+    except InvalidInputError as exc:
+        raise WireFormatError(str(exc)) from None
+
+
+def _encode_output(value: OutputSpec | None) -> dict[str, Any] | None:
+    return None if value is None else value.to_dict()
+
+
+def _decode_output(value: Any, path: str) -> OutputSpec | None:
+    if value is None:
+        return None
+    try:
+        return OutputSpec.from_dict(value, path)
+    except InvalidInputError as exc:
+        raise WireFormatError(str(exc)) from None
+
+
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "check_continue": (lambda v: v, _decode_flag),
+    "usage_limits": (_encode_usage_limits, _decode_usage_limits),
+    "output": (_encode_output, _decode_output),
 }
 _HEADER_KEYS: Final = frozenset(
     {"format", "version", "runId", "maxTurns", "checkPermissions", "tools", "messages", "options"}

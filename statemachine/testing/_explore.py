@@ -94,6 +94,10 @@ class _Search(RuleChecks):
     ) -> None:
         if config.max_calls is not None and config.max_calls < bounds.calls:
             bounds = attrs.evolve(bounds, calls=config.max_calls)
+        if config.usages is not None:
+            bounds = attrs.evolve(bounds, usages=config.usages)
+        if config.call_kinds is not None:
+            bounds = attrs.evolve(bounds, call_kinds=config.call_kinds)
         self.bounds = bounds
         self.config = config.options
         self.check_continue = bool(config.options.get("check_continue"))
@@ -361,9 +365,34 @@ class _Search(RuleChecks):
             self._check_effects(engine, actions, entered, before_turns, path)
         child = self._child(engine, event, actions, node)
         self._check_transition(engine, event, actions, before_history, before_state, path)
+        if any(isinstance(a, CallModel) for a in actions):
+            self._check_budget(engine, before_history, before_turns, path)
         self._check_state(engine, path, child)
         self.current = engine
         return child
+
+    def _check_budget(
+        self, engine: Engine, before: list[Message], calls_before: int, path: tuple[Event, ...]
+    ) -> None:
+        """I7 for usage limits: a model call is made only while the usage so far (the
+        usage the run's responses reported, summed here from the history) has reached
+        none of the run's limits."""
+        limits = engine.usage_limits
+        if limits is None:
+            return
+        reported = [m.usage for m in before if isinstance(m, AssistantMessage) and m.usage]
+        used = {
+            "requests": calls_before,
+            "input_tokens": sum(u.input + u.cache_read + u.cache_write for u in reported),
+            "output_tokens": sum(u.output for u in reported),
+            "total_tokens": sum(u.total_tokens for u in reported),
+        }
+        for name, value in used.items():
+            limit = getattr(limits, name)
+            if limit is not None and value >= limit:
+                self._violate(
+                    "I7", f"a model call was made with {name}={value} at the limit {limit}", path
+                )
 
     def _check_rows(self, engine: Engine, before_trace: int, path: tuple[Event, ...]) -> None:
         """Every transition the event caused is a row of the table."""
@@ -471,3 +500,10 @@ class _Search(RuleChecks):
                 self._violate("I3", "Done with input still queued", path)
         if state is S.TurnLimitExceeded and str(engine.max_turns) not in (engine.explanation or ""):
             self._violate("I7", "the turn-limit explanation does not name the limit", path)
+        if state is S.OutputInvalid and "Last error: " not in (engine.explanation or ""):
+            self._violate("I4", "the OutputInvalid explanation does not name the error", path)
+        if state is S.UsageLimitExceeded:
+            limits = engine.usage_limits.to_dict() if engine.usage_limits else {}
+            named = any(str(v) in (engine.explanation or "") for v in limits.values())
+            if not limits or not named:
+                self._violate("I7", "the usage-limit explanation does not name the limit", path)

@@ -48,7 +48,9 @@ G = Guard
 Holds = Callable[[Guard], bool]
 """The value of a named guard at the moment a trigger fires."""
 
-ENDS: frozenset[TurnState] = frozenset({S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed})
+ENDS: frozenset[TurnState] = frozenset(
+    {S.Done, S.Aborted, S.TurnLimitExceeded, S.UsageLimitExceeded, S.OutputInvalid, S.Failed}
+)
 """Rule 11: the states that end a run and absorb every further event."""
 
 # Rule 9: where an abort finds nothing running, the run ends at once; where work is
@@ -87,6 +89,9 @@ def _model_responded(source: TurnState, holds: Holds) -> Expected | None:
     # Rule 6 and I3: a final answer ends the run only with nothing queued.
     if holds(G.input_queued):
         return Expected(S.TurnBoundary, "rule 6: a final answer with input queued goes on")
+    # Rule 13: where a final result is required, text is one failed attempt at it.
+    if holds(G.output_missing):
+        return Expected(S.TurnBoundary, "rule 13: final text where a final result is required")
     return Expected(S.Done, "rule 6: a final answer with nothing queued ends the run Done")
 
 
@@ -163,13 +168,22 @@ def _results_complete(source: TurnState, holds: Holds) -> Expected | None:
 def _next_turn(source: TurnState, holds: Holds) -> Expected | None:
     if source is not S.TurnBoundary:
         return None
-    # Rule 7, in its stated order: a denial, a stop, the limit, else the next call.
+    # Rule 7, in its stated order: a denial, a stop, a final result, the output retries,
+    # the turn limit, the usage limits, else the next call.
     if holds(G.denied_by_policy):
         return Expected(S.AwaitingUser, "rule 7: a policy denial wins; a person must hear of it")
     if holds(G.stop_requested):
         return Expected(S.Done, "rule 7: should_continue asked to stop")
+    if holds(G.output_accepted):
+        return Expected(S.Done, "rule 7: a valid final result ends the run; no call is needed")
+    if holds(G.output_retries_exhausted):
+        return Expected(S.OutputInvalid, "rule 7: the output retries are spent (rule 13)")
     if holds(G.turn_limit_reached):
         return Expected(S.TurnLimitExceeded, "rule 7: the turn limit forbids another call (I7)")
+    if holds(G.usage_limit_reached):
+        return Expected(
+            S.UsageLimitExceeded, "rule 7: a reached usage limit forbids another call (I7)"
+        )
     return Expected(S.AwaitingModel, "rule 7: otherwise the model is called again")
 
 

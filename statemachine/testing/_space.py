@@ -33,13 +33,16 @@ from statemachine.core.events import (
     ToolFinished,
     ToolPermitted,
 )
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
     TextContent,
     ToolCall,
+    Usage,
     UserMessage,
 )
+from statemachine.core.output import OutputSpec
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
@@ -61,20 +64,52 @@ FIRST_MESSAGE = UserMessage("use the tools")
 OK_OUTPUT = ToolOutput("done")
 ERROR_OUTPUT = ToolOutput("Error: it broke", is_error=True)
 
-CallKind = Literal["ok", "unknown", "invalid"]
+CallKind = Literal["ok", "unknown", "invalid", "final_ok", "final_bad"]
 
 
 @attrs.frozen
 class Config:
     """One engine configuration to explore: the ``Engine`` options, and where the state
-    space needs it, a tighter cap on tool calls per response than ``Bounds.calls``."""
+    space needs it, a tighter cap on tool calls per response than ``Bounds.calls``,
+    and the usages a response may report (``Bounds.usages`` when ``None``)."""
 
     options: Mapping[str, Any] = attrs.field(factory=dict)
     max_calls: int | None = None
+    usages: tuple[Usage | None, ...] | None = None
+    call_kinds: tuple[CallKind, ...] | None = None
 
     def describe(self) -> str:
-        flags = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) or "no hooks"
-        return flags + (f" (at most {self.max_calls} calls)" if self.max_calls is not None else "")
+        """One short line (the progress display shows it on one terminal line)."""
+        flags = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        return (flags or "no hooks") + (
+            f" (at most {self.max_calls} calls)" if self.max_calls is not None else ""
+        )
+
+
+def _short(value: object) -> str:
+    """An option as the checker's report shows it (usage limits: only those set)."""
+    if isinstance(value, UsageLimits):
+        fields = attrs.asdict(value, filter=lambda _, v: v is not None)
+        return ",".join(f"{k}:{v}" for k, v in fields.items())
+    if isinstance(value, OutputSpec):
+        return f"{value.name}(retries:{value.retries})"
+    return str(value)
+
+
+# The usage limits the checker explores: a response reports either no usage or
+# RESPONSE_USAGE, so the limit is reached after one, two or three model calls, or never;
+# at the third call it is reached together with the turn limit (which wins, rule 7), and
+# with should_continue's stop (which wins too).
+RESPONSE_USAGE = Usage(input=60, output=40, total_tokens=100)
+USAGE_LIMITS = UsageLimits(total_tokens=100)
+
+# The structured output the checker explores: responses may call the final-result tool
+# with valid or invalid arguments, beside ordinary calls, or answer with text; with one
+# retry, the second failed attempt ends the run OutputInvalid.
+OUTPUT = OutputSpec.of(
+    {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    retries=1,
+)
 
 
 # A permission hook gives every call four answers, in any order, then approvals: at three
@@ -85,6 +120,8 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config({}),
     Config({"check_continue": True}),
     Config({"check_permissions": True, "check_continue": True}, max_calls=2),
+    Config({"usage_limits": USAGE_LIMITS, "check_continue": True}, usages=(None, RESPONSE_USAGE)),
+    Config({"output": OUTPUT, "check_continue": True}, call_kinds=("ok", "final_ok", "final_bad")),
 )
 
 
@@ -95,7 +132,8 @@ class Bounds:
     ``turns`` is the engine's ``max_turns``; ``calls`` the most tool calls in one
     response; ``configs`` the engine configurations to explore (each a separate
     search; see ``Config``);
-    ``queued`` is the most inputs waiting in the queue at once; ``limits`` caps how
+    ``usages`` are the usages a model response may report (each response is offered
+    with each); ``queued`` is the most inputs waiting in the queue at once; ``limits`` caps how
     often a trigger may occur on one path (for an input that could otherwise repeat
     forever and has no state of its own to bound it).
 
@@ -114,6 +152,7 @@ class Bounds:
     calls: int = 3
     call_kinds: tuple[CallKind, ...] = ("ok", "unknown", "invalid")
     stop_reasons: tuple[StopReason, ...] = tuple(StopReason)
+    usages: tuple[Usage | None, ...] = (None,)
     configs: tuple[Config, ...] = DEFAULT_CONFIGS
     queued: int = 1
     limits: Mapping[Trigger, int] = attrs.field(factory=dict)
@@ -145,7 +184,9 @@ def _responses(turn: int, bounds: Bounds) -> list[Event]:
             calls = [_call(f"t{turn}c{i}", kind) for i, kind in enumerate(kinds)]
             text = [] if calls else [TextContent("finished")]
             for stop in bounds.stop_reasons:
-                out.append(ModelResponded(AssistantMessage([*text, *calls], stop_reason=stop)))
+                for usage in bounds.usages:
+                    message = AssistantMessage([*text, *calls], stop_reason=stop, usage=usage)
+                    out.append(ModelResponded(message))
     if bounds.calls >= 2:
         # Ids the engine must normalise (empty and repeated).
         calls = [_call("", "ok") for _ in range(bounds.calls)]
@@ -154,6 +195,8 @@ def _responses(turn: int, bounds: Bounds) -> list[Event]:
 
 
 def _call(call_id: str, kind: CallKind) -> ToolCall:
+    if kind in ("final_ok", "final_bad"):
+        return ToolCall(call_id, OUTPUT.name, {"answer": "42" if kind == "final_ok" else 42})
     if kind == "unknown":
         return ToolCall(call_id, UNKNOWN_TOOL, VALID_ARGUMENTS)
     return ToolCall(call_id, TOOL.name, VALID_ARGUMENTS if kind == "ok" else INVALID_ARGUMENTS)

@@ -8,11 +8,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from statemachine.core.messages import Message, UserMessage
+from statemachine.core.limits import UsageLimits
+from statemachine.core.messages import Message, Usage, UserMessage
+from statemachine.core.output import OutputSpec
 from statemachine.core.wire import message_from_dict
-from statemachine.errors import SpecError, WireFormatError
+from statemachine.errors import InvalidInputError, SpecError, WireFormatError
 
-__all__ = ["MAX_SCENARIO_BYTES", "Reader", "SpecError", "message", "read"]
+__all__ = [
+    "MAX_SCENARIO_BYTES",
+    "Reader",
+    "SpecError",
+    "message",
+    "read",
+    "run_options",
+    "usage",
+    "usage_limits",
+]
 
 
 MAX_SCENARIO_BYTES = 1024 * 1024
@@ -79,3 +90,50 @@ def message(reader: Reader, data: Any, where: str) -> Message:
         return message_from_dict(data, path=where)
     except WireFormatError as exc:
         raise reader.fail(where, str(exc)) from None
+
+
+_USAGE_LIMITS = {"requests", "input_tokens", "output_tokens", "total_tokens"}
+_USAGE = {"input", "output", "cache_read", "cache_write", "total_tokens"}
+
+
+def run_options(r: Reader, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``run_agent`` options of ``[run]`` beyond the history and the turn limit:
+    ``usage_limits``, and ``output_schema`` (a JSON Schema: ``output_type``) with
+    ``output_retries``."""
+    options: dict[str, Any] = {}
+    limits = usage_limits(r, run)
+    if limits is not None:
+        options["usage_limits"] = limits
+    if "output_schema" in run:
+        schema = run["output_schema"]
+        try:
+            OutputSpec.of(schema)  # refused here, naming the key, rather than when it runs
+        except InvalidInputError as exc:
+            raise r.fail("run.output_schema", str(exc)) from None
+        options["output_type"] = dict(schema)
+    if "output_retries" in run:
+        options["output_retries"] = r.get(run, "output_retries", int, "run")
+    return options
+
+
+def usage_limits(r: Reader, run: Mapping[str, Any]) -> UsageLimits | None:
+    """``[run.usage_limits]``: the ``UsageLimits`` of the run, if any."""
+    if "usage_limits" not in run:
+        return None
+    table = r.table(run["usage_limits"], "run.usage_limits", _USAGE_LIMITS)
+    values = {k: r.get(table, k, int, "run.usage_limits") for k in sorted(table)}
+    try:
+        return UsageLimits(**values)
+    except InvalidInputError as exc:
+        raise r.fail("run.usage_limits", str(exc)) from None
+
+
+def usage(r: Reader, step: Mapping[str, Any], where: str) -> Usage | None:
+    """A model step's ``usage``: the token counts the response reports."""
+    if "usage" not in step:
+        return None
+    table = r.table(step["usage"], f"{where}.usage", _USAGE)
+    values = {k: r.get(table, k, int, f"{where}.usage") for k in sorted(table)}
+    if any(v < 0 for v in values.values()):
+        raise r.fail(f"{where}.usage", "token counts are integers of at least 0")
+    return Usage(**values)

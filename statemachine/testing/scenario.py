@@ -45,7 +45,7 @@ from statemachine.agent.events import (
 )
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import AssistantMessage, Message, StopReason, UserMessage
+from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage, UserMessage
 from statemachine.core.tools import ToolDefinition
 
 __all__ = [
@@ -198,6 +198,7 @@ class ModelTurn:
     thinking: str = ""
     error_message: str | None = None  # what a provider says with stop reason error/aborted
     error: str = ""  # with ``raises``: the text of the RuntimeError
+    usage: Usage | None = None  # the token usage the response reports
 
     @property
     def asks_for_work(self) -> bool:

@@ -40,6 +40,7 @@ from statemachine.core.wire import (
     message_to_dict,
 )
 from statemachine.errors import InvalidInputError
+from statemachine.testing import _spec_reader
 from statemachine.testing._compact import compact, diff, lines_match
 from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
 from statemachine.testing.runner import agent_loop
@@ -132,15 +133,17 @@ class Spec:
     expect: Expectations
     grace_period: float
     ids: Mapping[str, str]  # call key -> the call id the file gave it
+    run_options: Mapping[str, Any] = attrs.field(factory=dict)  # usage_limits, output_type...
 
 
 _TOP = {"name", "checks", "description", "run", "tools", "calls", "model", "abort"}
 _TOP |= {"permissions", "expect", "inputs", "continue"}
-_RUN = {"max_turns", "grace_period", "messages"}
+_RUN = {"max_turns", "grace_period", "messages", "usage_limits", "output_schema"}
+_RUN |= {"output_retries"}
 _TOOL = {"name", "description", "parameters", "returns", "raises", "is_error", "bad_output"}
 _CALL = {"returns", "raises", "is_error", "bad_output", "after", "hang", "on_abort"}
 _MODEL = {"text", "thinking", "stop_reason", "tool_calls", "error_message", "raises", "hang"}
-_MODEL |= {"on_abort"}
+_MODEL |= {"on_abort", "usage"}
 _TOOL_CALL = {"id", "name", "arguments", "parse_error"}
 _ABORT = {"before_start", "during_model_call", "when_tool_starts", "reason"}
 _PERMISSIONS = {"deny", "advisory", "approve", "raise_for", "abort_at"}
@@ -301,6 +304,7 @@ class _Loader:
             raises=raises is not None,
             error=raises or "",
             on_abort=_MODEL_ON_ABORT[on_abort] if hang else OnAbort.IGNORE,
+            usage=_spec_reader.usage(r, step, where),
         )
 
     def abort(self) -> AbortAt:
@@ -432,7 +436,9 @@ def load_scenario(path: str | Path) -> Spec:
         script_must_last=True,
     )
     description = reader.get(top, "description", str, "(top level)", "")
-    return Spec(path, name, checks, description, scenario, loader.expectations(), grace, loader.ids)
+    expect = loader.expectations()
+    options = _spec_reader.run_options(reader, run)
+    return Spec(path, name, checks, description, scenario, expect, grace, loader.ids, options)
 
 
 # -- running and comparing ---------------------------------------------------------------------
@@ -462,7 +468,8 @@ def _state_trace(result: RunResult) -> list[str]:
 
 
 def _run_once(spec: Spec) -> RunRecord:
-    loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem)
+    options = spec.run_options
+    loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem, **options)
     return run_record(loop, spec.scenario, timeout=HANG_LIMIT * 2, hang_limit=HANG_LIMIT)
 
 

@@ -160,7 +160,10 @@ def _build_message(number: int, turn: ModelTurn) -> AssistantMessage:
         call_id = f"call_{number}_{c}" if call.call_id is None else call.call_id
         content.append(ToolCall(call_id, call.tool, arguments, parse_error=call.parse_error))
     return AssistantMessage(
-        tuple(content), stop_reason=turn.stop_reason, error_message=turn.error_message
+        tuple(content),
+        stop_reason=turn.stop_reason,
+        error_message=turn.error_message,
+        usage=turn.usage,
     )
 
 

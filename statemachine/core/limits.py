@@ -1,0 +1,112 @@
+"""Usage limits: a budget of model requests and tokens for one run.
+
+``UsageLimits`` is checked by the engine at the turn boundary, before the model call
+that would exceed it (the ``usage_limit_reached`` guard of ``core/table.py``). The
+usage it is held to is what the provider reported on each ``AssistantMessage``
+(``usage``), summed over the run (a resumed run goes on counting); a message without
+usage counts as zero tokens. One call's size is known only once it has been made, so
+one call may take the usage past a token limit; no further call is made after it.
+
+The counts a limit reads:
+
+* ``requests``: the model calls made in the run (``Engine.turns``);
+* ``input_tokens``: prompt tokens, cached or not (``input + cache_read + cache_write``);
+* ``output_tokens``: ``output``;
+* ``total_tokens``: ``total_tokens`` as the provider reported it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from statemachine.core.checks import positive_int
+from statemachine.core.messages import Usage
+from statemachine.errors import InvalidInputError
+
+__all__ = ["UsageLimits", "check_usage_limits", "input_tokens"]
+
+_FIELDS = ("requests", "input_tokens", "output_tokens", "total_tokens")
+
+
+def _limit(instance: UsageLimits, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        positive_int(f"usage_limits.{attribute.name}", value)
+
+
+@attrs.frozen
+class UsageLimits:
+    """The most a run may use: each field a positive int, or ``None`` for no limit.
+
+    The engine checks them at each turn boundary, before the next model call: once the
+    usage so far has reached a limit, no further call is made and the run ends
+    ``UsageLimitExceeded``. ``requests`` counts model calls; the token fields count
+    what the provider reported (see ``statemachine.core.limits``).
+    """
+
+    requests: int | None = attrs.field(default=None, validator=_limit, kw_only=True)
+    input_tokens: int | None = attrs.field(default=None, validator=_limit, kw_only=True)
+    output_tokens: int | None = attrs.field(default=None, validator=_limit, kw_only=True)
+    total_tokens: int | None = attrs.field(default=None, validator=_limit, kw_only=True)
+
+    def reached(self, usage: Usage, requests: int) -> tuple[str, int, int] | None:
+        """The first limit (in field order) that the usage so far has reached, as
+        ``(name, limit, used)``; ``None`` while another model call is allowed."""
+        used = {
+            "requests": requests,
+            "input_tokens": input_tokens(usage),
+            "output_tokens": usage.output,
+            "total_tokens": usage.total_tokens,
+        }
+        for name in _FIELDS:
+            limit = getattr(self, name)
+            if limit is not None and used[name] >= limit:
+                return name, limit, used[name]
+        return None
+
+    def to_dict(self) -> dict[str, int]:
+        """The limits that are set, as JSON (``requests``, ``inputTokens``...)."""
+        return {_CAMEL[n]: getattr(self, n) for n in _FIELDS if getattr(self, n) is not None}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str) -> UsageLimits:
+        """Read ``to_dict``'s output; ``InvalidInputError`` naming ``path`` otherwise."""
+        if not isinstance(data, Mapping):
+            raise InvalidInputError(f"{path}: expected an object, got {type(data).__name__}")
+        unknown = set(data) - set(_FROM_CAMEL)
+        if unknown:
+            raise InvalidInputError(
+                f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))}"
+            )
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            name = _FROM_CAMEL[key]
+            positive_int(f"{path}.{key}", value)
+            values[name] = value
+        return cls(**values)
+
+
+_CAMEL = {
+    "requests": "requests",
+    "input_tokens": "inputTokens",
+    "output_tokens": "outputTokens",
+    "total_tokens": "totalTokens",
+}
+_FROM_CAMEL = {v: k for k, v in _CAMEL.items()}
+
+
+def input_tokens(usage: Usage) -> int:
+    """The prompt tokens of ``usage``, cached or not (what ``input_tokens`` limits)."""
+    return usage.input + usage.cache_read + usage.cache_write
+
+
+def check_usage_limits(value: object) -> UsageLimits | None:
+    """``value`` if it is a ``UsageLimits`` or ``None``; else ``InvalidInputError``."""
+    if value is not None and not isinstance(value, UsageLimits):
+        raise InvalidInputError(
+            f"usage_limits must be a UsageLimits(requests=..., input_tokens=..., "
+            f"output_tokens=..., total_tokens=...) or None, got {type(value).__name__}"
+        )
+    return value
