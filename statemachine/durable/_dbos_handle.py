@@ -1,7 +1,7 @@
 """The handle of one durable run on DBOS, from any process: its result and status,
-and the messages sent to it (decisions, steer, follow-up, abort: ``statemachine.durable.dbos``
-module docstring), which go through the database, so no live worker is needed. A
-handle made by a runner refuses to serve once that runner is destroyed.
+and the messages sent to it (decisions, steer, follow-up, abort; the docstring of
+``statemachine.durable.dbos``), which go through the database, so no live worker is
+needed. A handle made by a runner refuses to serve once that runner is destroyed.
 """
 
 from __future__ import annotations
