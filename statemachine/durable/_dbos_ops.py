@@ -4,7 +4,7 @@
 have written for it (``statemachine.journal``: header, events, checkpoints), so
 ``statemachine replay``, ``statemachine check`` and the transcript checker read it
 unchanged. It is built the way a recovery rebuilds the run: the run's own course
-(``_dbos_run.drive`` and ``DurableRun``, as the workflow runs them) goes again over a
+(``_course.drive`` and ``DurableRun``, as the workflow runs them) goes again over a
 ``JournalingEngine``, every model call, tool call and hook check answered by the
 events its recorded step saved, never by running it, and each message the run took
 (steer, follow-up, abort, decision) taking effect after the number of engine events
@@ -52,7 +52,9 @@ from statemachine.durable import (
 )
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
+from statemachine.durable._dbos_inputs import check_run_id
 from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
+from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     NOT_RECORDED,
@@ -65,7 +67,6 @@ from statemachine.durable._journal import (
     options,
     write_journal,
 )
-from statemachine.durable.dbos import _STATES, WORKFLOW, DBOSRunHandle, _check_run_id, _state
 from statemachine.errors import InvalidInputError
 from statemachine.journal._writer import Journal, JournalingEngine
 
@@ -213,7 +214,7 @@ async def export_journal(
     or an open text stream); module docstring. ``tools``: the run's tools (for their
     schemas); ``hooks``: the runner's hooks by name (which the run had), else taken
     from its steps. ``UnknownRunError`` if there is no such run."""
-    _check_run_id(run_id)
+    check_run_id(run_id)
     found = await client.list_workflows_async(workflow_ids=[run_id], load_output=True)
     if not found or found[0].name != WORKFLOW:
         raise UnknownRunError(f"no durable run has the id {run_id!r}")
@@ -243,8 +244,8 @@ async def export_journal(
 # -- listing -----------------------------------------------------------------------------------
 
 _DBOS_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
-    ours: tuple(theirs for theirs, mapped in _STATES.items() if mapped == ours)
-    for ours in sorted(set(_STATES.values()))
+    ours: tuple(theirs for theirs, mapped in STATES.items() if mapped == ours)
+    for ours in sorted(set(STATES.values()))
 }
 
 
@@ -274,9 +275,9 @@ async def list_runs(
     )
     runs = []
     for workflow in found:
-        listed = _state(workflow, viewer)
+        listed = status_of(workflow, viewer)
         if listed.state in ("running", "held"):
-            pending = await DBOSRunHandle(client, workflow.workflow_id).pending_approvals()
+            pending = await pending_calls(client, workflow.workflow_id)
             if pending and listed.state == "running":
                 listed = attrs.evolve(listed, state="waiting")
             listed = attrs.evolve(listed, pending_approvals=pending)

@@ -61,28 +61,27 @@ puts a run on a named queue; the workers launched with that queue in their ``que
 take its runs, each at most its limit at a time, each run by one worker. A dead
 worker's runs stay pending until it comes back or another worker takes them over
 with ``recover(executor_ids)``.
+
+This module holds the worker (``DBOSRunner``) and the workflow it registers; the
+rest lives in private modules: the handle of a run (``_dbos_handle``), the store
+seen from other processes (``_dbos_store``), held runs (``_dbos_held``), reading a
+run's DBOS status (``_dbos_status``), the bounds on callers' input (``_dbos_inputs``),
+the executor and control lane inside the workflow (``_dbos_run``, ``_dbos_control``),
+exports and listings (``_dbos_ops``) and the database's failures (``_dbos_errors``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
-import attrs
-from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID, WorkflowHandleAsync
-from dbos._error import (  # DBOS exports none of its errors
-    DBOSUnexpectedStepError,
-    DBOSWorkflowCancelledError,
-)
+from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
+from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
-from statemachine.agent.events import RunResult
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.run import continue_run
@@ -90,45 +89,33 @@ from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
-from statemachine.core.messages import Message, TextContent, ToolCall, UserMessage
-from statemachine.core.wire import (
-    block_to_dict,
-    message_to_dict,
-    messages_from_dicts,
-    messages_to_dicts,
-)
-from statemachine.durable import (
-    ExportedJournal,
-    ListedRun,
-    NotPendingError,
-    RunClosedError,
-    RunFailedError,
-    RunHeldError,
-    RunStatus,
-    UnknownRunError,
-)
+from statemachine.core.messages import Message, ToolCall, UserMessage
+from statemachine.core.wire import messages_from_dicts, messages_to_dicts
+from statemachine.durable import ExportedJournal, ListedRun, RunStatus, _dbos_held, _dbos_ops
 from statemachine.durable._course import drive
-from statemachine.durable._dbos_control import OPEN, STEP, TOPIC, Control
-from statemachine.durable._dbos_errors import reachable, still_there, store_errors, write_ahead
-from statemachine.durable._dbos_run import DurableRun
-from statemachine.durable._registry import application_version, differences, manifest
-from statemachine.durable._wire import (
-    call_from_dict,
-    call_to_dict,
-    result_from_dict,
-    result_to_dict,
+from statemachine.durable._dbos_control import Control
+from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
+from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
+from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
+from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
+from statemachine.durable._dbos_inputs import MAX_QUEUE_CONCURRENCY as MAX_QUEUE_CONCURRENCY
+from statemachine.durable._dbos_inputs import MAX_URL_CHARS as MAX_URL_CHARS
+from statemachine.durable._dbos_inputs import (
+    check_name,
+    check_queues,
+    check_run_id,
+    check_url,
+    checked_text,
+    storable,
 )
+from statemachine.durable._dbos_run import DurableRun
+from statemachine.durable._dbos_status import NOTES, PENDING, WORKFLOW
+from statemachine.durable._dbos_store import DBOSStore, connect, open_store
+from statemachine.durable._registry import application_version, differences, manifest
+from statemachine.durable._wire import call_to_dict, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store"]
-
-WORKFLOW = "statemachine.run"
-_PENDING = "pending"  # the event holding the calls waiting for a decision
-_POLL = 0.05  # how often a handle's result() looks (DBOS's default is a second)
-MAX_MESSAGE_CHARS = 100_000  # a steer or follow-up message, a reason
-MAX_QUEUE_CONCURRENCY = 1000
-MAX_URL_CHARS = 2000
-ENDING_WAIT = 30.0  # seconds a steer waits for an ending run to end or go on
 
 # -- the workflow ---------------------------------------------------------------------------
 
@@ -174,11 +161,11 @@ class DBOSRunner:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise InvalidInputError(f"tool names must be unique, got {names}")
-        _check_name(executor_id, "executor_id")
-        self.queues = _check_queues(queues or {})
+        check_name(executor_id, "executor_id")
+        self.queues = check_queues(queues or {})
         self.models = dict(models)
         self.tools = {t.name: t for t in tools}
-        self.database_url = _check_url(database_url)
+        self.database_url = check_url(database_url)
         self.hooks: dict[str, Any] = {
             "before_tool_call": before_tool_call,
             "after_tool_call": after_tool_call,
@@ -186,7 +173,7 @@ class DBOSRunner:
         }
         self.manifest = manifest(list(self.models), tools, self.hooks)
         if app_version is not None:
-            _check_name(app_version, "app_version")
+            check_name(app_version, "app_version")
         self.app_version = app_version or application_version(self.manifest)
         self.config: DBOSConfig = {
             "name": name,
@@ -262,7 +249,7 @@ class DBOSRunner:
     ) -> DBOSRunHandle:
         """Put the run ``run_id`` on ``queue``: a worker launched with that queue in
         its ``queues`` runs it (or, if the run exists, return its handle)."""
-        _check_name(queue, "queue")
+        check_name(queue, "queue")
         spec = self._spec(run_id, model, messages, tools, max_turns)
         options: EnqueueOptions = {
             "workflow_name": WORKFLOW,
@@ -282,7 +269,7 @@ class DBOSRunner:
         Only runs of this application version are taken. Returns their run ids."""
         ids = list(executor_ids)
         for executor_id in ids:
-            _check_name(executor_id, "executor_id")
+            check_name(executor_id, "executor_id")
         if not ids:
             return []
         client = self._require_client()
@@ -309,7 +296,7 @@ class DBOSRunner:
         max_turns: int,
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        _check_run_id(run_id)
+        check_run_id(run_id)
         if model not in self.models:
             raise InvalidInputError(f"unknown model {model!r}; known: {sorted(self.models)}")
         names = list(self.tools) if tools is None else list(tools)
@@ -319,7 +306,7 @@ class DBOSRunner:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
         if isinstance(messages, str):
-            messages = [UserMessage(_text(messages, "a message"))]
+            messages = [UserMessage(checked_text(messages, "a message"))]
         messages = check_history(messages)
         return {
             "model": model,
@@ -331,7 +318,7 @@ class DBOSRunner:
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
-        return await _handle(self._require_client(), run_id, self.app_version, self)
+        return await open_handle(self._require_client(), run_id, self.app_version, self)
 
     def _require_client(self) -> DBOSClient:
         if self._client is None:
@@ -415,19 +402,14 @@ class DBOSRunner:
         blocking, notes = self._fit(spec)
         client = self._require_client()
         if notes:
-            await client.update_workflow_attributes_async(run_id, {_NOTES: notes}, merge=True)
+            await client.update_workflow_attributes_async(run_id, {NOTES: notes}, merge=True)
         if blocking:
             await self._hold(run_id, blocking)
 
     async def _hold(self, run_id: str, reasons: list[str]) -> NoReturn:
-        """Hold the run (its attributes name why, its DBOS status is cancelled, which
-        ``resume_held`` undoes) and stop this execution of it."""
-        client = self._require_client()
-        held = f"held by worker {self.config['executor_id']!r}: " + "; ".join(reasons)
-        await client.update_workflow_attributes_async(run_id, {_HELD: held}, merge=True)
-        await client.cancel_workflow_async(run_id)
-        # DBOS's own way for a workflow to stop once it has been cancelled.
-        raise DBOSWorkflowCancelledError(f"run {run_id} is held: {held}")
+        """Hold the run and stop this execution of it (``_dbos_held.hold``)."""
+        worker = str(self.config["executor_id"])  # a str, checked in __init__
+        await _dbos_held.hold(self._require_client(), run_id, worker, reasons)
 
     # -- the operator's hand on held runs ---------------------------------------------------
 
@@ -435,32 +417,15 @@ class DBOSRunner:
         """Let a held run go on: on this worker's code, which must fit it
         (``RunHeldError`` naming what does not), taken by a worker of its application
         version (this one if they are the same). ``UsageError`` if it is not held."""
-        client = self._require_client()
-        found = await _find(client, run_id, load_input=True)
-        if found.status != "CANCELLED" or not _attributes(found).get(_HELD):
-            raise UsageError(f"run {run_id!r} is not held by a worker")
-        blocking, _ = self._fit(found.input["args"][1])
-        if blocking:
-            raise RunHeldError(
-                f"run {run_id!r} does not fit this worker's code either: " + "; ".join(blocking)
-            )
-        await client.update_workflow_attributes_async(run_id, {_HELD: ""}, merge=True)
-        await client.resume_workflow_async(run_id)
+        await _dbos_held.resume_held(self._require_client(), run_id, self._fit)
 
     async def end_held(self, run_id: str, explanation: str) -> None:
         """End a held run (or one waiting for a worker of another version) as failed,
         with ``explanation``: ``status()`` says ``failed`` with it, ``result()`` raises
         ``RunFailedError`` with it."""
-        text = _text(explanation, "explanation")
-        _storable(text, "explanation")  # kept with the run's attributes, as JSON
-        client = self._require_client()
-        found = await _find(client, run_id)
-        state = _state(found, self.app_version)
-        if state.state != "held":
-            raise UsageError(f"run {run_id!r} is {state.state}, not held")
-        ended = f"ended by an operator: {text}" + (f" ({state.held})" if state.held else "")
-        await client.update_workflow_attributes_async(run_id, {_ENDED_BY: ended}, merge=True)
-        await client.cancel_workflow_async(run_id)
+        text = checked_text(explanation, "explanation")
+        storable(text, "explanation")  # kept with the run's attributes, as JSON
+        await _dbos_held.end_held(self._require_client(), run_id, text, self.app_version)
 
     async def status(self, run_id: str) -> RunStatus:
         """The status of the run ``run_id`` as this worker sees it: ``held`` too when
@@ -474,91 +439,19 @@ class DBOSRunner:
     ) -> ExportedJournal:
         """Write the run ``run_id`` as a journal (``_dbos_ops.export_journal``), with
         this runner's tools and hooks."""
-        from statemachine.durable._dbos_ops import export_journal
-
         tools = list(self.tools.values())
-        return await export_journal(
+        return await _dbos_ops.export_journal(
             self._require_client(), run_id, target, tools=tools, hooks=self.hooks
         )
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
         """The runs of this database, newest first (``_dbos_ops.list_runs``)."""
-        from statemachine.durable._dbos_ops import list_runs
-
-        return await list_runs(self._require_client(), status, limit, self.app_version)
+        return await _dbos_ops.list_runs(self._require_client(), status, limit, self.app_version)
 
 
 async def _publish(calls: Sequence[ToolCall]) -> None:
     """Publish the calls waiting for a decision (``DBOSRunHandle.pending_approvals``)."""
-    await DBOS.set_event_async(_PENDING, [call_to_dict(c) for c in calls])
-
-
-# -- handles --------------------------------------------------------------------------------
-
-
-class DBOSStore:
-    """The runs' database seen from a process that is not a worker
-    (``statemachine.durable.RunStore``, ``open_store("dbos", url)``)."""
-
-    def __init__(self, database_url: str) -> None:
-        self.database_url = database_url
-        self._client = connect(database_url)
-
-    async def handle(self, run_id: str) -> DBOSRunHandle:
-        return await DBOSRunHandle.open(self._client, run_id)
-
-    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
-        from statemachine.durable._dbos_ops import list_runs
-
-        return await list_runs(self._client, status, limit)
-
-    async def export_journal(
-        self, run_id: str, target: str | os.PathLike[str] | IO[str]
-    ) -> ExportedJournal:
-        from statemachine.durable._dbos_ops import export_journal
-
-        return await export_journal(self._client, run_id, target)
-
-    def close(self) -> None:
-        self._client.destroy()
-
-
-def open_store(database_url: str) -> DBOSStore:
-    """The ``RunStore`` of the DBOS backend on ``database_url``."""
-    return DBOSStore(database_url)
-
-
-def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
-    """A client of the runs' database, for processes that are not workers: pass it to
-    ``DBOSRunHandle.open``. ``destroy()`` it when done. ``StoreUnavailableError`` if
-    the database cannot be reached."""
-    reachable(_check_url(database_url))
-    write_ahead(database_url)
-    with store_errors(database_url):
-        return DBOSClient(system_database_url=database_url)
-
-
-def _check_url(url: object) -> str:
-    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
-        raise InvalidInputError(
-            f"a database URL is a non-empty str of at most {MAX_URL_CHARS} chars"
-        )
-    return url
-
-
-def _check_queues(queues: object) -> dict[str, int]:
-    if not isinstance(queues, Mapping):
-        raise InvalidInputError("queues must map queue names to concurrency limits")
-    for queue, limit in queues.items():
-        _check_name(queue, "a queue name")
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            limit = -1
-        if not 1 <= limit <= MAX_QUEUE_CONCURRENCY:
-            raise InvalidInputError(
-                f"queue {queue!r}: the concurrency limit must be an integer from 1 to "
-                f"{MAX_QUEUE_CONCURRENCY}, got {queues[queue]!r}"
-            )
-    return dict(queues)
+    await DBOS.set_event_async(PENDING, [call_to_dict(c) for c in calls])
 
 
 def _outside_the_loop(call: Callable[[], None]) -> None:
@@ -577,295 +470,3 @@ def _outside_the_loop(call: Callable[[], None]) -> None:
     thread.join()
     if errors:
         raise errors[0]
-
-
-def _check_name(name: object, what: str) -> None:
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise InvalidInputError(
-            f"{what} must be a non-empty str of at most 200 chars, got {name!r}"
-        )
-    _storable(name, what)
-
-
-def _check_run_id(run_id: object) -> None:
-    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
-        raise InvalidInputError(f"a run id is a non-empty str of at most 200 chars, got {run_id!r}")
-    _storable(run_id, "a run id")
-
-
-def _storable(text: str, what: str) -> None:
-    """Refuse what a database cannot hold as text: NUL (PostgreSQL), a lone surrogate
-    (no UTF-8 form), before anything is stored."""
-    if "\x00" in text:
-        raise InvalidInputError(f"{what} must not contain NUL, got {text!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(
-            f"{what} must be valid Unicode text (no lone surrogate), got {text!r}"
-        ) from None
-
-
-async def _handle(
-    client: DBOSClient, run_id: str, viewer: str = "", owner: DBOSRunner | None = None
-) -> DBOSRunHandle:
-    _check_run_id(run_id)
-    await _find(client, run_id)
-    return DBOSRunHandle(client, run_id, viewer, owner)
-
-
-async def _find(client: DBOSClient, run_id: str, load_input: bool = False) -> Any:
-    """The run's DBOS status; ``UnknownRunError`` if there is no such run."""
-    found = await client.list_workflows_async(
-        workflow_ids=[run_id], name=WORKFLOW, load_input=load_input, load_output=False
-    )
-    if not found:
-        raise UnknownRunError(f"no durable run has the id {run_id!r}")
-    return found[0]
-
-
-# The run's attributes (kept by DBOS with its status, written outside its steps).
-_HELD = "statemachine.held"  # why a worker holds the run
-_ENDED_BY = "statemachine.ended"  # the explanation of an operator who ended it
-_NOTES = "statemachine.notes"  # changes of code the run went on through
-
-
-def _attributes(found: Any) -> Mapping[str, Any]:
-    attributes = getattr(found, "attributes", None)
-    return attributes if isinstance(attributes, Mapping) else {}
-
-
-def _state(found: Any, viewer: str = "") -> RunStatus:
-    """The state of a run from its DBOS status (approvals aside), as a worker of the
-    application version ``viewer`` sees it (``""``: any)."""
-    attributes = _attributes(found)
-    notes = tuple(str(n) for n in attributes.get(_NOTES) or ())
-    version = found.app_version or ""
-    run_id = found.workflow_id
-    if found.status == "CANCELLED" and attributes.get(_ENDED_BY):
-        return RunStatus(
-            run_id, "failed", (), version, explanation=attributes[_ENDED_BY], notes=notes
-        )
-    if found.status == "CANCELLED" and attributes.get(_HELD):
-        return RunStatus(run_id, "held", (), version, held=attributes[_HELD], notes=notes)
-    state = _STATES.get(found.status, found.status.lower())
-    if state in ("running", "queued") and viewer and version and version != viewer:
-        held = (
-            f"waits for a worker of application version {version!r} (this worker runs {viewer!r})"
-        )
-        return RunStatus(run_id, "held", (), version, held=held, notes=notes)
-    explanation = ""
-    if state == "failed":
-        explanation = f"the backend gave up on the run: {_described(found.error)}"
-    return RunStatus(run_id, state, (), version, explanation=explanation, notes=notes)
-
-
-def _described(error: object) -> str:
-    if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}"
-    else:
-        text = str(error or "no error recorded")
-    return text[:MAX_MESSAGE_CHARS]
-
-
-_ENDED = ("finished", "failed", "cancelled")
-_STATES = {
-    "PENDING": "running",
-    "ENQUEUED": "queued",
-    "DELAYED": "queued",
-    "SUCCESS": "finished",
-    "ERROR": "failed",
-    "MAX_RECOVERY_ATTEMPTS_EXCEEDED": "failed",
-    "CANCELLED": "cancelled",
-}
-
-
-class DBOSRunHandle:
-    """A durable run seen from any process (``statemachine.durable.RunHandle``)."""
-
-    def __init__(
-        self,
-        client: DBOSClient,
-        run_id: str,
-        viewer: str = "",
-        owner: DBOSRunner | None = None,
-    ) -> None:
-        self._own_client = client
-        self.run_id = run_id
-        self._viewer = viewer  # the application version of the worker that looks
-        self._owner = owner  # the runner whose client this is, if a runner made it
-        self._local: WorkflowHandleAsync[dict[str, Any]] | None = None  # started here
-
-    @property
-    def _client(self) -> DBOSClient:
-        owner = self._owner
-        if owner is not None:
-            still_there(owner.database_url)
-        if owner is not None and owner._client is not self._own_client:
-            raise UsageError(
-                f"the handle of run {self.run_id!r} was made by a runner that has been "
-                "destroyed since: take a new handle (runner.handle(run_id), or "
-                "DBOSRunHandle.open(connect(database_url), run_id))"
-            )
-        return self._own_client
-
-    @classmethod
-    async def open(cls, client: DBOSClient, run_id: str) -> DBOSRunHandle:
-        """The handle of an existing run; ``UnknownRunError`` if there is none."""
-        return await _handle(client, run_id)
-
-    async def result(self, timeout: float | None = None) -> RunResult:
-        """The run's result once it ends; ``RunHeldError`` if a worker holds it (its
-        code does not fit the run), ``RunFailedError`` if it ended without a result
-        (the backend gave up on it, or an operator ended it)."""
-        self._raise_unless_going(await _find(self._client, self.run_id))
-        try:
-            output = await asyncio.wait_for(self._output(), timeout)
-        except (TimeoutError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            self._raise_unless_going(await _find(self._client, self.run_id))
-            raise RunFailedError(f"run {self.run_id!r}: {_described(exc)}") from exc
-        return result_from_dict(self.run_id, output)
-
-    async def _output(self) -> dict[str, Any]:
-        if self._local is not None:  # started by this process: no polling
-            return await self._local.get_result()
-        handle: WorkflowHandleAsync[dict[str, Any]]
-        handle = await self._client.retrieve_workflow_async(self.run_id)
-        return await handle.get_result(polling_interval_sec=_POLL)
-
-    def _raise_unless_going(self, found: Any) -> None:
-        state = _state(found)
-        if state.state == "held":
-            raise RunHeldError(
-                f"run {self.run_id!r} is {state.held}; resume it on a compatible worker "
-                "or end it (DBOSRunner.resume_held, DBOSRunner.end_held)"
-            )
-        if state.state == "failed":
-            raise RunFailedError(f"run {self.run_id!r} failed: {state.explanation}")
-        if state.state == "cancelled":
-            raise RunFailedError(f"run {self.run_id!r} was cancelled")
-
-    async def pending_approvals(self) -> tuple[ToolCall, ...]:
-        published = await self._client.get_event_async(self.run_id, _PENDING, timeout_seconds=0)
-        if published is None:
-            await _find(self._client, self.run_id)
-        return tuple(call_from_dict(c) for c in published or ())
-
-    async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
-        if not isinstance(call_id, str):
-            raise InvalidInputError(f"call_id must be a str (one call), got {call_id!r}")
-        if not isinstance(approve, bool):
-            raise InvalidInputError("approve must be True or False")
-        text = _text(reason or "", "reason")
-        ended = _state(await _find(self._client, self.run_id)).state in _ENDED
-        if ended or call_id not in {c.id for c in await self.pending_approvals()}:
-            raise NotPendingError(
-                f"call {call_id!r} of run {self.run_id!r} is not waiting for a decision "
-                "(unknown, decided already, or the run has ended)"
-            )
-        message = {"kind": "decision", "call_id": call_id, "approve": approve, "reason": text}
-        await self._send(message, f"{self.run_id}:{call_id}")
-
-    async def steer(self, message: str | UserMessage) -> None:
-        """Queue a message for the model. Once this returns, the message reaches the
-        model or, if the run ended first, its result's ``queued_input``;
-        ``RunClosedError`` if the run had ended (module docstring)."""
-        await self._queue_input("steer", message)
-
-    async def follow_up(self, message: str | UserMessage) -> None:
-        """Queue a message used when the model would otherwise finish (as ``steer``)."""
-        await self._queue_input("follow_up", message)
-
-    async def _queue_input(self, kind: str, message: str | UserMessage) -> None:
-        text = _user_dict(message)
-        found = await _find(self._client, self.run_id)
-        if _state(found).state in _ENDED:
-            raise RunClosedError(
-                f"run {self.run_id!r} has ended; start a new run with this message"
-            )
-        message_id = uuid.uuid4().hex
-        await self._send({"kind": kind, "message": text, "id": message_id})
-        await self._confirm(message_id)
-
-    async def _confirm(self, message_id: str) -> None:
-        """Return once the message stored as ``message_id`` is sure to be taken by the
-        run; ``RunClosedError`` if the run ended without it (``_lane``)."""
-        deadline = time.monotonic() + ENDING_WAIT
-        while True:
-            is_open = await self._client.get_event_async(self.run_id, OPEN, timeout_seconds=0)
-            if is_open is not False:
-                return  # a marker follows the message: the run takes it
-            found = await _find(self._client, self.run_id)
-            if _state(found).state in _ENDED:
-                if await self._taken(message_id):
-                    return
-                raise RunClosedError(
-                    f"run {self.run_id!r} ended before it took this message; "
-                    "start a new run with it"
-                )
-            if time.monotonic() > deadline:
-                raise RunClosedError(
-                    f"run {self.run_id!r} is ending, and its worker did not finish it "
-                    f"within {ENDING_WAIT:g} s: this message may not reach it"
-                )
-            await asyncio.sleep(_POLL)
-
-    async def _taken(self, message_id: str) -> bool:
-        steps = await self._client.list_workflow_steps_async(self.run_id)
-        for step in steps:
-            output = step.get("output")
-            if step["function_name"] == STEP and isinstance(output, Mapping):
-                message = output.get("message")
-                if isinstance(message, Mapping) and message.get("id") == message_id:
-                    return True
-        return False
-
-    async def abort(self, reason: str | None = None) -> None:
-        await self._send({"kind": "abort", "reason": _text(reason or "", "reason")})
-
-    async def status(self) -> RunStatus:
-        found = await _find(self._client, self.run_id)
-        status = _state(found, self._viewer)
-        if status.state not in ("running", "held"):
-            return status
-        pending = await self.pending_approvals()
-        if pending and status.state == "running":
-            return attrs.evolve(status, state="waiting", pending_approvals=pending)
-        return attrs.evolve(status, pending_approvals=pending)
-
-    async def _send(self, message: dict[str, Any], key: str | None = None) -> None:
-        await _find(self._client, self.run_id)  # DBOS would keep a message to no run
-        await self._client.send_async(self.run_id, message, TOPIC, idempotency_key=key)
-
-    async def export_journal(
-        self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
-    ) -> ExportedJournal:
-        """Write this run as a journal (``_dbos_ops.export_journal``)."""
-        from statemachine.durable._dbos_ops import export_journal
-
-        return await export_journal(self._client, self.run_id, target, tools=tools)
-
-
-def _text(value: object, what: str) -> str:
-    if not isinstance(value, str) or len(value) > MAX_MESSAGE_CHARS:
-        raise InvalidInputError(f"{what} must be a str of at most {MAX_MESSAGE_CHARS} chars")
-    return value
-
-
-def _user_dict(message: str | UserMessage) -> dict[str, Any]:
-    if isinstance(message, str):
-        message = UserMessage(_text(message, "a message"))
-    if not isinstance(message, UserMessage):
-        raise InvalidInputError("queued input must be a str or a UserMessage")
-    encoded = message_to_dict(message)
-    size = sum(
-        len(block.text) if isinstance(block, TextContent) else len(json.dumps(block_to_dict(block)))
-        for block in message.content
-    )
-    if size > MAX_MESSAGE_CHARS:
-        raise InvalidInputError(
-            f"a message must be at most {MAX_MESSAGE_CHARS} chars, got {size} in a UserMessage"
-        )
-    return encoded
