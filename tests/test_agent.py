@@ -281,6 +281,26 @@ def test_model_strings_build_the_bundled_adapters() -> None:
     assert {"openai", "anthropic"} <= set(known_providers())
 
 
+def test_model_strings_build_the_responses_gemini_and_bedrock_adapters() -> None:
+    from statemachine.providers import BedrockModel, GeminiModel, OpenAIResponsesModel
+
+    responses = model_from_string("openai-responses:gpt-5-mini", api_key="sk-test")
+    assert isinstance(responses, OpenAIResponsesModel)
+    assert responses.model == "gpt-5-mini"
+    for prefix in ("gemini", "google-gla"):
+        gemini = model_from_string(f"{prefix}:gemini-2.5-flash", api_key="AIza-test")
+        assert isinstance(gemini, GeminiModel)
+        assert gemini.model == "gemini-2.5-flash"
+    bedrock = model_from_string(
+        "bedrock:us.anthropic.claude-sonnet-4-20250514-v1:0",
+        region="eu-central-1",
+        aws_access_key_id="AKIAFAKEFAKEFAKE",
+        aws_secret_access_key="fake-secret-0123456789",
+    )
+    assert isinstance(bedrock, BedrockModel)
+    assert bedrock.model == "us.anthropic.claude-sonnet-4-20250514-v1:0"
+
+
 def test_an_agent_takes_a_model_string(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     agent = sm.Agent("openai:gpt-4.1-mini")
@@ -288,7 +308,8 @@ def test_an_agent_takes_a_model_string(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_or_malformed_model_strings_are_usage_errors_listing_the_known() -> None:
-    with pytest.raises(sm.UsageError, match=r"unknown model provider 'mistral'.*anthropic, openai"):
+    listed = "anthropic, bedrock, gemini, google-gla, openai, openai-responses"
+    with pytest.raises(sm.UsageError, match=f"unknown model provider 'mistral'.*{listed}"):
         model_from_string("mistral:large")
     with pytest.raises(sm.UsageError, match="not 'provider:model'"):
         sm.Agent("gpt-4.1")

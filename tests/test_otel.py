@@ -267,3 +267,135 @@ def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.Mo
     )
     assert result.state is sm.TurnState.Done
     assert len(exporter.get_finished_spans()) == 5
+
+
+# -- a run's instructions, settings and deltas under tracing ------------------------------
+
+
+def _streamed(tracer: AgentTracer, **kwargs: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(messages="hi", **{**kwargs, "model": tracer.model(kwargs["model"])})
+        events = run.events()
+        result = await tracer.trace(run)
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_traced_client_gets_the_runs_instructions_settings_and_listeners() -> None:
+    tracer, exporter = _tracer(capture_content=True)
+    model = Script(sm.AssistantMessage("it is forty two"), stream=True)
+    model.system = "the client's own prompt"  # type: ignore[attr-defined]
+    settings = sm.ModelSettings(temperature=0.5, max_tokens=77, top_p=0.9, stop=["END"])
+    result, events = _streamed(
+        tracer, model=model, instructions="Be brief.", model_settings=settings
+    )
+    assert result.final_text == "it is forty two"
+    [request] = model.requests
+    assert (request.instructions, request.settings) == ("Be brief.", settings)
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert len(texts) > 1
+    assert "".join(texts) == "it is forty two"
+    chat = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}[
+        "chat scripted-1"
+    ]
+    assert json.loads(str(chat["gen_ai.system_instructions"])) == [
+        {"type": "text", "content": "Be brief."}
+    ]
+    assert chat["gen_ai.request.temperature"] == 0.5
+    assert chat["gen_ai.request.max_tokens"] == 77
+    assert chat["gen_ai.request.top_p"] == 0.9
+    assert chat["gen_ai.request.stop_sequences"] == ("END",)
+
+
+@pytest.mark.timeout(30)
+def test_without_run_instructions_the_clients_own_system_prompt_is_recorded() -> None:
+    tracer, exporter = _tracer(capture_content=True)
+    model = Script(sm.AssistantMessage("ok"))
+    model.system = "the client's own prompt"  # type: ignore[attr-defined]
+    result, _ = _streamed(tracer, model=model)
+    assert result.ok
+    chat = dict(exporter.get_finished_spans()[0].attributes or {})
+    assert json.loads(str(chat["gen_ai.system_instructions"])) == [
+        {"type": "text", "content": "the client's own prompt"}
+    ]
+    assert "gen_ai.request.temperature" not in chat
+
+
+class Plain:
+    """A client written against ``complete(messages, tools, signal)`` only."""
+
+    model = "plain-1"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(
+        self,
+        messages: Sequence[sm.Message],
+        tools: Sequence[sm.ToolDefinition],
+        signal: sm.AbortSignal,
+    ) -> sm.AssistantMessage:
+        self.calls += 1
+        return sm.AssistantMessage("plain answer")
+
+
+@pytest.mark.timeout(30)
+def test_a_traced_client_without_options_works_and_is_refused_what_it_cannot_send() -> None:
+    tracer, exporter = _tracer()
+    model = Plain()
+    result, _ = _streamed(tracer, model=model)
+    assert result.final_text == "plain answer"
+    with pytest.raises(sm.UsageError, match="cannot send instructions"):
+        _streamed(tracer, model=model, instructions="Be brief.")
+    with pytest.raises(sm.UsageError, match="cannot send temperature"):
+        _streamed(tracer, model=model, model_settings=sm.ModelSettings(temperature=0.1))
+    assert model.calls == 1
+    assert [s.name for s in exporter.get_finished_spans()].count("chat plain-1") == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_traced_adapter_streams_deltas_and_keeps_its_supported_settings() -> None:
+    from providers_server import FAST, LoopbackServer, Sleeps, sse
+
+    from statemachine.providers import OpenAIResponsesModel
+
+    tracer, exporter = _tracer()
+    with LoopbackServer() as server:
+        server.add(sse("responses/text_stream.sse", piece_size=9))
+        model = OpenAIResponsesModel(
+            "gpt-5-mini", api_key="sk-test", base_url=server.url + "/v1", retry=FAST, sleep=Sleeps()
+        )
+        with pytest.raises(sm.UsageError, match="cannot send stop"):
+            _streamed(tracer, model=model, model_settings=sm.ModelSettings(stop=["END"]))
+        result, events = _streamed(
+            tracer,
+            model=model,
+            instructions="Be brief.",
+            model_settings=sm.ModelSettings(max_tokens=50),
+        )
+        body = server.requests[0].json()
+    assert (body["instructions"], body["max_output_tokens"]) == ("Be brief.", 50)
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert "".join(texts) == result.final_text
+    chat = dict(exporter.get_finished_spans()[0].attributes or {})
+    assert chat["gen_ai.request.max_tokens"] == 50
+    assert chat["gen_ai.provider.name"] == "openai"
+
+
+def test_the_gemini_and_bedrock_adapters_have_the_conventions_provider_names() -> None:
+    from statemachine.providers import BedrockModel, GeminiModel
+
+    tracer, _ = _tracer()
+    gemini = tracer.model(GeminiModel("gemini-2.5-flash", api_key="AIza-test"))
+    bedrock = tracer.model(
+        BedrockModel(
+            "us.anthropic.claude-sonnet-4-20250514-v1:0",
+            region="eu-central-1",
+            aws_access_key_id="AKIAFAKEFAKEFAKE",
+            aws_secret_access_key="fake-secret-0123456789",
+        )
+    )
+    assert (gemini.provider, bedrock.provider) == ("gcp.gemini", "aws.bedrock")  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ every documented outcome of bad input. The recorded corpus is in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -21,6 +22,7 @@ import statemachine as sm
 import statemachine.messages
 from statemachine.providers import (
     BedrockModel,
+    CallOptions,
     ContextOverflowError,
     ProviderAuthError,
     ProviderLimitError,
@@ -404,3 +406,76 @@ def test_a_server_that_never_answers_is_stopped_at_the_deadline(
     # complete() returned, so botocore's worker thread was not left waiting.
     assert time.monotonic() - started < 3.0
     assert "region eu-central-1" in str(caught.value)
+
+
+# -- the run's instructions, settings and deltas ------------------------------------------
+
+
+def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(model=model, messages="list the files", **kw)
+        events = run.events()
+        result = await run.run()
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_run_instructions_and_settings_go_in_system_and_inference_config(
+    server: LoopbackServer,
+) -> None:
+    server.add(Reply(200, STREAM, bedrock_text_stream(), piece_size=13))
+    model = make_model(server, system="the adapter's prompt", max_tokens=300, temperature=1.0)
+    settings = sm.ModelSettings(temperature=0.5, max_tokens=77, top_p=0.9, stop=["END"])
+    result, events = options_run(model, instructions="Be brief.", model_settings=settings)
+    body = server.requests[0].json()
+    assert body["system"] == [{"text": "Be brief."}]
+    assert body["inferenceConfig"] == {
+        "maxTokens": 77,
+        "temperature": 0.5,
+        "topP": 0.9,
+        "stopSequences": ["END"],
+    }
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert "".join(texts) == result.final_text
+
+
+@pytest.mark.timeout(30)
+def test_without_run_options_the_adapters_own_system_and_max_tokens_are_sent(
+    server: LoopbackServer,
+) -> None:
+    server.add(Reply(200, STREAM, bedrock_text_stream()))
+    result, _ = options_run(make_model(server, system="adapter prompt", max_tokens=300))
+    assert result.ok
+    body = server.requests[0].json()
+    assert body["system"] == [{"text": "adapter prompt"}]
+    assert body["inferenceConfig"] == {"maxTokens": 300}
+
+
+@pytest.mark.timeout(30)
+def test_tool_input_streams_as_deltas_that_add_up_to_the_call(server: LoopbackServer) -> None:
+    server.add(
+        stream(
+            tool_use(0, "tooluse_a", "read_file", ['{"pa', 'th": "é\\"\\n"}']),
+            tool_use(1, "tooluse_b", "list_files", ['{"path": "src"}']),
+            end("tool_use"),
+        )
+    )
+    fragments: list[tuple[int, str, str, str]] = []
+    options = CallOptions(on_tool_call_delta=lambda *f: fragments.append(f))
+    model = make_model(server)
+    reply = asyncio.run(
+        model.complete(
+            [sm.UserMessage("read it")], (), sm.AbortController().signal, options=options
+        )
+    )
+    first, second = reply.tool_calls
+    assert [f[:3] for f in fragments] == [
+        (0, "tooluse_a", "read_file"),
+        (0, "tooluse_a", "read_file"),
+        (1, "tooluse_b", "list_files"),
+    ]
+    assert json.loads("".join(f[3] for f in fragments[:2])) == dict(first.arguments)
+    assert json.loads(fragments[2][3]) == dict(second.arguments)

@@ -6,6 +6,7 @@ the other adapters in ``test_providers_limits.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, co
 import statemachine as sm
 import statemachine.messages
 from statemachine.providers import (
+    CallOptions,
     ContextOverflowError,
     GeminiModel,
     ProviderAuthError,
@@ -383,3 +385,70 @@ def test_the_retry_delay_google_names_in_the_error_is_honoured(server: LoopbackS
     policy = RetryPolicy(max_attempts=2, jitter=0.0)
     assert complete(make_model(server, sleep=sleeps, retry=policy)).text.startswith("The work")
     assert sleeps.delays == [13.0]
+
+
+# -- the run's instructions, settings and deltas ------------------------------------------
+
+
+def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(model=model, messages="list the files", **kw)
+        events = run.events()
+        result = await run.run()
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+def test_run_instructions_and_settings_go_in_system_instruction_and_generation_config(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("gemini/text_stream.sse", piece_size=11))
+    model = make_model(server, system="the adapter's prompt", temperature=1.0, max_output_tokens=9)
+    settings = sm.ModelSettings(temperature=0.5, max_tokens=77, top_p=0.9, stop=["END"])
+    result, events = options_run(model, instructions="Be brief.", model_settings=settings)
+    body = server.requests[0].json()
+    assert body["systemInstruction"]["parts"] == [{"text": "Be brief."}]
+    assert body["generationConfig"] == {
+        "temperature": 0.5,
+        "maxOutputTokens": 77,
+        "topP": 0.9,
+        "stopSequences": ["END"],
+    }
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert "".join(texts) == result.final_text
+
+
+def test_without_run_instructions_the_adapters_own_system_instruction_is_sent(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("gemini/text_stream.sse"))
+    result, _ = options_run(make_model(server, system="adapter prompt"))
+    assert result.ok
+    assert server.requests[0].json()["systemInstruction"]["parts"] == [{"text": "adapter prompt"}]
+
+
+def test_each_whole_call_reaches_the_delta_listener_as_one_fragment(
+    server: LoopbackServer,
+) -> None:
+    server.add(
+        stream(
+            chunk({"functionCall": {"name": "list_files", "args": {"path": "a"}, "id": "x"}}),
+            chunk({"functionCall": {"name": "read_file", "args": {"path": "b"}}}, finish="STOP"),
+        )
+    )
+    fragments: list[tuple[int, str, str, str]] = []
+    options = CallOptions(on_tool_call_delta=lambda *f: fragments.append(f))
+    model = make_model(server)
+    reply = asyncio.run(
+        model.complete(
+            [sm.UserMessage("read it")], (LIST, READ), sm.AbortController().signal, options=options
+        )
+    )
+    first, second = reply.tool_calls
+    assert [f[:3] for f in fragments] == [
+        (0, "x", "list_files"),
+        (1, second.id, "read_file"),
+    ]
+    assert [json.loads(f[3]) for f in fragments] == [dict(first.arguments), dict(second.arguments)]

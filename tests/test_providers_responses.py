@@ -5,6 +5,7 @@ errors). The recorded corpus is in ``test_providers_responses_recorded.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, co
 import statemachine as sm
 import statemachine.messages
 from statemachine.providers import (
+    CallOptions,
     ContextOverflowError,
     OpenAIResponsesModel,
     ProviderRequestError,
@@ -500,3 +502,74 @@ def test_raw_reasoning_of_an_open_model_is_kept_as_thinking_but_not_sent_back(
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "Acting."},
     ]
+
+
+# -- the run's instructions, settings and deltas ------------------------------------------
+
+
+def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(model=model, messages="list the files", **kw)
+        events = run.events()
+        result = await run.run()
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+def test_run_instructions_replace_system_and_settings_become_request_fields(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("responses/text_stream.sse", piece_size=9))
+    model = make_model(server, system="the adapter's prompt", temperature=1.0)
+    settings = sm.ModelSettings(temperature=0.5, max_tokens=77, top_p=0.9)
+    result, events = options_run(model, instructions="Be brief.", model_settings=settings)
+    body = server.requests[0].json()
+    assert body["instructions"] == "Be brief."
+    assert (body["temperature"], body["max_output_tokens"], body["top_p"]) == (0.5, 77, 0.9)
+    assert "max_tokens" not in body
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert "".join(texts) == result.final_text
+
+
+def test_without_run_instructions_the_adapters_own_system_is_the_instructions(
+    server: LoopbackServer,
+) -> None:
+    server.add(sse("responses/text_stream.sse"))
+    result, _ = options_run(make_model(server, system="adapter prompt"))
+    assert result.ok
+    assert server.requests[0].json()["instructions"] == "adapter prompt"
+
+
+def test_stop_sequences_are_refused_before_any_call(server: LoopbackServer) -> None:
+    with pytest.raises(sm.errors.UsageError, match="cannot send stop"):
+        options_run(make_model(server), model_settings=sm.ModelSettings(stop=["END"]))
+    assert server.requests == []
+
+
+def test_call_arguments_stream_as_deltas_that_add_up_to_the_call(server: LoopbackServer) -> None:
+    server.add(
+        stream(
+            call_events(0, "call_a", "fc_a", "read_file", ['{"pa', 'th": "é\\"', '\\n"}']),
+            call_events(1, "call_b", "fc_b", "list_files", ['{"path": "src"}']),
+            completed([]),
+        )
+    )
+    fragments: list[tuple[int, str, str, str]] = []
+    options = CallOptions(on_tool_call_delta=lambda *f: fragments.append(f))
+    model = make_model(server)
+    reply = asyncio.run(
+        model.complete(
+            [sm.UserMessage("read it")], (LIST, READ), sm.AbortController().signal, options=options
+        )
+    )
+    first, second = reply.tool_calls
+    assert [f[:3] for f in fragments] == [
+        (0, "call_a|fc_a", "read_file"),
+        (0, "call_a|fc_a", "read_file"),
+        (0, "call_a|fc_a", "read_file"),
+        (1, "call_b|fc_b", "list_files"),
+    ]
+    assert json.loads("".join(f[3] for f in fragments[:3])) == dict(first.arguments)
+    assert json.loads(fragments[3][3]) == dict(second.arguments)

@@ -85,7 +85,14 @@ DEFAULT_MAX_CONTENT_CHARS = 65_536
 
 _OK_STATES = frozenset({TurnState.Done, TurnState.AwaitingUser})
 # The provider names of the library's own adapters (the conventions' values).
-_PROVIDERS = {"OpenAI": "openai", "Anthropic": "anthropic"}
+# The conventions' gen_ai.provider.name of each bundled adapter (its ``provider``).
+_PROVIDERS = {
+    "OpenAI": "openai",
+    "OpenAI Responses": "openai",
+    "Anthropic": "anthropic",
+    "Gemini": "gcp.gemini",
+    "Bedrock": "aws.bedrock",
+}
 # The conventions' bucket boundaries for the two GenAI client histograms.
 _TOKEN_BUCKETS = [4.0**i for i in range(14)]
 _DURATION_BUCKETS = [0.01 * 2.0**i for i in range(14)]

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from opentelemetry.trace import Span, SpanKind
 
 from statemachine.agent.executor import current_tool_call
-from statemachine.agent.model import ModelClient
+from statemachine.agent.model import CallOptions, ModelClient, takes_options
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -140,10 +140,18 @@ def error_type(exc: BaseException) -> str:
 
 
 class TracedModel:
-    """A model client whose calls make ``chat`` spans and the GenAI metrics."""
+    """A model client whose calls make ``chat`` spans and the GenAI metrics.
+
+    It passes a run's ``CallOptions`` on to a client whose ``complete`` declares
+    ``options`` (so instructions, settings and streamed deltas work as without the
+    tracer) and says what that client can send (``accepts_instructions``,
+    ``supported_settings``); a client without ``options`` is called as before, and a
+    run that needs options is refused for it before any call, as without the tracer.
+    """
 
     def __init__(self, client: ModelClient, tracer: AgentTracer, provider: str) -> None:
         self._client = client
+        self._with_options = takes_options(client)
         self.tracer = tracer
         self.provider = provider
         model = getattr(client, "model", None)
@@ -177,29 +185,64 @@ class TracedModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
+    @property
+    def accepts_instructions(self) -> bool:
+        """Whether the wrapped client can send a run's instructions."""
+        if not self._with_options:
+            return False
+        accepts = getattr(self._client, "accepts_instructions", True)
+        return accepts is not False
+
+    @property
+    def supported_settings(self) -> frozenset[str] | None:
+        """The settings the wrapped client can send (``None``: it does not say)."""
+        if not self._with_options:
+            return frozenset()
+        supported = getattr(self._client, "supported_settings", None)
+        return None if supported is None else frozenset(supported)
+
+    async def _call(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        options: CallOptions | None,
+    ) -> AssistantMessage:
+        if options is None or not self._with_options:
+            return await self._client.complete(messages, tools, signal)
+        return await self._client.complete(  # type: ignore[call-arg]
+            messages, tools, signal, options=options
+        )
+
     async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
     ) -> AssistantMessage:
         guard = self.tracer._guard
+        sent = options if self._with_options else None  # what reaches the client
         try:
-            span = self._open(messages)
+            span = self._open(messages, sent)
         except Exception as exc:  # noqa: BLE001 - telemetry never changes a run
             guard.failed("start chat", exc)
-            return await self._client.complete(messages, tools, signal)
+            return await self._call(messages, tools, signal, options)
         attached = guard.attach(span)
         started = time.monotonic()
         try:
-            response = await self._client.complete(messages, tools, signal)
+            response = await self._call(messages, tools, signal, options)
         except BaseException as exc:
             guard.detach(attached)
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_type(exc)
-            guard.safely("end chat", self._close, span, started, messages, tools, None, error)
+            guard.safely("end chat", self._close, span, started, messages, tools, None, error, sent)
             raise
         guard.detach(attached)
-        guard.safely("end chat", self._close, span, started, messages, tools, response, None)
+        guard.safely("end chat", self._close, span, started, messages, tools, response, None, sent)
         return response
 
-    def _open(self, messages: Sequence[Message]) -> Span | None:
+    def _open(self, messages: Sequence[Message], options: CallOptions | None) -> Span | None:
         tracer, guard = self.tracer, self.tracer._guard
         state = run_state.get()
         if state is not None:
@@ -216,7 +259,7 @@ class TracedModel:
             tracer._tracer,
             self._name,
             SpanKind.CLIENT,
-            dict(self._request),
+            {**self._request, **settings_attributes(options)},
             parent=state.span if state is not None else None,
         )
 
@@ -228,6 +271,7 @@ class TracedModel:
         tools: Sequence[ToolDefinition],
         response: object,
         error: str | None,
+        options: CallOptions | None,
     ) -> None:
         guard = self.tracer._guard
         usage = None
@@ -254,7 +298,10 @@ class TracedModel:
         self._measure(started, usage, error)
         if self.tracer.capture_content:
             answer = response if isinstance(response, AssistantMessage) else None
-            self._content(span, messages, tools, answer)
+            system = self._system
+            if options is not None and options.instructions is not None:
+                system = options.instructions  # the run's, sent instead of the client's own
+            self._content(span, messages, tools, answer, system)
         guard.end(span)
 
     def _measure(self, started: float, usage: Any, error: str | None) -> None:
@@ -273,6 +320,7 @@ class TracedModel:
         messages: Sequence[Message],
         tools: Sequence[ToolDefinition],
         response: AssistantMessage | None,
+        system: str | None,
     ) -> None:
         budget = Budget(self.tracer.max_content_chars)
         content: Attributes = {}
@@ -280,10 +328,8 @@ class TracedModel:
             output = as_message(response)
             output["finish_reason"] = FINISH_REASONS.get(response.stop_reason, "error")
             budget.put(content, "gen_ai.output.messages", [output])
-        if self._system is not None:
-            budget.put(
-                content, "gen_ai.system_instructions", [{"type": "text", "content": self._system}]
-            )
+        if system is not None:
+            budget.put(content, "gen_ai.system_instructions", [{"type": "text", "content": system}])
         state = run_state.get()
         cache = state.messages_json if state is not None else None
         budget.put_messages(content, "gen_ai.input.messages", messages, cache)
@@ -300,6 +346,19 @@ class TracedModel:
             budget.put(content, "gen_ai.tool.definitions", definitions)
         budget.mark(content)
         self.tracer._guard.set(span, content)
+
+
+def settings_attributes(options: CallOptions | None) -> Attributes:
+    """The request attributes of a run's ``ModelSettings`` (over the client's own)."""
+    if options is None:
+        return {}
+    attributes: Attributes = {}
+    for name, value in options.settings.set_fields().items():
+        if name == "stop":
+            attributes["gen_ai.request.stop_sequences"] = tuple(value)
+        elif name in REQUEST_PARAMETERS:
+            attributes[REQUEST_PARAMETERS[name]] = value
+    return attributes
 
 
 def server_of(base_url: object) -> Attributes:

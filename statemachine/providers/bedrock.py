@@ -63,6 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import httpx2
 
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
@@ -241,7 +242,7 @@ class _EventReader(ResponseReader):
         elif "toolUse" in delta:
             use = _mapping(delta["toolUse"], "a toolUse delta")
             piece = _text(use.get("input"), "a toolUse input delta")
-            builder.block(("block", index), "tool").text.append(piece)
+            builder.add_arguments(builder.block(("block", index), "tool"), piece)
         elif "reasoningContent" in delta:
             self._reasoning(index, _mapping(delta["reasoningContent"], "a reasoning delta"))
         else:
@@ -369,6 +370,11 @@ class BedrockModel(ModelAdapter):
     ``additionalModelRequestFields`` (e.g. ``{"thinking": {"type": "enabled",
     "budget_tokens": 1024}}`` for Claude). ``stream=False`` calls ``Converse``.
 
+    A run's instructions replace ``system`` as the ``system`` blocks; its
+    ``ModelSettings`` go in ``inferenceConfig`` (``temperature``, ``maxTokens``,
+    ``topP``, ``stopSequences``), over the adapter's own ``max_tokens`` and
+    ``temperature``.
+
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     ``idle_timeout`` 300 s between stream events, ``max_response_bytes`` 32 MiB, all
     enforced on the event loop (see the module docstring). Retries follow ``retry``.
@@ -460,6 +466,29 @@ class BedrockModel(ModelAdapter):
         if self.additional_fields:
             body["additionalModelRequestFields"] = dict(self.additional_fields)
         body.update(self.extra_body)
+        return body
+
+    accepts_instructions = True
+    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """The run's instructions as the ``system`` blocks (instead of the adapter's
+        ``system``), and its settings in ``inferenceConfig`` (``temperature``,
+        ``maxTokens``, ``topP``, ``stopSequences``)."""
+        if options.instructions is not None:
+            body["system"] = [{"text": options.instructions}]
+        settings = options.settings
+        inference = dict(body.get("inferenceConfig") or {})
+        if settings.temperature is not None:
+            inference["temperature"] = settings.temperature
+        if settings.max_tokens is not None:
+            inference["maxTokens"] = settings.max_tokens
+        if settings.top_p is not None:
+            inference["topP"] = settings.top_p
+        if settings.stop is not None:
+            inference["stopSequences"] = list(settings.stop)
+        if inference:
+            body["inferenceConfig"] = inference
         return body
 
     def _streams(self, body: dict[str, Any]) -> bool:

@@ -68,6 +68,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 import httpx2
 
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -321,7 +322,8 @@ class _ChunkReader(ResponseReader):
             self.calls += 1
             block.call_id = self._unique_id(call.id)
             block.name = call.name or ""
-            block.text.append(json.dumps(call.args if call.args is not None else {}))
+            # Gemini sends a call whole: its arguments are one fragment.
+            builder.add_arguments(block, json.dumps(call.args if call.args is not None else {}))
         elif part.text is not None and part.thought:
             block = builder.restart(("thought", len(builder.blocks)), "thinking")
             block.text.append(part.text)
@@ -364,6 +366,11 @@ class GeminiModel(ModelAdapter):
     "thinking_budget": 1024}``), ``max_output_tokens`` as itself. ``stream=False``
     asks for the whole response at once; ``api_version`` [``v1beta``, where the
     Gemini API has every feature] is the path's version.
+
+    A run's instructions replace ``system`` as ``system_instruction``; its
+    ``ModelSettings`` go in the generation config (``temperature``, ``max_tokens`` as
+    ``max_output_tokens``, ``top_p``, ``stop`` as ``stop_sequences``). Gemini sends a
+    function call whole, so its arguments reach ``on_tool_call_delta`` as one fragment.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     ``idle_timeout`` 300 s between stream chunks, ``max_response_bytes`` 32 MiB;
@@ -438,6 +445,27 @@ class GeminiModel(ModelAdapter):
             "config": config,
             "stream": self.stream,
         }
+
+    accepts_instructions = True
+    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """The run's instructions as ``system_instruction`` (instead of the adapter's
+        ``system``), and its settings as ``GenerateContentConfig`` fields
+        (``max_output_tokens``, ``stop_sequences``, ``temperature``, ``top_p``)."""
+        config = dict(body["config"])
+        if options.instructions is not None:
+            config["system_instruction"] = options.instructions
+        settings = options.settings
+        if settings.temperature is not None:
+            config["temperature"] = settings.temperature
+        if settings.max_tokens is not None:
+            config["max_output_tokens"] = settings.max_tokens
+        if settings.top_p is not None:
+            config["top_p"] = settings.top_p
+        if settings.stop is not None:
+            config["stop_sequences"] = list(settings.stop)
+        return {**body, "config": config}
 
     async def _open(self, body: dict[str, Any]) -> Any:
         models = self._client.aio.models

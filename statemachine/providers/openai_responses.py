@@ -63,6 +63,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("openai") from exc
 
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -334,7 +335,7 @@ class _EventReader(ResponseReader):
 
     def _on_arguments(self, event: Mapping[str, Any]) -> None:
         block = self.builder.block(("item", _index(event)), "tool")
-        block.text.append(_text(event.get("delta"), "an arguments delta"))
+        self.builder.add_arguments(block, _text(event.get("delta"), "an arguments delta"))
 
     def _on_summary_part(self, event: Mapping[str, Any]) -> None:
         index = _index(event)
@@ -391,6 +392,11 @@ class OpenAIResponsesModel(ModelAdapter):
     ``instructions``. ``reasoning`` is passed through as the request's ``reasoning``
     object (e.g. ``{"effort": "low", "summary": "auto"}``), ``max_output_tokens`` as
     itself; structured output goes in ``extra_body={"text": {"format": ...}}``.
+
+    A run's instructions replace ``system`` as ``instructions``; of its
+    ``ModelSettings`` it sends ``temperature``, ``max_tokens`` (as
+    ``max_output_tokens``) and ``top_p``; ``stop`` it cannot (the API has no stop
+    sequences), so a run that sets it is refused before any call.
 
     ``encrypted_reasoning=True`` (the default) asks for
     ``reasoning.encrypted_content``, which a stateless conversation needs to carry a
@@ -460,6 +466,25 @@ class OpenAIResponsesModel(ModelAdapter):
         if self.temperature is not None:
             body["temperature"] = self.temperature
         body.update(self.extra_body)
+        return body
+
+    accepts_instructions = True
+    # The Responses API has no stop sequences.
+    supported_settings = frozenset({"temperature", "max_tokens", "top_p"})
+
+    def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        """The run's instructions as ``instructions`` (instead of the adapter's
+        ``system``), and its settings as ``temperature``, ``max_output_tokens`` and
+        ``top_p``."""
+        if options.instructions is not None:
+            body["instructions"] = options.instructions
+        settings = options.settings
+        if settings.temperature is not None:
+            body["temperature"] = settings.temperature
+        if settings.max_tokens is not None:
+            body["max_output_tokens"] = settings.max_tokens
+        if settings.top_p is not None:
+            body["top_p"] = settings.top_p
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:

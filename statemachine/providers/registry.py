@@ -1,5 +1,12 @@
 """Model strings: ``"openai:gpt-4.1"`` or ``"anthropic:claude-sonnet-4-5"`` for a client.
 
+The bundled prefixes: ``openai`` (Chat Completions, ``OpenAIChatModel``),
+``openai-responses`` (the Responses API, ``OpenAIResponsesModel``), ``anthropic``
+(``AnthropicModel``), ``gemini`` and its alias ``google-gla`` (the Gemini API with an
+AI Studio key, ``GeminiModel``) and ``bedrock`` (Bedrock Converse, ``BedrockModel``;
+the model id may hold colons: ``"bedrock:us.anthropic.claude-sonnet-4-20250514-v1:0"``,
+only the first colon ends the prefix).
+
 ``model_from_string("provider:model", **options)`` builds the bundled adapter the
 prefix names, with ``options`` as its keyword arguments (``api_key``, ``base_url``,
 ``system``...); ``Agent``, ``run_agent`` and ``resume_agent`` take such a string
@@ -42,7 +49,11 @@ def _lazy(module: str, name: str) -> ModelFactory:
 
 _BUNDLED: dict[str, ModelFactory] = {
     "openai": _lazy("statemachine.providers.openai_chat", "OpenAIChatModel"),
+    "openai-responses": _lazy("statemachine.providers.openai_responses", "OpenAIResponsesModel"),
     "anthropic": _lazy("statemachine.providers.anthropic_messages", "AnthropicModel"),
+    "gemini": _lazy("statemachine.providers.gemini", "GeminiModel"),
+    "google-gla": _lazy("statemachine.providers.gemini", "GeminiModel"),
+    "bedrock": _lazy("statemachine.providers.bedrock", "BedrockModel"),
 }
 _providers: dict[str, ModelFactory] = dict(_BUNDLED)
 
