@@ -38,8 +38,8 @@ from hypothesis import strategies as st
 import statemachine as sm
 import statemachine.engine
 import statemachine.messages
-from statemachine.agent import run as _driver
 from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.sync import close_loop
 from statemachine.testing import (
     Execution as KitExecution,
 )
@@ -434,7 +434,7 @@ def play(plan: Plan, *, trace_memory: bool = False) -> Outcome:
     finally:
         if trace_memory:
             tracemalloc.stop()
-        _driver.close_loop(loop, GRACE)
+        close_loop(loop, GRACE)
 
 
 # -- the properties ---------------------------------------------------------------------------

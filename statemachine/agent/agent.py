@@ -43,10 +43,9 @@ from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
     AgentRun,
     check_tools,
-    refuse_running_loop,
     run_agent,
-    run_sync,
 )
+from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import Message, UserMessage

@@ -48,9 +48,8 @@ from statemachine.agent.run import (
     AgentRun,
     check_tools,
     continue_run,
-    refuse_running_loop,
-    run_sync,
 )
+from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +41,7 @@ from statemachine.agent.model import ModelClient, ModelSettings, check_settings,
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, compile_output
 from statemachine.agent.stream import EventStream
+from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
@@ -58,12 +59,8 @@ __all__ = [
     "continue_run",
     "run_agent",
     "run_agent_sync",
-    "run_sync",
     "use_backend",
 ]
-
-DEFAULT_GRACE_PERIOD = 1.0
-"""Seconds an aborted operation is given to finish its cleanup before cancellation."""
 
 
 def _check_options(model: object, grace_period: float, signal: AbortSignal | None) -> None:
@@ -550,60 +547,3 @@ def run_agent_sync(
         deps=deps,
     )
     return run_sync(run, grace_period)
-
-
-def refuse_running_loop(name: str) -> None:
-    """``UsageError`` if called from a running event loop (``name`` is the sync form)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise UsageError(
-        f"{name}() cannot be called from a running event loop; "
-        f"use 'await {name.removesuffix('_sync')}(...)' instead"
-    )
-
-
-def run_sync(run: Coroutine[Any, Any, RunResult], grace_period: object) -> RunResult:
-    """Run ``run`` on a new event loop, closed without waiting for what the run
-    abandoned (``run_agent_sync``)."""
-    runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
-    loop = runner.get_loop()
-    grace = grace_period if isinstance(grace_period, (int, float)) else DEFAULT_GRACE_PERIOD
-    try:
-        return runner.run(run)
-    finally:
-        close_loop(loop, grace)
-
-
-def _quiet_about(
-    abandoned: set[int], loop: asyncio.AbstractEventLoop, context: dict[str, Any]
-) -> None:
-    """An exception handler that says nothing of the ``abandoned`` tasks' destruction."""
-    task = context.get("task")
-    if task is not None and id(task) in abandoned and "exception" not in context:
-        return
-    loop.default_exception_handler(context)
-
-
-def close_loop(loop: asyncio.AbstractEventLoop, grace: float) -> None:
-    """Close ``loop`` without waiting past ``grace`` for tasks that ignore cancellation,
-    nor at all for executor threads (``loop.close()`` does not join them)."""
-    try:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=max(float(grace), 0.0)))
-        abandoned = {id(task) for task in pending if not task.done()}
-        if abandoned:
-            # Abandoned, and reported as such by the run: asyncio need not say again,
-            # when such a task is collected, that it never finished.
-            loop.set_exception_handler(partial(_quiet_about, abandoned))
-        loop.run_until_complete(
-            asyncio.wait(
-                [loop.create_task(loop.shutdown_asyncgens())], timeout=max(float(grace), 0.0)
-            )
-        )
-    finally:
-        loop.close()
