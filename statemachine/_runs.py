@@ -177,7 +177,7 @@ def load_run(path: Path) -> RunResult:
 
 def run_result_from_journal(lines: Iterable[str]) -> RunResult:
     """The run a journal records, rebuilt by replaying it (which also verifies it)."""
-    from statemachine.journal._replay import replay
+    from statemachine.journal import replay
 
     replayed = replay(lines, logger=quiet_logger())
     engine = replayed.engine

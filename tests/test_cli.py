@@ -22,6 +22,7 @@ import pytest
 from statemachine import _runs
 from statemachine.cli import COMMANDS, main, usage
 from statemachine.cli.common import Progress, exit_codes
+from statemachine.testing import _spec_reader
 from statemachine.testing import spec as _spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -336,10 +337,10 @@ def test_spec_defaults_to_the_scenarios_of_this_copy_not_the_current_directory(
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "other.toml").write_text("not = 'ours'\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    assert _spec.default_spec_dir() == _spec.CHECKOUT_SPEC_DIR == ROOT / "specs"
+    assert _spec.default_spec_dir() == _spec_reader.CHECKOUT_SPEC_DIR == ROOT / "specs"
     packaged = tmp_path / "_specs"
     packaged.mkdir()
-    monkeypatch.setattr(_spec, "PACKAGED_SPEC_DIR", packaged)
+    monkeypatch.setattr(_spec_reader, "PACKAGED_SPEC_DIR", packaged)
     assert _spec.default_spec_dir() == packaged
 
 

@@ -52,6 +52,7 @@ from statemachine.agent.run import (
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
+from statemachine.core.checks import positive_int
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
 from statemachine.core.limits import UsageLimits, check_usage_limits
@@ -94,17 +95,8 @@ def resume_run(
     ``Deny(reason)``) for every pending call, or a new ``message`` (pending calls are then
     "not approved"). ``max_turns`` may raise the limit; ``usage_limits``, ``output_type``,
     ``output_retries`` replace the run's (give the type again for a typed output).
-    ``stats``, ``instructions``, ``model_settings``, ``deps``: the module docstring.
-
-    Before anything runs, the snapshot is checked against itself (``Engine.restore``:
-    its pending calls must be exactly the unanswered calls of its last assistant
-    message) and, with ``key``, against its signature (``SnapshotSignatureError``);
-    ``max_snapshot_bytes`` bounds its size (default 32 MiB of JSON text). ``tools``
-    must hold the tool of every call that may run (else ``UsageError``), and the
-    calls' arguments must fit their schemas. ``before_tool_call`` is asked again about
-    each call that may run, as the run starts (the snapshot could have been edited):
-    if it now denies one, or requires approval for one marked permitted, ``run()``
-    raises ``SnapshotError`` and nothing runs (so a hooked run is resumed with it).
+    What is checked before anything runs, and ``stats``, ``instructions``,
+    ``model_settings``, ``deps``: the module docstring.
     """
     engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits)
     engine.output = _output_spec(engine, output_type, output_retries)
@@ -187,9 +179,7 @@ def _restore(
     if engine.state is not TurnState.AwaitingUser:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
     if max_turns is not None:
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
-        engine.max_turns = max_turns
+        engine.max_turns = positive_int("max_turns", max_turns)
     if usage_limits is not None:
         engine.usage_limits = usage_limits
     return engine

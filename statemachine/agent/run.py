@@ -76,6 +76,16 @@ def _check_options(model: object, grace_period: float, signal: AbortSignal | Non
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
 
 
+def _checked_model(
+    model: ModelClient | str, tools: Sequence[Tool], grace_period: float, signal: AbortSignal | None
+) -> ModelClient:
+    """The run's client (a model string resolved), once the tools and options are checked."""
+    client = resolve_model(model)
+    check_tools(tools)
+    _check_options(client, grace_period, signal)
+    return client
+
+
 def _checked_call_options(
     model: ModelClient,
     tools: Sequence[Tool],
@@ -137,9 +147,7 @@ class AgentRun(Generic[OutputT]):
     ) -> None:
         if isinstance(messages, str):
             messages = (UserMessage(messages),)
-        model = resolve_model(model)
-        check_tools(tools)
-        _check_options(model, grace_period, signal)
+        model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
         output = compile_output(output_type, output_retries)
         base = logger if logger is not None else library_logger()

@@ -52,6 +52,7 @@ from statemachine.core.batch import (
     Batch,
     CallSlot,
 )
+from statemachine.core.checks import positive_int
 from statemachine.core.events import (
     AbortRequested,
     Action,
@@ -108,7 +109,7 @@ from statemachine.core.table import (
 )
 from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
 from statemachine.core.trace import Trace, TransitionRecord
-from statemachine.errors import EngineInvariantError, InvalidInputError, ProtocolError
+from statemachine.errors import EngineInvariantError, ProtocolError
 
 __all__ = [
     "ABANDONED",
@@ -245,8 +246,7 @@ class Engine:
         logger: Any = None,
         transition_hook: TransitionHook | None = None,
     ) -> None:
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        positive_int("max_turns", max_turns)
         checked = check_tool_definitions(tools)
         self._setup(
             tools=checked,

@@ -44,6 +44,7 @@ from statemachine.core.batch import (
     Batch,
     CallSlot,
 )
+from statemachine.core.checks import positive_int
 from statemachine.core.invariants import history_violations
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import (
@@ -178,8 +179,7 @@ def read(
     """Set up ``engine`` (made without ``__init__``) from the snapshot ``data``, through
     the gates of the module docstring; see ``Engine.restore``."""
     for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {limit!r}")
+        positive_int(name, limit)
     check_shape(data, max_bytes=max_bytes, max_depth=max_depth)
     if key is not None:
         verify(data, key)

@@ -68,7 +68,7 @@ from statemachine.durable._journal import (
     write_journal,
 )
 from statemachine.errors import InvalidInputError
-from statemachine.journal._writer import Journal, JournalingEngine
+from statemachine.journal import Journal, JournalingEngine
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",

@@ -86,6 +86,7 @@ from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContin
 from statemachine.agent.model import ModelClient
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
+from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
@@ -303,8 +304,7 @@ class DBOSRunner:
         unknown = [n for n in names if n not in self.tools]
         if unknown:
             raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise InvalidInputError(f"max_turns must be a positive integer, got {max_turns!r}")
+        positive_int("max_turns", max_turns)
         if isinstance(messages, str):
             messages = [UserMessage(checked_text(messages, "a message"))]
         messages = check_history(messages)

@@ -55,7 +55,6 @@ from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolResultMessage
 from statemachine.core.table import TurnState
-from statemachine.errors import InvalidInputError
 
 try:
     from opentelemetry import metrics, trace
@@ -66,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "statemachine.otel needs OpenTelemetry: pip install 'agent-statemachine[otel]'"
     ) from exc
 
+from statemachine.core.checks import positive_int
 from statemachine.otel._guard import Attributes, Guard
 from statemachine.otel._spans import (
     RunState,
@@ -128,12 +128,7 @@ class AgentTracer:
         capture_content: bool = False,
         max_content_chars: int = DEFAULT_MAX_CONTENT_CHARS,
     ) -> None:
-        if isinstance(max_content_chars, bool) or not (
-            isinstance(max_content_chars, int) and max_content_chars > 0
-        ):
-            raise InvalidInputError(
-                f"max_content_chars must be a positive integer, got {max_content_chars!r}"
-            )
+        positive_int("max_content_chars", max_content_chars)
         self._guard = Guard()
         self._tracer: Tracer = trace.get_tracer(
             "statemachine", __version__, tracer_provider, schema_url=SCHEMA_URL

@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     raise missing_extra("anthropic") from exc
 
 from statemachine.agent.model import CallOptions
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -433,8 +434,7 @@ class AnthropicModel(ModelAdapter):
         **options: Unpack[AdapterOptions],
     ) -> None:
         key = self._setup(model, api_key, options)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidInputError("max_tokens must be a positive integer")
+        positive_int("max_tokens", max_tokens)
         if not key and client is None:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
         self.max_tokens = max_tokens

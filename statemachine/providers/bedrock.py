@@ -64,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 import httpx2
 
 from statemachine.agent.model import CallOptions
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
@@ -401,8 +402,8 @@ class BedrockModel(ModelAdapter):
         **options: Unpack[AdapterOptions],
     ) -> None:
         self._setup(model, aws_secret_access_key, options)
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise InvalidInputError("max_tokens must be a positive integer")
+        if max_tokens is not None:
+            positive_int("max_tokens", max_tokens)
         session = session or boto3.Session(
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,

@@ -69,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 import httpx2
 
 from statemachine.agent.model import CallOptions
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -401,10 +402,8 @@ class GeminiModel(ModelAdapter):
         key = self._setup(model, api_key, options)
         if not key and client is None:
             raise InvalidInputError("no Gemini API key: set GEMINI_API_KEY or pass api_key=")
-        if max_output_tokens is not None and (
-            not isinstance(max_output_tokens, int) or max_output_tokens < 1
-        ):
-            raise InvalidInputError("max_output_tokens must be a positive integer")
+        if max_output_tokens is not None:
+            positive_int("max_output_tokens", max_output_tokens)
         self.max_output_tokens = max_output_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.stream = stream

@@ -64,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     raise missing_extra("openai") from exc
 
 from statemachine.agent.model import CallOptions
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -433,10 +434,8 @@ class OpenAIResponsesModel(ModelAdapter):
             if base_url is None and client is None:
                 raise InvalidInputError("no OpenAI API key: set OPENAI_API_KEY or pass api_key=")
             key = "no-key"  # a local server ignores it, but the SDK requires one
-        if max_output_tokens is not None and (
-            not isinstance(max_output_tokens, int) or max_output_tokens < 1
-        ):
-            raise InvalidInputError("max_output_tokens must be a positive integer")
+        if max_output_tokens is not None:
+            positive_int("max_output_tokens", max_output_tokens)
         self.max_output_tokens = max_output_tokens
         self.reasoning = dict(reasoning) if reasoning is not None else None
         self.encrypted_reasoning = encrypted_reasoning

@@ -1,10 +1,10 @@
-"""Reading a spec file: size limit, TOML, and typed access whose errors name the
-file and the key (``SpecError``)."""
+"""Finding and reading spec files: where this copy's scenarios are, the size limit,
+TOML, and typed access whose errors name the file and the key (``SpecError``)."""
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,13 @@ from statemachine.core.wire import message_from_dict
 from statemachine.errors import InvalidInputError, SpecError, WireFormatError
 
 __all__ = [
+    "CHECKOUT_SPEC_DIR",
     "MAX_SCENARIO_BYTES",
+    "PACKAGED_SPEC_DIR",
     "Reader",
     "SpecError",
+    "default_spec_dir",
+    "discover",
     "message",
     "read",
     "run_options",
@@ -137,3 +141,34 @@ def usage(r: Reader, step: Mapping[str, Any], where: str) -> Usage | None:
     if any(v < 0 for v in values.values()):
         raise r.fail(f"{where}.usage", "token counts are integers of at least 0")
     return Usage(**values)
+
+
+def discover(paths: Iterable[str | Path]) -> list[Path]:
+    """The scenario files under ``paths`` (files as given, directories searched)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found += sorted(path.rglob("*.toml"))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise SpecError(f"{path}: no such file or directory")
+    return found
+
+
+PACKAGED_SPEC_DIR = Path(__file__).resolve().parents[1] / "_specs"
+"""Where an installed wheel keeps the scenarios (``specs/``, shipped as package data)."""
+
+CHECKOUT_SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
+"""Where a source checkout keeps them: the one source the wheel's copy is built from."""
+
+
+def default_spec_dir() -> Path:
+    """The scenarios that belong to this copy of the library.
+
+    The packaged copy when the library is installed from a wheel, else ``specs/`` of the
+    checkout the package is imported from. Never the current directory's ``specs/``: a
+    directory of that name elsewhere is not ours, and a path argument runs it anyway.
+    """
+    return PACKAGED_SPEC_DIR if PACKAGED_SPEC_DIR.is_dir() else CHECKOUT_SPEC_DIR

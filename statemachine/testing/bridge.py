@@ -48,6 +48,7 @@ from typing import Any
 
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolOutput
 from statemachine.core.wire import (
@@ -449,14 +450,7 @@ class BridgeLoop:
             )
         if not silence_timeout > 0:
             raise InvalidInputError(f"silence_timeout must be positive, got {silence_timeout!r}")
-        if (
-            isinstance(max_line_bytes, bool)
-            or not isinstance(max_line_bytes, int)
-            or (max_line_bytes < 1)
-        ):
-            raise InvalidInputError(
-                f"max_line_bytes must be a positive integer, got {max_line_bytes!r}"
-            )
+        positive_int("max_line_bytes", max_line_bytes)
         self.command = tuple(str(part) for part in command)
         self.silence_timeout = silence_timeout
         self.max_line_bytes = max_line_bytes

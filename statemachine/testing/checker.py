@@ -186,7 +186,7 @@ def write_counterexample(
     a deliberately broken one) names the first line where the two part ways. An event
     the engine refused ends the journal: it is not part of the run.
     """
-    from statemachine.journal._writer import Journal, JournalingEngine
+    from statemachine.journal import Journal, JournalingEngine
 
     bounds = bounds or Bounds()
     recording = type(f"Journaling{engine_class.__name__}", (JournalingEngine, engine_class), {})

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiable
 
+from statemachine.core.checks import positive_int
 from statemachine.core.messages import Message, StopReason
 from statemachine.testing.clock import runner_for
 from statemachine.testing.properties import PROPERTY_TITLES, check_record
@@ -380,8 +381,7 @@ def _checked_arguments(
         raise ValueError(
             f"unknown property name(s) {', '.join(unknown)}; known: {', '.join(PROPERTY_TITLES)}"
         )
-    if not isinstance(max_examples, int) or max_examples < 1:
-        raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
+    positive_int("max_examples", max_examples)
     if not callable(loop):
         raise TypeError(f"loop must be an async callable, got {type(loop).__name__}")
     return tuple(p for p in props if p not in declared)

@@ -42,7 +42,15 @@ from statemachine.core.wire import (
 from statemachine.errors import InvalidInputError
 from statemachine.testing import _spec_reader
 from statemachine.testing._compact import compact, diff, lines_match
-from statemachine.testing._spec_reader import MAX_SCENARIO_BYTES, Reader, SpecError, message, read
+from statemachine.testing._spec_reader import (
+    MAX_SCENARIO_BYTES,
+    Reader,
+    SpecError,
+    default_spec_dir,
+    discover,
+    message,
+    read,
+)
 from statemachine.testing.runner import agent_loop
 from statemachine.testing.runner import run_scenario as run_record
 from statemachine.testing.scenario import (
@@ -560,37 +568,6 @@ def run_scenario(spec: Spec) -> SpecOutcome:
                 + diff("transcript (run 1)", first[2], seen[2])
             )
     return SpecOutcome(spec, tuple(problems), result)
-
-
-def discover(paths: Iterable[str | Path]) -> list[Path]:
-    """The scenario files under ``paths`` (files as given, directories searched)."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            found += sorted(path.rglob("*.toml"))
-        elif path.exists():
-            found.append(path)
-        else:
-            raise SpecError(f"{path}: no such file or directory")
-    return found
-
-
-PACKAGED_SPEC_DIR = Path(__file__).resolve().parents[1] / "_specs"
-"""Where an installed wheel keeps the scenarios (``specs/``, shipped as package data)."""
-
-CHECKOUT_SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
-"""Where a source checkout keeps them: the one source the wheel's copy is built from."""
-
-
-def default_spec_dir() -> Path:
-    """The scenarios that belong to this copy of the library.
-
-    The packaged copy when the library is installed from a wheel, else ``specs/`` of the
-    checkout the package is imported from. Never the current directory's ``specs/``: a
-    directory of that name elsewhere is not ours, and a path argument runs it anyway.
-    """
-    return PACKAGED_SPEC_DIR if PACKAGED_SPEC_DIR.is_dir() else CHECKOUT_SPEC_DIR
 
 
 def coverage(scenarios: Iterable[Spec]) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
+from statemachine.core.checks import positive_int
 from statemachine.errors import InvalidInputError
 
 IGNORED_DIRS: frozenset[str] = frozenset(
@@ -107,8 +108,7 @@ class _Root:
         ignored_dirs: Iterable[str] = IGNORED_DIRS,
     ) -> None:
         for name, value in (("max_entries", max_entries), ("max_bytes", max_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         try:
             resolved = Path(root).resolve(strict=True)
         except (OSError, RuntimeError) as exc:
