@@ -254,7 +254,8 @@ class Agent(Generic[OutputT]):
         key: bytes | str | None = None,
         stats: RunStats | None = None,
     ) -> RunResult[OutputT]:
-        """``resume_agent`` with this agent's model, tools, instructions and hooks."""
+        """``resume_agent`` with this agent's model, tools, instructions, hooks, output
+        type and usage limits (so the resumed run's output is typed again)."""
         options = self._shared(deps, model_settings)
         return await resume_agent(
             state,
@@ -302,8 +303,10 @@ class Agent(Generic[OutputT]):
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
     ) -> Tool:
-        """This agent as a tool taking one ``prompt`` (module docstring). ``deps``
-        turns the parent's deps into the child's (default: the same object)."""
+        """This agent as a tool taking one ``prompt`` (module docstring): its result is
+        the child's final text, or its output as JSON when the agent has an
+        ``output_type``. ``deps`` turns the parent's deps into the child's (default:
+        the same object)."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
