@@ -84,11 +84,11 @@ def test_agent_run_is_run_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["max_turns"] == 3
     assert seen["instructions"] == "x"
     assert seen["messages"] == [sm.UserMessage("hello")]
-    # the structured-output and limit options are passed only when given
-    assert not {"output_type", "output_retries", "usage_limits"} & seen.keys()
+    # without them, the structured-output and limit options are run_agent's defaults
+    assert (seen["output_type"], seen["output_retries"], seen["usage_limits"]) == (None, 2, None)
 
 
-def test_output_and_limit_options_are_handed_to_run_agent_when_given(
+def test_output_and_limit_options_are_handed_to_run_agent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: dict[str, Any] = {}
@@ -98,11 +98,14 @@ def test_output_and_limit_options_are_handed_to_run_agent_when_given(
         return sm.RunResult(sm.TurnState.Done, (), None, 0, "")
 
     monkeypatch.setattr(agent_module, "run_agent", spy)
-    limits = object()
-    sm.Agent(ScriptedModel(), output_type=dict, output_retries=2, usage_limits=limits).run_sync("x")
+    limits = sm.UsageLimits(requests=3)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    sm.Agent(ScriptedModel(), output_type=schema, output_retries=5, usage_limits=limits).run_sync(
+        "x"
+    )
     assert (seen["output_type"], seen["output_retries"], seen["usage_limits"]) == (
-        dict,
-        2,
+        schema,
+        5,
         limits,
     )
 
@@ -178,6 +181,12 @@ def test_bad_agent_options_are_refused_at_construction() -> None:
         sm.Agent(ScriptedModel(), instructions=3)  # type: ignore[arg-type]
     with pytest.raises(sm.InvalidInputError, match="model_settings"):
         sm.Agent(ScriptedModel(), model_settings={"temperature": 1})  # type: ignore[arg-type]
+    with pytest.raises(sm.InvalidInputError, match="usage_limits"):
+        sm.Agent(ScriptedModel(), usage_limits={"requests": 3})  # type: ignore[arg-type]
+    with pytest.raises(sm.InvalidInputError, match="output_type"):
+        sm.Agent(ScriptedModel(), output_type=int)
+    with pytest.raises(sm.InvalidInputError, match="output_retries"):
+        sm.Agent(ScriptedModel(), output_type=Library, output_retries=-1)
     with pytest.raises(sm.InvalidInputError, match="message_history"):
         sm.Agent(ScriptedModel()).run_sync("x", message_history="not a list")  # type: ignore[arg-type]
 

@@ -15,20 +15,27 @@ parent's, and the parent's ``deps`` are the child's unless given. A child that s
 for a person's approval ends its call with an error result naming the calls: an
 approval cannot be carried across a tool call (the parent's call would have to stay
 open while the person decides, which the engine's batch does not allow); give the
-sub-agent a ``before_tool_call`` that decides without a person.
+sub-agent a ``before_tool_call`` that decides without a person. A sub-agent with an
+``output_type`` answers with its output as JSON (the validated arguments of its
+``final_result`` call), not with its last text.
+
+``Agent`` is generic over the output type: ``Agent(model, output_type=City)`` is an
+``Agent[City]`` without an annotation, and its runs return ``RunResult[City]``, so
+``result.output`` is a ``City | None`` to mypy (``Agent[Any]`` without an output type).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic
 
 import attrs
 
 from statemachine.agent.context import check_deps, current_run_context, note_child_stats
-from statemachine.agent.events import RunEvent, RunResult, RunStats, TextDelta
+from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -38,6 +45,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.model_call import Instructions, check_instructions
+from statemachine.agent.output import compile_output
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
@@ -48,7 +56,15 @@ from statemachine.agent.run import (
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import Message, UserMessage
+from statemachine.core.limits import UsageLimits, check_usage_limits
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    ToolResultMessage,
+    UserMessage,
+    thaw_json,
+)
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OUTPUT_ACCEPTED, OUTPUT_TOOL
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
@@ -63,15 +79,16 @@ _PROMPT_SCHEMA = {
 }
 
 
-class Agent:
+class Agent(Generic[OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
     keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
     ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
-    ``output_type``, ``output_retries`` and ``usage_limits`` are handed to
-    ``run_agent`` as they are, and only when given.
+    ``output_type``, ``output_retries`` and ``usage_limits`` are checked here, as
+    ``run_agent`` checks them (``InvalidInputError`` naming the argument), and given to
+    every run and every resume of the agent.
     """
 
     def __init__(
@@ -90,14 +107,16 @@ class Agent:
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
         deps_type: type | None = None,
-        # Typed by the structured-output and usage-limit options of run_agent; passed
-        # through untouched (and only when given), so their checks are run_agent's.
-        output_type: Any = None,
-        output_retries: Any = None,
-        usage_limits: Any = None,
+        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        usage_limits: UsageLimits | None = None,
     ) -> None:
         check_tools(tools)
         check_instructions(instructions)
+        check_usage_limits(usage_limits)
+        # Built here only to refuse a bad type or retry count now (the retries are read,
+        # as by run_agent, only with an output type); each run builds its own.
+        compile_output(output_type, output_retries)
         if model_settings is not None and not isinstance(model_settings, ModelSettings):
             raise InvalidInputError("model_settings must be a ModelSettings")
         self.model = resolve_model(model)
@@ -115,15 +134,9 @@ class Agent:
         self.grace_period = grace_period
         self.logger = logger
         self.deps_type = deps_type
-        self.forwarded = {
-            key: value
-            for key, value in (
-                ("output_type", output_type),
-                ("output_retries", output_retries),
-                ("usage_limits", usage_limits),
-            )
-            if value is not None
-        }
+        self.output_type = output_type
+        self.output_retries = output_retries
+        self.usage_limits = usage_limits
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
@@ -141,7 +154,9 @@ class Agent:
             "grace_period": self.grace_period,
             "logger": self.logger,
             **self.hooks,
-            **self.forwarded,
+            "output_type": self.output_type,
+            "output_retries": self.output_retries,
+            "usage_limits": self.usage_limits,
         }
 
     def _run_options(
@@ -172,7 +187,7 @@ class Agent:
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
-    ) -> RunResult:
+    ) -> RunResult[OutputT]:
         """``run_agent`` with this agent's model, tools, instructions, hooks and
         settings, on ``message_history`` followed by ``prompt``."""
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
@@ -186,7 +201,7 @@ class Agent:
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
-    ) -> RunResult:
+    ) -> RunResult[OutputT]:
         """``run`` for code without an event loop (as ``run_agent_sync``)."""
         refuse_running_loop("run_sync")
         run = self.run(
@@ -207,13 +222,13 @@ class Agent:
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
-    ) -> AsyncIterator[StreamedRun]:
+    ) -> AsyncIterator[StreamedRun[OutputT]]:
         """``async with agent.run_stream(prompt) as run:`` iterate ``run`` for every
         ``RunEvent``, or ``run.stream_text()`` for the answer's text as it arrives;
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
         the run (and waits for it to close)."""
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
-        streamed = StreamedRun(AgentRun(**options), given)
+        streamed: StreamedRun[OutputT] = StreamedRun(AgentRun(**options), given)
         try:
             yield streamed
         except BaseException:
@@ -238,8 +253,9 @@ class Agent:
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
-    ) -> RunResult:
-        """``resume_agent`` with this agent's model, tools, instructions and hooks."""
+    ) -> RunResult[OutputT]:
+        """``resume_agent`` with this agent's model, tools, instructions, hooks, output
+        type and usage limits (so the resumed run's output is typed again)."""
         options = self._shared(deps, model_settings)
         return await resume_agent(
             state,
@@ -262,7 +278,7 @@ class Agent:
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
-    ) -> RunResult:
+    ) -> RunResult[OutputT]:
         """``resume`` for code without an event loop."""
         refuse_running_loop("resume_sync")
         run = self.resume(
@@ -287,8 +303,10 @@ class Agent:
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
     ) -> Tool:
-        """This agent as a tool taking one ``prompt`` (module docstring). ``deps``
-        turns the parent's deps into the child's (default: the same object)."""
+        """This agent as a tool taking one ``prompt`` (module docstring): its result is
+        the child's final text, or its output as JSON when the agent has an
+        ``output_type``. ``deps`` turns the parent's deps into the child's (default:
+        the same object)."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
@@ -305,14 +323,17 @@ class Agent:
             result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
             if result.stats is not None:
                 note_child_stats(result.stats)
-            return _child_output(tool_name, result)
+            return _child_output(tool_name, result, self.output_type is not None)
 
         return Tool(definition, execute, timeout=timeout)
 
 
-def _child_output(name: str, result: RunResult) -> ToolOutput:
-    """The tool result of a sub-agent's run."""
+def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
+    """The tool result of a sub-agent's run: its output as JSON when it has an output
+    type, else its final text."""
     if result.state is TurnState.Done:
+        if typed:
+            return ToolOutput(json.dumps(_accepted_arguments(result.messages)))
         return ToolOutput(result.final_text)
     if result.state is TurnState.AwaitingUser:
         calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
@@ -326,14 +347,33 @@ def _child_output(name: str, result: RunResult) -> ToolOutput:
     )
 
 
-class StreamedRun:
+def _accepted_arguments(messages: Sequence[Message]) -> Any:
+    """The arguments of the ``final_result`` call a run accepted as its output (the
+    validated JSON object its typed output was made from)."""
+    accepted = {
+        m.tool_call_id
+        for m in messages
+        if isinstance(m, ToolResultMessage)
+        and m.tool_name == OUTPUT_TOOL
+        and not m.is_error
+        and m.text == OUTPUT_ACCEPTED
+    }
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls:
+                if call.name == OUTPUT_TOOL and call.id in accepted:
+                    return thaw_json(call.arguments)
+    return None
+
+
+class StreamedRun(Generic[OutputT]):
     """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
 
-    def __init__(self, run: AgentRun, given: int) -> None:
+    def __init__(self, run: AgentRun[OutputT], given: int) -> None:
         self.run = run
         self._given = given
         self._events = run.events()  # subscribed before the run starts: sees it all
-        self.task: asyncio.Task[RunResult] = asyncio.ensure_future(run.run())
+        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
 
     def __aiter__(self) -> AsyncIterator[RunEvent]:
         return self._events
@@ -344,6 +384,6 @@ class StreamedRun:
             if isinstance(event, TextDelta):
                 yield event.text
 
-    async def result(self) -> RunResult:
+    async def result(self) -> RunResult[OutputT]:
         """How the run ended (waits for it)."""
         return attrs.evolve(await self.task, given=self._given)
