@@ -16,12 +16,15 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-from providers_server import FIXTURES, Reply
+from providers_server import FIXTURES, LoopbackServer, Reply, complete
+
+import statemachine as sm
+from statemachine.errors import ProviderError
 
 
 @attrs.frozen
@@ -133,3 +136,39 @@ def bedrock_text_stream() -> bytes:
     usage = {"inputTokens": 412, "outputTokens": 19, "totalTokens": 431}
     events.append(bedrock_event("metadata", {"usage": usage, "metrics": {"latencyMs": 5}}))
     return b"".join(events)
+
+
+Outcome = sm.AssistantMessage | ProviderError
+
+
+def replay(
+    rec: Recording,
+    server: LoopbackServer,
+    model_for: Callable[[Interaction, Callable[[str], None]], sm.ModelClient],
+    new_messages: Callable[[Mapping[str, Any], Sequence[sm.Message]], list[sm.Message]],
+    tools_of: Callable[[Mapping[str, Any]], tuple[sm.ToolDefinition, ...]],
+) -> tuple[list[Outcome], list[list[str]]]:
+    """Every turn of ``rec`` until the first error: the outcomes and the text pieces
+    each turn streamed.
+
+    The loopback server sends the recorded responses; each turn's history is the one
+    before, our reply, and ``new_messages`` of the recorded request. ``model_for``
+    makes the model of one interaction, streaming its text to the callback given."""
+    server.add(*rec.replies())
+    history: list[sm.Message] = []
+    outcomes: list[Outcome] = []
+    pieces: list[list[str]] = []
+    for interaction in rec.interactions:
+        body = interaction.body
+        history.extend(new_messages(body, history))
+        streamed: list[str] = []
+        pieces.append(streamed)
+        model = model_for(interaction, streamed.append)
+        try:
+            reply = complete(model, history, tools_of(body))
+        except ProviderError as exc:
+            outcomes.append(exc)
+            break
+        outcomes.append(reply)
+        history.append(reply)
+    return outcomes, pieces

@@ -219,6 +219,19 @@ class Sleeps:
 
 # -- what the tests of both adapters share ----------------------------------------------
 
+
+class Log:
+    """A structlog-shaped logger that keeps what it is given, as ``(event, fields)``."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, dict[str, Any]]] = []
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self.entries.append((event, fields))
+
+    info = warning = error = debug
+
+
 FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
 
 LIST = sm.ToolDefinition(

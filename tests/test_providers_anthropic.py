@@ -18,6 +18,7 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    Log,
     LoopbackServer,
     Reply,
     Sleeps,
@@ -418,16 +419,6 @@ def test_prompt_cache_marks_the_system_prompt_and_the_last_message(
 # -- event and block types newer than the SDK ------------------------------------------------
 
 
-class _DebugLog:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
-
-
 def _event(kind: str, **fields: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
@@ -454,7 +445,7 @@ def test_an_unknown_event_and_an_unknown_block_are_skipped_with_a_debug_log(
             (text[:start] + novel + text[start:]).encode(),
         )
     )
-    log = _DebugLog()
+    log = Log()
     reply = complete(make_model(server, logger=log))
     assert reply.text == "The workspace contains README.md and src/index.ts."
     assert reply.tool_calls == ()  # the unknown block's deltas went nowhere

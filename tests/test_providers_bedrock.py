@@ -11,12 +11,11 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_exception, bedrock_text_stream
-from providers_server import FAST, LIST, LoopbackServer, Reply, Sleeps, complete
+from providers_server import FAST, LIST, Log, LoopbackServer, Reply, Sleeps, complete
 
 import statemachine as sm
 import statemachine.messages
@@ -35,12 +34,6 @@ from statemachine.providers.bedrock import project_messages
 SECRET = "wJalrXUtnFEMI-K7MDENG-0123456789abcdef"
 STREAM = (("Content-Type", "application/vnd.amazon.eventstream"),)
 MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> BedrockModel:
@@ -79,16 +72,6 @@ def tool_use(index: int, use_id: str, name: str, pieces: list[str]) -> bytes:
 def aws_error(status: int, kind: str, message: str) -> Reply:
     headers = (("Content-Type", "application/json"), ("x-amzn-ErrorType", f"{kind}:http://"))
     return Reply(status, headers, json.dumps({"message": message}).encode())
-
-
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
 
 
 # -- the request --------------------------------------------------------------------------

@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import FAST, LIST, READ, Log, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 import statemachine.messages
@@ -33,12 +32,6 @@ KEY = "AIza-gem-test-0123456789abcdef"
 SSE = (("Content-Type", "text/event-stream"),)
 JSON = (("Content-Type", "application/json"),)
 SIG = base64.b64encode(b"\x01\x02signature").decode()
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> GeminiModel:
@@ -61,16 +54,6 @@ def stream(*chunks: bytes) -> Reply:
 def google_error(status: int, code: str, message: str) -> Reply:
     body = {"error": {"code": status, "message": message, "status": code}}
     return Reply(status, JSON, json.dumps(body).encode())
-
-
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
 
 
 # -- the request --------------------------------------------------------------------------

@@ -24,27 +24,22 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import providers_corpus
 import pytest
-from providers_corpus import Recording, recording, recordings, sse_events
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import Outcome, Recording, recording, recordings, sse_events
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
-from statemachine.providers import GeminiModel, ProviderError, RetryPolicy
+from statemachine.providers import GeminiModel, RetryPolicy
 from statemachine.providers.gemini import GENERATED_ID_PREFIX, SIGNATURE_PREFIX
 
 KEY = "AIza-recorded-0123456789abcdef"
 NAMES = [r.name for r in recordings("gemini")]
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def model_name(path: str) -> str:
@@ -137,27 +132,14 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     return out
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        body = interaction.body
-        history.extend(new_messages(body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(interaction.request["path"], body, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(
+        rec,
+        server,
+        lambda i, on_text: model_for(i.request["path"], i.body, server, on_text=on_text),
+        new_messages,
+        tools_of,
+    )
 
 
 # -- the oracle -----------------------------------------------------------------------------

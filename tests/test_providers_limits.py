@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_text_stream, event_message
-from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import FAST, Log, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 import statemachine.messages
@@ -387,7 +387,7 @@ def test_a_broken_stream_is_retried_and_names_the_url_and_model(
 ) -> None:
     server.add(Reply(200, SSE, delta(provider)), Reply(200, SSE, text_stream(provider)))
     sleeps = Sleeps()
-    log = LogList()
+    log = Log()
     reply = complete(make_model(server, provider, sleep=sleeps, logger=log))
     assert reply.text == "The workspace contains README.md and src/index.ts."
     assert sleeps.delays == [0.5]
@@ -395,18 +395,6 @@ def test_a_broken_stream_is_retried_and_names_the_url_and_model(
     assert event == "provider_retry"
     assert fields["error"].startswith("could not reach ")
     assert url_of(server, provider) in fields["error"]
-
-
-class LogList:
-    """A structlog-shaped logger that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.entries.append((event, fields))
-
-    info = debug = error = warning
 
 
 # -- abort -------------------------------------------------------------------------------

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import FAST, LIST, READ, Log, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 import statemachine.messages
@@ -31,12 +30,6 @@ from statemachine.providers.openai_responses import (
 
 KEY = "sk-rsp-test-0123456789abcdef"
 SSE = (("Content-Type", "text/event-stream"),)
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> OpenAIResponsesModel:
@@ -80,16 +73,6 @@ def call_events(
 
 def stream(*parts: bytes) -> Reply:
     return Reply(200, SSE, b"".join(parts))
-
-
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
 
 
 # -- the request --------------------------------------------------------------------------
