@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from providers_server import FIXTURES, LoopbackServer, Reply, complete
+from providers_server import FIXTURES, TEXT_PIECES, LoopbackServer, Reply, complete
 
 import statemachine as sm
 from statemachine.errors import ProviderError
@@ -125,11 +125,10 @@ def bedrock_exception(kind: str, message: str) -> bytes:
 
 def bedrock_text_stream() -> bytes:
     """The text stream every adapter's shared tests use, as Bedrock frames it."""
-    pieces = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
     events = [bedrock_event("messageStart", {"role": "assistant"})]
     events += [
         bedrock_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": p}})
-        for p in pieces
+        for p in TEXT_PIECES
     ]
     events.append(bedrock_event("contentBlockStop", {"contentBlockIndex": 0}))
     events.append(bedrock_event("messageStop", {"stopReason": "end_turn"}))

@@ -262,6 +262,30 @@ def complete(
     return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
 
 
+TEXT_PIECES = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+"""The pieces of the text stream every adapter's shared tests use."""
+
+
+def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    """A run of ``model`` on "list the files" with the run options ``kw``: its result
+    and every event it sent."""
+
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(model=model, messages="list the files", **kw)
+        events = run.events()
+        result = await run.run()
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+def assert_text_deltas(result: sm.RunResult, events: Sequence[sm.RunEvent]) -> None:
+    """The run's text deltas are the shared stream's pieces, and make its final text."""
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == TEXT_PIECES
+    assert "".join(texts) == result.final_text
+
+
 def abort_in_backoff(
     make_model: Callable[[Sleeps], sm.ModelClient],
 ) -> tuple[sm.AssistantMessage, Sleeps]:

@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_exception, bedrock_text_stream
-from providers_server import FAST, LIST, Log, LoopbackServer, Reply, Sleeps, complete
+from providers_server import (
+    FAST,
+    LIST,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -394,16 +404,6 @@ def test_a_server_that_never_answers_is_stopped_at_the_deadline(
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 @pytest.mark.timeout(30)
 def test_run_instructions_and_settings_go_in_system_and_inference_config(
     server: LoopbackServer,
@@ -420,9 +420,7 @@ def test_run_instructions_and_settings_go_in_system_and_inference_config(
         "topP": 0.9,
         "stopSequences": ["END"],
     }
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 @pytest.mark.timeout(30)

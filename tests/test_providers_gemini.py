@@ -12,7 +12,19 @@ import json
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, Log, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -373,16 +385,6 @@ def test_the_retry_delay_google_names_in_the_error_is_honoured(server: LoopbackS
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 def test_run_instructions_and_settings_go_in_system_instruction_and_generation_config(
     server: LoopbackServer,
 ) -> None:
@@ -398,9 +400,7 @@ def test_run_instructions_and_settings_go_in_system_instruction_and_generation_c
         "topP": 0.9,
         "stopSequences": ["END"],
     }
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 def test_without_run_instructions_the_adapters_own_system_instruction_is_sent(

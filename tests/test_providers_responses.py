@@ -10,7 +10,19 @@ import json
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, Log, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -490,16 +502,6 @@ def test_raw_reasoning_of_an_open_model_is_kept_as_thinking_but_not_sent_back(
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 def test_run_instructions_replace_system_and_settings_become_request_fields(
     server: LoopbackServer,
 ) -> None:
@@ -511,9 +513,7 @@ def test_run_instructions_replace_system_and_settings_become_request_fields(
     assert body["instructions"] == "Be brief."
     assert (body["temperature"], body["max_output_tokens"], body["top_p"]) == (0.5, 77, 0.9)
     assert "max_tokens" not in body
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 def test_without_run_instructions_the_adapters_own_system_is_the_instructions(
