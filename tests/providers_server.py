@@ -264,6 +264,11 @@ def complete(
 
 TEXT_PIECES = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
 """The pieces of the text stream every adapter's shared tests use."""
+TEXT_REPLY = sm.AssistantMessage(
+    "The workspace contains README.md and src/index.ts.",
+    usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
+)
+"""The reply that text stream makes."""
 
 
 def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:

@@ -18,6 +18,8 @@ from providers_corpus import bedrock_event, bedrock_exception, bedrock_text_stre
 from providers_server import (
     FAST,
     LIST,
+    TEXT_PIECES,
+    TEXT_REPLY,
     Log,
     LoopbackServer,
     Reply,
@@ -100,11 +102,8 @@ def test_a_text_stream_gives_text_usage_and_a_signed_request(server: LoopbackSer
         additional_fields={"thinking": {"type": "enabled", "budget_tokens": 1024}},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
     assert request.headers["authorization"].startswith(

@@ -16,6 +16,8 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
     Log,
     LoopbackServer,
     Reply,
@@ -82,11 +84,8 @@ def test_a_text_stream_gives_text_usage_and_the_request(server: LoopbackServer) 
         thinking={"include_thoughts": True},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
     assert request.headers["x-goog-api-key"] == KEY

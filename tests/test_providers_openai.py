@@ -19,6 +19,8 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
     LoopbackServer,
     Reply,
     Sleeps,
@@ -74,12 +76,8 @@ def test_text_stream_returns_text_usage_and_sends_the_projected_request(
     pieces: list[str] = []
     model = make_model(server, on_text=pieces.append, system="Be brief.", max_tokens=300)
     reply = complete(model)
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        stop_reason=sm.messages.StopReason.STOP,
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"

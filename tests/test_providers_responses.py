@@ -14,6 +14,8 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
     Log,
     LoopbackServer,
     Reply,
@@ -102,11 +104,8 @@ def test_a_text_stream_gives_text_usage_and_a_stateless_request(server: Loopback
         extra_body={"service_tier": "flex"},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1/responses"
     assert request.headers["authorization"] == f"Bearer {KEY}"
