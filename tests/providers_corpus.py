@@ -16,7 +16,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +171,21 @@ def replay(
         outcomes.append(reply)
         history.append(reply)
     return outcomes, pieces
+
+
+def trailing(items: Sequence[Mapping[str, Any]], roles: Collection[str]) -> list[Mapping[str, Any]]:
+    """The items at the end of a recorded request whose role is one of ``roles``."""
+    tail: list[Mapping[str, Any]] = []
+    for item in reversed(items):
+        if item["role"] not in roles:
+            break
+        tail.insert(0, item)
+    return tail
+
+
+def last_calls(history: Sequence[sm.Message]) -> list[sm.ToolCall]:
+    """The calls of the last assistant message of ``history`` (none before the first)."""
+    for message in reversed(history):
+        if isinstance(message, sm.AssistantMessage):
+            return list(message.tool_calls)
+    return []

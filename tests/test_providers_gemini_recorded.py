@@ -30,7 +30,15 @@ from typing import Any
 import attrs
 import providers_corpus
 import pytest
-from providers_corpus import Outcome, Recording, recording, recordings, sse_events
+from providers_corpus import (
+    Outcome,
+    Recording,
+    last_calls,
+    recording,
+    recordings,
+    sse_events,
+    trailing,
+)
 from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
@@ -104,17 +112,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     """The user contents at the end of a recorded request, as our messages: text
     becomes a user message, a function response the result of our call at the same
     position."""
-    contents = body["contents"]
-    tail: list[Mapping[str, Any]] = []
-    for content in reversed(contents):
-        if content["role"] != "user":
-            break
-        tail.insert(0, content)
-    last_calls: list[sm.ToolCall] = []
-    for message in reversed(history):
-        if isinstance(message, sm.AssistantMessage):
-            last_calls = list(message.tool_calls)
-            break
+    tail = trailing(body["contents"], ("user",))
+    calls = last_calls(history)
     out: list[sm.Message] = []
     answered = 0
     for content in tail:
@@ -123,7 +122,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
                 out.append(sm.UserMessage(part["text"]))
             else:
                 response = part["functionResponse"]
-                call = last_calls[answered]
+                call = calls[answered]
                 answered += 1
                 assert call.name == response["name"]
                 out.append(

@@ -23,7 +23,15 @@ from typing import Any
 
 import providers_corpus
 import pytest
-from providers_corpus import Outcome, Recording, recording, recordings, sse_events
+from providers_corpus import (
+    Outcome,
+    Recording,
+    last_calls,
+    recording,
+    recordings,
+    sse_events,
+    trailing,
+)
 from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
@@ -76,20 +84,12 @@ def tools_of(body: Mapping[str, Any]) -> tuple[sm.ToolDefinition, ...]:
 def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list[sm.Message]:
     """The user and tool messages at the end of a recorded request, as our messages;
     a tool message answers our call at the same position."""
-    tail: list[Mapping[str, Any]] = []
-    for message in reversed(body["messages"]):
-        if message["role"] not in ("user", "tool"):
-            break
-        tail.insert(0, message)
+    tail = trailing(body["messages"], ("user", "tool"))
     if not history:
         # The first request: everything but the system prompt (an opening assistant
         # message included) is the history we start from.
         tail = [m for m in body["messages"] if m["role"] != "system"]
-    calls: list[sm.ToolCall] = []
-    for message in reversed(history):
-        if isinstance(message, sm.AssistantMessage):
-            calls = list(message.tool_calls)
-            break
+    calls = last_calls(history)
     out: list[sm.Message] = []
     answered = 0
     for message in tail:
