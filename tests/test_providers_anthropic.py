@@ -455,24 +455,31 @@ def test_an_unknown_event_and_an_unknown_block_are_skipped_with_a_debug_log(
     ]
 
 
-def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
-    server: LoopbackServer,
-) -> None:
+def whole_message(*content: dict[str, Any]) -> Reply:
+    """A whole (not streamed) Messages response asking for tools, with ``content``."""
     message = {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",
         "model": "claude-test",
-        "content": [
-            {"type": "hologram", "x": 1},
-            {"type": "text", "text": "Reading."},
-            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
-        ],
+        "content": list(content),
         "stop_reason": "tool_use",
         "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 4},
     }
-    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+    return Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode())
+
+
+def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
+    server: LoopbackServer,
+) -> None:
+    server.add(
+        whole_message(
+            {"type": "hologram", "x": 1},
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+        )
+    )
     reply = complete(make_model(server, stream=False, temperature=0.2))
     assert reply.content == (
         sm.TextContent("Reading."),
@@ -485,20 +492,12 @@ def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
 
 
 def test_two_tool_uses_with_one_id_are_a_response_error(server: LoopbackServer) -> None:
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test",
-        "content": [
+    server.add(
+        whole_message(
             {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
             {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "b"}},
-        ],
-        "stop_reason": "tool_use",
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 4},
-    }
-    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+        )
+    )
     with pytest.raises(ProviderResponseError, match="two calls have the same tool_use id"):
         complete(make_model(server, stream=False))
     assert len(server.requests) == 1
