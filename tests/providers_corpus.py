@@ -143,7 +143,7 @@ Outcome = sm.AssistantMessage | ProviderError
 def replay(
     rec: Recording,
     server: LoopbackServer,
-    model_for: Callable[[Interaction, Callable[[str], None]], sm.ModelClient],
+    model_for: Callable[[Interaction, LoopbackServer, Callable[[str], None]], sm.ModelClient],
     new_messages: Callable[[Mapping[str, Any], Sequence[sm.Message]], list[sm.Message]],
     tools_of: Callable[[Mapping[str, Any]], tuple[sm.ToolDefinition, ...]],
 ) -> tuple[list[Outcome], list[list[str]]]:
@@ -152,7 +152,8 @@ def replay(
 
     The loopback server sends the recorded responses; each turn's history is the one
     before, our reply, and ``new_messages`` of the recorded request. ``model_for``
-    makes the model of one interaction, streaming its text to the callback given."""
+    makes the model of one interaction, on the server, streaming its text to the
+    callback given."""
     server.add(*rec.replies())
     history: list[sm.Message] = []
     outcomes: list[Outcome] = []
@@ -162,7 +163,7 @@ def replay(
         history.extend(new_messages(body, history))
         streamed: list[str] = []
         pieces.append(streamed)
-        model = model_for(interaction, streamed.append)
+        model = model_for(interaction, server, streamed.append)
         try:
             reply = complete(model, history, tools_of(body))
         except ProviderError as exc:

@@ -18,12 +18,12 @@ assistant directly, where we put a ``(conversation start)`` user message first
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import providers_corpus
 import pytest
-from providers_corpus import Outcome, Recording, recording, recordings, sse_events
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings, sse_events
 from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
@@ -40,7 +40,10 @@ NAMES = [r.name for r in recordings("anthropic")]
 PASSED_THROUGH = ("top_k", "metadata", "output_config")
 
 
-def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> AnthropicModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> AnthropicModel:
+    body = turn.body
     return AnthropicModel(
         body["model"],
         api_key=KEY,
@@ -53,7 +56,7 @@ def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> Ant
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -92,13 +95,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
 
 
 def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
-    return providers_corpus.replay(
-        rec,
-        server,
-        lambda i, on_text: model_for(i.body, server, on_text=on_text),
-        new_messages,
-        tools_of,
-    )
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

@@ -20,13 +20,13 @@ from __future__ import annotations
 import base64
 import json
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import providers_corpus
 import pytest
 from botocore.eventstream import EventStreamBuffer
-from providers_corpus import Outcome, Recording, recording, recordings
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings
 from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
@@ -50,8 +50,10 @@ def region(host: str) -> str:
     return host.split(".")[1]
 
 
-def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> BedrockModel:
-    body = request["json"]
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> BedrockModel:
+    request, body = turn.request, turn.body
     system = body.get("system") or []
     config = body.get("inferenceConfig", {})
     extra = {k: v for k, v in config.items() if k not in ("maxTokens", "temperature")}
@@ -69,7 +71,7 @@ def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> 
         stream=request["path"].endswith("/converse-stream"),
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -103,13 +105,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
 
 
 def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
-    return providers_corpus.replay(
-        rec,
-        server,
-        lambda i, on_text: model_for(i.request, server, on_text=on_text),
-        new_messages,
-        tools_of,
-    )
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import providers_corpus
 import pytest
 from providers_corpus import (
+    Interaction,
     Outcome,
     Recording,
     last_calls,
@@ -54,7 +55,10 @@ def model_name(path: str) -> str:
     return path.split("/models/")[1].split(":")[0]
 
 
-def model_for(path: str, body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> GeminiModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> GeminiModel:
+    path, body = turn.request["path"], turn.body
     config = body.get("generationConfig", {})
     system = body.get("systemInstruction")
     extra: dict[str, Any] = {}
@@ -72,7 +76,7 @@ def model_for(path: str, body: Mapping[str, Any], server: LoopbackServer, **kw: 
         extra_body=extra,
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -132,13 +136,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
 
 
 def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
-    return providers_corpus.replay(
-        rec,
-        server,
-        lambda i, on_text: model_for(i.request["path"], i.body, server, on_text=on_text),
-        new_messages,
-        tools_of,
-    )
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

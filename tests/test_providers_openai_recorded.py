@@ -18,12 +18,13 @@ difference is named here and asserted, never ignored: it sends ``n: 1`` and a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import providers_corpus
 import pytest
 from providers_corpus import (
+    Interaction,
     Outcome,
     Recording,
     last_calls,
@@ -51,8 +52,10 @@ CASES = [("openai", r.name) for r in recordings("openai")] + [
 PASSED_THROUGH = ("max_completion_tokens", "response_format", "moderation", "reasoning_effort")
 
 
-def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> OpenAIChatModel:
-    body = request["json"]
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> OpenAIChatModel:
+    request, body = turn.request, turn.body
     messages = body["messages"]
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
     base = request["path"].removesuffix("/chat/completions")
@@ -66,7 +69,7 @@ def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> 
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -105,13 +108,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
 
 
 def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
-    return providers_corpus.replay(
-        rec,
-        server,
-        lambda i, on_text: model_for(i.request, server, on_text=on_text),
-        new_messages,
-        tools_of,
-    )
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

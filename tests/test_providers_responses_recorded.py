@@ -21,12 +21,12 @@ sends an empty assistant text before parallel calls (we send no empty text).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import providers_corpus
 import pytest
-from providers_corpus import Outcome, Recording, recording, recordings, sse_events
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings, sse_events
 from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
@@ -43,8 +43,11 @@ KEY = "sk-recorded-0123456789abcdef"
 NAMES = [r.name for r in recordings("openai_responses")]
 
 
-def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> OpenAIResponsesModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> OpenAIResponsesModel:
     """The adapter configured as the recording client was for this request."""
+    body = turn.body
     return OpenAIResponsesModel(
         body["model"],
         api_key=KEY,
@@ -56,7 +59,7 @@ def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> Ope
         temperature=body.get("temperature"),
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -113,13 +116,7 @@ def _by_item_id(history: Sequence[sm.Message], item_id: str) -> sm.ToolCall:
 
 
 def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
-    return providers_corpus.replay(
-        rec,
-        server,
-        lambda i, on_text: model_for(i.body, server, on_text=on_text),
-        new_messages,
-        tools_of,
-    )
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle: what a recorded response holds, read independently ----------------------
