@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,12 +16,6 @@ from statemachine.providers import AnthropicModel, CallOptions, OpenAIChatModel
 pytestmark = pytest.mark.timeout(60)
 
 KEY = "sk-test-0123456789abcdef-secret"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def openai(server: LoopbackServer, **kw: Any) -> OpenAIChatModel:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +44,6 @@ from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-ant-test-0123456789-secret"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> AnthropicModel:

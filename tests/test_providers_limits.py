@@ -10,7 +10,6 @@ import gzip
 import json
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -54,12 +53,6 @@ ANTHROPIC_DELTA = (
     b'data: {"type":"content_block_delta","index":0,'
     b'"delta":{"type":"text_delta","text":"more "}}\n\n'
 )
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 @pytest.fixture(params=["openai", "anthropic", "responses", "gemini", "bedrock"])

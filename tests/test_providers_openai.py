@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +46,6 @@ from statemachine.providers._projection import MessageBuilder
 from statemachine.testing import check_transcript
 
 KEY = "sk-test-0123456789abcdef-secret"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> OpenAIChatModel:
