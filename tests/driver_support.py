@@ -8,7 +8,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import statemachine as sm
-from statemachine.core.messages import AssistantMessage, StopReason, ToolCall
+from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
+from statemachine.testing import ScriptedModel
 from statemachine.testing.clock import IdleSkippingLoop
 
 _T = TypeVar("_T")
@@ -77,3 +78,14 @@ async def ignores_one_cancellation() -> str:
     except asyncio.CancelledError:
         await asyncio.sleep(5.0)  # past the grace period: abandoned
     return "late"
+
+
+def asking_run(tools: dict[str, Callable[..., Any]], **options: Any) -> sm.AgentRun:
+    """A run on "go" whose model asks once for one call of each of ``tools`` (by name,
+    in order; each made with ``make_tool``), with the run's ``options``."""
+    return sm.AgentRun(
+        model=ScriptedModel(asks(*tools)),
+        messages=[UserMessage("go")],
+        tools=[make_tool(name, fn) for name, fn in tools.items()],
+        **options,
+    )

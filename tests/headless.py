@@ -206,6 +206,30 @@ class Browser:
         return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
 
 
+@contextlib.contextmanager
+def offline_browser(width: int, height: int) -> Iterator[Browser]:
+    """A browser with the network off, as a reader behind a proxy or on a train:
+    anything a page fetched would fail."""
+    with Browser(width=width, height=height) as b:
+        b.call("Network.enable")
+        b.call(
+            "Network.emulateNetworkConditions",
+            offline=True,
+            latency=0,
+            downloadThroughput=-1,
+            uploadThroughput=-1,
+        )
+        yield b
+
+
+def keep(name: str, png: bytes) -> None:
+    """Keep a screenshot as ``name`` in ``$STATEMACHINE_SCREENSHOTS``, when it is set."""
+    directory = os.environ.get("STATEMACHINE_SCREENSHOTS")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / name).write_bytes(png)
+
+
 def png_pixels(png: bytes) -> tuple[int, int, list[bytes]]:
     """Width, height and the rows of RGB pixels (3 bytes each) of an 8-bit PNG."""
     if png[:8] != b"\x89PNG\r\n\x1a\n":

@@ -16,12 +16,15 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-from providers_server import FIXTURES, Reply
+from providers_server import FIXTURES, TEXT_PIECES, LoopbackServer, Reply, complete
+
+import statemachine as sm
+from statemachine.errors import ProviderError
 
 
 @attrs.frozen
@@ -122,14 +125,68 @@ def bedrock_exception(kind: str, message: str) -> bytes:
 
 def bedrock_text_stream() -> bytes:
     """The text stream every adapter's shared tests use, as Bedrock frames it."""
-    pieces = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
     events = [bedrock_event("messageStart", {"role": "assistant"})]
     events += [
         bedrock_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": p}})
-        for p in pieces
+        for p in TEXT_PIECES
     ]
     events.append(bedrock_event("contentBlockStop", {"contentBlockIndex": 0}))
     events.append(bedrock_event("messageStop", {"stopReason": "end_turn"}))
     usage = {"inputTokens": 412, "outputTokens": 19, "totalTokens": 431}
     events.append(bedrock_event("metadata", {"usage": usage, "metrics": {"latencyMs": 5}}))
     return b"".join(events)
+
+
+Outcome = sm.AssistantMessage | ProviderError
+
+
+def replay(
+    rec: Recording,
+    server: LoopbackServer,
+    model_for: Callable[[Interaction, LoopbackServer, Callable[[str], None]], sm.ModelClient],
+    new_messages: Callable[[Mapping[str, Any], Sequence[sm.Message]], list[sm.Message]],
+    tools_of: Callable[[Mapping[str, Any]], tuple[sm.ToolDefinition, ...]],
+) -> tuple[list[Outcome], list[list[str]]]:
+    """Every turn of ``rec`` until the first error: the outcomes and the text pieces
+    each turn streamed.
+
+    The loopback server sends the recorded responses; each turn's history is the one
+    before, our reply, and ``new_messages`` of the recorded request. ``model_for``
+    makes the model of one interaction, on the server, streaming its text to the
+    callback given."""
+    server.add(*rec.replies())
+    history: list[sm.Message] = []
+    outcomes: list[Outcome] = []
+    pieces: list[list[str]] = []
+    for interaction in rec.interactions:
+        body = interaction.body
+        history.extend(new_messages(body, history))
+        streamed: list[str] = []
+        pieces.append(streamed)
+        model = model_for(interaction, server, streamed.append)
+        try:
+            reply = complete(model, history, tools_of(body))
+        except ProviderError as exc:
+            outcomes.append(exc)
+            break
+        outcomes.append(reply)
+        history.append(reply)
+    return outcomes, pieces
+
+
+def trailing(items: Sequence[Mapping[str, Any]], roles: Collection[str]) -> list[Mapping[str, Any]]:
+    """The items at the end of a recorded request whose role is one of ``roles``."""
+    tail: list[Mapping[str, Any]] = []
+    for item in reversed(items):
+        if item["role"] not in roles:
+            break
+        tail.insert(0, item)
+    return tail
+
+
+def last_calls(history: Sequence[sm.Message]) -> list[sm.ToolCall]:
+    """The calls of the last assistant message of ``history`` (none before the first)."""
+    for message in reversed(history):
+        if isinstance(message, sm.AssistantMessage):
+            return list(message.tool_calls)
+    return []

@@ -219,6 +219,19 @@ class Sleeps:
 
 # -- what the tests of both adapters share ----------------------------------------------
 
+
+class Log:
+    """A structlog-shaped logger that keeps what it is given, as ``(event, fields)``."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, dict[str, Any]]] = []
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self.entries.append((event, fields))
+
+    info = warning = error = debug
+
+
 FAST = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2.0, jitter=0.0)
 
 LIST = sm.ToolDefinition(
@@ -247,6 +260,35 @@ def complete(
     """One call of ``model`` (default history: the user asks to list the files)."""
     history = messages if messages is not None else [sm.UserMessage("list the files")]
     return asyncio.run(model.complete(history, tools, signal or sm.AbortController().signal))
+
+
+TEXT_PIECES = ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+"""The pieces of the text stream every adapter's shared tests use."""
+TEXT_REPLY = sm.AssistantMessage(
+    "The workspace contains README.md and src/index.ts.",
+    usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
+)
+"""The reply that text stream makes."""
+
+
+def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
+    """A run of ``model`` on "list the files" with the run options ``kw``: its result
+    and every event it sent."""
+
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        run = sm.AgentRun(model=model, messages="list the files", **kw)
+        events = run.events()
+        result = await run.run()
+        return result, [e async for e in events]
+
+    return asyncio.run(main())
+
+
+def assert_text_deltas(result: sm.RunResult, events: Sequence[sm.RunEvent]) -> None:
+    """The run's text deltas are the shared stream's pieces, and make its final text."""
+    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
+    assert texts == TEXT_PIECES
+    assert "".join(texts) == result.final_text
 
 
 def abort_in_backoff(

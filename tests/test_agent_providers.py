@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import FAST, LoopbackServer, Sleeps, sse
+from providers_server import FAST, LoopbackServer, Sleeps, options_run, sse
 
 import statemachine as sm
 from statemachine.providers import AnthropicModel, CallOptions, OpenAIChatModel
@@ -17,12 +16,6 @@ from statemachine.providers import AnthropicModel, CallOptions, OpenAIChatModel
 pytestmark = pytest.mark.timeout(60)
 
 KEY = "sk-test-0123456789abcdef-secret"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def openai(server: LoopbackServer, **kw: Any) -> OpenAIChatModel:
@@ -37,16 +30,6 @@ def anthropic(server: LoopbackServer, **kw: Any) -> AnthropicModel:
     )
 
 
-def streamed_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 SETTINGS = sm.ModelSettings(temperature=0.5, max_tokens=77, top_p=0.9, stop=["END"])
 
 
@@ -56,7 +39,7 @@ def test_openai_gets_the_instructions_as_its_first_system_message_and_the_settin
     server.add(sse("openai/text_stream.sse"))
     pieces: list[str] = []
     model = openai(server, system="the adapter's prompt", on_text=pieces.append)
-    result, events = streamed_run(model, instructions="Be brief.", model_settings=SETTINGS)
+    result, events = options_run(model, instructions="Be brief.", model_settings=SETTINGS)
     body = server.requests[0].json()
     assert body["messages"] == [
         {"role": "system", "content": "Be brief."},
@@ -77,7 +60,7 @@ def test_anthropic_gets_the_instructions_as_system_and_stop_as_stop_sequences(
     server: LoopbackServer,
 ) -> None:
     server.add(sse("anthropic/text_stream.sse"))
-    result, events = streamed_run(
+    result, events = options_run(
         anthropic(server), instructions=lambda: "Be brief.", model_settings=SETTINGS
     )
     body = server.requests[0].json()
@@ -94,7 +77,7 @@ def test_without_run_instructions_the_adapters_own_system_prompt_is_sent(
     server: LoopbackServer,
 ) -> None:
     server.add(sse("anthropic/text_stream.sse"))
-    streamed_run(anthropic(server, system="adapter prompt"))
+    options_run(anthropic(server, system="adapter prompt"))
     assert server.requests[0].json()["system"] == "adapter prompt"
 
 
@@ -127,6 +110,6 @@ def test_the_anthropic_adapters_own_temperature_is_sent_as_a_body_field(
     server: LoopbackServer,
 ) -> None:
     server.add(sse("anthropic/text_stream.sse"))
-    result, _ = streamed_run(anthropic(server, temperature=0.25))
+    result, _ = options_run(anthropic(server, temperature=0.25))
     assert result.ok
     assert server.requests[0].json()["temperature"] == 0.25

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 
 import pytest
+from engine_support import ECHO
 
 from statemachine.core.engine import Engine
 from statemachine.core.events import (
@@ -30,11 +31,6 @@ from statemachine.core.table import TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 
 
 @pytest.mark.timeout(30)

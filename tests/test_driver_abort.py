@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from driver_support import (
     aborted_at_half_a_second,
+    asking_run,
     asks,
     forever,
     ignores_one_cancellation,
@@ -48,12 +49,7 @@ def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> N
             if isinstance(event, RunFinished):
                 order.append("run finished")
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("wait")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("wait", forever)],
-        before_tool_call=before,
-    )
+    run = asking_run({"wait": forever}, before_tool_call=before)
 
     async def main() -> sm.RunResult:
         watcher = asyncio.ensure_future(watch())
@@ -82,12 +78,7 @@ def test_a_keyboard_interrupt_from_an_abort_listener_is_raised_once_the_run_clos
             closed.append("tool cleaned up")
         return "never"
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("listens")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("listens", listens)],
-        grace_period=1.0,
-    )
+    run = asking_run({"listens": listens}, grace_period=1.0)
 
     async def main() -> None:
         asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
@@ -106,12 +97,7 @@ async def _for_a_long_time() -> str:
 
 @pytest.mark.timeout(30)
 def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None:
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("long")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("long", _for_a_long_time)],
-        grace_period=2.0,
-    )
+    run = asking_run({"long": _for_a_long_time}, grace_period=2.0)
 
     async def main() -> tuple[sm.RunResult, float]:
         loop = asyncio.get_running_loop()
@@ -129,12 +115,7 @@ def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None
 
 @pytest.mark.timeout(30)
 def test_a_cancelled_call_beside_an_abandoned_one_reports_once() -> None:
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("wait", "stubborn")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("wait", forever), make_tool("stubborn", ignores_one_cancellation)],
-        grace_period=1.0,
-    )
+    run = asking_run({"wait": forever, "stubborn": ignores_one_cancellation}, grace_period=1.0)
 
     async def main() -> sm.RunResult:
         asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
@@ -173,12 +154,7 @@ def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> No
         run.abort("stop")
         await asyncio.Event().wait()
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("wait")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("wait", forever)],
-        before_tool_call=before,
-    )
+    run = asking_run({"wait": forever}, before_tool_call=before)
     result = on_virtual_time(run.run)
     assert result.state is S.Aborted
     assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
@@ -266,12 +242,7 @@ def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() ->
         await fired.wait()
         raise asyncio.CancelledError
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("quits")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("quits", quits)],
-        grace_period=2.0,
-    )
+    run = asking_run({"quits": quits}, grace_period=2.0)
 
     async def main() -> sm.RunResult:
         asyncio.get_running_loop().call_later(0.5, run.abort, "stop")
@@ -295,12 +266,7 @@ def test_a_caller_cancelling_twice_still_gets_the_running_tools_cancelled() -> N
             cleaned.append("waits cleaned up")
         return "never"
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("waits")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("waits", waits)],
-        grace_period=10.0,
-    )
+    run = asking_run({"waits": waits}, grace_period=10.0)
 
     async def main() -> tuple[list[str], float]:
         loop = asyncio.get_running_loop()
@@ -339,12 +305,7 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
             raise
         return "never"
 
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("deaf")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("deaf", deaf)],
-        grace_period=grace,
-    )
+    run = asking_run({"deaf": deaf}, grace_period=grace)
     result, ended = aborted_at_half_a_second(run, "stop", ToolEnded)
     assert result.state is S.Aborted
     assert cleaned == ["deaf cleaned up"]
@@ -356,13 +317,7 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
 
 @pytest.mark.timeout(30)
 def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("deaf")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("deaf", forever)],
-        after_tool_call=lambda call, output: None,
-        grace_period=0.5,
-    )
+    run = asking_run({"deaf": forever}, after_tool_call=lambda call, output: None, grace_period=0.5)
     result, ended = aborted_at_half_a_second(run, "enough", ToolEnded)
     assert result.state is S.Aborted
     assert [(e.call.id, e.cancelled, e.abandoned) for e in ended] == [("c1", True, False)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from engine_support import ECHO
 from structlog.testing import capture_logs
 
 from statemachine.core.engine import Engine
@@ -21,14 +22,8 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 
 
 class _UnaskableLogger:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from engine_support import ECHO
 
 from statemachine.core import engine as engine_state
 from statemachine.core.batch import Batch
@@ -23,7 +24,7 @@ from statemachine.core.events import Action, CallModel, Event, ModelResponded, S
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.queue import InputQueue
 from statemachine.core.table import INPUT_TRIGGERS
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import ToolOutput
 from statemachine.core.trace import Trace
 from statemachine.errors import ProtocolError
 from statemachine.testing._space import (
@@ -36,11 +37,6 @@ from statemachine.testing._space import (
 )
 
 BOUNDS = Bounds(turns=3, calls=2)
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 SEEDS = range(12)
 OPTIONS = [config.options for config in DEFAULT_CONFIGS]
 

@@ -6,6 +6,7 @@ the turn limit)."""
 from __future__ import annotations
 
 import pytest
+from engine_support import ECHO
 
 from statemachine.core.engine import ABANDONED, Engine
 from statemachine.core.events import (
@@ -23,14 +24,9 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import ToolOutput
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 
 
 @pytest.mark.timeout(30)

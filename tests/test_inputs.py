@@ -4,23 +4,18 @@ sequences of them are refused with a sentence that names the problem."""
 from __future__ import annotations
 
 import pytest
+from engine_support import ECHO
 
 from statemachine.core.engine import Engine
 from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition
 from statemachine.errors import (
     InvalidInputError,
 )
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 
 
 @pytest.mark.timeout(30)

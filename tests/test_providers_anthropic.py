@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    Log,
     LoopbackServer,
     Reply,
     Sleeps,
@@ -44,12 +44,6 @@ from statemachine.testing import check_transcript
 from statemachine.workspace import workspace_tools
 
 KEY = "sk-ant-test-0123456789-secret"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> AnthropicModel:
@@ -418,16 +412,6 @@ def test_prompt_cache_marks_the_system_prompt_and_the_last_message(
 # -- event and block types newer than the SDK ------------------------------------------------
 
 
-class _DebugLog:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
-
-
 def _event(kind: str, **fields: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
@@ -454,7 +438,7 @@ def test_an_unknown_event_and_an_unknown_block_are_skipped_with_a_debug_log(
             (text[:start] + novel + text[start:]).encode(),
         )
     )
-    log = _DebugLog()
+    log = Log()
     reply = complete(make_model(server, logger=log))
     assert reply.text == "The workspace contains README.md and src/index.ts."
     assert reply.tool_calls == ()  # the unknown block's deltas went nowhere
@@ -464,24 +448,31 @@ def test_an_unknown_event_and_an_unknown_block_are_skipped_with_a_debug_log(
     ]
 
 
-def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
-    server: LoopbackServer,
-) -> None:
+def whole_message(*content: dict[str, Any]) -> Reply:
+    """A whole (not streamed) Messages response asking for tools, with ``content``."""
     message = {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",
         "model": "claude-test",
-        "content": [
-            {"type": "hologram", "x": 1},
-            {"type": "text", "text": "Reading."},
-            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
-        ],
+        "content": list(content),
         "stop_reason": "tool_use",
         "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 4},
     }
-    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+    return Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode())
+
+
+def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
+    server: LoopbackServer,
+) -> None:
+    server.add(
+        whole_message(
+            {"type": "hologram", "x": 1},
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
+        )
+    )
     reply = complete(make_model(server, stream=False, temperature=0.2))
     assert reply.content == (
         sm.TextContent("Reading."),
@@ -494,20 +485,12 @@ def test_stream_false_reads_a_whole_message_skipping_unknown_blocks(
 
 
 def test_two_tool_uses_with_one_id_are_a_response_error(server: LoopbackServer) -> None:
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test",
-        "content": [
+    server.add(
+        whole_message(
             {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}},
             {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "b"}},
-        ],
-        "stop_reason": "tool_use",
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 4},
-    }
-    server.add(Reply(200, (("Content-Type", "application/json"),), json.dumps(message).encode()))
+        )
+    )
     with pytest.raises(ProviderResponseError, match="two calls have the same tool_use id"):
         complete(make_model(server, stream=False))
     assert len(server.requests) == 1

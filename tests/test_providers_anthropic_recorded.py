@@ -18,12 +18,13 @@ assistant directly, where we put a ``(conversation start)`` user message first
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import providers_corpus
 import pytest
-from providers_corpus import Recording, recording, recordings, sse_events
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings, sse_events
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
@@ -39,13 +40,10 @@ NAMES = [r.name for r in recordings("anthropic")]
 PASSED_THROUGH = ("top_k", "metadata", "output_config")
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
-def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> AnthropicModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> AnthropicModel:
+    body = turn.body
     return AnthropicModel(
         body["model"],
         api_key=KEY,
@@ -58,7 +56,7 @@ def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> Ant
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -96,26 +94,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     return out
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        history.extend(new_messages(interaction.body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(interaction.body, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(interaction.body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

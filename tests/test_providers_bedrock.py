@@ -11,12 +11,23 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_exception, bedrock_text_stream
-from providers_server import FAST, LIST, LoopbackServer, Reply, Sleeps, complete
+from providers_server import (
+    FAST,
+    LIST,
+    TEXT_PIECES,
+    TEXT_REPLY,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -35,12 +46,6 @@ from statemachine.providers.bedrock import project_messages
 SECRET = "wJalrXUtnFEMI-K7MDENG-0123456789abcdef"
 STREAM = (("Content-Type", "application/vnd.amazon.eventstream"),)
 MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> BedrockModel:
@@ -81,16 +86,6 @@ def aws_error(status: int, kind: str, message: str) -> Reply:
     return Reply(status, headers, json.dumps({"message": message}).encode())
 
 
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
-
-
 # -- the request --------------------------------------------------------------------------
 
 
@@ -107,11 +102,8 @@ def test_a_text_stream_gives_text_usage_and_a_signed_request(server: LoopbackSer
         additional_fields={"thinking": {"type": "enabled", "budget_tokens": 1024}},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream"
     assert request.headers["authorization"].startswith(
@@ -411,16 +403,6 @@ def test_a_server_that_never_answers_is_stopped_at_the_deadline(
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 @pytest.mark.timeout(30)
 def test_run_instructions_and_settings_go_in_system_and_inference_config(
     server: LoopbackServer,
@@ -437,9 +419,7 @@ def test_run_instructions_and_settings_go_in_system_and_inference_config(
         "topP": 0.9,
         "stopSequences": ["END"],
     }
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 @pytest.mark.timeout(30)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import base64
 import json
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import providers_corpus
 import pytest
 from botocore.eventstream import EventStreamBuffer
-from providers_corpus import Recording, recording, recordings
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
@@ -41,12 +42,6 @@ SECRET = "fake-secret-0123456789abcdefXYZ"
 NAMES = [r.name for r in recordings("bedrock")]
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
 def model_id(path: str) -> str:
     return urllib.parse.unquote(path.split("/model/")[1].rsplit("/", 1)[0])
 
@@ -55,8 +50,10 @@ def region(host: str) -> str:
     return host.split(".")[1]
 
 
-def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> BedrockModel:
-    body = request["json"]
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> BedrockModel:
+    request, body = turn.request, turn.body
     system = body.get("system") or []
     config = body.get("inferenceConfig", {})
     extra = {k: v for k, v in config.items() if k not in ("maxTokens", "temperature")}
@@ -74,7 +71,7 @@ def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> 
         stream=request["path"].endswith("/converse-stream"),
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -107,26 +104,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     return out
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        history.extend(new_messages(interaction.body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(interaction.request, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(interaction.body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

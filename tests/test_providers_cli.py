@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,6 @@ from statemachine.providers import RedactSecrets
 
 OPENAI_KEY = "sk-live-cli-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-cli-0123456789abcdef"
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -51,12 +50,6 @@ COMPLETION = {
     ],
     "usage": {"prompt_tokens": 50, "completion_tokens": 12, "total_tokens": 62},
 }
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def openai_model(server: LoopbackServer, **kw: Any) -> OpenAIChatModel:

@@ -9,11 +9,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -33,12 +46,6 @@ KEY = "AIza-gem-test-0123456789abcdef"
 SSE = (("Content-Type", "text/event-stream"),)
 JSON = (("Content-Type", "application/json"),)
 SIG = base64.b64encode(b"\x01\x02signature").decode()
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> GeminiModel:
@@ -63,16 +70,6 @@ def google_error(status: int, code: str, message: str) -> Reply:
     return Reply(status, JSON, json.dumps(body).encode())
 
 
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
-
-
 # -- the request --------------------------------------------------------------------------
 
 
@@ -87,11 +84,8 @@ def test_a_text_stream_gives_text_usage_and_the_request(server: LoopbackServer) 
         thinking={"include_thoughts": True},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
     assert request.headers["x-goog-api-key"] == KEY
@@ -390,16 +384,6 @@ def test_the_retry_delay_google_names_in_the_error_is_honoured(server: LoopbackS
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 def test_run_instructions_and_settings_go_in_system_instruction_and_generation_config(
     server: LoopbackServer,
 ) -> None:
@@ -415,9 +399,7 @@ def test_run_instructions_and_settings_go_in_system_instruction_and_generation_c
         "topP": 0.9,
         "stopSequences": ["END"],
     }
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 def test_without_run_instructions_the_adapters_own_system_instruction_is_sent(

@@ -24,34 +24,41 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import providers_corpus
 import pytest
-from providers_corpus import Recording, recording, recordings, sse_events
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import (
+    Interaction,
+    Outcome,
+    Recording,
+    last_calls,
+    recording,
+    recordings,
+    sse_events,
+    trailing,
+)
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
-from statemachine.providers import GeminiModel, ProviderError, RetryPolicy
+from statemachine.providers import GeminiModel, RetryPolicy
 from statemachine.providers.gemini import GENERATED_ID_PREFIX, SIGNATURE_PREFIX
 
 KEY = "AIza-recorded-0123456789abcdef"
 NAMES = [r.name for r in recordings("gemini")]
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
 def model_name(path: str) -> str:
     return path.split("/models/")[1].split(":")[0]
 
 
-def model_for(path: str, body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> GeminiModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> GeminiModel:
+    path, body = turn.request["path"], turn.body
     config = body.get("generationConfig", {})
     system = body.get("systemInstruction")
     extra: dict[str, Any] = {}
@@ -69,7 +76,7 @@ def model_for(path: str, body: Mapping[str, Any], server: LoopbackServer, **kw: 
         extra_body=extra,
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -109,17 +116,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     """The user contents at the end of a recorded request, as our messages: text
     becomes a user message, a function response the result of our call at the same
     position."""
-    contents = body["contents"]
-    tail: list[Mapping[str, Any]] = []
-    for content in reversed(contents):
-        if content["role"] != "user":
-            break
-        tail.insert(0, content)
-    last_calls: list[sm.ToolCall] = []
-    for message in reversed(history):
-        if isinstance(message, sm.AssistantMessage):
-            last_calls = list(message.tool_calls)
-            break
+    tail = trailing(body["contents"], ("user",))
+    calls = last_calls(history)
     out: list[sm.Message] = []
     answered = 0
     for content in tail:
@@ -128,7 +126,7 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
                 out.append(sm.UserMessage(part["text"]))
             else:
                 response = part["functionResponse"]
-                call = last_calls[answered]
+                call = calls[answered]
                 answered += 1
                 assert call.name == response["name"]
                 out.append(
@@ -137,27 +135,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     return out
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        body = interaction.body
-        history.extend(new_messages(body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(interaction.request["path"], body, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

@@ -10,12 +10,11 @@ import gzip
 import json
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_text_stream, event_message
-from providers_server import FAST, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import FAST, Log, LoopbackServer, Reply, Sleeps, complete, sse
 
 import statemachine as sm
 import statemachine.messages
@@ -54,12 +53,6 @@ ANTHROPIC_DELTA = (
     b'data: {"type":"content_block_delta","index":0,'
     b'"delta":{"type":"text_delta","text":"more "}}\n\n'
 )
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 @pytest.fixture(params=["openai", "anthropic", "responses", "gemini", "bedrock"])
@@ -387,7 +380,7 @@ def test_a_broken_stream_is_retried_and_names_the_url_and_model(
 ) -> None:
     server.add(Reply(200, SSE, delta(provider)), Reply(200, SSE, text_stream(provider)))
     sleeps = Sleeps()
-    log = LogList()
+    log = Log()
     reply = complete(make_model(server, provider, sleep=sleeps, logger=log))
     assert reply.text == "The workspace contains README.md and src/index.ts."
     assert sleeps.delays == [0.5]
@@ -395,18 +388,6 @@ def test_a_broken_stream_is_retried_and_names_the_url_and_model(
     assert event == "provider_retry"
     assert fields["error"].startswith("could not reach ")
     assert url_of(server, provider) in fields["error"]
-
-
-class LogList:
-    """A structlog-shaped logger that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self.entries.append((event, fields))
-
-    info = debug = error = warning
 
 
 # -- abort -------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from providers_server import (
     FAST,
     LIST,
     READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
     LoopbackServer,
     Reply,
     Sleeps,
@@ -47,12 +48,6 @@ from statemachine.testing import check_transcript
 KEY = "sk-test-0123456789abcdef-secret"
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
 def make_model(server: LoopbackServer, sleeps: Sleeps | None = None, **kw: Any) -> OpenAIChatModel:
     kw.setdefault("retry", FAST)
     return OpenAIChatModel(
@@ -74,12 +69,8 @@ def test_text_stream_returns_text_usage_and_sends_the_projected_request(
     pieces: list[str] = []
     model = make_model(server, on_text=pieces.append, system="Be brief.", max_tokens=300)
     reply = complete(model)
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        stop_reason=sm.messages.StopReason.STOP,
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"

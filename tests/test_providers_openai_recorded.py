@@ -18,12 +18,22 @@ difference is named here and asserted, never ignored: it sends ``n: 1`` and a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import providers_corpus
 import pytest
-from providers_corpus import Recording, recording, recordings, sse_events
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import (
+    Interaction,
+    Outcome,
+    Recording,
+    last_calls,
+    recording,
+    recordings,
+    sse_events,
+    trailing,
+)
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
@@ -42,14 +52,10 @@ CASES = [("openai", r.name) for r in recordings("openai")] + [
 PASSED_THROUGH = ("max_completion_tokens", "response_format", "moderation", "reasoning_effort")
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
-def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> OpenAIChatModel:
-    body = request["json"]
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> OpenAIChatModel:
+    request, body = turn.request, turn.body
     messages = body["messages"]
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
     base = request["path"].removesuffix("/chat/completions")
@@ -63,7 +69,7 @@ def model_for(request: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> 
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -81,20 +87,12 @@ def tools_of(body: Mapping[str, Any]) -> tuple[sm.ToolDefinition, ...]:
 def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list[sm.Message]:
     """The user and tool messages at the end of a recorded request, as our messages;
     a tool message answers our call at the same position."""
-    tail: list[Mapping[str, Any]] = []
-    for message in reversed(body["messages"]):
-        if message["role"] not in ("user", "tool"):
-            break
-        tail.insert(0, message)
+    tail = trailing(body["messages"], ("user", "tool"))
     if not history:
         # The first request: everything but the system prompt (an opening assistant
         # message included) is the history we start from.
         tail = [m for m in body["messages"] if m["role"] != "system"]
-    calls: list[sm.ToolCall] = []
-    for message in reversed(history):
-        if isinstance(message, sm.AssistantMessage):
-            calls = list(message.tool_calls)
-            break
+    calls = last_calls(history)
     out: list[sm.Message] = []
     answered = 0
     for message in tail:
@@ -109,26 +107,8 @@ def new_messages(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list
     return out
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        history.extend(new_messages(interaction.body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(interaction.request, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(interaction.body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle -----------------------------------------------------------------------------

@@ -7,11 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from providers_server import FAST, LIST, READ, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import (
+    FAST,
+    LIST,
+    READ,
+    TEXT_PIECES,
+    TEXT_REPLY,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    assert_text_deltas,
+    complete,
+    options_run,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -31,12 +44,6 @@ from statemachine.providers.openai_responses import (
 
 KEY = "sk-rsp-test-0123456789abcdef"
 SSE = (("Content-Type", "text/event-stream"),)
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, **kw: Any) -> OpenAIResponsesModel:
@@ -82,16 +89,6 @@ def stream(*parts: bytes) -> Reply:
     return Reply(200, SSE, b"".join(parts))
 
 
-class Log:
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, dict[str, Any]]] = []
-
-    def debug(self, name: str, **fields: Any) -> None:
-        self.entries.append((name, fields))
-
-    info = warning = error = debug
-
-
 # -- the request --------------------------------------------------------------------------
 
 
@@ -107,11 +104,8 @@ def test_a_text_stream_gives_text_usage_and_a_stateless_request(server: Loopback
         extra_body={"service_tier": "flex"},
     )
     reply = complete(model, tools=(LIST,))
-    assert reply == sm.AssistantMessage(
-        "The workspace contains README.md and src/index.ts.",
-        usage=sm.messages.Usage(input=412, output=19, total_tokens=431),
-    )
-    assert pieces == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
+    assert reply == TEXT_REPLY
+    assert pieces == TEXT_PIECES
     [request] = server.requests
     assert request.path == "/v1/responses"
     assert request.headers["authorization"] == f"Bearer {KEY}"
@@ -507,16 +501,6 @@ def test_raw_reasoning_of_an_open_model_is_kept_as_thinking_but_not_sent_back(
 # -- the run's instructions, settings and deltas ------------------------------------------
 
 
-def options_run(model: sm.ModelClient, **kw: Any) -> tuple[sm.RunResult, list[sm.RunEvent]]:
-    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
-        run = sm.AgentRun(model=model, messages="list the files", **kw)
-        events = run.events()
-        result = await run.run()
-        return result, [e async for e in events]
-
-    return asyncio.run(main())
-
-
 def test_run_instructions_replace_system_and_settings_become_request_fields(
     server: LoopbackServer,
 ) -> None:
@@ -528,9 +512,7 @@ def test_run_instructions_replace_system_and_settings_become_request_fields(
     assert body["instructions"] == "Be brief."
     assert (body["temperature"], body["max_output_tokens"], body["top_p"]) == (0.5, 77, 0.9)
     assert "max_tokens" not in body
-    texts = [e.text for e in events if isinstance(e, sm.TextDelta)]
-    assert texts == ["The work", "space contains ", "README.md", " and src/", "index.ts."]
-    assert "".join(texts) == result.final_text
+    assert_text_deltas(result, events)
 
 
 def test_without_run_instructions_the_adapters_own_system_is_the_instructions(

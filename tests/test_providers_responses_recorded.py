@@ -21,12 +21,13 @@ sends an empty assistant text before parallel calls (we send no empty text).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import providers_corpus
 import pytest
-from providers_corpus import Recording, recording, recordings, sse_events
-from providers_server import LoopbackServer, Sleeps, complete
+from providers_corpus import Interaction, Outcome, Recording, recording, recordings, sse_events
+from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
@@ -42,14 +43,11 @@ KEY = "sk-recorded-0123456789abcdef"
 NAMES = [r.name for r in recordings("openai_responses")]
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
-def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> OpenAIResponsesModel:
+def model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> OpenAIResponsesModel:
     """The adapter configured as the recording client was for this request."""
+    body = turn.body
     return OpenAIResponsesModel(
         body["model"],
         api_key=KEY,
@@ -61,7 +59,7 @@ def model_for(body: Mapping[str, Any], server: LoopbackServer, **kw: Any) -> Ope
         temperature=body.get("temperature"),
         retry=RetryPolicy(max_attempts=1),
         sleep=Sleeps(),
-        **kw,
+        on_text=on_text,
     )
 
 
@@ -117,29 +115,8 @@ def _by_item_id(history: Sequence[sm.Message], item_id: str) -> sm.ToolCall:
     raise AssertionError(f"no call for {item_id}")
 
 
-def replay(
-    rec: Recording, server: LoopbackServer
-) -> tuple[list[sm.AssistantMessage | ProviderError], list[list[str]]]:
-    """Every turn of ``rec`` until the first error: the outcomes and the text pieces
-    each turn streamed."""
-    server.add(*rec.replies())
-    history: list[sm.Message] = []
-    outcomes: list[sm.AssistantMessage | ProviderError] = []
-    pieces: list[list[str]] = []
-    for interaction in rec.interactions:
-        body = interaction.body
-        history.extend(new_messages(body, history))
-        streamed: list[str] = []
-        pieces.append(streamed)
-        model = model_for(body, server, on_text=streamed.append)
-        try:
-            reply = complete(model, history, tools_of(body))
-        except ProviderError as exc:
-            outcomes.append(exc)
-            break
-        outcomes.append(reply)
-        history.append(reply)
-    return outcomes, pieces
+def replay(rec: Recording, server: LoopbackServer) -> tuple[list[Outcome], list[list[str]]]:
+    return providers_corpus.replay(rec, server, model_for, new_messages, tools_of)
 
 
 # -- the oracle: what a recorded response holds, read independently ----------------------

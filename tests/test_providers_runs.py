@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,6 @@ from statemachine.workspace import workspace_tools
 
 KEY = "sk-runs-test-0123456789abcdef"
 SSE = (("Content-Type", "text/event-stream"),)
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def run(model: sm.ModelClient, root: Path) -> sm.RunResult:

@@ -15,7 +15,7 @@ import io
 import json
 import logging
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -123,12 +123,6 @@ def pieces(key: str, size: int = 8) -> set[str]:
 
 def leaks(text: str) -> list[str]:
     return sorted(p for p in pieces(KEY) if p in text)
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
 
 
 def make_model(server: LoopbackServer, provider: str) -> Any:

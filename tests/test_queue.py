@@ -5,6 +5,7 @@ a person's message after a policy denial goes on with the run (rule 6 of the tab
 from __future__ import annotations
 
 import pytest
+from engine_support import ECHO, denied_engine
 
 from statemachine.core.engine import Engine
 from statemachine.core.events import (
@@ -12,9 +13,7 @@ from statemachine.core.events import (
     InputKind,
     InputQueued,
     ModelResponded,
-    RunEnded,
     Start,
-    ToolDenied,
     ToolFinished,
 )
 from statemachine.core.messages import (
@@ -25,31 +24,14 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import ToolOutput
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
-
-
-def _denied_engine() -> Engine:
-    """An engine stopped in AwaitingUser by a policy denial."""
-    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
-    engine.handle(Start())
-    call = ToolCall("c1", "echo", {"text": "hi"})
-    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
-    actions = engine.handle(ToolDenied("c1", "not on weekends"))
-    assert engine.state is S.AwaitingUser
-    assert any(isinstance(a, RunEnded) for a in actions)
-    return engine
 
 
 @pytest.mark.timeout(30)
 def test_a_message_after_a_policy_denial_resumes_the_run() -> None:
-    engine = _denied_engine()
+    engine = denied_engine()
     actions = engine.handle(InputQueued(UserMessage("fine, use another tool")))
     assert engine.state is S.AwaitingModel
     assert [type(a) for a in actions] == [CallModel]

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from headless import Browser, pixels_of, png_pixels
+from headless import Browser, keep, offline_browser, pixels_of, png_pixels
 
 from statemachine.core.table import TurnState
 
@@ -51,24 +51,8 @@ def site() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with Browser(width=1280, height=1000) as b:
-        # Offline, as a reader behind a proxy or on a train: anything fetched would fail.
-        b.call("Network.enable")
-        b.call(
-            "Network.emulateNetworkConditions",
-            offline=True,
-            latency=0,
-            downloadThroughput=-1,
-            uploadThroughput=-1,
-        )
+    with offline_browser(width=1280, height=1000) as b:
         yield b
-
-
-def keep(name: str, png: bytes) -> None:
-    directory = os.environ.get("STATEMACHINE_SCREENSHOTS")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / name).write_bytes(png)
 
 
 def fetched(browser: Browser) -> list[str]:

@@ -6,6 +6,7 @@ what the engine does next)."""
 from __future__ import annotations
 
 import pytest
+from engine_support import ECHO, denied_engine
 
 from statemachine.core.engine import Engine
 from statemachine.core.events import (
@@ -15,7 +16,6 @@ from statemachine.core.events import (
     ContinueDecided,
     InputQueued,
     ModelResponded,
-    RunEnded,
     Start,
     StartTool,
     ToolDenied,
@@ -31,15 +31,10 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.table import Trigger, TurnState
-from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
+from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.errors import SnapshotError, WireFormatError
 
 S = TurnState
-ECHO = ToolDefinition(
-    "echo",
-    "Repeat the text back.",
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
 
 
 @pytest.mark.timeout(30)
@@ -245,21 +240,9 @@ def test_an_engine_stopped_by_should_continue_restores_with_its_stop_reason() ->
     assert restored.snapshot() == engine.snapshot()
 
 
-def _denied_engine() -> Engine:
-    """An engine stopped in AwaitingUser by a policy denial."""
-    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], check_permissions=True)
-    engine.handle(Start())
-    call = ToolCall("c1", "echo", {"text": "hi"})
-    engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
-    actions = engine.handle(ToolDenied("c1", "not on weekends"))
-    assert engine.state is S.AwaitingUser
-    assert any(isinstance(a, RunEnded) for a in actions)
-    return engine
-
-
 @pytest.mark.timeout(30)
 def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
-    snapshot = _denied_engine().snapshot()
+    snapshot = denied_engine().snapshot()
     messages = snapshot["messages"]
     assert messages[-1]["role"] == "toolResult"
     broken = {**snapshot, "messages": messages[:-1]}
@@ -270,7 +253,7 @@ def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_snapshot_with_an_unknown_key_is_refused() -> None:
-    snapshot = _denied_engine().snapshot()
+    snapshot = denied_engine().snapshot()
     with pytest.raises(WireFormatError, match="surprise"):
         Engine.restore({**snapshot, "surprise": 1})
 
@@ -344,7 +327,7 @@ def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -
 
 def test_a_restored_engine_takes_a_transition_hook_and_a_snapshot_does_not_keep_it() -> None:
     heard: list[Trigger] = []
-    snapshot = _denied_engine().snapshot()
+    snapshot = denied_engine().snapshot()
     assert Engine.restore(snapshot).transition_hook is None
     restored = Engine.restore(snapshot, transition_hook=lambda *a: heard.append(a[2]))
     restored.handle(InputQueued(UserMessage("use another tool")))

@@ -9,6 +9,7 @@ import time
 import pytest
 from driver_support import (
     aborted_at_half_a_second,
+    asking_run,
     asks,
     forever,
     ignores_one_cancellation,
@@ -33,12 +34,7 @@ S = TurnState
 
 @pytest.mark.timeout(30)
 def test_the_run_finished_event_carries_the_explanation() -> None:
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("wait")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("wait", forever)],
-        grace_period=0.5,
-    )
+    run = asking_run({"wait": forever}, grace_period=0.5)
     result, finished = aborted_at_half_a_second(run, "enough", RunFinished)
     assert "enough" in result.explanation
     assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
@@ -95,12 +91,7 @@ def test_the_turn_times_are_durations_within_the_run() -> None:
 
 @pytest.mark.timeout(30)
 def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
-    run = sm.AgentRun(
-        model=ScriptedModel(asks("wait", "stubborn")),
-        messages=[UserMessage("go")],
-        tools=[make_tool("wait", forever), make_tool("stubborn", ignores_one_cancellation)],
-        grace_period=1.0,
-    )
+    run = asking_run({"wait": forever, "stubborn": ignores_one_cancellation}, grace_period=1.0)
     ended: dict[str, tuple[bool, bool]] = {}
 
     async def main() -> sm.RunResult:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from headless import Browser
+from headless import Browser, keep, offline_browser
 
 import statemachine as sm
 from statemachine.cli import main
@@ -107,23 +107,8 @@ def eventful_journal(path: Path) -> sm.RunResult:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with Browser(width=1400, height=1000) as b:
-        b.call("Network.enable")
-        b.call(
-            "Network.emulateNetworkConditions",
-            offline=True,
-            latency=0,
-            downloadThroughput=-1,
-            uploadThroughput=-1,
-        )
+    with offline_browser(width=1400, height=1000) as b:
         yield b
-
-
-def keep(name: str, png: bytes) -> None:
-    directory = os.environ.get("STATEMACHINE_SCREENSHOTS")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / name).write_bytes(png)
 
 
 def load(browser: Browser, page: Path) -> None:

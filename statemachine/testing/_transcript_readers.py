@@ -10,7 +10,7 @@ said, so one bad field never turns into a finding on every call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -61,8 +61,21 @@ class Turn:
     other_content: bool = False
 
 
-def _not_a_message(i: int, item: Any) -> Violation:
-    return Violation("format", i, f"a {type(item).__name__} is not a message")
+def _unreadable(i: int, detail: str, turns: list[Turn], problems: list[Violation]) -> None:
+    """Item ``i`` cannot be read: a ``format`` finding, and a damaged turn in its place."""
+    problems.append(Violation("format", i, detail))
+    turns.append(Turn("unknown", i, damaged=True))
+
+
+def _mappings(
+    items: Sequence[Any], turns: list[Turn], problems: list[Violation]
+) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """Each item that is a mapping, with its index; any other is ``_unreadable``."""
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            yield i, item
+        else:
+            _unreadable(i, f"a {type(item).__name__} is not a message", turns, problems)
 
 
 # -- OpenAI Chat Completions ---------------------------------------------------------------
@@ -103,11 +116,7 @@ def _openai_calls(i: int, item: Mapping[str, Any], turn: Turn, problems: list[Vi
 def read_openai(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
     turns: list[Turn] = []
     problems: list[Violation] = []
-    for i, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            problems.append(_not_a_message(i, item))
-            turns.append(Turn("unknown", i, damaged=True))
-            continue
+    for i, item in _mappings(messages, turns, problems):
         role = item.get("role")
         turn = Turn(str(role), i)
         if role == "assistant":
@@ -156,11 +165,7 @@ def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
     carry their own result and need no pairing."""
     turns: list[Turn] = []
     problems: list[Violation] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            problems.append(_not_a_message(i, item))
-            turns.append(Turn("unknown", i, damaged=True))
-            continue
+    for i, item in _mappings(items, turns, problems):
         kind = _responses_kind(item)
         call_id = item.get("call_id")
         if kind == "message":
@@ -278,15 +283,10 @@ def read_anthropic(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]
     of their own."""
     turns: list[Turn] = []
     problems: list[Violation] = []
-    for i, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            problems.append(_not_a_message(i, item))
-            turns.append(Turn("unknown", i, damaged=True))
-            continue
+    for i, item in _mappings(messages, turns, problems):
         role = item.get("role")
         if role not in ("user", "assistant", "system"):
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-            turns.append(Turn("unknown", i, damaged=True))
+            _unreadable(i, f"unknown role {role!r}", turns, problems)
             continue
         if turns and turns[-1].role == role and role != "system":
             turn = turns[-1]
@@ -333,15 +333,10 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
     (A conversation that starts with an assistant message was accepted for Claude.)"""
     turns: list[Turn] = []
     problems: list[Violation] = []
-    for i, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            problems.append(_not_a_message(i, item))
-            turns.append(Turn("unknown", i, damaged=True))
-            continue
+    for i, item in _mappings(messages, turns, problems):
         role = item.get("role")
         if role not in ("user", "assistant"):
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-            turns.append(Turn("unknown", i, damaged=True))
+            _unreadable(i, f"unknown role {role!r}", turns, problems)
             continue
         _converse_alternation(i, role, turns, problems)
         turn = Turn(role, i)
@@ -421,15 +416,10 @@ def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
     the Python SDK's (snake_case) are read."""
     turns: list[Turn] = []
     problems: list[Violation] = []
-    for i, item in enumerate(contents):
-        if not isinstance(item, Mapping):
-            problems.append(_not_a_message(i, item))
-            turns.append(Turn("unknown", i, damaged=True))
-            continue
+    for i, item in _mappings(contents, turns, problems):
         role = item.get("role", "user")
         if role not in ("user", "model", "function", "tool"):
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-            turns.append(Turn("unknown", i, damaged=True))
+            _unreadable(i, f"unknown role {role!r}", turns, problems)
             continue
         turn = Turn("assistant" if role == "model" else "user", i)
         turns.append(turn)
