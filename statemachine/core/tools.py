@@ -85,6 +85,9 @@ class ToolDefinition:
         factory=lambda: {"type": "object", "properties": {}}, converter=_freeze_schema
     )
     _validator: Any = attrs.field(init=False, repr=False, eq=False)
+    _certainly_valid: Callable[[Mapping[str, Any]], bool] | None = attrs.field(
+        init=False, repr=False, eq=False
+    )
 
     def __attrs_post_init__(self) -> None:
         schema = thaw_json(self.parameters)
@@ -106,6 +109,7 @@ class ToolDefinition:
         # An empty registry retrieves nothing: jsonschema's default one would fetch
         # an unknown URI with urlopen (http and file alike) in the middle of a run.
         object.__setattr__(self, "_validator", cls(schema, registry=referencing.Registry()))
+        object.__setattr__(self, "_certainly_valid", _fast_check(schema))
 
     def schema_dict(self) -> dict[str, Any]:
         """A plain, mutable copy of the parameters schema (for provider requests)."""
@@ -247,12 +251,67 @@ def _check_acyclic(
     visit(())
 
 
+_FAST_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+}
+
+
+def _fast_check(schema: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool] | None:
+    """A check that can only say "certainly valid", for flat schemas like ``@tool``'s.
+
+    Validation is the largest per-call cost of the loop (bench/); most schemas are a
+    flat object of primitive properties. For those this answers True only where
+    jsonschema would; False means "not sure", and jsonschema decides and writes the
+    errors, so no decision and no message changes. ``None``: the schema is not flat.
+    """
+    if set(schema) - {"type", "properties", "required", "additionalProperties", "description"}:
+        return None
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict):
+        return None
+    checks: dict[str, Callable[[Any], bool]] = {}
+    for name, sub in properties.items():
+        if not isinstance(sub, dict) or set(sub) - {"type", "description", "default"}:
+            return None
+        kind = sub.get("type")
+        check = _FAST_TYPES.get(kind) if isinstance(kind, str) else None
+        if check is None:
+            return None
+        checks[name] = check
+    required = schema.get("required", [])
+    additional = schema.get("additionalProperties", True)
+    if not isinstance(required, list) or not isinstance(additional, bool):
+        return None
+    required_names = tuple(required)
+
+    def certainly_valid(arguments: Mapping[str, Any]) -> bool:
+        for name in required_names:
+            if name not in arguments:
+                return False
+        for name, value in arguments.items():
+            check = checks.get(name)
+            if check is None:
+                if not additional:
+                    return False
+            elif not check(value):
+                return False
+        return True
+
+    return certainly_valid
+
+
 def validate_arguments(definition: ToolDefinition, arguments: Mapping[str, Any]) -> list[str]:
     """Every schema violation of ``arguments``, each naming its path; empty if valid.
 
     Sorted by path, so the text is the same whatever order jsonschema walks in
     (determinism, I5).
     """
+    fast = definition._certainly_valid
+    if fast is not None and fast(arguments):
+        return []
     instance = thaw_json(arguments)
     errors = sorted(
         definition._validator.iter_errors(instance),

@@ -33,6 +33,7 @@ in a script is raised by that call (a failing provider).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -118,6 +119,7 @@ async def _answer(
     return as_message(step)
 
 
+@functools.lru_cache(maxsize=256)  # asked at every call; a function's signature is fixed
 def _declares_options(fn: ModelFunction) -> bool:
     try:
         return "options" in inspect.signature(fn).parameters
