@@ -347,7 +347,7 @@ def test_a_model_exception_ends_failed_once_without_retry() -> None:
     assert last.error_message == "The model call failed: ConnectionError: 401 invalid api key"
     assert isinstance(result.error, sm.ModelFailedError)
     assert "401 invalid api key" in result.explanation
-    assert "without retrying" in result.explanation
+    assert "the run itself does not retry" in result.explanation
 
 
 def test_a_model_returning_something_else_ends_failed() -> None:
