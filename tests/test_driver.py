@@ -347,7 +347,7 @@ def test_a_model_exception_ends_failed_once_without_retry() -> None:
     assert last.error_message == "The model call failed: ConnectionError: 401 invalid api key"
     assert isinstance(result.error, sm.ModelFailedError)
     assert "401 invalid api key" in result.explanation
-    assert "without retrying" in result.explanation
+    assert "the run itself does not retry" in result.explanation
 
 
 def test_a_model_returning_something_else_ends_failed() -> None:
@@ -930,15 +930,46 @@ def test_a_signal_outlives_its_run_safely() -> None:
     assert model.requests == []
 
 
-def test_a_model_client_whose_complete_is_not_async_ends_failed_with_a_reason() -> None:
+def test_a_model_client_whose_complete_is_not_async_ends_failed_saying_so() -> None:
     class SyncClient:
         def complete(self, messages: object, tools: object, signal: object) -> object:
             return DONE
 
     result = run(model=SyncClient())
     assert result.state is sm.TurnState.Failed
-    assert "TypeError" in result.explanation
-    assert "await" in result.explanation
+    assert result.explanation.startswith(
+        "The model call failed: UsageError: the model client SyncClient's complete() "
+        "returned an AssistantMessage instead of an awaitable: complete must be an async def"
+    )
+    assert "can't be used in 'await' expression" not in result.explanation
+    assert result.error is not None
+    assert isinstance(result.error.__cause__, sm.UsageError)
+
+
+def test_a_model_client_taking_options_whose_complete_is_not_async_ends_failed_saying_so() -> None:
+    class SyncClientWithOptions:
+        def complete(
+            self, messages: object, tools: object, signal: object, *, options: object
+        ) -> object:
+            return DONE
+
+    result = run(model=SyncClientWithOptions(), instructions="Be brief.")
+    assert result.state is sm.TurnState.Failed
+    assert "the model client SyncClientWithOptions's complete() returned" in result.explanation
+    assert "complete must be an async def" in result.explanation
+
+
+def test_a_model_client_whose_plain_complete_returns_a_coroutine_is_awaited() -> None:
+    class Wrapper:
+        def __init__(self) -> None:
+            self.inner = ScriptedModel(DONE)
+
+        def complete(self, messages: Any, tools: Any, signal: Any) -> Any:
+            return self.inner.complete(messages, tools, signal)  # a coroutine
+
+    result = run(model=Wrapper())
+    assert result.state is sm.TurnState.Done
+    assert result.final_text == "done"
 
 
 # -- behaviours pinned one by one: resume, approvals, the handle, the event stream --------------

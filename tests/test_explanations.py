@@ -5,9 +5,12 @@ the turn limit)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from engine_support import ECHO
 
+from statemachine.core import explanations
 from statemachine.core.engine import ABANDONED, Engine
 from statemachine.core.events import (
     AbortRequested,
@@ -99,3 +102,54 @@ def test_a_long_result_quoted_in_the_turn_limit_explanation_is_cut_to_160_charac
     assert engine.explanation is not None
     assert "y" * 160 + "\u2026" not in engine.explanation
     assert "y" * 160 in engine.explanation
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("It broke", "It broke."),
+        ("It broke.", "It broke."),
+        ("Is base_url right?", "Is base_url right?"),
+        ("Try later!", "Try later!"),
+        ("cut\u2026 (9 more characters)", "cut\u2026 (9 more characters)."),
+        ("and so on\u2026", "and so on\u2026"),
+        ("  spaced.  ", "spaced."),
+    ],
+)
+def test_a_sentence_ends_with_one_mark(text: str, expected: str) -> None:
+    assert explanations.sentence(text) == expected
+
+
+@pytest.mark.parametrize(
+    "explain",
+    [
+        lambda reason: explanations.stopped_by_hook(reason),
+        lambda reason: explanations.aborted("while calling the model", reason, ()),
+        lambda reason: explanations.failed(reason, reported_by_response=False, turn=1),
+        lambda reason: explanations.failed(reason, reported_by_response=True, turn=1),
+        lambda reason: explanations.output_invalid(1, 2, reason),
+    ],
+)
+@pytest.mark.parametrize("reason", ["Enough?", "Enough!", "Enough."])
+def test_a_reason_and_the_next_sentence_join_with_one_mark(
+    explain: Callable[[str], str], reason: str
+) -> None:
+    text = explain(reason)
+    assert reason in text
+    for doubled in ("?.", "!.", ".."):
+        assert doubled not in text
+
+
+def test_a_failed_call_says_the_run_did_not_retry_it_and_a_reported_error_that_nothing_did() -> (
+    None
+):
+    raised = explanations.failed(
+        "ProviderUnavailableError: HTTP 500. Gave up after 4 attempt(s); try again later.",
+        reported_by_response=False,
+        turn=2,
+    )
+    assert "without retrying" not in raised
+    assert "the run itself does not retry" in raised
+    assert "(turn 2)" in raised
+    reported = explanations.failed("content filtered", reported_by_response=True, turn=2)
+    assert "The run stopped without retrying (turn 2)" in reported

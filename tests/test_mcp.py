@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import itertools
 import os
 import socket
@@ -25,6 +26,7 @@ import statemachine as sm
 import statemachine.messages
 from statemachine.core.invariants import history_violations
 from statemachine.mcp import MCPError, MCPServer
+from statemachine.mcp._stderr import MAX_STDERR_CHARS
 from statemachine.testing import ScriptedModel
 
 _T = TypeVar("_T")
@@ -290,6 +292,74 @@ async def test_a_command_that_does_not_exist_is_a_clear_error() -> None:
     with pytest.raises(MCPError, match="could not be reached"):
         async with MCPServer.stdio("/nonexistent/mcp-server"):
             pass
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_a_server_that_cannot_start_is_an_error_quoting_its_stderr(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_server.py"
+    passed_on = io.StringIO()
+    with pytest.raises(MCPError) as caught:
+        async with MCPServer.stdio(sys.executable, [str(missing)], stderr=passed_on):
+            pass
+    text = str(caught.value)
+    assert "could not be reached" in text
+    assert "its stderr:\n" in text
+    assert "can't open file" in text
+    assert str(missing) in text
+    assert "TaskGroup" not in text
+    assert "can't open file" in passed_on.getvalue()  # still where the stderr goes
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_the_stderr_an_error_quotes_is_its_bounded_end() -> None:
+    noisy = (
+        "import sys; out = sys.stderr.buffer; out.write(b'x' * 50000); "
+        "out.write(b'\\xff\\xfe broken bytes; THE END'); out.flush(); sys.exit(3)"
+    )
+    with pytest.raises(MCPError) as caught:
+        async with MCPServer.stdio(sys.executable, ["-c", noisy], stderr=DEVNULL):
+            pass
+    text = str(caught.value)
+    assert f"its stderr ends with (the last {MAX_STDERR_CHARS} characters):\n" in text
+    assert text.endswith("\ufffd\ufffd broken bytes; THE END")
+    assert "x" * (MAX_STDERR_CHARS + 1) not in text
+    assert len(text) < MAX_STDERR_CHARS + 300
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_a_server_that_never_answers_is_an_error_quoting_its_stderr() -> None:
+    stuck = (
+        "import sys, time; print('loading the index', file=sys.stderr, flush=True); time.sleep(60)"
+    )
+    silent = MCPServer.stdio(sys.executable, ["-c", stuck], connect_timeout=3.0, stderr=DEVNULL)
+    with pytest.raises(MCPError) as caught:
+        async with silent:
+            pass
+    text = str(caught.value)
+    assert "did not answer within 3.0 s (connect_timeout)" in text
+    assert text.endswith("its stderr:\nloading the index")
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_a_server_that_starts_passes_its_stderr_on_as_it_goes() -> None:
+    passed_on = io.StringIO()
+    chatty = MCPServer.stdio(
+        sys.executable,
+        [
+            "-c",
+            "import sys, runpy; print('starting', file=sys.stderr, flush=True); "
+            f"sys.argv = [{str(SERVER)!r}, 'stdio']; "
+            f"runpy.run_path({str(SERVER)!r}, run_name='__main__')",
+        ],
+        stderr=passed_on,
+    )
+    async with chatty as server:
+        assert server.tools
+    assert "starting" in passed_on.getvalue()
 
 
 @pytest.mark.timeout(60)

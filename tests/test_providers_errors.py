@@ -6,11 +6,16 @@ them at work against the real SDKs.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 
 import pytest
+import structlog
 
+import statemachine as sm
 from statemachine import InvalidInputError
+from statemachine.core import explanations
+from statemachine.core.abort import AbortController
 from statemachine.providers import (
     ContextOverflowError,
     ProviderAuthError,
@@ -19,7 +24,14 @@ from statemachine.providers import (
     ProviderUnavailableError,
     RetryPolicy,
 )
-from statemachine.providers._errors import classify, parse_retry_after, redact
+from statemachine.providers._errors import (
+    Failure,
+    classify,
+    connection_failure,
+    parse_retry_after,
+    redact,
+)
+from statemachine.providers._retry import complete_with_retries
 
 NOW = 1_764_681_600.0
 
@@ -143,3 +155,75 @@ def test_a_huge_error_text_is_cut_short() -> None:
     text = str(failure.error)
     assert len(text) < 2_200
     assert "\u2026 (48000 more characters). The request was refused as invalid." in text
+
+
+@pytest.mark.parametrize("ending", ["?", "!", ".", "\u2026", ""])
+def test_a_provider_text_and_ours_join_with_one_mark(ending: str) -> None:
+    failure = classify(
+        "P",
+        status=400,
+        headers={},
+        body={"error": {"message": f"Is the model loaded{ending}"}},
+        message="",
+        key_hint="K",
+    )
+    text = str(failure.error)
+    assert text.startswith(f"P returned HTTP 400: Is the model loaded{ending or '.'} The ")
+    for doubled in ("?.", "!.", "..", "\u2026."):
+        assert doubled not in text
+
+
+def test_a_refused_connection_joins_the_run_explanation_with_one_mark() -> None:
+    failure = connection_failure("P at http://127.0.0.1:9/v1", ConnectionRefusedError(), ())
+    assert str(failure.error).endswith("Is the server running, and is base_url right?")
+    text = explanations.failed(
+        f"{type(failure.error).__name__}: {failure.error}", reported_by_response=False, turn=1
+    )
+    assert "base_url right? The run stopped" in text
+    assert "?." not in text
+
+
+@pytest.mark.timeout(30)
+def test_giving_up_joins_the_last_failure_with_one_mark() -> None:
+    async def attempt(_: object) -> sm.AssistantMessage:
+        raise RuntimeError("overloaded")
+
+    def overloaded(_: Exception) -> Failure:
+        return Failure(ProviderUnavailableError("P returned HTTP 503: try later!"), True)
+
+    async def no_wait(_: float) -> None:
+        return None
+
+    with pytest.raises(ProviderUnavailableError) as caught:
+        asyncio.run(
+            complete_with_retries(
+                attempt,
+                overloaded,
+                provider="P",
+                policy=RetryPolicy(max_attempts=2, jitter=0),
+                signal=AbortController().signal,
+                sleep=no_wait,
+                random=lambda: 0.0,
+                log=structlog.get_logger(),
+            )
+        )
+    assert str(caught.value).startswith(
+        "P returned HTTP 503: try later! Gave up after 2 attempt(s)"
+    )
+
+
+def test_a_404_names_base_url_and_the_model_not_an_invalid_request() -> None:
+    failure = classify(
+        "P at http://h/v1",
+        status=404,
+        headers={},
+        body={"detail": "Not Found"},
+        message="",
+        key_hint="K",
+    )
+    assert type(failure.error) is ProviderRequestError
+    assert not failure.retryable
+    text = str(failure.error)
+    assert "base_url" in text
+    assert "model name" in text
+    assert "refused as invalid" not in text

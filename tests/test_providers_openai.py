@@ -477,6 +477,57 @@ def test_a_refused_connection_fails_at_once_naming_the_url_and_the_model() -> No
     assert sleeps.delays == []  # not retried: nothing listens there
 
 
+def _refused_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"  # nothing listens there any more
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_connection_reads_as_sentences_in_the_run_explanation() -> None:
+    model = OpenAIChatModel("m", api_key=KEY, base_url=_refused_url(), retry=FAST, sleep=Sleeps())
+    result = sm.run_agent_sync(model=model, messages="hello")
+    assert result.state is sm.TurnState.Failed
+    assert "Is the server running, and is base_url right? The run stopped" in result.explanation
+    assert "?." not in result.explanation
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"detail": "Not Found"},  # FastAPI-based servers (vLLM and others)
+        {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}},
+    ],
+)
+def test_a_404_points_at_base_url_and_the_model_name(
+    server: LoopbackServer, body: dict[str, Any]
+) -> None:
+    server.add(Reply(404, (("Content-Type", "application/json"),), json.dumps(body).encode()))
+    with pytest.raises(ProviderRequestError) as caught:
+        complete(make_model(server))
+    text = str(caught.value)
+    assert "returned HTTP 404" in text
+    assert "base_url" in text
+    assert "model name" in text
+    assert "refused as invalid" not in text
+    assert len(server.requests) == 1  # a wrong address stays wrong: not retried
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_client_gave_up_after_retries_does_not_claim_none_were_made(
+    server: LoopbackServer,
+) -> None:
+    server.add(*[error(500, "openai/error_500.json")] * 3)
+    result = sm.run_agent_sync(model=make_model(server), messages="hello")
+    assert result.state is sm.TurnState.Failed
+    assert "Gave up after 3 attempt(s)" in result.explanation
+    assert "without retrying" not in result.explanation
+    assert "the run itself does not retry" in result.explanation
+    assert len(server.requests) == 3
+
+
 def test_the_sdk_client_never_retries_and_validates_strictly(server: LoopbackServer) -> None:
     client = make_model(server)._client
     assert client.max_retries == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import json
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
@@ -272,3 +273,80 @@ def test_float_parameters_receive_floats_and_unions_keep_other_values() -> None:
     assert convert is not None
     assert convert({"x": 1}) == Point(1.0)
     assert convert(7) == 7
+
+
+# -- a functools.partial of a typed function ---------------------------------------------------
+
+
+def lookup(table: str, key: str, limit: int = 3) -> str:
+    """Look a key up in a table.
+
+    Args:
+        table: the table, chosen by the application.
+        key: what to look up.
+        limit: how many rows at most.
+    """
+    return f"{table}:{key}:{limit}"
+
+
+async def alookup(root: str, path: str, signal: sm.AbortSignal) -> str:
+    """Read a path under a root."""
+    return f"{root}/{path} aborted={signal.aborted}"
+
+
+def test_a_partial_is_a_tool_named_and_described_by_its_function() -> None:
+    made = sm.tool(functools.partial(lookup, table="users"))
+    assert made.name == "lookup"
+    assert made.definition.description == "Look a key up in a table."
+    schema = _schema(made)
+    # The bound argument is the application's: not shown to the model, nor its value.
+    assert schema["properties"] == {
+        "key": {"type": "string", "description": "what to look up."},
+        "limit": {"type": "integer", "description": "how many rows at most.", "default": 3},
+    }
+    assert schema["required"] == ["key"]
+    assert "users" not in json.dumps(schema)
+    assert asyncio.run(_call(made, {"key": "ada"})) == "users:ada:3"
+
+
+def test_a_partial_binding_positional_arguments_of_an_async_function_is_a_tool() -> None:
+    made = sm.tool(name="read", description="Read a file.")(functools.partial(alookup, "/srv"))
+    assert made.name == "read"
+    assert _schema(made)["properties"] == {"path": {"type": "string"}}
+    assert asyncio.run(_call(made, {"path": "a.txt"})) == "/srv/a.txt aborted=False"
+
+
+def test_the_model_cannot_override_an_argument_the_partial_binds() -> None:
+    made = sm.tool(functools.partial(lookup, table="users"))
+    problems = sm.engine.validate_arguments(made.definition, {"key": "k", "table": "admins"})
+    assert problems
+
+
+def test_a_partial_of_a_context_taking_function_receives_the_run_context() -> None:
+    def greet(ctx: sm.RunContext[str], greeting: str, name: str) -> str:
+        return f"{greeting}, {name} (deps={ctx.deps})"
+
+    made = sm.tool(functools.partial(greet, greeting="Hello"))
+    assert made.deps_type is str
+    assert _schema(made)["properties"] == {"name": {"type": "string"}}
+    model = ScriptedModel(
+        sm.AssistantMessage(
+            (sm.ToolCall("c1", "greet", {"name": "Ada"}),),
+            stop_reason=sm.messages.StopReason.TOOL_USE,
+        ),
+        sm.AssistantMessage("done"),
+    )
+    result = sm.run_agent_sync(model=model, messages="hi", tools=[made], deps="shop")
+    answers = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert [a.text for a in answers] == ["Hello, Ada (deps=shop)"]
+
+
+def test_a_callable_without_a_name_is_refused_asking_for_one() -> None:
+    class Lookup:
+        def __call__(self, key: str) -> str:
+            return key
+
+    with pytest.raises(
+        sm.InvalidInputError, match=r"a Lookup has no __name__ to name the tool by: pass name="
+    ):
+        sm.tool(Lookup())

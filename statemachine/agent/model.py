@@ -49,7 +49,9 @@ __all__ = [
 @runtime_checkable
 class ModelClient(Protocol):
     """``async complete(messages, tools, signal) -> AssistantMessage``; a client may
-    also take ``options: CallOptions`` (keyword-only; module docstring)."""
+    also take ``options: CallOptions`` (keyword-only; module docstring). ``complete``
+    must be ``async def`` (or return an awaitable): one that returns the message itself
+    fails the model call with a ``UsageError`` naming the client."""
 
     async def complete(
         self,

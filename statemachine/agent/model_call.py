@@ -5,7 +5,9 @@ model call it works out the instructions (a string, or a function of the
 ``RunContext`` called then), and hands the client one ``CallOptions`` with them, the
 run's ``ModelSettings`` and the listeners that turn streamed fragments into run
 events. A client that does not declare ``options`` is called as before
-(``statemachine.agent.model`` says why, and what is refused up front).
+(``statemachine.agent.model`` says why, and what is refused up front). A ``complete``
+that is not ``async def`` (it returns the message itself, not an awaitable) fails the
+call with a ``UsageError`` that says so.
 
 Instructions that raise fail that model call: the run ends ``Failed`` with an
 explanation naming ``InstructionsError`` and what the function raised (the exception
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import attrs
 
@@ -26,7 +28,7 @@ from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InstructionsError, InvalidInputError
+from statemachine.errors import InstructionsError, InvalidInputError, UsageError
 
 __all__ = ["Instructions", "InstructionsError", "RunModel", "check_instructions"]
 
@@ -78,13 +80,26 @@ class RunModel:
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
         if not self._with_options:
-            return await self.client.complete(messages, tools, signal)
+            return await self._answer(self.client.complete(messages, tools, signal))
         options = self._fixed
         if options is None:  # instructions from a function: asked again at every call
             options = attrs.evolve(self._base, instructions=await self.instructions())
-        return await self.client.complete(  # type: ignore[call-arg]
-            messages, tools, signal, options=options
+        return await self._answer(
+            self.client.complete(messages, tools, signal, options=options)  # type: ignore[call-arg]
         )
+
+    async def _answer(self, pending: object) -> AssistantMessage:
+        """What the client's ``complete`` returned, awaited; a ``UsageError`` (which
+        fails the call) when it cannot be: a ``complete`` that is not ``async def``."""
+        if not inspect.isawaitable(pending):
+            kind = type(pending).__name__
+            article = "an" if kind[:1].lower() in "aeiou" else "a"
+            raise UsageError(
+                f"the model client {type(self.client).__name__}'s complete() returned "
+                f"{article} {kind} instead of an awaitable: complete must be an async def "
+                "(async def complete(self, messages, tools, signal) -> AssistantMessage)"
+            )
+        return cast(AssistantMessage, await pending)
 
     async def instructions(self) -> str | None:
         """The instructions of this call (``InstructionsError`` if the function fails)."""

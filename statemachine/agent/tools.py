@@ -29,12 +29,7 @@ from typing import Any, Union, overload
 
 import attrs
 
-from statemachine.agent.context import (
-    RunContext,
-    current_run_context,
-    deps_type_of,
-    wants_context,
-)
+from statemachine.agent.context import RunContext, context_type, current_run_context
 from statemachine.agent.signature import Converter, check_return, compile_annotation, result_value
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -125,16 +120,23 @@ def _build_tool(
     description: str | None,
     options: dict[str, Any] | None = None,
 ) -> Tool:
-    tool_name = name or fn.__name__
+    # A partial's name, hints and docstring are its function's; the arguments it binds
+    # are the application's, neither shown to the model nor open to it.
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    bound = frozenset(fn.keywords) if isinstance(fn, functools.partial) else frozenset()
+    tool_name = name or _name_of(fn, target)
     where = f"@tool {tool_name}"
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        hints = typing.get_type_hints(target, include_extras=True)
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad annotation
         raise InvalidInputError(f"{where}: cannot read type hints: {exc}") from None
-    summary, param_docs = _parse_docstring(fn.__doc__)
-    takes_context = wants_context(fn)
+    summary, param_docs = _parse_docstring(target.__doc__)
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name not in bound]
+    takes_context, deps = (
+        context_type(hints.get(params[0].name, params[0].annotation)) if params else (False, None)
+    )
     parameters, converters, wants_signal = _parameters(
-        fn, hints, param_docs, where, skip_first=takes_context
+        params[1:] if takes_context else params, hints, param_docs, where
     )
     check_return(hints.get("return", inspect.Parameter.empty), where, _is_result_type)
     definition = ToolDefinition(
@@ -143,25 +145,34 @@ def _build_tool(
         parameters=parameters,
     )
     execute = _executor(fn, tool_name, converters, wants_signal, takes_context)
-    deps = deps_type_of(fn) if takes_context else None
     return Tool(definition=definition, execute=execute, deps_type=deps, **(options or {}))
 
 
+def _name_of(fn: Callable[..., Any], target: Callable[..., Any]) -> str:
+    """The tool's default name: its function's ``__name__``."""
+    found = getattr(target, "__name__", None)
+    if not isinstance(found, str):
+        raise InvalidInputError(
+            f"@tool: a {type(fn).__name__} has no __name__ to name the tool by: pass "
+            "name=..., or give a function (or a functools.partial of one)"
+        )
+    return found
+
+
 def _parameters(
-    fn: Callable[..., Any],
+    params: Sequence[inspect.Parameter],
     hints: dict[str, Any],
     param_docs: dict[str, str],
     where: str,
-    *,
-    skip_first: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Converter], bool]:
-    """The JSON schema of ``fn``'s arguments, their converters, and whether it takes
-    the call's ``signal``; ``skip_first``: the first parameter is the ``RunContext``."""
+    """The JSON schema of the arguments ``params`` (a function's, without its
+    ``RunContext`` and what a partial binds), their converters, and whether the
+    function takes the call's ``signal``."""
     properties: dict[str, Any] = {}
     required: list[str] = []
     converters: dict[str, Converter] = {}
     wants_signal = False
-    for param in list(inspect.signature(fn).parameters.values())[1 if skip_first else 0 :]:
+    for param in params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise InvalidInputError(f"{where}: *args and **kwargs cannot be tool arguments")
         if param.kind is param.POSITIONAL_ONLY:
@@ -297,6 +308,10 @@ def tool(
     exception gives the model an error result with the exception's text. See
     ``statemachine.agent.signature`` for the exact rules. ``sequential``, ``resources``
     and ``timeout`` are passed to ``Tool``.
+
+    A ``functools.partial`` of such a function is a tool too, named and described by
+    the function; the arguments it binds are the application's: they are not shown to
+    the model, which cannot override them.
     """
     options = {"sequential": sequential, "resources": resources, "timeout": timeout}
     if fn is not None:

@@ -20,6 +20,7 @@ __all__ = [
     "final_answer",
     "output_accepted",
     "output_invalid",
+    "sentence",
     "stopped_by_hook",
     "turn_limit",
     "usage_limit",
@@ -30,23 +31,38 @@ QUOTE_LIMIT = 160
 """How much of a tool's last result the turn-limit explanation quotes."""
 
 
+def sentence(text: str) -> str:
+    """``text`` made a sentence that another can follow: stripped, and ended with a full
+    stop unless it ends with one already, a question or exclamation mark or an ellipsis
+    (a text quoted from elsewhere, a provider's or a hook's, may end any way)."""
+    text = text.strip()
+    return text if text.endswith((".", "?", "!", "\u2026")) else f"{text}."
+
+
 def final_answer() -> str:
     return "The model answered without tool calls: the task is complete."
 
 
 def stopped_by_hook(reason: str | None) -> str:
-    return f"Stopped at a turn boundary by should_continue: {reason}."
+    return sentence(f"Stopped at a turn boundary by should_continue: {reason}")
 
 
 def failed(detail: str | None, *, reported_by_response: bool, turn: int) -> str:
-    """The model call raised (``detail``: its error), or its response reported an error."""
+    """The model call raised (``detail``: its error), or its response reported an error.
+
+    A call that raised may have been retried by the model client already (a provider
+    adapter retries transient failures before it gives up), so only a reported error
+    is said to have had no retry at all."""
     if reported_by_response:
-        text = f"The model reported an error: {detail or 'no details given'}"
-    else:
-        text = detail or "The model call failed."
+        reported = sentence(f"The model reported an error: {detail or 'no details given'}")
+        return (
+            f"{reported} The run stopped without retrying (turn {turn}); fix the cause, "
+            "then run again on this history."
+        )
     return (
-        f"{text.rstrip('.')}. The run stopped without retrying (turn {turn}); fix the "
-        "cause, then run again on this history."
+        f"{sentence(detail or 'The model call failed')} The run stopped (turn {turn}): the "
+        "run itself does not retry a model call that raised (retries are the model "
+        "client's); fix the cause, then run again on this history."
     )
 
 
@@ -69,7 +85,8 @@ def aborted(where: str, reason: str, abandoned: Sequence[str]) -> str:
         )
     else:
         cleanup = " and finished its cleanup."
-    return f"Aborted {where}: {reason}. Every tool call that had started has a result{cleanup}"
+    what = sentence(f"Aborted {where}: {reason}")
+    return f"{what} Every tool call that had started has a result{cleanup}"
 
 
 def _last_operation(last_result: ToolResultMessage | None) -> str:
@@ -123,10 +140,11 @@ def output_accepted(call_id: str) -> str:
 
 def output_invalid(retries: int, failures: int, error: str | None) -> str:
     """No valid final result within the retries; ``error``: why the last one failed."""
+    last = sentence(f"Last error: {_short(error or 'unknown')}")
     return (
         f"Stopped: the model gave no valid final result in {failures} attempt(s) "
-        f"(output_retries={retries}). Last error: {_short(error or 'unknown')}. Run again "
-        "with a clearer task or instructions, or a larger output_retries."
+        f"(output_retries={retries}). {last} Run again with a clearer task or "
+        "instructions, or a larger output_retries."
     )
 
 
@@ -135,17 +153,16 @@ def waiting_for_approval(pending: Sequence[tuple[ToolCall, str]]) -> str:
     listed = "; ".join(
         f"{call.name} (call {call.id}){': ' + note if note else ''}" for call, note in pending
     )
-    return (
-        f"Waiting for a person to approve {len(pending)} tool call(s): {listed}. Resume "
-        "with a decision for each call, or with a new user message."
-    )
+    waiting = sentence(f"Waiting for a person to approve {len(pending)} tool call(s): {listed}")
+    return f"{waiting} Resume with a decision for each call, or with a new user message."
 
 
 def denied_by_policy(call: ToolCall, reason: str) -> str:
-    return (
+    denied = sentence(
         f"Waiting for a person: tool call {call.name} (call {call.id}) was denied by "
-        f"policy: {reason}. Resume with a new user message on this history."
+        f"policy: {reason}"
     )
+    return f"{denied} Resume with a new user message on this history."
 
 
 def _short(text: str) -> str:

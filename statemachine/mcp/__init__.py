@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import Message, TextContent, ToolResultContent
+from statemachine.core.messages import Message, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError, MCPError
 
@@ -59,7 +58,8 @@ from statemachine.mcp._resources import (
     resource_blocks,
     resource_of,
 )
-from statemachine.mcp._results import block, capped, describe
+from statemachine.mcp._results import describe, tool_output
+from statemachine.mcp._stderr import StderrTail, with_stderr
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
@@ -154,6 +154,7 @@ class MCPServer:
         self._target = target
         self._headers = dict(http_headers or {})
         self._stderr = stderr
+        self._tail: StderrTail | None = None  # a stdio server's stderr, while connected
         self._client: mcp.Client | None = None
         self._holder: asyncio.Task[None] | None = None
         self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
@@ -179,7 +180,9 @@ class MCPServer:
         """A server started as ``command args...``, spoken to over its stdin/stdout.
 
         The server's stderr goes to this process's stderr, as a subprocess's would;
-        pass ``stderr=`` (an open text file) to send it elsewhere.
+        pass ``stderr=`` (a text file, or any object with ``write``) to send it
+        elsewhere. If the server cannot be reached or does not answer, the
+        ``MCPError`` also quotes the end of its stderr (``MAX_STDERR_CHARS``).
         """
         params = mcp.StdioServerParameters(
             command=command, args=list(args), env=dict(env) if env else None, cwd=cwd
@@ -241,7 +244,7 @@ class MCPServer:
     def _late(self) -> str:
         limit = f"within {self.connect_timeout} s (connect_timeout)"
         if self._stage == "start":
-            return f"MCP server {self.name!r} did not answer {limit}"
+            return with_stderr(f"MCP server {self.name!r} did not answer {limit}", self._tail)
         if self._stage == "list":
             cause = f": {self._unreadable}" if self._unreadable else ""
             return f"MCP server {self.name!r} did not list its tools {limit}{cause}"
@@ -254,12 +257,12 @@ class MCPServer:
         entered them when the connection fails (an HTTP server killed mid-call, say):
         holding the connection here keeps that from ever reaching the caller.
         """
-        client = mcp.Client(
-            self._transport(),
-            client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
-            message_handler=self._on_message,
-        )
         try:
+            client = mcp.Client(
+                self._transport(),
+                client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
+                message_handler=self._on_message,
+            )
             async with client:
                 self._stage = "list"
                 try:
@@ -278,24 +281,37 @@ class MCPServer:
                 raise  # closed by _close (or the loop is going away)
             # the SDK's cancel scope: the transport failed and took the session down
             self._lost = "the connection was closed"
-            if not listed.done():
-                listed.set_exception(self._unreachable(ConnectionError(self._lost)))
+            await self._failed_to_connect(listed, ConnectionError(self._lost))
         except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
             self._lost = describe(exc)
-            if not listed.done():
-                listed.set_exception(self._unreachable(exc))
+            await self._failed_to_connect(listed, exc)
         finally:
             self._client = None
+            if self._tail is not None:
+                self._tail.close()
             if not listed.done():  # closed before the tools were listed
                 listed.cancel()
+
+    async def _failed_to_connect(
+        self, listed: asyncio.Future[list[mcp_types.Tool]], exc: BaseException
+    ) -> None:
+        """Tell ``__aenter__`` why, once a stdio server's stderr has ended (it may say)."""
+        if listed.done():
+            return
+        if self._tail is not None and isinstance(exc, Exception):
+            await self._tail.ended()
+        if not listed.done():
+            listed.set_exception(self._unreachable(exc))
 
     def _unreachable(self, exc: BaseException) -> BaseException:
         if isinstance(exc, MCPError | InvalidInputError):
             return exc
         if self._stage == "list":
             cause = self._unreadable or describe(exc)
-            return MCPError(f"MCP server {self.name!r} could not list its tools: {cause}")
-        return MCPError(f"MCP server {self.name!r} could not be reached: {describe(exc)}")
+            message = f"MCP server {self.name!r} could not list its tools: {cause}"
+        else:
+            message = f"MCP server {self.name!r} could not be reached: {describe(exc)}"
+        return MCPError(with_stderr(message, self._tail))
 
     async def _on_message(self, message: Any) -> None:
         """The SDK's notifications and the transport's faults (never raises)."""
@@ -348,8 +364,10 @@ class MCPServer:
             pass
 
     def _transport(self) -> Any:
-        if isinstance(self._target, mcp.StdioServerParameters) and self._stderr is not None:
-            return mcp.stdio_client(self._target, errlog=self._stderr)
+        self._tail = None
+        if isinstance(self._target, mcp.StdioServerParameters):
+            self._tail = StderrTail(self._stderr)
+            return mcp.stdio_client(self._target, errlog=self._tail.errlog)
         if isinstance(self._target, str) and self._headers:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
@@ -577,18 +595,4 @@ class MCPServer:
         return self._output(result)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
-        items = result.content
-        blocks = [block(item) for item in items[: self.max_blocks]]
-        if not blocks and result.structured_content is not None:
-            blocks.append(TextContent(json.dumps(result.structured_content, ensure_ascii=False)))
-        if not blocks:
-            blocks.append(TextContent("(no content)"))
-        out = capped(blocks, self.max_output_chars, self.max_output_bytes)
-        if len(items) > self.max_blocks:
-            dropped = len(items) - self.max_blocks
-            out.append(
-                TextContent(
-                    f"[{dropped} more content blocks dropped: max_blocks={self.max_blocks}]"
-                )
-            )
-        return ToolOutput(out, is_error=bool(result.is_error))
+        return tool_output(result, *self._limits())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import mcp.types as mcp_types
 
 from statemachine.core.messages import ImageContent, TextContent, ToolResultContent
+from statemachine.core.tools import ToolOutput
 
 # A MIME type of the image/* family: ``image/`` and an RFC 6838 subtype name.
 IMAGE_MIME = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
@@ -103,3 +105,22 @@ def capped(
             TextContent(f"[{cut_bytes} more bytes cut{images}: max_output_bytes={max_bytes}]")
         )
     return out
+
+
+def tool_output(
+    result: mcp_types.CallToolResult, max_chars: int, max_bytes: int, max_blocks: int
+) -> ToolOutput:
+    """A tool call's result, bounded: at most ``max_blocks`` blocks (the rest dropped,
+    saying so), text and bytes capped (``capped``); structured content without blocks
+    becomes its JSON."""
+    items = result.content
+    blocks = [block(item) for item in items[:max_blocks]]
+    if not blocks and result.structured_content is not None:
+        blocks.append(TextContent(json.dumps(result.structured_content, ensure_ascii=False)))
+    if not blocks:
+        blocks.append(TextContent("(no content)"))
+    out = capped(blocks, max_chars, max_bytes)
+    if len(items) > max_blocks:
+        dropped = len(items) - max_blocks
+        out.append(TextContent(f"[{dropped} more content blocks dropped: max_blocks={max_blocks}]"))
+    return ToolOutput(out, is_error=bool(result.is_error))

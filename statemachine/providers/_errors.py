@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
+from statemachine.core.explanations import sentence
 from statemachine.errors import (
     ContextOverflowError,
     ProviderAuthError,
@@ -94,6 +95,13 @@ _RETRYABLE_TYPES = frozenset(
     {"overloaded_error", "api_error", "rate_limit_error", "server_error", "timeout_error"}
 )
 _AUTH_TYPES = frozenset({"authentication_error", "permission_error", "invalid_api_key"})
+
+NOT_FOUND = (
+    "Nothing was found at that address: base_url or the model name is most likely wrong "
+    "(an OpenAI-compatible server's base_url usually ends in /v1, without "
+    "/chat/completions); retrying will not help."
+)
+"""What an HTTP 404 means for an adapter that takes a ``base_url``."""
 
 
 _FRAGMENT = 8  # a key's pieces this long or longer are secret too
@@ -227,14 +235,15 @@ def classify(
     message: str,
     key_hint: str,
     secrets: Iterable[str] = (),
+    not_found: str = NOT_FOUND,
 ) -> Failure:
     """Decide what an HTTP-level failure means.
 
     ``status`` is ``None`` for an error reported inside a stream and for connection
-    failures; ``key_hint`` names where the key comes from (for the auth message).
+    failures; ``key_hint`` names where the key comes from (for the auth message);
+    ``not_found`` says what an HTTP 404 most likely means for this provider.
     """
     kind, code, body_message = error_details(body)
-    # Sentences are joined below, so a trailing period would double.
     text = _shorten(redact(body_message or message or "no error message", secrets))
     where = f"{provider} returned HTTP {status}" if status else f"{provider} reported an error"
     detail = f"{where}: {text}"
@@ -244,15 +253,15 @@ def classify(
     ):
         return Failure(
             ContextOverflowError(
-                f"{detail}. The conversation no longer fits the model's context window; "
-                "compact or truncate the history and try again."
+                f"{sentence(detail)} The conversation no longer fits the model's context "
+                "window; compact or truncate the history and try again."
             ),
             retryable=False,
         )
     if status in (401, 403) or kind in _AUTH_TYPES or code in _AUTH_TYPES:
         return Failure(
             ProviderAuthError(
-                f"{detail}. Authentication or permission failed; check {key_hint} "
+                f"{sentence(detail)} Authentication or permission failed; check {key_hint} "
                 "(retrying will not help)."
             ),
             retryable=False,
@@ -263,7 +272,11 @@ def classify(
         return Failure(
             ProviderUnavailableError(detail), retryable=True, retry_after=parse_retry_after(headers)
         )
-    return Failure(ProviderRequestError(f"{detail}. The request was refused as invalid."), False)
+    if status == 404:
+        return Failure(ProviderRequestError(f"{sentence(detail)} {not_found}"), False)
+    return Failure(
+        ProviderRequestError(f"{sentence(detail)} The request was refused as invalid."), False
+    )
 
 
 def validation_detail(exc: BaseException) -> str:
@@ -305,8 +318,8 @@ MAX_ERROR_TEXT = 2000  # characters of a provider's own error text kept in ours
 
 def _shorten(text: str) -> str:
     """``text`` cut to ``MAX_ERROR_TEXT``: a server's error body can be megabytes, and
-    ours ends up in explanations, journals and logs. No trailing period (sentences are
-    joined after it)."""
+    ours ends up in explanations, journals and logs. No trailing full stop: ours follow
+    with ``sentence``, which adds one where the text has no mark of its own."""
     text = text.strip().rstrip(".")
     if len(text) > MAX_ERROR_TEXT:
         text = f"{text[:MAX_ERROR_TEXT]}\u2026 ({len(text) - MAX_ERROR_TEXT} more characters)"

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import attrs
 
 from statemachine.core.abort import AbortSignal
+from statemachine.core.explanations import sentence
 from statemachine.core.messages import AssistantMessage, StopReason
 from statemachine.errors import InvalidInputError
 from statemachine.providers._errors import (
@@ -203,10 +204,10 @@ def _next_wait(
     """How long to wait before attempt ``number + 1``, or the error that ends the call."""
     if not failure.retryable:
         return failure.error
-    reason = str(failure.error)
+    reason = sentence(str(failure.error))
     if number == policy.max_attempts:
         return ProviderUnavailableError(
-            f"{reason}. Gave up after {number} attempt(s) (the retry budget "
+            f"{reason} Gave up after {number} attempt(s) (the retry budget "
             f"allows {policy.max_attempts}); try again later."
         )
     delay = failure.retry_after
@@ -214,7 +215,7 @@ def _next_wait(
         delay = policy.backoff(number - 1, random)
     if waited + delay > policy.max_total_delay:
         return ProviderUnavailableError(
-            f"{reason}. Gave up after {number} attempt(s): the next wait "
+            f"{reason} Gave up after {number} attempt(s): the next wait "
             f"({delay:g} s) would exceed the retry budget of "
             f"{policy.max_total_delay:g} s of waiting; try again later."
         )

@@ -545,6 +545,11 @@ class BedrockModel(ModelAdapter):
                 message=message,
                 key_hint="the AWS credentials and the IAM permission bedrock:InvokeModel",
                 secrets=self._secrets,
+                not_found=(
+                    "The model or the endpoint was not found: check the model id, that the "
+                    "model is offered in this region, and endpoint_url if you set one; "
+                    "retrying will not help."
+                ),
             )
         if isinstance(exc, botocore.exceptions.ParamValidationError):
             return Failure(
