@@ -344,14 +344,18 @@ def targets(cells: list[Cell], bare: dict[int, float], dicts: dict[int, float]) 
     """The overhead targets, judged on this run's numbers."""
     ours = {c.n: c for c in cells if c.contender == "statemachine run_agent" and c.run_s}
     lines = ["Targets:", ""]
-    for label, baseline in (("our types", bare), ("dicts", dicts)):
-        if 1_000 in ours and 1_000 in baseline:
-            ratio = ours[1_000].median_us / baseline[1_000]
-            verdict = "met" if ratio <= 10 else "MISSED"
-            lines.append(
-                f"- our loop ≤ 10x the bare loop ({label}) per turn at N = 1,000: "
-                f"{ratio:.1f}x, {verdict}"
-            )
+    if 1_000 in ours and 1_000 in bare:
+        ratio = ours[1_000].median_us / bare[1_000]
+        verdict = "met" if ratio <= 10 else "MISSED"
+        lines.append(
+            f"- our loop ≤ 10x the bare loop (our types) per turn at N = 1,000: "
+            f"{ratio:.1f}x, {verdict}"
+        )
+    if 1_000 in ours and 1_000 in dicts:
+        # Reported, no longer a target: what the goal of 10x the dict loop bought cost
+        # the core its readability (compiled dispatch, packed records, asyncio internals).
+        ratio = ours[1_000].median_us / dicts[1_000]
+        lines.append(f"- against the bare loop on dicts at N = 1,000: {ratio:.1f}x (no target)")
     for label, contender in (("our types", CONTENDERS[0][0]), ("dicts", CONTENDERS[1][0])):
         base = {c.n: c for c in cells if c.contender == contender and c.run_s}
         if 1_000 in ours and 1_000 in base:
