@@ -399,3 +399,15 @@ def test_the_gemini_and_bedrock_adapters_have_the_conventions_provider_names() -
         )
     )
     assert (gemini.provider, bedrock.provider) == ("gcp.gemini", "aws.bedrock")  # type: ignore[attr-defined]
+
+
+def test_a_model_string_is_the_client_it_names_traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    from statemachine.providers import OpenAIChatModel
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
+    tracer, _ = _tracer()
+    traced = tracer.model("openai:gpt-4.1")
+    # Before, the string itself was wrapped: a client with no model and no provider.
+    assert traced.provider == "openai"  # type: ignore[attr-defined]
+    assert traced.model == "gpt-4.1"  # type: ignore[attr-defined]
+    assert not isinstance(traced, OpenAIChatModel)  # wrapped, so each call is a span

@@ -50,7 +50,7 @@ import attrs
 
 from statemachine._version import __version__
 from statemachine.agent.events import RunResult
-from statemachine.agent.model import ModelClient
+from statemachine.agent.model import ModelClient, resolve_model
 from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolResultMessage
@@ -247,10 +247,11 @@ class AgentTracer:
         attributes.update({k: v for k, v in optional.items() if v})
         return attributes
 
-    def model(self, client: ModelClient, *, provider_name: str | None = None) -> ModelClient:
-        """``client``, making a ``chat`` span around each call (``provider_name``:
-        its ``gen_ai.provider.name``, when the tracer cannot tell). A client this
-        tracer wrapped already is returned as it is."""
+    def model(self, client: ModelClient | str, *, provider_name: str | None = None) -> ModelClient:
+        """``client`` (or the client a model string names), making a ``chat`` span
+        around each call (``provider_name``: its ``gen_ai.provider.name``, when the
+        tracer cannot tell). A client this tracer wrapped already is returned as it is."""
+        client = resolve_model(client)
         if isinstance(client, TracedModel) and client.tracer is self:
             return client
         return TracedModel(client, self, provider_name or self._provider_of(client))
