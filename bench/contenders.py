@@ -175,7 +175,7 @@ class Ours:
 
     def outcome(self, raw: object) -> Outcome:
         assert isinstance(raw, sm.RunResult)
-        if raw.state is not sm.TurnState.Done:
+        if raw.state is not sm.TurnState.DONE:
             return Outcome(raw.turns, (), f"<run ended {raw.state.value}: {raw.explanation}>")
         results = tuple(
             m.text for m in raw.messages if isinstance(m, sm.ToolResultMessage) and not m.is_error

@@ -56,7 +56,7 @@ def engine_transitions(turns: int, repetitions: int) -> tuple[Figure, int]:
         for event in events:
             engine.handle(event)
         elapsed = time.perf_counter_ns() - start
-        if engine.state is not sm.TurnState.Done:
+        if engine.state is not sm.TurnState.DONE:
             raise RuntimeError(f"engine run ended {engine.state.value}: {engine.explanation}")
         transitions = len(engine.trace)
         rates.append(transitions / (elapsed / 1e9))
@@ -169,7 +169,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
             start = time.perf_counter_ns()
             result = replay(path, logger=quiet_logger())
             elapsed = (time.perf_counter_ns() - start) / 1e9
-            if not result.ok or result.state is not sm.TurnState.Done:
+            if not result.ok or result.state is not sm.TurnState.DONE:
                 raise RuntimeError(f"replay failed: {result.error}")
             replay_rates.append(len(result.steps) / elapsed)
             # The same with every step read (its record per event made on first read).

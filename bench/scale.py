@@ -176,7 +176,7 @@ async def ours_run(index: int, turns: int, latency: float, gate: Gate) -> None:
         messages=[sm.UserMessage("go")],
         max_turns=turns,
     )
-    if result.state is not sm.TurnState.Done or result.turns != turns:
+    if result.state is not sm.TurnState.DONE or result.turns != turns:
         raise RuntimeError(f"run {index} ended {result.state.value}: {result.explanation}")
 
 

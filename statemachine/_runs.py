@@ -260,7 +260,7 @@ def sequence_diagram(result: RunResult) -> str:
                 out.append(f"  {lane[message.tool_name]}--xModel: ✗ {mermaid_text(text)}")
             else:
                 out.append(f"  {lane[message.tool_name]}-->>Model: {mermaid_text(text)}")
-    mark = "" if result.state is TurnState.Done else "✗ " if result.state.is_terminal else "⏸ "
+    mark = "" if result.state is TurnState.DONE else "✗ " if result.state.is_terminal else "⏸ "
     end = f"{mark}{result.state.value}: {result.explanation or 'no explanation'}"
     out.append(f"  Note over User,{last_lane}: {mermaid_text(_short(end, 110))}")
     return "\n".join(out) + "\n"

@@ -23,6 +23,6 @@ def denied_engine() -> Engine:
     call = ToolCall("c1", "echo", {"text": "hi"})
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     actions = engine.handle(ToolDenied("c1", "not on weekends"))
-    assert engine.state is TurnState.AwaitingUser
+    assert engine.state is TurnState.AWAITING_USER
     assert any(isinstance(a, RunEnded) for a in actions)
     return engine

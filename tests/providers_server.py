@@ -323,7 +323,7 @@ def run_on_workspace(
         messages=[sm.UserMessage("list the files")],
         max_turns=5,
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.turns == 3
     assert history_violations(result.messages) == []
     assert check_transcript(result.messages) == []

@@ -95,7 +95,7 @@ def test_output_and_limit_options_are_handed_to_run_agent(
 
     async def spy(**options: Any) -> sm.RunResult:
         seen.update(options)
-        return sm.RunResult(sm.TurnState.Done, (), None, 0, "")
+        return sm.RunResult(sm.TurnState.DONE, (), None, 0, "")
 
     monkeypatch.setattr(agent_module, "run_agent", spy)
     limits = sm.UsageLimits(requests=3)
@@ -140,7 +140,7 @@ def test_leaving_run_stream_early_aborts_the_run() -> None:
             pass
         return await run.result()
 
-    assert asyncio.run(main()).state is sm.TurnState.Aborted
+    assert asyncio.run(main()).state is sm.TurnState.ABORTED
 
 
 def test_resume_and_resume_sync_use_the_agents_tools_and_hooks() -> None:
@@ -151,7 +151,7 @@ def test_resume_and_resume_sync_use_the_agents_tools_and_hooks() -> None:
     )
     deps = Library(("a", "b"))
     suspended = agent.run_sync("How many?", deps=deps)
-    assert suspended.state is sm.TurnState.AwaitingUser
+    assert suspended.state is sm.TurnState.AWAITING_USER
     done = agent.resume_sync(suspended, approvals={"c1": True}, deps=deps)
     assert done.final_text == "Two."
     assert done.stats is not None
@@ -240,7 +240,7 @@ def test_the_parents_abort_reaches_the_sub_agent() -> None:
         return await running
 
     result = asyncio.run(main())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert child_saw == [True]
     [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.is_error

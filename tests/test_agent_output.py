@@ -35,7 +35,7 @@ def test_an_agents_output_type_types_its_runs_without_an_annotation() -> None:
     assert_type(result, sm.RunResult[Book])
     book: Book | None = result.output
     assert book == Book("Dune", 3)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_an_agent_without_an_output_type_is_an_agent_of_any() -> None:
@@ -76,7 +76,7 @@ def test_run_stream_and_resume_keep_the_output_type() -> None:
         return suspended, resumed
 
     suspended, resumed = asyncio.run(main())
-    assert suspended.state is sm.TurnState.AwaitingUser
+    assert suspended.state is sm.TurnState.AWAITING_USER
     assert_type(resumed, sm.RunResult[Book])
     # resumed with the agent's output type: the output is a Book, not the validated dict
     assert resumed.output == Book("Emma", 0)
@@ -87,7 +87,7 @@ def test_run_stream_and_resume_keep_the_output_type() -> None:
 def test_a_wrong_final_result_spends_the_agents_output_retries() -> None:
     model = ScriptedModel(final(title="Dune", copies="three"), final("f2", title="Dune"))
     result = sm.Agent(model, output_type=Book, output_retries=1).run_sync("Dune?")
-    assert result.state is sm.TurnState.OutputInvalid
+    assert result.state is sm.TurnState.OUTPUT_INVALID
     assert result.output is None
     assert model.calls == 2
 
@@ -102,7 +102,7 @@ def test_an_agents_usage_limits_end_each_of_its_runs() -> None:
 
     agent = sm.Agent(model, tools=[lookup], usage_limits=sm.UsageLimits(requests=1))
     result = agent.run_sync("Dune?")
-    assert result.state is sm.TurnState.UsageLimitExceeded
+    assert result.state is sm.TurnState.USAGE_LIMIT_EXCEEDED
     assert "requests=1" in result.explanation
     assert model.calls == 1
 

@@ -73,7 +73,7 @@ def _approval_run() -> sm.RunResult:
         tools=[echo],
         before_tool_call=lambda c: sm.RequireApproval("check"),
     )
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     return result
 
 
@@ -158,7 +158,7 @@ def test_what_was_ready_before_run_acts_before_the_run_starts() -> None:
         return await run.run(), model.calls
 
     result, calls = asyncio.run(main())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert calls == 0
 
 
@@ -203,7 +203,7 @@ def test_instructions_that_raise_fail_the_run_naming_them_and_the_model_is_not_c
 
     model = ScriptedModel("never")
     result = sm.run_agent_sync(model=model, messages="go", instructions=instructions)
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "InstructionsError" in result.explanation
     assert "instructions" in result.explanation
     assert "KeyError" in result.explanation
@@ -219,7 +219,7 @@ def test_instructions_returning_no_string_fail_the_run_naming_the_type() -> None
     result = sm.run_agent_sync(
         model=ScriptedModel("never"), messages="go", instructions=lambda ctx: 42
     )
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "returned a int" in result.explanation
 
 

@@ -111,7 +111,7 @@ def test_calls_waiting_their_turn_are_answered_when_the_abort_begins() -> None:
     engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     assert [c.id for c in engine.pending_calls()] == ["c1", "c2"]
     engine.handle(AbortRequested("stop"))
-    assert engine.state is S.Aborting
+    assert engine.state is S.ABORTING
     assert [c.id for c in engine.pending_calls()] == ["c1"]
 
 
@@ -135,7 +135,7 @@ def test_a_tool_cancelled_during_the_abort_is_answered_at_once_beside_one_still_
     assert last.text == "Operation aborted: cancelled after the abort grace period"
     engine.handle(ToolCancelled("b"))
     states.append(engine.state)
-    assert states == [S.Aborting, S.Aborting, S.Aborted]
+    assert states == [S.ABORTING, S.ABORTING, S.ABORTED]
     assert [m.tool_call_id for m in engine.messages if isinstance(m, ToolResultMessage)] == [
         "a",
         "b",

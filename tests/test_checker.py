@@ -92,8 +92,8 @@ def test_small_bounds_miss_rows_and_say_which() -> None:
     back = {
         r
         for r in TRANSITIONS
-        if r.dest is TurnState.AwaitingModel
-        and r.source not in (TurnState.Ready, TurnState.AwaitingModel)
+        if r.dest is TurnState.AWAITING_MODEL
+        and r.source not in (TurnState.READY, TurnState.AWAITING_MODEL)
     }
     assert back
     assert back <= set(report.rows_missed)
@@ -112,7 +112,7 @@ def test_a_fork_keeps_the_state_the_original_leaves() -> None:
     assert engine.control_key() != key
     assert kept.control_key() == key
     assert tuple(kept.messages) == history
-    assert kept.state is TurnState.AwaitingModel
+    assert kept.state is TurnState.AWAITING_MODEL
 
 
 # -- the checker can fail: broken engines ---------------------------------------------------
@@ -213,7 +213,7 @@ class NeverSettlesEngine(Engine):
     """Once aborting, never fires ``settled``: the run would wait forever."""
 
     def _settle(self) -> None:
-        if self.state is not TurnState.Aborting:
+        if self.state is not TurnState.ABORTING:
             super()._settle()
 
 
@@ -221,7 +221,7 @@ class StallsEngine(Engine):
     """Refuses everything while tools run: the run can never finish from there."""
 
     def handle(self, event: Event) -> tuple[Action, ...]:
-        if self.state is TurnState.CollectingResults:
+        if self.state is TurnState.COLLECTING_RESULTS:
             raise ProtocolError("busy")
         return super().handle(event)
 
@@ -261,10 +261,10 @@ def test_checker_reports_a_dead_end() -> None:
 
 
 def test_checker_reports_a_trigger_without_event_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(EVENT_SOURCES, Trigger.tool_cancelled)
+    monkeypatch.delitem(EVENT_SOURCES, Trigger.TOOL_CANCELLED)
     report = check_engine(Bounds(turns=1, calls=1, configs=(Config({}),)))
     assert any("tool_cancelled" in v.message for v in report.violations)
-    cancelled = {r for r in TRANSITIONS if r.trigger is Trigger.tool_cancelled}
+    cancelled = {r for r in TRANSITIONS if r.trigger is Trigger.TOOL_CANCELLED}
     assert cancelled
     assert cancelled <= set(report.rows_missed)
 

@@ -143,124 +143,124 @@ def delete(source: TurnState, trigger: Trigger, guard: Guard | None) -> Edit:
 MUTANTS: dict[str, tuple[Edit, Bounds]] = {
     # a wrong destination
     "final answer with input queued ends Done": (
-        redirect(S.AwaitingModel, T.model_responded, G.input_queued, S.Done),
+        redirect(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.INPUT_QUEUED, S.DONE),
         PLAIN,
     ),
     "turn limit ends Done": (
-        redirect(S.TurnBoundary, T.next_turn, G.turn_limit_reached, S.Done),
+        redirect(S.TURN_BOUNDARY, T.NEXT_TURN, G.TURN_LIMIT_REACHED, S.DONE),
         PLAIN,
     ),
     "a failed model call ends Aborted": (
-        redirect(S.AwaitingModel, T.model_failed, None, S.Aborted),
+        redirect(S.AWAITING_MODEL, T.MODEL_FAILED, None, S.ABORTED),
         PLAIN,
     ),
     "approvals pending go to the turn boundary": (
-        redirect(S.CollectingResults, T.results_complete, G.approvals_pending, S.TurnBoundary),
+        redirect(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, G.APPROVALS_PENDING, S.TURN_BOUNDARY),
         HOOKED,
     ),
     # rows of a group in the wrong order
     "stop asked wins over a policy denial": (
-        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.stop_requested),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.DENIED_BY_POLICY, G.STOP_REQUESTED),
         HOOKED,
     ),
     "turn limit wins over a stop asked": (
-        swap(S.TurnBoundary, T.next_turn, G.stop_requested, G.turn_limit_reached),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.STOP_REQUESTED, G.TURN_LIMIT_REACHED),
         CONTINUE,
     ),
     "usage limit wins over the turn limit": (
-        swap(S.TurnBoundary, T.next_turn, G.turn_limit_reached, G.usage_limit_reached),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.TURN_LIMIT_REACHED, G.USAGE_LIMIT_REACHED),
         USAGE,
     ),
     "usage limit wins over a policy denial": (
-        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.usage_limit_reached),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.DENIED_BY_POLICY, G.USAGE_LIMIT_REACHED),
         HOOKED_USAGE,
     ),
     "output retries win over a valid final result": (
-        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.output_retries_exhausted),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.OUTPUT_ACCEPTED, G.OUTPUT_RETRIES_EXHAUSTED),
         OUTPUT,
     ),
     "the turn limit wins over a valid final result": (
-        swap(S.TurnBoundary, T.next_turn, G.output_accepted, G.turn_limit_reached),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.OUTPUT_ACCEPTED, G.TURN_LIMIT_REACHED),
         OUTPUT,
     ),
     "final text where a final result is required ends Done": (
-        redirect(S.AwaitingModel, T.model_responded, G.output_missing, S.Done),
+        redirect(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.OUTPUT_MISSING, S.DONE),
         OUTPUT,
     ),
     "spent output retries end Failed": (
-        redirect(S.TurnBoundary, T.next_turn, G.output_retries_exhausted, S.Failed),
+        redirect(S.TURN_BOUNDARY, T.NEXT_TURN, G.OUTPUT_RETRIES_EXHAUSTED, S.FAILED),
         OUTPUT,
     ),
     "a valid final result wins over a policy denial": (
-        swap(S.TurnBoundary, T.next_turn, G.denied_by_policy, G.output_accepted),
+        swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.DENIED_BY_POLICY, G.OUTPUT_ACCEPTED),
         HOOKED_OUTPUT,
     ),
     "usage limit ends Done": (
-        redirect(S.TurnBoundary, T.next_turn, G.usage_limit_reached, S.Done),
+        redirect(S.TURN_BOUNDARY, T.NEXT_TURN, G.USAGE_LIMIT_REACHED, S.DONE),
         USAGE,
     ),
     "usage limit guard dropped": (
-        drop_guard(S.TurnBoundary, T.next_turn, G.usage_limit_reached),
+        drop_guard(S.TURN_BOUNDARY, T.NEXT_TURN, G.USAGE_LIMIT_REACHED),
         USAGE,
     ),
     "queued input wins over tool calls": (
-        swap(S.AwaitingModel, T.model_responded, G.has_tool_calls, G.input_queued),
+        swap(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.HAS_TOOL_CALLS, G.INPUT_QUEUED),
         PLAIN,
     ),
     "tool calls win over a reported abort": (
-        swap(S.AwaitingModel, T.model_responded, G.reports_abort, G.has_tool_calls),
+        swap(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.REPORTS_ABORT, G.HAS_TOOL_CALLS),
         PLAIN,
     ),
     # a guard dropped
     "every response reports an abort": (
-        drop_guard(S.AwaitingModel, T.model_responded, G.reports_abort),
+        drop_guard(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.REPORTS_ABORT),
         PLAIN,
     ),
     "every turn boundary is the limit": (
-        drop_guard(S.TurnBoundary, T.next_turn, G.turn_limit_reached),
+        drop_guard(S.TURN_BOUNDARY, T.NEXT_TURN, G.TURN_LIMIT_REACHED),
         PLAIN,
     ),
     "every batch waits for approval": (
-        drop_guard(S.CollectingResults, T.results_complete, G.approvals_pending),
+        drop_guard(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, G.APPROVALS_PENDING),
         PLAIN,
     ),
     # a guard inverted
     "the last approval keeps waiting": (
-        invert_guard(S.AwaitingUser, T.approval_decided, G.approvals_pending),
+        invert_guard(S.AWAITING_USER, T.APPROVAL_DECIDED, G.APPROVALS_PENDING),
         HOOKED,
     ),
     "calls run while approvals are pending": (
-        invert_guard(S.CollectingResults, T.results_complete, G.approvals_pending),
+        invert_guard(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, G.APPROVALS_PENDING),
         PLAIN,
     ),
     "the turn limit is inverted": (
-        invert_guard(S.TurnBoundary, T.next_turn, G.turn_limit_reached),
+        invert_guard(S.TURN_BOUNDARY, T.NEXT_TURN, G.TURN_LIMIT_REACHED),
         PLAIN,
     ),
     # a row deleted
     "no final answer with input queued": (
-        delete(S.AwaitingModel, T.model_responded, G.input_queued),
+        delete(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.INPUT_QUEUED),
         PLAIN,
     ),
     "a reported error is not an end": (
-        delete(S.AwaitingModel, T.model_responded, G.reports_error),
+        delete(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.REPORTS_ERROR),
         PLAIN,
     ),
-    "no cancelled tool while aborting": (delete(S.Aborting, T.tool_cancelled, None), PLAIN),
-    "no abort at the turn boundary": (delete(S.TurnBoundary, T.abort, None), CONTINUE),
-    "aborting never settles": (delete(S.Aborting, T.settled, G.nothing_outstanding), PLAIN),
+    "no cancelled tool while aborting": (delete(S.ABORTING, T.TOOL_CANCELLED, None), PLAIN),
+    "no abort at the turn boundary": (delete(S.TURN_BOUNDARY, T.ABORT, None), CONTINUE),
+    "aborting never settles": (delete(S.ABORTING, T.SETTLED, G.NOTHING_OUTSTANDING), PLAIN),
     # an abort into the wrong terminal state
-    "abort before the first call ends Done": (redirect(S.Ready, T.abort, None, S.Done), PLAIN),
+    "abort before the first call ends Done": (redirect(S.READY, T.ABORT, None, S.DONE), PLAIN),
     "abort while waiting for a person ends Failed": (
-        redirect(S.AwaitingUser, T.abort, None, S.Failed),
+        redirect(S.AWAITING_USER, T.ABORT, None, S.FAILED),
         HOOKED,
     ),
     "settling an abort ends Done": (
-        redirect(S.Aborting, T.settled, G.nothing_outstanding, S.Done),
+        redirect(S.ABORTING, T.SETTLED, G.NOTHING_OUTSTANDING, S.DONE),
         PLAIN,
     ),
     "abort at the turn boundary hits the turn limit": (
-        redirect(S.TurnBoundary, T.abort, None, S.TurnLimitExceeded),
+        redirect(S.TURN_BOUNDARY, T.ABORT, None, S.TURN_LIMIT_EXCEEDED),
         CONTINUE,
     ),
 }
@@ -269,7 +269,7 @@ EQUIVALENT: dict[str, Edit] = {
     # A response has one stop reason: it cannot report an error and an abort at once,
     # so the order of these two rows is invisible.
     "reported abort tried before reported error": swap(
-        S.AwaitingModel, T.model_responded, G.reports_error, G.reports_abort
+        S.AWAITING_MODEL, T.MODEL_RESPONDED, G.REPORTS_ERROR, G.REPORTS_ABORT
     ),
 }
 
@@ -306,15 +306,15 @@ def check_mutant(edit: Edit, bounds: Bounds) -> CheckReport:
 def test_the_harness_installs_the_edited_rows_where_the_engine_reads_them() -> None:
     # If the table module changes how the engine reads its rows, the mutants below would
     # be installed wrongly: this fails first.
-    rows = redirect(S.Ready, T.start, None, S.Done)(_table.TRANSITIONS)
+    rows = redirect(S.READY, T.START, None, S.DONE)(_table.TRANSITIONS)
     with installed(rows):
-        assert _table.rows_from(S.Ready, T.start)[0].dest is S.Done
+        assert _table.rows_from(S.READY, T.START)[0].dest is S.DONE
         assert _groups(rows) == {
             (source, trigger): group
             for source, by_trigger in _table._BY_SOURCE.items()
             for trigger, group in by_trigger.items()
         }
-    assert _table.rows_from(S.Ready, T.start)[0].dest is S.AwaitingModel
+    assert _table.rows_from(S.READY, T.START)[0].dest is S.AWAITING_MODEL
 
 
 def test_there_are_mutants_of_every_kind() -> None:
@@ -370,7 +370,7 @@ def test_a_counterexample_names_state_trigger_expected_and_actual() -> None:
     assert "stop_requested=True" in finding.message
     assert "expected Done, actual TurnLimitExceeded" in finding.message
     # The path ends where the run was sent the wrong way: should_continue said stop.
-    assert finding.path[-1].trigger is T.continue_decided
+    assert finding.path[-1].trigger is T.CONTINUE_DECIDED
 
 
 @pytest.mark.timeout(60)
@@ -394,8 +394,8 @@ def test_rows_are_counted_by_position_not_by_destination() -> None:
     # An equivalent refinement of the table: queued input at the boundary gets a row of
     # its own, with the same destination as the group's last row. Both rows are taken,
     # and the coverage says so (keyed by destination, the second would look unused).
-    last = _find(_table.TRANSITIONS, S.TurnBoundary, T.next_turn, None)
-    extra = attrs.evolve(_table.TRANSITIONS[last], guard=G.input_queued, label="queued input")
+    last = _find(_table.TRANSITIONS, S.TURN_BOUNDARY, T.NEXT_TURN, None)
+    extra = attrs.evolve(_table.TRANSITIONS[last], guard=G.INPUT_QUEUED, label="queued input")
     rows = (*_table.TRANSITIONS[:last], extra, *_table.TRANSITIONS[last:])
     with installed(rows):
         report = check_engine(Bounds(turns=2, calls=1))

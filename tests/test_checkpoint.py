@@ -54,7 +54,7 @@ def test_the_checkpoint_script() -> None:
     model = ScriptedModel(asks(call("c1", "list_files")), answer_from_result)
     result = run(model=model, tools=[list_files], messages=[sm.UserMessage("列出工作区文件")])
 
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.error is None
     assert result.turns == 2
     assert list(result.messages) == [
@@ -84,7 +84,7 @@ def test_tool_calls_run_even_when_stop_reason_is_not_tool_use() -> None:
     result = run(model=model, tools=[touch], messages=[sm.UserMessage("go")])
 
     assert runs == ["stop", "length"]
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     results = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert [(r.tool_call_id, r.text, r.is_error) for r in results] == [
         ("a", "touched stop", False),
@@ -125,7 +125,7 @@ def test_unknown_tool_invalid_arguments_and_exceptions_become_error_results() ->
     )
     result = run(model=model, tools=[list_files, read_file], messages=[sm.UserMessage("go")])
 
-    assert result.state is sm.TurnState.Done  # the run went on: the model read the errors
+    assert result.state is sm.TurnState.DONE  # the run went on: the model read the errors
     results = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert [r.tool_call_id for r in results] == ["u", "v", "x"]
     assert all(r.is_error for r in results)
@@ -168,7 +168,7 @@ def test_after_abort_every_started_call_has_a_result_and_the_state_is_explainabl
         grace_period=5.0,
     )
 
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert sorted(cleaned) == ["a", "b"]
     assert history_violations(result.messages) == []
     results = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
@@ -189,7 +189,7 @@ def test_exceeding_the_turn_limit_gives_a_clear_error() -> None:
     )
     result = run(model=model, tools=[list_files], messages=[sm.UserMessage("go")], max_turns=2)
 
-    assert result.state is sm.TurnState.TurnLimitExceeded
+    assert result.state is sm.TurnState.TURN_LIMIT_EXCEEDED
     assert result.turns == 2
     assert len(model.requests) == 2  # I7: no third call
     assert isinstance(result.error, sm.TurnLimitExceededError)

@@ -148,7 +148,7 @@ def test_without_a_readme_the_first_text_file_is_read(tmp_path: Path) -> None:
 def test_a_refused_read_is_reported_in_the_answer(tmp_path: Path) -> None:
     make_tree(tmp_path, {"logo.png": b"\x89PNG\x00\x00"})
     result, output = demo(tmp_path)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert "toolResult  read_file (isError): logo.png is a binary file (6 bytes)" in output
     assert result.final_text == (
         "The workspace contains 1 file: logo.png. I could not read logo.png: logo.png is a "
@@ -181,7 +181,7 @@ def test_turn_limit_ends_with_exit_1(project: Path, capsys: pytest.CaptureFixtur
     assert cli_demo([str(project), "--max-turns", "1"]) == 1
     assert "final state: TurnLimitExceeded after 1 model calls" in capsys.readouterr().out
     result, output = demo(project, max_turns=1)
-    assert result.state is sm.TurnState.TurnLimitExceeded
+    assert result.state is sm.TurnState.TURN_LIMIT_EXCEEDED
     assert output.splitlines()[-1] == f"explanation: {result.explanation}"
 
 

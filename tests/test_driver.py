@@ -74,7 +74,7 @@ def test_unknown_tool_gives_one_error_result_listing_the_available_tools() -> No
     assert only.tool_call_id == "c1"
     assert only.tool_name == "rm_rf"
     assert only.text == "Unknown tool: rm_rf. Available tools: echo, add."
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert len(model.requests) == 2
 
 
@@ -102,7 +102,7 @@ def test_invalid_arguments_name_each_failing_path_and_the_tool_does_not_run() ->
     assert "- arguments.a: 'one' is not of type 'integer'" in lines
     assert any("('c' was unexpected)" in line for line in lines)
     assert lines[-1].startswith("Expected arguments matching this JSON Schema: {")
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_an_exception_in_a_tool_becomes_its_error_result() -> None:
@@ -117,7 +117,7 @@ def test_an_exception_in_a_tool_becomes_its_error_result() -> None:
     first, second = results_of(result)
     assert (first.is_error, first.text) == (True, "FileNotFoundError: File not found: a.ts")
     assert (second.is_error, second.text) == (False, "hi")
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_an_exception_without_text_still_names_its_type() -> None:
@@ -143,7 +143,7 @@ def test_a_policy_denial_stops_in_awaiting_user_with_the_reason() -> None:
     model = ScriptedModel(asks(call("c1", "act", name="delete"), call("c2", "act", name="read")))
     result = run(model=model, tools=[act], before_tool_call=hook)
 
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     assert ran == ["read"]  # the other calls of the batch still ran
     denied, allowed = results_of(result)
     assert denied.is_error
@@ -162,7 +162,7 @@ def test_an_advisory_denial_lets_the_run_go_on() -> None:
 
     model = ScriptedModel(asks(call("c1", "echo", text="x")), DONE)
     result = run(model=model, tools=[echo], before_tool_call=hook)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (only,) = results_of(result)
     assert (only.is_error, only.text) == (True, "Tool call denied: use read_file instead")
     assert model.requests[1].messages[-1] == only
@@ -180,7 +180,7 @@ def test_an_allowing_hook_sees_every_valid_call_in_order() -> None:
     result = run(model=model, tools=[echo], before_tool_call=hook)
     assert seen == ["c1", "c3"]  # an unknown tool is answered before the hook is asked
     assert [r.text for r in results_of(result)][::2] == ["a", "b"]
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_a_hook_that_raises_fails_closed() -> None:
@@ -199,7 +199,7 @@ def test_a_hook_that_raises_fails_closed() -> None:
             model=ScriptedModel(asks(call("c1", "act"))), tools=[act], before_tool_call=hook
         )
     assert ran == []
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     (only,) = results_of(result)
     assert only.is_error
     assert "RuntimeError: policy service down" in only.text
@@ -214,7 +214,7 @@ def test_a_hook_returning_something_else_fails_closed() -> None:
     result = run(
         model=ScriptedModel(asks(call("c1", "echo", text="x"))), tools=[echo], before_tool_call=hook
     )
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     assert "returned bool, expected None or Deny" in results_of(result)[0].text
 
 
@@ -226,7 +226,7 @@ def test_a_tool_raising_cancelled_error_by_itself_gives_one_error_result() -> No
 
     tool = sm.Tool(sm.ToolDefinition("leaky", ""), leaky)
     result = run(model=ScriptedModel(asks(call("c1", "leaky")), DONE), tools=[tool])
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (only,) = results_of(result)
     assert only.is_error
     assert "CancelledError" in only.text
@@ -235,9 +235,9 @@ def test_a_tool_raising_cancelled_error_by_itself_gives_one_error_result() -> No
 @pytest.mark.parametrize(
     ("hook_name", "state", "where"),
     [
-        ("before_tool_call", sm.TurnState.AwaitingUser, "result"),  # fails closed
-        ("after_tool_call", sm.TurnState.Done, "result"),  # the result says so
-        ("should_continue", sm.TurnState.Done, "explanation"),  # stops, explained
+        ("before_tool_call", sm.TurnState.AWAITING_USER, "result"),  # fails closed
+        ("after_tool_call", sm.TurnState.DONE, "result"),  # the result says so
+        ("should_continue", sm.TurnState.DONE, "explanation"),  # stops, explained
     ],
 )
 def test_a_hook_raising_cancelled_error_by_itself_does_not_hang_the_run(
@@ -261,7 +261,7 @@ def test_a_context_transform_raising_cancelled_error_by_itself_fails_the_call() 
         raise asyncio.CancelledError
 
     result = run(model=ScriptedModel(DONE), transform_context=leaky)
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "StrayCancelledError" in result.explanation
 
 
@@ -276,7 +276,7 @@ def test_an_exception_whose_text_cannot_be_read_still_gives_one_error_result() -
         raise _UnprintableError
 
     result = run(model=ScriptedModel(asks(call("c1", "odd")), DONE), tools=[odd])
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (only,) = results_of(result)
     assert only.is_error
     assert only.text == "_UnprintableError: (its text could not be read)"
@@ -284,7 +284,7 @@ def test_an_exception_whose_text_cannot_be_read_still_gives_one_error_result() -
 
 def test_a_model_exception_whose_text_cannot_be_read_still_ends_failed() -> None:
     result = run(model=ScriptedModel(_UnprintableError()))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "_UnprintableError: (its text could not be read)" in result.explanation
 
 
@@ -298,7 +298,7 @@ def test_output_that_breaks_when_read_gives_one_error_result() -> None:
 
     odd = sm.Tool(sm.ToolDefinition("odd", ""), execute)
     result = run(model=ScriptedModel(asks(call("c1", "odd")), DONE), tools=[odd])
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (only,) = results_of(result)
     assert only.is_error
     assert (
@@ -313,7 +313,7 @@ def test_a_hook_building_a_bad_deny_fails_closed_instead_of_hanging() -> None:
     result = run(
         model=ScriptedModel(asks(call("c1", "echo", text="x"))), tools=[echo], before_tool_call=hook
     )
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     (only,) = results_of(result)
     assert "the before_tool_call hook raised TypeError" in only.text
 
@@ -338,7 +338,7 @@ def test_hook_answers_check_their_fields(answer: Any, arguments: dict[str, Any])
 def test_a_model_exception_ends_failed_once_without_retry() -> None:
     model = ScriptedModel(ConnectionError("401 invalid api key"), DONE)
     result = run(model=model, tools=[echo])
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert len(model.requests) == 1
     assert model.remaining == 1  # nothing consumed a second reply
     last = result.messages[-1]
@@ -359,7 +359,7 @@ def test_a_model_returning_something_else_ends_failed() -> None:
             return {"role": "assistant", "content": []}
 
     result = run(model=WrongClient())
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.stop_reason is sm.messages.StopReason.ERROR
@@ -373,7 +373,7 @@ def test_a_model_raising_cancelled_error_by_itself_ends_failed() -> None:
 
     model = ScriptedModel(leaky, DONE)
     result = run(model=model)
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert len(model.requests) == 1
     assert "CancelledError raised by the model client" in result.explanation
 
@@ -381,8 +381,8 @@ def test_a_model_raising_cancelled_error_by_itself_ends_failed() -> None:
 @pytest.mark.parametrize(
     ("stop", "state"),
     [
-        (sm.messages.StopReason.ERROR, sm.TurnState.Failed),
-        (sm.messages.StopReason.ABORTED, sm.TurnState.Aborted),
+        (sm.messages.StopReason.ERROR, sm.TurnState.FAILED),
+        (sm.messages.StopReason.ABORTED, sm.TurnState.ABORTED),
     ],
 )
 def test_a_response_reporting_its_own_failure_does_not_run_its_calls(
@@ -426,7 +426,7 @@ def test_abort_during_a_model_call_that_ignores_the_signal() -> None:
     events.append("returned")
 
     assert events == ["model started", "model cancelled", "returned"]
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.turns == 1
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
@@ -448,7 +448,7 @@ def test_abort_during_a_model_call_keeps_what_a_polite_client_returns() -> None:
         return sm.AssistantMessage("partial answ", stop_reason=sm.messages.StopReason.ABORTED)
 
     result = run(model=ScriptedModel(polite, with_signal=True), signal=controller.signal)
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.messages[-1] == sm.AssistantMessage(
         "partial answ", stop_reason=sm.messages.StopReason.ABORTED
     )
@@ -471,7 +471,7 @@ def test_a_model_call_that_swallows_cancellation_is_abandoned() -> None:
     with capture_logs() as logs:
         result = run(model=ScriptedModel(stubborn), signal=controller.signal)
     assert events == ["swallowed"]
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.stop_reason is sm.messages.StopReason.ABORTED
@@ -534,7 +534,7 @@ def test_abort_during_tools_awaits_cleanup_and_keeps_arrived_results() -> None:
     result = asyncio.run(main())
     assert events[-1] == "returned"
     assert {"fast returned", "polite cleaned up", "deaf cleaned up"} == set(events[:-1])
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert [(r.tool_call_id, r.is_error, r.text) for r in results_of(result)] == [
         ("c1", False, "fast result"),  # arrived before the abort: kept as it is
         ("c2", False, "stopped at 40%"),  # arrived within the grace period: kept
@@ -562,7 +562,7 @@ def test_a_tool_that_raises_after_abort_reports_operation_aborted() -> None:
     (only,) = results_of(result)
     assert only.is_error
     assert only.text == "Operation aborted: AbortedError: Operation aborted: stop"
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
 
 
 def test_a_sync_tool_ignoring_abort_is_given_up_after_grace() -> None:
@@ -594,7 +594,7 @@ def test_a_sync_tool_ignoring_abort_is_given_up_after_grace() -> None:
     result = asyncio.run(main())
     assert threads
     assert threads[0] is not threading.main_thread()
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     (only,) = results_of(result)
     assert only.is_error
     assert only.text.startswith("Operation aborted")
@@ -613,7 +613,7 @@ def test_calls_waiting_for_permission_when_aborted_get_a_not_started_result() ->
         signal=controller.signal,
         before_tool_call=hook,
     )
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     texts = [r.text for r in results_of(result)]
     assert texts == ["Tool call not started: the run was aborted (stop during review)"] * 2
     assert history_violations(result.messages) == []
@@ -624,7 +624,7 @@ def test_a_signal_aborted_before_the_start_makes_no_model_call() -> None:
     controller.abort("changed my mind")
     model = ScriptedModel(DONE)
     result = run(model=model, signal=controller.signal)
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert model.requests == []
     assert result.turns == 0
     assert result.messages == (sm.UserMessage("go"),)
@@ -651,7 +651,7 @@ def test_abort_from_another_thread() -> None:
     finally:
         model_started.set()
         thread.join()
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "from the ui thread" in result.explanation
 
 
@@ -682,7 +682,7 @@ def test_a_tool_returning_an_unsupported_type_gives_an_error_result(value: objec
     (only,) = results_of(result)
     assert only.is_error
     assert only.text.startswith(f"tool odd returned a {type(value).__name__}; expected a str")
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_a_tool_may_return_blocks_or_a_tool_output() -> None:
@@ -748,7 +748,7 @@ def test_duplicate_and_empty_call_ids_are_normalised() -> None:
     history = [sm.UserMessage("go")]
     with capture_logs() as logs:
         result = run(model=script(), tools=[echo], messages=history)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert history_violations(result.messages) == []
     ids = [
         c.id for m in result.messages if isinstance(m, sm.AssistantMessage) for c in m.tool_calls
@@ -832,9 +832,9 @@ def test_invalid_input_is_refused_before_any_model_call(
 def test_a_grace_period_of_zero_is_taken() -> None:
     # Non-negative includes zero: an abort then stops waiting at once.
     result = run(model=ScriptedModel(DONE), tools=[echo], grace_period=0)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     result = run(model=ScriptedModel(DONE), tools=[echo], grace_period=0.0)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_a_model_without_complete_is_refused() -> None:
@@ -855,7 +855,7 @@ def test_a_schema_that_is_not_an_object_is_refused_when_the_tool_is_made() -> No
 
 def test_run_agent_sync_runs_without_a_loop() -> None:
     result = sm.run_agent_sync(model=ScriptedModel(DONE), messages=[sm.UserMessage("go")])
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.final_text == "done"
 
 
@@ -912,8 +912,8 @@ def test_the_result_carries_its_trace_and_run_id() -> None:
     )
     assert result.run_id == "r-1"
     assert result.trace
-    assert result.trace[0].source is sm.TurnState.Ready
-    assert result.trace[-1].dest is sm.TurnState.Done
+    assert result.trace[0].source is sm.TurnState.READY
+    assert result.trace[-1].dest is sm.TurnState.DONE
     for before, after in zip(result.trace, result.trace[1:], strict=False):
         assert before.dest is after.source
     assert result.ok
@@ -922,11 +922,11 @@ def test_the_result_carries_its_trace_and_run_id() -> None:
 def test_a_signal_outlives_its_run_safely() -> None:
     controller = sm.AbortController()
     first = run(model=ScriptedModel(DONE), signal=controller.signal)
-    assert first.state is sm.TurnState.Done
+    assert first.state is sm.TurnState.DONE
     controller.abort("after the run")  # the run's listener is gone: nothing to crash
     model = ScriptedModel(DONE)
     second = run(model=model, signal=controller.signal)
-    assert second.state is sm.TurnState.Aborted
+    assert second.state is sm.TurnState.ABORTED
     assert model.requests == []
 
 
@@ -936,7 +936,7 @@ def test_a_model_client_whose_complete_is_not_async_ends_failed_saying_so() -> N
             return DONE
 
     result = run(model=SyncClient())
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert result.explanation.startswith(
         "The model call failed: UsageError: the model client SyncClient's complete() "
         "returned an AssistantMessage instead of an awaitable: complete must be an async def"
@@ -954,7 +954,7 @@ def test_a_model_client_taking_options_whose_complete_is_not_async_ends_failed_s
             return DONE
 
     result = run(model=SyncClientWithOptions(), instructions="Be brief.")
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "the model client SyncClientWithOptions's complete() returned" in result.explanation
     assert "complete must be an async def" in result.explanation
 
@@ -968,7 +968,7 @@ def test_a_model_client_whose_plain_complete_returns_a_coroutine_is_awaited() ->
             return self.inner.complete(messages, tools, signal)  # a coroutine
 
     result = run(model=Wrapper())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.final_text == "done"
 
 
@@ -986,7 +986,7 @@ def _denied_first() -> tuple[sm.RunResult, Callable[[sm.ToolCall], sm.Deny | Non
         tools=[echo],
         before_tool_call=hook,
     )
-    assert first.state is sm.TurnState.AwaitingUser
+    assert first.state is sm.TurnState.AWAITING_USER
     return first, hook
 
 
@@ -1004,7 +1004,7 @@ def test_a_run_goes_on_after_a_policy_denial_once_a_person_answers() -> None:
         )
     )
     # The denial stopped one boundary only: the next turn's boundary goes on.
-    assert second.state is sm.TurnState.Done
+    assert second.state is sm.TurnState.DONE
     assert len(model.requests) == 2
     sent = model.requests[0].messages
     assert sent[-1] == sm.UserMessage("fine, only read")
@@ -1033,7 +1033,7 @@ def test_resume_run_with_a_message_answers_every_pending_approval() -> None:
     model = ScriptedModel(DONE)
     resumed = sm.resume_run(first, model=model, tools=[act], message="never mind, stop")
     second = asyncio.run(resumed.run())
-    assert second.state is sm.TurnState.Done
+    assert second.state is sm.TurnState.DONE
     assert ran == []
     sent = model.requests[0].messages
     assert sent[-1] == sm.UserMessage("never mind, stop")
@@ -1080,7 +1080,7 @@ def test_more_than_one_pending_approval_is_listed_and_each_needs_a_decision() ->
             before_tool_call=hook,
         )
     )
-    assert second.state is sm.TurnState.Done
+    assert second.state is sm.TurnState.DONE
     assert ran == ["ls", "rm"]
     assert [(r.tool_call_id, r.text) for r in results_of(second)] == [
         ("a", "did rm"),
@@ -1116,7 +1116,7 @@ def test_abort_through_the_handle_from_another_thread_wakes_an_idle_loop() -> No
         started.set()
         thread.join()
     assert time.monotonic() - began < HANG_GUARD / 2
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "stop from the ui thread" in result.explanation
 
 
@@ -1127,7 +1127,7 @@ def test_abort_before_the_start_keeps_the_input_queued_before_it() -> None:
     agent.follow_up("then summarise")
     agent.abort("changed my mind")
     result = asyncio.run(agent.run())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert model.requests == []
     assert result.messages == (sm.UserMessage("go"),)
     assert [(q.message, q.kind) for q in result.queued_input] == [
@@ -1147,7 +1147,7 @@ def test_turn_started_and_turn_ended_number_the_turns_from_one() -> None:
 
     async def main() -> list[sm.RunEvent]:
         result = await agent.run()
-        assert result.state is sm.TurnState.Done
+        assert result.state is sm.TurnState.DONE
         return [event async for event in stream]
 
     events = asyncio.run(main())
@@ -1206,7 +1206,7 @@ def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> N
         )
 
     result = on_virtual_time(main)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.stats is not None
     assert result.stats.model_calls == 3
     results = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
@@ -1219,7 +1219,7 @@ def test_events_asked_for_after_the_run_finished_end_at_once() -> None:
 
     async def main() -> list[sm.RunEvent]:
         result = await agent.run()
-        assert result.state is sm.TurnState.Done
+        assert result.state is sm.TurnState.DONE
         stream = agent.events()  # subscribed once the run is over: nothing more to say
         return await asyncio.wait_for(_drain(stream), 5)
 
@@ -1251,7 +1251,7 @@ def test_a_model_failing_after_the_abort_is_not_the_cause_of_the_aborted_result(
         return await asyncio.wait_for(agent.run(), HANG_GUARD)
 
     result = on_virtual_time(main)
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert isinstance(result.error, sm.AbortedError)
     assert result.error.__cause__ is None
 
@@ -1259,6 +1259,6 @@ def test_a_model_failing_after_the_abort_is_not_the_cause_of_the_aborted_result(
 @pytest.mark.timeout(30)
 def test_an_agent_run_runs_once() -> None:
     run = sm.AgentRun(model=ScriptedModel(DONE), messages=[sm.UserMessage("go")])
-    assert asyncio.run(run.run()).state is sm.TurnState.Done
+    assert asyncio.run(run.run()).state is sm.TurnState.DONE
     with pytest.raises(sm.UsageError, match="an AgentRun runs once"):
         asyncio.run(run.run())

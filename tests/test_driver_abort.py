@@ -58,7 +58,7 @@ def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> N
         return result
 
     result = on_virtual_time(main)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert order == ["hook cancelled", "run finished"]
 
 
@@ -108,7 +108,7 @@ def test_a_second_abort_in_the_grace_period_still_ends_the_run_in_time() -> None
         return result, loop.time() - started
 
     result, seconds = on_virtual_time(main)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert "first" in result.explanation
     assert seconds < 1.0 + 2.0 + 0.5
 
@@ -122,7 +122,7 @@ def test_a_cancelled_call_beside_an_abandoned_one_reports_once() -> None:
         return await run.run()
 
     result = on_virtual_time(main)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
     assert sorted(texts) == ["c1", "c2"]
     assert "ignored cancellation" in texts["c2"]
@@ -143,8 +143,8 @@ def test_one_abort_is_one_transition_whatever_arrives_after_it() -> None:
         return await run.run()
 
     result = on_virtual_time(main)
-    assert result.state is S.Aborted
-    assert [r.trigger for r in result.trace].count(Trigger.abort) == 1
+    assert result.state is S.ABORTED
+    assert [r.trigger for r in result.trace].count(Trigger.ABORT) == 1
 
 
 @pytest.mark.timeout(30)
@@ -156,7 +156,7 @@ def test_input_queued_just_before_an_abort_that_ends_the_run_is_returned() -> No
 
     run = asking_run({"wait": forever}, before_tool_call=before)
     result = on_virtual_time(run.run)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert [q.message for q in result.queued_input] == [UserMessage("also check the logs")]
 
 
@@ -195,7 +195,7 @@ def test_calls_due_after_an_interrupting_hook_are_answered_not_started() -> None
     assert ran == ["gate"]
     result = run.result
     assert result is not None
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, ToolResultMessage)}
     assert "KeyboardInterrupt" in texts["c1"]
     assert "not started" in texts["c2"]
@@ -230,7 +230,7 @@ def test_a_tool_with_a_timeout_is_cancelled_with_the_run() -> None:
         return result, list(cleaned)
 
     result, cleaned_by_then = on_virtual_time(main)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert cleaned_by_then == ["slow cleaned up"]
 
 
@@ -249,7 +249,7 @@ def test_a_cancelled_error_a_tool_raises_after_the_abort_reads_as_the_abort() ->
         return await run.run()
 
     result = on_virtual_time(main)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert only.text == "Operation aborted: CancelledError"
     assert only.is_error
@@ -307,7 +307,7 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
 
     run = asking_run({"deaf": deaf}, grace_period=grace)
     result, ended = aborted_at_half_a_second(run, "stop", ToolEnded)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert cleaned == ["deaf cleaned up"]
     assert [(e.cancelled, e.abandoned) for e in ended] == [(True, False)]
     assert [e.output.is_error for e in ended] == [True]  # a cancelled call is no success
@@ -319,5 +319,5 @@ def test_a_tool_cancelled_in_the_grace_period_has_the_rest_of_it_to_clean_up() -
 def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
     run = asking_run({"deaf": forever}, after_tool_call=lambda call, output: None, grace_period=0.5)
     result, ended = aborted_at_half_a_second(run, "enough", ToolEnded)
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert [(e.call.id, e.cancelled, e.abandoned) for e in ended] == [("c1", True, False)]

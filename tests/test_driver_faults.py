@@ -114,7 +114,7 @@ def test_a_tool_raising_a_base_exception_gets_one_error_result(
     result = sm.run_agent_sync(
         model=scripted_then_done(asks("bad"), DONE), messages=GO, tools=[raising_tool(exc, kind)]
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (only,) = results(result).values()
     assert only.is_error
     assert type(exc).__name__ in only.text
@@ -132,7 +132,7 @@ def test_a_model_client_raising_a_base_exception_ends_failed(
         raise exc
 
     result = sm.run_agent_sync(model=scripted_then_done(raises), messages=GO)
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert type(exc).__name__ in result.explanation
     assert result.error is not None
     assert result.error.__cause__ is exc
@@ -150,10 +150,10 @@ def _hooks_raising(exc: BaseException, which: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("which", "state"),
     [
-        ("before_tool_call", sm.TurnState.AwaitingUser),  # fails closed: a policy denial
-        ("after_tool_call", sm.TurnState.Done),  # an error result keeping the tool's text
-        ("should_continue", sm.TurnState.Done),  # stops the run, explained
-        ("transform_context", sm.TurnState.Failed),  # fails the model call
+        ("before_tool_call", sm.TurnState.AWAITING_USER),  # fails closed: a policy denial
+        ("after_tool_call", sm.TurnState.DONE),  # an error result keeping the tool's text
+        ("should_continue", sm.TurnState.DONE),  # stops the run, explained
+        ("transform_context", sm.TurnState.FAILED),  # fails the model call
     ],
 )
 def test_a_hook_raising_a_base_exception_takes_its_failure_path(
@@ -221,7 +221,7 @@ def test_a_tool_whose_abort_listener_raises_does_not_keep_the_run_from_ending() 
         signal=controller.signal,
         grace_period=0.05,
     )
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert results(result)["c1"].text == "finished"
 
 
@@ -270,7 +270,7 @@ def test_a_stopping_exception_from_a_tool_is_raised_after_the_run_is_closed(
     assert events == ["waits cleaned up"]
     result = run.result
     assert result is not None
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert f"{type(exc).__name__} raised by tool bad" in result.explanation
     got = results(result)
     assert got["c1"].text == "quick result"
@@ -295,7 +295,7 @@ def test_a_stopping_exception_from_the_model_client_is_raised_after_the_run_ends
     run = sm.AgentRun(model=model, messages=GO)
     assert on_virtual_time(lambda: _run_expecting(run, exc)) == set()
     assert run.result is not None
-    assert run.result.state is sm.TurnState.Failed
+    assert run.result.state is sm.TurnState.FAILED
     assert type(exc).__name__ in run.result.explanation
     assert model.calls == 1
 
@@ -307,9 +307,9 @@ def test_a_stopping_exception_from_the_model_client_is_raised_after_the_run_ends
     [
         # The first call's denial names the error; the run is aborted behind it, so
         # the hook is not asked again and the other call is answered "not started".
-        ("before_tool_call", sm.TurnState.Aborted),
-        ("after_tool_call", sm.TurnState.Aborted),  # the waiting tool is cancelled
-        ("should_continue", sm.TurnState.Done),  # its Stop comes before the abort
+        ("before_tool_call", sm.TurnState.ABORTED),
+        ("after_tool_call", sm.TurnState.ABORTED),  # the waiting tool is cancelled
+        ("should_continue", sm.TurnState.DONE),  # its Stop comes before the abort
     ],
 )
 def test_a_stopping_exception_from_a_hook_is_raised_after_the_run_is_closed(
@@ -354,7 +354,7 @@ def test_no_model_call_starts_after_a_stopping_exception_from_the_last_tool() ->
     # model call that the engine then asked for is never made.
     assert model.calls == 1
     assert run.result is not None
-    assert run.result.state is sm.TurnState.Aborted
+    assert run.result.state is sm.TurnState.ABORTED
     last = run.result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.error_message == (
@@ -395,7 +395,7 @@ def test_cancelling_run_closes_it_as_an_abort_with_every_call_answered() -> None
     on_virtual_time(main)
     assert events == ["waits cleaned up"]
     assert run.result is not None
-    assert run.result.state is sm.TurnState.Aborted
+    assert run.result.state is sm.TurnState.ABORTED
     assert "the caller cancelled the run" in run.result.explanation
     assert set(results(run.result)) == {"c1", "c2"}
 
@@ -462,7 +462,7 @@ def test_a_tool_that_swallows_cancellation_is_abandoned_at_the_end_of_the_grace(
         result = on_virtual_time(main)
     assert marks["swallowed"] == 1  # it was cancelled once, and shrugged
     assert marks["return"] - marks["abort"] <= GRACE + SLACK
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     text = results(result)["c1"].text
     assert text == "Operation aborted: abandoned: the tool ignored cancellation"
     assert "abandoned tool obstinate (call c1)" in result.explanation
@@ -494,7 +494,7 @@ def test_a_model_client_that_ignores_the_signal_and_cancellation_is_abandoned() 
 
     result = on_virtual_time(main)
     assert marks["return"] - marks["abort"] <= GRACE + SLACK
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.error_message == "The model call was aborted: abandoned: it ignored cancellation"
@@ -563,7 +563,7 @@ def test_a_tool_blocking_the_loop_delays_the_abort_only_until_the_loop_is_free()
 
     result = on_virtual_time(main)
     assert marks["return"] - marks["free"] <= GRACE + SLACK
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "abandoned" in results(result)["c1"].text
 
 
@@ -598,7 +598,7 @@ def test_a_cleanup_that_blocks_the_loop_past_the_grace_ends_the_run_once_free() 
 
     result = on_virtual_time(main)
     assert marks["return"] - marks["free"] <= SLACK  # not another grace period
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
 
 
 @pytest.mark.timeout(30)
@@ -615,7 +615,7 @@ def test_no_model_call_starts_after_an_abort_queued_behind_a_result() -> None:
     holder.append(run)
     result = on_virtual_time(run.run)
     assert model.calls == 1
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert results(result)["c1"].text == "finished while the abort waited"
     assert "stop from the ui" in result.explanation
     # The abort was handled before the queued result: the run never reached a second
@@ -651,7 +651,7 @@ def test_no_tool_call_starts_after_the_abort() -> None:
     assert got["c1"].text == "first result"
     assert got["c2"].is_error
     assert "not started" in got["c2"].text
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
 
 
 @pytest.mark.timeout(30)
@@ -676,7 +676,7 @@ def test_run_agent_sync_returns_although_a_tool_never_gives_up() -> None:
         grace_period=0.2,
     )
     assert time.monotonic() - started < 10  # asyncio.run would never return here
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "abandoned" in results(result)["c1"].text
     assert swallowed
 
@@ -701,5 +701,5 @@ def test_run_agent_sync_returns_although_a_sync_tool_blocks_in_its_thread() -> N
         )
     finally:
         release.set()
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert results(result)["c1"].text.startswith("Operation aborted")

@@ -55,7 +55,7 @@ def test_concurrent_calls_all_start_before_any_finishes() -> None:
         )
 
     result = asyncio.run(main())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [r.text for r in results(result.messages)] == [f"done {i}" for i in range(n)]
 
 
@@ -133,7 +133,7 @@ def test_a_tool_timeout_gives_a_timed_out_result_after_cleanup() -> None:
     assert only.is_error
     assert only.text == "Tool hang timed out after 0.01 s"
     assert cleaned == [True]  # its signal fired and its cleanup ran before the result
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_steering_mid_run_is_injected_after_the_batch() -> None:
@@ -176,7 +176,7 @@ def test_a_follow_up_continues_a_run_that_would_finish() -> None:
     run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
     run.follow_up("one more thing")
     result = asyncio.run(run.run())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [type(m).__name__ for m in result.messages] == [
         "UserMessage",
         "AssistantMessage",
@@ -231,7 +231,7 @@ def test_should_continue_stop_ends_done_with_the_reason() -> None:
     result = sm.run_agent_sync(
         model=model, tools=[echo], messages=[sm.UserMessage("go")], should_continue=should_continue
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert seen == [1, 2]
     assert "budget reached" in result.explanation
     assert history_violations(result.messages) == []
@@ -250,7 +250,7 @@ def test_a_raising_should_continue_stops_the_run_with_an_explanation() -> None:
     result = sm.run_agent_sync(
         model=model, tools=[echo], messages=[sm.UserMessage("go")], should_continue=should_continue
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert "should_continue hook raised RuntimeError: oops" in result.explanation
 
 
@@ -276,7 +276,7 @@ def test_a_raising_transform_context_fails_the_run_with_the_hooks_error() -> Non
     result = sm.run_agent_sync(
         model=Scripted(), messages=[sm.UserMessage("go")], transform_context=compact
     )
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "transform_context hook raised KeyError" in result.explanation
 
 
@@ -301,7 +301,7 @@ def test_approval_suspends_and_resumes_in_a_fresh_run_from_json() -> None:
         messages=[sm.UserMessage("go")],
         before_tool_call=before,
     )
-    assert first.state is sm.TurnState.AwaitingUser
+    assert first.state is sm.TurnState.AWAITING_USER
     assert [c.id for c in first.pending_approvals] == ["b"]
     assert sorted(ran) == ["cat", "ls"]
     assert "deletes data" in first.explanation
@@ -314,7 +314,7 @@ def test_approval_suspends_and_resumes_in_a_fresh_run_from_json() -> None:
             snapshot, model=model, tools=[act], approvals={"b": True}, before_tool_call=before
         )
     )
-    assert second.state is sm.TurnState.Done
+    assert second.state is sm.TurnState.DONE
     assert ran[-1] == "rm"
     assert [r.tool_call_id for r in results(second.messages)] == ["a", "b", "c"]
     assert history_violations(second.messages) == []
@@ -428,7 +428,7 @@ def test_abort_through_the_handle_while_tools_run() -> None:
         return await task
 
     result = asyncio.run(main())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert [r.text for r in results(result.messages)] == ["stopped cleanly", "stopped cleanly"]
     assert "user pressed stop" in result.explanation
 
@@ -439,7 +439,7 @@ def test_a_failed_runs_error_keeps_the_providers_exception_as_its_cause() -> Non
 
     model = Scripted(ContextTooLongError("context too long"))
     result = sm.run_agent_sync(model=model, messages=[sm.UserMessage("go")])
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert isinstance(result.error, sm.ModelFailedError)
     assert isinstance(result.error.__cause__, ContextTooLongError)
     assert "ContextTooLongError: context too long" in result.explanation
@@ -492,7 +492,7 @@ def test_input_that_arrives_as_the_run_ends_is_reported_not_dropped() -> None:
 
     run = sm.AgentRun(model=FunctionModel(queues_from_a_thread), messages=[sm.UserMessage("go")])
     result = asyncio.run(run.run())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [q.message for q in result.queued_input] == [sm.UserMessage("too late to inject")]
 
 
@@ -500,7 +500,7 @@ def test_abort_through_the_handle_after_the_run_is_a_no_op() -> None:
     run = sm.AgentRun(model=Scripted(sm.AssistantMessage("done")), messages=[sm.UserMessage("go")])
     result = asyncio.run(run.run())
     run.abort("too late")  # the loop is closed; nothing to do, nothing raised
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
 
 
 def test_abort_before_the_run_starts_makes_no_model_call() -> None:
@@ -508,7 +508,7 @@ def test_abort_before_the_run_starts_makes_no_model_call() -> None:
     run = sm.AgentRun(model=model, messages=[sm.UserMessage("go")])
     run.abort("changed my mind")
     result = asyncio.run(run.run())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert model.contexts == []
     assert "changed my mind" in result.explanation
 
@@ -555,7 +555,7 @@ def test_a_tool_timing_out_fires_only_its_own_signal() -> None:
             messages=[sm.UserMessage("go")],
         )
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [(r.is_error, r.text) for r in results(result.messages)] == [
         (True, "Tool slow timed out after 0.05 s"),
         (False, "fine"),
@@ -624,6 +624,6 @@ def test_a_timed_out_tool_that_ignores_its_signal_finishes_its_cleanup_before_it
             grace_period=0.5,
         )
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [r.text for r in results(result.messages)] == ["Tool deaf timed out after 0.05 s"]
     assert seen_by_model == [["cleaned"]]

@@ -142,7 +142,7 @@ def test_an_abort_reaches_a_running_tool_within_a_second(database: Callable[[str
     result, latency = asyncio.run(body())
     print(f"abort reached the tool after {latency * 1000:.0f} ms")
     assert latency < 1.0
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "the person left" in result.explanation
     assert _i6_holds(result.messages)
     tool_results = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]

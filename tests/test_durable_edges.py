@@ -98,7 +98,7 @@ def test_an_abort_during_an_approval_wait_leaves_nothing_pending(
         return result, await handle.pending_approvals(), await handle.status()
 
     result, pending, status = _launched(_runner(database("runs")), body)
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert pending == ()
     assert status.state == "finished"
     assert status.pending_approvals == ()

@@ -232,15 +232,15 @@ def test_a_message_taken_in_the_middle_of_a_tool_exports_to_its_result(
         assert not any(s["function_name"] == "statemachine.tool" for s in steps)
     roles = [m.role for m in result.messages]
     if message == "steer":
-        assert result.state is sm.TurnState.Done
+        assert result.state is sm.TurnState.DONE
         assert roles == ["user", "assistant", "toolResult", "user", "assistant"]
         assert result.messages[3] == sm.UserMessage("and be quick")
     elif message == "follow_up":
-        assert result.state is sm.TurnState.Done
+        assert result.state is sm.TurnState.DONE
         assert roles == ["user", "assistant", "toolResult", "assistant", "user", "assistant"]
         assert result.messages[4] == sm.UserMessage("and then stop")
     else:
-        assert result.state is sm.TurnState.Aborted
+        assert result.state is sm.TurnState.ABORTED
         assert roles == ["user", "assistant", "toolResult"]
         assert "stopped: changed my mind" in str(result.messages[2])
     _replays_to(tmp_path / "told.jsonl", result)
@@ -278,7 +278,7 @@ def test_an_abort_that_cancels_a_deaf_tool_exports_to_its_result(tmp_path: Path)
         return result, [s["function_name"] for s in steps if s.get("error") is None]
 
     result, saved = _with_runner(runner, body)
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert "statemachine.tool" not in saved  # cancelled: nothing saved
     _replays_to(tmp_path / "deaf.jsonl", result)
 
@@ -302,7 +302,7 @@ def test_an_unfinished_run_exports_what_it_has(tmp_path: Path) -> None:
     replayed = replay(stream.getvalue().splitlines())
     assert replayed.ok
     assert replayed.checkpoints == 0
-    assert replayed.state is sm.TurnState.CollectingResults
+    assert replayed.state is sm.TurnState.COLLECTING_RESULTS
     assert replayed.messages == result.messages[:2]  # the prompt and the tool call
     assert replayed.trace == result.trace[: len(replayed.trace)]
 
@@ -336,7 +336,7 @@ def test_a_run_whose_worker_was_killed_exports_what_it_has_then_all(tmp_path: Pa
     assert not partial.finished
     replayed = replay(tmp_path / "partial.jsonl")
     assert replayed.ok
-    assert replayed.state is sm.TurnState.CollectingResults
+    assert replayed.state is sm.TurnState.COLLECTING_RESULTS
     assert [m.role for m in replayed.messages] == [
         "user",
         "assistant",
@@ -382,7 +382,7 @@ def test_a_run_waiting_for_approvals_exports_up_to_each_wait(tmp_path: Path) -> 
     waits, result = _with_runner(runner, body)
     for turn, waiting in enumerate(waits, start=1):
         assert waiting.ok
-        assert waiting.state is sm.TurnState.AwaitingUser
+        assert waiting.state is sm.TurnState.AWAITING_USER
         assert [c.id for c, _ in waiting.engine.pending_approvals()] == [f"t{turn}b"]
     _replays_to(tmp_path / "asks.jsonl", result)
 

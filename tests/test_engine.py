@@ -129,7 +129,7 @@ def test_an_invalid_history_is_refused_at_construction() -> None:
 
 def test_a_new_engine_is_ready_and_untouched() -> None:
     e = engine()
-    assert state(e) is S.Ready
+    assert state(e) is S.READY
     assert e.turns == 0
     assert e.trace == []
     assert e.explanation is None
@@ -145,10 +145,10 @@ def test_start_asks_for_the_first_model_call() -> None:
     e = engine()
     actions = e.handle(sm.engine.Start())
     assert actions == (sm.engine.CallModel([USER], TOOLS, 1),)
-    assert state(e) is S.AwaitingModel
+    assert state(e) is S.AWAITING_MODEL
     assert e.turns == 1
     assert [(r.source, r.trigger, r.dest, r.turn) for r in e.trace] == [
-        (S.Ready, sm.engine.Start.trigger, S.AwaitingModel, 0)
+        (S.READY, sm.engine.Start.trigger, S.AWAITING_MODEL, 0)
     ]
 
 
@@ -156,10 +156,10 @@ def test_an_answer_without_tool_calls_ends_done() -> None:
     e = engine()
     answer = sm.AssistantMessage("hello", stop_reason=sm.messages.StopReason.TOOL_USE)
     actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(answer))
-    assert state(e) is S.Done
+    assert state(e) is S.DONE
     assert list(e.messages) == [USER, answer]
     (ended,) = of_type(actions, sm.engine.RunEnded)
-    assert ended.state is S.Done
+    assert ended.state is S.DONE
     assert ended.explanation == e.explanation
     assert e.explanation
     assert e.returns_to_caller
@@ -169,7 +169,7 @@ def test_tool_calls_start_and_their_results_go_back_to_the_model() -> None:
     e = engine()
     response = asks(call("c1", "echo", text="a"), call("c2"))
     actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(response))
-    assert state(e) is S.CollectingResults
+    assert state(e) is S.COLLECTING_RESULTS
     assert of_type(actions, sm.engine.StartTool) == [
         sm.engine.StartTool(call("c1", "echo", text="a"), 1),
         sm.engine.StartTool(call("c2"), 1),
@@ -188,7 +188,7 @@ def test_tool_calls_start_and_their_results_go_back_to_the_model() -> None:
     (request,) = of_type(actions, sm.engine.CallModel)
     assert request.turn == 2
     assert list(request.messages) == list(e.messages)
-    assert state(e) is S.AwaitingModel
+    assert state(e) is S.AWAITING_MODEL
     assert e.turns == 2
 
 
@@ -230,7 +230,7 @@ def test_a_batch_with_only_unknown_calls_goes_straight_back_to_the_model() -> No
     actions = e.handle(sm.engine.ModelResponded(asks(call("c1", "nope"))))
     assert of_type(actions, sm.engine.StartTool) == []
     assert [a.turn for a in of_type(actions, sm.engine.CallModel)] == [2]
-    assert state(e) is S.AwaitingModel
+    assert state(e) is S.AWAITING_MODEL
 
 
 def test_the_call_model_snapshot_does_not_grow_with_the_history() -> None:
@@ -250,7 +250,7 @@ def test_the_turn_limit_stops_before_another_model_call() -> None:
         sm.engine.ModelResponded(asks(call("c1"))),
         sm.engine.ToolFinished("c1", ok()),
     )
-    assert state(e) is S.TurnLimitExceeded
+    assert state(e) is S.TURN_LIMIT_EXCEEDED
     assert len(of_type(actions, sm.engine.CallModel)) == 1
     assert e.turns == 1
     assert e.explanation is not None
@@ -262,7 +262,7 @@ def test_the_turn_limit_stops_before_another_model_call() -> None:
 def test_a_model_failure_ends_failed_with_an_error_message() -> None:
     e = engine()
     feed(e, sm.engine.Start(), sm.engine.ModelFailed("TimeoutError: read timed out"))
-    assert state(e) is S.Failed
+    assert state(e) is S.FAILED
     last = e.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.stop_reason is sm.messages.StopReason.ERROR
@@ -374,15 +374,15 @@ def test_permission_flow_with_a_policy_denial() -> None:
         sm.engine.CheckPermission(call("c2"), 1),
     ]
     assert of_type(actions, sm.engine.StartTool) == []
-    assert state(e) is S.DispatchingTools
+    assert state(e) is S.DISPATCHING_TOOLS
     assert feed(e, sm.engine.ToolPermitted("c1")) == []  # nothing starts until all are resolved
-    assert state(e) is S.DispatchingTools
+    assert state(e) is S.DISPATCHING_TOOLS
     actions = feed(e, sm.engine.ToolDenied("c2", "writes are off"))
     assert of_type(actions, sm.engine.StartTool) == [sm.engine.StartTool(call("c1"), 1)]
-    assert state(e) is S.CollectingResults
+    assert state(e) is S.COLLECTING_RESULTS
     assert len(e.messages) == 2  # c2's result waits for c1's
     actions = feed(e, sm.engine.ToolFinished("c1", ok()))
-    assert state(e) is S.AwaitingUser
+    assert state(e) is S.AWAITING_USER
     assert of_type(actions, sm.engine.CallModel) == []
     assert [m.text for m in e.messages[2:]] == [  # type: ignore[union-attr]
         "ok",
@@ -403,7 +403,7 @@ def test_an_advisory_denial_goes_back_to_the_model() -> None:
         sm.engine.ModelResponded(asks(call("c1"))),
         sm.engine.ToolDenied("c1", "try echo", advisory=True),
     )
-    assert state(e) is S.AwaitingModel
+    assert state(e) is S.AWAITING_MODEL
     assert [a.turn for a in of_type(actions, sm.engine.CallModel)] == [1, 2]
 
 
@@ -422,7 +422,7 @@ def test_without_permission_checks_a_permission_event_is_refused() -> None:
 def test_abort_when_ready() -> None:
     e = engine()
     actions = e.handle(sm.engine.AbortRequested("never mind"))
-    assert state(e) is S.Aborted
+    assert state(e) is S.ABORTED
     assert of_type(actions, sm.engine.CallModel) == []
     assert e.explanation is not None
     assert "before the first model call: never mind" in e.explanation
@@ -433,9 +433,9 @@ def test_abort_while_awaiting_the_model() -> None:
     e.handle(sm.engine.Start())
     actions = e.handle(sm.engine.AbortRequested("stop"))
     assert actions == (sm.engine.CancelOperations(True, (), "stop"),)
-    assert state(e) is S.Aborting
+    assert state(e) is S.ABORTING
     e.handle(sm.engine.ModelCancelled())
-    assert state(e) is S.Aborted
+    assert state(e) is S.ABORTED
     last = e.messages[-1]
     assert isinstance(last, sm.AssistantMessage)
     assert last.stop_reason is sm.messages.StopReason.ABORTED
@@ -448,7 +448,7 @@ def test_a_late_response_while_aborting_is_kept_and_its_calls_answered() -> None
     feed(e, sm.engine.Start(), sm.engine.AbortRequested())
     late = asks(call("c1"))
     e.handle(sm.engine.ModelResponded(late))
-    assert state(e) is S.Aborted
+    assert state(e) is S.ABORTED
     assert e.messages[1] == late
     result = e.messages[2]
     assert isinstance(result, sm.ToolResultMessage)
@@ -467,7 +467,7 @@ def test_abort_while_dispatching() -> None:
     )
     actions = e.handle(sm.engine.AbortRequested("stop"))
     assert sm.engine.CancelOperations(False, (), "stop") in actions
-    assert state(e) is S.Aborted  # nothing was running, so nothing to wait for
+    assert state(e) is S.ABORTED  # nothing was running, so nothing to wait for
     texts = [m.text for m in e.messages[2:]]  # type: ignore[union-attr]
     assert texts == ["Tool call not started: the run was aborted (stop)"] * 2
     assert history_violations(e.messages) == []
@@ -479,13 +479,13 @@ def test_abort_while_collecting_keeps_arrived_results() -> None:
     e.handle(sm.engine.ToolFinished("c1", ok("first")))
     actions = e.handle(sm.engine.AbortRequested("stop"))
     assert actions == (sm.engine.CancelOperations(False, ("c2", "c3"), "stop"),)
-    assert state(e) is S.Aborting
+    assert state(e) is S.ABORTING
     with pytest.raises(sm.errors.ProtocolError):
         e.handle(sm.engine.Start())
     e.handle(sm.engine.ToolFinished("c3", ok("cleaned up")))
-    assert state(e) is S.Aborting
+    assert state(e) is S.ABORTING
     e.handle(sm.engine.ToolCancelled("c2"))
-    assert state(e) is S.Aborted
+    assert state(e) is S.ABORTED
     assert [(m.text, m.is_error) for m in e.messages[2:]] == [  # type: ignore[union-attr]
         ("first", False),
         ("Operation aborted: cancelled after the abort grace period", True),
@@ -503,9 +503,9 @@ def test_abort_while_awaiting_user() -> None:
         sm.engine.ModelResponded(asks(call("c1"))),
         sm.engine.ToolDenied("c1", "no"),
     )
-    assert state(e) is S.AwaitingUser
+    assert state(e) is S.AWAITING_USER
     e.handle(sm.engine.AbortRequested("bye"))
-    assert state(e) is S.Aborted
+    assert state(e) is S.ABORTED
     assert e.explanation is not None
     assert "bye" in e.explanation
 
@@ -572,7 +572,7 @@ def test_model_events_without_an_outstanding_call_are_refused() -> None:
     e = engine()
     feed(e, sm.engine.Start(), sm.engine.AbortRequested())
     e.handle(sm.engine.ModelCancelled())
-    assert state(e) is S.Aborted  # terminal: later reports are absorbed, not refused
+    assert state(e) is S.ABORTED  # terminal: later reports are absorbed, not refused
     e2 = engine()
     feed(
         e2,
@@ -658,7 +658,7 @@ def test_the_turn_limit_explanation_names_the_last_call_of_the_batch() -> None:
         sm.engine.ToolFinished("c1", ok("first")),
         sm.engine.ToolFinished("c2", ok("second")),
     )
-    assert state(e) is S.TurnLimitExceeded
+    assert state(e) is S.TURN_LIMIT_EXCEEDED
     assert "Last operation: tool noop (call c2) returned: second." in (e.explanation or "")
     assert "c1" not in (e.explanation or "")
 
@@ -675,9 +675,9 @@ def test_a_policy_denial_wins_over_a_stop_at_the_same_turn_boundary() -> None:
         sm.engine.ToolPermitted("c2"),
         sm.engine.ToolFinished("c2", ok()),
     )
-    assert state(e) is S.TurnBoundary
+    assert state(e) is S.TURN_BOUNDARY
     e.handle(sm.engine.ContinueDecided(True, "budget spent"))
-    assert state(e) is S.AwaitingUser
+    assert state(e) is S.AWAITING_USER
     assert "denied by policy: not on this branch" in (e.explanation or "")
 
 
@@ -689,10 +689,10 @@ def test_input_queued_while_should_continue_is_pending_waits_for_the_decision() 
         sm.engine.ModelResponded(asks(call("c1"))),
         sm.engine.ToolFinished("c1", ok()),
     )
-    assert state(e) is S.TurnBoundary
+    assert state(e) is S.TURN_BOUNDARY
     actions = e.handle(sm.engine.InputQueued(sm.UserMessage("also check the tests")))
     assert of_type(actions, sm.engine.CallModel) == []  # the decision is still pending
-    assert state(e) is S.TurnBoundary
+    assert state(e) is S.TURN_BOUNDARY
     assert [q.message for q in e.queued_input()] == [sm.UserMessage("also check the tests")]
     (request,) = of_type(e.handle(sm.engine.ContinueDecided(False)), sm.engine.CallModel)
     assert request.messages[-1] == sm.UserMessage("also check the tests")
@@ -709,7 +709,7 @@ def test_input_queued_while_should_continue_is_pending_is_reported_on_a_stop() -
     )
     e.handle(sm.engine.InputQueued(sm.UserMessage("one more thing")))
     e.handle(sm.engine.ContinueDecided(True, "enough"))
-    assert state(e) is S.Done
+    assert state(e) is S.DONE
     assert [q.message for q in e.queued_input()] == [sm.UserMessage("one more thing")]
     assert sm.UserMessage("one more thing") not in list(e.messages)
 
@@ -725,7 +725,7 @@ def _awaiting_two_approvals() -> sm.engine.Engine:
         sm.engine.ApprovalRequired("c", "deletes"),
         sm.engine.ToolFinished("b", ok("b done")),
     )
-    assert state(e) is S.AwaitingUser
+    assert state(e) is S.AWAITING_USER
     return e
 
 
@@ -739,22 +739,22 @@ def test_more_than_one_pending_approval_waits_for_every_decision() -> None:
         e.explanation or ""
     )
     actions = e.handle(sm.engine.ApprovalDecided("c", False, "no"))
-    assert state(e) is S.AwaitingUser  # "a" still waits
+    assert state(e) is S.AWAITING_USER  # "a" still waits
     assert of_type(actions, sm.engine.StartTool) == []
     assert [c.id for c, _ in e.pending_approvals()] == ["a"]
     (start,) = of_type(e.handle(sm.engine.ApprovalDecided("a", True)), sm.engine.StartTool)
     assert start.call.id == "a"
-    assert state(e) is S.CollectingResults
+    assert state(e) is S.COLLECTING_RESULTS
     e.handle(sm.engine.ToolFinished("a", ok("a done")))
     texts = [m.text for m in e.messages if isinstance(m, sm.ToolResultMessage)]
     assert texts == ["a done", "b done", "Tool call denied by a person: no"]
-    assert state(e) is S.AwaitingModel
+    assert state(e) is S.AWAITING_MODEL
 
 
 def test_restore_refuses_assistant_messages_in_queued_input() -> None:
     e = _awaiting_two_approvals()
     good = json.loads(json.dumps(e.snapshot()))
-    assert sm.engine.Engine.restore(good).state is S.AwaitingUser
+    assert sm.engine.Engine.restore(good).state is S.AWAITING_USER
     for key in ("steer", "followUp"):
         bad = json.loads(json.dumps(good))
         bad[key] = [sm.messages.message_to_dict(sm.AssistantMessage("I queued this myself"))]
@@ -804,7 +804,7 @@ def test_the_same_events_give_the_same_trace_history_and_actions() -> None:
         actions = feed(e, *SCRIPT)
         runs.append((actions, observe(e)))
     assert runs[0] == runs[1]
-    assert runs[0][1][0] is S.Done
+    assert runs[0][1][0] is S.DONE
     assert history_violations(runs[0][1][1]) == []
 
 
@@ -826,7 +826,7 @@ def test_one_transition_log_event_per_transition() -> None:
 def test_the_trace_is_a_connected_path() -> None:
     e = engine()
     feed(e, *SCRIPT)
-    assert e.trace[0].source is S.Ready
+    assert e.trace[0].source is S.READY
     for before, after in zip(e.trace, e.trace[1:], strict=False):
         assert before.dest is after.source
     assert e.trace[-1].dest is e.state
@@ -979,7 +979,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def progress_options(self) -> list[str]:
         options = []
-        if self.engine.state is S.Ready:
+        if self.engine.state is S.READY:
             options.append("start")
         if self.model_out:
             options.append("respond")
@@ -1130,7 +1130,7 @@ class EngineMachine(RuleBasedStateMachine):
     def trace_is_connected(self) -> None:
         trace = self.engine.trace
         if trace:
-            assert trace[0].source is S.Ready
+            assert trace[0].source is S.READY
             assert trace[-1].dest is self.engine.state
         for before, after in itertools.pairwise(trace):
             assert before.dest is after.source
@@ -1156,15 +1156,15 @@ class EngineMachine(RuleBasedStateMachine):
         last = next(
             (m for m in reversed(tuple(e.messages)) if isinstance(m, sm.AssistantMessage)), None
         )
-        if e.state is S.Done and not self.stop_asked:
+        if e.state is S.DONE and not self.stop_asked:
             assert isinstance(last, sm.AssistantMessage)
             assert last.tool_calls == (), "I3: Done, yet the last response asks for tools"
             assert e.messages[-1] is last
             assert e.queued_input() == (), "I3: Done with input still queued"
-        if e.state is S.Failed:
+        if e.state is S.FAILED:
             assert isinstance(last, sm.AssistantMessage)
             assert last.stop_reason is sm.messages.StopReason.ERROR
-        if e.state is S.TurnLimitExceeded:
+        if e.state is S.TURN_LIMIT_EXCEEDED:
             assert e.turns == e.max_turns
 
 
@@ -1242,14 +1242,14 @@ def _install_row(monkeypatch: pytest.MonkeyPatch, row: Transition) -> None:
 @pytest.mark.parametrize(
     "dest",
     [
-        S.TurnBoundary,  # next_turn loops on itself: a broken table row
-        S.DispatchingTools,  # next_turn re-enters dispatching: a cycle of three
+        S.TURN_BOUNDARY,  # next_turn loops on itself: a broken table row
+        S.DISPATCHING_TOOLS,  # next_turn re-enters dispatching: a cycle of three
     ],
 )
 def test_internal_transitions_that_never_settle_raise_with_the_trace(
     monkeypatch: pytest.MonkeyPatch, dest: sm.TurnState
 ) -> None:
-    _install_row(monkeypatch, Transition(S.TurnBoundary, Trigger.next_turn, dest, None, "broken"))
+    _install_row(monkeypatch, Transition(S.TURN_BOUNDARY, Trigger.NEXT_TURN, dest, None, "broken"))
     e = engine(transition_hook=None)  # the table is broken: no reference to agree with
     feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("p"))))
     with pytest.raises(sm.errors.EngineInvariantError, match="do not settle") as info:
@@ -1258,9 +1258,9 @@ def test_internal_transitions_that_never_settle_raise_with_the_trace(
     assert len(trace) == MAX_INTERNAL_TRANSITIONS + 1
     # the message shows the last six transitions, the whole loop is in .trace
     assert str(info.value).count("->") == 6
-    assert trace[0].trigger is Trigger.tool_finished
+    assert trace[0].trigger is Trigger.TOOL_FINISHED
     assert all(
-        r.trigger in (Trigger.next_turn, Trigger.dispatched, Trigger.results_complete)
+        r.trigger in (Trigger.NEXT_TURN, Trigger.DISPATCHED, Trigger.RESULTS_COMPLETE)
         for r in trace[1:]
     )
     assert isinstance(info.value, sm.StateMachineError)
@@ -1276,13 +1276,13 @@ def test_a_guard_that_always_holds_is_caught_by_the_cap(monkeypatch: pytest.Monk
     # settled moves Aborting to Aborted; patched to stay, with its guard always true
     _install_row(
         monkeypatch,
-        Transition(S.Aborting, Trigger.settled, S.Aborting, Guard.nothing_outstanding, "stay"),
+        Transition(S.ABORTING, Trigger.SETTLED, S.ABORTING, Guard.NOTHING_OUTSTANDING, "stay"),
     )
     e = _AlwaysSettling(tools=TOOLS, messages=[USER])
     e.handle(sm.engine.Start())
     with pytest.raises(sm.errors.EngineInvariantError) as info:
         e.handle(sm.engine.AbortRequested("stop"))
-    assert {r.trigger for r in info.value.trace[1:]} == {Trigger.settled}
+    assert {r.trigger for r in info.value.trace[1:]} == {Trigger.SETTLED}
 
 
 def test_a_normal_run_stays_far_below_the_cap() -> None:
@@ -1300,7 +1300,7 @@ class _LateAbort(AbortRequested):
 
 @attrs.frozen
 class _InternalTrigger:
-    trigger: ClassVar[Trigger] = Trigger.dispatched
+    trigger: ClassVar[Trigger] = Trigger.DISPATCHED
 
 
 @pytest.mark.timeout(30)
@@ -1311,7 +1311,7 @@ def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
         engine.handle(_InternalTrigger())  # type: ignore[arg-type]
     before = engine.state
     engine.handle(_LateAbort("stop"))
-    assert (before, engine.state) == (S.AwaitingModel, S.Aborting)
+    assert (before, engine.state) == (S.AWAITING_MODEL, S.ABORTING)
 
 
 def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_alias() -> None:
@@ -1319,7 +1319,7 @@ def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_a
     feed(e, sm.engine.Start(), sm.engine.ModelResponded(asks(call("c1"))))
     assert not e.returns_to_caller
     e.handle(sm.engine.ApprovalRequired("c1", "a person decides"))
-    assert e.state is S.AwaitingUser
+    assert e.state is S.AWAITING_USER
     assert e.returns_to_caller  # a run resumes from here: not finished
     assert not e.state.is_terminal
     assert e.is_finished is e.returns_to_caller

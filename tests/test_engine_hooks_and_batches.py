@@ -145,7 +145,7 @@ def check_scheduling(make: Any, calls: list[sm.ToolCall], picks: list[int]) -> N
     assert [r.tool_call_id for r in results] == [c.id for c in calls]
     assert [r.text for r in results] == [f"result {c.id}" for c in calls]
     assert history_violations(e.messages) == []
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
 
 
 @given(batches())
@@ -192,7 +192,7 @@ def test_steering_waits_for_the_batch_and_never_skips_asked_calls() -> None:
     assert isinstance(history[-2], sm.ToolResultMessage)
     assert history[-1] == sm.UserMessage("steer me")
     assert any(isinstance(a, sm.engine.CallModel) for a in actions)
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
 
 
 def test_a_final_answer_with_input_queued_is_not_done() -> None:
@@ -200,10 +200,10 @@ def test_a_final_answer_with_input_queued_is_not_done() -> None:
     e.handle(sm.engine.Start())
     e.handle(sm.engine.InputQueued(sm.UserMessage("later"), sm.engine.InputKind.FOLLOW_UP))
     e.handle(sm.engine.ModelResponded(sm.AssistantMessage("first answer")))
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
     assert list(e.messages)[-1] == sm.UserMessage("later")
     e.handle(sm.engine.ModelResponded(sm.AssistantMessage("second answer")))
-    assert state(e) is sm.TurnState.Done
+    assert state(e) is sm.TurnState.DONE
 
 
 def test_follow_ups_wait_until_the_model_would_finish() -> None:
@@ -225,7 +225,7 @@ def test_queue_order_is_kept_and_input_left_at_the_end_is_reported() -> None:
     e.handle(sm.engine.InputQueued(sm.UserMessage("two")))
     e.handle(sm.engine.InputQueued(sm.UserMessage("three"), sm.engine.InputKind.FOLLOW_UP))
     e.handle(sm.engine.ModelResponded(sm.AssistantMessage("answer")))
-    assert state(e) is sm.TurnState.TurnLimitExceeded
+    assert state(e) is sm.TurnState.TURN_LIMIT_EXCEEDED
     assert "3 queued input message(s)" in (e.explanation or "")
     assert [(q.message, q.kind) for q in e.queued_input()] == [
         (sm.UserMessage("one"), sm.engine.InputKind.STEER),
@@ -243,11 +243,11 @@ def test_should_continue_is_asked_at_each_boundary_and_can_stop() -> None:
     actions = e.handle(ask(echo("a", "x")))
     actions = e.handle(finish("a"))
     assert [type(a) for a in actions] == [sm.engine.CheckContinue]
-    assert state(e) is sm.TurnState.TurnBoundary
+    assert state(e) is sm.TurnState.TURN_BOUNDARY
     with pytest.raises(sm.errors.ProtocolError):
         e.handle(finish("a"))
     e.handle(sm.engine.ContinueDecided(True, "budget spent"))
-    assert state(e) is sm.TurnState.Done
+    assert state(e) is sm.TurnState.DONE
     assert "budget spent" in (e.explanation or "")
 
 
@@ -257,7 +257,7 @@ def test_a_continue_decision_that_was_not_asked_for_is_refused() -> None:
     e.handle(ask(echo("a", "x")))
     e.handle(finish("a"))
     e.handle(sm.engine.ContinueDecided(False))
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
     with pytest.raises(sm.errors.ProtocolError):
         e.handle(sm.engine.ContinueDecided(False))
 
@@ -275,7 +275,7 @@ def suspended() -> Engine:
     assert sorted(started(actions)) == ["a", "c"]
     e.handle(finish("c", "c done"))
     e.handle(finish("a", "a done"))
-    assert state(e) is sm.TurnState.AwaitingUser
+    assert state(e) is sm.TurnState.AWAITING_USER
     return e
 
 
@@ -291,7 +291,7 @@ def test_an_approval_suspends_with_the_pending_call_and_holds_later_results() ->
 def test_restore_in_a_fresh_engine_then_approve() -> None:
     snapshot = json.loads(json.dumps(suspended().snapshot()))
     e = Engine.restore(snapshot, scheduling=SCHEDULING)
-    assert state(e) is sm.TurnState.AwaitingUser
+    assert state(e) is sm.TurnState.AWAITING_USER
     assert started(e.handle(sm.engine.ApprovalDecided("b", True))) == ["b"]
     e.handle(finish("b", "b done"))
     results = [m for m in e.messages if isinstance(m, sm.ToolResultMessage)]
@@ -300,7 +300,7 @@ def test_restore_in_a_fresh_engine_then_approve() -> None:
         ("b", "b done"),
         ("c", "c done"),
     ]
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
     assert history_violations(e.messages, allow_open_tail=False) == []
 
 
@@ -310,14 +310,14 @@ def test_a_denied_approval_gets_an_error_result_naming_the_person() -> None:
     (b,) = [m for m in e.messages if isinstance(m, sm.ToolResultMessage) and m.tool_call_id == "b"]
     assert b.is_error
     assert b.text == "Tool call denied by a person: not today"
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
 
 
 def test_a_message_instead_of_a_decision_answers_pending_calls() -> None:
     e = suspended()
     e.handle(sm.engine.InputQueued(sm.UserMessage("do something else")))
     history = list(e.messages)
-    assert state(e) is sm.TurnState.AwaitingModel
+    assert state(e) is sm.TurnState.AWAITING_MODEL
     assert history[-1] == sm.UserMessage("do something else")
     assert history_violations(history) == []
     pending = [m for m in history if isinstance(m, sm.ToolResultMessage) and m.tool_call_id == "b"]
@@ -327,7 +327,7 @@ def test_a_message_instead_of_a_decision_answers_pending_calls() -> None:
 def test_abort_while_awaiting_approval_answers_every_pending_call() -> None:
     e = suspended()
     e.handle(sm.engine.AbortRequested("user left"))
-    assert state(e) is sm.TurnState.Aborted
+    assert state(e) is sm.TurnState.ABORTED
     assert history_violations(e.messages) == []
     assert "while waiting for a person" in (e.explanation or "")
 
@@ -364,9 +364,9 @@ def test_abort_at_the_turn_boundary() -> None:
     e.handle(sm.engine.Start())
     e.handle(ask(echo("a", "x")))
     e.handle(finish("a"))
-    assert state(e) is sm.TurnState.TurnBoundary
+    assert state(e) is sm.TurnState.TURN_BOUNDARY
     e.handle(sm.engine.AbortRequested("enough"))
-    assert state(e) is sm.TurnState.Aborted
+    assert state(e) is sm.TurnState.ABORTED
     assert "at the turn boundary" in (e.explanation or "")
     assert history_violations(e.messages) == []
 
@@ -402,7 +402,7 @@ def test_random_event_streams_never_break_the_invariants(
             e.handle(event)
         except sm.errors.ProtocolError:
             assert (e.state, list(e.messages), list(e.trace), e.turns) == before
-        if e.state is sm.TurnState.AwaitingModel:
+        if e.state is sm.TurnState.AWAITING_MODEL:
             e.handle(sm.engine.ModelResponded(sm.AssistantMessage("answer")))
         history = list(e.messages)
         assert history[: len(before[1])] == before[1]  # append-only

@@ -43,10 +43,10 @@ def test_a_subclass_guard_is_obeyed_and_only_by_the_subclass() -> None:
 
     e = _engine(NeverCalls)
     e.handle(_call())
-    assert e.state is S.Done  # the subclass's guard decided
+    assert e.state is S.DONE  # the subclass's guard decided
     e = _engine()
     e.handle(_call())
-    assert e.state is S.CollectingResults
+    assert e.state is S.COLLECTING_RESULTS
 
 
 def test_guard_holds_asks_the_guard_method_named_after_the_guard() -> None:
@@ -58,8 +58,8 @@ def test_guard_holds_asks_the_guard_method_named_after_the_guard() -> None:
             return True
 
     e = _engine(Watched)
-    assert e.guard_holds(Guard.turn_limit_reached) is True
-    assert e.guard_holds(Guard.input_queued) is False
+    assert e.guard_holds(Guard.TURN_LIMIT_REACHED) is True
+    assert e.guard_holds(Guard.INPUT_QUEUED) is False
     assert asked == ["turn_limit_reached"]
 
 
@@ -67,33 +67,33 @@ def test_the_rows_are_tried_in_table_order(monkeypatch: pytest.MonkeyPatch) -> N
     # has_tool_calls holds and input_queued does not: the first row that holds wins,
     # whatever comes after it.
     rows = (
-        Transition(S.AwaitingModel, T.model_responded, S.Failed, Guard.input_queued, "a"),
-        Transition(S.AwaitingModel, T.model_responded, S.Aborted, Guard.has_tool_calls, "b"),
-        Transition(S.AwaitingModel, T.model_responded, S.Done, None, "c"),
+        Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.FAILED, Guard.INPUT_QUEUED, "a"),
+        Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.ABORTED, Guard.HAS_TOOL_CALLS, "b"),
+        Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, None, "c"),
     )
     _install(monkeypatch, *rows)
     e = _engine()
     e.handle(_call())
-    assert e.state is S.Aborted
-    assert e.trace[-1] == (S.AwaitingModel, T.model_responded, S.Aborted, 1)
+    assert e.state is S.ABORTED
+    assert e.trace[-1] == (S.AWAITING_MODEL, T.MODEL_RESPONDED, S.ABORTED, 1)
 
 
 def test_a_row_changed_at_run_time_is_obeyed_by_the_next_event(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _engine()
-    _install(monkeypatch, Transition(S.Ready, T.start, S.Done, None, "straight to the end"))
+    _install(monkeypatch, Transition(S.READY, T.START, S.DONE, None, "straight to the end"))
     e = Engine(tools=[ECHO], messages=[sm.UserMessage("go")])
     e.handle(Start())
-    assert e.state is S.Done
-    assert rows_from(S.Ready, T.start)[0].dest is S.Done
+    assert e.state is S.DONE
+    assert rows_from(S.READY, T.START)[0].dest is S.DONE
 
 
 def test_an_internal_trigger_without_a_row_never_fires(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(table_module._BY_SOURCE[S.DispatchingTools], T.dispatched)
+    monkeypatch.delitem(table_module._BY_SOURCE[S.DISPATCHING_TOOLS], T.DISPATCHED)
     e = _engine()
     e.handle(_call())
-    assert e.state is S.DispatchingTools  # every call is resolved, but no row to take
+    assert e.state is S.DISPATCHING_TOOLS  # every call is resolved, but no row to take
 
 
 def test_no_row_that_applies_is_refused_after_the_hook_hears_it(
@@ -102,12 +102,12 @@ def test_no_row_that_applies_is_refused_after_the_hook_hears_it(
     heard: list[Any] = []
     _install(
         monkeypatch,
-        Transition(S.AwaitingModel, T.model_responded, S.Failed, Guard.reports_error, "only"),
+        Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.FAILED, Guard.REPORTS_ERROR, "only"),
     )
     e = _engine(transition_hook=lambda *args: heard.append(args[1:]))
     with pytest.raises(ProtocolError, match="no row of the table applies"):
         e.handle(_call())
-    assert heard[-1] == (S.AwaitingModel, T.model_responded, None)
+    assert heard[-1] == (S.AWAITING_MODEL, T.MODEL_RESPONDED, None)
 
 
 def test_the_hook_sees_every_transition_the_trace_records() -> None:
@@ -124,4 +124,4 @@ def test_a_hook_set_after_construction_is_used() -> None:
     e = _engine()
     e.transition_hook = lambda *args: heard.append(args[1:])
     e.handle(_call())
-    assert heard[0] == (S.AwaitingModel, T.model_responded, S.DispatchingTools)
+    assert heard[0] == (S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DISPATCHING_TOOLS)

@@ -133,7 +133,7 @@ def suspended_snapshot(name: str) -> str:
         before_tool_call=policy,
         run_id=name,
     )
-    assert result.state is S.AwaitingUser, result.explanation
+    assert result.state is S.AWAITING_USER, result.explanation
     return json.dumps(result.snapshot)
 
 
@@ -551,7 +551,7 @@ def restore_property(case: tuple[str, Snapshot, list[str]]) -> None:
         return
     history = _history_calls(engine.messages)
     started: list[sm.ToolCall] = []
-    waiting = engine.pending_approvals() if engine.state is S.AwaitingUser else ()
+    waiting = engine.pending_approvals() if engine.state is S.AWAITING_USER else ()
     for call, _ in waiting:
         actions = engine.handle(sm.engine.ApprovalDecided(call.id, True))
         started += [a.call for a in actions if isinstance(a, sm.engine.StartTool)]
@@ -707,7 +707,7 @@ def test_an_honest_resume_asks_the_policy_again_and_goes_on() -> None:
             before_tool_call=asking,
         )
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert asked == ["b", "s", "c"]
     assert [c.id for c in recorder.ran] == ["b", "s", "c"]
 
@@ -729,7 +729,7 @@ def test_a_run_suspended_under_a_policy_is_not_resumed_without_one() -> None:
         tools=recorder.tools,
         message="never mind",
     )
-    assert asyncio.run(run.run()).state is S.Done
+    assert asyncio.run(run.run()).state is S.DONE
     assert recorder.ran == []
 
 
@@ -792,8 +792,8 @@ def test_a_signed_snapshot_restores_with_its_key() -> None:
     assert signed["signature"].startswith("hmac-sha256:")
     assert Engine.restore(signed, key=KEY).snapshot(key=KEY) == signed
     # str keys are their UTF-8 bytes; without a key the signature is not looked at
-    assert Engine.restore(signed, key=KEY.decode()).state is S.AwaitingUser
-    assert Engine.restore(signed).state is S.AwaitingUser
+    assert Engine.restore(signed, key=KEY.decode()).state is S.AWAITING_USER
+    assert Engine.restore(signed).state is S.AWAITING_USER
     assert Engine.sign_snapshot(engine.snapshot(), KEY) == signed
 
 
@@ -860,7 +860,7 @@ def test_resume_checks_the_signature_before_anything_runs() -> None:
             key=KEY,
         )
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert [c.id for c in recorder.ran] == ["b"]
 
 

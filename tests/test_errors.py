@@ -128,19 +128,19 @@ def test_raise_for_state_returns_the_result_when_done() -> None:
     [
         (
             sm.AssistantMessage((sm.ToolCall("c1", "noop", {}),)),
-            sm.TurnState.TurnLimitExceeded,
+            sm.TurnState.TURN_LIMIT_EXCEEDED,
             sm.TurnLimitExceededError,
         ),
         (
             sm.AssistantMessage(
                 "x", stop_reason=sm.messages.StopReason.ERROR, error_message="overloaded"
             ),
-            sm.TurnState.Failed,
+            sm.TurnState.FAILED,
             sm.ModelFailedError,
         ),
         (
             sm.AssistantMessage("x", stop_reason=sm.messages.StopReason.ABORTED),
-            sm.TurnState.Aborted,
+            sm.TurnState.ABORTED,
             sm.AbortedError,
         ),
     ],

@@ -145,7 +145,7 @@ def test_a_long_run_keeps_no_finished_task() -> None:
     )
     made = _kept(run)
     result = on_virtual_time(run.run)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.turns == turns + 1
     assert made[0].helpers == set()
     assert made[0].tasks == {}
@@ -168,7 +168,7 @@ def test_a_tool_call_stops_listening_to_the_runs_signal_when_it_ends() -> None:
         tools=[echo],
     )
     made = _kept(run)
-    assert on_virtual_time(run.run).state is sm.TurnState.Done
+    assert on_virtual_time(run.run).state is sm.TurnState.DONE
     assert made[0].loop.controller.signal._listeners == []
 
 
@@ -231,7 +231,7 @@ def test_a_tool_that_ignores_its_timeout_signal_is_cancelled() -> None:
         return result, list(cleaned)
 
     result, cleaned_by_then = on_virtual_time(main)
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert cleaned_by_then == ["deaf cleaned up"]
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert "timed out after 1 s" in only.text
@@ -253,7 +253,7 @@ def test_a_keyboard_interrupt_from_transform_context_is_raised_after_the_run() -
         on_virtual_time(run.run)
     assert raised.value is interrupt
     assert run.result is not None
-    assert run.result.state is S.Failed
+    assert run.result.state is S.FAILED
     assert "KeyboardInterrupt" in run.result.explanation
 
 
@@ -272,7 +272,7 @@ def test_a_lone_coroutine_tool_knows_its_call_and_reports_progress() -> None:
         tools=[make_tool("whoami", whoami)],
     )
     result, progress = watched(run, sm.ToolProgress)
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert seen == [("c1", True)]
     assert [(e.call_id, e.data) for e in progress] == [("c1", "half")]
 
@@ -305,7 +305,7 @@ def test_a_client_that_fails_after_a_good_answer_fails_the_run(second: str) -> N
         return await asyncio.wait_for(run.run(), timeout=5.0)
 
     result = on_virtual_time(main)
-    assert result.state is S.Failed
+    assert result.state is S.FAILED
     last = result.messages[-1]
     assert isinstance(last, AssistantMessage)
     expected = "the provider is down" if second == "raises" else "ModelOutputError"
@@ -336,7 +336,7 @@ def test_a_timed_out_tool_that_heeds_its_signal_stops_on_it_and_is_not_cancelled
         grace_period=5.0,
     )
     result = on_virtual_time(run.run)
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert stopped == ["stopped on its signal"]
     (answer,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert answer.text == "Tool careful timed out after 0.05 s"
@@ -371,7 +371,7 @@ def test_a_keyboard_interrupt_while_reading_a_tools_output_is_raised_after_the_r
     assert raised.value is interrupt
     result = run.result
     assert result is not None
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
 
 
 @pytest.mark.timeout(30)
@@ -387,6 +387,6 @@ def test_a_client_may_answer_with_a_subclass_of_assistant_message() -> None:
 
     run = sm.AgentRun(model=Client(), messages=[UserMessage("go")])  # type: ignore[arg-type]
     result = on_virtual_time(run.run)
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert isinstance(result.messages[-1], Annotated)
     assert result.messages[-1].text == "all done"

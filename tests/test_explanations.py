@@ -42,7 +42,7 @@ def test_a_response_reporting_an_abort_explains_itself_with_its_own_message() ->
         error_message="stream cut by the user",
     )
     engine.handle(ModelResponded(response))
-    assert engine.state is S.Aborted
+    assert engine.state is S.ABORTED
     assert engine.explanation is not None
     assert "reports that it was aborted: stream cut by the user" in engine.explanation
 
@@ -53,7 +53,7 @@ def test_a_model_call_cancelled_in_time_is_not_reported_abandoned() -> None:
     engine.handle(Start())
     engine.handle(AbortRequested("stop"))
     engine.handle(ModelCancelled())
-    assert engine.state is S.Aborted
+    assert engine.state is S.ABORTED
     assert engine.explanation is not None
     assert "abandoned" not in engine.explanation
     assert engine.explanation.endswith("and finished its cleanup.")
@@ -65,7 +65,7 @@ def test_an_abandoned_model_call_is_named_in_the_explanation() -> None:
     engine.handle(Start())
     engine.handle(AbortRequested("stop"))
     engine.handle(ModelCancelled(f"{ABANDONED}: the client ignored cancellation"))
-    assert engine.state is S.Aborted
+    assert engine.state is S.ABORTED
     assert engine.explanation is not None
     assert "the driver abandoned the model call" in engine.explanation
 
@@ -78,7 +78,7 @@ def test_an_abandoned_tool_is_named_in_the_explanation() -> None:
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(AbortRequested("stop"))
     engine.handle(ToolCancelled("c1", f"{ABANDONED}: the tool ignored cancellation"))
-    assert engine.state is S.Aborted
+    assert engine.state is S.ABORTED
     assert engine.explanation is not None
     assert "the driver abandoned tool echo (call c1)" in engine.explanation
 
@@ -90,7 +90,7 @@ def test_a_long_result_quoted_in_the_turn_limit_explanation_is_cut_to_160_charac
     call = ToolCall("c1", "echo", {"text": "hi"})
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolFinished("c1", ToolOutput("x" * 500)))
-    assert engine.state is S.TurnLimitExceeded
+    assert engine.state is S.TURN_LIMIT_EXCEEDED
     assert engine.explanation is not None
     assert "x" * 159 + "\u2026" in engine.explanation
     assert "x" * 160 not in engine.explanation

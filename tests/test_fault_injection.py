@@ -478,12 +478,12 @@ def expected_state(plan: Plan) -> sm.TurnState:
     """Where a run that is neither aborted nor interrupted ends."""
     for n, turn in enumerate(plan.turns, 1):
         if turn.model.fault in RAISES:
-            return sm.TurnState.Failed
+            return sm.TurnState.FAILED
         if not turn.calls:
-            return sm.TurnState.Done
+            return sm.TurnState.DONE
         if n >= plan.max_turns:
-            return sm.TurnState.TurnLimitExceeded
-    return sm.TurnState.Done
+            return sm.TurnState.TURN_LIMIT_EXCEEDED
+    return sm.TurnState.DONE
 
 
 def check_ending(outcome: Outcome) -> list[str]:
@@ -519,18 +519,18 @@ def check_history(outcome: Outcome) -> list[str]:
     out = [*check_pairing(record), *check_order(record)]
     out += [str(v) for v in check_transcript(result.messages)]
     if result.state not in (
-        sm.TurnState.Done,
-        sm.TurnState.Failed,
-        sm.TurnState.Aborted,
-        sm.TurnState.TurnLimitExceeded,
+        sm.TurnState.DONE,
+        sm.TurnState.FAILED,
+        sm.TurnState.ABORTED,
+        sm.TurnState.TURN_LIMIT_EXCEEDED,
     ):
         out.append(f"the run ended in {result.state}, which is not terminal")
     if not result.explanation.strip():
         out.append(f"the run ended {result.state} without an explanation")
-    if (result.error is None) != (result.state is sm.TurnState.Done):
+    if (result.error is None) != (result.state is sm.TurnState.DONE):
         out.append(f"the run ended {result.state} with error={result.error!r}")
     last = next((m for m in reversed(result.messages) if isinstance(m, sm.AssistantMessage)), None)
-    if result.state is sm.TurnState.Done and last is not None and last.tool_calls:
+    if result.state is sm.TurnState.DONE and last is not None and last.tool_calls:
         out.append("the run ended Done although the last answer asks for tools")
     answered = {m.tool_call_id for m in result.messages if isinstance(m, sm.ToolResultMessage)}
     for key in outcome.observer.executions:
@@ -552,7 +552,7 @@ def check_control(outcome: Outcome) -> list[str]:
     expected = expected_state(plan)
     if result.state is not expected:
         out.append(f"the run ended {result.state}, but the plan leads to {expected}")
-    if expected is sm.TurnState.TurnLimitExceeded and (
+    if expected is sm.TurnState.TURN_LIMIT_EXCEEDED and (
         f"max_turns={plan.max_turns}" not in result.explanation
     ):
         out.append(f"the turn-limit explanation does not name the limit: {result.explanation!r}")
@@ -574,7 +574,7 @@ def check_abort(outcome: Outcome) -> list[str]:
     if (
         obs.abort_effective
         and not obs.fatal_before_abort
-        and result.state is not sm.TurnState.Aborted
+        and result.state is not sm.TurnState.ABORTED
     ):
         out.append(f"the run was aborted but ended {result.state}")
     results = {m.tool_call_id: m for m in result.messages if isinstance(m, sm.ToolResultMessage)}
@@ -646,7 +646,7 @@ def test_a_plan_of_every_fault_at_once() -> None:
     outcome = play(plan, trace_memory=True)
     assert check_ending(outcome) == []
     assert outcome.result is not None
-    assert outcome.result.state is sm.TurnState.Aborted  # the forced abort ends the hangs
+    assert outcome.result.state is sm.TurnState.ABORTED  # the forced abort ends the hangs
     stubborn = [i for i, op in enumerate(calls) if op.fault is Fault.STUBBORN]
     assert outcome.running_at_return == tuple(f"t1c{i}" for i in stubborn)  # abandoned
     assert violations(plan) == []

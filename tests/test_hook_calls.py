@@ -49,7 +49,7 @@ def test_a_should_continue_answer_that_is_not_none_or_stop_stops_the_run_saying_
             should_continue=should_continue,  # type: ignore[arg-type]
         )
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert result.turns == 1
     assert "the should_continue hook returned str, expected None or Stop" in result.explanation
 
@@ -74,7 +74,7 @@ def test_an_after_tool_call_answer_that_is_not_a_tool_output_is_an_error_result(
             after_tool_call=after,  # type: ignore[arg-type]
         )
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     (only,) = [m for m in result.messages if isinstance(m, ToolResultMessage)]
     assert only.is_error
     assert "The after_tool_call hook returned str, expected a ToolOutput or None" in only.text

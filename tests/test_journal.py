@@ -197,19 +197,19 @@ def test_replay_rebuilds_the_identical_run() -> None:
     text, engine = _journal_text()
     result = replay(text.splitlines(keepends=True), logger=_quiet())
     assert result.ok
-    assert result.state is TurnState.Done
+    assert result.state is TurnState.DONE
     assert result.messages == tuple(engine.messages)
     assert result.trace == tuple(engine.trace)
     assert result.checkpoints == 1
     assert [s.event for s in result.steps] == list(SCRIPT)
     assert result.states == (
-        TurnState.Ready,
-        TurnState.AwaitingModel,
-        TurnState.CollectingResults,
-        TurnState.CollectingResults,
-        TurnState.AwaitingModel,
-        TurnState.Done,
-        TurnState.Done,
+        TurnState.READY,
+        TurnState.AWAITING_MODEL,
+        TurnState.COLLECTING_RESULTS,
+        TurnState.COLLECTING_RESULTS,
+        TurnState.AWAITING_MODEL,
+        TurnState.DONE,
+        TurnState.DONE,
     )
 
 
@@ -229,7 +229,7 @@ def test_replay_makes_its_steps_once_and_only_when_they_are_read(
     text, engine = _journal_text()
     result = replay(text.splitlines(keepends=True), logger=_quiet())
     assert result.ok
-    assert result.state is TurnState.Done
+    assert result.state is TurnState.DONE
     assert len(result.states) == 7
     assert made == []  # verified, and nothing read the steps: none made
     steps = result.steps
@@ -292,7 +292,7 @@ def test_a_truncated_journal_names_the_line_and_keeps_what_came_before() -> None
     assert [s.event for s in partial.steps] == list(SCRIPT[:3])
     full = replay(lines, logger=_quiet())
     assert partial.messages == tuple(full.engine.messages)[: len(partial.messages)]
-    assert partial.state is TurnState.CollectingResults
+    assert partial.state is TurnState.COLLECTING_RESULTS
 
 
 @pytest.mark.parametrize(
@@ -393,7 +393,7 @@ def test_every_event_is_on_disk_as_soon_as_it_is_handled(tmp_path: Path) -> None
         for i, event in enumerate(SCRIPT[:4], start=2):
             engine.handle(event)
             assert len(path.read_text(encoding="utf-8").splitlines()) == i
-    assert replay(path, logger=_quiet()).state is TurnState.AwaitingModel
+    assert replay(path, logger=_quiet()).state is TurnState.AWAITING_MODEL
 
 
 def test_fsync_syncs_every_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -415,7 +415,7 @@ def test_journal_refuses_to_overwrite_and_misuse(tmp_path: Path) -> None:
         Journal(io.StringIO(), flush="sometimes")  # type: ignore[arg-type]
     journal = Journal(io.StringIO())
     with pytest.raises(InvalidInputError, match="header"):
-        journal.record(Start(), TurnState.AwaitingModel)
+        journal.record(Start(), TurnState.AWAITING_MODEL)
     journal.close()
     with pytest.raises(InvalidInputError, match="closed"):
         journal.begin(JournalHeader("r", (), (UserMessage("x"),), 1, False))
@@ -505,7 +505,7 @@ def test_run_agent_journaled_replays_to_the_same_result(tmp_path: Path) -> None:
                 logger=_quiet(),
             )
         )
-    assert result.state is TurnState.Done
+    assert result.state is TurnState.DONE
     replayed = replay(path, logger=_quiet())
     assert replayed.messages == result.messages
     assert replayed.trace == result.trace
@@ -597,7 +597,7 @@ def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
                 logger=_quiet(),
             )
         )
-    assert result.state is TurnState.Done
+    assert result.state is TurnState.DONE
     replayed = replay(path, logger=_quiet())
     assert replayed.header.options["check_continue"] is True
     assert any(isinstance(s.event, ContinueDecided) for s in replayed.steps)
@@ -675,12 +675,12 @@ def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
     from statemachine.journal._digest import RunningDigest as _RunningDigest
 
     records = [
-        TransitionRecord(TurnState.Ready, Trigger.start, TurnState.AwaitingModel, 0),
+        TransitionRecord(TurnState.READY, Trigger.START, TurnState.AWAITING_MODEL, 0),
         TransitionRecord(
-            TurnState.AwaitingModel, Trigger.model_responded, TurnState.DispatchingTools, 1
+            TurnState.AWAITING_MODEL, Trigger.MODEL_RESPONDED, TurnState.DISPATCHING_TOOLS, 1
         ),
         TransitionRecord(
-            TurnState.DispatchingTools, Trigger.dispatched, TurnState.CollectingResults, 1_000_000
+            TurnState.DISPATCHING_TOOLS, Trigger.DISPATCHED, TurnState.COLLECTING_RESULTS, 1_000_000
         ),
     ]
     messages: list[Message] = [UserMessage("go")]
@@ -692,7 +692,7 @@ def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
     assert running.digest(messages, Trace(records)) == _digest_by_definition(messages, records)
     changed = [
         records[0],
-        TransitionRecord(TurnState.AwaitingModel, Trigger.abort, TurnState.Aborting, 1),
+        TransitionRecord(TurnState.AWAITING_MODEL, Trigger.ABORT, TurnState.ABORTING, 1),
     ]
     assert running.digest(messages, Trace(changed)) == _digest_by_definition(messages, changed)
     assert running.digest(messages, changed[:1]) == _digest_by_definition(messages, changed[:1])
@@ -709,7 +709,7 @@ def test_a_lone_surrogate_is_journaled_and_replays(tmp_path: Path) -> None:
         )
         engine.handle(Start())
         engine.handle(ModelResponded(broken))
-    assert engine.state is TurnState.Done
+    assert engine.state is TurnState.DONE
     assert "\\ud83d" in path.read_text(encoding="utf-8")
     result = replay(path, logger=_quiet())
     assert result.ok

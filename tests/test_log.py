@@ -33,7 +33,7 @@ _RUN = textwrap.dedent(
     result = sm.run_agent_sync(
         model=model, tools=[echo], messages=[sm.UserMessage("go")], max_turns=5
     )
-    assert result.state is sm.TurnState.Done, result.state
+    assert result.state is sm.TurnState.DONE, result.state
     """
 )
 

@@ -131,7 +131,7 @@ def test_an_operation_that_waits_is_cancelled_by_the_abort() -> None:
         return await task
 
     result = asyncio.run(main())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.stats is not None
     assert result.stats.tool_calls == {"forever": {"cancelled": 1}}
 
@@ -156,7 +156,7 @@ async def _abort_on_io(turns: int) -> sm.RunResult:
 @pytest.mark.timeout(10)
 def test_io_is_polled_during_a_run_whose_operations_never_wait() -> None:
     result = asyncio.run(_abort_on_io(200))
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.turns < 20
 
 
@@ -173,5 +173,5 @@ def test_a_ready_callback_runs_before_the_next_event_is_handled() -> None:
         return await run.run()
 
     result = asyncio.run(main())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.turns == 1  # the first model call had already started

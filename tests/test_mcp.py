@@ -182,7 +182,7 @@ def test_a_run_with_parallel_mcp_calls_keeps_every_invariant(shared: Shared) -> 
     result = shared.run(
         sm.run_agent(model=model, tools=shared.server.tools, messages=[sm.UserMessage("go")])
     )
-    assert result.state is sm.TurnState.Done, result.explanation
+    assert result.state is sm.TurnState.DONE, result.explanation
     assert history_violations(result.messages) == []
     results = _results(result.messages)
     assert [r.is_error for r in results] == [False, False, True, True, True]
@@ -213,7 +213,7 @@ def test_abort_cancels_a_hanging_call_on_the_server(shared: Shared) -> None:
 
     result, elapsed = shared.run(go())
     shared.run(_until(lambda: "hang cancelled A" in shared.lines()))
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert elapsed < 1.0  # cancelled at once, not after the grace period
     assert history_violations(result.messages) == []
     hang, echo = _results(result.messages)
@@ -234,7 +234,7 @@ def test_a_call_past_its_deadline_is_answered_timed_out(shared: Shared) -> None:
     (answer,) = _results(result.messages)
     assert answer.is_error
     assert "timed out" in answer.text
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     shared.run(_until(lambda: "hang cancelled T" in shared.lines()))
 
 
@@ -250,7 +250,7 @@ async def test_a_crashing_server_answers_the_call_with_an_error(tmp_path: Path) 
     assert time.monotonic() - started < 15
     (crash,) = _results(result.messages)
     assert crash.is_error
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert history_violations(result.messages) == []
 
 
@@ -450,7 +450,7 @@ async def test_http_tools_run_and_abort_cancels_on_the_server(http_server: HttpS
         run.abort()
         result = await task
         await _until(lambda: "hang cancelled H" in log.read_text("utf-8"))
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     add, hang = _results(result.messages)
     assert add.text == "42"
     assert hang.is_error
@@ -522,7 +522,7 @@ def _check_run(shared: Shared, turns: list[list[str]]) -> None:
 
     result, after_abort = shared.run(go())
     assert history_violations(result.messages) == []
-    expected_state = sm.TurnState.Aborted if labels else sm.TurnState.Done
+    expected_state = sm.TurnState.ABORTED if labels else sm.TurnState.DONE
     assert result.state is expected_state, result.explanation
     calls = [c for m in result.messages if isinstance(m, sm.AssistantMessage) for c in m.tool_calls]
     assert [r.tool_call_id for r in _results(result.messages)] == [c.id for c in calls]

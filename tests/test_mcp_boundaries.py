@@ -99,7 +99,7 @@ async def test_an_http_server_killed_mid_call_answers_the_call_and_the_run_goes_
         )
         await killer
     assert time.monotonic() - started < 20  # answered when the server died, not at 30 s
-    assert result.state is sm.TurnState.Done, result.explanation
+    assert result.state is sm.TurnState.DONE, result.explanation
     assert history_violations(result.messages) == []
     hang, add = _results(result.messages)
     assert hang.is_error
@@ -119,7 +119,7 @@ async def test_an_http_server_killed_while_idle_answers_the_next_call(
         result = await sm.run_agent(
             model=model, tools=server.tools, messages=[sm.UserMessage("go")]
         )
-    assert result.state is sm.TurnState.Done, result.explanation
+    assert result.state is sm.TurnState.DONE, result.explanation
     (add,) = _results(result.messages)
     assert add.is_error
     assert "MCP server" in add.text
@@ -400,7 +400,7 @@ async def test_resources_and_prompts_are_listed_read_and_put_in_a_run() -> None:
             model=model,
             messages=[*messages, sm.UserMessage((sm.TextContent("Also this:"), text))],
         )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert model.contexts[0][0] == messages[0]
     with pytest.raises(MCPError, match="not connected"):
         await server.list_resources()

@@ -90,7 +90,7 @@ def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
             model=model, tools=[double, fail], messages=[sm.UserMessage("go")], run_id="run-1"
         )
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     root, children = _tree(exporter.get_finished_spans())
     assert root.name == "invoke_agent tester"
     assert root.kind is SpanKind.INTERNAL
@@ -161,7 +161,7 @@ def test_an_aborted_run_marks_the_cancelled_call_and_the_run() -> None:
         return await tracer.trace(run)
 
     result = asyncio.run(go())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     root, children = _tree(exporter.get_finished_spans())
     assert root.status.status_code is StatusCode.ERROR
     assert dict(root.attributes or {})["error.type"] == "Aborted"
@@ -214,7 +214,7 @@ def test_a_failing_model_call_is_an_error_span() -> None:
 
     tracer, exporter = _tracer()
     result = asyncio.run(tracer.run_agent(model=Broken(), messages=[sm.UserMessage("go")]))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     spans = {s.name: s for s in exporter.get_finished_spans()}
     chat = spans["chat broken-1"]
     assert chat.status.status_code is StatusCode.ERROR
@@ -265,7 +265,7 @@ def test_without_content_capture_no_content_is_even_built(monkeypatch: pytest.Mo
     result = asyncio.run(
         tracer.run_agent(model=model, tools=[double], messages=[sm.UserMessage("go")])
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert len(exporter.get_finished_spans()) == 5
 
 

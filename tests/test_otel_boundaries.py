@@ -64,7 +64,7 @@ def test_a_span_processor_that_raises_never_changes_the_run(hook: str, prefix: s
         result = asyncio.run(
             tracer.run_agent(model=_script(), tools=[double], messages=[sm.UserMessage("go")])
         )
-    assert result.state is sm.TurnState.Done, result.explanation
+    assert result.state is sm.TurnState.DONE, result.explanation
     assert result.messages == untraced.messages
     (answer,) = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert not answer.is_error
@@ -96,7 +96,7 @@ def _long_run(turns: int, max_content_chars: int) -> tuple[int, int]:
             model=model, tools=[double], messages=[sm.UserMessage("go")], max_turns=turns + 1
         )
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     largest = total = 0
     for span in exporter.get_finished_spans():
         content = sum(
@@ -197,7 +197,7 @@ def test_an_abandoned_call_has_its_span_ended_when_the_run_gives_up_on_it() -> N
         return result, finished
 
     result, finished = asyncio.run(go())
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     (span,) = [s for s in finished if s.name == "execute_tool stubborn"]
     attributes = dict(span.attributes or {})
     assert attributes["statemachine.tool.abandoned"] is True
@@ -219,7 +219,7 @@ def test_a_call_that_never_ran_has_its_span_when_it_is_answered() -> None:
     result = asyncio.run(
         tracer.run_agent(model=model, tools=[double], messages=[sm.UserMessage("go")])
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     spans = exporter.get_finished_spans()
     (missing,) = [s for s in spans if s.name == "execute_tool missing"]
     chats = sorted((s for s in spans if s.name.startswith("chat")), key=lambda s: s.start_time or 0)
@@ -282,7 +282,7 @@ def test_a_failure_in_the_tracers_own_work_never_changes_the_run(
         result = asyncio.run(
             tracer.run_agent(model=_script(), tools=[double], messages=[sm.UserMessage("go")])
         )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     (answer,) = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.text == "4"
     assert not answer.is_error

@@ -154,7 +154,7 @@ def test_an_adapter_gives_provider_server_and_request_parameters() -> None:
         temperature=0.25,
     )
     result = asyncio.run(tracer.run_agent(model=client, messages=[sm.UserMessage("hi")]))
-    assert result.state is sm.TurnState.Failed  # nothing listens on the port
+    assert result.state is sm.TurnState.FAILED  # nothing listens on the port
     chat = _by_name(exporter)["chat gpt-test"]
     assert chat.kind is SpanKind.CLIENT
     at_creation = sampler.seen["chat gpt-test"]
@@ -331,7 +331,7 @@ def test_mcp_tools_are_extensions_with_their_descriptions() -> None:
             )
 
     result = asyncio.run(go())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     tool = dict(_by_name(exporter)["execute_tool add"].attributes or {})
     assert tool["gen_ai.tool.type"] == "extension"
     assert tool["gen_ai.tool.description"] == "Add two integers."

@@ -102,7 +102,7 @@ def test_spans_reach_an_otlp_receiver_and_a_slow_one_never_holds_the_run(
         return result, ticker.longest, took
 
     result, held, took = asyncio.run(go())
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert not receiver.release.is_set()  # the collector still held the export
     assert held < max(0.5, took / 2)  # and the loop ran all along
     receiver.release.set()

@@ -101,7 +101,7 @@ def test_i6_abort_leaves_every_started_call_answered_and_cleaned_up(
     assert check_abort(record) == []
     if record.abort_fired:
         assert record.result is not None
-        assert record.result.state is TurnState.Aborted
+        assert record.result.state is TurnState.ABORTED
 
 
 @given(scenarios(aborts=False, max_turns=st.integers(1, 3)))
@@ -127,14 +127,14 @@ def test_stop_reason_stop_with_tool_calls_still_runs_them() -> None:
     assert [ex.key for ex in record.executions] == ["t1c0"]
     assert record.model_calls == 2
     assert record.result is not None
-    assert record.result.state is TurnState.Done
+    assert record.result.state is TurnState.DONE
 
 
 def test_turn_limit_names_the_limit() -> None:
     asks = ModelTurn(calls=(ScriptedCall(),), stop_reason=StopReason.TOOL_USE)
     record = _run(Scenario(turns=(asks, asks, asks), max_turns=2))
     assert record.result is not None
-    assert record.result.state is TurnState.TurnLimitExceeded
+    assert record.result.state is TurnState.TURN_LIMIT_EXCEEDED
     assert "max_turns=2" in record.result.explanation
     assert check_limits(record) == []
 
@@ -156,14 +156,14 @@ def test_hanging_tool_is_cancelled_and_cleaned_up_before_return() -> None:
 def test_expected_run_follows_the_script() -> None:
     asks = ModelTurn(calls=(ScriptedCall(),), stop_reason=StopReason.TOOL_USE)
     assert expected_run(Scenario(turns=(asks,))).model_calls == 2
-    assert expected_run(Scenario(turns=(asks,), max_turns=1)).state is TurnState.TurnLimitExceeded
+    assert expected_run(Scenario(turns=(asks,), max_turns=1)).state is TurnState.TURN_LIMIT_EXCEEDED
     failing = ModelTurn(calls=(ScriptedCall(),), stop_reason=StopReason.ERROR)
-    assert expected_run(Scenario(turns=(failing,))).state is TurnState.Failed
+    assert expected_run(Scenario(turns=(failing,))).state is TurnState.FAILED
     unknown = ModelTurn(calls=(ScriptedCall("ghost"),))
     # An abort aimed at a call that never runs never fires.
     never = expected_run(Scenario(turns=(unknown,), abort=AbortAt(AbortKind.TOOL_START, 1, 0)))
     assert never.abort_fires is False
-    assert never.state is TurnState.Done
+    assert never.state is TurnState.DONE
 
 
 # -- one fault, one finding: the exact findings of hand-made records ----------------------------

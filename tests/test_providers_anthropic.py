@@ -358,7 +358,7 @@ def test_abort_mid_stream_inside_run_agent_ends_aborted_with_a_valid_history(
         messages=[sm.UserMessage("read the readme")],
         signal=controller.signal,
     )
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     assert result.turns == 2
     last = result.messages[-1]
     assert isinstance(last, sm.AssistantMessage)

@@ -138,7 +138,7 @@ def test_the_system_prompt_given_to_the_client_is_on_the_wire(
             "claude-test", api_key=KEY, base_url=server.url, system="You are terse."
         )
     result = sm.run_agent_sync(model=model, tools=[], messages=[sm.UserMessage("hi")])
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     body = server.requests[0].json()
     if provider == "openai":
         assert body["messages"][0] == {"role": "system", "content": "You are terse."}

@@ -237,7 +237,7 @@ def test_a_deadline_inside_run_agent_fails_the_run_with_a_model_failed_error(
     server.add(Reply(200, SSE, delta(provider), repeat=True, delay=0.01))
     model = make_model(server, provider, timeout=0.3)
     result = sm.run_agent_sync(model=model, tools=[], messages=[sm.UserMessage("hi")])
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert isinstance(result.error, sm.ModelFailedError)
     assert "The model call failed: ProviderLimitError: " in result.explanation
     names_url_model_and(result.error, server, provider, "timeout")

@@ -154,7 +154,7 @@ def test_malformed_arguments_in_a_run_become_an_error_result_and_the_tool_never_
     result = sm.run_agent_sync(
         model=make_model(server), tools=[read_file], messages=[sm.UserMessage("read it")]
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert ran == []
     [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.is_error
@@ -488,7 +488,7 @@ def _refused_url() -> str:
 def test_a_refused_connection_reads_as_sentences_in_the_run_explanation() -> None:
     model = OpenAIChatModel("m", api_key=KEY, base_url=_refused_url(), retry=FAST, sleep=Sleeps())
     result = sm.run_agent_sync(model=model, messages="hello")
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "Is the server running, and is base_url right? The run stopped" in result.explanation
     assert "?." not in result.explanation
 
@@ -521,7 +521,7 @@ def test_a_run_whose_client_gave_up_after_retries_does_not_claim_none_were_made(
 ) -> None:
     server.add(*[error(500, "openai/error_500.json")] * 3)
     result = sm.run_agent_sync(model=make_model(server), messages="hello")
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "Gave up after 3 attempt(s)" in result.explanation
     assert "without retrying" not in result.explanation
     assert "the run itself does not retry" in result.explanation

@@ -32,7 +32,7 @@ def run(model: sm.ModelClient, root: Path) -> sm.RunResult:
         messages=[sm.UserMessage("list the files")],
         max_turns=4,
     )
-    assert result.state is sm.TurnState.Done, result.explanation
+    assert result.state is sm.TurnState.DONE, result.explanation
     assert result.turns == 2
     assert history_violations(result.messages) == []
     assert check_transcript(result.messages) == []

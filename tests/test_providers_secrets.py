@@ -196,7 +196,7 @@ def test_a_failed_run_never_shows_the_key_or_a_piece_of_it(
     server.add(*CASES[case]())
     caplog.set_level(logging.DEBUG)  # the SDKs' and the HTTP client's own logging too
     result, outputs = run_and_collect(make_model(server, provider))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     outputs["stdlib logging"] = caplog.text
     found = {where: leaks(text) for where, text in outputs.items() if leaks(text)}
     assert found == {}

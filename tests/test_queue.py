@@ -33,7 +33,7 @@ S = TurnState
 def test_a_message_after_a_policy_denial_resumes_the_run() -> None:
     engine = denied_engine()
     actions = engine.handle(InputQueued(UserMessage("fine, use another tool")))
-    assert engine.state is S.AwaitingModel
+    assert engine.state is S.AWAITING_MODEL
     assert [type(a) for a in actions] == [CallModel]
     assert engine.messages[-1] == UserMessage("fine, use another tool")
     assert engine.turns == 2
@@ -47,7 +47,7 @@ def test_a_steering_message_enters_the_history_once() -> None:
     call = ToolCall("c1", "echo", {"text": "hi"})
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolFinished("c1", ToolOutput("hi")))
-    assert engine.state is S.AwaitingModel
+    assert engine.state is S.AWAITING_MODEL
     call2 = ToolCall("c2", "echo", {"text": "again"})
     engine.handle(ModelResponded(AssistantMessage([call2], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolFinished("c2", ToolOutput("again")))

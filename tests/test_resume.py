@@ -73,7 +73,7 @@ def test_a_call_refused_on_resume_needs_no_tool_and_is_not_asked_about() -> None
     )
     result = asyncio.run(run.run())
     assert asked == []
-    assert result.state is S.Done
+    assert result.state is S.DONE
 
 
 @pytest.mark.timeout(30)
@@ -98,7 +98,7 @@ def test_resume_takes_a_turn_limit_of_one_and_refuses_zero() -> None:
         before_tool_call=lambda call: None,
     )
     result = asyncio.run(run.run())
-    assert result.state is S.TurnLimitExceeded
+    assert result.state is S.TURN_LIMIT_EXCEEDED
 
 
 @pytest.mark.timeout(30)
@@ -157,7 +157,7 @@ def test_a_run_resumed_with_a_message_and_no_hook_runs_its_tools_unasked() -> No
         return await asyncio.wait_for(run.run(), timeout=10.0)
 
     result = asyncio.run(main())
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert ran == ["look"]
 
 
@@ -176,7 +176,7 @@ def test_a_resumed_run_started_twice_asks_the_policy_once() -> None:
         approvals={"a": True},
         before_tool_call=policy,
     )
-    assert asyncio.run(run.run()).state is S.Done
+    assert asyncio.run(run.run()).state is S.DONE
     assert sorted(asked) == ["a", "b"]
     with pytest.raises(UsageError, match="runs once"):
         asyncio.run(run.run())
@@ -218,7 +218,7 @@ def test_a_run_resumed_with_should_continue_asks_it_though_the_suspended_run_had
     )
     result = asyncio.run(asyncio.wait_for(run.run(), timeout=10.0))
     assert asked == [1]
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert "that will do" in result.explanation
 
 

@@ -44,7 +44,7 @@ def test_run_agent_sync_closes_its_event_loop() -> None:
         messages=[UserMessage("go")],
         tools=[make_tool("where", where)],
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     (loop,) = loops
     assert loop.is_closed()
 
@@ -74,7 +74,7 @@ def test_run_agent_sync_closes_the_async_generators_it_leaves_open() -> None:
         messages=[UserMessage("go")],
         tools=[make_tool("first", first)],
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert closed == ["generator closed"]
 
 
@@ -102,7 +102,7 @@ def test_run_agent_sync_keeps_quiet_about_a_task_it_abandoned(
         before_tool_call=abort_soon,
         grace_period=0.05,
     )
-    assert result.state is S.Aborted
+    assert result.state is S.ABORTED
     assert "abandoned" in result.explanation
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         gc.collect()
@@ -138,7 +138,7 @@ def _leaving_a_task(cleanup: float, grace: float) -> tuple[sm.RunResult, list[st
         tools=[make_tool("spawn", spawn)],
         grace_period=grace,
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     return result, ended, kept[0]
 
 
@@ -163,7 +163,7 @@ def test_a_signal_shared_by_many_runs_keeps_no_listener_of_a_finished_run() -> N
             messages=[UserMessage("go")],
             signal=controller.signal,
         )
-        assert result.state is S.Done
+        assert result.state is S.DONE
     assert controller.signal._listeners == []
 
 

@@ -53,7 +53,7 @@ def test_run_files_round_trip(demo: RunResult) -> None:
 
 def test_a_run_that_did_not_end_done_gets_its_error_back() -> None:
     result = RunResult(
-        state=TurnState.Failed,
+        state=TurnState.FAILED,
         messages=(UserMessage("hi"), AssistantMessage((), stop_reason=StopReason.ERROR)),
         error=None,
         turns=1,
@@ -94,13 +94,13 @@ def test_overlay_counts_the_states_and_steps_of_the_run(demo: RunResult) -> None
     steps = Counter((r.source.value, r.trigger.value, r.dest.value) for r in demo.trace)
     assert overlay.steps == steps
     model_calls = sum(isinstance(m, AssistantMessage) for m in demo.messages)
-    assert overlay.states[TurnState.AwaitingModel.value] == model_calls == demo.turns
+    assert overlay.states[TurnState.AWAITING_MODEL.value] == model_calls == demo.turns
     assert overlay.states[chart.initial] == 1
     assert overlay.final == demo.state.value
 
 
 def test_overlay_refuses_a_step_the_table_does_not_have() -> None:
-    bogus = (TransitionRecord(TurnState.Ready, Trigger.settled, TurnState.Done, 0),)
+    bogus = (TransitionRecord(TurnState.READY, Trigger.SETTLED, TurnState.DONE, 0),)
     with pytest.raises(DiagramError, match=r"trace\[0\]: Ready --settled--> Done"):
         overlay_from_trace(chart_from_table(), bogus)
 
@@ -150,7 +150,7 @@ def test_the_recovery_run_shows_an_error_result(recovery: RunResult) -> None:
     errors = [m for m in recovery.messages if isinstance(m, ToolResultMessage) and m.is_error]
     assert [e.text for e in errors] == ["File not found: src/maths.ts. Did you mean src/math.ts?"]
     assert f"--xModel: ✗ {errors[0].text}" in sequence_diagram(recovery)
-    assert recovery.state is TurnState.Done
+    assert recovery.state is TurnState.DONE
 
 
 def test_sequence_diagram_marks_failures_and_aborts_and_escapes_text() -> None:
@@ -160,7 +160,7 @@ def test_sequence_diagram_marks_failures_and_aborts_and_escapes_text() -> None:
         ToolResultMessage("c1", "do-it now", "Tool call not started", is_error=True),
     )
     result = RunResult(
-        state=TurnState.Aborted, messages=messages, error=None, turns=1, explanation="aborted"
+        state=TurnState.ABORTED, messages=messages, error=None, turns=1, explanation="aborted"
     )
     lines = sequence_diagram(result).splitlines()
     assert "  participant tool_do_it_now as do-it now" in lines

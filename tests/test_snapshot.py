@@ -44,15 +44,15 @@ def test_a_should_continue_question_left_by_an_abort_restores_and_one_elsewhere_
     call = ToolCall("c1", "echo", {"text": "a"})
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolFinished("c1", ToolOutput("ok")))
-    assert engine.state is S.TurnBoundary
+    assert engine.state is S.TURN_BOUNDARY
     engine.handle(AbortRequested("stop"))
     snapshot = engine.snapshot()
     assert (snapshot["state"], snapshot["continuePending"]) == ("Aborted", True)
-    assert Engine.restore(snapshot).state is S.Aborted
+    assert Engine.restore(snapshot).state is S.ABORTED
     resting = Engine(tools=[ECHO], messages=[UserMessage("go")])
     resting.handle(Start())
     resting.handle(ModelResponded(AssistantMessage("done", stop_reason=StopReason.STOP)))
-    assert Engine.restore(resting.snapshot()).state is S.Done
+    assert Engine.restore(resting.snapshot()).state is S.DONE
     forged = {**resting.snapshot(), "continuePending": True}
     with pytest.raises(SnapshotError, match=r"snapshot\.continuePending: true in Done"):
         Engine.restore(forged)
@@ -63,10 +63,10 @@ def _outstanding(state: TurnState) -> Engine:
     its answer (no run can write that: snapshot() refuses while one is outstanding)."""
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
     engine.handle(Start())
-    if state is S.CollectingResults:
+    if state is S.COLLECTING_RESULTS:
         call = ToolCall("c1", "echo", {"text": "a"})
         engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
-    if state is S.Aborting:
+    if state is S.ABORTING:
         engine.handle(AbortRequested("stop"))
     assert engine.state is state
     engine._model_outstanding = False
@@ -77,7 +77,7 @@ def _outstanding(state: TurnState) -> Engine:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("state", [S.AwaitingModel, S.CollectingResults, S.Aborting])
+@pytest.mark.parametrize("state", [S.AWAITING_MODEL, S.COLLECTING_RESULTS, S.ABORTING])
 def test_a_snapshot_that_rests_while_an_operation_is_outstanding_is_refused(
     state: TurnState,
 ) -> None:
@@ -95,7 +95,7 @@ def test_a_snapshot_whose_denial_has_an_unknown_key_is_refused() -> None:
     engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolDenied("c1", "not on weekends"))
     snapshot = engine.snapshot()  # c2 still waits for the policy
-    assert Engine.restore(snapshot).state is S.DispatchingTools
+    assert Engine.restore(snapshot).state is S.DISPATCHING_TOOLS
     snapshot["denial"] = {**snapshot["denial"], "advisory": False}
     with pytest.raises(SnapshotError, match=r"snapshot\.denial"):
         Engine.restore(snapshot)
@@ -107,7 +107,7 @@ def _waiting_for_approval() -> Engine:
     call = ToolCall("c1", "echo", {"text": "a"})
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ApprovalRequired("c1", "a person decides"))
-    assert engine.state is S.AwaitingUser
+    assert engine.state is S.AWAITING_USER
     return engine
 
 
@@ -178,7 +178,7 @@ def test_a_held_result_that_answers_another_call_of_the_same_tool_is_refused() -
     assert snapshot["state"] == "AwaitingUser"
     held = snapshot["batch"][1]["result"]
     assert (held["toolCallId"], snapshot["flushed"]) == ("c2", 0)
-    assert Engine.restore(snapshot).state is S.AwaitingUser
+    assert Engine.restore(snapshot).state is S.AWAITING_USER
     snapshot["batch"][1]["result"] = {**held, "toolCallId": "c9"}
     with pytest.raises(SnapshotError, match=r"snapshot\.batch\[1\]\.result: answers another"):
         Engine.restore(snapshot)
@@ -234,7 +234,7 @@ def test_an_engine_stopped_by_should_continue_restores_with_its_stop_reason() ->
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     engine.handle(ToolFinished("c1", ToolOutput("a")))
     engine.handle(ContinueDecided(stop=True, reason="budget spent"))
-    assert engine.state is S.Done
+    assert engine.state is S.DONE
     restored = Engine.restore(engine.snapshot())
     assert restored.control_key() == engine.control_key()
     assert restored.snapshot() == engine.snapshot()
@@ -248,7 +248,7 @@ def test_a_snapshot_missing_a_delivered_result_is_refused() -> None:
     broken = {**snapshot, "messages": messages[:-1]}
     with pytest.raises(WireFormatError, match=r"snapshot\.flushed: 1, but 0 message\(s\) follow"):
         Engine.restore(broken)
-    assert Engine.restore(snapshot).state is S.AwaitingUser
+    assert Engine.restore(snapshot).state is S.AWAITING_USER
 
 
 @pytest.mark.timeout(30)
@@ -268,7 +268,7 @@ def test_a_snapshot_whose_denial_was_not_answered_with_it_is_refused() -> None:
     engine.handle(ApprovalRequired("c2", "a person decides"))
     snapshot = engine.snapshot()
     assert snapshot["denial"] == {"callId": "c1", "reason": "not on weekends"}
-    assert Engine.restore(snapshot).state is S.AwaitingUser
+    assert Engine.restore(snapshot).state is S.AWAITING_USER
     result = snapshot["batch"][0]["result"]
     edits = [
         {**result, "content": [{"type": "text", "text": "Tool call denied: some other reason"}]},
@@ -288,9 +288,9 @@ def test_a_snapshot_taken_while_a_call_waits_for_approval_in_dispatch_restores()
     calls = [ToolCall("c1", "echo", {"text": "hi"}), ToolCall("c2", "echo", {"text": "ho"})]
     engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     engine.handle(ApprovalRequired("c1", "a person decides"))
-    assert engine.state is S.DispatchingTools
+    assert engine.state is S.DISPATCHING_TOOLS
     restored = Engine.restore(engine.snapshot())
-    assert restored.state is S.DispatchingTools
+    assert restored.state is S.DISPATCHING_TOOLS
     assert restored.control_key() == engine.control_key()
 
 
@@ -305,7 +305,7 @@ def test_a_restored_call_keeps_the_resources_it_touches() -> None:
     engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     engine.handle(ApprovalRequired("c1", "a person decides"))
     engine.handle(ToolPermitted("c2"))
-    assert engine.state is S.AwaitingUser
+    assert engine.state is S.AWAITING_USER
     restored = Engine.restore(engine.snapshot(), scheduling=scheduling)
     assert restored.control_key() == engine.control_key()
 
@@ -317,7 +317,7 @@ def test_a_call_answered_before_it_is_scheduled_is_written_as_not_sequential() -
     calls = [ToolCall("c1", "nope", {}), ToolCall("c2", "echo", {"text": "a"})]
     engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     engine.handle(ApprovalRequired("c2", "a person decides"))
-    assert engine.state is S.AwaitingUser
+    assert engine.state is S.AWAITING_USER
     batch = engine.snapshot()["batch"]
     assert [(slot["status"], slot["sequential"]) for slot in batch] == [
         ("done", False),
@@ -331,4 +331,4 @@ def test_a_restored_engine_takes_a_transition_hook_and_a_snapshot_does_not_keep_
     assert Engine.restore(snapshot).transition_hook is None
     restored = Engine.restore(snapshot, transition_hook=lambda *a: heard.append(a[2]))
     restored.handle(InputQueued(UserMessage("use another tool")))
-    assert heard == [Trigger.input_queued, Trigger.next_turn]
+    assert heard == [Trigger.INPUT_QUEUED, Trigger.NEXT_TURN]

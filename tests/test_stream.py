@@ -37,7 +37,7 @@ def test_the_run_finished_event_carries_the_explanation() -> None:
     run = asking_run({"wait": forever}, grace_period=0.5)
     result, finished = aborted_at_half_a_second(run, "enough", RunFinished)
     assert "enough" in result.explanation
-    assert [(e.state, e.explanation) for e in finished] == [(S.Aborted, result.explanation)]
+    assert [(e.state, e.explanation) for e in finished] == [(S.ABORTED, result.explanation)]
 
 
 @pytest.mark.timeout(30)
@@ -59,7 +59,7 @@ def test_a_turn_stopped_at_its_boundary_is_timed_once(listening: bool) -> None:
         should_continue=stop,
     )
     result, ended = watched(run, TurnEnded) if listening else (on_virtual_time(run.run), [])
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert result.turns == 1
     assert result.stats is not None
     assert len(result.stats.turn_seconds) == 1
@@ -83,7 +83,7 @@ def test_the_turn_times_are_durations_within_the_run() -> None:
         tools=[make_tool("echo", echo)],
     )
     result = asyncio.run(run.run())
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert result.stats is not None
     assert len(result.stats.turn_seconds) == 2
     assert 0.25 <= sum(result.stats.turn_seconds) <= result.stats.wall_seconds
@@ -106,7 +106,7 @@ def test_only_the_abandoned_call_is_reported_abandoned_in_the_events() -> None:
         await watcher
         return result
 
-    assert on_virtual_time(main).state is S.Aborted
+    assert on_virtual_time(main).state is S.ABORTED
     assert ended == {"c1": (True, False), "c2": (True, True)}
 
 
@@ -133,7 +133,7 @@ def test_a_tools_time_is_the_time_it_ran() -> None:
             messages=[UserMessage("go")],
         )
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert result.stats is not None
     seconds = result.stats.tool_seconds
     assert 0.005 <= seconds["c1"] < 30  # a clock difference, not a sum of clock readings
@@ -173,7 +173,7 @@ def test_progress_reported_on_the_event_loop_reaches_subscribers_before_the_call
         await watcher
         return result
 
-    assert on_virtual_time(main).state is S.Done
+    assert on_virtual_time(main).state is S.DONE
     assert seen.index("progress c2") < seen.index("ended c2")
     assert seen.count("progress c2") == 1
 
@@ -194,6 +194,6 @@ def test_the_wall_time_of_a_run_is_the_time_it_took() -> None:
         return result, time.perf_counter() - started
 
     result, took = asyncio.run(main())
-    assert result.state is S.Done
+    assert result.state is S.DONE
     assert result.stats is not None
     assert 0.005 <= result.stats.wall_seconds <= took  # a clock difference, not a sum

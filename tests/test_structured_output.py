@@ -94,7 +94,7 @@ def test_a_valid_final_result_ends_done_and_gets_its_result() -> None:
     engine = _engine()
     engine.handle(Start())
     actions = engine.handle(ModelResponded(_final("f1", **PARIS)))
-    assert _state(engine) is S.Done
+    assert _state(engine) is S.DONE
     assert not any(isinstance(a, CallModel) for a in actions)
     [result] = _results(engine)  # I1: the final-result call has its result
     assert (result.tool_call_id, result.text, result.is_error) == (
@@ -114,10 +114,10 @@ def test_other_calls_of_the_batch_still_run_before_the_run_ends() -> None:
         stop_reason=StopReason.TOOL_USE,
     )
     actions = engine.handle(ModelResponded(message))
-    assert _state(engine) is S.CollectingResults
+    assert _state(engine) is S.COLLECTING_RESULTS
     assert [a.call.id for a in actions if hasattr(a, "call")] == ["c1"]  # not final_result
     engine.handle(ToolFinished("c1", ToolOutput("found")))
-    assert _state(engine) is S.Done
+    assert _state(engine) is S.DONE
     assert [r.tool_call_id for r in _results(engine)] == ["c1", "f1"]  # call order (I2)
 
 
@@ -125,14 +125,14 @@ def test_invalid_arguments_go_back_to_the_model_within_the_retries() -> None:
     engine = _engine(retries=1)
     engine.handle(Start())
     actions = engine.handle(ModelResponded(_final("f1", name="Paris", population="many")))
-    assert _state(engine) is S.AwaitingModel
+    assert _state(engine) is S.AWAITING_MODEL
     assert any(isinstance(a, CallModel) for a in actions)
     [result] = _results(engine)
     assert result.is_error
     assert "population" in result.text
     assert "JSON Schema" in result.text
     engine.handle(ModelResponded(_final("f2", name="Paris")))
-    assert _state(engine) is S.OutputInvalid
+    assert _state(engine) is S.OUTPUT_INVALID
     text = engine.explanation or ""
     assert "2 attempt(s) (output_retries=1)" in text
     assert "Last error: Invalid arguments for tool final_result" in text
@@ -143,7 +143,7 @@ def test_a_final_text_answer_is_answered_with_a_reminder() -> None:
     engine = _engine(retries=2)
     engine.handle(Start())
     actions = engine.handle(ModelResponded(AssistantMessage("Paris, I think.")))
-    assert _state(engine) is S.AwaitingModel
+    assert _state(engine) is S.AWAITING_MODEL
     [call] = [a for a in actions if isinstance(a, CallModel)]
     reminder = call.messages[-1]
     assert isinstance(reminder, UserMessage)
@@ -151,7 +151,7 @@ def test_a_final_text_answer_is_answered_with_a_reminder() -> None:
     assert isinstance(block, TextContent)
     assert "Call the tool final_result" in block.text
     engine.handle(ModelResponded(_final("f1", **PARIS)))
-    assert _state(engine) is S.Done
+    assert _state(engine) is S.DONE
 
 
 def test_a_model_that_never_gives_output_ends_output_invalid_and_never_loops() -> None:
@@ -159,7 +159,7 @@ def test_a_model_that_never_gives_output_ends_output_invalid_and_never_loops() -
     engine.handle(Start())
     for _ in range(3):
         engine.handle(ModelResponded(AssistantMessage("no")))
-    assert _state(engine) is S.OutputInvalid
+    assert _state(engine) is S.OUTPUT_INVALID
     assert engine.turns == 3
     assert "instead of calling final_result" in (engine.explanation or "")
 
@@ -172,7 +172,7 @@ def test_a_second_valid_final_result_is_not_used() -> None:
         stop_reason=StopReason.TOOL_USE,
     )
     engine.handle(ModelResponded(message))
-    assert _state(engine) is S.Done
+    assert _state(engine) is S.DONE
     assert engine.output_call == "f1"
     assert [r.is_error for r in _results(engine)] == [False, True]
 
@@ -220,9 +220,9 @@ def test_replay_gives_the_same_output_run() -> None:
     )
     engine.handle(Start())
     engine.handle(ModelResponded(AssistantMessage("text")))
-    assert _state(engine) is S.OutputInvalid
+    assert _state(engine) is S.OUTPUT_INVALID
     result = replay(stream.getvalue().splitlines(keepends=True))
-    assert result.state is S.OutputInvalid
+    assert result.state is S.OUTPUT_INVALID
     assert result.messages == tuple(engine.messages)
 
 
@@ -235,7 +235,7 @@ def test_run_agent_gives_the_output_as_its_type(output_type: Any) -> None:
     result = sm.run_agent_sync(
         model=model, messages=[UserMessage("biggest city?")], output_type=output_type
     )
-    assert result.state is S.Done
+    assert result.state is S.DONE
     expected = City(**PARIS) if output_type is City else PARIS
     assert result.output == expected
     assert model.calls == 2
@@ -273,7 +273,7 @@ def test_spent_retries_raise_output_invalid_error() -> None:
         output_type=City,
         output_retries=1,
     )
-    assert result.state is S.OutputInvalid
+    assert result.state is S.OUTPUT_INVALID
     assert result.output is None
     with pytest.raises(OutputInvalidError, match="Last error"):
         result.raise_for_state()
@@ -319,7 +319,7 @@ def test_a_resumed_run_keeps_its_output_type() -> None:
         output_type=City,
         before_tool_call=lambda call: RequireApproval("check"),
     )
-    assert first.state is S.AwaitingUser
+    assert first.state is S.AWAITING_USER
     snapshot = json.loads(json.dumps(first.snapshot))
     resumed = asyncio.run(
         sm.resume_agent(
@@ -331,7 +331,7 @@ def test_a_resumed_run_keeps_its_output_type() -> None:
             output_type=City,
         )
     )
-    assert resumed.state is S.Done
+    assert resumed.state is S.DONE
     assert resumed.output == City(**PARIS)
 
 
@@ -362,7 +362,7 @@ def test_a_final_result_held_behind_an_approval_survives_a_snapshot() -> None:
         output_type=City,
         before_tool_call=lambda call: RequireApproval("check"),
     )
-    assert first.state is S.AwaitingUser
+    assert first.state is S.AWAITING_USER
     assert first.snapshot is not None
     # f1's result waits behind c1's (I2), so it is not in the history yet.
     assert not any(isinstance(m, ToolResultMessage) for m in first.messages)
@@ -376,7 +376,7 @@ def test_a_final_result_held_behind_an_approval_survives_a_snapshot() -> None:
             output_type=City,
         )
     )
-    assert resumed.state is S.Done
+    assert resumed.state is S.DONE
     assert resumed.output == City(**PARIS)
     assert [m.tool_call_id for m in resumed.messages if isinstance(m, ToolResultMessage)] == [
         "c1",
@@ -388,8 +388,8 @@ def test_a_stop_asked_with_a_valid_final_result_keeps_both() -> None:
     engine = _engine(check_continue=True)
     engine.handle(Start())
     engine.handle(ModelResponded(_final("f1", **PARIS)))
-    assert _state(engine) is S.TurnBoundary  # should_continue is asked first (rule 7)
+    assert _state(engine) is S.TURN_BOUNDARY  # should_continue is asked first (rule 7)
     engine.handle(ContinueDecided(True, "enough"))
-    assert _state(engine) is S.Done
+    assert _state(engine) is S.DONE
     assert "enough" in (engine.explanation or "")  # the stop's row won
     assert engine.output_call == "f1"  # and the output stands

@@ -116,8 +116,8 @@ def test_rows_of_one_group_are_contiguous_in_the_table() -> None:
 def test_rows_from_returns_the_group_in_table_order() -> None:
     for key, rows in _groups().items():
         assert list(rows_from(*key)) == rows
-    assert rows_from(S.Done, T.start) == ()
-    assert rows_from(S.Ready, T.tool_finished) == ()
+    assert rows_from(S.DONE, T.START) == ()
+    assert rows_from(S.READY, T.TOOL_FINISHED) == ()
 
 
 def test_docs_cover_every_member_with_text() -> None:
@@ -133,10 +133,10 @@ def test_trigger_partition() -> None:
 
 
 def test_terminal_states_have_no_rows_and_absorb() -> None:
-    terminal = {S.Done, S.Aborted, S.TurnLimitExceeded, S.UsageLimitExceeded, S.Failed}
-    assert terminal | {S.OutputInvalid} == TERMINAL
+    terminal = {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.USAGE_LIMIT_EXCEEDED, S.FAILED}
+    assert terminal | {S.OUTPUT_INVALID} == TERMINAL
     assert ABSORBING == TERMINAL
-    assert TERMINAL | {S.AwaitingUser} == RETURNS_TO_CALLER
+    assert TERMINAL | {S.AWAITING_USER} == RETURNS_TO_CALLER
     assert not [r for r in TRANSITIONS if r.source in TERMINAL]
     for state in TurnState:
         assert state.is_terminal == (state in TERMINAL)
@@ -145,28 +145,28 @@ def test_terminal_states_have_no_rows_and_absorb() -> None:
 def test_tool_calls_are_tested_before_any_row_that_can_end_the_run_done() -> None:
     # Rule: the presence of tool calls decides, so in the group that reads a model
     # response no row that ends the run Done may come before the has_tool_calls row.
-    rows = list(rows_from(S.AwaitingModel, T.model_responded))
+    rows = list(rows_from(S.AWAITING_MODEL, T.MODEL_RESPONDED))
     guards = [r.guard for r in rows]
-    assert Guard.has_tool_calls in guards
-    tool_row = guards.index(Guard.has_tool_calls)
-    assert all(r.dest is not S.Done for r in rows[:tool_row])
-    assert rows[tool_row].dest is S.DispatchingTools
+    assert Guard.HAS_TOOL_CALLS in guards
+    tool_row = guards.index(Guard.HAS_TOOL_CALLS)
+    assert all(r.dest is not S.DONE for r in rows[:tool_row])
+    assert rows[tool_row].dest is S.DISPATCHING_TOOLS
 
 
 def test_a_response_reporting_its_own_failure_wins_over_its_tool_calls() -> None:
-    guards = [r.guard for r in rows_from(S.AwaitingModel, T.model_responded)]
-    assert guards.index(Guard.reports_error) < guards.index(Guard.has_tool_calls)
-    assert guards.index(Guard.reports_abort) < guards.index(Guard.has_tool_calls)
+    guards = [r.guard for r in rows_from(S.AWAITING_MODEL, T.MODEL_RESPONDED)]
+    assert guards.index(Guard.REPORTS_ERROR) < guards.index(Guard.HAS_TOOL_CALLS)
+    assert guards.index(Guard.REPORTS_ABORT) < guards.index(Guard.HAS_TOOL_CALLS)
 
 
 def test_abort_is_accepted_in_every_live_state() -> None:
     live = set(TurnState) - TERMINAL
-    assert {r.source for r in TRANSITIONS if r.trigger is T.abort} == live
+    assert {r.source for r in TRANSITIONS if r.trigger is T.ABORT} == live
 
 
 def test_every_state_is_reachable_from_ready() -> None:
-    reached = {S.Ready}
-    frontier = [S.Ready]
+    reached = {S.READY}
+    frontier = [S.READY]
     while frontier:
         state = frontier.pop()
         for row in TRANSITIONS:
@@ -189,7 +189,7 @@ def test_every_non_terminal_state_can_reach_a_terminal_state() -> None:
         assert seen & TERMINAL, state
 
 
-def _machine(holding: set[Guard], initial: TurnState = S.Ready) -> tuple[Any, Machine]:
+def _machine(holding: set[Guard], initial: TurnState = S.READY) -> tuple[Any, Machine]:
     # Any: transitions binds trigger methods on the model at run time.
     model: Any = MachineModel()
     guards: dict[Guard, Callable[[], bool]] = {
@@ -210,14 +210,14 @@ def test_machine_has_no_auto_transitions() -> None:
     model, _ = _machine(set())
     for state in TurnState:
         assert not hasattr(model, f"to_{state.value}")
-    assert model.state is S.Ready
+    assert model.state is S.READY
 
 
 def test_machine_raises_on_a_trigger_without_a_row() -> None:
     model, _ = _machine(set())
     with pytest.raises(MachineError):
         model.trigger("tool_finished")
-    assert model.state is S.Ready
+    assert model.state is S.READY
     with pytest.raises(AttributeError):
         model.trigger("no_such_trigger")
 
@@ -267,7 +267,7 @@ def test_the_lone_internal_rows_carry_their_firing_guard() -> None:
     # The table's docstring: the lone rows of dispatched and settled carry the guard
     # that fires them, so the diagrams can show it. (Without it the engine behaves the
     # same, because it fires them only when the guard holds; the drawing does not.)
-    for trigger in (Trigger.dispatched, Trigger.settled):
+    for trigger in (Trigger.DISPATCHED, Trigger.SETTLED):
         rows = [r for r in TRANSITIONS if r.trigger is trigger]
         assert len(rows) == 1, trigger
         assert rows[0].guard is INTERNAL_TRIGGERS[trigger], trigger

@@ -27,7 +27,7 @@ def _run(model: sm.ModelClient, max_turns: int = 8) -> sm.RunResult:
 def test_a_script_is_answered_in_order_and_every_request_is_recorded() -> None:
     model = ScriptedModel(sm.ToolCall("c1", "add", {"a": 40, "b": 2}), "It is 42.")
     result = _run(model)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert result.final_text == "It is 42."
     assert model.calls == 2
     assert model.remaining == 0
@@ -50,13 +50,13 @@ def test_short_responses_stand_for_messages() -> None:
 
 def test_a_call_past_the_script_fails_the_run_saying_so() -> None:
     result = _run(ScriptedModel(sm.ToolCall("c1", "add", {"a": 1, "b": 2})))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "ScriptedModel: model call 2, but the script has 1 response(s)" in result.explanation
 
 
 def test_an_exception_in_the_script_is_a_failing_provider() -> None:
     result = _run(ScriptedModel(ConnectionError("down")))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert isinstance(result.error, sm.ModelFailedError)
     assert isinstance(result.error.__cause__, ConnectionError)
 
@@ -82,7 +82,7 @@ def test_a_function_decides_from_the_context_sync_or_async() -> None:
 
 def test_bad_responses_and_functions_are_refused_clearly() -> None:
     result = _run(ScriptedModel([1, 2]))  # type: ignore[list-item]
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "a fake model's response is an AssistantMessage" in result.explanation
     with pytest.raises(sm.UsageError, match="FunctionModel needs a function"):
         FunctionModel("not a function")  # type: ignore[arg-type]
@@ -124,7 +124,7 @@ def test_without_recording_a_model_counts_its_calls_and_keeps_no_context() -> No
     assert (function.calls, function.requests) == (1, [])
     # the count still ends the script: a call past it fails the run
     result = _run(ScriptedModel(sm.ToolCall("c1", "add", {"a": 1, "b": 1}), record=False))
-    assert result.state is sm.TurnState.Failed
+    assert result.state is sm.TurnState.FAILED
     assert "model call 2, but the script has 1" in result.explanation
 
 
@@ -148,7 +148,7 @@ def test_a_function_model_answers_as_the_script_step_would() -> None:
     # A class is a response, as in a script: an exception class is raised, not called
     # with the context.
     failing = _run(FunctionModel(ConnectionError))
-    assert failing.state is sm.TurnState.Failed
+    assert failing.state is sm.TurnState.FAILED
     assert isinstance(failing.error, sm.ModelFailedError)
     assert failing.error.__cause__ is not None
     assert failing.error.__cause__.args == ()

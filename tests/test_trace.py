@@ -13,10 +13,10 @@ from statemachine.core.trace import Trace, TransitionRecord
 S = TurnState
 T = Trigger
 RECORDS = [
-    TransitionRecord(S.Ready, T.start, S.AwaitingModel, 0),
-    TransitionRecord(S.AwaitingModel, T.model_responded, S.DispatchingTools, 1),
-    TransitionRecord(S.DispatchingTools, T.dispatched, S.CollectingResults, 1),
-    TransitionRecord(S.CollectingResults, T.results_complete, S.TurnBoundary, 12_345_678),
+    TransitionRecord(S.READY, T.START, S.AWAITING_MODEL, 0),
+    TransitionRecord(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DISPATCHING_TOOLS, 1),
+    TransitionRecord(S.DISPATCHING_TOOLS, T.DISPATCHED, S.COLLECTING_RESULTS, 1),
+    TransitionRecord(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, S.TURN_BOUNDARY, 12_345_678),
 ]
 
 
@@ -66,8 +66,8 @@ def test_a_trace_built_from_plain_values_holds_records_of_states_and_triggers() 
     trace = Trace([("Ready", "start", "AwaitingModel", 0)])  # type: ignore[list-item]
     assert trace == [RECORDS[0]]
     assert type(trace[0]) is TransitionRecord
-    assert trace[0].source is S.Ready
-    assert trace[0].trigger is T.start
+    assert trace[0].source is S.READY
+    assert trace[0].trigger is T.START
 
 
 def test_a_trace_is_not_hashable() -> None:

@@ -102,7 +102,7 @@ def test_the_limit_is_checked_before_the_call_that_would_exceed_it() -> None:
     assert any(isinstance(a, CallModel) for a in _turn(engine, 1))  # 100 of 200: go on
     actions = _turn(engine, 2)  # 200 of 200: the next call would exceed it
     assert not any(isinstance(a, CallModel) for a in actions)
-    assert engine.state is S.UsageLimitExceeded
+    assert engine.state is S.USAGE_LIMIT_EXCEEDED
     assert engine.turns == 2
     assert engine.usage.total_tokens == 200
     text = engine.explanation or ""
@@ -110,7 +110,7 @@ def test_the_limit_is_checked_before_the_call_that_would_exceed_it() -> None:
     assert "200 used" in text
     assert "2 request(s), 120 input, 80 output, 200 total tokens" in text
     assert "Last operation: tool grep (call c2) returned: found it" in text
-    assert engine.trace[-1].dest is S.UsageLimitExceeded
+    assert engine.trace[-1].dest is S.USAGE_LIMIT_EXCEEDED
 
 
 def test_a_response_without_usage_counts_as_zero_tokens() -> None:
@@ -118,7 +118,7 @@ def test_a_response_without_usage_counts_as_zero_tokens() -> None:
     engine.handle(Start())
     for turn in (1, 2, 3):
         assert any(isinstance(a, CallModel) for a in _turn(engine, turn, usage=None))
-    assert engine.state is S.AwaitingModel
+    assert engine.state is S.AWAITING_MODEL
     assert engine.usage == Usage()
 
 
@@ -126,7 +126,7 @@ def test_the_requests_limit_counts_model_calls() -> None:
     engine = _engine(UsageLimits(requests=1))
     engine.handle(Start())
     _turn(engine, 1, usage=None)
-    assert engine.state is S.UsageLimitExceeded
+    assert engine.state is S.USAGE_LIMIT_EXCEEDED
     assert "requests=1" in (engine.explanation or "")
 
 
@@ -135,7 +135,7 @@ def test_a_final_answer_past_the_limit_still_ends_done() -> None:
     engine = _engine(UsageLimits(total_tokens=10))
     engine.handle(Start())
     engine.handle(ModelResponded(AssistantMessage("done", usage=HUNDRED)))
-    assert engine.state is S.Done
+    assert engine.state is S.DONE
 
 
 def test_the_turn_limit_wins_when_both_are_reached() -> None:
@@ -147,14 +147,14 @@ def test_the_turn_limit_wins_when_both_are_reached() -> None:
     )
     engine.handle(Start())
     _turn(engine, 1)
-    assert engine.state is S.TurnLimitExceeded
+    assert engine.state is S.TURN_LIMIT_EXCEEDED
 
 
 def test_a_stop_asked_by_should_continue_wins_over_the_usage_limit() -> None:
     engine = _engine(UsageLimits(total_tokens=100), check_continue=True)
     engine.handle(Start())
     _turn(engine, 1)
-    assert engine.state is S.TurnBoundary
+    assert engine.state is S.TURN_BOUNDARY
     engine.handle(ContinueDecided(True, "enough"))
     assert engine.state.value == "Done"
     assert "enough" in (engine.explanation or "")
@@ -165,7 +165,7 @@ def test_a_policy_denial_wins_over_the_usage_limit() -> None:
     engine.handle(Start())
     engine.handle(ModelResponded(_asks(1)))
     engine.handle(ToolDenied("c1", "not here"))
-    assert engine.state is S.AwaitingUser
+    assert engine.state is S.AWAITING_USER
     assert "denied by policy: not here" in (engine.explanation or "")
 
 
@@ -175,7 +175,7 @@ def test_usage_is_part_of_the_control_key_and_of_forks() -> None:
         engine.handle(Start())
     _turn(one, 1)
     _turn(two, 1, usage=None)
-    assert one.state is two.state is S.AwaitingModel
+    assert one.state is two.state is S.AWAITING_MODEL
     assert one.control_key() != two.control_key()
     fork = one.fork()
     _turn(fork, 2)
@@ -241,7 +241,7 @@ def test_run_agent_ends_usage_limit_exceeded_with_its_error_and_usage() -> None:
         tools=[_grep_tool()],
         usage_limits=UsageLimits(total_tokens=150),
     )
-    assert result.state is S.UsageLimitExceeded
+    assert result.state is S.USAGE_LIMIT_EXCEEDED
     assert model.calls == 2
     assert result.usage.total_tokens == 200
     assert isinstance(result.error, UsageLimitExceededError)
@@ -262,7 +262,7 @@ def test_a_resumed_run_goes_on_counting() -> None:
             before_tool_call=lambda call: RequireApproval("check"),
             usage_limits=UsageLimits(total_tokens=200),
         )
-        assert first.state is S.AwaitingUser
+        assert first.state is S.AWAITING_USER
         assert first.snapshot is not None
         snapshot = json.loads(json.dumps(first.snapshot))
         second = await sm.resume_agent(
@@ -278,7 +278,7 @@ def test_a_resumed_run_goes_on_counting() -> None:
     assert first.usage.total_tokens == 100
     # 100 tokens before the suspension and 100 after: the limit of 200 is reached, so
     # the third response is never asked for (without the carried usage it would be).
-    assert second.state is S.UsageLimitExceeded
+    assert second.state is S.USAGE_LIMIT_EXCEEDED
     assert second.usage.total_tokens == 200
     assert "200 used" in second.explanation
     assert model.calls == 2
@@ -304,7 +304,7 @@ def test_resume_may_replace_the_limits() -> None:
         )
 
     result = on_virtual_time(main)
-    assert result.state is S.UsageLimitExceeded
+    assert result.state is S.USAGE_LIMIT_EXCEEDED
     assert "requests=1" in result.explanation
     assert result.usage.total_tokens == 100
 
@@ -336,11 +336,11 @@ def test_replay_gives_the_same_usage_limited_run() -> None:
     engine.handle(Start())
     _turn(engine, 1)
     _turn(engine, 2)
-    assert engine.state is S.UsageLimitExceeded
+    assert engine.state is S.USAGE_LIMIT_EXCEEDED
     header = json.loads(stream.getvalue().splitlines()[0])
     assert header["options"]["usage_limits"] == {"totalTokens": 150}
     result = replay(stream.getvalue().splitlines(keepends=True))
-    assert result.state is S.UsageLimitExceeded
+    assert result.state is S.USAGE_LIMIT_EXCEEDED
     assert result.messages == tuple(engine.messages)
     assert result.trace == tuple(engine.trace)
 

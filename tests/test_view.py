@@ -141,7 +141,7 @@ def test_the_page_loads_offline_and_stepping_moves_the_highlight(
     tmp_path: Path, browser: Browser
 ) -> None:
     result = eventful_journal(tmp_path / "run.jsonl")
-    assert result.state is sm.TurnState.Aborted
+    assert result.state is sm.TurnState.ABORTED
     steps = replay(tmp_path / "run.jsonl").steps
     page = tmp_path / "run.html"
     assert main(["view", str(tmp_path / "run.jsonl")]) == 0
@@ -264,7 +264,7 @@ def _quiet() -> Any:
 @pytest.mark.timeout(300)
 def test_a_journal_of_10000_events_stays_responsive(tmp_path: Path, browser: Browser) -> None:
     result = many_events_journal(tmp_path / "big.jsonl", turns=100, calls=100)
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     events = sum(1 for line in (tmp_path / "big.jsonl").open() if '"seq"' in line)
     assert events >= 10_000
     assert main(["view", str(tmp_path / "big.jsonl")]) == 0
@@ -417,7 +417,7 @@ def test_a_run_waiting_for_approval_shows_the_request(tmp_path: Path) -> None:
         )
     finally:
         journal.close()
-    assert result.state is sm.TurnState.AwaitingUser
+    assert result.state is sm.TurnState.AWAITING_USER
     data = page_data(view_html(tmp_path / "wait.jsonl"))
     assert data["run"]["state"] == "AwaitingUser"
     wanted = [s for s in data["steps"] if s["title"] == "delete needs approval"]

@@ -473,7 +473,7 @@ def test_a_model_recovers_from_the_suggestion_in_a_run(ws: Workspace) -> None:
     result = sm.run_agent_sync(
         model=model, tools=workspace_tools(ws.root), messages=[sm.UserMessage("read math")]
     )
-    assert result.state is sm.TurnState.Done
+    assert result.state is sm.TurnState.DONE
     assert [(m.is_error, m.text) for m in seen] == [
         (True, "File not found: src/maths.ts. Did you mean src/math.ts?"),
         (False, "export const add = 1;\n"),
@@ -565,9 +565,9 @@ def test_a_journaled_run_over_such_names_completes_and_replays(
                 messages=[sm.UserMessage("read everything")],
             )
         )
-    assert result.state is sm.TurnState.Done, result.error
+    assert result.state is sm.TurnState.DONE, result.error
     results = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert [r.is_error for r in results] == [False, False, False, False]
     assert len(model.requests) == 3
     journal_path.read_bytes().decode("utf-8")  # strict
-    assert sm.journal.replay(journal_path).engine.state is sm.TurnState.Done
+    assert sm.journal.replay(journal_path).engine.state is sm.TurnState.DONE

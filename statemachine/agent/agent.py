@@ -331,11 +331,11 @@ class Agent(Generic[OutputT]):
 def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
     """The tool result of a sub-agent's run: its output as JSON when it has an output
     type, else its final text."""
-    if result.state is TurnState.Done:
+    if result.state is TurnState.DONE:
         if typed:
             return ToolOutput(json.dumps(_accepted_arguments(result.messages)))
         return ToolOutput(result.final_text)
-    if result.state is TurnState.AwaitingUser:
+    if result.state is TurnState.AWAITING_USER:
         calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
         return ToolOutput(
             f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "

@@ -171,12 +171,12 @@ class RunStats:
 
 
 _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
-    TurnState.Aborted: AbortedError,
-    TurnState.TurnLimitExceeded: TurnLimitExceededError,
-    TurnState.UsageLimitExceeded: UsageLimitExceededError,
-    TurnState.OutputInvalid: OutputInvalidError,
-    TurnState.Failed: ModelFailedError,
-    TurnState.AwaitingUser: AwaitingUserError,
+    TurnState.ABORTED: AbortedError,
+    TurnState.TURN_LIMIT_EXCEEDED: TurnLimitExceededError,
+    TurnState.USAGE_LIMIT_EXCEEDED: UsageLimitExceededError,
+    TurnState.OUTPUT_INVALID: OutputInvalidError,
+    TurnState.FAILED: ModelFailedError,
+    TurnState.AWAITING_USER: AwaitingUserError,
 }
 
 
@@ -229,7 +229,7 @@ class RunResult(Generic[OutputT]):
     @property
     def ok(self) -> bool:
         """True when the run ended ``Done``."""
-        return self.state is TurnState.Done
+        return self.state is TurnState.DONE
 
     @property
     def final_text(self) -> str:

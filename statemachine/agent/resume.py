@@ -176,7 +176,7 @@ def _restore(
         key=key,
         max_bytes=max_snapshot_bytes,
     )
-    if engine.state is not TurnState.AwaitingUser:
+    if engine.state is not TurnState.AWAITING_USER:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
     if max_turns is not None:
         engine.max_turns = positive_int("max_turns", max_turns)

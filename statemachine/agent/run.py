@@ -357,7 +357,7 @@ class AgentRun(Generic[OutputT]):
         state = engine.state
         explanation = engine.explanation or ""
         error = run_error(state, explanation)
-        if error is not None and state is TurnState.Failed:
+        if error is not None and state is TurnState.FAILED:
             error.__cause__ = loop.model_exception
         result_messages = tuple(engine.messages)
         return RunResult(
@@ -371,11 +371,11 @@ class AgentRun(Generic[OutputT]):
             stats=self._stream.stats(engine),
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
             queued_input=engine.queued_input() + tuple(loop.late_input),
-            snapshot=engine.snapshot() if state is TurnState.AwaitingUser else None,
+            snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
             output=self._output.value(result_messages, engine.output_call)
-            if self._output is not None and state is TurnState.Done
+            if self._output is not None and state is TurnState.DONE
             else None,
         )
 

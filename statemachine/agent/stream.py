@@ -42,7 +42,7 @@ __all__ = ["EventStream"]
 
 # A turn starts on entering AwaitingModel and ends at the next turn boundary or where
 # the run returns to its caller.
-_TURN_ENDS = frozenset({TurnState.TurnBoundary, *RETURNS_TO_CALLER})
+_TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
 
 
 class EventStream:
@@ -113,7 +113,7 @@ class EventStream:
             record = trace[index]
             if listening:
                 self.emit(StateChanged(record))
-            if record.dest is TurnState.AwaitingModel:
+            if record.dest is TurnState.AWAITING_MODEL:
                 self._turn = record.turn + 1
                 self._turn_start = time.perf_counter()
                 if listening:

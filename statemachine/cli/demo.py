@@ -345,4 +345,4 @@ def cli_demo(argv: list[str]) -> int:
         result = run_demo(root, sys.stdout, max_turns=args.max_turns)
     except InvalidInputError as exc:
         return fail("demo", str(exc))
-    return EXIT_OK if result.state is TurnState.Done else EXIT_FAILED
+    return EXIT_OK if result.state is TurnState.DONE else EXIT_FAILED

@@ -327,4 +327,4 @@ def cli_run(argv: list[str]) -> int:
     transcript.line()
     transcript.line(f"final state: {result.state.value} after {result.turns} model call(s)")
     transcript.line(f"explanation: {result.explanation}")
-    return EXIT_OK if result.state is TurnState.Done else EXIT_FAILED
+    return EXIT_OK if result.state is TurnState.DONE else EXIT_FAILED

@@ -403,7 +403,7 @@ class Engine:
         elif isinstance(event, (ModelResponded, ModelFailed, ModelCancelled)):
             if not self._model_outstanding:
                 raise ProtocolError(f"{event.trigger.value}: no model call is outstanding")
-            if isinstance(event, ModelCancelled) and self._state is not S.Aborting:
+            if isinstance(event, ModelCancelled) and self._state is not S.ABORTING:
                 raise ProtocolError("model_cancelled is accepted only while aborting")
         elif isinstance(event, (ToolPermitted, ToolDenied, ApprovalRequired)):
             self._expect_slot(event.call_id, WAITING_PERMISSION, event.trigger)
@@ -430,7 +430,7 @@ class Engine:
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
             slot.status = DONE
-            if state is S.CollectingResults and len(self._batch.slots) > 1:
+            if state is S.COLLECTING_RESULTS and len(self._batch.slots) > 1:
                 self._start_runnable()  # the calls this one held back (a lone call held none)
             self._flush()
         elif isinstance(event, ModelResponded):
@@ -464,7 +464,7 @@ class Engine:
         message = self._normalise_ids(message)
         self._history.append(message)
         self._batch = Batch(message.tool_calls)
-        if self._state is S.Aborting:
+        if self._state is S.ABORTING:
             self._answer_unresolved("Tool call not started: the run was aborted")
 
     def _record_model_error(self, event: ModelFailed | ModelCancelled) -> None:
@@ -472,14 +472,14 @@ class Engine:
         detail = event.error if isinstance(event, ModelFailed) else event.reason
         if isinstance(event, ModelCancelled) and detail.startswith(ABANDONED):
             self._abandoned.append("the model call")
-        if self._state is S.Aborting:
+        if self._state is S.ABORTING:
             stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
         else:
             stop, text = StopReason.ERROR, f"The model call failed: {detail}"
         self._history.append(AssistantMessage((), stop_reason=stop, error_message=text))
 
     def _record_input(self, event: InputQueued) -> None:
-        if self._state is S.AwaitingUser:
+        if self._state is S.AWAITING_USER:
             # A person answered with a message instead of deciding: the calls that
             # waited for approval are answered, and the message goes to the model.
             self._answer_unresolved(
@@ -687,7 +687,7 @@ class Engine:
         self._start_runnable()
 
     def _enter_TurnBoundary(self, source: TurnState) -> None:
-        if source is S.AwaitingModel and self.output is not None and self.output_call is None:
+        if source is S.AWAITING_MODEL and self.output is not None and self.output_call is None:
             # A final text answer where a final result is required: one failed attempt.
             self._output_failures += 1
             self._output_error = "the model answered with text instead of calling " + (
@@ -707,13 +707,13 @@ class Engine:
             f"during the model call of turn {self.turns}"
             if self._model_outstanding
             else f"while the tool calls of turn {self.turns} were "
-            + ("running" if source is S.CollectingResults else "being dispatched")
+            + ("running" if source is S.COLLECTING_RESULTS else "being dispatched")
         )
 
     def _enter_Done(self, source: TurnState) -> None:
         if self.output_call is not None and self._stop_reason is None:
             self._finish(explain.output_accepted(self.output_call))
-        elif source is S.TurnBoundary:  # should_continue's stop wins the row (rule 7)
+        elif source is S.TURN_BOUNDARY:  # should_continue's stop wins the row (rule 7)
             self._finish(explain.stopped_by_hook(self._stop_reason))
         else:
             self._finish(explain.final_answer())
@@ -730,7 +730,7 @@ class Engine:
         self._finish(explain.failed(detail, reported_by_response=from_response, turn=self.turns))
 
     def _enter_Aborted(self, source: TurnState) -> None:
-        if source is S.AwaitingModel:
+        if source is S.AWAITING_MODEL:
             last = self._history[-1]  # the aborted response, before its calls' results
             detail = last.error_message if isinstance(last, AssistantMessage) else None
             self._answer_unresolved(
@@ -742,10 +742,10 @@ class Engine:
         reason = self.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
         where = {
-            S.Aborting: self._abort_context,
-            S.Ready: "before the first model call",
-            S.TurnBoundary: f"at the turn boundary after turn {self.turns}",
-            S.AwaitingUser: "while waiting for a person",
+            S.ABORTING: self._abort_context,
+            S.READY: "before the first model call",
+            S.TURN_BOUNDARY: f"at the turn boundary after turn {self.turns}",
+            S.AWAITING_USER: "while waiting for a person",
         }[source]
         self._finish(explain.aborted(where, reason, self._abandoned))
 

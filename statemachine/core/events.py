@@ -64,14 +64,14 @@ _set = object.__setattr__
 class Start:
     """Begin the run: the first model call."""
 
-    trigger: ClassVar[Trigger] = Trigger.start
+    trigger: ClassVar[Trigger] = Trigger.START
 
 
 @attrs.frozen(init=False)
 class ModelResponded:
     """The model client returned this assistant message."""
 
-    trigger: ClassVar[Trigger] = Trigger.model_responded
+    trigger: ClassVar[Trigger] = Trigger.MODEL_RESPONDED
     message: AssistantMessage = attrs.field(
         validator=attrs.validators.instance_of(AssistantMessage)
     )
@@ -86,7 +86,7 @@ class ModelResponded:
 class ModelFailed:
     """The model client raised; ``error`` is the readable text of the exception."""
 
-    trigger: ClassVar[Trigger] = Trigger.model_failed
+    trigger: ClassVar[Trigger] = Trigger.MODEL_FAILED
     error: str = attrs.field(validator=_str)
 
 
@@ -94,7 +94,7 @@ class ModelFailed:
 class ModelCancelled:
     """After an abort, the driver stopped waiting for the model call."""
 
-    trigger: ClassVar[Trigger] = Trigger.model_cancelled
+    trigger: ClassVar[Trigger] = Trigger.MODEL_CANCELLED
     reason: str = attrs.field(default="cancelled after the abort grace period", validator=_str)
 
 
@@ -102,7 +102,7 @@ class ModelCancelled:
 class ToolPermitted:
     """The permission hook allowed this call."""
 
-    trigger: ClassVar[Trigger] = Trigger.tool_permitted
+    trigger: ClassVar[Trigger] = Trigger.TOOL_PERMITTED
     call_id: str = attrs.field(validator=_str)
 
 
@@ -111,7 +111,7 @@ class ToolDenied:
     """The permission hook denied this call. An *advisory* denial lets the run go on
     (the model reads the reason); a policy denial stops it in ``AwaitingUser``."""
 
-    trigger: ClassVar[Trigger] = Trigger.tool_denied
+    trigger: ClassVar[Trigger] = Trigger.TOOL_DENIED
     call_id: str = attrs.field(validator=_str)
     reason: str = attrs.field(validator=_str)
     advisory: bool = False
@@ -121,7 +121,7 @@ class ToolDenied:
 class ToolFinished:
     """A started tool produced its output (a raise is converted to an error output)."""
 
-    trigger: ClassVar[Trigger] = Trigger.tool_finished
+    trigger: ClassVar[Trigger] = Trigger.TOOL_FINISHED
     call_id: str = attrs.field(validator=_str)
     output: ToolOutput = attrs.field(validator=attrs.validators.instance_of(ToolOutput))
 
@@ -138,7 +138,7 @@ class ToolFinished:
 class ToolCancelled:
     """After an abort, the driver stopped waiting for this tool."""
 
-    trigger: ClassVar[Trigger] = Trigger.tool_cancelled
+    trigger: ClassVar[Trigger] = Trigger.TOOL_CANCELLED
     call_id: str = attrs.field(validator=_str)
     reason: str = attrs.field(default="cancelled after the abort grace period", validator=_str)
 
@@ -147,7 +147,7 @@ class ToolCancelled:
 class AbortRequested:
     """The run's abort signal fired."""
 
-    trigger: ClassVar[Trigger] = Trigger.abort
+    trigger: ClassVar[Trigger] = Trigger.ABORT
     reason: str = attrs.field(default="aborted by the caller", validator=_str)
 
 
@@ -163,7 +163,7 @@ class InputQueued:
     """A message for the model, queued until a turn boundary (or a person's answer
     while the run waits in ``AwaitingUser``)."""
 
-    trigger: ClassVar[Trigger] = Trigger.input_queued
+    trigger: ClassVar[Trigger] = Trigger.INPUT_QUEUED
     message: UserMessage = attrs.field(validator=attrs.validators.instance_of(UserMessage))
     kind: InputKind = attrs.field(default=InputKind.STEER, converter=InputKind)
 
@@ -172,7 +172,7 @@ class InputQueued:
 class ApprovalRequired:
     """The permission hook wants a person to approve this call before it runs."""
 
-    trigger: ClassVar[Trigger] = Trigger.approval_required
+    trigger: ClassVar[Trigger] = Trigger.APPROVAL_REQUIRED
     call_id: str = attrs.field(validator=_str)
     reason: str = attrs.field(default="", validator=_str)
 
@@ -181,7 +181,7 @@ class ApprovalRequired:
 class ApprovalDecided:
     """A person approved or denied a call that was waiting for approval."""
 
-    trigger: ClassVar[Trigger] = Trigger.approval_decided
+    trigger: ClassVar[Trigger] = Trigger.APPROVAL_DECIDED
     call_id: str = attrs.field(validator=_str)
     approved: bool = attrs.field(validator=attrs.validators.instance_of(bool))
     reason: str = attrs.field(default="", validator=_str)
@@ -191,7 +191,7 @@ class ApprovalDecided:
 class ContinueDecided:
     """The should_continue hook answered at a turn boundary."""
 
-    trigger: ClassVar[Trigger] = Trigger.continue_decided
+    trigger: ClassVar[Trigger] = Trigger.CONTINUE_DECIDED
     stop: bool = attrs.field(validator=attrs.validators.instance_of(bool))
     reason: str = attrs.field(default="", validator=_str)
 

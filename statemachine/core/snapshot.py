@@ -337,7 +337,7 @@ def _check_trace(engine: Engine) -> None:
             raise SnapshotError(
                 f"snapshot.trace[{i}]: turn {r.turn}, but {turns} model call(s) came before"
             )
-        if r.dest is S.AwaitingModel and r.source is not S.AwaitingModel:
+        if r.dest is S.AWAITING_MODEL and r.source is not S.AWAITING_MODEL:
             turns += 1
         at = r.dest
     if at is not engine._state:
@@ -421,9 +421,9 @@ def _check_slots(engine: Engine) -> None:
         # approved by a person while others still wait: both are fine, so what
         # made it ready cannot be read from here. resume_run asks the policy again.
     statuses = {s.status for s in engine._batch}
-    if state is S.DispatchingTools and WAITING_PERMISSION not in statuses:
+    if state is S.DISPATCHING_TOOLS and WAITING_PERMISSION not in statuses:
         raise SnapshotError("snapshot.state: DispatchingTools, but no call waits for permission")
-    if state is S.AwaitingUser and statuses - {DONE} and WAITING_APPROVAL not in statuses:
+    if state is S.AWAITING_USER and statuses - {DONE} and WAITING_APPROVAL not in statuses:
         raise SnapshotError(
             "snapshot.batch: calls are open in AwaitingUser, but none waits for approval"
         )
@@ -445,15 +445,15 @@ def _check_flags(engine: Engine) -> None:
     state = engine._state
     # At rest, TurnBoundary always waits for should_continue; an abort there leaves
     # the (now moot) question pending in Aborted.
-    if engine._continue_pending != (state is S.TurnBoundary) and not (
-        engine._continue_pending and state is S.Aborted
+    if engine._continue_pending != (state is S.TURN_BOUNDARY) and not (
+        engine._continue_pending and state is S.ABORTED
     ):
         raise SnapshotError(
             f"snapshot.continuePending: {str(engine._continue_pending).lower()} in {state}"
         )
-    if state is S.Ready and engine._batch:
+    if state is S.READY and engine._batch:
         raise SnapshotError("snapshot.batch: not empty, but no model call was made")
-    if state is S.Ready and isinstance(engine._history[-1], AssistantMessage):
+    if state is S.READY and isinstance(engine._history[-1], AssistantMessage):
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
     if state in RETURNS_TO_CALLER and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
@@ -468,7 +468,7 @@ def _check_flags(engine: Engine) -> None:
         for m in [*engine._history, *held]
     ):
         raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
-    if engine.abort_reason is not None and state is not S.Aborted:
+    if engine.abort_reason is not None and state is not S.ABORTED:
         raise SnapshotError(f"snapshot.abortReason: set, but the run is {state}")
     if engine._denial is not None:
         slot = engine._batch.by_id[engine._denial[0].id]
@@ -519,11 +519,11 @@ _STATES: Final = {s.value: s for s in TurnState}
 _TRIGGERS: Final = {t.value: t for t in Trigger}
 _ROW_SET: Final = frozenset((r.source, r.trigger, r.dest) for r in TRANSITIONS)
 # States a run only passes through while an operation is outstanding.
-_NEVER_AT_REST: Final = frozenset({S.AwaitingModel, S.CollectingResults, S.Aborting})
+_NEVER_AT_REST: Final = frozenset({S.AWAITING_MODEL, S.COLLECTING_RESULTS, S.ABORTING})
 # The statuses a call without a result may have when the run rests in a state.
 _OPEN_STATUSES: Final = {
-    S.DispatchingTools: frozenset({WAITING_PERMISSION, WAITING_APPROVAL, READY}),
-    S.AwaitingUser: frozenset({WAITING_APPROVAL, READY}),
+    S.DISPATCHING_TOOLS: frozenset({WAITING_PERMISSION, WAITING_APPROVAL, READY}),
+    S.AWAITING_USER: frozenset({WAITING_APPROVAL, READY}),
 }
 
 

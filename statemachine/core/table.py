@@ -174,19 +174,19 @@ __all__ = [
 class TurnState(enum.StrEnum):
     """The states of a run. Values are exactly the names used in the docs."""
 
-    Ready = "Ready"
-    AwaitingModel = "AwaitingModel"
-    DispatchingTools = "DispatchingTools"
-    CollectingResults = "CollectingResults"
-    TurnBoundary = "TurnBoundary"
-    Aborting = "Aborting"
-    AwaitingUser = "AwaitingUser"
-    Done = "Done"
-    Aborted = "Aborted"
-    TurnLimitExceeded = "TurnLimitExceeded"
-    Failed = "Failed"
-    UsageLimitExceeded = "UsageLimitExceeded"
-    OutputInvalid = "OutputInvalid"
+    READY = "Ready"
+    AWAITING_MODEL = "AwaitingModel"
+    DISPATCHING_TOOLS = "DispatchingTools"
+    COLLECTING_RESULTS = "CollectingResults"
+    TURN_BOUNDARY = "TurnBoundary"
+    ABORTING = "Aborting"
+    AWAITING_USER = "AwaitingUser"
+    DONE = "Done"
+    ABORTED = "Aborted"
+    TURN_LIMIT_EXCEEDED = "TurnLimitExceeded"
+    FAILED = "Failed"
+    USAGE_LIMIT_EXCEEDED = "UsageLimitExceeded"
+    OUTPUT_INVALID = "OutputInvalid"
 
     @property
     def is_terminal(self) -> bool:
@@ -198,24 +198,24 @@ class Trigger(enum.StrEnum):
     """Everything that can move the machine. See ``TRIGGER_DOCS``."""
 
     # input triggers: caused by an event handed to Engine.handle
-    start = "start"
-    model_responded = "model_responded"
-    model_failed = "model_failed"
-    model_cancelled = "model_cancelled"
-    input_queued = "input_queued"
-    tool_permitted = "tool_permitted"
-    tool_denied = "tool_denied"
-    approval_required = "approval_required"
-    approval_decided = "approval_decided"
-    tool_finished = "tool_finished"
-    tool_cancelled = "tool_cancelled"
-    continue_decided = "continue_decided"
-    abort = "abort"
+    START = "start"
+    MODEL_RESPONDED = "model_responded"
+    MODEL_FAILED = "model_failed"
+    MODEL_CANCELLED = "model_cancelled"
+    INPUT_QUEUED = "input_queued"
+    TOOL_PERMITTED = "tool_permitted"
+    TOOL_DENIED = "tool_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_DECIDED = "approval_decided"
+    TOOL_FINISHED = "tool_finished"
+    TOOL_CANCELLED = "tool_cancelled"
+    CONTINUE_DECIDED = "continue_decided"
+    ABORT = "abort"
     # internal triggers: fired by the engine when their guard holds
-    dispatched = "dispatched"
-    results_complete = "results_complete"
-    next_turn = "next_turn"
-    settled = "settled"
+    DISPATCHED = "dispatched"
+    RESULTS_COMPLETE = "results_complete"
+    NEXT_TURN = "next_turn"
+    SETTLED = "settled"
 
 
 class Guard(enum.StrEnum):
@@ -225,22 +225,22 @@ class Guard(enum.StrEnum):
     a test checks that every guard named here has one and that no other exists.
     """
 
-    reports_error = "reports_error"
-    reports_abort = "reports_abort"
-    has_tool_calls = "has_tool_calls"
-    input_queued = "input_queued"
-    all_calls_resolved = "all_calls_resolved"
-    nothing_running = "nothing_running"
-    approvals_pending = "approvals_pending"
-    boundary_ready = "boundary_ready"
-    denied_by_policy = "denied_by_policy"
-    stop_requested = "stop_requested"
-    turn_limit_reached = "turn_limit_reached"
-    usage_limit_reached = "usage_limit_reached"
-    output_missing = "output_missing"
-    output_accepted = "output_accepted"
-    output_retries_exhausted = "output_retries_exhausted"
-    nothing_outstanding = "nothing_outstanding"
+    REPORTS_ERROR = "reports_error"
+    REPORTS_ABORT = "reports_abort"
+    HAS_TOOL_CALLS = "has_tool_calls"
+    INPUT_QUEUED = "input_queued"
+    ALL_CALLS_RESOLVED = "all_calls_resolved"
+    NOTHING_RUNNING = "nothing_running"
+    APPROVALS_PENDING = "approvals_pending"
+    BOUNDARY_READY = "boundary_ready"
+    DENIED_BY_POLICY = "denied_by_policy"
+    STOP_REQUESTED = "stop_requested"
+    TURN_LIMIT_REACHED = "turn_limit_reached"
+    USAGE_LIMIT_REACHED = "usage_limit_reached"
+    OUTPUT_MISSING = "output_missing"
+    OUTPUT_ACCEPTED = "output_accepted"
+    OUTPUT_RETRIES_EXHAUSTED = "output_retries_exhausted"
+    NOTHING_OUTSTANDING = "nothing_outstanding"
 
 
 S = TurnState
@@ -261,169 +261,169 @@ class Transition:
 
 def _queue(state: TurnState) -> Transition:
     # Input may be queued in every live state; it waits for a turn boundary.
-    return Transition(state, T.input_queued, state, None, "input queued")
+    return Transition(state, T.INPUT_QUEUED, state, None, "input queued")
 
 
 # fmt: off
 TRANSITIONS: tuple[Transition, ...] = (
     # -- starting ------------------------------------------------------------------------
-    Transition(S.Ready, T.start, S.AwaitingModel, None, "call the model"),
-    _queue(S.Ready),
-    Transition(S.Ready, T.abort, S.Aborted, None, "aborted before the first call"),
+    Transition(S.READY, T.START, S.AWAITING_MODEL, None, "call the model"),
+    _queue(S.READY),
+    Transition(S.READY, T.ABORT, S.ABORTED, None, "aborted before the first call"),
     # -- the model answered ----------------------------------------------------------------
     # Order matters: a response that reports its own failure ends the run even if it
     # carries tool calls (their arguments may be cut off); otherwise the presence of
     # tool calls, never the stop reason, decides; a final answer ends the run only
     # when no input is queued (I3) and no final result is required (rule 13).
-    Transition(S.AwaitingModel, T.model_responded, S.Failed, G.reports_error,
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.FAILED, G.REPORTS_ERROR,
                "response reports an error"),
-    Transition(S.AwaitingModel, T.model_responded, S.Aborted, G.reports_abort,
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.ABORTED, G.REPORTS_ABORT,
                "response reports an abort"),
-    Transition(S.AwaitingModel, T.model_responded, S.DispatchingTools, G.has_tool_calls,
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DISPATCHING_TOOLS, G.HAS_TOOL_CALLS,
                "response has tool calls"),
-    Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.input_queued,
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.TURN_BOUNDARY, G.INPUT_QUEUED,
                "final answer, but input is queued"),
-    Transition(S.AwaitingModel, T.model_responded, S.TurnBoundary, G.output_missing,
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.TURN_BOUNDARY, G.OUTPUT_MISSING,
                "final text, but a final result is required"),
-    Transition(S.AwaitingModel, T.model_responded, S.Done, None, "final answer"),
-    Transition(S.AwaitingModel, T.model_failed, S.Failed, None, "model call raised"),
-    _queue(S.AwaitingModel),
-    Transition(S.AwaitingModel, T.abort, S.Aborting, None, "abort during the model call"),
+    Transition(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, None, "final answer"),
+    Transition(S.AWAITING_MODEL, T.MODEL_FAILED, S.FAILED, None, "model call raised"),
+    _queue(S.AWAITING_MODEL),
+    Transition(S.AWAITING_MODEL, T.ABORT, S.ABORTING, None, "abort during the model call"),
     # -- resolving the calls: look up, validate, ask the permission hook ---------------------
-    Transition(S.DispatchingTools, T.tool_permitted, S.DispatchingTools, None,
+    Transition(S.DISPATCHING_TOOLS, T.TOOL_PERMITTED, S.DISPATCHING_TOOLS, None,
                "call permitted"),
-    Transition(S.DispatchingTools, T.tool_denied, S.DispatchingTools, None, "call denied"),
-    Transition(S.DispatchingTools, T.approval_required, S.DispatchingTools, None,
+    Transition(S.DISPATCHING_TOOLS, T.TOOL_DENIED, S.DISPATCHING_TOOLS, None, "call denied"),
+    Transition(S.DISPATCHING_TOOLS, T.APPROVAL_REQUIRED, S.DISPATCHING_TOOLS, None,
                "call needs a person's approval"),
-    _queue(S.DispatchingTools),
-    Transition(S.DispatchingTools, T.dispatched, S.CollectingResults, G.all_calls_resolved,
+    _queue(S.DISPATCHING_TOOLS),
+    Transition(S.DISPATCHING_TOOLS, T.DISPATCHED, S.COLLECTING_RESULTS, G.ALL_CALLS_RESOLVED,
                "every call resolved; start the permitted ones"),
-    Transition(S.DispatchingTools, T.abort, S.Aborting, None, "abort while dispatching"),
+    Transition(S.DISPATCHING_TOOLS, T.ABORT, S.ABORTING, None, "abort while dispatching"),
     # -- collecting results ----------------------------------------------------------------
-    Transition(S.CollectingResults, T.tool_finished, S.CollectingResults, None,
+    Transition(S.COLLECTING_RESULTS, T.TOOL_FINISHED, S.COLLECTING_RESULTS, None,
                "a tool finished; start the calls it held back"),
-    _queue(S.CollectingResults),
-    Transition(S.CollectingResults, T.results_complete, S.AwaitingUser, G.approvals_pending,
+    _queue(S.COLLECTING_RESULTS),
+    Transition(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, S.AWAITING_USER, G.APPROVALS_PENDING,
                "calls wait for approval"),
-    Transition(S.CollectingResults, T.results_complete, S.TurnBoundary, None,
+    Transition(S.COLLECTING_RESULTS, T.RESULTS_COMPLETE, S.TURN_BOUNDARY, None,
                "batch answered"),
-    Transition(S.CollectingResults, T.abort, S.Aborting, None, "abort while tools run"),
+    Transition(S.COLLECTING_RESULTS, T.ABORT, S.ABORTING, None, "abort while tools run"),
     # -- the turn boundary: queued input, the should_continue hook, limits -------------------
     # Order matters: a policy denial wins (a person must hear of it whatever else
     # holds), then a stop asked by should_continue, then a valid final result, then
     # the output retries, then the turn limit, then the usage limits (rule 7 says why).
-    Transition(S.TurnBoundary, T.continue_decided, S.TurnBoundary, None,
+    Transition(S.TURN_BOUNDARY, T.CONTINUE_DECIDED, S.TURN_BOUNDARY, None,
                "should_continue answered"),
-    _queue(S.TurnBoundary),
-    Transition(S.TurnBoundary, T.next_turn, S.AwaitingUser, G.denied_by_policy,
+    _queue(S.TURN_BOUNDARY),
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.AWAITING_USER, G.DENIED_BY_POLICY,
                "a call was denied by policy"),
-    Transition(S.TurnBoundary, T.next_turn, S.Done, G.stop_requested,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.DONE, G.STOP_REQUESTED,
                "should_continue said stop"),
-    Transition(S.TurnBoundary, T.next_turn, S.Done, G.output_accepted,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.DONE, G.OUTPUT_ACCEPTED,
                "a valid final result was given"),
-    Transition(S.TurnBoundary, T.next_turn, S.OutputInvalid, G.output_retries_exhausted,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.OUTPUT_INVALID, G.OUTPUT_RETRIES_EXHAUSTED,
                "no valid final result within the retries"),
-    Transition(S.TurnBoundary, T.next_turn, S.TurnLimitExceeded, G.turn_limit_reached,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.TURN_LIMIT_EXCEEDED, G.TURN_LIMIT_REACHED,
                "turn limit reached with work asked for"),
-    Transition(S.TurnBoundary, T.next_turn, S.UsageLimitExceeded, G.usage_limit_reached,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.USAGE_LIMIT_EXCEEDED, G.USAGE_LIMIT_REACHED,
                "usage limit reached with work asked for"),
-    Transition(S.TurnBoundary, T.next_turn, S.AwaitingModel, None,
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.AWAITING_MODEL, None,
                "inject queued input; call the model"),
-    Transition(S.TurnBoundary, T.abort, S.Aborted, None, "abort at the turn boundary"),
+    Transition(S.TURN_BOUNDARY, T.ABORT, S.ABORTED, None, "abort at the turn boundary"),
     # -- aborting: wait for every started operation to report ---------------------------------
-    Transition(S.Aborting, T.model_responded, S.Aborting, None, "the model call ended"),
-    Transition(S.Aborting, T.model_failed, S.Aborting, None, "the model call raised"),
-    Transition(S.Aborting, T.model_cancelled, S.Aborting, None,
+    Transition(S.ABORTING, T.MODEL_RESPONDED, S.ABORTING, None, "the model call ended"),
+    Transition(S.ABORTING, T.MODEL_FAILED, S.ABORTING, None, "the model call raised"),
+    Transition(S.ABORTING, T.MODEL_CANCELLED, S.ABORTING, None,
                "the model call was cancelled"),
-    Transition(S.Aborting, T.tool_finished, S.Aborting, None, "a tool finished its cleanup"),
-    Transition(S.Aborting, T.tool_cancelled, S.Aborting, None, "a tool was cancelled"),
-    _queue(S.Aborting),
-    Transition(S.Aborting, T.abort, S.Aborting, None, "abort asked again"),
-    Transition(S.Aborting, T.settled, S.Aborted, G.nothing_outstanding,
+    Transition(S.ABORTING, T.TOOL_FINISHED, S.ABORTING, None, "a tool finished its cleanup"),
+    Transition(S.ABORTING, T.TOOL_CANCELLED, S.ABORTING, None, "a tool was cancelled"),
+    _queue(S.ABORTING),
+    Transition(S.ABORTING, T.ABORT, S.ABORTING, None, "abort asked again"),
+    Transition(S.ABORTING, T.SETTLED, S.ABORTED, G.NOTHING_OUTSTANDING,
                "every started operation has reported"),
     # -- waiting for a person: approvals, or a new message ------------------------------------
-    Transition(S.AwaitingUser, T.approval_decided, S.AwaitingUser, G.approvals_pending,
+    Transition(S.AWAITING_USER, T.APPROVAL_DECIDED, S.AWAITING_USER, G.APPROVALS_PENDING,
                "a call decided; more to decide"),
-    Transition(S.AwaitingUser, T.approval_decided, S.CollectingResults, None,
+    Transition(S.AWAITING_USER, T.APPROVAL_DECIDED, S.COLLECTING_RESULTS, None,
                "every approval decided; run the approved calls"),
-    Transition(S.AwaitingUser, T.input_queued, S.TurnBoundary, None,
+    Transition(S.AWAITING_USER, T.INPUT_QUEUED, S.TURN_BOUNDARY, None,
                "a person answered with a message"),
-    Transition(S.AwaitingUser, T.abort, S.Aborted, None, "abandoned while waiting"),
+    Transition(S.AWAITING_USER, T.ABORT, S.ABORTED, None, "abandoned while waiting"),
 )
 # fmt: on
 
-INITIAL: TurnState = S.Ready
+INITIAL: TurnState = S.READY
 """Where every run starts. The first row of ``TRANSITIONS`` starts from it, because
 the diagrams read a table's start from its first row."""
 
 TERMINAL: frozenset[TurnState] = frozenset(
-    {S.Done, S.Aborted, S.TurnLimitExceeded, S.Failed, S.UsageLimitExceeded, S.OutputInvalid}
+    {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.FAILED, S.USAGE_LIMIT_EXCEEDED, S.OUTPUT_INVALID}
 )
 """States that end a run."""
 
 ABSORBING: frozenset[TurnState] = TERMINAL
 """States that accept every event and change nothing (I4)."""
 
-RETURNS_TO_CALLER: frozenset[TurnState] = TERMINAL | {S.AwaitingUser}
+RETURNS_TO_CALLER: frozenset[TurnState] = TERMINAL | {S.AWAITING_USER}
 """States in which a driver stops and returns its result."""
 
 INTERNAL_TRIGGERS: Mapping[Trigger, Guard] = {
-    T.dispatched: G.all_calls_resolved,
-    T.results_complete: G.nothing_running,
-    T.next_turn: G.boundary_ready,
-    T.settled: G.nothing_outstanding,
+    T.DISPATCHED: G.ALL_CALLS_RESOLVED,
+    T.RESULTS_COMPLETE: G.NOTHING_RUNNING,
+    T.NEXT_TURN: G.BOUNDARY_READY,
+    T.SETTLED: G.NOTHING_OUTSTANDING,
 }
 """Triggers the engine fires itself, with the guard that must hold to fire them."""
 
 INPUT_TRIGGERS: tuple[Trigger, ...] = tuple(t for t in Trigger if t not in INTERNAL_TRIGGERS)
 
 STATE_DOCS: Mapping[TurnState, str] = {
-    S.Ready: "the history is checked; nothing has been asked yet",
-    S.AwaitingModel: "a request is out to the model",
-    S.DispatchingTools: (
+    S.READY: "the history is checked; nothing has been asked yet",
+    S.AWAITING_MODEL: "a request is out to the model",
+    S.DISPATCHING_TOOLS: (
         "the assistant message is in history; its tool calls are being resolved "
         "(looked up, validated, permitted)"
     ),
-    S.CollectingResults: (
+    S.COLLECTING_RESULTS: (
         "the permitted tool calls are running (concurrently where their tools allow); "
         "results are being collected"
     ),
-    S.TurnBoundary: (
+    S.TURN_BOUNDARY: (
         "the batch is answered: queued input is injected, should_continue, the turn "
         "limit and the usage limits are checked"
     ),
-    S.Aborting: "an abort was asked; started work is finishing its cleanup",
-    S.AwaitingUser: (
+    S.ABORTING: "an abort was asked; started work is finishing its cleanup",
+    S.AWAITING_USER: (
         "stopped to wait for a person: a call was denied by policy, or calls wait for approval"
     ),
-    S.Done: "the last assistant message has no tool call and no input is queued",
-    S.Aborted: "the run was aborted; every started tool call has a result",
-    S.TurnLimitExceeded: "the turn limit was reached with work still asked for",
-    S.Failed: "the provider failed; the history ends with an error assistant message",
-    S.UsageLimitExceeded: (
+    S.DONE: "the last assistant message has no tool call and no input is queued",
+    S.ABORTED: "the run was aborted; every started tool call has a result",
+    S.TURN_LIMIT_EXCEEDED: "the turn limit was reached with work still asked for",
+    S.FAILED: "the provider failed; the history ends with an error assistant message",
+    S.USAGE_LIMIT_EXCEEDED: (
         "a usage limit (requests or tokens) was reached with work still asked for"
     ),
-    S.OutputInvalid: "the model gave no valid final result within the output retries",
+    S.OUTPUT_INVALID: "the model gave no valid final result within the output retries",
 }
 
 TRIGGER_DOCS: Mapping[Trigger, str] = {
-    T.start: "the driver starts the run",
-    T.model_responded: "the model client returned an assistant message",
-    T.model_failed: "the model client raised",
-    T.model_cancelled: "after an abort, the driver gave up waiting for the model call",
-    T.input_queued: "a steering or follow-up message was queued (or a person answered)",
-    T.tool_permitted: "the permission hook allowed a call",
-    T.tool_denied: "the permission hook denied a call",
-    T.approval_required: "the permission hook asked for a person's approval",
-    T.approval_decided: "a person approved or denied a call",
-    T.tool_finished: "a started tool returned (or raised; the driver converts it)",
-    T.tool_cancelled: "after an abort, the driver gave up waiting for a tool",
-    T.continue_decided: "the should_continue hook answered",
-    T.abort: "the run's abort signal fired",
-    T.dispatched: "internal: every call of the batch is resolved",
-    T.results_complete: "internal: no call of the batch is running any more",
-    T.next_turn: "internal: the turn boundary's checks are done",
-    T.settled: "internal: after an abort, nothing is outstanding",
+    T.START: "the driver starts the run",
+    T.MODEL_RESPONDED: "the model client returned an assistant message",
+    T.MODEL_FAILED: "the model client raised",
+    T.MODEL_CANCELLED: "after an abort, the driver gave up waiting for the model call",
+    T.INPUT_QUEUED: "a steering or follow-up message was queued (or a person answered)",
+    T.TOOL_PERMITTED: "the permission hook allowed a call",
+    T.TOOL_DENIED: "the permission hook denied a call",
+    T.APPROVAL_REQUIRED: "the permission hook asked for a person's approval",
+    T.APPROVAL_DECIDED: "a person approved or denied a call",
+    T.TOOL_FINISHED: "a started tool returned (or raised; the driver converts it)",
+    T.TOOL_CANCELLED: "after an abort, the driver gave up waiting for a tool",
+    T.CONTINUE_DECIDED: "the should_continue hook answered",
+    T.ABORT: "the run's abort signal fired",
+    T.DISPATCHED: "internal: every call of the batch is resolved",
+    T.RESULTS_COMPLETE: "internal: no call of the batch is running any more",
+    T.NEXT_TURN: "internal: the turn boundary's checks are done",
+    T.SETTLED: "internal: after an abort, nothing is outstanding",
 }
 
 RowIndex = dict[TurnState, dict[Trigger, tuple[Transition, ...]]]

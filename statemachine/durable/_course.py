@@ -76,7 +76,7 @@ async def drive(
 
     result = await run.run()
     stats: RunStats | None = result.stats
-    while result.state is TurnState.AwaitingUser and result.pending_approvals:
+    while result.state is TurnState.AWAITING_USER and result.pending_approvals:
         decisions, others = await _wait_for_decisions(
             run.control, result.pending_approvals, publishing
         )

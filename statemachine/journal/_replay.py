@@ -83,7 +83,7 @@ class ReplayResult:
     @property
     def states(self) -> tuple[TurnState, ...]:
         """The state trace: where the run started, then the state after each event."""
-        return (TurnState.Ready, *self._replayed.states)
+        return (TurnState.READY, *self._replayed.states)
 
 
 def replay(

@@ -83,7 +83,7 @@ their own repository since) build on this version of the general ones."""
 DEFAULT_MAX_CONTENT_CHARS = 65_536
 """Characters of captured content one span may hold (``capture_content=True``)."""
 
-_OK_STATES = frozenset({TurnState.Done, TurnState.AwaitingUser})
+_OK_STATES = frozenset({TurnState.DONE, TurnState.AWAITING_USER})
 # The provider names of the library's own adapters (the conventions' values).
 # The conventions' gen_ai.provider.name of each bundled adapter (its ``provider``).
 _PROVIDERS = {

@@ -213,12 +213,12 @@ class RuleChecks:
             )
         into = {f.actual for f in firings if f.actual is not f.source}
         stays = {f.actual for f in firings}
-        if any(isinstance(a, StartTool) for a in actions) and S.CollectingResults not in stays:
+        if any(isinstance(a, StartTool) for a in actions) and S.COLLECTING_RESULTS not in stays:
             self._violate(
                 "rules", f"effects: {steps} started a tool outside CollectingResults", path
             )
         if any(isinstance(a, CheckPermission) for a in actions) and (
-            S.DispatchingTools not in into
+            S.DISPATCHING_TOOLS not in into
         ):
             self._violate(
                 "rules",

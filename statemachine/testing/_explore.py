@@ -476,7 +476,7 @@ class _Search(RuleChecks):
             self._violate(v.invariant, str(v), path)
         if state in TERMINAL and pending:
             self._violate(
-                "I6" if state is S.Aborted else "I1",
+                "I6" if state is S.ABORTED else "I1",
                 f"{state.value} with calls still unanswered: {[c.id for c in pending]}",
                 path,
             )
@@ -492,17 +492,19 @@ class _Search(RuleChecks):
             self._violate("I4", f"{state.value} carries no explanation", path)
         # I3: the model's own final answer ends the run only with nothing queued and no
         # tool call (a should_continue stop may also end it Done, after tool results).
-        if state is S.Done and engine.trace and engine.trace[-1].trigger is T.model_responded:
+        if state is S.DONE and engine.trace and engine.trace[-1].trigger is T.MODEL_RESPONDED:
             last = next((m for m in reversed(history) if isinstance(m, AssistantMessage)), None)
             if last is None or last.tool_calls:
                 self._violate("I3", "Done, but the last assistant message has tool calls", path)
             if engine.queued_input():
                 self._violate("I3", "Done with input still queued", path)
-        if state is S.TurnLimitExceeded and str(engine.max_turns) not in (engine.explanation or ""):
+        if state is S.TURN_LIMIT_EXCEEDED and str(engine.max_turns) not in (
+            engine.explanation or ""
+        ):
             self._violate("I7", "the turn-limit explanation does not name the limit", path)
-        if state is S.OutputInvalid and "Last error: " not in (engine.explanation or ""):
+        if state is S.OUTPUT_INVALID and "Last error: " not in (engine.explanation or ""):
             self._violate("I4", "the OutputInvalid explanation does not name the error", path)
-        if state is S.UsageLimitExceeded:
+        if state is S.USAGE_LIMIT_EXCEEDED:
             limits = engine.usage_limits.to_dict() if engine.usage_limits else {}
             named = any(str(v) in (engine.explanation or "") for v in limits.values())
             if not limits or not named:

@@ -49,14 +49,14 @@ Holds = Callable[[Guard], bool]
 """The value of a named guard at the moment a trigger fires."""
 
 ENDS: frozenset[TurnState] = frozenset(
-    {S.Done, S.Aborted, S.TurnLimitExceeded, S.UsageLimitExceeded, S.OutputInvalid, S.Failed}
+    {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.USAGE_LIMIT_EXCEEDED, S.OUTPUT_INVALID, S.FAILED}
 )
 """Rule 11: the states that end a run and absorb every further event."""
 
 # Rule 9: where an abort finds nothing running, the run ends at once; where work is
 # out, it waits in Aborting for every started operation to report.
-_IDLE = frozenset({S.Ready, S.TurnBoundary, S.AwaitingUser})
-_WORKING = frozenset({S.AwaitingModel, S.DispatchingTools, S.CollectingResults})
+_IDLE = frozenset({S.READY, S.TURN_BOUNDARY, S.AWAITING_USER})
+_WORKING = frozenset({S.AWAITING_MODEL, S.DISPATCHING_TOOLS, S.COLLECTING_RESULTS})
 
 
 @attrs.frozen
@@ -68,149 +68,149 @@ class Expected:
 
 
 def _starting(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.Ready:
-        return Expected(S.AwaitingModel, "the run starts with a model call")
+    if source is S.READY:
+        return Expected(S.AWAITING_MODEL, "the run starts with a model call")
     return None
 
 
 def _model_responded(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.Aborting:
-        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
-    if source is not S.AwaitingModel:
+    if source is S.ABORTING:
+        return Expected(S.ABORTING, "rule 9: while aborting, a report keeps the run waiting")
+    if source is not S.AWAITING_MODEL:
         return None
     # Rule 2: a response that reports its own failure ends the run, tool calls or not.
-    if holds(G.reports_error):
-        return Expected(S.Failed, "rule 2: a response reporting an error ends the run Failed")
-    if holds(G.reports_abort):
-        return Expected(S.Aborted, "rule 2: a response reporting an abort ends the run Aborted")
+    if holds(G.REPORTS_ERROR):
+        return Expected(S.FAILED, "rule 2: a response reporting an error ends the run Failed")
+    if holds(G.REPORTS_ABORT):
+        return Expected(S.ABORTED, "rule 2: a response reporting an abort ends the run Aborted")
     # Rule 2: tool calls, never the stop reason, decide.
-    if holds(G.has_tool_calls):
-        return Expected(S.DispatchingTools, "rule 2: a response with tool calls runs them")
+    if holds(G.HAS_TOOL_CALLS):
+        return Expected(S.DISPATCHING_TOOLS, "rule 2: a response with tool calls runs them")
     # Rule 6 and I3: a final answer ends the run only with nothing queued.
-    if holds(G.input_queued):
-        return Expected(S.TurnBoundary, "rule 6: a final answer with input queued goes on")
+    if holds(G.INPUT_QUEUED):
+        return Expected(S.TURN_BOUNDARY, "rule 6: a final answer with input queued goes on")
     # Rule 13: where a final result is required, text is one failed attempt at it.
-    if holds(G.output_missing):
-        return Expected(S.TurnBoundary, "rule 13: final text where a final result is required")
-    return Expected(S.Done, "rule 6: a final answer with nothing queued ends the run Done")
+    if holds(G.OUTPUT_MISSING):
+        return Expected(S.TURN_BOUNDARY, "rule 13: final text where a final result is required")
+    return Expected(S.DONE, "rule 6: a final answer with nothing queued ends the run Done")
 
 
 def _model_failed(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.AwaitingModel:
-        return Expected(S.Failed, "rule 10: a model call that raises ends the run Failed")
-    if source is S.Aborting:
-        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
+    if source is S.AWAITING_MODEL:
+        return Expected(S.FAILED, "rule 10: a model call that raises ends the run Failed")
+    if source is S.ABORTING:
+        return Expected(S.ABORTING, "rule 9: while aborting, a report keeps the run waiting")
     return None
 
 
 def _only_while_aborting(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.Aborting:
-        return Expected(S.Aborting, "rule 9: while aborting, a report keeps the run waiting")
+    if source is S.ABORTING:
+        return Expected(S.ABORTING, "rule 9: while aborting, a report keeps the run waiting")
     return None
 
 
 def _input_queued(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.AwaitingUser:
-        return Expected(S.TurnBoundary, "rule 8: a person's message goes to the turn boundary")
+    if source is S.AWAITING_USER:
+        return Expected(S.TURN_BOUNDARY, "rule 8: a person's message goes to the turn boundary")
     if source in ENDS:
         return None
     return Expected(source, "rule 6: input queued in a live state waits for a turn boundary")
 
 
 def _resolving(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.DispatchingTools:
-        return Expected(S.DispatchingTools, "rule 3: a permission answer resolves one call")
+    if source is S.DISPATCHING_TOOLS:
+        return Expected(S.DISPATCHING_TOOLS, "rule 3: a permission answer resolves one call")
     return None
 
 
 def _approval_decided(source: TurnState, holds: Holds) -> Expected | None:
-    if source is not S.AwaitingUser:
+    if source is not S.AWAITING_USER:
         return None
-    if holds(G.approvals_pending):
-        return Expected(S.AwaitingUser, "rule 8: approvals are decided one by one")
-    return Expected(S.CollectingResults, "rule 8: once all are decided the approved ones run")
+    if holds(G.APPROVALS_PENDING):
+        return Expected(S.AWAITING_USER, "rule 8: approvals are decided one by one")
+    return Expected(S.COLLECTING_RESULTS, "rule 8: once all are decided the approved ones run")
 
 
 def _tool_finished(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.CollectingResults:
-        return Expected(S.CollectingResults, "rule 3: a started call's result arrives")
+    if source is S.COLLECTING_RESULTS:
+        return Expected(S.COLLECTING_RESULTS, "rule 3: a started call's result arrives")
     return _only_while_aborting(source, holds)
 
 
 def _continue_decided(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.TurnBoundary:
-        return Expected(S.TurnBoundary, "rule 7: should_continue is asked first")
+    if source is S.TURN_BOUNDARY:
+        return Expected(S.TURN_BOUNDARY, "rule 7: should_continue is asked first")
     return None
 
 
 def _abort(source: TurnState, holds: Holds) -> Expected | None:
     if source in _IDLE:
-        return Expected(S.Aborted, "rule 9: with nothing running an abort ends the run at once")
-    if source in _WORKING or source is S.Aborting:
-        return Expected(S.Aborting, "rule 9: with work out, an abort waits for it to report")
+        return Expected(S.ABORTED, "rule 9: with nothing running an abort ends the run at once")
+    if source in _WORKING or source is S.ABORTING:
+        return Expected(S.ABORTING, "rule 9: with work out, an abort waits for it to report")
     return None
 
 
 def _dispatched(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.DispatchingTools:
-        return Expected(S.CollectingResults, "rule 3: once every call is resolved, they run")
+    if source is S.DISPATCHING_TOOLS:
+        return Expected(S.COLLECTING_RESULTS, "rule 3: once every call is resolved, they run")
     return None
 
 
 def _results_complete(source: TurnState, holds: Holds) -> Expected | None:
-    if source is not S.CollectingResults:
+    if source is not S.COLLECTING_RESULTS:
         return None
-    if holds(G.approvals_pending):
-        return Expected(S.AwaitingUser, "rule 8: calls waiting for approval suspend the run")
-    return Expected(S.TurnBoundary, "rule 7: a fully answered batch reaches the turn boundary")
+    if holds(G.APPROVALS_PENDING):
+        return Expected(S.AWAITING_USER, "rule 8: calls waiting for approval suspend the run")
+    return Expected(S.TURN_BOUNDARY, "rule 7: a fully answered batch reaches the turn boundary")
 
 
 def _next_turn(source: TurnState, holds: Holds) -> Expected | None:
-    if source is not S.TurnBoundary:
+    if source is not S.TURN_BOUNDARY:
         return None
     # Rule 7, in its stated order: a denial, a stop, a final result, the output retries,
     # the turn limit, the usage limits, else the next call.
-    if holds(G.denied_by_policy):
-        return Expected(S.AwaitingUser, "rule 7: a policy denial wins; a person must hear of it")
-    if holds(G.stop_requested):
-        return Expected(S.Done, "rule 7: should_continue asked to stop")
-    if holds(G.output_accepted):
-        return Expected(S.Done, "rule 7: a valid final result ends the run; no call is needed")
-    if holds(G.output_retries_exhausted):
-        return Expected(S.OutputInvalid, "rule 7: the output retries are spent (rule 13)")
-    if holds(G.turn_limit_reached):
-        return Expected(S.TurnLimitExceeded, "rule 7: the turn limit forbids another call (I7)")
-    if holds(G.usage_limit_reached):
+    if holds(G.DENIED_BY_POLICY):
+        return Expected(S.AWAITING_USER, "rule 7: a policy denial wins; a person must hear of it")
+    if holds(G.STOP_REQUESTED):
+        return Expected(S.DONE, "rule 7: should_continue asked to stop")
+    if holds(G.OUTPUT_ACCEPTED):
+        return Expected(S.DONE, "rule 7: a valid final result ends the run; no call is needed")
+    if holds(G.OUTPUT_RETRIES_EXHAUSTED):
+        return Expected(S.OUTPUT_INVALID, "rule 7: the output retries are spent (rule 13)")
+    if holds(G.TURN_LIMIT_REACHED):
+        return Expected(S.TURN_LIMIT_EXCEEDED, "rule 7: the turn limit forbids another call (I7)")
+    if holds(G.USAGE_LIMIT_REACHED):
         return Expected(
-            S.UsageLimitExceeded, "rule 7: a reached usage limit forbids another call (I7)"
+            S.USAGE_LIMIT_EXCEEDED, "rule 7: a reached usage limit forbids another call (I7)"
         )
-    return Expected(S.AwaitingModel, "rule 7: otherwise the model is called again")
+    return Expected(S.AWAITING_MODEL, "rule 7: otherwise the model is called again")
 
 
 def _settled(source: TurnState, holds: Holds) -> Expected | None:
-    if source is S.Aborting:
-        return Expected(S.Aborted, "rule 9: with nothing outstanding the run is Aborted")
+    if source is S.ABORTING:
+        return Expected(S.ABORTED, "rule 9: with nothing outstanding the run is Aborted")
     return None
 
 
 _BY_TRIGGER: dict[Trigger, Callable[[TurnState, Holds], Expected | None]] = {
-    T.start: _starting,
-    T.model_responded: _model_responded,
-    T.model_failed: _model_failed,
-    T.model_cancelled: _only_while_aborting,
-    T.input_queued: _input_queued,
-    T.tool_permitted: _resolving,
-    T.tool_denied: _resolving,
-    T.approval_required: _resolving,
-    T.approval_decided: _approval_decided,
-    T.tool_finished: _tool_finished,
-    T.tool_cancelled: _only_while_aborting,
-    T.continue_decided: _continue_decided,
-    T.abort: _abort,
-    T.dispatched: _dispatched,
-    T.results_complete: _results_complete,
-    T.next_turn: _next_turn,
-    T.settled: _settled,
+    T.START: _starting,
+    T.MODEL_RESPONDED: _model_responded,
+    T.MODEL_FAILED: _model_failed,
+    T.MODEL_CANCELLED: _only_while_aborting,
+    T.INPUT_QUEUED: _input_queued,
+    T.TOOL_PERMITTED: _resolving,
+    T.TOOL_DENIED: _resolving,
+    T.APPROVAL_REQUIRED: _resolving,
+    T.APPROVAL_DECIDED: _approval_decided,
+    T.TOOL_FINISHED: _tool_finished,
+    T.TOOL_CANCELLED: _only_while_aborting,
+    T.CONTINUE_DECIDED: _continue_decided,
+    T.ABORT: _abort,
+    T.DISPATCHED: _dispatched,
+    T.RESULTS_COMPLETE: _results_complete,
+    T.NEXT_TURN: _next_turn,
+    T.SETTLED: _settled,
 }
 
 
@@ -236,10 +236,10 @@ def accepts(state: TurnState, trigger: Trigger) -> bool:
 # The theory of operation: each internal trigger fires as soon as its guard holds, so
 # that a state means exactly what it says.
 _DUE: dict[TurnState, tuple[Trigger, Guard]] = {
-    S.DispatchingTools: (T.dispatched, G.all_calls_resolved),
-    S.CollectingResults: (T.results_complete, G.nothing_running),
-    S.TurnBoundary: (T.next_turn, G.boundary_ready),
-    S.Aborting: (T.settled, G.nothing_outstanding),
+    S.DISPATCHING_TOOLS: (T.DISPATCHED, G.ALL_CALLS_RESOLVED),
+    S.COLLECTING_RESULTS: (T.RESULTS_COMPLETE, G.NOTHING_RUNNING),
+    S.TURN_BOUNDARY: (T.NEXT_TURN, G.BOUNDARY_READY),
+    S.ABORTING: (T.SETTLED, G.NOTHING_OUTSTANDING),
 }
 
 
@@ -263,12 +263,12 @@ def entry_actions(
     out: collections.Counter[type] = collections.Counter()
     if dest is source:
         return out
-    if dest is S.AwaitingModel:
+    if dest is S.AWAITING_MODEL:
         out[CallModel] += 1
-    elif dest is S.Aborting:
+    elif dest is S.ABORTING:
         out[CancelOperations] += 1
-    elif dest is S.TurnBoundary and check_continue:
+    elif dest is S.TURN_BOUNDARY and check_continue:
         out[CheckContinue] += 1
-    if dest in ENDS or dest is S.AwaitingUser:
+    if dest in ENDS or dest is S.AWAITING_USER:
         out[RunEnded] += 1
     return out

@@ -220,24 +220,24 @@ def _responses_for(turn: int, bounds: Bounds) -> tuple[Event, ...]:
 
 
 EVENT_SOURCES: dict[Trigger, EventSource] = {
-    T.start: lambda e, b: [Start()],
-    T.model_responded: lambda e, b: _responses_for(e.turns, b),
-    T.model_failed: lambda e, b: [ModelFailed("HTTP 500 from the provider")],
-    T.model_cancelled: lambda e, b: [ModelCancelled()],
-    T.tool_permitted: lambda e, b: [ToolPermitted(i) for i in _call_ids(e)],
-    T.tool_denied: lambda e, b: [
+    T.START: lambda e, b: [Start()],
+    T.MODEL_RESPONDED: lambda e, b: _responses_for(e.turns, b),
+    T.MODEL_FAILED: lambda e, b: [ModelFailed("HTTP 500 from the provider")],
+    T.MODEL_CANCELLED: lambda e, b: [ModelCancelled()],
+    T.TOOL_PERMITTED: lambda e, b: [ToolPermitted(i) for i in _call_ids(e)],
+    T.TOOL_DENIED: lambda e, b: [
         d
         for i in _call_ids(e)
         for d in (ToolDenied(i, "policy forbids it"), ToolDenied(i, "try another", True))
     ],
-    T.tool_finished: lambda e, b: [
+    T.TOOL_FINISHED: lambda e, b: [
         ToolFinished(i, out) for i in _call_ids(e) for out in (OK_OUTPUT, ERROR_OUTPUT)
     ],
-    T.tool_cancelled: lambda e, b: [ToolCancelled(i) for i in _call_ids(e)],
-    T.abort: lambda e, b: [AbortRequested("the user pressed stop")],
+    T.TOOL_CANCELLED: lambda e, b: [ToolCancelled(i) for i in _call_ids(e)],
+    T.ABORT: lambda e, b: [AbortRequested("the user pressed stop")],
     # Bounded by the queue's length, not by a count per path: once the queue is
     # injected the run is where it would have been without it, and merges with it.
-    T.input_queued: lambda e, b: (
+    T.INPUT_QUEUED: lambda e, b: (
         [
             InputQueued(UserMessage("also run the tests"), InputKind.STEER),
             InputQueued(UserMessage("then summarise"), InputKind.FOLLOW_UP),
@@ -245,17 +245,17 @@ EVENT_SOURCES: dict[Trigger, EventSource] = {
         if len(e.queued_input()) < b.queued
         else []
     ),
-    T.approval_required: lambda e, b: [ApprovalRequired(i, "needs sign-off") for i in _call_ids(e)],
-    T.approval_decided: lambda e, b: [
+    T.APPROVAL_REQUIRED: lambda e, b: [ApprovalRequired(i, "needs sign-off") for i in _call_ids(e)],
+    T.APPROVAL_DECIDED: lambda e, b: [
         d for i in _call_ids(e) for d in (ApprovalDecided(i, True), ApprovalDecided(i, False, "no"))
     ],
-    T.continue_decided: lambda e, b: [ContinueDecided(False), ContinueDecided(True, "enough")],
+    T.CONTINUE_DECIDED: lambda e, b: [ContinueDecided(False), ContinueDecided(True, "enough")],
 }
 """Candidate events per input trigger, given the engine as it stands."""
 
 # Triggers whose acceptance does not depend on the payload: one refusal stands for all
 # candidates (it saves offering 200 model responses where no model call is out).
-_UNIFORM: frozenset[Trigger] = frozenset({T.model_responded, T.model_failed, T.model_cancelled})
+_UNIFORM: frozenset[Trigger] = frozenset({T.MODEL_RESPONDED, T.MODEL_FAILED, T.MODEL_CANCELLED})
 
 
 @attrs.frozen

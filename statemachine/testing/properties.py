@@ -84,23 +84,23 @@ def expected_run(scenario: Scenario) -> Expectation:
     """How many model calls a correct loop makes, and the state it ends in."""
     abort = scenario.abort
     if abort.kind is AbortKind.BEFORE_START:
-        return Expectation(0, TurnState.Aborted, True, "the signal was aborted before the start")
+        return Expectation(0, TurnState.ABORTED, True, "the signal was aborted before the start")
     n = 0
     while True:
         n += 1
         turn = scenario.turn(n)
         if abort.kind is AbortKind.MODEL_CALL and abort.turn == n:
-            return Expectation(n, TurnState.Aborted, True, f"the abort fired during model call {n}")
+            return Expectation(n, TurnState.ABORTED, True, f"the abort fired during model call {n}")
         if turn is None:
-            return Expectation(n, TurnState.Done, False, f"model call {n} answered without tools")
+            return Expectation(n, TurnState.DONE, False, f"model call {n} answered without tools")
         if turn.raises:
-            return Expectation(n, TurnState.Failed, False, f"model call {n} raised")
+            return Expectation(n, TurnState.FAILED, False, f"model call {n} raised")
         if turn.stop_reason is StopReason.ERROR:
-            return Expectation(n, TurnState.Failed, False, f"model call {n} reported an error")
+            return Expectation(n, TurnState.FAILED, False, f"model call {n} reported an error")
         if turn.stop_reason is StopReason.ABORTED:
-            return Expectation(n, TurnState.Aborted, False, f"model call {n} reported an abort")
+            return Expectation(n, TurnState.ABORTED, False, f"model call {n} reported an abort")
         if not turn.calls:
-            return Expectation(n, TurnState.Done, False, f"model call {n} answered without tools")
+            return Expectation(n, TurnState.DONE, False, f"model call {n} answered without tools")
         if (
             abort.kind is AbortKind.TOOL_START
             and abort.turn == n
@@ -109,14 +109,14 @@ def expected_run(scenario: Scenario) -> Expectation:
         ):
             return Expectation(
                 n,
-                TurnState.Aborted,
+                TurnState.ABORTED,
                 True,
                 f"the abort fired when tool call {call_key(n, abort.call)} started",
             )
         if n >= scenario.max_turns:
             return Expectation(
                 n,
-                TurnState.TurnLimitExceeded,
+                TurnState.TURN_LIMIT_EXCEEDED,
                 False,
                 f"model call {n} asked for work at the limit max_turns={scenario.max_turns}",
             )
@@ -257,14 +257,14 @@ def _stopping_findings(record: RunRecord, transcript: Sequence[Message]) -> list
     elif (
         record.model_calls > expected.model_calls
         and not record.abort_fired
-        and expected.state is not TurnState.TurnLimitExceeded
+        and expected.state is not TurnState.TURN_LIMIT_EXCEEDED
     ):
         out.append(
             f"the loop called the model {record.model_calls} times; it should have stopped "
             f"after {expected.model_calls} ({expected.reason})"
         )
     result = record.result
-    if result is not None and result.state is TurnState.Done:
+    if result is not None and result.state is TurnState.DONE:
         last_assistant = next(
             (m for m in reversed(transcript) if isinstance(m, AssistantMessage)), None
         )
@@ -301,7 +301,7 @@ def check_terminal(record: RunRecord) -> list[str]:
         out.append(f"the run returned in {result.state}, which is not terminal")
     if not isinstance(result.explanation, str) or not result.explanation.strip():
         out.append(f"the run ended {result.state} without an explanation")
-    if (result.error is None) != (result.state is TurnState.Done):
+    if (result.error is None) != (result.state is TurnState.DONE):
         out.append(
             f"the run ended {result.state} with error={result.error!r}: only Done has no error"
         )
@@ -352,7 +352,7 @@ def check_abort(record: RunRecord) -> list[str]:
     for key, result in answered.items():
         if key not in executed and result is not None and not result.is_error:
             out.append(f"tool call {key} never started but its result is not an error")
-    if record.result is not None and record.result.state is not TurnState.Aborted:
+    if record.result is not None and record.result.state is not TurnState.ABORTED:
         out.append(f"the run was aborted but ended {record.result.state}")
     return out
 
@@ -366,8 +366,8 @@ def check_limits(record: RunRecord) -> list[str]:
         out.append(f"the loop made {record.model_calls} model calls with max_turns={limit}")
     expected = expected_run(record.scenario)
     result = record.result
-    if result is not None and expected.state is TurnState.TurnLimitExceeded:
-        if result.state is not TurnState.TurnLimitExceeded:
+    if result is not None and expected.state is TurnState.TURN_LIMIT_EXCEEDED:
+        if result.state is not TurnState.TURN_LIMIT_EXCEEDED:
             out.append(
                 f"the limit max_turns={limit} was reached with work asked for, but the run "
                 f"ended {result.state}"

@@ -387,7 +387,7 @@ class _Loader:
         r = self.r
         expect = r.table(self.top.get("expect", {}), "expect", _EXPECT)
         state = r.get(expect, "state", str, "expect")
-        if state is None or state not in TurnState.__members__:
+        if state is None or state not in {s.value for s in TurnState}:
             raise r.fail("expect.state", f"name the final state, one of {', '.join(TurnState)}")
 
         def lines(key: str) -> tuple[Any, ...] | None:
@@ -467,7 +467,7 @@ class SpecOutcome:
 
 def _state_trace(result: RunResult) -> list[str]:
     if not result.trace:
-        return [TurnState.Ready.value]
+        return [TurnState.READY.value]
     states = [result.trace[0].source.value]
     for record in result.trace:
         if record.dest.value != states[-1]:
