@@ -290,3 +290,33 @@ def test_a_failure_in_the_tracers_own_work_never_changes_the_run(
     # the tool ran untraced, so the next call tried to record it as unexecuted
     assert failures == {"start execute_tool", "start chat", "end chat"}
     assert "invoke_agent tester" in {s.name for s in exporter.get_finished_spans()}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("with_options", [False, True])
+def test_a_client_whose_complete_is_not_async_is_refused_with_a_usage_error(
+    with_options: bool,
+) -> None:
+    done = sm.AssistantMessage([sm.TextContent("done")])
+
+    class SyncClient:
+        model = "sync-1"
+
+        def complete(self, *args: Any, **kwargs: Any) -> Any:
+            return done
+
+    class SyncClientWithOptions(SyncClient):
+        def complete(self, *args: Any, options: Any = None) -> Any:
+            return done
+
+    client = SyncClientWithOptions() if with_options else SyncClient()
+    untraced = asyncio.run(sm.run_agent(model=client, messages=[sm.UserMessage("go")]))
+    tracer, exporter = _exported()
+    traced = asyncio.run(tracer.run_agent(model=client, messages=[sm.UserMessage("go")]))
+    assert traced.state is sm.TurnState.FAILED
+    assert (traced.state, traced.explanation) == (untraced.state, untraced.explanation)
+    assert "complete must be an async def" in traced.explanation
+    assert traced.error is not None
+    assert isinstance(traced.error.__cause__, sm.UsageError)
+    chat = next(s for s in exporter.get_finished_spans() if s.name == "chat sync-1")
+    assert dict(chat.attributes or {})["error.type"] == "UsageError"

@@ -30,7 +30,7 @@ from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InstructionsError, InvalidInputError, UsageError
 
-__all__ = ["Instructions", "InstructionsError", "RunModel", "check_instructions"]
+__all__ = ["Instructions", "InstructionsError", "RunModel", "answer_of", "check_instructions"]
 
 Instructions: TypeAlias = str | Callable[..., Any]
 """A system prompt: a string, or a function called at each model call with the run's
@@ -89,17 +89,7 @@ class RunModel:
         )
 
     async def _answer(self, pending: object) -> AssistantMessage:
-        """What the client's ``complete`` returned, awaited; a ``UsageError`` (which
-        fails the call) when it cannot be: a ``complete`` that is not ``async def``."""
-        if not inspect.isawaitable(pending):
-            kind = type(pending).__name__
-            article = "an" if kind[:1].lower() in "aeiou" else "a"
-            raise UsageError(
-                f"the model client {type(self.client).__name__}'s complete() returned "
-                f"{article} {kind} instead of an awaitable: complete must be an async def "
-                "(async def complete(self, messages, tools, signal) -> AssistantMessage)"
-            )
-        return cast(AssistantMessage, await pending)
+        return await answer_of(self.client, pending)
 
     async def instructions(self) -> str | None:
         """The instructions of this call (``InstructionsError`` if the function fails)."""
@@ -120,6 +110,20 @@ class RunModel:
                 f"the instructions function returned a {type(value).__name__}, not a str"
             )
         return value or None
+
+
+async def answer_of(client: object, pending: object) -> AssistantMessage:
+    """What ``client.complete`` returned (``pending``), awaited; a ``UsageError`` (which
+    fails the call) when it cannot be: a ``complete`` that is not ``async def``."""
+    if not inspect.isawaitable(pending):
+        kind = type(pending).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise UsageError(
+            f"the model client {type(client).__name__}'s complete() returned "
+            f"{article} {kind} instead of an awaitable: complete must be an async def "
+            "(async def complete(self, messages, tools, signal) -> AssistantMessage)"
+        )
+    return cast(AssistantMessage, await pending)
 
 
 def _takes_an_argument(fn: Callable[..., Any]) -> bool:

@@ -14,6 +14,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from statemachine.agent.executor import current_tool_call
 from statemachine.agent.model import CallOptions, ModelClient, takes_options
+from statemachine.agent.model_call import answer_of
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
@@ -208,10 +209,13 @@ class TracedModel:
         signal: AbortSignal,
         options: CallOptions | None,
     ) -> AssistantMessage:
+        # A complete that is not async def is refused with the UsageError an untraced
+        # run gives (not a TypeError about await), and the chat span records it.
         if options is None or not self._with_options:
-            return await self._client.complete(messages, tools, signal)
-        return await self._client.complete(  # type: ignore[call-arg]
-            messages, tools, signal, options=options
+            return await answer_of(self._client, self._client.complete(messages, tools, signal))
+        return await answer_of(
+            self._client,
+            self._client.complete(messages, tools, signal, options=options),  # type: ignore[call-arg]
         )
 
     async def complete(
