@@ -205,6 +205,22 @@ class OursTraced(Ours):
         )
 
 
+class OursAgent(Ours):
+    """``statemachine.Agent.run``: the same run through an ``Agent``. The scripted
+    client is one per run, so the agent is made in each run's timing too (once per
+    run, not per turn: negligible per turn at N = 1,000)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "statemachine Agent.run"
+
+    async def execute(self, script: Script) -> object:
+        agent = sm.Agent(
+            _scripted_client(script), tools=[_sm_echo], max_turns=script.n, logger=self.logger
+        )
+        return await agent.run("go")
+
+
 class BareTyped:
     """The same teaching loop on our own types: the scripted ``ModelClient``, the
     ``@tool``-built ``Tool`` and frozen attrs messages, with none of the engine.
@@ -471,6 +487,7 @@ CONTENDERS: tuple[tuple[str, Callable[[], Contender]], ...] = (
     (BareTyped.name, BareTyped),
     (Bare.name, Bare),
     ("statemachine run_agent", Ours),
+    ("statemachine Agent.run", OursAgent),
     (PydanticAI.name, PydanticAI),
     (OpenAIAgents.name, OpenAIAgents),
     (LangGraph.name, LangGraph),

@@ -356,6 +356,14 @@ def targets(cells: list[Cell], bare: dict[int, float], dicts: dict[int, float]) 
         # the core its readability (compiled dispatch, packed records, asyncio internals).
         ratio = ours[1_000].median_us / dicts[1_000]
         lines.append(f"- against the bare loop on dicts at N = 1,000: {ratio:.1f}x (no target)")
+    agent = {c.n: c for c in cells if c.contender == "statemachine Agent.run" and c.run_s}
+    if 1_000 in ours and 1_000 in agent:
+        wall = agent[1_000].median_us / ours[1_000].median_us
+        cpu = agent[1_000].cpu_median_us / ours[1_000].cpu_median_us
+        lines.append(
+            f"- Agent.run against run_agent at N = 1,000: {wall:.2f}x "
+            f"(CPU time {cpu:.2f}x; no target, one code path)"
+        )
     for label, contender in (("our types", CONTENDERS[0][0]), ("dicts", CONTENDERS[1][0])):
         base = {c.n: c for c in cells if c.contender == contender and c.run_s}
         if 1_000 in ours and 1_000 in base:

@@ -24,7 +24,12 @@ PEER_MODULES = {
     "OpenAI Agents SDK (custom Model)": "agents",
     "LangGraph (create_react_agent)": "langgraph",
 }
-OURS = ("bare async loop (our types)", "bare async loop (dicts)", "statemachine run_agent")
+OURS = (
+    "bare async loop (our types)",
+    "bare async loop (dicts)",
+    "statemachine run_agent",
+    "statemachine Agent.run",
+)
 
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
