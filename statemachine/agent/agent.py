@@ -45,7 +45,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import compile_output
+from statemachine.agent.output import OutputMode, compile_output, output_json
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
@@ -57,14 +57,8 @@ from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.limits import UsageLimits, check_usage_limits
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    ToolResultMessage,
-    UserMessage,
-    thaw_json,
-)
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OUTPUT_ACCEPTED, OUTPUT_TOOL
+from statemachine.core.messages import Message, UserMessage
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
@@ -86,7 +80,8 @@ class Agent(Generic[OutputT]):
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
     keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
     ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
-    ``output_type``, ``output_retries`` and ``usage_limits`` are checked here, as
+    ``output_type``, ``output_retries``, ``output_mode`` and ``usage_limits`` are
+    checked here, as
     ``run_agent`` checks them (``InvalidInputError`` naming the argument), and given to
     every run and every resume of the agent.
     """
@@ -109,6 +104,7 @@ class Agent(Generic[OutputT]):
         deps_type: type | None = None,
         output_type: type[OutputT] | Mapping[str, Any] | None = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        output_mode: OutputMode = "auto",
         usage_limits: UsageLimits | None = None,
     ) -> None:
         check_tools(tools)
@@ -116,10 +112,10 @@ class Agent(Generic[OutputT]):
         check_usage_limits(usage_limits)
         # Built here only to refuse a bad type or retry count now (the retries are read,
         # as by run_agent, only with an output type); each run builds its own.
-        compile_output(output_type, output_retries)
+        self.model = resolve_model(model)
+        compile_output(output_type, output_retries, output_mode, self.model)
         if model_settings is not None and not isinstance(model_settings, ModelSettings):
             raise InvalidInputError("model_settings must be a ModelSettings")
-        self.model = resolve_model(model)
         self.name = name
         self.tools = tuple(tools)
         self.instructions = instructions
@@ -136,6 +132,7 @@ class Agent(Generic[OutputT]):
         self.deps_type = deps_type
         self.output_type = output_type
         self.output_retries = output_retries
+        self.output_mode = output_mode
         self.usage_limits = usage_limits
 
     def __repr__(self) -> str:
@@ -174,7 +171,9 @@ class Agent(Generic[OutputT]):
         if prompt is not None:
             messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
         options = self._shared(deps, model_settings)
-        options.update(messages=messages, max_turns=self.max_turns, signal=signal)
+        options.update(
+            messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
+        )
         return options, len(message_history)
 
     # -- run --------------------------------------------------------------------------------
@@ -333,7 +332,7 @@ def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
     type, else its final text."""
     if result.state is TurnState.DONE:
         if typed:
-            return ToolOutput(json.dumps(_accepted_arguments(result.messages)))
+            return ToolOutput(json.dumps(output_json(result.messages)))
         return ToolOutput(result.final_text)
     if result.state is TurnState.AWAITING_USER:
         calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
@@ -345,25 +344,6 @@ def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
     return ToolOutput(
         f"the {name} agent ended {result.state.value}: {result.explanation}", is_error=True
     )
-
-
-def _accepted_arguments(messages: Sequence[Message]) -> Any:
-    """The arguments of the ``final_result`` call a run accepted as its output (the
-    validated JSON object its typed output was made from)."""
-    accepted = {
-        m.tool_call_id
-        for m in messages
-        if isinstance(m, ToolResultMessage)
-        and m.tool_name == OUTPUT_TOOL
-        and not m.is_error
-        and m.text == OUTPUT_ACCEPTED
-    }
-    for message in reversed(messages):
-        if isinstance(message, AssistantMessage):
-            for call in message.tool_calls:
-                if call.name == OUTPUT_TOOL and call.id in accepted:
-                    return thaw_json(call.arguments)
-    return None
 
 
 class StreamedRun(Generic[OutputT]):

@@ -27,7 +27,7 @@ of ``ModelSettings`` field names); a setting outside it is refused the same way.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
@@ -131,12 +131,17 @@ class CallOptions:
     ``on_tool_call_delta`` (``(index, call_id, name, arguments_fragment)``): called
     with each streamed fragment as it arrives, by a client that streams, on the event
     loop's thread (they hand run events to the run's subscribers).
+    ``output_schema``: the JSON Schema (an object) the final answer's text must match,
+    sent in the provider's own JSON-schema output mode; given only to a client that
+    declares ``native_output = True`` (``statemachine.agent.output``), ``None`` for
+    none.
     """
 
     instructions: str | None = None
     settings: ModelSettings = attrs.field(factory=ModelSettings)
     on_text: Callable[[str], None] | None = None
     on_tool_call_delta: Callable[[int, str, str, str], None] | None = None
+    output_schema: Mapping[str, Any] | None = None
 
 
 def takes_options(model: object) -> bool:

@@ -3,7 +3,8 @@
 ``RunModel`` stands between the executor and the user's ``ModelClient``: at each
 model call it works out the instructions (a string, or a function of the
 ``RunContext`` called then), and hands the client one ``CallOptions`` with them, the
-run's ``ModelSettings`` and the listeners that turn streamed fragments into run
+run's ``ModelSettings``, the output's JSON Schema in native mode
+(``statemachine.agent.output``) and the listeners that turn streamed fragments into run
 events. A client that does not declare ``options`` is called as before
 (``statemachine.agent.model`` says why, and what is refused up front). A ``complete``
 that is not ``async def`` (it returns the message itself, not an awaitable) fails the
@@ -17,16 +18,18 @@ is the cause of ``RunResult.error``), never a crash of the driver.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
 import attrs
 
 from statemachine.agent.context import RunContext
 from statemachine.agent.model import CallOptions, ModelClient, ModelSettings, takes_options
+from statemachine.agent.output import supports_native_output
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message
+from statemachine.core.output import OutputSpec
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InstructionsError, InvalidInputError, UsageError
 
@@ -59,6 +62,7 @@ class RunModel:
         settings: ModelSettings,
         stream: EventStream,
         context: Callable[[], RunContext[Any]],
+        output: OutputSpec | None = None,
     ) -> None:
         self.client = client
         self._instructions = instructions
@@ -71,6 +75,7 @@ class RunModel:
             settings=settings,
             on_text=stream.text_delta,
             on_tool_call_delta=stream.tool_call_delta,
+            output_schema=_native_schema(client, output),
         )
         # The same options for every call, unless a function gives the instructions.
         self._fixed = None if callable(instructions) else self._base
@@ -110,6 +115,19 @@ class RunModel:
                 f"the instructions function returned a {type(value).__name__}, not a str"
             )
         return value or None
+
+
+def _native_schema(client: ModelClient, output: OutputSpec | None) -> Mapping[str, Any] | None:
+    """The schema a native-mode output sends (``None`` in tool mode); a ``UsageError``
+    for a client without a JSON-schema output mode (a run resumed with another)."""
+    if output is None or not output.native:
+        return None
+    if not supports_native_output(client):
+        raise UsageError(
+            f"the run gives its output natively (output_mode), but the model client "
+            f"{type(client).__name__} has no JSON-schema output mode"
+        )
+    return output.definition.schema_dict()
 
 
 async def answer_of(client: object, pending: object) -> AssistantMessage:

@@ -29,6 +29,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from statemachine.agent.calls import call_hook, describe
 from statemachine.agent.context import reset_run_context, run_context
 from statemachine.agent.events import OutputT, RunResult, RunStats
@@ -128,9 +130,12 @@ def resume_run(
 
 
 def _output_spec(engine: Engine, output_type: object, output_retries: int) -> OutputSpec | None:
-    """The final-result tool of the resumed run: the snapshot's, or ``output_type``'s."""
+    """The output of the resumed run: the snapshot's, or ``output_type``'s (given in
+    the snapshot's mode, tool or native)."""
     output = compile_output(output_type, output_retries)
-    return engine.output if output is None else output.spec
+    if output is None:
+        return engine.output
+    return attrs.evolve(output.spec, native=engine.output is not None and engine.output.native)
 
 
 def _may_run(

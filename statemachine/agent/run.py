@@ -39,7 +39,7 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop, Executor, Inbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
-from statemachine.agent.output import Output, compile_output
+from statemachine.agent.output import Output, OutputMode, compile_output
 from statemachine.agent.stream import EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
@@ -130,6 +130,7 @@ class AgentRun(Generic[OutputT]):
         usage_limits: UsageLimits | None = None,
         output_type: type[OutputT] | Mapping[str, Any] | None = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
+        output_mode: OutputMode = "auto",
         signal: AbortSignal | None = None,
         before_tool_call: BeforeToolCall | None = None,
         after_tool_call: AfterToolCall | None = None,
@@ -145,11 +146,10 @@ class AgentRun(Generic[OutputT]):
         previous_stats: RunStats | None = None,
         given: int | None = None,
     ) -> None:
-        if isinstance(messages, str):
-            messages = (UserMessage(messages),)
+        messages = (UserMessage(messages),) if isinstance(messages, str) else messages
         model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
-        output = compile_output(output_type, output_retries)
+        output = compile_output(output_type, output_retries, output_mode, model)
         base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
@@ -171,7 +171,7 @@ class AgentRun(Generic[OutputT]):
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
         self._model: ModelClient = RunModel(
-            model, instructions, settings, self._stream, self.context
+            model, instructions, settings, self._stream, self.context, engine.output
         )
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
@@ -450,6 +450,7 @@ async def run_agent(
     usage_limits: UsageLimits | None = None,
     output_type: type[OutputT] | Mapping[str, Any] | None = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
+    output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -474,9 +475,8 @@ async def run_agent(
     ``model_settings`` reach clients that take ``options`` (``statemachine.agent.model``);
     ``deps`` reaches tools, hooks and instructions that take a ``RunContext``.
     ``usage_limits`` (a ``UsageLimits``) is checked before each further model call: a
-    run that reached one ends ``UsageLimitExceeded``.
-    ``engine_factory`` (called with ``Engine``'s keyword arguments) lets a caller run
-    an ``Engine`` subclass, e.g. ``functools.partial(JournalingEngine, journal=j)``.
+    run that reached one ends ``UsageLimitExceeded``. ``output_*``: ``statemachine.agent.output``.
+    ``engine_factory`` (``Engine``'s keywords): ``partial(JournalingEngine, journal=j)``.
     """
     run = AgentRun(
         model=model,
@@ -486,6 +486,7 @@ async def run_agent(
         usage_limits=usage_limits,
         output_type=output_type,
         output_retries=output_retries,
+        output_mode=output_mode,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,
@@ -511,6 +512,7 @@ def run_agent_sync(
     usage_limits: UsageLimits | None = None,
     output_type: type[OutputT] | Mapping[str, Any] | None = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
+    output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,
     before_tool_call: BeforeToolCall | None = None,
     after_tool_call: AfterToolCall | None = None,
@@ -541,6 +543,7 @@ def run_agent_sync(
         usage_limits=usage_limits,
         output_type=output_type,
         output_retries=output_retries,
+        output_mode=output_mode,
         signal=signal,
         before_tool_call=before_tool_call,
         after_tool_call=after_tool_call,

@@ -88,7 +88,7 @@ from statemachine.core.messages import (
     UserMessage,
     checked_result,
 )
-from statemachine.core.output import OUTPUT_ACCEPTED, OutputSpec, check_output
+from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec, check_output
 from statemachine.core.queue import InputQueue
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -283,7 +283,7 @@ class Engine:
         self._tools = tools
         self._tools_by_name = {d.name: d for d in tools}
         self.output = output
-        if output is not None:
+        if output is not None and not output.native:  # native: no tool (core/output.py)
             self._tools_by_name[output.name] = output.definition
         self._scheduling = dict(scheduling or {})
         self.max_turns = max_turns
@@ -464,6 +464,9 @@ class Engine:
         message = self._normalise_ids(message)
         self._history.append(message)
         self._batch = Batch(message.tool_calls)
+        output = self.output
+        if output is not None and output.accepts(message) and self._state is S.AWAITING_MODEL:
+            self.output_call = self.output_call or TEXT_OUTPUT  # native: the text (rule 13)
         if self._state is S.ABORTING:
             self._answer_unresolved("Tool call not started: the run was aborted")
 
@@ -644,12 +647,12 @@ class Engine:
         if self._queue:
             self._history.extend(self._queue.take(model_would_finish=self._model_would_finish()))
         if self._output_remind and self.output is not None:
-            self._history.append(UserMessage(self.output.reminder()))
+            self._history.append(UserMessage(self.output.reminder(self._output_error)))
             self._output_remind = False
         self.turns += 1
         self._model_outstanding = True
         self._batch = Batch()
-        offered = self._tools if self.output is None else (*self._tools, self.output.definition)
+        offered = self._tools if self.output is None else self.output.offered(self._tools)
         self._actions.append(CallModel(HistoryView(self._history), offered, self.turns))
 
     def _enter_DispatchingTools(self, source: TurnState) -> None:
@@ -690,9 +693,9 @@ class Engine:
         if source is S.AWAITING_MODEL and self.output is not None and self.output_call is None:
             # A final text answer where a final result is required: one failed attempt.
             self._output_failures += 1
-            self._output_error = "the model answered with text instead of calling " + (
-                self.output.name
-            )
+            last = self._history[-1]
+            assert isinstance(last, AssistantMessage)  # the final answer just recorded
+            self._output_error = self.output.missed(last)
             self._output_remind = True
         if self.check_continue:
             self._continue_pending = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from statemachine.core.messages import ToolCall, ToolResultMessage, Usage
+from statemachine.core.output import TEXT_OUTPUT
 
 __all__ = [
     "aborted",
@@ -135,6 +136,9 @@ def usage_limit(
 
 
 def output_accepted(call_id: str) -> str:
+    """``call_id``: the accepted final-result call, or ``TEXT_OUTPUT`` (native mode)."""
+    if call_id == TEXT_OUTPUT:
+        return "The model gave its final result as its final text; it is the run's output."
     return f"The model gave its final result (call {call_id}); it is the run's output."
 
 

@@ -9,27 +9,36 @@ an error result naming the problems, and a final text answer goes back as a user
 message asking for the tool. Each such attempt spends one of ``retries``; one more
 failure than that ends the run ``OutputInvalid`` (rules 7 and 13 of ``core/table.py``).
 
-Where a provider has a native JSON-schema output mode (OpenAI's ``response_format``
-with ``json_schema``, for instance), the final text could carry the output instead of
-a tool call; the engine's rows would stay the same, with the text validated in place
-of the call's arguments. Only the tool is built.
+**Native mode** (``native=True``): where the model client has a JSON-schema output
+mode of its own (OpenAI's ``response_format``/``text.format``, Gemini's
+``response_json_schema``), the run offers no tool; the client sends the schema and the
+model's final text carries the output. The rows are the same: a final answer whose
+text is a JSON object that validates is the output (``output_call`` is then
+``TEXT_OUTPUT``, since no call carried it) and the run ends ``Done``; text that does
+not parse or validate is ``output_missing``, one failed attempt, and the next model
+call is preceded by a user message naming the problems. A native run's model may
+still call the run's other tools; only its final answer is judged.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
-from statemachine.core.tools import ToolDefinition
+from statemachine.core.messages import AssistantMessage, StopReason
+from statemachine.core.tools import ToolDefinition, validate_arguments
 from statemachine.errors import InvalidInputError
 
 __all__ = [
     "DEFAULT_OUTPUT_RETRIES",
     "OUTPUT_ACCEPTED",
     "OUTPUT_TOOL",
+    "TEXT_OUTPUT",
     "OutputSpec",
+    "parse_text_output",
 ]
 
 OUTPUT_TOOL: Final = "final_result"
@@ -40,6 +49,13 @@ DEFAULT_OUTPUT_RETRIES: Final = 2
 
 OUTPUT_ACCEPTED: Final = "Final result accepted."
 """The result of the final-result call whose arguments became the output."""
+
+TEXT_OUTPUT: Final = "(final text)"
+"""The ``output_call`` of a native-mode run whose final text was accepted: no call
+carried the output, the run's last assistant message did."""
+
+_SCHEMA_CHARS: Final = 2_000
+"""At most this much of the schema is quoted in a reminder (the client sent it whole)."""
 
 _DESCRIPTION: Final = (
     "Give the final result of the task. Call this exactly once, when the task is done, "
@@ -54,13 +70,22 @@ def _retries(instance: OutputSpec, attribute: attrs.Attribute[Any], value: objec
 
 @attrs.frozen
 class OutputSpec:
-    """The final-result tool (``definition``) and the retry budget of a run."""
+    """The final-result tool (``definition``) and the retry budget of a run;
+    ``native``: the output is the final text, in the client's JSON-schema mode
+    (module docstring)."""
 
     definition: ToolDefinition
     retries: int = attrs.field(default=DEFAULT_OUTPUT_RETRIES, validator=_retries)
+    native: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @classmethod
-    def of(cls, schema: Mapping[str, Any], *, retries: int = DEFAULT_OUTPUT_RETRIES) -> OutputSpec:
+    def of(
+        cls,
+        schema: Mapping[str, Any],
+        *,
+        retries: int = DEFAULT_OUTPUT_RETRIES,
+        native: bool = False,
+    ) -> OutputSpec:
         """The spec for an object JSON Schema (``InvalidInputError`` naming
         ``output_type`` for anything else)."""
         if not isinstance(schema, Mapping) or schema.get("type") != "object":
@@ -72,33 +97,96 @@ class OutputSpec:
             definition = ToolDefinition(OUTPUT_TOOL, _DESCRIPTION, dict(schema))
         except InvalidInputError as exc:
             raise InvalidInputError(f"output_type: {exc}") from None
-        return cls(definition, retries)
+        return cls(definition, retries, native)
 
     @property
     def name(self) -> str:
         return self.definition.name
 
-    def reminder(self) -> str:
-        """The user message that answers a final text answer."""
+    def offered(self, tools: tuple[ToolDefinition, ...]) -> tuple[ToolDefinition, ...]:
+        """The tools a model call offers: ``tools``, and the final-result tool unless
+        the output comes as text (native mode)."""
+        return tools if self.native else (*tools, self.definition)
+
+    def accepts(self, message: AssistantMessage) -> bool:
+        """True if ``message`` is a final answer whose text is the output (native mode
+        only: a tool-mode output comes in a call)."""
         return (
-            f"Your answer was not accepted: this task needs a final result. Call the tool "
-            f"{self.name} with arguments matching its JSON Schema."
+            self.native
+            and not message.tool_calls
+            and message.stop_reason not in (StopReason.ERROR, StopReason.ABORTED)
+            and not self.text_problems(message.text)
+        )
+
+    def text_problems(self, text: str) -> list[str]:
+        """Why ``text`` is not the output: it is not JSON, not an object, or each
+        violation of the schema; empty if it is."""
+        try:
+            value = parse_text_output(text)
+        except ValueError as exc:
+            return [f"the final text is not JSON ({exc})"]
+        if not isinstance(value, dict):
+            return [f"the final text is a JSON {type(value).__name__}, not an object"]
+        problems = validate_arguments(self.definition, value)
+        return [p.replace("arguments", "output", 1) for p in problems]
+
+    def missed(self, message: AssistantMessage) -> str:
+        """Why the final answer ``message`` gave no output (a failed attempt)."""
+        if not self.native:
+            return f"the model answered with text instead of calling {self.name}"
+        return "; ".join(self.text_problems(message.text))
+
+    def reminder(self, error: str | None = None) -> str:
+        """The user message that answers a final text answer that gave no output
+        (``error``: why, in native mode)."""
+        if not self.native:
+            return (
+                f"Your answer was not accepted: this task needs a final result. Call the tool "
+                f"{self.name} with arguments matching its JSON Schema."
+            )
+        schema = json.dumps(self.definition.schema_dict(), separators=(",", ":"))
+        if len(schema) > _SCHEMA_CHARS:
+            schema = schema[:_SCHEMA_CHARS] + "..."
+        return (
+            f"Your answer was not accepted: {error or 'it is not the final result'}. Answer "
+            f"with only a JSON object matching this JSON Schema: {schema}"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.definition.schema_dict(), "retries": self.retries}
+        data: dict[str, Any] = {"schema": self.definition.schema_dict(), "retries": self.retries}
+        if self.native:  # absent for the tool, as in what was written before native mode
+            data["native"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> OutputSpec:
-        if not isinstance(data, Mapping) or set(data) != {"schema", "retries"}:
+        if not isinstance(data, Mapping) or not (
+            {"schema", "retries"} <= set(data) <= {"schema", "retries", "native"}
+        ):
             raise InvalidInputError(f"{path}: expected an object with schema and retries")
         retries = data["retries"]
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise InvalidInputError(f"{path}.retries: expected an integer >= 0")
+        native = data.get("native", False)
+        if not isinstance(native, bool):
+            raise InvalidInputError(f"{path}.native: expected a boolean")
         try:
-            return cls.of(data["schema"], retries=retries)
+            return cls.of(data["schema"], retries=retries, native=native)
         except InvalidInputError as exc:
             raise InvalidInputError(f"{path}.schema: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_text_output(text: str) -> Any:
+    """The JSON value of a native-mode final text (``ValueError`` if it is not JSON:
+    ``NaN`` and ``Infinity`` are not, and nesting too deep to parse is refused)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def check_output(value: object, tool_names: set[str]) -> OutputSpec | None:
@@ -107,7 +195,7 @@ def check_output(value: object, tool_names: set[str]) -> OutputSpec | None:
         return None
     if not isinstance(value, OutputSpec):
         raise InvalidInputError(f"output must be an OutputSpec, got {type(value).__name__}")
-    if value.name in tool_names:
+    if not value.native and value.name in tool_names:
         raise InvalidInputError(
             f"a tool is named {value.name!r}, the name of the final-result tool of a run "
             "with an output_type: rename the tool"

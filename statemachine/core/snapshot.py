@@ -54,7 +54,7 @@ from statemachine.core.messages import (
     UserMessage,
     thaw_json,
 )
-from statemachine.core.output import OUTPUT_ACCEPTED, OutputSpec
+from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec
 from statemachine.core.queue import InputQueue
 from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition
@@ -459,13 +459,20 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
     held = [slot.result for slot in engine._batch if slot.result is not None]
-    if engine.output_call is not None and not any(
-        isinstance(m, ToolResultMessage)
-        and m.tool_call_id == engine.output_call
-        and engine.output is not None
-        and m.tool_name == engine.output.name
-        and m.text == OUTPUT_ACCEPTED
-        for m in [*engine._history, *held]
+    native = engine.output is not None and engine.output.native
+    if native and engine.output_call not in (None, TEXT_OUTPUT):
+        raise SnapshotError("snapshot.outputCall: a native-mode output is the final text")
+    if (
+        engine.output_call is not None
+        and not native
+        and not any(
+            isinstance(m, ToolResultMessage)
+            and m.tool_call_id == engine.output_call
+            and engine.output is not None
+            and m.tool_name == engine.output.name
+            and m.text == OUTPUT_ACCEPTED
+            for m in [*engine._history, *held]
+        )
     ):
         raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
     if engine.abort_reason is not None and state is not S.ABORTED:

@@ -23,7 +23,11 @@ declares a parameter named ``options`` is given them (``fn(messages, tools,
 options=...)``), so a fake model can answer according to its instructions. With
 ``stream=True`` the text of each answer is also streamed to the run, word by word
 (``TextDelta`` events, ``AgentRun.stream_text()``), and each tool call's arguments
-as one fragment (``ToolCallDelta``), as a streaming provider would.
+as one fragment (``ToolCallDelta``), as a streaming provider would. With
+``native_output=True`` a fake model says it has a JSON-schema output mode, so a run
+with an ``output_type`` (``output_mode`` "auto" or "native") offers it no
+``final_result`` tool and each ``Request`` records the ``output_schema`` sent: the
+answer's text is then the output, validated by the run.
 
 A response may be written short: a ``str`` is a text answer; a ``ToolCall`` (or a list
 of them, with text blocks if you like) is a tool-calling answer with stop reason
@@ -37,8 +41,8 @@ import functools
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -64,6 +68,7 @@ class Request:
     tools: tuple[ToolDefinition, ...]
     instructions: str | None = None
     settings: ModelSettings = attrs.field(factory=ModelSettings)
+    output_schema: Mapping[str, Any] | None = None
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -143,7 +148,10 @@ def _stream(message: AssistantMessage, options: CallOptions | None) -> None:
 class _Recording:
     # Recording keeps the whole context of every call: quadratic in the run's length,
     # which a long run (a benchmark of 10,000 turns) turns off with record=False.
-    def __init__(self, record: bool, stream: bool) -> None:
+    def __init__(self, record: bool, stream: bool, native_output: bool) -> None:
+        if not isinstance(native_output, bool):
+            raise UsageError("native_output must be a bool")
+        self.native_output = native_output
         self.requests: list[Request] = []
         self._record_requests = record
         self._stream = stream
@@ -174,7 +182,13 @@ class _Recording:
         if self._record_requests:
             given = options if options is not None else CallOptions()
             self.requests.append(
-                Request(tuple(messages), tuple(tools), given.instructions, given.settings)
+                Request(
+                    tuple(messages),
+                    tuple(tools),
+                    given.instructions,
+                    given.settings,
+                    given.output_schema,
+                )
             )
 
     def _streamed(self, message: AssistantMessage, options: CallOptions | None) -> AssistantMessage:
@@ -198,8 +212,9 @@ class ScriptedModel(_Recording):
         with_signal: bool = False,
         record: bool = True,
         stream: bool = False,
+        native_output: bool = False,
     ) -> None:
-        super().__init__(record, stream)
+        super().__init__(record, stream, native_output)
         self._script = list(responses)
         self._with_signal = with_signal
 
@@ -239,10 +254,11 @@ class FunctionModel(_Recording):
         with_signal: bool = False,
         record: bool = True,
         stream: bool = False,
+        native_output: bool = False,
     ) -> None:
         if not callable(fn):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
-        super().__init__(record, stream)
+        super().__init__(record, stream, native_output)
         self._fn = fn
         self._with_signal = with_signal
 
