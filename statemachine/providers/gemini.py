@@ -53,6 +53,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Unpack
@@ -355,6 +356,10 @@ def _has_content(part: Any) -> bool:
     return any(v is not None for k, v in part if k != "thought_signature")
 
 
+_BEFORE_GEMINI_3 = re.compile(r"(models/)?gemini-[12]\.")
+"""Model names whose API refuses JSON output together with function calling."""
+
+
 class GeminiModel(ModelAdapter):
     """A ``ModelClient`` for the Gemini API (Google AI Studio keys).
 
@@ -372,6 +377,11 @@ class GeminiModel(ModelAdapter):
     ``ModelSettings`` go in the generation config (``temperature``, ``max_tokens`` as
     ``max_output_tokens``, ``top_p``, ``stop`` as ``stop_sequences``). Gemini sends a
     function call whole, so its arguments reach ``on_tool_call_delta`` as one fragment.
+    A run's ``output_type`` is sent as ``response_json_schema`` with
+    ``response_mime_type`` ``application/json`` (native structured output), except
+    for models before Gemini 3 (``gemini-1.x``, ``gemini-2.x``), which refuse JSON
+    output in a request that also offers functions: those get the final-result tool.
+    ``native_output`` (``True``/``False``) decides it for another model name.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     ``idle_timeout`` 300 s between stream chunks, ``max_response_bytes`` 32 MiB;
@@ -395,6 +405,7 @@ class GeminiModel(ModelAdapter):
         stream: bool = True,
         api_version: str = "v1beta",
         client: genai.Client | None = None,
+        native_output: bool | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:
         if api_key is None and not os.environ.get(self.key_env):
@@ -407,6 +418,11 @@ class GeminiModel(ModelAdapter):
         self.max_output_tokens = max_output_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.stream = stream
+        if native_output is not None and not isinstance(native_output, bool):
+            raise InvalidInputError("native_output must be True, False or None")
+        self.native_output = (
+            native_output if native_output is not None else not _BEFORE_GEMINI_3.match(model)
+        )
         self._base = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._client = client or genai.Client(
             api_key=key,
@@ -451,8 +467,12 @@ class GeminiModel(ModelAdapter):
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as ``system_instruction`` (instead of the adapter's
         ``system``), and its settings as ``GenerateContentConfig`` fields
-        (``max_output_tokens``, ``stop_sequences``, ``temperature``, ``top_p``)."""
+        (``max_output_tokens``, ``stop_sequences``, ``temperature``, ``top_p``), and its
+        output schema as ``response_json_schema`` (native structured output)."""
         config = dict(body["config"])
+        if options.output_schema is not None:
+            config["response_mime_type"] = "application/json"
+            config["response_json_schema"] = dict(options.output_schema)
         if options.instructions is not None:
             config["system_instruction"] = options.instructions
         settings = options.settings

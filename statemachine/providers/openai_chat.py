@@ -69,6 +69,7 @@ from statemachine.providers._adapter import (
     ResponseReader,
 )
 from statemachine.providers._errors import Failure, ProviderRequestError
+from statemachine.providers._native import openai_json_schema
 from statemachine.providers._projection import normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
@@ -354,10 +355,17 @@ class OpenAIChatModel(ModelAdapter):
 
     accepts_instructions = True
     supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+    native_output = True
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as the first ``system`` message (instead of the
-        adapter's ``system``), and its settings as request fields."""
+        adapter's ``system``), its settings as request fields, and its output schema
+        as ``response_format`` ``json_schema`` (native structured output)."""
+        if options.output_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": openai_json_schema(options.output_schema),
+            }
         if options.instructions is not None:
             messages = [m for m in body["messages"] if not _is_adapter_system(m, self.system)]
             body["messages"] = [{"role": "system", "content": options.instructions}, *messages]

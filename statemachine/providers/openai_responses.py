@@ -81,6 +81,7 @@ from statemachine.providers._adapter import (
     ResponseReader,
     UnreadableResponseError,
 )
+from statemachine.providers._native import openai_json_schema
 from statemachine.providers._responses_input import (
     SIGNATURE_PREFIX,
     project_input,
@@ -392,7 +393,8 @@ class OpenAIResponsesModel(ModelAdapter):
     ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system`` is sent as
     ``instructions``. ``reasoning`` is passed through as the request's ``reasoning``
     object (e.g. ``{"effort": "low", "summary": "auto"}``), ``max_output_tokens`` as
-    itself; structured output goes in ``extra_body={"text": {"format": ...}}``.
+    itself. A run's ``output_type`` is sent as ``text.format`` (native structured
+    output, ``statemachine.agent.output``).
 
     A run's instructions replace ``system`` as ``instructions``; of its
     ``ModelSettings`` it sends ``temperature``, ``max_tokens`` (as
@@ -471,10 +473,17 @@ class OpenAIResponsesModel(ModelAdapter):
     # The Responses API has no stop sequences.
     supported_settings = frozenset({"temperature", "max_tokens", "top_p"})
 
+    native_output = True
+
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as ``instructions`` (instead of the adapter's
-        ``system``), and its settings as ``temperature``, ``max_output_tokens`` and
-        ``top_p``."""
+        ``system``), its settings as ``temperature``, ``max_output_tokens`` and
+        ``top_p``, and its output schema as ``text.format`` ``json_schema`` (native
+        structured output)."""
+        if options.output_schema is not None:
+            text = dict(body.get("text") or {})
+            text["format"] = {"type": "json_schema", **openai_json_schema(options.output_schema)}
+            body["text"] = text
         if options.instructions is not None:
             body["instructions"] = options.instructions
         settings = options.settings
