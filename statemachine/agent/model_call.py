@@ -10,6 +10,9 @@ events. A client that does not declare ``options`` is called as before
 that is not ``async def`` (it returns the message itself, not an awaitable) fails the
 call with a ``UsageError`` that says so.
 
+An engine that records instructions (``JournalingEngine.record_instructions``) is told
+those of every call, so a journal holds what each call was sent.
+
 Instructions that raise fail that model call: the run ends ``Failed`` with an
 explanation naming ``InstructionsError`` and what the function raised (the exception
 is the cause of ``RunResult.error``), never a crash of the driver.
@@ -28,6 +31,7 @@ from statemachine.agent.model import CallOptions, ModelClient, ModelSettings, ta
 from statemachine.agent.output import supports_native_output
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortSignal
+from statemachine.core.engine import Engine
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.output import OutputSpec
 from statemachine.core.tools import ToolDefinition
@@ -62,9 +66,15 @@ class RunModel:
         settings: ModelSettings,
         stream: EventStream,
         context: Callable[[], RunContext[Any]],
-        output: OutputSpec | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.client = client
+        output = engine.output if engine is not None else None
+        # An engine that records what each call was told (a JournalingEngine) hears the
+        # instructions of every call; it writes them when they change.
+        self._note: Callable[[str | None], None] | None = getattr(
+            engine, "record_instructions", None
+        )
         self._instructions = instructions
         self._settings = settings
         self._stream = stream
@@ -89,6 +99,8 @@ class RunModel:
         options = self._fixed
         if options is None:  # instructions from a function: asked again at every call
             options = attrs.evolve(self._base, instructions=await self.instructions())
+        if self._note is not None:
+            self._note(options.instructions)
         return await self._answer(
             self.client.complete(messages, tools, signal, options=options)  # type: ignore[call-arg]
         )

@@ -171,7 +171,7 @@ class AgentRun(Generic[OutputT]):
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
         self._model: ModelClient = RunModel(
-            model, instructions, settings, self._stream, self.context, engine.output
+            model, instructions, settings, self._stream, self.context, engine
         )
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}

@@ -11,6 +11,7 @@ Format (one JSON object per line, UTF-8)::
      "checkPermissions": ..., "tools": [{"name", "description", "parameters"}],
      "messages": [<wire messages>], "options": {...}}               # line 1: header
     {"seq": 1, "event": {"type": "Start"}, "after": "AwaitingModel"}  # one per event
+    {"instructions": "Be brief.", "turn": 1}    # when the instructions change
     {"checkpoint": {"state": "Done", "turns": 2, "messages": 4,
                     "transitions": 6, "digest": "<sha256>"}}         # at each return
 
@@ -20,6 +21,14 @@ returns (terminal or ``AwaitingUser``), with a digest of the whole history and
 transition log. Replay checks both, so a journal is not only rebuilt but verified,
 and a divergence names the line where it shows. Only *accepted* events are written:
 a refused event changes nothing (I8), so it is not part of the run.
+
+An instructions line says what the model calls were sent as instructions from the
+call of ``turn`` on (``null``: none); it is written before that call whenever they
+change (a function's may differ at every call), and not at all for a run without
+them. Replay checks the turn, and ``ReplayResult.instructions`` and
+``ReplayResult.transcript()`` (the history with a ``system`` item where they changed,
+what ``check_transcript`` reads) give them back. A journal written before they were
+recorded simply has none.
 
 The events and messages are written in ``statemachine.core.wire``'s form.
 

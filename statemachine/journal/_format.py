@@ -21,7 +21,7 @@ import attrs
 
 from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits
-from statemachine.core.messages import Message
+from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.output import OutputSpec
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.wire import (
@@ -34,7 +34,14 @@ from statemachine.core.wire import (
 )
 from statemachine.errors import InvalidInputError, JournalError, WireFormatError
 
-__all__ = ["FORMAT", "VERSION", "JournalError", "JournalHeader"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "JournalError",
+    "JournalHeader",
+    "read_instructions",
+    "with_instructions",
+]
 
 FORMAT: Final = "statemachine-journal"
 VERSION: Final = 1
@@ -288,3 +295,54 @@ class JournalHeader:
             run_id=self.run_id,
             **options,
         )
+
+
+# -- the instructions lines ---------------------------------------------------------------
+
+_INSTRUCTIONS_KEYS: Final = frozenset({"instructions", "turn"})
+
+
+def read_instructions(record: Mapping[str, Any], turns: int, number: int) -> tuple[int, str | None]:
+    """An instructions line (``{"instructions": text or null, "turn": n}``, written
+    before the model call of turn ``n`` whenever they change), checked against the
+    replayed engine's ``turns``: ``(turn, text)``, or a ``JournalError`` naming line
+    ``number``."""
+    if record.keys() != _INSTRUCTIONS_KEYS:
+        keys = ", ".join(map(repr, sorted(record)))
+        raise JournalError(
+            number, f"an instructions record has keys 'instructions', 'turn'; got {short(keys)}"
+        )
+    text, turn = record["instructions"], record["turn"]
+    if text is not None and type(text) is not str:
+        raise JournalError(
+            number, f"'instructions': expected a string or null, got {type(text).__name__}"
+        )
+    if type(turn) is not int or turn != turns or turn < 1:
+        raise JournalError(
+            number,
+            f"instructions for turn {short(repr(turn))}, but the replayed run is at turn {turns} "
+            "(they are written when its model call starts)",
+        )
+    return turn, text
+
+
+def with_instructions(
+    before: Sequence[Message],
+    messages: Sequence[Message],
+    instructions: Sequence[tuple[int, str | None]],
+) -> list[dict[str, Any]]:
+    """``messages`` as wire dicts, with a ``system`` item holding the instructions of
+    each turn where they changed, before that turn's assistant message (the run's
+    turns count the assistant messages after ``before``, the history it was given)."""
+    changes = dict(instructions)
+    first = sum(isinstance(m, AssistantMessage) for m in before)
+    out: list[dict[str, Any]] = []
+    answers = 0
+    for item, message in zip(messages_to_dicts(messages), messages, strict=True):
+        if isinstance(message, AssistantMessage):
+            answers += 1
+            turn = answers - first
+            if turn in changes:
+                out.append({"role": "system", "content": changes[turn] or ""})
+        out.append(item)
+    return out

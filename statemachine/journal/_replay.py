@@ -22,7 +22,13 @@ from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
 from statemachine.journal._fast import FAST_EVENTS, NotFastError, new, setters
-from statemachine.journal._format import JournalError, JournalHeader, short
+from statemachine.journal._format import (
+    JournalError,
+    JournalHeader,
+    read_instructions,
+    short,
+    with_instructions,
+)
 from statemachine.journal._reader import (
     DEFAULT_MAX_LINE_BYTES,
     EXACT_DECODER,
@@ -84,6 +90,19 @@ class ReplayResult:
     def states(self) -> tuple[TurnState, ...]:
         """The state trace: where the run started, then the state after each event."""
         return (TurnState.READY, *self._replayed.states)
+
+    @property
+    def instructions(self) -> tuple[tuple[int, str | None], ...]:
+        """The instructions the run sent, as ``(turn, text)`` from the model call of
+        that turn on, one per change (``None``: none from then on); empty for a run
+        without instructions, or a journal written before they were recorded."""
+        return tuple(self._replayed.instructions)
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The history as wire dicts, with each turn's instructions (where they changed)
+        as a ``{"role": "system", "content": ...}`` item before that turn's response:
+        what ``statemachine.testing.check_transcript`` reads in our format."""
+        return with_instructions(self.header.messages, self.messages, self.instructions)
 
 
 def replay(
@@ -202,6 +221,7 @@ class _Replayer:
         self.states: list[TurnState] = []
         self._first_mark = len(engine.trace)
         self._steps: tuple[ReplayStep, ...] | None = None
+        self.instructions: list[tuple[int, str | None]] = []  # (turn, text), per change
 
     def replay(self, each: Iterator[bytes | str], lines: Lines) -> None:
         """Replay the event lines; anything that goes wrong is a ``JournalError``
@@ -261,10 +281,7 @@ class _Replayer:
                     return None
                 raise NotFastError
             except Exception:  # noqa: BLE001 - anything unusual: the exact reading says what
-                read = self._read_exact(decode_exact(raw, lines, EXACT_DECODER), lines.number)
-                if read is None:
-                    self.checkpoints += 1
-                return read
+                return self._read_exact(decode_exact(raw, lines, EXACT_DECODER), lines.number)
         except JournalError:
             raise
         except Exception as exc:  # the journal's fault: named
@@ -297,11 +314,16 @@ class _Replayer:
             raise JournalError(number, f"expected a JSON object, got {type(record).__name__}")
         if "checkpoint" in record:
             self._verify_checkpoint(record["checkpoint"], number)
+            self.checkpoints += 1
+            return None
+        if "instructions" in record:
+            self.instructions.append(read_instructions(record, self.engine.turns, number))
             return None
         if record.keys() != _EVENT_RECORD_KEYS:
             raise JournalError(
                 number,
-                "expected an event record with keys 'seq', 'event', 'after' or a checkpoint; "
+                "expected an event record with keys 'seq', 'event', 'after', a checkpoint "
+                "or instructions; "
                 f"got keys {', '.join(map(repr, sorted(record)))}",
             )
         seq = record["seq"]

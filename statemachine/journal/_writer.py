@@ -118,6 +118,13 @@ class Journal:
         record = {"seq": self._seq, "event": event_to_dict(event), "after": state_after.value}
         self._write(record, flush=self._flush_policy == "event")
 
+    def instructions(self, text: str | None, turn: int) -> None:
+        """Append the instructions sent from the model call of ``turn`` on (written
+        when they change: an entry per change, ``None`` once they stop)."""
+        if not self._started:
+            raise InvalidInputError("write the header (begin) before any instructions")
+        self._write({"instructions": text, "turn": turn}, flush=self._flush_policy == "event")
+
     def checkpoint(self, engine: Engine) -> None:
         """Append a checkpoint of where the run stands (written at each return)."""
         checkpoint = checkpoint_of(engine, self._digest)
@@ -145,15 +152,27 @@ class JournalingEngine(Engine):
 
     A refused event (``ProtocolError``) is not written: it changed nothing. A
     checkpoint is written each time the engine reaches a state where a driver returns.
+    The run's instructions are written as the driver tells them (``record_instructions``,
+    at each model call): a line each time they change.
     """
+
+    _instructions: str | None  # the last instructions written
 
     def __init__(self, *, journal: Journal, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.journal = journal
+        self._instructions = None
         options = {
             k: v for k, v in kwargs.items() if k not in HEADER_FIELDS and k not in NOT_RECORDED
         }
         journal.begin(JournalHeader.of(self, tuple(self.messages), **options))
+
+    def record_instructions(self, text: str | None) -> None:
+        """The instructions of the model call now starting (of turn ``turns``): written
+        if they differ from the last written (none before the first)."""
+        if text != self._instructions:
+            self._instructions = text
+            self.journal.instructions(text, self.turns)
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         before = self.state

@@ -1,4 +1,5 @@
-"""Our own format: message objects or their wire dicts, checked by
+"""Our own format: message objects or their wire dicts (with ``{"role": "system",
+"content": ...}`` items for the instructions a journal recorded), checked by
 ``statemachine.core.invariants.history_violations`` (the definition the engine uses to
 refuse an invalid input history). Each finding names the caller's own index; a wire
 dict that cannot be read is one ``format`` finding, and what pairing needs from it is
@@ -38,6 +39,13 @@ def check_statemachine(items: Sequence[Any], allow_open_tail: bool, reuse: Level
         if isinstance(item, (UserMessage, AssistantMessage, ToolResultMessage)):
             neutral.append(item)
             origin.append(i)
+        elif isinstance(item, Mapping) and item.get("role") == "system":
+            # The instructions a turn was sent with (``ReplayResult.transcript``): not
+            # part of the history the invariants pair, but a well-formed item.
+            if set(item) != {"role", "content"} or not isinstance(item["content"], str):
+                out.append(
+                    Finding("format", i, 'a system item is {"role": "system", "content": <str>}')
+                )
         elif isinstance(item, Mapping):
             try:
                 neutral.append(message_from_dict(item, path=f"messages[{i}]"))
