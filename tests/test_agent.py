@@ -261,7 +261,7 @@ def test_a_sub_agent_that_asks_for_approval_ends_its_call_with_an_error_naming_i
     [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.is_error
     assert "approval for count_books (c1)" in answer.text
-    assert "not carried" in answer.text
+    assert "a person cannot be asked inside a sub-agent" in answer.text
 
 
 def test_an_agents_deps_type_is_checked_before_any_model_call() -> None:

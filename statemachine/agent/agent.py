@@ -11,13 +11,22 @@ Per run: a prompt (a string or a ``UserMessage``) after an optional
 
 ``as_tool`` makes the agent a tool of another run (a sub-agent): the parent's abort
 reaches the child through the tool's signal, the child's stats are added to the
-parent's, and the parent's ``deps`` are the child's unless given. A child that stops
-for a person's approval ends its call with an error result naming the calls: an
-approval cannot be carried across a tool call (the parent's call would have to stay
-open while the person decides, which the engine's batch does not allow); give the
-sub-agent a ``before_tool_call`` that decides without a person. A sub-agent with an
-``output_type`` answers with its output as JSON (the validated arguments of its
-``final_result`` call), not with its last text.
+parent's, and the parent's ``deps`` are the child's unless given. A sub-agent with an
+``output_type`` answers with its output as JSON (its validated output), not with its
+last text.
+
+A child that stops for approval (its ``before_tool_call`` said ``RequireApproval``)
+cannot make the *parent* run stop ``AwaitingUser``: the parent's call of the
+sub-agent is running, and the table suspends a run only once nothing runs (rule 8),
+with a snapshot that holds no running operation; carrying the child's suspension
+through would need a row for a running call that waits for a person. So the child's
+approvals are routed to a hook instead: ``as_tool(approve=...)`` takes a hook of
+``before_tool_call``'s shape (the parent's own ``before_tool_call`` fits) and is asked
+about each call the child waits on, named as the child's (``"<tool>.<child tool>"``,
+same id and arguments): ``None`` approves it, ``Deny(reason)`` denies it, and the
+child is resumed inside the parent's call, as often as it stops (at most its
+``max_turns`` times). ``RequireApproval`` from that hook, or no hook, ends the
+parent's call with an error result naming the waiting calls.
 
 ``Agent`` is generic over the output type: ``Agent(model, output_type=City)`` is an
 ``Agent[City]`` without an annotation, and its runs return ``RunResult[City]``, so
@@ -34,12 +43,14 @@ from typing import Any, Generic
 
 import attrs
 
+from statemachine.agent.calls import call_hook
 from statemachine.agent.context import check_deps, current_run_context, note_child_stats
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
     Deny,
+    RequireApproval,
     ShouldContinue,
     TransformContext,
 )
@@ -57,7 +68,7 @@ from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.limits import UsageLimits, check_usage_limits
-from statemachine.core.messages import Message, UserMessage
+from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
@@ -301,11 +312,13 @@ class Agent(Generic[OutputT]):
         description: str | None = None,
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
+        approve: BeforeToolCall | None = None,
     ) -> Tool:
         """This agent as a tool taking one ``prompt`` (module docstring): its result is
         the child's final text, or its output as JSON when the agent has an
         ``output_type``. ``deps`` turns the parent's deps into the child's (default:
-        the same object)."""
+        the same object). ``approve`` decides the calls the child stops to have
+        approved (module docstring)."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
@@ -320,11 +333,41 @@ class Agent(Generic[OutputT]):
             parent_deps = parent.deps if parent is not None else None
             child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
             result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
+            result = await self._approved(result, tool_name, approve, child_deps, signal)
             if result.stats is not None:
                 note_child_stats(result.stats)
             return _child_output(tool_name, result, self.output_type is not None)
 
         return Tool(definition, execute, timeout=timeout)
+
+    async def _approved(
+        self,
+        result: RunResult[OutputT],
+        tool_name: str,
+        approve: BeforeToolCall | None,
+        deps: object,
+        signal: AbortSignal,
+    ) -> RunResult[OutputT]:
+        """The child's run once ``approve`` has decided each call it stopped for and it
+        was resumed (``result`` itself without a hook, or when the hook asks for a
+        person); the child's turns bound how often it can stop."""
+        for _ in range(self.max_turns):
+            if approve is None or not result.pending_approvals:
+                return result
+            decisions: dict[str, bool | Deny] = {}
+            for call in result.pending_approvals:
+                named = ToolCall(call.id, f"{tool_name}.{call.name}", thaw_json(call.arguments))
+                decision = await call_hook(approve, named)
+                if isinstance(decision, RequireApproval):
+                    return result  # a person is needed: the call ends naming the calls
+                if decision is not None and not isinstance(decision, Deny):
+                    raise InvalidInputError(
+                        f"as_tool's approve returned {type(decision).__name__}: expected "
+                        "None (approve), Deny or RequireApproval"
+                    )
+                decisions[call.id] = True if decision is None else decision
+            result = await self.resume(result, approvals=decisions, deps=deps, signal=signal)
+        return result
 
 
 def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
@@ -338,7 +381,8 @@ def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
         calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
         return ToolOutput(
             f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "
-            "approvals are not carried through a sub-agent",
+            "a person cannot be asked inside a sub-agent's call (give as_tool an approve "
+            "hook, such as the parent's before_tool_call, to decide them)",
             is_error=True,
         )
     return ToolOutput(
