@@ -21,7 +21,13 @@ from providers_corpus import recording
 from providers_server import FAST, LoopbackServer, Reply, Sleeps, options_run, sse
 
 import statemachine as sm
-from statemachine.providers import GeminiModel, OpenAIChatModel, OpenAIResponsesModel
+from statemachine.providers import (
+    AnthropicModel,
+    BedrockModel,
+    GeminiModel,
+    OpenAIChatModel,
+    OpenAIResponsesModel,
+)
 
 KEY = "sk-native-output-0123456789abcdef"
 JSON = (("Content-Type", "application/json"),)
@@ -184,3 +190,79 @@ def test_gemini_before_3_gets_the_final_result_tool(server: LoopbackServer) -> N
     assert server.requests == []
     with pytest.raises(sm.errors.InvalidInputError, match="native_output"):
         _gemini(server, native_output="yes")
+
+
+# -- Anthropic and Bedrock: opt-in (only recent models accept a JSON-schema mode) -----------
+
+
+def _anthropic(server: LoopbackServer, **kw: Any) -> AnthropicModel:
+    return AnthropicModel(
+        "claude-sonnet-4-5",
+        api_key=KEY,
+        base_url=server.url,
+        stream=False,
+        retry=FAST,
+        sleep=Sleeps(),
+        **kw,
+    )
+
+
+def _anthropic_reply(text: str) -> Reply:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 4},
+    }
+    return Reply(200, JSON, json.dumps(message).encode())
+
+
+@pytest.mark.timeout(60)
+def test_anthropic_uses_the_tool_unless_native_output_is_asked(server: LoopbackServer) -> None:
+    assert _anthropic(server).native_output is False
+    with pytest.raises(sm.errors.UsageError, match="output_mode='native'"):
+        options_run(_anthropic(server), output_type=CITY, output_mode="native")
+    server.add(_anthropic_reply(json.dumps(PARIS)))
+    result, _ = options_run(_anthropic(server, native_output=True), output_type=CITY)
+    assert result.output == PARIS
+    [body] = server.bodies()
+    assert body["output_config"] == {"format": {"type": "json_schema", "schema": CITY}}
+    assert "tools" not in body
+    with pytest.raises(sm.errors.InvalidInputError, match="native_output"):
+        _anthropic(server, native_output=1)
+
+
+def _bedrock(server: LoopbackServer, **kw: Any) -> BedrockModel:
+    return BedrockModel(
+        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        region="eu-central-1",
+        endpoint_url=server.url,
+        aws_access_key_id="AKIAFAKEFAKEFAKE",
+        aws_secret_access_key="wJalrXUtnFEMI-K7MDENG-native0123456789",
+        stream=False,
+        retry=FAST,
+        sleep=Sleeps(),
+        **kw,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_bedrock_sends_output_config_when_native_output_is_asked(server: LoopbackServer) -> None:
+    assert _bedrock(server).native_output is False
+    whole = {
+        "output": {"message": {"role": "assistant", "content": [{"text": json.dumps(PARIS)}]}},
+        "stopReason": "end_turn",
+        "usage": {"inputTokens": 3, "outputTokens": 2, "totalTokens": 5},
+    }
+    server.add(Reply(200, JSON, json.dumps(whole).encode()))
+    result, _ = options_run(_bedrock(server, native_output=True), output_type=CITY)
+    assert result.output == PARIS
+    [body] = server.bodies()
+    structure = body["outputConfig"]["textFormat"]["structure"]["jsonSchema"]
+    assert body["outputConfig"]["textFormat"]["type"] == "json_schema"
+    assert (structure["name"], json.loads(structure["schema"])) == ("final_result", CITY)
+    assert "toolConfig" not in body

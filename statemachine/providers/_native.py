@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["OUTPUT_SCHEMA_NAME", "openai_json_schema"]
+from statemachine.errors import InvalidInputError
+
+__all__ = ["OUTPUT_SCHEMA_NAME", "checked_flag", "openai_json_schema"]
 
 OUTPUT_SCHEMA_NAME: Final = "final_result"
 """The name a provider is given for the output's schema (as the tool mode's tool)."""
@@ -37,3 +39,10 @@ def _strict_ready(schema: object, depth: int = 0) -> bool:
     if isinstance(schema, list):
         return all(_strict_ready(v, depth + 1) for v in schema)
     return True
+
+
+def checked_flag(value: object) -> bool:
+    """An adapter's ``native_output`` argument (``InvalidInputError`` unless a bool)."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"native_output must be True or False, got {value!r:.40}")
+    return value

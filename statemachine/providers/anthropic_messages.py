@@ -70,6 +70,7 @@ from statemachine.providers._adapter import (
     ModelAdapter,
     ResponseReader,
 )
+from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
     foreign_signature,
     normalise_id,
@@ -403,7 +404,10 @@ class AnthropicModel(ModelAdapter):
     2048}``). ``stream=False`` asks for the whole message at once (for proxies that
     do not stream). ``prompt_cache=True`` marks cache breakpoints (see
     ``_mark_cache_breakpoints``), which an agent loop that resends a growing history
-    each turn pays back from its second turn on.
+    each turn pays back from its second turn on. ``native_output=True`` sends a run's
+    ``output_type`` as ``output_config.format`` ``json_schema`` (structured outputs,
+    which only recent Claude models accept) instead of offering the final-result
+    tool; it is off by default, so ``output_mode="auto"`` uses the tool.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     response stream included; ``idle_timeout`` 300 s between stream events (the
@@ -431,9 +435,11 @@ class AnthropicModel(ModelAdapter):
         prompt_cache: bool = False,
         stream: bool = True,
         client: anthropic.AsyncAnthropic | None = None,
+        native_output: bool = False,
         **options: Unpack[AdapterOptions],
     ) -> None:
         key = self._setup(model, api_key, options)
+        self.native_output = checked_flag(native_output)
         positive_int("max_tokens", max_tokens)
         if not key and client is None:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
@@ -478,6 +484,11 @@ class AnthropicModel(ModelAdapter):
         """The run's instructions as the ``system`` field (instead of the adapter's
         ``system``), and its settings as request fields (``stop`` is
         ``stop_sequences``; ``temperature`` and ``top_p`` go in the body as they are)."""
+        if options.output_schema is not None:
+            body["output_config"] = {
+                **body.get("output_config", {}),
+                "format": {"type": "json_schema", "schema": dict(options.output_schema)},
+            }
         if options.instructions is not None:
             body["system"] = options.instructions
             if self.prompt_cache:

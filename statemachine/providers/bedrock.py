@@ -84,6 +84,7 @@ from statemachine.providers._errors import (
     connection_failure,
 )
 from statemachine.providers._logging import protect_secret
+from statemachine.providers._native import OUTPUT_SCHEMA_NAME, checked_flag
 
 __all__ = ["BedrockModel", "project_messages", "project_tools"]
 
@@ -374,7 +375,10 @@ class BedrockModel(ModelAdapter):
     A run's instructions replace ``system`` as the ``system`` blocks; its
     ``ModelSettings`` go in ``inferenceConfig`` (``temperature``, ``maxTokens``,
     ``topP``, ``stopSequences``), over the adapter's own ``max_tokens`` and
-    ``temperature``.
+    ``temperature``. ``native_output=True`` sends a run's ``output_type`` as
+    ``outputConfig.textFormat`` (a JSON schema, which only some models accept) instead
+    of offering the final-result tool; off by default, so ``output_mode="auto"`` uses
+    the tool.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     ``idle_timeout`` 300 s between stream events, ``max_response_bytes`` 32 MiB, all
@@ -399,9 +403,11 @@ class BedrockModel(ModelAdapter):
         additional_fields: Mapping[str, Any] | None = None,
         stream: bool = True,
         session: boto3.Session | None = None,
+        native_output: bool = False,
         **options: Unpack[AdapterOptions],
     ) -> None:
         self._setup(model, aws_secret_access_key, options)
+        self.native_output = checked_flag(native_output)
         if max_tokens is not None:
             positive_int("max_tokens", max_tokens)
         session = session or boto3.Session(
@@ -476,6 +482,11 @@ class BedrockModel(ModelAdapter):
         """The run's instructions as the ``system`` blocks (instead of the adapter's
         ``system``), and its settings in ``inferenceConfig`` (``temperature``,
         ``maxTokens``, ``topP``, ``stopSequences``)."""
+        if options.output_schema is not None:
+            structure = {"name": OUTPUT_SCHEMA_NAME, "schema": json.dumps(options.output_schema)}
+            body["outputConfig"] = {
+                "textFormat": {"type": "json_schema", "structure": {"jsonSchema": structure}}
+            }
         if options.instructions is not None:
             body["system"] = [{"text": options.instructions}]
         settings = options.settings
