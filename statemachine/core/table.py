@@ -120,7 +120,12 @@ the tool executions it triggers::
     result naming the problems; a final text answer (``output_missing``) goes to the
     turn boundary instead of ``Done``, and the next model call is preceded by a user
     message asking for the tool. Each such attempt spends one retry; past the budget
-    the run ends ``OutputInvalid``, naming the last validation error.
+    the run ends ``OutputInvalid``, naming the last validation error. In native mode
+    (the provider's own JSON-schema output, ``core/output.py``) no tool is offered
+    and the same rows judge the final text instead: text that parses and validates
+    is the output, so ``output_missing`` does not hold and the final answer ends the
+    run ``Done``; any other final text is ``output_missing``, one failed attempt,
+    answered with a message naming the problems.
 
 Theory of operation
 ===================
