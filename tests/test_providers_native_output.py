@@ -144,6 +144,16 @@ def test_tool_mode_on_chat_completions_sends_no_response_format(server: Loopback
 
 
 @pytest.mark.timeout(60)
+def test_a_compatible_server_without_json_schema_gets_the_tool(server: LoopbackServer) -> None:
+    model = OpenAIChatModel(
+        "local", api_key=KEY, base_url=server.url + "/v1", stream=False, native_output=False
+    )
+    with pytest.raises(sm.errors.UsageError, match="output_mode='native'"):
+        options_run(model, output_type=CITY, output_mode="native")
+    assert server.requests == []
+
+
+@pytest.mark.timeout(60)
 def test_responses_sends_text_format_and_validates_the_streamed_answer(
     server: LoopbackServer,
 ) -> None:

@@ -69,7 +69,7 @@ from statemachine.providers._adapter import (
     ResponseReader,
 )
 from statemachine.providers._errors import Failure, ProviderRequestError
-from statemachine.providers._native import openai_json_schema
+from statemachine.providers._native import checked_flag, openai_json_schema
 from statemachine.providers._projection import normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
@@ -295,6 +295,9 @@ class OpenAIChatModel(ModelAdapter):
     ``stream=False`` asks for the whole response at once, for servers that do not
     stream; a server that answers a streaming request with plain JSON, or refuses
     one with an error that mentions streaming, gets an error that says to pass it.
+    A run's ``output_type`` is sent as ``response_format`` ``json_schema`` (native
+    structured output); ``native_output=False`` is for a compatible server without
+    it, whose runs then get the final-result tool.
 
     Limits per attempt (see ``_adapter``): ``timeout`` 600 s for the whole attempt,
     response stream included; ``idle_timeout`` 300 s between stream events (streaming
@@ -321,9 +324,11 @@ class OpenAIChatModel(ModelAdapter):
         stream: bool = True,
         stream_usage: bool = True,
         client: openai.AsyncOpenAI | None = None,
+        native_output: bool = True,
         **options: Unpack[AdapterOptions],
     ) -> None:
         key = self._setup(model, api_key, options)
+        self.native_output = checked_flag(native_output)
         if not key:
             if base_url is None and client is None:
                 raise InvalidInputError(
@@ -355,7 +360,6 @@ class OpenAIChatModel(ModelAdapter):
 
     accepts_instructions = True
     supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
-    native_output = True
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as the first ``system`` message (instead of the
