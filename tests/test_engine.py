@@ -158,7 +158,7 @@ def test_an_answer_without_tool_calls_ends_done() -> None:
     actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(answer))
     assert state(e) is S.DONE
     assert list(e.messages) == [USER, answer]
-    (ended,) = of_type(actions, sm.engine.RunEnded)
+    (ended,) = of_type(actions, sm.engine.ReturnToCaller)
     assert ended.state is S.DONE
     assert ended.explanation == e.explanation
     assert e.explanation
@@ -958,7 +958,7 @@ class EngineMachine(RuleBasedStateMachine):
             elif isinstance(action, sm.engine.CancelOperations):
                 assert set(action.tool_call_ids) == set(self.running)
                 assert action.model == self.model_out
-            elif isinstance(action, sm.engine.RunEnded):
+            elif isinstance(action, sm.engine.ReturnToCaller):
                 assert action.state is self.engine.state
                 assert action.explanation == self.engine.explanation
         if self.engine.state.is_terminal:

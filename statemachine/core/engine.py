@@ -70,7 +70,7 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
-    RunEnded,
+    ReturnToCaller,
     StartTool,
     ToolCancelled,
     ToolDenied,
@@ -785,7 +785,7 @@ class Engine:
     def _finish(self, explanation: str) -> None:
         """Entering a state that returns to the caller: explain it, announce it."""
         self.explanation = explanation
-        self._actions.append(RunEnded(self._state, explanation))
+        self._actions.append(ReturnToCaller(self._state, explanation))
         self._log.info(
             "run_ended", turn=self.turns, state=self._state.value, explanation=explanation
         )

@@ -9,10 +9,11 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import ClassVar, TypeAlias, overload
+from typing import Any, ClassVar, TypeAlias, overload
 
 import attrs
 
+from statemachine._deprecated import renamed
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -41,7 +42,7 @@ __all__ = [
     "ModelCancelled",
     "ModelFailed",
     "ModelResponded",
-    "RunEnded",
+    "ReturnToCaller",
     "Start",
     "StartTool",
     "ToolCancelled",
@@ -363,13 +364,20 @@ class CheckContinue:
 
 
 @attrs.frozen
-class RunEnded:
-    """The run reached a state in which the driver returns to its caller."""
+class ReturnToCaller:
+    """Return to the caller: the run is in a terminal state (it has ended) or in
+    ``AwaitingUser`` (it resumes from there with a new message).
+
+    ``RunEnded`` is its deprecated name; wire dicts written with it still read."""
 
     state: TurnState
     explanation: str
 
 
 Action: TypeAlias = (
-    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | RunEnded
+    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | ReturnToCaller
 )
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())

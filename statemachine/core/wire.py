@@ -506,6 +506,8 @@ EVENT_CODECS: Final[dict[str, ClassCodec]] = {
 ACTION_CODECS: Final[dict[str, ClassCodec]] = {
     cls.__name__: _class_codec(cls) for cls in typing.get_args(Action)
 }
+# Names that dicts written by earlier versions use, read as the class's current name.
+_FORMER_NAMES: Final[dict[str, str]] = {"RunEnded": "ReturnToCaller"}
 _BY_CLASS: Final[dict[type, ClassCodec]] = {
     c.cls: c for c in (*EVENT_CODECS.values(), *ACTION_CODECS.values())
 }
@@ -525,7 +527,7 @@ def _from_dict(d: Any, codecs: Mapping[str, ClassCodec], what: str, path: str) -
     if not isinstance(d, Mapping):
         raise _fail(path, "an object", d)
     kind = d.get("type")
-    codec = codecs.get(kind) if isinstance(kind, str) else None
+    codec = codecs.get(_FORMER_NAMES.get(kind, kind)) if isinstance(kind, str) else None
     if codec is None:
         raise WireFormatError(
             f"{path}.type: {kind!r} is not {what} type (expected one of "

@@ -34,7 +34,7 @@ do not give (``rule 7: in TurnBoundary on next_turn with stop_requested=True, ..
 expected Done, actual TurnLimitExceeded``), a trigger accepted by one and not the
 other, an internal trigger left unfired though due, and actions that are not what
 the transitions announce (a model call per ``AwaitingModel`` entered, a cancel per
-``Aborting``, a check per turn boundary with the hook, a ``RunEnded`` per return to
+``Aborting``, a check per turn boundary with the hook, a ``ReturnToCaller`` per return to
 the caller). Row coverage counts the row the dispatch applied, by position, so two
 rows of a group with one destination are told apart.
 
