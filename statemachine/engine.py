@@ -9,9 +9,9 @@ states and triggers. A ``TransitionHook`` given to an engine sees every transiti
 
 from __future__ import annotations
 
-from typing import Any
+import typing as _typing
 
-from statemachine._deprecated import renamed
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.engine import Engine, TransitionHook, TransitionRecord
 from statemachine.core.events import (
     EVENT_TYPES,
@@ -91,5 +91,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())
+if not _typing.TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> _typing.Any:
+        return _renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())

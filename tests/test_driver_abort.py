@@ -17,7 +17,7 @@ from driver_support import (
 )
 
 import statemachine as sm
-from statemachine.agent.events import RunFinished, ToolEnded
+from statemachine.agent.events import RunReturned, ToolEnded
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -46,7 +46,7 @@ def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> N
 
     async def watch() -> None:
         async for event in run.events():
-            if isinstance(event, RunFinished):
+            if isinstance(event, RunReturned):
                 order.append("run finished")
 
     run = asking_run({"wait": forever}, before_tool_call=before)

@@ -66,7 +66,7 @@ TOP_LEVEL = {
     "ToolProgress",
     "ToolEnded",
     "TurnEnded",
-    "RunFinished",
+    "RunReturned",
     "TextDelta",
     "ToolCallDelta",
     # the errors an application catches
@@ -144,6 +144,8 @@ def test_every_top_level_name_also_lives_in_the_module_of_its_subject() -> None:
 RENAMED = [
     ("statemachine.engine", "RunEnded", "ReturnToCaller"),
     ("statemachine.core.events", "RunEnded", "ReturnToCaller"),
+    ("statemachine", "RunFinished", "RunReturned"),
+    ("statemachine.agent.events", "RunFinished", "RunReturned"),
 ]
 """Public names renamed, kept as deprecated aliases: (module, old name, new name)."""
 
@@ -228,6 +230,7 @@ def test_the_run_layer_imports_only_the_core_below_it(path: Path) -> None:
         "statemachine.core",
         "statemachine.agent",
         "statemachine.errors",
+        "statemachine._deprecated",
         "statemachine._log",
     )
     assert all(m.startswith(allowed) for m in ours), sorted(ours)

@@ -7,11 +7,12 @@ did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias
 
 import attrs
 from typing_extensions import TypeVar
 
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.events import InputQueued
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
@@ -30,8 +31,8 @@ from statemachine.errors import (
 __all__ = [
     "MessageAdded",
     "RunEvent",
-    "RunFinished",
     "RunResult",
+    "RunReturned",
     "RunStarted",
     "RunStats",
     "StateChanged",
@@ -119,7 +120,11 @@ class TurnEnded:
 
 
 @attrs.frozen
-class RunFinished:
+class RunReturned:
+    """The last event of a run: it returned to its caller in ``state``, a terminal state
+    (the run has ended) or ``AwaitingUser`` (it resumes with a new message).
+    ``RunFinished`` is its deprecated name."""
+
     state: TurnState
     explanation: str
     stats: RunStats
@@ -134,7 +139,7 @@ RunEvent: TypeAlias = (
     | ToolProgress
     | ToolEnded
     | TurnEnded
-    | RunFinished
+    | RunReturned
     | TextDelta
     | ToolCallDelta
 )
@@ -244,3 +249,9 @@ class RunResult(Generic[OutputT]):
         if self.error is not None:
             raise self.error
         return self
+
+
+if not TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> Any:
+        return _renamed(__name__, name, {"RunFinished": "RunReturned"}, globals())

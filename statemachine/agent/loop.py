@@ -178,7 +178,7 @@ class ActionLoop:
         self._done = engine.returns_to_caller
         if self._done and not self.finished:
             self.finished = True
-            self.stream.run_finished(engine)
+            self.stream.run_returned(engine)
         self._perform(actions)
 
     def _perform(self, actions: Sequence[Action]) -> None:

@@ -225,7 +225,7 @@ class AgentRun(Generic[OutputT]):
         self._on_loop_thread(loop.abort, text)
 
     def events(self) -> AsyncIterator[RunEvent]:
-        """An async iterator of this run's events; ends after ``RunFinished``.
+        """An async iterator of this run's events; ends after ``RunReturned``.
 
         Subscribe before ``run()``, or in a task created before ``run()`` is
         awaited (``run()`` lets such tasks start first), to see ``RunStarted`` on."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, overload
 
 import attrs
 
-from statemachine._deprecated import renamed
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -379,5 +379,7 @@ Action: TypeAlias = (
 )
 
 
-def __getattr__(name: str) -> Any:
-    return renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())
+if not TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> Any:
+        return _renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())
