@@ -1,4 +1,4 @@
-"""What a run reports: its event stream, its stats, and how it ended.
+"""What a run reports: its event stream, its stats, and how it returned.
 
 ``AgentRun.events()`` yields the ``RunEvent``s below, derived from what the engine
 did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
@@ -186,7 +186,7 @@ _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
 
 
 def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
-    """``RunResult.error`` of a run that ended in ``state``: the one place where a state
+    """``RunResult.error`` of a run that returned in ``state``: the one place where a state
     becomes its error (``None`` for ``Done``)."""
     error_type = _ERROR_TYPES.get(state)
     return None if error_type is None else error_type(explanation)
@@ -198,7 +198,8 @@ OutputT = TypeVar("OutputT", default=Any)
 
 @attrs.frozen
 class RunResult(Generic[OutputT]):
-    """How a run ended: its state, the whole history, and why.
+    """How a run returned to its caller: its state (terminal, or ``AwaitingUser``), the
+    whole history, and why.
 
     ``output`` is the run's structured output: with an ``output_type``, the validated
     arguments of the model's ``final_result`` call as that type, once the run is

@@ -118,7 +118,7 @@ async def run_shown(
     on_event: Callable[[RunEvent], None],
 ) -> RunResult:
     """Run ``run``: ``show`` each message of its initial ``history``, then hand each
-    event of its stream to ``on_event`` as it arrives; return how the run ended."""
+    event of its stream to ``on_event`` as it arrives; return how the run returned."""
     events = run.events()  # subscribed before run(), so no event is missed
     for message in history:
         show(message)
@@ -183,7 +183,7 @@ def describe_run_event(event: RunEvent) -> str:
             f"{_short(text)}"
         )
     if isinstance(event, ev.RunReturned):
-        return f"run finished: {event.state.value}: {_short(event.explanation, 200)}"
+        return f"run returned: {event.state.value}: {_short(event.explanation, 200)}"
     return _short(repr(event), 200)  # an event kind this printer does not know yet
 
 
