@@ -599,7 +599,7 @@ def test_model_cancelled_outside_aborting_is_refused() -> None:
 def test_something_that_is_not_an_input_event_is_refused(bogus: Any) -> None:
     e = engine()
     before = observe(e)
-    with pytest.raises(sm.errors.ProtocolError, match="not an input event"):
+    with pytest.raises(sm.errors.ProtocolError, match="not an engine event"):
         e.handle(bogus)
     assert observe(e) == before
 
@@ -1295,7 +1295,7 @@ def test_a_normal_run_stays_far_below_the_cap() -> None:
 
 
 class _LateAbort(AbortRequested):
-    """A subclass of an input event: not in the engine's table of event classes."""
+    """A subclass of an engine event: not in the engine's table of event classes."""
 
 
 @attrs.frozen
@@ -1307,7 +1307,7 @@ class _InternalTrigger:
 def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
     engine.handle(Start())
-    with pytest.raises(ProtocolError, match="not an input event"):
+    with pytest.raises(ProtocolError, match="not an engine event"):
         engine.handle(_InternalTrigger())  # type: ignore[arg-type]
     before = engine.state
     engine.handle(_LateAbort("stop"))

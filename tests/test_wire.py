@@ -166,7 +166,7 @@ def test_an_action_written_under_its_former_name_still_reads() -> None:
 def test_an_event_is_not_an_action_nor_the_other_way_round() -> None:
     with pytest.raises(TypeError, match="not an action"):
         wire.action_to_dict(Start())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="not an input event"):
+    with pytest.raises(TypeError, match="not an engine event"):
         wire.event_to_dict(_actions_of_a_run()[0])  # type: ignore[arg-type]
     with pytest.raises(WireFormatError, match="'Start' is not an action type"):
         wire.action_from_dict({"type": "Start"})

@@ -1,6 +1,6 @@
 """The action loop: the engine decides, an executor performs, results come back as events.
 
-The engine answers every input event with actions. ``ActionLoop`` turns those actions
+The engine answers every event it is handed with actions. ``ActionLoop`` turns those actions
 into work and the work's outcomes back into events:
 
 - ``CallModel``: the executor calls the model (``Executor.start_model``);

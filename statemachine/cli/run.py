@@ -174,9 +174,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not give the model list_files and read_file",
     )
-    parser.add_argument(
-        "--events", action="store_true", help="print each event of the run on stderr"
-    )
+    parser.add_argument("--events", action="store_true", help="print each run event on stderr")
     parser.add_argument("--verbose", action="store_true", help="log each transition")
     return parser
 

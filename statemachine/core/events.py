@@ -1,6 +1,6 @@
-"""Input events (what a driver tells the engine) and actions (what it asks back).
+"""Engine events (what a driver tells the engine) and actions (what it asks back).
 
-Both are small frozen classes. An input event names the trigger it causes; the
+Both are small frozen classes. An engine event names the trigger it causes; the
 transition table (``core/table.py``) says what that trigger does in each state.
 """
 
@@ -58,7 +58,7 @@ _str = attrs.validators.instance_of(str)
 # own attrs validator and its error.
 _set = object.__setattr__
 
-# -- input events ------------------------------------------------------------------
+# -- engine events --------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -228,7 +228,7 @@ EVENT_TYPES: tuple[type, ...] = (
     ContinueDecided,
     AbortRequested,
 )
-"""Every input event class, one per input trigger."""
+"""Every engine event class, one per input trigger."""
 
 # -- actions --------------------------------------------------------------------------
 

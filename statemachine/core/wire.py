@@ -1,6 +1,6 @@
 """The one JSON form of everything the library writes down or sends: messages and
-their content blocks, tool definitions, tool outputs, schedulings, the engine's input
-events and its actions.
+their content blocks, tool definitions, tool outputs, schedulings, the engine's events
+and its actions.
 
 The journal, the engine snapshot, the test kit's bridge and transcripts all read and
 write through these functions, so there is one shape of each thing and one place
@@ -550,8 +550,8 @@ def _from_dict(d: Any, codecs: Mapping[str, ClassCodec], what: str, path: str) -
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The JSON shape of an input event: ``{"type": <class name>, <camelCase fields>}``."""
-    return _to_dict(event, EVENT_CODECS, "an input event")
+    """The JSON shape of an engine event: ``{"type": <class name>, <camelCase fields>}``."""
+    return _to_dict(event, EVENT_CODECS, "an engine event")
 
 
 def event_from_dict(d: Mapping[str, Any], *, path: str = "event") -> Event:

@@ -1,7 +1,7 @@
-"""Run journals: record every input event of a run, and replay them exactly.
+"""Run journals: record every engine event of a run, and replay them exactly.
 
 The engine is deterministic (I5), so a run is fully described by its configuration
-and the sequence of input events it accepted. A journal is that record, as JSON
+and the sequence of engine events it accepted. A journal is that record, as JSON
 Lines; ``replay`` rebuilds the engine from it and checks that the engine goes exactly
 where the journal says it went, and a divergence names the line where it shows.
 

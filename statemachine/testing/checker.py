@@ -8,7 +8,7 @@ checks made at every reachable state and on every refused event, and the
 How it works
 ------------
 Breadth-first search over engine configurations. From each reachable engine the
-checker offers every candidate input event that ``EVENT_SOURCES`` produces for the
+checker offers every candidate engine event that ``EVENT_SOURCES`` produces for the
 triggers the table accepts in that state: all model responses within the bounds
 (0..M tool calls, each call valid, to an unknown tool or with invalid arguments,
 every stop reason, plus one response whose ids need normalising), every permission
