@@ -64,8 +64,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import TurnState
 from statemachine.errors import InvalidInputError
-from statemachine.providers._errors import redact
-from statemachine.providers._logging import RedactSecrets
+from statemachine.providers.redaction import RedactSecrets, redact
 
 __all__ = ["cli_run"]
 
