@@ -166,7 +166,7 @@ class CheckReport:
 
 
 def _describe(event: Event) -> str:
-    from statemachine.journal._replay import describe_event  # the journal owns the readable form
+    from statemachine.journal import describe_event  # the journal owns the readable form
 
     return describe_event(event)
 
