@@ -1322,4 +1322,5 @@ def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_a
     assert e.state is S.AWAITING_USER
     assert e.returns_to_caller  # a run resumes from here: not finished
     assert not e.state.is_terminal
-    assert e.is_finished is e.returns_to_caller
+    with pytest.warns(DeprecationWarning, match="use Engine.returns_to_caller"):
+        assert e.is_finished is e.returns_to_caller

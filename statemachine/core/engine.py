@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NoReturn, Self
 
 import attrs
+from typing_extensions import deprecated
 
 from statemachine._log import library_logger
 from statemachine.core import explanations as explain
@@ -341,9 +342,13 @@ class Engine:
         return self._state in RETURNS_TO_CALLER
 
     @property
+    @deprecated(
+        "Engine.is_finished is deprecated: use Engine.returns_to_caller (true in "
+        "AwaitingUser too), or Engine.state.is_terminal to ask whether the run has ended"
+    )
     def is_finished(self) -> bool:
         """Deprecated alias of ``returns_to_caller`` (true in ``AwaitingUser`` too,
-        which is not finished). To ask whether the run is over, use
+        which is not finished). To ask whether the run has ended, use
         ``engine.state.is_terminal``."""
         return self._state in RETURNS_TO_CALLER
 
