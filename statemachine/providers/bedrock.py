@@ -83,7 +83,7 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
 )
-from statemachine.providers._logging import protect_secret
+from statemachine.providers.redaction import protect_secret
 
 __all__ = ["BedrockModel", "project_messages", "project_tools"]
 
