@@ -23,7 +23,7 @@ from statemachine.errors import (
     AwaitingUserError,
     ModelFailedError,
     OutputInvalidError,
-    RunEndedError,
+    RunNotDoneError,
     TurnLimitExceededError,
     UsageLimitExceededError,
 )
@@ -175,7 +175,7 @@ class RunStats:
         )
 
 
-_ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
+_ERROR_TYPES: dict[TurnState, type[RunNotDoneError]] = {
     TurnState.ABORTED: AbortedError,
     TurnState.TURN_LIMIT_EXCEEDED: TurnLimitExceededError,
     TurnState.USAGE_LIMIT_EXCEEDED: UsageLimitExceededError,
@@ -185,7 +185,7 @@ _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
 }
 
 
-def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
+def run_error(state: TurnState, explanation: str) -> RunNotDoneError | None:
     """``RunResult.error`` of a run that returned in ``state``: the one place where a state
     becomes its error (``None`` for ``Done``)."""
     error_type = _ERROR_TYPES.get(state)
@@ -210,7 +210,7 @@ class RunResult(Generic[OutputT]):
     # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
     state: TurnState
     messages: tuple[Message, ...] = attrs.field(repr=False)
-    error: RunEndedError | None
+    error: RunNotDoneError | None
     turns: int
     explanation: str
     trace: tuple[TransitionRecord, ...] = attrs.field(default=(), repr=False)
