@@ -35,7 +35,7 @@ class Figure:
 
 
 def _engine_events(turns: int) -> list[sm.engine.Event]:
-    """The input events of a ``turns``-long run, built before the clock starts."""
+    """The engine events of a ``turns``-long run, built before the clock starts."""
     events: list[sm.engine.Event] = [sm.engine.Start()]
     for turn in range(turns - 1):
         call = sm.ToolCall(f"call_{turn}", "echo", {"text": f"ping {turn}"})
@@ -67,7 +67,7 @@ def engine_transitions(turns: int, repetitions: int) -> tuple[Figure, int]:
             "sans-IO engine transitions/s",
             f"{rate:,.0f}",
             f"Engine.handle on a {turns}-turn run ({transitions} transitions, "
-            f"{len(events)} input events, {per_turn_us:.0f} µs per turn), median of "
+            f"{len(events)} engine events, {per_turn_us:.0f} µs per turn), median of "
             f"{repetitions}",
         ),
         transitions,

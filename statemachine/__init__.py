@@ -21,14 +21,18 @@ modules above, never from them.
 
 # First: fail with a clear message if python-statemachine shadows this package.
 from statemachine import _shadow  # noqa: F401  # isort: skip
+
+import typing as _typing
+
+from statemachine._deprecated import renamed as _renamed
 from statemachine._version import __version__
 from statemachine.agent.agent import Agent
 from statemachine.agent.context import RunContext
 from statemachine.agent.events import (
     MessageAdded,
     RunEvent,
-    RunFinished,
     RunResult,
+    RunReturned,
     RunStarted,
     RunStats,
     StateChanged,
@@ -101,8 +105,8 @@ __all__ = [
     "RequireApproval",
     "RunContext",
     "RunEvent",
-    "RunFinished",
     "RunResult",
+    "RunReturned",
     "RunStarted",
     "RunStats",
     "StateChanged",
@@ -136,3 +140,9 @@ __all__ = [
     "run_agent_sync",
     "tool",
 ]
+
+
+if not _typing.TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> _typing.Any:
+        return _renamed(__name__, name, {"RunFinished": "RunReturned"}, globals())

@@ -9,6 +9,9 @@ states and triggers. A ``TransitionHook`` given to an engine sees every transiti
 
 from __future__ import annotations
 
+import typing as _typing
+
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.engine import Engine, TransitionHook, TransitionRecord
 from statemachine.core.events import (
     EVENT_TYPES,
@@ -28,7 +31,7 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
-    RunEnded,
+    ReturnToCaller,
     Start,
     StartTool,
     ToolCancelled,
@@ -66,7 +69,7 @@ __all__ = [
     "ModelResponded",
     "OutputInvalidError",
     "OutputSpec",
-    "RunEnded",
+    "ReturnToCaller",
     "Scheduling",
     "Start",
     "StartTool",
@@ -86,3 +89,9 @@ __all__ = [
     "UsageLimits",
     "validate_arguments",
 ]
+
+
+if not _typing.TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> _typing.Any:
+        return _renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())

@@ -36,7 +36,7 @@ different reaction (h11 splits its protocol errors the same way)::
     │   └── BridgeError             a bridged peer process (also a RuntimeError)
     │       ├── BridgeProtocolError
     │       └── BridgeTimeoutError
-    ├── RunEndedError               how a run that did not end ``Done`` explains itself
+    ├── RunNotDoneError             why a run returned in a state other than ``Done``
     │   ├── AbortedError
     │   ├── TurnLimitExceededError
     │   ├── ModelFailedError
@@ -55,7 +55,7 @@ How each family reaches you:
 * ``ServiceError`` is raised by the clients of other people's services when they give
   up. Inside a run, a provider's failure ends the run ``Failed`` and an MCP server's
   failure becomes the call's error result.
-* ``RunEndedError`` is never raised by ``run_agent``: it is put in
+* ``RunNotDoneError`` is never raised by ``run_agent``: it is put in
   ``RunResult.error``, and ``RunResult.raise_for_state()`` raises it for callers who
   prefer exceptions.
 """
@@ -96,9 +96,9 @@ __all__ = [
     "ProviderResponseError",
     "ProviderUnavailableError",
     "RunClosedError",
-    "RunEndedError",
     "RunFailedError",
     "RunHeldError",
+    "RunNotDoneError",
     "ServiceError",
     "SnapshotError",
     "SnapshotSignatureError",
@@ -301,32 +301,33 @@ class BridgeTimeoutError(BridgeError):
 # -- how a run that is not Done explains itself -----------------------------------------
 
 
-class RunEndedError(StateMachineError):
-    """A run ended in a state other than ``Done``; the message says why."""
+class RunNotDoneError(StateMachineError):
+    """A run returned in a state other than ``Done``: a terminal state, or
+    ``AwaitingUser``, from which it resumes; the message says why."""
 
 
-class AbortedError(RunEndedError):
+class AbortedError(RunNotDoneError):
     """The run was aborted (by the caller's signal or by the model's own report)."""
 
 
-class TurnLimitExceededError(RunEndedError):
+class TurnLimitExceededError(RunNotDoneError):
     """The turn limit was reached while the model still had work to do."""
 
 
-class ModelFailedError(RunEndedError):
+class ModelFailedError(RunNotDoneError):
     """The model provider failed in a way that retrying in the loop will not fix."""
 
 
-class AwaitingUserError(RunEndedError):
+class AwaitingUserError(RunNotDoneError):
     """The run stopped to wait for a person (a call was denied by policy)."""
 
 
-class UsageLimitExceededError(RunEndedError):
+class UsageLimitExceededError(RunNotDoneError):
     """A usage limit (requests or tokens) was reached while the model still had work
     to do; the message names the limit, the usage so far and the last operation."""
 
 
-class OutputInvalidError(RunEndedError):
+class OutputInvalidError(RunNotDoneError):
     """The model did not give a valid final result within the retry budget; the
     message names the last validation error."""
 

@@ -4,7 +4,7 @@ stopped by a policy denial."""
 from __future__ import annotations
 
 from statemachine.core.engine import Engine
-from statemachine.core.events import ModelResponded, RunEnded, Start, ToolDenied
+from statemachine.core.events import ModelResponded, ReturnToCaller, Start, ToolDenied
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition
@@ -24,5 +24,5 @@ def denied_engine() -> Engine:
     engine.handle(ModelResponded(AssistantMessage([call], stop_reason=StopReason.TOOL_USE)))
     actions = engine.handle(ToolDenied("c1", "not on weekends"))
     assert engine.state is TurnState.AWAITING_USER
-    assert any(isinstance(a, RunEnded) for a in actions)
+    assert any(isinstance(a, ReturnToCaller) for a in actions)
     return engine

@@ -124,7 +124,7 @@ def test_run_stream_yields_events_and_text_and_the_result() -> None:
     assert agent_text == ["Once ", "upon ", "a ", "time."]
     assert result.final_text == "Once upon a time."
     assert kinds[0] == "RunStarted"
-    assert kinds[-1] == "RunFinished"
+    assert kinds[-1] == "RunReturned"
 
 
 def test_leaving_run_stream_early_aborts_the_run() -> None:

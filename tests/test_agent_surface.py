@@ -147,7 +147,7 @@ def test_a_subscriber_task_made_before_run_sees_the_run_from_its_start() -> None
 
     seen = asyncio.run(main())
     assert seen[:4] == ["RunStarted", "StateChanged", "TurnStarted", "MessageAdded"]
-    assert seen[-1] == "RunFinished"
+    assert seen[-1] == "RunReturned"
 
 
 def test_what_was_ready_before_run_acts_before_the_run_starts() -> None:

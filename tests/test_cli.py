@@ -671,7 +671,7 @@ def test_the_console_printer_reads_each_kind_of_event() -> None:
         line.startswith("tool add (c1) returned after ") and line.endswith(": 42") for line in lines
     )
     assert "message 3 (assistant): It is 42." in lines
-    assert lines[-1].startswith("run finished: Done: ")
+    assert lines[-1].startswith("run returned: Done: ")
 
 
 def test_run_loads_the_users_tools_and_prints_events(

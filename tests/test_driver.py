@@ -1214,7 +1214,7 @@ def test_a_model_call_that_waits_after_one_that_answered_at_once_is_heard() -> N
 
 
 @pytest.mark.timeout(30)
-def test_events_asked_for_after_the_run_finished_end_at_once() -> None:
+def test_events_asked_for_after_the_run_returned_end_at_once() -> None:
     agent = sm.AgentRun(model=ScriptedModel(DONE), tools=[echo], messages=[sm.UserMessage("go")])
 
     async def main() -> list[sm.RunEvent]:

@@ -17,7 +17,7 @@ from driver_support import (
 )
 
 import statemachine as sm
-from statemachine.agent.events import RunFinished, ToolEnded
+from statemachine.agent.events import RunReturned, ToolEnded
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -46,8 +46,8 @@ def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> N
 
     async def watch() -> None:
         async for event in run.events():
-            if isinstance(event, RunFinished):
-                order.append("run finished")
+            if isinstance(event, RunReturned):
+                order.append("run returned")
 
     run = asking_run({"wait": forever}, before_tool_call=before)
 
@@ -59,7 +59,7 @@ def test_a_hook_being_asked_is_cancelled_at_the_abort_before_the_run_ends() -> N
 
     result = on_virtual_time(main)
     assert result.state is S.ABORTED
-    assert order == ["hook cancelled", "run finished"]
+    assert order == ["hook cancelled", "run returned"]
 
 
 @pytest.mark.timeout(30)

@@ -386,7 +386,7 @@ def test_the_event_stream_is_derived_from_the_run() -> None:
     result, events = asyncio.run(main())
     names = [type(e).__name__ for e in events]
     assert names[0] == "RunStarted"
-    assert names[-1] == "RunFinished"
+    assert names[-1] == "RunReturned"
     assert names.count("TurnStarted") == 2
     assert names.count("TurnEnded") == 2
     assert names.count("ToolStarted") == 2
@@ -398,7 +398,7 @@ def test_the_event_stream_is_derived_from_the_run() -> None:
     assert sorted(map(str, progress_seen)) == ["half", "{'pct': 50}"]
     assert not sm.report_progress("outside a tool")
     finished = events[-1]
-    assert isinstance(finished, sm.RunFinished)
+    assert isinstance(finished, sm.RunReturned)
     stats = finished.stats
     assert stats.model_calls == 2
     assert stats.tool_calls == {"step": {"ok": 1}, "sync_step": {"ok": 1}}

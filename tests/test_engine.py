@@ -158,7 +158,7 @@ def test_an_answer_without_tool_calls_ends_done() -> None:
     actions = feed(e, sm.engine.Start(), sm.engine.ModelResponded(answer))
     assert state(e) is S.DONE
     assert list(e.messages) == [USER, answer]
-    (ended,) = of_type(actions, sm.engine.RunEnded)
+    (ended,) = of_type(actions, sm.engine.ReturnToCaller)
     assert ended.state is S.DONE
     assert ended.explanation == e.explanation
     assert e.explanation
@@ -599,7 +599,7 @@ def test_model_cancelled_outside_aborting_is_refused() -> None:
 def test_something_that_is_not_an_input_event_is_refused(bogus: Any) -> None:
     e = engine()
     before = observe(e)
-    with pytest.raises(sm.errors.ProtocolError, match="not an input event"):
+    with pytest.raises(sm.errors.ProtocolError, match="not an engine event"):
         e.handle(bogus)
     assert observe(e) == before
 
@@ -958,7 +958,7 @@ class EngineMachine(RuleBasedStateMachine):
             elif isinstance(action, sm.engine.CancelOperations):
                 assert set(action.tool_call_ids) == set(self.running)
                 assert action.model == self.model_out
-            elif isinstance(action, sm.engine.RunEnded):
+            elif isinstance(action, sm.engine.ReturnToCaller):
                 assert action.state is self.engine.state
                 assert action.explanation == self.engine.explanation
         if self.engine.state.is_terminal:
@@ -1295,7 +1295,7 @@ def test_a_normal_run_stays_far_below_the_cap() -> None:
 
 
 class _LateAbort(AbortRequested):
-    """A subclass of an input event: not in the engine's table of event classes."""
+    """A subclass of an engine event: not in the engine's table of event classes."""
 
 
 @attrs.frozen
@@ -1307,7 +1307,7 @@ class _InternalTrigger:
 def test_events_outside_the_event_classes_are_judged_by_their_trigger() -> None:
     engine = Engine(tools=[ECHO], messages=[UserMessage("go")])
     engine.handle(Start())
-    with pytest.raises(ProtocolError, match="not an input event"):
+    with pytest.raises(ProtocolError, match="not an engine event"):
         engine.handle(_InternalTrigger())  # type: ignore[arg-type]
     before = engine.state
     engine.handle(_LateAbort("stop"))
@@ -1322,4 +1322,5 @@ def test_returns_to_caller_holds_where_a_driver_returns_and_is_finished_is_its_a
     assert e.state is S.AWAITING_USER
     assert e.returns_to_caller  # a run resumes from here: not finished
     assert not e.state.is_terminal
-    assert e.is_finished is e.returns_to_caller
+    with pytest.warns(DeprecationWarning, match="use Engine.returns_to_caller"):
+        assert e.is_finished is e.returns_to_caller

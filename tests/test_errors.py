@@ -43,11 +43,11 @@ from statemachine.testing import FunctionModel
         (sm.errors.BridgeError, (sm.errors.ServiceError, RuntimeError)),
         (sm.errors.BridgeProtocolError, (sm.errors.BridgeError,)),
         (sm.errors.BridgeTimeoutError, (sm.errors.BridgeError,)),
-        (sm.errors.RunEndedError, (sm.StateMachineError,)),
-        (sm.AbortedError, (sm.errors.RunEndedError,)),
-        (sm.TurnLimitExceededError, (sm.errors.RunEndedError,)),
-        (sm.ModelFailedError, (sm.errors.RunEndedError,)),
-        (sm.errors.AwaitingUserError, (sm.errors.RunEndedError,)),
+        (sm.errors.RunNotDoneError, (sm.StateMachineError,)),
+        (sm.AbortedError, (sm.errors.RunNotDoneError,)),
+        (sm.TurnLimitExceededError, (sm.errors.RunNotDoneError,)),
+        (sm.ModelFailedError, (sm.errors.RunNotDoneError,)),
+        (sm.errors.AwaitingUserError, (sm.errors.RunNotDoneError,)),
         (sm.errors.EngineInvariantError, (sm.StateMachineError,)),
     ],
 )
@@ -60,7 +60,7 @@ _FAMILIES = (
     sm.UsageError,
     sm.errors.BadDataError,
     sm.errors.ServiceError,
-    sm.errors.RunEndedError,
+    sm.errors.RunNotDoneError,
     sm.errors.EngineInvariantError,
 )
 
@@ -146,7 +146,7 @@ def test_raise_for_state_returns_the_result_when_done() -> None:
     ],
 )
 def test_each_ending_carries_its_error_and_raise_for_state_raises_it(
-    message: sm.AssistantMessage, state: sm.TurnState, error: type[sm.errors.RunEndedError]
+    message: sm.AssistantMessage, state: sm.TurnState, error: type[sm.errors.RunNotDoneError]
 ) -> None:
     result = _run(message)
     assert result.state is state

@@ -29,9 +29,9 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
     parse_retry_after,
-    redact,
 )
 from statemachine.providers._retry import complete_with_retries
+from statemachine.providers.redaction import redact
 
 NOW = 1_764_681_600.0
 

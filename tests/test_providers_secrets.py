@@ -31,7 +31,7 @@ from statemachine.providers import (
     OpenAIResponsesModel,
     RetryPolicy,
 )
-from statemachine.providers._errors import redact
+from statemachine.providers.redaction import redact
 
 KEY = "sk-proj-Zq81xW0cS3cr3tK3yMaterial4242"
 JSON = (("Content-Type", "application/json"),)

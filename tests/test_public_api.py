@@ -66,7 +66,7 @@ TOP_LEVEL = {
     "ToolProgress",
     "ToolEnded",
     "TurnEnded",
-    "RunFinished",
+    "RunReturned",
     "TextDelta",
     "ToolCallDelta",
     # the errors an application catches
@@ -141,6 +141,29 @@ def test_every_top_level_name_also_lives_in_the_module_of_its_subject() -> None:
             assert name in errors.__all__, name
 
 
+RENAMED = [
+    ("statemachine.engine", "RunEnded", "ReturnToCaller"),
+    ("statemachine.core.events", "RunEnded", "ReturnToCaller"),
+    ("statemachine", "RunFinished", "RunReturned"),
+    ("statemachine.agent.events", "RunFinished", "RunReturned"),
+]
+"""Public names renamed, kept as deprecated aliases: (module, old name, new name)."""
+
+
+@pytest.mark.parametrize(("module", "old", "new"), RENAMED)
+def test_a_renamed_name_still_imports_with_a_deprecation_warning(
+    module: str, old: str, new: str
+) -> None:
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=rf"{module}\.{old} is deprecated; use .*\.{new}"):
+        value = getattr(mod, old)
+    assert value is getattr(mod, new)
+    assert old not in mod.__all__
+    assert new in mod.__all__
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = mod.NoSuchName
+
+
 def _docs_and_readme() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -180,6 +203,7 @@ def test_the_core_is_sans_io_and_imports_nothing_above_it(path: Path) -> None:
     allowed = (
         "statemachine.core",
         "statemachine.errors",
+        "statemachine._deprecated",
         "statemachine._log",
         "statemachine._version",
     )
@@ -206,6 +230,7 @@ def test_the_run_layer_imports_only_the_core_below_it(path: Path) -> None:
         "statemachine.core",
         "statemachine.agent",
         "statemachine.errors",
+        "statemachine._deprecated",
         "statemachine._log",
     )
     assert all(m.startswith(allowed) for m in ours), sorted(ours)

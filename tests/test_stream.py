@@ -19,7 +19,7 @@ from driver_support import (
 )
 
 import statemachine as sm
-from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
+from statemachine.agent.events import RunReturned, ToolEnded, TurnEnded
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -33,9 +33,9 @@ S = TurnState
 
 
 @pytest.mark.timeout(30)
-def test_the_run_finished_event_carries_the_explanation() -> None:
+def test_the_run_returned_event_carries_the_explanation() -> None:
     run = asking_run({"wait": forever}, grace_period=0.5)
-    result, finished = aborted_at_half_a_second(run, "enough", RunFinished)
+    result, finished = aborted_at_half_a_second(run, "enough", RunReturned)
     assert "enough" in result.explanation
     assert [(e.state, e.explanation) for e in finished] == [(S.ABORTED, result.explanation)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from itertools import groupby
 from typing import Any
@@ -47,10 +48,13 @@ def _groups() -> dict[tuple[TurnState, Trigger], list[Transition]]:
     return out
 
 
-def test_turn_state_values_equal_their_names() -> None:
+def test_enum_members_are_upper_case_spellings_of_their_values() -> None:
     for state in TurnState:
-        assert state.value == state.name
-        assert str(state) == state.name
+        assert state.name == re.sub(r"(?<=[a-z])(?=[A-Z])", "_", state.value).upper()
+        assert str(state) == state.value
+    for member in [*Trigger, *Guard]:
+        assert member.name == member.value.upper()
+        assert str(member) == member.value
 
 
 def test_design_card_states_exist() -> None:

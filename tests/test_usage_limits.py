@@ -24,7 +24,7 @@ from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, U
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.engine import UsageLimitExceededError, UsageLimits
-from statemachine.errors import InvalidInputError, RunEndedError
+from statemachine.errors import InvalidInputError, RunNotDoneError
 from statemachine.hooks import RequireApproval
 from statemachine.journal import Journal, JournalingEngine, replay
 from statemachine.testing.models import ScriptedModel
@@ -245,7 +245,7 @@ def test_run_agent_ends_usage_limit_exceeded_with_its_error_and_usage() -> None:
     assert model.calls == 2
     assert result.usage.total_tokens == 200
     assert isinstance(result.error, UsageLimitExceededError)
-    assert isinstance(result.error, RunEndedError)
+    assert isinstance(result.error, RunNotDoneError)
     with pytest.raises(UsageLimitExceededError, match="total_tokens=150"):
         result.raise_for_state()
     assert result.messages[-1].role == "toolResult"  # every call answered (I1)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import statemachine.messages as public_messages
 from statemachine.core import wire
 from statemachine.core.engine import Engine
-from statemachine.core.events import Action, ModelResponded, Start, ToolFinished
+from statemachine.core.events import Action, ModelResponded, ReturnToCaller, Start, ToolFinished
 from statemachine.core.messages import (
     AssistantMessage,
     ImageContent,
@@ -27,6 +27,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
+from statemachine.core.table import TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 from statemachine.errors import WireFormatError
 from statemachine.journal import _digest
@@ -137,7 +138,7 @@ def _actions_of_a_run() -> list[Action]:
 def test_every_action_of_a_run_round_trips_through_json() -> None:
     actions = _actions_of_a_run()
     kinds = {type(action).__name__ for action in actions}
-    assert {"CallModel", "StartTool", "RunEnded"} <= kinds
+    assert {"CallModel", "StartTool", "ReturnToCaller"} <= kinds
     for action in actions:
         d = wire.action_to_dict(action)
         assert d["type"] == type(action).__name__
@@ -151,14 +152,21 @@ def test_every_action_class_has_a_codec() -> None:
         "StartTool",
         "CancelOperations",
         "CheckContinue",
-        "RunEnded",
+        "ReturnToCaller",
     }
+
+
+def test_an_action_written_under_its_former_name_still_reads() -> None:
+    old = {"type": "RunEnded", "state": "Done", "explanation": "finished"}
+    action = wire.action_from_dict(old)
+    assert action == ReturnToCaller(TurnState.DONE, "finished")
+    assert wire.action_to_dict(action)["type"] == "ReturnToCaller"
 
 
 def test_an_event_is_not_an_action_nor_the_other_way_round() -> None:
     with pytest.raises(TypeError, match="not an action"):
         wire.action_to_dict(Start())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="not an input event"):
+    with pytest.raises(TypeError, match="not an engine event"):
         wire.event_to_dict(_actions_of_a_run()[0])  # type: ignore[arg-type]
     with pytest.raises(WireFormatError, match="'Start' is not an action type"):
         wire.action_from_dict({"type": "Start"})
@@ -189,7 +197,7 @@ def test_an_event_is_not_an_action_nor_the_other_way_round() -> None:
             r"output.content\[0\].type",
         ),
         (wire.scheduling_from_dict, {"sequential": 1, "resources": False}, "scheduling"),
-        (wire.action_from_dict, {"type": "RunEnded", "state": "Nowhere"}, "action.state"),
+        (wire.action_from_dict, {"type": "ReturnToCaller", "state": "Nowhere"}, "action.state"),
         (wire.action_from_dict, {"type": "CheckContinue"}, "missing key 'turn'"),
         (wire.action_from_dict, {"type": "CheckContinue", "turn": True}, "action.turn"),
         (wire.event_from_dict, {"type": "Start", "extra": 1}, "unknown key"),

@@ -409,5 +409,5 @@ class StreamedRun(Generic[OutputT]):
                 yield event.text
 
     async def result(self) -> RunResult[OutputT]:
-        """How the run ended (waits for it)."""
+        """How the run returned (waits for it)."""
         return attrs.evolve(await self.task, given=self._given)

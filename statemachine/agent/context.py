@@ -85,7 +85,7 @@ def note_child_stats(stats: object) -> bool:
 
 
 def reset_run_context(token: contextvars.Token[Any]) -> None:
-    """Undo ``run_context`` (the run has ended)."""
+    """Undo ``run_context`` (the run has returned)."""
     _context.reset(token)
 
 

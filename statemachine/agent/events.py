@@ -1,4 +1,4 @@
-"""What a run reports: its event stream, its stats, and how it ended.
+"""What a run reports: its event stream, its stats, and how it returned.
 
 ``AgentRun.events()`` yields the ``RunEvent``s below, derived from what the engine
 did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
@@ -7,11 +7,12 @@ did (built only when someone listens); ``RunResult`` is what ``run()`` returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias
 
 import attrs
 from typing_extensions import TypeVar
 
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.events import InputQueued
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
@@ -22,7 +23,7 @@ from statemachine.errors import (
     AwaitingUserError,
     ModelFailedError,
     OutputInvalidError,
-    RunEndedError,
+    RunNotDoneError,
     TurnLimitExceededError,
     UsageLimitExceededError,
 )
@@ -30,8 +31,8 @@ from statemachine.errors import (
 __all__ = [
     "MessageAdded",
     "RunEvent",
-    "RunFinished",
     "RunResult",
+    "RunReturned",
     "RunStarted",
     "RunStats",
     "StateChanged",
@@ -119,7 +120,11 @@ class TurnEnded:
 
 
 @attrs.frozen
-class RunFinished:
+class RunReturned:
+    """The last event of a run: it returned to its caller in ``state``, a terminal state
+    (the run has ended) or ``AwaitingUser`` (it resumes with a new message).
+    ``RunFinished`` is its deprecated name."""
+
     state: TurnState
     explanation: str
     stats: RunStats
@@ -134,7 +139,7 @@ RunEvent: TypeAlias = (
     | ToolProgress
     | ToolEnded
     | TurnEnded
-    | RunFinished
+    | RunReturned
     | TextDelta
     | ToolCallDelta
 )
@@ -170,7 +175,7 @@ class RunStats:
         )
 
 
-_ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
+_ERROR_TYPES: dict[TurnState, type[RunNotDoneError]] = {
     TurnState.ABORTED: AbortedError,
     TurnState.TURN_LIMIT_EXCEEDED: TurnLimitExceededError,
     TurnState.USAGE_LIMIT_EXCEEDED: UsageLimitExceededError,
@@ -180,8 +185,8 @@ _ERROR_TYPES: dict[TurnState, type[RunEndedError]] = {
 }
 
 
-def run_error(state: TurnState, explanation: str) -> RunEndedError | None:
-    """``RunResult.error`` of a run that ended in ``state``: the one place where a state
+def run_error(state: TurnState, explanation: str) -> RunNotDoneError | None:
+    """``RunResult.error`` of a run that returned in ``state``: the one place where a state
     becomes its error (``None`` for ``Done``)."""
     error_type = _ERROR_TYPES.get(state)
     return None if error_type is None else error_type(explanation)
@@ -193,7 +198,8 @@ OutputT = TypeVar("OutputT", default=Any)
 
 @attrs.frozen
 class RunResult(Generic[OutputT]):
-    """How a run ended: its state, the whole history, and why.
+    """How a run returned to its caller: its state (terminal, or ``AwaitingUser``), the
+    whole history, and why.
 
     ``output`` is the run's structured output: with an ``output_type``, the validated
     arguments of the model's ``final_result`` call as that type, once the run is
@@ -204,7 +210,7 @@ class RunResult(Generic[OutputT]):
     # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
     state: TurnState
     messages: tuple[Message, ...] = attrs.field(repr=False)
-    error: RunEndedError | None
+    error: RunNotDoneError | None
     turns: int
     explanation: str
     trace: tuple[TransitionRecord, ...] = attrs.field(default=(), repr=False)
@@ -244,3 +250,9 @@ class RunResult(Generic[OutputT]):
         if self.error is not None:
             raise self.error
         return self
+
+
+if not TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> Any:
+        return _renamed(__name__, name, {"RunFinished": "RunReturned"}, globals())

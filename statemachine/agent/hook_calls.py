@@ -2,7 +2,7 @@
 about each result, ``should_continue`` at a turn boundary, ``transform_context``
 before each model call.
 
-Each answer becomes the input event the engine expects (``ToolPermitted``,
+Each answer becomes the event the engine expects (``ToolPermitted``,
 ``ToolDenied``, ``ApprovalRequired``, ``ContinueDecided``) or the result the model
 reads. A hook that raises or answers something else fails closed, explained: a call
 is denied, the run stops, a result says what went wrong. The executor runs these

@@ -1,6 +1,6 @@
 """The action loop: the engine decides, an executor performs, results come back as events.
 
-The engine answers every input event with actions. ``ActionLoop`` turns those actions
+The engine answers every event it is handed with actions. ``ActionLoop`` turns those actions
 into work and the work's outcomes back into events:
 
 - ``CallModel``: the executor calls the model (``Executor.start_model``);
@@ -101,7 +101,7 @@ class Executor(Protocol):
         """The run was aborted: stop asking hooks (the engine answers their calls)."""
 
     async def close(self) -> None:
-        """The run has ended: end whatever is left (normally nothing)."""
+        """The run returned to its caller: end whatever is left (normally nothing)."""
 
 
 class ActionLoop:
@@ -127,10 +127,10 @@ class ActionLoop:
         self.reported: set[str] = set()  # keys whose one event has been queued
         self.abandoned: set[str] = set()  # keys given up on at the end of the grace
         self.aborting = False
-        self.finished = False  # the run has ended (its end is told once)
+        self.returned = False  # the engine returned to the caller (told once)
         self.fatal: BaseException | None = None  # raised again once the run is closed
         self.model_exception: BaseException | None = None  # the cause of a failed run
-        self.late_input: list[InputQueued] = []  # queued, but the run had already ended
+        self.late_input: list[InputQueued] = []  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
         self.executor = executor(self)
@@ -157,7 +157,7 @@ class ActionLoop:
                     self._keep_late(event)
                     break
             self.handle(event)
-        # Input that was queued but arrived after the run ended is not dropped: it
+        # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
             self._keep_late(inbox.get_nowait())
@@ -176,9 +176,9 @@ class ActionLoop:
         actions = engine.handle(event)
         self.stream.engine_moved(engine)
         self._done = engine.returns_to_caller
-        if self._done and not self.finished:
-            self.finished = True
-            self.stream.run_finished(engine)
+        if self._done and not self.returned:
+            self.returned = True
+            self.stream.run_returned(engine)
         self._perform(actions)
 
     def _perform(self, actions: Sequence[Action]) -> None:
@@ -223,7 +223,7 @@ class ActionLoop:
     def abort(self, reason: str, urgent: bool = True) -> None:
         """Abort the run; ``urgent`` puts the abort ahead of the events already queued
         (a caller's abort), otherwise it follows them (an operation's own failure)."""
-        if self.aborting or self.finished:
+        if self.aborting or self.returned:
             return
         self.aborting = True
         event = AbortRequested(reason)

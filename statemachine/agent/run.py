@@ -11,7 +11,7 @@ in ``statemachine.agent.resume``.
 Exceptions that are not ``Exception``: ``KeyboardInterrupt`` and ``SystemExit`` from a
 tool, client or hook abort the run and close it (every task cancelled and awaited,
 every call answered), and then ``run()`` raises the exception to its caller;
-``AgentRun.result`` holds how the run ended. When the caller cancels ``run()`` itself
+``AgentRun.result`` holds how the run returned. When the caller cancels ``run()`` itself
 (``asyncio.Runner`` does so on Ctrl-C), the run is aborted and closed the same way
 before the cancellation goes on.
 """
@@ -199,7 +199,7 @@ class AgentRun(Generic[OutputT]):
 
     @property
     def result(self) -> RunResult[OutputT] | None:
-        """How the run ended, once ``run()`` has returned or raised (a
+        """How the run returned, once ``run()`` has returned or raised (a
         ``KeyboardInterrupt`` or ``SystemExit`` from a tool, client or hook, or the
         caller's cancellation); ``None`` before."""
         return self._outcome
@@ -225,7 +225,7 @@ class AgentRun(Generic[OutputT]):
         self._on_loop_thread(loop.abort, text)
 
     def events(self) -> AsyncIterator[RunEvent]:
-        """An async iterator of this run's events; ends after ``RunFinished``.
+        """An async iterator of this run's events; ends after ``RunReturned``.
 
         Subscribe before ``run()``, or in a task created before ``run()`` is
         awaited (``run()`` lets such tasks start first), to see ``RunStarted`` on."""
@@ -233,7 +233,7 @@ class AgentRun(Generic[OutputT]):
 
     async def stream_text(self) -> AsyncIterator[str]:
         """The answer's text fragments as the model streams them (``TextDelta``), until
-        the run ends; subscribe as for ``events()``. A client that does not stream
+        the run returns; subscribe as for ``events()``. A client that does not stream
         (or takes no ``options``) gives none: read ``RunResult.final_text`` then."""
         async for event in self._stream.subscribe():
             if isinstance(event, TextDelta):
@@ -252,8 +252,11 @@ class AgentRun(Generic[OutputT]):
         if not isinstance(message, UserMessage):
             raise InvalidInputError("queued input must be a str or a UserMessage")
         loop = self._loop
-        if self._outcome is not None or (loop is not None and loop.finished):
-            raise UsageError("the run has ended; start a new run with this message")
+        if self._outcome is not None or (loop is not None and loop.returned):
+            raise UsageError(
+                "the run has returned to its caller; give this message to resume_run "
+                "or to a new run"
+            )
         event = InputQueued(message, kind)
         if loop is None:
             self._early.append(event)
@@ -466,7 +469,7 @@ async def run_agent(
 ) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
-    Never raises for how a run ends (see ``RunResult``); raises ``InvalidInputError``
+    Never raises for the state a run returns in (see ``RunResult``); raises ``InvalidInputError``
     before any model call for an invalid history, duplicate tool names or bad
     arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
     ``messages`` may be a string (one user message); ``model`` a model string

@@ -21,7 +21,7 @@ import attrs
 from statemachine.agent.events import (
     MessageAdded,
     RunEvent,
-    RunFinished,
+    RunReturned,
     RunStarted,
     RunStats,
     StateChanged,
@@ -53,7 +53,7 @@ class EventStream:
         self._children: list[RunStats] = []  # the sub-agents' stats
         self._turn = engine.turns + 1
         self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
-        self._closed = False  # RunFinished has been told
+        self._closed = False  # RunReturned has been told
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
@@ -69,7 +69,7 @@ class EventStream:
     # -- subscribers -----------------------------------------------------------------------
 
     def subscribe(self) -> AsyncIterator[RunEvent]:
-        """An async iterator of the events from now on; it ends after ``RunFinished``."""
+        """An async iterator of the events from now on; it ends after ``RunReturned``."""
         queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
         if self._closed:
             queue.put_nowait(None)
@@ -170,13 +170,13 @@ class EventStream:
         cancelled = isinstance(event, ToolCancelled)
         self.emit(lambda: ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
 
-    def run_finished(self, engine: Engine) -> None:
-        """The engine returned to the caller: ``RunFinished``, then the end of every
+    def run_returned(self, engine: Engine) -> None:
+        """The engine returned to the caller: ``RunReturned``, then the end of every
         subscriber's iterator."""
         self._closed = True
         if not self._subscribers:
             return
-        self.emit(RunFinished(engine.state, engine.explanation or "", self.stats(engine)))
+        self.emit(RunReturned(engine.state, engine.explanation or "", self.stats(engine)))
         for queue in self._subscribers:
             queue.put_nowait(None)
 

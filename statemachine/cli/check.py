@@ -81,9 +81,9 @@ def cli_check(argv: list[str]) -> int:
     """``python -m statemachine check [--turns N] [--calls M]``."""
     parser = CommandParser(
         "check",
-        description="Exhaustively check the engine: every accepted event sequence within "
-        "the bounds, every invariant at every reachable state, every destination against "
-        "the rules, every table row taken.",
+        description="Exhaustively check the engine: every accepted sequence of engine events "
+        "within the bounds, every invariant at every reachable state, every destination "
+        "against the rules, every table row taken.",
         failed="a finding (an invariant broken, a destination against the rules, a row "
         "never taken, a dead end)",
     )
@@ -92,7 +92,8 @@ def cli_check(argv: list[str]) -> int:
     parser.add_argument(
         "--counterexample",
         metavar="FILE",
-        help="write the first violation's event path as a journal (replay it to see it)",
+        help="write the engine events that lead to the first violation as a journal "
+        "(replay it to see it)",
     )
     parser.add_argument(
         "--uncapped",

@@ -118,7 +118,7 @@ async def run_shown(
     on_event: Callable[[RunEvent], None],
 ) -> RunResult:
     """Run ``run``: ``show`` each message of its initial ``history``, then hand each
-    event of its stream to ``on_event`` as it arrives; return how the run ended."""
+    event of its stream to ``on_event`` as it arrives; return how the run returned."""
     events = run.events()  # subscribed before run(), so no event is missed
     for message in history:
         show(message)
@@ -133,7 +133,7 @@ async def run_shown(
     except BaseException:
         shown.cancel()
         raise
-    await shown  # the stream ends with RunFinished, which run() has emitted
+    await shown  # the stream ends with RunReturned, which run() has emitted
     return result
 
 
@@ -182,8 +182,8 @@ def describe_run_event(event: RunEvent) -> str:
             f"tool {event.call.name} ({event.call.id}) {how} after {event.seconds:.2f} s: "
             f"{_short(text)}"
         )
-    if isinstance(event, ev.RunFinished):
-        return f"run finished: {event.state.value}: {_short(event.explanation, 200)}"
+    if isinstance(event, ev.RunReturned):
+        return f"run returned: {event.state.value}: {_short(event.explanation, 200)}"
     return _short(repr(event), 200)  # an event kind this printer does not know yet
 
 

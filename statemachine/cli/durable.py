@@ -289,18 +289,17 @@ def _history(directory: str) -> list[str]:
 
 def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
     """Export the run as a journal and replay it: the same history and trace."""
-    from statemachine.durable._dbos_ops import export_journal
-    from statemachine.durable.dbos import connect
     from statemachine.journal import replay
 
     journal = Path(directory, f"{DEMO_RUN}.jsonl")
 
     async def export() -> None:
-        client = connect(f"sqlite:///{directory}/runs.sqlite")
+        store = open_store("dbos", f"sqlite:///{directory}/runs.sqlite")
         try:
-            await export_journal(client, DEMO_RUN, journal, tools=[ship_parcel])
+            handle = await store.handle(DEMO_RUN)
+            await handle.export_journal(journal, tools=[ship_parcel])
         finally:
-            client.destroy()
+            store.close()
 
     asyncio.run(export())  # checked against the run's saved result
     replayed = replay(journal)

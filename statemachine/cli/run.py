@@ -64,8 +64,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.table import TurnState
 from statemachine.errors import InvalidInputError
-from statemachine.providers._errors import redact
-from statemachine.providers._logging import RedactSecrets
+from statemachine.providers.redaction import RedactSecrets, redact
 
 __all__ = ["cli_run"]
 
@@ -174,9 +173,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not give the model list_files and read_file",
     )
-    parser.add_argument(
-        "--events", action="store_true", help="print each event of the run on stderr"
-    )
+    parser.add_argument("--events", action="store_true", help="print each run event on stderr")
     parser.add_argument("--verbose", action="store_true", help="log each transition")
     return parser
 

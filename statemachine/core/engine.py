@@ -1,8 +1,8 @@
-"""The sans-IO engine: input events in, actions out. Read it beside ``core/table.py``.
+"""The sans-IO engine: engine events in, actions out. Read it beside ``core/table.py``.
 
 The engine performs no I/O, reads no clock and draws no random number: the same
 events give the same states, history and transition log (I5). It interprets the
-table, and nothing else decides where a run goes. One input event goes through
+table, and nothing else decides where a run goes. One engine event goes through
 ``handle`` like this:
 
 1. In an absorbing (terminal) state, the event is logged and dropped (I4).
@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NoReturn, Self
 
 import attrs
+from typing_extensions import deprecated
 
 from statemachine._log import library_logger
 from statemachine.core import explanations as explain
@@ -70,7 +71,7 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
-    RunEnded,
+    ReturnToCaller,
     StartTool,
     ToolCancelled,
     ToolDenied,
@@ -131,7 +132,7 @@ __all__ = [
 S = TurnState
 
 MAX_INTERNAL_TRANSITIONS: Final = 32
-"""How many internal transitions one input event may cause. The table needs at most
+"""How many internal transitions one engine event may cause. The table needs at most
 three (DispatchingTools -> CollectingResults -> TurnBoundary -> AwaitingModel); a
 guard that still holds after this many means a broken table or guard, and the engine
 raises ``EngineInvariantError`` instead of looping forever."""
@@ -228,7 +229,7 @@ class Engine:
     _output_error: str | None  # why the last attempt failed
     _output_remind: bool  # ask for the final-result tool before the next call
     # transient
-    _event: Event | None  # the input event being handled
+    _event: Event | None  # the engine event being handled
     _actions: list[Action]  # what the event's entry effects asked for
 
     def __init__(
@@ -341,9 +342,13 @@ class Engine:
         return self._state in RETURNS_TO_CALLER
 
     @property
+    @deprecated(
+        "Engine.is_finished is deprecated: use Engine.returns_to_caller (true in "
+        "AwaitingUser too), or Engine.state.is_terminal to ask whether the run has ended"
+    )
     def is_finished(self) -> bool:
         """Deprecated alias of ``returns_to_caller`` (true in ``AwaitingUser`` too,
-        which is not finished). To ask whether the run is over, use
+        which is not finished). To ask whether the run has ended, use
         ``engine.state.is_terminal``."""
         return self._state in RETURNS_TO_CALLER
 
@@ -364,13 +369,13 @@ class Engine:
     # -- handling an event -----------------------------------------------------------
 
     def handle(self, event: Event) -> tuple[Action, ...]:
-        """Apply one input event; return the actions it calls for.
+        """Apply one engine event; return the actions it calls for.
 
         Raises ``ProtocolError`` (changing nothing) if the event is not accepted now.
         """
         trigger = getattr(event, "trigger", None)
         if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
-            raise ProtocolError(f"not an input event: {event!r}")
+            raise ProtocolError(f"not an engine event: {event!r}")
         state = self._state
         if state in ABSORBING:
             self._log.debug(
@@ -574,7 +579,7 @@ class Engine:
         recent = self.trace[-(fired + 1) :]  # the input's own transition, then the rest
         shown = ", ".join(f"{r.source}-{r.trigger}->{r.dest}" for r in recent[-6:])
         raise EngineInvariantError(
-            f"internal transitions do not settle: {fired} fired after one input event and "
+            f"internal transitions do not settle: {fired} fired after one engine event and "
             f"{trigger} would fire again in {self._state} (a broken table or guard; "
             f"this engine cannot go on). Last transitions: {shown}",
             recent,
@@ -788,7 +793,7 @@ class Engine:
     def _finish(self, explanation: str) -> None:
         """Entering a state that returns to the caller: explain it, announce it."""
         self.explanation = explanation
-        self._actions.append(RunEnded(self._state, explanation))
+        self._actions.append(ReturnToCaller(self._state, explanation))
         self._log.info(
             "run_ended", turn=self.turns, state=self._state.value, explanation=explanation
         )

@@ -1,6 +1,6 @@
-"""Input events (what a driver tells the engine) and actions (what it asks back).
+"""Engine events (what a driver tells the engine) and actions (what it asks back).
 
-Both are small frozen classes. An input event names the trigger it causes; the
+Both are small frozen classes. An engine event names the trigger it causes; the
 transition table (``core/table.py``) says what that trigger does in each state.
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import ClassVar, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, overload
 
 import attrs
 
+from statemachine._deprecated import renamed as _renamed
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -41,7 +42,7 @@ __all__ = [
     "ModelCancelled",
     "ModelFailed",
     "ModelResponded",
-    "RunEnded",
+    "ReturnToCaller",
     "Start",
     "StartTool",
     "ToolCancelled",
@@ -57,7 +58,7 @@ _str = attrs.validators.instance_of(str)
 # own attrs validator and its error.
 _set = object.__setattr__
 
-# -- input events ------------------------------------------------------------------
+# -- engine events --------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -227,7 +228,7 @@ EVENT_TYPES: tuple[type, ...] = (
     ContinueDecided,
     AbortRequested,
 )
-"""Every input event class, one per input trigger."""
+"""Every engine event class, one per input trigger."""
 
 # -- actions --------------------------------------------------------------------------
 
@@ -363,13 +364,22 @@ class CheckContinue:
 
 
 @attrs.frozen
-class RunEnded:
-    """The run reached a state in which the driver returns to its caller."""
+class ReturnToCaller:
+    """Return to the caller: the run is in a terminal state (it has ended) or in
+    ``AwaitingUser`` (it resumes from there with a new message).
+
+    ``RunEnded`` is its deprecated name; wire dicts written with it still read."""
 
     state: TurnState
     explanation: str
 
 
 Action: TypeAlias = (
-    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | RunEnded
+    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | ReturnToCaller
 )
+
+
+if not TYPE_CHECKING:  # a type checker reports the old name as missing
+
+    def __getattr__(name: str) -> Any:
+        return _renamed(__name__, name, {"RunEnded": "ReturnToCaller"}, globals())

@@ -1,7 +1,7 @@
 """The explanations an engine gives when a run returns to its caller, worded here.
 
 Each function turns the facts the engine hands it into the sentence a person reads in
-``Engine.explanation`` and ``RunEnded``: what ended the run (or why it waits), and
+``Engine.explanation`` and ``ReturnToCaller``: what ended the run (or why it waits), and
 what to do next. The engine decides which one applies (``Engine._enter_<State>``);
 nothing here reads an engine.
 """

@@ -1,6 +1,6 @@
 """The one JSON form of everything the library writes down or sends: messages and
-their content blocks, tool definitions, tool outputs, schedulings, the engine's input
-events and its actions.
+their content blocks, tool definitions, tool outputs, schedulings, the engine's events
+and its actions.
 
 The journal, the engine snapshot, the test kit's bridge and transcripts all read and
 write through these functions, so there is one shape of each thing and one place
@@ -506,6 +506,8 @@ EVENT_CODECS: Final[dict[str, ClassCodec]] = {
 ACTION_CODECS: Final[dict[str, ClassCodec]] = {
     cls.__name__: _class_codec(cls) for cls in typing.get_args(Action)
 }
+# Names that dicts written by earlier versions use, read as the class's current name.
+_FORMER_NAMES: Final[dict[str, str]] = {"RunEnded": "ReturnToCaller"}
 _BY_CLASS: Final[dict[type, ClassCodec]] = {
     c.cls: c for c in (*EVENT_CODECS.values(), *ACTION_CODECS.values())
 }
@@ -525,7 +527,7 @@ def _from_dict(d: Any, codecs: Mapping[str, ClassCodec], what: str, path: str) -
     if not isinstance(d, Mapping):
         raise _fail(path, "an object", d)
     kind = d.get("type")
-    codec = codecs.get(kind) if isinstance(kind, str) else None
+    codec = codecs.get(_FORMER_NAMES.get(kind, kind)) if isinstance(kind, str) else None
     if codec is None:
         raise WireFormatError(
             f"{path}.type: {kind!r} is not {what} type (expected one of "
@@ -548,8 +550,8 @@ def _from_dict(d: Any, codecs: Mapping[str, ClassCodec], what: str, path: str) -
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The JSON shape of an input event: ``{"type": <class name>, <camelCase fields>}``."""
-    return _to_dict(event, EVENT_CODECS, "an input event")
+    """The JSON shape of an engine event: ``{"type": <class name>, <camelCase fields>}``."""
+    return _to_dict(event, EVENT_CODECS, "an engine event")
 
 
 def event_from_dict(d: Mapping[str, Any], *, path: str = "event") -> Event:

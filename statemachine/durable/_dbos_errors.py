@@ -8,12 +8,27 @@ import sqlite3
 from collections.abc import Iterator
 
 import sqlalchemy.exc
+from dbos import error as dbos_error
 from sqlalchemy.engine import make_url
 
 from statemachine.durable import StoreUnavailableError
 from statemachine.errors import InvalidInputError
 
-__all__ = ["reachable", "redact", "still_there", "store_errors", "write_ahead"]
+__all__ = [
+    "DBOSUnexpectedStepError",
+    "DBOSWorkflowCancelledError",
+    "reachable",
+    "redact",
+    "still_there",
+    "store_errors",
+    "write_ahead",
+]
+
+# The DBOS errors the backend catches or raises. DBOS exports its errors as the
+# attribute ``dbos.error`` (not an importable module path), so they are taken from
+# there, here, once.
+DBOSUnexpectedStepError = dbos_error.DBOSUnexpectedStepError
+DBOSWorkflowCancelledError = dbos_error.DBOSWorkflowCancelledError
 
 _MAX_DETAIL = 300  # chars of the driver's own words kept in the message
 

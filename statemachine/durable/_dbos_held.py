@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from dbos import DBOSClient
-from dbos._error import DBOSWorkflowCancelledError  # DBOS exports none of its errors
 
 from statemachine.durable import RunHeldError
+from statemachine.durable._dbos_errors import DBOSWorkflowCancelledError
 from statemachine.durable._dbos_status import ENDED_BY, HELD, attributes, find, status_of
 from statemachine.errors import UsageError
 

@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 from dbos import DBOS, StepOptions
-from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import AsyncioExecutor
@@ -34,6 +33,7 @@ from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
 from statemachine.durable._course import user_message
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
+from statemachine.durable._dbos_errors import DBOSUnexpectedStepError
 from statemachine.durable._journal import NOT_RECORDED
 from statemachine.durable._order import CallOrder
 from statemachine.durable._wire import decode_step_events, encode_step_events

@@ -80,7 +80,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
-from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
@@ -95,7 +94,12 @@ from statemachine.core.wire import messages_from_dicts, messages_to_dicts
 from statemachine.durable import ExportedJournal, ListedRun, RunStatus, _dbos_held, _dbos_ops
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
+from statemachine.durable._dbos_errors import (
+    DBOSUnexpectedStepError,
+    reachable,
+    store_errors,
+    write_ahead,
+)
 from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
 from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS

@@ -1,7 +1,7 @@
-"""Run journals: record every input event of a run, and replay them exactly.
+"""Run journals: record every engine event of a run, and replay them exactly.
 
 The engine is deterministic (I5), so a run is fully described by its configuration
-and the sequence of input events it accepted. A journal is that record, as JSON
+and the sequence of engine events it accepted. A journal is that record, as JSON
 Lines; ``replay`` rebuilds the engine from it and checks that the engine goes exactly
 where the journal says it went, and a divergence names the line where it shows.
 
@@ -32,6 +32,9 @@ recorded simply has none.
 
 The events and messages are written in ``statemachine.core.wire``'s form.
 
+``describe_event`` gives an engine event's one readable line, and ``format_step`` a
+replayed step's two (the ``replay`` command prints them).
+
 ``view_html`` draws a journal as one self-contained HTML page (the diagram with the
 run's path, a timeline of the events, the transcript); ``statemachine view`` writes it.
 """
@@ -40,7 +43,13 @@ from __future__ import annotations
 
 from statemachine.journal._format import JournalError
 from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES
-from statemachine.journal._replay import ReplayResult, ReplayStep, format_step, replay
+from statemachine.journal._replay import (
+    ReplayResult,
+    ReplayStep,
+    describe_event,
+    format_step,
+    replay,
+)
 from statemachine.journal._view import DEFAULT_MAX_VIEW_BYTES, DEFAULT_MAX_VIEW_TEXT, view_html
 from statemachine.journal._writer import Journal, JournalingEngine, run_agent_journaled
 
@@ -53,6 +62,7 @@ __all__ = [
     "JournalingEngine",
     "ReplayResult",
     "ReplayStep",
+    "describe_event",
     "format_step",
     "replay",
     "run_agent_journaled",

@@ -2,7 +2,7 @@
 error every reading problem becomes, and the format's name and version.
 
 The engine is deterministic (I5), so a run is fully described by its configuration
-and the sequence of input events it accepted; the header holds the configuration.
+and the sequence of engine events it accepted; the header holds the configuration.
 ``statemachine.journal`` describes the format line by line.
 
 ``options`` holds the engine's other keyword arguments (``check_continue``, the tools'

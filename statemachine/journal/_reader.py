@@ -60,7 +60,7 @@ class Lines:
         return JournalError(
             self.number,
             f"the line is longer than {self.max_line_bytes:,} bytes (replay's "
-            "max_line_bytes): a journal line is one event or the header",
+            "max_line_bytes): a journal line is one engine event or the header",
         )
 
 

@@ -365,7 +365,7 @@ class _Replayer:
 
 
 def describe_event(event: Event) -> str:
-    """A one-line, human-readable account of an input event."""
+    """A one-line, human-readable account of an engine event."""
     data = event_to_dict(event)
     kind = data.pop("type")
     if "message" in data and isinstance(event, _events.ModelResponded):

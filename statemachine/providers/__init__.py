@@ -27,8 +27,8 @@ from statemachine.providers._errors import (
     ProviderResponseError,
     ProviderUnavailableError,
 )
-from statemachine.providers._logging import RedactSecrets
 from statemachine.providers._retry import RetryPolicy
+from statemachine.providers.redaction import RedactSecrets
 from statemachine.providers.registry import known_providers, model_from_string, register_provider
 
 if TYPE_CHECKING:

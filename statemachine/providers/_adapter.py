@@ -51,10 +51,8 @@ from statemachine.providers._errors import (
     ProviderResponseError,
     classify,
     connection_failure,
-    redact,
     validation_detail,
 )
-from statemachine.providers._logging import protect_secret
 from statemachine.providers._projection import MessageBuilder
 from statemachine.providers._retry import (
     AbortWatch,
@@ -64,6 +62,7 @@ from statemachine.providers._retry import (
     complete_with_retries,
     race_abort,
 )
+from statemachine.providers.redaction import protect_secret, redact
 
 __all__ = [
     "AdapterOptions",

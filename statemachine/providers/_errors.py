@@ -15,7 +15,6 @@ much as the status.
 from __future__ import annotations
 
 import email.utils
-import functools
 import itertools
 import math
 import re
@@ -34,6 +33,7 @@ from statemachine.errors import (
     ProviderResponseError,
     ProviderUnavailableError,
 )
+from statemachine.providers.redaction import redact
 
 __all__ = [
     "ContextOverflowError",
@@ -48,7 +48,6 @@ __all__ = [
     "classify",
     "missing_extra",
     "parse_retry_after",
-    "redact",
     "redacted_chain",
 ]
 
@@ -102,53 +101,6 @@ NOT_FOUND = (
     "/chat/completions); retrying will not help."
 )
 """What an HTTP 404 means for an adapter that takes a ``base_url``."""
-
-
-_FRAGMENT = 8  # a key's pieces this long or longer are secret too
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (of a useful length) replaced by ``[REDACTED]``.
-
-    A secret of 8 characters or more is also removed where only a piece of it (8
-    characters or more) appears: providers echo keys half-masked
-    (``"sk-abc123...wxyz"``), and servers cut them into URLs and headers.
-    """
-    for secret in secrets:
-        # A one-character "secret" would shred the text and protect nothing.
-        if not secret or len(secret) < 4:
-            continue
-        if len(secret) < _FRAGMENT:
-            text = text.replace(secret, "[REDACTED]")
-        else:
-            text = _redact_fragments(text, secret)
-    return text
-
-
-@functools.lru_cache(maxsize=16)
-def _fragments(secret: str) -> frozenset[str]:
-    return frozenset(secret[i : i + _FRAGMENT] for i in range(len(secret) - _FRAGMENT + 1))
-
-
-def _redact_fragments(text: str, secret: str) -> str:
-    spans: list[tuple[int, int]] = []
-    for fragment in _fragments(secret):
-        # str.find runs in C: cheap even for long texts with nothing to hide.
-        at = text.find(fragment)
-        while at != -1:
-            spans.append((at, at + _FRAGMENT))
-            at = text.find(fragment, at + 1)
-    if not spans:
-        return text
-    spans.sort()
-    out: list[str] = []
-    kept = 0  # text[:kept] has been written or redacted
-    for start, end in spans:
-        if not out or start > kept:
-            out += (text[kept:start], "[REDACTED]")
-        kept = max(kept, end)
-    out.append(text[kept:])
-    return "".join(out)
 
 
 def redacted_chain(exc: BaseException, secrets: Iterable[str]) -> RedactedCauseError:

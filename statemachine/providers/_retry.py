@@ -29,9 +29,9 @@ from statemachine.providers._errors import (
     Failure,
     ProviderError,
     ProviderUnavailableError,
-    redact,
     redacted_chain,
 )
+from statemachine.providers.redaction import redact
 
 __all__ = ["AbortWatch", "RetryPolicy", "Sleep", "complete_with_retries", "race_abort"]
 

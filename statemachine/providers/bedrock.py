@@ -83,8 +83,8 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
 )
-from statemachine.providers._logging import protect_secret
 from statemachine.providers._native import OUTPUT_SCHEMA_NAME, checked_flag
+from statemachine.providers.redaction import protect_secret
 
 __all__ = ["BedrockModel", "project_messages", "project_tools"]
 

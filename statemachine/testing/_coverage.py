@@ -28,7 +28,7 @@ from statemachine.core.events import (
     CheckContinue,
     CheckPermission,
     Event,
-    RunEnded,
+    ReturnToCaller,
     StartTool,
 )
 from statemachine.core.table import INTERNAL_TRIGGERS, Guard, Transition, Trigger, TurnState
@@ -54,7 +54,7 @@ class _Firing:
         return ", ".join(f"{g.value}={v}" for g, v in self.guards) or "no guard consulted"
 
 
-_ANNOUNCED = (CallModel, CancelOperations, CheckContinue, RunEnded)
+_ANNOUNCED = (CallModel, CancelOperations, CheckContinue, ReturnToCaller)
 
 
 def _count(counter: collections.Counter[type]) -> str:

@@ -23,7 +23,7 @@ from statemachine.core.engine import Engine
 from statemachine.core.events import (
     CallModel,
     Event,
-    RunEnded,
+    ReturnToCaller,
     StartTool,
     ToolFinished,
 )
@@ -451,10 +451,10 @@ class _Search(RuleChecks):
             self._violate("I2", "the history was not only appended to", path)
             return
         state = engine.state
-        ended = [a for a in actions if isinstance(a, RunEnded)]
+        ended = [a for a in actions if isinstance(a, ReturnToCaller)]
         entered = state is not before_state and state in RETURNS_TO_CALLER
         if entered and (len(ended) != 1 or ended[0].state is not state):
-            self._violate("I4", f"entering {state.value} did not announce RunEnded", path)
+            self._violate("I4", f"entering {state.value} did not announce ReturnToCaller", path)
         # I6: a tool's own result, once delivered, is kept as it is.
         if isinstance(event, ToolFinished):
             for message in history[len(before) :]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import attrs
 
-from statemachine.core.events import CallModel, CancelOperations, CheckContinue, RunEnded
+from statemachine.core.events import CallModel, CancelOperations, CheckContinue, ReturnToCaller
 from statemachine.core.table import Guard, Trigger, TurnState
 
 __all__ = [
@@ -270,5 +270,5 @@ def entry_actions(
     elif dest is S.TURN_BOUNDARY and check_continue:
         out[CheckContinue] += 1
     if dest in ENDS or dest is S.AWAITING_USER:
-        out[RunEnded] += 1
+        out[ReturnToCaller] += 1
     return out

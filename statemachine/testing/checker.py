@@ -8,7 +8,7 @@ checks made at every reachable state and on every refused event, and the
 How it works
 ------------
 Breadth-first search over engine configurations. From each reachable engine the
-checker offers every candidate input event that ``EVENT_SOURCES`` produces for the
+checker offers every candidate engine event that ``EVENT_SOURCES`` produces for the
 triggers the table accepts in that state: all model responses within the bounds
 (0..M tool calls, each call valid, to an unknown tool or with invalid arguments,
 every stop reason, plus one response whose ids need normalising), every permission
@@ -34,7 +34,7 @@ do not give (``rule 7: in TurnBoundary on next_turn with stop_requested=True, ..
 expected Done, actual TurnLimitExceeded``), a trigger accepted by one and not the
 other, an internal trigger left unfired though due, and actions that are not what
 the transitions announce (a model call per ``AwaitingModel`` entered, a cancel per
-``Aborting``, a check per turn boundary with the hook, a ``RunEnded`` per return to
+``Aborting``, a check per turn boundary with the hook, a ``ReturnToCaller`` per return to
 the caller). Row coverage counts the row the dispatch applied, by position, so two
 rows of a group with one destination are told apart.
 
@@ -166,7 +166,7 @@ class CheckReport:
 
 
 def _describe(event: Event) -> str:
-    from statemachine.journal._replay import describe_event  # the journal owns the readable form
+    from statemachine.journal import describe_event  # the journal owns the readable form
 
     return describe_event(event)
 

@@ -1,6 +1,6 @@
 """``AgentEngineMachine``: a Hypothesis stateful test to subclass for your own engine.
 
-The machine fires valid and invalid input events at an engine, in every order
+The machine fires valid and invalid engine events at an engine, in every order
 Hypothesis can think of, and asserts the history invariants after each step:
 
 * the history stays valid (I1 pairing, I2 order; the calls of the message being

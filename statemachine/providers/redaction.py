@@ -1,4 +1,8 @@
-"""Keeping API keys out of logs.
+"""Keeping API keys out of error texts and logs: the library's one redaction.
+
+``redact(text, secrets)`` replaces each secret, and the pieces of it that providers
+echo, by ``[REDACTED]``; the adapters' errors (``_errors``) and the ``run`` command's
+console use it.
 
 ``RedactSecrets`` is a structlog processor. The library never configures structlog;
 an application that logs provider activity adds this processor to its own chain (the
@@ -15,13 +19,59 @@ and no level or handler is touched.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from statemachine.providers._errors import redact
+__all__ = ["RedactSecrets", "protect_secret", "redact"]
 
-__all__ = ["RedactSecrets", "protect_secret"]
+_FRAGMENT = 8  # a key's pieces this long or longer are secret too
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (of a useful length) replaced by ``[REDACTED]``.
+
+    A secret of 8 characters or more is also removed where only a piece of it (8
+    characters or more) appears: providers echo keys half-masked
+    (``"sk-abc123...wxyz"``), and servers cut them into URLs and headers.
+    """
+    for secret in secrets:
+        # A one-character "secret" would shred the text and protect nothing.
+        if not secret or len(secret) < 4:
+            continue
+        if len(secret) < _FRAGMENT:
+            text = text.replace(secret, "[REDACTED]")
+        else:
+            text = _redact_fragments(text, secret)
+    return text
+
+
+@functools.lru_cache(maxsize=16)
+def _fragments(secret: str) -> frozenset[str]:
+    return frozenset(secret[i : i + _FRAGMENT] for i in range(len(secret) - _FRAGMENT + 1))
+
+
+def _redact_fragments(text: str, secret: str) -> str:
+    spans: list[tuple[int, int]] = []
+    for fragment in _fragments(secret):
+        # str.find runs in C: cheap even for long texts with nothing to hide.
+        at = text.find(fragment)
+        while at != -1:
+            spans.append((at, at + _FRAGMENT))
+            at = text.find(fragment, at + 1)
+    if not spans:
+        return text
+    spans.sort()
+    out: list[str] = []
+    kept = 0  # text[:kept] has been written or redacted
+    for start, end in spans:
+        if not out or start > kept:
+            out += (text[kept:start], "[REDACTED]")
+        kept = max(kept, end)
+    out.append(text[kept:])
+    return "".join(out)
+
 
 _PROTECTED: set[str] = set()
 _LIBRARIES = ("httpx2", "httpcore2", "openai", "anthropic", "google_genai", "botocore", "boto3")
