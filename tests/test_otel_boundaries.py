@@ -320,3 +320,9 @@ def test_a_client_whose_complete_is_not_async_is_refused_with_a_usage_error(
     assert isinstance(traced.error.__cause__, sm.UsageError)
     chat = next(s for s in exporter.get_finished_spans() if s.name == "chat sync-1")
     assert dict(chat.attributes or {})["error.type"] == "UsageError"
+
+
+def test_an_object_without_complete_is_refused_when_wrapped() -> None:
+    tracer, _ = _exported()
+    with pytest.raises(sm.UsageError, match="object has no complete method"):
+        tracer.model(object())  # type: ignore[arg-type]

@@ -55,6 +55,7 @@ from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolResultMessage
 from statemachine.core.table import TurnState
+from statemachine.errors import UsageError
 
 try:
     from opentelemetry import metrics, trace
@@ -250,10 +251,18 @@ class AgentTracer:
     def model(self, client: ModelClient | str, *, provider_name: str | None = None) -> ModelClient:
         """``client`` (or the client a model string names), making a ``chat`` span
         around each call (``provider_name``: its ``gen_ai.provider.name``, when the
-        tracer cannot tell). A client this tracer wrapped already is returned as it is."""
+        tracer cannot tell). A client this tracer wrapped already is returned as it is;
+        an object without ``complete`` is a ``UsageError``. A ``complete`` that is not
+        ``async def`` fails each call with the ``UsageError`` an untraced run gives
+        (only the call tells: a plain function may return an awaitable)."""
         client = resolve_model(client)
         if isinstance(client, TracedModel) and client.tracer is self:
             return client
+        if not callable(getattr(client, "complete", None)):
+            raise UsageError(
+                f"AgentTracer.model: {type(client).__name__} has no complete method; a model "
+                "client defines async def complete(self, messages, tools, signal)"
+            )
         return TracedModel(client, self, provider_name or self._provider_of(client))
 
     def tools(self, tools: Iterable[Tool]) -> list[Tool]:
