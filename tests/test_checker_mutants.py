@@ -21,8 +21,8 @@ from statemachine.core import table as _table
 from statemachine.core.table import Guard, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
 from statemachine.testing import _reference
+from statemachine.testing._space import NATIVE_OUTPUT, NATIVE_TEXTS, RESPONSE_USAGE, USAGE_LIMITS
 from statemachine.testing._space import OUTPUT as OUTPUT_SPEC
-from statemachine.testing._space import RESPONSE_USAGE, USAGE_LIMITS
 from statemachine.testing.checker import Bounds, CheckReport, Config, check_engine
 
 S = TurnState
@@ -58,6 +58,18 @@ HOOKED_OUTPUT = attrs.evolve(
         Config(
             {"output": OUTPUT_SPEC, "check_permissions": True},
             call_kinds=("ok", "final_ok", "final_bad"),
+        ),
+    ),
+)
+# Native output: no final-result tool; a final answer's text is valid JSON of the schema,
+# JSON that breaks it, or no JSON.
+NATIVE = attrs.evolve(
+    PLAIN,
+    configs=(
+        Config(
+            {"output": NATIVE_OUTPUT, "check_continue": True},
+            call_kinds=("ok",),
+            texts=NATIVE_TEXTS,
         ),
     ),
 )
@@ -191,6 +203,14 @@ MUTANTS: dict[str, tuple[Edit, Bounds]] = {
         redirect(S.TURN_BOUNDARY, T.NEXT_TURN, G.OUTPUT_RETRIES_EXHAUSTED, S.FAILED),
         OUTPUT,
     ),
+    "native: final text that is not the output ends Done": (
+        redirect(S.AWAITING_MODEL, T.MODEL_RESPONDED, G.OUTPUT_MISSING, S.DONE),
+        NATIVE,
+    ),
+    "native: spent output retries end Failed": (
+        redirect(S.TURN_BOUNDARY, T.NEXT_TURN, G.OUTPUT_RETRIES_EXHAUSTED, S.FAILED),
+        NATIVE,
+    ),
     "a valid final result wins over a policy denial": (
         swap(S.TURN_BOUNDARY, T.NEXT_TURN, G.DENIED_BY_POLICY, G.OUTPUT_ACCEPTED),
         HOOKED_OUTPUT,
@@ -319,10 +339,11 @@ def test_the_harness_installs_the_edited_rows_where_the_engine_reads_them() -> N
 
 def test_there_are_mutants_of_every_kind() -> None:
     assert len(MUTANTS) >= 13
-    # Each mutant really changes the table.
-    tables = {edit(_table.TRANSITIONS) for edit, _ in MUTANTS.values()}
-    assert len(tables) == len(MUTANTS)
-    assert _table.TRANSITIONS not in tables
+    # Each mutant really changes the table, and no two are the same check (one edit may
+    # be checked in two configurations: the native-output mutants repeat the tool's).
+    checks = {(edit(_table.TRANSITIONS), id(bounds)) for edit, bounds in MUTANTS.values()}
+    assert len(checks) == len(MUTANTS)
+    assert _table.TRANSITIONS not in {table for table, _ in checks}
 
 
 @pytest.mark.timeout(120)
@@ -342,8 +363,17 @@ def test_the_checker_fails_a_table_mutant(name: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "bounds",
-    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT, HOOKED_OUTPUT],
-    ids=["plain", "continue", "hooked", "usage", "hooked-usage", "output", "hooked-output"],
+    [PLAIN, CONTINUE, HOOKED, USAGE, HOOKED_USAGE, OUTPUT, HOOKED_OUTPUT, NATIVE],
+    ids=[
+        "plain",
+        "continue",
+        "hooked",
+        "usage",
+        "hooked-usage",
+        "output",
+        "hooked-output",
+        "native",
+    ],
 )
 def test_the_real_table_passes_the_mutants_bounds(bounds: Bounds) -> None:
     # So every finding above is the mutant's, not the bounds'.

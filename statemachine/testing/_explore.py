@@ -98,6 +98,8 @@ class _Search(RuleChecks):
             bounds = attrs.evolve(bounds, usages=config.usages)
         if config.call_kinds is not None:
             bounds = attrs.evolve(bounds, call_kinds=config.call_kinds)
+        if config.texts is not None:
+            bounds = attrs.evolve(bounds, texts=config.texts)
         self.bounds = bounds
         self.config = config.options
         self.check_continue = bool(config.options.get("check_continue"))

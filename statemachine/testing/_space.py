@@ -77,6 +77,7 @@ class Config:
     max_calls: int | None = None
     usages: tuple[Usage | None, ...] | None = None
     call_kinds: tuple[CallKind, ...] | None = None
+    texts: tuple[str, ...] | None = None
 
     def describe(self) -> str:
         """One short line (the progress display shows it on one terminal line)."""
@@ -92,7 +93,8 @@ def _short(value: object) -> str:
         fields = attrs.asdict(value, filter=lambda _, v: v is not None)
         return ",".join(f"{k}:{v}" for k, v in fields.items())
     if isinstance(value, OutputSpec):
-        return f"{value.name}(retries:{value.retries})"
+        mode = ", native" if value.native else ""
+        return f"{value.name}(retries:{value.retries}{mode})"
     return str(value)
 
 
@@ -110,6 +112,10 @@ OUTPUT = OutputSpec.of(
     {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
     retries=1,
 )
+# The same output in native mode: no final-result tool is offered; a final answer's text
+# is the output, valid JSON of the schema, JSON that breaks it, or no JSON at all.
+NATIVE_OUTPUT = attrs.evolve(OUTPUT, native=True)
+NATIVE_TEXTS = ('{"answer": "42"}', '{"answer": 42}', "finished")
 
 
 # A permission hook gives every call four answers, in any order, then approvals: at three
@@ -122,6 +128,9 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config({"check_permissions": True, "check_continue": True}, max_calls=2),
     Config({"usage_limits": USAGE_LIMITS, "check_continue": True}, usages=(None, RESPONSE_USAGE)),
     Config({"output": OUTPUT, "check_continue": True}, call_kinds=("ok", "final_ok", "final_bad")),
+    Config(
+        {"output": NATIVE_OUTPUT, "check_continue": True}, call_kinds=("ok",), texts=NATIVE_TEXTS
+    ),
 )
 
 
@@ -151,6 +160,7 @@ class Bounds:
     turns: int = 3
     calls: int = 3
     call_kinds: tuple[CallKind, ...] = ("ok", "unknown", "invalid")
+    texts: tuple[str, ...] = ("finished",)
     stop_reasons: tuple[StopReason, ...] = tuple(StopReason)
     usages: tuple[Usage | None, ...] = (None,)
     configs: tuple[Config, ...] = DEFAULT_CONFIGS
@@ -182,11 +192,12 @@ def _responses(turn: int, bounds: Bounds) -> list[Event]:
     for count in range(bounds.calls + 1):
         for kinds in itertools.product(bounds.call_kinds, repeat=count):
             calls = [_call(f"t{turn}c{i}", kind) for i, kind in enumerate(kinds)]
-            text = [] if calls else [TextContent("finished")]
-            for stop in bounds.stop_reasons:
-                for usage in bounds.usages:
-                    message = AssistantMessage([*text, *calls], stop_reason=stop, usage=usage)
-                    out.append(ModelResponded(message))
+            texts = [[]] if calls else [[TextContent(t)] for t in bounds.texts]
+            for text in texts:
+                for stop in bounds.stop_reasons:
+                    for usage in bounds.usages:
+                        message = AssistantMessage([*text, *calls], stop_reason=stop, usage=usage)
+                        out.append(ModelResponded(message))
     if bounds.calls >= 2:
         # Ids the engine must normalise (empty and repeated).
         calls = [_call("", "ok") for _ in range(bounds.calls)]
