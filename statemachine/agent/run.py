@@ -178,7 +178,7 @@ class AgentRun(Generic[OutputT]):
         self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
-        self._user_signal = signal if signal is not None else AbortSignal()
+        self._user_signal = signal  # None: the run is aborted by its handle only
         self._not_started()
 
     def _not_started(self) -> None:
@@ -305,8 +305,12 @@ class AgentRun(Generic[OutputT]):
         self._loop = loop
         # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
         # the signals that tools hold fire before the aborting code's next line.
-        remove = self._user_signal.add_listener(
-            lambda reason: self._on_loop_thread(loop.abort, str(reason))
+        remove = (
+            _nothing_to_remove
+            if self._user_signal is None
+            else self._user_signal.add_listener(
+                lambda reason: self._on_loop_thread(loop.abort, str(reason))
+            )
         )
         token = run_context(self.context, self._stream.add_child)  # every task inherits it
         try:
@@ -336,7 +340,8 @@ class AgentRun(Generic[OutputT]):
         already, the abort."""
         early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
         early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
-        if not self._user_signal.aborted and early_abort is None:
+        signal = self._user_signal
+        if (signal is None or not signal.aborted) and early_abort is None:
             first: list[Event] = (
                 [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
             )
@@ -347,7 +352,11 @@ class AgentRun(Generic[OutputT]):
         if not self._first:
             for queued in early_inputs:
                 loop.handle(queued)  # kept as queued input, nothing is lost
-        reason = str(self._user_signal.reason) if early_abort is None else early_abort.reason
+        if early_abort is not None:
+            reason = early_abort.reason
+        else:
+            assert signal is not None  # it was aborted, or the run would have started
+            reason = str(signal.reason)
         loop.aborting = True
         loop.controller.abort(reason)
         loop.handle(AbortRequested(reason))
@@ -378,6 +387,10 @@ class AgentRun(Generic[OutputT]):
             if self._output is not None and state is TurnState.DONE
             else None,
         )
+
+
+def _nothing_to_remove() -> None:
+    """No signal was given, so no listener was added."""
 
 
 def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:
