@@ -221,7 +221,7 @@ class Engine:
     usage: Usage  # what the provider reported on this run's responses, summed
     abort_reason: str | None = None
     _abort_context: str = ""  # where the abort found the run, for the explanation
-    _abandoned: list[str]  # operations the driver gave up on, still running
+    _abandoned: tuple[str, ...] = ()  # operations the driver gave up on, still running
     _model_outstanding: bool
     _batch: Batch
     _queue: InputQueue
@@ -308,7 +308,6 @@ class Engine:
         self._state = initial
         self.turns = 0
         self.usage = Usage()
-        self._abandoned = []
         self._model_outstanding = False
         self._batch = Batch()
         self._queue = InputQueue()
@@ -381,7 +380,7 @@ class Engine:
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
             )
         self._check_payload(event)
-        self._actions = []
+        self._actions.clear()  # left by an event whose handling raised
         self._event = event
         try:
             self._record(event)
@@ -389,7 +388,8 @@ class Engine:
             self._settle()
         finally:
             self._event = None
-        actions, self._actions = tuple(self._actions), []
+        actions = tuple(self._actions)
+        self._actions.clear()
         return actions
 
     def _check_payload(self, event: Event) -> None:
@@ -441,7 +441,7 @@ class Engine:
         elif isinstance(event, ToolCancelled):
             slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             if event.reason.startswith(ABANDONED):
-                self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
+                self._abandoned += (f"tool {slot.call.name} (call {slot.call.id})",)
             slot.answer(f"Operation aborted: {event.reason}", is_error=True)
             self._flush()
         elif isinstance(event, ContinueDecided):
@@ -467,7 +467,7 @@ class Engine:
         self._model_outstanding = False
         detail = event.error if isinstance(event, ModelFailed) else event.reason
         if isinstance(event, ModelCancelled) and detail.startswith(ABANDONED):
-            self._abandoned.append("the model call")
+            self._abandoned += ("the model call",)
         if self._state is S.ABORTING:
             stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
         else:
@@ -887,7 +887,6 @@ class Engine:
         fields["_history"] = list(self._history)
         fields["trace"] = self.trace.copy()
         fields["_seen_ids"] = set(self._seen_ids)
-        fields["_abandoned"] = list(self._abandoned)
         fields["_batch"] = self._batch.copy()
         fields["_queue"] = self._queue.copy()
         fields["_actions"] = list(self._actions)
@@ -916,7 +915,7 @@ class Engine:
             self.usage,
             self.abort_reason,
             self._abort_context,
-            tuple(self._abandoned),
+            self._abandoned,
             self._model_outstanding,
             tuple(_slot_key(slot) for slot in self._batch),
             self._batch.flushed,
