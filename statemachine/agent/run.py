@@ -379,7 +379,7 @@ class AgentRun(Generic[OutputT]):
             run_id=self.run_id,
             stats=self._stream.stats(engine),
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
-            queued_input=engine.queued_input() + tuple(loop.late_input),
+            queued_input=engine.queued_input() + loop.late_input,
             snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
