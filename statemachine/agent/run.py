@@ -86,6 +86,9 @@ def _checked_model(
     return client
 
 
+_NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
+
+
 def _checked_call_options(
     model: ModelClient,
     tools: Sequence[Tool],
@@ -98,7 +101,7 @@ def _checked_call_options(
     check_instructions(instructions)
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise InvalidInputError("model_settings must be a ModelSettings")
-    settings = model_settings or ModelSettings()
+    settings = model_settings or _NO_SETTINGS
     check_settings(model, settings, instructions is not None)
     check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
     return settings
