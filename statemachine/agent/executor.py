@@ -30,7 +30,7 @@ import contextvars
 import sys
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
@@ -130,12 +130,16 @@ class AsyncioExecutor:
         self.model = model
         self.tools = tools
         self.hooks = hooks
-        self.hook_caller = HookCaller(hooks, loop.log, loop.note_failure)
         self.grace = grace
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
         self.helpers: set[asyncio.Future[None]] = set()  # hooks and grace timers
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+
+    @cached_property
+    def hook_caller(self) -> HookCaller:
+        """Made when a hook is first asked: most runs have none."""
+        return HookCaller(self.hooks, self.loop.log, self.loop.note_failure)
 
     # -- reporting -------------------------------------------------------------------------
 

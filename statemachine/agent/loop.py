@@ -130,7 +130,7 @@ class ActionLoop:
         self.returned = False  # the engine returned to the caller (told once)
         self.fatal: BaseException | None = None  # raised again once the run is closed
         self.model_exception: BaseException | None = None  # the cause of a failed run
-        self.late_input: list[InputQueued] = []  # queued, but the run had already returned
+        self.late_input: tuple[InputQueued, ...] = ()  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
         self.executor = executor(self)
@@ -164,7 +164,7 @@ class ActionLoop:
 
     def _keep_late(self, event: Event) -> None:
         if isinstance(event, InputQueued):
-            self.late_input.append(event)
+            self.late_input += (event,)
 
     def handle(self, event: Event) -> None:
         """Hand ``event`` to the engine, tell the stream, perform the actions."""

@@ -86,6 +86,9 @@ def _checked_model(
     return client
 
 
+_NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
+
+
 def _checked_call_options(
     model: ModelClient,
     tools: Sequence[Tool],
@@ -98,7 +101,7 @@ def _checked_call_options(
     check_instructions(instructions)
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise InvalidInputError("model_settings must be a ModelSettings")
-    settings = model_settings or ModelSettings()
+    settings = model_settings or _NO_SETTINGS
     check_settings(model, settings, instructions is not None)
     check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
     return settings
@@ -178,7 +181,7 @@ class AgentRun(Generic[OutputT]):
         self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
-        self._user_signal = signal if signal is not None else AbortSignal()
+        self._user_signal = signal  # None: the run is aborted by its handle only
         self._not_started()
 
     def _not_started(self) -> None:
@@ -308,8 +311,12 @@ class AgentRun(Generic[OutputT]):
         self._loop = loop
         # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
         # the signals that tools hold fire before the aborting code's next line.
-        remove = self._user_signal.add_listener(
-            lambda reason: self._on_loop_thread(loop.abort, str(reason))
+        remove = (
+            _nothing_to_remove
+            if self._user_signal is None
+            else self._user_signal.add_listener(
+                lambda reason: self._on_loop_thread(loop.abort, str(reason))
+            )
         )
         token = run_context(self.context, self._stream.add_child)  # every task inherits it
         try:
@@ -339,7 +346,8 @@ class AgentRun(Generic[OutputT]):
         already, the abort."""
         early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
         early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
-        if not self._user_signal.aborted and early_abort is None:
+        signal = self._user_signal
+        if (signal is None or not signal.aborted) and early_abort is None:
             first: list[Event] = (
                 [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
             )
@@ -350,7 +358,11 @@ class AgentRun(Generic[OutputT]):
         if not self._first:
             for queued in early_inputs:
                 loop.handle(queued)  # kept as queued input, nothing is lost
-        reason = str(self._user_signal.reason) if early_abort is None else early_abort.reason
+        if early_abort is not None:
+            reason = early_abort.reason
+        else:
+            assert signal is not None  # it was aborted, or the run would have started
+            reason = str(signal.reason)
         loop.aborting = True
         loop.controller.abort(reason)
         loop.handle(AbortRequested(reason))
@@ -373,7 +385,7 @@ class AgentRun(Generic[OutputT]):
             run_id=self.run_id,
             stats=self._stream.stats(engine),
             pending_approvals=tuple(call for call, _ in engine.pending_approvals()),
-            queued_input=engine.queued_input() + tuple(loop.late_input),
+            queued_input=engine.queued_input() + loop.late_input,
             snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
@@ -381,6 +393,10 @@ class AgentRun(Generic[OutputT]):
             if self._output is not None and state is TurnState.DONE
             else None,
         )
+
+
+def _nothing_to_remove() -> None:
+    """No signal was given, so no listener was added."""
 
 
 def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:

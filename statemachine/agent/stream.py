@@ -50,9 +50,11 @@ class EventStream:
 
     def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
         self._previous = previous  # a resumed run's stats before the suspension
-        self._children: list[RunStats] = []  # the sub-agents' stats
+        self._children: tuple[RunStats, ...] = ()  # the sub-agents' stats
         self._turn = engine.turns + 1
-        self._subscribers: list[asyncio.Queue[RunEvent | None]] = []
+        # Tuples, grown by a new one: most runs have no subscriber and no sub-agent,
+        # and an empty tuple is shared rather than one more object per run.
+        self._subscribers: tuple[asyncio.Queue[RunEvent | None], ...] = ()
         self._closed = False  # RunReturned has been told
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
@@ -73,7 +75,7 @@ class EventStream:
         queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
         if self._closed:
             queue.put_nowait(None)
-        self._subscribers.append(queue)
+        self._subscribers += (queue,)
 
         async def iterate() -> AsyncIterator[RunEvent]:
             while True:
@@ -140,7 +142,7 @@ class EventStream:
 
     def add_child(self, stats: RunStats) -> None:
         """Count a sub-agent's run (a tool of this run) in this run's stats."""
-        self._children.append(stats)
+        self._children += (stats,)
 
     def tool_started(self, call: ToolCall, begun: bool = True) -> None:
         """A tool call the engine asked for: ``begun``, or answered without being run

@@ -191,6 +191,11 @@ class Engine:
     ``control_key`` because the engine never reads it back to decide. Control decides
     what happens next: copied and keyed. Transient fields are set only while
     ``handle`` runs.
+
+    A field with a value here is set on an engine only once it changes: most runs are
+    never aborted, denied or stopped, and ask for no final result, so their engines
+    hold a third fewer attributes, small enough for Python to keep each engine's
+    attribute table compact (it shares its keys with the class).
     """
 
     # configuration
@@ -209,25 +214,25 @@ class Engine:
     # record
     _history: list[Message]
     trace: Trace
-    explanation: str | None
+    explanation: str | None = None
     _seen_ids: set[str]  # every tool-call id so far, only to rename repeats
     # control
     _state: TurnState
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
-    abort_reason: str | None
-    _abort_context: str  # where the abort found the run, for the explanation
-    _abandoned: list[str]  # operations the driver gave up on, still running
+    abort_reason: str | None = None
+    _abort_context: str = ""  # where the abort found the run, for the explanation
+    _abandoned: tuple[str, ...] = ()  # operations the driver gave up on, still running
     _model_outstanding: bool
     _batch: Batch
     _queue: InputQueue
-    _denial: tuple[ToolCall, str] | None  # a policy denial, until AwaitingUser tells it
-    _continue_pending: bool  # a CheckContinue is out, not yet answered
-    _stop_reason: str | None  # should_continue asked to stop, with this reason
-    output_call: str | None  # the id of the final-result call that gave the output
-    _output_failures: int  # failed attempts at the final result
-    _output_error: str | None  # why the last attempt failed
-    _output_remind: bool  # ask for the final-result tool before the next call
+    _denial: tuple[ToolCall, str] | None = None  # a policy denial, until AwaitingUser tells it
+    _continue_pending: bool = False  # a CheckContinue is out, not yet answered
+    _stop_reason: str | None = None  # should_continue asked to stop, with this reason
+    output_call: str | None = None  # the id of the final-result call that gave the output
+    _output_failures: int = 0  # failed attempts at the final result
+    _output_error: str | None = None  # why the last attempt failed
+    _output_remind: bool = False  # ask for the final-result tool before the next call
     # transient
     _event: Event | None  # the engine event being handled
     _actions: list[Action]  # what the event's entry effects asked for
@@ -280,7 +285,8 @@ class Engine:
         transition_hook: TransitionHook | None,
         initial: TurnState,
     ) -> None:
-        """Set every field (see the class docstring); ``restore`` then loads progress."""
+        """Set every field without a default (see the class docstring); ``restore``
+        then loads progress."""
         self._tools = tools
         self._tools_by_name = {d.name: d for d in tools}
         self.output = output
@@ -297,26 +303,15 @@ class Engine:
         self._debug = _debug_enabled(self._log)
         self._history = history
         self.trace = Trace()
-        self.explanation = None
         self._seen_ids = {
             c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
         }
         self._state = initial
         self.turns = 0
         self.usage = Usage()
-        self.abort_reason = None
-        self._abort_context = ""
-        self._abandoned = []
         self._model_outstanding = False
         self._batch = Batch()
         self._queue = InputQueue()
-        self._denial = None
-        self._continue_pending = False
-        self._stop_reason = None
-        self.output_call = None
-        self._output_failures = 0
-        self._output_error = None
-        self._output_remind = False
         self._event = None
         self._actions = []
 
@@ -390,7 +385,7 @@ class Engine:
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
             )
         self._check_payload(event)
-        self._actions = []
+        self._actions.clear()  # left by an event whose handling raised
         self._event = event
         try:
             self._record(event)
@@ -398,7 +393,8 @@ class Engine:
             self._settle()
         finally:
             self._event = None
-        actions, self._actions = tuple(self._actions), []
+        actions = tuple(self._actions)
+        self._actions.clear()
         return actions
 
     def _check_payload(self, event: Event) -> None:
@@ -450,7 +446,7 @@ class Engine:
         elif isinstance(event, ToolCancelled):
             slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             if event.reason.startswith(ABANDONED):
-                self._abandoned.append(f"tool {slot.call.name} (call {slot.call.id})")
+                self._abandoned += (f"tool {slot.call.name} (call {slot.call.id})",)
             slot.answer(f"Operation aborted: {event.reason}", is_error=True)
             self._flush()
         elif isinstance(event, ContinueDecided):
@@ -479,7 +475,7 @@ class Engine:
         self._model_outstanding = False
         detail = event.error if isinstance(event, ModelFailed) else event.reason
         if isinstance(event, ModelCancelled) and detail.startswith(ABANDONED):
-            self._abandoned.append("the model call")
+            self._abandoned += ("the model call",)
         if self._state is S.ABORTING:
             stop, text = StopReason.ABORTED, f"The model call was aborted: {detail}"
         else:
@@ -899,7 +895,6 @@ class Engine:
         fields["_history"] = list(self._history)
         fields["trace"] = self.trace.copy()
         fields["_seen_ids"] = set(self._seen_ids)
-        fields["_abandoned"] = list(self._abandoned)
         fields["_batch"] = self._batch.copy()
         fields["_queue"] = self._queue.copy()
         fields["_actions"] = list(self._actions)
@@ -928,7 +923,7 @@ class Engine:
             self.usage,
             self.abort_reason,
             self._abort_context,
-            tuple(self._abandoned),
+            self._abandoned,
             self._model_outstanding,
             tuple(_slot_key(slot) for slot in self._batch),
             self._batch.flushed,
