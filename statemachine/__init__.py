@@ -25,6 +25,7 @@ from statemachine._version import __version__
 from statemachine.agent.agent import Agent
 from statemachine.agent.context import RunContext
 from statemachine.agent.events import (
+    EventsDropped,
     MessageAdded,
     RunEvent,
     RunFinished,
@@ -35,6 +36,7 @@ from statemachine.agent.events import (
     TextDelta,
     ToolCallDelta,
     ToolEnded,
+    ToolLog,
     ToolProgress,
     ToolStarted,
     TurnEnded,
@@ -91,6 +93,7 @@ __all__ = [
     "AgentRun",
     "AssistantMessage",
     "Deny",
+    "EventsDropped",
     "ImageContent",
     "InvalidInputError",
     "Message",
@@ -115,6 +118,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolDefinition",
     "ToolEnded",
+    "ToolLog",
     "ToolOutput",
     "ToolProgress",
     "ToolResultMessage",

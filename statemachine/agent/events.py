@@ -28,6 +28,7 @@ from statemachine.errors import (
 )
 
 __all__ = [
+    "EventsDropped",
     "MessageAdded",
     "RunEvent",
     "RunFinished",
@@ -38,6 +39,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolEnded",
+    "ToolLog",
     "ToolProgress",
     "ToolStarted",
     "TurnEnded",
@@ -76,6 +78,18 @@ class ToolStarted:
 class ToolProgress:
     call_id: str
     data: object
+
+
+@attrs.frozen
+class ToolLog:
+    """A log message from a running tool (``report_log``; an MCP server's
+    ``notifications/message`` during a call): ``level`` as in syslog ("debug",
+    "info", ..., "emergency"), ``logger`` the name it gave, if any."""
+
+    call_id: str
+    level: str
+    data: object
+    logger: str | None = None
 
 
 @attrs.frozen
@@ -119,6 +133,15 @@ class TurnEnded:
 
 
 @attrs.frozen
+class EventsDropped:
+    """``count`` events a subscriber did not read in time were dropped here (only
+    ``TextDelta``, ``ToolCallDelta``, ``StateChanged``, ``TurnStarted``, ``TurnEnded``,
+    ``ToolProgress`` and ``ToolLog`` are ever dropped: ``AgentRun.events()``)."""
+
+    count: int
+
+
+@attrs.frozen
 class RunFinished:
     state: TurnState
     explanation: str
@@ -132,11 +155,13 @@ RunEvent: TypeAlias = (
     | StateChanged
     | ToolStarted
     | ToolProgress
+    | ToolLog
     | ToolEnded
     | TurnEnded
     | RunFinished
     | TextDelta
     | ToolCallDelta
+    | EventsDropped
 )
 
 
