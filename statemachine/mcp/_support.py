@@ -42,6 +42,14 @@ def predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
     return names.__contains__
 
 
+def filters(
+    allowed: ToolFilter | None, blocked: ToolFilter
+) -> tuple[Callable[[str], bool], frozenset[str], Callable[[str], bool]]:
+    """Whether a tool is allowed, the names that must be listed, whether it is blocked."""
+    names = frozenset(allowed) if allowed is not None and not callable(allowed) else frozenset()
+    return predicate(allowed, "allowed_tools"), names, predicate(blocked, "blocked_tools")
+
+
 def retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
