@@ -11,10 +11,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx2
 import pytest
 from test_mcp import DEVNULL, _calls, _done, _results, _sync
 
@@ -256,12 +257,24 @@ def test_the_sampling_policy_refuses_bad_bounds() -> None:
 
 @pytest.fixture
 def asking_url() -> Iterator[str]:
+    yield from _serve({})
+
+
+@pytest.fixture
+def guarded_url() -> Iterator[str]:
+    yield from _serve({"MCP_TEST_TOKEN": SECRET})
+
+
+SECRET = "open-sesame-7f3a"
+
+
+def _serve(env: dict[str, str]) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, str(ASKING), "http", str(port)],
-        env=dict(os.environ),
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -301,3 +314,32 @@ async def test_a_run_uses_sampling_elicitation_progress_and_logs_over_http(askin
     progress = [e.data for e in seen if isinstance(e, sm.ToolProgress)]
     assert _in_order(progress, [MCPProgress(i, 2, f"step {i}") for i in (1, 2)])
     assert [e.data for e in seen if isinstance(e, sm.ToolLog)] == ["counted 1", "counted 2"]
+
+
+class Bearer(httpx2.Auth):
+    """An ``httpx2.Auth`` that sends one bearer token (as ``OAuthClientProvider`` does
+    once it has one) and counts the requests it signed."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.signed = 0
+
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response]:
+        request.headers["Authorization"] = f"Bearer {self.token}"
+        self.signed += 1
+        yield request
+
+
+@pytest.mark.timeout(120)
+@_sync
+async def test_an_auth_provider_reaches_a_bearer_token_protected_server(guarded_url: str) -> None:
+    bearer = Bearer(SECRET)
+    async with MCPServer.http(guarded_url, auth=bearer) as server:
+        assert await _tool(server, "count", n=1) == "counted to 1"
+    assert bearer.signed >= 2  # the listing and the call at least
+    for auth in (None, Bearer("wrong-token")):
+        with pytest.raises(MCPError) as refused:
+            async with MCPServer.http(guarded_url, auth=auth, connect_timeout=20):
+                pass
+        assert str(refused.value).endswith("(it answered HTTP 401 Unauthorized)")
+        assert "wrong-token" not in str(refused.value)

@@ -22,6 +22,7 @@ from driver_support import (
 
 import statemachine as sm
 from statemachine.agent.events import RunFinished, ToolEnded, TurnEnded
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -290,3 +291,35 @@ def test_a_buffer_limit_must_be_a_positive_integer() -> None:
     for bad in (0, -1, True, 2.5):
         with pytest.raises(sm.InvalidInputError, match="max_buffered"):
             run.events(max_buffered=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_the_text_stream_keeps_every_fragment_however_far_it_lags() -> None:
+    class Streaming:
+        async def complete(
+            self,
+            messages: object,
+            tools: object,
+            signal: object,
+            *,
+            options: CallOptions | None = None,
+        ) -> AssistantMessage:
+            assert options is not None
+            assert options.on_text is not None
+            for i in range(20):
+                options.on_text(str(i % 10))
+            return AssistantMessage("".join(str(i % 10) for i in range(20)))
+
+    run = sm.AgentRun(model=Streaming(), messages=[UserMessage("go")])
+
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        # what stream_text() subscribes with, past a buffer of 2
+        lagging = run._stream.subscribe(max_buffered=2, keep=(sm.TextDelta,))
+        result = await run.run()
+        return result, [event async for event in lagging]
+
+    result, events = asyncio.run(main())
+    text = "".join(e.text for e in events if isinstance(e, sm.TextDelta))
+    assert text == result.final_text
+    assert len(text) == 20
+    assert any(isinstance(e, sm.EventsDropped) for e in events)  # StateChanged and such

@@ -238,8 +238,9 @@ class AgentRun(Generic[OutputT]):
     async def stream_text(self) -> AsyncIterator[str]:
         """The answer's text fragments as the model streams them (``TextDelta``), until
         the run ends; subscribe as for ``events()``. A client that does not stream
-        (or takes no ``options``) gives none: read ``RunResult.final_text`` then."""
-        async for event in self._stream.subscribe():
+        (or takes no ``options``) gives none: read ``RunResult.final_text`` then.
+        Every fragment is kept for it, however far it lags."""
+        async for event in self._stream.subscribe(keep=(TextDelta,)):
             if isinstance(event, TextDelta):
                 yield event.text
 

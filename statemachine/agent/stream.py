@@ -85,10 +85,13 @@ class EventStream:
 
     # -- subscribers -----------------------------------------------------------------------
 
-    def subscribe(self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS) -> AsyncIterator[RunEvent]:
+    def subscribe(
+        self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS, keep: tuple[type, ...] = ()
+    ) -> AsyncIterator[RunEvent]:
         """An async iterator of the events from now on; it ends after ``RunFinished``
-        (what a subscriber that lags is given: ``_Subscriber``)."""
-        subscriber = _Subscriber(max_buffered)
+        (what a subscriber that lags is given: ``_Subscriber``; ``keep``: more event
+        types it never drops)."""
+        subscriber = _Subscriber(max_buffered, _KEPT.union(keep))
         if self._closed:
             subscriber.end()
         self._subscribers.append(subscriber)
@@ -229,7 +232,7 @@ class _Subscriber:
     The run never waits for a subscriber.
     """
 
-    def __init__(self, max_buffered: int) -> None:
+    def __init__(self, max_buffered: int, kept: frozenset[type] = _KEPT) -> None:
         if isinstance(max_buffered, bool) or not (
             isinstance(max_buffered, int) and max_buffered > 0
         ):
@@ -237,6 +240,7 @@ class _Subscriber:
                 f"max_buffered must be a positive integer, got {max_buffered!r}"
             )
         self._limit = max_buffered
+        self._kept = kept
         self._items: deque[RunEvent | list[int] | None] = deque()  # list[int]: a drop count
         self._first = 0  # the position (counted from the first event) of _items[0]
         self._progress: dict[str, int] = {}  # call id -> position of its unread progress
@@ -245,7 +249,7 @@ class _Subscriber:
 
     def put(self, event: RunEvent) -> None:
         items = self._items
-        if type(event) in _KEPT:
+        if type(event) in self._kept:
             items.append(event)
         elif isinstance(event, ToolProgress) and event.call_id in self._progress:
             items[self._progress[event.call_id] - self._first] = event
@@ -267,7 +271,7 @@ class _Subscriber:
     def _take(self) -> RunEvent | list[int] | None:
         item = self._items.popleft()
         self._first += 1
-        if item is None or isinstance(item, list) or type(item) in _KEPT:
+        if item is None or isinstance(item, list) or type(item) in self._kept:
             return item
         self._droppable -= 1
         if isinstance(item, ToolProgress):

@@ -68,6 +68,7 @@ from statemachine.mcp._support import (
     ToolFilter,
     current_task_cancelling,
     filters,
+    http_transport,
     retrieve,
     shown,
 )
@@ -127,6 +128,7 @@ class MCPServer(Requests):
     """
 
     _asking: Asking | None = None  # the callbacks of the connection, while connected
+    _refusal: str | None = None  # the last HTTP error status the server answered
 
     def __init__(
         self,
@@ -353,6 +355,8 @@ class MCPServer(Requests):
             message = f"MCP server {self.name!r} could not list its tools: {cause}"
         else:
             message = f"MCP server {self.name!r} could not be reached: {describe(exc)}"
+        if self._refusal is not None:
+            message += f" (it answered {self._refusal})"
         return MCPError(with_stderr(message, self._tail))
 
     async def _on_message(self, message: Any) -> None:
@@ -410,16 +414,12 @@ class MCPServer(Requests):
         if isinstance(self._target, mcp.StdioServerParameters):
             self._tail = StderrTail(self._stderr)
             return mcp.stdio_client(self._target, errlog=self._tail.errlog)
-        if isinstance(self._target, str) and (self._headers or self._auth is not None):
-            from mcp.client.streamable_http import streamable_http_client
+        self._refusal = None
 
-            http = httpx2.AsyncClient(
-                headers=self._headers,
-                auth=self._auth,
-                timeout=httpx2.Timeout(30.0, read=300.0),
-            )
-            return streamable_http_client(self._target, http_client=http)
-        return self._target
+        def refused(status: str) -> None:
+            self._refusal = status
+
+        return http_transport(str(self._target), self._headers, self._auth, refused)
 
     async def _list_tools(
         self, client: mcp.Client, cache_mode: CacheMode = "use"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
+from mcp.client.streamable_http import streamable_http_client
 
 from statemachine.core.abort import AbortSignal
 from statemachine.core.tools import ToolOutput
@@ -48,6 +52,34 @@ def filters(
     """Whether a tool is allowed, the names that must be listed, whether it is blocked."""
     names = frozenset(allowed) if allowed is not None and not callable(allowed) else frozenset()
     return predicate(allowed, "allowed_tools"), names, predicate(blocked, "blocked_tools")
+
+
+@contextlib.asynccontextmanager
+async def http_transport(
+    url: str,
+    headers: Mapping[str, str],
+    auth: httpx2.Auth | None,
+    refused: Callable[[str], None],
+) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport on an HTTP client of ours, closed with it
+    (the SDK's timeouts: 30 s, 300 s to read a stream), which tells ``refused`` the
+    status of a request the server refuses: the SDK's own error says only "Server
+    returned an error response", not 401."""
+
+    async def seen(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            refused(f"HTTP {response.status_code} {response.reason_phrase}")
+
+    async with (
+        httpx2.AsyncClient(
+            headers=dict(headers),
+            auth=auth,
+            timeout=httpx2.Timeout(30.0, read=300.0),
+            event_hooks={"response": [seen]},
+        ) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 def retrieve(task: asyncio.Future[Any]) -> None:

@@ -3,19 +3,52 @@ user's answer (elicitation), and that report progress and log while they run.
 
 python asking.py stdio                 serve over stdin/stdout
 python asking.py http PORT             serve streamable HTTP on 127.0.0.1:PORT/mcp
+
+With MCP_TEST_TOKEN set, the HTTP server takes only requests that carry that bearer
+token (the SDK's resource-server side of OAuth, with a token verifier of its own).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve, Sample
 from mcp.types import CreateMessageResult, SamplingMessage, TextContent
-from pydantic import BaseModel
+from pydantic import AnyHttpUrl, BaseModel
 
-server = MCPServer("statemachine-asking-server")
+
+class OneToken:
+    """Accepts one bearer token, the one in MCP_TEST_TOKEN."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if token != self.token:
+            return None
+        return AccessToken(token=token, client_id="statemachine-tests", scopes=[])
+
+
+def _server() -> MCPServer:
+    token = os.environ.get("MCP_TEST_TOKEN")
+    if not token or sys.argv[1] != "http":
+        return MCPServer("statemachine-asking-server")
+    here = f"http://127.0.0.1:{sys.argv[2]}/mcp"
+    return MCPServer(
+        "statemachine-asking-server",
+        token_verifier=OneToken(token),
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl("http://127.0.0.1:9"), resource_server_url=AnyHttpUrl(here)
+        ),
+    )
+
+
+server = _server()
 
 
 def _say(text: str, role: str = "user") -> SamplingMessage:
