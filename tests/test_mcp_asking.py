@@ -5,19 +5,14 @@ it tells while a call runs: progress and log messages, as the run's events."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx2
 import pytest
-from test_mcp import DEVNULL, _calls, _done, _results, _sync
+from test_mcp import DEVNULL, _calls, _done, _results, _sync, serving_http
 
 import statemachine as sm
 from statemachine.mcp import (
@@ -269,26 +264,8 @@ SECRET = "open-sesame-7f3a"
 
 
 def _serve(env: dict[str, str]) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, str(ASKING), "http", str(port)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert time.monotonic() < deadline, "the HTTP server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with serving_http(ASKING, env) as (url, _process):
+        yield url
 
 
 @pytest.mark.timeout(120)

@@ -24,6 +24,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from statemachine._log import library_logger
 from statemachine.agent.executor import report_log, report_progress
 from statemachine.agent.model import ModelClient, ModelSettings, takes_options
+from statemachine.agent.run import run_agent
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -95,7 +96,8 @@ class MCPSampling:
     allow: Callable[[MCPSamplingRequest], bool | Awaitable[bool]] | None = None
     model_name: str | None = None
 
-    def name(self) -> str:
+    def answering_model(self) -> str:
+        """What the server is told answered (``model_name``, or the client's own)."""
         if self.model_name is not None:
             return self.model_name
         named = getattr(self.model, "model", None)
@@ -146,6 +148,11 @@ def _cut(text: str, limit: int) -> str:
 
 def _refused(message: str) -> mcp_types.ErrorData:
     return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=message)
+
+
+def _not_enabled(what: str) -> mcp_types.ErrorData:
+    # Not reached through the SDK, which is given a callback only for what is enabled.
+    return _refused(f"{what} is not enabled on this client (statemachine: MCPServer({what}=...))")
 
 
 class Asking:
@@ -221,9 +228,7 @@ class Asking:
         """``sampling/createMessage`` (never raises: a refusal is an ``ErrorData``)."""
         policy = self.sampling
         if policy is None:
-            return _refused(
-                "sampling is not enabled on this client (statemachine: MCPServer(sampling=...))"
-            )
+            return _not_enabled("sampling")
         refused = self._counted()
         if refused is not None:
             return refused
@@ -281,9 +286,12 @@ class Asking:
             role = UserMessage if said.role == "user" else AssistantMessage
             messages.append(role(tuple(content)))
         return MCPSamplingRequest(
-            self.server, tuple(messages), params.system_prompt, params.max_tokens,
-            params.temperature,
-        )  # fmt: skip
+            server=self.server,
+            messages=tuple(messages),
+            system_prompt=params.system_prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+        )
 
     def _image(self, item: mcp_types.ImageContent) -> Any:
         if not IMAGE_MIME.fullmatch(item.mime_type) or len(item.data) > self._max_image_bytes:
@@ -302,8 +310,6 @@ class Asking:
         request: MCPSamplingRequest,
         params: mcp_types.CreateMessageRequestParams,
     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
-        from statemachine.agent.run import run_agent
-
         supported: frozenset[str] = getattr(policy.model, "supported_settings", None) or frozenset()
         wanted: dict[str, Any] = {
             "max_tokens": min(request.max_tokens, policy.max_tokens),
@@ -336,7 +342,7 @@ class Asking:
         return mcp_types.CreateMessageResult(
             role="assistant",
             content=mcp_types.TextContent(type="text", text=result.final_text),
-            model=policy.name(),
+            model=policy.answering_model(),
             stop_reason=stop,
         )
 
@@ -346,10 +352,7 @@ class Asking:
         """``elicitation/create`` (never raises: a refusal is an ``ErrorData``)."""
         handler = self.elicitation
         if handler is None:
-            return _refused(
-                "elicitation is not enabled on this client "
-                "(statemachine: MCPServer(elicitation=...))"
-            )
+            return _not_enabled("elicitation")
         refused = self._counted()
         if refused is not None:
             return refused
