@@ -139,7 +139,7 @@ async def test_tools_are_listed_with_their_schemas_under_a_prefix() -> None:
         names = [t.name for t in server.tools]
         assert names == [
             "t_add", "t_echo", "t_hang", "t_boom", "t_crash", "t_picture", "t_weather", "t_big",
-            "t_who", "t_grow",
+            "t_who", "t_grow", "t_grow_and_tell",
         ]  # fmt: skip
         add = server.tools[0].definition
         assert add.description == "Add two integers."

@@ -69,6 +69,7 @@ from statemachine.mcp._support import (
     current_task_cancelling,
     filters,
     http_transport,
+    listen_for_tool_changes,
     retrieve,
     shown,
 )
@@ -318,8 +319,7 @@ class MCPServer(Requests):
                     return
                 self._client = client
                 listed.set_result(tools)
-                assert self._wake is not None
-                await self._wake.wait()
+                await self._until_closed(client)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # closed by _close (or the loop is going away)
@@ -335,6 +335,18 @@ class MCPServer(Requests):
                 self._tail.close()
             if not listed.done():  # closed before the tools were listed
                 listed.cancel()
+
+    async def _until_closed(self, client: mcp.Client) -> None:
+        """Keep the connection until told, listening for changes of the tool list."""
+        assert self._wake is not None
+        listener = asyncio.ensure_future(
+            listen_for_tool_changes(client, self._tools_changed, self._log, self.name)
+        )
+        try:
+            await self._wake.wait()
+        finally:
+            listener.cancel()
+            await asyncio.wait((listener,))
 
     async def _failed_to_connect(
         self, listed: asyncio.Future[list[mcp_types.Tool]], exc: BaseException
@@ -362,9 +374,7 @@ class MCPServer(Requests):
     async def _on_message(self, message: Any) -> None:
         """The SDK's notifications and the transport's faults (never raises)."""
         if isinstance(message, mcp_types.ToolListChangedNotification):
-            self._stale = True
-            if self._stage == "ready":
-                self._on_tools_changed()
+            self._tools_changed()
         if isinstance(message, Exception):
             self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
@@ -375,6 +385,11 @@ class MCPServer(Requests):
                         f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
                     )
                 )
+
+    def _tools_changed(self) -> None:
+        self._stale = True
+        if self._stage == "ready":
+            self._on_tools_changed()
 
     def _on_tools_changed(self) -> None:
         if self._refresher is None or self._refresher.done():
@@ -490,10 +505,9 @@ class MCPServer(Requests):
         """List the server's tools again, checked as when connecting (within
         ``connect_timeout``), and make them :attr:`tools`: for the runs started after
         (a run keeps the tools it started with). It runs by itself when the server
-        says its tool list changed (``notifications/tools/list_changed``; a failure
-        then is logged, and ``tools`` stays as it was). A server of the 2026-07-28
-        protocol says so only on a ``subscriptions/listen`` stream, which this client
-        does not open."""
+        says its tool list changed (``notifications/tools/list_changed``, or, from a
+        server of the 2026-07-28 protocol, on the ``subscriptions/listen`` stream this
+        client keeps open; a failure then is logged, and ``tools`` stays as it was)."""
         client = self._client
         if client is None:
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
+import mcp
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
 from statemachine.core.abort import AbortSignal
 from statemachine.core.tools import ToolOutput
@@ -80,6 +82,36 @@ async def http_transport(
         streamable_http_client(url, http_client=http) as streams,
     ):
         yield streams
+
+
+LISTEN_AGAIN_SECONDS = 1.0
+"""After a ``subscriptions/listen`` stream fails or drops: the wait before the next."""
+
+
+async def listen_for_tool_changes(
+    client: mcp.Client, changed: Callable[[], None], log: Any, server: str
+) -> None:
+    """Call ``changed`` whenever a server of the 2026-07-28 protocol says its tool list
+    changed, on a ``subscriptions/listen`` stream, until cancelled (never raises). A
+    stream that drops once open is opened again a second later, and ``changed`` called
+    then (the stream has no replay); an older server (``notifications/tools/list_changed``
+    tells instead), one that refuses the stream or closes it ends the listening."""
+    while True:
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _change in changes:
+                    changed()
+            return
+        except ListenNotSupportedError:
+            return
+        except SubscriptionLost as exc:
+            log.debug("mcp_listen_lost", server=server, error=str(exc)[:300])
+        except Exception as exc:  # noqa: BLE001 - listening is best effort: logged
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            log.debug("mcp_listen_failed", server=server, error=error)
+            return
+        await asyncio.sleep(LISTEN_AGAIN_SECONDS)
+        changed()
 
 
 def retrieve(task: asyncio.Future[Any]) -> None:
