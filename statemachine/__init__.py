@@ -29,6 +29,7 @@ from statemachine._version import __version__
 from statemachine.agent.agent import Agent
 from statemachine.agent.context import RunContext
 from statemachine.agent.events import (
+    EventsDropped,
     MessageAdded,
     RunEvent,
     RunResult,
@@ -39,6 +40,7 @@ from statemachine.agent.events import (
     TextDelta,
     ToolCallDelta,
     ToolEnded,
+    ToolLog,
     ToolProgress,
     ToolStarted,
     TurnEnded,
@@ -95,6 +97,7 @@ __all__ = [
     "AgentRun",
     "AssistantMessage",
     "Deny",
+    "EventsDropped",
     "ImageContent",
     "InvalidInputError",
     "Message",
@@ -119,6 +122,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolDefinition",
     "ToolEnded",
+    "ToolLog",
     "ToolOutput",
     "ToolProgress",
     "ToolResultMessage",

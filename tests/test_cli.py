@@ -800,7 +800,7 @@ def test_the_example_mcp_server_runs_as_a_module(monkeypatch: pytest.MonkeyPatch
             return names, result
 
     names, result = asyncio.run(main_())
-    assert names == ["calc_add", "calc_echo", "calc_word_count"]
+    assert names == ["calc_add", "calc_echo", "calc_word_count", "calc_summarize", "calc_greet"]
     assert result.final_text == "It is 42."
 
 

@@ -139,7 +139,7 @@ async def test_tools_are_listed_with_their_schemas_under_a_prefix() -> None:
         names = [t.name for t in server.tools]
         assert names == [
             "t_add", "t_echo", "t_hang", "t_boom", "t_crash", "t_picture", "t_weather", "t_big",
-            "t_who", "t_grow",
+            "t_who", "t_grow", "t_grow_and_tell",
         ]  # fmt: skip
         add = server.tools[0].definition
         assert add.description == "Add two integers."
@@ -408,15 +408,18 @@ class HttpServer:
         self.process.wait(10)
 
 
-@pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[HttpServer]:
+@contextlib.contextmanager
+def serving_http(
+    script: Path, env: dict[str, str]
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``script http PORT`` started on a free port of 127.0.0.1 (with ``env`` added),
+    its URL once it accepts connections; killed at the end."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = tmp_path / "log"
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "http", str(port)],
-        env={**os.environ, "MCP_TEST_LOG": str(log)},
+        [sys.executable, str(script), "http", str(port)],
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -428,10 +431,17 @@ def http_server(tmp_path: Path) -> Iterator[HttpServer]:
             assert proc.poll() is None, "the server exited"
             assert time.monotonic() < deadline, "the server did not start in time"
             time.sleep(0.1)
-        yield HttpServer(f"http://127.0.0.1:{port}/mcp", log, proc)
+        yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[HttpServer]:
+    log = tmp_path / "log"
+    with serving_http(SERVER, {"MCP_TEST_LOG": str(log)}) as (url, proc):
+        yield HttpServer(url, log, proc)
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import socket
 import sys
 import threading
@@ -24,6 +25,7 @@ from test_mcp import (
     _sync,
     _until,
     http_server,
+    serving_http,
 )
 
 import statemachine as sm
@@ -355,6 +357,28 @@ async def test_a_tool_list_that_changed_is_listed_again_by_itself() -> None:
     async with server:
         await _until(lambda: [t.name for t in server.tools] == ["first", "second"])
         assert server.tools[1].definition.description == "Second"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@_sync
+async def test_a_newer_servers_tool_list_change_is_heard_on_its_listen_stream(
+    transport: str, tmp_path: Path
+) -> None:
+    # The 2026-07-28 protocol tells a change only on a subscriptions/listen stream.
+    with contextlib.ExitStack() as stack:
+        if transport == "http":
+            url, _process = stack.enter_context(serving_http(SERVER, {}))
+            server = MCPServer.http(url)
+        else:
+            server = MCPServer.stdio(sys.executable, [str(SERVER), "stdio"], stderr=DEVNULL)
+        async with server:
+            (grow,) = [t for t in server.tools if t.name == "grow_and_tell"]
+            told = await grow.execute({"name": "shoot"}, sm.AbortController().signal)
+            assert told == sm.ToolOutput("added shoot and told")
+            await _until(lambda: "shoot" in [t.name for t in server.tools])
+            (shoot,) = [t for t in server.tools if t.name == "shoot"]
+            assert await shoot.execute({}, sm.AbortController().signal) == sm.ToolOutput("shoot")
 
 
 @pytest.mark.timeout(60)

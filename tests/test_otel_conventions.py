@@ -20,13 +20,19 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
+from providers_server import FAST, LoopbackServer, sse
 from test_mcp import DEVNULL, SERVER
 from test_otel import Script, _calls, double
 
 import statemachine as sm
 import statemachine.messages
 from statemachine.otel import SCHEMA_URL, AgentTracer
+from statemachine.providers.anthropic_messages import AnthropicModel
+from statemachine.providers.gemini import GeminiModel
 from statemachine.providers.openai_chat import OpenAIChatModel
+from statemachine.providers.openai_responses import OpenAIResponsesModel
+
+KEY = "sk-test-key-0123456789"
 
 
 class Recorder(Sampler):
@@ -350,3 +356,58 @@ def test_a_traced_agent_run_names_its_provider_and_model_from_its_first_call() -
     assert root["gen_ai.provider.name"] == "acme"
     assert root["gen_ai.request.model"] == "scripted-1"
     assert root["gen_ai.conversation.id"] == "c-9"
+
+
+def _openai(url: str) -> sm.ModelClient:
+    return OpenAIChatModel("gpt-4o-mini", api_key=KEY, base_url=url + "/v1", retry=FAST)
+
+
+def _anthropic(url: str) -> sm.ModelClient:
+    return AnthropicModel("claude-sonnet-4-5", api_key=KEY, base_url=url, retry=FAST)
+
+
+def _responses(url: str) -> sm.ModelClient:
+    return OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=url + "/v1", retry=FAST)
+
+
+def _gemini(url: str) -> sm.ModelClient:
+    return GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=url)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("make", "stream", "response_id", "model"),
+    [
+        (_openai, "openai/text_stream.sse", "chatcmpl-AZx81", "gpt-4o-mini-2024-07-18"),
+        (
+            _anthropic,
+            "anthropic/text_stream.sse",
+            "msg_01XFDUDYJgAACzvnptvVoYEL",
+            "claude-sonnet-4-5-20250929",
+        ),
+        (_responses, "responses/text_stream.sse", "resp_1", "gpt-5-mini"),
+        (_gemini, "gemini/text_stream.sse", "r1", "gemini-2.5-flash"),
+    ],
+    ids=["openai", "anthropic", "responses", "gemini"],
+)
+def test_the_chat_span_has_the_response_id_and_model_the_provider_gave(
+    make: Any, stream: str, response_id: str, model: str
+) -> None:
+    tracer, exporter, _ = _setup()
+    with LoopbackServer() as server:
+        server.add(sse(stream))
+        client = make(server.url)
+        result = asyncio.run(tracer.run_agent(model=client, messages=[sm.UserMessage("hi")]))
+    assert result.state is sm.TurnState.DONE
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    attributes = dict(chat.attributes or {})
+    assert attributes["gen_ai.response.id"] == response_id
+    assert attributes["gen_ai.response.model"] == model
+
+
+@pytest.mark.timeout(30)
+def test_a_client_that_does_not_say_leaves_the_response_attributes_out() -> None:
+    tracer, exporter, _ = _setup()
+    asyncio.run(tracer.run_agent(model=Script(sm.AssistantMessage("ok")), messages="hi"))
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    assert not {"gen_ai.response.id", "gen_ai.response.model"} & set(chat.attributes or {})

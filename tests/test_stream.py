@@ -4,7 +4,9 @@ timed, counted and told to subscribers."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+import tracemalloc
 
 import pytest
 from driver_support import (
@@ -20,6 +22,7 @@ from driver_support import (
 
 import statemachine as sm
 from statemachine.agent.events import RunReturned, ToolEnded, TurnEnded
+from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
     AssistantMessage,
     StopReason,
@@ -197,3 +200,126 @@ def test_the_wall_time_of_a_run_is_the_time_it_took() -> None:
     assert result.state is S.DONE
     assert result.stats is not None
     assert 0.005 <= result.stats.wall_seconds <= took  # a clock difference, not a sum
+
+
+# -- a subscriber that lags holds the run's memory bounded -------------------------------------
+
+REPORTS = 200_000
+
+
+def _reporting_run(reports: int) -> sm.AgentRun:
+    async def busy() -> str:
+        for i in range(reports):
+            sm.report_progress(i)
+        return "busy done"
+
+    async def quiet() -> str:
+        return "quiet done"
+
+    return sm.AgentRun(
+        model=ScriptedModel(asks("busy", "quiet"), AssistantMessage("done")),
+        messages=[UserMessage("go")],
+        tools=[make_tool("busy", busy), make_tool("quiet", quiet)],
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_subscription_never_read_holds_memory_bounded_whatever_the_progress() -> None:
+    # 200,000 progress reports held 53 MiB in a subscription nobody read; a lagging
+    # subscriber now gets the newest report of each call, in the first one's place.
+    run = _reporting_run(REPORTS)
+
+    async def main() -> tuple[sm.RunResult, int, list[sm.RunEvent]]:
+        stream = run.events()
+        tracemalloc.start()
+        try:
+            result = await run.run()
+            held, _peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        return result, held, [event async for event in stream]
+
+    result, held, events = asyncio.run(main())
+    assert result.state is S.DONE
+    assert held < 1024 * 1024, f"{held / 2**20:.1f} MiB held"
+    progress = [(e.call_id, e.data) for e in events if isinstance(e, sm.ToolProgress)]
+    assert progress == [("c1", REPORTS - 1)]
+    kinds = [type(e).__name__ for e in events]
+    started, ended = kinds.index("ToolStarted"), kinds.index("ToolEnded")
+    assert started < kinds.index("ToolProgress") < ended
+    added = [e.message for e in events if isinstance(e, sm.MessageAdded)]
+    assert added == list(result.messages[1:])
+    assert kinds[-1] == "RunReturned"
+    assert not any(isinstance(e, sm.EventsDropped) for e in events)
+
+
+# Never dropped, whatever a subscriber's lag: the events of what the run holds anyway.
+_KEPT = (sm.RunStarted, sm.MessageAdded, sm.ToolStarted, sm.ToolEnded, sm.RunReturned)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("max_buffered", [1, 4, 9])
+def test_past_its_buffer_a_slow_subscriber_is_told_how_many_events_were_dropped(
+    max_buffered: int,
+) -> None:
+    run = _reporting_run(1)  # one report: nothing to coalesce
+
+    async def main() -> tuple[list[sm.RunEvent], list[sm.RunEvent]]:
+        everything, slow = run.events(), run.events(max_buffered=max_buffered)
+        await run.run()
+        return [e async for e in everything], [e async for e in slow]
+
+    everything, slow = asyncio.run(main())
+    kept = [e for e in everything if isinstance(e, _KEPT)]
+    droppable = [e for e in everything if not isinstance(e, _KEPT)]
+    assert len(droppable) > 9
+    assert [e for e in slow if isinstance(e, _KEPT)] == kept
+    seen = [e for e in slow if not isinstance(e, (*_KEPT, sm.EventsDropped))]
+    dropped = [e.count for e in slow if isinstance(e, sm.EventsDropped)]
+    assert seen == droppable[: len(seen)]  # the first ones, until the buffer was full
+    assert len(seen) == max_buffered
+    assert sum(dropped) == len(droppable) - len(seen)
+    # one EventsDropped for each stretch of drops between two kept events, never two
+    # in a row
+    kinds = [type(e) for e in slow]
+    assert all(not (a is b is sm.EventsDropped) for a, b in itertools.pairwise(kinds)), kinds
+
+
+@pytest.mark.timeout(30)
+def test_a_buffer_limit_must_be_a_positive_integer() -> None:
+    run = _reporting_run(1)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(sm.InvalidInputError, match="max_buffered"):
+            run.events(max_buffered=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_the_text_stream_keeps_every_fragment_however_far_it_lags() -> None:
+    class Streaming:
+        async def complete(
+            self,
+            messages: object,
+            tools: object,
+            signal: object,
+            *,
+            options: CallOptions | None = None,
+        ) -> AssistantMessage:
+            assert options is not None
+            assert options.on_text is not None
+            for i in range(20):
+                options.on_text(str(i % 10))
+            return AssistantMessage("".join(str(i % 10) for i in range(20)))
+
+    run = sm.AgentRun(model=Streaming(), messages=[UserMessage("go")])
+
+    async def main() -> tuple[sm.RunResult, list[sm.RunEvent]]:
+        # what stream_text() subscribes with, past a buffer of 2
+        lagging = run._stream.subscribe(max_buffered=2, keep=(sm.TextDelta,))
+        result = await run.run()
+        return result, [event async for event in lagging]
+
+    result, events = asyncio.run(main())
+    text = "".join(e.text for e in events if isinstance(e, sm.TextDelta))
+    assert text == result.final_text
+    assert len(text) == 20
+    assert any(isinstance(e, sm.EventsDropped) for e in events)  # StateChanged and such

@@ -29,6 +29,7 @@ from statemachine.errors import (
 )
 
 __all__ = [
+    "EventsDropped",
     "MessageAdded",
     "RunEvent",
     "RunResult",
@@ -39,6 +40,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolEnded",
+    "ToolLog",
     "ToolProgress",
     "ToolStarted",
     "TurnEnded",
@@ -77,6 +79,18 @@ class ToolStarted:
 class ToolProgress:
     call_id: str
     data: object
+
+
+@attrs.frozen
+class ToolLog:
+    """A log message from a running tool (``report_log``; an MCP server's
+    ``notifications/message`` during a call): ``level`` as in syslog ("debug",
+    "info", ..., "emergency"), ``logger`` the name it gave, if any."""
+
+    call_id: str
+    level: str
+    data: object
+    logger: str | None = None
 
 
 @attrs.frozen
@@ -120,6 +134,15 @@ class TurnEnded:
 
 
 @attrs.frozen
+class EventsDropped:
+    """``count`` events a subscriber did not read in time were dropped here (only
+    ``TextDelta``, ``ToolCallDelta``, ``StateChanged``, ``TurnStarted``, ``TurnEnded``,
+    ``ToolProgress`` and ``ToolLog`` are ever dropped: ``AgentRun.events()``)."""
+
+    count: int
+
+
+@attrs.frozen
 class RunReturned:
     """The last event of a run: it returned to its caller in ``state``, a terminal state
     (the run has ended) or ``AwaitingUser`` (it resumes with a new message).
@@ -137,11 +160,13 @@ RunEvent: TypeAlias = (
     | StateChanged
     | ToolStarted
     | ToolProgress
+    | ToolLog
     | ToolEnded
     | TurnEnded
     | RunReturned
     | TextDelta
     | ToolCallDelta
+    | EventsDropped
 )
 
 

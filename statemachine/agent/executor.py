@@ -29,12 +29,12 @@ import asyncio
 import contextvars
 import sys
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
-from statemachine.agent.events import ToolProgress
+from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
 from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
@@ -56,7 +56,7 @@ from statemachine.errors import ModelOutputError, ToolOutputError
 
 _T = TypeVar("_T")
 
-__all__ = ["AsyncioExecutor", "current_tool_call", "report_progress", "start_task"]
+__all__ = ["AsyncioExecutor", "current_tool_call", "report_log", "report_progress", "start_task"]
 
 # -- progress reports from inside tools ------------------------------------------------
 
@@ -83,7 +83,19 @@ def report_progress(data: object) -> bool:
     if running is None:
         return False
     executor, call = running
-    executor.progress(call.id, data)
+    executor.tell(partial(ToolProgress, call.id, data))
+    return True
+
+
+def report_log(level: str, data: object, logger: str | None = None) -> bool:
+    """Report a log message from inside a running tool (any thread), as
+    ``report_progress`` does: subscribers receive a ``ToolLog`` event (an MCP server's
+    ``notifications/message`` during a call arrive so)."""
+    running = _running.get()
+    if running is None:
+        return False
+    executor, call = running
+    executor.tell(partial(ToolLog, call.id, level, data, logger))
     return True
 
 
@@ -153,9 +165,10 @@ class AsyncioExecutor:
         """A hook's answer (one of several for one permission check)."""
         self.loop.inbox.put_nowait(event)
 
-    def progress(self, call_id: str, data: object) -> None:
-        """A running tool's progress report, handed to the subscribers on the loop."""
-        deliver = partial(self.loop.stream.emit, partial(ToolProgress, call_id, data))
+    def tell(self, event: Callable[[], RunEvent]) -> None:
+        """A running tool's progress report or log message, handed to the subscribers
+        on the loop (built only if someone listens)."""
+        deliver = partial(self.loop.stream.emit, event)
         if threading.get_ident() == self._thread:
             deliver()
         else:

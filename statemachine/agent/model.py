@@ -130,7 +130,10 @@ class CallOptions:
     none. ``settings``: the run's ``ModelSettings``. ``on_text`` and
     ``on_tool_call_delta`` (``(index, call_id, name, arguments_fragment)``): called
     with each streamed fragment as it arrives, by a client that streams, on the event
-    loop's thread (they hand run events to the run's subscribers).
+    loop's thread (they hand run events to the run's subscribers). ``on_response``
+    (``(response_id, response_model)``, either ``None`` when unknown): called once per
+    response by a client that knows them (the adapters do), for telemetry; nothing
+    of it enters the history.
     ``output_schema``: the JSON Schema (an object) the final answer's text must match,
     sent in the provider's own JSON-schema output mode; given only to a client that
     declares ``native_output = True`` (``statemachine.agent.output``), ``None`` for
@@ -142,6 +145,7 @@ class CallOptions:
     on_text: Callable[[str], None] | None = None
     on_tool_call_delta: Callable[[int, str, str, str], None] | None = None
     output_schema: Mapping[str, Any] | None = None
+    on_response: Callable[[str | None, str | None], None] | None = None
 
 
 def takes_options(model: object) -> bool:

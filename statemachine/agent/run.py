@@ -40,7 +40,7 @@ from statemachine.agent.loop import ActionLoop, Executor, Inbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, OutputMode, compile_output
-from statemachine.agent.stream import EventStream
+from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
@@ -227,18 +227,23 @@ class AgentRun(Generic[OutputT]):
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop.abort, text)
 
-    def events(self) -> AsyncIterator[RunEvent]:
+    def events(self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunReturned``.
 
         Subscribe before ``run()``, or in a task created before ``run()`` is
-        awaited (``run()`` lets such tasks start first), to see ``RunStarted`` on."""
-        return self._stream.subscribe()
+        awaited (``run()`` lets such tasks start first), to see ``RunStarted`` on.
+        The run never waits for a subscriber: one that lags gets the newest progress
+        of each call, and past ``max_buffered`` unread events an ``EventsDropped``
+        in place of the events that only describe the run's progress (``MessageAdded``,
+        ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always kept)."""
+        return self._stream.subscribe(max_buffered)
 
     async def stream_text(self) -> AsyncIterator[str]:
         """The answer's text fragments as the model streams them (``TextDelta``), until
         the run returns; subscribe as for ``events()``. A client that does not stream
-        (or takes no ``options``) gives none: read ``RunResult.final_text`` then."""
-        async for event in self._stream.subscribe():
+        (or takes no ``options``) gives none: read ``RunResult.final_text`` then.
+        Every fragment is kept for it, however far it lags."""
+        async for event in self._stream.subscribe(keep=(TextDelta,)):
             if isinstance(event, TextDelta):
                 yield event.text
 

@@ -8,17 +8,25 @@ when someone subscribed (``emit`` takes a function for the costly ones); the usa
 summed from the history once, when the stats are read. A resumed run's stats start
 from the stats of the part before (``previous``), and a sub-agent's are added to the
 run that called it (``add_child``), so ``RunResult.stats`` is the whole run's.
+
+A subscriber that does not read never holds the run up, and never holds memory in
+proportion to what the run does: a tool's progress reports that it has not read yet
+are coalesced (it gets the newest one), and past ``DEFAULT_MAX_BUFFERED_EVENTS``
+unread events the events that only describe the run's progress are dropped, an
+``EventsDropped`` saying how many in their place (``_Subscriber``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import attrs
 
 from statemachine.agent.events import (
+    EventsDropped,
     MessageAdded,
     RunEvent,
     RunReturned,
@@ -28,6 +36,7 @@ from statemachine.agent.events import (
     TextDelta,
     ToolCallDelta,
     ToolEnded,
+    ToolProgress,
     ToolStarted,
     TurnEnded,
     TurnStarted,
@@ -37,8 +46,16 @@ from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
 from statemachine.core.table import RETURNS_TO_CALLER, TurnState
 from statemachine.core.tools import ToolOutput
+from statemachine.errors import InvalidInputError
 
-__all__ = ["EventStream"]
+__all__ = ["DEFAULT_MAX_BUFFERED_EVENTS", "EventStream"]
+
+DEFAULT_MAX_BUFFERED_EVENTS = 10_000
+"""Unread events one subscriber may hold before the droppable ones are dropped."""
+
+# Never dropped: each stands for something the run holds anyway (a message of its
+# history, a call of it, its start and end), so a few dozen bytes each.
+_KEPT: frozenset[type] = frozenset({RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned})
 
 # A turn starts on entering AwaitingModel and ends at the next turn boundary or where
 # the run returns to its caller.
@@ -52,9 +69,7 @@ class EventStream:
         self._previous = previous  # a resumed run's stats before the suspension
         self._children: tuple[RunStats, ...] = ()  # the sub-agents' stats
         self._turn = engine.turns + 1
-        # Tuples, grown by a new one: most runs have no subscriber and no sub-agent,
-        # and an empty tuple is shared rather than one more object per run.
-        self._subscribers: tuple[asyncio.Queue[RunEvent | None], ...] = ()
+        self._subscribers: list[_Subscriber] = []
         self._closed = False  # RunReturned has been told
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
@@ -70,21 +85,17 @@ class EventStream:
 
     # -- subscribers -----------------------------------------------------------------------
 
-    def subscribe(self) -> AsyncIterator[RunEvent]:
-        """An async iterator of the events from now on; it ends after ``RunReturned``."""
-        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+    def subscribe(
+        self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS, keep: tuple[type, ...] = ()
+    ) -> AsyncIterator[RunEvent]:
+        """An async iterator of the events from now on; it ends after ``RunReturned``
+        (what a subscriber that lags is given: ``_Subscriber``; ``keep``: more event
+        types it never drops)."""
+        subscriber = _Subscriber(max_buffered, _KEPT.union(keep))
         if self._closed:
-            queue.put_nowait(None)
-        self._subscribers += (queue,)
-
-        async def iterate() -> AsyncIterator[RunEvent]:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                yield item
-
-        return iterate()
+            subscriber.end()
+        self._subscribers.append(subscriber)
+        return subscriber.iterate()
 
     def emit(self, event: RunEvent | Callable[[], RunEvent]) -> None:
         """Give ``event`` (or what ``event()`` builds, only if someone listens) to every
@@ -93,8 +104,8 @@ class EventStream:
             return
         if callable(event):
             event = event()
-        for queue in self._subscribers:
-            queue.put_nowait(event)
+        for subscriber in self._subscribers:
+            subscriber.put(event)
 
     # -- what the action loop tells ----------------------------------------------------------
 
@@ -178,9 +189,8 @@ class EventStream:
         self._closed = True
         if not self._subscribers:
             return
-        self.emit(RunReturned(engine.state, engine.explanation or "", self.stats(engine)))
-        for queue in self._subscribers:
-            queue.put_nowait(None)
+        self._subscribers: list[_Subscriber] = []
+        self._closed = False  # RunReturned has been told
 
     # -- the stats ---------------------------------------------------------------------------
 
@@ -204,3 +214,76 @@ class EventStream:
             # Its model calls, tool calls and usage; its time is this run's already.
             own = own + attrs.evolve(child, turn_seconds=(), tool_seconds={}, wall_seconds=0.0)
         return own if self._previous is None else self._previous + own
+
+
+class _Subscriber:
+    """The unread events of one subscriber, bounded whatever the run does.
+
+    - A ``ToolProgress`` replaces the one of the same call that is still unread, in
+      its place: a subscriber that lags gets the newest progress of each call.
+    - Past ``max_buffered`` unread events, the events that only describe the run's
+      progress (``TextDelta``, ``ToolCallDelta``, ``StateChanged``, ``TurnStarted``,
+      ``TurnEnded``, ``ToolLog``, a new ``ToolProgress``) are dropped, and the subscriber finds
+      one ``EventsDropped(count)`` where they would have been. ``RunStarted``,
+      ``MessageAdded``, ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always
+      kept, whatever the count: the history holds their contents anyway.
+
+    The run never waits for a subscriber.
+    """
+
+    def __init__(self, max_buffered: int, kept: frozenset[type] = _KEPT) -> None:
+        if isinstance(max_buffered, bool) or not (
+            isinstance(max_buffered, int) and max_buffered > 0
+        ):
+            raise InvalidInputError(
+                f"max_buffered must be a positive integer, got {max_buffered!r}"
+            )
+        self._limit = max_buffered
+        self._kept = kept
+        self._items: deque[RunEvent | list[int] | None] = deque()  # list[int]: a drop count
+        self._first = 0  # the position (counted from the first event) of _items[0]
+        self._progress: dict[str, int] = {}  # call id -> position of its unread progress
+        self._droppable = 0  # unread events that may be dropped
+        self._wake = asyncio.Event()
+
+    def put(self, event: RunEvent) -> None:
+        items = self._items
+        if type(event) in self._kept:
+            items.append(event)
+        elif isinstance(event, ToolProgress) and event.call_id in self._progress:
+            items[self._progress[event.call_id] - self._first] = event
+        elif self._droppable < self._limit:
+            if isinstance(event, ToolProgress):
+                self._progress[event.call_id] = self._first + len(items)
+            self._droppable += 1
+            items.append(event)
+        elif items and isinstance(items[-1], list):
+            items[-1][0] += 1
+        else:
+            items.append([1])
+        self._wake.set()
+
+    def end(self) -> None:
+        self._items.append(None)
+        self._wake.set()
+
+    def _take(self) -> RunEvent | list[int] | None:
+        item = self._items.popleft()
+        self._first += 1
+        if item is None or isinstance(item, list) or type(item) in self._kept:
+            return item
+        self._droppable -= 1
+        if isinstance(item, ToolProgress):
+            del self._progress[item.call_id]
+        return item
+
+    async def iterate(self) -> AsyncIterator[RunEvent]:
+        while True:
+            if not self._items:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            item = self._take()
+            if item is None:
+                return
+            yield EventsDropped(item[0]) if isinstance(item, list) else item

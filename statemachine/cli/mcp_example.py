@@ -3,8 +3,10 @@ with an installed package (the ``[mcp]`` extra).
 
     MCPServer.stdio(sys.executable, ["-m", "statemachine", "mcp-example"], prefix="calc_")
 
-It serves three tools, ``add``, ``echo`` and ``word_count``, written with the MCP SDK's
-own server API. Standard output is the protocol: the server writes nothing else there.
+It serves the tools ``add``, ``echo`` and ``word_count``; ``summarize``, which asks the
+client's model (sampling), and ``greet``, which asks the client's user (elicitation);
+and one resource, ``example://style``. All written with the MCP SDK's own server API.
+Standard output is the protocol: the server writes nothing else there.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def _server() -> MCPServer:
         """Count the words of a text."""
         return len(text[:MAX_TEXT_CHARS].split())
 
+    from statemachine.cli._mcp_asking import add_asking
+
+    add_asking(server, MAX_TEXT_CHARS)
     return server
 
 
@@ -49,8 +54,9 @@ def cli_mcp_example(argv: list[str]) -> int:
     """``statemachine mcp-example``: serve the example tools over stdio until stdin ends."""
     parser = CommandParser(
         "mcp-example",
-        description="A small MCP server on stdin/stdout with three tools (add, echo, "
-        "word_count), to try MCP tools without writing a server: start it from "
+        description="A small MCP server on stdin/stdout (tools add, echo, word_count, "
+        "summarize and greet; a resource example://style), to try MCP tools without "
+        "writing a server: start it from "
         'statemachine.mcp.MCPServer.stdio(sys.executable, ["-m", "statemachine", '
         '"mcp-example"]). Needs the [mcp] extra.',
         failed=None,

@@ -26,22 +26,21 @@ The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO, TypeVar
+from typing import Any, Literal, TextIO
 
 from statemachine._log import library_logger
 from statemachine._version import DISTRIBUTION, __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import Message, ToolResultContent
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError, MCPError
 
 try:
+    import httpx2
     import mcp
     import mcp.types as mcp_types
     from mcp.client.caching import CacheMode
@@ -50,21 +49,27 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
     ) from exc
 
-from statemachine.mcp._resources import (
-    MCPPrompt,
-    MCPResource,
-    prompt_messages,
-    prompt_of,
-    resource_blocks,
-    resource_of,
+from statemachine.mcp._asking import (
+    DEFAULT_MAX_INPUT_REQUESTS,
+    Asking,
+    ElicitationHandler,
+    MCPElicitation,
+    MCPProgress,
+    MCPSampling,
+    MCPSamplingRequest,
+    missing_capability,
 )
+from statemachine.mcp._requests import Requests
+from statemachine.mcp._resources import MCPPrompt, MCPResource
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
     current_task_cancelling,
-    predicate,
+    filters,
+    http_transport,
+    listen_for_tool_changes,
     retrieve,
     shown,
 )
@@ -73,16 +78,22 @@ __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_BLOCKS",
+    "DEFAULT_MAX_INPUT_REQUESTS",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
+    "ElicitationHandler",
+    "MCPElicitation",
     "MCPError",
+    "MCPProgress",
     "MCPPrompt",
     "MCPResource",
+    "MCPSampling",
+    "MCPSamplingRequest",
     "MCPServer",
 ]
 
-_T = TypeVar("_T")
+LogLevel = Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
 
 DEFAULT_CALL_TIMEOUT = 60.0
 """Seconds one tool call may take before the run answers it "timed out"."""
@@ -98,7 +109,17 @@ DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
 
 
-class MCPServer:
+def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
+    if call_timeout is not None and not call_timeout > 0:
+        raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
+    if not connect_timeout > 0:
+        raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
+    for option, value in counts.items():
+        if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+            raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
+
+
+class MCPServer(Requests):
     """One MCP server's tools for the lifetime of an ``async with`` block.
 
     Build it with :meth:`stdio` or :meth:`http`. Inside the block, :attr:`tools` holds
@@ -106,6 +127,9 @@ class MCPServer:
     for stdio, stops the subprocess (the SDK terminates its whole process tree).
     Enter and leave it in any task: the connection is held by a task of its own.
     """
+
+    _asking: Asking | None = None  # the callbacks of the connection, while connected
+    _refusal: str | None = None  # the last HTTP error status the server answered
 
     def __init__(
         self,
@@ -122,20 +146,22 @@ class MCPServer:
         allowed_tools: ToolFilter | None = None,
         blocked_tools: ToolFilter = (),
         http_headers: Mapping[str, str] | None = None,
+        http_auth: httpx2.Auth | None = None,
         stderr: TextIO | None = None,
+        sampling: MCPSampling | None = None,
+        elicitation: ElicitationHandler | None = None,
+        max_input_requests: int = DEFAULT_MAX_INPUT_REQUESTS,
+        log_level: LogLevel | None = "info",
     ) -> None:
-        if call_timeout is not None and not call_timeout > 0:
-            raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
-        if not connect_timeout > 0:
-            raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
-        for option, value in (
-            ("max_output_chars", max_output_chars),
-            ("max_output_bytes", max_output_bytes),
-            ("max_blocks", max_blocks),
-            ("max_tools", max_tools),
-        ):
-            if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
-                raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
+        _check_bounds(
+            call_timeout,
+            connect_timeout,
+            max_output_chars=max_output_chars,
+            max_output_bytes=max_output_bytes,
+            max_blocks=max_blocks,
+            max_tools=max_tools,
+            max_input_requests=max_input_requests,
+        )
         self.name = name
         self.prefix = prefix
         self.call_timeout = call_timeout
@@ -144,15 +170,14 @@ class MCPServer:
         self.max_output_bytes = max_output_bytes
         self.max_blocks = max_blocks
         self.max_tools = max_tools
-        self._allowed = predicate(allowed_tools, "allowed_tools")
-        self._allowed_names = (
-            frozenset(allowed_tools)
-            if allowed_tools is not None and not callable(allowed_tools)
-            else frozenset()
-        )
-        self._blocked = predicate(blocked_tools, "blocked_tools")
+        self._allowed, self._allowed_names, self._blocked = filters(allowed_tools, blocked_tools)
         self._target = target
         self._headers = dict(http_headers or {})
+        self._auth = http_auth
+        self.sampling = sampling
+        self.elicitation = elicitation
+        self.max_input_requests = max_input_requests
+        self.log_level = log_level
         self._stderr = stderr
         self._tail: StderrTail | None = None  # a stdio server's stderr, while connected
         self._client: mcp.Client | None = None
@@ -192,14 +217,23 @@ class MCPServer:
 
     @classmethod
     def http(
-        cls, url: str, *, headers: Mapping[str, str] | None = None, **options: Any
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        auth: httpx2.Auth | None = None,
+        **options: Any,
     ) -> MCPServer:
-        """A server reached over streamable HTTP at ``url`` (``headers``: e.g. auth).
+        """A server reached over streamable HTTP at ``url``.
 
+        ``headers`` go with every request (e.g. ``Authorization``); ``auth`` is an
+        ``httpx2.Auth`` the HTTP client runs on every request: the SDK's
+        ``mcp.client.auth.OAuthClientProvider`` for OAuth 2.1 (it discovers the
+        server's authorization server, registers, refreshes tokens), or your own.
         Its default name, which errors quote, is the URL without its query and any
         user and password in it."""
         name = options.pop("name", None) or shown(url)
-        return cls(url, name=name, http_headers=headers, **options)
+        return cls(url, name=name, http_headers=headers, http_auth=auth, **options)
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -258,10 +292,21 @@ class MCPServer:
         holding the connection here keeps that from ever reaching the caller.
         """
         try:
+            asking = self._asking = Asking(
+                self.name,
+                self.sampling,
+                self.elicitation,
+                self.max_input_requests,
+                self.max_output_bytes,
+            )
             client = mcp.Client(
                 self._transport(),
                 client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
                 message_handler=self._on_message,
+                sampling_callback=asking.on_sampling if self.sampling else None,
+                elicitation_callback=asking.on_elicitation if self.elicitation else None,
+                logging_callback=asking.on_log,
+                log_level=self.log_level,
             )
             async with client:
                 self._stage = "list"
@@ -274,8 +319,7 @@ class MCPServer:
                     return
                 self._client = client
                 listed.set_result(tools)
-                assert self._wake is not None
-                await self._wake.wait()
+                await self._until_closed(client)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # closed by _close (or the loop is going away)
@@ -291,6 +335,18 @@ class MCPServer:
                 self._tail.close()
             if not listed.done():  # closed before the tools were listed
                 listed.cancel()
+
+    async def _until_closed(self, client: mcp.Client) -> None:
+        """Keep the connection until told, listening for changes of the tool list."""
+        assert self._wake is not None
+        listener = asyncio.ensure_future(
+            listen_for_tool_changes(client, self._tools_changed, self._log, self.name)
+        )
+        try:
+            await self._wake.wait()
+        finally:
+            listener.cancel()
+            await asyncio.wait((listener,))
 
     async def _failed_to_connect(
         self, listed: asyncio.Future[list[mcp_types.Tool]], exc: BaseException
@@ -311,14 +367,14 @@ class MCPServer:
             message = f"MCP server {self.name!r} could not list its tools: {cause}"
         else:
             message = f"MCP server {self.name!r} could not be reached: {describe(exc)}"
+        if self._refusal is not None:
+            message += f" (it answered {self._refusal})"
         return MCPError(with_stderr(message, self._tail))
 
     async def _on_message(self, message: Any) -> None:
         """The SDK's notifications and the transport's faults (never raises)."""
         if isinstance(message, mcp_types.ToolListChangedNotification):
-            self._stale = True
-            if self._stage == "ready":
-                self._on_tools_changed()
+            self._tools_changed()
         if isinstance(message, Exception):
             self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
@@ -329,6 +385,11 @@ class MCPServer:
                         f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
                     )
                 )
+
+    def _tools_changed(self) -> None:
+        self._stale = True
+        if self._stage == "ready":
+            self._on_tools_changed()
 
     def _on_tools_changed(self) -> None:
         if self._refresher is None or self._refresher.done():
@@ -368,15 +429,12 @@ class MCPServer:
         if isinstance(self._target, mcp.StdioServerParameters):
             self._tail = StderrTail(self._stderr)
             return mcp.stdio_client(self._target, errlog=self._tail.errlog)
-        if isinstance(self._target, str) and self._headers:
-            import httpx2
-            from mcp.client.streamable_http import streamable_http_client
+        self._refusal = None
 
-            http = httpx2.AsyncClient(
-                headers=self._headers, timeout=httpx2.Timeout(30.0, read=300.0)
-            )
-            return streamable_http_client(self._target, http_client=http)
-        return self._target
+        def refused(status: str) -> None:
+            self._refusal = status
+
+        return http_transport(str(self._target), self._headers, self._auth, refused)
 
     async def _list_tools(
         self, client: mcp.Client, cache_mode: CacheMode = "use"
@@ -447,10 +505,9 @@ class MCPServer:
         """List the server's tools again, checked as when connecting (within
         ``connect_timeout``), and make them :attr:`tools`: for the runs started after
         (a run keeps the tools it started with). It runs by itself when the server
-        says its tool list changed (``notifications/tools/list_changed``; a failure
-        then is logged, and ``tools`` stays as it was). A server of the 2026-07-28
-        protocol says so only on a ``subscriptions/listen`` stream, which this client
-        does not open."""
+        says its tool list changed (``notifications/tools/list_changed``, or, from a
+        server of the 2026-07-28 protocol, on the ``subscriptions/listen`` stream this
+        client keeps open; a failure then is logged, and ``tools`` stays as it was)."""
         client = self._client
         if client is None:
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
@@ -466,87 +523,6 @@ class MCPServer:
         self._tools = tools
         return tools
 
-    # -- resources and prompts ----------------------------------------------------------
-
-    async def list_resources(self) -> tuple[MCPResource, ...]:
-        """The server's resources (at most ``max_tools`` of them)."""
-        found = await self._listing(
-            "resources/list", "resources", lambda at, c: c.list_resources(cursor=at)
-        )
-        return tuple(resource_of(r) for page in found for r in page.resources)
-
-    async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
-        """A resource's contents as text and image blocks, bounded like a tool result:
-        put them in a run as ``UserMessage((TextContent("..."), *blocks))``."""
-        read = await self._ask(f"resource {uri!r}", lambda c: c.read_resource(uri))
-        return resource_blocks(read, *self._limits())
-
-    async def list_prompts(self) -> tuple[MCPPrompt, ...]:
-        """The server's prompts (at most ``max_tools`` of them)."""
-        found = await self._listing(
-            "prompts/list", "prompts", lambda at, c: c.list_prompts(cursor=at)
-        )
-        return tuple(prompt_of(p) for page in found for p in page.prompts)
-
-    async def get_prompt(
-        self, name: str, arguments: Mapping[str, str] | None = None
-    ) -> tuple[Message, ...]:
-        """A prompt's messages, ready to start a run with (bounded like a tool result)."""
-        got = await self._ask(
-            f"prompt {name!r}", lambda c: c.get_prompt(name, dict(arguments or {}))
-        )
-        return prompt_messages(got, *self._limits())
-
-    def _limits(self) -> tuple[int, int, int]:
-        return self.max_output_chars, self.max_output_bytes, self.max_blocks
-
-    async def _listing(
-        self, what: str, field: str, fetch: Callable[[str | None, mcp.Client], Awaitable[Any]]
-    ) -> list[Any]:
-        pages: list[Any] = []
-        cursor: str | None = None
-        listed = 0
-        while True:
-            page = await self._ask(what, functools.partial(fetch, cursor))
-            pages.append(page)
-            listed += len(getattr(page, field))
-            if listed > self.max_tools:
-                raise MCPError(
-                    f"MCP server {self.name!r}: {what} lists more than "
-                    f"{self.max_tools} entries (max_tools)"
-                )
-            cursor = page.next_cursor
-            if not cursor:
-                return pages
-
-    async def _ask(self, what: str, fetch: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
-        """One request, within ``call_timeout``, answered (or failed) when the
-        connection ends."""
-        client, holder = self._client, self._holder
-        if client is None or holder is None or holder.done():
-            raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
-        request = asyncio.ensure_future(fetch(client))
-        try:
-            async with asyncio.timeout(self.call_timeout):
-                await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException as exc:
-            request.cancel()
-            request.add_done_callback(retrieve)
-            if isinstance(exc, TimeoutError):
-                raise MCPError(
-                    f"MCP server {self.name!r}, {what}: no answer within "
-                    f"{self.call_timeout} s (call_timeout)"
-                ) from None
-            raise
-        if not request.done():
-            request.cancel()
-            request.add_done_callback(retrieve)
-            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
-        try:
-            return request.result()
-        except Exception as exc:
-            raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc
-
     # -- calling ------------------------------------------------------------------------
 
     async def _call(
@@ -559,7 +535,13 @@ class MCPServer:
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
         # The request runs as its own task so that an abort can cancel it at once:
         # cancelling the SDK's request sends notifications/cancelled to the server.
-        request = asyncio.ensure_future(client.call_tool(remote, arguments))
+        asking = self._asking
+        assert asking is not None
+        key = object()
+        progress = asking.call_started(key)
+        request = asyncio.ensure_future(
+            client.call_tool(remote, arguments, progress_callback=progress)
+        )
         loop = asyncio.get_running_loop()
 
         def on_abort(_reason: object) -> None:
@@ -589,9 +571,13 @@ class MCPServer:
         except MCPError:
             raise
         except Exception as exc:
-            raise MCPError(f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}") from exc
+            raise MCPError(
+                f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}"
+                + missing_capability(exc)
+            ) from exc
         finally:
             remove()
+            asking.call_ended(key)
         return self._output(result)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:

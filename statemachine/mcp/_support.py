@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
+import mcp
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
 from statemachine.core.abort import AbortSignal
 from statemachine.core.tools import ToolOutput
@@ -40,6 +46,72 @@ def predicate(tools: ToolFilter | None, option: str) -> Callable[[str], bool]:
         raise InvalidInputError(f"{option} must be tool names or a predicate on a name")
     names = frozenset(tools)
     return names.__contains__
+
+
+def filters(
+    allowed: ToolFilter | None, blocked: ToolFilter
+) -> tuple[Callable[[str], bool], frozenset[str], Callable[[str], bool]]:
+    """Whether a tool is allowed, the names that must be listed, whether it is blocked."""
+    names = frozenset(allowed) if allowed is not None and not callable(allowed) else frozenset()
+    return predicate(allowed, "allowed_tools"), names, predicate(blocked, "blocked_tools")
+
+
+@contextlib.asynccontextmanager
+async def http_transport(
+    url: str,
+    headers: Mapping[str, str],
+    auth: httpx2.Auth | None,
+    refused: Callable[[str], None],
+) -> AsyncIterator[Any]:
+    """The SDK's streamable HTTP transport on an HTTP client of ours, closed with it
+    (the SDK's timeouts: 30 s, 300 s to read a stream), which tells ``refused`` the
+    status of a request the server refuses: the SDK's own error says only "Server
+    returned an error response", not 401."""
+
+    async def seen(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            refused(f"HTTP {response.status_code} {response.reason_phrase}")
+
+    async with (
+        httpx2.AsyncClient(
+            headers=dict(headers),
+            auth=auth,
+            timeout=httpx2.Timeout(30.0, read=300.0),
+            event_hooks={"response": [seen]},
+        ) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+LISTEN_AGAIN_SECONDS = 1.0
+"""After a ``subscriptions/listen`` stream fails or drops: the wait before the next."""
+
+
+async def listen_for_tool_changes(
+    client: mcp.Client, changed: Callable[[], None], log: Any, server: str
+) -> None:
+    """Call ``changed`` whenever a server of the 2026-07-28 protocol says its tool list
+    changed, on a ``subscriptions/listen`` stream, until cancelled (never raises). A
+    stream that drops once open is opened again a second later, and ``changed`` called
+    then (the stream has no replay); an older server (``notifications/tools/list_changed``
+    tells instead), one that refuses the stream or closes it ends the listening."""
+    while True:
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _change in changes:
+                    changed()
+            return
+        except ListenNotSupportedError:
+            return
+        except SubscriptionLost as exc:
+            log.debug("mcp_listen_lost", server=server, error=str(exc)[:300])
+        except Exception as exc:  # noqa: BLE001 - listening is best effort: logged
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            log.debug("mcp_listen_failed", server=server, error=error)
+            return
+        await asyncio.sleep(LISTEN_AGAIN_SECONDS)
+        changed()
 
 
 def retrieve(task: asyncio.Future[Any]) -> None:

@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import attrs
 from opentelemetry.trace import Span, SpanKind
 
 from statemachine.agent.executor import current_tool_call
@@ -140,6 +141,23 @@ def error_type(exc: BaseException) -> str:
 # -- the wrappers -------------------------------------------------------------------------------
 
 
+def _noting_response(options: CallOptions | None, answered: Attributes) -> CallOptions:
+    """``options`` whose ``on_response`` also puts the response's id and model in
+    ``answered`` (``gen_ai.response.id``, ``gen_ai.response.model``)."""
+    given = options if options is not None else CallOptions()
+    before = given.on_response
+
+    def noted(response_id: str | None, model: str | None) -> None:
+        if response_id:
+            answered["gen_ai.response.id"] = response_id
+        if model:
+            answered["gen_ai.response.model"] = model
+        if before is not None:
+            before(response_id, model)
+
+    return attrs.evolve(given, on_response=noted)
+
+
 class TracedModel:
     """A model client whose calls make ``chat`` spans and the GenAI metrics.
 
@@ -227,6 +245,9 @@ class TracedModel:
         options: CallOptions | None = None,
     ) -> AssistantMessage:
         guard = self.tracer._guard
+        answered: Attributes = {}  # the response's id and model, if the client says
+        if self._with_options:
+            options = _noting_response(options, answered)
         sent = options if self._with_options else None  # what reaches the client
         try:
             span = self._open(messages, sent)
@@ -240,9 +261,11 @@ class TracedModel:
         except BaseException as exc:
             guard.detach(attached)
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_type(exc)
+            guard.set(span, answered)
             guard.safely("end chat", self._close, span, started, messages, tools, None, error, sent)
             raise
         guard.detach(attached)
+        guard.set(span, answered)
         guard.safely("end chat", self._close, span, started, messages, tools, response, None, sent)
         return response
 

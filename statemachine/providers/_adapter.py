@@ -216,6 +216,16 @@ class ResponseReader(abc.ABC):
         self.provider = provider  # named in the errors a response can end with
         self.opened = False  # the response has begun
         self.log: Any = library_logger("statemachine.providers")
+        self.response_id: str | None = None  # as the provider named them (telemetry)
+        self.response_model: str | None = None
+
+    def note_response(self, response_id: object, model: object) -> None:
+        """The response's id and the model that answered, the first time they are
+        given (at most 256 characters each; anything else is ignored)."""
+        if self.response_id is None and isinstance(response_id, str) and response_id:
+            self.response_id = response_id[:256]
+        if self.response_model is None and isinstance(model, str) and model:
+            self.response_model = model[:256]
 
     def require_unique_call_ids(self, what: str) -> None:
         """Refuse a response with two calls of one id (``what`` names the id): their
@@ -434,6 +444,9 @@ class ModelAdapter(abc.ABC):
     ) -> AssistantMessage:
         reader = self._reader(options)
         aborted, _ = await race_abort(watch, self._read(body, reader, watch.signal))
+        told = options.on_response if options is not None else None
+        if told is not None and (reader.response_id or reader.response_model):
+            told(reader.response_id, reader.response_model)
         if aborted or watch.signal.aborted:
             return reader.aborted()
         return reader.result()

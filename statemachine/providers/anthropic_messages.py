@@ -255,6 +255,7 @@ class _StreamState(ResponseReader):
             return
         builder = self.builder
         if event.type == "message_start":
+            self.note_response(event.message.id, event.message.model)
             self._count(event.message.usage)
         elif event.type == "content_block_start":
             block = event.content_block
@@ -309,6 +310,7 @@ class _StreamState(ResponseReader):
 
     def _whole(self, raw: Mapping[str, Any]) -> None:
         message = _MESSAGE_HEAD.validate_python(raw)
+        self.note_response(raw.get("id"), raw.get("model"))
         builder = self.builder
         for index, item in enumerate(raw.get("content") or ()):
             block = _known(_BLOCK, item)

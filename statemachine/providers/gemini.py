@@ -296,6 +296,7 @@ class _ChunkReader(ResponseReader):
         return self.builder.finish(stop, self.usage())
 
     def apply(self, item: Any) -> None:
+        self.note_response(item.response_id, item.model_version)
         if item.usage_metadata is not None:
             self.raw_usage = item.usage_metadata
         candidates = item.candidates or []

@@ -227,6 +227,7 @@ class _ChunkReader(ResponseReader):
         return self.builder.finish(_FINISH.get(self.finish, StopReason.STOP), self.usage(), error)
 
     def apply(self, item: Any) -> None:
+        self.note_response(item.id, item.model)
         if item.usage is not None:
             self.raw_usage = item.usage
         whole = isinstance(item, ChatCompletion)

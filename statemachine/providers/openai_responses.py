@@ -205,6 +205,9 @@ class _EventReader(ResponseReader):
     def apply(self, item: Any) -> None:
         event = _mapping(item, "a response event")
         kind = event.get("type")
+        about = event.get("response", event)  # response.created and such, or a whole one
+        if isinstance(about, Mapping):
+            self.note_response(about.get("id"), about.get("model"))
         if kind is None and event.get("object") == "response":
             self._whole(event)  # stream=False: the response itself
             return

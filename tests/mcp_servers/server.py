@@ -106,6 +106,14 @@ def grow(name: str) -> str:
     return f"added {name}"
 
 
+@server.tool()
+async def grow_and_tell(name: str, ctx: Context) -> str:
+    """Add a tool named ``name``, and tell the listening clients the list changed."""
+    grow(name)
+    await ctx.notify_tools_changed()
+    return f"added {name} and told"
+
+
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 )

@@ -1,0 +1,384 @@
+"""What an MCP server asks of this client while a call runs: a model's answer
+(``sampling/createMessage``), the user's answer (``elicitation/create``), and what it
+tells: progress (``notifications/progress``) and log messages (``notifications/message``).
+
+Sampling is answered only under an ``MCPSampling`` policy and elicitation only by a
+handler the user gives; without them the server is refused with an error that says
+so. Everything a server sends here is bounded before it is used: the messages of a
+sampling request (count, characters, image bytes), ``maxTokens``, the requests of a
+connection, the text of a question, a log message and a progress message.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import mcp.types as mcp_types
+from mcp.shared.dispatcher import ProgressFnT
+
+from statemachine._log import library_logger
+from statemachine.agent.executor import report_log, report_progress
+from statemachine.agent.model import ModelClient, ModelSettings, takes_options
+from statemachine.agent.run import run_agent
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    UserMessage,
+)
+from statemachine.errors import InvalidInputError
+from statemachine.mcp._results import IMAGE_MIME, describe, image
+
+__all__ = [
+    "DEFAULT_MAX_INPUT_REQUESTS",
+    "MAX_LOG_CHARS",
+    "MAX_QUESTION_CHARS",
+    "Asking",
+    "ElicitationHandler",
+    "MCPElicitation",
+    "MCPProgress",
+    "MCPSampling",
+    "MCPSamplingRequest",
+    "missing_capability",
+]
+
+DEFAULT_MAX_INPUT_REQUESTS = 100
+"""Sampling and elicitation requests one server may make in one connection."""
+MAX_LOG_CHARS = 4_000
+"""Characters of one log message (its data as JSON, when not text) kept in a ``ToolLog``."""
+MAX_QUESTION_CHARS = 10_000
+"""Characters of an elicitation's message and of its schema as JSON; longer: refused."""
+_MAX_NAME_CHARS = 200
+
+
+@attrs.frozen
+class MCPSamplingRequest:
+    """A server's ``sampling/createMessage``, as ``MCPSampling.allow`` sees it (bounded)."""
+
+    server: str
+    messages: tuple[Message, ...]
+    system_prompt: str | None
+    max_tokens: int  # what the server asked for (the model gets at most the policy's)
+    temperature: float | None = None
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+        raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class MCPSampling:
+    """Lets a server sample ``model`` (``MCPServer(sampling=MCPSampling(model=...))``).
+
+    Each request is one model call with no tools (``run_agent``, one turn): the
+    server's ``systemPrompt`` becomes the instructions, its ``maxTokens`` (at most
+    ``max_tokens``), ``temperature`` and ``stopSequences`` the settings the client
+    supports (``supported_settings``). Refused, with an error the server is given:
+    more than ``max_requests`` requests in one connection, more than ``max_messages``
+    messages or ``max_chars`` characters of text in one, content other than text and
+    images, and any request ``allow`` (given the ``MCPSamplingRequest``; may be async)
+    does not return ``True`` for. ``model_name`` is what the server is told answered
+    (default: the client's ``model`` attribute, or its type's name).
+    """
+
+    model: ModelClient
+    max_tokens: int = attrs.field(default=1024, validator=_positive)
+    max_requests: int = attrs.field(default=20, validator=_positive)
+    max_messages: int = attrs.field(default=50, validator=_positive)
+    max_chars: int = attrs.field(default=100_000, validator=_positive)
+    allow: Callable[[MCPSamplingRequest], bool | Awaitable[bool]] | None = None
+    model_name: str | None = None
+
+    def answering_model(self) -> str:
+        """What the server is told answered (``model_name``, or the client's own)."""
+        if self.model_name is not None:
+            return self.model_name
+        named = getattr(self.model, "model", None)
+        return named if isinstance(named, str) else type(self.model).__name__
+
+
+@attrs.frozen
+class MCPElicitation:
+    """A server's ``elicitation/create``, as the ``elicitation`` handler sees it:
+    the question, and the JSON schema of the answer (form mode), or the URL the user
+    is asked to open (URL mode; ``schema`` is then empty)."""
+
+    server: str
+    message: str
+    schema: Mapping[str, Any]
+    url: str | None = None
+
+
+ElicitationHandler = Callable[[MCPElicitation], Awaitable[Mapping[str, Any] | None]]
+"""``async handler(question) -> answer``: a mapping accepts (its values: text,
+numbers, booleans or lists of text, as the schema says), ``None`` declines. What
+it raises refuses the request: the call fails with that reason."""
+
+
+@attrs.frozen
+class MCPProgress:
+    """The ``data`` of a ``ToolProgress`` from an MCP server (``notifications/progress``)."""
+
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+def missing_capability(exc: BaseException) -> str:
+    """What to add to the error of a call the server refused because this client
+    did not declare sampling or elicitation (it declares each only when enabled)."""
+    if getattr(exc, "code", None) != mcp_types.MISSING_REQUIRED_CLIENT_CAPABILITY:
+        return ""
+    return (
+        " (this client answers sampling only with MCPServer(sampling=MCPSampling(...)), "
+        "elicitation only with MCPServer(elicitation=handler))"
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}[{len(text) - limit} more cut]"
+
+
+def _refused(message: str) -> mcp_types.ErrorData:
+    return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=message)
+
+
+def _not_enabled(what: str) -> mcp_types.ErrorData:
+    # Not reached through the SDK, which is given a callback only for what is enabled.
+    return _refused(f"{what} is not enabled on this client (statemachine: MCPServer({what}=...))")
+
+
+class Asking:
+    """The callbacks of one server's connection (``mcp.Client``'s), and its calls in
+    flight, whose runs the server's progress and log messages are told to."""
+
+    def __init__(
+        self,
+        server: str,
+        sampling: MCPSampling | None,
+        elicitation: ElicitationHandler | None,
+        max_requests: int,
+        max_image_bytes: int,
+    ) -> None:
+        self.server = server
+        self.sampling = sampling
+        self.elicitation = elicitation
+        self._max_requests = max_requests
+        self._max_image_bytes = max_image_bytes
+        self._requests = 0
+        self._samples = 0
+        self._in_flight: dict[object, contextvars.Context] = {}
+        self._log = library_logger("statemachine.mcp")
+
+    # -- the calls in flight ------------------------------------------------------------
+
+    def call_started(self, key: object) -> ProgressFnT:
+        """Note a call (in the context of the tool's run); its progress callback."""
+        context = contextvars.copy_context()
+        self._in_flight[key] = context
+
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            said = None if message is None else _cut(message, MAX_LOG_CHARS)
+            context.run(report_progress, MCPProgress(progress, total, said))
+
+        return progress
+
+    def call_ended(self, key: object) -> None:
+        self._in_flight.pop(key, None)
+
+    async def on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
+        """A log message: a ``ToolLog`` of the server's call in flight that started
+        first (the protocol does not say which call a message belongs to), or, with
+        none in flight, a debug line of the library's logger."""
+        data = params.data
+        if not isinstance(data, str):
+            try:
+                data = json.dumps(data, ensure_ascii=False, default=repr)
+            except (TypeError, ValueError):
+                data = repr(data)
+        data = _cut(data, MAX_LOG_CHARS)
+        logger = None if params.logger is None else _cut(params.logger, _MAX_NAME_CHARS)
+        first = next(iter(self._in_flight.values()), None)
+        if first is None:
+            self._log.debug("mcp_log_outside_a_call", server=self.server, level=params.level)
+        else:
+            first.run(report_log, params.level, data, logger)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _counted(self) -> mcp_types.ErrorData | None:
+        self._requests += 1
+        if self._requests > self._max_requests:
+            return _refused(
+                f"this client answers at most {self._max_requests} sampling and elicitation "
+                "requests per connection (max_input_requests)"
+            )
+        return None
+
+    async def on_sampling(
+        self, context: Any, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        """``sampling/createMessage`` (never raises: a refusal is an ``ErrorData``)."""
+        policy = self.sampling
+        if policy is None:
+            return _not_enabled("sampling")
+        refused = self._counted()
+        if refused is not None:
+            return refused
+        self._samples += 1
+        if self._samples > policy.max_requests:
+            return _refused(
+                f"this client answers at most {policy.max_requests} sampling requests "
+                "per connection (MCPSampling.max_requests)"
+            )
+        try:
+            request = self._request(policy, params)
+            if policy.allow is not None:
+                allowed = policy.allow(request)
+                if inspect.isawaitable(allowed):
+                    allowed = await allowed
+                if allowed is not True:
+                    return _refused("the client's sampling policy refused this request")
+            return await self._sample(policy, request, params)
+        except InvalidInputError as exc:
+            return _refused(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the user's code: the server is told
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}"
+            )
+
+    def _request(
+        self, policy: MCPSampling, params: mcp_types.CreateMessageRequestParams
+    ) -> MCPSamplingRequest:
+        if params.tools or params.tool_choice:
+            raise InvalidInputError("this client does not sample with tools")
+        if len(params.messages) > policy.max_messages:
+            raise InvalidInputError(
+                f"at most {policy.max_messages} messages per sampling request (max_messages)"
+            )
+        chars = len(params.system_prompt or "")
+        messages: list[Message] = []
+        for said in params.messages:
+            blocks = said.content if isinstance(said.content, list) else [said.content]
+            content: list[Any] = []
+            for item in blocks:
+                if isinstance(item, mcp_types.TextContent):
+                    chars += len(item.text)
+                    content.append(TextContent(item.text))
+                elif isinstance(item, mcp_types.ImageContent) and said.role == "user":
+                    content.append(self._image(item))
+                else:
+                    raise InvalidInputError(
+                        f"sampling content of type {getattr(item, 'type', '?')!r} "
+                        f"({said.role}) is not supported by this client"
+                    )
+            if chars > policy.max_chars:
+                raise InvalidInputError(
+                    f"at most {policy.max_chars} characters per sampling request (max_chars)"
+                )
+            role = UserMessage if said.role == "user" else AssistantMessage
+            messages.append(role(tuple(content)))
+        return MCPSamplingRequest(
+            server=self.server,
+            messages=tuple(messages),
+            system_prompt=params.system_prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+        )
+
+    def _image(self, item: mcp_types.ImageContent) -> Any:
+        if not IMAGE_MIME.fullmatch(item.mime_type) or len(item.data) > self._max_image_bytes:
+            raise InvalidInputError(
+                f"a sampling image must be image/* and at most {self._max_image_bytes} "
+                "bytes of base64 (max_output_bytes)"
+            )
+        made = image(item.data, item.mime_type)
+        if isinstance(made, TextContent):
+            raise InvalidInputError(made.text)
+        return made
+
+    async def _sample(
+        self,
+        policy: MCPSampling,
+        request: MCPSamplingRequest,
+        params: mcp_types.CreateMessageRequestParams,
+    ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        supported: frozenset[str] = getattr(policy.model, "supported_settings", None) or frozenset()
+        wanted: dict[str, Any] = {
+            "max_tokens": min(request.max_tokens, policy.max_tokens),
+            "temperature": params.temperature,
+            "stop": tuple(params.stop_sequences or ()) or None,
+        }
+        settings = ModelSettings(
+            **{k: v for k, v in wanted.items() if v is not None and k in supported}
+        )
+        messages = list(request.messages)
+        instructions = request.system_prompt or None
+        if instructions is not None and not takes_options(policy.model):
+            messages.insert(0, UserMessage(instructions))
+            instructions = None
+        result = await run_agent(
+            model=policy.model,
+            messages=messages,
+            max_turns=1,
+            instructions=instructions,
+            model_settings=settings if settings.set_fields() else None,
+        )
+        if not result.ok:
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR,
+                message=f"the client's model did not answer: {result.explanation[:300]}",
+            )
+        last = result.messages[-1]
+        cut = isinstance(last, AssistantMessage) and last.stop_reason is StopReason.LENGTH
+        stop = "maxTokens" if cut else "endTurn"
+        return mcp_types.CreateMessageResult(
+            role="assistant",
+            content=mcp_types.TextContent(type="text", text=result.final_text),
+            model=policy.answering_model(),
+            stop_reason=stop,
+        )
+
+    async def on_elicitation(
+        self, context: Any, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """``elicitation/create`` (never raises: a refusal is an ``ErrorData``)."""
+        handler = self.elicitation
+        if handler is None:
+            return _not_enabled("elicitation")
+        refused = self._counted()
+        if refused is not None:
+            return refused
+        if isinstance(params, mcp_types.ElicitRequestURLParams):
+            question = MCPElicitation(self.server, params.message, {}, params.url)
+        else:
+            question = MCPElicitation(self.server, params.message, params.requested_schema)
+        asked = len(question.message) + len(json.dumps(question.schema, default=repr))
+        if asked + len(question.url or "") > MAX_QUESTION_CHARS:
+            return _refused(
+                f"an elicitation may hold at most {MAX_QUESTION_CHARS} characters "
+                "(message and schema)"
+            )
+        try:
+            answer = await handler(question)
+        except Exception as exc:  # noqa: BLE001 - the user's code: the server is told
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR,
+                message=f"the client's elicitation handler failed: {describe(exc)}",
+            )
+        if answer is None:
+            return mcp_types.ElicitResult(action="decline")
+        try:
+            return mcp_types.ElicitResult(action="accept", content=dict(answer))
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR,
+                message=f"the client's elicitation answer is not valid: {describe(exc)}",
+            )

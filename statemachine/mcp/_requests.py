@@ -1,0 +1,123 @@
+"""The requests of an ``MCPServer`` other than tool calls: resources and prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import mcp
+
+from statemachine.core.messages import Message, ToolResultContent
+from statemachine.errors import MCPError
+from statemachine.mcp._resources import (
+    MCPPrompt,
+    MCPResource,
+    prompt_messages,
+    prompt_of,
+    resource_blocks,
+    resource_of,
+)
+from statemachine.mcp._results import describe
+from statemachine.mcp._support import retrieve
+
+__all__ = ["Requests"]
+
+_T = TypeVar("_T")
+
+
+class Requests:
+    """Resources and prompts, listed and read within ``call_timeout`` (a base of
+    ``MCPServer``, which holds the connection)."""
+
+    name: str
+    call_timeout: float | None
+    max_tools: int
+    max_output_chars: int
+    max_output_bytes: int
+    max_blocks: int
+    _client: mcp.Client | None
+    _holder: asyncio.Task[None] | None
+    _lost: str | None
+
+    # -- resources and prompts ----------------------------------------------------------
+
+    async def list_resources(self) -> tuple[MCPResource, ...]:
+        """The server's resources (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "resources/list", "resources", lambda at, c: c.list_resources(cursor=at)
+        )
+        return tuple(resource_of(r) for page in found for r in page.resources)
+
+    async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
+        """A resource's contents as text and image blocks, bounded like a tool result:
+        put them in a run as ``UserMessage((TextContent("..."), *blocks))``."""
+        read = await self._ask(f"resource {uri!r}", lambda c: c.read_resource(uri))
+        return resource_blocks(read, *self._limits())
+
+    async def list_prompts(self) -> tuple[MCPPrompt, ...]:
+        """The server's prompts (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "prompts/list", "prompts", lambda at, c: c.list_prompts(cursor=at)
+        )
+        return tuple(prompt_of(p) for page in found for p in page.prompts)
+
+    async def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> tuple[Message, ...]:
+        """A prompt's messages, ready to start a run with (bounded like a tool result)."""
+        got = await self._ask(
+            f"prompt {name!r}", lambda c: c.get_prompt(name, dict(arguments or {}))
+        )
+        return prompt_messages(got, *self._limits())
+
+    def _limits(self) -> tuple[int, int, int]:
+        return self.max_output_chars, self.max_output_bytes, self.max_blocks
+
+    async def _listing(
+        self, what: str, field: str, fetch: Callable[[str | None, mcp.Client], Awaitable[Any]]
+    ) -> list[Any]:
+        pages: list[Any] = []
+        cursor: str | None = None
+        listed = 0
+        while True:
+            page = await self._ask(what, functools.partial(fetch, cursor))
+            pages.append(page)
+            listed += len(getattr(page, field))
+            if listed > self.max_tools:
+                raise MCPError(
+                    f"MCP server {self.name!r}: {what} lists more than "
+                    f"{self.max_tools} entries (max_tools)"
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                return pages
+
+    async def _ask(self, what: str, fetch: Callable[[mcp.Client], Awaitable[_T]]) -> _T:
+        """One request, within ``call_timeout``, answered (or failed) when the
+        connection ends."""
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done():
+            raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
+        request = asyncio.ensure_future(fetch(client))
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                await asyncio.wait((request, holder), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            request.cancel()
+            request.add_done_callback(retrieve)
+            if isinstance(exc, TimeoutError):
+                raise MCPError(
+                    f"MCP server {self.name!r}, {what}: no answer within "
+                    f"{self.call_timeout} s (call_timeout)"
+                ) from None
+            raise
+        if not request.done():
+            request.cancel()
+            request.add_done_callback(retrieve)
+            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
+        try:
+            return request.result()
+        except Exception as exc:
+            raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc
