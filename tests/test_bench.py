@@ -4,6 +4,7 @@ its result. No timing is asserted here; the figures live in bench/results.md."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -144,7 +145,10 @@ def test_a_new_report_keeps_the_dated_sections_below_the_marker(
     assert "\n## " in real.split(harness.KEPT_MARKER)[1]
 
 
-@pytest.mark.timeout(120)
+SCALE_OURS = ("bare async loop (dicts)", "statemachine run_agent")
+
+
+@pytest.mark.timeout(240)
 def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: Path) -> None:
     # Few runs, short waits: this checks the harness, not the figures.
     out = tmp_path / "scale.json"
@@ -158,21 +162,66 @@ def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: 
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=220,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    cells = json.loads(out.read_text(encoding="utf-8"))
-    assert {(c["contender"], c["n"]) for c in cells} == {
-        (name, n) for name in ("bare async loop (dicts)", "statemachine run_agent") for n in (3, 20)
-    }
-    for cell in cells:
+    cells = {(c["contender"], c["n"]): c for c in json.loads(out.read_text(encoding="utf-8"))}
+    names = (*SCALE_OURS, *PEER_MODULES)
+    assert set(cells) == {(name, n) for name in names for n in (3, 20)}
+    report = (tmp_path / "scale.md").read_text(encoding="utf-8")
+    for (name, n), cell in cells.items():
+        module = PEER_MODULES.get(name)
+        if module is not None and importlib.util.find_spec(module) is None:
+            assert cell["reason"] == f"not installed ({module})"
+            assert f"| {name} | {n} | not installed ({module}) |" in report
+            continue
         # Every run waited three model calls of 5 ms at least, all of them in parallel.
         assert cell["wall_s"] >= 3 * 0.005
         assert cell["peak_rss_mib"] > 0
-    report = (tmp_path / "scale.md").read_text(encoding="utf-8")
-    assert "| statemachine run_agent | 20 |" in report
-    assert "growth" in report
+        assert cell["waiting_kib_per_run"] >= 0
+        assert f"| {name} | {n} | " in report
+    assert "| statemachine run_agent | 3 → 20 |" in report
+    assert "<!-- Below: dated sections, kept" in report  # a rerun keeps the dated sections
+
+
+@pytest.mark.timeout(60)
+def test_a_scale_cell_over_its_budget_is_cut_off_and_larger_ones_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    # A real child whose runs wait 30 s, with a budget of 2 s: killed, reported as cut off.
+    args = scale.argparse.Namespace(turns=1, latency=30.0, budget=2.0)
+    cell = scale._in_child("bare async loop (dicts)", 2, args)
+    assert cell == scale.Missing("bare async loop (dicts)", 2, "cut off: over the 2 s budget")
+    # In a full run, the contender cut off at one N is named (not dropped) at the larger.
+    measured = scale.Measurement("bare async loop (dicts)", 1, 1, 0.1, 0.1, 0.01, 0, 0, 40, 1)
+
+    def child(name: str, n: int, _: Any) -> Any:
+        if name == "statemachine run_agent" and n == 10:
+            return scale.Missing(name, n, "cut off: over the 2 s budget")
+        return dataclasses.replace(measured, contender=name, n=n)
+
+    monkeypatch.setattr(scale, "_in_child", child)
+    full = scale.argparse.Namespace(ns=[1, 10, 100])
+    cells = scale._measure_all(full, ["bare async loop (dicts)", "statemachine run_agent"])
+    kinds = [type(c).__name__ for c in cells]
+    assert kinds == ["Measurement"] * 3 + ["Missing", "Measurement", "Missing"]
+    assert cells[3].reason == "cut off: over the 2 s budget"
+    assert cells[5].reason == "not run: cut off at N=10"
+    report = scale.render(cells, when="today")
+    assert "| statemachine run_agent | 100 | not run: cut off" in report
+
+
+def test_the_growth_table_divides_each_figure_by_the_one_at_the_smaller_n(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    small = scale.Measurement("x", 100, 5, 0.1, 1.0, 0.05, 1.0, 2.0, 50.0, 4.0)
+    large = scale.Measurement("x", 1000, 5, 0.1, 2.0, 1.0, 3.0, 8.0, 100.0, 2.0)
+    (row,) = scale.growth_rows([large, small])
+    # wall/ideal 2x, turns/s 5x, CPU µs/turn 2x, lag p50 3x, p99 4x, RSS 2x, KiB/run 0.5x
+    assert row == "| x | 100 → 1,000 | 2.00x | 5.00x | 2.00x | 3.00x | 4.00x | 2.00x | 0.50x |"
 
 
 def test_a_scale_run_that_does_not_do_the_workload_fails_the_benchmark(
@@ -188,4 +237,33 @@ def test_a_scale_run_that_does_not_do_the_workload_fails_the_benchmark(
     monkeypatch.setattr(scale.sm, "run_agent", one_turn_short)
     coroutine = scale.measure("statemachine run_agent", 2, 3, 0.001)
     with pytest.raises(RuntimeError, match="ended TurnLimitExceeded"):
+        asyncio.run(coroutine)
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_does_not_do_the_workload_fails_the_benchmark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The peers' path: the script of each run is checked against the framework's result.
+    scale = _load("scale", monkeypatch)
+    workload = _load("workload", monkeypatch)
+
+    class OneCallShort:
+        """Skips the last model call and reports the answer anyway."""
+
+        name = "one call short"
+
+        async def execute(self, script: Any) -> object:
+            for _ in range(script.n - 1):
+                await script.wait(script.next_turn())
+            return script.n
+
+        def outcome(self, raw: object) -> Any:
+            assert isinstance(raw, int)
+            echoed = tuple(workload.argument(i) for i in range(raw - 1))
+            return workload.Outcome(raw, echoed, "done")
+
+    monkeypatch.setitem(scale.CONTENDERS, OneCallShort.name, scale.peer(OneCallShort))
+    coroutine = scale.measure(OneCallShort.name, 2, 3, 0.001)
+    with pytest.raises(RuntimeError, match="scripted model was called 2 times, expected 3"):
         asyncio.run(coroutine)
