@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,59 @@ def test_a_peer_that_does_not_do_the_workload_fails_the_benchmark(
     coroutine = scale.measure(OneCallShort.name, 2, 3, 0.001)
     with pytest.raises(RuntimeError, match="scripted model was called 2 times, expected 3"):
         asyncio.run(coroutine)
+
+
+@pytest.mark.timeout(240)
+def test_the_durable_scale_benchmark_runs_and_checks_the_queue_limit(tmp_path: Path) -> None:
+    # Two worker processes on one SQLite file, four runs: this checks the harness.
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    out = tmp_path / "durable.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(BENCH / "durable_scale.py"), "--no-postgres", "--runs", "4"),
+            *("--queue-limit", "1", "--budget", "120", "--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(out.read_text(encoding="utf-8"))
+    plan = [(c["contender"], c["n"], c["limit"]) for c in cells]
+    assert plan == [("durable", 4, 2), ("bare", 4, 2), ("durable", 4, 1)]
+    for cell in cells:
+        assert cell["backend"] == "sqlite"
+        assert sum(cell["split"]) == 4  # every run ran, each in one worker
+        assert cell["statements_per_turn"] > 0
+        # A model step waits 50 ms; DBOS stamps it to the millisecond.
+        assert cell["model_step_p50_ms"] >= 49
+        assert 1 <= cell["most_running_model"] <= cell["limit"]
+        assert cell["most_running_dbos"] <= cell["limit"]
+    assert "| sqlite | durable | 4 | 2 × 1 |" in proc.stdout
+
+
+def test_a_queue_that_runs_more_than_its_limit_fails_the_durable_benchmark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    durable_scale = _load("durable_scale", monkeypatch)
+    seen: list[tuple[str, int, int]] = []
+
+    def measure(backend: str, url: str, contender: str, n: int, workers: int, limit: int,
+                budget: float) -> Any:  # fmt: skip
+        seen.append((contender, n, limit))
+        # Every cell reports three runs at once in a worker, whatever its limit.
+        return durable_scale.Cell(backend, contender, n, workers, limit, 1.0, 50, 60, 1, 2, 60,
+                                  3.0, {"SELECT": 3.0}, 3, 3, [n], 0.0)  # fmt: skip
+
+    monkeypatch.setattr(durable_scale, "measure", measure)
+    monkeypatch.setattr(durable_scale, "_fresh_database", lambda *_: "sqlite:///x")
+    args = durable_scale.argparse.Namespace(
+        runs=[6], workers=2, queue_limit=2, budget=1.0, postgres=None
+    )
+    with pytest.raises(RuntimeError, match="the queue's limit 2 was exceeded"):
+        durable_scale._backend(args, "sqlite", 2, tmp_path)
+    # The cells at k = N / workers (three each) passed; the check stopped at k = 2.
+    assert seen == [("durable", 6, 3), ("bare", 6, 3), ("durable", 6, 2)]
