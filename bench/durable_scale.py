@@ -584,15 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "PostgreSQL: not measured (no server given: run under bash .ci/postgres.sh)."
             )
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report = render(cells, notes, when)
-    if args.out:
-        from harness import with_kept_sections
+    from scale import write_outputs
 
-        args.out.write_text(with_kept_sections(report, args.out), encoding="utf-8")
-    else:
-        sys.stdout.write(report)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1), encoding="utf-8")
+    write_outputs(render(cells, notes, when), [asdict(c) for c in cells], args.out, args.json)
     return 0
 
 

@@ -442,14 +442,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nothing was measured", file=sys.stderr)
         return 1
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report = render(cells, when=when)
-    if args.out:
-        args.out.write_text(with_kept_sections(report, args.out), encoding="utf-8")
+    write_outputs(render(cells, when=when), [asdict(c) for c in cells], args.out, args.json)
+    return 0
+
+
+def write_outputs(
+    report: str, rows: Sequence[dict[str, Any]], out: Path | None, json_out: Path | None
+) -> None:
+    """The report to ``out`` (keeping the dated sections below its marker) or to stdout;
+    the measurements to ``json_out`` as JSON."""
+    if out:
+        out.write_text(with_kept_sections(report, out), encoding="utf-8")
     else:
         sys.stdout.write(report)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1), encoding="utf-8")
-    return 0
+    if json_out:
+        json_out.write_text(json.dumps(list(rows), indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -40,18 +40,24 @@ def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+def _bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` with ``args``; it must succeed within ``timeout`` seconds."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "harness.py"), "--smoke", "--json", str(out)],
+        [sys.executable, str(BENCH / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    proc = _bench("harness.py", "--smoke", "--json", str(out), timeout=300)
     data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     data["stdout"] = proc.stdout
     return data
@@ -153,20 +159,12 @@ SCALE_OURS = ("bare async loop (dicts)", "statemachine run_agent")
 def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: Path) -> None:
     # Few runs, short waits: this checks the harness, not the figures.
     out = tmp_path / "scale.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "scale.py"),
-            *("--ns", "3", "20", "--turns", "3", "--latency", "0.005"),
-            *("--json", str(out), "--out", str(tmp_path / "scale.md")),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    _bench(
+        "scale.py",
+        *("--ns", "3", "20", "--turns", "3", "--latency", "0.005"),
+        *("--json", str(out), "--out", str(tmp_path / "scale.md")),
         timeout=220,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr
     cells = {(c["contender"], c["n"]): c for c in json.loads(out.read_text(encoding="utf-8"))}
     names = (*SCALE_OURS, *PEER_MODULES)
     assert set(cells) == {(name, n) for name in names for n in (3, 20)}
@@ -276,18 +274,12 @@ def test_the_durable_scale_benchmark_runs_and_checks_the_queue_limit(tmp_path: P
     if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
         pytest.skip("the dbos extra is not installed")
     out = tmp_path / "durable.json"
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(BENCH / "durable_scale.py"), "--no-postgres", "--runs", "4"),
-            *("--queue-limit", "1", "--budget", "120", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = _bench(
+        "durable_scale.py",
+        *("--no-postgres", "--runs", "4", "--queue-limit", "1", "--budget", "120"),
+        *("--json", str(out)),
         timeout=220,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr
     cells = json.loads(out.read_text(encoding="utf-8"))
     plan = [(c["contender"], c["n"], c["limit"]) for c in cells]
     assert plan == [("durable", 4, 2), ("bare", 4, 2), ("durable", 4, 1)]
