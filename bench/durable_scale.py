@@ -483,8 +483,7 @@ def render(cells: Sequence[Cell], notes: Sequence[str], when: str) -> str:
         "once; each cell a fresh database and fresh workers. Ratios are durable / bare DBOS "
         "at the same backend, N and k; load is the 1-minute load average at the cell's start.",
         "",
-        *notes,
-        "",
+        *(f"{note}\n" for note in notes),
         "| backend | contender | N | workers × k | wall s | turns/s | model step p50 / p99 ms "
         "| tool step p50 / p99 ms | turn p99 ms | statements/turn (by kind) | turns/s vs bare "
         "| statements vs bare | most at once in a worker (model / DBOS) | runs per worker "
