@@ -293,11 +293,15 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], where: Path) -> None:
             proc.wait()
 
 
-async def _watch(client: Any, prefix: str, n: int, budget: float) -> dict[str, int]:
+async def _watch(
+    client: Any, prefix: str, n: int, budget: float, procs: Sequence[subprocess.Popen[bytes]]
+) -> dict[str, int]:
     """Poll until the N runs have ended; the most runs PENDING at once per executor."""
     most: dict[str, int] = {}
     deadline = time.monotonic() + budget
     while True:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a worker exited before the runs ended")
         found = await client.list_workflows_async(
             workflow_id_prefix=prefix, load_input=False, load_output=False
         )
@@ -337,7 +341,14 @@ async def _steps_ms(client: Any, found: Sequence[Any]) -> dict[str, list[float]]
     return durations
 
 
-async def _observe(url: str, contender: str, n: int, where: Path, budget: float) -> dict[str, Any]:
+async def _observe(
+    url: str,
+    contender: str,
+    n: int,
+    where: Path,
+    budget: float,
+    procs: Sequence[subprocess.Popen[bytes]],
+) -> dict[str, Any]:
     """Start the runs (``go``), wait for their end, read back what DBOS recorded."""
     from dbos import DBOSClient
 
@@ -346,7 +357,7 @@ async def _observe(url: str, contender: str, n: int, where: Path, budget: float)
         began = time.time()
         (where / "go").touch()
         prefix = "r" if contender == "durable" else "b"
-        most = await _watch(client, prefix, n, budget)
+        most = await _watch(client, prefix, n, budget, procs)
         found = await client.list_workflows_async(workflow_id_prefix=prefix)
         _check(contender, found)
         ended = max(w.updated_at or 0 for w in found) / 1000
@@ -378,7 +389,10 @@ def measure(
         where = Path(directory)
         procs = _start_workers(url, contender, n, limit, workers, where)
         try:
-            seen = asyncio.run(_observe(url, contender, n, where, budget))
+            seen = asyncio.run(_observe(url, contender, n, where, budget, procs))
+        except Exception as exc:
+            _stop(procs, where)
+            raise RuntimeError(f"{exc}\n{_errors(where, workers)}") from exc
         except BaseException:
             _stop(procs, where)
             raise

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -316,3 +317,17 @@ def test_a_queue_that_runs_more_than_its_limit_fails_the_durable_benchmark(
         durable_scale._backend(args, "sqlite", 2, tmp_path)
     # The cells at k = N / workers (three each) passed; the check stopped at k = 2.
     assert seen == [("durable", 6, 3), ("bare", 6, 3), ("durable", 6, 2)]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_start_fails_the_durable_benchmark_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    durable_scale = _load("durable_scale", monkeypatch)
+    missing = f"sqlite:///{tmp_path}/no/such/directory/runs.sqlite"
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="a worker did not start"):
+        durable_scale.measure("sqlite", missing, "durable", 2, 2, 1, budget=60.0)
+    assert time.monotonic() - began < 60  # told at once, not after the budget
