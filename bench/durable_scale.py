@@ -50,6 +50,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -94,8 +95,16 @@ class Tracker:
         self.running.discard(run)
 
     def statement(self, *args: Any) -> None:
-        text = str(args[2]).lstrip()  # before_cursor_execute(conn, cursor, statement, ...)
-        self.statements.append((time.time(), text.split(None, 1)[0].upper() if text else "?"))
+        """SQLAlchemy's ``before_cursor_execute(conn, cursor, statement, ...)``: the
+        statement's kind and the first table it names ("SELECT operation_outputs")."""
+        text = str(args[2]).lstrip()
+        kind = text.split(None, 1)[0].upper() if text else "?"
+        table = _TABLE.search(text)
+        shape = f"{kind} {table.group(1).split('.')[-1]}" if table else kind
+        self.statements.append((time.time(), shape))
+
+
+_TABLE = re.compile(r'\b(?:FROM|INTO|UPDATE)\s+"?([\w.]+)"?', re.IGNORECASE)
 
 
 TRACKER = Tracker()
@@ -236,7 +245,8 @@ class Cell:
     tool_step_p99_ms: float
     turn_p99_ms: float
     statements_per_turn: float
-    statement_kinds: dict[str, float]
+    statement_kinds: dict[str, float]  # per turn, by kind (SELECT, INSERT, ...)
+    statement_tables: dict[str, float]  # per turn, by kind and first table named
     most_running_model: int
     most_running_dbos: int
     split: list[int]
@@ -368,6 +378,10 @@ async def _observe(
     return {"began": began, "ended": ended, "most": most, "steps": steps, "split": split}
 
 
+def _per_turn(counts: Counter[str], turns: int) -> dict[str, float]:
+    return {k: v / turns for k, v in counts.most_common()}
+
+
 def _from_workers(where: Path, workers: int, began: float, ended: float) -> dict[str, Any]:
     kinds: Counter[str] = Counter()
     intervals: list[float] = []
@@ -415,7 +429,8 @@ def measure(
         tool_step_p99_ms=_percentile(seen["steps"]["tool"], 99),
         turn_p99_ms=_percentile(inside["intervals"], 99),
         statements_per_turn=sum(kinds.values()) / turns,
-        statement_kinds={k: v / turns for k, v in kinds.most_common()},
+        statement_kinds=_per_turn(Counter(shape.split()[0] for shape in kinds.elements()), turns),
+        statement_tables=_per_turn(kinds, turns),
         most_running_model=inside["most"],
         most_running_dbos=max(seen["most"].values(), default=0),
         split=sorted(seen["split"].values(), reverse=True),
@@ -485,6 +500,29 @@ def _growth(cells: Sequence[Cell]) -> list[str]:
     return rows
 
 
+def _by_table(cells: Sequence[Cell]) -> list[str]:
+    """Statements per turn by kind and table, durable against bare, at each backend's
+    largest N with every run at once."""
+    lines = []
+    for backend in dict.fromkeys(c.backend for c in cells):
+        at_once = [c for c in cells if c.backend == backend and c.limit * c.workers >= c.n]
+        if not at_once:
+            continue
+        n = max(c.n for c in at_once)
+        pair = {c.contender: c.statement_tables for c in at_once if c.n == n}
+        durable, bare = pair.get("durable", {}), pair.get("bare", {})
+        lines += [
+            "",
+            f"Statements per turn by kind and table, {backend}, N = {n}:",
+            "",
+            "| statement | durable | bare DBOS |",
+            "| --- | ---: | ---: |",
+        ]
+        for shape in sorted(set(durable) | set(bare), key=lambda k: -durable.get(k, 0)):
+            lines.append(f"| {shape} | {durable.get(shape, 0):.2f} | {bare.get(shape, 0):.2f} |")
+    return lines
+
+
 def render(cells: Sequence[Cell], notes: Sequence[str], when: str) -> str:
     bare = {(c.backend, c.n, c.limit): c for c in cells if c.contender == "bare"}
     lines = [
@@ -509,6 +547,7 @@ def render(cells: Sequence[Cell], notes: Sequence[str], when: str) -> str:
         lines.append(
             _row(c, bare.get((c.backend, c.n, c.limit)) if c.contender != "bare" else None)
         )
+    lines += _by_table(cells)
     growth = _growth(cells)
     if growth:
         lines += [

@@ -288,11 +288,17 @@ def test_the_durable_scale_benchmark_runs_and_checks_the_queue_limit(tmp_path: P
         assert cell["backend"] == "sqlite"
         assert sum(cell["split"]) == 4  # every run ran, each in one worker
         assert cell["statements_per_turn"] > 0
+        # Counted by kind and by kind and table: the same statements.
+        by_table = sum(cell["statement_tables"].values())
+        assert by_table == pytest.approx(sum(cell["statement_kinds"].values()))
+        assert by_table == pytest.approx(cell["statements_per_turn"])
+        assert any(shape.startswith("INSERT ") for shape in cell["statement_tables"])
         # A model step waits 50 ms; DBOS stamps it to the millisecond.
         assert cell["model_step_p50_ms"] >= 49
         assert 1 <= cell["most_running_model"] <= cell["limit"]
         assert cell["most_running_dbos"] <= cell["limit"]
     assert "| sqlite | durable | 4 | 2 × 1 |" in proc.stdout
+    assert "| INSERT operation_outputs |" in proc.stdout
 
 
 def test_a_queue_that_runs_more_than_its_limit_fails_the_durable_benchmark(
@@ -306,7 +312,8 @@ def test_a_queue_that_runs_more_than_its_limit_fails_the_durable_benchmark(
         seen.append((contender, n, limit))
         # Every cell reports three runs at once in a worker, whatever its limit.
         return durable_scale.Cell(backend, contender, n, workers, limit, 1.0, 50, 60, 1, 2, 60,
-                                  3.0, {"SELECT": 3.0}, 3, 3, [n], 0.0)  # fmt: skip
+                                  3.0, {"SELECT": 3.0}, {"SELECT t": 3.0}, 3, 3, [n],
+                                  0.0)  # fmt: skip
 
     monkeypatch.setattr(durable_scale, "measure", measure)
     monkeypatch.setattr(durable_scale, "_fresh_database", lambda *_: "sqlite:///x")
