@@ -17,13 +17,21 @@ Fairness rules, the same for all:
 
 The peers are imported inside their adapters: the harness (and the smoke test) still
 runs the bare loop and ours when a peer is not installed, and says so.
+
+A peer's agent is built once and shared by every run, as a service shares it; the
+script of the run at hand is in a context variable that ``execute`` sets, so that
+runs driven concurrently (``bench/scale.py``, each run in its own task) each find
+their own. A ``PacedScript`` makes every model call wait, as a real model's does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -33,7 +41,7 @@ import statemachine as sm
 import statemachine.messages
 from statemachine import testing as sm_testing
 
-__all__ = ["CONTENDERS", "Contender", "quiet_logger"]
+__all__ = ["CONTENDERS", "Contender", "PacedScript", "quiet_logger"]
 
 
 class Contender(Protocol):
@@ -55,6 +63,33 @@ def quiet_logger() -> Any:
 
 
 ECHO_DESCRIPTION = "Return the text it is given."
+
+
+@dataclass
+class PacedScript(Script):
+    """A script whose model calls each wait ``latency`` seconds (``asyncio.sleep``, as a
+    real model call waits on the network); the first call runs ``on_first_call``."""
+
+    latency: float = 0.0
+    on_first_call: Callable[[], None] | None = None
+
+    async def wait(self, turn: int) -> None:
+        if turn == 0 and self.on_first_call is not None:
+            self.on_first_call()
+        await asyncio.sleep(self.latency)
+
+
+_SCRIPT: ContextVar[Script] = ContextVar("bench_script")
+"""The script of the run being driven in this task (set by a peer's ``execute``)."""
+
+
+async def _next_turn() -> tuple[Script, int]:
+    """A peer's scripted model starts a call: its run's script, the turn, the wait."""
+    script = _SCRIPT.get()
+    turn = script.next_turn()
+    if isinstance(script, PacedScript):
+        await script.wait(turn)
+    return script, turn
 
 
 # -- the bare loop --------------------------------------------------------------------
@@ -278,11 +313,8 @@ class PydanticAI:
         from pydantic_ai.models.function import AgentInfo, FunctionModel
         from pydantic_ai.usage import RequestUsage, UsageLimits
 
-        self.script = Script(0)
-
         async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            script = self.script
-            turn = script.next_turn()
+            script, turn = await _next_turn()
             # Usage given, as a real model gives it: without it FunctionModel estimates
             # tokens by walking the whole history, a cost of the test model, not the loop.
             usage = RequestUsage(input_tokens=1, output_tokens=1)
@@ -302,7 +334,7 @@ class PydanticAI:
         self.limits = UsageLimits(request_limit=None)
 
     async def execute(self, script: Script) -> object:
-        self.script = script
+        _SCRIPT.set(script)
         return await self.agent.run("go", usage_limits=self.limits)
 
     def outcome(self, raw: object) -> Outcome:
@@ -336,12 +368,10 @@ class OpenAIAgents:
         )
 
         set_tracing_disabled(True)
-        owner = self
 
         class ScriptedModel(Model):
             async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-                script = owner.script
-                turn = script.next_turn()
+                script, turn = await _next_turn()
                 usage = Usage(requests=1, input_tokens=1, output_tokens=1, total_tokens=2)
                 output: list[Any]
                 if script.wants_tool(turn):
@@ -373,13 +403,12 @@ class OpenAIAgents:
         async def echo(text: str) -> str:
             return text
 
-        self.script = Script(0)
         self.agent = Agent(name="bench", model=ScriptedModel(), tools=[echo])
 
     async def execute(self, script: Script) -> object:
         from agents import Runner
 
-        self.script = script
+        _SCRIPT.set(script)
         return await Runner.run(self.agent, "go", max_turns=script.n)
 
     def outcome(self, raw: object) -> Outcome:
@@ -407,16 +436,12 @@ class LangGraph:
         from langchain_core.tools import tool as lc_tool
         from langgraph.prebuilt import create_react_agent
 
-        owner = self
-
         class ScriptedChatModel(BaseChatModel):
             @property
             def _llm_type(self) -> str:
                 return "bench-scripted"
 
-            def _next(self) -> ChatResult:
-                script = owner.script
-                turn = script.next_turn()
+            def _reply(self, script: Script, turn: int) -> ChatResult:
                 if script.wants_tool(turn):
                     message = AIMessage(
                         content="",
@@ -440,7 +465,8 @@ class LangGraph:
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any,
             ) -> ChatResult:
-                return self._next()
+                script = _SCRIPT.get()
+                return self._reply(script, script.next_turn())
 
             async def _agenerate(
                 self,
@@ -449,7 +475,7 @@ class LangGraph:
                 run_manager: AsyncCallbackManagerForLLMRun | None = None,
                 **kwargs: Any,
             ) -> ChatResult:
-                return self._next()
+                return self._reply(*await _next_turn())
 
             def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
                 # The script already knows its tool; a real model would send the schemas.
@@ -459,7 +485,6 @@ class LangGraph:
         async def echo(text: str) -> str:
             return text
 
-        self.script = Script(0)
         with warnings.catch_warnings():
             # Deprecated in LangGraph 1.0 in favour of langchain.agents.create_agent, which
             # needs the full langchain package; the prebuilt agent is still LangGraph's own.
@@ -467,7 +492,7 @@ class LangGraph:
             self.graph = create_react_agent(ScriptedChatModel(), [echo])
 
     async def execute(self, script: Script) -> object:
-        self.script = script
+        _SCRIPT.set(script)
         # Each turn is two supersteps (agent, tools): allow the whole run.
         config: Any = {"recursion_limit": 2 * script.n + 10}
         return await self.graph.ainvoke({"messages": [("user", "go")]}, config=config)

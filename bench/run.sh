@@ -6,6 +6,9 @@
 #   bash bench/run.sh --smoke    N=10, one run per contender (seconds)
 #   bash bench/run.sh --help     the harness's other options (--ns, --only, --json ...)
 #   bash bench/run.sh scale      many runs at once in one process: writes bench/scale.md
+#   bash bench/run.sh durable-scale   durable runs at once over two worker processes, on
+#                                SQLite and (under bash .ci/postgres.sh) PostgreSQL:
+#                                writes bench/durable_scale.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,7 +21,7 @@ stamp="$VENV/.installed-$(cat bench/requirements.txt pyproject.toml | sha256sum 
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install --quiet -r bench/requirements.txt
-  "$VENV/bin/python" -m pip install --quiet -e '.[test]'
+  "$VENV/bin/python" -m pip install --quiet -e '.[test,dbos]'
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
@@ -28,6 +31,13 @@ if [ "${1:-}" = scale ]; then
     set -- --out bench/scale.md
   fi
   exec "$VENV/bin/python" bench/scale.py "$@"
+fi
+if [ "${1:-}" = durable-scale ]; then
+  shift
+  if [ "$#" -eq 0 ]; then
+    set -- --out bench/durable_scale.md
+  fi
+  exec "$VENV/bin/python" bench/durable_scale.py "$@"
 fi
 args=("$@")
 if [ "${#args[@]}" -eq 0 ]; then

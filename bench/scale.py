@@ -20,11 +20,22 @@ What is reported, per contender and N:
 - the ratio of wall time, lag p99 and memory per waiting run to the bare loop's at
   the same N (the bare loop is the classic teaching loop over dicts: the limit).
 
+The peers (PydanticAI, the OpenAI Agents SDK, LangGraph) run through their adapters
+in ``contenders.py``: the agent is built once, before the clock starts, and shared by
+every run, as a service shares it; each run has its own script (a context variable set
+in the run's own task) and is checked against the workload from the framework's own
+result object, as the sequential harness checks it. A run that does not do the
+workload fails the benchmark. A cell that takes longer than the time budget
+(``--budget``, 300 s) is cut off and reported as such, and the contender is not run at
+larger N; a peer that is not installed is reported as missing.
+
+The report ends with the growth of every figure from one N to the next: 1.00 for a
+per-run or per-turn figure means that it does not depend on how many runs there are.
+
 Run it as ``python bench/scale.py`` (all contenders, N = 100, 1,000, 10,000) or
-``bash bench/run.sh scale``, which writes ``bench/scale.md``. ``--one NAME N`` runs a
-single measurement and prints it as JSON (what the full run does in each child).
-The peers are not in this table yet: their adapters in ``contenders.py`` keep one
-script per agent, which concurrent runs would share.
+``bash bench/run.sh scale``, which writes ``bench/scale.md`` (keeping the dated
+sections below its marker). ``--one NAME N`` runs a single measurement and prints it
+as JSON (what the full run does in each child).
 """
 
 from __future__ import annotations
@@ -33,7 +44,9 @@ import argparse
 import asyncio
 import datetime
 import gc
+import itertools
 import json
+import os
 import platform
 import resource
 import statistics
@@ -45,6 +58,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from contenders import Contender, LangGraph, OpenAIAgents, PacedScript, PydanticAI
+from harness import versions, with_kept_sections
+from workload import problems
+
 import statemachine as sm
 from statemachine import testing as sm_testing
 
@@ -53,6 +70,7 @@ TURNS = 5
 LATENCY_S = 0.1
 TICK_S = 0.01
 TOOL = "echo"
+BUDGET_S = 300.0
 
 
 @dataclass
@@ -67,6 +85,7 @@ class Measurement:
     lag_p99_ms: float
     peak_rss_mib: float
     waiting_kib_per_run: float
+    load_1m: float = 0.0  # the machine's load average when the cell started
 
     @property
     def ideal_s(self) -> float:
@@ -102,9 +121,19 @@ def rss_bytes() -> int:
     return pages * resource.getpagesize()
 
 
+@dataclass
+class Missing:
+    """A cell that has no figures: not installed, cut off by the budget, or failed."""
+
+    contender: str
+    n: int
+    reason: str
+
+
 # -- the contenders: one coroutine function per run ------------------------------------------
 
 Run = Callable[[int, int, float, Gate], Awaitable[None]]
+Maker = Callable[[], Run]  # builds what the runs share (untimed), returns the run
 
 
 async def bare_run(index: int, turns: int, latency: float, gate: Gate) -> None:
@@ -180,11 +209,32 @@ async def ours_run(index: int, turns: int, latency: float, gate: Gate) -> None:
         raise RuntimeError(f"run {index} ended {result.state.value}: {result.explanation}")
 
 
-CONTENDERS: dict[str, Run] = {
-    "bare async loop (dicts)": bare_run,
-    "statemachine run_agent": ours_run,
-}
+def peer(factory: Callable[[], Contender]) -> Maker:
+    """A peer's adapter as a scale contender: its agent built once, a script per run."""
+
+    def make() -> Run:
+        contender = factory()
+
+        async def run(index: int, turns: int, latency: float, gate: Gate) -> None:
+            script = PacedScript(turns, latency=latency, on_first_call=gate.first_call)
+            raw = await contender.execute(script)
+            found = problems(contender.outcome(raw), script)
+            if found:
+                raise RuntimeError(f"{contender.name} run {index}: " + "; ".join(found))
+
+        return run
+
+    return make
+
+
 BASELINE = "bare async loop (dicts)"
+CONTENDERS: dict[str, Maker] = {
+    BASELINE: lambda: bare_run,
+    "statemachine run_agent": lambda: ours_run,
+    PydanticAI.name: peer(PydanticAI),
+    OpenAIAgents.name: peer(OpenAIAgents),
+    LangGraph.name: peer(LangGraph),
+}
 
 
 # -- one measurement ----------------------------------------------------------------------------
@@ -203,8 +253,12 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-async def measure(name: str, n: int, turns: int, latency: float) -> Measurement:
-    run = CONTENDERS[name]
+async def measure(
+    name: str, n: int, turns: int, latency: float, run: Run | None = None
+) -> Measurement:
+    """N runs of ``name`` at once (``run``: its runs, built already, or built here)."""
+    load = os.getloadavg()[0]
+    run = run or CONTENDERS[name]()
     gate = Gate(n)
     gc.collect()
     before = rss_bytes()
@@ -228,81 +282,147 @@ async def measure(name: str, n: int, turns: int, latency: float) -> Measurement:
         lag_p99_ms=_percentile(lags, 99) * 1000,
         peak_rss_mib=peak_kib / 1024,
         waiting_kib_per_run=max(0, gate.rss_waiting - before) / 1024 / n,
+        load_1m=load,
     )
 
 
-def _in_child(name: str, n: int, turns: int, latency: float) -> Measurement:
+def _in_child(name: str, n: int, args: argparse.Namespace) -> Measurement | Missing:
     """One measurement in a fresh interpreter, so that its peak RSS is its own."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--one",
-            name,
-            str(n),
-            "--turns",
-            str(turns),
-            "--latency",
-            str(latency),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    command = [sys.executable, __file__, "--one", name, str(n)]
+    command += ["--turns", str(args.turns), "--latency", str(args.latency)]
+    try:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=args.budget, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return Missing(name, n, f"cut off: over the {args.budget:.0f} s budget")
     if proc.returncode != 0:
         raise RuntimeError(f"{name} at N={n} failed:\n{proc.stderr[-2000:]}")
-    return Measurement(**json.loads(proc.stdout))
+    found: dict[str, Any] = json.loads(proc.stdout)
+    if "missing" in found:
+        return Missing(name, n, found["missing"])
+    return Measurement(**found)
 
 
 # -- the report ---------------------------------------------------------------------------------
 
+FIGURES: tuple[tuple[str, Callable[[Measurement], float]], ...] = (
+    ("wall / ideal", lambda c: c.wall_s / c.ideal_s),
+    ("turns/s", lambda c: c.turns_per_s),
+    ("CPU µs/turn", lambda c: c.cpu_us_per_turn),
+    ("lag p50", lambda c: c.lag_p50_ms),
+    ("lag p99", lambda c: c.lag_p99_ms),
+    ("peak RSS", lambda c: c.peak_rss_mib),
+    ("KiB per waiting run", lambda c: c.waiting_kib_per_run),
+)
 
-def render(cells: Sequence[Measurement], *, when: str) -> str:
-    base = {c.n: c for c in cells if c.contender == BASELINE}
 
-    def ratio(value: float, baseline: float) -> str:
-        return f"{value / baseline:.2f}x" if baseline > 0 else "n/a"
+def _ratio(value: float, baseline: float) -> str:
+    return f"{value / baseline:.2f}x" if baseline > 0 else "n/a"
 
+
+def _row(c: Measurement, b: Measurement | None) -> str:
+    versus = (
+        [
+            _ratio(c.wall_s, b.wall_s),
+            _ratio(c.lag_p99_ms, b.lag_p99_ms),
+            _ratio(c.waiting_kib_per_run, b.waiting_kib_per_run),
+        ]
+        if b
+        else ["n/a"] * 3
+    )
+    return (
+        f"| {c.contender} | {c.n:,} | {c.wall_s:.2f} | {c.wall_s / c.ideal_s:.2f} "
+        f"| {c.turns_per_s:,.0f} | {c.cpu_us_per_turn:.0f} "
+        f"| {c.lag_p50_ms:.1f} | {c.lag_p99_ms:.1f} "
+        f"| {c.peak_rss_mib:.0f} | {c.waiting_kib_per_run:.1f} | {' | '.join(versus)} "
+        f"| {c.load_1m:.1f} |"
+    )
+
+
+def growth_rows(cells: Sequence[Measurement | Missing]) -> list[str]:
+    """Every figure's growth from each measured N of a contender to its next one."""
+    rows = []
+    for name in dict.fromkeys(c.contender for c in cells):
+        own = sorted(
+            (c for c in cells if c.contender == name and isinstance(c, Measurement)),
+            key=lambda c: c.n,
+        )
+        for a, b in itertools.pairwise(own):
+            ratios = [_ratio(figure(b), figure(a)) for _, figure in FIGURES]
+            rows.append(f"| {name} | {a.n:,} → {b.n:,} | " + " | ".join(ratios) + " |")
+    return rows
+
+
+def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
+    measured = [c for c in cells if isinstance(c, Measurement)]
+    base = {c.n: c for c in measured if c.contender == BASELINE}
+    first = measured[0]
+    peers = ", ".join(f"{k} {v}" for k, v in versions().items() if k != "agent-statemachine")
     lines = [
         "# Many runs at once (bench/scale.py)",
         "",
-        f"Measured {when} on {platform.machine()}, Python {platform.python_version()}. "
-        f"Each run: {cells[0].turns} model calls of {cells[0].latency_s * 1000:.0f} ms "
-        "(asyncio.sleep) and one tool call per turn but the last; N runs start together "
-        "in one event loop; each cell in a fresh process. Ratios are against the bare "
-        "loop at the same N, measured in the same run.",
+        f"Measured {when} on {platform.machine()} ({os.cpu_count()} cores), Python "
+        f"{platform.python_version()}; {peers}. Each run: {first.turns} model calls of "
+        f"{first.latency_s * 1000:.0f} ms (asyncio.sleep) and one tool call per turn but "
+        "the last; N runs start together in one event loop; each cell in a fresh process. "
+        "Ratios are against the bare loop at the same N, measured in the same run; load is "
+        "the machine's 1-minute load average when the cell started.",
         "",
         "| contender | N | wall s | wall / ideal | turns/s | CPU µs/turn | lag p50 ms "
         "| lag p99 ms | peak RSS MiB | KiB per waiting run | wall vs bare | lag p99 vs bare "
-        "| KiB/run vs bare |",
+        "| KiB/run vs bare | load |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |",
+        "| ---: | ---: |",
     ]
     for c in cells:
-        b = base.get(c.n)
-        lines.append(
-            f"| {c.contender} | {c.n:,} | {c.wall_s:.2f} | {c.wall_s / c.ideal_s:.2f} "
-            f"| {c.turns_per_s:,.0f} | {c.cpu_us_per_turn:.0f} "
-            f"| {c.lag_p50_ms:.1f} | {c.lag_p99_ms:.1f} "
-            f"| {c.peak_rss_mib:.0f} | {c.waiting_kib_per_run:.1f} "
-            f"| {ratio(c.wall_s, b.wall_s) if b else 'n/a'} "
-            f"| {ratio(c.lag_p99_ms, b.lag_p99_ms) if b else 'n/a'} "
-            f"| {ratio(c.waiting_kib_per_run, b.waiting_kib_per_run) if b else 'n/a'} |"
-        )
-    growth = []
-    for name in dict.fromkeys(c.contender for c in cells):
-        own = sorted((c for c in cells if c.contender == name), key=lambda c: c.n)
-        if len(own) >= 2:
-            first, last = own[0], own[-1]
-            growth.append(
-                f"- {name}: CPU µs per turn {first.cpu_us_per_turn:.0f} at N={first.n:,}, "
-                f"{last.cpu_us_per_turn:.0f} at N={last.n:,}: growth "
-                f"{last.cpu_us_per_turn / first.cpu_us_per_turn:.2f}"
-            )
+        if isinstance(c, Missing):
+            lines.append(f"| {c.contender} | {c.n:,} | {c.reason} |" + " |" * 11)
+        else:
+            lines.append(_row(c, base.get(c.n)))
+    growth = growth_rows(cells)
     if growth:
-        lines += ["", "Growth:", "", *growth]
+        lines += [
+            "",
+            "Growth of each figure from one N to the next (value at the larger N / value at "
+            "the smaller). For the per-turn and per-run figures 1.00 is the goal; wall / "
+            "ideal and lag grow when the loop cannot keep up; peak RSS grows with N.",
+            "",
+            "| contender | N | " + " | ".join(label for label, _ in FIGURES) + " |",
+            "| --- | --- |" + " ---: |" * len(FIGURES),
+            *growth,
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _measure_all(args: argparse.Namespace, names: Sequence[str]) -> list[Measurement | Missing]:
+    cells: list[Measurement | Missing] = []
+    stopped: dict[str, str] = {}  # contender -> why it is not run at larger N
+    for n in args.ns:
+        for name in names:
+            stop = stopped.get(name)
+            cell = _in_child(name, n, args) if stop is None else Missing(name, n, stop)
+            if isinstance(cell, Missing):
+                # Not installed stays so; a cut-off contender is not run at larger N.
+                cut = cell.reason.startswith("cut off")
+                stopped.setdefault(name, f"not run: cut off at N={n:,}" if cut else cell.reason)
+                print(f"{name:34} N={n:>6,}: {cell.reason}", file=sys.stderr)
+            else:
+                print(
+                    f"{name:34} N={n:>6,}: {cell.wall_s:6.2f} s, lag p99 "
+                    f"{cell.lag_p99_ms:7.1f} ms, {cell.waiting_kib_per_run:6.1f} KiB/run",
+                    file=sys.stderr,
+                )
+            cells.append(cell)
+    return cells
+
+
+def _one(name: str, n: int, turns: int, latency: float) -> dict[str, Any]:
+    try:
+        run = CONTENDERS[name]()  # a peer's adapter imports its framework here
+    except ModuleNotFoundError as exc:
+        return {"missing": f"not installed ({exc.name})"}
+    return asdict(asyncio.run(measure(name, n, turns, latency, run)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,35 +431,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=TURNS)
     parser.add_argument("--latency", type=float, default=LATENCY_S)
     parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS))
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET_S, help="seconds a cell may take (300)"
+    )
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     parser.add_argument("--json", type=Path, help="write the measurements here as JSON")
     parser.add_argument("--one", nargs=2, metavar=("CONTENDER", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        name, n = args.one[0], int(args.one[1])
-        cell = asyncio.run(measure(name, n, args.turns, args.latency))
-        print(json.dumps(asdict(cell)))
+        print(json.dumps(_one(args.one[0], int(args.one[1]), args.turns, args.latency)))
         return 0
-    names = args.only or list(CONTENDERS)
-    cells: list[Measurement] = []
-    for n in args.ns:
-        for name in names:
-            cell = _in_child(name, n, args.turns, args.latency)
-            print(
-                f"{name:28} N={n:>6,}: {cell.wall_s:6.2f} s, lag p99 "
-                f"{cell.lag_p99_ms:7.1f} ms, {cell.waiting_kib_per_run:6.1f} KiB/run",
-                file=sys.stderr,
-            )
-            cells.append(cell)
+    cells = _measure_all(args, args.only or list(CONTENDERS))
+    if not any(isinstance(c, Measurement) for c in cells):
+        print("nothing was measured", file=sys.stderr)
+        return 1
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report = render(cells, when=when)
-    if args.out:
-        args.out.write_text(report, encoding="utf-8")
+    write_outputs(render(cells, when=when), [asdict(c) for c in cells], args.out, args.json)
+    return 0
+
+
+def write_outputs(
+    report: str, rows: Sequence[dict[str, Any]], out: Path | None, json_out: Path | None
+) -> None:
+    """The report to ``out`` (keeping the dated sections below its marker) or to stdout;
+    the measurements to ``json_out`` as JSON."""
+    if out:
+        out.write_text(with_kept_sections(report, out), encoding="utf-8")
     else:
         sys.stdout.write(report)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1), encoding="utf-8")
-    return 0
+    if json_out:
+        json_out.write_text(json.dumps(list(rows), indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

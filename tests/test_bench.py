@@ -4,10 +4,13 @@ its result. No timing is asserted here; the figures live in bench/results.md."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,18 +46,24 @@ def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+def _bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` with ``args``; it must succeed within ``timeout`` seconds."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "harness.py"), "--smoke", "--json", str(out)],
+        [sys.executable, str(BENCH / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    proc = _bench("harness.py", "--smoke", "--json", str(out), timeout=300)
     data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     data["stdout"] = proc.stdout
     return data
@@ -149,35 +158,75 @@ def test_a_new_report_keeps_the_dated_sections_below_the_marker(
     assert "\n## " in real.split(harness.KEPT_MARKER)[1]
 
 
-@pytest.mark.timeout(120)
+SCALE_OURS = ("bare async loop (dicts)", "statemachine run_agent")
+
+
+@pytest.mark.timeout(240)
 def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: Path) -> None:
     # Few runs, short waits: this checks the harness, not the figures.
     out = tmp_path / "scale.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "scale.py"),
-            *("--ns", "3", "20", "--turns", "3", "--latency", "0.005"),
-            *("--json", str(out), "--out", str(tmp_path / "scale.md")),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
+    _bench(
+        "scale.py",
+        *("--ns", "3", "20", "--turns", "3", "--latency", "0.005"),
+        *("--json", str(out), "--out", str(tmp_path / "scale.md")),
+        timeout=220,
     )
-    assert proc.returncode == 0, proc.stderr
-    cells = json.loads(out.read_text(encoding="utf-8"))
-    assert {(c["contender"], c["n"]) for c in cells} == {
-        (name, n) for name in ("bare async loop (dicts)", "statemachine run_agent") for n in (3, 20)
-    }
-    for cell in cells:
+    cells = {(c["contender"], c["n"]): c for c in json.loads(out.read_text(encoding="utf-8"))}
+    names = (*SCALE_OURS, *PEER_MODULES)
+    assert set(cells) == {(name, n) for name in names for n in (3, 20)}
+    report = (tmp_path / "scale.md").read_text(encoding="utf-8")
+    for (name, n), cell in cells.items():
+        module = PEER_MODULES.get(name)
+        if module is not None and importlib.util.find_spec(module) is None:
+            assert cell["reason"].startswith("not installed (")  # names what is missing
+            assert f"| {name} | {n} | not installed (" in report
+            continue
         # Every run waited three model calls of 5 ms at least, all of them in parallel.
         assert cell["wall_s"] >= 3 * 0.005
         assert cell["peak_rss_mib"] > 0
-    report = (tmp_path / "scale.md").read_text(encoding="utf-8")
-    assert "| statemachine run_agent | 20 |" in report
-    assert "growth" in report
+        assert cell["waiting_kib_per_run"] >= 0
+        assert f"| {name} | {n} | " in report
+    assert "| statemachine run_agent | 3 → 20 |" in report
+    assert "<!-- Below: dated sections, kept" in report  # a rerun keeps the dated sections
+
+
+@pytest.mark.timeout(60)
+def test_a_scale_cell_over_its_budget_is_cut_off_and_larger_ones_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    # A real child whose runs wait 30 s, with a budget of 2 s: killed, reported as cut off.
+    args = scale.argparse.Namespace(turns=1, latency=30.0, budget=2.0)
+    cell = scale._in_child("bare async loop (dicts)", 2, args)
+    assert cell == scale.Missing("bare async loop (dicts)", 2, "cut off: over the 2 s budget")
+    # In a full run, the contender cut off at one N is named (not dropped) at the larger.
+    measured = scale.Measurement("bare async loop (dicts)", 1, 1, 0.1, 0.1, 0.01, 0, 0, 40, 1)
+
+    def child(name: str, n: int, _: Any) -> Any:
+        if name == "statemachine run_agent" and n == 10:
+            return scale.Missing(name, n, "cut off: over the 2 s budget")
+        return dataclasses.replace(measured, contender=name, n=n)
+
+    monkeypatch.setattr(scale, "_in_child", child)
+    full = scale.argparse.Namespace(ns=[1, 10, 100])
+    cells = scale._measure_all(full, ["bare async loop (dicts)", "statemachine run_agent"])
+    kinds = [type(c).__name__ for c in cells]
+    assert kinds == ["Measurement"] * 3 + ["Missing", "Measurement", "Missing"]
+    assert cells[3].reason == "cut off: over the 2 s budget"
+    assert cells[5].reason == "not run: cut off at N=10"
+    report = scale.render(cells, when="today")
+    assert "| statemachine run_agent | 100 | not run: cut off" in report
+
+
+def test_the_growth_table_divides_each_figure_by_the_one_at_the_smaller_n(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    small = scale.Measurement("x", 100, 5, 0.1, 1.0, 0.05, 1.0, 2.0, 50.0, 4.0)
+    large = scale.Measurement("x", 1000, 5, 0.1, 2.0, 1.0, 3.0, 8.0, 100.0, 2.0)
+    (row,) = scale.growth_rows([large, small])
+    # wall/ideal 2x, turns/s 5x, CPU µs/turn 2x, lag p50 3x, p99 4x, RSS 2x, KiB/run 0.5x
+    assert row == "| x | 100 → 1,000 | 2.00x | 5.00x | 2.00x | 3.00x | 4.00x | 2.00x | 0.50x |"
 
 
 def test_a_scale_run_that_does_not_do_the_workload_fails_the_benchmark(
@@ -194,3 +243,112 @@ def test_a_scale_run_that_does_not_do_the_workload_fails_the_benchmark(
     coroutine = scale.measure("statemachine run_agent", 2, 3, 0.001)
     with pytest.raises(RuntimeError, match="ended TurnLimitExceeded"):
         asyncio.run(coroutine)
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_does_not_do_the_workload_fails_the_benchmark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The peers' path: the script of each run is checked against the framework's result.
+    scale = _load("scale", monkeypatch)
+    workload = _load("workload", monkeypatch)
+
+    class OneCallShort:
+        """Skips the last model call and reports the answer anyway."""
+
+        name = "one call short"
+
+        async def execute(self, script: Any) -> object:
+            for _ in range(script.n - 1):
+                await script.wait(script.next_turn())
+            return script.n
+
+        def outcome(self, raw: object) -> Any:
+            assert isinstance(raw, int)
+            echoed = tuple(workload.argument(i) for i in range(raw - 1))
+            return workload.Outcome(raw, echoed, "done")
+
+    monkeypatch.setitem(scale.CONTENDERS, OneCallShort.name, scale.peer(OneCallShort))
+    coroutine = scale.measure(OneCallShort.name, 2, 3, 0.001)
+    with pytest.raises(RuntimeError, match="scripted model was called 2 times, expected 3"):
+        asyncio.run(coroutine)
+
+
+@pytest.mark.timeout(240)
+def test_the_durable_scale_benchmark_runs_and_checks_the_queue_limit(tmp_path: Path) -> None:
+    # Two worker processes on one SQLite file, four runs: this checks the harness.
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    out = tmp_path / "durable.json"
+    proc = _bench(
+        "durable_scale.py",
+        *("--no-postgres", "--runs", "4", "--queue-limit", "1", "--budget", "120"),
+        *("--json", str(out)),
+        timeout=220,
+    )
+    cells = json.loads(out.read_text(encoding="utf-8"))
+    plan = [(c["contender"], c["n"], c["limit"]) for c in cells]
+    assert plan == [("durable", 4, 2), ("bare", 4, 2), ("durable", 4, 1)]
+    for cell in cells:
+        assert cell["backend"] == "sqlite"
+        assert sum(cell["split"]) == 4  # every run ran, each in one worker
+        assert cell["statements_per_turn"] > 0
+        # Counted by kind and by kind and table: the same statements.
+        by_table = sum(cell["statement_tables"].values())
+        assert by_table == pytest.approx(sum(cell["statement_kinds"].values()))
+        assert by_table == pytest.approx(cell["statements_per_turn"])
+        assert any(shape.startswith("INSERT ") for shape in cell["statement_tables"])
+        # A model step waits 50 ms; DBOS stamps it to the millisecond.
+        assert cell["model_step_p50_ms"] >= 49
+        assert 1 <= cell["most_running_model"] <= cell["limit"]
+        assert cell["most_running_dbos"] <= cell["limit"]
+    assert "| sqlite | durable | 4 | 2 × 1 |" in proc.stdout
+    assert "| INSERT operation_outputs |" in proc.stdout
+
+
+def test_a_queue_that_runs_more_than_its_limit_fails_the_durable_benchmark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    durable_scale = _load("durable_scale", monkeypatch)
+    seen: list[tuple[str, int, int]] = []
+
+    def measure(backend: str, url: str, contender: str, n: int, workers: int, limit: int,
+                budget: float) -> Any:  # fmt: skip
+        seen.append((contender, n, limit))
+        # Every cell reports three runs at once in a worker, whatever its limit.
+        return durable_scale.Cell(backend, contender, n, workers, limit, 1.0, 50, 60, 1, 2, 60,
+                                  3.0, {"SELECT": 3.0}, {"SELECT t": 3.0}, 3, 3, [n],
+                                  0.0)  # fmt: skip
+
+    monkeypatch.setattr(durable_scale, "measure", measure)
+    monkeypatch.setattr(durable_scale, "_fresh_database", lambda *_: "sqlite:///x")
+    args = durable_scale.argparse.Namespace(
+        runs=[6], workers=2, queue_limit=2, budget=1.0, postgres=None
+    )
+    with pytest.raises(RuntimeError, match="the queue's limit 2 was exceeded"):
+        durable_scale._backend(args, "sqlite", 2, tmp_path)
+    # The cells at k = N / workers (three each) passed; the check stopped at k = 2.
+    assert seen == [("durable", 6, 3), ("bare", 6, 3), ("durable", 6, 2)]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_cannot_start_fails_the_durable_benchmark_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    durable_scale = _load("durable_scale", monkeypatch)
+    missing = f"sqlite:///{tmp_path}/no/such/directory/runs.sqlite"
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="a worker did not start"):
+        durable_scale.measure("sqlite", missing, "durable", 2, 2, 1, budget=60.0)
+    assert time.monotonic() - began < 60  # told at once, not after the budget
+
+
+def test_a_peer_that_is_not_installed_is_reported_as_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    monkeypatch.setitem(sys.modules, "pydantic_ai", None)  # its import now fails
+    found = scale._one("PydanticAI (FunctionModel)", 2, 2, 0.001)
+    assert found == {"missing": "not installed (pydantic_ai)"}
