@@ -1,0 +1,270 @@
+"""Durable runs on Temporal (the ``[temporal]`` extra): the action loop inside a
+Temporal workflow.
+
+A run is one workflow, ``statemachine.run``, whose id is the run id, on the
+runner's task queue. It drives the same ``AgentRun`` as ``run_agent`` (the one
+action loop); only the executor differs (``_run``): each model call, each tool
+call, each batch of ``before_tool_call`` checks and each ``should_continue`` check
+is an activity (``_activities``) whose result is the JSON of the engine events it
+reported. When a worker dies, Temporal replays the workflow on another (or the
+same, restarted) worker from its history: the activities that finished return
+their recorded results without running, so the engine receives the same events in
+the same order and ends with the same history and trace. The tool results of a
+batch are handed to the engine in call order, whatever order the tools finish in.
+
+Models, tools and hooks are code: the workflow's input names the model and the
+tools, and every worker resolves the names in its own registry
+(``TemporalRunner(models={...}, tools=[...])``), so build every worker of a task
+queue with the same registry; a model client keeps no state between calls.
+
+Activities, retries and heartbeats
+----------------------------------
+A tool that raises is an error result for the model and a model call that fails is
+a failed call, as in ``run_agent``: neither fails its activity, so neither is
+retried. An activity fails only when its worker dies (it is then retried, with the
+same idempotency key, ``"{run_id}:{call_id}"``: ``idempotency_key()``), or when a
+worker lacks the run's tool or model (not retried: the run fails, naming it). The
+retry policy: first retry after ``retry_interval`` seconds, doubling up to 10 s,
+no limit on attempts. Every activity heartbeats every ``heartbeat / 3`` seconds, so
+a dead worker's activity is retried ``heartbeat`` seconds after it died (not after
+``tool_timeout``), and an abort reaches a running tool with the next heartbeat.
+
+Messages to a run
+-----------------
+``decide``, ``steer`` and ``follow_up`` are workflow updates, each refused by its
+validator when the run cannot take it: ``NotPendingError`` for a decision on a
+call that is not pending, ``RunClosedError`` for input once the run has taken its
+last. Once one returns, the run has the message: a steer or follow-up reaches the
+model, or the result's ``queued_input`` when the run had given its last answer. The
+run takes messages between two engine events, before the next result (so a steer
+sent while a tool runs reaches the model at the next turn boundary). ``abort`` is a
+signal; it fires the signal of the running tools and model client (through the
+activities' cancellation), which then get the grace period, as in ``run_agent``;
+every started call still gets its result (I6). ``pending_approvals`` is a query.
+
+What this backend does not offer (yet)
+--------------------------------------
+The DBOS backend's held runs (a worker whose code does not fit a run waits with
+it) become a failed run here, whose explanation names the tool or model; queues are
+Temporal's task queues; listing runs is Temporal's own (``temporal workflow list``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.worker import Worker
+
+from statemachine.agent.hook_calls import Hooks
+from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
+from statemachine.agent.model import ModelClient
+from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
+from statemachine.agent.tools import Tool
+from statemachine.core.checks import positive_int
+from statemachine.core.inputs import check_history
+from statemachine.core.messages import Message, UserMessage
+from statemachine.core.wire import messages_to_dicts
+from statemachine.durable import ExportedJournal
+from statemachine.durable._dbos_inputs import check_name, check_run_id, checked_text
+from statemachine.durable._registry import application_version, manifest
+from statemachine.durable.temporal import _export
+from statemachine.durable.temporal._activities import Activities
+from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
+from statemachine.durable.temporal._workflow import (
+    WORKFLOW,
+    Registry,
+    RunWorkflow,
+    Settings,
+    registries,
+)
+from statemachine.errors import InvalidInputError, UsageError
+
+__all__ = ["MESSAGE_TIMEOUT", "WORKFLOW", "TemporalRunHandle", "TemporalRunner"]
+
+
+def _seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidInputError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class TemporalRunner:
+    """Runs agent runs as Temporal workflows in this process (a worker).
+
+    ``client`` is a connected ``temporalio.client.Client``; ``models`` maps names to
+    model clients and ``tools`` lists the tools a run may use (every worker of
+    ``task_queue`` must have the same registry). ``heartbeat``: the activities'
+    heartbeat timeout (a dead worker's call is retried that long after it died);
+    ``model_timeout`` and ``tool_timeout``: the longest one attempt may run;
+    ``grace_period``: as ``run_agent``'s, after an abort. ``await launch()`` starts
+    the worker, ``await destroy()`` stops it; its runs stay with Temporal.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        models: Mapping[str, ModelClient],
+        tools: Sequence[Tool] = (),
+        task_queue: str = "statemachine",
+        before_tool_call: BeforeToolCall | None = None,
+        after_tool_call: AfterToolCall | None = None,
+        should_continue: ShouldContinue | None = None,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        heartbeat: float = 10.0,
+        model_timeout: float = 600.0,
+        tool_timeout: float = 3600.0,
+        retry_interval: float = 1.0,
+        message_timeout: float = MESSAGE_TIMEOUT,
+        app_version: str | None = None,
+    ) -> None:
+        if not models:
+            raise InvalidInputError("models must name at least one model client")
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise InvalidInputError(f"tool names must be unique, got {names}")
+        check_name(task_queue, "task_queue")
+        self.client = client
+        self.task_queue = task_queue
+        self.models = dict(models)
+        self.tools = {t.name: t for t in tools}
+        self.hooks: dict[str, Any] = {
+            "before_tool_call": before_tool_call,
+            "after_tool_call": after_tool_call,
+            "should_continue": should_continue,
+        }
+        self.manifest = manifest(list(self.models), tools, self.hooks)
+        if app_version is not None:
+            check_name(app_version, "app_version")
+        self.app_version = app_version or application_version(self.manifest)
+        self.settings = Settings(
+            heartbeat=_seconds("heartbeat", heartbeat),
+            model_timeout=_seconds("model_timeout", model_timeout),
+            tool_timeout=_seconds("tool_timeout", tool_timeout),
+            retry_interval=_seconds("retry_interval", retry_interval),
+            grace=float(grace_period)
+            if grace_period == 0
+            else _seconds("grace_period", grace_period),
+        )
+        self._message_timeout = _seconds("message_timeout", message_timeout)
+        self._worker: Worker | None = None
+        self._running: asyncio.Task[None] | None = None
+
+    async def launch(self) -> None:
+        """Start the worker: it takes the runs of its task queue, its unfinished
+        ones (a restart) too."""
+        if self._worker is not None:
+            raise UsageError("this runner is launched already")
+        if self.task_queue in registries:
+            raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
+        hooks = Hooks(**self.hooks)
+        activities = Activities(
+            self.models, self.tools, hooks, self.settings.grace, self.settings.heartbeat
+        )
+        registries[self.task_queue] = Registry(
+            self.tools,
+            frozenset(k for k, v in self.hooks.items() if v is not None),
+            self.settings,
+        )
+        self._worker = Worker(
+            self.client,
+            task_queue=self.task_queue,
+            workflows=[RunWorkflow],
+            activities=activities.all(),
+            # One thread: the run's loop checks it is called on the thread it runs on.
+            workflow_task_executor=ThreadPoolExecutor(1, "statemachine-workflows"),
+        )
+        self._running = asyncio.ensure_future(self._worker.run())
+
+    async def destroy(self) -> None:
+        """Stop the worker (its unfinished runs stay with Temporal)."""
+        worker, running = self._worker, self._running
+        self._worker = self._running = None
+        registries.pop(self.task_queue, None)
+        if worker is not None:
+            await worker.shutdown()
+        if running is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await running
+
+    async def __aenter__(self) -> TemporalRunner:
+        await self.launch()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.destroy()
+
+    async def start(
+        self,
+        run_id: str,
+        *,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None = None,
+        max_turns: int = 8,
+    ) -> TemporalRunHandle:
+        """Start the run ``run_id`` on this runner's task queue (or, if a run of that
+        id exists, return its handle)."""
+        spec = self._spec(run_id, model, messages, tools, max_turns)
+        try:
+            await self.client.start_workflow(
+                WORKFLOW,
+                spec,
+                id=run_id,
+                task_queue=self.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # a run of that id has ended: its handle
+        return TemporalRunHandle(self.client, run_id, self._message_timeout)
+
+    async def handle(self, run_id: str) -> TemporalRunHandle:
+        """The handle of an existing run; ``UnknownRunError`` if there is none."""
+        check_run_id(run_id)
+        return await open_handle(self.client, run_id)
+
+    async def export_journal(
+        self, run_id: str, target: str | os.PathLike[str] | IO[str]
+    ) -> ExportedJournal:
+        """Write the run ``run_id`` as a journal, with this runner's tools and hooks."""
+        return await _export.export_journal(
+            self.client, run_id, target, tools=list(self.tools.values()), hooks=self.hooks
+        )
+
+    def _spec(
+        self,
+        run_id: str,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None,
+        max_turns: int,
+    ) -> dict[str, Any]:
+        """The workflow's input, checked here rather than in a worker later."""
+        check_run_id(run_id)
+        if model not in self.models:
+            raise InvalidInputError(f"unknown model {model!r}; known: {sorted(self.models)}")
+        names = list(self.tools) if tools is None else list(tools)
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
+        positive_int("max_turns", max_turns)
+        if isinstance(messages, str):
+            messages = [UserMessage(checked_text(messages, "a message"))]
+        messages = check_history(messages)
+        return {
+            "model": model,
+            "tools": names,
+            "messages": messages_to_dicts(messages),
+            "max_turns": max_turns,
+            "code": self.manifest,
+            "app_version": self.app_version,
+        }

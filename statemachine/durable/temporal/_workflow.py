@@ -1,0 +1,203 @@
+"""The workflow of a durable run on Temporal, ``statemachine.run``.
+
+Its input (``spec``) names the run's model and tools and holds its first messages;
+the worker's registry (``Registry``, found by the workflow's task queue) resolves
+the names. It drives the run's course (``_course.drive``) over a ``RemoteRun``
+whose operations are activities (``_activities``). Messages come as updates, each
+refused by its validator when it cannot be taken: a decision for a call that is not
+pending (``NotPendingError``), a steer or follow-up once the run has taken its last
+input (``RunClosedError``). An abort is a signal. ``pending_approvals`` and
+``places`` are queries.
+
+The workflow is not sandboxed: everything it runs is this library's own code, which
+keeps no state between runs and reads no clock or randomness that steers the run
+(the engine's course depends only on the events it is handed, in the order the
+history holds them), and the sandbox would pass all of it through anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+from statemachine.agent.run import continue_run
+from statemachine.agent.tools import Tool
+from statemachine.core.events import Event, ModelCancelled, ToolCancelled
+from statemachine.core.messages import ToolCall
+from statemachine.core.wire import messages_from_dicts
+from statemachine.durable._course import drive
+from statemachine.durable._journal import MODEL_STEP, NoModel, stand_in_hook
+from statemachine.durable._wire import call_to_dict, encode_step_events, result_to_dict
+from statemachine.durable.temporal._activities import CODE_MISMATCH
+from statemachine.durable.temporal._run import Lane, RemoteRun
+
+__all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "registries"]
+
+WORKFLOW = "statemachine.run"
+NOT_PENDING = "NotPendingError"  # the type of a refused decision
+CLOSED = "RunClosedError"  # the type of a refused steer or follow-up
+
+
+@attrs.frozen
+class Settings:
+    """How a run's activities are scheduled (``TemporalRunner``)."""
+
+    heartbeat: float
+    model_timeout: float
+    tool_timeout: float
+    retry_interval: float
+    grace: float
+
+
+@attrs.frozen
+class Registry:
+    """What a worker's workflows resolve names in: the tools, which hooks are set."""
+
+    tools: Mapping[str, Tool]
+    hooks: frozenset[str]
+    settings: Settings
+
+
+registries: dict[str, Registry] = {}  # by task queue, one per worker of this process
+
+
+class _HeldError(Exception):
+    """An activity met a worker whose code does not fit the run."""
+
+
+class WorkflowOperations:
+    """A run's operations as activities (``_run.Operations``)."""
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.settings: Settings | None = None
+        self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
+
+    async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
+        settings = self.settings
+        assert settings is not None
+        if name == MODEL_STEP:
+            payload = {**payload, "model": self.model}
+        timeout = settings.model_timeout if key == "model" else settings.tool_timeout
+        handle = workflow.start_activity(
+            name,
+            payload,
+            start_to_close_timeout=timedelta(seconds=timeout),
+            heartbeat_timeout=timedelta(seconds=settings.heartbeat),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=settings.retry_interval),
+                maximum_interval=timedelta(seconds=max(settings.retry_interval, 10.0)),
+                non_retryable_error_types=[CODE_MISMATCH],
+            ),
+            # An operation asked to stop answers (a tool's cancellation is its result);
+            # a hook check is simply dropped (the engine answers its calls).
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+            if key
+            else workflow.ActivityCancellationType.TRY_CANCEL,
+        )
+        if key:
+            self.handles[key] = handle
+        try:
+            return await handle
+        except ActivityError as exc:
+            if isinstance(exc.cause, CancelledError) and key:
+                cancelled = ModelCancelled() if key == "model" else ToolCancelled(key)
+                return encode_step_events([cancelled])
+            raise _HeldError(str(exc.cause or exc)) from None
+        finally:
+            self.handles.pop(key, None)
+
+    def cancel(self, key: str) -> None:
+        handle = self.handles.get(key)
+        if handle is not None:
+            handle.cancel()
+
+    async def sleep(self, seconds: float) -> None:
+        await workflow.sleep(seconds)
+
+    async def wait(self, ready: Callable[[], bool]) -> None:
+        await workflow.wait_condition(ready)
+
+
+@workflow.defn(name=WORKFLOW, sandboxed=False)
+class RunWorkflow:
+    """One durable run (module docstring)."""
+
+    def __init__(self) -> None:
+        self._ops = WorkflowOperations()
+        self._lane = Lane(self._ops)
+        self._pending: list[dict[str, Any]] = []
+        self._decided: set[str] = set()
+
+    @workflow.run
+    async def run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        registry = registries[workflow.info().task_queue]
+        self._ops.model = str(spec["model"])
+        self._ops.settings = registry.settings
+        options: dict[str, Any] = {
+            "model": NoModel(),
+            "tools": [registry.tools[n] for n in spec["tools"]],
+            "max_turns": spec["max_turns"],
+            "run_id": workflow.info().workflow_id,
+            "control": self._lane,
+            "grace_period": registry.settings.grace,
+            **{h: stand_in_hook for h in registry.hooks},
+        }
+        run = RemoteRun(messages=messages_from_dicts(spec["messages"]), **options)
+
+        def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
+            return continue_run(RemoteRun, done.engine, decisions, **options)
+
+        try:
+            result, stats = await drive(run, resume, self._publish)
+        except _HeldError as exc:
+            raise ApplicationError(
+                f"the run's operations do not fit this worker's code: {exc}",
+                type="RunHeldError",
+                non_retryable=True,
+            ) from None
+        return {**result_to_dict(result, stats), "places": self._lane.places}
+
+    async def _publish(self, calls: Sequence[ToolCall]) -> None:
+        self._pending = [call_to_dict(c) for c in calls]
+
+    # -- messages --------------------------------------------------------------------------
+
+    @workflow.update(name="decide")
+    def decide(self, message: dict[str, Any]) -> None:
+        self._decided.add(message["call_id"])
+        self._lane.incoming.append(message)
+
+    @decide.validator
+    def _check_decision(self, message: dict[str, Any]) -> None:
+        call_id = message.get("call_id")
+        pending = {c["id"] for c in self._pending}
+        if call_id not in pending or call_id in self._decided:
+            raise ApplicationError(f"the call {call_id!r} is not pending", type=NOT_PENDING)
+
+    @workflow.update(name="queue_input")
+    def queue_input(self, message: dict[str, Any]) -> None:
+        self._lane.incoming.append(message)
+
+    @queue_input.validator
+    def _check_input(self, message: dict[str, Any]) -> None:
+        if not self._lane.open:
+            raise ApplicationError("the run has taken its last input", type=CLOSED)
+
+    @workflow.signal(name="abort")
+    def abort(self, reason: str) -> None:
+        self._lane.incoming.append({"kind": "abort", "reason": reason})
+
+    @workflow.query(name="pending_approvals")
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        return self._pending
+
+    @workflow.query(name="places")
+    def places(self) -> list[list[Any]]:
+        return self._lane.places
