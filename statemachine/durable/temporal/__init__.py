@@ -56,6 +56,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import IO, Any
 
 from temporalio.client import Client
@@ -104,8 +105,13 @@ class TemporalRunner:
     ``task_queue`` must have the same registry). ``heartbeat``: the activities'
     heartbeat timeout (a dead worker's call is retried that long after it died);
     ``model_timeout`` and ``tool_timeout``: the longest one attempt may run;
-    ``grace_period``: as ``run_agent``'s, after an abort. ``await launch()`` starts
-    the worker, ``await destroy()`` stops it; its runs stay with Temporal.
+    ``grace_period``: as ``run_agent``'s, after an abort; ``message_timeout``: how
+    long a handle's update waits for a worker (``_handle``);
+    ``workflow_task_timeout``: how long a workflow task given to a worker that died
+    waits before another worker gets it (Temporal's default, 10 s). ``worker_options`` are
+    more keywords for ``temporalio.worker.Worker`` (interceptors, plugins, limits,
+    ``sticky_queue_schedule_to_start_timeout``...). ``await launch()`` starts the
+    worker, ``await destroy()`` stops it; its runs stay with Temporal.
     """
 
     def __init__(
@@ -124,7 +130,9 @@ class TemporalRunner:
         tool_timeout: float = 3600.0,
         retry_interval: float = 1.0,
         message_timeout: float = MESSAGE_TIMEOUT,
+        workflow_task_timeout: float = 10.0,
         app_version: str | None = None,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -155,6 +163,13 @@ class TemporalRunner:
             else _seconds("grace_period", grace_period),
         )
         self._message_timeout = _seconds("message_timeout", message_timeout)
+        self._task_timeout = timedelta(
+            seconds=_seconds("workflow_task_timeout", workflow_task_timeout)
+        )
+        self._worker_options = dict(worker_options or {})
+        taken = {"client", "task_queue", "workflows", "activities", "workflow_task_executor"}
+        if taken & set(self._worker_options):
+            raise InvalidInputError(f"worker_options may not set {sorted(taken)}")
         self._worker: Worker | None = None
         self._running: asyncio.Task[None] | None = None
 
@@ -181,6 +196,7 @@ class TemporalRunner:
             activities=activities.all(),
             # One thread: the run's loop checks it is called on the thread it runs on.
             workflow_task_executor=ThreadPoolExecutor(1, "statemachine-workflows"),
+            **self._worker_options,
         )
         self._running = asyncio.ensure_future(self._worker.run())
 
@@ -222,6 +238,7 @@ class TemporalRunner:
                 task_queue=self.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                task_timeout=self._task_timeout,
             )
         except WorkflowAlreadyStartedError:
             pass  # a run of that id has ended: its handle
