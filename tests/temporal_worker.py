@@ -41,7 +41,7 @@ def _log(line: str) -> None:
     key = idempotency_key() or "-:"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{line} {os.getpid()} {key.rsplit(':', 1)[0]}\n".encode())
+        os.write(fd, f"{line} {os.getpid()} {key.rsplit(':', 1)[0]} {time.time():.3f}\n".encode())
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -197,6 +197,7 @@ def _trial(address: str, tmp: Path, mode: str, turns: int, plan: list[str]) -> i
         client = await Client.connect(address)
         handle = client.get_workflow_handle(trials.run_id)
         decided: set[str] = set()
+        asks = turns - 1 if mode == "approvals" else 0  # each turn but the last asks once
 
         async def pending() -> list[str]:
             try:
@@ -223,11 +224,12 @@ def _trial(address: str, tmp: Path, mode: str, turns: int, plan: list[str]) -> i
                     await decide_all()
                 else:
                     await trials.kill_when(MID_TOOL if point == "tool" else MID_MODEL)
-                    if mode == "approvals":
+                    if len(decided) < asks:
                         await decide_all()
             async with asyncio.timeout(90):
                 while trials.current.poll() is None:
-                    await decide_all()
+                    if len(decided) < asks:
+                        await decide_all()
                     await asyncio.sleep(0.05)
             assert trials.current.returncode == 0
         finally:
