@@ -9,6 +9,7 @@ fail (the ``dev`` extra installs it).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -47,6 +48,20 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _healthy(address: str) -> bool:
+    """Whether the server answers a client (it listens before its frontend is up)."""
+    from temporalio.client import Client
+
+    async def connect() -> None:
+        await Client.connect(address)
+
+    try:
+        asyncio.run(connect())
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session", name="temporal_address")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The address of a Temporal dev server for this session (module docstring)."""
@@ -64,7 +79,7 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + STARTUP
-        while not _listening(port):
+        while not _listening(port) or not _healthy(f"127.0.0.1:{port}"):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Temporal dev server did not start: {command}")
             time.sleep(0.05)

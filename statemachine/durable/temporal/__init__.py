@@ -54,15 +54,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import IO, Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
@@ -75,7 +76,7 @@ from statemachine.core.messages import Message, UserMessage
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import ExportedJournal
 from statemachine.durable._dbos_inputs import check_name, check_run_id, checked_text
-from statemachine.durable._registry import application_version, manifest
+from statemachine.durable._registry import application_version, manifest, table_digest
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities
 from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
@@ -184,11 +185,7 @@ class TemporalRunner:
         activities = Activities(
             self.models, self.tools, hooks, self.settings.grace, self.settings.heartbeat
         )
-        registries[self.task_queue] = Registry(
-            self.tools,
-            frozenset(k for k, v in self.hooks.items() if v is not None),
-            self.settings,
-        )
+        registries[self.task_queue] = self._registry()
         self._worker = Worker(
             self.client,
             task_queue=self.task_queue,
@@ -257,6 +254,34 @@ class TemporalRunner:
             self.client, run_id, target, tools=list(self.tools.values()), hooks=self.hooks
         )
 
+    async def replay(self, histories: Iterable[WorkflowHistory]) -> None:
+        """Replay recorded runs' workflow histories on this runner's code (its
+        registry, this library's workflow): raises ``temporalio.workflow.
+        NondeterminismError`` (or the run's own error) for the first one that does
+        not replay to the same commands, so a change of code that would break the
+        runs that are waiting fails a test rather than a deploy. No server needed."""
+        build_id = f"statemachine-{uuid.uuid4().hex[:12]}"
+        replayer = Replayer(
+            workflows=[RunWorkflow],
+            build_id=build_id,
+            workflow_task_executor=ThreadPoolExecutor(1, "statemachine-replay"),
+        )
+        queue = f"replay-{build_id}"  # the task queue the replayer's workflows see
+        registries[queue] = self._registry()
+        try:
+            for history in histories:
+                await replayer.replay_workflow(history)
+        finally:
+            registries.pop(queue, None)
+
+    def _registry(self) -> Registry:
+        return Registry(
+            self.tools,
+            frozenset(k for k, v in self.hooks.items() if v is not None),
+            self.settings,
+            self.manifest,
+        )
+
     def _spec(
         self,
         run_id: str,
@@ -283,5 +308,6 @@ class TemporalRunner:
             "messages": messages_to_dicts(messages),
             "max_turns": max_turns,
             "code": self.manifest,
+            "table": table_digest(),
             "app_version": self.app_version,
         }

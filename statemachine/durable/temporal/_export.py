@@ -61,6 +61,10 @@ class _Replayed:
 
     def __init__(self, recorded: Recorded) -> None:
         self._recorded = recorded
+        self.misfit = ""
+
+    def mismatch(self, text: str) -> None:
+        self.misfit = self.misfit or text
 
     async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
         return self._recorded.take(name, key)
@@ -139,7 +143,8 @@ async def _rebuild(
 ) -> tuple[Any, TurnState]:
     """Run the run's course again over its recorded steps, writing ``journal``; the
     result (``None`` where the recorded steps end first) and the engine's state."""
-    lane = Lane(_Replayed(recorded), schedule=places)
+    replayed = _Replayed(recorded)
+    lane = Lane(replayed, schedule=places)
     kwargs: dict[str, Any] = {
         "model": NoModel(),
         "max_turns": spec["max_turns"],
@@ -162,6 +167,8 @@ async def _rebuild(
     try:
         result, _ = await drive(runs[0], resume, _publish_nothing)
     except RecordEndedError:
+        if replayed.misfit:
+            raise ExportError(f"run {run_id!r}: {replayed.misfit}") from None
         return None, runs[-1].engine.state
     return result, result.state
 

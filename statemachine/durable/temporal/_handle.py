@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import IO, Any
 
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
 from temporalio.client import (
     Client,
     WorkflowFailureError,
@@ -42,6 +43,7 @@ from statemachine.errors import (
     NotPendingError,
     RunClosedError,
     RunFailedError,
+    RunHeldError,
     StoreUnavailableError,
     UnknownRunError,
 )
@@ -49,6 +51,8 @@ from statemachine.errors import (
 __all__ = ["MESSAGE_TIMEOUT", "TemporalRunHandle", "open_handle"]
 
 MESSAGE_TIMEOUT = 30.0  # seconds an update waits for a worker of the run to take it
+QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
+HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
     WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING: "running",
@@ -89,7 +93,14 @@ class TemporalRunHandle:
 
     async def result(self, timeout: float | None = None) -> RunResult:
         """The run's result once it ends; ``RunFailedError`` if it ended without one
-        (its workflow failed, was terminated or cancelled: the error says which)."""
+        (its workflow failed, was terminated or cancelled: the error says which);
+        ``RunHeldError`` if it is held now (``status``)."""
+        held = await self._held()
+        if held:
+            raise RunHeldError(
+                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
+                "code fits it takes it"
+            )
         try:
             output = await asyncio.wait_for(self._workflow.result(), timeout)
         except WorkflowFailureError as exc:
@@ -108,7 +119,14 @@ class TemporalRunHandle:
         description = await self._describe()
         if _STATES.get(description.status) != "running":
             return ()
-        pending = await self._workflow.query("pending_approvals")
+        try:
+            pending = await self._workflow.query(
+                "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+            )
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                return ()  # held: no worker replays it now (``status``)
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
         return tuple(call_from_dict(c) for c in pending)
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
@@ -141,6 +159,8 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
     async def status(self) -> RunStatus:
+        """Where the run is; ``held`` (naming why) while the workers that took it
+        failed its workflow task because their code does not fit it."""
         description = await self._describe()
         state = _STATES.get(description.status, "running")
         explanation = ""
@@ -148,8 +168,42 @@ class TemporalRunHandle:
             explanation = f"the workflow ended {description.status.name.rsplit('_', 1)[-1]}"
         if state != "running":
             return RunStatus(self.run_id, state, explanation=explanation)
-        pending = await self.pending_approvals()
+        held = await self._held()
+        if not held:
+            try:
+                pending = await self.pending_approvals()
+            except StoreUnavailableError:
+                held = await self._held()  # the query waited on a task being tried
+                if not held:
+                    raise
+        if held:
+            return RunStatus(self.run_id, "held", held=held)
         return RunStatus(self.run_id, "waiting" if pending else "running", pending)
+
+    async def _held(self) -> str:
+        """Why the run is held: its workflow task failed (the worker's code does not
+        fit it) or timed out and is being tried again; "" when it is not."""
+        held = ""
+        try:
+            description = await self._workflow.describe()
+            async for event in self._workflow.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    held = event.workflow_task_failed_event_attributes.failure.message
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                    held = ""
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                raise UnknownRunError(f"no durable run has the id {self.run_id!r}") from None
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+        task = description.raw_description.pending_workflow_task
+        if not held and task.attempt >= HELD_AFTER:
+            # Later failures are not recorded in the history: the workers' logs name
+            # why ("Failed activation on workflow statemachine.run ...").
+            held = (
+                f"its workflow task was tried {task.attempt} times: the workers that "
+                "took it cannot run it (their logs name why)"
+            )
+        return held
 
     async def export_journal(
         self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
@@ -161,9 +215,12 @@ class TemporalRunHandle:
         description = await self._describe()
         if _STATES.get(description.status) != "running":
             self._refuse(name, message)
+        held = await self._held()
+        if held:
+            raise RunHeldError(f"run {self.run_id!r} is held: {held}; no message reaches it now")
         try:
-            await asyncio.wait_for(
-                self._workflow.execute_update(name, message), self._message_timeout
+            await self._workflow.execute_update(
+                name, message, rpc_timeout=timedelta(seconds=self._message_timeout)
             )
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
@@ -174,12 +231,14 @@ class TemporalRunHandle:
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:  # the run ended meanwhile
                 self._refuse(name, message)
+            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                raise RunHeldError(f"run {self.run_id!r} is held: {exc.message}") from None
+            if exc.status is RPCStatusCode.DEADLINE_EXCEEDED:
+                raise StoreUnavailableError(
+                    f"no worker of run {self.run_id!r} took the message within "
+                    f"{self._message_timeout:g} s; it may still reach the run"
+                ) from None
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-        except TimeoutError:
-            raise StoreUnavailableError(
-                f"no worker of run {self.run_id!r} took the message within "
-                f"{self._message_timeout:g} s; it may still reach the run"
-            ) from None
 
     def _refuse(self, name: str, message: dict[str, Any] | None = None) -> None:
         if name == "decide":

@@ -33,7 +33,10 @@ from statemachine.core.events import (
     InputKind,
     InputQueued,
     ModelCancelled,
+    ModelFailed,
+    ModelResponded,
     ToolCancelled,
+    ToolFinished,
 )
 from statemachine.core.messages import ToolCall
 from statemachine.core.wire import action_to_dict, messages_to_dicts
@@ -51,6 +54,7 @@ from statemachine.durable._wire import call_to_dict, decode_step_events
 __all__ = ["NOTHING", "Lane", "Operations", "RemoteExecutor", "RemoteRun"]
 
 NOTHING: Any = object()  # no message takes effect now
+MODEL_ANSWERS = (ModelResponded, ModelFailed, ModelCancelled)
 
 
 class Operations(Protocol):
@@ -58,13 +62,18 @@ class Operations(Protocol):
     saved output (the JSON of the events) of the operation ``name`` (``MODEL_STEP``
     and the others; ``key``: "model", a call id or ""), or ``NOT_RECORDED``;
     ``cancel(key)`` asks the running operation ``key`` to stop (an abort);
-    ``sleep`` and ``wait(ready)`` wait (in a workflow, durably)."""
+    ``sleep`` and ``wait(ready)`` wait (in a workflow, durably); ``mismatch`` is
+    told of a recorded result that does not fit its operation."""
 
     def run(self, name: str, key: str, payload: dict[str, Any]) -> Awaitable[Any]: ...
 
     def cancel(self, key: str) -> None: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def mismatch(self, text: str) -> None:
+        """A recorded result does not fit the operation started in its place: the
+        code that replays the run is not the code that ran it."""
 
     async def wait(self, ready: Callable[[], bool]) -> None: ...
 
@@ -207,8 +216,14 @@ class RemoteExecutor(AsyncioExecutor):
     async def _remote(self, name: str, key: str, payload: dict[str, Any]) -> None:
         payload = {**payload, "run_id": self._run_id}
         saved = await self.ops.run(name, key, payload)
-        if saved is not NOT_RECORDED:
-            self.deliver(key, decode_step_events(saved))
+        if saved is NOT_RECORDED:
+            return
+        events = decode_step_events(saved)
+        misfit = _misfit(name, key, events)
+        if misfit:
+            self.ops.mismatch(misfit)
+            return
+        self.deliver(key, events)
 
     def deliver(self, key: str, events: list[Event]) -> None:
         """Hand the loop the events of the operation ``key`` (tools in call order)."""
@@ -253,3 +268,15 @@ class RemoteRun(AgentRun):
             which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
             return InputQueued(user_message(message), which)
         return None
+
+
+def _misfit(name: str, key: str, events: Sequence[Event]) -> str:
+    """Why ``events``, recorded as the result of the operation ``name`` started in
+    this place (``key``), cannot be its result; "" when they can."""
+    if name == TOOL_STEP:
+        ends = [e.call_id for e in events if isinstance(e, (ToolFinished, ToolCancelled))]
+        if ends != [key]:
+            return f"the result recorded for tool call {key!r} answers {ends}"
+    elif name == MODEL_STEP and not (len(events) == 1 and isinstance(events[0], MODEL_ANSWERS)):
+        return "the result recorded for a model call is not a model's answer"
+    return ""

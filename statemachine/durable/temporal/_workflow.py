@@ -17,6 +17,7 @@ history holds them), and the sandbox would pass all of it through anyway.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -33,9 +34,11 @@ from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable._course import drive
 from statemachine.durable._journal import MODEL_STEP, NoModel, stand_in_hook
+from statemachine.durable._registry import differences, table_digest
 from statemachine.durable._wire import call_to_dict, encode_step_events, result_to_dict
 from statemachine.durable.temporal._activities import CODE_MISMATCH
 from statemachine.durable.temporal._run import Lane, RemoteRun
+from statemachine.errors import RunHeldError
 
 __all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "registries"]
 
@@ -62,6 +65,7 @@ class Registry:
     tools: Mapping[str, Tool]
     hooks: frozenset[str]
     settings: Settings
+    manifest: Mapping[str, Any]
 
 
 registries: dict[str, Registry] = {}  # by task queue, one per worker of this process
@@ -78,6 +82,11 @@ class WorkflowOperations:
         self.model = ""
         self.settings: Settings | None = None
         self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
+        self.misfit: asyncio.Future[str] | None = None  # set by ``run``
+
+    def mismatch(self, text: str) -> None:
+        if self.misfit is not None and not self.misfit.done():
+            self.misfit.set_result(text)
 
     async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
         settings = self.settings
@@ -138,6 +147,7 @@ class RunWorkflow:
     @workflow.run
     async def run(self, spec: dict[str, Any]) -> dict[str, Any]:
         registry = registries[workflow.info().task_queue]
+        _hold_unless_it_fits(spec, registry)
         self._ops.model = str(spec["model"])
         self._ops.settings = registry.settings
         options: dict[str, Any] = {
@@ -154,8 +164,15 @@ class RunWorkflow:
         def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
             return continue_run(RemoteRun, done.engine, decisions, **options)
 
+        misfit = self._ops.misfit = asyncio.get_running_loop().create_future()
+        course = asyncio.ensure_future(drive(run, resume, self._publish))
+        await asyncio.wait({course, misfit}, return_when=asyncio.FIRST_COMPLETED)
+        if misfit.done():
+            # Not this run's code: fail this workflow task (Temporal tries it again,
+            # on this worker or another) rather than the run.
+            raise RunHeldError(f"the run's history does not fit this code: {misfit.result()}")
         try:
-            result, stats = await drive(run, resume, self._publish)
+            result, stats = course.result()
         except _HeldError as exc:
             raise ApplicationError(
                 f"the run's operations do not fit this worker's code: {exc}",
@@ -201,3 +218,24 @@ class RunWorkflow:
     @workflow.query(name="places")
     def places(self) -> list[list[Any]]:
         return self._lane.places
+
+
+def _hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> None:
+    """Hold the run (fail this workflow task, which Temporal tries again until a
+    worker whose code fits takes it) when this worker's registry or transition
+    table does not fit what the run recorded (``_registry.differences``): nothing
+    of the run is replayed on such code."""
+    recorded = spec.get("code")
+    blocking, _ = differences(
+        recorded if isinstance(recorded, Mapping) else {"tools": {}, "hooks": {}},
+        registry.manifest,
+        str(spec["model"]),
+        list(spec["tools"]),
+    )
+    table = spec.get("table")
+    if table is not None and table != table_digest():
+        blocking.append(
+            f"the transition table changed (the run's {table}, this worker's {table_digest()})"
+        )
+    if blocking:
+        raise RunHeldError("; ".join(blocking))
