@@ -233,3 +233,45 @@ def test_input_from_outside_is_bounded(temporal_address: str) -> None:
         assert (await handle.result(timeout=30)).ok
 
     _with_runner(temporal_address, body)
+
+
+def _counting(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= 25:
+        return sm.AssistantMessage(f"done after {turn} turns")
+    return sm.AssistantMessage([sm.ToolCall(f"c{turn}", "alpha", {"x": turn})])
+
+
+@pytest.mark.timeout(120)
+def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_history(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[sm.RunResult, int]:
+        handle = await runner.start("long", model="counting", messages="go", max_turns=30)
+        result = await handle.result(timeout=90)
+        await runner.export_journal("long", tmp_path / "long.jsonl")
+        # The executions, from the last back through each one's predecessor.
+        client = await Client.connect(temporal_address)
+        executions, run_id = 0, None
+        while run_id != "":
+            history = await client.get_workflow_handle("long", run_id=run_id).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+            executions, run_id = executions + 1, started.continued_execution_run_id
+        return result, executions
+
+    result, executions = _with_runner(
+        temporal_address,
+        body,
+        models={"counting": FunctionModel(_counting)},
+        continue_after=40,  # history events: a new execution every few turns
+    )
+    expected = asyncio.run(
+        sm.run_agent(model=FunctionModel(_counting), tools=TOOLS, messages="go", max_turns=30)
+    )
+    assert result_json(result) == result_json(expected)
+    assert executions > 3
+    _replays_to(tmp_path / "long.jsonl", result)

@@ -89,7 +89,20 @@ from statemachine.durable.temporal._workflow import (
 )
 from statemachine.errors import InvalidInputError, UsageError
 
-__all__ = ["MESSAGE_TIMEOUT", "WORKFLOW", "TemporalRunHandle", "TemporalRunner"]
+__all__ = [
+    "CONTINUE_AFTER",
+    "MESSAGE_TIMEOUT",
+    "WORKFLOW",
+    "TemporalRunHandle",
+    "TemporalRunner",
+]
+
+CONTINUE_AFTER = 10_000
+"""History events after which a run goes on in a new execution (continue-as-new), at
+its next model call; it also goes on in a new one when Temporal suggests it (by
+default at 4 MB or 4,000 events of history). Each model activity's input holds the
+whole conversation, so a long run's history grows with the square of its turns
+(Temporal: 2 MB a payload, 50 MB a history)."""
 
 
 def _seconds(name: str, value: float) -> float:
@@ -109,7 +122,9 @@ class TemporalRunner:
     ``grace_period``: as ``run_agent``'s, after an abort; ``message_timeout``: how
     long a handle's update waits for a worker (``_handle``);
     ``workflow_task_timeout``: how long a workflow task given to a worker that died
-    waits before another worker gets it (Temporal's default, 10 s). ``worker_options`` are
+    waits before another worker gets it (Temporal's default, 10 s);
+    ``continue_after``: history events after which a run goes on in a new execution
+    (``CONTINUE_AFTER``). ``worker_options`` are
     more keywords for ``temporalio.worker.Worker`` (interceptors, plugins, limits,
     ``sticky_queue_schedule_to_start_timeout``...). ``await launch()`` starts the
     worker, ``await destroy()`` stops it; its runs stay with Temporal.
@@ -132,6 +147,7 @@ class TemporalRunner:
         retry_interval: float = 1.0,
         message_timeout: float = MESSAGE_TIMEOUT,
         workflow_task_timeout: float = 10.0,
+        continue_after: int = CONTINUE_AFTER,
         app_version: str | None = None,
         worker_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -159,6 +175,7 @@ class TemporalRunner:
             model_timeout=_seconds("model_timeout", model_timeout),
             tool_timeout=_seconds("tool_timeout", tool_timeout),
             retry_interval=_seconds("retry_interval", retry_interval),
+            continue_after=positive_int("continue_after", continue_after),
             grace=float(grace_period)
             if grace_period == 0
             else _seconds("grace_period", grace_period),

@@ -52,7 +52,7 @@ from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.durable.temporal._run import Lane, RemoteRun
 from statemachine.journal import Journal, JournalingEngine
 
-__all__ = ["export_journal", "recorded_steps"]
+__all__ = ["carried_steps", "export_journal", "recorded_steps"]
 
 
 class _Replayed:
@@ -65,6 +65,9 @@ class _Replayed:
 
     def mismatch(self, text: str) -> None:
         self.misfit = self.misfit or text
+
+    def roll_over(self) -> bool:
+        return False
 
     async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
         return self._recorded.take(name, key)
@@ -103,6 +106,8 @@ async def recorded_steps(
         kind = event.event_type
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             spec = await _payload(client, event.workflow_execution_started_event_attributes.input)
+            carried = spec.get("carried", {}) if isinstance(spec, Mapping) else {}
+            steps += carried_steps(carried)
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attributes = event.activity_task_scheduled_event_attributes
             payload = await _payload(client, attributes.input)
@@ -122,6 +127,13 @@ async def recorded_steps(
             result = event.workflow_execution_completed_event_attributes.result
             output = await _payload(client, result)
     return steps, spec, output
+
+
+def carried_steps(carried: Mapping[str, Any]) -> list[SavedStep]:
+    """The operations an execution carried over to the next (continue-as-new), as
+    saved steps ordered before those of this execution's history."""
+    saved = list(carried.get("steps", ()))
+    return [SavedStep(i - len(saved), name, output) for i, (name, output) in enumerate(saved)]
 
 
 def _cancelled(name: str, payload: Any) -> list[dict[str, Any]] | None:

@@ -71,6 +71,11 @@ class Operations(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    def roll_over(self) -> bool:
+        """Whether the run goes on in a new execution instead of making the model
+        call it is about to make (nothing else is running): Temporal's
+        continue-as-new (the new execution makes the call)."""
+
     def mismatch(self, text: str) -> None:
         """A recorded result does not fit the operation started in its place: the
         code that replays the run is not the code that ran it."""
@@ -81,21 +86,28 @@ class Operations(Protocol):
 class Lane:
     """The run's messages (steer, follow-up, abort, decisions): ``incoming`` holds
     those accepted and not yet taken; ``places`` where each one taken took effect
-    (``[n, message]``: after ``n`` engine events). An export gives the recorded
-    places (``schedule``) instead, and nothing comes in."""
+    (``[n, message]``: after ``n`` engine events). The places recorded before
+    (``schedule``: an export's, or those an execution carried over to the next) are
+    taken first, each at its place; then what comes in."""
 
-    def __init__(self, ops: Operations, schedule: Sequence[Sequence[Any]] | None = None) -> None:
+    def __init__(self, ops: Operations, schedule: Sequence[Sequence[Any]] = ()) -> None:
         self.ops = ops
         self.handled = 0  # engine events handed over so far
         self.incoming: deque[dict[str, Any]] = deque()
         self.places: list[list[Any]] = []
         self.open = True  # steers and follow-ups are still taken
-        self._schedule = None if schedule is None else deque(schedule)
+        self._schedule = deque(schedule)
+
+    def schedule(self, places: Sequence[Sequence[Any]], incoming: Sequence[Any]) -> None:
+        """Take what an earlier execution carried over: the places of the messages it
+        took, and those it had accepted but not taken (ahead of what comes in)."""
+        self._schedule.extend(places)
+        self.incoming.extendleft(reversed(list(incoming)))
 
     def due(self) -> Any:
         """The message that takes effect now (its place recorded), or ``NOTHING``."""
-        if self._schedule is not None:
-            if not self._schedule or self._schedule[0][0] > self.handled:
+        if self._schedule:
+            if self._schedule[0][0] > self.handled:
                 return NOTHING
             message = self._schedule.popleft()[1]
         elif self.incoming:
@@ -106,8 +118,8 @@ class Lane:
         return message
 
     def has_due(self) -> bool:
-        if self._schedule is not None:
-            return bool(self._schedule) and self._schedule[0][0] <= self.handled
+        if self._schedule:
+            return bool(self._schedule[0][0] <= self.handled)
         return bool(self.incoming)
 
     async def next_message(self) -> Any:
@@ -171,6 +183,9 @@ class RemoteExecutor(AsyncioExecutor):
     # -- the Executor protocol --------------------------------------------------------
 
     def start_model(self, action: CallModel, alone: bool) -> None:
+        running = [t for t in (*self.tasks.values(), *self.helpers) if not t.done()]
+        if not running and self.ops.roll_over():
+            return  # the run goes on in a new execution, which makes this call
         payload = {"action": action_to_dict(action)}
         self.start_operation("model", self._remote(MODEL_STEP, "model", payload), eager=False)
 

@@ -33,10 +33,11 @@ from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable._course import drive
-from statemachine.durable._journal import MODEL_STEP, NoModel, stand_in_hook
+from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
 from statemachine.durable._registry import differences, table_digest
 from statemachine.durable._wire import call_to_dict, encode_step_events, result_to_dict
 from statemachine.durable.temporal._activities import CODE_MISMATCH
+from statemachine.durable.temporal._export import carried_steps
 from statemachine.durable.temporal._run import Lane, RemoteRun
 from statemachine.errors import RunHeldError
 
@@ -56,6 +57,7 @@ class Settings:
     tool_timeout: float
     retry_interval: float
     grace: float
+    continue_after: int
 
 
 @attrs.frozen
@@ -83,6 +85,28 @@ class WorkflowOperations:
         self.settings: Settings | None = None
         self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
         self.misfit: asyncio.Future[str] | None = None  # set by ``run``
+        self.rolling: asyncio.Future[None] | None = None  # set by ``run``
+        self.carried = Recorded([])  # what an earlier execution recorded
+        self.saved: list[list[Any]] = []  # every operation's [name, output], in order
+
+    def carry(self, carried: Mapping[str, Any]) -> None:
+        """Take what an earlier execution of the run recorded (continue-as-new)."""
+        self.carried = Recorded(carried_steps(carried))
+
+    def roll_over(self) -> bool:
+        settings, rolling = self.settings, self.rolling
+        if settings is None or rolling is None or rolling.done():
+            return False
+        if self.carried.has(MODEL_STEP):
+            return False  # still going again over what was carried
+        info = workflow.info()
+        if not (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= settings.continue_after
+        ):
+            return False
+        rolling.set_result(None)
+        return True
 
     def mismatch(self, text: str) -> None:
         if self.misfit is not None and not self.misfit.done():
@@ -91,6 +115,17 @@ class WorkflowOperations:
     async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
         settings = self.settings
         assert settings is not None
+        carried = self.carried.take(name, key)
+        if carried is not NOT_RECORDED:
+            self.saved.append([name, carried])
+            return carried
+        output = await self._activity(settings, name, key, payload)
+        self.saved.append([name, output])
+        return output
+
+    async def _activity(
+        self, settings: Settings, name: str, key: str, payload: dict[str, Any]
+    ) -> Any:
         if name == MODEL_STEP:
             payload = {**payload, "model": self.model}
         timeout = settings.model_timeout if key == "model" else settings.tool_timeout
@@ -150,6 +185,9 @@ class RunWorkflow:
         _hold_unless_it_fits(spec, registry)
         self._ops.model = str(spec["model"])
         self._ops.settings = registry.settings
+        carried = spec.get("carried", {})
+        self._ops.carry(carried)
+        self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
         options: dict[str, Any] = {
             "model": NoModel(),
             "tools": [registry.tools[n] for n in spec["tools"]],
@@ -164,9 +202,21 @@ class RunWorkflow:
         def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
             return continue_run(RemoteRun, done.engine, decisions, **options)
 
-        misfit = self._ops.misfit = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        misfit = self._ops.misfit = loop.create_future()
+        rolling = self._ops.rolling = loop.create_future()
         course = asyncio.ensure_future(drive(run, resume, self._publish))
-        await asyncio.wait({course, misfit}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({course, misfit, rolling}, return_when=asyncio.FIRST_COMPLETED)
+        if rolling.done() and not misfit.done():
+            # Past ``continue_after`` history events: go on in a new execution, which
+            # goes again over what this one recorded (without running it) and makes
+            # the model call this one was about to make.
+            carry = {
+                "steps": self._ops.saved,
+                "places": self._lane.places,
+                "incoming": list(self._lane.incoming),
+            }
+            workflow.continue_as_new({**spec, "carried": carry})
         if misfit.done():
             # Not this run's code: fail this workflow task (Temporal tries it again,
             # on this worker or another) rather than the run.
