@@ -275,3 +275,36 @@ def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_histor
     assert result_json(result) == result_json(expected)
     assert executions > 3
     _replays_to(tmp_path / "long.jsonl", result)
+
+
+@pytest.mark.timeout(60)
+def test_the_store_lists_exports_and_hands_out_runs(temporal_address: str, tmp_path: Path) -> None:
+    from statemachine.durable import RunStore
+    from statemachine.durable.temporal import open_store
+
+    async def body(runner: TemporalRunner) -> None:
+        await (await runner.start("stored", model="scripted", messages="go")).result(timeout=30)
+        store = open_store(f"temporal://{temporal_address}/default")
+        assert isinstance(store, RunStore)
+        try:
+            async with asyncio.timeout(20):  # the server's listing follows its runs shortly
+                while "stored" not in [r.run_id for r in await store.list_runs(limit=1000)]:
+                    await asyncio.sleep(0.1)
+            [listed] = [r for r in await store.list_runs(limit=1000) if r.run_id == "stored"]
+            assert listed.state == "finished"
+            assert listed.created <= listed.updated
+            assert "stored" not in [r.run_id for r in await store.list_runs("running", 1000)]
+            assert isinstance(await store.handle("stored"), RunHandle)
+            with pytest.raises(UnknownRunError):
+                await store.handle("nobody")
+            with pytest.raises(InvalidInputError):
+                await store.list_runs(limit=0)
+            with pytest.raises(InvalidInputError):
+                await store.list_runs("sleeping")
+            assert (await store.export_journal("stored", tmp_path / "stored.jsonl")).finished
+        finally:
+            store.close()
+        with pytest.raises(InvalidInputError):
+            open_store("temporal://")
+
+    _with_runner(temporal_address, body)

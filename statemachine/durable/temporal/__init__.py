@@ -80,6 +80,7 @@ from statemachine.durable._registry import application_version, manifest, table_
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities
 from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
+from statemachine.durable.temporal._store import TemporalStore, open_store
 from statemachine.durable.temporal._workflow import (
     WORKFLOW,
     Registry,
@@ -95,6 +96,8 @@ __all__ = [
     "WORKFLOW",
     "TemporalRunHandle",
     "TemporalRunner",
+    "TemporalStore",
+    "open_store",
 ]
 
 CONTINUE_AFTER = 10_000
