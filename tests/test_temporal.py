@@ -308,3 +308,51 @@ def test_the_store_lists_exports_and_hands_out_runs(temporal_address: str, tmp_p
             open_store("temporal://")
 
     _with_runner(temporal_address, body)
+
+
+@sm.tool
+async def broken(x: int) -> str:
+    """Fail.
+
+    Args:
+        x: a number
+    """
+    raise ValueError(f"no luck with {x}")
+
+
+def _calls_broken(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("b1", "broken", {"x": 7})])
+    return sm.AssistantMessage("noted")
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_that_raises_is_an_error_result_never_a_retried_activity(
+    temporal_address: str,
+) -> None:
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[sm.RunResult, list[int]]:
+        result = await (await runner.start("broken", model="m", messages="go")).result(timeout=30)
+        client = await Client.connect(temporal_address)
+        attempts = [
+            e.activity_task_started_event_attributes.attempt
+            async for e in client.get_workflow_handle("broken").fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        ]
+        return result, attempts
+
+    result, attempts = _with_runner(
+        temporal_address, body, models={"m": FunctionModel(_calls_broken)}, tools=[broken]
+    )
+    expected = asyncio.run(
+        sm.run_agent(model=FunctionModel(_calls_broken), tools=[broken], messages="go")
+    )
+    assert result_json(result) == result_json(expected)
+    [failed] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert failed.is_error
+    assert "no luck with 7" in failed.text
+    assert attempts == [1, 1, 1]  # model, tool, model: each activity ran once
