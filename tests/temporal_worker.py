@@ -2,8 +2,9 @@
 
     python tests/temporal_worker.py ADDRESS QUEUE RUN_ID OUT MODE
 
-MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer) or
-"approvals" (the same, beta needing a person). The worker starts RUN_ID (or finds
+MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
+"approvals" (the same, beta needing a person) or "echo" (one slow tool call, then
+the model repeats what the person said). The worker starts RUN_ID (or finds
 it, after a restart), waits for its result and writes it as JSON to OUT. With
 TEMPORAL_GO set it first imports everything and waits for that file to exist (a
 test starts the next worker while the current one runs, to save the imports).
@@ -102,6 +103,29 @@ async def answer(
     )
 
 
+@sm.tool
+async def slow() -> str:
+    """Take a while."""
+    _log("start s1")
+    await asyncio.sleep(1.0)
+    _log("end s1")
+    return "slept"
+
+
+def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """Call the slow tool once, then repeat what the person said."""
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("s1", "slow", {})])
+    said = [
+        b.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for b in m.content
+        if isinstance(b, sm.TextContent)
+    ]
+    return sm.AssistantMessage("heard: " + " | ".join(said))
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -118,8 +142,8 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
     client = await Client.connect(address)
     runner = TemporalRunner(
         client,
-        models={"scripted": FunctionModel(answer)},
-        tools=TOOLS,
+        models={"scripted": FunctionModel(echo if mode == "echo" else answer)},
+        tools=[slow] if mode == "echo" else TOOLS,
         task_queue=queue,
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
         heartbeat=1.0,

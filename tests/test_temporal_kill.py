@@ -261,3 +261,37 @@ def test_workers_killed_while_the_run_waits_for_a_person_leave_the_in_memory_his
     KILLS.append(_trial(temporal_address, tmp_path, "approvals", 4, plan))
     assert KILLS[-1] == len(plan)
     assert sum(KILLS) >= MIN_KILLS or len(KILLS) < 2
+
+
+@pytest.mark.timeout(120)
+def test_a_steer_acknowledged_before_a_kill_reaches_the_model(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    async def body() -> dict[str, Any]:
+        from temporalio.client import Client
+
+        trials = Trials(temporal_address, tmp_path, "echo", 2)
+        client = await Client.connect(temporal_address)
+        handle = client.get_workflow_handle(trials.run_id)
+        message = {
+            "kind": "steer",
+            "message": {"role": "user", "content": [{"type": "text", "text": "also this"}]},
+        }
+        try:
+            async with asyncio.timeout(60):
+                while not MID_TOOL(trials.lines(), trials.current.pid):
+                    await asyncio.sleep(0.005)
+            await handle.execute_update("queue_input", message)  # acknowledged: in the history
+            await trials.kill_when(lambda lines, pid: True)
+            async with asyncio.timeout(90):
+                while trials.current.poll() is None:
+                    await asyncio.sleep(0.05)
+            assert trials.current.returncode == 0
+        finally:
+            trials.close()
+        KILLS.append(len(trials.killed))
+        return dict(json.loads(trials.out.read_text()))
+
+    out = asyncio.run(body())
+    assert out["state"] == "Done"
+    assert out["messages"][-1]["content"][0]["text"] == "heard: go | also this"
