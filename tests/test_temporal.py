@@ -23,6 +23,7 @@ from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
     RunClosedError,
+    RunFailedError,
     UnknownRunError,
 )
 from statemachine.journal import replay
@@ -356,3 +357,25 @@ def test_a_tool_that_raises_is_an_error_result_never_a_retried_activity(
     assert failed.is_error
     assert "no luck with 7" in failed.text
     assert attempts == [1, 1, 1]  # model, tool, model: each activity ran once
+
+
+@pytest.mark.timeout(60)
+def test_a_run_ended_by_an_operator_is_failed_with_the_reason(temporal_address: str) -> None:
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> None:
+        handle = await runner.start("ended", model="scripted", messages="go")
+        assert await _pending(handle) == ["t1b"]
+        client = await Client.connect(temporal_address)
+        await client.get_workflow_handle("ended").terminate(reason="ended by an operator")
+        status = await handle.status()
+        assert status.state == "failed"
+        assert status.explanation == "terminated: ended by an operator"
+        with pytest.raises(RunFailedError, match="ended"):
+            await handle.result(timeout=10)
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1b", True)
+        with pytest.raises(RunClosedError):
+            await handle.steer("too late")
+
+    _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)

@@ -165,7 +165,9 @@ class TemporalRunHandle:
         state = _STATES.get(description.status, "running")
         explanation = ""
         if state == "failed":
-            explanation = f"the workflow ended {description.status.name.rsplit('_', 1)[-1]}"
+            explanation = await self._failure() or (
+                f"the workflow ended {description.status.name.rsplit('_', 1)[-1].lower()}"
+            )
         if state != "running":
             return RunStatus(self.run_id, state, explanation=explanation)
         held = await self._held()
@@ -179,6 +181,16 @@ class TemporalRunHandle:
         if held:
             return RunStatus(self.run_id, "held", held=held)
         return RunStatus(self.run_id, "waiting" if pending else "running", pending)
+
+    async def _failure(self) -> str:
+        """Why the run's workflow failed, as its history says ("" if it does not)."""
+        async for event in self._workflow.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                return str(event.workflow_execution_failed_event_attributes.failure.message)
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+                reason = event.workflow_execution_terminated_event_attributes.reason
+                return f"terminated: {reason}" if reason else "terminated"
+        return ""
 
     async def _held(self) -> str:
         """Why the run is held: its workflow task failed (the worker's code does not
