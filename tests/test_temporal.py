@@ -25,6 +25,7 @@ from statemachine.errors import (
     RunClosedError,
     RunFailedError,
     UnknownRunError,
+    UsageError,
 )
 from statemachine.journal import replay
 from statemachine.testing import FunctionModel, check_transcript
@@ -377,5 +378,39 @@ def test_a_run_ended_by_an_operator_is_failed_with_the_reason(temporal_address: 
             await handle.decide("t1b", True)
         with pytest.raises(RunClosedError):
             await handle.steer("too late")
+
+    _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
+
+
+@pytest.mark.timeout(60)
+def test_the_runner_lists_enqueues_and_ends_runs(temporal_address: str) -> None:
+    async def body(runner: TemporalRunner) -> None:
+        handle = await runner.start("operated", model="scripted", messages="go")
+        assert await _pending(handle) == ["t1b"]
+        assert (await runner.status("operated")).state == "waiting"
+        assert await runner.recover(["dead-worker"]) == []  # Temporal takes them over
+        with pytest.raises(UsageError):
+            await runner.resume_held("operated")  # not held
+        await runner.end_held("operated", "no longer needed")
+        status = await runner.status("operated")
+        assert status.state == "failed"
+        assert status.explanation == "terminated: no longer needed"
+        async with asyncio.timeout(20):  # the server's listing follows its runs shortly
+            while "operated" not in [r.run_id for r in await runner.list_runs("failed", 1000)]:
+                await asyncio.sleep(0.1)
+        other = TemporalRunner(
+            runner.client,
+            models=runner.models,
+            tools=list(runner.tools.values()),
+            task_queue=f"{runner.task_queue}-other",
+            before_tool_call=beta_needs_approval,
+        )
+        async with other:
+            queued = await runner.enqueue(
+                "queued", queue=other.task_queue, model="scripted", messages="go"
+            )
+            assert await _pending(queued) == ["t1b"]  # the other queue's worker runs it
+        with pytest.raises(InvalidInputError):
+            await runner.enqueue("bad", queue="", model="scripted", messages="go")
 
     _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)

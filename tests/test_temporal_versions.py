@@ -65,7 +65,7 @@ def test_a_worker_without_a_tool_the_run_uses_holds_it_naming_the_tool(
             handle = await first.start("versions", model="scripted", messages="go")
             await _until(handle, "waiting")
         # A deploy that dropped beta: the run waits for a decision on beta.
-        async with _runner(client, queue, [alpha]):
+        async with _runner(client, queue, [alpha]) as lacking:
             # Anything that wakes the run hands it to this worker (here a signal that
             # no handler takes), which holds it.
             await client.get_workflow_handle("versions").signal("nothing-to-see")
@@ -75,6 +75,8 @@ def test_a_worker_without_a_tool_the_run_uses_holds_it_naming_the_tool(
                 await handle.decide("t1b", True)  # refused at once
             with pytest.raises(RunHeldError, match="held"):
                 await handle.result(timeout=5)
+            with pytest.raises(RunHeldError, match="tool 'beta' is not in this worker's"):
+                await lacking.resume_held("versions")  # this worker's code does not fit
         # The worker said why, naming the tool (in its log: Temporal keeps only the
         # first failure of a workflow task in the run's history).
         named = "tool 'beta' is not in this worker's registry"

@@ -74,9 +74,14 @@ from statemachine.core.checks import positive_int
 from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.wire import messages_to_dicts
-from statemachine.durable import ExportedJournal
+from statemachine.durable import ExportedJournal, ListedRun, RunStatus
 from statemachine.durable._dbos_inputs import check_name, check_run_id, checked_text
-from statemachine.durable._registry import application_version, manifest, table_digest
+from statemachine.durable._registry import (
+    application_version,
+    differences,
+    manifest,
+    table_digest,
+)
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities
 from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
@@ -88,7 +93,7 @@ from statemachine.durable.temporal._workflow import (
     Settings,
     registries,
 )
-from statemachine.errors import InvalidInputError, UsageError
+from statemachine.errors import InvalidInputError, RunHeldError, UsageError
 
 __all__ = [
     "CONTINUE_AFTER",
@@ -247,12 +252,15 @@ class TemporalRunner:
         """Start the run ``run_id`` on this runner's task queue (or, if a run of that
         id exists, return its handle)."""
         spec = self._spec(run_id, model, messages, tools, max_turns)
+        return await self._start(run_id, spec, self.task_queue)
+
+    async def _start(self, run_id: str, spec: dict[str, Any], queue: str) -> TemporalRunHandle:
         try:
             await self.client.start_workflow(
                 WORKFLOW,
                 spec,
                 id=run_id,
-                task_queue=self.task_queue,
+                task_queue=queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 task_timeout=self._task_timeout,
@@ -260,6 +268,67 @@ class TemporalRunner:
         except WorkflowAlreadyStartedError:
             pass  # a run of that id has ended: its handle
         return TemporalRunHandle(self.client, run_id, self._message_timeout)
+
+    async def enqueue(
+        self,
+        run_id: str,
+        *,
+        queue: str,
+        model: str,
+        messages: str | Sequence[Message],
+        tools: Sequence[str] | None = None,
+        max_turns: int = 8,
+    ) -> TemporalRunHandle:
+        """Start the run ``run_id`` on the task queue ``queue``: a worker of that
+        queue (with the same registry) runs it."""
+        check_name(queue, "queue")
+        spec = self._spec(run_id, model, messages, tools, max_turns)
+        return await self._start(run_id, spec, queue)
+
+    async def recover(self, executor_ids: Sequence[str]) -> list[str]:
+        """Nothing to do on Temporal: a dead worker's runs are taken by the live
+        workers of their task queue on their own (its activities after their
+        heartbeat timeout). Returns no run ids."""
+        for executor_id in executor_ids:
+            check_name(executor_id, "executor_id")
+        return []
+
+    async def status(self, run_id: str) -> RunStatus:
+        """The run's status (``TemporalRunHandle.status``)."""
+        return await (await self.handle(run_id)).status()
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        """The runs of this namespace, newest first (``TemporalStore.list_runs``)."""
+        store = TemporalStore("", self.client.namespace, client=self.client)
+        return await store.list_runs(status, limit)
+
+    async def resume_held(self, run_id: str) -> None:
+        """A held run goes on by itself once a worker whose code fits it takes its
+        workflow task (Temporal tries it again): this checks that this worker's code
+        fits it (``RunHeldError`` naming what does not); ``UsageError`` if the run
+        is not held."""
+        handle = await self.handle(run_id)
+        if (await handle.status()).state != "held":
+            raise UsageError(f"run {run_id!r} is not held")
+        spec = await _export.run_input(self.client, run_id)
+        blocking, _ = differences(
+            spec.get("code") or {"tools": {}, "hooks": {}},
+            self.manifest,
+            str(spec["model"]),
+            list(spec["tools"]),
+        )
+        if blocking:
+            raise RunHeldError(
+                f"this worker's code does not fit run {run_id!r}: {'; '.join(blocking)}"
+            )
+
+    async def end_held(self, run_id: str, explanation: str) -> None:
+        """End a run (held, or any that has not ended) as failed, with
+        ``explanation``: its workflow is terminated; ``status()`` says ``failed``
+        with it, ``result()`` raises ``RunFailedError``."""
+        text = checked_text(explanation, "explanation")
+        await self.handle(run_id)  # UnknownRunError for no such run
+        await self.client.get_workflow_handle(run_id).terminate(reason=text)
 
     async def handle(self, run_id: str) -> TemporalRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""

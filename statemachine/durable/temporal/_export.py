@@ -52,7 +52,7 @@ from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.durable.temporal._run import Lane, RemoteRun
 from statemachine.journal import Journal, JournalingEngine
 
-__all__ = ["carried_steps", "export_journal", "recorded_steps"]
+__all__ = ["carried_steps", "export_journal", "recorded_steps", "run_input"]
 
 
 class _Replayed:
@@ -127,6 +127,17 @@ async def recorded_steps(
             result = event.workflow_execution_completed_event_attributes.result
             output = await _payload(client, result)
     return steps, spec, output
+
+
+async def run_input(client: Client, run_id: str) -> Mapping[str, Any]:
+    """The input of the run's last execution (its spec)."""
+    async for event in client.get_workflow_handle(run_id).fetch_history_events():
+        attributes = event.workflow_execution_started_event_attributes
+        spec = await _payload(client, attributes.input)
+        if isinstance(spec, Mapping):
+            return spec
+        break
+    raise ExportError(f"run {run_id!r} has no readable input")
 
 
 def carried_steps(carried: Mapping[str, Any]) -> list[SavedStep]:

@@ -40,10 +40,12 @@ def open_store(database_url: str) -> TemporalStore:
 class TemporalStore:
     """The runs of one Temporal namespace (module docstring)."""
 
-    def __init__(self, address: str, namespace: str = "default") -> None:
+    def __init__(
+        self, address: str, namespace: str = "default", client: Client | None = None
+    ) -> None:
         self.address = address
         self.namespace = namespace
-        self._client: Client | None = None
+        self._client = client
 
     async def _connected(self) -> Client:
         if self._client is None:
