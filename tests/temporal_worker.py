@@ -146,7 +146,7 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         tools=[slow] if mode == "echo" else TOOLS,
         task_queue=queue,
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
-        heartbeat=1.0,
+        heartbeat=1.5,  # a killed worker's call is retried 1.5 s later
         retry_interval=0.1,
         workflow_task_timeout=1.0,
         worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
@@ -170,3 +170,7 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
 
 if __name__ == "__main__":
     asyncio.run(main(*sys.argv[1:6]))
+    # Done (OUT written): leave without the interpreter's teardown, in which the
+    # Temporal SDK's native runtime sometimes crashes (SIGSEGV) after its work.
+    sys.stdout.flush()
+    os._exit(0)
