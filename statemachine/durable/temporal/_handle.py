@@ -1,0 +1,262 @@
+"""The handle of one durable run on Temporal, from any process with a client.
+
+Decisions, steers and follow-ups are workflow updates: when ``decide``, ``steer``
+or ``follow_up`` returns, the run's workflow has accepted the message (its
+validator let it in), so it takes effect, or, for input that came after the run's
+last answer, is in the result's ``queued_input``. A refused update is
+``NotPendingError`` (a decision for a call that is not pending) or
+``RunClosedError`` (input once the run took its last). An update needs a live
+worker of the run: one that does not answer within ``message_timeout`` seconds is
+a ``StoreUnavailableError`` (the message may still reach the run later). An abort
+is a signal: it is stored even with no live worker, and reaches the run when a
+worker runs it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import IO, Any
+
+from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from statemachine.agent.events import RunResult
+from statemachine.agent.tools import Tool
+from statemachine.core.messages import ToolCall, UserMessage
+from statemachine.durable import ExportedJournal, RunStatus
+from statemachine.durable._dbos_inputs import checked_text, user_dict
+from statemachine.durable._wire import call_from_dict, result_from_dict
+from statemachine.durable.temporal import _export
+from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
+from statemachine.errors import (
+    InvalidInputError,
+    NotPendingError,
+    RunClosedError,
+    RunFailedError,
+    RunHeldError,
+    StoreUnavailableError,
+    UnknownRunError,
+)
+
+__all__ = ["MESSAGE_TIMEOUT", "TemporalRunHandle", "open_handle"]
+
+MESSAGE_TIMEOUT = 30.0  # seconds an update waits for a worker of the run to take it
+QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
+HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
+
+_STATES = {
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING: "running",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_COMPLETED: "finished",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_FAILED: "failed",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_TIMED_OUT: "failed",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_TERMINATED: "failed",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CANCELED: "cancelled",
+    WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW: "running",
+}
+
+
+async def open_handle(client: Client, run_id: str) -> TemporalRunHandle:
+    """The handle of an existing run; ``UnknownRunError`` if there is none."""
+    handle = TemporalRunHandle(client, run_id)
+    await handle._describe()
+    return handle
+
+
+class TemporalRunHandle:
+    """A durable run on Temporal (``statemachine.durable.RunHandle``)."""
+
+    def __init__(
+        self, client: Client, run_id: str, message_timeout: float = MESSAGE_TIMEOUT
+    ) -> None:
+        self.run_id = run_id
+        self._client = client
+        self._workflow: WorkflowHandle[Any, Any] = client.get_workflow_handle(run_id)
+        self._message_timeout = message_timeout
+
+    async def _describe(self) -> Any:
+        try:
+            return await self._workflow.describe()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                raise UnknownRunError(f"no durable run has the id {self.run_id!r}") from None
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+
+    async def result(self, timeout: float | None = None) -> RunResult:
+        """The run's result once it ends; ``RunFailedError`` if it ended without one
+        (its workflow failed, was terminated or cancelled: the error says which);
+        ``RunHeldError`` if it is held now (``status``)."""
+        held = await self._held()
+        if held:
+            raise RunHeldError(
+                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
+                "code fits it takes it"
+            )
+        try:
+            output = await asyncio.wait_for(self._workflow.result(), timeout)
+        except WorkflowFailureError as exc:
+            cause = exc.cause
+            text = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+            raise RunFailedError(f"run {self.run_id!r} failed: {text}") from None
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                raise UnknownRunError(f"no durable run has the id {self.run_id!r}") from None
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+        return result_from_dict(self.run_id, output)
+
+    async def pending_approvals(self) -> tuple[ToolCall, ...]:
+        """The calls waiting for a decision, in call order (a query: it needs a live
+        worker of the run; none while the run is not running)."""
+        description = await self._describe()
+        if _STATES.get(description.status) != "running":
+            return ()
+        try:
+            pending = await self._workflow.query(
+                "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+            )
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                return ()  # held: no worker replays it now (``status``)
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+        return tuple(call_from_dict(c) for c in pending)
+
+    async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
+        if not isinstance(call_id, str):
+            raise InvalidInputError(f"call_id must be a str (one call), got {call_id!r}")
+        if not isinstance(approve, bool):
+            raise InvalidInputError("approve must be True or False")
+        text = checked_text(reason or "", "reason")
+        message = {"kind": "decision", "call_id": call_id, "approve": approve, "reason": text}
+        await self._update("decide", message)
+
+    async def steer(self, message: str | UserMessage) -> None:
+        """Queue a message for the model; once this returns, it reaches the model or
+        the result's ``queued_input`` (module docstring)."""
+        await self._update("queue_input", {"kind": "steer", "message": user_dict(message)})
+
+    async def follow_up(self, message: str | UserMessage) -> None:
+        """Queue a message used when the model would otherwise finish (as ``steer``)."""
+        await self._update("queue_input", {"kind": "follow_up", "message": user_dict(message)})
+
+    async def abort(self, reason: str | None = None) -> None:
+        """Abort the run (nothing to do once it has ended)."""
+        text = checked_text(reason or "", "reason")
+        try:
+            await self._workflow.signal("abort", text)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                await self._describe()  # an unknown run, or one that has ended
+                return
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+
+    async def status(self) -> RunStatus:
+        """Where the run is; ``held`` (naming why) while the workers that took it
+        failed its workflow task because their code does not fit it."""
+        description = await self._describe()
+        state = _STATES.get(description.status, "running")
+        explanation = ""
+        if state == "failed":
+            explanation = await self._failure() or (
+                f"the workflow ended {description.status.name.rsplit('_', 1)[-1].lower()}"
+            )
+        if state != "running":
+            return RunStatus(self.run_id, state, explanation=explanation)
+        held = await self._held()
+        if not held:
+            try:
+                pending = await self.pending_approvals()
+            except StoreUnavailableError:
+                held = await self._held()  # the query waited on a task being tried
+                if not held:
+                    raise
+        if held:
+            return RunStatus(self.run_id, "held", held=held)
+        return RunStatus(self.run_id, "waiting" if pending else "running", pending)
+
+    async def _failure(self) -> str:
+        """Why the run's workflow failed, as its history says ("" if it does not)."""
+        async for event in self._workflow.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                return str(event.workflow_execution_failed_event_attributes.failure.message)
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+                reason = event.workflow_execution_terminated_event_attributes.reason
+                return f"terminated: {reason}" if reason else "terminated"
+        return ""
+
+    async def _held(self) -> str:
+        """Why the run is held: its workflow task failed (the worker's code does not
+        fit it) or timed out and is being tried again; "" when it is not."""
+        held = ""
+        try:
+            description = await self._workflow.describe()
+            async for event in self._workflow.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    held = event.workflow_task_failed_event_attributes.failure.message
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                    held = ""
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                raise UnknownRunError(f"no durable run has the id {self.run_id!r}") from None
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+        task = description.raw_description.pending_workflow_task
+        if not held and task.attempt >= HELD_AFTER:
+            # Later failures are not recorded in the history: the workers' logs name
+            # why ("Failed activation on workflow statemachine.run ...").
+            held = (
+                f"its workflow task was tried {task.attempt} times: the workers that "
+                "took it cannot run it (their logs name why)"
+            )
+        return held
+
+    async def export_journal(
+        self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
+    ) -> ExportedJournal:
+        """Write this run as a journal (``_export.export_journal``)."""
+        return await _export.export_journal(self._client, self.run_id, target, tools=tools)
+
+    async def _update(self, name: str, message: dict[str, Any]) -> None:
+        description = await self._describe()
+        if _STATES.get(description.status) != "running":
+            self._refuse(name, message)
+        held = await self._held()
+        if held:
+            raise RunHeldError(f"run {self.run_id!r} is held: {held}; no message reaches it now")
+        try:
+            await self._workflow.execute_update(
+                name, message, rpc_timeout=timedelta(seconds=self._message_timeout)
+            )
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            if kind in (NOT_PENDING, CLOSED):
+                self._refuse(name, message)
+            raise
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:  # the run ended meanwhile
+                self._refuse(name, message)
+            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                raise RunHeldError(f"run {self.run_id!r} is held: {exc.message}") from None
+            if exc.status is RPCStatusCode.DEADLINE_EXCEEDED:
+                raise StoreUnavailableError(
+                    f"no worker of run {self.run_id!r} took the message within "
+                    f"{self._message_timeout:g} s; it may still reach the run"
+                ) from None
+            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+
+    def _refuse(self, name: str, message: dict[str, Any] | None = None) -> None:
+        if name == "decide":
+            call_id = None if message is None else message.get("call_id")
+            raise NotPendingError(
+                f"call {call_id!r} of run {self.run_id!r} is not waiting for a decision "
+                "(unknown, decided already, or the run has ended)"
+            )
+        raise RunClosedError(f"run {self.run_id!r} has ended; start a new run with this message")

@@ -1,0 +1,297 @@
+"""The run inside a Temporal workflow: ``AgentRun`` with each operation an activity.
+
+The workflow drives the same ``AgentRun`` as ``run_agent``; only the executor and
+the inbox differ. Each model call, tool call, batch of ``before_tool_call`` checks
+and ``should_continue`` check is one operation whose output is the JSON of the
+engine events it reported (``_wire``): in the workflow an activity
+(``Operations``), in an export the output the workflow history holds for it. The
+tool results of a batch are handed to the engine in call order (``_order``), so
+that history and trace do not depend on which tool finished first.
+
+Messages to the run (steer, follow-up, abort, decisions) are kept by the
+workflow's handlers in the run's lane (``Lane``); the inbox takes them between two
+engine events, before the next result, and the lane records where each one took
+effect (``places``: after how many engine events), which is what an export needs
+to place it again. Temporal's own replay needs no such record: the handlers run
+again at the same points of the history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Protocol
+
+from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.loop import ActionLoop
+from statemachine.agent.run import AgentRun, use_backend
+from statemachine.core.engine import ABANDONED
+from statemachine.core.events import (
+    CallModel,
+    Event,
+    InputKind,
+    InputQueued,
+    ModelCancelled,
+    ModelFailed,
+    ModelResponded,
+    ToolCancelled,
+    ToolFinished,
+)
+from statemachine.core.messages import ToolCall
+from statemachine.core.wire import action_to_dict, messages_to_dicts
+from statemachine.durable._course import user_message
+from statemachine.durable._journal import (
+    CONTINUE_STEP,
+    MODEL_STEP,
+    NOT_RECORDED,
+    PERMISSION_STEP,
+    TOOL_STEP,
+)
+from statemachine.durable._order import CallOrder
+from statemachine.durable._wire import call_to_dict, decode_step_events
+
+__all__ = ["NOTHING", "Lane", "Operations", "RemoteExecutor", "RemoteRun"]
+
+NOTHING: Any = object()  # no message takes effect now
+MODEL_ANSWERS = (ModelResponded, ModelFailed, ModelCancelled)
+
+
+class Operations(Protocol):
+    """Where a run's operations are performed: ``run(name, key, payload)`` is the
+    saved output (the JSON of the events) of the operation ``name`` (``MODEL_STEP``
+    and the others; ``key``: "model", a call id or ""), or ``NOT_RECORDED``;
+    ``cancel(key)`` asks the running operation ``key`` to stop (an abort);
+    ``sleep`` and ``wait(ready)`` wait (in a workflow, durably); ``mismatch`` is
+    told of a recorded result that does not fit its operation."""
+
+    def run(self, name: str, key: str, payload: dict[str, Any]) -> Awaitable[Any]: ...
+
+    def cancel(self, key: str) -> None: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def roll_over(self) -> bool:
+        """Whether the run goes on in a new execution instead of making the model
+        call it is about to make (nothing else is running): Temporal's
+        continue-as-new (the new execution makes the call)."""
+
+    def mismatch(self, text: str) -> None:
+        """A recorded result does not fit the operation started in its place: the
+        code that replays the run is not the code that ran it."""
+
+    async def wait(self, ready: Callable[[], bool]) -> None: ...
+
+
+class Lane:
+    """The run's messages (steer, follow-up, abort, decisions): ``incoming`` holds
+    those accepted and not yet taken; ``places`` where each one taken took effect
+    (``[n, message]``: after ``n`` engine events). The places recorded before
+    (``schedule``: an export's, or those an execution carried over to the next) are
+    taken first, each at its place; then what comes in."""
+
+    def __init__(self, ops: Operations, schedule: Sequence[Sequence[Any]] = ()) -> None:
+        self.ops = ops
+        self.handled = 0  # engine events handed over so far
+        self.incoming: deque[dict[str, Any]] = deque()
+        self.places: list[list[Any]] = []
+        self.open = True  # steers and follow-ups are still taken
+        self._schedule = deque(schedule)
+
+    def schedule(self, places: Sequence[Sequence[Any]], incoming: Sequence[Any]) -> None:
+        """Take what an earlier execution carried over: the places of the messages it
+        took, and those it had accepted but not taken (ahead of what comes in)."""
+        self._schedule.extend(places)
+        self.incoming.extendleft(reversed(list(incoming)))
+
+    def due(self) -> Any:
+        """The message that takes effect now (its place recorded), or ``NOTHING``."""
+        if self._schedule:
+            if self._schedule[0][0] > self.handled:
+                return NOTHING
+            message = self._schedule.popleft()[1]
+        elif self.incoming:
+            message = self.incoming.popleft()
+        else:
+            return NOTHING
+        self.places.append([self.handled, message])
+        return message
+
+    def has_due(self) -> bool:
+        if self._schedule:
+            return bool(self._schedule[0][0] <= self.handled)
+        return bool(self.incoming)
+
+    async def next_message(self) -> Any:
+        """Wait for the next message while the run waits for a person."""
+        await self.ops.wait(self.has_due)
+        return self.due()
+
+    async def drain(self) -> list[Any]:
+        """At the run's end: close it to input and take every message accepted."""
+        self.open = False
+        taken = []
+        while (message := self.due()) is not NOTHING:
+            taken.append(message)
+        return taken
+
+
+class RunInbox:
+    """The loop's inbox: the operations' events, with the lane's messages placed
+    before the next one (an ``Inbox``)."""
+
+    def __init__(self, run: RemoteRun) -> None:
+        self._queue: deque[Event] = deque()
+        self._run = run
+
+    def put_nowait(self, event: Event) -> None:
+        self._queue.append(event)
+
+    def empty(self) -> bool:
+        return not self._queue
+
+    def get_nowait(self) -> Event:
+        return self._queue.popleft()
+
+    async def get(self) -> Event:
+        lane = self._run.control
+        while True:
+            message = lane.due()
+            if message is not NOTHING:
+                event = self._run.take(message)
+                if event is not None:
+                    return event
+                continue
+            if self._queue:
+                return self._queue.popleft()
+            await lane.ops.wait(lambda: bool(self._queue) or lane.has_due())
+
+
+class RemoteExecutor(AsyncioExecutor):
+    """Performs each operation through ``Operations`` (module docstring)."""
+
+    def __init__(self, loop: ActionLoop, *, ops: Operations, **parts: Any) -> None:
+        super().__init__(loop, **parts)
+        self.ops = ops
+        self._order = CallOrder(self._post, loop.reported)
+        self._run_id = loop.engine.run_id
+
+    def report(self, key: str, event: Event) -> None:
+        super().report(key, event)
+        self._order.flush()
+
+    # -- the Executor protocol --------------------------------------------------------
+
+    def start_model(self, action: CallModel, alone: bool) -> None:
+        running = [t for t in (*self.tasks.values(), *self.helpers) if not t.done()]
+        if not running and self.ops.roll_over():
+            return  # the run goes on in a new execution, which makes this call
+        payload = {"action": action_to_dict(action)}
+        self.start_operation("model", self._remote(MODEL_STEP, "model", payload), eager=False)
+
+    def start_tool(self, call: ToolCall, alone: bool) -> None:
+        self._order.started(call.id)
+        payload = {"call": call_to_dict(call)}
+        self.start_operation(call.id, self._remote(TOOL_STEP, call.id, payload), eager=False)
+
+    def start_permission_checks(self, calls: Sequence[ToolCall]) -> None:
+        payload = {"calls": [call_to_dict(c) for c in calls]}
+        self.start_helper(self._remote(PERMISSION_STEP, "", payload))
+
+    def start_continue_check(self, turn: int) -> None:
+        messages = messages_to_dicts(self.loop.engine.messages)
+        payload = {"messages": messages, "turn": turn}
+        self.start_helper(self._remote(CONTINUE_STEP, "", payload))
+
+    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
+        """Ask each running operation to stop: the activity fires the signal its
+        tool or model client holds and gives it the grace period, as ``run_agent``
+        does, then answers. One that has not answered a grace period (plus a
+        heartbeat) later is abandoned."""
+        for key in keys:
+            self.ops.cancel(key)
+        self.start_helper(self._abandon_after_grace(keys, reason))
+
+    async def _abandon_after_grace(self, keys: Sequence[str], reason: str) -> None:
+        await self.ops.sleep(self.grace * 2 + 1)
+        for key in keys:
+            if key in self.loop.reported:
+                continue
+            self.loop.abandoned.add(key)
+            self.loop.log.warning("operation_abandoned", key=key, reason=reason)
+            event: Event = (
+                ModelCancelled(f"{ABANDONED}: it did not answer after the abort")
+                if key == "model"
+                else ToolCancelled(key, f"{ABANDONED}: the tool did not answer after the abort")
+            )
+            self.deliver(key, [event])
+
+    # -- operations ----------------------------------------------------------------------
+
+    async def _remote(self, name: str, key: str, payload: dict[str, Any]) -> None:
+        payload = {**payload, "run_id": self._run_id}
+        saved = await self.ops.run(name, key, payload)
+        if saved is NOT_RECORDED:
+            return
+        events = decode_step_events(saved)
+        misfit = _misfit(name, key, events)
+        if misfit:
+            self.ops.mismatch(misfit)
+            return
+        self.deliver(key, events)
+
+    def deliver(self, key: str, events: list[Event]) -> None:
+        """Hand the loop the events of the operation ``key`` (tools in call order)."""
+        if key in self._order:
+            self._order.report(key, events)
+            return
+        loop = self.loop
+        if key:
+            if key in loop.reported:
+                return
+            loop.reported.add(key)
+        self._post(events)
+
+    def _post(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.loop.inbox.put_nowait(event)
+
+
+class RemoteRun(AgentRun):
+    """``AgentRun`` whose operations are performed by ``ops`` and whose messages
+    come through ``control`` (module docstring)."""
+
+    def __init__(self, *, control: Lane, **kwargs: Any) -> None:
+        self.control = control
+        super().__init__(**kwargs)
+        self.inbox = RunInbox(self)
+        executor = partial(RemoteExecutor, ops=control.ops)
+        use_backend(self, inbox=self.inbox, executor=executor, on_handle=self._count)
+
+    def _count(self, event: Event) -> None:
+        self.control.handled += 1
+
+    def take(self, message: Any) -> Event | None:
+        """A message taking effect now: the event to hand the engine next, if any
+        (an abort goes ahead by itself; a late decision is dropped)."""
+        if not isinstance(message, Mapping):
+            return None
+        kind = message.get("kind")
+        if kind == "abort":
+            self.abort(message.get("reason") or "aborted by the caller")
+        elif kind in ("steer", "follow_up"):
+            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
+            return InputQueued(user_message(message), which)
+        return None
+
+
+def _misfit(name: str, key: str, events: Sequence[Event]) -> str:
+    """Why ``events``, recorded as the result of the operation ``name`` started in
+    this place (``key``), cannot be its result; "" when they can."""
+    if name == TOOL_STEP:
+        ends = [e.call_id for e in events if isinstance(e, (ToolFinished, ToolCancelled))]
+        if ends != [key]:
+            return f"the result recorded for tool call {key!r} answers {ends}"
+    elif name == MODEL_STEP and not (len(events) == 1 and isinstance(events[0], MODEL_ANSWERS)):
+        return "the result recorded for a model call is not a model's answer"
+    return ""

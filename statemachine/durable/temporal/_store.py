@@ -1,0 +1,112 @@
+"""The durable runs of a Temporal namespace seen from a process that is not a worker
+(``statemachine.durable.RunStore``): ``open_store("temporal://HOST:PORT/NAMESPACE")``,
+which the command line's ``durable export|list --backend temporal`` uses. It
+connects at its first use; queries (a running run's pending approvals) need a live
+worker of the run, as with a handle."""
+
+from __future__ import annotations
+
+import os
+from typing import IO
+
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import Client
+
+from statemachine.durable import ExportedJournal, ListedRun
+from statemachine.durable._dbos_inputs import MAX_URL_CHARS, check_run_id
+from statemachine.durable.temporal import _export
+from statemachine.durable.temporal._handle import _STATES, TemporalRunHandle, open_handle
+from statemachine.durable.temporal._workflow import WORKFLOW
+from statemachine.errors import InvalidInputError, StoreUnavailableError
+
+__all__ = ["MAX_LIST_LIMIT", "TemporalStore", "open_store"]
+
+MAX_LIST_LIMIT = 10_000
+_KNOWN = ("running", "waiting", "held", "finished", "failed", "cancelled")
+
+
+def open_store(database_url: str) -> TemporalStore:
+    """The runs of the namespace ``temporal://HOST:PORT/NAMESPACE`` (the namespace
+    ``default`` when the path is empty; ``HOST:PORT`` alone works too)."""
+    if not isinstance(database_url, str) or not database_url or len(database_url) > MAX_URL_CHARS:
+        raise InvalidInputError(f"a Temporal address is a non-empty str of at most {MAX_URL_CHARS}")
+    rest = database_url.removeprefix("temporal://")
+    address, _, namespace = rest.partition("/")
+    if not address or "/" in namespace:
+        raise InvalidInputError(f"not a Temporal address: {database_url!r}")
+    return TemporalStore(address, namespace or "default")
+
+
+class TemporalStore:
+    """The runs of one Temporal namespace (module docstring)."""
+
+    def __init__(
+        self, address: str, namespace: str = "default", client: Client | None = None
+    ) -> None:
+        self.address = address
+        self.namespace = namespace
+        self._client = client
+
+    async def _connected(self) -> Client:
+        if self._client is None:
+            try:
+                self._client = await Client.connect(self.address, namespace=self.namespace)
+            except RuntimeError as exc:
+                raise StoreUnavailableError(
+                    f"cannot reach Temporal at {self.address}: {exc}"
+                ) from None
+        return self._client
+
+    async def handle(self, run_id: str) -> TemporalRunHandle:
+        check_run_id(run_id)
+        return await open_handle(await self._connected(), run_id)
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
+        """The runs, newest first, at most ``limit``; ``status`` keeps one state. A
+        running run is asked whether it waits or is held (one look each)."""
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 1 <= limit <= MAX_LIST_LIMIT
+        ):
+            raise InvalidInputError(
+                f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}"
+            )
+        if status is not None and status not in _KNOWN:
+            raise InvalidInputError(f"unknown status {status!r}; known: {', '.join(_KNOWN)}")
+        client = await self._connected()
+        runs: list[ListedRun] = []
+        query = f"WorkflowType = '{WORKFLOW}'"  # newest first
+        async for found in client.list_workflows(query):
+            if len(runs) >= limit:
+                break
+            code = WorkflowExecutionStatus.ValueType(int(found.status or 1))
+            state = _STATES.get(code, "running")
+            if state == "running":
+                listed = await TemporalRunHandle(client, found.id).status()
+            else:
+                listed = ListedRun(found.id, state)
+            if status is not None and listed.state != status:
+                continue
+            start = found.start_time.timestamp()
+            end = found.close_time.timestamp() if found.close_time else start
+            runs.append(
+                ListedRun(
+                    found.id,
+                    listed.state,
+                    listed.pending_approvals,
+                    held=listed.held,
+                    explanation=listed.explanation,
+                    created=start,
+                    updated=end,
+                )
+            )
+        return tuple(runs)
+
+    async def export_journal(
+        self, run_id: str, target: str | os.PathLike[str] | IO[str]
+    ) -> ExportedJournal:
+        return await _export.export_journal(await self._connected(), run_id, target)
+
+    def close(self) -> None:
+        self._client = None  # the SDK's connection closes with its last reference

@@ -1,0 +1,291 @@
+"""The workflow of a durable run on Temporal, ``statemachine.run``.
+
+Its input (``spec``) names the run's model and tools and holds its first messages;
+the worker's registry (``Registry``, found by the workflow's task queue) resolves
+the names. It drives the run's course (``_course.drive``) over a ``RemoteRun``
+whose operations are activities (``_activities``). Messages come as updates, each
+refused by its validator when it cannot be taken: a decision for a call that is not
+pending (``NotPendingError``), a steer or follow-up once the run has taken its last
+input (``RunClosedError``). An abort is a signal. ``pending_approvals`` and
+``places`` are queries.
+
+The workflow is not sandboxed: everything it runs is this library's own code, which
+keeps no state between runs and reads no clock or randomness that steers the run
+(the engine's course depends only on the events it is handed, in the order the
+history holds them), and the sandbox would pass all of it through anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+from statemachine.agent.run import continue_run
+from statemachine.agent.tools import Tool
+from statemachine.core.events import Event, ModelCancelled, ToolCancelled
+from statemachine.core.messages import ToolCall
+from statemachine.core.wire import messages_from_dicts
+from statemachine.durable._course import drive
+from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
+from statemachine.durable._registry import differences, table_digest
+from statemachine.durable._wire import call_to_dict, encode_step_events, result_to_dict
+from statemachine.durable.temporal._activities import CODE_MISMATCH
+from statemachine.durable.temporal._export import carried_steps
+from statemachine.durable.temporal._run import Lane, RemoteRun
+from statemachine.errors import RunHeldError
+
+__all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "registries"]
+
+WORKFLOW = "statemachine.run"
+NOT_PENDING = "NotPendingError"  # the type of a refused decision
+CLOSED = "RunClosedError"  # the type of a refused steer or follow-up
+
+
+@attrs.frozen
+class Settings:
+    """How a run's activities are scheduled (``TemporalRunner``)."""
+
+    heartbeat: float
+    model_timeout: float
+    tool_timeout: float
+    retry_interval: float
+    grace: float
+    continue_after: int
+
+
+@attrs.frozen
+class Registry:
+    """What a worker's workflows resolve names in: the tools, which hooks are set."""
+
+    tools: Mapping[str, Tool]
+    hooks: frozenset[str]
+    settings: Settings
+    manifest: Mapping[str, Any]
+
+
+registries: dict[str, Registry] = {}  # by task queue, one per worker of this process
+
+
+class _HeldError(Exception):
+    """An activity met a worker whose code does not fit the run."""
+
+
+class WorkflowOperations:
+    """A run's operations as activities (``_run.Operations``)."""
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.settings: Settings | None = None
+        self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
+        self.misfit: asyncio.Future[str] | None = None  # set by ``run``
+        self.rolling: asyncio.Future[None] | None = None  # set by ``run``
+        self.carried = Recorded([])  # what an earlier execution recorded
+        self.saved: list[list[Any]] = []  # every operation's [name, output], in order
+
+    def carry(self, carried: Mapping[str, Any]) -> None:
+        """Take what an earlier execution of the run recorded (continue-as-new)."""
+        self.carried = Recorded(carried_steps(carried))
+
+    def roll_over(self) -> bool:
+        settings, rolling = self.settings, self.rolling
+        if settings is None or rolling is None or rolling.done():
+            return False
+        if self.carried.has(MODEL_STEP):
+            return False  # still going again over what was carried
+        info = workflow.info()
+        if not (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= settings.continue_after
+        ):
+            return False
+        rolling.set_result(None)
+        return True
+
+    def mismatch(self, text: str) -> None:
+        if self.misfit is not None and not self.misfit.done():
+            self.misfit.set_result(text)
+
+    async def run(self, name: str, key: str, payload: dict[str, Any]) -> Any:
+        settings = self.settings
+        assert settings is not None
+        carried = self.carried.take(name, key)
+        if carried is not NOT_RECORDED:
+            self.saved.append([name, carried])
+            return carried
+        output = await self._activity(settings, name, key, payload)
+        self.saved.append([name, output])
+        return output
+
+    async def _activity(
+        self, settings: Settings, name: str, key: str, payload: dict[str, Any]
+    ) -> Any:
+        if name == MODEL_STEP:
+            payload = {**payload, "model": self.model}
+        timeout = settings.model_timeout if key == "model" else settings.tool_timeout
+        handle = workflow.start_activity(
+            name,
+            payload,
+            start_to_close_timeout=timedelta(seconds=timeout),
+            heartbeat_timeout=timedelta(seconds=settings.heartbeat),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=settings.retry_interval),
+                maximum_interval=timedelta(seconds=max(settings.retry_interval, 10.0)),
+                non_retryable_error_types=[CODE_MISMATCH],
+            ),
+            # An operation asked to stop answers (a tool's cancellation is its result);
+            # a hook check is simply dropped (the engine answers its calls).
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+            if key
+            else workflow.ActivityCancellationType.TRY_CANCEL,
+        )
+        if key:
+            self.handles[key] = handle
+        try:
+            return await handle
+        except ActivityError as exc:
+            if isinstance(exc.cause, CancelledError) and key:
+                cancelled = ModelCancelled() if key == "model" else ToolCancelled(key)
+                return encode_step_events([cancelled])
+            raise _HeldError(str(exc.cause or exc)) from None
+        finally:
+            self.handles.pop(key, None)
+
+    def cancel(self, key: str) -> None:
+        handle = self.handles.get(key)
+        if handle is not None:
+            handle.cancel()
+
+    async def sleep(self, seconds: float) -> None:
+        await workflow.sleep(seconds)
+
+    async def wait(self, ready: Callable[[], bool]) -> None:
+        await workflow.wait_condition(ready)
+
+
+@workflow.defn(name=WORKFLOW, sandboxed=False)
+class RunWorkflow:
+    """One durable run (module docstring)."""
+
+    def __init__(self) -> None:
+        self._ops = WorkflowOperations()
+        self._lane = Lane(self._ops)
+        self._pending: list[dict[str, Any]] = []
+        self._decided: set[str] = set()
+
+    @workflow.run
+    async def run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        registry = registries[workflow.info().task_queue]
+        _hold_unless_it_fits(spec, registry)
+        self._ops.model = str(spec["model"])
+        self._ops.settings = registry.settings
+        carried = spec.get("carried", {})
+        self._ops.carry(carried)
+        self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
+        options: dict[str, Any] = {
+            "model": NoModel(),
+            "tools": [registry.tools[n] for n in spec["tools"]],
+            "max_turns": spec["max_turns"],
+            "run_id": workflow.info().workflow_id,
+            "control": self._lane,
+            "grace_period": registry.settings.grace,
+            **{h: stand_in_hook for h in registry.hooks},
+        }
+        run = RemoteRun(messages=messages_from_dicts(spec["messages"]), **options)
+
+        def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
+            return continue_run(RemoteRun, done.engine, decisions, **options)
+
+        loop = asyncio.get_running_loop()
+        misfit = self._ops.misfit = loop.create_future()
+        rolling = self._ops.rolling = loop.create_future()
+        course = asyncio.ensure_future(drive(run, resume, self._publish))
+        await asyncio.wait({course, misfit, rolling}, return_when=asyncio.FIRST_COMPLETED)
+        if rolling.done() and not misfit.done():
+            # Past ``continue_after`` history events: go on in a new execution, which
+            # goes again over what this one recorded (without running it) and makes
+            # the model call this one was about to make.
+            carry = {
+                "steps": self._ops.saved,
+                "places": self._lane.places,
+                "incoming": list(self._lane.incoming),
+            }
+            workflow.continue_as_new({**spec, "carried": carry})
+        if misfit.done():
+            # Not this run's code: fail this workflow task (Temporal tries it again,
+            # on this worker or another) rather than the run.
+            raise RunHeldError(f"the run's history does not fit this code: {misfit.result()}")
+        try:
+            result, stats = course.result()
+        except _HeldError as exc:
+            raise ApplicationError(
+                f"the run's operations do not fit this worker's code: {exc}",
+                type="RunHeldError",
+                non_retryable=True,
+            ) from None
+        return {**result_to_dict(result, stats), "places": self._lane.places}
+
+    async def _publish(self, calls: Sequence[ToolCall]) -> None:
+        self._pending = [call_to_dict(c) for c in calls]
+
+    # -- messages --------------------------------------------------------------------------
+
+    @workflow.update(name="decide")
+    def decide(self, message: dict[str, Any]) -> None:
+        self._decided.add(message["call_id"])
+        self._lane.incoming.append(message)
+
+    @decide.validator
+    def _check_decision(self, message: dict[str, Any]) -> None:
+        call_id = message.get("call_id")
+        pending = {c["id"] for c in self._pending}
+        if call_id not in pending or call_id in self._decided:
+            raise ApplicationError(f"the call {call_id!r} is not pending", type=NOT_PENDING)
+
+    @workflow.update(name="queue_input")
+    def queue_input(self, message: dict[str, Any]) -> None:
+        self._lane.incoming.append(message)
+
+    @queue_input.validator
+    def _check_input(self, message: dict[str, Any]) -> None:
+        if not self._lane.open:
+            raise ApplicationError("the run has taken its last input", type=CLOSED)
+
+    @workflow.signal(name="abort")
+    def abort(self, reason: str) -> None:
+        self._lane.incoming.append({"kind": "abort", "reason": reason})
+
+    @workflow.query(name="pending_approvals")
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        return self._pending
+
+    @workflow.query(name="places")
+    def places(self) -> list[list[Any]]:
+        return self._lane.places
+
+
+def _hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> None:
+    """Hold the run (fail this workflow task, which Temporal tries again until a
+    worker whose code fits takes it) when this worker's registry or transition
+    table does not fit what the run recorded (``_registry.differences``): nothing
+    of the run is replayed on such code."""
+    recorded = spec.get("code")
+    blocking, _ = differences(
+        recorded if isinstance(recorded, Mapping) else {"tools": {}, "hooks": {}},
+        registry.manifest,
+        str(spec["model"]),
+        list(spec["tools"]),
+    )
+    table = spec.get("table")
+    if table is not None and table != table_digest():
+        blocking.append(
+            f"the transition table changed (the run's {table}, this worker's {table_digest()})"
+        )
+    if blocking:
+        raise RunHeldError("; ".join(blocking))

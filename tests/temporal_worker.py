@@ -1,0 +1,176 @@
+"""A Temporal worker process for tests/test_temporal_kill.py (killed -9 at will).
+
+    python tests/temporal_worker.py ADDRESS QUEUE RUN_ID OUT MODE
+
+MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
+"approvals" (the same, beta needing a person) or "echo" (one slow tool call, then
+the model repeats what the person said). The worker starts RUN_ID (or finds
+it, after a restart), waits for its result and writes it as JSON to OUT. With
+TEMPORAL_GO set it first imports everything and waits for that file to exist (a
+test starts the next worker while the current one runs, to save the imports).
+Every model call's and tool call's start and end is appended to the file named by
+TEMPORAL_SIDE_EFFECTS with the process id and the idempotency key's run id, and
+synced, so a line survives a kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import statemachine as sm
+from statemachine.core.tools import ToolDefinition
+from statemachine.core.wire import messages_to_dicts
+from statemachine.durable import idempotency_key
+
+TOOL_DELAY = 0.25  # long enough for a test to kill the worker in the middle of a tool
+MODEL_DELAY = 0.25
+WORKER = str(Path(__file__).resolve())
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _log(line: str) -> None:
+    path = os.environ.get("TEMPORAL_SIDE_EFFECTS")
+    if not path:
+        return
+    key = idempotency_key() or "-:"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line} {os.getpid()} {key.rsplit(':', 1)[0]} {time.time():.3f}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _side_effect(name: str, x: int) -> str:
+    call = sm.current_tool_call()
+    assert call is not None
+    _log(f"start {call.id}")
+    await asyncio.sleep(TOOL_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"end {call.id}")
+    return f"{name}({x})={x * x if name == 'alpha' else x + 1000}"
+
+
+@sm.tool
+async def alpha(x: int) -> str:
+    """Square a number.
+
+    Args:
+        x: the number
+    """
+    return await _side_effect("alpha", x)
+
+
+@sm.tool
+async def beta(x: int) -> str:
+    """Add a thousand.
+
+    Args:
+        x: the number
+    """
+    return await _side_effect("beta", x)
+
+
+TOOLS = [alpha, beta]
+
+
+def turns() -> int:
+    return int(os.environ.get("TEMPORAL_TURNS", "4"))
+
+
+async def answer(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    """Keyed by the history, not by a call counter: the same after a restart."""
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    _log(f"model m{turn}")
+    await asyncio.sleep(MODEL_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"answered m{turn}")
+    if turn >= turns():
+        return sm.AssistantMessage(f"done after {turn} turns")
+    return sm.AssistantMessage(
+        [
+            sm.TextContent(f"turn {turn}: two tools"),
+            sm.ToolCall(f"t{turn}a", "alpha", {"x": turn}),
+            sm.ToolCall(f"t{turn}b", "beta", {"x": turn}),
+        ]
+    )
+
+
+@sm.tool
+async def slow() -> str:
+    """Take a while."""
+    _log("start s1")
+    await asyncio.sleep(1.0)
+    _log("end s1")
+    return "slept"
+
+
+def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """Call the slow tool once, then repeat what the person said."""
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("s1", "slow", {})])
+    said = [
+        b.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for b in m.content
+        if isinstance(b, sm.TextContent)
+    ]
+    return sm.AssistantMessage("heard: " + " | ".join(said))
+
+
+def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
+    return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
+
+
+async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> None:
+    from temporalio.client import Client
+
+    from statemachine.durable.temporal import TemporalRunner
+    from statemachine.testing import FunctionModel
+
+    go = os.environ.get("TEMPORAL_GO")
+    while go and not os.path.exists(go):
+        time.sleep(0.005)
+    client = await Client.connect(address)
+    runner = TemporalRunner(
+        client,
+        models={"scripted": FunctionModel(echo if mode == "echo" else answer)},
+        tools=[slow] if mode == "echo" else TOOLS,
+        task_queue=queue,
+        before_tool_call=beta_needs_approval if mode == "approvals" else None,
+        heartbeat=1.5,  # a killed worker's call is retried 1.5 s later
+        retry_interval=0.1,
+        workflow_task_timeout=1.0,
+        worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
+    )
+    async with runner:
+        handle = await runner.start(run_id, model="scripted", messages="go")
+        result = await handle.result()
+    with open(out + ".tmp", "w") as f:
+        json.dump(
+            {
+                "state": result.state.value,
+                "messages": messages_to_dicts(result.messages),
+                "trace": [
+                    [r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace
+                ],
+            },
+            f,
+        )
+    os.replace(out + ".tmp", out)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:6]))
+    # Done (OUT written): leave without the interpreter's teardown, in which the
+    # Temporal SDK's native runtime sometimes crashes (SIGSEGV) after its work.
+    sys.stdout.flush()
+    os._exit(0)

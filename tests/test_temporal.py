@@ -1,0 +1,416 @@
+"""Durable runs on Temporal: the same run as run_agent, approvals, messages, abort,
+export, and bad input, on a real dev server (temporal_support.temporal_address).
+The kill trials are in test_temporal_kill.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from durable_worker import TOOLS, answer, beta_needs_approval, reference_run, result_json
+from temporal_support import temporal_server  # noqa: F401 - the session's server
+
+import statemachine as sm
+from statemachine.core.abort import AbortSignal
+from statemachine.core.tools import ToolDefinition
+from statemachine.durable import RunHandle
+from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
+from statemachine.errors import (
+    InvalidInputError,
+    NotPendingError,
+    RunClosedError,
+    RunFailedError,
+    UnknownRunError,
+    UsageError,
+)
+from statemachine.journal import replay
+from statemachine.testing import FunctionModel, check_transcript
+
+T = TypeVar("T")
+
+
+def _with_runner(address: str, body: Callable[[TemporalRunner], Awaitable[T]], **options: Any) -> T:
+    from temporalio.client import Client
+
+    async def go() -> T:
+        client = await Client.connect(address)
+        options.setdefault("models", {"scripted": FunctionModel(answer)})
+        options.setdefault("tools", TOOLS)
+        runner = TemporalRunner(
+            client, task_queue=f"q-{uuid.uuid4().hex[:8]}", heartbeat=1.0, **options
+        )
+        async with runner:
+            return await body(runner)
+
+    return asyncio.run(go())
+
+
+def _replays_to(path: Path, result: sm.RunResult) -> None:
+    replayed = replay(path)
+    assert replayed.ok
+    assert replayed.state is result.state
+    assert replayed.messages == result.messages
+    assert replayed.trace == result.trace
+    assert check_transcript(list(replayed.messages)) == []
+
+
+async def _pending(handle: RunHandle, timeout: float = 20) -> list[str]:
+    """The pending calls, once there are some."""
+    async with asyncio.timeout(timeout):
+        while True:
+            calls = await handle.pending_approvals()
+            if calls:
+                return [c.id for c in calls]
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_ends_with_run_agents_history_and_exports_a_journal(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        handle = await runner.start("plain", model="scripted", messages="go")
+        assert isinstance(handle, RunHandle)
+        result = await handle.result(timeout=30)
+        again = await runner.start("plain", model="scripted", messages="go")
+        assert result_json(await again.result(timeout=10)) == result_json(result)
+        assert (await handle.status()).state == "finished"
+        done = await runner.export_journal("plain", tmp_path / "plain.jsonl")
+        assert done.finished
+        assert done.state == "Done"
+        return result
+
+    result = _with_runner(temporal_address, body)
+    assert result_json(result) == result_json(reference_run())
+    _replays_to(tmp_path / "plain.jsonl", result)
+
+
+@pytest.mark.timeout(60)
+def test_approvals_are_updates_and_refuse_calls_that_are_not_pending(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        handle = await runner.start("appr", model="scripted", messages="go")
+        assert await _pending(handle) == ["t1b"]
+        assert (await handle.status()).state == "waiting"
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1a", True)  # permitted by the hook, never pending
+        await handle.decide("t1b", True)
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1b", False)  # decided already
+        for call in ("t2b", "t3b"):
+            assert await _pending(handle) == [call]
+            await handle.decide(call, call == "t2b", "no" if call == "t3b" else None)
+        result = await handle.result(timeout=30)
+        with pytest.raises(NotPendingError):
+            await handle.decide("t3b", True)  # the run has ended
+        await runner.export_journal("appr", tmp_path / "appr.jsonl")
+        return result
+
+    result = _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
+    assert result.ok
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)}
+    assert texts["t1b"] == "beta(1)=1001"
+    assert texts["t2b"] == "beta(2)=1002"
+    assert "no" in texts["t3b"]
+    assert texts["t3a"] == "alpha(3)=9"
+    _replays_to(tmp_path / "appr.jsonl", result)
+
+
+def _said(messages: Sequence[sm.Message]) -> str:
+    return " | ".join(
+        b.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for b in m.content
+        if isinstance(b, sm.TextContent)
+    )
+
+
+def _gated_tool(started: asyncio.Event, gate: asyncio.Event) -> sm.Tool:
+    async def run(arguments: Any, signal: AbortSignal) -> str:
+        started.set()
+        waiting = asyncio.ensure_future(gate.wait())
+        aborted = asyncio.get_running_loop().create_future()
+
+        def on_abort(reason: object) -> None:
+            if not aborted.done():
+                aborted.set_result(reason)
+
+        signal.add_listener(on_abort)
+        await asyncio.wait({waiting, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        return "stopped by the abort" if aborted.done() else "opened"
+
+    return sm.Tool(ToolDefinition("wait_at_gate", "Wait for the gate.", {"type": "object"}), run)
+
+
+def _echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+    return sm.AssistantMessage(f"heard: {_said(messages)}")
+
+
+@pytest.mark.timeout(60)
+def test_a_steer_sent_while_a_tool_runs_reaches_the_model_and_late_input_is_refused(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        handle = await runner.start("told", model="echo", messages="go")
+        await asyncio.wait_for(started.wait(), 20)
+        await handle.steer("also this")
+        gate.set()
+        result = await handle.result(timeout=30)
+        with pytest.raises(RunClosedError):
+            await handle.follow_up("too late")
+        await runner.export_journal("told", tmp_path / "told.jsonl")
+        return result
+
+    result = _with_runner(
+        temporal_address,
+        body,
+        models={"echo": FunctionModel(_echo)},
+        tools=[_gated_tool(started, gate)],
+    )
+    assert result.ok
+    assert result.final_text == "heard: go | also this"
+    _replays_to(tmp_path / "told.jsonl", result)
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_reaches_a_running_tool_through_its_heartbeat(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        handle = await runner.start("stop", model="echo", messages="go")
+        await asyncio.wait_for(started.wait(), 20)
+        await handle.abort("enough")
+        result = await handle.result(timeout=30)
+        await handle.abort()  # idempotent once ended
+        await runner.export_journal("stop", tmp_path / "stop.jsonl")
+        return result
+
+    result = _with_runner(
+        temporal_address,
+        body,
+        models={"echo": FunctionModel(_echo)},
+        tools=[_gated_tool(started, gate)],
+    )
+    assert result.state is sm.TurnState.ABORTED
+    texts = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert texts == ["stopped by the abort"]  # the tool's own answer, within the grace
+    assert not gate.is_set()
+    _replays_to(tmp_path / "stop.jsonl", result)
+
+
+@pytest.mark.timeout(60)
+def test_input_from_outside_is_bounded(temporal_address: str) -> None:
+    async def body(runner: TemporalRunner) -> None:
+        with pytest.raises(InvalidInputError):
+            await runner.start("x" * 201, model="scripted", messages="go")
+        with pytest.raises(InvalidInputError):
+            await runner.start("bad\x00id", model="scripted", messages="go")
+        with pytest.raises(InvalidInputError):
+            await runner.start("r", model="nobody", messages="go")
+        with pytest.raises(InvalidInputError):
+            await runner.start("r", model="scripted", messages="go", tools=["gamma"])
+        with pytest.raises(InvalidInputError):
+            await runner.start("r", model="scripted", messages="x" * 100_001)
+        with pytest.raises(UnknownRunError):
+            await runner.handle("never-started")
+        handle = await runner.start("bounded", model="scripted", messages="go")
+        assert isinstance(handle, TemporalRunHandle)
+        with pytest.raises(InvalidInputError):
+            await handle.steer("x" * 100_001)
+        with pytest.raises(InvalidInputError):
+            await handle.decide("t1a", "yes")  # type: ignore[arg-type]
+        assert (await handle.result(timeout=30)).ok
+
+    _with_runner(temporal_address, body)
+
+
+def _counting(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= 25:
+        return sm.AssistantMessage(f"done after {turn} turns")
+    return sm.AssistantMessage([sm.ToolCall(f"c{turn}", "alpha", {"x": turn})])
+
+
+@pytest.mark.timeout(120)
+def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_history(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[sm.RunResult, int]:
+        handle = await runner.start("long", model="counting", messages="go", max_turns=30)
+        result = await handle.result(timeout=90)
+        await runner.export_journal("long", tmp_path / "long.jsonl")
+        # The executions, from the last back through each one's predecessor.
+        client = await Client.connect(temporal_address)
+        executions, run_id = 0, None
+        while run_id != "":
+            history = await client.get_workflow_handle("long", run_id=run_id).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+            executions, run_id = executions + 1, started.continued_execution_run_id
+        return result, executions
+
+    result, executions = _with_runner(
+        temporal_address,
+        body,
+        models={"counting": FunctionModel(_counting)},
+        continue_after=40,  # history events: a new execution every few turns
+    )
+    expected = asyncio.run(
+        sm.run_agent(model=FunctionModel(_counting), tools=TOOLS, messages="go", max_turns=30)
+    )
+    assert result_json(result) == result_json(expected)
+    assert executions > 3
+    _replays_to(tmp_path / "long.jsonl", result)
+
+
+@pytest.mark.timeout(60)
+def test_the_store_lists_exports_and_hands_out_runs(temporal_address: str, tmp_path: Path) -> None:
+    from statemachine.durable import RunStore
+    from statemachine.durable.temporal import open_store
+
+    async def body(runner: TemporalRunner) -> None:
+        await (await runner.start("stored", model="scripted", messages="go")).result(timeout=30)
+        store = open_store(f"temporal://{temporal_address}/default")
+        assert isinstance(store, RunStore)
+        try:
+            async with asyncio.timeout(20):  # the server's listing follows its runs shortly
+                while "stored" not in [r.run_id for r in await store.list_runs(limit=1000)]:
+                    await asyncio.sleep(0.1)
+            [listed] = [r for r in await store.list_runs(limit=1000) if r.run_id == "stored"]
+            assert listed.state == "finished"
+            assert listed.created <= listed.updated
+            assert "stored" not in [r.run_id for r in await store.list_runs("running", 1000)]
+            assert isinstance(await store.handle("stored"), RunHandle)
+            with pytest.raises(UnknownRunError):
+                await store.handle("nobody")
+            with pytest.raises(InvalidInputError):
+                await store.list_runs(limit=0)
+            with pytest.raises(InvalidInputError):
+                await store.list_runs("sleeping")
+            assert (await store.export_journal("stored", tmp_path / "stored.jsonl")).finished
+        finally:
+            store.close()
+        with pytest.raises(InvalidInputError):
+            open_store("temporal://")
+
+    _with_runner(temporal_address, body)
+
+
+@sm.tool
+async def broken(x: int) -> str:
+    """Fail.
+
+    Args:
+        x: a number
+    """
+    raise ValueError(f"no luck with {x}")
+
+
+def _calls_broken(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("b1", "broken", {"x": 7})])
+    return sm.AssistantMessage("noted")
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_that_raises_is_an_error_result_never_a_retried_activity(
+    temporal_address: str,
+) -> None:
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[sm.RunResult, list[int]]:
+        result = await (await runner.start("broken", model="m", messages="go")).result(timeout=30)
+        client = await Client.connect(temporal_address)
+        attempts = [
+            e.activity_task_started_event_attributes.attempt
+            async for e in client.get_workflow_handle("broken").fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        ]
+        return result, attempts
+
+    result, attempts = _with_runner(
+        temporal_address, body, models={"m": FunctionModel(_calls_broken)}, tools=[broken]
+    )
+    expected = asyncio.run(
+        sm.run_agent(model=FunctionModel(_calls_broken), tools=[broken], messages="go")
+    )
+    assert result_json(result) == result_json(expected)
+    [failed] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert failed.is_error
+    assert "no luck with 7" in failed.text
+    assert attempts == [1, 1, 1]  # model, tool, model: each activity ran once
+
+
+@pytest.mark.timeout(60)
+def test_a_run_ended_by_an_operator_is_failed_with_the_reason(temporal_address: str) -> None:
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> None:
+        handle = await runner.start("ended", model="scripted", messages="go")
+        assert await _pending(handle) == ["t1b"]
+        client = await Client.connect(temporal_address)
+        await client.get_workflow_handle("ended").terminate(reason="ended by an operator")
+        status = await handle.status()
+        assert status.state == "failed"
+        assert status.explanation == "terminated: ended by an operator"
+        with pytest.raises(RunFailedError, match="ended"):
+            await handle.result(timeout=10)
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1b", True)
+        with pytest.raises(RunClosedError):
+            await handle.steer("too late")
+
+    _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
+
+
+@pytest.mark.timeout(60)
+def test_the_runner_lists_enqueues_and_ends_runs(temporal_address: str) -> None:
+    async def body(runner: TemporalRunner) -> None:
+        handle = await runner.start("operated", model="scripted", messages="go")
+        assert await _pending(handle) == ["t1b"]
+        assert (await runner.status("operated")).state == "waiting"
+        assert await runner.recover(["dead-worker"]) == []  # Temporal takes them over
+        with pytest.raises(UsageError):
+            await runner.resume_held("operated")  # not held
+        await runner.end_held("operated", "no longer needed")
+        status = await runner.status("operated")
+        assert status.state == "failed"
+        assert status.explanation == "terminated: no longer needed"
+        async with asyncio.timeout(20):  # the server's listing follows its runs shortly
+            while "operated" not in [r.run_id for r in await runner.list_runs("failed", 1000)]:
+                await asyncio.sleep(0.1)
+        other = TemporalRunner(
+            runner.client,
+            models=runner.models,
+            tools=list(runner.tools.values()),
+            task_queue=f"{runner.task_queue}-other",
+            before_tool_call=beta_needs_approval,
+        )
+        async with other:
+            queued = await runner.enqueue(
+                "queued", queue=other.task_queue, model="scripted", messages="go"
+            )
+            assert await _pending(queued) == ["t1b"]  # the other queue's worker runs it
+        with pytest.raises(InvalidInputError):
+            await runner.enqueue("bad", queue="", model="scripted", messages="go")
+
+    _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
