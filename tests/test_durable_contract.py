@@ -105,14 +105,16 @@ def test_the_dbos_backend_keeps_the_protocols_and_the_command_takes_a_backend(
     with capsys.disabled():
         asyncio.run(run())
     asyncio.run(look())
-    assert sorted(BACKENDS) == ["dbos"]
-    with pytest.raises(sm.InvalidInputError, match="unknown backend 'temporal'; known: dbos"):
-        open_store("temporal", db)
+    assert sorted(BACKENDS) == ["dbos", "temporal"]
+    with pytest.raises(sm.InvalidInputError, match="unknown backend 'nope'; known: dbos, temporal"):
+        open_store("nope", db)
     assert main(["durable", "list", "--backend", "dbos", "--db", db]) == 0
     assert "1 run(s)" in capsys.readouterr().out
     out = tmp_path / "cli.jsonl"
     assert main(["durable", "export", "r", "--backend", "dbos", "--db", db, "--out", str(out)]) == 0
     assert out.read_bytes() == (tmp_path / "r.jsonl").read_bytes()
     capsys.readouterr()
+    assert main(["durable", "list", "--backend", "nope", "--db", db]) == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
     assert main(["durable", "list", "--backend", "temporal", "--db", db]) == 2
-    assert "invalid choice: 'temporal'" in capsys.readouterr().err
+    assert "not a Temporal address: 'sqlite:" in capsys.readouterr().err

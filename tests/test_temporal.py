@@ -280,9 +280,13 @@ def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_histor
 
 
 @pytest.mark.timeout(60)
-def test_the_store_lists_exports_and_hands_out_runs(temporal_address: str, tmp_path: Path) -> None:
+def test_the_store_lists_exports_and_hands_out_runs(
+    temporal_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statemachine.cli import main as cli_main
     from statemachine.durable import RunStore
-    from statemachine.durable.temporal import open_store
+    from statemachine.durable import open_store as open_backend_store
+    from statemachine.durable.temporal import TemporalStore, open_store
 
     async def body(runner: TemporalRunner) -> None:
         await (await runner.start("stored", model="scripted", messages="go")).result(timeout=30)
@@ -306,10 +310,18 @@ def test_the_store_lists_exports_and_hands_out_runs(temporal_address: str, tmp_p
             assert (await store.export_journal("stored", tmp_path / "stored.jsonl")).finished
         finally:
             store.close()
+        named = open_backend_store("temporal", f"temporal://{temporal_address}")
+        assert isinstance(named, TemporalStore)
+        assert named.namespace == "default"
+        named.close()
         with pytest.raises(InvalidInputError):
             open_store("temporal://")
 
     _with_runner(temporal_address, body)
+    # The command line reaches the same runs by the backend's name.
+    address = f"temporal://{temporal_address}/default"
+    assert cli_main(["durable", "list", "--backend", "temporal", "--db", address]) == 0
+    assert "stored" in capsys.readouterr().out
 
 
 @sm.tool

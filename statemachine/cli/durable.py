@@ -42,8 +42,11 @@ from statemachine.errors import UsageError
 
 __all__ = ["cli_durable"]
 
-_DB_HELP = "the runs' database (sqlite:///path or postgresql+psycopg://...)"
-_BACKEND_HELP = "the durable backend that keeps the runs (dbos)"
+_DB_HELP = (
+    "where the runs are kept: sqlite:///path or postgresql+psycopg://... (dbos), "
+    "temporal://HOST:PORT/NAMESPACE (temporal)"
+)
+_BACKEND_HELP = "the durable backend that keeps the runs (dbos, temporal)"
 
 
 class _ActionParser(argparse.ArgumentParser):

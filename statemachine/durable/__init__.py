@@ -277,7 +277,10 @@ class DurableRunner(Protocol):
         ...
 
 
-BACKENDS: Mapping[str, str] = {"dbos": "statemachine.durable.dbos"}
+BACKENDS: Mapping[str, str] = {
+    "dbos": "statemachine.durable.dbos",
+    "temporal": "statemachine.durable.temporal",
+}
 """The backends by name: each module has ``open_store(database_url) -> RunStore``."""
 
 
