@@ -50,12 +50,16 @@ class Owner(Protocol):
 
 
 async def open_handle(
-    client: DBOSClient, run_id: str, viewer: str = "", owner: Owner | None = None
+    client: DBOSClient,
+    run_id: str,
+    viewer: str = "",
+    owner: Owner | None = None,
+    newest: bool = False,
 ) -> DBOSRunHandle:
     """The handle of an existing run; ``UnknownRunError`` if there is none."""
     check_run_id(run_id)
     await find(client, run_id)
-    return DBOSRunHandle(client, run_id, viewer, owner)
+    return DBOSRunHandle(client, run_id, viewer, owner, newest)
 
 
 class DBOSRunHandle:
@@ -67,10 +71,12 @@ class DBOSRunHandle:
         run_id: str,
         viewer: str = "",
         owner: Owner | None = None,
+        newest: bool = False,
     ) -> None:
         self._own_client = client
         self.run_id = run_id
         self._viewer = viewer  # the application version of the worker that looks
+        self._newest = newest  # the viewer is the newest version, not a worker's
         self._owner = owner  # the runner whose client this is, if a runner made it
         self._local: WorkflowHandleAsync[dict[str, Any]] | None = None  # started here
 
@@ -202,7 +208,7 @@ class DBOSRunHandle:
 
     async def status(self) -> RunStatus:
         found = await find(self._client, self.run_id)
-        status = status_of(found, self._viewer)
+        status = status_of(found, self._viewer, self._newest)
         if status.state not in ("running", "held"):
             return status
         pending = await self.pending_approvals()

@@ -79,6 +79,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
+import sqlalchemy.exc
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its errors
 
@@ -197,12 +198,20 @@ class DBOSRunner:
         with store_errors(self.database_url):
             # The client first: a recovered run reads its records through it.
             self._client = DBOSClient(system_database_url=self.database_url)
+            known = _known_versions(self._client)
             DBOS.workflow(name=WORKFLOW)(_workflow)
             DBOS(config=self.config)
             DBOS.listen_queues(list(self.queues))
             _active = self
             try:
                 DBOS.launch()
+                if self.app_version not in known:
+                    # A version new to the database is its newest (DBOS keeps the time
+                    # of a version's registration to the second on SQLite): the one
+                    # a process that is not a worker sees runs as (``DBOSStore``).
+                    self._client.set_latest_application_version(
+                        self.app_version, application_name=self.config["name"]
+                    )
                 _outside_the_loop(self._register_queues)
             except BaseException:
                 self.destroy()
@@ -452,6 +461,15 @@ class DBOSRunner:
 async def _publish(calls: Sequence[ToolCall]) -> None:
     """Publish the calls waiting for a decision (``DBOSRunHandle.pending_approvals``)."""
     await DBOS.set_event_async(PENDING, [call_to_dict(c) for c in calls])
+
+
+def _known_versions(client: DBOSClient) -> set[str]:
+    """The application versions registered in the database (none in a database
+    DBOS has not set up yet)."""
+    try:
+        return {v["version_name"] for v in client.list_application_versions()}
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError):
+        return set()  # no table of versions yet
 
 
 def _outside_the_loop(call: Callable[[], None]) -> None:
