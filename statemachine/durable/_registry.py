@@ -15,26 +15,38 @@ each one's code). A worker that takes the run compares it with its own:
 
 ``application_version`` is the package version, a digest of the transition table and
 a digest of the manifest: it changes when the registry does.
+
+Patches are the other way to change code under one application version: a tool or
+hook asks ``patched("name")`` and branches on it. A run started before the worker had
+the patch answers ``False`` for all its life (it keeps the old code), a run started
+since answers ``True``; the backend records which (``check_patches`` checks a
+worker's list, ``patches_applied`` sets what a run's tools and hooks see).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from statemachine._version import __version__
 from statemachine.agent.tools import Tool
 from statemachine.core.table import TRANSITIONS
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
     "HOOKS",
     "application_version",
+    "check_patches",
     "code_digest",
     "differences",
     "manifest",
+    "patched",
+    "patches_applied",
     "table_digest",
 ]
 
@@ -176,3 +188,66 @@ def differences(
         elif theirs != ours:
             notes.append(f"hook {name!r} changed since the run started")
     return blocking, notes
+
+
+# -- patches ------------------------------------------------------------------------------
+
+MAX_PATCHES = 100  # patches a worker may carry at once (deprecate, then drop, old ones)
+
+_patches: contextvars.ContextVar[tuple[frozenset[str], frozenset[str]] | None]
+_patches = contextvars.ContextVar("statemachine_durable_patches", default=None)
+
+
+def check_patches(patches: object, deprecated: object) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A worker's patches, in the order they were introduced, and which of them are
+    deprecated; ``InvalidInputError`` naming what is wrong."""
+    if isinstance(patches, str) or not isinstance(patches, Sequence):
+        raise InvalidInputError("patches must be a sequence of names, oldest first")
+    if isinstance(deprecated, str) or not isinstance(deprecated, Collection):
+        raise InvalidInputError("deprecated_patches must be a collection of names")
+    names = tuple(patches)
+    if len(names) > MAX_PATCHES:
+        raise InvalidInputError(f"at most {MAX_PATCHES} patches, got {len(names)}")
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > 200 or "\x00" in name:
+            raise InvalidInputError(
+                f"a patch name is a non-empty str of at most 200 chars: {name!r}"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"patch names must be unique, got {list(names)}")
+    unknown = sorted(str(n) for n in deprecated if n not in names)
+    if unknown:
+        raise InvalidInputError(
+            f"deprecated patches {unknown} are not in patches: a deprecated patch keeps "
+            "its place in the list until no run took it"
+        )
+    return names, frozenset(str(n) for n in deprecated)
+
+
+@contextlib.contextmanager
+def patches_applied(known: Collection[str], applied: Collection[str]) -> Iterator[None]:
+    """Within: ``patched(name)`` answers for a run that took the patches ``applied``,
+    on a worker that has the patches ``known``."""
+    token = _patches.set((frozenset(known), frozenset(applied)))
+    try:
+        yield
+    finally:
+        _patches.reset(token)
+
+
+def patched(name: str) -> bool:
+    """Whether the durable run calling this (from a tool or a hook) runs the code of
+    the patch ``name``: ``False`` for a run started before its worker had the patch
+    (it keeps the old code for all its life), ``True`` for a run started since.
+    Outside a durable run: ``True`` (the code of today). ``UsageError`` for a name
+    the worker was not given (``DBOSRunner(patches=...)``)."""
+    scope = _patches.get()
+    if scope is None:
+        return True
+    known, applied = scope
+    if name not in known:
+        raise UsageError(
+            f"patch {name!r} is not one of this worker's patches {sorted(known)}: "
+            "name it in DBOSRunner(patches=[...])"
+        )
+    return name in applied

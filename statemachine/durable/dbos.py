@@ -76,7 +76,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
 import sqlalchemy.exc
@@ -93,7 +93,14 @@ from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.wire import messages_from_dicts, messages_to_dicts
-from statemachine.durable import ExportedJournal, ListedRun, RunStatus, _dbos_held, _dbos_ops
+from statemachine.durable import (
+    ExportedJournal,
+    ListedRun,
+    RunStatus,
+    _dbos_held,
+    _dbos_ops,
+    _dbos_patches,
+)
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
 from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
@@ -113,11 +120,18 @@ from statemachine.durable._dbos_inputs import (
 from statemachine.durable._dbos_run import DurableRun
 from statemachine.durable._dbos_status import NOTES, PENDING, WORKFLOW
 from statemachine.durable._dbos_store import DBOSStore, connect, open_store
-from statemachine.durable._registry import application_version, differences, manifest
+from statemachine.durable._registry import (
+    application_version,
+    check_patches,
+    differences,
+    manifest,
+    patched,
+    patches_applied,
+)
 from statemachine.durable._wire import call_to_dict, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
 
-__all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store"]
+__all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store", "patched"]
 
 # -- the workflow ---------------------------------------------------------------------------
 
@@ -141,6 +155,9 @@ class DBOSRunner:
     same id (and the same application version) takes its unfinished runs back at
     ``launch()``. ``queues`` names the queues this worker takes enqueued runs from,
     each with the most runs it runs from that queue at once (none by default).
+    ``patches`` (oldest first) are the names tools and hooks branch on with
+    ``patched(name)``, DBOS's patching; ``deprecated_patches`` those of them whose old
+    code is gone (``_dbos_patches``; the guide's "Changing code while runs wait").
     """
 
     def __init__(
@@ -157,6 +174,8 @@ class DBOSRunner:
         name: str = "statemachine",
         notification_interval: float = 0.1,
         app_version: str | None = None,
+        patches: Sequence[str] = (),
+        deprecated_patches: Collection[str] = (),
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -173,6 +192,7 @@ class DBOSRunner:
             "after_tool_call": after_tool_call,
             "should_continue": should_continue,
         }
+        self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
         self.manifest = manifest(list(self.models), tools, self.hooks)
         if app_version is not None:
             check_name(app_version, "app_version")
@@ -361,10 +381,27 @@ class DBOSRunner:
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)
-        # What an earlier execution recorded (a read, not an operation): where the
-        # messages took effect (``_dbos_control``).
-        recorded = await self._require_client().list_workflow_steps_async(run_id)
-        control = Control([dict(s) for s in recorded])
+        # What an earlier execution recorded (a read, not an operation): the patches
+        # the run took, where the messages took effect (``_dbos_control``).
+        recorded = [dict(s) for s in await self._require_client().list_workflow_steps_async(run_id)]
+        unknown = _dbos_patches.markers_unknown(recorded, self.patches)
+        if unknown:
+            await self._hold(
+                run_id,
+                [
+                    f"the run took patch {name!r}, which this worker does not have (rolled "
+                    "back, or dropped while the run waited): keep it, deprecated"
+                    for name in unknown
+                ],
+            )
+        taken = await _dbos_patches.apply(self.patches, self.deprecated_patches, recorded)
+        with patches_applied(self.patches, taken):
+            return await self._drive(run_id, spec, Control(recorded))
+
+    async def _drive(
+        self, run_id: str, spec: Mapping[str, Any], control: Control
+    ) -> dict[str, Any]:
+        """The run's course under its control lane; hold it if a step does not fit."""
         control.mismatch = asyncio.get_running_loop().create_future()
         control.start()
         try:
