@@ -4,7 +4,9 @@ and what those tests share about it.
     python tests/durable_worker.py DB_URL RUN_ID OUT [MODE]
 
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
-same, beta needing a person), "broken" (tools also run outside their steps), "gated"
+same, beta needing a person), "typed" (the same with instructions, an output type and
+usage limits, named in the worker's registry), "broken" (tools also run outside their
+steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said; "gated-dies": the same, dying when a message has come, before its
 place is recorded) or "serve" (no run of its own: it takes runs from the queue "jobs",
@@ -21,6 +23,7 @@ survives a kill.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import statemachine as sm
+from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
@@ -105,6 +109,37 @@ def answer(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> s
     )
 
 
+@dataclasses.dataclass
+class Tally:
+    """The typed output of the "typed" runs."""
+
+    turns: int
+    heard: str
+
+
+def billing_instructions(ctx: sm.RunContext[None]) -> str:
+    """Instructions as a function of the run's context: they name the turn."""
+    return f"turn {ctx.turn}: answer with a Tally"
+
+
+TYPED_LIMITS = sm.UsageLimits(requests=10)
+
+
+def typed_answer(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition], options: CallOptions
+) -> sm.AssistantMessage:
+    """``answer``, saying the instructions it was given at each turn, then ending with
+    the final result (its output): a run that lost its instructions or output type
+    after a restart has another history."""
+    heard = options.instructions or "no instructions"
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= TURNS:
+        arguments = {"turns": turn, "heard": heard}
+        return sm.AssistantMessage([sm.ToolCall(f"f{turn}", "final_result", arguments)])
+    calls = answer(messages, tools).tool_calls
+    return sm.AssistantMessage([sm.TextContent(f"turn {turn} heard: {heard}"), *calls])
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -166,19 +201,33 @@ def _die_before_placing_a_message() -> None:
     reservation.run_async = run_async
 
 
-def reference_run() -> sm.RunResult:
-    """The run every durable test compares with: the same model and tools, in memory."""
-    return asyncio.run(
-        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
-    )
+def reference_run(mode: str = "") -> sm.RunResult:
+    """The run every durable test compares with: the same model and tools, in memory
+    (for the mode "typed", with the same instructions, output type and limits)."""
+    if mode == "typed":
+        run = sm.run_agent(
+            model=FunctionModel(typed_answer),
+            tools=TOOLS,
+            messages="go",
+            instructions=billing_instructions,
+            output_type=Tally,
+            usage_limits=TYPED_LIMITS,
+        )
+    else:
+        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go")
+    return asyncio.run(run)
 
 
 def result_json(result: sm.RunResult) -> dict[str, Any]:
-    return {
+    """State, history, trace (and the typed output of a run that has one)."""
+    found: dict[str, Any] = {
         "state": result.state.value,
         "messages": messages_to_dicts(result.messages),
         "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
     }
+    if result.output is not None:
+        found["output"] = [type(result.output).__name__, dataclasses.asdict(result.output)]
+    return found
 
 
 async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
@@ -189,14 +238,24 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     if mode == "gated-dies":
         _die_before_placing_a_message()
     gated = mode.startswith("gated")
+    typed = mode == "typed"
+    # Only a typed worker has more in its registry: the others keep the version the
+    # tests' own runners have.
+    registry: dict[str, Any] = {}
+    if typed:
+        registry = {
+            "instructions": {"billing": billing_instructions},
+            "output_types": {"tally": Tally},
+        }
     runner = DBOSRunner(
-        models={"scripted": FunctionModel(echo if gated else answer)},
+        models={"scripted": FunctionModel(typed_answer if typed else echo if gated else answer)},
         tools=[wait_at_gate] if gated else TOOLS,
         database_url=db_url,
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
         app_version=os.environ.get("DURABLE_APP_VERSION") or None,
+        **registry,
     )
     runner.launch()
     try:
@@ -207,7 +266,11 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
             while not os.path.exists(out):
                 await asyncio.sleep(0.05)
             return
-        handle = await runner.start(run_id, model="scripted", messages="go")
+        options: dict[str, Any] = {"model": "scripted"}
+        if typed:
+            options = {"model": "scripted", "instructions": "billing", "output_type": "tally"}
+            options["usage_limits"] = TYPED_LIMITS
+        handle = await runner.start(run_id, messages="go", **options)
         result = await handle.result()
     finally:
         runner.destroy()

@@ -48,6 +48,11 @@ class Owner(Protocol):
     database_url: str
     _client: DBOSClient | None
 
+    @property
+    def output_types(self) -> Mapping[str, Any]:
+        """The output types of the runner's registry, by name (a run records its)."""
+        ...
+
 
 async def open_handle(
     client: DBOSClient,
@@ -110,7 +115,8 @@ class DBOSRunHandle:
         except Exception as exc:
             self._raise_unless_going(await find(self._client, self.run_id))
             raise RunFailedError(f"run {self.run_id!r}: {described(exc)}") from exc
-        return result_from_dict(self.run_id, output)
+        owner = self._owner
+        return result_from_dict(self.run_id, output, None if owner is None else owner.output_types)
 
     async def _output(self) -> dict[str, Any]:
         if self._local is not None:  # started by this process: no polling

@@ -67,6 +67,7 @@ from statemachine.durable._journal import (
     options,
     write_journal,
 )
+from statemachine.durable._registry import replay_options
 from statemachine.errors import InvalidInputError
 from statemachine.journal import Journal, JournalingEngine
 
@@ -230,7 +231,7 @@ async def export_journal(
     # surrogate escaped, as run_agent_journaled writes it).
     buffer, data = journal_buffer()
     journal = Journal(buffer, flush="close")
-    chosen = options(spec, recorded, tools, hooks)
+    chosen = {**options(spec, recorded, tools, hooks), **replay_options(spec)}
     result, state = await _rebuild(run_id, spec, recorded, steps, journal, chosen)
     output = status.output
     finished = status.status == "SUCCESS" and isinstance(output, Mapping)

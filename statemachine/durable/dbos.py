@@ -85,12 +85,14 @@ from dbos._error import DBOSUnexpectedStepError  # DBOS exports none of its erro
 
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
+from statemachine.agent.model_call import Instructions
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.wire import messages_from_dicts, messages_to_dicts
 from statemachine.durable import (
@@ -127,8 +129,12 @@ from statemachine.durable._registry import (
     manifest,
     patched,
     patches_applied,
+    run_extras,
+    run_options,
+    unknown_extras,
+    with_extras,
 )
-from statemachine.durable._wire import call_to_dict, result_to_dict
+from statemachine.durable._wire import call_to_dict, output_json, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store", "patched"]
@@ -155,6 +161,8 @@ class DBOSRunner:
     same id (and the same application version) takes its unfinished runs back at
     ``launch()``. ``queues`` names the queues this worker takes enqueued runs from,
     each with the most runs it runs from that queue at once (none by default).
+    ``instructions`` and ``output_types`` name the instructions (a string, or a
+    function of the run's context) and output types a run may name, as its model.
     ``patches`` (oldest first) are the names tools and hooks branch on with
     ``patched(name)``, DBOS's patching; ``deprecated_patches`` those of them whose old
     code is gone (``_dbos_patches``; the guide's "Changing code while runs wait").
@@ -176,6 +184,8 @@ class DBOSRunner:
         app_version: str | None = None,
         patches: Sequence[str] = (),
         deprecated_patches: Collection[str] = (),
+        instructions: Mapping[str, Instructions] | None = None,
+        output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -193,7 +203,11 @@ class DBOSRunner:
             "should_continue": should_continue,
         }
         self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
-        self.manifest = manifest(list(self.models), tools, self.hooks)
+        self.instructions = dict(instructions or {})
+        self.output_types = dict(output_types or {})
+        self.manifest = with_extras(
+            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+        )
         if app_version is not None:
             check_name(app_version, "app_version")
         self.app_version = app_version or application_version(self.manifest)
@@ -258,9 +272,17 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> DBOSRunHandle:
-        """Start the run ``run_id`` in this worker (or, if it exists, return its handle)."""
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        """Start the run ``run_id`` in this worker (or, if it exists, return its handle).
+        ``instructions`` and ``output_type`` are names in this runner's registry;
+        ``usage_limits`` as ``run_agent``'s."""
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         with store_errors(self.database_url), SetWorkflowID(run_id):
             local = await DBOS.start_workflow_async(_workflow, run_id, spec)
         handle = DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
@@ -276,11 +298,18 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> DBOSRunHandle:
         """Put the run ``run_id`` on ``queue``: a worker launched with that queue in
-        its ``queues`` runs it (or, if the run exists, return its handle)."""
+        its ``queues`` runs it (or, if the run exists, return its handle); the run's
+        options as ``start``'s."""
         check_name(queue, "queue")
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         options: EnqueueOptions = {
             "workflow_name": WORKFLOW,
             "queue_name": queue,
@@ -324,6 +353,7 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None,
         max_turns: int,
+        extras: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
         check_run_id(run_id)
@@ -343,6 +373,7 @@ class DBOSRunner:
             "messages": messages_to_dicts(messages),
             "max_turns": max_turns,
             "code": self.manifest,
+            **extras,
         }
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
@@ -372,6 +403,7 @@ class DBOSRunner:
             "tools": [self.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": run_id,
+            **run_options(spec, self.instructions, self.output_types),
             **self.hooks,
             **kwargs,
         }
@@ -406,12 +438,13 @@ class DBOSRunner:
         control.start()
         try:
             messages = messages_from_dicts(spec["messages"])
-            run = self._new_run(run_id, spec, control=control, messages=messages)
+            runs = [self._new_run(run_id, spec, control=control, messages=messages)]
 
             def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-                return self._new_run(run_id, spec, (done.engine, decisions), control=control)
+                runs.append(self._new_run(run_id, spec, (done.engine, decisions), control=control))
+                return runs[-1]
 
-            course = asyncio.ensure_future(drive(run, resume, _publish))
+            course = asyncio.ensure_future(drive(runs[0], resume, _publish))
             waits: set[asyncio.Future[Any]] = {course, control.mismatch}
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -432,7 +465,8 @@ class DBOSRunner:
             await self._hold(
                 run_id, [f"the run's recorded steps do not fit this worker's code: {mismatch}"]
             )
-        return result_to_dict(result, stats)
+        output = output_json(result, runs[-1].engine, spec.get("output_types"))
+        return result_to_dict(result, stats, output)
 
     def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """How this worker's code differs from what the run ``spec`` recorded: the
@@ -440,7 +474,10 @@ class DBOSRunner:
         recorded = spec.get("code")
         if not isinstance(recorded, Mapping):  # a run recorded without its manifest
             recorded = {"tools": {}, "hooks": {}}
-        return differences(recorded, self.manifest, str(spec["model"]), list(spec["tools"]))
+        blocking, notes = differences(
+            recorded, self.manifest, str(spec["model"]), list(spec["tools"])
+        )
+        return blocking + unknown_extras(spec, self.instructions, self.output_types), notes
 
     async def _check_code(self, run_id: str, spec: Mapping[str, Any]) -> None:
         """Before the run is rebuilt: hold it if this worker's code does not fit it
