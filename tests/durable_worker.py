@@ -5,7 +5,9 @@ and what those tests share about it.
 
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
 same, beta needing a person), "typed" (the same with instructions, an output type and
-usage limits, named in the worker's registry), "broken" (tools also run outside their
+usage limits, named in the worker's registry), "listening" (the gate, or a tool a
+person must approve for a run started with DURABLE_START="approval"; then the model
+repeats what the person said), "broken" (tools also run outside their
 steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said; "gated-dies": the same, dying when a message has come, before its
@@ -173,6 +175,25 @@ def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.
     return sm.AssistantMessage(f"heard: {said(messages)}")
 
 
+@sm.tool
+async def guarded() -> str:
+    """A tool a person must approve."""
+    return "guarded ran"
+
+
+def guarded_needs_a_person(call: sm.ToolCall) -> sm.RequireApproval | None:
+    return sm.RequireApproval("a person decides") if call.name == "guarded" else None
+
+
+def listen(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """The "listening" runs: first the gate (or, for a run started with "approval",
+    a tool a person must approve), then repeat what the person said."""
+    if not any(isinstance(m, sm.AssistantMessage) for m in messages):
+        name = "guarded" if said(messages[:1]) == "approval" else "wait_at_gate"
+        return sm.AssistantMessage([sm.ToolCall("c1", name, {})])
+    return sm.AssistantMessage(f"heard: {said(messages)}")
+
+
 def _run_tools_outside_their_steps() -> None:
     """A broken backend, for showing that the kill trials' check can fail: every tool
     call also runs outside its step, so a recovery runs finished calls again."""
@@ -230,6 +251,16 @@ def result_json(result: sm.RunResult) -> dict[str, Any]:
     return found
 
 
+def _model_of(mode: str) -> Any:
+    models = {"typed": typed_answer, "listening": listen, "gated": echo, "gated-dies": echo}
+    return models.get(mode, answer)
+
+
+def _hook_of(mode: str) -> Any:
+    hooks = {"approvals": beta_needs_approval, "listening": guarded_needs_a_person}
+    return hooks.get(mode)
+
+
 async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     from statemachine.durable.dbos import DBOSRunner
 
@@ -238,6 +269,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     if mode == "gated-dies":
         _die_before_placing_a_message()
     gated = mode.startswith("gated")
+    listening = mode == "listening"
     typed = mode == "typed"
     # Only a typed worker has more in its registry: the others keep the version the
     # tests' own runners have.
@@ -248,10 +280,11 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
             "output_types": {"tally": Tally},
         }
     runner = DBOSRunner(
-        models={"scripted": FunctionModel(typed_answer if typed else echo if gated else answer)},
-        tools=[wait_at_gate] if gated else TOOLS,
+        models={"scripted": FunctionModel(_model_of(mode))},
+        tools=[wait_at_gate, guarded] if listening else [wait_at_gate] if gated else TOOLS,
         database_url=db_url,
-        before_tool_call=beta_needs_approval if mode == "approvals" else None,
+        before_tool_call=_hook_of(mode),
+        notification_interval=0.05 if listening else 0.1,
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
         app_version=os.environ.get("DURABLE_APP_VERSION") or None,
@@ -270,7 +303,8 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         if typed:
             options = {"model": "scripted", "instructions": "billing", "output_type": "tally"}
             options["usage_limits"] = TYPED_LIMITS
-        handle = await runner.start(run_id, messages="go", **options)
+        start = os.environ.get("DURABLE_START", "go")
+        handle = await runner.start(run_id, messages=start, **options)
         result = await handle.result()
     finally:
         runner.destroy()
@@ -313,15 +347,23 @@ def database_urls(backend: str, tmp_path: Path) -> Any:
 
 
 def start_worker(
-    db: str, run_id: str, out: Path, log: Path, mode: str = "", **env: str
+    db: str,
+    run_id: str,
+    out: Path,
+    log: Path,
+    mode: str = "",
+    errors: Path | None = None,
+    **env: str,
 ) -> subprocess.Popen[bytes]:
+    """A worker process; its stderr goes to the file ``errors`` if given."""
     environment = dict(os.environ, DURABLE_SIDE_EFFECTS=str(log), PYTHONPATH=ROOT, **env)
-    return subprocess.Popen(
-        [sys.executable, WORKER, db, run_id, str(out), mode],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(errors or os.devnull, "wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, WORKER, db, run_id, str(out), mode],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
