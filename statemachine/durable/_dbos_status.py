@@ -17,6 +17,7 @@ from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS
 from statemachine.durable._wire import call_from_dict
 
 __all__ = [
+    "DONE",
     "ENDED",
     "ENDED_BY",
     "HELD",
@@ -34,6 +35,7 @@ __all__ = [
 
 WORKFLOW = "statemachine.run"  # the name the run's workflow is registered under
 PENDING = "pending"  # the event holding the calls waiting for a decision
+DONE = "statemachine.done"  # the event a run sets last, on PostgreSQL (it notifies)
 
 # The run's attributes (kept by DBOS with its status, written outside its steps).
 HELD = "statemachine.held"  # why a worker holds the run

@@ -11,7 +11,12 @@ from typing import IO
 from dbos import DBOSClient
 
 from statemachine.durable import ExportedJournal, ListedRun, _dbos_ops
-from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
+from statemachine.durable._dbos_errors import (
+    listening_client,
+    reachable,
+    store_errors,
+    write_ahead,
+)
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
 from statemachine.durable._dbos_inputs import check_url
 from statemachine.durable._dbos_status import newest_version
@@ -58,4 +63,5 @@ def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
     reachable(check_url(database_url))
     write_ahead(database_url)
     with store_errors(database_url):
-        return DBOSClient(system_database_url=database_url)
+        # On PostgreSQL a listener thread wakes a handle's result() when the run ends.
+        return listening_client(database_url)

@@ -105,7 +105,13 @@ from statemachine.durable import (
 )
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
+from statemachine.durable._dbos_errors import (
+    listening_client,
+    notifies,
+    reachable,
+    store_errors,
+    write_ahead,
+)
 from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
 from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
@@ -120,7 +126,7 @@ from statemachine.durable._dbos_inputs import (
     storable,
 )
 from statemachine.durable._dbos_run import DurableRun
-from statemachine.durable._dbos_status import NOTES, PENDING, WORKFLOW
+from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
 from statemachine.durable._dbos_store import DBOSStore, connect, open_store
 from statemachine.durable._registry import (
     application_version,
@@ -231,7 +237,7 @@ class DBOSRunner:
         write_ahead(self.database_url)
         with store_errors(self.database_url):
             # The client first: a recovered run reads its records through it.
-            self._client = DBOSClient(system_database_url=self.database_url)
+            self._client = listening_client(self.database_url)
             known = _known_versions(self._client)
             DBOS.workflow(name=WORKFLOW)(_workflow)
             DBOS(config=self.config)
@@ -466,6 +472,10 @@ class DBOSRunner:
                 run_id, [f"the run's recorded steps do not fit this worker's code: {mismatch}"]
             )
         output = output_json(result, runs[-1].engine, spec.get("output_types"))
+        if notifies(self.database_url):
+            # Wakes the handles waiting for the result (``DBOSRunHandle.result``);
+            # the run's last operation. SQLite has no notification: its waiters poll.
+            await DBOS.set_event_async(DONE, True)
         return result_to_dict(result, stats, output)
 
     def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
