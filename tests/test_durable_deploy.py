@@ -64,8 +64,9 @@ def _worker(db: str, tools: Sequence[sm.Tool] = TOOLS, **options: Any) -> DBOSRu
 
 def _old_worker_waits(db: str, tmp_path: Path, version: str = "") -> None:
     """Run "appr" on the old code until it waits for a person, then kill its worker."""
-    env = {"DURABLE_APP_VERSION": version} if version else {}
-    proc = start_worker(db, "appr", tmp_path / "out.json", tmp_path / "log", "approvals", **env)
+    out, log = tmp_path / "out.json", tmp_path / "log"
+    # An empty DURABLE_APP_VERSION: the default version.
+    proc = start_worker(db, "appr", out, log, "approvals", DURABLE_APP_VERSION=version)
     try:
         deadline = time.monotonic() + 60
         while True:
