@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,20 @@ def _die_before_placing_a_message() -> None:
 
     reservation: Any = StepReservation  # replaced here on purpose
     reservation.run_async = run_async
+
+
+def launched(runner: Any, body: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``body(runner)`` run with ``runner`` (a ``DBOSRunner``) launched, in an event
+    loop of its own; the runner destroyed after."""
+
+    async def go() -> Any:
+        runner.launch()
+        try:
+            return await body(runner)
+        finally:
+            runner.destroy()
+
+    return asyncio.run(go())
 
 
 def reference_run(mode: str = "") -> sm.RunResult:

@@ -27,7 +27,7 @@ if os.environ.get("CI") == "true":
 else:
     pytest.importorskip("dbos")
 
-from durable_worker import database_urls, kill, start_worker
+from durable_worker import database_urls, guarded, guarded_needs_a_person, kill, start_worker
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
@@ -45,16 +45,6 @@ async def slow() -> str:
     assert key is not None
     await _gates[key.rsplit(":", 1)[0]].wait()
     return "opened"
-
-
-@sm.tool
-async def guarded() -> str:
-    """A tool a person must approve."""
-    return "guarded ran"
-
-
-def _needs_a_person(call: sm.ToolCall) -> sm.RequireApproval | None:
-    return sm.RequireApproval("a person decides") if call.name == "guarded" else None
 
 
 def _texts(message: sm.Message) -> list[str]:
@@ -93,14 +83,11 @@ async def _send(handle: DBOSRunHandle, kind: str, text: str) -> bool:
     return True
 
 
-async def _play(runner: DBOSRunner, run_id: str, script: tuple[str, list[Any]]) -> None:
-    start, steps = script
-    gate = _gates[run_id] = asyncio.Event()
-    handle = await runner.start(run_id, model="m", messages=start)
-    for _ in range(600):  # until the tool runs or the run waits for a person
-        if (await handle.status()).state == "waiting" or start == "tool":
-            break
-        await asyncio.sleep(0.05)
+async def _steps(
+    handle: DBOSRunHandle, run_id: str, steps: list[Any], others: dict[str, Callable[[], Any]]
+) -> tuple[list[str], list[str]]:
+    """Play a script's steps on the run (``others``: what "open", "kill" do); the
+    messages acknowledged and those refused."""
     acknowledged: list[str] = []
     refused: list[str] = []
     count = 0
@@ -121,13 +108,29 @@ async def _play(runner: DBOSRunner, run_id: str, script: tuple[str, list[Any]]) 
             except NotPendingError:
                 pass  # not waiting (a tool run, or decided or aborted already)
         else:
-            gate.set()
-    gate.set()
-    for call in await handle.pending_approvals():
+            others[what]()
+    return acknowledged, refused
+
+
+async def _approve_all(calls: Sequence[sm.ToolCall], handle: DBOSRunHandle) -> None:
+    for call in calls:
         try:
             await handle.decide(call.id, True)
         except NotPendingError:
-            pass
+            pass  # decided or ended meanwhile
+
+
+async def _play(runner: DBOSRunner, run_id: str, script: tuple[str, list[Any]]) -> None:
+    start, steps = script
+    gate = _gates[run_id] = asyncio.Event()
+    handle = await runner.start(run_id, model="m", messages=start)
+    for _ in range(600):  # until the tool runs or the run waits for a person
+        if (await handle.status()).state == "waiting" or start == "tool":
+            break
+        await asyncio.sleep(0.05)
+    acknowledged, refused = await _steps(handle, run_id, steps, {"open": gate.set})
+    gate.set()
+    await _approve_all(await handle.pending_approvals(), handle)
     _nothing_lost(await handle.result(timeout=60), acknowledged, refused)
 
 
@@ -151,7 +154,7 @@ def _property(database_url: str, examples: int) -> None:
     runner = DBOSRunner(
         models={"m": FunctionModel(_model)},
         tools=[slow, guarded],
-        before_tool_call=_needs_a_person,
+        before_tool_call=guarded_needs_a_person,
         database_url=database_url,
         notification_interval=0.05,
     )
@@ -252,35 +255,10 @@ async def _play_with_kills(db: str, tmp: Path, run_id: str, script: tuple[str, l
     try:
         handle = DBOSRunHandle(client, run_id)
         await _started(handle, start)
-        acknowledged: list[str] = []
-        refused: list[str] = []
-        count = 0
-        for what, arg in steps:
-            if what == "send":
-                texts = [f"{run_id}-m{count + i}" for i in range(len(arg))]
-                count += len(arg)
-                sent = await asyncio.gather(
-                    *(_send(handle, k, t) for k, t in zip(arg, texts, strict=True))
-                )
-                for text, ok in zip(texts, sent, strict=True):
-                    (acknowledged if ok else refused).append(text)
-            elif what == "kill":
-                workers.kill_and_restart()
-            elif what == "abort":
-                await handle.abort("the test aborts")
-            elif what == "decide":
-                try:
-                    await handle.decide("c1", arg)
-                except NotPendingError:
-                    pass  # not waiting (a tool run, or decided or aborted already)
-            else:
-                workers.gate.touch()
+        others = {"kill": workers.kill_and_restart, "open": workers.gate.touch}
+        acknowledged, refused = await _steps(handle, run_id, steps, others)
         workers.gate.touch()
-        for call in await _pending_when_up(handle):
-            try:
-                await handle.decide(call.id, True)
-            except NotPendingError:
-                pass
+        await _approve_all(await _pending_when_up(handle), handle)
         result = await handle.result(timeout=120)
         await asyncio.to_thread(workers.finish)
         _nothing_lost(result, acknowledged, refused)

@@ -30,6 +30,7 @@ from durable_worker import (
     beta_needs_approval,
     billing_instructions,
     database_urls,
+    launched,
     reference_run,
     result_json,
     typed_answer,
@@ -59,17 +60,6 @@ def _worker(db: str, **options: Any) -> DBOSRunner:
     )
 
 
-def _launched(runner: DBOSRunner, body: Callable[[DBOSRunner], Any]) -> Any:
-    async def go() -> Any:
-        runner.launch()
-        try:
-            return await body(runner)
-        finally:
-            runner.destroy()
-
-    return asyncio.run(go())
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
     return database_urls(request.param, tmp_path)  # type: ignore[no-any-return]
@@ -93,7 +83,7 @@ def test_a_typed_run_with_instructions_ends_as_in_memory(
             store.close()
         return result, seen_elsewhere
 
-    result, seen_elsewhere = _launched(_worker(db), body)
+    result, seen_elsewhere = launched(_worker(db), body)
     expected = reference_run("typed")
     assert result_json(result) == result_json(expected)
     assert result.output == Tally(4, "turn 4: answer with a Tally")
@@ -116,7 +106,7 @@ def test_usage_limits_end_a_durable_run_as_they_end_run_agent(
         handle = await runner.start("limited", model="scripted", messages="go", usage_limits=limits)
         return await handle.result(timeout=60)
 
-    result = _launched(_worker(db), body)
+    result = launched(_worker(db), body)
     expected = asyncio.run(
         sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go", usage_limits=limits)
     )
@@ -145,7 +135,7 @@ def test_names_outside_the_registry_are_refused_and_a_run_whose_type_is_gone_is_
         while not await handle.pending_approvals():
             await asyncio.sleep(0.05)
 
-    _launched(_worker(db, app_version="v1", before_tool_call=beta_needs_approval), refused)
+    launched(_worker(db, app_version="v1", before_tool_call=beta_needs_approval), refused)
     with pytest.raises(sm.InvalidInputError, match="instructions must be a str or a function"):
         _worker(db, instructions={"bad": 3})
     with pytest.raises(sm.InvalidInputError, match="output_type"):
@@ -163,4 +153,4 @@ def test_names_outside_the_registry_are_refused_and_a_run_whose_type_is_gone_is_
         return status.held
 
     gone = _worker(db, app_version="v1", before_tool_call=beta_needs_approval, output_types={})
-    assert "output type 'tally' is not in this worker's registry" in _launched(gone, held)
+    assert "output type 'tally' is not in this worker's registry" in launched(gone, held)

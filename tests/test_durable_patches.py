@@ -21,7 +21,7 @@ if os.environ.get("CI") == "true":
 else:
     pytest.importorskip("dbos")
 
-from durable_worker import TOOLS, alpha, answer, beta_needs_approval, database_urls
+from durable_worker import TOOLS, alpha, answer, beta_needs_approval, database_urls, launched
 
 import statemachine as sm
 from statemachine.durable import RunHeldError, RunStatus
@@ -60,17 +60,6 @@ def _worker(db: str, tools: Sequence[sm.Tool] = TOOLS, **options: Any) -> DBOSRu
     )
 
 
-def _launched(runner: DBOSRunner, body: Callable[[DBOSRunner], Any]) -> Any:
-    async def go() -> Any:
-        runner.launch()
-        try:
-            return await body(runner)
-        finally:
-            runner.destroy()
-
-    return asyncio.run(go())
-
-
 async def _until(check: Callable[[], Any], what: str) -> Any:
     deadline = time.monotonic() + 60
     while not (found := await check()):
@@ -93,7 +82,7 @@ def _waits_across_a_deploy(db: str, **options: Any) -> None:
     async def start(runner: DBOSRunner) -> None:
         await _pending(await runner.start("old", model="scripted", messages="go"), "t1b")
 
-    _launched(_worker(db, **options), start)
+    launched(_worker(db, **options), start)
 
 
 async def _decide_all(handle: DBOSRunHandle) -> sm.RunResult:
@@ -152,7 +141,7 @@ def test_a_tool_changed_under_a_patch_keeps_its_old_code_for_a_run_that_waited(
         new = await _decide_all(await runner.start("new", model="scripted", messages="go"))
         return old, new, await _markers(runner, "old") + await _markers(runner, "new")
 
-    old, new, markers = _launched(_worker(db, [alpha, beta], patches=["beta-v2"]), deployed)
+    old, new, markers = launched(_worker(db, [alpha, beta], patches=["beta-v2"]), deployed)
     assert old.ok
     assert new.ok
     betas = [o for o in _outputs(old) if "beta" in o]
@@ -180,7 +169,7 @@ def test_a_hook_dropped_under_a_patch_still_asks_for_a_run_that_waited(
         return old, new
 
     runner = _worker(db, before_tool_call=approvals_until_patched, patches=["no-approvals"])
-    old, new = _launched(runner, deployed)
+    old, new = launched(runner, deployed)
     assert old.ok
     assert new.ok
     assert len([o for o in _outputs(new) if "beta" in o]) == 3  # no person was asked
@@ -206,7 +195,7 @@ def test_a_patch_rolled_back_holds_the_run_and_deprecated_it_goes_on(
             await handle.result(timeout=10)
         return await handle.status()
 
-    status = _launched(_worker(db), rolled_back)
+    status = launched(_worker(db), rolled_back)
     assert "the run took patch 'beta-v2', which this worker does not have" in status.held
 
     async def deprecated(runner: DBOSRunner) -> tuple[sm.RunResult, sm.RunResult, list[str]]:
@@ -216,7 +205,7 @@ def test_a_patch_rolled_back_holds_the_run_and_deprecated_it_goes_on(
         return old, new, await _markers(runner, "old") + await _markers(runner, "new")
 
     runner = _worker(db, [alpha, beta], patches=["beta-v2"], deprecated_patches=["beta-v2"])
-    old, new, markers = _launched(runner, deprecated)
+    old, new, markers = launched(runner, deprecated)
     assert next(o for o in _outputs(old) if "beta" in o) == "beta v2(1)=1001"
     assert next(o for o in _outputs(new) if "beta" in o) == "beta v2(1)=1001"
     assert markers == [MARKER + "beta-v2"]  # the old run's only
