@@ -4,7 +4,11 @@ and what those tests share about it.
     python tests/durable_worker.py DB_URL RUN_ID OUT [MODE]
 
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
-same, beta needing a person), "broken" (tools also run outside their steps), "gated"
+same, beta needing a person), "typed" (the same with instructions, an output type and
+usage limits, named in the worker's registry), "listening" (the gate, or a tool a
+person must approve for a run started with DURABLE_START="approval"; then the model
+repeats what the person said), "broken" (tools also run outside their
+steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said; "gated-dies": the same, dying when a message has come, before its
 place is recorded) or "serve" (no run of its own: it takes runs from the queue "jobs",
@@ -21,17 +25,19 @@ survives a kill.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import statemachine as sm
+from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
@@ -105,6 +111,37 @@ def answer(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> s
     )
 
 
+@dataclasses.dataclass
+class Tally:
+    """The typed output of the "typed" runs."""
+
+    turns: int
+    heard: str
+
+
+def billing_instructions(ctx: sm.RunContext[None]) -> str:
+    """Instructions as a function of the run's context: they name the turn."""
+    return f"turn {ctx.turn}: answer with a Tally"
+
+
+TYPED_LIMITS = sm.UsageLimits(requests=10)
+
+
+def typed_answer(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition], options: CallOptions
+) -> sm.AssistantMessage:
+    """``answer``, saying the instructions it was given at each turn, then ending with
+    the final result (its output): a run that lost its instructions or output type
+    after a restart has another history."""
+    heard = options.instructions or "no instructions"
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= TURNS:
+        arguments = {"turns": turn, "heard": heard}
+        return sm.AssistantMessage([sm.ToolCall(f"f{turn}", "final_result", arguments)])
+    calls = answer(messages, tools).tool_calls
+    return sm.AssistantMessage([sm.TextContent(f"turn {turn} heard: {heard}"), *calls])
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -138,6 +175,25 @@ def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.
     return sm.AssistantMessage(f"heard: {said(messages)}")
 
 
+@sm.tool
+async def guarded() -> str:
+    """A tool a person must approve."""
+    return "guarded ran"
+
+
+def guarded_needs_a_person(call: sm.ToolCall) -> sm.RequireApproval | None:
+    return sm.RequireApproval("a person decides") if call.name == "guarded" else None
+
+
+def listen(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """The "listening" runs: first the gate (or, for a run started with "approval",
+    a tool a person must approve), then repeat what the person said."""
+    if not any(isinstance(m, sm.AssistantMessage) for m in messages):
+        name = "guarded" if said(messages[:1]) == "approval" else "wait_at_gate"
+        return sm.AssistantMessage([sm.ToolCall("c1", name, {})])
+    return sm.AssistantMessage(f"heard: {said(messages)}")
+
+
 def _run_tools_outside_their_steps() -> None:
     """A broken backend, for showing that the kill trials' check can fail: every tool
     call also runs outside its step, so a recovery runs finished calls again."""
@@ -166,19 +222,57 @@ def _die_before_placing_a_message() -> None:
     reservation.run_async = run_async
 
 
-def reference_run() -> sm.RunResult:
-    """The run every durable test compares with: the same model and tools, in memory."""
-    return asyncio.run(
-        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages=[sm.UserMessage("go")])
-    )
+def launched(runner: Any, body: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``body(runner)`` run with ``runner`` (a ``DBOSRunner``) launched, in an event
+    loop of its own; the runner destroyed after."""
+
+    async def go() -> Any:
+        runner.launch()
+        try:
+            return await body(runner)
+        finally:
+            runner.destroy()
+
+    return asyncio.run(go())
+
+
+def reference_run(mode: str = "") -> sm.RunResult:
+    """The run every durable test compares with: the same model and tools, in memory
+    (for the mode "typed", with the same instructions, output type and limits)."""
+    if mode == "typed":
+        run = sm.run_agent(
+            model=FunctionModel(typed_answer),
+            tools=TOOLS,
+            messages="go",
+            instructions=billing_instructions,
+            output_type=Tally,
+            usage_limits=TYPED_LIMITS,
+        )
+    else:
+        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go")
+    return asyncio.run(run)
 
 
 def result_json(result: sm.RunResult) -> dict[str, Any]:
-    return {
+    """State, history, trace (and the typed output of a run that has one)."""
+    found: dict[str, Any] = {
         "state": result.state.value,
         "messages": messages_to_dicts(result.messages),
         "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
     }
+    if result.output is not None:
+        found["output"] = [type(result.output).__name__, dataclasses.asdict(result.output)]
+    return found
+
+
+def _model_of(mode: str) -> Any:
+    models = {"typed": typed_answer, "listening": listen, "gated": echo, "gated-dies": echo}
+    return models.get(mode, answer)
+
+
+def _hook_of(mode: str) -> Any:
+    hooks = {"approvals": beta_needs_approval, "listening": guarded_needs_a_person}
+    return hooks.get(mode)
 
 
 async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
@@ -189,14 +283,26 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     if mode == "gated-dies":
         _die_before_placing_a_message()
     gated = mode.startswith("gated")
+    listening = mode == "listening"
+    typed = mode == "typed"
+    # Only a typed worker has more in its registry: the others keep the version the
+    # tests' own runners have.
+    registry: dict[str, Any] = {}
+    if typed:
+        registry = {
+            "instructions": {"billing": billing_instructions},
+            "output_types": {"tally": Tally},
+        }
     runner = DBOSRunner(
-        models={"scripted": FunctionModel(echo if gated else answer)},
-        tools=[wait_at_gate] if gated else TOOLS,
+        models={"scripted": FunctionModel(_model_of(mode))},
+        tools=[wait_at_gate, guarded] if listening else [wait_at_gate] if gated else TOOLS,
         database_url=db_url,
-        before_tool_call=beta_needs_approval if mode == "approvals" else None,
+        before_tool_call=_hook_of(mode),
+        notification_interval=0.05 if listening else 0.1,
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
         app_version=os.environ.get("DURABLE_APP_VERSION") or None,
+        **registry,
     )
     runner.launch()
     try:
@@ -207,7 +313,12 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
             while not os.path.exists(out):
                 await asyncio.sleep(0.05)
             return
-        handle = await runner.start(run_id, model="scripted", messages="go")
+        options: dict[str, Any] = {"model": "scripted"}
+        if typed:
+            options = {"model": "scripted", "instructions": "billing", "output_type": "tally"}
+            options["usage_limits"] = TYPED_LIMITS
+        start = os.environ.get("DURABLE_START", "go")
+        handle = await runner.start(run_id, messages=start, **options)
         result = await handle.result()
     finally:
         runner.destroy()
@@ -250,15 +361,23 @@ def database_urls(backend: str, tmp_path: Path) -> Any:
 
 
 def start_worker(
-    db: str, run_id: str, out: Path, log: Path, mode: str = "", **env: str
+    db: str,
+    run_id: str,
+    out: Path,
+    log: Path,
+    mode: str = "",
+    errors: Path | None = None,
+    **env: str,
 ) -> subprocess.Popen[bytes]:
+    """A worker process; its stderr goes to the file ``errors`` if given."""
     environment = dict(os.environ, DURABLE_SIDE_EFFECTS=str(log), PYTHONPATH=ROOT, **env)
-    return subprocess.Popen(
-        [sys.executable, WORKER, db, run_id, str(out), mode],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(errors or os.devnull, "wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, WORKER, db, run_id, str(out), mode],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,8 @@ PostgreSQL runs under `bash .ci/postgres.sh` (see test_durable_dbos.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +37,8 @@ from durable_worker import (
 )
 
 import statemachine as sm
-from statemachine.durable import RunFailedError, RunHeldError, application_version
+from statemachine.cli import main
+from statemachine.durable import RunFailedError, RunHeldError, application_version, open_store
 from statemachine.durable._registry import differences, manifest
 from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner, connect
 from statemachine.testing import FunctionModel
@@ -61,8 +64,9 @@ def _worker(db: str, tools: Sequence[sm.Tool] = TOOLS, **options: Any) -> DBOSRu
 
 def _old_worker_waits(db: str, tmp_path: Path, version: str = "") -> None:
     """Run "appr" on the old code until it waits for a person, then kill its worker."""
-    env = {"DURABLE_APP_VERSION": version} if version else {}
-    proc = start_worker(db, "appr", tmp_path / "out.json", tmp_path / "log", "approvals", **env)
+    out, log = tmp_path / "out.json", tmp_path / "log"
+    # An empty DURABLE_APP_VERSION: the default version.
+    proc = start_worker(db, "appr", out, log, "approvals", DURABLE_APP_VERSION=version)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -188,7 +192,9 @@ def test_a_changed_registry_waits_for_its_version_then_an_old_worker_drains_it(
         handle = await runner.handle("appr")
         assert (await handle.status()).state == "held"
 
-    _launched(_worker(db, [alpha]), look)
+    new = _worker(db, [alpha])
+    _launched(new, look)
+    _a_store_lists_it_held(db, _worker(db).app_version, new.app_version)
 
     async def drain(runner: DBOSRunner) -> sm.RunResult:
         return await _decide_all(await runner.handle("appr"))
@@ -198,6 +204,33 @@ def test_a_changed_registry_waits_for_its_version_then_an_old_worker_drains_it(
     assert "beta(1)=1001" in [
         m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)
     ]
+
+
+def _a_store_lists_it_held(db: str, old: str, new: str) -> None:
+    """A process that is not a worker (the store, the command line) sees the run as
+    the newest version's workers do: held, naming the version it waits for."""
+
+    async def look() -> tuple[Any, Any]:
+        store = open_store("dbos", db)
+        try:
+            listed = await store.list_runs(status="held")
+            return listed, await (await store.handle("appr")).status()
+        finally:
+            store.close()
+
+    listed, status = asyncio.run(look())
+    assert [(r.run_id, r.state, r.app_version) for r in listed] == [("appr", "held", old)]
+    assert listed[0].held == (
+        f"waits for a worker of application version {old!r} (the newest version is {new!r})"
+    )
+    assert (status.state, status.held) == ("held", listed[0].held)
+    assert [c.id for c in status.pending_approvals] == ["t1b"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["durable", "list", "--db", db]) == 0
+    (row,) = [line for line in printed.getvalue().splitlines() if line.startswith("appr ")]
+    assert row.split()[1] == "held"
+    assert row.endswith(old)
 
 
 @pytest.mark.timeout(180)

@@ -22,7 +22,7 @@ if os.environ.get("CI") == "true":
 else:
     pytest.importorskip("dbos")
 
-from durable_worker import database_urls
+from durable_worker import database_urls, guarded, guarded_needs_a_person
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
@@ -32,16 +32,6 @@ from statemachine.journal import Journal, replay, run_agent_journaled
 from statemachine.testing import FunctionModel
 
 T = TypeVar("T")
-
-
-@sm.tool
-async def guarded() -> str:
-    """A tool a person must approve."""
-    return "guarded ran"
-
-
-def _needs_a_person(call: sm.ToolCall) -> sm.RequireApproval | None:
-    return sm.RequireApproval("a person decides") if call.name == "guarded" else None
 
 
 def _model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
@@ -54,7 +44,7 @@ def _runner(db: str, **options: Any) -> DBOSRunner:
     return DBOSRunner(
         models={"m": FunctionModel(_model)},
         tools=[guarded],
-        before_tool_call=_needs_a_person,
+        before_tool_call=guarded_needs_a_person,
         database_url=db,
         **options,
     )

@@ -33,6 +33,7 @@ from durable_worker import database_urls, log_lines, reference_run, result_json,
 from statemachine.durable.dbos import connect
 
 TRIALS = int(os.environ.get("DURABLE_KILL_TRIALS", "20"))
+TYPED_TRIALS = max(1, TRIALS // 4)  # with instructions, an output type and limits
 PARALLEL = 4  # trials at once
 CALLS = [f"t{turn}{side}" for turn in (1, 2, 3) for side in "ab"]
 
@@ -43,8 +44,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], 
     return database_urls(request.param, tmp_path)  # type: ignore[no-any-return]
 
 
-def _reference() -> dict[str, Any]:
-    return result_json(reference_run())
+def _reference(mode: str = "") -> dict[str, Any]:
+    return result_json(reference_run(mode))
 
 
 def _recorded_calls(db: str, run_id: str) -> set[str]:
@@ -97,12 +98,14 @@ def reruns_of_finished_calls(log: Path, processes: list[tuple[int, set[str]]]) -
 
 
 def _warm(
-    db: str, run_id: str, out: Path, log: Path, go: Path
+    db: str, run_id: str, out: Path, log: Path, go: Path, mode: str
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    return start_worker(db, run_id, out, log, DURABLE_GO=str(go)), go
+    return start_worker(db, run_id, out, log, mode, DURABLE_GO=str(go)), go
 
 
-def _trial(db: str, tmp: Path, index: int, rng: random.Random) -> tuple[dict[str, Any], list[str]]:
+def _trial(
+    db: str, tmp: Path, index: int, rng: random.Random, mode: str = ""
+) -> tuple[dict[str, Any], list[str]]:
     """One run killed one to three times; its result and any broken promise."""
     run_id = f"run{index}"
     out, log = tmp / f"trial{index}.json", tmp / f"trial{index}.log"
@@ -111,12 +114,12 @@ def _trial(db: str, tmp: Path, index: int, rng: random.Random) -> tuple[dict[str
     kills = rng.choice([1, 1, 2, 3])
     # Each worker is started while the one before runs, and told to go once it is
     # dead: its imports (seconds on a busy machine) are then out of the trial's way.
-    ready = _warm(db, run_id, out, log, tmp / f"go{index}-0")
+    ready = _warm(db, run_id, out, log, tmp / f"go{index}-0", mode)
     for attempt in range(kills):
         proc, go = ready
         already = len(log_lines(log))
         go.touch()
-        ready = _warm(db, run_id, out, log, tmp / f"go{index}-{attempt + 1}")
+        ready = _warm(db, run_id, out, log, tmp / f"go{index}-{attempt + 1}", mode)
         _kill_when(proc, log, already + rng.randint(0, 8), rng.uniform(0.0, 0.08))
         processes.append((proc.pid, _recorded_calls(db, run_id)))
     proc, go = ready
@@ -134,34 +137,54 @@ def _trial(db: str, tmp: Path, index: int, rng: random.Random) -> tuple[dict[str
     return (json.loads(out.read_text()) if out.exists() else {}), problems
 
 
-@pytest.mark.timeout(60 + 30 * TRIALS)
-def test_kill_9_at_random_points_loses_nothing_and_reruns_no_finished_tool(
-    tmp_path: Path, database: Callable[[str], str]
-) -> None:
-    expected = _reference()
+def _trials(
+    database: Callable[[str], str], tmp_path: Path, trials: int, mode: str = ""
+) -> list[str]:
+    """``trials`` runs killed at random points (four at a time): what went wrong."""
+    expected = _reference(mode)
     seed = int(os.environ.get("DURABLE_KILL_SEED", "15"))
-    urls = [database(f"trial{index}") for index in range(TRIALS)]
+    urls = [database(f"trial{index}") for index in range(trials)]
     started = time.monotonic()
     # Trials are independent (a database each) and mostly wait on processes: a few
     # run at once.
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         outcomes = list(
             pool.map(
-                lambda i: _trial(urls[i], tmp_path, i, random.Random(seed * 1000 + i)),
-                range(TRIALS),
+                lambda i: _trial(urls[i], tmp_path, i, random.Random(seed * 1000 + i), mode),
+                range(trials),
             )
         )
     failures = []
     for index, (got, problems) in enumerate(outcomes):
         if got.get("state") != "Done":
             problems.append(f"state {got.get('state')}")
-        if got.get("messages") != expected["messages"]:
-            problems.append("the history differs from run_agent's")
-        if got.get("trace") != expected["trace"]:
-            problems.append("the trace differs from run_agent's")
+        for what in ("messages", "trace", "output"):
+            if got.get(what) != expected.get(what):
+                problems.append(f"the {what} differs from run_agent's")
         if problems:
             failures.append(f"trial {index}: {'; '.join(problems)}")
-    print(f"{TRIALS} trials ({PARALLEL} at once) in {time.monotonic() - started:.1f} s")
+    print(f"{trials} trials ({PARALLEL} at once) in {time.monotonic() - started:.1f} s")
+    return failures
+
+
+@pytest.mark.timeout(60 + 30 * TRIALS)
+def test_kill_9_at_random_points_loses_nothing_and_reruns_no_finished_tool(
+    tmp_path: Path, database: Callable[[str], str]
+) -> None:
+    failures = _trials(database, tmp_path, TRIALS)
+    assert not failures, failures
+
+
+@pytest.mark.timeout(60 + 30 * TYPED_TRIALS)
+def test_a_run_with_instructions_an_output_type_and_limits_survives_kill_9(
+    tmp_path: Path, database: Callable[[str], str]
+) -> None:
+    """The run names its instructions (a function of its context) and output type in
+    the worker's registry and carries its usage limits: after each restart the model
+    hears the same instructions, and the output is the typed one run_agent returns."""
+    expected = _reference("typed")
+    assert expected["output"] == ["Tally", {"turns": 4, "heard": "turn 4: answer with a Tally"}]
+    failures = _trials(database, tmp_path, TYPED_TRIALS, "typed")
     assert not failures, failures
 
 

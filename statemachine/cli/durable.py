@@ -98,11 +98,14 @@ async def _list(args: argparse.Namespace) -> str:
         runs = await store.list_runs(args.status, args.limit)
     finally:
         store.close()
-    lines = [f"{'RUN':<24} {'STATE':<10} {'APPROVALS':>9}  {'CREATED (UTC)':<19}  UPDATED (UTC)"]
+    lines = [
+        f"{'RUN':<24} {'STATE':<10} {'APPROVALS':>9}  {'CREATED (UTC)':<19}  "
+        f"{'UPDATED (UTC)':<19}  VERSION"
+    ]
     for run in runs:
         lines.append(
             f"{run.run_id:<24} {run.state:<10} {len(run.pending_approvals):>9}  "
-            f"{_when(run.created)}  {_when(run.updated)}"
+            f"{_when(run.created)}  {_when(run.updated)}  {run.app_version}"
         )
     return "\n".join([*lines, f"{len(runs)} run(s)"])
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import sqlalchemy.exc
+from dbos import DBOSClient
 from dbos import error as dbos_error
 from sqlalchemy.engine import make_url
 
@@ -15,8 +18,11 @@ from statemachine.durable import StoreUnavailableError
 from statemachine.errors import InvalidInputError
 
 __all__ = [
+    "LISTENING",
     "DBOSUnexpectedStepError",
     "DBOSWorkflowCancelledError",
+    "listening_client",
+    "notifies",
     "reachable",
     "redact",
     "still_there",
@@ -72,6 +78,30 @@ def reachable(url: str) -> None:
                 f"the runs' database {redact(url)} cannot be opened: "
                 f"the directory {folder} does not exist"
             )
+
+
+LISTENING: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The clients made here with a listener thread (on PostgreSQL): their event waits
+are woken by notifications."""
+
+
+def listening_client(url: str) -> DBOSClient:
+    """A client of ``url``; on PostgreSQL with a listener thread, so that its waits for
+    an event are woken by the database's notifications (``LISTENING``)."""
+    listens = notifies(url)
+    client = DBOSClient(system_database_url=url, use_listen_notify=listens)
+    if listens:
+        LISTENING.add(client)
+    return client
+
+
+def notifies(url: str) -> bool:
+    """Whether the database tells waiters when something is written (PostgreSQL's
+    LISTEN/NOTIFY); SQLite does not: its waiters poll."""
+    try:
+        return make_url(url).get_backend_name() == "postgresql"
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return False
 
 
 def write_ahead(url: str) -> None:

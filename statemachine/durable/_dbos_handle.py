@@ -29,15 +29,25 @@ from statemachine.durable import (
     _dbos_ops,
 )
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC
-from statemachine.durable._dbos_errors import still_there
+from statemachine.durable._dbos_errors import LISTENING, still_there
 from statemachine.durable._dbos_inputs import check_run_id, checked_text, user_dict
-from statemachine.durable._dbos_status import ENDED, described, find, pending_calls, status_of
+from statemachine.durable._dbos_status import (
+    DONE,
+    ENDED,
+    described,
+    find,
+    pending_calls,
+    status_of,
+)
 from statemachine.durable._wire import result_from_dict
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = ["ENDING_WAIT", "DBOSRunHandle", "Owner", "open_handle"]
 
 POLL = 0.05  # how often a handle's result() looks (DBOS's default is a second)
+RECHECK = 1.0  # on PostgreSQL, how often result() reads the status while notified
+SETTLE_POLL = 0.005  # and how often once the run said it is done
+_GOING = ("PENDING", "ENQUEUED", "DELAYED")  # DBOS's states of a run not ended
 ENDING_WAIT = 30.0  # seconds a steer waits for an ending run to end or go on
 
 
@@ -48,14 +58,23 @@ class Owner(Protocol):
     database_url: str
     _client: DBOSClient | None
 
+    @property
+    def output_types(self) -> Mapping[str, Any]:
+        """The output types of the runner's registry, by name (a run records its)."""
+        ...
+
 
 async def open_handle(
-    client: DBOSClient, run_id: str, viewer: str = "", owner: Owner | None = None
+    client: DBOSClient,
+    run_id: str,
+    viewer: str = "",
+    owner: Owner | None = None,
+    newest: bool = False,
 ) -> DBOSRunHandle:
     """The handle of an existing run; ``UnknownRunError`` if there is none."""
     check_run_id(run_id)
     await find(client, run_id)
-    return DBOSRunHandle(client, run_id, viewer, owner)
+    return DBOSRunHandle(client, run_id, viewer, owner, newest)
 
 
 class DBOSRunHandle:
@@ -67,10 +86,12 @@ class DBOSRunHandle:
         run_id: str,
         viewer: str = "",
         owner: Owner | None = None,
+        newest: bool = False,
     ) -> None:
         self._own_client = client
         self.run_id = run_id
         self._viewer = viewer  # the application version of the worker that looks
+        self._newest = newest  # the viewer is the newest version, not a worker's
         self._owner = owner  # the runner whose client this is, if a runner made it
         self._local: WorkflowHandleAsync[dict[str, Any]] | None = None  # started here
 
@@ -104,13 +125,29 @@ class DBOSRunHandle:
         except Exception as exc:
             self._raise_unless_going(await find(self._client, self.run_id))
             raise RunFailedError(f"run {self.run_id!r}: {described(exc)}") from exc
-        return result_from_dict(self.run_id, output)
+        owner = self._owner
+        return result_from_dict(self.run_id, output, None if owner is None else owner.output_types)
 
     async def _output(self) -> dict[str, Any]:
         if self._local is not None:  # started by this process: no polling
             return await self._local.get_result()
         handle: WorkflowHandleAsync[dict[str, Any]]
         handle = await self._client.retrieve_workflow_async(self.run_id)
+        if self._own_client not in LISTENING:  # SQLite, or a client made elsewhere
+            return await handle.get_result(polling_interval_sec=POLL)
+        # PostgreSQL: the run's last operation sets the event DONE, whose notification
+        # wakes this wait; the status is read again every RECHECK seconds for a run
+        # that ends otherwise (held, failed, cancelled).
+        while (await handle.get_status()).status in _GOING:
+            done = await self._client.get_event_async(self.run_id, DONE, timeout_seconds=RECHECK)
+            if done is not None:
+                break
+        # DONE is set: the run's status says so within milliseconds (a crash in
+        # between leaves it to the worker that takes the run back: then polling).
+        loop = asyncio.get_running_loop()
+        settle = loop.time() + RECHECK
+        while (await handle.get_status()).status in _GOING and loop.time() < settle:
+            await asyncio.sleep(SETTLE_POLL)
         return await handle.get_result(polling_interval_sec=POLL)
 
     def _raise_unless_going(self, found: Any) -> None:
@@ -202,7 +239,7 @@ class DBOSRunHandle:
 
     async def status(self) -> RunStatus:
         found = await find(self._client, self.run_id)
-        status = status_of(found, self._viewer)
+        status = status_of(found, self._viewer, self._newest)
         if status.state not in ("running", "held"):
             return status
         pending = await self.pending_approvals()

@@ -67,6 +67,7 @@ from statemachine.durable._journal import (
     options,
     write_journal,
 )
+from statemachine.durable._registry import replay_options
 from statemachine.errors import InvalidInputError
 from statemachine.journal import Journal, JournalingEngine
 
@@ -230,7 +231,7 @@ async def export_journal(
     # surrogate escaped, as run_agent_journaled writes it).
     buffer, data = journal_buffer()
     journal = Journal(buffer, flush="close")
-    chosen = options(spec, recorded, tools, hooks)
+    chosen = {**options(spec, recorded, tools, hooks), **replay_options(spec)}
     result, state = await _rebuild(run_id, spec, recorded, steps, journal, chosen)
     output = status.output
     finished = status.status == "SUCCESS" and isinstance(output, Mapping)
@@ -254,11 +255,13 @@ async def list_runs(
     status: str | None = None,
     limit: int = DEFAULT_LIST_LIMIT,
     viewer: str = "",
+    newest: bool = False,
 ) -> tuple[ListedRun, ...]:
     """The durable runs of ``client``'s database, newest first, at most ``limit``
     (``DEFAULT_LIST_LIMIT``, at most ``MAX_LIST_LIMIT``); ``status`` keeps one state
     (``RunStatus.state``), as a worker of the application version ``viewer`` sees it
-    (``"held"`` too for runs waiting for a worker of another version). The pending
+    (``"held"`` too for runs waiting for a worker of another version; ``newest``:
+    ``viewer`` is the newest version registered, ``_dbos_status.status_of``). The pending
     approvals are read for running and held runs only."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidInputError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
@@ -275,7 +278,7 @@ async def list_runs(
     )
     runs = []
     for workflow in found:
-        listed = status_of(workflow, viewer)
+        listed = status_of(workflow, viewer, newest)
         if listed.state in ("running", "held"):
             pending = await pending_calls(client, workflow.workflow_id)
             if pending and listed.state == "running":

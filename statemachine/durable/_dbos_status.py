@@ -17,6 +17,7 @@ from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS
 from statemachine.durable._wire import call_from_dict
 
 __all__ = [
+    "DONE",
     "ENDED",
     "ENDED_BY",
     "HELD",
@@ -27,12 +28,14 @@ __all__ = [
     "attributes",
     "described",
     "find",
+    "newest_version",
     "pending_calls",
     "status_of",
 ]
 
 WORKFLOW = "statemachine.run"  # the name the run's workflow is registered under
 PENDING = "pending"  # the event holding the calls waiting for a decision
+DONE = "statemachine.done"  # the event a run sets last, on PostgreSQL (it notifies)
 
 # The run's attributes (kept by DBOS with its status, written outside its steps).
 HELD = "statemachine.held"  # why a worker holds the run
@@ -66,9 +69,11 @@ def attributes(found: Any) -> Mapping[str, Any]:
     return kept if isinstance(kept, Mapping) else {}
 
 
-def status_of(found: Any, viewer: str = "") -> RunStatus:
+def status_of(found: Any, viewer: str = "", newest: bool = False) -> RunStatus:
     """The state of a run from its DBOS status (approvals aside), as a worker of the
-    application version ``viewer`` sees it (``""``: any)."""
+    application version ``viewer`` sees it (``""``: any); ``newest``: ``viewer`` is
+    the newest version registered in the database (``newest_version``), as a process
+    that is not a worker sees it."""
     kept = attributes(found)
     notes = tuple(str(n) for n in kept.get(NOTES) or ())
     version = found.app_version or ""
@@ -79,14 +84,21 @@ def status_of(found: Any, viewer: str = "") -> RunStatus:
         return RunStatus(run_id, "held", (), version, held=kept[HELD], notes=notes)
     mapped = STATES.get(found.status, found.status.lower())
     if mapped in ("running", "queued") and viewer and version and version != viewer:
-        held = (
-            f"waits for a worker of application version {version!r} (this worker runs {viewer!r})"
-        )
+        which = "the newest version is" if newest else "this worker runs"
+        held = f"waits for a worker of application version {version!r} ({which} {viewer!r})"
         return RunStatus(run_id, "held", (), version, held=held, notes=notes)
     explanation = ""
     if mapped == "failed":
         explanation = f"the backend gave up on the run: {described(found.error)}"
     return RunStatus(run_id, mapped, (), version, explanation=explanation, notes=notes)
+
+
+async def newest_version(client: DBOSClient) -> str:
+    """The application version a worker launched on the database most recently
+    registered (``""`` if none did): what new runs are given to, so a run of another
+    version waits for a worker of its own."""
+    versions = await client.list_application_versions_async()
+    return versions[0]["version_name"] if versions else ""
 
 
 def described(error: object) -> str:

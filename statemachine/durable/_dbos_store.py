@@ -11,26 +11,36 @@ from typing import IO
 from dbos import DBOSClient
 
 from statemachine.durable import ExportedJournal, ListedRun, _dbos_ops
-from statemachine.durable._dbos_errors import reachable, store_errors, write_ahead
-from statemachine.durable._dbos_handle import DBOSRunHandle
+from statemachine.durable._dbos_errors import (
+    listening_client,
+    reachable,
+    store_errors,
+    write_ahead,
+)
+from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
 from statemachine.durable._dbos_inputs import check_url
+from statemachine.durable._dbos_status import newest_version
 
 __all__ = ["DBOSStore", "connect", "open_store"]
 
 
 class DBOSStore:
     """The runs' database seen from a process that is not a worker
-    (``statemachine.durable.RunStore``, ``open_store("dbos", url)``)."""
+    (``statemachine.durable.RunStore``, ``open_store("dbos", url)``). It sees runs as
+    a worker of the newest application version registered in the database would: a
+    run of another version is ``held``, waiting for a worker of its version."""
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self._client = connect(database_url)
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
-        return await DBOSRunHandle.open(self._client, run_id)
+        viewer = await newest_version(self._client)
+        return await open_handle(self._client, run_id, viewer, newest=True)
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> tuple[ListedRun, ...]:
-        return await _dbos_ops.list_runs(self._client, status, limit)
+        viewer = await newest_version(self._client)
+        return await _dbos_ops.list_runs(self._client, status, limit, viewer, newest=True)
 
     async def export_journal(
         self, run_id: str, target: str | os.PathLike[str] | IO[str]
@@ -53,4 +63,5 @@ def connect(database_url: str = "sqlite:///statemachine.sqlite") -> DBOSClient:
     reachable(check_url(database_url))
     write_ahead(database_url)
     with store_errors(database_url):
-        return DBOSClient(system_database_url=database_url)
+        # On PostgreSQL a listener thread wakes a handle's result() when the run ends.
+        return listening_client(database_url)

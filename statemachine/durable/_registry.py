@@ -15,27 +15,48 @@ each one's code). A worker that takes the run compares it with its own:
 
 ``application_version`` is the package version, a digest of the transition table and
 a digest of the manifest: it changes when the registry does.
+
+Patches are the other way to change code under one application version: a tool or
+hook asks ``patched("name")`` and branches on it. A run started before the worker had
+the patch answers ``False`` for all its life (it keeps the old code), a run started
+since answers ``True``; the backend records which (``check_patches`` checks a
+worker's list, ``patches_applied`` sets what a run's tools and hooks see).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from statemachine._version import __version__
+from statemachine.agent.model_call import check_instructions
+from statemachine.agent.output import compile_output
 from statemachine.agent.tools import Tool
+from statemachine.core.limits import UsageLimits, check_usage_limits
+from statemachine.core.messages import thaw_json
 from statemachine.core.table import TRANSITIONS
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
     "HOOKS",
     "application_version",
+    "check_patches",
     "code_digest",
     "differences",
     "manifest",
+    "patched",
+    "patches_applied",
+    "replay_options",
+    "run_extras",
+    "run_options",
     "table_digest",
+    "unknown_extras",
+    "with_extras",
 ]
 
 HOOKS = ("before_tool_call", "after_tool_call", "should_continue")
@@ -176,3 +197,166 @@ def differences(
         elif theirs != ours:
             notes.append(f"hook {name!r} changed since the run started")
     return blocking, notes
+
+
+# -- patches ------------------------------------------------------------------------------
+
+MAX_PATCHES = 100  # patches a worker may carry at once (deprecate, then drop, old ones)
+
+_patches: contextvars.ContextVar[tuple[frozenset[str], frozenset[str]] | None]
+_patches = contextvars.ContextVar("statemachine_durable_patches", default=None)
+
+
+def check_patches(patches: object, deprecated: object) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A worker's patches, in the order they were introduced, and which of them are
+    deprecated; ``InvalidInputError`` naming what is wrong."""
+    if isinstance(patches, str) or not isinstance(patches, Sequence):
+        raise InvalidInputError("patches must be a sequence of names, oldest first")
+    if isinstance(deprecated, str) or not isinstance(deprecated, Collection):
+        raise InvalidInputError("deprecated_patches must be a collection of names")
+    names = tuple(patches)
+    if len(names) > MAX_PATCHES:
+        raise InvalidInputError(f"at most {MAX_PATCHES} patches, got {len(names)}")
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > 200 or "\x00" in name:
+            raise InvalidInputError(
+                f"a patch name is a non-empty str of at most 200 chars: {name!r}"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"patch names must be unique, got {list(names)}")
+    unknown = sorted(str(n) for n in deprecated if n not in names)
+    if unknown:
+        raise InvalidInputError(
+            f"deprecated patches {unknown} are not in patches: a deprecated patch keeps "
+            "its place in the list until no run took it"
+        )
+    return names, frozenset(str(n) for n in deprecated)
+
+
+@contextlib.contextmanager
+def patches_applied(known: Collection[str], applied: Collection[str]) -> Iterator[None]:
+    """Within: ``patched(name)`` answers for a run that took the patches ``applied``,
+    on a worker that has the patches ``known``."""
+    token = _patches.set((frozenset(known), frozenset(applied)))
+    try:
+        yield
+    finally:
+        _patches.reset(token)
+
+
+def patched(name: str) -> bool:
+    """Whether the durable run calling this (from a tool or a hook) runs the code of
+    the patch ``name``: ``False`` for a run started before its worker had the patch
+    (it keeps the old code for all its life), ``True`` for a run started since.
+    Outside a durable run: ``True`` (the code of today). ``UsageError`` for a name
+    the worker was not given (``DBOSRunner(patches=...)``)."""
+    scope = _patches.get()
+    if scope is None:
+        return True
+    known, applied = scope
+    if name not in known:
+        raise UsageError(
+            f"patch {name!r} is not one of this worker's patches {sorted(known)}: "
+            "name it in DBOSRunner(patches=[...])"
+        )
+    return name in applied
+
+
+# -- instructions, output types and usage limits of a run ------------------------------------
+
+_LIMITS = ("requests", "input_tokens", "output_tokens", "total_tokens")
+
+
+def with_extras(
+    registry: dict[str, Any], instructions: Mapping[str, Any], output_types: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``registry`` (a ``manifest``) with the worker's instructions and output types,
+    each by name with a digest (a string's text, a function's code, a type's JSON
+    Schema); unchanged when there are none, so a registry without them keeps its
+    version. ``InvalidInputError`` for an entry that is neither."""
+    if instructions:
+        for value in instructions.values():
+            check_instructions(value)
+        registry["instructions"] = {
+            name: hashlib.sha256(value.encode()).hexdigest()[:12]
+            if isinstance(value, str)
+            else code_digest(value)
+            for name, value in instructions.items()
+        }
+    if output_types:
+        registry["output_types"] = {}
+        for name, output_type in output_types.items():
+            output = compile_output(output_type)
+            if output is None:
+                raise InvalidInputError(f"output type {name!r} is None")
+            schema = json.dumps(output.spec.definition.parameters, sort_keys=True, default=str)
+            registry["output_types"][name] = hashlib.sha256(schema.encode()).hexdigest()[:12]
+    return registry
+
+
+def run_extras(
+    registry: Mapping[str, Any],
+    output_types: Mapping[str, Any],
+    instructions: str | None,
+    output_type: str | None,
+    usage_limits: UsageLimits | None,
+) -> dict[str, Any]:
+    """What a run's input records of them (JSON): the names of its instructions and
+    output type in the registry (``InvalidInputError`` for a name it lacks), the
+    output type's JSON Schema (an export rebuilds the run with it) and its usage
+    limits; empty when the run has none."""
+    extras: dict[str, Any] = {}
+    if output_type is not None and output_type in output_types:
+        compiled = compile_output(output_types[output_type])
+        if compiled is not None:
+            extras["output_schema"] = thaw_json(compiled.spec.definition.parameters)
+    for key, name in (("instructions", instructions), ("output_types", output_type)):
+        if name is None:
+            continue
+        known = registry.get(key, {})
+        if name not in known:
+            what = "output type" if key == "output_types" else key
+            raise InvalidInputError(f"unknown {what} {name!r}; known: {sorted(known)}")
+        extras[key] = name
+    limits = check_usage_limits(usage_limits)
+    if limits is not None:
+        extras["usage_limits"] = {f: getattr(limits, f) for f in _LIMITS}
+    return extras
+
+
+def unknown_extras(
+    spec: Mapping[str, Any], instructions: Mapping[str, Any], output_types: Mapping[str, Any]
+) -> list[str]:
+    """The blocking changes for a run ``spec`` on a worker with these registries: its
+    instructions or output type gone."""
+    blocking = []
+    if spec.get("instructions") is not None and spec["instructions"] not in instructions:
+        blocking.append(f"instructions {spec['instructions']!r} are not in this worker's registry")
+    if spec.get("output_types") is not None and spec["output_types"] not in output_types:
+        blocking.append(f"output type {spec['output_types']!r} is not in this worker's registry")
+    return blocking
+
+
+def run_options(
+    spec: Mapping[str, Any], instructions: Mapping[str, Any], output_types: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The run's keyword arguments (``AgentRun``) for what ``run_extras`` recorded."""
+    options: dict[str, Any] = {}
+    if spec.get("instructions") is not None:
+        options["instructions"] = instructions[spec["instructions"]]
+    if spec.get("output_types") is not None:
+        options["output_type"] = output_types[spec["output_types"]]
+    if spec.get("usage_limits") is not None:
+        options["usage_limits"] = UsageLimits(**spec["usage_limits"])
+    return options
+
+
+def replay_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that shape a run's course, for rebuilding it without the registry
+    (an export): its output type's JSON Schema and its usage limits."""
+    options: dict[str, Any] = {}
+    if spec.get("output_schema") is not None:
+        options["output_type"] = spec["output_schema"]
+    if spec.get("usage_limits") is not None:
+        options["usage_limits"] = UsageLimits(**spec["usage_limits"])
+    return options

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statemachine.agent.events import RunResult, RunStats, run_error
+from statemachine.agent.output import Output, compile_output
+from statemachine.core.engine import Engine
 from statemachine.core.events import Event, InputQueued
 from statemachine.core.messages import ToolCall, Usage
 from statemachine.core.table import Trigger, TurnState
@@ -32,6 +34,7 @@ __all__ = [
     "decode_step_events",
     "encode_step_events",
     "merge_stats",
+    "output_json",
     "result_from_dict",
     "result_to_dict",
 ]
@@ -101,9 +104,21 @@ def _stats_from_dict(d: Mapping[str, Any] | None) -> RunStats | None:
     )
 
 
-def result_to_dict(result: RunResult, stats: RunStats | None) -> dict[str, Any]:
-    """The workflow's output: ``result`` with ``stats`` (the run's, all parts)."""
+def output_json(result: RunResult, engine: Engine, output_type: str | None) -> Any:
+    """The structured output of a run that ended ``Done`` with one, as JSON (the
+    validated arguments of its final-result call) with the name of its output type
+    in the runner's registry: ``{"type": name, "value": ...}``; ``None`` otherwise."""
+    output = Output.untyped(engine.output)
+    if output is None or not result.ok:
+        return None
+    return {"type": output_type, "value": output.value(result.messages, engine.output_call)}
+
+
+def result_to_dict(result: RunResult, stats: RunStats | None, output: Any = None) -> dict[str, Any]:
+    """The workflow's output: ``result`` with ``stats`` (the run's, all parts) and its
+    structured output (``output_json``)."""
     return {
+        "output": output,
         "state": result.state.value,
         "messages": messages_to_dicts(result.messages),
         "turns": result.turns,
@@ -116,9 +131,21 @@ def result_to_dict(result: RunResult, stats: RunStats | None) -> dict[str, Any]:
     }
 
 
-def result_from_dict(run_id: str, d: Mapping[str, Any]) -> RunResult:
-    """The ``RunResult`` of a workflow's output (``result_to_dict``)."""
+def result_from_dict(
+    run_id: str, d: Mapping[str, Any], output_types: Mapping[str, Any] | None = None
+) -> RunResult:
+    """The ``RunResult`` of a workflow's output (``result_to_dict``); its structured
+    output converted to its type when ``output_types`` (a runner's registry) has it,
+    else the validated JSON object."""
     state = TurnState(d["state"])
+    output = d.get("output")
+    value = None
+    if isinstance(output, Mapping):
+        value = output.get("value")
+        known = (output_types or {}).get(str(output.get("type")))
+        compiled = None if known is None else compile_output(known)
+        if compiled is not None and compiled.convert is not None:
+            value = compiled.convert(value)
     queued = [event_from_dict(e) for e in d["queued"]]
     return RunResult(
         state=state,
@@ -134,4 +161,5 @@ def result_from_dict(run_id: str, d: Mapping[str, Any]) -> RunResult:
         pending_approvals=tuple(call_from_dict(c) for c in d["pending"]),
         queued_input=tuple(e for e in queued if isinstance(e, InputQueued)),
         snapshot=d["snapshot"],
+        output=value,
     )

@@ -76,26 +76,38 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
+import sqlalchemy.exc
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
+from statemachine.agent.model_call import Instructions
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
 from statemachine.core.inputs import check_history
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.core.wire import messages_from_dicts, messages_to_dicts
-from statemachine.durable import ExportedJournal, ListedRun, RunStatus, _dbos_held, _dbos_ops
+from statemachine.durable import (
+    ExportedJournal,
+    ListedRun,
+    RunStatus,
+    _dbos_held,
+    _dbos_ops,
+    _dbos_patches,
+)
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
 from statemachine.durable._dbos_errors import (
     DBOSUnexpectedStepError,
+    listening_client,
+    notifies,
     reachable,
     store_errors,
     write_ahead,
@@ -114,13 +126,24 @@ from statemachine.durable._dbos_inputs import (
     storable,
 )
 from statemachine.durable._dbos_run import DurableRun
-from statemachine.durable._dbos_status import NOTES, PENDING, WORKFLOW
+from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
 from statemachine.durable._dbos_store import DBOSStore, connect, open_store
-from statemachine.durable._registry import application_version, differences, manifest
-from statemachine.durable._wire import call_to_dict, result_to_dict
+from statemachine.durable._registry import (
+    application_version,
+    check_patches,
+    differences,
+    manifest,
+    patched,
+    patches_applied,
+    run_extras,
+    run_options,
+    unknown_extras,
+    with_extras,
+)
+from statemachine.durable._wire import call_to_dict, output_json, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
 
-__all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store"]
+__all__ = ["DBOSRunHandle", "DBOSRunner", "DBOSStore", "connect", "open_store", "patched"]
 
 # -- the workflow ---------------------------------------------------------------------------
 
@@ -144,6 +167,11 @@ class DBOSRunner:
     same id (and the same application version) takes its unfinished runs back at
     ``launch()``. ``queues`` names the queues this worker takes enqueued runs from,
     each with the most runs it runs from that queue at once (none by default).
+    ``instructions`` and ``output_types`` name the instructions (a string, or a
+    function of the run's context) and output types a run may name, as its model.
+    ``patches`` (oldest first) are the names tools and hooks branch on with
+    ``patched(name)``, DBOS's patching; ``deprecated_patches`` those of them whose old
+    code is gone (``_dbos_patches``; the guide's "Changing code while runs wait").
     """
 
     def __init__(
@@ -160,6 +188,10 @@ class DBOSRunner:
         name: str = "statemachine",
         notification_interval: float = 0.1,
         app_version: str | None = None,
+        patches: Sequence[str] = (),
+        deprecated_patches: Collection[str] = (),
+        instructions: Mapping[str, Instructions] | None = None,
+        output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -176,7 +208,12 @@ class DBOSRunner:
             "after_tool_call": after_tool_call,
             "should_continue": should_continue,
         }
-        self.manifest = manifest(list(self.models), tools, self.hooks)
+        self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
+        self.instructions = dict(instructions or {})
+        self.output_types = dict(output_types or {})
+        self.manifest = with_extras(
+            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+        )
         if app_version is not None:
             check_name(app_version, "app_version")
         self.app_version = app_version or application_version(self.manifest)
@@ -200,13 +237,21 @@ class DBOSRunner:
         write_ahead(self.database_url)
         with store_errors(self.database_url):
             # The client first: a recovered run reads its records through it.
-            self._client = DBOSClient(system_database_url=self.database_url)
+            self._client = listening_client(self.database_url)
+            known = _known_versions(self._client)
             DBOS.workflow(name=WORKFLOW)(_workflow)
             DBOS(config=self.config)
             DBOS.listen_queues(list(self.queues))
             _active = self
             try:
                 DBOS.launch()
+                if self.app_version not in known:
+                    # A version new to the database is its newest (DBOS keeps the time
+                    # of a version's registration to the second on SQLite): the one
+                    # a process that is not a worker sees runs as (``DBOSStore``).
+                    self._client.set_latest_application_version(
+                        self.app_version, application_name=self.config["name"]
+                    )
                 _outside_the_loop(self._register_queues)
             except BaseException:
                 self.destroy()
@@ -233,9 +278,17 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> DBOSRunHandle:
-        """Start the run ``run_id`` in this worker (or, if it exists, return its handle)."""
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        """Start the run ``run_id`` in this worker (or, if it exists, return its handle).
+        ``instructions`` and ``output_type`` are names in this runner's registry;
+        ``usage_limits`` as ``run_agent``'s."""
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         with store_errors(self.database_url), SetWorkflowID(run_id):
             local = await DBOS.start_workflow_async(_workflow, run_id, spec)
         handle = DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
@@ -251,11 +304,18 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> DBOSRunHandle:
         """Put the run ``run_id`` on ``queue``: a worker launched with that queue in
-        its ``queues`` runs it (or, if the run exists, return its handle)."""
+        its ``queues`` runs it (or, if the run exists, return its handle); the run's
+        options as ``start``'s."""
         check_name(queue, "queue")
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         options: EnqueueOptions = {
             "workflow_name": WORKFLOW,
             "queue_name": queue,
@@ -299,6 +359,7 @@ class DBOSRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None,
         max_turns: int,
+        extras: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
         check_run_id(run_id)
@@ -318,6 +379,7 @@ class DBOSRunner:
             "messages": messages_to_dicts(messages),
             "max_turns": max_turns,
             "code": self.manifest,
+            **extras,
         }
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
@@ -347,6 +409,7 @@ class DBOSRunner:
             "tools": [self.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": run_id,
+            **run_options(spec, self.instructions, self.output_types),
             **self.hooks,
             **kwargs,
         }
@@ -356,20 +419,38 @@ class DBOSRunner:
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)
-        # What an earlier execution recorded (a read, not an operation): where the
-        # messages took effect (``_dbos_control``).
-        recorded = await self._require_client().list_workflow_steps_async(run_id)
-        control = Control([dict(s) for s in recorded])
+        # What an earlier execution recorded (a read, not an operation): the patches
+        # the run took, where the messages took effect (``_dbos_control``).
+        recorded = [dict(s) for s in await self._require_client().list_workflow_steps_async(run_id)]
+        unknown = _dbos_patches.markers_unknown(recorded, self.patches)
+        if unknown:
+            await self._hold(
+                run_id,
+                [
+                    f"the run took patch {name!r}, which this worker does not have (rolled "
+                    "back, or dropped while the run waited): keep it, deprecated"
+                    for name in unknown
+                ],
+            )
+        taken = await _dbos_patches.apply(self.patches, self.deprecated_patches, recorded)
+        with patches_applied(self.patches, taken):
+            return await self._drive(run_id, spec, Control(recorded))
+
+    async def _drive(
+        self, run_id: str, spec: Mapping[str, Any], control: Control
+    ) -> dict[str, Any]:
+        """The run's course under its control lane; hold it if a step does not fit."""
         control.mismatch = asyncio.get_running_loop().create_future()
         control.start()
         try:
             messages = messages_from_dicts(spec["messages"])
-            run = self._new_run(run_id, spec, control=control, messages=messages)
+            runs = [self._new_run(run_id, spec, control=control, messages=messages)]
 
             def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-                return self._new_run(run_id, spec, (done.engine, decisions), control=control)
+                runs.append(self._new_run(run_id, spec, (done.engine, decisions), control=control))
+                return runs[-1]
 
-            course = asyncio.ensure_future(drive(run, resume, _publish))
+            course = asyncio.ensure_future(drive(runs[0], resume, _publish))
             waits: set[asyncio.Future[Any]] = {course, control.mismatch}
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -390,7 +471,12 @@ class DBOSRunner:
             await self._hold(
                 run_id, [f"the run's recorded steps do not fit this worker's code: {mismatch}"]
             )
-        return result_to_dict(result, stats)
+        output = output_json(result, runs[-1].engine, spec.get("output_types"))
+        if notifies(self.database_url):
+            # Wakes the handles waiting for the result (``DBOSRunHandle.result``);
+            # the run's last operation. SQLite has no notification: its waiters poll.
+            await DBOS.set_event_async(DONE, True)
+        return result_to_dict(result, stats, output)
 
     def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """How this worker's code differs from what the run ``spec`` recorded: the
@@ -398,7 +484,10 @@ class DBOSRunner:
         recorded = spec.get("code")
         if not isinstance(recorded, Mapping):  # a run recorded without its manifest
             recorded = {"tools": {}, "hooks": {}}
-        return differences(recorded, self.manifest, str(spec["model"]), list(spec["tools"]))
+        blocking, notes = differences(
+            recorded, self.manifest, str(spec["model"]), list(spec["tools"])
+        )
+        return blocking + unknown_extras(spec, self.instructions, self.output_types), notes
 
     async def _check_code(self, run_id: str, spec: Mapping[str, Any]) -> None:
         """Before the run is rebuilt: hold it if this worker's code does not fit it
@@ -456,6 +545,15 @@ class DBOSRunner:
 async def _publish(calls: Sequence[ToolCall]) -> None:
     """Publish the calls waiting for a decision (``DBOSRunHandle.pending_approvals``)."""
     await DBOS.set_event_async(PENDING, [call_to_dict(c) for c in calls])
+
+
+def _known_versions(client: DBOSClient) -> set[str]:
+    """The application versions registered in the database (none in a database
+    DBOS has not set up yet)."""
+    try:
+        return {v["version_name"] for v in client.list_application_versions()}
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError):
+        return set()  # no table of versions yet
 
 
 def _outside_the_loop(call: Callable[[], None]) -> None:
