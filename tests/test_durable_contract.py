@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NEUTRAL = [
     "statemachine.durable",
     "statemachine.durable._course",
+    "statemachine.durable._inputs",
     "statemachine.durable._journal",
     "statemachine.durable._lane",
     "statemachine.durable._order",

@@ -17,7 +17,8 @@ import none: the run's course through its approvals to its end (``_course``), to
 results delivered in call order (``_order``), the control lane's logic, which places
 each message where it took effect and takes every stored message before the run
 ends (``_lane``), the saved JSON (``_wire``), the registry's manifest and version
-(``_registry``) and the rebuilding of a journal from saved steps (``_journal``).
+(``_registry``), the bounds on what callers hand a backend (``_inputs``) and the
+rebuilding of a journal from saved steps (``_journal``).
 
 What is promised
 ----------------

@@ -30,7 +30,6 @@ from statemachine.durable import (
 )
 from statemachine.durable._dbos_control import OPEN, STEP, TOPIC
 from statemachine.durable._dbos_errors import LISTENING, still_there
-from statemachine.durable._dbos_inputs import check_run_id, checked_text, user_dict
 from statemachine.durable._dbos_status import (
     DONE,
     ENDED,
@@ -39,6 +38,7 @@ from statemachine.durable._dbos_status import (
     pending_calls,
     status_of,
 )
+from statemachine.durable._inputs import check_run_id, checked_text, user_dict
 from statemachine.durable._wire import result_from_dict
 from statemachine.errors import InvalidInputError, UsageError
 

@@ -52,9 +52,9 @@ from statemachine.durable import (
 )
 from statemachine.durable._course import drive
 from statemachine.durable._dbos_control import Control
-from statemachine.durable._dbos_inputs import check_run_id
 from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
 from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
+from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     NOT_RECORDED,

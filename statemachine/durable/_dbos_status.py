@@ -13,7 +13,7 @@ from dbos import DBOSClient
 
 from statemachine.core.messages import ToolCall
 from statemachine.durable import RunStatus, UnknownRunError
-from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS
+from statemachine.durable._inputs import MAX_MESSAGE_CHARS
 from statemachine.durable._wire import call_from_dict
 
 __all__ = [

@@ -18,8 +18,8 @@ from statemachine.durable._dbos_errors import (
     write_ahead,
 )
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
-from statemachine.durable._dbos_inputs import check_url
 from statemachine.durable._dbos_status import newest_version
+from statemachine.durable._inputs import check_url
 
 __all__ = ["DBOSStore", "connect", "open_store"]
 

@@ -65,7 +65,7 @@ with ``recover(executor_ids)``.
 This module holds the worker (``DBOSRunner``) and the workflow it registers; the
 rest lives in private modules: the handle of a run (``_dbos_handle``), the store
 seen from other processes (``_dbos_store``), held runs (``_dbos_held``), reading a
-run's DBOS status (``_dbos_status``), the bounds on callers' input (``_dbos_inputs``),
+run's DBOS status (``_dbos_status``), the bounds on callers' input (``_inputs``),
 the executor and control lane inside the workflow (``_dbos_run``, ``_dbos_control``),
 exports and listings (``_dbos_ops``) and the database's failures (``_dbos_errors``).
 """
@@ -114,10 +114,13 @@ from statemachine.durable._dbos_errors import (
 )
 from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
-from statemachine.durable._dbos_inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
-from statemachine.durable._dbos_inputs import MAX_QUEUE_CONCURRENCY as MAX_QUEUE_CONCURRENCY
-from statemachine.durable._dbos_inputs import MAX_URL_CHARS as MAX_URL_CHARS
-from statemachine.durable._dbos_inputs import (
+from statemachine.durable._dbos_run import DurableRun
+from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
+from statemachine.durable._dbos_store import DBOSStore, connect, open_store
+from statemachine.durable._inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
+from statemachine.durable._inputs import MAX_QUEUE_CONCURRENCY as MAX_QUEUE_CONCURRENCY
+from statemachine.durable._inputs import MAX_URL_CHARS as MAX_URL_CHARS
+from statemachine.durable._inputs import (
     check_name,
     check_queues,
     check_run_id,
@@ -125,9 +128,6 @@ from statemachine.durable._dbos_inputs import (
     checked_text,
     storable,
 )
-from statemachine.durable._dbos_run import DurableRun
-from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
-from statemachine.durable._dbos_store import DBOSStore, connect, open_store
 from statemachine.durable._registry import (
     application_version,
     check_patches,

@@ -75,7 +75,7 @@ from statemachine.core.inputs import check_history
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import ExportedJournal, ListedRun, RunStatus
-from statemachine.durable._dbos_inputs import check_name, check_run_id, checked_text
+from statemachine.durable._inputs import check_name, check_run_id, checked_text
 from statemachine.durable._registry import (
     application_version,
     differences,

@@ -34,7 +34,7 @@ from statemachine.core.table import TurnState
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import ExportedJournal, ExportError, UnknownRunError
 from statemachine.durable._course import drive
-from statemachine.durable._dbos_inputs import check_run_id
+from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     MODEL_STEP,

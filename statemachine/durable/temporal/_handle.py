@@ -34,7 +34,7 @@ from statemachine.agent.events import RunResult
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
-from statemachine.durable._dbos_inputs import checked_text, user_dict
+from statemachine.durable._inputs import checked_text, user_dict
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING

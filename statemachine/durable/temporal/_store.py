@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client
 
 from statemachine.durable import ExportedJournal, ListedRun
-from statemachine.durable._dbos_inputs import MAX_URL_CHARS, check_run_id
+from statemachine.durable._inputs import MAX_URL_CHARS, check_run_id
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._handle import _STATES, TemporalRunHandle, open_handle
 from statemachine.durable.temporal._workflow import WORKFLOW

@@ -1,4 +1,4 @@
-"""What callers hand the DBOS backend, bounded before anything is stored: names (an
+"""What callers hand a durable backend, bounded before anything is stored: names (an
 executor id, a queue, an application version), run ids, database URLs, queues'
 concurrency limits, and the texts of messages, reasons and explanations. Each refusal
 is an ``InvalidInputError``."""
