@@ -67,11 +67,13 @@ from temporalio.worker import Replayer, Worker
 
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
-from statemachine.agent.model import ModelClient
+from statemachine.agent.model import ModelClient, ModelSettings, check_settings
+from statemachine.agent.model_call import Instructions
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
 from statemachine.core.inputs import check_history
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import ExportedJournal, ListedRun, RunStatus
@@ -80,7 +82,10 @@ from statemachine.durable._registry import (
     application_version,
     differences,
     manifest,
+    run_extras,
     table_digest,
+    unknown_extras,
+    with_extras,
 )
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities
@@ -119,6 +124,17 @@ def _seconds(name: str, value: float) -> float:
     return float(value)
 
 
+def _grace(value: float) -> float:
+    return float(value) if value == 0 else _seconds("grace_period", value)
+
+
+def _checked_worker_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    taken = {"client", "task_queue", "workflows", "activities", "workflow_task_executor"}
+    if taken & set(options):
+        raise InvalidInputError(f"worker_options may not set {sorted(taken)}")
+    return dict(options)
+
+
 class TemporalRunner:
     """Runs agent runs as Temporal workflows in this process (a worker).
 
@@ -132,7 +148,10 @@ class TemporalRunner:
     ``workflow_task_timeout``: how long a workflow task given to a worker that died
     waits before another worker gets it (Temporal's default, 10 s);
     ``continue_after``: history events after which a run goes on in a new execution
-    (``CONTINUE_AFTER``). ``worker_options`` are
+    (``CONTINUE_AFTER``). ``instructions`` and ``output_types`` name the
+    instructions (a string, or a function of the run's context) and output types a
+    run may name, as its model (every worker of the task queue needs the same).
+    ``worker_options`` are
     more keywords for ``temporalio.worker.Worker`` (interceptors, plugins, limits,
     ``sticky_queue_schedule_to_start_timeout``...). ``await launch()`` starts the
     worker, ``await destroy()`` stops it; its runs stay with Temporal.
@@ -158,6 +177,8 @@ class TemporalRunner:
         continue_after: int = CONTINUE_AFTER,
         app_version: str | None = None,
         worker_options: Mapping[str, Any] | None = None,
+        instructions: Mapping[str, Instructions] | None = None,
+        output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -174,7 +195,11 @@ class TemporalRunner:
             "after_tool_call": after_tool_call,
             "should_continue": should_continue,
         }
-        self.manifest = manifest(list(self.models), tools, self.hooks)
+        self.instructions = dict(instructions or {})
+        self.output_types = dict(output_types or {})
+        self.manifest = with_extras(
+            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+        )
         if app_version is not None:
             check_name(app_version, "app_version")
         self.app_version = app_version or application_version(self.manifest)
@@ -184,18 +209,11 @@ class TemporalRunner:
             tool_timeout=_seconds("tool_timeout", tool_timeout),
             retry_interval=_seconds("retry_interval", retry_interval),
             continue_after=positive_int("continue_after", continue_after),
-            grace=float(grace_period)
-            if grace_period == 0
-            else _seconds("grace_period", grace_period),
+            grace=_grace(grace_period),
         )
         self._message_timeout = _seconds("message_timeout", message_timeout)
-        self._task_timeout = timedelta(
-            seconds=_seconds("workflow_task_timeout", workflow_task_timeout)
-        )
-        self._worker_options = dict(worker_options or {})
-        taken = {"client", "task_queue", "workflows", "activities", "workflow_task_executor"}
-        if taken & set(self._worker_options):
-            raise InvalidInputError(f"worker_options may not set {sorted(taken)}")
+        self._task_timeout = _seconds("workflow_task_timeout", workflow_task_timeout)
+        self._worker_options = _checked_worker_options(worker_options or {})
         self._worker: Worker | None = None
         self._running: asyncio.Task[None] | None = None
 
@@ -208,7 +226,12 @@ class TemporalRunner:
             raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
         hooks = Hooks(**self.hooks)
         activities = Activities(
-            self.models, self.tools, hooks, self.settings.grace, self.settings.heartbeat
+            self.models,
+            self.tools,
+            hooks,
+            self.settings.grace,
+            self.settings.heartbeat,
+            self.instructions,
         )
         registries[self.task_queue] = self._registry()
         self._worker = Worker(
@@ -248,10 +271,17 @@ class TemporalRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> TemporalRunHandle:
         """Start the run ``run_id`` on this runner's task queue (or, if a run of that
-        id exists, return its handle)."""
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        id exists, return its handle). ``instructions`` and ``output_type`` are names
+        in this runner's registry; ``usage_limits`` as ``run_agent``'s."""
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         return await self._start(run_id, spec, self.task_queue)
 
     async def _start(self, run_id: str, spec: dict[str, Any], queue: str) -> TemporalRunHandle:
@@ -263,11 +293,11 @@ class TemporalRunner:
                 task_queue=queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                task_timeout=self._task_timeout,
+                task_timeout=timedelta(seconds=self._task_timeout),
             )
         except WorkflowAlreadyStartedError:
             pass  # a run of that id has ended: its handle
-        return TemporalRunHandle(self.client, run_id, self._message_timeout)
+        return TemporalRunHandle(self.client, run_id, self._message_timeout, self.output_types)
 
     async def enqueue(
         self,
@@ -278,11 +308,17 @@ class TemporalRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None = None,
         max_turns: int = 8,
+        instructions: str | None = None,
+        output_type: str | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> TemporalRunHandle:
         """Start the run ``run_id`` on the task queue ``queue``: a worker of that
-        queue (with the same registry) runs it."""
+        queue (with the same registry) runs it; the run's options as ``start``'s."""
         check_name(queue, "queue")
-        spec = self._spec(run_id, model, messages, tools, max_turns)
+        extras = run_extras(
+            self.manifest, self.output_types, instructions, output_type, usage_limits
+        )
+        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
         return await self._start(run_id, spec, queue)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
@@ -317,6 +353,7 @@ class TemporalRunner:
             str(spec["model"]),
             list(spec["tools"]),
         )
+        blocking += unknown_extras(spec, self.instructions, self.output_types)
         if blocking:
             raise RunHeldError(
                 f"this worker's code does not fit run {run_id!r}: {'; '.join(blocking)}"
@@ -333,7 +370,7 @@ class TemporalRunner:
     async def handle(self, run_id: str) -> TemporalRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
         check_run_id(run_id)
-        return await open_handle(self.client, run_id)
+        return await open_handle(self.client, run_id, self.output_types)
 
     async def export_journal(
         self, run_id: str, target: str | os.PathLike[str] | IO[str]
@@ -369,6 +406,8 @@ class TemporalRunner:
             frozenset(k for k, v in self.hooks.items() if v is not None),
             self.settings,
             self.manifest,
+            self.instructions,
+            self.output_types,
         )
 
     def _spec(
@@ -378,6 +417,7 @@ class TemporalRunner:
         messages: str | Sequence[Message],
         tools: Sequence[str] | None,
         max_turns: int,
+        extras: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
         check_run_id(run_id)
@@ -388,6 +428,8 @@ class TemporalRunner:
         if unknown:
             raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
         positive_int("max_turns", max_turns)
+        # A client that cannot send instructions is refused as run_agent refuses it.
+        check_settings(self.models[model], ModelSettings(), "instructions" in extras)
         if isinstance(messages, str):
             messages = [UserMessage(checked_text(messages, "a message"))]
         messages = check_history(messages)
@@ -399,4 +441,5 @@ class TemporalRunner:
             "code": self.manifest,
             "table": table_digest(),
             "app_version": self.app_version,
+            **extras,
         }

@@ -7,7 +7,10 @@ An activity runs one operation with the in-process executor's own code
 that raises is an error result for the model, a model call that fails is a failed
 call; neither is an activity failure, so Temporal never retries them. An activity
 fails (and is retried) only when its worker dies, or when it meets this worker's
-code not fitting the run (a tool or model it does not have: not retried).
+code not fitting the run (a tool, model or instructions it does not have: not
+retried). The model activity sends the run's instructions (a name in the worker's
+registry, ``TemporalRunner(instructions=...)``); a function of the run's context
+receives the context of the call (its run id, turn and messages; no ``deps``).
 
 A running activity heartbeats every ``heartbeat / 3`` seconds: a dead worker's
 activity is retried once its heartbeat timeout passes, and an abort reaches the
@@ -29,10 +32,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from statemachine._log import library_logger
+from statemachine.agent.context import RunContext
 from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.model import ModelClient, ModelSettings
-from statemachine.agent.model_call import RunModel
+from statemachine.agent.model_call import Instructions, RunModel
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
@@ -107,9 +111,11 @@ class Activities:
         hooks: Hooks,
         grace: float,
         heartbeat: float,
+        instructions: Mapping[str, Instructions] | None = None,
     ) -> None:
         self.models = models
         self.tools = tools
+        self.instructions = dict(instructions or {})
         self.hooks = hooks
         self.grace = grace
         self.heartbeat = heartbeat
@@ -117,15 +123,7 @@ class Activities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.model, self.tool, self.permissions, self.should_continue]
 
-    def _executor(self, loop: _OneOperation, model: str | None = None) -> AsyncioExecutor:
-        client: Any = None
-        if model is not None:
-            if model not in self.models:
-                raise ApplicationError(
-                    f"this worker has no model {model!r}", type=CODE_MISMATCH, non_retryable=True
-                )
-            silent: Any = _Silent()  # stands in for the run's EventStream
-            client = RunModel(self.models[model], None, ModelSettings(), silent, _no_context)
+    def _executor(self, loop: _OneOperation, client: Any = None) -> AsyncioExecutor:
         stand_in: Any = loop  # what the executor needs of an ActionLoop (_OneOperation)
         return AsyncioExecutor(
             stand_in,
@@ -135,12 +133,35 @@ class Activities:
             grace=self.grace,
         )
 
+    def _model(self, run_id: str, model: str, call: CallModel, instructions: str | None) -> Any:
+        """The model client of the call ``call``, sending the run's instructions."""
+        if model not in self.models:
+            raise ApplicationError(
+                f"this worker has no model {model!r}", type=CODE_MISMATCH, non_retryable=True
+            )
+        if instructions is not None and instructions not in self.instructions:
+            raise ApplicationError(
+                f"this worker has no instructions {instructions!r}",
+                type=CODE_MISMATCH,
+                non_retryable=True,
+            )
+        given = None if instructions is None else self.instructions[instructions]
+
+        def context() -> RunContext[Any]:
+            return RunContext(None, run_id, call.turn, call.messages)
+
+        silent: Any = _Silent()  # stands in for the run's EventStream
+        return RunModel(self.models[model], given, ModelSettings(), silent, context)
+
     @activity.defn(name=MODEL_STEP)
     async def model(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         action = action_from_dict(payload["action"])
         assert isinstance(action, CallModel)
         loop = _OneOperation(payload["run_id"])
-        executor = self._executor(loop, payload["model"])
+        client = self._model(
+            payload["run_id"], payload["model"], action, payload.get("instructions")
+        )
+        executor = self._executor(loop, client)
         await self._perform(loop, "model", executor.call_model(action))
         return encode_step_events(loop.events)
 
@@ -211,7 +232,3 @@ class Activities:
         while True:
             activity.heartbeat()
             await asyncio.sleep(self.heartbeat / 3)
-
-
-def _no_context() -> Any:
-    return None  # a durable run has no deps: its instructions are fixed or absent

@@ -48,6 +48,7 @@ from statemachine.durable._journal import (
     options,
     write_journal,
 )
+from statemachine.durable._registry import replay_options
 from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.durable.temporal._run import Lane, RemoteRun
 from statemachine.journal import Journal, JournalingEngine
@@ -230,7 +231,8 @@ async def export_journal(
     recorded = Recorded(steps)
     buffer, data = journal_buffer()
     journal = Journal(buffer, flush="close")
-    chosen = options(spec, recorded, tools, hooks)
+    # The run's output type (its JSON Schema) and usage limits shape its course.
+    chosen = {**options(spec, recorded, tools, hooks), **replay_options(spec)}
     result, state = await _rebuild(run_id, spec, recorded, places, journal, chosen)
     if finished:
         check_against(result, output, run_id)

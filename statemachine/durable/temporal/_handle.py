@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import IO, Any
 
@@ -65,20 +65,30 @@ _STATES = {
 }
 
 
-async def open_handle(client: Client, run_id: str) -> TemporalRunHandle:
-    """The handle of an existing run; ``UnknownRunError`` if there is none."""
-    handle = TemporalRunHandle(client, run_id)
+async def open_handle(
+    client: Client, run_id: str, output_types: Mapping[str, Any] | None = None
+) -> TemporalRunHandle:
+    """The handle of an existing run; ``UnknownRunError`` if there is none.
+    ``output_types``: a runner's registry, which types the result's output."""
+    handle = TemporalRunHandle(client, run_id, output_types=output_types)
     await handle._describe()
     return handle
 
 
 class TemporalRunHandle:
-    """A durable run on Temporal (``statemachine.durable.RunHandle``)."""
+    """A durable run on Temporal (``statemachine.durable.RunHandle``). Its result's
+    structured output is of its type when ``output_types`` (a runner's registry) has
+    it, else the validated JSON object (``_wire.result_from_dict``)."""
 
     def __init__(
-        self, client: Client, run_id: str, message_timeout: float = MESSAGE_TIMEOUT
+        self,
+        client: Client,
+        run_id: str,
+        message_timeout: float = MESSAGE_TIMEOUT,
+        output_types: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
+        self._output_types = output_types
         self._client = client
         self._workflow: WorkflowHandle[Any, Any] = client.get_workflow_handle(run_id)
         self._message_timeout = message_timeout
@@ -111,7 +121,7 @@ class TemporalRunHandle:
             if exc.status is RPCStatusCode.NOT_FOUND:
                 raise UnknownRunError(f"no durable run has the id {self.run_id!r}") from None
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-        return result_from_dict(self.run_id, output)
+        return result_from_dict(self.run_id, output, self._output_types)
 
     async def pending_approvals(self) -> tuple[ToolCall, ...]:
         """The calls waiting for a decision, in call order (a query: it needs a live

@@ -34,8 +34,13 @@ from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable._course import drive
 from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
-from statemachine.durable._registry import differences, table_digest
-from statemachine.durable._wire import call_to_dict, encode_step_events, result_to_dict
+from statemachine.durable._registry import differences, run_options, table_digest, unknown_extras
+from statemachine.durable._wire import (
+    call_to_dict,
+    encode_step_events,
+    output_json,
+    result_to_dict,
+)
 from statemachine.durable.temporal._activities import CODE_MISMATCH
 from statemachine.durable.temporal._export import carried_steps
 from statemachine.durable.temporal._run import Lane, RemoteRun
@@ -62,12 +67,15 @@ class Settings:
 
 @attrs.frozen
 class Registry:
-    """What a worker's workflows resolve names in: the tools, which hooks are set."""
+    """What a worker's workflows resolve names in: the tools, which hooks are set,
+    the instructions and output types."""
 
     tools: Mapping[str, Tool]
     hooks: frozenset[str]
     settings: Settings
     manifest: Mapping[str, Any]
+    instructions: Mapping[str, Any]
+    output_types: Mapping[str, Any]
 
 
 registries: dict[str, Registry] = {}  # by task queue, one per worker of this process
@@ -82,6 +90,7 @@ class WorkflowOperations:
 
     def __init__(self) -> None:
         self.model = ""
+        self.instructions: str | None = None  # their name in the registry
         self.settings: Settings | None = None
         self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
         self.misfit: asyncio.Future[str] | None = None  # set by ``run``
@@ -128,6 +137,8 @@ class WorkflowOperations:
     ) -> Any:
         if name == MODEL_STEP:
             payload = {**payload, "model": self.model}
+            if self.instructions is not None:
+                payload["instructions"] = self.instructions
         timeout = settings.model_timeout if key == "model" else settings.tool_timeout
         handle = workflow.start_activity(
             name,
@@ -184,10 +195,15 @@ class RunWorkflow:
         registry = registries[workflow.info().task_queue]
         _hold_unless_it_fits(spec, registry)
         self._ops.model = str(spec["model"])
+        self._ops.instructions = spec.get("instructions")
         self._ops.settings = registry.settings
         carried = spec.get("carried", {})
         self._ops.carry(carried)
         self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
+        # The run's output type and usage limits; its instructions are the model
+        # activity's to send (the model call is made there).
+        extras = run_options(spec, registry.instructions, registry.output_types)
+        extras.pop("instructions", None)
         options: dict[str, Any] = {
             "model": NoModel(),
             "tools": [registry.tools[n] for n in spec["tools"]],
@@ -196,16 +212,18 @@ class RunWorkflow:
             "control": self._lane,
             "grace_period": registry.settings.grace,
             **{h: stand_in_hook for h in registry.hooks},
+            **extras,
         }
-        run = RemoteRun(messages=messages_from_dicts(spec["messages"]), **options)
+        runs = [RemoteRun(messages=messages_from_dicts(spec["messages"]), **options)]
 
         def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
-            return continue_run(RemoteRun, done.engine, decisions, **options)
+            runs.append(continue_run(RemoteRun, done.engine, decisions, **options))
+            return runs[-1]
 
         loop = asyncio.get_running_loop()
         misfit = self._ops.misfit = loop.create_future()
         rolling = self._ops.rolling = loop.create_future()
-        course = asyncio.ensure_future(drive(run, resume, self._publish))
+        course = asyncio.ensure_future(drive(runs[0], resume, self._publish))
         await asyncio.wait({course, misfit, rolling}, return_when=asyncio.FIRST_COMPLETED)
         if rolling.done() and not misfit.done():
             # Past ``continue_after`` history events: go on in a new execution, which
@@ -229,7 +247,8 @@ class RunWorkflow:
                 type="RunHeldError",
                 non_retryable=True,
             ) from None
-        return {**result_to_dict(result, stats), "places": self._lane.places}
+        output = output_json(result, runs[-1].engine, spec.get("output_types"))
+        return {**result_to_dict(result, stats, output), "places": self._lane.places}
 
     async def _publish(self, calls: Sequence[ToolCall]) -> None:
         self._pending = [call_to_dict(c) for c in calls]
@@ -282,6 +301,7 @@ def _hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> None:
         str(spec["model"]),
         list(spec["tools"]),
     )
+    blocking += unknown_extras(spec, registry.instructions, registry.output_types)
     table = spec.get("table")
     if table is not None and table != table_digest():
         blocking.append(
