@@ -3,8 +3,9 @@
     python tests/temporal_worker.py ADDRESS QUEUE RUN_ID OUT MODE
 
 MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
-"approvals" (the same, beta needing a person) or "echo" (one slow tool call, then
-the model repeats what the person said). The worker starts RUN_ID (or finds
+"approvals" (the same, beta needing a person), "typed" (the same as "tools" with
+instructions, an output type and usage limits: ``typed``) or "echo" (one slow tool
+call, then the model repeats what the person said). The worker starts RUN_ID (or finds
 it, after a restart), waits for its result and writes it as JSON to OUT. With
 TEMPORAL_GO set it first imports everything and waits for that file to exist (a
 test starts the next worker while the current one runs, to save the imports).
@@ -16,6 +17,7 @@ synced, so a line survives a kill.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -23,8 +25,12 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+from durable_worker import TYPED_LIMITS, Tally, billing_instructions
 
 import statemachine as sm
+from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
@@ -103,6 +109,32 @@ async def answer(
     )
 
 
+async def typed(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition], options: CallOptions
+) -> sm.AssistantMessage:
+    """``answer``, saying the instructions it was given at each turn, then ending with
+    the final result: a run that lost them after a kill has another history."""
+    heard = options.instructions or "no instructions"
+    reply = await answer(messages, tools)
+    turn = 1 + sum(isinstance(m, sm.AssistantMessage) for m in messages)
+    if turn >= turns():
+        arguments = {"turns": turn, "heard": heard}
+        return sm.AssistantMessage([sm.ToolCall(f"f{turn}", "final_result", arguments)])
+    return sm.AssistantMessage([sm.TextContent(f"turn {turn} heard: {heard}"), *reply.tool_calls])
+
+
+def result_json(result: sm.RunResult) -> dict[str, Any]:
+    """What a worker writes: state, history, trace (and a typed run's output)."""
+    found: dict[str, Any] = {
+        "state": result.state.value,
+        "messages": messages_to_dicts(result.messages),
+        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
+    }
+    if result.output is not None:
+        found["output"] = [type(result.output).__name__, dataclasses.asdict(result.output)]
+    return found
+
+
 @sm.tool
 async def slow() -> str:
     """Take a while."""
@@ -140,9 +172,10 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
     while go and not os.path.exists(go):
         time.sleep(0.005)
     client = await Client.connect(address)
+    model: Any = {"echo": echo, "typed": typed}.get(mode, answer)
     runner = TemporalRunner(
         client,
-        models={"scripted": FunctionModel(echo if mode == "echo" else answer)},
+        models={"scripted": FunctionModel(model)},
         tools=[slow] if mode == "echo" else TOOLS,
         task_queue=queue,
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
@@ -150,21 +183,17 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         retry_interval=0.1,
         workflow_task_timeout=1.0,
         worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
+        instructions={"billing": billing_instructions},
+        output_types={"tally": Tally},
     )
+    options: dict[str, Any] = {}
+    if mode == "typed":
+        options = {"instructions": "billing", "output_type": "tally", "usage_limits": TYPED_LIMITS}
     async with runner:
-        handle = await runner.start(run_id, model="scripted", messages="go")
+        handle = await runner.start(run_id, model="scripted", messages="go", **options)
         result = await handle.result()
     with open(out + ".tmp", "w") as f:
-        json.dump(
-            {
-                "state": result.state.value,
-                "messages": messages_to_dicts(result.messages),
-                "trace": [
-                    [r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace
-                ],
-            },
-            f,
-        )
+        json.dump(result_json(result), f)
     os.replace(out + ".tmp", out)
 
 

@@ -2,7 +2,8 @@
 the worker's registry (instructions and output types are code, like tools) or
 carried in the run's input (limits), so the run ends as ``run_agent``'s with the
 same options, its ``result().output`` typed through a runner's handle and the
-validated JSON object through a store's. On a real dev server
+validated JSON object through a store's, also when its workers are killed -9 (the
+harness of test_temporal_kill.py). On a real dev server
 (temporal_support.temporal_address); the DBOS backend's are in
 test_durable_options.py.
 """
@@ -29,6 +30,9 @@ from durable_worker import (
     typed_answer,
 )
 from temporal_support import temporal_server  # noqa: F401 - the session's server
+from temporal_worker import TOOLS as WORKER_TOOLS
+from temporal_worker import typed
+from test_temporal_kill import MID_MODEL, MID_TOOL, Trials, _attempts, _check
 
 import statemachine as sm
 from statemachine.durable import RunStatus
@@ -40,6 +44,11 @@ from statemachine.testing import FunctionModel
 TYPED: dict[str, Any] = {
     "instructions": "billing",
     "output_type": "tally",
+    "usage_limits": TYPED_LIMITS,
+}
+IN_MEMORY: dict[str, Any] = {  # the same options, for run_agent
+    "instructions": billing_instructions,
+    "output_type": Tally,
     "usage_limits": TYPED_LIMITS,
 }
 
@@ -216,3 +225,34 @@ def test_a_client_that_cannot_send_instructions_is_refused_at_start(
             await runner.start("plain", model="plain", messages="go", instructions="billing")
 
     asyncio.run(body())
+
+
+@pytest.mark.timeout(180)
+def test_workers_killed_during_a_typed_run_leave_the_in_memory_history_and_output(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    from temporal_worker import result_json as worker_json
+
+    reference = asyncio.run(
+        sm.run_agent(model=FunctionModel(typed), tools=WORKER_TOOLS, messages="go", **IN_MEMORY)
+    )
+    plan = ["model", "tool", "model", "tool", "model"]
+
+    async def body() -> int:
+        trials = Trials(temporal_address, tmp_path, "typed", 4)
+        try:
+            for point in plan:
+                await trials.kill_when(MID_TOOL if point == "tool" else MID_MODEL)
+            async with asyncio.timeout(90):
+                while trials.current.poll() is None:
+                    await asyncio.sleep(0.05)
+            assert trials.current.returncode == 0
+        finally:
+            trials.close()
+        # The history, trace and typed output of the same run in memory; no finished
+        # call ran again.
+        _check(trials, await _attempts(temporal_address, trials.run_id), worker_json(reference))
+        return len(trials.killed)
+
+    assert asyncio.run(body()) == len(plan)
+    assert reference.output == Tally(4, "turn 4: answer with a Tally")
