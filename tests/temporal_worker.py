@@ -17,7 +17,6 @@ synced, so a line survives a kill.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -27,12 +26,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from durable_worker import TYPED_LIMITS, Tally, billing_instructions
+from durable_worker import TYPED_LIMITS, Tally, billing_instructions, result_json
 
 import statemachine as sm
 from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
-from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
 
 TOOL_DELAY = 0.25  # long enough for a test to kill the worker in the middle of a tool
@@ -121,18 +119,6 @@ async def typed(
         arguments = {"turns": turn, "heard": heard}
         return sm.AssistantMessage([sm.ToolCall(f"f{turn}", "final_result", arguments)])
     return sm.AssistantMessage([sm.TextContent(f"turn {turn} heard: {heard}"), *reply.tool_calls])
-
-
-def result_json(result: sm.RunResult) -> dict[str, Any]:
-    """What a worker writes: state, history, trace (and a typed run's output)."""
-    found: dict[str, Any] = {
-        "state": result.state.value,
-        "messages": messages_to_dicts(result.messages),
-        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
-    }
-    if result.output is not None:
-        found["output"] = [type(result.output).__name__, dataclasses.asdict(result.output)]
-    return found
 
 
 @sm.tool

@@ -33,10 +33,10 @@ from temporal_support import temporal_server  # noqa: F401 - the session's serve
 from temporal_worker import TOOLS as WORKER_TOOLS
 from temporal_worker import typed
 from test_temporal_kill import MID_MODEL, MID_TOOL, Trials, _attempts, _check
+from test_temporal_versions import _until
 
 import statemachine as sm
-from statemachine.durable import RunStatus
-from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner, open_store
+from statemachine.durable.temporal import TemporalRunner, open_store
 from statemachine.errors import InvalidInputError, RunHeldError, UsageError
 from statemachine.journal import replay
 from statemachine.testing import FunctionModel
@@ -152,15 +152,6 @@ class _NoOptions:
         return sm.AssistantMessage("no options")
 
 
-async def _until(handle: TemporalRunHandle, state: str) -> RunStatus:
-    # Not too often: each look at a running run is a query, which the server holds
-    # while the run's workflow task is being tried.
-    async with asyncio.timeout(40):
-        while (status := await handle.status()).state != state:
-            await asyncio.sleep(0.5)
-    return status
-
-
 @pytest.mark.timeout(120)
 def test_names_outside_the_registry_are_refused_and_a_run_whose_type_is_gone_is_held(
     temporal_address: str,
@@ -231,8 +222,6 @@ def test_a_client_that_cannot_send_instructions_is_refused_at_start(
 def test_workers_killed_during_a_typed_run_leave_the_in_memory_history_and_output(
     temporal_address: str, tmp_path: Path
 ) -> None:
-    from temporal_worker import result_json as worker_json
-
     reference = asyncio.run(
         sm.run_agent(model=FunctionModel(typed), tools=WORKER_TOOLS, messages="go", **IN_MEMORY)
     )
@@ -251,7 +240,7 @@ def test_workers_killed_during_a_typed_run_leave_the_in_memory_history_and_outpu
             trials.close()
         # The history, trace and typed output of the same run in memory; no finished
         # call ran again.
-        _check(trials, await _attempts(temporal_address, trials.run_id), worker_json(reference))
+        _check(trials, await _attempts(temporal_address, trials.run_id), result_json(reference))
         return len(trials.killed)
 
     assert asyncio.run(body()) == len(plan)
