@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from durable_worker import TOOLS, answer, beta_needs_approval, reference_run, result_json
+from durable_worker import (
+    TOOLS,
+    answer,
+    beta_needs_approval,
+    reference_run,
+    replays_to,
+    result_json,
+)
 
 import statemachine as sm
 from statemachine.core.abort import AbortSignal
@@ -39,8 +46,7 @@ from statemachine.errors import (
     UnknownRunError,
     UsageError,
 )
-from statemachine.journal import replay
-from statemachine.testing import FunctionModel, check_transcript
+from statemachine.testing import FunctionModel
 
 if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
     from temporal_support import temporal_server  # noqa: F401 - the session's server
@@ -106,15 +112,6 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
     return Engine(name, tmp_path, address)
 
 
-def _replays_to(path: Path, result: sm.RunResult) -> None:
-    replayed = replay(path)
-    assert replayed.ok
-    assert replayed.state is result.state
-    assert replayed.messages == result.messages
-    assert replayed.trace == result.trace
-    assert check_transcript(list(replayed.messages)) == []
-
-
 async def _pending(handle: RunHandle, call_id: str, timeout: float = 30) -> list[str]:
     """The pending calls, once ``call_id`` is among them."""
     async with asyncio.timeout(timeout):
@@ -151,7 +148,7 @@ def test_a_run_has_run_agents_history_and_exports_a_journal_that_replays(
     assert reference.stats is not None
     assert result.stats.model_calls == reference.stats.model_calls == 4
     assert result.stats.tool_calls == reference.stats.tool_calls
-    _replays_to(tmp_path / "plain.jsonl", result)
+    replays_to(tmp_path / "plain.jsonl", result)
 
 
 @pytest.mark.timeout(90)
@@ -191,7 +188,7 @@ def test_approvals_are_taken_once_and_a_call_that_is_not_pending_is_refused(
     assert "not today" in texts["t2b"]
     assert texts["t3b"] == "beta(3)=1003"
     assert texts["t3a"] == "alpha(3)=9"
-    _replays_to(tmp_path / "appr.jsonl", result)
+    replays_to(tmp_path / "appr.jsonl", result)
 
 
 @pytest.mark.timeout(90)
@@ -217,7 +214,7 @@ def test_an_abort_during_an_approval_wait_ends_the_run_and_leaves_nothing_pendin
     texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)}
     assert texts["t1a"] == "alpha(1)=1"
     assert sorted(texts) == ["t1a", "t1b"]  # the call waiting for a person has a result (I6)
-    _replays_to(tmp_path / "left.jsonl", result)
+    replays_to(tmp_path / "left.jsonl", result)
 
 
 def _said(messages: Sequence[sm.Message]) -> str:
@@ -300,7 +297,7 @@ def test_a_steer_and_a_follow_up_reach_the_model_and_late_input_is_refused(
         assert answers == ["heard: go | also this", "heard: go | also this | and then that"]
     assert result.queued_input == ()
     assert gate.keys == ["told:g1"]  # idempotency_key() inside the tool: run_id:call_id
-    _replays_to(tmp_path / "told.jsonl", result)
+    replays_to(tmp_path / "told.jsonl", result)
 
 
 @pytest.mark.timeout(90)
@@ -323,7 +320,7 @@ def test_an_abort_reaches_a_running_tool_and_the_run_ends_aborted(
     texts = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert texts == ["stopped by the abort"]  # the tool's own answer, within the grace
     assert not gate.opened.is_set()
-    _replays_to(tmp_path / "stop.jsonl", result)
+    replays_to(tmp_path / "stop.jsonl", result)
 
 
 @pytest.mark.timeout(90)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from durable_worker import TOOLS, answer, beta_needs_approval, result_json
+from durable_worker import TOOLS, answer, beta_needs_approval, replays_to, result_json
 from temporal_support import temporal_server  # noqa: F401 - the session's server
 
 import statemachine as sm
@@ -28,8 +28,7 @@ from statemachine.errors import (
     UnknownRunError,
     UsageError,
 )
-from statemachine.journal import replay
-from statemachine.testing import FunctionModel, check_transcript
+from statemachine.testing import FunctionModel
 
 T = TypeVar("T")
 
@@ -48,15 +47,6 @@ def _with_runner(address: str, body: Callable[[TemporalRunner], Awaitable[T]], *
             return await body(runner)
 
     return asyncio.run(go())
-
-
-def _replays_to(path: Path, result: sm.RunResult) -> None:
-    replayed = replay(path)
-    assert replayed.ok
-    assert replayed.state is result.state
-    assert replayed.messages == result.messages
-    assert replayed.trace == result.trace
-    assert check_transcript(list(replayed.messages)) == []
 
 
 async def _pending(handle: RunHandle, timeout: float = 20) -> list[str]:
@@ -108,7 +98,7 @@ def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_histor
     )
     assert result_json(result) == result_json(expected)
     assert executions > 3
-    _replays_to(tmp_path / "long.jsonl", result)
+    replays_to(tmp_path / "long.jsonl", result)
 
 
 @pytest.mark.timeout(60)
