@@ -253,6 +253,20 @@ def reference_run(mode: str = "") -> sm.RunResult:
     return asyncio.run(run)
 
 
+def replays_to(path: Path, result: sm.RunResult) -> None:
+    """The journal at ``path`` replays to ``result``'s state, history and trace, and
+    the transcript checker reads it."""
+    from statemachine.journal import replay
+    from statemachine.testing import check_transcript
+
+    replayed = replay(path)
+    assert replayed.ok
+    assert replayed.state is result.state
+    assert replayed.messages == result.messages
+    assert replayed.trace == result.trace
+    assert check_transcript(list(replayed.messages)) == []
+
+
 def result_json(result: sm.RunResult) -> dict[str, Any]:
     """State, history, trace (and the typed output of a run that has one)."""
     found: dict[str, Any] = {

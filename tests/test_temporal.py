@@ -1,6 +1,8 @@
-"""Durable runs on Temporal: the same run as run_agent, approvals, messages, abort,
-export, and bad input, on a real dev server (temporal_support.temporal_address).
-The kill trials are in test_temporal_kill.py."""
+"""Durable runs on Temporal, what only this backend has: continue-as-new, a tool
+failure that is no activity retry, operators ending runs, task queues, the store, on
+a real dev server (temporal_support.temporal_address). What every backend shares
+(the run_agent history, approvals, messages, abort, export, bad input) is in
+test_durable_shared.py; the kill trials are in test_temporal_kill.py."""
 
 from __future__ import annotations
 
@@ -11,14 +13,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from durable_worker import TOOLS, answer, beta_needs_approval, reference_run, result_json
+from durable_worker import TOOLS, answer, beta_needs_approval, replays_to, result_json
 from temporal_support import temporal_server  # noqa: F401 - the session's server
 
 import statemachine as sm
-from statemachine.core.abort import AbortSignal
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import RunHandle
-from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
+from statemachine.durable.temporal import TemporalRunner
 from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
@@ -27,8 +28,7 @@ from statemachine.errors import (
     UnknownRunError,
     UsageError,
 )
-from statemachine.journal import replay
-from statemachine.testing import FunctionModel, check_transcript
+from statemachine.testing import FunctionModel
 
 T = TypeVar("T")
 
@@ -49,15 +49,6 @@ def _with_runner(address: str, body: Callable[[TemporalRunner], Awaitable[T]], *
     return asyncio.run(go())
 
 
-def _replays_to(path: Path, result: sm.RunResult) -> None:
-    replayed = replay(path)
-    assert replayed.ok
-    assert replayed.state is result.state
-    assert replayed.messages == result.messages
-    assert replayed.trace == result.trace
-    assert check_transcript(list(replayed.messages)) == []
-
-
 async def _pending(handle: RunHandle, timeout: float = 20) -> list[str]:
     """The pending calls, once there are some."""
     async with asyncio.timeout(timeout):
@@ -66,175 +57,6 @@ async def _pending(handle: RunHandle, timeout: float = 20) -> list[str]:
             if calls:
                 return [c.id for c in calls]
             await asyncio.sleep(0.05)
-
-
-@pytest.mark.timeout(60)
-def test_a_run_ends_with_run_agents_history_and_exports_a_journal(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    async def body(runner: TemporalRunner) -> sm.RunResult:
-        handle = await runner.start("plain", model="scripted", messages="go")
-        assert isinstance(handle, RunHandle)
-        result = await handle.result(timeout=30)
-        again = await runner.start("plain", model="scripted", messages="go")
-        assert result_json(await again.result(timeout=10)) == result_json(result)
-        assert (await handle.status()).state == "finished"
-        done = await runner.export_journal("plain", tmp_path / "plain.jsonl")
-        assert done.finished
-        assert done.state == "Done"
-        return result
-
-    result = _with_runner(temporal_address, body)
-    assert result_json(result) == result_json(reference_run())
-    _replays_to(tmp_path / "plain.jsonl", result)
-
-
-@pytest.mark.timeout(60)
-def test_approvals_are_updates_and_refuse_calls_that_are_not_pending(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    async def body(runner: TemporalRunner) -> sm.RunResult:
-        handle = await runner.start("appr", model="scripted", messages="go")
-        assert await _pending(handle) == ["t1b"]
-        assert (await handle.status()).state == "waiting"
-        with pytest.raises(NotPendingError):
-            await handle.decide("t1a", True)  # permitted by the hook, never pending
-        await handle.decide("t1b", True)
-        with pytest.raises(NotPendingError):
-            await handle.decide("t1b", False)  # decided already
-        for call in ("t2b", "t3b"):
-            assert await _pending(handle) == [call]
-            await handle.decide(call, call == "t2b", "no" if call == "t3b" else None)
-        result = await handle.result(timeout=30)
-        with pytest.raises(NotPendingError):
-            await handle.decide("t3b", True)  # the run has ended
-        await runner.export_journal("appr", tmp_path / "appr.jsonl")
-        return result
-
-    result = _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
-    assert result.ok
-    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)}
-    assert texts["t1b"] == "beta(1)=1001"
-    assert texts["t2b"] == "beta(2)=1002"
-    assert "no" in texts["t3b"]
-    assert texts["t3a"] == "alpha(3)=9"
-    _replays_to(tmp_path / "appr.jsonl", result)
-
-
-def _said(messages: Sequence[sm.Message]) -> str:
-    return " | ".join(
-        b.text
-        for m in messages
-        if isinstance(m, sm.UserMessage)
-        for b in m.content
-        if isinstance(b, sm.TextContent)
-    )
-
-
-def _gated_tool(started: asyncio.Event, gate: asyncio.Event) -> sm.Tool:
-    async def run(arguments: Any, signal: AbortSignal) -> str:
-        started.set()
-        waiting = asyncio.ensure_future(gate.wait())
-        aborted = asyncio.get_running_loop().create_future()
-
-        def on_abort(reason: object) -> None:
-            if not aborted.done():
-                aborted.set_result(reason)
-
-        signal.add_listener(on_abort)
-        await asyncio.wait({waiting, aborted}, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        return "stopped by the abort" if aborted.done() else "opened"
-
-    return sm.Tool(ToolDefinition("wait_at_gate", "Wait for the gate.", {"type": "object"}), run)
-
-
-def _echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
-    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
-        return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
-    return sm.AssistantMessage(f"heard: {_said(messages)}")
-
-
-@pytest.mark.timeout(60)
-def test_a_steer_sent_while_a_tool_runs_reaches_the_model_and_late_input_is_refused(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    started, gate = asyncio.Event(), asyncio.Event()
-
-    async def body(runner: TemporalRunner) -> sm.RunResult:
-        handle = await runner.start("told", model="echo", messages="go")
-        await asyncio.wait_for(started.wait(), 20)
-        await handle.steer("also this")
-        gate.set()
-        result = await handle.result(timeout=30)
-        with pytest.raises(RunClosedError):
-            await handle.follow_up("too late")
-        await runner.export_journal("told", tmp_path / "told.jsonl")
-        return result
-
-    result = _with_runner(
-        temporal_address,
-        body,
-        models={"echo": FunctionModel(_echo)},
-        tools=[_gated_tool(started, gate)],
-    )
-    assert result.ok
-    assert result.final_text == "heard: go | also this"
-    _replays_to(tmp_path / "told.jsonl", result)
-
-
-@pytest.mark.timeout(60)
-def test_an_abort_reaches_a_running_tool_through_its_heartbeat(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    started, gate = asyncio.Event(), asyncio.Event()
-
-    async def body(runner: TemporalRunner) -> sm.RunResult:
-        handle = await runner.start("stop", model="echo", messages="go")
-        await asyncio.wait_for(started.wait(), 20)
-        await handle.abort("enough")
-        result = await handle.result(timeout=30)
-        await handle.abort()  # idempotent once ended
-        await runner.export_journal("stop", tmp_path / "stop.jsonl")
-        return result
-
-    result = _with_runner(
-        temporal_address,
-        body,
-        models={"echo": FunctionModel(_echo)},
-        tools=[_gated_tool(started, gate)],
-    )
-    assert result.state is sm.TurnState.ABORTED
-    texts = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
-    assert texts == ["stopped by the abort"]  # the tool's own answer, within the grace
-    assert not gate.is_set()
-    _replays_to(tmp_path / "stop.jsonl", result)
-
-
-@pytest.mark.timeout(60)
-def test_input_from_outside_is_bounded(temporal_address: str) -> None:
-    async def body(runner: TemporalRunner) -> None:
-        with pytest.raises(InvalidInputError):
-            await runner.start("x" * 201, model="scripted", messages="go")
-        with pytest.raises(InvalidInputError):
-            await runner.start("bad\x00id", model="scripted", messages="go")
-        with pytest.raises(InvalidInputError):
-            await runner.start("r", model="nobody", messages="go")
-        with pytest.raises(InvalidInputError):
-            await runner.start("r", model="scripted", messages="go", tools=["gamma"])
-        with pytest.raises(InvalidInputError):
-            await runner.start("r", model="scripted", messages="x" * 100_001)
-        with pytest.raises(UnknownRunError):
-            await runner.handle("never-started")
-        handle = await runner.start("bounded", model="scripted", messages="go")
-        assert isinstance(handle, TemporalRunHandle)
-        with pytest.raises(InvalidInputError):
-            await handle.steer("x" * 100_001)
-        with pytest.raises(InvalidInputError):
-            await handle.decide("t1a", "yes")  # type: ignore[arg-type]
-        assert (await handle.result(timeout=30)).ok
-
-    _with_runner(temporal_address, body)
 
 
 def _counting(
@@ -276,7 +98,7 @@ def test_a_long_run_goes_on_in_new_executions_and_ends_with_the_in_memory_histor
     )
     assert result_json(result) == result_json(expected)
     assert executions > 3
-    _replays_to(tmp_path / "long.jsonl", result)
+    replays_to(tmp_path / "long.jsonl", result)
 
 
 @pytest.mark.timeout(60)

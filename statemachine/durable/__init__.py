@@ -211,18 +211,14 @@ class RunStore(Protocol):
 @runtime_checkable
 class DurableRunner(Protocol):
     """A worker of a backend: it runs durable runs in this process, resolving their
-    models, tools and hooks in its registry; every method but ``launch`` and
-    ``destroy`` needs it launched."""
+    models, tools and hooks in its registry; every method needs it started.
+
+    How a worker starts and stops is the backend's own, so it is not part of this
+    protocol: ``DBOSRunner.launch()``/``destroy()`` are plain calls (DBOS runs its
+    own threads), ``TemporalRunner``'s are coroutines (a Temporal worker runs on
+    the caller's event loop; ``async with runner:`` does both)."""
 
     app_version: str
-
-    def launch(self) -> None:
-        """Start the worker; it takes back its unfinished runs of its version."""
-        ...
-
-    def destroy(self) -> None:
-        """Stop the worker (its unfinished runs stay in the database)."""
-        ...
 
     async def start(
         self,

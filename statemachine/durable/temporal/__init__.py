@@ -89,6 +89,7 @@ from statemachine.durable._registry import (
 )
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities
+from statemachine.durable.temporal._dev import dev_server, temporal_binary
 from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
 from statemachine.durable.temporal._store import TemporalStore, open_store
 from statemachine.durable.temporal._workflow import (
@@ -107,7 +108,9 @@ __all__ = [
     "TemporalRunHandle",
     "TemporalRunner",
     "TemporalStore",
+    "dev_server",
     "open_store",
+    "temporal_binary",
 ]
 
 CONTINUE_AFTER = 10_000

@@ -1,0 +1,356 @@
+"""What every durable backend shares, asserted the same way on each engine.
+
+Each test runs once per backend of ``statemachine.durable.BACKENDS``: "dbos" on a
+fresh SQLite file, "temporal" on the session's dev server (temporal_support). The
+``Engine`` adapter hides how each one starts a worker; the tests speak only of the
+backend-neutral contract (``DurableRunner``, ``RunHandle``). Without a backend's
+extra its tests skip, except under CI=true, where they fail. The backends' own
+tests (kills, versions, queues, PostgreSQL) are in test_durable_*.py and
+test_temporal*.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from durable_worker import (
+    TOOLS,
+    answer,
+    beta_needs_approval,
+    reference_run,
+    replays_to,
+    result_json,
+)
+
+import statemachine as sm
+from statemachine.core.abort import AbortSignal
+from statemachine.core.tools import ToolDefinition
+from statemachine.durable import (
+    BACKENDS,
+    DurableRunner,
+    RunHandle,
+    idempotency_key,
+)
+from statemachine.errors import (
+    InvalidInputError,
+    NotPendingError,
+    RunClosedError,
+    UnknownRunError,
+    UsageError,
+)
+from statemachine.testing import FunctionModel
+
+if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
+    from temporal_support import temporal_server  # noqa: F401 - the session's server
+
+T = TypeVar("T")
+EXTRAS = {"dbos": "dbos", "temporal": "temporalio"}
+
+
+class Engine:
+    """One backend, as the shared tests see it: ``runner(**options)`` is a launched
+    worker (a ``DurableRunner``) for the duration of an ``async with``."""
+
+    def __init__(self, name: str, tmp_path: Path, address: str = "") -> None:
+        self.name = name
+        self._tmp_path = tmp_path
+        self._address = address
+        # Temporal's steer() returns once the run has taken the message (an update);
+        # DBOS's once it is stored, and the run takes it when its worker notices it
+        # (docs/guides/temporal.md, "How it compares with DBOS").
+        self.takes_messages_on_return = name == "temporal"
+
+    @contextlib.asynccontextmanager
+    async def runner(self, **options: Any) -> AsyncIterator[DurableRunner]:
+        options.setdefault("models", {"scripted": FunctionModel(answer)})
+        options.setdefault("tools", TOOLS)
+        if self.name == "dbos":
+            from statemachine.durable.dbos import DBOSRunner
+
+            url = f"sqlite:///{self._tmp_path}/runs-{uuid.uuid4().hex[:8]}.sqlite"
+            dbos_runner = DBOSRunner(database_url=url, **options)
+            dbos_runner.launch()
+            try:
+                yield dbos_runner
+            finally:
+                dbos_runner.destroy()
+            return
+        from temporalio.client import Client
+
+        from statemachine.durable.temporal import TemporalRunner
+
+        client = await Client.connect(self._address)
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        async with TemporalRunner(client, task_queue=queue, heartbeat=1.0, **options) as runner:
+            yield runner
+
+    def run(self, body: Callable[[DurableRunner], Awaitable[T]], **options: Any) -> T:
+        """Run ``body`` with a launched runner of this backend."""
+
+        async def go() -> T:
+            async with self.runner(**options) as runner:
+                return await body(runner)
+
+        return asyncio.run(go())
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    """Each backend in turn (module docstring)."""
+    name = str(request.param)
+    if os.environ.get("CI") != "true":
+        pytest.importorskip(EXTRAS[name])
+    address = str(request.getfixturevalue("temporal_address")) if name == "temporal" else ""
+    return Engine(name, tmp_path, address)
+
+
+async def _pending(handle: RunHandle, call_id: str, timeout: float = 30) -> list[str]:
+    """The pending calls, once ``call_id`` is among them."""
+    async with asyncio.timeout(timeout):
+        while True:
+            calls = [c.id for c in await handle.pending_approvals()]
+            if call_id in calls:
+                return calls
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(90)
+def test_a_run_has_run_agents_history_and_exports_a_journal_that_replays(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        assert isinstance(runner, DurableRunner)  # mypy checks it too (Engine.runner)
+        handle = await runner.start("plain", model="scripted", messages="go")
+        assert isinstance(handle, RunHandle)
+        result = await handle.result(timeout=60)
+        assert result.run_id == "plain"
+        again = await runner.start("plain", model="scripted", messages="go")
+        assert result_json(await again.result(timeout=30)) == result_json(result)
+        status = await runner.status("plain")
+        assert (status.run_id, status.state, status.pending_approvals) == ("plain", "finished", ())
+        assert (await handle.status()).state == "finished"
+        exported = await runner.export_journal("plain", tmp_path / "plain.jsonl")
+        assert (exported.finished, exported.state) == (True, "Done")
+        return result
+
+    result = engine.run(body)
+    reference = reference_run()
+    assert result_json(result) == result_json(reference)
+    assert result.stats is not None
+    assert reference.stats is not None
+    assert result.stats.model_calls == reference.stats.model_calls == 4
+    assert result.stats.tool_calls == reference.stats.tool_calls
+    replays_to(tmp_path / "plain.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_approvals_are_taken_once_and_a_call_that_is_not_pending_is_refused(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("appr", model="scripted", messages="go")
+        assert await _pending(handle, "t1b") == ["t1b"]
+        status = await handle.status()
+        assert status.state == "waiting"
+        assert [c.id for c in status.pending_approvals] == ["t1b"]
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1a", True)  # permitted by the hook, never pending
+        with pytest.raises(NotPendingError):
+            await handle.decide("nobody", True)
+        with pytest.raises(UsageError):
+            await handle.decide(["t1b"], True)  # type: ignore[arg-type]
+        await handle.decide("t1b", True)
+        assert await _pending(handle, "t2b") == ["t2b"]
+        with pytest.raises(NotPendingError):
+            await handle.decide("t1b", False)  # decided already
+        await handle.decide("t2b", False, "not today")
+        assert await _pending(handle, "t3b") == ["t3b"]
+        await handle.decide("t3b", True)
+        result = await handle.result(timeout=60)
+        with pytest.raises(NotPendingError):
+            await handle.decide("t3b", True)  # the run has ended
+        assert await handle.pending_approvals() == ()
+        await runner.export_journal("appr", tmp_path / "appr.jsonl")
+        return result
+
+    result = engine.run(body, before_tool_call=beta_needs_approval)
+    assert result.ok
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)}
+    assert texts["t1b"] == "beta(1)=1001"
+    assert "not today" in texts["t2b"]
+    assert texts["t3b"] == "beta(3)=1003"
+    assert texts["t3a"] == "alpha(3)=9"
+    replays_to(tmp_path / "appr.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_an_abort_during_an_approval_wait_ends_the_run_and_leaves_nothing_pending(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("left", model="scripted", messages="go")
+        assert await _pending(handle, "t1b") == ["t1b"]
+        await handle.abort("nobody came")
+        result = await handle.result(timeout=60)
+        with pytest.raises(NotPendingError, match="the run has ended"):
+            await handle.decide("t1b", True)
+        assert await handle.pending_approvals() == ()
+        status = await handle.status()
+        assert (status.state, status.pending_approvals) == ("finished", ())
+        await handle.abort("again")  # nothing to do once it has ended
+        await runner.export_journal("left", tmp_path / "left.jsonl")
+        return result
+
+    result = engine.run(body, before_tool_call=beta_needs_approval)
+    assert result.state is sm.TurnState.ABORTED
+    texts = {m.tool_call_id: m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)}
+    assert texts["t1a"] == "alpha(1)=1"
+    assert sorted(texts) == ["t1a", "t1b"]  # the call waiting for a person has a result (I6)
+    replays_to(tmp_path / "left.jsonl", result)
+
+
+def _said(messages: Sequence[sm.Message]) -> str:
+    return " | ".join(
+        b.text
+        for m in messages
+        if isinstance(m, sm.UserMessage)
+        for b in m.content
+        if isinstance(b, sm.TextContent)
+    )
+
+
+class Gate:
+    """A tool that waits until the test opens its gate or the run is aborted, and
+    records the idempotency key it saw."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.opened = asyncio.Event()
+        self.keys: list[str | None] = []
+        self.tool = sm.Tool(
+            ToolDefinition("wait_at_gate", "Wait for the gate.", {"type": "object"}), self._run
+        )
+
+    async def _run(self, arguments: Any, signal: AbortSignal) -> str:
+        self.keys.append(idempotency_key())
+        self.started.set()
+        aborted = asyncio.get_running_loop().create_future()
+
+        def on_abort(reason: object) -> None:
+            if not aborted.done():
+                aborted.set_result(reason)
+
+        signal.add_listener(on_abort)
+        opened = asyncio.ensure_future(self.opened.wait())
+        await asyncio.wait({opened, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        opened.cancel()
+        return "stopped by the abort" if aborted.done() else "opened"
+
+    async def entered(self) -> None:
+        await asyncio.wait_for(self.started.wait(), 30)
+
+
+def _echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """Call the gate once, then repeat what the person said."""
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+    return sm.AssistantMessage(f"heard: {_said(messages)}")
+
+
+@pytest.mark.timeout(90)
+def test_a_steer_and_a_follow_up_reach_the_model_and_late_input_is_refused(
+    engine: Engine, tmp_path: Path
+) -> None:
+    gate = Gate()
+
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("told", model="echo", messages="go")
+        await gate.entered()
+        assert (await handle.status()).state == "running"
+        await handle.steer("also this")
+        await handle.follow_up("and then that")
+        gate.opened.set()
+        result = await handle.result(timeout=60)
+        with pytest.raises(RunClosedError):
+            await handle.follow_up("too late")
+        with pytest.raises(RunClosedError):
+            await handle.steer("too late")
+        await runner.export_journal("told", tmp_path / "told.jsonl")
+        return result
+
+    result = engine.run(body, models={"echo": FunctionModel(_echo)}, tools=[gate.tool])
+    assert result.ok
+    answers = [m.text for m in result.messages if isinstance(m, sm.AssistantMessage) and m.text]
+    assert answers[-1] == "heard: go | also this | and then that"
+    assert _said(result.messages) == "go | also this | and then that"
+    if engine.takes_messages_on_return:
+        # Taken by the run when steer() returned, while the tool ran: the next model
+        # call hears the steer, and the follow-up comes when it would finish.
+        assert answers == ["heard: go | also this", "heard: go | also this | and then that"]
+    assert result.queued_input == ()
+    assert gate.keys == ["told:g1"]  # idempotency_key() inside the tool: run_id:call_id
+    replays_to(tmp_path / "told.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_an_abort_reaches_a_running_tool_and_the_run_ends_aborted(
+    engine: Engine, tmp_path: Path
+) -> None:
+    gate = Gate()
+
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("stop", model="echo", messages="go")
+        await gate.entered()
+        await handle.abort("enough")
+        result = await handle.result(timeout=60)
+        assert (await handle.status()).state == "finished"
+        await runner.export_journal("stop", tmp_path / "stop.jsonl")
+        return result
+
+    result = engine.run(body, models={"echo": FunctionModel(_echo)}, tools=[gate.tool])
+    assert result.state is sm.TurnState.ABORTED
+    texts = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    assert texts == ["stopped by the abort"]  # the tool's own answer, within the grace
+    assert not gate.opened.is_set()
+    replays_to(tmp_path / "stop.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_input_from_outside_is_refused_with_the_librarys_errors(engine: Engine) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        for run_id in ("x" * 201, "", "bad\x00id", "a\udc80b"):
+            with pytest.raises(InvalidInputError, match="run id"):
+                await runner.start(run_id, model="scripted", messages="go")
+        with pytest.raises(InvalidInputError):
+            await runner.handle("bad\x00id")
+        with pytest.raises(UnknownRunError):
+            await runner.handle("never-started")
+        with pytest.raises(InvalidInputError, match="unknown model"):
+            await runner.start("r", model="nobody", messages="go")
+        with pytest.raises(InvalidInputError, match="unknown tools"):
+            await runner.start("r", model="scripted", messages="go", tools=["gamma"])
+        with pytest.raises(InvalidInputError):
+            await runner.start("r", model="scripted", messages="x" * 100_001)
+        handle = await runner.start("bounded", model="scripted", messages="go")
+        with pytest.raises(InvalidInputError):
+            await handle.steer("x" * 100_001)
+        with pytest.raises(InvalidInputError):
+            await handle.follow_up(42)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            await handle.decide(["t1a"], True)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            await handle.decide("t1a", "yes")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError):
+            await handle.abort("x" * 100_001)
+        return await handle.result(timeout=60)
+
+    result = engine.run(body)
+    assert result_json(result) == result_json(reference_run())
