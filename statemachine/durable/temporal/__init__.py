@@ -42,11 +42,16 @@ signal; it fires the signal of the running tools and model client (through the
 activities' cancellation), which then get the grace period, as in ``run_agent``;
 every started call still gets its result (I6). ``pending_approvals`` is a query.
 
-What this backend does not offer (yet)
---------------------------------------
-The DBOS backend's held runs (a worker whose code does not fit a run waits with
-it) become a failed run here, whose explanation names the tool or model; queues are
-Temporal's task queues; listing runs is Temporal's own (``temporal workflow list``).
+How it differs from the DBOS backend
+------------------------------------
+- A worker whose code does not fit a run holds it, as on DBOS; but an activity that
+  lands on a worker without its tool fails the run, naming the tool.
+- Queues are Temporal's task queues (``enqueue``); ``list_runs`` reads Temporal's own
+  listing of the namespace.
+- ``steer()`` returns once the run has taken the message (an update), so it reaches the
+  next model call as with ``run_agent``; on DBOS it returns once the message is stored.
+- Updates and queries need a live worker: they fail with ``StoreUnavailableError``
+  after ``MESSAGE_TIMEOUT``; an abort (a signal) is stored even with no worker.
 """
 
 from __future__ import annotations
