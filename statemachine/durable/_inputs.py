@@ -6,11 +6,13 @@ is an ``InvalidInputError``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from statemachine.core.messages import TextContent, UserMessage
-from statemachine.core.wire import block_to_dict, message_to_dict
+from statemachine.core.checks import positive_int
+from statemachine.core.inputs import check_history
+from statemachine.core.messages import Message, TextContent, UserMessage
+from statemachine.core.wire import block_to_dict, message_to_dict, messages_to_dicts
 from statemachine.errors import InvalidInputError
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "check_run_id",
     "check_url",
     "checked_text",
+    "run_spec",
     "storable",
     "user_dict",
 ]
@@ -102,3 +105,35 @@ def user_dict(message: str | UserMessage) -> dict[str, Any]:
             f"a message must be at most {MAX_MESSAGE_CHARS} chars, got {size} in a UserMessage"
         )
     return encoded
+
+
+def run_spec(
+    run_id: str,
+    model: str,
+    messages: str | Sequence[Message],
+    tools: Sequence[str] | None,
+    max_turns: int,
+    *,
+    models: Collection[str],
+    registry_tools: Collection[str],
+) -> dict[str, Any]:
+    """A run's input as a backend stores it (the model's and tools' names, the
+    messages as wire dicts, ``max_turns``), checked when the run is started rather
+    than in a worker later: ``models`` and ``registry_tools`` are the names the
+    runner's registry knows; ``tools=None`` means all of them."""
+    check_run_id(run_id)
+    if model not in models:
+        raise InvalidInputError(f"unknown model {model!r}; known: {sorted(models)}")
+    names = list(registry_tools) if tools is None else list(tools)
+    unknown = [n for n in names if n not in registry_tools]
+    if unknown:
+        raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(registry_tools)}")
+    positive_int("max_turns", max_turns)
+    if isinstance(messages, str):
+        messages = [UserMessage(checked_text(messages, "a message"))]
+    return {
+        "model": model,
+        "tools": names,
+        "messages": messages_to_dicts(check_history(messages)),
+        "max_turns": max_turns,
+    }

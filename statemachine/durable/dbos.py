@@ -87,13 +87,11 @@ from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
-from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
-from statemachine.core.inputs import check_history
 from statemachine.core.limits import UsageLimits
-from statemachine.core.messages import Message, ToolCall, UserMessage
-from statemachine.core.wire import messages_from_dicts, messages_to_dicts
+from statemachine.core.messages import Message, ToolCall
+from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import (
     ExportedJournal,
     ListedRun,
@@ -123,9 +121,9 @@ from statemachine.durable._inputs import MAX_URL_CHARS as MAX_URL_CHARS
 from statemachine.durable._inputs import (
     check_name,
     check_queues,
-    check_run_id,
     check_url,
     checked_text,
+    run_spec,
     storable,
 )
 from statemachine.durable._registry import (
@@ -362,25 +360,10 @@ class DBOSRunner:
         extras: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        check_run_id(run_id)
-        if model not in self.models:
-            raise InvalidInputError(f"unknown model {model!r}; known: {sorted(self.models)}")
-        names = list(self.tools) if tools is None else list(tools)
-        unknown = [n for n in names if n not in self.tools]
-        if unknown:
-            raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
-        positive_int("max_turns", max_turns)
-        if isinstance(messages, str):
-            messages = [UserMessage(checked_text(messages, "a message"))]
-        messages = check_history(messages)
-        return {
-            "model": model,
-            "tools": names,
-            "messages": messages_to_dicts(messages),
-            "max_turns": max_turns,
-            "code": self.manifest,
-            **extras,
-        }
+        spec = run_spec(
+            run_id, model, messages, tools, max_turns, models=self.models, registry_tools=self.tools
+        )
+        return {**spec, "code": self.manifest, **extras}
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""

@@ -77,12 +77,10 @@ from statemachine.agent.model_call import Instructions
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
-from statemachine.core.inputs import check_history
 from statemachine.core.limits import UsageLimits
-from statemachine.core.messages import Message, UserMessage
-from statemachine.core.wire import messages_to_dicts
+from statemachine.core.messages import Message
 from statemachine.durable import ExportedJournal, ListedRun, RunStatus
-from statemachine.durable._inputs import check_name, check_run_id, checked_text
+from statemachine.durable._inputs import check_name, check_run_id, checked_text, run_spec
 from statemachine.durable._registry import (
     application_version,
     differences,
@@ -428,24 +426,13 @@ class TemporalRunner:
         extras: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        check_run_id(run_id)
-        if model not in self.models:
-            raise InvalidInputError(f"unknown model {model!r}; known: {sorted(self.models)}")
-        names = list(self.tools) if tools is None else list(tools)
-        unknown = [n for n in names if n not in self.tools]
-        if unknown:
-            raise InvalidInputError(f"unknown tools {unknown}; known: {sorted(self.tools)}")
-        positive_int("max_turns", max_turns)
+        spec = run_spec(
+            run_id, model, messages, tools, max_turns, models=self.models, registry_tools=self.tools
+        )
         # A client that cannot send instructions is refused as run_agent refuses it.
         check_settings(self.models[model], ModelSettings(), "instructions" in extras)
-        if isinstance(messages, str):
-            messages = [UserMessage(checked_text(messages, "a message"))]
-        messages = check_history(messages)
         return {
-            "model": model,
-            "tools": names,
-            "messages": messages_to_dicts(messages),
-            "max_turns": max_turns,
+            **spec,
             "code": self.manifest,
             "table": table_digest(),
             "app_version": self.app_version,
