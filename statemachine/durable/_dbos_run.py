@@ -214,15 +214,7 @@ class DurableExecutor(AsyncioExecutor):
 
     def deliver(self, key: str, events: list[Event]) -> None:
         """Hand the loop the events of the operation ``key`` (tools in call order)."""
-        if key in self._order:
-            self._order.report(key, events)
-            return
-        loop = self.loop
-        if key:
-            if key in loop.reported:
-                return
-            loop.reported.add(key)
-        self._post_events(events)
+        self._order.deliver(key, events)
 
     def _post_events(self, events: Iterable[Event]) -> None:
         for event in events:

@@ -34,6 +34,18 @@ class CallOrder:
         """Whether ``key`` is a started call whose report is not posted yet."""
         return key in self._order
 
+    def deliver(self, key: str, events: list[Event]) -> None:
+        """Hand the run the events of the operation ``key``: a started tool call's in
+        call order, any other operation's at once; a keyed operation's once only."""
+        if key in self._order:
+            self.report(key, events)
+            return
+        if key:
+            if key in self._reported:
+                return
+            self._reported.add(key)
+        self._post(events)
+
     def report(self, call_id: str, events: list[Event]) -> None:
         """The call ``call_id`` reported ``events``: post what is next in call order."""
         if call_id not in self._reported:

@@ -242,15 +242,7 @@ class RemoteExecutor(AsyncioExecutor):
 
     def deliver(self, key: str, events: list[Event]) -> None:
         """Hand the loop the events of the operation ``key`` (tools in call order)."""
-        if key in self._order:
-            self._order.report(key, events)
-            return
-        loop = self.loop
-        if key:
-            if key in loop.reported:
-                return
-            loop.reported.add(key)
-        self._post(events)
+        self._order.deliver(key, events)
 
     def _post(self, events: Iterable[Event]) -> None:
         for event in events:
