@@ -11,6 +11,8 @@ import functools
 import io
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +28,8 @@ from durable_worker import database_urls, guarded, guarded_needs_a_person
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
-from statemachine.durable import NotPendingError, StoreUnavailableError
+from statemachine.durable import NotPendingError, StoreUnavailableError, _dbos_errors
+from statemachine.durable._dbos_errors import write_ahead
 from statemachine.durable.dbos import MAX_MESSAGE_CHARS, DBOSRunner
 from statemachine.journal import Journal, replay, run_agent_journaled
 from statemachine.testing import FunctionModel
@@ -225,3 +228,57 @@ def test_the_default_sqlite_store_runs_in_wal_mode(tmp_path: Path) -> None:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         connection.close()
+
+
+def _hold_a_transaction(path: Path, seconds: float, started: threading.Event) -> None:
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("BEGIN")
+        connection.execute("CREATE TABLE IF NOT EXISTS busy (x)")  # a writer, as a migration is
+        started.set()
+        time.sleep(seconds)
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_new_sqlite_file_another_worker_is_setting_up_is_switched_to_wal_once_free(
+    tmp_path: Path,
+) -> None:
+    # SQLite refuses a change of journal mode at once while another connection is in a
+    # transaction (its busy timeout does not apply): two workers starting on one new
+    # file must not fail because the other is creating its tables.
+    path = tmp_path / "runs.sqlite"
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_a_transaction, args=(path, 0.5, started))
+    holder.start()
+    try:
+        assert started.wait(10)
+        write_ahead(f"sqlite:///{path}")
+    finally:
+        holder.join(10)
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_sqlite_file_held_past_the_wait_is_a_named_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_dbos_errors, "WAL_WAIT_SECONDS", 0.2)
+    path = tmp_path / "runs.sqlite"
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_a_transaction, args=(path, 2.0, started))
+    holder.start()
+    try:
+        assert started.wait(10)
+        begun = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="cannot be opened: database is locked"):
+            write_ahead(f"sqlite:///{path}")
+        assert time.monotonic() - begun < 1.5  # gave up after its wait, not the holder's
+    finally:
+        holder.join(10)

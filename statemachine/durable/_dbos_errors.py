@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -108,21 +109,51 @@ def write_ahead(url: str) -> None:
     """Put a SQLite file in WAL mode (the file keeps it; every later connection, DBOS's
     included, uses it): a durable turn costs about a third of what it costs in SQLite's
     default mode, where each commit rewrites a rollback journal. Nothing for another
-    database, or for a file another process holds locked (it keeps its mode)."""
+    database, or for a file already in WAL mode.
+
+    Switching a file's mode needs it to itself: SQLite refuses at once ("database is
+    locked", without waiting its busy timeout) while another connection is in a
+    transaction, as when several workers start on one new file and the first is
+    creating DBOS's tables. So the switch is retried for up to ``WAL_WAIT_SECONDS``;
+    the file is usually in WAL mode by then, set by the worker that got there first."""
     parsed = make_url(url)
     path = parsed.database or ""
     if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
         return
-    try:
-        connection = sqlite3.connect(path, timeout=5)
+    deadline = time.monotonic() + WAL_WAIT_SECONDS
+    pause = 0.005
+    while True:
         try:
+            _switch_to_wal(path)
+            return
+        except sqlite3.OperationalError as exc:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not locked or time.monotonic() + pause > deadline:
+                raise _unopenable(url, exc) from None
+        except sqlite3.Error as exc:
+            raise _unopenable(url, exc) from None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+WAL_WAIT_SECONDS = 30.0
+"""How long ``write_ahead`` retries a SQLite file that another connection holds."""
+
+
+def _switch_to_wal(path: str) -> None:
+    connection = sqlite3.connect(path, timeout=5)
+    try:
+        (mode,) = connection.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() != "wal":
             connection.execute("PRAGMA journal_mode=WAL")
-        finally:
-            connection.close()
-    except sqlite3.Error as exc:
-        raise StoreUnavailableError(
-            f"the runs' database {redact(url)} cannot be opened: {str(exc)[:_MAX_DETAIL]}"
-        ) from None
+    finally:
+        connection.close()
+
+
+def _unopenable(url: str, exc: sqlite3.Error) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"the runs' database {redact(url)} cannot be opened: {str(exc)[:_MAX_DETAIL]}"
+    )
 
 
 def still_there(url: str) -> None:
