@@ -851,9 +851,9 @@ class Engine:
 
     def _ids_are_new(self, calls: tuple[ToolCall, ...]) -> bool:
         """Whether every call has an id no call had before (and records them if so)."""
-        ids = [call.id for call in calls]
-        if all(ids) and self._seen_ids.isdisjoint(ids) and len(set(ids)) == len(ids):
-            self._seen_ids.update(ids)
+        ids = {call.id for call in calls}
+        if len(ids) == len(calls) and "" not in ids and self._seen_ids.isdisjoint(ids):
+            self._seen_ids |= ids
             return True
         return False
 
