@@ -42,8 +42,6 @@ DONE: Final = "done"
 STATUSES: Final = (WAITING_PERMISSION, WAITING_APPROVAL, READY, RUNNING, DONE)
 UNSTARTED: Final = frozenset({WAITING_PERMISSION, WAITING_APPROVAL, READY})
 
-_NO_SCHEDULING: Final = Scheduling()
-
 
 class CallSlot:
     """The bookkeeping of one tool call of the current batch."""
@@ -71,10 +69,9 @@ class CallSlot:
         self.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
         self.status = DONE
 
-    def classify(self, scheduling: Scheduling | None, log: Any) -> None:
+    def classify(self, scheduling: Scheduling, log: Any) -> None:
         """Read the tool's scheduling for this call (rule 4). ``scheduling.resources``
         is user code: if it raises, the call runs alone (slower, never racy)."""
-        scheduling = scheduling or _NO_SCHEDULING
         self.sequential = scheduling.sequential
         if scheduling.resources is None:
             return
@@ -165,7 +162,7 @@ class Batch:
         for slot in self.slots:
             if slot.status == DONE:
                 continue
-            if slot.status == READY and slot.may_run_beside(unfinished):
+            if slot.status == READY and (not unfinished or slot.may_run_beside(unfinished)):
                 slot.status = RUNNING
                 started.append(slot.call)
             unfinished.append(slot)

@@ -462,9 +462,12 @@ class Engine:
         self._model_outstanding = False
         if message.usage is not None:
             self.usage = self.usage + message.usage
-        message = self._normalise_ids(message)
+        calls = message.tool_calls
+        if not self._ids_are_new(calls):
+            message = self._renamed_ids(message)
+            calls = message.tool_calls
         self._history.append(message)
-        self._batch = Batch(message.tool_calls)
+        self._batch = Batch(calls)
         output = self.output
         if output is not None and output.accepts(message) and self._state is S.AWAITING_MODEL:
             self.output_call = self.output_call or TEXT_OUTPUT  # native: the text (rule 13)
@@ -522,7 +525,9 @@ class Engine:
         changes. ``holds``: a guard known to hold (the one that fired an internal
         trigger), not asked again."""
         for row in rows:
-            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
+            guard = row.guard
+            # guard_holds written out: rows are tried on every transition
+            if guard is None or guard is holds or getattr(self, _GUARD_METHOD[guard])():
                 break
         else:
             self._no_row(rows[0].source, rows[0].trigger)
@@ -530,7 +535,7 @@ class Engine:
         if self.transition_hook is not None:
             self.transition_hook(self, source, trigger, dest)
         self._state = dest
-        self.trace.append(TransitionRecord(source, trigger, dest, self.turns))
+        self.trace.add(source, trigger, dest, self.turns)
         if self._debug:
             self._log.debug(
                 "transition",
@@ -562,7 +567,7 @@ class Engine:
             # firing guard holds.
             rows_here = triggers_from(self._state)
             for trigger, guard in INTERNAL_TRIGGERS.items():
-                if trigger in rows_here and self.guard_holds(guard):
+                if trigger in rows_here and getattr(self, _GUARD_METHOD[guard])():
                     break
             else:
                 return  # none is due: settled
@@ -668,7 +673,9 @@ class Engine:
                 slot.answer(refusal, is_error=True)
                 refused = True
                 continue
-            slot.classify(self._scheduling.get(slot.call.name), self._log)
+            scheduling = self._scheduling.get(slot.call.name)
+            if scheduling is not None:  # without one, a call runs beside everything
+                slot.classify(scheduling, self._log)
             if self.check_permissions:
                 slot.status = WAITING_PERMISSION
                 self._actions.append(CheckPermission(slot.call, self.turns))
@@ -842,14 +849,18 @@ class Engine:
             )
         return None
 
-    def _normalise_ids(self, message: AssistantMessage) -> AssistantMessage:
+    def _ids_are_new(self, calls: tuple[ToolCall, ...]) -> bool:
+        """Whether every call has an id no call had before (and records them if so)."""
+        ids = {call.id for call in calls}
+        if len(ids) == len(calls) and "" not in ids and self._seen_ids.isdisjoint(ids):
+            self._seen_ids |= ids
+            return True
+        return False
+
+    def _renamed_ids(self, message: AssistantMessage) -> AssistantMessage:
         """The message with empty or repeated tool-call ids given a unique,
-        deterministic replacement (the message itself when every id is new)."""
+        deterministic replacement."""
         seen = self._seen_ids
-        ids = [call.id for call in message.tool_calls]
-        if all(ids) and seen.isdisjoint(ids) and len(set(ids)) == len(ids):
-            seen.update(ids)
-            return message
         content = []
         index = 0
         for block in message.content:

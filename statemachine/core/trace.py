@@ -9,8 +9,9 @@ the engine appends to.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple, overload
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Final, NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
 
@@ -27,6 +28,14 @@ class TransitionRecord(NamedTuple):
     turn: int
 
 
+# A record made from one tuple of its fields: the engine makes one per transition, and
+# the named tuple's own constructor (a Python function taking the fields by name) is
+# the larger part of that.
+_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
+    functools.partial(tuple.__new__, TransitionRecord)
+)
+
+
 class Trace(Sequence[TransitionRecord]):
     """An engine's transition log: the records of its transitions, oldest first."""
 
@@ -39,8 +48,12 @@ class Trace(Sequence[TransitionRecord]):
         ]
 
     def append(self, record: TransitionRecord) -> None:
-        """Add the record of the transition just taken (the engine's one write)."""
+        """Add a record at the end of the log."""
         self._records.append(record)
+
+    def add(self, source: TurnState, trigger: Trigger, dest: TurnState, turn: int) -> None:
+        """Record the transition just taken (the engine's one write)."""
+        self._records.append(_new_record((source, trigger, dest, turn)))
 
     def copy(self) -> Trace:
         """An independent log with the same records (records are immutable)."""
