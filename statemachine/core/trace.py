@@ -9,9 +9,8 @@ the engine appends to.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Final, NamedTuple, overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
 
@@ -26,14 +25,6 @@ class TransitionRecord(NamedTuple):
     trigger: Trigger
     dest: TurnState
     turn: int
-
-
-# A record made from one tuple of its fields: the engine makes one per transition, and
-# the named tuple's own constructor (a Python function taking the fields by name) is
-# the larger part of that.
-_new_record: Final[Callable[[tuple[TurnState, Trigger, TurnState, int]], TransitionRecord]] = (
-    functools.partial(tuple.__new__, TransitionRecord)
-)
 
 
 class Trace(Sequence[TransitionRecord]):
@@ -53,7 +44,9 @@ class Trace(Sequence[TransitionRecord]):
 
     def add(self, source: TurnState, trigger: Trigger, dest: TurnState, turn: int) -> None:
         """Record the transition just taken (the engine's one write)."""
-        self._records.append(_new_record((source, trigger, dest, turn)))
+        # _make (namedtuple's documented constructor from an iterable) skips the keyword
+        # handling of TransitionRecord(...): the engine makes one record per transition.
+        self._records.append(TransitionRecord._make((source, trigger, dest, turn)))
 
     def copy(self) -> Trace:
         """An independent log with the same records (records are immutable)."""
