@@ -103,3 +103,12 @@ def test_comparing_with_something_else_lets_the_other_side_answer() -> None:
     assert trace != object()
     assert trace != "not a trace"
     assert trace.__eq__(object()) is NotImplemented
+
+
+def test_add_records_the_transition_as_a_record_of_its_fields() -> None:
+    trace = Trace()
+    for record in RECORDS:
+        trace.add(record.source, record.trigger, record.dest, record.turn)
+    assert list(trace) == RECORDS
+    assert all(type(record) is TransitionRecord for record in trace)
+    assert trace[3].turn == 12_345_678
