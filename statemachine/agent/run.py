@@ -36,7 +36,7 @@ from statemachine.agent.hooks import (
     ShouldContinue,
     TransformContext,
 )
-from statemachine.agent.loop import ActionLoop, Executor, Inbox
+from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, OutputMode, compile_output
@@ -300,7 +300,7 @@ class AgentRun(Generic[OutputT]):
         self._loop_thread = threading.get_ident()
         loop = ActionLoop(
             self.engine,
-            inbox=self._inbox if self._inbox is not None else asyncio.Queue(),
+            inbox=self._inbox if self._inbox is not None else RunInbox(),
             stream=self._stream,
             controller=AbortController(),  # what tools and the model client hold
             log=self._log,
