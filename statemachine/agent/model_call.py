@@ -83,18 +83,21 @@ class RunModel:
             engine, "record_instructions", None
         )
         self._instructions = instructions
-        self._settings = settings
-        self._stream = stream
         self._context = context
-        self._with_options = takes_options(client)
-        self._base = CallOptions(
-            instructions=instructions if isinstance(instructions, str) and instructions else None,
-            settings=settings,
-            on_text=stream.text_delta,
-            on_tool_call_delta=stream.tool_call_delta,
-            output_schema=_native_schema(client, output),
-        )
-        # The same options for every call, unless a function gives the instructions.
+        schema = _native_schema(client, output)
+        # Options for a client that takes them (none are made for one that does not):
+        # the same for every call, unless a function gives the instructions.
+        self._base: CallOptions | None = None
+        if takes_options(client):
+            self._base = CallOptions(
+                instructions=instructions
+                if isinstance(instructions, str) and instructions
+                else None,
+                settings=settings,
+                on_text=stream.text_delta,
+                on_tool_call_delta=stream.tool_call_delta,
+                output_schema=schema,
+            )
         self._fixed = None if callable(instructions) else self._base
         self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
 
@@ -102,11 +105,12 @@ class RunModel:
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
         client = self.client
-        if not self._with_options:
+        base = self._base
+        if base is None:  # a client without options
             return await awaitable_answer(client, client.complete(messages, tools, signal))
         options = self._fixed
         if options is None:  # instructions from a function: asked again at every call
-            options = attrs.evolve(self._base, instructions=await self.instructions())
+            options = attrs.evolve(base, instructions=await self.instructions())
         if self._note is not None:
             self._note(options.instructions)
         return await awaitable_answer(
