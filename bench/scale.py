@@ -18,7 +18,11 @@ What is reported, per contender and N:
 - peak RSS of the process, and the memory each *waiting* run holds: RSS when every
   run waits in its first model call, less RSS before any started, divided by N;
 - the ratio of wall time, lag p99 and memory per waiting run to the bare loop's at
-  the same N (the bare loop is the classic teaching loop over dicts: the limit).
+  the same N (the bare loop is the classic teaching loop over dicts: the limit);
+- the garbage collector's share: the time spent in collections (``gc.callbacks``, as a
+  share of the CPU time) and how many were full ones (generation 2), which scan every
+  object of the process. The collector is observed, never configured, for every
+  contender alike.
 
 The peers (PydanticAI, the OpenAI Agents SDK, LangGraph) run through their adapters
 in ``contenders.py``: the agent is built once, before the clock starts, and shared by
@@ -86,6 +90,8 @@ class Measurement:
     peak_rss_mib: float
     waiting_kib_per_run: float
     load_1m: float = 0.0  # the machine's load average when the cell started
+    gc_s: float = 0.0  # CPU seconds spent in garbage collections, all generations
+    gc_full: int = 0  # how many of them were full (generation 2) collections
 
     @property
     def ideal_s(self) -> float:
@@ -98,6 +104,35 @@ class Measurement:
     @property
     def cpu_us_per_turn(self) -> float:
         return self.cpu_s / (self.n * self.turns) * 1e6
+
+    @property
+    def gc_share(self) -> float:
+        """The share of the CPU time spent in garbage collections."""
+        return self.gc_s / self.cpu_s if self.cpu_s > 0 else 0.0
+
+
+class GcWatch:
+    """The CPU time of the garbage collections made while it is installed
+    (``gc.callbacks``), and how many of them were full."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+            return
+        self.seconds += time.process_time() - self._started
+        self.full += info["generation"] == 2
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
 
 
 class Gate:
@@ -266,7 +301,8 @@ async def measure(
     stop = asyncio.Event()
     ticker = asyncio.create_task(_ticker(lags, stop))
     started, cpu_started = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(run(i, turns, latency, gate) for i in range(n)))
+    with GcWatch() as collections:
+        await asyncio.gather(*(run(i, turns, latency, gate) for i in range(n)))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     stop.set()
     await ticker
@@ -283,6 +319,8 @@ async def measure(
         peak_rss_mib=peak_kib / 1024,
         waiting_kib_per_run=max(0, gate.rss_waiting - before) / 1024 / n,
         load_1m=load,
+        gc_s=collections.seconds,
+        gc_full=collections.full,
     )
 
 
@@ -336,7 +374,7 @@ def _row(c: Measurement, b: Measurement | None) -> str:
         f"| {c.turns_per_s:,.0f} | {c.cpu_us_per_turn:.0f} "
         f"| {c.lag_p50_ms:.1f} | {c.lag_p99_ms:.1f} "
         f"| {c.peak_rss_mib:.0f} | {c.waiting_kib_per_run:.1f} | {' | '.join(versus)} "
-        f"| {c.load_1m:.1f} |"
+        f"| {c.gc_share:.0%} | {c.gc_full} | {c.load_1m:.1f} |"
     )
 
 
@@ -366,18 +404,20 @@ def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
         f"{platform.python_version()}; {peers}. Each run: {first.turns} model calls of "
         f"{first.latency_s * 1000:.0f} ms (asyncio.sleep) and one tool call per turn but "
         "the last; N runs start together in one event loop; each cell in a fresh process. "
-        "Ratios are against the bare loop at the same N, measured in the same run; load is "
+        "Ratios are against the bare loop at the same N, measured in the same run; GC % of "
+        "CPU is the CPU time spent in garbage collections over the cell's, full GCs the "
+        "collections of the oldest generation (each scans every object); load is "
         "the machine's 1-minute load average when the cell started.",
         "",
         "| contender | N | wall s | wall / ideal | turns/s | CPU µs/turn | lag p50 ms "
         "| lag p99 ms | peak RSS MiB | KiB per waiting run | wall vs bare | lag p99 vs bare "
-        "| KiB/run vs bare | load |",
+        "| KiB/run vs bare | GC % of CPU | full GCs | load |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: |",
+        "| ---: | ---: | ---: | ---: |",
     ]
     for c in cells:
         if isinstance(c, Missing):
-            lines.append(f"| {c.contender} | {c.n:,} | {c.reason} |" + " |" * 11)
+            lines.append(f"| {c.contender} | {c.n:,} | {c.reason} |" + " |" * 13)
         else:
             lines.append(_row(c, base.get(c.n)))
     growth = growth_rows(cells)
@@ -410,7 +450,8 @@ def _measure_all(args: argparse.Namespace, names: Sequence[str]) -> list[Measure
             else:
                 print(
                     f"{name:34} N={n:>6,}: {cell.wall_s:6.2f} s, lag p99 "
-                    f"{cell.lag_p99_ms:7.1f} ms, {cell.waiting_kib_per_run:6.1f} KiB/run",
+                    f"{cell.lag_p99_ms:7.1f} ms, {cell.waiting_kib_per_run:6.1f} KiB/run, "
+                    f"GC {cell.gc_share:.0%} of CPU ({cell.gc_full} full)",
                     file=sys.stderr,
                 )
             cells.append(cell)

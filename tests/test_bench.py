@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -216,6 +217,22 @@ def test_a_scale_cell_over_its_budget_is_cut_off_and_larger_ones_not_run(
     assert cells[5].reason == "not run: cut off at N=10"
     report = scale.render(cells, when="today")
     assert "| statemachine run_agent | 100 | not run: cut off" in report
+
+
+def test_the_gc_watch_counts_the_collections_made_while_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+    with scale.GcWatch() as watch:
+        gc.collect()  # a full collection
+        gc.collect(0)
+    gc.collect()  # after: not counted
+    assert watch.full == 1
+    assert watch.seconds > 0
+    assert watch not in gc.callbacks
+    cell = scale.Measurement("x", 1, 1, 0.1, 1.0, 2.0, 0, 0, 40, 1, gc_s=0.5, gc_full=3)
+    assert cell.gc_share == 0.25
+    assert "| 25% | 3 |" in scale.render([cell], when="today")
 
 
 def test_the_growth_table_divides_each_figure_by_the_one_at_the_smaller_n(

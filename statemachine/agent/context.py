@@ -19,7 +19,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -28,6 +28,7 @@ from statemachine.errors import UsageError
 
 __all__ = [
     "RunContext",
+    "RunSource",
     "check_deps",
     "context_type",
     "current_run_context",
@@ -58,21 +59,27 @@ class RunContext(Generic[DepsT]):
     tool_call: ToolCall | None = None
 
 
-_Source: TypeAlias = tuple[Callable[[], RunContext[Any]], Callable[[Any], None]]
+class RunSource(Protocol):
+    """The run whose task is running, as this module sees it (``AgentRun`` is one)."""
 
-_context: contextvars.ContextVar[_Source | None] = contextvars.ContextVar(
+    def context(self) -> RunContext[Any]:
+        """The run's context as it is now."""
+
+    def _add_child_stats(self, stats: Any) -> None:
+        """Count a sub-agent's ``RunStats`` in the run's."""
+
+
+_context: contextvars.ContextVar[RunSource | None] = contextvars.ContextVar(
     "statemachine_run_context", default=None
 )
-"""What builds the context of the run whose task is running, and what counts the
-stats of a sub-agent it runs."""
+"""The run whose task is running: what builds its context, and what counts the stats
+of a sub-agent it runs."""
 
 
-def run_context(
-    builder: Callable[[], RunContext[Any]], on_child_stats: Callable[[Any], None]
-) -> contextvars.Token[Any]:
-    """Make ``builder`` the source of ``current_run_context()`` in this context, and
-    ``on_child_stats`` what ``note_child_stats`` tells."""
-    return _context.set((builder, on_child_stats))
+def run_context(source: RunSource) -> contextvars.Token[Any]:
+    """Make ``source`` the run of ``current_run_context()`` in this context (and of
+    ``note_child_stats``)."""
+    return _context.set(source)
 
 
 def note_child_stats(stats: object) -> bool:
@@ -80,7 +87,7 @@ def note_child_stats(stats: object) -> bool:
     source = _context.get()
     if source is None:
         return False
-    source[1](stats)
+    source._add_child_stats(stats)
     return True
 
 
@@ -94,7 +101,7 @@ def current_run_context(call: ToolCall | None = None) -> RunContext[Any] | None:
     source = _context.get()
     if source is None:
         return None
-    context = source[0]()
+    context = source.context()
     return context if call is None else attrs.evolve(context, tool_call=call)
 
 

@@ -15,7 +15,7 @@ into work and the work's outcomes back into events:
   state, the loop returns; waiting for a person is the caller's ``resume``.
 
 Every operation reports exactly once (``post``, keyed by ``"model"`` or the call id),
-into one inbox (an ``asyncio.Queue``); the loop takes one event at a time and hands it
+into one inbox (``RunInbox``, a FIFO queue); the loop takes one event at a time and hands it
 to the engine, so the engine sees a strict sequence of events even though tools
 finish in any order; that sequence is all the history depends on (I5). After each
 event the loop tells the run's ``EventStream`` where the engine went.
@@ -32,7 +32,8 @@ the durable one (``statemachine.durable``) as recorded steps.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from statemachine.agent.calls import FATAL, describe, fatal_in
@@ -54,16 +55,18 @@ from statemachine.core.events import (
     ToolFinished,
 )
 from statemachine.core.messages import ToolCall
+from statemachine.errors import UsageError
 
-__all__ = ["ActionLoop", "Executor", "Inbox"]
+__all__ = ["ActionLoop", "Executor", "Inbox", "RunInbox"]
 
 _MODEL_NOT_STARTED = "not started: the run was aborted before the call began"
 _TOOL_NOT_STARTED = "not started: the run was aborted before the tool began"
 
 
 class Inbox(Protocol):
-    """Where operations report and the loop takes its events: ``asyncio.Queue[Event]``
-    is the run's own; a backend may give one that also places messages of its own."""
+    """Where operations report and the loop takes its events: ``RunInbox`` is the run's
+    own (an ``asyncio.Queue[Event]`` is one too); a backend may give one that also places
+    messages of its own."""
 
     def put_nowait(self, item: Event, /) -> None: ...
 
@@ -71,7 +74,52 @@ class Inbox(Protocol):
 
     def get_nowait(self) -> Event: ...
 
-    async def get(self) -> Event: ...
+    def get(self) -> Awaitable[Event]: ...
+
+
+class RunInbox:
+    """The run's own ``Inbox``: a FIFO queue of events for one reader, the action loop.
+
+    What ``asyncio.Queue`` does for the loop, with less kept alive while the run waits
+    (which counts with thousands of runs in one process): ``get`` hands out a future
+    that the next ``put_nowait`` resolves with its event, no coroutine or
+    waiter deque; an event put while nobody waits (or after the waiting reader was
+    cancelled) is queued, never lost.
+    """
+
+    __slots__ = ("_events", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[Event] | None = None
+
+    def put_nowait(self, item: Event, /) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # not cancelled with its reader
+                waiter.set_result(item)
+                return
+        self._events.append(item)
+
+    def empty(self) -> bool:
+        return not self._events
+
+    def get_nowait(self) -> Event:
+        if not self._events:
+            raise asyncio.QueueEmpty
+        return self._events.popleft()
+
+    def get(self) -> asyncio.Future[Event]:
+        """The next event, as a future: done already if one is queued."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._events:
+            waiter.set_result(self._events.popleft())
+        elif self._waiter is not None and not self._waiter.done():
+            raise UsageError("the inbox has one reader: it is being waited on already")
+        else:
+            self._waiter = waiter
+        return waiter
 
 
 class Executor(Protocol):

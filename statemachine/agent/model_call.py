@@ -21,7 +21,7 @@ is the cause of ``RunResult.error``), never a crash of the driver.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
 import attrs
@@ -37,7 +37,14 @@ from statemachine.core.output import OutputSpec
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InstructionsError, InvalidInputError, UsageError
 
-__all__ = ["Instructions", "InstructionsError", "RunModel", "answer_of", "check_instructions"]
+__all__ = [
+    "Instructions",
+    "InstructionsError",
+    "RunModel",
+    "answer_of",
+    "awaitable_answer",
+    "check_instructions",
+]
 
 Instructions: TypeAlias = str | Callable[..., Any]
 """A system prompt: a string, or a function called at each model call with the run's
@@ -76,37 +83,40 @@ class RunModel:
             engine, "record_instructions", None
         )
         self._instructions = instructions
-        self._settings = settings
-        self._stream = stream
         self._context = context
-        self._with_options = takes_options(client)
-        self._base = CallOptions(
-            instructions=instructions if isinstance(instructions, str) and instructions else None,
-            settings=settings,
-            on_text=stream.text_delta,
-            on_tool_call_delta=stream.tool_call_delta,
-            output_schema=_native_schema(client, output),
-        )
-        # The same options for every call, unless a function gives the instructions.
+        schema = _native_schema(client, output)
+        # Options for a client that takes them (none are made for one that does not):
+        # the same for every call, unless a function gives the instructions.
+        self._base: CallOptions | None = None
+        if takes_options(client):
+            self._base = CallOptions(
+                instructions=instructions
+                if isinstance(instructions, str) and instructions
+                else None,
+                settings=settings,
+                on_text=stream.text_delta,
+                on_tool_call_delta=stream.tool_call_delta,
+                output_schema=schema,
+            )
         self._fixed = None if callable(instructions) else self._base
         self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
     ) -> AssistantMessage:
-        if not self._with_options:
-            return await self._answer(self.client.complete(messages, tools, signal))
+        client = self.client
+        base = self._base
+        if base is None:  # a client without options
+            return await awaitable_answer(client, client.complete(messages, tools, signal))
         options = self._fixed
         if options is None:  # instructions from a function: asked again at every call
-            options = attrs.evolve(self._base, instructions=await self.instructions())
+            options = attrs.evolve(base, instructions=await self.instructions())
         if self._note is not None:
             self._note(options.instructions)
-        return await self._answer(
-            self.client.complete(messages, tools, signal, options=options)  # type: ignore[call-arg]
+        return await awaitable_answer(
+            client,
+            client.complete(messages, tools, signal, options=options),  # type: ignore[call-arg]
         )
-
-    async def _answer(self, pending: object) -> AssistantMessage:
-        return await answer_of(self.client, pending)
 
     async def instructions(self) -> str | None:
         """The instructions of this call (``InstructionsError`` if the function fails)."""
@@ -145,6 +155,13 @@ def _native_schema(client: ModelClient, output: OutputSpec | None) -> Mapping[st
 async def answer_of(client: object, pending: object) -> AssistantMessage:
     """What ``client.complete`` returned (``pending``), awaited; a ``UsageError`` (which
     fails the call) when it cannot be: a ``complete`` that is not ``async def``."""
+    return await awaitable_answer(client, pending)
+
+
+def awaitable_answer(client: object, pending: object) -> Awaitable[AssistantMessage]:
+    """``pending`` (what ``client.complete`` returned) once it is known to be awaitable,
+    for the caller to await itself (no coroutine of its own stays alive across the
+    model's wait); a ``UsageError`` for a ``complete`` that is not ``async def``."""
     if not inspect.isawaitable(pending):
         kind = type(pending).__name__
         article = "an" if kind[:1].lower() in "aeiou" else "a"
@@ -153,7 +170,7 @@ async def answer_of(client: object, pending: object) -> AssistantMessage:
             f"{article} {kind} instead of an awaitable: complete must be an async def "
             "(async def complete(self, messages, tools, signal) -> AssistantMessage)"
         )
-    return cast(AssistantMessage, await pending)
+    return cast(Awaitable[AssistantMessage], pending)
 
 
 def _takes_an_argument(fn: Callable[..., Any]) -> bool:

@@ -282,7 +282,7 @@ class _ResumedRun(AgentRun):
 
     async def run(self) -> RunResult:
         if self._policy_again is not None:
-            token = run_context(self.context, self._stream.add_child)
+            token = run_context(self)
             try:
                 await _ask_policy_again(self._policy_again, self._recheck)
             finally:

@@ -36,7 +36,7 @@ from statemachine.agent.hooks import (
     ShouldContinue,
     TransformContext,
 )
-from statemachine.agent.loop import ActionLoop, Executor, Inbox
+from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, OutputMode, compile_output
@@ -87,6 +87,13 @@ def _checked_model(
 
 
 _NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
+_NO_HOOKS = Hooks()  # likewise
+
+
+def _hooks(*hooks: Any) -> Hooks:
+    """The run's ``Hooks`` (``before_tool_call``, ``after_tool_call``,
+    ``should_continue``, ``transform_context``); one shared by every run without any."""
+    return _NO_HOOKS if all(h is None for h in hooks) else Hooks(*hooks)
 
 
 def _checked_call_options(
@@ -178,7 +185,7 @@ class AgentRun(Generic[OutputT]):
         )
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
-        self._hooks = Hooks(before_tool_call, after_tool_call, should_continue, transform_context)
+        self._hooks = _hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
         self._log = base.bind(run_id=self.run_id)
         self._user_signal = signal  # None: the run is aborted by its handle only
@@ -254,6 +261,10 @@ class AgentRun(Generic[OutputT]):
             self._deps, self.run_id, engine.turns, engine.messages, current_tool_call()
         )
 
+    def _add_child_stats(self, stats: Any) -> None:
+        """A sub-agent's stats, counted in this run's (``note_child_stats``)."""
+        self._stream.add_child(stats)
+
     def _queue_input(self, message: str | UserMessage, kind: InputKind) -> None:
         if isinstance(message, str):
             message = UserMessage(message)
@@ -300,7 +311,7 @@ class AgentRun(Generic[OutputT]):
         self._loop_thread = threading.get_ident()
         loop = ActionLoop(
             self.engine,
-            inbox=self._inbox if self._inbox is not None else asyncio.Queue(),
+            inbox=self._inbox if self._inbox is not None else RunInbox(),
             stream=self._stream,
             controller=AbortController(),  # what tools and the model client hold
             log=self._log,
@@ -323,7 +334,7 @@ class AgentRun(Generic[OutputT]):
                 lambda reason: self._on_loop_thread(loop.abort, str(reason))
             )
         )
-        token = run_context(self.context, self._stream.add_child)  # every task inherits it
+        token = run_context(self)  # every task inherits it
         try:
             self._stream.run_started(self.run_id)
             self._first_events(loop)

@@ -161,7 +161,7 @@ class EventStream:
         """A tool call the engine asked for: ``begun``, or answered without being run
         (asked for after the abort)."""
         self._calls[call.id] = (call, time.perf_counter() if begun else None)
-        if begun:
+        if begun and self._subscribers:
             self.emit(ToolStarted(call))
 
     def tool_ended(self, event: ToolFinished | ToolCancelled, abandoned: bool) -> None:
@@ -182,8 +182,9 @@ class EventStream:
             output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
         key = (call.name, outcome)
         self._tool_counts[key] = self._tool_counts.get(key, 0) + 1
-        cancelled = isinstance(event, ToolCancelled)
-        self.emit(lambda: ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
+        if self._subscribers:
+            cancelled = isinstance(event, ToolCancelled)
+            self.emit(ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
 
     def run_returned(self, engine: Engine) -> None:
         """The engine returned to the caller: ``RunReturned``, then the end of every
