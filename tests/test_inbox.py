@@ -83,10 +83,29 @@ def test_get_nowait_on_an_empty_inbox_raises_queue_empty() -> None:
 def test_a_second_reader_is_refused() -> None:
     async def scenario() -> None:
         inbox = RunInbox()
-        waiting = inbox.get()
+        waiting = asyncio.create_task(_read(inbox))
+        await asyncio.sleep(0)  # the first reader waits
         with pytest.raises(UsageError, match="one reader"):
-            inbox.get()
+            await inbox.get()
         inbox.put_nowait(Start())
         assert isinstance(await waiting, Start)
+
+    asyncio.run(scenario())
+
+
+def test_an_event_handed_to_a_reader_cancelled_before_it_ran_is_kept() -> None:
+    # The event arrives, then the reader is cancelled before it resumes (a caller
+    # cancelling the run at that moment): the event must still be read next.
+    async def scenario() -> None:
+        inbox = RunInbox()
+        reader = asyncio.create_task(_read(inbox))
+        await asyncio.sleep(0)  # the reader waits
+        event = Start()
+        inbox.put_nowait(event)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert not inbox.empty()
+        assert await asyncio.wait_for(_read(inbox), 1) is event
 
     asyncio.run(scenario())

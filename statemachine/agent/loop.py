@@ -81,26 +81,22 @@ class RunInbox:
     """The run's own ``Inbox``: a FIFO queue of events for one reader, the action loop.
 
     What ``asyncio.Queue`` does for the loop, with less kept alive while the run waits
-    (which counts with thousands of runs in one process): ``get`` hands out a future
-    that the next ``put_nowait`` resolves with its event, no coroutine or
-    waiter deque; an event put while nobody waits (or after the waiting reader was
-    cancelled) is queued, never lost.
+    (which counts with thousands of runs in one process): one future per wait, no
+    waiter deque. As in ``asyncio.Queue``, an event stays queued until the reader takes
+    it, so a reader cancelled after it was woken but before it ran loses nothing.
     """
 
     __slots__ = ("_events", "_waiter")
 
     def __init__(self) -> None:
         self._events: deque[Event] = deque()
-        self._waiter: asyncio.Future[Event] | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():  # not cancelled with its reader
-                waiter.set_result(item)
-                return
         self._events.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def empty(self) -> bool:
         return not self._events
@@ -110,16 +106,17 @@ class RunInbox:
             raise asyncio.QueueEmpty
         return self._events.popleft()
 
-    def get(self) -> asyncio.Future[Event]:
-        """The next event, as a future: done already if one is queued."""
-        waiter = asyncio.get_running_loop().create_future()
-        if self._events:
-            waiter.set_result(self._events.popleft())
-        elif self._waiter is not None and not self._waiter.done():
+    async def get(self) -> Event:
+        """The next event, once there is one."""
+        if self._waiter is not None:
             raise UsageError("the inbox has one reader: it is being waited on already")
-        else:
-            self._waiter = waiter
-        return waiter
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._events.popleft()
 
 
 class Executor(Protocol):
