@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from statemachine.agent.calls import FATAL, describe, fatal_in
@@ -178,18 +179,25 @@ class ActionLoop:
         self.late_input: tuple[InputQueued, ...] = ()  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
+        self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
+        self._event_loop = asyncio.get_running_loop()
         self.executor = executor(self)
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""
         inbox = self.inbox
         while not self._done:
-            if not inbox.empty():
-                # An operation reported without the loop ever waiting for it: what
-                # else is ready (an abort, a timer, I/O) runs first, as it would have
-                # had the loop waited.
-                await asyncio.sleep(0)
+            # One pass of the event loop before each event: what else is ready (an
+            # abort, a timer, I/O) runs first, as it would have had the loop waited;
+            # and an operation started by the last event, whose task was scheduled
+            # before this one, runs in that pass, so a report made without waiting
+            # (a quick tool) is taken at once rather than in a pass of its own. What
+            # that operation (or another thread) asked to be done on the next pass
+            # is done before its report is handled, as it would have been then.
+            await asyncio.sleep(0)
             event = await inbox.get()
+            if self._later:
+                self._do_later()
             first = self._abort_first
             if first is not None:
                 # An abort goes ahead of what was already queued: a result queued
@@ -290,4 +298,20 @@ class ActionLoop:
         self.fatal = self.fatal or fatal
         self.log.warning("run_interrupted", by=where, error=describe(fatal))
         reason = f"{type(fatal).__name__} raised by {where}"
-        asyncio.get_running_loop().call_soon(self.abort, reason, False)
+        self.later(partial(self.abort, reason, False))
+
+    def later(self, act: Callable[[], None], from_thread: bool = False) -> None:
+        """Do ``act`` on the event loop's next pass, or before the loop handles its
+        next event if that is sooner: asked for by an operation before it reports
+        (or by another thread while it runs), it is done before that report is
+        handled. ``from_thread``: asked for from a thread other than the loop's."""
+        self._later.append(act)
+        if from_thread:
+            self._event_loop.call_soon_threadsafe(self._do_later)
+        else:
+            self._event_loop.call_soon(self._do_later)
+
+    def _do_later(self) -> None:
+        later = self._later
+        while later:
+            later.popleft()()

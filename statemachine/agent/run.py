@@ -201,7 +201,6 @@ class AgentRun(Generic[OutputT]):
         self._on_handle: Callable[[Event], None] | None = None
         # While run() runs: the action loop, bound to the event loop's thread.
         self._loop: ActionLoop | None = None
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._early: list[Event] = []  # input and aborts before run() started
         self._started = False
@@ -232,7 +231,7 @@ class AgentRun(Generic[OutputT]):
             if not self._started:
                 self._early.append(AbortRequested(text))
             return  # ended: nothing left to abort; not an error (abort is idempotent)
-        self._on_loop_thread(loop.abort, text)
+        self._on_loop_thread(loop, loop.abort, text)
 
     def events(self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunReturned``.
@@ -283,16 +282,16 @@ class AgentRun(Generic[OutputT]):
             # From a tool, hook or model client of this run (the loop's own thread):
             # queued now, so it is ahead of the event that the calling operation
             # reports next.
-            self._on_loop_thread(loop.inbox.put_nowait, event)
+            self._on_loop_thread(loop, loop.inbox.put_nowait, event)
 
-    def _on_loop_thread(self, act: Callable[[Any], None], arg: Any) -> None:
-        """``act(arg)`` now on the event loop's thread, else handed to that loop."""
+    def _on_loop_thread(self, loop: ActionLoop, act: Callable[[Any], None], arg: Any) -> None:
+        """``act(arg)`` now on the event loop's thread, else handed to ``loop`` (done
+        before it handles its next event)."""
         if threading.get_ident() == self._loop_thread:
             act(arg)
             return
-        assert self._event_loop is not None
         try:
-            self._event_loop.call_soon_threadsafe(act, arg)
+            loop.later(partial(act, arg), from_thread=True)
         except RuntimeError:
             pass  # the loop has closed: the run is over
 
@@ -307,7 +306,6 @@ class AgentRun(Generic[OutputT]):
         if self._started:
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
-        self._event_loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         loop = ActionLoop(
             self.engine,
@@ -331,7 +329,7 @@ class AgentRun(Generic[OutputT]):
             _nothing_to_remove
             if self._user_signal is None
             else self._user_signal.add_listener(
-                lambda reason: self._on_loop_thread(loop.abort, str(reason))
+                lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
             )
         )
         token = run_context(self)  # every task inherits it
