@@ -123,9 +123,9 @@ class EventStream:
             for index in range(self._seen_messages, len(history)):
                 self.emit(MessageAdded(index, history[index]))
             self._seen_messages = len(history)
-        trace = engine.trace
-        for index in range(self._seen_trace, len(trace)):
-            record = trace[index]
+        records = engine.trace[self._seen_trace :]  # the new ones, read at once
+        self._seen_trace += len(records)
+        for record in records:
             if listening:
                 self.emit(StateChanged(record))
             if record.dest is TurnState.AWAITING_MODEL:
@@ -139,7 +139,6 @@ class EventStream:
                 self._turn_seconds.append(seconds)
                 if listening:
                     self.emit(TurnEnded(record.turn, seconds))
-        self._seen_trace = len(trace)
 
     def model_called(self) -> None:
         self._model_calls += 1
