@@ -26,17 +26,25 @@ tool call too. Where it took effect is recorded:
 - After an abort the run stops listening: what follows an abort (cancellations,
   the grace period) depends on timing, so no later message could be placed again.
 - No message that was sent is left unread: before the engine is handed a final
-  answer, and once more when the run has ended, the run sends itself a marker
-  (``sync``) and takes every message until the marker (the messages of a topic come
-  in the order they were stored, so every message stored before the marker is taken
-  before it). The messages taken before a final answer reach the model (the engine
-  goes on to a turn boundary); those taken after the run ended are its
+  answer, and once more when the run has ended (``sync``), the run publishes the event
+  ``OPEN`` as ``False`` (it is ending; ``True`` again if input came and it goes on)
+  and then takes every message stored before that. A sender reads ``OPEN`` after its
+  message is stored: while it is not ``False``, its message was stored before the
+  run closed, so the run takes it; otherwise the sender waits for the run to go on or
+  to end, and then learns whether its message was taken (on DBOS:
+  ``DBOSRunHandle.steer``). The messages taken before a final answer reach the model
+  (the engine goes on to a turn boundary); those taken after the run ended are its
   ``queued_input``, as with ``AgentRun``.
-- Before each such marker the run publishes the event ``OPEN`` as ``False`` (it is
-  ending), and ``True`` again if input came and it goes on. A sender reads it after
-  its message is stored: while it is not ``False``, a marker will follow the message,
-  so the run takes it; otherwise the sender waits for the run to go on or to end, and
-  then learns whether its message was taken (on DBOS: ``DBOSRunHandle.steer``).
+- How the run takes every message stored before it closed: first it looks, without
+  waiting (``_look``, recorded): it takes the oldest message not yet taken by any
+  listener, if there is one, and learns whether the listener has taken one the run
+  has not seen yet. Neither: every message stored before the close has been taken,
+  and the run ends at once (the listener's wait, which the backend may only notice
+  at its next poll, is not waited for). Otherwise the run takes what the look and
+  the listener hold (the listener's first, being the older) and sends itself a
+  marker, then takes every message until the marker (the messages of a topic come in
+  the order they were stored, so every message stored before the marker is taken
+  before it).
 
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
@@ -127,6 +135,9 @@ class ControlLane:
         self._last_recorded = last_recorded  # the last operation recorded before a crash
         self._recv: asyncio.Future[Any] | None = None
         self._place: Any = None  # the reserved record of the message's place
+        self._listening_since = 0  # ``_next_operation()`` when the listener started
+        self._looked: deque[tuple[Any, Any]] = deque()  # a look's message and its place
+        self._listener_first = False  # the listener holds an older message than the look
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
         self._syncs_sent = 0  # markers sent to the run by this execution
         self._syncs_taken = 0  # markers taken back
@@ -139,6 +150,7 @@ class ControlLane:
         ``recv`` starts now, and the id of the step recording its place is drawn."""
         if self.stopped:
             return
+        self._listening_since = self._next_operation()
         recv = self._listen()
         self._recv = recv
         self._place = self._reserve()
@@ -153,6 +165,7 @@ class ControlLane:
         """The message that takes effect now (its place recorded first), ``NOTHING``
         if none; ``waiting``: the run waits for a person, nothing blocks it."""
         recv = self._recv
+        looked = bool(self._looked) and not self._listener_first  # the look's message next
         if self._schedule:
             at, message = self._schedule[0]
             if at > self.handled:
@@ -163,7 +176,14 @@ class ControlLane:
                     f"past {self.handled}: the records do not fit this run"
                 )
             self._schedule.popleft()
-        elif recv is not None and recv.done() and (waiting or self._caught_up()):
+            if looked:  # recorded from the look: its message again, placed already
+                self._looked.popleft()
+        elif looked:
+            place, message = self._looked.popleft()
+            await self._record_place(place, self.handled, message)
+        elif (
+            recv is not None and recv.done() and not self.stopped and (waiting or self._caught_up())
+        ):
             message = recv.result()
             assert self._place is not None
             place, self._recv, self._place = self._place, None, None
@@ -180,16 +200,39 @@ class ControlLane:
             # Input before a final answer: the run goes on, and will take what is sent
             # from now on at its next end.
             await self._set_open(True)
-        self.start()
+        if not looked:
+            self._listener_first = False
+            self.start()  # the listener's message: listen for the next one
         return message
 
     async def sync(self) -> None:
-        """Close the run to messages (``OPEN``), then send it a marker: ``synced()``
-        once the marker has been taken, and with it every message stored before it."""
+        """Close the run to messages (``OPEN``), then take every message stored before
+        that: ``synced()`` once they are taken (module docstring)."""
         if not self.closed:
             await self._set_open(False)
+        if await self._nothing_left():
+            self.synced_at = self.handled
+            return
         self._syncs_sent += 1
         await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+
+    async def _nothing_left(self) -> bool:
+        """Look (``_look``): whether every message stored before the run closed has
+        been taken. If not, what the look took is taken next (after the listener's
+        message, if it holds one)."""
+        if not self.synced() or self._looked:
+            return False  # a marker or a message is on its way: no shortcut
+        # Always looked, whatever the listener's state now, which depends on timing: the
+        # run's operations are the same when it runs again after a crash.
+        looked = await self._look(self._listening_since)
+        if looked is None:
+            return False  # the backend cannot look
+        message, listener_holds = looked
+        if message is not None:
+            self._looked.append((self._reserve(), message))
+            self._listener_first = listener_holds
+            return False
+        return not listener_holds
 
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
@@ -208,7 +251,8 @@ class ControlLane:
         self._draining = True
         if self.stopped:  # after an abort: listen again, now that nothing follows
             self.stopped = False
-            self.start()
+            if self._recv is None:  # (a look took the abort: the listener still listens)
+                self.start()
         await self.sync()
         taken: list[Any] = []
         while not self.synced():
@@ -262,6 +306,13 @@ class ControlLane:
         """Start a durable wait for the next message to the run, now (its operation
         numbered here, ``start_now``); its result is the message."""
         raise NotImplementedError
+
+    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+        """Without waiting, and recorded: take the oldest message stored for the run
+        that no listener has taken (``None`` if there is none), then tell whether the
+        listener started when the run had called ``listening_since`` operations has
+        taken one since. ``None``: this backend cannot look (a marker is sent)."""
+        return None
 
     def _reserve(self) -> Any:
         """Reserve, now, the operation that will record the next message's place."""
