@@ -138,11 +138,12 @@ class ControlLane:
         self._listening_since = 0  # ``_next_operation()`` when the listener started
         self._looked: deque[tuple[Any, Any]] = deque()  # a look's message and its place
         self._listener_first = False  # the listener holds an older message than the look
+        self._settling = False  # closed, and looking for the messages stored before that
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
         self._syncs_sent = 0  # markers sent to the run by this execution
         self._syncs_taken = 0  # markers taken back
         self._draining = False  # the run has ended: take every message, aborts too
-        self.synced_at: int | None = None  # ``handled`` when the last marker was taken
+        self.synced_at: int | None = None  # ``handled`` when the last sync found nothing left
         self.closed = False  # ``OPEN`` is False: the run is ending (module docstring)
 
     def start(self) -> None:
@@ -165,7 +166,8 @@ class ControlLane:
         """The message that takes effect now (its place recorded first), ``NOTHING``
         if none; ``waiting``: the run waits for a person, nothing blocks it."""
         recv = self._recv
-        looked = bool(self._looked) and not self._listener_first  # the look's message next
+        # The look's message next (after an abort, as the listener's, only at the end).
+        looked = bool(self._looked) and not self._listener_first and not self.stopped
         if self._schedule:
             at, message = self._schedule[0]
             if at > self.handled:
@@ -203,6 +205,7 @@ class ControlLane:
         if not looked:
             self._listener_first = False
             self.start()  # the listener's message: listen for the next one
+        await self._settle()
         return message
 
     async def sync(self) -> None:
@@ -210,43 +213,57 @@ class ControlLane:
         that: ``synced()`` once they are taken (module docstring)."""
         if not self.closed:
             await self._set_open(False)
-        if await self._nothing_left():
-            self.synced_at = self.handled
-            return
-        self._syncs_sent += 1
-        await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+        self._settling = True
+        self.synced_at = None  # set once nothing is left
+        await self._settle()
 
-    async def _nothing_left(self) -> bool:
-        """Look (``_look``): whether every message stored before the run closed has
-        been taken. If not, what the look took is taken next (after the listener's
-        message, if it holds one)."""
-        if not self.synced() or self._looked:
-            return False  # a marker or a message is on its way: no shortcut
-        # Always looked, whatever the listener's state now, which depends on timing: the
-        # run's operations are the same when it runs again after a crash.
-        looked = await self._look(self._listening_since)
-        if looked is None:
-            return False  # the backend cannot look
-        message, listener_holds = looked
-        if message is not None:
-            self._looked.append((self._reserve(), message))
-            self._listener_first = listener_holds
-            return False
-        return not listener_holds
+    async def _settle(self) -> None:
+        """Look (``_look``) while the run is closed and every message a look found has
+        been taken, until a look finds nothing; then the run is synced. A message a look
+        found is taken next (after the listener's, if it holds one). A backend that
+        cannot look gets a marker instead."""
+        while self._settling and not self._looked and not self._listener_first:
+            if not self.closed or self.stopped:  # input came, the run goes on (and takes
+                self._settling = False  # what follows at its next end); or an abort came
+                return
+            # Always looked here, whatever the listener's state now, which depends on
+            # timing: the run's operations are the same when it runs again after a crash.
+            looked = await self._look(self._listening_since)
+            if looked is None:
+                self._settling = False
+                self._syncs_sent += 1
+                await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+                return
+            message, listener_holds = looked
+            # What the listener holds counts only while it has not been taken (a
+            # listener stopped by an abort has none).
+            self._listener_first = listener_holds and self._recv is not None
+            if message is not None:
+                self._looked.append((self._reserve(), message))
+            elif not self._listener_first:
+                self._settling = False
+                self.synced_at = self.handled
 
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
         await start_now(self._publish(OPEN, is_open))
 
     def synced(self) -> bool:
-        """Every marker sent has been taken."""
-        return self._syncs_taken >= self._syncs_sent
+        """Every message stored before the run closed has been taken: the last look
+        found none, and every marker sent has been taken."""
+        return not self._settling and self._syncs_taken >= self._syncs_sent
 
     async def drain(self) -> list[Any]:
         """At the run's end: close it to messages and take every message stored so far
         (places recorded); returns them. Nothing to do right after a final answer
         taken once the run was closed and synced."""
-        if self.closed and self.synced() and self.handled - (self.synced_at or 0) <= 1:
+        synced_at = self.synced_at
+        if (
+            self.closed
+            and self.synced()
+            and synced_at is not None
+            and self.handled - synced_at <= 1
+        ):
             return []
         self._draining = True
         if self.stopped:  # after an abort: listen again, now that nothing follows

@@ -1,0 +1,310 @@
+"""Before a durable run ends it looks for messages without waiting (``_lane``): what the
+looks take, and what its listener holds, is taken before the run ends, in the order it
+was stored; a marker only for a backend that cannot look. First the lane's logic over an in-memory
+backend (every case of a look, and a message that would be lost without it), then the
+look on DBOS, then a whole run whose listener is never woken (a notification poll of
+five seconds): a steer stored just before the end still reaches the model, and the run
+ends without waiting for the poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CI") == "true":
+    import dbos  # noqa: F401 - under CI the extra is installed: fail here, never skip
+else:
+    pytest.importorskip("dbos")
+
+from dbos import DBOS
+
+import statemachine as sm
+from statemachine.core.tools import ToolDefinition
+from statemachine.durable._dbos_control import TOPIC, Control, start_now
+from statemachine.durable._lane import NOTHING, SYNC, ControlLane
+from statemachine.durable.dbos import DBOSRunner
+from statemachine.testing import FunctionModel
+
+R = {"kind": "steer", "message": "r", "id": "r"}
+M = {"kind": "follow_up", "message": "m", "id": "m"}
+LATE = {"kind": "steer", "message": "late", "id": "late"}
+POLL = 5.0  # DBOS's notification poll in the runs here: longer than a run takes
+
+
+class _Lane(ControlLane):
+    """The lane over an in-memory topic, as DBOS keeps it: a listener takes the oldest
+    stored message when it starts and when the topic is polled (``poll``); a look takes
+    the oldest one no listener took, and tells whether the listener holds a message.
+    ``holds``: a message the listener takes just before the first look (it hands it
+    over just after)."""
+
+    def __init__(self, holds: Any = None) -> None:
+        super().__init__([], 0)
+        self.topic: list[Any] = []
+        self.listeners: list[asyncio.Future[Any]] = []
+        self.places: list[tuple[int, Any]] = []
+        self.sent: list[Any] = []
+        self.looks = 0
+        self._holds, self._ops = holds, 0
+
+    def poll(self) -> None:
+        listener = self.listeners[-1] if self.listeners else None
+        if listener is not None and not listener.done() and self.topic:
+            listener.set_result(self.topic.pop(0))
+
+    def pending(self) -> int:
+        return sum(not f.done() for f in self.listeners)
+
+    def _listen(self) -> asyncio.Future[Any]:
+        self._ops += 2
+        listener = asyncio.get_running_loop().create_future()
+        self.listeners.append(listener)
+        asyncio.get_running_loop().call_soon(self.poll)  # a recv looks when it starts
+        return listener
+
+    def _reserve(self) -> Any:
+        self._ops += 1
+        return self._ops
+
+    async def _record_place(self, place: Any, at: int, message: Any) -> None:
+        self.places.append((at, message))
+
+    async def _publish(self, key: str, value: Any) -> None:
+        pass
+
+    async def _send(self, marker: Mapping[str, Any]) -> None:
+        self.sent.append(marker)
+        self.topic.append(marker)
+        asyncio.get_running_loop().call_soon(self.poll)
+
+    def _next_operation(self) -> int:
+        return self._ops
+
+    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+        self.looks += 1
+        listener = self.listeners[-1]
+        if self._holds is not None:  # taken by the listener before the look's recv ran
+            holds, self._holds = self._holds, None
+            asyncio.get_running_loop().call_soon(listener.set_result, holds)
+            return (self.topic.pop(0) if self.topic else None), True
+        return (self.topic.pop(0) if self.topic else None), listener.done()
+
+
+class _Blind(_Lane):
+    """A backend that cannot look: a marker is sent."""
+
+    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+        return None
+
+
+async def _started(lane: _Lane, *stored: Any) -> _Lane:
+    """``lane`` listening, then ``stored`` stored: a poll would wake the listener."""
+    lane.start()
+    await asyncio.sleep(0)  # the listener's own first look
+    lane.topic.extend(stored)
+    return lane
+
+
+def _texts(message: sm.Message) -> list[str]:
+    return [b.text for b in getattr(message, "content", ()) if isinstance(b, sm.TextContent)]
+
+
+@pytest.mark.timeout(10)
+def test_nothing_stored_the_run_ends_at_once_without_a_marker() -> None:
+    async def body() -> None:
+        lane = await _started(_Lane())
+        assert await lane.drain() == []
+        assert lane.looks == 1
+        assert lane.sent == []
+        assert lane.places == []
+        assert lane.synced()
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_what_looks_take_is_taken_before_the_run_ends_without_a_poll() -> None:
+    async def body() -> None:
+        lane = await _started(_Lane(), M, LATE)
+        assert await lane.drain() == [M, LATE]  # never polled: the looks took them
+        assert lane.places == [(0, M), (0, LATE)]
+        assert lane.looks == 3
+        assert lane.sent == []
+        assert lane.pending() == 1  # the listener kept listening: one at a time
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_a_message_the_listener_holds_is_not_lost() -> None:
+    """The look's recv found nothing, but only because the listener had just taken the
+    message: without the listener's check the run would end without it."""
+
+    async def body() -> None:
+        lane = await _started(_Lane(holds=R))
+        assert await lane.drain() == [R]
+        assert lane.sent == []
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_the_listeners_message_goes_before_the_looks_the_older_first() -> None:
+    async def body() -> None:
+        lane = await _started(_Lane(holds=R), M, LATE)
+        assert await lane.drain() == [R, M, LATE]
+        assert [m for _, m in lane.places] == [R, M, LATE]
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_before_a_final_answer_a_looked_input_is_due_next_and_the_run_goes_on() -> None:
+    async def body() -> None:
+        lane = await _started(_Lane(), M)
+        lane.handled = 7
+        await lane.sync()
+        assert lane.closed
+        assert not lane.synced()  # the looked message first
+        assert await lane.due() == M
+        assert lane.places == [(7, M)]
+        assert not lane.closed  # input came: the run goes on, open again
+        assert lane.synced()
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_after_a_looked_abort_the_listener_is_kept_and_its_message_waits_for_the_end() -> None:
+    async def body() -> None:
+        lane = await _started(_Lane(), {"kind": "abort", "reason": "stop"})
+        await lane.sync()
+        assert (await lane.due())["kind"] == "abort"
+        assert lane.stopped
+        assert lane.synced()
+        lane.topic.append(LATE)
+        lane.poll()  # the listener takes it; not taken after an abort
+        assert await lane.due() is NOTHING
+        assert lane.pending() == 0
+        assert await lane.drain() == [LATE]  # queued input, not lost
+        assert lane.pending() == 1
+        assert len(lane.listeners) == 2  # one after the other, never two at once
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(10)
+def test_a_backend_that_cannot_look_sends_a_marker_and_takes_what_was_stored_before_it() -> None:
+    async def body() -> None:
+        lane = await _started(_Blind(), M)
+        assert await lane.drain() == [M]
+        assert [m["kind"] for m in lane.sent] == [SYNC]
+
+    asyncio.run(body())
+
+
+# -- on DBOS --------------------------------------------------------------------------------------
+
+
+def _runner(tmp_path: Path, model: FunctionModel, tools: Sequence[Any] = ()) -> DBOSRunner:
+    return DBOSRunner(
+        models={"m": model},
+        tools=list(tools),
+        database_url=f"sqlite:///{tmp_path}/runs.sqlite",
+        notification_interval=POLL,  # the listener is not woken by a poll here
+    )
+
+
+async def _probe(send_first: bool, wait_listener: bool) -> dict[str, Any]:
+    """A workflow with the lane's listener, then a look."""
+    control = Control([])
+    workflow_id = DBOS.workflow_id
+    assert workflow_id is not None
+    if send_first:  # stored before the listener starts: its recv takes it at once
+        await DBOS.send_async(workflow_id, R, TOPIC)
+    control.start()
+    if not send_first:  # stored after the listener started: only a poll would wake it
+        await DBOS.send_async(workflow_id, M, TOPIC)
+    recv = control._recv
+    assert recv is not None
+    if wait_listener:
+        await asyncio.wait_for(asyncio.shield(recv), 10)
+    found, holds = await control._look(control._listening_since)
+    await control.close()
+    return {"found": found, "holds": holds}
+
+
+@pytest.mark.timeout(60)
+def test_on_dbos_a_look_takes_what_no_listener_took_and_sees_what_the_listener_holds(
+    tmp_path: Path,
+) -> None:
+    probe = DBOS.workflow(name="tests.look_probe")(_probe)
+
+    async def body() -> list[dict[str, Any]]:
+        runner = _runner(tmp_path, FunctionModel(lambda m, t: sm.AssistantMessage("x")))
+        runner.launch()
+        try:
+            found = []
+            for i, args in enumerate([(False, False), (True, True)]):
+                handle = await start_now(_start(probe, f"probe{i}", *args))
+                found.append(await handle.get_result())
+            return found
+        finally:
+            runner.destroy()
+
+    stored_after, held = asyncio.run(body())
+    assert stored_after == {"found": M, "holds": False}  # the listener never saw it
+    assert held == {"found": None, "holds": True}  # the listener took it: the run must wait
+
+
+async def _start(probe: Any, workflow_id: str, *args: Any) -> Any:
+    from dbos import SetWorkflowID
+
+    with SetWorkflowID(workflow_id):
+        return await DBOS.start_workflow_async(probe, *args)
+
+
+@pytest.mark.timeout(60)
+def test_a_steer_stored_just_before_the_end_reaches_the_model_without_waiting_for_a_poll(
+    tmp_path: Path,
+) -> None:
+    """The tool steers its own run: stored while the run is open (acknowledged), after
+    the listener started, which no poll wakes in time. The look takes it
+    before the final answer, so the model hears it, and nothing waits for the poll."""
+    handles: dict[str, Any] = {}
+
+    @sm.tool
+    async def steer_me() -> str:
+        """Steer the run."""
+        await handles["run"].steer("heard me")
+        return "sent"
+
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        said = [t for m in messages if isinstance(m, sm.UserMessage) for t in _texts(m)]
+        if not any(isinstance(m, sm.AssistantMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("c1", "steer_me", {})])
+        return sm.AssistantMessage(f"said: {' / '.join(str(s) for s in said)}")
+
+    async def body() -> tuple[sm.RunResult, float]:
+        runner = _runner(tmp_path, FunctionModel(model), [steer_me])
+        runner.launch()
+        try:
+            began = time.monotonic()
+            handles["run"] = await runner.start("steered", model="m", messages="go")
+            result = await handles["run"].result(timeout=30)
+            return result, time.monotonic() - began
+        finally:
+            runner.destroy()
+
+    result, took = asyncio.run(body())
+    assert result.ok, result
+    assert _texts(result.messages[-1]) == ["said: go / heard me"]  # before the final answer
+    assert result.queued_input == ()
+    assert took < POLL  # the poll was not waited for
