@@ -45,13 +45,21 @@ class _Lane(ControlLane):
     ``holds``: a message the listener takes just before the first look (it hands it
     over just after)."""
 
-    def __init__(self, holds: Any = None) -> None:
-        super().__init__([], 0)
+    def __init__(
+        self,
+        holds: Any = None,
+        places: Sequence[tuple[int, Any, bool]] = (),
+        answers: Sequence[tuple[Any, bool]] = (),
+    ) -> None:
+        super().__init__(places, 0)
+        self.ops: list[str] = []  # the operations the run called, in order
+        self.answers = list(answers)  # recorded looks: a run taken back after a crash
         self.topic: list[Any] = []
         self.listeners: list[asyncio.Future[Any]] = []
         self.places: list[tuple[int, Any]] = []
         self.sent: list[Any] = []
         self.looks = 0
+        self.recorded: list[tuple[int, Any, bool]] = []  # the places, as a backend saves them
         self._holds, self._ops = holds, 0
 
     def poll(self) -> None:
@@ -63,6 +71,7 @@ class _Lane(ControlLane):
         return sum(not f.done() for f in self.listeners)
 
     def _listen(self) -> asyncio.Future[Any]:
+        self.ops.append("listen")
         self._ops += 2
         listener = asyncio.get_running_loop().create_future()
         self.listeners.append(listener)
@@ -70,14 +79,16 @@ class _Lane(ControlLane):
         return listener
 
     def _reserve(self) -> Any:
+        self.ops.append("reserve")
         self._ops += 1
         return self._ops
 
-    async def _record_place(self, place: Any, at: int, message: Any) -> None:
+    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
         self.places.append((at, message))
+        self.recorded.append((at, message, ending))
 
     async def _publish(self, key: str, value: Any) -> None:
-        pass
+        self.ops.append(f"publish {value}")
 
     async def _send(self, marker: Mapping[str, Any]) -> None:
         self.sent.append(marker)
@@ -89,6 +100,9 @@ class _Lane(ControlLane):
 
     async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
         self.looks += 1
+        self.ops.append("look")
+        if self.answers:
+            return self.answers.pop(0)
         listener = self.listeners[-1]
         if self._holds is not None:  # taken by the listener before the look's recv ran
             holds, self._holds = self._holds, None
@@ -181,6 +195,55 @@ def test_before_a_final_answer_a_looked_input_is_due_next_and_the_run_goes_on() 
     asyncio.run(body())
 
 
+async def _to_the_end(lane: _Lane, stored: Sequence[Any]) -> list[Any]:
+    """A run's last turn over ``lane``: the model is called after 3 events (the run
+    waits for it, taking what is due), ``stored`` is stored meanwhile, the final answer
+    comes: the run syncs and takes what is due until synced; what it took."""
+    lane.start()
+    await asyncio.sleep(0)
+    lane.handled = 3
+    taken = [m for m in [await lane.due()] if m is not NOTHING]  # waiting for the model
+    lane.topic.extend(stored)
+    await lane.sync()  # the final answer came
+    for _ in range(100):
+        if lane.synced():
+            return taken
+        message = await lane.due()
+        if message is NOTHING:
+            await asyncio.sleep(0)  # the listener's message is on its way
+        else:
+            taken.append(message)
+    raise AssertionError("the run did not take what it held")
+
+
+@pytest.mark.timeout(10)
+def test_a_run_taken_back_takes_what_its_end_took_at_its_end_with_the_same_operations() -> None:
+    """After a crash the recorded places are taken again at the same point: a message
+    the run took while ending is taken once it is ending again, not as soon as the run
+    has been handed as many events (it then waits for the model), which would call the
+    operations in another order (on DBOS, the run would no longer fit its records)."""
+
+    async def body() -> None:
+        first = _Lane(holds=R)
+        looks: list[tuple[Any, bool]] = []
+        look = first._look
+
+        async def recording(listening_since: int) -> tuple[Any, bool] | None:
+            found = await look(listening_since)
+            assert found is not None
+            looks.append(found)
+            return found
+
+        first._look = recording  # type: ignore[method-assign]
+        assert await _to_the_end(first, [M]) == [R, M]
+        assert [e for _, _, e in first.recorded] == [True, True]
+        again = _Lane(places=first.recorded, answers=looks)
+        assert await _to_the_end(again, []) == [R, M]
+        assert again.ops == first.ops
+
+    asyncio.run(body())
+
+
 @pytest.mark.timeout(10)
 def test_after_a_looked_abort_the_listener_is_kept_and_its_message_waits_for_the_end() -> None:
     async def body() -> None:
@@ -230,7 +293,8 @@ async def _probe(send_first: bool, wait_listener: bool) -> dict[str, Any]:
     if send_first:  # stored before the listener starts: its recv takes it at once
         await DBOS.send_async(workflow_id, R, TOPIC)
     control.start()
-    if not send_first:  # stored after the listener started: only a poll would wake it
+    if not send_first:  # stored once the listener waits: only a poll would wake it
+        await _listener_waits(workflow_id, control._listening_since)
         await DBOS.send_async(workflow_id, M, TOPIC)
     recv = control._recv
     assert recv is not None
@@ -239,6 +303,18 @@ async def _probe(send_first: bool, wait_listener: bool) -> dict[str, Any]:
     found, holds = await control._look(control._listening_since)
     await control.close()
     return {"found": found, "holds": holds}
+
+
+async def _listener_waits(workflow_id: str, listening_since: int) -> None:
+    """Until the listener's recv waits: it records its deadline once it has looked for
+    a stored message (else it could see the message stored next, and be woken)."""
+    deadline = listening_since + 2  # its recv, then its deadline
+    for _ in range(500):
+        steps = await DBOS.list_workflow_steps_async(workflow_id, load_output=False)
+        if any(s["function_id"] == deadline for s in steps):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the listener never started waiting")
 
 
 @pytest.mark.timeout(60)

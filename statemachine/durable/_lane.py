@@ -11,12 +11,14 @@ tool call too. Where it took effect is recorded:
   workflow, or just after the previous message took effect): the wait starts, and
   the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
   When the message has come, the run takes it between two engine events and that
-  operation records ``{"at": n, "message": m}``: ``n`` is how many events the engine had
-  been handed in this workflow when the message took effect.
+  operation records ``{"at": n, "message": m, "ending": e}``: ``n`` is how many events
+  the engine had been handed in this workflow when the message took effect, ``e``
+  whether the run was ending then (taking the messages stored before it closed).
 - The run takes a message only once that record is saved, so nothing the message
   caused can be saved before it.
 - After a crash the records are read first (one read, not an operation), and each
-  message takes effect again after exactly ``n`` events; the engine so receives the
+  message takes effect again after exactly ``n`` events (once the run is ending
+  again, for a message taken while it was); the engine so receives the
   same events in the same order as before the crash, and every operation is started
   at the same point, so the backend gives it the same operation id.
 - A message received but whose place was not recorded before the crash never took
@@ -35,16 +37,17 @@ tool call too. Where it took effect is recorded:
   ``DBOSRunHandle.steer``). The messages taken before a final answer reach the model
   (the engine goes on to a turn boundary); those taken after the run ended are its
   ``queued_input``, as with ``AgentRun``.
-- How the run takes every message stored before it closed: first it looks, without
-  waiting (``_look``, recorded): it takes the oldest message not yet taken by any
-  listener, if there is one, and learns whether the listener has taken one the run
-  has not seen yet. Neither: every message stored before the close has been taken,
-  and the run ends at once (the listener's wait, which the backend may only notice
-  at its next poll, is not waited for). Otherwise the run takes what the look and
-  the listener hold (the listener's first, being the older) and sends itself a
-  marker, then takes every message until the marker (the messages of a topic come in
-  the order they were stored, so every message stored before the marker is taken
-  before it).
+- How the run takes every message stored before it closed: it looks, without
+  waiting (``_look``, recorded): it takes the oldest message no listener has taken,
+  if there is one, and learns whether the listener has taken one the run has not
+  seen yet. Neither: every message stored before the close has been taken, and the
+  run ends at once (the listener's wait, which the backend may only notice at its
+  next poll, is not waited for). Otherwise the run takes what the listener and the
+  look hold (the listener's first, being the older), and looks again, until a look
+  finds nothing, or input came (the run goes on, and looks again at its next end),
+  or an abort. A backend that cannot look sends the run a marker instead, and the run
+  takes every message until the marker (the messages of a topic come in the order
+  they were stored, so every message stored before the marker is taken before it).
 
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
@@ -127,11 +130,11 @@ class ControlLane:
     """The control lane of one execution of a run (module docstring); a backend
     supplies the primitives (``_listen`` and the others below ``close``)."""
 
-    def __init__(self, places: Sequence[tuple[int, Any]], last_recorded: int) -> None:
+    def __init__(self, places: Sequence[tuple[int, Any, bool]], last_recorded: int) -> None:
         self.handled = 0  # engine events handed over in this workflow so far
         self.stopped = False
         self.on_arrival: Callable[[], None] | None = None  # wakes whoever takes messages
-        self._schedule: deque[tuple[int, Any]] = deque(places)  # recorded places, in order
+        self._schedule: deque[tuple[int, Any, bool]] = deque(places)  # recorded places, in order
         self._last_recorded = last_recorded  # the last operation recorded before a crash
         self._recv: asyncio.Future[Any] | None = None
         self._place: Any = None  # the reserved record of the message's place
@@ -169,9 +172,9 @@ class ControlLane:
         # The look's message next (after an abort, as the listener's, only at the end).
         looked = bool(self._looked) and not self._listener_first and not self.stopped
         if self._schedule:
-            at, message = self._schedule[0]
-            if at > self.handled:
-                return NOTHING  # later in the run's course
+            at, message, ending = self._schedule[0]
+            if at > self.handled or (ending and not self._ending()):
+                return NOTHING  # later in the run's course (when it is ending)
             if at < self.handled:
                 raise RuntimeError(
                     f"a recorded message took effect after {at} events, but the run is "
@@ -182,14 +185,14 @@ class ControlLane:
                 self._looked.popleft()
         elif looked:
             place, message = self._looked.popleft()
-            await self._record_place(place, self.handled, message)
+            await self._record_place(place, self.handled, message, self._ending())
         elif (
             recv is not None and recv.done() and not self.stopped and (waiting or self._caught_up())
         ):
             message = recv.result()
             assert self._place is not None
             place, self._recv, self._place = self._place, None, None
-            await self._record_place(place, self.handled, message)
+            await self._record_place(place, self.handled, message, self._ending())
         else:
             return NOTHING
         kind = message.get("kind") if isinstance(message, Mapping) else None
@@ -247,6 +250,10 @@ class ControlLane:
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
         await start_now(self._publish(OPEN, is_open))
+
+    def _ending(self) -> bool:
+        """The run is closed and taking the messages stored before that."""
+        return self._settling or self._syncs_taken < self._syncs_sent
 
     def synced(self) -> bool:
         """Every message stored before the run closed has been taken: the last look
@@ -335,8 +342,9 @@ class ControlLane:
         """Reserve, now, the operation that will record the next message's place."""
         raise NotImplementedError
 
-    async def _record_place(self, place: Any, at: int, message: Any) -> None:
-        """Record, as the reserved operation ``place``, ``{"at": at, "message": ...}``."""
+    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
+        """Record, as the reserved operation ``place``, ``{"at": at, "message": message,
+        "ending": ending}``."""
         raise NotImplementedError
 
     async def _publish(self, key: str, value: Any) -> None:
