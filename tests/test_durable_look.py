@@ -98,7 +98,7 @@ class _Lane(ControlLane):
     def _next_operation(self) -> int:
         return self._ops
 
-    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool] | None:
         self.looks += 1
         self.ops.append("look")
         if self.answers:
@@ -108,14 +108,22 @@ class _Lane(ControlLane):
             holds, self._holds = self._holds, None
             asyncio.get_running_loop().call_soon(listener.set_result, holds)
             return (self.topic.pop(0) if self.topic else None), True
-        return (self.topic.pop(0) if self.topic else None), listener.done()
+        holds = listening_since is not None and listener.done()
+        return (self.topic.pop(0) if self.topic else None), holds
 
 
 class _Blind(_Lane):
     """A backend that cannot look: a marker is sent."""
 
-    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool] | None:
         return None
+
+
+class _Deaf(_Lane):
+    """Listens to nothing: the messages are the recorded ones (as an export)."""
+
+    def start(self) -> None:
+        pass
 
 
 async def _started(lane: _Lane, *stored: Any) -> _Lane:
@@ -228,7 +236,7 @@ def test_a_run_taken_back_takes_what_its_end_took_at_its_end_with_the_same_opera
         looks: list[tuple[Any, bool]] = []
         look = first._look
 
-        async def recording(listening_since: int) -> tuple[Any, bool] | None:
+        async def recording(listening_since: int | None) -> tuple[Any, bool] | None:
             found = await look(listening_since)
             assert found is not None
             looks.append(found)
@@ -240,6 +248,9 @@ def test_a_run_taken_back_takes_what_its_end_took_at_its_end_with_the_same_opera
         again = _Lane(places=first.recorded, answers=looks)
         assert await _to_the_end(again, []) == [R, M]
         assert again.ops == first.ops
+        # An export runs the run's course again over its records, listening to nothing.
+        export = _Deaf(places=first.recorded, answers=looks)
+        assert await _to_the_end(export, []) == [R, M]
 
     asyncio.run(body())
 

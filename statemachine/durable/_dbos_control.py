@@ -52,11 +52,13 @@ async def _record(at: int, message: Any, ending: bool) -> dict[str, Any]:
     return {"at": at, "message": message, "ending": ending}
 
 
-async def _found(workflow_id: str, message: Any, listener: int) -> dict[str, Any]:
+async def _found(workflow_id: str, message: Any, listener: int | None) -> dict[str, Any]:
     """What a look found: ``message`` (its ``recv``'s), and whether the listener's
-    ``recv`` (operation ``listener``) has recorded a message. A ``recv`` records the
-    message in the transaction that takes it, so a message the listener took before
-    the look's ``recv`` ran is seen here."""
+    ``recv`` (operation ``listener``; ``None``: none listens) has recorded a message.
+    A ``recv`` records the message in the transaction that takes it, so a message the
+    listener took before the look's ``recv`` ran is seen here."""
+    if listener is None:
+        return {"message": message, "listener_holds": False}
     steps = await DBOS.list_workflow_steps_async(workflow_id, load_output=False)
     holds = any(s["function_id"] == listener and s["function_name"] == RECV for s in steps)
     return {"message": message, "listener_holds": holds}
@@ -85,10 +87,11 @@ class Control(ControlLane):
     async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
         await place.run_async(StepOptions(name=STEP), _record, at, message, ending)
 
-    async def _look(self, listening_since: int) -> tuple[Any, bool]:
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool]:
         workflow_id = DBOS.workflow_id
         assert workflow_id is not None
-        listener = listening_since + 1  # DBOS numbers the listener's recv next
+        # DBOS numbered the listener's recv next after ``listening_since``.
+        listener = None if listening_since is None else listening_since + 1
         message = await start_now(DBOS.recv_async(TOPIC, timeout_seconds=0))
         found = await start_now(
             DBOS.run_step_async(StepOptions(name=LOOK), _found, workflow_id, message, listener)

@@ -100,7 +100,7 @@ class _ReplayControl(Control):
     def start(self) -> None:
         """Nothing to listen to: the messages are the recorded ones."""
 
-    async def _look(self, listening_since: int) -> tuple[Any, bool]:
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool]:
         """What the run's look found here, as recorded."""
         if not self._recorded_looks:
             raise RecordEndedError  # the run had gone no further

@@ -231,16 +231,14 @@ class ControlLane:
                 return
             # Always looked here, whatever the listener's state now, which depends on
             # timing: the run's operations are the same when it runs again after a crash.
-            looked = await self._look(self._listening_since)
+            listener = None if self._recv is None else self._listening_since
+            looked = await self._look(listener)
             if looked is None:
                 self._settling = False
                 self._syncs_sent += 1
                 await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
                 return
-            message, listener_holds = looked
-            # What the listener holds counts only while it has not been taken (a
-            # listener stopped by an abort has none).
-            self._listener_first = listener_holds and self._recv is not None
+            message, self._listener_first = looked
             if message is not None:
                 self._looked.append((self._reserve(), message))
             elif not self._listener_first:
@@ -331,11 +329,12 @@ class ControlLane:
         numbered here, ``start_now``); its result is the message."""
         raise NotImplementedError
 
-    async def _look(self, listening_since: int) -> tuple[Any, bool] | None:
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool] | None:
         """Without waiting, and recorded: take the oldest message stored for the run
         that no listener has taken (``None`` if there is none), then tell whether the
         listener started when the run had called ``listening_since`` operations has
-        taken one since. ``None``: this backend cannot look (a marker is sent)."""
+        taken one since (``None``: no listener, after an abort). ``None``: this backend
+        cannot look (a marker is sent)."""
         return None
 
     def _reserve(self) -> Any:
