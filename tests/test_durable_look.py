@@ -1,8 +1,9 @@
 """Before a durable run ends it looks for messages without waiting (``_lane``): what the
 looks take, and what its listener holds, is taken before the run ends, in the order it
-was stored; a marker only for a backend that cannot look. First the lane's logic over an in-memory
-backend (every case of a look, and a message that would be lost without it), then the
-look on DBOS, then a whole run whose listener is never woken (a notification poll of
+was stored; a marker only for a backend that cannot look. First the lane's logic over
+an in-memory backend (every case of a look, a message that would be lost without the
+listener's check, a run taken back after a crash and its export), then the look on
+DBOS, then a whole run whose listener is not woken in time (a notification poll of
 five seconds): a steer stored just before the end still reaches the model, and the run
 ends without waiting for the poll.
 """
