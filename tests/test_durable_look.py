@@ -49,7 +49,7 @@ class _Lane(ControlLane):
     def __init__(
         self,
         holds: Any = None,
-        places: Sequence[tuple[int, Any, bool]] = (),
+        places: Sequence[Mapping[str, Any]] = (),
         answers: Sequence[tuple[Any, bool]] = (),
     ) -> None:
         super().__init__(places, 0)
@@ -60,7 +60,7 @@ class _Lane(ControlLane):
         self.places: list[tuple[int, Any]] = []
         self.sent: list[Any] = []
         self.looks = 0
-        self.recorded: list[tuple[int, Any, bool]] = []  # the places, as a backend saves them
+        self.recorded: list[tuple[int, Mapping[str, Any]]] = []  # the places, and their ids
         self._holds, self._ops = holds, 0
 
     def poll(self) -> None:
@@ -84,9 +84,9 @@ class _Lane(ControlLane):
         self._ops += 1
         return self._ops
 
-    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
-        self.places.append((at, message))
-        self.recorded.append((at, message, ending))
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
+        self.places.append((record["at"], record["message"]))
+        self.recorded.append((place, record))
 
     async def _publish(self, key: str, value: Any) -> None:
         self.ops.append(f"publish {value}")
@@ -245,13 +245,73 @@ def test_a_run_taken_back_takes_what_its_end_took_at_its_end_with_the_same_opera
 
         first._look = recording  # type: ignore[method-assign]
         assert await _to_the_end(first, [M]) == [R, M]
-        assert [e for _, _, e in first.recorded] == [True, True]
-        again = _Lane(places=first.recorded, answers=looks)
+        assert [r["ending"] for _, r in first.recorded] == [True, True]
+        again = _Lane(places=_by_id(first.recorded), answers=looks)
         assert await _to_the_end(again, []) == [R, M]
         assert again.ops == first.ops
         # An export runs the run's course again over its records, listening to nothing.
-        export = _Deaf(places=first.recorded, answers=looks)
+        export = _Deaf(places=_by_id(first.recorded), answers=looks)
         assert await _to_the_end(export, []) == [R, M]
+
+    asyncio.run(body())
+
+
+def _by_id(recorded: Sequence[tuple[int, Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
+    """The places as a backend lists them: by the ids drawn for them."""
+    return [record for _, record in sorted(recorded, key=lambda r: r[0])]
+
+
+async def _two_ends(lane: _Lane, answers: bool = False) -> list[Any]:
+    """Two final answers: at the first a look finds a follow-up (the run goes on); at
+    the second the listener holds ``R``, drawn its place when the run began, and the
+    look finds ``M``. What the run took."""
+    lane.start()
+    await asyncio.sleep(0)
+    lane.handled = 4
+    taken: list[Any] = []
+    for stored, at in (([LATE] if not answers else [], 4), ([M] if not answers else [], 6)):
+        lane.handled = at
+        lane.topic.extend(stored)
+        await lane.sync()
+        for _ in range(100):
+            if lane.synced():
+                break
+            message = await lane.due()
+            if message is NOTHING:
+                await asyncio.sleep(0)
+            else:
+                taken.append(message)
+    return taken
+
+
+@pytest.mark.timeout(10)
+def test_a_run_taken_back_takes_its_messages_in_the_order_it_took_them_not_their_ids() -> None:
+    """The listener's place is drawn when it starts, a look's when it finds a message:
+    a look's message can be taken first and have the larger id. Taken back in the
+    order of the ids, the run would wait for the listener's message before the look's,
+    and never take either."""
+
+    async def body() -> None:
+        first = _Lane()
+        first._holds = None
+        looks: list[tuple[Any, bool]] = []
+        look = first._look
+
+        async def recording(listening_since: int | None) -> tuple[Any, bool] | None:
+            if len(looks) == 1:  # the second end: the listener has just taken R
+                first._holds = R
+            found = await look(listening_since)
+            assert found is not None
+            looks.append(found)
+            return found
+
+        first._look = recording  # type: ignore[method-assign]
+        assert await _two_ends(first) == [LATE, R, M]
+        ids = [place for place, _ in first.recorded]
+        assert ids != sorted(ids)  # R's place was drawn first, taken second
+        again = _Lane(places=_by_id(first.recorded), answers=looks)
+        assert await _two_ends(again, answers=True) == [LATE, R, M]
+        assert again.ops == first.ops
 
     asyncio.run(body())
 

@@ -48,8 +48,8 @@ def recorded_looks(recorded: Sequence[Mapping[str, Any]]) -> list[tuple[Any, boo
     ]
 
 
-async def _record(at: int, message: Any, ending: bool) -> dict[str, Any]:
-    return {"at": at, "message": message, "ending": ending}
+async def _record(record: dict[str, Any]) -> dict[str, Any]:
+    return record
 
 
 async def _found(workflow_id: str, message: Any, listener: int | None) -> dict[str, Any]:
@@ -70,7 +70,7 @@ class Control(ControlLane):
 
     def __init__(self, recorded: Sequence[Mapping[str, Any]]) -> None:
         places = [
-            (s["output"]["at"], s["output"]["message"], bool(s["output"].get("ending")))
+            s["output"]
             for s in sorted(recorded, key=lambda s: s["function_id"])
             if s["function_name"] == STEP and isinstance(s.get("output"), dict)
         ]
@@ -84,8 +84,8 @@ class Control(ControlLane):
     def _reserve(self) -> StepReservation:
         return DBOS.reserve_step()
 
-    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
-        await place.run_async(StepOptions(name=STEP), _record, at, message, ending)
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
+        await place.run_async(StepOptions(name=STEP), _record, dict(record))
 
     async def _look(self, listening_since: int | None) -> tuple[Any, bool]:
         workflow_id = DBOS.workflow_id

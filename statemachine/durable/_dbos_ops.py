@@ -110,7 +110,7 @@ class _ReplayControl(Control):
         """The places are the recorded ones: nothing to reserve."""
         return None
 
-    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
         raise RecordEndedError  # a message the run took but whose place it had not recorded
 
     async def _send(self, marker: Mapping[str, Any]) -> None:

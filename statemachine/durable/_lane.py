@@ -11,9 +11,11 @@ tool call too. Where it took effect is recorded:
   workflow, or just after the previous message took effect): the wait starts, and
   the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
   When the message has come, the run takes it between two engine events and that
-  operation records ``{"at": n, "message": m, "ending": e}``: ``n`` is how many events
-  the engine had been handed in this workflow when the message took effect, ``e``
-  whether the run was ending then (taking the messages stored before it closed).
+  operation records ``{"at": n, "message": m, "ending": e, "n": k}``: ``n`` is how many
+  events the engine had been handed in this workflow when the message took effect,
+  ``e`` whether the run was ending then (taking the messages stored before it
+  closed), ``k`` how many messages it had taken before (a look's record is drawn
+  after the listener's, but may be taken first).
 - The run takes a message only once that record is saved, so nothing the message
   caused can be saved before it.
 - After a crash the records are read first (one read, not an operation), and each
@@ -126,15 +128,29 @@ class _Resumed:
                 return stop.value
 
 
+def _in_taken_order(places: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Recorded places, in the backend's order, in the order their messages were taken:
+    those recorded without the count (by an older version, which took them in the
+    backend's order) first."""
+    order = sorted(
+        range(len(places)), key=lambda i: (1, places[i]["n"]) if "n" in places[i] else (0, i)
+    )
+    return [places[i] for i in order]
+
+
 class ControlLane:
     """The control lane of one execution of a run (module docstring); a backend
     supplies the primitives (``_listen`` and the others below ``close``)."""
 
-    def __init__(self, places: Sequence[tuple[int, Any, bool]], last_recorded: int) -> None:
+    def __init__(self, places: Sequence[Mapping[str, Any]], last_recorded: int) -> None:
         self.handled = 0  # engine events handed over in this workflow so far
         self.stopped = False
         self.on_arrival: Callable[[], None] | None = None  # wakes whoever takes messages
-        self._schedule: deque[tuple[int, Any, bool]] = deque(places)  # recorded places, in order
+        # The recorded places (in the backend's order), in the order they were taken.
+        self._schedule = deque(
+            (p["at"], p["message"], bool(p.get("ending"))) for p in _in_taken_order(places)
+        )
+        self._taken = 0  # messages taken in this workflow so far
         self._last_recorded = last_recorded  # the last operation recorded before a crash
         self._recv: asyncio.Future[Any] | None = None
         self._place: Any = None  # the reserved record of the message's place
@@ -185,16 +201,17 @@ class ControlLane:
                 self._looked.popleft()
         elif looked:
             place, message = self._looked.popleft()
-            await self._record_place(place, self.handled, message, self._ending())
+            await self._record_place(place, self._record(message))
         elif (
             recv is not None and recv.done() and not self.stopped and (waiting or self._caught_up())
         ):
             message = recv.result()
             assert self._place is not None
             place, self._recv, self._place = self._place, None, None
-            await self._record_place(place, self.handled, message, self._ending())
+            await self._record_place(place, self._record(message))
         else:
             return NOTHING
+        self._taken += 1
         kind = message.get("kind") if isinstance(message, Mapping) else None
         if kind == "abort" and not self._draining:
             self.stopped = True
@@ -248,6 +265,10 @@ class ControlLane:
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
         await start_now(self._publish(OPEN, is_open))
+
+    def _record(self, message: Any) -> dict[str, Any]:
+        """The record of ``message``'s place, taking effect now."""
+        return {"at": self.handled, "message": message, "ending": self._ending(), "n": self._taken}
 
     def _ending(self) -> bool:
         """The run is closed and taking the messages stored before that."""
@@ -341,9 +362,8 @@ class ControlLane:
         """Reserve, now, the operation that will record the next message's place."""
         raise NotImplementedError
 
-    async def _record_place(self, place: Any, at: int, message: Any, ending: bool) -> None:
-        """Record, as the reserved operation ``place``, ``{"at": at, "message": message,
-        "ending": ending}``."""
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
+        """Record, as the reserved operation ``place``, ``record`` (module docstring)."""
         raise NotImplementedError
 
     async def _publish(self, key: str, value: Any) -> None:
