@@ -29,6 +29,7 @@ schema refused, which the check against the result then reports).
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import IO, Any, Final
@@ -51,7 +52,7 @@ from statemachine.durable import (
     UnknownRunError,
 )
 from statemachine.durable._course import drive
-from statemachine.durable._dbos_control import Control
+from statemachine.durable._dbos_control import Control, recorded_looks
 from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
 from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
 from statemachine.durable._inputs import check_run_id
@@ -92,8 +93,25 @@ MAX_LIST_LIMIT: Final = 10_000
 class _ReplayControl(Control):
     """The control lane with the run's recorded messages only: no listening."""
 
+    def __init__(self, recorded: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__(recorded)
+        self._recorded_looks = deque(recorded_looks(recorded))
+
     def start(self) -> None:
         """Nothing to listen to: the messages are the recorded ones."""
+
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool]:
+        """What the run's look found here, as recorded."""
+        if not self._recorded_looks:
+            raise RecordEndedError  # the run had gone no further
+        return self._recorded_looks.popleft()
+
+    def _reserve(self) -> Any:
+        """The places are the recorded ones: nothing to reserve."""
+        return None
+
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
+        raise RecordEndedError  # a message the run took but whose place it had not recorded
 
     async def _send(self, marker: Mapping[str, Any]) -> None:
         """The run's markers are recorded with its messages: nothing to send."""

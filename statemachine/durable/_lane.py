@@ -11,12 +11,16 @@ tool call too. Where it took effect is recorded:
   workflow, or just after the previous message took effect): the wait starts, and
   the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
   When the message has come, the run takes it between two engine events and that
-  operation records ``{"at": n, "message": m}``: ``n`` is how many events the engine had
-  been handed in this workflow when the message took effect.
+  operation records ``{"at": n, "message": m, "ending": e, "n": k}``: ``n`` is how many
+  events the engine had been handed in this workflow when the message took effect,
+  ``e`` whether the run was ending then (taking the messages stored before it
+  closed), ``k`` how many messages it had taken before (a look's record is drawn
+  after the listener's, but may be taken first).
 - The run takes a message only once that record is saved, so nothing the message
   caused can be saved before it.
 - After a crash the records are read first (one read, not an operation), and each
-  message takes effect again after exactly ``n`` events; the engine so receives the
+  message takes effect again after exactly ``n`` events (once the run is ending
+  again, for a message taken while it was); the engine so receives the
   same events in the same order as before the crash, and every operation is started
   at the same point, so the backend gives it the same operation id.
 - A message received but whose place was not recorded before the crash never took
@@ -26,17 +30,26 @@ tool call too. Where it took effect is recorded:
 - After an abort the run stops listening: what follows an abort (cancellations,
   the grace period) depends on timing, so no later message could be placed again.
 - No message that was sent is left unread: before the engine is handed a final
-  answer, and once more when the run has ended, the run sends itself a marker
-  (``sync``) and takes every message until the marker (the messages of a topic come
-  in the order they were stored, so every message stored before the marker is taken
-  before it). The messages taken before a final answer reach the model (the engine
-  goes on to a turn boundary); those taken after the run ended are its
+  answer, and once more when the run has ended (``sync``), the run publishes the event
+  ``OPEN`` as ``False`` (it is ending; ``True`` again if input came and it goes on)
+  and then takes every message stored before that. A sender reads ``OPEN`` after its
+  message is stored: while it is not ``False``, its message was stored before the
+  run closed, so the run takes it; otherwise the sender waits for the run to go on or
+  to end, and then learns whether its message was taken (on DBOS:
+  ``DBOSRunHandle.steer``). The messages taken before a final answer reach the model
+  (the engine goes on to a turn boundary); those taken after the run ended are its
   ``queued_input``, as with ``AgentRun``.
-- Before each such marker the run publishes the event ``OPEN`` as ``False`` (it is
-  ending), and ``True`` again if input came and it goes on. A sender reads it after
-  its message is stored: while it is not ``False``, a marker will follow the message,
-  so the run takes it; otherwise the sender waits for the run to go on or to end, and
-  then learns whether its message was taken (on DBOS: ``DBOSRunHandle.steer``).
+- How the run takes every message stored before it closed: it looks, without
+  waiting (``_look``, recorded): it takes the oldest message no listener has taken,
+  if there is one, and learns whether the listener has taken one the run has not
+  seen yet. Neither: every message stored before the close has been taken, and the
+  run ends at once (the listener's wait, which the backend may only notice at its
+  next poll, is not waited for). Otherwise the run takes what the listener and the
+  look hold (the listener's first, being the older), and looks again, until a look
+  finds nothing, or input came (the run goes on, and looks again at its next end),
+  or an abort. A backend that cannot look sends the run a marker instead, and the run
+  takes every message until the marker (the messages of a topic come in the order
+  they were stored, so every message stored before the marker is taken before it).
 
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
@@ -115,23 +128,41 @@ class _Resumed:
                 return stop.value
 
 
+def _in_taken_order(places: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Recorded places, in the backend's order, in the order their messages were taken:
+    those recorded without the count (by an older version, which took them in the
+    backend's order) first."""
+    order = sorted(
+        range(len(places)), key=lambda i: (1, places[i]["n"]) if "n" in places[i] else (0, i)
+    )
+    return [places[i] for i in order]
+
+
 class ControlLane:
     """The control lane of one execution of a run (module docstring); a backend
     supplies the primitives (``_listen`` and the others below ``close``)."""
 
-    def __init__(self, places: Sequence[tuple[int, Any]], last_recorded: int) -> None:
+    def __init__(self, places: Sequence[Mapping[str, Any]], last_recorded: int) -> None:
         self.handled = 0  # engine events handed over in this workflow so far
         self.stopped = False
         self.on_arrival: Callable[[], None] | None = None  # wakes whoever takes messages
-        self._schedule: deque[tuple[int, Any]] = deque(places)  # recorded places, in order
+        # The recorded places (in the backend's order), in the order they were taken.
+        self._schedule = deque(
+            (p["at"], p["message"], bool(p.get("ending"))) for p in _in_taken_order(places)
+        )
+        self._taken = 0  # messages taken in this workflow so far
         self._last_recorded = last_recorded  # the last operation recorded before a crash
         self._recv: asyncio.Future[Any] | None = None
         self._place: Any = None  # the reserved record of the message's place
+        self._listening_since = 0  # ``_next_operation()`` when the listener started
+        self._looked: deque[tuple[Any, Any]] = deque()  # a look's message and its place
+        self._listener_first = False  # the listener holds an older message than the look
+        self._settling = False  # closed, and looking for the messages stored before that
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
         self._syncs_sent = 0  # markers sent to the run by this execution
         self._syncs_taken = 0  # markers taken back
         self._draining = False  # the run has ended: take every message, aborts too
-        self.synced_at: int | None = None  # ``handled`` when the last marker was taken
+        self.synced_at: int | None = None  # ``handled`` when the last sync found nothing left
         self.closed = False  # ``OPEN`` is False: the run is ending (module docstring)
 
     def start(self) -> None:
@@ -139,6 +170,7 @@ class ControlLane:
         ``recv`` starts now, and the id of the step recording its place is drawn."""
         if self.stopped:
             return
+        self._listening_since = self._next_operation()
         recv = self._listen()
         self._recv = recv
         self._place = self._reserve()
@@ -153,23 +185,33 @@ class ControlLane:
         """The message that takes effect now (its place recorded first), ``NOTHING``
         if none; ``waiting``: the run waits for a person, nothing blocks it."""
         recv = self._recv
+        # The look's message next (after an abort, as the listener's, only at the end).
+        looked = bool(self._looked) and not self._listener_first and not self.stopped
         if self._schedule:
-            at, message = self._schedule[0]
-            if at > self.handled:
-                return NOTHING  # later in the run's course
+            at, message, ending = self._schedule[0]
+            if at > self.handled or (ending and not self._ending()):
+                return NOTHING  # later in the run's course (when it is ending)
             if at < self.handled:
                 raise RuntimeError(
                     f"a recorded message took effect after {at} events, but the run is "
                     f"past {self.handled}: the records do not fit this run"
                 )
             self._schedule.popleft()
-        elif recv is not None and recv.done() and (waiting or self._caught_up()):
+            if looked:  # recorded from the look: its message again, placed already
+                self._looked.popleft()
+        elif looked:
+            place, message = self._looked.popleft()
+            await self._record_place(place, self._record(message))
+        elif (
+            recv is not None and recv.done() and not self.stopped and (waiting or self._caught_up())
+        ):
             message = recv.result()
             assert self._place is not None
             place, self._recv, self._place = self._place, None, None
-            await self._record_place(place, self.handled, message)
+            await self._record_place(place, self._record(message))
         else:
             return NOTHING
+        self._taken += 1
         kind = message.get("kind") if isinstance(message, Mapping) else None
         if kind == "abort" and not self._draining:
             self.stopped = True
@@ -180,35 +222,80 @@ class ControlLane:
             # Input before a final answer: the run goes on, and will take what is sent
             # from now on at its next end.
             await self._set_open(True)
-        self.start()
+        if not looked:
+            self._listener_first = False
+            self.start()  # the listener's message: listen for the next one
+        await self._settle()
         return message
 
     async def sync(self) -> None:
-        """Close the run to messages (``OPEN``), then send it a marker: ``synced()``
-        once the marker has been taken, and with it every message stored before it."""
+        """Close the run to messages (``OPEN``), then take every message stored before
+        that: ``synced()`` once they are taken (module docstring)."""
         if not self.closed:
             await self._set_open(False)
-        self._syncs_sent += 1
-        await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+        self._settling = True
+        self.synced_at = None  # set once nothing is left
+        await self._settle()
+
+    async def _settle(self) -> None:
+        """Look (``_look``) while the run is closed and every message a look found has
+        been taken, until a look finds nothing; then the run is synced. A message a look
+        found is taken next (after the listener's, if it holds one). A backend that
+        cannot look gets a marker instead."""
+        while self._settling and not self._looked and not self._listener_first:
+            if not self.closed or self.stopped:  # input came, the run goes on (and takes
+                self._settling = False  # what follows at its next end); or an abort came
+                return
+            # Always looked here, whatever the listener's state now, which depends on
+            # timing: the run's operations are the same when it runs again after a crash.
+            listener = None if self._recv is None else self._listening_since
+            looked = await self._look(listener)
+            if looked is None:
+                self._settling = False
+                self._syncs_sent += 1
+                await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+                return
+            message, self._listener_first = looked
+            if message is not None:
+                self._looked.append((self._reserve(), message))
+            elif not self._listener_first:
+                self._settling = False
+                self.synced_at = self.handled
 
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
         await start_now(self._publish(OPEN, is_open))
 
+    def _record(self, message: Any) -> dict[str, Any]:
+        """The record of ``message``'s place, taking effect now."""
+        return {"at": self.handled, "message": message, "ending": self._ending(), "n": self._taken}
+
+    def _ending(self) -> bool:
+        """The run is closed and taking the messages stored before that."""
+        return self._settling or self._syncs_taken < self._syncs_sent
+
     def synced(self) -> bool:
-        """Every marker sent has been taken."""
-        return self._syncs_taken >= self._syncs_sent
+        """Every message stored before the run closed has been taken: the last look
+        found none, and every marker sent has been taken."""
+        return not self._settling and self._syncs_taken >= self._syncs_sent
 
     async def drain(self) -> list[Any]:
         """At the run's end: close it to messages and take every message stored so far
         (places recorded); returns them. Nothing to do right after a final answer
         taken once the run was closed and synced."""
-        if self.closed and self.synced() and self.handled - (self.synced_at or 0) <= 1:
+        synced_at = self.synced_at
+        if (
+            self.closed
+            and self.synced()
+            and synced_at is not None
+            and self.handled - synced_at <= 1
+        ):
             return []
         self._draining = True
         if self.stopped:  # after an abort: listen again, now that nothing follows
             self.stopped = False
-            self.start()
+            if self._recv is None:  # (a look took the abort: the listener still listens)
+                self.start()
         await self.sync()
         taken: list[Any] = []
         while not self.synced():
@@ -263,12 +350,20 @@ class ControlLane:
         numbered here, ``start_now``); its result is the message."""
         raise NotImplementedError
 
+    async def _look(self, listening_since: int | None) -> tuple[Any, bool] | None:
+        """Without waiting, and recorded: take the oldest message stored for the run
+        that no listener has taken (``None`` if there is none), then tell whether the
+        listener started when the run had called ``listening_since`` operations has
+        taken one since (``None``: no listener, after an abort). ``None``: this backend
+        cannot look (a marker is sent)."""
+        return None
+
     def _reserve(self) -> Any:
         """Reserve, now, the operation that will record the next message's place."""
         raise NotImplementedError
 
-    async def _record_place(self, place: Any, at: int, message: Any) -> None:
-        """Record, as the reserved operation ``place``, ``{"at": at, "message": ...}``."""
+    async def _record_place(self, place: Any, record: Mapping[str, Any]) -> None:
+        """Record, as the reserved operation ``place``, ``record`` (module docstring)."""
         raise NotImplementedError
 
     async def _publish(self, key: str, value: Any) -> None:
