@@ -7,13 +7,14 @@ surrogate exported, a database file deleted under a run. PostgreSQL runs under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -242,6 +243,20 @@ def _hold_a_transaction(path: Path, seconds: float, started: threading.Event) ->
         connection.close()
 
 
+@contextlib.contextmanager
+def _held_by_another_connection(path: Path, seconds: float) -> Iterator[None]:
+    """While inside, another connection is in a write transaction on ``path`` (for up
+    to ``seconds``)."""
+    started = threading.Event()
+    holder = threading.Thread(target=_hold_a_transaction, args=(path, seconds, started))
+    holder.start()
+    try:
+        assert started.wait(10)
+        yield
+    finally:
+        holder.join(10)
+
+
 @pytest.mark.timeout(60)
 def test_a_new_sqlite_file_another_worker_is_setting_up_is_switched_to_wal_once_free(
     tmp_path: Path,
@@ -250,14 +265,8 @@ def test_a_new_sqlite_file_another_worker_is_setting_up_is_switched_to_wal_once_
     # transaction (its busy timeout does not apply): two workers starting on one new
     # file must not fail because the other is creating its tables.
     path = tmp_path / "runs.sqlite"
-    started = threading.Event()
-    holder = threading.Thread(target=_hold_a_transaction, args=(path, 0.5, started))
-    holder.start()
-    try:
-        assert started.wait(10)
+    with _held_by_another_connection(path, 0.5):
         write_ahead(f"sqlite:///{path}")
-    finally:
-        holder.join(10)
     connection = sqlite3.connect(path)
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -271,14 +280,8 @@ def test_a_sqlite_file_held_past_the_wait_is_a_named_error(
 ) -> None:
     monkeypatch.setattr(_dbos_errors, "WAL_WAIT_SECONDS", 0.2)
     path = tmp_path / "runs.sqlite"
-    started = threading.Event()
-    holder = threading.Thread(target=_hold_a_transaction, args=(path, 2.0, started))
-    holder.start()
-    try:
-        assert started.wait(10)
+    with _held_by_another_connection(path, 2.0):
         begun = time.monotonic()
         with pytest.raises(StoreUnavailableError, match="cannot be opened: database is locked"):
             write_ahead(f"sqlite:///{path}")
         assert time.monotonic() - begun < 1.5  # gave up after its wait, not the holder's
-    finally:
-        holder.join(10)
