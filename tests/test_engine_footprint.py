@@ -1,6 +1,7 @@
 """What an engine makes and keeps as a run goes on: one batch refilled each turn
 (never a new one), the zero usage shared until a response reports some, and a fork
-whose batch stays its own when the engine it came from refills its batch."""
+whose batch stays its own when the engine it came from refills its batch, and
+transition records shared by the engines that take the same transitions."""
 
 from __future__ import annotations
 
@@ -82,3 +83,14 @@ def test_engines_share_the_zero_usage_until_a_response_reports_some() -> None:
     _turn(first, "a", usage=Usage(input=3, output=2, total_tokens=5))
     assert first.usage == Usage(input=3, output=2, total_tokens=5)
     assert second.usage == Usage()
+
+
+@pytest.mark.timeout(30)
+def test_engines_that_take_the_same_transitions_share_their_records() -> None:
+    first, second = _engine(), _engine()
+    for engine in (first, second):
+        _turn(engine, "a")
+        _turn(engine, "b")
+    assert first.trace == second.trace
+    assert len(first.trace) == 11
+    assert all(a is b for a, b in zip(first.trace, second.trace, strict=True))
