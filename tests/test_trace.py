@@ -136,3 +136,22 @@ def test_the_shared_records_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None
     expected = [TransitionRecord(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, n) for n in range(10)]
     assert first == second == expected
     assert [a is b for a, b in zip(first, second, strict=True)] == [True] * 3 + [False] * 7
+
+
+def test_only_records_of_states_triggers_and_int_turns_are_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "Ready" equals S.READY and True equals 1, but they would be written out otherwise:
+    # such a record is not given to the traces that come after it.
+    monkeypatch.setattr(trace_module, "_SHARED", {})
+    odd = Trace()
+    odd.add("Ready", "start", "AwaitingModel", True)  # type: ignore[arg-type]
+    odd.add(S.READY, T.START, S.AWAITING_MODEL, 1.0)  # type: ignore[arg-type]
+    assert trace_module._SHARED == {}
+    trace = Trace()
+    trace.add(S.READY, T.START, S.AWAITING_MODEL, 1)
+    record = trace[0]
+    assert record.source is S.READY
+    assert record.trigger is T.START
+    assert type(record.turn) is int
+    assert list(trace_module._SHARED) == [record]

@@ -33,9 +33,21 @@ class TransitionRecord(NamedTuple):
 # immutable value, and runs take the same transitions at the same turns, so a run keeps
 # no record of its own for them (many runs waiting at once hold far fewer objects for
 # the garbage collector to scan). A record is a tuple, so the plain tuple of its fields
-# finds it. Bounded: once full, the records not in it are made for each transition.
+# finds it. Only records of states, a trigger and an int enter (a "Ready" or a 1.0 is
+# equal to them, but would be written out otherwise). Bounded: once full, the records
+# not in it are made for each transition.
 _SHARED: dict[tuple[TurnState, Trigger, TurnState, int], TransitionRecord] = {}
 SHARED_RECORDS_MAX: Final = 1 << 12
+
+
+def _shareable(record: TransitionRecord) -> bool:
+    source, trigger, dest, turn = record
+    return (
+        source.__class__ is TurnState
+        and trigger.__class__ is Trigger
+        and dest.__class__ is TurnState
+        and turn.__class__ is int
+    )
 
 
 class Trace(Sequence[TransitionRecord]):
@@ -55,12 +67,13 @@ class Trace(Sequence[TransitionRecord]):
 
     def add(self, source: TurnState, trigger: Trigger, dest: TurnState, turn: int) -> None:
         """Record the transition just taken (the engine's one write), as the record
-        other traces share when there is one (see ``_SHARED``)."""
+        other traces share when there is one (see ``_SHARED``): a record with these
+        fields, or equal to them."""
         fields = (source, trigger, dest, turn)
         record = _SHARED.get(fields)
         if record is None:
             record = TransitionRecord._make(fields)  # namedtuple's own, from a tuple
-            if len(_SHARED) < SHARED_RECORDS_MAX:
+            if len(_SHARED) < SHARED_RECORDS_MAX and _shareable(record):
                 _SHARED[record] = record
         self._records.append(record)
 
