@@ -11,6 +11,7 @@ import pytest
 from engine_support import ECHO
 
 from statemachine.core import batch as batch_module
+from statemachine.core import trace as trace_module
 from statemachine.core.engine import Engine
 from statemachine.core.events import ModelResponded, Start, ToolFinished
 from statemachine.core.messages import (
@@ -86,7 +87,10 @@ def test_engines_share_the_zero_usage_until_a_response_reports_some() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_engines_that_take_the_same_transitions_share_their_records() -> None:
+def test_engines_that_take_the_same_transitions_share_their_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trace_module, "_SHARED", {})  # not full of other tests' records
     first, second = _engine(), _engine()
     for engine in (first, second):
         _turn(engine, "a")

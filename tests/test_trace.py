@@ -115,7 +115,10 @@ def test_add_records_the_transition_as_a_record_of_its_fields() -> None:
     assert trace[3].turn == 12_345_678
 
 
-def test_traces_that_take_the_same_transitions_share_their_records() -> None:
+def test_traces_that_take_the_same_transitions_share_their_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trace_module, "_SHARED", {})  # not full of other tests' records
     first, second = Trace(), Trace()
     for record in RECORDS:
         first.add(*record)
