@@ -42,8 +42,9 @@ per-run or per-turn figure means that it does not depend on how many runs there 
 
 Run it as ``python bench/scale.py`` (all contenders, N = 100, 1,000, 10,000) or
 ``bash bench/run.sh scale``, which writes ``bench/scale.md`` (keeping the dated
-sections below its marker). ``--one NAME N`` runs a single measurement and prints it
-as JSON (what the full run does in each child).
+sections below its marker). ``--gc-young N`` has every cell collect the youngest
+generation every N allocations, as a service may choose to. ``--one NAME N`` runs a
+single measurement and prints it as JSON (what the full run does in each child).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Measurement:
     load_1m: float = 0.0  # the machine's load average when the cell started
     gc_s: float = 0.0  # CPU seconds spent in garbage collections, all generations
     gc_full: int = 0  # how many of them were full (generation 2) collections
+    gc_young: int = 0  # the youngest generation's threshold in the cell (gc.get_threshold)
 
     @property
     def ideal_s(self) -> float:
@@ -392,6 +394,7 @@ async def measure(
         load_1m=load,
         gc_s=collections.seconds,
         gc_full=collections.full,
+        gc_young=gc.get_threshold()[0],
     )
 
 
@@ -399,6 +402,9 @@ def _in_child(name: str, n: int, args: argparse.Namespace) -> Measurement | Miss
     """One measurement in a fresh interpreter, so that its peak RSS is its own."""
     command = [sys.executable, __file__, "--one", name, str(n)]
     command += ["--turns", str(args.turns), "--latency", str(args.latency)]
+    young = getattr(args, "gc_young", None)
+    if young is not None:
+        command += ["--gc-young", str(young)]
     try:
         proc = subprocess.run(
             command, capture_output=True, text=True, timeout=args.budget, check=False
@@ -486,7 +492,9 @@ def floor_rows(measured: Sequence[Measurement]) -> list[str]:
     ]
 
 
-def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
+def render(
+    cells: Sequence[Measurement | Missing], *, when: str, gc_young: int | None = None
+) -> str:
     measured = [c for c in cells if isinstance(c, Measurement)]
     base = {c.n: c for c in measured if c.contender == BASELINE}
     first = measured[0]
@@ -501,7 +509,13 @@ def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
         "Ratios are against the bare loop at the same N, measured in the same run; GC % of "
         "CPU is the CPU time spent in garbage collections over the cell's, full GCs the "
         "collections of the oldest generation (each scans every object); load is "
-        "the machine's 1-minute load average when the cell started.",
+        "the machine's 1-minute load average when the cell started."
+        + (
+            ""
+            if gc_young is None
+            else f" Every cell set gc.set_threshold({gc_young}), as an application may "
+            f"(this Python's default: {gc.get_threshold()[0]})."
+        ),
         "",
         "| contender | N | wall s | wall / ideal | turns/s | CPU µs/turn | lag p50 ms "
         "| lag p99 ms | peak RSS MiB | KiB per waiting run | wall vs bare | lag p99 vs bare "
@@ -566,6 +580,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ns", type=int, nargs="+", default=list(NS))
     parser.add_argument("--turns", type=int, default=TURNS)
     parser.add_argument("--latency", type=float, default=LATENCY_S)
+    parser.add_argument(
+        "--gc-young",
+        type=int,
+        metavar="N",
+        help="as an application may: collect the youngest generation every N allocations "
+        "(gc.set_threshold(N)) in every cell alike; default: Python's own threshold",
+    )
     parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS))
     parser.add_argument(
         "--budget", type=float, default=BUDGET_S, help="seconds a cell may take (300)"
@@ -575,6 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--one", nargs=2, metavar=("CONTENDER", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
+        if args.gc_young is not None:
+            gc.set_threshold(args.gc_young, *gc.get_threshold()[1:])
         print(json.dumps(_one(args.one[0], int(args.one[1]), args.turns, args.latency)))
         return 0
     cells = _measure_all(args, args.only or list(CONTENDERS))
@@ -582,7 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nothing was measured", file=sys.stderr)
         return 1
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    write_outputs(render(cells, when=when), [asdict(c) for c in cells], args.out, args.json)
+    report = render(cells, when=when, gc_young=args.gc_young)
+    write_outputs(report, [asdict(c) for c in cells], args.out, args.json)
     return 0
 
 

@@ -218,6 +218,21 @@ def test_the_scale_report_gives_each_contender_against_the_floor_at_the_same_n(
 
 
 @pytest.mark.timeout(60)
+def test_a_scale_cell_collects_as_the_application_asks_and_the_report_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one = ("--one", "bare async loop (dicts)", "2", "--turns", "1", "--latency", "0.001")
+    asked = json.loads(_bench("scale.py", *one, "--gc-young", "12345", timeout=50).stdout)
+    assert asked["gc_young"] == 12345
+    default = json.loads(_bench("scale.py", *one, timeout=50).stdout)
+    assert default["gc_young"] == gc.get_threshold()[0]
+    scale = _load("scale", monkeypatch)
+    cell = scale.Measurement(**asked)
+    assert "set gc.set_threshold(12345)" in scale.render([cell], when="today", gc_young=12345)
+    assert "gc.set_threshold" not in scale.render([cell], when="today")
+
+
+@pytest.mark.timeout(60)
 def test_a_scale_cell_over_its_budget_is_cut_off_and_larger_ones_not_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
