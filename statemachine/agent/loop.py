@@ -181,6 +181,7 @@ class ActionLoop:
         self._abort_first: AbortRequested | None = None  # handled before queued events
         self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
         self._event_loop = asyncio.get_running_loop()
+        self._closed = False  # close() has let go of the executor
         self.executor = executor(self)
 
     async def drive(self) -> None:
@@ -214,6 +215,15 @@ class ActionLoop:
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
             self._keep_late(inbox.get_nowait())
+
+    async def close(self) -> None:
+        """The run returned to its caller: the executor ends what is left, and the loop
+        lets go of it. The executor refers back to the loop (operations report to it),
+        so holding it on would make every finished run garbage that only the cycle
+        collector frees."""
+        await self.executor.close()
+        self._closed = True
+        del self.executor
 
     def _keep_late(self, event: Event) -> None:
         if isinstance(event, InputQueued):
@@ -276,7 +286,7 @@ class ActionLoop:
     def abort(self, reason: str, urgent: bool = True) -> None:
         """Abort the run; ``urgent`` puts the abort ahead of the events already queued
         (a caller's abort), otherwise it follows them (an operation's own failure)."""
-        if self.aborting or self.returned:
+        if self.aborting or self.returned or self._closed:
             return
         self.aborting = True
         event = AbortRequested(reason)

@@ -156,14 +156,13 @@ class AgentRun(Generic[OutputT]):
         previous_stats: RunStats | None = None,
         given: int | None = None,
     ) -> None:
-        messages = (UserMessage(messages),) if isinstance(messages, str) else messages
         model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
         output = compile_output(output_type, output_retries, output_mode, model)
         base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
-            messages=messages,
+            messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=max_turns,
             **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
@@ -180,8 +179,9 @@ class AgentRun(Generic[OutputT]):
         self._deps = deps
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
+        # Given what a context is made of, not the run: a returned run is then no cycle.
         self._model: ModelClient = RunModel(
-            model, instructions, settings, self._stream, self.context, engine
+            model, instructions, settings, self._stream, partial(_context, engine, deps), engine
         )
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
@@ -255,10 +255,7 @@ class AgentRun(Generic[OutputT]):
 
     def context(self) -> RunContext[Any]:
         """The run's context as it is now (what tools and hooks that ask receive)."""
-        engine = self.engine
-        return RunContext(
-            self._deps, self.run_id, engine.turns, engine.messages, current_tool_call()
-        )
+        return _context(self.engine, self._deps)
 
     def _add_child_stats(self, stats: Any) -> None:
         """A sub-agent's stats, counted in this run's (``note_child_stats``)."""
@@ -347,7 +344,7 @@ class AgentRun(Generic[OutputT]):
         finally:
             reset_run_context(token)
             remove()
-            await loop.executor.close()
+            await loop.close()
             self._outcome = self._result(loop)
             self._loop = None
         if loop.fatal is not None:
@@ -407,6 +404,11 @@ class AgentRun(Generic[OutputT]):
             if self._output is not None and state is TurnState.DONE
             else None,
         )
+
+
+def _context(engine: Engine, deps: object) -> RunContext[Any]:
+    """The context of the run of ``engine`` as it is now."""
+    return RunContext(deps, engine.run_id, engine.turns, engine.messages, current_tool_call())
 
 
 def _nothing_to_remove() -> None:

@@ -37,7 +37,6 @@ in a script is raised by that call (a failing provider).
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import re
@@ -111,10 +110,12 @@ async def _answer(
     tools: Sequence[ToolDefinition],
     signal: AbortSignal | None,
     options: CallOptions | None,
+    takes_options: bool,
 ) -> AssistantMessage:
+    """The answer of ``step``; ``takes_options``: a function step declares ``options``."""
     if callable(step) and not isinstance(step, type):
         extra: dict[str, CallOptions] = {}
-        if _declares_options(step):
+        if takes_options:
             extra["options"] = options if options is not None else CallOptions()
         args = (messages, tools) if signal is None else (messages, tools, signal)
         response = step(*args, **extra)
@@ -124,10 +125,13 @@ async def _answer(
     return as_message(step)
 
 
-@functools.lru_cache(maxsize=256)  # asked at every call; a function's signature is fixed
-def _declares_options(fn: ModelFunction) -> bool:
+def _declares_options(step: Step) -> bool:
+    """True if ``step`` is a function with a parameter named ``options`` (read when the
+    fake model is made, not at each call)."""
+    if not callable(step) or isinstance(step, type):
+        return False
     try:
-        return "options" in inspect.signature(fn).parameters
+        return "options" in inspect.signature(step).parameters
     except (TypeError, ValueError):
         return False
 
@@ -216,6 +220,7 @@ class ScriptedModel(_Recording):
     ) -> None:
         super().__init__(record, stream, native_output)
         self._script = list(responses)
+        self._takes_options = [_declares_options(step) for step in self._script]
         self._with_signal = with_signal
 
     @property
@@ -240,7 +245,10 @@ class ScriptedModel(_Recording):
             )
         step = self._script[number - 1]
         signal_given = signal if self._with_signal else None
-        return self._streamed(await _answer(step, messages, tools, signal_given, options), options)
+        answer = await _answer(
+            step, messages, tools, signal_given, options, self._takes_options[number - 1]
+        )
+        return self._streamed(answer, options)
 
 
 class FunctionModel(_Recording):
@@ -260,6 +268,7 @@ class FunctionModel(_Recording):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
         super().__init__(record, stream, native_output)
         self._fn = fn
+        self._fn_takes_options = _declares_options(fn)
         self._with_signal = with_signal
 
     async def complete(
@@ -272,6 +281,7 @@ class FunctionModel(_Recording):
     ) -> AssistantMessage:
         self._record(messages, tools, options)
         signal_given = signal if self._with_signal else None
-        return self._streamed(
-            await _answer(self._fn, messages, tools, signal_given, options), options
+        answer = await _answer(
+            self._fn, messages, tools, signal_given, options, self._fn_takes_options
         )
+        return self._streamed(answer, options)

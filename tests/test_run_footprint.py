@@ -1,0 +1,185 @@
+"""What a run costs the process beyond its history: signatures read once, not per run
+or per call, and a run that returned freed by reference counting alone (no reference
+cycle left for the garbage collector)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from statemachine.agent.model import CallOptions, takes_options
+from statemachine.core.engine import Engine
+from statemachine.testing import FunctionModel, ScriptedModel
+
+
+@sm.tool
+async def echo(text: str) -> str:
+    """Say it back."""
+    return text
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The cycle collector off: what is freed then is freed by reference counting."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.fixture
+def signatures_read(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every object whose signature is read from now on."""
+    read: list[object] = []
+    real = inspect.signature
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> inspect.Signature:
+        read.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "signature", counting)
+    return read
+
+
+def _two_turns(messages: Sequence[sm.Message], tools: object) -> sm.AssistantMessage:
+    if len(messages) == 1:
+        return sm.AssistantMessage((sm.ToolCall("c1", "echo", {"text": "hi"}),))
+    return sm.AssistantMessage("done")
+
+
+def _run(**options: Any) -> sm.AgentRun:
+    return sm.AgentRun(tools=[echo], messages="go", max_turns=4, **options)
+
+
+def test_a_client_class_has_its_signature_read_once(signatures_read: list[object]) -> None:
+    class WithOptions:
+        async def complete(
+            self, messages: object, tools: object, signal: object, *, options: CallOptions
+        ) -> sm.AssistantMessage:
+            return sm.AssistantMessage("x")
+
+    class Plain:
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            return sm.AssistantMessage("x")
+
+    answers = [takes_options(c) for c in (WithOptions(), WithOptions(), Plain(), Plain())]
+    assert answers == [True, True, False, False]
+    assert len(signatures_read) == 2  # one per class, not one per client
+
+
+def test_the_signature_cache_does_not_keep_a_client_class_alive() -> None:
+    class Client:
+        async def complete(self, messages: object, tools: object, signal: object) -> object:
+            return sm.AssistantMessage("x")
+
+    assert takes_options(Client()) is False
+    gone = weakref.ref(Client)
+    del Client
+    gc.collect()  # a class is in cycles of its own (its __dict__, its methods)
+    assert gone() is None
+
+
+def test_a_callable_set_on_the_client_itself_is_read_as_it_is() -> None:
+    class Client:
+        pass
+
+    with_options = Client()
+    with_options.complete = lambda messages, tools, signal, options=None: None  # type: ignore[attr-defined]
+    without = Client()
+    without.complete = lambda messages, tools, signal: None  # type: ignore[attr-defined]
+    assert (takes_options(with_options), takes_options(without), takes_options(object())) == (
+        True,
+        False,
+        False,
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_fake_model_reads_its_functions_signatures_when_made(
+    signatures_read: list[object],
+) -> None:
+    def with_options(messages: object, tools: object, *, options: CallOptions) -> str:
+        return options.instructions or ""
+
+    function = FunctionModel(with_options)
+    scripted = ScriptedModel(with_options, "plain", with_options)
+    made = len(signatures_read)
+    assert made == 3  # the function model's function, the script's two function steps
+    signal = sm.AbortController().signal
+
+    async def calls() -> list[str]:
+        given = CallOptions(instructions="be brief")
+        answers = [await function.complete([], [], signal, options=given) for _ in range(3)]
+        answers += [await scripted.complete([], [], signal, options=given) for _ in range(3)]
+        return [a.text for a in answers]
+
+    assert asyncio.run(calls()) == ["be brief"] * 3 + ["be brief", "plain", "be brief"]
+    assert len(signatures_read) == made  # none at a call
+
+
+@pytest.mark.timeout(30)
+def test_a_run_that_returned_is_freed_by_reference_counting(collector_off: None) -> None:
+    engines: list[weakref.ref[Engine]] = []
+
+    async def main() -> None:
+        run = _run(model=FunctionModel(_two_turns, record=False))
+        engines.append(weakref.ref(run.engine))
+        result = await run.run()
+        assert (result.state, result.turns) == (sm.TurnState.DONE, 2)
+
+    asyncio.run(main())
+    assert engines[0]() is None
+
+
+@pytest.mark.timeout(30)
+def test_a_run_with_instructions_from_a_function_is_freed_likewise(collector_off: None) -> None:
+    seen: list[int] = []
+
+    def instructions(context: sm.RunContext[Any]) -> str:
+        seen.append(context.turn)
+        return f"turn {context.turn}"
+
+    engines: list[weakref.ref[Engine]] = []
+
+    async def main() -> None:
+        model = FunctionModel(_two_turns, record=True)
+        run = _run(model=model, instructions=instructions)
+        engines.append(weakref.ref(run.engine))
+        result = await run.run()
+        assert result.state is sm.TurnState.DONE
+        assert [r.instructions for r in model.requests] == ["turn 1", "turn 2"]
+
+    asyncio.run(main())
+    assert seen == [1, 2]
+    assert engines[0]() is None
+
+
+@pytest.mark.timeout(30)
+def test_a_finished_run_leaves_no_cyclic_garbage() -> None:
+    async def one() -> None:
+        result = await _run(model=FunctionModel(_two_turns, record=False)).run()
+        assert result.state is sm.TurnState.DONE
+
+    async def main() -> list[object]:
+        await one()  # what the first run makes once (caches) is not counted
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            await one()
+            gc.collect()
+            return list(gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    garbage = asyncio.run(main())
+    assert [type(o).__name__ for o in garbage] == []
