@@ -5,6 +5,7 @@ cycle left for the garbage collector)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
 import weakref
@@ -103,17 +104,24 @@ def test_a_callable_set_on_the_client_itself_is_read_as_it_is() -> None:
     )
 
 
-@pytest.mark.timeout(30)
-def test_a_fake_model_reads_its_functions_signatures_when_made(
-    signatures_read: list[object],
-) -> None:
+def _answering_with_options() -> Any:
+    """A new closure at each call, as a model function made per run is."""
+
     def with_options(messages: object, tools: object, *, options: CallOptions) -> str:
         return options.instructions or ""
 
-    function = FunctionModel(with_options)
-    scripted = ScriptedModel(with_options, "plain", with_options)
+    return with_options
+
+
+@pytest.mark.timeout(30)
+def test_a_fake_model_reads_its_functions_signatures_once(
+    signatures_read: list[object],
+) -> None:
+    function = FunctionModel(_answering_with_options())
+    scripted = ScriptedModel(_answering_with_options(), "plain", _answering_with_options())
+    FunctionModel(_answering_with_options())
+    assert len(signatures_read) <= 1  # one def: its closures share their parameters
     made = len(signatures_read)
-    assert made == 3  # the function model's function, the script's two function steps
     signal = sm.AbortController().signal
 
     async def calls() -> list[str]:
@@ -124,6 +132,26 @@ def test_a_fake_model_reads_its_functions_signatures_when_made(
 
     assert asyncio.run(calls()) == ["be brief"] * 3 + ["be brief", "plain", "be brief"]
     assert len(signatures_read) == made  # none at a call
+
+
+def test_a_wrapped_model_function_is_read_through_its_wrapper() -> None:
+    answer = _answering_with_options()
+
+    @functools.wraps(answer)
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        return answer(*args, **kwargs)
+
+    def plain(messages: object, tools: object) -> str:
+        return "plain"
+
+    signal = sm.AbortController().signal
+    given = CallOptions(instructions="wrapped")
+
+    async def calls() -> list[str]:
+        models = [FunctionModel(logged), FunctionModel(plain)]
+        return [(await m.complete([], [], signal, options=given)).text for m in models]
+
+    assert asyncio.run(calls()) == ["wrapped", "plain"]
 
 
 @pytest.mark.timeout(30)

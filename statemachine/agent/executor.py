@@ -38,6 +38,7 @@ from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
 from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
+from statemachine.agent.model_call import RunModel
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
@@ -133,7 +134,7 @@ class AsyncioExecutor:
         self,
         loop: ActionLoop,
         *,
-        model: ModelClient,
+        model: ModelClient | RunModel,
         tools: Mapping[str, Tool],
         hooks: Hooks,
         grace: float,

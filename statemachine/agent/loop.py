@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Protocol
 
 from statemachine.agent.calls import FATAL, describe, fatal_in
@@ -168,7 +168,7 @@ class ActionLoop:
         self.inbox = inbox
         self.stream = stream
         self.controller = controller  # what tools and the model client hold
-        self.log = log
+        self._base_log = log
         self.on_handle = on_handle  # told of every event before the engine gets it
         self.reported: set[str] = set()  # keys whose one event has been queued
         self.abandoned: set[str] = set()  # keys given up on at the end of the grace
@@ -183,6 +183,12 @@ class ActionLoop:
         self._event_loop = asyncio.get_running_loop()
         self._closed = False  # close() has let go of the executor
         self.executor = executor(self)
+
+    @cached_property
+    def log(self) -> Any:
+        """The run's logger, the run id bound: made when first used (most runs log
+        nothing of their own)."""
+        return self._base_log.bind(run_id=self.engine.run_id)
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""

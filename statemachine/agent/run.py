@@ -19,8 +19,8 @@ before the cancellation goes on.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -109,7 +109,8 @@ def _checked_call_options(
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise InvalidInputError("model_settings must be a ModelSettings")
     settings = model_settings or _NO_SETTINGS
-    check_settings(model, settings, instructions is not None)
+    if instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
+        check_settings(model, settings, instructions is not None)
     check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
     return settings
 
@@ -168,7 +169,7 @@ class AgentRun(Generic[OutputT]):
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
-            run_id=run_id or uuid.uuid4().hex[:12],
+            run_id=run_id or secrets.token_hex(6),
             logger=base,
         )
         # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
@@ -180,14 +181,13 @@ class AgentRun(Generic[OutputT]):
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
         # Given what a context is made of, not the run: a returned run is then no cycle.
-        self._model: ModelClient = RunModel(
-            model, instructions, settings, self._stream, partial(_context, engine, deps), engine
-        )
+        context = partial(_context, engine, deps) if callable(instructions) else None
+        self._model = RunModel(model, instructions, settings, self._stream, context, engine)
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
         self._hooks = _hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
-        self._log = base.bind(run_id=self.run_id)
+        self._log = base  # the action loop binds the run id, if it ever logs
         self._user_signal = signal  # None: the run is aborted by its handle only
         self._not_started()
 
@@ -320,15 +320,7 @@ class AgentRun(Generic[OutputT]):
             on_handle=self._on_handle,
         )
         self._loop = loop
-        # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
-        # the signals that tools hold fire before the aborting code's next line.
-        remove = (
-            _nothing_to_remove
-            if self._user_signal is None
-            else self._user_signal.add_listener(
-                lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
-            )
-        )
+        remove = self._listen(loop)
         token = run_context(self)  # every task inherits it
         try:
             self._stream.run_started(self.run_id)
@@ -350,6 +342,17 @@ class AgentRun(Generic[OutputT]):
         if loop.fatal is not None:
             raise loop.fatal
         return self._outcome
+
+    def _listen(self, loop: ActionLoop) -> Callable[[], None]:
+        """Abort ``loop`` when the caller's signal fires; what removes the listener."""
+        signal = self._user_signal
+        if signal is None:
+            return _nothing_to_remove
+        # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
+        # the signals that tools hold fire before the aborting code's next line.
+        return signal.add_listener(
+            lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
+        )
 
     def _first_events(self, loop: ActionLoop) -> None:
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run

@@ -40,7 +40,9 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import CodeType
 from typing import Any, TypeAlias
 
 import attrs
@@ -104,25 +106,30 @@ Step: TypeAlias = Response | type[BaseException] | ModelFunction
 """One step of a script: a response, an exception to raise, or a function deciding it."""
 
 
-async def _answer(
+def _response(
     step: Step,
     messages: Sequence[Message],
     tools: Sequence[ToolDefinition],
     signal: AbortSignal | None,
     options: CallOptions | None,
     takes_options: bool,
-) -> AssistantMessage:
-    """The answer of ``step``; ``takes_options``: a function step declares ``options``."""
-    if callable(step) and not isinstance(step, type):
-        extra: dict[str, CallOptions] = {}
-        if takes_options:
-            extra["options"] = options if options is not None else CallOptions()
-        args = (messages, tools) if signal is None else (messages, tools, signal)
-        response = step(*args, **extra)
-        if inspect.isawaitable(response):
-            response = await response
-        return as_message(response)
-    return as_message(step)
+) -> Response | type[BaseException] | Awaitable[Response]:
+    """What ``step`` answers, to be awaited if it is awaitable (no coroutine of the fake
+    model's own waits with it); ``takes_options``: a function step declares ``options``."""
+    if not callable(step) or isinstance(step, type):
+        return step
+    extra: dict[str, CallOptions] = {}
+    if takes_options:
+        extra["options"] = options if options is not None else CallOptions()
+    if signal is None:
+        return step(messages, tools, **extra)
+    return step(messages, tools, signal, **extra)
+
+
+# A plain function's parameter names are those of its code, which every closure made
+# from one ``def`` shares: a fake model made per run reads its signature once. Weak
+# keys, so that the code of a function dropped (a test's) is freed.
+_code_declares_options: weakref.WeakKeyDictionary[CodeType, bool] = weakref.WeakKeyDictionary()
 
 
 def _declares_options(step: Step) -> bool:
@@ -130,6 +137,15 @@ def _declares_options(step: Step) -> bool:
     fake model is made, not at each call)."""
     if not callable(step) or isinstance(step, type):
         return False
+    if not inspect.isfunction(step) or hasattr(step, "__wrapped__"):
+        return _signature_declares_options(step)
+    known = _code_declares_options.get(step.__code__)
+    if known is None:
+        known = _code_declares_options[step.__code__] = _signature_declares_options(step)
+    return known
+
+
+def _signature_declares_options(step: Callable[..., Any]) -> bool:
     try:
         return "options" in inspect.signature(step).parameters
     except (TypeError, ValueError):
@@ -245,10 +261,12 @@ class ScriptedModel(_Recording):
             )
         step = self._script[number - 1]
         signal_given = signal if self._with_signal else None
-        answer = await _answer(
+        response = _response(
             step, messages, tools, signal_given, options, self._takes_options[number - 1]
         )
-        return self._streamed(answer, options)
+        if inspect.isawaitable(response):
+            response = await response
+        return self._streamed(as_message(response), options)
 
 
 class FunctionModel(_Recording):
@@ -281,7 +299,9 @@ class FunctionModel(_Recording):
     ) -> AssistantMessage:
         self._record(messages, tools, options)
         signal_given = signal if self._with_signal else None
-        answer = await _answer(
+        response = _response(
             self._fn, messages, tools, signal_given, options, self._fn_takes_options
         )
-        return self._streamed(answer, options)
+        if inspect.isawaitable(response):
+            response = await response
+        return self._streamed(as_message(response), options)
