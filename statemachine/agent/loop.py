@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import cached_property, partial
 from typing import Any, Protocol
 
+from statemachine._log import library_logger
 from statemachine.agent.calls import FATAL, describe, fatal_in
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortController
@@ -160,7 +161,7 @@ class ActionLoop:
         inbox: Inbox,
         stream: EventStream,
         controller: AbortController,
-        log: Any,
+        log: Any | None,
         executor: Callable[[ActionLoop], Executor],
         on_handle: Callable[[Event], None] | None = None,
     ) -> None:
@@ -186,9 +187,10 @@ class ActionLoop:
 
     @cached_property
     def log(self) -> Any:
-        """The run's logger, the run id bound: made when first used (most runs log
-        nothing of their own)."""
-        return self._base_log.bind(run_id=self.engine.run_id)
+        """The run's logger (``log``, or the library's when ``None``), the run id bound:
+        made when first used (most runs log nothing of their own)."""
+        base = self._base_log if self._base_log is not None else library_logger()
+        return base.bind(run_id=self.engine.run_id)
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""

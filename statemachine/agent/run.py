@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from statemachine._log import library_logger
 from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
@@ -160,7 +159,6 @@ class AgentRun(Generic[OutputT]):
         model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
         output = compile_output(output_type, output_retries, output_mode, model)
-        base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
@@ -170,7 +168,7 @@ class AgentRun(Generic[OutputT]):
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
             run_id=run_id or secrets.token_hex(6),
-            logger=base,
+            logger=logger,
         )
         # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
         engine.check_permissions = before_tool_call is not None
@@ -187,7 +185,7 @@ class AgentRun(Generic[OutputT]):
         self._tools = {t.name: t for t in tools}
         self._hooks = _hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
-        self._log = base  # the action loop binds the run id, if it ever logs
+        self._log = logger  # None: the library's; the action loop binds the run id if it logs
         self._user_signal = signal  # None: the run is aborted by its handle only
         self._not_started()
 
