@@ -10,6 +10,7 @@ import gc
 import inspect
 import weakref
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ import statemachine as sm
 from statemachine.agent.model import CallOptions, takes_options
 from statemachine.core.engine import Engine
 from statemachine.testing import FunctionModel, ScriptedModel
+
+_LIBRARY = str(Path(sm.__file__).parent)
 
 
 @sm.tool
@@ -211,3 +214,62 @@ def test_a_finished_run_leaves_no_cyclic_garbage() -> None:
 
     garbage = asyncio.run(main())
     assert [type(o).__name__ for o in garbage] == []
+
+
+class _Waiting:
+    """A client that waits in each call until released."""
+
+    def __init__(self) -> None:
+        self.inside = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(
+        self, messages: object, tools: object, signal: object
+    ) -> sm.AssistantMessage:
+        self.inside.set()
+        await self.release.wait()
+        return sm.AssistantMessage("done")
+
+
+@pytest.mark.timeout(30)
+def test_a_run_waiting_for_its_model_holds_only_the_drivers_own_coroutines() -> None:
+    async def main() -> list[str]:
+        model = _Waiting()
+        run = asyncio.ensure_future(sm.run_agent(model=model, tools=[echo], messages="go"))
+        await model.inside.wait()
+        waiting = sorted(
+            o.cr_code.co_qualname
+            for o in gc.get_objects()
+            if inspect.iscoroutine(o) and o.cr_code.co_filename.startswith(_LIBRARY)
+        )
+        model.release.set()
+        assert (await run).state is sm.TurnState.DONE
+        return waiting
+
+    # No wrapper of the model call (instructions, options) waits in a coroutine of its own.
+    assert asyncio.run(main()) == [
+        "ActionLoop.drive",
+        "AgentRun.run",
+        "AsyncioExecutor.call_model",
+        "RunInbox.get",
+        "run_agent",
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_a_run_that_logs_nothing_binds_no_logger_of_its_own() -> None:
+    binds: list[dict[str, object]] = []
+
+    class Recording:
+        def bind(self, **values: object) -> Recording:
+            binds.append(values)
+            return self
+
+        def __getattr__(self, level: str) -> Any:
+            return lambda *args, **kwargs: None
+
+    result = sm.run_agent_sync(
+        model=FunctionModel(_two_turns), tools=[echo], messages="go", logger=Recording()
+    )
+    assert result.state is sm.TurnState.DONE
+    assert binds == [{"run_id": result.run_id}]  # the engine's, for its transition log
