@@ -229,9 +229,11 @@ class ActionLoop:
         lets go of it. The executor refers back to the loop (operations report to it),
         so holding it on would make every finished run garbage that only the cycle
         collector frees."""
-        await self.executor.close()
-        self._closed = True
-        del self.executor
+        try:
+            await self.executor.close()
+        finally:
+            self._closed = True  # nothing asks the executor for anything from now on
+            del self.executor
 
     def _keep_late(self, event: Event) -> None:
         if isinstance(event, InputQueued):
