@@ -273,3 +273,27 @@ def test_a_run_that_logs_nothing_binds_no_logger_of_its_own() -> None:
     )
     assert result.state is sm.TurnState.DONE
     assert binds == [{"run_id": result.run_id}]  # the engine's, for its transition log
+
+
+def _answering_with_what_it_is_given() -> Any:
+    def answer(messages: object, tools: object, **extra: object) -> str:
+        options = extra.get("options")
+        return options.instructions or "" if isinstance(options, CallOptions) else "none given"
+
+    return answer
+
+
+def test_a_model_function_that_gives_its_own_signature_is_read_as_it_says() -> None:
+    def declared(messages: object, tools: object, *, options: CallOptions) -> None: ...
+
+    plain = _answering_with_what_it_is_given()
+    said = _answering_with_what_it_is_given()  # the same def, but it says it takes options
+    said.__signature__ = inspect.signature(declared)
+    signal = sm.AbortController().signal
+    given = CallOptions(instructions="sent")
+
+    async def calls() -> list[str]:
+        models = [FunctionModel(plain), FunctionModel(said), FunctionModel(plain)]
+        return [(await m.complete([], [], signal, options=given)).text for m in models]
+
+    assert asyncio.run(calls()) == ["none given", "sent", "none given"]

@@ -127,8 +127,9 @@ def _response(
 
 
 # A plain function's parameter names are those of its code, which every closure made
-# from one ``def`` shares: a fake model made per run reads its signature once. Weak
-# keys, so that the code of a function dropped (a test's) is freed.
+# from one ``def`` shares: a fake model made per run reads its signature once (one
+# with ``__wrapped__`` or ``__signature__`` is read each time, as ``inspect`` reads
+# it). Weak keys, so that the code of a function dropped (a test's) is freed.
 _code_declares_options: weakref.WeakKeyDictionary[CodeType, bool] = weakref.WeakKeyDictionary()
 
 
@@ -137,7 +138,11 @@ def _declares_options(step: Step) -> bool:
     fake model is made, not at each call)."""
     if not callable(step) or isinstance(step, type):
         return False
-    if not inspect.isfunction(step) or hasattr(step, "__wrapped__"):
+    if (
+        not inspect.isfunction(step)
+        or hasattr(step, "__wrapped__")
+        or hasattr(step, "__signature__")
+    ):
         return _signature_declares_options(step)
     known = _code_declares_options.get(step.__code__)
     if known is None:
