@@ -194,6 +194,30 @@ def test_a_run_with_instructions_from_a_function_is_freed_likewise(collector_off
     assert engines[0]() is None
 
 
+def _provider_down(messages: object, tools: object) -> str:
+    raise RuntimeError("provider down")
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_run_is_freed_once_its_result_is_dropped(collector_off: None) -> None:
+    engines: list[weakref.ref[Engine]] = []
+    causes: list[BaseException | None] = []
+
+    async def main() -> None:
+        run = _run(model=FunctionModel(_provider_down))
+        engines.append(weakref.ref(run.engine))
+        result = await run.run()
+        assert result.state is sm.TurnState.FAILED
+        assert result.error is not None
+        causes.append(result.error.__cause__)  # the client's exception, traceback and all
+
+    asyncio.run(main())
+    assert isinstance(causes[0], RuntimeError) and causes[0].__traceback__ is not None
+    assert engines[0]() is not None  # its traceback's frames still hold the run
+    causes.clear()
+    assert engines[0]() is None
+
+
 @pytest.mark.timeout(30)
 def test_a_finished_run_leaves_no_cyclic_garbage() -> None:
     async def one() -> None:

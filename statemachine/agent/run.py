@@ -386,6 +386,8 @@ class AgentRun(Generic[OutputT]):
         error = run_error(state, explanation)
         if error is not None and state is TurnState.FAILED:
             error.__cause__ = loop.model_exception
+        # Handed over, not kept: its traceback holds the executor, which holds the loop.
+        loop.model_exception = None
         result_messages = tuple(engine.messages)
         return RunResult(
             state=state,
