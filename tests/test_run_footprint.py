@@ -212,7 +212,8 @@ def test_a_failed_run_is_freed_once_its_result_is_dropped(collector_off: None) -
         causes.append(result.error.__cause__)  # the client's exception, traceback and all
 
     asyncio.run(main())
-    assert isinstance(causes[0], RuntimeError) and causes[0].__traceback__ is not None
+    assert isinstance(causes[0], RuntimeError)
+    assert causes[0].__traceback__ is not None
     assert engines[0]() is not None  # its traceback's frames still hold the run
     causes.clear()
     assert engines[0]() is None
