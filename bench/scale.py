@@ -18,7 +18,11 @@ What is reported, per contender and N:
 - peak RSS of the process, and the memory each *waiting* run holds: RSS when every
   run waits in its first model call, less RSS before any started, divided by N;
 - the ratio of wall time, lag p99 and memory per waiting run to the bare loop's at
-  the same N (the bare loop is the classic teaching loop over dicts: the limit);
+  the same N (the bare loop is the classic teaching loop over dicts: the limit), and
+  to the floor's: the same dict loop with each operation (the model call, each tool
+  call) an asyncio task of its own that reports into an inbox, which is what a loop
+  needs to return within a grace period after an abort whatever a tool does (a tool
+  awaited in the loop's own task could hold it forever);
 - the garbage collector's share: the time spent in collections (``gc.callbacks``, as a
   share of the CPU time) and how many were full ones (generation 2), which scan every
   object of the process. The collector is observed, never configured, for every
@@ -210,6 +214,71 @@ async def bare_run(index: int, turns: int, latency: float, gate: Gate) -> None:
         raise RuntimeError(f"bare run {index} did not do the workload")
 
 
+async def tasked_run(index: int, turns: int, latency: float, gate: Gate) -> None:
+    """The dict loop with what a loop needs to abort a run within a grace period
+    whatever its tools do: each operation (the model call, each tool call) is an
+    asyncio task of its own, which reports into the run's inbox, read one event at a
+    time. What it costs over ``bare_run`` is the floor of any driver so built."""
+
+    async def echo(arguments: Mapping[str, Any]) -> str:
+        return str(arguments["text"])
+
+    tools = {TOOL: echo}
+    inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+    running: set[asyncio.Task[None]] = set()  # referenced until done, as asyncio asks
+
+    def start(operation: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(operation)
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    async def call_model(turn: int) -> None:
+        if turn == 0:
+            gate.first_call()
+        await asyncio.sleep(latency)
+        if turn < turns - 1:
+            block = {"type": "toolCall", "id": f"c{turn}", "name": TOOL, "arguments": {}}
+            block["arguments"] = {"text": f"{index}:{turn}"}
+            inbox.put_nowait(("model", {"role": "assistant", "content": [block]}))
+        else:
+            text = {"type": "text", "text": "done"}
+            inbox.put_nowait(("model", {"role": "assistant", "content": [text]}))
+
+    async def call_tool(call: dict[str, Any]) -> None:
+        tool = tools.get(call["name"])
+        text = await tool(call["arguments"]) if tool else f"Unknown tool: {call['name']}"
+        result = {
+            "role": "toolResult",
+            "toolCallId": call["id"],
+            "toolName": call["name"],
+            "isError": tool is None,
+            "content": [{"type": "text", "text": text}],
+        }
+        inbox.put_nowait(("tool", result))
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
+    turn, calls, results = 0, [], {}  # results by call id, added in call order
+    start(call_model(turn))
+    while True:
+        kind, message = await inbox.get()
+        if kind == "model":
+            messages.append(message)
+            calls = [b for b in message["content"] if b["type"] == "toolCall"]
+            if not calls:
+                break
+            for call in calls:
+                start(call_tool(call))
+            continue
+        results[message["toolCallId"]] = message
+        if len(results) == len(calls):
+            messages.extend(results[call["id"]] for call in calls)
+            turn, results = turn + 1, {}
+            start(call_model(turn))
+    results_seen = [m for m in messages if m["role"] == "toolResult"]
+    if len(results_seen) != turns - 1 or messages[-1]["content"][0]["text"] != "done":
+        raise RuntimeError(f"tasked run {index} did not do the workload")
+
+
 @sm.tool(name=TOOL, description="Return the text it is given.")
 async def _echo(text: str) -> str:
     return text
@@ -263,8 +332,10 @@ def peer(factory: Callable[[], Contender]) -> Maker:
 
 
 BASELINE = "bare async loop (dicts)"
+FLOOR = "bare loop, a task per operation (dicts)"
 CONTENDERS: dict[str, Maker] = {
     BASELINE: lambda: bare_run,
+    FLOOR: lambda: tasked_run,
     "statemachine run_agent": lambda: ours_run,
     PydanticAI.name: peer(PydanticAI),
     OpenAIAgents.name: peer(OpenAIAgents),
@@ -392,6 +463,29 @@ def growth_rows(cells: Sequence[Measurement | Missing]) -> list[str]:
     return rows
 
 
+def floor_rows(measured: Sequence[Measurement]) -> list[str]:
+    """Each contender's wall, lag p99 and memory per waiting run against the floor's
+    (a task per operation) at the same N; nothing if the floor was not measured."""
+    floor = {c.n: c for c in measured if c.contender == FLOOR}
+    rows = [
+        f"| {c.contender} | {c.n:,} | {_ratio(c.wall_s, floor[c.n].wall_s)} "
+        f"| {_ratio(c.lag_p99_ms, floor[c.n].lag_p99_ms)} "
+        f"| {_ratio(c.waiting_kib_per_run, floor[c.n].waiting_kib_per_run)} |"
+        for c in measured
+        if c.n in floor and c.contender not in (BASELINE, FLOOR)
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "Against the floor (the dict loop with a task per operation, at the same N):",
+        "",
+        "| contender | N | wall vs floor | lag p99 vs floor | KiB/run vs floor |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
+
+
 def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
     measured = [c for c in cells if isinstance(c, Measurement)]
     base = {c.n: c for c in measured if c.contender == BASELINE}
@@ -420,6 +514,7 @@ def render(cells: Sequence[Measurement | Missing], *, when: str) -> str:
             lines.append(f"| {c.contender} | {c.n:,} | {c.reason} |" + " |" * 13)
         else:
             lines.append(_row(c, base.get(c.n)))
+    lines += floor_rows(measured)
     growth = growth_rows(cells)
     if growth:
         lines += [

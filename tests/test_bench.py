@@ -159,7 +159,11 @@ def test_a_new_report_keeps_the_dated_sections_below_the_marker(
     assert "\n## " in real.split(harness.KEPT_MARKER)[1]
 
 
-SCALE_OURS = ("bare async loop (dicts)", "statemachine run_agent")
+SCALE_OURS = (
+    "bare async loop (dicts)",
+    "bare loop, a task per operation (dicts)",
+    "statemachine run_agent",
+)
 
 
 @pytest.mark.timeout(240)
@@ -188,7 +192,29 @@ def test_the_scale_benchmark_runs_every_contender_and_checks_each_run(tmp_path: 
         assert cell["waiting_kib_per_run"] >= 0
         assert f"| {name} | {n} | " in report
     assert "| statemachine run_agent | 3 → 20 |" in report
+    assert "| statemachine run_agent | 20 | " in report.split("Against the floor")[1]
     assert "<!-- Below: dated sections, kept" in report  # a rerun keeps the dated sections
+
+
+@pytest.mark.timeout(60)
+def test_the_scale_report_gives_each_contender_against_the_floor_at_the_same_n(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scale = _load("scale", monkeypatch)
+
+    def cell(name: str, n: int, wall: float, lag: float, kib: float) -> Any:
+        return scale.Measurement(name, n, 5, 0.1, wall, 1.0, 0.0, lag, 50.0, kib)
+
+    cells = [
+        cell(scale.BASELINE, 10, 1.0, 1.0, 1.0),
+        cell(scale.FLOOR, 10, 2.0, 4.0, 3.0),
+        cell("ours", 10, 5.0, 6.0, 6.0),
+        cell("ours", 100, 9.0, 9.0, 9.0),  # no floor measured at 100: no row
+    ]
+    rows = scale.floor_rows(cells)
+    assert rows[-1] == "| ours | 10 | 2.50x | 1.50x | 2.00x |"
+    assert sum(row.startswith("| ours |") for row in rows) == 1
+    assert scale.floor_rows(cells[:1] + cells[2:]) == []  # no floor, no table
 
 
 @pytest.mark.timeout(60)

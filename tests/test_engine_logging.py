@@ -1,6 +1,7 @@
 """The engine's logging: the transition log goes to every logger that keeps debug
-events (or cannot say), never to one that says it drops them; a replaced call id is
-logged with why. The library never configures logging (see ``test_engine.py``)."""
+events (or cannot say), never to one that says it drops them, and so does the end
+of a run at info; a replaced call id is logged with why. The library never configures
+logging (see ``test_engine.py``)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,27 @@ def test_a_replaced_call_id_is_logged_with_why_it_was_replaced() -> None:
         engine.handle(ModelResponded(AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)))
     replaced = [e for e in logs if e["event"] == "tool_call_id_normalised"]
     assert [(e["original"], e["reason"]) for e in replaced] == [("", "empty"), ("c1", "repeated")]
+
+
+class _WarningsOnly(_DroppingLogger):
+    def is_enabled_for(self, level: int) -> bool:
+        return level >= logging.WARNING
+
+
+def _finished(logger: object) -> Engine:
+    engine = Engine(tools=[ECHO], messages=[UserMessage("go")], logger=logger)
+    engine.handle(Start())
+    engine.handle(ModelResponded(AssistantMessage("done")))
+    assert engine.state is S.DONE
+    return engine
+
+
+@pytest.mark.timeout(30)
+def test_the_end_of_a_run_is_logged_only_to_a_logger_that_keeps_info() -> None:
+    quiet, listening, unaskable = _WarningsOnly(), _StructlogStyle(), _UnaskableLogger()
+    _finished(quiet)
+    _finished(listening)
+    _finished(unaskable)
+    assert "run_ended" not in quiet.events
+    assert listening.events.count("run_ended") == 1
+    assert unaskable.events.count("run_ended") == 1

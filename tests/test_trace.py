@@ -1,5 +1,5 @@
 """The transition log (statemachine.core.trace): a ``Trace`` reads as the list of its
-``TransitionRecord``."""
+``TransitionRecord``; the records the engine adds are shared by traces, within a bound."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 
+from statemachine.core import trace as trace_module
 from statemachine.core.table import Trigger, TurnState
 from statemachine.core.trace import Trace, TransitionRecord
 
@@ -112,3 +113,48 @@ def test_add_records_the_transition_as_a_record_of_its_fields() -> None:
     assert list(trace) == RECORDS
     assert all(type(record) is TransitionRecord for record in trace)
     assert trace[3].turn == 12_345_678
+
+
+def test_traces_that_take_the_same_transitions_share_their_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trace_module, "_SHARED", {})  # not full of other tests' records
+    first, second = Trace(), Trace()
+    for record in RECORDS:
+        first.add(*record)
+        second.add(*record)
+    assert first == second == RECORDS
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    assert type(first[0]) is TransitionRecord
+
+
+def test_the_shared_records_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_module, "_SHARED", {})
+    monkeypatch.setattr(trace_module, "SHARED_RECORDS_MAX", 3)
+    first, second = Trace(), Trace()
+    for turn in range(10):
+        first.add(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, turn)
+        second.add(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, turn)
+    assert len(trace_module._SHARED) == 3
+    expected = [TransitionRecord(S.AWAITING_MODEL, T.MODEL_RESPONDED, S.DONE, n) for n in range(10)]
+    assert first == second == expected
+    assert [a is b for a, b in zip(first, second, strict=True)] == [True] * 3 + [False] * 7
+
+
+def test_only_records_of_states_triggers_and_int_turns_are_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "Ready" equals S.READY and True equals 1, but they would be written out otherwise:
+    # such a record is not given to the traces that come after it.
+    monkeypatch.setattr(trace_module, "_SHARED", {})
+    odd = Trace()
+    odd.add("Ready", "start", "AwaitingModel", True)  # type: ignore[arg-type]
+    odd.add(S.READY, T.START, S.AWAITING_MODEL, 1.0)  # type: ignore[arg-type]
+    assert trace_module._SHARED == {}
+    trace = Trace()
+    trace.add(S.READY, T.START, S.AWAITING_MODEL, 1)
+    record = trace[0]
+    assert record.source is S.READY
+    assert record.trigger is T.START
+    assert type(record.turn) is int
+    assert list(trace_module._SHARED) == [record]

@@ -106,6 +106,14 @@ class Batch:
         self.slots: list[CallSlot] = []
         self.by_id: dict[str, CallSlot] = {}
         self.flushed = 0
+        self.reset(calls)
+
+    def reset(self, calls: Sequence[ToolCall] = ()) -> None:
+        """Hold ``calls`` instead (none: empty), none of them flushed. An engine keeps
+        one batch for its run and refills it each turn rather than making new ones."""
+        self.slots.clear()
+        self.by_id.clear()
+        self.flushed = 0
         for call in calls:
             slot = CallSlot(call)
             self.slots.append(slot)

@@ -149,21 +149,23 @@ applies (the engine then raises ``ProtocolError``). It is called before the stat
 changes, so ``engine.guard_holds`` still gives the values the engine decided on.
 Give it as ``Engine(transition_hook=...)`` or set ``engine.transition_hook``."""
 
+_NO_USAGE: Final = Usage()  # immutable: every engine starts from this one zero
+
 _GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
 _ENTRY_METHOD: Final = {state: f"_enter_{state.value}" for state in TurnState}
 
 
-def _debug_enabled(log: Any) -> bool:
-    """False only when the logger says, when the engine is made, that it drops debug
-    events: the transition events are then not built at all. structlog's filtering
-    loggers and the default stdlib-backed logger (``_log.library_logger``) can say so;
-    any other logger (structlog's lazy proxy follows configuration made later) is
-    given every event."""
+def _enabled(log: Any, level: int) -> bool:
+    """False only when the logger says, when the engine is made, that it drops events
+    of ``level``: those events are then not built at all (the transition log at debug,
+    the end of the run at info). structlog's filtering loggers and the default
+    stdlib-backed logger (``_log.library_logger``) can say so; any other logger
+    (structlog's lazy proxy follows configuration made later) is given every event."""
     ask = getattr(type(log), "is_enabled_for", None) or getattr(type(log), "isEnabledFor", None)
     if ask is None:
         return True
     try:
-        return bool(ask(log, logging.DEBUG))
+        return bool(ask(log, level))
     except Exception:  # noqa: BLE001 - a logger we cannot ask is given everything
         return True
 
@@ -211,6 +213,7 @@ class Engine:
     transition_hook: TransitionHook | None
     _log: Any
     _debug: bool  # whether the logger keeps debug events (the transition log)
+    _info: bool  # whether it keeps info events (the end of the run)
     # record
     _history: list[Message]
     trace: Trace
@@ -300,7 +303,8 @@ class Engine:
         self.run_id = run_id
         self.transition_hook = transition_hook
         self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
-        self._debug = _debug_enabled(self._log)
+        self._debug = _enabled(self._log, logging.DEBUG)
+        self._info = _enabled(self._log, logging.INFO)
         self._history = history
         self.trace = Trace()
         self._seen_ids = {
@@ -308,7 +312,7 @@ class Engine:
         }
         self._state = initial
         self.turns = 0
-        self.usage = Usage()
+        self.usage = _NO_USAGE
         self._model_outstanding = False
         self._batch = Batch()
         self._queue = InputQueue()
@@ -373,9 +377,10 @@ class Engine:
             raise ProtocolError(f"not an engine event: {event!r}")
         state = self._state
         if state in ABSORBING:
-            self._log.debug(
-                "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
-            )
+            if self._debug:
+                self._log.debug(
+                    "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
+                )
             return ()
         rows = rows_from(state, trigger)
         if not rows:
@@ -467,7 +472,7 @@ class Engine:
             message = self._renamed_ids(message)
             calls = message.tool_calls
         self._history.append(message)
-        self._batch = Batch(calls)
+        self._batch.reset(calls)
         output = self.output
         if output is not None and output.accepts(message) and self._state is S.AWAITING_MODEL:
             self.output_call = self.output_call or TEXT_OUTPUT  # native: the text (rule 13)
@@ -525,7 +530,9 @@ class Engine:
         changes. ``holds``: a guard known to hold (the one that fired an internal
         trigger), not asked again."""
         for row in rows:
-            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
+            guard = row.guard
+            # guard_holds, inlined: the engine asks about a dozen guards a turn
+            if guard is None or guard is holds or getattr(self, _GUARD_METHOD[guard])():
                 break
         else:
             self._no_row(rows[0].source, rows[0].trigger)
@@ -565,7 +572,7 @@ class Engine:
             # firing guard holds.
             rows_here = triggers_from(self._state)
             for trigger, guard in INTERNAL_TRIGGERS.items():
-                if trigger in rows_here and self.guard_holds(guard):
+                if trigger in rows_here and getattr(self, _GUARD_METHOD[guard])():
                     break
             else:
                 return  # none is due: settled
@@ -655,7 +662,7 @@ class Engine:
             self._output_remind = False
         self.turns += 1
         self._model_outstanding = True
-        self._batch = Batch()
+        self._batch.reset()
         offered = self._tools if self.output is None else self.output.offered(self._tools)
         self._actions.append(CallModel(HistoryView(self._history), offered, self.turns))
 
@@ -795,9 +802,10 @@ class Engine:
         """Entering a state that returns to the caller: explain it, announce it."""
         self.explanation = explanation
         self._actions.append(ReturnToCaller(self._state, explanation))
-        self._log.info(
-            "run_ended", turn=self.turns, state=self._state.value, explanation=explanation
-        )
+        if self._info:
+            self._log.info(
+                "run_ended", turn=self.turns, state=self._state.value, explanation=explanation
+            )
 
     def _flush(self) -> None:
         """Append the results that are next in call order (I2)."""
@@ -1044,6 +1052,7 @@ CONFIGURATION: Final = frozenset(
         "transition_hook",
         "_log",
         "_debug",
+        "_info",
     }
 )
 RECORD: Final = frozenset({"_history", "trace", "explanation", "_seen_ids"})

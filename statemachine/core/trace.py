@@ -4,13 +4,15 @@
 diagrams and the snapshot write them out, and ``EngineInvariantError.trace`` carries
 the ones that led to a broken table. A ``Trace`` reads as a list of records (length,
 indexing and slices, iteration, equality with a list or tuple of records) that only
-the engine appends to.
+the engine appends to. The records the engine writes are shared by the traces that
+take the same transition at the same turn (records are values: nothing tells them
+apart but ``is``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple, overload
+from typing import Final, NamedTuple, overload
 
 from statemachine.core.table import Trigger, TurnState
 
@@ -25,6 +27,27 @@ class TransitionRecord(NamedTuple):
     trigger: Trigger
     dest: TurnState
     turn: int
+
+
+# The records the engine writes are shared by every trace of the process: a record is an
+# immutable value, and runs take the same transitions at the same turns, so a run keeps
+# no record of its own for them (many runs waiting at once hold far fewer objects for
+# the garbage collector to scan). A record is a tuple, so the plain tuple of its fields
+# finds it. Only records of states, a trigger and an int enter (a "Ready" or a 1.0 is
+# equal to them, but would be written out otherwise). Bounded: once full, the records
+# not in it are made for each transition.
+_SHARED: dict[tuple[TurnState, Trigger, TurnState, int], TransitionRecord] = {}
+SHARED_RECORDS_MAX: Final = 1 << 12
+
+
+def _shareable(record: TransitionRecord) -> bool:
+    source, trigger, dest, turn = record
+    return (
+        source.__class__ is TurnState
+        and trigger.__class__ is Trigger
+        and dest.__class__ is TurnState
+        and turn.__class__ is int
+    )
 
 
 class Trace(Sequence[TransitionRecord]):
@@ -43,10 +66,16 @@ class Trace(Sequence[TransitionRecord]):
         self._records.append(record)
 
     def add(self, source: TurnState, trigger: Trigger, dest: TurnState, turn: int) -> None:
-        """Record the transition just taken (the engine's one write)."""
-        # _make (namedtuple's documented constructor from an iterable) skips the keyword
-        # handling of TransitionRecord(...): the engine makes one record per transition.
-        self._records.append(TransitionRecord._make((source, trigger, dest, turn)))
+        """Record the transition just taken (the engine's one write), as the record
+        other traces share when there is one (see ``_SHARED``): a record with these
+        fields, or equal to them."""
+        fields = (source, trigger, dest, turn)
+        record = _SHARED.get(fields)
+        if record is None:
+            record = TransitionRecord._make(fields)  # namedtuple's own, from a tuple
+            if len(_SHARED) < SHARED_RECORDS_MAX and _shareable(record):
+                _SHARED[record] = record
+        self._records.append(record)
 
     def copy(self) -> Trace:
         """An independent log with the same records (records are immutable)."""
