@@ -322,3 +322,52 @@ def test_a_model_function_that_gives_its_own_signature_is_read_as_it_says() -> N
         return [(await m.complete([], [], signal, options=given)).text for m in models]
 
     assert asyncio.run(calls()) == ["none given", "sent", "none given"]
+
+
+class _WaitingTogether:
+    """A client in whose first call ``runs`` runs wait until released."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+        self.arrived = 0
+        self.all_in = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(
+        self, messages: object, tools: object, signal: object
+    ) -> sm.AssistantMessage:
+        self.arrived += 1
+        if self.arrived == self.runs:
+            self.all_in.set()
+        await self.release.wait()
+        return sm.AssistantMessage("done")
+
+
+def _held_per_run(kind: type, runs: int = 50) -> float:
+    """How many objects of type ``kind`` each of ``runs`` runs holds while all of them
+    wait in their first model call (no hooks, no abort)."""
+
+    async def main() -> float:
+        model = _WaitingTogether(runs)
+        gc.collect()
+        before = sum(1 for o in gc.get_objects() if type(o) is kind)
+        tasks = [
+            asyncio.ensure_future(sm.run_agent(model=model, tools=[echo], messages="go"))
+            for _ in range(runs)
+        ]
+        await model.all_in.wait()
+        gc.collect()
+        held = (sum(1 for o in gc.get_objects() if type(o) is kind) - before) / runs
+        model.release.set()
+        for result in await asyncio.gather(*tasks):
+            assert result.state is sm.TurnState.DONE
+        return held
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
+    # The calls reported so far, and the engine's ids: the sets for hook calls and for
+    # calls abandoned after an abort are made only when there are some.
+    assert _held_per_run(set) <= 2

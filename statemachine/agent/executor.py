@@ -145,9 +145,14 @@ class AsyncioExecutor:
         self.hooks = hooks
         self.grace = grace
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
-        self.helpers: set[asyncio.Future[None]] = set()  # hooks and grace timers
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+
+    @cached_property
+    def helpers(self) -> set[asyncio.Future[None]]:
+        """The hook calls and grace timers under way (made with the first: most runs
+        ask no hook and are never aborted)."""
+        return set()
 
     @cached_property
     def hook_caller(self) -> HookCaller:

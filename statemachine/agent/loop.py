@@ -172,7 +172,6 @@ class ActionLoop:
         self._base_log = log
         self.on_handle = on_handle  # told of every event before the engine gets it
         self.reported: set[str] = set()  # keys whose one event has been queued
-        self.abandoned: set[str] = set()  # keys given up on at the end of the grace
         self.aborting = False
         self.returned = False  # the engine returned to the caller (told once)
         self.fatal: BaseException | None = None  # raised again once the run is closed
@@ -184,6 +183,12 @@ class ActionLoop:
         self._event_loop = asyncio.get_running_loop()
         self._closed = False  # close() has let go of the executor
         self.executor = executor(self)
+
+    @cached_property
+    def abandoned(self) -> set[str]:
+        """The keys given up on at the end of an abort's grace period (made when first
+        asked for: most runs are never aborted)."""
+        return set()
 
     @cached_property
     def log(self) -> Any:
@@ -243,7 +248,9 @@ class ActionLoop:
         """Hand ``event`` to the engine, tell the stream, perform the actions."""
         if self.on_handle is not None:
             self.on_handle(event)
-        if isinstance(event, (ToolFinished, ToolCancelled)):
+        if isinstance(event, ToolFinished):
+            self.stream.tool_ended(event, abandoned=False)
+        elif isinstance(event, ToolCancelled):
             self.stream.tool_ended(event, event.call_id in self.abandoned)
         engine = self.engine
         actions = engine.handle(event)
