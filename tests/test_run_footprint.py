@@ -258,15 +258,20 @@ class _Waiting:
 
 @pytest.mark.timeout(30)
 def test_a_run_waiting_for_its_model_holds_only_the_drivers_own_coroutines() -> None:
-    async def main() -> list[str]:
-        model = _Waiting()
-        run = asyncio.ensure_future(sm.run_agent(model=model, tools=[echo], messages="go"))
-        await model.inside.wait()
-        waiting = sorted(
-            o.cr_code.co_qualname
+    def library_coroutines() -> dict[int, str]:
+        return {
+            id(o): o.cr_code.co_qualname
             for o in gc.get_objects()
             if inspect.iscoroutine(o) and o.cr_code.co_filename.startswith(_LIBRARY)
-        )
+        }
+
+    async def main() -> list[str]:
+        model = _Waiting()
+        gc.collect()
+        before = library_coroutines()  # left by other tests, if any
+        run = asyncio.ensure_future(sm.run_agent(model=model, tools=[echo], messages="go"))
+        await model.inside.wait()
+        waiting = sorted(name for key, name in library_coroutines().items() if key not in before)
         model.release.set()
         assert (await run).state is sm.TurnState.DONE
         return waiting
@@ -371,3 +376,37 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
     # The calls reported so far, and the engine's ids: the sets for hook calls and for
     # calls abandoned after an abort are made only when there are some.
     assert _held_per_run(set) <= 2
+
+
+@pytest.mark.timeout(30)
+def test_a_run_waiting_for_its_model_holds_no_event_it_has_handled(collector_off: None) -> None:
+    results: list[weakref.ref[sm.ToolOutput]] = []
+
+    @sm.tool
+    async def look(text: str) -> sm.ToolOutput:
+        """Look it up."""
+        output = sm.ToolOutput(text)
+        results.append(weakref.ref(output))  # what the tool's ToolFinished carries
+        return output
+
+    async def main() -> list[bool]:
+        second = _Waiting()
+        calls = 0
+
+        async def answer(messages: object, tools: object) -> sm.AssistantMessage:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return sm.AssistantMessage((sm.ToolCall("c1", "look", {"text": "hi"}),))
+            return await second.complete(messages, tools, None)
+
+        run = asyncio.ensure_future(
+            sm.run_agent(model=FunctionModel(answer), tools=[look], messages="go")
+        )
+        await second.inside.wait()
+        alive = [ref() is not None for ref in results]
+        second.release.set()
+        assert (await run).state is sm.TurnState.DONE
+        return alive
+
+    assert asyncio.run(main()) == [False]  # its result is in the history, as a message

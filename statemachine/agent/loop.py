@@ -209,25 +209,28 @@ class ActionLoop:
             # that operation (or another thread) asked to be done on the next pass
             # is done before its report is handled, as it would have been then.
             await asyncio.sleep(0)
-            event = await inbox.get()
-            if self._later:
-                self._do_later()
-            first = self._abort_first
-            if first is not None:
-                # An abort goes ahead of what was already queued: a result queued
-                # before it must not start a new model call or tool call.
-                self._abort_first = None
-                self.handle(first)
-                if event is first:
-                    continue
-                if self._done:
-                    self._keep_late(event)
-                    break
-            self.handle(event)
+            self._take(await inbox.get())  # no frame holds an event while the next is awaited
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
             self._keep_late(inbox.get_nowait())
+
+    def _take(self, event: Event) -> None:
+        """Hand the engine ``event``, after what was asked to be done before it."""
+        if self._later:
+            self._do_later()
+        first = self._abort_first
+        if first is not None:
+            # An abort goes ahead of what was already queued: a result queued
+            # before it must not start a new model call or tool call.
+            self._abort_first = None
+            self.handle(first)
+            if event is first:
+                return
+            if self._done:
+                self._keep_late(event)
+                return
+        self.handle(event)
 
     async def close(self) -> None:
         """The run returned to its caller: the executor ends what is left, and the loop
