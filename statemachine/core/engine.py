@@ -530,9 +530,7 @@ class Engine:
         changes. ``holds``: a guard known to hold (the one that fired an internal
         trigger), not asked again."""
         for row in rows:
-            guard = row.guard
-            # guard_holds, inlined: the engine asks about a dozen guards a turn
-            if guard is None or guard is holds or getattr(self, _GUARD_METHOD[guard])():
+            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
                 break
         else:
             self._no_row(rows[0].source, rows[0].trigger)
@@ -572,7 +570,7 @@ class Engine:
             # firing guard holds.
             rows_here = triggers_from(self._state)
             for trigger, guard in INTERNAL_TRIGGERS.items():
-                if trigger in rows_here and getattr(self, _GUARD_METHOD[guard])():
+                if trigger in rows_here and self.guard_holds(guard):
                     break
             else:
                 return  # none is due: settled

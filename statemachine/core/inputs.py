@@ -45,19 +45,15 @@ def check_history(messages: Sequence[Message]) -> list[Message]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidInputError("messages must be a sequence of messages")
     history = list(messages)
-    calls_or_results = False  # user messages alone have nothing to pair (I1, I2)
     for i, message in enumerate(history):
-        if isinstance(message, UserMessage):
-            continue
-        if not isinstance(message, (AssistantMessage, ToolResultMessage)):
+        if not isinstance(message, (UserMessage, AssistantMessage, ToolResultMessage)):
             raise InvalidInputError(
                 f"messages[{i}] is a {type(message).__name__}, not a message "
                 "(use message_from_dict for wire dicts)"
             )
-        calls_or_results = True
     if not history:
         raise InvalidInputError("the history is empty: give at least one user message")
-    violations = history_violations(history) if calls_or_results else []
+    violations = history_violations(history)
     if violations:
         raise InvalidInputError("the history is invalid: " + "; ".join(str(v) for v in violations))
     last = history[-1]
