@@ -169,9 +169,9 @@ def takes_options(model: object) -> bool:
     return known
 
 
-def _declares_options(complete: object) -> bool:
+def _declares_options(complete: Any) -> bool:
     try:
-        parameters = inspect.signature(complete).parameters  # type: ignore[arg-type]
+        parameters = inspect.signature(complete).parameters
     except (TypeError, ValueError):
         return False
     return "options" in parameters
