@@ -38,6 +38,7 @@ from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
 from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
+from statemachine.agent.model_call import RunModel
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
@@ -133,7 +134,7 @@ class AsyncioExecutor:
         self,
         loop: ActionLoop,
         *,
-        model: ModelClient,
+        model: ModelClient | RunModel,
         tools: Mapping[str, Tool],
         hooks: Hooks,
         grace: float,
@@ -144,9 +145,14 @@ class AsyncioExecutor:
         self.hooks = hooks
         self.grace = grace
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
-        self.helpers: set[asyncio.Future[None]] = set()  # hooks and grace timers
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+
+    @cached_property
+    def helpers(self) -> set[asyncio.Future[None]]:
+        """The hook calls and grace timers under way (made with the first: most runs
+        ask no hook and are never aborted)."""
+        return set()
 
     @cached_property
     def hook_caller(self) -> HookCaller:

@@ -34,9 +34,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Protocol
 
+from statemachine._log import library_logger
 from statemachine.agent.calls import FATAL, describe, fatal_in
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortController
@@ -160,7 +161,7 @@ class ActionLoop:
         inbox: Inbox,
         stream: EventStream,
         controller: AbortController,
-        log: Any,
+        log: Any | None,
         executor: Callable[[ActionLoop], Executor],
         on_handle: Callable[[Event], None] | None = None,
     ) -> None:
@@ -168,10 +169,9 @@ class ActionLoop:
         self.inbox = inbox
         self.stream = stream
         self.controller = controller  # what tools and the model client hold
-        self.log = log
+        self._base_log = log
         self.on_handle = on_handle  # told of every event before the engine gets it
         self.reported: set[str] = set()  # keys whose one event has been queued
-        self.abandoned: set[str] = set()  # keys given up on at the end of the grace
         self.aborting = False
         self.returned = False  # the engine returned to the caller (told once)
         self.fatal: BaseException | None = None  # raised again once the run is closed
@@ -181,7 +181,21 @@ class ActionLoop:
         self._abort_first: AbortRequested | None = None  # handled before queued events
         self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
         self._event_loop = asyncio.get_running_loop()
+        self._closed = False  # close() has let go of the executor
         self.executor = executor(self)
+
+    @cached_property
+    def abandoned(self) -> set[str]:
+        """The keys given up on at the end of an abort's grace period (made when first
+        asked for: most runs are never aborted)."""
+        return set()
+
+    @cached_property
+    def log(self) -> Any:
+        """The run's logger (``log``, or the library's when ``None``), the run id bound:
+        made when first used (most runs log nothing of their own)."""
+        base = self._base_log if self._base_log is not None else library_logger()
+        return base.bind(run_id=self.engine.run_id)
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""
@@ -195,25 +209,39 @@ class ActionLoop:
             # that operation (or another thread) asked to be done on the next pass
             # is done before its report is handled, as it would have been then.
             await asyncio.sleep(0)
-            event = await inbox.get()
-            if self._later:
-                self._do_later()
-            first = self._abort_first
-            if first is not None:
-                # An abort goes ahead of what was already queued: a result queued
-                # before it must not start a new model call or tool call.
-                self._abort_first = None
-                self.handle(first)
-                if event is first:
-                    continue
-                if self._done:
-                    self._keep_late(event)
-                    break
-            self.handle(event)
+            self._take(await inbox.get())  # no frame holds an event while the next is awaited
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
             self._keep_late(inbox.get_nowait())
+
+    def _take(self, event: Event) -> None:
+        """Hand the engine ``event``, after what was asked to be done before it."""
+        if self._later:
+            self._do_later()
+        first = self._abort_first
+        if first is not None:
+            # An abort goes ahead of what was already queued: a result queued
+            # before it must not start a new model call or tool call.
+            self._abort_first = None
+            self.handle(first)
+            if event is first:
+                return
+            if self._done:
+                self._keep_late(event)
+                return
+        self.handle(event)
+
+    async def close(self) -> None:
+        """The run returned to its caller: the executor ends what is left, and the loop
+        lets go of it. The executor refers back to the loop (operations report to it),
+        so holding it on would make every finished run garbage that only the cycle
+        collector frees."""
+        try:
+            await self.executor.close()
+        finally:
+            self._closed = True  # nothing asks the executor for anything from now on
+            del self.executor
 
     def _keep_late(self, event: Event) -> None:
         if isinstance(event, InputQueued):
@@ -223,7 +251,9 @@ class ActionLoop:
         """Hand ``event`` to the engine, tell the stream, perform the actions."""
         if self.on_handle is not None:
             self.on_handle(event)
-        if isinstance(event, (ToolFinished, ToolCancelled)):
+        if isinstance(event, ToolFinished):
+            self.stream.tool_ended(event, abandoned=False)
+        elif isinstance(event, ToolCancelled):
             self.stream.tool_ended(event, event.call_id in self.abandoned)
         engine = self.engine
         actions = engine.handle(event)
@@ -276,7 +306,7 @@ class ActionLoop:
     def abort(self, reason: str, urgent: bool = True) -> None:
         """Abort the run; ``urgent`` puts the abort ahead of the events already queued
         (a caller's abort), otherwise it follows them (an operation's own failure)."""
-        if self.aborting or self.returned:
+        if self.aborting or self.returned or self._closed:
             return
         self.aborting = True
         event = AbortRequested(reason)

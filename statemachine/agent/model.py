@@ -27,6 +27,7 @@ of ``ModelSettings`` field names); a setting outside it is refused the same way.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -148,11 +149,30 @@ class CallOptions:
     on_response: Callable[[str | None, str | None], None] | None = None
 
 
+# Read once per function: a client is often made per run, but its class's ``complete``
+# is one function. Weak keys, so that a class made and dropped (a test's) is freed.
+_options_known: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
 def takes_options(model: object) -> bool:
     """True if ``model.complete`` declares a parameter named ``options``."""
+    complete = getattr(model, "complete", None)
+    if not inspect.ismethod(complete):  # a function or callable set on the client itself
+        return _declares_options(complete)
+    function = complete.__func__
     try:
-        parameters = inspect.signature(model.complete).parameters  # type: ignore[attr-defined]
-    except (TypeError, ValueError, AttributeError):
+        known = _options_known.get(function)
+        if known is None:
+            known = _options_known[function] = _declares_options(complete)
+    except TypeError:  # a function that cannot be weakly referenced: read it each time
+        return _declares_options(complete)
+    return known
+
+
+def _declares_options(complete: Any) -> bool:
+    try:
+        parameters = inspect.signature(complete).parameters
+    except (TypeError, ValueError):
         return False
     return "options" in parameters
 

@@ -64,7 +64,9 @@ def check_instructions(instructions: object) -> None:
 
 
 class RunModel:
-    """A ``ModelClient`` that calls ``client`` with this run's ``CallOptions``."""
+    """Calls ``client`` with this run's ``CallOptions`` (``complete`` as a
+    ``ModelClient``'s, returning what to await). ``context`` makes the run's
+    ``RunContext``, for instructions given by a function (``None`` for others)."""
 
     def __init__(
         self,
@@ -72,7 +74,7 @@ class RunModel:
         instructions: Instructions | None,
         settings: ModelSettings,
         stream: EventStream,
-        context: Callable[[], RunContext[Any]],
+        context: Callable[[], RunContext[Any]] | None,
         engine: Engine | None = None,
     ) -> None:
         self.client = client
@@ -83,7 +85,9 @@ class RunModel:
             engine, "record_instructions", None
         )
         self._instructions = instructions
-        self._context = context
+        if callable(instructions) and context is None:
+            raise UsageError("instructions given by a function need the run's context")
+        self._context = context  # only for instructions given by a function
         schema = _native_schema(client, output)
         # Options for a client that takes them (none are made for one that does not):
         # the same for every call, unless a function gives the instructions.
@@ -101,19 +105,40 @@ class RunModel:
         self._fixed = None if callable(instructions) else self._base
         self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
 
-    async def complete(
+    def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
-    ) -> AssistantMessage:
+    ) -> Awaitable[AssistantMessage]:
+        """The client's answer, for the caller to await: no coroutine of this wrapper
+        stays alive across the model's wait, unless a function gives the instructions."""
         client = self.client
         base = self._base
         if base is None:  # a client without options
-            return await awaitable_answer(client, client.complete(messages, tools, signal))
-        options = self._fixed
-        if options is None:  # instructions from a function: asked again at every call
-            options = attrs.evolve(base, instructions=await self.instructions())
+            return awaitable_answer(client, client.complete(messages, tools, signal))
+        if self._fixed is None:  # instructions from a function: asked again at every call
+            return self._complete_asking(messages, tools, signal, base)
+        return self._send(messages, tools, signal, self._fixed)
+
+    async def _complete_asking(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        base: CallOptions,
+    ) -> AssistantMessage:
+        options = attrs.evolve(base, instructions=await self.instructions())
+        return await self._send(messages, tools, signal, options)
+
+    def _send(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        options: CallOptions,
+    ) -> Awaitable[AssistantMessage]:
         if self._note is not None:
             self._note(options.instructions)
-        return await awaitable_answer(
+        client = self.client
+        return awaitable_answer(
             client,
             client.complete(messages, tools, signal, options=options),  # type: ignore[call-arg]
         )
@@ -124,7 +149,11 @@ class RunModel:
         if given is None or isinstance(given, str):
             return given or None
         try:
-            value = given(self._context()) if self._function_takes_context else given()
+            if self._function_takes_context:
+                assert self._context is not None  # refused when made otherwise
+                value = given(self._context())
+            else:
+                value = given()
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:

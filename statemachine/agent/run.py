@@ -19,13 +19,12 @@ before the cancellation goes on.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from statemachine._log import library_logger
 from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
@@ -109,7 +108,8 @@ def _checked_call_options(
     if model_settings is not None and not isinstance(model_settings, ModelSettings):
         raise InvalidInputError("model_settings must be a ModelSettings")
     settings = model_settings or _NO_SETTINGS
-    check_settings(model, settings, instructions is not None)
+    if instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
+        check_settings(model, settings, instructions is not None)
     check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
     return settings
 
@@ -156,21 +156,19 @@ class AgentRun(Generic[OutputT]):
         previous_stats: RunStats | None = None,
         given: int | None = None,
     ) -> None:
-        messages = (UserMessage(messages),) if isinstance(messages, str) else messages
         model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
         output = compile_output(output_type, output_retries, output_mode, model)
-        base = logger if logger is not None else library_logger()
         engine = engine_factory(
             tools=[t.definition for t in tools],
-            messages=messages,
+            messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=max_turns,
             **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling={t.name: t.scheduling for t in tools},
-            run_id=run_id or uuid.uuid4().hex[:12],
-            logger=base,
+            run_id=run_id or secrets.token_hex(6),
+            logger=logger,
         )
         # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
         engine.check_permissions = before_tool_call is not None
@@ -180,14 +178,14 @@ class AgentRun(Generic[OutputT]):
         self._deps = deps
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
-        self._model: ModelClient = RunModel(
-            model, instructions, settings, self._stream, self.context, engine
-        )
+        # Given what a context is made of, not the run: a returned run is then no cycle.
+        context = partial(_context, engine, deps) if callable(instructions) else None
+        self._model = RunModel(model, instructions, settings, self._stream, context, engine)
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
         self._hooks = _hooks(before_tool_call, after_tool_call, should_continue, transform_context)
         self._grace = float(grace_period)
-        self._log = base.bind(run_id=self.run_id)
+        self._log = logger  # None: the library's; the action loop binds the run id if it logs
         self._user_signal = signal  # None: the run is aborted by its handle only
         self._not_started()
 
@@ -255,10 +253,7 @@ class AgentRun(Generic[OutputT]):
 
     def context(self) -> RunContext[Any]:
         """The run's context as it is now (what tools and hooks that ask receive)."""
-        engine = self.engine
-        return RunContext(
-            self._deps, self.run_id, engine.turns, engine.messages, current_tool_call()
-        )
+        return _context(self.engine, self._deps)
 
     def _add_child_stats(self, stats: Any) -> None:
         """A sub-agent's stats, counted in this run's (``note_child_stats``)."""
@@ -323,15 +318,7 @@ class AgentRun(Generic[OutputT]):
             on_handle=self._on_handle,
         )
         self._loop = loop
-        # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
-        # the signals that tools hold fire before the aborting code's next line.
-        remove = (
-            _nothing_to_remove
-            if self._user_signal is None
-            else self._user_signal.add_listener(
-                lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
-            )
-        )
+        remove = self._listen(loop)
         token = run_context(self)  # every task inherits it
         try:
             self._stream.run_started(self.run_id)
@@ -347,12 +334,23 @@ class AgentRun(Generic[OutputT]):
         finally:
             reset_run_context(token)
             remove()
-            await loop.executor.close()
+            await loop.close()
             self._outcome = self._result(loop)
             self._loop = None
         if loop.fatal is not None:
             raise loop.fatal
         return self._outcome
+
+    def _listen(self, loop: ActionLoop) -> Callable[[], None]:
+        """Abort ``loop`` when the caller's signal fires; what removes the listener."""
+        signal = self._user_signal
+        if signal is None:
+            return _nothing_to_remove
+        # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
+        # the signals that tools hold fire before the aborting code's next line.
+        return signal.add_listener(
+            lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
+        )
 
     def _first_events(self, loop: ActionLoop) -> None:
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run
@@ -388,6 +386,8 @@ class AgentRun(Generic[OutputT]):
         error = run_error(state, explanation)
         if error is not None and state is TurnState.FAILED:
             error.__cause__ = loop.model_exception
+        # Handed over, not kept: its traceback holds the executor, which holds the loop.
+        loop.model_exception = None
         result_messages = tuple(engine.messages)
         return RunResult(
             state=state,
@@ -407,6 +407,11 @@ class AgentRun(Generic[OutputT]):
             if self._output is not None and state is TurnState.DONE
             else None,
         )
+
+
+def _context(engine: Engine, deps: object) -> RunContext[Any]:
+    """The context of the run of ``engine`` as it is now."""
+    return RunContext(deps, engine.run_id, engine.turns, engine.messages, current_tool_call())
 
 
 def _nothing_to_remove() -> None:

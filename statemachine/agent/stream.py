@@ -113,7 +113,8 @@ class EventStream:
 
     def run_started(self, run_id: str) -> None:
         self._t0 = time.perf_counter()
-        self.emit(lambda: RunStarted(run_id))
+        if self._subscribers:
+            self.emit(RunStarted(run_id))
 
     def engine_moved(self, engine: Engine) -> None:
         """After each event: the new messages and transitions, and the turns timed."""
@@ -145,12 +146,13 @@ class EventStream:
 
     def text_delta(self, text: str) -> None:
         """A fragment of streamed text, from the model client."""
-        if text:
+        if text and self._subscribers:  # called for every fragment: nothing made for none
             self.emit(TextDelta(self._turn, text))
 
     def tool_call_delta(self, index: int, call_id: str, name: str, arguments: str) -> None:
         """A fragment of a streamed tool call's arguments, from the model client."""
-        self.emit(lambda: ToolCallDelta(self._turn, index, call_id, name, arguments))
+        if self._subscribers:
+            self.emit(ToolCallDelta(self._turn, index, call_id, name, arguments))
 
     def add_child(self, stats: RunStats) -> None:
         """Count a sub-agent's run (a tool of this run) in this run's stats."""

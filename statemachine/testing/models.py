@@ -37,11 +37,12 @@ in a script is raised by that call (a failing provider).
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import CodeType
 from typing import Any, TypeAlias
 
 import attrs
@@ -105,29 +106,53 @@ Step: TypeAlias = Response | type[BaseException] | ModelFunction
 """One step of a script: a response, an exception to raise, or a function deciding it."""
 
 
-async def _answer(
+def _response(
     step: Step,
     messages: Sequence[Message],
     tools: Sequence[ToolDefinition],
     signal: AbortSignal | None,
     options: CallOptions | None,
-) -> AssistantMessage:
-    if callable(step) and not isinstance(step, type):
-        extra: dict[str, CallOptions] = {}
-        if _declares_options(step):
-            extra["options"] = options if options is not None else CallOptions()
-        args = (messages, tools) if signal is None else (messages, tools, signal)
-        response = step(*args, **extra)
-        if inspect.isawaitable(response):
-            response = await response
-        return as_message(response)
-    return as_message(step)
+    takes_options: bool,
+) -> Response | type[BaseException] | Awaitable[Response]:
+    """What ``step`` answers, to be awaited if it is awaitable (no coroutine of the fake
+    model's own waits with it); ``takes_options``: a function step declares ``options``."""
+    if not callable(step) or isinstance(step, type):
+        return step
+    extra: dict[str, CallOptions] = {}
+    if takes_options:
+        extra["options"] = options if options is not None else CallOptions()
+    if signal is None:
+        return step(messages, tools, **extra)
+    return step(messages, tools, signal, **extra)
 
 
-@functools.lru_cache(maxsize=256)  # asked at every call; a function's signature is fixed
-def _declares_options(fn: ModelFunction) -> bool:
+# A plain function's parameter names are those of its code, which every closure made
+# from one ``def`` shares: a fake model made per run reads its signature once (one
+# with ``__wrapped__`` or ``__signature__`` is read each time, as ``inspect`` reads
+# it). Weak keys, so that the code of a function dropped (a test's) is freed.
+_code_declares_options: weakref.WeakKeyDictionary[CodeType, bool] = weakref.WeakKeyDictionary()
+
+
+def _declares_options(step: Step) -> bool:
+    """True if ``step`` is a function with a parameter named ``options`` (read when the
+    fake model is made, not at each call)."""
+    if not callable(step) or isinstance(step, type):
+        return False
+    if (
+        not inspect.isfunction(step)
+        or hasattr(step, "__wrapped__")
+        or hasattr(step, "__signature__")
+    ):
+        return _signature_declares_options(step)
+    known = _code_declares_options.get(step.__code__)
+    if known is None:
+        known = _code_declares_options[step.__code__] = _signature_declares_options(step)
+    return known
+
+
+def _signature_declares_options(step: Callable[..., Any]) -> bool:
     try:
-        return "options" in inspect.signature(fn).parameters
+        return "options" in inspect.signature(step).parameters
     except (TypeError, ValueError):
         return False
 
@@ -216,6 +241,7 @@ class ScriptedModel(_Recording):
     ) -> None:
         super().__init__(record, stream, native_output)
         self._script = list(responses)
+        self._takes_options = [_declares_options(step) for step in self._script]
         self._with_signal = with_signal
 
     @property
@@ -240,7 +266,12 @@ class ScriptedModel(_Recording):
             )
         step = self._script[number - 1]
         signal_given = signal if self._with_signal else None
-        return self._streamed(await _answer(step, messages, tools, signal_given, options), options)
+        response = _response(
+            step, messages, tools, signal_given, options, self._takes_options[number - 1]
+        )
+        if inspect.isawaitable(response):
+            response = await response
+        return self._streamed(as_message(response), options)
 
 
 class FunctionModel(_Recording):
@@ -260,6 +291,7 @@ class FunctionModel(_Recording):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
         super().__init__(record, stream, native_output)
         self._fn = fn
+        self._fn_takes_options = _declares_options(fn)
         self._with_signal = with_signal
 
     async def complete(
@@ -272,6 +304,9 @@ class FunctionModel(_Recording):
     ) -> AssistantMessage:
         self._record(messages, tools, options)
         signal_given = signal if self._with_signal else None
-        return self._streamed(
-            await _answer(self._fn, messages, tools, signal_given, options), options
+        response = _response(
+            self._fn, messages, tools, signal_given, options, self._fn_takes_options
         )
+        if inspect.isawaitable(response):
+            response = await response
+        return self._streamed(as_message(response), options)
