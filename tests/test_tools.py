@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import gc
 import re
 import threading
 from typing import Any, Literal, Optional
@@ -628,3 +629,20 @@ def test_validation_never_fetches_a_reference(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(referencing.exceptions.Unresolvable, match="Unresolvable"):
         list(evolved.iter_errors(1))
     assert fetched == []
+
+
+@pytest.mark.timeout(30)
+def test_checking_a_schemas_references_leaves_no_cyclic_garbage() -> None:
+    # Checked for every run's tools: what the check makes is freed by reference counting.
+    parameters = {**_object(a={"$ref": "#/$defs/n"}), **_INTEGER_DEF}
+    sm.ToolDefinition("warm", "", parameters)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        sm.ToolDefinition("count", "", parameters)
+        gc.collect()
+        garbage = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert garbage == []

@@ -230,25 +230,33 @@ def _check_acyclic(
 ) -> None:
     """Depth-first over what each reference reaches; a target met again on the
     current path is a recursive schema."""
-    done: set[_Pointer] = set()
-    path: list[_Pointer] = []
+    _visit((), schema, anchors, refuse, path=[], done=set())
 
-    def visit(target: _Pointer) -> None:
-        path.append(target)
-        node: Any = schema
-        for token in target:
-            node = node[token]
-        for at, sub in _subschemas(node, target, definitions=False):
-            for ref in (sub[k] for k in _REF_KEYWORDS if isinstance(sub.get(k), str)):
-                inner = _ref_target(ref, schema, anchors)
-                if inner in path:
-                    raise refuse(ref, at, "makes the schema recursive")
-                if inner is not None and inner not in done:
-                    visit(inner)
-        path.pop()
-        done.add(target)
 
-    visit(())
+def _visit(
+    target: _Pointer,
+    schema: Mapping[str, Any],
+    anchors: Mapping[str, _Pointer],
+    refuse: Callable[[str, _Pointer, str], InvalidInputError],
+    *,
+    path: list[_Pointer],
+    done: set[_Pointer],
+) -> None:
+    """One step of ``_check_acyclic`` (a module function: a closure calling itself is a
+    reference cycle that only the cycle collector frees)."""
+    path.append(target)
+    node: Any = schema
+    for token in target:
+        node = node[token]
+    for at, sub in _subschemas(node, target, definitions=False):
+        for ref in (sub[k] for k in _REF_KEYWORDS if isinstance(sub.get(k), str)):
+            inner = _ref_target(ref, schema, anchors)
+            if inner in path:
+                raise refuse(ref, at, "makes the schema recursive")
+            if inner is not None and inner not in done:
+                _visit(inner, schema, anchors, refuse, path=path, done=done)
+    path.pop()
+    done.add(target)
 
 
 _FAST_TYPES: dict[str, Callable[[Any], bool]] = {
