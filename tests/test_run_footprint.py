@@ -378,6 +378,15 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
     assert _held_per_run(set) <= 2
 
 
+@pytest.mark.timeout(60)
+def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
+    # No input queued before or during the run, no abort listener, every tool's calls
+    # free to run beside the others: no list, dict or scheduling is made for them (the
+    # lists left are the history, the trace, the batch and the like).
+    assert _held_per_run(list) <= 6.5
+    assert _held_per_run(dict) <= 3.5
+
+
 @pytest.mark.timeout(30)
 def test_a_run_waiting_for_its_model_holds_no_event_it_has_handled(collector_off: None) -> None:
     results: list[weakref.ref[sm.ToolOutput]] = []

@@ -41,7 +41,7 @@ from statemachine.agent.model_call import Instructions, RunModel, check_instruct
 from statemachine.agent.output import Output, OutputMode, compile_output
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
-from statemachine.agent.tools import Tool
+from statemachine.agent.tools import Tool, scheduling_of
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
@@ -166,7 +166,7 @@ class AgentRun(Generic[OutputT]):
             **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
-            scheduling={t.name: t.scheduling for t in tools},
+            scheduling=scheduling_of(tools),
             run_id=run_id or secrets.token_hex(6),
             logger=logger,
         )
@@ -200,7 +200,7 @@ class AgentRun(Generic[OutputT]):
         # While run() runs: the action loop, bound to the event loop's thread.
         self._loop: ActionLoop | None = None
         self._loop_thread = 0
-        self._early: list[Event] = []  # input and aborts before run() started
+        self._early: list[Event] | None = None  # input and aborts before run(); None: none
         self._started = False
         self._outcome: RunResult[OutputT] | None = None
 
@@ -227,7 +227,7 @@ class AgentRun(Generic[OutputT]):
         loop = self._loop
         if loop is None:
             if not self._started:
-                self._early.append(AbortRequested(text))
+                self._early = [*(self._early or ()), AbortRequested(text)]
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
@@ -272,7 +272,7 @@ class AgentRun(Generic[OutputT]):
             )
         event = InputQueued(message, kind)
         if loop is None:
-            self._early.append(event)
+            self._early = [*(self._early or ()), event]
         else:
             # From a tool, hook or model client of this run (the loop's own thread):
             # queued now, so it is ahead of the event that the calling operation
@@ -356,8 +356,9 @@ class AgentRun(Generic[OutputT]):
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run
         goes on with), and what was queued before ``run()``; or, if it was aborted
         already, the abort."""
-        early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
-        early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
+        early = self._early or ()
+        early_inputs = [e for e in early if isinstance(e, InputQueued)]
+        early_abort = next((e for e in early if isinstance(e, AbortRequested)), None)
         signal = self._user_signal
         if (signal is None or not signal.aborted) and early_abort is None:
             first: list[Event] = (
