@@ -381,7 +381,7 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
-    # No input queued before or during the run, no abort listener, every tool's calls
+    # No input queued during the run, no abort listener, every tool's calls
     # free to run beside the others: no list, dict or scheduling is made for them (the
     # sequences left are the history, the trace, the batch, the inbox and the like).
     assert _held_per_run(list) + _held_per_run(deque) <= 8.5

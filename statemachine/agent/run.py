@@ -200,7 +200,7 @@ class AgentRun(Generic[OutputT]):
         # While run() runs: the action loop, bound to the event loop's thread.
         self._loop: ActionLoop | None = None
         self._loop_thread = 0
-        self._early: list[Event] | None = None  # input and aborts before run(); None: none
+        self._early: list[Event] = []  # input and aborts before run() started
         self._started = False
         self._outcome: RunResult[OutputT] | None = None
 
@@ -227,7 +227,7 @@ class AgentRun(Generic[OutputT]):
         loop = self._loop
         if loop is None:
             if not self._started:
-                self._early = [*(self._early or ()), AbortRequested(text)]
+                self._early.append(AbortRequested(text))
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
@@ -272,7 +272,7 @@ class AgentRun(Generic[OutputT]):
             )
         event = InputQueued(message, kind)
         if loop is None:
-            self._early = [*(self._early or ()), event]
+            self._early.append(event)
         else:
             # From a tool, hook or model client of this run (the loop's own thread):
             # queued now, so it is ahead of the event that the calling operation
@@ -356,9 +356,8 @@ class AgentRun(Generic[OutputT]):
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run
         goes on with), and what was queued before ``run()``; or, if it was aborted
         already, the abort."""
-        early = self._early or ()
-        early_inputs = [e for e in early if isinstance(e, InputQueued)]
-        early_abort = next((e for e in early if isinstance(e, AbortRequested)), None)
+        early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
+        early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
         signal = self._user_signal
         if (signal is None or not signal.aborted) and early_abort is None:
             first: list[Event] = (
