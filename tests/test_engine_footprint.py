@@ -5,6 +5,7 @@ transition records shared by the engines that take the same transitions."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -98,3 +99,36 @@ def test_engines_that_take_the_same_transitions_share_their_records(
     assert first.trace == second.trace
     assert len(first.trace) == 11
     assert all(a is b for a, b in zip(first.trace, second.trace, strict=True))
+
+
+class _WarningsOnly:
+    """A logger that keeps warnings and worse, and says so; records its binds."""
+
+    def __init__(self, binds: list[dict[str, object]], warned: list[str]) -> None:
+        self.binds, self.warned = binds, warned
+
+    def is_enabled_for(self, level: int) -> bool:
+        return level >= logging.WARNING
+
+    def bind(self, **values: object) -> _WarningsOnly:
+        self.binds.append(values)
+        return self
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.warned.append(event)
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_keeps_no_bound_logger_it_will_not_log_with_and_binds_one_to_warn() -> None:
+    binds: list[dict[str, object]] = []
+    warned: list[str] = []
+    engine = Engine(
+        tools=[ECHO], messages=[UserMessage("go")], run_id="r1", logger=_WarningsOnly(binds, warned)
+    )
+    engine.handle(Start())
+    _turn(engine, "a")
+    assert vars(engine).get("_log") is None  # only asked whether it logs, then let go
+    engine.handle(ModelResponded(AssistantMessage((ToolCall("", "echo", {"text": "x"}),))))
+    assert warned == ["tool_call_id_normalised"]
+    assert binds == [{"run_id": "r1"}, {"run_id": "r1"}]  # asked at construction, then to warn
+    assert engine.pending_calls()[0].id == "call_t2_0"

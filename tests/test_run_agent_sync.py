@@ -164,7 +164,7 @@ def test_a_signal_shared_by_many_runs_keeps_no_listener_of_a_finished_run() -> N
             signal=controller.signal,
         )
         assert result.state is S.DONE
-    assert controller.signal._listeners == []
+    assert not controller.signal._listeners  # none held
 
 
 @pytest.mark.timeout(30)

@@ -9,6 +9,7 @@ import functools
 import gc
 import inspect
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -376,6 +377,15 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
     # The calls reported so far, and the engine's ids: the sets for hook calls and for
     # calls abandoned after an abort are made only when there are some.
     assert _held_per_run(set) <= 2
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
+    # No input queued during the run, no abort listener, every tool's calls
+    # free to run beside the others: no list, dict or scheduling is made for them (the
+    # sequences left are the history, the trace, the batch, the inbox and the like).
+    assert _held_per_run(list) + _held_per_run(deque) <= 8.5
+    assert _held_per_run(dict) <= 3.5
 
 
 @pytest.mark.timeout(30)

@@ -52,7 +52,7 @@ from statemachine.agent.run import (
     continue_run,
 )
 from statemachine.agent.sync import refuse_running_loop, run_sync
-from statemachine.agent.tools import Tool
+from statemachine.agent.tools import Tool, scheduling_of
 from statemachine.core.abort import AbortSignal
 from statemachine.core.checks import positive_int
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
@@ -176,7 +176,7 @@ def _restore(
     check_tools(tools)
     engine = Engine.restore(
         snapshot,
-        scheduling={t.name: t.scheduling for t in tools},
+        scheduling=scheduling_of(tools),
         logger=logger,
         key=key,
         max_bytes=max_snapshot_bytes,

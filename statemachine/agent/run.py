@@ -41,7 +41,7 @@ from statemachine.agent.model_call import Instructions, RunModel, check_instruct
 from statemachine.agent.output import Output, OutputMode, compile_output
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
-from statemachine.agent.tools import Tool
+from statemachine.agent.tools import Tool, scheduling_of
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
@@ -166,7 +166,7 @@ class AgentRun(Generic[OutputT]):
             **_when_set(usage_limits, output),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
-            scheduling={t.name: t.scheduling for t in tools},
+            scheduling=scheduling_of(tools),
             run_id=run_id or secrets.token_hex(6),
             logger=logger,
         )

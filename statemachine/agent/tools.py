@@ -49,7 +49,7 @@ from statemachine.core.tools import (
 )
 from statemachine.errors import InvalidInputError, UsageError, WireFormatError
 
-__all__ = ["Tool", "tool", "tool_output_from"]
+__all__ = ["Tool", "scheduling_of", "tool", "tool_output_from"]
 
 
 @attrs.frozen
@@ -77,6 +77,13 @@ class Tool:
     @property
     def scheduling(self) -> Scheduling:
         return Scheduling(self.sequential, self.resources)
+
+
+def scheduling_of(tools: Sequence[Tool]) -> dict[str, Scheduling]:
+    """What the engine is told of how the calls of ``tools`` may run: a tool whose calls
+    run beside everything (the default) is left out, as the engine treats it the same,
+    so that most runs hold no scheduling of their own."""
+    return {t.name: t.scheduling for t in tools if t.sequential or t.resources is not None}
 
 
 # -- @tool: a Tool from a typed function -------------------------------------------------------

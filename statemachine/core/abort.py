@@ -33,7 +33,7 @@ class AbortSignal:
     def __init__(self) -> None:
         self._aborted = False
         self._reason: object = None
-        self._listeners: list[Listener] = []
+        self._listeners: list[Listener] | None = None  # made at the first: most runs add none
         self._lock = threading.Lock()
 
     @property
@@ -59,6 +59,8 @@ class AbortSignal:
         """
         with self._lock:
             if not self._aborted:
+                if self._listeners is None:
+                    self._listeners = []
                 self._listeners.append(listener)
                 return lambda: self._remove(listener)
         listener(self._reason)
@@ -66,10 +68,9 @@ class AbortSignal:
 
     def _remove(self, listener: Listener) -> None:
         with self._lock:
-            try:
+            # Removal is idempotent: the listener may be removed already, or fired.
+            if self._listeners is not None and listener in self._listeners:
                 self._listeners.remove(listener)
-            except ValueError:
-                pass  # already removed, or already fired: removal is idempotent
 
     def _fire(self, reason: object) -> None:
         with self._lock:
@@ -77,9 +78,9 @@ class AbortSignal:
                 return
             self._aborted = True
             self._reason = reason
-            listeners, self._listeners = self._listeners, []
+            listeners, self._listeners = self._listeners, None
         fatal: BaseException | None = None
-        for listener in listeners:
+        for listener in listeners or ():
             # A listener that raises must not keep the others from hearing the news.
             try:
                 listener(reason)

@@ -11,7 +11,7 @@ knows nothing of states or events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from statemachine.core.messages import (
@@ -69,9 +69,10 @@ class CallSlot:
         self.result = checked_result(call.id, call.name, (TextContent(text),), is_error)
         self.status = DONE
 
-    def classify(self, scheduling: Scheduling, log: Any) -> None:
+    def classify(self, scheduling: Scheduling, log: Callable[[], Any]) -> None:
         """Read the tool's scheduling for this call (rule 4). ``scheduling.resources``
-        is user code: if it raises, the call runs alone (slower, never racy)."""
+        is user code: if it raises, the call runs alone (slower, never racy), and
+        ``log()`` (the engine's logger) warns."""
         self.sequential = scheduling.sequential
         if scheduling.resources is None:
             return
@@ -80,7 +81,7 @@ class CallSlot:
             self.resources = frozenset(str(k) for k in keys)
         except Exception as exc:  # noqa: BLE001 - user code; fail safe, not open
             self.sequential = True
-            log.warning(
+            log().warning(
                 "resources_failed", call_id=self.call.id, tool=self.call.name, error=repr(exc)
             )
 

@@ -211,7 +211,10 @@ class Engine:
     check_continue: bool
     run_id: str
     transition_hook: TransitionHook | None
-    _log: Any
+    _logger: Any  # the logger given (None: the library's)
+    # It, the run id bound: bound at once if it keeps debug or info events, else when a
+    # warning needs it (most runs log nothing; a bound logger per waiting run adds up).
+    _log: Any = None
     _debug: bool  # whether the logger keeps debug events (the transition log)
     _info: bool  # whether it keeps info events (the end of the run)
     # record
@@ -302,9 +305,12 @@ class Engine:
         self.check_continue = check_continue
         self.run_id = run_id
         self.transition_hook = transition_hook
-        self._log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
-        self._debug = _enabled(self._log, logging.DEBUG)
-        self._info = _enabled(self._log, logging.INFO)
+        self._logger = logger
+        log = (logger if logger is not None else library_logger()).bind(run_id=run_id)
+        self._debug = _enabled(log, logging.DEBUG)
+        self._info = _enabled(log, logging.INFO)
+        if self._debug or self._info:
+            self._log = log  # used at every transition or at the end of the run
         self._history = history
         self.trace = Trace()
         self._seen_ids = {
@@ -318,6 +324,13 @@ class Engine:
         self._queue = InputQueue()
         self._event = None
         self._actions = []
+
+    def _bound_log(self) -> Any:
+        """The logger, the run id bound (for a warning: bound now if not yet)."""
+        if self._log is None:
+            base = self._logger if self._logger is not None else library_logger()
+            self._log = base.bind(run_id=self.run_id)
+        return self._log
 
     # -- what the caller reads -----------------------------------------------------
 
@@ -678,7 +691,7 @@ class Engine:
                 continue
             scheduling = self._scheduling.get(slot.call.name)
             if scheduling is not None:  # without one, a call runs beside everything
-                slot.classify(scheduling, self._log)
+                slot.classify(scheduling, self._bound_log)
             if self.check_permissions:
                 slot.status = WAITING_PERMISSION
                 self._actions.append(CheckPermission(slot.call, self.turns))
@@ -883,7 +896,7 @@ class Engine:
         while new_id in self._seen_ids:
             new_id = f"call_t{self.turns}_{index}_{suffix}"
             suffix += 1
-        self._log.warning(
+        self._bound_log().warning(
             "tool_call_id_normalised",
             turn=self.turns,
             original=call.id,
@@ -1048,6 +1061,7 @@ CONFIGURATION: Final = frozenset(
         "check_continue",
         "run_id",
         "transition_hook",
+        "_logger",
         "_log",
         "_debug",
         "_info",
