@@ -9,7 +9,6 @@ import functools
 import gc
 import inspect
 import weakref
-from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -383,8 +382,8 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
 def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
     # No input queued during the run, no abort listener, every tool's calls
     # free to run beside the others: no list, dict or scheduling is made for them (the
-    # sequences left are the history, the trace, the batch, the inbox and the like).
-    assert _held_per_run(list) + _held_per_run(deque) <= 8.5
+    # lists left are the history, the trace, the batch and the like).
+    assert _held_per_run(list) <= 6.5
     assert _held_per_run(dict) <= 3.5
 
 

@@ -32,6 +32,7 @@ the durable one (``statemachine.durable``) as recorded steps.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import cached_property, partial
 from typing import Any, Protocol
@@ -90,9 +91,7 @@ class RunInbox:
     __slots__ = ("_events", "_waiter")
 
     def __init__(self) -> None:
-        # A list, not a deque: it holds a few events at a time, and an empty deque keeps
-        # a block of 64 slots (with thousands of runs waiting, most of a run's memory).
-        self._events: list[Event] = []
+        self._events: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
@@ -107,7 +106,7 @@ class RunInbox:
     def get_nowait(self) -> Event:
         if not self._events:
             raise asyncio.QueueEmpty
-        return self._events.pop(0)
+        return self._events.popleft()
 
     async def get(self) -> Event:
         """The next event, once there is one."""
@@ -119,7 +118,7 @@ class RunInbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._events.pop(0)
+        return self._events.popleft()
 
 
 class Executor(Protocol):
@@ -180,7 +179,7 @@ class ActionLoop:
         self.late_input: tuple[InputQueued, ...] = ()  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
-        self._later: list[Callable[[], None]] = []  # what later() was asked (a list: see RunInbox)
+        self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
         self._event_loop = asyncio.get_running_loop()
         self._closed = False  # close() has let go of the executor
         self.executor = executor(self)
@@ -345,4 +344,4 @@ class ActionLoop:
     def _do_later(self) -> None:
         later = self._later
         while later:
-            later.pop(0)()
+            later.popleft()()
