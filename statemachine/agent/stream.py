@@ -72,13 +72,13 @@ class EventStream:
         # Tuples, grown by a new one: most runs have no subscriber and no sub-agent,
         # and an empty tuple is shared rather than one more object per run.
         self._subscribers: tuple[_Subscriber, ...] = ()
-        self._turn_seconds: tuple[float, ...] = ()  # likewise: a tuple of floats goes untracked
         self._closed = False  # RunReturned has been told
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
         self._t0 = time.perf_counter()
         self._turn_start: float | None = None
+        self._turn_seconds: list[float] = []
         # call id -> the call and when it started (None: never), until it ends
         self._calls: dict[str, tuple[ToolCall, float | None]] = {}
         self._tool_seconds: dict[str, float] = {}
@@ -137,7 +137,7 @@ class EventStream:
             elif self._turn_start is not None and record.dest in _TURN_ENDS:
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
-                self._turn_seconds += (seconds,)
+                self._turn_seconds.append(seconds)
                 if listening:
                     self.emit(TurnEnded(record.turn, seconds))
 
@@ -211,7 +211,7 @@ class EventStream:
             model_calls=self._model_calls,
             tool_calls=by_name,
             usage=usage,
-            turn_seconds=self._turn_seconds,
+            turn_seconds=tuple(self._turn_seconds),
             tool_seconds=dict(self._tool_seconds),
             wall_seconds=time.perf_counter() - self._t0,
         )

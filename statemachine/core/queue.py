@@ -9,8 +9,6 @@ ends is reported, never dropped (``queued``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from statemachine.core.events import InputKind, InputQueued
 from statemachine.core.messages import UserMessage
 
@@ -18,22 +16,18 @@ __all__ = ["InputQueue"]
 
 
 class InputQueue:
-    """Steering messages and follow-ups, each in the order they were queued.
-
-    Tuples, replaced when a message is queued or taken: most runs queue nothing, and
-    the empty tuple is no object of the run's own.
-    """
+    """Steering messages and follow-ups, each in the order they were queued."""
 
     __slots__ = ("follow_up", "steer")
 
     def __init__(
-        self, steer: Sequence[UserMessage] = (), follow_up: Sequence[UserMessage] = ()
+        self, steer: list[UserMessage] | None = None, follow_up: list[UserMessage] | None = None
     ) -> None:
-        self.steer: tuple[UserMessage, ...] = tuple(steer)
-        self.follow_up: tuple[UserMessage, ...] = tuple(follow_up)
+        self.steer: list[UserMessage] = steer if steer is not None else []
+        self.follow_up: list[UserMessage] = follow_up if follow_up is not None else []
 
     def copy(self) -> InputQueue:
-        return InputQueue(self.steer, self.follow_up)
+        return InputQueue(list(self.steer), list(self.follow_up))
 
     def __bool__(self) -> bool:
         return bool(self.steer or self.follow_up)
@@ -43,19 +37,19 @@ class InputQueue:
 
     def add(self, message: UserMessage, kind: InputKind) -> None:
         if kind is InputKind.FOLLOW_UP:
-            self.follow_up = (*self.follow_up, message)
+            self.follow_up.append(message)
         else:
-            self.steer = (*self.steer, message)
+            self.steer.append(message)
 
-    def take(self, *, model_would_finish: bool) -> tuple[UserMessage, ...]:
+    def take(self, *, model_would_finish: bool) -> list[UserMessage]:
         """What enters the history as a model call starts, removed from the queue:
         the steering messages; else, if the model would finish, the follow-ups."""
         if self.steer:
-            taken, self.steer = self.steer, ()
+            taken, self.steer = self.steer, []
         elif self.follow_up and model_would_finish:
-            taken, self.follow_up = self.follow_up, ()
+            taken, self.follow_up = self.follow_up, []
         else:
-            taken = ()
+            taken = []
         return taken
 
     def queued(self) -> tuple[InputQueued, ...]:
