@@ -14,7 +14,7 @@ import importlib.util
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from contenders import quiet_logger
 import statemachine as sm
 import statemachine.engine
 
-__all__ = ["Figure", "engine_transitions", "micro_figures", "parallel_tools"]
+__all__ = ["Figure", "engine_transitions", "micro_figures", "parallel_tools", "steer_flood"]
 
 
 @dataclass(frozen=True)
@@ -334,10 +334,54 @@ def conformance_figure(smoke: bool) -> list[Figure]:
     ]
 
 
+async def _flood(count: int) -> float:
+    """Seconds from the first of ``count`` steers, queued while the model waits, to the
+    end of the run that takes them all (checked: every one, in order)."""
+    release = asyncio.Event()
+
+    class Waits:
+        async def complete(
+            self, messages: Sequence[sm.Message], tools: object, signal: object
+        ) -> sm.AssistantMessage:
+            if len(messages) == 1:
+                await release.wait()
+                return sm.AssistantMessage("first")
+            return sm.AssistantMessage("done")
+
+    run = sm.AgentRun(model=Waits(), messages="go", max_turns=3, logger=quiet_logger())
+    task = asyncio.ensure_future(run.run())
+    await asyncio.sleep(0)
+    started = time.perf_counter()
+    for i in range(count):
+        run.steer(f"steer {i}")
+    release.set()
+    result = await task
+    seconds = time.perf_counter() - started
+    texts = [sm.UserMessage(f"steer {i}") for i in range(count)]
+    taken = [m for m in result.messages if isinstance(m, sm.UserMessage)][1:]
+    if not result.ok or taken != texts:
+        raise RuntimeError(f"the steer flood run lost or reordered input: {result.state.value}")
+    return seconds
+
+
+async def steer_flood(small: int, large: int) -> Figure:
+    """A flood of steers into one run: the cost per steer at two sizes and its growth
+    (1.0 is linear; a cost quadratic in the number queued shows as large / small)."""
+    per_small = await _flood(small) / small
+    per_large = await _flood(large) / large
+    return Figure(
+        f"steer flood, {small:,} → {large:,} steers queued while the model waits",
+        f"{per_large * 1e6:.1f} µs a steer",
+        f"{per_small * 1e6:.1f} µs a steer at {small:,}; growth {per_large / per_small:.2f} "
+        f"(target ≤ 1.5: linear; quadratic would be about {large / small:.0f})",
+    )
+
+
 async def micro_figures(smoke: bool) -> list[Figure]:
     turns, reps = (10, 1) if smoke else (10_000, 5)
     figures = [engine_transitions(turns, reps)[0]]
     figures.append(await parallel_tools(10, 0.01 if smoke else 0.1, 1 if smoke else 5))
+    figures.append(await (steer_flood(100, 1_000) if smoke else steer_flood(10_000, 100_000)))
     figures += _guarded(
         "journal append / replay events/s",
         "statemachine.journal._replay",

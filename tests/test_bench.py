@@ -100,6 +100,9 @@ def test_smoke_report_has_the_table_and_our_own_figures(smoke: dict[str, Any]) -
     rate = figures["sans-IO engine transitions/s"]["value"]
     assert float(rate.replace(",", "")) > 0
     assert any(name.startswith("10 tools") for name in figures)
+    flood = next(f for name, f in figures.items() if name.startswith("steer flood"))
+    assert "µs a steer" in flood["value"]
+    assert "growth" in flood["detail"]
 
 
 def test_problems_name_each_way_a_run_can_be_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -410,3 +413,23 @@ def test_a_peer_that_is_not_installed_is_reported_as_missing(
     monkeypatch.setitem(sys.modules, "pydantic_ai", None)  # its import now fails
     found = scale._one("PydanticAI (FunctionModel)", 2, 2, 0.001)
     assert found == {"missing": "not installed (pydantic_ai)"}
+
+
+@pytest.mark.timeout(60)
+def test_the_steer_flood_figure_fails_when_a_steer_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    micro = _load("micro", monkeypatch)
+    real = micro.sm.AgentRun.steer
+    seen = 0
+
+    def drops_the_fifth(self: Any, message: Any) -> None:
+        nonlocal seen
+        seen += 1
+        if seen != 5:
+            real(self, message)
+
+    assert asyncio.run(micro._flood(10)) > 0
+    monkeypatch.setattr(micro.sm.AgentRun, "steer", drops_the_fifth)
+    with pytest.raises(RuntimeError, match="lost or reordered"):
+        asyncio.run(micro._flood(10))
