@@ -65,13 +65,14 @@ _ENGINE_TESTS = (
     "tests/test_table.py tests/test_engine_rows.py tests/test_engine_logging.py "
     "tests/test_explanations.py tests/test_engine_hooks_and_batches.py "
     "tests/test_engine.py tests/test_engine_state.py tests/test_trace.py "
+    "tests/test_engine_footprint.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
     "tests/test_loop.py tests/test_executor.py tests/test_stream.py tests/test_hook_calls.py "
     "tests/test_resume.py tests/test_run_agent_sync.py tests/test_driver.py "
     "tests/test_driver_abort.py tests/test_driver_hooks_and_batches.py tests/test_abort.py "
-    "tests/test_driver_faults.py"
+    "tests/test_driver_faults.py tests/test_run_footprint.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
