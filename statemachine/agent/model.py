@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from types import CodeType
 from typing import Any, Protocol, cast, runtime_checkable
 
 import attrs
@@ -43,6 +44,7 @@ __all__ = [
     "ModelClient",
     "ModelSettings",
     "check_settings",
+    "declares_options",
     "takes_options",
 ]
 
@@ -149,29 +151,37 @@ class CallOptions:
     on_response: Callable[[str | None, str | None], None] | None = None
 
 
-# Read once per function: a client is often made per run, but its class's ``complete``
-# is one function. Weak keys, so that a class made and dropped (a test's) is freed.
-_options_known: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+# A function's parameter names are those of its code, which every closure made from one
+# ``def`` and every client of one class share: read once per code object, so a client
+# or fake model made per run reads no signature. Weak keys, so dropped code is freed. A
+# callable that gives its signature otherwise (``__wrapped__``, ``__signature__``, a
+# callable object) is read as ``inspect`` reads it, each time.
+_options_known: weakref.WeakKeyDictionary[CodeType, bool] = weakref.WeakKeyDictionary()
 
 
 def takes_options(model: object) -> bool:
     """True if ``model.complete`` declares a parameter named ``options``."""
-    complete = getattr(model, "complete", None)
-    if not inspect.ismethod(complete):  # a function or callable set on the client itself
-        return _declares_options(complete)
-    function = complete.__func__
-    try:
-        known = _options_known.get(function)
-        if known is None:
-            known = _options_known[function] = _declares_options(complete)
-    except TypeError:  # a function that cannot be weakly referenced: read it each time
-        return _declares_options(complete)
+    return declares_options(getattr(model, "complete", None))
+
+
+def declares_options(fn: object) -> bool:
+    """True if the callable ``fn`` declares a parameter named ``options``."""
+    function = fn.__func__ if inspect.ismethod(fn) else fn
+    if (
+        not inspect.isfunction(function)
+        or hasattr(function, "__wrapped__")
+        or hasattr(function, "__signature__")
+    ):
+        return _reads_options(fn)
+    known = _options_known.get(function.__code__)
+    if known is None:
+        known = _options_known[function.__code__] = _reads_options(fn)
     return known
 
 
-def _declares_options(complete: Any) -> bool:
+def _reads_options(fn: object) -> bool:
     try:
-        parameters = inspect.signature(complete).parameters
+        parameters = inspect.signature(fn).parameters  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
     return "options" in parameters

@@ -40,14 +40,12 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import CodeType
 from typing import Any, TypeAlias
 
 import attrs
 
-from statemachine.agent.model import CallOptions, ModelSettings
+from statemachine.agent.model import CallOptions, ModelSettings, declares_options
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
 from statemachine.core.tools import ToolDefinition
@@ -124,37 +122,6 @@ def _response(
     if signal is None:
         return step(messages, tools, **extra)
     return step(messages, tools, signal, **extra)
-
-
-# A plain function's parameter names are those of its code, which every closure made
-# from one ``def`` shares: a fake model made per run reads its signature once (one
-# with ``__wrapped__`` or ``__signature__`` is read each time, as ``inspect`` reads
-# it). Weak keys, so that the code of a function dropped (a test's) is freed.
-_code_declares_options: weakref.WeakKeyDictionary[CodeType, bool] = weakref.WeakKeyDictionary()
-
-
-def _declares_options(step: Step) -> bool:
-    """True if ``step`` is a function with a parameter named ``options`` (read when the
-    fake model is made, not at each call)."""
-    if not callable(step) or isinstance(step, type):
-        return False
-    if (
-        not inspect.isfunction(step)
-        or hasattr(step, "__wrapped__")
-        or hasattr(step, "__signature__")
-    ):
-        return _signature_declares_options(step)
-    known = _code_declares_options.get(step.__code__)
-    if known is None:
-        known = _code_declares_options[step.__code__] = _signature_declares_options(step)
-    return known
-
-
-def _signature_declares_options(step: Callable[..., Any]) -> bool:
-    try:
-        return "options" in inspect.signature(step).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _stream(message: AssistantMessage, options: CallOptions | None) -> None:
@@ -241,7 +208,10 @@ class ScriptedModel(_Recording):
     ) -> None:
         super().__init__(record, stream, native_output)
         self._script = list(responses)
-        self._takes_options = [_declares_options(step) for step in self._script]
+        self._takes_options = [
+            callable(step) and not isinstance(step, type) and declares_options(step)
+            for step in self._script
+        ]
         self._with_signal = with_signal
 
     @property
@@ -291,7 +261,7 @@ class FunctionModel(_Recording):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
         super().__init__(record, stream, native_output)
         self._fn = fn
-        self._fn_takes_options = _declares_options(fn)
+        self._fn_takes_options = declares_options(fn)
         self._with_signal = with_signal
 
     async def complete(
