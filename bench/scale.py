@@ -177,6 +177,30 @@ Run = Callable[[int, int, float, Gate], Awaitable[None]]
 Maker = Callable[[], Run]  # builds what the runs share (untimed), returns the run
 
 
+def _dict_answer(index: int, turn: int, turns: int) -> dict[str, Any]:
+    """The dict loops' model answer at ``turn``: a tool call, or "done" at the last."""
+    if turn < turns - 1:
+        block = {"type": "toolCall", "id": f"c{turn}", "name": TOOL, "arguments": {}}
+        block["arguments"] = {"text": f"{index}:{turn}"}
+        return {"role": "assistant", "content": [block]}
+    return {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+
+
+async def _dict_result(
+    call: dict[str, Any], tools: Mapping[str, Callable[[Mapping[str, Any]], Awaitable[str]]]
+) -> dict[str, Any]:
+    """The dict loops' tool result for ``call``."""
+    tool = tools.get(call["name"])
+    text = await tool(call["arguments"]) if tool else f"Unknown tool: {call['name']}"
+    return {
+        "role": "toolResult",
+        "toolCallId": call["id"],
+        "toolName": call["name"],
+        "isError": tool is None,
+        "content": [{"type": "text", "text": text}],
+    }
+
+
 async def bare_run(index: int, turns: int, latency: float, gate: Gate) -> None:
     """The classic loop over dicts: await the model, append, run each call in place."""
 
@@ -189,28 +213,13 @@ async def bare_run(index: int, turns: int, latency: float, gate: Gate) -> None:
         if turn == 0:
             gate.first_call()
         await asyncio.sleep(latency)
-        if turn < turns - 1:
-            block = {"type": "toolCall", "id": f"c{turn}", "name": TOOL, "arguments": {}}
-            block["arguments"] = {"text": f"{index}:{turn}"}
-            assistant: dict[str, Any] = {"role": "assistant", "content": [block]}
-        else:
-            assistant = {"role": "assistant", "content": [{"type": "text", "text": "done"}]}
+        assistant = _dict_answer(index, turn, turns)
         messages.append(assistant)
         calls = [b for b in assistant["content"] if b["type"] == "toolCall"]
         if not calls:
             break
         for call in calls:
-            tool = tools.get(call["name"])
-            text = await tool(call["arguments"]) if tool else f"Unknown tool: {call['name']}"
-            messages.append(
-                {
-                    "role": "toolResult",
-                    "toolCallId": call["id"],
-                    "toolName": call["name"],
-                    "isError": tool is None,
-                    "content": [{"type": "text", "text": text}],
-                }
-            )
+            messages.append(await _dict_result(call, tools))
     results = [m for m in messages if m["role"] == "toolResult"]
     if len(results) != turns - 1 or messages[-1]["content"][0]["text"] != "done":
         raise RuntimeError(f"bare run {index} did not do the workload")
@@ -238,25 +247,10 @@ async def tasked_run(index: int, turns: int, latency: float, gate: Gate) -> None
         if turn == 0:
             gate.first_call()
         await asyncio.sleep(latency)
-        if turn < turns - 1:
-            block = {"type": "toolCall", "id": f"c{turn}", "name": TOOL, "arguments": {}}
-            block["arguments"] = {"text": f"{index}:{turn}"}
-            inbox.put_nowait(("model", {"role": "assistant", "content": [block]}))
-        else:
-            text = {"type": "text", "text": "done"}
-            inbox.put_nowait(("model", {"role": "assistant", "content": [text]}))
+        inbox.put_nowait(("model", _dict_answer(index, turn, turns)))
 
     async def call_tool(call: dict[str, Any]) -> None:
-        tool = tools.get(call["name"])
-        text = await tool(call["arguments"]) if tool else f"Unknown tool: {call['name']}"
-        result = {
-            "role": "toolResult",
-            "toolCallId": call["id"],
-            "toolName": call["name"],
-            "isError": tool is None,
-            "content": [{"type": "text", "text": text}],
-        }
-        inbox.put_nowait(("tool", result))
+        inbox.put_nowait(("tool", await _dict_result(call, tools)))
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
     turn, calls, results = 0, [], {}  # results by call id, added in call order
