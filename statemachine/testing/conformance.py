@@ -29,6 +29,7 @@ from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiab
 
 from statemachine.core.checks import positive_int
 from statemachine.core.messages import Message, StopReason
+from statemachine.errors import NotExpressibleError
 from statemachine.testing.clock import runner_for
 from statemachine.testing.properties import PROPERTY_TITLES, check_record
 from statemachine.testing.runner import run_scenario_async
@@ -52,14 +53,6 @@ from statemachine.testing.strategies import scenarios as default_scenarios
 from statemachine.testing.transcript import render_transcript
 
 __all__ = ["ConformanceReport", "Failure", "NotExpressibleError", "run_conformance"]
-
-
-class NotExpressibleError(Exception):
-    """Raised by an adapter when a scenario asks for something its peer cannot express
-    (a stop reason its model interface has no value for, an abort it has no way to
-    receive). The run is set aside, not judged: the report counts such scenarios with
-    the reason, and the search goes on. Raise this class itself (not a subclass), from
-    the adapter's model or loop, with a sentence that says what the peer lacks."""
 
 
 _NOT_EXPRESSIBLE = f"{NotExpressibleError.__name__}: "
