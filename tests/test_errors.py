@@ -191,14 +191,14 @@ def test_no_other_module_exports_an_exception_of_its_own() -> None:
             continue  # a private module's exceptions are its package's own business
         tree = ast.parse(path.read_text(encoding="utf-8"))
         exported: set[str] = set()
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        for statement in tree.body:
+            if isinstance(statement, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets
             ):
-                exported = set(ast.literal_eval(node.value))
+                exported = set(ast.literal_eval(statement.value))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name in exported:
-                bases = {b.id if isinstance(b, ast.Name) else "" for b in node.bases}
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
                 bases |= {b.attr for b in node.bases if isinstance(b, ast.Attribute)}
                 if bases & bases_of_errors:
                     found.append(f"{path.relative_to(package)}: {node.name}")
