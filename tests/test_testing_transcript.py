@@ -794,7 +794,11 @@ def test_strict_makes_a_responses_output_after_a_message_item_an_error() -> None
 
 
 def test_strict_rules_are_each_documented() -> None:
-    assert set(STRICT_RULES) == {"anthropic-id-reuse", "responses-output-after-message"}
+    assert set(STRICT_RULES) == {
+        "anthropic-id-reuse",
+        "converse-tool-result-with-content",
+        "responses-output-after-message",
+    }
     guide = (Path(__file__).parents[1] / "docs" / "guides" / "conformance-kit.md").read_text()
     for rule in STRICT_RULES:
         assert f"`{rule}`" in guide
