@@ -20,6 +20,7 @@ def _corpus(name: str) -> dict[str, Any]:
     body: dict[str, Any] = json.loads((CORPUS / name).read_text())
     return body
 
+
 # -- Bedrock Converse ----------------------------------------------------------------------
 
 

@@ -208,7 +208,7 @@ class _Pairing:
             return
         sentence = (
             f"a {', '.join(refused)} block cannot share a user message with a toolResult "
-            "on Llama, Mistral and Writer models (Bedrock: \"Conversation blocks and tool "
+            'on Llama, Mistral and Writer models (Bedrock: "Conversation blocks and tool '
             'result blocks cannot be provided in the same turn")'
         )
         if family is not None:
