@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
 
 from statemachine.messages import StopReason
 from statemachine.testing import (
@@ -228,3 +229,15 @@ def test_assistant_agent_cancelled_during_a_tool_call_never_ends() -> None:
     ended, seen = _on_idle_skipping_loop("model")
     assert ended
     assert seen == ["run cancelled"]
+
+
+@pytest.mark.timeout(60)
+def test_a_call_id_from_an_earlier_turn_is_only_a_warning_with_id_reuse_warning() -> None:
+    # autogen's providers (OpenAI) accept an id repeated from an earlier turn: judged
+    # as the transcript checker judges their logs, it is reported, not failed.
+    scenario = Scenario(turns=(_tool_turn(_call(call_id="prev_1")),), history=PRIOR_EXCHANGE)
+    report = run_conformance(
+        LOOP, scenarios=st.just(scenario), properties=["I1"], id_reuse="warning"
+    )
+    assert report.passed
+    assert [runs for _, runs in report.warnings] == [1]
