@@ -14,12 +14,14 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from headless import Browser, keep, offline_browser
+from headless import Browser, keep, offline_browser, text_heights
 
 import statemachine as sm
 from statemachine.cli import main
@@ -188,7 +190,25 @@ def test_the_page_loads_offline_and_stepping_moves_the_highlight(
     assert 'add({"a": 40, "b": 2})' in chat
     assert "result of add (c1)42" in chat
     assert "deleting is not allowed" in chat
-    keep("view.png", browser.screenshot())
+    # The diagram is drawn at a size to read; its pane scrolls to the current state.
+    press(browser, "End")
+    browser.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    heights = text_heights(browser, "#diagram svg text")
+    assert {s.value for s in sm.TurnState} <= set(heights)
+    assert min(heights.values()) >= 10, sorted(heights.items(), key=lambda kv: kv[1])[:3]
+    inside = browser.evaluate(
+        "(() => { const pane = document.getElementById('diagram').getBoundingClientRect();"
+        " const r = document.querySelector('#diagram g.node.vw-current').getBoundingClientRect();"
+        " return r.left >= pane.left && r.right <= pane.right"
+        " && r.top >= pane.top && r.bottom <= pane.bottom; })()"
+    )
+    assert inside, "the current state is scrolled out of the diagram's pane"
+    # The run's path: the states it entered and the steps it took, the rest faded.
+    on_path = browser.evaluate(
+        "[...document.querySelectorAll('#diagram g.node.vw-path title')].map(t => t.textContent)"
+    )
+    assert set(on_path) == {"Ready"} | {r.dest.value for st in steps for r in st.transitions}
+    keep("view.png", browser.screenshot(), min(heights.values()))
     fetched = [
         e["params"]["request"]["url"]
         for e in browser.events
@@ -425,3 +445,20 @@ def test_a_run_waiting_for_approval_shows_the_request(tmp_path: Path) -> None:
     assert wanted[0]["kind"] == "approval"
     assert 'call d1: delete({"path": "a"})' in wanted[0]["detail"]
     assert "reason: a person decides" in wanted[0]["detail"]
+
+
+@pytest.mark.timeout(120)
+def test_the_view_draws_without_graphviz_installed(tmp_path: Path) -> None:
+    eventful_journal(tmp_path / "run.jsonl")
+    # A fresh interpreter in which pygraphviz cannot be imported, as with the base install.
+    code = (
+        "import sys; sys.modules['pygraphviz'] = None\n"
+        "from statemachine.cli import main\n"
+        f"sys.exit(main(['view', {str(tmp_path / 'run.jsonl')!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "run.html").read_text(encoding="utf-8")
+    assert all(f"<title>{s.value}</title>" in page for s in sm.TurnState)
