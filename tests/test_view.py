@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import os
 import re
@@ -462,3 +463,52 @@ def test_the_view_draws_without_graphviz_installed(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "run.html").read_text(encoding="utf-8")
     assert all(f"<title>{s.value}</title>" in page for s in sm.TurnState)
+
+
+def line_separator_journal(path: Path) -> None:
+    """A journal whose model answer holds U+2028, which JSON writes as it is."""
+    model = Script(sm.AssistantMessage("one\u2028two\u2029three\x85four"))
+    journal = Journal(path)
+    try:
+        asyncio.run(
+            run_agent_journaled(
+                journal=journal, model=model, tools=[], messages=[sm.UserMessage("hi")]
+            )
+        )
+    finally:
+        journal.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_journal_holding_line_separators_is_read_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line_separator_journal(tmp_path / "run.jsonl")
+    text = (tmp_path / "run.jsonl").read_text(encoding="utf-8")
+    assert "\u2028" in text  # the case: str.splitlines breaks this line in two
+    assert main(["trace", str(tmp_path / "run.jsonl")]) == 0
+    assert "stateDiagram-v2" in capsys.readouterr().out
+    assert main(["replay", "--quiet", str(tmp_path / "run.jsonl")]) == 0
+    assert main(["view", str(tmp_path / "run.jsonl")]) == 0
+    # The docs' idiom for a journal held in memory.
+    assert replay(io.StringIO(text)).state is sm.TurnState.DONE
+
+
+def test_a_bad_journal_exits_the_same_from_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.jsonl").write_text("not a journal\n", encoding="utf-8")
+    codes = {c: main([c, str(tmp_path / "notes.jsonl")]) for c in ("view", "replay", "trace")}
+    assert codes == {"view": 2, "replay": 2, "trace": 2}
+    err = capsys.readouterr().err
+    assert "at at" not in err
+    assert len(err.splitlines()) == 3, err  # one line each, no traceback
+    assert "Traceback" not in err
+    # A journal that reads but goes wrong at a later line: the run did not replay (1).
+    line_separator_journal(tmp_path / "run.jsonl")
+    lines = (tmp_path / "run.jsonl").read_text(encoding="utf-8").split("\n")
+    lines[2] = "{"
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    codes = {c: main([c, str(tmp_path / "cut.jsonl")]) for c in ("replay", "trace")}
+    assert codes == {"replay": 1, "trace": 1}
+    assert main(["view", str(tmp_path / "cut.jsonl")]) == 0  # shown up to that line
