@@ -148,6 +148,8 @@ def figure_html(chart: Chart | None = None, caption: str = "") -> str:
     text = html.escape(" ".join(caption.split()))
     return (
         '<figure class="statemachine-diagram" style="width: 100%; margin: 1em 0">'
+        # A theme underlines links, and each state is one (for its tooltip).
+        "<style>.statemachine-diagram svg a { text-decoration: none; }</style>"
         f'<div class="sm-overview">{svg_inline(overview)}</div>'
         f"<figcaption>{text + ' ' if text else ''}{html.escape(_FIGURE_NOTE)}</figcaption>"
         '<details class="sm-full"><summary>Every trigger and guard, full size</summary>'

@@ -438,8 +438,7 @@ button { font: inherit; padding: 0.15rem 0.6rem; }
   stroke-width: 2px; }
 #diagram g.edge.vw-path path { stroke: #1d4ed8; stroke-width: 2.5px; }
 #diagram g.edge.vw-path polygon { stroke: #1d4ed8; fill: #1d4ed8; }
-#diagram g.edge.vw-path text { fill: #1d4ed8; }
-#diagram g.vw-off { opacity: 0.45; }
+#diagram g.edge.vw-path text { fill: #1d4ed8; } #diagram g.vw-off { opacity: 0.45; }
 #diagram g.node.vw-current path, #diagram g.node.vw-current polygon {
   fill: #fde68a; stroke: #d97706; stroke-width: 5px; }
 #diagram g.edge.vw-taken path { stroke: #d97706; stroke-width: 4px; }
@@ -504,9 +503,7 @@ _SCRIPT: Final = """
       link.setAttribute("xlink:title", tip + " (entered " + n + " time" + (n > 1 ? "s" : "") + ")");
     }
   }
-  for (const list of edges.values()) {
-    for (const g of list) g.classList.add(taken.has(g) ? "vw-path" : "vw-off");
-  }
+  for (const g of [...edges.values()].flat()) g.classList.add(taken.has(g) ? "vw-path" : "vw-off");
   const rows = [];
   const list = $("events"), fragment = document.createDocumentFragment();
   const start = el("li", "run");
