@@ -503,6 +503,12 @@ def test_a_bad_journal_exits_the_same_from_every_command(
     err = capsys.readouterr().err
     assert "at at" not in err
     assert len(err.splitlines()) == 3, err  # one line each, no traceback
+    # JSON's own message ends "starting at", and the column follows it once.
+    (tmp_path / "cut-string.jsonl").write_text('{"format": "statemachine-jou\n', "utf-8")
+    assert main(["replay", str(tmp_path / "cut-string.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "Unterminated string starting at" in err
+    assert "at at" not in err
     assert "Traceback" not in err
     # A journal that reads but goes wrong at a later line: the run did not replay (1).
     line_separator_journal(tmp_path / "run.jsonl")
