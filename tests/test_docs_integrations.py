@@ -220,3 +220,49 @@ def test_the_markdown_line_inside_code_stays_code(
     assert page.count('<div class="statemachine-agent"') == 1
     assert page.count(".. statemachine-agent:: sample_agents_z:desk") == 2
     assert statemachine.docs.__all__ == ["agent_html", "load_agent", "table_of"]
+
+
+BROKEN_FENCE = '''
+import statemachine._figures as figures
+from statemachine.errors import DiagramError
+
+
+def lost(view="full"):
+    raise DiagramError("the drawing is lost")
+
+
+figures.packaged_svg = lost  # as an install that lost its data files
+fence = figures.svg_fence
+'''
+
+FENCE_SITE = """site_name: sample
+markdown_extensions:
+  - pymdownx.superfences:
+      custom_fences:
+        - name: statemachine-diagram
+          class: statemachine-diagram
+          format: !!python/name:broken_fence.fence
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["mkdocs", "zensical"])
+def test_a_diagram_fence_that_cannot_draw_stops_the_build(kind: str, workdir: Path) -> None:
+    # superfences shows a fence whose function fails as plain code, and --strict passed.
+    (workdir / "pkg" / "broken_fence.py").write_text(BROKEN_FENCE, encoding="utf-8")
+    site = workdir / f"{kind}-fence"
+    (site / "docs").mkdir(parents=True)
+    (site / "mkdocs.yml").write_text(FENCE_SITE, encoding="utf-8")
+    (site / "docs" / "index.md").write_text(
+        "# Loop\n\n```statemachine-diagram\nThe loop.\n```\n", encoding="utf-8"
+    )
+    command = {
+        "mkdocs": [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", "out"],
+        "zensical": [sys.executable, "-m", "zensical", "build", "--strict", "-f", "mkdocs.yml"],
+    }[kind]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(workdir / "pkg")])}
+    done = subprocess.run(
+        command, cwd=site, env=env, capture_output=True, text=True, timeout=200, check=False
+    )
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "statemachine-diagram: the drawing is lost" in done.stdout + done.stderr
