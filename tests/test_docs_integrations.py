@@ -222,7 +222,7 @@ def test_the_markdown_line_inside_code_stays_code(
     assert statemachine.docs.__all__ == ["agent_html", "load_agent", "table_of"]
 
 
-BROKEN_FENCE = '''
+BROKEN_FENCE = """
 import statemachine._figures as figures
 from statemachine.errors import DiagramError
 
@@ -233,7 +233,7 @@ def lost(view="full"):
 
 figures.packaged_svg = lost  # as an install that lost its data files
 fence = figures.svg_fence
-'''
+"""
 
 FENCE_SITE = """site_name: sample
 markdown_extensions:
