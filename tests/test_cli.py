@@ -507,6 +507,13 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
 
     _trace_and_transcript_work_installed(python, script, elsewhere, env)
+    # The built-in table's drawings ship in the wheel: the docs and 'view' need them.
+    check = (
+        "from statemachine._figures import PACKAGED, packaged_svg as p; print(*map(p, PACKAGED))"
+    )
+    shipped = _run([python, "-c", check], elsewhere, env)
+    assert shipped.returncode == 0, shipped.stderr
+    assert shipped.stdout.count("<svg ") == 2
 
     missing = _run([script, "spec", "nope.toml"], elsewhere, env)
     assert (missing.returncode, missing.stderr) == (
