@@ -17,14 +17,17 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import markdown
 import pytest
 from headless import Browser, keep, offline_browser, text_heights
 
 import statemachine.docs
-from statemachine.core.table import TRANSITIONS, TurnState
-from statemachine.docs import agent_html, load_agent, table_of
+from statemachine._figures import packaged_svg
+from statemachine._render import chart_from_table, svg_inline
+from statemachine.core.table import TERMINAL, TRANSITIONS, TurnState
+from statemachine.docs import _chart_of, agent_html, load_agent
 from statemachine.errors import DiagramError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,8 +190,10 @@ def test_an_agent_without_steps_is_drawn_from_the_built_in_table(
     (tmp_path / "sample_agents_y.py").write_text(SAMPLE_AGENT, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     agent = load_agent("sample_agents_y:desk")
-    assert table_of(agent) is TRANSITIONS
-    # Through the one function: an agent whose table has more rows is drawn with them.
+    assert _chart_of(agent) == chart_from_table()
+    assert svg_inline(packaged_svg("overview")) in agent_html("sample_agents_y:desk")
+    # Through the one function: an agent whose table has more rows (a declared step's,
+    # ending in a state of its own) is drawn with them.
     import attrs
 
     @attrs.frozen
@@ -199,11 +204,30 @@ def test_an_agent_without_steps_is_drawn_from_the_built_in_table(
         guard: str | None = None
         label: str = ""
 
-    extra = (Row("TurnBoundary", "review_decided", "ReviewRejected", "rejected", "review"),)
-    monkeypatch.setattr(agent, "table", (*TRANSITIONS, *extra), raising=False)
+    @attrs.frozen
+    class Declared:
+        value: str
+        doc: str
+
+    @attrs.frozen
+    class Table:
+        rows: tuple[Any, ...]
+        terminal: frozenset[Any]
+        declared: tuple[Declared, ...]
+
+    ended = Declared("ReviewRejected", "a person rejected the answer")
+    extra = Row("TurnBoundary", "review_decided", ended.value, "rejected", "review")
+    table = Table((*TRANSITIONS, extra), frozenset({*TERMINAL, ended}), (ended,))
+    monkeypatch.setattr(agent, "table", table, raising=False)
+    chart = _chart_of(agent)
+    assert "ReviewRejected" in chart.terminal
+    assert chart.docs["ReviewRejected"] == "a person rejected the answer"
     page = agent_html("sample_agents_y:desk")
     assert "ReviewRejected" in page
     assert "review decided [rejected]" in page
+    # A plain sequence of rows is a table too.
+    monkeypatch.setattr(agent, "table", (*TRANSITIONS, extra))
+    assert "ReviewRejected" in _chart_of(agent).states
 
 
 def test_the_markdown_line_inside_code_stays_code(
@@ -219,7 +243,7 @@ def test_the_markdown_line_inside_code_stays_code(
     )
     assert page.count('<div class="statemachine-agent"') == 1
     assert page.count(".. statemachine-agent:: sample_agents_z:desk") == 2
-    assert statemachine.docs.__all__ == ["agent_html", "load_agent", "table_of"]
+    assert statemachine.docs.__all__ == ["agent_html", "load_agent"]
 
 
 BROKEN_FENCE = """

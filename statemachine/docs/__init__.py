@@ -23,11 +23,14 @@ import html
 import importlib
 import re
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from statemachine.errors import DiagramError
 
-__all__ = ["agent_html", "load_agent", "table_of"]
+if TYPE_CHECKING:  # the drawing is imported when a page is built, not with this module
+    from statemachine._render import Chart
+
+__all__ = ["agent_html", "load_agent"]
 
 MAX_TARGET_CHARS: Final = 300
 """The longest ``package.module:attr`` accepted (a name, not a program)."""
@@ -60,14 +63,24 @@ def load_agent(target: str) -> Any:
     return value
 
 
-def table_of(agent: Any) -> Sequence[Any]:
-    """The transition table ``agent`` runs: its own (the built-in rows with the steps it
-    declares) when it has one as ``agent.table``, else the built-in table. The one place
-    the drawing reads an agent's rows."""
-    from statemachine.core.table import TRANSITIONS
+def _chart_of(agent: Any) -> Chart:
+    """The chart of the table ``agent`` runs: its own (``agent.table``, the built-in rows
+    with the rows of the steps it declares, their end states drawn as ends) when it has
+    one, else the built-in table. The one place the drawing reads an agent's rows."""
+    from statemachine._render import chart_from_table
+    from statemachine.core.table import STATE_DOCS, TERMINAL, TRANSITIONS
 
     table = getattr(agent, "table", None)
-    return TRANSITIONS if table is None else tuple(table)
+    if table is None:
+        return chart_from_table(TRANSITIONS)
+    # A table value holds its rows, ends and declared states; a plain sequence is rows.
+    rows = tuple(getattr(table, "rows", table))
+    terminal = getattr(table, "terminal", TERMINAL)
+    docs = {str(k): v for k, v in STATE_DOCS.items()}
+    docs |= {str(s.value): str(s.doc) for s in getattr(table, "declared", ())}
+    return chart_from_table(
+        rows, terminal=[str(getattr(s, "value", s)) for s in terminal], docs=docs
+    )
 
 
 def _first_line(text: str) -> str:
@@ -114,13 +127,12 @@ def _limits(agent: Any) -> str:
 def agent_html(target: str) -> str:
     """The agent that ``target`` names as HTML: its tools, its limits, its loop."""
     from statemachine._figures import figure_html
-    from statemachine._render import chart_from_table
 
     agent = load_agent(target)
     name = agent.name or target
     # The model's class only: its settings may hold a key or an address.
     model = type(agent.model).__name__
-    chart = chart_from_table(table_of(agent))
+    chart = _chart_of(agent)
     return (
         f'<div class="statemachine-agent" data-agent="{html.escape(target)}">'
         f"<p><strong>{html.escape(name)}</strong> (model client: {html.escape(model)})</p>"
