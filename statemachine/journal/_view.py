@@ -553,20 +553,17 @@ _SCRIPT: Final = """
     const step = i > 0 ? steps[i - 1] : null;
     const here = nodes.get(step ? step.state : "Ready");
     light(here, "vw-current");
-    // The drawing is wider than its pane, at a size to read: keep the state in view,
-    // once a frame (a held arrow key steps many times between two frames).
-    if (here && !follow) requestAnimationFrame(() => {
-      follow.scrollIntoView({ block: "nearest", inline: "nearest" });
-      follow = null;
-    });
-    follow = here;
     if (step) for (const move of step.moves) for (const g of edgesOf(move)) light(g, "vw-taken");
     light(rows[i], "vw-active");
-    rows[i].scrollIntoView({ block: "nearest" });
-    if (step && step.message >= 0) {
-      light(items[step.message], "vw-active");
-      items[step.message].scrollIntoView({ block: "nearest" });
-    }
+    const item = step && step.message >= 0 ? items[step.message] : null;
+    light(item, "vw-active");
+    // The state (the drawing is wider than its pane), the event and the message are
+    // scrolled into view once a frame: a held arrow key steps many times in one.
+    if (follow === null) requestAnimationFrame(() => {
+      for (const e of follow) if (e) e.scrollIntoView({ block: "nearest", inline: "nearest" });
+      follow = null;
+    });
+    follow = [here, rows[i], item];
     $("position").textContent = step
       ? "event " + i + " of " + steps.length + " (journal line " + step.line + "): " + step.title +
         "; now " + step.state
