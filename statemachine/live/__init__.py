@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import uvicorn
@@ -101,15 +101,13 @@ async def running(app: LiveApp, host: str = DEFAULT_HOST, port: int = 0) -> Asyn
     runs still running are aborted and the server stops."""
     sock = _bind(app, host, port)
     server = _server(app)
-    bound = sock.getsockname()
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
         while not server.started:
             if task.done():
                 task.result()  # it failed to start: say why
             await asyncio.sleep(0.01)
-        name = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        yield f"http://{name}:{bound[1]}"
+        yield _address(sock)
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
@@ -117,12 +115,25 @@ async def running(app: LiveApp, host: str = DEFAULT_HOST, port: int = 0) -> Asyn
         sock.close()
 
 
-def serve(app: LiveApp, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+def serve(
+    app: LiveApp,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
     """Serve ``app`` on uvicorn until interrupted (Ctrl-C): the runs still running are
     aborted on the way out. Refuses an address other machines reach unless the app
-    was given its own token."""
+    was given its own token. ``on_ready`` is told the address once it listens."""
     sock = _bind(app, host, port)
     try:
+        if on_ready is not None:
+            on_ready(_address(sock))
         asyncio.run(_server(app).serve(sockets=[sock]))
     finally:
         sock.close()
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
