@@ -312,3 +312,21 @@ def test_running_serves_the_app_in_this_event_loop_and_stops_it() -> None:
         return answer.status_code
 
     assert asyncio.run(main()) == 200
+
+
+@pytest.mark.timeout(60)
+def test_stopping_the_server_aborts_the_runs_still_running_and_ends_their_streams() -> None:
+    gate = threading.Event()
+    app = LiveApp(sm.Agent(PacedModel([Wait(gate), Say("never said")])), token=TOKEN)
+    try:
+        with live_server(app) as url:
+            starter = StreamReader(url + "/", "POST", run_input("r1"))
+            starter.wait_until("the run started", lambda r: "STATE_DELTA" in r.types())
+        events = starter.join()
+    finally:
+        gate.set()
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    result = app.runs["r1"].result
+    assert result is not None
+    assert result.state is sm.TurnState.ABORTED

@@ -94,6 +94,19 @@ def _server(app: LiveApp) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
+async def _serve(app: LiveApp, server: uvicorn.Server, sock: socket.socket) -> None:
+    """Serve until told to stop; then abort the runs first, so that their event
+    streams end and the server does not wait out its graceful period for them."""
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not task.done() and not server.should_exit:
+            await asyncio.wait({task}, timeout=0.1)  # uvicorn says "stop" with a flag
+        await app.close()
+    finally:
+        server.should_exit = True
+        await task
+
+
 @contextlib.asynccontextmanager
 async def running(app: LiveApp, host: str = DEFAULT_HOST, port: int = 0) -> AsyncIterator[str]:
     """Serve ``app`` on uvicorn in this event loop while the block runs; yields the
@@ -101,17 +114,16 @@ async def running(app: LiveApp, host: str = DEFAULT_HOST, port: int = 0) -> Asyn
     runs still running are aborted and the server stops."""
     sock = _bind(app, host, port)
     server = _server(app)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    task = asyncio.ensure_future(_serve(app, server, sock))
     try:
         while not server.started:
             if task.done():
                 task.result()  # it failed to start: say why
-            await asyncio.sleep(0.01)
+            await asyncio.wait({task}, timeout=0.01)
         yield _address(sock)
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await task
         sock.close()
 
 
@@ -129,7 +141,7 @@ def serve(
     try:
         if on_ready is not None:
             on_ready(_address(sock))
-        asyncio.run(_server(app).serve(sockets=[sock]))
+        asyncio.run(_serve(app, _server(app), sock))
     finally:
         sock.close()
 

@@ -79,7 +79,10 @@ _PAGE: Final = """<!doctype html>
   <p id="problem" class="error" hidden></p>
 </header>
 <main>
-  <section id="diagram" aria-label="the state diagram, the run's state lit">{diagram}</section>
+  <section id="diagram-box">
+    <button type="button" id="fit" title="the whole diagram, or at its own size">fit</button>
+    <div id="diagram" aria-label="the state diagram, the run's state lit">{diagram}</div>
+  </section>
   <section id="controls" aria-label="runs and actions">
     <form id="start">
       <label for="prompt">Start a run</label>
@@ -117,8 +120,11 @@ h2 { font-size: 1rem; margin: 0.5rem 0; }
 #run-summary { margin: 0.3rem 0 0; color: #57606a; }
 main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 0.75rem;
        padding: 0.75rem; }
-#diagram { grid-column: 1; overflow: auto; border: 1px solid #d0d7de; border-radius: 6px; }
-#diagram svg { display: block; width: 100%; height: auto; }
+#diagram-box { grid-column: 1; position: relative; }
+#fit { position: absolute; right: 0.4rem; top: 0.4rem; z-index: 1; }
+#diagram { overflow: auto; max-height: 60vh; border: 1px solid #d0d7de; border-radius: 6px; }
+#diagram svg { display: block; height: auto; }
+#diagram.fit svg { width: 100% !important; }
 #controls { grid-column: 1; }
 #transcript { grid-column: 2; grid-row: 1 / span 2; border-left: 1px solid #d0d7de;
               padding-left: 0.75rem; max-height: calc(100vh - 6rem); overflow: auto; }
@@ -170,6 +176,14 @@ _SCRIPT: Final = """
     edges.get(t.textContent).push(g);
   }
   const body = document.body;
+  // At its own size the diagram's words are readable; it scrolls to the lit state.
+  // "fit" shows it whole in the column instead.
+  const svg = document.querySelector("#diagram svg");
+  if (svg && svg.viewBox.baseVal) svg.style.width = svg.viewBox.baseVal.width + "px";
+  $("fit").addEventListener("click", () => {
+    $("diagram").classList.toggle("fit");
+    $("fit").textContent = $("diagram").classList.contains("fit") ? "full size" : "fit";
+  });
   let current = null;        // the run shown
   let reading = null;        // the AbortController of the stream being read
   let state = {};
@@ -183,7 +197,9 @@ _SCRIPT: Final = """
     for (const g of lit) g.classList.remove("live-current", "live-taken");
     lit = [];
     const light = (g, cls) => { if (g) { g.classList.add(cls); lit.push(g); } };
-    light(nodes.get(state.state), "live-current");
+    const node = nodes.get(state.state);
+    light(node, "live-current");
+    if (node) node.scrollIntoView({ block: "nearest", inline: "center" });
     if (state.last) {
       const all = edges.get(state.last[0] + "->" + state.last[2]) || [];
       const words = state.last[1].replace(/_/g, " ");
