@@ -330,3 +330,11 @@ def test_stopping_the_server_aborts_the_runs_still_running_and_ends_their_stream
     result = app.runs["r1"].result
     assert result is not None
     assert result.state is sm.TurnState.ABORTED
+
+
+def test_every_name_statemachine_live_exports_resolves() -> None:
+    import statemachine.live as live
+
+    for name in live.__all__:
+        assert hasattr(live, name), name
+    assert live.DEFAULT_HOST == "127.0.0.1"

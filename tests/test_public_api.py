@@ -93,8 +93,8 @@ PUBLIC_MODULES = (
     "statemachine.workspace",
     "statemachine.durable",
 )
-"""Public modules importable with the core dependencies (``providers``, ``mcp`` and
-``otel`` need their extras and are checked by their own tests)."""
+"""Public modules importable with the core dependencies (``providers``, ``mcp``,
+``otel`` and ``live`` need their extras and are checked by their own tests)."""
 
 INTERNAL_LAYERS = ("core", "agent", "cli")
 
@@ -113,7 +113,7 @@ def test_the_top_level_exports_what_an_application_writes_and_no_more() -> None:
 def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
-    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable"}
+    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "live"}
     assert exported - set(statemachine.__all__) <= submodules
 
 

@@ -101,13 +101,16 @@ from statemachine.agent.events import (
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
+    StopReason,
+    ToolCall,
     ToolResultMessage,
     UserMessage,
     thaw_json,
 )
 from statemachine.core.table import TurnState
+from statemachine.errors import InvalidInputError
 
-__all__ = ["CUSTOM_PREFIX", "AguiStream", "agui_messages", "table_state"]
+__all__ = ["CUSTOM_PREFIX", "AguiStream", "agui_messages", "library_messages", "table_state"]
 
 CUSTOM_PREFIX: Final = "statemachine."
 """The namespace of the ``CUSTOM`` events a live run sends."""
@@ -380,3 +383,50 @@ def _data(data: object) -> Any:
     if len(text) > _MAX_CUSTOM_TEXT:
         return str(data)[:_MAX_CUSTOM_TEXT] + "…"
     return json.loads(text)
+
+
+# -- AG-UI messages to the library's ----------------------------------------------------------
+
+
+def library_messages(messages: list[Any]) -> list[Message]:
+    """A ``RunAgentInput``'s conversation as the library's messages (user, assistant and
+    tool messages; a system or developer message is refused: the agent's instructions
+    are its own)."""
+    out: list[Message] = []
+    names: dict[str, str] = {}  # tool call id -> tool name
+    for index, message in enumerate(messages):
+        role = message.role
+        if role == "user":
+            content = message.content
+            if not isinstance(content, str):
+                texts = [getattr(p, "text", None) for p in content]
+                if any(t is None for t in texts):
+                    raise InvalidInputError(f"messages[{index}]: only text parts are taken")
+                content = "\n".join(t for t in texts if t is not None)
+            out.append(UserMessage(content))
+        elif role == "assistant":
+            blocks: list[Any] = [message.content] if message.content else []
+            for call in message.tool_calls or ():
+                try:
+                    arguments = json.loads(call.function.arguments or "{}")
+                except ValueError:
+                    raise InvalidInputError(
+                        f"messages[{index}]: tool call arguments are not JSON"
+                    ) from None
+                if not isinstance(arguments, dict):
+                    raise InvalidInputError(f"messages[{index}]: arguments must be an object")
+                names[call.id] = call.function.name
+                blocks.append(ToolCall(call.id, call.function.name, arguments))
+            out.append(AssistantMessage(blocks, stop_reason=StopReason.STOP))
+        elif role == "tool":
+            name = names.get(message.tool_call_id, "")
+            content = message.content if isinstance(message.content, str) else ""
+            out.append(ToolResultMessage(message.tool_call_id, name, content))
+        else:
+            raise InvalidInputError(
+                f"messages[{index}]: role {role!r} is not taken (the agent's instructions "
+                "are its own; send user, assistant and tool messages)",
+            )
+    if not out:
+        raise InvalidInputError("messages: at least one message is needed")
+    return out

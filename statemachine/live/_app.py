@@ -56,10 +56,9 @@ import json
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
-from http.cookies import CookieError, SimpleCookie
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from ag_ui.core import BaseEvent, RunAgentInput
 from pydantic import ValidationError
@@ -67,16 +66,22 @@ from pydantic import ValidationError
 from statemachine.agent.agent import Agent
 from statemachine.agent.events import RunEvent
 from statemachine.agent.run import AgentRun
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    StopReason,
-    ToolCall,
-    ToolResultMessage,
-    UserMessage,
-)
 from statemachine.errors import InvalidInputError, UsageError
-from statemachine.live._agui import AguiStream, run_end
+from statemachine.live._agui import AguiStream, library_messages, run_end
+from statemachine.live._http import (
+    PAGE_HEADERS,
+    STREAM_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    cookie,
+    disconnected,
+    headers_of,
+    query,
+    respond,
+    send_body,
+    send_json,
+)
 from statemachine.live._page import page_html
 
 __all__ = [
@@ -111,10 +116,6 @@ MIN_TOKEN_LENGTH: Final = 16
 _RUN_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _SECRET_NAME: Final = re.compile(r"(API_?KEY|_TOKEN|_SECRET|SECRET_KEY|_PASSWORD)$", re.I)
 _LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def is_loopback(host: str) -> bool:
@@ -244,13 +245,13 @@ class LiveApp:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
             return
-        headers = _headers(scope)
+        headers = headers_of(scope)
         try:
             self._gate(scope, headers)
             await self._route(scope, headers, receive, send)
         except _HttpError as refused:
             self.refused[refused.reason] += 1
-            await _send_json(send, refused.status, {"error": str(refused)})
+            await send_json(send, refused.status, {"error": str(refused)})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -297,9 +298,9 @@ class LiveApp:
         if authorization[:7].lower() == "bearer ":
             given = authorization[7:].strip()
         else:
-            given = _cookie(headers, self._cookie_name(scope))
+            given = cookie(headers, self._cookie_name(scope))
             if given is None and scope["method"] == "GET" and scope["path"] == "/":
-                given = _query(scope).get("token")
+                given = query(scope).get("token")
         if given is None:
             return False
         return hmac.compare_digest(given.encode("utf-8"), self.token.encode("utf-8"))
@@ -353,7 +354,7 @@ class LiveApp:
             return
         if path == "/runs" and method == "GET":
             runs = [live.describe() for live in self._runs.values()]
-            await _send_json(send, 200, {"runs": runs})
+            await send_json(send, 200, {"runs": runs})
             return
         parts = path.split("/")
         if len(parts) == 4 and parts[1] == "runs" and parts[2] in self._runs:
@@ -368,19 +369,19 @@ class LiveApp:
         raise _HttpError(404, "route", "no such route or run")
 
     async def _page_response(self, scope: Scope, send: Send) -> None:
-        if "token" in _query(scope):
+        if "token" in query(scope):
             # The token leaves the address: it is kept in a cookie the script cannot read.
             cookie = f"{self._cookie_name(scope)}={self.token}; HttpOnly; SameSite=Strict; Path=/"
-            await _send(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode())])
+            await respond(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode())])
             return
         if self._page is None:
             self._page = page_html()
-        await _send(send, 200, self._page.encode("utf-8"), _PAGE_HEADERS)
+        await respond(send, 200, self._page.encode("utf-8"), PAGE_HEADERS)
 
     async def _act(self, live: _LiveRun, action: str, body: Any, send: Send) -> None:
         if action == "abort":
             live.run.abort("aborted from the live server")
-            await _send_json(send, 202, {"run": live.describe()})
+            await send_json(send, 202, {"run": live.describe()})
             return
         message = body.get("message") if isinstance(body, dict) else None
         if not isinstance(message, str) or not message:
@@ -389,7 +390,7 @@ class LiveApp:
             live.run.steer(message)
         except UsageError as exc:
             raise _HttpError(409, "returned", str(exc)) from None
-        await _send_json(send, 202, {"run": live.describe()})
+        await send_json(send, 202, {"run": live.describe()})
 
     async def _start(self, body: Any, scope: Scope, receive: Receive, send: Send) -> None:
         """Start a run and answer with its events. A starter that leaves does not abort
@@ -407,7 +408,10 @@ class LiveApp:
             raise _HttpError(422, "input", "runId: 1 to 128 letters, digits or . _ : -")
         if run_id in self._runs:
             raise _HttpError(409, "input", f"a run with id {run_id!r} is held already")
-        messages = _library_messages(request.messages)
+        try:
+            messages = library_messages(request.messages)
+        except InvalidInputError as exc:
+            raise _HttpError(422, "input", str(exc)) from None
         self._make_room()
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
@@ -454,7 +458,7 @@ class LiveApp:
             first = agui.opening(engine.messages, engine.state, engine.turns)
             if start:
                 live.task = asyncio.ensure_future(run.run())
-            await _send(send, 200, None, _STREAM_HEADERS)
+            await respond(send, 200, None, STREAM_HEADERS)
             for event in first:
                 await self._send_event(send, event)
             await self._stream(live, agui, events, receive, send)
@@ -469,7 +473,7 @@ class LiveApp:
         receive: Receive,
         send: Send,
     ) -> None:
-        left: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(receive))
+        left: asyncio.Future[Any] = asyncio.ensure_future(disconnected(receive))
         following: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -483,7 +487,7 @@ class LiveApp:
                 if left in done:
                     return  # the watcher left: nothing more to send
                 if following not in done:
-                    await _send_body(send, b": keep-alive\n\n")
+                    await send_body(send, b": keep-alive\n\n")
                     continue
                 try:
                     event = following.result()
@@ -512,7 +516,7 @@ class LiveApp:
         text = event.model_dump_json(by_alias=True)
         for secret in self._secrets:
             text = text.replace(secret, "[redacted]")
-        await _send_body(send, f"data: {text}\n\n".encode())
+        await send_body(send, f"data: {text}\n\n".encode())
 
     def _secret_texts(self) -> tuple[str, ...]:
         """The texts no event may carry, as they appear inside JSON strings."""
@@ -522,119 +526,3 @@ class LiveApp:
                 found.append(value)
         # Longest first, so that a secret holding another is replaced whole.
         return tuple(sorted({json.dumps(s)[1:-1] for s in found}, key=len, reverse=True))
-
-
-# -- requests and responses ---------------------------------------------------------------------
-
-_PAGE_HEADERS: Final = [
-    (b"content-type", b"text/html; charset=utf-8"),
-    (b"cache-control", b"no-store"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-content-type-options", b"nosniff"),
-]
-_STREAM_HEADERS: Final = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-store"),
-    (b"x-accel-buffering", b"no"),  # proxies: pass each event on as it comes
-    (b"x-content-type-options", b"nosniff"),
-]
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers, lower-cased names; a repeated one keeps its first value."""
-    out: dict[str, str] = {}
-    for raw_name, raw_value in scope.get("headers", ()):
-        name = raw_name.decode("latin-1").lower()
-        out.setdefault(name, raw_value.decode("latin-1"))
-    return out
-
-
-def _query(scope: Scope) -> dict[str, str]:
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), max_num_fields=20)
-    return {key: values[0] for key, values in query.items()}
-
-
-def _cookie(headers: Mapping[str, str], name: str) -> str | None:
-    cookies: SimpleCookie = SimpleCookie()
-    try:
-        cookies.load(headers.get("cookie", ""))
-    except CookieError:
-        return None
-    morsel = cookies.get(name)
-    return None if morsel is None else morsel.value
-
-
-async def _send(
-    send: Send, status: int, body: bytes | None, headers: list[tuple[bytes, bytes]]
-) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    if body is not None:
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_body(send: Send, body: bytes) -> None:
-    await send({"type": "http.response.body", "body": body, "more_body": True})
-
-
-async def _send_json(send: Send, status: int, data: Any) -> None:
-    body = json.dumps(data).encode("utf-8")
-    headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
-    await _send(send, status, body, headers)
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the client has gone."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-# -- AG-UI messages to the library's ------------------------------------------------------------
-
-
-def _library_messages(messages: list[Any]) -> list[Message]:
-    """A ``RunAgentInput``'s conversation as the library's messages (user, assistant and
-    tool messages; a system or developer message is refused: the agent's instructions
-    are its own)."""
-    out: list[Message] = []
-    names: dict[str, str] = {}  # tool call id -> tool name
-    for index, message in enumerate(messages):
-        role = message.role
-        if role == "user":
-            content = message.content
-            if not isinstance(content, str):
-                texts = [getattr(p, "text", None) for p in content]
-                if any(t is None for t in texts):
-                    raise _HttpError(422, "input", f"messages[{index}]: only text parts are taken")
-                content = "\n".join(t for t in texts if t is not None)
-            out.append(UserMessage(content))
-        elif role == "assistant":
-            blocks: list[Any] = [message.content] if message.content else []
-            for call in message.tool_calls or ():
-                try:
-                    arguments = json.loads(call.function.arguments or "{}")
-                except ValueError:
-                    raise _HttpError(
-                        422, "input", f"messages[{index}]: tool call arguments are not JSON"
-                    ) from None
-                if not isinstance(arguments, dict):
-                    raise _HttpError(
-                        422, "input", f"messages[{index}]: arguments must be an object"
-                    )
-                names[call.id] = call.function.name
-                blocks.append(ToolCall(call.id, call.function.name, arguments))
-            out.append(AssistantMessage(blocks, stop_reason=StopReason.STOP))
-        elif role == "tool":
-            name = names.get(message.tool_call_id, "")
-            content = message.content if isinstance(message.content, str) else ""
-            out.append(ToolResultMessage(message.tool_call_id, name, content))
-        else:
-            raise _HttpError(
-                422,
-                "input",
-                f"messages[{index}]: role {role!r} is not taken (the agent's instructions "
-                "are its own; send user, assistant and tool messages)",
-            )
-    if not out:
-        raise _HttpError(422, "input", "messages: at least one message is needed")
-    return out
