@@ -323,3 +323,14 @@ def test_no_secret_reaches_an_event_or_the_page(monkeypatch: pytest.MonkeyPatch)
     assert "the key is [redacted]" in text
     assert TOKEN not in page
     assert key not in page
+
+
+@pytest.mark.timeout(60)
+def test_a_name_given_in_hosts_is_answered_and_others_still_refused(gate: threading.Event) -> None:
+    app = _gated_app(gate, hosts=("agents.example",))
+    with live_server(app) as url:
+        port = url.rsplit(":", 1)[1]
+        named = _request(url, "GET", "/runs", None, {**auth(), "host": f"agents.example:{port}"})
+        other = _request(url, "GET", "/runs", None, {**auth(), "host": f"evil.example:{port}"})
+    assert named.status_code == 200
+    assert other.status_code == 403

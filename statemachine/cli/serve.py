@@ -70,6 +70,14 @@ def _parser() -> CommandParser:
     parser.add_argument("--host", help=f"default: {default['host']}")
     parser.add_argument("--port", type=int, help=f"default: {default['port']}")
     parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients use to reach the server, besides the loopback names and "
+        "--host (repeat it); any other Host header is refused",
+    )
+    parser.add_argument(
         "--max-runs", type=int, help=f"runs held at once (default: {default['runs']})"
     )
     parser.add_argument(
@@ -153,6 +161,7 @@ def cli_serve(argv: list[str]) -> int:
             max_runs=_given(args.max_runs, live.DEFAULT_MAX_RUNS),
             max_watchers=_given(args.max_watchers, live.DEFAULT_MAX_WATCHERS),
             max_body_bytes=_given(args.max_body_bytes, live.DEFAULT_MAX_BODY_BYTES),
+            hosts=tuple(args.allow_host),
         )
 
         def ready(address: str) -> None:
