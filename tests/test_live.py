@@ -338,3 +338,74 @@ def test_every_name_statemachine_live_exports_resolves() -> None:
     for name in live.__all__:
         assert hasattr(live, name), name
     assert live.DEFAULT_HOST == "127.0.0.1"
+
+
+# -- approvals ----------------------------------------------------------------------------------
+
+
+def _asking_app() -> LiveApp:
+    def ask(call: ToolCall) -> sm.RequireApproval:
+        return sm.RequireApproval("weather costs money")
+
+    agent = sm.Agent(weather_model(), tools=[lookup], before_tool_call=ask)
+    return LiveApp(agent, token=TOKEN)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["approve route", "AG-UI resume"])
+def test_a_run_that_waits_for_approval_ends_with_an_interrupt_and_goes_on_when_answered(
+    how: str,
+) -> None:
+    app = _asking_app()
+    with live_server(app) as url:
+        _, first = read_stream(url + "/", "POST", run_input("r1"))
+        _, late = read_stream(url + "/runs/r1/events")  # a watcher that came after
+        if how == "approve route":
+            status, then = read_stream(
+                url + "/runs/r1/approve", "POST", {"approvals": {"c1": True}}
+            )
+        else:
+            answer = {**run_input("r1-resumed"), "messages": []}
+            answer["resume"] = [{"interruptId": "c1", "status": "resolved"}]
+            status, then = read_stream(url + "/", "POST", answer)
+    outcome = first[-1]["outcome"]
+    assert late[-1]["outcome"] == outcome
+    assert outcome["type"] == "interrupt"
+    (interrupt,) = outcome["interrupts"]
+    assert (interrupt["id"], interrupt["toolCallId"], interrupt["reason"]) == (
+        "c1",
+        "c1",
+        "tool_approval",
+    )
+    assert "weather costs money" in interrupt["message"]
+    assert status == 200
+    assert then[0]["type"] == "RUN_STARTED"
+    assert then[-1]["outcome"] == {"type": "success"}
+    results = [e["content"] for e in then if e["type"] == "TOOL_CALL_RESULT"]
+    assert results == ["Paris: 21 C"]
+    for events in (first, then):
+        assert validate_agui(events).summary.errors == 0, findings(validate_agui(events))
+    result = app.runs["r1"].result
+    assert result is not None
+    assert result.state is sm.TurnState.DONE
+
+
+@pytest.mark.timeout(120)
+def test_an_approval_for_a_run_that_does_not_wait_is_refused() -> None:
+    app = _asking_app()
+    with live_server(app) as url, httpx2.Client(timeout=DEADLINE) as client:
+        read_stream(url + "/", "POST", run_input("r1"))
+        wrong = client.post(url + "/runs/r1/approve", json={"approvals": {"c9": 1}}, headers=auth())
+        answer = {
+            **run_input("x"),
+            "messages": [],
+            "resume": [{"interruptId": "c9", "status": "resolved"}],
+        }
+        unknown = client.post(url + "/", json=answer, headers=auth())
+        read_stream(url + "/runs/r1/approve", "POST", {"approvals": {"c1": False}})
+        again = client.post(
+            url + "/runs/r1/approve", json={"approvals": {"c1": True}}, headers=auth()
+        )
+    assert wrong.status_code == 422
+    assert unknown.status_code == 409
+    assert again.status_code == 409  # denied once, the run went on: nothing waits now

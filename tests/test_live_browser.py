@@ -267,3 +267,37 @@ def test_a_page_of_another_origin_cannot_drive_or_watch_a_run(
     assert events[-1]["type"] == "RUN_FINISHED"
     assert events[-1]["outcome"] == {"type": "success"}
     assert app.refused["token"] == 0  # refused for their origin, not for a missing token
+
+
+@pytest.mark.timeout(180)
+def test_a_person_approves_a_waiting_call_on_the_page_and_the_run_goes_on() -> None:
+    chromium()
+
+    @sm.tool
+    async def lookup(city: str) -> str:
+        """Look a city's weather up."""
+        return f"{city}: 21 C"
+
+    def ask(call: sm.ToolCall) -> sm.RequireApproval:
+        return sm.RequireApproval("weather costs money")
+
+    model = PacedModel(
+        [Say("Let me look."), Call("c1", "lookup", {"city": "Paris"})],
+        [Say("It is 21 C in Paris.")],
+    )
+    app = LiveApp(sm.Agent(model, tools=[lookup], before_tool_call=ask), token=TOKEN)
+    with live_server(app) as url, Browser(width=1280, height=900) as b:
+        StreamReader(url + "/", "POST", run_input("r1")).join()
+        _open(b, f"{url}/?token={TOKEN}")
+        _until(b, "!document.getElementById('waiting').hidden", "the approval asked")
+        question = b.evaluate("document.getElementById('waiting').innerText")
+        b.evaluate("document.querySelector('#waiting button.decide').click(); true")
+        _until(b, "document.body.dataset.state === 'Done'", "the run done")
+        _until(b, "document.body.dataset.finished === 'true'", "the run's end")
+        transcript = b.evaluate("document.getElementById('messages').innerText")
+    assert "weather costs money" in question
+    assert 'lookup({"city":"Paris"})' in question
+    assert "It is 21 C in Paris." in transcript
+    result = app.runs["r1"].result
+    assert result is not None
+    assert result.state is sm.TurnState.DONE

@@ -62,6 +62,7 @@ ROUTES = [
     ("GET", "/runs/r1/events", None),
     ("POST", "/runs/r1/steer", {"message": "turn left"}),
     ("POST", "/runs/r1/abort", {}),
+    ("POST", "/runs/r1/approve", {"approvals": {"c1": True}}),
 ]
 
 

@@ -183,8 +183,14 @@ class AguiStream:
         events.append(StateSnapshotEvent(snapshot=table_state(state, turn)))
         return events
 
-    def convert(self, event: RunEvent, history: Sequence[Message]) -> list[BaseEvent]:
-        """The AG-UI events of ``event``; ``history`` is the run's (read for a repair)."""
+    def convert(
+        self,
+        event: RunEvent,
+        history: Sequence[Message],
+        waiting: Sequence[tuple[ToolCall, str]] = (),
+    ) -> list[BaseEvent]:
+        """The AG-UI events of ``event``; ``history`` is the run's (read for a repair),
+        ``waiting`` the calls that wait for approval (read at its end)."""
         if isinstance(event, TextDelta):
             return self._text_delta(event)
         if isinstance(event, ToolCallDelta):
@@ -203,7 +209,7 @@ class AguiStream:
             self._broken = self._text is not None
             return [_custom("eventsDropped", {"count": event.count})]
         if isinstance(event, RunReturned):
-            return self._returned(event)
+            return self._returned(event, waiting)
         return self._custom(event)
 
     # -- text and tool calls ------------------------------------------------------------
@@ -334,7 +340,9 @@ class AguiStream:
             return [_custom("toolLog", value)]
         return []  # RunStarted: the opening said it
 
-    def _returned(self, event: RunReturned) -> list[BaseEvent]:
+    def _returned(
+        self, event: RunReturned, waiting: Sequence[tuple[ToolCall, str]]
+    ) -> list[BaseEvent]:
         events: list[BaseEvent] = []
         if self._text is not None:
             events.append(TextMessageEndEvent(message_id=self._text))
@@ -343,22 +351,38 @@ class AguiStream:
         self._calls.clear()
         events += self._close_step()
         self.ended = True
-        events.append(run_end(self.thread_id, self.run_id, event.state, event.explanation))
+        end = run_end(self.thread_id, self.run_id, event.state, event.explanation, waiting)
+        events.append(end)
         return events
 
 
-def run_end(thread_id: str, run_id: str, state: TurnState, explanation: str) -> BaseEvent:
-    """``RUN_FINISHED`` or ``RUN_ERROR`` for a run that returned in ``state``."""
+def run_end(
+    thread_id: str,
+    run_id: str,
+    state: TurnState,
+    explanation: str,
+    waiting: Sequence[tuple[ToolCall, str]] = (),
+) -> BaseEvent:
+    """``RUN_FINISHED`` or ``RUN_ERROR`` for a run that returned in ``state``; a run
+    ``AwaitingUser`` has one interrupt per call ``waiting`` for approval (its id is the
+    call's id; ``POST /runs/ID/approve``, or a ``RunAgentInput`` whose ``resume``
+    answers it, goes on), or one for the person's next message."""
     outcome: RunFinishedOutcome
     if state is TurnState.DONE:
         outcome = RunFinishedSuccessOutcome()
     elif state is TurnState.ABORTED:
         outcome = RunFinishedCancelledOutcome()
     elif state is TurnState.AWAITING_USER:
-        waiting = Interrupt(
-            id=f"{run_id}:awaiting-user", reason="awaiting_user", message=explanation
-        )
-        outcome = RunFinishedInterruptOutcome(interrupts=[waiting])
+        interrupts = [
+            Interrupt(
+                id=call.id,
+                reason="tool_approval",
+                tool_call_id=call.id,
+                message=f"approve {call.name}({_arguments(call.arguments)})? {reason}".strip(),
+            )
+            for call, reason in waiting
+        ] or [Interrupt(id=f"{run_id}:input", reason="awaiting_user", message=explanation)]
+        outcome = RunFinishedInterruptOutcome(interrupts=interrupts)
     else:
         return RunErrorEvent(message=explanation or state.value, code=state.value)
     return RunFinishedEvent(thread_id=thread_id, run_id=run_id, outcome=outcome)

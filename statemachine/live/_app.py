@@ -9,6 +9,9 @@
 ``GET /runs/ID/events``    watch run ``ID``: its AG-UI events as server-sent events
 ``POST /runs/ID/steer``    ``{"message": "..."}``: queue a message for the next turn
 ``POST /runs/ID/abort``    abort the run
+``POST /runs/ID/approve``  ``{"approvals": {"CALL_ID": true}}``: resume a run that waits
+                           for approvals (also: a ``RunAgentInput`` whose ``resume``
+                           answers the run's interrupts)
 =========================  ===================================================================
 
 It is a door into running agents, so it is shut by default. Every request passes one
@@ -64,7 +67,8 @@ from ag_ui.core import BaseEvent, RunAgentInput
 from pydantic import ValidationError
 
 from statemachine.agent.agent import Agent
-from statemachine.agent.events import RunEvent
+from statemachine.agent.events import RunEvent, RunReturned
+from statemachine.agent.resume import resume_run
 from statemachine.agent.run import AgentRun
 from statemachine.errors import InvalidInputError, UsageError
 from statemachine.live._agui import AguiStream, library_messages, run_end
@@ -366,6 +370,11 @@ class LiveApp:
                 body = await self._body(headers, receive)
                 await self._act(live, action, body, send)
                 return
+            if action == "approve" and method == "POST":
+                body = await self._body(headers, receive)
+                approvals = body.get("approvals") if isinstance(body, dict) else None
+                await self._resume(live, approvals, receive, send)
+                return
         raise _HttpError(404, "route", "no such route or run")
 
     async def _page_response(self, scope: Scope, send: Send) -> None:
@@ -403,6 +412,10 @@ class LiveApp:
             raise _HttpError(
                 422, "input", f"not a RunAgentInput: {where}: {first['msg']}"
             ) from None
+        if request.resume:
+            live, approvals = self._answered(request.thread_id, request.resume)
+            await self._resume(live, approvals, receive, send)
+            return
         run_id = request.run_id
         if not _RUN_ID.fullmatch(run_id):
             raise _HttpError(422, "input", "runId: 1 to 128 letters, digits or . _ : -")
@@ -424,6 +437,46 @@ class LiveApp:
         self._runs[run_id] = live
         # Subscribed before the run starts, so its stream holds the run from the start.
         await self._watch(live, receive, send, start=True)
+
+    def _answered(self, thread_id: str, answers: list[Any]) -> tuple[_LiveRun, dict[str, bool]]:
+        """The held run of ``thread_id`` that waits on the interrupts ``answers`` answer,
+        and the approvals they give (``resolved`` approves, unless its payload says
+        ``{"approved": false}``; ``cancelled`` denies)."""
+        approvals = {}
+        for answer in answers:
+            payload = answer.payload if isinstance(answer.payload, dict) else {}
+            approved = answer.status == "resolved" and payload.get("approved", True) is not False
+            approvals[answer.interrupt_id] = approved
+        for live in self._runs.values():
+            waiting = {c.id for c, _ in live.run.engine.pending_approvals()}
+            if live.thread_id == thread_id and live.returned and waiting == set(approvals):
+                return live, approvals
+        raise _HttpError(409, "input", "no run of this thread waits on exactly those interrupts")
+
+    async def _resume(
+        self, live: _LiveRun, approvals: object, receive: Receive, send: Send
+    ) -> None:
+        """Resume a run that waits for approvals, as a new run under the same id, and
+        answer with its events."""
+        decided = approvals if isinstance(approvals, dict) else None
+        if decided is None or not all(
+            isinstance(k, str) and isinstance(v, bool) for k, v in decided.items()
+        ):
+            raise _HttpError(422, "input", 'approve takes {"approvals": {"CALL_ID": true}}')
+        result = live.run.result
+        if result is None or not result.pending_approvals:
+            raise _HttpError(409, "returned", "the run does not wait for approvals")
+        if self._watchers >= self.max_watchers:
+            raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
+        try:
+            run: AgentRun = resume_run(
+                result, approvals=decided, **self.agent._shared(self.deps, None)
+            )
+        except (InvalidInputError, UsageError) as exc:
+            raise _HttpError(422, "input", str(exc)) from None
+        resumed = _LiveRun(run, live.thread_id)
+        self._runs[run.run_id] = resumed
+        await self._watch(resumed, receive, send, start=True)
 
     def _make_room(self) -> None:
         if len(self._runs) < self.max_runs:
@@ -495,13 +548,15 @@ class LiveApp:
                     break
                 finally:
                     following = None
-                for out in agui.convert(event, live.run.engine.messages):
+                engine = live.run.engine
+                waiting = engine.pending_approvals() if isinstance(event, RunReturned) else ()
+                for out in agui.convert(event, engine.messages, waiting):
                     await self._send_event(send, out)
             if not agui.ended:  # the run had returned before this watcher came
                 engine = live.run.engine
-                end = run_end(
-                    live.thread_id, live.run.run_id, engine.state, engine.explanation or ""
-                )
+                explanation = engine.explanation or ""
+                waiting = engine.pending_approvals()
+                end = run_end(live.thread_id, live.run.run_id, engine.state, explanation, waiting)
                 await self._send_event(send, end)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

@@ -76,6 +76,7 @@ _PAGE: Final = """<!doctype html>
   <h1>Run <span id="run-id">(none)</span> <span id="run-state" class="badge"></span></h1>
   <p id="run-summary">Choose a run, or start one.</p>
   <p id="dropped" class="warning" hidden></p>
+  <div id="waiting" hidden></div>
   <p id="problem" class="error" hidden></p>
 </header>
 <main>
@@ -118,6 +119,8 @@ h2 { font-size: 1rem; margin: 0.5rem 0; }
 .error { color: #b91c1c; white-space: pre-wrap; margin: 0.3rem 0 0; }
 .warning { color: #9a6700; margin: 0.3rem 0 0; }
 #run-summary { margin: 0.3rem 0 0; color: #57606a; }
+#waiting { margin: 0.4rem 0 0; padding: 0.4rem 0.6rem; background: #fef9c3; border-radius: 6px; }
+#waiting p { margin: 0.2rem 0; }
 main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 0.75rem;
        padding: 0.75rem; }
 #diagram-box { grid-column: 1; position: relative; }
@@ -311,6 +314,7 @@ _SCRIPT: Final = """
       case "RUN_FINISHED":
         $("run-summary").textContent += " · returned" +
           (e.outcome && e.outcome.type !== "success" ? " (" + e.outcome.type + ")" : "");
+        if (e.outcome && e.outcome.type === "interrupt") ask(e.outcome.interrupts);
         body.dataset.finished = "true";
         refresh();
         break;
@@ -351,7 +355,7 @@ _SCRIPT: Final = """
     reading = new AbortController();
     count = 0; dropped = 0; state = {};
     delete body.dataset.finished; delete body.dataset.dropped;
-    $("dropped").hidden = true; problem("");
+    $("dropped").hidden = true; $("waiting").hidden = true; problem("");
     request.signal = reading.signal;
     return fetch(request.url, request).then(read).catch((e) => {
       if (e.name !== "AbortError") problem("The stream stopped: " + e.message);
@@ -362,6 +366,36 @@ _SCRIPT: Final = """
     history.replaceState(null, "", "#run=" + encodeURIComponent(id));
     follow({ url: "/runs/" + encodeURIComponent(id) + "/events", method: "GET" });
     refresh();
+  };
+  // A run that waits for approvals: a button for each decision; the answer resumes it
+  // and its events follow here.
+  const ask = (interrupts) => {
+    const box = $("waiting");
+    box.replaceChildren();
+    const calls = interrupts.filter((i) => i.reason === "tool_approval");
+    if (!calls.length) return;
+    const decisions = {};
+    for (const i of calls) {
+      const line = el("p", "", i.message || i.id);
+      for (const [label, value] of [["approve", true], ["deny", false]]) {
+        const b = el("button", "decide", label);
+        b.type = "button";
+        b.dataset.call = i.id;
+        b.addEventListener("click", () => {
+          decisions[i.id] = value;
+          line.textContent = (value ? "approved: " : "denied: ") + (i.message || i.id);
+          if (Object.keys(decisions).length === calls.length) {
+            box.hidden = true;
+            follow({ url: "/runs/" + encodeURIComponent(current) + "/approve", method: "POST",
+              headers: { "content-type": "application/json" },
+              body: JSON.stringify({ approvals: decisions }) });
+          }
+        });
+        line.append(" ", b);
+      }
+      box.append(line);
+    }
+    box.hidden = false;
   };
   const post = (path, data) => fetch(path, {
     method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(data),
