@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -335,3 +336,19 @@ def test_a_name_given_in_hosts_is_answered_and_others_still_refused(gate: thread
         other = _request(url, "GET", "/runs", None, {**auth(), "host": f"evil.example:{port}"})
     assert named.status_code == 200
     assert other.status_code == 403
+
+
+@pytest.mark.timeout(60)
+def test_a_body_that_trickles_in_is_refused_at_its_deadline(gate: threading.Event) -> None:
+    app = _gated_app(gate, body_seconds=0.5)
+    with live_server(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=DEADLINE) as slow:
+            slow.sendall(
+                f"POST / HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+            )
+            answer = slow.recv(65536)  # nothing more is sent: the server answers alone
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert app.refused["body"] == 1
+    assert not app.runs

@@ -25,6 +25,7 @@ import uvicorn
 from statemachine.errors import InvalidInputError
 from statemachine.live._agui import CUSTOM_PREFIX, AguiStream
 from statemachine.live._app import (
+    DEFAULT_BODY_SECONDS,
     DEFAULT_KEEPALIVE_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_BUFFERED,
@@ -37,6 +38,7 @@ from statemachine.live._app import (
 
 __all__ = [
     "CUSTOM_PREFIX",
+    "DEFAULT_BODY_SECONDS",
     "DEFAULT_HOST",
     "DEFAULT_KEEPALIVE_SECONDS",
     "DEFAULT_MAX_BODY_BYTES",
@@ -90,6 +92,8 @@ def _server(app: LiveApp) -> uvicorn.Server:
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # Connections at once: the event streams, and room for the other requests.
+        limit_concurrency=app.max_watchers + 64,
     )
     return uvicorn.Server(config)
 

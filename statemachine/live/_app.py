@@ -27,7 +27,8 @@ gate (``_refusal``) before any route sees it, in this order:
    so the page's script never holds the token) before it redirects to ``/``. Compared
    in constant time;
 4. a body is JSON (``Content-Type: application/json``, which a page of another origin
-   cannot send without a preflight that is refused) and at most ``max_body_bytes``.
+   cannot send without a preflight that is refused), at most ``max_body_bytes``, and
+   arrives within ``body_seconds``.
 
 Why a plain ASGI callable rather than a framework: six routes, one gate before all of
 them, and one streaming response that must notice a watcher leaving and let go of its
@@ -89,6 +90,7 @@ from statemachine.live._http import (
 from statemachine.live._page import page_html
 
 __all__ = [
+    "DEFAULT_BODY_SECONDS",
     "DEFAULT_KEEPALIVE_SECONDS",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BUFFERED",
@@ -113,6 +115,9 @@ DEFAULT_MAX_BUFFERED: Final = 1000
 
 DEFAULT_KEEPALIVE_SECONDS: Final = 15.0
 """How long an event stream stays silent before a keep-alive comment is sent."""
+
+DEFAULT_BODY_SECONDS: Final = 30.0
+"""How long a request body may take to arrive."""
 
 MIN_TOKEN_LENGTH: Final = 16
 """The shortest access token a ``LiveApp`` takes."""
@@ -193,6 +198,7 @@ class LiveApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
+        body_seconds: float = DEFAULT_BODY_SECONDS,
     ) -> None:
         if not isinstance(agent, Agent):
             raise InvalidInputError("LiveApp serves an Agent (statemachine.Agent)")
@@ -210,6 +216,7 @@ class LiveApp:
                 raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
             _positive(name, value)
         _positive("keepalive_seconds", keepalive_seconds)
+        _positive("body_seconds", body_seconds)
         self.agent = agent
         self.token_given = token is not None
         self.token = token if token is not None else secrets.token_urlsafe(32)
@@ -220,6 +227,7 @@ class LiveApp:
         self.max_body_bytes = max_body_bytes
         self.max_buffered = max_buffered
         self.keepalive_seconds = float(keepalive_seconds)
+        self.body_seconds = float(body_seconds)
         self.refused: collections.Counter[str] = collections.Counter()
         self._runs: dict[str, _LiveRun] = {}
         self._watchers = 0
@@ -326,8 +334,16 @@ class LiveApp:
                 413, "body", f"the body is larger than {limit:,} bytes (max_body_bytes)"
             )
         body = bytearray()
+        # A body that trickles in holds a connection: it has its own deadline.
+        deadline = asyncio.get_running_loop().time() + self.body_seconds
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise _HttpError(
+                    408, "body", f"the body took longer than {self.body_seconds:g} s to arrive"
+                ) from None
             if message["type"] == "http.disconnect":
                 raise _HttpError(400, "body", "the client left before its body arrived")
             body += message.get("body", b"")
