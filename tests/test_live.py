@@ -28,6 +28,7 @@ from live_support import (
     live_server,
     read_stream,
     run_input,
+    sse_events,
     validate_live,
 )
 
@@ -409,3 +410,24 @@ def test_an_approval_for_a_run_that_does_not_wait_is_refused() -> None:
     assert wrong.status_code == 422
     assert unknown.status_code == 409
     assert again.status_code == 409  # denied once, the run went on: nothing waits now
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_stream_gets_keep_alive_comments_that_clients_skip() -> None:
+    gate = threading.Event()
+    app = LiveApp(
+        sm.Agent(PacedModel([Wait(gate), Say("late")])), token=TOKEN, keepalive_seconds=0.05
+    )
+    try:
+        with live_server(app) as url, httpx2.Client(timeout=DEADLINE) as client:
+            with client.stream("POST", url + "/", json=run_input("r1"), headers=auth()) as answer:
+                text = ""
+                for chunk in answer.iter_text():
+                    text += chunk
+                    if text.count(": keep-alive") >= 2:
+                        gate.set()
+            events = [e["type"] for e in sse_events(text)]
+    finally:
+        gate.set()
+    assert events[-1] == "RUN_FINISHED"
+    assert validate_agui(sse_events(text)).summary.errors == 0
