@@ -431,3 +431,21 @@ def test_a_silent_stream_gets_keep_alive_comments_that_clients_skip() -> None:
         gate.set()
     assert events[-1] == "RUN_FINISHED"
     assert validate_agui(sse_events(text)).summary.errors == 0
+
+
+def test_without_graphviz_the_page_lists_the_states_to_light(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import statemachine._render as render
+    from statemachine.errors import DiagramError
+    from statemachine.live._page import page_html
+
+    def no_graphviz(*args: object, **kwargs: object) -> str:
+        raise DiagramError("svg needs pygraphviz (the [diagrams] extra)")
+
+    monkeypatch.setattr(render, "render", no_graphviz)
+    page = page_html()
+    assert '<ul id="states">' in page
+    for state in ("Ready", "AwaitingModel", "CollectingResults", "AwaitingUser", "Done"):
+        assert f'data-state="{state}"' in page, state
+    assert "<svg" not in page

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("ag_ui", reason="the [live] extra is not installed")
+pytest.importorskip("ag_ui_validate", reason="ag-ui-validate (the [dev] extra) is not installed")
 
 from headless import Browser, chromium, keep
 from live_support import (

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ag_ui", reason="the [live] extra is not installed")
+pytest.importorskip("ag_ui_validate", reason="ag-ui-validate (the [dev] extra) is not installed")
 
 import httpx2
 from live_support import DEADLINE, run_input, sse_events
