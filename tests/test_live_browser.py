@@ -95,7 +95,7 @@ def test_the_page_shows_the_run_while_it_runs() -> None:
             starter = StreamReader(url + "/", "POST", run_input("r1", prompt="weather in Paris?"))
             starter.wait_until("the run started", lambda r: "STATE_DELTA" in r.types())
             _open(b, f"{url}/?token={TOKEN}")
-            _until(b, "location.href.endsWith('/#run=r1')", "the run it follows")
+            _until(b, "location.hash === '#run=r1'", "the run it follows")
             _until(b, "document.body.dataset.state === 'AwaitingModel'", "the run waiting")
             lit = "document.querySelector('#diagram g.live-current title').textContent"
             assert b.evaluate(lit) == "AwaitingModel"
@@ -202,12 +202,14 @@ Promise.allSettled(tries).then((results) => {{
 
 @pytest.fixture
 def attacker() -> Iterator[tuple[str, list[str]]]:
-    """A second local server, on another port, serving a page: its address, and where
-    to put that page's text."""
+    """A second local server, on another port, serving a page: its address, and a list
+    whose first item is that page's text; the headers of every request it gets are
+    added to the list."""
     page: list[str] = [""]
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            page.append(str(self.headers))
             data = page[0].encode()
             self.send_response(200)
             self.send_header("content-type", "text/html; charset=utf-8")
@@ -241,7 +243,7 @@ def test_a_page_of_another_origin_cannot_drive_or_watch_a_run(
         with live_server(app) as url, Browser(width=1000, height=700) as b:
             starter = StreamReader(url + "/", "POST", run_input("r1"))
             starter.wait_until("the run started", lambda r: "STATE_DELTA" in r.types())
-            # The worst case: this browser holds the server's cookie (it opened the page).
+            # The worst case: this browser opened the live page with its token.
             _open(b, f"{url}/?token={TOKEN}")
             _until(b, "document.body.dataset.ready === 'true'", "the live page")
             page[0] = ATTACK.format(live=url, start=json.dumps(run_input("evil")))
@@ -260,6 +262,11 @@ def test_a_page_of_another_origin_cannot_drive_or_watch_a_run(
             events = starter.join()
     finally:
         gate.set()
+    # Cookies are not kept apart by port: the token must not be one, or this server
+    # would have been handed it with the page's request.
+    seen = page[1:]
+    assert seen
+    assert not any(TOKEN in headers for headers in seen), seen
     results = json.loads(title.removeprefix("done "))
     assert not any(r.startswith("read:") for r in results), results  # nothing read back
     assert runs == ["r1"]  # nothing started

@@ -44,9 +44,12 @@ def test_serve_demo_prints_the_address_serves_a_run_and_stops_on_ctrl_c(tmp_path
         url, token = found.groups()
         with httpx2.Client(timeout=DEADLINE) as client:
             assert client.get(url + "/runs").status_code == 401
-            assert client.get(f"{url}/?token={token}").status_code == 303
+            assert client.get(f"{url}/?token={token}").status_code == 200
             with client.stream(
-                "POST", url + "/", json=run_input("r1", prompt="list the files")
+                "POST",
+                url + "/",
+                json=run_input("r1", prompt="list the files"),
+                headers={"authorization": f"Bearer {token}"},
             ) as response:
                 events = sse_events("".join(response.iter_text()))
         assert events[-1]["type"] == "RUN_FINISHED"

@@ -23,9 +23,10 @@ gate (``_refusal``) before any route sees it, in this order:
    not this server's, or ``Sec-Fetch-Site`` other than ``same-origin`` or ``none``.
    No CORS header is ever sent, so no other origin may read an answer either;
 3. the access token, on every request, watching included: ``Authorization: Bearer
-   TOKEN``, or the cookie that ``GET /?token=TOKEN`` sets (HttpOnly, SameSite=Strict,
-   so the page's script never holds the token) before it redirects to ``/``. Compared
-   in constant time;
+   TOKEN``; the page alone is also opened as ``GET /?token=TOKEN``, and its script sends
+   the token it finds in its address as that header. Compared in constant time. Never a
+   cookie: a browser hands a cookie of 127.0.0.1 to every server of 127.0.0.1,
+   whatever its port, so any local server the browser visits would get the token;
 4. a body is JSON (``Content-Type: application/json``, which a page of another origin
    cannot send without a preflight that is refused), at most ``max_body_bytes``, and
    arrives within ``body_seconds``.
@@ -79,7 +80,6 @@ from statemachine.live._http import (
     Receive,
     Scope,
     Send,
-    cookie,
     disconnected,
     headers_of,
     query,
@@ -309,19 +309,11 @@ class LiveApp:
         authorization = headers.get("authorization", "")
         if authorization[:7].lower() == "bearer ":
             given = authorization[7:].strip()
-        else:
-            given = cookie(headers, self._cookie_name(scope))
-            if given is None and scope["method"] == "GET" and scope["path"] == "/":
-                given = query(scope).get("token")
+        elif scope["method"] == "GET" and scope["path"] == "/":
+            given = query(scope).get("token")
         if given is None:
             return False
         return hmac.compare_digest(given.encode("utf-8"), self.token.encode("utf-8"))
-
-    @staticmethod
-    def _cookie_name(scope: Scope) -> str:
-        # Cookies are not kept apart by port: each server names its own.
-        server = scope.get("server") or ("", 0)
-        return f"statemachine_live_{server[1]}"
 
     async def _body(self, headers: Mapping[str, str], receive: Receive) -> Any:
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
@@ -366,7 +358,7 @@ class LiveApp:
         method, path = scope["method"], scope["path"]
         if path == "/":
             if method == "GET":
-                await self._page_response(scope, send)
+                await self._page_response(send)
             elif method == "POST":
                 await self._start(await self._body(headers, receive), scope, receive, send)
             else:
@@ -393,12 +385,7 @@ class LiveApp:
                 return
         raise _HttpError(404, "route", "no such route or run")
 
-    async def _page_response(self, scope: Scope, send: Send) -> None:
-        if "token" in query(scope):
-            # The token leaves the address: it is kept in a cookie the script cannot read.
-            cookie = f"{self._cookie_name(scope)}={self.token}; HttpOnly; SameSite=Strict; Path=/"
-            await respond(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode())])
-            return
+    async def _page_response(self, send: Send) -> None:
         if self._page is None:
             self._page = page_html()
         await respond(send, 200, self._page.encode("utf-8"), PAGE_HEADERS)

@@ -4,8 +4,7 @@ by hand (``statemachine.live._app`` says why there is no framework)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from http.cookies import CookieError, SimpleCookie
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 from urllib.parse import parse_qs
 
@@ -15,7 +14,6 @@ __all__ = [
     "Receive",
     "Scope",
     "Send",
-    "cookie",
     "disconnected",
     "headers_of",
     "query",
@@ -55,16 +53,6 @@ def headers_of(scope: Scope) -> dict[str, str]:
 def query(scope: Scope) -> dict[str, str]:
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), max_num_fields=20)
     return {key: values[0] for key, values in query.items()}
-
-
-def cookie(headers: Mapping[str, str], name: str) -> str | None:
-    cookies: SimpleCookie = SimpleCookie()
-    try:
-        cookies.load(headers.get("cookie", ""))
-    except CookieError:
-        return None
-    morsel = cookies.get(name)
-    return None if morsel is None else morsel.value
 
 
 async def respond(

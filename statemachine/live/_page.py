@@ -7,8 +7,11 @@ calls with their arguments, each call running and then its result), and how many
 events the page missed when it fell behind (``statemachine.eventsDropped``).
 
 The page reads the same AG-UI event stream as any client (``GET /runs/ID/events``,
-or the answer of the ``POST /`` that starts a run), with ``fetch``, so the browser
-sends the HttpOnly cookie that holds the token: the page itself holds no secret.
+or the answer of the ``POST /`` that starts a run), with ``fetch``. It is opened as
+``/?token=TOKEN``, and its script sends that token from its own address as an
+``Authorization`` header; the page's text holds no secret, and no cookie is set
+(``statemachine.live._app`` says why). The server asks browsers to send no
+``Referer``, so the address leaves with no link.
 Everything from a run is written with ``textContent``, never as markup, and a
 Content-Security-Policy lets only the page's own script run and only talk to its own
 origin.
@@ -179,6 +182,11 @@ _SCRIPT: Final = """
     edges.get(t.textContent).push(g);
   }
   const body = document.body;
+  // The token this page was opened with, sent as a header (never a cookie: a browser
+  // would hand a cookie to every server of this host, whatever its port).
+  const token = new URLSearchParams(location.search).get("token") || "";
+  const authorized = (options) =>
+    ({ ...options, headers: { ...(options.headers || {}), authorization: "Bearer " + token } });
   // At its own size the diagram's words are readable; it scrolls to the lit state.
   // "fit" shows it whole in the column instead.
   const svg = document.querySelector("#diagram svg");
@@ -357,7 +365,7 @@ _SCRIPT: Final = """
     delete body.dataset.finished; delete body.dataset.dropped;
     $("dropped").hidden = true; $("waiting").hidden = true; problem("");
     request.signal = reading.signal;
-    return fetch(request.url, request).then(read).catch((e) => {
+    return fetch(request.url, authorized(request)).then(read).catch((e) => {
       if (e.name !== "AbortError") problem("The stream stopped: " + e.message);
     });
   };
@@ -397,10 +405,10 @@ _SCRIPT: Final = """
     }
     box.hidden = false;
   };
-  const post = (path, data) => fetch(path, {
+  const post = (path, data) => fetch(path, authorized({
     method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(data),
-  }).then(async (r) => { if (!r.ok) problem("The server refused: " + (await r.json()).error); });
-  const refresh = () => fetch("/runs").then((r) => r.json()).then((data) => {
+  })).then(async (r) => { if (!r.ok) problem("The server refused: " + (await r.json()).error); });
+  const refresh = () => fetch("/runs", authorized({})).then((r) => r.json()).then((data) => {
     const list = $("runs");
     list.replaceChildren();
     for (const run of data.runs) {
