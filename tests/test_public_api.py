@@ -94,8 +94,8 @@ PUBLIC_MODULES = (
     "statemachine.durable",
     "statemachine.docs",
 )
-"""Public modules importable with the core dependencies (``providers``, ``mcp`` and
-``otel`` need their extras and are checked by their own tests)."""
+"""Public modules importable with the core dependencies (``providers``, ``mcp``,
+``otel`` and ``live`` need their extras and are checked by their own tests)."""
 
 INTERNAL_LAYERS = ("core", "agent", "cli")
 
@@ -115,6 +115,7 @@ def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
     submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "docs"}
+    submodules |= {"live"}
     assert exported - set(statemachine.__all__) <= submodules
 
 
