@@ -25,6 +25,19 @@ once, arguments in pieces), a final usage chunk (``stream_options.include_usage`
 and ``reasoning_content`` that some compatible servers send, kept as thinking. With
 ``stream=False`` the whole completion arrives at once and is read the same way.
 
+Compatible servers are read tolerantly. Responses are validated (strictly) against
+the adapter's own models of what it reads (``_Completion``, ``_Chunk``), not the
+SDK's: a field those do not name is kept in ``model_extra`` and otherwise ignored,
+and a value the SDK's types would refuse where we read none (Groq's
+``"service_tier": "on_demand"``, Azure's prompt-filter chunk with ``"object": ""``)
+passes. A chunk with no choices (Azure's filter annotations, the usage chunk) adds
+nothing but its usage. What we do read is checked: text is text, a call's name and
+arguments are text, a whole completion has a finish reason. A tool call of a type
+other than ``function`` (``"custom"``: free-form input for a tool this library
+never declares) is refused by name with ``ProviderResponseError``, as the Responses
+adapter refuses the same call: running it is impossible and dropping it would end
+the run quietly.
+
 Limits (per attempt; see ``_adapter``): ``timeout=600`` s for the whole attempt,
 ``idle_timeout=300`` s between stream events, ``max_response_bytes`` 32 MiB. Invalid
 JSON or a malformed chunk raises ``ProviderResponseError``; a refused connection
@@ -45,7 +58,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the SDK
     raise missing_extra("openai") from exc
 
-from openai.types.chat import ChatCompletion
+import pydantic
 
 from statemachine.agent.model import CallOptions
 from statemachine.core.messages import (
@@ -67,6 +80,7 @@ from statemachine.providers._adapter import (
     IncompleteStreamError,
     ModelAdapter,
     ResponseReader,
+    UnreadableResponseError,
 )
 from statemachine.providers._errors import Failure, ProviderRequestError
 from statemachine.providers._native import checked_flag, openai_json_schema
@@ -205,6 +219,84 @@ def _usage(raw: Any) -> Usage | None:
     )
 
 
+# -- what we read of a response ------------------------------------------------------
+# The SDK's BaseModel keeps unknown fields (model_extra); each model names only what
+# the reader uses, so any other field or value a compatible server sends passes.
+
+
+class _Function(openai.BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _Call(openai.BaseModel):
+    index: int = 0  # streamed fragments only
+    id: str | None = None
+    type: str | None = None
+    function: _Function | None = None
+
+
+class _Part(openai.BaseModel):
+    """A whole message or a streamed delta (``reasoning_content`` in ``model_extra``)."""
+
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_Call] | None = None
+
+
+class _PromptDetails(openai.BaseModel):
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+
+class _Usage(openai.BaseModel):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+
+
+class _ChunkChoice(openai.BaseModel):
+    index: int = 0
+    delta: _Part | None = None  # Azure's content-filter annotations have none
+    finish_reason: str | None = None
+
+
+class _Chunk(openai.BaseModel):
+    id: str | None = None
+    model: str | None = None
+    choices: list[_ChunkChoice] = pydantic.Field(default_factory=list)
+    usage: _Usage | None = None
+
+
+class _Choice(openai.BaseModel):
+    index: int = 0
+    message: _Part
+    finish_reason: str
+
+
+class _Completion(openai.BaseModel):
+    id: str | None = None
+    model: str | None = None
+    choices: list[_Choice]
+    usage: _Usage | None = None
+
+
+def _refuse_other_call(call: _Call) -> None:
+    """A call of a type other than ``function``: see the module docstring. (Streamed
+    fragments after the first carry no type.)"""
+    kind = call.type
+    if kind is None or kind == "function":
+        return
+    inner = (call.model_extra or {}).get(kind)
+    name = inner.get("name") if isinstance(inner, dict) else None
+    named = f" of the tool {name!r}" if isinstance(name, str) and name else ""
+    raise UnreadableResponseError(
+        f"the response holds a tool call of type {kind!r}{named}, a call of a kind this "
+        "adapter cannot run or carry back (only function tools are sent)"
+    )
+
+
 class _ChunkReader(ResponseReader):
     """Reads the chunks of a stream, or one whole completion (``stream=False``)."""
 
@@ -230,11 +322,19 @@ class _ChunkReader(ResponseReader):
         self.note_response(item.id, item.model)
         if item.usage is not None:
             self.raw_usage = item.usage
-        whole = isinstance(item, ChatCompletion)
+        whole = isinstance(item, _Completion)
         for choice in item.choices:
             if choice.index != 0:
                 continue  # we ask for one choice; ignore any other
             part = choice.message if whole else choice.delta
+            if part is None:
+                # A chunk that only annotates (Azure's content filter) may still end
+                # the response.
+                if choice.finish_reason is not None:
+                    self.finish = choice.finish_reason
+                continue
+            for call in part.tool_calls or ():
+                _refuse_other_call(call)
             extra = part.model_extra or {}
             reasoning = extra.get("reasoning_content") or extra.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
@@ -244,20 +344,20 @@ class _ChunkReader(ResponseReader):
             if part.refusal:
                 self.builder.append_text(part.refusal)
             if whole:
-                self._whole_calls(choice.message.tool_calls or ())
+                self._whole_calls(part.tool_calls or ())
             else:
-                self._call_fragments(choice.delta.tool_calls or ())
+                self._call_fragments(part.tool_calls or ())
             if choice.finish_reason is not None:
                 self.finish = choice.finish_reason
 
     def _whole_calls(self, calls: Sequence[Any]) -> None:
         for index, call in enumerate(calls):
-            function = getattr(call, "function", None)
-            if function is None:
-                continue  # a custom (non-function) tool call: not one of ours
+            function = call.function
+            if function is None or function.name is None:
+                raise UnreadableResponseError("a tool call of the completion has no function name")
             block = self.builder.block(("tool", index), "tool")
-            block.call_id, block.name = call.id, function.name
-            block.text.append(function.arguments)
+            block.call_id, block.name = call.id or "", function.name or ""
+            block.text.append(function.arguments or "")
 
     def _call_fragments(self, fragments: Sequence[Any]) -> None:
         builder = self.builder
@@ -380,9 +480,20 @@ class OpenAIChatModel(ModelAdapter):
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
-        opened = await cast(Any, self._client.chat.completions).create(**body)
+        # Posted with our own response models (see the module docstring) instead of
+        # chat.completions.create, whose models refuse what compatible servers send.
+        payload = {k: v for k, v in body.items() if k != "extra_body"}
+        payload.update(body.get("extra_body") or {})
+        client = cast(Any, self._client)
         if not body["stream"]:
-            return opened
+            return await client.post("/chat/completions", body=payload, cast_to=_Completion)
+        opened = await client.post(
+            "/chat/completions",
+            body=payload,
+            cast_to=_Chunk,
+            stream=True,
+            stream_cls=openai.AsyncStream[_Chunk],
+        )
         content_type = str(opened.response.headers.get("content-type", "")).lower()
         if "json" in content_type:
             # The server ignored "stream": true and sent one JSON document.
