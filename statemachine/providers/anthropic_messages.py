@@ -499,15 +499,18 @@ class AnthropicModel(ModelAdapter):
         key = self._setup(model, api_key, options)
         self.native_output = checked_flag(native_output)
         positive_int("max_tokens", max_tokens)
-        if not key and client is None:
+        if not key and client is None and self.needs_key:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
         self.stream = stream
-        self._client = client or anthropic.AsyncAnthropic(
-            api_key=key, **self._sdk_options(base_url)
-        )
+        self._client = client or self._new_client(key, base_url)
+
+    needs_key = True  # False for Anthropic on Vertex AI, which authenticates with Google
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return anthropic.AsyncAnthropic(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]

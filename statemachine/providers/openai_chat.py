@@ -440,7 +440,10 @@ class OpenAIChatModel(ModelAdapter):
         self.max_tokens = max_tokens
         self.stream = stream
         self.stream_usage = stream_usage
-        self._client = client or openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
+        self._client = client or self._new_client(key, base_url)
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
