@@ -1,6 +1,8 @@
 """OpenAIChatModel against recorded Chat Completions traffic: OpenAI itself, and the
 OpenAI-compatible endpoints of Gemini, Cerebras and Ollama (``ollama/recorded``: real
-Ollama responses, the path the providers guide tells Ollama users to take).
+Ollama responses on its ``/v1`` endpoint), and the services behind the compatible
+model-string prefixes, each in its own folder: Groq, DeepSeek, OpenRouter, Cerebras
+and Mistral.
 
 Each recording is replayed turn by turn through the real ``openai`` SDK: the
 loopback server sends the recorded bytes, and the next turn's history is our reply
@@ -42,14 +44,54 @@ from statemachine.providers import (
     ProviderError,
     ProviderRequestError,
     ProviderResponseError,
+    ProviderUnavailableError,
     RetryPolicy,
 )
 
 KEY = "sk-recorded-chat-0123456789abcdef"
-CASES = [("openai", r.name) for r in recordings("openai")] + [
-    ("ollama", r.name) for r in recordings("ollama")
+# Every OpenAI-compatible service with recordings, each in its own folder.
+SERVICES = ("openai", "ollama", "groq", "deepseek", "openrouter", "cerebras", "mistral")
+# Recordings whose client retried an error the way we do not (the same request again,
+# or a retry prompt after it): each is checked up to its first error, below.
+RETRIED_ERRORS = {
+    ("groq", "tool_use_failed_error"): (ProviderRequestError, "Tool call validation failed"),
+    ("groq", "tool_use_failed_error_streaming"): (
+        ProviderRequestError,
+        "Tool call validation failed",
+    ),
+    ("groq", "tool_use_failed_error_with_text"): (ProviderRequestError, "did not call a tool"),
+    ("groq", "tool_use_failed_error_streaming_with_text"): (
+        ProviderRequestError,
+        "did not call a tool",
+    ),
+    ("openrouter", "openrouter_errors_raised"): (
+        ProviderUnavailableError,
+        "returned HTTP 429: Provider returned error",
+    ),
+}
+CASES = [
+    (service, r.name)
+    for service in SERVICES
+    for r in recordings(service)
+    if (service, r.name) not in RETRIED_ERRORS
 ]
-PASSED_THROUGH = ("max_completion_tokens", "response_format", "moderation", "reasoning_effort")
+PASSED_THROUGH = (
+    "max_completion_tokens",
+    "response_format",
+    "moderation",
+    "reasoning_effort",
+    # the services' own request fields, sent through extra_body
+    "clear_thinking",
+    "search_settings",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_p",
+    "models",
+    "provider",
+    "transforms",
+    "reasoning",
+    "preset",
+)
 
 
 def model_for(
@@ -65,6 +107,8 @@ def model_for(
         base_url=server.url + base,
         system=system,
         stream=bool(body.get("stream", False)),
+        # Groq's and Mistral's own SDKs stream without asking for a usage chunk.
+        stream_usage="stream_options" in body,
         temperature=body.get("temperature"),
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
@@ -129,21 +173,30 @@ def expected_reply(response: Mapping[str, Any]) -> tuple[list[Any], str, Mapping
             arguments = json.loads(call["function"]["arguments"] or "{}")
             content.append(("call", call["id"], call["function"]["name"], arguments))
         return content, body["choices"][0]["finish_reason"], body["usage"]
-    text, finish = "", ""
+    text, thinking, finish = "", "", ""
     usage: Mapping[str, Any] = {}
     calls: dict[int, list[Any]] = {}
     for chunk in sse_events(response["text"]):
-        usage = chunk.get("usage") or usage
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            text += delta.get("content") or ""
+        usage = chunk.get("usage") or (chunk.get("x_groq") or {}).get("usage") or usage
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            thinking += delta.get("reasoning_content") or delta.get("reasoning") or ""
+            parts = delta.get("content") or ""
+            if isinstance(parts, str):
+                parts = [{"type": "text", "text": parts}]
+            for part in parts:  # Mistral: a list of text and thinking parts
+                if part["type"] == "text":
+                    text += part["text"]
+                else:
+                    thinking += "".join(t["text"] for t in part["thinking"])
             for call in delta.get("tool_calls") or ():
                 entry = calls.setdefault(call["index"], ["call", "", "", ""])
                 entry[1] += call.get("id") or ""
                 entry[2] += call.get("function", {}).get("name") or ""
                 entry[3] += call.get("function", {}).get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    content = [("text", text)] if text else []
+    content = [("thinking", thinking)] if thinking else []
+    content += [("text", text)] if text else []
     for index in sorted(calls):
         kind, call_id, name, arguments = calls[index]
         content.append((kind, call_id, name, json.loads(arguments or "{}")))
@@ -248,6 +301,15 @@ def test_the_corpus_has_ten_recordings_or_more() -> None:
     assert len([c for c in CASES if c[0] == "openai"]) >= 10
 
 
+@pytest.mark.parametrize(
+    ("service", "least"),
+    [("groq", 5), ("openrouter", 5), ("cerebras", 3), ("deepseek", 2), ("mistral", 2)],
+)
+def test_each_compatible_service_has_its_recordings(service: str, least: int) -> None:
+    # As many as the public source had that replay whole (SOURCES.md says which not).
+    assert len([c for c in CASES if c[0] == service]) >= least
+
+
 # -- what particular recordings show ------------------------------------------------------------
 
 
@@ -297,3 +359,25 @@ def test_ollama_reasoning_is_kept_as_thinking(server: LoopbackServer) -> None:
     thinking = first.content[0]
     assert isinstance(thinking, sm.messages.ThinkingContent)
     assert thinking.thinking.startswith("We need to answer question")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("service", "name"), sorted(RETRIED_ERRORS))
+def test_a_recorded_service_error_is_classified(
+    service: str, name: str, server: LoopbackServer
+) -> None:
+    kind, words = RETRIED_ERRORS[service, name]
+    rec = recording(service, name)
+    outcomes, _ = replay(rec, server)
+    error = outcomes[-1]
+    assert type(error) is kind
+    assert words in str(error)
+    assert_same_request(rec.interactions[len(outcomes) - 1].body, server.requests[-1].json())
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_groq_tool_failure_is_not_retried(server: LoopbackServer) -> None:
+    # Groq's 400 "tool_use_failed" is the model's bad call: a request error, at once.
+    outcomes, _ = replay(recording("groq", "tool_use_failed_error"), server)
+    assert len(outcomes) == 1
+    assert len(server.requests) == 1

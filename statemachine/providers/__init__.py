@@ -36,13 +36,13 @@ from statemachine.providers.registry import known_providers, model_from_string, 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
     from statemachine.providers.azure import AzureOpenAIChatModel, AzureOpenAIResponsesModel
-    from statemachine.providers.fallback import FallbackModel
-    from statemachine.providers.ollama import OllamaModel
-    from statemachine.providers.vertex import AnthropicVertexModel, VertexGeminiModel
     from statemachine.providers.bedrock import BedrockModel
+    from statemachine.providers.fallback import FallbackModel
     from statemachine.providers.gemini import GeminiModel
+    from statemachine.providers.ollama import OllamaModel
     from statemachine.providers.openai_chat import OpenAIChatModel
     from statemachine.providers.openai_responses import OpenAIResponsesModel
+    from statemachine.providers.vertex import AnthropicVertexModel, VertexGeminiModel
 
 __all__ = [
     "AnthropicModel",

@@ -31,7 +31,9 @@ SDK's: a field those do not name is kept in ``model_extra`` and otherwise ignore
 and a value the SDK's types would refuse where we read none (Groq's
 ``"service_tier": "on_demand"``, Azure's prompt-filter chunk with ``"object": ""``)
 passes. A chunk with no choices (Azure's filter annotations, the usage chunk) adds
-nothing but its usage. What we do read is checked: text is text, a call's name and
+nothing but its usage; Groq's streamed usage (``x_groq.usage``) is read as usage, and a
+``content`` given as a list of parts (Mistral's reasoning models) as its text and
+thinking parts. What we do read is checked: text is text, a call's name and
 arguments are text, a whole completion has a finish reason. A tool call of a type
 other than ``function`` (``"custom"``: free-form input for a tool this library
 never declares) is refused by name with ``ProviderResponseError``, as the Responses
@@ -236,10 +238,19 @@ class _Call(openai.BaseModel):
     function: _Function | None = None
 
 
+class _ContentChunk(openai.BaseModel):
+    """A part of a ``content`` list: Mistral's reasoning models send ``text`` parts
+    and ``thinking`` parts (whose ``thinking`` is a list of ``text`` parts)."""
+
+    type: str
+    text: str | None = None
+    thinking: list[_ContentChunk] | None = None
+
+
 class _Part(openai.BaseModel):
     """A whole message or a streamed delta (``reasoning_content`` in ``model_extra``)."""
 
-    content: str | None = None
+    content: str | list[_ContentChunk] | None = None
     refusal: str | None = None
     tool_calls: list[_Call] | None = None
 
@@ -262,11 +273,16 @@ class _ChunkChoice(openai.BaseModel):
     finish_reason: str | None = None
 
 
+class _Groq(openai.BaseModel):
+    usage: _Usage | None = None
+
+
 class _Chunk(openai.BaseModel):
     id: str | None = None
     model: str | None = None
     choices: list[_ChunkChoice] = pydantic.Field(default_factory=list)
     usage: _Usage | None = None
+    x_groq: _Groq | None = None  # Groq streams its usage here, in the last chunk
 
 
 class _Choice(openai.BaseModel):
@@ -322,6 +338,8 @@ class _ChunkReader(ResponseReader):
         self.note_response(item.id, item.model)
         if item.usage is not None:
             self.raw_usage = item.usage
+        elif isinstance(item, _Chunk) and item.x_groq is not None and item.x_groq.usage:
+            self.raw_usage = item.x_groq.usage
         whole = isinstance(item, _Completion)
         for choice in item.choices:
             if choice.index != 0:
@@ -339,7 +357,9 @@ class _ChunkReader(ResponseReader):
             reasoning = extra.get("reasoning_content") or extra.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 self.builder.add_text(self.builder.block(("thinking", 0), "thinking"), reasoning)
-            if part.content:
+            if isinstance(part.content, list):
+                self._content_chunks(part.content)
+            elif part.content:
                 self.builder.append_text(part.content)
             if part.refusal:
                 self.builder.append_text(part.refusal)
@@ -349,6 +369,17 @@ class _ChunkReader(ResponseReader):
                 self._call_fragments(part.tool_calls or ())
             if choice.finish_reason is not None:
                 self.finish = choice.finish_reason
+
+    def _content_chunks(self, chunks: Sequence[_ContentChunk]) -> None:
+        for chunk in chunks:
+            if chunk.type == "thinking":
+                thinking = "".join(t.text or "" for t in chunk.thinking or () if t.type == "text")
+                if thinking:
+                    self.builder.add_text(self.builder.block(("thinking", 0), "thinking"), thinking)
+            elif chunk.type == "text" and chunk.text:
+                self.builder.append_text(chunk.text)
+            else:
+                self.skipped("content", chunk.type)
 
     def _whole_calls(self, calls: Sequence[Any]) -> None:
         for index, call in enumerate(calls):
