@@ -381,3 +381,22 @@ def test_a_recorded_groq_tool_failure_is_not_retried(server: LoopbackServer) -> 
     outcomes, _ = replay(recording("groq", "tool_use_failed_error"), server)
     assert len(outcomes) == 1
     assert len(server.requests) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "name", ["tool_use_failed_error_with_text", "tool_use_failed_error_streaming_with_text"]
+)
+def test_groq_calls_after_the_retry_prompt_are_read(name: str, server: LoopbackServer) -> None:
+    # The recording's turns after its error: the retry prompt, and Groq's answer with
+    # reasoning and a call (whole, then streamed).
+    whole = recording("groq", name)
+    rec = Recording(name, whole.source, whole.interactions[1:])
+    [outcome], _ = replay(rec, server)
+    assert isinstance(outcome, sm.AssistantMessage)
+    assert_same_request(rec.interactions[0].body, server.requests[0].json())
+    content, finish, usage = expected_reply(rec.interactions[0].response)
+    assert [c[0] for c in content] == ["thinking", "call"]
+    assert ours(outcome, set()) == content
+    assert outcome.usage == usage_of(usage)
+    assert outcome.stop_reason is STOPS[finish] is sm.messages.StopReason.TOOL_USE
