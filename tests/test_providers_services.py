@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from providers_server import (
+    FIXTURES,
     READ,
     TEXT_REPLY,
     LoopbackServer,
@@ -460,3 +461,57 @@ def test_ollama_run_settings_go_in_options(server: LoopbackServer) -> None:
         "stop": ["END"],
     }
     assert body["messages"][0] == {"role": "system", "content": "Answer in French."}
+
+
+# -- Ollama: recorded native responses (ollama/native/SOURCES.md) ---------------------------
+
+SEARCH = sm.ToolDefinition(
+    "search",
+    "Search the web.",
+    {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+)
+DATETIME = sm.ToolDefinition("datetime", "The date and time.", {"type": "object"})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("name", "tool", "arguments", "usage"),
+    [
+        ("tool_call_with_arguments", SEARCH, {"query": "ollama bash lib"}, (129, 47)),
+        ("tool_call_without_arguments", DATETIME, {}, (126, 35)),
+    ],
+)
+def test_a_recorded_ollama_call_is_read_with_its_thinking_and_usage(
+    name: str,
+    tool: sm.ToolDefinition,
+    arguments: dict[str, Any],
+    usage: tuple[int, int],
+    server: LoopbackServer,
+) -> None:
+    body = (FIXTURES / "ollama" / "native" / f"{name}.json").read_bytes()
+    recorded = json.loads(body)["message"]
+    server.add(Reply(200, JSON, body))
+    reply = complete(ollama(server, stream=False), tools=(tool,))
+    thinking, call = reply.content
+    assert thinking == sm.messages.ThinkingContent(recorded["thinking"])
+    assert isinstance(call, sm.ToolCall)
+    assert (call.name, dict(call.arguments)) == (tool.name, arguments)
+    assert call.id.startswith("call_")  # Ollama sent none
+    assert reply.stop_reason is sm.messages.StopReason.TOOL_USE
+    assert reply.usage == sm.messages.Usage(
+        input=usage[0], output=usage[1], total_tokens=sum(usage)
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_ollama_502_is_retried_then_unavailable(server: LoopbackServer) -> None:
+    body = (FIXTURES / "ollama" / "native" / "error_502.json").read_bytes()
+    server.add(Reply(502, JSON, body), Reply(502, JSON, body))
+    sleeps = Sleeps()
+    model = OllamaModel(
+        "gpt-oss:20b", base_url=server.url, retry=RetryPolicy(max_attempts=2), sleep=sleeps
+    )
+    with pytest.raises(ProviderUnavailableError, match="upstream error"):
+        complete(model)
+    assert len(server.requests) == 2
+    assert len(sleeps.delays) == 1
