@@ -515,3 +515,17 @@ def test_a_recorded_ollama_502_is_retried_then_unavailable(server: LoopbackServe
         complete(model)
     assert len(server.requests) == 2
     assert len(sleeps.delays) == 1
+
+
+@pytest.mark.timeout(60)
+def test_azure_chat_reads_azures_published_filter_stream(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    azure_env(monkeypatch)
+    server.add(sse("azure/async_filter_stream.sse"))
+    model = AzureOpenAIChatModel(
+        "gpt-35-turbo", endpoint=server.url, api_key="azure-key-0123456789", retry=ONE
+    )
+    reply = complete(model)
+    assert reply.content == (sm.TextContent("Color is a"),)
+    assert reply.stop_reason is sm.messages.StopReason.STOP
