@@ -529,3 +529,30 @@ def test_azure_chat_reads_azures_published_filter_stream(
     reply = complete(model)
     assert reply.content == (sm.TextContent("Color is a"),)
     assert reply.stop_reason is sm.messages.StopReason.STOP
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "name"),
+    [
+        ("groq:llama-3.3-70b-versatile", {"api_key": "k"}, "groq"),
+        ("xai:grok-4", {"api_key": "k"}, "x_ai"),
+        ("mistral:mistral-small-latest", {"api_key": "k"}, "mistral_ai"),
+        ("openai:gpt-4o", {"api_key": "k"}, "openai"),
+        (
+            "azure:gpt-4o",
+            {"api_key": "k", "endpoint": "https://x.openai.azure.com"},
+            "azure.ai.openai",
+        ),
+        ("vertex:gemini-2.5-flash", {"project": "p"}, "gcp.vertex_ai"),
+        ("ollama:qwen3:8b", {}, "ollama"),
+    ],
+)
+def test_a_traced_service_has_its_conventions_provider_name(
+    spec: str, options: dict[str, Any], name: str
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from statemachine.otel import AgentTracer
+
+    traced = AgentTracer(TracerProvider()).model(model_from_string(spec, **options))
+    assert traced.provider == name  # type: ignore[attr-defined]

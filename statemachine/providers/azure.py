@@ -53,6 +53,7 @@ class _Azure:
     """What both Azure adapters add: the resource, the version and the credential."""
 
     provider = "Azure OpenAI"
+    provider_name: str | None = "azure.ai.openai"  # its gen_ai.provider.name
     key_env = "AZURE_OPENAI_API_KEY"
     _azure: dict[str, Any]
 

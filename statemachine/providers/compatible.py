@@ -40,19 +40,28 @@ class Compatible:
     name: str
     base_url: str
     key_env: str
+    telemetry: str  # its ``gen_ai.provider.name`` (the conventions' value where they have one)
 
 
 COMPATIBLE: dict[str, Compatible] = {
-    "groq": Compatible("Groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY"),
-    "deepseek": Compatible("DeepSeek", "https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
-    "openrouter": Compatible("OpenRouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
-    "xai": Compatible("xAI", "https://api.x.ai/v1", "XAI_API_KEY"),
-    "together": Compatible("Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY"),
-    "fireworks": Compatible(
-        "Fireworks AI", "https://api.fireworks.ai/inference/v1", "FIREWORKS_API_KEY"
+    "groq": Compatible("Groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY", "groq"),
+    "deepseek": Compatible(
+        "DeepSeek", "https://api.deepseek.com/v1", "DEEPSEEK_API_KEY", "deepseek"
     ),
-    "cerebras": Compatible("Cerebras", "https://api.cerebras.ai/v1", "CEREBRAS_API_KEY"),
-    "mistral": Compatible("Mistral", "https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
+    "openrouter": Compatible(
+        "OpenRouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", "openrouter"
+    ),
+    "xai": Compatible("xAI", "https://api.x.ai/v1", "XAI_API_KEY", "x_ai"),
+    "together": Compatible(
+        "Together AI", "https://api.together.xyz/v1", "TOGETHER_API_KEY", "together_ai"
+    ),
+    "fireworks": Compatible(
+        "Fireworks AI", "https://api.fireworks.ai/inference/v1", "FIREWORKS_API_KEY", "fireworks"
+    ),
+    "cerebras": Compatible(
+        "Cerebras", "https://api.cerebras.ai/v1", "CEREBRAS_API_KEY", "cerebras"
+    ),
+    "mistral": Compatible("Mistral", "https://api.mistral.ai/v1", "MISTRAL_API_KEY", "mistral_ai"),
 }
 """The services by prefix (the providers guide has the same table)."""
 
@@ -72,4 +81,5 @@ def compatible_model(prefix: str, model: str, **options: Any) -> ModelClient:
     # Errors name the service and the variable its key comes from.
     client.provider = service.name
     client.key_env = service.key_env
+    client.provider_name = service.telemetry
     return client

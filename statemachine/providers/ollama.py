@@ -225,6 +225,7 @@ class OllamaModel(ModelAdapter):
     """
 
     provider = "Ollama"
+    provider_name = "ollama"  # its gen_ai.provider.name
     key_env = "OLLAMA_API_KEY"
     sdk: ClassVar[Any] = None
     reader = _LineReader

@@ -443,6 +443,8 @@ class OpenAIChatModel(ModelAdapter):
 
     provider = "OpenAI"
     key_env = "OPENAI_API_KEY"
+    # A compatible service's gen_ai.provider.name (None: a tracer takes "openai").
+    provider_name: str | None = None
     sdk: ClassVar[Any] = openai
     reader = _ChunkReader
 

@@ -43,6 +43,7 @@ class VertexGeminiModel(GeminiModel):
     other option is ``GeminiModel``'s)."""
 
     provider = "Vertex AI Gemini"
+    provider_name = "gcp.vertex_ai"  # its gen_ai.provider.name
     needs_key = False
 
     def __init__(
@@ -93,6 +94,7 @@ class AnthropicVertexModel(AnthropicModel):
     every other option is ``AnthropicModel``'s)."""
 
     provider = "Vertex AI Anthropic"
+    provider_name = "gcp.vertex_ai"
     needs_key = False
 
     def __init__(
