@@ -400,3 +400,64 @@ def test_groq_calls_after_the_retry_prompt_are_read(name: str, server: LoopbackS
     assert ours(outcome, set()) == content
     assert outcome.usage == usage_of(usage)
     assert outcome.stop_reason is STOPS[finish] is sm.messages.StopReason.TOOL_USE
+
+
+@pytest.mark.timeout(60)
+def test_deepseek_thinking_goes_back_between_calls_and_parallel_calls_are_read(
+    server: LoopbackServer,
+) -> None:
+    # DeepSeek's thinking mode with tools: its reasoning_content goes back on each
+    # assistant message of the tool loop (as the recording client sent it). The
+    # recording opens with two system messages; we send the first as the system
+    # prompt, so the second is left out of the comparison.
+    rec = recording("deepseek", "deepseek_deferred_capability_with_thinking", "tools")
+
+    def deepseek(
+        turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+    ) -> OpenAIChatModel:
+        model = model_for(turn, server, on_text)
+        model.reasoning_field = "reasoning_content"
+        return model
+
+    def one_to_one(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list[sm.Message]:
+        # Each recorded message after the system prompts is one of ours, in order; the
+        # client also added an assistant call of its own (search_tools), kept as is.
+        recorded = [m for m in body["messages"] if m["role"] != "system"][len(history) :]
+        out: list[sm.Message] = []
+        for message in recorded:
+            if message["role"] == "user":
+                out.append(sm.UserMessage(message["content"]))
+            elif message["role"] == "assistant":
+                calls = tuple(
+                    sm.ToolCall(
+                        c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])
+                    )
+                    for c in message["tool_calls"]
+                )
+                out.append(sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE))
+            else:
+                by_id = {c.id: c for c in last_calls([*history, *out])}
+                call = by_id[message["tool_call_id"]]
+                out.append(sm.ToolResultMessage(call.id, call.name, message["content"]))
+        return out
+
+    outcomes, _ = providers_corpus.replay(rec, server, deepseek, one_to_one, tools_of)
+    assert len(outcomes) == 3
+    for index, outcome in enumerate(outcomes):
+        assert isinstance(outcome, sm.AssistantMessage)
+        response = rec.interactions[index].response["json"]
+        message = response["choices"][0]["message"]
+        content, finish, usage = expected_reply(rec.interactions[index].response)
+        assert ours(outcome, set()) == content
+        assert outcome.usage == usage_of(usage)
+        assert outcome.stop_reason is STOPS[finish]
+        sent = [m for m in server.requests[index].json()["messages"] if m["role"] != "system"]
+        recorded = [m for m in rec.interactions[index].body["messages"] if m["role"] != "system"]
+        assert canonical(sent, {}) == canonical(recorded, {})
+        # (the client's own call went with an empty reasoning_content, ours with none)
+        assert [m.get("reasoning_content") for m in sent] == [
+            m.get("reasoning_content") or None for m in recorded
+        ]
+        if index == 1:
+            assert len(message["tool_calls"]) == 2  # two calls in parallel
+            assert [c.name for c in outcome.tool_calls] == ["get_player_name", "roll_dice"]

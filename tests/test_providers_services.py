@@ -556,3 +556,20 @@ def test_a_traced_service_has_its_conventions_provider_name(
 
     traced = AgentTracer(TracerProvider()).model(model_from_string(spec, **options))
     assert traced.provider == name  # type: ignore[attr-defined]
+
+
+def test_deepseek_sends_thinking_back_as_reasoning_content_and_others_do_not() -> None:
+    deepseek = model_from_string("deepseek:deepseek-reasoner", api_key="k")
+    groq = model_from_string("groq:qwen/qwen3-32b", api_key="k")
+    assert isinstance(deepseek, OpenAIChatModel)
+    assert isinstance(groq, OpenAIChatModel)
+    history: list[sm.Message] = [
+        sm.UserMessage("hi"),
+        sm.AssistantMessage((sm.messages.ThinkingContent("Greet back."), sm.TextContent("Hello"))),
+        sm.UserMessage("again"),
+    ]
+    sent = deepseek.request_body(history, ())["messages"][1]
+    assert sent == {"role": "assistant", "content": "Hello", "reasoning_content": "Greet back."}
+    assert "reasoning_content" not in groq.request_body(history, ())["messages"][1]
+    with pytest.raises(InvalidInputError, match="reasoning_field"):
+        OpenAIChatModel("m", api_key="k", reasoning_field="not a field")

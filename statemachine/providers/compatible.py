@@ -10,7 +10,9 @@ What each service adds on the wire is read tolerantly by the Chat adapter (Groq'
 ``x_groq`` and ``service_tier``, OpenRouter's ``provider`` and ``reasoning``...), and
 reasoning sent as ``reasoning_content`` (DeepSeek) or ``reasoning`` (OpenRouter, Groq,
 Cerebras) is kept as thinking. Chat Completions has no input for reasoning, so it is
-not sent back (DeepSeek asks that it is not).
+not sent back, except to DeepSeek, whose thinking mode takes it back as
+``reasoning_content`` between tool calls (``reasoning_field="reasoning_content"``, set
+by the ``deepseek`` prefix).
 
 Mistral is taken through its OpenAI-compatible endpoint rather than its own SDK: the
 endpoint serves the same ``/v1/chat/completions`` wire (messages, function tools,
@@ -77,6 +79,8 @@ def compatible_model(prefix: str, model: str, **options: Any) -> ModelClient:
             f"no {service.name} API key: set {service.key_env} or pass api_key="
         )
     options.setdefault("base_url", service.base_url)
+    if prefix == "deepseek":
+        options.setdefault("reasoning_field", "reasoning_content")
     client = OpenAIChatModel(model, api_key=key, **options)
     # Errors name the service and the variable its key comes from.
     client.provider = service.name

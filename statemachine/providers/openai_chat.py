@@ -11,7 +11,9 @@ Projection to the Chat Completions wire format, on top of ``sendable_history``:
   content is sent as ``(empty message)`` (and an empty result as ``(no output)``),
   since some servers refuse empty strings;
 * an assistant message becomes ``content`` plus ``tool_calls`` (arguments as JSON
-  text); thinking is not sent back (Chat Completions has no input for it);
+  text); thinking is not sent back (Chat Completions has no input for it), unless
+  ``reasoning_field`` names the field a server takes it in (DeepSeek's
+  ``reasoning_content``, which its thinking mode needs back between tool calls);
 * each result becomes one ``role: tool`` message right after its assistant message.
   Tool messages carry text only, so a result's images follow in one user message
   after the batch's results;
@@ -69,6 +71,7 @@ from statemachine.core.messages import (
     Message,
     StopReason,
     TextContent,
+    ThinkingContent,
     ToolCall,
     ToolResultMessage,
     Usage,
@@ -117,10 +120,18 @@ def _user_parts(content: Sequence[TextContent | ImageContent]) -> str | list[dic
     return parts
 
 
-def _assistant_entry(message: AssistantMessage) -> dict[str, Any] | None:
+def _assistant_entry(
+    message: AssistantMessage, reasoning_field: str | None = None
+) -> dict[str, Any] | None:
     """An assistant message as a Chat Completions entry; ``None`` if it has neither
-    text nor calls (e.g. a response that held only thinking)."""
+    text nor calls (e.g. a response that held only thinking). With a
+    ``reasoning_field``, its thinking goes back in that field."""
     entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    thinking = "".join(
+        b.thinking for b in message.content if isinstance(b, ThinkingContent) and not b.redacted
+    )
+    if reasoning_field and thinking:
+        entry[reasoning_field] = thinking
     calls = [
         {
             "id": normalise_id(call.id, MAX_ID_LENGTH),
@@ -141,7 +152,7 @@ def _assistant_entry(message: AssistantMessage) -> dict[str, Any] | None:
 
 
 def project_messages(
-    messages: Sequence[Message], system: str | None = None
+    messages: Sequence[Message], system: str | None = None, reasoning_field: str | None = None
 ) -> list[dict[str, Any]]:
     """Our history as Chat Completions ``messages`` (see the module docstring)."""
     out: list[dict[str, Any]] = []
@@ -162,7 +173,7 @@ def project_messages(
             parts = _user_parts(message.content) or "(empty message)"
             out.append({"role": "user", "content": parts})
         elif isinstance(message, AssistantMessage):
-            entry = _assistant_entry(message)
+            entry = _assistant_entry(message, reasoning_field)
             if entry is not None:
                 out.append(entry)
         else:
@@ -424,6 +435,10 @@ class OpenAIChatModel(ModelAdapter):
     limits, ``on_text``, ``logger``) are described in ``AdapterOptions``; ``system``
     is sent as the first message, with the ``system`` role.
 
+    ``reasoning_field`` [None]: the assistant-message field that carries thinking
+    back to a server that takes it (``"reasoning_content"`` for DeepSeek, which the
+    ``deepseek:`` prefix sets); by default thinking is not sent back.
+
     ``stream=False`` asks for the whole response at once, for servers that do not
     stream; a server that answers a streaming request with plain JSON, or refuses
     one with an error that mentions streaming, gets an error that says to pass it.
@@ -459,9 +474,15 @@ class OpenAIChatModel(ModelAdapter):
         stream_usage: bool = True,
         client: openai.AsyncOpenAI | None = None,
         native_output: bool = True,
+        reasoning_field: str | None = None,
         **options: Unpack[AdapterOptions],
     ) -> None:
         key = self._setup(model, api_key, options)
+        if reasoning_field is not None and not (
+            isinstance(reasoning_field, str) and reasoning_field.isidentifier()
+        ):
+            raise InvalidInputError("reasoning_field must be a field name such as 'reasoning'")
+        self.reasoning_field = reasoning_field
         self.native_output = checked_flag(native_output)
         if not key:
             if base_url is None and client is None:
@@ -484,7 +505,7 @@ class OpenAIChatModel(ModelAdapter):
         """The keyword arguments of ``chat.completions.create`` for this context."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": project_messages(messages, self.system),
+            "messages": project_messages(messages, self.system, self.reasoning_field),
             "stream": self.stream,
         }
         if self.stream and self.stream_usage:
