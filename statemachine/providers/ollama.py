@@ -372,10 +372,21 @@ def _checked(item: object) -> object:
 
 
 async def _lines(response: httpx2.Response) -> AsyncIterator[object]:
-    """Each JSON line of a streamed response, closing it at the end."""
+    """Each JSON line of a streamed response, closing it at the end. Lines are split
+    on bytes and decoded strictly: text that is not UTF-8 is an error, not replaced.
+    (What is buffered is within ``max_response_bytes``, which bounds the body.)"""
+    buffer = bytearray()
     try:
-        async for line in response.aiter_lines():
-            if line.strip():
-                yield _checked(json.loads(line))
+        async for chunk in response.aiter_bytes():
+            searched = len(buffer)  # a long line is scanned once, not once per chunk
+            buffer += chunk
+            while (end := buffer.find(b"\n", searched)) >= 0:
+                line = bytes(buffer[:end])
+                del buffer[: end + 1]
+                searched = 0
+                if line.strip():
+                    yield _checked(json.loads(line.decode("utf-8")))
+        if buffer.strip():
+            yield _checked(json.loads(buffer.decode("utf-8")))
     finally:
         await response.aclose()
