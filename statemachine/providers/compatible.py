@@ -25,12 +25,14 @@ thinking as content chunks, which the Chat adapter reads as text.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from statemachine.agent.model import ModelClient
 from statemachine.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from statemachine.providers.openai_chat import OpenAIChatModel
 
 __all__ = ["COMPATIBLE", "Compatible", "compatible_model"]
 
@@ -68,9 +70,9 @@ COMPATIBLE: dict[str, Compatible] = {
 """The services by prefix (the providers guide has the same table)."""
 
 
-def compatible_model(prefix: str, model: str, **options: Any) -> ModelClient:
+def compatible_model(prefix: str, model: str, **options: Any) -> OpenAIChatModel:
     """The ``OpenAIChatModel`` of the service ``prefix`` names (see the module docstring)."""
-    from statemachine.providers.openai_chat import OpenAIChatModel
+    from statemachine.providers.openai_chat import OpenAIChatModel  # needs the SDK
 
     service = COMPATIBLE[prefix]
     key = options.pop("api_key", None) or os.environ.get(service.key_env)
