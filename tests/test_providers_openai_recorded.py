@@ -35,11 +35,12 @@ from providers_corpus import (
     sse_events,
     trailing,
 )
-from providers_server import LoopbackServer, Sleeps
+from providers_server import LoopbackServer, Sleeps, complete
 
 import statemachine as sm
 import statemachine.messages
 from statemachine.providers import (
+    AzureOpenAIChatModel,
     OpenAIChatModel,
     ProviderError,
     ProviderRequestError,
@@ -461,3 +462,32 @@ def test_deepseek_thinking_goes_back_between_calls_and_parallel_calls_are_read(
         if index == 1:
             assert len(message["tool_calls"]) == 2  # two calls in parallel
             assert [c.name for c in outcome.tool_calls] == ["get_player_name", "roll_dice"]
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_azure_openai_call_replays_through_the_azure_model(
+    server: LoopbackServer,
+) -> None:
+    rec = recording("azure", "azure_provider_call")
+    [turn] = rec.interactions
+    server.add(turn.reply())
+    version = turn.request["query"].removeprefix("api-version=")
+    model = AzureOpenAIChatModel(
+        turn.body["model"],
+        endpoint=server.url,
+        api_version=version,
+        api_key=KEY,
+        stream=False,
+        retry=RetryPolicy(max_attempts=1),
+        sleep=Sleeps(),
+    )
+    history = new_messages(turn.body, [])
+    reply = complete(model, history)
+    content, finish, usage = expected_reply(turn.response)
+    assert ours(reply, set()) == content
+    assert reply.usage == usage_of(usage)
+    assert reply.stop_reason is STOPS[finish]
+    request = server.requests[0]
+    assert request.path == f"{turn.request['path']}?{turn.request['query']}"
+    assert request.headers["api-key"] == KEY
+    assert_same_request(turn.body, request.json())
