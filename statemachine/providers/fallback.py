@@ -4,8 +4,9 @@ next when one is out of service.
 ``FallbackModel([primary, backup, ...])`` calls ``primary``; when that call fails with
 an error that says the model could not answer now (``ProviderUnavailableError``: rate
 limits, overload, server errors and broken connections that outlasted the model's
-own retries; ``ProviderLimitError``: it took longer than its ``timeout`` or went silent
-past its ``idle_timeout``), it calls ``backup`` with the same context, and so on. An
+own retries; ``ProviderLimitError``: it took longer than its ``timeout``, went silent
+past its ``idle_timeout`` or sent more than its ``max_response_bytes``), it calls
+``backup`` with the same context, and so on. An
 error that another model would meet too (a bad key, a refused request, a context
 overflow, a response that cannot be read) is raised at once, and so is the last
 model's error when every one failed. ``fallback_on`` replaces the classes that move
