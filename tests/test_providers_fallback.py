@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from providers_corpus import recording
 from providers_server import (
     TEXT_REPLY,
     Log,
@@ -33,6 +34,7 @@ from statemachine.providers import (
     ProviderRequestError,
     ProviderUnavailableError,
     RetryPolicy,
+    model_from_string,
 )
 
 
@@ -201,3 +203,42 @@ def test_an_abort_during_the_first_model_does_not_ask_the_next(server: LoopbackS
     reply = asyncio.run(go())
     assert reply.stop_reason is sm.messages.StopReason.ABORTED
     assert asked(server) == ["primary"]
+
+
+@pytest.mark.timeout(60)
+def test_recorded_openrouter_rate_limit_falls_back_to_a_recorded_groq_answer(
+    server: LoopbackServer,
+) -> None:
+    limited = recording("openrouter", "openrouter_errors_raised").interactions[0]
+    answer = recording("groq", "groq_model_instructions").interactions[0]
+    assert limited.status == 429
+    server.add(limited.reply(), answer.reply())
+    fallback = FallbackModel(
+        [
+            model_from_string(
+                "openrouter:google/gemini-2.0-flash-exp:free",
+                api_key="sk-or-0123456789",
+                base_url=server.url + "/api/v1",
+                stream=False,
+                retry=RetryPolicy(max_attempts=1),
+            ),
+            model_from_string(
+                "groq:llama-3.3-70b-versatile",
+                api_key="gsk-0123456789",
+                base_url=server.url + "/openai/v1",
+                stream=False,
+                retry=RetryPolicy(max_attempts=1),
+            ),
+        ]
+    )
+    told: list[str | None] = []
+    options = CallOptions(on_response=lambda _, model: told.append(model))
+    signal = sm.AbortController().signal
+    reply = asyncio.run(fallback.complete([sm.UserMessage("hi")], (), signal, options=options))
+    recorded = answer.response["json"]
+    assert reply.text == recorded["choices"][0]["message"]["content"]
+    assert told == [recorded["model"]]
+    assert [r.path for r in server.requests] == [
+        "/api/v1/chat/completions",
+        "/openai/v1/chat/completions",
+    ]
