@@ -292,8 +292,8 @@ class ModelAdapter(abc.ABC):
     """The part of a ``ModelClient`` that does not depend on the provider: options,
     retries, limits, classification of failures, redaction, reading a response."""
 
-    provider: ClassVar[str]
-    key_env: ClassVar[str]
+    provider: str  # class defaults; a compatible service's instance names its own
+    key_env: str
     sdk: ClassVar[Any]  # the SDK module (OpenAI and Anthropic name their exceptions alike)
     reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
     # What the run's CallOptions may carry for this adapter (statemachine.agent.model).
@@ -357,6 +357,10 @@ class ModelAdapter(abc.ABC):
             "http_client": self._http_client(self.sdk.DefaultAsyncHttpxClient),
             "_strict_response_validation": True,
         }
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        """The SDK client this adapter talks through (Azure and Vertex AI's differ)."""
+        raise NotImplementedError
 
     def _raw_base_url(self) -> str:
         """The base URL as the client holds it (an adapter whose SDK client does not

@@ -445,7 +445,10 @@ class OpenAIResponsesModel(ModelAdapter):
         self.reasoning = dict(reasoning) if reasoning is not None else None
         self.encrypted_reasoning = encrypted_reasoning
         self.stream = stream
-        self._client = client or openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
+        self._client = client or self._new_client(key, base_url)
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
