@@ -63,6 +63,7 @@ from statemachine.mcp._requests import Requests
 from statemachine.mcp._resources import MCPPrompt, MCPResource
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
+from statemachine.mcp._stdout import ENCODING, watching
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
@@ -70,6 +71,7 @@ from statemachine.mcp._support import (
     filters,
     http_transport,
     listen_for_tool_changes,
+    may_be_a_reply,
     retrieve,
     shown,
 )
@@ -79,6 +81,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_BLOCKS",
     "DEFAULT_MAX_INPUT_REQUESTS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
@@ -107,6 +110,8 @@ DEFAULT_MAX_BLOCKS = 100
 """Content blocks one tool result may hold; the rest are dropped, with a note."""
 DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Bytes of one message (one line) a stdio server may write on its stdout."""
 
 
 def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
@@ -143,6 +148,7 @@ class MCPServer(Requests):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         max_tools: int = DEFAULT_MAX_TOOLS,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         allowed_tools: ToolFilter | None = None,
         blocked_tools: ToolFilter = (),
         http_headers: Mapping[str, str] | None = None,
@@ -160,6 +166,7 @@ class MCPServer(Requests):
             max_output_bytes=max_output_bytes,
             max_blocks=max_blocks,
             max_tools=max_tools,
+            max_message_bytes=max_message_bytes,
             max_input_requests=max_input_requests,
         )
         self.name = name
@@ -170,6 +177,7 @@ class MCPServer(Requests):
         self.max_output_bytes = max_output_bytes
         self.max_blocks = max_blocks
         self.max_tools = max_tools
+        self.max_message_bytes = max_message_bytes
         self._allowed, self._allowed_names, self._blocked = filters(allowed_tools, blocked_tools)
         self._target = target
         self._headers = dict(http_headers or {})
@@ -247,6 +255,8 @@ class MCPServer(Requests):
             raise InvalidInputError(f"MCP server {self.name!r} is already connected")
         loop = asyncio.get_running_loop()
         listed: asyncio.Future[list[mcp_types.Tool]] = loop.create_future()
+        # Told why the connection failed even after __aenter__ stopped waiting for it.
+        listed.add_done_callback(retrieve)
         self._listed = listed
         self._wake = asyncio.Event()
         self._stage, self._unreadable, self._lost, self._stale = "start", None, None, False
@@ -299,35 +309,17 @@ class MCPServer(Requests):
                 self.max_input_requests,
                 self.max_output_bytes,
             )
-            client = mcp.Client(
-                self._transport(),
-                client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
-                message_handler=self._on_message,
-                sampling_callback=asking.on_sampling if self.sampling else None,
-                elicitation_callback=asking.on_elicitation if self.elicitation else None,
-                logging_callback=asking.on_log,
-                log_level=self.log_level,
-            )
-            async with client:
-                self._stage = "list"
-                try:
-                    tools = await self._list_tools(client)
-                except Exception as exc:  # noqa: BLE001 - reported to __aenter__
-                    if not listed.done():
-                        listed.set_exception(self._unreachable(exc))
-                    self._stage = "failed"  # the connection closes by itself
-                    return
-                self._client = client
-                listed.set_result(tools)
-                await self._until_closed(client)
+            # A stdio server's stdout that cannot be read on ends the connection.
+            with watching(self._stdout_broken, self.max_message_bytes):
+                await self._connected(asking, listed)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # closed by _close (or the loop is going away)
             # the SDK's cancel scope: the transport failed and took the session down
-            self._lost = "the connection was closed"
+            self._lost = self._lost or "the connection was closed"
             await self._failed_to_connect(listed, ConnectionError(self._lost))
         except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
-            self._lost = describe(exc)
+            self._lost = self._lost or describe(exc)
             await self._failed_to_connect(listed, exc)
         finally:
             self._client = None
@@ -335,6 +327,32 @@ class MCPServer(Requests):
                 self._tail.close()
             if not listed.done():  # closed before the tools were listed
                 listed.cancel()
+
+    async def _connected(
+        self, asking: Asking, listed: asyncio.Future[list[mcp_types.Tool]]
+    ) -> None:
+        """Connect, list the tools into ``listed``, and hold the connection until told."""
+        client = mcp.Client(
+            self._transport(),
+            client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
+            message_handler=self._on_message,
+            sampling_callback=asking.on_sampling if self.sampling else None,
+            elicitation_callback=asking.on_elicitation if self.elicitation else None,
+            logging_callback=asking.on_log,
+            log_level=self.log_level,
+        )
+        async with client:
+            self._stage = "list"
+            try:
+                tools = await self._list_tools(client)
+            except Exception as exc:  # noqa: BLE001 - reported to __aenter__
+                if not listed.done():
+                    listed.set_exception(self._unreachable(exc))
+                self._stage = "failed"  # the connection closes by itself
+                return
+            self._client = client
+            listed.set_result(tools)
+            await self._until_closed(client)
 
     async def _until_closed(self, client: mcp.Client) -> None:
         """Keep the connection until told, listening for changes of the tool list."""
@@ -378,13 +396,26 @@ class MCPServer(Requests):
         if isinstance(message, Exception):
             self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
-            if self._stage == "list" and listed is not None and not listed.done():
+            listing = self._stage == "list" and listed is not None and not listed.done()
+            if listed is not None and listing and may_be_a_reply(message):
                 # Most likely the tools/list reply itself, which the SDK then drops.
                 listed.set_exception(
                     MCPError(
                         f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
                     )
                 )
+
+    def _stdout_broken(self, reason: str) -> None:
+        """A stdio server's stdout cannot be read on (the SDK's reader stops): the
+        connection ends now, and every call waiting on it is answered why."""
+        self._lost = self._lost or reason
+        listed = self._listed
+        if listed is not None and not listed.done():
+            doing = "list its tools" if self._stage == "list" else "be reached"
+            message = f"MCP server {self.name!r} could not {doing}: {reason}"
+            listed.set_exception(MCPError(with_stderr(message, self._tail)))
+        if self._wake is not None:
+            self._wake.set()
 
     def _tools_changed(self) -> None:
         self._stale = True
@@ -428,7 +459,8 @@ class MCPServer(Requests):
         self._tail = None
         if isinstance(self._target, mcp.StdioServerParameters):
             self._tail = StderrTail(self._stderr)
-            return mcp.stdio_client(self._target, errlog=self._tail.errlog)
+            params = self._target.model_copy(update={"encoding": ENCODING})
+            return mcp.stdio_client(params, errlog=self._tail.errlog)
         self._refusal = None
 
         def refused(status: str) -> None:
@@ -529,7 +561,7 @@ class MCPServer(Requests):
         self, remote: str, arguments: dict[str, Any], signal: AbortSignal
     ) -> ToolOutput:
         client, holder = self._client, self._holder
-        if client is None or holder is None or holder.done():
+        if client is None or holder is None or holder.done() or self._lost is not None:
             if self._lost is not None:
                 raise MCPError(f"MCP server {self.name!r} is no longer connected: {self._lost}")
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
@@ -571,6 +603,11 @@ class MCPServer(Requests):
         except MCPError:
             raise
         except Exception as exc:
+            if self._lost is not None:  # the request failed because the connection ended
+                raise MCPError(
+                    f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
+                    f"({self._lost})"
+                ) from None
             raise MCPError(
                 f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}"
                 + missing_capability(exc)

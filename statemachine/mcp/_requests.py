@@ -98,7 +98,7 @@ class Requests:
         """One request, within ``call_timeout``, answered (or failed) when the
         connection ends."""
         client, holder = self._client, self._holder
-        if client is None or holder is None or holder.done():
+        if client is None or holder is None or holder.done() or self._lost is not None:
             raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
         request = asyncio.ensure_future(fetch(client))
         try:
@@ -116,8 +116,13 @@ class Requests:
         if not request.done():
             request.cancel()
             request.add_done_callback(retrieve)
-            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
+            ended = f" ({self._lost})" if self._lost else ""
+            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended{ended}")
         try:
             return request.result()
         except Exception as exc:
+            if self._lost is not None:  # the request failed because the connection ended
+                raise MCPError(
+                    f"MCP server {self.name!r}, {what}: the connection ended ({self._lost})"
+                ) from None
             raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc

@@ -114,6 +114,26 @@ async def listen_for_tool_changes(
         changed()
 
 
+def may_be_a_reply(exc: Exception) -> bool:
+    """Whether a message the SDK could not read may be the reply to a request of ours
+    (which the SDK then drops: the request would wait out its deadline), rather than a
+    stray line a server printed on its stdout, which the SDK skips. A reply is a JSON
+    object with an ``id``: a line that does not even start as an object, or an object
+    without an ``id``, is stray. pydantic's ``errors()`` holds what was read."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return True
+    try:
+        read = errors()[0].get("input")
+    except Exception:  # noqa: BLE001 - any other errors() says nothing of the input
+        return True
+    if isinstance(read, str):
+        return read.lstrip().startswith("{")
+    if isinstance(read, Mapping):
+        return "id" in read
+    return True
+
+
 def retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
