@@ -36,6 +36,7 @@ from statemachine.errors import InvalidInputError
 from statemachine.mcp._results import IMAGE_MIME, describe, image
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "DEFAULT_MAX_INPUT_REQUESTS",
     "MAX_LOG_CHARS",
     "MAX_QUESTION_CHARS",
@@ -55,6 +56,9 @@ MAX_LOG_CHARS = 4_000
 MAX_QUESTION_CHARS = 10_000
 """Characters of an elicitation's message and of its schema as JSON; longer: refused."""
 _MAX_NAME_CHARS = 200
+CHARS_PER_TOKEN = 4
+"""Characters a token is counted as, to bound the answer of a sampling model that is
+not told ``max_tokens`` (one that does not list it in ``supported_settings``)."""
 
 
 @attrs.frozen
@@ -80,12 +84,14 @@ class MCPSampling:
     Each request is one model call with no tools (``run_agent``, one turn): the
     server's ``systemPrompt`` becomes the instructions, its ``maxTokens`` (at most
     ``max_tokens``), ``temperature`` and ``stopSequences`` the settings the client
-    supports (``supported_settings``). Refused, with an error the server is given:
-    more than ``max_requests`` requests in one connection, more than ``max_messages``
-    messages or ``max_chars`` characters of text in one, content other than text and
-    images, and any request ``allow`` (given the ``MCPSamplingRequest``; may be async)
-    does not return ``True`` for. ``model_name`` is what the server is told answered
-    (default: the client's ``model`` attribute, or its type's name).
+    supports (``supported_settings``). A model that does not take ``max_tokens`` is
+    still bounded by it: its answer is cut to ``CHARS_PER_TOKEN`` (4) characters a
+    token, and the server told it stopped at ``maxTokens``. Refused, with an error the
+    server is given: more than ``max_requests`` requests in one connection, more than
+    ``max_messages`` messages or ``max_chars`` characters of text in one, content other
+    than text and images, and any request ``allow`` (given the ``MCPSamplingRequest``;
+    may be async) does not return ``True`` for. ``model_name`` is what the server is
+    told answered (default: the client's ``model`` attribute, or its type's name).
     """
 
     model: ModelClient
@@ -311,8 +317,9 @@ class Asking:
         params: mcp_types.CreateMessageRequestParams,
     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
         supported: frozenset[str] = getattr(policy.model, "supported_settings", None) or frozenset()
+        max_tokens = min(request.max_tokens, policy.max_tokens)
         wanted: dict[str, Any] = {
-            "max_tokens": min(request.max_tokens, policy.max_tokens),
+            "max_tokens": max_tokens,
             "temperature": params.temperature,
             "stop": tuple(params.stop_sequences or ()) or None,
         }
@@ -338,10 +345,14 @@ class Asking:
             )
         last = result.messages[-1]
         cut = isinstance(last, AssistantMessage) and last.stop_reason is StopReason.LENGTH
+        text = result.final_text
+        if "max_tokens" not in supported and len(text) > max_tokens * CHARS_PER_TOKEN:
+            # The model was not told max_tokens: its answer is held to it here.
+            text, cut = text[: max_tokens * CHARS_PER_TOKEN], True
         stop = "maxTokens" if cut else "endTurn"
         return mcp_types.CreateMessageResult(
             role="assistant",
-            content=mcp_types.TextContent(type="text", text=result.final_text),
+            content=mcp_types.TextContent(type="text", text=text),
             model=policy.answering_model(),
             stop_reason=stop,
         )
