@@ -26,7 +26,6 @@ The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +42,6 @@ try:
     import httpx2
     import mcp
     import mcp.types as mcp_types
-    from mcp.client.caching import CacheMode
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
@@ -59,7 +57,7 @@ from statemachine.mcp._asking import (
     MCPSamplingRequest,
     missing_capability,
 )
-from statemachine.mcp._requests import Requests
+from statemachine.mcp._listing import Listing
 from statemachine.mcp._resources import MCPPrompt, MCPResource
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
@@ -124,7 +122,7 @@ def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: 
             raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
 
 
-class MCPServer(Requests):
+class MCPServer(Listing):
     """One MCP server's tools for the lifetime of an ``async with`` block.
 
     Build it with :meth:`stdio` or :meth:`http`. Inside the block, :attr:`tools` holds
@@ -135,6 +133,16 @@ class MCPServer(Requests):
 
     _asking: Asking | None = None  # the callbacks of the connection, while connected
     _refusal: str | None = None  # the last HTTP error status the server answered
+    _tail: StderrTail | None = None  # a stdio server's stderr, while connected
+    _client: mcp.Client | None = None
+    _holder: asyncio.Task[None] | None = None
+    _listed: asyncio.Future[list[mcp_types.Tool]] | None = None
+    _wake: asyncio.Event | None = None  # set: the holder closes the connection
+    _stage = "start"
+    _unreadable: str | None = None  # what the SDK last could not read
+    _lost: str | None = None  # why the connection ended, once it has
+    _stale = False  # the server said its tool list changed since it was listed
+    _refresher: asyncio.Future[None] | None = None
 
     def __init__(
         self,
@@ -187,16 +195,6 @@ class MCPServer(Requests):
         self.max_input_requests = max_input_requests
         self.log_level = log_level
         self._stderr = stderr
-        self._tail: StderrTail | None = None  # a stdio server's stderr, while connected
-        self._client: mcp.Client | None = None
-        self._holder: asyncio.Task[None] | None = None
-        self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
-        self._wake: asyncio.Event | None = None  # set: the holder closes the connection
-        self._stage = "start"
-        self._unreadable: str | None = None  # what the SDK last could not read
-        self._lost: str | None = None  # why the connection ended, once it has
-        self._stale = False  # the server said its tool list changed since it was listed
-        self._refresher: asyncio.Future[None] | None = None
         self._log = library_logger("statemachine.mcp")
         self._tools: tuple[Tool, ...] = ()
 
@@ -467,68 +465,6 @@ class MCPServer(Requests):
             self._refusal = status
 
         return http_transport(str(self._target), self._headers, self._auth, refused)
-
-    async def _list_tools(
-        self, client: mcp.Client, cache_mode: CacheMode = "use"
-    ) -> list[mcp_types.Tool]:
-        listed: list[mcp_types.Tool] = []
-        cursor: str | None = None
-        while True:
-            try:
-                page = await client.list_tools(cursor=cursor, cache_mode=cache_mode)
-            except Exception as exc:
-                raise self._unreachable(exc) from exc
-            listed.extend(page.tools)
-            if len(listed) > self.max_tools:
-                raise InvalidInputError(
-                    f"MCP server {self.name!r} lists more than {self.max_tools} tools (max_tools)"
-                )
-            cursor = page.next_cursor
-            if not cursor:
-                return listed
-
-    async def _checked(self, remote: list[mcp_types.Tool]) -> tuple[Tool, ...]:
-        """The offered tools, their schemas checked in a worker thread, one at a time;
-        stopped between two tools when the deadline passes (or the caller cancels)."""
-        names = [t.name for t in remote]
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise InvalidInputError(f"MCP server {self.name!r} lists two tools named {name!r}")
-            seen.add(name)
-        missing = sorted(self._allowed_names - seen)
-        if missing:
-            raise InvalidInputError(
-                f"MCP server {self.name!r} does not list the allowed tools {missing}"
-            )
-        offered = [t for t in remote if self._allowed(t.name) and not self._blocked(t.name)]
-        stop = threading.Event()
-
-        def check() -> list[ToolDefinition]:
-            definitions = []
-            for tool in offered:
-                if stop.is_set():
-                    break
-                definitions.append(self._definition(tool))
-            return definitions
-
-        try:
-            definitions = await asyncio.to_thread(check)
-        finally:
-            stop.set()
-        return tuple(self._tool(t, d) for t, d in zip(offered, definitions, strict=True))
-
-    def _definition(self, remote: mcp_types.Tool) -> ToolDefinition:
-        try:
-            return ToolDefinition(
-                name=self.prefix + remote.name,
-                description=remote.description or remote.title or remote.name,
-                parameters=dict(remote.input_schema),
-            )
-        except InvalidInputError as exc:
-            raise InvalidInputError(
-                f"MCP server {self.name!r}: its tool {remote.name!r} cannot be used: {exc}"
-            ) from None
 
     def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
         return Tool(definition, RemoteCall(self, remote.name), timeout=self.call_timeout)
