@@ -26,6 +26,7 @@ The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +43,7 @@ try:
     import httpx2
     import mcp
     import mcp.types as mcp_types
+    from mcp.shared.exceptions import MCPDeprecationWarning
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
@@ -55,10 +57,13 @@ from statemachine.mcp._asking import (
     MCPProgress,
     MCPSampling,
     MCPSamplingRequest,
+    RootsGiven,
     missing_capability,
+    root_list,
+    url_required,
 )
 from statemachine.mcp._listing import Listing
-from statemachine.mcp._resources import MCPPrompt, MCPResource
+from statemachine.mcp._resources import MCPPrompt, MCPResource, MCPResourceTemplate
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
 from statemachine.mcp._stdout import ENCODING, watching
@@ -89,6 +94,7 @@ __all__ = [
     "MCPProgress",
     "MCPPrompt",
     "MCPResource",
+    "MCPResourceTemplate",
     "MCPSampling",
     "MCPSamplingRequest",
     "MCPServer",
@@ -166,6 +172,7 @@ class MCPServer(Listing):
         elicitation: ElicitationHandler | None = None,
         max_input_requests: int = DEFAULT_MAX_INPUT_REQUESTS,
         log_level: LogLevel | None = "info",
+        roots: RootsGiven | None = None,
     ) -> None:
         _check_bounds(
             call_timeout,
@@ -194,6 +201,8 @@ class MCPServer(Listing):
         self.elicitation = elicitation
         self.max_input_requests = max_input_requests
         self.log_level = log_level
+        self.roots = None if roots is None else tuple(roots)
+        root_list(self.roots or ())  # a root that is not a path or file:// URI: refused now
         self._stderr = stderr
         self._log = library_logger("statemachine.mcp")
         self._tools: tuple[Tool, ...] = ()
@@ -306,6 +315,7 @@ class MCPServer(Listing):
                 self.elicitation,
                 self.max_input_requests,
                 self.max_output_bytes,
+                self.roots,
             )
             # A stdio server's stdout that cannot be read on ends the connection.
             with watching(self._stdout_broken, self.max_message_bytes):
@@ -336,6 +346,7 @@ class MCPServer(Listing):
             message_handler=self._on_message,
             sampling_callback=asking.on_sampling if self.sampling else None,
             elicitation_callback=asking.on_elicitation if self.elicitation else None,
+            list_roots_callback=asking.on_list_roots if self.roots is not None else None,
             logging_callback=asking.on_log,
             log_level=self.log_level,
         )
@@ -539,6 +550,10 @@ class MCPServer(Listing):
         except MCPError:
             raise
         except Exception as exc:
+            urls = url_required(exc)
+            if urls is not None:
+                await asking.tell_urls(urls)
+                raise MCPError(self._url_required(remote, urls)) from None
             if self._lost is not None:  # the request failed because the connection ended
                 raise MCPError(
                     f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
@@ -552,6 +567,28 @@ class MCPServer(Listing):
             remove()
             asking.call_ended(key)
         return self._output(result)
+
+    def _url_required(self, remote: str, urls: list[MCPElicitation]) -> str:
+        said = "; ".join(f"{q.message} {q.url}".strip() for q in urls) or "(no URL given)"
+        return (
+            f"MCP server {self.name!r}, tool {remote!r}: the user must first open a URL "
+            f"(URL-mode elicitation, error -32042 URL_ELICITATION_REQUIRED): {said}; "
+            "call the tool again once they have"
+        )
+
+    async def set_roots(self, roots: RootsGiven) -> None:
+        """Give the server other roots (``roots=`` when connecting): a server of an
+        older protocol is told ``notifications/roots/list_changed`` and asks again; one
+        of the 2026-07-28 protocol asks for them with each request that needs them."""
+        made = root_list(roots)
+        self.roots = tuple(roots)
+        if self._asking is not None:
+            self._asking.roots = made
+        client = self._client
+        if client is not None and client.protocol_version < "2026-07-28":
+            with warnings.catch_warnings():  # deprecated in 2026-07-28, not before
+                warnings.simplefilter("ignore", MCPDeprecationWarning)
+                await client.send_roots_list_changed()
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
         return tool_output(result, *self._limits())

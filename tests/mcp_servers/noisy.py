@@ -11,6 +11,7 @@ stray-at-start      a line that is not JSON before the reply to ``initialize``
 stray-on-list       a line that is not JSON before the reply to ``tools/list``
 stray-on-call       a line that is not JSON before the reply to ``mangle``
 long-line-on-call   ``mangle`` is answered with one line of MCP_TEST_BYTES bytes
+url-required        ``mangle`` is answered with error -32042: a URL to open first
 
 The server goes on answering after it misbehaves, so a client that waits for it
 to exit waits for nothing.
@@ -60,6 +61,14 @@ def _call(rid: Any, params: dict[str, Any]) -> None:
     if MODE == "bytes-on-call":
         reply = json.dumps(_text(rid, "PLACEHOLDER")).encode()
         _raw(reply.replace(b"PLACEHOLDER", b"caf\xe9 \xff\xfe") + b"\n")
+    elif MODE == "url-required":
+        needed = {
+            "mode": "url",
+            "message": "Sign in first",
+            "url": "https://auth.example/start?x=1",
+        }
+        error = {"code": -32042, "message": "URL elicitation required"}
+        _send({"jsonrpc": "2.0", "id": rid, "error": {**error, "data": {"elicitations": [needed]}}})
     elif MODE == "long-line-on-call":
         size = int(os.environ["MCP_TEST_BYTES"])
         reply = json.dumps(_text(rid, "PLACEHOLDER")).encode()
