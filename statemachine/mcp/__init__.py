@@ -550,31 +550,26 @@ class MCPServer(Listing):
         except MCPError:
             raise
         except Exception as exc:
-            urls = url_required(exc)
-            if urls is not None:
-                await asking.tell_urls(urls)
-                raise MCPError(self._url_required(remote, urls)) from None
-            if self._lost is not None:  # the request failed because the connection ended
-                raise MCPError(
-                    f"MCP server {self.name!r}, tool {remote!r}: the connection ended "
-                    f"({self._lost})"
-                ) from None
-            raise MCPError(
-                f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}"
-                + missing_capability(exc)
-            ) from exc
+            raise await self._call_failed(remote, exc, asking) from exc
         finally:
             remove()
             asking.call_ended(key)
         return self._output(result)
 
-    def _url_required(self, remote: str, urls: list[MCPElicitation]) -> str:
-        said = "; ".join(f"{q.message} {q.url}".strip() for q in urls) or "(no URL given)"
-        return (
-            f"MCP server {self.name!r}, tool {remote!r}: the user must first open a URL "
-            f"(URL-mode elicitation, error -32042 URL_ELICITATION_REQUIRED): {said}; "
-            "call the tool again once they have"
-        )
+    async def _call_failed(self, remote: str, exc: Exception, asking: Asking) -> MCPError:
+        """The error of a call the server or the connection failed."""
+        failed = f"MCP server {self.name!r}, tool {remote!r}"
+        urls = url_required(exc)
+        if urls is not None:
+            await asking.tell_urls(urls)
+            said = "; ".join(f"{q.message} {q.url}".strip() for q in urls) or "(no URL given)"
+            return MCPError(
+                f"{failed}: the user must first open a URL (URL-mode elicitation, error "
+                f"-32042 URL_ELICITATION_REQUIRED): {said}; call the tool again once they have"
+            )
+        if self._lost is not None:  # the request failed because the connection ended
+            return MCPError(f"{failed}: the connection ended ({self._lost})")
+        return MCPError(f"{failed}: {describe(exc)}" + missing_capability(exc))
 
     async def set_roots(self, roots: RootsGiven) -> None:
         """Give the server other roots (``roots=`` when connecting): a server of an
