@@ -89,6 +89,19 @@ async def test_resource_updates_of_subscribed_uris_arrive_each_once() -> None:
 
 
 @pytest.mark.timeout(60)
+@_sync
+async def test_an_older_servers_resources_are_subscribed_to_and_their_updates_heard() -> None:
+    server = MCPServer.stdio(sys.executable, [str(NOISY), "resources"], stderr=DEVNULL)
+    watched = ("test://a", "test://b")
+    async with server, server.resource_updates(*watched) as updates:
+        # The server says each updated twice (and test://other once) as it is subscribed.
+        await _until(lambda: set(updates._pending) == set(watched))
+        async with asyncio.timeout(30):
+            assert [await anext(updates), await anext(updates)] == list(watched)
+        assert list(updates._pending) == []
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("answer", ["cancel", "decline", None])
 @_sync
 async def test_an_elicitation_may_be_cancelled_or_declined(

@@ -26,7 +26,6 @@ The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 from __future__ import annotations
 
 import asyncio
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +42,6 @@ try:
     import httpx2
     import mcp
     import mcp.types as mcp_types
-    from mcp.shared.exceptions import MCPDeprecationWarning
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
@@ -76,6 +74,7 @@ from statemachine.mcp._support import (
     listen_for_tool_changes,
     may_be_a_reply,
     retrieve,
+    roots_changed,
     shown,
 )
 
@@ -204,6 +203,7 @@ class MCPServer(Listing):
         self.roots = None if roots is None else tuple(roots)
         root_list(self.roots or ())  # a root that is not a path or file:// URI: refused now
         self._stderr = stderr
+        self._watchers = set()
         self._log = library_logger("statemachine.mcp")
         self._tools: tuple[Tool, ...] = ()
 
@@ -402,6 +402,9 @@ class MCPServer(Listing):
         """The SDK's notifications and the transport's faults (never raises)."""
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._tools_changed()
+        if isinstance(message, mcp_types.ResourceUpdatedNotification):
+            for updates in self._watchers:
+                updates.changed(message.params.uri)
         if isinstance(message, Exception):
             self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
@@ -581,9 +584,7 @@ class MCPServer(Listing):
             self._asking.roots = made
         client = self._client
         if client is not None and client.protocol_version < "2026-07-28":
-            with warnings.catch_warnings():  # deprecated in 2026-07-28, not before
-                warnings.simplefilter("ignore", MCPDeprecationWarning)
-                await client.send_roots_list_changed()
+            await roots_changed(client)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
         return tool_output(result, *self._limits())

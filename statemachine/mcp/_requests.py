@@ -23,7 +23,7 @@ from statemachine.mcp._resources import (
     template_of,
 )
 from statemachine.mcp._results import describe
-from statemachine.mcp._support import retrieve
+from statemachine.mcp._support import retrieve, subscription
 from statemachine.mcp._updates import ResourceUpdates, listen_for_updates
 
 __all__ = ["Requests"]
@@ -44,6 +44,7 @@ class Requests:
     _client: mcp.Client | None
     _holder: asyncio.Task[None] | None
     _lost: str | None
+    _watchers: set[ResourceUpdates]  # the resource_updates blocks of an older server
 
     # -- resources and prompts ----------------------------------------------------------
 
@@ -69,13 +70,18 @@ class Requests:
         yields for the URI of each one the server says changed (read it again with
         ``read_resource``). A server of the 2026-07-28 protocol is listened to on a
         ``subscriptions/listen`` stream (opened within ``call_timeout``); an older
-        one refuses with an ``MCPError``. Unread updates of one URI count once, so
-        they never pile up; the iteration ends with an ``MCPError`` if the stream
-        or the connection is lost."""
+        one is sent ``resources/subscribe`` for each URI (and ``resources/unsubscribe``
+        at the end), and its ``notifications/resources/updated`` heard. Unread updates
+        of one URI count once, so they never pile up; the iteration ends with an
+        ``MCPError`` if the stream or the connection is lost."""
         client, holder = self._client, self._holder
         if client is None or holder is None or holder.done() or self._lost is not None:
             raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
         updates = ResourceUpdates(self.name, uris, holder)
+        if client.protocol_version < "2026-07-28":
+            async with self._subscribed(updates):
+                yield updates
+            return
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         opened.add_done_callback(retrieve)
         listener = asyncio.ensure_future(listen_for_updates(client, updates, opened))
@@ -97,6 +103,21 @@ class Requests:
         finally:
             listener.cancel()
             await asyncio.wait((listener,))
+
+    @contextlib.asynccontextmanager
+    async def _subscribed(self, updates: ResourceUpdates) -> AsyncIterator[None]:
+        """``resources/subscribe`` for each URI (a server of a protocol before
+        2026-07-28), its updates told to ``updates`` while the block lasts."""
+        self._watchers.add(updates)
+        try:
+            for uri in sorted(updates.uris):
+                await self._ask(f"resources/subscribe {uri!r}", subscription(uri, on=True))
+            yield
+        finally:
+            self._watchers.discard(updates)
+            for uri in sorted(updates.uris) if self._lost is None else ():
+                with contextlib.suppress(MCPError):  # best effort: the server may be gone
+                    await self._ask(f"resources/unsubscribe {uri!r}", subscription(uri, on=False))
 
     async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
         """A resource's contents as text and image blocks, bounded like a tool result:

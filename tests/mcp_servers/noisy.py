@@ -12,6 +12,9 @@ stray-on-list       a line that is not JSON before the reply to ``tools/list``
 stray-on-call       a line that is not JSON before the reply to ``mangle``
 long-line-on-call   ``mangle`` is answered with one line of MCP_TEST_BYTES bytes
 url-required        ``mangle`` is answered with error -32042: a URL to open first
+resources           (not misbehaving) a server of the 2025 protocols whose resources
+                    may be subscribed to: ``resources/subscribe`` is answered, then
+                    that URI is said updated twice and ``test://other`` once
 
 The server goes on answering after it misbehaves, so a client that waits for it
 to exit waits for nothing.
@@ -93,7 +96,7 @@ def _answer(request: dict[str, Any]) -> None:
                 rid,
                 {
                     "protocolVersion": request["params"]["protocolVersion"],
-                    "capabilities": {"tools": {}},
+                    "capabilities": {"tools": {}, "resources": {"subscribe": True}},
                     "serverInfo": {"name": "noisy", "version": "1"},
                 },
             )
@@ -106,6 +109,12 @@ def _answer(request: dict[str, Any]) -> None:
         _call(rid, request["params"])
     elif method == "ping":
         _send(_result(rid, {}))
+    elif method in ("resources/subscribe", "resources/unsubscribe") and MODE == "resources":
+        _send(_result(rid, {}))
+        if method == "resources/subscribe":
+            for uri in (request["params"]["uri"], "test://other", request["params"]["uri"]):
+                updated = {"method": "notifications/resources/updated", "params": {"uri": uri}}
+                _send({"jsonrpc": "2.0", **updated})
     else:
         error = {"code": -32601, "message": f"method not found: {method}"}
         _send({"jsonrpc": "2.0", "id": rid, "error": error})
