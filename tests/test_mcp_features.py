@@ -44,6 +44,18 @@ async def test_roots_are_declared_given_and_changed(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 @_sync
+async def test_an_older_server_is_told_the_roots_changed_and_asks_again() -> None:
+    server = MCPServer.stdio(
+        sys.executable, [str(NOISY), "roots"], stderr=DEVNULL, roots=["file:///a"]
+    )
+    async with server:
+        assert await _tool(server, "mangle") == "file:///a (list_changed heard 0 times)"
+        await server.set_roots(["file:///b", "file:///c"])
+        assert await _tool(server, "mangle") == ("file:///b file:///c (list_changed heard 1 times)")
+
+
+@pytest.mark.timeout(60)
+@_sync
 async def test_resource_templates_are_listed_and_a_filled_one_read() -> None:
     async with _features() as server:
         assert await server.list_resource_templates() == (

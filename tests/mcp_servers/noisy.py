@@ -12,6 +12,9 @@ stray-on-list       a line that is not JSON before the reply to ``tools/list``
 stray-on-call       a line that is not JSON before the reply to ``mangle``
 long-line-on-call   ``mangle`` is answered with one line of MCP_TEST_BYTES bytes
 url-required        ``mangle`` is answered with error -32042: a URL to open first
+roots               (not misbehaving) a server of the 2025 protocols: ``mangle`` asks
+                    the client ``roots/list`` and answers with the roots, and how many
+                    ``notifications/roots/list_changed`` it has heard
 resources           (not misbehaving) a server of the 2025 protocols whose resources
                     may be subscribed to: ``resources/subscribe`` is answered, then
                     that URI is said updated twice and ``test://other`` once
@@ -57,7 +60,16 @@ def _text(rid: Any, text: str) -> dict[str, Any]:
     return _result(rid, {"content": [{"type": "text", "text": text}]})
 
 
+_waiting: dict[str, Any] = {}  # the id of a roots/list request: the call it answers
+_heard = {"notifications/roots/list_changed": 0}
+
+
 def _call(rid: Any, params: dict[str, Any]) -> None:
+    if MODE == "roots" and params["name"] == "mangle":
+        asked = f"roots-{rid}"
+        _waiting[asked] = rid
+        _send({"jsonrpc": "2.0", "id": asked, "method": "roots/list"})
+        return
     if params["name"] == "echo":
         _send(_text(rid, str(params.get("arguments", {}).get("text", ""))))
         return
@@ -84,7 +96,14 @@ def _call(rid: Any, params: dict[str, Any]) -> None:
 
 def _answer(request: dict[str, Any]) -> None:
     method, rid = request.get("method"), request.get("id")
+    if method is None and rid in _waiting:  # the client's answer to roots/list
+        roots = " ".join(r["uri"] for r in request["result"]["roots"])
+        heard = _heard["notifications/roots/list_changed"]
+        _send(_text(_waiting.pop(rid), f"{roots} (list_changed heard {heard} times)"))
+        return
     if rid is None:
+        if method in _heard:
+            _heard[method] += 1
         return  # a notification
     if method == "initialize":
         if MODE == "bytes-at-start":
