@@ -29,6 +29,7 @@ from test_otel import Script, _calls, double
 
 import statemachine as sm
 import statemachine.messages
+from statemachine.agent.model import CallOptions
 from statemachine.otel import SCHEMA_URL, AgentTracer
 from statemachine.providers.anthropic_messages import AnthropicModel
 from statemachine.providers.gemini import GeminiModel
@@ -501,3 +502,40 @@ def test_the_schema_url_is_the_newest_of_the_installed_conventions() -> None:
         "gen_ai.usage.reasoning.output_tokens"
     )
     assert gen_ai_attributes.GEN_AI_OUTPUT_TYPE == "gen_ai.output.type"
+
+
+class Telling(Script):
+    """A client of its own that tells the response's id and model (two arguments, as
+    before reasoning tokens could be told too), or all three."""
+
+    def __init__(self, *said: Any) -> None:
+        super().__init__(sm.AssistantMessage("ok"))
+        self.said = said
+
+    async def complete(
+        self,
+        messages: Any,
+        tools: Any,
+        signal: Any,
+        *,
+        options: CallOptions | None = None,
+    ) -> sm.AssistantMessage:
+        assert options is not None
+        assert options.on_response is not None
+        options.on_response(*self.said)
+        return await super().complete(messages, tools, signal)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("said", "reasoning"), [(("r-1", "m-2"), None), (("r-1", "m-2", 3), 3)], ids=["two", "three"]
+)
+def test_a_client_of_its_own_tells_the_response_with_or_without_reasoning_tokens(
+    said: tuple[Any, ...], reasoning: int | None
+) -> None:
+    tracer, exporter, _ = _setup()
+    asyncio.run(tracer.run_agent(model=Telling(*said), messages="hi"))
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    attributes = dict(chat.attributes or {})
+    assert (attributes["gen_ai.response.id"], attributes["gen_ai.response.model"]) == said[:2]
+    assert attributes.get("gen_ai.usage.reasoning.output_tokens") == reasoning
