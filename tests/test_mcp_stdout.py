@@ -95,7 +95,9 @@ async def test_bytes_that_are_not_utf8_at_connect_fail_it_at_once_naming_them() 
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("mode", ["stray-at-start", "stray-on-list", "stray-on-call"])
+@pytest.mark.parametrize(
+    "mode", ["stray-at-start", "stray-on-list", "stray-json-on-list", "stray-on-call"]
+)
 @_sync
 async def test_one_line_that_is_not_json_is_skipped_wherever_it_comes(mode: str) -> None:
     async with _noisy(mode, call_timeout=PATIENCE) as server:

@@ -10,6 +10,7 @@ bytes-on-call       ``mangle`` is answered with bytes that are not UTF-8 in its 
 stray-at-start      a line that is not JSON before the reply to ``initialize``
 stray-on-list       a line that is not JSON before the reply to ``tools/list``
 stray-on-call       a line that is not JSON before the reply to ``mangle``
+stray-json-on-list  a JSON log line (an object without ``id``) before ``tools/list``'s reply
 long-line-on-call   ``mangle`` is answered with one line of MCP_TEST_BYTES bytes
 url-required        ``mangle`` is answered with error -32042: a URL to open first
 roots               (not misbehaving) a server of the 2025 protocols: ``mangle`` asks
@@ -123,6 +124,8 @@ def _answer(request: dict[str, Any]) -> None:
     elif method == "tools/list":
         if MODE == "stray-on-list":
             _raw(b"this line is not JSON\n")
+        if MODE == "stray-json-on-list":
+            _raw(b'{"level": "info", "msg": "listing"}\n')
         _send(_result(rid, {"tools": _tools()}))
     elif method == "tools/call":
         _call(rid, request["params"])
