@@ -114,6 +114,18 @@ async def test_an_older_servers_resources_are_subscribed_to_and_their_updates_he
 
 
 @pytest.mark.timeout(60)
+@_sync
+async def test_resource_updates_end_with_an_error_when_the_connection_ends() -> None:
+    server = MCPServer.stdio(
+        sys.executable, [str(NOISY), "resources-then-exit"], stderr=DEVNULL, call_timeout=None
+    )
+    async with server, server.resource_updates("test://a") as updates:
+        async with asyncio.timeout(30):  # call_timeout=None: only the connection's end
+            with pytest.raises(MCPError, match="resource updates ended: the connection ended"):
+                await anext(updates)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("answer", ["cancel", "decline", None])
 @_sync
 async def test_an_elicitation_may_be_cancelled_or_declined(

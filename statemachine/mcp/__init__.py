@@ -418,8 +418,10 @@ class MCPServer(Listing):
                 )
 
     def _stdout_broken(self, reason: str) -> None:
-        """A stdio server's stdout cannot be read on (the SDK's reader stops): the
+        """A stdio server's stdout ended or cannot be read on (the SDK's reader stops): the
         connection ends now, and every call waiting on it is answered why."""
+        if self._holder is None:
+            return  # closing: the server was stopped by this client
         self._lost = self._lost or reason
         listed = self._listed
         if listed is not None and not listed.done():

@@ -4,10 +4,11 @@ The SDK's stdio transport decodes the server's stdout with the codec it is told
 (``StdioServerParameters.encoding``), one line a message. Bytes that are not UTF-8
 stop its reader for good, and a line without end grows its buffer without bound;
 either way the session is never told, so every request waits out its deadline (or
-forever). The transport is given the codec registered here instead: UTF-8, which
-also tells the connection (``watching``, set by the task that opens it) the moment
-the bytes are not UTF-8 or a line runs past ``max_line_bytes``, and then stops the
-reader as strict UTF-8 would. The connection treats that as its end.
+forever). Nor is anything told when the server exits (only a request sent after
+fails). The transport is given the codec registered here instead: UTF-8, which also
+tells the connection (``watching``, set by the task that opens it) the moment the
+bytes are not UTF-8 or a line runs past ``max_line_bytes`` (and then stops the reader
+as strict UTF-8 would), or the stream ends. The connection treats that as its end.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class _Decoder(codecs.IncrementalDecoder):
         watch = self._watch
         if watch is None:
             return self._utf8.decode(input, final)
+        if final:  # the reader calls this once at the end of the stream
+            watch.broken("its stdout ended (the server exited, or closed it)")
         data = bytes(input)
         end = data.rfind(b"\n")
         longest = self._line + (end if end >= 0 else len(data))

@@ -19,6 +19,7 @@ roots               (not misbehaving) a server of the 2025 protocols: ``mangle``
 resources           (not misbehaving) a server of the 2025 protocols whose resources
                     may be subscribed to: ``resources/subscribe`` is answered, then
                     that URI is said updated twice and ``test://other`` once
+resources-then-exit like resources, but the server exits once it is subscribed to
 
 The server goes on answering after it misbehaves, so a client that waits for it
 to exit waits for nothing.
@@ -131,6 +132,9 @@ def _answer(request: dict[str, Any]) -> None:
         _call(rid, request["params"])
     elif method == "ping":
         _send(_result(rid, {}))
+    elif method == "resources/subscribe" and MODE == "resources-then-exit":
+        _send(_result(rid, {}))
+        sys.exit(0)
     elif method in ("resources/subscribe", "resources/unsubscribe") and MODE == "resources":
         _send(_result(rid, {}))
         if method == "resources/subscribe":
