@@ -809,7 +809,15 @@ def test_the_example_mcp_server_runs_as_a_module(monkeypatch: pytest.MonkeyPatch
             return names, result
 
     names, result = asyncio.run(main_())
-    assert names == ["calc_add", "calc_echo", "calc_word_count", "calc_summarize", "calc_greet"]
+    assert names == [
+        "calc_add",
+        "calc_echo",
+        "calc_word_count",
+        "calc_touch",
+        "calc_roots",
+        "calc_summarize",
+        "calc_greet",
+    ]
     assert result.final_text == "It is 42."
 
 

@@ -227,6 +227,10 @@ class ResponseReader(abc.ABC):
         if self.response_model is None and isinstance(model, str) and model:
             self.response_model = model[:256]
 
+    def reasoning_tokens(self) -> int | None:
+        """The output's reasoning tokens, when the provider counts them apart."""
+        return None
+
     def require_unique_call_ids(self, what: str) -> None:
         """Refuse a response with two calls of one id (``what`` names the id): their
         results could not be told apart, and the provider would refuse them too."""
@@ -448,9 +452,9 @@ class ModelAdapter(abc.ABC):
     ) -> AssistantMessage:
         reader = self._reader(options)
         aborted, _ = await race_abort(watch, self._read(body, reader, watch.signal))
-        told = options.on_response if options is not None else None
-        if told is not None and (reader.response_id or reader.response_model):
-            told(reader.response_id, reader.response_model)
+        said = (reader.response_id, reader.response_model, reader.reasoning_tokens())
+        if options is not None and options.on_response is not None and any(said):
+            options.on_response(*said)
         if aborted or watch.signal.aborted:
             return reader.aborted()
         return reader.result()

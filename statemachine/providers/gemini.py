@@ -277,6 +277,10 @@ class _ChunkReader(ResponseReader):
     def usage(self) -> Usage | None:
         return _usage(self.raw_usage)
 
+    def reasoning_tokens(self) -> int | None:
+        count = getattr(self.raw_usage, "thoughts_token_count", None)
+        return count if isinstance(count, int) and count > 0 else None
+
     def result(self) -> AssistantMessage:
         if self.finish is None:
             raise IncompleteStreamError("the response ended before a finish reason")

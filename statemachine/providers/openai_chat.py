@@ -335,6 +335,11 @@ class _ChunkReader(ResponseReader):
     def usage(self) -> Usage | None:
         return _usage(self.raw_usage)
 
+    def reasoning_tokens(self) -> int | None:
+        details = getattr(self.raw_usage, "completion_tokens_details", None)
+        count = getattr(details, "reasoning_tokens", None)
+        return count if isinstance(count, int) and count > 0 else None
+
     def result(self) -> AssistantMessage:
         if self.finish is None:
             raise IncompleteStreamError("the response ended before a finish reason")

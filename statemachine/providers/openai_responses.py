@@ -183,6 +183,12 @@ class _EventReader(ResponseReader):
     def usage(self) -> Usage | None:
         return _usage(self.raw_usage)
 
+    def reasoning_tokens(self) -> int | None:
+        raw = self.raw_usage
+        details = raw.get("output_tokens_details") if isinstance(raw, Mapping) else None
+        count = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else 0
+        return count or None
+
     def result(self) -> AssistantMessage:
         if self.status is None:
             raise IncompleteStreamError("the response stream ended before response.completed")
