@@ -150,9 +150,31 @@ class Quiet:
         return sm.AssistantMessage("quietly")
 
 
+class Reasons:
+    """A client that reports its response with the reasoning tokens it counted."""
+
+    model = "reasons-1"
+
+    async def complete(
+        self, messages: Any, tools: Any, signal: Any, *, options: Any = None
+    ) -> sm.AssistantMessage:
+        options.on_response("resp-1", "reasons-1-2026", 5)
+        return sm.AssistantMessage("thought")
+
+
+def test_the_reasoning_tokens_a_client_reports_pass_through_the_fallback() -> None:
+    told: list[tuple[Any, ...]] = []
+    options = CallOptions(on_response=lambda *said: told.append(said))
+    model = FallbackModel([Down(), Reasons()])
+    signal = sm.AbortController().signal
+    reply = asyncio.run(model.complete([sm.UserMessage("hi")], (), signal, options=options))
+    assert reply.text == "thought"
+    assert told == [("resp-1", "reasons-1-2026", 5)]
+
+
 def test_a_client_that_reports_no_model_is_named_by_its_model_attribute() -> None:
     told: list[tuple[str | None, str | None]] = []
-    options = CallOptions(on_response=lambda i, m: told.append((i, m)))
+    options = CallOptions(on_response=lambda i, m, r=None: told.append((i, m)))
     model = FallbackModel([Down(), Quiet()])
     signal = sm.AbortController().signal
     reply = asyncio.run(model.complete([sm.UserMessage("hi")], (), signal, options=options))
@@ -232,7 +254,7 @@ def test_recorded_openrouter_rate_limit_falls_back_to_a_recorded_groq_answer(
         ]
     )
     told: list[str | None] = []
-    options = CallOptions(on_response=lambda _, model: told.append(model))
+    options = CallOptions(on_response=lambda _, model, r=None: told.append(model))
     signal = sm.AbortController().signal
     reply = asyncio.run(fallback.complete([sm.UserMessage("hi")], (), signal, options=options))
     recorded = answer.response["json"]

@@ -135,8 +135,13 @@ def _reporting(options: CallOptions | None, reported: list[str | None]) -> CallO
         return options
     told = options.on_response
 
-    def on_response(response_id: str | None, model: str | None) -> None:
+    def on_response(
+        response_id: str | None, model: str | None, reasoning_tokens: int | None = None, /
+    ) -> None:
         reported.append(model)
-        told(response_id, model)
+        if reasoning_tokens is None:  # as the client said it: only what it knew
+            told(response_id, model)
+        else:
+            told(response_id, model, reasoning_tokens)
 
     return attrs.evolve(options, on_response=on_response)

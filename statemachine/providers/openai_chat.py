@@ -271,11 +271,16 @@ class _PromptDetails(openai.BaseModel):
     cache_write_tokens: int | None = None
 
 
+class _CompletionDetails(openai.BaseModel):
+    reasoning_tokens: int | None = None
+
+
 class _Usage(openai.BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
     prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
 
 
 class _ChunkChoice(openai.BaseModel):
