@@ -17,12 +17,14 @@ import importlib.util
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from durable_worker import (
     TOOLS,
+    alpha,
     answer,
     beta_needs_approval,
     reference_run,
@@ -43,6 +45,7 @@ from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
     RunClosedError,
+    RunHeldError,
     UnknownRunError,
     UsageError,
 )
@@ -57,12 +60,15 @@ EXTRAS = {"dbos": "dbos", "temporal": "temporalio"}
 
 class Engine:
     """One backend, as the shared tests see it: ``runner(**options)`` is a launched
-    worker (a ``DurableRunner``) for the duration of an ``async with``."""
+    worker (a ``DurableRunner``) for the duration of an ``async with``. The runners of
+    one test share a store (a SQLite file, a task queue), so a second one, with other
+    code, plays a deploy."""
 
     def __init__(self, name: str, tmp_path: Path, address: str = "") -> None:
         self.name = name
-        self._tmp_path = tmp_path
         self._address = address
+        self._url = f"sqlite:///{tmp_path}/runs-{uuid.uuid4().hex[:8]}.sqlite"
+        self._queue = f"q-{uuid.uuid4().hex[:8]}"
         # Temporal's steer() returns once the run has taken the message (an update);
         # DBOS's once it is stored, and the run takes it when its worker notices it
         # (docs/guides/temporal.md, "How it compares with DBOS").
@@ -75,8 +81,7 @@ class Engine:
         if self.name == "dbos":
             from statemachine.durable.dbos import DBOSRunner
 
-            url = f"sqlite:///{self._tmp_path}/runs-{uuid.uuid4().hex[:8]}.sqlite"
-            dbos_runner = DBOSRunner(database_url=url, **options)
+            dbos_runner = DBOSRunner(database_url=self._url, **options)
             dbos_runner.launch()
             try:
                 yield dbos_runner
@@ -88,9 +93,30 @@ class Engine:
         from statemachine.durable.temporal import TemporalRunner
 
         client = await Client.connect(self._address)
-        queue = f"q-{uuid.uuid4().hex[:8]}"
-        async with TemporalRunner(client, task_queue=queue, heartbeat=1.0, **options) as runner:
+        async with TemporalRunner(
+            client, task_queue=self._queue, heartbeat=1.0, **options
+        ) as runner:
             yield runner
+
+    def deploy_options(self) -> dict[str, Any]:
+        """Options of a worker that a deploy replaces: on Temporal a workflow task of a
+        stopped worker goes to the next one within a second or so (rather than 10 s)."""
+        if self.name != "temporal":
+            return {}
+        return {
+            "workflow_task_timeout": 1.0,
+            "worker_options": {"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
+        }
+
+    async def wake(self, run_id: str) -> None:
+        """Hand a waiting run to the live worker, as any message would. DBOS's worker
+        looks at the run at launch; Temporal's when the run has a task: here a signal
+        that no handler takes."""
+        if self.name == "temporal":
+            from temporalio.client import Client
+
+            client = await Client.connect(self._address)
+            await client.get_workflow_handle(run_id).signal("nothing-to-see")
 
     def run(self, body: Callable[[DurableRunner], Awaitable[T]], **options: Any) -> T:
         """Run ``body`` with a launched runner of this backend."""
@@ -354,3 +380,30 @@ def test_input_from_outside_is_refused_with_the_librarys_errors(engine: Engine) 
 
     result = engine.run(body)
     assert result_json(result) == result_json(reference_run())
+
+
+@pytest.mark.timeout(120)
+def test_result_on_a_run_held_by_a_deploy_raises_run_held_error_rather_than_waiting(
+    engine: Engine,
+) -> None:
+    """The run waits for a person; a deploy drops the tool it waits on. ``result()``
+    asked before the hold is noticed (Temporal: before a worker takes the run) raises
+    ``RunHeldError`` once it is, as ``status()`` says ``held``."""
+
+    hook = {"before_tool_call": beta_needs_approval, **engine.deploy_options()}
+
+    async def before(runner: DurableRunner) -> None:
+        await _pending(await runner.start("deployed", model="scripted", messages="go"), "t1b")
+
+    async def after(runner: DurableRunner) -> None:
+        handle = await runner.handle("deployed")
+        waiting = asyncio.ensure_future(handle.result())
+        await asyncio.sleep(0.2)  # result() is waiting
+        await engine.wake("deployed")
+        with pytest.raises(RunHeldError, match="deployed"):
+            await asyncio.wait_for(waiting, 60)
+        assert (await handle.status()).state == "held"
+        assert (await runner.status("deployed")).state == "held"
+
+    engine.run(before, **hook)
+    engine.run(after, tools=[alpha], **hook)  # each worker in a process of its own

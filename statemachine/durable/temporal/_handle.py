@@ -26,6 +26,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -35,6 +36,7 @@ from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
 from statemachine.durable._inputs import checked_text, user_dict
+from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
@@ -52,6 +54,8 @@ __all__ = ["MESSAGE_TIMEOUT", "TemporalRunHandle", "open_handle"]
 
 MESSAGE_TIMEOUT = 30.0  # seconds an update waits for a worker of the run to take it
 QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
+STATUS_TRIES = 2  # queries status() makes before it says no worker answered
+UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -105,14 +109,12 @@ class TemporalRunHandle:
         """The run's result once it ends; ``RunFailedError`` if it ended without one
         (its workflow failed, was terminated or cancelled: the error says which);
         ``RunHeldError`` if it is held now (``status``)."""
-        held = await self._held()
-        if held:
-            raise RunHeldError(
-                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
-                "code fits it takes it"
-            )
+        await self._raise_if_held()
         try:
-            output = await asyncio.wait_for(self._workflow.result(), timeout)
+            # A run can be held while this waits (a worker took it whose code does
+            # not fit): looked at every second.
+            waiting = unless_held(self._workflow.result(), self._raise_if_held)
+            output = await asyncio.wait_for(waiting, timeout)
         except WorkflowFailureError as exc:
             cause = exc.cause
             text = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
@@ -123,21 +125,45 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
         return result_from_dict(self.run_id, output, self._output_types)
 
+    async def _raise_if_held(self) -> None:
+        held = await self._held()
+        if held:
+            raise RunHeldError(
+                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
+                "code fits it takes it"
+            )
+
     async def pending_approvals(self) -> tuple[ToolCall, ...]:
         """The calls waiting for a decision, in call order (a query: it needs a live
-        worker of the run; none while the run is not running)."""
+        worker of the run; none while the run is not running).
+        ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
+        pending = await self._pending(tries=1)
+        if pending is None:
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
+            )
+        return pending
+
+    async def _pending(self, tries: int) -> tuple[ToolCall, ...] | None:
+        """The pending calls; ``None`` when no worker answered ``tries`` queries of
+        ``QUERY_TIMEOUT`` seconds each (none is up, or the one that was is gone and
+        Temporal still hands the run's tasks to it)."""
         description = await self._describe()
         if _STATES.get(description.status) != "running":
             return ()
-        try:
-            pending = await self._workflow.query(
-                "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
-            )
-        except RPCError as exc:
-            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
-                return ()  # held: no worker replays it now (``status``)
-            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-        return tuple(call_from_dict(c) for c in pending)
+        for _ in range(tries):
+            try:
+                pending = await self._workflow.query(
+                    "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+                )
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                    return ()  # held: no worker replays it now (``status``)
+                if exc.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+                    continue  # the SDK's own deadline is a cancellation
+                raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+            return tuple(call_from_dict(c) for c in pending)
+        return None
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         if not isinstance(call_id, str):
@@ -168,9 +194,12 @@ class TemporalRunHandle:
                 return
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
-    async def status(self) -> RunStatus:
+    async def status(self, tries: int = STATUS_TRIES) -> RunStatus:
         """Where the run is; ``held`` (naming why) while the workers that took it
-        failed its workflow task because their code does not fit it."""
+        failed its workflow task because their code does not fit it. A running run
+        whose worker does not answer ``tries`` queries (``QUERY_TIMEOUT`` each: none
+        is up, or one just restarted) is ``running`` with an ``explanation`` saying
+        so, rather than an error."""
         description = await self._describe()
         state = _STATES.get(description.status, "running")
         explanation = ""
@@ -181,15 +210,22 @@ class TemporalRunHandle:
         if state != "running":
             return RunStatus(self.run_id, state, explanation=explanation)
         held = await self._held()
+        pending: tuple[ToolCall, ...] | None = ()
         if not held:
-            try:
-                pending = await self.pending_approvals()
-            except StoreUnavailableError:
+            pending = await self._pending(tries)
+            if pending is None:
                 held = await self._held()  # the query waited on a task being tried
-                if not held:
-                    raise
         if held:
             return RunStatus(self.run_id, "held", held=held)
+        if pending is None:
+            return RunStatus(
+                self.run_id,
+                "running",
+                explanation=(
+                    f"{UNANSWERED} within {tries * QUERY_TIMEOUT:g} s (none is up, or one "
+                    "just restarted): whether it waits for a person is not known"
+                ),
+            )
         return RunStatus(self.run_id, "waiting" if pending else "running", pending)
 
     async def _failure(self) -> str:
@@ -250,6 +286,14 @@ class TemporalRunHandle:
             if kind in (NOT_PENDING, CLOSED):
                 self._refuse(name, message)
             raise
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            # No worker took it in time: a worker that does not fit the run fails its
+            # task again and again, or no worker of its task queue is up.
+            await self._raise_if_held()
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} took the message within "
+                f"{self._message_timeout:g} s; it may still reach the run"
+            ) from None
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:  # the run ended meanwhile
                 self._refuse(name, message)
