@@ -94,7 +94,8 @@ def test_status_answers_right_after_a_killed_worker_restarts(
 
     run_id = f"restart-{uuid.uuid4().hex[:8]}"
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, TEMPORAL_STICKY="5", PYTHONPATH=ROOT)
+    # The same application version as the worker below (its registry is another).
+    env = dict(os.environ, TEMPORAL_STICKY="5", TEMPORAL_APP_VERSION="restart-1", PYTHONPATH=ROOT)
     args = [temporal_address, queue, run_id, str(tmp_path / "out.json"), "approvals"]
     worker = subprocess.Popen(
         [sys.executable, WORKER, *args],
@@ -117,7 +118,7 @@ def test_status_answers_right_after_a_killed_worker_restarts(
         finally:
             worker.send_signal(signal.SIGKILL)
             worker.wait()
-        async with _runner(client, queue) as again:
+        async with _runner(client, queue, app_version="restart-1") as again:
             return await again.status(run_id)  # the first look, at once
 
     status = asyncio.run(body())
@@ -164,3 +165,171 @@ def test_a_decision_no_worker_takes_in_time_is_the_librarys_error(temporal_addre
             await handle.decide("t1b", True)
 
     asyncio.run(body())
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_interrupted_by_a_kill_runs_again_only_on_a_worker_of_its_version(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """A worker of version 1 is killed in the middle of a tool call; a worker of
+    version 2 is given the retried call and refuses it (the call does not run there);
+    a worker of version 1 runs it and the run ends."""
+    from temporal_worker import echo, slow
+    from temporalio.client import Client
+
+    run_id = f"inflight-{uuid.uuid4().hex[:8]}"
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "effects.log"
+    env = dict(
+        os.environ, TEMPORAL_SIDE_EFFECTS=str(log), TEMPORAL_APP_VERSION="v1", PYTHONPATH=ROOT
+    )
+    args = [temporal_address, queue, run_id, str(tmp_path / "out.json"), "echo"]
+    worker = subprocess.Popen(
+        [sys.executable, WORKER, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def starts() -> int:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return sum(1 for line in lines if line.startswith("start s1"))
+
+    def runner(client: Any, version: str) -> TemporalRunner:
+        return TemporalRunner(
+            client,
+            models={"scripted": FunctionModel(echo)},
+            tools=[slow],
+            task_queue=queue,
+            heartbeat=1.0,
+            retry_interval=0.1,
+            app_version=version,
+        )
+
+    async def body() -> str:
+        try:
+            async with asyncio.timeout(40):
+                while starts() == 0:
+                    assert worker.poll() is None, "the worker ended early"
+                    await asyncio.sleep(0.02)
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+        client = await Client.connect(temporal_address)
+        async with runner(client, "v2"):
+            # Wait until this worker was given the retried call and refused it.
+            async with asyncio.timeout(60):
+                while True:
+                    described = await client.get_workflow_handle(run_id).describe()
+                    pending = described.raw_description.pending_activities
+                    failure = pending[0].last_failure.message if pending else ""
+                    if "waits for a worker of application version 'v1'" in failure:
+                        break
+                    await asyncio.sleep(0.2)
+            assert starts() == 1  # the call did not run on version 2
+        async with runner(client, "v1") as fitting:
+            result = await (await fitting.handle(run_id)).result(timeout=60)
+        return result.final_text
+
+    os.environ["TEMPORAL_SIDE_EFFECTS"] = str(log)  # the in-process tool logs too
+    try:
+        final = asyncio.run(body())
+    finally:
+        del os.environ["TEMPORAL_SIDE_EFFECTS"]
+    assert final.startswith("heard")
+    assert starts() == 2  # once on the killed worker, once on the one of its version
+
+
+@pytest.mark.timeout(120)
+def test_a_long_tool_resumes_from_the_checkpoint_its_killed_attempt_recorded(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    from temporal_worker import echo, slow
+    from temporalio.client import Client
+
+    run_id = f"checkpoint-{uuid.uuid4().hex[:8]}"
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "effects.log"
+    env = dict(
+        os.environ,
+        TEMPORAL_SIDE_EFFECTS=str(log),
+        TEMPORAL_CHECKPOINT="1",
+        TEMPORAL_APP_VERSION="cp",
+        PYTHONPATH=ROOT,
+    )
+    args = [temporal_address, queue, run_id, str(tmp_path / "out.json"), "echo"]
+    worker = subprocess.Popen(
+        [sys.executable, WORKER, *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def lines(kind: str) -> list[str]:
+        found = log.read_text().splitlines() if log.exists() else []
+        return [line.split()[1] for line in found if line.startswith(kind + " ")]
+
+    async def body() -> None:
+        try:
+            async with asyncio.timeout(40):
+                while not lines("checkpointed"):
+                    assert worker.poll() is None, "the worker ended early"
+                    await asyncio.sleep(0.02)
+            # The SDK sends heartbeats at most every 0.8 heartbeat timeouts (1.5 s).
+            await asyncio.sleep(2.0)
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+        client = await Client.connect(temporal_address)
+        again = TemporalRunner(
+            client,
+            models={"scripted": FunctionModel(echo)},
+            tools=[slow],
+            task_queue=queue,
+            heartbeat=1.5,
+            retry_interval=0.1,
+            app_version="cp",
+        )
+        async with again:
+            await (await again.handle(run_id)).result(timeout=60)
+
+    saved = {k: os.environ.get(k) for k in ("TEMPORAL_SIDE_EFFECTS", "TEMPORAL_CHECKPOINT")}
+    os.environ.update(TEMPORAL_SIDE_EFFECTS=str(log), TEMPORAL_CHECKPOINT="1")
+    try:
+        asyncio.run(body())
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert lines("resumed-from") == ["null", '{"step":1}']  # first attempt, then resumed
+
+
+def test_a_checkpoint_outside_a_temporal_tool_is_refused() -> None:
+    from statemachine.durable.temporal import checkpoint, last_checkpoint
+
+    with pytest.raises(UsageError, match="Temporal worker"):
+        checkpoint({"step": 1})
+    assert last_checkpoint() is None
+
+
+def test_a_checkpoint_is_json_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio import activity
+
+    from statemachine.durable.temporal import _activities
+    from statemachine.errors import InvalidInputError
+
+    sent: list[object] = []
+    monkeypatch.setattr(activity, "in_activity", lambda: True)
+    monkeypatch.setattr(activity, "heartbeat", sent.append)
+    token = _activities._checkpoint.set([])  # as a tool's activity sets it
+    try:
+        with pytest.raises(InvalidInputError, match="JSON"):
+            _activities.checkpoint({"when": object()})
+        with pytest.raises(InvalidInputError, match="at most 65536"):
+            _activities.checkpoint("x" * _activities.MAX_CHECKPOINT_CHARS)
+        _activities.checkpoint({"step": 2})
+    finally:
+        _activities._checkpoint.reset(token)
+    assert sent == [{"step": 2}]

@@ -25,6 +25,7 @@ from temporalio.client import (
     Client,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -56,6 +57,7 @@ MESSAGE_TIMEOUT = 30.0  # seconds an update waits for a worker of the run to tak
 QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
 STATUS_TRIES = 2  # queries status() makes before it says no worker answered
 UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
+MAX_NOTES = 100  # notes status() reads from a worker
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -195,38 +197,53 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
     async def status(self, tries: int = STATUS_TRIES) -> RunStatus:
-        """Where the run is; ``held`` (naming why) while the workers that took it
-        failed its workflow task because their code does not fit it. A running run
-        whose worker does not answer ``tries`` queries (``QUERY_TIMEOUT`` each: none
-        is up, or one just restarted) is ``running`` with an ``explanation`` saying
-        so, rather than an error."""
+        """Where the run is, with its application version; ``held`` (naming why)
+        while the workers that took it failed its workflow task because their code
+        (or application version) does not fit it. A running run whose worker does
+        not answer ``tries`` queries (``QUERY_TIMEOUT`` each: none is up, or one just
+        restarted) is ``running`` with an ``explanation`` saying so, rather than an
+        error."""
         description = await self._describe()
         state = _STATES.get(description.status, "running")
-        explanation = ""
+        held, version = await self._look()
         if state == "failed":
             explanation = await self._failure() or (
                 f"the workflow ended {description.status.name.rsplit('_', 1)[-1].lower()}"
             )
+            return RunStatus(self.run_id, state, app_version=version, explanation=explanation)
         if state != "running":
-            return RunStatus(self.run_id, state, explanation=explanation)
-        held = await self._held()
+            return RunStatus(self.run_id, state, app_version=version)
         pending: tuple[ToolCall, ...] | None = ()
         if not held:
             pending = await self._pending(tries)
             if pending is None:
                 held = await self._held()  # the query waited on a task being tried
         if held:
-            return RunStatus(self.run_id, "held", held=held)
+            return RunStatus(self.run_id, "held", app_version=version, held=held)
         if pending is None:
             return RunStatus(
                 self.run_id,
                 "running",
+                app_version=version,
                 explanation=(
                     f"{UNANSWERED} within {tries * QUERY_TIMEOUT:g} s (none is up, or one "
                     "just restarted): whether it waits for a person is not known"
                 ),
             )
-        return RunStatus(self.run_id, "waiting" if pending else "running", pending)
+        state = "waiting" if pending else "running"
+        notes = await self._notes()
+        return RunStatus(self.run_id, state, pending, app_version=version, notes=notes)
+
+    async def _notes(self) -> tuple[str, ...]:
+        """The changes of code the worker that runs the run goes on through (a query:
+        none when no worker answers it)."""
+        try:
+            notes = await self._workflow.query(
+                "notes", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+            )
+        except (RPCError, WorkflowQueryFailedError):
+            return ()
+        return tuple(str(n) for n in notes or ())[:MAX_NOTES]
 
     async def _failure(self) -> str:
         """Why the run's workflow failed, as its history says ("" if it does not)."""
@@ -239,13 +256,21 @@ class TemporalRunHandle:
         return ""
 
     async def _held(self) -> str:
-        """Why the run is held: its workflow task failed (the worker's code does not
-        fit it) or timed out and is being tried again; "" when it is not."""
-        held = ""
+        """Why the run is held ("" when it is not): ``_look``."""
+        return (await self._look())[0]
+
+    async def _look(self) -> tuple[str, str]:
+        """Why the run is held, and its application version (from its input). Held:
+        its workflow task failed (the worker's code does not fit it, or it is of
+        another application version) or timed out and is being tried again; ""
+        when it is not."""
+        held = version = ""
         try:
             description = await self._workflow.describe()
             async for event in self._workflow.fetch_history_events():
-                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                    version = await self._version(event)
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                     held = event.workflow_task_failed_event_attributes.failure.message
                 elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                     held = ""
@@ -261,7 +286,18 @@ class TemporalRunHandle:
                 f"its workflow task was tried {task.attempt} times: the workers that "
                 "took it cannot run it (their logs name why)"
             )
-        return held
+        return held, version
+
+    async def _version(self, started: Any) -> str:
+        """The application version the run's input names ("" if none)."""
+        payloads = started.workflow_execution_started_event_attributes.input.payloads
+        try:
+            inputs = await self._client.data_converter.decode(payloads)
+        except Exception:  # noqa: BLE001 - an input this converter cannot read
+            return ""
+        spec = inputs[0] if inputs else None
+        version = spec.get("app_version") if isinstance(spec, Mapping) else None
+        return version if isinstance(version, str) else ""
 
     async def export_journal(
         self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
