@@ -125,6 +125,14 @@ async def typed(
 async def slow() -> str:
     """Take a while."""
     _log("start s1")
+    if os.environ.get("TEMPORAL_CHECKPOINT"):
+        # A long tool that resumes: what the previous attempt recorded, then a mark.
+        from statemachine.durable.temporal import checkpoint, last_checkpoint
+
+        _log(f"resumed-from {json.dumps(last_checkpoint(), separators=(',', ':'))}")
+        checkpoint({"step": 1})
+        _log("checkpointed s1")
+        await asyncio.sleep(4.0)
     await asyncio.sleep(1.0)
     _log("end s1")
     return "slept"
@@ -159,6 +167,8 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         time.sleep(0.005)
     client = await Client.connect(address)
     model: Any = {"echo": echo, "typed": typed}.get(mode, answer)
+    # How long a task waits for this worker's sticky queue (Temporal's default is 5 s).
+    sticky = float(os.environ.get("TEMPORAL_STICKY", "0.5"))
     runner = TemporalRunner(
         client,
         models={"scripted": FunctionModel(model)},
@@ -168,9 +178,10 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         heartbeat=1.5,  # a killed worker's call is retried 1.5 s later
         retry_interval=0.1,
         workflow_task_timeout=1.0,
-        worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
+        worker_options={"sticky_queue_schedule_to_start_timeout": timedelta(seconds=sticky)},
         instructions={"billing": billing_instructions},
         output_types={"tally": Tally},
+        app_version=os.environ.get("TEMPORAL_APP_VERSION") or None,  # None: the default
     )
     options: dict[str, Any] = {}
     if mode == "typed":

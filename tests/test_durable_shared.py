@@ -17,12 +17,14 @@ import importlib.util
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from durable_worker import (
     TOOLS,
+    alpha,
     answer,
     beta_needs_approval,
     reference_run,
@@ -43,6 +45,7 @@ from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
     RunClosedError,
+    RunHeldError,
     UnknownRunError,
     UsageError,
 )
@@ -57,12 +60,15 @@ EXTRAS = {"dbos": "dbos", "temporal": "temporalio"}
 
 class Engine:
     """One backend, as the shared tests see it: ``runner(**options)`` is a launched
-    worker (a ``DurableRunner``) for the duration of an ``async with``."""
+    worker (a ``DurableRunner``) for the duration of an ``async with``. The runners of
+    one test share a store (a SQLite file, a task queue), so a second one, with other
+    code, plays a deploy."""
 
     def __init__(self, name: str, tmp_path: Path, address: str = "") -> None:
         self.name = name
-        self._tmp_path = tmp_path
         self._address = address
+        self._url = f"sqlite:///{tmp_path}/runs-{uuid.uuid4().hex[:8]}.sqlite"
+        self._queue = f"q-{uuid.uuid4().hex[:8]}"
         # Temporal's steer() returns once the run has taken the message (an update);
         # DBOS's once it is stored, and the run takes it when its worker notices it
         # (docs/guides/temporal.md, "How it compares with DBOS").
@@ -75,8 +81,7 @@ class Engine:
         if self.name == "dbos":
             from statemachine.durable.dbos import DBOSRunner
 
-            url = f"sqlite:///{self._tmp_path}/runs-{uuid.uuid4().hex[:8]}.sqlite"
-            dbos_runner = DBOSRunner(database_url=url, **options)
+            dbos_runner = DBOSRunner(database_url=self._url, **options)
             dbos_runner.launch()
             try:
                 yield dbos_runner
@@ -88,9 +93,30 @@ class Engine:
         from statemachine.durable.temporal import TemporalRunner
 
         client = await Client.connect(self._address)
-        queue = f"q-{uuid.uuid4().hex[:8]}"
-        async with TemporalRunner(client, task_queue=queue, heartbeat=1.0, **options) as runner:
+        async with TemporalRunner(
+            client, task_queue=self._queue, heartbeat=1.0, **options
+        ) as runner:
             yield runner
+
+    def deploy_options(self) -> dict[str, Any]:
+        """Options of a worker that a deploy replaces: on Temporal a workflow task of a
+        stopped worker goes to the next one within a second or so (rather than 10 s)."""
+        if self.name != "temporal":
+            return {}
+        return {
+            "workflow_task_timeout": 1.0,
+            "worker_options": {"sticky_queue_schedule_to_start_timeout": timedelta(seconds=0.5)},
+        }
+
+    async def wake(self, run_id: str) -> None:
+        """Hand a waiting run to the live worker, as any message would. DBOS's worker
+        looks at the run at launch; Temporal's when the run has a task: here a signal
+        that no handler takes."""
+        if self.name == "temporal":
+            from temporalio.client import Client
+
+            client = await Client.connect(self._address)
+            await client.get_workflow_handle(run_id).signal("nothing-to-see")
 
     def run(self, body: Callable[[DurableRunner], Awaitable[T]], **options: Any) -> T:
         """Run ``body`` with a launched runner of this backend."""
@@ -354,3 +380,197 @@ def test_input_from_outside_is_refused_with_the_librarys_errors(engine: Engine) 
 
     result = engine.run(body)
     assert result_json(result) == result_json(reference_run())
+
+
+@pytest.mark.timeout(120)
+def test_result_on_a_run_held_by_a_deploy_raises_run_held_error_rather_than_waiting(
+    engine: Engine,
+) -> None:
+    """The run waits for a person; a deploy drops the tool it waits on. ``result()``
+    asked before the hold is noticed (Temporal: before a worker takes the run) raises
+    ``RunHeldError`` once it is, as ``status()`` says ``held``."""
+
+    hook = {"before_tool_call": beta_needs_approval, **engine.deploy_options()}
+    run_id = f"deployed-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's
+
+    async def before(runner: DurableRunner) -> None:
+        await _pending(await runner.start(run_id, model="scripted", messages="go"), "t1b")
+
+    async def after(runner: DurableRunner) -> None:
+        handle = await runner.handle(run_id)
+        waiting = asyncio.ensure_future(handle.result())
+        await asyncio.sleep(0.2)  # result() is waiting
+        await engine.wake(run_id)
+        with pytest.raises(RunHeldError, match=run_id):
+            await asyncio.wait_for(waiting, 60)
+        assert (await handle.status()).state == "held"
+        assert (await runner.status(run_id)).state == "held"
+
+    engine.run(before, **hook)
+    engine.run(after, tools=[alpha], **hook)  # each worker in a process of its own
+
+
+@pytest.mark.timeout(150)
+def test_a_run_waits_for_a_worker_of_its_application_version(engine: Engine) -> None:
+    """The same code under another ``app_version`` does not take the run: it is
+    ``held``, naming the version it waits for (``status().app_version``), and a worker
+    of that version finishes it."""
+    hook = {"before_tool_call": beta_needs_approval, **engine.deploy_options()}
+    run_id = f"versioned-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's
+
+    async def before(runner: DurableRunner) -> None:
+        handle = await runner.start(run_id, model="scripted", messages="go")
+        await _pending(handle, "t1b")
+        assert (await handle.status()).app_version == "billing-1"
+
+    async def other(runner: DurableRunner) -> None:
+        await engine.wake(run_id)
+        async with asyncio.timeout(60):
+            while (status := await runner.status(run_id)).state != "held":
+                await asyncio.sleep(0.2)
+        assert status.app_version == "billing-1"
+        assert "waits for a worker of application version 'billing-1'" in status.held
+        handle = await runner.handle(run_id)
+        with pytest.raises(RunHeldError, match="billing-1"):
+            await handle.result(timeout=30)
+
+    async def again(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.handle(run_id)
+        for call_id in ("t1b", "t2b", "t3b"):
+            await _pending(handle, call_id, timeout=60)
+            await handle.decide(call_id, True)
+        return await handle.result(timeout=60)
+
+    engine.run(before, app_version="billing-1", **hook)
+    engine.run(other, app_version="billing-2", **hook)
+    result = engine.run(again, app_version="billing-1", **hook)
+    assert result.ok
+
+
+# -- the deploy table ----------------------------------------------------------------------
+# docs/guides/durable.md, "One version kept, without patches": each case a deploy under a
+# kept application version while the run waits for a person on t1b; the same outcome on
+# every backend: held, naming what changed, or goes on, noted.
+
+
+@sm.tool(name="beta")
+async def beta_new_code(x: int) -> str:
+    """Add a thousand.
+
+    Args:
+        x: the number
+    """
+    return f"beta v2({x})={x + 1000}"
+
+
+@sm.tool(name="beta")
+async def beta_new_parameters(x: int, y: int = 0) -> str:
+    """Add a thousand.
+
+    Args:
+        x: the number
+        y: added too
+    """
+    return f"beta({x})={x + y + 1000}"
+
+
+@sm.tool(name="beta", sequential=True)
+async def beta_sequential(x: int) -> str:
+    """Add a thousand.
+
+    Args:
+        x: the number
+    """
+    return f"beta({x})={x + 1000}"
+
+
+def _table_changed(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from statemachine.durable import _registry
+
+    monkeypatch.setattr(_registry, "table_digest", lambda: "0123456789ab")
+    return {}
+
+
+# case: (what the new worker changes, "held" or "noted", what the status names)
+DEPLOYS: dict[str, tuple[Callable[[pytest.MonkeyPatch], dict[str, Any]], str, str]] = {
+    "a tool removed": (lambda _: {"tools": [alpha]}, "held", "tool 'beta' is not in this"),
+    "before_tool_call removed": (
+        lambda _: {"before_tool_call": None},
+        "held",
+        "hook 'before_tool_call' was removed",
+    ),
+    "a tool scheduled differently": (
+        lambda _: {"tools": [alpha, beta_sequential]},
+        "held",
+        "tool 'beta' is scheduled differently",
+    ),
+    "a tool's parameters changed": (
+        lambda _: {"tools": [alpha, beta_new_parameters]},
+        "held",
+        "tool 'beta' takes other parameters",
+    ),
+    "the transition table changed": (_table_changed, "held", "the transition table changed"),
+    "a tool's code changed": (
+        lambda _: {"tools": [alpha, beta_new_code]},
+        "noted",
+        "tool 'beta' changed since the run started",
+    ),
+    "the instructions changed": (
+        lambda _: {"instructions": {"billing": "Be briefer."}},
+        "noted",
+        "instructions 'billing' changed since the run started",
+    ),
+}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", list(DEPLOYS))
+def test_each_deploy_under_a_kept_version_holds_or_goes_on_noted(
+    engine: Engine, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    change, outcome, named = DEPLOYS[case]
+    kept = {
+        "app_version": "billing-3",
+        "before_tool_call": beta_needs_approval,
+        "instructions": {"billing": "Be brief."},
+        **engine.deploy_options(),
+    }
+    run_id = f"deployed-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's
+
+    async def before(runner: DurableRunner) -> None:
+        starting: Any = runner  # each backend's start takes instructions (the protocol's not)
+        handle = await starting.start(
+            run_id, model="scripted", messages="go", instructions="billing"
+        )
+        await _pending(handle, "t1b")
+
+    async def held(runner: DurableRunner) -> None:
+        await engine.wake(run_id)
+        async with asyncio.timeout(60):
+            while (status := await runner.status(run_id)).state != "held":
+                await asyncio.sleep(0.2)
+        assert named in status.held
+        assert not status.notes  # a held run gets no notes
+        assert "DBOS" not in status.held  # the library's words, not the engine's
+        assert "TMPRL" not in status.held
+        with pytest.raises(RunHeldError, match="held"):
+            await (await runner.handle(run_id)).result(timeout=30)
+
+    async def noted(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.handle(run_id)
+        await _pending(handle, "t1b", timeout=60)
+        await handle.decide("t1b", True)
+        await _pending(handle, "t2b", timeout=60)
+        status = await handle.status()
+        assert [n for n in status.notes if named in n], status.notes
+        for call_id in ("t2b", "t3b"):
+            await _pending(handle, call_id, timeout=60)
+            await handle.decide(call_id, True)
+        return await handle.result(timeout=60)
+
+    engine.run(before, **kept)
+    changed = {**kept, **change(monkeypatch)}
+    if outcome == "held":
+        engine.run(held, **changed)
+    else:
+        assert engine.run(noted, **changed).ok

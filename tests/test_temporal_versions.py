@@ -115,10 +115,12 @@ def test_a_tool_whose_code_changed_while_the_run_waited_runs_its_new_code(
     async def body() -> sm.RunResult:
         client = await Client.connect(temporal_address)
         queue = f"q-{uuid.uuid4().hex[:8]}"
-        async with _runner(client, queue, TOOLS) as first:
+        # One application version kept across the deploy (by default the version
+        # changes with a tool's code, and the run waits for a worker of its own).
+        async with _runner(client, queue, TOOLS, app_version="billing") as first:
             handle = await first.start("changed", model="scripted", messages="go")
             await _until(handle, "waiting")
-        async with _runner(client, queue, [alpha, beta_v2]):
+        async with _runner(client, queue, [alpha, beta_v2], app_version="billing"):
             for call in ("t1b", "t2b", "t3b"):
                 async with asyncio.timeout(30):
                     while [c.id for c in await handle.pending_approvals()] != [call]:

@@ -121,6 +121,8 @@ async def _list(args: argparse.Namespace) -> str:
         lines.append(
             f"{run.run_id:<24} {run.state:<10} {len(run.pending_approvals):>9}  "
             f"{_when(run.created)}  {_when(run.updated)}  {run.app_version}"
+            # A running run with an explanation: its worker did not answer.
+            + (f"  ({run.explanation})" if run.state == "running" and run.explanation else "")
         )
     return "\n".join([*lines, f"{len(runs)} run(s)"])
 

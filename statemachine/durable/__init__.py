@@ -104,7 +104,9 @@ class RunStatus:
     (for approvals), ``"held"`` (``held`` names why: the code that took it does not fit
     it, or it waits for a worker of its ``app_version``), ``"finished"`` (see
     ``result()`` for how), ``"failed"`` (the backend gave up on it, or an operator
-    ended it: ``explanation`` says so) or ``"cancelled"``. ``notes`` name the changes
+    ended it: ``explanation`` says so) or ``"cancelled"``. A ``"running"`` run with an
+    ``explanation`` is one whose state is not known more closely (Temporal: no worker
+    of it answered). ``notes`` name the changes
     of code the run went on through (a tool's code changed since it started)."""
 
     run_id: str

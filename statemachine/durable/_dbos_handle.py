@@ -39,6 +39,7 @@ from statemachine.durable._dbos_status import (
     status_of,
 )
 from statemachine.durable._inputs import check_run_id, checked_text, user_dict
+from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import result_from_dict
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -117,13 +118,16 @@ class DBOSRunHandle:
         """The run's result once it ends; ``RunHeldError`` if a worker holds it (its
         code does not fit the run), ``RunFailedError`` if it ended without a result
         (the backend gave up on it, or an operator ended it)."""
-        self._raise_unless_going(await find(self._client, self.run_id))
+        await self._raise_unless_going()
         try:
-            output = await asyncio.wait_for(self._output(), timeout)
-        except (TimeoutError, asyncio.CancelledError):
+            # A run can be held while this waits (a worker that took it holds it, or
+            # it waits for another application version): looked at every second.
+            waiting = unless_held(self._output(), self._raise_unless_going)
+            output = await asyncio.wait_for(waiting, timeout)
+        except (TimeoutError, asyncio.CancelledError, RunHeldError, RunFailedError):
             raise
         except Exception as exc:
-            self._raise_unless_going(await find(self._client, self.run_id))
+            await self._raise_unless_going()
             raise RunFailedError(f"run {self.run_id!r}: {described(exc)}") from exc
         owner = self._owner
         return result_from_dict(self.run_id, output, None if owner is None else owner.output_types)
@@ -150,11 +154,13 @@ class DBOSRunHandle:
             await asyncio.sleep(SETTLE_POLL)
         return await handle.get_result(polling_interval_sec=POLL)
 
-    def _raise_unless_going(self, found: Any) -> None:
-        status = status_of(found)
+    async def _raise_unless_going(self) -> None:
+        """``RunHeldError`` or ``RunFailedError`` unless the run is going, as this
+        handle's viewer sees it (a run waiting for another version is held)."""
+        status = status_of(await find(self._client, self.run_id), self._viewer, self._newest)
         if status.state == "held":
             raise RunHeldError(
-                f"run {self.run_id!r} is {status.held}; resume it on a compatible worker "
+                f"run {self.run_id!r} is held: {status.held}; resume it on a compatible worker "
                 "or end it (DBOSRunner.resume_held, DBOSRunner.end_held)"
             )
         if status.state == "failed":

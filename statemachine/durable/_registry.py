@@ -6,12 +6,16 @@ its tools with a digest of each one's code and schema, and its hooks with a dige
 each one's code). A worker that takes the run compares it with its own:
 
 - **blocking** changes (a model or tool the run names is gone, a tool is scheduled
-  differently, a ``before_tool_call`` or ``should_continue`` hook was added or
-  removed) would hand the engine other
-  events than the recorded ones, or none: the run is held, never replayed on them;
-- **notes** (a tool's or hook's code or schema changed) do not change the run's
-  course: the run goes on, outputs recorded before come from the old code and calls
-  from then on from the new; each such change is recorded with the run.
+  differently or takes other parameters, a ``before_tool_call`` or
+  ``should_continue`` hook was added or removed, the transition table changed) would
+  hand the engine other events than the recorded ones, or none: the run is held,
+  never replayed on them (a recorded call is checked against its tool's parameters
+  again on replay, so a call the old ones took could be refused by the new);
+- **notes** (a tool's or hook's code or description changed, the run's instructions
+  changed) do not change the run's course: the run goes on, outputs recorded before
+  come from the old code and calls from then on from the new; each such change is
+  recorded with the run. A held run gets no notes: they are written when a worker
+  whose code fits it takes it.
 
 ``application_version`` is the package version, a digest of the transition table and
 a digest of the manifest: it changes when the registry does.
@@ -54,6 +58,7 @@ __all__ = [
     "replay_options",
     "run_extras",
     "run_options",
+    "table_change",
     "table_digest",
     "unknown_extras",
     "with_extras",
@@ -127,6 +132,12 @@ def _tool_digest(tool: Tool) -> str:
     return f"{code_digest(tool.execute)}.{hashlib.sha256(schema.encode()).hexdigest()[:8]}"
 
 
+def _parameters(tool: Tool) -> str:
+    """A digest of the JSON Schema a tool's calls are checked against."""
+    schema = json.dumps(tool.definition.parameters, sort_keys=True, default=str)
+    return hashlib.sha256(schema.encode()).hexdigest()[:12]
+
+
 def _scheduling(tool: Tool) -> str:
     """How the engine schedules the tool's calls (it decides when each starts)."""
     resources = tool.resources
@@ -142,6 +153,7 @@ def manifest(
         "models": sorted(models),
         "tools": {t.name: _tool_digest(t) for t in tools},
         "scheduling": {t.name: _scheduling(t) for t in tools},
+        "parameters": {t.name: _parameters(t) for t in tools},
         "hooks": {
             name: None if hooks.get(name) is None else code_digest(hooks[name]) for name in HOOKS
         },
@@ -157,12 +169,26 @@ def application_version(registry: Mapping[str, Any] | None = None) -> str:
     return f"{version}.code.{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
+def table_change(spec: Mapping[str, Any]) -> list[str]:
+    """The blocking change of a run ``spec`` recorded on another transition table
+    (none for a run that recorded no table)."""
+    table = spec.get("table")
+    if table is None or table == table_digest():
+        return []
+    return [f"the transition table changed (the run's {table}, this worker's {table_digest()})"]
+
+
 def differences(
-    recorded: Mapping[str, Any], mine: Mapping[str, Any], model: str, tools: Sequence[str]
+    recorded: Mapping[str, Any],
+    mine: Mapping[str, Any],
+    model: str,
+    tools: Sequence[str],
+    instructions: str | None = None,
 ) -> tuple[list[str], list[str]]:
-    """What changed from the manifest a run ``recorded`` (using ``model`` and ``tools``)
-    to this worker's (``mine``): the blocking changes and the notes (module docstring),
-    each a sentence naming the model, tool or hook."""
+    """What changed from the manifest a run ``recorded`` (using ``model``, ``tools``
+    and the ``instructions`` of that name) to this worker's (``mine``): the blocking
+    changes and the notes (module docstring), each a sentence naming the model, tool,
+    hook or instructions."""
     blocking: list[str] = []
     notes: list[str] = []
     if model not in mine["models"]:
@@ -173,10 +199,16 @@ def differences(
             blocking.append(f"tool {name!r} is not in this worker's registry (removed or renamed)")
             continue
         scheduled = recorded.get("scheduling", {}).get(name)
+        parameters = recorded.get("parameters", {}).get(name)
         if scheduled is not None and scheduled != mine["scheduling"].get(name):
             blocking.append(
                 f"tool {name!r} is scheduled differently (sequential or resources changed): "
                 "the run's recorded steps were started in another order"
+            )
+        elif parameters is not None and parameters != mine["parameters"].get(name):
+            blocking.append(
+                f"tool {name!r} takes other parameters than when the run started: the "
+                "calls the run recorded were checked against the old ones"
             )
         elif theirs is not None and theirs != ours:
             notes.append(
@@ -196,6 +228,14 @@ def differences(
                 notes.append(f"hook {name!r} was {change} since the run started")
         elif theirs != ours:
             notes.append(f"hook {name!r} changed since the run started")
+    if instructions is not None:
+        theirs = recorded.get("instructions", {}).get(instructions)
+        ours = mine.get("instructions", {}).get(instructions)
+        if theirs is not None and ours is not None and theirs != ours:
+            notes.append(
+                f"instructions {instructions!r} changed since the run started: model calls "
+                "recorded before were sent the old ones, calls from now on are sent the new"
+            )
     return blocking, notes
 
 

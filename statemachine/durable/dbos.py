@@ -135,6 +135,8 @@ from statemachine.durable._registry import (
     patches_applied,
     run_extras,
     run_options,
+    table_change,
+    table_digest,
     unknown_extras,
     with_extras,
 )
@@ -363,7 +365,7 @@ class DBOSRunner:
         spec = run_spec(
             run_id, model, messages, tools, max_turns, models=self.models, registry_tools=self.tools
         )
-        return {**spec, "code": self.manifest, **extras}
+        return {**spec, "code": self.manifest, "table": table_digest(), **extras}
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
@@ -468,19 +470,25 @@ class DBOSRunner:
         if not isinstance(recorded, Mapping):  # a run recorded without its manifest
             recorded = {"tools": {}, "hooks": {}}
         blocking, notes = differences(
-            recorded, self.manifest, str(spec["model"]), list(spec["tools"])
+            recorded,
+            self.manifest,
+            str(spec["model"]),
+            list(spec["tools"]),
+            spec.get("instructions"),
         )
-        return blocking + unknown_extras(spec, self.instructions, self.output_types), notes
+        blocking += unknown_extras(spec, self.instructions, self.output_types)
+        return blocking + table_change(spec), notes
 
     async def _check_code(self, run_id: str, spec: Mapping[str, Any]) -> None:
         """Before the run is rebuilt: hold it if this worker's code does not fit it
         (nothing of it runs: no operation is recorded), note what changed otherwise."""
         blocking, notes = self._fit(spec)
-        client = self._require_client()
-        if notes:
-            await client.update_workflow_attributes_async(run_id, {NOTES: notes}, merge=True)
         if blocking:
-            await self._hold(run_id, blocking)
+            await self._hold(run_id, blocking)  # notes come with a worker that fits
+        if notes:
+            await self._require_client().update_workflow_attributes_async(
+                run_id, {NOTES: notes}, merge=True
+            )
 
     async def _hold(self, run_id: str, reasons: list[str]) -> NoReturn:
         """Hold the run and stop this execution of it (``_dbos_held.hold``)."""

@@ -83,15 +83,13 @@ from statemachine.durable import ExportedJournal, ListedRun, RunStatus
 from statemachine.durable._inputs import check_name, check_run_id, checked_text, run_spec
 from statemachine.durable._registry import (
     application_version,
-    differences,
     manifest,
     run_extras,
     table_digest,
-    unknown_extras,
     with_extras,
 )
 from statemachine.durable.temporal import _export
-from statemachine.durable.temporal._activities import Activities
+from statemachine.durable.temporal._activities import Activities, checkpoint, last_checkpoint
 from statemachine.durable.temporal._dev import dev_server, temporal_binary
 from statemachine.durable.temporal._handle import MESSAGE_TIMEOUT, TemporalRunHandle, open_handle
 from statemachine.durable.temporal._store import TemporalStore, open_store
@@ -100,6 +98,7 @@ from statemachine.durable.temporal._workflow import (
     Registry,
     RunWorkflow,
     Settings,
+    hold_unless_it_fits,
     registries,
 )
 from statemachine.errors import InvalidInputError, RunHeldError, UsageError
@@ -111,7 +110,9 @@ __all__ = [
     "TemporalRunHandle",
     "TemporalRunner",
     "TemporalStore",
+    "checkpoint",
     "dev_server",
+    "last_checkpoint",
     "open_store",
     "temporal_binary",
 ]
@@ -238,8 +239,9 @@ class TemporalRunner:
             self.settings.grace,
             self.settings.heartbeat,
             self.instructions,
+            self.app_version,
         )
-        registries[self.task_queue] = self._registry()
+        registries[self.task_queue] = self._registry(self.app_version)
         self._worker = Worker(
             self.client,
             task_queue=self.task_queue,
@@ -353,17 +355,10 @@ class TemporalRunner:
         if (await handle.status()).state != "held":
             raise UsageError(f"run {run_id!r} is not held")
         spec = await _export.run_input(self.client, run_id)
-        blocking, _ = differences(
-            spec.get("code") or {"tools": {}, "hooks": {}},
-            self.manifest,
-            str(spec["model"]),
-            list(spec["tools"]),
-        )
-        blocking += unknown_extras(spec, self.instructions, self.output_types)
-        if blocking:
-            raise RunHeldError(
-                f"this worker's code does not fit run {run_id!r}: {'; '.join(blocking)}"
-            )
+        try:
+            hold_unless_it_fits(spec, self._registry(self.app_version))
+        except RunHeldError as exc:
+            raise RunHeldError(f"this worker's code does not fit run {run_id!r}: {exc}") from None
 
     async def end_held(self, run_id: str, explanation: str) -> None:
         """End a run (held, or any that has not ended) as failed, with
@@ -406,7 +401,9 @@ class TemporalRunner:
         finally:
             registries.pop(queue, None)
 
-    def _registry(self) -> Registry:
+    def _registry(self, app_version: str = "") -> Registry:
+        """What this worker's workflows resolve names in; ``app_version`` ``""``: runs
+        of any version (the replayer checks the workflow's code only)."""
         return Registry(
             self.tools,
             frozenset(k for k, v in self.hooks.items() if v is not None),
@@ -414,6 +411,7 @@ class TemporalRunner:
             self.manifest,
             self.instructions,
             self.output_types,
+            app_version,
         )
 
     def _spec(

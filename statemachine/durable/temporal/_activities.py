@@ -8,7 +8,9 @@ that raises is an error result for the model, a model call that fails is a faile
 call; neither is an activity failure, so Temporal never retries them. An activity
 fails (and is retried) only when its worker dies, or when it meets this worker's
 code not fitting the run (a tool, model or instructions it does not have: not
-retried). The model activity sends the run's instructions (a name in the worker's
+retried), or when it is given to a worker of another application version than its
+run's (``OTHER_VERSION``: retried, so the call runs only on a worker of the run's
+version). The model activity sends the run's instructions (a name in the worker's
 registry, ``TemporalRunner(instructions=...)``); a function of the run's context
 receives the context of the call (its run id, turn and messages; no ``deps``).
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import json
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -46,10 +50,62 @@ from statemachine.core.wire import action_from_dict, messages_from_dicts
 from statemachine.durable import _durable_run_id
 from statemachine.durable._journal import CONTINUE_STEP, MODEL_STEP, PERMISSION_STEP, TOOL_STEP
 from statemachine.durable._wire import call_from_dict, encode_step_events
+from statemachine.errors import InvalidInputError, UsageError
 
-__all__ = ["CODE_MISMATCH", "Activities"]
+__all__ = [
+    "CODE_MISMATCH",
+    "MAX_CHECKPOINT_CHARS",
+    "OTHER_VERSION",
+    "Activities",
+    "checkpoint",
+    "last_checkpoint",
+]
 
 CODE_MISMATCH = "statemachine.CodeMismatch"  # a non-retryable activity failure's type
+# The type of the failure of an activity given to a worker of another application
+# version than its run's: retried (Temporal hands it to any worker of the task queue)
+# until a worker of the run's version performs it, so nothing of a held run runs on
+# code that does not fit it.
+OTHER_VERSION = "statemachine.OtherVersion"
+
+
+MAX_CHECKPOINT_CHARS = 65_536  # the JSON of a tool's checkpoint, at most
+
+# The checkpoint of the tool call the current activity runs (``[details]``, or empty).
+_checkpoint: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "statemachine_temporal_checkpoint", default=None
+)
+
+
+def checkpoint(details: Any) -> None:
+    """Inside a tool a Temporal worker runs: record ``details`` (a JSON value of at
+    most ``MAX_CHECKPOINT_CHARS`` characters) with the call's heartbeats, so that the
+    attempt after a crash can resume from them (``last_checkpoint``). Each call
+    replaces the last; it is sent at once and with every heartbeat after.
+    ``UsageError`` outside such a tool, ``InvalidInputError`` for details that are
+    not JSON or too long."""
+    holder = _checkpoint.get()
+    if holder is None or not activity.in_activity():
+        raise UsageError("checkpoint() is for a tool that a Temporal worker runs")
+    try:
+        text = json.dumps(details)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"a checkpoint must be JSON: {exc}") from None
+    if len(text) > MAX_CHECKPOINT_CHARS:
+        raise InvalidInputError(
+            f"a checkpoint is at most {MAX_CHECKPOINT_CHARS} characters of JSON, got {len(text)}"
+        )
+    holder[:] = [details]
+    activity.heartbeat(details)
+
+
+def last_checkpoint() -> Any:
+    """Inside a tool a Temporal worker runs: the details the call's previous attempt
+    last recorded with ``checkpoint`` (``None`` on a first attempt, or outside)."""
+    if _checkpoint.get() is None or not activity.in_activity():
+        return None
+    details = activity.info().heartbeat_details
+    return details[0] if details else None
 
 
 class _Silent:
@@ -112,7 +168,9 @@ class Activities:
         grace: float,
         heartbeat: float,
         instructions: Mapping[str, Instructions] | None = None,
+        app_version: str = "",
     ) -> None:
+        self.app_version = app_version
         self.models = models
         self.tools = tools
         self.instructions = dict(instructions or {})
@@ -122,6 +180,17 @@ class Activities:
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.model, self.tool, self.permissions, self.should_continue]
+
+    def _of_my_version(self, payload: Mapping[str, Any]) -> None:
+        """Refuse (retryable, ``OTHER_VERSION``) an operation of a run of another
+        application version than this worker's."""
+        theirs = payload.get("app_version")
+        if self.app_version and isinstance(theirs, str) and theirs != self.app_version:
+            raise ApplicationError(
+                f"run {payload.get('run_id')!r} waits for a worker of application version "
+                f"{theirs!r} (this worker runs {self.app_version!r})",
+                type=OTHER_VERSION,
+            )
 
     def _executor(self, loop: _OneOperation, client: Any = None) -> AsyncioExecutor:
         stand_in: Any = loop  # what the executor needs of an ActionLoop (_OneOperation)
@@ -155,6 +224,7 @@ class Activities:
 
     @activity.defn(name=MODEL_STEP)
     async def model(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._of_my_version(payload)
         action = action_from_dict(payload["action"])
         assert isinstance(action, CallModel)
         loop = _OneOperation(payload["run_id"])
@@ -167,6 +237,7 @@ class Activities:
 
     @activity.defn(name=TOOL_STEP)
     async def tool(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._of_my_version(payload)
         call = call_from_dict(payload["call"])
         if call.name not in self.tools:
             raise ApplicationError(
@@ -183,6 +254,7 @@ class Activities:
 
     @activity.defn(name=PERMISSION_STEP)
     async def permissions(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._of_my_version(payload)
         calls = [call_from_dict(c) for c in payload["calls"]]
         loop = _OneOperation(payload["run_id"])
         executor = self._executor(loop)
@@ -191,6 +263,7 @@ class Activities:
 
     @activity.defn(name=CONTINUE_STEP)
     async def should_continue(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._of_my_version(payload)
         messages = messages_from_dicts(payload["messages"])
         loop = _OneOperation(payload["run_id"], messages)
         executor = self._executor(loop)
@@ -202,8 +275,13 @@ class Activities:
     ) -> None:
         """Run ``operation`` while heartbeating; on cancellation (an abort), fire its
         signal and give it the grace period (module docstring)."""
-        task = asyncio.ensure_future(operation)
-        beating = asyncio.ensure_future(self._beat())
+        holder: list[Any] = []  # the tool's checkpoint, sent with every heartbeat
+        token = _checkpoint.set(holder)
+        try:
+            task = asyncio.ensure_future(operation)  # sees the holder (its context)
+        finally:
+            _checkpoint.reset(token)
+        beating = asyncio.ensure_future(self._beat(holder))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -228,7 +306,7 @@ class Activities:
                 else ToolCancelled(key, f"{ABANDONED}: the tool ignored cancellation"),
             )
 
-    async def _beat(self) -> None:
+    async def _beat(self, holder: list[Any]) -> None:
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*holder)
             await asyncio.sleep(self.heartbeat / 3)

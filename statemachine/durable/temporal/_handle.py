@@ -25,7 +25,9 @@ from temporalio.client import (
     Client,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -35,6 +37,7 @@ from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
 from statemachine.durable._inputs import checked_text, user_dict
+from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
@@ -52,6 +55,9 @@ __all__ = ["MESSAGE_TIMEOUT", "TemporalRunHandle", "open_handle"]
 
 MESSAGE_TIMEOUT = 30.0  # seconds an update waits for a worker of the run to take it
 QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
+STATUS_TRIES = 2  # queries status() makes before it says no worker answered
+UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
+MAX_NOTES = 100  # notes status() reads from a worker
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -105,14 +111,12 @@ class TemporalRunHandle:
         """The run's result once it ends; ``RunFailedError`` if it ended without one
         (its workflow failed, was terminated or cancelled: the error says which);
         ``RunHeldError`` if it is held now (``status``)."""
-        held = await self._held()
-        if held:
-            raise RunHeldError(
-                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
-                "code fits it takes it"
-            )
+        await self._raise_if_held()
         try:
-            output = await asyncio.wait_for(self._workflow.result(), timeout)
+            # A run can be held while this waits (a worker took it whose code does
+            # not fit): looked at every second.
+            waiting = unless_held(self._workflow.result(), self._raise_if_held)
+            output = await asyncio.wait_for(waiting, timeout)
         except WorkflowFailureError as exc:
             cause = exc.cause
             text = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
@@ -123,21 +127,45 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
         return result_from_dict(self.run_id, output, self._output_types)
 
+    async def _raise_if_held(self) -> None:
+        held = await self._held()
+        if held:
+            raise RunHeldError(
+                f"run {self.run_id!r} is held: {held}; it goes on when a worker whose "
+                "code fits it takes it"
+            )
+
     async def pending_approvals(self) -> tuple[ToolCall, ...]:
         """The calls waiting for a decision, in call order (a query: it needs a live
-        worker of the run; none while the run is not running)."""
+        worker of the run; none while the run is not running).
+        ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
+        pending = await self._pending(tries=1)
+        if pending is None:
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
+            )
+        return pending
+
+    async def _pending(self, tries: int) -> tuple[ToolCall, ...] | None:
+        """The pending calls; ``None`` when no worker answered ``tries`` queries of
+        ``QUERY_TIMEOUT`` seconds each (none is up, or the one that was is gone and
+        Temporal still hands the run's tasks to it)."""
         description = await self._describe()
         if _STATES.get(description.status) != "running":
             return ()
-        try:
-            pending = await self._workflow.query(
-                "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
-            )
-        except RPCError as exc:
-            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
-                return ()  # held: no worker replays it now (``status``)
-            raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-        return tuple(call_from_dict(c) for c in pending)
+        for _ in range(tries):
+            try:
+                pending = await self._workflow.query(
+                    "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+                )
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                    return ()  # held: no worker replays it now (``status``)
+                if exc.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+                    continue  # the SDK's own deadline is a cancellation
+                raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+            return tuple(call_from_dict(c) for c in pending)
+        return None
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         if not isinstance(call_id, str):
@@ -168,29 +196,54 @@ class TemporalRunHandle:
                 return
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
-    async def status(self) -> RunStatus:
-        """Where the run is; ``held`` (naming why) while the workers that took it
-        failed its workflow task because their code does not fit it."""
+    async def status(self, tries: int = STATUS_TRIES) -> RunStatus:
+        """Where the run is, with its application version; ``held`` (naming why)
+        while the workers that took it failed its workflow task because their code
+        (or application version) does not fit it. A running run whose worker does
+        not answer ``tries`` queries (``QUERY_TIMEOUT`` each: none is up, or one just
+        restarted) is ``running`` with an ``explanation`` saying so, rather than an
+        error."""
         description = await self._describe()
         state = _STATES.get(description.status, "running")
-        explanation = ""
+        held, version = await self._look()
         if state == "failed":
             explanation = await self._failure() or (
                 f"the workflow ended {description.status.name.rsplit('_', 1)[-1].lower()}"
             )
+            return RunStatus(self.run_id, state, app_version=version, explanation=explanation)
         if state != "running":
-            return RunStatus(self.run_id, state, explanation=explanation)
-        held = await self._held()
+            return RunStatus(self.run_id, state, app_version=version)
+        pending: tuple[ToolCall, ...] | None = ()
         if not held:
-            try:
-                pending = await self.pending_approvals()
-            except StoreUnavailableError:
+            pending = await self._pending(tries)
+            if pending is None:
                 held = await self._held()  # the query waited on a task being tried
-                if not held:
-                    raise
         if held:
-            return RunStatus(self.run_id, "held", held=held)
-        return RunStatus(self.run_id, "waiting" if pending else "running", pending)
+            return RunStatus(self.run_id, "held", app_version=version, held=held)
+        if pending is None:
+            return RunStatus(
+                self.run_id,
+                "running",
+                app_version=version,
+                explanation=(
+                    f"{UNANSWERED} within {tries * QUERY_TIMEOUT:g} s (none is up, or one "
+                    "just restarted): whether it waits for a person is not known"
+                ),
+            )
+        state = "waiting" if pending else "running"
+        notes = await self._notes()
+        return RunStatus(self.run_id, state, pending, app_version=version, notes=notes)
+
+    async def _notes(self) -> tuple[str, ...]:
+        """The changes of code the worker that runs the run goes on through (a query:
+        none when no worker answers it)."""
+        try:
+            notes = await self._workflow.query(
+                "notes", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+            )
+        except (RPCError, WorkflowQueryFailedError):
+            return ()
+        return tuple(str(n) for n in notes or ())[:MAX_NOTES]
 
     async def _failure(self) -> str:
         """Why the run's workflow failed, as its history says ("" if it does not)."""
@@ -203,13 +256,21 @@ class TemporalRunHandle:
         return ""
 
     async def _held(self) -> str:
-        """Why the run is held: its workflow task failed (the worker's code does not
-        fit it) or timed out and is being tried again; "" when it is not."""
-        held = ""
+        """Why the run is held ("" when it is not): ``_look``."""
+        return (await self._look())[0]
+
+    async def _look(self) -> tuple[str, str]:
+        """Why the run is held, and its application version (from its input). Held:
+        its workflow task failed (the worker's code does not fit it, or it is of
+        another application version) or timed out and is being tried again; ""
+        when it is not."""
+        held = version = ""
         try:
             description = await self._workflow.describe()
             async for event in self._workflow.fetch_history_events():
-                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                    version = await self._version(event)
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                     held = event.workflow_task_failed_event_attributes.failure.message
                 elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                     held = ""
@@ -225,7 +286,18 @@ class TemporalRunHandle:
                 f"its workflow task was tried {task.attempt} times: the workers that "
                 "took it cannot run it (their logs name why)"
             )
-        return held
+        return held, version
+
+    async def _version(self, started: Any) -> str:
+        """The application version the run's input names ("" if none)."""
+        payloads = started.workflow_execution_started_event_attributes.input.payloads
+        try:
+            inputs = await self._client.data_converter.decode(payloads)
+        except Exception:  # noqa: BLE001 - an input this converter cannot read
+            return ""
+        spec = inputs[0] if inputs else None
+        version = spec.get("app_version") if isinstance(spec, Mapping) else None
+        return version if isinstance(version, str) else ""
 
     async def export_journal(
         self, target: str | os.PathLike[str] | IO[str], tools: Sequence[Tool] | None = None
@@ -250,6 +322,14 @@ class TemporalRunHandle:
             if kind in (NOT_PENDING, CLOSED):
                 self._refuse(name, message)
             raise
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            # No worker took it in time: a worker that does not fit the run fails its
+            # task again and again, or no worker of its task queue is up.
+            await self._raise_if_held()
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} took the message within "
+                f"{self._message_timeout:g} s; it may still reach the run"
+            ) from None
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:  # the run ended meanwhile
                 self._refuse(name, message)

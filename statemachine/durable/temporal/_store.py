@@ -6,13 +6,15 @@ worker of the run, as with a handle."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import IO
+from typing import IO, Any
 
+import attrs
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client
 
-from statemachine.durable import ExportedJournal, ListedRun
+from statemachine.durable import ExportedJournal, ListedRun, RunStatus
 from statemachine.durable._inputs import MAX_URL_CHARS, check_run_id
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._handle import _STATES, TemporalRunHandle, open_handle
@@ -22,7 +24,16 @@ from statemachine.errors import InvalidInputError, StoreUnavailableError
 __all__ = ["MAX_LIST_LIMIT", "TemporalStore", "open_store"]
 
 MAX_LIST_LIMIT = 10_000
+LOOKS = 16  # running runs asked at once while listing
 _KNOWN = ("running", "waiting", "held", "finished", "failed", "cancelled")
+_EXECUTION = {  # each state, as Temporal's visibility names the executions in it
+    "running": ("Running",),
+    "waiting": ("Running",),
+    "held": ("Running",),
+    "finished": ("Completed",),
+    "failed": ("Failed", "TimedOut", "Terminated"),
+    "cancelled": ("Canceled",),
+}
 
 
 def open_store(database_url: str) -> TemporalStore:
@@ -75,33 +86,35 @@ class TemporalStore:
         if status is not None and status not in _KNOWN:
             raise InvalidInputError(f"unknown status {status!r}; known: {', '.join(_KNOWN)}")
         client = await self._connected()
-        runs: list[ListedRun] = []
+        found = []
         query = f"WorkflowType = '{WORKFLOW}'"  # newest first
-        async for found in client.list_workflows(query):
-            if len(runs) >= limit:
+        if status is not None:
+            query += f" AND ({' OR '.join(f'ExecutionStatus = {s!r}' for s in _EXECUTION[status])})"
+        async for execution in client.list_workflows(query):
+            found.append(execution)
+            # A status filter drops runs after their look: read more than ``limit``
+            # then, still bounded.
+            if len(found) >= (limit if status is None else MAX_LIST_LIMIT):
                 break
-            code = WorkflowExecutionStatus.ValueType(int(found.status or 1))
+        # A running run is asked (a query): those no worker answers cost
+        # QUERY_TIMEOUT each, so LOOKS of them are asked at once.
+        looks = asyncio.Semaphore(LOOKS)
+
+        async def listed(execution: Any) -> ListedRun:
+            code = WorkflowExecutionStatus.ValueType(int(execution.status or 1))
             state = _STATES.get(code, "running")
             if state == "running":
-                listed = await TemporalRunHandle(client, found.id).status()
+                async with looks:
+                    seen = await TemporalRunHandle(client, execution.id).status(tries=1)
             else:
-                listed = ListedRun(found.id, state)
-            if status is not None and listed.state != status:
-                continue
-            start = found.start_time.timestamp()
-            end = found.close_time.timestamp() if found.close_time else start
-            runs.append(
-                ListedRun(
-                    found.id,
-                    listed.state,
-                    listed.pending_approvals,
-                    held=listed.held,
-                    explanation=listed.explanation,
-                    created=start,
-                    updated=end,
-                )
-            )
-        return tuple(runs)
+                seen = RunStatus(execution.id, state)
+            start = execution.start_time.timestamp()
+            end = execution.close_time.timestamp() if execution.close_time else start
+            return ListedRun(**attrs.asdict(seen, recurse=False), created=start, updated=end)
+
+        runs = await asyncio.gather(*(listed(e) for e in found))
+        kept = [r for r in runs if status is None or r.state == status]
+        return tuple(kept[:limit])
 
     async def export_journal(
         self, run_id: str, target: str | os.PathLike[str] | IO[str]

@@ -34,7 +34,12 @@ from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable._course import drive
 from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
-from statemachine.durable._registry import differences, run_options, table_digest, unknown_extras
+from statemachine.durable._registry import (
+    differences,
+    run_options,
+    table_change,
+    unknown_extras,
+)
 from statemachine.durable._wire import (
     call_to_dict,
     encode_step_events,
@@ -46,7 +51,7 @@ from statemachine.durable.temporal._export import carried_steps
 from statemachine.durable.temporal._run import Lane, RemoteRun
 from statemachine.errors import RunHeldError
 
-__all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "registries"]
+__all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "hold_unless_it_fits", "registries"]
 
 WORKFLOW = "statemachine.run"
 NOT_PENDING = "NotPendingError"  # the type of a refused decision
@@ -76,6 +81,7 @@ class Registry:
     manifest: Mapping[str, Any]
     instructions: Mapping[str, Any]
     output_types: Mapping[str, Any]
+    app_version: str = ""  # "": any (the replayer checks the workflow's code only)
 
 
 registries: dict[str, Registry] = {}  # by task queue, one per worker of this process
@@ -91,12 +97,23 @@ class WorkflowOperations:
     def __init__(self) -> None:
         self.model = ""
         self.instructions: str | None = None  # their name in the registry
+        self.app_version = ""  # the run's: only a worker of it performs an activity
         self.settings: Settings | None = None
         self.handles: dict[str, workflow.ActivityHandle[Any]] = {}
         self.misfit: asyncio.Future[str] | None = None  # set by ``run``
         self.rolling: asyncio.Future[None] | None = None  # set by ``run``
         self.carried = Recorded([])  # what an earlier execution recorded
         self.saved: list[list[Any]] = []  # every operation's [name, output], in order
+
+    def take(self, spec: Mapping[str, Any], settings: Settings) -> None:
+        """Take the run's model, instructions and version, and what an earlier
+        execution of it recorded; ``settings``: the worker's."""
+        self.model = str(spec["model"])
+        self.instructions = spec.get("instructions")
+        version = spec.get("app_version")
+        self.app_version = version if isinstance(version, str) else ""
+        self.settings = settings
+        self.carry(spec.get("carried", {}))
 
     def carry(self, carried: Mapping[str, Any]) -> None:
         """Take what an earlier execution of the run recorded (continue-as-new)."""
@@ -139,6 +156,8 @@ class WorkflowOperations:
             payload = {**payload, "model": self.model}
             if self.instructions is not None:
                 payload["instructions"] = self.instructions
+        if self.app_version:
+            payload = {**payload, "app_version": self.app_version}
         timeout = settings.model_timeout if key == "model" else settings.tool_timeout
         handle = workflow.start_activity(
             name,
@@ -189,16 +208,16 @@ class RunWorkflow:
         self._lane = Lane(self._ops)
         self._pending: list[dict[str, Any]] = []
         self._decided: set[str] = set()
+        self._notes: list[str] = []
 
     @workflow.run
     async def run(self, spec: dict[str, Any]) -> dict[str, Any]:
         registry = registries[workflow.info().task_queue]
-        _hold_unless_it_fits(spec, registry)
-        self._ops.model = str(spec["model"])
-        self._ops.instructions = spec.get("instructions")
-        self._ops.settings = registry.settings
+        # The notes are this worker's, answered by a query (no command: a worker of
+        # other code replays the same history).
+        self._notes = hold_unless_it_fits(spec, registry)
+        self._ops.take(spec, registry.settings)
         carried = spec.get("carried", {})
-        self._ops.carry(carried)
         self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
         # The run's output type and usage limits; its instructions are the model
         # activity's to send (the model call is made there).
@@ -284,28 +303,41 @@ class RunWorkflow:
     def pending_approvals(self) -> list[dict[str, Any]]:
         return self._pending
 
+    @workflow.query(name="notes")
+    def notes(self) -> list[str]:
+        """The changes of code this worker runs the run through (``differences``)."""
+        return self._notes
+
     @workflow.query(name="places")
     def places(self) -> list[list[Any]]:
         return self._lane.places
 
 
-def _hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> None:
+def hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> list[str]:
     """Hold the run (fail this workflow task, which Temporal tries again until a
-    worker whose code fits takes it) when this worker's registry or transition
-    table does not fit what the run recorded (``_registry.differences``): nothing
-    of the run is replayed on such code."""
+    worker whose code fits takes it) when this worker's application version,
+    registry or transition table does not fit what the run recorded
+    (``_registry.differences``): nothing of the run is replayed on such code.
+    Otherwise the notes: what changed that the run goes on through."""
     recorded = spec.get("code")
-    blocking, _ = differences(
+    blocking, notes = differences(
         recorded if isinstance(recorded, Mapping) else {"tools": {}, "hooks": {}},
         registry.manifest,
         str(spec["model"]),
         list(spec["tools"]),
+        spec.get("instructions"),
     )
     blocking += unknown_extras(spec, registry.instructions, registry.output_types)
-    table = spec.get("table")
-    if table is not None and table != table_digest():
-        blocking.append(
-            f"the transition table changed (the run's {table}, this worker's {table_digest()})"
+    blocking += table_change(spec)
+    version = spec.get("app_version")
+    if registry.app_version and isinstance(version, str) and version != registry.app_version:
+        # Temporal tries the task again, on any worker of the queue: a worker of the
+        # run's version takes it (as DBOS's do), one of another version holds it.
+        blocking.insert(
+            0,
+            f"waits for a worker of application version {version!r} "
+            f"(this worker runs {registry.app_version!r})",
         )
     if blocking:
         raise RunHeldError("; ".join(blocking))
+    return notes
