@@ -7,6 +7,7 @@ different reaction (h11 splits its protocol errors the same way)::
     ├── UsageError                  the calling code misused the library: fix the code
     │   ├── ProtocolError           an event the engine does not accept in its state
     │   ├── InvalidInputError       an argument refused before anything ran (ValueError)
+    │   │   └── StepDeclarationError  a declared step refused: it would break a rule
     │   ├── DiagramError            a diagram that cannot be drawn as asked
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
@@ -42,7 +43,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── ModelFailedError
     │   ├── AwaitingUserError
     │   ├── UsageLimitExceededError
-    │   └── OutputInvalidError
+    │   ├── OutputInvalidError
+    │   └── StepEndedError          a declared step ended the run in its own state
     └── EngineInvariantError        the library broke a guarantee of its own: a bug
 
 How each family reaches you:
@@ -104,6 +106,8 @@ __all__ = [
     "SnapshotSignatureError",
     "SpecError",
     "StateMachineError",
+    "StepDeclarationError",
+    "StepEndedError",
     "StoreUnavailableError",
     "ToolOutputError",
     "TurnLimitExceededError",
@@ -138,6 +142,11 @@ class InvalidInputError(UsageError, ValueError):
     """An argument refused before anything ran: an invalid history, a tool list with
     duplicate names, a schema that is not a JSON Schema object, a limit that is not a
     positive integer."""
+
+
+class StepDeclarationError(InvalidInputError):
+    """A declared step (``statemachine.core.steps``) refused before anything runs: its
+    message names the step and the rule of the loop its declaration would break."""
 
 
 class DiagramError(UsageError):
@@ -333,6 +342,10 @@ class OutputInvalidError(RunNotDoneError):
 
 
 # -- the library's own bug -----------------------------------------------------------
+
+
+class StepEndedError(RunNotDoneError):
+    """A declared step ended the run in one of its own terminal states."""
 
 
 class EngineInvariantError(StateMachineError):

@@ -88,6 +88,7 @@ PUBLIC_MODULES = (
     "statemachine.messages",
     "statemachine.errors",
     "statemachine.hooks",
+    "statemachine.steps",
     "statemachine.journal",
     "statemachine.testing",
     "statemachine.workspace",

@@ -27,6 +27,7 @@ from statemachine.agent.hooks import (
     Stop,
     TransformContext,
 )
+from statemachine.agent.steps import Step, decide
 from statemachine.core.events import (
     ApprovalRequired,
     ContinueDecided,
@@ -49,6 +50,7 @@ class Hooks:
     after_tool_call: AfterToolCall | None = None
     should_continue: ShouldContinue | None = None
     transform_context: TransformContext | None = None
+    steps: tuple[Step, ...] = ()  # a team's declared steps, with their functions
 
 
 class HookCaller:
@@ -131,6 +133,14 @@ class HookCaller:
                     f"the before_tool_call hook raised {describe(exc)}; the call was not run"
                 )
             put(_permission(call, decision))
+
+    async def run_step(self, name: str, messages: Sequence[Message]) -> Event:
+        """Call the declared step ``name``: its ``StepDecided`` (``agent/steps.py``)."""
+        step = next(s for s in self.hooks.steps if s.name == name)
+        event, failure = await decide(step, messages, self._note_failure)
+        if failure is not None:
+            self._log.warning("step_failed", step=name, error=failure, outcome=event.outcome)
+        return event
 
     async def check_continue(self, messages: Sequence[Message], turn: int) -> Event:
         """Ask ``should_continue`` at the boundary after ``turn``: its ``ContinueDecided``."""

@@ -153,11 +153,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
+if TYPE_CHECKING:
+    from statemachine.core.steps import StepSpec
+
 __all__ = [
     "ABSORBING",
+    "BASE_TABLE",
     "INITIAL",
     "INPUT_TRIGGERS",
     "INTERNAL_TRIGGERS",
@@ -166,7 +171,12 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "TRIGGER_DOCS",
+    "DeclaredState",
     "Guard",
+    "OutcomeIs",
+    "RowGuard",
+    "State",
+    "Table",
     "Transition",
     "Trigger",
     "TurnState",
@@ -215,6 +225,7 @@ class Trigger(enum.StrEnum):
     TOOL_FINISHED = "tool_finished"
     TOOL_CANCELLED = "tool_cancelled"
     CONTINUE_DECIDED = "continue_decided"
+    STEP_DECIDED = "step_decided"
     ABORT = "abort"
     # internal triggers: fired by the engine when their guard holds
     DISPATCHED = "dispatched"
@@ -254,13 +265,72 @@ G = Guard
 
 
 @attrs.frozen
+class DeclaredState:
+    """A state a team declared with its steps (``core/steps.py``): the live state in
+    which one step runs, or a terminal state one of its outcomes ends the run in.
+
+    It reads like a ``TurnState`` where the engine, the trace and the drawings read
+    one (``value``, ``is_terminal``, ``str()``), so a declared state is drawn, logged
+    and checked like the library's own; it is not a member of ``TurnState``, which
+    stays the states of every run (the base table), so an agent without steps has
+    exactly the same states, snapshots and journals as before.
+    """
+
+    value: str
+    terminal: bool
+    # What it means (for a terminal one: the explanation a person reads); not part of
+    # its identity: a state read back from the wire by its name is the same state.
+    doc: str = attrs.field(eq=False)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.terminal
+
+    @property
+    def name(self) -> str:
+        return self.value
+
+    def __str__(self) -> str:
+        return self.value
+
+
+State = TurnState | DeclaredState
+"""A state of some table: the library's own, or one declared with a team's steps."""
+
+
+@attrs.frozen
+class OutcomeIs:
+    """The guard of a row that leaves a step's state: the step answered ``outcome``;
+    with ``spent``, also that its retry budget is spent (``True``) or not (``False``).
+
+    It reads like a ``Guard`` where the drawings read one (``value``); the engine
+    answers it from the step's decision (``Engine.guard_holds``)."""
+
+    outcome: str
+    spent: bool | None = None
+
+    @property
+    def value(self) -> str:
+        if self.spent is None:
+            return f"outcome={self.outcome}"
+        return f"outcome={self.outcome}, retries {'spent' if self.spent else 'left'}"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RowGuard = Guard | OutcomeIs
+"""What a row may be guarded by."""
+
+
+@attrs.frozen
 class Transition:
     """One row: in ``source``, on ``trigger``, if ``guard`` holds, go to ``dest``."""
 
-    source: TurnState
+    source: State
     trigger: Trigger
-    dest: TurnState
-    guard: Guard | None
+    dest: State
+    guard: RowGuard | None
     label: str  # how a person would say it; used by diagrams and docs
 
 
@@ -424,6 +494,7 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.TOOL_FINISHED: "a started tool returned (or raised; the driver converts it)",
     T.TOOL_CANCELLED: "after an abort, the driver gave up waiting for a tool",
     T.CONTINUE_DECIDED: "the should_continue hook answered",
+    T.STEP_DECIDED: "a declared step answered with one of its outcomes (core/steps.py)",
     T.ABORT: "the run's abort signal fired",
     T.DISPATCHED: "internal: every call of the batch is resolved",
     T.RESULTS_COMPLETE: "internal: no call of the batch is running any more",
@@ -431,7 +502,7 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.SETTLED: "internal: after an abort, nothing is outstanding",
 }
 
-RowIndex = dict[TurnState, dict[Trigger, tuple[Transition, ...]]]
+RowIndex = dict[State, dict[Trigger, tuple[Transition, ...]]]
 
 
 def index(rows: Iterable[Transition]) -> RowIndex:
@@ -439,19 +510,76 @@ def index(rows: Iterable[Transition]) -> RowIndex:
     (every state has an entry, empty for a state no row leaves)."""
     out: RowIndex = {state: {} for state in TurnState}
     for row in rows:
-        group = out[row.source]
+        group = out.setdefault(row.source, {})
         group[row.trigger] = (*group.get(row.trigger, ()), row)
+        out.setdefault(row.dest, {})
     return out
 
 
 _BY_SOURCE: RowIndex = index(TRANSITIONS)
 
 
-def rows_from(source: TurnState, trigger: Trigger) -> tuple[Transition, ...]:
+def rows_from(source: State, trigger: Trigger) -> tuple[Transition, ...]:
     """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
     return _BY_SOURCE[source].get(trigger, ())
 
 
-def triggers_from(source: TurnState) -> Mapping[Trigger, tuple[Transition, ...]]:
+def triggers_from(source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
     """Every trigger that has a row from ``source``, with its rows in table order."""
     return _BY_SOURCE[source]
+
+
+@attrs.frozen(eq=False)
+class Table:
+    """A run's transition table as a value: the base rows, and the rows a team's
+    declared steps add (``core/steps.py`` builds one with ``table_for``).
+
+    The engine interprets the table it is given exactly as it interprets
+    ``TRANSITIONS``: the first row of a (state, trigger) group whose guard holds wins.
+    ``BASE_TABLE`` is ``TRANSITIONS`` itself, the table of every agent without steps.
+    ``steps`` are the declarations the rows were generated from, kept so that the
+    checker can hold the rows to them (``testing/_oracle.py`` reads the declarations,
+    never the rows).
+    """
+
+    rows: tuple[Transition, ...]
+    steps: tuple[StepSpec, ...] = ()
+    _index: RowIndex = attrs.field(init=False)
+    terminal: frozenset[State] = attrs.field(init=False)
+    declared: tuple[DeclaredState, ...] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_source = index(self.rows)
+        declared = tuple(s for s in by_source if isinstance(s, DeclaredState))
+        object.__setattr__(self, "_index", by_source)
+        object.__setattr__(self, "declared", declared)
+        ends = frozenset(s for s in declared if s.terminal)
+        object.__setattr__(self, "terminal", TERMINAL | ends)
+
+    @property
+    def states(self) -> tuple[State, ...]:
+        """Every state: the library's, then the declared ones in table order."""
+        return (*TurnState, *self.declared)
+
+    @property
+    def returns_to_caller(self) -> frozenset[State]:
+        return self.terminal | {S.AWAITING_USER}
+
+    def rows_from(self, source: State, trigger: Trigger) -> tuple[Transition, ...]:
+        """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
+        return self._index.get(source, {}).get(trigger, ())
+
+    def triggers_from(self, source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
+        """Every trigger that has a row from ``source``, with its rows in table order."""
+        return self._index.get(source, {})
+
+    def state_named(self, name: str) -> State | None:
+        """The state whose value is ``name`` (``None``: no such state here)."""
+        for state in self.states:
+            if state.value == name:
+                return state
+        return None
+
+
+BASE_TABLE: Table = Table(TRANSITIONS)
+"""The table of every run without declared steps: ``TRANSITIONS``."""

@@ -17,7 +17,7 @@ from statemachine.core import events as _events
 from statemachine.core.engine import Engine, TransitionRecord
 from statemachine.core.events import Event, ModelResponded, ToolFinished
 from statemachine.core.messages import Message, thaw_json
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, TurnState
 from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
@@ -75,7 +75,7 @@ class ReplayResult:
         return self.error is None
 
     @property
-    def state(self) -> TurnState:
+    def state(self) -> State:
         return self.engine.state
 
     @property
@@ -189,7 +189,7 @@ def _engine_failure(event: Event, exc: Exception, number: int) -> JournalError:
     return _cannot_replay(number, exc)
 
 
-def _diverged(after: TurnState, state: TurnState, number: int) -> JournalError:
+def _diverged(after: State, state: State, number: int) -> JournalError:
     return JournalError(
         number,
         f"replay diverged: the journal says the run went to {after.value}, the "

@@ -28,6 +28,7 @@ from statemachine.core.events import (
     ModelFailed,
     ModelResponded,
     Start,
+    StepDecided,
     ToolCancelled,
     ToolDenied,
     ToolFinished,
@@ -225,6 +226,26 @@ def _call_ids(engine: Engine) -> list[str]:
     return [*dict.fromkeys([*pending, *ids]), UNKNOWN_CALL]
 
 
+STEP_MESSAGE = "the step says: not like this"
+UNDECLARED_OUTCOME = "no_such_outcome"
+
+
+def _step_decisions(engine: Engine) -> list[Event]:
+    """Every outcome of the step the run waits for, each with a message, and one it did
+    not declare (refused); none for an engine without steps, where nothing could
+    accept them (so the base table is explored exactly as before)."""
+    steps = engine.table.steps
+    if not steps:
+        return []
+    step = engine.pending_step()
+    if step is None:
+        return [StepDecided(steps[0].name, steps[0].outcomes[0][0])]  # a refusal sample
+    return [
+        *(StepDecided(step.name, name, STEP_MESSAGE) for name, _ in step.outcomes),
+        StepDecided(step.name, UNDECLARED_OUTCOME),
+    ]
+
+
 @functools.lru_cache(maxsize=64)
 def _responses_for(turn: int, bounds: Bounds) -> tuple[Event, ...]:
     return tuple(_responses(turn, bounds))
@@ -261,6 +282,7 @@ EVENT_SOURCES: dict[Trigger, EventSource] = {
         d for i in _call_ids(e) for d in (ApprovalDecided(i, True), ApprovalDecided(i, False, "no"))
     ],
     T.CONTINUE_DECIDED: lambda e, b: [ContinueDecided(False), ContinueDecided(True, "enough")],
+    T.STEP_DECIDED: lambda e, b: _step_decisions(e),
 }
 """Candidate events per input trigger, given the engine as it stands."""
 
