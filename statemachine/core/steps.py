@@ -185,12 +185,15 @@ class StepSpec:
     point: Point = attrs.field(converter=Point)
     outcomes: tuple[tuple[str, Destination], ...] = attrs.field(converter=_outcomes)
     on_error: str | None = None
+    # The live state in which this step runs: its name in CamelCase (one object, so
+    # that every row of the step names the same state).
+    state: DeclaredState = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def state(self) -> DeclaredState:
-        """The live state in which this step runs: its name in CamelCase."""
-        camel = "".join(part.capitalize() for part in self.name.split("_"))
-        return DeclaredState(camel, False, f"the step {self.name} runs ({self.point})")
+    def __attrs_post_init__(self) -> None:
+        name = self.name if isinstance(self.name, str) else "?"
+        camel = "".join(part.capitalize() for part in name.split("_"))
+        state = DeclaredState(camel, False, f"the step {name} runs ({self.point})")
+        object.__setattr__(self, "state", state)
 
     def destination(self, outcome: str) -> Destination | None:
         """What ``outcome`` leads to (``None``: the step did not declare it)."""
@@ -251,6 +254,7 @@ def table_for(steps: Sequence[StepSpec]) -> Table:
     for step in steps:
         first.setdefault(step.point, step)
     redirect = {entry: first[point].state for point in first for entry in _ENTRIES[point]}
+    ends: dict[str, DeclaredState] = {}  # one object per declared end, shared by its rows
     rows: list[Transition] = []
     for row in TRANSITIONS:
         target = redirect.get((row.source, row.trigger, row.dest, row.guard))  # type: ignore[arg-type]
@@ -261,19 +265,19 @@ def table_for(steps: Sequence[StepSpec]) -> Table:
         chain = [s for s in steps if s.point is point]
         for i, step in enumerate(chain):
             after = chain[i + 1].state if i + 1 < len(chain) else _BASE_DEST[point]
-            rows.extend(_step_rows(step, after))
+            rows.extend(_step_rows(step, after, ends))
     table = Table(tuple(rows), steps)
     check_table(table)
     return table
 
 
-def _step_rows(step: StepSpec, after: State) -> list[Transition]:
+def _step_rows(step: StepSpec, after: State, ends: dict[str, DeclaredState]) -> list[Transition]:
     """The rows that leave ``step``'s state; ``after``: where going on leads."""
     here = step.state
 
     def leads(dest: Destination) -> State:
         if isinstance(dest, End):
-            return DeclaredState(dest.state, True, dest.explanation)
+            return ends.setdefault(dest.state, DeclaredState(dest.state, True, dest.explanation))
         return after  # GoOn (a Retry's ``then`` is never a Retry: checked)
 
     rows: list[Transition] = []
@@ -292,15 +296,16 @@ def _step_rows(step: StepSpec, after: State) -> list[Transition]:
                     f"{name}, retries spent: as {then}",
                 )
             )
-            rows.append(
-                Transition(
-                    here,
-                    T.STEP_DECIDED,
-                    S.TURN_BOUNDARY,
-                    OutcomeIs(name, spent=False),
-                    f"{name}: back to the model with a message",
+            if dest.budget > 0:  # with none, the retry never goes back: no row for it
+                rows.append(
+                    Transition(
+                        here,
+                        T.STEP_DECIDED,
+                        S.TURN_BOUNDARY,
+                        OutcomeIs(name, spent=False),
+                        f"{name}: back to the model with a message",
+                    )
                 )
-            )
         else:
             label = f"{name}: go on" if isinstance(dest, GoOn) else f"{name}: end the run"
             rows.append(Transition(here, T.STEP_DECIDED, leads(dest), OutcomeIs(name), label))

@@ -529,7 +529,7 @@ def triggers_from(source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
     return _BY_SOURCE[source]
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, repr=False)
 class Table:
     """A run's transition table as a value: the base rows, and the rows a team's
     declared steps add (``core/steps.py`` builds one with ``table_for``).
@@ -555,6 +555,10 @@ class Table:
         object.__setattr__(self, "declared", declared)
         ends = frozenset(s for s in declared if s.terminal)
         object.__setattr__(self, "terminal", TERMINAL | ends)
+
+    def __repr__(self) -> str:
+        steps = ", ".join(s.name for s in self.steps)
+        return f"<Table of {len(self.rows)} rows, steps: {steps or 'none'}>"
 
     @property
     def states(self) -> tuple[State, ...]:

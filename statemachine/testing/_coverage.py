@@ -97,7 +97,7 @@ def _disagreement(firing: _Firing) -> str | None:
         )
     if firing.expected is None:
         return f"rule 12: no rule accepts {trigger} in {source}, yet the engine went to {went}"
-    if firing.actual is not firing.expected.dest:
+    if firing.actual != firing.expected.dest:  # a declared state is equal by its name
         return (
             f"{firing.expected.rule}: in {source} on {trigger} with "
             f"{firing.describe_guards()}, expected {firing.expected.dest.value}, "
@@ -222,7 +222,7 @@ class RuleChecks:
                 f"counter went from {before_turns} to {engine.turns}",
                 path,
             )
-        into = {f.actual for f in firings if f.actual is not f.source}
+        into = {f.actual for f in firings if f.actual != f.source}
         stays = {f.actual for f in firings}
         if any(isinstance(a, StartTool) for a in actions) and S.COLLECTING_RESULTS not in stays:
             self._violate(

@@ -404,10 +404,11 @@ class _Search(RuleChecks):
     def _check_retry(
         self, engine: Engine, message: str, before: list[Message], path: tuple[Event, ...]
     ) -> None:
-        """A retry goes back to the model with its message: the message is appended
-        (after the answer it rejects) and the run is live, on its way to the model."""
+        """A retry goes back to the model with its message: the message enters the
+        history, after the answer it rejects (the turn boundary may still end the run
+        at a limit: the message is then the last word, as queued input is)."""
         added = list(engine.messages)[len(before) :]
-        if UserMessage(message) not in added or engine.state in self.terminal:
+        if UserMessage(message) not in added:
             self._violate(
                 "I2",
                 f"a retry of step {_step_of(path)} did not send its message back to the "
@@ -496,7 +497,7 @@ class _Search(RuleChecks):
             return
         state = engine.state
         ended = [a for a in actions if isinstance(a, ReturnToCaller)]
-        entered = state is not before_state and state in self.returns
+        entered = state != before_state and state in self.returns
         if entered and (len(ended) != 1 or ended[0].state is not state):
             self._violate("I4", f"entering {state.value} did not announce ReturnToCaller", path)
         # I6: a tool's own result, once delivered, is kept as it is.

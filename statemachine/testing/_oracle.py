@@ -346,7 +346,7 @@ def entry_actions(source: State, dest: State, *, check_continue: bool) -> collec
     driver returns (an end, or waiting for a person) says why.
     """
     out: collections.Counter[type] = collections.Counter()
-    if dest is source:
+    if dest == source:
         return out
     if dest is S.AWAITING_MODEL:
         out[CallModel] += 1

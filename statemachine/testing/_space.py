@@ -44,7 +44,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.output import OutputSpec
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import Table, Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
 S = TurnState
@@ -93,6 +93,8 @@ def _short(value: object) -> str:
     if isinstance(value, UsageLimits):
         fields = attrs.asdict(value, filter=lambda _, v: v is not None)
         return ",".join(f"{k}:{v}" for k, v in fields.items())
+    if isinstance(value, Table):
+        return ", ".join(f"{s.name}({s.point})" for s in value.steps) or "the base table"
     if isinstance(value, OutputSpec):
         mode = ", native" if value.native else ""
         return f"{value.name}(retries:{value.retries}{mode})"
