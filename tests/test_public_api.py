@@ -114,7 +114,7 @@ def test_the_top_level_exports_what_an_application_writes_and_no_more() -> None:
 def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
-    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable"}
+    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "steps"}
     assert exported - set(statemachine.__all__) <= submodules
 
 

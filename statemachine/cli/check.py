@@ -79,8 +79,7 @@ def check_with_progress(
 __all__ = ["cli_check"]
 
 
-def cli_check(argv: list[str]) -> int:
-    """``python -m statemachine check [--turns N] [--calls M]``."""
+def _parser() -> CommandParser:
     parser = CommandParser(
         "check",
         description="Exhaustively check the engine: every accepted sequence of engine events "
@@ -114,6 +113,12 @@ def cli_check(argv: list[str]) -> int:
         help="check this agent's table, its declared steps included: an Agent, a list of "
         "Step or a Table (default: the library's table)",
     )
+    return parser
+
+
+def cli_check(argv: list[str]) -> int:
+    """``python -m statemachine check [--turns N] [--calls M] [--agent MODULE:NAME]``."""
+    parser = _parser()
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
