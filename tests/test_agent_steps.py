@@ -4,7 +4,10 @@ library's guardrails, and a step that fails (raises, hangs, answers nonsense).""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +23,13 @@ from statemachine import (
 )
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import Message, UserMessage
-from statemachine.errors import InvalidInputError, StepDeclarationError, StepEndedError
+from statemachine.errors import (
+    InvalidInputError,
+    JournalError,
+    StepDeclarationError,
+    StepEndedError,
+)
+from statemachine.journal import Journal, JournalingEngine, replay
 from statemachine.steps import (
     Decision,
     DeclaredState,
@@ -232,3 +241,42 @@ def test_a_run_without_steps_is_untouched() -> None:
     result = run_agent_sync(model=ScriptedModel("hi"), messages="x")
     assert result.state is TurnState.DONE
     assert [r.dest.value for r in result.trace] == ["AwaitingModel", "Done"]
+
+
+@pytest.mark.timeout(30)
+def test_a_run_with_steps_is_journaled_with_its_declarations_and_replays(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    guard = output_guardrail("refund_limit", _refund_limit)
+    with Journal(path) as journal:
+        result = run_agent_sync(
+            model=ScriptedModel("1000 EUR", "50 EUR"),
+            messages="refund",
+            steps=[guard],
+            engine_factory=partial(JournalingEngine, journal=journal),
+        )
+    assert result.state is TurnState.DONE
+    header = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+    assert header["options"]["table"][0]["name"] == "refund_limit"
+    again = replay(path)
+    assert again.ok
+    assert again.state is TurnState.DONE
+    assert tuple(again.messages) == result.messages
+    assert [s.value for s in again.states][-2:] == ["RefundLimit", "Done"]
+
+
+@pytest.mark.timeout(30)
+def test_a_journal_whose_steps_break_a_rule_is_refused_naming_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with Journal(path) as journal:
+        run_agent_sync(
+            model=ScriptedModel("50 EUR"),
+            messages="refund",
+            steps=[output_guardrail("refund_limit", _refund_limit)],
+            engine_factory=partial(JournalingEngine, journal=journal),
+        )
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    header["options"]["table"][0]["point"] = "before_model"  # a retry before the model
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(JournalError, match="no answer to retry"):
+        replay(path)

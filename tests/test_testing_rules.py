@@ -86,9 +86,11 @@ TestEngineWithSteps = StepsMachine.TestCase
 TestEngineWithSteps.settings = settings(stateful_step_count=30)
 
 
-class TrippingOverCallsMachine(StepsMachine):
+class TrippingOverCallsMachine(AgentEngineMachine):
     """A team's broken table: the review also runs on responses with tool calls, so
     its ``blocked`` end leaves their calls unanswered."""
+
+    steps = (REVIEW,)
 
     def new_engine(self, tools, messages, max_turns):  # type: ignore[no-untyped-def]
         table = table_for(self.steps)

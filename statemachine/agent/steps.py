@@ -174,7 +174,7 @@ async def decide(
             f"the step {spec.name} gave a message that is not a string of at most "
             f"{MAX_STEP_MESSAGE_CHARS} characters",
         )
-    return StepDecided(spec.name, decision.outcome, message), None
+    return StepDecided(spec.name, decision.outcome, message or ""), None
 
 
 def _failed(spec: StepSpec, why: str) -> tuple[StepDecided, str]:

@@ -223,12 +223,12 @@ class Engine:
     check_continue: bool
     run_id: str
     transition_hook: TransitionHook | None
-    table: Table  # the rows interpreted: BASE_TABLE, or with a team's steps
-    _rows_from: Callable[[State, Trigger], tuple[Transition, ...]]
-    _triggers_from: Callable[[State], Mapping[Trigger, tuple[Transition, ...]]]
-    _absorbing: frozenset[State]  # the table's terminal states (I4)
-    _returns: frozenset[State]  # where a driver returns: those and AwaitingUser
-    _steps: tuple[StepSpec, ...]
+    # The rows interpreted: BASE_TABLE, or one with a team's steps (then set on the
+    # engine, with the three below; a run without steps keeps the class's values).
+    table: Table = BASE_TABLE
+    _absorbing: frozenset[State] = ABSORBING  # the table's terminal states (I4)
+    _returns: frozenset[State] = RETURNS_TO_CALLER  # those and AwaitingUser
+    _steps: tuple[StepSpec, ...] = ()
     _logger: Any  # the logger given (None: the library's)
     # It, the run id bound: bound at once if it keeps debug or info events, else when a
     # warning needs it (most runs log nothing; a bound logger per waiting run adds up).
@@ -257,7 +257,7 @@ class Engine:
     _output_failures: int = 0  # failed attempts at the final result
     _output_error: str | None = None  # why the last attempt failed
     _output_remind: bool = False  # ask for the final-result tool before the next call
-    _step_decision: tuple[str, str | None] | None = None  # a step's (outcome, message)
+    _step_decision: tuple[str, str] | None = None  # a step's (outcome, message)
     _step_retries: tuple[tuple[str, int], ...] = ()  # retries each step's outcomes spent
     # transient
     _event: Event | None  # the engine event being handled
@@ -350,15 +350,21 @@ class Engine:
         self._actions = []
 
     def _set_table(self, table: Table) -> None:
-        self.table = table
-        self._steps = table.steps
-        if table is BASE_TABLE:
-            # The module's own functions: they read the rows as the module holds them now.
-            self._rows_from, self._triggers_from = rows_from, triggers_from
-            self._absorbing, self._returns = ABSORBING, RETURNS_TO_CALLER
-        else:
-            self._rows_from, self._triggers_from = table.rows_from, table.triggers_from
+        if table is not BASE_TABLE:
+            self.table, self._steps = table, table.steps
             self._absorbing, self._returns = table.terminal, table.returns_to_caller
+
+    def _rows_from(self, state: State, trigger: Trigger) -> tuple[Transition, ...]:
+        # The base table through the module's own function: it reads the rows as the
+        # module holds them now (a test may install other rows there).
+        if self.table is BASE_TABLE:
+            return rows_from(state, trigger)
+        return self.table.rows_from(state, trigger)
+
+    def _triggers_from(self, state: State) -> Mapping[Trigger, tuple[Transition, ...]]:
+        if self.table is BASE_TABLE:
+            return triggers_from(state)
+        return self.table.triggers_from(state)
 
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
@@ -493,7 +499,7 @@ class Engine:
                 f"step_decided: {step.name!r} has no outcome {event.outcome!r} "
                 f"(declared: {declared})"
             )
-        if event.message is not None and len(event.message) > MAX_STEP_MESSAGE_CHARS:
+        if len(event.message) > MAX_STEP_MESSAGE_CHARS:
             raise ProtocolError(
                 f"step_decided: the message of {step.name!r} has {len(event.message)} "
                 f"characters; at most {MAX_STEP_MESSAGE_CHARS}"
@@ -826,7 +832,7 @@ class Engine:
         assert step is not None
         assert self._step_decision is not None
         outcome, message = self._step_decision
-        if message is None:
+        if not message:
             message = f"The answer was not accepted ({step.name}: {outcome}). Try again."
         self._history.append(UserMessage(message))
         spent = dict(self._step_retries)
@@ -1195,8 +1201,6 @@ CONFIGURATION: Final = frozenset(
         "run_id",
         "transition_hook",
         "table",
-        "_rows_from",
-        "_triggers_from",
         "_absorbing",
         "_returns",
         "_steps",

@@ -202,15 +202,13 @@ class ContinueDecided:
 @attrs.frozen
 class StepDecided:
     """A declared step answered (``core/steps.py``): ``outcome`` is one of the step's
-    outcome names; ``message`` goes back to the model when the outcome is a retry, and
-    into the explanation when it ends the run."""
+    outcome names; ``message`` (empty: none) goes back to the model when the outcome is
+    a retry, and into the explanation when it ends the run."""
 
     trigger: ClassVar[Trigger] = Trigger.STEP_DECIDED
     step: str = attrs.field(validator=_str)
     outcome: str = attrs.field(validator=_str)
-    message: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
-    )
+    message: str = attrs.field(default="", validator=_str)
 
 
 Event: TypeAlias = (

@@ -317,9 +317,9 @@ def _load_steps(engine: Engine, data: Mapping[str, Any]) -> None:
             not isinstance(decision, (list, tuple))
             or len(decision) != 2
             or not isinstance(decision[0], str)
-            or not isinstance(decision[1], (str, type(None)))
+            or not isinstance(decision[1], str)
         ):
-            raise SnapshotError("snapshot.stepDecision: expected [outcome, message or null]")
+            raise SnapshotError("snapshot.stepDecision: expected [outcome, message]")
         engine._step_decision = (decision[0], decision[1])
 
 

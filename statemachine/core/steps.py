@@ -82,7 +82,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 
@@ -115,6 +115,8 @@ __all__ = [
     "check_table",
     "step_named",
     "table_for",
+    "table_from_data",
+    "table_to_data",
 ]
 
 S = TurnState
@@ -168,7 +170,9 @@ class End:
 Destination: TypeAlias = GoOn | Retry | End
 
 
-def _outcomes(value: Mapping[str, Destination]) -> tuple[tuple[str, Destination], ...]:
+def _outcomes(
+    value: Mapping[str, Destination] | Sequence[tuple[str, Destination]],
+) -> tuple[tuple[str, Destination], ...]:
     return tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
 
 
@@ -458,3 +462,66 @@ def step_named(steps: Iterable[StepSpec], state: State) -> StepSpec | None:
         if step.state == state:
             return step
     return None
+
+
+# -- the JSON form of declarations (a journal's header holds them) --------------------------
+
+
+def table_to_data(table: Table) -> list[dict[str, Any]]:
+    """The declarations ``table`` was generated from, as JSON data (``table_from_data``)."""
+    return [
+        {
+            "name": step.name,
+            "point": step.point.value,
+            "outcomes": [[name, _destination_to_data(dest)] for name, dest in step.outcomes],
+            "onError": step.on_error,
+        }
+        for step in table.steps
+    ]
+
+
+def _destination_to_data(dest: Destination) -> dict[str, Any]:
+    if isinstance(dest, Retry):
+        return {"retry": {"budget": dest.budget, "then": dest.then}}
+    if isinstance(dest, End):
+        return {"end": {"state": dest.state, "explanation": dest.explanation}}
+    return {"goOn": {}}
+
+
+def table_from_data(data: object, path: str = "steps") -> Table:
+    """The table of the declarations ``table_to_data`` wrote; ``StepDeclarationError``
+    naming ``path`` for data of another shape, or declarations that would break a rule."""
+    if not isinstance(data, list) or len(data) > MAX_STEPS:
+        raise StepDeclarationError(f"{path}: expected a list of at most {MAX_STEPS} steps")
+    steps = []
+    for i, item in enumerate(data):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping) or set(item) != {"name", "point", "outcomes", "onError"}:
+            raise StepDeclarationError(f"{where}: expected name, point, outcomes and onError")
+        outcomes = item["outcomes"]
+        if not isinstance(outcomes, list) or len(outcomes) > MAX_OUTCOMES:
+            raise StepDeclarationError(f"{where}.outcomes: expected a list of [name, destination]")
+        pairs = [_outcome_from_data(o, f"{where}.outcomes[{k}]") for k, o in enumerate(outcomes)]
+        if item["point"] not in {p.value for p in Point}:
+            raise StepDeclarationError(f"{where}.point: {item['point']!r:.40} is not a point")
+        steps.append(StepSpec(item["name"], item["point"], pairs, item["onError"]))
+    return table_for(steps)
+
+
+def _outcome_from_data(value: object, path: str) -> tuple[str, Destination]:
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], Mapping):
+        raise StepDeclarationError(f"{path}: expected [name, destination]")
+    name, dest = value
+    if len(dest) != 1:
+        raise StepDeclarationError(f"{path}: expected one of goOn, retry, end")
+    kind, args = next(iter(dest.items()))
+    try:
+        if kind == "goOn" and args == {}:
+            return name, GoOn()
+        if kind == "retry" and isinstance(args, Mapping) and set(args) == {"budget", "then"}:
+            return name, Retry(args["budget"], args["then"])
+        if kind == "end" and isinstance(args, Mapping) and set(args) == {"state", "explanation"}:
+            return name, End(args["state"], args["explanation"])
+    except TypeError:
+        pass
+    raise StepDeclarationError(f"{path}: {kind!r:.40} is not goOn, retry or end as written")

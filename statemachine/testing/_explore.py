@@ -397,7 +397,7 @@ class _Search(RuleChecks):
             return None
         step = engine.pending_step()
         dest = None if step is None else step.destination(event.outcome)
-        if step is None or not isinstance(dest, Retry) or event.message is None:
+        if step is None or not isinstance(dest, Retry) or not event.message:
             return None
         return event.message if engine.step_retries(step.name) < dest.budget else None
 

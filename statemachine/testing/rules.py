@@ -207,8 +207,8 @@ class AgentEngineMachine(RuleBasedStateMachine):
         self._deliver(ToolFinished(call_id, output), may_refuse=False)
 
     @precondition(lambda self: self.pending_step() is not None and not self.is_finished())
-    @rule(data=st.data(), message=st.sampled_from([None, "not like this"]))
-    def step_decides(self, data: st.DataObject, message: str | None) -> None:
+    @rule(data=st.data(), message=st.sampled_from(["", "not like this"]))
+    def step_decides(self, data: st.DataObject, message: str) -> None:
         step = self.pending_step()
         assert step is not None
         names = [name for name, _ in step.outcomes]
