@@ -126,6 +126,19 @@ the tool executions it triggers::
     is the output, so ``output_missing`` does not hold and the final answer ends the
     run ``Done``; any other final text is ``output_missing``, one failed attempt,
     answered with a message naming the problems.
+14. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
+    ``TRANSITIONS``: a run with steps interprets a ``Table`` of these rows with some
+    redirected into the steps' states (``DeclaredState``) and the steps' own rows
+    (``step_decided``, guarded by ``OutcomeIs``). A step runs only where no tool call
+    is outstanding: ``before_model`` sits on the rows into ``AwaitingModel`` from
+    ``Ready`` and from the turn boundary's last row (after the limits, so a step never
+    pushes a run past them); ``after_final`` on the rows into ``Done`` that carry the
+    model's answer (a final answer, an accepted final result; not a stop asked by
+    ``should_continue``, which is the caller's own decision). A retry goes through
+    ``TurnBoundary``, which appends its message after the answer it rejects (I2) and
+    checks the limits again (I7); an end is a declared terminal state, absorbing and
+    explained like the library's (I4); abort in a step's state ends the run at once,
+    as at a turn boundary (nothing is running but the step, which the driver cancels).
 
 Theory of operation
 ===================
