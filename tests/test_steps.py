@@ -427,3 +427,14 @@ def test_no_snapshot_is_taken_while_a_step_runs() -> None:
     engine.handle(_final())
     with pytest.raises(ProtocolError, match="operation is outstanding"):
         engine.snapshot()
+
+
+def test_input_queued_while_an_output_step_runs_is_reported_with_the_result() -> None:
+    engine = _engine(REFUND)
+    engine.handle(Start())
+    engine.handle(_final())
+    queued = InputQueued(UserMessage("one more thing"), InputKind.FOLLOW_UP)
+    engine.handle(queued)
+    engine.handle(StepDecided("refund_policy", "ok"))
+    assert engine.state is S.DONE
+    assert engine.queued_input() == (queued,)  # not lost: the caller re-queues it

@@ -26,9 +26,13 @@ step can leave a call unanswered (I1) or put a message between a call and its re
   by ``should_continue`` is the caller's own decision and does not pass through it.
 
 Queued input gets no point of its own: it is injected at the next model call, which
-``before_model`` already sees. A point where calls are outstanding (after a response
-with tool calls, between results) is not offered: there, ending the run would leave
-calls unanswered and a message would split a call from its result.
+``before_model`` already sees. Input queued while an ``after_final`` step runs does not
+reopen the answer the step is judging: a ``GoOn`` ends the run ``Done`` and the input is
+reported with the result (``Engine.queued_input``), as it is when it arrives with an
+accepted final result (rule 7); a retry takes it to the model with the step's message.
+A point where calls are outstanding (after a response with tool calls, between
+results) is not offered: there, ending the run would leave calls unanswered and a
+message would split a call from its result.
 
 Destinations
 ============
