@@ -21,7 +21,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── ExportError             saved durable steps that do not rebuild their run
     │   ├── SpecError               a scenario file that is not a scenario
     │   ├── ModelOutputError        a model client returned no ``AssistantMessage``
-    │   └── ToolOutputError         a tool returned a value that is no tool result
+    │   ├── ToolOutputError         a tool returned a value that is no tool result
+    │   └── CompactionError         a compacted view refused: it splits a call from its result
     ├── ServiceError                a service the run depends on failed
     │   ├── ProviderError           a model provider (the adapters' errors)
     │   │   ├── ProviderAuthError
@@ -78,6 +79,7 @@ __all__ = [
     "BridgeError",
     "BridgeProtocolError",
     "BridgeTimeoutError",
+    "CompactionError",
     "ContextOverflowError",
     "DiagramError",
     "EngineInvariantError",
@@ -230,6 +232,12 @@ class ToolOutputError(BadDataError):
 
 
 # -- a service the run depends on failed ----------------------------------------------
+
+
+class CompactionError(BadDataError):
+    """A compaction of the model's view refused (``statemachine.agent.compaction``): the
+    view would split a tool call from its result, or the summary is empty or longer
+    than its bound. Inside a run it is the compaction step's failure, a named outcome."""
 
 
 class ServiceError(StateMachineError):

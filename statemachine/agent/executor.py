@@ -241,7 +241,7 @@ class AsyncioExecutor:
         """The model call; reports its one event."""
         try:
             context = action.messages
-            if self.hooks.transform_context is not None:
+            if self.hooks.transform_context is not None or self.hooks.steps:
                 context = await self.hook_caller.transformed(context)
             message = await self.model.complete(context, action.tools, self.loop.controller.signal)
         except BaseException as exc:
