@@ -14,9 +14,11 @@ import pytest
 from statemachine import (
     AbortController,
     Agent,
+    RequireApproval,
     RunContext,
     ToolCall,
     TurnState,
+    resume_agent_sync,
     run_agent,
     run_agent_sync,
     tool,
@@ -26,6 +28,7 @@ from statemachine.core.messages import Message, UserMessage
 from statemachine.errors import (
     InvalidInputError,
     JournalError,
+    SnapshotError,
     StepDeclarationError,
     StepEndedError,
 )
@@ -280,3 +283,27 @@ def test_a_journal_whose_steps_break_a_rule_is_refused_naming_the_header(tmp_pat
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
     with pytest.raises(JournalError, match="no answer to retry"):
         replay(path)
+
+
+@pytest.mark.timeout(30)
+def test_a_run_with_steps_waits_for_approval_and_resumes_with_them() -> None:
+    def ask(call: ToolCall) -> RequireApproval:
+        return RequireApproval("refunds need sign-off")
+
+    guard = output_guardrail("refund_limit", _refund_limit)
+    agent = Agent(
+        ScriptedModel(ToolCall("c1", "lookup", {"order": "7"}), "1000 EUR back", "50 EUR back"),
+        tools=[lookup],
+        steps=[guard],
+        before_tool_call=ask,
+    )
+    waiting = agent.run_sync("refund order 7")
+    assert waiting.state is TurnState.AWAITING_USER
+    assert waiting.snapshot is not None
+    assert waiting.snapshot["stepRetries"] == {}
+    done = agent.resume_sync(json.loads(json.dumps(waiting.snapshot)), approvals={"c1": True})
+    assert done.state is TurnState.DONE
+    assert done.turns == 3  # the guardrail sent the 1000 EUR answer back once
+    assert UserMessage("Refunds above 100 EUR need a person.") in done.messages
+    with pytest.raises(SnapshotError, match="written by a run with declared steps"):
+        resume_agent_sync(waiting, model=ScriptedModel(), tools=[lookup], approvals={"c1": True})
