@@ -14,8 +14,10 @@ import pytest
 from statemachine import (
     AbortController,
     Agent,
+    AgentRun,
     RequireApproval,
     RunContext,
+    RunReturned,
     ToolCall,
     TurnState,
     resume_agent_sync,
@@ -307,3 +309,28 @@ def test_a_run_with_steps_waits_for_approval_and_resumes_with_them() -> None:
     assert UserMessage("Refunds above 100 EUR need a person.") in done.messages
     with pytest.raises(SnapshotError, match="written by a run with declared steps"):
         resume_agent_sync(waiting, model=ScriptedModel(), tools=[lookup], approvals={"c1": True})
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_that_a_step_ends_is_timed_and_reported_ended() -> None:
+    async def main() -> list[object]:
+        guard = output_guardrail("refund_limit", _refund_limit, retries=0)
+        run = AgentRun(model=ScriptedModel("1000 EUR"), messages="refund", steps=[guard])
+        seen: list[object] = []
+
+        async def watch() -> None:
+            async for event in run.events():
+                seen.append(event)
+
+        watcher = asyncio.create_task(watch())
+        result = await run.run()
+        await watcher
+        assert result.state.value == "OutputBlocked"
+        return seen
+
+    seen = asyncio.run(main())
+    assert [type(e).__name__ for e in seen].count("TurnEnded") == 1
+    returned = seen[-1]
+    assert isinstance(returned, RunReturned)
+    assert returned.state.value == "OutputBlocked"
+    assert len(returned.stats.turn_seconds) == 1
