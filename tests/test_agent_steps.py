@@ -14,9 +14,13 @@ import pytest
 from statemachine import (
     AbortController,
     Agent,
+    AgentRun,
+    RequireApproval,
     RunContext,
+    RunReturned,
     ToolCall,
     TurnState,
+    resume_agent_sync,
     run_agent,
     run_agent_sync,
     tool,
@@ -26,6 +30,7 @@ from statemachine.core.messages import Message, UserMessage
 from statemachine.errors import (
     InvalidInputError,
     JournalError,
+    SnapshotError,
     StepDeclarationError,
     StepEndedError,
 )
@@ -280,3 +285,52 @@ def test_a_journal_whose_steps_break_a_rule_is_refused_naming_the_header(tmp_pat
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
     with pytest.raises(JournalError, match="no answer to retry"):
         replay(path)
+
+
+@pytest.mark.timeout(30)
+def test_a_run_with_steps_waits_for_approval_and_resumes_with_them() -> None:
+    def ask(call: ToolCall) -> RequireApproval:
+        return RequireApproval("refunds need sign-off")
+
+    guard = output_guardrail("refund_limit", _refund_limit)
+    agent = Agent(
+        ScriptedModel(ToolCall("c1", "lookup", {"order": "7"}), "1000 EUR back", "50 EUR back"),
+        tools=[lookup],
+        steps=[guard],
+        before_tool_call=ask,
+    )
+    waiting = agent.run_sync("refund order 7")
+    assert waiting.state is TurnState.AWAITING_USER
+    assert waiting.snapshot is not None
+    assert waiting.snapshot["stepRetries"] == {}
+    done = agent.resume_sync(json.loads(json.dumps(waiting.snapshot)), approvals={"c1": True})
+    assert done.state is TurnState.DONE
+    assert done.turns == 3  # the guardrail sent the 1000 EUR answer back once
+    assert UserMessage("Refunds above 100 EUR need a person.") in done.messages
+    with pytest.raises(SnapshotError, match="written by a run with declared steps"):
+        resume_agent_sync(waiting, model=ScriptedModel(), tools=[lookup], approvals={"c1": True})
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_that_a_step_ends_is_timed_and_reported_ended() -> None:
+    async def main() -> list[object]:
+        guard = output_guardrail("refund_limit", _refund_limit, retries=0)
+        run = AgentRun(model=ScriptedModel("1000 EUR"), messages="refund", steps=[guard])
+        seen: list[object] = []
+
+        async def watch() -> None:
+            async for event in run.events():
+                seen.append(event)
+
+        watcher = asyncio.create_task(watch())
+        result = await run.run()
+        await watcher
+        assert result.state.value == "OutputBlocked"
+        return seen
+
+    seen = asyncio.run(main())
+    assert [type(e).__name__ for e in seen].count("TurnEnded") == 1
+    returned = seen[-1]
+    assert isinstance(returned, RunReturned)
+    assert returned.state.value == "OutputBlocked"
+    assert len(returned.stats.turn_seconds) == 1

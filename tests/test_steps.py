@@ -350,7 +350,7 @@ def test_a_declaration_that_would_break_a_rule_is_refused_naming_it(
 
 
 def test_an_unknown_point_is_refused_when_declared() -> None:
-    with pytest.raises(ValueError, match="after_everything"):
+    with pytest.raises(StepDeclarationError, match="'after_everything' is not a point"):
         StepSpec("x", "after_everything", {"b": BLOCKED})
 
 

@@ -98,7 +98,7 @@ class Agent(Generic[OutputT]):
     every run and every resume of the agent. ``steps`` (``statemachine.steps``) are
     checked here too and given to every run; ``table`` is the agent's transition
     table, steps included (what ``statemachine check --agent`` and ``diagram --agent``
-    read). Resuming a run with steps is not supported yet: its snapshot is refused.
+    read).
     """
 
     def __init__(
@@ -276,6 +276,8 @@ class Agent(Generic[OutputT]):
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
         type and usage limits (so the resumed run's output is typed again)."""
         options = self._shared(deps, model_settings)
+        if self.steps:
+            options["steps"] = self.steps
         return await resume_agent(
             state,
             approvals=approvals,

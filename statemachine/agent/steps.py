@@ -113,10 +113,7 @@ class Step:
     ) -> None:
         if not callable(function):
             raise InvalidInputError(f"step {name!r}: function must be callable")
-        try:
-            spec = StepSpec(name, point, outcomes, on_error)
-        except ValueError as exc:  # an unknown point
-            raise InvalidInputError(f"step {name!r}: {exc}") from None
+        spec = StepSpec(name, point, outcomes, on_error)
         self.__attrs_init__(spec, function, timeout)
 
     @property

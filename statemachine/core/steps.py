@@ -130,6 +130,7 @@ DEFAULT_RETRY_BUDGET: Final = 2
 """How many times a step's ``Retry`` outcome may send the run back to the model."""
 
 MAX_RETRY_BUDGET: Final = 100
+"""The largest retry budget a step may declare."""
 MAX_OUTCOMES: Final = 16
 """How many outcomes one step may declare."""
 MAX_STEPS: Final = 16
@@ -174,6 +175,14 @@ class End:
 Destination: TypeAlias = GoOn | Retry | End
 
 
+def _point(value: Point | str) -> Point:
+    try:
+        return Point(value)
+    except ValueError:
+        points = ", ".join(p.value for p in Point)
+        raise StepDeclarationError(f"{value!r:.40} is not a point; the points: {points}") from None
+
+
 def _outcomes(
     value: Mapping[str, Destination] | Sequence[tuple[str, Destination]],
 ) -> tuple[tuple[str, Destination], ...]:
@@ -190,7 +199,7 @@ class StepSpec:
     function (``statemachine.steps``)."""
 
     name: str
-    point: Point = attrs.field(converter=Point)
+    point: Point = attrs.field(converter=_point)
     outcomes: tuple[tuple[str, Destination], ...] = attrs.field(converter=_outcomes)
     on_error: str | None = None
     # The live state in which this step runs: its name in CamelCase (one object, so
