@@ -10,7 +10,10 @@ the engine interprets, ``python -m statemachine check --agent module:attr`` expl
 outcome by outcome and ``diagram --agent`` draws. A declaration that could leave a
 tool call unanswered or put a message out of order is refused before anything runs
 (``StepDeclarationError``). ``output_guardrail`` and ``input_guardrail`` are the
-library's own steps, built the same way.
+library's own steps, built the same way, and so is ``compaction``: past a token or
+message budget, the model is sent a summary of the older history instead of all of it
+(the history and the journal keep every message; ``views_sent`` reads back from a
+journal what each model call was sent).
 
 The rules (which points, which destinations, why) are written in
 ``statemachine.core.steps``; the guide is ``docs/guides/steps.md``.
@@ -18,10 +21,21 @@ The rules (which points, which destinations, why) are written in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from statemachine._render import Chart, chart_from_table, render
+from statemachine.agent.compaction import (
+    DEFAULT_COMPACTION_TIMEOUT,
+    DEFAULT_KEEP_LAST,
+    DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_SUMMARY_CHARS,
+    DEFAULT_MAX_TOKENS,
+    CompactionView,
+    ViewReader,
+    compaction,
+)
 from statemachine.agent.steps import (
     DEFAULT_STEP_TIMEOUT,
     Decision,
@@ -31,6 +45,7 @@ from statemachine.agent.steps import (
     input_guardrail,
     output_guardrail,
 )
+from statemachine.core.messages import Message
 from statemachine.core.steps import (
     DEFAULT_RETRY_BUDGET,
     MAX_STEP_MESSAGE_CHARS,
@@ -51,12 +66,19 @@ from statemachine.core.table import (
     TurnState,
 )
 from statemachine.errors import InvalidInputError, StepDeclarationError
+from statemachine.journal import replay
 
 __all__ = [
     "BASE_TABLE",
+    "DEFAULT_COMPACTION_TIMEOUT",
+    "DEFAULT_KEEP_LAST",
+    "DEFAULT_MAX_MESSAGES",
+    "DEFAULT_MAX_SUMMARY_CHARS",
+    "DEFAULT_MAX_TOKENS",
     "DEFAULT_RETRY_BUDGET",
     "DEFAULT_STEP_TIMEOUT",
     "MAX_STEP_MESSAGE_CHARS",
+    "CompactionView",
     "Decision",
     "DeclaredState",
     "End",
@@ -71,11 +93,13 @@ __all__ = [
     "Table",
     "Transition",
     "chart",
+    "compaction",
     "diagram",
     "input_guardrail",
     "output_guardrail",
     "table_for",
     "table_of",
+    "views_sent",
 ]
 
 
@@ -111,3 +135,14 @@ def diagram(target: Any, fmt: str = "mermaid") -> str | bytes:
     """``target``'s table drawn in ``fmt`` (``mermaid``, ``dot``, ``svg``, ``png``), as
     ``python -m statemachine diagram --agent`` draws it."""
     return render(fmt, chart(target))
+
+
+def views_sent(journal: str | os.PathLike[str] | Iterable[str]) -> list[list[Message]]:
+    """What each model call of a journaled run was sent, read back from the journal
+    alone: the history at the call, or its compacted view under the last ``compacted``
+    decision of a ``compaction`` step. ``JournalError`` for a journal that does not
+    replay; ``CompactionError`` for a compaction in it that splits a call from its
+    result."""
+    engine = replay(journal, engine_class=ViewReader).engine
+    assert isinstance(engine, ViewReader)
+    return engine.views

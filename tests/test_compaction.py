@@ -21,7 +21,6 @@ from statemachine.agent.compaction import (
     reported_tokens,
     safe_cut,
     splits_pair,
-    views_sent,
 )
 from statemachine.core.events import StepDecided
 from statemachine.core.invariants import history_violations
@@ -34,6 +33,7 @@ from statemachine.core.messages import (
 )
 from statemachine.errors import CompactionError, InvalidInputError, StepEndedError
 from statemachine.journal import Journal, JournalingEngine, replay
+from statemachine.steps import views_sent
 from statemachine.testing import ScriptedModel
 
 

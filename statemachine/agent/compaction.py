@@ -18,7 +18,8 @@ The history is never touched (I2): the engine keeps appending every message, the
 journal keeps every one, and a replay rebuilds the same history whether or not a run
 was compacted. What changes is the model's *view*: the summary, as one user message,
 followed by the history from a cut on (``CompactionView``). The view of a call is
-written in the run's events, so what the journal shows is what the model was sent:
+written in the run's events, so what the journal shows is what the model was sent
+(``statemachine.steps.views_sent`` reads it back with a ``ViewReader``):
 
 * ``kept`` (``GoOn``): the view is the whole history (within budget, or nothing can be
   cut without splitting a pair);
@@ -66,8 +67,7 @@ run's usage.
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import attrs
@@ -105,7 +105,6 @@ __all__ = [
     "reported_tokens",
     "safe_cut",
     "splits_pair",
-    "views_sent",
 ]
 
 DEFAULT_MAX_TOKENS: Final = 100_000
@@ -443,14 +442,3 @@ class ViewReader(Engine):
             current = self._current
             self.views.append(current.apply(history) if current is not None else history)
         return super().handle(event)
-
-
-def views_sent(journal: str | os.PathLike[str] | Iterable[str]) -> list[list[Message]]:
-    """The view each model call of a journaled run was sent, read back from the journal
-    alone (replayed into a ``ViewReader``); ``JournalError`` for a journal that does not
-    replay, ``CompactionError`` for a compaction in it that splits a pair."""
-    from statemachine.journal import replay  # the journal is built on the driver
-
-    engine = replay(journal, engine_class=ViewReader).engine
-    assert isinstance(engine, ViewReader)
-    return engine.views
