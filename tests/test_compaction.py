@@ -33,7 +33,7 @@ from statemachine.core.messages import (
 )
 from statemachine.errors import CompactionError, InvalidInputError, StepEndedError
 from statemachine.journal import Journal, JournalingEngine, replay
-from statemachine.steps import views_sent
+from statemachine.steps import diagram, views_sent
 from statemachine.testing import ScriptedModel
 
 
@@ -198,6 +198,15 @@ def test_compaction_refuses_bad_budgets_before_anything_runs() -> None:
         compaction(_summarise, max_summary_chars=40_000)
     with pytest.raises(InvalidInputError, match="summarize"):
         compaction("not a summariser")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+def test_a_compaction_step_is_drawn_with_its_outcomes_and_its_failed_state() -> None:
+    drawn = str(diagram([compaction(_summarise)]))
+    assert "Compaction" in drawn
+    assert "CompactionFailed" in drawn
+    for outcome in ("kept", "compacted", "reused", "failed"):
+        assert f"outcome={outcome}" in drawn
 
 
 # -- a call and its result are never split -------------------------------------------------

@@ -66,7 +66,6 @@ run's usage.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
@@ -287,7 +286,8 @@ class _Compactor:
 
 
 def _is_client(summarize: object) -> bool:
-    return inspect.iscoroutinefunction(getattr(summarize, "complete", None))
+    """A model client is told apart from a function by its ``complete`` method."""
+    return callable(getattr(summarize, "complete", None))
 
 
 def _count(name: str, value: object, low: int) -> int:
