@@ -13,7 +13,8 @@ tool call unanswered or put a message out of order is refused before anything ru
 library's own steps, built the same way, and so is ``compaction``: past a token or
 message budget, the model is sent a summary of the older history instead of all of it
 (the history and the journal keep every message; ``views_sent`` reads back from a
-journal what each model call was sent).
+journal what each model call was sent). ``Handoffs`` makes one agent of several that hand
+the run to one another with a transfer tool, bounded by a ``handoff_limit`` step.
 
 The rules (which points, which destinations, why) are written in
 ``statemachine.core.steps``; the guide is ``docs/guides/steps.md``.
@@ -36,6 +37,7 @@ from statemachine.agent.compaction import (
     ViewReader,
     compaction,
 )
+from statemachine.agent.handoff import DEFAULT_MAX_HANDOFFS, Handoffs, speaking_agent
 from statemachine.agent.steps import (
     DEFAULT_STEP_TIMEOUT,
     Decision,
@@ -72,6 +74,7 @@ __all__ = [
     "BASE_TABLE",
     "DEFAULT_COMPACTION_TIMEOUT",
     "DEFAULT_KEEP_LAST",
+    "DEFAULT_MAX_HANDOFFS",
     "DEFAULT_MAX_MESSAGES",
     "DEFAULT_MAX_SUMMARY_CHARS",
     "DEFAULT_MAX_TOKENS",
@@ -83,6 +86,7 @@ __all__ = [
     "DeclaredState",
     "End",
     "GoOn",
+    "Handoffs",
     "OutcomeIs",
     "Point",
     "Retry",
@@ -97,6 +101,7 @@ __all__ = [
     "diagram",
     "input_guardrail",
     "output_guardrail",
+    "speaking_agent",
     "table_for",
     "table_of",
     "views_sent",
