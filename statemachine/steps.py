@@ -18,10 +18,11 @@ The rules (which points, which destinations, why) are written in
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from typing import Any
 
-from statemachine._render import Chart, chart_from_table, render
+from statemachine._render import Chart, chart_from_table, render, svg_inline
 from statemachine.agent.steps import (
     DEFAULT_STEP_TIMEOUT,
     Decision,
@@ -72,6 +73,7 @@ __all__ = [
     "Transition",
     "chart",
     "diagram",
+    "diagram_fence",
     "input_guardrail",
     "output_guardrail",
     "table_for",
@@ -111,3 +113,22 @@ def diagram(target: Any, fmt: str = "mermaid") -> str | bytes:
     """``target``'s table drawn in ``fmt`` (``mermaid``, ``dot``, ``svg``, ``png``), as
     ``python -m statemachine diagram --agent`` draws it."""
     return render(fmt, chart(target))
+
+
+def diagram_fence(
+    source: str, language: str, css_class: str, options: Any, md: Any, **_: Any
+) -> str:
+    """A ``pymdownx.superfences`` fence for a docs site: its first line names an agent
+    (``MODULE:NAME``, imported as ``python -m statemachine diagram --agent`` does), the
+    rest is the caption; the agent's table is drawn as inline SVG when the site is
+    built (Graphviz: the ``[diagrams]`` extra). Declare it in ``mkdocs.yml`` under
+    ``pymdownx.superfences: custom_fences`` with ``format:
+    !!python/name:statemachine.steps.diagram_fence``."""
+    from statemachine.cli.common import load_attribute  # the commands' one loader
+
+    head, _sep, caption = source.partition("\n")
+    target = load_attribute("the diagram fence", head.strip(), "refunds:agent")
+    svg = svg_inline(str(render("svg", chart(target))))
+    text = html.escape(" ".join(caption.split()))
+    inner = svg + (f"<figcaption>{text}</figcaption>" if text else "")
+    return f'<figure class="{html.escape(css_class)}" style="width: 100%">{inner}</figure>'
