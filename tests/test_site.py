@@ -108,6 +108,14 @@ def test_the_concepts_page_draws_the_state_diagram(site: Path, browser: Browser)
     assert fetched(browser) == []
 
 
+@pytest.mark.timeout(240)
+def test_the_steps_guide_draws_its_agents_table(site: Path, browser: Browser) -> None:
+    browser.open(site / "guides" / "steps" / "index.html")
+    text = browser.evaluate("document.querySelector('figure.statemachine-diagram svg').textContent")
+    for state in ("RefundLimit", "NeedsHumanReview", *(s.value for s in TurnState)):
+        assert state in text, f"{state} is not in the drawn diagram"
+
+
 def test_no_page_leaves_a_diagram_to_a_script() -> None:
     pages = sorted((REPO / "docs").rglob("*.md"))
     assert len(pages) > 10

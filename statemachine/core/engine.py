@@ -224,10 +224,8 @@ class Engine:
     run_id: str
     transition_hook: TransitionHook | None
     # The rows interpreted: BASE_TABLE, or one with a team's steps (then set on the
-    # engine, with the three below; a run without steps keeps the class's values).
+    # engine, with its steps; a run without steps keeps the class's values).
     table: Table = BASE_TABLE
-    _absorbing: frozenset[State] = ABSORBING  # the table's terminal states (I4)
-    _returns: frozenset[State] = RETURNS_TO_CALLER  # those and AwaitingUser
     _steps: tuple[StepSpec, ...] = ()
     _logger: Any  # the logger given (None: the library's)
     # It, the run id bound: bound at once if it keeps debug or info events, else when a
@@ -352,7 +350,6 @@ class Engine:
     def _set_table(self, table: Table) -> None:
         if table is not BASE_TABLE:
             self.table, self._steps = table, table.steps
-            self._absorbing, self._returns = table.terminal, table.returns_to_caller
 
     def _rows_from(self, state: State, trigger: Trigger) -> tuple[Transition, ...]:
         # The base table through the module's own function: it reads the rows as the
@@ -392,7 +389,14 @@ class Engine:
     def returns_to_caller(self) -> bool:
         """True in a state where a driver stops and returns its result: a terminal
         state, or ``AwaitingUser`` (which a run resumes from)."""
-        return self._state in self._returns
+        return self._state in self._returns()
+
+    def _returns(self) -> frozenset[State]:
+        # The base table's through the module's own names (read now, as the rows are).
+        return RETURNS_TO_CALLER if self.table is BASE_TABLE else self.table.returns_to_caller
+
+    def _absorbing(self) -> frozenset[State]:
+        return ABSORBING if self.table is BASE_TABLE else self.table.terminal
 
     def pending_step(self) -> StepSpec | None:
         """The declared step the run waits for now (it is in the step's state)."""
@@ -413,7 +417,7 @@ class Engine:
         """Deprecated alias of ``returns_to_caller`` (true in ``AwaitingUser`` too,
         which is not finished). To ask whether the run has ended, use
         ``engine.state.is_terminal``."""
-        return self._state in self._returns
+        return self._state in self._returns()
 
     def queued_input(self) -> tuple[InputQueued, ...]:
         """Queued input not yet injected: steering first, then follow-ups, each in order.
@@ -440,7 +444,7 @@ class Engine:
         if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
             raise ProtocolError(f"not an engine event: {event!r}")
         state = self._state
-        if state in self._absorbing:
+        if state in self._absorbing():
             if self._debug:
                 self._log.debug(
                     "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
@@ -1201,8 +1205,6 @@ CONFIGURATION: Final = frozenset(
         "run_id",
         "transition_hook",
         "table",
-        "_absorbing",
-        "_returns",
         "_steps",
         "_logger",
         "_log",

@@ -510,7 +510,7 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError("snapshot.batch: not empty, but no model call was made")
     if state is S.READY and isinstance(engine._history[-1], AssistantMessage):
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
-    if state in engine._returns and engine.explanation is None:
+    if state in engine._returns() and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
     held = [slot.result for slot in engine._batch if slot.result is not None]

@@ -559,6 +559,7 @@ class Table:
     steps: tuple[StepSpec, ...] = ()
     _index: RowIndex = attrs.field(init=False)
     terminal: frozenset[State] = attrs.field(init=False)
+    returns_to_caller: frozenset[State] = attrs.field(init=False)  # and AwaitingUser
     declared: tuple[DeclaredState, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -568,6 +569,7 @@ class Table:
         object.__setattr__(self, "declared", declared)
         ends = frozenset(s for s in declared if s.terminal)
         object.__setattr__(self, "terminal", TERMINAL | ends)
+        object.__setattr__(self, "returns_to_caller", self.terminal | {S.AWAITING_USER})
 
     def __repr__(self) -> str:
         steps = ", ".join(s.name for s in self.steps)
@@ -577,10 +579,6 @@ class Table:
     def states(self) -> tuple[State, ...]:
         """Every state: the library's, then the declared ones in table order."""
         return (*TurnState, *self.declared)
-
-    @property
-    def returns_to_caller(self) -> frozenset[State]:
-        return self.terminal | {S.AWAITING_USER}
 
     def rows_from(self, source: State, trigger: Trigger) -> tuple[Transition, ...]:
         """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
