@@ -194,6 +194,8 @@ def test_a_compaction_that_fails_ends_the_run_in_its_named_state(
 def test_compaction_refuses_bad_budgets_before_anything_runs() -> None:
     with pytest.raises(InvalidInputError, match="max_messages"):
         compaction(_summarise, max_messages=1)
+    with pytest.raises(InvalidInputError, match="keep_last"):
+        compaction(_summarise, max_messages=10)  # keeps 20: never short enough
     with pytest.raises(InvalidInputError, match="max_summary_chars"):
         compaction(_summarise, max_summary_chars=40_000)
     with pytest.raises(InvalidInputError, match="summarize"):

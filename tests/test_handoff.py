@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from statemachine import Agent, ToolCall, TurnState, run_agent_sync, tool
+from statemachine.agent.compaction import compaction
 from statemachine.agent.handoff import DEFAULT_MAX_HANDOFFS, Handoffs, speaking_agent
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage
@@ -170,3 +171,22 @@ def test_a_team_naming_an_unknown_agent_is_refused_before_any_call() -> None:
     with pytest.raises(InvalidInputError, match="max_handoffs"):
         Handoffs(members, routes={}, start="triage", max_handoffs=-1)
     assert model.calls == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_team_takes_steps_of_its_own_and_compacts_without_losing_who_speaks() -> None:
+    triage = ScriptedModel(ToolCall("t1", "transfer_to_billing", {}))
+    billing = ScriptedModel(
+        *[ToolCall(f"c{i}", "refund", {"order": str(i)}) for i in range(4)], "Refunded."
+    )
+    squeeze = compaction(
+        lambda messages: "earlier: a handoff to billing", max_messages=4, keep_last=2
+    )
+    team = _team(triage, billing, steps=[squeeze])
+    result = team.agent.run_sync("refund all")
+    assert result.state is TurnState.DONE
+    assert billing.calls == 5  # the transfer was summarised away; billing still speaks
+    assert all(
+        "transfer_to_billing" not in str(request.messages) for request in billing.requests[-2:]
+    )
+    assert [s.name for s in team.agent.steps] == ["handoff_limit", "compaction"]

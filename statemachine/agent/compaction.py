@@ -242,6 +242,10 @@ class _Compactor:
         count = self.count_tokens or reported_tokens
         return count(view) > self.max_tokens
 
+    async def __call__(self, history: Sequence[Message]) -> Decision:
+        """The step's function when run outside a run's ``RunViews``: no previous view."""
+        return await self.decide(None, history)
+
     async def decide(self, previous: CompactionView | None, history: Sequence[Message]) -> Decision:
         view = previous.apply(history) if previous is not None else list(history)
         unchanged = Decision("reused") if previous is not None else Decision("kept")
@@ -330,16 +334,20 @@ def compaction(
         max_summary_chars,
         count_tokens,
     )
+    if keep_last >= max_messages:
+        raise InvalidInputError(
+            f"compaction: keep_last ({keep_last}) must be below max_messages ({max_messages}), "
+            "or the view could never be made short enough"
+        )
 
-    async def unbound(messages: Sequence[Message]) -> Decision:
-        # Called outside a run's RunViews (a step run by hand): no previous view.
-        return await compactor.decide(None, messages)
-
-    setattr(unbound, _COMPACTOR, compactor)
-    return Step(name, Point.BEFORE_MODEL, _outcomes(state, explanation), unbound, **_opts(timeout))
-
-
-_COMPACTOR: Final = "_statemachine_compactor"
+    return Step(
+        name,
+        Point.BEFORE_MODEL,
+        _outcomes(state, explanation),
+        compactor,
+        on_error="failed",
+        timeout=timeout,
+    )
 
 
 def _outcomes(state: str, explanation: str) -> Mapping[str, GoOn | End]:
@@ -351,10 +359,6 @@ def _outcomes(state: str, explanation: str) -> Mapping[str, GoOn | End]:
     }
 
 
-def _opts(timeout: float) -> dict[str, Any]:
-    return {"on_error": "failed", "timeout": timeout}
-
-
 # -- one run's views -----------------------------------------------------------------------
 
 
@@ -364,11 +368,7 @@ class RunViews:
     is sent (``view``)."""
 
     def __init__(self, steps: Sequence[Step]) -> None:
-        self._compactors: dict[str, _Compactor] = {
-            s.name: getattr(s.function, _COMPACTOR)
-            for s in steps
-            if hasattr(s.function, _COMPACTOR)
-        }
+        self._compactors = {s.name: s.function for s in steps if isinstance(s.function, _Compactor)}
         self._views: dict[str, CompactionView] = {}
 
     @property

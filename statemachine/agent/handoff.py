@@ -137,7 +137,9 @@ class Handoffs:
 
     ``members`` maps each agent's name (lower_snake_case) to its ``Agent``; ``routes``
     maps a member to the members it may hand the run to; the run starts with
-    ``start``; ``max_handoffs`` bounds the handoffs of one run."""
+    ``start``; ``max_handoffs`` bounds the handoffs of one run. ``steps`` are the
+    team's own, after ``handoff_limit`` (a ``compaction``, a guardrail); ``agent`` is
+    the team as one ``Agent``."""
 
     def __init__(
         self,
@@ -147,6 +149,7 @@ class Handoffs:
         start: str,
         max_handoffs: int = DEFAULT_MAX_HANDOFFS,
         max_turns: int = 8,
+        steps: Sequence[Step] = (),
     ) -> None:
         self.members = dict(members)
         self.routes = {k: tuple(v) for k, v in routes.items()}
@@ -160,7 +163,7 @@ class Handoffs:
             self,  # a ModelClient: its complete method
             tools=self._tools,
             max_turns=max_turns,
-            steps=[self._limit_step()],
+            steps=[self._limit_step(), *steps],
         )
 
     # -- checks, before any call ---------------------------------------------------------
