@@ -166,8 +166,9 @@ def diagram_fence(
 def views_sent(journal: str | os.PathLike[str] | Iterable[str]) -> list[list[Message]]:
     """What each model call of a journaled run was sent, read back from the journal
     alone: the history at the call, or its compacted view under the last ``compacted``
-    decision of a ``compaction`` step. ``JournalError`` for a journal that does not
-    replay; ``CompactionError`` for a compaction in it that splits a call from its
+    decision of a ``compaction`` step (before a ``transform_context`` hook, whose
+    rewriting the journal does not hold). ``JournalError``, naming the line, for a
+    journal that does not replay or whose compaction would split a call from its
     result."""
     engine = replay(journal, engine_class=ViewReader).engine
     assert isinstance(engine, ViewReader)

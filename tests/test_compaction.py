@@ -31,7 +31,12 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
-from statemachine.errors import CompactionError, InvalidInputError, StepEndedError
+from statemachine.errors import (
+    CompactionError,
+    InvalidInputError,
+    JournalError,
+    StepEndedError,
+)
 from statemachine.journal import Journal, JournalingEngine, replay
 from statemachine.steps import diagram, views_sent
 from statemachine.testing import ScriptedModel
@@ -354,3 +359,27 @@ def test_replay_of_a_compacted_run_is_exact_and_its_journal_shows_each_view_sent
     outcomes = [s.event.outcome for s in again.steps if isinstance(s.event, StepDecided)]
     assert {"kept", "compacted", "reused"} <= set(outcomes)
     assert any(view[0] != UserMessage("ship") for view in sent)  # it did compact
+
+
+@pytest.mark.timeout(30)
+def test_a_journal_whose_compaction_splits_a_pair_is_refused_when_read_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run.jsonl"
+    with Journal(path) as journal:
+        run_agent_sync(
+            model=ScriptedModel(*_calls(4)),
+            messages="ship",
+            tools=[lookup],
+            steps=[compaction(_summarise, max_messages=4, keep_last=1)],
+            engine_factory=partial(JournalingEngine, journal=journal),
+        )
+    text = path.read_text(encoding="utf-8")
+    assert '"outcome":"compacted","message":"3\\n' in text
+    # Cut at 2 instead: between the first call and its result.
+    path.write_text(text.replace('"message":"3\\n', '"message":"2\\n', 1), encoding="utf-8")
+    with pytest.raises(JournalError, match=r"line 10: .*split a tool call from its result"):
+        views_sent(path)
+    for bad in ("", "three\nsummary", "3\n", "summary only"):
+        with pytest.raises(CompactionError, match="not '<cut>"):
+            CompactionView.from_message(bad)
