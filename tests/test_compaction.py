@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, find, given, settings
@@ -383,3 +384,52 @@ def test_a_journal_whose_compaction_splits_a_pair_is_refused_when_read_back(
     for bad in ("", "three\nsummary", "3\n", "summary only"):
         with pytest.raises(CompactionError, match="not '<cut>"):
             CompactionView.from_message(bad)
+
+
+def _compacted_view(history: list[Message], max_messages: int, keep_last: int) -> list[Message]:
+    """The view the compaction step itself decides on ``history`` (no earlier view),
+    built from its decision without ``apply``'s check, so a bad cut shows in it."""
+    step = compaction(_summarise, max_messages=max_messages, keep_last=keep_last)
+    decide: Any = step.function  # the compactor: an async function of the history
+    decision = asyncio.run(decide(history))
+    if decision.outcome != "compacted":
+        return history
+    view = CompactionView.from_message(decision.message)
+    return [UserMessage(SUMMARY_PREFIX + view.summary), *history[view.cut :]]
+
+
+def _splits(history: list[Message], view: list[Message]) -> bool:
+    kept = view[1:] if view is not history else view
+    dropped = history[: len(history) - len(kept)]
+    calls = {c.id for m in dropped if isinstance(m, AssistantMessage) for c in m.tool_calls}
+    answered = {m.tool_call_id for m in dropped if isinstance(m, ToolResultMessage)}
+    return calls != answered or bool(history_violations(kept, allow_open_tail=True))
+
+
+_budgets = st.integers(2, 12).flatmap(
+    lambda most: st.tuples(st.just(most), st.integers(0, most - 1))
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=_histories(), budget=_budgets)
+def test_the_compaction_steps_own_decision_never_splits_a_call_from_its_result(
+    history: list[Message], budget: tuple[int, int]
+) -> None:
+    assert not _splits(history, _compacted_view(history, *budget))
+
+
+@pytest.mark.timeout(60)
+def test_that_property_catches_a_compaction_step_with_a_naive_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import statemachine.agent.compaction as module
+
+    monkeypatch.setattr(module, "safe_cut", _naive_cut)
+    history, budget = find(
+        st.tuples(_histories(), _budgets),
+        lambda case: _splits(case[0], _compacted_view(case[0], *case[1])),
+        settings=settings(max_examples=500, deadline=None, database=None),
+    )
+    monkeypatch.undo()
+    assert not _splits(history, _compacted_view(history, *budget))
