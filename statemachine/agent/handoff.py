@@ -23,8 +23,9 @@ of its run, not the view) all agree on it, with no state of their own.
 * its tools are every member's tools and the transfer tools; a call to a tool the
   speaking agent was not offered (a model answering from an old context) gets an error
   result that says so, and the tool is not run;
-* its one step is ``handoff_limit`` (``before_model``): a run whose agents handed it on
-  more than ``max_handoffs`` times (``DEFAULT_MAX_HANDOFFS``) ends in
+* its first step is ``handoff_limit`` (``before_model``): a run whose history holds
+  more than ``max_handoffs`` handoffs (``DEFAULT_MAX_HANDOFFS``; a history given to
+  the run counts too) ends in
   ``HandoffLimitExceeded`` before the next model call, every call answered. A bounded
   handoff loop is a named outcome in the table, drawn and explored like any step.
 
