@@ -25,9 +25,9 @@ of its run, not the view) all agree on it, with no state of their own.
   result that says so, and the tool is not run;
 * its first step is ``handoff_limit`` (``before_model``): a run whose history holds
   more than ``max_handoffs`` handoffs (``DEFAULT_MAX_HANDOFFS``; a history given to
-  the run counts too) ends in
-  ``HandoffLimitExceeded`` before the next model call, every call answered. A bounded
-  handoff loop is a named outcome in the table, drawn and explored like any step.
+  the run counts too) ends in ``HandoffLimitExceeded`` before the next model call,
+  every call answered. A bounded handoff loop is a named outcome in the table, drawn
+  and explored like any step.
 
 Everything is checked when the team is made, before any model call: a route to an
 agent that is not a member, a ``start`` that is not one, two members' tools that share
