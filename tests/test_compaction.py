@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from statemachine import ToolCall, TurnState, run_agent_sync, tool
+from statemachine import AbortController, ToolCall, TurnState, run_agent, run_agent_sync, tool
 from statemachine.agent.compaction import (
     SUMMARY_PREFIX,
     CompactionView,
@@ -40,7 +40,7 @@ from statemachine.errors import (
 )
 from statemachine.journal import Journal, JournalingEngine, replay
 from statemachine.steps import diagram, views_sent
-from statemachine.testing import ScriptedModel
+from statemachine.testing import FunctionModel, ScriptedModel
 
 
 @tool
@@ -433,3 +433,44 @@ def test_that_property_catches_a_compaction_step_with_a_naive_cut(
     )
     monkeypatch.undo()
     assert not _splits(history, _compacted_view(history, *budget))
+
+
+@pytest.mark.timeout(30)
+def test_abort_while_a_summarising_model_runs_ends_the_run_and_cancels_the_summary() -> None:
+    asyncio.run(_abort_while_summarising())
+
+
+async def _abort_while_summarising() -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def slow(messages: Sequence[Message], tools: object) -> AssistantMessage:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return AssistantMessage("never")
+
+    controller = AbortController()
+
+    async def abort_when_started() -> None:
+        await started.wait()
+        controller.abort("the user left")
+
+    aborter = asyncio.create_task(abort_when_started())
+    model = ScriptedModel(*_calls(4))
+    result = await run_agent(
+        model=model,
+        messages="ship",
+        tools=[lookup],
+        steps=[compaction(FunctionModel(slow), max_messages=3, keep_last=1)],
+        signal=controller.signal,
+    )
+    await aborter
+    assert result.state is TurnState.ABORTED
+    assert "Compaction" in (result.explanation or "")
+    assert history_violations(list(result.messages)) == []
+    await asyncio.wait_for(cancelled.wait(), 5)
+    assert model.calls == 2
