@@ -30,6 +30,8 @@ from statemachine.core.table import (
     STATE_DOCS,
     TERMINAL,
     TRANSITIONS,
+    DeclaredState,
+    OutcomeIs,
     Trigger,
 )
 from statemachine.errors import DiagramError
@@ -62,16 +64,17 @@ LEGEND: Final = (
 
 
 class Row(Protocol):
-    """What a diagram needs of a table row; ``_table.Transition`` is one."""
+    """What a diagram needs of a table row; ``_table.Transition`` is one (a declared
+    state or an outcome guard is drawn as its text)."""
 
     @property
-    def source(self) -> str: ...
+    def source(self) -> str | DeclaredState: ...
     @property
     def trigger(self) -> str: ...
     @property
-    def dest(self) -> str: ...
+    def dest(self) -> str | DeclaredState: ...
     @property
-    def guard(self) -> str | None: ...
+    def guard(self) -> str | OutcomeIs | None: ...
     @property
     def label(self) -> str: ...
 
@@ -126,7 +129,7 @@ def _states(rows: Sequence[Row], start: str) -> dict[str, None]:
     states: dict[str, None] = {start: None}
     for i, row in enumerate(rows):
         for what, name in (("source", row.source), ("trigger", row.trigger), ("dest", row.dest)):
-            if not isinstance(name, str) or not name.strip():
+            if not isinstance(name, (str, DeclaredState)) or not str(name).strip():
                 raise DiagramError(f"row {i}: {what} must be a non-blank string, got {name!r}")
         states.setdefault(str(row.source), None)
         states.setdefault(str(row.dest), None)

@@ -7,6 +7,7 @@ different reaction (h11 splits its protocol errors the same way)::
     ├── UsageError                  the calling code misused the library: fix the code
     │   ├── ProtocolError           an event the engine does not accept in its state
     │   ├── InvalidInputError       an argument refused before anything ran (ValueError)
+    │   │   └── StepDeclarationError  a declared step refused: it would break a rule
     │   ├── DiagramError            a diagram that cannot be drawn as asked
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
@@ -20,7 +21,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── ExportError             saved durable steps that do not rebuild their run
     │   ├── SpecError               a scenario file that is not a scenario
     │   ├── ModelOutputError        a model client returned no ``AssistantMessage``
-    │   └── ToolOutputError         a tool returned a value that is no tool result
+    │   ├── ToolOutputError         a tool returned a value that is no tool result
+    │   └── CompactionError         a compacted view refused: it splits a call from its result
     ├── ServiceError                a service the run depends on failed
     │   ├── ProviderError           a model provider (the adapters' errors)
     │   │   ├── ProviderAuthError
@@ -42,7 +44,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── ModelFailedError
     │   ├── AwaitingUserError
     │   ├── UsageLimitExceededError
-    │   └── OutputInvalidError
+    │   ├── OutputInvalidError
+    │   └── StepEndedError          a declared step ended the run in its own state
     └── EngineInvariantError        the library broke a guarantee of its own: a bug
 
 Three exceptions are raised *for* code outside the library, so they are deliberately
@@ -84,6 +87,7 @@ __all__ = [
     "BridgeError",
     "BridgeProtocolError",
     "BridgeTimeoutError",
+    "CompactionError",
     "ContextOverflowError",
     "DiagramError",
     "EngineInvariantError",
@@ -114,6 +118,8 @@ __all__ = [
     "SnapshotSignatureError",
     "SpecError",
     "StateMachineError",
+    "StepDeclarationError",
+    "StepEndedError",
     "StoreUnavailableError",
     "StrayCancelledError",
     "ToolOutputError",
@@ -149,6 +155,11 @@ class InvalidInputError(UsageError, ValueError):
     """An argument refused before anything ran: an invalid history, a tool list with
     duplicate names, a schema that is not a JSON Schema object, a limit that is not a
     positive integer."""
+
+
+class StepDeclarationError(InvalidInputError):
+    """A declared step (``statemachine.core.steps``) refused before anything runs: its
+    message names the step and the rule of the loop its declaration would break."""
 
 
 class DiagramError(UsageError):
@@ -232,6 +243,12 @@ class ToolOutputError(BadDataError):
 
 
 # -- a service the run depends on failed ----------------------------------------------
+
+
+class CompactionError(BadDataError):
+    """A compaction of the model's view refused (``statemachine.agent.compaction``): the
+    view would split a tool call from its result, or the summary is empty or longer
+    than its bound. Inside a run it is the compaction step's failure, a named outcome."""
 
 
 class ServiceError(StateMachineError):
@@ -344,6 +361,10 @@ class OutputInvalidError(RunNotDoneError):
 
 
 # -- the library's own bug -----------------------------------------------------------
+
+
+class StepEndedError(RunNotDoneError):
+    """A declared step ended the run in one of its own terminal states."""
 
 
 class EngineInvariantError(StateMachineError):

@@ -14,7 +14,7 @@ from statemachine.core.engine import Engine
 from statemachine.core.events import Action, CancelOperations, Event, ModelResponded, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
-from statemachine.core.table import TERMINAL, TRANSITIONS, Trigger, TurnState
+from statemachine.core.table import TERMINAL, TRANSITIONS, State, Trigger, TurnState
 from statemachine.errors import ProtocolError
 from statemachine.journal import replay
 from statemachine.testing._reference import verify_transition
@@ -56,7 +56,7 @@ class ReferenceCheckedEngine(Engine):
         super().__init__(transition_hook=self._verified, **kwargs)
 
     @staticmethod
-    def _verified(engine: Engine, source: TurnState, trigger: Trigger, dest: Any) -> None:
+    def _verified(engine: Engine, source: State, trigger: Trigger, dest: Any) -> None:
         verify_transition(engine, source, trigger, dest)
         ReferenceCheckedEngine.verified.append(trigger)
 
@@ -204,7 +204,7 @@ class NondeterministicEngine(Engine):
 class NoCancelEngine(Engine):
     """Enters Aborting without telling the driver to cancel anything."""
 
-    def _enter_Aborting(self, source: TurnState) -> None:
+    def _enter_Aborting(self, source: State) -> None:
         super()._enter_Aborting(source)
         self._actions = [a for a in self._actions if not isinstance(a, CancelOperations)]
 

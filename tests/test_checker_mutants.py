@@ -18,7 +18,8 @@ import attrs
 import pytest
 
 from statemachine.core import table as _table
-from statemachine.core.table import Guard, Transition, Trigger, TurnState
+from statemachine.core.steps import GoOn, StepSpec
+from statemachine.core.table import Guard, State, Transition, Trigger, TurnState
 from statemachine.testing import _oracle as _rules
 from statemachine.testing import _reference
 from statemachine.testing._space import NATIVE_OUTPUT, NATIVE_TEXTS, RESPONSE_USAGE, USAGE_LIMITS
@@ -294,8 +295,8 @@ EQUIVALENT: dict[str, Edit] = {
 }
 
 
-def _groups(rows: Sequence[Transition]) -> dict[tuple[TurnState, Trigger], Rows]:
-    groups: dict[tuple[TurnState, Trigger], Rows] = {}
+def _groups(rows: Sequence[Transition]) -> dict[tuple[State, Trigger], Rows]:
+    groups: dict[tuple[State, Trigger], Rows] = {}
     for row in rows:
         groups[(row.source, row.trigger)] = (*groups.get((row.source, row.trigger), ()), row)
     return groups
@@ -437,6 +438,11 @@ def test_rows_are_counted_by_position_not_by_destination() -> None:
 
 def test_the_rules_have_an_answer_for_every_trigger() -> None:
     for trigger in Trigger:
+        if trigger is Trigger.STEP_DECIDED:  # only a declared step's state awaits it
+            step = StepSpec("review", "after_final", {"ok": GoOn()}, on_error="ok")
+            assert _rules.accepts(step.state, trigger, (step,))
+            assert not any(_rules.accepts(state, trigger, (step,)) for state in TurnState)
+            continue
         assert any(_rules.accepts(state, trigger) for state in TurnState), trigger
     for state in _rules.ENDS:
         assert not any(_rules.accepts(state, trigger) for trigger in Trigger)

@@ -39,7 +39,7 @@ from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
 from statemachine.core.events import AbortRequested, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import UserMessage
-from statemachine.core.table import Guard, Transition, Trigger
+from statemachine.core.table import Guard, State, Transition, Trigger
 from statemachine.errors import ProtocolError
 from statemachine.testing._reference import verify_transition
 
@@ -91,7 +91,7 @@ def observe(e: sm.engine.Engine) -> tuple[Any, ...]:
     )
 
 
-def state(e: sm.engine.Engine) -> sm.TurnState:
+def state(e: sm.engine.Engine) -> State:
     # a call, not the property: mypy would otherwise narrow e.state after one assert
     return e.state
 

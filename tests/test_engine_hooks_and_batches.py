@@ -23,6 +23,7 @@ import statemachine.errors
 from statemachine.core import table as table_module
 from statemachine.core.engine import Engine
 from statemachine.core.invariants import history_violations
+from statemachine.core.table import State
 from statemachine.core.tools import Scheduling
 from statemachine.testing._reference import verify_transition
 
@@ -50,7 +51,7 @@ def engine(**kwargs: Any) -> Engine:
     return Engine(**base)
 
 
-def state(e: Engine) -> sm.TurnState:
+def state(e: Engine) -> State:
     # A function, not the property, so mypy does not narrow the state across events.
     return e.state
 
@@ -424,9 +425,9 @@ def test_an_engine_runs_no_hook_unless_given_one() -> None:
 
 
 def test_a_transition_hook_sees_every_trigger_fired_before_the_state_changes() -> None:
-    heard: list[tuple[sm.TurnState, sm.engine.Trigger, sm.TurnState | None, sm.TurnState]] = []
+    heard: list[tuple[State, sm.engine.Trigger, State | None, State]] = []
 
-    def hook(e: Engine, source: sm.TurnState, trigger: sm.engine.Trigger, dest: Any) -> None:
+    def hook(e: Engine, source: State, trigger: sm.engine.Trigger, dest: Any) -> None:
         heard.append((source, trigger, dest, e.state))
 
     e = engine(transition_hook=hook)

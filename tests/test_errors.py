@@ -30,6 +30,7 @@ from statemachine.testing import FunctionModel
         (sm.errors.SpecError, (sm.errors.BadDataError,)),
         (sm.errors.ModelOutputError, (sm.errors.BadDataError,)),
         (sm.errors.ToolOutputError, (sm.errors.BadDataError,)),
+        (sm.errors.CompactionError, (sm.errors.BadDataError,)),
         (sm.errors.ServiceError, (sm.StateMachineError,)),
         (sm.errors.ProviderError, (sm.errors.ServiceError,)),
         (sm.errors.ProviderAuthError, (sm.errors.ProviderError,)),

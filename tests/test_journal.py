@@ -99,6 +99,7 @@ _output = st.builds(ToolOutput, _result_blocks, is_error=st.booleans())
 
 _BY_TYPE: dict[Any, st.SearchStrategy[Any]] = {
     str: _text,
+    str | None: st.none() | _text,
     bool: st.booleans(),
     int: st.integers(0, 10),
     AssistantMessage: _assistant,

@@ -18,7 +18,7 @@ from statemachine.core.engine import Engine
 from statemachine.core.events import CallModel, ModelResponded, Start
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.output import TEXT_OUTPUT
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, TurnState
 from statemachine.core.tools import ToolDefinition
 from statemachine.engine import OutputSpec
 from statemachine.errors import InvalidInputError, UsageError
@@ -50,7 +50,7 @@ def _engine(retries: int = 2, **options: Any) -> Engine:
     )
 
 
-def _state(engine: Engine) -> TurnState:
+def _state(engine: Engine) -> State:
     return engine.state
 
 

@@ -88,6 +88,7 @@ PUBLIC_MODULES = (
     "statemachine.messages",
     "statemachine.errors",
     "statemachine.hooks",
+    "statemachine.steps",
     "statemachine.journal",
     "statemachine.testing",
     "statemachine.workspace",
@@ -115,7 +116,7 @@ def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
     submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "docs"}
-    submodules |= {"live"}
+    submodules |= {"live", "steps"}
     assert exported - set(statemachine.__all__) <= submodules
 
 

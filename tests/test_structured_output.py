@@ -23,7 +23,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.engine import OutputInvalidError, OutputSpec
 from statemachine.errors import InvalidInputError, UsageError
@@ -69,7 +69,7 @@ def _engine(retries: int = 2, **options: Any) -> Engine:
     )
 
 
-def _state(engine: Engine) -> TurnState:
+def _state(engine: Engine) -> State:
     """The state now (a call, so that mypy does not narrow it across events)."""
     return engine.state
 

@@ -64,6 +64,7 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
@@ -94,7 +95,10 @@ class Agent(Generic[OutputT]):
     ``output_type``, ``output_retries``, ``output_mode`` and ``usage_limits`` are
     checked here, as
     ``run_agent`` checks them (``InvalidInputError`` naming the argument), and given to
-    every run and every resume of the agent.
+    every run and every resume of the agent. ``steps`` (``statemachine.steps``) are
+    checked here too and given to every run; ``table`` is the agent's transition
+    table, steps included (what ``statemachine check --agent`` and ``diagram --agent``
+    read).
     """
 
     def __init__(
@@ -117,8 +121,11 @@ class Agent(Generic[OutputT]):
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         usage_limits: UsageLimits | None = None,
+        steps: Sequence[Step] = (),
     ) -> None:
         check_tools(tools)
+        self.table = check_steps(steps)  # refused now, before any run
+        self.steps = tuple(steps)
         check_instructions(instructions)
         check_usage_limits(usage_limits)
         # Built here only to refuse a bad type or retry count now (the retries are read,
@@ -185,6 +192,8 @@ class Agent(Generic[OutputT]):
         options.update(
             messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
         )
+        if self.steps:
+            options["steps"] = self.steps
         return options, len(message_history)
 
     # -- run --------------------------------------------------------------------------------
@@ -267,6 +276,8 @@ class Agent(Generic[OutputT]):
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
         type and usage limits (so the resumed run's output is typed again)."""
         options = self._shared(deps, model_settings)
+        if self.steps:
+            options["steps"] = self.steps
         return await resume_agent(
             state,
             approvals=approvals,

@@ -16,7 +16,7 @@ from statemachine._deprecated import renamed as _renamed
 from statemachine.core.engine import TransitionRecord
 from statemachine.core.events import InputQueued
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
-from statemachine.core.table import TurnState
+from statemachine.core.table import DeclaredState, State, TurnState
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import (
     AbortedError,
@@ -24,6 +24,7 @@ from statemachine.errors import (
     ModelFailedError,
     OutputInvalidError,
     RunNotDoneError,
+    StepEndedError,
     TurnLimitExceededError,
     UsageLimitExceededError,
 )
@@ -148,7 +149,7 @@ class RunReturned:
     (the run has ended) or ``AwaitingUser`` (it resumes with a new message).
     ``RunFinished`` is its deprecated name."""
 
-    state: TurnState
+    state: State
     explanation: str
     stats: RunStats
 
@@ -210,9 +211,12 @@ _ERROR_TYPES: dict[TurnState, type[RunNotDoneError]] = {
 }
 
 
-def run_error(state: TurnState, explanation: str) -> RunNotDoneError | None:
+def run_error(state: State, explanation: str) -> RunNotDoneError | None:
     """``RunResult.error`` of a run that returned in ``state``: the one place where a state
-    becomes its error (``None`` for ``Done``)."""
+    becomes its error (``None`` for ``Done``; ``StepEndedError`` for a state a declared
+    step ended the run in)."""
+    if isinstance(state, DeclaredState):
+        return StepEndedError(explanation)
     error_type = _ERROR_TYPES.get(state)
     return None if error_type is None else error_type(explanation)
 
@@ -233,7 +237,7 @@ class RunResult(Generic[OutputT]):
 
     # The history, the log and the snapshot grow with the run: they are left out of
     # repr(), which a long run would otherwise make megabytes long (task reprs, logs).
-    state: TurnState
+    state: State
     messages: tuple[Message, ...] = attrs.field(repr=False)
     error: RunNotDoneError | None
     turns: int

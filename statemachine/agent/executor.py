@@ -48,6 +48,7 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
+    RunStep,
     ToolCancelled,
     ToolFinished,
 )
@@ -194,6 +195,9 @@ class AsyncioExecutor:
     def start_continue_check(self, turn: int) -> None:
         self.start_helper(self.check_continue(turn))
 
+    def start_step(self, action: RunStep) -> None:
+        self.start_helper(self.run_step(action))
+
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         self.start_helper(self.cancel_after_grace(keys, reason))
 
@@ -237,7 +241,7 @@ class AsyncioExecutor:
         """The model call; reports its one event."""
         try:
             context = action.messages
-            if self.hooks.transform_context is not None:
+            if self.hooks.transform_context is not None or self.hooks.steps:
                 context = await self.hook_caller.transformed(context)
             message = await self.model.complete(context, action.tools, self.loop.controller.signal)
         except BaseException as exc:
@@ -388,6 +392,10 @@ class AsyncioExecutor:
     async def check_continue(self, turn: int) -> None:
         """Ask ``should_continue``; one ``ContinueDecided``."""
         self.put(await self.hook_caller.check_continue(self.loop.engine.messages, turn))
+
+    async def run_step(self, action: RunStep) -> None:
+        """Call a declared step; one ``StepDecided``. An abort cancels it (a helper)."""
+        self.put(await self.hook_caller.run_step(action.step, self.loop.engine.messages))
 
     async def cancel_after_grace(self, keys: Sequence[str], reason: str) -> None:
         """One grace period from the abort on: half to finish on their own, half for

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from statemachine.agent.calls import call_hook, describe
+from statemachine.agent.compaction import RunViews
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -27,6 +28,7 @@ from statemachine.agent.hooks import (
     Stop,
     TransformContext,
 )
+from statemachine.agent.steps import Step, decide
 from statemachine.core.events import (
     ApprovalRequired,
     ContinueDecided,
@@ -49,6 +51,7 @@ class Hooks:
     after_tool_call: AfterToolCall | None = None
     should_continue: ShouldContinue | None = None
     transform_context: TransformContext | None = None
+    steps: tuple[Step, ...] = ()  # a team's declared steps, with their functions
 
 
 class HookCaller:
@@ -64,6 +67,7 @@ class HookCaller:
         self.hooks = hooks
         self._log = log
         self._note_failure = note_failure
+        self.views = RunViews(hooks.steps)  # the compaction steps' views of this run
 
     async def after_tool_call(self, call: ToolCall, output: ToolOutput) -> ToolOutput:
         """The result the model reads: ``output``, or the hook's replacement."""
@@ -94,7 +98,9 @@ class HookCaller:
         return replaced
 
     async def transformed(self, messages: Sequence[Message]) -> Sequence[Message]:
-        """What the model is sent; a hook that raises fails the model call."""
+        """What the model is sent: the compacted view (``agent/compaction.py``), then
+        the ``transform_context`` hook's; a hook that raises fails the model call."""
+        messages = self.views.view(messages)
         hook = self.hooks.transform_context
         if hook is None:
             return messages
@@ -131,6 +137,15 @@ class HookCaller:
                     f"the before_tool_call hook raised {describe(exc)}; the call was not run"
                 )
             put(_permission(call, decision))
+
+    async def run_step(self, name: str, messages: Sequence[Message]) -> Event:
+        """Call the declared step ``name``: its ``StepDecided`` (``agent/steps.py``)."""
+        step = next(s for s in self.hooks.steps if s.name == name)
+        event, failure = await decide(self.views.bind(step), messages, self._note_failure)
+        self.views.note(event)
+        if failure is not None:
+            self._log.warning("step_failed", step=name, error=failure, outcome=event.outcome)
+        return event
 
     async def check_continue(self, messages: Sequence[Message], turn: int) -> Event:
         """Ask ``should_continue`` at the boundary after ``turn``: its ``ContinueDecided``."""

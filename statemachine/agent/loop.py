@@ -9,6 +9,7 @@ into work and the work's outcomes back into events:
   (``start_permission_checks``);
 - ``CheckContinue``: it asks ``should_continue`` at a turn boundary
   (``start_continue_check``);
+- ``RunStep``: it calls a team's declared step (``start_step``);
 - ``CancelOperations``: after an abort, it ends what is still outstanding within the
   grace period (``start_cancellation``);
 - and when the engine stops in ``AwaitingUser`` (approval or input) or a terminal
@@ -52,6 +53,7 @@ from statemachine.core.events import (
     Event,
     InputQueued,
     ModelCancelled,
+    RunStep,
     StartTool,
     ToolCancelled,
     ToolFinished,
@@ -139,6 +141,9 @@ class Executor(Protocol):
 
     def start_continue_check(self, turn: int) -> None:
         """Ask ``should_continue``; it reports one ``ContinueDecided``."""
+
+    def start_step(self, action: RunStep) -> None:
+        """Call the declared step (``agent/steps.py``); it reports one ``StepDecided``."""
 
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         """End the operations ``keys`` ("model" or call ids) within the grace period;
@@ -290,6 +295,8 @@ class ActionLoop:
                 checks.append(action.call)
             elif isinstance(action, CheckContinue):
                 executor.start_continue_check(action.turn)
+            elif isinstance(action, RunStep):
+                executor.start_step(action)
             elif isinstance(action, CancelOperations):
                 keys = (["model"] if action.model else []) + list(action.tool_call_ids)
                 executor.start_cancellation(keys, action.reason)

@@ -51,6 +51,7 @@ from statemachine.agent.run import (
     check_tools,
     continue_run,
 )
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
 from statemachine.core.abort import AbortSignal
@@ -91,16 +92,15 @@ def resume_run(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
+    steps: Sequence[Step] = (),
 ) -> AgentRun[OutputT]:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``. ``state`` is
     the ``RunResult`` or its ``snapshot``; give ``approvals`` (call id -> True, False or
     ``Deny(reason)``) for every pending call, or a new ``message`` (pending calls are then
     "not approved"). ``max_turns`` may raise the limit; ``usage_limits``, ``output_type``,
-    ``output_retries`` replace the run's (give the type again for a typed output).
-    What is checked before anything runs, and ``stats``, ``instructions``,
-    ``model_settings``, ``deps``: the module docstring.
-    """
-    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits)
+    ``output_retries`` replace the run's (give the type again for a typed output); the
+    run's ``steps`` are given again. The rest: the module docstring."""
+    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits, steps)
     engine.output = _output_spec(engine, output_type, output_retries)
     events = _resume_events(engine, approvals, message)
     recheck = [] if message is not None else _may_run(engine, events, tools, before_tool_call)
@@ -123,6 +123,7 @@ def resume_run(
         model_settings=model_settings,
         deps=deps,
         previous_stats=stats or (state.stats if isinstance(state, RunResult) else None),
+        steps=steps,
     )
     if before_tool_call is not None and recheck:
         run.ask_again(before_tool_call, recheck)
@@ -167,6 +168,7 @@ def _restore(
     max_snapshot_bytes: int,
     max_turns: int | None,
     usage_limits: UsageLimits | None,
+    steps: Sequence[Step],
 ) -> Engine:
     """The engine of the suspended run, checked (``resume_run``)."""
     check_usage_limits(usage_limits)
@@ -180,6 +182,7 @@ def _restore(
         logger=logger,
         key=key,
         max_bytes=max_snapshot_bytes,
+        table=check_steps(steps),  # a snapshot with steps needs their table, and only it
     )
     if engine.state is not TurnState.AWAITING_USER:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
@@ -315,6 +318,7 @@ async def resume_agent(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
+    steps: Sequence[Step] = (),
 ) -> RunResult[OutputT]:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs)."""
@@ -341,6 +345,7 @@ async def resume_agent(
         model_settings=model_settings,
         deps=deps,
         stats=stats,
+        steps=steps,
     )
     return await run.run()
 
@@ -369,6 +374,7 @@ def resume_agent_sync(
     model_settings: ModelSettings | None = None,
     deps: object = None,
     stats: RunStats | None = None,
+    steps: Sequence[Step] = (),
 ) -> RunResult[OutputT]:
     """``resume_agent`` for code without an event loop (see ``run_agent_sync``)."""
     refuse_running_loop("resume_agent_sync")
@@ -395,5 +401,6 @@ def resume_agent_sync(
         model_settings=model_settings,
         deps=deps,
         stats=stats,
+        steps=steps,
     )
     return run_sync(run.run(), grace_period)

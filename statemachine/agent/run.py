@@ -39,16 +39,17 @@ from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, OutputMode, compile_output
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
-from statemachine.agent.tools import Tool, scheduling_of
+from statemachine.agent.tools import Tool, check_tools, scheduling_of
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
-from statemachine.core.table import TurnState
+from statemachine.core.table import BASE_TABLE, Table, TurnState
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
@@ -90,9 +91,9 @@ _NO_HOOKS = Hooks()  # likewise
 
 
 def _hooks(*hooks: Any) -> Hooks:
-    """The run's ``Hooks`` (``before_tool_call``, ``after_tool_call``,
-    ``should_continue``, ``transform_context``); one shared by every run without any."""
-    return _NO_HOOKS if all(h is None for h in hooks) else Hooks(*hooks)
+    """The run's ``Hooks`` (the four hooks, then the steps, ``agent/hook_calls.py``); one
+    shared by every run without any."""
+    return _NO_HOOKS if all(h is None or h == () for h in hooks) else Hooks(*hooks)
 
 
 def _checked_call_options(
@@ -155,6 +156,7 @@ class AgentRun(Generic[OutputT]):
         deps: object = None,
         previous_stats: RunStats | None = None,
         given: int | None = None,
+        steps: Sequence[Step] = (),
     ) -> None:
         model = _checked_model(model, tools, grace_period, signal)
         settings = _checked_call_options(model, tools, instructions, model_settings, deps)
@@ -163,7 +165,7 @@ class AgentRun(Generic[OutputT]):
             tools=[t.definition for t in tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=max_turns,
-            **_when_set(usage_limits, output),
+            **_when_set(usage_limits, output, check_steps(steps)),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling=scheduling_of(tools),
@@ -183,7 +185,8 @@ class AgentRun(Generic[OutputT]):
         self._model = RunModel(model, instructions, settings, self._stream, context, engine)
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in tools}
-        self._hooks = _hooks(before_tool_call, after_tool_call, should_continue, transform_context)
+        hooks = (before_tool_call, after_tool_call, should_continue, transform_context)
+        self._hooks = _hooks(*hooks, tuple(steps))
         self._grace = float(grace_period)
         self._log = logger  # None: the library's; the action loop binds the run id if it logs
         self._user_signal = signal  # None: the run is aborted by its handle only
@@ -418,14 +421,16 @@ def _nothing_to_remove() -> None:
     """No signal was given, so no listener was added."""
 
 
-def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:
-    """The engine options of a run's budget, given only when set (so that an
+def _when_set(usage_limits: UsageLimits | None, output: Output | None, t: Table) -> dict[str, Any]:
+    """The engine options of a run's budget and steps, given only when set (so that an
     ``engine_factory`` written before them still works for runs without them)."""
     options: dict[str, Any] = {}
     if check_usage_limits(usage_limits) is not None:
         options["usage_limits"] = usage_limits
     if output is not None:
         options["output"] = output.spec
+    if t is not BASE_TABLE:
+        options["table"] = t
     return options
 
 
@@ -465,20 +470,6 @@ def use_backend(
     run._on_handle = on_handle
 
 
-def check_tools(tools: Sequence[Tool]) -> None:
-    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
-        raise InvalidInputError("tools must be a sequence of Tool")
-    seen: set[str] = set()
-    for i, item in enumerate(tools):
-        if not isinstance(item, Tool):
-            raise InvalidInputError(
-                f"tools[{i}] is a {type(item).__name__}, not a Tool (see statemachine.tool)"
-            )
-        if item.name in seen:
-            raise InvalidInputError(f"duplicate tool name {item.name!r}: tool names must be unique")
-        seen.add(item.name)
-
-
 async def run_agent(
     *,
     model: ModelClient | str,
@@ -501,20 +492,19 @@ async def run_agent(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
+    steps: Sequence[Step] = (),
 ) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
-    Never raises for the state a run returns in (see ``RunResult``); raises ``InvalidInputError``
-    before any model call for an invalid history, duplicate tool names or bad
-    arguments. For steering, abort by handle, or the event stream, use ``AgentRun``.
-    ``messages`` may be a string (one user message); ``model`` a model string
-    (``"openai:gpt-4.1"``, ``statemachine.providers.registry``). ``instructions`` (a
-    string, or a function of the ``RunContext`` called at each model call) and
-    ``model_settings`` reach clients that take ``options`` (``statemachine.agent.model``);
-    ``deps`` reaches tools, hooks and instructions that take a ``RunContext``.
-    ``usage_limits`` (a ``UsageLimits``) is checked before each further model call: a
-    run that reached one ends ``UsageLimitExceeded``. ``output_*``: ``statemachine.agent.output``.
-    ``engine_factory`` (``Engine``'s keywords): ``partial(JournalingEngine, journal=j)``.
+    Never raises for the state a run returns in (``RunResult``); raises ``InvalidInputError`` before
+    any model call for an invalid history, duplicate tool names or bad arguments. ``AgentRun`` adds
+    steering, abort by handle and the event stream. ``messages`` may be a string (one user message);
+    ``model`` a model string (``statemachine.providers.registry``). ``instructions`` (a string, or a
+    function of the ``RunContext`` called at each model call) and ``model_settings`` reach clients
+    that take ``options`` (``statemachine.agent.model``); ``deps`` reaches tools, hooks and
+    instructions that take a ``RunContext``. ``usage_limits`` is checked before each further model
+    call (a run that reached one ends ``UsageLimitExceeded``). ``output_*``, ``steps``:
+    ``statemachine.agent.output``, ``statemachine.steps``; ``engine_factory``: Engine's keywords.
     """
     run = AgentRun(
         model=model,
@@ -537,6 +527,7 @@ async def run_agent(
         instructions=instructions,
         model_settings=model_settings,
         deps=deps,
+        steps=steps,
     )
     return await run.run()
 
@@ -563,6 +554,7 @@ def run_agent_sync(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
+    steps: Sequence[Step] = (),
 ) -> RunResult[OutputT]:
     """``run_agent`` for code without an event loop (same keyword arguments).
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
@@ -594,5 +586,6 @@ def run_agent_sync(
         instructions=instructions,
         model_settings=model_settings,
         deps=deps,
+        steps=steps,
     )
     return run_sync(run, grace_period)

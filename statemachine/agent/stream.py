@@ -139,7 +139,9 @@ class EventStream:
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
-            elif self._turn_start is not None and record.dest in _TURN_ENDS:
+            elif self._turn_start is not None and (
+                record.dest in _TURN_ENDS or record.dest in engine.table.terminal  # a step's end
+            ):
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
                 self._turn_seconds.append(seconds)

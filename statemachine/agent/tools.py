@@ -49,7 +49,7 @@ from statemachine.core.tools import (
 )
 from statemachine.errors import InvalidInputError, UsageError, WireFormatError
 
-__all__ = ["Tool", "scheduling_of", "tool", "tool_output_from"]
+__all__ = ["Tool", "check_tools", "scheduling_of", "tool", "tool_output_from"]
 
 
 @attrs.frozen
@@ -358,3 +358,18 @@ def tool_output_from(value: object) -> ToolOutput | None:
     ):
         return ToolOutput(tuple(value))
     return None
+
+
+def check_tools(tools: Sequence[Tool]) -> None:
+    """Refuse ``tools`` that are not a sequence of ``Tool`` with unique names."""
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise InvalidInputError("tools must be a sequence of Tool")
+    seen: set[str] = set()
+    for i, item in enumerate(tools):
+        if not isinstance(item, Tool):
+            raise InvalidInputError(
+                f"tools[{i}] is a {type(item).__name__}, not a Tool (see statemachine.tool)"
+            )
+        if item.name in seen:
+            raise InvalidInputError(f"duplicate tool name {item.name!r}: tool names must be unique")
+        seen.add(item.name)

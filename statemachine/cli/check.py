@@ -10,7 +10,9 @@ from typing import Literal
 
 import attrs
 
-from statemachine.cli.common import CommandParser, Progress, fail, parse
+from statemachine.cli.common import CommandParser, Progress, fail, load_attribute, parse
+from statemachine.errors import InvalidInputError
+from statemachine.steps import table_of
 from statemachine.testing.checker import (
     DEFAULT_CONFIGS,
     Bounds,
@@ -77,8 +79,7 @@ def check_with_progress(
 __all__ = ["cli_check"]
 
 
-def cli_check(argv: list[str]) -> int:
-    """``python -m statemachine check [--turns N] [--calls M]``."""
+def _parser() -> CommandParser:
     parser = CommandParser(
         "check",
         description="Exhaustively check the engine: every accepted sequence of engine events "
@@ -106,6 +107,18 @@ def cli_check(argv: list[str]) -> int:
         default="snapshot",
         help="how engines are copied (default snapshot)",
     )
+    parser.add_argument(
+        "--agent",
+        metavar="MODULE:NAME",
+        help="check this agent's table, its declared steps included: an Agent, a list of "
+        "Step or a Table (default: the library's table)",
+    )
+    return parser
+
+
+def cli_check(argv: list[str]) -> int:
+    """``python -m statemachine check [--turns N] [--calls M] [--agent MODULE:NAME]``."""
+    parser = _parser()
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
@@ -114,6 +127,12 @@ def cli_check(argv: list[str]) -> int:
     configs = DEFAULT_CONFIGS
     if args.uncapped:
         configs = tuple(attrs.evolve(c, max_calls=None) for c in configs)
+    if args.agent:
+        try:
+            table = table_of(load_attribute("--agent", args.agent, "refunds:agent"))
+        except InvalidInputError as exc:
+            return fail("check", str(exc))
+        configs = tuple(attrs.evolve(c, options={**c.options, "table": table}) for c in configs)
     bounds = Bounds(turns=args.turns, calls=args.calls, configs=configs)
     # On a terminal, a one-line display names the configuration being explored (the
     # whole check takes about a minute); piped output holds only the report.

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
 
 if TYPE_CHECKING:  # the run layer is imported by the commands that run agents, not here
     from statemachine.agent.events import (
@@ -48,10 +48,35 @@ __all__ = [
     "emit",
     "exit_codes",
     "fail",
+    "load_attribute",
     "parse",
     "program",
     "run_shown",
 ]
+
+
+def load_attribute(option: str, spec: str, example: str) -> Any:
+    """What ``MODULE:NAME`` names (``NAME`` may be dotted), the module imported as
+    ``python -m`` would find it beside you; ``InvalidInputError`` saying what is wrong."""
+    import importlib
+
+    from statemachine.errors import InvalidInputError
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidInputError(f"{option} {spec!r}: write MODULE:NAME, e.g. {example}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as python -m does: your module beside you
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInputError(f"{option} {spec!r}: cannot import {module_name}: {exc}") from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise InvalidInputError(f"{option} {spec!r}: {module_name} has no {attribute}")
+        found = getattr(found, part)
+    return found
+
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1

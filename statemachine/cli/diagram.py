@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Final
 
 from statemachine._render import FORMATS, render
-from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, parse
+from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, load_attribute, parse
 from statemachine.errors import UsageError
+from statemachine.steps import chart
 
 __all__ = ["cli_diagram", "format_for"]
 
@@ -59,6 +60,12 @@ def _parser() -> CommandParser:
         "--format", choices=FORMATS, help="default: from --out's extension, else mermaid"
     )
     parser.add_argument("--out", help="write here instead of standard output")
+    parser.add_argument(
+        "--agent",
+        metavar="MODULE:NAME",
+        help="draw this agent's table, its declared steps included: an Agent, a list of "
+        "Step or a Table (default: the library's table)",
+    )
     return parser
 
 
@@ -71,7 +78,11 @@ def cli_diagram(argv: list[str]) -> int:
         fmt = format_for(args.out, args.format, "mermaid")
         if fmt not in FORMATS:
             raise UsageError(f"the diagram command draws {', '.join(FORMATS)}, not {fmt}")
-        emit(render(fmt), args.out)
+        if args.agent:
+            target = load_attribute("--agent", args.agent, "refunds:agent")
+            emit(render(fmt, chart(target)), args.out)
+        else:
+            emit(render(fmt), args.out)
     except (UsageError, OSError) as exc:
         return fail("diagram", str(exc))
     return EXIT_OK

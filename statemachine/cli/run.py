@@ -49,6 +49,7 @@ from statemachine.cli.common import (
     CommandParser,
     describe_run_event,
     fail,
+    load_attribute,
     parse,
     run_shown,
 )
@@ -180,23 +181,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def load_tools(spec: str) -> list[Any]:
     """The tools ``MODULE:NAME`` names; ``InvalidInputError`` saying what is wrong."""
-    import importlib
-
     from statemachine.agent.tools import Tool, tool
 
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise InvalidInputError(f"--tool {spec!r}: write MODULE:NAME, e.g. mytools:search")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as python -m does: your module beside you
-    try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInputError(f"--tool {spec!r}: cannot import {module_name}: {exc}") from None
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise InvalidInputError(f"--tool {spec!r}: {module_name} has no {attribute}")
-        found = getattr(found, part)
+    found = load_attribute("--tool", spec, "mytools:search")
     items = list(found) if isinstance(found, (list, tuple)) else [found]
     tools = []
     for item in items:

@@ -72,7 +72,9 @@ from statemachine.core.events import (
     ModelFailed,
     ModelResponded,
     ReturnToCaller,
+    RunStep,
     StartTool,
+    StepDecided,
     ToolCancelled,
     ToolDenied,
     ToolFinished,
@@ -96,12 +98,19 @@ from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_DEPTH,
     SNAPSHOT_VERSION,
 )
+from statemachine.core.steps import MAX_STEP_MESSAGE_CHARS, Retry, StepSpec, step_named
 from statemachine.core.table import (
     ABSORBING,
+    BASE_TABLE,
     INITIAL,
     INTERNAL_TRIGGERS,
     RETURNS_TO_CALLER,
+    DeclaredState,
     Guard,
+    OutcomeIs,
+    RowGuard,
+    State,
+    Table,
     Transition,
     Trigger,
     TurnState,
@@ -142,7 +151,7 @@ ABANDONED: Final = "abandoned"
 waiting for an operation that ignored cancellation and may still be running: the
 explanation then says so instead of claiming that its cleanup finished."""
 
-TransitionHook = Callable[["Engine", TurnState, Trigger, "TurnState | None"], None]
+TransitionHook = Callable[["Engine", State, Trigger, "State | None"], None]
 """Called by an engine for every trigger it fires: (engine, source, trigger, dest).
 ``dest`` is the destination of the row the engine chose, or ``None`` when no row
 applies (the engine then raises ``ProtocolError``). It is called before the state
@@ -152,7 +161,7 @@ Give it as ``Engine(transition_hook=...)`` or set ``engine.transition_hook``."""
 _NO_USAGE: Final = Usage()  # immutable: every engine starts from this one zero
 
 _GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
-_ENTRY_METHOD: Final = {state: f"_enter_{state.value}" for state in TurnState}
+_ENTRY_METHOD: Final[dict[State, str]] = {state: f"_enter_{state.value}" for state in TurnState}
 
 
 def _enabled(log: Any, level: int) -> bool:
@@ -186,6 +195,9 @@ class Engine:
     ``usage_limits`` (``core/limits.py``) ends the run ``UsageLimitExceeded`` at a turn
     boundary where the usage its responses reported (``usage``) has reached a limit.
     ``transition_hook`` (``TransitionHook``) sees every trigger the engine fires.
+    ``table`` is the table the engine interprets: ``BASE_TABLE`` (``TRANSITIONS``)
+    unless the run declared steps (``core/steps.py``: ``table_for``); in a step's state
+    the engine asks for the step (``RunStep``) and is answered by ``StepDecided``.
 
     The fields below are every attribute an engine holds, by role (a test fails for
     one that is not declared here). Configuration is fixed for the run and shared by
@@ -211,6 +223,10 @@ class Engine:
     check_continue: bool
     run_id: str
     transition_hook: TransitionHook | None
+    # The rows interpreted: BASE_TABLE, or one with a team's steps (then set on the
+    # engine, with its steps; a run without steps keeps the class's values).
+    table: Table = BASE_TABLE
+    _steps: tuple[StepSpec, ...] = ()
     _logger: Any  # the logger given (None: the library's)
     # It, the run id bound: bound at once if it keeps debug or info events, else when a
     # warning needs it (most runs log nothing; a bound logger per waiting run adds up).
@@ -223,7 +239,7 @@ class Engine:
     explanation: str | None = None
     _seen_ids: set[str]  # every tool-call id so far, only to rename repeats
     # control
-    _state: TurnState
+    _state: State
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
     abort_reason: str | None = None
@@ -239,6 +255,8 @@ class Engine:
     _output_failures: int = 0  # failed attempts at the final result
     _output_error: str | None = None  # why the last attempt failed
     _output_remind: bool = False  # ask for the final-result tool before the next call
+    _step_decision: tuple[str, str] | None = None  # a step's (outcome, message)
+    _step_retries: tuple[tuple[str, int], ...] = ()  # retries each step's outcomes spent
     # transient
     _event: Event | None  # the engine event being handled
     _actions: list[Action]  # what the event's entry effects asked for
@@ -257,6 +275,7 @@ class Engine:
         run_id: str = "run",
         logger: Any = None,
         transition_hook: TransitionHook | None = None,
+        table: Table = BASE_TABLE,
     ) -> None:
         positive_int("max_turns", max_turns)
         checked = check_tool_definitions(tools)
@@ -273,6 +292,7 @@ class Engine:
             logger=logger,
             transition_hook=transition_hook,
             initial=INITIAL,
+            table=table,
         )
 
     def _setup(
@@ -289,10 +309,12 @@ class Engine:
         run_id: str,
         logger: Any,
         transition_hook: TransitionHook | None,
-        initial: TurnState,
+        initial: State,
+        table: Table = BASE_TABLE,
     ) -> None:
         """Set every field without a default (see the class docstring); ``restore``
         then loads progress."""
+        self._set_table(table)
         self._tools = tools
         self._tools_by_name = {d.name: d for d in tools}
         self.output = output
@@ -325,6 +347,22 @@ class Engine:
         self._event = None
         self._actions = []
 
+    def _set_table(self, table: Table) -> None:
+        if table is not BASE_TABLE:
+            self.table, self._steps = table, table.steps
+
+    def _rows_from(self, state: State, trigger: Trigger) -> tuple[Transition, ...]:
+        # The base table through the module's own function: it reads the rows as the
+        # module holds them now (a test may install other rows there).
+        if self.table is BASE_TABLE:
+            return rows_from(state, trigger)
+        return self.table.rows_from(state, trigger)
+
+    def _triggers_from(self, state: State) -> Mapping[Trigger, tuple[Transition, ...]]:
+        if self.table is BASE_TABLE:
+            return triggers_from(state)
+        return self.table.triggers_from(state)
+
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
         if self._log is None:
@@ -335,7 +373,7 @@ class Engine:
     # -- what the caller reads -----------------------------------------------------
 
     @property
-    def state(self) -> TurnState:
+    def state(self) -> State:
         return self._state
 
     @property
@@ -351,7 +389,24 @@ class Engine:
     def returns_to_caller(self) -> bool:
         """True in a state where a driver stops and returns its result: a terminal
         state, or ``AwaitingUser`` (which a run resumes from)."""
-        return self._state in RETURNS_TO_CALLER
+        return self._state in self._returns()
+
+    def _returns(self) -> frozenset[State]:
+        # The base table's through the module's own names (read now, as the rows are).
+        return RETURNS_TO_CALLER if self.table is BASE_TABLE else self.table.returns_to_caller
+
+    def _absorbing(self) -> frozenset[State]:
+        return ABSORBING if self.table is BASE_TABLE else self.table.terminal
+
+    def pending_step(self) -> StepSpec | None:
+        """The declared step the run waits for now (it is in the step's state)."""
+        if type(self._state) is not DeclaredState:
+            return None
+        return step_named(self._steps, self._state)
+
+    def step_retries(self, step: str) -> int:
+        """How many times ``step``'s retries sent the run back to the model."""
+        return dict(self._step_retries).get(step, 0)
 
     @property
     @deprecated(
@@ -362,7 +417,7 @@ class Engine:
         """Deprecated alias of ``returns_to_caller`` (true in ``AwaitingUser`` too,
         which is not finished). To ask whether the run has ended, use
         ``engine.state.is_terminal``."""
-        return self._state in RETURNS_TO_CALLER
+        return self._state in self._returns()
 
     def queued_input(self) -> tuple[InputQueued, ...]:
         """Queued input not yet injected: steering first, then follow-ups, each in order.
@@ -389,15 +444,17 @@ class Engine:
         if not isinstance(trigger, Trigger) or trigger in INTERNAL_TRIGGERS:
             raise ProtocolError(f"not an engine event: {event!r}")
         state = self._state
-        if state in ABSORBING:
+        if state in self._absorbing():
             if self._debug:
                 self._log.debug(
                     "event_absorbed", turn=self.turns, state=state.value, trigger=trigger.value
                 )
             return ()
-        rows = rows_from(state, trigger)
+        rows = self._rows_from(state, trigger)
         if not rows:
-            accepted = sorted(t.value for t in triggers_from(state) if t not in INTERNAL_TRIGGERS)
+            accepted = sorted(
+                t.value for t in self._triggers_from(state) if t not in INTERNAL_TRIGGERS
+            )
             raise ProtocolError(
                 f"{trigger.value!r} is not accepted in state {state.value}; "
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
@@ -430,6 +487,27 @@ class Engine:
             self._expect_slot(event.call_id, WAITING_APPROVAL, event.trigger)
         elif isinstance(event, ContinueDecided) and not self._continue_pending:
             raise ProtocolError("continue_decided: no should_continue check is pending")
+        elif isinstance(event, StepDecided):
+            self._check_step_decision(event)
+
+    def _check_step_decision(self, event: StepDecided) -> None:
+        step = self.pending_step()  # there: only a step's state has step_decided rows
+        assert step is not None
+        if event.step != step.name:
+            raise ProtocolError(
+                f"step_decided: the run waits for {step.name!r}, not {event.step!r}"
+            )
+        if step.destination(event.outcome) is None:
+            declared = ", ".join(name for name, _ in step.outcomes)
+            raise ProtocolError(
+                f"step_decided: {step.name!r} has no outcome {event.outcome!r} "
+                f"(declared: {declared})"
+            )
+        if len(event.message) > MAX_STEP_MESSAGE_CHARS:
+            raise ProtocolError(
+                f"step_decided: the message of {step.name!r} has {len(event.message)} "
+                f"characters; at most {MAX_STEP_MESSAGE_CHARS}"
+            )
 
     def _expect_slot(self, call_id: str, status: str, trigger: Trigger) -> None:
         slot = self._batch.by_id.get(call_id)
@@ -471,6 +549,8 @@ class Engine:
             self._continue_pending = False
             if event.stop:
                 self._stop_reason = event.reason or "should_continue asked to stop"
+        elif isinstance(event, StepDecided):
+            self._step_decision = (event.outcome, event.message)
         elif isinstance(event, AbortRequested) and self.abort_reason is None:
             self.abort_reason = event.reason
 
@@ -536,7 +616,7 @@ class Engine:
 
     # -- applying the table ----------------------------------------------------------------
 
-    def _fire(self, rows: tuple[Transition, ...], holds: Guard | None = None) -> None:
+    def _fire(self, rows: tuple[Transition, ...], holds: RowGuard | None = None) -> None:
         """Take the first of ``rows`` (the rows of one state and trigger, in table order)
         whose guard holds: tell the transition hook, move to the row's destination,
         record the transition, and run the destination's entry effect when the state
@@ -561,9 +641,15 @@ class Engine:
                 trigger=trigger.value,
             )
         if dest is not source:
-            getattr(self, _ENTRY_METHOD[dest])(source)
+            entry = _ENTRY_METHOD.get(dest)
+            if entry is None:
+                self._declared_entry(dest, source)
+            else:
+                getattr(self, entry)(source)
+            if type(source) is DeclaredState and not dest.is_terminal:
+                self._step_decision = None  # the step's decision is spent
 
-    def _no_row(self, source: TurnState, trigger: Trigger) -> NoReturn:
+    def _no_row(self, source: State, trigger: Trigger) -> NoReturn:
         # Unreachable when the table is complete (the checker proves it); kept so that a
         # broken table fails loudly instead of silently stalling.
         if self.transition_hook is not None:
@@ -581,7 +667,7 @@ class Engine:
         while True:
             # The internal trigger due now: the first with rows from this state whose
             # firing guard holds.
-            rows_here = triggers_from(self._state)
+            rows_here = self._triggers_from(self._state)
             for trigger, guard in INTERNAL_TRIGGERS.items():
                 if trigger in rows_here and self.guard_holds(guard):
                     break
@@ -604,10 +690,25 @@ class Engine:
 
     # -- the guards the table names (pure: asking one changes nothing) ----------------------
 
-    def guard_holds(self, guard: Guard) -> bool:
-        """Whether the table's ``guard`` holds now: its method ``_guard_<name>``."""
-        holds: bool = getattr(self, _GUARD_METHOD[guard])()
+    def guard_holds(self, guard: RowGuard) -> bool:
+        """Whether the table's ``guard`` holds now: its method ``_guard_<name>``, or
+        for a step's row (``OutcomeIs``) the step's decision."""
+        if type(guard) is OutcomeIs:
+            return self._outcome_holds(guard)
+        holds: bool = getattr(self, _GUARD_METHOD[guard])()  # type: ignore[index]
         return holds
+
+    def _outcome_holds(self, guard: OutcomeIs) -> bool:
+        decision = self._step_decision
+        if decision is None or decision[0] != guard.outcome:
+            return False
+        if guard.spent is None:
+            return True
+        step = self.pending_step()
+        dest = None if step is None else step.destination(guard.outcome)
+        budget = dest.budget if isinstance(dest, Retry) else 0
+        assert step is not None
+        return (self.step_retries(step.name) >= budget) is guard.spent
 
     def _response(self) -> AssistantMessage:
         event = self._event
@@ -665,7 +766,7 @@ class Engine:
 
     # -- the entry effects: what entering each state does ----------------------------------
 
-    def _enter_AwaitingModel(self, source: TurnState) -> None:
+    def _enter_AwaitingModel(self, source: State) -> None:
         if self._queue:
             self._history.extend(self._queue.take(model_would_finish=self._model_would_finish()))
         if self._output_remind and self.output is not None:
@@ -677,7 +778,7 @@ class Engine:
         offered = self._tools if self.output is None else self.output.offered(self._tools)
         self._actions.append(CallModel(HistoryView(self._history), offered, self.turns))
 
-    def _enter_DispatchingTools(self, source: TurnState) -> None:
+    def _enter_DispatchingTools(self, source: State) -> None:
         refused = False
         for slot in self._batch.slots:
             refusal = self._refusal(slot.call)
@@ -710,10 +811,12 @@ class Engine:
         else:
             slot.answer("Not used: a final result was already accepted.", is_error=True)
 
-    def _enter_CollectingResults(self, source: TurnState) -> None:
+    def _enter_CollectingResults(self, source: State) -> None:
         self._start_runnable()
 
-    def _enter_TurnBoundary(self, source: TurnState) -> None:
+    def _enter_TurnBoundary(self, source: State) -> None:
+        if type(source) is DeclaredState:
+            self._retried(source)
         if source is S.AWAITING_MODEL and self.output is not None and self.output_call is None:
             # A final text answer where a final result is required: one failed attempt.
             self._output_failures += 1
@@ -725,7 +828,39 @@ class Engine:
             self._continue_pending = True
             self._actions.append(CheckContinue(self.turns))
 
-    def _enter_Aborting(self, source: TurnState) -> None:
+    def _retried(self, source: State) -> None:
+        """A step's retry (the only row from a step's state to the turn boundary): its
+        message goes to the model after the answer it rejects (I2), one retry is spent,
+        and an accepted final result is given up: the model must give it again."""
+        step = step_named(self._steps, source)
+        assert step is not None
+        assert self._step_decision is not None
+        outcome, message = self._step_decision
+        if not message:
+            message = f"The answer was not accepted ({step.name}: {outcome}). Try again."
+        self._history.append(UserMessage(message))
+        spent = dict(self._step_retries)
+        spent[step.name] = spent.get(step.name, 0) + 1
+        self._step_retries = tuple(sorted(spent.items()))
+        self.output_call = None
+
+    def _declared_entry(self, dest: State, source: State) -> None:
+        """Entering a state a team declared: a step's (ask for the step) or an end."""
+        assert isinstance(dest, DeclaredState)
+        if not dest.terminal:
+            step = step_named(self._steps, dest)
+            assert step is not None
+            self._actions.append(RunStep(step.name, self.turns))
+            return
+        step = step_named(self._steps, source)
+        decision = self._step_decision
+        assert step is not None
+        assert decision is not None
+        outcome, message = decision
+        said = f": {message}" if message else ""
+        self._finish(f"{dest.doc} (the step {step.name} answered {outcome}{said})")
+
+    def _enter_Aborting(self, source: State) -> None:
         reason = self.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
         running = self._batch.running_ids()
@@ -737,7 +872,7 @@ class Engine:
             + ("running" if source is S.COLLECTING_RESULTS else "being dispatched")
         )
 
-    def _enter_Done(self, source: TurnState) -> None:
+    def _enter_Done(self, source: State) -> None:
         if self.output_call is not None and self._stop_reason is None:
             self._finish(explain.output_accepted(self.output_call))
         elif source is S.TURN_BOUNDARY:  # should_continue's stop wins the row (rule 7)
@@ -745,7 +880,7 @@ class Engine:
         else:
             self._finish(explain.final_answer())
 
-    def _enter_Failed(self, source: TurnState) -> None:
+    def _enter_Failed(self, source: State) -> None:
         last = self._history[-1]  # the error message, made by the model or by _record
         detail = last.error_message if isinstance(last, AssistantMessage) else None
         from_response = isinstance(self._event, ModelResponded)
@@ -756,7 +891,7 @@ class Engine:
             )
         self._finish(explain.failed(detail, reported_by_response=from_response, turn=self.turns))
 
-    def _enter_Aborted(self, source: TurnState) -> None:
+    def _enter_Aborted(self, source: State) -> None:
         if source is S.AWAITING_MODEL:
             last = self._history[-1]  # the aborted response, before its calls' results
             detail = last.error_message if isinstance(last, AssistantMessage) else None
@@ -768,20 +903,21 @@ class Engine:
             return
         reason = self.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
-        where = {
+        where_known: dict[State, str] = {
             S.ABORTING: self._abort_context,
             S.READY: "before the first model call",
             S.TURN_BOUNDARY: f"at the turn boundary after turn {self.turns}",
             S.AWAITING_USER: "while waiting for a person",
-        }[source]
+        }
+        where = where_known.get(source) or f"while the step {source} ran after turn {self.turns}"
         self._finish(explain.aborted(where, reason, self._abandoned))
 
-    def _enter_TurnLimitExceeded(self, source: TurnState) -> None:
+    def _enter_TurnLimitExceeded(self, source: State) -> None:
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
         self._finish(explain.turn_limit(self.max_turns, last_result, len(self._queue)))
 
-    def _enter_UsageLimitExceeded(self, source: TurnState) -> None:
+    def _enter_UsageLimitExceeded(self, source: State) -> None:
         assert self.usage_limits is not None  # the guard that leads here says so
         reached = self.usage_limits.reached(self.usage, self.turns)
         assert reached is not None
@@ -791,13 +927,13 @@ class Engine:
             explain.usage_limit(reached, self.usage, self.turns, last_result, len(self._queue))
         )
 
-    def _enter_OutputInvalid(self, source: TurnState) -> None:
+    def _enter_OutputInvalid(self, source: State) -> None:
         assert self.output is not None  # the guard that leads here says so
         self._finish(
             explain.output_invalid(self.output.retries, self._output_failures, self._output_error)
         )
 
-    def _enter_AwaitingUser(self, source: TurnState) -> None:
+    def _enter_AwaitingUser(self, source: State) -> None:
         pending = self.pending_approvals()
         if pending:
             self._finish(explain.waiting_for_approval(pending))
@@ -960,6 +1096,8 @@ class Engine:
             tuple(_rendered(m) for m in self._queue.follow_up),
             self._continue_pending,
             self._stop_reason,
+            self._step_decision,
+            self._step_retries,
             None if self.output is None else self.output.retries,  # the schema: as tools
             self.output_call,
             self._output_failures,
@@ -1004,6 +1142,7 @@ class Engine:
         max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
         max_depth: int = DEFAULT_MAX_SNAPSHOT_DEPTH,
         transition_hook: TransitionHook | None = None,
+        table: Table = BASE_TABLE,
     ) -> Self:
         """Rebuild an engine from ``snapshot()``, refusing anything it could not have written.
 
@@ -1022,6 +1161,9 @@ class Engine:
           they chain up to ``state``), or queued input holds something other than
           user messages.
 
+        A snapshot of a run with declared steps is restored with the run's ``table``
+        (``core/steps.py``: ``table_for``), and only with it.
+
         With ``key``, the signature must be the one ``snapshot(key=...)`` writes, or
         ``SnapshotSignatureError`` is raised. Without a key a snapshot is trusted as
         far as it agrees with itself: whoever can edit it can also edit the history
@@ -1037,6 +1179,7 @@ class Engine:
             max_bytes=max_bytes,
             max_depth=max_depth,
             transition_hook=transition_hook,
+            table=table,
         )
         return engine
 
@@ -1061,6 +1204,8 @@ CONFIGURATION: Final = frozenset(
         "check_continue",
         "run_id",
         "transition_hook",
+        "table",
+        "_steps",
         "_logger",
         "_log",
         "_debug",

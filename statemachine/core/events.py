@@ -21,7 +21,7 @@ from statemachine.core.messages import (
     UserMessage,
     _validate,
 )
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import State, Trigger
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
 __all__ = [
@@ -43,8 +43,10 @@ __all__ = [
     "ModelFailed",
     "ModelResponded",
     "ReturnToCaller",
+    "RunStep",
     "Start",
     "StartTool",
+    "StepDecided",
     "ToolCancelled",
     "ToolDenied",
     "ToolFinished",
@@ -197,6 +199,18 @@ class ContinueDecided:
     reason: str = attrs.field(default="", validator=_str)
 
 
+@attrs.frozen
+class StepDecided:
+    """A declared step answered (``core/steps.py``): ``outcome`` is one of the step's
+    outcome names; ``message`` (empty: none) goes back to the model when the outcome is
+    a retry, and into the explanation when it ends the run."""
+
+    trigger: ClassVar[Trigger] = Trigger.STEP_DECIDED
+    step: str = attrs.field(validator=_str)
+    outcome: str = attrs.field(validator=_str)
+    message: str = attrs.field(default="", validator=_str)
+
+
 Event: TypeAlias = (
     Start
     | ModelResponded
@@ -210,6 +224,7 @@ Event: TypeAlias = (
     | ToolFinished
     | ToolCancelled
     | ContinueDecided
+    | StepDecided
     | AbortRequested
 )
 
@@ -226,6 +241,7 @@ EVENT_TYPES: tuple[type, ...] = (
     ToolFinished,
     ToolCancelled,
     ContinueDecided,
+    StepDecided,
     AbortRequested,
 )
 """Every engine event class, one per input trigger."""
@@ -364,18 +380,33 @@ class CheckContinue:
 
 
 @attrs.frozen
+class RunStep:
+    """Run the declared step ``step`` (the run is in its state); answer with
+    ``StepDecided``."""
+
+    step: str
+    turn: int
+
+
+@attrs.frozen
 class ReturnToCaller:
     """Return to the caller: the run is in a terminal state (it has ended) or in
     ``AwaitingUser`` (it resumes from there with a new message).
 
     ``RunEnded`` is its deprecated name; wire dicts written with it still read."""
 
-    state: TurnState
+    state: State
     explanation: str
 
 
 Action: TypeAlias = (
-    CallModel | CheckPermission | StartTool | CancelOperations | CheckContinue | ReturnToCaller
+    CallModel
+    | CheckPermission
+    | StartTool
+    | CancelOperations
+    | CheckContinue
+    | RunStep
+    | ReturnToCaller
 )
 
 

@@ -56,7 +56,15 @@ from statemachine.core.messages import (
 )
 from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec
 from statemachine.core.queue import InputQueue
-from statemachine.core.table import INITIAL, RETURNS_TO_CALLER, TRANSITIONS, Trigger, TurnState
+from statemachine.core.table import (
+    BASE_TABLE,
+    INITIAL,
+    TRANSITIONS,
+    State,
+    Table,
+    Trigger,
+    TurnState,
+)
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.core.wire import (
@@ -114,9 +122,9 @@ _SCHEME: Final = "hmac-sha256:"
 def write(engine: Engine) -> dict[str, Any]:
     """The snapshot of ``engine`` (unsigned); see ``Engine.snapshot``."""
     batch, queue = engine._batch, engine._queue
-    if engine._model_outstanding or batch.any_with(RUNNING):
+    if engine._model_outstanding or batch.any_with(RUNNING) or engine.pending_step():
         raise ProtocolError(f"cannot snapshot in {engine.state} while an operation is outstanding")
-    return {
+    data = {
         "version": SNAPSHOT_VERSION,
         "runId": engine.run_id,
         "state": engine.state.value,
@@ -149,6 +157,11 @@ def write(engine: Engine) -> dict[str, Any]:
         "explanation": engine.explanation,
         "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in engine.trace],
     }
+    if engine.table.steps:  # only a run with steps: others write what they always wrote
+        data["stepRetries"] = dict(engine._step_retries)
+        decision = engine._step_decision
+        data["stepDecision"] = None if decision is None else list(decision)
+    return data
 
 
 def _slot_to_dict(slot: CallSlot) -> dict[str, Any]:
@@ -175,16 +188,18 @@ def read(
     max_bytes: int,
     max_depth: int,
     transition_hook: TransitionHook | None,
+    table: Table = BASE_TABLE,
 ) -> None:
     """Set up ``engine`` (made without ``__init__``) from the snapshot ``data``, through
-    the gates of the module docstring; see ``Engine.restore``."""
+    the gates of the module docstring; see ``Engine.restore``. ``table``: the table of
+    the run's declared steps (a snapshot of a run with steps needs it)."""
     for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
         positive_int(name, limit)
     check_shape(data, max_bytes=max_bytes, max_depth=max_depth)
     if key is not None:
         verify(data, key)
     try:
-        _load(engine, data, scheduling, logger, transition_hook)
+        _load(engine, data, scheduling, logger, transition_hook, table)
     except SnapshotError:
         raise
     except (InvalidInputError, WireFormatError) as exc:  # a parser names the path
@@ -202,9 +217,17 @@ def _load(
     scheduling: Mapping[str, Scheduling] | None,
     logger: Any,
     transition_hook: TransitionHook | None,
+    table: Table,
 ) -> None:
     p = "snapshot"
     only_keys(data, _SNAPSHOT_KEYS, p)
+    if ("stepRetries" in data) != bool(table.steps):
+        raise SnapshotError(
+            "snapshot.stepRetries: the snapshot was written by a run with declared steps; "
+            "restore it with that run's table"
+            if "stepRetries" in data
+            else "snapshot.stepRetries: missing, but a table with declared steps was given"
+        )
     version = field(data, "version", p)
     if type(version) is not int or version != SNAPSHOT_VERSION:
         raise SnapshotError(f"snapshot.version: {version!r:.40} is not {SNAPSHOT_VERSION}")
@@ -221,7 +244,8 @@ def _load(
     if not history:
         raise SnapshotError("snapshot.messages: empty")
     state_name = string(data, "state", p)
-    if state_name not in _STATES:
+    initial = table.state_named(state_name) if table.steps else _STATES.get(state_name)
+    if initial is None:
         raise SnapshotError(f"snapshot.state: {state_name!r:.40} is not a state")
     engine._setup(
         tools=tools,
@@ -237,7 +261,8 @@ def _load(
         run_id=string(data, "runId", p),
         logger=logger,
         transition_hook=transition_hook,
-        initial=_STATES[state_name],
+        initial=initial,
+        table=table,
     )
     _load_progress(engine, data)
 
@@ -269,9 +294,33 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     engine._stop_reason = string(data, "stopReason", p, optional=True)
     engine.abort_reason = string(data, "abortReason", p, optional=True)
     engine.explanation = string(data, "explanation", p, optional=True)
+    states = {s.value: s for s in engine.table.states} if engine.table.steps else _STATES
     engine.trace = Trace(
-        _record_from(r, f"snapshot.trace[{i}]") for i, r in enumerate(array(data, "trace", p))
+        _record_from(r, f"snapshot.trace[{i}]", states)
+        for i, r in enumerate(array(data, "trace", p))
     )
+    if engine.table.steps:
+        _load_steps(engine, data)
+
+
+def _load_steps(engine: Engine, data: Mapping[str, Any]) -> None:
+    retries = obj(data["stepRetries"], "snapshot.stepRetries")
+    names = {step.name for step in engine.table.steps}
+    for name in retries:
+        if name not in names:
+            raise SnapshotError(f"snapshot.stepRetries: {name!r:.40} is not a declared step")
+        integer(retries, name, "snapshot.stepRetries", minimum=0)
+    engine._step_retries = tuple(sorted(retries.items()))
+    decision = data.get("stepDecision")
+    if decision is not None:
+        if (
+            not isinstance(decision, (list, tuple))
+            or len(decision) != 2
+            or not isinstance(decision[0], str)
+            or not isinstance(decision[1], str)
+        ):
+            raise SnapshotError("snapshot.stepDecision: expected [outcome, message]")
+        engine._step_decision = (decision[0], decision[1])
 
 
 def _limits_from(value: object) -> UsageLimits | None:
@@ -301,7 +350,7 @@ def _denial_from(batch: Batch, value: object) -> tuple[ToolCall, str] | None:
 def check_restored(engine: Engine) -> None:
     """Refuse a restored snapshot that no run could have written (see ``restore``)."""
     state = engine._state
-    if state in _NEVER_AT_REST:
+    if state in _NEVER_AT_REST or engine.pending_step() is not None:
         raise SnapshotError(
             f"snapshot.state: {state} always has an operation outstanding, and no "
             "snapshot is taken while one is"
@@ -322,9 +371,15 @@ def check_restored(engine: Engine) -> None:
 def _check_trace(engine: Engine) -> None:
     # The log is replayed: each record a row of the table, each starting where the
     # one before ended, each stamped with the model calls made before it.
-    at, turns = INITIAL, 0
+    at: State = INITIAL
+    turns = 0
+    rows = (
+        _ROW_SET
+        if not engine.table.steps
+        else frozenset((r.source, r.trigger, r.dest) for r in engine.table.rows)
+    )
     for i, r in enumerate(engine.trace):
-        if (r.source, r.trigger, r.dest) not in _ROW_SET:
+        if (r.source, r.trigger, r.dest) not in rows:
             raise SnapshotError(
                 f"snapshot.trace[{i}]: {r.source} --{r.trigger}--> {r.dest} is not a "
                 "row of the transition table"
@@ -455,7 +510,7 @@ def _check_flags(engine: Engine) -> None:
         raise SnapshotError("snapshot.batch: not empty, but no model call was made")
     if state is S.READY and isinstance(engine._history[-1], AssistantMessage):
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
-    if state in RETURNS_TO_CALLER and engine.explanation is None:
+    if state in engine._returns() and engine.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
     held = [slot.result for slot in engine._batch if slot.result is not None]
@@ -494,6 +549,8 @@ _SNAPSHOT_KEYS: Final = frozenset(
     {
         "version",
         "runId",
+        "stepRetries",
+        "stepDecision",
         "state",
         "maxTurns",
         "usageLimits",
@@ -522,13 +579,13 @@ _SNAPSHOT_KEYS: Final = frozenset(
     }
 )
 _SLOT_KEYS: Final = frozenset({"call", "status", "sequential", "resources", "note", "result"})
-_STATES: Final = {s.value: s for s in TurnState}
+_STATES: Final[dict[str, State]] = {s.value: s for s in TurnState}
 _TRIGGERS: Final = {t.value: t for t in Trigger}
 _ROW_SET: Final = frozenset((r.source, r.trigger, r.dest) for r in TRANSITIONS)
 # States a run only passes through while an operation is outstanding.
 _NEVER_AT_REST: Final = frozenset({S.AWAITING_MODEL, S.COLLECTING_RESULTS, S.ABORTING})
 # The statuses a call without a result may have when the run rests in a state.
-_OPEN_STATUSES: Final = {
+_OPEN_STATUSES: Final[dict[State, frozenset[str]]] = {
     S.DISPATCHING_TOOLS: frozenset({WAITING_PERMISSION, WAITING_APPROVAL, READY}),
     S.AWAITING_USER: frozenset({WAITING_APPROVAL, READY}),
 }
@@ -582,22 +639,22 @@ def _slot_from(value: object, path: str) -> CallSlot:
     return slot
 
 
-def _record_from(value: object, path: str) -> TransitionRecord:
+def _record_from(value: object, path: str, states: Mapping[str, State]) -> TransitionRecord:
     if not isinstance(value, (list, tuple)) or len(value) != 4:
         raise SnapshotError(f"{path}: expected [source, trigger, dest, turn]")
     source, trigger, dest, turn = value
     if not (
         isinstance(source, str)
-        and source in _STATES
+        and source in states
         and isinstance(trigger, str)
         and trigger in _TRIGGERS
         and isinstance(dest, str)
-        and dest in _STATES
+        and dest in states
     ):
         raise SnapshotError(f"{path}: names an unknown state or trigger")
     if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
         raise SnapshotError(f"{path}[3]: expected an integer >= 0")
-    return TransitionRecord(_STATES[source], _TRIGGERS[trigger], _STATES[dest], turn)
+    return TransitionRecord(states[source], _TRIGGERS[trigger], states[dest], turn)
 
 
 def _user(value: object, path: str) -> UserMessage:

@@ -126,6 +126,19 @@ the tool executions it triggers::
     is the output, so ``output_missing`` does not hold and the final answer ends the
     run ``Done``; any other final text is ``output_missing``, one failed attempt,
     answered with a message naming the problems.
+14. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
+    ``TRANSITIONS``: a run with steps interprets a ``Table`` of these rows with some
+    redirected into the steps' states (``DeclaredState``) and the steps' own rows
+    (``step_decided``, guarded by ``OutcomeIs``). A step runs only where no tool call
+    is outstanding: ``before_model`` sits on the rows into ``AwaitingModel`` from
+    ``Ready`` and from the turn boundary's last row (after the limits, so a step never
+    pushes a run past them); ``after_final`` on the rows into ``Done`` that carry the
+    model's answer (a final answer, an accepted final result; not a stop asked by
+    ``should_continue``, which is the caller's own decision). A retry goes through
+    ``TurnBoundary``, which appends its message after the answer it rejects (I2) and
+    checks the limits again (I7); an end is a declared terminal state, absorbing and
+    explained like the library's (I4); abort in a step's state ends the run at once,
+    as at a turn boundary (nothing is running but the step, which the driver cancels).
 
 Theory of operation
 ===================
@@ -153,11 +166,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
+if TYPE_CHECKING:
+    from statemachine.core.steps import StepSpec
+
 __all__ = [
     "ABSORBING",
+    "BASE_TABLE",
     "INITIAL",
     "INPUT_TRIGGERS",
     "INTERNAL_TRIGGERS",
@@ -166,7 +184,12 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "TRIGGER_DOCS",
+    "DeclaredState",
     "Guard",
+    "OutcomeIs",
+    "RowGuard",
+    "State",
+    "Table",
     "Transition",
     "Trigger",
     "TurnState",
@@ -215,6 +238,7 @@ class Trigger(enum.StrEnum):
     TOOL_FINISHED = "tool_finished"
     TOOL_CANCELLED = "tool_cancelled"
     CONTINUE_DECIDED = "continue_decided"
+    STEP_DECIDED = "step_decided"
     ABORT = "abort"
     # internal triggers: fired by the engine when their guard holds
     DISPATCHED = "dispatched"
@@ -254,13 +278,72 @@ G = Guard
 
 
 @attrs.frozen
+class DeclaredState:
+    """A state a team declared with its steps (``core/steps.py``): the live state in
+    which one step runs, or a terminal state one of its outcomes ends the run in.
+
+    It reads like a ``TurnState`` where the engine, the trace and the drawings read
+    one (``value``, ``is_terminal``, ``str()``), so a declared state is drawn, logged
+    and checked like the library's own; it is not a member of ``TurnState``, which
+    stays the states of every run (the base table), so an agent without steps has
+    exactly the same states, snapshots and journals as before.
+    """
+
+    value: str
+    terminal: bool
+    # What it means (for a terminal one: the explanation a person reads); not part of
+    # its identity: a state read back from the wire by its name is the same state.
+    doc: str = attrs.field(eq=False)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.terminal
+
+    @property
+    def name(self) -> str:
+        return self.value
+
+    def __str__(self) -> str:
+        return self.value
+
+
+State = TurnState | DeclaredState
+"""A state of some table: the library's own, or one declared with a team's steps."""
+
+
+@attrs.frozen
+class OutcomeIs:
+    """The guard of a row that leaves a step's state: the step answered ``outcome``;
+    with ``spent``, also that its retry budget is spent (``True``) or not (``False``).
+
+    It reads like a ``Guard`` where the drawings read one (``value``); the engine
+    answers it from the step's decision (``Engine.guard_holds``)."""
+
+    outcome: str
+    spent: bool | None = None
+
+    @property
+    def value(self) -> str:
+        if self.spent is None:
+            return f"outcome={self.outcome}"
+        return f"outcome={self.outcome}, retries {'spent' if self.spent else 'left'}"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RowGuard = Guard | OutcomeIs
+"""What a row may be guarded by."""
+
+
+@attrs.frozen
 class Transition:
     """One row: in ``source``, on ``trigger``, if ``guard`` holds, go to ``dest``."""
 
-    source: TurnState
+    source: State
     trigger: Trigger
-    dest: TurnState
-    guard: Guard | None
+    dest: State
+    guard: RowGuard | None
     label: str  # how a person would say it; used by diagrams and docs
 
 
@@ -424,6 +507,7 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.TOOL_FINISHED: "a started tool returned (or raised; the driver converts it)",
     T.TOOL_CANCELLED: "after an abort, the driver gave up waiting for a tool",
     T.CONTINUE_DECIDED: "the should_continue hook answered",
+    T.STEP_DECIDED: "a declared step answered with one of its outcomes (core/steps.py)",
     T.ABORT: "the run's abort signal fired",
     T.DISPATCHED: "internal: every call of the batch is resolved",
     T.RESULTS_COMPLETE: "internal: no call of the batch is running any more",
@@ -431,7 +515,7 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.SETTLED: "internal: after an abort, nothing is outstanding",
 }
 
-RowIndex = dict[TurnState, dict[Trigger, tuple[Transition, ...]]]
+RowIndex = dict[State, dict[Trigger, tuple[Transition, ...]]]
 
 
 def index(rows: Iterable[Transition]) -> RowIndex:
@@ -439,19 +523,78 @@ def index(rows: Iterable[Transition]) -> RowIndex:
     (every state has an entry, empty for a state no row leaves)."""
     out: RowIndex = {state: {} for state in TurnState}
     for row in rows:
-        group = out[row.source]
+        group = out.setdefault(row.source, {})
         group[row.trigger] = (*group.get(row.trigger, ()), row)
+        out.setdefault(row.dest, {})
     return out
 
 
 _BY_SOURCE: RowIndex = index(TRANSITIONS)
 
 
-def rows_from(source: TurnState, trigger: Trigger) -> tuple[Transition, ...]:
+def rows_from(source: State, trigger: Trigger) -> tuple[Transition, ...]:
     """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
     return _BY_SOURCE[source].get(trigger, ())
 
 
-def triggers_from(source: TurnState) -> Mapping[Trigger, tuple[Transition, ...]]:
+def triggers_from(source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
     """Every trigger that has a row from ``source``, with its rows in table order."""
     return _BY_SOURCE[source]
+
+
+@attrs.frozen(eq=False, repr=False)
+class Table:
+    """A run's transition table as a value: the base rows, and the rows a team's
+    declared steps add (``core/steps.py`` builds one with ``table_for``).
+
+    The engine interprets the table it is given exactly as it interprets
+    ``TRANSITIONS``: the first row of a (state, trigger) group whose guard holds wins.
+    ``BASE_TABLE`` is ``TRANSITIONS`` itself, the table of every agent without steps.
+    ``steps`` are the declarations the rows were generated from, kept so that the
+    checker can hold the rows to them (``testing/_oracle.py`` reads the declarations,
+    never the rows).
+    """
+
+    rows: tuple[Transition, ...]
+    steps: tuple[StepSpec, ...] = ()
+    _index: RowIndex = attrs.field(init=False)
+    terminal: frozenset[State] = attrs.field(init=False)
+    returns_to_caller: frozenset[State] = attrs.field(init=False)  # and AwaitingUser
+    declared: tuple[DeclaredState, ...] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_source = index(self.rows)
+        declared = tuple(s for s in by_source if isinstance(s, DeclaredState))
+        object.__setattr__(self, "_index", by_source)
+        object.__setattr__(self, "declared", declared)
+        ends = frozenset(s for s in declared if s.terminal)
+        object.__setattr__(self, "terminal", TERMINAL | ends)
+        object.__setattr__(self, "returns_to_caller", self.terminal | {S.AWAITING_USER})
+
+    def __repr__(self) -> str:
+        steps = ", ".join(s.name for s in self.steps)
+        return f"<Table of {len(self.rows)} rows, steps: {steps or 'none'}>"
+
+    @property
+    def states(self) -> tuple[State, ...]:
+        """Every state: the library's, then the declared ones in table order."""
+        return (*TurnState, *self.declared)
+
+    def rows_from(self, source: State, trigger: Trigger) -> tuple[Transition, ...]:
+        """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
+        return self._index.get(source, {}).get(trigger, ())
+
+    def triggers_from(self, source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
+        """Every trigger that has a row from ``source``, with its rows in table order."""
+        return self._index.get(source, {})
+
+    def state_named(self, name: str) -> State | None:
+        """The state whose value is ``name`` (``None``: no such state here)."""
+        for state in self.states:
+            if state.value == name:
+                return state
+        return None
+
+
+BASE_TABLE: Table = Table(TRANSITIONS)
+"""The table of every run without declared steps: ``TRANSITIONS``."""

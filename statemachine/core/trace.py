@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, NamedTuple, overload
 
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import DeclaredState, State, Trigger, TurnState
 
 __all__ = ["Trace", "TransitionRecord"]
 
@@ -23,9 +23,9 @@ class TransitionRecord(NamedTuple):
     """One step of the transition log: in ``source``, ``trigger`` led to ``dest``,
     after ``turn`` model calls."""
 
-    source: TurnState
+    source: State
     trigger: Trigger
-    dest: TurnState
+    dest: State
     turn: int
 
 
@@ -36,7 +36,7 @@ class TransitionRecord(NamedTuple):
 # finds it. Only records of states, a trigger and an int enter (a "Ready" or a 1.0 is
 # equal to them, but would be written out otherwise). Bounded: once full, the records
 # not in it are made for each transition.
-_SHARED: dict[tuple[TurnState, Trigger, TurnState, int], TransitionRecord] = {}
+_SHARED: dict[tuple[State, Trigger, State, int], TransitionRecord] = {}
 SHARED_RECORDS_MAX: Final = 1 << 12
 
 
@@ -50,6 +50,11 @@ def _shareable(record: TransitionRecord) -> bool:
     )
 
 
+def _state(value: State | str) -> State:
+    # A declared state stays as it is; anything else is one of the library's by name.
+    return value if isinstance(value, DeclaredState) else TurnState(value)
+
+
 class Trace(Sequence[TransitionRecord]):
     """An engine's transition log: the records of its transitions, oldest first."""
 
@@ -57,7 +62,7 @@ class Trace(Sequence[TransitionRecord]):
 
     def __init__(self, records: Iterable[TransitionRecord] = ()) -> None:
         self._records = [
-            TransitionRecord(TurnState(source), Trigger(trigger), TurnState(dest), turn)
+            TransitionRecord(_state(source), Trigger(trigger), _state(dest), turn)
             for source, trigger, dest, turn in records
         ]
 
@@ -65,7 +70,7 @@ class Trace(Sequence[TransitionRecord]):
         """Add a record at the end of the log."""
         self._records.append(record)
 
-    def add(self, source: TurnState, trigger: Trigger, dest: TurnState, turn: int) -> None:
+    def add(self, source: State, trigger: Trigger, dest: State, turn: int) -> None:
         """Record the transition just taken (the engine's one write), as the record
         other traces share when there is one (see ``_SHARED``): a record with these
         fields, or equal to them."""
@@ -83,7 +88,7 @@ class Trace(Sequence[TransitionRecord]):
         out._records = self._records.copy()
         return out
 
-    def dests(self, start: int = 0) -> list[TurnState]:
+    def dests(self, start: int = 0) -> list[State]:
         """The destination of every transition from index ``start`` on."""
         return [record.dest for record in self._records[start:]]
 

@@ -19,6 +19,7 @@ its class name (a new class needs no code here as long as its fields have types
 from __future__ import annotations
 
 import enum
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +44,7 @@ from statemachine.core.messages import (
     freeze_json,
     thaw_json,
 )
+from statemachine.core.table import DeclaredState, State, TurnState
 from statemachine.core.tools import Scheduling, ToolDefinition, ToolOutput
 from statemachine.errors import WireFormatError
 
@@ -431,12 +433,26 @@ def _decode_json(value: Any, path: str) -> Any:
     return freeze_json(value, path)
 
 
+def _decode_state(value: Any, path: str) -> State:
+    """A state by its name: the library's, else one a team declared (only a state a
+    run returns in is written down, so a declared one is terminal)."""
+    if isinstance(value, str) and value in _BASE_STATES:
+        return TurnState(value)
+    if not isinstance(value, str) or not _DECLARED_NAME.fullmatch(value):
+        raise _fail(path, "a state name", value)
+    return DeclaredState(value, True, "")
+
+
+_BASE_STATES: Final = frozenset(s.value for s in TurnState)
+_DECLARED_NAME: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,47}")  # as core/steps.py names them
+
 # Field types with a codec of their own (the rest are scalars, enums, or built from these).
 _CLASS_CODECS: Final[dict[Any, tuple[_Encode, _Decode]]] = {
     Message: _message_codec(object),
     ToolOutput: (tool_output_to_dict, tool_output_from_dict),
     ToolCall: (block_to_dict, _decode_call),
     ToolDefinition: (tool_definition_to_dict, tool_definition_from_dict),
+    State: (lambda state: state.value, _decode_state),
     **{kind: _message_codec(kind) for kind in _MESSAGE_TYPES},
 }
 

@@ -43,7 +43,7 @@ from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
-from statemachine.core.table import TurnState
+from statemachine.core.table import State
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import (
     ExportedJournal,
@@ -175,7 +175,7 @@ async def _rebuild(
     steps: Sequence[Mapping[str, Any]],
     journal: Journal,
     chosen: Mapping[str, Any],
-) -> tuple[RunResult | None, TurnState]:
+) -> tuple[RunResult | None, State]:
     """Run the run's course again over its recorded steps (``_course.drive``, as the
     workflow does), writing ``journal``; the result (``None`` where the recorded steps
     end first) and the state the engine is in."""

@@ -29,7 +29,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import State, Trigger, TurnState
 from statemachine.core.wire import message_to_dict
 
 __all__ = ["RunningDigest", "canonical_message", "checkpoint_of", "history_digest"]
@@ -49,7 +49,7 @@ def history_digest(messages: Iterable[Message], trace: Iterable[TransitionRecord
 _DIGEST_JSON: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 # The text of a trace record up to its turn number, for every row of the table and
 # every pair a broken engine in a test might produce: '["Ready","start","AwaitingModel",'.
-_RECORD_HEAD: Final[dict[tuple[TurnState, Trigger, TurnState], str]] = {
+_RECORD_HEAD: Final[dict[tuple[State, Trigger, State], str]] = {
     (a, t, b): _DIGEST_JSON.encode([a.value, t.value, b.value])[:-1] + ","
     for a in TurnState
     for t in Trigger
@@ -228,7 +228,13 @@ def _other_trace_text(records: Sequence[TransitionRecord]) -> bytes:
         return orjson.dumps(list(map(tuple, records)))[1:-1]
     except orjson.JSONEncodeError:  # not JSON for orjson: the stdlib writes them
         return ",".join(
-            [_RECORD_HEAD[a, b, c] + _DIGEST_JSON.encode(n) + "]" for a, b, c, n in records]
+            [
+                _DIGEST_JSON.encode([a.value, b.value, c.value])[:-1]
+                + ","
+                + _DIGEST_JSON.encode(n)
+                + "]"
+                for a, b, c, n in records
+            ]
         ).encode("utf-8")
 
 

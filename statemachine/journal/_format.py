@@ -23,6 +23,8 @@ from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.output import OutputSpec
+from statemachine.core.steps import table_from_data, table_to_data
+from statemachine.core.table import Table
 from statemachine.core.tools import Scheduling, ToolDefinition
 from statemachine.core.wire import (
     message_from_dict,
@@ -32,7 +34,12 @@ from statemachine.core.wire import (
     tool_definition_from_dict,
     tool_definition_to_dict,
 )
-from statemachine.errors import InvalidInputError, JournalError, WireFormatError
+from statemachine.errors import (
+    InvalidInputError,
+    JournalError,
+    StepDeclarationError,
+    WireFormatError,
+)
 
 __all__ = [
     "FORMAT",
@@ -139,8 +146,16 @@ def _decode_output(value: Any, path: str) -> OutputSpec | None:
         raise WireFormatError(str(exc)) from None
 
 
+def _decode_table(value: Any, path: str) -> Table:
+    try:
+        return table_from_data(value, path)
+    except StepDeclarationError as exc:
+        raise WireFormatError(str(exc)) from None
+
+
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
+    "table": (table_to_data, _decode_table),  # a team's steps, as their declarations
     "check_continue": (lambda v: v, _decode_flag),
     "usage_limits": (_encode_usage_limits, _decode_usage_limits),
     "output": (_encode_output, _decode_output),

@@ -17,7 +17,7 @@ from statemachine.core import events as _events
 from statemachine.core.engine import Engine, TransitionRecord
 from statemachine.core.events import Event, ModelResponded, ToolFinished
 from statemachine.core.messages import Message, thaw_json
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, TurnState
 from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
@@ -75,7 +75,7 @@ class ReplayResult:
         return self.error is None
 
     @property
-    def state(self) -> TurnState:
+    def state(self) -> State:
         return self.engine.state
 
     @property
@@ -87,7 +87,7 @@ class ReplayResult:
         return tuple(self.engine.trace)
 
     @property
-    def states(self) -> tuple[TurnState, ...]:
+    def states(self) -> tuple[State, ...]:
         """The state trace: where the run started, then the state after each event."""
         return (TurnState.READY, *self._replayed.states)
 
@@ -189,7 +189,7 @@ def _engine_failure(event: Event, exc: Exception, number: int) -> JournalError:
     return _cannot_replay(number, exc)
 
 
-def _diverged(after: TurnState, state: TurnState, number: int) -> JournalError:
+def _diverged(after: State, state: State, number: int) -> JournalError:
     return JournalError(
         number,
         f"replay diverged: the journal says the run went to {after.value}, the "
@@ -202,7 +202,7 @@ def _cannot_replay(number: int, exc: Exception) -> JournalError:
 
 
 _SET_STEP: Final = setters(ReplayStep, "line", "event", "transitions", "state")
-_STATE_NAMES: Final = {state.value: state for state in TurnState}
+_STATE_NAMES: Final[dict[str, State]] = {state.value: state for state in TurnState}
 
 
 class _Replayer:
@@ -218,7 +218,11 @@ class _Replayer:
         self._lines: list[int] = []
         self._events: list[Event] = []
         self._marks: list[int] = []
-        self.states: list[TurnState] = []
+        self.states: list[State] = []
+        # The states a line may name: the library's, and those of the run's steps.
+        self.names: dict[str, State] = (
+            _STATE_NAMES if not engine.table.steps else {s.value: s for s in engine.table.states}
+        )
         self._first_mark = len(engine.trace)
         self._steps: tuple[ReplayStep, ...] | None = None
         self.instructions: list[tuple[int, str | None]] = []  # (turn, text), per change
@@ -229,7 +233,7 @@ class _Replayer:
         decoder); anything else, or any failure of that reading, goes to
         ``_read_other``, which reads the line exactly or says what is wrong with it."""
         engine, digest, fast_events, loads = self.engine, self.digest, FAST_EVENTS, orjson.loads
-        know, states, expected = digest.know, _STATE_NAMES, self.expected_seq
+        know, states, expected = digest.know, self.names, self.expected_seq
         handle = engine.handle
         add_line, add_event = self._lines.append, self._events.append
         add_mark, add_state = self._marks.append, self.states.append
@@ -270,7 +274,7 @@ class _Replayer:
             add_mark(len(engine.trace))
             add_state(after)
 
-    def _read_other(self, raw: bytes | str, lines: Lines) -> tuple[Event, TurnState] | None:
+    def _read_other(self, raw: bytes | str, lines: Lines) -> tuple[Event, State] | None:
         """A checkpoint, or a line that is not the common case: read exactly."""
         try:
             try:
@@ -308,7 +312,7 @@ class _Replayer:
         self._steps = tuple(steps)
         return self._steps
 
-    def _read_exact(self, record: Any, number: int) -> tuple[Event, TurnState] | None:
+    def _read_exact(self, record: Any, number: int) -> tuple[Event, State] | None:
         """Read a line as ``event_from_dict`` does, or say what is wrong with it."""
         if type(record) is not dict:
             raise JournalError(number, f"expected a JSON object, got {type(record).__name__}")
@@ -338,7 +342,7 @@ class _Replayer:
         except WireFormatError as exc:
             raise JournalError(number, str(exc)) from None
         raw_after = record["after"]
-        after = _STATE_NAMES.get(raw_after) if type(raw_after) is str else None
+        after = self.names.get(raw_after) if type(raw_after) is str else None
         if after is None:
             raise JournalError(number, f"'after': {short(repr(raw_after))} is not a state")
         return event, after

@@ -104,6 +104,7 @@ _KINDS: Final[Mapping[type, str]] = {
     _events.ApprovalRequired: "approval",
     _events.ApprovalDecided: "approval",
     _events.ContinueDecided: "run",
+    _events.StepDecided: "run",
 }
 
 
@@ -137,6 +138,8 @@ def _title(event: _events.Event, calls: Mapping[str, tuple[str, str]]) -> str:
         return "abort requested"
     if isinstance(event, _events.ContinueDecided):
         return "stop decided" if event.stop else "continue decided"
+    if isinstance(event, _events.StepDecided):
+        return f"step {event.step}: {event.outcome}"
     if isinstance(event, _events.Start):
         return "run starts"
     return type(event).__name__

@@ -32,7 +32,7 @@ from statemachine.agent.run import (
 )
 from statemachine.core.engine import Engine
 from statemachine.core.events import Action, Event
-from statemachine.core.table import RETURNS_TO_CALLER, TurnState
+from statemachine.core.table import State
 from statemachine.core.wire import event_to_dict
 from statemachine.errors import InvalidInputError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
@@ -110,7 +110,7 @@ class Journal:
         self._started = True
         self._write(header.to_dict(), flush=self._flush_policy != "close")
 
-    def record(self, event: Event, state_after: TurnState) -> None:
+    def record(self, event: Event, state_after: State) -> None:
         """Append one accepted event and the state it led to."""
         if not self._started:
             raise InvalidInputError("write the header (begin) before any event")
@@ -179,7 +179,7 @@ class JournalingEngine(Engine):
         actions = super().handle(event)
         after = self.state
         self.journal.record(event, after)
-        if after is not before and after in RETURNS_TO_CALLER:
+        if after is not before and self.returns_to_caller:
             self.journal.checkpoint(self)
         return actions
 

@@ -29,9 +29,18 @@ from statemachine.core.events import (
     CheckPermission,
     Event,
     ReturnToCaller,
+    RunStep,
     StartTool,
 )
-from statemachine.core.table import INTERNAL_TRIGGERS, Guard, Transition, Trigger, TurnState
+from statemachine.core.steps import StepSpec
+from statemachine.core.table import (
+    INTERNAL_TRIGGERS,
+    RowGuard,
+    State,
+    Transition,
+    Trigger,
+    TurnState,
+)
 from statemachine.testing import _oracle as _rules
 from statemachine.testing._space import Bounds
 
@@ -42,19 +51,19 @@ S = TurnState
 class _Firing:
     """One trigger the engine fired, as seen from inside its dispatch."""
 
-    source: TurnState
+    source: State
     trigger: Trigger
-    guards: tuple[tuple[Guard, bool], ...]  # every guard consulted, in the order asked
+    guards: tuple[tuple[RowGuard, bool], ...]  # every guard consulted, in the order asked
     expected: _rules.Expected | None  # where the rules send the run (None: not accepted)
     due: Trigger | None  # for an internal trigger: the one the rules fire here now
     row: int | None  # the table row the engine's own dispatch applies
-    actual: TurnState | None  # where the engine went (None: it raised, no row applied)
+    actual: State | None  # where the engine went (None: it raised, no row applied)
 
     def describe_guards(self) -> str:
         return ", ".join(f"{g.value}={v}" for g, v in self.guards) or "no guard consulted"
 
 
-_ANNOUNCED = (CallModel, CancelOperations, CheckContinue, ReturnToCaller)
+_ANNOUNCED = (CallModel, CancelOperations, CheckContinue, RunStep, ReturnToCaller)
 
 
 def _count(counter: collections.Counter[type]) -> str:
@@ -68,11 +77,11 @@ def _count(counter: collections.Counter[type]) -> str:
     )
 
 
-def _rules_never(guard: Guard) -> bool:
+def _rules_never(guard: RowGuard) -> bool:
     return False
 
 
-def _guard_value(engine: Engine, guard: Guard) -> bool:
+def _guard_value(engine: Engine, guard: RowGuard) -> bool:
     return engine.guard_holds(guard)
 
 
@@ -88,7 +97,7 @@ def _disagreement(firing: _Firing) -> str | None:
         )
     if firing.expected is None:
         return f"rule 12: no rule accepts {trigger} in {source}, yet the engine went to {went}"
-    if firing.actual is not firing.expected.dest:
+    if firing.actual != firing.expected.dest:  # a declared state is equal by its name
         return (
             f"{firing.expected.rule}: in {source} on {trigger} with "
             f"{firing.describe_guards()}, expected {firing.expected.dest.value}, "
@@ -98,18 +107,20 @@ def _disagreement(firing: _Firing) -> str | None:
 
 
 # Rows by (source, trigger): (index in the table, guard), in table order.
-_RowGroups = Mapping[tuple[TurnState, Trigger], tuple[tuple[int, Guard | None], ...]]
+_RowGroups = Mapping[tuple[State, Trigger], tuple[tuple[int, RowGuard | None], ...]]
 
 
 def _row_groups(table: Sequence[Transition]) -> _RowGroups:
-    groups: dict[tuple[TurnState, Trigger], tuple[tuple[int, Guard | None], ...]] = {}
+    groups: dict[tuple[State, Trigger], tuple[tuple[int, RowGuard | None], ...]] = {}
     for i, row in enumerate(table):
         key = (row.source, row.trigger)
         groups[key] = (*groups.get(key, ()), (i, row.guard))
     return groups
 
 
-def observing(firings: list[_Firing], groups: _RowGroups) -> TransitionHook:
+def observing(
+    firings: list[_Firing], groups: _RowGroups, steps: tuple[StepSpec, ...] = ()
+) -> TransitionHook:
     """A transition hook that records each firing with the guard values of that moment,
     the rules' verdict and the table row that applies.
 
@@ -118,15 +129,15 @@ def observing(firings: list[_Firing], groups: _RowGroups) -> TransitionHook:
     not to the engine, so forks and keys ignore them.
     """
 
-    def hook(engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState | None) -> None:
-        memo: dict[Guard, bool] = {}
+    def hook(engine: Engine, source: State, trigger: Trigger, dest: State | None) -> None:
+        memo: dict[RowGuard, bool] = {}
 
-        def holds(guard: Guard) -> bool:
+        def holds(guard: RowGuard) -> bool:
             if guard not in memo:
                 memo[guard] = engine.guard_holds(guard)
             return memo[guard]
 
-        expected = _rules.destination(source, trigger, holds)
+        expected = _rules.destination(source, trigger, holds, steps)
         due = _rules.due(source, holds) if trigger in INTERNAL_TRIGGERS else None
         row = next((i for i, g in groups.get((source, trigger), ()) if g is None or holds(g)), None)
         firings.append(_Firing(source, trigger, tuple(memo.items()), expected, due, row, dest))
@@ -139,7 +150,7 @@ def both(first: TransitionHook | None, then: TransitionHook) -> TransitionHook:
     if first is None:
         return then
 
-    def hook(engine: Engine, source: TurnState, trigger: Trigger, dest: TurnState | None) -> None:
+    def hook(engine: Engine, source: State, trigger: Trigger, dest: State | None) -> None:
         first(engine, source, trigger, dest)
         then(engine, source, trigger, dest)
 
@@ -211,7 +222,7 @@ class RuleChecks:
                 f"counter went from {before_turns} to {engine.turns}",
                 path,
             )
-        into = {f.actual for f in firings if f.actual is not f.source}
+        into = {f.actual for f in firings if f.actual != f.source}
         stays = {f.actual for f in firings}
         if any(isinstance(a, StartTool) for a in actions) and S.COLLECTING_RESULTS not in stays:
             self._violate(

@@ -25,18 +25,21 @@ from statemachine.core.events import (
     Event,
     ReturnToCaller,
     StartTool,
+    StepDecided,
     ToolFinished,
 )
 from statemachine.core.invariants import history_violations
-from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage
+from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from statemachine.core.steps import Retry
 from statemachine.core.table import (
-    ABSORBING,
+    BASE_TABLE,
     INPUT_TRIGGERS,
     RETURNS_TO_CALLER,
     TERMINAL,
+    State,
+    Table,
     Trigger,
     TurnState,
-    rows_from,
 )
 from statemachine.errors import ProtocolError
 from statemachine.testing import _oracle as _rules
@@ -104,12 +107,23 @@ class _Search(RuleChecks):
         self.config = config.options
         self.check_continue = bool(config.options.get("check_continue"))
         self.engine_class = engine_class
-        # The table as it stands now (read through the module, so that a test may
-        # install another table and check it).
-        self.table = _table.TRANSITIONS
+        # The run's table: a team's, with its steps (the option ``table``), or the base
+        # table as it stands now (read through the module, so that a test may install
+        # another table and check it).
+        run_table: Table = config.options.get("table", BASE_TABLE)
+        self.steps = run_table.steps
+        if run_table is BASE_TABLE:
+            self.table = _table.TRANSITIONS
+            self.rows_from = _table.rows_from
+            self.terminal: frozenset[State] = TERMINAL
+            self.returns: frozenset[State] = RETURNS_TO_CALLER
+        else:
+            self.table = run_table.rows
+            self.rows_from = run_table.rows_from
+            self.terminal, self.returns = run_table.terminal, run_table.returns_to_caller
         self.row_set = frozenset((r.source, r.trigger, r.dest) for r in self.table)
         self.firings: list[_Firing] = []
-        self.hook = observing(self.firings, _row_groups(self.table))
+        self.hook = observing(self.firings, _row_groups(self.table), self.steps)
         self.strategy = strategy
         # The checker runs hundreds of thousands of transitions: their debug events would
         # cost more than the engine, so the engines it makes log nowhere.
@@ -124,9 +138,9 @@ class _Search(RuleChecks):
         self.violations: list[CheckViolation] = []
         self.dead_ends: list[CheckViolation] = []
         self.missing_sources = [t for t in INPUT_TRIGGERS if t not in EVENT_SOURCES]
-        self.acceptance_checked: set[tuple[TurnState, Trigger]] = set()
+        self.acceptance_checked: set[tuple[State, Trigger]] = set()
         self.seen: set[Any] = set()
-        self.verified: collections.Counter[tuple[TurnState, Trigger]] = collections.Counter()
+        self.verified: collections.Counter[tuple[State, Trigger]] = collections.Counter()
 
     def _fresh(self) -> Engine:
         """A new engine of the configuration, watched by the search's hook (after any
@@ -184,7 +198,7 @@ class _Search(RuleChecks):
                     continue
                 self.seen.add(child.key)
                 self.states += 1
-                if child.key[0][0] in ABSORBING:
+                if child.key[0][0] in self.terminal:
                     # A leaf: checked now, while the engine that just reached it is at
                     # hand, instead of being snapshotted, queued and restored.
                     self._absorb(self.current, child)
@@ -239,16 +253,16 @@ class _Search(RuleChecks):
                 )
             )
 
-    def _accepted(self, state: TurnState, trigger: Trigger, path: tuple[Event, ...]) -> bool:
+    def _accepted(self, state: State, trigger: Trigger, path: tuple[Event, ...]) -> bool:
         """Whether ``trigger`` is accepted in ``state`` (by the rules, unless they are
         off); a table that disagrees is reported once per (state, trigger)."""
-        by_table = bool(rows_from(state, trigger))
+        by_table = bool(self.rows_from(state, trigger))
         if not self.bounds.rules:
             return by_table
-        by_rules = _rules.accepts(state, trigger)
+        by_rules = _rules.accepts(state, trigger, self.steps)
         if by_rules != by_table and (state, trigger) not in self.acceptance_checked:
             self.acceptance_checked.add((state, trigger))
-            expected = _rules.destination(state, trigger, _rules_never)
+            expected = _rules.destination(state, trigger, _rules_never, self.steps)
             self._violate(
                 "rules",
                 f"{expected.rule}: {trigger.value} is accepted in {state.value}, but the table "
@@ -328,7 +342,7 @@ class _Search(RuleChecks):
             return True
         return False
 
-    def _verify(self, state: TurnState, event: Event) -> bool:
+    def _verify(self, state: State, event: Event) -> bool:
         """Whether to verify that this refusal changed nothing (see ``Bounds``)."""
         pair = (state, event.trigger)
         self.verified[pair] += 1
@@ -344,6 +358,7 @@ class _Search(RuleChecks):
         before_trace = len(engine.trace)
         before_state = engine.state
         before_turns = engine.turns
+        retry = self._retry_message(engine, event)
         self.firings.clear()
         try:
             actions = engine.handle(event)
@@ -367,11 +382,39 @@ class _Search(RuleChecks):
             self._check_effects(engine, actions, entered, before_turns, path)
         child = self._child(engine, event, actions, node)
         self._check_transition(engine, event, actions, before_history, before_state, path)
+        if retry is not None:
+            self._check_retry(engine, retry, before_history, path)
         if any(isinstance(a, CallModel) for a in actions):
             self._check_budget(engine, before_history, before_turns, path)
         self._check_state(engine, path, child)
         self.current = engine
         return child
+
+    def _retry_message(self, engine: Engine, event: Event) -> str | None:
+        """The message a step's decision must send back to the model: the declaration
+        says the outcome is a retry and its budget is not spent (``None`` otherwise)."""
+        if not isinstance(event, StepDecided):
+            return None
+        step = engine.pending_step()
+        dest = None if step is None else step.destination(event.outcome)
+        if step is None or not isinstance(dest, Retry) or not event.message:
+            return None
+        return event.message if engine.step_retries(step.name) < dest.budget else None
+
+    def _check_retry(
+        self, engine: Engine, message: str, before: list[Message], path: tuple[Event, ...]
+    ) -> None:
+        """A retry goes back to the model with its message: the message enters the
+        history, after the answer it rejects (the turn boundary may still end the run
+        at a limit: the message is then the last word, as queued input is)."""
+        added = list(engine.messages)[len(before) :]
+        if UserMessage(message) not in added:
+            self._violate(
+                "I2",
+                f"a retry of step {_step_of(path)} did not send its message back to the "
+                f"model (the run is in {engine.state.value})",
+                path,
+            )
 
     def _check_budget(
         self, engine: Engine, before: list[Message], calls_before: int, path: tuple[Event, ...]
@@ -430,7 +473,7 @@ class _Search(RuleChecks):
         keep = self.strategy == "snapshot" and key not in self.seen
         return _Node(
             key,
-            engine if keep and engine.state not in ABSORBING else node.snap,
+            engine if keep and engine.state not in self.terminal else node.snap,
             path,
             frozen_counts,
             model_calls,
@@ -443,7 +486,7 @@ class _Search(RuleChecks):
         event: Event,
         actions: Sequence[Any],
         before: list[Message],
-        before_state: TurnState,
+        before_state: State,
         path: tuple[Event, ...],
     ) -> None:
         history = engine.messages
@@ -454,7 +497,7 @@ class _Search(RuleChecks):
             return
         state = engine.state
         ended = [a for a in actions if isinstance(a, ReturnToCaller)]
-        entered = state is not before_state and state in RETURNS_TO_CALLER
+        entered = state != before_state and state in self.returns
         if entered and (len(ended) != 1 or ended[0].state is not state):
             self._violate("I4", f"entering {state.value} did not announce ReturnToCaller", path)
         # I6: a tool's own result, once delivered, is kept as it is.
@@ -476,7 +519,7 @@ class _Search(RuleChecks):
         pending = engine.pending_calls()
         for v in history_violations(history, allow_open_tail=bool(pending)):
             self._violate(v.invariant, str(v), path)
-        if state in TERMINAL and pending:
+        if state in self.terminal and pending:
             self._violate(
                 "I6" if state is S.ABORTED else "I1",
                 f"{state.value} with calls still unanswered: {[c.id for c in pending]}",
@@ -490,7 +533,7 @@ class _Search(RuleChecks):
             self._violate(
                 "I7", f"{node.model_calls} model calls asked but turns={engine.turns}", path
             )
-        if state in RETURNS_TO_CALLER and not (engine.explanation or "").strip():
+        if state in self.returns and not (engine.explanation or "").strip():
             self._violate("I4", f"{state.value} carries no explanation", path)
         # I3: the model's own final answer ends the run only with nothing queued and no
         # tool call (a should_continue stop may also end it Done, after tool results).
@@ -511,3 +554,8 @@ class _Search(RuleChecks):
             named = any(str(v) in (engine.explanation or "") for v in limits.values())
             if not limits or not named:
                 self._violate("I7", "the usage-limit explanation does not name the limit", path)
+
+
+def _step_of(path: tuple[Event, ...]) -> str:
+    last = path[-1]
+    return repr(last.step) if isinstance(last, StepDecided) else "?"

@@ -19,6 +19,10 @@ row deleted, an abort into the wrong terminal state) is then reported where the 
 and the rules part ways, with the rule the row contradicts. Only the vocabulary (the
 state, trigger and guard names) is shared with the table: a mistake would have to be
 made twice, in two different shapes, to pass.
+
+A run with declared steps (``core/steps.py``) is held to its *declarations*, not to
+the rows generated from them: ``steps`` given to ``destination`` says where each point
+sits and where each outcome leads, in the words of the steps module's docstring.
 """
 
 from __future__ import annotations
@@ -28,8 +32,15 @@ from collections.abc import Callable
 
 import attrs
 
-from statemachine.core.events import CallModel, CancelOperations, CheckContinue, ReturnToCaller
-from statemachine.core.table import Guard, Trigger, TurnState
+from statemachine.core.events import (
+    CallModel,
+    CancelOperations,
+    CheckContinue,
+    ReturnToCaller,
+    RunStep,
+)
+from statemachine.core.steps import End, GoOn, Point, Retry, StepSpec
+from statemachine.core.table import DeclaredState, Guard, OutcomeIs, State, Trigger, TurnState
 
 __all__ = [
     "ENDS",
@@ -45,7 +56,7 @@ S = TurnState
 T = Trigger
 G = Guard
 
-Holds = Callable[[Guard], bool]
+Holds = Callable[[Guard | OutcomeIs], bool]
 """The value of a named guard at the moment a trigger fires."""
 
 ENDS: frozenset[TurnState] = frozenset(
@@ -63,7 +74,7 @@ _WORKING = frozenset({S.AWAITING_MODEL, S.DISPATCHING_TOOLS, S.COLLECTING_RESULT
 class Expected:
     """Where the rules send the run, and which rule says so (for the report)."""
 
-    dest: TurnState
+    dest: State
     rule: str
 
 
@@ -214,28 +225,104 @@ _BY_TRIGGER: dict[Trigger, Callable[[TurnState, Holds], Expected | None]] = {
 }
 
 
-def destination(source: TurnState, trigger: Trigger, holds: Holds) -> Expected | None:
+def destination(
+    source: State, trigger: Trigger, holds: Holds, steps: tuple[StepSpec, ...] = ()
+) -> Expected | None:
     """Where the rules send a run in ``source`` when ``trigger`` fires (``None``: the
     trigger is not accepted there, rule 12). Terminal states absorb events without a
-    transition (rule 11), so nothing is accepted from them either."""
+    transition (rule 11), so nothing is accepted from them either. ``steps``: the
+    run's declared steps."""
+    if isinstance(source, DeclaredState):
+        return None if source.terminal else _in_step(source, trigger, holds, steps)
     if source in ENDS:
         return None
-    return _BY_TRIGGER[trigger](source, holds)
+    if trigger is T.STEP_DECIDED:
+        return None  # only a step's own state awaits its answer
+    expected = _BY_TRIGGER[trigger](source, holds)
+    if expected is None or not steps:
+        return expected
+    return _through_points(source, expected, holds, steps)
 
 
-def _never(guard: Guard) -> bool:
+# -- declared steps: the points, then each outcome's destination ---------------------------
+
+
+def _first_at(point: Point, steps: tuple[StepSpec, ...]) -> StepSpec | None:
+    return next((s for s in steps if s.point is point), None)
+
+
+def _through_points(
+    source: TurnState, expected: Expected, holds: Holds, steps: tuple[StepSpec, ...]
+) -> Expected:
+    """A base destination that passes a point with a step goes to the step first."""
+    if expected.dest is S.AWAITING_MODEL and source is not S.AWAITING_MODEL:
+        step = _first_at(Point.BEFORE_MODEL, steps)
+        if step is not None:
+            return Expected(step.state, "steps: before_model runs before each model call")
+    final = source is S.AWAITING_MODEL or not holds(G.STOP_REQUESTED)
+    if expected.dest is S.DONE and final:
+        step = _first_at(Point.AFTER_FINAL, steps)
+        if step is not None:
+            return Expected(
+                step.state, "steps: after_final runs before the model's answer ends the run"
+            )
+    return expected
+
+
+def _in_step(
+    source: DeclaredState, trigger: Trigger, holds: Holds, steps: tuple[StepSpec, ...]
+) -> Expected | None:
+    chain = [s for s in steps if s.state == source]
+    if not chain:
+        return None
+    step = chain[0]
+    if trigger is T.INPUT_QUEUED:
+        return Expected(source, "rule 6: input queued while a step runs waits")
+    if trigger is T.ABORT:
+        return Expected(S.ABORTED, "rule 9: no tool call runs during a step: Aborted at once")
+    if trigger is not T.STEP_DECIDED:
+        return None
+    for name, dest in step.outcomes:
+        if holds(OutcomeIs(name)):
+            return _outcome(step, name, dest, holds, steps)
+    # No outcome holds: only when asking whether the trigger is accepted at all.
+    return Expected(source, "steps: a step answers with one of its declared outcomes")
+
+
+def _outcome(
+    step: StepSpec, name: str, dest: GoOn | Retry | End, holds: Holds, steps: tuple[StepSpec, ...]
+) -> Expected:
+    if isinstance(dest, Retry):
+        if not holds(OutcomeIs(name, spent=True)):
+            return Expected(S.TURN_BOUNDARY, f"steps: {name} retries through the turn boundary")
+        then = step.retry_then(dest)
+        then_dest = step.destination(then)
+        assert then_dest is not None
+        assert not isinstance(then_dest, Retry)
+        return _outcome(step, then, then_dest, holds, steps)
+    if isinstance(dest, End):
+        return Expected(DeclaredState(dest.state, True, dest.explanation), f"steps: {name} ends")
+    chain = [s for s in steps if s.point is step.point]
+    after = chain.index(step) + 1
+    if after < len(chain):
+        return Expected(chain[after].state, f"steps: {name} goes on to the next step")
+    base = S.AWAITING_MODEL if step.point is Point.BEFORE_MODEL else S.DONE
+    return Expected(base, f"steps: {name} goes on where the run was going")
+
+
+def _never(guard: Guard | OutcomeIs) -> bool:
     return False
 
 
-def accepts(state: TurnState, trigger: Trigger) -> bool:
+def accepts(state: State, trigger: Trigger, steps: tuple[StepSpec, ...] = ()) -> bool:
     """Whether the rules accept ``trigger`` in ``state`` at all; guards only choose
     among destinations, never whether a trigger is accepted."""
-    return destination(state, trigger, _never) is not None
+    return destination(state, trigger, _never, steps) is not None
 
 
 # The theory of operation: each internal trigger fires as soon as its guard holds, so
 # that a state means exactly what it says.
-_DUE: dict[TurnState, tuple[Trigger, Guard]] = {
+_DUE: dict[State, tuple[Trigger, Guard]] = {
     S.DISPATCHING_TOOLS: (T.DISPATCHED, G.ALL_CALLS_RESOLVED),
     S.COLLECTING_RESULTS: (T.RESULTS_COMPLETE, G.NOTHING_RUNNING),
     S.TURN_BOUNDARY: (T.NEXT_TURN, G.BOUNDARY_READY),
@@ -243,7 +330,7 @@ _DUE: dict[TurnState, tuple[Trigger, Guard]] = {
 }
 
 
-def due(state: TurnState, holds: Holds) -> Trigger | None:
+def due(state: State, holds: Holds) -> Trigger | None:
     """The internal trigger that must fire now in ``state``, or ``None``."""
     entry = _DUE.get(state)
     if entry is None or not holds(entry[1]):
@@ -251,9 +338,7 @@ def due(state: TurnState, holds: Holds) -> Trigger | None:
     return entry[0]
 
 
-def entry_actions(
-    source: TurnState, dest: TurnState, *, check_continue: bool
-) -> collections.Counter[type]:
+def entry_actions(source: State, dest: State, *, check_continue: bool) -> collections.Counter[type]:
     """The actions entering ``dest`` from ``source`` announces, one of each.
 
     A model call is one turn; an abort with work out tells the driver to cancel it;
@@ -261,7 +346,7 @@ def entry_actions(
     driver returns (an end, or waiting for a person) says why.
     """
     out: collections.Counter[type] = collections.Counter()
-    if dest is source:
+    if dest == source:
         return out
     if dest is S.AWAITING_MODEL:
         out[CallModel] += 1
@@ -269,6 +354,8 @@ def entry_actions(
         out[CancelOperations] += 1
     elif dest is S.TURN_BOUNDARY and check_continue:
         out[CheckContinue] += 1
+    if isinstance(dest, DeclaredState):  # a step's state asks for it; an end returns
+        out[ReturnToCaller if dest.terminal else RunStep] += 1
     if dest in ENDS or dest is S.AWAITING_USER:
         out[ReturnToCaller] += 1
     return out

@@ -28,6 +28,7 @@ from statemachine.core.events import (
     ModelFailed,
     ModelResponded,
     Start,
+    StepDecided,
     ToolCancelled,
     ToolDenied,
     ToolFinished,
@@ -43,7 +44,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.output import OutputSpec
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import Table, Trigger, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 
 S = TurnState
@@ -92,6 +93,8 @@ def _short(value: object) -> str:
     if isinstance(value, UsageLimits):
         fields = attrs.asdict(value, filter=lambda _, v: v is not None)
         return ",".join(f"{k}:{v}" for k, v in fields.items())
+    if isinstance(value, Table):
+        return ", ".join(f"{s.name}({s.point})" for s in value.steps) or "the base table"
     if isinstance(value, OutputSpec):
         mode = ", native" if value.native else ""
         return f"{value.name}(retries:{value.retries}{mode})"
@@ -225,6 +228,26 @@ def _call_ids(engine: Engine) -> list[str]:
     return [*dict.fromkeys([*pending, *ids]), UNKNOWN_CALL]
 
 
+STEP_MESSAGE = "the step says: not like this"
+UNDECLARED_OUTCOME = "no_such_outcome"
+
+
+def _step_decisions(engine: Engine) -> list[Event]:
+    """Every outcome of the step the run waits for, each with a message, and one it did
+    not declare (refused); none for an engine without steps, where nothing could
+    accept them (so the base table is explored exactly as before)."""
+    steps = engine.table.steps
+    if not steps:
+        return []
+    step = engine.pending_step()
+    if step is None:
+        return [StepDecided(steps[0].name, steps[0].outcomes[0][0])]  # a refusal sample
+    return [
+        *(StepDecided(step.name, name, STEP_MESSAGE) for name, _ in step.outcomes),
+        StepDecided(step.name, UNDECLARED_OUTCOME),
+    ]
+
+
 @functools.lru_cache(maxsize=64)
 def _responses_for(turn: int, bounds: Bounds) -> tuple[Event, ...]:
     return tuple(_responses(turn, bounds))
@@ -261,6 +284,7 @@ EVENT_SOURCES: dict[Trigger, EventSource] = {
         d for i in _call_ids(e) for d in (ApprovalDecided(i, True), ApprovalDecided(i, False, "no"))
     ],
     T.CONTINUE_DECIDED: lambda e, b: [ContinueDecided(False), ContinueDecided(True, "enough")],
+    T.STEP_DECIDED: lambda e, b: _step_decisions(e),
 }
 """Candidate events per input trigger, given the engine as it stands."""
 

@@ -242,5 +242,15 @@ def check_engine(
         violations=tuple(violations),
         seconds=time.perf_counter() - started,
         strategy=strategy,
-        table=_table.TRANSITIONS,
+        table=_checked_rows(bounds),
     )
+
+
+def _checked_rows(bounds: Bounds) -> tuple[Transition, ...]:
+    """The rows the check ran on: the table its configurations give (``table``, one
+    for all of them: a team's with its steps), else the library's as it stands."""
+    tables = {id(t): t for c in bounds.configs if (t := c.options.get("table")) is not None}
+    if len(tables) > 1:
+        raise ValueError("the configurations of one check give different tables")
+    table = next(iter(tables.values()), None)
+    return _table.TRANSITIONS if table is None else table.rows

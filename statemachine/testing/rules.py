@@ -30,6 +30,10 @@ translating each event into your engine's vocabulary::
 ``awaiting_model()`` and ``running_call_ids()`` have defaults that follow the
 actions your ``send`` reports through ``note_*``; override them if your engine can
 answer directly.
+
+With ``steps`` (``statemachine.core.steps.StepSpec``), the default engine runs on their
+table, and while a step runs (``pending_step()``) the machine answers it with any of
+its outcomes, or with one it did not declare (which must be refused).
 """
 
 from __future__ import annotations
@@ -50,11 +54,13 @@ from statemachine.core.events import (
     ModelResponded,
     Start,
     StartTool,
+    StepDecided,
     ToolCancelled,
     ToolFinished,
 )
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
+from statemachine.core.steps import StepSpec, table_for
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import ProtocolError
 from statemachine.testing.scenario import _DEFINITIONS, DEFAULT_HISTORY, KNOWN_TOOLS, UNKNOWN_TOOL
@@ -88,6 +94,9 @@ class AgentEngineMachine(RuleBasedStateMachine):
     refusal_errors: tuple[type[BaseException], ...] = (ProtocolError,)
     """What the engine raises to refuse an event it does not accept."""
 
+    steps: tuple[StepSpec, ...] = ()
+    """Declared steps the default engine runs with (``core/steps.py``)."""
+
     def __init__(self) -> None:
         super().__init__()
         self._model_outstanding = False
@@ -103,7 +112,8 @@ class AgentEngineMachine(RuleBasedStateMachine):
         self, tools: Sequence[ToolDefinition], messages: Sequence[Message], max_turns: int
     ) -> None:
         """Build the engine under test."""
-        self.engine = Engine(tools=tools, messages=messages, max_turns=max_turns)
+        table = table_for(self.steps)
+        self.engine = Engine(tools=tools, messages=messages, max_turns=max_turns, table=table)
 
     def send(self, event: Event) -> None:
         """Hand one event to the engine; raise one of ``refusal_errors`` to refuse it.
@@ -141,6 +151,12 @@ class AgentEngineMachine(RuleBasedStateMachine):
     def running_call_ids(self) -> Sequence[str]:
         """Ids of started tool calls that have not reported."""
         return tuple(self._running)
+
+    def pending_step(self) -> StepSpec | None:
+        """The declared step the engine waits for now, if any."""
+        ask = getattr(self.engine, "pending_step", None)
+        step: StepSpec | None = ask() if ask is not None else None
+        return step
 
     # -- bookkeeping for the default hooks ---------------------------------------------------
 
@@ -189,6 +205,16 @@ class AgentEngineMachine(RuleBasedStateMachine):
         call_id = data.draw(st.sampled_from(list(self.running_call_ids())))
         output = ToolOutput(f"output of {call_id}", is_error=is_error)
         self._deliver(ToolFinished(call_id, output), may_refuse=False)
+
+    @precondition(lambda self: self.pending_step() is not None and not self.is_finished())
+    @rule(data=st.data(), message=st.sampled_from(["", "not like this"]))
+    def step_decides(self, data: st.DataObject, message: str) -> None:
+        step = self.pending_step()
+        assert step is not None
+        names = [name for name, _ in step.outcomes]
+        outcome = data.draw(st.sampled_from([*names, "undeclared_outcome"]))
+        event = StepDecided(step.name, outcome, message)
+        self._deliver(event, may_refuse=outcome not in names)
 
     @rule(reason=st.sampled_from(["user pressed stop", "shutdown"]))
     def abort(self, reason: str) -> None:

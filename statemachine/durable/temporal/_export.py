@@ -30,7 +30,7 @@ from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
-from statemachine.core.table import TurnState
+from statemachine.core.table import State
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import ExportedJournal, ExportError, UnknownRunError
 from statemachine.durable._course import drive
@@ -164,7 +164,7 @@ async def _rebuild(
     places: Sequence[Sequence[Any]],
     journal: Journal,
     chosen: Mapping[str, Any],
-) -> tuple[Any, TurnState]:
+) -> tuple[Any, State]:
     """Run the run's course again over its recorded steps, writing ``journal``; the
     result (``None`` where the recorded steps end first) and the engine's state."""
     replayed = _Replayed(recorded)
