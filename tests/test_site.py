@@ -136,6 +136,8 @@ def test_a_click_opens_every_trigger_and_guard_at_a_size_to_read(
     )
     assert widths[0] > widths[1] > 500, widths
     keep("concepts-full.png", browser.screenshot(), min(heights.values()))
+
+
 def test_the_steps_guide_draws_its_agents_table(site: Path, browser: Browser) -> None:
     browser.open(site / "guides" / "steps" / "index.html")
     text = browser.evaluate("document.querySelector('figure.statemachine-diagram svg').textContent")
