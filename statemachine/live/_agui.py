@@ -107,7 +107,7 @@ from statemachine.core.messages import (
     UserMessage,
     thaw_json,
 )
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, TurnState
 from statemachine.errors import InvalidInputError
 
 __all__ = ["CUSTOM_PREFIX", "AguiStream", "agui_messages", "library_messages", "table_state"]
@@ -118,7 +118,7 @@ CUSTOM_PREFIX: Final = "statemachine."
 _MAX_CUSTOM_TEXT: Final = 2000  # a tool's progress or log data, as text, at most
 
 
-def table_state(state: TurnState, turn: int, last: Sequence[str] | None = None) -> dict[str, Any]:
+def table_state(state: State, turn: int, last: Sequence[str] | None = None) -> dict[str, Any]:
     """The AG-UI state of a run: where it is in the transition table."""
     return {"state": state.value, "turn": turn, "last": list(last) if last else None}
 
@@ -173,7 +173,7 @@ class AguiStream:
         self._step: str | None = None  # the open step's name
         self.ended = False
 
-    def opening(self, history: Sequence[Message], state: TurnState, turn: int) -> list[BaseEvent]:
+    def opening(self, history: Sequence[Message], state: State, turn: int) -> list[BaseEvent]:
         self._seen = len(history)
         events: list[BaseEvent] = [
             RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id, protocol_version="1.0")
@@ -359,14 +359,15 @@ class AguiStream:
 def run_end(
     thread_id: str,
     run_id: str,
-    state: TurnState,
+    state: State,
     explanation: str,
     waiting: Sequence[tuple[ToolCall, str]] = (),
 ) -> BaseEvent:
     """``RUN_FINISHED`` or ``RUN_ERROR`` for a run that returned in ``state``; a run
     ``AwaitingUser`` has one interrupt per call ``waiting`` for approval (its id is the
     call's id; ``POST /runs/ID/approve``, or a ``RunAgentInput`` whose ``resume``
-    answers it, goes on), or one for the person's next message."""
+    answers it, goes on), or one for the person's next message. Any other end, a state
+    a team's steps declared included, is ``RUN_ERROR`` with the state's name as code."""
     outcome: RunFinishedOutcome
     if state is TurnState.DONE:
         outcome = RunFinishedSuccessOutcome()
