@@ -33,6 +33,8 @@ from live_support import (
 )
 
 import statemachine as sm
+import statemachine.steps
+import statemachine.testing
 from statemachine.agent.model import CallOptions
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall
 from statemachine.live import AguiStream, LiveApp, running
@@ -177,6 +179,24 @@ def test_a_run_that_fails_ends_with_run_error_and_one_aborted_is_cancelled() -> 
         events = starter.join()
     assert events[-1]["type"] == "RUN_FINISHED"
     assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert validate_agui(events).summary.errors == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_run_a_guardrail_ends_in_its_own_state_ends_with_run_error_naming_it() -> None:
+    # A state a team's step declared is an end like the library's own: RUN_ERROR, the
+    # state's name as its code, the step's explanation as its message.
+    blocked = sm.steps.output_guardrail(
+        "no_secrets", lambda text: "it names a secret", state="SecretBlocked", retries=0
+    )
+    app = LiveApp(
+        sm.Agent(sm.testing.FunctionModel(lambda m, t: "the code is 1234"), steps=[blocked]),
+        token=TOKEN,
+    )
+    with live_server(app) as url:
+        _, events = read_stream(url + "/", "POST", run_input("r1"))
+    assert events[-1]["type"] == "RUN_ERROR"
+    assert events[-1]["code"] == "SecretBlocked"
     assert validate_agui(events).summary.errors == 0
 
 
