@@ -11,12 +11,14 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
     │   ├── RunClosedError          a message to a durable run that has ended
+    │   ├── SessionBusyError        a second run on a session that has one running
     │   └── InstructionsError       an instructions function raised or gave no text
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
     │   │       └── SnapshotSignatureError
     │   ├── JournalError            a journal that cannot be read or does not replay
+    │   ├── SessionDataError        a stored conversation session that cannot be read
     │   ├── ExportError             saved durable steps that do not rebuild their run
     │   ├── SpecError               a scenario file that is not a scenario
     │   ├── ModelOutputError        a model client returned no ``AssistantMessage``
@@ -110,6 +112,8 @@ __all__ = [
     "RunNotDoneError",
     "ScriptedToolError",
     "ServiceError",
+    "SessionBusyError",
+    "SessionDataError",
     "SnapshotError",
     "SnapshotSignatureError",
     "SpecError",
@@ -168,6 +172,12 @@ class RunClosedError(UsageError):
     message: it reaches no model (start a new run with it)."""
 
 
+class SessionBusyError(UsageError):
+    """A run was asked to use a session (``statemachine.sessions``) that another run
+    in this process is using: the second run is refused before it reads anything, so
+    two runs never interleave their turns in one history."""
+
+
 class InstructionsError(UsageError):
     """The run's instructions function raised, or returned something that is not a
     string: the model call it was for is not made, and the run ends ``Failed`` with an
@@ -212,6 +222,13 @@ class JournalError(BadDataError):
     def __init__(self, line: int, message: str) -> None:
         super().__init__(f"journal line {line}: {message}" if line else message)
         self.line = line
+
+
+class SessionDataError(BadDataError):
+    """A conversation session's stored history cannot be used: a row that is not a
+    message in the wire form, too large, a history that breaks the pairing of calls and
+    results, or a file that is not the session database. The message names the session
+    and the row."""
 
 
 class ExportError(BadDataError):
