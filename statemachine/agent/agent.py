@@ -64,7 +64,7 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
-from statemachine.agent.session import Session, SessionTurn
+from statemachine.agent.session import Session, SessionTurn, run_in_session
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
@@ -206,7 +206,11 @@ class Agent(Generic[OutputT]):
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
         if session is not None:
             _one_history(message_history)
-            return await run_agent(**options, session=session)
+            return await run_in_session(
+                session,
+                options["messages"],
+                lambda history: run_agent(**options | {"messages": history}),
+            )
         return attrs.evolve(await run_agent(**options), given=given)
 
     def run_sync(

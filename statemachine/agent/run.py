@@ -39,7 +39,6 @@ from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
 from statemachine.agent.output import Output, OutputMode, compile_output
-from statemachine.agent.session import Session, run_in_session
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
@@ -502,7 +501,6 @@ async def run_agent(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
-    session: Session | None = None,
 ) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
@@ -517,16 +515,7 @@ async def run_agent(
     ``usage_limits`` (a ``UsageLimits``) is checked before each further model call: a
     run that reached one ends ``UsageLimitExceeded``. ``output_*``: ``statemachine.agent.output``.
     ``engine_factory`` (``Engine``'s keywords): ``partial(JournalingEngine, journal=j)``.
-    ``session`` (``statemachine.sessions``): the run starts from the session's history,
-    followed by ``messages``, and its new messages are appended to it when it returns.
     """
-    if session is not None:
-        # Every keyword of this call, those added later included, for the run itself.
-        arguments = dict(locals())
-        del arguments["session"]
-        return await run_in_session(
-            session, messages, lambda history: run_agent(**{**arguments, "messages": history})
-        )
     run = AgentRun(
         model=model,
         messages=messages,
@@ -574,7 +563,6 @@ def run_agent_sync(
     instructions: Instructions | None = None,
     model_settings: ModelSettings | None = None,
     deps: object = None,
-    session: Session | None = None,
 ) -> RunResult[OutputT]:
     """``run_agent`` for code without an event loop (same keyword arguments).
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
@@ -606,6 +594,5 @@ def run_agent_sync(
         instructions=instructions,
         model_settings=model_settings,
         deps=deps,
-        session=session,
     )
     return run_sync(run, grace_period)

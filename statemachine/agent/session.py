@@ -23,10 +23,12 @@ session=s)``) is a ``SessionTurn``:
    the prompt and everything after it) are appended, in order, once. A returned run's
    messages answer every tool call (the engine guarantees it of ``Done``, ``Aborted``,
    ``Failed`` and the limits), so the stored history stays valid. A run that returns
-   ``AwaitingUser`` stores what comes before the assistant message whose calls wait for
-   a person (the prompt and the finished turns): that turn is not over, and storing it
-   unanswered would leave the session a history no run can continue. A run that raises
-   instead of returning (``KeyboardInterrupt``, a refused argument) stores nothing.
+   ``AwaitingUser`` with calls waiting for a person's approval stores what comes before
+   the assistant message holding them (the prompt and the finished turns): that turn is
+   not over, and storing it unanswered would leave the session a history no run can
+   continue (one stopped by a denial has no call waiting, and stores everything). A run
+   that raises instead of returning (``KeyboardInterrupt``, a refused argument) stores
+   nothing; a store that fails to append raises its error from the run call.
 """
 
 from __future__ import annotations
@@ -196,11 +198,12 @@ def stored_part(result: RunResult, start: int) -> tuple[Message, ...]:
     """What a session keeps of ``result``, a run given ``start`` messages of history
     (module docstring, 4)."""
     new = result.messages[start:]
-    if result.state is TurnState.AWAITING_USER:
-        suspended = max(
-            (i for i, m in enumerate(new) if isinstance(m, AssistantMessage)), default=0
-        )
-        new = new[:suspended]
+    waiting = {call.id for call in result.pending_approvals}
+    if result.state is TurnState.AWAITING_USER and waiting:
+        for index, message in enumerate(new):
+            calls = message.tool_calls if isinstance(message, AssistantMessage) else ()
+            if waiting & {call.id for call in calls}:
+                return new[:index]
     return new
 
 

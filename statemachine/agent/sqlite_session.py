@@ -48,7 +48,9 @@ CREATE TABLE IF NOT EXISTS session_messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id TEXT NOT NULL,
     message TEXT NOT NULL
-);
+)
+"""
+_INDEX = """
 CREATE INDEX IF NOT EXISTS session_messages_by_session ON session_messages (session_id, id);
 """
 _BUSY_TIMEOUT_SECONDS = 10.0
@@ -96,8 +98,10 @@ class SQLiteSession:
         )
         try:
             connection.execute("PRAGMA journal_mode=WAL")
-            connection.executescript(_SCHEMA)
+            connection.execute(_SCHEMA)
             columns = [row[1] for row in connection.execute("PRAGMA table_info(session_messages)")]
+            if columns == ["id", "session_id", "message"]:
+                connection.execute(_INDEX)
         except sqlite3.DatabaseError as exc:
             connection.close()
             raise SessionDataError(
