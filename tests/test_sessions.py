@@ -466,3 +466,76 @@ def test_function_model_sees_the_stored_history() -> None:
     for _ in range(3):
         sm.Agent(FunctionModel(answer)).run_sync("again", session=session)
     assert seen == [1, 3, 5]
+
+
+# -- resuming a run suspended on a session ---------------------------------------------
+
+
+def _approval_agent(*responses: str | sm.ToolCall) -> sm.Agent:
+    def policy(call: sm.ToolCall) -> sm.RequireApproval | None:
+        return sm.RequireApproval("a person decides") if call.name == "lookup" else None
+
+    return sm.Agent(ScriptedModel(*responses), tools=[lookup], before_tool_call=policy)
+
+
+def test_a_resumed_run_stores_its_suspended_turn_in_order_once(
+    make_session: SessionFactory,
+) -> None:
+    session = make_session("s")
+    agent = _approval_agent(sm.ToolCall("c1", "lookup", {"city": "Rome"}), "21 C.", "Bye.")
+    waiting = agent.run_sync("Weather in Rome?", session=session)
+    assert _texts(asyncio.run(session.get_items())) == ["Weather in Rome?"]
+    # a snapshot that went through JSON, as it would to another process
+    snapshot = json.loads(json.dumps(waiting.snapshot))
+    done = agent.resume_sync(snapshot, approvals={"c1": True}, session=session)
+    assert done.ok
+    stored = asyncio.run(session.get_items())
+    assert stored == list(done.messages)
+    assert history_violations(stored) == []
+    with pytest.raises(InvalidInputError, match="'s' has moved on"):
+        agent.resume_sync(waiting, approvals={"c1": True}, session=session)
+    assert asyncio.run(session.get_items()) == stored  # nothing twice
+    after = agent.run_sync("Thanks.", session=session)
+    assert _texts(after.messages) == [*_texts(stored), "Thanks.", "Bye."]
+
+
+def test_a_run_on_the_session_meanwhile_makes_the_resume_refused() -> None:
+    session = InMemorySession("s")
+    agent = _approval_agent(sm.ToolCall("c1", "lookup", {"city": "Rome"}), "Something else.")
+    waiting = agent.run_sync("Weather in Rome?", session=session)
+    agent.run_sync("Other question", session=session)  # the waiting call stays unstored
+    model_calls = agent.model.calls  # type: ignore[attr-defined]
+    with pytest.raises(InvalidInputError, match="moved on"):
+        agent.resume_sync(waiting, approvals={"c1": True}, session=session)
+    assert agent.model.calls == model_calls  # type: ignore[attr-defined]
+    assert history_violations(asyncio.run(session.get_items())) == []
+
+
+def test_a_run_resumed_with_a_message_stores_the_calls_answered_as_not_approved() -> None:
+    session = InMemorySession("s")
+    agent = _approval_agent(sm.ToolCall("c1", "lookup", {"city": "Rome"}), "As you wish.")
+    waiting = agent.run_sync("Weather in Rome?", session=session)
+    done = agent.resume_sync(waiting, message=sm.UserMessage("No, stop."), session=session)
+    assert done.ok
+    stored = asyncio.run(session.get_items())
+    assert stored == list(done.messages)
+    assert [type(m).__name__ for m in stored] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolResultMessage",
+        "UserMessage",
+        "AssistantMessage",
+    ]
+
+
+def test_a_run_denied_by_policy_resumes_with_a_message_on_its_session() -> None:
+    session = InMemorySession("s")
+    agent = sm.Agent(
+        ScriptedModel(sm.ToolCall("c1", "lookup", {"city": "Rome"}), "Understood."),
+        tools=[lookup],
+        before_tool_call=lambda call: sm.Deny("not today"),
+    )
+    denied = agent.run_sync("Weather in Rome?", session=session)
+    done = agent.resume_sync(denied, message=sm.UserMessage("Fine."), session=session)
+    assert done.ok
+    assert asyncio.run(session.get_items()) == list(done.messages)

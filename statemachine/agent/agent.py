@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic
 
 import attrs
@@ -64,7 +64,7 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
-from statemachine.agent.session import Session, SessionTurn, run_in_session
+from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
@@ -287,19 +287,25 @@ class Agent(Generic[OutputT]):
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
-        type and usage limits (so the resumed run's output is typed again)."""
+        type and usage limits (so the resumed run's output is typed again); with the
+        ``session`` the run was suspended on, its turn is stored there once it ends."""
         options = self._shared(deps, model_settings)
-        return await resume_agent(
-            state,
-            approvals=approvals,
-            message=message,
-            signal=signal,
-            key=key,
-            stats=stats,
-            **options,
-        )
+
+        def resume() -> Awaitable[RunResult[OutputT]]:
+            return resume_agent(
+                state,
+                approvals=approvals,
+                message=message,
+                signal=signal,
+                key=key,
+                stats=stats,
+                **options,
+            )
+
+        return await (resume() if session is None else resume_in_session(session, state, resume))
 
     def resume_sync(
         self,
@@ -312,6 +318,7 @@ class Agent(Generic[OutputT]):
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``resume`` for code without an event loop."""
         refuse_running_loop("resume_sync")
@@ -324,6 +331,7 @@ class Agent(Generic[OutputT]):
             signal=signal,
             key=key,
             stats=stats,
+            session=session,
         )
         return run_sync(run, self.grace_period)
 

@@ -29,13 +29,20 @@ session=s)``) is a ``SessionTurn``:
    continue (one stopped by a denial has no call waiting, and stores everything). A run
    that raises instead of returning (``KeyboardInterrupt``, a refused argument) stores
    nothing; a store that fails to append raises its error from the run call.
+
+Resuming such a run with its session (``Agent.resume(result, approvals=...,
+session=s)``, ``resume_in_session``) stores the suspended turn and what follows it once
+the resumed run returns, by the same rules. It is refused (``InvalidInputError``) when
+the session has moved on since the run stopped (another run, or the same resume twice):
+its newest message must be the one before the suspended turn, so a turn is never stored
+out of order or twice.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -43,7 +50,13 @@ from statemachine.agent.events import RunResult
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 from statemachine.core.table import TurnState
-from statemachine.errors import InvalidInputError, SessionBusyError, SessionDataError
+from statemachine.core.wire import messages_from_dicts
+from statemachine.errors import (
+    BadDataError,
+    InvalidInputError,
+    SessionBusyError,
+    SessionDataError,
+)
 
 __all__ = [
     "DEFAULT_HISTORY_LIMIT",
@@ -53,6 +66,7 @@ __all__ = [
     "SessionTurn",
     "check_history_limit",
     "check_session_id",
+    "resume_in_session",
     "run_in_session",
 ]
 
@@ -101,6 +115,16 @@ def check_session_id(session_id: object) -> str:
             "session_id must be printable characters without leading or trailing spaces"
         )
     return session_id
+
+
+def _check_session(session: object) -> Session:
+    if not isinstance(session, Session):
+        raise InvalidInputError(
+            "session must be a Session (session_id, history_limit, get_items, add_items, "
+            f"pop_item, clear_session), got {type(session).__name__}"
+        )
+    check_session_id(session.session_id)
+    return session
 
 
 def check_history_limit(limit: object) -> int:
@@ -219,13 +243,8 @@ class SessionTurn:
 
     @classmethod
     async def open(cls, session: object, messages: Sequence[Message] | str) -> SessionTurn:
-        if not isinstance(session, Session):
-            raise InvalidInputError(
-                "session must be a Session (session_id, history_limit, get_items, add_items, "
-                f"pop_item, clear_session), got {type(session).__name__}"
-            )
-        session_id = check_session_id(session.session_id)
-        limit = check_history_limit(session.history_limit)
+        session = _check_session(session)
+        session_id, limit = session.session_id, check_history_limit(session.history_limit)
         own = [UserMessage(messages)] if isinstance(messages, str) else list(messages)
         _claim(session)
         try:
@@ -270,3 +289,51 @@ async def run_in_session(
         turn.release()
         raise
     return await turn.keep(result)
+
+
+def _suspended_at(messages: Sequence[Message]) -> int:
+    """Where the part of a suspended run its session did not store begins: at its last
+    assistant message when that one's calls wait (``stored_part``), else at the end."""
+    if not history_violations(messages):
+        return len(messages)
+    return max(i for i, m in enumerate(messages) if isinstance(m, AssistantMessage))
+
+
+def _state_messages(state: RunResult | Mapping[str, Any]) -> list[Message] | None:
+    """The history of the run being resumed (``None`` when the snapshot's is malformed:
+    the resume refuses it, naming the problem)."""
+    if isinstance(state, RunResult):
+        return list(state.messages)
+    try:
+        return messages_from_dicts(state["messages"])
+    except (BadDataError, KeyError, TypeError):
+        return None
+
+
+async def resume_in_session(
+    session: object,
+    state: RunResult | Mapping[str, Any],
+    resume: Callable[[], Awaitable[_R]],
+) -> _R:
+    """``resume()``, the resumption of ``state`` (a run suspended on ``session``), with
+    the suspended turn and what follows stored in ``session`` (module docstring)."""
+    checked = _check_session(session)
+    messages = _state_messages(state)
+    if messages is None:
+        return await resume()
+    start = _suspended_at(messages)
+    _claim(checked)
+    try:
+        newest = await checked.get_items(1)
+        if start and list(newest) != [messages[start - 1]]:
+            raise InvalidInputError(
+                f"session {checked.session_id!r} has moved on since this run stopped (another run "
+                "on it, or this run resumed already): its turn cannot be stored in order"
+            )
+        result = await resume()
+        stored = stored_part(result, start)
+        if stored:
+            await checked.add_items(list(stored))
+    finally:
+        _release(checked)
+    return result
