@@ -32,7 +32,7 @@ different reaction (h11 splits its protocol errors the same way)::
     │   │   ├── ProviderResponseError
     │   │   └── ProviderLimitError
     │   ├── MCPError                an MCP server
-    │   ├── StoreUnavailableError   the durable runs' database
+    │   ├── StoreUnavailableError   the durable runs' or a session's database
     │   ├── RunHeldError            a durable run held: the worker's code does not fit it
     │   ├── RunFailedError          a durable run the backend or an operator gave up on
     │   └── BridgeError             a bridged peer process (also a RuntimeError)
@@ -295,7 +295,8 @@ class MCPError(ServiceError):
 
 class StoreUnavailableError(ServiceError):
     """The runs' database cannot be reached or opened (the message names it, with
-    any password hidden); nothing was changed in it."""
+    any password hidden); nothing was changed in it. Also a session's SQLite file held
+    locked by another writer for longer than the session's ``timeout``."""
 
 
 class RunHeldError(ServiceError):

@@ -16,6 +16,7 @@ from statemachine.agent.session import (
     Session,
 )
 from statemachine.agent.sqlite_session import (
+    DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_READ_BYTES,
     SQLiteSession,
@@ -24,6 +25,7 @@ from statemachine.errors import SessionBusyError, SessionDataError
 
 __all__ = [
     "DEFAULT_HISTORY_LIMIT",
+    "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_READ_BYTES",
     "MAX_SESSION_ID_LENGTH",

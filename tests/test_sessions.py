@@ -13,7 +13,13 @@ import pytest
 
 import statemachine as sm
 from statemachine.core.invariants import history_violations
-from statemachine.errors import InvalidInputError, SessionBusyError, SessionDataError
+from statemachine.errors import (
+    InvalidInputError,
+    SessionBusyError,
+    SessionDataError,
+    StoreUnavailableError,
+    UsageError,
+)
 from statemachine.messages import message_from_dict, message_to_dict
 from statemachine.sessions import (
     DEFAULT_HISTORY_LIMIT,
@@ -539,3 +545,27 @@ def test_a_run_denied_by_policy_resumes_with_a_message_on_its_session() -> None:
     done = agent.resume_sync(denied, message=sm.UserMessage("Fine."), session=session)
     assert done.ok
     assert asyncio.run(session.get_items()) == list(done.messages)
+
+
+def test_a_file_locked_by_another_writer_is_a_store_unavailable_error_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db"
+    with SQLiteSession("s", path, timeout=0.05) as session:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            with pytest.raises(StoreUnavailableError, match=r"'s': .* stayed locked"):
+                asyncio.run(session.add_items([sm.UserMessage("hi")]))
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        asyncio.run(session.add_items([sm.UserMessage("hi")]))
+        assert len(asyncio.run(session.get_items())) == 1
+
+
+def test_a_closed_sqlite_session_is_a_usage_error() -> None:
+    session = SQLiteSession("s")
+    session.close()
+    with pytest.raises(UsageError, match="'s' is closed"):
+        asyncio.run(session.get_items())

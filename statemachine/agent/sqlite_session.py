@@ -10,7 +10,9 @@ object alone.
 
 Reading back is bounded: a row longer than ``max_message_bytes`` (default 8 MiB) is
 refused, and ``get_items`` stops at ``max_read_bytes`` (default 32 MiB) of rows, newest
-first, so a run never loads more than that of old history. Every row read is checked:
+first, so a run never loads more than that of old history. A call waits at most
+``timeout`` (default 10 s) for a file another connection holds locked, then raises
+``StoreUnavailableError``; a closed session raises ``UsageError``. Every row read is checked:
 JSON, then the wire form (``message_from_dict``); a row that fails is a
 ``SessionDataError`` naming the session and the row's id, as is a file that is not an
 SQLite database or holds another ``session_messages`` table.
@@ -33,9 +35,23 @@ from statemachine.agent.session import (
 )
 from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
 from statemachine.core.wire import message_from_dict, message_to_dict
-from statemachine.errors import BadDataError, InvalidInputError, SessionDataError
+from statemachine.errors import (
+    BadDataError,
+    InvalidInputError,
+    SessionDataError,
+    StoreUnavailableError,
+    UsageError,
+)
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_MAX_READ_BYTES", "SQLiteSession"]
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_READ_BYTES",
+    "SQLiteSession",
+]
+
+DEFAULT_LOCK_TIMEOUT = 10.0
+"""How long a call waits, in seconds, for a file another connection holds locked."""
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """The longest message row stored or read back (UTF-8 bytes of its JSON)."""
@@ -53,7 +69,6 @@ CREATE TABLE IF NOT EXISTS session_messages (
 _INDEX = """
 CREATE INDEX IF NOT EXISTS session_messages_by_session ON session_messages (session_id, id);
 """
-_BUSY_TIMEOUT_SECONDS = 10.0
 _T = TypeVar("_T")
 
 
@@ -69,10 +84,15 @@ class SQLiteSession:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         self.session_id = check_session_id(session_id)
         if not isinstance(db_path, (str, Path)):
             raise InvalidInputError("db_path must be a path or ':memory:'")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise InvalidInputError(f"timeout must be a non-negative number, got {timeout!r}")
+        self.timeout = float(timeout)
+        self._closed = False
         for name, value in (
             ("max_message_bytes", max_message_bytes),
             ("max_read_bytes", max_read_bytes),
@@ -92,7 +112,7 @@ class SQLiteSession:
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
             self.db_path,
-            timeout=_BUSY_TIMEOUT_SECONDS,
+            timeout=self.timeout,
             check_same_thread=False,  # used from worker threads, under self._lock
             isolation_level=None,  # transactions are explicit (BEGIN IMMEDIATE)
         )
@@ -117,6 +137,7 @@ class SQLiteSession:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._connection.close()
 
     def __enter__(self) -> SQLiteSession:
@@ -128,14 +149,24 @@ class SQLiteSession:
     async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         def locked() -> _T:
             with self._lock:
+                if self._closed:
+                    raise UsageError(f"session {self.session_id!r} is closed")
                 try:
                     return fn(self._connection)
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                        raise StoreUnavailableError(
+                            f"session {self.session_id!r}: {self.db_path!r} stayed locked "
+                            f"by another writer for {self.timeout} s"
+                        ) from None
+                    raise self._bad(exc) from None
                 except sqlite3.DatabaseError as exc:
-                    raise SessionDataError(
-                        f"session {self.session_id!r} in {self.db_path!r}: {exc}"
-                    ) from None
+                    raise self._bad(exc) from None
 
         return await asyncio.to_thread(locked)
+
+    def _bad(self, exc: sqlite3.DatabaseError) -> SessionDataError:
+        return SessionDataError(f"session {self.session_id!r} in {self.db_path!r}: {exc}")
 
     # -- the Session protocol -----------------------------------------------------------
 
