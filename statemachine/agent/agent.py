@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Generic
 
 import attrs
@@ -292,20 +292,31 @@ class Agent(Generic[OutputT]):
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
         type and usage limits (so the resumed run's output is typed again); with the
         ``session`` the run was suspended on, its turn is stored there once it ends."""
-        options = self._shared(deps, model_settings)
-
-        def resume() -> Awaitable[RunResult[OutputT]]:
-            return resume_agent(
+        if session is not None:
+            return await resume_in_session(
+                session,
                 state,
-                approvals=approvals,
-                message=message,
-                signal=signal,
-                key=key,
-                stats=stats,
-                **options,
+                lambda: self.resume(
+                    state,
+                    approvals=approvals,
+                    message=message,
+                    deps=deps,
+                    model_settings=model_settings,
+                    signal=signal,
+                    key=key,
+                    stats=stats,
+                ),
             )
-
-        return await (resume() if session is None else resume_in_session(session, state, resume))
+        options = self._shared(deps, model_settings)
+        return await resume_agent(
+            state,
+            approvals=approvals,
+            message=message,
+            signal=signal,
+            key=key,
+            stats=stats,
+            **options,
+        )
 
     def resume_sync(
         self,
