@@ -14,6 +14,7 @@ from statemachine.agent.session import (
     MAX_SESSION_ID_LENGTH,
     InMemorySession,
     Session,
+    SharedSession,
 )
 from statemachine.agent.sqlite_session import (
     DEFAULT_LOCK_TIMEOUT,
@@ -34,4 +35,5 @@ __all__ = [
     "Session",
     "SessionBusyError",
     "SessionDataError",
+    "SharedSession",
 ]

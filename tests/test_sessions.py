@@ -569,3 +569,37 @@ def test_a_closed_sqlite_session_is_a_usage_error() -> None:
     session.close()
     with pytest.raises(UsageError, match="'s' is closed"):
         asyncio.run(session.get_items())
+
+
+def test_two_sqlite_sessions_on_one_file_and_id_are_one_session_to_the_runs(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        @sm.tool
+        async def wait() -> str:
+            """Wait for the test."""
+            started.set()
+            await release.wait()
+            return "done"
+
+        path = tmp_path / "chats.db"
+        # made per request, as a web handler would
+        a, b = SQLiteSession("ada", path), SQLiteSession("ada", str(path))
+        other_id, other_file = SQLiteSession("bob", path), SQLiteSession("ada", tmp_path / "2.db")
+        slow = sm.Agent(ScriptedModel(sm.ToolCall("c1", "wait", {}), "first"), tools=[wait])
+        first = asyncio.ensure_future(slow.run("one", session=a))
+        await started.wait()
+        with pytest.raises(SessionBusyError, match="'ada' is in use"):
+            await sm.Agent(ScriptedModel("never")).run("two", session=b)
+        assert (await sm.Agent(ScriptedModel("ok")).run("hi", session=other_id)).ok
+        assert (await sm.Agent(ScriptedModel("ok")).run("hi", session=other_file)).ok
+        release.set()
+        await first
+        assert (await sm.Agent(ScriptedModel("after")).run("three", session=b)).ok
+        assert _texts(await a.get_items()) == ["one", "", "done", "first", "three", "after"]
+        for session in (a, b, other_id, other_file):
+            session.close()
+
+    asyncio.run(main())

@@ -10,9 +10,11 @@ methods, a ``session_id`` and a ``history_limit`` is a session (your own store).
 A run given a session (``Agent.run(prompt, session=s)``, ``run_agent(...,
 session=s)``) is a ``SessionTurn``:
 
-1. It claims the session: a second run on the same ``Session`` object while one runs in
-   this process is refused with ``SessionBusyError`` before it reads anything, so two
-   runs never interleave their turns. Runs in other processes are not coordinated.
+1. It claims the session: a second run on the same session while one runs in this
+   process is refused with ``SessionBusyError`` before it reads anything, so two runs
+   never interleave their turns. The same session is the same object, or objects with
+   the same ``claim_key`` (``SharedSession``: ``SQLiteSession`` names its file and id).
+   Runs in other processes are not coordinated.
 2. It reads back at most ``session.history_limit`` of the newest messages
    (``DEFAULT_HISTORY_LIMIT``); older history stays stored, unread. The window starts at
    its first ``UserMessage``, so it never begins with a result whose call was cut off.
@@ -41,7 +43,7 @@ out of order or twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -64,6 +66,7 @@ __all__ = [
     "InMemorySession",
     "Session",
     "SessionTurn",
+    "SharedSession",
     "check_history_limit",
     "check_session_id",
     "resume_in_session",
@@ -168,25 +171,45 @@ class InMemorySession:
         self._items.clear()
 
 
-# The sessions a run is using in this process, by identity: ``Session`` objects need
-# not be hashable (a user's dataclass), and one object is one conversation here.
-_claimed: dict[int, Session] = {}
+@runtime_checkable
+class SharedSession(Protocol):
+    """A session that names the conversation it stores (``claim_key``), so that two
+    objects for one conversation (two ``SQLiteSession`` on one file and id, made per
+    request) are one session to the runs of this process. Optional: other sessions
+    are one conversation per object."""
+
+    @property
+    def claim_key(self) -> Hashable: ...
+
+
+# The conversations runs are using in this process. The value keeps the session alive,
+# so the ``id`` of an object claimed by identity is not reused while it is claimed.
+_claimed: dict[Hashable, Session] = {}
 _claimed_lock = threading.Lock()  # runs on different event loops (run_sync) share it
 
 
+def _claim_key(session: Session) -> Hashable:
+    if isinstance(session, SharedSession) and session.claim_key is not None:
+        return ("shared", session.claim_key)
+    return ("object", id(session))
+
+
 def _claim(session: Session) -> None:
+    key = _claim_key(session)
     with _claimed_lock:
-        if id(session) in _claimed:
+        if key in _claimed:
             raise SessionBusyError(
                 f"session {session.session_id!r} is in use by another run: one run at a "
                 "time per session (await the first, or give this run its own session)"
             )
-        _claimed[id(session)] = session
+        _claimed[key] = session
 
 
 def _release(session: Session) -> None:
+    key = _claim_key(session)
     with _claimed_lock:
-        _claimed.pop(id(session), None)
+        if _claimed.get(key) is session:
+            del _claimed[key]
 
 
 def _window(session_id: str, items: object, limit: int) -> list[Message]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -108,6 +109,14 @@ class SQLiteSession:
 
     def __repr__(self) -> str:
         return f"SQLiteSession({self.session_id!r}, {self.db_path!r})"
+
+    @property
+    def claim_key(self) -> tuple[str, str] | None:
+        """The file and the id: every object for them is one session to a run in this
+        process (``None`` for ``":memory:"``, a database of this object alone)."""
+        if self.db_path == ":memory:":
+            return None
+        return (os.path.realpath(self.db_path), self.session_id)
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
