@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import statemachine as sm
 from statemachine.core.invariants import history_violations
@@ -603,3 +605,104 @@ def test_two_sqlite_sessions_on_one_file_and_id_are_one_session_to_the_runs(
             session.close()
 
     asyncio.run(main())
+
+
+# -- a property: any sequence of runs leaves a valid history, grown only at its end ------
+
+STEPS = ("answer", "tool", "abort", "wait", "resume", "deny")
+
+
+def _window_of(stored: list[sm.Message], limit: int) -> list[sm.Message]:
+    newest = stored[-limit:]
+    start = next((i for i, m in enumerate(newest) if isinstance(m, sm.UserMessage)), len(newest))
+    return newest[start:]
+
+
+def _check_runs(steps: Sequence[str]) -> None:
+    """Run ``steps`` on one session; after each, the stored history pairs every call,
+    only grew at its end, and the run's first model call was sent its window."""
+    session = InMemorySession("prop", history_limit=6)
+    ids = iter(range(10_000))
+    holder: dict[str, sm.AbortController] = {}
+
+    def answer(messages: list[sm.Message], tools: object) -> sm.ToolCall | str:
+        last = messages[-1]
+        kind = _text(last) if isinstance(last, sm.UserMessage) else ""
+        name = {"tool": "note", "abort": "halt", "wait": "risky", "deny": "forbidden"}
+        if kind in name:
+            return sm.ToolCall(f"c{next(ids)}", name[kind], {})
+        return "ok"
+
+    @sm.tool
+    def note() -> str:
+        """Take a note."""
+        return "noted"
+
+    @sm.tool
+    def halt() -> str:
+        """Stop the run."""
+        holder["controller"].abort("halted")
+        return "halting"
+
+    @sm.tool
+    def risky() -> str:
+        """Needs a person."""
+        return "done"
+
+    @sm.tool
+    def forbidden() -> str:
+        """Never allowed."""
+        return "never"
+
+    def policy(call: sm.ToolCall) -> sm.Deny | sm.RequireApproval | None:
+        if call.name == "risky":
+            return sm.RequireApproval("a person decides")
+        return sm.Deny("no") if call.name == "forbidden" else None
+
+    model = FunctionModel(answer)
+    agent = sm.Agent(model, tools=[note, halt, risky, forbidden], before_tool_call=policy)
+    waiting: sm.RunResult | None = None
+    for step in steps:
+        before = asyncio.run(session.get_items())
+        calls = model.calls
+        holder["controller"] = sm.AbortController()
+        if step == "resume" and waiting is not None:
+            ids_ = {c.id: True for c in waiting.pending_approvals}
+            result = agent.resume_sync(waiting, approvals=ids_, session=session)
+        else:
+            signal = holder["controller"].signal
+            result = agent.run_sync(step, session=session, signal=signal)
+            expected = [*_window_of(before, 6), sm.UserMessage(step)]
+            assert model.requests[calls].messages == tuple(expected)
+        waiting = result if result.pending_approvals else None
+        after = asyncio.run(session.get_items())
+        assert history_violations(after) == [], (steps, after)
+        assert after[: len(before)] == before
+
+
+@pytest.mark.timeout(120)
+@given(st.lists(st.sampled_from(STEPS), max_size=8))
+@settings(max_examples=40)
+def test_any_sequence_of_runs_leaves_a_valid_history_grown_at_its_end(steps: list[str]) -> None:
+    _check_runs(steps)
+
+
+@pytest.mark.timeout(120)
+def test_the_sequence_property_catches_a_session_that_stores_waiting_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The property can fail: storing a waiting run's messages whole (its unanswered
+    calls included) is caught."""
+    import statemachine.agent.session as session_module
+
+    monkeypatch.setattr(
+        session_module, "stored_part", lambda result, start: result.messages[start:]
+    )
+
+    @given(st.lists(st.sampled_from(STEPS), max_size=8))
+    @settings(max_examples=200, database=None)
+    def broken(steps: list[str]) -> None:
+        _check_runs(steps)
+
+    with pytest.raises(AssertionError):
+        broken()
