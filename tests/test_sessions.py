@@ -706,3 +706,33 @@ def test_the_sequence_property_catches_a_session_that_stores_waiting_calls(
 
     with pytest.raises(AssertionError):
         broken()
+
+
+def test_asking_a_streamed_run_for_its_result_twice_frees_the_session_once() -> None:
+    """The result asked inside the block stores and frees the session; a run started
+    then holds it, and the block's own last ask must not free it under that run."""
+    session = InMemorySession("s")
+
+    async def main() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        @sm.tool
+        async def wait() -> str:
+            """Wait for the test."""
+            started.set()
+            await release.wait()
+            return "done"
+
+        agent = sm.Agent(ScriptedModel("one"))
+        slow = sm.Agent(ScriptedModel(sm.ToolCall("c1", "wait", {}), "two"), tools=[wait])
+        async with agent.run_stream("first", session=session) as run:
+            await run.result()
+            second = asyncio.ensure_future(slow.run("second", session=session))
+            await started.wait()
+        with pytest.raises(SessionBusyError):  # still held by the second run
+            await agent.run("third", session=session)
+        release.set()
+        assert (await second).ok
+
+    asyncio.run(main())
+    assert _texts(asyncio.run(session.get_items())) == ["first", "one", "second", "", "done", "two"]

@@ -7,8 +7,8 @@ Agents SDK's sessions): ``get_items(limit)`` the newest ``limit`` messages in or
 (``statemachine.agent.sqlite_session``) in a database file; any object with these
 methods, a ``session_id`` and a ``history_limit`` is a session (your own store).
 
-A run given a session (``Agent.run(prompt, session=s)``, ``run_agent(...,
-session=s)``) is a ``SessionTurn``:
+A run given a session (``Agent.run(prompt, session=s)``, and ``run_sync``,
+``run_stream``) is a ``SessionTurn``:
 
 1. It claims the session: a second run on the same session while one runs in this
    process is refused with ``SessionBusyError`` before it reads anything, so two runs
@@ -262,7 +262,8 @@ class SessionTurn:
     session: Session
     history: list[Message]
     messages: list[Message]  # what the run starts from: the history, then its own
-    _done: bool = False
+    _done: bool = False  # stored, or given up: nothing more is stored
+    _released: bool = False
 
     @classmethod
     async def open(cls, session: object, messages: Sequence[Message] | str) -> SessionTurn:
@@ -282,8 +283,11 @@ class SessionTurn:
         return len(self.history)
 
     def release(self) -> None:
+        """Give the session up (once: another run may have claimed it since)."""
         self._done = True
-        _release(self.session)
+        if not self._released:
+            self._released = True
+            _release(self.session)
 
     async def keep(self, result: _R) -> _R:
         """Append ``result``'s new messages to the session (once) and release it;
@@ -295,7 +299,7 @@ class SessionTurn:
                 if stored:
                     await self.session.add_items(list(stored))
         finally:
-            _release(self.session)
+            self.release()
         return attrs.evolve(result, given=len(self.history))
 
 
