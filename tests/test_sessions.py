@@ -736,3 +736,15 @@ def test_asking_a_streamed_run_for_its_result_twice_frees_the_session_once() -> 
 
     asyncio.run(main())
     assert _texts(asyncio.run(session.get_items())) == ["first", "one", "second", "", "done", "two"]
+
+
+def test_popping_a_corrupted_row_refuses_and_keeps_it(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    row_id = _write_row(path, "{not json")
+    with SQLiteSession("s", path) as session:
+        with pytest.raises(SessionDataError, match=f"row {row_id} is not JSON"):
+            asyncio.run(session.pop_item())
+        with pytest.raises(SessionDataError):
+            asyncio.run(session.get_items())  # still there, still refused
+        with pytest.raises(InvalidInputError, match="limit must be an integer"):
+            asyncio.run(session.get_items("3"))  # type: ignore[arg-type]
