@@ -12,12 +12,14 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
     │   ├── RunClosedError          a message to a durable run that has ended
+    │   ├── SessionBusyError        a second run on a session that has one running
     │   └── InstructionsError       an instructions function raised or gave no text
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
     │   │       └── SnapshotSignatureError
     │   ├── JournalError            a journal that cannot be read or does not replay
+    │   ├── SessionDataError        a stored conversation session that cannot be read
     │   ├── ExportError             saved durable steps that do not rebuild their run
     │   ├── SpecError               a scenario file that is not a scenario
     │   ├── ModelOutputError        a model client returned no ``AssistantMessage``
@@ -32,7 +34,7 @@ different reaction (h11 splits its protocol errors the same way)::
     │   │   ├── ProviderResponseError
     │   │   └── ProviderLimitError
     │   ├── MCPError                an MCP server
-    │   ├── StoreUnavailableError   the durable runs' database
+    │   ├── StoreUnavailableError   the durable runs' or a session's database
     │   ├── RunHeldError            a durable run held: the worker's code does not fit it
     │   ├── RunFailedError          a durable run the backend or an operator gave up on
     │   └── BridgeError             a bridged peer process (also a RuntimeError)
@@ -114,6 +116,8 @@ __all__ = [
     "RunNotDoneError",
     "ScriptedToolError",
     "ServiceError",
+    "SessionBusyError",
+    "SessionDataError",
     "SnapshotError",
     "SnapshotSignatureError",
     "SpecError",
@@ -179,6 +183,12 @@ class RunClosedError(UsageError):
     message: it reaches no model (start a new run with it)."""
 
 
+class SessionBusyError(UsageError):
+    """A run was asked to use a session (``statemachine.sessions``) that another run
+    in this process is using: the second run is refused before it reads anything, so
+    two runs never interleave their turns in one history."""
+
+
 class InstructionsError(UsageError):
     """The run's instructions function raised, or returned something that is not a
     string: the model call it was for is not made, and the run ends ``Failed`` with an
@@ -223,6 +233,13 @@ class JournalError(BadDataError):
     def __init__(self, line: int, message: str) -> None:
         super().__init__(f"journal line {line}: {message}" if line else message)
         self.line = line
+
+
+class SessionDataError(BadDataError):
+    """A conversation session's stored history cannot be used: a row that is not a
+    message in the wire form, too large, a history that breaks the pairing of calls and
+    results, or a file that is not the session database. The message names the session
+    and the row."""
 
 
 class ExportError(BadDataError):
@@ -295,7 +312,8 @@ class MCPError(ServiceError):
 
 class StoreUnavailableError(ServiceError):
     """The runs' database cannot be reached or opened (the message names it, with
-    any password hidden); nothing was changed in it."""
+    any password hidden); nothing was changed in it. Also a session's SQLite file held
+    locked by another writer for longer than the session's ``timeout``."""
 
 
 class RunHeldError(ServiceError):

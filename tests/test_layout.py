@@ -45,7 +45,7 @@ def test_a_function_fits_on_a_screen(path: Path) -> None:
 def test_the_top_of_the_package_holds_only_the_public_modules_and_plumbing() -> None:
     top = {p.name for p in PACKAGE.glob("*.py")}
     public = {"__init__.py", "__main__.py", "engine.py", "messages.py", "errors.py"}
-    public |= {"hooks.py", "mcp.py", "otel.py", "steps.py"}
+    public |= {"hooks.py", "mcp.py", "otel.py", "steps.py", "sessions.py"}
     plumbing = {"_deprecated.py", "_log.py", "_shadow.py", "_version.py"}
     # shared by the diagram commands, the docs' diagram, the viewer and tools/figures.py
     drawing = {"_render.py", "_figures.py", "_runs.py"}

@@ -94,6 +94,7 @@ PUBLIC_MODULES = (
     "statemachine.workspace",
     "statemachine.durable",
     "statemachine.docs",
+    "statemachine.sessions",
 )
 """Public modules importable with the core dependencies (``providers``, ``mcp``,
 ``otel`` and ``live`` need their extras and are checked by their own tests)."""
@@ -116,7 +117,7 @@ def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
     submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "docs"}
-    submodules |= {"live", "steps"}
+    submodules |= {"live", "steps", "sessions"}
     assert exported - set(statemachine.__all__) <= submodules
 
 

@@ -64,6 +64,7 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
+from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
@@ -206,10 +207,19 @@ class Agent(Generic[OutputT]):
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``run_agent`` with this agent's model, tools, instructions, hooks and
-        settings, on ``message_history`` followed by ``prompt``."""
+        settings, on ``message_history`` followed by ``prompt``; with a ``session``
+        (``statemachine.sessions``), on the session's history instead."""
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        if session is not None:
+            _one_history(message_history)
+            return await run_in_session(
+                session,
+                options["messages"],
+                lambda history: run_agent(**options | {"messages": history}),
+            )
         return attrs.evolve(await run_agent(**options), given=given)
 
     def run_sync(
@@ -220,6 +230,7 @@ class Agent(Generic[OutputT]):
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``run`` for code without an event loop (as ``run_agent_sync``)."""
         refuse_running_loop("run_sync")
@@ -229,6 +240,7 @@ class Agent(Generic[OutputT]):
             deps=deps,
             model_settings=model_settings,
             signal=signal,
+            session=session,
         )
         return run_sync(run, self.grace_period)
 
@@ -241,13 +253,25 @@ class Agent(Generic[OutputT]):
         deps: object = None,
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
+        session: Session | None = None,
     ) -> AsyncIterator[StreamedRun[OutputT]]:
         """``async with agent.run_stream(prompt) as run:`` iterate ``run`` for every
         ``RunEvent``, or ``run.stream_text()`` for the answer's text as it arrives;
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
-        the run (and waits for it to close)."""
+        the run (and waits for it to close). With a ``session``, the run's new messages
+        are stored when the block ends."""
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
-        streamed: StreamedRun[OutputT] = StreamedRun(AgentRun(**options), given)
+        turn = None
+        if session is not None:
+            _one_history(message_history)
+            turn = await SessionTurn.open(session, options["messages"])
+            options["messages"], given = turn.messages, turn.given
+        try:
+            streamed: StreamedRun[OutputT] = StreamedRun(AgentRun(**options), given, turn)
+        except BaseException:
+            if turn is not None:
+                turn.release()
+            raise
         try:
             yield streamed
         except BaseException:
@@ -272,9 +296,26 @@ class Agent(Generic[OutputT]):
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
-        type and usage limits (so the resumed run's output is typed again)."""
+        type and usage limits (so the resumed run's output is typed again); with the
+        ``session`` the run was suspended on, its turn is stored there once it ends."""
+        if session is not None:
+            return await resume_in_session(
+                session,
+                state,
+                lambda: self.resume(
+                    state,
+                    approvals=approvals,
+                    message=message,
+                    deps=deps,
+                    model_settings=model_settings,
+                    signal=signal,
+                    key=key,
+                    stats=stats,
+                ),
+            )
         options = self._shared(deps, model_settings)
         if self.steps:
             options["steps"] = self.steps
@@ -299,6 +340,7 @@ class Agent(Generic[OutputT]):
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
         stats: RunStats | None = None,
+        session: Session | None = None,
     ) -> RunResult[OutputT]:
         """``resume`` for code without an event loop."""
         refuse_running_loop("resume_sync")
@@ -311,6 +353,7 @@ class Agent(Generic[OutputT]):
             signal=signal,
             key=key,
             stats=stats,
+            session=session,
         )
         return run_sync(run, self.grace_period)
 
@@ -381,6 +424,14 @@ class Agent(Generic[OutputT]):
         return result
 
 
+def _one_history(message_history: Sequence[Message]) -> None:
+    if message_history:
+        raise InvalidInputError(
+            "give message_history or session, not both: a session run starts from the "
+            "session's history"
+        )
+
+
 def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
     """The tool result of a sub-agent's run: its output as JSON when it has an output
     type, else its final text."""
@@ -404,9 +455,10 @@ def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
 class StreamedRun(Generic[OutputT]):
     """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
 
-    def __init__(self, run: AgentRun[OutputT], given: int) -> None:
+    def __init__(self, run: AgentRun[OutputT], given: int, turn: SessionTurn | None = None) -> None:
         self.run = run
         self._given = given
+        self._turn = turn
         self._events = run.events()  # subscribed before the run starts: sees it all
         self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
 
@@ -420,5 +472,11 @@ class StreamedRun(Generic[OutputT]):
                 yield event.text
 
     async def result(self) -> RunResult[OutputT]:
-        """How the run returned (waits for it)."""
-        return attrs.evolve(await self.task, given=self._given)
+        """How the run returned (waits for it); stored in the run's session, if any."""
+        try:
+            result = attrs.evolve(await self.task, given=self._given)
+        except BaseException:
+            if self._turn is not None:
+                self._turn.release()
+            raise
+        return result if self._turn is None else await self._turn.keep(result)
