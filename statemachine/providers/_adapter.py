@@ -14,10 +14,10 @@ Every attempt (one HTTP request and its response) is bounded three ways:
   and decompressed in bounded steps). The HTTP client the adapter builds enforces
   it; a ``client=`` of your own is yours to bound.
 
-Hitting a limit raises ``ProviderLimitError`` naming
-the URL, the model and the limit; it is not retried. Retries of other failures are
-bounded by the ``RetryPolicy``, so one ``complete`` takes at most about
-``max_attempts * timeout + max_total_delay`` seconds (2,520 s with the defaults).
+Hitting a limit raises ``ProviderLimitError`` naming the URL, the model and the limit;
+it is not retried. Retries of other failures are bounded by the ``RetryPolicy``, so one
+``complete`` takes at most about ``max_attempts * timeout + max_total_delay`` seconds
+(2,520 s with the defaults).
 """
 
 from __future__ import annotations
@@ -101,8 +101,7 @@ class ResponseTooLargeError(Exception):
 
 
 class UnreadableResponseError(Exception):
-    """A body the HTTP client will not decode, or a part of a response of a shape the
-    adapter cannot read (raised by the readers that take raw JSON)."""
+    """A body the HTTP client will not decode, or a response part no reader can read."""
 
 
 class IncompleteStreamError(Exception):
@@ -110,9 +109,8 @@ class IncompleteStreamError(Exception):
 
 
 class ReportedError(Exception):
-    """A failure the provider reported in a response it otherwise sent normally (an
-    error event inside a stream, a failed response): classified like an HTTP error,
-    with ``status`` the HTTP status the provider's error code stands for, if any."""
+    """A failure reported inside a response (a stream's error event, a failed response),
+    classified like an HTTP error; ``status``: the HTTP status its code stands for."""
 
     def __init__(self, message: str, body: object, status: int | None = None) -> None:
         super().__init__(message)
@@ -227,8 +225,7 @@ class ResponseReader(abc.ABC):
         if self.response_model is None and isinstance(model, str) and model:
             self.response_model = model[:256]
 
-    def reasoning_tokens(self) -> int | None:
-        """The output's reasoning tokens, when the provider counts them apart."""
+    def reasoning_tokens(self) -> int | None:  # when the provider counts them apart
         return None
 
     def require_unique_call_ids(self, what: str) -> None:
@@ -363,8 +360,7 @@ class ModelAdapter(abc.ABC):
         }
 
     def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        """The SDK client this adapter talks through (Azure and Vertex AI's differ)."""
-        raise NotImplementedError
+        raise NotImplementedError  # the SDK client this adapter talks through
 
     def _raw_base_url(self) -> str:
         """The base URL as the client holds it (an adapter whose SDK client does not
