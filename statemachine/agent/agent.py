@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Generic
+from typing import Any, Generic, Unpack
 
 import attrs
 
@@ -47,31 +47,23 @@ from statemachine.agent.calls import call_hook
 from statemachine.agent.context import check_deps, current_run_context, note_child_stats
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
-    AfterToolCall,
     BeforeToolCall,
     Deny,
     RequireApproval,
-    ShouldContinue,
-    TransformContext,
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
-from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import OutputMode, compile_output, output_json
-from statemachine.agent.resume import resume_agent
+from statemachine.agent.options import AgentOptions, Options, resolve
+from statemachine.agent.output import compile_output, output_json
+from statemachine.agent.resume import resume_run
 from statemachine.agent.run import (
-    DEFAULT_GRACE_PERIOD,
     AgentRun,
-    check_tools,
-    run_agent,
 )
 from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
-from statemachine.agent.steps import Step, check_steps
+from statemachine.agent.steps import check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
@@ -107,95 +99,45 @@ class Agent(Generic[OutputT]):
         model: ModelClient | str,
         *,
         name: str | None = None,
-        tools: Sequence[Tool] = (),
-        instructions: Instructions | None = None,
-        model_settings: ModelSettings | None = None,
-        max_turns: int = 8,
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
-        transform_context: TransformContext | None = None,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
-        logger: Any = None,
         deps_type: type | None = None,
-        output_type: type[OutputT] | Mapping[str, Any] | None = None,
-        output_retries: int = DEFAULT_OUTPUT_RETRIES,
-        output_mode: OutputMode = "auto",
-        usage_limits: UsageLimits | None = None,
-        steps: Sequence[Step] = (),
+        **options: Unpack[AgentOptions[OutputT]],
     ) -> None:
-        check_tools(tools)
-        self.table = check_steps(steps)  # refused now, before any run
-        self.steps = tuple(steps)
-        check_instructions(instructions)
-        check_usage_limits(usage_limits)
+        self.options = resolve("Agent", options, AgentOptions)
+        self.table = check_steps(self.options.steps)
         # Built here only to refuse a bad type or retry count now (the retries are read,
         # as by run_agent, only with an output type); each run builds its own.
         self.model = resolve_model(model)
-        compile_output(output_type, output_retries, output_mode, self.model)
-        if model_settings is not None and not isinstance(model_settings, ModelSettings):
-            raise InvalidInputError("model_settings must be a ModelSettings")
+        opts = self.options
+        compile_output(opts.output_type, opts.output_retries, opts.output_mode, self.model)
         self.name = name
-        self.tools = tuple(tools)
-        self.instructions = instructions
-        self.model_settings = model_settings or ModelSettings()
-        self.max_turns = max_turns
-        self.hooks: dict[str, Any] = {
-            "before_tool_call": before_tool_call,
-            "after_tool_call": after_tool_call,
-            "should_continue": should_continue,
-            "transform_context": transform_context,
-        }
-        self.grace_period = grace_period
-        self.logger = logger
         self.deps_type = deps_type
-        self.output_type = output_type
-        self.output_retries = output_retries
-        self.output_mode = output_mode
-        self.usage_limits = usage_limits
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The agent's tools."""
+        return self.options.tools
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
 
-    # -- the keywords of one run ------------------------------------------------------------
-
-    def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
+    def _options(
+        self, deps: object, model_settings: ModelSettings | None, signal: AbortSignal | None
+    ) -> Options:
+        """The options of one run of this agent."""
         check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
-        return {
-            "model": self.model,
-            "tools": self.tools,
-            "instructions": self.instructions,
-            "model_settings": self.model_settings.merged(model_settings),
-            "deps": deps,
-            "grace_period": self.grace_period,
-            "logger": self.logger,
-            **self.hooks,
-            "output_type": self.output_type,
-            "output_retries": self.output_retries,
-            "usage_limits": self.usage_limits,
-        }
+        settings = (self.options.model_settings or ModelSettings()).merged(model_settings)
+        return attrs.evolve(self.options, deps=deps, model_settings=settings, signal=signal)
 
-    def _run_options(
-        self,
-        prompt: str | UserMessage | None,
-        message_history: Sequence[Message],
-        deps: object,
-        model_settings: ModelSettings | None,
-        signal: AbortSignal | None,
-    ) -> tuple[dict[str, Any], int]:
-        """``run_agent``'s keywords for one run, and how many messages it is given."""
+    def _messages(
+        self, prompt: str | UserMessage | None, message_history: Sequence[Message]
+    ) -> list[Message]:
+        """The messages one run is given: ``message_history``, then ``prompt``."""
         if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
             raise InvalidInputError("message_history must be a sequence of messages")
         messages = list(message_history)
         if prompt is not None:
             messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
-        options = self._shared(deps, model_settings)
-        options.update(
-            messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
-        )
-        if self.steps:
-            options["steps"] = self.steps
-        return options, len(message_history)
+        return messages
 
     # -- run --------------------------------------------------------------------------------
 
@@ -212,15 +154,16 @@ class Agent(Generic[OutputT]):
         """``run_agent`` with this agent's model, tools, instructions, hooks and
         settings, on ``message_history`` followed by ``prompt``; with a ``session``
         (``statemachine.sessions``), on the session's history instead."""
-        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        messages = self._messages(prompt, message_history)
+        options = self._options(deps, model_settings, signal)
+
+        async def run(history: Sequence[Message]) -> RunResult[OutputT]:
+            return await AgentRun(model=self.model, messages=history, options=options).run()
+
         if session is not None:
             _one_history(message_history)
-            return await run_in_session(
-                session,
-                options["messages"],
-                lambda history: run_agent(**options | {"messages": history}),
-            )
-        return attrs.evolve(await run_agent(**options), given=given)
+            return await run_in_session(session, messages, run)
+        return attrs.evolve(await run(messages), given=len(message_history))
 
     def run_sync(
         self,
@@ -242,7 +185,7 @@ class Agent(Generic[OutputT]):
             signal=signal,
             session=session,
         )
-        return run_sync(run, self.grace_period)
+        return run_sync(run, self.options.grace_period)
 
     @contextlib.asynccontextmanager
     async def run_stream(
@@ -260,14 +203,16 @@ class Agent(Generic[OutputT]):
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
         the run (and waits for it to close). With a ``session``, the run's new messages
         are stored when the block ends."""
-        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        messages, given = self._messages(prompt, message_history), len(message_history)
+        options = self._options(deps, model_settings, signal)
         turn = None
         if session is not None:
             _one_history(message_history)
-            turn = await SessionTurn.open(session, options["messages"])
-            options["messages"], given = turn.messages, turn.given
+            turn = await SessionTurn.open(session, messages)
+            messages, given = turn.messages, turn.given
         try:
-            streamed: StreamedRun[OutputT] = StreamedRun(AgentRun(**options), given, turn)
+            run = AgentRun[OutputT](model=self.model, messages=messages, options=options)
+            streamed: StreamedRun[OutputT] = StreamedRun(run, given, turn)
         except BaseException:
             if turn is not None:
                 turn.release()
@@ -316,18 +261,16 @@ class Agent(Generic[OutputT]):
                     stats=stats,
                 ),
             )
-        options = self._shared(deps, model_settings)
-        if self.steps:
-            options["steps"] = self.steps
-        return await resume_agent(
+        run = resume_run(
             state,
+            model=self.model,
+            options=self._options(deps, model_settings, signal),
             approvals=approvals,
             message=message,
-            signal=signal,
             key=key,
             stats=stats,
-            **options,
         )
+        return await run.run()
 
     def resume_sync(
         self,
@@ -355,7 +298,7 @@ class Agent(Generic[OutputT]):
             stats=stats,
             session=session,
         )
-        return run_sync(run, self.grace_period)
+        return run_sync(run, self.options.grace_period)
 
     # -- as a tool of another agent ---------------------------------------------------------
 
@@ -390,7 +333,7 @@ class Agent(Generic[OutputT]):
             result = await self._approved(result, tool_name, approve, child_deps, signal)
             if result.stats is not None:
                 note_child_stats(result.stats)
-            return _child_output(tool_name, result, self.output_type is not None)
+            return _child_output(tool_name, result, self.options.output_type is not None)
 
         return Tool(definition, execute, timeout=timeout)
 
@@ -405,7 +348,7 @@ class Agent(Generic[OutputT]):
         """The child's run once ``approve`` has decided each call it stopped for and it
         was resumed (``result`` itself without a hook, or when the hook asks for a
         person); the child's turns bound how often it can stop."""
-        for _ in range(self.max_turns):
+        for _ in range(self.options.max_turns):
             if approve is None or not result.pending_approvals:
                 return result
             decisions: dict[str, bool | Deny] = {}

@@ -431,9 +431,11 @@ class LiveApp:
         self._make_room()
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
-        options, _given = self.agent._run_options(None, messages, self.deps, None, None)
+        options = self.agent._options(self.deps, None, None)
         try:
-            run: AgentRun = AgentRun(run_id=run_id, **options)
+            run: AgentRun = AgentRun(
+                model=self.agent.model, messages=messages, options=options, run_id=run_id
+            )
         except InvalidInputError as exc:
             raise _HttpError(422, "input", str(exc)) from None
         live = _LiveRun(run, request.thread_id)
@@ -472,8 +474,9 @@ class LiveApp:
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
         try:
+            options = self.agent._options(self.deps, None, None)
             run: AgentRun = resume_run(
-                result, approvals=decided, **self.agent._shared(self.deps, None)
+                result, model=self.agent.model, options=options, approvals=decided
             )
         except (InvalidInputError, UsageError) as exc:
             raise _HttpError(422, "input", str(exc)) from None
