@@ -11,7 +11,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── UnknownRunError         no durable run has this id
     │   ├── NotPendingError         a decision for a call that waits for none
     │   ├── RunClosedError          a message to a durable run that has ended
-    │   └── InstructionsError       an instructions function raised or gave no text
+    │   ├── InstructionsError       an instructions function raised or gave no text
+    │   └── DelegationDepthError    agents nested as tools deeper than ``max_depth``
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
@@ -43,7 +44,10 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── AwaitingUserError
     │   ├── UsageLimitExceededError
     │   └── OutputInvalidError
-    └── EngineInvariantError        the library broke a guarantee of its own: a bug
+    ├── EngineInvariantError        the library broke a guarantee of its own: a bug
+    └── ModelRetry                  not trouble: a tool or an output validator asks the
+                                    model to try again, with a message (it never
+                                    escapes a run: it becomes a failed attempt)
 
 How each family reaches you:
 
@@ -77,6 +81,7 @@ __all__ = [
     "BridgeProtocolError",
     "BridgeTimeoutError",
     "ContextOverflowError",
+    "DelegationDepthError",
     "DiagramError",
     "EngineInvariantError",
     "ExportError",
@@ -86,6 +91,7 @@ __all__ = [
     "MCPError",
     "ModelFailedError",
     "ModelOutputError",
+    "ModelRetry",
     "NotPendingError",
     "OutputInvalidError",
     "ProtocolError",
@@ -161,6 +167,12 @@ class InstructionsError(UsageError):
     """The run's instructions function raised, or returned something that is not a
     string: the model call it was for is not made, and the run ends ``Failed`` with an
     explanation naming this error and what the function raised."""
+
+
+class DelegationDepthError(UsageError):
+    """An agent run as a tool (``Agent.as_tool``) would nest deeper than its
+    ``max_depth`` (an agent that is its own sub-agent, or a long delegation chain):
+    the sub-agent is not run, and the call's error result names this error."""
 
 
 # -- bad data from outside ----------------------------------------------------------
@@ -345,3 +357,16 @@ class EngineInvariantError(StateMachineError):
     def __init__(self, message: str, trace: Sequence[TransitionRecord] = ()) -> None:
         super().__init__(message)
         self.trace: tuple[TransitionRecord, ...] = tuple(trace)
+
+
+# -- a request, not trouble ------------------------------------------------------------
+
+
+class ModelRetry(StateMachineError):  # noqa: N818 - the name PydanticAI users know
+    """Raised by a tool or an output validator to ask the model to try again: the
+    message is what the model reads (the call's error result, or the answer to its
+    final result). A tool's retries are counted against its own budget
+    (``Tool(retries=...)``, ``@tool(retries=...)``) and an output's against
+    ``output_retries``; past the budget the run ends in a named state
+    (``ToolRetriesExceeded``, ``OutputInvalid``). Not an error of the library: it
+    never escapes a run."""

@@ -37,14 +37,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Generic
+from typing import Any, Final, Generic
 
 import attrs
 
 from statemachine.agent.calls import call_hook
-from statemachine.agent.context import check_deps, current_run_context, note_child_stats
+from statemachine.agent.context import (
+    check_deps,
+    current_run_context,
+    note_child_stats,
+    usage_left,
+)
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
     AfterToolCall,
@@ -67,14 +73,21 @@ from statemachine.agent.run import (
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
+from statemachine.core.checks import positive_int
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
-from statemachine.errors import InvalidInputError
+from statemachine.errors import DelegationDepthError, InvalidInputError
 
-__all__ = ["Agent", "StreamedRun"]
+__all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
+
+DEFAULT_MAX_DEPTH: Final = 5
+"""How deeply agents run as tools may nest by default (``Agent.as_tool(max_depth=...)``)."""
+
+_depth: contextvars.ContextVar[int] = contextvars.ContextVar("statemachine_agent_depth", default=0)
+"""How many agents run as tools enclose the code running now (a task inherits it)."""
 
 _PROMPT_SCHEMA = {
     "type": "object",
@@ -180,7 +193,7 @@ class Agent(Generic[OutputT]):
             raise InvalidInputError("message_history must be a sequence of messages")
         messages = list(message_history)
         if prompt is not None:
-            messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
+            messages.append(_prompt_message(prompt, "prompt"))
         options = self._shared(deps, model_settings)
         options.update(
             messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
@@ -313,15 +326,30 @@ class Agent(Generic[OutputT]):
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
         approve: BeforeToolCall | None = None,
+        join_usage: bool = True,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> Tool:
         """This agent as a tool taking one ``prompt`` (module docstring): its result is
         the child's final text, or its output as JSON when the agent has an
         ``output_type``. ``deps`` turns the parent's deps into the child's (default:
         the same object). ``approve`` decides the calls the child stops to have
-        approved (module docstring)."""
+        approved (module docstring).
+
+        ``join_usage`` (default): the child's usage and model calls join the parent's
+        (``RunResult.usage``) and count against its ``usage_limits``; the child runs
+        within what they leave (the tighter of its own limits and the parent's
+        remainder), and is not run once they are reached. ``False`` keeps them apart
+        (its stats still join the parent's ``stats``).
+
+        ``max_depth`` bounds how deeply agents run as tools nest, counting this one (an
+        agent that is its own sub-agent, or a chain of them): past it the child is not
+        run and the call's error result names ``DelegationDepthError``."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
+        positive_int("max_depth", max_depth)
+        if not isinstance(join_usage, bool):
+            raise InvalidInputError("join_usage must be a bool")
         definition = ToolDefinition(
             name=tool_name,
             description=description or f"Ask the {tool_name} agent.",
@@ -329,16 +357,66 @@ class Agent(Generic[OutputT]):
         )
 
         async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-            parent = current_run_context()
-            parent_deps = parent.deps if parent is not None else None
-            child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
-            result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
-            result = await self._approved(result, tool_name, approve, child_deps, signal)
-            if result.stats is not None:
-                note_child_stats(result.stats)
-            return _child_output(tool_name, result, self.output_type is not None)
+            return await self._as_tool_call(
+                arguments["prompt"], tool_name, deps, approve, join_usage, max_depth, signal
+            )
 
         return Tool(definition, execute, timeout=timeout)
+
+    async def _as_tool_call(
+        self,
+        prompt: str,
+        tool_name: str,
+        deps: Callable[[object], object] | None,
+        approve: BeforeToolCall | None,
+        join_usage: bool,
+        max_depth: int,
+        signal: AbortSignal,
+    ) -> ToolOutput:
+        """One call of ``as_tool``'s tool: the child's run, as its result."""
+        depth = _depth.get() + 1
+        if depth > max_depth:
+            raise DelegationDepthError(
+                f"the {tool_name} agent was not run: agents run as tools would nest "
+                f"{depth} deep, past max_depth={max_depth}"
+            )
+        parent = current_run_context()
+        parent_deps = parent.deps if parent is not None else None
+        child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
+        limits = self.usage_limits
+        if join_usage:
+            allowed, left = usage_left()
+            if not allowed:
+                return ToolOutput(
+                    f"the {tool_name} agent was not run: the run's usage limits are reached",
+                    is_error=True,
+                )
+            limits = left if limits is None else limits.tightest(left)
+        token = _depth.set(depth)
+        try:
+            result = await self._run_child(prompt, child_deps, signal, limits)
+            result = await self._approved(result, tool_name, approve, child_deps, signal)
+        finally:
+            _depth.reset(token)
+        if result.stats is not None:
+            note_child_stats(result.stats)
+        output = _child_output(tool_name, result, self.output_type is not None)
+        if not join_usage:
+            return output
+        requests = result.stats.model_calls if result.stats is not None else result.turns
+        return attrs.evolve(output, usage=result.usage, requests=requests)
+
+    async def _run_child(
+        self,
+        prompt: str,
+        deps: object,
+        signal: AbortSignal,
+        usage_limits: UsageLimits | None,
+    ) -> RunResult[OutputT]:
+        """``run`` as a sub-agent, held to ``usage_limits`` (the parent's remainder)."""
+        options, given = self._run_options(prompt, (), deps, None, signal)
+        options["usage_limits"] = usage_limits
+        return attrs.evolve(await run_agent(**options), given=given)
 
     async def _approved(
         self,
@@ -370,6 +448,15 @@ class Agent(Generic[OutputT]):
         return result
 
 
+def _prompt_message(prompt: object, name: str) -> UserMessage:
+    """``prompt`` as the user message it asks for (``InvalidInputError`` naming it)."""
+    if isinstance(prompt, str):
+        return UserMessage(prompt)
+    if isinstance(prompt, UserMessage):
+        return prompt
+    raise InvalidInputError(f"{name} must be a str or a UserMessage, got {type(prompt).__name__}")
+
+
 def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
     """The tool result of a sub-agent's run: its output as JSON when it has an output
     type, else its final text."""
@@ -396,14 +483,19 @@ class StreamedRun(Generic[OutputT]):
     def __init__(self, run: AgentRun[OutputT], given: int) -> None:
         self.run = run
         self._given = given
-        self._events = run.events()  # subscribed before the run starts: sees it all
+        # Subscribed before the run starts, so it sees it all; the text deltas are never
+        # dropped for lag (the answer's text is held by the run anyway), so
+        # stream_text() read late is still the whole text.
+        self._events = run._stream.subscribe(keep=(TextDelta,))
         self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
 
     def __aiter__(self) -> AsyncIterator[RunEvent]:
         return self._events
 
     async def stream_text(self) -> AsyncIterator[str]:
-        """The answer's text fragments as they arrive (``TextDelta`` events)."""
+        """The answer's text fragments as they arrive (``TextDelta`` events): every
+        fragment, however far this reader lags (the other progress events may be
+        dropped for a lagging reader, ``EventsDropped``; the text never is)."""
         async for event in self._events:
             if isinstance(event, TextDelta):
                 yield event.text

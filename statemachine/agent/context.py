@@ -19,10 +19,14 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
 
+from statemachine.core.limits import UsageLimits
+
+if TYPE_CHECKING:
+    from statemachine.core.engine import Engine
 from statemachine.core.messages import Message, ToolCall
 from statemachine.errors import UsageError
 
@@ -30,12 +34,14 @@ __all__ = [
     "RunContext",
     "RunSource",
     "check_deps",
+    "check_run_deps",
     "context_type",
     "current_run_context",
     "deps_type_of",
     "note_child_stats",
     "reset_run_context",
     "run_context",
+    "usage_left",
     "wants_context",
 ]
 
@@ -68,6 +74,10 @@ class RunSource(Protocol):
     def _add_child_stats(self, stats: Any) -> None:
         """Count a sub-agent's ``RunStats`` in the run's."""
 
+    @property
+    def engine(self) -> Engine:
+        """The run's engine (what its usage limits read)."""
+
 
 _context: contextvars.ContextVar[RunSource | None] = contextvars.ContextVar(
     "statemachine_run_context", default=None
@@ -89,6 +99,27 @@ def note_child_stats(stats: object) -> bool:
         return False
     source._add_child_stats(stats)
     return True
+
+
+def usage_left() -> tuple[bool, UsageLimits | None]:
+    """Whether the usage limits of the run calling this code still allow a model call,
+    and what they leave (``None``: no limits, or outside a run)."""
+    source = _context.get()
+    limits = None if source is None else source.engine.usage_limits
+    if source is None or limits is None:
+        return True, None
+    left = limits.remaining(source.engine.usage, source.engine.requests)
+    return left is not None, left
+
+
+def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
+    """``check_deps`` for the deps types a run's tools and instructions function name
+    (instructions are asked at every model call: refused before the first, not
+    mid-run)."""
+    declared = [(f"tool {t.name}", t.deps_type) for t in tools]
+    if callable(instructions):
+        declared.append(("the instructions function", deps_type_of(instructions)))
+    check_deps(deps, declared)
 
 
 def reset_run_context(token: contextvars.Token[Any]) -> None:

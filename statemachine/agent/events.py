@@ -253,9 +253,11 @@ class RunResult(Generic[OutputT]):
         return self.messages[self.given :]
 
     usage: Usage = attrs.field(factory=Usage, repr=False)
-    output: OutputT | None = None
     """The usage the provider reported on this run's responses, summed (a resumed run's
     includes what it used before it was suspended; ``turns`` is its request count)."""
+    output: OutputT | None = None
+    """The run's output once it is ``Done``: the validated value of its ``output_type``
+    (``None`` otherwise)."""
 
     @property
     def ok(self) -> bool:

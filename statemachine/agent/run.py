@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
+from statemachine.agent.context import RunContext, check_run_deps, reset_run_context, run_context
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
@@ -110,7 +110,7 @@ def _checked_call_options(
     settings = model_settings or _NO_SETTINGS
     if instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
         check_settings(model, settings, instructions is not None)
-    check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
+    check_run_deps(deps, tools, instructions)
     return settings
 
 

@@ -226,6 +226,7 @@ class Engine:
     _state: TurnState
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
+    delegated_requests: int = 0  # model calls of sub-agents whose usage joined the run's
     abort_reason: str | None = None
     _abort_context: str = ""  # where the abort found the run, for the explanation
     _abandoned: tuple[str, ...] = ()  # operations the driver gave up on, still running
@@ -339,6 +340,12 @@ class Engine:
         return self._state
 
     @property
+    def requests(self) -> int:
+        """The model calls the usage limits count: this run's turns and the calls of
+        the sub-agents whose usage joined it."""
+        return self.turns + self.delegated_requests
+
+    @property
     def messages(self) -> HistoryView:
         """The history so far, as an O(1) read-only snapshot."""
         return HistoryView(self._history)
@@ -448,6 +455,9 @@ class Engine:
             slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
+            if output.usage is not None or output.requests:  # a sub-agent's, joining (limits)
+                self.usage = self.usage + (output.usage or _NO_USAGE)
+                self.delegated_requests += output.requests
             slot.status = DONE
             if state is S.COLLECTING_RESULTS and len(self._batch.slots) > 1:
                 self._start_runnable()  # the calls this one held back (a lone call held none)
@@ -649,7 +659,7 @@ class Engine:
 
     def _guard_usage_limit_reached(self) -> bool:
         limits = self.usage_limits
-        return limits is not None and limits.reached(self.usage, self.turns) is not None
+        return limits is not None and limits.reached(self.usage, self.requests) is not None
 
     def _guard_output_missing(self) -> bool:
         return self.output is not None and self.output_call is None
@@ -783,7 +793,7 @@ class Engine:
 
     def _enter_UsageLimitExceeded(self, source: TurnState) -> None:
         assert self.usage_limits is not None  # the guard that leads here says so
-        reached = self.usage_limits.reached(self.usage, self.turns)
+        reached = self.usage_limits.reached(self.usage, self.requests)
         assert reached is not None
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
@@ -949,6 +959,7 @@ class Engine:
             self.check_permissions,
             self.check_continue,
             self.usage,
+            self.delegated_requests,
             self.abort_reason,
             self._abort_context,
             self._abandoned,

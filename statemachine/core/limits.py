@@ -4,12 +4,15 @@
 that would exceed it (the ``usage_limit_reached`` guard of ``core/table.py``). The
 usage it is held to is what the provider reported on each ``AssistantMessage``
 (``usage``), summed over the run (a resumed run goes on counting); a message without
-usage counts as zero tokens. One call's size is known only once it has been made, so
+usage counts as zero tokens. A tool's output may carry the usage it spent on the
+run's behalf (``ToolOutput.usage``: a sub-agent's, ``Agent.as_tool``); it joins the
+run's usage when its result arrives. One call's size is known only once it has been made, so
 one call may take the usage past a token limit; no further call is made after it.
 
 The counts a limit reads:
 
-* ``requests``: the model calls made in the run (``Engine.turns``);
+* ``requests``: the model calls made in the run (``Engine.turns``), and those of the
+  sub-agents whose usage joined it (``ToolOutput.requests``, ``Engine.delegated_requests``);
 * ``input_tokens``: prompt tokens, cached or not (``input + cache_read + cache_write``);
 * ``output_tokens``: ``output``;
 * ``total_tokens``: ``total_tokens`` as the provider reported it.
@@ -65,6 +68,30 @@ class UsageLimits:
             if limit is not None and used[name] >= limit:
                 return name, limit, used[name]
         return None
+
+    def remaining(self, usage: Usage, requests: int) -> UsageLimits | None:
+        """The limits left once ``usage`` and ``requests`` are spent (what a sub-agent
+        may still use); ``None`` when one of them is already reached."""
+        if self.reached(usage, requests) is not None:
+            return None
+        used = {
+            "requests": requests,
+            "input_tokens": input_tokens(usage),
+            "output_tokens": usage.output,
+            "total_tokens": usage.total_tokens,
+        }
+        left = {n: getattr(self, n) - used[n] for n in _FIELDS if getattr(self, n) is not None}
+        return UsageLimits(**left)
+
+    def tightest(self, other: UsageLimits | None) -> UsageLimits:
+        """Each field the smaller of ``self``'s and ``other``'s (``None``: no limit)."""
+        if other is None:
+            return self
+        values: dict[str, int | None] = {}
+        for name in _FIELDS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            values[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
+        return UsageLimits(**values)
 
     def to_dict(self) -> dict[str, int]:
         """The limits that are set, as JSON (``requests``, ``inputTokens``...)."""

@@ -131,6 +131,7 @@ def write(engine: Engine) -> dict[str, Any]:
         "checkContinue": engine.check_continue,
         "turns": engine.turns,
         "usage": usage_to_dict(engine.usage),
+        **({"delegatedRequests": engine.delegated_requests} if engine.delegated_requests else {}),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
             for d in engine.tools
@@ -253,6 +254,8 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
         engine._output_remind = boolean(data, "outputRemind", p)
     if "usage" in data:  # absent from snapshots written before usage was counted
         engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
+    if "delegatedRequests" in data:  # written only once a sub-agent's usage joined
+        engine.delegated_requests = integer(data, "delegatedRequests", p, minimum=0)
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
@@ -506,6 +509,7 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "checkContinue",
         "turns",
         "usage",
+        "delegatedRequests",
         "tools",
         "messages",
         "batch",

@@ -35,6 +35,7 @@ from statemachine.core.messages import (
     ImageContent,
     TextContent,
     ToolResultContent,
+    Usage,
     _validate,
     freeze_json,
     thaw_json,
@@ -346,6 +347,11 @@ def _output_content(value: Any) -> tuple[ToolResultContent, ...]:
     return blocks
 
 
+def _requests(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"ToolOutput.requests must be an integer >= 0, got {value!r:.40}")
+
+
 @attrs.frozen(init=False)
 class ToolOutput:
     """What a tool may return when it wants to say more than a string: content blocks
@@ -353,11 +359,26 @@ class ToolOutput:
 
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_output_content)
     is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # What the tool spent on the run's behalf (a sub-agent's model calls and tokens):
+    # it joins the run's usage and counts against its usage limits (core/limits.py).
+    usage: Usage | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(Usage)),
+        kw_only=True,
+    )
+    requests: int = attrs.field(default=0, validator=_requests, kw_only=True)
 
     # Its own __init__, as the messages write theirs (core/messages.py): one is made per
     # tool call, and a str, the usual output, is wrapped on one type test; anything
     # else goes through the field's converter and validator, so the same errors.
-    def __init__(self, content: Any, is_error: bool = False) -> None:
+    def __init__(
+        self,
+        content: Any,
+        is_error: bool = False,
+        *,
+        usage: Usage | None = None,
+        requests: int = 0,
+    ) -> None:
         if content.__class__ is str:
             _set(self, "content", (TextContent(content),))
         else:
@@ -365,6 +386,11 @@ class ToolOutput:
         _set(self, "is_error", is_error)
         if is_error.__class__ is not bool:
             _validate(ToolOutput, "is_error", self, is_error)
+        _set(self, "usage", usage)
+        _set(self, "requests", requests)
+        if usage is not None or requests != 0:  # the usual output spent nothing
+            _validate(ToolOutput, "usage", self, usage)
+            _validate(ToolOutput, "requests", self, requests)
 
 
 _set = object.__setattr__
