@@ -12,7 +12,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── NotPendingError         a decision for a call that waits for none
     │   ├── RunClosedError          a message to a durable run that has ended
     │   ├── InstructionsError       an instructions function raised or gave no text
-    │   └── DelegationDepthError    agents nested as tools deeper than ``max_depth``
+    │   ├── DelegationDepthError    agents nested as tools deeper than ``max_depth``
+    │   └── OutputTypeChangedError  resumed with an output type the run never showed
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
@@ -94,6 +95,7 @@ __all__ = [
     "ModelRetry",
     "NotPendingError",
     "OutputInvalidError",
+    "OutputTypeChangedError",
     "ProtocolError",
     "ProviderAuthError",
     "ProviderError",
@@ -173,6 +175,14 @@ class DelegationDepthError(UsageError):
     """An agent run as a tool (``Agent.as_tool``) would nest deeper than its
     ``max_depth`` (an agent that is its own sub-agent, or a long delegation chain):
     the sub-agent is not run, and the call's error result names this error."""
+
+
+class OutputTypeChangedError(UsageError):
+    """A run is resumed with an ``output_type`` whose JSON Schema is not the one the
+    suspended run showed the model (the application's type changed in between):
+    refused before anything runs, since the model's answers were given to the other
+    schema. Resume with the type the run started with, or without one (the output is
+    then the validated JSON)."""
 
 
 # -- bad data from outside ----------------------------------------------------------

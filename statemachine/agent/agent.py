@@ -62,7 +62,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import OutputMode, compile_output, output_json
+from statemachine.agent.output import OutputMode, OutputType, compile_output, output_json
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
@@ -126,7 +126,7 @@ class Agent(Generic[OutputT]):
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
         deps_type: type | None = None,
-        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_type: OutputType[OutputT] = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         usage_limits: UsageLimits | None = None,

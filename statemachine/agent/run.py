@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -38,7 +38,7 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
-from statemachine.agent.output import Output, OutputMode, compile_output
+from statemachine.agent.output import Output, OutputMode, OutputType, compile_output, run_output
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
@@ -138,7 +138,7 @@ class AgentRun(Generic[OutputT]):
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
         usage_limits: UsageLimits | None = None,
-        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_type: OutputType[OutputT] = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         signal: AbortSignal | None = None,
@@ -403,8 +403,8 @@ class AgentRun(Generic[OutputT]):
             snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
-            output=self._output.value(result_messages, engine.output_call)
-            if self._output is not None and state is TurnState.DONE
+            output=run_output(self._output, result_messages, engine.output_call)
+            if state is TurnState.DONE
             else None,
         )
 
@@ -486,7 +486,7 @@ async def run_agent(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,
@@ -548,7 +548,7 @@ def run_agent_sync(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,

@@ -88,6 +88,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
     checked_result,
+    thaw_json,
 )
 from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec, check_output
 from statemachine.core.queue import InputQueue
@@ -710,6 +711,12 @@ class Engine:
 
     def _resolve_output(self, slot: CallSlot, refusal: str | None) -> None:
         """A final-result call, answered by the engine itself (rule 13)."""
+        assert self.output is not None  # only a run with an output has the tool
+        if refusal is None and self.output_call is None:
+            # the type's own judgement, once the schema holds (core/output.py)
+            problem = self.output.judged(thaw_json(slot.call.arguments))
+            if problem is not None:
+                refusal = f"Invalid final result for {slot.call.name}: {problem}"
         if refusal is not None:
             self._output_failures += 1
             self._output_error = refusal
