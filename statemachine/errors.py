@@ -44,7 +44,8 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── ModelFailedError
     │   ├── AwaitingUserError
     │   ├── UsageLimitExceededError
-    │   └── OutputInvalidError
+    │   ├── OutputInvalidError
+    │   └── ToolRetriesExceededError
     ├── EngineInvariantError        the library broke a guarantee of its own: a bug
     └── ModelRetry                  not trouble: a tool or an output validator asks the
                                     model to try again, with a message (it never
@@ -114,6 +115,7 @@ __all__ = [
     "StateMachineError",
     "StoreUnavailableError",
     "ToolOutputError",
+    "ToolRetriesExceededError",
     "TurnLimitExceededError",
     "UnknownRunError",
     "UsageError",
@@ -352,6 +354,11 @@ class UsageLimitExceededError(RunNotDoneError):
 class OutputInvalidError(RunNotDoneError):
     """The model did not give a valid final result within the retry budget; the
     message names the last validation error."""
+
+
+class ToolRetriesExceededError(RunNotDoneError):
+    """A tool asked the model to try again (``ModelRetry``) more often in a row than
+    its ``retries`` allow; the message names the tool and its last message."""
 
 
 # -- the library's own bug -----------------------------------------------------------

@@ -62,7 +62,15 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import OutputMode, OutputType, compile_output, output_json
+from statemachine.agent.output import (
+    OutputMode,
+    OutputType,
+    OutputValidator,
+    Validated,
+    check_output_validators,
+    compile_output,
+    output_json,
+)
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
@@ -130,6 +138,7 @@ class Agent(Generic[OutputT]):
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         usage_limits: UsageLimits | None = None,
+        output_validators: Sequence[OutputValidator] = (),
     ) -> None:
         check_tools(tools)
         check_instructions(instructions)
@@ -155,12 +164,20 @@ class Agent(Generic[OutputT]):
         self.logger = logger
         self.deps_type = deps_type
         self.output_type = output_type
+        self.output_validators = list(check_output_validators(output_validators))
         self.output_retries = output_retries
         self.output_mode = output_mode
         self.usage_limits = usage_limits
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
+
+    def output_validator(self, fn: OutputValidator) -> OutputValidator:
+        """Decorator: run ``fn`` on each output the type accepted (``fn(output)`` or
+        ``fn(ctx, output)``, sync; it returns the output, or raises ``ModelRetry`` to ask
+        the model for another, one of ``output_retries``)."""
+        self.output_validators.append(*check_output_validators([fn]))
+        return fn
 
     # -- the keywords of one run ------------------------------------------------------------
 
@@ -175,7 +192,9 @@ class Agent(Generic[OutputT]):
             "grace_period": self.grace_period,
             "logger": self.logger,
             **self.hooks,
-            "output_type": self.output_type,
+            "output_type": Validated(self.output_type, tuple(self.output_validators))
+            if self.output_validators
+            else self.output_type,
             "output_retries": self.output_retries,
             "usage_limits": self.usage_limits,
         }

@@ -38,6 +38,7 @@ __all__ = [
     "context_type",
     "current_run_context",
     "deps_type_of",
+    "engine_context",
     "note_child_stats",
     "reset_run_context",
     "run_context",
@@ -55,7 +56,8 @@ class RunContext(Generic[DepsT]):
     ``deps``: the run's dependencies; ``run_id``; ``turn``: the number of the turn
     under way (1 for the first; the turns started so far);
     ``messages``: the history as it is now; ``tool_call``: the call being executed
-    (``None`` outside a tool).
+    (``None`` outside a tool); ``retry``: in a tool, how many retry requests in a row
+    (``ModelRetry``) it made before this call (0 on a first attempt).
     """
 
     deps: DepsT
@@ -63,6 +65,7 @@ class RunContext(Generic[DepsT]):
     turn: int
     messages: Sequence[Message] = attrs.field(repr=False)
     tool_call: ToolCall | None = None
+    retry: int = 0
 
 
 class RunSource(Protocol):
@@ -110,6 +113,12 @@ def usage_left() -> tuple[bool, UsageLimits | None]:
         return True, None
     left = limits.remaining(source.engine.usage, source.engine.requests)
     return left is not None, left
+
+
+def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunContext[Any]:
+    """The context of the run of ``engine`` as it is now, in ``call`` (or outside one)."""
+    retry = 0 if call is None else engine.tool_failures(call.name)
+    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry)
 
 
 def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:

@@ -24,6 +24,7 @@ from statemachine.errors import (
     ModelFailedError,
     OutputInvalidError,
     RunNotDoneError,
+    ToolRetriesExceededError,
     TurnLimitExceededError,
     UsageLimitExceededError,
 )
@@ -205,6 +206,7 @@ _ERROR_TYPES: dict[TurnState, type[RunNotDoneError]] = {
     TurnState.TURN_LIMIT_EXCEEDED: TurnLimitExceededError,
     TurnState.USAGE_LIMIT_EXCEEDED: UsageLimitExceededError,
     TurnState.OUTPUT_INVALID: OutputInvalidError,
+    TurnState.TOOL_RETRIES_EXCEEDED: ToolRetriesExceededError,
     TurnState.FAILED: ModelFailedError,
     TurnState.AWAITING_USER: AwaitingUserError,
 }

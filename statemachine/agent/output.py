@@ -24,17 +24,21 @@ the mode it was suspended in.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, Union
 
 import attrs
 
+from statemachine.agent.context import current_run_context, wants_context
 from statemachine.agent.events import OutputT
 from statemachine.agent.model import takes_options
 from statemachine.agent.signature import Converter, compile_annotation
+from statemachine.agent.tools import Tool, retries_of
+from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, thaw_json
 from statemachine.core.output import (
     DEFAULT_OUTPUT_RETRIES,
@@ -52,6 +56,10 @@ __all__ = [
     "Output",
     "OutputMode",
     "OutputType",
+    "OutputValidator",
+    "Validated",
+    "budget_options",
+    "check_output_validators",
     "compile_output",
     "native_output",
     "output_json",
@@ -204,6 +212,8 @@ def compile_output(
     given as ``mode`` (``output_mode``) says for ``model`` (module docstring);
     ``InvalidInputError`` naming ``output_type`` for a type that has no JSON Schema
     (``native_output`` for the mode's errors)."""
+    if isinstance(output_type, Validated):
+        return _validated(output_type, retries, mode, model)
     native = native_output(mode, model, output_type)
     if output_type is None or output_type is str:
         return None
@@ -222,6 +232,48 @@ def compile_output(
         schema, convert = _wrapped(compiled)
     output = Output(OutputSpec.of(schema, retries=retries, native=native, text=text), convert)
     return attrs.evolve(output, spec=attrs.evolve(output.spec, check=output.check))
+
+
+OutputValidator: TypeAlias = Callable[..., Any]
+"""``fn(output)`` or ``fn(ctx: RunContext, output)``, sync: returns the output (the same
+value, or a corrected one); raises ``ModelRetry`` to ask the model for another."""
+
+
+@attrs.frozen
+class Validated:
+    """An output type with validators run on each value the type accepted, in order
+    (what ``Agent(output_validators=...)`` gives its runs as their ``output_type``)."""
+
+    output_type: Any
+    validators: tuple[OutputValidator, ...]
+
+
+def check_output_validators(validators: Sequence[OutputValidator]) -> tuple[OutputValidator, ...]:
+    """``validators`` checked: sync callables (they run in the engine's judgement of
+    the output, which does not wait)."""
+    for fn in validators:
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            raise InvalidInputError(f"an output validator must be a sync function, got {fn!r:.60}")
+    return tuple(validators)
+
+
+def _validated(validated: Validated, retries: int, mode: object, model: object) -> Output | None:
+    output = compile_output(validated.output_type, retries, mode, model)
+    if output is None or not validated.validators:
+        if validated.validators:
+            raise InvalidInputError("output validators need an output_type other than str")
+        return output
+    convert, validators = output.convert, validated.validators
+
+    def convert_and_validate(value: Any) -> Any:
+        result = value if convert is None else convert(value)
+        for fn in validators:
+            context = current_run_context() if wants_context(fn) else None
+            result = fn(context, result) if context is not None else fn(result)
+        return result
+
+    checked = Output(output.spec, convert_and_validate)
+    return attrs.evolve(checked, spec=attrs.evolve(checked.spec, check=checked.check))
 
 
 WRAPPER_KEY: Final = "response"
@@ -315,3 +367,16 @@ def _hoisted(schema: Any, defs: dict[str, Any]) -> Any:
 
 def _type_name(annotation: object) -> str:
     return getattr(annotation, "__name__", None) or repr(annotation)
+
+
+def budget_options(
+    usage_limits: UsageLimits | None, output: Output | None, tools: Sequence[Tool]
+) -> dict[str, Any]:
+    """The engine options of a run's budget, given only when set (so that an
+    ``engine_factory`` written before them still works for runs without them)."""
+    options: dict[str, Any] = {"tool_retries": retries_of(tools)} if tools else {}
+    if check_usage_limits(usage_limits) is not None:
+        options["usage_limits"] = usage_limits
+    if output is not None:
+        options["output"] = output.spec
+    return options

@@ -25,7 +25,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from statemachine.agent.context import RunContext, check_run_deps, reset_run_context, run_context
+from statemachine.agent.context import (
+    RunContext,
+    check_run_deps,
+    engine_context,
+    reset_run_context,
+    run_context,
+)
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
@@ -38,14 +44,21 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
-from statemachine.agent.output import Output, OutputMode, OutputType, compile_output, run_output
+from statemachine.agent.output import (
+    Output,
+    OutputMode,
+    OutputType,
+    budget_options,
+    compile_output,
+    run_output,
+)
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
-from statemachine.core.limits import UsageLimits, check_usage_limits
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import TurnState
@@ -163,7 +176,7 @@ class AgentRun(Generic[OutputT]):
             tools=[t.definition for t in tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=max_turns,
-            **_when_set(usage_limits, output),
+            **budget_options(usage_limits, output, tools),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling=scheduling_of(tools),
@@ -411,22 +424,11 @@ class AgentRun(Generic[OutputT]):
 
 def _context(engine: Engine, deps: object) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now."""
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, current_tool_call())
+    return engine_context(engine, deps, current_tool_call())
 
 
 def _nothing_to_remove() -> None:
     """No signal was given, so no listener was added."""
-
-
-def _when_set(usage_limits: UsageLimits | None, output: Output | None) -> dict[str, Any]:
-    """The engine options of a run's budget, given only when set (so that an
-    ``engine_factory`` written before them still works for runs without them)."""
-    options: dict[str, Any] = {}
-    if check_usage_limits(usage_limits) is not None:
-        options["usage_limits"] = usage_limits
-    if output is not None:
-        options["output"] = output.spec
-    return options
 
 
 ExecutorFactory = Callable[..., Executor]

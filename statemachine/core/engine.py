@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, NoReturn, Self
 
 import attrs
@@ -84,6 +85,7 @@ from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
+    TextContent,
     ToolCall,
     Usage,
     UserMessage,
@@ -109,7 +111,13 @@ from statemachine.core.table import (
     rows_from,
     triggers_from,
 )
-from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
+from statemachine.core.tools import (
+    Scheduling,
+    ToolDefinition,
+    ToolOutput,
+    check_tool_retries,
+    validate_arguments,
+)
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.errors import EngineInvariantError, ProtocolError
 
@@ -151,6 +159,7 @@ changes, so ``engine.guard_holds`` still gives the values the engine decided on.
 Give it as ``Engine(transition_hook=...)`` or set ``engine.transition_hook``."""
 
 _NO_USAGE: Final = Usage()  # immutable: every engine starts from this one zero
+_NO_RETRIES: Final[Mapping[str, int]] = MappingProxyType({})  # no budgets, no failures
 
 _GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
 _ENTRY_METHOD: Final = {state: f"_enter_{state.value}" for state in TurnState}
@@ -208,6 +217,8 @@ class Engine:
     max_turns: int
     usage_limits: UsageLimits | None
     output: OutputSpec | None  # the final-result tool and its retries (rule 13)
+    # each tool's budget of retry requests in a row (rule 14); a tool absent: unbudgeted
+    tool_retries: Mapping[str, int] = _NO_RETRIES
     check_permissions: bool
     check_continue: bool
     run_id: str
@@ -228,6 +239,8 @@ class Engine:
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
     delegated_requests: int = 0  # model calls of sub-agents whose usage joined the run's
+    _tool_failures: Mapping[str, int] = _NO_RETRIES  # retry requests in a row, per tool
+    _retries_spent: tuple[str, str] | None = None  # (tool, its last message) past budget
     abort_reason: str | None = None
     _abort_context: str = ""  # where the abort found the run, for the explanation
     _abandoned: tuple[str, ...] = ()  # operations the driver gave up on, still running
@@ -259,6 +272,7 @@ class Engine:
         run_id: str = "run",
         logger: Any = None,
         transition_hook: TransitionHook | None = None,
+        tool_retries: Mapping[str, int] | None = None,
     ) -> None:
         positive_int("max_turns", max_turns)
         checked = check_tool_definitions(tools)
@@ -276,6 +290,8 @@ class Engine:
             transition_hook=transition_hook,
             initial=INITIAL,
         )
+        if tool_retries:
+            self.tool_retries = check_tool_retries(tool_retries)
 
     def _setup(
         self,
@@ -459,6 +475,8 @@ class Engine:
             if output.usage is not None or output.requests:  # a sub-agent's, joining (limits)
                 self.usage = self.usage + (output.usage or _NO_USAGE)
                 self.delegated_requests += output.requests
+            if call.name in self.tool_retries:
+                self._count_retry(call.name, output)
             slot.status = DONE
             if state is S.COLLECTING_RESULTS and len(self._batch.slots) > 1:
                 self._start_runnable()  # the calls this one held back (a lone call held none)
@@ -668,6 +686,9 @@ class Engine:
     def _guard_output_accepted(self) -> bool:
         return self.output_call is not None
 
+    def _guard_tool_retries_exhausted(self) -> bool:
+        return self._retries_spent is not None
+
     def _guard_output_retries_exhausted(self) -> bool:
         return self.output is not None and self._output_failures > self.output.retries
 
@@ -708,6 +729,24 @@ class Engine:
                 self._actions.append(CheckPermission(slot.call, self.turns))
         if refused:
             self._flush()  # the refusals that are next in call order
+
+    def _count_retry(self, tool: str, output: ToolOutput) -> None:
+        """Count a retry request of ``tool`` (rule 14): in a row, against its budget."""
+        failures = dict(self._tool_failures)
+        if not output.retry:
+            if tool not in failures:
+                return
+            del failures[tool]
+        else:
+            failures[tool] = failures.get(tool, 0) + 1
+            if failures[tool] > self.tool_retries[tool] and self._retries_spent is None:
+                text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
+                self._retries_spent = (tool, text)
+        self._tool_failures = failures
+
+    def tool_failures(self, tool: str) -> int:
+        """The retry requests ``tool`` made in a row so far (rule 14)."""
+        return self._tool_failures.get(tool, 0)
 
     def _resolve_output(self, slot: CallSlot, refusal: str | None) -> None:
         """A final-result call, answered by the engine itself (rule 13)."""
@@ -807,6 +846,11 @@ class Engine:
         self._finish(
             explain.usage_limit(reached, self.usage, self.turns, last_result, len(self._queue))
         )
+
+    def _enter_ToolRetriesExceeded(self, source: TurnState) -> None:
+        assert self._retries_spent is not None  # the guard that leads here says so
+        tool, message = self._retries_spent
+        self._finish(explain.tool_retries(tool, self.tool_retries[tool], message))
 
     def _enter_OutputInvalid(self, source: TurnState) -> None:
         assert self.output is not None  # the guard that leads here says so
@@ -943,6 +987,8 @@ class Engine:
         fields["_batch"] = self._batch.copy()
         fields["_queue"] = self._queue.copy()
         fields["_actions"] = list(self._actions)
+        if "_tool_failures" in fields:  # set only once a tool asked for a retry
+            fields["_tool_failures"] = dict(self._tool_failures)
         for name in fields.keys() - _DECLARED:  # a subclass's own attributes
             value = fields[name]
             if type(value) in (list, dict, set):
@@ -967,6 +1013,8 @@ class Engine:
             self.check_continue,
             self.usage,
             self.delegated_requests,
+            tuple(sorted(self._tool_failures.items())),
+            self._retries_spent,
             self.abort_reason,
             self._abort_context,
             self._abandoned,
@@ -1075,6 +1123,7 @@ CONFIGURATION: Final = frozenset(
         "max_turns",
         "usage_limits",
         "output",
+        "tool_retries",
         "check_permissions",
         "check_continue",
         "run_id",

@@ -23,7 +23,7 @@ from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.output import OutputSpec
-from statemachine.core.tools import Scheduling, ToolDefinition
+from statemachine.core.tools import Scheduling, ToolDefinition, check_tool_retries
 from statemachine.core.wire import (
     message_from_dict,
     messages_to_dicts,
@@ -139,11 +139,21 @@ def _decode_output(value: Any, path: str) -> OutputSpec | None:
         raise WireFormatError(str(exc)) from None
 
 
+def _decode_tool_retries(value: Any, path: str) -> dict[str, int] | None:
+    if value is None:
+        return None
+    try:
+        return check_tool_retries(value)
+    except InvalidInputError as exc:
+        raise WireFormatError(f"{path}: {exc}") from None
+
+
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "check_continue": (lambda v: v, _decode_flag),
     "usage_limits": (_encode_usage_limits, _decode_usage_limits),
     "output": (_encode_output, _decode_output),
+    "tool_retries": (lambda v: None if v is None else dict(v), _decode_tool_retries),
 }
 _HEADER_KEYS: Final = frozenset(
     {"format", "version", "runId", "maxTurns", "checkPermissions", "tools", "messages", "options"}
