@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, Generic
 
 import attrs
@@ -93,6 +93,9 @@ __all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
 
 DEFAULT_MAX_DEPTH: Final = 5
 """How deeply agents run as tools may nest by default (``Agent.as_tool(max_depth=...)``)."""
+
+_KEEP: Final = object()
+"""``Agent.override``'s default for ``deps``: keep the run's (``None`` is a deps value)."""
 
 _depth: contextvars.ContextVar[int] = contextvars.ContextVar("statemachine_agent_depth", default=0)
 """How many agents run as tools enclose the code running now (a task inherits it)."""
@@ -168,6 +171,10 @@ class Agent(Generic[OutputT]):
         self.output_retries = output_retries
         self.output_mode = output_mode
         self.usage_limits = usage_limits
+        # What override() replaces, in the current context only.
+        self._override: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+            "statemachine_agent_override", default=None
+        )
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
@@ -179,12 +186,36 @@ class Agent(Generic[OutputT]):
         self.output_validators.append(*check_output_validators([fn]))
         return fn
 
+    @contextlib.contextmanager
+    def override(
+        self, *, model: ModelClient | str | None = None, deps: object = _KEEP
+    ) -> Iterator[None]:
+        """Inside the block, this agent's runs (``run``, ``run_stream``, ``resume``, and
+        as a sub-agent) use ``model`` and ``deps`` instead of their own or the caller's:
+        for tests of code that runs an agent it does not build (``TestModel``, a fake
+        model). Per context (a context variable): a concurrent test sees its own; blocks
+        nest, the innermost wins."""
+        current = dict(self._override.get() or {})
+        if model is not None:
+            current["model"] = resolve_model(model)
+        if deps is not _KEEP:
+            current["deps"] = deps
+        token = self._override.set(current)
+        try:
+            yield
+        finally:
+            self._override.reset(token)
+
     # -- the keywords of one run ------------------------------------------------------------
 
     def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
+        override = self._override.get()
+        model = self.model if override is None else override.get("model", self.model)
+        if override is not None and "deps" in override:
+            deps = override["deps"]
         check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
         return {
-            "model": self.model,
+            "model": model,
             "tools": self.tools,
             "instructions": self.instructions,
             "model_settings": self.model_settings.merged(model_settings),
