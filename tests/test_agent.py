@@ -268,7 +268,7 @@ def test_an_agents_deps_type_is_checked_before_any_model_call() -> None:
     model = ScriptedModel("never")
     agent = sm.Agent(model, name="shelf", deps_type=Library)
     with pytest.raises(sm.UsageError, match=r"deps: Agent shelf takes RunContext\[Library\]"):
-        agent.run_sync("x", deps="not a library")
+        agent.run_sync("x", deps="not a library")  # type: ignore[arg-type]
     assert model.calls == 0
 
 

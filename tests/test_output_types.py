@@ -103,7 +103,9 @@ def test_a_wrong_scalar_is_a_failed_attempt_naming_the_problem() -> None:
 
 
 def test_a_union_with_str_takes_the_final_text_or_the_tool() -> None:
-    agent: sm.Agent[Person | str] = sm.Agent(ScriptedModel("just text"), output_type=Person | str)
+    agent: sm.Agent[Any, Person | str] = sm.Agent(
+        ScriptedModel("just text"), output_type=Person | str
+    )
     as_text = agent.run_sync("q")
     assert as_text.output == "just text"
     as_model = sm.Agent(
@@ -123,10 +125,12 @@ def test_several_output_types_at_once_give_the_member_the_value_is() -> None:
         "Person",
         "Failure",
     ]
-    either: sm.Agent[int | Point] = sm.Agent(ScriptedModel(answered(7)), output_type=int | Point)
+    either: sm.Agent[Any, int | Point] = sm.Agent(
+        ScriptedModel(answered(7)), output_type=int | Point
+    )
     union = either.run_sync("q")
     assert union.output == 7
-    point: sm.Agent[int | Point] = sm.Agent(
+    point: sm.Agent[Any, int | Point] = sm.Agent(
         ScriptedModel(answered({"x": 1, "y": 2})), output_type=int | Point
     )
     assert point.run_sync("q").output == Point(1, 2)

@@ -28,9 +28,13 @@ child is resumed inside the parent's call, as often as it stops (at most its
 ``max_turns`` times). ``RequireApproval`` from that hook, or no hook, ends the
 parent's call with an error result naming the waiting calls.
 
-``Agent`` is generic over the output type: ``Agent(model, output_type=City)`` is an
-``Agent[City]`` without an annotation, and its runs return ``RunResult[City]``, so
-``result.output`` is a ``City | None`` to mypy (``Agent[Any]`` without an output type).
+``Agent[Deps, Output]`` is generic over its deps and output types, as PydanticAI's:
+``Agent(model, deps_type=Shop, output_type=City)`` is an ``Agent[Shop, City]`` without
+an annotation; its runs take ``deps: Shop`` and return ``RunResult[City]``, so
+``result.output`` is a ``City | None`` to mypy (``Any`` for a type not given). The
+decorators ``@agent.tool`` (a function taking ``RunContext[Shop]``: mypy refuses
+another deps type), ``@agent.tool_plain`` and ``@agent.instructions_function`` add to
+the agent what ``tools=`` and ``instructions=`` give.
 """
 
 from __future__ import annotations
@@ -38,18 +42,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, Generic
+from typing import Any, Concatenate, Final, Generic, overload
 
 import attrs
+from typing_extensions import ParamSpec, TypeVar
 
 from statemachine.agent.calls import call_hook
 from statemachine.agent.context import (
+    RunContext,
     check_deps,
     current_run_context,
     note_child_stats,
     usage_left,
+)
+from statemachine.agent.delegation import (
+    DEFAULT_MAX_DEPTH,
+    child_output,
+    enter_depth,
+    leave_depth,
+    prompt_message,
 )
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
 from statemachine.agent.hooks import (
@@ -69,7 +81,6 @@ from statemachine.agent.output import (
     Validated,
     check_output_validators,
     compile_output,
-    output_json,
 )
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
@@ -80,25 +91,25 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
+from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.checks import positive_int
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
-from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
-from statemachine.errors import DelegationDepthError, InvalidInputError
+from statemachine.core.tools import DEFAULT_TOOL_RETRIES, ToolDefinition, ToolOutput
+from statemachine.errors import InvalidInputError
 
 __all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
 
-DEFAULT_MAX_DEPTH: Final = 5
-"""How deeply agents run as tools may nest by default (``Agent.as_tool(max_depth=...)``)."""
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of the ``deps`` an agent's runs take (``deps_type``; ``Any`` when unsaid)."""
+
+_P = ParamSpec("_P")
 
 _KEEP: Final = object()
 """``Agent.override``'s default for ``deps``: keep the run's (``None`` is a deps value)."""
 
-_depth: contextvars.ContextVar[int] = contextvars.ContextVar("statemachine_agent_depth", default=0)
-"""How many agents run as tools enclose the code running now (a task inherits it)."""
 
 _PROMPT_SCHEMA = {
     "type": "object",
@@ -108,7 +119,7 @@ _PROMPT_SCHEMA = {
 }
 
 
-class Agent(Generic[OutputT]):
+class Agent(Generic[DepsT, OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
@@ -136,7 +147,7 @@ class Agent(Generic[OutputT]):
         transform_context: TransformContext | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
-        deps_type: type | None = None,
+        deps_type: type[DepsT] | None = None,
         output_type: OutputType[OutputT] = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
@@ -178,6 +189,65 @@ class Agent(Generic[OutputT]):
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
+
+    # -- decorators: tools and instructions tied to this agent's deps type -------------------
+
+    @overload
+    def tool(
+        self, fn: Callable[Concatenate[RunContext[DepsT], _P], Any], /
+    ) -> Callable[Concatenate[RunContext[DepsT], _P], Any]: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Callable[
+        [Callable[Concatenate[RunContext[DepsT], ...], Any]],
+        Callable[Concatenate[RunContext[DepsT], ...], Any],
+    ]: ...
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Any:
+        """Decorator: make ``fn`` (first parameter a ``RunContext`` of this agent's deps
+        type) one of the agent's tools, as ``statemachine.tool`` does; mypy refuses a
+        function whose ``RunContext[T]`` is not the agent's. Returns ``fn``."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            self._add_tool(make_tool(name=name, retries=retries, timeout=timeout)(f))
+            return f
+
+        return register if fn is None else register(fn)
+
+    def tool_plain(self, fn: Callable[_P, Any], /) -> Callable[_P, Any]:
+        """Decorator: make ``fn`` (no ``RunContext``) one of the agent's tools. Returns it."""
+        self._add_tool(make_tool(fn))
+        return fn
+
+    def _add_tool(self, added: Tool) -> None:
+        tools = (*self.tools, added)
+        check_tools(tools)  # a duplicate name is refused here, not at the first run
+        self.tools = tools
+
+    def instructions_function(
+        self, fn: Callable[[RunContext[DepsT]], str]
+    ) -> Callable[[RunContext[DepsT]], str]:
+        """Decorator: ``fn(ctx)`` gives the agent's instructions at each model call (it
+        replaces instructions given before). Returns ``fn``."""
+        check_instructions(fn)
+        self.instructions = fn
+        return fn
 
     def output_validator(self, fn: OutputValidator) -> OutputValidator:
         """Decorator: run ``fn`` on each output the type accepted (``fn(output)`` or
@@ -243,7 +313,7 @@ class Agent(Generic[OutputT]):
             raise InvalidInputError("message_history must be a sequence of messages")
         messages = list(message_history)
         if prompt is not None:
-            messages.append(_prompt_message(prompt, "prompt"))
+            messages.append(prompt_message(prompt, "prompt"))
         options = self._shared(deps, model_settings)
         options.update(
             messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
@@ -257,7 +327,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> RunResult[OutputT]:
@@ -271,7 +341,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> RunResult[OutputT]:
@@ -292,7 +362,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
     ) -> AsyncIterator[StreamedRun[OutputT]]:
@@ -321,7 +391,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -346,7 +416,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -424,12 +494,7 @@ class Agent(Generic[OutputT]):
         signal: AbortSignal,
     ) -> ToolOutput:
         """One call of ``as_tool``'s tool: the child's run, as its result."""
-        depth = _depth.get() + 1
-        if depth > max_depth:
-            raise DelegationDepthError(
-                f"the {tool_name} agent was not run: agents run as tools would nest "
-                f"{depth} deep, past max_depth={max_depth}"
-            )
+        token = enter_depth(tool_name, max_depth)
         parent = current_run_context()
         parent_deps = parent.deps if parent is not None else None
         child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
@@ -442,15 +507,14 @@ class Agent(Generic[OutputT]):
                     is_error=True,
                 )
             limits = left if limits is None else limits.tightest(left)
-        token = _depth.set(depth)
         try:
             result = await self._run_child(prompt, child_deps, signal, limits)
             result = await self._approved(result, tool_name, approve, child_deps, signal)
         finally:
-            _depth.reset(token)
+            leave_depth(token)
         if result.stats is not None:
             note_child_stats(result.stats)
-        output = _child_output(tool_name, result, self.output_type is not None)
+        output = child_output(tool_name, result, self.output_type is not None)
         if not join_usage:
             return output
         requests = result.stats.model_calls if result.stats is not None else result.turns
@@ -473,7 +537,7 @@ class Agent(Generic[OutputT]):
         result: RunResult[OutputT],
         tool_name: str,
         approve: BeforeToolCall | None,
-        deps: object,
+        deps: Any,  # the parent's, mapped: checked at run time
         signal: AbortSignal,
     ) -> RunResult[OutputT]:
         """The child's run once ``approve`` has decided each call it stopped for and it
@@ -496,35 +560,6 @@ class Agent(Generic[OutputT]):
                 decisions[call.id] = True if decision is None else decision
             result = await self.resume(result, approvals=decisions, deps=deps, signal=signal)
         return result
-
-
-def _prompt_message(prompt: object, name: str) -> UserMessage:
-    """``prompt`` as the user message it asks for (``InvalidInputError`` naming it)."""
-    if isinstance(prompt, str):
-        return UserMessage(prompt)
-    if isinstance(prompt, UserMessage):
-        return prompt
-    raise InvalidInputError(f"{name} must be a str or a UserMessage, got {type(prompt).__name__}")
-
-
-def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
-    """The tool result of a sub-agent's run: its output as JSON when it has an output
-    type, else its final text."""
-    if result.state is TurnState.DONE:
-        if typed:
-            return ToolOutput(json.dumps(output_json(result.messages)))
-        return ToolOutput(result.final_text)
-    if result.state is TurnState.AWAITING_USER:
-        calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
-        return ToolOutput(
-            f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "
-            "a person cannot be asked inside a sub-agent's call (give as_tool an approve "
-            "hook, such as the parent's before_tool_call, to decide them)",
-            is_error=True,
-        )
-    return ToolOutput(
-        f"the {name} agent ended {result.state.value}: {result.explanation}", is_error=True
-    )
 
 
 class StreamedRun(Generic[OutputT]):

@@ -76,7 +76,7 @@ OutputType: TypeAlias = (
     type[OutputT] | Sequence[type[OutputT]] | types.UnionType | Mapping[str, Any] | None
 )
 """What ``output_type`` may be: a type, several types (a list), a union (``Any`` to
-mypy: annotate the agent, ``Agent[A | B]``, to type its output), a JSON Schema dict,
+mypy: annotate the agent, ``Agent[Deps, A | B]``, to type its output), a JSON Schema dict,
 or ``None`` (the output is the final text)."""
 
 

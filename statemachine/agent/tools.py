@@ -24,7 +24,8 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Union, overload
 
 import attrs
@@ -97,9 +98,16 @@ def scheduling_of(tools: Sequence[Tool]) -> dict[str, Scheduling]:
     return {t.name: t.scheduling for t in tools if t.sequential or t.resources is not None}
 
 
-def retries_of(tools: Sequence[Tool]) -> dict[str, int]:
-    """Each tool's budget of retry requests in a row, for the engine (rule 14)."""
-    return {t.name: t.retries for t in tools}
+def retries_of(tools: Sequence[Tool]) -> Mapping[str, int]:
+    """Each tool's budget of retry requests in a row, for the engine (rule 14): one
+    read-only mapping shared by every run of the same tools, so a waiting run holds
+    no dict of its own for it."""
+    return _budgets(tuple((t.name, t.retries) for t in tools))
+
+
+@functools.lru_cache(maxsize=256)
+def _budgets(pairs: tuple[tuple[str, int], ...]) -> Mapping[str, int]:
+    return MappingProxyType(dict(pairs))
 
 
 # -- @tool: a Tool from a typed function -------------------------------------------------------

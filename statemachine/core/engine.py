@@ -291,7 +291,10 @@ class Engine:
             initial=INITIAL,
         )
         if tool_retries:
-            self.tool_retries = check_tool_retries(tool_retries)
+            # A read-only mapping (the driver shares one among runs) is kept as it is.
+            if not isinstance(tool_retries, MappingProxyType):
+                tool_retries = MappingProxyType(check_tool_retries(tool_retries))
+            self.tool_retries = tool_retries
 
     def _setup(
         self,

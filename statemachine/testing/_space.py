@@ -96,6 +96,8 @@ def _short(value: object) -> str:
     if isinstance(value, UsageLimits):
         fields = attrs.asdict(value, filter=lambda _, v: v is not None)
         return ",".join(f"{k}:{v}" for k, v in fields.items())
+    if isinstance(value, Mapping):  # tool retry budgets: short, for a terminal line
+        return ",".join(f"{k}:{v}" for k, v in value.items())
     if isinstance(value, OutputSpec):
         mode = ", native" if value.native else ""
         return f"{value.name}(retries:{value.retries}{mode})"
