@@ -111,7 +111,8 @@ def usage_left() -> tuple[bool, UsageLimits | None]:
     limits = None if source is None else source.engine.usage_limits
     if source is None or limits is None:
         return True, None
-    left = limits.remaining(source.engine.usage, source.engine.requests)
+    engine = source.engine
+    left = limits.remaining(engine.usage, engine.requests, engine.tool_calls)
     return left is not None, left
 
 

@@ -239,6 +239,7 @@ class Engine:
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
     delegated_requests: int = 0  # model calls of sub-agents whose usage joined the run's
+    tool_calls: int = 0  # tool calls started, for UsageLimits.tool_calls
     _tool_failures: Mapping[str, int] = _NO_RETRIES  # retry requests in a row, per tool
     _retries_spent: tuple[str, str] | None = None  # (tool, its last message) past budget
     abort_reason: str | None = None
@@ -681,7 +682,10 @@ class Engine:
 
     def _guard_usage_limit_reached(self) -> bool:
         limits = self.usage_limits
-        return limits is not None and limits.reached(self.usage, self.requests) is not None
+        return (
+            limits is not None
+            and limits.reached(self.usage, self.requests, self.tool_calls) is not None
+        )
 
     def _guard_output_missing(self) -> bool:
         return self.output is not None and self.output_call is None
@@ -720,6 +724,8 @@ class Engine:
                 self._resolve_output(slot, refusal)
                 refused = True
                 continue
+            if refusal is None:
+                refusal = self._over_tool_call_limit()
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
                 refused = True
@@ -732,6 +738,16 @@ class Engine:
                 self._actions.append(CheckPermission(slot.call, self.turns))
         if refused:
             self._flush()  # the refusals that are next in call order
+
+    def _over_tool_call_limit(self) -> str | None:
+        """Why a valid call is not run: the run's tool-call limit is reached (else it
+        counts, and ``None``)."""
+        limit = None if self.usage_limits is None else self.usage_limits.tool_calls
+        if limit is not None and self.tool_calls >= limit:
+            return f"Tool call not run: the run's tool_calls limit ({limit}) is reached."
+        if limit is not None:  # counted only where a limit reads it
+            self.tool_calls += 1
+        return None
 
     def _count_retry(self, tool: str, output: ToolOutput) -> None:
         """Count a retry request of ``tool`` (rule 14): in a row, against its budget."""
@@ -842,7 +858,7 @@ class Engine:
 
     def _enter_UsageLimitExceeded(self, source: TurnState) -> None:
         assert self.usage_limits is not None  # the guard that leads here says so
-        reached = self.usage_limits.reached(self.usage, self.requests)
+        reached = self.usage_limits.reached(self.usage, self.requests, self.tool_calls)
         assert reached is not None
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
@@ -1016,6 +1032,7 @@ class Engine:
             self.check_continue,
             self.usage,
             self.delegated_requests,
+            self.tool_calls,
             tuple(sorted(self._tool_failures.items())),
             self._retries_spent,
             self.abort_reason,

@@ -132,6 +132,7 @@ def write(engine: Engine) -> dict[str, Any]:
         "turns": engine.turns,
         "usage": usage_to_dict(engine.usage),
         **({"delegatedRequests": engine.delegated_requests} if engine.delegated_requests else {}),
+        **({"toolCalls": engine.tool_calls} if engine.tool_calls else {}),
         **_retries_to_dict(engine),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
@@ -290,6 +291,8 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
         engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
     if "delegatedRequests" in data:  # written only once a sub-agent's usage joined
         engine.delegated_requests = integer(data, "delegatedRequests", p, minimum=0)
+    if "toolCalls" in data:  # written only once a tool-call limit counted one
+        engine.tool_calls = integer(data, "toolCalls", p, minimum=0)
     _retries_from(engine, data)
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
@@ -545,6 +548,7 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "turns",
         "usage",
         "delegatedRequests",
+        "toolCalls",
         "toolRetries",
         "toolFailures",
         "retriesSpent",
