@@ -76,3 +76,36 @@ def test_the_text_stream_of_a_slow_reader_is_the_whole_answer() -> None:
 
     streamed, final = asyncio.run(main())
     assert streamed == final == words
+
+
+@pytest.mark.timeout(60)
+def test_run_stream_sync_gives_the_text_as_it_comes_and_the_result() -> None:
+    words = " ".join(f"w{i}" for i in range(500))
+    agent = sm.Agent(ScriptedModel(words, stream=True))
+    with agent.run_stream_sync("talk") as run:
+        parts = list(run.stream_text())
+        result = run.result()
+    assert "".join(parts) == words == result.final_text
+    assert result.output == words
+    assert list(run.stream_text()) == []  # read once
+
+
+@pytest.mark.timeout(60)
+def test_run_stream_sync_left_early_aborts_the_run() -> None:
+    async def waits(messages: object, tools: object, signal: sm.AbortSignal) -> sm.AssistantMessage:
+        while not signal.aborted:
+            await asyncio.sleep(0.01)
+        return sm.AssistantMessage("", stop_reason="aborted")
+
+    from statemachine.testing import FunctionModel
+
+    agent = sm.Agent(FunctionModel(waits, with_signal=True), grace_period=1)
+    with agent.run_stream_sync("wait") as run:
+        pass
+    assert run.result().state is sm.TurnState.ABORTED
+
+
+def test_run_stream_sync_raises_what_the_run_raised() -> None:
+    agent = sm.Agent(ScriptedModel("x"), deps_type=Shop)
+    with pytest.raises(sm.UsageError, match="deps"):
+        agent.run_stream_sync("q").result()

@@ -39,7 +39,6 @@ the agent what ``tools=`` and ``instructions=`` give.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -63,7 +62,7 @@ from statemachine.agent.delegation import (
     leave_depth,
     prompt_message,
 )
-from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
+from statemachine.agent.events import OutputT, RunResult, RunStats
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -89,7 +88,8 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
-from statemachine.agent.sync import refuse_running_loop, run_sync
+from statemachine.agent.stream import StreamedRun
+from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
@@ -383,6 +383,32 @@ class Agent(Generic[DepsT, OutputT]):
             streamed.run.abort("the run_stream block ended before the run")
         await streamed.result()
 
+    def run_stream_sync(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
+        model_settings: ModelSettings | None = None,
+    ) -> StreamedRunSync[RunResult[OutputT]]:
+        """``run_stream`` for code without an event loop: its ``stream_text()`` and
+        ``result()`` (``StreamedRunSync``, in ``statemachine.agent.sync``)."""
+        refuse_running_loop("run_stream_sync")
+
+        async def stream(signal: AbortSignal, put: Callable[[str], None]) -> RunResult[OutputT]:
+            async with self.run_stream(
+                prompt,
+                message_history=message_history,
+                deps=deps,
+                model_settings=model_settings,
+                signal=signal,
+            ) as run:
+                async for text in run.stream_text():
+                    put(text)
+                return await run.result()
+
+        return StreamedRunSync(stream, self.grace_period)
+
     # -- resume -----------------------------------------------------------------------------
 
     async def resume(
@@ -560,31 +586,3 @@ class Agent(Generic[DepsT, OutputT]):
                 decisions[call.id] = True if decision is None else decision
             result = await self.resume(result, approvals=decisions, deps=deps, signal=signal)
         return result
-
-
-class StreamedRun(Generic[OutputT]):
-    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
-
-    def __init__(self, run: AgentRun[OutputT], given: int) -> None:
-        self.run = run
-        self._given = given
-        # Subscribed before the run starts, so it sees it all; the text deltas are never
-        # dropped for lag (the answer's text is held by the run anyway), so
-        # stream_text() read late is still the whole text.
-        self._events = run._stream.subscribe(keep=(TextDelta,))
-        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
-
-    def __aiter__(self) -> AsyncIterator[RunEvent]:
-        return self._events
-
-    async def stream_text(self) -> AsyncIterator[str]:
-        """The answer's text fragments as they arrive (``TextDelta`` events): every
-        fragment, however far this reader lags (the other progress events may be
-        dropped for a lagging reader, ``EventsDropped``; the text never is)."""
-        async for event in self._events:
-            if isinstance(event, TextDelta):
-                yield event.text
-
-    async def result(self) -> RunResult[OutputT]:
-        """How the run returned (waits for it)."""
-        return attrs.evolve(await self.task, given=self._given)

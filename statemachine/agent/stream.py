@@ -22,13 +22,16 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Generic
 
 import attrs
 
 from statemachine.agent.events import (
     EventsDropped,
     MessageAdded,
+    OutputT,
     RunEvent,
+    RunResult,
     RunReturned,
     RunStarted,
     RunStats,
@@ -48,7 +51,10 @@ from statemachine.core.table import RETURNS_TO_CALLER, TurnState
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import InvalidInputError
 
-__all__ = ["DEFAULT_MAX_BUFFERED_EVENTS", "EventStream"]
+if TYPE_CHECKING:
+    from statemachine.agent.run import AgentRun
+
+__all__ = ["DEFAULT_MAX_BUFFERED_EVENTS", "EventStream", "StreamedRun"]
 
 DEFAULT_MAX_BUFFERED_EVENTS = 10_000
 """Unread events one subscriber may hold before the droppable ones are dropped."""
@@ -292,3 +298,31 @@ class _Subscriber:
             if item is None:
                 return
             yield EventsDropped(item[0]) if isinstance(item, list) else item
+
+
+class StreamedRun(Generic[OutputT]):
+    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
+
+    def __init__(self, run: AgentRun[OutputT], given: int) -> None:
+        self.run = run
+        self._given = given
+        # Subscribed before the run starts, so it sees it all; the text deltas are never
+        # dropped for lag (the answer's text is held by the run anyway), so
+        # stream_text() read late is still the whole text.
+        self._events = run._stream.subscribe(keep=(TextDelta,))
+        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
+
+    def __aiter__(self) -> AsyncIterator[RunEvent]:
+        return self._events
+
+    async def stream_text(self) -> AsyncIterator[str]:
+        """The answer's text fragments as they arrive (``TextDelta`` events): every
+        fragment, however far this reader lags (the other progress events may be
+        dropped for a lagging reader, ``EventsDropped``; the text never is)."""
+        async for event in self._events:
+            if isinstance(event, TextDelta):
+                yield event.text
+
+    async def result(self) -> RunResult[OutputT]:
+        """How the run returned (waits for it)."""
+        return attrs.evolve(await self.task, given=self._given)
