@@ -223,6 +223,11 @@ OutputT = TypeVar("OutputT", default=Any)
 """The type of ``RunResult.output``: the run's ``output_type`` (``Any`` when unsaid)."""
 
 
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @attrs.frozen
 class RunResult(Generic[OutputT]):
     """How a run returned to its caller: its state (terminal, or ``AwaitingUser``), the
@@ -257,7 +262,9 @@ class RunResult(Generic[OutputT]):
     usage: Usage = attrs.field(factory=Usage, repr=False)
     """The usage the provider reported on this run's responses, summed (a resumed run's
     includes what it used before it was suspended; ``turns`` is its request count)."""
-    output: OutputT | None = None
+    # A text agent's output is its final text, which a long run makes long: repr() shows
+    # its start only.
+    output: OutputT | None = attrs.field(default=None, repr=_short_repr)
     """The run's output once it is ``Done``: the validated value of its ``output_type``
     (``None`` otherwise)."""
 
