@@ -360,7 +360,23 @@ class OpenAIChatModel(ModelAdapter):
         return self._shared_fields(body)
 
     accepts_instructions = True
-    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+    supported_settings = frozenset(
+        {
+            "temperature",
+            "max_tokens",
+            "top_p",
+            "stop",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "parallel_tool_calls",
+            "reasoning_effort",
+            # the SDK's own keywords of create(), sent as given
+            "timeout",
+            "extra_headers",
+            "extra_body",
+        }
+    )
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as the first ``system`` message (instead of the
@@ -377,6 +393,8 @@ class OpenAIChatModel(ModelAdapter):
         body.update(options.settings.set_fields())
         if "stop" in body:
             body["stop"] = list(body["stop"])
+        if "tools" not in body:  # the API refuses parallel_tool_calls without tools
+            body.pop("parallel_tool_calls", None)
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
