@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 
 import attrs
 import pytest
@@ -30,9 +31,10 @@ def test_a_user_message_has_its_text_as_the_other_messages_do() -> None:
 def test_the_output_of_a_result_is_documented_as_the_output() -> None:
     # the attribute docstrings are read from the source by the API reference
     source = inspect.getsource(RunResult)
-    after_output = source.split("output: OutputT | None = None", 1)[1].lstrip()
-    assert after_output.startswith('"""The run')
-    assert "usage" not in after_output.split('"""')[1].split(".")[0]
+    found = re.search(r'\n    output: [^\n]*\n    """([^"]*)"""', source)
+    assert found is not None
+    assert found.group(1).startswith("The run's output")
+    assert "usage" not in found.group(1)
 
 
 @pytest.mark.parametrize("prompt", [123, 4.5, b"bytes", ["a list"]])

@@ -374,7 +374,8 @@ def budget_options(
 ) -> dict[str, Any]:
     """The engine options of a run's budget, given only when set (so that an
     ``engine_factory`` written before them still works for runs without them)."""
-    options: dict[str, Any] = {"tool_retries": retries_of(tools)} if tools else {}
+    budgets = retries_of(tools)
+    options: dict[str, Any] = {"tool_retries": budgets} if budgets else {}
     if check_usage_limits(usage_limits) is not None:
         options["usage_limits"] = usage_limits
     if output is not None:

@@ -99,10 +99,10 @@ def scheduling_of(tools: Sequence[Tool]) -> dict[str, Scheduling]:
 
 
 def retries_of(tools: Sequence[Tool]) -> Mapping[str, int]:
-    """Each tool's budget of retry requests in a row, for the engine (rule 14): one
-    read-only mapping shared by every run of the same tools, so a waiting run holds
-    no dict of its own for it."""
-    return _budgets(tuple((t.name, t.retries) for t in tools))
+    """The budgets of retry requests in a row that are not the engine's default, for
+    the engine (rule 14): usually none; else one read-only mapping shared by every run
+    of the same tools, so a waiting run holds no dict of its own for it."""
+    return _budgets(tuple((t.name, t.retries) for t in tools if t.retries != DEFAULT_TOOL_RETRIES))
 
 
 @functools.lru_cache(maxsize=256)

@@ -112,6 +112,7 @@ from statemachine.core.table import (
     triggers_from,
 )
 from statemachine.core.tools import (
+    DEFAULT_TOOL_RETRIES,
     Scheduling,
     ToolDefinition,
     ToolOutput,
@@ -217,7 +218,7 @@ class Engine:
     max_turns: int
     usage_limits: UsageLimits | None
     output: OutputSpec | None  # the final-result tool and its retries (rule 13)
-    # each tool's budget of retry requests in a row (rule 14); a tool absent: unbudgeted
+    # the tools whose budget of retry requests in a row is not the default (rule 14)
     tool_retries: Mapping[str, int] = _NO_RETRIES
     check_permissions: bool
     check_continue: bool
@@ -479,7 +480,7 @@ class Engine:
             if output.usage is not None or output.requests:  # a sub-agent's, joining (limits)
                 self.usage = self.usage + (output.usage or _NO_USAGE)
                 self.delegated_requests += output.requests
-            if call.name in self.tool_retries:
+            if output.retry or call.name in self._tool_failures:
                 self._count_retry(call.name, output)
             slot.status = DONE
             if state is S.COLLECTING_RESULTS and len(self._batch.slots) > 1:
@@ -758,10 +759,14 @@ class Engine:
             del failures[tool]
         else:
             failures[tool] = failures.get(tool, 0) + 1
-            if failures[tool] > self.tool_retries[tool] and self._retries_spent is None:
+            if failures[tool] > self.retry_budget(tool) and self._retries_spent is None:
                 text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
                 self._retries_spent = (tool, text)
         self._tool_failures = failures
+
+    def retry_budget(self, tool: str) -> int:
+        """How many retry requests in a row ``tool`` may make (rule 14)."""
+        return self.tool_retries.get(tool, DEFAULT_TOOL_RETRIES)
 
     def tool_failures(self, tool: str) -> int:
         """The retry requests ``tool`` made in a row so far (rule 14)."""
@@ -869,7 +874,7 @@ class Engine:
     def _enter_ToolRetriesExceeded(self, source: TurnState) -> None:
         assert self._retries_spent is not None  # the guard that leads here says so
         tool, message = self._retries_spent
-        self._finish(explain.tool_retries(tool, self.tool_retries[tool], message))
+        self._finish(explain.tool_retries(tool, self.retry_budget(tool), message))
 
     def _enter_OutputInvalid(self, source: TurnState) -> None:
         assert self.output is not None  # the guard that leads here says so

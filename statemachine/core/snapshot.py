@@ -247,7 +247,7 @@ def _load(
 
 def _retries_to_dict(engine: Engine) -> dict[str, Any]:
     """The retry budgets and counts (rule 14), only where a tool has a budget."""
-    if not engine.tool_retries:
+    if not engine.tool_retries and not engine._tool_failures:
         return {}
     spent = engine._retries_spent
     return {

@@ -136,7 +136,7 @@ the tool executions it triggers::
     ``ModelRetry``: the model should call it again, differently): an error result like
     any other (rule 5), counted for its tool. The count is of requests in a row: a
     result of the tool that is not one starts it again. A tool whose count passes its
-    budget (``tool_retries``; a tool without one is never counted) ends the run
+    budget (``tool_retries``; ``DEFAULT_TOOL_RETRIES``, 1, for a tool not named) ends the run
     ``ToolRetriesExceeded`` at the turn boundary (rule 7), naming the tool and its last
     message; a model cannot loop on a tool that keeps refusing it.
 
