@@ -25,7 +25,8 @@ if [ "$job" = demo ]; then
   spec="$ROOT"
 fi
 STRANDS="$ROOT/examples/conformance/strands-requirements.txt"
-hash="$(cat "$ROOT/pyproject.toml" "$STRANDS" | sha256sum | cut -c1-16)"
+AUTOGEN="$ROOT/examples/conformance/autogen-requirements.txt"
+hash="$(cat "$ROOT/pyproject.toml" "$STRANDS" "$AUTOGEN" | sha256sum | cut -c1-16)"
 if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$hash" ]; then
   # pip names each package as it fetches and installs it, so a first run is never silent.
   if [ "$extra" = dev ]; then
@@ -42,6 +43,10 @@ if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$has
     say "installing strands-agents for the conformance kit's tests ($STRANDS)"
     "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
       --no-deps -r "$STRANDS"
+    # autogen-agentchat, the same way: autogen-core pins protobuf 5, the [dev] extra has 7.
+    say "installing autogen-agentchat for the conformance kit's tests ($AUTOGEN)"
+    "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
+      --no-deps -r "$AUTOGEN"
   fi
   say "installed"
   rm -f "$VENV"/.installed-*

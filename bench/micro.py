@@ -24,7 +24,14 @@ from contenders import quiet_logger
 import statemachine as sm
 import statemachine.engine
 
-__all__ = ["Figure", "engine_transitions", "micro_figures", "parallel_tools", "steer_flood"]
+__all__ = [
+    "Figure",
+    "engine_transitions",
+    "micro_figures",
+    "parallel_tools",
+    "steer_flood",
+    "tool_shapes",
+]
 
 
 @dataclass(frozen=True)
@@ -377,11 +384,98 @@ async def steer_flood(small: int, large: int) -> Figure:
     )
 
 
+async def _per_turn(tool: sm.Tool, turns: int) -> float:
+    """Seconds a turn of a ``turns``-turn run whose every turn calls ``tool`` once, by a
+    scripted model that answers at once (checked: ``Done``, every call answered with its
+    text)."""
+    asked = 0
+
+    class Calls:
+        async def complete(
+            self, messages: Sequence[sm.Message], tools: object, signal: object
+        ) -> sm.AssistantMessage:
+            nonlocal asked
+            asked += 1
+            if asked <= turns:
+                call = sm.ToolCall(f"call_{asked}", "echo", {"text": f"ping {asked}"})
+                return sm.AssistantMessage((call,), stop_reason="toolUse")
+            return sm.AssistantMessage("done")
+
+    started = time.perf_counter()
+    result = await sm.run_agent(
+        model=Calls(), tools=[tool], messages="go", max_turns=turns + 1, logger=quiet_logger()
+    )
+    seconds = time.perf_counter() - started
+    answers = [m.text for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+    if result.state is not sm.TurnState.DONE or answers != [f"ping {i + 1}" for i in range(turns)]:
+        raise RuntimeError(f"tool-shape run ended {result.state.value}: {result.explanation}")
+    return seconds / turns
+
+
+def _tool_shapes() -> dict[str, sm.Tool]:
+    """The shapes of tool users write, each the same echo."""
+
+    @sm.tool(name="echo")
+    async def echo_async(text: str) -> str:
+        """Return the text it is given."""
+        return text
+
+    @sm.tool(name="echo")
+    def echo_sync(text: str) -> str:
+        """Return the text it is given."""
+        return text
+
+    async def execute(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+        return str(arguments["text"])
+
+    return {
+        "async @tool": echo_async,
+        "Tool(definition, execute(arguments, signal))": sm.Tool(_echo_definition(), execute),
+        "sync @tool (a worker thread a call)": echo_sync,
+    }
+
+
+async def tool_shapes(turns: int, repetitions: int) -> list[Figure]:
+    """Wall time per turn (one call a turn) for each shape of tool, against the async
+    ``@tool`` in the same run; and ``asyncio.to_thread`` alone, the price a sync tool
+    pays on top of an async one (the library runs a sync tool in a worker thread, since
+    it cannot know that the function will not block the loop)."""
+    shapes = _tool_shapes()
+    times: dict[str, list[float]] = {name: [] for name in shapes}
+    threads: list[float] = []
+    for _ in range(repetitions):  # interleaved, so drift on a noisy machine hits all alike
+        for name, tool in shapes.items():
+            times[name].append(await _per_turn(tool, turns))
+        started = time.perf_counter()
+        for _ in range(turns):
+            await asyncio.to_thread(str, "ping")
+        threads.append((time.perf_counter() - started) / turns)
+    base = statistics.median(times["async @tool"])
+    figures = [
+        Figure(
+            f"tool shape: {name}",
+            f"{statistics.median(values) * 1e6:.0f} µs a turn",
+            f"{statistics.median(values) / base:.2f}x the async @tool; {turns:,} turns of one "
+            f"call, median of {repetitions}",
+        )
+        for name, values in times.items()
+    ]
+    figures.append(
+        Figure(
+            "asyncio.to_thread alone",
+            f"{statistics.median(threads) * 1e6:.0f} µs a call",
+            "a sync tool's extra cost is about this: the hand-off to a worker thread and back",
+        )
+    )
+    return figures
+
+
 async def micro_figures(smoke: bool) -> list[Figure]:
     turns, reps = (10, 1) if smoke else (10_000, 5)
     figures = [engine_transitions(turns, reps)[0]]
     figures.append(await parallel_tools(10, 0.01 if smoke else 0.1, 1 if smoke else 5))
     figures.append(await (steer_flood(100, 1_000) if smoke else steer_flood(10_000, 100_000)))
+    figures += await (tool_shapes(10, 1) if smoke else tool_shapes(1_000, 5))
     figures += _guarded(
         "journal append / replay events/s",
         "statemachine.journal._replay",

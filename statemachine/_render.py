@@ -16,7 +16,6 @@ module imports ``transitions.extensions.diagrams`` only when it draws.
 
 from __future__ import annotations
 
-import html
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +48,6 @@ __all__ = [
     "normalize_svg",
     "overlay_from_trace",
     "render",
-    "svg_fence",
     "svg_inline",
 ]
 
@@ -578,17 +576,12 @@ _SVG_PROLOG: Final = re.compile(r"\A.*?(?=<svg\b)", re.S)
 _SVG_SIZE: Final = re.compile(r'<svg width="[^"]*" height="[^"]*"')
 
 
-def svg_inline(svg: str) -> str:
+def svg_inline(svg: str, fit: bool = True) -> str:
     """``svg`` as an element of an HTML page: nothing before ``<svg``, and as wide as
-    the page (its ``viewBox`` keeps the proportions)."""
-    return _SVG_SIZE.sub('<svg width="100%"', _SVG_PROLOG.sub("", svg, count=1), count=1)
-
-
-def svg_fence(source: str, language: str, css_class: str, options: Any, md: Any, **_: Any) -> str:
-    """A ``pymdownx.superfences`` fence (the docs site's ```` ```statemachine-diagram ````):
-    the machine as inline SVG when the page is built, the block's text as its caption."""
-    svg = str(render("svg"))
-    caption = html.escape(" ".join(source.split()))
-    inner = svg_inline(svg) + (f"<figcaption>{caption}</figcaption>" if caption else "")
-    # Full width: a figure otherwise shrinks to its content, which is 100% of it.
-    return f'<figure class="{html.escape(css_class)}" style="width: 100%">{inner}</figure>'
+    the page (its ``viewBox`` keeps the proportions), or with ``fit=False`` at the size
+    Graphviz drew it (its points: text of 10 points is 13 px high)."""
+    inline = _SVG_PROLOG.sub("", svg, count=1)
+    if fit:
+        return _SVG_SIZE.sub('<svg width="100%"', inline, count=1)
+    # A theme's "svg { max-width: 100% }" would shrink it back to the column's width.
+    return inline.replace("<svg ", '<svg style="max-width: none; height: auto" ', 1)

@@ -9,6 +9,7 @@ which it replays and so verifies. ``sequence_diagram`` draws a run's messages, a
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -167,7 +168,9 @@ def load_run(path: Path) -> RunResult:
     except ValueError:
         head = None
     if isinstance(head, dict) and head.get("format") == _JOURNAL_FORMAT:
-        return run_result_from_journal(text.splitlines(keepends=True))
+        # Lines end at "\n" only: str.splitlines also breaks at U+2028 and the other
+        # separators, which JSON keeps unescaped inside strings.
+        return run_result_from_journal(io.StringIO(text))
     try:
         data = json.loads(text)
     except ValueError as exc:

@@ -51,6 +51,14 @@ different reaction (h11 splits its protocol errors the same way)::
                                     model to try again, with a message (it never
                                     escapes a run: it becomes a failed attempt)
 
+Three exceptions are raised *for* code outside the library, so they are deliberately
+not ``StateMachineError``: the code that meets them treats them as it treats any
+exception of that code::
+
+    NotExpressibleError             an adapter: its peer cannot express a scenario
+    ScriptedToolError               the kit's scripted tool failing, as a real tool would
+    StrayCancelledError             user code raised ``CancelledError``, uncancelled
+
 How each family reaches you:
 
 * ``UsageError`` is raised at once, before anything runs or changes.
@@ -94,6 +102,7 @@ __all__ = [
     "ModelFailedError",
     "ModelOutputError",
     "ModelRetry",
+    "NotExpressibleError",
     "NotPendingError",
     "OutputInvalidError",
     "OutputTypeChangedError",
@@ -108,12 +117,14 @@ __all__ = [
     "RunFailedError",
     "RunHeldError",
     "RunNotDoneError",
+    "ScriptedToolError",
     "ServiceError",
     "SnapshotError",
     "SnapshotSignatureError",
     "SpecError",
     "StateMachineError",
     "StoreUnavailableError",
+    "StrayCancelledError",
     "ToolOutputError",
     "ToolRetriesExceededError",
     "TurnLimitExceededError",
@@ -374,6 +385,30 @@ class EngineInvariantError(StateMachineError):
     def __init__(self, message: str, trace: Sequence[TransitionRecord] = ()) -> None:
         super().__init__(message)
         self.trace: tuple[TransitionRecord, ...] = tuple(trace)
+
+
+# -- raised for code outside the library (not StateMachineError) -------------------------
+
+
+class NotExpressibleError(Exception):
+    """Raised by a conformance adapter when a scenario asks for something its peer
+    cannot express (a stop reason its model interface has no value for, an abort it
+    has no way to receive). The run is set aside, not judged: the report counts such
+    scenarios with the reason, and the search goes on. Raise this class itself (not a
+    subclass), from the adapter's model or loop, with a sentence that says what the
+    peer lacks."""
+
+
+class ScriptedToolError(RuntimeError):
+    """What a scripted tool of the kit with outcome ``raise`` raises: an exception of
+    the tool's own, as a real tool's would be, which the loop under test must turn
+    into an error result."""
+
+
+class StrayCancelledError(Exception):
+    """User code (a hook, a tool) raised ``CancelledError`` although nothing cancelled
+    its task; the driver reports it as that code's failure instead of letting it
+    cancel the run."""
 
 
 # -- a request, not trouble ------------------------------------------------------------

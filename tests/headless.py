@@ -222,12 +222,36 @@ def offline_browser(width: int, height: int) -> Iterator[Browser]:
         yield b
 
 
-def keep(name: str, png: bytes) -> None:
-    """Keep a screenshot as ``name`` in ``$STATEMACHINE_SCREENSHOTS``, when it is set."""
+def keep(name: str, png: bytes, smallest_text: float | None = None) -> None:
+    """Keep a screenshot as ``name`` in ``$STATEMACHINE_SCREENSHOTS``, when it is set,
+    with the smallest text height measured in it (``smallest-text.tsv`` there)."""
     directory = os.environ.get("STATEMACHINE_SCREENSHOTS")
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / name).write_bytes(png)
+        if smallest_text is not None:
+            with (Path(directory) / "smallest-text.tsv").open("a", encoding="utf-8") as f:
+                f.write(f"{name}\t{smallest_text:.1f}\n")
+
+
+SHOWN_TEXT_HEIGHTS: Final = """
+(selector => [...document.querySelectorAll(selector)]
+  .filter(t => !t.closest('details:not([open])') && t.textContent.trim() !== ''
+               && t.getClientRects().length > 0)
+  .map(t => [t.textContent.trim(), t.getBoundingClientRect().height]))
+"""
+
+
+def text_heights(browser: Browser, selector: str) -> dict[str, float]:
+    """How high, in CSS pixels of the page as shown, each text ``selector`` matches is
+    drawn (its bounding box as the browser lays it out: SVG scaled to its box included);
+    text in a closed ``<details>`` is not shown and not measured. Keyed by the text, the
+    smallest height of each."""
+    pairs = browser.evaluate(f"({SHOWN_TEXT_HEIGHTS})({json.dumps(selector)})")
+    heights: dict[str, float] = {}
+    for text, height in pairs:
+        heights[text] = min(height, heights.get(text, height))
+    return heights
 
 
 def png_pixels(png: bytes) -> tuple[int, int, list[bytes]]:

@@ -68,8 +68,10 @@ def recordings(provider: str) -> Iterator[Recording]:
         yield recording(provider, path.stem)
 
 
-def recording(provider: str, name: str) -> Recording:
-    path: Path = FIXTURES / provider / "recorded" / f"{name}.json"
+def recording(provider: str, name: str, folder: str = "recorded") -> Recording:
+    """One recording, by provider and name (``folder``: a subfolder other than
+    ``recorded``, for recordings the shared replay test does not take)."""
+    path: Path = FIXTURES / provider / folder / f"{name}.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     return Recording(
         name,

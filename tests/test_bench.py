@@ -433,3 +433,26 @@ def test_the_steer_flood_figure_fails_when_a_steer_is_lost(
     monkeypatch.setattr(micro.sm.AgentRun, "steer", drops_the_fifth)
     with pytest.raises(RuntimeError, match="lost or reordered"):
         asyncio.run(micro._flood(10))
+
+
+@pytest.mark.timeout(60)
+def test_the_tool_shape_figures_measure_each_shape_and_fail_on_a_wrong_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    micro = _load("micro", monkeypatch)
+    figures = asyncio.run(micro.tool_shapes(5, 1))
+    names = [f.name for f in figures]
+    assert names == [
+        "tool shape: async @tool",
+        "tool shape: Tool(definition, execute(arguments, signal))",
+        "tool shape: sync @tool (a worker thread a call)",
+        "asyncio.to_thread alone",
+    ]
+    assert figures[0].detail.startswith("1.00x the async @tool")
+
+    async def wrong(arguments: dict[str, Any], signal: Any) -> str:
+        return "not the text"
+
+    lying = micro.sm.Tool(micro._echo_definition(), wrong)
+    with pytest.raises(RuntimeError, match="tool-shape run ended"):
+        asyncio.run(micro._per_turn(lying, 3))

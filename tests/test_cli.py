@@ -194,8 +194,9 @@ def test_replay_of_a_bad_journal_fails_in_one_line(
     journal = tmp_path / "bad.jsonl"
     journal.write_text('{"not": "a journal"}\n', encoding="utf-8")
     code, _, err = _main(["replay", str(journal)], capsys)
-    assert code == 1
-    assert err.startswith("replay: FAILED: journal line 1")
+    # Not a journal at all: unreadable input (2), as from 'view' and 'trace'.
+    assert code == 2
+    assert err.startswith("replay: journal line 1")
     assert err.count("\n") == 1
 
 
@@ -506,6 +507,13 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
 
     _trace_and_transcript_work_installed(python, script, elsewhere, env)
+    # The built-in table's drawings ship in the wheel: the docs and 'view' need them.
+    check = (
+        "from statemachine._figures import PACKAGED, packaged_svg as p; print(*map(p, PACKAGED))"
+    )
+    shipped = _run([python, "-c", check], elsewhere, env)
+    assert shipped.returncode == 0, shipped.stderr
+    assert shipped.stdout.count("<svg ") == 2
 
     missing = _run([script, "spec", "nope.toml"], elsewhere, env)
     assert (missing.returncode, missing.stderr) == (
@@ -609,9 +617,10 @@ def test_replay_help_says_what_a_file_that_is_not_a_journal_gets(
     code, out, _ = _main(["replay", "--help"], capsys)
     assert code == 0
     flat = " ".join(out.split())
-    assert "1 the file is not a journal, or does not replay as recorded" in flat
+    assert "1 the journal does not replay as recorded" in flat
+    assert "2 bad arguments or unreadable input" in flat
     (tmp_path / "notes.txt").write_text("hello\n", encoding="utf-8")
-    assert _main(["replay", str(tmp_path / "notes.txt")], capsys)[0] == 1
+    assert _main(["replay", str(tmp_path / "notes.txt")], capsys)[0] == 2
 
 
 def test_check_shows_which_configuration_it_explores_on_a_terminal(
@@ -800,7 +809,15 @@ def test_the_example_mcp_server_runs_as_a_module(monkeypatch: pytest.MonkeyPatch
             return names, result
 
     names, result = asyncio.run(main_())
-    assert names == ["calc_add", "calc_echo", "calc_word_count", "calc_summarize", "calc_greet"]
+    assert names == [
+        "calc_add",
+        "calc_echo",
+        "calc_word_count",
+        "calc_touch",
+        "calc_roots",
+        "calc_summarize",
+        "calc_greet",
+    ]
     assert result.final_text == "It is 42."
 
 

@@ -20,6 +20,14 @@ from transitions.extensions import diagrams_pygraphviz
 from transitions.extensions.diagrams import GraphMachine
 
 import statemachine.cli as cli
+from statemachine._figures import (
+    PACKAGED,
+    figure_html,
+    overview_chart,
+    packaged_svg,
+    render_overview,
+    svg_fence,
+)
 from statemachine._render import (
     Chart,
     DiagramError,
@@ -28,7 +36,6 @@ from statemachine._render import (
     mermaid_text,
     normalize_svg,
     render,
-    svg_fence,
     svg_inline,
 )
 from statemachine.core.table import INTERNAL_TRIGGERS, TERMINAL, TRANSITIONS, TurnState
@@ -349,7 +356,7 @@ def test_no_silent_fallback_when_pygraphviz_is_missing(monkeypatch: pytest.Monke
 
 
 def test_committed_diagrams_match_the_code() -> None:
-    stale = stale_files(REPO / "diagrams", REPO / "README.md")
+    stale = stale_files(REPO / "diagrams", REPO / "README.md", package=REPO / "statemachine")
     names = ", ".join(str(p.relative_to(REPO)) for p in stale)
     assert not stale, f"stale diagrams: {names}; regenerate with: {REGENERATE}"
 
@@ -360,19 +367,91 @@ def test_the_docs_concepts_page_draws_the_machine_when_the_site_is_built() -> No
     assert DIAGRAM_PAGES == ()
     concepts = (REPO / "docs" / "concepts.md").read_text(encoding="utf-8")
     assert "```statemachine-diagram\n" in concepts
-    assert "statemachine._render.svg_fence" in (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "statemachine._figures.svg_fence" in (REPO / "mkdocs.yml").read_text(encoding="utf-8")
 
 
-def test_the_docs_fence_inlines_the_svg_with_its_caption() -> None:
+def test_the_docs_fence_inlines_the_overview_and_the_full_drawing_with_its_caption() -> None:
     out = svg_fence("The <loop>\n", "statemachine-diagram", "statemachine-diagram", {}, None)
-    assert out.startswith(
-        '<figure class="statemachine-diagram" style="width: 100%"><svg width="100%"'
-    )
+    assert out.startswith('<figure class="statemachine-diagram"')
     assert "<?xml" not in out
     assert "<!DOCTYPE" not in out
-    assert out.endswith("<figcaption>The &lt;loop&gt;</figcaption></figure>")
-    assert normalize_svg(svg_inline(str(render("svg")))) in normalize_svg(out)
-    assert "<figcaption>" not in svg_fence("", "x", "x", {}, None)
+    assert "<figcaption>The &lt;loop&gt; Dashed: " in out
+    assert out.endswith("</details></figure>")
+    # The overview fills the width; the full drawing keeps its own size.
+    overview = normalize_svg(svg_inline(packaged_svg("overview")))
+    full = normalize_svg(svg_inline(packaged_svg("full"), fit=False))
+    assert overview in normalize_svg(out)
+    assert full in normalize_svg(out)
+    assert out.index('<div class="sm-overview">') < out.index("<details")
+    assert "<figcaption>Dashed: " in svg_fence("", "x", "x", {}, None)
+
+
+def test_the_docs_fence_stops_the_build_when_the_diagram_cannot_be_drawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # superfences shows a fence whose function raises anything else as plain code, and
+    # the build passes: the error must be its own exception.
+    from pymdownx.superfences import (  # type: ignore[import-untyped]  # no py.typed
+        SuperFencesException,
+    )
+
+    import statemachine._figures as _figures
+
+    def lost(view: str = "full") -> str:
+        raise DiagramError("the package's drawing loop.svg cannot be read")
+
+    monkeypatch.setattr(_figures, "packaged_svg", lost)
+    with pytest.raises(SuperFencesException, match="statemachine-diagram: the package's"):
+        svg_fence("", "statemachine-diagram", "statemachine-diagram", {}, None)
+
+
+def test_the_packaged_drawings_are_the_built_in_tables_and_need_no_graphviz(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for view, name in PACKAGED.items():
+        shipped = (REPO / "statemachine" / name).read_text(encoding="utf-8")
+        assert packaged_svg(view) == shipped
+        drawn = render_overview() if view == "overview" else str(render("svg"))
+        assert normalize_svg(shipped) == normalize_svg(drawn)
+    monkeypatch.setattr(diagrams_pygraphviz, "pgv", None)
+    assert "AwaitingModel" in figure_html()
+    # Any other table is drawn now, which needs Graphviz.
+    with pytest.raises(DiagramError, match="pygraphviz"):
+        figure_html(awkward_chart())
+    with pytest.raises(DiagramError, match="unknown view 'tiny'"):
+        packaged_svg("tiny")  # type: ignore[arg-type]
+
+
+def test_the_wheel_ships_the_packaged_drawings() -> None:
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["statemachine"]
+    assert all(any(Path(name).match(p) for p in patterns) for name in PACKAGED.values())
+
+
+def test_the_overview_groups_the_edges_one_per_pair_of_states() -> None:
+    chart = chart_from_table()
+    overview = overview_chart(chart)
+    pairs = [(e.source, e.dest) for e in overview.edges]
+    assert len(pairs) == len(set(pairs))
+    assert set(pairs) == {(e.source, e.dest) for e in chart.edges if e.source != e.dest}
+    assert all(not line.guards for e in overview.edges for line in e.lines)
+    assert overview.states == chart.states
+    graph = pygraphviz.AGraph(string=render_overview(chart, "dot"))
+    assert all(not (graph.get_edge(a, b).attr.get("label") or "") for a, b in pairs)
+    assert graph.graph_attr.get("label") in (None, "")
+    # What the overview leaves out is in its tooltips: a state's own triggers.
+    assert "input queued" in graph.get_node("Ready").attr["tooltip"]
+
+
+def test_the_full_drawing_inlines_at_its_own_size() -> None:
+    svg = str(render("svg"))
+    inline = svg_inline(svg, fit=False)
+    width = re.search(r'<svg width="([\d.]+)pt"', svg)
+    assert width is not None
+    assert inline.startswith('<svg style="max-width: none; height: auto" width="')
+    assert f'width="{width.group(1)}pt"' in inline
 
 
 def test_readme_shows_the_generated_mermaid() -> None:

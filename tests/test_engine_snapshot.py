@@ -865,12 +865,15 @@ def test_resume_checks_the_signature_before_anything_runs() -> None:
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("key", [b"", "", 7])
+@pytest.mark.parametrize("key", [b"", "", 7, "secret\ud800"])
 def test_an_empty_or_odd_key_is_a_usage_error(key: Any) -> None:
+    # A lone surrogate cannot be encoded: the same usage error as any unusable key,
+    # and the key itself appears nowhere in the message.
     snap = json.loads(suspended_snapshot("approval"))
-    with pytest.raises(sm.UsageError, match="non-empty bytes or str"):
+    with pytest.raises(sm.UsageError, match="non-empty bytes or a str") as raised:
         Engine.sign_snapshot(snap, key)
-    with pytest.raises(sm.UsageError, match="non-empty bytes or str"):
+    assert "secret" not in str(raised.value)
+    with pytest.raises(sm.UsageError, match="non-empty bytes or a str"):
         Engine.restore(Engine.sign_snapshot(snap, KEY), key=key)
 
 

@@ -73,13 +73,27 @@ def test_the_families_do_not_overlap() -> None:
             assert not issubclass(b, a)
 
 
+# Raised for code outside the library (an adapter, a scripted tool, a user's hook),
+# so deliberately not StateMachineError; the module's docstring lists them apart.
+_FOR_OUTSIDE_CODE = (
+    sm.errors.NotExpressibleError,
+    sm.errors.ScriptedToolError,
+    sm.errors.StrayCancelledError,
+)
+
+
 def test_every_public_error_is_defined_in_the_one_module_and_in_one_family() -> None:
     # The tree in the module's docstring is the whole hierarchy: every exception the
-    # library exports lives in statemachine.errors, under exactly one family.
+    # library exports lives in statemachine.errors, under exactly one family (or in
+    # the short list of exceptions raised for code outside the library).
     exported = [getattr(sm.errors, name) for name in sm.errors.__all__]
     for error in exported:
         assert error.__module__ == "statemachine.errors", error
         if error is sm.StateMachineError or error in _FAMILIES:
+            continue
+        if error in _FOR_OUTSIDE_CODE:
+            assert not issubclass(error, sm.StateMachineError), error
+            assert error.__name__ in (sm.errors.__doc__ or ""), error
             continue
         families = [f for f in _FAMILIES if issubclass(error, f)]
         assert len(families) == 1, (error, families)
@@ -157,3 +171,36 @@ def test_each_ending_carries_its_error_and_raise_for_state_raises_it(
     with pytest.raises(error) as caught:
         result.raise_for_state()
     assert caught.value is result.error
+
+
+def test_no_other_module_exports_an_exception_of_its_own() -> None:
+    # One error module: no public module of the package offers (in its ``__all__``)
+    # an exception class it defines itself. Read from the source, so a module nobody
+    # imports is covered too; a module's private exceptions for its own control flow
+    # stay where they are used.
+    import ast
+    from pathlib import Path
+
+    package = Path(sm.__file__).parent
+    bases_of_errors = set(sm.errors.__all__) | {"Exception", "BaseException"}
+    bases_of_errors |= {"RuntimeError", "ValueError", "TypeError", "KeyError", "OSError"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        private = any(p.startswith("_") and p != "__init__" for p in parts)
+        if path == package / "errors.py" or private:
+            continue  # a private module's exceptions are its package's own business
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exported: set[str] = set()
+        for statement in tree.body:
+            if isinstance(statement, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets
+            ):
+                exported = set(ast.literal_eval(statement.value))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name in exported:
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                bases |= {b.attr for b in node.bases if isinstance(b, ast.Attribute)}
+                if bases & bases_of_errors:
+                    found.append(f"{path.relative_to(package)}: {node.name}")
+    assert found == []

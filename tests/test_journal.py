@@ -539,8 +539,8 @@ def test_cli_replay_prints_the_trace_and_verifies(
 def test_cli_replay_of_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "x.jsonl"
     path.write_bytes(b"\xff\xfe")
-    assert cli_replay([str(path)]) == 1
-    assert "FAILED" in capsys.readouterr().err
+    assert cli_replay([str(path)]) == 2  # no journal at all: unreadable input
+    assert "journal line 1" in capsys.readouterr().err
 
 
 # -- engine options: scheduling -------------------------------------------------------------

@@ -461,7 +461,7 @@ def test_cli_replay_takes_a_line_cap(tmp_path: Path, capsys: pytest.CaptureFixtu
     path = tmp_path / "run.jsonl"
     path.write_text("".join(_journal()), encoding="utf-8")
     assert cli_replay([str(path), "--quiet"]) == 0
-    assert cli_replay([str(path), "--max-line-bytes", "100"]) == 1
+    assert cli_replay([str(path), "--max-line-bytes", "100"]) == 2  # its header cannot be read
     assert "journal line 1: the line is longer than 100 bytes" in capsys.readouterr().err
 
 

@@ -23,7 +23,7 @@ from statemachine.mcp import (
     MCPSamplingRequest,
     MCPServer,
 )
-from statemachine.mcp._asking import MAX_LOG_CHARS
+from statemachine.mcp._asking import CHARS_PER_TOKEN, MAX_LOG_CHARS
 from statemachine.testing import ScriptedModel
 
 ASKING = Path(__file__).resolve().parent / "mcp_servers" / "asking.py"
@@ -176,6 +176,20 @@ async def test_sampling_is_bounded_by_its_policy() -> None:
         assert "sampling policy refused this request" in refused
     assert refusing.asked == 1
     assert sampler.calls == 1
+
+
+@pytest.mark.timeout(120)
+@_sync
+async def test_max_tokens_bounds_the_answer_of_a_model_that_takes_no_settings() -> None:
+    # ScriptedModel declares no supported settings: it is never told max_tokens, so the
+    # answer it gives back is cut to the policy's budget of characters instead.
+    long = "word " * 40_030
+    sampler = ScriptedModel(sm.AssistantMessage(long), sm.AssistantMessage("short"))
+    async with _stdio(sampling=MCPSampling(model=sampler, max_tokens=10)) as server:
+        cut = await _tool(server, "sized", n=1, tokens=10**6)
+        whole = await _tool(server, "sized", n=1, tokens=10**6)
+    assert cut == f"{10 * CHARS_PER_TOKEN} characters, stopped: maxTokens"
+    assert whole == "5 characters, stopped: endTurn"
 
 
 @pytest.mark.timeout(120)

@@ -442,7 +442,7 @@ def test_resource_contents_and_prompt_messages_are_bounded() -> None:
     blocks = resource_blocks(read, 157, 1_000, 4)  # 147 characters before the last
     assert blocks == (
         sm.TextContent("z" * 50),
-        sm.TextContent("[resource: test://b, application/zip, 4 bytes]"),
+        sm.TextContent("[resource: test://b, application/zip, 3 bytes]"),
         sm.TextContent("[image refused (image/png): its data is not base64]"),
         sm.TextContent("z" * 10),
         sm.TextContent("[40 more characters cut: max_output_chars=157]"),

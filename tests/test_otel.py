@@ -104,6 +104,8 @@ def test_a_run_with_parallel_tools_and_an_error_gives_the_span_tree() -> None:
         "statemachine.run.turns": 3,
         "gen_ai.usage.input_tokens": 500,
         "gen_ai.usage.output_tokens": 44,
+        "gen_ai.output.type": "text",
+        "gen_ai.response.finish_reasons": ("stop",),  # the last model call's
     }
     assert root.status.status_code is StatusCode.UNSET
     chats = [s for s in children if s.name == "chat scripted-1"]

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -18,14 +19,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
+from opentelemetry.semconv.schemas import Schemas
 from opentelemetry.trace import Link, SpanKind, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
-from providers_server import FAST, LoopbackServer, sse
+from providers_server import FAST, LoopbackServer, Reply, fixture_text, sse
 from test_mcp import DEVNULL, SERVER
 from test_otel import Script, _calls, double
 
 import statemachine as sm
 import statemachine.messages
+from statemachine.agent.model import CallOptions
 from statemachine.otel import SCHEMA_URL, AgentTracer
 from statemachine.providers.anthropic_messages import AnthropicModel
 from statemachine.providers.gemini import GeminiModel
@@ -169,6 +173,7 @@ def test_an_adapter_gives_provider_server_and_request_parameters() -> None:
         "gen_ai.provider.name": "openai",
         "gen_ai.request.model": "gpt-test",
         "gen_ai.request.max_tokens": 256,
+        "gen_ai.output.type": "text",
         "gen_ai.request.temperature": 0.25,
         "server.address": "127.0.0.1",
         "server.port": port,
@@ -411,3 +416,126 @@ def test_a_client_that_does_not_say_leaves_the_response_attributes_out() -> None
     asyncio.run(tracer.run_agent(model=Script(sm.AssistantMessage("ok")), messages="hi"))
     (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
     assert not {"gen_ai.response.id", "gen_ai.response.model"} & set(chat.attributes or {})
+
+
+def _with_reasoning(name: str, reasoning: str) -> Reply:
+    """A recorded stream whose final usage reports reasoning tokens (``reasoning``: the
+    text that replaces the fixture's last usage figure)."""
+    text = fixture_text(name)
+    if name.startswith("gemini/"):
+        said, count = '"candidatesTokenCount": 19,', f'"candidatesTokenCount": 19, {reasoning},'
+    else:
+        said, count = '"reasoning_tokens":0', reasoning
+    assert text.count(said) == 1
+    return attrs.evolve(sse(name), body=text.replace(said, count).encode("utf-8"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("make", "stream", "reasoning", "response_id", "model"),
+    [
+        (
+            _openai,
+            "openai/text_stream.sse",
+            '"reasoning_tokens":7',
+            "chatcmpl-AZx81",
+            "gpt-4o-mini-2024-07-18",
+        ),
+        (_responses, "responses/text_stream.sse", '"reasoning_tokens":7', "resp_1", "gpt-5-mini"),
+        (_gemini, "gemini/text_stream.sse", '"thoughtsTokenCount": 7', "r1", "gemini-2.5-flash"),
+    ],
+    ids=["openai", "responses", "gemini"],
+)
+def test_reasoning_tokens_and_the_response_reach_the_chat_and_agent_spans_and_the_metrics(
+    make: Any, stream: str, reasoning: str, response_id: str, model: str
+) -> None:
+    tracer, exporter, reader = _setup()
+    with LoopbackServer() as server:
+        server.add(_with_reasoning(stream, reasoning))
+        result = asyncio.run(tracer.run_agent(model=make(server.url), messages="hi"))
+    assert result.state is sm.TurnState.DONE
+    spans = _by_name(exporter)
+    (chat,) = [dict(s.attributes or {}) for s in spans.values() if s.name.startswith("chat")]
+    agent = dict(spans["invoke_agent tester"].attributes or {})
+    for attributes in (chat, agent):
+        assert attributes["gen_ai.usage.reasoning.output_tokens"] == 7
+        assert attributes["gen_ai.response.id"] == response_id
+        assert attributes["gen_ai.response.model"] == model
+        assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+        assert attributes["gen_ai.output.type"] == "text"
+    for metric in ("gen_ai.client.token.usage", "gen_ai.client.operation.duration"):
+        for point in _points(reader, metric):
+            assert dict(point.attributes or {})["gen_ai.response.model"] == model
+
+
+@pytest.mark.timeout(30)
+def test_a_provider_that_reports_no_reasoning_tokens_leaves_the_attribute_out() -> None:
+    tracer, exporter, _ = _setup()
+    with LoopbackServer() as server:
+        server.add(sse("anthropic/text_stream.sse"))
+        asyncio.run(tracer.run_agent(model=_anthropic(server.url), messages="hi"))
+    for span in exporter.get_finished_spans():
+        assert "gen_ai.usage.reasoning.output_tokens" not in dict(span.attributes or {})
+
+
+@pytest.mark.timeout(30)
+def test_the_output_type_is_json_for_a_run_with_a_native_structured_output() -> None:
+    recorder = Recorder()
+    tracer, exporter, _ = _setup(recorder)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    model = Script(sm.AssistantMessage('{"n": 4}'), native_output=True)
+    result = asyncio.run(
+        tracer.run_agent(model=model, messages="go", output_type=schema, output_mode="native")
+    )
+    assert result.output == {"n": 4}
+    spans = _by_name(exporter)
+    assert dict(spans["chat scripted-1"].attributes or {})["gen_ai.output.type"] == "json"
+    assert recorder.seen["chat scripted-1"]["gen_ai.output.type"] == "json"  # at creation
+    assert dict(spans["invoke_agent tester"].attributes or {})["gen_ai.output.type"] == "json"
+
+
+@pytest.mark.timeout(30)
+def test_the_schema_url_is_the_newest_of_the_installed_conventions() -> None:
+    newest = max(Schemas, key=lambda s: tuple(int(p) for p in s.value.rsplit("/", 1)[1].split(".")))
+    assert newest.value == SCHEMA_URL
+    assert gen_ai_attributes.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS == (
+        "gen_ai.usage.reasoning.output_tokens"
+    )
+    assert gen_ai_attributes.GEN_AI_OUTPUT_TYPE == "gen_ai.output.type"
+
+
+class Telling(Script):
+    """A client of its own that tells the response's id and model (two arguments, as
+    before reasoning tokens could be told too), or all three."""
+
+    def __init__(self, *said: Any) -> None:
+        super().__init__(sm.AssistantMessage("ok"))
+        self.said = said
+
+    async def complete(
+        self,
+        messages: Any,
+        tools: Any,
+        signal: Any,
+        *,
+        options: CallOptions | None = None,
+    ) -> sm.AssistantMessage:
+        assert options is not None
+        assert options.on_response is not None
+        options.on_response(*self.said)
+        return await super().complete(messages, tools, signal)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("said", "reasoning"), [(("r-1", "m-2"), None), (("r-1", "m-2", 3), 3)], ids=["two", "three"]
+)
+def test_a_client_of_its_own_tells_the_response_with_or_without_reasoning_tokens(
+    said: tuple[Any, ...], reasoning: int | None
+) -> None:
+    tracer, exporter, _ = _setup()
+    asyncio.run(tracer.run_agent(model=Telling(*said), messages="hi"))
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    attributes = dict(chat.attributes or {})
+    assert (attributes["gen_ai.response.id"], attributes["gen_ai.response.model"]) == said[:2]
+    assert attributes.get("gen_ai.usage.reasoning.output_tokens") == reasoning

@@ -44,7 +44,7 @@ from providers_server import LoopbackServer, Sleeps
 
 import statemachine as sm
 import statemachine.messages
-from statemachine.providers import GeminiModel, RetryPolicy
+from statemachine.providers import GeminiModel, RetryPolicy, VertexGeminiModel
 from statemachine.providers.gemini import GENERATED_ID_PREFIX, SIGNATURE_PREFIX
 
 KEY = "AIza-recorded-0123456789abcdef"
@@ -355,3 +355,76 @@ def test_an_empty_reply_at_max_tokens_is_an_empty_length_stop(server: LoopbackSe
     [reply], _ = replay(rec, server)
     assert isinstance(reply, sm.AssistantMessage)
     assert reply == attrs.evolve(reply, content=(), stop_reason=sm.messages.StopReason.LENGTH)
+
+
+# -- Gemini on Vertex AI (vertex/recorded) ------------------------------------------------------
+
+
+class VertexToken:
+    """Google credentials holding a valid token (what Application Default Credentials give)."""
+
+    token = "ya29.recorded-vertex-token"
+    expired = False
+    valid = True
+    quota_project_id = None
+
+    def refresh(self, request: object) -> None:
+        raise AssertionError("the token is valid: no refresh")
+
+    def before_request(self, request: Any, method: str, url: str, headers: dict[str, str]) -> None:
+        headers["authorization"] = f"Bearer {self.token}"
+
+    def apply(self, headers: dict[str, str], token: str | None = None) -> None:
+        headers["authorization"] = f"Bearer {self.token}"
+
+
+def vertex_model_for(
+    turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+) -> VertexGeminiModel:
+    path, body = turn.request["path"], turn.body
+    # /v1beta1/projects/{project}/locations/{location}/publishers/google/models/{model}:...
+    parts = path.split("/")
+    system = body.get("systemInstruction")
+    extra = {"labels": body["labels"]} if "labels" in body else {}
+    return VertexGeminiModel(
+        model_name(path),
+        project=parts[3],
+        location=parts[5],
+        credentials=VertexToken(),
+        base_url=server.url,
+        api_version=parts[1],
+        system="".join(p["text"] for p in system["parts"]) if system else None,
+        stream="streamGenerateContent" in path,
+        extra_body=extra,
+        retry=RetryPolicy(max_attempts=1),
+        sleep=Sleeps(),
+        on_text=on_text,
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", [r.name for r in recordings("vertex")])
+def test_recorded_vertex_traffic_replays_through_the_vertex_model(
+    name: str, server: LoopbackServer
+) -> None:
+    rec = recording("vertex", name)
+    outcomes, pieces = providers_corpus.replay(
+        rec, server, vertex_model_for, new_messages, tools_of
+    )
+    assert len(outcomes) == len(rec.interactions)
+    for index, outcome in enumerate(outcomes):
+        interaction = rec.interactions[index]
+        assert isinstance(outcome, sm.AssistantMessage), outcome
+        content, finish, usage = expected_reply(interaction.response)
+        assert ours(outcome) == content
+        assert outcome.usage == usage_of(usage)
+        assert outcome.stop_reason is STOPS[finish]
+        assert "".join(pieces[index]) == "".join(c[1] for c in content if c[0] == "text")
+        request = server.requests[index]
+        # The whole path: project, location, publisher, model and method.
+        assert request.path.split("?")[0] == interaction.request["path"]
+        assert request.headers["authorization"] == "Bearer ya29.recorded-vertex-token"
+        assert_same_request(
+            interaction.request["path"], interaction.body, request.path, request.json()
+        )
+        assert request.json().get("labels") == interaction.body.get("labels")

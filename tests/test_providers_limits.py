@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 from providers_corpus import bedrock_event, bedrock_text_stream, event_message
-from providers_server import FAST, Log, LoopbackServer, Reply, Sleeps, complete, sse
+from providers_server import (
+    FAST,
+    Log,
+    LoopbackServer,
+    Reply,
+    Sleeps,
+    complete,
+    fixture_text,
+    sse,
+)
 
 import statemachine as sm
 import statemachine.messages
@@ -22,6 +31,7 @@ from statemachine.providers import (
     AnthropicModel,
     BedrockModel,
     GeminiModel,
+    OllamaModel,
     OpenAIChatModel,
     OpenAIResponsesModel,
     ProviderLimitError,
@@ -48,6 +58,9 @@ GEMINI_DELTA = (
 BEDROCK_DELTA = bedrock_event(
     "contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "more "}}
 )
+OLLAMA_DELTA = (
+    b'{"model":"qwen3:8b","message":{"role":"assistant","content":"more "},"done":false}\n'
+)
 ANTHROPIC_DELTA = (
     b"event: content_block_delta\n"
     b'data: {"type":"content_block_delta","index":0,'
@@ -55,7 +68,7 @@ ANTHROPIC_DELTA = (
 )
 
 
-@pytest.fixture(params=["openai", "anthropic", "responses", "gemini", "bedrock"])
+@pytest.fixture(params=["openai", "anthropic", "responses", "gemini", "bedrock", "ollama"])
 def provider(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -71,6 +84,8 @@ def make_model(server: LoopbackServer, provider: str, **kw: Any) -> Any:
         return GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=server.url, **kw)
     if provider == "bedrock":
         return bedrock_model(server.url, **kw)
+    if provider == "ollama":
+        return OllamaModel("qwen3:8b", base_url=server.url, **kw)
     return AnthropicModel("claude-test", api_key=KEY, base_url=server.url, **kw)
 
 
@@ -93,6 +108,8 @@ def text_stream(provider: str) -> bytes:
     """The text stream of every adapter's fixtures (Bedrock's is framed, not a file)."""
     if provider == "bedrock":
         return bedrock_text_stream()
+    if provider == "ollama":
+        return fixture_text("ollama/text_stream.ndjson").encode()
     return sse(f"{provider}/text_stream.sse").body
 
 
@@ -102,6 +119,7 @@ def delta(provider: str) -> bytes:
         "responses": RESPONSES_DELTA,
         "gemini": GEMINI_DELTA,
         "bedrock": BEDROCK_DELTA,
+        "ollama": OLLAMA_DELTA,
     }
     return deltas.get(provider, ANTHROPIC_DELTA)
 
@@ -112,6 +130,7 @@ MODEL_NAMES = {
     "anthropic": "'claude-test'",
     "gemini": "'gemini-2.5-flash'",
     "bedrock": "'amazon.nova-micro-v1:0'",
+    "ollama": "'qwen3:8b'",
 }
 
 
@@ -276,6 +295,8 @@ def bad_event(provider: str, data: bytes, sse_event: bytes = b"") -> Reply:
     """One event whose data is ``data``: an SSE event, or Bedrock's framed message."""
     if provider == "bedrock":
         return Reply(200, SSE, event_message(BEDROCK_DELTA_HEADERS, data))
+    if provider == "ollama":
+        return Reply(200, SSE, data + b"\n")  # one JSON line
     event = sse_event if provider == "anthropic" else b""
     return Reply(200, SSE, event + b"data: " + data + b"\n\n")
 
@@ -308,6 +329,7 @@ MALFORMED = {
     "anthropic": "could not validate",
     "responses": "is not a JSON object",
     "bedrock": "botocore could not parse an event",
+    "ollama": "a line of the response is not a JSON object",
 }
 
 
@@ -364,6 +386,8 @@ def test_a_refused_connection_fails_fast_and_names_the_url(provider: str) -> Non
         model = GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=base, sleep=sleeps)
     elif provider == "bedrock":
         model = bedrock_model(base, sleep=sleeps)
+    elif provider == "ollama":
+        model = OllamaModel("qwen3:8b", base_url=base, sleep=sleeps)
     else:
         model = AnthropicModel("claude-test", api_key=KEY, base_url=base, sleep=sleeps)
     started = time.monotonic()

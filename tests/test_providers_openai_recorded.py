@@ -1,6 +1,8 @@
 """OpenAIChatModel against recorded Chat Completions traffic: OpenAI itself, and the
 OpenAI-compatible endpoints of Gemini, Cerebras and Ollama (``ollama/recorded``: real
-Ollama responses, the path the providers guide tells Ollama users to take).
+Ollama responses on its ``/v1`` endpoint), and the services behind the compatible
+model-string prefixes, each in its own folder: Groq, DeepSeek, OpenRouter, Cerebras
+and Mistral.
 
 Each recording is replayed turn by turn through the real ``openai`` SDK: the
 loopback server sends the recorded bytes, and the next turn's history is our reply
@@ -33,23 +35,71 @@ from providers_corpus import (
     sse_events,
     trailing,
 )
-from providers_server import LoopbackServer, Sleeps
+from providers_server import LoopbackServer, Sleeps, complete
 
 import statemachine as sm
 import statemachine.messages
 from statemachine.providers import (
+    AzureOpenAIChatModel,
     OpenAIChatModel,
     ProviderError,
     ProviderRequestError,
     ProviderResponseError,
+    ProviderUnavailableError,
     RetryPolicy,
 )
 
 KEY = "sk-recorded-chat-0123456789abcdef"
-CASES = [("openai", r.name) for r in recordings("openai")] + [
-    ("ollama", r.name) for r in recordings("ollama")
+# Every OpenAI-compatible service with recordings, each in its own folder.
+SERVICES = ("openai", "ollama", "groq", "deepseek", "openrouter", "cerebras", "mistral")
+# Recordings whose client retried an error the way we do not (the same request again,
+# or a retry prompt after it): each is checked up to its first error, below.
+RETRIED_ERRORS = {
+    ("groq", "tool_use_failed_error"): (ProviderRequestError, "Tool call validation failed"),
+    ("groq", "tool_use_failed_error_streaming"): (
+        ProviderRequestError,
+        "Tool call validation failed",
+    ),
+    ("groq", "tool_use_failed_error_with_text"): (ProviderRequestError, "did not call a tool"),
+    ("groq", "tool_use_failed_error_streaming_with_text"): (
+        ProviderRequestError,
+        "did not call a tool",
+    ),
+    ("openrouter", "openrouter_errors_raised"): (
+        ProviderUnavailableError,
+        "returned HTTP 429: Provider returned error",
+    ),
+}
+# Recordings whose 200 response is an error all the same (not a completion, or an
+# error inside the stream).
+ERRORS_IN_A_200 = {
+    ("openai", "text_response"),
+    ("openai", "invalid_response"),
+    ("openrouter", "openrouter_stream_error"),
+}
+CASES = [
+    (service, r.name)
+    for service in SERVICES
+    for r in recordings(service)
+    if (service, r.name) not in RETRIED_ERRORS
 ]
-PASSED_THROUGH = ("max_completion_tokens", "response_format", "moderation", "reasoning_effort")
+PASSED_THROUGH = (
+    "max_completion_tokens",
+    "response_format",
+    "moderation",
+    "reasoning_effort",
+    # the services' own request fields, sent through extra_body
+    "clear_thinking",
+    "search_settings",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_p",
+    "models",
+    "provider",
+    "transforms",
+    "reasoning",
+    "preset",
+)
 
 
 def model_for(
@@ -65,6 +115,8 @@ def model_for(
         base_url=server.url + base,
         system=system,
         stream=bool(body.get("stream", False)),
+        # Groq's and Mistral's own SDKs stream without asking for a usage chunk.
+        stream_usage="stream_options" in body,
         temperature=body.get("temperature"),
         extra_body={k: body[k] for k in PASSED_THROUGH if k in body},
         retry=RetryPolicy(max_attempts=1),
@@ -129,21 +181,30 @@ def expected_reply(response: Mapping[str, Any]) -> tuple[list[Any], str, Mapping
             arguments = json.loads(call["function"]["arguments"] or "{}")
             content.append(("call", call["id"], call["function"]["name"], arguments))
         return content, body["choices"][0]["finish_reason"], body["usage"]
-    text, finish = "", ""
+    text, thinking, finish = "", "", ""
     usage: Mapping[str, Any] = {}
     calls: dict[int, list[Any]] = {}
     for chunk in sse_events(response["text"]):
-        usage = chunk.get("usage") or usage
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            text += delta.get("content") or ""
+        usage = chunk.get("usage") or (chunk.get("x_groq") or {}).get("usage") or usage
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            thinking += delta.get("reasoning_content") or delta.get("reasoning") or ""
+            parts = delta.get("content") or ""
+            if isinstance(parts, str):
+                parts = [{"type": "text", "text": parts}]
+            for part in parts:  # Mistral: a list of text and thinking parts
+                if part["type"] == "text":
+                    text += part["text"]
+                else:
+                    thinking += "".join(t["text"] for t in part["thinking"])
             for call in delta.get("tool_calls") or ():
                 entry = calls.setdefault(call["index"], ["call", "", "", ""])
                 entry[1] += call.get("id") or ""
                 entry[2] += call.get("function", {}).get("name") or ""
                 entry[3] += call.get("function", {}).get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    content = [("text", text)] if text else []
+    content = [("thinking", thinking)] if thinking else []
+    content += [("text", text)] if text else []
     for index in sorted(calls):
         kind, call_id, name, arguments = calls[index]
         content.append((kind, call_id, name, json.loads(arguments or "{}")))
@@ -233,7 +294,10 @@ def test_recorded_conversation_replays_with_the_same_messages_usage_and_requests
         interaction = rec.interactions[index]
         assert_same_request(interaction.body, server.requests[index].json())
         if isinstance(outcome, ProviderError):
-            continue  # each error recording has a test of its own below
+            # Only where the provider did answer with an error (each such recording has
+            # a test of its own below): any other error is a reply we failed to read.
+            assert interaction.status >= 400 or (provider, name) in ERRORS_IN_A_200, outcome
+            continue
         content, finish, usage = expected_reply(interaction.response)
         recorded_ids = {c[1] for c in content if c[0] == "call"}
         generated = {c.id for c in outcome.tool_calls if c.id not in recorded_ids}
@@ -246,6 +310,15 @@ def test_recorded_conversation_replays_with_the_same_messages_usage_and_requests
 
 def test_the_corpus_has_ten_recordings_or_more() -> None:
     assert len([c for c in CASES if c[0] == "openai"]) >= 10
+
+
+@pytest.mark.parametrize(
+    ("service", "least"),
+    [("groq", 5), ("openrouter", 5), ("cerebras", 3), ("deepseek", 2), ("mistral", 2)],
+)
+def test_each_compatible_service_has_its_recordings(service: str, least: int) -> None:
+    # As many as the public source had that replay whole (SOURCES.md says which not).
+    assert len([c for c in CASES if c[0] == service]) >= least
 
 
 # -- what particular recordings show ------------------------------------------------------------
@@ -297,3 +370,164 @@ def test_ollama_reasoning_is_kept_as_thinking(server: LoopbackServer) -> None:
     thinking = first.content[0]
     assert isinstance(thinking, sm.messages.ThinkingContent)
     assert thinking.thinking.startswith("We need to answer question")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("service", "name"), sorted(RETRIED_ERRORS))
+def test_a_recorded_service_error_is_classified(
+    service: str, name: str, server: LoopbackServer
+) -> None:
+    kind, words = RETRIED_ERRORS[service, name]
+    rec = recording(service, name)
+    outcomes, _ = replay(rec, server)
+    error = outcomes[-1]
+    assert type(error) is kind
+    assert words in str(error)
+    assert_same_request(rec.interactions[len(outcomes) - 1].body, server.requests[-1].json())
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_groq_tool_failure_is_not_retried(server: LoopbackServer) -> None:
+    # Groq's 400 "tool_use_failed" is the model's bad call: a request error, at once.
+    outcomes, _ = replay(recording("groq", "tool_use_failed_error"), server)
+    assert len(outcomes) == 1
+    assert len(server.requests) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "name", ["tool_use_failed_error_with_text", "tool_use_failed_error_streaming_with_text"]
+)
+def test_groq_calls_after_the_retry_prompt_are_read(name: str, server: LoopbackServer) -> None:
+    # The recording's turns after its error: the retry prompt, and Groq's answer with
+    # reasoning and a call (whole, then streamed).
+    whole = recording("groq", name)
+    rec = Recording(name, whole.source, whole.interactions[1:])
+    [outcome], _ = replay(rec, server)
+    assert isinstance(outcome, sm.AssistantMessage)
+    assert_same_request(rec.interactions[0].body, server.requests[0].json())
+    content, finish, usage = expected_reply(rec.interactions[0].response)
+    assert [c[0] for c in content] == ["thinking", "call"]
+    assert ours(outcome, set()) == content
+    assert outcome.usage == usage_of(usage)
+    assert outcome.stop_reason is STOPS[finish] is sm.messages.StopReason.TOOL_USE
+
+
+@pytest.mark.timeout(60)
+def test_deepseek_thinking_goes_back_between_calls_and_parallel_calls_are_read(
+    server: LoopbackServer,
+) -> None:
+    # DeepSeek's thinking mode with tools: its reasoning_content goes back on each
+    # assistant message of the tool loop (as the recording client sent it). The
+    # recording opens with two system messages; we send the first as the system
+    # prompt, so the second is left out of the comparison.
+    rec = recording("deepseek", "deepseek_deferred_capability_with_thinking", "tools")
+
+    def deepseek(
+        turn: Interaction, server: LoopbackServer, on_text: Callable[[str], None]
+    ) -> OpenAIChatModel:
+        model = model_for(turn, server, on_text)
+        model.reasoning_field = "reasoning_content"
+        return model
+
+    def one_to_one(body: Mapping[str, Any], history: Sequence[sm.Message]) -> list[sm.Message]:
+        # Each recorded message after the system prompts is one of ours, in order; the
+        # client also added an assistant call of its own (search_tools), kept as is.
+        recorded = [m for m in body["messages"] if m["role"] != "system"][len(history) :]
+        out: list[sm.Message] = []
+        for message in recorded:
+            if message["role"] == "user":
+                out.append(sm.UserMessage(message["content"]))
+            elif message["role"] == "assistant":
+                calls = tuple(
+                    sm.ToolCall(
+                        c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])
+                    )
+                    for c in message["tool_calls"]
+                )
+                out.append(sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE))
+            else:
+                by_id = {c.id: c for c in last_calls([*history, *out])}
+                call = by_id[message["tool_call_id"]]
+                out.append(sm.ToolResultMessage(call.id, call.name, message["content"]))
+        return out
+
+    outcomes, _ = providers_corpus.replay(rec, server, deepseek, one_to_one, tools_of)
+    assert len(outcomes) == 3
+    for index, outcome in enumerate(outcomes):
+        assert isinstance(outcome, sm.AssistantMessage)
+        response = rec.interactions[index].response["json"]
+        message = response["choices"][0]["message"]
+        content, finish, usage = expected_reply(rec.interactions[index].response)
+        assert ours(outcome, set()) == content
+        assert outcome.usage == usage_of(usage)
+        assert outcome.stop_reason is STOPS[finish]
+        sent = [m for m in server.requests[index].json()["messages"] if m["role"] != "system"]
+        recorded = [m for m in rec.interactions[index].body["messages"] if m["role"] != "system"]
+        assert canonical(sent, {}) == canonical(recorded, {})
+        # (the client's own call went with an empty reasoning_content, ours with none)
+        assert [m.get("reasoning_content") for m in sent] == [
+            m.get("reasoning_content") or None for m in recorded
+        ]
+        if index == 1:
+            assert len(message["tool_calls"]) == 2  # two calls in parallel
+            assert [c.name for c in outcome.tool_calls] == ["get_player_name", "roll_dice"]
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_azure_openai_call_replays_through_the_azure_model(
+    server: LoopbackServer,
+) -> None:
+    rec = recording("azure", "azure_provider_call")
+    [turn] = rec.interactions
+    server.add(turn.reply())
+    version = turn.request["query"].removeprefix("api-version=")
+    model = AzureOpenAIChatModel(
+        turn.body["model"],
+        endpoint=server.url,
+        api_version=version,
+        api_key=KEY,
+        stream=False,
+        retry=RetryPolicy(max_attempts=1),
+        sleep=Sleeps(),
+    )
+    history = new_messages(turn.body, [])
+    reply = complete(model, history)
+    content, finish, usage = expected_reply(turn.response)
+    assert ours(reply, set()) == content
+    assert reply.usage == usage_of(usage)
+    assert reply.stop_reason is STOPS[finish]
+    request = server.requests[0]
+    assert request.path == f"{turn.request['path']}?{turn.request['query']}"
+    assert request.headers["api-key"] == KEY
+    assert_same_request(turn.body, request.json())
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_whole_magistral_answer_reads_its_thinking_and_text_parts(
+    server: LoopbackServer,
+) -> None:
+    # The recording's second turn is Mistral's (its first is OpenAI's, whose thinking
+    # the recording client sent to Mistral as content parts, which we do not): only
+    # Mistral's answer is read here.
+    turn = recording("mistral", "mistral_model_thinking_part", "whole").interactions[1]
+    message = turn.response["json"]["choices"][0]["message"]
+    server.add(turn.reply())
+    model = OpenAIChatModel(
+        turn.body["model"],
+        api_key=KEY,
+        base_url=server.url + "/v1",
+        stream=False,
+        retry=RetryPolicy(max_attempts=1),
+        sleep=Sleeps(),
+    )
+    reply = complete(model)
+    thinking = "".join(
+        t["text"]
+        for part in message["content"]
+        if part["type"] == "thinking"
+        for t in part["thinking"]
+    )
+    text = "".join(part["text"] for part in message["content"] if part["type"] == "text")
+    assert reply.content == (sm.messages.ThinkingContent(thinking), sm.TextContent(text))
+    assert reply.usage == usage_of(turn.response["json"]["usage"])

@@ -27,10 +27,12 @@ import statemachine.journal
 from statemachine.providers import (
     AnthropicModel,
     GeminiModel,
+    OllamaModel,
     OpenAIChatModel,
     OpenAIResponsesModel,
     RetryPolicy,
 )
+from statemachine.providers.compatible import compatible_model
 from statemachine.providers.redaction import redact
 
 KEY = "sk-proj-Zq81xW0cS3cr3tK3yMaterial4242"
@@ -139,6 +141,10 @@ def make_model(server: LoopbackServer, provider: str) -> Any:
         return GeminiModel(
             "gemini-2.5-flash", api_key=KEY, base_url=server.url, retry=policy, sleep=Sleeps()
         )
+    if provider == "ollama":
+        return OllamaModel(
+            "qwen3:8b", api_key=KEY, base_url=server.url, retry=policy, sleep=Sleeps()
+        )
     return AnthropicModel(
         "claude-test", api_key=KEY, base_url=server.url, retry=policy, sleep=Sleeps()
     )
@@ -187,7 +193,7 @@ def run_and_collect(model: Any) -> tuple[sm.RunResult, dict[str, str]]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("provider", ["openai", "anthropic", "responses", "gemini"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "responses", "gemini", "ollama"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_failed_run_never_shows_the_key_or_a_piece_of_it(
     server: LoopbackServer, provider: str, case: str, caplog: pytest.LogCaptureFixture
@@ -206,8 +212,9 @@ def test_a_failed_run_never_shows_the_key_or_a_piece_of_it(
     assert all(KEY.encode() in body for body in ECHOED)
     # A JSON error does not quote the text; Gemini's SDK drops an event of a shape it
     # does not know (the stream then breaks off), so the key never reaches an output.
+    # Ollama streams JSON lines: an SSE error event is a line that is not JSON.
     quoted = case != "invalid JSON holding the key" and not (
-        provider == "gemini" and case == "an error event in the stream"
+        provider in ("gemini", "ollama") and case == "an error event in the stream"
     )
     if quoted:
         # The key-bearing text did reach every output, redacted.
@@ -238,6 +245,8 @@ def test_a_key_inside_the_base_url_stays_out_of_reprs_and_errors() -> None:
         AnthropicModel("claude-test", api_key=KEY, base_url=url),
         OpenAIResponsesModel("gpt-5-mini", api_key=KEY, base_url=url),
         GeminiModel("gemini-2.5-flash", api_key=KEY, base_url=url),
+        OllamaModel("qwen3:8b", api_key=KEY, base_url=url),
+        compatible_model("groq", "llama-3.3-70b-versatile", api_key=KEY, base_url=url),
     ):
         assert model.base_url.startswith("http://127.0.0.1:9")
         assert leaks(repr(model) + model.where) == []

@@ -94,9 +94,10 @@ PUBLIC_MODULES = (
     "statemachine.testing",
     "statemachine.workspace",
     "statemachine.durable",
+    "statemachine.docs",
 )
-"""Public modules importable with the core dependencies (``providers``, ``mcp`` and
-``otel`` need their extras and are checked by their own tests)."""
+"""Public modules importable with the core dependencies (``providers``, ``mcp``,
+``otel`` and ``live`` need their extras and are checked by their own tests)."""
 
 INTERNAL_LAYERS = ("core", "agent", "cli")
 
@@ -116,7 +117,8 @@ def test_the_top_level_exports_what_an_application_writes_and_no_more() -> None:
 def test_nothing_public_hides_outside_all() -> None:
     exported = {n for n in dir(statemachine) if not n.startswith("_")}
     submodules = {"core", "agent", "cli", "engine", "messages", "errors", "hooks", "journal"}
-    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable"}
+    submodules |= {"testing", "workspace", "providers", "mcp", "otel", "durable", "docs"}
+    submodules |= {"live"}
     assert exported - set(statemachine.__all__) <= submodules
 
 

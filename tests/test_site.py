@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from headless import Browser, keep, offline_browser, pixels_of, png_pixels
+from headless import Browser, keep, offline_browser, pixels_of, png_pixels, text_heights
 
 from statemachine.core.table import TurnState
 
 REPO = Path(__file__).resolve().parent.parent
+READABLE_PX = 10.0  # the smallest text height a person reads on a 1280 px screen
 WAITING_FILL = (0xFF, 0xF4, 0xC2)  # the yellow of a state where the run waits for a person
 TERMINAL_FILL = (0xEE, 0xEE, 0xEE)  # the grey of a state that ends the run
 
@@ -69,10 +70,13 @@ def fetched(browser: Browser) -> list[str]:
 def test_the_concepts_page_draws_the_state_diagram(site: Path, browser: Browser) -> None:
     browser.open(site / "concepts" / "index.html")
     figure = "document.querySelector('figure.statemachine-diagram')"
-    # The DOM: an <svg> in the figure, with every state's name as text.
-    text = browser.evaluate(f"{figure}.querySelector('svg').textContent")
-    missing = [s.value for s in TurnState if s.value not in text]
+    # The DOM: an <svg> in the figure, with every state's name as text, drawn at least
+    # READABLE_PX high.
+    heights = text_heights(browser, "figure.statemachine-diagram svg text")
+    missing = [s.value for s in TurnState if s.value not in heights]
     assert not missing, f"states not in the drawn diagram: {missing}"
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
     assert browser.evaluate("document.body.textContent.includes('stateDiagram')") is False
     # The pixels: the figure is scrolled into view and photographed.
     browser.evaluate(f"{figure}.scrollIntoView({{block: 'center'}})")
@@ -84,7 +88,7 @@ def test_the_concepts_page_draws_the_state_diagram(site: Path, browser: Browser)
     assert width >= 500, f"the diagram is {width:.0f} px wide"
     assert height >= 250, f"the diagram is {height:.0f} px high"
     png = browser.screenshot()
-    keep("concepts.png", png)
+    keep("concepts.png", png, min(heights.values()))
     _, _, rows = png_pixels(png)
     region = [row[int(x) * 3 : int(x + width) * 3] for row in rows[int(y) : int(y + height)]]
     # Drawn, not printed: the state boxes' fills cover areas no text has, and ink
@@ -108,6 +112,32 @@ def test_the_concepts_page_draws_the_state_diagram(site: Path, browser: Browser)
     assert fetched(browser) == []
 
 
+@pytest.mark.timeout(240)
+def test_a_click_opens_every_trigger_and_guard_at_a_size_to_read(
+    site: Path, browser: Browser
+) -> None:
+    browser.open(site / "concepts" / "index.html")
+    selector = "figure.statemachine-diagram .sm-full svg text"
+    assert text_heights(browser, selector) == {}, "the full drawing shows before a click"
+    browser.evaluate(
+        "(() => { const s = document.querySelector('figure.statemachine-diagram summary');"
+        " s.scrollIntoView(); s.click(); })()"
+    )
+    heights = text_heights(browser, selector)
+    # Every state, and the triggers and guards the overview leaves out.
+    assert {s.value for s in TurnState} <= set(heights)
+    assert {"model responded [has tool calls]", "abort"} <= set(heights)
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
+    # At its own size it is wider than the column, which scrolls instead of squeezing it.
+    widths = browser.evaluate(
+        "(() => { const d = document.querySelector('figure.statemachine-diagram .sm-scroll');"
+        " return [d.scrollWidth, d.clientWidth]; })()"
+    )
+    assert widths[0] > widths[1] > 500, widths
+    keep("concepts-full.png", browser.screenshot(), min(heights.values()))
+
+
 def test_no_page_leaves_a_diagram_to_a_script() -> None:
     pages = sorted((REPO / "docs").rglob("*.md"))
     assert len(pages) > 10
@@ -119,20 +149,35 @@ def test_the_home_page_shows_the_diagram_and_the_example_in_one_screen(
     site: Path, browser: Browser
 ) -> None:
     browser.open(site / "index.html")
-    names = browser.evaluate(
-        "document.querySelector('figure.statemachine-diagram svg').textContent"
-    )
-    assert all(s.value in names for s in TurnState)
-    # What it is, the picture, the guarantees and the example start on the first
-    # screen of a 1280x1000 window; where to go next follows the example.
+    heights = text_heights(browser, "figure.statemachine-diagram svg text")
+    assert {s.value for s in TurnState} <= set(heights)
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
+    # What it is and the picture start on the first screen of a 1280x1000 window; the
+    # guarantees and the example follow it, then where to go next.
     tops = browser.evaluate(
         "['h1', 'figure.statemachine-diagram', 'ul', 'pre', 'a[href*=tutorial]'].map(s =>"
         " document.querySelector('article ' + s).getBoundingClientRect().top)"
     )
-    assert max(tops[:4]) < 1000, tops
-    assert tops[3] < tops[4] < 1600, tops
-    keep("home.png", browser.screenshot())
+    assert max(tops[:2]) < 1000, tops
+    assert tops == sorted(tops), tops
+    assert tops[4] < 2400, tops
+    keep("home.png", browser.screenshot(), min(heights.values()))
     assert fetched(browser) == []
+
+
+@pytest.mark.timeout(240)
+def test_the_home_page_has_the_site_navigation_at_desktop_width(
+    site: Path, browser: Browser
+) -> None:
+    browser.open(site / "index.html")
+    # The primary navigation is laid out and shown beside the page, not only in a menu.
+    links = browser.evaluate(
+        "[...document.querySelectorAll('.md-sidebar--primary .md-nav__link')]"
+        ".filter(a => { const r = a.getBoundingClientRect();"
+        " return r.width > 0 && r.height > 0 && r.left < 400; }).map(a => a.textContent.trim())"
+    )
+    assert {"Tutorial", "Concepts", "Command line"} <= set(links), links
 
 
 @pytest.mark.timeout(240)

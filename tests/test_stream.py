@@ -323,3 +323,27 @@ def test_the_text_stream_keeps_every_fragment_however_far_it_lags() -> None:
     assert text == result.final_text
     assert len(text) == 20
     assert any(isinstance(e, sm.EventsDropped) for e in events)  # StateChanged and such
+
+
+@pytest.mark.timeout(30)
+def test_a_subscriber_that_stops_reading_and_closes_its_iterator_is_let_go() -> None:
+    # A watcher that leaves (a live page closed) closes its iterator: the run stops
+    # handing it events, so one that comes and goes many times holds nothing.
+    run = _reporting_run(1)
+
+    async def main() -> tuple[int, int, sm.RunResult]:
+        left = run.events()
+        stayed = run.events()
+        subscribed = len(run._stream._subscribers)
+        task = asyncio.ensure_future(run.run())
+        first = await anext(left)
+        assert isinstance(first, sm.RunStarted)
+        await left.aclose()  # type: ignore[attr-defined]
+        after_close = len(run._stream._subscribers)
+        result = await task
+        assert [e async for e in stayed][-1].__class__ is sm.RunReturned
+        return subscribed, after_close, result
+
+    subscribed, after_close, result = asyncio.run(main())
+    assert result.state is S.DONE
+    assert (subscribed, after_close) == (2, 1)

@@ -20,11 +20,13 @@ from statemachine.testing import (
     ScriptedCall,
     agent_loop,
     check_record,
+    check_transcript,
     run_conformance,
     run_scenario,
 )
 from statemachine.testing.conformance import NotExpressibleError, failure_shape
 from statemachine.testing.strategies import (
+    PRIOR_EXCHANGE,
     completion_order,
     completion_orders,
     scenarios,
@@ -585,3 +587,89 @@ def test_a_tool_cancelled_at_its_first_await_is_recorded_as_ended() -> None:
 def test_a_loop_that_cancels_each_tool_at_once_passes_i6() -> None:
     report = run_conformance(cancels_each_tool_at_once, max_examples=80, seed=5, properties=["I6"])
     assert report.passed, report.summary()
+
+
+# -- a call id repeated from an earlier turn: id_reuse --------------------------------------
+
+
+async def keeps_the_models_ids(
+    *,
+    model: Any,
+    tools: Sequence[Tool],
+    messages: Sequence[Message],
+    max_turns: int,
+    signal: AbortSignal,
+) -> list[Message]:
+    """A serial loop that keeps the ids the model gives (as the peers do that pass a
+    provider's ids on), runs each call and answers it."""
+    from statemachine import ToolResultMessage
+
+    history = list(messages)
+    by_name = {t.definition.name: t for t in tools}
+    for _ in range(max_turns):
+        reply = await model.complete(history, [t.definition for t in tools], signal)
+        history.append(reply)
+        if not reply.tool_calls:
+            break
+        for call in reply.tool_calls:
+            tool = by_name.get(call.name)
+            try:
+                if tool is None:
+                    raise LookupError(f"unknown tool {call.name}")
+                value = await tool.execute(dict(call.arguments), signal)
+                history.append(ToolResultMessage(call.id, call.name, str(value)))
+            except Exception as exc:
+                history.append(ToolResultMessage(call.id, call.name, str(exc), is_error=True))
+    return history
+
+
+def _reusing(call_ids: tuple[str, ...]) -> Scenario:
+    """The model repeats ids: ``prev_1`` is the id of the call in the input history."""
+    calls = tuple(ScriptedCall(tool="alpha", call_id=i) for i in call_ids)
+    return Scenario(turns=(ModelTurn(calls=calls, stop_reason="toolUse"),), history=PRIOR_EXCHANGE)
+
+
+def test_a_call_id_from_an_earlier_turn_fails_i1_by_default() -> None:
+    report = run_conformance(
+        keeps_the_models_ids, scenarios=st.just(_reusing(("prev_1",))), properties=["I1"]
+    )
+    [failure] = report.failures
+    assert failure.problems == (
+        "I1 at message 5: tool call id 'prev_1' repeats the id of a call in message 1",
+    )
+    assert report.warnings == ()
+
+
+def test_id_reuse_warning_reports_a_repeat_from_an_earlier_turn_without_failing() -> None:
+    report = run_conformance(
+        keeps_the_models_ids,
+        scenarios=st.just(_reusing(("prev_1",))),
+        properties=["I1"],
+        id_reuse="warning",
+    )
+    assert report.passed
+    assert report.warnings == (
+        ("I1 at message 5: tool call id 'prev_1' repeats the id of a call in message 1", 1),
+    )
+    assert "warnings (id_reuse='warning': not failures): I1 at message 5" in report.summary()
+    # The transcript checker gives the same verdict on the same history in a provider's
+    # format, and for ours when told the same level.
+    record = run_scenario(keeps_the_models_ids, _reusing(("prev_1",)))
+    assert record.transcript is not None
+    assert check_transcript(record.transcript) != []
+    assert check_transcript(record.transcript, id_reuse="warning") == []
+
+
+def test_id_reuse_warning_still_fails_two_calls_with_one_id_in_one_response() -> None:
+    report = run_conformance(
+        keeps_the_models_ids,
+        scenarios=st.just(_reusing(("dup", "dup"))),
+        properties=["I1"],
+        id_reuse="warning",
+    )
+    [failure] = report.failures
+    assert failure.problems == (
+        "I1 at message 1: tool call id 'dup' repeats the id of a call in message 1",
+    )
+    with pytest.raises(ValueError, match="id_reuse must be"):
+        run_conformance(keeps_the_models_ids, id_reuse="never")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.cli import usage
-from statemachine.cli.transcript import DEFAULT_MAX_BYTES, cli_transcript
+from statemachine.cli.transcript import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, cli_transcript
 from statemachine.messages import message_to_dict
 from statemachine.testing import (
     Finding,
@@ -724,6 +724,104 @@ def test_cli_refuses_files_over_the_size_limit(
     assert _run(["--max-bytes", "0", str(path)], capsys)[0] == 2
 
 
+def _logs(root: Path) -> dict[str, Path]:
+    """Three logs in a tree (one failing), and a file that is not a log."""
+    (root / "b" / "c").mkdir(parents=True)
+    paths = {
+        "one": root / "one.json",
+        "two": root / "b" / "two.jsonl",
+        "bad": root / "b" / "c" / "bad.json",
+    }
+    paths["one"].write_text(json.dumps([USER, _oa_call("a"), _oa_res("a")]))
+    paths["two"].write_text("\n".join(json.dumps(m) for m in [USER, _oa_call("a"), _oa_res("a")]))
+    paths["bad"].write_text(json.dumps([USER, _oa_res("z")]))
+    (root / "b" / "notes.txt").write_text("not a log")
+    return paths
+
+
+def test_cli_checks_a_directory_in_one_call_with_a_summary_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _logs(tmp_path)
+    code, out, err = _run([str(tmp_path)], capsys)
+    assert (code, err) == (1, "")
+    lines = [line for line in out.splitlines() if not line.startswith("  ")]
+    assert lines == [
+        f"{logs['bad']}: FAIL (openai, 2 messages, 1 error, 0 warnings)",
+        f"{logs['two']}: ok (openai, 3 messages, 0 errors, 0 warnings)",
+        f"{logs['one']}: ok (openai, 3 messages, 0 errors, 0 warnings)",
+        "3 files, 3 transcripts: 2 ok, 1 failed, 0 unreadable (1 error, 0 warnings)",
+    ]
+    # One file: no summary line, as before.
+    assert _run([str(logs["one"])], capsys)[1].count("\n") == 1
+
+
+def test_cli_expands_a_glob_pattern_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _logs(tmp_path)
+    code, out, _ = _run([str(tmp_path / "**" / "*.json")], capsys)
+    assert code == 1
+    assert f"{logs['one']}: ok" in out
+    assert f"{logs['bad']}: FAIL" in out
+    assert str(logs["two"]) not in out  # .jsonl: not matched by the pattern
+    assert out.endswith(
+        "2 files, 2 transcripts: 1 ok, 1 failed, 0 unreadable (1 error, 0 warnings)\n"
+    )
+
+
+def test_cli_summary_counts_the_unreadable_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _logs(tmp_path)
+    (tmp_path / "broken.json").write_text("[{")
+    code, out, err = _run([str(tmp_path)], capsys)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "broken.json: not JSON" in err
+    assert out.endswith(
+        "4 files, 3 transcripts: 2 ok, 1 failed, 1 unreadable (1 error, 0 warnings)\n"
+    )
+    assert str(logs["one"]) in out
+
+
+def test_cli_a_directory_or_pattern_naming_no_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    code, out, err = _run([str(empty)], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"transcript: {empty}: no .json or .jsonl file in this directory\n"
+    code, out, err = _run([str(tmp_path / "*.nothing")], capsys)
+    assert (code, out) == (2, "")
+    assert "the pattern matches no file" in err
+
+
+@pytest.mark.timeout(30)
+def test_cli_does_not_follow_a_directory_link_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = _logs(tmp_path)
+    (tmp_path / "b" / "c" / "loop").symlink_to(tmp_path, target_is_directory=True)
+    code, out, _ = _run([str(tmp_path)], capsys)
+    assert code == 1
+    assert out.count(str(logs["one"])) == 1
+
+
+def test_cli_refuses_more_files_than_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _logs(tmp_path)
+    code, out, err = _run(["--max-files", "2", str(tmp_path)], capsys)
+    assert (code, out) == (2, "")
+    assert err == "transcript: more than 2 files to check (--max-files): name fewer\n"
+    assert _run(["--max-files", "3", str(tmp_path)], capsys)[0] == 1
+    assert _run(["--max-files", "0", str(tmp_path)], capsys)[0] == 2
+    assert DEFAULT_MAX_FILES == 10_000
+
+
 def test_cli_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_transcript(["--format", "cohere", "x.json"]) == 2
     err = capsys.readouterr().err
@@ -794,7 +892,11 @@ def test_strict_makes_a_responses_output_after_a_message_item_an_error() -> None
 
 
 def test_strict_rules_are_each_documented() -> None:
-    assert set(STRICT_RULES) == {"anthropic-id-reuse", "responses-output-after-message"}
+    assert set(STRICT_RULES) == {
+        "anthropic-id-reuse",
+        "converse-tool-result-with-content",
+        "responses-output-after-message",
+    }
     guide = (Path(__file__).parents[1] / "docs" / "guides" / "conformance-kit.md").read_text()
     for rule in STRICT_RULES:
         assert f"`{rule}`" in guide

@@ -3,6 +3,8 @@ tells the formats apart."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,14 @@ import pytest
 from statemachine import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.testing import check_transcript, transcript_findings
 from statemachine.testing.transcript import detect_format, format_evidence
+
+CORPUS = Path(__file__).parent / "fixtures" / "transcripts"  # sources: SOURCES.md there
+
+
+def _corpus(name: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((CORPUS / name).read_text())
+    return body
+
 
 # -- Bedrock Converse ----------------------------------------------------------------------
 
@@ -46,6 +56,55 @@ def test_converse_valid_history() -> None:
     assert detect_format(body) == "bedrock-converse"
     assert detect_format(history) == "bedrock-converse"
     assert transcript_findings(body, "auto") == []
+
+
+# A toolResult beside text in one user message: the body Bedrock refused for Llama 4
+# Maverick, derived from pydantic-ai's recording of the accepted one (SOURCES.md).
+LLAMA_REFUSED = "converse_rejected_tool_result_with_text_for_llama.json"
+
+
+def test_converse_text_beside_a_tool_result_is_an_error_for_a_model_that_refuses_it() -> None:
+    body = _corpus(LLAMA_REFUSED)
+    [error] = check_transcript(body, "auto")
+    assert (error.invariant, error.index) == ("I1", 2)
+    assert "a text block cannot share a user message with a toolResult" in error.message
+    assert "nor on 'us.meta.llama4-maverick-17b-instruct-v1:0'" in error.message
+    # The accepted recording: pydantic-ai put an assistant message between the two.
+    accepted = _corpus(
+        "converse_recorded_bedrock_llama_tool_result_followed_by_text_accepted_0.json"
+    )
+    assert transcript_findings(accepted, "auto") == []
+
+
+@pytest.mark.parametrize(
+    ("model_id", "level"),
+    [
+        (None, "warning"),  # no model named: Anthropic and Nova accept it, others refuse
+        ("mistral.mistral-large-2407-v1:0", "error"),
+        ("writer.palmyra-x5-v1:0", "error"),
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", None),
+        ("us.amazon.nova-2-lite-v1:0", None),
+    ],
+)
+def test_converse_text_beside_a_tool_result_follows_the_model_family(
+    model_id: str | None, level: str | None
+) -> None:
+    body = {k: v for k, v in _corpus(LLAMA_REFUSED).items() if k != "modelId"}
+    if model_id is not None:
+        body["modelId"] = model_id
+    assert [f.level for f in transcript_findings(body, "bedrock-converse")] == (
+        [level] if level else []
+    )
+    strict = check_transcript(body, "bedrock-converse", strict=True)
+    assert len(strict) == (1 if level else 0)
+
+
+def test_converse_a_video_beside_a_tool_result_is_refused_for_anthropic() -> None:
+    history = [_cv_user(), _cv_call("a"), _cv_res("a")]
+    history[2]["content"].append({"video": {"format": "mp4", "source": {"bytes": "AA"}}})
+    body = {"modelId": "anthropic.claude-3-haiku", "messages": history}
+    [error] = check_transcript(body, "bedrock-converse")
+    assert "a video block cannot share" in error.message
 
 
 @pytest.mark.parametrize(
@@ -150,6 +209,29 @@ def test_gemini_response_naming_no_call_is_a_warning() -> None:
     [warning] = transcript_findings(history, "gemini")
     assert (warning.level, warning.index) == ("warning", 2)
     assert "answers no functionCall of message 1 by name" in warning.message
+
+
+def test_gemini_responses_in_consecutive_user_contents_answer_one_call_turn() -> None:
+    # crewAI's recorded request (SOURCES.md): a model turn with three functionCall parts,
+    # then three user contents of one functionResponse each; Gemini accepted it.
+    body = _corpus("gemini_recorded_crewai_parallel_native_tool_calling_agent_kickoff_1.json")
+    roles = [(c.get("role"), len(c["parts"])) for c in body["contents"]]
+    assert roles == [("user", 1), ("model", 3), ("user", 1), ("user", 1), ("user", 1)]
+    assert transcript_findings(body, "auto") == []
+    # Merged, the three contents are still held to the count: one dropped is an error
+    # at the content that holds the first response.
+    del body["contents"][3]
+    [error] = check_transcript(body, "gemini")
+    assert error.index == 2
+    assert error.message.startswith("2 functionResponse part(s) answer the 3 functionCall")
+
+
+def test_gemini_a_text_content_after_the_responses_joins_their_turn() -> None:
+    # crewAI's recorded request (SOURCES.md): the three responses, then the user's text.
+    body = _corpus("gemini_recorded_crewai_parallel_native_tool_calling_crew_1.json")
+    assert [c.get("role") for c in body["contents"]][2:] == ["user"] * 4
+    assert "text" in body["contents"][5]["parts"][0]
+    assert transcript_findings(body, "auto") == []
 
 
 def test_gemini_open_tail() -> None:

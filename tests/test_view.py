@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from headless import Browser, keep, offline_browser
+from headless import Browser, keep, offline_browser, text_heights
 
 import statemachine as sm
 from statemachine.cli import main
@@ -188,7 +191,25 @@ def test_the_page_loads_offline_and_stepping_moves_the_highlight(
     assert 'add({"a": 40, "b": 2})' in chat
     assert "result of add (c1)42" in chat
     assert "deleting is not allowed" in chat
-    keep("view.png", browser.screenshot())
+    # The diagram is drawn at a size to read; its pane scrolls to the current state.
+    press(browser, "End")
+    browser.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    heights = text_heights(browser, "#diagram svg text")
+    assert {s.value for s in sm.TurnState} <= set(heights)
+    assert min(heights.values()) >= 10, sorted(heights.items(), key=lambda kv: kv[1])[:3]
+    inside = browser.evaluate(
+        "(() => { const pane = document.getElementById('diagram').getBoundingClientRect();"
+        " const r = document.querySelector('#diagram g.node.vw-current').getBoundingClientRect();"
+        " return r.left >= pane.left && r.right <= pane.right"
+        " && r.top >= pane.top && r.bottom <= pane.bottom; })()"
+    )
+    assert inside, "the current state is scrolled out of the diagram's pane"
+    # The run's path: the states it entered and the steps it took, the rest faded.
+    on_path = browser.evaluate(
+        "[...document.querySelectorAll('#diagram g.node.vw-path title')].map(t => t.textContent)"
+    )
+    assert set(on_path) == {"Ready"} | {r.dest.value for st in steps for r in st.transitions}
+    keep("view.png", browser.screenshot(), min(heights.values()))
     fetched = [
         e["params"]["request"]["url"]
         for e in browser.events
@@ -425,3 +446,75 @@ def test_a_run_waiting_for_approval_shows_the_request(tmp_path: Path) -> None:
     assert wanted[0]["kind"] == "approval"
     assert 'call d1: delete({"path": "a"})' in wanted[0]["detail"]
     assert "reason: a person decides" in wanted[0]["detail"]
+
+
+@pytest.mark.timeout(120)
+def test_the_view_draws_without_graphviz_installed(tmp_path: Path) -> None:
+    eventful_journal(tmp_path / "run.jsonl")
+    # A fresh interpreter in which pygraphviz cannot be imported, as with the base install.
+    code = (
+        "import sys; sys.modules['pygraphviz'] = None\n"
+        "from statemachine.cli import main\n"
+        f"sys.exit(main(['view', {str(tmp_path / 'run.jsonl')!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "run.html").read_text(encoding="utf-8")
+    assert all(f"<title>{s.value}</title>" in page for s in sm.TurnState)
+
+
+def line_separator_journal(path: Path) -> None:
+    """A journal whose model answer holds U+2028, which JSON writes as it is."""
+    model = Script(sm.AssistantMessage("one\u2028two\u2029three\x85four"))
+    journal = Journal(path)
+    try:
+        asyncio.run(
+            run_agent_journaled(
+                journal=journal, model=model, tools=[], messages=[sm.UserMessage("hi")]
+            )
+        )
+    finally:
+        journal.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_journal_holding_line_separators_is_read_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line_separator_journal(tmp_path / "run.jsonl")
+    text = (tmp_path / "run.jsonl").read_text(encoding="utf-8")
+    assert "\u2028" in text  # the case: str.splitlines breaks this line in two
+    assert main(["trace", str(tmp_path / "run.jsonl")]) == 0
+    assert "stateDiagram-v2" in capsys.readouterr().out
+    assert main(["replay", "--quiet", str(tmp_path / "run.jsonl")]) == 0
+    assert main(["view", str(tmp_path / "run.jsonl")]) == 0
+    # The docs' idiom for a journal held in memory.
+    assert replay(io.StringIO(text)).state is sm.TurnState.DONE
+
+
+def test_a_bad_journal_exits_the_same_from_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.jsonl").write_text("not a journal\n", encoding="utf-8")
+    codes = {c: main([c, str(tmp_path / "notes.jsonl")]) for c in ("view", "replay", "trace")}
+    assert codes == {"view": 2, "replay": 2, "trace": 2}
+    err = capsys.readouterr().err
+    assert "at at" not in err
+    assert len(err.splitlines()) == 3, err  # one line each, no traceback
+    # JSON's own message ends "starting at", and the column follows it once.
+    (tmp_path / "cut-string.jsonl").write_text('{"format": "statemachine-jou\n', "utf-8")
+    assert main(["replay", str(tmp_path / "cut-string.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "Unterminated string starting at" in err
+    assert "at at" not in err
+    assert "Traceback" not in err
+    # A journal that reads but goes wrong at a later line: the run did not replay (1).
+    line_separator_journal(tmp_path / "run.jsonl")
+    lines = (tmp_path / "run.jsonl").read_text(encoding="utf-8").split("\n")
+    lines[2] = "{"
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    codes = {c: main([c, str(tmp_path / "cut.jsonl")]) for c in ("replay", "trace")}
+    assert codes == {"replay": 1, "trace": 1}
+    assert main(["view", str(tmp_path / "cut.jsonl")]) == 0  # shown up to that line

@@ -1,5 +1,6 @@
-"""Regenerate the project's committed figures: ``diagrams/`` and the marked diagram blocks
-in README.md and the docs pages.
+"""Regenerate the project's committed figures: ``diagrams/``, the built-in table's drawings
+the package ships (``statemachine/loop.svg``, ``statemachine/loop-overview.svg``) and the
+marked diagram blocks in README.md and the docs pages.
 
 Run from anywhere in a source checkout (with the dev dependencies, for pygraphviz)::
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from statemachine import run_agent
+from statemachine._figures import PACKAGED, render_overview
 from statemachine._render import DiagramError, chart_from_table, normalize_svg, render
 from statemachine._render import overlay_from_trace as _overlay
 from statemachine._runs import quiet_logger, run_page, run_result_to_dict, run_section
@@ -44,6 +46,8 @@ from statemachine.core.tools import ToolOutput
 from statemachine.workspace import workspace_tools
 
 REPO: Final = Path(__file__).resolve().parents[1]
+PACKAGE: Final = REPO / "statemachine"
+"""Where the built-in table's drawings ship (``statemachine._figures.PACKAGED``)."""
 _IMPORTED: Final = Path(_demo.__file__).resolve().parents[2]
 REGENERATE: Final = "python tools/figures.py"
 DIAGRAM_PAGES: Final[tuple[Path, ...]] = ()
@@ -224,6 +228,12 @@ def generated_files(directory: Path) -> dict[Path, str | bytes]:
     return files
 
 
+def packaged_files(package: Path) -> dict[Path, str | bytes]:
+    """The built-in table's drawings the package ships, as the code draws them now."""
+    drawn = {"full": str(render("svg")), "overview": render_overview()}
+    return {package / name: drawn[view] for view, name in PACKAGED.items()}
+
+
 def readme_block(mermaid: str) -> str:
     """The README's diagram block, markers included."""
     return f"{_START}\n```mermaid\n{mermaid.rstrip(chr(10))}\n```\n{_END}"
@@ -254,10 +264,22 @@ def _machine_mermaid() -> str:
     return mermaid
 
 
-def stale_files(directory: Path, readme: Path | None, pages: Sequence[Path] = ()) -> list[Path]:
-    """The committed diagrams (and the README's and ``pages``' diagram blocks) that
-    differ from what the code makes."""
-    stale = [p for p, want in generated_files(directory).items() if not _same(p, want)]
+def _wanted(directory: Path, package: Path | None) -> dict[Path, str | bytes]:
+    files = generated_files(directory)
+    if package is not None:
+        files.update(packaged_files(package))
+    return files
+
+
+def stale_files(
+    directory: Path,
+    readme: Path | None,
+    pages: Sequence[Path] = (),
+    package: Path | None = None,
+) -> list[Path]:
+    """The committed diagrams (and the README's and ``pages``' diagram blocks, and the
+    drawings shipped in ``package``) that differ from what the code makes."""
+    stale = [p for p, want in _wanted(directory, package).items() if not _same(p, want)]
     block = readme_block(_machine_mermaid())
     for page in ([readme] if readme is not None else []) + list(pages):
         if block not in page.read_text(encoding="utf-8"):
@@ -265,12 +287,17 @@ def stale_files(directory: Path, readme: Path | None, pages: Sequence[Path] = ()
     return stale
 
 
-def write_all(directory: Path, readme: Path | None, pages: Sequence[Path] = ()) -> list[Path]:
+def write_all(
+    directory: Path,
+    readme: Path | None,
+    pages: Sequence[Path] = (),
+    package: Path | None = None,
+) -> list[Path]:
     """Regenerate every committed diagram (and the README's and ``pages``' diagram
-    blocks); return what changed."""
+    blocks, and the drawings shipped in ``package``); return what changed."""
     directory.mkdir(parents=True, exist_ok=True)
     changed = []
-    for path, data in generated_files(directory).items():
+    for path, data in _wanted(directory, package).items():
         if _same(path, data):
             continue
         if isinstance(data, bytes):
@@ -300,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dir",
         type=Path,
-        help="write the diagrams here, without the README and docs blocks "
-        "(default: the checkout's diagrams/, with them)",
+        help="write the diagrams here, without the README and docs blocks and the "
+        "package's drawings (default: the checkout's diagrams/, with them)",
     )
     args = parser.parse_args(argv)
     if _IMPORTED != REPO:
@@ -316,15 +343,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_repo = args.dir is None
     readme = REPO / "README.md" if in_repo else None
     pages = list(DIAGRAM_PAGES) if in_repo else []
+    package = PACKAGE if in_repo else None
     try:
         if args.check:
-            stale = stale_files(directory, readme, pages)
+            stale = stale_files(directory, readme, pages, package)
             for path in stale:
                 print(f"stale: {path}", file=sys.stderr)
             if stale:
                 print(f"regenerate with: {REGENERATE}", file=sys.stderr)
             return 1 if stale else 0
-        for path in write_all(directory, readme, pages):
+        for path in write_all(directory, readme, pages, package):
             print(f"wrote {path}", file=sys.stderr)
     except (DiagramError, OSError) as exc:
         print(f"figures: {exc}", file=sys.stderr)

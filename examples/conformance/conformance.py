@@ -1,4 +1,4 @@
-"""Run the conformance kit against the six peers; write ``results.md``.
+"""Run the conformance kit against the seven peers; write ``results.md``.
 
     python examples/conformance/conformance.py [--examples N] [--seed S] [--peer NAME ...]
         [--property I1 ...] [--max-failures K]

@@ -1,4 +1,4 @@
-"""Adapters: four real Python agent loops in the kit's loop shape.
+"""Adapters: six real Python agent loops in the kit's loop shape.
 
 Each adapter is an ``AgentLoop`` (``async loop(*, model, tools, messages, max_turns,
 signal)``) that runs the peer's OWN loop, configured with its documented defaults;
@@ -6,14 +6,16 @@ the adapter only supplies:
 
 * the kit's scripted model in the peer's native model interface (PydanticAI's
   ``FunctionModel``, an Agents SDK ``Model``, a LangChain ``BaseChatModel``, a
-  smolagents ``Model``);
+  smolagents ``Model``, a strands ``Model``, an autogen ``ChatCompletionClient``, which
+  honours the cancellation token the peer hands it);
 * the kit's scripted tools declared the peer's usual way: typed Python functions
   ``(key: str, count: int | None = None)`` (for smolagents a ``Tool`` subclass with
   the same two inputs), the kit's one tool schema, so that the peer validates
   arguments with its own machinery;
 * the input history in the peer's message types, and the peer's history back in the
   kit's wire types at the end;
-* the abort: PydanticAI's ``CancellationToken`` and smolagents' ``agent.interrupt()``;
+* the abort: PydanticAI's and autogen's ``CancellationToken``, smolagents'
+  ``agent.interrupt()`` and strands' ``cancel_signal``;
   the Agents SDK and LangGraph have no abort for a non-streamed run, so the kit's abort
   cancels the run's task, their documented way to stop a run; the history is read
   from the peer's documented place for an interrupted run (``RunCancelled``, the
@@ -45,6 +47,7 @@ from statemachine.testing import KNOWN_TOOLS
 
 __all__ = [
     "LOOPS",
+    "autogen_loop",
     "langgraph_loop",
     "openai_agents_loop",
     "pydantic_ai_loop",
@@ -1004,12 +1007,240 @@ def strands_loop() -> Any:
     return loop
 
 
+# -- autogen-agentchat -----------------------------------------------------------------
+
+
+def autogen_loop() -> Any:
+    """autogen-agentchat's ``AssistantAgent`` with its own tool loop
+    (``max_tool_iterations=max_turns``), the kit's model as a ``ChatCompletionClient``
+    and the abort as the run's ``CancellationToken``.
+
+    autogen hands its run's token to the model client, and its clients link the request
+    to it (``cancellation_token.link_future``), so that cancelling the run cancels the
+    request in flight: the adapter's client does the same with the kit's model call. A
+    client that kept the token unused would let a model that ignores the abort answer,
+    and autogen would run the calls of a cancelled run: a defect of the adapter. The
+    tools are ``FunctionTool``s over typed functions; autogen's workbench links each
+    call to the same token. A response is either text or calls in autogen
+    (``CreateResult.content``), so the model's own message is kept beside it.
+    """
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_core import CancellationToken, FunctionCall
+    from autogen_core.model_context import UnboundedChatCompletionContext
+    from autogen_core.models import (
+        AssistantMessage,
+        ChatCompletionClient,
+        CreateResult,
+        FunctionExecutionResult,
+        FunctionExecutionResultMessage,
+        LLMMessage,
+        ModelFamily,
+        ModelInfo,
+        RequestUsage,
+        UserMessage,
+    )
+    from autogen_core.tools import FunctionTool
+
+    from statemachine.testing.conformance import NotExpressibleError
+
+    stop_reason = sm.messages.StopReason
+    finish = {
+        stop_reason.STOP: "stop",
+        stop_reason.TOOL_USE: "function_calls",
+        stop_reason.LENGTH: "length",
+    }
+    usage = RequestUsage(prompt_tokens=0, completion_tokens=0)
+
+    def to_autogen(history: Sequence[sm.Message]) -> tuple[list[LLMMessage], dict[int, Any]]:
+        """The kit's history in autogen's model messages, and for each of them the kit
+        messages it stands for (by ``id``), to read it back exactly."""
+        out: list[LLMMessage] = []
+        kit: dict[int, list[sm.Message]] = {}
+        for m in history:
+            if isinstance(m, sm.UserMessage):
+                out.append(UserMessage(content=_user_text(m), source="user"))
+            elif isinstance(m, sm.AssistantMessage):
+                calls = [
+                    FunctionCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments_dict()))
+                    for c in m.tool_calls
+                ]
+                out.append(AssistantMessage(content=calls or _text(m), source="assistant"))
+            else:
+                result = FunctionExecutionResult(
+                    content=m.text, name=m.tool_name, call_id=m.tool_call_id, is_error=m.is_error
+                )
+                last = out[-1] if out else None
+                if isinstance(last, FunctionExecutionResultMessage):
+                    last.content.append(result)
+                    kit[id(last)].append(m)
+                    continue
+                out.append(FunctionExecutionResultMessage(content=[result]))
+            kit[id(out[-1])] = [m]
+        return out, kit
+
+    def from_autogen(
+        history: Sequence[LLMMessage], kit: dict[int, Any], said: Sequence[sm.AssistantMessage]
+    ) -> list[sm.Message]:
+        """autogen's model context in the kit's messages: the input as it was given, each
+        response as the model gave it (autogen adds one assistant message per model
+        call, in order), the rest translated."""
+        out: list[sm.Message] = []
+        responses = iter(said)
+        for m in history:
+            if id(m) in kit:
+                out += kit[id(m)]
+            elif isinstance(m, UserMessage):
+                out.append(sm.UserMessage(str(m.content)))
+            elif isinstance(m, AssistantMessage):
+                out.append(next(responses))
+            elif isinstance(m, FunctionExecutionResultMessage):
+                out += [
+                    sm.ToolResultMessage(r.call_id, r.name, r.content, is_error=bool(r.is_error))
+                    for r in m.content
+                ]
+        return out
+
+    class KitClient(ChatCompletionClient):
+        """The kit's scripted model as an autogen model client."""
+
+        def __init__(
+            self,
+            model: Any,
+            definitions: Sequence[Any],
+            signal: sm.AbortSignal,
+            kit: dict[int, Any],
+        ) -> None:
+            self.model, self.definitions, self.signal, self.kit = model, definitions, signal, kit
+            self.said: list[sm.AssistantMessage] = []
+
+        async def create(
+            self,
+            messages: Sequence[LLMMessage],
+            *,
+            tools: Sequence[Any] = (),
+            tool_choice: Any = "auto",
+            json_output: Any = None,
+            extra_create_args: Any = None,
+            cancellation_token: CancellationToken | None = None,
+        ) -> CreateResult:
+            sent = from_autogen(messages, self.kit, self.said)
+            asked = self.model.complete(sent, self.definitions, self.signal)
+            request = asyncio.ensure_future(asked)
+            if cancellation_token is not None:
+                # As autogen's own clients do: cancelling the run cancels the request.
+                cancellation_token.link_future(request)
+            reply: sm.AssistantMessage = await request
+            if reply.stop_reason is stop_reason.ABORTED:
+                if cancellation_token is not None and cancellation_token.is_cancelled():
+                    # A cancelled request, as autogen's own clients end one.
+                    raise asyncio.CancelledError
+                raise NotExpressibleError(
+                    "autogen's model client has no way to say a request was aborted when "
+                    "the run was not cancelled"
+                )
+            if reply.stop_reason is stop_reason.ERROR:
+                raise NotExpressibleError(
+                    "autogen's ChatCompletionClient documents no exception for a failed request"
+                )
+            self.said.append(reply)
+            calls = [
+                FunctionCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments_dict()))
+                for c in reply.tool_calls
+            ]
+            return CreateResult(
+                finish_reason=finish[reply.stop_reason],  # type: ignore[arg-type]
+                content=calls or _text(reply),
+                usage=usage,
+                cached=False,
+            )
+
+        def create_stream(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("the adapter runs AssistantAgent without streaming")
+
+        async def close(self) -> None:
+            return None
+
+        def actual_usage(self) -> RequestUsage:
+            return usage
+
+        def total_usage(self) -> RequestUsage:
+            return usage
+
+        def count_tokens(self, messages: Sequence[LLMMessage], **_: Any) -> int:
+            return 0
+
+        def remaining_tokens(self, messages: Sequence[LLMMessage], **_: Any) -> int:
+            return 1_000_000
+
+        @property
+        def capabilities(self) -> Any:
+            return self.model_info
+
+        @property
+        def model_info(self) -> ModelInfo:
+            return ModelInfo(
+                vision=False,
+                function_calling=True,
+                json_output=False,
+                family=ModelFamily.UNKNOWN,
+                structured_output=False,
+                multiple_system_messages=True,
+            )
+
+    def declare(tool: sm.Tool, signal: sm.AbortSignal) -> Any:
+        async def run(key: str, count: int | None = None) -> str:
+            return await _output_text(tool, _arguments(key, count), signal)
+
+        return FunctionTool(run, description=KEY_DESCRIPTION, name=tool.definition.name)
+
+    async def loop(
+        *,
+        model: Any,
+        tools: Sequence[sm.Tool],
+        messages: Sequence[sm.Message],
+        max_turns: int,
+        signal: sm.AbortSignal,
+    ) -> list[sm.Message]:
+        before, prompt = _split_history(messages)
+        context, kit = to_autogen(before)
+        client = KitClient(model, [t.definition for t in tools], signal, kit)
+        agent = AssistantAgent(
+            "peer",
+            model_client=client,
+            tools=[declare(t, signal) for t in tools],
+            model_context=UnboundedChatCompletionContext(initial_messages=context),
+            system_message=None,
+            max_tool_iterations=max_turns,
+        )
+        # autogen's documented cancellation: the run's CancellationToken. A cancelled
+        # run ends with CancelledError; its model context holds what it completed.
+        token = CancellationToken()
+        running = asyncio.get_running_loop()
+
+        def cancel(_: object) -> None:
+            running.call_soon_threadsafe(token.cancel)  # abort() may come from any thread
+
+        remove = signal.add_listener(cancel)
+        try:
+            await agent.run(task=prompt, cancellation_token=token)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if (current is not None and current.cancelling()) or not token.is_cancelled():
+                raise  # the kit cancelled us (a run past its time): not the abort
+        finally:
+            remove()
+        return from_autogen(await agent.model_context.get_messages(), kit, client.said)
+
+    return loop
+
+
 LOOPS: dict[str, Callable[[], Any]] = {
     "PydanticAI": pydantic_ai_loop,
     "OpenAI Agents SDK": openai_agents_loop,
     "LangGraph": langgraph_loop,
     "smolagents": smolagents_loop,
     "strands-agents": strands_loop,
+    "autogen-agentchat": autogen_loop,
 }
 
 assert KNOWN_TOOLS == ("alpha", "beta")  # the adapters declare the kit's one tool schema

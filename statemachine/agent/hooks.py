@@ -30,6 +30,7 @@ import attrs
 from statemachine.agent.context import RunContext
 from statemachine.core.messages import Message, ToolCall
 from statemachine.core.tools import ToolOutput
+from statemachine.errors import StrayCancelledError
 
 __all__ = [
     "AfterToolCall",
@@ -92,7 +93,3 @@ TransformContext: TypeAlias = (
     Callable[[Sequence[Message]], _Context]
     | Callable[[RunContext[Any], Sequence[Message]], _Context]
 )
-
-
-class StrayCancelledError(Exception):
-    """User code raised ``CancelledError`` although nothing cancelled its task."""

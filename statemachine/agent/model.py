@@ -189,6 +189,21 @@ class ModelSettings:
         return attrs.evolve(self, **override.set_fields())
 
 
+class ResponseListener(Protocol):
+    """``CallOptions.on_response``: what the provider said of one response, each
+    ``None`` when unknown: its id, the model that answered, and the reasoning tokens
+    of its output when the provider counts them apart (a client that knows only the
+    first two may pass only those)."""
+
+    def __call__(
+        self,
+        response_id: str | None,
+        response_model: str | None,
+        reasoning_tokens: int | None = None,
+        /,
+    ) -> None: ...
+
+
 @attrs.frozen
 class CallOptions:
     """What one model call carries besides the context (module docstring).
@@ -199,9 +214,9 @@ class CallOptions:
     ``on_tool_call_delta`` (``(index, call_id, name, arguments_fragment)``): called
     with each streamed fragment as it arrives, by a client that streams, on the event
     loop's thread (they hand run events to the run's subscribers). ``on_response``
-    (``(response_id, response_model)``, either ``None`` when unknown): called once per
-    response by a client that knows them (the adapters do), for telemetry; nothing
-    of it enters the history.
+    (``(response_id, response_model[, reasoning_tokens])``, a ``ResponseListener``,
+    each ``None`` when unknown): called once per response by a client that knows them
+    (the adapters do), for telemetry; nothing of it enters the history.
     ``output_schema``: the JSON Schema (an object) the final answer's text must match,
     sent in the provider's own JSON-schema output mode; given only to a client that
     declares ``native_output = True`` (``statemachine.agent.output``), ``None`` for
@@ -213,7 +228,7 @@ class CallOptions:
     on_text: Callable[[str], None] | None = None
     on_tool_call_delta: Callable[[int, str, str, str], None] | None = None
     output_schema: Mapping[str, Any] | None = None
-    on_response: Callable[[str | None, str | None], None] | None = None
+    on_response: ResponseListener | None = None
 
 
 # A function's parameter names are those of its code, which every closure made from one

@@ -13,7 +13,8 @@ A subscriber that does not read never holds the run up, and never holds memory i
 proportion to what the run does: a tool's progress reports that it has not read yet
 are coalesced (it gets the newest one), and past ``DEFAULT_MAX_BUFFERED_EVENTS``
 unread events the events that only describe the run's progress are dropped, an
-``EventsDropped`` saying how many in their place (``_Subscriber``).
+``EventsDropped`` saying how many in their place (``_Subscriber``). A subscriber whose
+iterator is closed (``aclose()``: a watcher left) is let go at once.
 """
 
 from __future__ import annotations
@@ -103,7 +104,11 @@ class EventStream:
         if self._closed:
             subscriber.end()
         self._subscribers += (subscriber,)
-        return subscriber.iterate()
+        return subscriber.iterate(self._unsubscribe)
+
+    def _unsubscribe(self, subscriber: _Subscriber) -> None:
+        """Stop telling ``subscriber``: its iterator was closed (a watcher left)."""
+        self._subscribers = tuple(s for s in self._subscribers if s is not subscriber)
 
     def emit(self, event: RunEvent | Callable[[], RunEvent]) -> None:
         """Give ``event`` (or what ``event()`` builds, only if someone listens) to every
@@ -288,16 +293,21 @@ class _Subscriber:
             del self._progress[item.call_id]
         return item
 
-    async def iterate(self) -> AsyncIterator[RunEvent]:
-        while True:
-            if not self._items:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            item = self._take()
-            if item is None:
-                return
-            yield EventsDropped(item[0]) if isinstance(item, list) else item
+    async def iterate(self, leave: Callable[[_Subscriber], None]) -> AsyncIterator[RunEvent]:
+        """The events, until the run returns; ``leave(self)`` once the iterator is
+        closed or ends, so that a subscriber that left is no longer given events."""
+        try:
+            while True:
+                if not self._items:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                item = self._take()
+                if item is None:
+                    return
+                yield EventsDropped(item[0]) if isinstance(item, list) else item
+        finally:
+            leave(self)
 
 
 class StreamedRun(Generic[OutputT]):

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("statemachine.cli.run", "run a real agent against a provider"),
     "transcript": ("statemachine.cli.transcript", "check recorded conversation logs"),
     "durable": ("statemachine.cli.durable", "export, list durable runs; watch one survive kill -9"),
+    "serve": (
+        "statemachine.cli.serve",
+        "serve an agent over HTTP (AG-UI) and watch its runs live in a browser",
+    ),
     "mcp-example": (
         "statemachine.cli.mcp_example",
         "a small MCP server on stdio, to try MCP tools",
@@ -66,6 +70,8 @@ EXTRAS: dict[str, str] = {
     "httpx2": "openai",
     "dbos": "dbos",
     "mcp": "mcp",
+    "ag_ui": "live",
+    "uvicorn": "live",
 }
 """The extra that installs each optional package a command may import."""
 

@@ -4,8 +4,10 @@ with an installed package (the ``[mcp]`` extra).
     MCPServer.stdio(sys.executable, ["-m", "statemachine", "mcp-example"], prefix="calc_")
 
 It serves the tools ``add``, ``echo`` and ``word_count``; ``summarize``, which asks the
-client's model (sampling), and ``greet``, which asks the client's user (elicitation);
-and one resource, ``example://style``. All written with the MCP SDK's own server API.
+client's model (sampling), ``greet``, which asks the client's user (elicitation),
+``roots``, which lists the client's roots, and ``touch``, which says a resource changed;
+and the resources ``example://style``, ``example://notes/{name}`` (a template) and
+``example://table.csv`` (bytes). All written with the MCP SDK's own server API.
 Standard output is the protocol: the server writes nothing else there.
 """
 
@@ -55,7 +57,8 @@ def cli_mcp_example(argv: list[str]) -> int:
     parser = CommandParser(
         "mcp-example",
         description="A small MCP server on stdin/stdout (tools add, echo, word_count, "
-        "summarize and greet; a resource example://style), to try MCP tools without "
+        "summarize, greet, roots and touch; resources example://style, "
+        "example://notes/{name} and example://table.csv), to try MCP tools without "
         "writing a server: start it from "
         'statemachine.mcp.MCPServer.stdio(sys.executable, ["-m", "statemachine", '
         '"mcp-example"]). Needs the [mcp] extra.',

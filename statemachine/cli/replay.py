@@ -26,10 +26,11 @@ def _parser() -> CommandParser:
     parser = CommandParser(
         "replay",
         description="Replay a run journal, print it as a readable trace and verify it.",
-        failed="the file is not a journal, or does not replay as recorded (a bad or "
-        "cut-off line, or a step that comes out differently)",
-        epilog="2 is for a file that cannot be opened at all; a file that opens but is not "
-        "a journal fails with 1, at its first line.",
+        failed="the journal does not replay as recorded (a bad or cut-off line after its "
+        "header, or a step that comes out differently)",
+        epilog="2 is for a file that cannot be read as a journal (it cannot be opened, or "
+        "its first line is not a journal's header), as in 'view' and 'trace'; a journal "
+        "that goes wrong at a later line fails with 1.",
     )
     parser.add_argument("file", help="the journal (JSON Lines)")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict, on one line")
@@ -81,7 +82,7 @@ def cli_replay(argv: list[str]) -> int:
         )
         result = replay(args.file, strict=False, logger=quiet, max_line_bytes=args.max_line_bytes)
     except JournalError as exc:
-        if exc.line == 0:  # line 0: the file itself cannot be opened
+        if exc.line <= 1:  # the file cannot be opened, or is no journal at all
             return fail("replay", str(exc), EXIT_USAGE)
         return fail("replay", f"FAILED: {exc}", EXIT_FAILED)
     except InvalidInputError as exc:

@@ -19,9 +19,17 @@ from statemachine._runs import (
     run_section,
     sequence_diagram,
 )
-from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, parse
+from statemachine.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandParser,
+    emit,
+    fail,
+    parse,
+)
 from statemachine.cli.diagram import format_for
-from statemachine.errors import BadDataError, UsageError
+from statemachine.errors import BadDataError, JournalError, UsageError
 
 # run_result_to_dict is re-exported: it writes the run files this command reads.
 __all__ = ["cli_trace", "run_result_to_dict"]
@@ -38,9 +46,9 @@ def _parser() -> CommandParser:
             "from statemachine.cli.trace.run_result_to_dict(result)) or a run journal "
             "(statemachine-journal JSON Lines), which is replayed and verified first."
         ),
-        failed=None,
-        epilog="A run file or journal that cannot be read, parsed or replayed as recorded "
-        "is unreadable input.",
+        failed="a journal that does not replay as recorded from its second line on",
+        epilog="A run file or journal that cannot be read at all (or whose first line is not "
+        "a journal's header) is unreadable input (2), as in 'view' and 'replay'.",
     )
     parser.add_argument("run", type=Path, metavar="RUN", help="the run file or journal")
     parser.add_argument(
@@ -82,6 +90,10 @@ def cli_trace(argv: list[str]) -> int:
         return args
     try:
         emit(_trace_data(args), args.out)
+    except JournalError as exc:
+        # As 'replay' and 'view': a journal from its second line on reads, and going
+        # wrong there is the run failing to replay as recorded.
+        return fail("trace", str(exc), EXIT_FAILED if exc.line > 1 else EXIT_USAGE)
     except (UsageError, BadDataError, OSError) as exc:
         return fail("trace", str(exc))
     return EXIT_OK

@@ -1,21 +1,31 @@
-"""``python -m statemachine transcript FILE...``: check recorded conversation logs.
+"""``python -m statemachine transcript PATH...``: check recorded conversation logs.
 
 Each file holds one transcript (a JSON list of messages, or a request body that wraps
 it as ``messages`` / ``input`` / ``contents``) or several in JSON Lines: one transcript
 per line when every line is a list or a wrapper, else one message per line. The checker is
 ``statemachine.testing.transcript_findings``.
 
+A PATH is a file, a directory (its ``.json`` and ``.jsonl`` files, in its subdirectories
+too, in name order) or a glob pattern (``'logs/**/*.json'``, expanded here, so a shell
+that does not expand it, or a list too long for one command line, still works). All of
+them are checked in one process, and when more than one file is checked a last line
+sums them up. At most ``--max-files`` files (``DEFAULT_MAX_FILES``) are checked in one
+call: more is refused before any is read.
+
 Exit status: 0 when no file has an error-level finding, 1 when one has, 2 when a file
 cannot be read (missing, too large, not UTF-8 JSON or JSONL, or JSON that holds no list
-of messages) or the arguments are wrong. Findings go to stdout; a file that cannot be
-read is one line on stderr.
+of messages), a directory or pattern names no file, or the arguments are wrong.
+Findings go to stdout; a file that cannot be read is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import itertools
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,10 +37,16 @@ from statemachine.testing.transcript import (
     transcript_findings,
 )
 
-__all__ = ["DEFAULT_MAX_BYTES", "cli_transcript"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_FILES", "cli_transcript"]
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 """Files larger than this are refused unread (``--max-bytes`` changes it)."""
+
+DEFAULT_MAX_FILES = 10_000
+"""At most this many files in one call, after directories and patterns are expanded
+(``--max-files`` changes it)."""
+
+_SUFFIXES = (".json", ".jsonl")  # the files a directory contributes
 
 
 class _UnreadableError(Exception):
@@ -44,7 +60,13 @@ def _parser() -> argparse.ArgumentParser:
         "problems (I1, I2), by each provider's own rules.",
         failed="error-level findings",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="JSON or JSONL file")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a JSON or JSONL file, a directory (its .json and .jsonl files, "
+        "subdirectories included) or a glob pattern such as 'logs/**/*.json'",
+    )
     parser.add_argument(
         "--format",
         choices=(*FORMATS, "auto"),
@@ -77,38 +99,111 @@ def _parser() -> argparse.ArgumentParser:
         help=f"refuse files larger than this (default: {DEFAULT_MAX_BYTES})",
     )
     parser.add_argument(
+        "--max-files",
+        type=int,
+        default=DEFAULT_MAX_FILES,
+        help=f"refuse to check more files than this in one call (default: {DEFAULT_MAX_FILES})",
+    )
+    parser.add_argument(
         "--errors-only", action="store_true", help="print error-level findings only"
     )
     return parser
 
 
 def cli_transcript(argv: list[str]) -> int:
-    """``python -m statemachine transcript FILE...``; see the module docstring."""
+    """``python -m statemachine transcript PATH...``; see the module docstring."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
     if args.max_bytes <= 0:
         return fail("transcript", "--max-bytes must be positive")
-    worst = EXIT_OK
-    for name in args.files:
+    if args.max_files <= 0:
+        return fail("transcript", "--max-files must be positive")
+    files, worst = _expand(args.paths, args.max_files)
+    if len(files) > args.max_files:
+        return fail(
+            "transcript",
+            f"more than {args.max_files} files to check (--max-files): name fewer",
+        )
+    tally = _Tally()
+    for name in files:
         try:
             transcripts = _read(Path(name), args.max_bytes)
         except _UnreadableError as exc:
             worst = fail("transcript", f"{name}: {exc}")
+            tally.unreadable += 1
             continue
         for label, transcript in transcripts:
             try:
-                errors = _report(f"{name}{label}", transcript, args)
+                errors = _report(f"{name}{label}", transcript, args, tally)
             except _UnreadableError as exc:
                 worst = fail("transcript", f"{name}{label}: {exc}")
+                tally.unreadable += 1
                 continue
             if errors and worst == EXIT_OK:
                 worst = EXIT_FAILED
+    if len(files) > 1:
+        print(tally.line(len(files)))
     return worst
 
 
-def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
-    """Prints one summary line and the findings; returns the number of errors."""
+class _Tally:
+    """What the summary line counts."""
+
+    def __init__(self) -> None:
+        self.ok = self.failed = self.unreadable = self.errors = self.warnings = 0
+
+    def line(self, files: int) -> str:
+        transcripts = self.ok + self.failed
+        return (
+            f"{_plural(files, 'file')}, {_plural(transcripts, 'transcript')}: {self.ok} ok, "
+            f"{self.failed} failed, {self.unreadable} unreadable "
+            f"({_plural(self.errors, 'error')}, {_plural(self.warnings, 'warning')})"
+        )
+
+
+def _expand(paths: Sequence[str], max_files: int) -> tuple[list[str], int]:
+    """The files named by ``paths`` (a file as given; a directory's and a pattern's in
+    name order), at most ``max_files + 1`` of them, and the exit status so far (2 when a
+    directory or a pattern names no file, which is said on stderr)."""
+    files: list[str] = []
+    worst = EXIT_OK
+    for path in paths:
+        if os.path.isdir(path):
+            found = _bounded(_under(path), max_files + 1 - len(files))
+            why = f"no {' or '.join(_SUFFIXES)} file in this directory"
+        elif glob.has_magic(path) and not os.path.exists(path):
+            matches = (m for m in glob.iglob(path, recursive=True) if os.path.isfile(m))
+            found = _bounded(matches, max_files + 1 - len(files))
+            why = "the pattern matches no file"
+        else:
+            found, why = [path], ""
+        if not found:
+            worst = fail("transcript", f"{path}: {why}")
+        files += found
+        if len(files) > max_files:
+            break
+    return files, worst
+
+
+def _under(directory: str) -> Iterator[str]:
+    """The ``.json`` and ``.jsonl`` files under ``directory`` (symbolic links to
+    directories are not followed, so a link loop cannot make the walk endless)."""
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in sorted(names):
+            if name.endswith(_SUFFIXES):
+                yield os.path.join(root, name)
+
+
+def _bounded(found: Iterator[str], room: int) -> list[str]:
+    """At most ``room`` of ``found``, sorted (a pattern's matches come in no order)."""
+    return sorted(itertools.islice(found, max(room, 0)))
+
+
+def _report(name: str, transcript: Any, args: argparse.Namespace, tally: _Tally) -> int:
+    """Prints one summary line and the findings, counts them in ``tally``; returns the
+    number of errors."""
     try:
         fmt = detect_format(transcript) if args.format == "auto" else args.format
         found = transcript_findings(
@@ -124,6 +219,12 @@ def _report(name: str, transcript: Any, args: argparse.Namespace) -> int:
     warnings = len(found) - errors
     size = _count(transcript)
     verdict = "ok" if not errors else "FAIL"
+    tally.errors += errors
+    tally.warnings += warnings
+    if errors:
+        tally.failed += 1
+    else:
+        tally.ok += 1
     print(
         f"{name}: {verdict} ({fmt}, {size} messages, "
         f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')})"

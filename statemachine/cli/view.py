@@ -68,7 +68,7 @@ def cli_view(argv: list[str]) -> int:
         page = view_html(source, max_bytes=args.max_bytes, max_line_bytes=args.max_line_bytes)
     except JournalError as exc:
         return fail("view", f"{source}: {exc}", EXIT_USAGE)
-    except UsageError as exc:  # the diagram cannot be drawn (no pygraphviz)
+    except UsageError as exc:  # the package's drawing cannot be read (a broken install)
         return fail("view", str(exc), EXIT_USAGE)
     try:
         out.write_text(page, encoding="utf-8")

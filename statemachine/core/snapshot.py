@@ -717,10 +717,14 @@ def check_shape(data: object, *, max_bytes: int, max_depth: int) -> None:
 
 
 def _key_bytes(key: object) -> bytes:
+    usage = "a snapshot key must be non-empty bytes or a str that UTF-8 can encode"
     if isinstance(key, str):
-        key = key.encode("utf-8")
+        try:
+            key = key.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: unusable, like an empty key
+            raise UsageError(usage) from None
     if not isinstance(key, (bytes, bytearray)) or not key:
-        raise UsageError("a snapshot key must be non-empty bytes or str")
+        raise UsageError(usage)
     return bytes(key)
 
 

@@ -227,7 +227,7 @@ def decode_exact(raw: bytes | str, lines: Lines, decoder: json.JSONDecoder) -> A
             else ""
         )
         raise JournalError(
-            number, f"not valid JSON: {exc.msg} at column {exc.colno}{hint}"
+            number, f"not valid JSON: {exc.msg} (column {exc.colno}){hint}"
         ) from None
     except _RefusedValueError as exc:
         raise JournalError(number, str(exc)) from None

@@ -305,18 +305,20 @@ def view_html(
 
     ``source`` is a journal's path or its lines, as for ``replay``; both
     ``run_agent_journaled`` and the durable runs' ``export_journal`` write journals it
-    reads. The page shows the state diagram with the run's path drawn over it (blue,
-    each step counted), a timeline of the events that moves a highlight along the
-    diagram (buttons, the slider, the arrow keys, or a click on an event; ``#step=N`` in
-    the address opens step N), and the messages as a chat transcript.
+    reads. The page shows the state diagram at its full size with the run's path drawn
+    over it (blue; a state's tooltip says how often the run entered it), a timeline of
+    the events that moves a highlight along the diagram (buttons, the slider, the arrow
+    keys, or a click on an event; ``#step=N`` in the address opens step N), and the
+    messages as a chat transcript.
 
     Limits: a journal over ``max_bytes`` (64 MiB by default) or with a line over
     ``max_line_bytes`` is a ``JournalError`` before it is read whole; each text shown is
     cut to ``max_text`` characters. A journal that stops replaying at some line is shown
-    up to there, with the reason. Drawing the diagram needs pygraphviz (the
-    ``[diagrams]`` extra): without it, a ``DiagramError`` says so.
+    up to there, with the reason. The diagram is the one the package ships
+    (``statemachine._figures.packaged_svg``): no Graphviz needed.
     """
-    from statemachine._render import chart_from_table, overlay_from_trace, render, svg_inline
+    from statemachine._figures import packaged_svg
+    from statemachine._render import chart_from_table, overlay_from_trace, svg_inline
 
     for name, value in (("max_bytes", max_bytes), ("max_text", max_text)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -326,10 +328,10 @@ def view_html(
     )
     lines = _within(source, max_bytes)
     result = replay(lines, strict=False, logger=quiet, max_line_bytes=max_line_bytes)
-    chart = chart_from_table()
-    overlay = overlay_from_trace(chart, result.trace, result.state.value)
-    svg = render("svg", chart, overlay)
-    assert isinstance(svg, str)
+    # Every step is checked against the table the drawing shows, as the diagram
+    # command's overlay does; the page draws the path over the drawing itself.
+    overlay_from_trace(chart_from_table(), result.trace, result.state.value)
+    svg = packaged_svg("full")
     script = _SCRIPT
     policy = (
         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
@@ -340,7 +342,7 @@ def view_html(
         policy=html.escape(policy),
         title=title,
         style=_STYLE,
-        svg=svg_inline(svg),
+        svg=svg_inline(svg, fit=False),
         data=_embed(_page_data(result, max_text)),
         script=script,
     )
@@ -399,7 +401,7 @@ main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
        height: calc(100vh - 5rem); min-height: 36rem; }
 #diagram { grid-column: 1; grid-row: 1; overflow: auto; max-height: 55vh;
            border: 1px solid #d0d7de; border-radius: 6px; }
-#diagram svg { display: block; width: 100%; height: auto; }
+#diagram svg { display: block; }
 #timeline { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; min-height: 0; }
 #transcript { grid-column: 2; grid-row: 1 / span 2; overflow: auto; min-height: 0;
               border-left: 1px solid #d0d7de; padding-left: 0.75rem; }
@@ -432,10 +434,15 @@ button { font: inherit; padding: 0.15rem 0.6rem; }
 #messages li .call { display: block; font-family: ui-monospace, monospace; font-size: 0.85rem;
                      color: #15803d; }
 #messages li.vw-active { outline: 3px solid #f59e0b; }
-#diagram g.vw-current path, #diagram g.vw-current polygon {
+#diagram g.node.vw-path path, #diagram g.node.vw-path polygon { fill: #dbeafe; stroke: #1d4ed8;
+  stroke-width: 2px; }
+#diagram g.edge.vw-path path { stroke: #1d4ed8; stroke-width: 2.5px; }
+#diagram g.edge.vw-path polygon { stroke: #1d4ed8; fill: #1d4ed8; }
+#diagram g.edge.vw-path text { fill: #1d4ed8; } #diagram g.vw-off { opacity: 0.45; }
+#diagram g.node.vw-current path, #diagram g.node.vw-current polygon {
   fill: #fde68a; stroke: #d97706; stroke-width: 5px; }
-#diagram g.vw-taken path { stroke: #d97706; stroke-width: 4px; }
-#diagram g.vw-taken polygon { stroke: #d97706; fill: #d97706; }
+#diagram g.edge.vw-taken path { stroke: #d97706; stroke-width: 4px; }
+#diagram g.edge.vw-taken polygon { stroke: #d97706; fill: #d97706; }
 """
 
 _SCRIPT: Final = """
@@ -478,6 +485,25 @@ _SCRIPT: Final = """
     const named = all.filter((g) => g.textContent.includes(move[1]));
     return named.length ? named : all;
   };
+  // The run's path, drawn once: the states it entered (how often, in the tooltip) and
+  // the steps it took in blue, the rest faded.
+  const entered = new Map([["Ready", 1]]), taken = new Set();
+  for (const s of steps) {
+    for (const move of s.moves) {
+      for (const g of edgesOf(move)) taken.add(g);
+      if (move[0] !== move[2]) entered.set(move[2], (entered.get(move[2]) || 0) + 1);
+    }
+  }
+  for (const [name, g] of nodes) {
+    const n = entered.get(name);
+    g.classList.add(n ? "vw-path" : "vw-off");
+    const link = g.querySelector("a");
+    if (n && link) {
+      const tip = link.getAttribute("xlink:title") || name;
+      link.setAttribute("xlink:title", tip + " (entered " + n + " time" + (n > 1 ? "s" : "") + ")");
+    }
+  }
+  for (const g of [...edges.values()].flat()) g.classList.add(taken.has(g) ? "vw-path" : "vw-off");
   const rows = [];
   const list = $("events"), fragment = document.createDocumentFragment();
   const start = el("li", "run");
@@ -517,7 +543,7 @@ _SCRIPT: Final = """
   chat.append(chatFragment);
   const slider = $("slider");
   slider.max = String(steps.length);
-  let current = -1, lit = [];
+  let current = -1, lit = [], follow = null;
   const go = (i) => {
     i = Math.max(0, Math.min(steps.length, i | 0));
     if (i === current) return;
@@ -525,14 +551,19 @@ _SCRIPT: Final = """
     lit = [];
     const light = (g, cls) => { if (g) { g.classList.add(cls); lit.push(g); } };
     const step = i > 0 ? steps[i - 1] : null;
-    light(nodes.get(step ? step.state : "Ready"), "vw-current");
+    const here = nodes.get(step ? step.state : "Ready");
+    light(here, "vw-current");
     if (step) for (const move of step.moves) for (const g of edgesOf(move)) light(g, "vw-taken");
     light(rows[i], "vw-active");
-    rows[i].scrollIntoView({ block: "nearest" });
-    if (step && step.message >= 0) {
-      light(items[step.message], "vw-active");
-      items[step.message].scrollIntoView({ block: "nearest" });
-    }
+    const item = step && step.message >= 0 ? items[step.message] : null;
+    light(item, "vw-active");
+    // The state (the drawing is wider than its pane), the event and the message are
+    // scrolled into view once a frame: a held arrow key steps many times in one.
+    if (follow === null) requestAnimationFrame(() => {
+      for (const e of follow) if (e) e.scrollIntoView({ block: "nearest", inline: "nearest" });
+      follow = null;
+    });
+    follow = [here, rows[i], item];
     $("position").textContent = step
       ? "event " + i + " of " + steps.length + " (journal line " + step.line + "): " + step.title +
         "; now " + step.state

@@ -26,7 +26,6 @@ The guide (docs/guides/mcp.md) and docs/limits.md give every default.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +42,6 @@ try:
     import httpx2
     import mcp
     import mcp.types as mcp_types
-    from mcp.client.caching import CacheMode
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
         "statemachine.mcp needs the mcp SDK: pip install 'agent-statemachine[mcp]'"
@@ -57,12 +55,16 @@ from statemachine.mcp._asking import (
     MCPProgress,
     MCPSampling,
     MCPSamplingRequest,
+    RootsGiven,
     missing_capability,
+    root_list,
+    url_required,
 )
-from statemachine.mcp._requests import Requests
-from statemachine.mcp._resources import MCPPrompt, MCPResource
+from statemachine.mcp._listing import Listing
+from statemachine.mcp._resources import MCPPrompt, MCPResource, MCPResourceTemplate
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
+from statemachine.mcp._stdout import ENCODING, watching
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
@@ -70,7 +72,9 @@ from statemachine.mcp._support import (
     filters,
     http_transport,
     listen_for_tool_changes,
+    may_be_a_reply,
     retrieve,
+    roots_changed,
     shown,
 )
 
@@ -79,6 +83,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_BLOCKS",
     "DEFAULT_MAX_INPUT_REQUESTS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
@@ -88,6 +93,7 @@ __all__ = [
     "MCPProgress",
     "MCPPrompt",
     "MCPResource",
+    "MCPResourceTemplate",
     "MCPSampling",
     "MCPSamplingRequest",
     "MCPServer",
@@ -107,6 +113,8 @@ DEFAULT_MAX_BLOCKS = 100
 """Content blocks one tool result may hold; the rest are dropped, with a note."""
 DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Bytes of one message (one line) a stdio server may write on its stdout."""
 
 
 def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
@@ -119,7 +127,7 @@ def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: 
             raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
 
 
-class MCPServer(Requests):
+class MCPServer(Listing):
     """One MCP server's tools for the lifetime of an ``async with`` block.
 
     Build it with :meth:`stdio` or :meth:`http`. Inside the block, :attr:`tools` holds
@@ -130,6 +138,16 @@ class MCPServer(Requests):
 
     _asking: Asking | None = None  # the callbacks of the connection, while connected
     _refusal: str | None = None  # the last HTTP error status the server answered
+    _tail: StderrTail | None = None  # a stdio server's stderr, while connected
+    _client: mcp.Client | None = None
+    _holder: asyncio.Task[None] | None = None
+    _listed: asyncio.Future[list[mcp_types.Tool]] | None = None
+    _wake: asyncio.Event | None = None  # set: the holder closes the connection
+    _stage = "start"
+    _unreadable: str | None = None  # what the SDK last could not read
+    _lost: str | None = None  # why the connection ended, once it has
+    _stale = False  # the server said its tool list changed since it was listed
+    _refresher: asyncio.Future[None] | None = None
 
     def __init__(
         self,
@@ -143,6 +161,7 @@ class MCPServer(Requests):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         max_tools: int = DEFAULT_MAX_TOOLS,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         allowed_tools: ToolFilter | None = None,
         blocked_tools: ToolFilter = (),
         http_headers: Mapping[str, str] | None = None,
@@ -152,6 +171,7 @@ class MCPServer(Requests):
         elicitation: ElicitationHandler | None = None,
         max_input_requests: int = DEFAULT_MAX_INPUT_REQUESTS,
         log_level: LogLevel | None = "info",
+        roots: RootsGiven | None = None,
     ) -> None:
         _check_bounds(
             call_timeout,
@@ -160,6 +180,7 @@ class MCPServer(Requests):
             max_output_bytes=max_output_bytes,
             max_blocks=max_blocks,
             max_tools=max_tools,
+            max_message_bytes=max_message_bytes,
             max_input_requests=max_input_requests,
         )
         self.name = name
@@ -170,6 +191,7 @@ class MCPServer(Requests):
         self.max_output_bytes = max_output_bytes
         self.max_blocks = max_blocks
         self.max_tools = max_tools
+        self.max_message_bytes = max_message_bytes
         self._allowed, self._allowed_names, self._blocked = filters(allowed_tools, blocked_tools)
         self._target = target
         self._headers = dict(http_headers or {})
@@ -178,17 +200,10 @@ class MCPServer(Requests):
         self.elicitation = elicitation
         self.max_input_requests = max_input_requests
         self.log_level = log_level
+        self.roots = None if roots is None else tuple(roots)
+        root_list(self.roots or ())  # a root that is not a path or file:// URI: refused now
         self._stderr = stderr
-        self._tail: StderrTail | None = None  # a stdio server's stderr, while connected
-        self._client: mcp.Client | None = None
-        self._holder: asyncio.Task[None] | None = None
-        self._listed: asyncio.Future[list[mcp_types.Tool]] | None = None
-        self._wake: asyncio.Event | None = None  # set: the holder closes the connection
-        self._stage = "start"
-        self._unreadable: str | None = None  # what the SDK last could not read
-        self._lost: str | None = None  # why the connection ended, once it has
-        self._stale = False  # the server said its tool list changed since it was listed
-        self._refresher: asyncio.Future[None] | None = None
+        self._watchers = set()
         self._log = library_logger("statemachine.mcp")
         self._tools: tuple[Tool, ...] = ()
 
@@ -247,6 +262,8 @@ class MCPServer(Requests):
             raise InvalidInputError(f"MCP server {self.name!r} is already connected")
         loop = asyncio.get_running_loop()
         listed: asyncio.Future[list[mcp_types.Tool]] = loop.create_future()
+        # Told why the connection failed even after __aenter__ stopped waiting for it.
+        listed.add_done_callback(retrieve)
         self._listed = listed
         self._wake = asyncio.Event()
         self._stage, self._unreadable, self._lost, self._stale = "start", None, None, False
@@ -298,36 +315,19 @@ class MCPServer(Requests):
                 self.elicitation,
                 self.max_input_requests,
                 self.max_output_bytes,
+                self.roots,
             )
-            client = mcp.Client(
-                self._transport(),
-                client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
-                message_handler=self._on_message,
-                sampling_callback=asking.on_sampling if self.sampling else None,
-                elicitation_callback=asking.on_elicitation if self.elicitation else None,
-                logging_callback=asking.on_log,
-                log_level=self.log_level,
-            )
-            async with client:
-                self._stage = "list"
-                try:
-                    tools = await self._list_tools(client)
-                except Exception as exc:  # noqa: BLE001 - reported to __aenter__
-                    if not listed.done():
-                        listed.set_exception(self._unreachable(exc))
-                    self._stage = "failed"  # the connection closes by itself
-                    return
-                self._client = client
-                listed.set_result(tools)
-                await self._until_closed(client)
+            # A stdio server's stdout that cannot be read on ends the connection.
+            with watching(self._stdout_broken, self.max_message_bytes):
+                await self._connected(asking, listed)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # closed by _close (or the loop is going away)
             # the SDK's cancel scope: the transport failed and took the session down
-            self._lost = "the connection was closed"
+            self._lost = self._lost or "the connection was closed"
             await self._failed_to_connect(listed, ConnectionError(self._lost))
         except BaseException as exc:  # noqa: BLE001 - what the SDK raised is reported
-            self._lost = describe(exc)
+            self._lost = self._lost or describe(exc)
             await self._failed_to_connect(listed, exc)
         finally:
             self._client = None
@@ -335,6 +335,33 @@ class MCPServer(Requests):
                 self._tail.close()
             if not listed.done():  # closed before the tools were listed
                 listed.cancel()
+
+    async def _connected(
+        self, asking: Asking, listed: asyncio.Future[list[mcp_types.Tool]]
+    ) -> None:
+        """Connect, list the tools into ``listed``, and hold the connection until told."""
+        client = mcp.Client(
+            self._transport(),
+            client_info=mcp_types.Implementation(name=DISTRIBUTION, version=__version__),
+            message_handler=self._on_message,
+            sampling_callback=asking.on_sampling if self.sampling else None,
+            elicitation_callback=asking.on_elicitation if self.elicitation else None,
+            list_roots_callback=asking.on_list_roots if self.roots is not None else None,
+            logging_callback=asking.on_log,
+            log_level=self.log_level,
+        )
+        async with client:
+            self._stage = "list"
+            try:
+                tools = await self._list_tools(client)
+            except Exception as exc:  # noqa: BLE001 - reported to __aenter__
+                if not listed.done():
+                    listed.set_exception(self._unreachable(exc))
+                self._stage = "failed"  # the connection closes by itself
+                return
+            self._client = client
+            listed.set_result(tools)
+            await self._until_closed(client)
 
     async def _until_closed(self, client: mcp.Client) -> None:
         """Keep the connection until told, listening for changes of the tool list."""
@@ -375,16 +402,34 @@ class MCPServer(Requests):
         """The SDK's notifications and the transport's faults (never raises)."""
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self._tools_changed()
+        if isinstance(message, mcp_types.ResourceUpdatedNotification):
+            for updates in self._watchers:
+                updates.changed(message.params.uri)
         if isinstance(message, Exception):
             self._unreadable = f"it sent a message the SDK could not read ({describe(message)})"
             listed = self._listed
-            if self._stage == "list" and listed is not None and not listed.done():
+            listing = self._stage == "list" and listed is not None and not listed.done()
+            if listed is not None and listing and may_be_a_reply(message):
                 # Most likely the tools/list reply itself, which the SDK then drops.
                 listed.set_exception(
                     MCPError(
                         f"MCP server {self.name!r} could not list its tools: {self._unreadable}"
                     )
                 )
+
+    def _stdout_broken(self, reason: str) -> None:
+        """A stdio server's stdout ended or cannot be read on (the SDK's reader stops): the
+        connection ends now, and every call waiting on it is answered why."""
+        if self._holder is None:
+            return  # closing: the server was stopped by this client
+        self._lost = self._lost or reason
+        listed = self._listed
+        if listed is not None and not listed.done():
+            doing = "list its tools" if self._stage == "list" else "be reached"
+            message = f"MCP server {self.name!r} could not {doing}: {reason}"
+            listed.set_exception(MCPError(with_stderr(message, self._tail)))
+        if self._wake is not None:
+            self._wake.set()
 
     def _tools_changed(self) -> None:
         self._stale = True
@@ -428,75 +473,14 @@ class MCPServer(Requests):
         self._tail = None
         if isinstance(self._target, mcp.StdioServerParameters):
             self._tail = StderrTail(self._stderr)
-            return mcp.stdio_client(self._target, errlog=self._tail.errlog)
+            params = self._target.model_copy(update={"encoding": ENCODING})
+            return mcp.stdio_client(params, errlog=self._tail.errlog)
         self._refusal = None
 
         def refused(status: str) -> None:
             self._refusal = status
 
         return http_transport(str(self._target), self._headers, self._auth, refused)
-
-    async def _list_tools(
-        self, client: mcp.Client, cache_mode: CacheMode = "use"
-    ) -> list[mcp_types.Tool]:
-        listed: list[mcp_types.Tool] = []
-        cursor: str | None = None
-        while True:
-            try:
-                page = await client.list_tools(cursor=cursor, cache_mode=cache_mode)
-            except Exception as exc:
-                raise self._unreachable(exc) from exc
-            listed.extend(page.tools)
-            if len(listed) > self.max_tools:
-                raise InvalidInputError(
-                    f"MCP server {self.name!r} lists more than {self.max_tools} tools (max_tools)"
-                )
-            cursor = page.next_cursor
-            if not cursor:
-                return listed
-
-    async def _checked(self, remote: list[mcp_types.Tool]) -> tuple[Tool, ...]:
-        """The offered tools, their schemas checked in a worker thread, one at a time;
-        stopped between two tools when the deadline passes (or the caller cancels)."""
-        names = [t.name for t in remote]
-        seen: set[str] = set()
-        for name in names:
-            if name in seen:
-                raise InvalidInputError(f"MCP server {self.name!r} lists two tools named {name!r}")
-            seen.add(name)
-        missing = sorted(self._allowed_names - seen)
-        if missing:
-            raise InvalidInputError(
-                f"MCP server {self.name!r} does not list the allowed tools {missing}"
-            )
-        offered = [t for t in remote if self._allowed(t.name) and not self._blocked(t.name)]
-        stop = threading.Event()
-
-        def check() -> list[ToolDefinition]:
-            definitions = []
-            for tool in offered:
-                if stop.is_set():
-                    break
-                definitions.append(self._definition(tool))
-            return definitions
-
-        try:
-            definitions = await asyncio.to_thread(check)
-        finally:
-            stop.set()
-        return tuple(self._tool(t, d) for t, d in zip(offered, definitions, strict=True))
-
-    def _definition(self, remote: mcp_types.Tool) -> ToolDefinition:
-        try:
-            return ToolDefinition(
-                name=self.prefix + remote.name,
-                description=remote.description or remote.title or remote.name,
-                parameters=dict(remote.input_schema),
-            )
-        except InvalidInputError as exc:
-            raise InvalidInputError(
-                f"MCP server {self.name!r}: its tool {remote.name!r} cannot be used: {exc}"
-            ) from None
 
     def _tool(self, remote: mcp_types.Tool, definition: ToolDefinition) -> Tool:
         return Tool(definition, RemoteCall(self, remote.name), timeout=self.call_timeout)
@@ -529,7 +513,7 @@ class MCPServer(Requests):
         self, remote: str, arguments: dict[str, Any], signal: AbortSignal
     ) -> ToolOutput:
         client, holder = self._client, self._holder
-        if client is None or holder is None or holder.done():
+        if client is None or holder is None or holder.done() or self._lost is not None:
             if self._lost is not None:
                 raise MCPError(f"MCP server {self.name!r} is no longer connected: {self._lost}")
             raise MCPError(f"MCP server {self.name!r} is not connected (outside its async with)")
@@ -571,14 +555,38 @@ class MCPServer(Requests):
         except MCPError:
             raise
         except Exception as exc:
-            raise MCPError(
-                f"MCP server {self.name!r}, tool {remote!r}: {describe(exc)}"
-                + missing_capability(exc)
-            ) from exc
+            raise await self._call_failed(remote, exc, asking) from exc
         finally:
             remove()
             asking.call_ended(key)
         return self._output(result)
+
+    async def _call_failed(self, remote: str, exc: Exception, asking: Asking) -> MCPError:
+        """The error of a call the server or the connection failed."""
+        failed = f"MCP server {self.name!r}, tool {remote!r}"
+        urls = url_required(exc)
+        if urls is not None:
+            await asking.tell_urls(urls)
+            said = "; ".join(f"{q.message} {q.url}".strip() for q in urls) or "(no URL given)"
+            return MCPError(
+                f"{failed}: the user must first open a URL (URL-mode elicitation, error "
+                f"-32042 URL_ELICITATION_REQUIRED): {said}; call the tool again once they have"
+            )
+        if self._lost is not None:  # the request failed because the connection ended
+            return MCPError(f"{failed}: the connection ended ({self._lost})")
+        return MCPError(f"{failed}: {describe(exc)}" + missing_capability(exc))
+
+    async def set_roots(self, roots: RootsGiven) -> None:
+        """Give the server other roots (``roots=`` when connecting): a server of an
+        older protocol is told ``notifications/roots/list_changed`` and asks again; one
+        of the 2026-07-28 protocol asks for them with each request that needs them."""
+        made = root_list(roots)
+        self.roots = tuple(roots)
+        if self._asking is not None:
+            self._asking.roots = made
+        client = self._client
+        if client is not None and client.protocol_version < "2026-07-28":
+            await roots_changed(client)
 
     def _output(self, result: mcp_types.CallToolResult) -> ToolOutput:
         return tool_output(result, *self._limits())

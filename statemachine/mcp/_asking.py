@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextvars
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 import attrs
 import mcp.types as mcp_types
@@ -36,6 +37,7 @@ from statemachine.errors import InvalidInputError
 from statemachine.mcp._results import IMAGE_MIME, describe, image
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "DEFAULT_MAX_INPUT_REQUESTS",
     "MAX_LOG_CHARS",
     "MAX_QUESTION_CHARS",
@@ -45,7 +47,10 @@ __all__ = [
     "MCPProgress",
     "MCPSampling",
     "MCPSamplingRequest",
+    "RootsGiven",
     "missing_capability",
+    "root_list",
+    "url_required",
 ]
 
 DEFAULT_MAX_INPUT_REQUESTS = 100
@@ -55,6 +60,9 @@ MAX_LOG_CHARS = 4_000
 MAX_QUESTION_CHARS = 10_000
 """Characters of an elicitation's message and of its schema as JSON; longer: refused."""
 _MAX_NAME_CHARS = 200
+CHARS_PER_TOKEN = 4
+"""Characters a token is counted as, to bound the answer of a sampling model that is
+not told ``max_tokens`` (one that does not list it in ``supported_settings``)."""
 
 
 @attrs.frozen
@@ -80,12 +88,14 @@ class MCPSampling:
     Each request is one model call with no tools (``run_agent``, one turn): the
     server's ``systemPrompt`` becomes the instructions, its ``maxTokens`` (at most
     ``max_tokens``), ``temperature`` and ``stopSequences`` the settings the client
-    supports (``supported_settings``). Refused, with an error the server is given:
-    more than ``max_requests`` requests in one connection, more than ``max_messages``
-    messages or ``max_chars`` characters of text in one, content other than text and
-    images, and any request ``allow`` (given the ``MCPSamplingRequest``; may be async)
-    does not return ``True`` for. ``model_name`` is what the server is told answered
-    (default: the client's ``model`` attribute, or its type's name).
+    supports (``supported_settings``). A model that does not take ``max_tokens`` is
+    still bounded by it: its answer is cut to ``CHARS_PER_TOKEN`` (4) characters a
+    token, and the server told it stopped at ``maxTokens``. Refused, with an error the
+    server is given: more than ``max_requests`` requests in one connection, more than
+    ``max_messages`` messages or ``max_chars`` characters of text in one, content other
+    than text and images, and any request ``allow`` (given the ``MCPSamplingRequest``;
+    may be async) does not return ``True`` for. ``model_name`` is what the server is
+    told answered (default: the client's ``model`` attribute, or its type's name).
     """
 
     model: ModelClient
@@ -116,10 +126,55 @@ class MCPElicitation:
     url: str | None = None
 
 
-ElicitationHandler = Callable[[MCPElicitation], Awaitable[Mapping[str, Any] | None]]
+ElicitationHandler = Callable[
+    [MCPElicitation], Awaitable[Mapping[str, Any] | Literal["decline", "cancel"] | None]
+]
 """``async handler(question) -> answer``: a mapping accepts (its values: text,
-numbers, booleans or lists of text, as the schema says), ``None`` declines. What
-it raises refuses the request: the call fails with that reason."""
+numbers, booleans or lists of text, as the schema says), ``None`` or ``"decline"``
+declines (the user said no), ``"cancel"`` cancels (the user dismissed the question
+without answering). What it raises refuses the request: the call fails with that
+reason."""
+
+RootsGiven = Sequence[str | Path]
+"""The roots a client offers: ``file://`` URIs, or paths (made absolute URIs, named by
+their last part)."""
+
+MAX_URL_ELICITATIONS = 3
+"""URLs of a URL-mode elicitation error (-32042) that the call's error names."""
+
+
+def root_list(roots: RootsGiven) -> tuple[mcp_types.Root, ...]:
+    """The roots as the protocol's, checked: a URI must be ``file://``."""
+    made = []
+    for root in roots:
+        if isinstance(root, Path):
+            given = {"uri": root.resolve().as_uri(), "name": root.name or None}
+        elif isinstance(root, str) and root.startswith("file://"):
+            given = {"uri": root}
+        else:
+            raise InvalidInputError(f"a root must be a path or a file:// URI, got {root!r}")
+        try:
+            made.append(mcp_types.Root.model_validate(given))
+        except ValueError as exc:  # pydantic's ValidationError
+            raise InvalidInputError(f"a root must be a file:// URI: {describe(exc)}") from None
+    return tuple(made)
+
+
+def url_required(exc: BaseException) -> list[MCPElicitation] | None:
+    """The URLs a server needs the user to open before it answers (its error -32042,
+    ``URL_ELICITATION_REQUIRED``), or ``None`` for any other error."""
+    if getattr(exc, "code", None) != mcp_types.URL_ELICITATION_REQUIRED:
+        return None
+    data = getattr(exc, "data", None)
+    listed = data.get("elicitations") if isinstance(data, Mapping) else None
+    questions = []
+    for item in listed[:MAX_URL_ELICITATIONS] if isinstance(listed, list) else ():
+        url = item.get("url") if isinstance(item, Mapping) else None
+        message = item.get("message") if isinstance(item, Mapping) else None
+        if isinstance(url, str):
+            said = message if isinstance(message, str) else ""
+            questions.append(MCPElicitation("", _cut(said, 500), {}, _cut(url, 2_000)))
+    return questions
 
 
 @attrs.frozen
@@ -166,8 +221,10 @@ class Asking:
         elicitation: ElicitationHandler | None,
         max_requests: int,
         max_image_bytes: int,
+        roots: RootsGiven | None = None,
     ) -> None:
         self.server = server
+        self.roots = None if roots is None else root_list(roots)
         self.sampling = sampling
         self.elicitation = elicitation
         self._max_requests = max_requests
@@ -212,6 +269,24 @@ class Asking:
             first.run(report_log, params.level, data, logger)
 
     # -- requests -----------------------------------------------------------------------
+
+    async def tell_urls(self, questions: Sequence[MCPElicitation]) -> None:
+        """Show the elicitation handler the URLs a server needs opened (error -32042):
+        the user sees them as a URL-mode question; the answer changes nothing (the
+        call has failed already), and a handler that fails is logged."""
+        if self.elicitation is None:
+            return
+        for question in questions:
+            try:
+                await self.elicitation(attrs.evolve(question, server=self.server))
+            except Exception as exc:  # noqa: BLE001 - the user's code: logged
+                self._log.warning(
+                    "mcp_url_elicitation_failed", server=self.server, error=describe(exc)
+                )
+
+    async def on_list_roots(self, context: Any) -> mcp_types.ListRootsResult:
+        """``roots/list``: the roots the client was given (``MCPServer(roots=...)``)."""
+        return mcp_types.ListRootsResult(roots=list(self.roots or ()))
 
     def _counted(self) -> mcp_types.ErrorData | None:
         self._requests += 1
@@ -311,8 +386,9 @@ class Asking:
         params: mcp_types.CreateMessageRequestParams,
     ) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
         supported: frozenset[str] = getattr(policy.model, "supported_settings", None) or frozenset()
+        max_tokens = min(request.max_tokens, policy.max_tokens)
         wanted: dict[str, Any] = {
-            "max_tokens": min(request.max_tokens, policy.max_tokens),
+            "max_tokens": max_tokens,
             "temperature": params.temperature,
             "stop": tuple(params.stop_sequences or ()) or None,
         }
@@ -338,10 +414,14 @@ class Asking:
             )
         last = result.messages[-1]
         cut = isinstance(last, AssistantMessage) and last.stop_reason is StopReason.LENGTH
+        text = result.final_text
+        if "max_tokens" not in supported and len(text) > max_tokens * CHARS_PER_TOKEN:
+            # The model was not told max_tokens: its answer is held to it here.
+            text, cut = text[: max_tokens * CHARS_PER_TOKEN], True
         stop = "maxTokens" if cut else "endTurn"
         return mcp_types.CreateMessageResult(
             role="assistant",
-            content=mcp_types.TextContent(type="text", text=result.final_text),
+            content=mcp_types.TextContent(type="text", text=text),
             model=policy.answering_model(),
             stop_reason=stop,
         )
@@ -373,8 +453,10 @@ class Asking:
                 code=mcp_types.INTERNAL_ERROR,
                 message=f"the client's elicitation handler failed: {describe(exc)}",
             )
-        if answer is None:
+        if answer is None or answer == "decline":
             return mcp_types.ElicitResult(action="decline")
+        if answer == "cancel":
+            return mcp_types.ElicitResult(action="cancel")
         try:
             return mcp_types.ElicitResult(action="accept", content=dict(answer))
         except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError

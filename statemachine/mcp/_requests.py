@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import mcp
@@ -14,13 +15,16 @@ from statemachine.errors import MCPError
 from statemachine.mcp._resources import (
     MCPPrompt,
     MCPResource,
+    MCPResourceTemplate,
     prompt_messages,
     prompt_of,
     resource_blocks,
     resource_of,
+    template_of,
 )
 from statemachine.mcp._results import describe
-from statemachine.mcp._support import retrieve
+from statemachine.mcp._support import retrieve, subscription
+from statemachine.mcp._updates import ResourceUpdates, listen_for_updates
 
 __all__ = ["Requests"]
 
@@ -40,6 +44,7 @@ class Requests:
     _client: mcp.Client | None
     _holder: asyncio.Task[None] | None
     _lost: str | None
+    _watchers: set[ResourceUpdates]  # the resource_updates blocks of an older server
 
     # -- resources and prompts ----------------------------------------------------------
 
@@ -49,6 +54,70 @@ class Requests:
             "resources/list", "resources", lambda at, c: c.list_resources(cursor=at)
         )
         return tuple(resource_of(r) for page in found for r in page.resources)
+
+    async def list_resource_templates(self) -> tuple[MCPResourceTemplate, ...]:
+        """The server's resource templates (at most ``max_tools`` of them)."""
+        found = await self._listing(
+            "resources/templates/list",
+            "resource_templates",
+            lambda at, c: c.list_resource_templates(cursor=at),
+        )
+        return tuple(template_of(t) for page in found for t in page.resource_templates)
+
+    @contextlib.asynccontextmanager
+    async def resource_updates(self, *uris: str) -> AsyncIterator[ResourceUpdates]:
+        """Subscribe to the resources at ``uris`` for the block: iterate what it
+        yields for the URI of each one the server says changed (read it again with
+        ``read_resource``). A server of the 2026-07-28 protocol is listened to on a
+        ``subscriptions/listen`` stream (opened within ``call_timeout``); an older
+        one is sent ``resources/subscribe`` for each URI (and ``resources/unsubscribe``
+        at the end), and its ``notifications/resources/updated`` heard. Unread updates
+        of one URI count once, so they never pile up; the iteration ends with an
+        ``MCPError`` if the stream or the connection is lost."""
+        client, holder = self._client, self._holder
+        if client is None or holder is None or holder.done() or self._lost is not None:
+            raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
+        updates = ResourceUpdates(self.name, uris, holder)
+        if client.protocol_version < "2026-07-28":
+            async with self._subscribed(updates):
+                yield updates
+            return
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        opened.add_done_callback(retrieve)
+        listener = asyncio.ensure_future(listen_for_updates(client, updates, opened))
+        try:
+            try:
+                async with asyncio.timeout(self.call_timeout):
+                    await asyncio.wait((opened, holder), return_when=asyncio.FIRST_COMPLETED)
+            except TimeoutError:
+                raise MCPError(
+                    f"MCP server {self.name!r}, subscriptions/listen: not opened within "
+                    f"{self.call_timeout} s (call_timeout)"
+                ) from None
+            if not opened.done():
+                raise MCPError(
+                    f"MCP server {self.name!r}, subscriptions/listen: the connection ended"
+                )
+            opened.result()
+            yield updates
+        finally:
+            listener.cancel()
+            await asyncio.wait((listener,))
+
+    @contextlib.asynccontextmanager
+    async def _subscribed(self, updates: ResourceUpdates) -> AsyncIterator[None]:
+        """``resources/subscribe`` for each URI (a server of a protocol before
+        2026-07-28), its updates told to ``updates`` while the block lasts."""
+        self._watchers.add(updates)
+        try:
+            for uri in sorted(updates.uris):
+                await self._ask(f"resources/subscribe {uri!r}", subscription(uri, on=True))
+            yield
+        finally:
+            self._watchers.discard(updates)
+            for uri in sorted(updates.uris) if self._lost is None else ():
+                with contextlib.suppress(MCPError):  # best effort: the server may be gone
+                    await self._ask(f"resources/unsubscribe {uri!r}", subscription(uri, on=False))
 
     async def read_resource(self, uri: str) -> tuple[ToolResultContent, ...]:
         """A resource's contents as text and image blocks, bounded like a tool result:
@@ -98,7 +167,7 @@ class Requests:
         """One request, within ``call_timeout``, answered (or failed) when the
         connection ends."""
         client, holder = self._client, self._holder
-        if client is None or holder is None or holder.done():
+        if client is None or holder is None or holder.done() or self._lost is not None:
             raise MCPError(f"MCP server {self.name!r} is not connected: {self._lost or 'closed'}")
         request = asyncio.ensure_future(fetch(client))
         try:
@@ -116,8 +185,13 @@ class Requests:
         if not request.done():
             request.cancel()
             request.add_done_callback(retrieve)
-            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended")
+            ended = f" ({self._lost})" if self._lost else ""
+            raise MCPError(f"MCP server {self.name!r}, {what}: the connection ended{ended}")
         try:
             return request.result()
         except Exception as exc:
+            if self._lost is not None:  # the request failed because the connection ended
+                raise MCPError(
+                    f"MCP server {self.name!r}, {what}: the connection ended ({self._lost})"
+                ) from None
             raise MCPError(f"MCP server {self.name!r}, {what}: {describe(exc)}") from exc

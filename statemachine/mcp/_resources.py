@@ -16,9 +16,9 @@ from statemachine.core.messages import (
     ToolResultContent,
     UserMessage,
 )
-from statemachine.mcp._results import block, capped, image
+from statemachine.mcp._results import blob, block, capped
 
-__all__ = ["MCPPrompt", "MCPResource", "prompt_messages", "resource_blocks"]
+__all__ = ["MCPPrompt", "MCPResource", "MCPResourceTemplate", "prompt_messages", "resource_blocks"]
 
 
 @attrs.frozen
@@ -26,6 +26,17 @@ class MCPResource:
     """A resource a server lists: read it with ``MCPServer.read_resource(uri)``."""
 
     uri: str
+    name: str
+    description: str | None = None
+    mime_type: str | None = None
+
+
+@attrs.frozen
+class MCPResourceTemplate:
+    """A resource template a server lists (RFC 6570: ``file:///{path}``): read one of
+    its resources with ``MCPServer.read_resource(uri)``, the template filled in."""
+
+    uri_template: str
     name: str
     description: str | None = None
     mime_type: str | None = None
@@ -45,6 +56,10 @@ def resource_of(item: mcp_types.Resource) -> MCPResource:
     return MCPResource(str(item.uri), item.name, item.description, item.mime_type)
 
 
+def template_of(item: mcp_types.ResourceTemplate) -> MCPResourceTemplate:
+    return MCPResourceTemplate(item.uri_template, item.name, item.description, item.mime_type)
+
+
 def prompt_of(item: mcp_types.Prompt) -> MCPPrompt:
     arguments = item.arguments or []
     return MCPPrompt(
@@ -59,18 +74,15 @@ def resource_blocks(
     result: mcp_types.ReadResourceResult, max_chars: int, max_bytes: int, max_blocks: int
 ) -> tuple[ToolResultContent, ...]:
     """A resource's contents as text and image blocks, bounded like a tool result:
-    text stays text, an image stays an image (when valid), other binary data
-    becomes a line saying what it was."""
+    text stays text, an image stays an image (when valid), a blob of a text MIME type
+    becomes its text (when UTF-8), other binary data a line saying what it was."""
     contents = result.contents
     blocks: list[ToolResultContent] = []
     for item in contents[:max_blocks]:
         if isinstance(item, mcp_types.TextResourceContents):
             blocks.append(TextContent(item.text))
-        elif (item.mime_type or "").startswith("image/"):
-            blocks.append(image(item.blob, item.mime_type or ""))
         else:
-            kind = item.mime_type or "binary"
-            blocks.append(TextContent(f"[resource: {item.uri}, {kind}, {len(item.blob)} bytes]"))
+            blocks.append(blob(str(item.uri), item.blob, item.mime_type or ""))
     out = capped(blocks, max_chars, max_bytes)
     if len(contents) > max_blocks:
         dropped = len(contents) - max_blocks

@@ -16,6 +16,11 @@ from statemachine.core.tools import ToolOutput
 
 # A MIME type of the image/* family: ``image/`` and an RFC 6838 subtype name.
 IMAGE_MIME = re.compile(r"image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+# MIME types whose bytes are text: a blob of one becomes a text block.
+TEXT_MIME = re.compile(
+    r"text/.*|application/(json|xml|yaml|x-yaml|javascript|toml|x-sh|sql)|.*\+(json|xml)",
+    re.IGNORECASE,
+)
 # How much of a server's or the SDK's error text an MCPError quotes.
 CAUSE_CHARS = 300
 
@@ -51,8 +56,29 @@ def block(item: Any) -> ToolResultContent:
         resource = item.resource
         if isinstance(resource, mcp_types.TextResourceContents):
             return TextContent(resource.text)
-        return TextContent(f"[resource: {resource.uri}, {resource.mime_type or 'binary'}]")
+        return blob(str(resource.uri), resource.blob, resource.mime_type or "")
     return TextContent(f"[{getattr(item, 'type', type(item).__name__)} content]")
+
+
+def blob(uri: str, data: str, mime_type: str) -> ToolResultContent:
+    """A blob's block: an image stays an image (``image``), bytes of a text MIME type
+    that are UTF-8 become text, anything else a line saying what it was. Its size is
+    bounded by the result's bounds after (``capped``); base64 of more than
+    ``MAX_BLOB_CHARS`` characters is not even decoded."""
+    if mime_type.startswith("image/"):
+        return image(data, mime_type)
+    kind = mime_type or "binary"
+    if TEXT_MIME.fullmatch(mime_type) and len(data) <= MAX_BLOB_CHARS:
+        try:
+            return TextContent(base64.b64decode(data, validate=True).decode("utf-8"))
+        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+            return TextContent(f"[resource: {uri[:200]}, {kind[:60]}: not base64 UTF-8 text]")
+    size = len(data) * 3 // 4 - data[-2:].count("=")  # what the base64 holds, undecoded
+    return TextContent(f"[resource: {uri[:200]}, {kind[:60]}, {size} bytes]")
+
+
+MAX_BLOB_CHARS = 32 * 1024 * 1024
+"""Characters of base64 (24 MiB of bytes) a text blob may have to be decoded."""
 
 
 def image(data: str, mime_type: str) -> ToolResultContent:

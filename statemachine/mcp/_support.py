@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import mcp
+import mcp.types as mcp_types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
@@ -112,6 +113,45 @@ async def listen_for_tool_changes(
             return
         await asyncio.sleep(LISTEN_AGAIN_SECONDS)
         changed()
+
+
+def may_be_a_reply(exc: Exception) -> bool:
+    """Whether a message the SDK could not read may be the reply to a request of ours
+    (which the SDK then drops: the request would wait out its deadline), rather than a
+    stray line a server printed on its stdout, which the SDK skips. A reply is a JSON
+    object with an ``id``: a line that does not even start as an object, or an object
+    without an ``id``, is stray. pydantic's ``errors()`` holds what was read."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return True
+    try:
+        read = errors()[0].get("input")
+    except Exception:  # noqa: BLE001 - any other errors() says nothing of the input
+        return True
+    if isinstance(read, str):
+        return read.lstrip().startswith("{")
+    if isinstance(read, Mapping):
+        return "id" in read
+    return True
+
+
+def subscription(uri: str, *, on: bool) -> Callable[[mcp.Client], Awaitable[Any]]:
+    """``resources/subscribe`` (``on``) or ``resources/unsubscribe`` of ``uri``, for a
+    server of a protocol before 2026-07-28, sent as the request it is: the SDK's own
+    methods for it warn (of the newer protocol), and the library prints nothing."""
+    params = mcp_types.SubscribeRequestParams(uri=uri)
+    request: mcp_types.SubscribeRequest | mcp_types.UnsubscribeRequest = (
+        mcp_types.SubscribeRequest(params=params)
+        if on
+        else mcp_types.UnsubscribeRequest(params=mcp_types.UnsubscribeRequestParams(uri=uri))
+    )
+    return lambda client: client.session.send_request(request, mcp_types.EmptyResult)
+
+
+async def roots_changed(client: mcp.Client) -> None:
+    """``notifications/roots/list_changed``, for a server of a protocol before
+    2026-07-28, sent as the notification it is (the SDK's method for it warns)."""
+    await client.session.send_notification(mcp_types.RootsListChangedNotification())
 
 
 def retrieve(task: asyncio.Future[Any]) -> None:

@@ -7,12 +7,15 @@ where it comes from is in the OpenTelemetry guide):
 
 - ``invoke_agent {agent}``: one per run (INTERNAL): the agent's name, id, version and
   description, the conversation id when the caller gives one, the provider and
-  model, the run's token totals, and how it ended (``statemachine.run.state``,
-  ``statemachine.run.turns``); status ERROR unless the run ended ``Done`` or stopped
-  ``AwaitingUser``.
+  model, the output type, the run's token totals (reasoning tokens too, when
+  reported), the response of its last model call (``gen_ai.response.*``), and how
+  it ended (``statemachine.run.state``, ``statemachine.run.turns``); status ERROR
+  unless the run ended ``Done`` or stopped ``AwaitingUser``.
 - ``chat {model}``: one per model call (CLIENT), a child of the run's span, current
   while the call runs: provider, request model and parameters, server address and
-  port, finish reasons (the conventions' values), token usage, ``error.type``.
+  port, output type, the response's id, model and finish reasons (the conventions'
+  values), token usage (reasoning tokens when the provider reports them),
+  ``error.type``.
 - ``execute_tool {tool}``: one per tool call (INTERNAL), a child of the run's span,
   current while the tool runs (so the tool's own spans nest under it): the tool's
   name, description, type and call id; ``error.type`` ``tool_error`` (an error
@@ -24,7 +27,7 @@ where it comes from is in the OpenTelemetry guide):
   its span ended with the run (which ends as it gives up on the call), not whenever
   the tool returns.
 - Metrics: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
-  per model call.
+  per model call (with ``gen_ai.response.model`` when the provider names it).
 
 **Telemetry never changes a run.** Every call into the OpenTelemetry API (starting
 and ending spans, attributes, metrics; processors, samplers and exporters run inside
@@ -69,6 +72,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from statemachine.core.checks import positive_int
 from statemachine.otel._guard import Attributes, Guard
 from statemachine.otel._spans import (
+    REASONING_TOKENS,
     RunState,
     TracedExecute,
     TracedModel,
@@ -78,9 +82,10 @@ from statemachine.otel._spans import (
 
 __all__ = ["DEFAULT_MAX_CONTENT_CHARS", "SCHEMA_URL", "AgentTracer"]
 
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.1"
-"""The semantic conventions the spans follow: the GenAI conventions (developed in
-their own repository since) build on this version of the general ones."""
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+"""The semantic conventions the spans follow: those of
+``opentelemetry-semantic-conventions`` 0.66b2 (whose GenAI attributes, developed in
+their own repository since, have the names used here)."""
 DEFAULT_MAX_CONTENT_CHARS = 65_536
 """Characters of captured content one span may hold (``capture_content=True``)."""
 
@@ -208,6 +213,9 @@ class AgentTracer:
             if result.stats is not None:
                 ended["gen_ai.usage.input_tokens"] = result.stats.usage.input
                 ended["gen_ai.usage.output_tokens"] = result.stats.usage.output
+            if state.reasoning:
+                ended[REASONING_TOKENS] = state.reasoning
+            ended.update(state.response)  # the response of the run's last model call
             guard.set(span, ended)
             if result.state not in _OK_STATES:
                 guard.error(span, result.state.value)
@@ -236,6 +244,7 @@ class AgentTracer:
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": model.provider if model else self.provider_name or "_OTHER",
             "gen_ai.agent.name": self.agent_name,
+            "gen_ai.output.type": "text" if run.engine.output is None else "json",
             "statemachine.run.id": run.run_id,
         }
         optional = {

@@ -49,7 +49,13 @@ REQUEST_PARAMETERS = {
     "presence_penalty": "gen_ai.request.presence_penalty",
     "seed": "gen_ai.request.seed",
 }
-# The conventions' bucket boundaries for the two GenAI client histograms.
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+# What the run's span repeats of its last model call: the response of the run's answer.
+RESPONSE_ATTRIBUTES = (
+    "gen_ai.response.id",
+    "gen_ai.response.model",
+    "gen_ai.response.finish_reasons",
+)
 DESCRIPTION_CHARS = 1_000  # of a tool's description, on its span
 
 
@@ -63,6 +69,8 @@ class RunState:
         self.answered: set[str] = set()  # the calls that did not, their span made
         self.open: dict[str, Span | None] = {}
         self.messages_json: MessageCache = {}  # content capture: each message once
+        self.response: Attributes = {}  # the last model call's gen_ai.response.*
+        self.reasoning = 0  # the reasoning tokens of the run's responses, when reported
 
     def close(
         self, guard: Guard, call_id: str, error_type: str | None, *, abandoned: bool = False
@@ -142,18 +150,23 @@ def error_type(exc: BaseException) -> str:
 
 
 def _noting_response(options: CallOptions | None, answered: Attributes) -> CallOptions:
-    """``options`` whose ``on_response`` also puts the response's id and model in
-    ``answered`` (``gen_ai.response.id``, ``gen_ai.response.model``)."""
+    """``options`` whose ``on_response`` also puts the response's id, model and
+    reasoning tokens in ``answered`` (``gen_ai.response.id``, ``gen_ai.response.model``,
+    ``gen_ai.usage.reasoning.output_tokens``)."""
     given = options if options is not None else CallOptions()
     before = given.on_response
 
-    def noted(response_id: str | None, model: str | None) -> None:
+    def noted(
+        response_id: str | None, model: str | None, reasoning_tokens: int | None = None, /
+    ) -> None:
         if response_id:
             answered["gen_ai.response.id"] = response_id
         if model:
             answered["gen_ai.response.model"] = model
+        if isinstance(reasoning_tokens, int) and reasoning_tokens > 0:
+            answered[REASONING_TOKENS] = reasoning_tokens
         if before is not None:
-            before(response_id, model)
+            before(response_id, model, reasoning_tokens)
 
     return attrs.evolve(given, on_response=noted)
 
@@ -261,12 +274,14 @@ class TracedModel:
         except BaseException as exc:
             guard.detach(attached)
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else error_type(exc)
-            guard.set(span, answered)
-            guard.safely("end chat", self._close, span, started, messages, tools, None, error, sent)
+            guard.safely(
+                "end chat", self._close, span, started, messages, tools, None, error, sent, answered
+            )
             raise
         guard.detach(attached)
-        guard.set(span, answered)
-        guard.safely("end chat", self._close, span, started, messages, tools, response, None, sent)
+        guard.safely(
+            "end chat", self._close, span, started, messages, tools, response, None, sent, answered
+        )
         return response
 
     def _open(self, messages: Sequence[Message], options: CallOptions | None) -> Span | None:
@@ -286,7 +301,7 @@ class TracedModel:
             tracer._tracer,
             self._name,
             SpanKind.CLIENT,
-            {**self._request, **settings_attributes(options)},
+            {**self._request, **settings_attributes(options), **output_type(options)},
             parent=state.span if state is not None else None,
         )
 
@@ -299,12 +314,14 @@ class TracedModel:
         response: object,
         error: str | None,
         options: CallOptions | None,
+        answered: Attributes,
     ) -> None:
         guard = self.tracer._guard
         usage = None
+        ended: Attributes = dict(answered)  # the provider's id, model and reasoning tokens
         if isinstance(response, AssistantMessage):
             reason = FINISH_REASONS.get(response.stop_reason, "error")
-            ended: Attributes = {"gen_ai.response.finish_reasons": (reason,)}
+            ended["gen_ai.response.finish_reasons"] = (reason,)
             usage = response.usage
             if usage is not None:
                 ended["gen_ai.usage.input_tokens"] = usage.input
@@ -313,16 +330,21 @@ class TracedModel:
                     ended["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read
                 if usage.cache_write:
                     ended["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write
-            guard.set(span, ended)
             if response.stop_reason is StopReason.ABORTED:
                 error = "cancelled"
             elif response.stop_reason is StopReason.ERROR:
                 error = "error"
         elif error is None:  # not a response: the run says so; the span marks it
             error = "_OTHER"
+        guard.set(span, ended)
+        state = run_state.get()
+        if state is not None:
+            state.response = {k: ended[k] for k in RESPONSE_ATTRIBUTES if k in ended}
+            reasoning = ended.get(REASONING_TOKENS)
+            state.reasoning += reasoning if isinstance(reasoning, int) else 0
         if error is not None:
             guard.error(span, error)
-        self._measure(started, usage, error)
+        self._measure(started, usage, error, answered.get("gen_ai.response.model"))
         if self.tracer.capture_content:
             answer = response if isinstance(response, AssistantMessage) else None
             system = self._system
@@ -331,15 +353,18 @@ class TracedModel:
             self._content(span, messages, tools, answer, system)
         guard.end(span)
 
-    def _measure(self, started: float, usage: Any, error: str | None) -> None:
+    def _measure(self, started: float, usage: Any, error: str | None, model: object) -> None:
         guard, tracer = self.tracer._guard, self.tracer
-        attributes = dict(self._metric)
+        metric = dict(self._metric)
+        if model:
+            metric["gen_ai.response.model"] = model
+        attributes = dict(metric)
         if error is not None:
             attributes["error.type"] = error
         guard.record(tracer._duration, time.monotonic() - started, attributes)
         if usage is not None:
             for kind, count in (("input", usage.input), ("output", usage.output)):
-                guard.record(tracer._tokens, count, {**self._metric, "gen_ai.token.type": kind})
+                guard.record(tracer._tokens, count, {**metric, "gen_ai.token.type": kind})
 
     def _content(
         self,
@@ -386,6 +411,13 @@ def settings_attributes(options: CallOptions | None) -> Attributes:
         elif name in REQUEST_PARAMETERS:
             attributes[REQUEST_PARAMETERS[name]] = value
     return attributes
+
+
+def output_type(options: CallOptions | None) -> Attributes:
+    """``gen_ai.output.type`` of a call: ``json`` when it asks for the provider's JSON
+    output mode (a native structured output), else ``text``."""
+    asked = options is not None and options.output_schema is not None
+    return {"gen_ai.output.type": "json" if asked else "text"}
 
 
 def server_of(base_url: object) -> Attributes:

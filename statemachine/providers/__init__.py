@@ -1,5 +1,7 @@
 """Model clients for real providers: OpenAI-compatible Chat Completions, the OpenAI
-Responses API, Anthropic Messages, Gemini and AWS Bedrock Converse.
+Responses API, Anthropic Messages, Gemini and AWS Bedrock Converse; their Azure
+OpenAI and Vertex AI variants; Ollama's native chat API; and ``FallbackModel``, which
+asks the next model when one is out of service.
 
 ``model_from_string("openai:gpt-4.1")`` builds one from a model string
 (``statemachine.providers.registry``); ``CallOptions`` and ``ModelSettings`` are what a
@@ -33,18 +35,27 @@ from statemachine.providers.registry import known_providers, model_from_string, 
 
 if TYPE_CHECKING:
     from statemachine.providers.anthropic_messages import AnthropicModel
+    from statemachine.providers.azure import AzureOpenAIChatModel, AzureOpenAIResponsesModel
     from statemachine.providers.bedrock import BedrockModel
+    from statemachine.providers.fallback import FallbackModel
     from statemachine.providers.gemini import GeminiModel
+    from statemachine.providers.ollama import OllamaModel
     from statemachine.providers.openai_chat import OpenAIChatModel
     from statemachine.providers.openai_responses import OpenAIResponsesModel
+    from statemachine.providers.vertex import AnthropicVertexModel, VertexGeminiModel
 
 __all__ = [
     "AnthropicModel",
+    "AnthropicVertexModel",
+    "AzureOpenAIChatModel",
+    "AzureOpenAIResponsesModel",
     "BedrockModel",
     "CallOptions",
     "ContextOverflowError",
+    "FallbackModel",
     "GeminiModel",
     "ModelSettings",
+    "OllamaModel",
     "OpenAIChatModel",
     "OpenAIResponsesModel",
     "ProviderAuthError",
@@ -55,6 +66,7 @@ __all__ = [
     "ProviderUnavailableError",
     "RedactSecrets",
     "RetryPolicy",
+    "VertexGeminiModel",
     "known_providers",
     "model_from_string",
     "register_provider",
@@ -66,6 +78,12 @@ _LAZY = {
     "AnthropicModel": "statemachine.providers.anthropic_messages",
     "BedrockModel": "statemachine.providers.bedrock",
     "GeminiModel": "statemachine.providers.gemini",
+    "AzureOpenAIChatModel": "statemachine.providers.azure",
+    "AzureOpenAIResponsesModel": "statemachine.providers.azure",
+    "VertexGeminiModel": "statemachine.providers.vertex",
+    "AnthropicVertexModel": "statemachine.providers.vertex",
+    "OllamaModel": "statemachine.providers.ollama",
+    "FallbackModel": "statemachine.providers.fallback",
 }
 
 

@@ -227,6 +227,10 @@ class ResponseReader(abc.ABC):
         if self.response_model is None and isinstance(model, str) and model:
             self.response_model = model[:256]
 
+    def reasoning_tokens(self) -> int | None:
+        """The output's reasoning tokens, when the provider counts them apart."""
+        return None
+
     def require_unique_call_ids(self, what: str) -> None:
         """Refuse a response with two calls of one id (``what`` names the id): their
         results could not be told apart, and the provider would refuse them too."""
@@ -292,8 +296,8 @@ class ModelAdapter(abc.ABC):
     """The part of a ``ModelClient`` that does not depend on the provider: options,
     retries, limits, classification of failures, redaction, reading a response."""
 
-    provider: ClassVar[str]
-    key_env: ClassVar[str]
+    provider: str  # class defaults; a compatible service's instance names its own
+    key_env: str
     sdk: ClassVar[Any]  # the SDK module (OpenAI and Anthropic name their exceptions alike)
     reader: ClassVar[type[ResponseReader]]  # reads one response of this provider
     # What the run's CallOptions may carry for this adapter (statemachine.agent.model).
@@ -357,6 +361,10 @@ class ModelAdapter(abc.ABC):
             "http_client": self._http_client(self.sdk.DefaultAsyncHttpxClient),
             "_strict_response_validation": True,
         }
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        """The SDK client this adapter talks through (Azure and Vertex AI's differ)."""
+        raise NotImplementedError
 
     def _raw_base_url(self) -> str:
         """The base URL as the client holds it (an adapter whose SDK client does not
@@ -444,9 +452,9 @@ class ModelAdapter(abc.ABC):
     ) -> AssistantMessage:
         reader = self._reader(options)
         aborted, _ = await race_abort(watch, self._read(body, reader, watch.signal))
-        told = options.on_response if options is not None else None
-        if told is not None and (reader.response_id or reader.response_model):
-            told(reader.response_id, reader.response_model)
+        said = (reader.response_id, reader.response_model, reader.reasoning_tokens())
+        if options is not None and options.on_response is not None and any(said):
+            options.on_response(*said)
         if aborted or watch.signal.aborted:
             return reader.aborted()
         return reader.result()

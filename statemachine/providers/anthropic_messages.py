@@ -28,8 +28,17 @@ cumulative ``message_delta``, and the stop reason from ``message_delta``. With
 events arrive as raw JSON and each is validated with the SDK's models: an event,
 block or delta of a type newer than the SDK is skipped with a debug log (and so are
 the later events of a block it started), where the SDK's own stream would fail the
-call; any other mismatch is ``ProviderResponseError``. Server-side tool blocks are
-not kept.
+call; any other mismatch is ``ProviderResponseError``. Each text block stays a
+``TextContent`` of its own (a model that writes, searches and writes again has two
+texts, not one run together). Token counts are read from ``usage`` alone: its
+other members (``server_tool_use``, ``cache_creation``...) are dropped before
+validation, since their shape changes between API versions and the SDK's.
+
+Server-side tool blocks (``server_tool_use``, ``mcp_tool_use`` and every
+``*_tool_result``, e.g. from a ``web_search`` tool passed in ``extra_body``) are
+refused by name with ``ProviderResponseError``: our history has no block that could
+carry them back, and dropping them would send the next turn a conversation the
+model did not have.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from statemachine.providers._adapter import (
     IncompleteStreamError,
     ModelAdapter,
     ResponseReader,
+    UnreadableResponseError,
 )
 from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
@@ -246,6 +256,7 @@ class _StreamState(ResponseReader):
         return self.builder.finish(_STOP.get(reason, StopReason.STOP), self.usage(), error)
 
     def apply(self, item: Any) -> None:
+        item = _counts_only(item)
         if isinstance(item, Mapping) and item.get("type") == "message":
             self._whole(item)  # stream=False: the whole message
             return
@@ -274,7 +285,7 @@ class _StreamState(ResponseReader):
                 target.call_id = block.id
                 target.name = block.name
             else:
-                # Server-side tool blocks are not ours to keep.
+                _refuse_server_block(block.type, getattr(block, "name", None))
                 self.ignored.add(event.index)
         elif event.type == "content_block_delta":
             delta = event.delta
@@ -303,6 +314,8 @@ class _StreamState(ResponseReader):
         is every later event of a block it started."""
         kind = item.get("type") if isinstance(item, Mapping) else None
         block = item.get("content_block") if isinstance(item, Mapping) else None
+        if isinstance(block, Mapping):
+            _refuse_server_block(block.get("type"), block.get("name"))
         if kind == "content_block_start" and isinstance(item.get("index"), int):
             self.ignored.add(item["index"])
         detail = block.get("type") if isinstance(block, Mapping) else ""
@@ -313,6 +326,8 @@ class _StreamState(ResponseReader):
         self.note_response(raw.get("id"), raw.get("model"))
         builder = self.builder
         for index, item in enumerate(raw.get("content") or ()):
+            if isinstance(item, Mapping):
+                _refuse_server_block(item.get("type"), item.get("name"))
             block = _known(_BLOCK, item)
             if block is None:
                 self.skipped("block", str(item.get("type") if isinstance(item, Mapping) else ""))
@@ -331,10 +346,51 @@ class _StreamState(ResponseReader):
                 target.call_id, target.name = block.id, block.name
                 target.text.append(json.dumps(block.input))
             else:
+                _refuse_server_block(block.type, getattr(block, "name", None))
                 self.skipped("block", block.type)
         self._count(message.usage)
         self.stop_reason = message.stop_reason
         self.stopped = True
+
+
+_COUNTS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+def _counts_only(item: Any) -> Any:
+    """``item`` (an event or a whole message) with its ``usage`` cut down to the four
+    token counts we read; everything else in it is dropped before validation."""
+    if not isinstance(item, Mapping):
+        return item
+    holder = item.get("message") if item.get("type") == "message_start" else item
+    if not isinstance(holder, Mapping) or not isinstance(holder.get("usage"), Mapping):
+        return item
+    usage = {k: v for k, v in holder["usage"].items() if k in _COUNTS}
+    if holder is item:
+        return {**item, "usage": usage}
+    return {**item, "message": {**holder, "usage": usage}}
+
+
+def _is_server_block(kind: object) -> bool:
+    return isinstance(kind, str) and (
+        kind in ("server_tool_use", "mcp_tool_use") or kind.endswith("_tool_result")
+    )
+
+
+def _refuse_server_block(kind: object, name: object) -> None:
+    """Raise if ``kind`` is a server-side tool block: see the module docstring."""
+    if not _is_server_block(kind):
+        return
+    named = f" of the tool {name!r}" if isinstance(name, str) and name else ""
+    raise UnreadableResponseError(
+        f"the response holds a {kind!r} block{named}: a server-side tool, whose blocks "
+        "this adapter cannot carry back to the API. Leave server tools out of the request "
+        "(extra_body) or give the model a tool of your own instead"
+    )
 
 
 def _tags(annotation: Any) -> frozenset[str]:
@@ -443,15 +499,18 @@ class AnthropicModel(ModelAdapter):
         key = self._setup(model, api_key, options)
         self.native_output = checked_flag(native_output)
         positive_int("max_tokens", max_tokens)
-        if not key and client is None:
+        if not key and client is None and self.needs_key:
             raise InvalidInputError("no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key=")
         self.max_tokens = max_tokens
         self.thinking = dict(thinking) if thinking is not None else None
         self.prompt_cache = prompt_cache
         self.stream = stream
-        self._client = client or anthropic.AsyncAnthropic(
-            api_key=key, **self._sdk_options(base_url)
-        )
+        self._client = client or self._new_client(key, base_url)
+
+    needs_key = True  # False for Anthropic on Vertex AI, which authenticates with Google
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return anthropic.AsyncAnthropic(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]

@@ -277,6 +277,10 @@ class _ChunkReader(ResponseReader):
     def usage(self) -> Usage | None:
         return _usage(self.raw_usage)
 
+    def reasoning_tokens(self) -> int | None:
+        count = getattr(self.raw_usage, "thoughts_token_count", None)
+        return count if isinstance(count, int) and count > 0 else None
+
     def result(self) -> AssistantMessage:
         if self.finish is None:
             raise IncompleteStreamError("the response ended before a finish reason")
@@ -412,7 +416,7 @@ class GeminiModel(ModelAdapter):
         if api_key is None and not os.environ.get(self.key_env):
             api_key = os.environ.get("GOOGLE_API_KEY")
         key = self._setup(model, api_key, options)
-        if not key and client is None:
+        if not key and client is None and self.needs_key:
             raise InvalidInputError("no Gemini API key: set GEMINI_API_KEY or pass api_key=")
         if max_output_tokens is not None:
             positive_int("max_output_tokens", max_output_tokens)
@@ -425,16 +429,22 @@ class GeminiModel(ModelAdapter):
             native_output if native_output is not None else not _BEFORE_GEMINI_3.match(model)
         )
         self._base = (base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._client = client or genai.Client(
-            api_key=key,
-            http_options=genai_types.HttpOptions(
-                base_url=base_url,
-                api_version=api_version,
-                timeout=int(self.limits.timeout * 1000),
-                retry_options=genai_types.HttpRetryOptions(attempts=1),
-                httpx_async_client=self._http_client(httpx2.AsyncClient),
-            ),
+        self._api_version = api_version
+        self._client = client or self._new_client(key, base_url)
+
+    needs_key = True  # False on Vertex AI, which authenticates with Google credentials
+
+    def _http_options(self, base_url: str | None) -> genai_types.HttpOptions:
+        return genai_types.HttpOptions(
+            base_url=base_url,
+            api_version=self._api_version,
+            timeout=int(self.limits.timeout * 1000),
+            retry_options=genai_types.HttpRetryOptions(attempts=1),
+            httpx_async_client=self._http_client(httpx2.AsyncClient),
         )
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return genai.Client(api_key=key, http_options=self._http_options(base_url))
 
     def _raw_base_url(self) -> str:
         return self._base

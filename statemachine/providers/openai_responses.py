@@ -183,6 +183,12 @@ class _EventReader(ResponseReader):
     def usage(self) -> Usage | None:
         return _usage(self.raw_usage)
 
+    def reasoning_tokens(self) -> int | None:
+        raw = self.raw_usage
+        details = raw.get("output_tokens_details") if isinstance(raw, Mapping) else None
+        count = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else 0
+        return count or None
+
     def result(self) -> AssistantMessage:
         if self.status is None:
             raise IncompleteStreamError("the response stream ended before response.completed")
@@ -445,7 +451,10 @@ class OpenAIResponsesModel(ModelAdapter):
         self.reasoning = dict(reasoning) if reasoning is not None else None
         self.encrypted_reasoning = encrypted_reasoning
         self.stream = stream
-        self._client = client or openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
+        self._client = client or self._new_client(key, base_url)
+
+    def _new_client(self, key: str | None, base_url: str | None) -> Any:
+        return openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
 
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]

@@ -5,7 +5,12 @@ The bundled prefixes: ``openai`` (Chat Completions, ``OpenAIChatModel``),
 (``AnthropicModel``), ``gemini`` and its alias ``google-gla`` (the Gemini API with an
 AI Studio key, ``GeminiModel``) and ``bedrock`` (Bedrock Converse, ``BedrockModel``;
 the model id may hold colons: ``"bedrock:us.anthropic.claude-sonnet-4-20250514-v1:0"``,
-only the first colon ends the prefix).
+only the first colon ends the prefix); ``azure`` and ``azure-responses`` (Azure
+OpenAI, ``statemachine.providers.azure``); ``vertex`` (Gemini on Vertex AI) and
+``vertex-anthropic`` (Claude on Vertex AI, ``statemachine.providers.vertex``);
+``ollama`` (Ollama's native chat API, ``OllamaModel``); and the OpenAI-compatible
+services of ``statemachine.providers.compatible``: ``groq``, ``deepseek``,
+``openrouter``, ``xai``, ``together``, ``fireworks``, ``cerebras`` and ``mistral``.
 
 ``model_from_string("provider:model", **options)`` builds the bundled adapter the
 prefix names, with ``options`` as its keyword arguments (``api_key``, ``base_url``,
@@ -28,6 +33,7 @@ from typing import Any
 
 from statemachine.agent.model import ModelClient
 from statemachine.errors import UsageError
+from statemachine.providers.compatible import COMPATIBLE, compatible_model
 
 __all__ = ["ModelFactory", "known_providers", "model_from_string", "register_provider"]
 
@@ -54,7 +60,23 @@ _BUNDLED: dict[str, ModelFactory] = {
     "gemini": _lazy("statemachine.providers.gemini", "GeminiModel"),
     "google-gla": _lazy("statemachine.providers.gemini", "GeminiModel"),
     "bedrock": _lazy("statemachine.providers.bedrock", "BedrockModel"),
+    "azure": _lazy("statemachine.providers.azure", "AzureOpenAIChatModel"),
+    "azure-responses": _lazy("statemachine.providers.azure", "AzureOpenAIResponsesModel"),
+    "vertex": _lazy("statemachine.providers.vertex", "VertexGeminiModel"),
+    "vertex-anthropic": _lazy("statemachine.providers.vertex", "AnthropicVertexModel"),
+    "ollama": _lazy("statemachine.providers.ollama", "OllamaModel"),
 }
+
+
+def _compatible(prefix: str) -> ModelFactory:
+    def build(model: str, **options: Any) -> ModelClient:
+        return compatible_model(prefix, model, **options)
+
+    build.__qualname__ = f"compatible_model({prefix!r})"
+    return build
+
+
+_BUNDLED.update({prefix: _compatible(prefix) for prefix in COMPATIBLE})
 _providers: dict[str, ModelFactory] = dict(_BUNDLED)
 
 _PREFIX = re.compile(r"[a-z][a-z0-9_-]*")

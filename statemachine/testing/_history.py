@@ -124,12 +124,15 @@ def _next_assistant(transcript: Sequence[Message], index: int) -> int | None:
     )
 
 
-def _id_finding(p: _Pair, first_use: dict[str, int]) -> list[tuple[int, str]]:
-    """An empty id, or one that repeats an earlier call's (``first_use`` grows)."""
+def _id_finding(p: _Pair, first_use: dict[str, int], across_turns: bool) -> list[tuple[int, str]]:
+    """An empty id, or one that repeats an earlier call's (``first_use`` grows); a
+    repeat of a call in an earlier message only when ``across_turns``."""
     call = p.call
     if not call.id:
         return [(p.index, f"tool call {call.name} has an empty id")]
     if call.id in first_use:
+        if first_use[call.id] != p.index and not across_turns:
+            return []
         text = f"tool call id {call.id!r} repeats the id of a call in message {first_use[call.id]}"
         return [(p.index, text)]
     first_use[call.id] = p.index
@@ -170,13 +173,19 @@ def _answer_findings(transcript: Sequence[Message], p: _Pair) -> list[tuple[int,
 
 
 def pairing_findings(
-    transcript: Sequence[Message], pairs: list[_Pair], strays: list[_Stray]
+    transcript: Sequence[Message],
+    pairs: list[_Pair],
+    strays: list[_Stray],
+    *,
+    across_turns: bool = True,
 ) -> list[tuple[int, str]]:
-    """I1 over the history: each fault once, at the message where it shows."""
+    """I1 over the history: each fault once, at the message where it shows. Without
+    ``across_turns``, a call id that repeats the id of a call in an earlier message is
+    not a fault (two calls with one id in one message still are)."""
     out: list[tuple[int, str]] = []
     first_use: dict[str, int] = {}
     for p in pairs:
-        out += _id_finding(p, first_use)
+        out += _id_finding(p, first_use, across_turns)
         out += _answer_findings(transcript, p)
     for stray in strays:
         call_id = stray.result.tool_call_id

@@ -59,6 +59,9 @@ class Turn:
     server_blocks: list[Call | Result] = attrs.field(factory=list)
     # Anthropic user turns: a block other than tool_result has been seen
     other_content: bool = False
+    # Converse user messages: the kinds of conversation block (text, image, document,
+    # video) they hold, which some models refuse beside a toolResult
+    conversation_blocks: list[str] = attrs.field(factory=list)
 
 
 def _unreadable(i: int, detail: str, turns: list[Turn], problems: list[Violation]) -> None:
@@ -366,11 +369,18 @@ def _converse_alternation(i: int, role: str, turns: list[Turn], problems: list[V
         )
 
 
+# The blocks Bedrock calls "conversation blocks" in its refusal of one beside a toolResult.
+_CONVERSATION_BLOCKS = ("text", "image", "document", "video")
+
+
 def _converse_block(i: int, j: int, block: Any, turn: Turn, problems: list[Violation]) -> None:
     """Content block ``j`` of message ``i``: a ``toolUse`` is a call, a ``toolResult`` a
-    result (a server tool's when in an assistant message); other blocks say nothing."""
+    result (a server tool's when in an assistant message); a conversation block of a
+    user message is noted (``Turn.conversation_blocks``); other blocks say nothing."""
     use = block.get("toolUse") if isinstance(block, Mapping) else None
     result = block.get("toolResult") if isinstance(block, Mapping) else None
+    if turn.role == "user" and isinstance(block, Mapping):
+        turn.conversation_blocks += [k for k in _CONVERSATION_BLOCKS if k in block]
     if use is not None:
         call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
         name = use.get("name") if isinstance(use, Mapping) else None
@@ -409,9 +419,12 @@ def _part(part: Mapping[str, Any], camel: str, snake: str) -> Any:
 
 
 def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
-    """Gemini ``contents``, one turn each: ``functionCall`` parts of a ``model`` turn are
-    calls, ``functionResponse`` parts (of a ``user`` turn, or the older ``function``
-    role) results. A part's ``id`` is optional: without one, the call's id is empty and
+    """Gemini ``contents``: ``functionCall`` parts of a ``model`` turn are calls,
+    ``functionResponse`` parts (of a ``user`` turn, or the older ``function`` role)
+    results. Consecutive contents of one side are merged into one turn, as Gemini
+    merges them: a model turn with three ``functionCall`` parts answered by three
+    ``user`` contents of one ``functionResponse`` each was accepted (crewAI's recorded
+    requests). A part's ``id`` is optional: without one, the call's id is empty and
     results pair by name, as Gemini pairs them. Both the REST spelling (camelCase) and
     the Python SDK's (snake_case) are read."""
     turns: list[Turn] = []
@@ -421,8 +434,12 @@ def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
         if role not in ("user", "model", "function", "tool"):
             _unreadable(i, f"unknown role {role!r}", turns, problems)
             continue
-        turn = Turn("assistant" if role == "model" else "user", i)
-        turns.append(turn)
+        side = "assistant" if role == "model" else "user"
+        if turns and turns[-1].role == side:
+            turn = turns[-1]
+        else:
+            turn = Turn(side, i)
+            turns.append(turn)
         parts = item.get("parts")
         if not isinstance(parts, Sequence) or isinstance(parts, (str, bytes)):
             problems.append(Violation("format", i, "parts is not a list"))

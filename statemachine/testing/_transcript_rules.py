@@ -37,6 +37,22 @@ _NEXT_USER_MESSAGE = frozenset({"anthropic", "bedrock-converse"})
 # request with one and refused others ("tool_use ids must be unique"), so it is an error
 # only under ``strict``; our engine refuses it.
 REUSE_STRICT = frozenset({"anthropic", "bedrock-converse"})
+# What may share a Converse user message with a toolResult, by model family as a body's
+# ``modelId`` names it: Llama, Mistral and Writer models refuse any conversation block
+# there ("Conversation blocks and tool result blocks cannot be provided in the same
+# turn"); Anthropic models accept text, images and documents, Nova models all four
+# (pydantic-ai's Bedrock model profiles, each checked against the live service, and
+# its recorded requests).
+_BESIDE_RESULTS: dict[str, frozenset[str]] = {
+    "meta.": frozenset(),
+    "llama": frozenset(),
+    "mistral.": frozenset(),
+    "pixtral": frozenset(),
+    "writer.": frozenset(),
+    "palmyra": frozenset(),
+    "anthropic.": frozenset({"text", "image", "document"}),
+    "nova": frozenset({"text", "image", "document", "video"}),
+}
 # Each provider's reader; the Messages API's reads whatever has no reader of its own.
 _READERS = {
     "openai": read_openai,
@@ -109,6 +125,8 @@ def check_provider(
         messages.get("previous_response_id") or messages.get("conversation")
     )
     pairing.out += [Finding(p.invariant, p.index, p.message) for p in problems]
+    model_id = messages.get("modelId") if isinstance(messages, Mapping) else None
+    pairing.model_id = model_id if isinstance(model_id, str) else None
     if fmt == "openai-responses":
         pairing.walk_items(turns)
     elif fmt == "gemini":
@@ -135,6 +153,7 @@ class _Pairing:
         self.continued = False
         self.strict = False
         self.stand_ins: set[int] = set()  # calls whose result came under a wrong id
+        self.model_id: str | None = None  # a Converse body's modelId
 
     def add(self, invariant: str, index: int, message: str, level: Level = "error") -> None:
         self.out.append(Finding(invariant, index, message, level))
@@ -165,6 +184,8 @@ class _Pairing:
                         )
                     else:
                         self.answer(result, turn)
+                if self.format == "bedrock-converse" and turn.results and turn.conversation_blocks:
+                    self.results_not_alone(turn)
                 self.close(turn)
             else:
                 self.close(turn)
@@ -172,6 +193,34 @@ class _Pairing:
             for call in self.pending:
                 self.missing(call, "and the transcript ends")
         self.pending = []
+
+    def results_not_alone(self, turn: Turn) -> None:
+        """A Converse user message with toolResult blocks and a conversation block
+        (text, image, document, video): refused by Bedrock for some model families,
+        accepted for others (``_BESIDE_RESULTS``). An error when the body's ``modelId``
+        names a family that refuses such a block; nothing when it names one that takes
+        it; without a known family a warning, an error under ``strict``."""
+        kinds = sorted(set(turn.conversation_blocks))
+        model = (self.model_id or "").lower()
+        family = next((f for f in _BESIDE_RESULTS if f in model), None)
+        refused = [k for k in kinds if family is None or k not in _BESIDE_RESULTS[family]]
+        if not refused:
+            return
+        sentence = (
+            f"a {', '.join(refused)} block cannot share a user message with a toolResult "
+            'on Llama, Mistral and Writer models (Bedrock: "Conversation blocks and tool '
+            'result blocks cannot be provided in the same turn")'
+        )
+        if family is not None:
+            self.add("I1", turn.index, f"{sentence}, nor on {self.model_id!r}")
+        else:
+            self.add(
+                "I1",
+                turn.index,
+                f"{sentence}; Anthropic and Nova models accept text there (an error under "
+                "strict, or with the modelId of a model that refuses it)",
+                "error" if self.strict else "warning",
+            )
 
     def mend_wrong_ids(self, turns: list[Turn]) -> None:
         """Names each result sent under a wrong id (``stand_ins``) and gives it its
@@ -361,10 +410,11 @@ class _Pairing:
 
     def walk_gemini(self, turns: list[Turn]) -> None:
         """Gemini wants each model turn with ``functionCall`` parts followed directly by
-        a turn with as many ``functionResponse`` parts ("Please ensure that the number of
-        function response parts is equal to the number of function call parts of the
-        function call turn"), and a function response turn only right after a function
-        call turn. Parts pair by ``id`` when both carry one, else by name."""
+        a turn (consecutive user contents, merged) with as many ``functionResponse``
+        parts ("Please ensure that the number of function response parts is equal to
+        the number of function call parts of the function call turn"), and a function
+        response turn only right after a function call turn. Parts pair by ``id`` when
+        both carry one, else by name."""
         pending: list[Call] = []
         owner = -1
         for turn in turns:
@@ -399,11 +449,13 @@ class _Pairing:
                 )
 
     def gemini_responses(self, turn: Turn, pending: list[Call], owner: int) -> None:
+        # The content that holds the first response (a merged turn may open with text).
+        where = turn.results[0].index
         if not pending:
             if not self.damaged:
                 self.add(
                     "I1",
-                    turn.index,
+                    where,
                     f"{len(turn.results)} functionResponse part(s) with no function call turn "
                     "right before them: a function response turn must come right after its "
                     "function call turn",
@@ -413,7 +465,7 @@ class _Pairing:
             if not self.damaged:
                 self.add(
                     "I1",
-                    turn.index,
+                    where,
                     f"{len(turn.results)} functionResponse part(s) answer the "
                     f"{len(pending)} functionCall part(s) of message {owner}: Gemini wants as "
                     "many responses as calls",

@@ -1,7 +1,7 @@
 """``run_conformance``: generated scenarios through any loop, with shrunk failures.
 
 ``hypothesis.find`` generates scenarios until one violates a property; this module
-then shrinks it to a minimal counterexample (``_simplify``: drop the abort, a
+then shrinks it to a minimal counterexample (``_shrink.simplify``: drop the abort, a
 response, a call; lower the limit; move the abort earlier; put each field back to
 its plain value), so a failure reads as the smallest script that breaks the loop
 (one model call, one tool call...) rather than the random one that first did. Each
@@ -19,7 +19,7 @@ import builtins
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -28,38 +28,24 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky, InvalidArgument, NoSuchExample, Unsatisfiable
 
 from statemachine.core.checks import positive_int
-from statemachine.core.messages import Message, StopReason
+from statemachine.core.messages import Message
+from statemachine.errors import NotExpressibleError
+from statemachine.testing._shrink import simplify
+from statemachine.testing._transcript_rules import Level
 from statemachine.testing.clock import runner_for
-from statemachine.testing.properties import PROPERTY_TITLES, check_record
+from statemachine.testing.properties import PROPERTY_TITLES, check_pairing, check_record
 from statemachine.testing.runner import run_scenario_async
 from statemachine.testing.scenario import (
-    DEFAULT_HISTORY,
     KNOWN_TOOLS,
     UNKNOWN_TOOL,
-    AbortAt,
-    AbortKind,
     AgentLoop,
-    ModelTurn,
-    OnAbort,
-    Outcome,
     RunRecord,
     Scenario,
-    ScriptedCall,
-    ToolBehaviour,
 )
-from statemachine.testing.strategies import _abort_candidates
 from statemachine.testing.strategies import scenarios as default_scenarios
 from statemachine.testing.transcript import render_transcript
 
 __all__ = ["ConformanceReport", "Failure", "NotExpressibleError", "run_conformance"]
-
-
-class NotExpressibleError(Exception):
-    """Raised by an adapter when a scenario asks for something its peer cannot express
-    (a stop reason its model interface has no value for, an abort it has no way to
-    receive). The run is set aside, not judged: the report counts such scenarios with
-    the reason, and the search goes on. Raise this class itself (not a subclass), from
-    the adapter's model or loop, with a sentence that says what the peer lacks."""
 
 
 _NOT_EXPRESSIBLE = f"{NotExpressibleError.__name__}: "
@@ -110,6 +96,9 @@ class ConformanceReport:
     # (property, why) for each property declared not expressible by this peer, and
     # ("scenarios", "N set aside: why") for the runs the adapter set aside
     not_expressible: tuple[tuple[str, str], ...] = ()
+    # With id_reuse="warning": (a call id repeated from an earlier turn, as the first
+    # run that showed it says it, how many runs showed it alike): reported, not failed
+    warnings: tuple[tuple[str, int], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -131,6 +120,10 @@ class ConformanceReport:
             head += "\nnot expressible by this peer: " + "; ".join(
                 f"{what} ({why})" for what, why in self.not_expressible
             )
+        if self.warnings:
+            head += "\nwarnings (id_reuse='warning': not failures): " + "; ".join(
+                f"{shape} ({runs} run(s))" for shape, runs in self.warnings
+            )
         if self.passed:
             return head
         body = "\n".join(f.describe() for f in self.failures)
@@ -138,137 +131,6 @@ class ConformanceReport:
 
     def __str__(self) -> str:
         return self.summary()
-
-
-def _without_hangs(turns: tuple[ModelTurn, ...]) -> tuple[ModelTurn, ...]:
-    """The turns with every hang made an honoured abort (a hang only an abort ends)."""
-    out = []
-    for turn in turns:
-        if turn.on_abort is OnAbort.HANG:
-            turn = attrs.evolve(turn, on_abort=OnAbort.HONOUR)
-        if any(c.behaviour.on_abort is OnAbort.HANG for c in turn.calls):
-            turn = attrs.evolve(
-                turn,
-                calls=[
-                    attrs.evolve(c, behaviour=attrs.evolve(c.behaviour, on_abort=OnAbort.HONOUR))
-                    if c.behaviour.on_abort is OnAbort.HANG
-                    else c
-                    for c in turn.calls
-                ],
-            )
-        out.append(turn)
-    return tuple(out)
-
-
-def _plainer_calls(call: ScriptedCall) -> Iterator[ScriptedCall]:
-    """One field of the call back to its plain value, whole behaviour first."""
-    b = call.behaviour
-    for variant in (
-        attrs.evolve(call, behaviour=ToolBehaviour()),
-        attrs.evolve(call, tool=KNOWN_TOOLS[0]),
-        attrs.evolve(call, valid_arguments=True),
-        attrs.evolve(call, call_id=None),
-        attrs.evolve(call, behaviour=attrs.evolve(b, outcome=Outcome.RETURN)),
-        attrs.evolve(call, behaviour=attrs.evolve(b, on_abort=OnAbort.HONOUR)),
-        attrs.evolve(call, behaviour=attrs.evolve(b, sleep=0.0)),
-        attrs.evolve(call, behaviour=attrs.evolve(b, ticks=0)),
-        attrs.evolve(call, behaviour=attrs.evolve(b, cleanup_ticks=0)),
-    ):
-        if variant != call:
-            yield variant
-
-
-def _plainer_turns(turn: ModelTurn) -> Iterator[ModelTurn]:
-    """The response with its extras dropped, or one field back to its plain value."""
-    for variant in (
-        ModelTurn(calls=turn.calls, stop_reason=turn.stop_reason, raises=turn.raises),
-        attrs.evolve(turn, raises=False),
-        attrs.evolve(turn, stop_reason=StopReason.TOOL_USE),
-        attrs.evolve(turn, on_abort=OnAbort.HONOUR),
-        attrs.evolve(turn, text=""),
-        attrs.evolve(turn, ticks=0),
-    ):
-        if variant != turn:
-            yield variant
-
-
-def _earlier_aborts(s: Scenario) -> Iterator[Scenario]:
-    """The abort moved to an earlier instant (never when something hangs: a hang sits
-    where the abort reaches it). An abort at a tool start may also move to the model
-    call of that response, with the model ignoring it so the calls still come."""
-    abort = s.abort
-    if abort.kind is AbortKind.NEVER or _without_hangs(s.turns) != s.turns:
-        return
-    for candidate in _abort_candidates(s.turns):
-        if candidate == abort:
-            break
-        yield attrs.evolve(s, abort=candidate)
-    if abort.kind is AbortKind.TOOL_START:
-        turn = s.turns[abort.turn - 1]
-        ignoring = attrs.evolve(turn, on_abort=OnAbort.IGNORE)
-        yield attrs.evolve(
-            s,
-            abort=AbortAt(AbortKind.MODEL_CALL, abort.turn),
-            turns=(*s.turns[: abort.turn - 1], ignoring, *s.turns[abort.turn :]),
-        )
-
-
-def _candidates(s: Scenario) -> Iterator[Scenario]:
-    """Smaller or plainer variants of ``s``, most drastic first: no abort, a response
-    or a call dropped, the plain history, a lower limit, an earlier abort, then one
-    field of a response or call back to its plain value.
-
-    This is the whole shrinker: the search draws a scenario as one byte string
-    (``strategies``), whose bytes Hypothesis's generic shrinker would sort and swap
-    to no purpose, so it only generates; this pass knows what each part means.
-    """
-    abort = s.abort
-    if abort.kind is not AbortKind.NEVER:
-        yield attrs.evolve(s, abort=AbortAt(), turns=_without_hangs(s.turns))
-    for t in range(len(s.turns), 0, -1):
-        if abort.kind in (AbortKind.MODEL_CALL, AbortKind.TOOL_START) and abort.turn == t:
-            continue
-        new_abort = abort
-        if abort.kind in (AbortKind.MODEL_CALL, AbortKind.TOOL_START) and abort.turn > t:
-            new_abort = attrs.evolve(abort, turn=abort.turn - 1)
-        yield attrs.evolve(s, turns=s.turns[: t - 1] + s.turns[t:], abort=new_abort)
-    for t, turn in enumerate(s.turns, 1):
-        for c in range(len(turn.calls) - 1, -1, -1):
-            targeted = abort.kind is AbortKind.TOOL_START and abort.turn == t
-            if targeted and abort.call == c:
-                continue
-            new_abort = abort
-            if targeted and abort.call > c:
-                new_abort = attrs.evolve(abort, call=abort.call - 1)
-            calls = turn.calls[:c] + turn.calls[c + 1 :]
-            turns = (*s.turns[: t - 1], attrs.evolve(turn, calls=calls), *s.turns[t:])
-            yield attrs.evolve(s, turns=turns, abort=new_abort)
-    if s.history != DEFAULT_HISTORY:
-        yield attrs.evolve(s, history=DEFAULT_HISTORY)
-    for limit in range(1, s.max_turns):
-        yield attrs.evolve(s, max_turns=limit)
-    yield from _earlier_aborts(s)
-    for t, turn in enumerate(s.turns, 1):
-        for variant in _plainer_turns(turn):
-            yield attrs.evolve(s, turns=(*s.turns[: t - 1], variant, *s.turns[t:]))
-        for c, call in enumerate(turn.calls):
-            for variant_call in _plainer_calls(call):
-                calls = (*turn.calls[:c], variant_call, *turn.calls[c + 1 :])
-                turns = (*s.turns[: t - 1], attrs.evolve(turn, calls=calls), *s.turns[t:])
-                yield attrs.evolve(s, turns=turns)
-
-
-def _simplify(scenario: Scenario, still_fails: Callable[[Scenario], bool]) -> Scenario:
-    """Greedily apply the first variant that still fails, until none does."""
-    changed = True
-    while changed:
-        changed = False
-        for candidate in _candidates(scenario):
-            if still_fails(candidate):
-                scenario = candidate
-                changed = True
-                break
-    return scenario
 
 
 def _indent(text: str, n: int) -> str:
@@ -323,6 +185,7 @@ def run_conformance(
     per_property: bool = False,
     not_expressible: Mapping[str, str] | None = None,
     max_failures_per_property: int = 5,
+    id_reuse: Level = "error",
 ) -> ConformanceReport:
     """Run up to ``max_examples`` generated scenarios through ``loop``.
 
@@ -351,14 +214,17 @@ def run_conformance(
     (``{"I6": "the peer has no way to receive an abort"}``): it is not searched, and the
     report names it instead of failing it. A run whose adapter raises
     ``NotExpressibleError`` is set aside the same way, counted with its reason.
+    ``id_reuse`` as the transcript checker's: an id repeating an earlier turn's fails I1
+    (``"error"``, our engine's rule) or goes to ``report.warnings`` (``"warning"``, for a
+    loop whose provider accepts it); one id twice in one response fails either way.
     """
     declared = dict(not_expressible or {})
-    props = _checked_arguments(loop, properties, max_examples, declared)
+    props = _checked_arguments(
+        loop, properties, max_examples, declared, id_reuse, max_failures_per_property
+    )
     strategy = scenarios if scenarios is not None else default_scenarios()
     seed = random.randrange(2**32) if seed is None else seed
-    if max_failures_per_property < 1:
-        raise ValueError("max_failures_per_property must be at least 1")
-    budgets = _Budgets(max_examples, max_shrink_runs, timeout, hang_limit)
+    budgets = _Budgets(max_examples, max_shrink_runs, timeout, hang_limit, id_reuse)
     groups = [(p,) for p in props] if per_property else [props]
     rounds = max_failures_per_property if per_property else 1
     with runner_for(loop, virtual_time) as runner:
@@ -368,10 +234,19 @@ def run_conformance(
 
 
 def _checked_arguments(
-    loop: AgentLoop, properties: Sequence[str], max_examples: int, declared: Mapping[str, str]
+    loop: AgentLoop,
+    properties: Sequence[str],
+    max_examples: int,
+    declared: Mapping[str, str],
+    id_reuse: str,
+    max_failures_per_property: int,
 ) -> tuple[str, ...]:
     """The property names to search (sorted, without those ``declared`` not
     expressible); ``ValueError``/``TypeError`` for a bad argument."""
+    if max_failures_per_property < 1:
+        raise ValueError("max_failures_per_property must be at least 1")
+    if id_reuse not in ("error", "warning"):
+        raise ValueError(f"id_reuse must be 'error' or 'warning', got {id_reuse!r}")
     unknown = sorted(set(declared) - set(PROPERTY_TITLES))
     if unknown:
         raise ValueError(f"not_expressible names unknown property name(s) {', '.join(unknown)}")
@@ -397,8 +272,12 @@ def _report(
     """The report of the searches: their failures and runs, and as notes each property
     declared not expressible and each reason runs were set aside."""
     set_aside: Counter[str] = Counter()
+    warned: Counter[str] = Counter()
+    first: dict[str, str] = {}
     for search in searches:
         set_aside.update(search.set_aside)
+        warned.update(search.warned)
+        first = {**search.warned_first, **first}
     notes = tuple(sorted(declared.items())) + tuple(
         ("scenarios", f"{n} set aside: {why}") for why, n in sorted(set_aside.items())
     )
@@ -409,6 +288,7 @@ def _report(
         seed,
         props,
         notes,
+        tuple(sorted((first[shape], runs) for shape, runs in warned.items())),
     )
 
 
@@ -424,6 +304,7 @@ class _Budgets:
     max_shrink_runs: int
     timeout: float
     hang_limit: float
+    id_reuse: Level = "error"
 
 
 class _Search:
@@ -452,6 +333,9 @@ class _Search:
         self.known: set[str] = set()  # failure shapes already reported (per_property)
         self.target: set[str] = set()  # while shrinking: the shapes being shrunk
         self.set_aside: Counter[str] = Counter()  # NotExpressibleError reasons
+        # id_reuse="warning": runs per warning shape, and the first sentence of each
+        self.warned: Counter[str] = Counter()
+        self.warned_first: dict[str, str] = {}
         self.generated_total = 0
         self.shrink_total = 0
 
@@ -473,7 +357,7 @@ class _Search:
             # first may shrink to any failure, the smallest the loop has).
             if self.known:
                 self.target = set(self.new_shapes(*self.evaluate(found)))
-            shrunk = _simplify(found, self.violates)
+            shrunk = simplify(found, self.violates)
             self.shrink_total += self.shrink
             record, problems = self.evaluate(shrunk)
             for name, sentences in sorted(problems.items()):
@@ -511,7 +395,17 @@ class _Search:
                 self.set_aside[first.error.removeprefix(_NOT_EXPRESSIBLE)] += 1
                 self.cache[k] = (first, {})
             else:
-                self.cache[k] = (first, check_record(first, second, properties=self.props))
+                problems = check_record(
+                    first, second, properties=self.props, id_reuse=self.budgets.id_reuse
+                )
+                self.cache[k] = (first, problems)
+                if self.budgets.id_reuse == "warning" and "I1" in self.props:
+                    failed = set(problems.get("I1", ()))
+                    for sentence in check_pairing(first):
+                        if sentence not in failed:
+                            shape = failure_shape(sentence)
+                            self.warned[shape] += 1
+                            self.warned_first.setdefault(shape, sentence)
         return self.cache[k]
 
     async def runs(self, scenario: Scenario) -> tuple[RunRecord, RunRecord | None]:
@@ -570,7 +464,7 @@ class _Search:
                 max_examples=-(-self.budgets.max_examples // size),
                 database=None,
                 deadline=None,
-                phases=[Phase.generate],  # _simplify shrinks (see _candidates)
+                phases=[Phase.generate],  # _shrink.simplify shrinks (see its candidates)
                 report_multiple_bugs=False,
                 suppress_health_check=list(HealthCheck),
             ),

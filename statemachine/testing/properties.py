@@ -37,6 +37,7 @@ from statemachine.testing._history import (
     response_findings,
     result_order_findings,
 )
+from statemachine.testing._transcript_rules import Level
 from statemachine.testing.scenario import AbortKind, RunRecord, Scenario, call_key
 
 __all__ = [
@@ -134,13 +135,15 @@ def check_no_crash(record: RunRecord) -> list[str]:
     return []
 
 
-def check_pairing(record: RunRecord) -> list[str]:
+def check_pairing(record: RunRecord, *, id_reuse: Level = "error") -> list[str]:
     """I1: every call has exactly one result, between its message and the next; ids
-    are unique; a result carries the output of its own call."""
+    are unique; a result carries the output of its own call. ``id_reuse="warning"``
+    leaves out a call id that repeats the id of a call in an earlier message (the
+    transcript checker's level for the providers' formats; see ``run_conformance``)."""
     if record.transcript is None:
         return []
     pairs, strays = pair_results(record.transcript)
-    found = pairing_findings(record.transcript, pairs, strays)
+    found = pairing_findings(record.transcript, pairs, strays, across_turns=id_reuse == "error")
     executions = {ex.key: ex for ex in record.executions}
     for p in pairs:
         key = key_argument(p.call)
@@ -420,8 +423,10 @@ def check_record(
     rerun: RunRecord | None = None,
     *,
     properties: Sequence[str] = tuple(PROPERTY_TITLES),
+    id_reuse: Level = "error",
 ) -> dict[str, list[str]]:
-    """Run the selected properties; return the violated ones with their sentences."""
+    """Run the selected properties; return the violated ones with their sentences.
+    ``id_reuse`` is ``check_pairing``'s."""
     unknown = sorted(set(properties) - set(PROPERTY_TITLES))
     if unknown:
         raise ValueError(
@@ -431,6 +436,8 @@ def check_record(
     for name in sorted(properties):
         if name == "I5":
             problems = check_determinism(record, rerun) if rerun is not None else []
+        elif name == "I1":
+            problems = check_pairing(record, id_reuse=id_reuse)
         else:
             problems = PROPERTIES[name](record)
         if problems:

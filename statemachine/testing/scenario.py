@@ -47,6 +47,7 @@ from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage, UserMessage
 from statemachine.core.tools import ToolDefinition
+from statemachine.errors import ScriptedToolError
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -393,10 +394,6 @@ class RunRecord:
     model_hang_expired: bool = False
     requests: tuple[tuple[Message, ...], ...] = ()  # what the model was sent, per call
     finish_order: tuple[str, ...] = ()  # keys of the tool calls, in the order they ended
-
-
-class ScriptedToolError(RuntimeError):
-    """What a scripted tool with outcome ``raise`` raises."""
 
 
 TOOL_DEFINITIONS: Mapping[str, ToolDefinition] = {

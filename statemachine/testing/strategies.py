@@ -30,7 +30,7 @@ gate is below the level, and is plain elsewhere, so scenarios range from plain t
 in every field, and a loop's defect shows alone as well as among others. Bytes are drawn
 uniformly and shrink one by one towards zero, so every field shrinks on its own
 towards its plain option; ``run_conformance`` then drops responses and calls
-outright (``conformance._simplify``).
+outright (``_shrink.simplify``).
 
 The strategy functions are cached: building a strategy costs more than drawing
 from it.

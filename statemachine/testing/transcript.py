@@ -97,6 +97,13 @@ STRICT_RULES: Mapping[str, str] = {
         'ids reused in a later turn, and refused others with "tool_use ids must be '
         'unique".'
     ),
+    "converse-tool-result-with-content": (
+        "bedrock-converse: a user message holding a toolResult block and a text, image, "
+        "document or video block. Bedrock refuses it for Llama, Mistral and Writer models "
+        '("Conversation blocks and tool result blocks cannot be provided in the same '
+        'turn") and accepts it for Anthropic and Nova models; a body whose modelId names '
+        "a refusing family gets an error without strict."
+    ),
     "responses-output-after-message": (
         "openai-responses: a function_call_output (any *_call_output) after a message "
         "item that follows its call. OpenAI accepts it; DeepSeek's Responses endpoint "

@@ -84,6 +84,15 @@ def chatty(
     return f"answered: {answer.content.text if isinstance(answer.content, TextContent) else ''}"
 
 
+@server.tool()
+def sized(
+    n: int, tokens: int, answer: Annotated[CreateMessageResult, Resolve(ask_model_much)]
+) -> str:
+    """Ask the client's model like chatty; say how long its answer was and why it stopped."""
+    said = answer.content.text if isinstance(answer.content, TextContent) else ""
+    return f"{len(said)} characters, stopped: {answer.stop_reason}"
+
+
 class Trip(BaseModel):
     seats: int
     window: bool

@@ -1,0 +1,74 @@
+"""An MCP server, written with the SDK's server API, for the client features beyond
+tools: roots, resource templates, blob resources, resource updates, elicitation.
+
+python features.py stdio               serve over stdin/stdout
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve
+from mcp.types import ListRootsResult
+from pydantic import BaseModel
+
+server = MCPServer("statemachine-features-server")
+
+
+def ask_roots() -> ListRoots:
+    return ListRoots()
+
+
+@server.tool()
+def where(roots: Annotated[ListRootsResult, Resolve(ask_roots)]) -> str:
+    """Say the client's roots, one per line: name and URI."""
+    return "\n".join(f"{r.name}: {r.uri}" for r in roots.roots) or "(no roots)"
+
+
+@server.resource("test://notes/{name}", name="note", description="A note, by name.")
+def note(name: str) -> str:
+    return f"the note {name}"
+
+
+@server.resource("test://table.csv", name="table", mime_type="text/csv")
+def table() -> bytes:
+    return "a,b\n1,2\nnaïve,ü\n".encode()
+
+
+@server.resource("test://archive.zip", name="archive", mime_type="application/zip")
+def archive() -> bytes:
+    return b"PK\x03\x04" + bytes(range(256)) * 4
+
+
+@server.resource("test://latin.txt", name="latin", mime_type="text/plain")
+def latin() -> bytes:
+    return "caf\xe9".encode("latin-1")
+
+
+@server.tool()
+async def touch(uri: str, ctx: Context) -> str:
+    """Tell the listening clients the resource at ``uri`` changed."""
+    await ctx.notify_resource_updated(uri)
+    return f"touched {uri}"
+
+
+class Seat(BaseModel):
+    row: int
+
+
+def ask_seat() -> Elicit[Seat]:
+    return Elicit("Which row?", Seat)
+
+
+@server.tool()
+def seat(choice: Annotated[ElicitationResult[Seat], Resolve(ask_seat)]) -> str:
+    """Ask the user for a row; say what came back: the row, declined or cancelled."""
+    if isinstance(choice, AcceptedElicitation):
+        return f"row {choice.data.row}"
+    return choice.action
+
+
+if __name__ == "__main__":
+    server.run("stdio")
