@@ -28,24 +28,41 @@ child is resumed inside the parent's call, as often as it stops (at most its
 ``max_turns`` times). ``RequireApproval`` from that hook, or no hook, ends the
 parent's call with an error result naming the waiting calls.
 
-``Agent`` is generic over the output type: ``Agent(model, output_type=City)`` is an
-``Agent[City]`` without an annotation, and its runs return ``RunResult[City]``, so
-``result.output`` is a ``City | None`` to mypy (``Agent[Any]`` without an output type).
+``Agent[Deps, Output]`` is generic over its deps and output types, as PydanticAI's:
+``Agent(model, deps_type=Shop, output_type=City)`` is an ``Agent[Shop, City]`` without
+an annotation; its runs take ``deps: Shop`` and return ``RunResult[City]``, so
+``result.output`` is a ``City | None`` to mypy (``Any`` for a type not given). The
+decorators ``@agent.tool`` (a function taking ``RunContext[Shop]``: mypy refuses
+another deps type), ``@agent.tool_plain`` and ``@agent.instructions_function`` add to
+the agent what ``tools=`` and ``instructions=`` give.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Generic
+import contextvars
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, Concatenate, Final, Generic, overload
 
 import attrs
+from typing_extensions import ParamSpec, TypeVar
 
 from statemachine.agent.calls import call_hook
-from statemachine.agent.context import check_deps, current_run_context, note_child_stats
-from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
+from statemachine.agent.context import (
+    RunContext,
+    check_deps,
+    current_run_context,
+    note_child_stats,
+    usage_left,
+)
+from statemachine.agent.delegation import (
+    DEFAULT_MAX_DEPTH,
+    child_output,
+    enter_depth,
+    leave_depth,
+    prompt_message,
+)
+from statemachine.agent.events import OutputT, RunResult, RunStats
 from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
@@ -56,7 +73,14 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import OutputMode, compile_output, output_json
+from statemachine.agent.output import (
+    OutputMode,
+    OutputType,
+    OutputValidator,
+    Validated,
+    check_output_validators,
+    compile_output,
+)
 from statemachine.agent.resume import resume_agent
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
@@ -66,17 +90,28 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
 from statemachine.agent.steps import Step, check_steps
-from statemachine.agent.sync import refuse_running_loop, run_sync
+from statemachine.agent.stream import StreamedRun
+from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
+from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
+from statemachine.core.checks import positive_int
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
-from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.tools import DEFAULT_TOOL_RETRIES, ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
 
-__all__ = ["Agent", "StreamedRun"]
+__all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
+
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of the ``deps`` an agent's runs take (``deps_type``; ``Any`` when unsaid)."""
+
+_P = ParamSpec("_P")
+
+_KEEP: Final = object()
+"""``Agent.override``'s default for ``deps``: keep the run's (``None`` is a deps value)."""
+
 
 _PROMPT_SCHEMA = {
     "type": "object",
@@ -86,7 +121,7 @@ _PROMPT_SCHEMA = {
 }
 
 
-class Agent(Generic[OutputT]):
+class Agent(Generic[DepsT, OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
@@ -117,12 +152,13 @@ class Agent(Generic[OutputT]):
         transform_context: TransformContext | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         logger: Any = None,
-        deps_type: type | None = None,
-        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        deps_type: type[DepsT] | None = None,
+        output_type: OutputType[OutputT] = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         usage_limits: UsageLimits | None = None,
         steps: Sequence[Step] = (),
+        output_validators: Sequence[OutputValidator] = (),
     ) -> None:
         check_tools(tools)
         self.table = check_steps(steps)  # refused now, before any run
@@ -150,19 +186,114 @@ class Agent(Generic[OutputT]):
         self.logger = logger
         self.deps_type = deps_type
         self.output_type = output_type
+        self.output_validators = list(check_output_validators(output_validators))
         self.output_retries = output_retries
         self.output_mode = output_mode
         self.usage_limits = usage_limits
+        # What override() replaces, in the current context only.
+        self._override: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+            "statemachine_agent_override", default=None
+        )
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
 
+    # -- decorators: tools and instructions tied to this agent's deps type -------------------
+
+    @overload
+    def tool(
+        self, fn: Callable[Concatenate[RunContext[DepsT], _P], Any], /
+    ) -> Callable[Concatenate[RunContext[DepsT], _P], Any]: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Callable[
+        [Callable[Concatenate[RunContext[DepsT], ...], Any]],
+        Callable[Concatenate[RunContext[DepsT], ...], Any],
+    ]: ...
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Any:
+        """Decorator: make ``fn`` (first parameter a ``RunContext`` of this agent's deps
+        type) one of the agent's tools, as ``statemachine.tool`` does; mypy refuses a
+        function whose ``RunContext[T]`` is not the agent's. Returns ``fn``."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            self._add_tool(make_tool(name=name, retries=retries, timeout=timeout)(f))
+            return f
+
+        return register if fn is None else register(fn)
+
+    def tool_plain(self, fn: Callable[_P, Any], /) -> Callable[_P, Any]:
+        """Decorator: make ``fn`` (no ``RunContext``) one of the agent's tools. Returns it."""
+        self._add_tool(make_tool(fn))
+        return fn
+
+    def _add_tool(self, added: Tool) -> None:
+        tools = (*self.tools, added)
+        check_tools(tools)  # a duplicate name is refused here, not at the first run
+        self.tools = tools
+
+    def instructions_function(
+        self, fn: Callable[[RunContext[DepsT]], str]
+    ) -> Callable[[RunContext[DepsT]], str]:
+        """Decorator: ``fn(ctx)`` gives the agent's instructions at each model call (it
+        replaces instructions given before). Returns ``fn``."""
+        check_instructions(fn)
+        self.instructions = fn
+        return fn
+
+    def output_validator(self, fn: OutputValidator) -> OutputValidator:
+        """Decorator: run ``fn`` on each output the type accepted (``fn(output)`` or
+        ``fn(ctx, output)``, sync; it returns the output, or raises ``ModelRetry`` to ask
+        the model for another, one of ``output_retries``)."""
+        self.output_validators.append(*check_output_validators([fn]))
+        return fn
+
+    @contextlib.contextmanager
+    def override(
+        self, *, model: ModelClient | str | None = None, deps: object = _KEEP
+    ) -> Iterator[None]:
+        """Inside the block, this agent's runs (``run``, ``run_stream``, ``resume``, and
+        as a sub-agent) use ``model`` and ``deps`` instead of their own or the caller's:
+        for tests of code that runs an agent it does not build (``TestModel``, a fake
+        model). Per context (a context variable): a concurrent test sees its own; blocks
+        nest, the innermost wins."""
+        current = dict(self._override.get() or {})
+        if model is not None:
+            current["model"] = resolve_model(model)
+        if deps is not _KEEP:
+            current["deps"] = deps
+        token = self._override.set(current)
+        try:
+            yield
+        finally:
+            self._override.reset(token)
+
     # -- the keywords of one run ------------------------------------------------------------
 
     def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
+        override = self._override.get()
+        model = self.model if override is None else override.get("model", self.model)
+        if override is not None and "deps" in override:
+            deps = override["deps"]
         check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
         return {
-            "model": self.model,
+            "model": model,
             "tools": self.tools,
             "instructions": self.instructions,
             "model_settings": self.model_settings.merged(model_settings),
@@ -170,7 +301,9 @@ class Agent(Generic[OutputT]):
             "grace_period": self.grace_period,
             "logger": self.logger,
             **self.hooks,
-            "output_type": self.output_type,
+            "output_type": Validated(self.output_type, tuple(self.output_validators))
+            if self.output_validators
+            else self.output_type,
             "output_retries": self.output_retries,
             "usage_limits": self.usage_limits,
         }
@@ -188,7 +321,7 @@ class Agent(Generic[OutputT]):
             raise InvalidInputError("message_history must be a sequence of messages")
         messages = list(message_history)
         if prompt is not None:
-            messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
+            messages.append(prompt_message(prompt, "prompt"))
         options = self._shared(deps, model_settings)
         options.update(
             messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
@@ -204,7 +337,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -227,7 +360,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -250,7 +383,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -283,6 +416,32 @@ class Agent(Generic[OutputT]):
             streamed.run.abort("the run_stream block ended before the run")
         await streamed.result()
 
+    def run_stream_sync(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
+        model_settings: ModelSettings | None = None,
+    ) -> StreamedRunSync[RunResult[OutputT]]:
+        """``run_stream`` for code without an event loop: its ``stream_text()`` and
+        ``result()`` (``StreamedRunSync``, in ``statemachine.agent.sync``)."""
+        refuse_running_loop("run_stream_sync")
+
+        async def stream(signal: AbortSignal, put: Callable[[str], None]) -> RunResult[OutputT]:
+            async with self.run_stream(
+                prompt,
+                message_history=message_history,
+                deps=deps,
+                model_settings=model_settings,
+                signal=signal,
+            ) as run:
+                async for text in run.stream_text():
+                    put(text)
+                return await run.result()
+
+        return StreamedRunSync(stream, self.grace_period)
+
     # -- resume -----------------------------------------------------------------------------
 
     async def resume(
@@ -291,7 +450,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -335,7 +494,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -367,15 +526,30 @@ class Agent(Generic[OutputT]):
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
         approve: BeforeToolCall | None = None,
+        join_usage: bool = True,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> Tool:
         """This agent as a tool taking one ``prompt`` (module docstring): its result is
         the child's final text, or its output as JSON when the agent has an
         ``output_type``. ``deps`` turns the parent's deps into the child's (default:
         the same object). ``approve`` decides the calls the child stops to have
-        approved (module docstring)."""
+        approved (module docstring).
+
+        ``join_usage`` (default): the child's usage and model calls join the parent's
+        (``RunResult.usage``) and count against its ``usage_limits``; the child runs
+        within what they leave (the tighter of its own limits and the parent's
+        remainder), and is not run once they are reached. ``False`` keeps them apart
+        (its stats still join the parent's ``stats``).
+
+        ``max_depth`` bounds how deeply agents run as tools nest, counting this one (an
+        agent that is its own sub-agent, or a chain of them): past it the child is not
+        run and the call's error result names ``DelegationDepthError``."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
+        positive_int("max_depth", max_depth)
+        if not isinstance(join_usage, bool):
+            raise InvalidInputError("join_usage must be a bool")
         definition = ToolDefinition(
             name=tool_name,
             description=description or f"Ask the {tool_name} agent.",
@@ -383,23 +557,67 @@ class Agent(Generic[OutputT]):
         )
 
         async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-            parent = current_run_context()
-            parent_deps = parent.deps if parent is not None else None
-            child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
-            result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
-            result = await self._approved(result, tool_name, approve, child_deps, signal)
-            if result.stats is not None:
-                note_child_stats(result.stats)
-            return _child_output(tool_name, result, self.output_type is not None)
+            return await self._as_tool_call(
+                arguments["prompt"], tool_name, deps, approve, join_usage, max_depth, signal
+            )
 
         return Tool(definition, execute, timeout=timeout)
+
+    async def _as_tool_call(
+        self,
+        prompt: str,
+        tool_name: str,
+        deps: Callable[[object], object] | None,
+        approve: BeforeToolCall | None,
+        join_usage: bool,
+        max_depth: int,
+        signal: AbortSignal,
+    ) -> ToolOutput:
+        """One call of ``as_tool``'s tool: the child's run, as its result."""
+        token = enter_depth(tool_name, max_depth)
+        parent = current_run_context()
+        parent_deps = parent.deps if parent is not None else None
+        child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
+        limits = self.usage_limits
+        if join_usage:
+            allowed, left = usage_left()
+            if not allowed:
+                return ToolOutput(
+                    f"the {tool_name} agent was not run: the run's usage limits are reached",
+                    is_error=True,
+                )
+            limits = left if limits is None else limits.tightest(left)
+        try:
+            result = await self._run_child(prompt, child_deps, signal, limits)
+            result = await self._approved(result, tool_name, approve, child_deps, signal)
+        finally:
+            leave_depth(token)
+        if result.stats is not None:
+            note_child_stats(result.stats)
+        output = child_output(tool_name, result, self.output_type is not None)
+        if not join_usage:
+            return output
+        requests = result.stats.model_calls if result.stats is not None else result.turns
+        return attrs.evolve(output, usage=result.usage, requests=requests)
+
+    async def _run_child(
+        self,
+        prompt: str,
+        deps: object,
+        signal: AbortSignal,
+        usage_limits: UsageLimits | None,
+    ) -> RunResult[OutputT]:
+        """``run`` as a sub-agent, held to ``usage_limits`` (the parent's remainder)."""
+        options, given = self._run_options(prompt, (), deps, None, signal)
+        options["usage_limits"] = usage_limits
+        return attrs.evolve(await run_agent(**options), given=given)
 
     async def _approved(
         self,
         result: RunResult[OutputT],
         tool_name: str,
         approve: BeforeToolCall | None,
-        deps: object,
+        deps: Any,  # the parent's, mapped: checked at run time
         signal: AbortSignal,
     ) -> RunResult[OutputT]:
         """The child's run once ``approve`` has decided each call it stopped for and it
@@ -430,53 +648,3 @@ def _one_history(message_history: Sequence[Message]) -> None:
             "give message_history or session, not both: a session run starts from the "
             "session's history"
         )
-
-
-def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
-    """The tool result of a sub-agent's run: its output as JSON when it has an output
-    type, else its final text."""
-    if result.state is TurnState.DONE:
-        if typed:
-            return ToolOutput(json.dumps(output_json(result.messages)))
-        return ToolOutput(result.final_text)
-    if result.state is TurnState.AWAITING_USER:
-        calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
-        return ToolOutput(
-            f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "
-            "a person cannot be asked inside a sub-agent's call (give as_tool an approve "
-            "hook, such as the parent's before_tool_call, to decide them)",
-            is_error=True,
-        )
-    return ToolOutput(
-        f"the {name} agent ended {result.state.value}: {result.explanation}", is_error=True
-    )
-
-
-class StreamedRun(Generic[OutputT]):
-    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
-
-    def __init__(self, run: AgentRun[OutputT], given: int, turn: SessionTurn | None = None) -> None:
-        self.run = run
-        self._given = given
-        self._turn = turn
-        self._events = run.events()  # subscribed before the run starts: sees it all
-        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
-
-    def __aiter__(self) -> AsyncIterator[RunEvent]:
-        return self._events
-
-    async def stream_text(self) -> AsyncIterator[str]:
-        """The answer's text fragments as they arrive (``TextDelta`` events)."""
-        async for event in self._events:
-            if isinstance(event, TextDelta):
-                yield event.text
-
-    async def result(self) -> RunResult[OutputT]:
-        """How the run returned (waits for it); stored in the run's session, if any."""
-        try:
-            result = attrs.evolve(await self.task, given=self._given)
-        except BaseException:
-            if self._turn is not None:
-                self._turn.release()
-            raise
-        return result if self._turn is None else await self._turn.keep(result)

@@ -44,7 +44,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model_call import Instructions
-from statemachine.agent.output import compile_output
+from statemachine.agent.output import OutputType, compile_output
 from statemachine.agent.run import (
     DEFAULT_GRACE_PERIOD,
     AgentRun,
@@ -63,7 +63,12 @@ from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
-from statemachine.errors import InvalidInputError, SnapshotError, UsageError
+from statemachine.errors import (
+    InvalidInputError,
+    OutputTypeChangedError,
+    SnapshotError,
+    UsageError,
+)
 
 __all__ = ["resume_agent", "resume_agent_sync", "resume_run"]
 
@@ -77,7 +82,7 @@ def resume_run(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -136,7 +141,16 @@ def _output_spec(engine: Engine, output_type: object, output_retries: int) -> Ou
     output = compile_output(output_type, output_retries)
     if output is None:
         return engine.output
-    return attrs.evolve(output.spec, native=engine.output is not None and engine.output.native)
+    shown = engine.output
+    if shown is not None and shown.definition.schema_dict() != output.spec.definition.schema_dict():
+        # The model answered (or will answer) the schema it was shown: judging it by
+        # another, or converting its output to another type, would be wrong either way.
+        raise OutputTypeChangedError(
+            "output_type: its JSON Schema is not the one the suspended run showed the "
+            "model; resume with the output type the run was started with, or without "
+            "output_type for the validated JSON"
+        )
+    return attrs.evolve(output.spec, native=shown is not None and shown.native)
 
 
 def _may_run(
@@ -303,7 +317,7 @@ async def resume_agent(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -359,7 +373,7 @@ def resume_agent_sync(
     message: str | UserMessage | None = None,
     max_turns: int | None = None,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     key: bytes | str | None = None,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,

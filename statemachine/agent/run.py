@@ -21,11 +21,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
+from statemachine.agent.context import (
+    RunContext,
+    check_run_deps,
+    engine_context,
+    reset_run_context,
+    run_context,
+)
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
@@ -38,7 +44,14 @@ from statemachine.agent.hooks import (
 from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import Instructions, RunModel, check_instructions
-from statemachine.agent.output import Output, OutputMode, compile_output
+from statemachine.agent.output import (
+    Output,
+    OutputMode,
+    OutputType,
+    budget_options,
+    compile_output,
+    run_output,
+)
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
@@ -46,7 +59,7 @@ from statemachine.agent.tools import Tool, check_tools, scheduling_of
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
-from statemachine.core.limits import UsageLimits, check_usage_limits
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import BASE_TABLE, Table, TurnState
@@ -111,7 +124,7 @@ def _checked_call_options(
     settings = model_settings or _NO_SETTINGS
     if instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
         check_settings(model, settings, instructions is not None)
-    check_deps(deps, [(f"tool {t.name}", t.deps_type) for t in tools])
+    check_run_deps(deps, tools, instructions)
     return settings
 
 
@@ -139,7 +152,7 @@ class AgentRun(Generic[OutputT]):
         tools: Sequence[Tool] = (),
         max_turns: int = 8,
         usage_limits: UsageLimits | None = None,
-        output_type: type[OutputT] | Mapping[str, Any] | None = None,
+        output_type: OutputType[OutputT] = None,
         output_retries: int = DEFAULT_OUTPUT_RETRIES,
         output_mode: OutputMode = "auto",
         signal: AbortSignal | None = None,
@@ -165,7 +178,8 @@ class AgentRun(Generic[OutputT]):
             tools=[t.definition for t in tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=max_turns,
-            **_when_set(usage_limits, output, check_steps(steps)),
+            **budget_options(usage_limits, output, tools),
+            **_table_option(check_steps(steps)),
             check_permissions=before_tool_call is not None,
             check_continue=should_continue is not None,
             scheduling=scheduling_of(tools),
@@ -406,32 +420,25 @@ class AgentRun(Generic[OutputT]):
             snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
-            output=self._output.value(result_messages, engine.output_call)
-            if self._output is not None and state is TurnState.DONE
+            output=run_output(self._output, result_messages, engine.output_call)
+            if state is TurnState.DONE
             else None,
         )
 
 
 def _context(engine: Engine, deps: object) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now."""
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, current_tool_call())
+    return engine_context(engine, deps, current_tool_call())
 
 
 def _nothing_to_remove() -> None:
     """No signal was given, so no listener was added."""
 
 
-def _when_set(usage_limits: UsageLimits | None, output: Output | None, t: Table) -> dict[str, Any]:
-    """The engine options of a run's budget and steps, given only when set (so that an
-    ``engine_factory`` written before them still works for runs without them)."""
-    options: dict[str, Any] = {}
-    if check_usage_limits(usage_limits) is not None:
-        options["usage_limits"] = usage_limits
-    if output is not None:
-        options["output"] = output.spec
-    if t is not BASE_TABLE:
-        options["table"] = t
-    return options
+def _table_option(table: Table) -> dict[str, Any]:
+    """The run's table, given only for a run with steps (so that an ``engine_factory``
+    written before steps still works for runs without them)."""
+    return {} if table is BASE_TABLE else {"table": table}
 
 
 ExecutorFactory = Callable[..., Executor]
@@ -477,7 +484,7 @@ async def run_agent(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,
@@ -539,7 +546,7 @@ def run_agent_sync(
     tools: Sequence[Tool] = (),
     max_turns: int = 8,
     usage_limits: UsageLimits | None = None,
-    output_type: type[OutputT] | Mapping[str, Any] | None = None,
+    output_type: OutputType[OutputT] = None,
     output_retries: int = DEFAULT_OUTPUT_RETRIES,
     output_mode: OutputMode = "auto",
     signal: AbortSignal | None = None,
