@@ -9,24 +9,10 @@ Per run: a prompt (a string or a ``UserMessage``) after an optional
 ``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
 ``RunContext``), ``model_settings`` (field by field over the agent's), a ``signal``.
 
-``as_tool`` makes the agent a tool of another run (a sub-agent): the parent's abort
-reaches the child through the tool's signal, the child's stats are added to the
-parent's, and the parent's ``deps`` are the child's unless given. A sub-agent with an
-``output_type`` answers with its output as JSON (its validated output), not with its
-last text.
-
-A child that stops for approval (its ``before_tool_call`` said ``RequireApproval``)
-cannot make the *parent* run stop ``AwaitingUser``: the parent's call of the
-sub-agent is running, and the table suspends a run only once nothing runs (rule 8),
-with a snapshot that holds no running operation; carrying the child's suspension
-through would need a row for a running call that waits for a person. So the child's
-approvals are routed to a hook instead: ``as_tool(approve=...)`` takes a hook of
-``before_tool_call``'s shape (the parent's own ``before_tool_call`` fits) and is asked
-about each call the child waits on, named as the child's (``"<tool>.<child tool>"``,
-same id and arguments): ``None`` approves it, ``Deny(reason)`` denies it, and the
-child is resumed inside the parent's call, as often as it stops (at most its
-``max_turns`` times). ``RequireApproval`` from that hook, or no hook, ends the
-parent's call with an error result naming the waiting calls.
+``as_tool`` makes the agent a tool of another run (a sub-agent; its rules, approvals
+included, are in ``statemachine.agent.delegation``): the parent's abort reaches the
+child through the tool's signal, its stats join the parent's, the parent's ``deps`` are
+the child's unless given, and an ``output_type`` answers with its output as JSON.
 
 ``Agent[Deps, Output]`` is generic over its deps and output types, as PydanticAI's:
 ``Agent(model, deps_type=Shop, output_type=City)`` is an ``Agent[Shop, City]`` without
@@ -47,7 +33,6 @@ from typing import Any, Concatenate, Final, Generic, overload
 import attrs
 from typing_extensions import ParamSpec, TypeVar
 
-from statemachine.agent.calls import call_hook
 from statemachine.agent.context import (
     RunContext,
     check_deps,
@@ -57,7 +42,9 @@ from statemachine.agent.context import (
 )
 from statemachine.agent.delegation import (
     DEFAULT_MAX_DEPTH,
+    PROMPT_SCHEMA,
     child_output,
+    decide_approvals,
     enter_depth,
     leave_depth,
     prompt_message,
@@ -67,7 +54,6 @@ from statemachine.agent.hooks import (
     AfterToolCall,
     BeforeToolCall,
     Deny,
-    RequireApproval,
     ShouldContinue,
     TransformContext,
 )
@@ -88,7 +74,13 @@ from statemachine.agent.run import (
     check_tools,
     run_agent,
 )
-from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
+from statemachine.agent.session import (
+    Session,
+    SessionTurn,
+    resume_in_session,
+    run_in_session,
+    session_history_only,
+)
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.stream import StreamedRun
 from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
@@ -97,7 +89,7 @@ from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.checks import positive_int
 from statemachine.core.limits import UsageLimits, check_usage_limits
-from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
+from statemachine.core.messages import Message, UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.tools import DEFAULT_TOOL_RETRIES, ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
@@ -111,14 +103,6 @@ _P = ParamSpec("_P")
 
 _KEEP: Final = object()
 """``Agent.override``'s default for ``deps``: keep the run's (``None`` is a deps value)."""
-
-
-_PROMPT_SCHEMA = {
-    "type": "object",
-    "properties": {"prompt": {"type": "string", "description": "what to ask the agent"}},
-    "required": ["prompt"],
-    "additionalProperties": False,
-}
 
 
 class Agent(Generic[DepsT, OutputT]):
@@ -347,7 +331,7 @@ class Agent(Generic[DepsT, OutputT]):
         (``statemachine.sessions``), on the session's history instead."""
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
         if session is not None:
-            _one_history(message_history)
+            session_history_only(message_history)
             return await run_in_session(
                 session,
                 options["messages"],
@@ -396,7 +380,7 @@ class Agent(Generic[DepsT, OutputT]):
         options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
         turn = None
         if session is not None:
-            _one_history(message_history)
+            session_history_only(message_history)
             turn = await SessionTurn.open(session, options["messages"])
             options["messages"], given = turn.messages, turn.given
         try:
@@ -553,7 +537,7 @@ class Agent(Generic[DepsT, OutputT]):
         definition = ToolDefinition(
             name=tool_name,
             description=description or f"Ask the {tool_name} agent.",
-            parameters=_PROMPT_SCHEMA,
+            parameters=PROMPT_SCHEMA,
         )
 
         async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
@@ -589,7 +573,7 @@ class Agent(Generic[DepsT, OutputT]):
             limits = left if limits is None else limits.tightest(left)
         try:
             result = await self._run_child(prompt, child_deps, signal, limits)
-            result = await self._approved(result, tool_name, approve, child_deps, signal)
+            result = await decide_approvals(self, result, tool_name, approve, child_deps, signal)
         finally:
             leave_depth(token)
         if result.stats is not None:
@@ -611,40 +595,3 @@ class Agent(Generic[DepsT, OutputT]):
         options, given = self._run_options(prompt, (), deps, None, signal)
         options["usage_limits"] = usage_limits
         return attrs.evolve(await run_agent(**options), given=given)
-
-    async def _approved(
-        self,
-        result: RunResult[OutputT],
-        tool_name: str,
-        approve: BeforeToolCall | None,
-        deps: Any,  # the parent's, mapped: checked at run time
-        signal: AbortSignal,
-    ) -> RunResult[OutputT]:
-        """The child's run once ``approve`` has decided each call it stopped for and it
-        was resumed (``result`` itself without a hook, or when the hook asks for a
-        person); the child's turns bound how often it can stop."""
-        for _ in range(self.max_turns):
-            if approve is None or not result.pending_approvals:
-                return result
-            decisions: dict[str, bool | Deny] = {}
-            for call in result.pending_approvals:
-                named = ToolCall(call.id, f"{tool_name}.{call.name}", thaw_json(call.arguments))
-                decision = await call_hook(approve, named)
-                if isinstance(decision, RequireApproval):
-                    return result  # a person is needed: the call ends naming the calls
-                if decision is not None and not isinstance(decision, Deny):
-                    raise InvalidInputError(
-                        f"as_tool's approve returned {type(decision).__name__}: expected "
-                        "None (approve), Deny or RequireApproval"
-                    )
-                decisions[call.id] = True if decision is None else decision
-            result = await self.resume(result, approvals=decisions, deps=deps, signal=signal)
-        return result
-
-
-def _one_history(message_history: Sequence[Message]) -> None:
-    if message_history:
-        raise InvalidInputError(
-            "give message_history or session, not both: a session run starts from the "
-            "session's history"
-        )
