@@ -13,7 +13,9 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── NotPendingError         a decision for a call that waits for none
     │   ├── RunClosedError          a message to a durable run that has ended
     │   ├── SessionBusyError        a second run on a session that has one running
-    │   └── InstructionsError       an instructions function raised or gave no text
+    │   ├── InstructionsError       an instructions function raised or gave no text
+    │   ├── DelegationDepthError    agents nested as tools deeper than ``max_depth``
+    │   └── OutputTypeChangedError  resumed with an output type the run never showed
     ├── BadDataError                data from outside cannot be used (ValueError)
     │   ├── WireFormatError         a message, event or document without the wire shape
     │   │   └── SnapshotError       a snapshot refused by ``Engine.restore``
@@ -47,8 +49,12 @@ different reaction (h11 splits its protocol errors the same way)::
     │   ├── AwaitingUserError
     │   ├── UsageLimitExceededError
     │   ├── OutputInvalidError
+    │   ├── ToolRetriesExceededError
     │   └── StepEndedError          a declared step ended the run in its own state
-    └── EngineInvariantError        the library broke a guarantee of its own: a bug
+    ├── EngineInvariantError        the library broke a guarantee of its own: a bug
+    └── ModelRetry                  not trouble: a tool or an output validator asks the
+                                    model to try again, with a message (it never
+                                    escapes a run: it becomes a failed attempt)
 
 Three exceptions are raised *for* code outside the library, so they are deliberately
 not ``StateMachineError``: the code that meets them treats them as it treats any
@@ -91,6 +97,7 @@ __all__ = [
     "BridgeTimeoutError",
     "CompactionError",
     "ContextOverflowError",
+    "DelegationDepthError",
     "DiagramError",
     "EngineInvariantError",
     "ExportError",
@@ -100,9 +107,11 @@ __all__ = [
     "MCPError",
     "ModelFailedError",
     "ModelOutputError",
+    "ModelRetry",
     "NotExpressibleError",
     "NotPendingError",
     "OutputInvalidError",
+    "OutputTypeChangedError",
     "ProtocolError",
     "ProviderAuthError",
     "ProviderError",
@@ -127,6 +136,7 @@ __all__ = [
     "StoreUnavailableError",
     "StrayCancelledError",
     "ToolOutputError",
+    "ToolRetriesExceededError",
     "TurnLimitExceededError",
     "UnknownRunError",
     "UsageError",
@@ -193,6 +203,20 @@ class InstructionsError(UsageError):
     """The run's instructions function raised, or returned something that is not a
     string: the model call it was for is not made, and the run ends ``Failed`` with an
     explanation naming this error and what the function raised."""
+
+
+class DelegationDepthError(UsageError):
+    """An agent run as a tool (``Agent.as_tool``) would nest deeper than its
+    ``max_depth`` (an agent that is its own sub-agent, or a long delegation chain):
+    the sub-agent is not run, and the call's error result names this error."""
+
+
+class OutputTypeChangedError(UsageError):
+    """A run is resumed with an ``output_type`` whose JSON Schema is not the one the
+    suspended run showed the model (the application's type changed in between):
+    refused before anything runs, since the model's answers were given to the other
+    schema. Resume with the type the run started with, or without one (the output is
+    then the validated JSON)."""
 
 
 # -- bad data from outside ----------------------------------------------------------
@@ -378,6 +402,11 @@ class OutputInvalidError(RunNotDoneError):
     message names the last validation error."""
 
 
+class ToolRetriesExceededError(RunNotDoneError):
+    """A tool asked the model to try again (``ModelRetry``) more often in a row than
+    its ``retries`` allow; the message names the tool and its last message."""
+
+
 # -- the library's own bug -----------------------------------------------------------
 
 
@@ -419,3 +448,16 @@ class StrayCancelledError(Exception):
     """User code (a hook, a tool) raised ``CancelledError`` although nothing cancelled
     its task; the driver reports it as that code's failure instead of letting it
     cancel the run."""
+
+
+# -- a request, not trouble ------------------------------------------------------------
+
+
+class ModelRetry(StateMachineError):  # noqa: N818 - the name PydanticAI users know
+    """Raised by a tool or an output validator to ask the model to try again: the
+    message is what the model reads (the call's error result, or the answer to its
+    final result). A tool's retries are counted against its own budget
+    (``Tool(retries=...)``, ``@tool(retries=...)``) and an output's against
+    ``output_retries``; past the budget the run ends in a named state
+    (``ToolRetriesExceeded``, ``OutputInvalid``). Not an error of the library: it
+    never escapes a run."""

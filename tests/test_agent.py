@@ -186,7 +186,7 @@ def test_bad_agent_options_are_refused_at_construction() -> None:
     with pytest.raises(sm.InvalidInputError, match="usage_limits"):
         sm.Agent(ScriptedModel(), usage_limits={"requests": 3})  # type: ignore[arg-type]
     with pytest.raises(sm.InvalidInputError, match="output_type"):
-        sm.Agent(ScriptedModel(), output_type=int)
+        sm.Agent(ScriptedModel(), output_type=complex)
     with pytest.raises(sm.InvalidInputError, match="output_retries"):
         sm.Agent(ScriptedModel(), output_type=Library, output_retries=-1)
     with pytest.raises(sm.InvalidInputError, match="message_history"):
@@ -270,7 +270,7 @@ def test_an_agents_deps_type_is_checked_before_any_model_call() -> None:
     model = ScriptedModel("never")
     agent = sm.Agent(model, name="shelf", deps_type=Library)
     with pytest.raises(sm.UsageError, match=r"deps: Agent shelf takes RunContext\[Library\]"):
-        agent.run_sync("x", deps="not a library")
+        agent.run_sync("x", deps="not a library")  # type: ignore[arg-type]
     assert model.calls == 0
 
 

@@ -30,7 +30,7 @@ def final(call_id: str = "f1", **arguments: Any) -> sm.ToolCall:
 
 def test_an_agents_output_type_types_its_runs_without_an_annotation() -> None:
     agent = sm.Agent(ScriptedModel(final(title="Dune", copies=3)), output_type=Book)
-    assert_type(agent, sm.Agent[Book])
+    assert_type(agent, sm.Agent[Any, Book])
     result = agent.run_sync("Dune?")
     assert_type(result, sm.RunResult[Book])
     book: Book | None = result.output
@@ -38,11 +38,11 @@ def test_an_agents_output_type_types_its_runs_without_an_annotation() -> None:
     assert result.state is sm.TurnState.DONE
 
 
-def test_an_agent_without_an_output_type_is_an_agent_of_any() -> None:
+def test_an_agent_without_an_output_type_is_an_agent_of_any_whose_output_is_its_text() -> None:
     agent = sm.Agent(ScriptedModel("hi"))
     assert_type(agent, sm.Agent[Any])
     result = agent.run_sync("hello")
-    assert result.output is None
+    assert result.output == "hi"
     assert result.final_text == "hi"
 
 

@@ -139,7 +139,7 @@ def test_names_outside_the_registry_are_refused_and_a_run_whose_type_is_gone_is_
     with pytest.raises(sm.InvalidInputError, match="instructions must be a str or a function"):
         _worker(db, instructions={"bad": 3})
     with pytest.raises(sm.InvalidInputError, match="output_type"):
-        _worker(db, output_types={"bad": int})
+        _worker(db, output_types={"bad": complex})
 
     async def held(runner: DBOSRunner) -> str:
         handle = await runner.handle("gone")

@@ -384,7 +384,7 @@ def test_permission_flow_with_a_policy_denial() -> None:
     actions = feed(e, sm.engine.ToolFinished("c1", ok()))
     assert state(e) is S.AWAITING_USER
     assert of_type(actions, sm.engine.CallModel) == []
-    assert [m.text for m in e.messages[2:]] == [  # type: ignore[union-attr]
+    assert [m.text for m in e.messages[2:]] == [
         "ok",
         "Tool call denied: writes are off",
         "Unknown tool: nope. Available tools: echo, noop.",
@@ -468,7 +468,7 @@ def test_abort_while_dispatching() -> None:
     actions = e.handle(sm.engine.AbortRequested("stop"))
     assert sm.engine.CancelOperations(False, (), "stop") in actions
     assert state(e) is S.ABORTED  # nothing was running, so nothing to wait for
-    texts = [m.text for m in e.messages[2:]]  # type: ignore[union-attr]
+    texts = [m.text for m in e.messages[2:]]
     assert texts == ["Tool call not started: the run was aborted (stop)"] * 2
     assert history_violations(e.messages) == []
 

@@ -63,6 +63,7 @@ _FAMILIES = (
     sm.errors.ServiceError,
     sm.errors.RunNotDoneError,
     sm.errors.EngineInvariantError,
+    sm.errors.ModelRetry,
 )
 
 

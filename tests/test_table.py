@@ -143,7 +143,7 @@ def test_trigger_partition() -> None:
 
 def test_terminal_states_have_no_rows_and_absorb() -> None:
     terminal = {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.USAGE_LIMIT_EXCEEDED, S.FAILED}
-    assert terminal | {S.OUTPUT_INVALID} == TERMINAL
+    assert terminal | {S.OUTPUT_INVALID, S.TOOL_RETRIES_EXCEEDED} == TERMINAL
     assert ABSORBING == TERMINAL
     assert TERMINAL | {S.AWAITING_USER} == RETURNS_TO_CALLER
     assert not [r for r in TRANSITIONS if r.source in TERMINAL]

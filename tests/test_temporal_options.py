@@ -159,7 +159,7 @@ def test_names_outside_the_registry_are_refused_and_a_run_whose_type_is_gone_is_
     with pytest.raises(InvalidInputError, match="instructions must be a str or a function"):
         _runner(None, "q", instructions={"bad": 3})
     with pytest.raises(InvalidInputError, match="output_type"):
-        _runner(None, "q", output_types={"bad": int})
+        _runner(None, "q", output_types={"bad": complex})
 
     async def body() -> tuple[str, sm.RunResult]:
         client = await _client(temporal_address)

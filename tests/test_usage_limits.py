@@ -360,3 +360,43 @@ def test_a_journal_header_with_bad_limits_is_refused_naming_the_field() -> None:
     header["options"]["usage_limits"] = {"requests": 0}
     with pytest.raises(sm.errors.WireFormatError, match=r"usage_limits\.requests"):
         JournalHeader.from_dict(header)
+
+
+# -- the tool-call limit (PydanticAI's tool_calls_limit) --------------------------------------
+
+
+def _asks_twice(call_id: str) -> sm.AssistantMessage:
+    return sm.AssistantMessage(
+        [sm.ToolCall(f"{call_id}a", "echo_tool", {}), sm.ToolCall(f"{call_id}b", "echo_tool", {})],
+        "toolUse",
+    )
+
+
+def test_a_tool_call_past_the_limit_is_not_run_and_the_run_ends_at_the_boundary() -> None:
+    ran: list[str] = []
+
+    @sm.tool
+    def echo_tool() -> str:
+        """Echo."""
+        ran.append("echo")
+        return "ok"
+
+    model = ScriptedModel(_asks_twice("c1"), _asks_twice("c2"), "done")
+    result = sm.Agent(model, tools=[echo_tool], usage_limits=sm.UsageLimits(tool_calls=3)).run_sync(
+        "go"
+    )
+    assert ran == ["echo"] * 3
+    assert result.state is sm.TurnState.USAGE_LIMIT_EXCEEDED
+    assert "tool_calls=3" in result.explanation
+    last = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)][-1]
+    assert last.is_error
+    assert "tool_calls limit (3) is reached" in last.text
+    assert model.calls == 2
+
+
+def test_the_tool_call_limit_is_written_as_json_and_read_back() -> None:
+    limits = sm.UsageLimits(tool_calls=2)
+    assert limits.to_dict() == {"toolCalls": 2}
+    assert sm.UsageLimits.from_dict({"toolCalls": 2}, "x") == limits
+    with pytest.raises(sm.InvalidInputError, match="tool_calls"):
+        sm.UsageLimits(tool_calls=0)

@@ -9,76 +9,94 @@ Per run: a prompt (a string or a ``UserMessage``) after an optional
 ``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
 ``RunContext``), ``model_settings`` (field by field over the agent's), a ``signal``.
 
-``as_tool`` makes the agent a tool of another run (a sub-agent): the parent's abort
-reaches the child through the tool's signal, the child's stats are added to the
-parent's, and the parent's ``deps`` are the child's unless given. A sub-agent with an
-``output_type`` answers with its output as JSON (its validated output), not with its
-last text.
+``as_tool`` makes the agent a tool of another run (a sub-agent; its rules, approvals
+included, are in ``statemachine.agent.delegation``): the parent's abort reaches the
+child through the tool's signal, its stats join the parent's, the parent's ``deps`` are
+the child's unless given, and an ``output_type`` answers with its output as JSON.
 
-A child that stops for approval (its ``before_tool_call`` said ``RequireApproval``)
-cannot make the *parent* run stop ``AwaitingUser``: the parent's call of the
-sub-agent is running, and the table suspends a run only once nothing runs (rule 8),
-with a snapshot that holds no running operation; carrying the child's suspension
-through would need a row for a running call that waits for a person. So the child's
-approvals are routed to a hook instead: ``as_tool(approve=...)`` takes a hook of
-``before_tool_call``'s shape (the parent's own ``before_tool_call`` fits) and is asked
-about each call the child waits on, named as the child's (``"<tool>.<child tool>"``,
-same id and arguments): ``None`` approves it, ``Deny(reason)`` denies it, and the
-child is resumed inside the parent's call, as often as it stops (at most its
-``max_turns`` times). ``RequireApproval`` from that hook, or no hook, ends the
-parent's call with an error result naming the waiting calls.
-
-``Agent`` is generic over the output type: ``Agent(model, output_type=City)`` is an
-``Agent[City]`` without an annotation, and its runs return ``RunResult[City]``, so
-``result.output`` is a ``City | None`` to mypy (``Agent[Any]`` without an output type).
+``Agent[Deps, Output]`` is generic over its deps and output types, as PydanticAI's:
+``Agent(model, deps_type=Shop, output_type=City)`` is an ``Agent[Shop, City]`` without
+an annotation; its runs take ``deps: Shop`` and return ``RunResult[City]``, so
+``result.output`` is a ``City | None`` to mypy (``Any`` for a type not given). The
+decorators ``@agent.tool`` (a function taking ``RunContext[Shop]``: mypy refuses
+another deps type), ``@agent.tool_plain`` and ``@agent.instructions_function`` add to
+the agent what ``tools=`` and ``instructions=`` give.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Generic, Unpack
+import contextvars
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, Concatenate, Final, Generic, Unpack, overload
 
 import attrs
+from typing_extensions import ParamSpec, TypeVar
 
-from statemachine.agent.calls import call_hook
-from statemachine.agent.context import check_deps, current_run_context, note_child_stats
-from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta
+from statemachine.agent.context import (
+    RunContext,
+    check_deps,
+    current_run_context,
+    note_child_stats,
+    usage_left,
+)
+from statemachine.agent.delegation import (
+    DEFAULT_MAX_DEPTH,
+    PROMPT_SCHEMA,
+    child_output,
+    decide_approvals,
+    enter_depth,
+    leave_depth,
+    prompt_message,
+)
+from statemachine.agent.events import OutputT, RunResult, RunStats
 from statemachine.agent.hooks import (
     BeforeToolCall,
     Deny,
-    RequireApproval,
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
 from statemachine.agent.options import AgentOptions, Options, resolve
-from statemachine.agent.output import compile_output, output_json
+from statemachine.agent.output import (
+    OutputValidator,
+    Validated,
+    check_output_validators,
+    compile_output,
+)
 from statemachine.agent.resume import resume_run
 from statemachine.agent.run import (
     AgentRun,
 )
-from statemachine.agent.session import Session, SessionTurn, resume_in_session, run_in_session
+from statemachine.agent.session import (
+    Session,
+    SessionTurn,
+    resume_in_session,
+    run_in_session,
+    session_history_only,
+)
 from statemachine.agent.steps import check_steps
-from statemachine.agent.sync import refuse_running_loop, run_sync
+from statemachine.agent.stream import StreamedRun
+from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
+from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import Message, ToolCall, UserMessage, thaw_json
-from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolDefinition, ToolOutput
+from statemachine.core.checks import positive_int
+from statemachine.core.limits import UsageLimits
+from statemachine.core.messages import Message, UserMessage
+from statemachine.core.tools import DEFAULT_TOOL_RETRIES, ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
 
-__all__ = ["Agent", "StreamedRun"]
+__all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
 
-_PROMPT_SCHEMA = {
-    "type": "object",
-    "properties": {"prompt": {"type": "string", "description": "what to ask the agent"}},
-    "required": ["prompt"],
-    "additionalProperties": False,
-}
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of the ``deps`` an agent's runs take (``deps_type``; ``Any`` when unsaid)."""
+
+_P = ParamSpec("_P")
+
+_KEEP: Final = object()
+"""``Agent.override``'s default for ``deps``: keep the run's (``None`` is a deps value)."""
 
 
-class Agent(Generic[OutputT]):
+class Agent(Generic[DepsT, OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
@@ -99,7 +117,8 @@ class Agent(Generic[OutputT]):
         model: ModelClient | str,
         *,
         name: str | None = None,
-        deps_type: type | None = None,
+        deps_type: type[DepsT] | None = None,
+        output_validators: Sequence[OutputValidator] = (),
         **options: Unpack[AgentOptions[OutputT]],
     ) -> None:
         self.options = resolve("Agent", options, AgentOptions)
@@ -111,33 +130,125 @@ class Agent(Generic[OutputT]):
         compile_output(opts.output_type, opts.output_retries, opts.output_mode, self.model)
         self.name = name
         self.deps_type = deps_type
+        self.output_validators = list(check_output_validators(output_validators))
+        # What override() replaces, in the current context only.
+        self._override: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+            "statemachine_agent_override", default=None
+        )
 
     @property
     def tools(self) -> tuple[Tool, ...]:
-        """The agent's tools."""
+        """The agent's tools (``tools=``, then those its decorators added)."""
         return self.options.tools
+
+    @tools.setter
+    def tools(self, tools: Sequence[Tool]) -> None:
+        self.options = attrs.evolve(self.options, tools=tools)  # checked by the record
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
 
-    def _options(
-        self, deps: object, model_settings: ModelSettings | None, signal: AbortSignal | None
-    ) -> Options:
-        """The options of one run of this agent."""
-        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
-        settings = (self.options.model_settings or ModelSettings()).merged(model_settings)
-        return attrs.evolve(self.options, deps=deps, model_settings=settings, signal=signal)
+    # -- decorators: tools and instructions tied to this agent's deps type -------------------
 
-    def _messages(
-        self, prompt: str | UserMessage | None, message_history: Sequence[Message]
-    ) -> list[Message]:
-        """The messages one run is given: ``message_history``, then ``prompt``."""
-        if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
-            raise InvalidInputError("message_history must be a sequence of messages")
-        messages = list(message_history)
-        if prompt is not None:
-            messages.append(UserMessage(prompt) if isinstance(prompt, str) else prompt)
-        return messages
+    @overload
+    def tool(
+        self, fn: Callable[Concatenate[RunContext[DepsT], _P], Any], /
+    ) -> Callable[Concatenate[RunContext[DepsT], _P], Any]: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Callable[
+        [Callable[Concatenate[RunContext[DepsT], ...], Any]],
+        Callable[Concatenate[RunContext[DepsT], ...], Any],
+    ]: ...
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retries: int = DEFAULT_TOOL_RETRIES,
+        timeout: float | None = None,
+    ) -> Any:
+        """Decorator: make ``fn`` (first parameter a ``RunContext`` of this agent's deps
+        type) one of the agent's tools, as ``statemachine.tool`` does; mypy refuses a
+        function whose ``RunContext[T]`` is not the agent's. Returns ``fn``."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            self._add_tool(make_tool(name=name, retries=retries, timeout=timeout)(f))
+            return f
+
+        return register if fn is None else register(fn)
+
+    def tool_plain(self, fn: Callable[_P, Any], /) -> Callable[_P, Any]:
+        """Decorator: make ``fn`` (no ``RunContext``) one of the agent's tools. Returns it."""
+        self._add_tool(make_tool(fn))
+        return fn
+
+    def _add_tool(self, added: Tool) -> None:
+        self.tools = (*self.tools, added)  # a duplicate name is refused here, not at a run
+
+    def instructions_function(
+        self, fn: Callable[[RunContext[DepsT]], str]
+    ) -> Callable[[RunContext[DepsT]], str]:
+        """Decorator: ``fn(ctx)`` gives the agent's instructions at each model call (it
+        replaces instructions given before). Returns ``fn``."""
+        self.options = attrs.evolve(self.options, instructions=fn)  # checked by the record
+        return fn
+
+    def output_validator(self, fn: OutputValidator) -> OutputValidator:
+        """Decorator: run ``fn`` on each output the type accepted (``fn(output)`` or
+        ``fn(ctx, output)``, sync; it returns the output, or raises ``ModelRetry`` to ask
+        the model for another, one of ``output_retries``)."""
+        self.output_validators.append(*check_output_validators([fn]))
+        return fn
+
+    @contextlib.contextmanager
+    def override(
+        self, *, model: ModelClient | str | None = None, deps: object = _KEEP
+    ) -> Iterator[None]:
+        """Inside the block, this agent's runs (``run``, ``run_stream``, ``resume``, and
+        as a sub-agent) use ``model`` and ``deps`` instead of their own or the caller's:
+        for tests of code that runs an agent it does not build (``TestModel``, a fake
+        model). Per context (a context variable): a concurrent test sees its own; blocks
+        nest, the innermost wins."""
+        current = dict(self._override.get() or {})
+        if model is not None:
+            current["model"] = resolve_model(model)
+        if deps is not _KEEP:
+            current["deps"] = deps
+        token = self._override.set(current)
+        try:
+            yield
+        finally:
+            self._override.reset(token)
+
+    # -- the keywords of one run ------------------------------------------------------------
+
+    def _run_options(
+        self, deps: object, model_settings: ModelSettings | None, signal: AbortSignal | None
+    ) -> tuple[ModelClient, Options]:
+        """The client and the options of one run of this agent (``override``'s first)."""
+        override = self._override.get() or {}
+        model = override.get("model", self.model)
+        deps = override.get("deps", deps)
+        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
+        o = self.options
+        output_type = o.output_type
+        if self.output_validators:
+            output_type = Validated(output_type, tuple(self.output_validators))
+        settings = (o.model_settings or ModelSettings()).merged(model_settings)
+        return model, attrs.evolve(
+            o, deps=deps, model_settings=settings, signal=signal, output_type=output_type
+        )
 
     # -- run --------------------------------------------------------------------------------
 
@@ -146,7 +257,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -154,14 +265,14 @@ class Agent(Generic[OutputT]):
         """``run_agent`` with this agent's model, tools, instructions, hooks and
         settings, on ``message_history`` followed by ``prompt``; with a ``session``
         (``statemachine.sessions``), on the session's history instead."""
-        messages = self._messages(prompt, message_history)
-        options = self._options(deps, model_settings, signal)
+        model, options = self._run_options(deps, model_settings, signal)
+        messages = _messages(prompt, message_history)
 
         async def run(history: Sequence[Message]) -> RunResult[OutputT]:
-            return await AgentRun(model=self.model, messages=history, options=options).run()
+            return await AgentRun(model=model, messages=history, options=options).run()
 
         if session is not None:
-            _one_history(message_history)
+            session_history_only(message_history)
             return await run_in_session(session, messages, run)
         return attrs.evolve(await run(messages), given=len(message_history))
 
@@ -170,7 +281,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -193,7 +304,7 @@ class Agent(Generic[OutputT]):
         prompt: str | UserMessage | None = None,
         *,
         message_history: Sequence[Message] = (),
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         session: Session | None = None,
@@ -203,15 +314,15 @@ class Agent(Generic[OutputT]):
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
         the run (and waits for it to close). With a ``session``, the run's new messages
         are stored when the block ends."""
-        messages, given = self._messages(prompt, message_history), len(message_history)
-        options = self._options(deps, model_settings, signal)
+        model, options = self._run_options(deps, model_settings, signal)
+        messages, given = _messages(prompt, message_history), len(message_history)
         turn = None
         if session is not None:
-            _one_history(message_history)
+            session_history_only(message_history)
             turn = await SessionTurn.open(session, messages)
             messages, given = turn.messages, turn.given
         try:
-            run = AgentRun[OutputT](model=self.model, messages=messages, options=options)
+            run = AgentRun[OutputT](model=model, messages=messages, options=options)
             streamed: StreamedRun[OutputT] = StreamedRun(run, given, turn)
         except BaseException:
             if turn is not None:
@@ -228,6 +339,32 @@ class Agent(Generic[OutputT]):
             streamed.run.abort("the run_stream block ended before the run")
         await streamed.result()
 
+    def run_stream_sync(
+        self,
+        prompt: str | UserMessage | None = None,
+        *,
+        message_history: Sequence[Message] = (),
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
+        model_settings: ModelSettings | None = None,
+    ) -> StreamedRunSync[RunResult[OutputT]]:
+        """``run_stream`` for code without an event loop: its ``stream_text()`` and
+        ``result()`` (``StreamedRunSync``, in ``statemachine.agent.sync``)."""
+        refuse_running_loop("run_stream_sync")
+
+        async def stream(signal: AbortSignal, put: Callable[[str], None]) -> RunResult[OutputT]:
+            async with self.run_stream(
+                prompt,
+                message_history=message_history,
+                deps=deps,
+                model_settings=model_settings,
+                signal=signal,
+            ) as run:
+                async for text in run.stream_text():
+                    put(text)
+                return await run.result()
+
+        return StreamedRunSync(stream, self.options.grace_period)
+
     # -- resume -----------------------------------------------------------------------------
 
     async def resume(
@@ -236,7 +373,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -261,10 +398,11 @@ class Agent(Generic[OutputT]):
                     stats=stats,
                 ),
             )
+        model, options = self._run_options(deps, model_settings, signal)
         run = resume_run(
             state,
-            model=self.model,
-            options=self._options(deps, model_settings, signal),
+            model=model,
+            options=options,
             approvals=approvals,
             message=message,
             key=key,
@@ -278,7 +416,7 @@ class Agent(Generic[OutputT]):
         *,
         approvals: Mapping[str, bool | Deny] | None = None,
         message: str | UserMessage | None = None,
-        deps: object = None,
+        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
         model_settings: ModelSettings | None = None,
         signal: AbortSignal | None = None,
         key: bytes | str | None = None,
@@ -310,116 +448,101 @@ class Agent(Generic[OutputT]):
         deps: Callable[[object], object] | None = None,
         timeout: float | None = None,
         approve: BeforeToolCall | None = None,
+        join_usage: bool = True,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> Tool:
         """This agent as a tool taking one ``prompt`` (module docstring): its result is
         the child's final text, or its output as JSON when the agent has an
         ``output_type``. ``deps`` turns the parent's deps into the child's (default:
         the same object). ``approve`` decides the calls the child stops to have
-        approved (module docstring)."""
+        approved (module docstring).
+
+        ``join_usage`` (default): the child's usage and model calls join the parent's
+        (``RunResult.usage``) and count against its ``usage_limits``; the child runs
+        within what they leave (the tighter of its own limits and the parent's
+        remainder), and is not run once they are reached. ``False`` keeps them apart
+        (its stats still join the parent's ``stats``).
+
+        ``max_depth`` bounds how deeply agents run as tools nest, counting this one (an
+        agent that is its own sub-agent, or a chain of them): past it the child is not
+        run and the call's error result names ``DelegationDepthError``."""
         tool_name = name or self.name
         if not tool_name:
             raise InvalidInputError("as_tool needs a name (or an Agent with one)")
+        positive_int("max_depth", max_depth)
+        if not isinstance(join_usage, bool):
+            raise InvalidInputError("join_usage must be a bool")
         definition = ToolDefinition(
             name=tool_name,
             description=description or f"Ask the {tool_name} agent.",
-            parameters=_PROMPT_SCHEMA,
+            parameters=PROMPT_SCHEMA,
         )
 
         async def execute(arguments: dict[str, Any], signal: AbortSignal) -> ToolOutput:
-            parent = current_run_context()
-            parent_deps = parent.deps if parent is not None else None
-            child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
-            result = await self.run(arguments["prompt"], deps=child_deps, signal=signal)
-            result = await self._approved(result, tool_name, approve, child_deps, signal)
-            if result.stats is not None:
-                note_child_stats(result.stats)
-            return _child_output(tool_name, result, self.options.output_type is not None)
+            return await self._as_tool_call(
+                arguments["prompt"], tool_name, deps, approve, join_usage, max_depth, signal
+            )
 
         return Tool(definition, execute, timeout=timeout)
 
-    async def _approved(
+    async def _as_tool_call(
         self,
-        result: RunResult[OutputT],
+        prompt: str,
         tool_name: str,
+        deps: Callable[[object], object] | None,
         approve: BeforeToolCall | None,
+        join_usage: bool,
+        max_depth: int,
+        signal: AbortSignal,
+    ) -> ToolOutput:
+        """One call of ``as_tool``'s tool: the child's run, as its result."""
+        token = enter_depth(tool_name, max_depth)
+        parent = current_run_context()
+        parent_deps = parent.deps if parent is not None else None
+        child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
+        limits = self.options.usage_limits
+        if join_usage:
+            allowed, left = usage_left()
+            if not allowed:
+                return ToolOutput(
+                    f"the {tool_name} agent was not run: the run's usage limits are reached",
+                    is_error=True,
+                )
+            limits = left if limits is None else limits.tightest(left)
+        try:
+            result = await self._run_child(prompt, child_deps, signal, limits)
+            result = await decide_approvals(self, result, tool_name, approve, child_deps, signal)
+        finally:
+            leave_depth(token)
+        if result.stats is not None:
+            note_child_stats(result.stats)
+        output = child_output(tool_name, result, self.options.output_type is not None)
+        if not join_usage:
+            return output
+        requests = result.stats.model_calls if result.stats is not None else result.turns
+        return attrs.evolve(output, usage=result.usage, requests=requests)
+
+    async def _run_child(
+        self,
+        prompt: str,
         deps: object,
         signal: AbortSignal,
+        usage_limits: UsageLimits | None,
     ) -> RunResult[OutputT]:
-        """The child's run once ``approve`` has decided each call it stopped for and it
-        was resumed (``result`` itself without a hook, or when the hook asks for a
-        person); the child's turns bound how often it can stop."""
-        for _ in range(self.options.max_turns):
-            if approve is None or not result.pending_approvals:
-                return result
-            decisions: dict[str, bool | Deny] = {}
-            for call in result.pending_approvals:
-                named = ToolCall(call.id, f"{tool_name}.{call.name}", thaw_json(call.arguments))
-                decision = await call_hook(approve, named)
-                if isinstance(decision, RequireApproval):
-                    return result  # a person is needed: the call ends naming the calls
-                if decision is not None and not isinstance(decision, Deny):
-                    raise InvalidInputError(
-                        f"as_tool's approve returned {type(decision).__name__}: expected "
-                        "None (approve), Deny or RequireApproval"
-                    )
-                decisions[call.id] = True if decision is None else decision
-            result = await self.resume(result, approvals=decisions, deps=deps, signal=signal)
-        return result
+        """``run`` as a sub-agent, held to ``usage_limits`` (the parent's remainder)."""
+        model, options = self._run_options(deps, None, signal)
+        options = attrs.evolve(options, usage_limits=usage_limits)
+        run = AgentRun[OutputT](model=model, messages=_messages(prompt, ()), options=options)
+        return attrs.evolve(await run.run(), given=0)
 
 
-def _one_history(message_history: Sequence[Message]) -> None:
-    if message_history:
-        raise InvalidInputError(
-            "give message_history or session, not both: a session run starts from the "
-            "session's history"
-        )
-
-
-def _child_output(name: str, result: RunResult[Any], typed: bool) -> ToolOutput:
-    """The tool result of a sub-agent's run: its output as JSON when it has an output
-    type, else its final text."""
-    if result.state is TurnState.DONE:
-        if typed:
-            return ToolOutput(json.dumps(output_json(result.messages)))
-        return ToolOutput(result.final_text)
-    if result.state is TurnState.AWAITING_USER:
-        calls = ", ".join(f"{c.name} ({c.id})" for c in result.pending_approvals)
-        return ToolOutput(
-            f"the {name} agent stopped to ask a person's approval for {calls or 'its input'}; "
-            "a person cannot be asked inside a sub-agent's call (give as_tool an approve "
-            "hook, such as the parent's before_tool_call, to decide them)",
-            is_error=True,
-        )
-    return ToolOutput(
-        f"the {name} agent ended {result.state.value}: {result.explanation}", is_error=True
-    )
-
-
-class StreamedRun(Generic[OutputT]):
-    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
-
-    def __init__(self, run: AgentRun[OutputT], given: int, turn: SessionTurn | None = None) -> None:
-        self.run = run
-        self._given = given
-        self._turn = turn
-        self._events = run.events()  # subscribed before the run starts: sees it all
-        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
-
-    def __aiter__(self) -> AsyncIterator[RunEvent]:
-        return self._events
-
-    async def stream_text(self) -> AsyncIterator[str]:
-        """The answer's text fragments as they arrive (``TextDelta`` events)."""
-        async for event in self._events:
-            if isinstance(event, TextDelta):
-                yield event.text
-
-    async def result(self) -> RunResult[OutputT]:
-        """How the run returned (waits for it); stored in the run's session, if any."""
-        try:
-            result = attrs.evolve(await self.task, given=self._given)
-        except BaseException:
-            if self._turn is not None:
-                self._turn.release()
-            raise
-        return result if self._turn is None else await self._turn.keep(result)
+def _messages(
+    prompt: str | UserMessage | None, message_history: Sequence[Message]
+) -> list[Message]:
+    """The messages one run is given: ``message_history``, then ``prompt``."""
+    if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
+        raise InvalidInputError("message_history must be a sequence of messages")
+    messages = list(message_history)
+    if prompt is not None:
+        messages.append(prompt_message(prompt, "prompt"))
+    return messages

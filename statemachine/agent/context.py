@@ -19,10 +19,14 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
 
+from statemachine.core.limits import UsageLimits
+
+if TYPE_CHECKING:
+    from statemachine.core.engine import Engine
 from statemachine.core.messages import Message, ToolCall
 from statemachine.errors import UsageError
 
@@ -30,12 +34,15 @@ __all__ = [
     "RunContext",
     "RunSource",
     "check_deps",
+    "check_run_deps",
     "context_type",
     "current_run_context",
     "deps_type_of",
+    "engine_context",
     "note_child_stats",
     "reset_run_context",
     "run_context",
+    "usage_left",
     "wants_context",
 ]
 
@@ -49,7 +56,8 @@ class RunContext(Generic[DepsT]):
     ``deps``: the run's dependencies; ``run_id``; ``turn``: the number of the turn
     under way (1 for the first; the turns started so far);
     ``messages``: the history as it is now; ``tool_call``: the call being executed
-    (``None`` outside a tool).
+    (``None`` outside a tool); ``retry``: in a tool, how many retry requests in a row
+    (``ModelRetry``) it made before this call (0 on a first attempt).
     """
 
     deps: DepsT
@@ -57,6 +65,7 @@ class RunContext(Generic[DepsT]):
     turn: int
     messages: Sequence[Message] = attrs.field(repr=False)
     tool_call: ToolCall | None = None
+    retry: int = 0
 
 
 class RunSource(Protocol):
@@ -67,6 +76,10 @@ class RunSource(Protocol):
 
     def _add_child_stats(self, stats: Any) -> None:
         """Count a sub-agent's ``RunStats`` in the run's."""
+
+    @property
+    def engine(self) -> Engine:
+        """The run's engine (what its usage limits read)."""
 
 
 _context: contextvars.ContextVar[RunSource | None] = contextvars.ContextVar(
@@ -89,6 +102,34 @@ def note_child_stats(stats: object) -> bool:
         return False
     source._add_child_stats(stats)
     return True
+
+
+def usage_left() -> tuple[bool, UsageLimits | None]:
+    """Whether the usage limits of the run calling this code still allow a model call,
+    and what they leave (``None``: no limits, or outside a run)."""
+    source = _context.get()
+    limits = None if source is None else source.engine.usage_limits
+    if source is None or limits is None:
+        return True, None
+    engine = source.engine
+    left = limits.remaining(engine.usage, engine.requests, engine.tool_calls)
+    return left is not None, left
+
+
+def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunContext[Any]:
+    """The context of the run of ``engine`` as it is now, in ``call`` (or outside one)."""
+    retry = 0 if call is None else engine.tool_failures(call.name)
+    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry)
+
+
+def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
+    """``check_deps`` for the deps types a run's tools and instructions function name
+    (instructions are asked at every model call: refused before the first, not
+    mid-run)."""
+    declared = [(f"tool {t.name}", t.deps_type) for t in tools]
+    if callable(instructions):
+        declared.append(("the instructions function", deps_type_of(instructions)))
+    check_deps(deps, declared)
 
 
 def reset_run_context(token: contextvars.Token[Any]) -> None:

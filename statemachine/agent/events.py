@@ -25,6 +25,7 @@ from statemachine.errors import (
     OutputInvalidError,
     RunNotDoneError,
     StepEndedError,
+    ToolRetriesExceededError,
     TurnLimitExceededError,
     UsageLimitExceededError,
 )
@@ -206,6 +207,7 @@ _ERROR_TYPES: dict[TurnState, type[RunNotDoneError]] = {
     TurnState.TURN_LIMIT_EXCEEDED: TurnLimitExceededError,
     TurnState.USAGE_LIMIT_EXCEEDED: UsageLimitExceededError,
     TurnState.OUTPUT_INVALID: OutputInvalidError,
+    TurnState.TOOL_RETRIES_EXCEEDED: ToolRetriesExceededError,
     TurnState.FAILED: ModelFailedError,
     TurnState.AWAITING_USER: AwaitingUserError,
 }
@@ -223,6 +225,11 @@ def run_error(state: State, explanation: str) -> RunNotDoneError | None:
 
 OutputT = TypeVar("OutputT", default=Any)
 """The type of ``RunResult.output``: the run's ``output_type`` (``Any`` when unsaid)."""
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @attrs.frozen
@@ -257,9 +264,13 @@ class RunResult(Generic[OutputT]):
         return self.messages[self.given :]
 
     usage: Usage = attrs.field(factory=Usage, repr=False)
-    output: OutputT | None = None
     """The usage the provider reported on this run's responses, summed (a resumed run's
     includes what it used before it was suspended; ``turns`` is its request count)."""
+    # A text agent's output is its final text, which a long run makes long: repr() shows
+    # its start only.
+    output: OutputT | None = attrs.field(default=None, repr=_short_repr)
+    """The run's output once it is ``Done``: the validated value of its ``output_type``
+    (``None`` otherwise)."""
 
     @property
     def ok(self) -> bool:

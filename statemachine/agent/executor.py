@@ -54,7 +54,7 @@ from statemachine.core.events import (
 )
 from statemachine.core.messages import AssistantMessage, ToolCall
 from statemachine.core.tools import ToolOutput
-from statemachine.errors import ModelOutputError, ToolOutputError
+from statemachine.errors import ModelOutputError, ModelRetry, ToolOutputError
 
 _T = TypeVar("_T")
 
@@ -352,6 +352,10 @@ class AsyncioExecutor:
             return ToolOutput("CancelledError raised by the tool", is_error=True)
         if isinstance(exc, _TimedOutError):
             return ToolOutput(str(exc), is_error=True)
+        if isinstance(exc, ModelRetry) and not aborted:
+            # asked, not failed: the model reads the message and calls again (rule 14)
+            log.info("tool_retry", call_id=call.id, tool=call.name)
+            return ToolOutput(str(exc) or "Try again.", is_error=True, retry=True)
         log.info("tool_raised", call_id=call.id, tool=call.name, error=describe(exc))
         self.loop.note_failure(exc, f"tool {call.name}")
         if aborted:

@@ -30,12 +30,12 @@ import inspect
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import CodeType
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
 import attrs
 
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import AssistantMessage, Message
+from statemachine.core.messages import AssistantMessage, Message, freeze_json, thaw_json
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -95,13 +95,55 @@ def _stop_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+REASONING_EFFORTS: Final = ("minimal", "low", "medium", "high")
+"""The values of ``ModelSettings.reasoning_effort`` (OpenAI's ``reasoning_effort``)."""
+
+
+def _headers(value: Any) -> Any:
+    if value is None:
+        return None
+    pairs = tuple(value.items()) if isinstance(value, Mapping) else value  # or evolve()'s
+    if not isinstance(pairs, tuple) or not all(
+        isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in pairs
+    ):
+        raise InvalidInputError("ModelSettings.extra_headers must map header names to strings")
+    return pairs
+
+
+def _one_of(*allowed: object) -> Any:
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and (type(value), value) not in {(type(a), a) for a in allowed}:
+            names = ", ".join(map(repr, allowed))
+            raise InvalidInputError(
+                f"ModelSettings.{attribute.name} must be one of {names}, got {value!r:.40}"
+            )
+
+    return check
+
+
+def _extra_body(value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidInputError("ModelSettings.extra_body must be a JSON object (a dict)")
+    try:
+        return freeze_json(dict(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"ModelSettings.extra_body must be JSON: {exc}") from None
+
+
 @attrs.frozen(kw_only=True)
 class ModelSettings:
-    """Sampling settings of a model call; ``None`` leaves the client's own setting.
+    """Settings of a model call; ``None`` leaves the client's own setting.
 
     Given to ``Agent`` they apply to its every run; given to a run they override the
     agent's field by field (``merged``). A client sends only those it declares in
-    ``supported_settings``; any other set field refuses the run before a model call.
+    ``supported_settings``; any other set field refuses the run before a model call,
+    naming it. Beside sampling (``temperature``, ``max_tokens``, ``top_p``, ``stop``):
+    ``seed``, ``presence_penalty`` and ``frequency_penalty`` (OpenAI Chat, Gemini),
+    ``parallel_tool_calls`` and ``reasoning_effort`` (OpenAI Chat and Responses),
+    ``timeout`` in seconds and ``extra_headers`` (OpenAI Chat), ``extra_body`` (fields
+    merged into the request: OpenAI Chat and Responses).
     """
 
     temperature: float | None = attrs.field(
@@ -112,10 +154,33 @@ class ModelSettings:
         default=None, validator=_optional_number((int, float), 0.0, 1.0)
     )
     stop: tuple[str, ...] | None = attrs.field(default=None, converter=_stop_tuple, validator=_stop)
+    seed: int | None = attrs.field(default=None, validator=_optional_number(int, -(2**63), None))
+    presence_penalty: float | None = attrs.field(
+        default=None, validator=_optional_number((int, float), -2.0, 2.0)
+    )
+    frequency_penalty: float | None = attrs.field(
+        default=None, validator=_optional_number((int, float), -2.0, 2.0)
+    )
+    parallel_tool_calls: bool | None = attrs.field(default=None, validator=_one_of(True, False))
+    reasoning_effort: str | None = attrs.field(default=None, validator=_one_of(*REASONING_EFFORTS))
+    timeout: float | None = attrs.field(
+        default=None, validator=_optional_number((int, float), 0.001, None)
+    )
+    # Frozen: headers as (name, value) pairs, the body as frozen JSON (set_fields thaws).
+    extra_headers: tuple[tuple[str, str], ...] | None = attrs.field(
+        default=None, converter=_headers
+    )
+    extra_body: Any = attrs.field(default=None, converter=_extra_body, hash=False)
 
     def set_fields(self) -> dict[str, Any]:
-        """The fields that are set (not ``None``), by name."""
-        return {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
+        """The fields that are set (not ``None``), by name (``extra_headers`` and
+        ``extra_body`` as dicts)."""
+        fields = {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
+        if "extra_headers" in fields:
+            fields["extra_headers"] = dict(fields["extra_headers"])
+        if "extra_body" in fields:
+            fields["extra_body"] = thaw_json(fields["extra_body"])
+        return fields
 
     def merged(self, override: ModelSettings | None) -> ModelSettings:
         """These settings, with every field that ``override`` sets taken from it."""

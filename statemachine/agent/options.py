@@ -48,7 +48,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelSettings
 from statemachine.agent.model_call import Instructions, check_instructions
-from statemachine.agent.output import OutputMode
+from statemachine.agent.output import OutputMode, OutputType
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool, check_tools
@@ -91,10 +91,10 @@ class AgentOptions(TypedDict, Generic[OutputT], total=False):
     usage_limits: UsageLimits | None
     """Requests and tokens the run may spend, checked before each further model call
     (a run that reached one ends ``UsageLimitExceeded``)."""
-    output_type: type[OutputT] | Mapping[str, Any] | None
+    output_type: OutputType[OutputT]
     """The type of the run's structured answer (``RunResult.output``): a dataclass, an
-    attrs class, a ``TypedDict``, a pydantic model, or a JSON Schema
-    (``statemachine.agent.output``)."""
+    attrs class, a ``TypedDict``, a pydantic model, several types (a list or a union),
+    or a JSON Schema (``statemachine.agent.output``)."""
     output_retries: int
     """Invalid answers to ``output_type`` the model is asked to correct (default 1)."""
     output_mode: OutputMode
@@ -205,7 +205,7 @@ class Options:
     model_settings: ModelSettings | None = attrs.field(default=None, validator=_model_settings)
     max_turns: int = attrs.field(default=DEFAULT_MAX_TURNS, validator=_max_turns)
     usage_limits: UsageLimits | None = attrs.field(default=None, validator=_usage_limits)
-    output_type: type[Any] | Mapping[str, Any] | None = None
+    output_type: Any = None  # OutputType, or Validated (an Agent's validators)
     output_retries: int = DEFAULT_OUTPUT_RETRIES  # checked with the type (compile_output)
     output_mode: OutputMode = "auto"
     before_tool_call: BeforeToolCall | None = None

@@ -55,7 +55,12 @@ from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.output import OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
-from statemachine.errors import InvalidInputError, SnapshotError, UsageError
+from statemachine.errors import (
+    InvalidInputError,
+    OutputTypeChangedError,
+    SnapshotError,
+    UsageError,
+)
 
 __all__ = ["resume_agent", "resume_agent_sync", "resume_run"]
 
@@ -109,7 +114,16 @@ def _output_spec(engine: Engine, output_type: object, output_retries: int) -> Ou
     output = compile_output(output_type, output_retries)
     if output is None:
         return engine.output
-    return attrs.evolve(output.spec, native=engine.output is not None and engine.output.native)
+    shown = engine.output
+    if shown is not None and shown.definition.schema_dict() != output.spec.definition.schema_dict():
+        # The model answered (or will answer) the schema it was shown: judging it by
+        # another, or converting its output to another type, would be wrong either way.
+        raise OutputTypeChangedError(
+            "output_type: its JSON Schema is not the one the suspended run showed the "
+            "model; resume with the output type the run was started with, or without "
+            "output_type for the validated JSON"
+        )
+    return attrs.evolve(output.spec, native=shown is not None and shown.native)
 
 
 def _may_run(

@@ -25,7 +25,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar, Unpack
 
-from statemachine.agent.context import RunContext, check_deps, reset_run_context, run_context
+from statemachine.agent.context import (
+    RunContext,
+    check_run_deps,
+    engine_context,
+    reset_run_context,
+    run_context,
+)
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
@@ -33,7 +39,7 @@ from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
-from statemachine.agent.output import Output, compile_output
+from statemachine.agent.output import Output, budget_options, compile_output, run_output
 from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
@@ -41,7 +47,6 @@ from statemachine.agent.tools import check_tools, scheduling_of
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
-from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import Message, UserMessage
 from statemachine.core.table import BASE_TABLE, Table, TurnState
 from statemachine.errors import InvalidInputError, UsageError
@@ -80,7 +85,7 @@ def _checked_model(model: ModelClient | str, options: Options) -> tuple[ModelCli
     settings = options.model_settings or _NO_SETTINGS
     if options.instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
         check_settings(client, settings, options.instructions is not None)
-    check_deps(options.deps, [(f"tool {t.name}", t.deps_type) for t in options.tools])
+    check_run_deps(options.deps, options.tools, options.instructions)
     return client, settings
 
 
@@ -120,7 +125,8 @@ class AgentRun(Generic[OutputT]):
             tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=opts.max_turns,
-            **_when_set(opts.usage_limits, output, check_steps(opts.steps)),
+            **budget_options(opts.usage_limits, output, opts.tools),
+            **_table_option(check_steps(opts.steps)),
             check_permissions=opts.before_tool_call is not None,
             check_continue=opts.should_continue is not None,
             scheduling=scheduling_of(opts.tools),
@@ -358,32 +364,25 @@ class AgentRun(Generic[OutputT]):
             snapshot=engine.snapshot() if state is TurnState.AWAITING_USER else None,
             given=self._given,
             usage=engine.usage,
-            output=self._output.value(result_messages, engine.output_call)
-            if self._output is not None and state is TurnState.DONE
+            output=run_output(self._output, result_messages, engine.output_call)
+            if state is TurnState.DONE
             else None,
         )
 
 
 def _context(engine: Engine, deps: object) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now."""
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, current_tool_call())
+    return engine_context(engine, deps, current_tool_call())
 
 
 def _nothing_to_remove() -> None:
     """No signal was given, so no listener was added."""
 
 
-def _when_set(usage_limits: UsageLimits | None, output: Output | None, t: Table) -> dict[str, Any]:
-    """The engine options of a run's budget and steps, given only when set (so that an
-    ``engine_factory`` written before them still works for runs without them)."""
-    options: dict[str, Any] = {}
-    if check_usage_limits(usage_limits) is not None:
-        options["usage_limits"] = usage_limits
-    if output is not None:
-        options["output"] = output.spec
-    if t is not BASE_TABLE:
-        options["table"] = t
-    return options
+def _table_option(table: Table) -> dict[str, Any]:
+    """The run's table, given only for a run with steps (so that an ``engine_factory``
+    written before steps still works for runs without them)."""
+    return {} if table is BASE_TABLE else {"table": table}
 
 
 ExecutorFactory = Callable[..., Executor]

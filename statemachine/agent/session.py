@@ -71,6 +71,7 @@ __all__ = [
     "check_session_id",
     "resume_in_session",
     "run_in_session",
+    "session_history_only",
 ]
 
 DEFAULT_HISTORY_LIMIT = 200
@@ -364,3 +365,12 @@ async def resume_in_session(
     finally:
         _release(checked)
     return result
+
+
+def session_history_only(message_history: Sequence[Message]) -> None:
+    """Refuse a ``message_history`` beside a session (``InvalidInputError``)."""
+    if message_history:
+        raise InvalidInputError(
+            "give message_history or session, not both: a session run starts from the "
+            "session's history"
+        )

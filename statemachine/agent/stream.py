@@ -23,13 +23,16 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Generic
 
 import attrs
 
 from statemachine.agent.events import (
     EventsDropped,
     MessageAdded,
+    OutputT,
     RunEvent,
+    RunResult,
     RunReturned,
     RunStarted,
     RunStats,
@@ -49,7 +52,11 @@ from statemachine.core.table import RETURNS_TO_CALLER, TurnState
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import InvalidInputError
 
-__all__ = ["DEFAULT_MAX_BUFFERED_EVENTS", "EventStream"]
+if TYPE_CHECKING:
+    from statemachine.agent.run import AgentRun
+    from statemachine.agent.session import SessionTurn
+
+__all__ = ["DEFAULT_MAX_BUFFERED_EVENTS", "EventStream", "StreamedRun"]
 
 DEFAULT_MAX_BUFFERED_EVENTS = 10_000
 """Unread events one subscriber may hold before the droppable ones are dropped."""
@@ -304,3 +311,38 @@ class _Subscriber:
                 yield EventsDropped(item[0]) if isinstance(item, list) else item
         finally:
             leave(self)
+
+
+class StreamedRun(Generic[OutputT]):
+    """A run being streamed (``Agent.run_stream``): its events, its text, its result."""
+
+    def __init__(self, run: AgentRun[OutputT], given: int, turn: SessionTurn | None = None) -> None:
+        self.run = run
+        self._given = given
+        self._turn = turn  # the run's turn in a session (statemachine.sessions), if any
+        # Subscribed before the run starts, so it sees it all; the text deltas are never
+        # dropped for lag (the answer's text is held by the run anyway), so
+        # stream_text() read late is still the whole text.
+        self._events = run._stream.subscribe(keep=(TextDelta,))
+        self.task: asyncio.Task[RunResult[OutputT]] = asyncio.ensure_future(run.run())
+
+    def __aiter__(self) -> AsyncIterator[RunEvent]:
+        return self._events
+
+    async def stream_text(self) -> AsyncIterator[str]:
+        """The answer's text fragments as they arrive (``TextDelta`` events): every
+        fragment, however far this reader lags (the other progress events may be
+        dropped for a lagging reader, ``EventsDropped``; the text never is)."""
+        async for event in self._events:
+            if isinstance(event, TextDelta):
+                yield event.text
+
+    async def result(self) -> RunResult[OutputT]:
+        """How the run returned (waits for it); stored in the run's session, if any."""
+        try:
+            result = attrs.evolve(await self.task, given=self._given)
+        except BaseException:
+            if self._turn is not None:
+                self._turn.release()
+            raise
+        return result if self._turn is None else await self._turn.keep(result)

@@ -24,7 +24,8 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Union, overload
 
 import attrs
@@ -39,6 +40,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import (
+    DEFAULT_TOOL_RETRIES,
     ResourceKeys,
     Scheduling,
     ToolDefinition,
@@ -49,7 +51,12 @@ from statemachine.core.tools import (
 )
 from statemachine.errors import InvalidInputError, UsageError, WireFormatError
 
-__all__ = ["Tool", "check_tools", "scheduling_of", "tool", "tool_output_from"]
+__all__ = ["Tool", "check_tools", "retries_of", "scheduling_of", "tool", "tool_output_from"]
+
+
+def _retries(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"retries must be an integer >= 0, got {value!r:.40}")
 
 
 @attrs.frozen
@@ -60,6 +67,10 @@ class Tool:
     ``sequential`` and ``resources`` say how its calls may run concurrently (see
     ``Scheduling``); ``timeout`` (seconds) gives a call that runs longer a "timed out"
     error result, after its signal fired and its cleanup had a grace period.
+    ``retries`` is how many retry requests in a row (the tool raised ``ModelRetry``)
+    the run allows before it ends ``ToolRetriesExceeded`` (default
+    ``DEFAULT_TOOL_RETRIES``, 1; rule 14 of ``core/table.py``); the tool reads the
+    attempt number as ``RunContext.retry``.
     """
 
     definition: ToolDefinition = attrs.field(validator=attrs.validators.instance_of(ToolDefinition))
@@ -67,6 +78,7 @@ class Tool:
     sequential: bool = attrs.field(default=False, kw_only=True)
     resources: ResourceKeys | None = attrs.field(default=None, kw_only=True)
     timeout: float | None = attrs.field(default=None, kw_only=True, validator=check_timeout)
+    retries: int = attrs.field(default=DEFAULT_TOOL_RETRIES, kw_only=True, validator=_retries)
     # The deps type its function's RunContext[T] parameter names (None: any or none).
     deps_type: Any = attrs.field(default=None, kw_only=True)
 
@@ -84,6 +96,18 @@ def scheduling_of(tools: Sequence[Tool]) -> dict[str, Scheduling]:
     run beside everything (the default) is left out, as the engine treats it the same,
     so that most runs hold no scheduling of their own."""
     return {t.name: t.scheduling for t in tools if t.sequential or t.resources is not None}
+
+
+def retries_of(tools: Sequence[Tool]) -> Mapping[str, int]:
+    """The budgets of retry requests in a row that are not the engine's default, for
+    the engine (rule 14): usually none; else one read-only mapping shared by every run
+    of the same tools, so a waiting run holds no dict of its own for it."""
+    return _budgets(tuple((t.name, t.retries) for t in tools if t.retries != DEFAULT_TOOL_RETRIES))
+
+
+@functools.lru_cache(maxsize=256)
+def _budgets(pairs: tuple[tuple[str, int], ...]) -> Mapping[str, int]:
+    return MappingProxyType(dict(pairs))
 
 
 # -- @tool: a Tool from a typed function -------------------------------------------------------
@@ -283,6 +307,7 @@ def tool(
     sequential: bool = False,
     resources: ResourceKeys | None = None,
     timeout: float | None = None,
+    retries: int = DEFAULT_TOOL_RETRIES,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -295,6 +320,7 @@ def tool(
     sequential: bool = False,
     resources: ResourceKeys | None = None,
     timeout: float | None = None,
+    retries: int = DEFAULT_TOOL_RETRIES,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Build a ``Tool`` from a typed function, async or sync.
 
@@ -313,14 +339,20 @@ def tool(
     are), or any JSON data (dicts, lists, numbers, booleans, ``None``, dataclasses,
     attrs classes, pydantic models, enums), which becomes its JSON text; raising an
     exception gives the model an error result with the exception's text. See
-    ``statemachine.agent.signature`` for the exact rules. ``sequential``, ``resources``
-    and ``timeout`` are passed to ``Tool``.
+    ``statemachine.agent.signature`` for the exact rules. ``sequential``, ``resources``,
+    ``timeout`` and ``retries`` are passed to ``Tool``; raising ``ModelRetry`` asks the
+    model to call again (a retry request, counted against ``retries``).
 
     A ``functools.partial`` of such a function is a tool too, named and described by
     the function; the arguments it binds are the application's: they are not shown to
     the model, which cannot override them.
     """
-    options = {"sequential": sequential, "resources": resources, "timeout": timeout}
+    options = {
+        "sequential": sequential,
+        "resources": resources,
+        "timeout": timeout,
+        "retries": retries,
+    }
     if fn is not None:
         return _build_tool(fn, name, description, options)
     return lambda f: _build_tool(f, name, description, options)

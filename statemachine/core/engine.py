@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final, NoReturn, Self
 
 import attrs
@@ -86,10 +87,12 @@ from statemachine.core.messages import (
     AssistantMessage,
     Message,
     StopReason,
+    TextContent,
     ToolCall,
     Usage,
     UserMessage,
     checked_result,
+    thaw_json,
 )
 from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec, check_output
 from statemachine.core.queue import InputQueue
@@ -117,7 +120,14 @@ from statemachine.core.table import (
     rows_from,
     triggers_from,
 )
-from statemachine.core.tools import Scheduling, ToolDefinition, validate_arguments
+from statemachine.core.tools import (
+    DEFAULT_TOOL_RETRIES,
+    Scheduling,
+    ToolDefinition,
+    ToolOutput,
+    check_tool_retries,
+    validate_arguments,
+)
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.errors import EngineInvariantError, ProtocolError
 
@@ -159,6 +169,7 @@ changes, so ``engine.guard_holds`` still gives the values the engine decided on.
 Give it as ``Engine(transition_hook=...)`` or set ``engine.transition_hook``."""
 
 _NO_USAGE: Final = Usage()  # immutable: every engine starts from this one zero
+_NO_RETRIES: Final[Mapping[str, int]] = MappingProxyType({})  # no budgets, no failures
 
 _GUARD_METHOD: Final = {guard: f"_guard_{guard.value}" for guard in Guard}
 _ENTRY_METHOD: Final[dict[State, str]] = {state: f"_enter_{state.value}" for state in TurnState}
@@ -219,6 +230,8 @@ class Engine:
     max_turns: int
     usage_limits: UsageLimits | None
     output: OutputSpec | None  # the final-result tool and its retries (rule 13)
+    # the tools whose budget of retry requests in a row is not the default (rule 14)
+    tool_retries: Mapping[str, int] = _NO_RETRIES
     check_permissions: bool
     check_continue: bool
     run_id: str
@@ -242,6 +255,10 @@ class Engine:
     _state: State
     turns: int
     usage: Usage  # what the provider reported on this run's responses, summed
+    delegated_requests: int = 0  # model calls of sub-agents whose usage joined the run's
+    tool_calls: int = 0  # tool calls started, for UsageLimits.tool_calls
+    _tool_failures: Mapping[str, int] = _NO_RETRIES  # retry requests in a row, per tool
+    _retries_spent: tuple[str, str] | None = None  # (tool, its last message) past budget
     abort_reason: str | None = None
     _abort_context: str = ""  # where the abort found the run, for the explanation
     _abandoned: tuple[str, ...] = ()  # operations the driver gave up on, still running
@@ -276,6 +293,7 @@ class Engine:
         logger: Any = None,
         transition_hook: TransitionHook | None = None,
         table: Table = BASE_TABLE,
+        tool_retries: Mapping[str, int] | None = None,
     ) -> None:
         positive_int("max_turns", max_turns)
         checked = check_tool_definitions(tools)
@@ -294,6 +312,11 @@ class Engine:
             initial=INITIAL,
             table=table,
         )
+        if tool_retries:
+            # A read-only mapping (the driver shares one among runs) is kept as it is.
+            if not isinstance(tool_retries, MappingProxyType):
+                tool_retries = MappingProxyType(check_tool_retries(tool_retries))
+            self.tool_retries = tool_retries
 
     def _setup(
         self,
@@ -375,6 +398,12 @@ class Engine:
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def requests(self) -> int:
+        """The model calls the usage limits count: this run's turns and the calls of
+        the sub-agents whose usage joined it."""
+        return self.turns + self.delegated_requests
 
     @property
     def messages(self) -> HistoryView:
@@ -526,6 +555,11 @@ class Engine:
             slot = self._batch.by_id[event.call_id]  # there: _check_payload made sure
             call, output = slot.call, event.output
             slot.result = checked_result(call.id, call.name, output.content, output.is_error)
+            if output.usage is not None or output.requests:  # a sub-agent's, joining (limits)
+                self.usage = self.usage + (output.usage or _NO_USAGE)
+                self.delegated_requests += output.requests
+            if output.retry or call.name in self._tool_failures:
+                self._count_retry(call.name, output)
             slot.status = DONE
             if state is S.COLLECTING_RESULTS and len(self._batch.slots) > 1:
                 self._start_runnable()  # the calls this one held back (a lone call held none)
@@ -750,13 +784,19 @@ class Engine:
 
     def _guard_usage_limit_reached(self) -> bool:
         limits = self.usage_limits
-        return limits is not None and limits.reached(self.usage, self.turns) is not None
+        return (
+            limits is not None
+            and limits.reached(self.usage, self.requests, self.tool_calls) is not None
+        )
 
     def _guard_output_missing(self) -> bool:
         return self.output is not None and self.output_call is None
 
     def _guard_output_accepted(self) -> bool:
         return self.output_call is not None
+
+    def _guard_tool_retries_exhausted(self) -> bool:
+        return self._retries_spent is not None
 
     def _guard_output_retries_exhausted(self) -> bool:
         return self.output is not None and self._output_failures > self.output.retries
@@ -786,6 +826,8 @@ class Engine:
                 self._resolve_output(slot, refusal)
                 refused = True
                 continue
+            if refusal is None:
+                refusal = self._over_tool_call_limit()
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
                 refused = True
@@ -799,8 +841,46 @@ class Engine:
         if refused:
             self._flush()  # the refusals that are next in call order
 
+    def _over_tool_call_limit(self) -> str | None:
+        """Why a valid call is not run: the run's tool-call limit is reached (else it
+        counts, and ``None``)."""
+        limit = None if self.usage_limits is None else self.usage_limits.tool_calls
+        if limit is not None and self.tool_calls >= limit:
+            return f"Tool call not run: the run's tool_calls limit ({limit}) is reached."
+        if limit is not None:  # counted only where a limit reads it
+            self.tool_calls += 1
+        return None
+
+    def _count_retry(self, tool: str, output: ToolOutput) -> None:
+        """Count a retry request of ``tool`` (rule 14): in a row, against its budget."""
+        failures = dict(self._tool_failures)
+        if not output.retry:
+            if tool not in failures:
+                return
+            del failures[tool]
+        else:
+            failures[tool] = failures.get(tool, 0) + 1
+            if failures[tool] > self.retry_budget(tool) and self._retries_spent is None:
+                text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
+                self._retries_spent = (tool, text)
+        self._tool_failures = failures
+
+    def retry_budget(self, tool: str) -> int:
+        """How many retry requests in a row ``tool`` may make (rule 14)."""
+        return self.tool_retries.get(tool, DEFAULT_TOOL_RETRIES)
+
+    def tool_failures(self, tool: str) -> int:
+        """The retry requests ``tool`` made in a row so far (rule 14)."""
+        return self._tool_failures.get(tool, 0)
+
     def _resolve_output(self, slot: CallSlot, refusal: str | None) -> None:
         """A final-result call, answered by the engine itself (rule 13)."""
+        assert self.output is not None  # only a run with an output has the tool
+        if refusal is None and self.output_call is None:
+            # the type's own judgement, once the schema holds (core/output.py)
+            problem = self.output.judged(thaw_json(slot.call.arguments))
+            if problem is not None:
+                refusal = f"Invalid final result for {slot.call.name}: {problem}"
         if refusal is not None:
             self._output_failures += 1
             self._output_error = refusal
@@ -919,13 +999,18 @@ class Engine:
 
     def _enter_UsageLimitExceeded(self, source: State) -> None:
         assert self.usage_limits is not None  # the guard that leads here says so
-        reached = self.usage_limits.reached(self.usage, self.turns)
+        reached = self.usage_limits.reached(self.usage, self.requests, self.tool_calls)
         assert reached is not None
         slots = self._batch.slots
         last_result = slots[-1].result if slots else None
         self._finish(
             explain.usage_limit(reached, self.usage, self.turns, last_result, len(self._queue))
         )
+
+    def _enter_ToolRetriesExceeded(self, source: State) -> None:
+        assert self._retries_spent is not None  # the guard that leads here says so
+        tool, message = self._retries_spent
+        self._finish(explain.tool_retries(tool, self.retry_budget(tool), message))
 
     def _enter_OutputInvalid(self, source: State) -> None:
         assert self.output is not None  # the guard that leads here says so
@@ -1062,6 +1147,8 @@ class Engine:
         fields["_batch"] = self._batch.copy()
         fields["_queue"] = self._queue.copy()
         fields["_actions"] = list(self._actions)
+        if "_tool_failures" in fields:  # set only once a tool asked for a retry
+            fields["_tool_failures"] = dict(self._tool_failures)
         for name in fields.keys() - _DECLARED:  # a subclass's own attributes
             value = fields[name]
             if type(value) in (list, dict, set):
@@ -1085,6 +1172,10 @@ class Engine:
             self.check_permissions,
             self.check_continue,
             self.usage,
+            self.delegated_requests,
+            self.tool_calls,
+            tuple(sorted(self._tool_failures.items())),
+            self._retries_spent,
             self.abort_reason,
             self._abort_context,
             self._abandoned,
@@ -1200,6 +1291,7 @@ CONFIGURATION: Final = frozenset(
         "max_turns",
         "usage_limits",
         "output",
+        "tool_retries",
         "check_permissions",
         "check_continue",
         "run_id",

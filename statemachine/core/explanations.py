@@ -23,6 +23,7 @@ __all__ = [
     "output_invalid",
     "sentence",
     "stopped_by_hook",
+    "tool_retries",
     "turn_limit",
     "usage_limit",
     "waiting_for_approval",
@@ -149,6 +150,16 @@ def output_invalid(retries: int, failures: int, error: str | None) -> str:
         f"Stopped: the model gave no valid final result in {failures} attempt(s) "
         f"(output_retries={retries}). {last} Run again with a clearer task or "
         "instructions, or a larger output_retries."
+    )
+
+
+def tool_retries(tool: str, budget: int, message: str) -> str:
+    """A tool asked for a retry more often in a row than its budget allows."""
+    last = sentence(f"Its last message: {_short(message or '(none)')}")
+    return (
+        f"Stopped: the tool {tool} asked the model to try again {budget + 1} time(s) in a "
+        f"row (retries={budget}). {last} Give the tool a larger retries, or the model "
+        "clearer instructions."
     )
 
 

@@ -378,6 +378,11 @@ class UserMessage:
     def __init__(self, content: Any) -> None:
         _set(self, "content", _blocks(content, _USER_BLOCKS, "user message"))
 
+    @property
+    def text(self) -> str:
+        """All text blocks joined by newlines (images excluded)."""
+        return "\n".join(b.text for b in self.content if isinstance(b, TextContent))
+
 
 @attrs.frozen(init=False)
 class AssistantMessage:

@@ -18,13 +18,24 @@ text is a JSON object that validates is the output (``output_call`` is then
 not parse or validate is ``output_missing``, one failed attempt, and the next model
 call is preceded by a user message naming the problems. A native run's model may
 still call the run's other tools; only its final answer is judged.
+
+**The type's own judgement** (``check``): arguments (or a native text) that match the
+schema are then given to ``check``, the driver's validation by the output type itself
+(a pydantic model's validators, a dataclass's ``__post_init__``, an output validator
+that asks for a retry); a problem it names is one failed attempt like a schema
+violation, through the same rows. The check is code, not data: a snapshot does not
+hold it, and a run restored without one judges by the schema alone.
+
+**Text** (``text=True``, tool mode only): an output type that admits plain text
+(``str | Model``) accepts a final text answer as the output (``TEXT_OUTPUT``), and
+offers the tool for the rest.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeAlias
 
 import attrs
 
@@ -37,6 +48,7 @@ __all__ = [
     "OUTPUT_ACCEPTED",
     "OUTPUT_TOOL",
     "TEXT_OUTPUT",
+    "OutputCheck",
     "OutputSpec",
     "parse_text_output",
 ]
@@ -63,6 +75,11 @@ _DESCRIPTION: Final = (
 )
 
 
+OutputCheck: TypeAlias = Callable[[Any], "str | None"]
+"""``check(value)``: why a value that matches the schema is still not the output
+(``None``: it is). Must not raise."""
+
+
 def _retries(instance: OutputSpec, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInputError(f"output_retries must be an integer >= 0, got {value!r:.40}")
@@ -77,6 +94,9 @@ class OutputSpec:
     definition: ToolDefinition
     retries: int = attrs.field(default=DEFAULT_OUTPUT_RETRIES, validator=_retries)
     native: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    text: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # code, not data: left out of equality and of snapshots (module docstring)
+    check: OutputCheck | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
     def of(
@@ -85,6 +105,8 @@ class OutputSpec:
         *,
         retries: int = DEFAULT_OUTPUT_RETRIES,
         native: bool = False,
+        text: bool = False,
+        check: OutputCheck | None = None,
     ) -> OutputSpec:
         """The spec for an object JSON Schema (``InvalidInputError`` naming
         ``output_type`` for anything else)."""
@@ -97,7 +119,7 @@ class OutputSpec:
             definition = ToolDefinition(OUTPUT_TOOL, _DESCRIPTION, dict(schema))
         except InvalidInputError as exc:
             raise InvalidInputError(f"output_type: {exc}") from None
-        return cls(definition, retries, native)
+        return cls(definition, retries, native, text and not native, check)
 
     @property
     def name(self) -> str:
@@ -111,12 +133,11 @@ class OutputSpec:
     def accepts(self, message: AssistantMessage) -> bool:
         """True if ``message`` is a final answer whose text is the output (native mode
         only: a tool-mode output comes in a call)."""
-        return (
-            self.native
-            and not message.tool_calls
-            and message.stop_reason not in (StopReason.ERROR, StopReason.ABORTED)
-            and not self.text_problems(message.text)
-        )
+        if message.tool_calls or message.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
+            return False
+        if self.text:
+            return True
+        return self.native and not self.text_problems(message.text)
 
     def text_problems(self, text: str) -> list[str]:
         """Why ``text`` is not the output: it is not JSON, not an object, or each
@@ -128,7 +149,14 @@ class OutputSpec:
         if not isinstance(value, dict):
             return [f"the final text is a JSON {type(value).__name__}, not an object"]
         problems = validate_arguments(self.definition, value)
-        return [p.replace("arguments", "output", 1) for p in problems]
+        if problems:
+            return [p.replace("arguments", "output", 1) for p in problems]
+        problem = self.judged(value)
+        return [] if problem is None else [problem]
+
+    def judged(self, value: Any) -> str | None:
+        """Why ``value``, which matches the schema, is still not the output (``check``)."""
+        return None if self.check is None else self.check(value)
 
     def missed(self, message: AssistantMessage) -> str:
         """Why the final answer ``message`` gave no output (a failed attempt)."""
@@ -156,22 +184,24 @@ class OutputSpec:
         data: dict[str, Any] = {"schema": self.definition.schema_dict(), "retries": self.retries}
         if self.native:  # absent for the tool, as in what was written before native mode
             data["native"] = True
+        if self.text:  # likewise absent unless the output admits text
+            data["text"] = True
         return data
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> OutputSpec:
         if not isinstance(data, Mapping) or not (
-            {"schema", "retries"} <= set(data) <= {"schema", "retries", "native"}
+            {"schema", "retries"} <= set(data) <= {"schema", "retries", "native", "text"}
         ):
             raise InvalidInputError(f"{path}: expected an object with schema and retries")
         retries = data["retries"]
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise InvalidInputError(f"{path}.retries: expected an integer >= 0")
-        native = data.get("native", False)
-        if not isinstance(native, bool):
-            raise InvalidInputError(f"{path}.native: expected a boolean")
+        native, text = data.get("native", False), data.get("text", False)
+        if not isinstance(native, bool) or not isinstance(text, bool):
+            raise InvalidInputError(f"{path}.native and .text: expected booleans")
         try:
-            return cls.of(data["schema"], retries=retries, native=native)
+            return cls.of(data["schema"], retries=retries, native=native, text=text)
         except InvalidInputError as exc:
             raise InvalidInputError(f"{path}.schema: {exc}") from None
 

@@ -65,7 +65,7 @@ from statemachine.core.table import (
     Trigger,
     TurnState,
 )
-from statemachine.core.tools import Scheduling, ToolDefinition
+from statemachine.core.tools import Scheduling, ToolDefinition, check_tool_retries
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.core.wire import (
     block_from_dict,
@@ -139,6 +139,9 @@ def write(engine: Engine) -> dict[str, Any]:
         "checkContinue": engine.check_continue,
         "turns": engine.turns,
         "usage": usage_to_dict(engine.usage),
+        **({"delegatedRequests": engine.delegated_requests} if engine.delegated_requests else {}),
+        **({"toolCalls": engine.tool_calls} if engine.tool_calls else {}),
+        **_retries_to_dict(engine),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
             for d in engine.tools
@@ -267,6 +270,39 @@ def _load(
     _load_progress(engine, data)
 
 
+def _retries_to_dict(engine: Engine) -> dict[str, Any]:
+    """The retry budgets and counts (rule 14), only where a tool has a budget."""
+    if not engine.tool_retries and not engine._tool_failures:
+        return {}
+    spent = engine._retries_spent
+    return {
+        "toolRetries": dict(engine.tool_retries),
+        "toolFailures": dict(engine._tool_failures),
+        "retriesSpent": None if spent is None else list(spent),
+    }
+
+
+def _retries_from(engine: Engine, data: Mapping[str, Any]) -> None:
+    p = "snapshot"
+    if "toolRetries" not in data:  # no tool had a budget (or written before budgets)
+        return
+    budgets, failures = (
+        obj(data["toolRetries"], f"{p}.toolRetries"),
+        obj(data.get("toolFailures", {}), f"{p}.toolFailures"),
+    )
+    try:
+        engine.tool_retries = check_tool_retries(budgets)
+        engine._tool_failures = check_tool_retries(failures)
+    except InvalidInputError as exc:
+        raise SnapshotError(f"{p}: {exc}") from None
+    spent = data.get("retriesSpent")
+    if spent is None:
+        return
+    if not isinstance(spent, list) or [type(s) for s in spent] != [str, str]:
+        raise SnapshotError(f"{p}.retriesSpent: expected [tool, message] or null")
+    engine._retries_spent = (spent[0], spent[1])
+
+
 def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
     """The fields a run changes as it goes: counters, batch, queues, flags, the log."""
     p = "snapshot"
@@ -278,6 +314,11 @@ def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
         engine._output_remind = boolean(data, "outputRemind", p)
     if "usage" in data:  # absent from snapshots written before usage was counted
         engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
+    if "delegatedRequests" in data:  # written only once a sub-agent's usage joined
+        engine.delegated_requests = integer(data, "delegatedRequests", p, minimum=0)
+    if "toolCalls" in data:  # written only once a tool-call limit counted one
+        engine.tool_calls = integer(data, "toolCalls", p, minimum=0)
+    _retries_from(engine, data)
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
@@ -563,6 +604,11 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "checkContinue",
         "turns",
         "usage",
+        "delegatedRequests",
+        "toolCalls",
+        "toolRetries",
+        "toolFailures",
+        "retriesSpent",
         "tools",
         "messages",
         "batch",

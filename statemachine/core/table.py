@@ -67,6 +67,11 @@ the tool executions it triggers::
      (rule 13); the model has given what the run asked for, so no limit matters (they
      forbid a *further* call, and none is needed). After a denial and a stop, which
      are a person's and the hook's own decisions.
+   - ``tool_retries_exhausted`` -> ``ToolRetriesExceeded``: a tool asked the model to
+     try again (a retry request, rule 14) more often in a row than its budget allows.
+     After a valid final result (the run has what it asked for) and before the output
+     retries and the limits: it names the tool that cannot be satisfied, the more
+     specific reason, and another call would only spend more.
    - ``output_retries_exhausted`` -> ``OutputInvalid``: the model failed to give a
      valid final result once more than ``retries`` allows (rule 13). Before the limits:
      it is the more specific reason, and calling again would only spend more.
@@ -103,7 +108,8 @@ the tool executions it triggers::
 10. **A model that fails** (an exception from ``complete``) ends the run ``Failed``
     with an assistant message of stop reason ``error``; the engine does not retry.
 11. **Terminal states absorb every event (I4):** ``Done``, ``Aborted``,
-    ``TurnLimitExceeded``, ``UsageLimitExceeded``, ``OutputInvalid`` and ``Failed``
+    ``TurnLimitExceeded``, ``UsageLimitExceeded``, ``OutputInvalid``,
+    ``ToolRetriesExceeded`` and ``Failed``
     accept any event and change nothing, so a late report from a straggling task can
     never corrupt a finished run. Each carries an explanation a person can read.
     Input still queued when a run ends is not dropped: it is reported with the result.
@@ -126,7 +132,14 @@ the tool executions it triggers::
     is the output, so ``output_missing`` does not hold and the final answer ends the
     run ``Done``; any other final text is ``output_missing``, one failed attempt,
     answered with a message naming the problems.
-14. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
+14. **Retry requests.** A tool's result may be a *retry request* (the tool raised
+    ``ModelRetry``: the model should call it again, differently): an error result like
+    any other (rule 5), counted for its tool. The count is of requests in a row: a
+    result of the tool that is not one starts it again. A tool whose count passes its
+    budget (``tool_retries``; ``DEFAULT_TOOL_RETRIES``, 1, for a tool not named) ends the run
+    ``ToolRetriesExceeded`` at the turn boundary (rule 7), naming the tool and its last
+    message; a model cannot loop on a tool that keeps refusing it.
+15. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
     ``TRANSITIONS``: a run with steps interprets a ``Table`` of these rows with some
     redirected into the steps' states (``DeclaredState``) and the steps' own rows
     (``step_decided``, guarded by ``OutcomeIs``). A step runs only where no tool call
@@ -215,6 +228,7 @@ class TurnState(enum.StrEnum):
     FAILED = "Failed"
     USAGE_LIMIT_EXCEEDED = "UsageLimitExceeded"
     OUTPUT_INVALID = "OutputInvalid"
+    TOOL_RETRIES_EXCEEDED = "ToolRetriesExceeded"
 
     @property
     def is_terminal(self) -> bool:
@@ -269,6 +283,7 @@ class Guard(enum.StrEnum):
     OUTPUT_MISSING = "output_missing"
     OUTPUT_ACCEPTED = "output_accepted"
     OUTPUT_RETRIES_EXHAUSTED = "output_retries_exhausted"
+    TOOL_RETRIES_EXHAUSTED = "tool_retries_exhausted"
     NOTHING_OUTSTANDING = "nothing_outstanding"
 
 
@@ -399,7 +414,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     # -- the turn boundary: queued input, the should_continue hook, limits -------------------
     # Order matters: a policy denial wins (a person must hear of it whatever else
     # holds), then a stop asked by should_continue, then a valid final result, then
-    # the output retries, then the turn limit, then the usage limits (rule 7 says why).
+    # a tool's retries, the output retries, then the turn limit, then the usage limits
+    # (rule 7 says why).
     Transition(S.TURN_BOUNDARY, T.CONTINUE_DECIDED, S.TURN_BOUNDARY, None,
                "should_continue answered"),
     _queue(S.TURN_BOUNDARY),
@@ -409,6 +425,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "should_continue said stop"),
     Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.DONE, G.OUTPUT_ACCEPTED,
                "a valid final result was given"),
+    Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.TOOL_RETRIES_EXCEEDED, G.TOOL_RETRIES_EXHAUSTED,
+               "a tool's retries are spent"),
     Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.OUTPUT_INVALID, G.OUTPUT_RETRIES_EXHAUSTED,
                "no valid final result within the retries"),
     Transition(S.TURN_BOUNDARY, T.NEXT_TURN, S.TURN_LIMIT_EXCEEDED, G.TURN_LIMIT_REACHED,
@@ -445,7 +463,15 @@ INITIAL: TurnState = S.READY
 the diagrams read a table's start from its first row."""
 
 TERMINAL: frozenset[TurnState] = frozenset(
-    {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.FAILED, S.USAGE_LIMIT_EXCEEDED, S.OUTPUT_INVALID}
+    {
+        S.DONE,
+        S.ABORTED,
+        S.TURN_LIMIT_EXCEEDED,
+        S.FAILED,
+        S.USAGE_LIMIT_EXCEEDED,
+        S.OUTPUT_INVALID,
+        S.TOOL_RETRIES_EXCEEDED,
+    }
 )
 """States that end a run."""
 
@@ -492,6 +518,7 @@ STATE_DOCS: Mapping[TurnState, str] = {
         "a usage limit (requests or tokens) was reached with work still asked for"
     ),
     S.OUTPUT_INVALID: "the model gave no valid final result within the output retries",
+    S.TOOL_RETRIES_EXCEEDED: "a tool asked for a retry more often in a row than its budget",
 }
 
 TRIGGER_DOCS: Mapping[Trigger, str] = {

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 import jsonschema
@@ -35,6 +35,7 @@ from statemachine.core.messages import (
     ImageContent,
     TextContent,
     ToolResultContent,
+    Usage,
     _validate,
     freeze_json,
     thaw_json,
@@ -42,12 +43,14 @@ from statemachine.core.messages import (
 from statemachine.errors import InvalidInputError, WireFormatError
 
 __all__ = [
+    "DEFAULT_TOOL_RETRIES",
     "ResourceKeys",
     "Scheduling",
     "ToolDefinition",
     "ToolExecute",
     "ToolOutput",
     "ToolReturn",
+    "check_tool_retries",
     "validate_arguments",
 ]
 
@@ -346,6 +349,28 @@ def _output_content(value: Any) -> tuple[ToolResultContent, ...]:
     return blocks
 
 
+DEFAULT_TOOL_RETRIES: Final = 1
+"""How many retry requests in a row a tool may make before the run ends
+``ToolRetriesExceeded`` (``Tool(retries=...)``; rule 14 of ``core/table.py``)."""
+
+
+def check_tool_retries(value: Mapping[str, int]) -> dict[str, int]:
+    """``value`` (tool name -> retry budget) checked: each budget an integer >= 0."""
+    if not isinstance(value, Mapping):
+        raise InvalidInputError("tool_retries must map tool names to integers >= 0")
+    for name, budget in value.items():
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidInputError(
+                f"tool_retries[{name!r:.40}] must be an integer >= 0, got {budget!r:.40}"
+            )
+    return dict(value)
+
+
+def _requests(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"ToolOutput.requests must be an integer >= 0, got {value!r:.40}")
+
+
 @attrs.frozen(init=False)
 class ToolOutput:
     """What a tool may return when it wants to say more than a string: content blocks
@@ -353,11 +378,32 @@ class ToolOutput:
 
     content: tuple[ToolResultContent, ...] = attrs.field(converter=_output_content)
     is_error: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    # What the tool spent on the run's behalf (a sub-agent's model calls and tokens):
+    # it joins the run's usage and counts against its usage limits (core/limits.py).
+    usage: Usage | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(Usage)),
+        kw_only=True,
+    )
+    requests: int = attrs.field(default=0, validator=_requests, kw_only=True)
+    # The tool asked the model to try again (it raised ModelRetry): an error result
+    # counted against the tool's retry budget (rule 14 of core/table.py).
+    retry: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool), kw_only=True
+    )
 
     # Its own __init__, as the messages write theirs (core/messages.py): one is made per
     # tool call, and a str, the usual output, is wrapped on one type test; anything
     # else goes through the field's converter and validator, so the same errors.
-    def __init__(self, content: Any, is_error: bool = False) -> None:
+    def __init__(
+        self,
+        content: Any,
+        is_error: bool = False,
+        *,
+        usage: Usage | None = None,
+        requests: int = 0,
+        retry: bool = False,
+    ) -> None:
         if content.__class__ is str:
             _set(self, "content", (TextContent(content),))
         else:
@@ -365,6 +411,13 @@ class ToolOutput:
         _set(self, "is_error", is_error)
         if is_error.__class__ is not bool:
             _validate(ToolOutput, "is_error", self, is_error)
+        _set(self, "usage", usage)
+        _set(self, "requests", requests)
+        _set(self, "retry", retry)
+        if usage is not None or requests != 0 or retry is not False:  # the usual output
+            _validate(ToolOutput, "usage", self, usage)
+            _validate(ToolOutput, "requests", self, requests)
+            _validate(ToolOutput, "retry", self, retry)
 
 
 _set = object.__setattr__

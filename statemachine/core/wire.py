@@ -345,14 +345,36 @@ def tool_definition_from_dict(d: Any, path: str = "tool") -> ToolDefinition:
 
 
 def tool_output_to_dict(output: ToolOutput) -> dict[str, Any]:
-    """``{"content": [<blocks>], "isError": bool}``."""
-    return {"content": [block_to_dict(b) for b in output.content], "isError": output.is_error}
+    """``{"content": [<blocks>], "isError": bool}``, with ``"usage"`` and ``"requests"``
+    when the tool spent some (a sub-agent's)."""
+    out = {"content": [block_to_dict(b) for b in output.content], "isError": output.is_error}
+    if output.usage is not None:
+        out["usage"] = usage_to_dict(output.usage)
+    if output.requests:
+        out["requests"] = output.requests
+    if output.retry:
+        out["retry"] = True
+    return out
+
+
+_OUTPUT_KEYS: Final = frozenset({"content", "isError"})
 
 
 def tool_output_from_dict(value: Any, path: str = "output") -> ToolOutput:
     """Parse ``tool_output_to_dict``'s shape (text and image blocks only)."""
-    if not _is_mapping(value) or set(value) != {"content", "isError"}:
+    if not _is_mapping(value) or not (
+        _OUTPUT_KEYS <= set(value) <= _OUTPUT_KEYS | {"usage", "requests", "retry"}
+    ):
         raise WireFormatError(f"{path}: expected an object with keys 'content' and 'isError'")
+    usage = None
+    if "usage" in value:
+        usage = usage_from_dict(value["usage"], f"{path}.usage")
+    requests = value.get("requests", 0)
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0:
+        raise _fail(f"{path}.requests", "an integer >= 0", requests)
+    retry = value.get("retry", False)
+    if not isinstance(retry, bool):
+        raise _fail(f"{path}.retry", "a boolean", retry)
     content = value["content"]
     if not isinstance(content, list):
         raise _fail(f"{path}.content", "an array", content)
@@ -361,7 +383,9 @@ def tool_output_from_dict(value: Any, path: str = "output") -> ToolOutput:
     blocks = [
         block_from_dict(b, ("text", "image"), f"{path}.content[{i}]") for i, b in enumerate(content)
     ]
-    return ToolOutput(tuple(blocks), is_error=value["isError"])
+    return ToolOutput(
+        tuple(blocks), is_error=value["isError"], usage=usage, requests=requests, retry=retry
+    )
 
 
 def scheduling_to_dict(scheduling: Scheduling) -> dict[str, bool]:

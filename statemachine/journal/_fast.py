@@ -135,7 +135,7 @@ _SET_CALL = setters(ToolCall, "id", "name", "arguments", "parse_error")
 _SET_USAGE = setters(Usage, "input", "output", "cache_read", "cache_write", "total_tokens", "cost")
 _SET_ASSISTANT = setters(AssistantMessage, "content", "stop_reason", "error_message", "usage")
 (_SET_USER,) = setters(UserMessage, "content")
-_SET_OUTPUT = setters(ToolOutput, "content", "is_error")
+_SET_OUTPUT = setters(ToolOutput, "content", "is_error", "usage", "requests", "retry")
 
 
 def _fast_text(block: dict[str, Any]) -> TextContent:
@@ -297,9 +297,14 @@ def _fast_output(value: Any) -> ToolOutput:
     if type(is_error) is not bool:
         raise NotFastError
     out = new(ToolOutput)
-    set_content, set_is_error = _SET_OUTPUT
+    set_content, set_is_error, set_usage, set_requests, set_retry = _SET_OUTPUT
     set_content(out, _fast_blocks(value["content"], _RESULT_BLOCKS))
     set_is_error(out, is_error)
+    # an output with usage (a sub-agent's) or a retry request has more keys: the exact
+    # reader's
+    set_usage(out, None)
+    set_requests(out, 0)
+    set_retry(out, False)
     return out
 
 

@@ -25,7 +25,7 @@ from statemachine.core.messages import AssistantMessage, Message
 from statemachine.core.output import OutputSpec
 from statemachine.core.steps import table_from_data, table_to_data
 from statemachine.core.table import Table
-from statemachine.core.tools import Scheduling, ToolDefinition
+from statemachine.core.tools import Scheduling, ToolDefinition, check_tool_retries
 from statemachine.core.wire import (
     message_from_dict,
     messages_to_dicts,
@@ -153,12 +153,22 @@ def _decode_table(value: Any, path: str) -> Table:
         raise WireFormatError(str(exc)) from None
 
 
+def _decode_tool_retries(value: Any, path: str) -> dict[str, int] | None:
+    if value is None:
+        return None
+    try:
+        return check_tool_retries(value)
+    except InvalidInputError as exc:
+        raise WireFormatError(f"{path}: {exc}") from None
+
+
 _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "table": (table_to_data, _decode_table),  # a team's steps, as their declarations
     "check_continue": (lambda v: v, _decode_flag),
     "usage_limits": (_encode_usage_limits, _decode_usage_limits),
     "output": (_encode_output, _decode_output),
+    "tool_retries": (lambda v: None if v is None else dict(v), _decode_tool_retries),
 }
 _HEADER_KEYS: Final = frozenset(
     {"format", "version", "runId", "maxTurns", "checkPermissions", "tools", "messages", "options"}

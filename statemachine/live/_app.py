@@ -431,11 +431,9 @@ class LiveApp:
         self._make_room()
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
-        options = self.agent._options(self.deps, None, None)
+        model, options = self.agent._run_options(self.deps, None, None)
         try:
-            run: AgentRun = AgentRun(
-                model=self.agent.model, messages=messages, options=options, run_id=run_id
-            )
+            run: AgentRun = AgentRun(model=model, messages=messages, options=options, run_id=run_id)
         except InvalidInputError as exc:
             raise _HttpError(422, "input", str(exc)) from None
         live = _LiveRun(run, request.thread_id)
@@ -474,10 +472,8 @@ class LiveApp:
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
         try:
-            options = self.agent._options(self.deps, None, None)
-            run: AgentRun = resume_run(
-                result, model=self.agent.model, options=options, approvals=decided
-            )
+            model, options = self.agent._run_options(self.deps, None, None)
+            run: AgentRun = resume_run(result, model=model, options=options, approvals=decided)
         except (InvalidInputError, UsageError) as exc:
             raise _HttpError(422, "input", str(exc)) from None
         resumed = _LiveRun(run, live.thread_id)

@@ -473,7 +473,17 @@ class GeminiModel(ModelAdapter):
         }
 
     accepts_instructions = True
-    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+    supported_settings = frozenset(
+        {
+            "temperature",
+            "max_tokens",
+            "top_p",
+            "stop",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+        }
+    )
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as ``system_instruction`` (instead of the adapter's
@@ -495,6 +505,9 @@ class GeminiModel(ModelAdapter):
             config["top_p"] = settings.top_p
         if settings.stop is not None:
             config["stop_sequences"] = list(settings.stop)
+        for name in ("seed", "presence_penalty", "frequency_penalty"):  # same names
+            if getattr(settings, name) is not None:
+                config[name] = getattr(settings, name)
         return {**body, "config": config}
 
     async def _open(self, body: dict[str, Any]) -> Any:

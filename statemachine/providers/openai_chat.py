@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar, Unpack, cast
 
 from statemachine.providers._errors import missing_extra
@@ -436,6 +437,10 @@ def _is_adapter_system(entry: dict[str, Any], system: str | None) -> bool:
 _MENTIONS_STREAMING = re.compile(r"stream", re.IGNORECASE)
 
 
+# Settings that are not body fields: extra_body merges into it, the rest are options.
+_REQUEST_OPTIONS = {"extra_body": "", "timeout": "timeout", "extra_headers": "headers"}
+
+
 class OpenAIChatModel(ModelAdapter):
     """A ``ModelClient`` for OpenAI Chat Completions and compatible servers.
 
@@ -527,7 +532,11 @@ class OpenAIChatModel(ModelAdapter):
         return self._shared_fields(body)
 
     accepts_instructions = True
-    supported_settings = frozenset({"temperature", "max_tokens", "top_p", "stop"})
+    supported_settings = frozenset(
+        {"temperature", "max_tokens", "top_p", "stop", "seed", "presence_penalty"}
+        | {"frequency_penalty", "parallel_tool_calls", "reasoning_effort", "extra_body"}
+        | {"timeout", "extra_headers"}  # sent as the request's options, not its body
+    )
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as the first ``system`` message (instead of the
@@ -544,22 +553,21 @@ class OpenAIChatModel(ModelAdapter):
         body.update(options.settings.set_fields())
         if "stop" in body:
             body["stop"] = list(body["stop"])
+        if "tools" not in body:  # the API refuses parallel_tool_calls without tools
+            body.pop("parallel_tool_calls", None)
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:
         # Posted with our own response models (see the module docstring) instead of
         # chat.completions.create, whose models refuse what compatible servers send.
-        payload = {k: v for k, v in body.items() if k != "extra_body"}
+        payload = {k: v for k, v in body.items() if k not in _REQUEST_OPTIONS}
         payload.update(body.get("extra_body") or {})
-        client = cast(Any, self._client)
+        options = {_REQUEST_OPTIONS[k]: body[k] for k in ("timeout", "extra_headers") if k in body}
+        post = partial(cast(Any, self._client).post, "/chat/completions", options=options)
         if not body["stream"]:
-            return await client.post("/chat/completions", body=payload, cast_to=_Completion)
-        opened = await client.post(
-            "/chat/completions",
-            body=payload,
-            cast_to=_Chunk,
-            stream=True,
-            stream_cls=openai.AsyncStream[_Chunk],
+            return await post(body=payload, cast_to=_Completion)
+        opened = await post(
+            body=payload, cast_to=_Chunk, stream=True, stream_cls=openai.AsyncStream[_Chunk]
         )
         content_type = str(opened.response.headers.get("content-type", "")).lower()
         if "json" in content_type:

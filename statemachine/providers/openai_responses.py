@@ -483,7 +483,16 @@ class OpenAIResponsesModel(ModelAdapter):
 
     accepts_instructions = True
     # The Responses API has no stop sequences.
-    supported_settings = frozenset({"temperature", "max_tokens", "top_p"})
+    supported_settings = frozenset(
+        {
+            "temperature",
+            "max_tokens",
+            "top_p",
+            "parallel_tool_calls",
+            "reasoning_effort",
+            "extra_body",
+        }
+    )
 
     native_output = True
 
@@ -505,6 +514,14 @@ class OpenAIResponsesModel(ModelAdapter):
             body["max_output_tokens"] = settings.max_tokens
         if settings.top_p is not None:
             body["top_p"] = settings.top_p
+        if settings.parallel_tool_calls is not None and "tools" in body:
+            body["parallel_tool_calls"] = settings.parallel_tool_calls
+        if settings.reasoning_effort is not None:
+            body["reasoning"] = {
+                **(body.get("reasoning") or {}),
+                "effort": settings.reasoning_effort,
+            }
+        body.update(settings.set_fields().get("extra_body", {}))
         return body
 
     async def _open(self, body: dict[str, Any]) -> Any:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from statemachine.core.invariants import Violation
 from statemachine.testing.bridge import bridge_loop as bridge_loop
 from statemachine.testing.clock import IdleSkippingLoop
-from statemachine.testing.models import FunctionModel, Request, ScriptedModel
+from statemachine.testing.models import FunctionModel, Request, ScriptedModel, TestModel
 from statemachine.testing.properties import (
     PROPERTIES,
     PROPERTY_TITLES,
@@ -136,6 +136,7 @@ __all__ = [
     "Scripted",
     "ScriptedCall",
     "ScriptedModel",
+    "TestModel",
     "ToolBehaviour",
     "TranscriptFormat",
     "Violation",

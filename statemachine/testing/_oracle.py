@@ -60,7 +60,15 @@ Holds = Callable[[Guard | OutcomeIs], bool]
 """The value of a named guard at the moment a trigger fires."""
 
 ENDS: frozenset[TurnState] = frozenset(
-    {S.DONE, S.ABORTED, S.TURN_LIMIT_EXCEEDED, S.USAGE_LIMIT_EXCEEDED, S.OUTPUT_INVALID, S.FAILED}
+    {
+        S.DONE,
+        S.ABORTED,
+        S.TURN_LIMIT_EXCEEDED,
+        S.USAGE_LIMIT_EXCEEDED,
+        S.OUTPUT_INVALID,
+        S.TOOL_RETRIES_EXCEEDED,
+        S.FAILED,
+    }
 )
 """Rule 11: the states that end a run and absorb every further event."""
 
@@ -179,14 +187,18 @@ def _results_complete(source: TurnState, holds: Holds) -> Expected | None:
 def _next_turn(source: TurnState, holds: Holds) -> Expected | None:
     if source is not S.TURN_BOUNDARY:
         return None
-    # Rule 7, in its stated order: a denial, a stop, a final result, the output retries,
-    # the turn limit, the usage limits, else the next call.
+    # Rule 7, in its stated order: a denial, a stop, a final result, a tool's retries,
+    # the output retries, the turn limit, the usage limits, else the next call.
     if holds(G.DENIED_BY_POLICY):
         return Expected(S.AWAITING_USER, "rule 7: a policy denial wins; a person must hear of it")
     if holds(G.STOP_REQUESTED):
         return Expected(S.DONE, "rule 7: should_continue asked to stop")
     if holds(G.OUTPUT_ACCEPTED):
         return Expected(S.DONE, "rule 7: a valid final result ends the run; no call is needed")
+    if holds(G.TOOL_RETRIES_EXHAUSTED):
+        return Expected(
+            S.TOOL_RETRIES_EXCEEDED, "rule 7: a tool asked for retries past its budget (rule 14)"
+        )
     if holds(G.OUTPUT_RETRIES_EXHAUSTED):
         return Expected(S.OUTPUT_INVALID, "rule 7: the output retries are spent (rule 13)")
     if holds(G.TURN_LIMIT_REACHED):

@@ -64,6 +64,10 @@ UNKNOWN_CALL = "no-such-call"
 FIRST_MESSAGE = UserMessage("use the tools")
 OK_OUTPUT = ToolOutput("done")
 ERROR_OUTPUT = ToolOutput("Error: it broke", is_error=True)
+# A retry request (the tool raised ModelRetry), offered where the tool has a retry
+# budget: with a budget of one, the second in a row ends the run ToolRetriesExceeded.
+RETRY_OUTPUT = ToolOutput("Try again with a shorter text", is_error=True, retry=True)
+TOOL_RETRIES: Mapping[str, int] = {TOOL.name: 1}
 
 CallKind = Literal["ok", "unknown", "invalid", "final_ok", "final_bad"]
 
@@ -95,6 +99,8 @@ def _short(value: object) -> str:
         return ",".join(f"{k}:{v}" for k, v in fields.items())
     if isinstance(value, Table):
         return ", ".join(f"{s.name}({s.point})" for s in value.steps) or "the base table"
+    if isinstance(value, Mapping):  # tool retry budgets: short, for a terminal line
+        return ",".join(f"{k}:{v}" for k, v in value.items())
     if isinstance(value, OutputSpec):
         mode = ", native" if value.native else ""
         return f"{value.name}(retries:{value.retries}{mode})"
@@ -134,6 +140,7 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config(
         {"output": NATIVE_OUTPUT, "check_continue": True}, call_kinds=("ok",), texts=NATIVE_TEXTS
     ),
+    Config({"tool_retries": TOOL_RETRIES, "check_continue": True}, max_calls=2),
 )
 
 
@@ -265,7 +272,9 @@ EVENT_SOURCES: dict[Trigger, EventSource] = {
         for d in (ToolDenied(i, "policy forbids it"), ToolDenied(i, "try another", True))
     ],
     T.TOOL_FINISHED: lambda e, b: [
-        ToolFinished(i, out) for i in _call_ids(e) for out in (OK_OUTPUT, ERROR_OUTPUT)
+        ToolFinished(i, out)
+        for i in _call_ids(e)
+        for out in (OK_OUTPUT, ERROR_OUTPUT, *((RETRY_OUTPUT,) if e.tool_retries else ()))
     ],
     T.TOOL_CANCELLED: lambda e, b: [ToolCancelled(i) for i in _call_ids(e)],
     T.ABORT: lambda e, b: [AbortRequested("the user pressed stop")],

@@ -1,4 +1,5 @@
-"""Fake models for your own tests: ``ScriptedModel`` and ``FunctionModel``.
+"""Fake models for your own tests: ``ScriptedModel``, ``FunctionModel`` and
+``TestModel`` (which needs no script: it calls every tool, then fills a valid output).
 
 Both are ``ModelClient``s that need no network and no account, and both record what
 they were sent, so a test can check the context the loop built as well as the run's
@@ -47,11 +48,29 @@ import attrs
 
 from statemachine.agent.model import CallOptions, ModelSettings, declares_options
 from statemachine.core.abort import AbortSignal
-from statemachine.core.messages import AssistantMessage, Message, StopReason, TextContent, ToolCall
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from statemachine.core.output import OUTPUT_TOOL
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import UsageError
 
-__all__ = ["FunctionModel", "ModelFunction", "Request", "Response", "ScriptedModel", "Step"]
+__all__ = [
+    "FunctionModel",
+    "ModelFunction",
+    "Request",
+    "Response",
+    "ScriptedModel",
+    "Step",
+    "TestModel",
+    "schema_value",
+]
 
 Response: TypeAlias = (
     AssistantMessage | str | ToolCall | Sequence[ToolCall | TextContent] | BaseException
@@ -280,3 +299,166 @@ class FunctionModel(_Recording):
         if inspect.isawaitable(response):
             response = await response
         return self._streamed(as_message(response), options)
+
+
+class TestModel(_Recording):
+    """A model that needs no script: it calls every tool it is offered once, with
+    arguments made from each tool's JSON Schema, then gives a valid output made from
+    the output's schema (as PydanticAI's ``TestModel``), so a test exercises an agent's
+    tools and output type end to end.
+
+    The first call of a run (no answer of its own since the last user message) calls
+    the tools (``call_tools``: ``"all"``, or the names to call; the final-result tool
+    never); the next gives the output: a ``final_result`` call with
+    ``custom_output_args`` or arguments made from its schema, or, without that tool, a
+    text: ``custom_output_text``, the JSON of a native output's schema, or the JSON of
+    the tools' results by tool name (``"success (no tool calls)"`` without any).
+
+    Values from a schema: its ``const`` or first ``enum`` value, the first ``anyOf`` or
+    ``oneOf`` member that is not null, every property of an object, one item of an array
+    (or ``minItems``), ``"a"`` strings of ``minLength``, numbers at their ``minimum``
+    (0 without one); ``$ref``\\ s into ``$defs`` are followed. A validator of the output
+    type that refuses such a value is a failed attempt, as with any model.
+    """
+
+    __test__ = False  # a fake model, not a test class pytest should collect
+
+    def __init__(
+        self,
+        *,
+        call_tools: str | Sequence[str] = "all",
+        custom_output_text: str | None = None,
+        custom_output_args: Mapping[str, Any] | None = None,
+        record: bool = True,
+        stream: bool = False,
+        native_output: bool = False,
+    ) -> None:
+        if call_tools != "all" and (isinstance(call_tools, str) or not _all_str(call_tools)):
+            raise UsageError('TestModel: call_tools is "all" or a list of tool names')
+        super().__init__(record, stream, native_output)
+        self._call_tools = call_tools
+        self._text = custom_output_text
+        self._args = custom_output_args
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
+    ) -> AssistantMessage:
+        self._record(messages, tools, options)
+        return self._streamed(self._answer(messages, tools, options), options)
+
+    def _answer(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        options: CallOptions | None,
+    ) -> AssistantMessage:
+        callable_tools = [
+            t
+            for t in tools
+            if t.name != OUTPUT_TOOL and (self._call_tools == "all" or t.name in self._call_tools)
+        ]
+        if callable_tools and _first_call(messages):
+            calls = [
+                ToolCall(f"test-{i}", t.name, schema_value(t.schema_dict()))
+                for i, t in enumerate(callable_tools, 1)
+            ]
+            return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
+        output = next((t for t in tools if t.name == OUTPUT_TOOL), None)
+        if output is not None:
+            arguments = self._args if self._args is not None else schema_value(output.schema_dict())
+            call = ToolCall(f"test-out-{len(messages)}", OUTPUT_TOOL, arguments)
+            return AssistantMessage([call], stop_reason=StopReason.TOOL_USE)
+        if self._text is not None:
+            return AssistantMessage(self._text)
+        schema = options.output_schema if options is not None else None
+        if schema is not None:
+            value = self._args if self._args is not None else schema_value(schema)
+            return AssistantMessage(json.dumps(value))
+        return AssistantMessage(_results_text(messages))
+
+
+def _all_str(names: Sequence[object]) -> bool:
+    return all(isinstance(name, str) for name in names)
+
+
+def _first_call(messages: Sequence[Message]) -> bool:
+    """Whether no answer of the model follows the last user message."""
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            return False
+        if isinstance(message, UserMessage):
+            return True
+    return True
+
+
+def _results_text(messages: Sequence[Message]) -> str:
+    """The JSON of the tool results since the last user message, by tool name."""
+    results: dict[str, str] = {}
+    for message in reversed(messages):
+        if isinstance(message, UserMessage):
+            break
+        if isinstance(message, ToolResultMessage):
+            results.setdefault(message.tool_name, message.text)
+    if not results:
+        return "success (no tool calls)"
+    return json.dumps(dict(reversed(results.items())))
+
+
+_MAX_SCHEMA_DEPTH = 32
+"""How deep ``schema_value`` follows nested schemas ($refs included) before it gives
+``None`` (a recursive schema would otherwise never end)."""
+
+
+def schema_value(schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> Any:
+    """A value valid for the JSON Schema ``schema`` (``TestModel``'s rules), following
+    ``$ref``\\ s into ``root``'s ``$defs`` (``root``: ``schema`` itself by default)."""
+    return _value(schema, schema if root is None else root, 0)
+
+
+def _value(schema: Any, root: Mapping[str, Any], depth: int) -> Any:
+    if depth > _MAX_SCHEMA_DEPTH or not isinstance(schema, Mapping):
+        return None
+    deeper = depth + 1
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, Mapping) else None
+        return _value(target, root, deeper)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            chosen = next((o for o in options if _type_of(o) != "null"), options[0])
+            return _value(chosen, root, deeper)
+    kind = _type_of(schema)
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: _value(sub, root, deeper) for name, sub in properties.items()}
+    if kind == "array":
+        count = max(1, int(schema.get("minItems", 0)))
+        return [_value(schema.get("items", {}), root, deeper) for _ in range(count)]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", None))
+        value = 0 if low is None else low + (1 if "exclusiveMinimum" in schema else 0)
+        return int(value) if kind == "integer" else float(value)
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return "a" * max(1, int(schema.get("minLength", 1)))
+
+
+def _type_of(schema: Any) -> str | None:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    return kind if isinstance(kind, str) else None

@@ -1,0 +1,174 @@
+"""Retry requests: a tool or an output validator raises ``ModelRetry`` to ask the model
+to try again; a tool's requests in a row are counted against its ``retries``, and the
+run ends ``ToolRetriesExceeded`` past them (rule 14 of the table)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import statemachine as sm
+from statemachine.core.tools import DEFAULT_TOOL_RETRIES
+from statemachine.engine import Engine, ModelResponded, Start, ToolFinished
+from statemachine.testing import ScriptedModel
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def asks(call_id: str, tool: str = "lookup", **arguments: Any) -> sm.AssistantMessage:
+    return sm.AssistantMessage([sm.ToolCall(call_id, tool, arguments)], "toolUse")
+
+
+def results(result: sm.RunResult) -> list[sm.ToolResultMessage]:
+    return [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
+
+
+def test_a_tool_asks_for_a_retry_and_sees_the_attempt_number() -> None:
+    seen: list[int] = []
+
+    @sm.tool
+    def lookup(ctx: sm.RunContext[None], name: str) -> str:
+        """Look a customer up by full name."""
+        seen.append(ctx.retry)
+        if " " not in name:
+            raise sm.ModelRetry(f"No customer {name!r}: give the full name.")
+        return f"{name}: found"
+
+    model = ScriptedModel(asks("c1", name="Ada"), asks("c2", name="Ada Lovelace"), "Found.")
+    result = sm.Agent(model, tools=[lookup]).run_sync("find Ada")
+    assert result.ok
+    assert seen == [0, 1]
+    first = results(result)[0]
+    assert first.is_error
+    assert first.text == "No customer 'Ada': give the full name."
+
+
+def test_a_tool_that_keeps_asking_ends_the_run_past_its_budget() -> None:
+    @sm.tool
+    def lookup(name: str) -> str:
+        """Look a customer up."""
+        raise sm.ModelRetry("Not found, try another spelling.")
+
+    model = ScriptedModel(*[asks(f"c{i}", name="x") for i in range(10)])
+    result = sm.Agent(model, tools=[lookup], max_turns=10).run_sync("find")
+    assert result.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert model.calls == DEFAULT_TOOL_RETRIES + 1
+    assert "lookup" in result.explanation
+    assert "Not found, try another spelling." in result.explanation
+    with pytest.raises(sm.errors.ToolRetriesExceededError, match="lookup"):
+        result.raise_for_state()
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_the_budget_is_the_tools_own(retries: int) -> None:
+    @sm.tool(retries=retries)
+    def lookup(name: str) -> str:
+        """Look a customer up."""
+        raise sm.ModelRetry("again")
+
+    model = ScriptedModel(*[asks(f"c{i}", name="x") for i in range(10)])
+    result = sm.Agent(model, tools=[lookup], max_turns=10).run_sync("find")
+    assert result.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert model.calls == retries + 1
+
+
+def test_a_result_that_is_not_a_retry_request_starts_the_count_again() -> None:
+    answers = iter(["retry", "ok", "retry", "ok", "retry"])
+
+    @sm.tool(retries=1)
+    def lookup(name: str) -> str:
+        """Look a customer up."""
+        if next(answers) == "retry":
+            raise sm.ModelRetry("again")
+        return "found"
+
+    model = ScriptedModel(*[asks(f"c{i}", name="x") for i in range(5)], "done")
+    result = sm.Agent(model, tools=[lookup], max_turns=10).run_sync("find")
+    assert result.ok, result.explanation
+    assert [r.is_error for r in results(result)] == [True, False, True, False, True]
+
+
+def test_an_ordinary_exception_is_not_a_retry_request() -> None:
+    @sm.tool(retries=0)
+    def lookup(name: str) -> str:
+        """Look a customer up."""
+        raise ValueError("broken")
+
+    model = ScriptedModel(asks("c1", name="x"), asks("c2", name="x"), "gave up")
+    result = sm.Agent(model, tools=[lookup]).run_sync("find")
+    assert result.ok
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5])
+def test_a_budget_must_be_an_integer_of_at_least_zero(bad: object) -> None:
+    with pytest.raises(sm.InvalidInputError, match="retries"):
+
+        @sm.tool(retries=bad)  # type: ignore[call-overload, untyped-decorator]
+        def lookup() -> str:
+            """Look."""
+            return ""
+
+
+def test_the_retry_count_survives_a_snapshot() -> None:
+    definition = sm.ToolDefinition("lookup", "", {"type": "object"})
+    engine = Engine(tools=[definition], messages=[sm.UserMessage("go")], tool_retries={"lookup": 1})
+    engine.handle(Start())
+    engine.handle(ModelResponded(asks("c1", name="x")))
+    engine.handle(ToolFinished("c1", sm.ToolOutput("again", is_error=True, retry=True)))
+    assert engine.tool_failures("lookup") == 1
+    # the boundary asks nothing; the engine calls the model: answer, then restore
+    engine.handle(ModelResponded(asks("c2", name="x")))
+    engine.handle(ToolFinished("c2", sm.ToolOutput("again", is_error=True, retry=True)))
+    assert engine.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    restored = Engine.restore(engine.snapshot())
+    assert restored.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert restored.tool_failures("lookup") == 2
+    assert restored.tool_retries == {"lookup": 1}
+
+
+@dataclasses.dataclass
+class Query:
+    sql: str
+
+
+def test_an_output_validator_asks_for_a_retry_within_the_output_retries() -> None:
+    model = ScriptedModel(
+        asks("f1", "final_result", sql="DELETE FROM users"),
+        asks("f2", "final_result", sql="SELECT * FROM users"),
+    )
+    agent = sm.Agent(model, output_type=Query)
+    checked: list[str] = []
+
+    @agent.output_validator
+    def read_only(ctx: sm.RunContext[None], output: Query) -> Query:
+        checked.append(output.sql)
+        if not output.sql.startswith("SELECT"):
+            raise sm.ModelRetry("Only SELECT queries are allowed.")
+        return output
+
+    result = agent.run_sync("users?")
+    assert result.output == Query("SELECT * FROM users")
+    assert checked == ["DELETE FROM users", "SELECT * FROM users"]  # once each
+    assert "Only SELECT queries are allowed." in results(result)[0].text
+
+
+def test_an_output_validator_that_keeps_refusing_ends_output_invalid() -> None:
+    model = ScriptedModel(*[asks(f"f{i}", "final_result", sql="DROP") for i in range(3)])
+
+    def never(output: Query) -> Query:
+        raise sm.ModelRetry("No.")
+
+    agent = sm.Agent(model, output_type=Query, output_retries=1, output_validators=[never])
+    result = agent.run_sync("q")
+    assert result.state is sm.TurnState.OUTPUT_INVALID
+    assert model.calls == 2
+
+
+def test_an_async_output_validator_is_refused_when_given() -> None:
+    async def later(output: Query) -> Query:
+        return output
+
+    with pytest.raises(sm.InvalidInputError, match="sync function"):
+        sm.Agent(ScriptedModel(), output_type=Query, output_validators=[later])
