@@ -436,7 +436,7 @@ async def run_agent(
     ``max_turns``, the hooks, ``instructions``, ``deps``...) are ``NewRunOptions``, each
     documented there.
     """
-    return await AgentRun(model=model, messages=messages, **options).run()
+    return await _run(model, messages, resolve("run_agent", options, NewRunOptions))
 
 
 def run_agent_sync(
@@ -454,6 +454,12 @@ def run_agent_sync(
     thread cannot be interrupted), and the interpreter waits for it when it exits.
     """
     refuse_running_loop("run_agent_sync")
-    return run_sync(
-        run_agent(model=model, messages=messages, **options), options.get("grace_period")
-    )
+    opts = resolve("run_agent_sync", options, NewRunOptions)
+    return run_sync(_run(model, messages, opts), opts.grace_period)
+
+
+async def _run(
+    model: ModelClient | str, messages: Sequence[Message] | str, options: Options
+) -> RunResult[Any]:
+    """A new run of ``options``, built and run on the running event loop."""
+    return await AgentRun(model=model, messages=messages, options=options).run()
