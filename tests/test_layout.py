@@ -15,7 +15,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "statemachine"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
-LONG_BY_DESIGN = {PACKAGE / "core" / n for n in ("table.py", "engine.py", "snapshot.py")}
+# One idea each, read whole: the table, its interpreter, the snapshot of its state, and
+# the one serialised form of every message, event and action (the wire).
+LONG_BY_DESIGN = {PACKAGE / "core" / n for n in ("table.py", "engine.py", "snapshot.py", "wire.py")}
 
 
 def _name(path: Path) -> str:
