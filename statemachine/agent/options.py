@@ -67,6 +67,7 @@ __all__ = [
     "Options",
     "ResumeOptions",
     "RunOptions",
+    "refuse_unknown",
     "resolve",
 ]
 
@@ -233,7 +234,15 @@ def resolve(
     ``where`` takes) is the ``TypeError`` Python would raise."""
     if not given:
         return base
-    unknown = sorted(given.keys() - keys.__optional_keys__)  # type: ignore[attr-defined]
+    refuse_unknown(where, given, keys)
+    return attrs.evolve(base, **given)
+
+
+def refuse_unknown(where: str, given: Mapping[str, Any], keys: type[Mapping[str, Any]]) -> None:
+    """The ``TypeError`` Python raises for a keyword ``where`` does not take, for a
+    keyword in ``given`` that is not one of the ``TypedDict`` ``keys`` (a call that
+    mypy does not check passes it through ``**options``)."""
+    known = keys.__required_keys__ | keys.__optional_keys__  # type: ignore[attr-defined]
+    unknown = sorted(given.keys() - known)
     if unknown:
         raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
-    return attrs.evolve(base, **given)

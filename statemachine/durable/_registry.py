@@ -35,16 +35,21 @@ import hashlib
 import json
 import types
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statemachine._version import __version__
 from statemachine.agent.model_call import check_instructions
+from statemachine.agent.options import DEFAULT_MAX_TURNS, refuse_unknown
 from statemachine.agent.output import compile_output
 from statemachine.agent.tools import Tool
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import thaw_json
 from statemachine.core.table import TRANSITIONS
+from statemachine.durable._inputs import run_spec
 from statemachine.errors import InvalidInputError, UsageError
+
+if TYPE_CHECKING:
+    from statemachine.durable import DurableRunOptions
 
 __all__ = [
     "HOOKS",
@@ -57,6 +62,7 @@ __all__ = [
     "patches_applied",
     "replay_options",
     "run_extras",
+    "run_input",
     "run_options",
     "table_change",
     "table_digest",
@@ -362,6 +368,44 @@ def run_extras(
     if limits is not None:
         extras["usage_limits"] = {f: getattr(limits, f) for f in _LIMITS}
     return extras
+
+
+def run_input(
+    where: str,
+    run_id: str,
+    options: DurableRunOptions,
+    *,
+    models: Collection[str],
+    tools: Collection[str],
+    registry: Mapping[str, Any],
+    output_types: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's input for the runner's method ``where`` (``start``, ``enqueue``): its
+    ``options`` checked against the runner's registry, as ``run_spec`` and
+    ``run_extras`` record them."""
+    from statemachine.durable import DurableRunOptions  # the public module imports this one
+
+    refuse_unknown(where, options, DurableRunOptions)
+    for key in ("model", "messages"):
+        if key not in options:
+            raise TypeError(f"{where}() missing 1 required keyword-only argument: {key!r}")
+    extras = run_extras(
+        registry,
+        output_types,
+        options.get("instructions"),
+        options.get("output_type"),
+        options.get("usage_limits"),
+    )
+    spec = run_spec(
+        run_id,
+        options["model"],
+        options["messages"],
+        options.get("tools"),
+        options.get("max_turns", DEFAULT_MAX_TURNS),
+        models=models,
+        registry_tools=tools,
+    )
+    return spec, extras
 
 
 def unknown_extras(
