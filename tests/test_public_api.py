@@ -31,6 +31,11 @@ TOP_LEVEL = {
     "resume_agent_sync",
     "resume_run",
     "AgentRun",
+    # the options they take, declared once
+    "AgentOptions",
+    "RunOptions",
+    "NewRunOptions",
+    "ResumeOptions",
     "RunResult",
     "RunStats",
     "TurnState",

@@ -1,9 +1,10 @@
 """``Agent``: a model, tools, instructions, hooks and settings, kept for many runs.
 
-An ``Agent`` holds what every run of it repeats; each method builds the keyword
-arguments of the functional form and calls it, so ``Agent.run`` *is* ``run_agent``
-(``run_stream`` builds the same ``AgentRun`` that ``run_agent`` runs, and ``resume``
-calls ``resume_agent``): one code path, one set of checks, one result type.
+An ``Agent`` holds what every run of it repeats, as one record of the run's options
+(``agent.options``, ``statemachine.agent.options``); each method hands that record,
+with the run's own ``deps``, ``model_settings`` and ``signal`` in place, to the same
+``AgentRun`` that ``run_agent`` runs (``resume`` to ``resume_run``): one code path,
+one set of checks, one result type.
 
 Per run: a prompt (a string or a ``UserMessage``) after an optional
 ``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
@@ -101,15 +102,12 @@ class Agent(Generic[DepsT, OutputT]):
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
-    keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
-    ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
-    ``output_type``, ``output_retries``, ``output_mode`` and ``usage_limits`` are
-    checked here, as
-    ``run_agent`` checks them (``InvalidInputError`` naming the argument), and given to
-    every run and every resume of the agent. ``steps`` (``statemachine.steps``) are
-    checked here too and given to every run; ``table`` is the agent's transition
-    table, steps included (what ``statemachine check --agent`` and ``diagram --agent``
-    read).
+    keywords are the options every run of the agent is given (``AgentOptions``), checked
+    here as ``run_agent`` checks them (``InvalidInputError`` naming the argument) and
+    kept in ``options``; ``deps_type``, when given, is checked against the ``deps`` of
+    every run (as a tool's ``RunContext[T]`` is), before any model call. ``table`` is
+    the agent's transition table, steps included (what ``statemachine check --agent``
+    and ``diagram --agent`` read).
     """
 
     def __init__(

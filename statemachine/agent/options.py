@@ -6,7 +6,7 @@ Why two forms. A caller writes keywords: ``run_agent(model=..., messages=...,
 tools=[...], max_turns=8)``, ``Agent(model, instructions=...)``. Those keywords
 are declared here once, as ``TypedDict``s, and every entry point takes them as
 ``**options: Unpack[RunOptions[OutputT]]``: mypy and IDEs still check each
-keyword's name and type at the call (``tests/typing/``), and the reference shows
+keyword's name and type at the call (``tests/test_run_options.py``), and the reference shows
 each option once, with its doc, instead of once per function. Inside the driver a
 dict of keywords is the wrong thing to hand down (nothing says which are set, a
 misspelt key would travel silently, every reader would repeat the defaults), so
