@@ -7,6 +7,7 @@ and sees each refused at run time too, naming the function or the argument."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any, assert_type
 
 import attrs
@@ -14,6 +15,8 @@ import pytest
 
 import statemachine as sm
 from statemachine.agent.options import DEFAULTS, AgentOptions, resolve
+from statemachine.durable import DurableRunner
+from statemachine.durable._registry import run_input
 from statemachine.testing import ScriptedModel
 
 pytestmark = pytest.mark.timeout(30)
@@ -107,3 +110,21 @@ def test_resume_keeps_the_mode_of_the_run_it_resumes() -> None:
         max_turns=4,
     )
     assert resumed.state is sm.TurnState.DONE
+
+
+async def _durable_start_is_typed(runner: DurableRunner) -> None:
+    """Checked by mypy, never run: a durable run's options are typed keywords too."""
+    await runner.start("r", model="m", messages="x", max_turn=3)  # type: ignore[call-arg]
+    await runner.enqueue("r", queue="q", model="m", messages="x", max_turns="8")  # type: ignore[arg-type]
+
+
+def test_a_durable_runs_options_are_checked_before_anything_is_stored() -> None:
+    runner = SimpleNamespace(models={"m": None}, tools={"t": None}, manifest={}, output_types={})
+    with pytest.raises(TypeError, match=r"start\(\) got an unexpected keyword.*'max_turn'"):
+        run_input(runner, "start", "r", {"model": "m", "messages": "x", "max_turn": 3})  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(TypeError, match=r"enqueue\(\) missing .* 'messages'"):
+        run_input(runner, "enqueue", "r", {"model": "m"})  # type: ignore[typeddict-item]
+    with pytest.raises(sm.InvalidInputError, match="unknown tools"):
+        run_input(runner, "start", "r", {"model": "m", "messages": "x", "tools": ["u"]})
+    spec, extras = run_input(runner, "start", "r", {"model": "m", "messages": "x"})
+    assert (spec["model"], spec["tools"], spec["max_turns"], extras) == ("m", ["t"], 8, {})

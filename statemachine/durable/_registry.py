@@ -371,18 +371,11 @@ def run_extras(
 
 
 def run_input(
-    where: str,
-    run_id: str,
-    options: DurableRunOptions,
-    *,
-    models: Collection[str],
-    tools: Collection[str],
-    registry: Mapping[str, Any],
-    output_types: Mapping[str, Any],
+    runner: Any, where: str, run_id: str, options: DurableRunOptions
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A run's input for the runner's method ``where`` (``start``, ``enqueue``): its
-    ``options`` checked against the runner's registry, as ``run_spec`` and
-    ``run_extras`` record them."""
+    """A run's input for the ``runner``'s method ``where`` (``start``, ``enqueue``): its
+    ``options`` checked against the runner's registry (its ``models``, ``tools``,
+    ``manifest`` and ``output_types``), as ``run_spec`` and ``run_extras`` record them."""
     from statemachine.durable import DurableRunOptions  # the public module imports this one
 
     refuse_unknown(where, options, DurableRunOptions)
@@ -390,8 +383,8 @@ def run_input(
         if key not in options:
             raise TypeError(f"{where}() missing 1 required keyword-only argument: {key!r}")
     extras = run_extras(
-        registry,
-        output_types,
+        runner.manifest,
+        runner.output_types,
         options.get("instructions"),
         options.get("output_type"),
         options.get("usage_limits"),
@@ -402,8 +395,8 @@ def run_input(
         options["messages"],
         options.get("tools"),
         options.get("max_turns", DEFAULT_MAX_TURNS),
-        models=models,
-        registry_tools=tools,
+        models=runner.models,
+        registry_tools=runner.tools,
     )
     return spec, extras
 

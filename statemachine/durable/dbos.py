@@ -326,15 +326,7 @@ class DBOSRunner:
 
     def _spec(self, where: str, run_id: str, options: DurableRunOptions) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        spec, extras = run_input(
-            where,
-            run_id,
-            options,
-            models=self.models,
-            tools=self.tools,
-            registry=self.manifest,
-            output_types=self.output_types,
-        )
+        spec, extras = run_input(self, where, run_id, options)
         return {**spec, "code": self.manifest, "table": table_digest(), **extras}
 
     async def handle(self, run_id: str) -> DBOSRunHandle:

@@ -387,15 +387,7 @@ class TemporalRunner:
 
     def _spec(self, where: str, run_id: str, options: DurableRunOptions) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        spec, extras = run_input(
-            where,
-            run_id,
-            options,
-            models=self.models,
-            tools=self.tools,
-            registry=self.manifest,
-            output_types=self.output_types,
-        )
+        spec, extras = run_input(self, where, run_id, options)
         # A client that cannot send instructions is refused as run_agent refuses it.
         check_settings(self.models[spec["model"]], ModelSettings(), "instructions" in extras)
         return {
