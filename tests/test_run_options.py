@@ -128,3 +128,13 @@ def test_a_durable_runs_options_are_checked_before_anything_is_stored() -> None:
         run_input(runner, "start", "r", {"model": "m", "messages": "x", "tools": ["u"]})
     spec, extras = run_input(runner, "start", "r", {"model": "m", "messages": "x"})
     assert (spec["model"], spec["tools"], spec["max_turns"], extras) == ("m", ["t"], 8, {})
+
+
+def test_an_agents_per_run_keywords_are_typed_and_checked() -> None:
+    agent = sm.Agent(ScriptedModel("hi", "hi"), deps_type=City)
+    result = agent.run_sync("x", deps=City("Oslo"), message_history=[])
+    assert result.final_text == "hi"
+    with pytest.raises(TypeError, match=r"run\(\) got an unexpected keyword.*'dep'"):
+        agent.run_sync("x", dep=City("Oslo"))  # type: ignore[call-arg]
+    with pytest.raises(sm.UsageError, match="deps: Agent takes RunContext\\[City\\]"):
+        agent.run_sync("x", deps="Oslo")  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Concatenate, Final, Generic, Unpack, overload
+from typing import Any, Concatenate, Final, Generic, TypedDict, Unpack, overload
 
 import attrs
 from typing_extensions import ParamSpec, TypeVar
@@ -56,7 +56,7 @@ from statemachine.agent.hooks import (
     Deny,
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
-from statemachine.agent.options import AgentOptions, Options, resolve
+from statemachine.agent.options import AgentOptions, Options, refuse_unknown, resolve
 from statemachine.agent.output import (
     OutputValidator,
     Validated,
@@ -90,6 +90,37 @@ __all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
 
 DepsT = TypeVar("DepsT", default=Any)
 """The type of the ``deps`` an agent's runs take (``deps_type``; ``Any`` when unsaid)."""
+
+
+class _OneRun(TypedDict, Generic[DepsT], total=False):
+    """What one run of an agent is given beside its prompt (module docstring)."""
+
+    deps: DepsT
+    """Handed to tools, hooks and instructions that take a ``RunContext``."""
+    model_settings: ModelSettings | None
+    """Settings over the agent's, field by field."""
+    signal: AbortSignal | None
+    """Aborts the run when it fires."""
+    session: Session | None
+    """The session the run is read from and stored in (``statemachine.sessions``)."""
+
+
+class AgentRunKeywords(_OneRun[DepsT], total=False):
+    """The keywords of ``Agent.run``, ``run_sync`` and ``run_stream``."""
+
+    message_history: Sequence[Message]
+    """The messages before the prompt (not with a ``session``)."""
+
+
+class AgentResumeKeywords(_OneRun[DepsT], total=False):
+    """The keywords of ``Agent.resume`` and ``resume_sync``: ``resume_run``'s
+    decisions and checks (``ResumeOptions``), and the run's own."""
+
+    approvals: Mapping[str, bool | Deny] | None
+    message: str | UserMessage | None
+    key: bytes | str | None
+    stats: RunStats | None
+
 
 _P = ParamSpec("_P")
 
@@ -232,12 +263,15 @@ class Agent(Generic[DepsT, OutputT]):
     # -- the keywords of one run ------------------------------------------------------------
 
     def _run_options(
-        self, deps: object, model_settings: ModelSettings | None, signal: AbortSignal | None
+        self, where: str, keywords: Mapping[str, Any], keys: type[Mapping[str, Any]]
     ) -> tuple[ModelClient, Options]:
-        """The client and the options of one run of this agent (``override``'s first)."""
+        """The client and the options of one run of this agent, given the ``keywords``
+        of its method ``where`` (``override``'s first)."""
+        refuse_unknown(where, keywords, keys)
+        model_settings, signal = keywords.get("model_settings"), keywords.get("signal")
         override = self._override.get() or {}
         model = override.get("model", self.model)
-        deps = override.get("deps", deps)
+        deps = override.get("deps", keywords.get("deps"))
         check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
         o = self.options
         output_type = o.output_type
@@ -253,17 +287,13 @@ class Agent(Generic[DepsT, OutputT]):
     async def run(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``run_agent`` with this agent's model, tools, instructions, hooks and
         settings, on ``message_history`` followed by ``prompt``; with a ``session``
         (``statemachine.sessions``), on the session's history instead."""
-        model, options = self._run_options(deps, model_settings, signal)
+        model, options = self._run_options("run", keywords, AgentRunKeywords)
+        message_history, session = keywords.get("message_history", ()), keywords.get("session")
         messages = _messages(prompt, message_history)
 
         async def run(history: Sequence[Message]) -> RunResult[OutputT]:
@@ -277,42 +307,25 @@ class Agent(Generic[DepsT, OutputT]):
     def run_sync(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``run`` for code without an event loop (as ``run_agent_sync``)."""
         refuse_running_loop("run_sync")
-        run = self.run(
-            prompt,
-            message_history=message_history,
-            deps=deps,
-            model_settings=model_settings,
-            signal=signal,
-            session=session,
-        )
-        return run_sync(run, self.options.grace_period)
+        return run_sync(self.run(prompt, **keywords), self.options.grace_period)
 
     @contextlib.asynccontextmanager
     async def run_stream(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> AsyncIterator[StreamedRun[OutputT]]:
         """``async with agent.run_stream(prompt) as run:`` iterate ``run`` for every
         ``RunEvent``, or ``run.stream_text()`` for the answer's text as it arrives;
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
         the run (and waits for it to close). With a ``session``, the run's new messages
         are stored when the block ends."""
-        model, options = self._run_options(deps, model_settings, signal)
+        model, options = self._run_options("run_stream", keywords, AgentRunKeywords)
+        message_history, session = keywords.get("message_history", ()), keywords.get("session")
         messages, given = _messages(prompt, message_history), len(message_history)
         turn = None
         if session is not None:
@@ -368,73 +381,38 @@ class Agent(Generic[DepsT, OutputT]):
     async def resume(
         self,
         state: RunResult | Mapping[str, Any],
-        *,
-        approvals: Mapping[str, bool | Deny] | None = None,
-        message: str | UserMessage | None = None,
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        key: bytes | str | None = None,
-        stats: RunStats | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentResumeKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
         type and usage limits (so the resumed run's output is typed again); with the
         ``session`` the run was suspended on, its turn is stored there once it ends."""
-        if session is not None:
-            return await resume_in_session(
-                session,
+        model, options = self._run_options("resume", keywords, AgentResumeKeywords)
+        session = keywords.get("session")
+
+        async def resumed() -> RunResult[OutputT]:
+            run = resume_run(
                 state,
-                lambda: self.resume(
-                    state,
-                    approvals=approvals,
-                    message=message,
-                    deps=deps,
-                    model_settings=model_settings,
-                    signal=signal,
-                    key=key,
-                    stats=stats,
-                ),
+                model=model,
+                options=options,
+                approvals=keywords.get("approvals"),
+                message=keywords.get("message"),
+                key=keywords.get("key"),
+                stats=keywords.get("stats"),
             )
-        model, options = self._run_options(deps, model_settings, signal)
-        run = resume_run(
-            state,
-            model=model,
-            options=options,
-            approvals=approvals,
-            message=message,
-            key=key,
-            stats=stats,
-        )
-        return await run.run()
+            return await run.run()
+
+        if session is None:
+            return await resumed()
+        return await resume_in_session(session, state, resumed)
 
     def resume_sync(
         self,
         state: RunResult | Mapping[str, Any],
-        *,
-        approvals: Mapping[str, bool | Deny] | None = None,
-        message: str | UserMessage | None = None,
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        key: bytes | str | None = None,
-        stats: RunStats | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentResumeKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``resume`` for code without an event loop."""
         refuse_running_loop("resume_sync")
-        run = self.resume(
-            state,
-            approvals=approvals,
-            message=message,
-            deps=deps,
-            model_settings=model_settings,
-            signal=signal,
-            key=key,
-            stats=stats,
-            session=session,
-        )
-        return run_sync(run, self.options.grace_period)
+        return run_sync(self.resume(state, **keywords), self.options.grace_period)
 
     # -- as a tool of another agent ---------------------------------------------------------
 
@@ -528,7 +506,9 @@ class Agent(Generic[DepsT, OutputT]):
         usage_limits: UsageLimits | None,
     ) -> RunResult[OutputT]:
         """``run`` as a sub-agent, held to ``usage_limits`` (the parent's remainder)."""
-        model, options = self._run_options(deps, None, signal)
+        model, options = self._run_options(
+            "run", {"deps": deps, "signal": signal}, AgentRunKeywords
+        )
         options = attrs.evolve(options, usage_limits=usage_limits)
         run = AgentRun[OutputT](model=model, messages=_messages(prompt, ()), options=options)
         return attrs.evolve(await run.run(), given=0)

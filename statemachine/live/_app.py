@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 from ag_ui.core import BaseEvent, RunAgentInput
 from pydantic import ValidationError
 
-from statemachine.agent.agent import Agent
+from statemachine.agent.agent import Agent, AgentRunKeywords
 from statemachine.agent.events import RunEvent, RunReturned
 from statemachine.agent.resume import resume_run
 from statemachine.agent.run import AgentRun
@@ -431,7 +431,7 @@ class LiveApp:
         self._make_room()
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
-        model, options = self.agent._run_options(self.deps, None, None)
+        model, options = self.agent._run_options("run", {"deps": self.deps}, AgentRunKeywords)
         try:
             run: AgentRun = AgentRun(model=model, messages=messages, options=options, run_id=run_id)
         except InvalidInputError as exc:
@@ -472,7 +472,7 @@ class LiveApp:
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
         try:
-            model, options = self.agent._run_options(self.deps, None, None)
+            model, options = self.agent._run_options("run", {"deps": self.deps}, AgentRunKeywords)
             run: AgentRun = resume_run(result, model=model, options=options, approvals=decided)
         except (InvalidInputError, UsageError) as exc:
             raise _HttpError(422, "input", str(exc)) from None
