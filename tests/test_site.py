@@ -156,6 +156,19 @@ def test_the_steps_guide_draws_its_agents_table(site: Path, browser: Browser) ->
     assert fetched(browser) == []
 
 
+@pytest.mark.timeout(240)
+def test_the_openai_agents_comparison_draws_the_triage_team(site: Path, browser: Browser) -> None:
+    browser.open(site / "guides" / "from-openai-agents" / "index.html")
+    agent = "div.statemachine-agent[data-agent='examples.language_team:agent']"
+    tools = browser.evaluate(f'document.querySelector("{agent} table").textContent')
+    assert "transfer_to_french" in tools
+    heights = text_heights(browser, f"{agent} .sm-overview svg text")
+    assert {"HandoffLimit", "HandoffLimitExceeded", "AwaitingModel", "Done"} <= set(heights)
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
+    assert fetched(browser) == []
+
+
 def test_no_page_leaves_a_diagram_to_a_script() -> None:
     pages = sorted((REPO / "docs").rglob("*.md"))
     assert len(pages) > 10

@@ -1,5 +1,6 @@
-"""The steps guide's example agent is the one the docs site draws, and its drawing is
-the agent's table, drawn by the docs extension the library ships."""
+"""The example agents of the steps guide and of the OpenAI Agents SDK comparison are the
+ones the docs site draws, and each drawing is the agent's table, drawn by the docs
+extension the library ships."""
 
 from __future__ import annotations
 
@@ -12,15 +13,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "guides" / "steps.md"
-EXAMPLE = ROOT / "examples" / "refund_agent.py"
+COMPARISON = ROOT / "docs" / "guides" / "from-openai-agents.md"
+# page: (the module its drawing names, the python block of the page the module holds)
+DRAWN = {
+    GUIDE: ("examples.refund_agent", 0),
+    COMPARISON: ("examples.language_team", 5),
+}
 
 
-def test_the_guides_example_is_the_module_its_diagram_draws() -> None:
-    text = GUIDE.read_text(encoding="utf-8")
-    first = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)[0]
-    assert first in EXAMPLE.read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", DRAWN, ids=lambda p: p.name)
+def test_a_pages_example_is_the_module_its_diagram_draws(page: Path) -> None:
+    module, index = DRAWN[page]
+    text = page.read_text(encoding="utf-8")
+    block = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)[index]
+    source = (ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+    assert block in source
     lines = re.findall(r"^\.\. statemachine-agent:: (\S+)$", text, re.M)
-    assert lines == ["examples.refund_agent:agent"]
+    assert lines == [f"{module}:agent"]
 
 
 @pytest.mark.timeout(60)
