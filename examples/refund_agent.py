@@ -1,5 +1,6 @@
 """The refund agent of the steps guide (docs/guides/steps.md), importable: the docs
-site draws its table with the ``statemachine-agent-diagram`` fence."""
+site draws it with ``.. statemachine-agent:: examples.refund_agent:agent``
+(``statemachine.docs.markdown``)."""
 
 from statemachine import Agent, tool
 from statemachine.steps import output_guardrail
@@ -28,7 +29,7 @@ guard = output_guardrail(
 
 
 def refund_agent(*answers: object) -> Agent:
-    return Agent(ScriptedModel(*answers), tools=[lookup_order], steps=[guard])
+    return Agent(ScriptedModel(*answers), name="Refund desk", tools=[lookup_order], steps=[guard])
 
 
 agent = refund_agent()

@@ -7,7 +7,8 @@ answers with one of its named outcomes, each mapped to a destination: ``GoOn()``
 explanation)`` (the run ends in a state of your naming). Give steps to ``run_agent``
 or ``Agent`` (``steps=[...]``); their rows are generated into the run's table, which
 the engine interprets, ``python -m statemachine check --agent module:attr`` explores
-outcome by outcome and ``diagram --agent`` draws. A declaration that could leave a
+outcome by outcome, and ``diagram --agent`` and the docs extension ``statemachine.docs``
+draw. A declaration that could leave a
 tool call unanswered or put a message out of order is refused before anything runs
 (``StepDeclarationError``). ``output_guardrail`` and ``input_guardrail`` are the
 library's own steps, built the same way, and so is ``compaction``: past a token or
@@ -22,12 +23,11 @@ The rules (which points, which destinations, why) are written in
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statemachine._render import Chart, chart_from_table, render, svg_inline
+from statemachine._render import Chart, chart_from_table, render
 from statemachine.agent.compaction import (
     DEFAULT_COMPACTION_TIMEOUT,
     DEFAULT_KEEP_LAST,
@@ -100,7 +100,6 @@ __all__ = [
     "chart",
     "compaction",
     "diagram",
-    "diagram_fence",
     "input_guardrail",
     "output_guardrail",
     "speaking_agent",
@@ -142,25 +141,6 @@ def diagram(target: Any, fmt: str = "mermaid") -> str | bytes:
     """``target``'s table drawn in ``fmt`` (``mermaid``, ``dot``, ``svg``, ``png``), as
     ``python -m statemachine diagram --agent`` draws it."""
     return render(fmt, chart(target))
-
-
-def diagram_fence(
-    source: str, language: str, css_class: str, options: Any, md: Any, **_: Any
-) -> str:
-    """A ``pymdownx.superfences`` fence for a docs site: its first line names an agent
-    (``MODULE:NAME``, imported as ``python -m statemachine diagram --agent`` does), the
-    rest is the caption; the agent's table is drawn as inline SVG when the site is
-    built (Graphviz: the ``[diagrams]`` extra). Declare it in ``mkdocs.yml`` under
-    ``pymdownx.superfences: custom_fences`` with ``format:
-    !!python/name:statemachine.steps.diagram_fence``."""
-    from statemachine.cli.common import load_attribute  # the commands' one loader
-
-    head, _sep, caption = source.partition("\n")
-    target = load_attribute("the diagram fence", head.strip(), "refunds:agent")
-    svg = svg_inline(str(render("svg", chart(target))))
-    text = html.escape(" ".join(caption.split()))
-    inner = svg + (f"<figcaption>{text}</figcaption>" if text else "")
-    return f'<figure class="{html.escape(css_class)}" style="width: 100%">{inner}</figure>'
 
 
 def views_sent(journal: str | os.PathLike[str] | Iterable[str]) -> list[list[Message]]:

@@ -17,18 +17,19 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import markdown
 import pytest
 from headless import Browser, keep, offline_browser, text_heights
 
 import statemachine.docs
+from statemachine import Agent
 from statemachine._figures import packaged_svg
 from statemachine._render import chart_from_table, svg_inline
-from statemachine.core.table import TERMINAL, TRANSITIONS, TurnState
+from statemachine.core.table import TurnState
 from statemachine.docs import _chart_of, agent_html, load_agent
 from statemachine.errors import DiagramError
+from statemachine.testing import ScriptedModel
 
 REPO = Path(__file__).resolve().parent.parent
 READABLE_PX = 10.0
@@ -190,44 +191,29 @@ def test_an_agent_without_steps_is_drawn_from_the_built_in_table(
     (tmp_path / "sample_agents_y.py").write_text(SAMPLE_AGENT, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     agent = load_agent("sample_agents_y:desk")
+    sample_module = sys.modules["sample_agents_y"]
     assert _chart_of(agent) == chart_from_table()
     assert svg_inline(packaged_svg("overview")) in agent_html("sample_agents_y:desk")
-    # Through the one function: an agent whose table has more rows (a declared step's,
-    # ending in a state of its own) is drawn with them.
-    import attrs
+    # Through the one function (statemachine.steps.chart): an agent whose table has a
+    # declared step's rows, ending in a state of its own, is drawn with them.
+    from statemachine.steps import End, GoOn, Step, chart
 
-    @attrs.frozen
-    class Row:
-        source: str
-        trigger: str
-        dest: str
-        guard: str | None = None
-        label: str = ""
-
-    @attrs.frozen
-    class Declared:
-        value: str
-        doc: str
-
-    @attrs.frozen
-    class Table:
-        rows: tuple[Any, ...]
-        terminal: frozenset[Any]
-        declared: tuple[Declared, ...]
-
-    ended = Declared("ReviewRejected", "a person rejected the answer")
-    extra = Row("TurnBoundary", "review_decided", ended.value, "rejected", "review")
-    table = Table((*TRANSITIONS, extra), frozenset({*TERMINAL, ended}), (ended,))
-    monkeypatch.setattr(agent, "table", table, raising=False)
-    chart = _chart_of(agent)
-    assert "ReviewRejected" in chart.terminal
-    assert chart.docs["ReviewRejected"] == "a person rejected the answer"
-    page = agent_html("sample_agents_y:desk")
+    review = Step(
+        "review",
+        "after_final",
+        {"ok": GoOn(), "rejected": End("ReviewRejected", "a person rejected the answer")},
+        lambda messages: "ok",
+    )
+    reviewed = Agent(ScriptedModel(), tools=agent.tools, steps=[review])
+    monkeypatch.setattr(sample_module, "reviewed", reviewed, raising=False)
+    drawn = _chart_of(reviewed)
+    assert drawn == chart(reviewed) != chart_from_table()
+    assert "ReviewRejected" in drawn.terminal
+    assert drawn.docs["ReviewRejected"] == "a person rejected the answer"
+    pytest.importorskip("pygraphviz")  # a table of its own is drawn by Graphviz
+    page = agent_html("sample_agents_y:reviewed")
     assert "ReviewRejected" in page
-    assert "review decided [rejected]" in page
-    # A plain sequence of rows is a table too.
-    monkeypatch.setattr(agent, "table", (*TRANSITIONS, extra))
-    assert "ReviewRejected" in _chart_of(agent).states
+    assert "step decided [outcome=rejected]" in page
 
 
 def test_the_markdown_line_inside_code_stays_code(

@@ -138,11 +138,35 @@ def test_a_click_opens_every_trigger_and_guard_at_a_size_to_read(
     keep("concepts-full.png", browser.screenshot(), min(heights.values()))
 
 
+@pytest.mark.timeout(240)
 def test_the_steps_guide_draws_its_agents_table(site: Path, browser: Browser) -> None:
     browser.open(site / "guides" / "steps" / "index.html")
-    text = browser.evaluate("document.querySelector('figure.statemachine-diagram svg').textContent")
+    # Drawn by the extension the library ships for your docs (statemachine.docs): the
+    # agent's tools, then its table's overview, the guardrail's states among the rest.
+    agent = "div.statemachine-agent[data-agent='examples.refund_agent:agent']"
+    tools = browser.evaluate(f'document.querySelector("{agent} table").textContent')
+    assert "lookup_order" in tools
+    heights = text_heights(browser, f"{agent} .sm-overview svg text")
     for state in ("RefundLimit", "NeedsHumanReview", *(s.value for s in TurnState)):
-        assert state in text, f"{state} is not in the drawn diagram"
+        assert state in heights, f"{state} is not in the drawn diagram"
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
+    browser.evaluate(f'document.querySelector("{agent} .sm-overview").scrollIntoView()')
+    keep("steps.png", browser.screenshot(), min(heights.values()))
+    assert fetched(browser) == []
+
+
+@pytest.mark.timeout(240)
+def test_the_openai_agents_comparison_draws_the_triage_team(site: Path, browser: Browser) -> None:
+    browser.open(site / "guides" / "from-openai-agents" / "index.html")
+    agent = "div.statemachine-agent[data-agent='examples.language_team:agent']"
+    tools = browser.evaluate(f'document.querySelector("{agent} table").textContent')
+    assert "transfer_to_french" in tools
+    heights = text_heights(browser, f"{agent} .sm-overview svg text")
+    assert {"HandoffLimit", "HandoffLimitExceeded", "AwaitingModel", "Done"} <= set(heights)
+    small = {t: h for t, h in heights.items() if h < READABLE_PX}
+    assert not small, f"text drawn under {READABLE_PX} px high: {small}"
+    assert fetched(browser) == []
 
 
 def test_no_page_leaves_a_diagram_to_a_script() -> None:

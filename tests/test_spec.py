@@ -134,6 +134,13 @@ def test_cli_reports_bad_paths_and_files(
     assert "unknown key(s) frobnicate" in capsys.readouterr().err
 
 
+_STEP_HEAD = (
+    'name = "x"\nchecks = ["I1"]\n[run]\nmessages = ["hi"]\n[[steps]]\nname = "review"\n'
+    'point = "after_final"\nanswers = ["ok"]\n'
+)
+_STEP_TAIL = '[expect]\nstate = "Done"\n'
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -198,6 +205,31 @@ def test_cli_reports_bad_paths_and_files(
             'before_start = true\nduring_model_call = 1\n[expect]\nstate = "Done"\n',
             "abort: give at most one instant",
         ),
+        (
+            _STEP_HEAD + 'outcomes.ok = "onwards"\n' + _STEP_TAIL,
+            r"steps\[0\].outcomes.ok: write \"go_on\"",
+        ),
+        (
+            _STEP_HEAD + "outcomes.ok = { end = 3 }\n" + _STEP_TAIL,
+            r"steps\[0\].outcomes.ok.end: expected str",
+        ),
+        (
+            _STEP_HEAD.replace("after_final", "before_model")
+            + 'outcomes.ok = "go_on"\noutcomes.again = { retry = 1 }\n'
+            + 'outcomes.no = { end = "Stopped", explanation = "x" }\n'
+            + _STEP_TAIL,
+            r"steps\[0\]: .*retry",
+        ),
+        (
+            _STEP_HEAD + 'outcomes.ok = "go_on"\noutcomes.no = { end = "Stopped" }\n' + _STEP_TAIL,
+            r"steps\[0\]: step 'review': End\('Stopped'\) needs an explanation",
+        ),
+        (
+            _STEP_HEAD
+            + 'outcomes.ok = "go_on"\noutcomes.no = { end = "Stopped", explanation = "x" }\n'
+            + '[expect]\nstate = "Stoped"\n',
+            "expect.state: name the final state, one of .*, Stopped",
+        ),
     ],
 )
 def test_bad_scenarios_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
@@ -206,6 +238,20 @@ def test_bad_scenarios_are_refused_clearly(tmp_path: Path, text: str, message: s
     with pytest.raises(SpecError, match=message) as info:
         load_scenario(path)
     assert str(path) in str(info.value)
+
+
+def test_a_step_asked_past_its_answers_takes_its_error_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "step.toml"
+    path.write_text(
+        _STEP_HEAD.replace("after_final", "before_model").replace('["ok"]', "[]")
+        + 'outcomes.ok = "go_on"\noutcomes.no = { end = "Stopped", explanation = "x" }\n'
+        + '[[model]]\ntext = "never asked"\n[expect]\nstate = "Done"\n',
+        encoding="utf-8",
+    )
+    outcome = run_scenario(load_scenario(path))
+    assert not outcome.passed
+    assert "final state: expected Done, got Stopped" in outcome.problems[0]
+    assert "the step review ran more often than its 0 answer(s)" in outcome.problems[0]
 
 
 def test_a_model_script_that_runs_out_is_a_failure_not_a_crash(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ that is not ``async def`` (it returns the message itself, not an awaitable) fail
 call with a ``UsageError`` that says so.
 
 An engine that records instructions (``JournalingEngine.record_instructions``) is told
-those of every call, so a journal holds what each call was sent.
+those of every call, so a journal holds what each call was sent; and, when the client
+reports it (``CallOptions.on_response``), the model that answered (``record_model``).
 
 Instructions that raise fail that model call: the run ends ``Failed`` with an
 explanation naming ``InstructionsError`` and what the function raised (the exception
@@ -84,6 +85,8 @@ class RunModel:
         self._note: Callable[[str | None], None] | None = getattr(
             engine, "record_instructions", None
         )
+        # It hears the model that answered too, from a client that reports it.
+        self._answered: Callable[[str], None] | None = getattr(engine, "record_model", None)
         self._instructions = instructions
         if callable(instructions) and context is None:
             raise UsageError("instructions given by a function need the run's context")
@@ -101,6 +104,7 @@ class RunModel:
                 on_text=stream.text_delta,
                 on_tool_call_delta=stream.tool_call_delta,
                 output_schema=schema,
+                on_response=None if self._answered is None else self._on_response,
             )
         self._fixed = None if callable(instructions) else self._base
         self._function_takes_context = callable(instructions) and _takes_an_argument(instructions)
@@ -142,6 +146,13 @@ class RunModel:
             client,
             client.complete(messages, tools, signal, options=options),  # type: ignore[call-arg]
         )
+
+    def _on_response(
+        self, response_id: str | None, model: str | None, reasoning: int | None = None, /
+    ) -> None:
+        """What a client reports of its response: the model that answered is journaled."""
+        if model and self._answered is not None:
+            self._answered(model)
 
     async def instructions(self) -> str | None:
         """The instructions of this call (``InstructionsError`` if the function fails)."""

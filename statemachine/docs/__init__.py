@@ -1,9 +1,11 @@
 """Your agent in your docs: its tools, its limits and its loop, drawn when the site is built.
 
 Name an agent by ``package.module:attr`` (an ``Agent``, importable where the docs are
-built) and the site shows it as HTML: a table of its tools, a table of its limits, and
-its transition table drawn as the library's own diagram is (the overview at the page's
-width, every trigger and guard a click away at full size; no script, nothing fetched).
+built: installed, on ``PYTHONPATH``, or beside the directory the build runs in) and the
+site shows it as HTML: a table of its tools, a table of its limits, and its transition
+table, the states and rows of the steps it declares included, drawn as the library's
+own diagram is (the overview at the page's width, every trigger and guard a click away
+at full size; no script, nothing fetched).
 
 - MkDocs, Zensical or any Python-Markdown site: the extension
   ``statemachine.docs.markdown`` (``markdown_extensions: [statemachine.docs.markdown]``),
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import html
 import importlib
+import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -46,6 +50,10 @@ def load_agent(target: str) -> Any:
         shown = target[:MAX_TARGET_CHARS]
         raise DiagramError(f"statemachine-agent: {shown!r} is not package.module:attr")
     module_name, _, path = target.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # As ``python -m`` and ``statemachine diagram --agent`` do: a module beside the
+        # directory the build runs in (a docs tool's script puts only its own on the path).
+        sys.path.insert(0, os.getcwd())
     try:
         value: Any = importlib.import_module(module_name)
     except Exception as exc:
@@ -64,23 +72,12 @@ def load_agent(target: str) -> Any:
 
 
 def _chart_of(agent: Any) -> Chart:
-    """The chart of the table ``agent`` runs: its own (``agent.table``, the built-in rows
-    with the rows of the steps it declares, their end states drawn as ends) when it has
-    one, else the built-in table. The one place the drawing reads an agent's rows."""
-    from statemachine._render import chart_from_table
-    from statemachine.core.table import STATE_DOCS, TERMINAL, TRANSITIONS
+    """The chart of the table ``agent`` runs, its declared steps' states and rows
+    included: ``statemachine.steps.chart``, as ``statemachine diagram --agent`` draws it.
+    An agent without steps runs the built-in table, whose drawings ship."""
+    from statemachine.steps import chart
 
-    table = getattr(agent, "table", None)
-    if table is None:
-        return chart_from_table(TRANSITIONS)
-    # A table value holds its rows, ends and declared states; a plain sequence is rows.
-    rows = tuple(getattr(table, "rows", table))
-    terminal = getattr(table, "terminal", TERMINAL)
-    docs = {str(k): v for k, v in STATE_DOCS.items()}
-    docs |= {str(s.value): str(s.doc) for s in getattr(table, "declared", ())}
-    return chart_from_table(
-        rows, terminal=[str(getattr(s, "value", s)) for s in terminal], docs=docs
-    )
+    return chart(agent)
 
 
 def _first_line(text: str) -> str:

@@ -12,6 +12,7 @@ Format (one JSON object per line, UTF-8)::
      "messages": [<wire messages>], "options": {...}}               # line 1: header
     {"seq": 1, "event": {"type": "Start"}, "after": "AwaitingModel"}  # one per event
     {"instructions": "Be brief.", "turn": 1}    # when the instructions change
+    {"model": "gpt-4.1-2025-04-14", "turn": 1}   # when the model that answered changes
     {"checkpoint": {"state": "Done", "turns": 2, "messages": 4,
                     "transitions": 6, "digest": "<sha256>"}}         # at each return
 
@@ -29,6 +30,11 @@ them. Replay checks the turn, and ``ReplayResult.instructions`` and
 ``ReplayResult.transcript()`` (the history with a ``system`` item where they changed,
 what ``check_transcript`` reads) give them back. A journal written before they were
 recorded simply has none.
+
+A model line names the model that answered the call of ``turn``, as the provider named
+it in its response (a ``FallbackModel`` moving on to the next model shows here); it is
+written when that changes and when the client reports it (the library's adapters do,
+fake models do not), and ``ReplayResult.models`` gives them back.
 
 The events and messages are written in ``statemachine.core.wire``'s form.
 

@@ -43,10 +43,12 @@ from statemachine.errors import (
 
 __all__ = [
     "FORMAT",
+    "MAX_MODEL_CHARS",
     "VERSION",
     "JournalError",
     "JournalHeader",
     "read_instructions",
+    "read_model",
     "with_instructions",
 ]
 
@@ -349,6 +351,34 @@ def read_instructions(record: Mapping[str, Any], turns: int, number: int) -> tup
             "(they are written when its model call starts)",
         )
     return turn, text
+
+
+# -- the model lines -----------------------------------------------------------------------
+
+_MODEL_KEYS: Final = frozenset({"model", "turn"})
+
+MAX_MODEL_CHARS: Final = 256
+"""The longest model name a journal holds (a provider's name is cut to it when written)."""
+
+
+def read_model(record: Mapping[str, Any], turns: int, number: int) -> tuple[int, str]:
+    """A model line (``{"model": name, "turn": n}``, written while the call of turn
+    ``n`` is answered, whenever the model that answered changes), checked against the
+    replayed engine's ``turns``: ``(turn, name)``, or a ``JournalError`` naming line
+    ``number``."""
+    if record.keys() != _MODEL_KEYS:
+        keys = ", ".join(map(repr, sorted(record)))
+        raise JournalError(number, f"a model record has keys 'model', 'turn'; got {short(keys)}")
+    name, turn = record["model"], record["turn"]
+    if type(name) is not str or not name or len(name) > MAX_MODEL_CHARS:
+        raise JournalError(number, f"'model': expected a name of 1 to {MAX_MODEL_CHARS} characters")
+    if type(turn) is not int or turn != turns or turn < 1:
+        raise JournalError(
+            number,
+            f"the model of turn {short(repr(turn))}, but the replayed run is at turn {turns} "
+            "(it is written while that turn's model call is answered)",
+        )
+    return turn, name
 
 
 def with_instructions(

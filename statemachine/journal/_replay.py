@@ -26,6 +26,7 @@ from statemachine.journal._format import (
     JournalError,
     JournalHeader,
     read_instructions,
+    read_model,
     short,
     with_instructions,
 )
@@ -97,6 +98,13 @@ class ReplayResult:
         that turn on, one per change (``None``: none from then on); empty for a run
         without instructions, or a journal written before they were recorded."""
         return tuple(self._replayed.instructions)
+
+    @property
+    def models(self) -> tuple[tuple[int, str], ...]:
+        """The models that answered, as their providers named them: ``(turn, name)``
+        from the model call of that turn on, one per change; empty when the client
+        reported none (a fake model), or for a journal written before they were."""
+        return tuple(self._replayed.models)
 
     def transcript(self) -> list[dict[str, Any]]:
         """The history as wire dicts, with each turn's instructions (where they changed)
@@ -226,6 +234,7 @@ class _Replayer:
         self._first_mark = len(engine.trace)
         self._steps: tuple[ReplayStep, ...] | None = None
         self.instructions: list[tuple[int, str | None]] = []  # (turn, text), per change
+        self.models: list[tuple[int, str]] = []  # (turn, name), per change
 
     def replay(self, each: Iterator[bytes | str], lines: Lines) -> None:
         """Replay the event lines; anything that goes wrong is a ``JournalError``
@@ -323,11 +332,14 @@ class _Replayer:
         if "instructions" in record:
             self.instructions.append(read_instructions(record, self.engine.turns, number))
             return None
+        if "model" in record:
+            self.models.append(read_model(record, self.engine.turns, number))
+            return None
         if record.keys() != _EVENT_RECORD_KEYS:
             raise JournalError(
                 number,
                 "expected an event record with keys 'seq', 'event', 'after', a checkpoint "
-                "or instructions; "
+                "instructions or a model; "
                 f"got keys {', '.join(map(repr, sorted(record)))}",
             )
         seq = record["seq"]

@@ -36,7 +36,12 @@ from statemachine.core.table import State
 from statemachine.core.wire import event_to_dict
 from statemachine.errors import InvalidInputError
 from statemachine.journal._digest import RunningDigest, checkpoint_of
-from statemachine.journal._format import HEADER_FIELDS, NOT_RECORDED, JournalHeader
+from statemachine.journal._format import (
+    HEADER_FIELDS,
+    MAX_MODEL_CHARS,
+    NOT_RECORDED,
+    JournalHeader,
+)
 
 __all__ = ["FlushPolicy", "Journal", "JournalingEngine", "run_agent_journaled"]
 
@@ -125,6 +130,13 @@ class Journal:
             raise InvalidInputError("write the header (begin) before any instructions")
         self._write({"instructions": text, "turn": turn}, flush=self._flush_policy == "event")
 
+    def model(self, name: str, turn: int) -> None:
+        """Append the model that answered the call of ``turn``, as its provider named it
+        (written when it changes: a fallback moving on, a handoff to another model)."""
+        if not self._started:
+            raise InvalidInputError("write the header (begin) before any model")
+        self._write({"model": name, "turn": turn}, flush=self._flush_policy == "event")
+
     def checkpoint(self, engine: Engine) -> None:
         """Append a checkpoint of where the run stands (written at each return)."""
         checkpoint = checkpoint_of(engine, self._digest)
@@ -153,15 +165,18 @@ class JournalingEngine(Engine):
     A refused event (``ProtocolError``) is not written: it changed nothing. A
     checkpoint is written each time the engine reaches a state where a driver returns.
     The run's instructions are written as the driver tells them (``record_instructions``,
-    at each model call): a line each time they change.
+    at each model call): a line each time they change; so is the model that answered,
+    as its provider named it (``record_model``, when the client reports one).
     """
 
     _instructions: str | None  # the last instructions written
+    _model: str | None  # the last model written
 
     def __init__(self, *, journal: Journal, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.journal = journal
         self._instructions = None
+        self._model = None
         options = {
             k: v for k, v in kwargs.items() if k not in HEADER_FIELDS and k not in NOT_RECORDED
         }
@@ -173,6 +188,14 @@ class JournalingEngine(Engine):
         if text != self._instructions:
             self._instructions = text
             self.journal.instructions(text, self.turns)
+
+    def record_model(self, name: str) -> None:
+        """The model that answered the call of turn ``turns``, as the client reported it:
+        written if it differs from the last written, cut to ``MAX_MODEL_CHARS``."""
+        name = name[:MAX_MODEL_CHARS]
+        if name and name != self._model:
+            self._model = name
+            self.journal.model(name, self.turns)
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         before = self.state

@@ -51,6 +51,7 @@ from statemachine.testing._spec_reader import (
     message,
     read,
 )
+from statemachine.testing._spec_steps import StepScript, read_steps
 from statemachine.testing.runner import agent_loop
 from statemachine.testing.runner import run_scenario as run_record
 from statemachine.testing.scenario import (
@@ -142,10 +143,11 @@ class Spec:
     grace_period: float
     ids: Mapping[str, str]  # call key -> the call id the file gave it
     run_options: Mapping[str, Any] = attrs.field(factory=dict)  # usage_limits, output_type...
+    steps: tuple[StepScript, ...] = ()  # declared steps, their answers scripted
 
 
 _TOP = {"name", "checks", "description", "run", "tools", "calls", "model", "abort"}
-_TOP |= {"permissions", "expect", "inputs", "continue"}
+_TOP |= {"permissions", "expect", "inputs", "continue", "steps"}
 _RUN = {"max_turns", "grace_period", "messages", "usage_limits", "output_schema"}
 _RUN |= {"output_retries"}
 _TOOL = {"name", "description", "parameters", "returns", "raises", "is_error", "bad_output"}
@@ -383,12 +385,13 @@ class _Loader:
             tool_start=self.key(tool, f"{where}.when_tool_starts") if tool is not None else "",
         )
 
-    def expectations(self) -> Expectations:
+    def expectations(self, ends: Iterable[str] = ()) -> Expectations:
         r = self.r
         expect = r.table(self.top.get("expect", {}), "expect", _EXPECT)
         state = r.get(expect, "state", str, "expect")
-        if state is None or state not in {s.value for s in TurnState}:
-            raise r.fail("expect.state", f"name the final state, one of {', '.join(TurnState)}")
+        states = [*(s.value for s in TurnState), *sorted(ends)]  # the steps' ends too
+        if state is None or state not in states:
+            raise r.fail("expect.state", f"name the final state, one of {', '.join(states)}")
 
         def lines(key: str) -> tuple[Any, ...] | None:
             return tuple(r.get(expect, key, list, "expect")) if key in expect else None
@@ -444,9 +447,12 @@ def load_scenario(path: str | Path) -> Spec:
         script_must_last=True,
     )
     description = reader.get(top, "description", str, "(top level)", "")
-    expect = loader.expectations()
+    steps = read_steps(reader, top)
+    expect = loader.expectations(set().union(*(script.ends for script in steps)))
     options = _spec_reader.run_options(reader, run)
-    return Spec(path, name, checks, description, scenario, expect, grace, loader.ids, options)
+    return Spec(
+        path, name, checks, description, scenario, expect, grace, loader.ids, options, steps
+    )
 
 
 # -- running and comparing ---------------------------------------------------------------------
@@ -476,7 +482,9 @@ def _state_trace(result: RunResult) -> list[str]:
 
 
 def _run_once(spec: Spec) -> RunRecord:
-    options = spec.run_options
+    options = dict(spec.run_options)
+    if spec.steps:
+        options["steps"] = [script.step() for script in spec.steps]  # fresh scripts each run
     loop = agent_loop(grace_period=spec.grace_period, run_id=spec.path.stem, **options)
     return run_record(loop, spec.scenario, timeout=HANG_LIMIT * 2, hang_limit=HANG_LIMIT)
 
