@@ -6,17 +6,27 @@ Why two forms. A caller writes keywords: ``run_agent(model=..., messages=...,
 tools=[...], max_turns=8)``, ``Agent(model, instructions=...)``. Those keywords
 are declared here once, as ``TypedDict``s, and every entry point takes them as
 ``**options: Unpack[RunOptions[OutputT]]``: mypy and IDEs still check each
-keyword's name and type at the call (``tests/test_run_options.py``), and the reference shows
-each option once, with its doc, instead of once per function. Inside the driver a
-dict of keywords is the wrong thing to hand down (nothing says which are set, a
-misspelt key would travel silently, every reader would repeat the defaults), so
+keyword's name and type at the call (``tests/test_run_options.py``), and the
+reference shows each option once, with its doc, instead of once per function.
+Inside the driver a dict of keywords is the wrong thing to hand down (nothing says
+which are set, a misspelt key would travel silently, every reader would repeat the
+defaults), so
 the keywords are resolved, once per entry point, into ``Options``: a frozen attrs
 record holding every option with its default (written only there), each value
 checked as it enters (``InvalidInputError`` naming the argument) and a misspelt
 keyword refused (``TypeError`` naming the function, as Python would). ``AgentRun``,
-``Agent``, resume and the durable runners then read fields of that record, or
-hand it on (``AgentRun(options=...)``, ``resume_run(options=...)``); a keyword
-given beside a record replaces that one field.
+resume and the live server then read fields of that record; ``Agent`` keeps one
+(``agent.options``) and hands it on with the run's own ``deps``, ``model_settings``
+and ``signal`` in place (``AgentRun(options=...)``, ``resume_run(options=...)``); a
+keyword given beside a record replaces that one field. The durable runners take
+their runs' options as names in their registry (``statemachine.durable.
+DurableRunOptions``, declared once too); a worker turns them into objects and hands
+them to its ``AgentRun`` subclass, which resolves them into this record.
+
+Why attrs and not the dict itself, once checked: a frozen record is shared (a run
+given no options holds ``DEFAULTS``, the same object as every such run), its fields
+are attributes mypy knows (``options.max_turns``, not ``options.get(...)`` with a
+default repeated at each reader), and ``attrs.evolve`` is how a field is replaced.
 
 Why ``TypedDict`` and not a public options class that callers build: the keyword
 form is how the library is written against, and must stay typed. A class beside it
