@@ -14,14 +14,14 @@ defaults), so
 the keywords are resolved, once per entry point, into ``Options``: a frozen attrs
 record holding every option with its default (written only there), each value
 checked as it enters (``InvalidInputError`` naming the argument) and a misspelt
-keyword refused (``TypeError`` naming the function, as Python would). ``AgentRun``,
-resume and the live server then read fields of that record; ``Agent`` keeps one
-(``agent.options``) and hands it on with the run's own ``deps``, ``model_settings``
-and ``signal`` in place (``AgentRun(options=...)``, ``resume_run(options=...)``); a
-keyword given beside a record replaces that one field. The durable runners take
-their runs' options as names in their registry (``statemachine.durable.
-DurableRunOptions``, declared once too); a worker turns them into objects and hands
-them to its ``AgentRun`` subclass, which resolves them into this record.
+keyword refused (``TypeError`` naming the function, as Python would). ``AgentRun``
+and resume then read fields of that record; ``Agent`` keeps one (``agent.options``)
+and hands it on with the run's own ``deps``, ``model_settings`` and ``signal`` in
+place (``AgentRun(options=...)``, ``resume_run(options=...)``, as the live server
+does too); a keyword given beside a record replaces that one field. The durable
+runners take their runs' options as names in their registry (``DurableRunOptions``
+in ``statemachine.durable``, declared once too); a worker turns the names into
+objects for its ``AgentRun`` subclass, which resolves them into this record.
 
 Why attrs and not the dict itself, once checked: a frozen record is shared (a run
 given no options holds ``DEFAULTS``, the same object as every such run), its fields
