@@ -99,6 +99,8 @@ def test_resume_keeps_the_mode_of_the_run_it_resumes() -> None:
     assert waiting.state is sm.TurnState.AWAITING_USER
     with pytest.raises(sm.InvalidInputError, match="output_mode: a resumed run keeps"):
         sm.resume_run(waiting, model=model, message="go on", output_mode="tool")
+    kept = sm.resume_run(waiting, model=model, message="go on", max_turns=None)  # type: ignore[arg-type]
+    assert kept.engine.max_turns == 8  # None keeps the suspended run's limit
     with pytest.raises(TypeError, match=r"resume_run\(\) got an unexpected keyword.*'run_id'"):
         sm.resume_run(waiting, model=model, message="go on", run_id="r")  # type: ignore[call-arg]
     resumed = sm.resume_agent_sync(

@@ -86,6 +86,8 @@ def resume_run(
     key = given.pop("key", None)
     max_snapshot_bytes = given.pop("max_snapshot_bytes", DEFAULT_MAX_SNAPSHOT_BYTES)
     stats = given.pop("stats", None)
+    if "max_turns" in given and given["max_turns"] is None:
+        del given["max_turns"]  # None: the suspended run keeps its limit
     if "output_mode" in given:
         raise InvalidInputError("output_mode: a resumed run keeps the mode of the run it resumes")
     opts = resolve("resume_run", given, RunOptions, options)
