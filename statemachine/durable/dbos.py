@@ -85,6 +85,7 @@ from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.options import NewRunOptions, resolve
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
@@ -351,18 +352,18 @@ class DBOSRunner:
     ) -> DurableRun:
         """The run of ``spec``; ``resumed``: the engine it goes on with after a wait,
         and the decisions it goes on with."""
-        options: dict[str, Any] = {
-            "model": self.models[spec["model"]],
+        given = {
             "tools": [self.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": run_id,
             **run_options(spec, self.instructions, self.output_types),
             **self.hooks,
-            **kwargs,
         }
+        options = resolve("DBOSRunner", given, NewRunOptions)  # the run's record
+        model = self.models[spec["model"]]
         if resumed is None:
-            return DurableRun(**options)
-        return continue_run(DurableRun, *resumed, **options)
+            return DurableRun(model=model, options=options, **kwargs)
+        return continue_run(DurableRun, *resumed, model=model, options=options, **kwargs)
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)
