@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import pytest
 from durable_worker import (
     TOOLS,
+    TURNS,
     alpha,
     answer,
     beta_needs_approval,
@@ -49,6 +50,7 @@ from statemachine.errors import (
     UnknownRunError,
     UsageError,
 )
+from statemachine.steps import Step, input_guardrail, output_guardrail
 from statemachine.testing import FunctionModel
 
 if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
@@ -445,6 +447,51 @@ def test_a_run_waits_for_a_worker_of_its_application_version(engine: Engine) -> 
     engine.run(other, app_version="billing-2", **hook)
     result = engine.run(again, app_version="billing-1", **hook)
     assert result.ok
+
+
+# -- declared steps ------------------------------------------------------------------------
+
+
+def screen(text: str) -> str | None:
+    """An input guardrail's check: lets every request through."""
+    return "no secrets here" if "password" in text else None
+
+
+def screen_v2(text: str) -> str | None:
+    """The same check, new code: stricter."""
+    return "no secrets here" if "password" in text.lower() else None
+
+
+def review(text: str) -> str | None:
+    """An output guardrail's check keyed on the answer (so the same after a restart):
+    the first answer is sent back once."""
+    return f"count again: {text}" if text == f"done after {TURNS} turns" else None
+
+
+def guarded_steps() -> list[Step]:
+    return [input_guardrail("screen", screen), output_guardrail("review", review)]
+
+
+@pytest.mark.timeout(90)
+def test_a_run_with_steps_records_each_decision_and_exports_a_journal_that_replays(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("guarded", model="scripted", messages="go")
+        result = await handle.result(timeout=60)
+        exported = await runner.export_journal("guarded", tmp_path / "guarded.jsonl")
+        assert (exported.finished, exported.state) == (True, "Done")
+        return result
+
+    result = engine.run(body, steps=guarded_steps())
+    reference = asyncio.run(
+        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go", steps=guarded_steps())
+    )
+    assert result_json(result) == result_json(reference)
+    decided = [r for r in result.trace if r.trigger.value == "step_decided"]
+    assert len(decided) == 5 + 2  # screen before each of five model calls, review twice
+    assert result.messages[-1].text == f"done after {TURNS + 1} turns"  # type: ignore[union-attr]
+    replays_to(tmp_path / "guarded.jsonl", result)
 
 
 # -- the deploy table ----------------------------------------------------------------------

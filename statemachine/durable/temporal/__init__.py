@@ -74,6 +74,7 @@ from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
@@ -83,6 +84,7 @@ from statemachine.durable import ExportedJournal, ListedRun, RunStatus
 from statemachine.durable._inputs import check_name, check_run_id, checked_text, run_spec
 from statemachine.durable._registry import (
     application_version,
+    declared_steps,
     manifest,
     run_extras,
     table_digest,
@@ -186,6 +188,7 @@ class TemporalRunner:
         worker_options: Mapping[str, Any] | None = None,
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
+        steps: Sequence[Step] = (),
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -204,8 +207,12 @@ class TemporalRunner:
         }
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
+        self.table = check_steps(steps)
+        self.steps = tuple(steps)
         self.manifest = with_extras(
-            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+            manifest(list(self.models), tools, self.hooks, self.steps, self.table),
+            self.instructions,
+            self.output_types,
         )
         if app_version is not None:
             check_name(app_version, "app_version")
@@ -231,7 +238,7 @@ class TemporalRunner:
             raise UsageError("this runner is launched already")
         if self.task_queue in registries:
             raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
-        hooks = Hooks(**self.hooks)
+        hooks = Hooks(**self.hooks, steps=self.steps)
         activities = Activities(
             self.models,
             self.tools,
@@ -433,6 +440,7 @@ class TemporalRunner:
             **spec,
             "code": self.manifest,
             "table": table_digest(),
+            **declared_steps(self.table),
             "app_version": self.app_version,
             **extras,
         }
