@@ -496,8 +496,9 @@ def test_a_run_with_steps_records_each_decision_and_exports_a_journal_that_repla
 
 # -- the deploy table ----------------------------------------------------------------------
 # docs/guides/durable.md, "One version kept, without patches": each case a deploy under a
-# kept application version while the run waits for a person on t1b; the same outcome on
-# every backend: held, naming what changed, or goes on, noted.
+# kept application version while the run (with an input guardrail, a declared step) waits
+# for a person on t1b; the same outcome on every backend: held, naming what changed, or
+# goes on, noted.
 
 
 @sm.tool(name="beta")
@@ -567,6 +568,29 @@ DEPLOYS: dict[str, tuple[Callable[[pytest.MonkeyPatch], dict[str, Any]], str, st
         "noted",
         "instructions 'billing' changed since the run started",
     ),
+    "a step removed": (lambda _: {"steps": []}, "held", "step 'screen' is not in this"),
+    "a step's outcomes changed": (
+        lambda _: {"steps": [input_guardrail("screen", screen, state="Refused")]},
+        "held",
+        "step 'screen' is declared otherwise",
+    ),
+    "a step's point changed": (
+        lambda _: {"steps": [output_guardrail("screen", screen)]},
+        "held",
+        "step 'screen' is declared otherwise",
+    ),
+    "a step added": (
+        lambda _: {
+            "steps": [input_guardrail("screen", screen), output_guardrail("review", review)]
+        },
+        "held",
+        "step 'review' was added",
+    ),
+    "a step's code changed": (
+        lambda _: {"steps": [input_guardrail("screen", screen_v2)]},
+        "noted",
+        "step 'screen' changed since the run started",
+    ),
 }
 
 
@@ -580,6 +604,7 @@ def test_each_deploy_under_a_kept_version_holds_or_goes_on_noted(
         "app_version": "billing-3",
         "before_tool_call": beta_needs_approval,
         "instructions": {"billing": "Be brief."},
+        "steps": [input_guardrail("screen", screen)],
         **engine.deploy_options(),
     }
     run_id = f"deployed-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's
