@@ -5,7 +5,8 @@ and what those tests share about it.
 
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
 same, beta needing a person), "typed" (the same with instructions, an output type and
-usage limits, named in the worker's registry), "listening" (the gate, or a tool a
+usage limits, named in the worker's registry), "reviewed" (the same with an output
+guardrail whose check is slow and logged, ``reviewed_steps``), "listening" (the gate, or a tool a
 person must approve for a run started with DURABLE_START="approval"; then the model
 repeats what the person said), "broken" (tools also run outside their
 steps), "gated"
@@ -41,6 +42,7 @@ from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
+from statemachine.steps import Step, output_guardrail
 from statemachine.testing import FunctionModel
 
 TURNS = 4  # three turns of two parallel tool calls, then the answer
@@ -95,6 +97,23 @@ async def beta(x: int) -> str:
 
 
 TOOLS = [alpha, beta]
+CHECK_DELAY = 0.15  # an output guardrail's check: long enough to be killed in
+
+
+async def review_answer(text: str) -> str | None:
+    """The "reviewed" runs' output guardrail check, logged as ``start rN``/``end rN``
+    (N: the turn of the answer it judges, from "done after N turns"): the first answer
+    is sent back once, keyed by its text (the same after a restart)."""
+    label = "r" + text.split()[2]
+    _log(f"start {label}")
+    await asyncio.sleep(CHECK_DELAY)
+    _log(f"end {label}")
+    return "count again" if text == f"done after {TURNS} turns" else None
+
+
+def reviewed_steps() -> list[Step]:
+    """The declared steps of the "reviewed" runs."""
+    return [output_guardrail("review", review_answer)]
 
 
 def answer(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
@@ -238,7 +257,8 @@ def launched(runner: Any, body: Callable[[Any], Awaitable[Any]]) -> Any:
 
 def reference_run(mode: str = "") -> sm.RunResult:
     """The run every durable test compares with: the same model and tools, in memory
-    (for the mode "typed", with the same instructions, output type and limits)."""
+    (for the mode "typed", with the same instructions, output type and limits; for
+    "reviewed", with the same steps)."""
     if mode == "typed":
         run = sm.run_agent(
             model=FunctionModel(typed_answer),
@@ -249,7 +269,8 @@ def reference_run(mode: str = "") -> sm.RunResult:
             usage_limits=TYPED_LIMITS,
         )
     else:
-        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go")
+        steps = reviewed_steps() if mode == "reviewed" else []
+        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go", steps=steps)
     return asyncio.run(run)
 
 
@@ -316,6 +337,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
         app_version=os.environ.get("DURABLE_APP_VERSION") or None,
+        steps=reviewed_steps() if mode == "reviewed" else (),
         **registry,
     )
     runner.launch()

@@ -3,15 +3,16 @@
     python tests/temporal_worker.py ADDRESS QUEUE RUN_ID OUT MODE
 
 MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
-"approvals" (the same, beta needing a person), "typed" (the same as "tools" with
-instructions, an output type and usage limits: ``typed``) or "echo" (one slow tool
-call, then the model repeats what the person said). The worker starts RUN_ID (or finds
-it, after a restart), waits for its result and writes it as JSON to OUT. With
-TEMPORAL_GO set it first imports everything and waits for that file to exist (a
-test starts the next worker while the current one runs, to save the imports).
-Every model call's and tool call's start and end is appended to the file named by
-TEMPORAL_SIDE_EFFECTS with the process id and the idempotency key's run id, and
-synced, so a line survives a kill.
+"approvals" (the same, beta needing a person), "reviewed" (the same as "tools" with
+an output guardrail whose check is slow and logged, ``reviewed_steps``), "typed"
+(the same as "tools" with instructions, an output type and usage limits: ``typed``)
+or "echo" (one slow tool call, then the model repeats what the person said). The
+worker starts RUN_ID (or finds it, after a restart), waits for its result and writes
+it as JSON to OUT. With TEMPORAL_GO set it first imports everything and waits for
+that file to exist (a test starts the next worker while the current one runs, to
+save the imports). Every model call's, tool call's and guardrail check's start and
+end is appended to the file named by TEMPORAL_SIDE_EFFECTS with the process id and
+the idempotency key's run id, and synced, so a line survives a kill.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ import statemachine as sm
 from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import idempotency_key
+from statemachine.steps import Step, output_guardrail
 
 TOOL_DELAY = 0.25  # long enough for a test to kill the worker in the middle of a tool
 MODEL_DELAY = 0.25
+CHECK_DELAY = 0.25  # a guardrail's check, likewise
 WORKER = str(Path(__file__).resolve())
 ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -152,6 +155,22 @@ def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.
     return sm.AssistantMessage("heard: " + " | ".join(said))
 
 
+async def review_answer(text: str) -> str | None:
+    """The "reviewed" runs' output guardrail check, logged as ``check rN``/``checked rN``
+    (N: the turn of the answer it judges): the first answer is sent back once, keyed by
+    its text (the same after a restart)."""
+    label = "r" + text.split()[2]
+    _log(f"check {label}")
+    await asyncio.sleep(CHECK_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"checked {label}")
+    return "count again" if text == f"done after {turns()} turns" else None
+
+
+def reviewed_steps() -> list[Step]:
+    """The declared steps of the "reviewed" runs."""
+    return [output_guardrail("review", review_answer)]
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -182,6 +201,7 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         instructions={"billing": billing_instructions},
         output_types={"tally": Tally},
         app_version=os.environ.get("TEMPORAL_APP_VERSION") or None,  # None: the default
+        steps=reviewed_steps() if mode == "reviewed" else (),
     )
     options: dict[str, Any] = {}
     if mode == "typed":
