@@ -47,7 +47,10 @@ PARALLEL = 4  # trials at once
 REVIEWED_TRIALS = max(2, TRIALS // 4)  # with an output guardrail, killed in its check
 CALLS = [f"t{turn}{side}" for turn in (1, 2, 3) for side in "ab"]
 CHECKS = ["r4", "r5"]  # the "reviewed" runs' guardrail checks: turn 4's answer, then 5's
-KILLED_IN_CHECKS: list[int] = []  # kills that landed in a guardrail's check, per trial
+SUMMARIES = ["c5"]  # the "compacted" runs' summarising calls (of five messages)
+STEPS = {"reviewed": CHECKS, "compacted": SUMMARIES}  # the logged steps of each mode
+COMPACTED_CALLS = ["t1", "t2", "t3", "t4"]
+KILLED_IN_CHECKS: list[int] = []  # kills that landed in a step's check, per trial
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -72,14 +75,21 @@ def _recorded_calls(db: str, run_id: str) -> set[str]:
         return set()  # the run is not in the database yet
     finally:
         client.destroy()
-    reviews = [
-        s for s in steps if s["function_name"] == "statemachine.step" and s["output"]
-    ]  # the output guardrail's decisions, in order: CHECKS
-    return {
-        s["output"][0]["callId"]
-        for s in steps
-        if s["function_name"] == "statemachine.tool" and s["output"]
-    } | set(CHECKS[: len(reviews)])
+    decided = [
+        s["output"][0] for s in steps if s["function_name"] == "statemachine.step" and s["output"]
+    ]
+    reviews = [d for d in decided if d["step"] == "review"]  # in order: CHECKS
+    # A compacted decision's message ends with the summary: "summary of N messages".
+    summaries = {f"c{d['message'].split()[-2]}" for d in decided if d["outcome"] == "compacted"}
+    return (
+        {
+            s["output"][0]["callId"]
+            for s in steps
+            if s["function_name"] == "statemachine.tool" and s["output"]
+        }
+        | set(CHECKS[: len(reviews)])
+        | summaries
+    )
 
 
 def _kill_when(proc: subprocess.Popen[bytes], log: Path, lines: int, extra: float) -> bool:
@@ -99,13 +109,15 @@ def _kill_when(proc: subprocess.Popen[bytes], log: Path, lines: int, extra: floa
         return True
 
 
-def _kill_mid_check(proc: subprocess.Popen[bytes], log: Path, extra: float) -> bool:
-    """SIGKILL ``proc`` ``extra`` s after it began a guardrail check it has not ended;
-    False if it ended on its own first."""
+def _kill_mid_check(
+    proc: subprocess.Popen[bytes], log: Path, extra: float, checks: list[str]
+) -> bool:
+    """SIGKILL ``proc`` ``extra`` s after it began one of the ``checks`` (a step's
+    logged work) it has not ended; False if it ended on its own first."""
     pid = str(proc.pid)
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
-        mine = [line for line in log_lines(log) if line[2] == pid and line[1] in CHECKS]
+        mine = [line for line in log_lines(log) if line[2] == pid and line[1] in checks]
         if {c for what, c, *_ in mine if what == "start"} - {
             c for what, c, *_ in mine if what == "end"
         }:
@@ -157,13 +169,18 @@ def _trial(
         already = len(log_lines(log))
         go.touch()
         ready = _warm(db, run_id, out, log, tmp / f"go{index}-{attempt + 1}", mode)
-        if mode == "reviewed":
+        if mode == "reviewed" or (mode == "compacted" and attempt == 0):
             # Within the check: it sleeps CHECK_DELAY between its start and its end.
-            in_checks += _kill_mid_check(proc, log, rng.uniform(0.0, CHECK_DELAY * 0.8))
+            extra = rng.uniform(0.0, CHECK_DELAY * 0.8)
+            in_checks += _kill_mid_check(proc, log, extra, STEPS[mode])
+        elif mode == "compacted":
+            # Later kills land anywhere after: once the summary is recorded, the model
+            # calls after a recovery must be sent the compacted view it made.
+            _kill_when(proc, log, already + rng.randint(0, 3), rng.uniform(0.0, 0.3))
         else:
             _kill_when(proc, log, already + rng.randint(0, 8), rng.uniform(0.0, 0.08))
         processes.append((proc.pid, _recorded_calls(db, run_id)))
-    if mode == "reviewed":
+    if mode in STEPS:
         KILLED_IN_CHECKS.append(in_checks)
     proc, go = ready
     go.touch()
@@ -175,7 +192,8 @@ def _trial(
     started = set(starts)
     # -s shows what each trial did: kills, and interrupted calls run again.
     print(f"trial {index}: {len(processes) - 1} kills, {len(starts) - len(started)} re-runs")
-    if started != set(CALLS) | (set(CHECKS) if mode == "reviewed" else set()):
+    calls = COMPACTED_CALLS if mode == "compacted" else CALLS
+    if started != set(calls) | set(STEPS.get(mode, [])):
         problems.append(f"calls started: {sorted(started)}")
     return (json.loads(out.read_text()) if out.exists() else {}), problems
 
@@ -246,6 +264,24 @@ def test_a_run_killed_during_its_output_guardrails_check_decides_each_check_once
     print(f"kills in a guardrail's check: {KILLED_IN_CHECKS}")
     assert len(KILLED_IN_CHECKS) == REVIEWED_TRIALS
     assert all(KILLED_IN_CHECKS), KILLED_IN_CHECKS  # every trial killed a worker mid-check
+
+
+@pytest.mark.timeout(60 + 30 * REVIEWED_TRIALS)
+def test_a_run_killed_during_its_compactions_summarising_call_summarises_once(
+    tmp_path: Path, database: Callable[[str], str]
+) -> None:
+    """The first kill of each trial lands in the summarising call, the later ones
+    anywhere after: a summary that was running runs again, one whose decision was
+    recorded never does, and the model calls after a recovery are sent the compacted
+    view (its last answer tells the view it was sent, as in run_agent)."""
+    expected = _reference("compacted")
+    assert expected["messages"][-1]["content"][0]["text"].startswith("sent 5 messages")
+    KILLED_IN_CHECKS.clear()
+    failures = _trials(database, tmp_path, REVIEWED_TRIALS, "compacted")
+    assert not failures, failures
+    print(f"kills in a summarising call: {KILLED_IN_CHECKS}")
+    assert len(KILLED_IN_CHECKS) == REVIEWED_TRIALS
+    assert all(KILLED_IN_CHECKS), KILLED_IN_CHECKS  # every trial killed a worker mid-summary
 
 
 @pytest.mark.timeout(120)

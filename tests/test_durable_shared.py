@@ -28,9 +28,11 @@ from durable_worker import (
     alpha,
     answer,
     beta_needs_approval,
+    compacting_steps,
     reference_run,
     replays_to,
     result_json,
+    tells_its_view,
 )
 
 import statemachine as sm
@@ -492,6 +494,32 @@ def test_a_run_with_steps_records_each_decision_and_exports_a_journal_that_repla
     assert len(decided) == 5 + 2  # screen before each of five model calls, review twice
     assert result.messages[-1].text == f"done after {TURNS + 1} turns"  # type: ignore[union-attr]
     replays_to(tmp_path / "guarded.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_a_compacted_run_sends_the_model_the_views_an_in_memory_run_sends(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("compacted", model="viewer", messages="go", tools=["alpha"])
+        result = await handle.result(timeout=60)
+        await runner.export_journal("compacted", tmp_path / "compacted.jsonl")
+        return result
+
+    models = {"viewer": FunctionModel(tells_its_view)}
+    result = engine.run(body, models=models, steps=compacting_steps())
+    reference = asyncio.run(
+        sm.run_agent(
+            model=FunctionModel(tells_its_view),
+            tools=[alpha],
+            messages="go",
+            steps=compacting_steps(),
+        )
+    )
+    assert result_json(result) == result_json(reference)
+    final = result.messages[-1].text  # type: ignore[union-attr]
+    assert final.startswith("sent 5 messages, the first: Summary of the conversation")
+    replays_to(tmp_path / "compacted.jsonl", result)
 
 
 # -- the deploy table ----------------------------------------------------------------------

@@ -22,7 +22,16 @@ from typing import Any
 
 import pytest
 from temporal_support import temporal_server  # noqa: F401 - the session's server
-from temporal_worker import ROOT, TOOLS, WORKER, answer, beta_needs_approval, reviewed_steps
+from temporal_worker import (
+    ROOT,
+    TOOLS,
+    WORKER,
+    answer,
+    beta_needs_approval,
+    compacting_steps,
+    reviewed_steps,
+    viewer,
+)
 
 import statemachine as sm
 from statemachine.core.wire import messages_to_dicts
@@ -119,10 +128,10 @@ def _reference(mode: str, turns: int) -> dict[str, Any]:
     """The same run in memory, every approval granted."""
     os.environ["TEMPORAL_TURNS"] = str(turns)
     hook = beta_needs_approval if mode == "approvals" else None
-    steps = reviewed_steps() if mode == "reviewed" else []
+    steps = {"reviewed": reviewed_steps, "compacted": compacting_steps}.get(mode, list)()
 
     async def go() -> sm.RunResult:
-        model = FunctionModel(answer)
+        model = FunctionModel(viewer if mode == "compacted" else answer)
         result = await sm.run_agent(
             model=model, tools=TOOLS, messages="go", before_tool_call=hook, steps=steps
         )
@@ -155,7 +164,8 @@ async def _attempts(address: str, run_id: str) -> Counter[str]:
     client = await Client.connect(address)
     history = await client.get_workflow_handle(run_id).fetch_history()
     labels: dict[int, str] = {}
-    attempts: Counter[str] = Counter()
+    started: dict[int, int] = {}  # the attempt that finished each activity
+    compactions: set[int] = set()
     models = 0
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -166,15 +176,25 @@ async def _attempts(address: str, run_id: str) -> Counter[str]:
                 labels[event.event_id] = f"m{models}"
             elif attributes.activity_type.name == "statemachine.tool":
                 labels[event.event_id] = payload["call"]["id"]
-            elif attributes.activity_type.name == "statemachine.step":
+            elif payload.get("step") == "review":
                 # The check of the answer of turn N: "rN" (N assistant messages so far).
                 answers = [m for m in payload["messages"] if m["role"] == "assistant"]
                 labels[event.event_id] = f"r{len(answers)}"
+            elif payload.get("step") == "compaction":
+                compactions.add(event.event_id)  # labelled by its decision, if it summarised
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            started = event.activity_task_started_event_attributes
-            label = labels.get(started.scheduled_event_id)
-            if label is not None:
-                attempts[label] += started.attempt
+            attributes = event.activity_task_started_event_attributes
+            started[attributes.scheduled_event_id] = attributes.attempt
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in compactions:
+                [result] = await client.data_converter.decode(list(done.result.payloads))
+                if result[0]["outcome"] == "compacted":  # "...summary of N messages": "cN"
+                    labels[done.scheduled_event_id] = f"c{result[0]['message'].split()[-2]}"
+    attempts: Counter[str] = Counter()
+    for scheduled, attempt in started.items():
+        if scheduled in labels:
+            attempts[labels[scheduled]] += attempt
     return attempts
 
 
@@ -282,6 +302,18 @@ def test_workers_killed_mid_guardrail_check_leave_the_in_memory_history(
     answer; each check runs once per attempt, none again once decided."""
     plan = ["tool", "check", "model", "check"]
     KILLS.append(_trial(temporal_address, tmp_path, "reviewed", 4, plan))
+    assert KILLS[-1] == len(plan)
+
+
+@pytest.mark.timeout(180)
+def test_workers_killed_mid_summary_and_after_it_leave_the_in_memory_history(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """The compaction summarises at turn 4: the worker is killed in the middle of that
+    summarising call, then in the middle of the two model calls after it, which must be
+    sent the compacted view (the last answer tells the view it was sent)."""
+    plan = ["tool", "check", "model", "model"]
+    KILLS.append(_trial(temporal_address, tmp_path, "compacted", 4, plan))
     assert KILLS[-1] == len(plan)
 
 
