@@ -183,8 +183,8 @@ async def _attempts(address: str, run_id: str) -> Counter[str]:
             elif payload.get("step") == "compaction":
                 compactions.add(event.event_id)  # labelled by its decision, if it summarised
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attributes = event.activity_task_started_event_attributes
-            started[attributes.scheduled_event_id] = attributes.attempt
+            began = event.activity_task_started_event_attributes
+            started[began.scheduled_event_id] = began.attempt
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in compactions:

@@ -41,7 +41,7 @@ from typing import Any
 from statemachine._version import __version__
 from statemachine.agent.model_call import check_instructions
 from statemachine.agent.output import compile_output
-from statemachine.agent.steps import Step
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.tools import Tool
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import thaw_json
@@ -66,6 +66,7 @@ __all__ = [
     "table_digest",
     "unknown_extras",
     "with_extras",
+    "worker_manifest",
 ]
 
 HOOKS = ("before_tool_call", "after_tool_call", "should_continue")
@@ -428,6 +429,21 @@ def run_extras(
     if limits is not None:
         extras["usage_limits"] = {f: getattr(limits, f) for f in _LIMITS}
     return extras
+
+
+def worker_manifest(
+    models: Sequence[str],
+    tools: Sequence[Tool],
+    hooks: Mapping[str, Any],
+    steps: Sequence[Step],
+    instructions: Mapping[str, Any],
+    output_types: Mapping[str, Any],
+) -> tuple[Table, dict[str, Any]]:
+    """A worker's registry as its runs record it: the table of its ``steps`` (checked,
+    ``InvalidInputError`` first) and its ``manifest`` ``with_extras``."""
+    table = check_steps(steps)
+    registry = manifest(models, tools, hooks, steps, table)
+    return table, with_extras(registry, instructions, output_types)
 
 
 def unknown_extras(

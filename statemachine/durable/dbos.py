@@ -87,7 +87,7 @@ from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContin
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
 from statemachine.agent.run import continue_run
-from statemachine.agent.steps import Step, check_steps
+from statemachine.agent.steps import Step
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
@@ -133,7 +133,6 @@ from statemachine.durable._registry import (
     check_patches,
     declared_steps,
     differences,
-    manifest,
     patched,
     patches_applied,
     run_extras,
@@ -141,7 +140,7 @@ from statemachine.durable._registry import (
     table_change,
     table_digest,
     unknown_extras,
-    with_extras,
+    worker_manifest,
 )
 from statemachine.durable._wire import call_to_dict, output_json, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
@@ -215,12 +214,9 @@ class DBOSRunner:
         self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
-        self.table = check_steps(steps)
         self.steps = tuple(steps)
-        self.manifest = with_extras(
-            manifest(list(self.models), tools, self.hooks, self.steps, self.table),
-            self.instructions,
-            self.output_types,
+        self.table, self.manifest = worker_manifest(
+            list(self.models), tools, self.hooks, self.steps, self.instructions, self.output_types
         )
         if app_version is not None:
             check_name(app_version, "app_version")
