@@ -4,9 +4,9 @@ Each model call, tool call, batch of ``before_tool_call`` checks,
 ``should_continue`` check and declared step's decision runs as a DBOS step whose
 recorded output is the JSON of the engine events it reported (``_wire``). Every
 step is started eagerly, at the point the engine asks for it, so that DBOS numbers
-the steps in the engine's order (``_lane.start_now``). The tool results of a batch are handed to the
-engine in call order, whatever order the tools finish in, so that this order does
-not depend on timing. Messages to the run come through its inbox, between two
+the steps in the engine's order (``_lane.start_now``). The tool results of a batch
+are handed to the engine in call order, whatever order the tools finish in, so that
+this order does not depend on timing. Messages to the run come through its inbox, between two
 engine events, at the place ``_dbos_control.Control`` records; before a final
 answer the inbox first takes every message stored for the run (``_lane``). A step
 that does not fit what the run recorded in its place (the worker's code differs)

@@ -13,9 +13,9 @@ each one's code). A worker that takes the run compares it with its own:
   never replayed on them (a recorded call is checked against its tool's parameters
   again on replay, so a call the old ones took could be refused by the new);
 - **notes** (a tool's, hook's or step's code or description changed, the run's
-  instructions changed) do not change the run's course: the run goes on, outputs recorded before
-  come from the old code and calls from then on from the new; each such change is
-  recorded with the run. A held run gets no notes: they are written when a worker
+  instructions changed) do not change the run's course: the run goes on, outputs
+  recorded before come from the old code and calls from then on from the new; each
+  such change is recorded with the run. A held run gets no notes: they are written when a worker
   whose code fits it takes it.
 
 ``application_version`` is the package version, a digest of the transition table and
