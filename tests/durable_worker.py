@@ -5,7 +5,10 @@ and what those tests share about it.
 
 MODE is "" (the run RUN_ID of three turns of two parallel tools), "approvals" (the
 same, beta needing a person), "typed" (the same with instructions, an output type and
-usage limits, named in the worker's registry), "listening" (the gate, or a tool a
+usage limits, named in the worker's registry), "reviewed" (the same with an output
+guardrail whose check is slow and logged, ``reviewed_steps``), "compacted" (four
+turns of one tool call, the model's view compacted from the fourth on by a slow,
+logged summariser: ``tells_its_view``, ``compacting_steps``), "listening" (the gate, or a tool a
 person must approve for a run started with DURABLE_START="approval"; then the model
 repeats what the person said), "broken" (tools also run outside their
 steps), "gated"
@@ -41,6 +44,7 @@ from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_to_dicts
 from statemachine.durable import idempotency_key
+from statemachine.steps import Step, compaction, output_guardrail
 from statemachine.testing import FunctionModel
 
 TURNS = 4  # three turns of two parallel tool calls, then the answer
@@ -95,6 +99,54 @@ async def beta(x: int) -> str:
 
 
 TOOLS = [alpha, beta]
+CHECK_DELAY = 0.15  # an output guardrail's check: long enough to be killed in
+
+
+async def review_answer(text: str) -> str | None:
+    """The "reviewed" runs' output guardrail check, logged as ``start rN``/``end rN``
+    (N: the turn of the answer it judges, from "done after N turns"): the first answer
+    is sent back once, keyed by its text (the same after a restart)."""
+    label = "r" + text.split()[2]
+    _log(f"start {label}")
+    await asyncio.sleep(CHECK_DELAY)
+    _log(f"end {label}")
+    return "count again" if text == f"done after {TURNS} turns" else None
+
+
+def reviewed_steps() -> list[Step]:
+    """The declared steps of the "reviewed" runs."""
+    return [output_guardrail("review", review_answer)]
+
+
+def tells_its_view(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    """The "compacted" runs' model, whose answers depend on the view it is sent: one
+    tool call a turn, the next after the newest result it sees; at last it says how
+    many messages it was sent and how the first begins (a summary, once compacted)."""
+    seen = [int(m.tool_call_id[1:]) for m in messages if isinstance(m, sm.ToolResultMessage)]
+    turn = 1 + max(seen, default=0)
+    if turn > 4:
+        first = messages[0]
+        text = "".join(b.text for b in first.content if isinstance(b, sm.TextContent))
+        return sm.AssistantMessage(f"sent {len(messages)} messages, the first: {text[:40]}")
+    return sm.AssistantMessage([sm.ToolCall(f"t{turn}", "alpha", {"x": turn})])
+
+
+async def summarize(messages: Sequence[sm.Message]) -> str:
+    """The "compacted" runs' summariser, logged as ``start cN``/``end cN`` (N: how
+    many messages it summarises) and slow enough to be killed in."""
+    label = f"c{len(messages)}"
+    _log(f"start {label}")
+    await asyncio.sleep(CHECK_DELAY if os.environ.get("DURABLE_SIDE_EFFECTS") else 0)
+    _log(f"end {label}")
+    return f"summary of {len(messages)} messages"
+
+
+def compacting_steps() -> list[Step]:
+    """The declared steps of the "compacted" runs: the view past five messages is a
+    summary and the last two."""
+    return [compaction(summarize, max_messages=5, keep_last=2)]
 
 
 def answer(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
@@ -238,7 +290,8 @@ def launched(runner: Any, body: Callable[[Any], Awaitable[Any]]) -> Any:
 
 def reference_run(mode: str = "") -> sm.RunResult:
     """The run every durable test compares with: the same model and tools, in memory
-    (for the mode "typed", with the same instructions, output type and limits)."""
+    (for the mode "typed", with the same instructions, output type and limits; for
+    "reviewed" and "compacted", with the same model and steps)."""
     if mode == "typed":
         run = sm.run_agent(
             model=FunctionModel(typed_answer),
@@ -248,8 +301,12 @@ def reference_run(mode: str = "") -> sm.RunResult:
             output_type=Tally,
             usage_limits=TYPED_LIMITS,
         )
+    elif mode == "compacted":
+        model = FunctionModel(tells_its_view)
+        run = sm.run_agent(model=model, tools=TOOLS, messages="go", steps=compacting_steps())
     else:
-        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go")
+        steps = reviewed_steps() if mode == "reviewed" else []
+        run = sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go", steps=steps)
     return asyncio.run(run)
 
 
@@ -280,7 +337,13 @@ def result_json(result: sm.RunResult) -> dict[str, Any]:
 
 
 def _model_of(mode: str) -> Any:
-    models = {"typed": typed_answer, "listening": listen, "gated": echo, "gated-dies": echo}
+    models = {
+        "typed": typed_answer,
+        "listening": listen,
+        "gated": echo,
+        "gated-dies": echo,
+        "compacted": tells_its_view,
+    }
     return models.get(mode, answer)
 
 
@@ -316,6 +379,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         executor_id=os.environ.get("DURABLE_EXECUTOR", "local"),
         queues={QUEUE: 2} if mode == "serve" else None,
         app_version=os.environ.get("DURABLE_APP_VERSION") or None,
+        steps={"reviewed": reviewed_steps, "compacted": compacting_steps}.get(mode, list)(),
         **registry,
     )
     runner.launch()

@@ -3,15 +3,17 @@
     python tests/temporal_worker.py ADDRESS QUEUE RUN_ID OUT MODE
 
 MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
-"approvals" (the same, beta needing a person), "typed" (the same as "tools" with
-instructions, an output type and usage limits: ``typed``) or "echo" (one slow tool
-call, then the model repeats what the person said). The worker starts RUN_ID (or finds
-it, after a restart), waits for its result and writes it as JSON to OUT. With
-TEMPORAL_GO set it first imports everything and waits for that file to exist (a
-test starts the next worker while the current one runs, to save the imports).
-Every model call's and tool call's start and end is appended to the file named by
-TEMPORAL_SIDE_EFFECTS with the process id and the idempotency key's run id, and
-synced, so a line survives a kill.
+"approvals" (the same, beta needing a person), "reviewed" (the same as "tools" with
+an output guardrail whose check is slow and logged, ``reviewed_steps``), "compacted"
+(``durable_worker``'s, with its summariser and model logged: ``compacting_steps``), "typed"
+(the same as "tools" with instructions, an output type and usage limits: ``typed``)
+or "echo" (one slow tool call, then the model repeats what the person said). The
+worker starts RUN_ID (or finds it, after a restart), waits for its result and writes
+it as JSON to OUT. With TEMPORAL_GO set it first imports everything and waits for
+that file to exist (a test starts the next worker while the current one runs, to
+save the imports). Every model call's, tool call's and guardrail check's start and
+end is appended to the file named by TEMPORAL_SIDE_EFFECTS with the process id and
+the idempotency key's run id, and synced, so a line survives a kill.
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from durable_worker import TYPED_LIMITS, Tally, billing_instructions, result_json
+from durable_worker import TYPED_LIMITS, Tally, billing_instructions, result_json, tells_its_view
 
 import statemachine as sm
 from statemachine.agent.model import CallOptions
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import idempotency_key
+from statemachine.steps import Step, compaction, output_guardrail
 
 TOOL_DELAY = 0.25  # long enough for a test to kill the worker in the middle of a tool
 MODEL_DELAY = 0.25
+CHECK_DELAY = 0.25  # a guardrail's check, likewise
 WORKER = str(Path(__file__).resolve())
 ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -152,6 +156,48 @@ def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.
     return sm.AssistantMessage("heard: " + " | ".join(said))
 
 
+async def review_answer(text: str) -> str | None:
+    """The "reviewed" runs' output guardrail check, logged as ``check rN``/``checked rN``
+    (N: the turn of the answer it judges): the first answer is sent back once, keyed by
+    its text (the same after a restart)."""
+    label = "r" + text.split()[2]
+    _log(f"check {label}")
+    await asyncio.sleep(CHECK_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"checked {label}")
+    return "count again" if text == f"done after {turns()} turns" else None
+
+
+def reviewed_steps() -> list[Step]:
+    """The declared steps of the "reviewed" runs."""
+    return [output_guardrail("review", review_answer)]
+
+
+async def viewer(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    """The "compacted" runs' model: ``tells_its_view``, logged and slow as ``answer``."""
+    seen = [int(m.tool_call_id[1:]) for m in messages if isinstance(m, sm.ToolResultMessage)]
+    turn = 1 + max(seen, default=0)
+    _log(f"model m{turn}")
+    await asyncio.sleep(MODEL_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"answered m{turn}")
+    return tells_its_view(messages, tools)
+
+
+async def summarize(messages: Sequence[sm.Message]) -> str:
+    """The "compacted" runs' summariser, logged as ``check cN``/``checked cN`` (N: how
+    many messages it summarises) and slow enough to be killed in."""
+    _log(f"check c{len(messages)}")
+    await asyncio.sleep(CHECK_DELAY if os.environ.get("TEMPORAL_SIDE_EFFECTS") else 0)
+    _log(f"checked c{len(messages)}")
+    return f"summary of {len(messages)} messages"
+
+
+def compacting_steps() -> list[Step]:
+    """The declared steps of the "compacted" runs (as ``durable_worker``'s)."""
+    return [compaction(summarize, max_messages=5, keep_last=2)]
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -166,7 +212,7 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
     while go and not os.path.exists(go):
         time.sleep(0.005)
     client = await Client.connect(address)
-    model: Any = {"echo": echo, "typed": typed}.get(mode, answer)
+    model: Any = {"echo": echo, "typed": typed, "compacted": viewer}.get(mode, answer)
     # How long a task waits for this worker's sticky queue (Temporal's default is 5 s).
     sticky = float(os.environ.get("TEMPORAL_STICKY", "0.5"))
     runner = TemporalRunner(
@@ -182,6 +228,7 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
         instructions={"billing": billing_instructions},
         output_types={"tally": Tally},
         app_version=os.environ.get("TEMPORAL_APP_VERSION") or None,  # None: the default
+        steps={"reviewed": reviewed_steps, "compacted": compacting_steps}.get(mode, list)(),
     )
     options: dict[str, Any] = {}
     if mode == "typed":

@@ -39,8 +39,9 @@ from durable_worker import (
 import statemachine as sm
 from statemachine.cli import main
 from statemachine.durable import RunFailedError, RunHeldError, application_version, open_store
-from statemachine.durable._registry import differences, manifest
+from statemachine.durable._registry import differences, manifest, worker_manifest
 from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner, connect
+from statemachine.steps import input_guardrail, output_guardrail
 from statemachine.testing import FunctionModel
 
 
@@ -172,6 +173,52 @@ def test_each_change_of_code_is_blocking_or_a_note() -> None:
         [],
         ["hook 'after_tool_call' was added since the run started"],
     )
+
+
+def _passes(text: str) -> None:
+    return None
+
+
+def _refuses(text: str) -> str:
+    return "no"
+
+
+def test_each_change_of_the_declared_steps_is_blocking_or_a_note() -> None:
+    screen, review = input_guardrail("screen", _passes), output_guardrail("review", _passes)
+
+    def registry(*steps: sm.steps.Step) -> dict[str, Any]:
+        return worker_manifest(["scripted"], TOOLS, {}, steps, {}, {})[1]
+
+    before = registry(screen, review)
+
+    def compare(*steps: sm.steps.Step) -> tuple[list[str], list[str]]:
+        return differences(before, registry(*steps), "scripted", ["alpha", "beta"])
+
+    assert compare(screen, review) == ([], [])
+    assert compare(screen)[0] == [
+        "step 'review' is not in this worker's steps (removed or renamed): the run's "
+        "table has its rows"
+    ]
+    assert compare(screen, output_guardrail("review", _passes, retries=5))[0] == [
+        "step 'review' is declared otherwise than when the run started (its point, "
+        "outcomes or their destinations changed): the run's table has its old rows"
+    ]
+    assert compare(screen, review, input_guardrail("extra", _passes))[0] == [
+        "step 'extra' was added: the run's table has no rows for it"
+    ]
+    assert compare(review, screen)[0] == [
+        "the steps were reordered: the run's table runs them as ['screen', 'review']"
+    ]
+    assert compare(input_guardrail("screen", _refuses), review) == (
+        [],
+        [
+            "step 'screen' changed since the run started: decisions recorded before come "
+            "from its old code, steps from now on run the new"
+        ],
+    )
+    # A worker without steps keeps the version it had before steps existed.
+    assert registry() == manifest(["scripted"], TOOLS, {})
+    assert application_version(registry(screen)) != application_version(registry())
 
 
 @pytest.mark.timeout(180)

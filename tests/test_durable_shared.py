@@ -24,12 +24,15 @@ from typing import Any, TypeVar
 import pytest
 from durable_worker import (
     TOOLS,
+    TURNS,
     alpha,
     answer,
     beta_needs_approval,
+    compacting_steps,
     reference_run,
     replays_to,
     result_json,
+    tells_its_view,
 )
 
 import statemachine as sm
@@ -49,6 +52,7 @@ from statemachine.errors import (
     UnknownRunError,
     UsageError,
 )
+from statemachine.steps import Step, input_guardrail, output_guardrail
 from statemachine.testing import FunctionModel
 
 if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
@@ -447,10 +451,82 @@ def test_a_run_waits_for_a_worker_of_its_application_version(engine: Engine) -> 
     assert result.ok
 
 
+# -- declared steps ------------------------------------------------------------------------
+
+
+def screen(text: str) -> str | None:
+    """An input guardrail's check: lets every request through."""
+    return "no secrets here" if "password" in text else None
+
+
+def screen_v2(text: str) -> str | None:
+    """The same check, new code: stricter."""
+    return "no secrets here" if "password" in text.lower() else None
+
+
+def review(text: str) -> str | None:
+    """An output guardrail's check keyed on the answer (so the same after a restart):
+    the first answer is sent back once."""
+    return f"count again: {text}" if text == f"done after {TURNS} turns" else None
+
+
+def guarded_steps() -> list[Step]:
+    return [input_guardrail("screen", screen), output_guardrail("review", review)]
+
+
+@pytest.mark.timeout(90)
+def test_a_run_with_steps_records_each_decision_and_exports_a_journal_that_replays(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("guarded", model="scripted", messages="go")
+        result = await handle.result(timeout=60)
+        exported = await runner.export_journal("guarded", tmp_path / "guarded.jsonl")
+        assert (exported.finished, exported.state) == (True, "Done")
+        return result
+
+    result = engine.run(body, steps=guarded_steps())
+    reference = asyncio.run(
+        sm.run_agent(model=FunctionModel(answer), tools=TOOLS, messages="go", steps=guarded_steps())
+    )
+    assert result_json(result) == result_json(reference)
+    decided = [r for r in result.trace if r.trigger.value == "step_decided"]
+    assert len(decided) == 5 + 2  # screen before each of five model calls, review twice
+    assert result.messages[-1].text == f"done after {TURNS + 1} turns"  # type: ignore[union-attr]
+    replays_to(tmp_path / "guarded.jsonl", result)
+
+
+@pytest.mark.timeout(90)
+def test_a_compacted_run_sends_the_model_the_views_an_in_memory_run_sends(
+    engine: Engine, tmp_path: Path
+) -> None:
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("compacted", model="viewer", messages="go", tools=["alpha"])
+        result = await handle.result(timeout=60)
+        await runner.export_journal("compacted", tmp_path / "compacted.jsonl")
+        return result
+
+    models = {"viewer": FunctionModel(tells_its_view)}
+    result = engine.run(body, models=models, steps=compacting_steps())
+    reference = asyncio.run(
+        sm.run_agent(
+            model=FunctionModel(tells_its_view),
+            tools=[alpha],
+            messages="go",
+            steps=compacting_steps(),
+        )
+    )
+    assert result_json(result) == result_json(reference)
+    final = result.messages[-1].text  # type: ignore[union-attr]
+    assert final.startswith("sent 5 messages, the first: Summary of the conversation")
+    replays_to(tmp_path / "compacted.jsonl", result)
+
+
 # -- the deploy table ----------------------------------------------------------------------
 # docs/guides/durable.md, "One version kept, without patches": each case a deploy under a
-# kept application version while the run waits for a person on t1b; the same outcome on
-# every backend: held, naming what changed, or goes on, noted.
+# kept application version while the run (with an input guardrail, a declared step) waits
+# for a person on t1b; the same outcome on every backend: held, naming what changed, or
+# goes on, noted.
 
 
 @sm.tool(name="beta")
@@ -520,6 +596,29 @@ DEPLOYS: dict[str, tuple[Callable[[pytest.MonkeyPatch], dict[str, Any]], str, st
         "noted",
         "instructions 'billing' changed since the run started",
     ),
+    "a step removed": (lambda _: {"steps": []}, "held", "step 'screen' is not in this"),
+    "a step's outcomes changed": (
+        lambda _: {"steps": [input_guardrail("screen", screen, state="Refused")]},
+        "held",
+        "step 'screen' is declared otherwise",
+    ),
+    "a step's point changed": (
+        lambda _: {"steps": [output_guardrail("screen", screen)]},
+        "held",
+        "step 'screen' is declared otherwise",
+    ),
+    "a step added": (
+        lambda _: {
+            "steps": [input_guardrail("screen", screen), output_guardrail("review", review)]
+        },
+        "held",
+        "step 'review' was added",
+    ),
+    "a step's code changed": (
+        lambda _: {"steps": [input_guardrail("screen", screen_v2)]},
+        "noted",
+        "step 'screen' changed since the run started",
+    ),
 }
 
 
@@ -533,6 +632,7 @@ def test_each_deploy_under_a_kept_version_holds_or_goes_on_noted(
         "app_version": "billing-3",
         "before_tool_call": beta_needs_approval,
         "instructions": {"billing": "Be brief."},
+        "steps": [input_guardrail("screen", screen)],
         **engine.deploy_options(),
     }
     run_id = f"deployed-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's

@@ -1,10 +1,10 @@
-"""Kill -9 trials of durable runs on Temporal: a worker process is killed in the
-middle of a tool call, of a model call and while its run waits for a person, again
-and again, and another worker takes the run over. Every run ends with the history
-and trace of the same run made in memory, with no finished call run again: a call
-runs once per attempt Temporal recorded for it, each attempt after the first
-caused by a kill, under the same idempotency key (tests/temporal_worker.py is the
-worker)."""
+"""Kill -9 trials of durable runs on Temporal: a worker process is killed in the middle
+of a tool call, of a model call, of an output guardrail's check and while its run
+waits for a person, again and again, and another worker takes the run over. Every
+run ends with the history and trace of the same run made in memory, with no finished
+call run again: a call runs once per attempt Temporal recorded for it, each attempt
+after the first caused by a kill, under the same idempotency key
+(tests/temporal_worker.py is the worker)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,16 @@ from typing import Any
 
 import pytest
 from temporal_support import temporal_server  # noqa: F401 - the session's server
-from temporal_worker import ROOT, TOOLS, WORKER, answer, beta_needs_approval
+from temporal_worker import (
+    ROOT,
+    TOOLS,
+    WORKER,
+    answer,
+    beta_needs_approval,
+    compacting_steps,
+    reviewed_steps,
+    viewer,
+)
 
 import statemachine as sm
 from statemachine.core.wire import messages_to_dicts
@@ -111,16 +120,21 @@ def mid(what: str, done: str) -> Callable[[list[list[str]], int], bool]:
 
 MID_TOOL = mid("start", "end")
 MID_MODEL = mid("model", "answered")
+MID_CHECK = mid("check", "checked")
+BEGINS = ("start", "model", "check")  # what a tool call, a model call, a check logs first
 
 
 def _reference(mode: str, turns: int) -> dict[str, Any]:
     """The same run in memory, every approval granted."""
     os.environ["TEMPORAL_TURNS"] = str(turns)
     hook = beta_needs_approval if mode == "approvals" else None
+    steps = {"reviewed": reviewed_steps, "compacted": compacting_steps}.get(mode, list)()
 
     async def go() -> sm.RunResult:
-        model = FunctionModel(answer)
-        result = await sm.run_agent(model=model, tools=TOOLS, messages="go", before_tool_call=hook)
+        model = FunctionModel(viewer if mode == "compacted" else answer)
+        result = await sm.run_agent(
+            model=model, tools=TOOLS, messages="go", before_tool_call=hook, steps=steps
+        )
         while result.pending_approvals:
             result = await sm.resume_agent(
                 result,
@@ -150,7 +164,8 @@ async def _attempts(address: str, run_id: str) -> Counter[str]:
     client = await Client.connect(address)
     history = await client.get_workflow_handle(run_id).fetch_history()
     labels: dict[int, str] = {}
-    attempts: Counter[str] = Counter()
+    started: dict[int, int] = {}  # the attempt that finished each activity
+    compactions: set[int] = set()
     models = 0
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -161,25 +176,39 @@ async def _attempts(address: str, run_id: str) -> Counter[str]:
                 labels[event.event_id] = f"m{models}"
             elif attributes.activity_type.name == "statemachine.tool":
                 labels[event.event_id] = payload["call"]["id"]
+            elif payload.get("step") == "review":
+                # The check of the answer of turn N: "rN" (N assistant messages so far).
+                answers = [m for m in payload["messages"] if m["role"] == "assistant"]
+                labels[event.event_id] = f"r{len(answers)}"
+            elif payload.get("step") == "compaction":
+                compactions.add(event.event_id)  # labelled by its decision, if it summarised
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            started = event.activity_task_started_event_attributes
-            label = labels.get(started.scheduled_event_id)
-            if label is not None:
-                attempts[label] += started.attempt
+            began = event.activity_task_started_event_attributes
+            started[began.scheduled_event_id] = began.attempt
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in compactions:
+                [result] = await client.data_converter.decode(list(done.result.payloads))
+                if result[0]["outcome"] == "compacted":  # "...summary of N messages": "cN"
+                    labels[done.scheduled_event_id] = f"c{result[0]['message'].split()[-2]}"
+    attempts: Counter[str] = Counter()
+    for scheduled, attempt in started.items():
+        if scheduled in labels:
+            attempts[labels[scheduled]] += attempt
     return attempts
 
 
 def _check(trials: Trials, attempts: Counter[str], reference: dict[str, Any]) -> None:
     assert json.loads(trials.out.read_text()) == reference
     lines = trials.lines()
-    began = Counter(line[1] for line in lines if line[0] in ("start", "model"))
+    began = Counter(line[1] for line in lines if line[0] in BEGINS)
     assert set(began) == set(attempts)
     killed = {str(pid) for pid in trials.killed}
     for label, runs in began.items():
         # At most once per attempt Temporal recorded (the last one finished it: no
         # finished call ran again); an attempt may have died before the call began.
         assert 1 <= runs <= attempts[label] <= 1 + len(killed)
-        pids = [line[2] for line in lines if line[0] in ("start", "model") and line[1] == label]
+        pids = [line[2] for line in lines if line[0] in BEGINS and line[1] == label]
         # Each run but the last was in a worker that was then killed: one per kill.
         assert len(set(pids)) == runs
         assert set(pids[:-1]) <= killed
@@ -223,7 +252,8 @@ def _trial(address: str, tmp: Path, mode: str, turns: int, plan: list[str]) -> i
                     await trials.kill_when(lambda lines, pid: True)
                     await decide_all()
                 else:
-                    await trials.kill_when(MID_TOOL if point == "tool" else MID_MODEL)
+                    mids = {"tool": MID_TOOL, "model": MID_MODEL, "check": MID_CHECK}
+                    await trials.kill_when(mids[point])
                     if len(decided) < asks:
                         await decide_all()
             async with asyncio.timeout(90):
@@ -261,6 +291,30 @@ def test_workers_killed_while_the_run_waits_for_a_person_leave_the_in_memory_his
     KILLS.append(_trial(temporal_address, tmp_path, "approvals", 4, plan))
     assert KILLS[-1] == len(plan)
     assert sum(KILLS) >= MIN_KILLS or len(KILLS) < 2
+
+
+@pytest.mark.timeout(180)
+def test_workers_killed_mid_guardrail_check_leave_the_in_memory_history(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """The output guardrail sends turn 4's answer back once: the worker is killed in the
+    middle of that check, of the model call that follows and of the check of turn 5's
+    answer; each check runs once per attempt, none again once decided."""
+    plan = ["tool", "check", "model", "check"]
+    KILLS.append(_trial(temporal_address, tmp_path, "reviewed", 4, plan))
+    assert KILLS[-1] == len(plan)
+
+
+@pytest.mark.timeout(180)
+def test_workers_killed_mid_summary_and_after_it_leave_the_in_memory_history(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """The compaction summarises at turn 4: the worker is killed in the middle of that
+    summarising call, then in the middle of the two model calls after it, which must be
+    sent the compacted view (the last answer tells the view it was sent)."""
+    plan = ["tool", "check", "model", "model"]
+    KILLS.append(_trial(temporal_address, tmp_path, "compacted", 4, plan))
+    assert KILLS[-1] == len(plan)
 
 
 @pytest.mark.timeout(120)

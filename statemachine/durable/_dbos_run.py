@@ -1,12 +1,12 @@
 """The executor of a durable run: ``AgentRun`` with each operation a DBOS step.
 
-Each model call, tool call, batch of ``before_tool_call`` checks and
-``should_continue`` check runs as a DBOS step whose recorded output is the JSON of
-the engine events it reported (``_wire``). Every step is started eagerly, at
-the point the engine asks for it, so that DBOS numbers the steps in the engine's
-order (``_lane.start_now``). The tool results of a batch are handed to the
-engine in call order, whatever order the tools finish in, so that this order does
-not depend on timing. Messages to the run come through its inbox, between two
+Each model call, tool call, batch of ``before_tool_call`` checks,
+``should_continue`` check and declared step's decision runs as a DBOS step whose
+recorded output is the JSON of the engine events it reported (``_wire``). Every
+step is started eagerly, at the point the engine asks for it, so that DBOS numbers
+the steps in the engine's order (``_lane.start_now``). The tool results of a batch
+are handed to the engine in call order, whatever order the tools finish in, so that
+this order does not depend on timing. Messages to the run come through its inbox, between two
 engine events, at the place ``_dbos_control.Control`` records; before a final
 answer the inbox first takes every message stored for the run (``_lane``). A step
 that does not fit what the run recorded in its place (the worker's code differs)
@@ -28,13 +28,21 @@ from statemachine.agent.events import RunResult
 from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.run import AgentRun, ExecutorFactory, use_backend
-from statemachine.core.events import CallModel, Event, InputKind, InputQueued, ModelResponded
+from statemachine.core.events import (
+    CallModel,
+    Event,
+    InputKind,
+    InputQueued,
+    ModelResponded,
+    RunStep,
+    StepDecided,
+)
 from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
 from statemachine.durable._course import user_message
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
 from statemachine.durable._dbos_errors import DBOSUnexpectedStepError
-from statemachine.durable._journal import NOT_RECORDED
+from statemachine.durable._journal import DECISION_STEP, NOT_RECORDED
 from statemachine.durable._order import CallOrder
 from statemachine.durable._wire import decode_step_events, encode_step_events
 
@@ -164,6 +172,10 @@ class DurableExecutor(AsyncioExecutor):
         check = partial(self.check_continue, turn)
         self.start_helper(self._step("", "statemachine.continue", check), eager=True)
 
+    def start_step(self, action: RunStep) -> None:
+        decide = partial(self.run_step, action)
+        self.start_helper(self._step("", DECISION_STEP, decide), eager=True)
+
     # -- steps -----------------------------------------------------------------------------
 
     async def _step(
@@ -203,7 +215,13 @@ class DurableExecutor(AsyncioExecutor):
                 self.deliver(key, capture.events)
             raise
         if saved is not NOT_RECORDED:
-            self.deliver(key, decode_step_events(saved))
+            events = decode_step_events(saved)
+            for event in events:
+                if isinstance(event, StepDecided):
+                    # A recorded decision (not run again) makes the compacted view the
+                    # model calls from now on are sent, as it did when it was made.
+                    self.hook_caller.views.note(event)
+            self.deliver(key, events)
 
     async def saved(
         self, name: str, key: str, step: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]

@@ -34,6 +34,7 @@ from statemachine.errors import InvalidInputError
 
 __all__ = [
     "CONTINUE_STEP",
+    "DECISION_STEP",
     "MAX_EXPORT_STEPS",
     "MODEL_STEP",
     "NOT_RECORDED",
@@ -55,7 +56,8 @@ MODEL_STEP = "statemachine.model"
 TOOL_STEP = "statemachine.tool"
 PERMISSION_STEP = "statemachine.permissions"
 CONTINUE_STEP = "statemachine.continue"
-STEPS = (MODEL_STEP, TOOL_STEP, PERMISSION_STEP, CONTINUE_STEP)
+DECISION_STEP = "statemachine.step"  # a declared step's decision (``statemachine.steps``)
+STEPS = (MODEL_STEP, TOOL_STEP, PERMISSION_STEP, CONTINUE_STEP, DECISION_STEP)
 NOT_RECORDED: Any = object()  # a step an export finds no record of
 
 

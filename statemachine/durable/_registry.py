@@ -7,14 +7,15 @@ each one's code). A worker that takes the run compares it with its own:
 
 - **blocking** changes (a model or tool the run names is gone, a tool is scheduled
   differently or takes other parameters, a ``before_tool_call`` or
-  ``should_continue`` hook was added or removed, the transition table changed) would
+  ``should_continue`` hook was added or removed, the transition table changed, a
+  declared step was removed, added or reordered or its point or outcomes changed) would
   hand the engine other events than the recorded ones, or none: the run is held,
   never replayed on them (a recorded call is checked against its tool's parameters
   again on replay, so a call the old ones took could be refused by the new);
-- **notes** (a tool's or hook's code or description changed, the run's instructions
-  changed) do not change the run's course: the run goes on, outputs recorded before
-  come from the old code and calls from then on from the new; each such change is
-  recorded with the run. A held run gets no notes: they are written when a worker
+- **notes** (a tool's, hook's or step's code or description changed, the run's
+  instructions changed) do not change the run's course: the run goes on, outputs
+  recorded before come from the old code and calls from then on from the new; each
+  such change is recorded with the run. A held run gets no notes: they are written when a worker
   whose code fits it takes it.
 
 ``application_version`` is the package version, a digest of the transition table and
@@ -41,10 +42,12 @@ from statemachine._version import __version__
 from statemachine.agent.model_call import check_instructions
 from statemachine.agent.options import DEFAULT_MAX_TURNS, refuse_unknown
 from statemachine.agent.output import compile_output
+from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.tools import Tool
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import thaw_json
-from statemachine.core.table import TRANSITIONS
+from statemachine.core.steps import table_from_data, table_to_data
+from statemachine.core.table import TRANSITIONS, Table
 from statemachine.durable._inputs import run_spec
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -56,6 +59,7 @@ __all__ = [
     "application_version",
     "check_patches",
     "code_digest",
+    "declared_steps",
     "differences",
     "manifest",
     "patched",
@@ -68,6 +72,7 @@ __all__ = [
     "table_digest",
     "unknown_extras",
     "with_extras",
+    "worker_manifest",
 ]
 
 HOOKS = ("before_tool_call", "after_tool_call", "should_continue")
@@ -150,12 +155,28 @@ def _scheduling(tool: Tool) -> str:
     return f"{tool.sequential}:{'' if resources is None else code_digest(resources)}"
 
 
+def _declaration(table: Table) -> dict[str, str]:
+    """A digest of each step's declaration (its point, outcomes and their destinations,
+    ``on_error``), by name: what its rows in the table are made of."""
+    return {
+        entry["name"]: hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:12]
+        for entry in table_to_data(table)
+    }
+
+
 def manifest(
-    models: Sequence[str], tools: Sequence[Tool], hooks: Mapping[str, Any]
+    models: Sequence[str],
+    tools: Sequence[Tool],
+    hooks: Mapping[str, Any],
+    steps: Sequence[Step] = (),
+    table: Table | None = None,
 ) -> dict[str, Any]:
     """The registry as a run records it (JSON): model names, tools and hooks by name
-    with a digest of each (a hook not set: ``None``)."""
-    return {
+    with a digest of each (a hook not set: ``None``); with ``steps`` (whose checked
+    ``table`` it is), the steps in their order, each with a digest of its declaration
+    and of its function's code. No ``steps`` key without steps, so a registry without
+    them keeps its version."""
+    registry: dict[str, Any] = {
         "models": sorted(models),
         "tools": {t.name: _tool_digest(t) for t in tools},
         "scheduling": {t.name: _scheduling(t) for t in tools},
@@ -164,6 +185,10 @@ def manifest(
             name: None if hooks.get(name) is None else code_digest(hooks[name]) for name in HOOKS
         },
     }
+    if steps and table is not None:
+        declared = _declaration(table)
+        registry["steps"] = [[s.name, declared[s.name], code_digest(s.function)] for s in steps]
+    return registry
 
 
 def application_version(registry: Mapping[str, Any] | None = None) -> str:
@@ -234,6 +259,7 @@ def differences(
                 notes.append(f"hook {name!r} was {change} since the run started")
         elif theirs != ours:
             notes.append(f"hook {name!r} changed since the run started")
+    _step_differences(recorded.get("steps", []), mine.get("steps", []), blocking, notes)
     if instructions is not None:
         theirs = recorded.get("instructions", {}).get(instructions)
         ours = mine.get("instructions", {}).get(instructions)
@@ -243,6 +269,47 @@ def differences(
                 "recorded before were sent the old ones, calls from now on are sent the new"
             )
     return blocking, notes
+
+
+def _step_differences(
+    recorded: Sequence[Sequence[str]],
+    mine: Sequence[Sequence[str]],
+    blocking: list[str],
+    notes: list[str],
+) -> None:
+    """The changes of the declared steps (``manifest``): a step removed, added or
+    reordered, or declared otherwise, changes the table the run's recorded decisions
+    were made on (blocking); a step's code changed only what it decides from now on."""
+    theirs = {entry[0]: entry for entry in recorded}
+    ours = {entry[0]: entry for entry in mine}
+    for name, entry in theirs.items():
+        if name not in ours:
+            blocking.append(
+                f"step {name!r} is not in this worker's steps (removed or renamed): the "
+                "run's table has its rows"
+            )
+        elif entry[1] != ours[name][1]:
+            blocking.append(
+                f"step {name!r} is declared otherwise than when the run started (its point, "
+                "outcomes or their destinations changed): the run's table has its old rows"
+            )
+        elif entry[2] != ours[name][2]:
+            notes.append(
+                f"step {name!r} changed since the run started: decisions recorded before "
+                "come from its old code, steps from now on run the new"
+            )
+    for name in ours:
+        if name not in theirs:
+            blocking.append(f"step {name!r} was added: the run's table has no rows for it")
+    kept = [n for n in theirs if n in ours]
+    if kept != [n for n in ours if n in theirs]:
+        blocking.append(f"the steps were reordered: the run's table runs them as {kept}")
+
+
+def declared_steps(table: Table) -> dict[str, Any]:
+    """What a run's input records of its steps (JSON, ``table_to_data``): an export
+    rebuilds the run's table from it; empty for a run without steps."""
+    return {"steps": table_to_data(table)} if table.steps else {}
 
 
 # -- patches ------------------------------------------------------------------------------
@@ -401,6 +468,21 @@ def run_input(
     return spec, extras
 
 
+def worker_manifest(
+    models: Sequence[str],
+    tools: Sequence[Tool],
+    hooks: Mapping[str, Any],
+    steps: Sequence[Step],
+    instructions: Mapping[str, Any],
+    output_types: Mapping[str, Any],
+) -> tuple[Table, dict[str, Any]]:
+    """A worker's registry as its runs record it: the table of its ``steps`` (checked,
+    ``InvalidInputError`` first) and its ``manifest`` ``with_extras``."""
+    table = check_steps(steps)
+    registry = manifest(models, tools, hooks, steps, table)
+    return table, with_extras(registry, instructions, output_types)
+
+
 def unknown_extras(
     spec: Mapping[str, Any], instructions: Mapping[str, Any], output_types: Mapping[str, Any]
 ) -> list[str]:
@@ -428,10 +510,22 @@ def run_options(
     return options
 
 
+async def _never_decides(*args: Any) -> str:
+    raise AssertionError("an export answers the steps from their recorded decisions")
+
+
 def replay_options(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The options that shape a run's course, for rebuilding it without the registry
-    (an export): its output type's JSON Schema and its usage limits."""
+    (an export): its output type's JSON Schema, its usage limits and its steps (their
+    declarations, each answered by its recorded decisions; ``StepDeclarationError``
+    for recorded declarations that do not make a table)."""
     options: dict[str, Any] = {}
+    if spec.get("steps"):
+        table = table_from_data(spec["steps"])
+        options["steps"] = [
+            Step(s.name, s.point, dict(s.outcomes), _never_decides, on_error=s.on_error)
+            for s in table.steps
+        ]
     if spec.get("output_schema") is not None:
         options["output_type"] = spec["output_schema"]
     if spec.get("usage_limits") is not None:

@@ -17,7 +17,8 @@ from statemachine.agent.output import Output, compile_output
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event, InputQueued
 from statemachine.core.messages import ToolCall, Usage
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.steps import table_from_data, table_to_data
+from statemachine.core.table import BASE_TABLE, State, Table, Trigger, TurnState
 from statemachine.core.trace import TransitionRecord
 from statemachine.core.wire import (
     block_from_dict,
@@ -114,10 +115,15 @@ def output_json(result: RunResult, engine: Engine, output_type: str | None) -> A
     return {"type": output_type, "value": output.value(result.messages, engine.output_call)}
 
 
-def result_to_dict(result: RunResult, stats: RunStats | None, output: Any = None) -> dict[str, Any]:
+def result_to_dict(
+    result: RunResult, stats: RunStats | None, output: Any = None, table: Table = BASE_TABLE
+) -> dict[str, Any]:
     """The workflow's output: ``result`` with ``stats`` (the run's, all parts) and its
-    structured output (``output_json``)."""
+    structured output (``output_json``); with the declarations of the run's steps
+    (``table``, its engine's), whose states its trace may name."""
+    steps = {"steps": table_to_data(table)} if table.steps else {}
     return {
+        **steps,
         "output": output,
         "state": result.state.value,
         "messages": messages_to_dicts(result.messages),
@@ -137,7 +143,8 @@ def result_from_dict(
     """The ``RunResult`` of a workflow's output (``result_to_dict``); its structured
     output converted to its type when ``output_types`` (a runner's registry) has it,
     else the validated JSON object."""
-    state = TurnState(d["state"])
+    table = table_from_data(d["steps"]) if d.get("steps") else BASE_TABLE
+    state = _state(table, d["state"])
     output = d.get("output")
     value = None
     if isinstance(output, Mapping):
@@ -154,7 +161,8 @@ def result_from_dict(
         turns=d["turns"],
         explanation=d["explanation"],
         trace=tuple(
-            TransitionRecord(TurnState(s), Trigger(t), TurnState(e), n) for s, t, e, n in d["trace"]
+            TransitionRecord(_state(table, s), Trigger(t), _state(table, e), n)
+            for s, t, e, n in d["trace"]
         ),
         run_id=run_id,
         stats=_stats_from_dict(d.get("stats")),
@@ -163,3 +171,9 @@ def result_from_dict(
         snapshot=d["snapshot"],
         output=value,
     )
+
+
+def _state(table: Table, name: str) -> State:
+    """The state named ``name`` in the run's ``table`` (one of the library's, or one of
+    its steps'); ``ValueError`` for another."""
+    return table.state_named(name) or TurnState(name)

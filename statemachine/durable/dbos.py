@@ -3,8 +3,9 @@
 A run is one DBOS workflow, named ``statemachine.run``, whose id is the run id. It
 drives the same ``AgentRun`` as ``run_agent`` (the one action loop of
 ``statemachine.agent.loop``); only the executor differs (``_dbos_run``): each model
-call, each tool call, each batch of ``before_tool_call`` checks and each
-``should_continue`` check runs as a DBOS step whose recorded output is the JSON of the
+call, each tool call, each batch of ``before_tool_call`` checks, each
+``should_continue`` check and each decision of a declared step (``steps=``,
+``statemachine.steps``) runs as a DBOS step whose recorded output is the JSON of the
 engine events it reported (``_wire.decode_step_events`` reads it back; our
 messages do not pickle). After a crash DBOS runs the workflow again from the top: the
 steps already recorded return their saved events without running, so the engine
@@ -40,10 +41,10 @@ the model; what comes after the run's last answer is its ``queued_input``.
 
 What it costs: one saved operation per model call and per tool call (one more per
 ``before_tool_call`` batch and per ``should_continue`` check when those hooks are
-set); listening costs one saved operation per run (the wait's deadline) and three per
-message taken; taking every message before a final answer costs five (and on SQLite
-up to one notification interval); a wait for approvals costs one per published change
-of the pending calls.
+set, and per decision of a declared step); listening costs one saved operation per
+run (the wait's deadline) and three per message taken; taking every message before a
+final answer costs five (and on SQLite up to one notification interval); a wait for
+approvals costs one per published change of the pending calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
@@ -87,6 +88,7 @@ from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
 from statemachine.agent.options import NewRunOptions, resolve
 from statemachine.agent.run import continue_run
+from statemachine.agent.steps import Step
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
@@ -129,8 +131,8 @@ from statemachine.durable._inputs import (
 from statemachine.durable._registry import (
     application_version,
     check_patches,
+    declared_steps,
     differences,
-    manifest,
     patched,
     patches_applied,
     run_input,
@@ -138,7 +140,7 @@ from statemachine.durable._registry import (
     table_change,
     table_digest,
     unknown_extras,
-    with_extras,
+    worker_manifest,
 )
 from statemachine.durable._wire import call_to_dict, output_json, result_to_dict
 from statemachine.errors import InvalidInputError, UsageError
@@ -192,6 +194,7 @@ class DBOSRunner:
         deprecated_patches: Collection[str] = (),
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
+        steps: Sequence[Step] = (),
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -211,8 +214,9 @@ class DBOSRunner:
         self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
-        self.manifest = with_extras(
-            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+        self.steps = tuple(steps)
+        self.table, self.manifest = worker_manifest(
+            list(self.models), tools, self.hooks, self.steps, self.instructions, self.output_types
         )
         if app_version is not None:
             check_name(app_version, "app_version")
@@ -328,7 +332,8 @@ class DBOSRunner:
     def _spec(self, where: str, run_id: str, options: DurableRunOptions) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
         spec, extras = run_input(self, where, run_id, options)
-        return {**spec, "code": self.manifest, "table": table_digest(), **extras}
+        table = {"table": table_digest(), **declared_steps(self.table)}
+        return {**spec, "code": self.manifest, **table, **extras}
 
     async def handle(self, run_id: str) -> DBOSRunHandle:
         """The handle of an existing run; ``UnknownRunError`` if there is none."""
@@ -358,6 +363,7 @@ class DBOSRunner:
             "run_id": run_id,
             **run_options(spec, self.instructions, self.output_types),
             **self.hooks,
+            "steps": self.steps,
         }
         options = resolve("DBOSRunner", given, NewRunOptions)  # the run's record
         model = self.models[spec["model"]]
@@ -424,7 +430,7 @@ class DBOSRunner:
             # Wakes the handles waiting for the result (``DBOSRunHandle.result``);
             # the run's last operation. SQLite has no notification: its waiters poll.
             await DBOS.set_event_async(DONE, True)
-        return result_to_dict(result, stats, output)
+        return result_to_dict(result, stats, output, runs[-1].engine.table)
 
     def _fit(self, spec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """How this worker's code differs from what the run ``spec`` recorded: the

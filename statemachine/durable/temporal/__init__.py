@@ -74,6 +74,7 @@ from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.steps import Step
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
@@ -81,10 +82,10 @@ from statemachine.durable import DurableRunOptions, ExportedJournal, ListedRun, 
 from statemachine.durable._inputs import check_name, check_run_id, checked_text
 from statemachine.durable._registry import (
     application_version,
-    manifest,
+    declared_steps,
     run_input,
     table_digest,
-    with_extras,
+    worker_manifest,
 )
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._activities import Activities, checkpoint, last_checkpoint
@@ -140,6 +141,14 @@ def _checked_worker_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def _by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
+    """The worker's tools by name; ``InvalidInputError`` for a name given twice."""
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"tool names must be unique, got {names}")
+    return {t.name: t for t in tools}
+
+
 class TemporalRunner:
     """Runs agent runs as Temporal workflows in this process (a worker).
 
@@ -184,17 +193,15 @@ class TemporalRunner:
         worker_options: Mapping[str, Any] | None = None,
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
+        steps: Sequence[Step] = (),
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names):
-            raise InvalidInputError(f"tool names must be unique, got {names}")
         check_name(task_queue, "task_queue")
         self.client = client
         self.task_queue = task_queue
         self.models = dict(models)
-        self.tools = {t.name: t for t in tools}
+        self.tools = _by_name(tools)
         self.hooks: dict[str, Any] = {
             "before_tool_call": before_tool_call,
             "after_tool_call": after_tool_call,
@@ -202,8 +209,9 @@ class TemporalRunner:
         }
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
-        self.manifest = with_extras(
-            manifest(list(self.models), tools, self.hooks), self.instructions, self.output_types
+        self.steps = tuple(steps)
+        self.table, self.manifest = worker_manifest(
+            list(self.models), tools, self.hooks, self.steps, self.instructions, self.output_types
         )
         if app_version is not None:
             check_name(app_version, "app_version")
@@ -229,7 +237,7 @@ class TemporalRunner:
             raise UsageError("this runner is launched already")
         if self.task_queue in registries:
             raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
-        hooks = Hooks(**self.hooks)
+        hooks = Hooks(**self.hooks, steps=self.steps)
         activities = Activities(
             self.models,
             self.tools,
@@ -394,6 +402,7 @@ class TemporalRunner:
             **spec,
             "code": self.manifest,
             "table": table_digest(),
+            **declared_steps(self.table),
             "app_version": self.app_version,
             **extras,
         }

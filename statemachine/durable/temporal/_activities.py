@@ -3,7 +3,7 @@ check, performed in a worker as ``run_agent`` performs it.
 
 An activity runs one operation with the in-process executor's own code
 (``AsyncioExecutor.call_model``, ``run_tool``, ``check_permissions``,
-``check_continue``) and returns the JSON of the engine events it reported: a tool
+``check_continue``, ``run_step``) and returns the JSON of the engine events it reported: a tool
 that raises is an error result for the model, a model call that fails is a failed
 call; neither is an activity failure, so Temporal never retries them. An activity
 fails (and is retried) only when its worker dies, or when it meets this worker's
@@ -44,11 +44,24 @@ from statemachine.agent.model_call import Instructions, RunModel
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
-from statemachine.core.events import CallModel, Event, ModelCancelled, ToolCancelled
+from statemachine.core.events import (
+    CallModel,
+    Event,
+    ModelCancelled,
+    RunStep,
+    StepDecided,
+    ToolCancelled,
+)
 from statemachine.core.messages import Message
 from statemachine.core.wire import action_from_dict, messages_from_dicts
 from statemachine.durable import _durable_run_id
-from statemachine.durable._journal import CONTINUE_STEP, MODEL_STEP, PERMISSION_STEP, TOOL_STEP
+from statemachine.durable._journal import (
+    CONTINUE_STEP,
+    DECISION_STEP,
+    MODEL_STEP,
+    PERMISSION_STEP,
+    TOOL_STEP,
+)
 from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -179,7 +192,7 @@ class Activities:
         self.heartbeat = heartbeat
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.model, self.tool, self.permissions, self.should_continue]
+        return [self.model, self.tool, self.permissions, self.should_continue, self.step]
 
     def _of_my_version(self, payload: Mapping[str, Any]) -> None:
         """Refuse (retryable, ``OTHER_VERSION``) an operation of a run of another
@@ -192,15 +205,23 @@ class Activities:
                 type=OTHER_VERSION,
             )
 
-    def _executor(self, loop: _OneOperation, client: Any = None) -> AsyncioExecutor:
+    def _executor(
+        self, loop: _OneOperation, client: Any = None, views: Any = None
+    ) -> AsyncioExecutor:
+        """The executor of one operation; ``views``: the run's last summary of each
+        compaction step (``_run``), which its model calls and steps go on from."""
         stand_in: Any = loop  # what the executor needs of an ActionLoop (_OneOperation)
-        return AsyncioExecutor(
+        executor = AsyncioExecutor(
             stand_in,
             model=client,
             tools=self.tools,
             hooks=self.hooks,
             grace=self.grace,
         )
+        if isinstance(views, Mapping):
+            for step, message in views.items():
+                executor.hook_caller.views.note(StepDecided(str(step), "compacted", str(message)))
+        return executor
 
     def _model(self, run_id: str, model: str, call: CallModel, instructions: str | None) -> Any:
         """The model client of the call ``call``, sending the run's instructions."""
@@ -231,7 +252,7 @@ class Activities:
         client = self._model(
             payload["run_id"], payload["model"], action, payload.get("instructions")
         )
-        executor = self._executor(loop, client)
+        executor = self._executor(loop, client, payload.get("views"))
         await self._perform(loop, "model", executor.call_model(action))
         return encode_step_events(loop.events)
 
@@ -268,6 +289,20 @@ class Activities:
         loop = _OneOperation(payload["run_id"], messages)
         executor = self._executor(loop)
         await self._perform(loop, "", executor.check_continue(payload["turn"]))
+        return encode_step_events(loop.events)
+
+    @activity.defn(name=DECISION_STEP)
+    async def step(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._of_my_version(payload)
+        name = payload["step"]
+        if name not in {s.name for s in self.hooks.steps}:
+            raise ApplicationError(
+                f"this worker has no step {name!r}", type=CODE_MISMATCH, non_retryable=True
+            )
+        messages = messages_from_dicts(payload["messages"])
+        loop = _OneOperation(payload["run_id"], messages)
+        executor = self._executor(loop, views=payload.get("views"))
+        await self._perform(loop, "", executor.run_step(RunStep(name, 0)))
         return encode_step_events(loop.events)
 
     async def _perform(

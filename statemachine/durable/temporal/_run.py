@@ -1,12 +1,15 @@
 """The run inside a Temporal workflow: ``AgentRun`` with each operation an activity.
 
 The workflow drives the same ``AgentRun`` as ``run_agent``; only the executor and
-the inbox differ. Each model call, tool call, batch of ``before_tool_call`` checks
-and ``should_continue`` check is one operation whose output is the JSON of the
-engine events it reported (``_wire``): in the workflow an activity
+the inbox differ. Each model call, tool call, batch of ``before_tool_call`` checks,
+``should_continue`` check and declared step's decision is one operation whose
+output is the JSON of the engine events it reported (``_wire``): in the workflow an activity
 (``Operations``), in an export the output the workflow history holds for it. The
 tool results of a batch are handed to the engine in call order (``_order``), so
-that history and trace do not depend on which tool finished first.
+that history and trace do not depend on which tool finished first. The last summary
+of each compaction step (its ``compacted`` decision, recorded like any other) goes
+with every later model call and step decision, so that the activity sends the model
+the compacted view the run is in, on any worker, after any replay.
 
 Messages to the run (steer, follow-up, abort, decisions) are kept by the
 workflow's handlers in the run's lane (``Lane``); the inbox takes them between two
@@ -35,6 +38,8 @@ from statemachine.core.events import (
     ModelCancelled,
     ModelFailed,
     ModelResponded,
+    RunStep,
+    StepDecided,
     ToolCancelled,
     ToolFinished,
 )
@@ -43,6 +48,7 @@ from statemachine.core.wire import action_to_dict, messages_to_dicts
 from statemachine.durable._course import user_message
 from statemachine.durable._journal import (
     CONTINUE_STEP,
+    DECISION_STEP,
     MODEL_STEP,
     NOT_RECORDED,
     PERMISSION_STEP,
@@ -175,6 +181,8 @@ class RemoteExecutor(AsyncioExecutor):
         self.ops = ops
         self._order = CallOrder(self._post, loop.reported)
         self._run_id = loop.engine.run_id
+        # The last summary of each compaction step, by step (module docstring).
+        self._views: dict[str, str] = {}
 
     def report(self, key: str, event: Event) -> None:
         super().report(key, event)
@@ -186,7 +194,7 @@ class RemoteExecutor(AsyncioExecutor):
         running = [t for t in (*self.tasks.values(), *self.helpers) if not t.done()]
         if not running and self.ops.roll_over():
             return  # the run goes on in a new execution, which makes this call
-        payload = {"action": action_to_dict(action)}
+        payload = {"action": action_to_dict(action), "views": dict(self._views)}
         self.start_operation("model", self._remote(MODEL_STEP, "model", payload), eager=False)
 
     def start_tool(self, call: ToolCall, alone: bool) -> None:
@@ -202,6 +210,11 @@ class RemoteExecutor(AsyncioExecutor):
         messages = messages_to_dicts(self.loop.engine.messages)
         payload = {"messages": messages, "turn": turn}
         self.start_helper(self._remote(CONTINUE_STEP, "", payload))
+
+    def start_step(self, action: RunStep) -> None:
+        messages = messages_to_dicts(self.loop.engine.messages)
+        payload = {"step": action.step, "messages": messages, "views": dict(self._views)}
+        self.start_helper(self._remote(DECISION_STEP, "", payload))
 
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         """Ask each running operation to stop: the activity fires the signal its
@@ -238,6 +251,11 @@ class RemoteExecutor(AsyncioExecutor):
         if misfit:
             self.ops.mismatch(misfit)
             return
+        for event in events:
+            if isinstance(event, StepDecided) and event.outcome == "compacted":
+                self._views[event.step] = event.message
+            elif isinstance(event, StepDecided) and event.outcome == "kept":
+                self._views.pop(event.step, None)
         self.deliver(key, events)
 
     def deliver(self, key: str, events: list[Event]) -> None:
@@ -286,4 +304,6 @@ def _misfit(name: str, key: str, events: Sequence[Event]) -> str:
             return f"the result recorded for tool call {key!r} answers {ends}"
     elif name == MODEL_STEP and not (len(events) == 1 and isinstance(events[0], MODEL_ANSWERS)):
         return "the result recorded for a model call is not a model's answer"
+    elif name == DECISION_STEP and not (len(events) == 1 and isinstance(events[0], StepDecided)):
+        return "the result recorded for a step is not a step's decision"
     return ""

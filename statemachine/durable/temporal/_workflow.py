@@ -37,6 +37,7 @@ from statemachine.durable._course import drive
 from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
 from statemachine.durable._registry import (
     differences,
+    replay_options,
     run_options,
     table_change,
     unknown_extras,
@@ -230,6 +231,8 @@ class RunWorkflow:
             "run_id": workflow.info().workflow_id,
             "grace_period": registry.settings.grace,
             **{h: stand_in_hook for h in registry.hooks},
+            # The run's steps as it recorded them (their decisions are activities).
+            "steps": replay_options(spec).get("steps", ()),
             **extras,
         }
         options = resolve("TemporalRunner", given, NewRunOptions)  # the run's record
@@ -268,7 +271,8 @@ class RunWorkflow:
                 non_retryable=True,
             ) from None
         output = output_json(result, runs[-1].engine, spec.get("output_types"))
-        return {**result_to_dict(result, stats, output), "places": self._lane.places}
+        output_dict = result_to_dict(result, stats, output, runs[-1].engine.table)
+        return {**output_dict, "places": self._lane.places}
 
     async def _publish(self, calls: Sequence[ToolCall]) -> None:
         self._pending = [call_to_dict(c) for c in calls]
