@@ -41,10 +41,10 @@ the model; what comes after the run's last answer is its ``queued_input``.
 
 What it costs: one saved operation per model call and per tool call (one more per
 ``before_tool_call`` batch and per ``should_continue`` check when those hooks are
-set, and per decision of a declared step); listening costs one saved operation per run (the wait's deadline) and three per
-message taken; taking every message before a final answer costs five (and on SQLite
-up to one notification interval); a wait for approvals costs one per published change
-of the pending calls.
+set, and per decision of a declared step); listening costs one saved operation per
+run (the wait's deadline) and three per message taken; taking every message before a
+final answer costs five (and on SQLite up to one notification interval); a wait for
+approvals costs one per published change of the pending calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
