@@ -331,8 +331,9 @@ def result_json(result: sm.RunResult) -> dict[str, Any]:
         "messages": messages_to_dicts(result.messages),
         "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in result.trace],
     }
-    if result.output is not None:
-        found["output"] = [type(result.output).__name__, dataclasses.asdict(result.output)]
+    output = result.output  # a text run's is its final text, already in the messages
+    if output is not None and dataclasses.is_dataclass(output) and not isinstance(output, type):
+        found["output"] = [type(output).__name__, dataclasses.asdict(output)]
     return found
 
 

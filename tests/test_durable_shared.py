@@ -492,7 +492,7 @@ def test_a_run_with_steps_records_each_decision_and_exports_a_journal_that_repla
     assert result_json(result) == result_json(reference)
     decided = [r for r in result.trace if r.trigger.value == "step_decided"]
     assert len(decided) == 5 + 2  # screen before each of five model calls, review twice
-    assert result.messages[-1].text == f"done after {TURNS + 1} turns"  # type: ignore[union-attr]
+    assert result.messages[-1].text == f"done after {TURNS + 1} turns"
     replays_to(tmp_path / "guarded.jsonl", result)
 
 
@@ -517,7 +517,7 @@ def test_a_compacted_run_sends_the_model_the_views_an_in_memory_run_sends(
         )
     )
     assert result_json(result) == result_json(reference)
-    final = result.messages[-1].text  # type: ignore[union-attr]
+    final = result.messages[-1].text
     assert final.startswith("sent 5 messages, the first: Summary of the conversation")
     replays_to(tmp_path / "compacted.jsonl", result)
 
