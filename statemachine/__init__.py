@@ -57,6 +57,7 @@ from statemachine.agent.hooks import (
 )
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model import use_model_strings as _use_model_strings
+from statemachine.agent.options import AgentOptions, NewRunOptions, ResumeOptions, RunOptions
 from statemachine.agent.resume import resume_agent, resume_agent_sync, resume_run
 from statemachine.agent.run import (
     AgentRun,
@@ -95,6 +96,7 @@ __all__ = [
     "AbortSignal",
     "AbortedError",
     "Agent",
+    "AgentOptions",
     "AgentRun",
     "AssistantMessage",
     "Deny",
@@ -107,9 +109,12 @@ __all__ = [
     "ModelFailedError",
     "ModelRetry",
     "ModelSettings",
+    "NewRunOptions",
     "RequireApproval",
+    "ResumeOptions",
     "RunContext",
     "RunEvent",
+    "RunOptions",
     "RunResult",
     "RunReturned",
     "RunStarted",

@@ -71,39 +71,41 @@ def test_an_agent_keeps_what_every_run_repeats() -> None:
     ]
 
 
-def test_agent_run_is_run_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
+def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> list[sm.AgentRun]:
+    """The runs an ``Agent`` builds from now on (each holds its resolved options)."""
+    runs: list[sm.AgentRun] = []
 
-    async def spy(**options: Any) -> sm.RunResult:
-        seen.update(options)
-        return await sm.run_agent(**options)
+    class Spy(sm.AgentRun):
+        def __init__(self, **keywords: Any) -> None:
+            super().__init__(**keywords)
+            runs.append(self)
 
-    monkeypatch.setattr(agent_module, "run_agent", spy)
+    monkeypatch.setattr(agent_module, "AgentRun", Spy)
+    return runs
+
+
+def test_agent_run_hands_its_options_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _spy_runs(monkeypatch)
     agent = sm.Agent(ScriptedModel("hi"), max_turns=3, instructions="x")
     assert agent.run_sync("hello").final_text == "hi"
-    assert seen["max_turns"] == 3
-    assert seen["instructions"] == "x"
-    assert seen["messages"] == [sm.UserMessage("hello")]
+    options = runs[0].options
+    assert options.max_turns == 3
+    assert options.instructions == "x"
+    assert list(runs[0].engine.messages[:1]) == [sm.UserMessage("hello")]
     # without them, the structured-output and limit options are run_agent's defaults
-    assert (seen["output_type"], seen["output_retries"], seen["usage_limits"]) == (None, 2, None)
+    assert (options.output_type, options.output_retries, options.usage_limits) == (None, 2, None)
 
 
-def test_output_and_limit_options_are_handed_to_run_agent(
+def test_output_and_limit_options_are_handed_to_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: dict[str, Any] = {}
-
-    async def spy(**options: Any) -> sm.RunResult:
-        seen.update(options)
-        return sm.RunResult(sm.TurnState.DONE, (), None, 0, "")
-
-    monkeypatch.setattr(agent_module, "run_agent", spy)
+    runs = _spy_runs(monkeypatch)
     limits = sm.UsageLimits(requests=3)
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
-    sm.Agent(ScriptedModel(), output_type=schema, output_retries=5, usage_limits=limits).run_sync(
-        "x"
-    )
-    assert (seen["output_type"], seen["output_retries"], seen["usage_limits"]) == (
+    agent = sm.Agent(ScriptedModel(), output_type=schema, output_retries=5, usage_limits=limits)
+    agent.run_sync("x")
+    options = runs[0].options
+    assert (options.output_type, options.output_retries, options.usage_limits) == (
         schema,
         5,
         limits,

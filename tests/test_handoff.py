@@ -84,7 +84,7 @@ def test_a_handoff_is_in_the_journal_and_replays_exactly(tmp_path: Path) -> None
         result = run_agent_sync(
             model=team.agent.model,
             tools=team.agent.tools,
-            steps=team.agent.steps,
+            steps=team.agent.options.steps,
             messages="Refund A17.",
             engine_factory=partial(JournalingEngine, journal=journal),
         )
@@ -189,4 +189,4 @@ def test_a_team_takes_steps_of_its_own_and_compacts_without_losing_who_speaks() 
     assert all(
         "transfer_to_billing" not in str(request.messages) for request in billing.requests[-2:]
     )
-    assert [s.name for s in team.agent.steps] == ["handoff_limit", "compaction"]
+    assert [s.name for s in team.agent.options.steps] == ["handoff_limit", "compaction"]

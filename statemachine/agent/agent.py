@@ -1,9 +1,10 @@
 """``Agent``: a model, tools, instructions, hooks and settings, kept for many runs.
 
-An ``Agent`` holds what every run of it repeats; each method builds the keyword
-arguments of the functional form and calls it, so ``Agent.run`` *is* ``run_agent``
-(``run_stream`` builds the same ``AgentRun`` that ``run_agent`` runs, and ``resume``
-calls ``resume_agent``): one code path, one set of checks, one result type.
+An ``Agent`` holds what every run of it repeats, as one record of the run's options
+(``agent.options``, ``statemachine.agent.options``); each method hands that record,
+with the run's own ``deps``, ``model_settings`` and ``signal`` in place, to the same
+``AgentRun`` that ``run_agent`` runs (``resume`` to ``resume_run``): one code path,
+one set of checks, one result type.
 
 Per run: a prompt (a string or a ``UserMessage``) after an optional
 ``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Concatenate, Final, Generic, overload
+from typing import Any, Concatenate, Final, Generic, TypedDict, Unpack, overload
 
 import attrs
 from typing_extensions import ParamSpec, TypeVar
@@ -51,28 +52,20 @@ from statemachine.agent.delegation import (
 )
 from statemachine.agent.events import OutputT, RunResult, RunStats
 from statemachine.agent.hooks import (
-    AfterToolCall,
     BeforeToolCall,
     Deny,
-    ShouldContinue,
-    TransformContext,
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
-from statemachine.agent.model_call import Instructions, check_instructions
+from statemachine.agent.options import AgentOptions, Options, refuse_unknown, resolve
 from statemachine.agent.output import (
-    OutputMode,
-    OutputType,
     OutputValidator,
     Validated,
     check_output_validators,
     compile_output,
 )
-from statemachine.agent.resume import resume_agent
+from statemachine.agent.resume import resume_run
 from statemachine.agent.run import (
-    DEFAULT_GRACE_PERIOD,
     AgentRun,
-    check_tools,
-    run_agent,
 )
 from statemachine.agent.session import (
     Session,
@@ -81,16 +74,15 @@ from statemachine.agent.session import (
     run_in_session,
     session_history_only,
 )
-from statemachine.agent.steps import Step, check_steps
+from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import StreamedRun
 from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.agent.tools import tool as make_tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.checks import positive_int
-from statemachine.core.limits import UsageLimits, check_usage_limits
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.tools import DEFAULT_TOOL_RETRIES, ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
 
@@ -98,6 +90,37 @@ __all__ = ["DEFAULT_MAX_DEPTH", "Agent", "StreamedRun"]
 
 DepsT = TypeVar("DepsT", default=Any)
 """The type of the ``deps`` an agent's runs take (``deps_type``; ``Any`` when unsaid)."""
+
+
+class _OneRun(TypedDict, Generic[DepsT], total=False):
+    """What one run of an agent is given beside its prompt (module docstring)."""
+
+    deps: DepsT
+    """Handed to tools, hooks and instructions that take a ``RunContext``."""
+    model_settings: ModelSettings | None
+    """Settings over the agent's, field by field."""
+    signal: AbortSignal | None
+    """Aborts the run when it fires."""
+    session: Session | None
+    """The session the run is read from and stored in (``statemachine.sessions``)."""
+
+
+class AgentRunKeywords(_OneRun[DepsT], total=False):
+    """The keywords of ``Agent.run``, ``run_sync`` and ``run_stream``."""
+
+    message_history: Sequence[Message]
+    """The messages before the prompt (not with a ``session``)."""
+
+
+class AgentResumeKeywords(_OneRun[DepsT], total=False):
+    """The keywords of ``Agent.resume`` and ``resume_sync``: ``resume_run``'s
+    decisions and checks (``ResumeOptions``), and the run's own."""
+
+    approvals: Mapping[str, bool | Deny] | None
+    message: str | UserMessage | None
+    key: bytes | str | None
+    stats: RunStats | None
+
 
 _P = ParamSpec("_P")
 
@@ -110,15 +133,12 @@ class Agent(Generic[DepsT, OutputT]):
     ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
-    keywords are ``run_agent``'s; ``deps_type``, when given, is checked against the
-    ``deps`` of every run (as a tool's ``RunContext[T]`` is), before any model call.
-    ``output_type``, ``output_retries``, ``output_mode`` and ``usage_limits`` are
-    checked here, as
-    ``run_agent`` checks them (``InvalidInputError`` naming the argument), and given to
-    every run and every resume of the agent. ``steps`` (``statemachine.steps``) are
-    checked here too and given to every run; ``table`` is the agent's transition
-    table, steps included (what ``statemachine check --agent`` and ``diagram --agent``
-    read).
+    keywords are the options every run of the agent is given (``AgentOptions``), checked
+    here as ``run_agent`` checks them (``InvalidInputError`` naming the argument) and
+    kept in ``options``; ``deps_type``, when given, is checked against the ``deps`` of
+    every run (as a tool's ``RunContext[T]`` is), before any model call. ``table`` is
+    the agent's transition table, steps included (what ``statemachine check --agent``
+    and ``diagram --agent`` read).
     """
 
     def __init__(
@@ -126,58 +146,33 @@ class Agent(Generic[DepsT, OutputT]):
         model: ModelClient | str,
         *,
         name: str | None = None,
-        tools: Sequence[Tool] = (),
-        instructions: Instructions | None = None,
-        model_settings: ModelSettings | None = None,
-        max_turns: int = 8,
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
-        transform_context: TransformContext | None = None,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
-        logger: Any = None,
         deps_type: type[DepsT] | None = None,
-        output_type: OutputType[OutputT] = None,
-        output_retries: int = DEFAULT_OUTPUT_RETRIES,
-        output_mode: OutputMode = "auto",
-        usage_limits: UsageLimits | None = None,
-        steps: Sequence[Step] = (),
         output_validators: Sequence[OutputValidator] = (),
+        **options: Unpack[AgentOptions[OutputT]],
     ) -> None:
-        check_tools(tools)
-        self.table = check_steps(steps)  # refused now, before any run
-        self.steps = tuple(steps)
-        check_instructions(instructions)
-        check_usage_limits(usage_limits)
+        self.options = resolve("Agent", options, AgentOptions)
+        self.table = check_steps(self.options.steps)
         # Built here only to refuse a bad type or retry count now (the retries are read,
         # as by run_agent, only with an output type); each run builds its own.
         self.model = resolve_model(model)
-        compile_output(output_type, output_retries, output_mode, self.model)
-        if model_settings is not None and not isinstance(model_settings, ModelSettings):
-            raise InvalidInputError("model_settings must be a ModelSettings")
+        opts = self.options
+        compile_output(opts.output_type, opts.output_retries, opts.output_mode, self.model)
         self.name = name
-        self.tools = tuple(tools)
-        self.instructions = instructions
-        self.model_settings = model_settings or ModelSettings()
-        self.max_turns = max_turns
-        self.hooks: dict[str, Any] = {
-            "before_tool_call": before_tool_call,
-            "after_tool_call": after_tool_call,
-            "should_continue": should_continue,
-            "transform_context": transform_context,
-        }
-        self.grace_period = grace_period
-        self.logger = logger
         self.deps_type = deps_type
-        self.output_type = output_type
         self.output_validators = list(check_output_validators(output_validators))
-        self.output_retries = output_retries
-        self.output_mode = output_mode
-        self.usage_limits = usage_limits
         # What override() replaces, in the current context only.
         self._override: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
             "statemachine_agent_override", default=None
         )
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The agent's tools (``tools=``, then those its decorators added)."""
+        return self.options.tools
+
+    @tools.setter
+    def tools(self, tools: Sequence[Tool]) -> None:
+        self.options = attrs.evolve(self.options, tools=tools)  # checked by the record
 
     def __repr__(self) -> str:
         return f"Agent(name={self.name!r}, model={self.model!r}, tools={len(self.tools)})"
@@ -228,17 +223,14 @@ class Agent(Generic[DepsT, OutputT]):
         return fn
 
     def _add_tool(self, added: Tool) -> None:
-        tools = (*self.tools, added)
-        check_tools(tools)  # a duplicate name is refused here, not at the first run
-        self.tools = tools
+        self.tools = (*self.tools, added)  # a duplicate name is refused here, not at a run
 
     def instructions_function(
         self, fn: Callable[[RunContext[DepsT]], str]
     ) -> Callable[[RunContext[DepsT]], str]:
         """Decorator: ``fn(ctx)`` gives the agent's instructions at each model call (it
         replaces instructions given before). Returns ``fn``."""
-        check_instructions(fn)
-        self.instructions = fn
+        self.options = attrs.evolve(self.options, instructions=fn)  # checked by the record
         return fn
 
     def output_validator(self, fn: OutputValidator) -> OutputValidator:
@@ -270,121 +262,79 @@ class Agent(Generic[DepsT, OutputT]):
 
     # -- the keywords of one run ------------------------------------------------------------
 
-    def _shared(self, deps: object, model_settings: ModelSettings | None) -> dict[str, Any]:
-        override = self._override.get()
-        model = self.model if override is None else override.get("model", self.model)
-        if override is not None and "deps" in override:
-            deps = override["deps"]
-        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
-        return {
-            "model": model,
-            "tools": self.tools,
-            "instructions": self.instructions,
-            "model_settings": self.model_settings.merged(model_settings),
-            "deps": deps,
-            "grace_period": self.grace_period,
-            "logger": self.logger,
-            **self.hooks,
-            "output_type": Validated(self.output_type, tuple(self.output_validators))
-            if self.output_validators
-            else self.output_type,
-            "output_retries": self.output_retries,
-            "usage_limits": self.usage_limits,
-        }
-
     def _run_options(
-        self,
-        prompt: str | UserMessage | None,
-        message_history: Sequence[Message],
-        deps: object,
-        model_settings: ModelSettings | None,
-        signal: AbortSignal | None,
-    ) -> tuple[dict[str, Any], int]:
-        """``run_agent``'s keywords for one run, and how many messages it is given."""
-        if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
-            raise InvalidInputError("message_history must be a sequence of messages")
-        messages = list(message_history)
-        if prompt is not None:
-            messages.append(prompt_message(prompt, "prompt"))
-        options = self._shared(deps, model_settings)
-        options.update(
-            messages=messages, max_turns=self.max_turns, signal=signal, output_mode=self.output_mode
+        self, where: str, keywords: Mapping[str, Any], keys: type[Mapping[str, Any]]
+    ) -> tuple[ModelClient, Options]:
+        """The client and the options of one run of this agent, given the ``keywords``
+        of its method ``where`` (``override``'s first)."""
+        refuse_unknown(where, keywords, keys)
+        model_settings, signal = keywords.get("model_settings"), keywords.get("signal")
+        override = self._override.get() or {}
+        model = override.get("model", self.model)
+        deps = override.get("deps", keywords.get("deps"))
+        check_deps(deps, [(f"Agent {self.name or ''}".rstrip(), self.deps_type)])
+        o = self.options
+        output_type = o.output_type
+        if self.output_validators:
+            output_type = Validated(output_type, tuple(self.output_validators))
+        settings = (o.model_settings or ModelSettings()).merged(model_settings)
+        return model, attrs.evolve(
+            o, deps=deps, model_settings=settings, signal=signal, output_type=output_type
         )
-        if self.steps:
-            options["steps"] = self.steps
-        return options, len(message_history)
 
     # -- run --------------------------------------------------------------------------------
 
     async def run(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``run_agent`` with this agent's model, tools, instructions, hooks and
         settings, on ``message_history`` followed by ``prompt``; with a ``session``
         (``statemachine.sessions``), on the session's history instead."""
-        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        model, options = self._run_options("run", keywords, AgentRunKeywords)
+        message_history, session = keywords.get("message_history", ()), keywords.get("session")
+        messages = _messages(prompt, message_history)
+
+        async def run(history: Sequence[Message]) -> RunResult[OutputT]:
+            return await AgentRun(model=model, messages=history, options=options).run()
+
         if session is not None:
             session_history_only(message_history)
-            return await run_in_session(
-                session,
-                options["messages"],
-                lambda history: run_agent(**options | {"messages": history}),
-            )
-        return attrs.evolve(await run_agent(**options), given=given)
+            return await run_in_session(session, messages, run)
+        return attrs.evolve(await run(messages), given=len(message_history))
 
     def run_sync(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``run`` for code without an event loop (as ``run_agent_sync``)."""
         refuse_running_loop("run_sync")
-        run = self.run(
-            prompt,
-            message_history=message_history,
-            deps=deps,
-            model_settings=model_settings,
-            signal=signal,
-            session=session,
-        )
-        return run_sync(run, self.grace_period)
+        return run_sync(self.run(prompt, **keywords), self.options.grace_period)
 
     @contextlib.asynccontextmanager
     async def run_stream(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> AsyncIterator[StreamedRun[OutputT]]:
         """``async with agent.run_stream(prompt) as run:`` iterate ``run`` for every
         ``RunEvent``, or ``run.stream_text()`` for the answer's text as it arrives;
         ``await run.result()`` for the ``RunResult``. Leaving the block early aborts
         the run (and waits for it to close). With a ``session``, the run's new messages
         are stored when the block ends."""
-        options, given = self._run_options(prompt, message_history, deps, model_settings, signal)
+        model, options = self._run_options("run_stream", keywords, AgentRunKeywords)
+        message_history, session = keywords.get("message_history", ()), keywords.get("session")
+        messages, given = _messages(prompt, message_history), len(message_history)
         turn = None
         if session is not None:
             session_history_only(message_history)
-            turn = await SessionTurn.open(session, options["messages"])
-            options["messages"], given = turn.messages, turn.given
+            turn = await SessionTurn.open(session, messages)
+            messages, given = turn.messages, turn.given
         try:
-            streamed: StreamedRun[OutputT] = StreamedRun(AgentRun(**options), given, turn)
+            run = AgentRun[OutputT](model=model, messages=messages, options=options)
+            streamed: StreamedRun[OutputT] = StreamedRun(run, given, turn)
         except BaseException:
             if turn is not None:
                 turn.release()
@@ -424,81 +374,45 @@ class Agent(Generic[DepsT, OutputT]):
                     put(text)
                 return await run.result()
 
-        return StreamedRunSync(stream, self.grace_period)
+        return StreamedRunSync(stream, self.options.grace_period)
 
     # -- resume -----------------------------------------------------------------------------
 
     async def resume(
         self,
         state: RunResult | Mapping[str, Any],
-        *,
-        approvals: Mapping[str, bool | Deny] | None = None,
-        message: str | UserMessage | None = None,
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        key: bytes | str | None = None,
-        stats: RunStats | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentResumeKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``resume_agent`` with this agent's model, tools, instructions, hooks, output
         type and usage limits (so the resumed run's output is typed again); with the
         ``session`` the run was suspended on, its turn is stored there once it ends."""
-        if session is not None:
-            return await resume_in_session(
-                session,
+        model, options = self._run_options("resume", keywords, AgentResumeKeywords)
+        session = keywords.get("session")
+
+        async def resumed() -> RunResult[OutputT]:
+            run = resume_run(
                 state,
-                lambda: self.resume(
-                    state,
-                    approvals=approvals,
-                    message=message,
-                    deps=deps,
-                    model_settings=model_settings,
-                    signal=signal,
-                    key=key,
-                    stats=stats,
-                ),
+                model=model,
+                options=options,
+                approvals=keywords.get("approvals"),
+                message=keywords.get("message"),
+                key=keywords.get("key"),
+                stats=keywords.get("stats"),
             )
-        options = self._shared(deps, model_settings)
-        if self.steps:
-            options["steps"] = self.steps
-        return await resume_agent(
-            state,
-            approvals=approvals,
-            message=message,
-            signal=signal,
-            key=key,
-            stats=stats,
-            **options,
-        )
+            return await run.run()
+
+        if session is None:
+            return await resumed()
+        return await resume_in_session(session, state, resumed)
 
     def resume_sync(
         self,
         state: RunResult | Mapping[str, Any],
-        *,
-        approvals: Mapping[str, bool | Deny] | None = None,
-        message: str | UserMessage | None = None,
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
-        signal: AbortSignal | None = None,
-        key: bytes | str | None = None,
-        stats: RunStats | None = None,
-        session: Session | None = None,
+        **keywords: Unpack[AgentResumeKeywords[DepsT]],
     ) -> RunResult[OutputT]:
         """``resume`` for code without an event loop."""
         refuse_running_loop("resume_sync")
-        run = self.resume(
-            state,
-            approvals=approvals,
-            message=message,
-            deps=deps,
-            model_settings=model_settings,
-            signal=signal,
-            key=key,
-            stats=stats,
-            session=session,
-        )
-        return run_sync(run, self.grace_period)
+        return run_sync(self.resume(state, **keywords), self.options.grace_period)
 
     # -- as a tool of another agent ---------------------------------------------------------
 
@@ -562,7 +476,7 @@ class Agent(Generic[DepsT, OutputT]):
         parent = current_run_context()
         parent_deps = parent.deps if parent is not None else None
         child_deps: Any = deps(parent_deps) if deps is not None else parent_deps
-        limits = self.usage_limits
+        limits = self.options.usage_limits
         if join_usage:
             allowed, left = usage_left()
             if not allowed:
@@ -578,7 +492,7 @@ class Agent(Generic[DepsT, OutputT]):
             leave_depth(token)
         if result.stats is not None:
             note_child_stats(result.stats)
-        output = child_output(tool_name, result, self.output_type is not None)
+        output = child_output(tool_name, result, self.options.output_type is not None)
         if not join_usage:
             return output
         requests = result.stats.model_calls if result.stats is not None else result.turns
@@ -592,6 +506,21 @@ class Agent(Generic[DepsT, OutputT]):
         usage_limits: UsageLimits | None,
     ) -> RunResult[OutputT]:
         """``run`` as a sub-agent, held to ``usage_limits`` (the parent's remainder)."""
-        options, given = self._run_options(prompt, (), deps, None, signal)
-        options["usage_limits"] = usage_limits
-        return attrs.evolve(await run_agent(**options), given=given)
+        model, options = self._run_options(
+            "run", {"deps": deps, "signal": signal}, AgentRunKeywords
+        )
+        options = attrs.evolve(options, usage_limits=usage_limits)
+        run = AgentRun[OutputT](model=model, messages=_messages(prompt, ()), options=options)
+        return attrs.evolve(await run.run(), given=0)
+
+
+def _messages(
+    prompt: str | UserMessage | None, message_history: Sequence[Message]
+) -> list[Message]:
+    """The messages one run is given: ``message_history``, then ``prompt``."""
+    if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
+        raise InvalidInputError("message_history must be a sequence of messages")
+    messages = list(message_history)
+    if prompt is not None:
+        messages.append(prompt_message(prompt, "prompt"))
+    return messages

@@ -120,7 +120,7 @@ async def decide_approvals(
     """The child's run once ``approve`` has decided each call it stopped for and it
     was resumed (``result`` itself without a hook, or when the hook asks for a
     person); the child's turns bound how often it can stop."""
-    for _ in range(agent.max_turns):
+    for _ in range(agent.options.max_turns):
         if approve is None or not result.pending_approvals:
             return result
         decisions: dict[str, bool | Deny] = {}

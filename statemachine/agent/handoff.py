@@ -262,7 +262,7 @@ class Handoffs:
         client: Any = member.model
         if not takes_options(client):
             return await answer_of(client, client.complete(messages, own, signal))
-        given = member.instructions
+        given = member.options.instructions
         instructions: object = await call_hook(given) if callable(given) else given
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidInputError(

@@ -27,40 +27,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import attrs
 
 from statemachine.agent.calls import call_hook, describe
 from statemachine.agent.context import reset_run_context, run_context
-from statemachine.agent.events import OutputT, RunResult, RunStats
+from statemachine.agent.events import OutputT, RunResult
 from statemachine.agent.hooks import (
-    AfterToolCall,
     BeforeToolCall,
     Deny,
     RequireApproval,
-    ShouldContinue,
-    TransformContext,
 )
-from statemachine.agent.model import ModelClient, ModelSettings
-from statemachine.agent.model_call import Instructions
-from statemachine.agent.output import OutputType, compile_output
+from statemachine.agent.model import ModelClient
+from statemachine.agent.options import DEFAULTS, Options, ResumeOptions, RunOptions, resolve
+from statemachine.agent.output import compile_output
 from statemachine.agent.run import (
-    DEFAULT_GRACE_PERIOD,
     AgentRun,
-    check_tools,
     continue_run,
 )
-from statemachine.agent.steps import Step, check_steps
+from statemachine.agent.steps import check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
-from statemachine.core.abort import AbortSignal
-from statemachine.core.checks import positive_int
 from statemachine.core.engine import DEFAULT_MAX_SNAPSHOT_BYTES, Engine
 from statemachine.core.events import ApprovalDecided, Event, InputQueued
-from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, OutputSpec
+from statemachine.core.output import OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import validate_arguments
 from statemachine.errors import (
@@ -77,61 +69,44 @@ def resume_run(
     state: RunResult | Mapping[str, Any],
     *,
     model: ModelClient | str,
-    tools: Sequence[Tool] = (),
-    approvals: Mapping[str, bool | Deny] | None = None,
-    message: str | UserMessage | None = None,
-    max_turns: int | None = None,
-    usage_limits: UsageLimits | None = None,
-    output_type: OutputType[OutputT] = None,
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
-    key: bytes | str | None = None,
-    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    signal: AbortSignal | None = None,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    transform_context: TransformContext | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
-    logger: Any = None,
-    instructions: Instructions | None = None,
-    model_settings: ModelSettings | None = None,
-    deps: object = None,
-    stats: RunStats | None = None,
-    steps: Sequence[Step] = (),
+    options: Options = DEFAULTS,
+    **keywords: Unpack[ResumeOptions[OutputT]],
 ) -> AgentRun[OutputT]:
     """An ``AgentRun`` that continues a run suspended in ``AwaitingUser``. ``state`` is
     the ``RunResult`` or its ``snapshot``; give ``approvals`` (call id -> True, False or
     ``Deny(reason)``) for every pending call, or a new ``message`` (pending calls are then
     "not approved"). ``max_turns`` may raise the limit; ``usage_limits``, ``output_type``,
     ``output_retries`` replace the run's (give the type again for a typed output); the
-    run's ``steps`` are given again. The rest: the module docstring."""
-    engine = _restore(state, tools, logger, key, max_snapshot_bytes, max_turns, usage_limits, steps)
-    engine.output = _output_spec(engine, output_type, output_retries)
+    run's ``steps`` are given again; its ``output_mode`` is the suspended run's. The
+    options are ``ResumeOptions`` (``options``: a resolved record they replace fields
+    of, as ``AgentRun``'s). The rest: the module docstring."""
+    given = keywords  # what is left once what resuming alone takes is taken out
+    approvals = given.pop("approvals", None)
+    message = given.pop("message", None)
+    key = given.pop("key", None)
+    max_snapshot_bytes = given.pop("max_snapshot_bytes", DEFAULT_MAX_SNAPSHOT_BYTES)
+    stats = given.pop("stats", None)
+    if "max_turns" in given and given["max_turns"] is None:
+        del given["max_turns"]  # None: the suspended run keeps its limit
+    if "output_mode" in given:
+        raise InvalidInputError("output_mode: a resumed run keeps the mode of the run it resumes")
+    opts = resolve("resume_run", given, RunOptions, options)
+    max_turns = opts.max_turns if "max_turns" in given else None
+    engine = _restore(state, opts, key, max_snapshot_bytes, max_turns)
+    engine.output = _output_spec(engine, opts.output_type, opts.output_retries)
     events = _resume_events(engine, approvals, message)
-    recheck = [] if message is not None else _may_run(engine, events, tools, before_tool_call)
+    policy = opts.before_tool_call
+    recheck = [] if message is not None else _may_run(engine, events, opts.tools, policy)
     run = continue_run(
         _ResumedRun,
         engine,
         events,
-        output_type=output_type,
-        output_retries=output_retries,
         model=model,
-        tools=tools,
-        signal=signal,
-        before_tool_call=before_tool_call,
-        after_tool_call=after_tool_call,
-        should_continue=should_continue,
-        transform_context=transform_context,
-        grace_period=grace_period,
-        logger=logger,
-        instructions=instructions,
-        model_settings=model_settings,
-        deps=deps,
+        options=opts,
         previous_stats=stats or (state.stats if isinstance(state, RunResult) else None),
-        steps=steps,
     )
-    if before_tool_call is not None and recheck:
-        run.ask_again(before_tool_call, recheck)
+    if policy is not None and recheck:
+        run.ask_again(policy, recheck)
     return run
 
 
@@ -176,34 +151,29 @@ def _may_run(
 
 def _restore(
     state: RunResult | Mapping[str, Any],
-    tools: Sequence[Tool],
-    logger: Any,
+    options: Options,
     key: bytes | str | None,
     max_snapshot_bytes: int,
     max_turns: int | None,
-    usage_limits: UsageLimits | None,
-    steps: Sequence[Step],
 ) -> Engine:
     """The engine of the suspended run, checked (``resume_run``)."""
-    check_usage_limits(usage_limits)
     snapshot = state.snapshot if isinstance(state, RunResult) else state
     if snapshot is None:
         raise UsageError("only a run that stopped in AwaitingUser can be resumed")
-    check_tools(tools)
     engine = Engine.restore(
         snapshot,
-        scheduling=scheduling_of(tools),
-        logger=logger,
+        scheduling=scheduling_of(options.tools),
+        logger=options.logger,
         key=key,
         max_bytes=max_snapshot_bytes,
-        table=check_steps(steps),  # a snapshot with steps needs their table, and only it
+        table=check_steps(options.steps),  # a snapshot with steps needs their table, and only it
     )
     if engine.state is not TurnState.AWAITING_USER:
         raise UsageError(f"only a run in AwaitingUser can be resumed, not {engine.state}")
     if max_turns is not None:
-        engine.max_turns = positive_int("max_turns", max_turns)
-    if usage_limits is not None:
-        engine.usage_limits = usage_limits
+        engine.max_turns = max_turns
+    if options.usage_limits is not None:
+        engine.usage_limits = options.usage_limits
     return engine
 
 
@@ -312,109 +282,20 @@ async def resume_agent(
     state: RunResult | Mapping[str, Any],
     *,
     model: ModelClient | str,
-    tools: Sequence[Tool] = (),
-    approvals: Mapping[str, bool | Deny] | None = None,
-    message: str | UserMessage | None = None,
-    max_turns: int | None = None,
-    usage_limits: UsageLimits | None = None,
-    output_type: OutputType[OutputT] = None,
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
-    key: bytes | str | None = None,
-    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    signal: AbortSignal | None = None,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    transform_context: TransformContext | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
-    logger: Any = None,
-    instructions: Instructions | None = None,
-    model_settings: ModelSettings | None = None,
-    deps: object = None,
-    stats: RunStats | None = None,
-    steps: Sequence[Step] = (),
+    **options: Unpack[ResumeOptions[OutputT]],
 ) -> RunResult[OutputT]:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
-    says what is checked before anything runs)."""
-    run = resume_run(
-        state,
-        model=model,
-        tools=tools,
-        approvals=approvals,
-        message=message,
-        max_turns=max_turns,
-        usage_limits=usage_limits,
-        output_type=output_type,
-        output_retries=output_retries,
-        key=key,
-        max_snapshot_bytes=max_snapshot_bytes,
-        signal=signal,
-        before_tool_call=before_tool_call,
-        after_tool_call=after_tool_call,
-        should_continue=should_continue,
-        transform_context=transform_context,
-        grace_period=grace_period,
-        logger=logger,
-        instructions=instructions,
-        model_settings=model_settings,
-        deps=deps,
-        stats=stats,
-        steps=steps,
-    )
-    return await run.run()
+    says what is checked before anything runs; the options are ``ResumeOptions``)."""
+    return await resume_run(state, model=model, **options).run()
 
 
 def resume_agent_sync(
     state: RunResult | Mapping[str, Any],
     *,
     model: ModelClient | str,
-    tools: Sequence[Tool] = (),
-    approvals: Mapping[str, bool | Deny] | None = None,
-    message: str | UserMessage | None = None,
-    max_turns: int | None = None,
-    usage_limits: UsageLimits | None = None,
-    output_type: OutputType[OutputT] = None,
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
-    key: bytes | str | None = None,
-    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
-    signal: AbortSignal | None = None,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    transform_context: TransformContext | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
-    logger: Any = None,
-    instructions: Instructions | None = None,
-    model_settings: ModelSettings | None = None,
-    deps: object = None,
-    stats: RunStats | None = None,
-    steps: Sequence[Step] = (),
+    **options: Unpack[ResumeOptions[OutputT]],
 ) -> RunResult[OutputT]:
     """``resume_agent`` for code without an event loop (see ``run_agent_sync``)."""
     refuse_running_loop("resume_agent_sync")
-    run = resume_run(
-        state,
-        model=model,
-        tools=tools,
-        approvals=approvals,
-        message=message,
-        max_turns=max_turns,
-        usage_limits=usage_limits,
-        output_type=output_type,
-        output_retries=output_retries,
-        key=key,
-        max_snapshot_bytes=max_snapshot_bytes,
-        signal=signal,
-        before_tool_call=before_tool_call,
-        after_tool_call=after_tool_call,
-        should_continue=should_continue,
-        transform_context=transform_context,
-        grace_period=grace_period,
-        logger=logger,
-        instructions=instructions,
-        model_settings=model_settings,
-        deps=deps,
-        stats=stats,
-        steps=steps,
-    )
-    return run_sync(run.run(), grace_period)
+    run = resume_run(state, model=model, **options)
+    return run_sync(run.run(), run.options.grace_period)

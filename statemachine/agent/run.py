@@ -23,7 +23,7 @@ import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 
 from statemachine.agent.context import (
     RunContext,
@@ -35,33 +35,19 @@ from statemachine.agent.context import (
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
-from statemachine.agent.hooks import (
-    AfterToolCall,
-    BeforeToolCall,
-    ShouldContinue,
-    TransformContext,
-)
 from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
-from statemachine.agent.model_call import Instructions, RunModel, check_instructions
-from statemachine.agent.output import (
-    Output,
-    OutputMode,
-    OutputType,
-    budget_options,
-    compile_output,
-    run_output,
-)
-from statemachine.agent.steps import Step, check_steps
+from statemachine.agent.model_call import RunModel
+from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
+from statemachine.agent.output import Output, budget_options, compile_output, run_output
+from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
-from statemachine.agent.tools import Tool, check_tools, scheduling_of
-from statemachine.core.abort import AbortController, AbortSignal
+from statemachine.agent.tools import check_tools, scheduling_of
+from statemachine.core.abort import AbortController
 from statemachine.core.engine import Engine
 from statemachine.core.events import AbortRequested, Event, InputKind, InputQueued, Start
-from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
 from statemachine.core.table import BASE_TABLE, Table, TurnState
 from statemachine.errors import InvalidInputError, UsageError
 
@@ -76,56 +62,31 @@ __all__ = [
 ]
 
 
-def _check_options(model: object, grace_period: float, signal: AbortSignal | None) -> None:
-    if not callable(getattr(model, "complete", None)):
-        raise InvalidInputError("model must have an async complete(messages, tools, signal)")
-    if (
-        isinstance(grace_period, bool)
-        or not isinstance(grace_period, (int, float))
-        or not grace_period >= 0  # also refuses NaN, with which the grace never ends
-    ):
-        raise InvalidInputError(f"grace_period must be a non-negative number, got {grace_period!r}")
-    if signal is not None and not isinstance(signal, AbortSignal):
-        raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
-
-
-def _checked_model(
-    model: ModelClient | str, tools: Sequence[Tool], grace_period: float, signal: AbortSignal | None
-) -> ModelClient:
-    """The run's client (a model string resolved), once the tools and options are checked."""
-    client = resolve_model(model)
-    check_tools(tools)
-    _check_options(client, grace_period, signal)
-    return client
-
-
 _NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
 _NO_HOOKS = Hooks()  # likewise
 
 
-def _hooks(*hooks: Any) -> Hooks:
+def _hooks(options: Options) -> Hooks:
     """The run's ``Hooks`` (the four hooks, then the steps, ``agent/hook_calls.py``); one
     shared by every run without any."""
-    return _NO_HOOKS if all(h is None or h == () for h in hooks) else Hooks(*hooks)
+    o = options
+    hooks = (o.before_tool_call, o.after_tool_call, o.should_continue, o.transform_context)
+    if all(h is None for h in hooks) and not o.steps:
+        return _NO_HOOKS
+    return Hooks(*hooks, o.steps)
 
 
-def _checked_call_options(
-    model: ModelClient,
-    tools: Sequence[Tool],
-    instructions: Instructions | None,
-    model_settings: ModelSettings | None,
-    deps: object,
-) -> ModelSettings:
-    """The run's settings, once what the client cannot send and deps of a type the
-    tools do not take are refused."""
-    check_instructions(instructions)
-    if model_settings is not None and not isinstance(model_settings, ModelSettings):
-        raise InvalidInputError("model_settings must be a ModelSettings")
-    settings = model_settings or _NO_SETTINGS
-    if instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
-        check_settings(model, settings, instructions is not None)
-    check_run_deps(deps, tools, instructions)
-    return settings
+def _checked_model(model: ModelClient | str, options: Options) -> tuple[ModelClient, ModelSettings]:
+    """The run's client (a model string resolved) and settings, once what the client
+    cannot send and deps of a type the tools do not take are refused."""
+    client = resolve_model(model)
+    if not callable(getattr(client, "complete", None)):
+        raise InvalidInputError("model must have an async complete(messages, tools, signal)")
+    settings = options.model_settings or _NO_SETTINGS
+    if options.instructions is not None or settings != _NO_SETTINGS:  # else nothing to refuse
+        check_settings(client, settings, options.instructions is not None)
+    check_run_deps(options.deps, options.tools, options.instructions)
+    return client, settings
 
 
 class AgentRun(Generic[OutputT]):
@@ -149,60 +110,44 @@ class AgentRun(Generic[OutputT]):
         *,
         model: ModelClient | str,
         messages: Sequence[Message] | str = (),
-        tools: Sequence[Tool] = (),
-        max_turns: int = 8,
-        usage_limits: UsageLimits | None = None,
-        output_type: OutputType[OutputT] = None,
-        output_retries: int = DEFAULT_OUTPUT_RETRIES,
-        output_mode: OutputMode = "auto",
-        signal: AbortSignal | None = None,
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
-        transform_context: TransformContext | None = None,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
-        logger: Any = None,
-        run_id: str | None = None,
-        engine_factory: Callable[..., Engine] = Engine,
-        instructions: Instructions | None = None,
-        model_settings: ModelSettings | None = None,
-        deps: object = None,
+        options: Options = DEFAULTS,
         previous_stats: RunStats | None = None,
         given: int | None = None,
-        steps: Sequence[Step] = (),
+        **keywords: Unpack[NewRunOptions[OutputT]],
     ) -> None:
-        model = _checked_model(model, tools, grace_period, signal)
-        settings = _checked_call_options(model, tools, instructions, model_settings, deps)
-        output = compile_output(output_type, output_retries, output_mode, model)
-        engine = engine_factory(
-            tools=[t.definition for t in tools],
+        """``keywords``: the run's options (``NewRunOptions``), each in place of that
+        field of ``options`` (a resolved ``Options``, what ``Agent``, resume and the
+        durable runners hand on)."""
+        opts = resolve("AgentRun", keywords, NewRunOptions, options)
+        model, settings = _checked_model(model, opts)
+        output = compile_output(opts.output_type, opts.output_retries, opts.output_mode, model)
+        engine = opts.engine_factory(
+            tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
-            max_turns=max_turns,
-            **budget_options(usage_limits, output, tools) | _table_option(check_steps(steps)),
-            check_permissions=before_tool_call is not None,
-            check_continue=should_continue is not None,
-            scheduling=scheduling_of(tools),
-            run_id=run_id or secrets.token_hex(6),
-            logger=logger,
+            max_turns=opts.max_turns,
+            **budget_options(opts.usage_limits, output, opts.tools),
+            **_table_option(check_steps(opts.steps)),
+            check_permissions=opts.before_tool_call is not None,
+            check_continue=opts.should_continue is not None,
+            scheduling=scheduling_of(opts.tools),
+            run_id=opts.run_id or secrets.token_hex(6),
+            logger=opts.logger,
         )
         # Hooks are code, not in a snapshot: a restored engine asks this run's hooks.
-        engine.check_permissions = before_tool_call is not None
-        engine.check_continue = should_continue is not None
+        engine.check_permissions = opts.before_tool_call is not None
+        engine.check_continue = opts.should_continue is not None
         self.engine = engine
         self.run_id = engine.run_id
-        self._deps = deps
+        self.options = opts
         self._given = len(engine.messages) if given is None else given
         self._stream = EventStream(engine, previous_stats)
         # Given what a context is made of, not the run: a returned run is then no cycle.
-        context = partial(_context, engine, deps) if callable(instructions) else None
+        instructions = opts.instructions
+        context = partial(_context, engine, opts.deps) if callable(instructions) else None
         self._model = RunModel(model, instructions, settings, self._stream, context, engine)
         self._output = output or Output.untyped(engine.output)
-        self._tools = {t.name: t for t in tools}
-        hooks = (before_tool_call, after_tool_call, should_continue, transform_context)
-        self._hooks = _hooks(*hooks, tuple(steps))
-        self._grace = float(grace_period)
-        self._log = logger  # None: the library's; the action loop binds the run id if it logs
-        self._user_signal = signal  # None: the run is aborted by its handle only
+        self._tools = {t.name: t for t in opts.tools}
+        self._hooks = _hooks(opts)
         self._not_started()
 
     def _not_started(self) -> None:
@@ -269,7 +214,7 @@ class AgentRun(Generic[OutputT]):
 
     def context(self) -> RunContext[Any]:
         """The run's context as it is now (what tools and hooks that ask receive)."""
-        return _context(self.engine, self._deps)
+        return _context(self.engine, self.options.deps)
 
     def _add_child_stats(self, stats: Any) -> None:
         """A sub-agent's stats, counted in this run's (``note_child_stats``)."""
@@ -323,13 +268,13 @@ class AgentRun(Generic[OutputT]):
             inbox=self._inbox if self._inbox is not None else RunInbox(),
             stream=self._stream,
             controller=AbortController(),  # what tools and the model client hold
-            log=self._log,
+            log=self.options.logger,  # None: the library's
             executor=partial(
                 self._executor,
                 model=self._model,
                 tools=self._tools,
                 hooks=self._hooks,
-                grace=self._grace,
+                grace=float(self.options.grace_period),
             ),
             on_handle=self._on_handle,
         )
@@ -359,7 +304,7 @@ class AgentRun(Generic[OutputT]):
 
     def _listen(self, loop: ActionLoop) -> Callable[[], None]:
         """Abort ``loop`` when the caller's signal fires; what removes the listener."""
-        signal = self._user_signal
+        signal = self.options.signal  # None: the run is aborted by its handle only
         if signal is None:
             return _nothing_to_remove
         # On the loop's own thread (a tool or hook aborting), the abort acts at once, so
@@ -374,7 +319,7 @@ class AgentRun(Generic[OutputT]):
         already, the abort."""
         early_inputs = [e for e in self._early if isinstance(e, InputQueued)]
         early_abort = next((e for e in self._early if isinstance(e, AbortRequested)), None)
-        signal = self._user_signal
+        signal = self.options.signal
         if (signal is None or not signal.aborted) and early_abort is None:
             first: list[Event] = (
                 [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
@@ -480,87 +425,25 @@ async def run_agent(
     *,
     model: ModelClient | str,
     messages: Sequence[Message] | str,
-    tools: Sequence[Tool] = (),
-    max_turns: int = 8,
-    usage_limits: UsageLimits | None = None,
-    output_type: OutputType[OutputT] = None,
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
-    output_mode: OutputMode = "auto",
-    signal: AbortSignal | None = None,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    transform_context: TransformContext | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
-    logger: Any = None,
-    run_id: str | None = None,
-    engine_factory: Callable[..., Engine] = Engine,
-    instructions: Instructions | None = None,
-    model_settings: ModelSettings | None = None,
-    deps: object = None,
-    steps: Sequence[Step] = (),
+    **options: Unpack[NewRunOptions[OutputT]],
 ) -> RunResult[OutputT]:
     """Run the agent loop until a terminal state or ``AwaitingUser``.
 
     Never raises for the state a run returns in (``RunResult``); raises ``InvalidInputError`` before
     any model call for an invalid history, duplicate tool names or bad arguments. ``AgentRun`` adds
     steering, abort by handle and the event stream. ``messages`` may be a string (one user message);
-    ``model`` a model string (``statemachine.providers.registry``). ``instructions`` (a string, or a
-    function of the ``RunContext`` called at each model call) and ``model_settings`` reach clients
-    that take ``options`` (``statemachine.agent.model``); ``deps`` reaches tools, hooks and
-    instructions that take a ``RunContext``. ``usage_limits`` is checked before each further model
-    call (a run that reached one ends ``UsageLimitExceeded``). ``output_*``, ``steps``:
-    ``statemachine.agent.output``, ``statemachine.steps``; ``engine_factory``: Engine's keywords.
+    ``model`` a model string (``statemachine.providers.registry``). The options (``tools``,
+    ``max_turns``, the hooks, ``instructions``, ``deps``...) are ``NewRunOptions``, each
+    documented there.
     """
-    run = AgentRun(
-        model=model,
-        messages=messages,
-        tools=tools,
-        max_turns=max_turns,
-        usage_limits=usage_limits,
-        output_type=output_type,
-        output_retries=output_retries,
-        output_mode=output_mode,
-        signal=signal,
-        before_tool_call=before_tool_call,
-        after_tool_call=after_tool_call,
-        should_continue=should_continue,
-        transform_context=transform_context,
-        grace_period=grace_period,
-        logger=logger,
-        run_id=run_id,
-        engine_factory=engine_factory,
-        instructions=instructions,
-        model_settings=model_settings,
-        deps=deps,
-        steps=steps,
-    )
-    return await run.run()
+    return await _run(model, messages, resolve("run_agent", options, NewRunOptions))
 
 
 def run_agent_sync(
     *,
     model: ModelClient | str,
     messages: Sequence[Message] | str,
-    tools: Sequence[Tool] = (),
-    max_turns: int = 8,
-    usage_limits: UsageLimits | None = None,
-    output_type: OutputType[OutputT] = None,
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
-    output_mode: OutputMode = "auto",
-    signal: AbortSignal | None = None,
-    before_tool_call: BeforeToolCall | None = None,
-    after_tool_call: AfterToolCall | None = None,
-    should_continue: ShouldContinue | None = None,
-    transform_context: TransformContext | None = None,
-    grace_period: float = DEFAULT_GRACE_PERIOD,
-    logger: Any = None,
-    run_id: str | None = None,
-    engine_factory: Callable[..., Engine] = Engine,
-    instructions: Instructions | None = None,
-    model_settings: ModelSettings | None = None,
-    deps: object = None,
-    steps: Sequence[Step] = (),
+    **options: Unpack[NewRunOptions[OutputT]],
 ) -> RunResult[OutputT]:
     """``run_agent`` for code without an event loop (same keyword arguments).
     Like ``asyncio.run`` (Ctrl-C cancels the run, which is closed as an abort, then
@@ -571,27 +454,12 @@ def run_agent_sync(
     thread cannot be interrupted), and the interpreter waits for it when it exits.
     """
     refuse_running_loop("run_agent_sync")
-    run = run_agent(
-        model=model,
-        messages=messages,
-        tools=tools,
-        max_turns=max_turns,
-        usage_limits=usage_limits,
-        output_type=output_type,
-        output_retries=output_retries,
-        output_mode=output_mode,
-        signal=signal,
-        before_tool_call=before_tool_call,
-        after_tool_call=after_tool_call,
-        should_continue=should_continue,
-        transform_context=transform_context,
-        grace_period=grace_period,
-        logger=logger,
-        run_id=run_id,
-        engine_factory=engine_factory,
-        instructions=instructions,
-        model_settings=model_settings,
-        deps=deps,
-        steps=steps,
-    )
-    return run_sync(run, grace_period)
+    opts = resolve("run_agent_sync", options, NewRunOptions)
+    return run_sync(_run(model, messages, opts), opts.grace_period)
+
+
+async def _run(
+    model: ModelClient | str, messages: Sequence[Message] | str, options: Options
+) -> RunResult[Any]:
+    """A new run of ``options``, built and run on the running event loop."""
+    return await AgentRun(model=model, messages=messages, options=options).run()

@@ -107,13 +107,14 @@ def _tools(agent: Any) -> str:
 
 
 def _limits(agent: Any) -> str:
+    options = agent.options
     rows = [
-        ("max_turns", f"{agent.max_turns}", "model responses in one run"),
-        ("grace_period", f"{agent.grace_period:g} s", "how long an abort waits for calls"),
+        ("max_turns", f"{options.max_turns}", "model responses in one run"),
+        ("grace_period", f"{options.grace_period:g} s", "how long an abort waits for calls"),
     ]
-    if agent.output_type is not None:
-        rows.append(("output_retries", f"{agent.output_retries}", "invalid answers retried"))
-    limits = agent.usage_limits
+    if options.output_type is not None:
+        rows.append(("output_retries", f"{options.output_retries}", "invalid answers retried"))
+    limits = options.usage_limits
     for name in ("requests", "input_tokens", "output_tokens", "total_tokens"):
         value = getattr(limits, name, None) if limits is not None else None
         if value is not None:

@@ -56,13 +56,14 @@ import contextvars
 import importlib
 import os
 from collections.abc import Mapping, Sequence
-from typing import IO, Protocol, Union, runtime_checkable
+from typing import IO, Protocol, Required, TypedDict, Union, Unpack, runtime_checkable
 
 import attrs
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import current_tool_call
 from statemachine.agent.tools import Tool
+from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, ToolCall, UserMessage
 from statemachine.durable._registry import application_version, table_digest
 from statemachine.errors import (
@@ -78,6 +79,7 @@ from statemachine.errors import (
 
 __all__ = [
     "BACKENDS",
+    "DurableRunOptions",
     "DurableRunner",
     "ExportError",
     "ExportedJournal",
@@ -96,6 +98,27 @@ __all__ = [
     "open_store",
     "table_digest",
 ]
+
+
+class DurableRunOptions(TypedDict, total=False):
+    """The options of a durable run (``DurableRunner.start`` and ``enqueue``): what
+    ``run_agent`` takes as objects, named here in the worker's registry, so that the
+    run's input is JSON that any worker of the registry can run."""
+
+    model: Required[str]
+    """The name of the run's model client in the registry (``models=``)."""
+    messages: Required[str | Sequence[Message]]
+    """The run's history: a string is one user message."""
+    tools: Sequence[str] | None
+    """The names of the registry's tools the run may call (``None``: all of them)."""
+    max_turns: int
+    """Model responses the run may take (default 8), as ``run_agent``'s."""
+    instructions: str | None
+    """The name of the run's instructions in the registry (``instructions=``)."""
+    output_type: str | None
+    """The name of the run's output type in the registry (``output_types=``)."""
+    usage_limits: UsageLimits | None
+    """As ``run_agent``'s."""
 
 
 @attrs.frozen
@@ -222,27 +245,12 @@ class DurableRunner(Protocol):
 
     app_version: str
 
-    async def start(
-        self,
-        run_id: str,
-        *,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
-    ) -> RunHandle:
+    async def start(self, run_id: str, **options: Unpack[DurableRunOptions]) -> RunHandle:
         """Start the run ``run_id`` in this worker (or return its handle)."""
         ...
 
     async def enqueue(
-        self,
-        run_id: str,
-        *,
-        queue: str,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
+        self, run_id: str, *, queue: str, **options: Unpack[DurableRunOptions]
     ) -> RunHandle:
         """Put the run ``run_id`` on ``queue`` for a worker that takes from it."""
         ...

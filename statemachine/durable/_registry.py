@@ -36,10 +36,11 @@ import hashlib
 import json
 import types
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statemachine._version import __version__
 from statemachine.agent.model_call import check_instructions
+from statemachine.agent.options import DEFAULT_MAX_TURNS, refuse_unknown
 from statemachine.agent.output import compile_output
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.tools import Tool
@@ -47,7 +48,11 @@ from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import thaw_json
 from statemachine.core.steps import table_from_data, table_to_data
 from statemachine.core.table import TRANSITIONS, Table
+from statemachine.durable._inputs import run_spec
 from statemachine.errors import InvalidInputError, UsageError
+
+if TYPE_CHECKING:
+    from statemachine.durable import DurableRunOptions
 
 __all__ = [
     "HOOKS",
@@ -61,6 +66,7 @@ __all__ = [
     "patches_applied",
     "replay_options",
     "run_extras",
+    "run_input",
     "run_options",
     "table_change",
     "table_digest",
@@ -429,6 +435,37 @@ def run_extras(
     if limits is not None:
         extras["usage_limits"] = {f: getattr(limits, f) for f in _LIMITS}
     return extras
+
+
+def run_input(
+    runner: Any, where: str, run_id: str, options: DurableRunOptions
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's input for the ``runner``'s method ``where`` (``start``, ``enqueue``): its
+    ``options`` checked against the runner's registry (its ``models``, ``tools``,
+    ``manifest`` and ``output_types``), as ``run_spec`` and ``run_extras`` record them."""
+    from statemachine.durable import DurableRunOptions  # the public module imports this one
+
+    refuse_unknown(where, options, DurableRunOptions)
+    for key in ("model", "messages"):
+        if key not in options:
+            raise TypeError(f"{where}() missing 1 required keyword-only argument: {key!r}")
+    extras = run_extras(
+        runner.manifest,
+        runner.output_types,
+        options.get("instructions"),
+        options.get("output_type"),
+        options.get("usage_limits"),
+    )
+    spec = run_spec(
+        run_id,
+        options["model"],
+        options["messages"],
+        options.get("tools"),
+        options.get("max_turns", DEFAULT_MAX_TURNS),
+        models=runner.models,
+        registry_tools=runner.tools,
+    )
+    return spec, extras
 
 
 def worker_manifest(

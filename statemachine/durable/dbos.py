@@ -78,7 +78,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, Unpack
 
 import sqlalchemy.exc
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
@@ -86,15 +86,16 @@ from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.options import NewRunOptions, resolve
 from statemachine.agent.run import continue_run
 from statemachine.agent.steps import Step
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event
-from statemachine.core.limits import UsageLimits
-from statemachine.core.messages import Message, ToolCall
+from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import (
+    DurableRunOptions,
     ExportedJournal,
     ListedRun,
     RunStatus,
@@ -125,7 +126,6 @@ from statemachine.durable._inputs import (
     check_queues,
     check_url,
     checked_text,
-    run_spec,
     storable,
 )
 from statemachine.durable._registry import (
@@ -135,7 +135,7 @@ from statemachine.durable._registry import (
     differences,
     patched,
     patches_applied,
-    run_extras,
+    run_input,
     run_options,
     table_change,
     table_digest,
@@ -274,25 +274,11 @@ class DBOSRunner:
         _active = None
         DBOS.destroy(destroy_registry=True)
 
-    async def start(
-        self,
-        run_id: str,
-        *,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
-        instructions: str | None = None,
-        output_type: str | None = None,
-        usage_limits: UsageLimits | None = None,
-    ) -> DBOSRunHandle:
+    async def start(self, run_id: str, **options: Unpack[DurableRunOptions]) -> DBOSRunHandle:
         """Start the run ``run_id`` in this worker (or, if it exists, return its handle).
         ``instructions`` and ``output_type`` are names in this runner's registry;
         ``usage_limits`` as ``run_agent``'s."""
-        extras = run_extras(
-            self.manifest, self.output_types, instructions, output_type, usage_limits
-        )
-        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
+        spec = self._spec("start", run_id, options)
         with store_errors(self.database_url), SetWorkflowID(run_id):
             local = await DBOS.start_workflow_async(_workflow, run_id, spec)
         handle = DBOSRunHandle(self._require_client(), run_id, self.app_version, self)
@@ -300,27 +286,14 @@ class DBOSRunner:
         return handle
 
     async def enqueue(
-        self,
-        run_id: str,
-        *,
-        queue: str,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
-        instructions: str | None = None,
-        output_type: str | None = None,
-        usage_limits: UsageLimits | None = None,
+        self, run_id: str, *, queue: str, **options: Unpack[DurableRunOptions]
     ) -> DBOSRunHandle:
         """Put the run ``run_id`` on ``queue``: a worker launched with that queue in
         its ``queues`` runs it (or, if the run exists, return its handle); the run's
         options as ``start``'s."""
         check_name(queue, "queue")
-        extras = run_extras(
-            self.manifest, self.output_types, instructions, output_type, usage_limits
-        )
-        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
-        options: EnqueueOptions = {
+        spec = self._spec("enqueue", run_id, options)
+        enqueued: EnqueueOptions = {
             "workflow_name": WORKFLOW,
             "queue_name": queue,
             "workflow_id": run_id,
@@ -328,7 +301,7 @@ class DBOSRunner:
         }
         client = self._require_client()
         with store_errors(self.database_url):
-            await client.enqueue_async(options, run_id, spec)
+            await client.enqueue_async(enqueued, run_id, spec)
         return DBOSRunHandle(client, run_id, self.app_version, self)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
@@ -356,19 +329,9 @@ class DBOSRunner:
                 await client.resume_workflows_async(run_ids)
         return run_ids
 
-    def _spec(
-        self,
-        run_id: str,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None,
-        max_turns: int,
-        extras: Mapping[str, Any],
-    ) -> dict[str, Any]:
+    def _spec(self, where: str, run_id: str, options: DurableRunOptions) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        spec = run_spec(
-            run_id, model, messages, tools, max_turns, models=self.models, registry_tools=self.tools
-        )
+        spec, extras = run_input(self, where, run_id, options)
         table = {"table": table_digest(), **declared_steps(self.table)}
         return {**spec, "code": self.manifest, **table, **extras}
 
@@ -394,19 +357,19 @@ class DBOSRunner:
     ) -> DurableRun:
         """The run of ``spec``; ``resumed``: the engine it goes on with after a wait,
         and the decisions it goes on with."""
-        options: dict[str, Any] = {
-            "model": self.models[spec["model"]],
+        given = {
             "tools": [self.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": run_id,
             **run_options(spec, self.instructions, self.output_types),
             **self.hooks,
             "steps": self.steps,
-            **kwargs,
         }
+        options = resolve("DBOSRunner", given, NewRunOptions)  # the run's record
+        model = self.models[spec["model"]]
         if resumed is None:
-            return DurableRun(**options)
-        return continue_run(DurableRun, *resumed, **options)
+            return DurableRun(model=model, options=options, **kwargs)
+        return continue_run(DurableRun, *resumed, model=model, options=options, **kwargs)
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)

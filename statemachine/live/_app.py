@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 from ag_ui.core import BaseEvent, RunAgentInput
 from pydantic import ValidationError
 
-from statemachine.agent.agent import Agent
+from statemachine.agent.agent import Agent, AgentRunKeywords
 from statemachine.agent.events import RunEvent, RunReturned
 from statemachine.agent.resume import resume_run
 from statemachine.agent.run import AgentRun
@@ -431,9 +431,9 @@ class LiveApp:
         self._make_room()
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
-        options, _given = self.agent._run_options(None, messages, self.deps, None, None)
+        model, options = self.agent._run_options("run", {"deps": self.deps}, AgentRunKeywords)
         try:
-            run: AgentRun = AgentRun(run_id=run_id, **options)
+            run: AgentRun = AgentRun(model=model, messages=messages, options=options, run_id=run_id)
         except InvalidInputError as exc:
             raise _HttpError(422, "input", str(exc)) from None
         live = _LiveRun(run, request.thread_id)
@@ -472,9 +472,8 @@ class LiveApp:
         if self._watchers >= self.max_watchers:
             raise _HttpError(429, "watchers", f"{self.max_watchers} event streams are open")
         try:
-            run: AgentRun = resume_run(
-                result, approvals=decided, **self.agent._shared(self.deps, None)
-            )
+            model, options = self.agent._run_options("run", {"deps": self.deps}, AgentRunKeywords)
+            run: AgentRun = resume_run(result, model=model, options=options, approvals=decided)
         except (InvalidInputError, UsageError) as exc:
             raise _HttpError(422, "input", str(exc)) from None
         resumed = _LiveRun(run, live.thread_id)

@@ -63,7 +63,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import IO, Any
+from typing import IO, Any, Unpack
 
 from temporalio.client import Client, WorkflowHistory
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -78,14 +78,12 @@ from statemachine.agent.steps import Step
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
 from statemachine.core.checks import positive_int
-from statemachine.core.limits import UsageLimits
-from statemachine.core.messages import Message
-from statemachine.durable import ExportedJournal, ListedRun, RunStatus
-from statemachine.durable._inputs import check_name, check_run_id, checked_text, run_spec
+from statemachine.durable import DurableRunOptions, ExportedJournal, ListedRun, RunStatus
+from statemachine.durable._inputs import check_name, check_run_id, checked_text
 from statemachine.durable._registry import (
     application_version,
     declared_steps,
-    run_extras,
+    run_input,
     table_digest,
     worker_manifest,
 )
@@ -279,25 +277,11 @@ class TemporalRunner:
     async def __aexit__(self, *exc: object) -> None:
         await self.destroy()
 
-    async def start(
-        self,
-        run_id: str,
-        *,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
-        instructions: str | None = None,
-        output_type: str | None = None,
-        usage_limits: UsageLimits | None = None,
-    ) -> TemporalRunHandle:
+    async def start(self, run_id: str, **options: Unpack[DurableRunOptions]) -> TemporalRunHandle:
         """Start the run ``run_id`` on this runner's task queue (or, if a run of that
         id exists, return its handle). ``instructions`` and ``output_type`` are names
         in this runner's registry; ``usage_limits`` as ``run_agent``'s."""
-        extras = run_extras(
-            self.manifest, self.output_types, instructions, output_type, usage_limits
-        )
-        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
+        spec = self._spec("start", run_id, options)
         return await self._start(run_id, spec, self.task_queue)
 
     async def _start(self, run_id: str, spec: dict[str, Any], queue: str) -> TemporalRunHandle:
@@ -316,25 +300,12 @@ class TemporalRunner:
         return TemporalRunHandle(self.client, run_id, self._message_timeout, self.output_types)
 
     async def enqueue(
-        self,
-        run_id: str,
-        *,
-        queue: str,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None = None,
-        max_turns: int = 8,
-        instructions: str | None = None,
-        output_type: str | None = None,
-        usage_limits: UsageLimits | None = None,
+        self, run_id: str, *, queue: str, **options: Unpack[DurableRunOptions]
     ) -> TemporalRunHandle:
         """Start the run ``run_id`` on the task queue ``queue``: a worker of that
         queue (with the same registry) runs it; the run's options as ``start``'s."""
         check_name(queue, "queue")
-        extras = run_extras(
-            self.manifest, self.output_types, instructions, output_type, usage_limits
-        )
-        spec = self._spec(run_id, model, messages, tools, max_turns, extras)
+        spec = self._spec("enqueue", run_id, options)
         return await self._start(run_id, spec, queue)
 
     async def recover(self, executor_ids: Sequence[str]) -> list[str]:
@@ -422,21 +393,11 @@ class TemporalRunner:
             app_version,
         )
 
-    def _spec(
-        self,
-        run_id: str,
-        model: str,
-        messages: str | Sequence[Message],
-        tools: Sequence[str] | None,
-        max_turns: int,
-        extras: Mapping[str, Any],
-    ) -> dict[str, Any]:
+    def _spec(self, where: str, run_id: str, options: DurableRunOptions) -> dict[str, Any]:
         """The workflow's input, checked here rather than in a worker later."""
-        spec = run_spec(
-            run_id, model, messages, tools, max_turns, models=self.models, registry_tools=self.tools
-        )
+        spec, extras = run_input(self, where, run_id, options)
         # A client that cannot send instructions is refused as run_agent refuses it.
-        check_settings(self.models[model], ModelSettings(), "instructions" in extras)
+        check_settings(self.models[spec["model"]], ModelSettings(), "instructions" in extras)
         return {
             **spec,
             "code": self.manifest,

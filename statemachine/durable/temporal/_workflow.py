@@ -27,6 +27,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
+from statemachine.agent.options import NewRunOptions, resolve
 from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
@@ -224,22 +225,22 @@ class RunWorkflow:
         # activity's to send (the model call is made there).
         extras = run_options(spec, registry.instructions, registry.output_types)
         extras.pop("instructions", None)
-        options: dict[str, Any] = {
-            "model": NoModel(),
+        given = {
             "tools": [registry.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": workflow.info().workflow_id,
-            "control": self._lane,
             "grace_period": registry.settings.grace,
             **{h: stand_in_hook for h in registry.hooks},
             # The run's steps as it recorded them (their decisions are activities).
             "steps": replay_options(spec).get("steps", ()),
             **extras,
         }
-        runs = [RemoteRun(messages=messages_from_dicts(spec["messages"]), **options)]
+        options = resolve("TemporalRunner", given, NewRunOptions)  # the run's record
+        parts: dict[str, Any] = {"model": NoModel(), "options": options, "control": self._lane}
+        runs = [RemoteRun(messages=messages_from_dicts(spec["messages"]), **parts)]
 
         def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
-            runs.append(continue_run(RemoteRun, done.engine, decisions, **options))
+            runs.append(continue_run(RemoteRun, done.engine, decisions, **parts))
             return runs[-1]
 
         loop = asyncio.get_running_loop()
