@@ -492,8 +492,8 @@ def test_every_command_works_from_an_installed_wheel(tmp_path: Path) -> None:
     spec = _run([script, "spec"], elsewhere, env)
     assert spec.returncode == 0, spec.stdout + spec.stderr
     assert spec.stderr == ""
-    shipped = len(list((ROOT / "specs").glob("*.toml")))  # every scenario the wheel ships
-    assert re.search(rf"^{shipped} passed, 0 failed; every acceptance line", spec.stdout, re.M)
+    scenarios = len(list((ROOT / "specs").glob("*.toml")))  # every one the wheel ships
+    assert re.search(rf"^{scenarios} passed, 0 failed; every acceptance line", spec.stdout, re.M)
     assert f"{os.sep}statemachine{os.sep}_specs{os.sep}turn_limit.toml" in spec.stdout
 
     demo = _run([python, "-m", "statemachine", "demo", "ws"], elsewhere, env)
