@@ -326,6 +326,47 @@ def test_a_steer_and_a_follow_up_reach_the_model_and_late_input_is_refused(
     replays_to(tmp_path / "told.jsonl", result)
 
 
+FLOOD = 300  # steers sent while one tool runs
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("together", [False, True], ids=["one_after_another", "all_at_once"])
+def test_every_steer_acknowledged_while_a_tool_runs_reaches_the_next_model_call(
+    engine: Engine, together: bool
+) -> None:
+    """As with ``AgentRun``: a steer is handed to the model at the next turn boundary,
+    however many came during the turn and however close to its end. The gate opens as
+    soon as the last steer is acknowledged."""
+    gate = Gate()
+    heard: list[int] = []  # how many steers each model call saw
+
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        heard.append(sum(isinstance(m, sm.UserMessage) for m in messages) - 1)
+        if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+        return sm.AssistantMessage(f"heard {heard[-1]}")
+
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start("flood", model="flood", messages="go")
+        await gate.entered()
+        steers = [f"steer {i}" for i in range(FLOOD)]
+        if together:
+            await asyncio.gather(*(handle.steer(s) for s in steers))
+        else:
+            for steer in steers:
+                await handle.steer(steer)
+        gate.opened.set()
+        return await handle.result(timeout=180)
+
+    result = engine.run(body, models={"flood": FunctionModel(model)}, tools=[gate.tool])
+    assert result.ok, result
+    assert heard == [0, FLOOD]  # the call after the tool heard them all, and was the last
+    assert result.queued_input == ()
+    said = _said(result.messages).split(" | ")
+    expected = ["go", *(f"steer {i}" for i in range(FLOOD))]
+    assert said == expected if not together else sorted(said) == sorted(expected)
+
+
 @pytest.mark.timeout(90)
 def test_an_abort_reaches_a_running_tool_and_the_run_ends_aborted(
     engine: Engine, tmp_path: Path
