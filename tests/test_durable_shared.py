@@ -327,6 +327,10 @@ def test_a_steer_and_a_follow_up_reach_the_model_and_late_input_is_refused(
 
 
 FLOOD = 300  # steers sent while one tool runs
+# Sent all at once to one run. Temporal's server takes ten updates of a run in flight
+# at once and refuses the others for a while: hundreds at once outrun the message
+# timeout, and steer() raises StoreUnavailableError (docs/guides/temporal.md).
+FLOOD_AT_ONCE = {"dbos": FLOOD, "temporal": 50}
 
 
 @pytest.mark.timeout(240)
@@ -339,6 +343,7 @@ def test_every_steer_acknowledged_while_a_tool_runs_reaches_the_next_model_call(
     soon as the last steer is acknowledged."""
     gate = Gate()
     heard: list[int] = []  # how many steers each model call saw
+    sent = FLOOD_AT_ONCE[engine.name] if together else FLOOD
 
     def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
         heard.append(sum(isinstance(m, sm.UserMessage) for m in messages) - 1)
@@ -347,9 +352,9 @@ def test_every_steer_acknowledged_while_a_tool_runs_reaches_the_next_model_call(
         return sm.AssistantMessage(f"heard {heard[-1]}")
 
     async def body(runner: DurableRunner) -> sm.RunResult:
-        handle = await runner.start("flood", model="flood", messages="go")
+        handle = await runner.start(f"flood-{uuid.uuid4().hex[:8]}", model="flood", messages="go")
         await gate.entered()
-        steers = [f"steer {i}" for i in range(FLOOD)]
+        steers = [f"steer {i}" for i in range(sent)]
         if together:
             await asyncio.gather(*(handle.steer(s) for s in steers))
         else:
@@ -360,11 +365,15 @@ def test_every_steer_acknowledged_while_a_tool_runs_reaches_the_next_model_call(
 
     result = engine.run(body, models={"flood": FunctionModel(model)}, tools=[gate.tool])
     assert result.ok, result
-    assert heard == [0, FLOOD]  # the call after the tool heard them all, and was the last
+    assert heard == [0, sent]  # the call after the tool heard them all, and was the last
     assert result.queued_input == ()
     said = _said(result.messages).split(" | ")
-    expected = ["go", *(f"steer {i}" for i in range(FLOOD))]
-    assert said == expected if not together else sorted(said) == sorted(expected)
+    expected = ["go", *(f"steer {i}" for i in range(sent))]
+    if together or not engine.takes_messages_on_return:
+        # DBOS hands a run its messages in the order of the millisecond they were
+        # stored in: two steers stored within one may come either way round.
+        said, expected = sorted(said), sorted(expected)
+    assert said == expected, [(a, b) for a, b in zip(said, expected, strict=False) if a != b][:5]
 
 
 @pytest.mark.timeout(90)
