@@ -51,6 +51,13 @@ tool call too. Where it took effect is recorded:
   takes every message until the marker (the messages of a topic come in the order
   they were stored, so every message stored before the marker is taken before it).
 
+- Once a steer or follow-up has been taken, the run looks the same way before the
+  engine is handed its next event (which may end the turn and start a model call),
+  still open (``catch_up``): the listener takes one message at a time, so without
+  this a flood of messages would spread over later turns. A message taken while the
+  run looks is recorded as ``ending`` too: after a crash it waits until the run looks
+  again at the same point. A backend that cannot look does not catch up.
+
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
 engine asks for it, never later in a task (``start_now``).
