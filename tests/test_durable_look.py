@@ -468,6 +468,27 @@ def test_the_boundary_property_catches_a_lane_that_does_not_catch_up() -> None:
         check()
 
 
+@pytest.mark.timeout(10)
+def test_a_run_that_took_a_message_under_an_older_version_does_not_catch_up() -> None:
+    """Its records lack ``catches_up``: taken back, it must call the operations it
+    called then, with no look before the event after the message."""
+
+    async def body() -> tuple[list[str], list[str]]:
+        ops = []
+        for catches_up in (False, True):
+            place = {"at": 0, "message": R, "ending": False, "n": 0}
+            lane = _Lane(places=[{**place, "catches_up": True} if catches_up else place])
+            lane.start()
+            await asyncio.sleep(0)
+            await _hand_event(lane, [])
+            ops.append(lane.ops)
+        return ops[0], ops[1]
+
+    older, newer = asyncio.run(body())
+    assert "look" not in older
+    assert newer[-1] == "look"
+
+
 # -- on DBOS --------------------------------------------------------------------------------------
 
 

@@ -11,11 +11,12 @@ tool call too. Where it took effect is recorded:
   workflow, or just after the previous message took effect): the wait starts, and
   the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
   When the message has come, the run takes it between two engine events and that
-  operation records ``{"at": n, "message": m, "ending": e, "n": k}``: ``n`` is how many
-  events the engine had been handed in this workflow when the message took effect,
-  ``e`` whether the run was ending then (taking the messages stored before it
-  closed), ``k`` how many messages it had taken before (a look's record is drawn
-  after the listener's, but may be taken first).
+  operation records ``{"at": n, "message": m, "ending": e, "n": k, "catches_up": True}``:
+  ``n`` is how many events the engine had been handed in this workflow when the
+  message took effect, ``e`` whether the run was looking then (taking the messages
+  stored before it closed, or catching up), ``k`` how many messages it had taken
+  before (a look's record is drawn after the listener's, but may be taken first),
+  ``catches_up`` that this version recorded it (below).
 - The run takes a message only once that record is saved, so nothing the message
   caused can be saved before it.
 - After a crash the records are read first (one read, not an operation), and each
@@ -56,7 +57,8 @@ tool call too. Where it took effect is recorded:
   still open (``catch_up``): the listener takes one message at a time, so without
   this a flood of messages would spread over later turns. A message taken while the
   run looks is recorded as ``ending`` too: after a crash it waits until the run looks
-  again at the same point. A backend that cannot look does not catch up.
+  again at the same point. A backend that cannot look does not catch up, nor does a
+  run that took a message under an older version (its records lack ``catches_up``).
 
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
@@ -166,6 +168,9 @@ class ControlLane:
         self._listener_first = False  # the listener holds an older message than the look
         self._settling = False  # closed, and looking for the messages stored before that
         self._heard = False  # input taken since the last look that found nothing
+        # A run that took a message under an older version, which did not catch up,
+        # never does: taken back, it calls the operations it called then.
+        self._catches_up = all(p.get("catches_up") for p in places)
         self.catching_up = False  # looking, still open, before an event is handed over
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
         self._syncs_sent = 0  # markers sent to the run by this execution
@@ -255,7 +260,7 @@ class ControlLane:
         listener's) is due first; ``catching_up`` until a look finds nothing."""
         if self.catching_up:
             return False
-        if not self._heard or self.stopped or self._settling:
+        if not self._heard or self.stopped or self._settling or not self._catches_up:
             return True
         self.catching_up = True
         await self._settle()
@@ -303,7 +308,13 @@ class ControlLane:
 
     def _record(self, message: Any) -> dict[str, Any]:
         """The record of ``message``'s place, taking effect now."""
-        return {"at": self.handled, "message": message, "ending": self._ending(), "n": self._taken}
+        return {
+            "at": self.handled,
+            "message": message,
+            "ending": self._ending(),
+            "n": self._taken,
+            "catches_up": True,
+        }
 
     def _ending(self) -> bool:
         """The run is looking for the messages stored so far: closed and taking those
