@@ -44,8 +44,9 @@ What it costs: one saved operation per model call and per tool call (one more pe
 ``before_tool_call`` batch and per ``should_continue`` check when those hooks are
 set); listening costs one saved operation per run (the wait's deadline) and three per
 message taken; taking every message before a final answer costs five (and on SQLite
-up to one notification interval); a wait for approvals costs one per published change
-of the pending calls.
+up to one notification interval); the look before the next event once a message came
+during a turn, three (and three per message it finds); a wait for approvals costs one
+per published change of the pending calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
