@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
+    from temporal_support import temporal_server  # noqa: F401 - the session's server
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
@@ -456,3 +459,33 @@ def test_the_tool_shape_figures_measure_each_shape_and_fail_on_a_wrong_answer(
     lying = micro.sm.Tool(micro._echo_definition(), wrong)
     with pytest.raises(RuntimeError, match="tool-shape run ended"):
         asyncio.run(micro._per_turn(lying, 3))
+
+
+@pytest.mark.timeout(300)
+def test_the_durable_overhead_benchmark_reports_every_backend_against_its_bare_workflow(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    address = str(request.getfixturevalue("temporal_address"))
+    out = tmp_path / "overhead.json"
+    args = ("--smoke", "--address", address, "--json", str(out))
+    proc = _bench("durable_overhead.py", *args, timeout=280)
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert (report["turns"], report["reps"]) == (3, 1)
+    rows = report["rows"]
+    postgres = os.environ.get("STATEMACHINE_TEST_POSTGRES")
+    expected = [("DBOS", "SQLite (wal, both)")]
+    expected += [("DBOS", "PostgreSQL")] if postgres else []
+    assert [(r["backend"], r["store"]) for r in rows] == [*expected, ("Temporal", "dev server")]
+    for row in rows:
+        assert row["durable_ms_per_turn"] > 0
+        assert row["bare_ms_per_turn"] > 0
+        assert row["ratio"] == pytest.approx(row["durable_ms_per_turn"] / row["bare_ms_per_turn"])
+        assert row["within_target"] == (row["ratio"] <= 1.3)
+    for row in rows[:-1]:  # DBOS: where the time goes
+        assert row["saved_ops_per_turn"]["durable"] > row["saved_ops_per_turn"]["bare"] > 0
+    assert "| backend | store | durable ms/turn | bare ms/turn | durable / bare |" in proc.stdout
+    assert "| DBOS | SQLite (wal, both) |" in proc.stdout
+    assert "| Temporal | dev server |" in proc.stdout
+    assert "- DBOS, SQLite: saved operations per turn" in proc.stdout

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 if os.environ.get("CI") == "true":
     import dbos  # noqa: F401 - under CI the extra is installed: fail here, never skip
@@ -343,6 +345,148 @@ def test_a_backend_that_cannot_look_sends_a_marker_and_takes_what_was_stored_bef
         assert [m["kind"] for m in lane.sent] == [SYNC]
 
     asyncio.run(body())
+
+
+# -- a turn boundary: catching up, still open ------------------------------------------------
+
+# A script of what happens around a run that is not ending: messages stored (each
+# numbered), the listener woken by a poll, the run taking what is due while it waits
+# for an operation, and an engine event handed over (which may end the turn).
+_boundary_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.integers(1, 3)),
+        st.just(("poll", 0)),
+        st.just(("take", 0)),
+        st.just(("event", 0)),
+    ),
+    max_size=25,
+)
+
+
+async def _hand_event(lane: _Lane, taken: list[Any]) -> None:
+    """As the DBOS inbox does before it hands the engine an event that is no final
+    answer: what is due first, and the event once ``catch_up`` says it may go."""
+    for _ in range(1000):
+        message = await lane.due()
+        if message is not NOTHING:
+            taken.append(message)
+            lane.handled += 1  # the message's own event
+        elif not lane.catching_up:
+            if await lane.catch_up():
+                lane.handled += 1
+                return
+        else:
+            await asyncio.sleep(0)  # the listener's message is on its way
+    raise AssertionError("the event was never handed over")
+
+
+async def _take_due(lane: _Lane, taken: list[Any]) -> None:
+    while (message := await lane.due()) is not NOTHING:
+        taken.append(message)
+        lane.handled += 1
+
+
+async def _boundary_run(
+    lane: _Lane, steps: Sequence[tuple[str, int]], replay: bool = False
+) -> list[Any]:
+    """``steps`` over ``lane``; checks, at each event, that once input came since the
+    last one every message stored before it was taken first, in the order stored.
+    ``replay``: nothing is stored (the run taken back takes its recorded places)."""
+    stored: list[Any] = []
+    taken: list[Any] = []
+    lane.start()
+    await asyncio.sleep(0)
+    taken_by_last_event = 0
+    for step, count in steps:
+        if step == "store" and not replay:
+            for _ in range(count):
+                stored.append({"kind": "steer", "message": f"s{len(stored)}"})
+                lane.topic.append(stored[-1])
+        elif step == "poll" and not replay:
+            lane.poll()
+            await asyncio.sleep(0)
+        elif step == "take":
+            await _take_due(lane, taken)
+        elif step == "event":
+            await _hand_event(lane, taken)
+            if not replay:
+                assert taken == stored[: len(taken)]  # each once, in the order stored
+                if len(taken) > taken_by_last_event:
+                    assert taken == stored, "a message stored during the turn was left"
+            taken_by_last_event = len(taken)
+    return taken
+
+
+class _Unseeing(_Lane):
+    """A lane that never catches up: the event goes as soon as it comes."""
+
+    async def catch_up(self) -> bool:
+        return True
+
+
+def _check_boundaries(lane_type: type[_Lane], steps: Sequence[tuple[str, int]]) -> None:
+    async def body() -> None:
+        first = lane_type()
+        looks: list[tuple[Any, bool]] = []
+        look = first._look
+
+        async def recording(listening_since: int | None) -> tuple[Any, bool] | None:
+            found = await look(listening_since)
+            assert found is not None
+            looks.append(found)
+            return found
+
+        first._look = recording  # type: ignore[method-assign]
+        taken = await _boundary_run(first, steps)
+        # Taken back after a crash: the same places, looks and operations.
+        again = lane_type(places=_by_id(first.recorded), answers=looks)
+        assert await _boundary_run(again, steps, replay=True) == taken
+        assert again.ops == first.ops
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=200, deadline=None, database=None)
+@given(steps=_boundary_steps)
+def test_every_message_stored_during_a_turn_is_taken_before_its_next_event(
+    steps: list[tuple[str, int]],
+) -> None:
+    _check_boundaries(_Lane, steps)
+
+
+@pytest.mark.timeout(60)
+def test_the_boundary_property_catches_a_lane_that_does_not_catch_up() -> None:
+    @settings(
+        max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(steps=_boundary_steps)
+    def check(steps: list[tuple[str, int]]) -> None:
+        _check_boundaries(_Unseeing, steps)
+
+    with pytest.raises(AssertionError, match="stored during the turn was left"):
+        check()
+
+
+@pytest.mark.timeout(10)
+def test_a_run_that_took_a_message_under_an_older_version_does_not_catch_up() -> None:
+    """Its records lack ``catches_up``: taken back, it must call the operations it
+    called then, with no look before the event after the message."""
+
+    async def body() -> tuple[list[str], list[str]]:
+        ops = []
+        for catches_up in (False, True):
+            place = {"at": 0, "message": R, "ending": False, "n": 0}
+            lane = _Lane(places=[{**place, "catches_up": True} if catches_up else place])
+            lane.start()
+            await asyncio.sleep(0)
+            await _hand_event(lane, [])
+            ops.append(lane.ops)
+        return ops[0], ops[1]
+
+    older, newer = asyncio.run(body())
+    assert "look" not in older
+    assert newer[-1] == "look"
 
 
 # -- on DBOS --------------------------------------------------------------------------------------

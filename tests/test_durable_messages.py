@@ -36,6 +36,7 @@ from statemachine.durable.dbos import DBOSRunHandle, DBOSRunner, connect
 from statemachine.testing import FunctionModel
 
 _gates: dict[str, asyncio.Event] = {}  # run id -> opens its tool
+_entered: set[str] = set()  # the runs whose tool waits at its gate
 
 
 @sm.tool
@@ -43,7 +44,9 @@ async def slow() -> str:
     """Wait until the test opens the gate (or the run is aborted)."""
     key = idempotency_key()
     assert key is not None
-    await _gates[key.rsplit(":", 1)[0]].wait()
+    run_id = key.rsplit(":", 1)[0]
+    _entered.add(run_id)
+    await _gates[run_id].wait()
     return "opened"
 
 
@@ -190,6 +193,55 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], 
 @pytest.mark.timeout(400)
 def test_no_acknowledged_message_is_lost(database: Callable[[str], str]) -> None:
     _property(database("runs"), examples=15)
+
+
+FLOOD = 300  # steers sent while the tool runs, the gate opened right after the last
+
+
+def _flood_model(heard: list[int]) -> FunctionModel:
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        heard.append(sum(isinstance(m, sm.UserMessage) for m in messages) - 1)
+        if not any(isinstance(m, sm.AssistantMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("c1", "slow", {})])
+        return sm.AssistantMessage(f"heard {heard[-1]}")
+
+    return FunctionModel(model)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("together", [False, True], ids=["one_after_another", "all_at_once"])
+def test_a_flood_of_steers_during_a_tool_all_reaches_the_next_model_call(
+    database: Callable[[str], str], together: bool
+) -> None:
+    heard: list[int] = []  # how many steers each model call saw
+
+    async def body() -> sm.RunResult:
+        runner = DBOSRunner(
+            models={"m": _flood_model(heard)}, tools=[slow], database_url=database("flood")
+        )
+        runner.launch()
+        try:
+            gate = _gates["flood"] = asyncio.Event()
+            _entered.discard("flood")
+            handle = await runner.start("flood", model="m", messages="tool")
+            while "flood" not in _entered:  # the tool runs
+                await asyncio.sleep(0.05)
+            steers = [handle.steer(f"steer {i}") for i in range(FLOOD)]
+            if together:
+                await asyncio.gather(*steers)
+            else:
+                for steer in steers:
+                    await steer
+            gate.set()
+            return await handle.result(timeout=240)
+        finally:
+            runner.destroy()
+
+    result = asyncio.run(body())
+    assert result.ok, result
+    assert heard == [0, FLOOD]  # the call after the tool heard every steer, and was the last
+    said = [t for m in result.messages if isinstance(m, sm.UserMessage) for t in _texts(m)]
+    assert sorted(said) == sorted(["tool", *(f"steer {i}" for i in range(FLOOD))])
 
 
 # -- with kills: worker processes killed -9 between the messages ------------------------------

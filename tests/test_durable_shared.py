@@ -330,6 +330,56 @@ def test_a_steer_and_a_follow_up_reach_the_model_and_late_input_is_refused(
     replays_to(tmp_path / "told.jsonl", result)
 
 
+FLOOD = 300  # steers sent while one tool runs
+# Sent all at once to one run. Temporal's server takes ten updates of a run in flight
+# at once and refuses the others for a while: hundreds at once outrun the message
+# timeout, and steer() raises StoreUnavailableError (docs/guides/temporal.md).
+FLOOD_AT_ONCE = {"dbos": FLOOD, "temporal": 50}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("together", [False, True], ids=["one_after_another", "all_at_once"])
+def test_every_steer_acknowledged_while_a_tool_runs_reaches_the_next_model_call(
+    engine: Engine, together: bool
+) -> None:
+    """As with ``AgentRun``: a steer is handed to the model at the next turn boundary,
+    however many came during the turn and however close to its end. The gate opens as
+    soon as the last steer is acknowledged."""
+    gate = Gate()
+    heard: list[int] = []  # how many steers each model call saw
+    sent = FLOOD_AT_ONCE[engine.name] if together else FLOOD
+
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        heard.append(sum(isinstance(m, sm.UserMessage) for m in messages) - 1)
+        if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("g1", "wait_at_gate", {})])
+        return sm.AssistantMessage(f"heard {heard[-1]}")
+
+    async def body(runner: DurableRunner) -> sm.RunResult:
+        handle = await runner.start(f"flood-{uuid.uuid4().hex[:8]}", model="flood", messages="go")
+        await gate.entered()
+        steers = [f"steer {i}" for i in range(sent)]
+        if together:
+            await asyncio.gather(*(handle.steer(s) for s in steers))
+        else:
+            for steer in steers:
+                await handle.steer(steer)
+        gate.opened.set()
+        return await handle.result(timeout=180)
+
+    result = engine.run(body, models={"flood": FunctionModel(model)}, tools=[gate.tool])
+    assert result.ok, result
+    assert heard == [0, sent]  # the call after the tool heard them all, and was the last
+    assert result.queued_input == ()
+    said = _said(result.messages).split(" | ")
+    expected = ["go", *(f"steer {i}" for i in range(sent))]
+    if together or not engine.takes_messages_on_return:
+        # DBOS hands a run its messages in the order of the millisecond they were
+        # stored in: two steers stored within one may come either way round.
+        said, expected = sorted(said), sorted(expected)
+    assert said == expected, [(a, b) for a, b in zip(said, expected, strict=False) if a != b][:5]
+
+
 @pytest.mark.timeout(90)
 def test_an_abort_reaches_a_running_tool_and_the_run_ends_aborted(
     engine: Engine, tmp_path: Path

@@ -102,11 +102,18 @@ class ControlInbox:
                 continue
             if self._queue:
                 head = self._queue[0]
+                control = self._run.control
                 if not self._run.ends_unless_told(head):
-                    return self._queue.popleft()
+                    # Input came this turn: what was stored since is taken before the
+                    # event, which may end the turn (``_lane``: ``catch_up``).
+                    if not control.catching_up:
+                        if await control.catch_up():
+                            return self._queue.popleft()
+                        continue
+                    await self._wait()  # the listener's message is on its way
+                    continue
                 # A final answer: every message sent so far is taken first, so that
                 # none is left unread when the run ends (``_lane``).
-                control = self._run.control
                 if self._synced_for is not head:
                     self._synced_for = head
                     await control.sync()

@@ -11,11 +11,12 @@ tool call too. Where it took effect is recorded:
   workflow, or just after the previous message took effect): the wait starts, and
   the id of an operation, ``statemachine.control``, is drawn (``_reserve``).
   When the message has come, the run takes it between two engine events and that
-  operation records ``{"at": n, "message": m, "ending": e, "n": k}``: ``n`` is how many
-  events the engine had been handed in this workflow when the message took effect,
-  ``e`` whether the run was ending then (taking the messages stored before it
-  closed), ``k`` how many messages it had taken before (a look's record is drawn
-  after the listener's, but may be taken first).
+  operation records ``{"at": n, "message": m, "ending": e, "n": k, "catches_up": True}``:
+  ``n`` is how many events the engine had been handed in this workflow when the
+  message took effect, ``e`` whether the run was looking then (taking the messages
+  stored before it closed, or catching up), ``k`` how many messages it had taken
+  before (a look's record is drawn after the listener's, but may be taken first),
+  ``catches_up`` that this version recorded it (below).
 - The run takes a message only once that record is saved, so nothing the message
   caused can be saved before it.
 - After a crash the records are read first (one read, not an operation), and each
@@ -50,6 +51,14 @@ tool call too. Where it took effect is recorded:
   or an abort. A backend that cannot look sends the run a marker instead, and the run
   takes every message until the marker (the messages of a topic come in the order
   they were stored, so every message stored before the marker is taken before it).
+
+- Once a steer or follow-up has been taken, the run looks the same way before the
+  engine is handed its next event (which may end the turn and start a model call),
+  still open (``catch_up``): the listener takes one message at a time, so without
+  this a flood of messages would spread over later turns. A message taken while the
+  run looks is recorded as ``ending`` too: after a crash it waits until the run looks
+  again at the same point. A backend that cannot look does not catch up, nor does a
+  run that took a message under an older version (its records lack ``catches_up``).
 
 A backend numbers a run's operations in the order they are called (DBOS does); so
 every operation of a run is started eagerly (up to its first wait) at the point the
@@ -158,6 +167,11 @@ class ControlLane:
         self._looked: deque[tuple[Any, Any]] = deque()  # a look's message and its place
         self._listener_first = False  # the listener holds an older message than the look
         self._settling = False  # closed, and looking for the messages stored before that
+        self._heard = False  # input taken since the last look that found nothing
+        # A run that took a message under an older version, which did not catch up,
+        # never does: taken back, it calls the operations it called then.
+        self._catches_up = all(p.get("catches_up") for p in places)
+        self.catching_up = False  # looking, still open, before an event is handed over
         self._listeners: list[asyncio.Future[Any]] = []  # every recv started, for close()
         self._syncs_sent = 0  # markers sent to the run by this execution
         self._syncs_taken = 0  # markers taken back
@@ -218,10 +232,12 @@ class ControlLane:
         elif kind == SYNC:
             self._syncs_taken += 1
             self.synced_at = self.handled
-        elif kind in ("steer", "follow_up") and self.closed and not self._draining:
-            # Input before a final answer: the run goes on, and will take what is sent
-            # from now on at its next end.
-            await self._set_open(True)
+        elif kind in ("steer", "follow_up") and not self._draining:
+            self._heard = True  # more may follow at once: looked for before the next event
+            if self.closed:
+                # Input before a final answer: the run goes on, and will take what is
+                # sent from now on at its next end.
+                await self._set_open(True)
         if not looked:
             self._listener_first = False
             self.start()  # the listener's message: listen for the next one
@@ -237,30 +253,54 @@ class ControlLane:
         self.synced_at = None  # set once nothing is left
         await self._settle()
 
+    async def catch_up(self) -> bool:
+        """Before the engine is handed an event (which may end the turn): whether the
+        event may go now. Input came since the last look that found nothing: the run
+        looks, still open, as ``sync`` does, and every message it finds (and the
+        listener's) is due first; ``catching_up`` until a look finds nothing."""
+        if self.catching_up:
+            return False
+        if not self._heard or self.stopped or self._settling or not self._catches_up:
+            return True
+        self.catching_up = True
+        await self._settle()
+        return not self.catching_up
+
     async def _settle(self) -> None:
-        """Look (``_look``) while the run is closed and every message a look found has
-        been taken, until a look finds nothing; then the run is synced. A message a look
-        found is taken next (after the listener's, if it holds one). A backend that
-        cannot look gets a marker instead."""
-        while self._settling and not self._looked and not self._listener_first:
-            if not self.closed or self.stopped:  # input came, the run goes on (and takes
-                self._settling = False  # what follows at its next end); or an abort came
+        """Look (``_look``) while the run is closed (``sync``) or catching up, and every
+        message a look found has been taken, until a look finds nothing; then the run is
+        synced, or caught up. A message a look found is taken next (after the
+        listener's, if it holds one). A backend that cannot look gets a marker instead
+        when it closes, and does not catch up."""
+        while not self._looked and not self._listener_first:
+            if self._settling:
+                if not self.closed or self.stopped:  # input came, the run goes on (and
+                    self._settling = False  # takes what follows at its next end); or an
+                    return  # abort came
+            elif not self.catching_up:
+                return
+            elif self.stopped:
+                self.catching_up = False
                 return
             # Always looked here, whatever the listener's state now, which depends on
             # timing: the run's operations are the same when it runs again after a crash.
             listener = None if self._recv is None else self._listening_since
             looked = await self._look(listener)
             if looked is None:
-                self._settling = False
-                self._syncs_sent += 1
-                await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
+                self.catching_up = self._heard = False
+                if self._settling:
+                    self._settling = False
+                    self._syncs_sent += 1
+                    await start_now(self._send({"kind": SYNC, "n": self._syncs_sent}))
                 return
             message, self._listener_first = looked
             if message is not None:
                 self._looked.append((self._reserve(), message))
             elif not self._listener_first:
-                self._settling = False
-                self.synced_at = self.handled
+                self.catching_up = self._heard = False
+                if self._settling:
+                    self._settling = False
+                    self.synced_at = self.handled
 
     async def _set_open(self, is_open: bool) -> None:
         self.closed = not is_open
@@ -268,11 +308,19 @@ class ControlLane:
 
     def _record(self, message: Any) -> dict[str, Any]:
         """The record of ``message``'s place, taking effect now."""
-        return {"at": self.handled, "message": message, "ending": self._ending(), "n": self._taken}
+        return {
+            "at": self.handled,
+            "message": message,
+            "ending": self._ending(),
+            "n": self._taken,
+            "catches_up": True,
+        }
 
     def _ending(self) -> bool:
-        """The run is closed and taking the messages stored before that."""
-        return self._settling or self._syncs_taken < self._syncs_sent
+        """The run is looking for the messages stored so far: closed and taking those
+        stored before that, or catching up (recorded as ``ending``: after a crash such a
+        message waits until the run looks again at the same point)."""
+        return self._settling or self.catching_up or self._syncs_taken < self._syncs_sent
 
     def synced(self) -> bool:
         """Every message stored before the run closed has been taken: the last look

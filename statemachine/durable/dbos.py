@@ -37,14 +37,17 @@ message at that moment. After an abort the run listens no more.
 No message sent to a run is left unread: before the engine is handed a final
 answer the run takes every message stored so far (it sends itself a marker and takes
 messages until the marker), so a steer or follow-up sent while a tool ran reaches
-the model; what comes after the run's last answer is its ``queued_input``.
+the model; what comes after the run's last answer is its ``queued_input``. Once a
+message came during a turn, the run also looks for the others before its next
+event, so every steer stored by then reaches the next model call (``_lane``).
 
 What it costs: one saved operation per model call and per tool call (one more per
 ``before_tool_call`` batch and per ``should_continue`` check when those hooks are
 set, and per decision of a declared step); listening costs one saved operation per
 run (the wait's deadline) and three per message taken; taking every message before a
-final answer costs five (and on SQLite up to one notification interval); a wait for
-approvals costs one per published change of the pending calls.
+final answer costs five (and on SQLite up to one notification interval); the look
+before the next event once a message came during a turn, three (and three per message
+it finds); a wait for approvals costs one per published change of the pending calls.
 
 Approvals: when ``before_tool_call`` asks for approval, the run publishes the
 pending calls (a DBOS event, ``pending``) and waits for decisions for as long as it
