@@ -72,7 +72,7 @@ _DRIVER_TESTS = (
     "tests/test_loop.py tests/test_executor.py tests/test_stream.py tests/test_hook_calls.py "
     "tests/test_resume.py tests/test_run_agent_sync.py tests/test_driver.py "
     "tests/test_driver_abort.py tests/test_driver_hooks_and_batches.py tests/test_abort.py "
-    "tests/test_driver_faults.py tests/test_run_footprint.py"
+    "tests/test_driver_faults.py tests/test_run_footprint.py tests/test_run_options.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
