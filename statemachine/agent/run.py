@@ -436,7 +436,11 @@ async def run_agent(
     ``max_turns``, the hooks, ``instructions``, ``deps``...) are ``NewRunOptions``, each
     documented there.
     """
-    return await _run(model, messages, resolve("run_agent", options, NewRunOptions))
+    run = AgentRun(
+        model=model, messages=messages, options=resolve("run_agent", options, NewRunOptions)
+    )
+    del options  # the keywords' dict, resolved: not held while the run waits
+    return await run.run()
 
 
 def run_agent_sync(
