@@ -41,7 +41,17 @@ import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Generic, NoReturn, Self, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Final,
+    Generic,
+    NoReturn,
+    Self,
+    TypeVar,
+    overload,
+)
 
 import attrs
 from typing_extensions import deprecated
@@ -59,30 +69,16 @@ from statemachine.core.batch import (
 )
 from statemachine.core.checks import positive_int
 from statemachine.core.events import (
-    AbortRequested,
     Action,
-    ApprovalDecided,
-    ApprovalRequired,
     CallModel,
     CancelOperations,
     CheckContinue,
     CheckPermission,
-    ContinueDecided,
-    Event,
     HistoryView,
     InputKind,
-    InputQueued,
-    ModelCancelled,
-    ModelFailed,
-    ModelResponded,
     ReturnToCaller,
     RunStep,
     StartTool,
-    StepDecided,
-    ToolCancelled,
-    ToolDenied,
-    ToolFinished,
-    ToolPermitted,
 )
 from statemachine.core.inputs import check_history, check_tool_definitions
 from statemachine.core.limits import UsageLimits, check_usage_limits
@@ -133,6 +129,24 @@ from statemachine.core.tools import (
 )
 from statemachine.core.trace import Trace, TransitionRecord
 from statemachine.errors import EngineInvariantError, ProtocolError
+
+if TYPE_CHECKING:  # the engine reads an event through its trigger (_ON_INPUT)
+    from statemachine.core.events import (
+        AbortRequested,
+        ApprovalDecided,
+        ApprovalRequired,
+        ContinueDecided,
+        Event,
+        InputQueued,
+        ModelCancelled,
+        ModelFailed,
+        ModelResponded,
+        StepDecided,
+        ToolCancelled,
+        ToolDenied,
+        ToolFinished,
+        ToolPermitted,
+    )
 
 __all__ = [
     "ABANDONED",
@@ -266,10 +280,11 @@ class _Field(Generic[V]):
     ``engine.turns`` is ``engine._run.turns``. A ``writable`` one may be set by a
     driver before the run's first event (the configuration it was not made with)."""
 
+    _name: str
+    _read: Callable[[EngineState], V]  # the field's getter, set with its name
+
     def __init__(self, *, writable: bool = False) -> None:
         self._writable = writable
-        self._name = ""
-        self._read: Callable[[EngineState], V] = operator.attrgetter("")
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
