@@ -1273,7 +1273,7 @@ class Engine:
 _Check = Callable[[Engine, Any], None]
 _Record = Callable[[Engine, Any], None]
 
-# What an input event does before the rows are read, by its trigger: the check that
+# What an engine event does before the rows are read, by its trigger: the check that
 # refuses a payload that does not fit (nothing has changed yet, I8), then the record of
 # its data. Each function takes the event class of its trigger (core/events.py).
 _ON_INPUT: Final[Mapping[Trigger, tuple[_Check | None, _Record | None]]] = {
