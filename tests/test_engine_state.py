@@ -166,6 +166,14 @@ def test_the_control_key_shows_a_change_of_every_keyed_field(name: str) -> None:
     assert changed.control_key() != engine.control_key()
 
 
+def test_a_control_key_that_leaves_a_field_out_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = EngineState.control_key
+    monkeypatch.setattr(EngineState, "control_key", lambda self: key(self)[:-1])
+    last = _keyed_plainly()[-1]  # the last keyed field, which the broken key leaves out
+    with pytest.raises(AssertionError):
+        test_the_control_key_shows_a_change_of_every_keyed_field(last)
+
+
 def test_every_control_field_is_keyed() -> None:
     control = engine_state.fields_of(engine_state.CONTROL)
     assert all(f.metadata["keyed"] for f in attrs.fields(EngineState) if f.name in control)
