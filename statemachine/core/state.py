@@ -122,7 +122,7 @@ def _sorted_items(mapping: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(mapping.items()))
 
 
-@attrs.define(eq=False, repr=False, kw_only=True)
+@attrs.define(eq=False, repr=False, kw_only=True, weakref_slot=False)
 class EngineState:
     """Everything an engine decides by, by role (see the module docstring).
 
