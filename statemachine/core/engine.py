@@ -277,8 +277,9 @@ V = TypeVar("V")
 
 class _Field(Generic[V]):
     """An engine attribute that is the field of the same name of its state record:
-    ``engine.turns`` is ``engine._run.turns``. A ``writable`` one may be set by a
-    driver before the run's first event (the configuration it was not made with)."""
+    ``engine.turns`` is ``engine._run.turns``. A ``writable`` one is configuration a
+    driver may set on an engine it made or restored, before handing it the next event
+    (a hook it was not made with, a resumed run's new limits)."""
 
     _name: str
     _read: Callable[[EngineState], V]  # the field's getter, set with its name
@@ -346,7 +347,7 @@ class Engine:
 
     guards: ClassVar[Mapping[Guard, GuardFunction]] = GUARDS
 
-    # The fields of the record a caller reads (and a driver sets, before the first event).
+    # The fields of the record a caller reads (and the configuration a driver may set).
     run_id = _Field[str]()
     table = _Field[Table]()
     tools = _Field[tuple[ToolDefinition, ...]]()
