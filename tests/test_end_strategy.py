@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import statemachine as sm
 from statemachine.core.engine import Engine
 from statemachine.core.events import (
     Action,
@@ -42,6 +43,7 @@ from statemachine.core.output import NOT_RUN_EARLY, EndStrategy, OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
+from statemachine.testing import ScriptedModel
 
 S = TurnState
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -249,3 +251,80 @@ def test_the_property_catches_an_early_end_that_leaves_a_call_unanswered() -> No
     real = _engine("early")
     _drive(real, [["ok", "final_ok"]])
     assert _findings(real) == []  # the same script passes on the real engine
+
+
+# -- the Agent -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_an_agent_ends_early_by_default_and_runs_the_others_when_exhaustive() -> None:
+    ran: list[str] = []
+
+    @sm.tool
+    def notify(who: str) -> str:
+        """Tell someone."""
+        ran.append(who)
+        return "told"
+
+    def both() -> AssistantMessage:
+        return AssistantMessage(
+            [
+                ToolCall("c1", "final_result", {"answer": "42"}),
+                ToolCall("c2", "notify", {"who": "ada"}),
+            ],
+            stop_reason=StopReason.TOOL_USE,
+        )
+
+    early = sm.Agent(ScriptedModel(both()), tools=[notify], output_type=SCHEMA).run_sync("q")
+    assert early.ok
+    assert early.output == {"answer": "42"}
+    assert ran == []
+    [_, not_run] = [m for m in early.messages if isinstance(m, ToolResultMessage)]
+    assert (not_run.text, not_run.is_error) == (NOT_RUN_EARLY, True)
+    exhaustive = sm.Agent(
+        ScriptedModel(both()), tools=[notify], output_type=SCHEMA, end_strategy="exhaustive"
+    ).run_sync("q")
+    assert exhaustive.output == {"answer": "42"}
+    assert ran == ["ada"]
+    with pytest.raises(InvalidInputError, match="end_strategy"):
+        sm.Agent(ScriptedModel(), output_type=SCHEMA, end_strategy="late")  # type: ignore[typeddict-item]
+
+
+@pytest.mark.timeout(30)
+def test_a_resumed_run_keeps_its_end_strategy() -> None:
+    @sm.tool
+    def notify(who: str) -> str:
+        """Tell someone."""
+        return "told"
+
+    model = ScriptedModel(
+        AssistantMessage([ToolCall("c1", "notify", {"who": "a"})], stop_reason=StopReason.TOOL_USE),
+        BATCH_FOR_AGENT,
+    )
+    first = sm.Agent(
+        model,
+        tools=[notify],
+        output_type=SCHEMA,
+        before_tool_call=lambda call: sm.RequireApproval("check"),
+    ).run_sync("q")
+    assert first.state is S.AWAITING_USER
+    assert first.snapshot is not None
+    assert first.snapshot["output"]["endStrategy"] == "early"
+    # resumed by an agent that would run everything: the run stays early
+    agent = sm.Agent(
+        model,
+        tools=[notify],
+        output_type=SCHEMA,
+        end_strategy="exhaustive",
+        before_tool_call=lambda c: None,
+    )
+    resumed = agent.resume_sync(first, approvals={"c1": True})
+    assert resumed.ok
+    texts = [m.text for m in resumed.messages if isinstance(m, ToolResultMessage)]
+    assert texts == ["told", NOT_RUN_EARLY, "Final result accepted."]
+
+
+BATCH_FOR_AGENT = AssistantMessage(
+    [ToolCall("c2", "notify", {"who": "b"}), ToolCall("f1", "final_result", {"answer": "1"})],
+    stop_reason=StopReason.TOOL_USE,
+)
