@@ -19,6 +19,17 @@ How the model gives it (``output_mode``):
 Either way the engine validates the output and sends a failed attempt back to the
 model within ``output_retries`` (rule 13 of ``core/table.py``). A resumed run keeps
 the mode it was suspended in.
+
+Several types (a union, a list of types) are offered in tool mode as one tool per
+member, ``final_result_<Name>`` (PydanticAI's names), each with its member's schema
+and converter; ``Output.legacy`` is the union as the one tool offered before, with
+which a run suspended then resumes. In native mode a union stays one schema.
+
+``end_strategy`` (``"early"`` by default, PydanticAI's documented default) decides the
+fate of a response's other calls once its final result is accepted
+(``core/output.py``). Output validators may be ``async``: a run with one awaits them
+in its model call (``Output.judge``), on each output the response offers, up to the
+first accepted, before the engine judges the response from those verdicts.
 """
 
 from __future__ import annotations
