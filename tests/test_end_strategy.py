@@ -287,7 +287,7 @@ def test_an_agent_ends_early_by_default_and_runs_the_others_when_exhaustive() ->
     assert exhaustive.output == {"answer": "42"}
     assert ran == ["ada"]
     with pytest.raises(InvalidInputError, match="end_strategy"):
-        sm.Agent(ScriptedModel(), output_type=SCHEMA, end_strategy="late")  # type: ignore[typeddict-item]
+        sm.Agent(ScriptedModel(), output_type=SCHEMA, end_strategy="late")  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(30)

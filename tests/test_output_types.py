@@ -302,7 +302,7 @@ def test_a_run_suspended_with_a_union_as_one_tool_resumes_with_that_tool() -> No
     assert first.snapshot is not None
     assert first.snapshot["output"]["schema"] == legacy["schema"]
     snapshot = json.loads(json.dumps(first.snapshot))
-    agent = sm.Agent(
+    agent: sm.Agent[Any, Any] = sm.Agent(
         model, tools=[lookup], output_type=int | Point, before_tool_call=lambda call: None
     )
     resumed = agent.resume_sync(snapshot, approvals={"c1": True})
