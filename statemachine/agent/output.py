@@ -66,6 +66,7 @@ from statemachine.core.output import (
     EndStrategy,
     OutputSpec,
     check_end_strategy,
+    is_output_tool,
     parse_text_output,
 )
 from statemachine.core.tools import ToolDefinition, validate_arguments
@@ -290,7 +291,7 @@ def output_json(messages: Sequence[Message]) -> Any:
         m.tool_call_id
         for m in messages
         if isinstance(m, ToolResultMessage)
-        and (m.tool_name == OUTPUT_TOOL or m.tool_name.startswith(OUTPUT_TOOL + "_"))
+        and is_output_tool(m.tool_name)
         and not m.is_error
         and m.text == OUTPUT_ACCEPTED
     ]

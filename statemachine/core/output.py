@@ -69,6 +69,7 @@ __all__ = [
     "OutputCheck",
     "OutputSpec",
     "check_end_strategy",
+    "is_output_tool",
     "parse_text_output",
 ]
 
@@ -325,6 +326,13 @@ def _members_of(data: object) -> list[tuple[str, Mapping[str, Any]]]:
             raise InvalidInputError(f"expected {{name: {prefix}..., schema}}, got {item!r:.60}")
         members.append((name.removeprefix(prefix), item["schema"]))
     return members
+
+
+def is_output_tool(name: str) -> bool:
+    """Whether ``name`` is a final-result tool's name: ``final_result``, or a union
+    member's, ``final_result_<member>`` (what a reader of a history without its spec,
+    a fake model or a stored run, can tell)."""
+    return name == OUTPUT_TOOL or name.startswith(OUTPUT_TOOL + "_")
 
 
 def _no_constant(name: str) -> Any:

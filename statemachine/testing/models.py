@@ -57,7 +57,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.output import OUTPUT_TOOL
+from statemachine.core.output import is_output_tool
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import UsageError
 
@@ -360,7 +360,8 @@ class TestModel(_Recording):
         callable_tools = [
             t
             for t in tools
-            if not _is_output(t.name) and (self._call_tools == "all" or t.name in self._call_tools)
+            if not is_output_tool(t.name)
+            and (self._call_tools == "all" or t.name in self._call_tools)
         ]
         if callable_tools and _first_call(messages):
             calls = [
@@ -368,7 +369,7 @@ class TestModel(_Recording):
                 for i, t in enumerate(callable_tools, 1)
             ]
             return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
-        output = next((t for t in tools if _is_output(t.name)), None)
+        output = next((t for t in tools if is_output_tool(t.name)), None)
         if output is not None:
             arguments = self._args if self._args is not None else schema_value(output.schema_dict())
             call = ToolCall(f"test-out-{len(messages)}", output.name, arguments)
@@ -380,12 +381,6 @@ class TestModel(_Recording):
             value = self._args if self._args is not None else schema_value(schema)
             return AssistantMessage(json.dumps(value))
         return AssistantMessage(_results_text(messages))
-
-
-def _is_output(name: str) -> bool:
-    """Whether ``name`` is a final-result tool's: ``final_result``, or one member's of a
-    union (``final_result_<member>``)."""
-    return name == OUTPUT_TOOL or name.startswith(OUTPUT_TOOL + "_")
 
 
 def _all_str(names: Sequence[object]) -> bool:
