@@ -10,6 +10,8 @@ to fail on an engine that leaves the other calls of an early end unanswered.
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import attrs
@@ -43,6 +45,7 @@ from statemachine.core.output import NOT_RUN_EARLY, EndStrategy, OutputSpec
 from statemachine.core.table import TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
+from statemachine.journal import Journal, JournalingEngine, replay
 from statemachine.testing import ScriptedModel
 
 S = TurnState
@@ -328,3 +331,73 @@ BATCH_FOR_AGENT = AssistantMessage(
     [ToolCall("c2", "notify", {"who": "b"}), ToolCall("f1", "final_result", {"answer": "1"})],
     stop_reason=StopReason.TOOL_USE,
 )
+
+
+# -- the wire: snapshots and journals ------------------------------------------------------------
+
+
+def _member_spec(strategy: EndStrategy) -> OutputSpec:
+    spec = OutputSpec.of_members(
+        [("Answer", SCHEMA), ("Refusal", {"type": "object", "properties": {"why": {}}})]
+    )
+    return attrs.evolve(spec, end_strategy=strategy)
+
+
+MEMBERS_BATCH = AssistantMessage(
+    [
+        ToolCall("c1", "lookup", {}),
+        ToolCall("f1", "final_result_Refusal", {"why": "no"}),
+        ToolCall("f2", "final_result_Answer", {"answer": "42"}),
+    ],
+    stop_reason=StopReason.TOOL_USE,
+)
+
+
+def test_a_replayed_journal_ends_early_as_the_run_did() -> None:
+    stream = io.StringIO()
+    engine = JournalingEngine(
+        journal=Journal(stream),
+        tools=[LOOKUP],
+        messages=[UserMessage("go")],
+        output=_member_spec("early"),
+    )
+    engine.handle(Start())
+    engine.handle(ModelResponded(MEMBERS_BATCH))
+    assert engine.state is S.DONE
+    assert engine.output_call == "f1"  # the first valid call, whichever member's tool
+    result = replay(stream.getvalue().splitlines(keepends=True))
+    assert result.state is S.DONE
+    assert result.messages == tuple(engine.messages)
+    assert [m.text for m in result.messages if isinstance(m, ToolResultMessage)] == [
+        NOT_RUN_EARLY,
+        "Final result accepted.",
+        "Not used: a final result was already accepted.",
+    ]
+
+
+def test_a_snapshot_with_a_tool_per_member_restores_and_refuses_a_stranger() -> None:
+    engine = Engine(
+        tools=[LOOKUP],
+        messages=[UserMessage("go")],
+        output=_member_spec("exhaustive"),
+        check_permissions=True,
+    )
+    engine.handle(Start())
+    engine.handle(ModelResponded(MEMBERS_BATCH))  # c1 waits for its permission
+    data = json.loads(json.dumps(engine.snapshot()))
+    assert [t["name"] for t in data["output"]["tools"]] == [
+        "final_result_Answer",
+        "final_result_Refusal",
+    ]
+    restored = Engine.restore(data)
+    assert restored.control_key() == engine.control_key()
+    restored.handle(ToolPermitted("c1"))
+    restored.handle(ToolFinished("c1", ToolOutput("found")))
+    assert restored.state is S.DONE
+    assert restored.output_call == "f1"
+    with pytest.raises(InvalidInputError, match="final_result_Answer"):
+        Engine(
+            tools=[ToolDefinition("final_result_Answer", "Mine.", {"type": "object"})],
+            messages=[UserMessage("go")],
+            output=_member_spec("early"),
+        )
