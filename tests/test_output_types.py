@@ -322,3 +322,13 @@ def test_a_union_offered_a_tool_per_member_survives_a_snapshot() -> None:
     assert back == attrs.evolve(union.spec, check=None)
     with pytest.raises(sm.InvalidInputError, match=r"output\.tools"):
         OutputSpec.from_dict({**data, "tools": [{"name": "mine", "schema": {}}] * 2}, "output")
+
+
+def test_an_output_recorded_without_its_tool_converts_to_its_member() -> None:
+    # A durable run records the validated JSON alone: it is read back as the member
+    # whose tool's schema it matches, or as the union's one tool's value it was before.
+    union = compile_output(int | Point)
+    assert union is not None
+    assert union.from_json({"x": 1, "y": 2}) == Point(1, 2)
+    assert union.from_json({WRAPPER_KEY: 3}) == 3
+    assert union.from_json({WRAPPER_KEY: {"x": 1, "y": 2}}) == Point(1, 2)
