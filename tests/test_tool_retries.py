@@ -4,6 +4,7 @@ run ends ``ToolRetriesExceeded`` past them (rule 14 of the table)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -166,9 +167,36 @@ def test_an_output_validator_that_keeps_refusing_ends_output_invalid() -> None:
     assert model.calls == 2
 
 
-def test_an_async_output_validator_is_refused_when_given() -> None:
-    async def later(output: Query) -> Query:
-        return output
+def test_an_async_output_validator_is_awaited_and_may_ask_for_a_retry() -> None:
+    seen: list[str] = []
+    model = ScriptedModel(
+        asks("f1", "final_result", sql="DROP"), asks("f2", "final_result", sql="SELECT 1")
+    )
+    agent = sm.Agent(model, output_type=Query)
 
-    with pytest.raises(sm.InvalidInputError, match="sync function"):
-        sm.Agent(ScriptedModel(), output_type=Query, output_validators=[later])
+    @agent.output_validator
+    async def safe(ctx: sm.RunContext[None], output: Query) -> Query:
+        await asyncio.sleep(0)  # really awaited: a coroutine never awaited would pass it
+        seen.append(output.sql)
+        if not output.sql.startswith("SELECT"):
+            raise sm.ModelRetry("Only SELECT queries.")
+        return Query(output.sql + ";")
+
+    result = agent.run_sync("q")
+    assert result.ok
+    assert result.output == Query("SELECT 1;")  # the value the validator returned
+    assert seen == ["DROP", "SELECT 1"]  # once per value
+    refusal = results(result)[0]
+    assert refusal.is_error
+    assert "Only SELECT queries." in refusal.text
+
+
+def test_an_async_output_validator_judges_a_native_output_too() -> None:
+    async def never(output: Query) -> Query:
+        raise sm.ModelRetry("Never.")
+
+    model = ScriptedModel('{"sql": "SELECT 1"}', '{"sql": "SELECT 2"}', native_output=True)
+    agent = sm.Agent(model, output_type=Query, output_retries=1, output_validators=[never])
+    result = agent.run_sync("q")
+    assert result.state is sm.TurnState.OUTPUT_INVALID
+    assert "Never." in (result.explanation or "")

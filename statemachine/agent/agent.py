@@ -156,7 +156,9 @@ class Agent(Generic[DepsT, OutputT]):
         # as by run_agent, only with an output type); each run builds its own.
         self.model = resolve_model(model)
         opts = self.options
-        compile_output(opts.output_type, opts.output_retries, opts.output_mode, self.model)
+        compile_output(
+            opts.output_type, opts.output_retries, opts.output_mode, self.model, opts.end_strategy
+        )
         self.name = name
         self.deps_type = deps_type
         self.output_validators = list(check_output_validators(output_validators))

@@ -77,8 +77,11 @@ class RunModel:
         stream: EventStream,
         context: Callable[[], RunContext[Any]] | None,
         engine: Engine | None = None,
+        judge: Callable[[AssistantMessage], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
+        # Awaits the async output validators on each response (``Output.judge``).
+        self._judge = judge
         output = engine.output if engine is not None else None
         # An engine that records what each call was told (a JournalingEngine) hears the
         # instructions of every call; it writes them when they change.
@@ -114,6 +117,21 @@ class RunModel:
     ) -> Awaitable[AssistantMessage]:
         """The client's answer, for the caller to await: no coroutine of this wrapper
         stays alive across the model's wait, unless a function gives the instructions."""
+        if self._judge is not None:  # only a run with an async output validator
+            return self._complete_judging(messages, tools, signal)
+        return self._complete(messages, tools, signal)
+
+    async def _complete_judging(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> AssistantMessage:
+        message = await self._complete(messages, tools, signal)
+        if self._judge is not None and isinstance(message, AssistantMessage):
+            await self._judge(message)
+        return message
+
+    def _complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> Awaitable[AssistantMessage]:
         client = self.client
         base = self._base
         if base is None:  # a client without options

@@ -67,7 +67,7 @@ from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import UserMessage
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, EndStrategy, check_end_strategy
 from statemachine.errors import InvalidInputError
 
 __all__ = [
@@ -111,6 +111,10 @@ class AgentOptions(TypedDict, Generic[OutputT], total=False):
     output_mode: OutputMode
     """How the answer is asked for: ``"tool"``, ``"native"`` (the provider's structured
     output) or ``"auto"`` (native where the client supports it)."""
+    end_strategy: EndStrategy
+    """What becomes of the other tool calls of a response whose final result is valid:
+    ``"early"`` (the default, as PydanticAI's) answers them as not run and ends the
+    run; ``"exhaustive"`` runs them first. A resumed run keeps its own."""
     before_tool_call: BeforeToolCall | None
     """Asked before each tool call: allow, ``Deny`` or ``RequireApproval``
     (``statemachine.hooks``)."""
@@ -201,6 +205,10 @@ def _grace_period(_: object, __: object, value: Any) -> None:
         raise InvalidInputError(f"grace_period must be a non-negative number, got {value!r}")
 
 
+def _end_strategy(_: object, __: object, value: Any) -> None:
+    check_end_strategy(value)
+
+
 def _signal(_: object, __: object, value: Any) -> None:
     if value is not None and not isinstance(value, AbortSignal):
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
@@ -219,6 +227,7 @@ class Options:
     output_type: Any = None  # OutputType, or Validated (an Agent's validators)
     output_retries: int = DEFAULT_OUTPUT_RETRIES  # checked with the type (compile_output)
     output_mode: OutputMode = "auto"
+    end_strategy: EndStrategy = attrs.field(default="early", validator=_end_strategy)
     before_tool_call: BeforeToolCall | None = None
     after_tool_call: AfterToolCall | None = None
     should_continue: ShouldContinue | None = None

@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar, Unpack
 
+import attrs
+
 from statemachine.agent.context import (
     RunContext,
     check_run_deps,
@@ -120,7 +122,9 @@ class AgentRun(Generic[OutputT]):
         durable runners hand on)."""
         opts = resolve("AgentRun", keywords, NewRunOptions, options)
         model, settings = _checked_model(model, opts)
-        output = compile_output(opts.output_type, opts.output_retries, opts.output_mode, model)
+        output = compile_output(
+            opts.output_type, opts.output_retries, opts.output_mode, model, opts.end_strategy
+        )
         engine = opts.engine_factory(
             tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
@@ -144,8 +148,12 @@ class AgentRun(Generic[OutputT]):
         # Given what a context is made of, not the run: a returned run is then no cycle.
         instructions = opts.instructions
         context = partial(_context, engine, opts.deps) if callable(instructions) else None
-        self._model = RunModel(model, instructions, settings, self._stream, context, engine)
+        if output is not None and output.spec.check is not None and engine.output is not None:
+            # A restored engine's spec (resume) is judged by this run's output type.
+            engine.output = attrs.evolve(engine.output, check=output.check)
         self._output = output or Output.untyped(engine.output)
+        judge = output.judge if output is not None and output.awaits else None
+        self._model = RunModel(model, instructions, settings, self._stream, context, engine, judge)
         self._tools = {t.name: t for t in opts.tools}
         self._hooks = _hooks(opts)
         self._not_started()

@@ -94,7 +94,13 @@ from statemachine.core.messages import (
     checked_result,
     thaw_json,
 )
-from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec, check_output
+from statemachine.core.output import (
+    NOT_RUN_EARLY,
+    OUTPUT_ACCEPTED,
+    TEXT_OUTPUT,
+    OutputSpec,
+    check_output,
+)
 from statemachine.core.queue import InputQueue
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -342,7 +348,7 @@ class Engine:
         self._tools_by_name = {d.name: d for d in tools}
         self.output = output
         if output is not None and not output.native:  # native: no tool (core/output.py)
-            self._tools_by_name[output.name] = output.definition
+            self._tools_by_name.update((d.name, d) for d in output.tools)
         self._scheduling = dict(scheduling or {})
         self.max_turns = max_turns
         self.usage_limits = usage_limits
@@ -819,13 +825,22 @@ class Engine:
         self._actions.append(CallModel(HistoryView(self._history), offered, self.turns))
 
     def _enter_DispatchingTools(self, source: State) -> None:
+        output = self.output
         refused = False
+        if output is not None:  # the final-result calls first: they decide the others' fate
+            for slot in self._batch.slots:
+                if output.owns(slot.call.name):
+                    self._resolve_output(slot, self._refusal(slot.call))
+                    refused = True
+        early = output is not None and output.end_strategy == "early" and bool(self.output_call)
         for slot in self._batch.slots:
-            refusal = self._refusal(slot.call)
-            if self.output is not None and slot.call.name == self.output.name:
-                self._resolve_output(slot, refusal)
+            if slot.result is not None:  # a final-result call, answered above
+                continue
+            if early:  # rule 13: the run has its output; nothing else runs
+                slot.answer(NOT_RUN_EARLY, is_error=True)
                 refused = True
                 continue
+            refusal = self._refusal(slot.call)
             if refusal is None:
                 refusal = self._over_tool_call_limit()
             if refusal is not None:
@@ -878,7 +893,7 @@ class Engine:
         assert self.output is not None  # only a run with an output has the tool
         if refusal is None and self.output_call is None:
             # the type's own judgement, once the schema holds (core/output.py)
-            problem = self.output.judged(thaw_json(slot.call.arguments))
+            problem = self.output.judged(thaw_json(slot.call.arguments), slot.call.name)
             if problem is not None:
                 refusal = f"Invalid final result for {slot.call.name}: {problem}"
         if refusal is not None:

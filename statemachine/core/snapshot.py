@@ -565,7 +565,7 @@ def _check_flags(engine: Engine) -> None:
             isinstance(m, ToolResultMessage)
             and m.tool_call_id == engine.output_call
             and engine.output is not None
-            and m.tool_name == engine.output.name
+            and engine.output.owns(m.tool_name)
             and m.text == OUTPUT_ACCEPTED
             for m in [*engine._history, *held]
         )
