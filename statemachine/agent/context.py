@@ -57,7 +57,9 @@ class RunContext(Generic[DepsT]):
     under way (1 for the first; the turns started so far);
     ``messages``: the history as it is now; ``tool_call``: the call being executed
     (``None`` outside a tool); ``retry``: in a tool, how many retry requests in a row
-    (``ModelRetry``) it made before this call (0 on a first attempt).
+    (``ModelRetry``) it made before this call (0 on a first attempt); ``max_retries``:
+    the tool's budget of them (``Tool(retries=...)``), so ``last_attempt`` is true when
+    one more retry request would end the run ``ToolRetriesExceeded``.
     """
 
     deps: DepsT
@@ -66,6 +68,13 @@ class RunContext(Generic[DepsT]):
     messages: Sequence[Message] = attrs.field(repr=False)
     tool_call: ToolCall | None = None
     retry: int = 0
+    max_retries: int = 0
+
+    @property
+    def last_attempt(self) -> bool:
+        """In a tool: whether a retry request now would end the run (``retry`` has
+        reached ``max_retries``), so the tool can answer with what it has instead."""
+        return self.tool_call is not None and self.retry >= self.max_retries
 
 
 class RunSource(Protocol):
@@ -118,8 +127,10 @@ def usage_left() -> tuple[bool, UsageLimits | None]:
 
 def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now, in ``call`` (or outside one)."""
-    retry = 0 if call is None else engine.tool_failures(call.name)
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry)
+    if call is None:
+        return RunContext(deps, engine.run_id, engine.turns, engine.messages)
+    retry, budget = engine.tool_failures(call.name), engine.retry_budget(call.name)
+    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry, budget)
 
 
 def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
