@@ -138,8 +138,10 @@ def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> 
     (instructions are asked at every model call: refused before the first, not
     mid-run)."""
     declared = [(f"tool {t.name}", t.deps_type) for t in tools]
-    if callable(instructions):
-        declared.append(("the instructions function", deps_type_of(instructions)))
+    # The agent's and one run's instructions (model_call.JoinedInstructions): each part.
+    for part in getattr(instructions, "parts", (instructions,)):
+        if callable(part):
+            declared.append(("the instructions function", deps_type_of(part)))
     check_deps(deps, declared)
 
 
