@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import threading
 import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -24,15 +25,18 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import attrs
 
 from statemachine.core.limits import UsageLimits
+from statemachine.core.messages import Usage
+from statemachine.core.tools import ToolOutput
 
 if TYPE_CHECKING:
     from statemachine.core.engine import Engine
 from statemachine.core.messages import Message, ToolCall
-from statemachine.errors import UsageError
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
     "RunContext",
     "RunSource",
+    "Spent",
     "check_deps",
     "check_run_deps",
     "context_type",
@@ -42,6 +46,8 @@ __all__ = [
     "note_child_stats",
     "reset_run_context",
     "run_context",
+    "start_spending",
+    "stop_spending",
     "usage_left",
     "wants_context",
 ]
@@ -60,6 +66,14 @@ class RunContext(Generic[DepsT]):
     (``ModelRetry``) it made before this call (0 on a first attempt); ``max_retries``:
     the tool's budget of them (``Tool(retries=...)``), so ``last_attempt`` is true when
     one more retry request would end the run ``ToolRetriesExceeded``.
+
+    ``usage`` and ``requests``: what the run has spent so far, as its usage limits
+    count it (tokens; model calls, sub-agents' included). A tool that spends on the
+    run's behalf (it calls a model itself) says so with ``add_usage``, as PydanticAI's
+    ``ctx.usage.incr``: what it adds joins the run's usage with the call's result
+    (``ToolOutput.usage``, ``requests``), so it is in ``RunResult.usage``, in the
+    snapshot and the journal, and counts against ``UsageLimits`` before the next model
+    call.
     """
 
     deps: DepsT
@@ -69,12 +83,92 @@ class RunContext(Generic[DepsT]):
     tool_call: ToolCall | None = None
     retry: int = 0
     max_retries: int = 0
+    # The run's usage when the context was made; the property adds the call's own.
+    _usage: Usage = attrs.field(factory=Usage, alias="usage", repr=False)
+    _requests: int = attrs.field(default=0, alias="requests", repr=False)
+    # What the tool call under way spent (add_usage); None outside one.
+    _spent: Spent | None = attrs.field(default=None, alias="spent", repr=False, eq=False)
+
+    @property
+    def usage(self) -> Usage:
+        """The run's token usage so far (what ``RunResult.usage`` would say now), with
+        what this tool call added."""
+        return self._usage if self._spent is None else self._usage + self._spent.usage
+
+    @property
+    def requests(self) -> int:
+        """The run's model calls so far (``UsageLimits.requests`` counts them), with
+        those this tool call added."""
+        return self._requests + (0 if self._spent is None else self._spent.requests)
+
+    def add_usage(self, usage: Usage | None = None, *, requests: int = 0) -> None:
+        """Count ``usage`` (tokens) and ``requests`` (model calls) that this tool call
+        spent on the run's behalf: they join the run's with the call's result. Only in a
+        tool's call (``UsageError`` elsewhere)."""
+        if self._spent is None:
+            raise UsageError("add_usage is for a tool's call: it joins the call's result")
+        if usage is not None and not isinstance(usage, Usage):
+            raise InvalidInputError(f"usage must be a Usage, got {type(usage).__name__}")
+        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0:
+            raise InvalidInputError(f"requests must be an integer >= 0, got {requests!r:.40}")
+        self._spent.add(usage, requests)
 
     @property
     def last_attempt(self) -> bool:
         """In a tool: whether a retry request now would end the run (``retry`` has
         reached ``max_retries``), so the tool can answer with what it has instead."""
         return self.tool_call is not None and self.retry >= self.max_retries
+
+
+@attrs.define
+class Spent:
+    """What one tool call spent on the run's behalf (``RunContext.add_usage``), shared by
+    every context made in the call (its threads and tasks too)."""
+
+    usage: Usage = attrs.field(factory=Usage)
+    requests: int = 0
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
+
+    def add(self, usage: Usage | None, requests: int) -> None:
+        with self._lock:  # a sync tool adds from its worker thread
+            if usage is not None:
+                self.usage = self.usage + usage
+            self.requests += requests
+
+    def joined(self, output: ToolOutput) -> ToolOutput:
+        """``output`` carrying what was spent too (unchanged when nothing was)."""
+        with self._lock:
+            usage, requests = self.usage, self.requests
+        if not requests and usage == _NOTHING:
+            return output
+        return attrs.evolve(
+            output,
+            usage=usage if output.usage is None else output.usage + usage,
+            requests=output.requests + requests,
+        )
+
+
+_NOTHING = Usage()
+
+_spending: contextvars.ContextVar[Spent | None] = contextvars.ContextVar(
+    "statemachine_tool_spending", default=None
+)
+"""What the tool call whose task is running spent (set by the executor for each call)."""
+
+
+def start_spending() -> tuple[Spent, contextvars.Token[Spent | None]]:
+    """A new ``Spent`` for the tool call about to run in this context (the executor's),
+    and the token that ``stop_spending`` takes."""
+    spent = Spent()
+    return spent, _spending.set(spent)
+
+
+def stop_spending(token: contextvars.Token[Spent | None]) -> None:
+    """Undo ``start_spending`` (the call is over)."""
+    try:
+        _spending.reset(token)
+    except ValueError:
+        pass  # an abandoned call closed later, from another context
 
 
 class RunSource(Protocol):
@@ -127,10 +221,13 @@ def usage_left() -> tuple[bool, UsageLimits | None]:
 
 def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now, in ``call`` (or outside one)."""
+    run = (deps, engine.run_id, engine.turns, engine.messages)
+    usage, requests = engine.usage, engine.requests
     if call is None:
-        return RunContext(deps, engine.run_id, engine.turns, engine.messages)
+        return RunContext(*run, usage=usage, requests=requests)
     retry, budget = engine.tool_failures(call.name), engine.retry_budget(call.name)
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry, budget)
+    spent = _spending.get()
+    return RunContext(*run, call, retry, budget, usage=usage, requests=requests, spent=spent)
 
 
 def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
