@@ -93,7 +93,8 @@ class RunContext(Generic[DepsT]):
     def usage(self) -> Usage:
         """The run's token usage so far (what ``RunResult.usage`` would say now), with
         what this tool call added."""
-        return self._usage if self._spent is None else self._usage + self._spent.usage
+        added = None if self._spent is None else self._spent.usage
+        return self._usage if added is None else self._usage + added
 
     @property
     def requests(self) -> int:
@@ -120,35 +121,36 @@ class RunContext(Generic[DepsT]):
         return self.tool_call is not None and self.retry >= self.max_retries
 
 
-@attrs.define
 class Spent:
     """What one tool call spent on the run's behalf (``RunContext.add_usage``), shared by
-    every context made in the call (its threads and tasks too)."""
+    every context made in the call (its threads and tasks too). A plain class: one is
+    made for every tool call, and most calls add nothing."""
 
-    usage: Usage = attrs.field(factory=Usage)
-    requests: int = 0
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
+    __slots__ = ("_lock", "requests", "usage")
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.requests = 0
+        self._lock = threading.Lock()
 
     def add(self, usage: Usage | None, requests: int) -> None:
         with self._lock:  # a sync tool adds from its worker thread
             if usage is not None:
-                self.usage = self.usage + usage
+                self.usage = usage if self.usage is None else self.usage + usage
             self.requests += requests
 
     def joined(self, output: ToolOutput) -> ToolOutput:
         """``output`` carrying what was spent too (unchanged when nothing was)."""
         with self._lock:
             usage, requests = self.usage, self.requests
-        if not requests and usage == _NOTHING:
+        if usage is None and not requests:
             return output
-        return attrs.evolve(
-            output,
-            usage=usage if output.usage is None else output.usage + usage,
-            requests=output.requests + requests,
-        )
+        if usage is None:
+            usage = output.usage
+        elif output.usage is not None:
+            usage = output.usage + usage
+        return attrs.evolve(output, usage=usage, requests=output.requests + requests)
 
-
-_NOTHING = Usage()
 
 _spending: contextvars.ContextVar[Spent | None] = contextvars.ContextVar(
     "statemachine_tool_spending", default=None
