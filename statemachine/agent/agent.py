@@ -136,7 +136,7 @@ _KEEP: Final = object()
 
 class Agent(Generic[DepsT, OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
-    ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
+    ``run_stream_sync``, ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
     keywords are the options every run of the agent is given (``AgentOptions``), checked
