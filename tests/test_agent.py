@@ -409,3 +409,20 @@ def test_a_runs_instructions_are_checked_like_the_agents() -> None:
     assert result.state is sm.TurnState.FAILED
     assert "'fails' raised RuntimeError: no catalogue" in result.explanation
     assert result.explanation.count("InstructionsError") == 1  # named once, not wrapped again
+
+
+def test_a_resumed_run_takes_instructions_for_what_is_left_of_it() -> None:
+    model = ScriptedModel(ask(), "Two.")
+    agent = sm.Agent(
+        model,
+        tools=[count_books],
+        instructions="Count.",
+        before_tool_call=lambda call: sm.RequireApproval("a person checks"),
+    )
+    deps = Library(("a", "b"))
+    suspended = agent.run_sync("How many?", deps=deps, instructions="Be exact.")
+    agent.resume_sync(suspended, approvals={"c1": True}, deps=deps, instructions="Be quick.")
+    assert [r.instructions for r in model.requests] == [
+        "Count.\n\nBe exact.",
+        "Count.\n\nBe quick.",
+    ]
