@@ -46,6 +46,35 @@ def test_a_tool_asks_for_a_retry_and_sees_the_attempt_number() -> None:
     assert first.text == "No customer 'Ada': give the full name."
 
 
+def test_a_tool_knows_its_budget_and_answers_plainly_on_its_last_attempt() -> None:
+    seen: list[tuple[int, int, bool]] = []
+
+    @sm.tool(retries=2)
+    def lookup(ctx: sm.RunContext[None], name: str) -> str:
+        """Look a customer up by full name."""
+        seen.append((ctx.retry, ctx.max_retries, ctx.last_attempt))
+        if ctx.last_attempt:  # one more request would end the run: answer with what there is
+            return f"No exact match for {name!r}; closest: Ada Lovelace."
+        raise sm.ModelRetry("Give the full name.")
+
+    model = ScriptedModel(*[asks(f"c{i}", name="Ada") for i in range(3)], "Found.")
+    result = sm.Agent(model, tools=[lookup]).run_sync("find Ada")
+    assert result.ok, result.explanation
+    assert seen == [(0, 2, False), (1, 2, False), (2, 2, True)]
+    assert not results(result)[-1].is_error
+
+
+def test_outside_a_tool_the_context_has_no_attempt() -> None:
+    seen: list[tuple[int, int, bool]] = []
+
+    def instructions(ctx: sm.RunContext[None]) -> str:
+        seen.append((ctx.retry, ctx.max_retries, ctx.last_attempt))
+        return "Be brief."
+
+    sm.Agent(ScriptedModel("Hi."), instructions=instructions).run_sync("hello")
+    assert seen == [(0, 0, False)]
+
+
 def test_a_tool_that_keeps_asking_ends_the_run_past_its_budget() -> None:
     @sm.tool
     def lookup(name: str) -> str:
