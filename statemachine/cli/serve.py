@@ -18,14 +18,7 @@ import os
 import sys
 from typing import Any
 
-from statemachine.cli.common import (
-    EXIT_OK,
-    EXIT_USAGE,
-    CommandParser,
-    fail,
-    load_attribute,
-    parse,
-)
+from statemachine.cli.common import EXIT_OK, EXIT_USAGE, CommandParser, fail, load_attribute, parse
 from statemachine.errors import InvalidInputError
 
 __all__ = ["TOKEN_VARIABLE", "cli_serve"]

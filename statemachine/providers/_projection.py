@@ -49,6 +49,7 @@ from statemachine.core.messages import (
 from statemachine.errors import WireFormatError
 
 __all__ = [
+    "Block",
     "MessageBuilder",
     "foreign_signature",
     "generated_call_id",
@@ -196,7 +197,9 @@ def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
 
 
 @attrs.define
-class _Block:
+class Block:
+    """One block of a streamed response as it is built (``MessageBuilder``)."""
+
     kind: str  # "text", "thinking" or "tool"
     text: list[str] = attrs.Factory(list)
     signature: str | None = None
@@ -214,19 +217,19 @@ class MessageBuilder:
     on_text: Callable[[str], None] | None = None
     # Told each fragment of a call's arguments: (index, call id, name, fragment).
     on_call: Callable[[int, str, str, str], None] | None = None
-    blocks: list[_Block] = attrs.Factory(list)
-    _by_key: dict[tuple[str, int], _Block] = attrs.Factory(dict)
+    blocks: list[Block] = attrs.Factory(list)
+    _by_key: dict[tuple[str, int], Block] = attrs.Factory(dict)
 
-    def block(self, key: tuple[str, int], kind: str) -> _Block:
+    def block(self, key: tuple[str, int], kind: str) -> Block:
         """The block at ``key``, created on first use."""
         found = self._by_key.get(key)
         if found is None:
-            found = _Block(kind)
+            found = Block(kind)
             self._by_key[key] = found
             self.blocks.append(found)
         return found
 
-    def restart(self, key: tuple[str, int], kind: str) -> _Block:
+    def restart(self, key: tuple[str, int], kind: str) -> Block:
         """A new block at ``key``, leaving the old one where it was (for servers that
         reuse an index for a second, different call)."""
         self._by_key.pop(key, None)
@@ -238,18 +241,18 @@ class MessageBuilder:
         if not text:
             return
         if not self.blocks or self.blocks[-1].kind != "text":
-            self.blocks.append(_Block("text"))
+            self.blocks.append(Block("text"))
         self.blocks[-1].text.append(text)
         if self.on_text is not None:
             self.on_text(text)
 
-    def add_arguments(self, block: _Block, text: str) -> None:
+    def add_arguments(self, block: Block, text: str) -> None:
         """A fragment of a tool call's argument text."""
         block.text.append(text)
         if self.on_call is not None and text:
             self.on_call(self.blocks.index(block), block.call_id, block.name, text)
 
-    def add_text(self, block: _Block, text: str) -> None:
+    def add_text(self, block: Block, text: str) -> None:
         block.text.append(text)
         if self.on_text is not None and block.kind == "text" and text:
             self.on_text(text)
