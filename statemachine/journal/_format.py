@@ -122,30 +122,20 @@ def _needs_functions(options: Mapping[str, Any]) -> list[str]:
     )
 
 
-def _encode_usage_limits(value: UsageLimits | None) -> dict[str, int] | None:
-    return None if value is None else value.to_dict()
+def _optional_codec(from_dict: Callable[[Any, str], Any]) -> tuple[_Encode, _Decode]:
+    """The codec of an optional record with ``to_dict()`` and ``from_dict(value, path)``
+    (usage limits, the output spec): ``None`` stays ``None``; a refused value is a
+    ``WireFormatError``."""
 
+    def decode(value: Any, path: str) -> Any:
+        if value is None:
+            return None
+        try:
+            return from_dict(value, path)
+        except InvalidInputError as exc:
+            raise WireFormatError(str(exc)) from None
 
-def _decode_usage_limits(value: Any, path: str) -> UsageLimits | None:
-    if value is None:
-        return None
-    try:
-        return UsageLimits.from_dict(value, path)
-    except InvalidInputError as exc:
-        raise WireFormatError(str(exc)) from None
-
-
-def _encode_output(value: OutputSpec | None) -> dict[str, Any] | None:
-    return None if value is None else value.to_dict()
-
-
-def _decode_output(value: Any, path: str) -> OutputSpec | None:
-    if value is None:
-        return None
-    try:
-        return OutputSpec.from_dict(value, path)
-    except InvalidInputError as exc:
-        raise WireFormatError(str(exc)) from None
+    return (lambda value: None if value is None else value.to_dict()), decode
 
 
 def _decode_table(value: Any, path: str) -> Table:
@@ -168,8 +158,8 @@ _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "table": (table_to_data, _decode_table),  # a team's steps, as their declarations
     "check_continue": (lambda v: v, _decode_flag),
-    "usage_limits": (_encode_usage_limits, _decode_usage_limits),
-    "output": (_encode_output, _decode_output),
+    "usage_limits": _optional_codec(UsageLimits.from_dict),
+    "output": _optional_codec(OutputSpec.from_dict),
     "tool_retries": (lambda v: None if v is None else dict(v), _decode_tool_retries),
 }
 _HEADER_KEYS: Final = frozenset(
