@@ -19,7 +19,12 @@ from statemachine.core.messages import (
 )
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
-from statemachine.providers._projection import foreign_signature, normalise_id, sendable_history
+from statemachine.providers._projection import (
+    foreign_signature,
+    media_parts,
+    normalise_id,
+    sendable_history,
+)
 
 __all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]
 
@@ -40,14 +45,7 @@ def _image(block: ImageContent) -> dict[str, Any]:
 
 
 def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                out.append({"text": block.text})
-        else:
-            out.append(_image(block))
-    return out
+    return media_parts(content, lambda text: {"text": text}, _image)
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:

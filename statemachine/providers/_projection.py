@@ -16,6 +16,9 @@ shape each adapter can translate one message at a time:
   a result without a call is dropped, because a request the provider refuses helps
   nobody.
 
+``media_parts`` turns a message's text and image blocks into a provider's parts, the
+one rule they share (empty text is left out) in one place.
+
 Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
 argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
 argument text into a JSON object without ever raising: text that is not one becomes
@@ -37,6 +40,7 @@ import attrs
 from statemachine.core.messages import (
     AssistantContent,
     AssistantMessage,
+    ImageContent,
     Message,
     StopReason,
     TextContent,
@@ -53,6 +57,7 @@ __all__ = [
     "MessageBuilder",
     "foreign_signature",
     "generated_call_id",
+    "media_parts",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
@@ -179,6 +184,20 @@ def sendable_history(messages: Sequence[Message]) -> list[Message]:
             out.append(result)
         out.extend(m for m in segment if isinstance(m, UserMessage))
     return out
+
+
+def media_parts(
+    content: Sequence[TextContent | ImageContent],
+    text: Callable[[str], dict[str, Any]],
+    image: Callable[[ImageContent], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Text and image blocks as a provider's parts: each text through ``text`` (an empty
+    one is left out, the APIs refuse empty text), each image through ``image``."""
+    return [
+        image(block) if isinstance(block, ImageContent) else text(block.text)
+        for block in content
+        if isinstance(block, ImageContent) or block.text
+    ]
 
 
 # -- inbound --------------------------------------------------------------------------

@@ -83,6 +83,7 @@ from statemachine.providers._adapter import (
 from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
     foreign_signature,
+    media_parts,
     normalise_id,
     sendable_history,
 )
@@ -114,14 +115,7 @@ def _image(block: ImageContent) -> dict[str, Any]:
 
 
 def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                out.append({"type": "text", "text": block.text})
-        else:
-            out.append(_image(block))
-    return out
+    return media_parts(content, lambda text: {"type": "text", "text": text}, _image)
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:

@@ -97,7 +97,7 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
 )
-from statemachine.providers._projection import sendable_history
+from statemachine.providers._projection import media_parts, sendable_history
 
 __all__ = ["GeminiModel", "project_contents", "project_tools"]
 
@@ -133,15 +133,11 @@ def _signature_bytes(block: ThinkingContent) -> bytes | None:
 
 
 def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                parts.append({"text": block.text})
-        else:
-            data = base64.b64decode(block.data)
-            parts.append({"inline_data": {"mime_type": block.mime_type, "data": data}})
-    return parts
+    return media_parts(content, lambda text: {"text": text}, _inline_data)
+
+
+def _inline_data(image: ImageContent) -> dict[str, Any]:
+    return {"inline_data": {"mime_type": image.mime_type, "data": base64.b64decode(image.data)}}
 
 
 def _own_id(call_id: str) -> str | None:
