@@ -14,16 +14,16 @@ from statemachine.core.messages import (
     TextContent,
     ThinkingContent,
     ToolCall,
-    UserMessage,
+    ToolResultMessage,
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
 from statemachine.providers._projection import (
+    alternating_turns,
     foreign_signature,
     media_parts,
     normalise_id,
-    sendable_history,
 )
 
 __all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]
@@ -73,31 +73,25 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
+        "content": _media(message.content) or [{"text": "(no output)"}],
+    }
+    if message.is_error:
+        result["status"] = "error"
+    return {"toolResult": result}
+
+
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Converse ``messages``."""
-    out: list[dict[str, Any]] = []
-    for message in sendable_history(messages):
-        if isinstance(message, UserMessage):
-            role, blocks = "user", _media(message.content) or [_EMPTY]
-        elif isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        else:
-            result: dict[str, Any] = {
-                "toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-                "content": _media(message.content) or [{"text": "(no output)"}],
-            }
-            if message.is_error:
-                result["status"] = "error"
-            role, blocks = "user", [{"toolResult": result}]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    if out and out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": [_START]})
-    return out
+    return alternating_turns(
+        messages,
+        lambda user: _media(user.content) or [_EMPTY],
+        _assistant_blocks,
+        _tool_result,
+        _START,
+    )
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:

@@ -16,8 +16,10 @@ shape each adapter can translate one message at a time:
   a result without a call is dropped, because a request the provider refuses helps
   nobody.
 
-``media_parts`` turns a message's text and image blocks into a provider's parts, the
-one rule they share (empty text is left out) in one place.
+``alternating_turns`` lays a history out for the APIs whose roles alternate and that
+want the user first (Anthropic's Messages, Bedrock's Converse); ``media_parts`` turns
+a message's text and image blocks into a provider's parts, with the one rule they
+share (empty text is left out).
 
 Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
 argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
@@ -55,6 +57,7 @@ from statemachine.errors import WireFormatError
 __all__ = [
     "Block",
     "MessageBuilder",
+    "alternating_turns",
     "foreign_signature",
     "generated_call_id",
     "media_parts",
@@ -198,6 +201,38 @@ def media_parts(
         for block in content
         if isinstance(block, ImageContent) or block.text
     ]
+
+
+def alternating_turns(
+    messages: Sequence[Message],
+    user: Callable[[UserMessage], list[dict[str, Any]]],
+    assistant: Callable[[AssistantMessage], list[dict[str, Any]]],
+    result: Callable[[ToolResultMessage], dict[str, Any]],
+    start: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """``sendable_history(messages)`` as ``{"role", "content"}`` entries for the APIs
+    whose roles alternate: each message's blocks from ``user``, ``assistant`` or
+    ``result`` (a tool result is the user's); consecutive messages of one role share an
+    entry, so the results of a call come first in the user entry after it; a message
+    with no blocks is left out; and ``start`` opens a history that would begin with the
+    assistant (the APIs want the user to open)."""
+    out: list[dict[str, Any]] = []
+    for message in sendable_history(messages):
+        if isinstance(message, UserMessage):
+            role, blocks = "user", user(message)
+        elif isinstance(message, AssistantMessage):
+            role, blocks = "assistant", assistant(message)
+        else:
+            role, blocks = "user", [result(message)]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [start]})
+    return out
 
 
 # -- inbound --------------------------------------------------------------------------

@@ -67,8 +67,8 @@ from statemachine.core.messages import (
     TextContent,
     ThinkingContent,
     ToolCall,
+    ToolResultMessage,
     Usage,
-    UserMessage,
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
@@ -82,10 +82,10 @@ from statemachine.providers._adapter import (
 )
 from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
+    alternating_turns,
     foreign_signature,
     media_parts,
     normalise_id,
-    sendable_history,
 )
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
@@ -145,34 +145,28 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
+        "content": _media(message.content) or [{"type": "text", "text": "(no output)"}],
+    }
+    if message.is_error:
+        result["is_error"] = True
+    return result
+
+
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Messages API ``messages`` (see the module docstring)."""
-    out: list[dict[str, Any]] = []
-    for message in sendable_history(messages):
-        if isinstance(message, UserMessage):
-            # The API refuses empty content; the model should still see that a turn
-            # of the person's passed.
-            role, blocks = "user", _media(message.content) or [_EMPTY]
-        elif isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        else:
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-                "content": _media(message.content) or [{"type": "text", "text": "(no output)"}],
-            }
-            if message.is_error:
-                result["is_error"] = True
-            role, blocks = "user", [result]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    if out and out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": [_START]})  # the API wants a user first
-    return out
+    # The API refuses empty content; the model should still see that a turn of the
+    # person's passed.
+    return alternating_turns(
+        messages,
+        lambda user: _media(user.content) or [_EMPTY],
+        _assistant_blocks,
+        _tool_result,
+        _START,
+    )
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
