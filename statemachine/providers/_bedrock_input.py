@@ -22,7 +22,6 @@ from statemachine.errors import InvalidInputError
 from statemachine.providers._projection import (
     alternating_turns,
     foreign_signature,
-    media_parts,
     normalise_id,
 )
 
@@ -30,8 +29,6 @@ __all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]
 
 MAX_ID_LENGTH = 64
 _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
-_EMPTY = {"text": "(empty message)"}
-_START = {"text": "(conversation start)"}
 
 
 def _image(block: ImageContent) -> dict[str, Any]:
@@ -44,8 +41,8 @@ def _image(block: ImageContent) -> dict[str, Any]:
     return {"image": {"format": image_format, "source": {"bytes": base64.b64decode(block.data)}}}
 
 
-def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    return media_parts(content, lambda text: {"text": text}, _image)
+def _text(text: str) -> dict[str, Any]:
+    return {"text": text}
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
@@ -62,7 +59,7 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
                 out.append({"reasoningContent": {"reasoningText": text}})
         elif isinstance(block, TextContent):
             if block.text:
-                out.append({"text": block.text})
+                out.append(_text(block.text))
         elif isinstance(block, ToolCall):
             use = {
                 "toolUseId": normalise_id(block.id, MAX_ID_LENGTH),
@@ -73,11 +70,8 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-        "content": _media(message.content) or [{"text": "(no output)"}],
-    }
+def _tool_result(message: ToolResultMessage, content: list[dict[str, Any]]) -> dict[str, Any]:
+    result = {"toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH), "content": content}
     if message.is_error:
         result["status"] = "error"
     return {"toolResult": result}
@@ -85,13 +79,7 @@ def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
 
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Converse ``messages``."""
-    return alternating_turns(
-        messages,
-        lambda user: _media(user.content) or [_EMPTY],
-        _assistant_blocks,
-        _tool_result,
-        _START,
-    )
+    return alternating_turns(messages, _text, _image, _assistant_blocks, _tool_result)
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:

@@ -205,25 +205,34 @@ def media_parts(
 
 def alternating_turns(
     messages: Sequence[Message],
-    user: Callable[[UserMessage], list[dict[str, Any]]],
+    text: Callable[[str], dict[str, Any]],
+    image: Callable[[ImageContent], dict[str, Any]],
     assistant: Callable[[AssistantMessage], list[dict[str, Any]]],
-    result: Callable[[ToolResultMessage], dict[str, Any]],
-    start: dict[str, Any],
+    result: Callable[[ToolResultMessage, list[dict[str, Any]]], dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """``sendable_history(messages)`` as ``{"role", "content"}`` entries for the APIs
-    whose roles alternate: each message's blocks from ``user``, ``assistant`` or
-    ``result`` (a tool result is the user's); consecutive messages of one role share an
-    entry, so the results of a call come first in the user entry after it; a message
-    with no blocks is left out; and ``start`` opens a history that would begin with the
-    assistant (the APIs want the user to open)."""
+    whose roles alternate and that want the user to open (Anthropic's Messages,
+    Bedrock's Converse).
+
+    A user message's blocks are its parts (``media_parts`` with ``text`` and ``image``),
+    or ``(empty message)``: the APIs refuse empty content, and the model should still
+    see that a turn of the person's passed. An assistant message's come from
+    ``assistant``. A tool result is the user's: ``result(message, content)``, its
+    content made as a user message's (``(no output)`` when empty). Consecutive messages
+    of one role share an entry, so the results of a call come first in the user entry
+    after it; a message with no blocks is left out; and a history that would begin
+    with the assistant opens with ``(conversation start)``.
+    """
     out: list[dict[str, Any]] = []
     for message in sendable_history(messages):
         if isinstance(message, UserMessage):
-            role, blocks = "user", user(message)
+            parts = media_parts(message.content, text, image) or [text("(empty message)")]
+            role, blocks = "user", parts
         elif isinstance(message, AssistantMessage):
             role, blocks = "assistant", assistant(message)
         else:
-            role, blocks = "user", [result(message)]
+            parts = media_parts(message.content, text, image) or [text("(no output)")]
+            role, blocks = "user", [result(message, parts)]
         if not blocks:
             continue
         if out and out[-1]["role"] == role:
@@ -231,7 +240,7 @@ def alternating_turns(
         else:
             out.append({"role": role, "content": blocks})
     if out and out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": [start]})
+        out.insert(0, {"role": "user", "content": [text("(conversation start)")]})
     return out
 
 

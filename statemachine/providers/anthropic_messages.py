@@ -84,7 +84,6 @@ from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
     alternating_turns,
     foreign_signature,
-    media_parts,
     normalise_id,
 )
 
@@ -103,10 +102,6 @@ _STOP: dict[str, StopReason] = {
 }
 
 
-_EMPTY = {"type": "text", "text": "(empty message)"}
-_START = {"type": "text", "text": "(conversation start)"}
-
-
 def _image(block: ImageContent) -> dict[str, Any]:
     return {
         "type": "image",
@@ -114,8 +109,8 @@ def _image(block: ImageContent) -> dict[str, Any]:
     }
 
 
-def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    return media_parts(content, lambda text: {"type": "text", "text": text}, _image)
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
@@ -132,7 +127,7 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
                 )
         elif isinstance(block, TextContent):
             if block.text:
-                out.append({"type": "text", "text": block.text})
+                out.append(_text(block.text))
         elif isinstance(block, ToolCall):
             out.append(
                 {
@@ -145,11 +140,11 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
+def _tool_result(message: ToolResultMessage, content: list[dict[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-        "content": _media(message.content) or [{"type": "text", "text": "(no output)"}],
+        "content": content,
     }
     if message.is_error:
         result["is_error"] = True
@@ -158,15 +153,7 @@ def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
 
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Messages API ``messages`` (see the module docstring)."""
-    # The API refuses empty content; the model should still see that a turn of the
-    # person's passed.
-    return alternating_turns(
-        messages,
-        lambda user: _media(user.content) or [_EMPTY],
-        _assistant_blocks,
-        _tool_result,
-        _START,
-    )
+    return alternating_turns(messages, _text, _image, _assistant_blocks, _tool_result)
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
