@@ -80,7 +80,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InvalidInputError
+from statemachine.errors import InvalidInputError, ProviderRequestError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,
@@ -88,7 +88,7 @@ from statemachine.providers._adapter import (
     ResponseReader,
     UnreadableResponseError,
 )
-from statemachine.providers._errors import Failure, ProviderRequestError
+from statemachine.providers._errors import Failure
 from statemachine.providers._native import checked_flag, openai_json_schema
 from statemachine.providers._projection import media_parts, normalise_id, sendable_history
 
