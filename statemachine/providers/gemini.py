@@ -56,7 +56,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Unpack
+from typing import Any, ClassVar, Final, Unpack
 
 from statemachine.providers._errors import missing_extra
 
@@ -361,6 +361,18 @@ _BEFORE_GEMINI_3 = re.compile(r"(models/)?gemini-[12]\.")
 """Model names whose API refuses JSON output together with function calling."""
 
 
+# The run's settings this adapter sends, by their ``GenerateContentConfig`` names.
+_CONFIG_FIELDS: Final = {
+    "temperature": "temperature",
+    "max_tokens": "max_output_tokens",
+    "top_p": "top_p",
+    "stop": "stop_sequences",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
 class GeminiModel(ModelAdapter):
     """A ``ModelClient`` for the Gemini API (Google AI Studio keys).
 
@@ -469,41 +481,23 @@ class GeminiModel(ModelAdapter):
         }
 
     accepts_instructions = True
-    supported_settings = frozenset(
-        {
-            "temperature",
-            "max_tokens",
-            "top_p",
-            "stop",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-        }
-    )
+    supported_settings = frozenset(_CONFIG_FIELDS)
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as ``system_instruction`` (instead of the adapter's
-        ``system``), and its settings as ``GenerateContentConfig`` fields
-        (``max_output_tokens``, ``stop_sequences``, ``temperature``, ``top_p``), and its
-        output schema as ``response_json_schema`` (native structured output)."""
+        ``system``), its settings as the ``GenerateContentConfig`` fields
+        ``_CONFIG_FIELDS`` names, and its output schema as ``response_json_schema``
+        (native structured output)."""
         config = dict(body["config"])
         if options.output_schema is not None:
             config["response_mime_type"] = "application/json"
             config["response_json_schema"] = dict(options.output_schema)
         if options.instructions is not None:
             config["system_instruction"] = options.instructions
-        settings = options.settings
-        if settings.temperature is not None:
-            config["temperature"] = settings.temperature
-        if settings.max_tokens is not None:
-            config["max_output_tokens"] = settings.max_tokens
-        if settings.top_p is not None:
-            config["top_p"] = settings.top_p
-        if settings.stop is not None:
-            config["stop_sequences"] = list(settings.stop)
-        for name in ("seed", "presence_penalty", "frequency_penalty"):  # same names
-            if getattr(settings, name) is not None:
-                config[name] = getattr(settings, name)
+        for name, field in _CONFIG_FIELDS.items():
+            value = getattr(options.settings, name)
+            if value is not None:
+                config[field] = list(value) if name == "stop" else value
         return {**body, "config": config}
 
     async def _open(self, body: dict[str, Any]) -> Any:
