@@ -57,6 +57,7 @@ from statemachine.errors import WireFormatError
 __all__ = [
     "Block",
     "MessageBuilder",
+    "add_turn",
     "alternating_turns",
     "foreign_signature",
     "generated_call_id",
@@ -203,6 +204,19 @@ def media_parts(
     ]
 
 
+def add_turn(
+    out: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], key: str = "content"
+) -> None:
+    """``blocks`` of ``role`` added to ``out``: to its last entry when that has the same
+    role (the APIs want the roles to alternate), else as a new entry; none, nothing."""
+    if not blocks:
+        return
+    if out and out[-1]["role"] == role:
+        out[-1][key].extend(blocks)
+    else:
+        out.append({"role": role, key: blocks})
+
+
 def alternating_turns(
     messages: Sequence[Message],
     text: Callable[[str], dict[str, Any]],
@@ -233,12 +247,7 @@ def alternating_turns(
         else:
             parts = media_parts(message.content, text, image) or [text("(no output)")]
             role, blocks = "user", [result(message, parts)]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
+        add_turn(out, role, blocks)
     if out and out[0]["role"] == "assistant":
         out.insert(0, {"role": "user", "content": [text("(conversation start)")]})
     return out

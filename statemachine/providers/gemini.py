@@ -97,7 +97,7 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
 )
-from statemachine.providers._projection import media_parts, sendable_history
+from statemachine.providers._projection import add_turn, media_parts, sendable_history
 
 __all__ = ["GeminiModel", "project_contents", "project_tools"]
 
@@ -203,12 +203,7 @@ def project_contents(messages: Sequence[Message]) -> list[dict[str, Any]]:
             role, parts = "model", _model_parts(message)
         else:
             role, parts = "user", _result_parts(message)
-        if not parts:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["parts"].extend(parts)
-        else:
-            out.append({"role": role, "parts": parts})
+        add_turn(out, role, parts, key="parts")
     return out
 
 
