@@ -65,7 +65,7 @@ _ENGINE_TESTS = (
     "tests/test_table.py tests/test_engine_rows.py tests/test_engine_logging.py "
     "tests/test_explanations.py tests/test_engine_hooks_and_batches.py "
     "tests/test_engine.py tests/test_engine_state.py tests/test_trace.py "
-    "tests/test_engine_footprint.py "
+    "tests/test_engine_footprint.py tests/test_end_strategy.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (

@@ -34,6 +34,7 @@ from functools import cached_property, partial
 from typing import Any, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
+from statemachine.agent.context import start_spending, stop_spending
 from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
 from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
@@ -277,7 +278,9 @@ class AsyncioExecutor:
         return False
 
     async def run_tool(self, call: ToolCall) -> None:
-        """The tool call, then the after_tool_call hook; reports its one event."""
+        """The tool call, then the after_tool_call hook; reports its one event, with
+        what the call spent on the run's behalf (``RunContext.add_usage``)."""
+        spent, token = start_spending()
         try:
             output = await self._tool_output(call)
             if self.hooks.after_tool_call is not None:
@@ -294,7 +297,9 @@ class AsyncioExecutor:
                 is_error=True,
             )
             self.loop.note_failure(exc, f"tool {call.name}")
-        self.report(call.id, ToolFinished(call.id, output))
+        finally:
+            stop_spending(token)
+        self.report(call.id, ToolFinished(call.id, spent.joined(output)))
 
     async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self.tools[call.name]

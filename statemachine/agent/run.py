@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar, Unpack
 
+import attrs
+
 from statemachine.agent.context import (
     RunContext,
     check_run_deps,
@@ -40,6 +42,7 @@ from statemachine.agent.model import ModelClient, ModelSettings, check_settings,
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
 from statemachine.agent.output import Output, budget_options, compile_output, run_output
+from statemachine.agent.session import run_in_session
 from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
@@ -119,8 +122,14 @@ class AgentRun(Generic[OutputT]):
         field of ``options`` (a resolved ``Options``, what ``Agent``, resume and the
         durable runners hand on)."""
         opts = resolve("AgentRun", keywords, NewRunOptions, options)
+        if opts.session is not None:  # its history is read before a run is built
+            raise InvalidInputError(
+                "AgentRun takes no session: run_agent(session=...) or Agent.run(session=...)"
+            )
         model, settings = _checked_model(model, opts)
-        output = compile_output(opts.output_type, opts.output_retries, opts.output_mode, model)
+        output = compile_output(
+            opts.output_type, opts.output_retries, opts.output_mode, model, opts.end_strategy
+        )
         engine = opts.engine_factory(
             tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
@@ -144,8 +153,12 @@ class AgentRun(Generic[OutputT]):
         # Given what a context is made of, not the run: a returned run is then no cycle.
         instructions = opts.instructions
         context = partial(_context, engine, opts.deps) if callable(instructions) else None
-        self._model = RunModel(model, instructions, settings, self._stream, context, engine)
+        if output is not None and output.spec.check is not None and engine.output is not None:
+            # A restored engine's spec (resume) is judged by this run's output type.
+            engine.output = attrs.evolve(engine.output, check=output.check)
         self._output = output or Output.untyped(engine.output)
+        judge = output.judge if output is not None and output.awaits else None
+        self._model = RunModel(model, instructions, settings, self._stream, context, engine, judge)
         self._tools = {t.name: t for t in opts.tools}
         self._hooks = _hooks(opts)
         self._not_started()
@@ -436,10 +449,12 @@ async def run_agent(
     ``max_turns``, the hooks, ``instructions``, ``deps``...) are ``NewRunOptions``, each
     documented there.
     """
-    run = AgentRun(
-        model=model, messages=messages, options=resolve("run_agent", options, NewRunOptions)
-    )
+    opts = resolve("run_agent", options, NewRunOptions)
     del options  # the keywords' dict, resolved: not held while the run waits
+    if opts.session is not None:
+        return await _run(model, messages, opts)
+    run = AgentRun(model=model, messages=messages, options=opts)
+    del opts
     return await run.run()
 
 
@@ -465,5 +480,14 @@ def run_agent_sync(
 async def _run(
     model: ModelClient | str, messages: Sequence[Message] | str, options: Options
 ) -> RunResult[Any]:
-    """A new run of ``options``, built and run on the running event loop."""
-    return await AgentRun(model=model, messages=messages, options=options).run()
+    """A new run of ``options``, built and run on the running event loop; with a
+    ``session``, on the session's history, and stored there (``run_in_session``)."""
+    session = options.session
+    if session is None:
+        return await AgentRun(model=model, messages=messages, options=options).run()
+    options = attrs.evolve(options, session=None)
+
+    async def start(history: Sequence[Message]) -> RunResult[Any]:
+        return await AgentRun(model=model, messages=history, options=options).run()
+
+    return await run_in_session(session, messages, start)

@@ -93,7 +93,13 @@ from statemachine.core.messages import (
     checked_result,
     thaw_json,
 )
-from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec, check_output
+from statemachine.core.output import (
+    NOT_RUN_EARLY,
+    OUTPUT_ACCEPTED,
+    TEXT_OUTPUT,
+    OutputSpec,
+    check_output,
+)
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
     DEFAULT_MAX_SNAPSHOT_DEPTH,
@@ -821,13 +827,22 @@ class Engine:
 
     def _enter_DispatchingTools(self, row: Transition) -> None:
         run = self._run
+        output = run.output
         refused = False
+        if output is not None:  # the final-result calls first: they decide the others' fate
+            for slot in run.batch.slots:
+                if output.owns(slot.call.name):
+                    self._resolve_output(slot, self._refusal(slot.call))
+                    refused = True
+        early = output is not None and output.end_strategy == "early" and bool(run.output_call)
         for slot in run.batch.slots:
-            refusal = self._refusal(slot.call)
-            if run.output is not None and slot.call.name == run.output.name:
-                self._resolve_output(slot, refusal)
+            if slot.result is not None:  # a final-result call, answered above
+                continue
+            if early:  # rule 13: the run has its output; nothing else runs
+                slot.answer(NOT_RUN_EARLY, is_error=True)
                 refused = True
                 continue
+            refusal = self._refusal(slot.call)
             if refusal is None:
                 refusal = self._over_tool_call_limit()
             if refusal is not None:
@@ -875,7 +890,7 @@ class Engine:
         assert run.output is not None  # only a run with an output has the tool
         if refusal is None and run.output_call is None:
             # the type's own judgement, once the schema holds (core/output.py)
-            problem = run.output.judged(thaw_json(slot.call.arguments))
+            problem = run.output.judged(thaw_json(slot.call.arguments), slot.call.name)
             if problem is not None:
                 refusal = f"Invalid final result for {slot.call.name}: {problem}"
         if refusal is not None:

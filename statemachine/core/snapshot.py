@@ -556,7 +556,7 @@ def _check_flags(run: EngineState) -> None:
             isinstance(m, ToolResultMessage)
             and m.tool_call_id == run.output_call
             and run.output is not None
-            and m.tool_name == run.output.name
+            and run.output.owns(m.tool_name)
             and m.text == OUTPUT_ACCEPTED
             for m in [*run.history, *held]
         )

@@ -133,7 +133,7 @@ class EngineState:
     # -- configuration ----------------------------------------------------------------------
     run_id: str = attrs.field(metadata=_configuration())
     tools: tuple[ToolDefinition, ...] = attrs.field(metadata=_configuration())
-    # the tools by name, with the run's final-result tool (rule 13) when it has one
+    # the tools by name, with the run's final-result tools (rule 13) when it has some
     tools_by_name: dict[str, ToolDefinition] = attrs.field(metadata=_configuration())
     # how each tool's calls may run concurrently (rule 4); a tool absent runs beside all
     scheduling: dict[str, Scheduling] = attrs.field(metadata=_configuration())
@@ -220,7 +220,7 @@ class EngineState:
         checks what a caller gives, ``core/snapshot.py`` what a snapshot holds)."""
         by_name = {d.name: d for d in tools}
         if output is not None and not output.native:  # native: no tool (core/output.py)
-            by_name[output.name] = output.definition
+            by_name.update((d.name, d) for d in output.tools)
         seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
         return cls(
             run_id=run_id,
