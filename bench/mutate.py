@@ -89,6 +89,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "engine-explanations": ("statemachine/core/explanations.py", _ENGINE_TESTS),
     "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
     "engine-snapshot": ("statemachine/core/snapshot.py", _ENGINE_TESTS),
+    "engine-state": ("statemachine/core/state.py", _ENGINE_TESTS),
     "engine-trace": ("statemachine/core/trace.py", _ENGINE_TESTS),
     # the driver, module by module (agent/)
     "driver": ("statemachine/agent/run.py", _DRIVER_TESTS),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import attrs
 import pytest
@@ -42,7 +43,7 @@ from statemachine.core.messages import (
     UserMessage,
 )
 from statemachine.core.output import NOT_RUN_EARLY, EndStrategy, OutputSpec
-from statemachine.core.table import TurnState
+from statemachine.core.table import State, Transition, TurnState
 from statemachine.core.tools import ToolDefinition, ToolOutput
 from statemachine.errors import InvalidInputError
 from statemachine.journal import Journal, JournalingEngine, replay
@@ -231,19 +232,24 @@ class LeavesOthersUnanswered(Engine):
     instead of answering them (the run ends, their calls never get a result), the bug
     I1 exists to catch."""
 
-    def _enter_DispatchingTools(self, source: Any) -> None:
-        output = self.output
+    def _enter_DispatchingTools(self, row: Transition) -> None:
+        output, batch = self.output, self._run.batch
         assert output is not None
-        for slot in self._batch.slots:
+        for slot in batch.slots:
             if output.owns(slot.call.name):
                 self._resolve_output(slot, self._refusal(slot.call))
         if self.output_call is None:
-            super()._enter_DispatchingTools(source)
+            super()._enter_DispatchingTools(row)
             return
-        kept = [slot for slot in self._batch.slots if slot.result is not None]
-        self._batch.slots[:] = kept
-        self._batch.by_id = {slot.call.id: slot for slot in kept}
+        kept = [slot for slot in batch.slots if slot.result is not None]
+        batch.slots[:] = kept
+        batch.by_id = {slot.call.id: slot for slot in kept}
         self._flush()
+
+    _ENTRIES: ClassVar[Mapping[State, Callable[[Engine, Transition], None]]] = {
+        **Engine._ENTRIES,
+        TurnState.DISPATCHING_TOOLS: _enter_DispatchingTools,  # type: ignore[dict-item]
+    }
 
 
 def test_the_property_catches_an_early_end_that_leaves_a_call_unanswered() -> None:

@@ -6,7 +6,7 @@ event); the diagrams, the docs, the exhaustive checker, the reference ``transiti
 machine of the tests and the tests themselves are derived from it; nothing restates
 it by hand. If you want to know what the loop can do, read this file; if you want to
 change what it does, change this table (and the engine's guard predicates, which are
-named here).
+named here and defined in ``core/engine.py``'s ``GUARDS``).
 
 Rules
 =====
@@ -270,8 +270,9 @@ class Trigger(enum.StrEnum):
 class Guard(enum.StrEnum):
     """Named predicates over the engine's state and the event being handled.
 
-    The engine answers each with its method ``_guard_<value>`` (``Engine.guard_holds``);
-    a test checks that every guard named here has one and that no other exists.
+    The engine answers each with its function of the state record in ``GUARDS``
+    (``core/engine.py``, asked by ``Engine.guard_holds``); a test checks that every
+    guard named here has one and that no other exists.
     """
 
     REPORTS_ERROR = "reports_error"
