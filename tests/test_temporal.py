@@ -7,6 +7,8 @@ test_durable_shared.py; the kill trials are in test_temporal_kill.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -248,3 +250,67 @@ def test_the_runner_lists_enqueues_and_ends_runs(temporal_address: str) -> None:
             await runner.enqueue("bad", queue="", model="scripted", messages="go")
 
     _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
+
+
+BLOCKING = 4.0  # seconds the tool below holds the event loop: four heartbeat timeouts
+_blocking_starts: list[str] = []
+
+
+@sm.tool
+async def blocking() -> str:
+    """Compute without yielding, then finish."""
+    _blocking_starts.append(sm.current_tool_call().id)  # type: ignore[union-attr]
+    time.sleep(BLOCKING)  # the mistake the test is about: the loop is held
+    await asyncio.sleep(0.5)
+    return "computed"
+
+
+def _calls_blocking(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("k1", "blocking", {})])
+    return sm.AssistantMessage("done")
+
+
+@pytest.mark.timeout(90)
+def test_an_async_tool_that_blocks_the_event_loop_keeps_heartbeating_and_runs_once(
+    temporal_address: str,
+) -> None:
+    """The tool holds the worker's event loop for four heartbeat timeouts: its call
+    still heartbeats, so Temporal does not start a second attempt beside it."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[str, list[int]]:
+        handle = await runner.start("blocking", model="m", messages="go")
+        try:
+            final = (await handle.result(timeout=40)).final_text
+        except TimeoutError:
+            final = "no result: every attempt timed out"  # what a starved heartbeat does
+        client = await Client.connect(temporal_address)
+        attempts = [
+            e.activity_task_started_event_attributes.attempt
+            async for e in client.get_workflow_handle("blocking").fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        ]
+        return final, attempts
+
+    _blocking_starts.clear()
+    final, attempts = _with_runner(
+        temporal_address,
+        body,
+        models={"m": FunctionModel(_calls_blocking)},
+        tools=[blocking],
+        retry_interval=0.1,
+    )
+    assert _blocking_starts == ["k1"]  # one attempt, never two at once
+    assert attempts == [1, 1, 1]
+    assert final == "done"
+    # The thread that heartbeat the held call ends once no call runs (heartbeat / 6).
+    for _ in range(100):
+        if not any(t.name == "statemachine-heartbeats" for t in threading.enumerate()):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the heartbeat thread outlived the calls it watched")
