@@ -20,8 +20,8 @@ from temporal_support import temporal_server  # noqa: F401 - the session's serve
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
-from statemachine.durable import RunHandle
-from statemachine.durable.temporal import TemporalRunner
+from statemachine.durable import RunHandle, idempotency_key
+from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
 from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
@@ -314,3 +314,63 @@ def test_an_async_tool_that_blocks_the_event_loop_keeps_heartbeating_and_runs_on
         time.sleep(0.05)
     else:
         raise AssertionError("the heartbeat thread outlived the calls it watched")
+
+
+_opened: dict[str, asyncio.Event] = {}  # run id -> opens its gate
+_entered: set[str] = set()
+
+
+@sm.tool
+async def gate() -> str:
+    """Wait until the test opens the gate."""
+    key = idempotency_key()
+    assert key is not None
+    run_id = key.rsplit(":", 1)[0]
+    _entered.add(run_id)
+    await _opened[run_id].wait()
+    return "opened"
+
+
+def _steered(
+    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
+) -> sm.AssistantMessage:
+    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+        return sm.AssistantMessage([sm.ToolCall("g1", "gate", {})])
+    return sm.AssistantMessage(f"heard {sum(isinstance(m, sm.UserMessage) for m in messages)}")
+
+
+@pytest.mark.timeout(240)
+def test_steers_sent_at_once_through_several_handles_all_reach_the_next_model_call(
+    temporal_address: str,
+) -> None:
+    """A handle has at most ten updates of its run in flight (the server's limit); three
+    handles sending at once have thirty, and the server turns the others away for a
+    while: they are sent again until it takes them, so every acknowledged steer
+    reaches the model call after the tool."""
+    from temporalio.client import Client
+
+    handles, each = 6, 50
+
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        run_id = f"crowd-{uuid.uuid4().hex[:8]}"
+        _opened[run_id] = asyncio.Event()
+        handle = await runner.start(run_id, model="m", messages="go")
+        async with asyncio.timeout(30):
+            while run_id not in _entered:
+                await asyncio.sleep(0.02)
+        client = await Client.connect(temporal_address)
+        senders = [TemporalRunHandle(client, run_id, message_timeout=150) for _ in range(handles)]
+        await asyncio.gather(
+            *(s.steer(f"steer {i}-{n}") for i, s in enumerate(senders) for n in range(each))
+        )
+        _opened[run_id].set()
+        return await handle.result(timeout=60)
+
+    result = _with_runner(
+        temporal_address, body, models={"m": FunctionModel(_steered)}, tools=[gate]
+    )
+    assert result.final_text == f"heard {1 + handles * each}"  # the call after the tool
+    said = [m.text for m in result.messages if isinstance(m, sm.UserMessage)]
+    assert sorted(said) == sorted(
+        ["go", *(f"steer {i}-{n}" for i in range(handles) for n in range(each))]
+    )
