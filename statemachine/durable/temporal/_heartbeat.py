@@ -11,8 +11,9 @@ the calls its activities run: a call whose loop has not beaten for half a heartb
 timeout is heartbeaten from the thread, through the worker's client
 (``AsyncActivityHandle.heartbeat``, on an event loop of the thread's own), with the
 call's last checkpoint, until its loop beats again. The thread runs only while a
-call runs and ends once none does. A call held for good is then ended by its
-``tool_timeout`` (or ``model_timeout``), not retried beside itself.
+call runs and ends once none does (or the interpreter exits). A call held for good
+is then ended by its ``tool_timeout`` (or ``model_timeout``), not retried beside
+itself.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ class Standby:
                 late_after = time.monotonic() - self.heartbeat / 2
                 late = [b for b in self._calls.values() if b.last < late_after]
                 client = self._client
-                if not self._calls:
+                # No call left, or the interpreter is exiting (its main thread has
+                # ended, and waits for this one): nothing more to watch.
+                if not self._calls or not threading.main_thread().is_alive():
                     self._thread = None  # the next ``enter`` starts another
                     return
             for beating in late:
