@@ -20,7 +20,7 @@ from temporal_support import temporal_server  # noqa: F401 - the session's serve
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
-from statemachine.durable import RunHandle, idempotency_key
+from statemachine.durable import RunHandle
 from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
 from statemachine.errors import (
     InvalidInputError,
@@ -265,12 +265,15 @@ async def blocking() -> str:
     return "computed"
 
 
-def _calls_blocking(
-    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
-) -> sm.AssistantMessage:
-    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
-        return sm.AssistantMessage([sm.ToolCall("k1", "blocking", {})])
-    return sm.AssistantMessage("done")
+def _one_call(tool: str) -> FunctionModel:
+    """A model that calls ``tool`` once, then says how many user messages it heard."""
+
+    def answer(messages: Sequence[sm.Message], _: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+        if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("k1", tool, {})])
+        return sm.AssistantMessage(f"heard {sum(isinstance(m, sm.UserMessage) for m in messages)}")
+
+    return FunctionModel(answer)
 
 
 @pytest.mark.timeout(90)
@@ -300,13 +303,13 @@ def test_an_async_tool_that_blocks_the_event_loop_keeps_heartbeating_and_runs_on
     final, attempts = _with_runner(
         temporal_address,
         body,
-        models={"m": FunctionModel(_calls_blocking)},
+        models={"m": _one_call("blocking")},
         tools=[blocking],
         retry_interval=0.1,
     )
     assert _blocking_starts == ["k1"]  # one attempt, never two at once
     assert attempts == [1, 1, 1]
-    assert final == "done"
+    assert final == "heard 1"
     # The thread that heartbeat the held call ends once no call runs (heartbeat / 6).
     for _ in range(100):
         if not any(t.name == "statemachine-heartbeats" for t in threading.enumerate()):
@@ -316,27 +319,16 @@ def test_an_async_tool_that_blocks_the_event_loop_keeps_heartbeating_and_runs_on
         raise AssertionError("the heartbeat thread outlived the calls it watched")
 
 
-_opened: dict[str, asyncio.Event] = {}  # run id -> opens its gate
-_entered: set[str] = set()
+_gate: list[asyncio.Event] = []  # the run's: set once its tool waits, then opened
 
 
 @sm.tool
 async def gate() -> str:
     """Wait until the test opens the gate."""
-    key = idempotency_key()
-    assert key is not None
-    run_id = key.rsplit(":", 1)[0]
-    _entered.add(run_id)
-    await _opened[run_id].wait()
+    entered, opened = _gate
+    entered.set()
+    await opened.wait()
     return "opened"
-
-
-def _steered(
-    messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]
-) -> sm.AssistantMessage:
-    if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
-        return sm.AssistantMessage([sm.ToolCall("g1", "gate", {})])
-    return sm.AssistantMessage(f"heard {sum(isinstance(m, sm.UserMessage) for m in messages)}")
 
 
 @pytest.mark.timeout(240)
@@ -353,22 +345,18 @@ def test_steers_sent_at_once_through_several_handles_all_reach_the_next_model_ca
 
     async def body(runner: TemporalRunner) -> sm.RunResult:
         run_id = f"crowd-{uuid.uuid4().hex[:8]}"
-        _opened[run_id] = asyncio.Event()
+        _gate[:] = [asyncio.Event(), asyncio.Event()]
         handle = await runner.start(run_id, model="m", messages="go")
-        async with asyncio.timeout(30):
-            while run_id not in _entered:
-                await asyncio.sleep(0.02)
+        await asyncio.wait_for(_gate[0].wait(), 30)
         client = await Client.connect(temporal_address)
         senders = [TemporalRunHandle(client, run_id, message_timeout=150) for _ in range(handles)]
         await asyncio.gather(
             *(s.steer(f"steer {i}-{n}") for i, s in enumerate(senders) for n in range(each))
         )
-        _opened[run_id].set()
+        _gate[1].set()
         return await handle.result(timeout=60)
 
-    result = _with_runner(
-        temporal_address, body, models={"m": FunctionModel(_steered)}, tools=[gate]
-    )
+    result = _with_runner(temporal_address, body, models={"m": _one_call("gate")}, tools=[gate])
     assert result.final_text == f"heard {1 + handles * each}"  # the call after the tool
     said = [m.text for m in result.messages if isinstance(m, sm.UserMessage)]
     assert sorted(said) == sorted(
