@@ -7,6 +7,9 @@ test_durable_shared.py; the kill trials are in test_temporal_kill.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -362,3 +365,55 @@ def test_steers_sent_at_once_through_several_handles_all_reach_the_next_model_ca
     assert sorted(said) == sorted(
         ["go", *(f"steer {i}-{n}" for i in range(handles) for n in range(each))]
     )
+
+
+_EXIT_SCRIPT = """
+import asyncio, gc, sys
+from statemachine.durable.temporal import open_store
+from statemachine.errors import UnknownRunError
+
+gc.disable()  # garbage is collected only when asked for (or by the interpreter's end)
+store = open_store(sys.argv[1])
+
+
+async def look():
+    try:
+        await store.handle("no-such-run")
+    except UnknownRunError:
+        pass
+
+
+asyncio.run(look())
+asyncio.run(look())  # the store's client, made on the first loop, used on a second
+
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        sys.__stdout__.write("finalizing\\n" if sys.is_finalizing() else "before exit\\n")
+
+
+Cycle()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_store_collects_its_clients_garbage_before_the_interpreter_finalizes(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """What the client leaves in reference cycles is freed at exit while the interpreter
+    is whole: freed while it finalizes, its native threads could abort the process
+    ("Fatal Python error: PyGILState_Release", now and then)."""
+    script = tmp_path / "store_exit.py"
+    script.write_text(_EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), f"temporal://{temporal_address}/default"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["before exit"]
