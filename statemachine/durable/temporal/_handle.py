@@ -108,8 +108,9 @@ class TemporalRunHandle:
         self._client = client
         self._workflow: WorkflowHandle[Any, Any] = client.get_workflow_handle(run_id)
         self._message_timeout = message_timeout
-        # This handle's updates in flight: no more than the server takes of one run.
-        self._in_flight = asyncio.Semaphore(IN_FLIGHT)
+        # This handle's updates in flight: no more than the server takes of one run
+        # (a semaphore of the event loop it is used from).
+        self._in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def _describe(self) -> Any:
         try:
@@ -359,11 +360,14 @@ class TemporalRunHandle:
         takes the message once, however many tries reach it."""
         update_id = f"{name}-{uuid.uuid4().hex}"
         loop = asyncio.get_running_loop()
+        if self._in_flight is None or self._in_flight[0] is not loop:
+            self._in_flight = (loop, asyncio.Semaphore(IN_FLIGHT))
+        slots = self._in_flight[1]
         deadline = loop.time() + self._message_timeout
         pause = FIRST_PAUSE
         while True:
             try:
-                async with asyncio.timeout_at(deadline), self._in_flight:
+                async with asyncio.timeout_at(deadline), slots:
                     left = deadline - loop.time()
                     await self._workflow.execute_update(
                         name, message, id=update_id, rpc_timeout=timedelta(seconds=left)
