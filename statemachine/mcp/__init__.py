@@ -61,13 +61,21 @@ from statemachine.mcp._asking import (
     url_required,
 )
 from statemachine.mcp._listing import Listing
-from statemachine.mcp._resources import MCPPrompt, MCPResource, MCPResourceTemplate
+from statemachine.mcp._resources import (
+    MAX_COMPLETION_CHARS,
+    MAX_COMPLETION_VALUES,
+    MCPCompletion,
+    MCPPrompt,
+    MCPResource,
+    MCPResourceTemplate,
+)
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
 from statemachine.mcp._stdout import ENCODING, watching
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
+    check_bounds,
     current_task_cancelling,
     filters,
     http_transport,
@@ -87,7 +95,10 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
+    "MAX_COMPLETION_CHARS",
+    "MAX_COMPLETION_VALUES",
     "ElicitationHandler",
+    "MCPCompletion",
     "MCPElicitation",
     "MCPError",
     "MCPProgress",
@@ -115,16 +126,6 @@ DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Bytes of one message (one line) a stdio server may write on its stdout."""
-
-
-def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
-    if call_timeout is not None and not call_timeout > 0:
-        raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
-    if not connect_timeout > 0:
-        raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
-    for option, value in counts.items():
-        if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
-            raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
 
 
 class MCPServer(Listing):
@@ -173,7 +174,7 @@ class MCPServer(Listing):
         log_level: LogLevel | None = "info",
         roots: RootsGiven | None = None,
     ) -> None:
-        _check_bounds(
+        check_bounds(
             call_timeout,
             connect_timeout,
             max_output_chars=max_output_chars,

@@ -1,5 +1,6 @@
 """An MCP server, written with the SDK's server API, for the client features beyond
-tools: roots, resource templates, blob resources, resource updates, elicitation.
+tools: roots, resource templates, blob resources, resource updates, elicitation,
+argument completions.
 
 python features.py stdio               serve over stdin/stdout
 """
@@ -11,7 +12,14 @@ from typing import Annotated
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve
-from mcp.types import ListRootsResult
+from mcp.types import (
+    Completion,
+    CompletionArgument,
+    CompletionContext,
+    ListRootsResult,
+    PromptReference,
+    ResourceTemplateReference,
+)
 from pydantic import BaseModel
 
 server = MCPServer("statemachine-features-server")
@@ -68,6 +76,31 @@ def seat(choice: Annotated[ElicitationResult[Seat], Resolve(ask_seat)]) -> str:
     if isinstance(choice, AcceptedElicitation):
         return f"row {choice.data.row}"
     return choice.action
+
+
+LANGUAGES = ("python", "pascal", "perl", "prolog", "rust")
+
+
+@server.prompt(name="review", description="Review code in a language.")
+def review(language: str, owner: str) -> str:
+    return f"Review this {language} code of {owner}."
+
+
+@server.completion()  # type: ignore[no-untyped-call, untyped-decorator]  # the SDK does not type it
+async def complete(
+    ref: PromptReference | ResourceTemplateReference,
+    argument: CompletionArgument,
+    context: CompletionContext | None,
+) -> Completion | None:
+    """Languages by prefix for the prompt; note names for the template, prefixed with
+    the owner when one was chosen."""
+    if isinstance(ref, PromptReference) and argument.name == "language":
+        found = [lang for lang in LANGUAGES if lang.startswith(argument.value)]
+        return Completion(values=found, total=len(found), has_more=False)
+    if isinstance(ref, ResourceTemplateReference) and argument.name == "name":
+        owner = (context.arguments or {}).get("owner") if context else None
+        return Completion(values=[f"{owner or 'anyone'}-{argument.value}today"])
+    return None
 
 
 if __name__ == "__main__":

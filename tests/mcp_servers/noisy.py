@@ -20,6 +20,8 @@ resources           (not misbehaving) a server of the 2025 protocols whose resou
                     may be subscribed to: ``resources/subscribe`` is answered, then
                     that URI is said updated twice and ``test://other`` once
 resources-then-exit like resources, but the server exits once it is subscribed to
+completions-flood   ``completion/complete`` is answered with 502 values (the protocol
+                    allows 100), two of them 5,000 characters long
 
 The server goes on answering after it misbehaves, so a client that waits for it
 to exit waits for nothing.
@@ -117,7 +119,11 @@ def _answer(request: dict[str, Any]) -> None:
                 rid,
                 {
                     "protocolVersion": request["params"]["protocolVersion"],
-                    "capabilities": {"tools": {}, "resources": {"subscribe": True}},
+                    "capabilities": {
+                        "tools": {},
+                        "resources": {"subscribe": True},
+                        "completions": {},
+                    },
                     "serverInfo": {"name": "noisy", "version": "1"},
                 },
             )
@@ -130,6 +136,10 @@ def _answer(request: dict[str, Any]) -> None:
         _send(_result(rid, {"tools": _tools()}))
     elif method == "tools/call":
         _call(rid, request["params"])
+    elif method == "completion/complete" and MODE == "completions-flood":
+        values = ["y" * 5_000, *(f"v{i}" for i in range(500)), "x" * 5_000]
+        completion = {"values": values, "total": len(values), "hasMore": False}
+        _send(_result(rid, {"completion": completion}))
     elif method == "ping":
         _send(_result(rid, {}))
     elif method == "resources/subscribe" and MODE == "resources-then-exit":
