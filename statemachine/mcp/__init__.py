@@ -51,6 +51,7 @@ from statemachine.mcp._asking import (
     DEFAULT_MAX_INPUT_REQUESTS,
     Asking,
     ElicitationHandler,
+    Elicitor,
     MCPElicitation,
     MCPProgress,
     MCPSampling,
@@ -169,7 +170,7 @@ class MCPServer(Listing):
         http_auth: httpx2.Auth | None = None,
         stderr: TextIO | None = None,
         sampling: MCPSampling | None = None,
-        elicitation: ElicitationHandler | None = None,
+        elicitation: Elicitor | None = None,
         max_input_requests: int = DEFAULT_MAX_INPUT_REQUESTS,
         log_level: LogLevel | None = "info",
         roots: RootsGiven | None = None,
@@ -198,6 +199,8 @@ class MCPServer(Listing):
         self._headers = dict(http_headers or {})
         self._auth = http_auth
         self.sampling = sampling
+        if isinstance(elicitation, str) and elicitation != "run":
+            raise InvalidInputError(f'elicitation is a handler or "run", not {elicitation!r}')
         self.elicitation = elicitation
         self.max_input_requests = max_input_requests
         self.log_level = log_level
@@ -523,13 +526,17 @@ class MCPServer(Listing):
         asking = self._asking
         assert asking is not None
         key = object()
-        progress = asking.call_started(key)
+        progress = asking.call_started(key, signal)
         request = asyncio.ensure_future(
             client.call_tool(remote, arguments, progress_callback=progress)
         )
         loop = asyncio.get_running_loop()
 
         def on_abort(_reason: object) -> None:
+            if asking.asks_the_run(key):
+                # Its question is answered "cancel", which the server is let hear and
+                # answer: the driver cancels the call after its grace period if not.
+                return
             # abort() may be called from another thread: cancel on the run's own loop.
             loop.call_soon_threadsafe(request.cancel)
 

@@ -7,6 +7,7 @@ python features.py stdio               serve over stdin/stdout
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
@@ -72,10 +73,13 @@ def ask_seat() -> Elicit[Seat]:
 
 @server.tool()
 def seat(choice: Annotated[ElicitationResult[Seat], Resolve(ask_seat)]) -> str:
-    """Ask the user for a row; say what came back: the row, declined or cancelled."""
-    if isinstance(choice, AcceptedElicitation):
-        return f"row {choice.data.row}"
-    return choice.action
+    """Ask the user for a row; say what came back: the row, declined or cancelled
+    (also appended to the file MCP_TEST_LOG names, when set)."""
+    said = f"row {choice.data.row}" if isinstance(choice, AcceptedElicitation) else choice.action
+    if "MCP_TEST_LOG" in os.environ:
+        with open(os.environ["MCP_TEST_LOG"], "a", encoding="utf-8") as log:
+            log.write(f"seat: {said}\n")
+    return said
 
 
 LANGUAGES = ("python", "pascal", "perl", "prolog", "rust")
