@@ -18,9 +18,8 @@ from test_mcp import DEVNULL, _sync
 from test_mcp_asking import _tool
 
 import statemachine as sm
-from statemachine.agent.events import ToolAnswered, ToolAsked
-from statemachine.agent.questions import MAX_PENDING_QUESTIONS
 from statemachine.errors import NotPendingError
+from statemachine.hooks import MAX_PENDING_QUESTIONS, ToolAnswered, ToolAsked
 from statemachine.mcp import MCPServer
 from statemachine.testing import FunctionModel
 

@@ -90,6 +90,8 @@ from statemachine.agent.events import (
     RunReturned,
     StateChanged,
     TextDelta,
+    ToolAnswered,
+    ToolAsked,
     ToolCallDelta,
     ToolEnded,
     ToolLog,
@@ -338,6 +340,13 @@ class AguiStream:
         if isinstance(event, ToolLog):
             value = {"callId": event.call_id, "level": event.level, "data": _data(event.data)}
             return [_custom("toolLog", value)]
+        if isinstance(event, ToolAsked | ToolAnswered):  # answered by POST /runs/ID/answer
+            q = event.question
+            value = {"id": q.id, "callId": q.call_id, "name": q.tool_name, "source": q.source}
+            if isinstance(event, ToolAnswered):
+                return [_custom("toolAnswered", {**value, "outcome": event.outcome})]
+            asked = {"message": q.message, "schema": _data(q.schema), "url": q.url}
+            return [_custom("toolAsked", {**value, **asked})]
         return []  # RunStarted: the opening said it
 
     def _returned(
