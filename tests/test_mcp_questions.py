@@ -57,15 +57,20 @@ async def _asked(events: AsyncIterator[Any], count: int = 1) -> list[ToolAsked]:
     raise AssertionError("the run returned before its tools asked")
 
 
+def _start(
+    server: MCPServer, model: FunctionModel, **options: Any
+) -> tuple[sm.AgentRun[Any], AsyncIterator[Any], asyncio.Future[sm.RunResult]]:
+    """A run of ``model`` on the server's tools, started, and its events from the start."""
+    run: sm.AgentRun[Any] = sm.AgentRun(model=model, tools=server.tools, messages="book", **options)
+    events = run.events()
+    return run, events, asyncio.ensure_future(run.run())
+
+
 @pytest.mark.timeout(60)
 @_sync
 async def test_a_question_is_pending_on_the_run_and_a_persons_answer_reaches_the_server() -> None:
     async with _features(elicitation="run") as server:
-        run: sm.AgentRun[Any] = sm.AgentRun(
-            model=_calling("seat"), tools=server.tools, messages="book me a seat"
-        )
-        events = run.events()
-        task = asyncio.ensure_future(run.run())
+        run, events, task = _start(server, _calling("seat"))
         (asked,) = await _asked(events)
         question = asked.question
         assert run.pending_questions() == (question,)
@@ -95,11 +100,7 @@ async def test_a_question_is_pending_on_the_run_and_a_persons_answer_reaches_the
 @_sync
 async def test_a_person_may_decline_or_cancel_a_question(answer: str) -> None:
     async with _features(elicitation="run") as server:
-        run: sm.AgentRun[Any] = sm.AgentRun(
-            model=_calling("seat"), tools=server.tools, messages="book me a seat"
-        )
-        events = run.events()
-        task = asyncio.ensure_future(run.run())
+        run, events, task = _start(server, _calling("seat"))
         (asked,) = await _asked(events)
         run.answer(asked.question.id, answer)  # type: ignore[arg-type]
         result = await task

@@ -118,6 +118,8 @@ class RunQuestions:
             remove()
             with self._lock:
                 self._pending.pop(question.id, None)
+            if future.done() and not future.cancelled():
+                outcome = future.result()[1]  # settled, then cancelled before it was read
             self._emit(ToolAnswered(question, outcome))
 
 
