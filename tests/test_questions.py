@@ -223,3 +223,27 @@ def test_asking_outside_a_run_gives_none() -> None:
         raise AssertionError("not asked")
 
     assert asyncio.run(ask_person(question, sm.AbortController().signal)) is None
+
+
+@pytest.mark.timeout(30)
+def test_a_temporal_activity_has_no_one_to_ask() -> None:
+    pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
+    from statemachine.agent.executor import AsyncioExecutor
+    from statemachine.agent.hook_calls import Hooks
+    from statemachine.durable.temporal._activities import _OneOperation
+
+    async def scenario() -> list[Any]:
+        loop = _OneOperation("r1")
+        (tool,) = _asking()["tools"]
+        executor = AsyncioExecutor(
+            loop,  # type: ignore[arg-type]  # what an activity gives for one operation
+            model=FunctionModel(lambda m, t: sm.AssistantMessage("-")),
+            tools={"ask": tool},
+            hooks=Hooks(),
+            grace=1.0,
+        )
+        await executor.run_tool(sm.ToolCall("c1", "ask", {}))
+        return loop.events
+
+    (finished,) = asyncio.run(scenario())
+    assert finished.output.content[0].text == "None"  # asked nobody: the tool is told so

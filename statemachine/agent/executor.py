@@ -40,7 +40,7 @@ from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, RunQuestions
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
@@ -115,13 +115,18 @@ async def ask_person(
 ) -> Answer | None:
     """Ask a person, through the run, the question ``make(id, call)`` builds, from
     inside a running tool (``statemachine.agent.questions``); its answer ("cancel"
-    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver."""
+    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver
+    (or in a Temporal activity)."""
     running = _running.get()
     if running is None:
         return None
     executor, call = running
     aborting = executor.loop.controller.signal
-    questions = executor.loop.stream.questions
+    # A Temporal activity runs one operation with a stream that keeps nothing: no one
+    # could answer there.
+    questions: RunQuestions | None = getattr(executor.loop.stream, "questions", None)
+    if questions is None:
+        return None
     return await questions.ask(lambda qid: make(qid, call), signal, lambda: aborting.aborted)
 
 

@@ -520,6 +520,10 @@ class Asking:
             answer = await asked
         except InvalidInputError as exc:  # too many questions pending on the run
             return _refused(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the server is told; the run goes on
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR, message=f"asking the run failed: {describe(exc)}"
+            )
         finally:
             left = self._asking_run.pop(key) - 1
             if left:
