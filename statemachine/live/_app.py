@@ -522,7 +522,9 @@ class LiveApp:
             events = run.events(self.max_buffered)
             agui = AguiStream(live.thread_id, run.run_id)
             engine = run.engine
-            first = agui.opening(engine.messages, engine.state, engine.turns)
+            first = agui.opening(
+                engine.messages, engine.state, engine.turns, run.pending_questions()
+            )
             if start:
                 live.task = asyncio.ensure_future(run.run())
             await respond(send, 200, None, STREAM_HEADERS)
