@@ -236,6 +236,6 @@ async def test_a_question_outside_a_run_is_refused() -> None:
     async with _features(elicitation="run") as server:
         said = await _tool(server, "seat")
     assert said.startswith("error: ")
-    assert "elicitation='run' answers only while a tool call of a run asks" in said
+    assert "elicitation='run' answers only in a tool call of a run a person holds" in said
     with pytest.raises(sm.InvalidInputError, match='elicitation is a handler or "run"'):
         _features(elicitation="the run")

@@ -247,3 +247,16 @@ def test_a_temporal_activity_has_no_one_to_ask() -> None:
 
     (finished,) = asyncio.run(scenario())
     assert finished.output.content[0].text == "None"  # asked nobody: the tool is told so
+
+
+@pytest.mark.timeout(30)
+def test_a_run_held_by_a_backend_has_no_one_to_ask() -> None:
+    from statemachine.agent.executor import AsyncioExecutor
+    from statemachine.agent.run import use_backend
+
+    async def scenario() -> sm.RunResult:
+        run: sm.AgentRun[Any] = sm.AgentRun(**_asking())
+        use_backend(run, inbox=asyncio.Queue(), executor=AsyncioExecutor)
+        return await run.run()
+
+    assert asyncio.run(scenario()).final_text == "None"  # asked nobody: the tool is told so

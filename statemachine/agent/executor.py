@@ -115,18 +115,19 @@ async def ask_person(
 ) -> Answer | None:
     """Ask a person, through the run, the question ``make(id, call)`` builds, from
     inside a running tool (``statemachine.agent.questions``); its answer ("cancel"
-    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver
-    (or in a Temporal activity)."""
+    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver,
+    and in a durable run (no one holds it to answer)."""
     running = _running.get()
     if running is None:
         return None
     executor, call = running
     aborting = executor.loop.controller.signal
-    # A Temporal activity runs one operation with a stream that keeps nothing: no one
-    # could answer there.
-    questions: RunQuestions | None = getattr(executor.loop.stream, "questions", None)
-    if questions is None:
+    stream = executor.loop.stream
+    # A durable run is held by its backend, a Temporal activity's stream keeps nothing:
+    # no one could answer there.
+    if not getattr(stream, "takes_questions", False):
         return None
+    questions: RunQuestions = stream.questions
     return await questions.ask(lambda qid: make(qid, call), signal, lambda: aborting.aborted)
 
 

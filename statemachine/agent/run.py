@@ -454,6 +454,8 @@ def use_backend(
     run._inbox = inbox
     run._executor = executor
     run._on_handle = on_handle
+    # Nobody holds a backend's run to answer a question its tools would ask through it.
+    run._stream.takes_questions = False
 
 
 async def run_agent(

@@ -100,6 +100,10 @@ class EventStream:
         self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
 
+    takes_questions = True
+    """Whether a person holds the run to answer its tools' questions (not a durable
+    backend's run: ``use_backend``)."""
+
     @functools.cached_property
     def questions(self) -> RunQuestions:
         """The questions the run's tools wait on a person for (made when first asked

@@ -147,6 +147,10 @@ Elicitor = ElicitationHandler | Literal["run"]
 call the server asks in (``AgentRun.pending_questions``, ``AgentRun.answer``)."""
 
 _PRIMITIVE = frozenset({"string", "number", "integer", "boolean"})
+_NO_RUN = (
+    "elicitation='run' answers only in a tool call of a run a person holds "
+    "(an AgentRun, not a durable run)"
+)
 
 _calling: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "statemachine_mcp_call", default=None
@@ -494,7 +498,7 @@ class Asking:
         if held is None:  # an older server does not say which call asks: the first one
             key, held = next(iter(self._in_flight.items()), (None, None))
         if held is None:
-            return _refused("elicitation='run' answers only while a tool call of a run asks")
+            return _refused(_NO_RUN)
         wrong = schema_problem(question)
         if wrong is not None:
             return _refused(f"the elicitation's requested schema is refused: {wrong}")
@@ -529,7 +533,7 @@ class Asking:
             if left:
                 self._asking_run[key] = left
         if answer is None:
-            return _refused("elicitation='run' answers only while a tool call of a run asks")
+            return _refused(_NO_RUN)
         return _result(answer)
 
 
