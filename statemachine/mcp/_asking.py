@@ -14,6 +14,7 @@ connection, the text of a question, a log message and a progress message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import json
@@ -257,15 +258,17 @@ class Asking:
         # call key -> its context, its signal (the call's timeout and the run's abort)
         self._in_flight: dict[object, tuple[contextvars.Context, AbortSignal]] = {}
         self._asking_run: dict[object, int] = {}  # call key -> its questions pending
+        self._marks: dict[object, contextvars.Token[object | None]] = {}
         self._log = library_logger("statemachine.mcp")
 
     # -- the calls in flight ------------------------------------------------------------
 
     def call_started(self, key: object, signal: AbortSignal) -> ProgressFnT:
         """Note a call (in the context of the tool's run); its progress callback."""
-        _calling.set(key)  # what the call's request, started next, runs with
+        token = _calling.set(key)  # what the call's request, started next, runs with
         context = contextvars.copy_context()
         self._in_flight[key] = (context, signal)
+        self._marks[key] = token
 
         async def progress(progress: float, total: float | None, message: str | None) -> None:
             said = None if message is None else _cut(message, MAX_LOG_CHARS)
@@ -275,6 +278,10 @@ class Asking:
 
     def call_ended(self, key: object) -> None:
         self._in_flight.pop(key, None)
+        token = self._marks.pop(key, None)
+        if token is not None:
+            with contextlib.suppress(ValueError):  # ended in another context: nothing kept
+                _calling.reset(token)
 
     def asks_the_run(self, key: object) -> bool:
         """Whether the call ``key`` waits on a question asked through its run."""
