@@ -66,8 +66,9 @@ DEFAULT_MAX_BUFFERED_EVENTS = 10_000
 """Unread events one subscriber may hold before the droppable ones are dropped."""
 
 # Never dropped: each stands for something the run holds anyway (a message of its
-# history, a call of it, its start and end, a question it waits on: at most
-# MAX_PENDING_QUESTIONS at once), so a few dozen bytes each.
+# history, a call of it, its start and end, a question a tool asked of it and its end:
+# counted by their askers, an MCP connection's at max_input_requests), so a few dozen
+# bytes each.
 _KEPT: frozenset[type] = frozenset(
     {RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned, ToolAsked, ToolAnswered}
 )
@@ -262,8 +263,8 @@ class _Subscriber:
       ``TurnEnded``, ``ToolLog``, a new ``ToolProgress``) are dropped, and the subscriber finds
       one ``EventsDropped(count)`` where they would have been. ``RunStarted``,
       ``MessageAdded``, ``ToolStarted``, ``ToolEnded``, ``RunReturned``, ``ToolAsked``
-      and ``ToolAnswered`` are always kept, whatever the count: the history (or the
-      bounded questions pending) holds their contents anyway.
+      and ``ToolAnswered`` are always kept, whatever the count: the history holds the
+      contents of the others, and a person must see every question.
 
     The run never waits for a subscriber.
     """
