@@ -72,7 +72,8 @@ _DRIVER_TESTS = (
     "tests/test_loop.py tests/test_executor.py tests/test_stream.py tests/test_hook_calls.py "
     "tests/test_resume.py tests/test_run_agent_sync.py tests/test_driver.py "
     "tests/test_driver_abort.py tests/test_driver_hooks_and_batches.py tests/test_abort.py "
-    "tests/test_driver_faults.py tests/test_run_footprint.py tests/test_run_options.py"
+    "tests/test_driver_faults.py tests/test_run_footprint.py tests/test_run_options.py "
+    "tests/test_questions.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
@@ -103,6 +104,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "driver-hook-calls": ("statemachine/agent/hook_calls.py", _DRIVER_TESTS),
     "driver-calls": ("statemachine/agent/calls.py", _DRIVER_TESTS),
     "driver-stream": ("statemachine/agent/stream.py", _DRIVER_TESTS),
+    "driver-questions": ("statemachine/agent/questions.py", _DRIVER_TESTS),
 }
 
 

@@ -35,13 +35,14 @@ from typing import Any, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
 from statemachine.agent.context import start_spending, stop_spending
-from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
+from statemachine.agent.events import RunEvent, ToolLog, ToolProgress, ToolQuestion
 from statemachine.agent.hook_calls import HookCaller, Hooks
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
+from statemachine.agent.questions import Answer, RunQuestions
 from statemachine.agent.tools import Tool, tool_output_from
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
     CallModel,
@@ -59,7 +60,14 @@ from statemachine.errors import ModelOutputError, ModelRetry, ToolOutputError
 
 _T = TypeVar("_T")
 
-__all__ = ["AsyncioExecutor", "current_tool_call", "report_log", "report_progress", "start_task"]
+__all__ = [
+    "AsyncioExecutor",
+    "ask_person",
+    "current_tool_call",
+    "report_log",
+    "report_progress",
+    "start_task",
+]
 
 # -- progress reports from inside tools ------------------------------------------------
 
@@ -100,6 +108,27 @@ def report_log(level: str, data: object, logger: str | None = None) -> bool:
     executor, call = running
     executor.tell(partial(ToolLog, call.id, level, data, logger))
     return True
+
+
+async def ask_person(
+    make: Callable[[str, ToolCall], ToolQuestion], signal: AbortSignal
+) -> Answer | None:
+    """Ask a person, through the run, the question ``make(id, call)`` builds, from
+    inside a running tool (``statemachine.agent.questions``); its answer ("cancel"
+    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver,
+    and in a durable run (no one holds it to answer)."""
+    running = _running.get()
+    if running is None:
+        return None
+    executor, call = running
+    aborting = executor.loop.controller.signal
+    stream = executor.loop.stream
+    # A durable run is held by its backend, a Temporal activity's stream keeps nothing:
+    # no one could answer there.
+    if not getattr(stream, "takes_questions", False):
+        return None
+    questions: RunQuestions = stream.questions
+    return await questions.ask(lambda qid: make(qid, call), signal, lambda: aborting.aborted)
 
 
 def start_task(coro: Coroutine[Any, Any, _T], *, eager: bool) -> asyncio.Task[_T]:

@@ -34,7 +34,15 @@ from statemachine.agent.context import (
     reset_run_context,
     run_context,
 )
-from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
+from statemachine.agent.events import (
+    OutputT,
+    RunEvent,
+    RunResult,
+    RunStats,
+    TextDelta,
+    ToolQuestion,
+    run_error,
+)
 from statemachine.agent.executor import AsyncioExecutor, current_tool_call
 from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
@@ -42,6 +50,7 @@ from statemachine.agent.model import ModelClient, ModelSettings, check_settings,
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
 from statemachine.agent.output import Output, budget_options, compile_output, run_output
+from statemachine.agent.questions import Answer
 from statemachine.agent.session import run_in_session
 from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
@@ -205,6 +214,18 @@ class AgentRun(Generic[OutputT]):
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
+    def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for (an MCP server's
+        elicitation, ``MCPServer(elicitation="run")``), oldest first."""
+        return self._stream.questions.pending()
+
+    def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question (thread-safe): a mapping of its schema's fields
+        accepts, "decline" says no, "cancel" dismisses it. ``InvalidInputError`` for an
+        answer that does not fit the schema, ``NotPendingError`` for a question that
+        is not pending (``statemachine.agent.questions``)."""
+        self._stream.questions.answer(question_id, answer)
+
     def events(self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunReturned``.
 
@@ -213,7 +234,8 @@ class AgentRun(Generic[OutputT]):
         The run never waits for a subscriber: one that lags gets the newest progress
         of each call, and past ``max_buffered`` unread events an ``EventsDropped``
         in place of the events that only describe the run's progress (``MessageAdded``,
-        ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always kept)."""
+        ``ToolStarted``, ``ToolEnded``, ``RunReturned``, ``ToolAsked`` and
+        ``ToolAnswered`` are always kept)."""
         return self._stream.subscribe(max_buffered)
 
     async def stream_text(self) -> AsyncIterator[str]:
@@ -432,6 +454,8 @@ def use_backend(
     run._inbox = inbox
     run._executor = executor
     run._on_handle = on_handle
+    # Nobody holds a backend's run to answer a question its tools would ask through it.
+    run._stream.takes_questions = False
 
 
 async def run_agent(

@@ -20,6 +20,7 @@ iterator is closed (``aclose()``: a watcher left) is let go at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,8 @@ from statemachine.agent.events import (
     RunStats,
     StateChanged,
     TextDelta,
+    ToolAnswered,
+    ToolAsked,
     ToolCallDelta,
     ToolEnded,
     ToolProgress,
@@ -45,6 +48,7 @@ from statemachine.agent.events import (
     TurnEnded,
     TurnStarted,
 )
+from statemachine.agent.questions import RunQuestions
 from statemachine.core.engine import Engine
 from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
@@ -62,8 +66,12 @@ DEFAULT_MAX_BUFFERED_EVENTS = 10_000
 """Unread events one subscriber may hold before the droppable ones are dropped."""
 
 # Never dropped: each stands for something the run holds anyway (a message of its
-# history, a call of it, its start and end), so a few dozen bytes each.
-_KEPT: frozenset[type] = frozenset({RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned})
+# history, a call of it, its start and end, a question a tool asked of it and its end:
+# counted by their askers, an MCP connection's at max_input_requests), so a few dozen
+# bytes each.
+_KEPT: frozenset[type] = frozenset(
+    {RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned, ToolAsked, ToolAnswered}
+)
 
 # A turn starts on entering AwaitingModel and ends at the next turn boundary or where
 # the run returns to its caller.
@@ -92,6 +100,16 @@ class EventStream:
         self._tool_seconds: dict[str, float] = {}
         self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
+
+    takes_questions = True
+    """Whether a person holds the run to answer its tools' questions (not a durable
+    backend's run: ``use_backend``)."""
+
+    @functools.cached_property
+    def questions(self) -> RunQuestions:
+        """The questions the run's tools wait on a person for (made when first asked
+        or looked at: most runs have none)."""
+        return RunQuestions(self.emit)
 
     # -- subscribers -----------------------------------------------------------------------
 
@@ -244,8 +262,9 @@ class _Subscriber:
       progress (``TextDelta``, ``ToolCallDelta``, ``StateChanged``, ``TurnStarted``,
       ``TurnEnded``, ``ToolLog``, a new ``ToolProgress``) are dropped, and the subscriber finds
       one ``EventsDropped(count)`` where they would have been. ``RunStarted``,
-      ``MessageAdded``, ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always
-      kept, whatever the count: the history holds their contents anyway.
+      ``MessageAdded``, ``ToolStarted``, ``ToolEnded``, ``RunReturned``, ``ToolAsked``
+      and ``ToolAnswered`` are always kept, whatever the count: the history holds the
+      contents of the others, and a person must see every question.
 
     The run never waits for a subscriber.
     """
