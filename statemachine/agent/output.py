@@ -45,7 +45,7 @@ from typing import Any, Final, Literal, TypeAlias, Union
 
 import attrs
 
-from statemachine.agent.context import current_run_context, wants_context
+from statemachine.agent.context import output_context, wants_context
 from statemachine.agent.events import OutputT
 from statemachine.agent.model import takes_options
 from statemachine.agent.signature import Converter, compile_annotation
@@ -167,7 +167,7 @@ class Output:
         convert = self.members.get(tool, self.convert)
         result = value if convert is None else convert(value)
         for fn in self.validators:
-            result = _validate(fn, result)
+            result = _validate(fn, result, tool)
         return result
 
     def check(self, value: Any, tool: str) -> str | None:
@@ -196,7 +196,7 @@ class Output:
                 result = self.members.get(tool, self.convert)
                 result = value if result is None else result(value)
                 for fn in self.validators:
-                    result = _validate(fn, result)
+                    result = _validate(fn, result, tool)
                     if inspect.isawaitable(result):
                         result = await result
             except Exception as exc:  # noqa: BLE001 - as in check
@@ -207,8 +207,10 @@ class Output:
             return
 
 
-def _validate(fn: OutputValidator, value: Any) -> Any:
-    context = current_run_context() if wants_context(fn) else None
+def _validate(fn: OutputValidator, value: Any, tool: str) -> Any:
+    if not wants_context(fn):
+        return fn(value)
+    context = output_context(None if tool == TEXT_OUTPUT else tool)
     return fn(context, value) if context is not None else fn(value)
 
 

@@ -370,6 +370,7 @@ class Engine:
     usage = _Field[Usage]()  # what the provider reported on this run's responses, summed
     delegated_requests = _Field[int]()  # model calls of sub-agents whose usage joined
     tool_calls = _Field[int]()  # tool calls started, for UsageLimits.tool_calls
+    output_failures = _Field[int]()  # failed attempts at the final result (rule 13)
     abort_reason = _Field[str | None]()
     output_call = _Field[str | None]()  # the id of the final-result call that gave it
 
