@@ -189,10 +189,18 @@ def test_empty_answers_where_a_tuple_is_asked_spend_the_output_retries() -> None
 
 def test_a_union_with_str_offers_one_final_result_tool_and_takes_text() -> None:
     # test_response_union_allow_str (the model answers text; see the module docstring)
+    seen: list[tuple[object, str | None]] = []
     model = ScriptedModel("success (no tool calls)")
     agent: sm.Agent[None, Foo | str] = sm.Agent(model, output_type=Foo | str)
+
+    @agent.output_validator
+    def validate_output(ctx: sm.RunContext[None], output: Any) -> Any:
+        seen.append((output, ctx.tool_name))
+        return output.upper() if isinstance(output, str) else output
+
     result = agent.run_sync("Hello")
-    assert result.output == "success (no tool calls)"
+    assert result.output == "SUCCESS (NO TOOL CALLS)"
+    assert seen == [("success (no tool calls)", None)]
     assert model.requests[0].tool_names == ("final_result",)
     assert model.requests[0].tools[0].schema_dict()["required"] == ["a", "b"]
 
@@ -213,6 +221,35 @@ def test_a_union_of_models_is_one_tool_per_member(union: Any) -> None:
 
 
 # -- output validators ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_an_output_validator_refuses_a_text_answer_within_the_output_retries(
+    is_async: bool,
+) -> None:
+    # test_text_path_honors_output_retry_budget (the text of a union with str)
+    seen: list[tuple[object, int]] = []
+
+    def refuse(ctx: sm.RunContext[None], output: Any) -> Any:
+        seen.append((output, ctx.retry))
+        raise sm.ModelRetry(f"retry {ctx.retry}")
+
+    async def refuse_async(ctx: sm.RunContext[None], output: Any) -> Any:
+        return refuse(ctx, output)
+
+    model = FunctionModel(lambda messages, tools: "hello")
+    agent: sm.Agent[None, Foo | str] = sm.Agent(
+        model,
+        output_type=Foo | str,
+        output_retries=2,
+        output_validators=[refuse_async if is_async else refuse],
+    )
+    result = agent.run_sync("Hello")
+    assert result.state is sm.TurnState.OUTPUT_INVALID
+    assert seen == [("hello", 0), ("hello", 1), ("hello", 2)]
+    assert [m.role for m in result.messages] == ["user", "assistant"] * 3
+    assert "retry 0" in result.messages[2].text
+    assert "retry 2" in result.explanation
 
 
 def _always_a_is_1(messages: Any, tools: Any) -> sm.ToolCall:

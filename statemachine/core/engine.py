@@ -659,7 +659,7 @@ class Engine:
         run.history.append(message)
         run.batch.reset(calls)
         output = run.output
-        if output is not None and output.accepts(message) and run.state is S.AWAITING_MODEL:
+        if output is not None and run.state is S.AWAITING_MODEL and output.accepts(message):
             run.output_call = run.output_call or TEXT_OUTPUT  # native: the text (rule 13)
         if run.state is S.ABORTING:
             self._answer_unresolved("Tool call not started: the run was aborted")
