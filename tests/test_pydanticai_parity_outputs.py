@@ -62,8 +62,10 @@ class Value(pydantic.BaseModel):
     value: str
 
 
-def _calls(*calls: sm.ToolCall) -> sm.AssistantMessage:
-    return sm.AssistantMessage(list(calls), "toolUse")
+def _calls(*calls: tuple[str, dict[str, Any]]) -> sm.AssistantMessage:
+    """One response calling each ``(name, arguments)``, ids "1", "2"... in order."""
+    blocks = [sm.ToolCall(str(i), name, args) for i, (name, args) in enumerate(calls, 1)]
+    return sm.AssistantMessage(blocks, "toolUse")
 
 
 def _kinds(result: sm.RunResult[Any]) -> list[str]:
@@ -400,9 +402,9 @@ def test_early_ends_at_the_first_final_result_and_runs_no_other_call() -> None:
     # TestMultipleToolCalls.test_early_strategy_stops_after_first_final_result
     model = ScriptedModel(
         _calls(
-            sm.ToolCall("1", "final_result", {"value": "final"}),
-            sm.ToolCall("2", "regular_tool", {"x": 1}),
-            sm.ToolCall("3", "another_tool", {"y": 2}),
+            ("final_result", {"value": "final"}),
+            ("regular_tool", {"x": 1}),
+            ("another_tool", {"y": 2}),
         )
     )
     agent = sm.Agent(model, tools=[regular_tool, another_tool], output_type=Value)
@@ -420,8 +422,8 @@ def test_early_uses_the_first_of_two_final_results() -> None:
     # TestMultipleToolCalls.test_early_strategy_uses_first_final_result
     model = ScriptedModel(
         _calls(
-            sm.ToolCall("1", "final_result", {"value": "first"}),
-            sm.ToolCall("2", "final_result", {"value": "second"}),
+            ("final_result", {"value": "first"}),
+            ("final_result", {"value": "second"}),
         )
     )
     result = sm.Agent(model, output_type=Value, end_strategy="early").run_sync("x")
@@ -433,10 +435,10 @@ def test_early_finds_the_final_result_in_the_middle_of_the_calls() -> None:
     # TestMultipleToolCalls.test_early_strategy_with_final_result_in_middle
     model = ScriptedModel(
         _calls(
-            sm.ToolCall("1", "regular_tool", {"x": 1}),
-            sm.ToolCall("2", "final_result", {"value": "final"}),
-            sm.ToolCall("3", "another_tool", {"y": 2}),
-            sm.ToolCall("4", "unknown_tool", {"value": "???"}),
+            ("regular_tool", {"x": 1}),
+            ("final_result", {"value": "final"}),
+            ("another_tool", {"y": 2}),
+            ("unknown_tool", {"value": "???"}),
         )
     )
     result = sm.Agent(model, tools=[regular_tool, another_tool], output_type=Value).run_sync("x")
@@ -449,11 +451,11 @@ def test_exhaustive_runs_every_call_and_keeps_the_first_final_result() -> None:
     # TestMultipleToolCalls.test_exhaustive_strategy_executes_all_tools
     model = ScriptedModel(
         _calls(
-            sm.ToolCall("1", "regular_tool", {"x": 42}),
-            sm.ToolCall("2", "final_result", {"value": "first"}),
-            sm.ToolCall("3", "another_tool", {"y": 2}),
-            sm.ToolCall("4", "final_result", {"value": "second"}),
-            sm.ToolCall("5", "unknown_tool", {"value": "???"}),
+            ("regular_tool", {"x": 42}),
+            ("final_result", {"value": "first"}),
+            ("another_tool", {"y": 2}),
+            ("final_result", {"value": "second"}),
+            ("unknown_tool", {"value": "???"}),
         )
     )
     agent = sm.Agent(
@@ -492,8 +494,8 @@ def test_an_invalid_first_output_gives_way_to_a_valid_second(strategy: Any) -> N
     # TestMultipleToolCalls.test_exhaustive_strategy_invalid_first_valid_second_output
     model = ScriptedModel(
         _calls(
-            sm.ToolCall("1", "final_result_First", {"value": "invalid"}),
-            sm.ToolCall("2", "final_result_Second", {"value": "valid"}),
+            ("final_result_First", {"value": "invalid"}),
+            ("final_result_Second", {"value": "valid"}),
         )
     )
     agent: sm.Agent[None, First | Second] = sm.Agent(
@@ -511,7 +513,7 @@ def test_an_invalid_first_output_gives_way_to_a_valid_second(strategy: Any) -> N
 def test_without_a_final_result_early_runs_every_call() -> None:
     # TestMultipleToolCalls.test_early_strategy_does_not_apply_to_tool_calls_without_final_tool
     model = ScriptedModel(
-        _calls(sm.ToolCall("1", "regular_tool", {"x": 0})),
+        _calls(("regular_tool", {"x": 0})),
         sm.ToolCall("2", "final_result", {"value": "done"}),
     )
     result = sm.Agent(model, tools=[regular_tool], output_type=Value).run_sync("x")
