@@ -44,6 +44,7 @@ __all__ = [
     "deps_type_of",
     "engine_context",
     "note_child_stats",
+    "output_context",
     "reset_run_context",
     "run_context",
     "start_spending",
@@ -65,7 +66,11 @@ class RunContext(Generic[DepsT]):
     (``None`` outside a tool); ``retry``: in a tool, how many retry requests in a row
     (``ModelRetry``) it made before this call (0 on a first attempt); ``max_retries``:
     the tool's budget of them (``Tool(retries=...)``), so ``last_attempt`` is true when
-    one more retry request would end the run ``ToolRetriesExceeded``.
+    one more retry request would end the run ``ToolRetriesExceeded``. ``tool_name``:
+    the tool being executed, or in an output validator the final-result tool that
+    carried the output (``None`` for a text output); there ``retry`` counts the run's
+    failed attempts at the final result so far and ``max_retries`` is
+    ``output_retries``, as PydanticAI's output validators read them.
 
     ``usage`` and ``requests``: what the run has spent so far, as its usage limits
     count it (tokens; model calls, sub-agents' included). A tool that spends on the
@@ -83,6 +88,7 @@ class RunContext(Generic[DepsT]):
     tool_call: ToolCall | None = None
     retry: int = 0
     max_retries: int = 0
+    tool_name: str | None = None
     # The run's usage when the context was made; the property adds the call's own.
     _usage: Usage = attrs.field(factory=Usage, alias="usage", repr=False)
     _requests: int = attrs.field(default=0, alias="requests", repr=False)
@@ -116,9 +122,10 @@ class RunContext(Generic[DepsT]):
 
     @property
     def last_attempt(self) -> bool:
-        """In a tool: whether a retry request now would end the run (``retry`` has
-        reached ``max_retries``), so the tool can answer with what it has instead."""
-        return self.tool_call is not None and self.retry >= self.max_retries
+        """In a tool (or an output tool's validator): whether a retry request now would
+        end the run (``retry`` has reached ``max_retries``), so the tool can answer with
+        what it has instead."""
+        return self.tool_name is not None and self.retry >= self.max_retries
 
 
 class Spent:
@@ -229,7 +236,22 @@ def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunCo
         return RunContext(*run, usage=usage, requests=requests)
     retry, budget = engine.tool_failures(call.name), engine.retry_budget(call.name)
     spent = _spending.get()
-    return RunContext(*run, call, retry, budget, usage=usage, requests=requests, spent=spent)
+    return RunContext(
+        *run, call, retry, budget, call.name, usage=usage, requests=requests, spent=spent
+    )
+
+
+def output_context(tool: str | None) -> RunContext[Any] | None:
+    """The context an output validator is given (``None`` outside a run): the run's,
+    with the final result's attempt (``retry``: the failed attempts so far), its budget
+    (``max_retries``: ``output_retries``) and ``tool``, the tool that carried it."""
+    source = _context.get()
+    if source is None:
+        return None
+    engine = source.engine
+    budget = engine.output.retries if engine.output is not None else 0
+    retry = engine.output_failures
+    return attrs.evolve(source.context(), retry=retry, max_retries=budget, tool_name=tool)
 
 
 def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
@@ -255,7 +277,7 @@ def current_run_context(call: ToolCall | None = None) -> RunContext[Any] | None:
     if source is None:
         return None
     context = source.context()
-    return context if call is None else attrs.evolve(context, tool_call=call)
+    return context if call is None else attrs.evolve(context, tool_call=call, tool_name=call.name)
 
 
 def context_type(annotation: Any) -> tuple[bool, Any]:

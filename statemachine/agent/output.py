@@ -45,7 +45,7 @@ from typing import Any, Final, Literal, TypeAlias, Union
 
 import attrs
 
-from statemachine.agent.context import current_run_context, wants_context
+from statemachine.agent.context import output_context, wants_context
 from statemachine.agent.events import OutputT
 from statemachine.agent.model import takes_options
 from statemachine.agent.signature import Converter, compile_annotation
@@ -139,7 +139,8 @@ class Output:
         if call_id is None:
             return None
         if call_id == TEXT_OUTPUT and self.spec.text:
-            return _final_text(messages)
+            text = _final_text(messages)
+            return self._accepted.get(_key(TEXT_OUTPUT, text), text)  # as validated
         tool, found = _output_value(messages, call_id)
         if found is None or not self._typed_at_all():
             return found
@@ -164,26 +165,38 @@ class Output:
         return self.convert is not None or bool(self.members) or bool(self.validators)
 
     def _converted(self, value: Any, tool: str) -> Any:
-        convert = self.members.get(tool, self.convert)
+        convert = self._converter(tool)
         result = value if convert is None else convert(value)
         for fn in self.validators:
-            result = _validate(fn, result)
+            result = _validate(fn, result, tool)
         return result
+
+    def _converter(self, tool: str) -> Converter | None:
+        if tool == TEXT_OUTPUT and self.spec.text:
+            return None  # the text of a union with str is the output as it is
+        return self.members.get(tool, self.convert)
 
     def check(self, value: Any, tool: str) -> str | None:
         """``OutputSpec.check``: why the type refuses ``value`` given in ``tool`` (what
-        its conversion or a validator raised, ``ModelRetry`` included), or ``None``."""
+        its conversion or a validator raised, ``ModelRetry`` included), or ``None``.
+
+        The engine asks twice of a text it refuses (``OutputSpec.accepts``, then
+        ``missed``): the first verdict is kept for the second, and only for it, so a
+        validator runs once per attempt, and again on the same text next attempt."""
         if not self._typed_at_all():
             return None
         key = _key(tool, value)
         if key in self._verdicts:
-            return self._verdicts[key]
+            return self._verdicts[key] if self.awaits else self._verdicts.pop(key)
         if self.awaits:  # judged by ``judge`` in a driver that awaits; none did here
             return "an async output validator can only judge the output in a run that awaits it"
         try:
             self._accepted[key] = self._converted(value, tool)
         except Exception as exc:  # noqa: BLE001 - a type that refuses: a failed attempt, never a crash
-            return _problem(exc)
+            problem = _problem(exc)
+            if tool == TEXT_OUTPUT and self.spec.text:
+                self._verdicts[key] = problem
+            return problem
         return None
 
     async def judge(self, message: AssistantMessage) -> None:
@@ -193,10 +206,10 @@ class Output:
         for tool, value in _candidates(self.spec, message):
             key = _key(tool, value)
             try:
-                result = self.members.get(tool, self.convert)
-                result = value if result is None else result(value)
+                convert = self._converter(tool)
+                result = value if convert is None else convert(value)
                 for fn in self.validators:
-                    result = _validate(fn, result)
+                    result = _validate(fn, result, tool)
                     if inspect.isawaitable(result):
                         result = await result
             except Exception as exc:  # noqa: BLE001 - as in check
@@ -207,8 +220,10 @@ class Output:
             return
 
 
-def _validate(fn: OutputValidator, value: Any) -> Any:
-    context = current_run_context() if wants_context(fn) else None
+def _validate(fn: OutputValidator, value: Any, tool: str) -> Any:
+    if not wants_context(fn):
+        return fn(value)
+    context = output_context(None if tool == TEXT_OUTPUT else tool)
     return fn(context, value) if context is not None else fn(value)
 
 
@@ -221,9 +236,12 @@ def _problem(exc: Exception) -> str:
 
 def _candidates(spec: OutputSpec, message: AssistantMessage) -> list[tuple[str, Any]]:
     """The outputs ``message`` offers that match their schema, in order, each with the
-    tool that carried it (``TEXT_OUTPUT``: a native final text)."""
+    tool that carried it (``TEXT_OUTPUT``: a native final text, or the text of a union
+    with str)."""
     if message.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
         return []
+    if spec.text and not message.tool_calls:  # a final text of a union with str
+        return [(TEXT_OUTPUT, message.text)]
     if spec.native:
         if message.tool_calls:
             return []

@@ -369,7 +369,8 @@ class Engine:
     turns = _Field[int]()
     usage = _Field[Usage]()  # what the provider reported on this run's responses, summed
     delegated_requests = _Field[int]()  # model calls of sub-agents whose usage joined
-    tool_calls = _Field[int]()  # tool calls started, for UsageLimits.tool_calls
+    tool_calls = _Field[int]()  # tool calls asked, for UsageLimits.tool_calls
+    output_failures = _Field[int]()  # failed attempts at the final result (rule 13)
     abort_reason = _Field[str | None]()
     output_call = _Field[str | None]()  # the id of the final-result call that gave it
 
@@ -658,7 +659,7 @@ class Engine:
         run.history.append(message)
         run.batch.reset(calls)
         output = run.output
-        if output is not None and output.accepts(message) and run.state is S.AWAITING_MODEL:
+        if output is not None and run.state is S.AWAITING_MODEL and output.accepts(message):
             run.output_call = run.output_call or TEXT_OUTPUT  # native: the text (rule 13)
         if run.state is S.ABORTING:
             self._answer_unresolved("Tool call not started: the run was aborted")
@@ -859,14 +860,17 @@ class Engine:
             self._flush()  # the refusals that are next in call order
 
     def _over_tool_call_limit(self) -> str | None:
-        """Why a valid call is not run: the run's tool-call limit is reached (else it
-        counts, and ``None``)."""
+        """Why a valid call is not run: it is past the run's tool-call limit (else
+        ``None``). Every call asked counts, the refused too, so the count passes the
+        limit only once a call was refused: what ends the run (``UsageLimits.reached``),
+        while a run that made exactly as many calls as its limit goes on to answer."""
         run = self._run
         limit = None if run.usage_limits is None else run.usage_limits.tool_calls
-        if limit is not None and run.tool_calls >= limit:
+        if limit is None:  # counted only where a limit reads it
+            return None
+        run.tool_calls += 1
+        if run.tool_calls > limit:
             return f"Tool call not run: the run's tool_calls limit ({limit}) is reached."
-        if limit is not None:  # counted only where a limit reads it
-            run.tool_calls += 1
         return None
 
     def _count_retry(self, tool: str, output: ToolOutput) -> None:

@@ -28,7 +28,9 @@ hold it, and a run restored without one judges by the schema alone.
 
 **Text** (``text=True``, tool mode only): an output type that admits plain text
 (``str | Model``) accepts a final text answer as the output (``TEXT_OUTPUT``), and
-offers the tool for the rest.
+offers the tool for the rest. The type's judgement (``check``, its output validators)
+holds for the text too: a text it refuses is a failed attempt, answered with a message
+naming why (``missed``, ``reminder``).
 
 **One tool per member** (``others``, tool mode only): an output that may be one of
 several types (a union, a list of types) offers one final-result tool per member,
@@ -215,8 +217,8 @@ class OutputSpec:
         only: a tool-mode output comes in a call)."""
         if message.tool_calls or message.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
             return False
-        if self.text:
-            return True
+        if self.text:  # the type's judgement of the text (its output validators)
+            return self.judged(message.text, TEXT_OUTPUT) is None
         return self.native and not self.text_problems(message.text)
 
     def text_problems(self, text: str) -> list[str]:
@@ -245,13 +247,21 @@ class OutputSpec:
 
     def missed(self, message: AssistantMessage) -> str:
         """Why the final answer ``message`` gave no output (a failed attempt)."""
+        if self.text:  # a text the type refused (``accepts``)
+            problem = self.judged(message.text, TEXT_OUTPUT) or "it was refused"
+            return f"the final text was not accepted: {problem}"
         if not self.native:
             return f"the model answered with text instead of calling {self._called()}"
         return "; ".join(self.text_problems(message.text))
 
     def reminder(self, error: str | None = None) -> str:
         """The user message that answers a final text answer that gave no output
-        (``error``: why, in native mode)."""
+        (``error``: why, in native mode or for a text the type refused)."""
+        if self.text and error:
+            return (
+                f"Your answer was not accepted: {error}. Answer again, or call the tool "
+                f"{self._called()} with arguments matching its JSON Schema."
+            )
         if not self.native:
             return (
                 f"Your answer was not accepted: this task needs a final result. Call the tool "
