@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import structlog
 
+from statemachine.agent.handoff import TRANSFER_PREFIX
 from statemachine.core import events as _events
 from statemachine.core.messages import thaw_json
 from statemachine.core.table import Table
@@ -96,8 +97,12 @@ def _messages(result: ReplayResult, limit: int, speaker: str | None) -> list[dic
             item["who"] = f"result of {item['tool']} ({item['callId']})" + (
                 ", an error" if item["error"] else ""
             )
-            if speaker is not None and not item["error"] and item["tool"].startswith(_TRANSFER):
-                speaker = _cut(item["tool"].removeprefix(_TRANSFER), 200)
+            if (
+                speaker is not None
+                and not item["error"]
+                and item["tool"].startswith(TRANSFER_PREFIX)
+            ):
+                speaker = _cut(item["tool"].removeprefix(TRANSFER_PREFIX), 200)
                 item["who"] += f": the run is now with {speaker}"
         out.append(item)
     return out
@@ -119,9 +124,6 @@ _KINDS: Final[Mapping[type, str]] = {
     _events.ContinueDecided: "run",
     _events.StepDecided: "step",
 }
-
-_TRANSFER: Final = "transfer_to_"
-"""How a team's transfer tools are named (``statemachine.steps.Handoffs``)."""
 
 
 def _title(event: _events.Event, calls: Mapping[str, tuple[str, str]]) -> str:
