@@ -165,3 +165,16 @@ def test_the_view_refuses_an_agent_whose_steps_the_journal_does_not_hold(
     with pytest.raises(JournalError, match="other steps"):
         view_html(tmp_path / "run.jsonl", agent=[])
     page_data(view_html(tmp_path / "run.jsonl", agent=refund_agent()))
+
+
+def test_trace_draws_a_run_with_steps_with_its_own_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refund_journal(tmp_path / "run.jsonl")
+    assert main(["trace", str(tmp_path / "run.jsonl")]) == 0
+    drawn = capsys.readouterr().out
+    assert 'state "RefundLimit ×3" as RefundLimit' in drawn
+    assert 'state "NeedsHumanReview ×1" as NeedsHumanReview' in drawn
+    journaled(team.agent, tmp_path / "team.jsonl", "Hola")
+    assert main(["trace", str(tmp_path / "team.jsonl")]) == 0
+    assert 'state "HandoffLimit ×2" as HandoffLimit' in capsys.readouterr().out
