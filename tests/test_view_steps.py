@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from headless import Browser, offline_browser
-from test_view import current, load, page_data
+from test_view import current, load, page_data, step_through, view_without_graphviz
 
 from statemachine import Agent, RunResult, ToolCall, run_agent_sync
 from statemachine.cli import main
@@ -76,16 +76,7 @@ def test_a_guardrail_run_is_shown_with_its_states_decisions_and_declared_end(
     # The drawing is the agent's table: the step's state and its declared end are in it.
     nodes = texts(browser, "#diagram g.node title")
     assert {"RefundLimit", "NeedsHumanReview", "AwaitingModel", "Done"} <= set(nodes)
-    seen = []
-    for i, step in enumerate(steps, start=1):
-        browser.evaluate("document.getElementById('next').click()")
-        at = current(browser)
-        assert at["step"] == i
-        assert at["node"] == [step.state.value]
-        assert sorted(set(at["edges"])) == sorted(
-            {f"{r.source.value}->{r.dest.value}" for r in step.transitions}
-        )
-        seen.append(at["node"][0])
+    seen = step_through(browser, steps)
     assert seen.count("RefundLimit") == 3
     assert seen[-1] == "NeedsHumanReview"
     rows = texts(browser, "#events li")
@@ -178,3 +169,14 @@ def test_trace_draws_a_run_with_steps_with_its_own_table(
     journaled(team.agent, tmp_path / "team.jsonl", "Hola")
     assert main(["trace", str(tmp_path / "team.jsonl")]) == 0
     assert 'state "HandoffLimit ×2" as HandoffLimit' in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_a_run_with_steps_without_graphviz_says_what_it_needs(tmp_path: Path) -> None:
+    refund_journal(tmp_path / "run.jsonl")
+    done = view_without_graphviz(tmp_path / "run.jsonl")
+    assert done.returncode == 2, done.stderr
+    assert "declared steps (refund_limit), which only Graphviz draws" in done.stderr
+    assert "pip install 'agent-statemachine[diagrams]'" in done.stderr
+    assert "'statemachine trace JOURNAL' draws the run's path as mermaid" in done.stderr
+    assert not (tmp_path / "run.html").exists()

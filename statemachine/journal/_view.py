@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import structlog
 
-from statemachine.agent.handoff import TRANSFER_PREFIX
+from statemachine.agent.handoff import handed_to
 from statemachine.core import events as _events
 from statemachine.core.messages import thaw_json
 from statemachine.core.table import Table
@@ -97,12 +97,9 @@ def _messages(result: ReplayResult, limit: int, speaker: str | None) -> list[dic
             item["who"] = f"result of {item['tool']} ({item['callId']})" + (
                 ", an error" if item["error"] else ""
             )
-            if (
-                speaker is not None
-                and not item["error"]
-                and item["tool"].startswith(TRANSFER_PREFIX)
-            ):
-                speaker = _cut(item["tool"].removeprefix(TRANSFER_PREFIX), 200)
+            target = handed_to(message)
+            if speaker is not None and target is not None:
+                speaker = _cut(target, 200)
                 item["who"] += f": the run is now with {speaker}"
         out.append(item)
     return out
@@ -373,7 +370,8 @@ def _drawing(result: ReplayResult, agent: Any) -> str:
     except DiagramError as exc:
         raise DiagramError(
             f"the run's table has declared steps ({', '.join(s.name for s in table.steps)}), "
-            f"which only Graphviz draws: {exc}"
+            f"which only Graphviz draws: {exc}. Without it, 'statemachine trace JOURNAL' "
+            "draws the run's path as mermaid"
         ) from exc
 
 

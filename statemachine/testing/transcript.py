@@ -38,13 +38,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from statemachine.agent.handoff import TRANSFER_PREFIX
+from statemachine.agent.handoff import handed_to
 from statemachine.core.invariants import Violation
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
     TextContent,
-    ToolResultMessage,
     UserMessage,
     thaw_json,
 )
@@ -222,7 +221,7 @@ def render_transcript(messages: Sequence[Message], *, first_agent: str | None = 
     then); the transfer's result says to whom the run went.
     """
     speaker = first_agent
-    if speaker is None and any(_handed_to(m) for m in messages):
+    if speaker is None and any(handed_to(m) for m in messages):
         speaker = "the first agent"
     lines = []
     for i, message in enumerate(messages):
@@ -247,20 +246,9 @@ def render_transcript(messages: Sequence[Message], *, first_agent: str | None = 
             flag = " ERROR" if message.is_error else ""
             text = message.text if len(message.text) <= 100 else message.text[:99] + "\u2026"
             line = f"{i:>3} result{flag} {message.tool_name}#{message.tool_call_id}: {text!r}"
-            target = _handed_to(message)
+            target = handed_to(message)
             if target is not None:
                 speaker = target
                 line += f" (handed to {target})"
             lines.append(line)
     return "\n".join(lines)
-
-
-def _handed_to(message: Message) -> str | None:
-    """The agent a transfer's result (one that is not an error) handed the run to."""
-    if (
-        isinstance(message, ToolResultMessage)
-        and not message.is_error
-        and message.tool_name.startswith(TRANSFER_PREFIX)
-    ):
-        return message.tool_name.removeprefix(TRANSFER_PREFIX)
-    return None
