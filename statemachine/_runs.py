@@ -34,7 +34,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import Trigger, TurnState
+from statemachine.core.table import BASE_TABLE, Table, Trigger, TurnState
 from statemachine.core.wire import (
     messages_from_dicts,
     messages_to_dicts,
@@ -152,6 +152,12 @@ def load_run(path: Path) -> RunResult:
     A file that cannot be read gives ``InvalidInputError``, one whose content is bad
     ``WireFormatError`` or ``JournalError``, each naming the problem, never a traceback.
     """
+    return load_run_and_table(path)[0]
+
+
+def load_run_and_table(path: Path) -> tuple[RunResult, Table]:
+    """``load_run``, with the table the run went by: a journal's (its header declares
+    the steps), else the library's (a run file does not record steps)."""
     try:
         with path.open("rb") as file:
             raw = file.read(MAX_RUN_FILE_BYTES + 1)
@@ -170,16 +176,20 @@ def load_run(path: Path) -> RunResult:
     if isinstance(head, dict) and head.get("format") == _JOURNAL_FORMAT:
         # Lines end at "\n" only: str.splitlines also breaks at U+2028 and the other
         # separators, which JSON keeps unescaped inside strings.
-        return run_result_from_journal(io.StringIO(text))
+        return _from_journal(io.StringIO(text))
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise WireFormatError(f"{path} is not JSON: {exc}") from exc
-    return run_result_from_dict(data)
+    return run_result_from_dict(data), BASE_TABLE
 
 
 def run_result_from_journal(lines: Iterable[str]) -> RunResult:
     """The run a journal records, rebuilt by replaying it (which also verifies it)."""
+    return _from_journal(lines)[0]
+
+
+def _from_journal(lines: Iterable[str]) -> tuple[RunResult, Table]:
     from statemachine.journal import replay
 
     replayed = replay(lines, logger=quiet_logger())
@@ -193,7 +203,7 @@ def run_result_from_journal(lines: Iterable[str]) -> RunResult:
         explanation=explanation,
         trace=tuple(engine.trace),
         run_id=replayed.header.run_id,
-    )
+    ), engine.table
 
 
 def quiet_logger() -> Any:

@@ -220,6 +220,67 @@ def test_render_transcript_is_one_line_per_message() -> None:
     assert "ERROR" in lines[2]
 
 
+# -- a team's run: handoffs are calls like any other ----------------------------------------
+
+
+def _team_history() -> list[Any]:
+    """A team's run: triage hands the run to billing; billing's own transfer to sales
+    is refused (an error result: the run stays with billing), and billing answers."""
+    from statemachine import Agent, run_agent_sync
+    from statemachine.steps import Handoffs
+    from statemachine.testing import ScriptedModel
+
+    team = Handoffs(
+        {
+            "triage": Agent(ScriptedModel(ToolCall("h1", "transfer_to_billing", {}))),
+            "billing": Agent(ScriptedModel(ToolCall("h2", "transfer_to_sales", {}), "Refunded.")),
+            "sales": Agent(ScriptedModel("Buy more.")),
+        },
+        routes={"triage": ["billing", "sales"]},
+        start="triage",
+    )
+    result = run_agent_sync(
+        model=team.agent.model,
+        tools=team.agent.tools,
+        steps=team.agent.options.steps,
+        messages="Refund A17.",
+    )
+    assert result.state.value == "Done"
+    return list(result.messages)
+
+
+@pytest.mark.timeout(30)
+def test_a_handoff_is_judged_as_one_call_with_its_one_result() -> None:
+    history = _team_history()
+    assert check_transcript(history) == []
+    assert transcript_findings([message_to_dict(m) for m in history], "auto") == []
+    # The transfer is held to I1 as every call is: a second result, or none, is found.
+    twice = [*history[:3], history[2], *history[3:]]
+    assert [v.invariant for v in check_transcript(twice)] == ["I1"]
+    unanswered = [*history[:2], *history[3:]]
+    assert {v.invariant for v in check_transcript(unanswered)} == {"I1"}
+
+
+@pytest.mark.timeout(30)
+def test_render_transcript_names_the_agent_that_speaks() -> None:
+    history = _team_history()
+    lines = render_transcript(history, first_agent="triage").splitlines()
+    assert lines[1].startswith("  1 assistant (triage) [toolUse] calls transfer_to_billing#h1")
+    assert lines[2].endswith("(handed to billing)")
+    assert lines[3].startswith("  3 assistant (billing) [toolUse] calls transfer_to_sales#h2")
+    # The refused transfer is an error result: it hands nothing on.
+    assert " ERROR transfer_to_sales#h2" in lines[4]
+    assert "handed to" not in lines[4]
+    assert lines[5] == "  5 assistant (billing) [stop] 'Refunded.'"
+    # Without the team's start the first agent is unnamed; a run without transfers
+    # stays as it was.
+    unnamed = render_transcript(history).splitlines()
+    assert unnamed[1].startswith("  1 assistant (the first agent) [toolUse]")
+    assert unnamed[3].startswith("  3 assistant (billing) [toolUse]")
+    plain = render_transcript(_ours(_call("a"), ToolResultMessage("a", "read", "ok")))
+    assert "(" not in plain.splitlines()[1].split("[")[0]
+
+
 def _errors(history: Any, format: str, **options: Any) -> list[Finding]:
     return [f for f in transcript_findings(history, format, **options) if f.level == "error"]  # type: ignore[arg-type]
 

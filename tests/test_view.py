@@ -31,6 +31,7 @@ from statemachine.journal import (
     Journal,
     JournalError,
     JournalingEngine,
+    ReplayStep,
     replay,
     run_agent_journaled,
     view_html,
@@ -134,6 +135,24 @@ def current(browser: Browser) -> dict[str, Any]:
     return value
 
 
+def step_through(browser: Browser, steps: Sequence[ReplayStep]) -> list[str]:
+    """Press "next" through every step: the highlight is on the state the event led to,
+    the edges it took are drawn over, its row is marked. The states seen, in order."""
+    seen = []
+    for i, step in enumerate(steps, start=1):
+        browser.evaluate("document.getElementById('next').click()")
+        at = current(browser)
+        assert at["step"] == i
+        assert at["node"] == [step.state.value]
+        assert sorted(set(at["edges"])) == sorted(
+            {f"{r.source.value}->{r.dest.value}" for r in step.transitions}
+        )
+        assert len(at["rows"]) == 1
+        assert at["rows"][0].startswith(f"#{i}")
+        seen.append(at["node"][0])
+    return seen
+
+
 def press(browser: Browser, key: str) -> None:
     for kind in ("keyDown", "keyUp"):
         browser.call("Input.dispatchKeyEvent", type=kind, key=key, code=key)
@@ -153,20 +172,7 @@ def test_the_page_loads_offline_and_stepping_moves_the_highlight(
     assert at["step"] == 0
     assert at["node"] == ["Ready"]
     assert at["edges"] == []
-    # Each step: the highlight is on the state the event led to, the edges it took
-    # are drawn over, its row and its message are marked.
-    seen_states = []
-    for i, step in enumerate(steps, start=1):
-        browser.evaluate("document.getElementById('next').click()")
-        at = current(browser)
-        assert at["step"] == i
-        assert at["node"] == [step.state.value]
-        assert sorted(set(at["edges"])) == sorted(
-            {f"{r.source.value}->{r.dest.value}" for r in step.transitions}
-        )
-        assert len(at["rows"]) == 1
-        assert at["rows"][0].startswith(f"#{i}")
-        seen_states.append(at["node"][0])
+    seen_states = step_through(browser, steps)
     assert seen_states[-1] == "Aborted"
     assert {"AwaitingModel", "DispatchingTools", "Aborting"} <= set(seen_states)
     # Keys step back and jump; #step=N opens a step.
@@ -448,18 +454,23 @@ def test_a_run_waiting_for_approval_shows_the_request(tmp_path: Path) -> None:
     assert "reason: a person decides" in wanted[0]["detail"]
 
 
-@pytest.mark.timeout(120)
-def test_the_view_draws_without_graphviz_installed(tmp_path: Path) -> None:
-    eventful_journal(tmp_path / "run.jsonl")
-    # A fresh interpreter in which pygraphviz cannot be imported, as with the base install.
+def view_without_graphviz(journal: Path) -> subprocess.CompletedProcess[str]:
+    """``statemachine view JOURNAL`` in a fresh interpreter in which pygraphviz cannot
+    be imported, as with the base install."""
     code = (
         "import sys; sys.modules['pygraphviz'] = None\n"
         "from statemachine.cli import main\n"
-        f"sys.exit(main(['view', {str(tmp_path / 'run.jsonl')!r}]))"
+        f"sys.exit(main(['view', {str(journal)!r}]))"
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=100
     )
+
+
+@pytest.mark.timeout(120)
+def test_the_view_draws_without_graphviz_installed(tmp_path: Path) -> None:
+    eventful_journal(tmp_path / "run.jsonl")
+    done = view_without_graphviz(tmp_path / "run.jsonl")
     assert done.returncode == 0, done.stderr
     page = (tmp_path / "run.html").read_text(encoding="utf-8")
     assert all(f"<title>{s.value}</title>" in page for s in sm.TurnState)

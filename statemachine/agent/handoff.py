@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_MAX_HANDOFFS",
     "TRANSFER_PREFIX",
     "Handoffs",
+    "handed_to",
     "speaking_agent",
 ]
 
@@ -70,26 +71,30 @@ TRANSFER_PREFIX: Final = "transfer_to_"
 _MEMBER: Final = re.compile(r"[a-z][a-z0-9_]{0,47}")
 
 
+def handed_to(message: Message) -> str | None:
+    """The agent ``message`` handed the run to: for a transfer's result that is not an
+    error, its target; else ``None``."""
+    if (
+        isinstance(message, ToolResultMessage)
+        and not message.is_error
+        and message.tool_name.startswith(TRANSFER_PREFIX)
+    ):
+        return message.tool_name.removeprefix(TRANSFER_PREFIX)
+    return None
+
+
 def speaking_agent(history: Sequence[Message], start: str) -> str:
     """The agent the run is with: the target of the last transfer that succeeded in
     ``history``, or ``start``."""
     for message in reversed(history):
-        if (
-            isinstance(message, ToolResultMessage)
-            and not message.is_error
-            and message.tool_name.startswith(TRANSFER_PREFIX)
-        ):
-            return message.tool_name.removeprefix(TRANSFER_PREFIX)
+        target = handed_to(message)
+        if target is not None:
+            return target
     return start
 
 
 def _handoffs_in(history: Sequence[Message]) -> int:
-    return sum(
-        isinstance(m, ToolResultMessage)
-        and not m.is_error
-        and m.tool_name.startswith(TRANSFER_PREFIX)
-        for m in history
-    )
+    return sum(handed_to(m) is not None for m in history)
 
 
 def _history(given: Sequence[Message]) -> Sequence[Message]:

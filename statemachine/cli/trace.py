@@ -13,7 +13,7 @@ from typing import Final
 
 from statemachine._render import FORMATS, chart_from_table, overlay_from_trace, render
 from statemachine._runs import (
-    load_run,
+    load_run_and_table,
     run_page,
     run_result_to_dict,
     run_section,
@@ -30,6 +30,7 @@ from statemachine.cli.common import (
 )
 from statemachine.cli.diagram import format_for
 from statemachine.errors import BadDataError, JournalError, UsageError
+from statemachine.steps import chart as steps_chart
 
 # run_result_to_dict is re-exported: it writes the run files this command reads.
 __all__ = ["cli_trace", "run_result_to_dict"]
@@ -63,11 +64,12 @@ def _parser() -> CommandParser:
 
 
 def _trace_data(args: argparse.Namespace) -> str | bytes:
-    result = load_run(args.run)
+    result, table = load_run_and_table(args.run)
     fmt = format_for(args.out, args.format, "mermaid")
     if fmt == "sequence":
         return sequence_diagram(result)
-    chart = chart_from_table()
+    # A journal of a run with steps is drawn with its own table, as 'view' draws it.
+    chart = steps_chart(table) if table.steps else chart_from_table()
     overlay = overlay_from_trace(chart, result.trace, result.state.value)
     if fmt != "markdown":
         return render(fmt, chart, overlay)

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statemachine.cli.common import EXIT_OK, EXIT_USAGE, CommandParser, fail, parse
+from statemachine.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandParser,
+    add_agent_option,
+    fail,
+    load_attribute,
+    parse,
+)
 from statemachine.errors import UsageError
 from statemachine.journal import (
     DEFAULT_MAX_LINE_BYTES,
@@ -29,7 +37,9 @@ def _parser() -> CommandParser:
         "their arguments and results, approvals, steering, aborts) that steps a highlight "
         "along the diagram, and the messages as a chat transcript. The page needs no "
         "network: open it in a browser from disk. Journals come from run_agent_journaled "
-        "or from 'statemachine durable export'.",
+        "or from 'statemachine durable export'. A run with steps is drawn with its own "
+        "table, which its journal records; --agent checks it is that agent's, and names a "
+        "team's first speaker.",
         failed=None,
         epilog="A journal that stops replaying at some line is shown up to there, and the "
         "page says why.",
@@ -50,6 +60,7 @@ def _parser() -> CommandParser:
         default=DEFAULT_MAX_LINE_BYTES,
         help="refuse a longer line (default: 16 MiB)",
     )
+    add_agent_option(parser, "check the journal against")
     return parser
 
 
@@ -65,7 +76,10 @@ def cli_view(argv: list[str]) -> int:
     if out.resolve() == source.resolve():
         return fail("view", f"--out {out} is the journal itself: name another file")
     try:
-        page = view_html(source, max_bytes=args.max_bytes, max_line_bytes=args.max_line_bytes)
+        agent = load_attribute("--agent", args.agent, "refunds:agent") if args.agent else None
+        page = view_html(
+            source, agent=agent, max_bytes=args.max_bytes, max_line_bytes=args.max_line_bytes
+        )
     except JournalError as exc:
         return fail("view", f"{source}: {exc}", EXIT_USAGE)
     except UsageError as exc:  # the package's drawing cannot be read (a broken install)

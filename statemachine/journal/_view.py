@@ -27,12 +27,16 @@ from typing import Any, Final
 
 import structlog
 
+from statemachine.agent.handoff import handed_to
 from statemachine.core import events as _events
 from statemachine.core.messages import thaw_json
+from statemachine.core.table import Table
 from statemachine.core.wire import event_to_dict, message_to_dict
+from statemachine.errors import DiagramError
 from statemachine.journal._format import JournalError
 from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES
 from statemachine.journal._replay import ReplayResult, ReplayStep, describe_event, replay
+from statemachine.journal._view_page import PAGE, SCRIPT, STYLE
 
 __all__ = ["DEFAULT_MAX_VIEW_BYTES", "DEFAULT_MAX_VIEW_TEXT", "view_html"]
 
@@ -65,13 +69,17 @@ def _content_text(content: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _messages(result: ReplayResult, limit: int) -> list[dict[str, Any]]:
+def _messages(result: ReplayResult, limit: int, speaker: str | None) -> list[dict[str, Any]]:
+    """The history, each message with who it is from. ``speaker``: in a team's run (a
+    ``Handoffs`` agent), the agent speaking first; a transfer that succeeded hands the
+    run on, as ``speaking_agent`` reads it."""
     out: list[dict[str, Any]] = []
     for message in result.messages:
         data = message_to_dict(message)
         role = str(data["role"])
         item: dict[str, Any] = {
             "role": role,
+            "who": role if speaker is None or role != "assistant" else f"assistant · {speaker}",
             "text": _cut(_content_text(data.get("content", ())), limit),
             "step": -1,
         }
@@ -86,6 +94,13 @@ def _messages(result: ReplayResult, limit: int) -> list[dict[str, Any]]:
             item["callId"] = str(data["toolCallId"])
             item["tool"] = str(data["toolName"])
             item["error"] = bool(data.get("isError"))
+            item["who"] = f"result of {item['tool']} ({item['callId']})" + (
+                ", an error" if item["error"] else ""
+            )
+            target = handed_to(message)
+            if speaker is not None and target is not None:
+                speaker = _cut(target, 200)
+                item["who"] += f": the run is now with {speaker}"
         out.append(item)
     return out
 
@@ -104,7 +119,7 @@ _KINDS: Final[Mapping[type, str]] = {
     _events.ApprovalRequired: "approval",
     _events.ApprovalDecided: "approval",
     _events.ContinueDecided: "run",
-    _events.StepDecided: "run",
+    _events.StepDecided: "step",
 }
 
 
@@ -173,7 +188,7 @@ def _detail(event: _events.Event, calls: Mapping[str, tuple[str, str]], limit: i
     if isinstance(call_id, str) and call_id in calls:
         name, arguments = calls[call_id]
         head.append(f"call {call_id}: {name}({arguments})")
-    if "message" in data:
+    if isinstance(data.get("message"), dict):  # a step's message is text already
         data["message"] = _content_text(data["message"].get("content", ()))
     rest = [f"{key}: {_cut(str(value), limit)}" for key, value in data.items() if key != "callId"]
     return "\n".join(head + rest)
@@ -212,7 +227,16 @@ def _link(
     """Pair each message with the step that put it in the history, both ways."""
     events = [s.event for s in result.steps]
     responses = iter(i for i, e in enumerate(events) if isinstance(e, _events.ModelResponded))
-    inputs = iter(i for i, e in enumerate(events) if isinstance(e, _events.InputQueued))
+    # A user message is the user's input, or the message a step's retry added (a
+    # guardrail's reason): the next of those events with its text.
+    inputs = [
+        (i, _content_text(message_to_dict(e.message)["content"]), "")
+        if isinstance(e, _events.InputQueued)
+        else (i, e.message, e.step)
+        for i, e in enumerate(events)
+        if isinstance(e, _events.InputQueued) or (isinstance(e, _events.StepDecided) and e.message)
+    ]
+    next_input = 0
     ends: dict[str, int] = {}
     for i, e in enumerate(events):
         if isinstance(e, (_events.ToolFinished, _events.ToolCancelled, _events.ToolDenied)):
@@ -225,7 +249,13 @@ def _link(
         if message["role"] == "assistant":
             found = next(responses, None)
         elif message["role"] == "user":
-            found = next(inputs, None)
+            text = _content_text(message_to_dict(result.messages[index])["content"])
+            at = next((k for k in range(next_input, len(inputs)) if inputs[k][1] == text), None)
+            if at is not None:
+                found, _, step_name = inputs[at]
+                next_input = at + 1
+                if step_name:
+                    message["who"] = f"user · the step {_cut(step_name, 200)} asks again"
         elif message["role"] == "toolResult":
             found = ends.get(message["callId"])
         if found is not None:
@@ -265,8 +295,8 @@ def _within(
     return source
 
 
-def _page_data(result: ReplayResult, limit: int) -> dict[str, Any]:
-    messages = _messages(result, limit)
+def _page_data(result: ReplayResult, limit: int, speaker: str | None) -> dict[str, Any]:
+    messages = _messages(result, limit, speaker)
     steps = _steps(result, limit)
     _link(steps, messages, result)
     header = result.header
@@ -279,6 +309,7 @@ def _page_data(result: ReplayResult, limit: int) -> dict[str, Any]:
             "state": engine.state.value,
             "turns": engine.turns,
             "explanation": _cut(engine.explanation or "", limit),
+            "declared": engine.state in engine.table.declared,
             "checkpoints": result.checkpoints,
             "error": _cut(str(result.error), limit) if result.error is not None else "",
         },
@@ -297,9 +328,57 @@ def _sha256(text: str) -> str:
     return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
+def _speaker(agent: Any, table: Table) -> str | None:
+    """Who speaks first in a team's run: the start of ``agent``'s team, else (a journal
+    of a team alone does not name it) the first agent; ``None`` for one agent's run."""
+    from statemachine.steps import Handoffs
+
+    model = getattr(agent, "model", None)
+    if isinstance(model, Handoffs):
+        return model.start
+    if any(spec.name == "handoff_limit" for spec in table.steps):
+        return "the first agent"
+    return None
+
+
+def _drawing(result: ReplayResult, agent: Any) -> str:
+    """The full drawing of the table the run was recorded with (its header declares the
+    steps), the run's path checked against it: the shipped one for the library's table,
+    else drawn now by Graphviz. With ``agent``, its table must be the journal's."""
+    from statemachine._figures import packaged_svg
+    from statemachine._render import chart_from_table, overlay_from_trace, render
+    from statemachine.steps import chart, table_of
+
+    table = result.engine.table
+    if agent is not None and table_of(agent).steps != table.steps:
+
+        def names(t: Table) -> str:
+            return ", ".join(s.name for s in t.steps) or "no steps"
+
+        raise JournalError(
+            0,
+            f"the run was recorded with other steps ({names(table)}) than the agent "
+            f"given declares ({names(table_of(agent))})",
+        )
+    if not table.steps:
+        overlay_from_trace(chart_from_table(), result.trace, result.state.value)
+        return packaged_svg("full")
+    drawn = chart(table)
+    overlay_from_trace(drawn, result.trace, result.state.value)
+    try:
+        return str(render("svg", drawn))
+    except DiagramError as exc:
+        raise DiagramError(
+            f"the run's table has declared steps ({', '.join(s.name for s in table.steps)}), "
+            f"which only Graphviz draws: {exc}. Without it, 'statemachine trace JOURNAL' "
+            "draws the run's path as mermaid"
+        ) from exc
+
+
 def view_html(
     source: str | os.PathLike[str] | Iterable[str],
     *,
+    agent: Any = None,
     max_bytes: int = DEFAULT_MAX_VIEW_BYTES,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     max_text: int = DEFAULT_MAX_VIEW_TEXT,
@@ -312,16 +391,22 @@ def view_html(
     over it (blue; a state's tooltip says how often the run entered it), a timeline of
     the events that moves a highlight along the diagram (buttons, the slider, the arrow
     keys, or a click on an event; ``#step=N`` in the address opens step N), and the
-    messages as a chat transcript.
+    messages as a chat transcript. A run with steps shows its table: the steps' states
+    and each decision (a guardrail's retry with the message it added, a declared end
+    with its explanation); a team's run (``Handoffs``) names the agent that speaks.
+
+    ``agent`` (an ``Agent``, a list of ``Step`` or a ``Table``, as ``chart`` takes) is
+    checked to have the steps the journal recorded (a ``JournalError`` if not); for a
+    team's agent, it names the agent that speaks first, which the journal does not.
 
     Limits: a journal over ``max_bytes`` (64 MiB by default) or with a line over
     ``max_line_bytes`` is a ``JournalError`` before it is read whole; each text shown is
     cut to ``max_text`` characters. A journal that stops replaying at some line is shown
-    up to there, with the reason. The diagram is the one the package ships
-    (``statemachine._figures.packaged_svg``): no Graphviz needed.
+    up to there, with the reason. The diagram of the library's table is the one the
+    package ships (``statemachine._figures.packaged_svg``): no Graphviz needed; a table
+    with steps is drawn by Graphviz (a ``DiagramError`` without it).
     """
-    from statemachine._figures import packaged_svg
-    from statemachine._render import chart_from_table, overlay_from_trace, svg_inline
+    from statemachine._render import svg_inline
 
     for name, value in (("max_bytes", max_bytes), ("max_text", max_text)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -333,266 +418,18 @@ def view_html(
     result = replay(lines, strict=False, logger=quiet, max_line_bytes=max_line_bytes)
     # Every step is checked against the table the drawing shows, as the diagram
     # command's overlay does; the page draws the path over the drawing itself.
-    overlay_from_trace(chart_from_table(), result.trace, result.state.value)
-    svg = packaged_svg("full")
-    script = _SCRIPT
+    svg = _drawing(result, agent)
+    script = SCRIPT
     policy = (
         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
         f"script-src 'sha256-{_sha256(script)}'"
     )
     title = html.escape(f"run {_cut(str(result.header.run_id), 80)} · statemachine view")
-    return _PAGE.format(
+    return PAGE.format(
         policy=html.escape(policy),
         title=title,
-        style=_STYLE,
+        style=STYLE,
         svg=svg_inline(svg, fit=False),
-        data=_embed(_page_data(result, max_text)),
+        data=_embed(_page_data(result, max_text, _speaker(agent, result.engine.table))),
         script=script,
     )
-
-
-_PAGE: Final = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{policy}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-<header>
-  <h1>Run <span id="run-id"></span> <span id="run-state" class="badge"></span></h1>
-  <p id="run-summary"></p>
-  <p id="run-error" class="error" hidden></p>
-</header>
-<main>
-  <section id="diagram" aria-label="the state diagram with the run's path">{svg}</section>
-  <section id="timeline" aria-label="the events of the run">
-    <div class="controls">
-      <button id="first" title="the start (Home)">start</button>
-      <button id="prev" title="the event before (←)">◀</button>
-      <input id="slider" type="range" min="0" value="0" aria-label="event">
-      <button id="next" title="the next event (→)">▶</button>
-      <button id="last" title="the end (End)">end</button>
-    </div>
-    <p id="position"></p>
-    <pre id="detail"></pre>
-    <ol id="events"></ol>
-  </section>
-  <section id="transcript" aria-label="the messages">
-    <h2>Messages</h2>
-    <ol id="messages"></ol>
-  </section>
-</main>
-<script type="application/json" id="run-data">{data}</script>
-<script>{script}</script>
-</body>
-</html>
-"""
-
-_STYLE: Final = """
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, sans-serif; color: #1f2328; background: #fff; }
-header { padding: 0.6rem 1rem; border-bottom: 1px solid #d0d7de; }
-h1 { font-size: 1.2rem; margin: 0; }
-h2 { font-size: 1rem; margin: 0 0 0.5rem; }
-.badge { font-size: 0.85rem; padding: 0.1rem 0.5rem; border-radius: 1rem; background: #eef; }
-.error { color: #b91c1c; white-space: pre-wrap; }
-main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
-       grid-template-rows: auto minmax(0, 1fr); gap: 0.75rem; padding: 0.75rem;
-       height: calc(100vh - 5rem); min-height: 36rem; }
-#diagram { grid-column: 1; grid-row: 1; overflow: auto; max-height: 55vh;
-           border: 1px solid #d0d7de; border-radius: 6px; }
-#diagram svg { display: block; }
-#timeline { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; min-height: 0; }
-#transcript { grid-column: 2; grid-row: 1 / span 2; overflow: auto; min-height: 0;
-              border-left: 1px solid #d0d7de; padding-left: 0.75rem; }
-.controls { display: flex; gap: 0.4rem; align-items: center; }
-.controls input { flex: 1; }
-button { font: inherit; padding: 0.15rem 0.6rem; }
-#position { margin: 0.3rem 0; font-weight: 600; }
-#detail { margin: 0 0 0.4rem; padding: 0.4rem 0.6rem; background: #f6f8fa; border-radius: 6px;
-          white-space: pre-wrap; overflow-wrap: anywhere; max-height: 9rem; overflow: auto; }
-#events { list-style: none; margin: 0; padding: 0; overflow: auto; flex: 1; min-height: 6rem;
-          border: 1px solid #d0d7de; border-radius: 6px; }
-#events li { padding: 0.1rem 0.5rem; cursor: pointer; white-space: nowrap; overflow: hidden;
-             text-overflow: ellipsis; border-left: 4px solid transparent; }
-#events li .n { color: #57606a; display: inline-block; min-width: 4.5em; }
-#events li.model { border-left-color: #1d4ed8; }
-#events li.tool { border-left-color: #15803d; }
-#events li.approval { border-left-color: #9a6700; }
-#events li.steer { border-left-color: #7c3aed; }
-#events li.abort { border-left-color: #b91c1c; }
-#events li.vw-active { background: #fde68a; }
-#messages { list-style: none; margin: 0; padding: 0; }
-#messages li { margin: 0 0 0.5rem; padding: 0.4rem 0.6rem; border-radius: 8px;
-               white-space: pre-wrap; overflow-wrap: anywhere; max-width: 95%; }
-#messages li .who { display: block; font-size: 0.75rem; color: #57606a; }
-#messages li.user { background: #eef2ff; margin-left: auto; }
-#messages li.assistant { background: #f6f8fa; }
-#messages li.toolResult { background: #f0fdf4; font-family: ui-monospace, monospace;
-                          font-size: 0.85rem; }
-#messages li.toolResult.failed { background: #fef2f2; }
-#messages li .call { display: block; font-family: ui-monospace, monospace; font-size: 0.85rem;
-                     color: #15803d; }
-#messages li.vw-active { outline: 3px solid #f59e0b; }
-#diagram g.node.vw-path path, #diagram g.node.vw-path polygon { fill: #dbeafe; stroke: #1d4ed8;
-  stroke-width: 2px; }
-#diagram g.edge.vw-path path { stroke: #1d4ed8; stroke-width: 2.5px; }
-#diagram g.edge.vw-path polygon { stroke: #1d4ed8; fill: #1d4ed8; }
-#diagram g.edge.vw-path text { fill: #1d4ed8; } #diagram g.vw-off { opacity: 0.45; }
-#diagram g.node.vw-current path, #diagram g.node.vw-current polygon {
-  fill: #fde68a; stroke: #d97706; stroke-width: 5px; }
-#diagram g.edge.vw-taken path { stroke: #d97706; stroke-width: 4px; }
-#diagram g.edge.vw-taken polygon { stroke: #d97706; fill: #d97706; }
-"""
-
-_SCRIPT: Final = """
-"use strict";
-(() => {
-  const data = JSON.parse(document.getElementById("run-data").textContent);
-  const steps = data.steps, messages = data.messages, run = data.run;
-  const $ = (id) => document.getElementById(id);
-  const el = (tag, cls, text) => {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  };
-  $("run-id").textContent = run.id;
-  $("run-state").textContent = run.state;
-  $("run-summary").textContent = run.state + " after " + steps.length + " event(s), " +
-    run.turns + " turn(s), " + messages.length + " message(s); tools: " +
-    (run.tools.join(", ") || "none") + "; max_turns " + run.maxTurns +
-    (run.explanation ? "; " + run.explanation : "");
-  if (run.error) {
-    $("run-error").hidden = false;
-    $("run-error").textContent = "The journal stops replaying here: " + run.error +
-      " (everything before that line is shown).";
-  }
-  const svg = document.querySelector("#diagram svg");
-  const nodes = new Map(), edges = new Map();
-  for (const g of svg.querySelectorAll("g.node")) {
-    const t = g.querySelector("title");
-    if (t) nodes.set(t.textContent, g);
-  }
-  for (const g of svg.querySelectorAll("g.edge")) {
-    const t = g.querySelector("title");
-    if (!t) continue;
-    if (!edges.has(t.textContent)) edges.set(t.textContent, []);
-    edges.get(t.textContent).push(g);
-  }
-  const edgesOf = (move) => {
-    const all = edges.get(move[0] + "->" + move[2]) || [];
-    const named = all.filter((g) => g.textContent.includes(move[1]));
-    return named.length ? named : all;
-  };
-  // The run's path, drawn once: the states it entered (how often, in the tooltip) and
-  // the steps it took in blue, the rest faded.
-  const entered = new Map([["Ready", 1]]), taken = new Set();
-  for (const s of steps) {
-    for (const move of s.moves) {
-      for (const g of edgesOf(move)) taken.add(g);
-      if (move[0] !== move[2]) entered.set(move[2], (entered.get(move[2]) || 0) + 1);
-    }
-  }
-  for (const [name, g] of nodes) {
-    const n = entered.get(name);
-    g.classList.add(n ? "vw-path" : "vw-off");
-    const link = g.querySelector("a");
-    if (n && link) {
-      const tip = link.getAttribute("xlink:title") || name;
-      link.setAttribute("xlink:title", tip + " (entered " + n + " time" + (n > 1 ? "s" : "") + ")");
-    }
-  }
-  for (const g of [...edges.values()].flat()) g.classList.add(taken.has(g) ? "vw-path" : "vw-off");
-  const rows = [];
-  const list = $("events"), fragment = document.createDocumentFragment();
-  const start = el("li", "run");
-  start.append(el("span", "n", "start"), document.createTextNode("the run before its first event"));
-  rows.push(start);
-  fragment.append(start);
-  steps.forEach((s, i) => {
-    const li = el("li", s.kind);
-    li.title = s.summary;
-    li.append(el("span", "n", "#" + (i + 1)), document.createTextNode(s.title + " → " + s.state));
-    rows.push(li);
-    fragment.append(li);
-  });
-  list.append(fragment);
-  list.addEventListener("click", (e) => {
-    const li = e.target.closest("li");
-    if (li) go(rows.indexOf(li));
-  });
-  const items = [];
-  const chat = $("messages"), chatFragment = document.createDocumentFragment();
-  messages.forEach((m) => {
-    const li = el("li", m.role + (m.error ? " failed" : ""));
-    const who = m.role === "toolResult" ? "result of " + m.tool + " (" + m.callId + ")" +
-      (m.error ? ", an error" : "") : m.role;
-    li.append(el("span", "who", who));
-    if (m.text) li.append(document.createTextNode(m.text));
-    for (const c of m.calls || []) {
-      li.append(el("span", "call", c.name + "(" + c.args + ")  #" + c.id));
-    }
-    if (m.step >= 0) {
-      li.style.cursor = "pointer";
-      li.addEventListener("click", () => go(m.step));
-    }
-    items.push(li);
-    chatFragment.append(li);
-  });
-  chat.append(chatFragment);
-  const slider = $("slider");
-  slider.max = String(steps.length);
-  let current = -1, lit = [], follow = null;
-  const go = (i) => {
-    i = Math.max(0, Math.min(steps.length, i | 0));
-    if (i === current) return;
-    for (const g of lit) g.classList.remove("vw-current", "vw-taken", "vw-active");
-    lit = [];
-    const light = (g, cls) => { if (g) { g.classList.add(cls); lit.push(g); } };
-    const step = i > 0 ? steps[i - 1] : null;
-    const here = nodes.get(step ? step.state : "Ready");
-    light(here, "vw-current");
-    if (step) for (const move of step.moves) for (const g of edgesOf(move)) light(g, "vw-taken");
-    light(rows[i], "vw-active");
-    const item = step && step.message >= 0 ? items[step.message] : null;
-    light(item, "vw-active");
-    // The state (the drawing is wider than its pane), the event and the message are
-    // scrolled into view once a frame: a held arrow key steps many times in one.
-    if (follow === null) requestAnimationFrame(() => {
-      for (const e of follow) if (e) e.scrollIntoView({ block: "nearest", inline: "nearest" });
-      follow = null;
-    });
-    follow = [here, rows[i], item];
-    $("position").textContent = step
-      ? "event " + i + " of " + steps.length + " (journal line " + step.line + "): " + step.title +
-        "; now " + step.state
-      : "the start: Ready, before the first of " + steps.length + " event(s)";
-    $("detail").textContent = step
-      ? (step.moves.map((m) => m[0] + " —" + m[1] + "→ " + m[2]).join("\\n") ||
-         "(no transition: the run is over in " + step.state + ")") + "\\n" + step.detail
-      : "";
-    slider.value = String(i);
-    current = i;
-    document.body.dataset.step = String(i);
-    try { history.replaceState(null, "", "#step=" + i); } catch (e) { /* file:// may refuse */ }
-  };
-  $("first").onclick = () => go(0);
-  $("prev").onclick = () => go(current - 1);
-  $("next").onclick = () => go(current + 1);
-  $("last").onclick = () => go(steps.length);
-  slider.oninput = () => go(Number(slider.value));
-  document.addEventListener("keydown", (e) => {
-    if (e.target === slider) return;
-    const keys = { ArrowRight: current + 1, ArrowLeft: current - 1, Home: 0, End: steps.length };
-    const to = keys[e.key];
-    if (to !== undefined) { e.preventDefault(); go(to); }
-  });
-  const wanted = /^#step=(\\d+)$/.exec(location.hash);
-  go(wanted ? Number(wanted[1]) : 0);
-  document.body.dataset.ready = "true";
-})();
-"""

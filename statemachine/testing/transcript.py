@@ -38,6 +38,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from statemachine.agent.handoff import handed_to
 from statemachine.core.invariants import Violation
 from statemachine.core.messages import (
     AssistantMessage,
@@ -210,8 +211,18 @@ def _format_finding(messages: Any) -> Finding:
 # -- rendering -----------------------------------------------------------------------------
 
 
-def render_transcript(messages: Sequence[Message]) -> str:
-    """One line per message, for failure reports."""
+def render_transcript(messages: Sequence[Message], *, first_agent: str | None = None) -> str:
+    """One line per message, for failure reports.
+
+    A team's run (``statemachine.steps.Handoffs``) names the agent of each assistant
+    message: ``first_agent`` (the team's ``start``) until a transfer's result that is
+    not an error hands the run on, as ``speaking_agent`` reads it. A history holding
+    such a transfer is named so without ``first_agent`` too ("the first agent" until
+    then); the transfer's result says to whom the run went.
+    """
+    speaker = first_agent
+    if speaker is None and any(handed_to(m) for m in messages):
+        speaker = "the first agent"
     lines = []
     for i, message in enumerate(messages):
         if isinstance(message, UserMessage):
@@ -222,7 +233,8 @@ def render_transcript(messages: Sequence[Message]) -> str:
                 f"{c.name}#{c.id}({json.dumps(thaw_json(c.arguments), sort_keys=True)})"
                 for c in message.tool_calls
             )
-            bits = [f"{i:>3} assistant [{message.stop_reason.value}]"]
+            who = "assistant" if speaker is None else f"assistant ({speaker})"
+            bits = [f"{i:>3} {who} [{message.stop_reason.value}]"]
             if message.text:
                 bits.append(repr(message.text))
             if calls:
@@ -233,7 +245,10 @@ def render_transcript(messages: Sequence[Message]) -> str:
         else:
             flag = " ERROR" if message.is_error else ""
             text = message.text if len(message.text) <= 100 else message.text[:99] + "\u2026"
-            lines.append(
-                f"{i:>3} result{flag} {message.tool_name}#{message.tool_call_id}: {text!r}"
-            )
+            line = f"{i:>3} result{flag} {message.tool_name}#{message.tool_call_id}: {text!r}"
+            target = handed_to(message)
+            if target is not None:
+                speaker = target
+                line += f" (handed to {target})"
+            lines.append(line)
     return "\n".join(lines)
