@@ -62,7 +62,10 @@ SIDES = ("durable", "bare")
 
 def _spread(values: Sequence[float]) -> dict[str, float]:
     """Median, quartiles and extremes of ``values`` (one value is its own quartiles)."""
-    low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    if len(values) > 1:
+        low, _, high = statistics.quantiles(values, n=4)
+    else:
+        low = high = values[0]
     return {
         "median": statistics.median(values),
         "q1": low,
