@@ -94,6 +94,7 @@ def _row(
         "durable_cpu_ms_per_turn": statistics.median(cpu["durable"]),
         "bare_cpu_ms_per_turn": statistics.median(cpu["bare"]),
         "cpu_ratio": statistics.median(cpu_ratios),
+        "cpu_ratio_spread": _spread(cpu_ratios),
         "within_target": spread["median"] <= TARGET,
     }
 
@@ -193,17 +194,18 @@ def render(rows: Sequence[dict[str, Any]], where: Sequence[str], turns: int) -> 
         f"target ≤ {TARGET}.",
         "",
         "| backend | store | pairs | durable ms/turn | bare ms/turn | durable / bare "
-        "| quartiles | min–max | ≤ target | CPU ms/turn durable | CPU bare | CPU ratio |",
+        "| quartiles | min–max | ≤ target | durable CPU ms/turn | bare CPU ms/turn "
+        "| CPU durable / bare (quartiles) |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |",
     ]
     for r in rows:
-        s = r["ratio_spread"]
+        s, c = r["ratio_spread"], r["cpu_ratio_spread"]
         lines.append(
             f"| {r['backend']} | {r['store']} | {r['reps']} | {r['durable_ms_per_turn']:.2f} | "
             f"{r['bare_ms_per_turn']:.2f} | {r['ratio']:.2f} | {s['q1']:.2f}–{s['q3']:.2f} | "
             f"{s['min']:.2f}–{s['max']:.2f} | {'yes' if r['within_target'] else 'no'} | "
             f"{r['durable_cpu_ms_per_turn']:.2f} | {r['bare_cpu_ms_per_turn']:.2f} | "
-            f"{r['cpu_ratio']:.2f} |"
+            f"{r['cpu_ratio']:.2f} ({c['q1']:.2f}–{c['q3']:.2f}) |"
         )
     lines += ["", "Where the time goes:", "", *where]
     return "\n".join(lines)

@@ -498,6 +498,7 @@ def test_the_durable_overhead_benchmark_reports_every_backend_against_its_bare_w
         assert row["bare_cpu_ms_per_turn"] > 0
         cpu = row["durable_cpu_ms_per_turn"] / row["bare_cpu_ms_per_turn"]
         assert row["cpu_ratio"] == pytest.approx(cpu)
+        assert row["cpu_ratio_spread"]["q1"] == row["cpu_ratio_spread"]["q3"] == row["cpu_ratio"]
     for row in rows[:-1]:  # DBOS: where the time goes
         assert row["saved_ops_per_turn"]["durable"] > row["saved_ops_per_turn"]["bare"] > 0
     header = (
@@ -530,6 +531,9 @@ def test_the_durable_overhead_row_is_the_median_of_per_pair_ratios_with_its_spre
     assert row["within_target"] is False
     assert (row["durable_cpu_ms_per_turn"], row["bare_cpu_ms_per_turn"]) == (1.0, 1.0)
     assert row["cpu_ratio"] == 1.0  # ratios 1, 2, 3, 1, 1
+    assert row["cpu_ratio_spread"] == pytest.approx(
+        {"median": 1.0, "q1": 1.0, "q3": 2.5, "min": 1.0, "max": 3.0}
+    )
     one = {"durable": [1.0], "bare": [1.0]}
     at_target = overhead._row("Temporal", "dev server", {"durable": [2.6], "bare": [2.0]}, one)
     assert at_target["within_target"] is True  # 1.3 itself meets the target
