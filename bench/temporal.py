@@ -27,8 +27,9 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +54,7 @@ from statemachine.durable.temporal import (
 from statemachine.testing import FunctionModel
 
 TURNS = 30
+CONTENDERS = ("durable", "bare Temporal")
 
 
 @sm.tool
@@ -106,18 +108,15 @@ class BareWorkflow:
         return -1
 
 
-async def _durable(runner: TemporalRunner) -> float:
-    begun = time.perf_counter()
+async def _durable(runner: TemporalRunner) -> None:
     run_id = f"d-{uuid.uuid4().hex[:8]}"
     handle = await runner.start(run_id, model="scripted", messages="go", max_turns=TURNS)
     result = await handle.result()
     assert result.ok, result
     assert result.turns == TURNS, result
-    return time.perf_counter() - begun
 
 
-async def _bare(client: Client, queue: str) -> float:
-    begun = time.perf_counter()
+async def _bare(client: Client, queue: str) -> None:
     turns = await client.execute_workflow(
         "bench.bare",
         [message_to_dict(sm.UserMessage("go"))],
@@ -125,15 +124,32 @@ async def _bare(client: Client, queue: str) -> float:
         task_queue=queue,
     )
     assert turns == TURNS, turns
-    return time.perf_counter() - begun
 
 
-async def measure(address: str, reps: int) -> dict[str, list[float]]:
+@dataclass
+class Timings:
+    """ms per turn of each contender, one per repetition: wall time from ``start`` to
+    the result as a caller sees it, and this process's CPU time over the same span
+    (the worker and the client; the server is another process)."""
+
+    wall: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CONTENDERS})
+
+    async def time(self, name: str, run: Awaitable[None]) -> None:
+        began, cpu = time.perf_counter(), time.process_time()
+        await run
+        self.wall[name].append((time.perf_counter() - began) * 1000 / TURNS)
+        self.cpu[name].append((time.process_time() - cpu) * 1000 / TURNS)
+
+
+async def measure(address: str, reps: int) -> Timings:
+    """``reps`` pairs, one run of each contender a pair, the order alternating from one
+    pair to the next (durable first, then bare first), after one warm-up run of each."""
     client = await Client.connect(address)
     runner = TemporalRunner(
         client, models={"scripted": FunctionModel(scripted)}, tools=[echo], task_queue="bench"
     )
-    times: dict[str, list[float]] = {"durable": [], "bare Temporal": []}
+    timings = Timings()
     async with runner:
         # The bare workflow's worker runs the runner's own activities (same payloads).
         from statemachine.agent.hook_calls import Hooks
@@ -151,13 +167,10 @@ async def measure(address: str, reps: int) -> dict[str, list[float]]:
             await _durable(runner)  # warm up both
             await _bare(client, "bench-bare")
             for rep in range(reps):
-                order = ["durable", "bare Temporal"][:: 1 if rep % 2 == 0 else -1]
-                for name in order:
-                    spent = await (
-                        _durable(runner) if name == "durable" else _bare(client, "bench-bare")
-                    )
-                    times[name].append(spent * 1000 / TURNS)
-    return times
+                for name in CONTENDERS[:: 1 if rep % 2 == 0 else -1]:
+                    run = _durable(runner) if name == "durable" else _bare(client, "bench-bare")
+                    await timings.time(name, run)
+    return timings
 
 
 async def long_run(address: str) -> None:
@@ -206,7 +219,7 @@ def main() -> None:
         if args.long:
             asyncio.run(long_run(address))
             return
-        times = asyncio.run(measure(address, args.reps))
+        times = asyncio.run(measure(address, args.reps)).wall
     ratios = [d / b for d, b in zip(times["durable"], times["bare Temporal"], strict=True)]
     print(f"{TURNS} turns, {args.reps} repetitions, ms/turn median (min-max)")
     for name, values in times.items():

@@ -484,13 +484,58 @@ def test_the_durable_overhead_benchmark_reports_every_backend_against_its_bare_w
     expected += [("DBOS", "PostgreSQL")] if postgres else []
     assert [(r["backend"], r["store"]) for r in rows] == [*expected, ("Temporal", "dev server")]
     for row in rows:
+        assert row["reps"] == 1
         assert row["durable_ms_per_turn"] > 0
         assert row["bare_ms_per_turn"] > 0
         assert row["ratio"] == pytest.approx(row["durable_ms_per_turn"] / row["bare_ms_per_turn"])
+        assert row["ratios"] == [row["ratio"]]
+        spread = row["ratio_spread"]
+        assert spread == pytest.approx(
+            dict.fromkeys(("median", "q1", "q3", "min", "max"), row["ratio"])
+        )
         assert row["within_target"] == (row["ratio"] <= 1.3)
+        assert row["durable_cpu_ms_per_turn"] > 0
+        assert row["bare_cpu_ms_per_turn"] > 0
+        cpu = row["durable_cpu_ms_per_turn"] / row["bare_cpu_ms_per_turn"]
+        assert row["cpu_ratio"] == pytest.approx(cpu)
+        assert row["cpu_ratio_spread"]["q1"] == row["cpu_ratio_spread"]["q3"] == row["cpu_ratio"]
     for row in rows[:-1]:  # DBOS: where the time goes
         assert row["saved_ops_per_turn"]["durable"] > row["saved_ops_per_turn"]["bare"] > 0
-    assert "| backend | store | durable ms/turn | bare ms/turn | durable / bare |" in proc.stdout
-    assert "| DBOS | SQLite (wal, both) |" in proc.stdout
-    assert "| Temporal | dev server |" in proc.stdout
+    header = (
+        "| backend | store | pairs | durable ms/turn | bare ms/turn | durable / bare | quartiles"
+    )
+    assert header in proc.stdout
+    assert "| DBOS | SQLite (wal, both) | 1 |" in proc.stdout
+    assert "| Temporal | dev server | 1 |" in proc.stdout
     assert "- DBOS, SQLite: saved operations per turn" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_the_durable_overhead_row_is_the_median_of_per_pair_ratios_with_its_spread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if os.environ.get("CI") != "true" and importlib.util.find_spec("dbos") is None:
+        pytest.skip("the dbos extra is not installed")
+    overhead = _load("durable_overhead", monkeypatch)
+    # Pair by pair, not median against median: the medians of each side (4 and 2) give
+    # 2.0; the pairs' ratios are 1, 1.5, 2, 4 and 1.25, whose median is 1.5.
+    wall = {"durable": [2.0, 3.0, 4.0, 8.0, 5.0], "bare": [2.0, 2.0, 2.0, 2.0, 4.0]}
+    cpu = {"durable": [1.0, 1.0, 3.0, 1.0, 1.0], "bare": [1.0, 0.5, 1.0, 1.0, 1.0]}
+    row = overhead._row("DBOS", "SQLite", wall, cpu)
+    assert (row["reps"], row["durable_ms_per_turn"], row["bare_ms_per_turn"]) == (5, 4.0, 2.0)
+    assert row["ratios"] == [1.0, 1.5, 2.0, 4.0, 1.25]
+    assert row["ratio"] == 1.5
+    assert row["ratio_spread"] == pytest.approx(
+        {"median": 1.5, "q1": 1.125, "q3": 3.0, "min": 1.0, "max": 4.0}
+    )
+    assert row["within_target"] is False
+    assert (row["durable_cpu_ms_per_turn"], row["bare_cpu_ms_per_turn"]) == (1.0, 1.0)
+    assert row["cpu_ratio"] == 1.0  # ratios 1, 2, 3, 1, 1
+    assert row["cpu_ratio_spread"] == pytest.approx(
+        {"median": 1.0, "q1": 1.0, "q3": 2.5, "min": 1.0, "max": 3.0}
+    )
+    one = {"durable": [1.0], "bare": [1.0]}
+    at_target = overhead._row("Temporal", "dev server", {"durable": [2.6], "bare": [2.0]}, one)
+    assert at_target["within_target"] is True  # 1.3 itself meets the target
+    above = overhead._row("Temporal", "dev server", {"durable": [2.7], "bare": [2.0]}, one)
+    assert above["within_target"] is False
