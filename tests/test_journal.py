@@ -673,6 +673,21 @@ def test_the_running_digest_starts_over_when_the_past_changes() -> None:
     assert running.digest(rewritten[:1], []) == _digest_by_definition(rewritten[:1], [])
 
 
+def test_the_digest_writes_a_turn_orjson_cannot_write_as_the_stdlib_does() -> None:
+    # The trace's text is orjson's; a turn beyond 64 bits (a broken engine's) is
+    # written by the stdlib, still as the digest defines it.
+    from statemachine.core.trace import TransitionRecord
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
+
+    records = [
+        TransitionRecord(TurnState.READY, Trigger.START, TurnState.AWAITING_MODEL, 0),
+        TransitionRecord(TurnState.AWAITING_MODEL, Trigger.ABORT, TurnState.ABORTING, 2**70),
+    ]
+    messages: list[Message] = [UserMessage("go")]
+    expected = _digest_by_definition(messages, records)
+    assert _RunningDigest().digest(messages, records) == expected
+
+
 def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
     # An engine's Trace is hashed from its stored codes (no record made), a list of
     # records from the records: the same text either way, whichever comes first, and a
