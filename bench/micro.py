@@ -199,7 +199,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
             "journal replay events/s",
             f"{replay_rate:,.0f}",
             f"replay(path): read, re-handle and verify each event and the checkpoint "
-            f"digest; {how} (target ≥ 60,000)",
+            f"digest; {how} (target ≥ 50,000)",
         ),
         Figure(
             "journal replay, every step read, events/s",

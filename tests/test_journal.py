@@ -673,6 +673,21 @@ def test_the_running_digest_starts_over_when_the_past_changes() -> None:
     assert running.digest(rewritten[:1], []) == _digest_by_definition(rewritten[:1], [])
 
 
+def test_the_digest_writes_a_turn_orjson_cannot_write_as_the_stdlib_does() -> None:
+    # The trace's text is orjson's; a turn beyond 64 bits (a broken engine's) is
+    # written by the stdlib, still as the digest defines it.
+    from statemachine.core.trace import TransitionRecord
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
+
+    records = [
+        TransitionRecord(TurnState.READY, Trigger.START, TurnState.AWAITING_MODEL, 0),
+        TransitionRecord(TurnState.AWAITING_MODEL, Trigger.ABORT, TurnState.ABORTING, 2**70),
+    ]
+    messages: list[Message] = [UserMessage("go")]
+    expected = _digest_by_definition(messages, records)
+    assert _RunningDigest().digest(messages, records) == expected
+
+
 def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
     # An engine's Trace is hashed from its stored codes (no record made), a list of
     # records from the records: the same text either way, whichever comes first, and a
@@ -702,6 +717,32 @@ def test_the_running_digest_reads_a_trace_and_a_list_of_records_alike() -> None:
     ]
     assert running.digest(messages, Trace(changed)) == _digest_by_definition(messages, changed)
     assert running.digest(messages, changed[:1]) == _digest_by_definition(messages, changed[:1])
+
+
+def test_the_running_digest_follows_a_history_message_by_message() -> None:
+    # Replay hashes each event's new messages as they enter the history (``follow``),
+    # with the texts it took from the lines (``know``); a checkpoint then gives the
+    # digest of the whole history, and starts over if the past changed since.
+    import orjson
+
+    from statemachine.core.wire import message_to_dict
+    from statemachine.journal._digest import RunningDigest as _RunningDigest
+
+    history: list[Message] = [UserMessage("go")]
+    running = _RunningDigest()
+    running.follow(history)
+    for turn in range(3):
+        call = ToolCall(f"c{turn}", "echo", {"text": f"ping {turn}"})
+        response = AssistantMessage((call,), stop_reason="toolUse")
+        running.know(response, orjson.loads(orjson.dumps(message_to_dict(response))))
+        history.append(response)
+        running.follow(history)
+        history.append(ToolResultMessage(call.id, "echo", f"ping {turn}"))
+        running.follow(history)
+        assert running.digest(history, []) == _digest_by_definition(history, [])
+    rewritten = [*history[:2], AssistantMessage("other"), *history[3:]]
+    running.follow(rewritten)  # nothing new: the past is checked by ``digest``
+    assert running.digest(rewritten, []) == _digest_by_definition(rewritten, [])
 
 
 def test_a_lone_surrogate_is_journaled_and_replays(tmp_path: Path) -> None:

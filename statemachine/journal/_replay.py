@@ -242,7 +242,7 @@ class _Replayer:
         decoder); anything else, or any failure of that reading, goes to
         ``_read_other``, which reads the line exactly or says what is wrong with it."""
         engine, digest, fast_events, loads = self.engine, self.digest, FAST_EVENTS, orjson.loads
-        know, states, expected = digest.know, self.names, self.expected_seq
+        know, follow, states, expected = digest.know, digest.follow, self.names, self.expected_seq
         handle = engine.handle
         add_line, add_event = self._lines.append, self._events.append
         add_mark, add_state = self._marks.append, self.states.append
@@ -276,6 +276,7 @@ class _Replayer:
                 raise _engine_failure(event, exc, lines.number) from cause
             if engine.state is not after:
                 raise _diverged(after, engine.state, lines.number)
+            follow(engine.messages)  # the digest hashes the event's messages now
             expected += 1
             self.expected_seq = expected
             add_line(lines.number)
