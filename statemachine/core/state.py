@@ -145,6 +145,11 @@ class EngineState:
     check_continue: bool = attrs.field(metadata=_configuration(keyed=True))
     # the tools whose budget of retry requests in a row is not the default (rule 14)
     tool_retries: Mapping[str, int] = attrs.field(default=NO_RETRIES, metadata=_configuration())
+    # the budget of calls of a tool the run does not offer, counted like retry requests
+    # (rule 14); ``None``: not counted, as runs recorded before they were
+    unknown_tool_retries: int | None = attrs.field(
+        default=None, metadata=_configuration(keyed=True)
+    )
     # the rows interpreted: BASE_TABLE, or one with a team's steps (core/steps.py)
     table: Table = attrs.field(default=BASE_TABLE, metadata=_configuration())
 
