@@ -8,9 +8,11 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import attrs
 import pytest
 
 import statemachine as sm
+from statemachine.core.output import OutputSpec
 from statemachine.core.tools import DEFAULT_TOOL_RETRIES
 from statemachine.engine import ContinueDecided, Engine, ModelResponded, Start, ToolFinished
 from statemachine.testing import ScriptedModel
@@ -296,3 +298,52 @@ def test_the_unknown_tool_count_and_its_budget_survive_a_snapshot() -> None:
 def test_the_unknown_tool_budget_must_be_an_integer_of_at_least_zero(bad: object) -> None:
     with pytest.raises(sm.InvalidInputError, match="unknown_tool_retries"):
         Engine(tools=[], messages=[sm.UserMessage("go")], unknown_tool_retries=bad)  # type: ignore[arg-type]
+
+
+# -- output validators of a plain-text agent (rule 13) ----------------------------------------
+
+
+def _please(text: str) -> str:
+    if "please" not in text:
+        raise sm.ModelRetry("Say please.")
+    return text.upper()
+
+
+@pytest.mark.parametrize("output_type", [None, str], ids=["no output type", "str"])
+def test_an_output_validator_judges_a_plain_text_answer(output_type: type[str] | None) -> None:
+    model = ScriptedModel("hi", "hi please")
+    agent = sm.Agent(model, output_type=output_type, output_validators=[_please])
+    result = agent.run_sync("go")
+    assert result.ok
+    assert result.output == "HI PLEASE"  # the validator's correction is the output
+    assert result.messages[2].text == "Your answer was not accepted: Say please. Answer again."
+
+
+def test_a_plain_text_output_offers_no_tool_and_keeps_the_tool_names_free() -> None:
+    @sm.tool
+    def final_result(x: int) -> str:
+        """A tool that happens to have the name a structured output's tool has."""
+        return str(x)
+
+    model = ScriptedModel(asks("c1", "final_result", x=1), "done please")
+    result = sm.Agent(model, tools=[final_result], output_validators=[_please]).run_sync("go")
+    assert result.ok
+    assert results(result)[0].text == "1"  # the user's tool ran
+    assert [t.name for t in model.requests[0].tools] == ["final_result"]
+
+
+def test_a_plain_text_output_and_its_failures_survive_a_snapshot() -> None:
+    spec = OutputSpec.plain_text(retries=1)
+    assert OutputSpec.from_dict(spec.to_dict(), "output") == spec
+    engine = Engine(tools=[], messages=[sm.UserMessage("go")], output=spec, check_continue=True)
+    engine.handle(Start())
+    engine.handle(ModelResponded(sm.AssistantMessage("no")))  # no check: text is accepted
+    assert engine.state is sm.TurnState.DONE
+    refusing = attrs.evolve(spec, check=lambda value, tool: "refused")
+    engine = Engine(tools=[], messages=[sm.UserMessage("go")], output=refusing, check_continue=True)
+    engine.handle(Start())
+    engine.handle(ModelResponded(sm.AssistantMessage("no")))
+    assert engine.state is sm.TurnState.TURN_BOUNDARY
+    restored = Engine.restore(engine.snapshot())
+    assert restored.output == spec
+    assert restored.output_failures == 1

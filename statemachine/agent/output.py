@@ -347,7 +347,8 @@ def compile_output(
     model: object = None,
     end_strategy: EndStrategy = "early",
 ) -> Output | None:
-    """``output_type`` as an ``Output`` (``None`` for none, or plain text: ``str``),
+    """``output_type`` as an ``Output`` (``None`` for none, or plain text: ``str``;
+    plain text with validators: an output judged by them, ``OutputSpec.plain_text``),
     given as ``mode`` (``output_mode``) says for ``model`` (module docstring), its
     other calls treated as ``end_strategy`` says; ``InvalidInputError`` naming
     ``output_type`` for a type that has no JSON Schema (``native_output`` for the
@@ -359,9 +360,10 @@ def compile_output(
     native = native_output(mode, model, output_type)
     output = _compiled(output_type, retries, native)
     if output is None:
-        if validators:
-            raise InvalidInputError("output validators need an output_type other than str")
-        return None
+        if not validators:
+            return None
+        # plain text judged by its validators (PydanticAI's text output validators)
+        output = Output(OutputSpec.plain_text(retries=retries), None)
     output = attrs.evolve(output, validators=validators)
     if output.convert is None and not output.members and not validators:
         spec = output.spec  # a JSON Schema: nothing to judge beyond it

@@ -555,7 +555,7 @@ def _check_flags(run: EngineState) -> None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
     held = [slot.result for slot in run.batch if slot.result is not None]
-    native = run.output is not None and run.output.native
+    native = run.output is not None and (run.output.native or run.output.plain)
     if native and run.output_call not in (None, TEXT_OUTPUT):
         raise SnapshotError("snapshot.outputCall: a native-mode output is the final text")
     if (

@@ -224,8 +224,8 @@ class EngineState:
         """A run's state before its first event (checked values only: ``Engine``
         checks what a caller gives, ``core/snapshot.py`` what a snapshot holds)."""
         by_name = {d.name: d for d in tools}
-        if output is not None and not output.native:  # native: no tool (core/output.py)
-            by_name.update((d.name, d) for d in output.tools)
+        if output is not None:  # native, plain text: no tool (core/output.py)
+            by_name.update((d.name, d) for d in output.offered(()))
         seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
         return cls(
             run_id=run_id,

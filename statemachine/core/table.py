@@ -137,7 +137,10 @@ the tool executions it triggers::
     and the same rows judge the final text instead: text that parses and validates
     is the output, so ``output_missing`` does not hold and the final answer ends the
     run ``Done``; any other final text is ``output_missing``, one failed attempt,
-    answered with a message naming the problems.
+    answered with a message naming the problems. A plain-text output judged by a
+    check (a text agent's output validators) offers no tool either: the final text is
+    the output once the check accepts it, and a text it refuses is one failed attempt
+    through the same rows.
 14. **Retry requests.** A tool's result may be a *retry request* (the tool raised
     ``ModelRetry``: the model should call it again, differently): an error result like
     any other (rule 5), counted for its tool. The count is of requests in a row: a
