@@ -347,3 +347,24 @@ def test_a_plain_text_output_and_its_failures_survive_a_snapshot() -> None:
     restored = Engine.restore(engine.snapshot())
     assert restored.output == spec
     assert restored.output_failures == 1
+
+
+def test_a_plain_text_run_suspended_for_approval_is_judged_again_when_resumed() -> None:
+    @sm.tool
+    def act() -> str:
+        """Act."""
+        return "did"
+
+    model = ScriptedModel(asks("a", "act"), "hi", "hi please")
+    agent = sm.Agent(
+        model,
+        tools=[act],
+        output_validators=[_please],
+        before_tool_call=lambda call: sm.RequireApproval("a person decides"),
+    )
+    first = agent.run_sync("go")
+    assert first.state is sm.TurnState.AWAITING_USER
+    second = agent.resume_sync(first, approvals={"a": True})
+    assert second.ok
+    assert second.output == "HI PLEASE"
+    assert second.messages[-2].text == "Your answer was not accepted: Say please. Answer again."
