@@ -19,10 +19,8 @@ Not expressible here, by design:
 - Output functions (``ToolOutput(fn)``, ``TextOutput(fn)``, ``test_output_type_function*``,
   ``test_output_function_retries``, ``test_tool_output_function_retries``): the output
   is a type; a function that transforms or refuses it is an output validator.
-- Output validators of a plain text output (``test_retry_str``,
-  ``test_text_path_honors_output_retry_budget``, ``TestPartialOutput``): a text agent
-  has no output to validate (refused with ``InvalidInputError``); give an
-  ``output_type`` that includes ``str``.
+- Output validators called on partial output while streaming (``TestPartialOutput``,
+  ``ctx.partial_output``): a validator judges only the final output.
 - A second final result judged after the first was accepted
   (``test_exhaustive_strategy_valid_first_invalid_second_output``): once one is
   accepted, the others of the response are answered "not used", never validated.
@@ -252,6 +250,66 @@ def test_an_output_validator_refuses_a_text_answer_within_the_output_retries(
     assert [m.role for m in result.messages] == ["user", "assistant"] * 3
     assert "retry 0" in result.messages[2].text
     assert "retry 2" in result.explanation
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_an_output_validator_of_a_text_agent_asks_for_another_text(is_async: bool) -> None:
+    # test_retry_str
+    def model(messages: Any, tools: Any) -> str:
+        return str(sum(m.role == "assistant" for m in messages) + 1)
+
+    def validate(ctx: sm.RunContext[None], output: str) -> str:
+        if output == "1":
+            raise sm.ModelRetry("Please try again")
+        return output
+
+    async def validate_async(ctx: sm.RunContext[None], output: str) -> str:
+        return validate(ctx, output)
+
+    agent = sm.Agent(FunctionModel(model))
+    agent.output_validator(validate_async if is_async else validate)
+    result = agent.run_sync("Hello")
+    assert result.ok
+    assert result.output == "2"
+    assert [m.role for m in result.messages] == ["user", "assistant", "user", "assistant"]
+    assert "Please try again" in result.messages[2].text
+    answer = result.messages[1]
+    assert isinstance(answer, sm.AssistantMessage)
+    assert not answer.tool_calls  # the text is the answer: no final-result tool to call
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_an_output_validator_of_a_str_output_spends_the_output_retries(is_async: bool) -> None:
+    # test_text_path_honors_output_retry_budget (output_type=str)
+    seen: list[tuple[object, int]] = []
+    offered: list[list[str]] = []
+
+    def refuse(ctx: sm.RunContext[None], output: Any) -> Any:
+        seen.append((output, ctx.retry))
+        raise sm.ModelRetry(f"retry {ctx.retry}")
+
+    async def refuse_async(ctx: sm.RunContext[None], output: Any) -> Any:
+        return refuse(ctx, output)
+
+    def model(messages: Any, tools: Any) -> str:
+        offered.append([t.name for t in tools])
+        return "hello"
+
+    agent: sm.Agent[None, str] = sm.Agent(
+        FunctionModel(model),
+        output_type=str,
+        output_retries=2,
+        output_validators=[refuse_async if is_async else refuse],
+    )
+    result = agent.run_sync("Hello")
+    assert result.state is sm.TurnState.OUTPUT_INVALID
+    assert seen == [("hello", 0), ("hello", 1), ("hello", 2)]
+    assert offered == [[], [], []]
+    assert [m.role for m in result.messages] == ["user", "assistant"] * 3
+    assert "retry 0" in result.messages[2].text
+    assert "retry 2" in (result.explanation or "")
+    with pytest.raises(sm.errors.OutputInvalidError):
+        result.raise_for_state()
 
 
 def _always_a_is_1(messages: Any, tools: Any) -> sm.ToolCall:

@@ -18,9 +18,6 @@ Not expressible here, by design:
   ``test_message_history_ending_on_model_response_with_instructions``): a run's
   history must pair every call with its result and end with something to answer; a
   run that stopped with calls waiting is resumed (``Agent.resume``) instead.
-- An unknown tool counted against a retry budget (``test_unknown_tool``,
-  ``test_unknown_tool_multiple_retries``): its error result is not a retry request,
-  so ``max_turns`` (or a usage limit) bounds a model that keeps calling it.
 - ``TestModel`` calling again a tool that asked for a retry (``test_tool_retry`` of
   ``test_model_test.py``, ``test_retry_tool_until_last_attempt`` with ``TestModel``):
   it calls each tool once, then gives the output; the ports script the model instead.
@@ -217,6 +214,21 @@ def test_an_unknown_tool_is_an_error_result_the_model_can_recover_from() -> None
     ((name, text, is_error),) = _results(result)
     assert (name, is_error) == ("foobar", True)
     assert text == "Unknown tool: foobar. No tools are available in this run."
+
+
+@pytest.mark.parametrize("retries", [1, 2])
+def test_an_unknown_tool_called_again_and_again_spends_the_output_retries(retries: int) -> None:
+    # test_unknown_tool (retries=1), test_unknown_tool_multiple_retries (retries=2):
+    # PydanticAI counts the calls against its agent's output retries and raises
+    # "Exceeded maximum retries"; here the run ends ToolRetriesExceeded naming the tool.
+    model = FunctionModel(_call("foobar"))
+    result = sm.Agent(model, output_retries=retries).run_sync("Hello")
+    assert result.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert "foobar" in (result.explanation or "")
+    assert len(_results(result)) == retries + 1  # one error result per call (I1)
+    assert all(is_error for _, _, is_error in _results(result))
+    with pytest.raises(sm.errors.ToolRetriesExceededError):
+        result.raise_for_state()
 
 
 @pytest.mark.timeout(30)

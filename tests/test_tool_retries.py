@@ -8,11 +8,13 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import attrs
 import pytest
 
 import statemachine as sm
+from statemachine.core.output import OutputSpec
 from statemachine.core.tools import DEFAULT_TOOL_RETRIES
-from statemachine.engine import Engine, ModelResponded, Start, ToolFinished
+from statemachine.engine import ContinueDecided, Engine, ModelResponded, Start, ToolFinished
 from statemachine.testing import ScriptedModel
 
 pytestmark = pytest.mark.timeout(30)
@@ -229,3 +231,140 @@ def test_an_async_output_validator_judges_a_native_output_too() -> None:
     result = agent.run_sync("q")
     assert result.state is sm.TurnState.OUTPUT_INVALID
     assert "Never." in (result.explanation or "")
+
+
+# -- calls of a tool the run does not offer (rule 14) -----------------------------------------
+
+
+def _unknown(call_id: str) -> sm.AssistantMessage:
+    return asks(call_id, "no_such_tool")
+
+
+def test_a_model_that_keeps_calling_an_unknown_tool_ends_tool_retries_exceeded() -> None:
+    model = ScriptedModel(*[_unknown(f"c{i}") for i in range(6)], "never reached")
+    result = sm.Agent(model, output_retries=1, max_turns=8).run_sync("go")
+    assert result.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert model.calls == 2  # the second unknown call passes the budget of 1
+    assert "no_such_tool" in (result.explanation or "")
+    assert "Unknown tool: no_such_tool" in (result.explanation or "")
+    # each call still got exactly one result (I1)
+    assert [m.tool_name for m in results(result)] == ["no_such_tool"] * 2
+
+
+@pytest.mark.parametrize("budget", [0, 2, 3])
+def test_the_budget_of_unknown_tool_calls_is_the_output_retries(budget: int) -> None:
+    model = ScriptedModel(*[_unknown(f"c{i}") for i in range(6)], "never reached")
+    result = sm.Agent(model, output_retries=budget, max_turns=8).run_sync("go")
+    assert result.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert model.calls == budget + 1
+
+
+def test_an_unknown_tool_within_its_budget_lets_the_model_recover() -> None:
+    model = ScriptedModel(_unknown("c1"), _unknown("c2"), "Done without it.")
+    result = sm.Agent(model).run_sync("go")  # output_retries: 2 by default
+    assert result.ok
+    assert result.final_text == "Done without it."
+
+
+def test_an_engine_not_given_a_budget_answers_unknown_tools_without_counting() -> None:
+    # what a run recorded before unknown calls were counted did: replayed, it ends alike
+    engine = Engine(tools=[], messages=[sm.UserMessage("go")], max_turns=5)
+    engine.handle(Start())
+    for i in range(4):
+        engine.handle(ModelResponded(_unknown(f"c{i}")))
+    assert engine.state is sm.TurnState.AWAITING_MODEL
+    assert engine.tool_failures("no_such_tool") == 0
+
+
+def test_the_unknown_tool_count_and_its_budget_survive_a_snapshot() -> None:
+    engine = Engine(
+        tools=[], messages=[sm.UserMessage("go")], unknown_tool_retries=1, check_continue=True
+    )
+    engine.handle(Start())
+    engine.handle(ModelResponded(_unknown("c1")))
+    assert engine.state is sm.TurnState.TURN_BOUNDARY  # waits for should_continue
+    restored = Engine.restore(engine.snapshot())
+    assert restored.unknown_tool_retries == 1
+    assert restored.tool_failures("no_such_tool") == 1
+    restored.handle(ContinueDecided(stop=False))
+    restored.handle(ModelResponded(_unknown("c2")))
+    restored.handle(ContinueDecided(stop=False))
+    assert restored.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    old = Engine(tools=[], messages=[sm.UserMessage("go")])
+    assert "unknownToolRetries" not in old.snapshot()  # written only where counted
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "1"])
+def test_the_unknown_tool_budget_must_be_an_integer_of_at_least_zero(bad: object) -> None:
+    with pytest.raises(sm.InvalidInputError, match="unknown_tool_retries"):
+        Engine(tools=[], messages=[sm.UserMessage("go")], unknown_tool_retries=bad)  # type: ignore[arg-type]
+
+
+# -- output validators of a plain-text agent (rule 13) ----------------------------------------
+
+
+def _please(text: str) -> str:
+    if "please" not in text:
+        raise sm.ModelRetry("Say please.")
+    return text.upper()
+
+
+@pytest.mark.parametrize("output_type", [None, str], ids=["no output type", "str"])
+def test_an_output_validator_judges_a_plain_text_answer(output_type: type[str] | None) -> None:
+    model = ScriptedModel("hi", "hi please")
+    agent = sm.Agent(model, output_type=output_type, output_validators=[_please])
+    result = agent.run_sync("go")
+    assert result.ok
+    assert result.output == "HI PLEASE"  # the validator's correction is the output
+    assert result.messages[2].text == "Your answer was not accepted: Say please. Answer again."
+
+
+def test_a_plain_text_output_offers_no_tool_and_keeps_the_tool_names_free() -> None:
+    @sm.tool
+    def final_result(x: int) -> str:
+        """A tool that happens to have the name a structured output's tool has."""
+        return str(x)
+
+    model = ScriptedModel(asks("c1", "final_result", x=1), "done please")
+    result = sm.Agent(model, tools=[final_result], output_validators=[_please]).run_sync("go")
+    assert result.ok
+    assert results(result)[0].text == "1"  # the user's tool ran
+    assert [t.name for t in model.requests[0].tools] == ["final_result"]
+
+
+def test_a_plain_text_output_and_its_failures_survive_a_snapshot() -> None:
+    spec = OutputSpec.plain_text(retries=1)
+    assert OutputSpec.from_dict(spec.to_dict(), "output") == spec
+    engine = Engine(tools=[], messages=[sm.UserMessage("go")], output=spec, check_continue=True)
+    engine.handle(Start())
+    engine.handle(ModelResponded(sm.AssistantMessage("no")))  # no check: text is accepted
+    assert engine.state is sm.TurnState.DONE
+    refusing = attrs.evolve(spec, check=lambda value, tool: "refused")
+    engine = Engine(tools=[], messages=[sm.UserMessage("go")], output=refusing, check_continue=True)
+    engine.handle(Start())
+    engine.handle(ModelResponded(sm.AssistantMessage("no")))
+    assert engine.state is sm.TurnState.TURN_BOUNDARY
+    restored = Engine.restore(engine.snapshot())
+    assert restored.output == spec
+    assert restored.output_failures == 1
+
+
+def test_a_plain_text_run_suspended_for_approval_is_judged_again_when_resumed() -> None:
+    @sm.tool
+    def act() -> str:
+        """Act."""
+        return "did"
+
+    model = ScriptedModel(asks("a", "act"), "hi", "hi please")
+    agent = sm.Agent(
+        model,
+        tools=[act],
+        output_validators=[_please],
+        before_tool_call=lambda call: sm.RequireApproval("a person decides"),
+    )
+    first = agent.run_sync("go")
+    assert first.state is sm.TurnState.AWAITING_USER
+    second = agent.resume_sync(first, approvals={"a": True})
+    assert second.ok
+    assert second.output == "HI PLEASE"
+    assert second.messages[-2].text == "Your answer was not accepted: Say please. Answer again."

@@ -347,7 +347,8 @@ def compile_output(
     model: object = None,
     end_strategy: EndStrategy = "early",
 ) -> Output | None:
-    """``output_type`` as an ``Output`` (``None`` for none, or plain text: ``str``),
+    """``output_type`` as an ``Output`` (``None`` for none, or plain text: ``str``;
+    plain text with validators: an output judged by them, ``OutputSpec.plain_text``),
     given as ``mode`` (``output_mode``) says for ``model`` (module docstring), its
     other calls treated as ``end_strategy`` says; ``InvalidInputError`` naming
     ``output_type`` for a type that has no JSON Schema (``native_output`` for the
@@ -359,9 +360,10 @@ def compile_output(
     native = native_output(mode, model, output_type)
     output = _compiled(output_type, retries, native)
     if output is None:
-        if validators:
-            raise InvalidInputError("output validators need an output_type other than str")
-        return None
+        if not validators:
+            return None
+        # plain text judged by its validators (PydanticAI's text output validators)
+        output = Output(OutputSpec.plain_text(retries=retries), None)
     output = attrs.evolve(output, validators=validators)
     if output.convert is None and not output.members and not validators:
         spec = output.spec  # a JSON Schema: nothing to judge beyond it
@@ -550,12 +552,20 @@ def _type_name(annotation: object) -> str:
 
 
 def budget_options(
-    usage_limits: UsageLimits | None, output: Output | None, tools: Sequence[Tool]
+    usage_limits: UsageLimits | None,
+    output: Output | None,
+    tools: Sequence[Tool],
+    output_retries: int = DEFAULT_OUTPUT_RETRIES,
 ) -> dict[str, Any]:
     """The engine options of a run's budget, given only when set (so that an
-    ``engine_factory`` written before them still works for runs without them)."""
+    ``engine_factory`` written before them still works for runs without them).
+
+    Calls of a tool the run does not offer are counted against ``output_retries``
+    (``unknown_tool_retries``, always given): PydanticAI counts them against its
+    agent's retries for output validation."""
     budgets = retries_of(tools)
     options: dict[str, Any] = {"tool_retries": budgets} if budgets else {}
+    options["unknown_tool_retries"] = output_retries
     if check_usage_limits(usage_limits) is not None:
         options["usage_limits"] = usage_limits
     if output is not None:

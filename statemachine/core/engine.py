@@ -129,7 +129,7 @@ from statemachine.core.tools import (
     DEFAULT_TOOL_RETRIES,
     Scheduling,
     ToolDefinition,
-    ToolOutput,
+    check_retry_budget,
     check_tool_retries,
     validate_arguments,
 )
@@ -358,6 +358,7 @@ class Engine:
     table = _Field[Table]()
     tools = _Field[tuple[ToolDefinition, ...]]()
     tool_retries = _Field[Mapping[str, int]]()
+    unknown_tool_retries = _Field[int | None]()
     max_turns = _Field[int](writable=True)
     usage_limits = _Field[UsageLimits | None](writable=True)
     output = _Field[OutputSpec | None](writable=True)  # the final-result tool (rule 13)
@@ -390,6 +391,7 @@ class Engine:
         transition_hook: TransitionHook | None = None,
         table: Table = BASE_TABLE,
         tool_retries: Mapping[str, int] | None = None,
+        unknown_tool_retries: int | None = None,
     ) -> None:
         positive_int("max_turns", max_turns)
         checked = check_tool_definitions(tools)
@@ -411,6 +413,10 @@ class Engine:
             if not isinstance(tool_retries, MappingProxyType):
                 tool_retries = MappingProxyType(check_tool_retries(tool_retries))
             run.tool_retries = tool_retries
+        if unknown_tool_retries is not None:
+            run.unknown_tool_retries = check_retry_budget(
+                "unknown_tool_retries", unknown_tool_retries
+            )
         self._attach(run, logger=logger, transition_hook=transition_hook)
 
     def _attach(
@@ -511,8 +517,12 @@ class Engine:
         return self._run.batch.pending_approvals()
 
     def retry_budget(self, tool: str) -> int:
-        """How many retry requests in a row ``tool`` may make (rule 14)."""
-        return self._run.tool_retries.get(tool, DEFAULT_TOOL_RETRIES)
+        """How many retry requests in a row ``tool`` may make (rule 14); for a name the
+        run does not offer, how many calls of it (``unknown_tool_retries``)."""
+        run = self._run
+        if run.unknown_tool_retries is not None and tool not in run.tools_by_name:
+            return run.unknown_tool_retries
+        return run.tool_retries.get(tool, DEFAULT_TOOL_RETRIES)
 
     def tool_failures(self, tool: str) -> int:
         """The retry requests ``tool`` made in a row so far (rule 14)."""
@@ -632,7 +642,8 @@ class Engine:
             run.usage = run.usage + (output.usage or NO_USAGE)
             run.delegated_requests += output.requests
         if output.retry or call.name in run.tool_failures:
-            self._count_retry(call.name, output)
+            text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
+            self._count_retry(call.name, text, retry=output.retry)
         slot.status = DONE
         if run.state is S.COLLECTING_RESULTS and len(run.batch.slots) > 1:
             self._start_runnable()  # the calls this one held back (a lone call held none)
@@ -849,6 +860,9 @@ class Engine:
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
                 refused = True
+                if run.unknown_tool_retries is not None and slot.call.name not in run.tools_by_name:
+                    # a tool that does not exist: the model must try again (rule 14)
+                    self._count_retry(slot.call.name, refusal, retry=True)
                 continue
             scheduling = run.scheduling.get(slot.call.name)
             if scheduling is not None:  # without one, a call runs beside everything
@@ -873,19 +887,19 @@ class Engine:
             return f"Tool call not run: the run's tool_calls limit ({limit}) is reached."
         return None
 
-    def _count_retry(self, tool: str, output: ToolOutput) -> None:
-        """Count a retry request of ``tool`` (rule 14): in a row, against its budget."""
+    def _count_retry(self, tool: str, message: str, *, retry: bool) -> None:
+        """Count a result of ``tool`` (rule 14): a retry request (``retry``) adds one
+        to its requests in a row, against its budget; any other result ends the row."""
         run = self._run
         failures = dict(run.tool_failures)
-        if not output.retry:
+        if not retry:
             if tool not in failures:
                 return
             del failures[tool]
         else:
             failures[tool] = failures.get(tool, 0) + 1
             if failures[tool] > self.retry_budget(tool) and run.retries_spent is None:
-                text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
-                run.retries_spent = (tool, text)
+                run.retries_spent = (tool, message)
         run.tool_failures = failures
 
     def _resolve_output(self, slot: CallSlot, refusal: str | None) -> None:

@@ -32,6 +32,12 @@ offers the tool for the rest. The type's judgement (``check``, its output valida
 holds for the text too: a text it refuses is a failed attempt, answered with a message
 naming why (``missed``, ``reminder``).
 
+**Plain text** (``plain=True``): the output is the final text itself, judged by
+``check`` alone (a plain-text agent's output validators): no tool is offered and no
+schema sent; a text the check refuses is a failed attempt, answered with a message
+naming why, through the same rows (``text`` holds too; ``definition`` is a placeholder
+never offered).
+
 **One tool per member** (``others``, tool mode only): an output that may be one of
 several types (a union, a list of types) offers one final-result tool per member,
 ``final_result_A``, ``final_result_B`` (as PydanticAI names them), each with its own
@@ -144,8 +150,11 @@ class OutputSpec:
     check: OutputCheck | None = attrs.field(default=None, eq=False, repr=False)
     end_strategy: EndStrategy = attrs.field(default="exhaustive", validator=_end_strategy)
     others: tuple[ToolDefinition, ...] = ()
+    plain: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
+        if self.plain and (self.native or self.others or not self.text):
+            raise InvalidInputError("output_type: a plain-text output offers no tool")
         if self.others and self.native:
             raise InvalidInputError("output_type: native output gives one schema, not a tool each")
         if len({d.name for d in self.tools}) != len(self.tools):
@@ -192,6 +201,14 @@ class OutputSpec:
         ]
         return cls(tools[0], retries, False, text, check, others=tuple(tools[1:]))
 
+    @classmethod
+    def plain_text(
+        cls, *, retries: int = DEFAULT_OUTPUT_RETRIES, check: OutputCheck | None = None
+    ) -> OutputSpec:
+        """The spec of a plain-text output judged by ``check`` (module docstring)."""
+        placeholder = ToolDefinition(OUTPUT_TOOL, _DESCRIPTION, {"type": "object"})
+        return cls(placeholder, retries, False, True, check, plain=True)
+
     @property
     def name(self) -> str:
         return self.definition.name
@@ -202,15 +219,16 @@ class OutputSpec:
         return (self.definition, *self.others)
 
     def owns(self, tool: str) -> bool:
-        """Whether ``tool`` is one of the final-result tools (never, in native mode)."""
-        if self.native:
+        """Whether ``tool`` is one of the final-result tools (never, in native mode or
+        for plain text)."""
+        if self.native or self.plain:
             return False
         return tool == self.definition.name or any(d.name == tool for d in self.others)
 
     def offered(self, tools: tuple[ToolDefinition, ...]) -> tuple[ToolDefinition, ...]:
         """The tools a model call offers: ``tools``, and the final-result tools unless
-        the output comes as text (native mode)."""
-        return tools if self.native else (*tools, *self.tools)
+        the output comes as text (native mode, plain text)."""
+        return tools if self.native or self.plain else (*tools, *self.tools)
 
     def accepts(self, message: AssistantMessage) -> bool:
         """True if ``message`` is a final answer whose text is the output (native mode
@@ -247,6 +265,8 @@ class OutputSpec:
 
     def missed(self, message: AssistantMessage) -> str:
         """Why the final answer ``message`` gave no output (a failed attempt)."""
+        if self.plain:  # the text is the output: only the check's word
+            return self.judged(message.text, TEXT_OUTPUT) or "it was refused"
         if self.text:  # a text the type refused (``accepts``)
             problem = self.judged(message.text, TEXT_OUTPUT) or "it was refused"
             return f"the final text was not accepted: {problem}"
@@ -257,6 +277,9 @@ class OutputSpec:
     def reminder(self, error: str | None = None) -> str:
         """The user message that answers a final text answer that gave no output
         (``error``: why, in native mode or for a text the type refused)."""
+        if self.plain:
+            problem = (error or "it was refused").rstrip(".")
+            return f"Your answer was not accepted: {problem}. Answer again."
         if self.text and error:
             return (
                 f"Your answer was not accepted: {error}. Answer again, or call the tool "
@@ -277,12 +300,14 @@ class OutputSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema": self.definition.schema_dict(), "retries": self.retries}
+        if self.plain:  # no schema: the text is the output
+            data = {"plain": True, "retries": self.retries}
         if self.others:  # a tool per member: each named (one tool: as it always was)
             del data["schema"]
             data["tools"] = [{"name": d.name, "schema": d.schema_dict()} for d in self.tools]
         if self.native:  # absent for the tool, as in what was written before native mode
             data["native"] = True
-        if self.text:  # likewise absent unless the output admits text
+        if self.text and not self.plain:  # likewise absent unless the output admits text
             data["text"] = True
         if self.end_strategy != "exhaustive":  # absent: what was written before the choice
             data["endStrategy"] = self.end_strategy
@@ -290,15 +315,15 @@ class OutputSpec:
 
     @classmethod
     def from_dict(cls, data: object, path: str) -> OutputSpec:
+        if isinstance(data, Mapping) and data.get("plain") is True:
+            return cls._plain_from(data, path)
         if not isinstance(data, Mapping) or not (
             ({"schema", "retries"} <= set(data) or {"tools", "retries"} <= set(data))
             and set(data) <= _KEYS
             and not {"schema", "tools"} <= set(data)
         ):
             raise InvalidInputError(f"{path}: expected an object with schema and retries")
-        retries = data["retries"]
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise InvalidInputError(f"{path}.retries: expected an integer >= 0")
+        retries = _retries_of(data, path)
         native, text = data.get("native", False), data.get("text", False)
         if not isinstance(native, bool) or not isinstance(text, bool):
             raise InvalidInputError(f"{path}.native and .text: expected booleans")
@@ -315,6 +340,24 @@ class OutputSpec:
             where = "tools" if "tools" in data else "schema"
             raise InvalidInputError(f"{path}.{where}: {exc}") from None
         return attrs.evolve(spec, end_strategy=end_strategy)
+
+    @classmethod
+    def _plain_from(cls, data: Mapping[str, Any], path: str) -> OutputSpec:
+        if not {"plain", "retries"} <= set(data) <= {"plain", "retries", "endStrategy"}:
+            raise InvalidInputError(f"{path}: expected an object with plain and retries")
+        try:
+            end_strategy = check_end_strategy(data.get("endStrategy", "exhaustive"))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{path}.endStrategy: {exc}") from None
+        spec = cls.plain_text(retries=_retries_of(data, path))
+        return attrs.evolve(spec, end_strategy=end_strategy)
+
+
+def _retries_of(data: Mapping[str, Any], path: str) -> int:
+    retries = data["retries"]
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise InvalidInputError(f"{path}.retries: expected an integer >= 0")
+    return retries
 
 
 _KEYS: Final = frozenset({"schema", "tools", "retries", "native", "text", "endStrategy"})

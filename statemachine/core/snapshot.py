@@ -141,6 +141,13 @@ def write(run: EngineState) -> dict[str, Any]:
         **({"delegatedRequests": run.delegated_requests} if run.delegated_requests else {}),
         **({"toolCalls": run.tool_calls} if run.tool_calls else {}),
         **_retries_to_dict(run),
+        # written only where counted: a snapshot of a run that did not count them (one
+        # restored from before they were) restores as it ran (rule 14)
+        **(
+            {"unknownToolRetries": run.unknown_tool_retries}
+            if run.unknown_tool_retries is not None
+            else {}
+        ),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
             for d in run.tools
@@ -310,6 +317,8 @@ def _load_progress(run: EngineState, data: Mapping[str, Any]) -> None:
     if "toolCalls" in data:  # written only once a tool-call limit counted one
         run.tool_calls = integer(data, "toolCalls", p, minimum=0)
     _retries_from(run, data)
+    if "unknownToolRetries" in data:
+        run.unknown_tool_retries = integer(data, "unknownToolRetries", p, minimum=0)
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
@@ -546,7 +555,7 @@ def _check_flags(run: EngineState) -> None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
     held = [slot.result for slot in run.batch if slot.result is not None]
-    native = run.output is not None and run.output.native
+    native = run.output is not None and (run.output.native or run.output.plain)
     if native and run.output_call not in (None, TEXT_OUTPUT):
         raise SnapshotError("snapshot.outputCall: a native-mode output is the final text")
     if (
@@ -590,6 +599,7 @@ _SNAPSHOT_KEYS: Final = frozenset(
         "outputCall",
         "outputFailures",
         "outputError",
+        "unknownToolRetries",
         "outputRemind",
         "checkPermissions",
         "checkContinue",

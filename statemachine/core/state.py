@@ -145,6 +145,11 @@ class EngineState:
     check_continue: bool = attrs.field(metadata=_configuration(keyed=True))
     # the tools whose budget of retry requests in a row is not the default (rule 14)
     tool_retries: Mapping[str, int] = attrs.field(default=NO_RETRIES, metadata=_configuration())
+    # the budget of calls of a tool the run does not offer, counted like retry requests
+    # (rule 14); ``None``: not counted, as runs recorded before they were
+    unknown_tool_retries: int | None = attrs.field(
+        default=None, metadata=_configuration(keyed=True)
+    )
     # the rows interpreted: BASE_TABLE, or one with a team's steps (core/steps.py)
     table: Table = attrs.field(default=BASE_TABLE, metadata=_configuration())
 
@@ -219,8 +224,8 @@ class EngineState:
         """A run's state before its first event (checked values only: ``Engine``
         checks what a caller gives, ``core/snapshot.py`` what a snapshot holds)."""
         by_name = {d.name: d for d in tools}
-        if output is not None and not output.native:  # native: no tool (core/output.py)
-            by_name.update((d.name, d) for d in output.tools)
+        if output is not None:  # native, plain text: no tool (core/output.py)
+            by_name.update((d.name, d) for d in output.offered(()))
         seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
         return cls(
             run_id=run_id,

@@ -137,14 +137,22 @@ the tool executions it triggers::
     and the same rows judge the final text instead: text that parses and validates
     is the output, so ``output_missing`` does not hold and the final answer ends the
     run ``Done``; any other final text is ``output_missing``, one failed attempt,
-    answered with a message naming the problems.
+    answered with a message naming the problems. A plain-text output judged by a
+    check (a text agent's output validators) offers no tool either: the final text is
+    the output once the check accepts it, and a text it refuses is one failed attempt
+    through the same rows.
 14. **Retry requests.** A tool's result may be a *retry request* (the tool raised
     ``ModelRetry``: the model should call it again, differently): an error result like
     any other (rule 5), counted for its tool. The count is of requests in a row: a
     result of the tool that is not one starts it again. A tool whose count passes its
     budget (``tool_retries``; ``DEFAULT_TOOL_RETRIES``, 1, for a tool not named) ends the run
     ``ToolRetriesExceeded`` at the turn boundary (rule 7), naming the tool and its last
-    message; a model cannot loop on a tool that keeps refusing it.
+    message; a model cannot loop on a tool that keeps refusing it. A call of a tool the
+    run does not offer (rule 3's "Unknown tool" result) is a retry request of that name
+    too, against the run's ``unknown_tool_retries`` (an agent gives its
+    ``output_retries``, as PydanticAI counts them against its retries for output
+    validation); an engine given none does not count them, as runs recorded before
+    did not, so their journals and snapshots replay as they ran.
 15. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
     ``TRANSITIONS``: a run with steps interprets a ``Table`` of these rows with some
     redirected into the steps' states (``DeclaredState``) and the steps' own rows

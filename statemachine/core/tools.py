@@ -50,6 +50,7 @@ __all__ = [
     "ToolExecute",
     "ToolOutput",
     "ToolReturn",
+    "check_retry_budget",
     "check_tool_retries",
     "validate_arguments",
 ]
@@ -359,11 +360,15 @@ def check_tool_retries(value: Mapping[str, int]) -> dict[str, int]:
     if not isinstance(value, Mapping):
         raise InvalidInputError("tool_retries must map tool names to integers >= 0")
     for name, budget in value.items():
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-            raise InvalidInputError(
-                f"tool_retries[{name!r:.40}] must be an integer >= 0, got {budget!r:.40}"
-            )
+        check_retry_budget(f"tool_retries[{name!r:.40}]", budget)
     return dict(value)
+
+
+def check_retry_budget(name: str, value: object) -> int:
+    """``value`` if it is a retry budget: an ``int`` of at least 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r:.40}")
+    return value
 
 
 def _requests(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

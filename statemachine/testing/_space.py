@@ -147,7 +147,11 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config(
         {"output": NATIVE_OUTPUT, "check_continue": True}, call_kinds=("ok",), texts=NATIVE_TEXTS
     ),
-    Config({"tool_retries": TOOL_RETRIES, "check_continue": True}, max_calls=2),
+    # Calls of an unknown tool count too (rule 14): each one spends the budget of 1.
+    Config(
+        {"tool_retries": TOOL_RETRIES, "unknown_tool_retries": 1, "check_continue": True},
+        max_calls=2,
+    ),
 )
 
 
