@@ -7,20 +7,20 @@ exactly once (``report``, which is ``ActionLoop.post``).
 
 Abort and the grace period
 --------------------------
-When the run's signal fires, the driver forwards it to the internal signal that
-tools and the model client hold, and tells the engine (``AbortRequested``) before any
-event that was already waiting, so that no model call and no tool call starts after
-the abort. The engine answers with ``CancelOperations`` naming what is still
-outstanding. The grace period is one budget, counted from then: for its first half
-the operations may finish on their own (a result that arrives then is kept as it is,
-I6); then their tasks are cancelled (each reports ``*Cancelled`` once its cleanup has
-run); an operation still running when the grace period ends (one that swallows
-``CancelledError`` and keeps going, a sync tool in its thread) is abandoned: the
-driver records it as such (result text, ``ToolEnded.abandoned``, the explanation)
-and stops waiting for it. So ``run_agent`` returns within the grace period after the
-abort is seen, whatever a client or tool does. Code that blocks the event loop
-delays when the abort is seen (nothing can interrupt it); the grace period then runs
-from when the loop is free again.
+When the run's signal fires, the driver forwards it to the internal signal that tools
+and the model client hold, and tells the engine (``AbortRequested``) before any event
+that was already waiting (ordering rule O2, ``agent/loop.py``), so that no model call
+and no tool call starts after the abort. The engine answers with ``CancelOperations``
+naming what is still outstanding. The grace period is one budget, counted from then:
+for its first half the operations may finish on their own (a result that arrives then
+is kept as it is, I6); then their tasks are cancelled (each reports ``*Cancelled``
+once its cleanup has run); an operation still running when the grace period ends (one
+that swallows ``CancelledError`` and keeps going, a sync tool in its thread) is
+abandoned: the driver records it as such (result text, ``ToolEnded.abandoned``, the
+explanation) and stops waiting for it. So ``run_agent`` returns within the grace
+period after the abort is seen, whatever a client or tool does. Code that blocks the
+event loop delays when the abort is seen (nothing can interrupt it); the grace period
+then runs from when the loop is free again.
 """
 
 from __future__ import annotations

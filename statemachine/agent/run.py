@@ -235,14 +235,13 @@ class AgentRun(Generic[OutputT]):
         if loop is None:
             self._early.append(event)
         else:
-            # From a tool, hook or model client of this run (the loop's own thread):
-            # queued now, so it is ahead of the event that the calling operation
-            # reports next.
+            # From a tool, hook or model client of this run: queued now (ordering
+            # rule O4, ``agent/loop.py``).
             self._on_loop_thread(loop, loop.inbox.put_nowait, event)
 
     def _on_loop_thread(self, loop: ActionLoop, act: Callable[[Any], None], arg: Any) -> None:
         """``act(arg)`` now on the event loop's thread, else handed to ``loop`` (done
-        before it handles its next event)."""
+        before it handles its next event: O3, ``agent/loop.py``)."""
         if threading.get_ident() == self._loop_thread:
             act(arg)
             return
