@@ -9,24 +9,50 @@ handed to the resumed run. At the end, every message still stored for the run is
 taken (``Lane.drain``): steers and follow-ups become the result's ``queued_input``,
 so none that was acknowledged is lost. The backend's workflow runs this, and an
 export runs it again over the saved steps, so both follow the same course.
+
+Each part of a durable run (from its start, or from a wait for a person to the next)
+is a ``LaneRun``: it holds the driver's ``AgentRun`` (not a subclass of it), given
+the backend that starts its operations and an inbox that places the lane's messages
+between two engine events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
 
 from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.executor import CONTINUE, MODEL, PERMISSIONS, TOOL, Backend, Operation
+from statemachine.agent.loop import Inbox
+from statemachine.agent.run import AgentRun, use_backend
+from statemachine.core.engine import Engine
 from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.wire import message_from_dict
+from statemachine.durable._journal import (
+    CONTINUE_STEP,
+    DECISION_STEP,
+    MODEL_STEP,
+    PERMISSION_STEP,
+    TOOL_STEP,
+)
 from statemachine.durable._wire import merge_stats
 from statemachine.errors import InvalidInputError
 
-__all__ = ["CourseRun", "Lane", "Publish", "Resume", "drive", "user_message"]
+__all__ = [
+    "CourseRun",
+    "Lane",
+    "LaneRun",
+    "Publish",
+    "Resume",
+    "drive",
+    "step_name",
+    "user_message",
+]
 
 
 class Lane(Protocol):
@@ -54,6 +80,75 @@ class CourseRun(Protocol):
     def steer(self, message: str | UserMessage) -> None: ...
 
     def follow_up(self, message: str | UserMessage) -> None: ...
+
+
+class LaneRun:
+    """One part of a durable run (module docstring): ``part`` (an ``AgentRun``), whose
+    operations ``backend`` starts and whose inbox (``inbox(self)``) places the
+    messages of the control lane ``control``; a ``CourseRun``."""
+
+    def __init__(
+        self,
+        part: AgentRun,
+        control: Any,
+        inbox: Callable[[LaneRun], Inbox],
+        backend: Backend,
+    ) -> None:
+        self.part = part
+        self.control = control
+        self.inbox = inbox(self)
+        use_backend(part, inbox=self.inbox, backend=backend, on_handle=partial(_count, control))
+
+    @property
+    def engine(self) -> Engine:
+        return self.part.engine
+
+    @property
+    def aborting(self) -> bool:
+        return self.part.aborting
+
+    async def run(self) -> RunResult:
+        return await self.part.run()
+
+    def abort(self, reason: object = None) -> None:
+        self.part.abort(reason)
+
+    def steer(self, message: str | UserMessage) -> None:
+        self.part.steer(message)
+
+    def follow_up(self, message: str | UserMessage) -> None:
+        self.part.follow_up(message)
+
+    def take(self, message: Any) -> Event | None:
+        """A message to the run, taking effect now: the event to hand the engine
+        next, if any (an abort goes ahead by itself; a late decision is dropped)."""
+        if not isinstance(message, Mapping):
+            return None  # a listener's wait ended without a message
+        kind = message.get("kind")
+        if kind == "abort":
+            self.abort(message.get("reason") or "aborted by the caller")
+        elif kind in ("steer", "follow_up"):
+            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
+            return InputQueued(user_message(message), which)
+        return None
+
+
+def _count(control: Any, event: Event) -> None:
+    """One more engine event handed over (where the lane places messages)."""
+    control.handled += 1
+
+
+_STEP_NAMES = {
+    MODEL: MODEL_STEP,
+    TOOL: TOOL_STEP,
+    PERMISSIONS: PERMISSION_STEP,
+    CONTINUE: CONTINUE_STEP,
+}
+
+
+def step_name(op: Operation) -> str:
+    """The name under which a backend records the operation ``op``."""
+    return _STEP_NAMES.get(op.kind, DECISION_STEP)
 
 
 Resume = Callable[[Any, list[Event]], Any]  # (the run that stopped, decisions) -> resumed

@@ -4,7 +4,7 @@
 have written for it (``statemachine.journal``: header, events, checkpoints), so
 ``statemachine replay``, ``statemachine check`` and the transcript checker read it
 unchanged. It is built the way a recovery rebuilds the run: the run's own course
-(``_course.drive`` and ``DurableRun``, as the workflow runs them) goes again over a
+(``_course.drive`` over ``durable_run``'s parts, as the workflow runs them) goes again over a
 ``JournalingEngine``, every model call, tool call and hook check answered by the
 events its recorded step saved, never by running it, and each message the run took
 (steer, follow-up, abort, decision) taking effect after the number of engine events
@@ -38,8 +38,8 @@ import attrs
 from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
-from statemachine.agent.loop import ActionLoop
-from statemachine.agent.run import continue_run
+from statemachine.agent.executor import AsyncioExecutor, Operation
+from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
@@ -51,9 +51,9 @@ from statemachine.durable import (
     ListedRun,
     UnknownRunError,
 )
-from statemachine.durable._course import drive
+from statemachine.durable._course import LaneRun, drive
 from statemachine.durable._dbos_control import Control, recorded_looks
-from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
+from statemachine.durable._dbos_run import ControlInbox, DBOSBackend, StepBody
 from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
 from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
@@ -126,43 +126,48 @@ class _ReplayControl(Control):
 
 
 class _ReplayInbox(ControlInbox):
-    """The run's inbox; an empty one is the end of the recorded steps (``_ReplayRun``)."""
+    """The run's inbox; an empty one is the end of the recorded steps (``_replay_run``)."""
 
     async def _wait(self) -> None:
         raise RecordEndedError
 
 
-class _ReplayExecutor(DurableExecutor):
-    """Answers every step by its recorded output, never runs it (``_ReplayRun``)."""
+class _ReplayBackend:
+    """Answers every step by its recorded output, never runs it (``_replay_run``); a
+    ``Backend`` that holds the run's ``DBOSBackend`` for what they share."""
 
-    def __init__(self, loop: ActionLoop, *, recorded: Recorded, **parts: Any) -> None:
-        super().__init__(loop, **parts)
+    def __init__(self, control: Control, recorded: Recorded) -> None:
         self._recorded = recorded
         self._unrecorded: list[str] = []  # operations started but not recorded
+        self._steps = DBOSBackend(control, self._saved)
 
-    async def saved(self, name: str, key: str, step: Any) -> Any:
+    async def _saved(self, name: str, key: str, step: StepBody) -> Any:
         saved = self._recorded.take(name, key)
         if saved is NOT_RECORDED:
             self._unrecorded.append(key)
         return saved
 
-    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        self._steps.start(driver, op)
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         """An operation cancelled after the abort saved no output: answered as the
         end of the grace period answers one that ended without a word."""
         for key in keys:
-            if key in self._unrecorded and key not in self.loop.reported:
-                self.deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+            if key in self._unrecorded and key not in driver.loop.reported:
+                self._steps.handover.deliver(
+                    key, [ModelCancelled() if key == "model" else ToolCancelled(key)]
+                )
+
+    def reported(self, key: str) -> None:
+        self._steps.reported(key)
 
 
-class _ReplayRun(DurableRun):
-    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
-    Every recorded answer is posted when its step starts, so a loop that would wait
-    has reached the end of the recorded steps."""
-
-    _inbox_type = _ReplayInbox
-
-    def __init__(self, recorded: Recorded, **kwargs: Any) -> None:
-        super().__init__(executor=partial(_ReplayExecutor, recorded=recorded), **kwargs)
+def _replay_run(part: AgentRun, control: Control, recorded: Recorded) -> LaneRun:
+    """``part`` with its steps answered by their recorded outputs, never run. Every
+    recorded answer is posted when its step starts, so a loop that would wait has
+    reached the end of the recorded steps."""
+    return LaneRun(part, control, _ReplayInbox, _ReplayBackend(control, recorded))
 
 
 # -- the export --------------------------------------------------------------------------------
@@ -184,20 +189,18 @@ async def _rebuild(
         "model": NoModel(),
         "max_turns": spec["max_turns"],
         "run_id": run_id,
-        "control": control,
         **chosen,
     }
-    runs = [
-        _ReplayRun(
-            recorded,
-            messages=messages_from_dicts(spec["messages"]),
-            engine_factory=partial(JournalingEngine, journal=journal),
-            **kwargs,
-        )
-    ]
+    first = AgentRun(
+        messages=messages_from_dicts(spec["messages"]),
+        engine_factory=partial(JournalingEngine, journal=journal),
+        **kwargs,
+    )
+    runs = [_replay_run(first, control, recorded)]
 
-    def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-        runs.append(continue_run(_ReplayRun, done.engine, decisions, recorded=recorded, **kwargs))
+    def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
+        part = continue_run(done.engine, decisions, **kwargs)
+        runs.append(_replay_run(part, control, recorded))
         return runs[-1]
 
     try:
