@@ -86,10 +86,9 @@ from typing import IO, Any, NoReturn, Unpack
 import sqlalchemy.exc
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 
-from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
-from statemachine.agent.options import NewRunOptions, resolve
+from statemachine.agent.options import HookOptions, NewRunOptions, resolve
 from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.steps import Step
 from statemachine.agent.tools import Tool
@@ -185,9 +184,6 @@ class DBOSRunner:
         models: Mapping[str, ModelClient],
         tools: Sequence[Tool] = (),
         database_url: str = "sqlite:///statemachine.sqlite",
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
         executor_id: str = "local",
         queues: Mapping[str, int] | None = None,
         name: str = "statemachine",
@@ -198,6 +194,7 @@ class DBOSRunner:
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
         steps: Sequence[Step] = (),
+        **hooks: Unpack[HookOptions],
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -209,11 +206,9 @@ class DBOSRunner:
         self.models = dict(models)
         self.tools = {t.name: t for t in tools}
         self.database_url = check_url(database_url)
-        self.hooks: dict[str, Any] = {
-            "before_tool_call": before_tool_call,
-            "after_tool_call": after_tool_call,
-            "should_continue": should_continue,
-        }
+        # The hooks, the same for every run of this worker (code: not in a run's input).
+        self.options = resolve("DBOSRunner", hooks, HookOptions)
+        self.hooks: dict[str, Any] = dict(hooks)  # by name, as the manifest records them
         self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
@@ -366,10 +361,10 @@ class DBOSRunner:
             "max_turns": spec["max_turns"],
             "run_id": run_id,
             **run_options(spec, self.instructions, self.output_types),
-            **self.hooks,
             "steps": self.steps,
         }
-        options = resolve("DBOSRunner", given, NewRunOptions)  # the run's record
+        # The run's record: the runner's (its hooks) with the run's own options.
+        options = resolve("DBOSRunner", given, NewRunOptions, self.options)
         model = self.models[spec["model"]]
         if resumed is None:
             messages = messages_from_dicts(spec["messages"])

@@ -27,7 +27,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from statemachine.agent.options import NewRunOptions, resolve
+from statemachine.agent.options import NewRunOptions, Options, resolve
 from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
@@ -221,21 +221,7 @@ class RunWorkflow:
         self._ops.take(spec, registry.settings)
         carried = spec.get("carried", {})
         self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
-        # The run's output type and usage limits; its instructions are the model
-        # activity's to send (the model call is made there).
-        extras = run_options(spec, registry.instructions, registry.output_types)
-        extras.pop("instructions", None)
-        given = {
-            "tools": [registry.tools[n] for n in spec["tools"]],
-            "max_turns": spec["max_turns"],
-            "run_id": workflow.info().workflow_id,
-            "grace_period": registry.settings.grace,
-            **{h: stand_in_hook for h in registry.hooks},
-            # The run's steps as it recorded them (their decisions are activities).
-            "steps": replay_options(spec).get("steps", ()),
-            **extras,
-        }
-        options = resolve("TemporalRunner", given, NewRunOptions)  # the run's record
+        options = _run_options(spec, registry)
         parts: dict[str, Any] = {"model": NoModel(), "options": options}
         first = AgentRun(messages=messages_from_dicts(spec["messages"]), **parts)
         runs = [remote_run(first, self._lane)]
@@ -347,3 +333,22 @@ def hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> list[str
     if blocking:
         raise RunHeldError("; ".join(blocking))
     return notes
+
+
+def _run_options(spec: Mapping[str, Any], registry: Registry) -> Options:
+    """The run's record: its options from ``spec`` and the worker's ``registry``."""
+    # The run's output type and usage limits; its instructions are the model
+    # activity's to send (the model call is made there).
+    extras = run_options(spec, registry.instructions, registry.output_types)
+    extras.pop("instructions", None)
+    given = {
+        "tools": [registry.tools[n] for n in spec["tools"]],
+        "max_turns": spec["max_turns"],
+        "run_id": workflow.info().workflow_id,
+        "grace_period": registry.settings.grace,
+        **{h: stand_in_hook for h in registry.hooks},
+        # The run's steps as it recorded them (their decisions are activities).
+        "steps": replay_options(spec).get("steps", ()),
+        **extras,
+    }
+    return resolve("TemporalRunner", given, NewRunOptions)
