@@ -62,11 +62,7 @@ class Recording:
             assert op.kind == CONTINUE
             what = ("start_continue_check", f"turn {subject}")
         self.seen.append(what)
-        task = start_task(driver.perform(op, self), eager=op.alone)
-        if op.key:
-            driver.track(op.key, task)
-        else:
-            driver.track_helper(task)
+        driver.keep(op, start_task(driver.perform(op, self), eager=op.alone))
 
     def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         IN_PROCESS.cancel(driver, keys, reason)

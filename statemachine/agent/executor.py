@@ -11,7 +11,7 @@ Backends
 operation is started, and where what it reports is kept, is the ``Backend`` it is
 given. The driver describes each operation as an ``Operation`` (its kind, its key,
 what it acts on) and hands it to ``Backend.start``; the backend starts it as a task
-the driver keeps (``track``, ``track_helper``), performing it in this process
+the driver keeps (``keep``), performing it in this process
 (``perform``, reporting to the driver or to a ``Reports`` of its own, such as a
 durable step that records what the operation reported) or elsewhere (an activity).
 ``IN_PROCESS`` is the backend of ``run_agent``: every operation an asyncio task of
@@ -194,8 +194,7 @@ class Backend(Protocol):
     docstring); the driver is given one and calls nothing else of it."""
 
     def start(self, driver: AsyncioExecutor, op: Operation) -> None:
-        """Start ``op`` as a task the driver keeps (``driver.track`` for a keyed
-        operation, ``driver.track_helper`` for a hook's)."""
+        """Start ``op`` as a task the driver keeps (``driver.keep``)."""
 
     def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         """End the operations ``keys`` within the grace period, after an abort; each
@@ -214,11 +213,7 @@ class InProcess:
     __slots__ = ()
 
     def start(self, driver: AsyncioExecutor, op: Operation) -> None:
-        task = start_task(driver.perform(op, driver), eager=op.alone)
-        if op.key:
-            driver.track(op.key, task)
-        else:
-            driver.track_helper(task)
+        driver.keep(op, start_task(driver.perform(op, driver), eager=op.alone))
 
     def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         driver.track_helper(start_task(driver.cancel_after_grace(keys, reason), eager=False))
@@ -325,10 +320,13 @@ class AsyncioExecutor:
 
     # -- tasks -------------------------------------------------------------------------------
 
-    def track(self, key: str, task: asyncio.Future[None]) -> None:
-        """Keep ``task`` as the operation ``key``'s, which the grace period acts on."""
-        if not task.done():  # an eager one may have reported already
-            self.tasks[key] = task
+    def keep(self, op: Operation, task: asyncio.Future[None]) -> None:
+        """Keep ``task``, which performs ``op``: as the keyed operation's, which the
+        grace period acts on, or as a hook's helper (``track_helper``)."""
+        if not op.key:
+            self.track_helper(task)
+        elif not task.done():  # an eager one may have reported already
+            self.tasks[op.key] = task
 
     def track_helper(self, task: asyncio.Future[None]) -> None:
         """Keep ``task`` (a hook call, a grace timer) as a helper, which an abort cancels."""

@@ -33,13 +33,7 @@ from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQue
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.core.wire import message_from_dict
-from statemachine.durable._journal import (
-    CONTINUE_STEP,
-    DECISION_STEP,
-    MODEL_STEP,
-    PERMISSION_STEP,
-    TOOL_STEP,
-)
+from statemachine.durable import _journal
 from statemachine.durable._wire import merge_stats
 from statemachine.errors import InvalidInputError
 
@@ -139,16 +133,16 @@ def _count(control: Any, event: Event) -> None:
 
 
 _STEP_NAMES = {
-    MODEL: MODEL_STEP,
-    TOOL: TOOL_STEP,
-    PERMISSIONS: PERMISSION_STEP,
-    CONTINUE: CONTINUE_STEP,
+    MODEL: _journal.MODEL_STEP,
+    TOOL: _journal.TOOL_STEP,
+    PERMISSIONS: _journal.PERMISSION_STEP,
+    CONTINUE: _journal.CONTINUE_STEP,
 }
 
 
 def step_name(op: Operation) -> str:
     """The name under which a backend records the operation ``op``."""
-    return _STEP_NAMES.get(op.kind, DECISION_STEP)
+    return _STEP_NAMES.get(op.kind, _journal.DECISION_STEP)
 
 
 Resume = Callable[[Any, list[Event]], Any]  # (the run that stopped, decisions) -> resumed

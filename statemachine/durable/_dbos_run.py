@@ -162,11 +162,7 @@ class DBOSBackend:
 
     def start(self, driver: AsyncioExecutor, op: Operation) -> None:
         self.handover.started(driver, op)
-        task = start_now(self._step(driver, op))
-        if op.key:
-            driver.track(op.key, task)
-        else:
-            driver.track_helper(task)
+        driver.keep(op, start_now(self._step(driver, op)))
 
     def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         driver.track_helper(start_now(driver.cancel_after_grace(keys, reason)))

@@ -27,15 +27,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from statemachine.agent.executor import (
-    CONTINUE,
-    MODEL,
-    PERMISSIONS,
-    TOOL,
-    AsyncioExecutor,
-    Operation,
-    start_task,
-)
+from statemachine.agent import executor
+from statemachine.agent.executor import AsyncioExecutor, Operation, start_task
 from statemachine.agent.run import AgentRun
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
@@ -180,29 +173,27 @@ class TemporalBackend:
         self._views: dict[str, str] = {}
 
     def start(self, driver: AsyncioExecutor, op: Operation) -> None:
-        if op.kind == MODEL:
+        if op.kind == executor.MODEL:
             running = [t for t in (*driver.tasks.values(), *driver.helpers) if not t.done()]
             if not running and self.ops.roll_over():
                 return  # the run goes on in a new execution, which makes this call
         self.handover.started(driver, op)
         payload = self._payload(driver, op)
-        task = start_task(self._remote(driver, step_name(op), op.key, payload), eager=False)
-        if op.key:
-            driver.track(op.key, task)
-        else:
-            driver.track_helper(task)
+        driver.keep(
+            op, start_task(self._remote(driver, step_name(op), op.key, payload), eager=False)
+        )
 
     def _payload(self, driver: AsyncioExecutor, op: Operation) -> dict[str, Any]:
         """What the activity of ``op`` is sent."""
         subject = op.subject
-        if op.kind == MODEL:
+        if op.kind == executor.MODEL:
             return {"action": action_to_dict(subject), "views": dict(self._views)}
-        if op.kind == TOOL:
+        if op.kind == executor.TOOL:
             return {"call": call_to_dict(subject)}
-        if op.kind == PERMISSIONS:
+        if op.kind == executor.PERMISSIONS:
             return {"calls": [call_to_dict(c) for c in subject]}
         messages = messages_to_dicts(driver.loop.engine.messages)
-        if op.kind == CONTINUE:
+        if op.kind == executor.CONTINUE:
             return {"messages": messages, "turn": subject}
         return {"step": subject.step, "messages": messages, "views": dict(self._views)}
 
