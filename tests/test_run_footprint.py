@@ -9,6 +9,7 @@ import functools
 import gc
 import inspect
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -434,9 +435,11 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
 def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
     # No abort listener, every tool's calls free to run beside the others: no list,
     # dict or scheduling is made for them (the lists left are the history, the trace,
-    # the batch, the input queues and the like: 10 lists and 4 dicts before).
+    # the batch, the input queues, the inbox and the like: 10 lists and 4 dicts before).
+    # No deque either: each holds a block of 64 slots from the start.
     assert _held_per_run(list) <= 9.5
     assert _held_per_run(dict) <= 3.5
+    assert _held_per_run(deque) <= 0.5
 
 
 @pytest.mark.timeout(30)

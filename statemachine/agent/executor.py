@@ -44,7 +44,7 @@ import contextvars
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from functools import cached_property, partial
+from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
@@ -227,7 +227,22 @@ IN_PROCESS = InProcess()
 
 class AsyncioExecutor:
     """Performs the loop's actions as asyncio tasks started by its ``backend`` (module
-    docstring); an ``Executor`` and a ``Reports``."""
+    docstring); an ``Executor`` and a ``Reports``. Slots, and the helpers' set and the
+    hook caller made when first asked for, as ``ActionLoop``'s."""
+
+    __slots__ = (
+        "_event_loop",
+        "_helpers",
+        "_hook_caller",
+        "_thread",
+        "backend",
+        "grace",
+        "hooks",
+        "loop",
+        "model",
+        "tasks",
+        "tools",
+    )
 
     def __init__(
         self,
@@ -248,17 +263,23 @@ class AsyncioExecutor:
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+        self._helpers: set[asyncio.Future[None]] | None = None
+        self._hook_caller: HookCaller | None = None
 
-    @cached_property
+    @property
     def helpers(self) -> set[asyncio.Future[None]]:
         """The hook calls and grace timers under way (made with the first: most runs
         ask no hook and are never aborted)."""
-        return set()
+        if self._helpers is None:
+            self._helpers = set()
+        return self._helpers
 
-    @cached_property
+    @property
     def hook_caller(self) -> HookCaller:
         """Made when a hook is first asked: most runs have none."""
-        return HookCaller(self.hooks, self.loop.log, self.loop.note_failure)
+        if self._hook_caller is None:
+            self._hook_caller = HookCaller(self.hooks, self.loop.log, self.loop.note_failure)
+        return self._hook_caller
 
     # -- reporting -------------------------------------------------------------------------
 

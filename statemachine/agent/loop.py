@@ -63,9 +63,8 @@ the durable one (``statemachine.durable``) as recorded steps.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from functools import cached_property, partial
+from functools import partial
 from typing import Any, Protocol
 
 from statemachine._log import library_logger
@@ -123,7 +122,9 @@ class RunInbox:
     __slots__ = ("_events", "_waiter")
 
     def __init__(self) -> None:
-        self._events: deque[Event] = deque()
+        # A list, not a deque: it holds a few events at a time (a batch's results),
+        # and a deque holds a block of 64 slots from the start, in every waiting run.
+        self._events: list[Event] = []
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
@@ -138,7 +139,7 @@ class RunInbox:
     def get_nowait(self) -> Event:
         if not self._events:
             raise asyncio.QueueEmpty
-        return self._events.popleft()
+        return self._events.pop(0)
 
     async def get(self) -> Event:
         """The next event, once there is one."""
@@ -150,7 +151,7 @@ class RunInbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._events.popleft()
+        return self._events.pop(0)
 
 
 class Executor(Protocol):
@@ -187,7 +188,34 @@ class Executor(Protocol):
 
 
 class ActionLoop:
-    """Hands the engine one event at a time and the executor each action it answers."""
+    """Hands the engine one event at a time and the executor each action it answers.
+
+    Its fields are slots, and what most runs never use (the abandoned keys, a bound
+    logger) is made when first asked for: thousands of runs may wait in one process,
+    each holding one loop."""
+
+    __slots__ = (
+        "_abandoned",
+        "_abort_first",
+        "_base_log",
+        "_closed",
+        "_done",
+        "_event_loop",
+        "_later",
+        "_log",
+        "aborting",
+        "controller",
+        "engine",
+        "executor",
+        "fatal",
+        "inbox",
+        "late_input",
+        "model_exception",
+        "on_handle",
+        "reported",
+        "returned",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -214,23 +242,31 @@ class ActionLoop:
         self.late_input: tuple[InputQueued, ...] = ()  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
-        self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
+        # What later() was asked to do (O3): made when first asked for, as most runs
+        # never ask (a deque would hold a block of 64 slots from the start).
+        self._later: list[Callable[[], None]] | None = None
         self._event_loop = asyncio.get_running_loop()
         self._closed = False  # close() has let go of the executor
+        self._abandoned: set[str] | None = None
+        self._log: Any = None
         self.executor = executor(self)
 
-    @cached_property
+    @property
     def abandoned(self) -> set[str]:
         """The keys given up on at the end of an abort's grace period (made when first
         asked for: most runs are never aborted)."""
-        return set()
+        if self._abandoned is None:
+            self._abandoned = set()
+        return self._abandoned
 
-    @cached_property
+    @property
     def log(self) -> Any:
         """The run's logger (``log``, or the library's when ``None``), the run id bound:
         made when first used (most runs log nothing of their own)."""
-        base = self._base_log if self._base_log is not None else library_logger()
-        return base.bind(run_id=self.engine.run_id)
+        if self._log is None:
+            base = self._base_log if self._base_log is not None else library_logger()
+            self._log = base.bind(run_id=self.engine.run_id)
+        return self._log
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""
@@ -363,6 +399,8 @@ class ActionLoop:
         """Do ``act`` on the event loop's next pass, or before the loop handles its
         next event if that is sooner (O3). ``from_thread``: asked for from a thread
         other than the loop's."""
+        if self._later is None:
+            self._later = []
         self._later.append(act)
         if from_thread:
             self._event_loop.call_soon_threadsafe(self._do_later)
@@ -372,4 +410,4 @@ class ActionLoop:
     def _do_later(self) -> None:
         later = self._later
         while later:
-            later.popleft()()
+            later.pop(0)()
