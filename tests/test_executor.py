@@ -18,8 +18,8 @@ from driver_support import asks, make_tool, on_virtual_time, watched
 
 import statemachine as sm
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation, start_task
-from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.loop import ActionLoop
+from statemachine.agent.options import DEFAULTS
 from statemachine.agent.run import use_backend
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortController
@@ -207,7 +207,7 @@ def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> 
             controller=AbortController(),
             log=quiet,
             executor=partial(
-                AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=Hooks(), grace=1.0
+                AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=DEFAULTS, grace=1.0
             ),
         )
         executor = loop.executor

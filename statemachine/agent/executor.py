@@ -49,10 +49,11 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
 from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
-from statemachine.agent.hook_calls import HookCaller, Hooks
+from statemachine.agent.hook_calls import HookCaller
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
+from statemachine.agent.options import Options
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
@@ -250,7 +251,7 @@ class AsyncioExecutor:
         *,
         model: ModelClient | RunModel,
         tools: Mapping[str, Tool],
-        hooks: Hooks,
+        hooks: Options,
         grace: float,
         backend: Backend = IN_PROCESS,
     ) -> None:

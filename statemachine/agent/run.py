@@ -34,7 +34,6 @@ from statemachine.agent.context import (
 )
 from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Backend, current_tool_call
-from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.loop import ActionLoop, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import RunModel
@@ -64,17 +63,6 @@ __all__ = [
 
 
 _NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
-_NO_HOOKS = Hooks()  # likewise
-
-
-def _hooks(options: Options) -> Hooks:
-    """The run's ``Hooks`` (the four hooks, then the steps, ``agent/hook_calls.py``); one
-    shared by every run without any."""
-    o = options
-    hooks = (o.before_tool_call, o.after_tool_call, o.should_continue, o.transform_context)
-    if all(h is None for h in hooks) and not o.steps:
-        return _NO_HOOKS
-    return Hooks(*hooks, o.steps)
 
 
 def _checked_model(model: ModelClient | str, options: Options) -> tuple[ModelClient, ModelSettings]:
@@ -148,7 +136,6 @@ class AgentRun(Generic[OutputT]):
         self._model = RunModel(model, instructions, settings, self._stream, context, engine)
         self._output = output or Output.untyped(engine.output)
         self._tools = {t.name: t for t in opts.tools}
-        self._hooks = _hooks(opts)
         self._not_started()
 
     def _not_started(self) -> None:
@@ -290,7 +277,7 @@ class AgentRun(Generic[OutputT]):
                 AsyncioExecutor,
                 model=self._model,
                 tools=self._tools,
-                hooks=self._hooks,
+                hooks=self.options,  # the hooks are its fields
                 grace=float(self.options.grace_period),
                 backend=self._backend,
             ),

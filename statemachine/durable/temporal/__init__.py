@@ -65,12 +65,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import IO, Any, Unpack
 
+import attrs
 from temporalio.client import Client, WorkflowHistory
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.worker import Replayer, Worker
 
-from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings
 from statemachine.agent.model_call import Instructions
 from statemachine.agent.options import HookOptions, resolve
@@ -233,7 +233,7 @@ class TemporalRunner:
             raise UsageError("this runner is launched already")
         if self.task_queue in registries:
             raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
-        hooks = Hooks(**self.hooks, steps=self.steps)
+        hooks = attrs.evolve(self.options, steps=self.steps)
         activities = Activities(
             self.models,
             self.tools,
