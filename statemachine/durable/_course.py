@@ -27,15 +27,16 @@ import attrs
 from statemachine.agent.events import RunResult, RunStats
 from statemachine.agent.executor import CONTINUE, MODEL, PERMISSIONS, TOOL, Backend, Operation
 from statemachine.agent.loop import Inbox
-from statemachine.agent.run import AgentRun, use_backend
+from statemachine.agent.run import AgentRun, continue_run, use_backend
 from statemachine.core.engine import Engine
 from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TurnState
-from statemachine.core.wire import message_from_dict
+from statemachine.core.table import State, TurnState
+from statemachine.core.wire import message_from_dict, messages_from_dicts
 from statemachine.durable import _journal
 from statemachine.durable._wire import merge_stats
 from statemachine.errors import InvalidInputError
+from statemachine.journal import Journal, JournalingEngine
 
 __all__ = [
     "CourseRun",
@@ -44,6 +45,7 @@ __all__ = [
     "Publish",
     "Resume",
     "drive",
+    "replay_course",
     "step_name",
     "user_message",
 ]
@@ -234,3 +236,42 @@ def user_message(message: Mapping[str, Any]) -> UserMessage:
     if not isinstance(user, UserMessage):
         raise InvalidInputError("a queued message must be a user message")
     return user
+
+
+async def replay_course(
+    spec: Mapping[str, Any],
+    run_id: str,
+    journal: Journal,
+    chosen: Mapping[str, Any],
+    part: Callable[[AgentRun], LaneRun],
+) -> tuple[RunResult | None, State]:
+    """Run a durable run's course again over what it recorded, writing ``journal``
+    (an export; ``part`` makes each part of the run a backend's, answered from the
+    record; ``chosen``: the run's options as it recorded them). The result (``None``
+    where the record ends first) and the state its engine is in."""
+    kwargs: dict[str, Any] = {
+        "model": _journal.NoModel(),
+        "max_turns": spec["max_turns"],
+        "run_id": run_id,
+        **chosen,
+    }
+    first = AgentRun(
+        messages=messages_from_dicts(spec["messages"]),
+        engine_factory=partial(JournalingEngine, journal=journal),
+        **kwargs,
+    )
+    runs = [part(first)]
+
+    def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
+        runs.append(part(continue_run(done.engine, decisions, **kwargs)))
+        return runs[-1]
+
+    try:
+        result, _ = await drive(runs[0], resume, _publish_nothing)
+    except _journal.RecordEndedError:
+        return None, runs[-1].engine.state
+    return result, result.state
+
+
+async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
+    """An export publishes nothing."""

@@ -39,19 +39,17 @@ from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
 from statemachine.agent.executor import AsyncioExecutor, Operation
-from statemachine.agent.run import AgentRun, continue_run
+from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
-from statemachine.core.events import Event, ModelCancelled, ToolCancelled
-from statemachine.core.messages import ToolCall
+from statemachine.core.events import ModelCancelled, ToolCancelled
 from statemachine.core.table import State
-from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import (
     ExportedJournal,
     ExportError,
     ListedRun,
     UnknownRunError,
 )
-from statemachine.durable._course import LaneRun, drive
+from statemachine.durable._course import LaneRun, replay_course
 from statemachine.durable._dbos_control import Control, recorded_looks
 from statemachine.durable._dbos_run import ControlInbox, DBOSBackend, StepBody
 from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
@@ -59,7 +57,6 @@ from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     NOT_RECORDED,
-    NoModel,
     Recorded,
     RecordEndedError,
     SavedStep,
@@ -70,7 +67,7 @@ from statemachine.durable._journal import (
 )
 from statemachine.durable._registry import replay_options
 from statemachine.errors import InvalidInputError
-from statemachine.journal import Journal, JournalingEngine
+from statemachine.journal import Journal
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
@@ -185,35 +182,12 @@ async def _rebuild(
     workflow does), writing ``journal``; the result (``None`` where the recorded steps
     end first) and the state the engine is in."""
     control = _ReplayControl(steps)
-    kwargs: dict[str, Any] = {
-        "model": NoModel(),
-        "max_turns": spec["max_turns"],
-        "run_id": run_id,
-        **chosen,
-    }
-    first = AgentRun(
-        messages=messages_from_dicts(spec["messages"]),
-        engine_factory=partial(JournalingEngine, journal=journal),
-        **kwargs,
-    )
-    runs = [_replay_run(first, control, recorded)]
-
-    def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
-        part = continue_run(done.engine, decisions, **kwargs)
-        runs.append(_replay_run(part, control, recorded))
-        return runs[-1]
-
     try:
-        result, _ = await drive(runs[0], resume, _publish_nothing)
-    except RecordEndedError:
-        return None, runs[-1].engine.state
+        return await replay_course(
+            spec, run_id, journal, chosen, partial(_replay_run, control=control, recorded=recorded)
+        )
     except RuntimeError as exc:  # Control: a recorded message has no place in this course
         raise ExportError(f"run {run_id!r}: {exc}") from None
-    return result, result.state
-
-
-async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
-    """An export publishes nothing."""
 
 
 def _saved(step: Mapping[str, Any]) -> SavedStep:

@@ -26,20 +26,16 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.tools import Tool
-from statemachine.core.events import Event, ModelCancelled, ToolCancelled
-from statemachine.core.messages import ToolCall
+from statemachine.core.events import ModelCancelled, ToolCancelled
 from statemachine.core.table import State
-from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import ExportedJournal, ExportError, UnknownRunError
-from statemachine.durable._course import LaneRun, drive
+from statemachine.durable._course import replay_course
 from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     MODEL_STEP,
     TOOL_STEP,
-    NoModel,
     Recorded,
     RecordEndedError,
     SavedStep,
@@ -51,7 +47,7 @@ from statemachine.durable._journal import (
 from statemachine.durable._registry import replay_options
 from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.durable.temporal._run import Lane, remote_run
-from statemachine.journal import Journal, JournalingEngine
+from statemachine.journal import Journal
 
 __all__ = ["carried_steps", "export_journal", "recorded_steps", "run_input"]
 
@@ -169,34 +165,12 @@ async def _rebuild(
     result (``None`` where the recorded steps end first) and the engine's state."""
     replayed = _Replayed(recorded)
     lane = Lane(replayed, schedule=places)
-    kwargs: dict[str, Any] = {
-        "model": NoModel(),
-        "max_turns": spec["max_turns"],
-        "run_id": run_id,
-        **chosen,
-    }
-    first = AgentRun(
-        messages=messages_from_dicts(spec["messages"]),
-        engine_factory=partial(JournalingEngine, journal=journal),
-        **kwargs,
+    result, state = await replay_course(
+        spec, run_id, journal, chosen, partial(remote_run, lane=lane)
     )
-    runs = [remote_run(first, lane)]
-
-    def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
-        runs.append(remote_run(continue_run(done.engine, decisions, **kwargs), lane))
-        return runs[-1]
-
-    try:
-        result, _ = await drive(runs[0], resume, _publish_nothing)
-    except RecordEndedError:
-        if replayed.misfit:
-            raise ExportError(f"run {run_id!r}: {replayed.misfit}") from None
-        return None, runs[-1].engine.state
-    return result, result.state
-
-
-async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
-    """An export publishes nothing."""
+    if result is None and replayed.misfit:
+        raise ExportError(f"run {run_id!r}: {replayed.misfit}") from None
+    return result, state
 
 
 async def export_journal(
