@@ -151,7 +151,9 @@ class AgentRun(Generic[OutputT]):
         # While run() runs: the action loop, bound to the event loop's thread.
         self._loop: ActionLoop | None = None
         self._loop_thread = 0
-        self._early: list[Event] = []  # input and aborts before run() started
+        # Input and aborts before run() started: a tuple, grown by a new one, as most
+        # runs have none (an empty tuple is shared, a list would be one per run).
+        self._early: tuple[Event, ...] = ()
         self._started = False
         self._outcome: RunResult[OutputT] | None = None
 
@@ -185,7 +187,7 @@ class AgentRun(Generic[OutputT]):
         loop = self._loop
         if loop is None:
             if not self._started:
-                self._early.append(AbortRequested(text))
+                self._early += (AbortRequested(text),)
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
@@ -230,7 +232,7 @@ class AgentRun(Generic[OutputT]):
             )
         event = InputQueued(message, kind)
         if loop is None:
-            self._early.append(event)
+            self._early += (event,)
         else:
             # From a tool, hook or model client of this run: queued now (ordering
             # rule O4, ``agent/loop.py``).

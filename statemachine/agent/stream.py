@@ -71,7 +71,26 @@ _TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
 
 
 class EventStream:
-    """The subscribers of one run, and the timings and counts of its stats."""
+    """The subscribers of one run, and the timings and counts of its stats (slots:
+    every waiting run holds one)."""
+
+    __slots__ = (
+        "_calls",
+        "_children",
+        "_closed",
+        "_first_message",
+        "_model_calls",
+        "_previous",
+        "_seen_messages",
+        "_seen_trace",
+        "_subscribers",
+        "_t0",
+        "_tool_counts",
+        "_tool_seconds",
+        "_turn",
+        "_turn_seconds",
+        "_turn_start",
+    )
 
     def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
         self._previous = previous  # a resumed run's stats before the suspension
