@@ -27,6 +27,10 @@ fi
 STRANDS="$ROOT/examples/conformance/strands-requirements.txt"
 AUTOGEN="$ROOT/examples/conformance/autogen-requirements.txt"
 hash="$(cat "$ROOT/pyproject.toml" "$STRANDS" "$AUTOGEN" | sha256sum | cut -c1-16)"
+# The editable install is strict (pyproject.toml says why): it links each file of the
+# package, so once a file is added or removed the package alone is installed again.
+files="$( (cd "$ROOT" && find statemachine specs -type f ! -path '*/__pycache__/*' \
+  | LC_ALL=C sort) | sha256sum | cut -c1-16)"
 if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$hash" ]; then
   # pip names each package as it fetches and installs it, so a first run is never silent.
   if [ "$extra" = dev ]; then
@@ -49,8 +53,14 @@ if [ ! -f "$VENV/.installed-dev-$hash" ] && [ ! -f "$VENV/.installed-$extra-$has
       --no-deps -r "$AUTOGEN"
   fi
   say "installed"
-  rm -f "$VENV"/.installed-*
-  touch "$VENV/.installed-$extra-$hash"
+  rm -f "$VENV"/.installed-* "$VENV"/.files-*
+  touch "$VENV/.installed-$extra-$hash" "$VENV/.files-$files"
+fi
+if [ ! -f "$VENV/.files-$files" ]; then
+  say "the package's files changed since it was installed: installing it again"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$ROOT"
+  rm -f "$VENV"/.files-*
+  touch "$VENV/.files-$files"
 fi
 shift || true
 case "$job" in

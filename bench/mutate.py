@@ -65,14 +65,15 @@ _ENGINE_TESTS = (
     "tests/test_table.py tests/test_engine_rows.py tests/test_engine_logging.py "
     "tests/test_explanations.py tests/test_engine_hooks_and_batches.py "
     "tests/test_engine.py tests/test_engine_state.py tests/test_trace.py "
-    "tests/test_engine_footprint.py "
+    "tests/test_engine_footprint.py tests/test_end_strategy.py "
     f"tests/test_engine_snapshot.py tests/test_checker_mutants.py {_CHECKER_FAST}"
 )
 _DRIVER_TESTS = (
     "tests/test_loop.py tests/test_executor.py tests/test_stream.py tests/test_hook_calls.py "
     "tests/test_resume.py tests/test_run_agent_sync.py tests/test_driver.py "
     "tests/test_driver_abort.py tests/test_driver_hooks_and_batches.py tests/test_abort.py "
-    "tests/test_driver_faults.py tests/test_run_footprint.py tests/test_run_options.py"
+    "tests/test_driver_faults.py tests/test_run_footprint.py tests/test_run_options.py "
+    "tests/test_questions.py"
 )
 MODULES: dict[str, tuple[str, str]] = {
     # name: (path, the tests that run against its mutants, fastest first)
@@ -89,6 +90,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "engine-explanations": ("statemachine/core/explanations.py", _ENGINE_TESTS),
     "engine-inputs": ("statemachine/core/inputs.py", _ENGINE_TESTS),
     "engine-snapshot": ("statemachine/core/snapshot.py", _ENGINE_TESTS),
+    "engine-state": ("statemachine/core/state.py", _ENGINE_TESTS),
     "engine-trace": ("statemachine/core/trace.py", _ENGINE_TESTS),
     # the driver, module by module (agent/)
     "driver": ("statemachine/agent/run.py", _DRIVER_TESTS),
@@ -102,6 +104,7 @@ MODULES: dict[str, tuple[str, str]] = {
     "driver-hook-calls": ("statemachine/agent/hook_calls.py", _DRIVER_TESTS),
     "driver-calls": ("statemachine/agent/calls.py", _DRIVER_TESTS),
     "driver-stream": ("statemachine/agent/stream.py", _DRIVER_TESTS),
+    "driver-questions": ("statemachine/agent/questions.py", _DRIVER_TESTS),
 }
 
 

@@ -10,7 +10,7 @@ different reaction (h11 splits its protocol errors the same way)::
     │   │   └── StepDeclarationError  a declared step refused: it would break a rule
     │   ├── DiagramError            a diagram that cannot be drawn as asked
     │   ├── UnknownRunError         no durable run has this id
-    │   ├── NotPendingError         a decision for a call that waits for none
+    │   ├── NotPendingError         a decision or an answer nothing waits for
     │   ├── RunClosedError          a message to a durable run that has ended
     │   ├── SessionBusyError        a second run on a session that has one running
     │   ├── InstructionsError       an instructions function raised or gave no text
@@ -185,7 +185,8 @@ class UnknownRunError(UsageError):
 
 
 class NotPendingError(UsageError):
-    """A decision for a call that is not waiting for one (unknown or already decided)."""
+    """A decision for a call that is not waiting for one (unknown or already decided),
+    or an answer to a question that is not pending (``AgentRun.answer``)."""
 
 
 class RunClosedError(UsageError):

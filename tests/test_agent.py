@@ -339,3 +339,90 @@ def test_a_provider_can_be_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "fake-test" in known_providers()
     with pytest.raises(sm.UsageError, match="prefix"):
         register_provider("Bad Prefix", lambda name: ScriptedModel())
+
+
+# -- instructions for one run -------------------------------------------------------------
+
+
+def test_a_runs_instructions_follow_the_agents_for_that_run_only() -> None:
+    model = ScriptedModel("Bonjour.", "Hello.")
+    agent = sm.Agent(model, instructions="Be brief.")
+    agent.run_sync("hi", instructions="Answer in French.")
+    agent.run_sync("hi")
+    assert [r.instructions for r in model.requests] == [
+        "Be brief.\n\nAnswer in French.",
+        "Be brief.",
+    ]
+
+
+def test_a_runs_instructions_function_is_asked_beside_the_agents_at_every_call() -> None:
+    model = ScriptedModel(ask(), "Two books.", "Streamed.", "Synced.")
+    agent = sm.Agent(
+        model,
+        tools=[count_books],
+        instructions=lambda ctx: f"You run a library of {len(ctx.deps.books)} books.",
+    )
+
+    def turn(ctx: sm.RunContext[Library]) -> str:
+        return f"This is turn {ctx.turn}."
+
+    deps = Library(("a", "b"))
+    agent.run_sync("How many?", deps=deps, instructions=turn)
+
+    async def streamed() -> None:
+        async with agent.run_stream("again", deps=deps, instructions="Stream it.") as run:
+            await run.result()
+
+    asyncio.run(streamed())
+    with agent.run_stream_sync("once more", deps=deps, instructions=turn) as run:
+        run.result()
+    assert [r.instructions for r in model.requests] == [
+        "You run a library of 2 books.\n\nThis is turn 1.",
+        "You run a library of 2 books.\n\nThis is turn 2.",
+        "You run a library of 2 books.\n\nStream it.",
+        "You run a library of 2 books.\n\nThis is turn 1.",
+    ]
+
+
+def test_a_runs_instructions_alone_and_a_part_without_text() -> None:
+    model = ScriptedModel("a", "b")
+    sm.Agent(model).run_sync("hi", instructions="Only this run.")
+    sm.Agent(model, instructions=lambda: None).run_sync("hi", instructions="Still said.")
+    assert [r.instructions for r in model.requests] == ["Only this run.", "Still said."]
+
+
+def test_a_runs_instructions_are_checked_like_the_agents() -> None:
+    agent = sm.Agent(ScriptedModel("x"), instructions="Be brief.")
+    with pytest.raises(sm.InvalidInputError, match="instructions"):
+        agent.run_sync("hi", instructions=3)  # type: ignore[arg-type]
+
+    def wants_library(ctx: sm.RunContext[Library]) -> str:
+        return "x"
+
+    with pytest.raises(sm.UsageError, match=r"instructions function takes RunContext\[Library\]"):
+        agent.run_sync("hi", deps="not a library", instructions=wants_library)
+
+    def fails() -> str:
+        raise RuntimeError("no catalogue")
+
+    result = agent.run_sync("hi", instructions=fails)
+    assert result.state is sm.TurnState.FAILED
+    assert "'fails' raised RuntimeError: no catalogue" in result.explanation
+    assert result.explanation.count("InstructionsError") == 1  # named once, not wrapped again
+
+
+def test_a_resumed_run_takes_instructions_for_what_is_left_of_it() -> None:
+    model = ScriptedModel(ask(), "Two.")
+    agent = sm.Agent(
+        model,
+        tools=[count_books],
+        instructions="Count.",
+        before_tool_call=lambda call: sm.RequireApproval("a person checks"),
+    )
+    deps = Library(("a", "b"))
+    suspended = agent.run_sync("How many?", deps=deps, instructions="Be exact.")
+    agent.resume_sync(suspended, approvals={"c1": True}, deps=deps, instructions="Be quick.")
+    assert [r.instructions for r in model.requests] == [
+        "Count.\n\nBe exact.",
+        "Count.\n\nBe quick.",
+    ]

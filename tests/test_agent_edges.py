@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import threading
 
 import attrs
 import pytest
@@ -105,6 +106,28 @@ def test_run_stream_sync_left_early_aborts_the_run() -> None:
     with agent.run_stream_sync("wait") as run:
         pass
     assert run.result().state is sm.TurnState.ABORTED
+
+
+@pytest.mark.timeout(60)
+def test_run_stream_sync_takes_the_run_keywords_and_a_signal_aborts_it() -> None:
+    started = threading.Event()
+
+    async def waits(messages: object, tools: object, signal: sm.AbortSignal) -> sm.AssistantMessage:
+        started.set()
+        while not signal.aborted:
+            await asyncio.sleep(0.01)
+        return sm.AssistantMessage("", stop_reason="aborted")
+
+    from statemachine.testing import FunctionModel
+
+    controller = sm.AbortController()
+    agent = sm.Agent(FunctionModel(waits, with_signal=True), grace_period=1)
+    run = agent.run_stream_sync("wait", signal=controller.signal, instructions="Wait.")
+    assert started.wait(30)
+    controller.abort("the caller gave up")
+    result = run.result()
+    assert result.state is sm.TurnState.ABORTED
+    assert "the caller gave up" in result.explanation
 
 
 def test_run_stream_sync_raises_what_the_run_raised() -> None:

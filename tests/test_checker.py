@@ -4,17 +4,26 @@ catches deliberately broken engines (each kept here as proof that it can fail)."
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from statemachine.cli.check import cli_check
-from statemachine.core.engine import Engine
+from statemachine.core.engine import GUARDS, Engine, GuardFunction
 from statemachine.core.events import Action, CancelOperations, Event, ModelResponded, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import AssistantMessage, ToolCall, UserMessage
-from statemachine.core.table import TERMINAL, TRANSITIONS, State, Trigger, TurnState
+from statemachine.core.table import (
+    TERMINAL,
+    TRANSITIONS,
+    Guard,
+    State,
+    Transition,
+    Trigger,
+    TurnState,
+)
 from statemachine.errors import ProtocolError
 from statemachine.journal import replay
 from statemachine.testing._reference import verify_transition
@@ -128,41 +137,48 @@ class CompletionOrderEngine(Engine):
     def _flush(self) -> None:
         # One result arrives per event, so appending whatever is new appends in the
         # order the tools finished.
-        for slot in self._batch:
+        batch = self._run.batch
+        for slot in batch:
             if slot.result is not None and slot.call.id not in self._written:
                 self._written.add(slot.call.id)
-                self._history.append(slot.result)
-        self._batch.flushed = sum(1 for s in self._batch if s.result is not None)
+                self._run.history.append(slot.result)
+        batch.flushed = sum(1 for s in batch if s.result is not None)
 
 
 class DropsSecondResultEngine(Engine):
     """Loses the result of the second call of every batch."""
 
     def _flush(self) -> None:
-        batch = self._batch.slots
-        i = self._batch.flushed
+        batch = self._run.batch.slots
+        i = self._run.batch.flushed
         while i < len(batch) and batch[i].result is not None:
             if i != 1:
                 result = batch[i].result
                 assert result is not None
-                self._history.append(result)
+                self._run.history.append(result)
             i += 1
-        self._batch.flushed = i
+        self._run.batch.flushed = i
 
 
 class StopReasonEngine(Engine):
     """Decides by the stop reason: tool calls under ``stop`` are silently dropped."""
 
-    def _guard_has_tool_calls(self) -> bool:
-        response = self._response()
-        return bool(self._batch) and response.stop_reason.value == "toolUse"
+    guards: ClassVar[Mapping[Guard, GuardFunction]] = {
+        **GUARDS,
+        # the response is the history's last message when the rows ask (rule 1)
+        Guard.HAS_TOOL_CALLS: lambda run: (
+            bool(run.batch) and run.history[-1].stop_reason.value == "toolUse"  # type: ignore[union-attr]
+        ),
+    }
 
 
 class OffByOneLimitEngine(Engine):
     """Allows one model call too many."""
 
-    def _guard_turn_limit_reached(self) -> bool:
-        return self.turns > self.max_turns
+    guards: ClassVar[Mapping[Guard, GuardFunction]] = {
+        **GUARDS,
+        Guard.TURN_LIMIT_REACHED: lambda run: run.turns > run.max_turns,
+    }
 
 
 class LeakyRefusalEngine(Engine):
@@ -172,7 +188,7 @@ class LeakyRefusalEngine(Engine):
         try:
             return super().handle(event)
         except ProtocolError:
-            self.turns += 1
+            self._run.turns += 1
             raise
 
 
@@ -204,9 +220,14 @@ class NondeterministicEngine(Engine):
 class NoCancelEngine(Engine):
     """Enters Aborting without telling the driver to cancel anything."""
 
-    def _enter_Aborting(self, source: State) -> None:
-        super()._enter_Aborting(source)
+    def _enter_Aborting(self, row: Transition) -> None:
+        super()._enter_Aborting(row)
         self._actions = [a for a in self._actions if not isinstance(a, CancelOperations)]
+
+    _ENTRIES: ClassVar[Mapping[State, Callable[[Engine, Transition], None]]] = {
+        **Engine._ENTRIES,
+        TurnState.ABORTING: _enter_Aborting,  # type: ignore[dict-item]
+    }
 
 
 class NeverSettlesEngine(Engine):

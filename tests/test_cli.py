@@ -405,37 +405,62 @@ def _install(tmp: Path, env: dict[str, str]) -> Path:
         assert _run([sys.executable, "-m", "venv", str(venv)], tmp, env).returncode == 0
         done = _run([str(bin_ / "python"), "-m", "pip", "install", "--quiet", str(wheel)], tmp, env)
     else:
-        assert (
-            _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp, env).returncode
-            == 0
-        )
-        done = _run(
-            [
-                *pip,
-                "--python",
-                str(bin_ / "python"),
-                "install",
-                "--no-deps",
-                "--no-index",
-                str(wheel),
-            ],
-            tmp,
-            env,
-        )
-        purelib = _run(
-            [
-                str(bin_ / "python"),
-                "-c",
-                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-            ],
-            tmp,
-            env,
-        )
-        Path(purelib.stdout.strip(), "deps.pth").write_text(
-            sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8"
-        )
+        _offline_venv(venv, env)
+        into = ["--python", str(bin_ / "python"), "install", "--no-deps", "--no-index"]
+        done = _run([*pip, *into, str(wheel)], tmp, env)
     assert done.returncode == 0, done.stderr
     return bin_
+
+
+def _offline_venv(venv: Path, env: dict[str, str]) -> None:
+    """A new virtual environment without pip that finds the dependencies (and pip,
+    setuptools, mypy) in this interpreter's site-packages through a ``.pth`` file: a
+    path entry, whose own ``.pth`` files (this checkout's editable install) are not read."""
+    made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], venv.parent, env)
+    assert made.returncode == 0, made.stderr
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = _run([str(venv / "bin" / "python"), "-c", where], venv.parent, env)
+    Path(purelib.stdout.strip(), "deps.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8"
+    )
+
+
+@pytest.mark.timeout(600)  # mypy reads the whole package, uncached, under load
+def test_mypy_finds_the_package_after_an_editable_install(tmp_path: Path) -> None:
+    """``pip install -e .`` puts the package on ``sys.path`` by a static ``.pth`` path,
+    which mypy reads (an import hook, setuptools' default for this layout, it cannot)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    (tmp_path / "src").mkdir()
+    source = _copy_source(tmp_path / "src")
+    venv, elsewhere = tmp_path / "venv", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _offline_venv(venv, env)
+    python = str(venv / "bin" / "python")
+    before = _run([python, "-c", "import statemachine"], elsewhere, env)
+    assert before.returncode != 0, "the new environment sees another copy already"
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "--quiet", "install"]
+    offline = ["--no-deps", "--no-index", "--no-build-isolation"]
+    done = _run([*pip, *offline, "-e", str(source)], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    where = _run(
+        [python, "-c", "import statemachine; print(statemachine.__file__)"], elsewhere, env
+    )
+    assert where.returncode == 0, where.stderr
+    (elsewhere / "app.py").write_text(
+        "import statemachine as sm\n\n"
+        "def answer(result: sm.RunResult[int]) -> int | None:\n"
+        "    return result.output\n\n"
+        "sm.Agent('test', max_turns='8')\n",
+        encoding="utf-8",
+    )
+    mypy = [python, "-m", "mypy", "--strict", "--no-incremental", "--config-file", ""]
+    checked = _run([*mypy, "app.py"], elsewhere, env)
+    assert "import-not-found" not in checked.stdout, checked.stdout
+    # The package's types are read: the one mistake in app.py is found, naming the option.
+    assert checked.stdout.count("error:") == 1, checked.stdout
+    assert 'app.py:6: error: Argument "max_turns" to "Agent" has incompatible type' in (
+        checked.stdout
+    ), checked.stdout
 
 
 def _trace_and_transcript_work_installed(

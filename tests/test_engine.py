@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -35,7 +35,7 @@ import statemachine.engine
 import statemachine.errors
 import statemachine.messages
 from statemachine.core import table as table_module
-from statemachine.core.engine import MAX_INTERNAL_TRANSITIONS, Engine
+from statemachine.core.engine import GUARDS, MAX_INTERNAL_TRANSITIONS, Engine, GuardFunction
 from statemachine.core.events import AbortRequested, Start
 from statemachine.core.invariants import history_violations
 from statemachine.core.messages import UserMessage
@@ -1178,15 +1178,20 @@ def _marking_check(self: sm.engine.Engine, event: sm.engine.Event) -> None:
     try:
         _check_payload(self, event)
     except sm.errors.ProtocolError:
-        self.abort_reason = "left behind by a refused event"
+        self._run.abort_reason = "left behind by a refused event"
         raise
+
+
+def _broken(guard: Guard, value: bool) -> Mapping[Guard, GuardFunction]:
+    """The engine's guards, with ``guard`` always ``value``."""
+    return {**GUARDS, guard: lambda run: value}
 
 
 BROKEN_ENGINES = [
     # the classic "text only" loop: tool calls never decide anything
-    ("statemachine.core.engine.Engine._guard_has_tool_calls", lambda self: False, "I3"),
+    ("statemachine.core.engine.Engine.guards", _broken(Guard.HAS_TOOL_CALLS, False), "I3"),
     # no safety valve: the turn limit never holds
-    ("statemachine.core.engine.Engine._guard_turn_limit_reached", lambda self: False, "I7"),
+    ("statemachine.core.engine.Engine.guards", _broken(Guard.TURN_LIMIT_REACHED, False), "I7"),
     # finished runs that still react to late events
     ("statemachine.core.engine.ABSORBING", frozenset(), "absorb"),
     # a refusal that leaves a mark behind (I8)
@@ -1267,8 +1272,7 @@ def test_internal_transitions_that_never_settle_raise_with_the_trace(
 
 
 class _AlwaysSettling(sm.engine.Engine):
-    def _guard_nothing_outstanding(self) -> bool:
-        return True
+    guards = _broken(Guard.NOTHING_OUTSTANDING, True)
 
 
 @pytest.mark.timeout(10)

@@ -160,7 +160,7 @@ class StartsEverything(Engine):
     """Broken on purpose: ignores barriers and resources (a plain gather())."""
 
     def _start_runnable(self) -> None:
-        for slot in self._batch:
+        for slot in self._run.batch:
             if slot.status == "ready":
                 slot.status = "running"
                 self._actions.append(sm.engine.StartTool(slot.call, self.turns))

@@ -1,17 +1,19 @@
 """How the engine applies the table (``Engine._fire``): the rows ``rows_from`` gives for
 (state, trigger), in table order, the first whose guard holds; guards are the
-engine's ``_guard_<name>`` methods, so a subclass's guard is obeyed; a table changed
+engine's ``guards`` (``GUARDS``: a function of the state record per guard), so a
+subclass's guard is obeyed; a table changed
 at run time is obeyed by the next event; no row that applies is refused loudly."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import pytest
 
 import statemachine as sm
 from statemachine.core import table as table_module
-from statemachine.core.engine import Engine
+from statemachine.core.engine import GUARDS, Engine, EngineState, GuardFunction
 from statemachine.core.events import ModelResponded, Start, ToolFinished
 from statemachine.core.table import Guard, Transition, Trigger, TurnState, rows_from
 from statemachine.errors import ProtocolError
@@ -38,8 +40,10 @@ def _install(monkeypatch: pytest.MonkeyPatch, *rows: Transition) -> None:
 
 def test_a_subclass_guard_is_obeyed_and_only_by_the_subclass() -> None:
     class NeverCalls(Engine):
-        def _guard_has_tool_calls(self) -> bool:
-            return False
+        guards: ClassVar[Mapping[Guard, GuardFunction]] = {
+            **GUARDS,
+            Guard.HAS_TOOL_CALLS: lambda run: False,
+        }
 
     e = _engine(NeverCalls)
     e.handle(_call())
@@ -49,18 +53,23 @@ def test_a_subclass_guard_is_obeyed_and_only_by_the_subclass() -> None:
     assert e.state is S.COLLECTING_RESULTS
 
 
-def test_guard_holds_asks_the_guard_method_named_after_the_guard() -> None:
-    asked: list[str] = []
+def test_guard_holds_asks_the_guard_function_of_the_guard() -> None:
+    asked: list[EngineState] = []
+
+    def reached(run: EngineState) -> bool:
+        asked.append(run)
+        return True
 
     class Watched(Engine):
-        def _guard_turn_limit_reached(self) -> bool:
-            asked.append("turn_limit_reached")
-            return True
+        guards: ClassVar[Mapping[Guard, GuardFunction]] = {
+            **GUARDS,
+            Guard.TURN_LIMIT_REACHED: reached,
+        }
 
     e = _engine(Watched)
     assert e.guard_holds(Guard.TURN_LIMIT_REACHED) is True
     assert e.guard_holds(Guard.INPUT_QUEUED) is False
-    assert asked == ["turn_limit_reached"]
+    assert asked == [e._run]  # asked once, of the engine's own state record
 
 
 def test_the_rows_are_tried_in_table_order(monkeypatch: pytest.MonkeyPatch) -> None:

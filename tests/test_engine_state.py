@@ -1,25 +1,27 @@
 """The engine's state: every field declared once, ``fork()`` and ``control_key()``.
 
 ``Engine.fork()`` and ``Engine.control_key()`` are the one public way to copy and
-compare an engine (the exhaustive checker uses nothing else). These tests fail when
-an engine holds a field that the ``Engine`` class does not declare, when a fork shares a
+compare an engine (the exhaustive checker uses nothing else); both read the fields of
+the state record (``core/state.py``) as it declares them. These tests fail when an
+engine holds an attribute that the ``Engine`` class does not declare, when a field of
+the record has no role or a keyed field does not show in the key, when a fork shares a
 mutable object with its original, or when a fork behaves or snapshots differently
 from the engine it was made from, over random runs in every checker configuration.
 """
 
 from __future__ import annotations
 
-import inspect
 import random
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from engine_support import ECHO
 
-from statemachine.core import engine as engine_state
+from statemachine.core import state as engine_state
 from statemachine.core.batch import Batch
-from statemachine.core.engine import Engine
+from statemachine.core.engine import Engine, EngineState
 from statemachine.core.events import Action, CallModel, Event, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
 from statemachine.core.queue import InputQueue
@@ -107,14 +109,21 @@ def _picture(engine: Engine) -> Any:
     )
 
 
+_MUTABLE = (list, dict, set, Batch, InputQueue, Trace, EngineState)
+
+
 def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
     for name, value in vars(original).items():
-        copied = vars(fork)[name]
-        if name in engine_state.CONFIGURATION:
+        if isinstance(value, _MUTABLE):
+            assert vars(fork)[name] is not value, f"the fork shares {name}"
+    configuration = engine_state.fields_of(engine_state.CONFIGURATION)
+    for field in attrs.fields(EngineState):
+        if field.name in configuration:
             continue  # fixed for the run: never written after the engine is made
-        if isinstance(value, (list, dict, set, Batch, InputQueue, Trace)):
-            assert copied is not value, f"the fork shares {name}"
-    mine, theirs = vars(original)["_batch"], vars(fork)["_batch"]
+        value = getattr(original._run, field.name)
+        if isinstance(value, _MUTABLE):
+            assert getattr(fork._run, field.name) is not value, f"the fork shares {field.name}"
+    mine, theirs = original._run.batch, fork._run.batch
     for slot, copied_slot in zip(mine, theirs, strict=True):
         assert slot is not copied_slot, "the fork shares a call's bookkeeping"
     assert all(theirs.slot(s.call.id) is s for s in theirs), "the index is not the batch"
@@ -135,21 +144,39 @@ def test_every_field_an_engine_holds_is_declared(options: Any) -> None:
             assert declared - held <= defaults, declared - held - defaults
 
 
-def test_the_roles_partition_the_declared_fields() -> None:
-    roles = [
-        engine_state.CONFIGURATION,
-        engine_state.RECORD,
-        engine_state.CONTROL,
-        engine_state.TRANSIENT,
+def test_the_roles_partition_the_fields_of_the_state_record() -> None:
+    roles = [engine_state.fields_of(role) for role in engine_state.ROLES]
+    names = {f.name for f in attrs.fields(EngineState)}
+    assert set().union(*roles) == names
+    assert sum(len(r) for r in roles) == len(names)
+
+
+def _keyed_plainly() -> list[str]:
+    """The keyed fields that enter the key as they are (no key function of their own)."""
+    return [
+        f.name for f in attrs.fields(EngineState) if f.metadata["keyed"] and not f.metadata["key"]
     ]
-    assert set().union(*roles) == set(Engine.__annotations__)
-    assert sum(len(r) for r in roles) == len(Engine.__annotations__)
 
 
-def test_the_control_key_reads_every_control_field() -> None:
-    source = inspect.getsource(Engine.control_key)
-    missing = {n for n in engine_state.CONTROL if f"self.{n}" not in source}
-    assert not missing, f"control_key leaves out {sorted(missing)}"
+@pytest.mark.parametrize("name", _keyed_plainly())
+def test_the_control_key_shows_a_change_of_every_keyed_field(name: str) -> None:
+    engine = _holding("one")
+    changed = engine.fork()
+    setattr(changed._run, name, object())  # a value no run holds
+    assert changed.control_key() != engine.control_key()
+
+
+def test_a_control_key_that_leaves_a_field_out_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = EngineState.control_key
+    monkeypatch.setattr(EngineState, "control_key", lambda self: key(self)[:-1])
+    last = _keyed_plainly()[-1]  # the last keyed field, which the broken key leaves out
+    with pytest.raises(AssertionError):
+        test_the_control_key_shows_a_change_of_every_keyed_field(last)
+
+
+def test_every_control_field_is_keyed() -> None:
+    control = engine_state.fields_of(engine_state.CONTROL)
+    assert all(f.metadata["keyed"] for f in attrs.fields(EngineState) if f.name in control)
 
 
 # -- a fork is independent and behaves like its original -------------------------------------
@@ -237,11 +264,11 @@ def test_the_repr_cache_of_the_control_key_is_bounded_and_kept() -> None:
     engine_state._REPRS.clear()
     values = [UserMessage(str(i)) for i in range(engine_state._REPRS_MAX)]
     for value in values:
-        engine_state._rendered(value)
+        engine_state.rendered(value)
     assert len(engine_state._REPRS) == engine_state._REPRS_MAX  # kept, up to the bound
-    engine_state._rendered(values[0])
+    engine_state.rendered(values[0])
     assert len(engine_state._REPRS) == engine_state._REPRS_MAX  # a value seen before is not added
-    engine_state._rendered(UserMessage("one more"))
+    engine_state.rendered(UserMessage("one more"))
     assert len(engine_state._REPRS) == 1  # full: cleared, then the new value
     engine_state._REPRS.clear()
 
@@ -254,13 +281,13 @@ def _sharing(name: str) -> Callable[[Engine], Any]:
 
     def broken(self: Engine) -> Any:
         out = fork(self)
-        vars(out)[name] = vars(self)[name]  # as if the field were new and forgotten
+        setattr(out._run, name, getattr(self._run, name))  # as if its copy were forgotten
         return out
 
     return broken
 
 
-@pytest.mark.parametrize("name", ["_queue", "_batch", "_history"])
+@pytest.mark.parametrize("name", ["queue", "batch", "history"])
 def test_a_fork_that_forgets_a_field_is_caught(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setattr(Engine, "fork", _sharing(name))
     with pytest.raises(AssertionError, match=f"shares {name}"):
@@ -268,19 +295,19 @@ def test_a_fork_that_forgets_a_field_is_caught(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_a_shared_field_shows_in_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Engine, "fork", _sharing("_history"))
+    monkeypatch.setattr(Engine, "fork", _sharing("history"))
     with pytest.raises(AssertionError):
         _check_fork_behaves_alike_over_runs({})
 
 
 def test_an_undeclared_field_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    setup = Engine._setup
+    attach = Engine._attach
 
-    def with_a_new_field(self: Engine, **kwargs: Any) -> None:
-        setup(self, **kwargs)
+    def with_a_new_field(self: Engine, run: EngineState, **kwargs: Any) -> None:
+        attach(self, run, **kwargs)
         self._new_field = 0  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(Engine, "_setup", with_a_new_field)
+    monkeypatch.setattr(Engine, "_attach", with_a_new_field)
     with pytest.raises(AssertionError):
         test_every_field_an_engine_holds_is_declared({})
 

@@ -11,7 +11,7 @@ import os
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import structlog
@@ -22,7 +22,7 @@ from statemachine.agent.tools import Tool
 from statemachine.cli.replay import cli_replay
 from statemachine.core import events as _events
 from statemachine.core.abort import AbortSignal
-from statemachine.core.engine import Engine
+from statemachine.core.engine import GUARDS, Engine, GuardFunction
 from statemachine.core.events import (
     AbortRequested,
     ContinueDecided,
@@ -42,7 +42,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.table import INPUT_TRIGGERS, Trigger, TurnState, rows_from
+from statemachine.core.table import INPUT_TRIGGERS, Guard, Trigger, TurnState, rows_from
 from statemachine.core.tools import Scheduling, ToolOutput
 from statemachine.core.wire import event_from_dict, event_to_dict
 from statemachine.errors import InvalidInputError, ProtocolError, WireFormatError
@@ -609,8 +609,13 @@ def test_run_agent_journaled_records_hooks_and_steering(tmp_path: Path) -> None:
 class StopReasonEngine(Engine):
     """Decides by the stop reason (the classic bug): tool calls under "stop" are dropped."""
 
-    def _guard_has_tool_calls(self) -> bool:
-        return bool(self._batch) and self._response().stop_reason is StopReason.TOOL_USE
+    guards: ClassVar[Mapping[Guard, GuardFunction]] = {
+        **GUARDS,
+        # the response is the history's last message when the rows ask (rule 1)
+        Guard.HAS_TOOL_CALLS: lambda run: (
+            bool(run.batch) and run.history[-1].stop_reason is StopReason.TOOL_USE  # type: ignore[union-attr]
+        ),
+    }
 
 
 def test_replay_into_another_engine_names_where_it_diverges() -> None:

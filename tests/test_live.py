@@ -33,6 +33,7 @@ from live_support import (
 )
 
 import statemachine as sm
+import statemachine.hooks
 import statemachine.steps
 import statemachine.testing
 from statemachine.agent.model import CallOptions
@@ -469,3 +470,47 @@ def test_without_graphviz_the_page_lists_the_states_to_light(
     for state in ("Ready", "AwaitingModel", "CollectingResults", "AwaitingUser", "Done"):
         assert f'data-state="{state}"' in page, state
     assert "<svg" not in page
+
+
+async def _ask_for_a_row(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+    """A tool that asks a person through its run, as an MCP server's elicitation does."""
+    from statemachine.agent.executor import ask_person
+
+    def question(question_id: str, call: ToolCall) -> sm.hooks.ToolQuestion:
+        schema = {"type": "object", "properties": {"row": {"type": "integer"}}}
+        return sm.hooks.ToolQuestion(question_id, call.id, call.name, "Which row?", schema)
+
+    answer = await ask_person(question, signal)
+    return f"row {answer['row']}" if isinstance(answer, dict) else str(answer)
+
+
+@pytest.mark.timeout(120)
+def test_a_question_a_running_tool_asks_is_shown_and_answered_over_http() -> None:
+    seat = sm.Tool(sm.ToolDefinition("seat", "Ask for a row."), _ask_for_a_row)
+    model = PacedModel([Call("c1", "seat", {})], [Say("Booked.")])
+    app = LiveApp(sm.Agent(model, tools=[seat]), token=TOKEN)
+    streamed: list[tuple[int, list[dict[str, Any]]]] = []
+    with live_server(app) as url, httpx2.Client(timeout=DEADLINE) as client:
+        reader = threading.Thread(
+            target=lambda: streamed.append(read_stream(url + "/", "POST", run_input("r1")))
+        )
+        reader.start()
+        waited = 0.0
+        while not ("r1" in app.runs and app.runs["r1"].pending_questions()) and waited < DEADLINE:
+            threading.Event().wait(0.02)
+            waited += 0.02
+        answer = url + "/runs/r1/answer"
+        wrong = client.post(answer, json={"question": "q1", "answer": {"row": "x"}}, headers=auth())
+        right = client.post(answer, json={"question": "q1", "answer": {"row": 2}}, headers=auth())
+        again = client.post(answer, json={"question": "q1", "answer": "cancel"}, headers=auth())
+        reader.join(DEADLINE)
+    assert (wrong.status_code, right.status_code, again.status_code) == (422, 202, 409)
+    assert "answer.row: 'x' is not of type 'integer'" in wrong.json()["error"]
+    ((status, events),) = streamed
+    custom = {e["name"]: e["value"] for e in events if e["type"] == "CUSTOM"}
+    asked = custom["statemachine.toolAsked"]
+    assert (asked["id"], asked["callId"], asked["message"]) == ("q1", "c1", "Which row?")
+    assert custom["statemachine.toolAnswered"]["outcome"] == "accept"
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert (status, results, events[-1]["outcome"]) == (200, ["row 2"], {"type": "success"})
+    assert validate_agui(events).summary.errors == 0, findings(validate_agui(events))

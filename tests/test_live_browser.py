@@ -309,3 +309,32 @@ def test_a_person_approves_a_waiting_call_on_the_page_and_the_run_goes_on() -> N
     result = app.runs["r1"].result
     assert result is not None
     assert result.state is sm.TurnState.DONE
+
+
+@pytest.mark.timeout(180)
+def test_a_person_answers_a_running_tools_question_on_the_page() -> None:
+    chromium()
+    from test_live import _ask_for_a_row
+
+    seat = sm.Tool(sm.ToolDefinition("seat", "Ask for a row."), _ask_for_a_row)
+    model = PacedModel([Call("c1", "seat", {})], [Say("Booked.")])
+    app = LiveApp(sm.Agent(model, tools=[seat]), token=TOKEN)
+    with live_server(app) as url, Browser(width=1280, height=900) as b:
+        starter = StreamReader(url + "/", "POST", run_input("r1"))
+        starter.wait_until("the question asked", lambda r: "CUSTOM" in r.types())
+        _open(b, f"{url}/?token={TOKEN}")
+        _until(b, "!!document.querySelector('#questions form input[name=row]')", "the question")
+        shown = b.evaluate("document.getElementById('questions').innerText")
+        b.evaluate(
+            "document.querySelector('#questions input[name=row]').value = '4';"
+            "document.querySelector('#questions button.answer').click(); true"
+        )
+        _until(b, "document.body.dataset.state === 'Done'", "the run done")
+        _until(b, "document.getElementById('questions').hidden", "the question gone")
+        transcript = b.evaluate("document.getElementById('messages').innerText")
+        starter.join()
+    assert "Which row?" in shown
+    assert "row 4" in transcript
+    result = app.runs["r1"].result
+    assert result is not None
+    assert result.final_text == "Booked."

@@ -1,7 +1,7 @@
 """The client features beyond tools, against real servers (tests/mcp_servers/features.py,
 written with the SDK; noisy.py by hand for an error the SDK's server will not send):
 roots, resource templates, blob resources, resource updates, elicitation's "cancel",
-URL-mode elicitation's error -32042."""
+URL-mode elicitation's error -32042, argument completions."""
 
 from __future__ import annotations
 
@@ -16,7 +16,16 @@ from test_mcp import DEVNULL, _sync, _until
 from test_mcp_asking import _tool
 
 import statemachine as sm
-from statemachine.mcp import MCPElicitation, MCPError, MCPResourceTemplate, MCPServer
+from statemachine.mcp import (
+    MAX_COMPLETION_CHARS,
+    MAX_COMPLETION_VALUES,
+    MCPCompletion,
+    MCPElicitation,
+    MCPError,
+    MCPPrompt,
+    MCPResourceTemplate,
+    MCPServer,
+)
 
 SERVERS = Path(__file__).resolve().parent / "mcp_servers"
 FEATURES = SERVERS / "features.py"
@@ -159,3 +168,44 @@ async def test_a_url_elicitation_error_names_the_url_and_shows_it_to_the_handler
     assert [(q.message, q.url) for q in shown] == [
         ("Sign in first", "https://auth.example/start?x=1")
     ]
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_argument_completions_of_a_prompt_and_a_template_are_asked_for() -> None:
+    async with _features() as server:
+        (review,) = await server.list_prompts()
+        (template,) = await server.list_resource_templates()
+        languages = await server.complete_argument(review, "language", "p")
+        named = await server.complete_argument(template, "name", "to", context={"owner": "ada"})
+        by_name = await server.complete_argument(MCPPrompt("review"), "language", "r")
+        unknown = await server.complete_argument(review, "owner", "a")
+    assert languages == MCPCompletion(("python", "pascal", "perl", "prolog"), 4, False)
+    assert named == MCPCompletion(("ada-totoday",))
+    assert by_name.values == ("rust",)
+    assert unknown == MCPCompletion(())
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_argument_completions_are_bounded_in_count_and_size() -> None:
+    flooding = [str(NOISY), "completions-flood"]
+    async with MCPServer.stdio(sys.executable, flooding, stderr=DEVNULL) as server:
+        flood = await server.complete_argument(MCPPrompt("review"), "language", "p")
+        with pytest.raises(sm.InvalidInputError, match="an MCPPrompt or an MCPResourceTemplate"):
+            await server.complete_argument("review", "language")  # type: ignore[arg-type]
+    # The first 100 values sent, less the one too long.
+    assert len(flood.values) == MAX_COMPLETION_VALUES - 1
+    assert flood.values[:2] == ("v0", "v1")
+    assert all(len(v) <= MAX_COMPLETION_CHARS for v in flood.values)
+    assert (flood.total, flood.has_more) == (502, True)
+
+
+@pytest.mark.timeout(60)
+@_sync
+async def test_argument_completions_of_a_server_without_them_fail_naming_it() -> None:
+    async with MCPServer.stdio(
+        sys.executable, [str(SERVERS / "server.py"), "stdio"], stderr=DEVNULL
+    ) as server:
+        with pytest.raises(MCPError, match="completion/complete of 'language'"):
+            await server.complete_argument(MCPPrompt("review"), "language", "p")

@@ -748,3 +748,50 @@ def test_popping_a_corrupted_row_refuses_and_keeps_it(tmp_path: Path) -> None:
             asyncio.run(session.get_items())  # still there, still refused
         with pytest.raises(InvalidInputError, match="limit must be an integer"):
             asyncio.run(session.get_items("3"))  # type: ignore[arg-type]
+
+
+# -- run_agent takes a session too ----------------------------------------------------------
+
+
+def test_run_agent_and_run_agent_sync_read_and_store_a_session() -> None:
+    session = InMemorySession("s1")
+    model = FunctionModel(lambda messages, tools: f"{len(messages)} messages so far.")
+    first = sm.run_agent_sync(model=model, messages="hello", session=session)
+    second = asyncio.run(sm.run_agent(model=model, messages="again", session=session))
+    assert (first.final_text, second.final_text) == ("1 messages so far.", "3 messages so far.")
+    stored = asyncio.run(session.get_items())
+    assert [m.text for m in stored] == [
+        "hello",
+        "1 messages so far.",
+        "again",
+        "3 messages so far.",
+    ]
+    # what the run added: the prompt and everything after it, as with Agent.run
+    assert [m.text for m in second.new_messages()] == ["again", "3 messages so far."]
+
+
+def test_run_agent_with_a_session_is_refused_what_agent_run_refuses() -> None:
+    with pytest.raises(InvalidInputError, match="session must be a Session"):
+        sm.run_agent_sync(model=ScriptedModel("x"), messages="hi", session="s1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="AgentRun takes no session"):
+        sm.AgentRun(model=ScriptedModel("x"), messages="hi", session=InMemorySession("s2"))
+    session = InMemorySession("s3")
+
+    async def overlapping() -> None:
+        waiting, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(messages: object, tools: object) -> str:
+            waiting.set()
+            await release.wait()
+            return "slow"
+
+        first = asyncio.ensure_future(
+            sm.run_agent(model=FunctionModel(slow), messages="one", session=session)
+        )
+        await waiting.wait()
+        with pytest.raises(SessionBusyError):
+            await sm.run_agent(model=ScriptedModel("x"), messages="two", session=session)
+        release.set()
+        assert (await first).final_text == "slow"
+
+    asyncio.run(overlapping())

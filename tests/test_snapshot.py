@@ -69,8 +69,8 @@ def _outstanding(state: TurnState) -> Engine:
     if state is S.ABORTING:
         engine.handle(AbortRequested("stop"))
     assert engine.state is state
-    engine._model_outstanding = False
-    for slot in engine._batch:  # its result arrived, but the batch never completed
+    engine._run.model_outstanding = False
+    for slot in engine._run.batch:  # its result arrived, but the batch never completed
         slot.answer("ok", is_error=False)
     engine._flush()
     return engine

@@ -360,6 +360,7 @@ def test_a_final_result_held_behind_an_approval_survives_a_snapshot() -> None:
         messages=[UserMessage("q")],
         tools=[lookup],
         output_type=City,
+        end_strategy="exhaustive",  # the other call waits for its approval
         before_tool_call=lambda call: RequireApproval("check"),
     )
     assert first.state is S.AWAITING_USER

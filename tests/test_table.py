@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable
 from itertools import groupby
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 from transitions import Machine, MachineError
 
-from statemachine.core.engine import Engine
+from statemachine.core.engine import GUARDS, Engine
 from statemachine.core.table import (
     ABSORBING,
     INPUT_TRIGGERS,
@@ -33,14 +32,6 @@ from statemachine.testing._reference import MachineModel, build_machine
 
 S = TurnState
 T = Trigger
-
-
-def _engine_methods(prefix: str) -> set[str]:
-    return {
-        name.removeprefix(prefix)
-        for name, _ in inspect.getmembers(Engine, inspect.isfunction)
-        if name.startswith(prefix)
-    }
 
 
 def _groups() -> dict[tuple[TurnState, Trigger], list[Transition]]:
@@ -74,8 +65,9 @@ def test_design_card_states_exist() -> None:
     assert card <= {s.value for s in TurnState}
 
 
-def test_every_guard_has_an_engine_method_and_vice_versa() -> None:
-    assert _engine_methods("_guard_") == {g.value for g in Guard}
+def test_every_guard_has_an_engine_function_and_vice_versa() -> None:
+    assert set(GUARDS) == set(Guard)
+    assert Engine.guards is GUARDS
 
 
 def test_every_guard_is_used_by_a_row_or_fires_an_internal_trigger() -> None:
@@ -83,11 +75,11 @@ def test_every_guard_is_used_by_a_row_or_fires_an_internal_trigger() -> None:
     assert in_rows | set(INTERNAL_TRIGGERS.values()) == set(Guard)
 
 
-def test_every_destination_has_an_entry_method_and_every_entry_method_a_state() -> None:
-    entered = {r.dest.value for r in TRANSITIONS if r.dest is not r.source}
-    entry_methods = _engine_methods("_enter_")
-    assert entered <= entry_methods
-    assert entry_methods <= {s.value for s in TurnState}
+def test_every_destination_has_an_entry_effect_and_every_entry_effect_a_state() -> None:
+    entered = {r.dest for r in TRANSITIONS if r.dest is not r.source}
+    assert entered == set(Engine._ENTRIES)
+    # each effect is the method named after its state, so a reader finds it by name
+    assert all(f.__name__ == f"_enter_{s.value}" for s, f in Engine._ENTRIES.items())
 
 
 def test_input_trigger_groups_end_with_an_unguarded_row() -> None:

@@ -7,6 +7,11 @@ test_durable_shared.py; the kill trials are in test_temporal_kill.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -19,7 +24,7 @@ from temporal_support import temporal_server  # noqa: F401 - the session's serve
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import RunHandle
-from statemachine.durable.temporal import TemporalRunner
+from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
 from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
@@ -248,3 +253,167 @@ def test_the_runner_lists_enqueues_and_ends_runs(temporal_address: str) -> None:
             await runner.enqueue("bad", queue="", model="scripted", messages="go")
 
     _with_runner(temporal_address, body, before_tool_call=beta_needs_approval)
+
+
+BLOCKING = 4.0  # seconds the tool below holds the event loop: four heartbeat timeouts
+_blocking_starts: list[str] = []
+
+
+@sm.tool
+async def blocking() -> str:
+    """Compute without yielding, then finish."""
+    _blocking_starts.append(sm.current_tool_call().id)  # type: ignore[union-attr]
+    time.sleep(BLOCKING)  # the mistake the test is about: the loop is held
+    await asyncio.sleep(0.5)
+    return "computed"
+
+
+def _one_call(tool: str) -> FunctionModel:
+    """A model that calls ``tool`` once, then says how many user messages it heard."""
+
+    def answer(messages: Sequence[sm.Message], _: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+        if not any(isinstance(m, sm.ToolResultMessage) for m in messages):
+            return sm.AssistantMessage([sm.ToolCall("k1", tool, {})])
+        return sm.AssistantMessage(f"heard {sum(isinstance(m, sm.UserMessage) for m in messages)}")
+
+    return FunctionModel(answer)
+
+
+@pytest.mark.timeout(90)
+def test_an_async_tool_that_blocks_the_event_loop_keeps_heartbeating_and_runs_once(
+    temporal_address: str,
+) -> None:
+    """The tool holds the worker's event loop for four heartbeat timeouts: its call
+    still heartbeats, so Temporal does not start a second attempt beside it."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    async def body(runner: TemporalRunner) -> tuple[str, list[int]]:
+        handle = await runner.start("blocking", model="m", messages="go")
+        try:
+            final = (await handle.result(timeout=40)).final_text
+        except TimeoutError:
+            final = "no result: every attempt timed out"  # what a starved heartbeat does
+        client = await Client.connect(temporal_address)
+        attempts = [
+            e.activity_task_started_event_attributes.attempt
+            async for e in client.get_workflow_handle("blocking").fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        ]
+        return final, attempts
+
+    _blocking_starts.clear()
+    final, attempts = _with_runner(
+        temporal_address,
+        body,
+        models={"m": _one_call("blocking")},
+        tools=[blocking],
+        retry_interval=0.1,
+    )
+    assert _blocking_starts == ["k1"]  # one attempt, never two at once
+    assert attempts == [1, 1, 1]
+    assert final == "heard 1"
+    # The thread that heartbeat the held call ends once no call runs (heartbeat / 6).
+    for _ in range(100):
+        if not any(t.name == "statemachine-heartbeats" for t in threading.enumerate()):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the heartbeat thread outlived the calls it watched")
+
+
+_gate: list[asyncio.Event] = []  # the run's: set once its tool waits, then opened
+
+
+@sm.tool
+async def gate() -> str:
+    """Wait until the test opens the gate."""
+    entered, opened = _gate
+    entered.set()
+    await opened.wait()
+    return "opened"
+
+
+@pytest.mark.timeout(240)
+def test_steers_sent_at_once_through_several_handles_all_reach_the_next_model_call(
+    temporal_address: str,
+) -> None:
+    """A handle has at most ten updates of its run in flight (the server's limit); three
+    handles sending at once have thirty, and the server turns the others away for a
+    while: they are sent again until it takes them, so every acknowledged steer
+    reaches the model call after the tool."""
+    from temporalio.client import Client
+
+    handles, each = 6, 50
+
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        run_id = f"crowd-{uuid.uuid4().hex[:8]}"
+        _gate[:] = [asyncio.Event(), asyncio.Event()]
+        handle = await runner.start(run_id, model="m", messages="go")
+        await asyncio.wait_for(_gate[0].wait(), 30)
+        client = await Client.connect(temporal_address)
+        senders = [TemporalRunHandle(client, run_id, message_timeout=150) for _ in range(handles)]
+        await asyncio.gather(
+            *(s.steer(f"steer {i}-{n}") for i, s in enumerate(senders) for n in range(each))
+        )
+        _gate[1].set()
+        return await handle.result(timeout=60)
+
+    result = _with_runner(temporal_address, body, models={"m": _one_call("gate")}, tools=[gate])
+    assert result.final_text == f"heard {1 + handles * each}"  # the call after the tool
+    said = [m.text for m in result.messages if isinstance(m, sm.UserMessage)]
+    assert sorted(said) == sorted(
+        ["go", *(f"steer {i}-{n}" for i in range(handles) for n in range(each))]
+    )
+
+
+_EXIT_SCRIPT = """
+import asyncio, gc, sys
+from statemachine.durable.temporal import open_store
+from statemachine.errors import UnknownRunError
+
+gc.disable()  # garbage is collected only when asked for (or by the interpreter's end)
+store = open_store(sys.argv[1])
+
+
+async def look():
+    try:
+        await store.handle("no-such-run")
+    except UnknownRunError:
+        pass
+
+
+asyncio.run(look())
+asyncio.run(look())  # the store's client, made on the first loop, used on a second
+
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        sys.__stdout__.write("finalizing\\n" if sys.is_finalizing() else "before exit\\n")
+
+
+Cycle()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_store_collects_its_clients_garbage_before_the_interpreter_finalizes(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """What the client leaves in reference cycles is freed at exit while the interpreter
+    is whole: freed while it finalizes, its native threads could abort the process
+    ("Fatal Python error: PyGILState_Release", now and then)."""
+    script = tmp_path / "store_exit.py"
+    script.write_text(_EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), f"temporal://{temporal_address}/default"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["before exit"]

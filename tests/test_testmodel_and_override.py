@@ -164,3 +164,21 @@ def test_override_reaches_a_sub_agent_run_as_a_tool() -> None:
         result = parent.run_sync("go")
     [answer] = [m for m in result.messages if isinstance(m, sm.ToolResultMessage)]
     assert answer.text == "from the test"
+
+
+def test_test_model_gives_a_union_output_through_the_first_member_tool() -> None:
+    @dataclasses.dataclass
+    class Found:
+        name: str
+
+    @dataclasses.dataclass
+    class Missing:
+        reason: str
+
+    model = TestModel()
+    result = sm.Agent(model, output_type=Found | Missing).run_sync("q")
+    assert result.output == Found(name="a")
+    assert [t.name for t in model.requests[0].tools] == [
+        "final_result_Found",
+        "final_result_Missing",
+    ]

@@ -4,6 +4,7 @@ run ends ``ToolRetriesExceeded`` past them (rule 14 of the table)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -43,6 +44,35 @@ def test_a_tool_asks_for_a_retry_and_sees_the_attempt_number() -> None:
     first = results(result)[0]
     assert first.is_error
     assert first.text == "No customer 'Ada': give the full name."
+
+
+def test_a_tool_knows_its_budget_and_answers_plainly_on_its_last_attempt() -> None:
+    seen: list[tuple[int, int, bool]] = []
+
+    @sm.tool(retries=2)
+    def lookup(ctx: sm.RunContext[None], name: str) -> str:
+        """Look a customer up by full name."""
+        seen.append((ctx.retry, ctx.max_retries, ctx.last_attempt))
+        if ctx.last_attempt:  # one more request would end the run: answer with what there is
+            return f"No exact match for {name!r}; closest: Ada Lovelace."
+        raise sm.ModelRetry("Give the full name.")
+
+    model = ScriptedModel(*[asks(f"c{i}", name="Ada") for i in range(3)], "Found.")
+    result = sm.Agent(model, tools=[lookup]).run_sync("find Ada")
+    assert result.ok, result.explanation
+    assert seen == [(0, 2, False), (1, 2, False), (2, 2, True)]
+    assert not results(result)[-1].is_error
+
+
+def test_outside_a_tool_the_context_has_no_attempt() -> None:
+    seen: list[tuple[int, int, bool]] = []
+
+    def instructions(ctx: sm.RunContext[None]) -> str:
+        seen.append((ctx.retry, ctx.max_retries, ctx.last_attempt))
+        return "Be brief."
+
+    sm.Agent(ScriptedModel("Hi."), instructions=instructions).run_sync("hello")
+    assert seen == [(0, 0, False)]
 
 
 def test_a_tool_that_keeps_asking_ends_the_run_past_its_budget() -> None:
@@ -166,9 +196,36 @@ def test_an_output_validator_that_keeps_refusing_ends_output_invalid() -> None:
     assert model.calls == 2
 
 
-def test_an_async_output_validator_is_refused_when_given() -> None:
-    async def later(output: Query) -> Query:
-        return output
+def test_an_async_output_validator_is_awaited_and_may_ask_for_a_retry() -> None:
+    seen: list[str] = []
+    model = ScriptedModel(
+        asks("f1", "final_result", sql="DROP"), asks("f2", "final_result", sql="SELECT 1")
+    )
+    agent = sm.Agent(model, output_type=Query)
 
-    with pytest.raises(sm.InvalidInputError, match="sync function"):
-        sm.Agent(ScriptedModel(), output_type=Query, output_validators=[later])
+    @agent.output_validator
+    async def safe(ctx: sm.RunContext[None], output: Query) -> Query:
+        await asyncio.sleep(0)  # really awaited: a coroutine never awaited would pass it
+        seen.append(output.sql)
+        if not output.sql.startswith("SELECT"):
+            raise sm.ModelRetry("Only SELECT queries.")
+        return Query(output.sql + ";")
+
+    result = agent.run_sync("q")
+    assert result.ok
+    assert result.output == Query("SELECT 1;")  # the value the validator returned
+    assert seen == ["DROP", "SELECT 1"]  # once per value
+    refusal = results(result)[0]
+    assert refusal.is_error
+    assert "Only SELECT queries." in refusal.text
+
+
+def test_an_async_output_validator_judges_a_native_output_too() -> None:
+    async def never(output: Query) -> Query:
+        raise sm.ModelRetry("Never.")
+
+    model = ScriptedModel('{"sql": "SELECT 1"}', '{"sql": "SELECT 2"}', native_output=True)
+    agent = sm.Agent(model, output_type=Query, output_retries=1, output_validators=[never])
+    result = agent.run_sync("q")
+    assert result.state is sm.TurnState.OUTPUT_INVALID
+    assert "Never." in (result.explanation or "")

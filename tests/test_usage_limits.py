@@ -400,3 +400,92 @@ def test_the_tool_call_limit_is_written_as_json_and_read_back() -> None:
     assert sm.UsageLimits.from_dict({"toolCalls": 2}, "x") == limits
     with pytest.raises(sm.InvalidInputError, match="tool_calls"):
         sm.UsageLimits(tool_calls=0)
+
+
+# -- a tool's own usage (RunContext.usage, add_usage) ---------------------------------------
+
+SPENT = Usage(input=30, output=20, total_tokens=50)
+
+
+def _spending_tool(seen: list[tuple[Usage, int]], *, sync: bool = False) -> sm.Tool:
+    """``grep`` that calls a model of its own: it reads the run's usage, then adds what
+    its call spent (one request, ``SPENT``)."""
+
+    def spend(ctx: sm.RunContext[None]) -> str:
+        seen.append((ctx.usage, ctx.requests))
+        ctx.add_usage(SPENT, requests=1)
+        seen.append((ctx.usage, ctx.requests))
+        return "found it"
+
+    if sync:
+
+        @sm.tool(name="grep")
+        def grep_sync(ctx: sm.RunContext[None], pattern: str = "") -> str:
+            """Search."""
+            return spend(ctx)
+
+        return grep_sync
+
+    @sm.tool(name="grep")
+    async def grep(ctx: sm.RunContext[None], pattern: str = "") -> str:
+        """Search."""
+        return spend(ctx)
+
+    return grep
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_tool_reads_the_runs_usage_and_what_it_adds_joins_the_result(sync: bool) -> None:
+    seen: list[tuple[Usage, int]] = []
+    model = ScriptedModel(_asks(1), AssistantMessage("done", usage=HUNDRED))
+    result = sm.run_agent_sync(model=model, messages="go", tools=[_spending_tool(seen, sync=sync)])
+    assert result.ok
+    assert seen == [(HUNDRED, 1), (HUNDRED + SPENT, 2)]
+    assert result.usage == HUNDRED + SPENT + HUNDRED
+    # the result the model read is the tool's own: the usage travels beside it
+    assert result.messages[2].text == "found it"
+
+
+def test_a_tools_added_requests_count_against_the_runs_limits() -> None:
+    model = ScriptedModel(_asks(1), _asks(2), AssistantMessage("never asked"))
+    result = sm.run_agent_sync(
+        model=model,
+        messages="go",
+        tools=[_spending_tool([])],
+        usage_limits=UsageLimits(requests=2),
+    )
+    assert result.state is S.USAGE_LIMIT_EXCEEDED
+    assert model.calls == 1  # the tool's own call was the second request
+    assert "requests=2" in result.explanation
+
+
+def test_a_tools_added_usage_is_journaled_and_replays() -> None:
+    import functools
+
+    stream = io.StringIO()
+    result = sm.run_agent_sync(
+        model=ScriptedModel(_asks(1), AssistantMessage("done")),
+        messages="go",
+        tools=[_spending_tool([])],
+        engine_factory=functools.partial(JournalingEngine, journal=Journal(stream)),
+    )
+    assert result.usage == HUNDRED + SPENT
+    replayed = replay(stream.getvalue().splitlines(keepends=True))
+    assert replayed.engine.usage == result.usage
+    assert replayed.engine.requests == 3  # two model calls, and the tool's own
+
+
+def test_add_usage_belongs_to_a_tools_call_and_checks_what_it_is_given() -> None:
+    from statemachine.agent.context import Spent
+
+    outside = sm.RunContext(None, "r1", 1, [])
+    with pytest.raises(sm.UsageError, match="add_usage is for a tool's call"):
+        outside.add_usage(SPENT)
+    inside = sm.RunContext(None, "r1", 1, [], spent=Spent())
+    with pytest.raises(InvalidInputError, match="usage must be a Usage"):
+        inside.add_usage({"input": 3})  # type: ignore[arg-type]
+    for requests in (-1, True, 1.5):
+        with pytest.raises(InvalidInputError, match="requests must be an integer >= 0"):
+            inside.add_usage(requests=requests)  # type: ignore[arg-type]
+    inside.add_usage(requests=2)
+    assert (inside.usage, inside.requests) == (Usage(), 2)

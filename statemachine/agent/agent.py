@@ -8,7 +8,9 @@ one set of checks, one result type.
 
 Per run: a prompt (a string or a ``UserMessage``) after an optional
 ``message_history``, ``deps`` (handed to tools, hooks and instructions that take a
-``RunContext``), ``model_settings`` (field by field over the agent's), a ``signal``.
+``RunContext``), ``model_settings`` (field by field over the agent's), ``instructions``
+(after the agent's own, for that run only, as PydanticAI's), a ``signal``, a
+``session`` (``AgentRunKeywords``, declared once for every run method).
 
 ``as_tool`` makes the agent a tool of another run (a sub-agent; its rules, approvals
 included, are in ``statemachine.agent.delegation``): the parent's abort reaches the
@@ -56,6 +58,7 @@ from statemachine.agent.hooks import (
     Deny,
 )
 from statemachine.agent.model import ModelClient, ModelSettings, resolve_model
+from statemachine.agent.model_call import Instructions, join_instructions
 from statemachine.agent.options import AgentOptions, Options, refuse_unknown, resolve
 from statemachine.agent.output import (
     OutputValidator,
@@ -79,7 +82,7 @@ from statemachine.agent.stream import StreamedRun
 from statemachine.agent.sync import StreamedRunSync, refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool
 from statemachine.agent.tools import tool as make_tool
-from statemachine.core.abort import AbortSignal
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.checks import positive_int
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, UserMessage
@@ -103,6 +106,9 @@ class _OneRun(TypedDict, Generic[DepsT], total=False):
     """Aborts the run when it fires."""
     session: Session | None
     """The session the run is read from and stored in (``statemachine.sessions``)."""
+    instructions: Instructions | None
+    """Instructions for this run only, after the agent's own (a string, or a function
+    of the ``RunContext``; ``statemachine.agent.model_call``)."""
 
 
 class AgentRunKeywords(_OneRun[DepsT], total=False):
@@ -130,7 +136,7 @@ _KEEP: Final = object()
 
 class Agent(Generic[DepsT, OutputT]):
     """What every run of an agent shares; ``run``, ``run_sync``, ``run_stream``,
-    ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
+    ``run_stream_sync``, ``resume``, ``resume_sync``, ``as_tool`` (module docstring).
 
     ``model`` is a ``ModelClient`` or a model string (``"openai:gpt-4.1"``). The other
     keywords are the options every run of the agent is given (``AgentOptions``), checked
@@ -156,7 +162,9 @@ class Agent(Generic[DepsT, OutputT]):
         # as by run_agent, only with an output type); each run builds its own.
         self.model = resolve_model(model)
         opts = self.options
-        compile_output(opts.output_type, opts.output_retries, opts.output_mode, self.model)
+        compile_output(
+            opts.output_type, opts.output_retries, opts.output_mode, self.model, opts.end_strategy
+        )
         self.name = name
         self.deps_type = deps_type
         self.output_validators = list(check_output_validators(output_validators))
@@ -278,8 +286,14 @@ class Agent(Generic[DepsT, OutputT]):
         if self.output_validators:
             output_type = Validated(output_type, tuple(self.output_validators))
         settings = (o.model_settings or ModelSettings()).merged(model_settings)
+        instructions = join_instructions(o.instructions, keywords.get("instructions"))
         return model, attrs.evolve(
-            o, deps=deps, model_settings=settings, signal=signal, output_type=output_type
+            o,
+            deps=deps,
+            model_settings=settings,
+            signal=signal,
+            output_type=output_type,
+            instructions=instructions,
         )
 
     # -- run --------------------------------------------------------------------------------
@@ -353,23 +367,23 @@ class Agent(Generic[DepsT, OutputT]):
     def run_stream_sync(
         self,
         prompt: str | UserMessage | None = None,
-        *,
-        message_history: Sequence[Message] = (),
-        deps: DepsT = None,  # type: ignore[assignment] # refused at run time if typed
-        model_settings: ModelSettings | None = None,
+        **keywords: Unpack[AgentRunKeywords[DepsT]],
     ) -> StreamedRunSync[RunResult[OutputT]]:
         """``run_stream`` for code without an event loop: its ``stream_text()`` and
-        ``result()`` (``StreamedRunSync``, in ``statemachine.agent.sync``)."""
+        ``result()`` (``StreamedRunSync``, in ``statemachine.agent.sync``); the same
+        keywords (a ``signal`` given aborts the run as ``abort()`` does)."""
         refuse_running_loop("run_stream_sync")
+        refuse_unknown("run_stream_sync", keywords, AgentRunKeywords)
 
         async def stream(signal: AbortSignal, put: Callable[[str], None]) -> RunResult[OutputT]:
-            async with self.run_stream(
-                prompt,
-                message_history=message_history,
-                deps=deps,
-                model_settings=model_settings,
-                signal=signal,
-            ) as run:
+            given = keywords.get("signal")
+            if given is not None:  # the caller's signal, beside the handle's abort()
+                either = AbortController()
+                signal.add_listener(either.abort)
+                given.add_listener(either.abort)
+                signal = either.signal
+            own: AgentRunKeywords[DepsT] = {**keywords, "signal": signal}
+            async with self.run_stream(prompt, **own) as run:
                 async for text in run.stream_text():
                     put(text)
                 return await run.result()

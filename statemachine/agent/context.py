@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import threading
 import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -24,15 +25,18 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import attrs
 
 from statemachine.core.limits import UsageLimits
+from statemachine.core.messages import Usage
+from statemachine.core.tools import ToolOutput
 
 if TYPE_CHECKING:
     from statemachine.core.engine import Engine
 from statemachine.core.messages import Message, ToolCall
-from statemachine.errors import UsageError
+from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
     "RunContext",
     "RunSource",
+    "Spent",
     "check_deps",
     "check_run_deps",
     "context_type",
@@ -40,8 +44,11 @@ __all__ = [
     "deps_type_of",
     "engine_context",
     "note_child_stats",
+    "output_context",
     "reset_run_context",
     "run_context",
+    "start_spending",
+    "stop_spending",
     "usage_left",
     "wants_context",
 ]
@@ -57,7 +64,21 @@ class RunContext(Generic[DepsT]):
     under way (1 for the first; the turns started so far);
     ``messages``: the history as it is now; ``tool_call``: the call being executed
     (``None`` outside a tool); ``retry``: in a tool, how many retry requests in a row
-    (``ModelRetry``) it made before this call (0 on a first attempt).
+    (``ModelRetry``) it made before this call (0 on a first attempt); ``max_retries``:
+    the tool's budget of them (``Tool(retries=...)``), so ``last_attempt`` is true when
+    one more retry request would end the run ``ToolRetriesExceeded``. ``tool_name``:
+    the tool being executed, or in an output validator the final-result tool that
+    carried the output (``None`` for a text output); there ``retry`` counts the run's
+    failed attempts at the final result so far and ``max_retries`` is
+    ``output_retries``, as PydanticAI's output validators read them.
+
+    ``usage`` and ``requests``: what the run has spent so far, as its usage limits
+    count it (tokens; model calls, sub-agents' included). A tool that spends on the
+    run's behalf (it calls a model itself) says so with ``add_usage``, as PydanticAI's
+    ``ctx.usage.incr``: what it adds joins the run's usage with the call's result
+    (``ToolOutput.usage``, ``requests``), so it is in ``RunResult.usage``, in the
+    snapshot and the journal, and counts against ``UsageLimits`` before the next model
+    call.
     """
 
     deps: DepsT
@@ -66,6 +87,97 @@ class RunContext(Generic[DepsT]):
     messages: Sequence[Message] = attrs.field(repr=False)
     tool_call: ToolCall | None = None
     retry: int = 0
+    max_retries: int = 0
+    tool_name: str | None = None
+    # The run's usage when the context was made; the property adds the call's own.
+    _usage: Usage = attrs.field(factory=Usage, alias="usage", repr=False)
+    _requests: int = attrs.field(default=0, alias="requests", repr=False)
+    # What the tool call under way spent (add_usage); None outside one.
+    _spent: Spent | None = attrs.field(default=None, alias="spent", repr=False, eq=False)
+
+    @property
+    def usage(self) -> Usage:
+        """The run's token usage so far (what ``RunResult.usage`` would say now), with
+        what this tool call added."""
+        added = None if self._spent is None else self._spent.usage
+        return self._usage if added is None else self._usage + added
+
+    @property
+    def requests(self) -> int:
+        """The run's model calls so far (``UsageLimits.requests`` counts them), with
+        those this tool call added."""
+        return self._requests + (0 if self._spent is None else self._spent.requests)
+
+    def add_usage(self, usage: Usage | None = None, *, requests: int = 0) -> None:
+        """Count ``usage`` (tokens) and ``requests`` (model calls) that this tool call
+        spent on the run's behalf: they join the run's with the call's result. Only in a
+        tool's call (``UsageError`` elsewhere)."""
+        if self._spent is None:
+            raise UsageError("add_usage is for a tool's call: it joins the call's result")
+        if usage is not None and not isinstance(usage, Usage):
+            raise InvalidInputError(f"usage must be a Usage, got {type(usage).__name__}")
+        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0:
+            raise InvalidInputError(f"requests must be an integer >= 0, got {requests!r:.40}")
+        self._spent.add(usage, requests)
+
+    @property
+    def last_attempt(self) -> bool:
+        """In a tool (or an output tool's validator): whether a retry request now would
+        end the run (``retry`` has reached ``max_retries``), so the tool can answer with
+        what it has instead."""
+        return self.tool_name is not None and self.retry >= self.max_retries
+
+
+class Spent:
+    """What one tool call spent on the run's behalf (``RunContext.add_usage``), shared by
+    every context made in the call (its threads and tasks too). A plain class: one is
+    made for every tool call, and most calls add nothing."""
+
+    __slots__ = ("_lock", "requests", "usage")
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def add(self, usage: Usage | None, requests: int) -> None:
+        with self._lock:  # a sync tool adds from its worker thread
+            if usage is not None:
+                self.usage = usage if self.usage is None else self.usage + usage
+            self.requests += requests
+
+    def joined(self, output: ToolOutput) -> ToolOutput:
+        """``output`` carrying what was spent too (unchanged when nothing was)."""
+        with self._lock:
+            usage, requests = self.usage, self.requests
+        if usage is None and not requests:
+            return output
+        if usage is None:
+            usage = output.usage
+        elif output.usage is not None:
+            usage = output.usage + usage
+        return attrs.evolve(output, usage=usage, requests=output.requests + requests)
+
+
+_spending: contextvars.ContextVar[Spent | None] = contextvars.ContextVar(
+    "statemachine_tool_spending", default=None
+)
+"""What the tool call whose task is running spent (set by the executor for each call)."""
+
+
+def start_spending() -> tuple[Spent, contextvars.Token[Spent | None]]:
+    """A new ``Spent`` for the tool call about to run in this context (the executor's),
+    and the token that ``stop_spending`` takes."""
+    spent = Spent()
+    return spent, _spending.set(spent)
+
+
+def stop_spending(token: contextvars.Token[Spent | None]) -> None:
+    """Undo ``start_spending`` (the call is over)."""
+    try:
+        _spending.reset(token)
+    except ValueError:
+        pass  # an abandoned call closed later, from another context
 
 
 class RunSource(Protocol):
@@ -118,8 +230,28 @@ def usage_left() -> tuple[bool, UsageLimits | None]:
 
 def engine_context(engine: Engine, deps: object, call: ToolCall | None) -> RunContext[Any]:
     """The context of the run of ``engine`` as it is now, in ``call`` (or outside one)."""
-    retry = 0 if call is None else engine.tool_failures(call.name)
-    return RunContext(deps, engine.run_id, engine.turns, engine.messages, call, retry)
+    run = (deps, engine.run_id, engine.turns, engine.messages)
+    usage, requests = engine.usage, engine.requests
+    if call is None:
+        return RunContext(*run, usage=usage, requests=requests)
+    retry, budget = engine.tool_failures(call.name), engine.retry_budget(call.name)
+    spent = _spending.get()
+    return RunContext(
+        *run, call, retry, budget, call.name, usage=usage, requests=requests, spent=spent
+    )
+
+
+def output_context(tool: str | None) -> RunContext[Any] | None:
+    """The context an output validator is given (``None`` outside a run): the run's,
+    with the final result's attempt (``retry``: the failed attempts so far), its budget
+    (``max_retries``: ``output_retries``) and ``tool``, the tool that carried it."""
+    source = _context.get()
+    if source is None:
+        return None
+    engine = source.engine
+    budget = engine.output.retries if engine.output is not None else 0
+    retry = engine.output_failures
+    return attrs.evolve(source.context(), retry=retry, max_retries=budget, tool_name=tool)
 
 
 def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> None:
@@ -127,8 +259,10 @@ def check_run_deps(deps: object, tools: Sequence[Any], instructions: object) -> 
     (instructions are asked at every model call: refused before the first, not
     mid-run)."""
     declared = [(f"tool {t.name}", t.deps_type) for t in tools]
-    if callable(instructions):
-        declared.append(("the instructions function", deps_type_of(instructions)))
+    # The agent's and one run's instructions (model_call.JoinedInstructions): each part.
+    for part in getattr(instructions, "parts", (instructions,)):
+        if callable(part):
+            declared.append(("the instructions function", deps_type_of(part)))
     check_deps(deps, declared)
 
 
@@ -143,7 +277,7 @@ def current_run_context(call: ToolCall | None = None) -> RunContext[Any] | None:
     if source is None:
         return None
     context = source.context()
-    return context if call is None else attrs.evolve(context, tool_call=call)
+    return context if call is None else attrs.evolve(context, tool_call=call, tool_name=call.name)
 
 
 def context_type(annotation: Any) -> tuple[bool, Any]:

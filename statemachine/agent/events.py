@@ -40,10 +40,13 @@ __all__ = [
     "RunStats",
     "StateChanged",
     "TextDelta",
+    "ToolAnswered",
+    "ToolAsked",
     "ToolCallDelta",
     "ToolEnded",
     "ToolLog",
     "ToolProgress",
+    "ToolQuestion",
     "ToolStarted",
     "TurnEnded",
     "TurnStarted",
@@ -93,6 +96,41 @@ class ToolLog:
     level: str
     data: object
     logger: str | None = None
+
+
+@attrs.frozen
+class ToolQuestion:
+    """A question a running tool waits on a person for (an MCP server's elicitation
+    asked through the run): ``message``, and the JSON schema of the answer (a flat
+    object), or a ``url`` to open. ``id`` names it to ``AgentRun.answer``; ``source``
+    says who asks (the MCP server's name)."""
+
+    id: str
+    call_id: str
+    tool_name: str
+    message: str
+    schema: Mapping[str, Any] = attrs.field(factory=dict)
+    url: str | None = None
+    source: str = ""
+
+
+@attrs.frozen
+class ToolAsked:
+    """A running tool asked a person ``question``; it waits until ``AgentRun.answer``
+    answers it, or the call ends (its timeout, an abort)."""
+
+    question: ToolQuestion
+
+
+@attrs.frozen
+class ToolAnswered:
+    """How ``question`` ended: ``outcome`` is "accept", "decline" or "cancel" (a
+    person's answer), "timed out" (nobody answered within the call's time: the asker
+    was told "cancel"), "aborted" (the run was aborted: likewise) or "cancelled" (the
+    call ended first)."""
+
+    question: ToolQuestion
+    outcome: str
 
 
 @attrs.frozen
@@ -163,6 +201,8 @@ RunEvent: TypeAlias = (
     | ToolStarted
     | ToolProgress
     | ToolLog
+    | ToolAsked
+    | ToolAnswered
     | ToolEnded
     | TurnEnded
     | RunReturned

@@ -14,10 +14,8 @@ what it acts on) and hands it to ``Backend.start``; the backend starts it as a t
 the driver keeps (``keep``), performing it in this process
 (``perform``, reporting to the driver or to a ``Reports`` of its own, such as a
 durable step that records what the operation reported) or elsewhere (an activity).
-``IN_PROCESS`` is the backend of ``run_agent``: every operation an asyncio task of
-this process, reporting straight to the loop. The durable backends
-(``statemachine.durable``) hold their own state (their recorded steps, the order in
-which a batch's results are handed over) and reuse ``perform`` for the work itself.
+``IN_PROCESS`` is ``run_agent``'s: each operation a task here, reporting to the loop;
+the durable backends (``statemachine.durable``) reuse ``perform`` for the work.
 
 Abort and the grace period
 --------------------------
@@ -48,14 +46,16 @@ from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
-from statemachine.agent.events import RunEvent, ToolLog, ToolProgress
+from statemachine.agent.context import start_spending, stop_spending
+from statemachine.agent.events import RunEvent, ToolLog, ToolProgress, ToolQuestion
 from statemachine.agent.hook_calls import HookCaller
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import Options
+from statemachine.agent.questions import Answer, RunQuestions
 from statemachine.agent.tools import Tool, tool_output_from
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
     CallModel,
@@ -80,6 +80,7 @@ __all__ = [
     "InProcess",
     "Operation",
     "Reports",
+    "ask_person",
     "current_tool_call",
     "report_log",
     "report_progress",
@@ -125,6 +126,27 @@ def report_log(level: str, data: object, logger: str | None = None) -> bool:
     executor, call = running
     executor.tell(partial(ToolLog, call.id, level, data, logger))
     return True
+
+
+async def ask_person(
+    make: Callable[[str, ToolCall], ToolQuestion], signal: AbortSignal
+) -> Answer | None:
+    """Ask a person, through the run, the question ``make(id, call)`` builds, from
+    inside a running tool (``statemachine.agent.questions``); its answer ("cancel"
+    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver,
+    and in a durable run (no one holds it to answer)."""
+    running = _running.get()
+    if running is None:
+        return None
+    executor, call = running
+    aborting = executor.loop.controller.signal
+    stream = executor.loop.stream
+    # A durable run is held by its backend, a Temporal activity's stream keeps nothing:
+    # no one could answer there.
+    if not getattr(stream, "takes_questions", False):
+        return None
+    questions: RunQuestions = stream.questions
+    return await questions.ask(lambda qid: make(qid, call), signal, lambda: aborting.aborted)
 
 
 def start_task(coro: Coroutine[Any, Any, _T], *, eager: bool) -> asyncio.Task[_T]:
@@ -412,8 +434,10 @@ class AsyncioExecutor:
 
     async def run_tool(self, call: ToolCall, to: Reports | None = None) -> None:
         """The tool call, then the after_tool_call hook; reports its one event (to the
-        driver, or to ``to``)."""
+        driver, or to ``to``), with what the call spent on the run's behalf
+        (``RunContext.add_usage``)."""
         to = to or self
+        spent, token = start_spending()
         try:
             output = await self._tool_output(call)
             if self.hooks.after_tool_call is not None:
@@ -430,7 +454,9 @@ class AsyncioExecutor:
                 is_error=True,
             )
             self.loop.note_failure(exc, f"tool {call.name}")
-        to.report(call.id, ToolFinished(call.id, output))
+        finally:
+            stop_spending(token)
+        to.report(call.id, ToolFinished(call.id, spent.joined(output)))
 
     async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self.tools[call.name]

@@ -17,6 +17,11 @@ reports it (``CallOptions.on_response``), the model that answered (``record_mode
 Instructions that raise fail that model call: the run ends ``Failed`` with an
 explanation naming ``InstructionsError`` and what the function raised (the exception
 is the cause of ``RunResult.error``), never a crash of the driver.
+
+Instructions for one run (``Agent.run(..., instructions=...)``) come after the
+agent's own, as PydanticAI adds them: ``join_instructions`` makes one string of two,
+or a ``JoinedInstructions`` that asks each part at every call; the texts are joined by
+a blank line, and a part that gives no text adds none.
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ from statemachine.errors import InstructionsError, InvalidInputError, UsageError
 __all__ = [
     "Instructions",
     "InstructionsError",
+    "JoinedInstructions",
     "RunModel",
     "answer_of",
     "awaitable_answer",
     "check_instructions",
+    "join_instructions",
 ]
 
 Instructions: TypeAlias = str | Callable[..., Any]
@@ -64,6 +71,63 @@ def check_instructions(instructions: object) -> None:
         )
 
 
+def join_instructions(first: Instructions | None, then: Instructions | None) -> Instructions | None:
+    """``first`` followed by ``then`` (module docstring); either alone when the other is
+    ``None`` or empty."""
+    check_instructions(then)
+    if first is None or first == "":
+        return then
+    if then is None or then == "":
+        return first
+    if isinstance(first, str) and isinstance(then, str):
+        return f"{first}\n\n{then}"
+    return JoinedInstructions((first, then))
+
+
+@attrs.frozen
+class JoinedInstructions:
+    """Instructions made of ``parts`` (strings and functions of the ``RunContext``),
+    each asked at every model call; a function of the context itself, so the run
+    treats it as any instructions function."""
+
+    parts: tuple[Instructions, ...]
+
+    async def __call__(self, ctx: RunContext[Any]) -> str | None:
+        texts: list[str | None] = []
+        for part in self.parts:
+            if isinstance(part, str):
+                texts.append(part)
+            else:
+                texts.append(await _ask(part, _takes_an_argument(part), lambda: ctx))
+        return "\n\n".join(text for text in texts if text) or None
+
+
+async def _ask(
+    given: Callable[..., Any], takes_context: bool, context: Callable[[], RunContext[Any]] | None
+) -> str | None:
+    """The text an instructions function gives (``InstructionsError`` if it fails)."""
+    try:
+        if takes_context:
+            assert context is not None  # refused when the run was made otherwise
+            value = given(context())
+        else:
+            value = given()
+        if inspect.isawaitable(value):
+            value = await value
+    except InstructionsError:
+        raise  # a part of JoinedInstructions, named already
+    except Exception as exc:
+        raise InstructionsError(
+            f"the instructions function {getattr(given, '__name__', given)!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if value is not None and not isinstance(value, str):
+        raise InstructionsError(
+            f"the instructions function returned a {type(value).__name__}, not a str"
+        )
+    return value or None
+
+
 class RunModel:
     """Calls ``client`` with this run's ``CallOptions`` (``complete`` as a
     ``ModelClient``'s, returning what to await). ``context`` makes the run's
@@ -77,8 +141,11 @@ class RunModel:
         stream: EventStream,
         context: Callable[[], RunContext[Any]] | None,
         engine: Engine | None = None,
+        judge: Callable[[AssistantMessage], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
+        # Awaits the async output validators on each response (``Output.judge``).
+        self._judge = judge
         output = engine.output if engine is not None else None
         # An engine that records what each call was told (a JournalingEngine) hears the
         # instructions of every call; it writes them when they change.
@@ -114,6 +181,21 @@ class RunModel:
     ) -> Awaitable[AssistantMessage]:
         """The client's answer, for the caller to await: no coroutine of this wrapper
         stays alive across the model's wait, unless a function gives the instructions."""
+        if self._judge is not None:  # only a run with an async output validator
+            return self._complete_judging(messages, tools, signal)
+        return self._complete(messages, tools, signal)
+
+    async def _complete_judging(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> AssistantMessage:
+        message = await self._complete(messages, tools, signal)
+        if self._judge is not None and isinstance(message, AssistantMessage):
+            await self._judge(message)
+        return message
+
+    def _complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolDefinition], signal: AbortSignal
+    ) -> Awaitable[AssistantMessage]:
         client = self.client
         base = self._base
         if base is None:  # a client without options
@@ -159,24 +241,7 @@ class RunModel:
         given = self._instructions
         if given is None or isinstance(given, str):
             return given or None
-        try:
-            if self._function_takes_context:
-                assert self._context is not None  # refused when made otherwise
-                value = given(self._context())
-            else:
-                value = given()
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            raise InstructionsError(
-                f"the instructions function {getattr(given, '__name__', given)!r} raised "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if value is not None and not isinstance(value, str):
-            raise InstructionsError(
-                f"the instructions function returned a {type(value).__name__}, not a str"
-            )
-        return value or None
+        return await _ask(given, self._function_takes_context, self._context)
 
 
 def _native_schema(client: ModelClient, output: OutputSpec | None) -> Mapping[str, Any] | None:

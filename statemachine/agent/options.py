@@ -37,9 +37,10 @@ durable runner holds for every run of its worker: code, which a run's JSON input
 cannot carry), ``AgentOptions`` (what an ``Agent`` holds for all its runs),
 ``RunOptions`` (plus one run's ``deps`` and ``signal``: what resuming takes too),
 ``NewRunOptions`` (plus ``run_id`` and ``engine_factory``, meaningful only for a run
-that starts from its first message: ``run_agent``, ``AgentRun``), ``ResumeOptions``
-(plus what continuing a suspended run needs: ``resume_agent``). Checks that need the
-model client (an output mode or model settings the client cannot honour) are
+that starts from its first message: ``run_agent``, ``AgentRun``; and ``session``,
+which ``run_agent`` reads before the run is built), ``ResumeOptions`` (plus what
+continuing a suspended run needs: ``resume_agent``). Checks that need the model
+client (an output mode or model settings the client cannot honour) are
 ``AgentRun``'s.
 """
 
@@ -61,6 +62,7 @@ from statemachine.agent.hooks import (
 from statemachine.agent.model import ModelSettings
 from statemachine.agent.model_call import Instructions, check_instructions
 from statemachine.agent.output import OutputMode, OutputType
+from statemachine.agent.session import Session, check_session
 from statemachine.agent.steps import Step, check_steps
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool, check_tools
@@ -69,7 +71,7 @@ from statemachine.core.checks import positive_int
 from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import UserMessage
-from statemachine.core.output import DEFAULT_OUTPUT_RETRIES
+from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, EndStrategy, check_end_strategy
 from statemachine.errors import InvalidInputError
 
 __all__ = [
@@ -128,6 +130,10 @@ class AgentOptions(HookOptions, Generic[OutputT], total=False):
     output_mode: OutputMode
     """How the answer is asked for: ``"tool"``, ``"native"`` (the provider's structured
     output) or ``"auto"`` (native where the client supports it)."""
+    end_strategy: EndStrategy
+    """What becomes of the other tool calls of a response whose final result is valid:
+    ``"early"`` (the default, as PydanticAI's) answers them as not run and ends the
+    run; ``"exhaustive"`` runs them first. A resumed run keeps its own."""
     transform_context: TransformContext | None
     """Turns the history into what the model is sent, at each model call."""
     grace_period: float
@@ -156,6 +162,12 @@ class NewRunOptions(RunOptions[OutputT], total=False):
     """The run's id (default: 12 random hex digits)."""
     engine_factory: Callable[..., Engine]
     """Builds the run's engine from ``Engine``'s keywords (default ``Engine``)."""
+    session: Session | None
+    """A conversation session (``statemachine.sessions``): the run starts from its
+    newest messages followed by ``messages``, and its new messages are stored there
+    when it returns, as with ``Agent.run(session=...)``. Taken by ``run_agent`` and
+    ``run_agent_sync``; an ``AgentRun``, built before a session could be read, refuses
+    one."""
 
 
 class ResumeOptions(RunOptions[OutputT], total=False):
@@ -211,6 +223,15 @@ def _grace_period(_: object, __: object, value: Any) -> None:
         raise InvalidInputError(f"grace_period must be a non-negative number, got {value!r}")
 
 
+def _end_strategy(_: object, __: object, value: Any) -> None:
+    check_end_strategy(value)
+
+
+def _session(_: object, __: object, value: Any) -> None:
+    if value is not None:
+        check_session(value)
+
+
 def _signal(_: object, __: object, value: Any) -> None:
     if value is not None and not isinstance(value, AbortSignal):
         raise InvalidInputError("signal must be an AbortSignal (AbortController().signal)")
@@ -229,6 +250,7 @@ class Options:
     output_type: Any = None  # OutputType, or Validated (an Agent's validators)
     output_retries: int = DEFAULT_OUTPUT_RETRIES  # checked with the type (compile_output)
     output_mode: OutputMode = "auto"
+    end_strategy: EndStrategy = attrs.field(default="early", validator=_end_strategy)
     before_tool_call: BeforeToolCall | None = None
     after_tool_call: AfterToolCall | None = None
     should_continue: ShouldContinue | None = None
@@ -240,6 +262,7 @@ class Options:
     signal: AbortSignal | None = attrs.field(default=None, validator=_signal)
     run_id: str | None = None
     engine_factory: Callable[..., Engine] = Engine
+    session: Session | None = attrs.field(default=None, validator=_session)
 
 
 DEFAULTS = Options()

@@ -19,6 +19,17 @@ How the model gives it (``output_mode``):
 Either way the engine validates the output and sends a failed attempt back to the
 model within ``output_retries`` (rule 13 of ``core/table.py``). A resumed run keeps
 the mode it was suspended in.
+
+Several types (a union, a list of types) are offered in tool mode as one tool per
+member, ``final_result_<Name>`` (PydanticAI's names), each with its member's schema
+and converter; ``Output.legacy`` is the union as the one tool offered before, with
+which a run suspended then resumes. In native mode a union stays one schema.
+
+``end_strategy`` (``"early"`` by default, PydanticAI's documented default) decides the
+fate of a response's other calls once its final result is accepted
+(``core/output.py``). Output validators may be ``async``: a run with one awaits them
+in its model call (``Output.judge``), on each output the response offers, up to the
+first accepted, before the engine judges the response from those verdicts.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -33,19 +45,28 @@ from typing import Any, Final, Literal, TypeAlias, Union
 
 import attrs
 
-from statemachine.agent.context import current_run_context, wants_context
+from statemachine.agent.context import output_context, wants_context
 from statemachine.agent.events import OutputT
 from statemachine.agent.model import takes_options
 from statemachine.agent.signature import Converter, compile_annotation
 from statemachine.agent.tools import Tool, retries_of
 from statemachine.core.limits import UsageLimits, check_usage_limits
-from statemachine.core.messages import AssistantMessage, Message, ToolResultMessage, thaw_json
+from statemachine.core.messages import (
+    AssistantMessage,
+    Message,
+    StopReason,
+    ToolResultMessage,
+    thaw_json,
+)
 from statemachine.core.output import (
     DEFAULT_OUTPUT_RETRIES,
     OUTPUT_ACCEPTED,
     OUTPUT_TOOL,
     TEXT_OUTPUT,
+    EndStrategy,
     OutputSpec,
+    check_end_strategy,
+    is_output_tool,
     parse_text_output,
 )
 from statemachine.core.tools import ToolDefinition, validate_arguments
@@ -83,13 +104,23 @@ or ``None`` (the output is the final text)."""
 @attrs.frozen
 class Output:
     """The engine's ``OutputSpec`` and the converter of its validated JSON to the
-    caller's type (``None``: the JSON as it is)."""
+    caller's type (``None``: the JSON as it is); ``members``: the converter of each
+    final-result tool of a union offered a tool per member (``convert`` is then the
+    union's as one tool, what a run suspended before that offered); ``validators``:
+    run on each value the type accepted, in order."""
 
     spec: OutputSpec
     convert: Converter | None
-    # The values the type accepted (``OutputSpec.check``), by their JSON: the output is
-    # the value judged, not a second conversion (a validator runs once per value).
+    members: Mapping[str, Converter | None] = attrs.field(factory=dict)
+    validators: tuple[OutputValidator, ...] = ()
+    # The union as one tool, for a run suspended when a union was offered so.
+    legacy: OutputSpec | None = attrs.field(default=None, eq=False, repr=False)
+    # The values the type accepted (``OutputSpec.check``), by their tool and JSON: the
+    # output is the value judged, not a second conversion (a validator runs once per
+    # value).
     _accepted: dict[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    # What ``judge`` found of the response being handled, by the same keys.
+    _verdicts: dict[str, str | None] = attrs.field(factory=dict, eq=False, repr=False)
 
     @classmethod
     def untyped(cls, spec: OutputSpec | None) -> Output | None:
@@ -97,31 +128,137 @@ class Output:
         object, unconverted (``None`` for a run without an output)."""
         return None if spec is None else cls(spec, None)
 
+    @property
+    def awaits(self) -> bool:
+        """Whether a validator is async: the driver then judges each response with
+        ``judge`` before the engine reads the verdicts (``check``)."""
+        return any(inspect.iscoroutinefunction(fn) for fn in self.validators)
+
     def value(self, messages: tuple[Message, ...], call_id: str | None) -> Any:
         """The output (``call_id``: the engine's ``output_call``), converted."""
         if call_id is None:
             return None
         if call_id == TEXT_OUTPUT and self.spec.text:
-            return _final_text(messages)
-        found = _output_value(messages, call_id)
-        if self.convert is None or found is None:
+            text = _final_text(messages)
+            return self._accepted.get(_key(TEXT_OUTPUT, text), text)  # as validated
+        tool, found = _output_value(messages, call_id)
+        if found is None or not self._typed_at_all():
             return found
-        key = _key(found)
-        return self._accepted[key] if key in self._accepted else self.convert(found)
+        key = _key(tool, found)
+        return self._accepted[key] if key in self._accepted else self._converted(found, tool)
 
-    def check(self, value: Any) -> str | None:
-        """``OutputSpec.check``: why the type refuses ``value`` (what its conversion
-        raised, validators and ``ModelRetry`` included), or ``None``."""
-        if self.convert is None:
+    def from_json(self, value: Any) -> Any:
+        """``value``, the validated JSON of an output recorded without its tool (a
+        durable run's), converted: by the first member whose tool's schema it matches
+        and whose converter accepts it, else by the union's one-tool converter."""
+        for definition in self.spec.tools if self.members else ():
+            convert = self.members.get(definition.name)
+            if validate_arguments(definition, value):
+                continue
+            try:
+                return value if convert is None else convert(value)
+            except Exception:  # noqa: BLE001 - not this member: try the next
+                continue
+        return value if self.convert is None else self.convert(value)
+
+    def _typed_at_all(self) -> bool:
+        return self.convert is not None or bool(self.members) or bool(self.validators)
+
+    def _converted(self, value: Any, tool: str) -> Any:
+        convert = self._converter(tool)
+        result = value if convert is None else convert(value)
+        for fn in self.validators:
+            result = _validate(fn, result, tool)
+        return result
+
+    def _converter(self, tool: str) -> Converter | None:
+        if tool == TEXT_OUTPUT and self.spec.text:
+            return None  # the text of a union with str is the output as it is
+        return self.members.get(tool, self.convert)
+
+    def check(self, value: Any, tool: str) -> str | None:
+        """``OutputSpec.check``: why the type refuses ``value`` given in ``tool`` (what
+        its conversion or a validator raised, ``ModelRetry`` included), or ``None``.
+
+        The engine asks twice of a text it refuses (``OutputSpec.accepts``, then
+        ``missed``): the first verdict is kept for the second, and only for it, so a
+        validator runs once per attempt, and again on the same text next attempt."""
+        if not self._typed_at_all():
             return None
+        key = _key(tool, value)
+        if key in self._verdicts:
+            return self._verdicts[key] if self.awaits else self._verdicts.pop(key)
+        if self.awaits:  # judged by ``judge`` in a driver that awaits; none did here
+            return "an async output validator can only judge the output in a run that awaits it"
         try:
-            converted = self.convert(value)
-        except ModelRetry as exc:
-            return _bounded(str(exc))
+            self._accepted[key] = self._converted(value, tool)
         except Exception as exc:  # noqa: BLE001 - a type that refuses: a failed attempt, never a crash
-            return _bounded(f"{type(exc).__name__}: {exc}")
-        self._accepted[_key(value)] = converted
+            problem = _problem(exc)
+            if tool == TEXT_OUTPUT and self.spec.text:
+                self._verdicts[key] = problem
+            return problem
         return None
+
+    async def judge(self, message: AssistantMessage) -> None:
+        """Judge the outputs ``message`` offers, in order, up to the first accepted,
+        awaiting async validators; ``check`` then answers the engine from the verdicts."""
+        self._verdicts.clear()
+        for tool, value in _candidates(self.spec, message):
+            key = _key(tool, value)
+            try:
+                convert = self._converter(tool)
+                result = value if convert is None else convert(value)
+                for fn in self.validators:
+                    result = _validate(fn, result, tool)
+                    if inspect.isawaitable(result):
+                        result = await result
+            except Exception as exc:  # noqa: BLE001 - as in check
+                self._verdicts[key] = _problem(exc)
+                continue
+            self._accepted[key] = result
+            self._verdicts[key] = None
+            return
+
+
+def _validate(fn: OutputValidator, value: Any, tool: str) -> Any:
+    if not wants_context(fn):
+        return fn(value)
+    context = output_context(None if tool == TEXT_OUTPUT else tool)
+    return fn(context, value) if context is not None else fn(value)
+
+
+def _problem(exc: Exception) -> str:
+    """What a refusal says to the model: a retry request's message, or the error."""
+    if isinstance(exc, ModelRetry):
+        return _bounded(str(exc))
+    return _bounded(f"{type(exc).__name__}: {exc}")
+
+
+def _candidates(spec: OutputSpec, message: AssistantMessage) -> list[tuple[str, Any]]:
+    """The outputs ``message`` offers that match their schema, in order, each with the
+    tool that carried it (``TEXT_OUTPUT``: a native final text, or the text of a union
+    with str)."""
+    if message.stop_reason in (StopReason.ERROR, StopReason.ABORTED):
+        return []
+    if spec.text and not message.tool_calls:  # a final text of a union with str
+        return [(TEXT_OUTPUT, message.text)]
+    if spec.native:
+        if message.tool_calls:
+            return []
+        try:
+            value = parse_text_output(message.text)
+        except ValueError:
+            return []
+        fits = isinstance(value, dict) and not validate_arguments(spec.definition, value)
+        return [(TEXT_OUTPUT, value)] if fits else []
+    tools = {d.name: d for d in spec.tools}
+    return [
+        (call.name, thaw_json(call.arguments))
+        for call in message.tool_calls
+        if call.name in tools
+        and call.parse_error is None
+        and not validate_arguments(tools[call.name], call.arguments)
+    ]
 
 
 _PROBLEM_CHARS: Final = 2_000
@@ -132,8 +269,8 @@ def _bounded(text: str) -> str:
     return text if len(text) <= _PROBLEM_CHARS else text[:_PROBLEM_CHARS] + "..."
 
 
-def _key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+def _key(tool: str, value: Any) -> str:
+    return tool + ":" + json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _final_text(messages: Sequence[Message]) -> str:
@@ -149,18 +286,19 @@ def run_output(output: Output | None, messages: tuple[Message, ...], call_id: st
     return _final_text(messages) if output is None else output.value(messages, call_id)
 
 
-def _output_value(messages: Sequence[Message], call_id: str) -> Any:
-    """The validated JSON object of the output: the accepted call's arguments, or the
-    last final answer's text (``TEXT_OUTPUT``, native mode)."""
+def _output_value(messages: Sequence[Message], call_id: str) -> tuple[str, Any]:
+    """The validated JSON object of the output with the tool that carried it: the
+    accepted call's arguments, or the last final answer's text (``TEXT_OUTPUT``,
+    native mode)."""
     for message in reversed(messages):
         if not isinstance(message, AssistantMessage):
             continue
         if call_id == TEXT_OUTPUT:
-            return parse_text_output(message.text)
+            return TEXT_OUTPUT, parse_text_output(message.text)
         for call in message.tool_calls:
             if call.id == call_id:
-                return thaw_json(call.arguments)
-    return None
+                return call.name, thaw_json(call.arguments)
+    return call_id, None
 
 
 def output_json(messages: Sequence[Message]) -> Any:
@@ -171,11 +309,11 @@ def output_json(messages: Sequence[Message]) -> Any:
         m.tool_call_id
         for m in messages
         if isinstance(m, ToolResultMessage)
-        and m.tool_name == OUTPUT_TOOL
+        and is_output_tool(m.tool_name)
         and not m.is_error
         and m.text == OUTPUT_ACCEPTED
     ]
-    return _output_value(messages, accepted[-1] if accepted else TEXT_OUTPUT)
+    return _output_value(messages, accepted[-1] if accepted else TEXT_OUTPUT)[1]
 
 
 def supports_native_output(model: object) -> bool:
@@ -207,14 +345,37 @@ def compile_output(
     retries: int = DEFAULT_OUTPUT_RETRIES,
     mode: object = "tool",
     model: object = None,
+    end_strategy: EndStrategy = "early",
 ) -> Output | None:
     """``output_type`` as an ``Output`` (``None`` for none, or plain text: ``str``),
-    given as ``mode`` (``output_mode``) says for ``model`` (module docstring);
-    ``InvalidInputError`` naming ``output_type`` for a type that has no JSON Schema
-    (``native_output`` for the mode's errors)."""
+    given as ``mode`` (``output_mode``) says for ``model`` (module docstring), its
+    other calls treated as ``end_strategy`` says; ``InvalidInputError`` naming
+    ``output_type`` for a type that has no JSON Schema (``native_output`` for the
+    mode's errors)."""
+    validators: tuple[OutputValidator, ...] = ()
     if isinstance(output_type, Validated):
-        return _validated(output_type, retries, mode, model)
+        validators = output_type.validators
+        output_type = output_type.output_type
     native = native_output(mode, model, output_type)
+    output = _compiled(output_type, retries, native)
+    if output is None:
+        if validators:
+            raise InvalidInputError("output validators need an output_type other than str")
+        return None
+    output = attrs.evolve(output, validators=validators)
+    if output.convert is None and not output.members and not validators:
+        spec = output.spec  # a JSON Schema: nothing to judge beyond it
+    else:
+        spec = attrs.evolve(output.spec, check=output.check)
+    legacy = output.legacy and attrs.evolve(output.legacy, check=output.check)
+    strategy = check_end_strategy(end_strategy)
+    legacy = legacy and attrs.evolve(legacy, end_strategy=strategy)
+    return attrs.evolve(output, spec=attrs.evolve(spec, end_strategy=strategy), legacy=legacy)
+
+
+def _compiled(output_type: object, retries: int, native: bool) -> Output | None:
+    """The output of a type (no validators, no end strategy): one tool, or one per
+    member of a union in tool mode."""
     if output_type is None or output_type is str:
         return None
     if isinstance(output_type, Mapping):
@@ -225,18 +386,56 @@ def compile_output(
     if not typed:
         return None
     compiled = [(m, *compile_annotation(m, "output_type")) for m in typed]
-    wrapped = len(typed) > 1 or not _model_like(typed[0])
-    if not wrapped:
+    if len(typed) == 1 and _model_like(typed[0]):
         schema, convert = compiled[0][1], compiled[0][2]
     else:
         schema, convert = _wrapped(compiled)
-    output = Output(OutputSpec.of(schema, retries=retries, native=native, text=text), convert)
-    return attrs.evolve(output, spec=attrs.evolve(output.spec, check=output.check))
+    single = OutputSpec.of(schema, retries=retries, native=native, text=text)
+    if len(typed) == 1 or native:
+        return Output(single, convert)
+    # A tool per member (PydanticAI's way): each member's schema as one tool would give it.
+    tools = [
+        _member_tool(m, member_schema, member_convert)
+        for m, member_schema, member_convert in compiled
+    ]
+    names = _tool_names([m for m in typed])
+    spec = OutputSpec.of_members(
+        [(name, schema) for name, (schema, _) in zip(names, tools, strict=True)],
+        retries=retries,
+        text=text,
+    )
+    converters = {d.name: c for d, (_, c) in zip(spec.tools, tools, strict=True)}
+    return Output(spec, convert, converters, legacy=single)
+
+
+def _member_tool(
+    member: Any, schema: dict[str, Any], convert: Converter | None
+) -> tuple[dict[str, Any], Converter | None]:
+    """A member's final-result tool: its schema and converter, wrapped in
+    ``WRAPPER_KEY`` unless it is an object with named fields."""
+    if _model_like(member):
+        return schema, convert
+    return _wrapped([(member, schema, convert)])
+
+
+def _tool_names(members: Sequence[Any]) -> list[str]:
+    """Each member's name in its tool's (``final_result_<name>``): its type's name, made
+    of what a tool name may hold, numbered when two members share one."""
+    names: list[str] = []
+    for member in members:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", _type_name(typing.get_origin(member) or member))
+        name, n = base[:40], 1
+        while name in names:
+            n += 1
+            name = f"{base[:40]}_{n}"
+        names.append(name)
+    return names
 
 
 OutputValidator: TypeAlias = Callable[..., Any]
-"""``fn(output)`` or ``fn(ctx: RunContext, output)``, sync: returns the output (the same
-value, or a corrected one); raises ``ModelRetry`` to ask the model for another."""
+"""``fn(output)`` or ``fn(ctx: RunContext, output)``, sync or ``async``: returns the
+output (the same value, or a corrected one); raises ``ModelRetry`` to ask the model for
+another."""
 
 
 @attrs.frozen
@@ -249,31 +448,12 @@ class Validated:
 
 
 def check_output_validators(validators: Sequence[OutputValidator]) -> tuple[OutputValidator, ...]:
-    """``validators`` checked: sync callables (they run in the engine's judgement of
-    the output, which does not wait)."""
+    """``validators`` checked: callables, sync or ``async`` (an async one is awaited by
+    the driver on each response that offers an output, before the engine judges it)."""
     for fn in validators:
-        if not callable(fn) or inspect.iscoroutinefunction(fn):
-            raise InvalidInputError(f"an output validator must be a sync function, got {fn!r:.60}")
+        if not callable(fn):
+            raise InvalidInputError(f"an output validator must be a function, got {fn!r:.60}")
     return tuple(validators)
-
-
-def _validated(validated: Validated, retries: int, mode: object, model: object) -> Output | None:
-    output = compile_output(validated.output_type, retries, mode, model)
-    if output is None or not validated.validators:
-        if validated.validators:
-            raise InvalidInputError("output validators need an output_type other than str")
-        return output
-    convert, validators = output.convert, validated.validators
-
-    def convert_and_validate(value: Any) -> Any:
-        result = value if convert is None else convert(value)
-        for fn in validators:
-            context = current_run_context() if wants_context(fn) else None
-            result = fn(context, result) if context is not None else fn(result)
-        return result
-
-    checked = Output(output.spec, convert_and_validate)
-    return attrs.evolve(checked, spec=attrs.evolve(checked.spec, check=checked.check))
 
 
 WRAPPER_KEY: Final = "response"

@@ -109,20 +109,28 @@ def resume_run(
 
 def _output_spec(engine: Engine, output_type: object, output_retries: int) -> OutputSpec | None:
     """The output of the resumed run: the snapshot's, or ``output_type``'s (given in
-    the snapshot's mode, tool or native)."""
+    the snapshot's mode, tool or native, with its tools and end strategy: a union
+    offered as one tool before it was offered a tool per member stays one)."""
     output = compile_output(output_type, output_retries)
     if output is None:
         return engine.output
     shown = engine.output
-    if shown is not None and shown.definition.schema_dict() != output.spec.definition.schema_dict():
-        # The model answered (or will answer) the schema it was shown: judging it by
-        # another, or converting its output to another type, would be wrong either way.
-        raise OutputTypeChangedError(
-            "output_type: its JSON Schema is not the one the suspended run showed the "
-            "model; resume with the output type the run was started with, or without "
-            "output_type for the validated JSON"
-        )
-    return attrs.evolve(output.spec, native=shown is not None and shown.native)
+    if shown is None:
+        return output.spec
+    for spec in (output.spec, output.legacy):
+        if spec is not None and _tools_of(spec) == _tools_of(shown):
+            return attrs.evolve(spec, native=shown.native, end_strategy=shown.end_strategy)
+    # The model answered (or will answer) the schema it was shown: judging it by
+    # another, or converting its output to another type, would be wrong either way.
+    raise OutputTypeChangedError(
+        "output_type: its JSON Schema is not the one the suspended run showed the "
+        "model; resume with the output type the run was started with, or without "
+        "output_type for the validated JSON"
+    )
+
+
+def _tools_of(spec: OutputSpec) -> list[tuple[str, Any]]:
+    return [(d.name, d.schema_dict()) for d in spec.tools]
 
 
 def _may_run(

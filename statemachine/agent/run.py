@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, Unpack
 
+import attrs
+
 from statemachine.agent.context import (
     RunContext,
     check_run_deps,
@@ -32,13 +34,23 @@ from statemachine.agent.context import (
     reset_run_context,
     run_context,
 )
-from statemachine.agent.events import OutputT, RunEvent, RunResult, RunStats, TextDelta, run_error
+from statemachine.agent.events import (
+    OutputT,
+    RunEvent,
+    RunResult,
+    RunStats,
+    TextDelta,
+    ToolQuestion,
+    run_error,
+)
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Backend, current_tool_call
 from statemachine.agent.loop import ActionLoop, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
 from statemachine.agent.output import Output, budget_options, compile_output, run_output
+from statemachine.agent.questions import Answer
+from statemachine.agent.session import run_in_session
 from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD, refuse_running_loop, run_sync
@@ -108,8 +120,14 @@ class AgentRun(Generic[OutputT]):
         field of ``options`` (a resolved ``Options``, what ``Agent``, resume and the
         durable runners hand on)."""
         opts = resolve("AgentRun", keywords, NewRunOptions, options)
+        if opts.session is not None:  # its history is read before a run is built
+            raise InvalidInputError(
+                "AgentRun takes no session: run_agent(session=...) or Agent.run(session=...)"
+            )
         model, settings = _checked_model(model, opts)
-        output = compile_output(opts.output_type, opts.output_retries, opts.output_mode, model)
+        output = compile_output(
+            opts.output_type, opts.output_retries, opts.output_mode, model, opts.end_strategy
+        )
         engine = opts.engine_factory(
             tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
@@ -133,8 +151,12 @@ class AgentRun(Generic[OutputT]):
         # Given what a context is made of, not the run: a returned run is then no cycle.
         instructions = opts.instructions
         context = partial(_context, engine, opts.deps) if callable(instructions) else None
-        self._model = RunModel(model, instructions, settings, self._stream, context, engine)
+        if output is not None and output.spec.check is not None and engine.output is not None:
+            # A restored engine's spec (resume) is judged by this run's output type.
+            engine.output = attrs.evolve(engine.output, check=output.check)
         self._output = output or Output.untyped(engine.output)
+        judge = output.judge if output is not None and output.awaits else None
+        self._model = RunModel(model, instructions, settings, self._stream, context, engine, judge)
         self._tools = {t.name: t for t in opts.tools}
         self._not_started()
 
@@ -191,6 +213,18 @@ class AgentRun(Generic[OutputT]):
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
+    def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for (an MCP server's
+        elicitation, ``MCPServer(elicitation="run")``), oldest first."""
+        return self._stream.questions.pending()
+
+    def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question (thread-safe): a mapping of its schema's fields
+        accepts, "decline" says no, "cancel" dismisses it. ``InvalidInputError`` for an
+        answer that does not fit the schema, ``NotPendingError`` for a question that
+        is not pending (``statemachine.agent.questions``)."""
+        self._stream.questions.answer(question_id, answer)
+
     def events(self, max_buffered: int = DEFAULT_MAX_BUFFERED_EVENTS) -> AsyncIterator[RunEvent]:
         """An async iterator of this run's events; ends after ``RunReturned``.
 
@@ -199,7 +233,8 @@ class AgentRun(Generic[OutputT]):
         The run never waits for a subscriber: one that lags gets the newest progress
         of each call, and past ``max_buffered`` unread events an ``EventsDropped``
         in place of the events that only describe the run's progress (``MessageAdded``,
-        ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always kept)."""
+        ``ToolStarted``, ``ToolEnded``, ``RunReturned``, ``ToolAsked`` and
+        ``ToolAnswered`` are always kept)."""
         return self._stream.subscribe(max_buffered)
 
     async def stream_text(self) -> AsyncIterator[str]:
@@ -427,6 +462,8 @@ def use_backend(
     run._inbox = inbox
     run._backend = backend
     run._on_handle = on_handle
+    # Nobody holds a backend's run to answer a question its tools would ask through it.
+    run._stream.takes_questions = False
 
 
 async def run_agent(
@@ -444,10 +481,12 @@ async def run_agent(
     ``max_turns``, the hooks, ``instructions``, ``deps``...) are ``NewRunOptions``, each
     documented there.
     """
-    run = AgentRun(
-        model=model, messages=messages, options=resolve("run_agent", options, NewRunOptions)
-    )
+    opts = resolve("run_agent", options, NewRunOptions)
     del options  # the keywords' dict, resolved: not held while the run waits
+    if opts.session is not None:
+        return await _run(model, messages, opts)
+    run = AgentRun(model=model, messages=messages, options=opts)
+    del opts
     return await run.run()
 
 
@@ -473,5 +512,14 @@ def run_agent_sync(
 async def _run(
     model: ModelClient | str, messages: Sequence[Message] | str, options: Options
 ) -> RunResult[Any]:
-    """A new run of ``options``, built and run on the running event loop."""
-    return await AgentRun(model=model, messages=messages, options=options).run()
+    """A new run of ``options``, built and run on the running event loop; with a
+    ``session``, on the session's history, and stored there (``run_in_session``)."""
+    session = options.session
+    if session is None:
+        return await AgentRun(model=model, messages=messages, options=options).run()
+    options = attrs.evolve(options, session=None)
+
+    async def start(history: Sequence[Message]) -> RunResult[Any]:
+        return await AgentRun(model=model, messages=history, options=options).run()
+
+    return await run_in_session(session, messages, start)

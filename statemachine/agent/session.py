@@ -8,7 +8,8 @@ Agents SDK's sessions): ``get_items(limit)`` the newest ``limit`` messages in or
 methods, a ``session_id`` and a ``history_limit`` is a session (your own store).
 
 A run given a session (``Agent.run(prompt, session=s)``, and ``run_sync``,
-``run_stream``) is a ``SessionTurn``:
+``run_stream``, ``run_stream_sync``, ``run_agent``, ``run_agent_sync``) is a
+``SessionTurn``:
 
 1. It claims the session: a second run on the same session while one runs in this
    process is refused with ``SessionBusyError`` before it reads anything, so two runs
@@ -68,6 +69,7 @@ __all__ = [
     "SessionTurn",
     "SharedSession",
     "check_history_limit",
+    "check_session",
     "check_session_id",
     "resume_in_session",
     "run_in_session",
@@ -121,7 +123,7 @@ def check_session_id(session_id: object) -> str:
     return session_id
 
 
-def _check_session(session: object) -> Session:
+def check_session(session: object) -> Session:
     if not isinstance(session, Session):
         raise InvalidInputError(
             "session must be a Session (session_id, history_limit, get_items, add_items, "
@@ -268,7 +270,7 @@ class SessionTurn:
 
     @classmethod
     async def open(cls, session: object, messages: Sequence[Message] | str) -> SessionTurn:
-        session = _check_session(session)
+        session = check_session(session)
         session_id, limit = session.session_id, check_history_limit(session.history_limit)
         own = [UserMessage(messages)] if isinstance(messages, str) else list(messages)
         _claim(session)
@@ -345,7 +347,7 @@ async def resume_in_session(
 ) -> _R:
     """``resume()``, the resumption of ``state`` (a run suspended on ``session``), with
     the suspended turn and what follows stored in ``session`` (module docstring)."""
-    checked = _check_session(session)
+    checked = check_session(session)
     messages = _state_messages(state)
     if messages is None:
         return await resume()

@@ -38,6 +38,8 @@ from statemachine.agent.events import (
     RunStats,
     StateChanged,
     TextDelta,
+    ToolAnswered,
+    ToolAsked,
     ToolCallDelta,
     ToolEnded,
     ToolProgress,
@@ -45,6 +47,7 @@ from statemachine.agent.events import (
     TurnEnded,
     TurnStarted,
 )
+from statemachine.agent.questions import RunQuestions
 from statemachine.core.engine import Engine
 from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
@@ -62,8 +65,12 @@ DEFAULT_MAX_BUFFERED_EVENTS = 10_000
 """Unread events one subscriber may hold before the droppable ones are dropped."""
 
 # Never dropped: each stands for something the run holds anyway (a message of its
-# history, a call of it, its start and end), so a few dozen bytes each.
-_KEPT: frozenset[type] = frozenset({RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned})
+# history, a call of it, its start and end, a question a tool asked of it and its end:
+# counted by their askers, an MCP connection's at max_input_requests), so a few dozen
+# bytes each.
+_KEPT: frozenset[type] = frozenset(
+    {RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned, ToolAsked, ToolAnswered}
+)
 
 # A turn starts on entering AwaitingModel and ends at the next turn boundary or where
 # the run returns to its caller.
@@ -81,6 +88,7 @@ class EventStream:
         "_first_message",
         "_model_calls",
         "_previous",
+        "_questions",
         "_seen_messages",
         "_seen_trace",
         "_subscribers",
@@ -90,6 +98,7 @@ class EventStream:
         "_turn",
         "_turn_seconds",
         "_turn_start",
+        "takes_questions",
     )
 
     def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
@@ -111,6 +120,18 @@ class EventStream:
         self._tool_seconds: dict[str, float] = {}
         self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
+        # Whether a person holds the run to answer its tools' questions (not a durable
+        # backend's run: ``use_backend``).
+        self.takes_questions = True
+        self._questions: RunQuestions | None = None
+
+    @property
+    def questions(self) -> RunQuestions:
+        """The questions the run's tools wait on a person for (made when first asked
+        or looked at: most runs have none)."""
+        if self._questions is None:
+            self._questions = RunQuestions(self.emit)
+        return self._questions
 
     # -- subscribers -----------------------------------------------------------------------
 
@@ -263,8 +284,9 @@ class _Subscriber:
       progress (``TextDelta``, ``ToolCallDelta``, ``StateChanged``, ``TurnStarted``,
       ``TurnEnded``, ``ToolLog``, a new ``ToolProgress``) are dropped, and the subscriber finds
       one ``EventsDropped(count)`` where they would have been. ``RunStarted``,
-      ``MessageAdded``, ``ToolStarted``, ``ToolEnded`` and ``RunReturned`` are always
-      kept, whatever the count: the history holds their contents anyway.
+      ``MessageAdded``, ``ToolStarted``, ``ToolEnded``, ``RunReturned``, ``ToolAsked``
+      and ``ToolAnswered`` are always kept, whatever the count: the history holds the
+      contents of the others, and a person must see every question.
 
     The run never waits for a subscriber.
     """

@@ -10,7 +10,14 @@ from typing import Literal
 
 import attrs
 
-from statemachine.cli.common import CommandParser, Progress, fail, load_attribute, parse
+from statemachine.cli.common import (
+    CommandParser,
+    Progress,
+    add_agent_option,
+    fail,
+    load_attribute,
+    parse,
+)
 from statemachine.errors import InvalidInputError
 from statemachine.steps import table_of
 from statemachine.testing.checker import (
@@ -107,12 +114,7 @@ def _parser() -> CommandParser:
         default="snapshot",
         help="how engines are copied (default snapshot)",
     )
-    parser.add_argument(
-        "--agent",
-        metavar="MODULE:NAME",
-        help="check this agent's table, its declared steps included: an Agent, a list of "
-        "Step or a Table (default: the library's table)",
-    )
+    add_agent_option(parser, "check")
     return parser
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandParser",
     "Progress",
+    "add_agent_option",
     "describe_run_event",
     "emit",
     "exit_codes",
@@ -53,6 +54,16 @@ __all__ = [
     "program",
     "run_shown",
 ]
+
+
+def add_agent_option(parser: argparse.ArgumentParser, verb: str) -> None:
+    """``--agent MODULE:NAME``, for the commands that ``verb`` an agent's table."""
+    parser.add_argument(
+        "--agent",
+        metavar="MODULE:NAME",
+        help=f"{verb} this agent's table, its declared steps included: an Agent, a list of "
+        "Step or a Table (default: the library's table)",
+    )
 
 
 def load_attribute(option: str, spec: str, example: str) -> Any:

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Final
 
 from statemachine._render import FORMATS, render
-from statemachine.cli.common import EXIT_OK, CommandParser, emit, fail, load_attribute, parse
+from statemachine.cli.common import (
+    EXIT_OK,
+    CommandParser,
+    add_agent_option,
+    emit,
+    fail,
+    load_attribute,
+    parse,
+)
 from statemachine.errors import UsageError
 from statemachine.steps import chart
 
@@ -60,12 +68,7 @@ def _parser() -> CommandParser:
         "--format", choices=FORMATS, help="default: from --out's extension, else mermaid"
     )
     parser.add_argument("--out", help="write here instead of standard output")
-    parser.add_argument(
-        "--agent",
-        metavar="MODULE:NAME",
-        help="draw this agent's table, its declared steps included: an Agent, a list of "
-        "Step or a Table (default: the library's table)",
-    )
+    add_agent_option(parser, "draw")
     return parser
 
 

@@ -6,14 +6,15 @@ with an installed package (the ``[mcp]`` extra).
 It serves the tools ``add``, ``echo`` and ``word_count``; ``summarize``, which asks the
 client's model (sampling), ``greet``, which asks the client's user (elicitation),
 ``roots``, which lists the client's roots, and ``touch``, which says a resource changed;
-and the resources ``example://style``, ``example://notes/{name}`` (a template) and
-``example://table.csv`` (bytes). All written with the MCP SDK's own server API.
+the resources ``example://style``, ``example://notes/{name}`` (a template) and
+``example://table.csv`` (bytes); the prompt ``review``; and completions of the
+prompt's ``language`` and the template's ``name``. All written with the MCP SDK's own server API.
 Standard output is the protocol: the server writes nothing else there.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from statemachine.cli.common import EXIT_OK, CommandParser, fail, parse
 
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["cli_mcp_example"]
 
+LANGUAGES = ("python", "pascal", "perl", "rust")
+"""What the prompt ``review``'s argument ``language`` is completed from."""
+NOTES = ("today", "tomorrow", "todo")
+"""What the template ``example://notes/{name}``'s argument ``name`` is completed from."""
 MAX_TEXT_CHARS = 100_000
 """The longest text ``echo`` and ``word_count`` take (the SDK bounds a message too)."""
 
@@ -45,6 +50,18 @@ def _server() -> MCPServer:
     def word_count(text: str) -> int:
         """Count the words of a text."""
         return len(text[:MAX_TEXT_CHARS].split())
+
+    @server.prompt(name="review", description="Review code in a language.")
+    def review(language: str) -> str:
+        return f"Review this {language[:100]} code."
+
+    @server.completion()  # type: ignore[no-untyped-call, untyped-decorator]  # the SDK does not type it
+    async def complete(ref: Any, argument: Any, context: Any) -> Any:
+        from mcp.types import Completion
+
+        known = LANGUAGES if argument.name == "language" else NOTES
+        found = [name for name in known if name.startswith(argument.value)]
+        return Completion(values=found, total=len(found), has_more=False)
 
     from statemachine.cli._mcp_asking import add_asking
 

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from statemachine.cli.common import EXIT_OK, EXIT_USAGE, CommandParser, fail, parse
+from statemachine.cli.common import EXIT_OK, EXIT_USAGE, CommandParser, fail, load_attribute, parse
 from statemachine.errors import InvalidInputError
 
 __all__ = ["TOKEN_VARIABLE", "cli_serve"]
@@ -107,29 +107,9 @@ def _agent(args: argparse.Namespace) -> Any:
         return Agent(demo_model(), name="demo", tools=workspace_tools(root))
     from statemachine.agent.agent import Agent
 
-    found = _load(args.agent)
+    found = load_attribute("agent", args.agent, "myapp.agents:support")
     if not isinstance(found, Agent):
         raise InvalidInputError(f"{args.agent} is a {type(found).__name__}, not an Agent")
-    return found
-
-
-def _load(spec: str) -> object:
-    """What ``MODULE:NAME`` names (``InvalidInputError`` saying what is wrong)."""
-    import importlib
-
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise InvalidInputError(f"{spec!r}: write MODULE:NAME, e.g. myapp.agents:support")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as python -m does: your module beside you
-    try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInputError(f"{spec!r}: cannot import {module_name}: {exc}") from None
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise InvalidInputError(f"{spec!r}: {module_name} has no {attribute}")
-        found = getattr(found, part)
     return found
 
 

@@ -127,9 +127,13 @@ def usage_limit(
     operation = _last_operation(last_result)
     waiting = f" and {queued} queued input message(s) wait" if queued else ""
     prompt = usage.input + usage.cache_read + usage.cache_write
+    if name == "tool_calls":  # passed by the calls refused (core/limits.py)
+        spent = f"{used} asked, so {used - limit} were not run"
+    else:
+        spent = f"{used} used, so the next model call would exceed it"
     return (
-        f"Stopped at the usage limit {name}={limit}: {used} used, so the next model call "
-        f"would exceed it, and the model still had work to do{waiting}. Usage so far: "
+        f"Stopped at the usage limit {name}={limit}: {spent}, and the model still had "
+        f"work to do{waiting}. Usage so far: "
         f"{requests} request(s), {prompt} input, {usage.output} output, "
         f"{usage.total_tokens} total tokens. Last operation: {operation}. To continue, "
         "run again on this history with higher usage_limits."

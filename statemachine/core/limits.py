@@ -16,8 +16,10 @@ The counts a limit reads:
 * ``input_tokens``: prompt tokens, cached or not (``input + cache_read + cache_write``);
 * ``output_tokens``: ``output``;
 * ``total_tokens``: ``total_tokens`` as the provider reported it;
-* ``tool_calls``: the tool calls started (the final-result tool's excepted); a call
-  past the limit is answered "not run" instead, and the run ends at the boundary.
+* ``tool_calls``: the tool calls asked (the final-result tool's excepted); a call
+  past the limit is answered "not run" instead, and the run ends at the boundary. A
+  run may make exactly as many calls as the limit and go on (as PydanticAI's
+  ``tool_calls_limit``): this limit is reached only once a call was refused.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class UsageLimits:
     usage so far has reached a limit, no further call is made and the run ends
     ``UsageLimitExceeded``. ``requests`` counts model calls; the token fields count
     what the provider reported (see ``statemachine.core.limits``); ``tool_calls``
-    counts the tool calls started (PydanticAI's ``tool_calls_limit``): a call past it
-    is not run (its error result says so) and the run ends at the turn boundary.
+    counts the tool calls asked (PydanticAI's ``tool_calls_limit``): a call past it
+    is not run (its error result says so) and the run ends at the turn boundary; a run
+    that made exactly as many goes on.
     """
 
     requests: int | None = attrs.field(default=None, validator=_limit, kw_only=True)
@@ -67,7 +70,8 @@ class UsageLimits:
         used = _used(usage, requests, tool_calls)
         for name in _FIELDS:
             limit = getattr(self, name)
-            if limit is not None and used[name] >= limit:
+            # The tool-call count passes its limit only by a call refused (module docstring).
+            if limit is not None and used[name] >= limit + (name == "tool_calls"):
                 return name, limit, used[name]
         return None
 
@@ -78,6 +82,8 @@ class UsageLimits:
             return None
         used = _used(usage, requests, tool_calls)
         left = {n: getattr(self, n) - used[n] for n in _FIELDS if getattr(self, n) is not None}
+        if 0 in left.values():  # every tool call spent: nothing left to give a sub-agent
+            return None
         return UsageLimits(**left)
 
     def tightest(self, other: UsageLimits | None) -> UsageLimits:

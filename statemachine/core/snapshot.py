@@ -21,8 +21,9 @@ spaces, ASCII only, the ``signature`` field left out), stored as
 ``"hmac-sha256:<hex>"`` in the ``signature`` field. They prove that a holder of the
 key wrote the snapshot and that nobody changed it since; they do not hide anything.
 
-This module reads and sets the engine's fields directly: it is the engine's own
-serialisation, kept apart because it is one idea of its own.
+This module writes and reads the engine's state record (``EngineState``,
+``core/state.py``) field by field; it knows nothing else of the engine, which calls
+it (``Engine.snapshot``, ``Engine.restore``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import hmac
 import json
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from statemachine.core.batch import (
     DONE,
@@ -56,6 +57,7 @@ from statemachine.core.messages import (
 )
 from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec
 from statemachine.core.queue import InputQueue
+from statemachine.core.state import EngineState
 from statemachine.core.table import (
     BASE_TABLE,
     INITIAL,
@@ -82,9 +84,6 @@ from statemachine.errors import (
     UsageError,
     WireFormatError,
 )
-
-if TYPE_CHECKING:
-    from statemachine.core.engine import Engine, TransitionHook
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
@@ -119,50 +118,50 @@ _SCHEME: Final = "hmac-sha256:"
 # -- writing --------------------------------------------------------------------------------
 
 
-def write(engine: Engine) -> dict[str, Any]:
-    """The snapshot of ``engine`` (unsigned); see ``Engine.snapshot``."""
-    batch, queue = engine._batch, engine._queue
-    if engine._model_outstanding or batch.any_with(RUNNING) or engine.pending_step():
-        raise ProtocolError(f"cannot snapshot in {engine.state} while an operation is outstanding")
+def write(run: EngineState) -> dict[str, Any]:
+    """The snapshot of the state ``run`` (unsigned); see ``Engine.snapshot``."""
+    batch, queue = run.batch, run.queue
+    if run.outstanding():
+        raise ProtocolError(f"cannot snapshot in {run.state} while an operation is outstanding")
     data = {
         "version": SNAPSHOT_VERSION,
-        "runId": engine.run_id,
-        "state": engine.state.value,
-        "maxTurns": engine.max_turns,
-        "usageLimits": None if engine.usage_limits is None else engine.usage_limits.to_dict(),
-        "output": None if engine.output is None else engine.output.to_dict(),
-        "outputCall": engine.output_call,
-        "outputFailures": engine._output_failures,
-        "outputError": engine._output_error,
-        "outputRemind": engine._output_remind,
-        "checkPermissions": engine.check_permissions,
-        "checkContinue": engine.check_continue,
-        "turns": engine.turns,
-        "usage": usage_to_dict(engine.usage),
-        **({"delegatedRequests": engine.delegated_requests} if engine.delegated_requests else {}),
-        **({"toolCalls": engine.tool_calls} if engine.tool_calls else {}),
-        **_retries_to_dict(engine),
+        "runId": run.run_id,
+        "state": run.state.value,
+        "maxTurns": run.max_turns,
+        "usageLimits": None if run.usage_limits is None else run.usage_limits.to_dict(),
+        "output": None if run.output is None else run.output.to_dict(),
+        "outputCall": run.output_call,
+        "outputFailures": run.output_failures,
+        "outputError": run.output_error,
+        "outputRemind": run.output_remind,
+        "checkPermissions": run.check_permissions,
+        "checkContinue": run.check_continue,
+        "turns": run.turns,
+        "usage": usage_to_dict(run.usage),
+        **({"delegatedRequests": run.delegated_requests} if run.delegated_requests else {}),
+        **({"toolCalls": run.tool_calls} if run.tool_calls else {}),
+        **_retries_to_dict(run),
         "tools": [
             {"name": d.name, "description": d.description, "parameters": d.schema_dict()}
-            for d in engine.tools
+            for d in run.tools
         ],
-        "messages": [message_to_dict(m) for m in engine.messages],
+        "messages": [message_to_dict(m) for m in run.history],
         "batch": [_slot_to_dict(s) for s in batch],
         "flushed": batch.flushed,
         "denial": None
-        if engine._denial is None
-        else {"callId": engine._denial[0].id, "reason": engine._denial[1]},
+        if run.denial is None
+        else {"callId": run.denial[0].id, "reason": run.denial[1]},
         "steer": [message_to_dict(m) for m in queue.steer],
         "followUp": [message_to_dict(m) for m in queue.follow_up],
-        "continuePending": engine._continue_pending,
-        "stopReason": engine._stop_reason,
-        "abortReason": engine.abort_reason,
-        "explanation": engine.explanation,
-        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in engine.trace],
+        "continuePending": run.continue_pending,
+        "stopReason": run.stop_reason,
+        "abortReason": run.abort_reason,
+        "explanation": run.explanation,
+        "trace": [[r.source.value, r.trigger.value, r.dest.value, r.turn] for r in run.trace],
     }
-    if engine.table.steps:  # only a run with steps: others write what they always wrote
-        data["stepRetries"] = dict(engine._step_retries)
-        decision = engine._step_decision
+    if run.table.steps:  # only a run with steps: others write what they always wrote
+        data["stepRetries"] = dict(run.step_retries)
+        decision = run.step_decision
         data["stepDecision"] = None if decision is None else list(decision)
     return data
 
@@ -182,27 +181,24 @@ def _slot_to_dict(slot: CallSlot) -> dict[str, Any]:
 
 
 def read(
-    engine: Engine,
     data: Mapping[str, Any],
     *,
     scheduling: Mapping[str, Scheduling] | None,
-    logger: Any,
     key: bytes | str | None,
     max_bytes: int,
     max_depth: int,
-    transition_hook: TransitionHook | None,
     table: Table = BASE_TABLE,
-) -> None:
-    """Set up ``engine`` (made without ``__init__``) from the snapshot ``data``, through
-    the gates of the module docstring; see ``Engine.restore``. ``table``: the table of
-    the run's declared steps (a snapshot of a run with steps needs it)."""
+) -> EngineState:
+    """The state the snapshot ``data`` holds, through the gates of the module
+    docstring; see ``Engine.restore``. ``table``: the table of the run's declared
+    steps (a snapshot of a run with steps needs it)."""
     for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
         positive_int(name, limit)
     check_shape(data, max_bytes=max_bytes, max_depth=max_depth)
     if key is not None:
         verify(data, key)
     try:
-        _load(engine, data, scheduling, logger, transition_hook, table)
+        run = _load(data, scheduling, table)
     except SnapshotError:
         raise
     except (InvalidInputError, WireFormatError) as exc:  # a parser names the path
@@ -211,17 +207,13 @@ def read(
         # Not expected: every field is read by a typed reader. Kept so that a gap
         # still gives the documented error, never a crash.
         raise SnapshotError(f"snapshot: malformed ({type(exc).__name__})") from None
-    check_restored(engine)
+    check_restored(run)
+    return run
 
 
 def _load(
-    engine: Engine,
-    data: Mapping[str, Any],
-    scheduling: Mapping[str, Scheduling] | None,
-    logger: Any,
-    transition_hook: TransitionHook | None,
-    table: Table,
-) -> None:
+    data: Mapping[str, Any], scheduling: Mapping[str, Scheduling] | None, table: Table
+) -> EngineState:
     p = "snapshot"
     only_keys(data, _SNAPSHOT_KEYS, p)
     if ("stepRetries" in data) != bool(table.steps):
@@ -250,7 +242,7 @@ def _load(
     initial = table.state_named(state_name) if table.steps else _STATES.get(state_name)
     if initial is None:
         raise SnapshotError(f"snapshot.state: {state_name!r:.40} is not a state")
-    engine._setup(
+    run = EngineState.start(
         tools=tools,
         history=history,
         max_turns=integer(data, "maxTurns", p, minimum=1),
@@ -262,27 +254,26 @@ def _load(
         check_continue=boolean(data, "checkContinue", p),
         scheduling=scheduling,
         run_id=string(data, "runId", p),
-        logger=logger,
-        transition_hook=transition_hook,
-        initial=initial,
+        state=initial,
         table=table,
     )
-    _load_progress(engine, data)
+    _load_progress(run, data)
+    return run
 
 
-def _retries_to_dict(engine: Engine) -> dict[str, Any]:
+def _retries_to_dict(run: EngineState) -> dict[str, Any]:
     """The retry budgets and counts (rule 14), only where a tool has a budget."""
-    if not engine.tool_retries and not engine._tool_failures:
+    if not run.tool_retries and not run.tool_failures:
         return {}
-    spent = engine._retries_spent
+    spent = run.retries_spent
     return {
-        "toolRetries": dict(engine.tool_retries),
-        "toolFailures": dict(engine._tool_failures),
+        "toolRetries": dict(run.tool_retries),
+        "toolFailures": dict(run.tool_failures),
         "retriesSpent": None if spent is None else list(spent),
     }
 
 
-def _retries_from(engine: Engine, data: Mapping[str, Any]) -> None:
+def _retries_from(run: EngineState, data: Mapping[str, Any]) -> None:
     p = "snapshot"
     if "toolRetries" not in data:  # no tool had a budget (or written before budgets)
         return
@@ -291,8 +282,8 @@ def _retries_from(engine: Engine, data: Mapping[str, Any]) -> None:
         obj(data.get("toolFailures", {}), f"{p}.toolFailures"),
     )
     try:
-        engine.tool_retries = check_tool_retries(budgets)
-        engine._tool_failures = check_tool_retries(failures)
+        run.tool_retries = check_tool_retries(budgets)
+        run.tool_failures = check_tool_retries(failures)
     except InvalidInputError as exc:
         raise SnapshotError(f"{p}: {exc}") from None
     spent = data.get("retriesSpent")
@@ -300,58 +291,58 @@ def _retries_from(engine: Engine, data: Mapping[str, Any]) -> None:
         return
     if not isinstance(spent, list) or [type(s) for s in spent] != [str, str]:
         raise SnapshotError(f"{p}.retriesSpent: expected [tool, message] or null")
-    engine._retries_spent = (spent[0], spent[1])
+    run.retries_spent = (spent[0], spent[1])
 
 
-def _load_progress(engine: Engine, data: Mapping[str, Any]) -> None:
+def _load_progress(run: EngineState, data: Mapping[str, Any]) -> None:
     """The fields a run changes as it goes: counters, batch, queues, flags, the log."""
     p = "snapshot"
-    engine.turns = integer(data, "turns", p, minimum=0)
+    run.turns = integer(data, "turns", p, minimum=0)
     if "outputFailures" in data:  # absent from snapshots written before output types
-        engine.output_call = string(data, "outputCall", p, optional=True)
-        engine._output_failures = integer(data, "outputFailures", p, minimum=0)
-        engine._output_error = string(data, "outputError", p, optional=True)
-        engine._output_remind = boolean(data, "outputRemind", p)
+        run.output_call = string(data, "outputCall", p, optional=True)
+        run.output_failures = integer(data, "outputFailures", p, minimum=0)
+        run.output_error = string(data, "outputError", p, optional=True)
+        run.output_remind = boolean(data, "outputRemind", p)
     if "usage" in data:  # absent from snapshots written before usage was counted
-        engine.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
+        run.usage = usage_from_dict(obj(data["usage"], f"{p}.usage"), f"{p}.usage")
     if "delegatedRequests" in data:  # written only once a sub-agent's usage joined
-        engine.delegated_requests = integer(data, "delegatedRequests", p, minimum=0)
+        run.delegated_requests = integer(data, "delegatedRequests", p, minimum=0)
     if "toolCalls" in data:  # written only once a tool-call limit counted one
-        engine.tool_calls = integer(data, "toolCalls", p, minimum=0)
-    _retries_from(engine, data)
+        run.tool_calls = integer(data, "toolCalls", p, minimum=0)
+    _retries_from(run, data)
     slots = [
         _slot_from(item, f"snapshot.batch[{i}]") for i, item in enumerate(array(data, "batch", p))
     ]
-    engine._batch = Batch.of(slots, integer(data, "flushed", p, minimum=0))
-    if len(engine._batch.by_id) != len(slots):
+    run.batch = Batch.of(slots, integer(data, "flushed", p, minimum=0))
+    if len(run.batch.by_id) != len(slots):
         raise SnapshotError("snapshot.batch: call ids repeat")
-    engine._seen_ids.update(engine._batch.by_id)
-    engine._denial = _denial_from(engine._batch, field(data, "denial", p))
-    engine._queue = InputQueue(
+    run.seen_ids.update(run.batch.by_id)
+    run.denial = _denial_from(run.batch, field(data, "denial", p))
+    run.queue = InputQueue(
         [_user(d, f"snapshot.steer[{i}]") for i, d in enumerate(array(data, "steer", p))],
         [_user(d, f"snapshot.followUp[{i}]") for i, d in enumerate(array(data, "followUp", p))],
     )
-    engine._continue_pending = boolean(data, "continuePending", p)
-    engine._stop_reason = string(data, "stopReason", p, optional=True)
-    engine.abort_reason = string(data, "abortReason", p, optional=True)
-    engine.explanation = string(data, "explanation", p, optional=True)
-    states = {s.value: s for s in engine.table.states} if engine.table.steps else _STATES
-    engine.trace = Trace(
+    run.continue_pending = boolean(data, "continuePending", p)
+    run.stop_reason = string(data, "stopReason", p, optional=True)
+    run.abort_reason = string(data, "abortReason", p, optional=True)
+    run.explanation = string(data, "explanation", p, optional=True)
+    states = {s.value: s for s in run.table.states} if run.table.steps else _STATES
+    run.trace = Trace(
         _record_from(r, f"snapshot.trace[{i}]", states)
         for i, r in enumerate(array(data, "trace", p))
     )
-    if engine.table.steps:
-        _load_steps(engine, data)
+    if run.table.steps:
+        _load_steps(run, data)
 
 
-def _load_steps(engine: Engine, data: Mapping[str, Any]) -> None:
+def _load_steps(run: EngineState, data: Mapping[str, Any]) -> None:
     retries = obj(data["stepRetries"], "snapshot.stepRetries")
-    names = {step.name for step in engine.table.steps}
+    names = {step.name for step in run.table.steps}
     for name in retries:
         if name not in names:
             raise SnapshotError(f"snapshot.stepRetries: {name!r:.40} is not a declared step")
         integer(retries, name, "snapshot.stepRetries", minimum=0)
-    engine._step_retries = tuple(sorted(retries.items()))
+    run.step_retries = tuple(sorted(retries.items()))
     decision = data.get("stepDecision")
     if decision is not None:
         if (
@@ -361,7 +352,7 @@ def _load_steps(engine: Engine, data: Mapping[str, Any]) -> None:
             or not isinstance(decision[1], str)
         ):
             raise SnapshotError("snapshot.stepDecision: expected [outcome, message]")
-        engine._step_decision = (decision[0], decision[1])
+        run.step_decision = (decision[0], decision[1])
 
 
 def _limits_from(value: object) -> UsageLimits | None:
@@ -388,38 +379,38 @@ def _denial_from(batch: Batch, value: object) -> tuple[ToolCall, str] | None:
 # -- checking a restored snapshot against itself ------------------------------------------
 
 
-def check_restored(engine: Engine) -> None:
+def check_restored(run: EngineState) -> None:
     """Refuse a restored snapshot that no run could have written (see ``restore``)."""
-    state = engine._state
-    if state in _NEVER_AT_REST or engine.pending_step() is not None:
+    state = run.state
+    if state in _NEVER_AT_REST or run.pending_step() is not None:
         raise SnapshotError(
             f"snapshot.state: {state} always has an operation outstanding, and no "
             "snapshot is taken while one is"
         )
-    _check_trace(engine)
-    _check_batch_is_last_calls(engine)
-    _check_slots(engine)
-    _check_flags(engine)
-    batch = engine._batch
+    _check_trace(run)
+    _check_batch_is_last_calls(run)
+    _check_slots(run)
+    _check_flags(run)
+    batch = run.batch
     open_tail = bool(batch) and batch.flushed < len(batch)
-    violations = history_violations(list(engine.messages), allow_open_tail=open_tail)
+    violations = history_violations(list(run.history), allow_open_tail=open_tail)
     if violations:
         raise SnapshotError(
             "snapshot.messages: invalid history: " + "; ".join(map(str, violations[:3]))
         )
 
 
-def _check_trace(engine: Engine) -> None:
+def _check_trace(run: EngineState) -> None:
     # The log is replayed: each record a row of the table, each starting where the
     # one before ended, each stamped with the model calls made before it.
     at: State = INITIAL
     turns = 0
     rows = (
         _ROW_SET
-        if not engine.table.steps
-        else frozenset((r.source, r.trigger, r.dest) for r in engine.table.rows)
+        if not run.table.steps
+        else frozenset((r.source, r.trigger, r.dest) for r in run.table.rows)
     )
-    for i, r in enumerate(engine.trace):
+    for i, r in enumerate(run.trace):
         if (r.source, r.trigger, r.dest) not in rows:
             raise SnapshotError(
                 f"snapshot.trace[{i}]: {r.source} --{r.trigger}--> {r.dest} is not a "
@@ -436,16 +427,16 @@ def _check_trace(engine: Engine) -> None:
         if r.dest is S.AWAITING_MODEL and r.source is not S.AWAITING_MODEL:
             turns += 1
         at = r.dest
-    if at is not engine._state:
-        raise SnapshotError(f"snapshot.state: {engine._state}, but the trace ends in {at}")
-    if turns != engine.turns:
+    if at is not run.state:
+        raise SnapshotError(f"snapshot.state: {run.state}, but the trace ends in {at}")
+    if turns != run.turns:
         raise SnapshotError(
-            f"snapshot.turns: {engine.turns}, but the trace shows {turns} model call(s)"
+            f"snapshot.turns: {run.turns}, but the trace shows {turns} model call(s)"
         )
 
 
-def _check_batch_is_last_calls(engine: Engine) -> None:
-    batch, history, flushed = engine._batch, engine._history, engine._batch.flushed
+def _check_batch_is_last_calls(run: EngineState) -> None:
+    batch, history, flushed = run.batch, run.history, run.batch.flushed
     if not batch:
         if flushed:
             raise SnapshotError(f"snapshot.flushed: {flushed}, but the batch is empty")
@@ -472,8 +463,8 @@ def _check_batch_is_last_calls(engine: Engine) -> None:
             )
         # One object from here on: what runs is exactly what the history shows.
         slot.call = call
-    if engine._denial is not None:
-        engine._denial = (batch.by_id[engine._denial[0].id].call, engine._denial[1])
+    if run.denial is not None:
+        run.denial = (batch.by_id[run.denial[0].id].call, run.denial[1])
     tail = history[k + 1 :]
     if flushed > len(batch) or len(tail) != flushed:
         raise SnapshotError(
@@ -488,10 +479,10 @@ def _check_batch_is_last_calls(engine: Engine) -> None:
             )
 
 
-def _check_slots(engine: Engine) -> None:
-    state = engine._state
+def _check_slots(run: EngineState) -> None:
+    state = run.state
     allowed = _OPEN_STATUSES.get(state, frozenset())
-    for i, slot in enumerate(engine._batch):
+    for i, slot in enumerate(run.batch):
         p = f"snapshot.batch[{i}]"
         done = slot.status == DONE
         if done != (slot.result is not None):
@@ -504,7 +495,7 @@ def _check_slots(engine: Engine) -> None:
         ):
             raise SnapshotError(f"{p}.result: answers another call than {p}.call")
         if done:
-            if i == engine._batch.flushed:
+            if i == run.batch.flushed:
                 raise SnapshotError(
                     f"{p}.status: done, but its result is held back although every "
                     "result before it is in the history (snapshot.flushed)"
@@ -512,11 +503,11 @@ def _check_slots(engine: Engine) -> None:
             continue
         if slot.status not in allowed:
             raise SnapshotError(f"{p}.status: {slot.status!r} is impossible in {state}")
-        _check_dispatchable(engine, slot, p)
+        _check_dispatchable(run, slot, p)
         # A ready call in AwaitingUser may be held back by an earlier one, or
         # approved by a person while others still wait: both are fine, so what
         # made it ready cannot be read from here. resume_run asks the policy again.
-    statuses = {s.status for s in engine._batch}
+    statuses = {s.status for s in run.batch}
     if state is S.DISPATCHING_TOOLS and WAITING_PERMISSION not in statuses:
         raise SnapshotError("snapshot.state: DispatchingTools, but no call waits for permission")
     if state is S.AWAITING_USER and statuses - {DONE} and WAITING_APPROVAL not in statuses:
@@ -525,61 +516,61 @@ def _check_slots(engine: Engine) -> None:
         )
 
 
-def _check_dispatchable(engine: Engine, slot: CallSlot, p: str) -> None:
+def _check_dispatchable(run: EngineState, slot: CallSlot, p: str) -> None:
     """A call still open named a known tool and had readable arguments: dispatch
     answers any other at once. (Its arguments are not matched against the
     snapshot's own schema here: a hostile pattern could make that take forever.
     ``resume_run`` matches them against the caller's tools.)"""
     call = slot.call
-    if call.name not in engine._tools_by_name:
+    if call.name not in run.tools_by_name:
         raise SnapshotError(f"{p}.call: tool {call.name!r} is not in snapshot.tools")
     if call.parse_error is not None:
         raise SnapshotError(f"{p}.call: arguments that could not be parsed cannot be open")
 
 
-def _check_flags(engine: Engine) -> None:
-    state = engine._state
+def _check_flags(run: EngineState) -> None:
+    state = run.state
     # At rest, TurnBoundary always waits for should_continue; an abort there leaves
     # the (now moot) question pending in Aborted.
-    if engine._continue_pending != (state is S.TURN_BOUNDARY) and not (
-        engine._continue_pending and state is S.ABORTED
+    if run.continue_pending != (state is S.TURN_BOUNDARY) and not (
+        run.continue_pending and state is S.ABORTED
     ):
         raise SnapshotError(
-            f"snapshot.continuePending: {str(engine._continue_pending).lower()} in {state}"
+            f"snapshot.continuePending: {str(run.continue_pending).lower()} in {state}"
         )
-    if state is S.READY and engine._batch:
+    if state is S.READY and run.batch:
         raise SnapshotError("snapshot.batch: not empty, but no model call was made")
-    if state is S.READY and isinstance(engine._history[-1], AssistantMessage):
+    if state is S.READY and isinstance(run.history[-1], AssistantMessage):
         raise SnapshotError("snapshot.messages: a run in Ready cannot end with the model")
-    if state in engine._returns() and engine.explanation is None:
+    if state in run.table.returns_to_caller and run.explanation is None:
         raise SnapshotError(f"snapshot.explanation: missing in {state}")
     # The accepting result is in the history, or held back in the batch (I2).
-    held = [slot.result for slot in engine._batch if slot.result is not None]
-    native = engine.output is not None and engine.output.native
-    if native and engine.output_call not in (None, TEXT_OUTPUT):
+    held = [slot.result for slot in run.batch if slot.result is not None]
+    native = run.output is not None and run.output.native
+    if native and run.output_call not in (None, TEXT_OUTPUT):
         raise SnapshotError("snapshot.outputCall: a native-mode output is the final text")
     if (
-        engine.output_call is not None
+        run.output_call is not None
         and not native
         and not any(
             isinstance(m, ToolResultMessage)
-            and m.tool_call_id == engine.output_call
-            and engine.output is not None
-            and m.tool_name == engine.output.name
+            and m.tool_call_id == run.output_call
+            and run.output is not None
+            and run.output.owns(m.tool_name)
             and m.text == OUTPUT_ACCEPTED
-            for m in [*engine._history, *held]
+            for m in [*run.history, *held]
         )
     ):
         raise SnapshotError("snapshot.outputCall: no final-result call of that id was accepted")
-    if engine.abort_reason is not None and state is not S.ABORTED:
+    if run.abort_reason is not None and state is not S.ABORTED:
         raise SnapshotError(f"snapshot.abortReason: set, but the run is {state}")
-    if engine._denial is not None:
-        slot = engine._batch.by_id[engine._denial[0].id]
+    if run.denial is not None:
+        slot = run.batch.by_id[run.denial[0].id]
         result = slot.result
         if (
             result is None
             or not result.is_error
-            or (result.text != f"Tool call denied: {engine._denial[1]}")
+            or (result.text != f"Tool call denied: {run.denial[1]}")
         ):
             raise SnapshotError(
                 "snapshot.denial: the call it names was not answered with that denial"

@@ -6,7 +6,7 @@ event); the diagrams, the docs, the exhaustive checker, the reference ``transiti
 machine of the tests and the tests themselves are derived from it; nothing restates
 it by hand. If you want to know what the loop can do, read this file; if you want to
 change what it does, change this table (and the engine's guard predicates, which are
-named here).
+named here and defined in ``core/engine.py``'s ``GUARDS``).
 
 Rules
 =====
@@ -118,11 +118,17 @@ the tool executions it triggers::
     second result for one call), raises ``ProtocolError`` and leaves the state,
     history and transition log exactly as they were (I8).
 13. **Structured output.** A run with an output type offers one more tool,
-    ``final_result``, whose parameters are the output's JSON Schema; the engine
-    answers its calls itself in ``DispatchingTools`` (no permission hook, no driver):
-    the first call whose arguments validate is the output, answered "Final result
-    accepted." (I1), and the turn boundary ends the run ``Done`` once the batch is
-    answered (rule 7). Arguments that fail the schema are answered with an error
+    ``final_result``, whose parameters are the output's JSON Schema (a union may
+    offer one such tool per member, ``final_result_A``, ``final_result_B``, each with
+    its member's schema); the engine answers their calls itself in
+    ``DispatchingTools`` (no permission hook, no driver), before the batch's other
+    calls: the first call whose arguments validate is the output, answered "Final
+    result accepted." (I1), and the turn boundary ends the run ``Done`` once the batch
+    is answered (rule 7). What becomes of the other calls of that batch is the
+    output's *end strategy*: ``exhaustive`` resolves and runs them as usual first;
+    ``early`` runs none of them, each answered at once with an error result saying it
+    was not run (I1), so no permission is asked and nothing starts. The rows are the
+    same either way. Arguments that fail the schema are answered with an error
     result naming the problems; a final text answer (``output_missing``) goes to the
     turn boundary instead of ``Done``, and the next model call is preceded by a user
     message asking for the tool. Each such attempt spends one retry; past the budget
@@ -264,8 +270,9 @@ class Trigger(enum.StrEnum):
 class Guard(enum.StrEnum):
     """Named predicates over the engine's state and the event being handled.
 
-    The engine answers each with its method ``_guard_<value>`` (``Engine.guard_holds``);
-    a test checks that every guard named here has one and that no other exists.
+    The engine answers each with its function of the state record in ``GUARDS``
+    (``core/engine.py``, asked by ``Engine.guard_holds``); a test checks that every
+    guard named here has one and that no other exists.
     """
 
     REPORTS_ERROR = "reports_error"

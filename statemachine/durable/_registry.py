@@ -402,7 +402,9 @@ def with_extras(
             output = compile_output(output_type)
             if output is None:
                 raise InvalidInputError(f"output type {name!r} is None")
-            schema = json.dumps(output.spec.definition.parameters, sort_keys=True, default=str)
+            # The union as one tool: the digest a registry had before a tool per member.
+            spec = output.legacy or output.spec
+            schema = json.dumps(spec.definition.parameters, sort_keys=True, default=str)
             registry["output_types"][name] = hashlib.sha256(schema.encode()).hexdigest()[:12]
     return registry
 
@@ -422,7 +424,8 @@ def run_extras(
     if output_type is not None and output_type in output_types:
         compiled = compile_output(output_types[output_type])
         if compiled is not None:
-            extras["output_schema"] = thaw_json(compiled.spec.definition.parameters)
+            spec = compiled.legacy or compiled.spec  # one schema, as an export reads it
+            extras["output_schema"] = thaw_json(spec.definition.parameters)
     for key, name in (("instructions", instructions), ("output_types", output_type)):
         if name is None:
             continue

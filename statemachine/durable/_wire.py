@@ -151,8 +151,8 @@ def result_from_dict(
         value = output.get("value")
         known = (output_types or {}).get(str(output.get("type")))
         compiled = None if known is None else compile_output(known)
-        if compiled is not None and compiled.convert is not None:
-            value = compiled.convert(value)
+        if compiled is not None:
+            value = compiled.from_json(value)
     queued = [event_from_dict(e) for e in d["queued"]]
     return RunResult(
         state=state,

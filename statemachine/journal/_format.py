@@ -122,30 +122,20 @@ def _needs_functions(options: Mapping[str, Any]) -> list[str]:
     )
 
 
-def _encode_usage_limits(value: UsageLimits | None) -> dict[str, int] | None:
-    return None if value is None else value.to_dict()
+def _optional_codec(from_dict: Callable[[Any, str], Any]) -> tuple[_Encode, _Decode]:
+    """The codec of an optional record with ``to_dict()`` and ``from_dict(value, path)``
+    (usage limits, the output spec): ``None`` stays ``None``; a refused value is a
+    ``WireFormatError``."""
 
+    def decode(value: Any, path: str) -> Any:
+        if value is None:
+            return None
+        try:
+            return from_dict(value, path)
+        except InvalidInputError as exc:
+            raise WireFormatError(str(exc)) from None
 
-def _decode_usage_limits(value: Any, path: str) -> UsageLimits | None:
-    if value is None:
-        return None
-    try:
-        return UsageLimits.from_dict(value, path)
-    except InvalidInputError as exc:
-        raise WireFormatError(str(exc)) from None
-
-
-def _encode_output(value: OutputSpec | None) -> dict[str, Any] | None:
-    return None if value is None else value.to_dict()
-
-
-def _decode_output(value: Any, path: str) -> OutputSpec | None:
-    if value is None:
-        return None
-    try:
-        return OutputSpec.from_dict(value, path)
-    except InvalidInputError as exc:
-        raise WireFormatError(str(exc)) from None
+    return (lambda value: None if value is None else value.to_dict()), decode
 
 
 def _decode_table(value: Any, path: str) -> Table:
@@ -168,8 +158,8 @@ _OPTION_CODECS: dict[str, tuple[_Encode, _Decode]] = {
     "scheduling": (_encode_scheduling, _decode_scheduling),
     "table": (table_to_data, _decode_table),  # a team's steps, as their declarations
     "check_continue": (lambda v: v, _decode_flag),
-    "usage_limits": (_encode_usage_limits, _decode_usage_limits),
-    "output": (_encode_output, _decode_output),
+    "usage_limits": _optional_codec(UsageLimits.from_dict),
+    "output": _optional_codec(OutputSpec.from_dict),
     "tool_retries": (lambda v: None if v is None else dict(v), _decode_tool_retries),
 }
 _HEADER_KEYS: Final = frozenset(
@@ -334,23 +324,34 @@ def read_instructions(record: Mapping[str, Any], turns: int, number: int) -> tup
     before the model call of turn ``n`` whenever they change), checked against the
     replayed engine's ``turns``: ``(turn, text)``, or a ``JournalError`` naming line
     ``number``."""
-    if record.keys() != _INSTRUCTIONS_KEYS:
-        keys = ", ".join(map(repr, sorted(record)))
-        raise JournalError(
-            number, f"an instructions record has keys 'instructions', 'turn'; got {short(keys)}"
-        )
-    text, turn = record["instructions"], record["turn"]
+    _check_keys(record, _INSTRUCTIONS_KEYS, "an instructions", number)
+    text = record["instructions"]
     if text is not None and type(text) is not str:
         raise JournalError(
             number, f"'instructions': expected a string or null, got {type(text).__name__}"
         )
+    when = "they are written when its model call starts"
+    turn = _this_turn(record["turn"], turns, number, "instructions for turn", when)
+    return turn, text
+
+
+def _check_keys(record: Mapping[str, Any], keys: frozenset[str], kind: str, number: int) -> None:
+    """A ``JournalError`` unless ``record`` has exactly the ``keys`` of a ``kind`` record."""
+    if record.keys() != keys:
+        expected = ", ".join(map(repr, sorted(keys)))
+        got = ", ".join(map(repr, sorted(record)))
+        raise JournalError(number, f"{kind} record has keys {expected}; got {short(got)}")
+
+
+def _this_turn(turn: Any, turns: int, number: int, what: str, when: str) -> int:
+    """``turn``, a per-turn record's, if it is the replayed run's turn ``turns``; else a
+    ``JournalError`` saying ``what`` it was for and ``when`` such a record is written."""
     if type(turn) is not int or turn != turns or turn < 1:
         raise JournalError(
             number,
-            f"instructions for turn {short(repr(turn))}, but the replayed run is at turn {turns} "
-            "(they are written when its model call starts)",
+            f"{what} {short(repr(turn))}, but the replayed run is at turn {turns} ({when})",
         )
-    return turn, text
+    return turn
 
 
 # -- the model lines -----------------------------------------------------------------------
@@ -366,18 +367,12 @@ def read_model(record: Mapping[str, Any], turns: int, number: int) -> tuple[int,
     ``n`` is answered, whenever the model that answered changes), checked against the
     replayed engine's ``turns``: ``(turn, name)``, or a ``JournalError`` naming line
     ``number``."""
-    if record.keys() != _MODEL_KEYS:
-        keys = ", ".join(map(repr, sorted(record)))
-        raise JournalError(number, f"a model record has keys 'model', 'turn'; got {short(keys)}")
-    name, turn = record["model"], record["turn"]
+    _check_keys(record, _MODEL_KEYS, "a model", number)
+    name = record["model"]
     if type(name) is not str or not name or len(name) > MAX_MODEL_CHARS:
         raise JournalError(number, f"'model': expected a name of 1 to {MAX_MODEL_CHARS} characters")
-    if type(turn) is not int or turn != turns or turn < 1:
-        raise JournalError(
-            number,
-            f"the model of turn {short(repr(turn))}, but the replayed run is at turn {turns} "
-            "(it is written while that turn's model call is answered)",
-        )
+    when = "it is written while that turn's model call is answered"
+    turn = _this_turn(record["turn"], turns, number, "the model of turn", when)
     return turn, name
 
 

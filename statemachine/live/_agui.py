@@ -90,10 +90,13 @@ from statemachine.agent.events import (
     RunReturned,
     StateChanged,
     TextDelta,
+    ToolAnswered,
+    ToolAsked,
     ToolCallDelta,
     ToolEnded,
     ToolLog,
     ToolProgress,
+    ToolQuestion,
     ToolStarted,
     TurnEnded,
     TurnStarted,
@@ -173,7 +176,15 @@ class AguiStream:
         self._step: str | None = None  # the open step's name
         self.ended = False
 
-    def opening(self, history: Sequence[Message], state: State, turn: int) -> list[BaseEvent]:
+    def opening(
+        self,
+        history: Sequence[Message],
+        state: State,
+        turn: int,
+        questions: Sequence[ToolQuestion] = (),
+    ) -> list[BaseEvent]:
+        """What a watcher is told first: the run, its history, its state, and the
+        questions its running tools wait on (asked before the watcher came)."""
         self._seen = len(history)
         events: list[BaseEvent] = [
             RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id, protocol_version="1.0")
@@ -181,7 +192,7 @@ class AguiStream:
         if history:
             events.append(MessagesSnapshotEvent(messages=agui_messages(self.run_id, history)))
         events.append(StateSnapshotEvent(snapshot=table_state(state, turn)))
-        return events
+        return events + [_question("toolAsked", q) for q in questions]
 
     def convert(
         self,
@@ -338,6 +349,10 @@ class AguiStream:
         if isinstance(event, ToolLog):
             value = {"callId": event.call_id, "level": event.level, "data": _data(event.data)}
             return [_custom("toolLog", value)]
+        if isinstance(event, ToolAsked):  # answered by POST /runs/ID/answer
+            return [_question("toolAsked", event.question)]
+        if isinstance(event, ToolAnswered):
+            return [_question("toolAnswered", event.question, event.outcome)]
         return []  # RunStarted: the opening said it
 
     def _returned(
@@ -397,6 +412,14 @@ def _state_delta(state: dict[str, Any]) -> StateDeltaEvent:
 
 def _custom(name: str, value: Any) -> CustomEvent:
     return CustomEvent(name=CUSTOM_PREFIX + name, value=value)
+
+
+def _question(name: str, q: ToolQuestion, outcome: str | None = None) -> CustomEvent:
+    """A question a running tool asks (``toolAsked``), or how it ended (``toolAnswered``)."""
+    value = {"id": q.id, "callId": q.call_id, "name": q.tool_name, "source": q.source}
+    if outcome is not None:
+        return _custom(name, {**value, "outcome": outcome})
+    return _custom(name, {**value, "message": q.message, "schema": _data(q.schema), "url": q.url})
 
 
 def _data(data: object) -> Any:

@@ -9,6 +9,8 @@
 ``GET /runs/ID/events``    watch run ``ID``: its AG-UI events as server-sent events
 ``POST /runs/ID/steer``    ``{"message": "..."}``: queue a message for the next turn
 ``POST /runs/ID/abort``    abort the run
+``POST /runs/ID/answer``   ``{"question": "q1", "answer": {...}}`` (or ``"decline"``,
+                           ``"cancel"``): answer a question a running tool asks
 ``POST /runs/ID/approve``  ``{"approvals": {"CALL_ID": true}}``: resume a run that waits
                            for approvals (also: a ``RunAgentInput`` whose ``resume``
                            answers the run's interrupts)
@@ -31,7 +33,7 @@ gate (``_refusal``) before any route sees it, in this order:
    cannot send without a preflight that is refused), at most ``max_body_bytes``, and
    arrives within ``body_seconds``.
 
-Why a plain ASGI callable rather than a framework: six routes, one gate before all of
+Why a plain ASGI callable rather than a framework: seven routes, one gate before all of
 them, and one streaming response that must notice a watcher leaving and let go of its
 subscription in every case. Routing and reading a request are a few lines here; a
 framework's middleware and streaming response would be one more thing to audit for
@@ -72,7 +74,7 @@ from statemachine.agent.agent import Agent, AgentRunKeywords
 from statemachine.agent.events import RunEvent, RunReturned
 from statemachine.agent.resume import resume_run
 from statemachine.agent.run import AgentRun
-from statemachine.errors import InvalidInputError, UsageError
+from statemachine.errors import InvalidInputError, NotPendingError, UsageError
 from statemachine.live._agui import AguiStream, library_messages, run_end
 from statemachine.live._http import (
     PAGE_HEADERS,
@@ -374,7 +376,7 @@ class LiveApp:
             if action == "events" and method == "GET":
                 await self._watch(live, receive, send)
                 return
-            if action in ("steer", "abort") and method == "POST":
+            if action in ("steer", "abort", "answer") and method == "POST":
                 body = await self._body(headers, receive)
                 await self._act(live, action, body, send)
                 return
@@ -393,6 +395,16 @@ class LiveApp:
     async def _act(self, live: _LiveRun, action: str, body: Any, send: Send) -> None:
         if action == "abort":
             live.run.abort("aborted from the live server")
+            await send_json(send, 202, {"run": live.describe()})
+            return
+        if action == "answer":
+            body = body if isinstance(body, dict) else {}
+            try:
+                live.run.answer(str(body.get("question")), body.get("answer"))
+            except NotPendingError as exc:
+                raise _HttpError(409, "input", str(exc)) from None
+            except InvalidInputError as exc:
+                raise _HttpError(422, "input", str(exc)) from None
             await send_json(send, 202, {"run": live.describe()})
             return
         message = body.get("message") if isinstance(body, dict) else None
@@ -510,7 +522,9 @@ class LiveApp:
             events = run.events(self.max_buffered)
             agui = AguiStream(live.thread_id, run.run_id)
             engine = run.engine
-            first = agui.opening(engine.messages, engine.state, engine.turns)
+            first = agui.opening(
+                engine.messages, engine.state, engine.turns, run.pending_questions()
+            )
             if start:
                 live.task = asyncio.ensure_future(run.run())
             await respond(send, 200, None, STREAM_HEADERS)

@@ -80,6 +80,7 @@ _PAGE: Final = """<!doctype html>
   <p id="run-summary">Choose a run, or start one.</p>
   <p id="dropped" class="warning" hidden></p>
   <div id="waiting" hidden></div>
+  <div id="questions" hidden></div>
   <p id="problem" class="error" hidden></p>
 </header>
 <main>
@@ -122,8 +123,9 @@ h2 { font-size: 1rem; margin: 0.5rem 0; }
 .error { color: #b91c1c; white-space: pre-wrap; margin: 0.3rem 0 0; }
 .warning { color: #9a6700; margin: 0.3rem 0 0; }
 #run-summary { margin: 0.3rem 0 0; color: #57606a; }
-#waiting { margin: 0.4rem 0 0; padding: 0.4rem 0.6rem; background: #fef9c3; border-radius: 6px; }
-#waiting p { margin: 0.2rem 0; }
+#waiting, #questions { margin: 0.4rem 0 0; padding: 0.4rem 0.6rem; background: #fef9c3;
+                       border-radius: 6px; }
+#waiting p, #questions p { margin: 0.2rem 0; }
 main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 0.75rem;
        padding: 0.75rem; }
 #diagram-box { grid-column: 1; position: relative; }
@@ -310,6 +312,13 @@ _SCRIPT: Final = """
           const s = calls.get(v.callId); if (s) s.classList.add("running");
         } else if (e.name === "statemachine.toolEnded") {
           const s = calls.get(v.callId); if (s) s.classList.remove("running");
+        } else if (e.name === "statemachine.toolAsked") {
+          question(v);
+        } else if (e.name === "statemachine.toolAnswered") {
+          for (const f of $("questions").querySelectorAll("form")) {
+            if (f.dataset.question === v.id) f.remove();
+          }
+          $("questions").hidden = !$("questions").children.length;
         } else if (e.name === "statemachine.eventsDropped") {
           dropped += v.count;
           body.dataset.dropped = String(dropped);
@@ -364,6 +373,7 @@ _SCRIPT: Final = """
     count = 0; dropped = 0; state = {};
     delete body.dataset.finished; delete body.dataset.dropped;
     $("dropped").hidden = true; $("waiting").hidden = true; problem("");
+    $("questions").replaceChildren(); $("questions").hidden = true;
     request.signal = reading.signal;
     return fetch(request.url, authorized(request)).then(read).catch((e) => {
       if (e.name !== "AbortError") problem("The stream stopped: " + e.message);
@@ -404,6 +414,36 @@ _SCRIPT: Final = """
       box.append(line);
     }
     box.hidden = false;
+  };
+  // A question a running tool asks (its call waits): a field for each property of its
+  // schema; the person's answer, "decline" or "cancel" goes to POST /runs/ID/answer.
+  const question = (v) => {
+    const form = el("form", "question");
+    form.dataset.question = v.id;
+    form.append(el("p", "", v.message + (v.url ? " " + v.url : "")));
+    const fields = Object.entries((v.schema && v.schema.properties) || {}).map(([name, p]) => {
+      const input = el("input");
+      input.name = name;
+      input.type = p.type === "boolean" ? "checkbox"
+        : p.type === "integer" || p.type === "number" ? "number" : "text";
+      const label = el("label", "", name + " ");
+      label.append(input);
+      form.append(label, " ");
+      return [name, input, p.type];
+    });
+    const read = () => Object.fromEntries(fields.filter(([, i, t]) => t === "boolean" || i.value)
+      .map(([name, i, t]) => [name, t === "boolean" ? i.checked
+        : t === "integer" || t === "number" ? Number(i.value)
+        : t === "array" ? i.value.split(",").map((x) => x.trim()) : i.value]));
+    for (const label of ["answer", "decline", "cancel"]) {
+      const b = el("button", "answer", label);
+      b.type = "button";
+      b.addEventListener("click", () => post("/runs/" + encodeURIComponent(current) + "/answer",
+        { question: v.id, answer: label === "answer" ? read() : label }));
+      form.append(b, " ");
+    }
+    $("questions").append(form);
+    $("questions").hidden = false;
   };
   const post = (path, data) => fetch(path, authorized({
     method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(data),

@@ -51,6 +51,7 @@ from statemachine.mcp._asking import (
     DEFAULT_MAX_INPUT_REQUESTS,
     Asking,
     ElicitationHandler,
+    Elicitor,
     MCPElicitation,
     MCPProgress,
     MCPSampling,
@@ -61,13 +62,21 @@ from statemachine.mcp._asking import (
     url_required,
 )
 from statemachine.mcp._listing import Listing
-from statemachine.mcp._resources import MCPPrompt, MCPResource, MCPResourceTemplate
+from statemachine.mcp._resources import (
+    MAX_COMPLETION_CHARS,
+    MAX_COMPLETION_VALUES,
+    MCPCompletion,
+    MCPPrompt,
+    MCPResource,
+    MCPResourceTemplate,
+)
 from statemachine.mcp._results import describe, tool_output
 from statemachine.mcp._stderr import StderrTail, with_stderr
 from statemachine.mcp._stdout import ENCODING, watching
 from statemachine.mcp._support import (
     RemoteCall,
     ToolFilter,
+    check_bounds,
     current_task_cancelling,
     filters,
     http_transport,
@@ -87,7 +96,10 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_MAX_TOOLS",
+    "MAX_COMPLETION_CHARS",
+    "MAX_COMPLETION_VALUES",
     "ElicitationHandler",
+    "MCPCompletion",
     "MCPElicitation",
     "MCPError",
     "MCPProgress",
@@ -115,16 +127,6 @@ DEFAULT_MAX_TOOLS = 10_000
 """Tools one server may list."""
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Bytes of one message (one line) a stdio server may write on its stdout."""
-
-
-def _check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
-    if call_timeout is not None and not call_timeout > 0:
-        raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
-    if not connect_timeout > 0:
-        raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
-    for option, value in counts.items():
-        if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
-            raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
 
 
 class MCPServer(Listing):
@@ -168,12 +170,12 @@ class MCPServer(Listing):
         http_auth: httpx2.Auth | None = None,
         stderr: TextIO | None = None,
         sampling: MCPSampling | None = None,
-        elicitation: ElicitationHandler | None = None,
+        elicitation: Elicitor | None = None,
         max_input_requests: int = DEFAULT_MAX_INPUT_REQUESTS,
         log_level: LogLevel | None = "info",
         roots: RootsGiven | None = None,
     ) -> None:
-        _check_bounds(
+        check_bounds(
             call_timeout,
             connect_timeout,
             max_output_chars=max_output_chars,
@@ -197,6 +199,8 @@ class MCPServer(Listing):
         self._headers = dict(http_headers or {})
         self._auth = http_auth
         self.sampling = sampling
+        if isinstance(elicitation, str) and elicitation != "run":
+            raise InvalidInputError(f'elicitation is a handler or "run", not {elicitation!r}')
         self.elicitation = elicitation
         self.max_input_requests = max_input_requests
         self.log_level = log_level
@@ -522,13 +526,17 @@ class MCPServer(Listing):
         asking = self._asking
         assert asking is not None
         key = object()
-        progress = asking.call_started(key)
+        progress = asking.call_started(key, signal)
         request = asyncio.ensure_future(
             client.call_tool(remote, arguments, progress_callback=progress)
         )
         loop = asyncio.get_running_loop()
 
         def on_abort(_reason: object) -> None:
+            if asking.asks_the_run(key):
+                # Its question is answered "cancel", which the server is let hear and
+                # answer: the driver cancels the call after its grace period if not.
+                return
             # abort() may be called from another thread: cancel on the run's own loop.
             loop.call_soon_threadsafe(request.cancel)
 

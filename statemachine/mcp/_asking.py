@@ -3,7 +3,9 @@
 tells: progress (``notifications/progress``) and log messages (``notifications/message``).
 
 Sampling is answered only under an ``MCPSampling`` policy and elicitation only by a
-handler the user gives; without them the server is refused with an error that says
+handler the user gives, or through the run whose tool call the server asks in
+(``elicitation="run"``: the question is pending on the run, and a person answers it
+with ``AgentRun.answer``); without them the server is refused with an error that says
 so. Everything a server sends here is bounded before it is used: the messages of a
 sampling request (count, characters, image bytes), ``maxTokens``, the requests of a
 connection, the text of a question, a log message and a progress message.
@@ -11,6 +13,8 @@ connection, the text of a question, a log message and a progress message.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import inspect
 import json
@@ -23,9 +27,11 @@ import mcp.types as mcp_types
 from mcp.shared.dispatcher import ProgressFnT
 
 from statemachine._log import library_logger
-from statemachine.agent.executor import report_log, report_progress
+from statemachine.agent.events import ToolQuestion
+from statemachine.agent.executor import ask_person, report_log, report_progress
 from statemachine.agent.model import ModelClient, ModelSettings, takes_options
 from statemachine.agent.run import run_agent
+from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -33,6 +39,7 @@ from statemachine.core.messages import (
     TextContent,
     UserMessage,
 )
+from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
 from statemachine.mcp._results import IMAGE_MIME, describe, image
 
@@ -43,6 +50,7 @@ __all__ = [
     "MAX_QUESTION_CHARS",
     "Asking",
     "ElicitationHandler",
+    "Elicitor",
     "MCPElicitation",
     "MCPProgress",
     "MCPSampling",
@@ -135,6 +143,22 @@ declines (the user said no), ``"cancel"`` cancels (the user dismissed the questi
 without answering). What it raises refuses the request: the call fails with that
 reason."""
 
+Elicitor = ElicitationHandler | Literal["run"]
+"""What answers a server's elicitation: a handler, or ``"run"``: the run whose tool
+call the server asks in (``AgentRun.pending_questions``, ``AgentRun.answer``)."""
+
+_PRIMITIVE = frozenset({"string", "number", "integer", "boolean"})
+_NO_RUN = (
+    "elicitation='run' answers only in a tool call of a run a person holds "
+    "(an AgentRun, not a durable run)"
+)
+
+_calling: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "statemachine_mcp_call", default=None
+)
+"""The call of this client a request belongs to, in the call's own context (a server of
+the 2026-07-28 protocol asks within the call's request; an older one does not say)."""
+
 RootsGiven = Sequence[str | Path]
 """The roots a client offers: ``file://`` URIs, or paths (made absolute URIs, named by
 their last part)."""
@@ -218,7 +242,7 @@ class Asking:
         self,
         server: str,
         sampling: MCPSampling | None,
-        elicitation: ElicitationHandler | None,
+        elicitation: Elicitor | None,
         max_requests: int,
         max_image_bytes: int,
         roots: RootsGiven | None = None,
@@ -231,15 +255,20 @@ class Asking:
         self._max_image_bytes = max_image_bytes
         self._requests = 0
         self._samples = 0
-        self._in_flight: dict[object, contextvars.Context] = {}
+        # call key -> its context, its signal (the call's timeout and the run's abort)
+        self._in_flight: dict[object, tuple[contextvars.Context, AbortSignal]] = {}
+        self._asking_run: dict[object, int] = {}  # call key -> its questions pending
+        self._marks: dict[object, contextvars.Token[object | None]] = {}
         self._log = library_logger("statemachine.mcp")
 
     # -- the calls in flight ------------------------------------------------------------
 
-    def call_started(self, key: object) -> ProgressFnT:
+    def call_started(self, key: object, signal: AbortSignal) -> ProgressFnT:
         """Note a call (in the context of the tool's run); its progress callback."""
+        token = _calling.set(key)  # what the call's request, started next, runs with
         context = contextvars.copy_context()
-        self._in_flight[key] = context
+        self._in_flight[key] = (context, signal)
+        self._marks[key] = token
 
         async def progress(progress: float, total: float | None, message: str | None) -> None:
             said = None if message is None else _cut(message, MAX_LOG_CHARS)
@@ -249,6 +278,14 @@ class Asking:
 
     def call_ended(self, key: object) -> None:
         self._in_flight.pop(key, None)
+        token = self._marks.pop(key, None)
+        if token is not None:
+            with contextlib.suppress(ValueError):  # ended in another context: nothing kept
+                _calling.reset(token)
+
+    def asks_the_run(self, key: object) -> bool:
+        """Whether the call ``key`` waits on a question asked through its run."""
+        return self._asking_run.get(key, 0) > 0
 
     async def on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
         """A log message: a ``ToolLog`` of the server's call in flight that started
@@ -266,7 +303,7 @@ class Asking:
         if first is None:
             self._log.debug("mcp_log_outside_a_call", server=self.server, level=params.level)
         else:
-            first.run(report_log, params.level, data, logger)
+            first[0].run(report_log, params.level, data, logger)
 
     # -- requests -----------------------------------------------------------------------
 
@@ -274,8 +311,8 @@ class Asking:
         """Show the elicitation handler the URLs a server needs opened (error -32042):
         the user sees them as a URL-mode question; the answer changes nothing (the
         call has failed already), and a handler that fails is logged."""
-        if self.elicitation is None:
-            return
+        if self.elicitation is None or self.elicitation == "run":
+            return  # the call's error names the URLs, which the run's model reads
         for question in questions:
             try:
                 await self.elicitation(attrs.evolve(question, server=self.server))
@@ -446,6 +483,8 @@ class Asking:
                 f"an elicitation may hold at most {MAX_QUESTION_CHARS} characters "
                 "(message and schema)"
             )
+        if handler == "run":
+            return await self._ask_the_run(question)
         try:
             answer = await handler(question)
         except Exception as exc:  # noqa: BLE001 - the user's code: the server is told
@@ -453,14 +492,89 @@ class Asking:
                 code=mcp_types.INTERNAL_ERROR,
                 message=f"the client's elicitation handler failed: {describe(exc)}",
             )
-        if answer is None or answer == "decline":
-            return mcp_types.ElicitResult(action="decline")
-        if answer == "cancel":
-            return mcp_types.ElicitResult(action="cancel")
-        try:
-            return mcp_types.ElicitResult(action="accept", content=dict(answer))
-        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-            return mcp_types.ErrorData(
-                code=mcp_types.INTERNAL_ERROR,
-                message=f"the client's elicitation answer is not valid: {describe(exc)}",
+        return _result(answer)
+
+    async def _ask_the_run(
+        self, question: MCPElicitation
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """Ask the question through the run of the call it belongs to: pending there
+        until a person answers it (``AgentRun.answer``), or "cancel" when the call's
+        signal fires (its timeout, the run's abort)."""
+        key = _calling.get()
+        held = self._in_flight.get(key) if key is not None else None
+        if held is None:  # an older server does not say which call asks: the first one
+            key, held = next(iter(self._in_flight.items()), (None, None))
+        if held is None:
+            return _refused(_NO_RUN)
+        wrong = schema_problem(question)
+        if wrong is not None:
+            return _refused(f"the elicitation's requested schema is refused: {wrong}")
+        context, signal = held
+
+        def make(question_id: str, call: Any) -> ToolQuestion:
+            return ToolQuestion(
+                question_id,
+                call.id,
+                call.name,
+                question.message,
+                question.schema,
+                question.url,
+                self.server,
             )
+
+        # The question waits in the run of its call: in the call's own context.
+        asked = asyncio.get_running_loop().create_task(
+            ask_person(make, signal), context=context.copy()
+        )
+        self._asking_run[key] = self._asking_run.get(key, 0) + 1
+        try:
+            answer = await asked
+        except InvalidInputError as exc:  # too many questions pending on the run
+            return _refused(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the server is told; the run goes on
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR, message=f"asking the run failed: {describe(exc)}"
+            )
+        finally:
+            left = self._asking_run.pop(key) - 1
+            if left:
+                self._asking_run[key] = left
+        if answer is None:
+            return _refused(_NO_RUN)
+        return _result(answer)
+
+
+def schema_problem(question: MCPElicitation) -> str | None:
+    """What makes a form-mode question's schema one the run cannot ask a person (the
+    protocol's: an object of text, number, integer, boolean or list properties), or
+    ``None``."""
+    schema = question.schema
+    if question.url is not None:
+        return None
+    properties = schema.get("properties")
+    if schema.get("type") != "object" or not isinstance(properties, Mapping):
+        return "it is not an object schema with properties"
+    for name, field in properties.items():
+        kind = field.get("type") if isinstance(field, Mapping) else None
+        if kind not in _PRIMITIVE and kind != "array":
+            return f"property {name!r} is not text, a number, a boolean or a list"
+    try:
+        ToolDefinition("answer", "", schema)
+    except InvalidInputError as exc:
+        return str(exc).removeprefix("tool 'answer': ")
+    return None
+
+
+def _result(answer: Any) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+    """The protocol's answer for a handler's (or a person's) answer."""
+    if answer is None or answer == "decline":
+        return mcp_types.ElicitResult(action="decline")
+    if answer == "cancel":
+        return mcp_types.ElicitResult(action="cancel")
+    try:
+        return mcp_types.ElicitResult(action="accept", content=dict(answer))
+    except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        return mcp_types.ErrorData(
+            code=mcp_types.INTERNAL_ERROR,
+            message=f"the client's elicitation answer is not valid: {describe(exc)}",
+        )

@@ -11,13 +11,16 @@ from typing import Any, TypeVar
 import mcp
 
 from statemachine.core.messages import Message, ToolResultContent
-from statemachine.errors import MCPError
+from statemachine.errors import InvalidInputError, MCPError
 from statemachine.mcp._resources import (
+    MCPCompletion,
     MCPPrompt,
     MCPResource,
     MCPResourceTemplate,
+    completion_of,
     prompt_messages,
     prompt_of,
+    reference_of,
     resource_blocks,
     resource_of,
     template_of,
@@ -140,6 +143,29 @@ class Requests:
             f"prompt {name!r}", lambda c: c.get_prompt(name, dict(arguments or {}))
         )
         return prompt_messages(got, *self._limits())
+
+    async def complete_argument(
+        self,
+        of: MCPPrompt | MCPResourceTemplate,
+        argument: str,
+        value: str = "",
+        *,
+        context: Mapping[str, str] | None = None,
+    ) -> MCPCompletion:
+        """What the server suggests for ``argument`` of a prompt or a resource template
+        (``completion/complete``), given what is typed so far (``value``) and the
+        arguments already chosen (``context``). Within ``call_timeout``; at most
+        ``MAX_COMPLETION_VALUES`` (100) values of at most ``MAX_COMPLETION_CHARS``
+        (1,000) characters each are kept."""
+        reference = reference_of(of)
+        chosen = dict(context or {})
+        if not all(isinstance(v, str) for v in (argument, value, *chosen, *chosen.values())):
+            raise InvalidInputError("complete_argument takes text: argument, value, context")
+        completed = await self._ask(
+            f"completion/complete of {argument!r}",
+            lambda c: c.complete(reference, {"name": argument, "value": value}, chosen or None),
+        )
+        return completion_of(completed)
 
     def _limits(self) -> tuple[int, int, int]:
         return self.max_output_chars, self.max_output_bytes, self.max_blocks

@@ -16,9 +16,27 @@ from statemachine.core.messages import (
     ToolResultContent,
     UserMessage,
 )
+from statemachine.errors import InvalidInputError
 from statemachine.mcp._results import blob, block, capped
 
-__all__ = ["MCPPrompt", "MCPResource", "MCPResourceTemplate", "prompt_messages", "resource_blocks"]
+__all__ = [
+    "MAX_COMPLETION_CHARS",
+    "MAX_COMPLETION_VALUES",
+    "MCPCompletion",
+    "MCPPrompt",
+    "MCPResource",
+    "MCPResourceTemplate",
+    "completion_of",
+    "prompt_messages",
+    "reference_of",
+    "resource_blocks",
+]
+
+MAX_COMPLETION_VALUES = 100
+"""Values of one ``completion/complete`` answer kept (the protocol's own maximum)."""
+MAX_COMPLETION_CHARS = 1_000
+"""Characters of one completion value; a longer value is dropped, not cut (a cut value
+would be a wrong completion)."""
 
 
 @attrs.frozen
@@ -50,6 +68,42 @@ class MCPPrompt:
     description: str | None = None
     arguments: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class MCPCompletion:
+    """A server's completions of a prompt's or a resource template's argument
+    (``MCPServer.complete_argument``): at most ``MAX_COMPLETION_VALUES`` values, each
+    at most ``MAX_COMPLETION_CHARS`` characters. ``total`` is how many the server says
+    match (``None``: not said); ``has_more`` is true when it says more match than it
+    sent, or when values were dropped here."""
+
+    values: tuple[str, ...]
+    total: int | None = None
+    has_more: bool = False
+
+
+def reference_of(
+    of: MCPPrompt | MCPResourceTemplate,
+) -> mcp_types.PromptReference | mcp_types.ResourceTemplateReference:
+    """The protocol's reference to a prompt (by name) or a resource template (by its
+    URI template), which ``completion/complete`` names."""
+    if isinstance(of, MCPPrompt):
+        return mcp_types.PromptReference(type="ref/prompt", name=of.name)
+    if isinstance(of, MCPResourceTemplate):
+        return mcp_types.ResourceTemplateReference(type="ref/resource", uri=of.uri_template)
+    raise InvalidInputError(
+        f"complete_argument completes an MCPPrompt or an MCPResourceTemplate, not {of!r}"
+    )
+
+
+def completion_of(result: mcp_types.CompleteResult) -> MCPCompletion:
+    """The server's completions, bounded (``MCPCompletion``)."""
+    said = result.completion
+    values = said.values
+    kept = tuple(v for v in values[:MAX_COMPLETION_VALUES] if len(v) <= MAX_COMPLETION_CHARS)
+    total = said.total if said.total is not None and said.total >= 0 else None
+    return MCPCompletion(kept, total, bool(said.has_more) or len(kept) < len(values))
 
 
 def resource_of(item: mcp_types.Resource) -> MCPResource:

@@ -26,6 +26,17 @@ ToolFilter = Collection[str] | Callable[[str], bool]
 predicate on the name."""
 
 
+def check_bounds(call_timeout: float | None, connect_timeout: float, **counts: int) -> None:
+    """``MCPServer``'s timeouts and counts, checked (``InvalidInputError`` naming one)."""
+    if call_timeout is not None and not call_timeout > 0:
+        raise InvalidInputError(f"call_timeout must be positive or None, got {call_timeout!r}")
+    if not connect_timeout > 0:
+        raise InvalidInputError(f"connect_timeout must be positive, got {connect_timeout!r}")
+    for option, value in counts.items():
+        if isinstance(value, bool) or not (isinstance(value, int) and value > 0):
+            raise InvalidInputError(f"{option} must be a positive integer, got {value!r}")
+
+
 def shown(url: str) -> str:
     """``url`` without what may be a secret: user and password, query, fragment."""
     try:

@@ -38,8 +38,9 @@ class Guard:
             pass
 
     def safely(self, where: str, work: Callable[..., None], *args: Any) -> None:
-        """``work(*args)``: the tracer's own work around a call (attributes, content,
-        metrics), which must not change a run either."""
+        """``work(*args)``, any exception it raises logged and dropped: a call into the
+        SDK, or the tracer's own work around one (attributes, content, metrics), which
+        must not change a run either."""
         try:
             work(*args)
         except Exception as exc:  # noqa: BLE001 - see the class docstring
@@ -70,12 +71,8 @@ class Guard:
             return None
 
     def set(self, span: Span | None, attributes: Attributes) -> None:
-        if span is None:
-            return
-        try:
-            span.set_attributes(attributes)
-        except Exception as exc:  # noqa: BLE001 - see the class docstring
-            self.failed("set_attributes", exc)
+        if span is not None:
+            self.safely("set_attributes", span.set_attributes, attributes)
 
     def error(self, span: Span | None, error_type: str) -> None:
         if span is None:
@@ -87,12 +84,8 @@ class Guard:
             self.failed("set_status", exc)
 
     def end(self, span: Span | None, end_time: int | None = None) -> None:
-        if span is None:
-            return
-        try:
-            span.end(end_time)
-        except Exception as exc:  # noqa: BLE001 - see the class docstring
-            self.failed("end span", exc)
+        if span is not None:
+            self.safely("end span", span.end, end_time)
 
     def attach(self, span: Span | None) -> object:
         if span is None:
@@ -104,17 +97,9 @@ class Guard:
             return None
 
     def detach(self, token: object) -> None:
-        if token is None:
-            return
-        try:
-            otel_context.detach(token)  # type: ignore[arg-type]
-        except Exception as exc:  # noqa: BLE001 - see the class docstring
-            self.failed("detach context", exc)
+        if token is not None:
+            self.safely("detach context", otel_context.detach, token)
 
     def record(self, histogram: Histogram | None, value: float, attributes: Attributes) -> None:
-        if histogram is None:
-            return
-        try:
-            histogram.record(value, attributes)
-        except Exception as exc:  # noqa: BLE001 - see the class docstring
-            self.failed("record metric", exc)
+        if histogram is not None:
+            self.safely("record metric", histogram.record, value, attributes)

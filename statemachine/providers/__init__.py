@@ -20,7 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from statemachine.agent.model import CallOptions, ModelSettings
-from statemachine.providers._errors import (
+from statemachine.errors import (
     ContextOverflowError,
     ProviderAuthError,
     ProviderError,

@@ -43,16 +43,14 @@ from statemachine.agent.model import CallOptions
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, Usage
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InvalidInputError, UsageError
-from statemachine.providers._errors import (
-    Failure,
+from statemachine.errors import (
+    InvalidInputError,
     ProviderError,
     ProviderLimitError,
     ProviderResponseError,
-    classify,
-    connection_failure,
-    validation_detail,
+    UsageError,
 )
+from statemachine.providers._errors import Failure, classify, connection_failure, validation_detail
 from statemachine.providers._projection import MessageBuilder
 from statemachine.providers._retry import (
     AbortWatch,

@@ -14,19 +14,21 @@ from statemachine.core.messages import (
     TextContent,
     ThinkingContent,
     ToolCall,
-    UserMessage,
+    ToolResultMessage,
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
-from statemachine.providers._projection import foreign_signature, normalise_id, sendable_history
+from statemachine.providers._projection import (
+    alternating_turns,
+    foreign_signature,
+    normalise_id,
+)
 
 __all__ = ["MAX_ID_LENGTH", "project_messages", "project_tools"]
 
 MAX_ID_LENGTH = 64
 _FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
-_EMPTY = {"text": "(empty message)"}
-_START = {"text": "(conversation start)"}
 
 
 def _image(block: ImageContent) -> dict[str, Any]:
@@ -39,15 +41,8 @@ def _image(block: ImageContent) -> dict[str, Any]:
     return {"image": {"format": image_format, "source": {"bytes": base64.b64decode(block.data)}}}
 
 
-def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                out.append({"text": block.text})
-        else:
-            out.append(_image(block))
-    return out
+def _text(text: str) -> dict[str, Any]:
+    return {"text": text}
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
@@ -64,7 +59,7 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
                 out.append({"reasoningContent": {"reasoningText": text}})
         elif isinstance(block, TextContent):
             if block.text:
-                out.append({"text": block.text})
+                out.append(_text(block.text))
         elif isinstance(block, ToolCall):
             use = {
                 "toolUseId": normalise_id(block.id, MAX_ID_LENGTH),
@@ -75,31 +70,16 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_result(message: ToolResultMessage, content: list[dict[str, Any]]) -> dict[str, Any]:
+    result = {"toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH), "content": content}
+    if message.is_error:
+        result["status"] = "error"
+    return {"toolResult": result}
+
+
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Converse ``messages``."""
-    out: list[dict[str, Any]] = []
-    for message in sendable_history(messages):
-        if isinstance(message, UserMessage):
-            role, blocks = "user", _media(message.content) or [_EMPTY]
-        elif isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        else:
-            result: dict[str, Any] = {
-                "toolUseId": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-                "content": _media(message.content) or [{"text": "(no output)"}],
-            }
-            if message.is_error:
-                result["status"] = "error"
-            role, blocks = "user", [{"toolResult": result}]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    if out and out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": [_START]})
-    return out
+    return alternating_turns(messages, _text, _image, _assistant_blocks, _tool_result)
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:

@@ -28,22 +28,13 @@ from statemachine.errors import (
     ContextOverflowError,
     ProviderAuthError,
     ProviderError,
-    ProviderLimitError,
     ProviderRequestError,
-    ProviderResponseError,
     ProviderUnavailableError,
 )
 from statemachine.providers.redaction import redact
 
 __all__ = [
-    "ContextOverflowError",
     "Failure",
-    "ProviderAuthError",
-    "ProviderError",
-    "ProviderLimitError",
-    "ProviderRequestError",
-    "ProviderResponseError",
-    "ProviderUnavailableError",
     "RedactedCauseError",
     "classify",
     "missing_extra",

@@ -16,6 +16,11 @@ shape each adapter can translate one message at a time:
   a result without a call is dropped, because a request the provider refuses helps
   nobody.
 
+``alternating_turns`` lays a history out for the APIs whose roles alternate and that
+want the user first (Anthropic's Messages, Bedrock's Converse); ``media_parts`` turns
+a message's text and image blocks into a provider's parts, with the one rule they
+share (empty text is left out).
+
 Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
 argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
 argument text into a JSON object without ever raising: text that is not one becomes
@@ -37,6 +42,7 @@ import attrs
 from statemachine.core.messages import (
     AssistantContent,
     AssistantMessage,
+    ImageContent,
     Message,
     StopReason,
     TextContent,
@@ -49,9 +55,13 @@ from statemachine.core.messages import (
 from statemachine.errors import WireFormatError
 
 __all__ = [
+    "Block",
     "MessageBuilder",
+    "add_turn",
+    "alternating_turns",
     "foreign_signature",
     "generated_call_id",
+    "media_parts",
     "normalise_id",
     "parse_arguments",
     "sendable_history",
@@ -180,6 +190,69 @@ def sendable_history(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
+def media_parts(
+    content: Sequence[TextContent | ImageContent],
+    text: Callable[[str], dict[str, Any]],
+    image: Callable[[ImageContent], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Text and image blocks as a provider's parts: each text through ``text`` (an empty
+    one is left out, the APIs refuse empty text), each image through ``image``."""
+    return [
+        image(block) if isinstance(block, ImageContent) else text(block.text)
+        for block in content
+        if isinstance(block, ImageContent) or block.text
+    ]
+
+
+def add_turn(
+    out: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], key: str = "content"
+) -> None:
+    """``blocks`` of ``role`` added to ``out``: to its last entry when that has the same
+    role (the APIs want the roles to alternate), else as a new entry; none, nothing."""
+    if not blocks:
+        return
+    if out and out[-1]["role"] == role:
+        out[-1][key].extend(blocks)
+    else:
+        out.append({"role": role, key: blocks})
+
+
+def alternating_turns(
+    messages: Sequence[Message],
+    text: Callable[[str], dict[str, Any]],
+    image: Callable[[ImageContent], dict[str, Any]],
+    assistant: Callable[[AssistantMessage], list[dict[str, Any]]],
+    result: Callable[[ToolResultMessage, list[dict[str, Any]]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``sendable_history(messages)`` as ``{"role", "content"}`` entries for the APIs
+    whose roles alternate and that want the user to open (Anthropic's Messages,
+    Bedrock's Converse).
+
+    A user message's blocks are its parts (``media_parts`` with ``text`` and ``image``),
+    or ``(empty message)``: the APIs refuse empty content, and the model should still
+    see that a turn of the person's passed. An assistant message's come from
+    ``assistant``. A tool result is the user's: ``result(message, content)``, its
+    content made as a user message's (``(no output)`` when empty). Consecutive messages
+    of one role share an entry, so the results of a call come first in the user entry
+    after it; a message with no blocks is left out; and a history that would begin
+    with the assistant opens with ``(conversation start)``.
+    """
+    out: list[dict[str, Any]] = []
+    for message in sendable_history(messages):
+        if isinstance(message, UserMessage):
+            parts = media_parts(message.content, text, image) or [text("(empty message)")]
+            role, blocks = "user", parts
+        elif isinstance(message, AssistantMessage):
+            role, blocks = "assistant", assistant(message)
+        else:
+            parts = media_parts(message.content, text, image) or [text("(no output)")]
+            role, blocks = "user", [result(message, parts)]
+        add_turn(out, role, blocks)
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [text("(conversation start)")]})
+    return out
+
+
 # -- inbound --------------------------------------------------------------------------
 
 
@@ -196,7 +269,9 @@ def _tool_call(call_id: str, name: str, raw: str) -> ToolCall:
 
 
 @attrs.define
-class _Block:
+class Block:
+    """One block of a streamed response as it is built (``MessageBuilder``)."""
+
     kind: str  # "text", "thinking" or "tool"
     text: list[str] = attrs.Factory(list)
     signature: str | None = None
@@ -214,19 +289,19 @@ class MessageBuilder:
     on_text: Callable[[str], None] | None = None
     # Told each fragment of a call's arguments: (index, call id, name, fragment).
     on_call: Callable[[int, str, str, str], None] | None = None
-    blocks: list[_Block] = attrs.Factory(list)
-    _by_key: dict[tuple[str, int], _Block] = attrs.Factory(dict)
+    blocks: list[Block] = attrs.Factory(list)
+    _by_key: dict[tuple[str, int], Block] = attrs.Factory(dict)
 
-    def block(self, key: tuple[str, int], kind: str) -> _Block:
+    def block(self, key: tuple[str, int], kind: str) -> Block:
         """The block at ``key``, created on first use."""
         found = self._by_key.get(key)
         if found is None:
-            found = _Block(kind)
+            found = Block(kind)
             self._by_key[key] = found
             self.blocks.append(found)
         return found
 
-    def restart(self, key: tuple[str, int], kind: str) -> _Block:
+    def restart(self, key: tuple[str, int], kind: str) -> Block:
         """A new block at ``key``, leaving the old one where it was (for servers that
         reuse an index for a second, different call)."""
         self._by_key.pop(key, None)
@@ -238,18 +313,18 @@ class MessageBuilder:
         if not text:
             return
         if not self.blocks or self.blocks[-1].kind != "text":
-            self.blocks.append(_Block("text"))
+            self.blocks.append(Block("text"))
         self.blocks[-1].text.append(text)
         if self.on_text is not None:
             self.on_text(text)
 
-    def add_arguments(self, block: _Block, text: str) -> None:
+    def add_arguments(self, block: Block, text: str) -> None:
         """A fragment of a tool call's argument text."""
         block.text.append(text)
         if self.on_call is not None and text:
             self.on_call(self.blocks.index(block), block.call_id, block.name, text)
 
-    def add_text(self, block: _Block, text: str) -> None:
+    def add_text(self, block: Block, text: str) -> None:
         block.text.append(text)
         if self.on_text is not None and block.kind == "text" and text:
             self.on_text(text)

@@ -20,7 +20,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
-from statemachine.providers._projection import normalise_id, sendable_history
+from statemachine.providers._projection import media_parts, normalise_id, sendable_history
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -107,14 +107,11 @@ def _data_url(block: ImageContent) -> str:
 
 
 def _parts(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                parts.append({"type": "input_text", "text": block.text})
-        else:
-            parts.append({"type": "input_image", "image_url": _data_url(block), "detail": "auto"})
-    return parts
+    return media_parts(
+        content,
+        lambda text: {"type": "input_text", "text": text},
+        lambda image: {"type": "input_image", "image_url": _data_url(image), "detail": "auto"},
+    )
 
 
 def _call_item(block: ToolCall) -> dict[str, Any]:

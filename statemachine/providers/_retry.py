@@ -24,13 +24,8 @@ import attrs
 from statemachine.core.abort import AbortSignal
 from statemachine.core.explanations import sentence
 from statemachine.core.messages import AssistantMessage, StopReason
-from statemachine.errors import InvalidInputError
-from statemachine.providers._errors import (
-    Failure,
-    ProviderError,
-    ProviderUnavailableError,
-    redacted_chain,
-)
+from statemachine.errors import InvalidInputError, ProviderError, ProviderUnavailableError
+from statemachine.providers._errors import Failure, redacted_chain
 from statemachine.providers.redaction import redact
 
 __all__ = ["AbortWatch", "RetryPolicy", "Sleep", "complete_with_retries", "race_abort"]

@@ -67,8 +67,8 @@ from statemachine.core.messages import (
     TextContent,
     ThinkingContent,
     ToolCall,
+    ToolResultMessage,
     Usage,
-    UserMessage,
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
@@ -82,9 +82,9 @@ from statemachine.providers._adapter import (
 )
 from statemachine.providers._native import checked_flag
 from statemachine.providers._projection import (
+    alternating_turns,
     foreign_signature,
     normalise_id,
-    sendable_history,
 )
 
 __all__ = ["AnthropicModel", "project_messages", "project_tools"]
@@ -102,10 +102,6 @@ _STOP: dict[str, StopReason] = {
 }
 
 
-_EMPTY = {"type": "text", "text": "(empty message)"}
-_START = {"type": "text", "text": "(conversation start)"}
-
-
 def _image(block: ImageContent) -> dict[str, Any]:
     return {
         "type": "image",
@@ -113,15 +109,8 @@ def _image(block: ImageContent) -> dict[str, Any]:
     }
 
 
-def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                out.append({"type": "text", "text": block.text})
-        else:
-            out.append(_image(block))
-    return out
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
@@ -138,7 +127,7 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
                 )
         elif isinstance(block, TextContent):
             if block.text:
-                out.append({"type": "text", "text": block.text})
+                out.append(_text(block.text))
         elif isinstance(block, ToolCall):
             out.append(
                 {
@@ -151,34 +140,20 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_result(message: ToolResultMessage, content: list[dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
+        "content": content,
+    }
+    if message.is_error:
+        result["is_error"] = True
+    return result
+
+
 def project_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Our history as Messages API ``messages`` (see the module docstring)."""
-    out: list[dict[str, Any]] = []
-    for message in sendable_history(messages):
-        if isinstance(message, UserMessage):
-            # The API refuses empty content; the model should still see that a turn
-            # of the person's passed.
-            role, blocks = "user", _media(message.content) or [_EMPTY]
-        elif isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        else:
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": normalise_id(message.tool_call_id, MAX_ID_LENGTH),
-                "content": _media(message.content) or [{"type": "text", "text": "(no output)"}],
-            }
-            if message.is_error:
-                result["is_error"] = True
-            role, blocks = "user", [result]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    if out and out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": [_START]})  # the API wants a user first
-    return out
+    return alternating_turns(messages, _text, _image, _assistant_blocks, _tool_result)
 
 
 def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     raise missing_extra("openai") from exc
 
 from statemachine.errors import InvalidInputError
-from statemachine.providers._adapter import AdapterOptions
+from statemachine.providers._adapter import AdapterOptions, ModelAdapter
 from statemachine.providers.openai_chat import OpenAIChatModel
 from statemachine.providers.openai_responses import OpenAIResponsesModel
 
@@ -49,7 +49,7 @@ given: one that serves both Chat Completions and the Responses API."""
 TokenProvider = Callable[[], str | Awaitable[str]]
 
 
-class _Azure:
+class _Azure(ModelAdapter):
     """What both Azure adapters add: the resource, the version and the credential."""
 
     provider = "Azure OpenAI"
@@ -90,8 +90,9 @@ class _Azure:
         }
         return endpoint, key
 
-    def _azure_client(self, sdk_options: dict[str, Any]) -> openai.AsyncAzureOpenAI:
-        options = {k: v for k, v in sdk_options.items() if k != "base_url"}
+    def _new_client(self, key: str | None, base_url: str | None) -> openai.AsyncAzureOpenAI:
+        # Azure's client is addressed by its endpoint (in ``_azure``), not by a base URL.
+        options = {k: v for k, v in self._sdk_options(None).items() if k != "base_url"}
         return openai.AsyncAzureOpenAI(**self._azure, **options)
 
 
@@ -128,9 +129,6 @@ class AzureOpenAIChatModel(_Azure, OpenAIChatModel):
             **options,
         )
 
-    def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        return self._azure_client(self._sdk_options(None))
-
 
 class AzureOpenAIResponsesModel(_Azure, OpenAIResponsesModel):
     """``OpenAIResponsesModel`` on Azure OpenAI (see the module docstring for the
@@ -162,6 +160,3 @@ class AzureOpenAIResponsesModel(_Azure, OpenAIResponsesModel):
             stream=stream,
             **options,
         )
-
-    def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        return self._azure_client(self._sdk_options(None))

@@ -67,7 +67,7 @@ from statemachine.agent.model import CallOptions
 from statemachine.core.checks import positive_int
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InvalidInputError
+from statemachine.errors import InvalidInputError, ProviderAuthError, ProviderRequestError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,
@@ -76,13 +76,7 @@ from statemachine.providers._adapter import (
     UnreadableResponseError,
 )
 from statemachine.providers._bedrock_input import project_messages, project_tools
-from statemachine.providers._errors import (
-    Failure,
-    ProviderAuthError,
-    ProviderRequestError,
-    classify,
-    connection_failure,
-)
+from statemachine.providers._errors import Failure, classify, connection_failure
 from statemachine.providers._native import OUTPUT_SCHEMA_NAME, checked_flag
 from statemachine.providers.redaction import protect_secret
 

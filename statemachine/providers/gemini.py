@@ -56,7 +56,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Unpack
+from typing import Any, ClassVar, Final, Unpack
 
 from statemachine.providers._errors import missing_extra
 
@@ -97,7 +97,7 @@ from statemachine.providers._errors import (
     classify,
     connection_failure,
 )
-from statemachine.providers._projection import sendable_history
+from statemachine.providers._projection import add_turn, media_parts, sendable_history
 
 __all__ = ["GeminiModel", "project_contents", "project_tools"]
 
@@ -133,15 +133,11 @@ def _signature_bytes(block: ThinkingContent) -> bytes | None:
 
 
 def _media(content: Sequence[TextContent | ImageContent]) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                parts.append({"text": block.text})
-        else:
-            data = base64.b64decode(block.data)
-            parts.append({"inline_data": {"mime_type": block.mime_type, "data": data}})
-    return parts
+    return media_parts(content, lambda text: {"text": text}, _inline_data)
+
+
+def _inline_data(image: ImageContent) -> dict[str, Any]:
+    return {"inline_data": {"mime_type": image.mime_type, "data": base64.b64decode(image.data)}}
 
 
 def _own_id(call_id: str) -> str | None:
@@ -207,12 +203,7 @@ def project_contents(messages: Sequence[Message]) -> list[dict[str, Any]]:
             role, parts = "model", _model_parts(message)
         else:
             role, parts = "user", _result_parts(message)
-        if not parts:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["parts"].extend(parts)
-        else:
-            out.append({"role": role, "parts": parts})
+        add_turn(out, role, parts, key="parts")
     return out
 
 
@@ -365,6 +356,18 @@ _BEFORE_GEMINI_3 = re.compile(r"(models/)?gemini-[12]\.")
 """Model names whose API refuses JSON output together with function calling."""
 
 
+# The run's settings this adapter sends, by their ``GenerateContentConfig`` names.
+_CONFIG_FIELDS: Final = {
+    "temperature": "temperature",
+    "max_tokens": "max_output_tokens",
+    "top_p": "top_p",
+    "stop": "stop_sequences",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
 class GeminiModel(ModelAdapter):
     """A ``ModelClient`` for the Gemini API (Google AI Studio keys).
 
@@ -473,41 +476,23 @@ class GeminiModel(ModelAdapter):
         }
 
     accepts_instructions = True
-    supported_settings = frozenset(
-        {
-            "temperature",
-            "max_tokens",
-            "top_p",
-            "stop",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-        }
-    )
+    supported_settings = frozenset(_CONFIG_FIELDS)
 
     def apply_options(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         """The run's instructions as ``system_instruction`` (instead of the adapter's
-        ``system``), and its settings as ``GenerateContentConfig`` fields
-        (``max_output_tokens``, ``stop_sequences``, ``temperature``, ``top_p``), and its
-        output schema as ``response_json_schema`` (native structured output)."""
+        ``system``), its settings as the ``GenerateContentConfig`` fields
+        ``_CONFIG_FIELDS`` names, and its output schema as ``response_json_schema``
+        (native structured output)."""
         config = dict(body["config"])
         if options.output_schema is not None:
             config["response_mime_type"] = "application/json"
             config["response_json_schema"] = dict(options.output_schema)
         if options.instructions is not None:
             config["system_instruction"] = options.instructions
-        settings = options.settings
-        if settings.temperature is not None:
-            config["temperature"] = settings.temperature
-        if settings.max_tokens is not None:
-            config["max_output_tokens"] = settings.max_tokens
-        if settings.top_p is not None:
-            config["top_p"] = settings.top_p
-        if settings.stop is not None:
-            config["stop_sequences"] = list(settings.stop)
-        for name in ("seed", "presence_penalty", "frequency_penalty"):  # same names
-            if getattr(settings, name) is not None:
-                config[name] = getattr(settings, name)
+        for name, field in _CONFIG_FIELDS.items():
+            value = getattr(options.settings, name)
+            if value is not None:
+                config[field] = list(value) if name == "stop" else value
         return {**body, "config": config}
 
     async def _open(self, body: dict[str, Any]) -> Any:

@@ -80,7 +80,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.tools import ToolDefinition
-from statemachine.errors import InvalidInputError
+from statemachine.errors import InvalidInputError, ProviderRequestError
 from statemachine.providers._adapter import (
     AdapterOptions,
     IncompleteStreamError,
@@ -88,9 +88,9 @@ from statemachine.providers._adapter import (
     ResponseReader,
     UnreadableResponseError,
 )
-from statemachine.providers._errors import Failure, ProviderRequestError
+from statemachine.providers._errors import Failure
 from statemachine.providers._native import checked_flag, openai_json_schema
-from statemachine.providers._projection import normalise_id, sendable_history
+from statemachine.providers._projection import media_parts, normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
 
@@ -111,14 +111,11 @@ def _data_url(block: ImageContent) -> str:
 def _user_parts(content: Sequence[TextContent | ImageContent]) -> str | list[dict[str, Any]]:
     if len(content) == 1 and isinstance(content[0], TextContent):
         return content[0].text
-    parts: list[dict[str, Any]] = []
-    for block in content:
-        if isinstance(block, TextContent):
-            if block.text:
-                parts.append({"type": "text", "text": block.text})
-        else:
-            parts.append({"type": "image_url", "image_url": {"url": _data_url(block)}})
-    return parts
+    return media_parts(
+        content,
+        lambda text: {"type": "text", "text": text},
+        lambda image: {"type": "image_url", "image_url": {"url": _data_url(image)}},
+    )
 
 
 def _assistant_entry(

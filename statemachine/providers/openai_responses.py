@@ -65,12 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 
 from statemachine.agent.model import CallOptions
 from statemachine.core.checks import positive_int
-from statemachine.core.messages import (
-    AssistantMessage,
-    Message,
-    StopReason,
-    Usage,
-)
+from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import InvalidInputError
 from statemachine.providers._adapter import (
@@ -82,6 +77,7 @@ from statemachine.providers._adapter import (
     UnreadableResponseError,
 )
 from statemachine.providers._native import openai_json_schema
+from statemachine.providers._projection import Block
 from statemachine.providers._responses_input import (
     SIGNATURE_PREFIX,
     project_input,
@@ -262,11 +258,7 @@ class _EventReader(ResponseReader):
         key = ("item", index)
         self.items[index] = item
         if kind == "function_call":
-            block = self.builder.block(key, "tool")
-            call_id = _text(item.get("call_id"), "a function call's call_id")
-            item_id = item.get("id")
-            block.call_id = f"{call_id}|{item_id}" if isinstance(item_id, str) else call_id
-            block.name = _text(item.get("name"), "a function call's name")
+            block = self._call_block(key, item)
             block.text = [_text(item.get("arguments"), "a function call's arguments")]
         elif kind == "reasoning":
             block = self.builder.block(key, "thinking")
@@ -300,6 +292,15 @@ class _EventReader(ResponseReader):
         else:
             self._unknown_item(item)
 
+    def _call_block(self, key: tuple[str, int], item: Mapping[str, Any]) -> Block:
+        """The block of a function call item, its id and name set from the item."""
+        block = self.builder.block(key, "tool")
+        call_id = _text(item.get("call_id"), "a function call's call_id")
+        item_id = item.get("id")
+        block.call_id = f"{call_id}|{item_id}" if isinstance(item_id, str) else call_id
+        block.name = _text(item.get("name"), "a function call's name")
+        return block
+
     def _unknown_item(self, item: Mapping[str, Any]) -> None:
         kind = item.get("type")
         if "call_id" in item:
@@ -325,11 +326,7 @@ class _EventReader(ResponseReader):
         key = ("item", index)
         self.items.setdefault(index, item)
         if kind == "function_call":
-            block = self.builder.block(key, "tool")
-            call_id = _text(item.get("call_id"), "a function call's call_id")
-            item_id = item.get("id")
-            block.call_id = f"{call_id}|{item_id}" if isinstance(item_id, str) else call_id
-            block.name = _text(item.get("name"), "a function call's name")
+            self._call_block(key, item)
         elif kind == "reasoning":
             self.builder.block(key, "thinking")
         elif kind == "message":

@@ -103,7 +103,8 @@ def _short(value: object) -> str:
         return ",".join(f"{k}:{v}" for k, v in value.items())
     if isinstance(value, OutputSpec):
         mode = ", native" if value.native else ""
-        return f"{value.name}(retries:{value.retries}{mode})"
+        early = ", early" if value.end_strategy == "early" else ""
+        return f"{value.name}(retries:{value.retries}{mode}{early})"
     return str(value)
 
 
@@ -124,6 +125,9 @@ OUTPUT = OutputSpec.of(
 # The same output in native mode: no final-result tool is offered; a final answer's text
 # is the output, valid JSON of the schema, JSON that breaks it, or no JSON at all.
 NATIVE_OUTPUT = attrs.evolve(OUTPUT, native=True)
+# The same output ending early: a response's other calls are answered as not run once
+# its final result is accepted (the checker's OUTPUT runs them: exhaustive).
+EARLY_OUTPUT = attrs.evolve(OUTPUT, end_strategy="early")
 NATIVE_TEXTS = ('{"answer": "42"}', '{"answer": 42}', "finished")
 
 
@@ -137,6 +141,9 @@ DEFAULT_CONFIGS: tuple[Config, ...] = (
     Config({"check_permissions": True, "check_continue": True}, max_calls=2),
     Config({"usage_limits": USAGE_LIMITS, "check_continue": True}, usages=(None, RESPONSE_USAGE)),
     Config({"output": OUTPUT, "check_continue": True}, call_kinds=("ok", "final_ok", "final_bad")),
+    Config(
+        {"output": EARLY_OUTPUT, "check_continue": True}, call_kinds=("ok", "final_ok", "final_bad")
+    ),
     Config(
         {"output": NATIVE_OUTPUT, "check_continue": True}, call_kinds=("ok",), texts=NATIVE_TEXTS
     ),

@@ -70,6 +70,12 @@ def _unreadable(i: int, detail: str, turns: list[Turn], problems: list[Violation
     turns.append(Turn("unknown", i, damaged=True))
 
 
+def _damaged(i: int, detail: str, turn: Turn, problems: list[Violation]) -> None:
+    """A field of item ``i`` cannot be read: a ``format`` finding, and ``turn`` damaged."""
+    problems.append(Violation("format", i, detail))
+    turn.damaged = True
+
+
 def _mappings(
     items: Sequence[Any], turns: list[Turn], problems: list[Violation]
 ) -> Iterator[tuple[int, Mapping[str, Any]]]:
@@ -87,15 +93,13 @@ def _mappings(
 def _openai_calls(i: int, item: Mapping[str, Any], turn: Turn, problems: list[Violation]) -> None:
     raw = item.get("tool_calls")
     if raw is not None and (isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence)):
-        problems.append(Violation("format", i, "tool_calls is not a list"))
-        turn.damaged = True
+        _damaged(i, "tool_calls is not a list", turn, problems)
         raw = ()
     for j, call in enumerate(raw or ()):
         call_id = call.get("id") if isinstance(call, Mapping) else None
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(call_id, str):
-            problems.append(Violation("format", i, f"tool_calls[{j}] has no string id"))
-            turn.damaged = True
+            _damaged(i, f"tool_calls[{j}] has no string id", turn, problems)
             continue
         name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str):
@@ -112,8 +116,7 @@ def _openai_calls(i: int, item: Mapping[str, Any], turn: Turn, problems: list[Vi
         if isinstance(name, str):
             turn.calls.append(Call(f"function_call:{name}", name, i, legacy=True))
         else:
-            problems.append(Violation("format", i, "function_call has no name"))
-            turn.damaged = True
+            _damaged(i, "function_call has no name", turn, problems)
 
 
 def read_openai(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
@@ -130,18 +133,15 @@ def read_openai(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
                 name = item.get("name")
                 turn.results.append(Result(call_id, name if isinstance(name, str) else None, i))
             else:
-                problems.append(Violation("format", i, "a tool message without a tool_call_id"))
-                turn.damaged = True
+                _damaged(i, "a tool message without a tool_call_id", turn, problems)
         elif role == "function":
             name = item.get("name")
             if isinstance(name, str):
                 turn.results.append(Result(f"function_call:{name}", name, i, legacy=True))
             else:
-                problems.append(Violation("format", i, "a function message without a name"))
-                turn.damaged = True
+                _damaged(i, "a function message without a name", turn, problems)
         elif role not in ("user", "system", "developer"):
-            problems.append(Violation("format", i, f"unknown role {role!r}"))
-            turn.damaged = True
+            _damaged(i, f"unknown role {role!r}", turn, problems)
         turns.append(turn)
     return turns, problems
 
@@ -178,18 +178,14 @@ def read_responses(items: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
             if isinstance(call_id, str):
                 turn.results.append(Result(call_id, None, i))
             else:
-                problems.append(Violation("format", i, f"a {kind} item without a call_id"))
-                turn.damaged = True
+                _damaged(i, f"a {kind} item without a call_id", turn, problems)
         elif kind.endswith("_call") and ("call_id" in item or kind in _CLIENT_CALLS):
             turn = Turn(kind, i)
             name = item.get("name")
             if isinstance(call_id, str):
                 turn.calls.append(Call(call_id, name if isinstance(name, str) else kind, i))
             else:
-                problems.append(
-                    Violation("format", i, f"a {kind} item whose call_id is unreadable")
-                )
-                turn.damaged = True
+                _damaged(i, f"a {kind} item whose call_id is unreadable", turn, problems)
         else:
             turn = Turn(kind, i)
         turns.append(turn)
@@ -244,8 +240,7 @@ def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[V
         if kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
             call_id, name = block.get("id"), block.get("name")
             if not isinstance(call_id, str):
-                problems.append(Violation("format", i, f"content[{j}] ({kind}) has no string id"))
-                turn.damaged = True
+                _damaged(i, f"content[{j}] ({kind}) has no string id", turn, problems)
                 continue
             call = Call(
                 call_id, name if isinstance(name, str) else "", i, server=kind != "tool_use"
@@ -257,8 +252,7 @@ def _anthropic_assistant(i: int, blocks: list[Any], turn: Turn, problems: list[V
         elif _is_server_result(kind):
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
-                problems.append(Violation("format", i, f"content[{j}] ({kind}) has no tool_use_id"))
-                turn.damaged = True
+                _damaged(i, f"content[{j}] ({kind}) has no tool_use_id", turn, problems)
                 continue
             turn.server_blocks.append(Result(call_id, None, i, server=True))
 
@@ -269,10 +263,7 @@ def _anthropic_user(i: int, blocks: list[Any], turn: Turn, problems: list[Violat
         if kind == "tool_result" and isinstance(block, Mapping):
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
-                problems.append(
-                    Violation("format", i, f"content[{j}] (tool_result) has no tool_use_id")
-                )
-                turn.damaged = True
+                _damaged(i, f"content[{j}] (tool_result) has no tool_use_id", turn, problems)
                 continue
             # In a merged turn, content of an earlier message also counts as "before".
             turn.results.append(Result(call_id, None, i, after_other_content=turn.other_content))
@@ -298,8 +289,7 @@ def read_anthropic(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]
             turns.append(turn)
         blocks = _blocks(item.get("content"))
         if blocks is None:
-            problems.append(Violation("format", i, "content is neither a string nor a list"))
-            turn.damaged = True
+            _damaged(i, "content is neither a string nor a list", turn, problems)
             continue
         if role == "assistant":
             _anthropic_assistant(i, blocks, turn, problems)
@@ -346,8 +336,7 @@ def read_converse(messages: Sequence[Any]) -> tuple[list[Turn], list[Violation]]
         turns.append(turn)
         content = item.get("content")
         if not isinstance(content, Sequence) or isinstance(content, (str, bytes)):
-            problems.append(Violation("format", i, "content is not a list of blocks"))
-            turn.damaged = True
+            _damaged(i, "content is not a list of blocks", turn, problems)
             continue
         for j, block in enumerate(content):
             _converse_block(i, j, block, turn, problems)
@@ -385,14 +374,10 @@ def _converse_block(i: int, j: int, block: Any, turn: Turn, problems: list[Viola
         call_id = use.get("toolUseId") if isinstance(use, Mapping) else None
         name = use.get("name") if isinstance(use, Mapping) else None
         if not isinstance(call_id, str):
-            problems.append(Violation("format", i, f"content[{j}].toolUse has no toolUseId"))
-            turn.damaged = True
+            _damaged(i, f"content[{j}].toolUse has no toolUseId", turn, problems)
             return
         if turn.role != "assistant":
-            problems.append(
-                Violation("format", i, f"content[{j}]: a toolUse block in a user message")
-            )
-            turn.damaged = True
+            _damaged(i, f"content[{j}]: a toolUse block in a user message", turn, problems)
             return
         call = Call(call_id, name if isinstance(name, str) else "", i)
         # A server tool (Nova's code interpreter): its toolResult follows it
@@ -402,8 +387,7 @@ def _converse_block(i: int, j: int, block: Any, turn: Turn, problems: list[Viola
     elif result is not None:
         call_id = result.get("toolUseId") if isinstance(result, Mapping) else None
         if not isinstance(call_id, str):
-            problems.append(Violation("format", i, f"content[{j}].toolResult has no toolUseId"))
-            turn.damaged = True
+            _damaged(i, f"content[{j}].toolResult has no toolUseId", turn, problems)
             return
         if turn.role == "assistant":  # a server tool's result
             turn.server_blocks.append(Result(call_id, None, i, server=True))
@@ -442,8 +426,7 @@ def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
             turns.append(turn)
         parts = item.get("parts")
         if not isinstance(parts, Sequence) or isinstance(parts, (str, bytes)):
-            problems.append(Violation("format", i, "parts is not a list"))
-            turn.damaged = True
+            _damaged(i, "parts is not a list", turn, problems)
             continue
         for j, part in enumerate(parts):
             if not isinstance(part, Mapping):
@@ -455,8 +438,7 @@ def read_gemini(contents: Sequence[Any]) -> tuple[list[Turn], list[Violation]]:
                     continue
                 name = value.get("name") if isinstance(value, Mapping) else None
                 if not isinstance(name, str):
-                    problems.append(Violation("format", i, f"parts[{j}].{kind} has no name"))
-                    turn.damaged = True
+                    _damaged(i, f"parts[{j}].{kind} has no name", turn, problems)
                     continue
                 part_id = value.get("id")
                 part_id = part_id if isinstance(part_id, str) else ""

@@ -57,7 +57,7 @@ from statemachine.core.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from statemachine.core.output import OUTPUT_TOOL
+from statemachine.core.output import is_output_tool
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import UsageError
 
@@ -309,8 +309,8 @@ class TestModel(_Recording):
 
     The first call of a run (no answer of its own since the last user message) calls
     the tools (``call_tools``: ``"all"``, or the names to call; the final-result tool
-    never); the next gives the output: a ``final_result`` call with
-    ``custom_output_args`` or arguments made from its schema, or, without that tool, a
+    never); the next gives the output: a call of the (first) final-result tool with
+    ``custom_output_args`` or arguments made from its schema, or, without one, a
     text: ``custom_output_text``, the JSON of a native output's schema, or the JSON of
     the tools' results by tool name (``"success (no tool calls)"`` without any).
 
@@ -360,7 +360,8 @@ class TestModel(_Recording):
         callable_tools = [
             t
             for t in tools
-            if t.name != OUTPUT_TOOL and (self._call_tools == "all" or t.name in self._call_tools)
+            if not is_output_tool(t.name)
+            and (self._call_tools == "all" or t.name in self._call_tools)
         ]
         if callable_tools and _first_call(messages):
             calls = [
@@ -368,10 +369,10 @@ class TestModel(_Recording):
                 for i, t in enumerate(callable_tools, 1)
             ]
             return AssistantMessage(calls, stop_reason=StopReason.TOOL_USE)
-        output = next((t for t in tools if t.name == OUTPUT_TOOL), None)
+        output = next((t for t in tools if is_output_tool(t.name)), None)
         if output is not None:
             arguments = self._args if self._args is not None else schema_value(output.schema_dict())
-            call = ToolCall(f"test-out-{len(messages)}", OUTPUT_TOOL, arguments)
+            call = ToolCall(f"test-out-{len(messages)}", output.name, arguments)
             return AssistantMessage([call], stop_reason=StopReason.TOOL_USE)
         if self._text is not None:
             return AssistantMessage(self._text)

@@ -1,17 +1,26 @@
 """An MCP server, written with the SDK's server API, for the client features beyond
-tools: roots, resource templates, blob resources, resource updates, elicitation.
+tools: roots, resource templates, blob resources, resource updates, elicitation,
+argument completions.
 
 python features.py stdio               serve over stdin/stdout
 """
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve
-from mcp.types import ListRootsResult
+from mcp.types import (
+    Completion,
+    CompletionArgument,
+    CompletionContext,
+    ListRootsResult,
+    PromptReference,
+    ResourceTemplateReference,
+)
 from pydantic import BaseModel
 
 server = MCPServer("statemachine-features-server")
@@ -64,10 +73,38 @@ def ask_seat() -> Elicit[Seat]:
 
 @server.tool()
 def seat(choice: Annotated[ElicitationResult[Seat], Resolve(ask_seat)]) -> str:
-    """Ask the user for a row; say what came back: the row, declined or cancelled."""
-    if isinstance(choice, AcceptedElicitation):
-        return f"row {choice.data.row}"
-    return choice.action
+    """Ask the user for a row; say what came back: the row, declined or cancelled
+    (also appended to the file MCP_TEST_LOG names, when set)."""
+    said = f"row {choice.data.row}" if isinstance(choice, AcceptedElicitation) else choice.action
+    if "MCP_TEST_LOG" in os.environ:
+        with open(os.environ["MCP_TEST_LOG"], "a", encoding="utf-8") as log:
+            log.write(f"seat: {said}\n")
+    return said
+
+
+LANGUAGES = ("python", "pascal", "perl", "prolog", "rust")
+
+
+@server.prompt(name="review", description="Review code in a language.")
+def review(language: str, owner: str) -> str:
+    return f"Review this {language} code of {owner}."
+
+
+@server.completion()  # type: ignore[no-untyped-call, untyped-decorator]  # the SDK does not type it
+async def complete(
+    ref: PromptReference | ResourceTemplateReference,
+    argument: CompletionArgument,
+    context: CompletionContext | None,
+) -> Completion | None:
+    """Languages by prefix for the prompt; note names for the template, prefixed with
+    the owner when one was chosen."""
+    if isinstance(ref, PromptReference) and argument.name == "language":
+        found = [lang for lang in LANGUAGES if lang.startswith(argument.value)]
+        return Completion(values=found, total=len(found), has_more=False)
+    if isinstance(ref, ResourceTemplateReference) and argument.name == "name":
+        owner = (context.arguments or {}).get("owner") if context else None
+        return Completion(values=[f"{owner or 'anyone'}-{argument.value}today"])
+    return None
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ resources           (not misbehaving) a server of the 2025 protocols whose resou
                     may be subscribed to: ``resources/subscribe`` is answered, then
                     that URI is said updated twice and ``test://other`` once
 resources-then-exit like resources, but the server exits once it is subscribed to
+elicit              (not misbehaving) a server of the 2025 protocols: ``mangle`` sends
+                    ``elicitation/create`` with its arguments' ``message`` and
+                    ``schema`` and answers with the client's reply, as JSON
+completions-flood   ``completion/complete`` is answered with 502 values (the protocol
+                    allows 100), two of them 5,000 characters long
 
 The server goes on answering after it misbehaves, so a client that waits for it
 to exit waits for nothing.
@@ -72,6 +77,16 @@ def _call(rid: Any, params: dict[str, Any]) -> None:
         _waiting[asked] = rid
         _send({"jsonrpc": "2.0", "id": asked, "method": "roots/list"})
         return
+    if MODE == "elicit" and params["name"] == "mangle":
+        asked = f"elicit-{rid}"
+        _waiting[asked] = rid
+        arguments = params.get("arguments", {})
+        question = {
+            "message": arguments.get("message", "?"),
+            "requestedSchema": arguments["schema"],
+        }
+        _send({"jsonrpc": "2.0", "id": asked, "method": "elicitation/create", "params": question})
+        return
     if params["name"] == "echo":
         _send(_text(rid, str(params.get("arguments", {}).get("text", ""))))
         return
@@ -98,6 +113,10 @@ def _call(rid: Any, params: dict[str, Any]) -> None:
 
 def _answer(request: dict[str, Any]) -> None:
     method, rid = request.get("method"), request.get("id")
+    if method is None and str(rid).startswith("elicit-") and rid in _waiting:
+        reply = request.get("result", request.get("error"))
+        _send(_text(_waiting.pop(rid), json.dumps(reply, sort_keys=True)))
+        return
     if method is None and rid in _waiting:  # the client's answer to roots/list
         roots = " ".join(r["uri"] for r in request["result"]["roots"])
         heard = _heard["notifications/roots/list_changed"]
@@ -117,7 +136,11 @@ def _answer(request: dict[str, Any]) -> None:
                 rid,
                 {
                     "protocolVersion": request["params"]["protocolVersion"],
-                    "capabilities": {"tools": {}, "resources": {"subscribe": True}},
+                    "capabilities": {
+                        "tools": {},
+                        "resources": {"subscribe": True},
+                        "completions": {},
+                    },
                     "serverInfo": {"name": "noisy", "version": "1"},
                 },
             )
@@ -130,6 +153,10 @@ def _answer(request: dict[str, Any]) -> None:
         _send(_result(rid, {"tools": _tools()}))
     elif method == "tools/call":
         _call(rid, request["params"])
+    elif method == "completion/complete" and MODE == "completions-flood":
+        values = ["y" * 5_000, *(f"v{i}" for i in range(500)), "x" * 5_000]
+        completion = {"values": values, "total": len(values), "hasMore": False}
+        _send(_result(rid, {"completion": completion}))
     elif method == "ping":
         _send(_result(rid, {}))
     elif method == "resources/subscribe" and MODE == "resources-then-exit":

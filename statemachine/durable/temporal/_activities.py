@@ -20,7 +20,9 @@ running tool or model client with the next heartbeat, as a cancellation. The
 activity then fires the signal the tool holds, gives it half the grace period to
 finish on its own and cancels it, as ``run_agent`` does, and answers what it
 reported. Inside a tool, ``statemachine.durable.idempotency_key()`` is
-``"{run_id}:{call_id}"``, the same on every attempt.
+``"{run_id}:{call_id}"``, the same on every attempt. While a tool holds the
+worker's event loop, a thread heartbeats its call instead (``_heartbeat``), so a
+blocking tool is not retried beside itself.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from statemachine.durable._journal import (
     TOOL_STEP,
 )
 from statemachine.durable._wire import call_from_dict, encode_step_events
+from statemachine.durable.temporal._heartbeat import Beating, Standby
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
@@ -108,8 +111,8 @@ def checkpoint(details: Any) -> None:
         raise InvalidInputError(
             f"a checkpoint is at most {MAX_CHECKPOINT_CHARS} characters of JSON, got {len(text)}"
         )
-    holder[:] = [details]
-    activity.heartbeat(details)
+    holder[:] = [json.loads(text)]  # a copy: the standby thread may send it (_heartbeat)
+    activity.heartbeat(*holder)
 
 
 def last_checkpoint() -> Any:
@@ -190,6 +193,7 @@ class Activities:
         self.hooks = hooks
         self.grace = grace
         self.heartbeat = heartbeat
+        self.standby = Standby(heartbeat)  # heartbeats a call whose loop is held
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.model, self.tool, self.permissions, self.should_continue, self.step]
@@ -316,12 +320,14 @@ class Activities:
             task = asyncio.ensure_future(operation)  # sees the holder (its context)
         finally:
             _checkpoint.reset(token)
-        beating = asyncio.ensure_future(self._beat(holder))
+        watched = self.standby.enter(activity.client(), activity.info().task_token, holder)
+        beating = asyncio.ensure_future(self._beat(watched))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             await self._stop(loop, key, task)
         finally:
+            self.standby.leave(watched)
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
@@ -341,7 +347,8 @@ class Activities:
                 else ToolCancelled(key, f"{ABANDONED}: the tool ignored cancellation"),
             )
 
-    async def _beat(self, holder: list[Any]) -> None:
+    async def _beat(self, watched: Beating) -> None:
         while True:
-            activity.heartbeat(*holder)
+            activity.heartbeat(*watched.details)
+            watched.beat()
             await asyncio.sleep(self.heartbeat / 3)

@@ -7,7 +7,9 @@ last answer, is in the result's ``queued_input``. A refused update is
 ``NotPendingError`` (a decision for a call that is not pending) or
 ``RunClosedError`` (input once the run took its last). An update needs a live
 worker of the run: one that does not answer within ``message_timeout`` seconds is
-a ``StoreUnavailableError`` (the message may still reach the run later). An abort
+a ``StoreUnavailableError`` (the message may still reach the run later). A handle
+has at most ``IN_FLIGHT`` updates in flight (the server's limit for one run) and
+sends again, under the same update id, one the server turned away (``_send``). An abort
 is a signal: it is stored even with no live worker, and reaches the run when a
 worker runs it again.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import IO, Any
@@ -58,6 +62,12 @@ QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
 STATUS_TRIES = 2  # queries status() makes before it says no worker answered
 UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
 MAX_NOTES = 100  # notes status() reads from a worker
+IN_FLIGHT = 10  # updates of one run Temporal's server takes in flight at once (its default)
+FIRST_PAUSE = 0.05  # seconds before an update the server turned away is sent again
+LAST_PAUSE = 1.0  # ... doubling up to this
+# How the server turns an update away for a while: too many in flight, or aborted
+# (the run's workflow task was given to a worker again).
+_BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE)
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -98,6 +108,9 @@ class TemporalRunHandle:
         self._client = client
         self._workflow: WorkflowHandle[Any, Any] = client.get_workflow_handle(run_id)
         self._message_timeout = message_timeout
+        # This handle's updates in flight: no more than the server takes of one run
+        # (a semaphore of the event loop it is used from).
+        self._in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def _describe(self) -> Any:
         try:
@@ -313,9 +326,7 @@ class TemporalRunHandle:
         if held:
             raise RunHeldError(f"run {self.run_id!r} is held: {held}; no message reaches it now")
         try:
-            await self._workflow.execute_update(
-                name, message, rpc_timeout=timedelta(seconds=self._message_timeout)
-            )
+            await self._send(name, message)
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
@@ -341,6 +352,35 @@ class TemporalRunHandle:
                     f"{self._message_timeout:g} s; it may still reach the run"
                 ) from None
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
+
+    async def _send(self, name: str, message: dict[str, Any]) -> None:
+        """Send the update, again while the server turns it away for the updates of
+        the run it has in flight (it takes ``IN_FLIGHT`` at once) or aborts it, until
+        ``message_timeout`` has passed. Every try has the same update id: the server
+        takes the message once, however many tries reach it."""
+        update_id = f"{name}-{uuid.uuid4().hex}"
+        loop = asyncio.get_running_loop()
+        if self._in_flight is None or self._in_flight[0] is not loop:
+            self._in_flight = (loop, asyncio.Semaphore(IN_FLIGHT))
+        slots = self._in_flight[1]
+        deadline = loop.time() + self._message_timeout
+        pause = FIRST_PAUSE
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline), slots:
+                    left = deadline - loop.time()
+                    await self._workflow.execute_update(
+                        name, message, id=update_id, rpc_timeout=timedelta(seconds=left)
+                    )
+                return
+            except TimeoutError:
+                raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
+            except RPCError as exc:
+                if exc.status not in _BUSY or deadline - loop.time() <= pause:
+                    raise
+            # Spread the tries of messages sent at once, so they do not come back together.
+            await asyncio.sleep(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, LAST_PAUSE)
 
     def _refuse(self, name: str, message: dict[str, Any] | None = None) -> None:
         if name == "decide":

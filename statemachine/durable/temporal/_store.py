@@ -7,6 +7,8 @@ worker of the run, as with a handle."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import os
 from typing import IO, Any
 
@@ -48,6 +50,22 @@ def open_store(database_url: str) -> TemporalStore:
     return TemporalStore(address, namespace or "default")
 
 
+_collecting: list[bool] = []  # [True] once ``_collect_before_exit`` is registered
+
+
+def _collect_before_exit() -> None:
+    """Collect garbage at exit while the interpreter is still whole (``atexit``).
+
+    What temporalio's client leaves in reference cycles (from calls on an event loop
+    that has since closed: a second ``asyncio.run``) is otherwise freed while the
+    interpreter finalizes, when its native threads may no longer take the GIL: the
+    process then aborted at exit, now and then, with "Fatal Python error:
+    PyGILState_Release" (temporalio/sdk-python#300)."""
+    if not _collecting:
+        _collecting.append(True)
+        atexit.register(gc.collect)
+
+
 class TemporalStore:
     """The runs of one Temporal namespace (module docstring)."""
 
@@ -60,6 +78,7 @@ class TemporalStore:
 
     async def _connected(self) -> Client:
         if self._client is None:
+            _collect_before_exit()
             try:
                 self._client = await Client.connect(self.address, namespace=self.namespace)
             except RuntimeError as exc:
