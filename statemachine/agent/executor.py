@@ -278,12 +278,12 @@ class AsyncioExecutor:
         backend: Backend = IN_PROCESS,
     ) -> None:
         self.loop = loop
-        self.backend = backend
         self.model = model
         self.tools = tools
-        self.hooks = hooks
-        self.grace = grace
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
+        self.hooks = hooks  # the run's options record: its hooks are fields of it
+        self.grace = grace
+        self.backend = backend  # how each operation starts (module docstring)
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._helpers: set[asyncio.Future[None]] | None = None
