@@ -152,10 +152,10 @@ async def measure(address: str, reps: int) -> Timings:
     timings = Timings()
     async with runner:
         # The bare workflow's worker runs the runner's own activities (same payloads).
-        from statemachine.agent.hook_calls import Hooks
+        from statemachine.agent.options import DEFAULTS
         from statemachine.durable.temporal._activities import Activities
 
-        activities = Activities(runner.models, runner.tools, Hooks(), 1.0, 10.0)
+        activities = Activities(runner.models, runner.tools, DEFAULTS, 1.0, 10.0)
         bare = Worker(
             client,
             task_queue="bench-bare",

@@ -321,3 +321,25 @@ def test_a_lone_tool_run_as_a_task_is_cancelled_by_the_abort() -> None:
     result, ended = aborted_at_half_a_second(run, "enough", ToolEnded)
     assert result.state is S.ABORTED
     assert [(e.call.id, e.cancelled, e.abandoned) for e in ended] == [("c1", True, False)]
+
+
+@pytest.mark.timeout(10)
+def test_a_run_tells_whether_it_is_being_aborted() -> None:
+    seen: list[bool] = []
+    run: sm.AgentRun | None = None
+
+    @sm.tool
+    async def stop(text: str) -> str:
+        """Abort the run it runs in."""
+        assert run is not None
+        seen.append(run.aborting)
+        run.abort("enough")
+        seen.append(run.aborting)
+        return text
+
+    asks = sm.AssistantMessage((sm.ToolCall("c1", "stop", {"text": "x"}),))
+    run = sm.AgentRun(model=ScriptedModel(asks, "done"), messages="go", tools=[stop])
+    before = run.aborting
+    result = asyncio.run(run.run())
+    assert result.state is TurnState.ABORTED
+    assert (before, seen, run.aborting) == (False, [False, True], False)

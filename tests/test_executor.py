@@ -17,9 +17,9 @@ import structlog
 from driver_support import asks, make_tool, on_virtual_time, watched
 
 import statemachine as sm
-from statemachine.agent.executor import AsyncioExecutor, start_task
-from statemachine.agent.hook_calls import Hooks
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation, start_task
 from statemachine.agent.loop import ActionLoop
+from statemachine.agent.options import DEFAULTS
 from statemachine.agent.run import use_backend
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortController
@@ -40,16 +40,30 @@ def _asks(*names: str) -> sm.AssistantMessage:
     )
 
 
+class _Keeping:
+    """The in-process backend, keeping the driver it is given for a look after."""
+
+    def __init__(self) -> None:
+        self.made: list[AsyncioExecutor] = []
+
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        if driver not in self.made:
+            self.made.append(driver)
+        IN_PROCESS.start(driver, op)
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        IN_PROCESS.cancel(driver, keys, reason)
+
+    def reported(self, key: str) -> None:
+        IN_PROCESS.reported(key)
+
+
 def _kept(run: sm.AgentRun) -> list[AsyncioExecutor]:
-    """Run ``run`` with the in-process executor, kept in the list for a look after."""
-    made: list[AsyncioExecutor] = []
-
-    def executor(loop: ActionLoop, **parts: Any) -> AsyncioExecutor:
-        made.append(AsyncioExecutor(loop, **parts))
-        return made[-1]
-
-    use_backend(run, inbox=asyncio.Queue(), executor=executor)
-    return made
+    """Run ``run`` with the in-process backend; the list holds its driver once run()
+    starts an operation."""
+    keeping = _Keeping()
+    use_backend(run, inbox=asyncio.Queue(), backend=keeping)
+    return keeping.made
 
 
 @pytest.mark.timeout(30)
@@ -193,7 +207,7 @@ def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> 
             controller=AbortController(),
             log=quiet,
             executor=partial(
-                AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=Hooks(), grace=1.0
+                AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=DEFAULTS, grace=1.0
             ),
         )
         executor = loop.executor

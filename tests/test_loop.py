@@ -6,15 +6,22 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 import statemachine as sm
-from statemachine.agent.executor import AsyncioExecutor
-from statemachine.agent.loop import ActionLoop
+from statemachine.agent.executor import (
+    CONTINUE,
+    IN_PROCESS,
+    MODEL,
+    PERMISSIONS,
+    TOOL,
+    AsyncioExecutor,
+    Operation,
+    start_task,
+)
 from statemachine.agent.run import use_backend
-from statemachine.core.events import CallModel, Event
+from statemachine.core.events import Event
 from statemachine.testing import ScriptedModel
 
 GO = [sm.UserMessage("go")]
@@ -32,43 +39,51 @@ async def echo(text: str) -> str:
     return text
 
 
-class Recording(AsyncioExecutor):
-    """The in-process executor, noting every action it is handed and every report."""
+class Recording:
+    """A backend that starts each operation in this process, as ``run_agent``'s does,
+    noting every operation it is handed and every report (to a ``Reports`` of its own,
+    which hands each on to the driver)."""
 
-    def __init__(self, loop: ActionLoop, **parts: Any) -> None:
-        super().__init__(loop, **parts)
+    def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
+        self._driver: AsyncioExecutor | None = None
 
-    def start_model(self, action: CallModel, alone: bool) -> None:
-        self.seen.append(("start_model", f"turn {action.turn}"))
-        super().start_model(action, alone)
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        self._driver = driver
+        subject = op.subject
+        what: tuple[str, str]
+        if op.kind == MODEL:
+            what = ("start_model", f"turn {subject.turn}")
+        elif op.kind == TOOL:
+            what = ("start_tool", subject.id)
+        elif op.kind == PERMISSIONS:
+            what = ("start_permission_checks", ",".join(c.id for c in subject))
+        else:
+            assert op.kind == CONTINUE
+            what = ("start_continue_check", f"turn {subject}")
+        self.seen.append(what)
+        driver.keep(op, start_task(driver.perform(op, self), eager=op.alone))
 
-    def start_tool(self, call: sm.ToolCall, alone: bool) -> None:
-        self.seen.append(("start_tool", call.id))
-        super().start_tool(call, alone)
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        IN_PROCESS.cancel(driver, keys, reason)
 
-    def start_permission_checks(self, calls: Sequence[sm.ToolCall]) -> None:
-        self.seen.append(("start_permission_checks", ",".join(c.id for c in calls)))
-        super().start_permission_checks(calls)
-
-    def start_continue_check(self, turn: int) -> None:
-        self.seen.append(("start_continue_check", f"turn {turn}"))
-        super().start_continue_check(turn)
+    def reported(self, key: str) -> None:
+        """Nothing kept: the loop holds the report."""
 
     def report(self, key: str, event: Event) -> None:
         self.seen.append(("report", f"{key} {type(event).__name__}"))
-        super().report(key, event)
+        assert self._driver is not None
+        self._driver.report(key, event)
+
+    def put(self, event: Event) -> None:
+        assert self._driver is not None
+        self._driver.put(event)
 
 
 def _recorded(run: sm.AgentRun) -> list[Recording]:
-    """Plug the recording executor into ``run``; the list holds it once run() starts."""
-    made: list[Recording] = []
-
-    def executor(loop: ActionLoop, **parts: Any) -> Recording:
-        made.append(Recording(loop, **parts))
-        return made[-1]
-
-    use_backend(run, inbox=asyncio.Queue(), executor=executor)
+    """Plug the recording backend into ``run``."""
+    made = [Recording()]
+    use_backend(run, inbox=asyncio.Queue(), backend=made[0])
     return made
 
 
@@ -107,7 +122,7 @@ def test_a_backend_is_chosen_before_the_run_starts() -> None:
     run = sm.AgentRun(model=ScriptedModel("done"), messages=GO)
     assert asyncio.run(run.run()).ok
     with pytest.raises(sm.UsageError, match="before the run starts"):
-        use_backend(run, inbox=asyncio.Queue(), executor=AsyncioExecutor)
+        use_backend(run, inbox=asyncio.Queue(), backend=IN_PROCESS)
 
 
 @pytest.mark.timeout(10)

@@ -229,7 +229,7 @@ def test_asking_outside_a_run_gives_none() -> None:
 def test_a_temporal_activity_has_no_one_to_ask() -> None:
     pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
     from statemachine.agent.executor import AsyncioExecutor
-    from statemachine.agent.hook_calls import Hooks
+    from statemachine.agent.options import DEFAULTS
     from statemachine.durable.temporal._activities import _OneOperation
 
     async def scenario() -> list[Any]:
@@ -239,7 +239,7 @@ def test_a_temporal_activity_has_no_one_to_ask() -> None:
             loop,  # type: ignore[arg-type]  # what an activity gives for one operation
             model=FunctionModel(lambda m, t: sm.AssistantMessage("-")),
             tools={"ask": tool},
-            hooks=Hooks(),
+            hooks=DEFAULTS,
             grace=1.0,
         )
         await executor.run_tool(sm.ToolCall("c1", "ask", {}))
@@ -251,12 +251,12 @@ def test_a_temporal_activity_has_no_one_to_ask() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_run_held_by_a_backend_has_no_one_to_ask() -> None:
-    from statemachine.agent.executor import AsyncioExecutor
+    from statemachine.agent.executor import IN_PROCESS
     from statemachine.agent.run import use_backend
 
     async def scenario() -> sm.RunResult:
         run: sm.AgentRun[Any] = sm.AgentRun(**_asking())
-        use_backend(run, inbox=asyncio.Queue(), executor=AsyncioExecutor)
+        use_backend(run, inbox=asyncio.Queue(), backend=IN_PROCESS)
         return await run.run()
 
     assert asyncio.run(scenario()).final_text == "None"  # asked nobody: the tool is told so

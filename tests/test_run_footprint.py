@@ -9,6 +9,7 @@ import functools
 import gc
 import inspect
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,58 @@ def test_a_run_waiting_for_its_model_holds_only_the_drivers_own_coroutines() -> 
     ]
 
 
+def _entry_locals(name: str) -> set[str]:
+    """The local names held by the waiting coroutine of the library's entry ``name``."""
+    found = [
+        o
+        for o in gc.get_objects()
+        if inspect.iscoroutine(o)
+        and o.cr_code.co_qualname == name
+        and o.cr_code.co_filename.startswith(_LIBRARY)
+        and o.cr_frame is not None
+    ]
+    assert len(found) == 1
+    frame = found[0].cr_frame
+    assert frame is not None
+    return set(frame.f_locals)
+
+
+@pytest.mark.timeout(30)
+def test_a_waiting_run_holds_no_dict_of_the_keywords_it_was_given() -> None:
+    # The options are resolved into the run's record: the entry's own frame, which
+    # waits as long as the run does, keeps neither the keywords nor what it resumed.
+    async def deny(call: sm.ToolCall) -> sm.Deny:
+        return sm.Deny("not now")
+
+    async def main() -> tuple[set[str], set[str]]:
+        asks = sm.AssistantMessage((sm.ToolCall("c1", "echo", {"text": "x"}),))
+        suspended = await sm.run_agent(
+            model=ScriptedModel(asks), messages="go", tools=[echo], before_tool_call=deny
+        )
+        assert suspended.state is sm.TurnState.AWAITING_USER
+        model = _Waiting()
+        started = asyncio.ensure_future(sm.run_agent(model=model, tools=[echo], messages="go"))
+        await model.inside.wait()
+        held_new = _entry_locals("run_agent")
+        model.release.set()
+        assert (await started).state is sm.TurnState.DONE
+        model = _Waiting()
+        resumed = asyncio.ensure_future(
+            sm.resume_agent(
+                suspended, model=model, tools=[echo], message="again", before_tool_call=deny
+            )
+        )
+        await model.inside.wait()
+        held_resumed = _entry_locals("resume_agent")
+        model.release.set()
+        assert (await resumed).state is sm.TurnState.DONE
+        return held_new, held_resumed
+
+    held_new, held_resumed = asyncio.run(main())
+    assert "options" not in held_new
+    assert not {"options", "state"} & held_resumed
+
+
 @pytest.mark.timeout(30)
 def test_a_run_that_logs_nothing_binds_no_logger_of_its_own() -> None:
     binds: list[dict[str, object]] = []
@@ -382,9 +435,11 @@ def test_a_waiting_run_without_hooks_or_abort_makes_no_set_for_them() -> None:
 def test_a_waiting_run_makes_no_list_or_dict_for_what_it_was_never_given() -> None:
     # No abort listener, every tool's calls free to run beside the others: no list,
     # dict or scheduling is made for them (the lists left are the history, the trace,
-    # the batch, the input queues and the like: 10 lists and 4 dicts before).
+    # the batch, the input queues, the inbox and the like: 10 lists and 4 dicts before).
+    # No deque either: each holds a block of 64 slots from the start.
     assert _held_per_run(list) <= 9.5
     assert _held_per_run(dict) <= 3.5
+    assert _held_per_run(deque) <= 0.5
 
 
 @pytest.mark.timeout(30)

@@ -63,20 +63,24 @@ def test_a_recorded_history_replays_on_this_code(name: str) -> None:
 def test_a_change_that_breaks_determinism_fails_the_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from statemachine.durable.temporal._run import RemoteExecutor
+    from statemachine.agent.executor import TOOL
+    from statemachine.durable.temporal._run import TemporalBackend
 
     # A change of the workflow's code: a batch's tools started in reverse order.
-    start_tool = RemoteExecutor.start_tool
+    start = TemporalBackend.start
     batch: list[Any] = []
 
-    def reversed_start(self: RemoteExecutor, call: sm.ToolCall, alone: bool) -> None:
-        batch.append(call)
-        if call.id.endswith("b"):
+    def reversed_start(self: TemporalBackend, driver: Any, op: Any) -> None:
+        if op.kind != TOOL:
+            start(self, driver, op)
+            return
+        batch.append(op)
+        if op.key.endswith("b"):
             for held in reversed(batch):
-                start_tool(self, held, alone)
+                start(self, driver, held)
             batch.clear()
 
-    monkeypatch.setattr(RemoteExecutor, "start_tool", reversed_start)
+    monkeypatch.setattr(TemporalBackend, "start", reversed_start)
     # Temporal compares only the activities' types; the run checks that each recorded
     # result answers the call started in its place, and holds the run otherwise.
     with pytest.raises(RuntimeError, match=r"does not fit this code: .* 't1b' answers \['t1a'\]"):

@@ -5,22 +5,34 @@ abort and its grace period act on (``start_task`` says when it starts); the
 permission and should_continue hooks run as helper tasks. Every operation reports
 exactly once (``report``, which is ``ActionLoop.post``).
 
+Backends
+--------
+``AsyncioExecutor`` is the driver's own half and is never subclassed: how an
+operation is started, and where what it reports is kept, is the ``Backend`` it is
+given. The driver describes each operation as an ``Operation`` (its kind, its key,
+what it acts on) and hands it to ``Backend.start``; the backend starts it as a task
+the driver keeps (``keep``), performing it in this process
+(``perform``, reporting to the driver or to a ``Reports`` of its own, such as a
+durable step that records what the operation reported) or elsewhere (an activity).
+``IN_PROCESS`` is ``run_agent``'s: each operation a task here, reporting to the loop;
+the durable backends (``statemachine.durable``) reuse ``perform`` for the work.
+
 Abort and the grace period
 --------------------------
-When the run's signal fires, the driver forwards it to the internal signal that
-tools and the model client hold, and tells the engine (``AbortRequested``) before any
-event that was already waiting, so that no model call and no tool call starts after
-the abort. The engine answers with ``CancelOperations`` naming what is still
-outstanding. The grace period is one budget, counted from then: for its first half
-the operations may finish on their own (a result that arrives then is kept as it is,
-I6); then their tasks are cancelled (each reports ``*Cancelled`` once its cleanup has
-run); an operation still running when the grace period ends (one that swallows
-``CancelledError`` and keeps going, a sync tool in its thread) is abandoned: the
-driver records it as such (result text, ``ToolEnded.abandoned``, the explanation)
-and stops waiting for it. So ``run_agent`` returns within the grace period after the
-abort is seen, whatever a client or tool does. Code that blocks the event loop
-delays when the abort is seen (nothing can interrupt it); the grace period then runs
-from when the loop is free again.
+When the run's signal fires, the driver forwards it to the internal signal that tools
+and the model client hold, and tells the engine (``AbortRequested``) before any event
+that was already waiting (ordering rule O2, ``agent/loop.py``), so that no model call
+and no tool call starts after the abort. The engine answers with ``CancelOperations``
+naming what is still outstanding. The grace period is one budget, counted from then:
+for its first half the operations may finish on their own (a result that arrives then
+is kept as it is, I6); then their tasks are cancelled (each reports ``*Cancelled``
+once its cleanup has run); an operation still running when the grace period ends (one
+that swallows ``CancelledError`` and keeps going, a sync tool in its thread) is
+abandoned: the driver records it as such (result text, ``ToolEnded.abandoned``, the
+explanation) and stops waiting for it. So ``run_agent`` returns within the grace
+period after the abort is seen, whatever a client or tool does. Code that blocks the
+event loop delays when the abort is seen (nothing can interrupt it); the grace period
+then runs from when the loop is free again.
 """
 
 from __future__ import annotations
@@ -30,16 +42,17 @@ import contextvars
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from functools import cached_property, partial
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
 from statemachine.agent.context import start_spending, stop_spending
 from statemachine.agent.events import RunEvent, ToolLog, ToolProgress, ToolQuestion
-from statemachine.agent.hook_calls import HookCaller, Hooks
+from statemachine.agent.hook_calls import HookCaller
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
+from statemachine.agent.options import Options
 from statemachine.agent.questions import Answer, RunQuestions
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController, AbortSignal
@@ -61,7 +74,12 @@ from statemachine.errors import ModelOutputError, ModelRetry, ToolOutputError
 _T = TypeVar("_T")
 
 __all__ = [
+    "IN_PROCESS",
     "AsyncioExecutor",
+    "Backend",
+    "InProcess",
+    "Operation",
+    "Reports",
     "ask_person",
     "current_tool_call",
     "report_log",
@@ -158,8 +176,96 @@ class _TimedOutError(Exception):
     """A tool call ran past its tool's timeout."""
 
 
+# -- what the driver hands a backend ------------------------------------------------------------
+
+MODEL = "model"
+TOOL = "tool"
+PERMISSIONS = "permissions"
+CONTINUE = "continue"
+STEP = "step"
+
+
+class Operation(NamedTuple):
+    """One operation the engine asked for, as the driver hands it to its ``Backend``.
+
+    ``kind``: ``MODEL``, ``TOOL`` (keyed: one report), ``PERMISSIONS``, ``CONTINUE`` or
+    ``STEP`` (a hook, started as a helper: key ``""``); ``key``: ``"model"``, the call
+    id, or ``""``; ``subject``: the ``CallModel``, the ``ToolCall``, the calls to check,
+    the turn, or the ``RunStep``; ``alone``: the only action of its step (nothing
+    started behind it that it could overtake).
+    """
+
+    kind: str
+    key: str
+    subject: Any
+    alone: bool = False
+
+
+class Reports(Protocol):
+    """Where an operation performed in this process reports: the driver itself, or a
+    backend's own record of one operation (a durable step)."""
+
+    def report(self, key: str, event: Event) -> None:
+        """The one event of the operation ``key``."""
+
+    def put(self, event: Event) -> None:
+        """One of several events of a hook's operation (a permission check's answers)."""
+
+
+class Backend(Protocol):
+    """How a run's operations are started and where what they report is kept (module
+    docstring); the driver is given one and calls nothing else of it."""
+
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        """Start ``op`` as a task the driver keeps (``driver.keep``)."""
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        """End the operations ``keys`` within the grace period, after an abort; each
+        one not yet reported is then reported cancelled or abandoned."""
+
+    def reported(self, key: str) -> None:
+        """The driver has just posted the report of operation ``key`` to the loop."""
+
+
+class InProcess:
+    """The backend of ``run_agent``: each operation an asyncio task of this process
+    (``start_task``, eager when it is alone), reporting straight to the driver; after
+    an abort, the grace period (``AsyncioExecutor.cancel_after_grace``). It holds
+    nothing, so one serves every run (``IN_PROCESS``)."""
+
+    __slots__ = ()
+
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        driver.keep(op, start_task(driver.perform(op, driver), eager=op.alone))
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        driver.track_helper(start_task(driver.cancel_after_grace(keys, reason), eager=False))
+
+    def reported(self, key: str) -> None:
+        """Nothing to do: the loop holds the report."""
+
+
+IN_PROCESS = InProcess()
+
+
 class AsyncioExecutor:
-    """Performs the loop's actions as asyncio tasks (module docstring); an ``Executor``."""
+    """Performs the loop's actions as asyncio tasks started by its ``backend`` (module
+    docstring); an ``Executor`` and a ``Reports``. Slots, and the helpers' set and the
+    hook caller made when first asked for, as ``ActionLoop``'s."""
+
+    __slots__ = (
+        "_event_loop",
+        "_helpers",
+        "_hook_caller",
+        "_thread",
+        "backend",
+        "grace",
+        "hooks",
+        "loop",
+        "model",
+        "tasks",
+        "tools",
+    )
 
     def __init__(
         self,
@@ -167,28 +273,36 @@ class AsyncioExecutor:
         *,
         model: ModelClient | RunModel,
         tools: Mapping[str, Tool],
-        hooks: Hooks,
+        hooks: Options,
         grace: float,
+        backend: Backend = IN_PROCESS,
     ) -> None:
         self.loop = loop
         self.model = model
         self.tools = tools
-        self.hooks = hooks
-        self.grace = grace
         self.tasks: dict[str, asyncio.Future[None]] = {}  # "model" or a call id
+        self.hooks = hooks  # the run's options record: its hooks are fields of it
+        self.grace = grace
+        self.backend = backend  # how each operation starts (module docstring)
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+        self._helpers: set[asyncio.Future[None]] | None = None
+        self._hook_caller: HookCaller | None = None
 
-    @cached_property
+    @property
     def helpers(self) -> set[asyncio.Future[None]]:
         """The hook calls and grace timers under way (made with the first: most runs
         ask no hook and are never aborted)."""
-        return set()
+        if self._helpers is None:
+            self._helpers = set()
+        return self._helpers
 
-    @cached_property
+    @property
     def hook_caller(self) -> HookCaller:
         """Made when a hook is first asked: most runs have none."""
-        return HookCaller(self.hooks, self.loop.log, self.loop.note_failure)
+        if self._hook_caller is None:
+            self._hook_caller = HookCaller(self.hooks, self.loop.log, self.loop.note_failure)
+        return self._hook_caller
 
     # -- reporting -------------------------------------------------------------------------
 
@@ -197,6 +311,7 @@ class AsyncioExecutor:
         that ends without a word is kept, for the grace period to answer)."""
         self.tasks.pop(key, None)
         self.loop.post(key, event)
+        self.backend.reported(key)
 
     def put(self, event: Event) -> None:
         """A hook's answer (one of several for one permission check)."""
@@ -214,22 +329,22 @@ class AsyncioExecutor:
     # -- the Executor protocol ---------------------------------------------------------------
 
     def start_model(self, action: CallModel, alone: bool) -> None:
-        self.start_operation("model", self.call_model(action), eager=alone)
+        self.backend.start(self, Operation(MODEL, "model", action, alone))
 
     def start_tool(self, call: ToolCall, alone: bool) -> None:
-        self.start_operation(call.id, self.run_tool(call), eager=alone)
+        self.backend.start(self, Operation(TOOL, call.id, call, alone))
 
     def start_permission_checks(self, calls: Sequence[ToolCall]) -> None:
-        self.start_helper(self.check_permissions(calls))
+        self.backend.start(self, Operation(PERMISSIONS, "", tuple(calls)))
 
     def start_continue_check(self, turn: int) -> None:
-        self.start_helper(self.check_continue(turn))
+        self.backend.start(self, Operation(CONTINUE, "", turn))
 
     def start_step(self, action: RunStep) -> None:
-        self.start_helper(self.run_step(action))
+        self.backend.start(self, Operation(STEP, "", action))
 
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
-        self.start_helper(self.cancel_after_grace(keys, reason))
+        self.backend.cancel(self, keys, reason)
 
     def stop_hooks(self) -> None:
         for task in self.helpers:
@@ -249,73 +364,86 @@ class AsyncioExecutor:
 
     # -- tasks -------------------------------------------------------------------------------
 
-    def new_task(self, coro: Coroutine[Any, Any, None], *, eager: bool) -> asyncio.Future[None]:
-        """The task that runs ``coro`` (``start_task``)."""
-        return start_task(coro, eager=eager)
+    def keep(self, op: Operation, task: asyncio.Future[None]) -> None:
+        """Keep ``task``, which performs ``op``: as the keyed operation's, which the
+        grace period acts on, or as a hook's helper (``track_helper``)."""
+        if not op.key:
+            self.track_helper(task)
+        elif not task.done():  # an eager one may have reported already
+            self.tasks[op.key] = task
 
-    def start_operation(self, key: str, coro: Coroutine[Any, Any, None], *, eager: bool) -> None:
-        """Run an operation as the task of ``key`` (``start_task``)."""
-        task = self.new_task(coro, eager=eager)
-        if not task.done():  # an eager one may have reported already
-            self.tasks[key] = task
-
-    def start_helper(self, coro: Coroutine[Any, Any, None], *, eager: bool = False) -> None:
-        """Run a hook call or a grace timer as a helper task, which an abort cancels."""
-        task = self.new_task(coro, eager=eager)
+    def track_helper(self, task: asyncio.Future[None]) -> None:
+        """Keep ``task`` (a hook call, a grace timer) as a helper, which an abort cancels."""
         self.helpers.add(task)
         task.add_done_callback(self.helpers.discard)
 
+    def perform(self, op: Operation, to: Reports) -> Coroutine[Any, Any, None]:
+        """The work of ``op`` in this process, reporting to ``to``."""
+        kind, subject = op.kind, op.subject
+        if kind == MODEL:
+            return self.call_model(subject, to)
+        if kind == TOOL:
+            return self.run_tool(subject, to)
+        if kind == PERMISSIONS:
+            return self.check_permissions(subject, to)
+        if kind == CONTINUE:
+            return self.check_continue(subject, to)
+        return self.run_step(subject, to)
+
     # -- operations --------------------------------------------------------------------------
 
-    async def call_model(self, action: CallModel) -> None:
-        """The model call; reports its one event."""
+    async def call_model(self, action: CallModel, to: Reports | None = None) -> None:
+        """The model call; reports its one event (to the driver, or to ``to``)."""
+        to = to or self
         try:
             context = action.messages
             if self.hooks.transform_context is not None or self.hooks.steps:
                 context = await self.hook_caller.transformed(context)
             message = await self.model.complete(context, action.tools, self.loop.controller.signal)
         except BaseException as exc:
-            if self._model_raised(exc, action):
+            if self._model_raised(exc, action, to):
                 raise
             return
         if isinstance(message, AssistantMessage):
-            self.report("model", ModelResponded(message))
+            to.report("model", ModelResponded(message))
             return
         error = ModelOutputError(
             f"the model client returned {type(message).__name__}, expected an AssistantMessage"
         )
-        self.report("model", ModelFailed(describe(error)))
+        to.report("model", ModelFailed(describe(error)))
 
-    def _model_raised(self, exc: BaseException, action: CallModel) -> bool:
+    def _model_raised(self, exc: BaseException, action: CallModel, to: Reports) -> bool:
         """Report the model call's failure; True for a cancellation someone asked for
         (reported as such, and to be raised on)."""
         if isinstance(exc, asyncio.CancelledError):
             if cancel_requested():
-                self.report("model", ModelCancelled())
+                to.report("model", ModelCancelled())
                 return True
             # Nobody cancelled this task: the client leaked a CancelledError of its own.
             # That is one failed call, not a cancellation the engine never asked for.
-            self.report("model", ModelFailed("CancelledError raised by the model client"))
+            to.report("model", ModelFailed("CancelledError raised by the model client"))
             return False
         self.loop.log.warning("model_call_failed", turn=action.turn, error=describe(exc))
         # The engine records text (runs replay from data); the caller also gets the
         # exception itself as the cause of RunResult.error, e.g. to detect context
         # overflow and compact.
         self.loop.model_exception = exc
-        self.report("model", ModelFailed(describe(exc)))
+        to.report("model", ModelFailed(describe(exc)))
         self.loop.note_failure(exc, "the model client")
         return False
 
-    async def run_tool(self, call: ToolCall) -> None:
-        """The tool call, then the after_tool_call hook; reports its one event, with
-        what the call spent on the run's behalf (``RunContext.add_usage``)."""
+    async def run_tool(self, call: ToolCall, to: Reports | None = None) -> None:
+        """The tool call, then the after_tool_call hook; reports its one event (to the
+        driver, or to ``to``), with what the call spent on the run's behalf
+        (``RunContext.add_usage``)."""
+        to = to or self
         spent, token = start_spending()
         try:
             output = await self._tool_output(call)
             if self.hooks.after_tool_call is not None:
                 output = await self.hook_caller.after_tool_call(call, output)
         except asyncio.CancelledError:
-            self.report(call.id, ToolCancelled(call.id))
+            to.report(call.id, ToolCancelled(call.id))
             raise
         except BaseException as exc:
             if call.id in self.loop.reported:
@@ -328,7 +456,7 @@ class AsyncioExecutor:
             self.loop.note_failure(exc, f"tool {call.name}")
         finally:
             stop_spending(token)
-        self.report(call.id, ToolFinished(call.id, spent.joined(output)))
+        to.report(call.id, ToolFinished(call.id, spent.joined(output)))
 
     async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self.tools[call.name]
@@ -420,20 +548,21 @@ class AsyncioExecutor:
             task.cancel()
             raise
 
-    async def check_permissions(self, calls: Sequence[ToolCall]) -> None:
+    async def check_permissions(self, calls: Sequence[ToolCall], to: Reports | None = None) -> None:
         """Ask ``before_tool_call`` about ``calls``; one event each."""
         loop = self.loop
         await self.hook_caller.check_permissions(
-            calls, self.put, lambda: loop.aborting or loop.fatal is not None
+            calls, (to or self).put, lambda: loop.aborting or loop.fatal is not None
         )
 
-    async def check_continue(self, turn: int) -> None:
+    async def check_continue(self, turn: int, to: Reports | None = None) -> None:
         """Ask ``should_continue``; one ``ContinueDecided``."""
-        self.put(await self.hook_caller.check_continue(self.loop.engine.messages, turn))
+        (to or self).put(await self.hook_caller.check_continue(self.loop.engine.messages, turn))
 
-    async def run_step(self, action: RunStep) -> None:
+    async def run_step(self, action: RunStep, to: Reports | None = None) -> None:
         """Call a declared step; one ``StepDecided``. An abort cancels it (a helper)."""
-        self.put(await self.hook_caller.run_step(action.step, self.loop.engine.messages))
+        event = await self.hook_caller.run_step(action.step, self.loop.engine.messages)
+        (to or self).put(event)
 
     async def cancel_after_grace(self, keys: Sequence[str], reason: str) -> None:
         """One grace period from the abort on: half to finish on their own, half for

@@ -1,6 +1,7 @@
 """Asking the run's hooks: ``before_tool_call`` about each call, ``after_tool_call``
 about each result, ``should_continue`` at a turn boundary, ``transform_context``
-before each model call.
+before each model call. The hooks are fields of the run's options record
+(``Options``).
 
 Each answer becomes the event the engine expects (``ToolPermitted``,
 ``ToolDenied``, ``ApprovalRequired``, ``ContinueDecided``) or the result the model
@@ -15,20 +16,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
-
 from statemachine.agent.calls import call_hook, describe
 from statemachine.agent.compaction import RunViews
-from statemachine.agent.hooks import (
-    AfterToolCall,
-    BeforeToolCall,
-    Deny,
-    RequireApproval,
-    ShouldContinue,
-    Stop,
-    TransformContext,
-)
-from statemachine.agent.steps import Step, decide
+from statemachine.agent.hooks import Deny, RequireApproval, Stop
+from statemachine.agent.options import Options
+from statemachine.agent.steps import decide
 from statemachine.core.events import (
     ApprovalRequired,
     ContinueDecided,
@@ -40,18 +32,7 @@ from statemachine.core.messages import Message, ToolCall
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import ModelOutputError
 
-__all__ = ["HookCaller", "Hooks"]
-
-
-@attrs.frozen
-class Hooks:
-    """The hooks of one run (each may be absent)."""
-
-    before_tool_call: BeforeToolCall | None = None
-    after_tool_call: AfterToolCall | None = None
-    should_continue: ShouldContinue | None = None
-    transform_context: TransformContext | None = None
-    steps: tuple[Step, ...] = ()  # a team's declared steps, with their functions
+__all__ = ["HookCaller"]
 
 
 class HookCaller:
@@ -62,7 +43,7 @@ class HookCaller:
     """
 
     def __init__(
-        self, hooks: Hooks, log: Any, note_failure: Callable[[BaseException, str], None]
+        self, hooks: Options, log: Any, note_failure: Callable[[BaseException, str], None]
     ) -> None:
         self.hooks = hooks
         self._log = log

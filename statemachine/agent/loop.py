@@ -21,6 +21,36 @@ to the engine, so the engine sees a strict sequence of events even though tools
 finish in any order; that sequence is all the history depends on (I5). After each
 event the loop tells the run's ``EventStream`` where the engine went.
 
+The ordering rules
+------------------
+What the engine sees is the order in which the loop hands it events; these rules fix
+that order where timing could otherwise decide it. The code names them (O1 to O4).
+
+O1. One pass of the event loop before each event (``drive``: ``asyncio.sleep(0)``).
+    What else is ready (an abort from another task, a timer, I/O) runs first, as it
+    would have had the loop waited; and an operation started by the last event, whose
+    task was scheduled before this pass, runs in it, so a report made without waiting
+    (a quick tool) is taken at once instead of a pass later.
+O2. A caller's abort goes ahead of the events already queued (``abort``, ``_take``).
+    A result queued before the abort must not start a model call or a tool call
+    after it (I6: nothing starts once the run is aborted). An operation's own
+    failure that aborts the run (a ``KeyboardInterrupt`` in a tool) aborts *behind*
+    its report instead, so that the report is kept.
+O3. What was asked to be done "later" is done before the next event
+    (``later``, ``_take``). An operation that asks for something before it reports
+    (a fatal failure's abort), or another thread (an abort, a steer), has it done on
+    the event loop's next pass or before the loop handles its next event, whichever
+    comes first: so it takes effect before the report that followed it.
+O4. Input queued from the loop's own thread is queued at once (``AgentRun.steer``
+    from a tool or hook), so that it is ahead of the event the calling operation
+    reports next; from another thread it goes through O3.
+
+An operation that is the only action of its step may start eagerly (Python 3.12+,
+``executor.start_task``): it runs up to its first wait before the loop takes its next
+event, which O1 then makes the same order as on Python 3.11, where it starts in the
+loop's next pass. The tool results of a batch are the engine's to order (I2), not
+the loop's.
+
 The executor
 ------------
 ``ActionLoop`` decides *what* to do and in which order; *how* each kind of action is
@@ -33,9 +63,8 @@ the durable one (``statemachine.durable``) as recorded steps.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from functools import cached_property, partial
+from functools import partial
 from typing import Any, Protocol
 
 from statemachine._log import library_logger
@@ -93,7 +122,9 @@ class RunInbox:
     __slots__ = ("_events", "_waiter")
 
     def __init__(self) -> None:
-        self._events: deque[Event] = deque()
+        # A list, not a deque: it holds a few events at a time (a batch's results),
+        # and a deque holds a block of 64 slots from the start, in every waiting run.
+        self._events: list[Event] = []
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
@@ -108,7 +139,7 @@ class RunInbox:
     def get_nowait(self) -> Event:
         if not self._events:
             raise asyncio.QueueEmpty
-        return self._events.popleft()
+        return self._events.pop(0)
 
     async def get(self) -> Event:
         """The next event, once there is one."""
@@ -120,7 +151,7 @@ class RunInbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._events.popleft()
+        return self._events.pop(0)
 
 
 class Executor(Protocol):
@@ -157,7 +188,34 @@ class Executor(Protocol):
 
 
 class ActionLoop:
-    """Hands the engine one event at a time and the executor each action it answers."""
+    """Hands the engine one event at a time and the executor each action it answers.
+
+    Its fields are slots, and what most runs never use (the abandoned keys, a bound
+    logger) is made when first asked for: thousands of runs may wait in one process,
+    each holding one loop."""
+
+    __slots__ = (
+        "_abandoned",
+        "_abort_first",
+        "_base_log",
+        "_closed",
+        "_done",
+        "_event_loop",
+        "_later",
+        "_log",
+        "aborting",
+        "controller",
+        "engine",
+        "executor",
+        "fatal",
+        "inbox",
+        "late_input",
+        "model_exception",
+        "on_handle",
+        "reported",
+        "returned",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -184,36 +242,37 @@ class ActionLoop:
         self.late_input: tuple[InputQueued, ...] = ()  # queued, but the run had already returned
         self._done = engine.returns_to_caller  # where the last event left it
         self._abort_first: AbortRequested | None = None  # handled before queued events
-        self._later: deque[Callable[[], None]] = deque()  # what later() was asked to do
+        # What later() was asked to do (O3): made when first asked for, as most runs
+        # never ask (a deque would hold a block of 64 slots from the start).
+        self._later: list[Callable[[], None]] | None = None
         self._event_loop = asyncio.get_running_loop()
         self._closed = False  # close() has let go of the executor
+        self._abandoned: set[str] | None = None
+        self._log: Any = None
         self.executor = executor(self)
 
-    @cached_property
+    @property
     def abandoned(self) -> set[str]:
         """The keys given up on at the end of an abort's grace period (made when first
         asked for: most runs are never aborted)."""
-        return set()
+        if self._abandoned is None:
+            self._abandoned = set()
+        return self._abandoned
 
-    @cached_property
+    @property
     def log(self) -> Any:
         """The run's logger (``log``, or the library's when ``None``), the run id bound:
         made when first used (most runs log nothing of their own)."""
-        base = self._base_log if self._base_log is not None else library_logger()
-        return base.bind(run_id=self.engine.run_id)
+        if self._log is None:
+            base = self._base_log if self._base_log is not None else library_logger()
+            self._log = base.bind(run_id=self.engine.run_id)
+        return self._log
 
     async def drive(self) -> None:
         """Hand the engine the inbox's events until it returns to the caller."""
         inbox = self.inbox
         while not self._done:
-            # One pass of the event loop before each event: what else is ready (an
-            # abort, a timer, I/O) runs first, as it would have had the loop waited;
-            # and an operation started by the last event, whose task was scheduled
-            # before this one, runs in that pass, so a report made without waiting
-            # (a quick tool) is taken at once rather than in a pass of its own. What
-            # that operation (or another thread) asked to be done on the next pass
-            # is done before its report is handled, as it would have been then.
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # O1 (module docstring)
             self._take(await inbox.get())  # no frame holds an event while the next is awaited
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
@@ -221,13 +280,12 @@ class ActionLoop:
             self._keep_late(inbox.get_nowait())
 
     def _take(self, event: Event) -> None:
-        """Hand the engine ``event``, after what was asked to be done before it."""
+        """Hand the engine ``event``, after what was asked to be done before it (O3)
+        and an abort that goes ahead of it (O2)."""
         if self._later:
             self._do_later()
         first = self._abort_first
         if first is not None:
-            # An abort goes ahead of what was already queued: a result queued
-            # before it must not start a new model call or tool call.
             self._abort_first = None
             self.handle(first)
             if event is first:
@@ -312,7 +370,7 @@ class ActionLoop:
 
     def abort(self, reason: str, urgent: bool = True) -> None:
         """Abort the run; ``urgent`` puts the abort ahead of the events already queued
-        (a caller's abort), otherwise it follows them (an operation's own failure)."""
+        (a caller's abort), otherwise it follows them (an operation's own failure): O2."""
         if self.aborting or self.returned or self._closed:
             return
         self.aborting = True
@@ -339,9 +397,10 @@ class ActionLoop:
 
     def later(self, act: Callable[[], None], from_thread: bool = False) -> None:
         """Do ``act`` on the event loop's next pass, or before the loop handles its
-        next event if that is sooner: asked for by an operation before it reports
-        (or by another thread while it runs), it is done before that report is
-        handled. ``from_thread``: asked for from a thread other than the loop's."""
+        next event if that is sooner (O3). ``from_thread``: asked for from a thread
+        other than the loop's."""
+        if self._later is None:
+            self._later = []
         self._later.append(act)
         if from_thread:
             self._event_loop.call_soon_threadsafe(self._do_later)
@@ -351,4 +410,4 @@ class ActionLoop:
     def _do_later(self) -> None:
         later = self._later
         while later:
-            later.popleft()()
+            later.pop(0)()

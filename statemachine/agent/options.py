@@ -1,6 +1,6 @@
-"""A run's options, defined once: the keywords callers write (``AgentOptions``,
-``RunOptions``, ``NewRunOptions``, ``ResumeOptions``) and the record they become
-(``Options``).
+"""A run's options, defined once: the keywords callers write (``HookOptions``,
+``AgentOptions``, ``RunOptions``, ``NewRunOptions``, ``ResumeOptions``) and the
+record they become (``Options``).
 
 Why two forms. A caller writes keywords: ``run_agent(model=..., messages=...,
 tools=[...], max_turns=8)``, ``Agent(model, instructions=...)``. Those keywords
@@ -32,14 +32,16 @@ Why ``TypedDict`` and not a public options class that callers build: the keyword
 form is how the library is written against, and must stay typed. A class beside it
 would be a second way to say the same thing.
 
-The dicts nest, each adding what its callers alone take: ``AgentOptions`` (what an
-``Agent`` holds for all its runs), ``RunOptions`` (plus one run's ``deps`` and
-``signal``: what resuming takes too), ``NewRunOptions`` (plus ``run_id`` and
-``engine_factory``, meaningful only for a run that starts from its first message:
-``run_agent``, ``AgentRun``; and ``session``, which ``run_agent`` reads before the run
-is built), ``ResumeOptions`` (plus what continuing a suspended
-run needs: ``resume_agent``). Checks that need the model client (an output mode
-or model settings the client cannot honour) are ``AgentRun``'s.
+The dicts nest, each adding what its callers alone take: ``HookOptions`` (the hooks a
+durable runner holds for every run of its worker: code, which a run's JSON input
+cannot carry), ``AgentOptions`` (what an ``Agent`` holds for all its runs),
+``RunOptions`` (plus one run's ``deps`` and ``signal``: what resuming takes too),
+``NewRunOptions`` (plus ``run_id`` and ``engine_factory``, meaningful only for a run
+that starts from its first message: ``run_agent``, ``AgentRun``; and ``session``,
+which ``run_agent`` reads before the run is built), ``ResumeOptions`` (plus what
+continuing a suspended run needs: ``resume_agent``). Checks that need the model
+client (an output mode or model settings the client cannot honour) are
+``AgentRun``'s.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from statemachine.errors import InvalidInputError
 __all__ = [
     "DEFAULT_MAX_TURNS",
     "AgentOptions",
+    "HookOptions",
     "NewRunOptions",
     "Options",
     "ResumeOptions",
@@ -87,8 +90,22 @@ DEFAULT_MAX_TURNS = 8
 """Model responses a run may take when ``max_turns`` is not given."""
 
 
-class AgentOptions(TypedDict, Generic[OutputT], total=False):
-    """The options of a run that an ``Agent`` holds for all its runs (every key optional)."""
+class HookOptions(TypedDict, total=False):
+    """The hooks of a run that a durable runner holds for every run of its worker
+    (``DBOSRunner``, ``TemporalRunner``); every key optional."""
+
+    before_tool_call: BeforeToolCall | None
+    """Asked before each tool call: allow, ``Deny`` or ``RequireApproval``
+    (``statemachine.hooks``)."""
+    after_tool_call: AfterToolCall | None
+    """Given each tool result; may replace it."""
+    should_continue: ShouldContinue | None
+    """Asked when the model would finish: whether the run goes on."""
+
+
+class AgentOptions(HookOptions, Generic[OutputT], total=False):
+    """The options of a run that an ``Agent`` holds for all its runs (every key
+    optional): the hooks of ``HookOptions``, and these."""
 
     tools: Sequence[Tool]
     """The tools the model may call; their names are unique."""
@@ -117,13 +134,6 @@ class AgentOptions(TypedDict, Generic[OutputT], total=False):
     """What becomes of the other tool calls of a response whose final result is valid:
     ``"early"`` (the default, as PydanticAI's) answers them as not run and ends the
     run; ``"exhaustive"`` runs them first. A resumed run keeps its own."""
-    before_tool_call: BeforeToolCall | None
-    """Asked before each tool call: allow, ``Deny`` or ``RequireApproval``
-    (``statemachine.hooks``)."""
-    after_tool_call: AfterToolCall | None
-    """Given each tool result; may replace it."""
-    should_continue: ShouldContinue | None
-    """Asked when the model would finish: whether the run goes on."""
     transform_context: TransformContext | None
     """Turns the history into what the model is sent, at each model call."""
     grace_period: float

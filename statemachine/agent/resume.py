@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, Unpack
 
 import attrs
 
 from statemachine.agent.calls import call_hook, describe
-from statemachine.agent.context import reset_run_context, run_context
 from statemachine.agent.events import OutputT, RunResult
 from statemachine.agent.hooks import (
     BeforeToolCall,
@@ -42,10 +42,7 @@ from statemachine.agent.hooks import (
 from statemachine.agent.model import ModelClient
 from statemachine.agent.options import DEFAULTS, Options, ResumeOptions, RunOptions, resolve
 from statemachine.agent.output import compile_output
-from statemachine.agent.run import (
-    AgentRun,
-    continue_run,
-)
+from statemachine.agent.run import AgentRun, check_first, continue_run
 from statemachine.agent.steps import check_steps
 from statemachine.agent.sync import refuse_running_loop, run_sync
 from statemachine.agent.tools import Tool, scheduling_of
@@ -98,7 +95,6 @@ def resume_run(
     policy = opts.before_tool_call
     recheck = [] if message is not None else _may_run(engine, events, opts.tools, policy)
     run = continue_run(
-        _ResumedRun,
         engine,
         events,
         model=model,
@@ -106,7 +102,8 @@ def resume_run(
         previous_stats=stats or (state.stats if isinstance(state, RunResult) else None),
     )
     if policy is not None and recheck:
-        run.ask_again(policy, recheck)
+        # Before anything runs, the policy is asked again about the calls that may run.
+        check_first(run, partial(_ask_policy_again, policy, tuple(recheck)))
     return run
 
 
@@ -264,28 +261,6 @@ async def _ask_policy_again(
         )
 
 
-class _ResumedRun(AgentRun):
-    """A resumed ``AgentRun`` that asks the policy again before it goes on."""
-
-    _policy_again: BeforeToolCall | None = None
-    _recheck: tuple[tuple[ToolCall, bool], ...] = ()
-
-    def ask_again(self, policy: BeforeToolCall, recheck: Sequence[tuple[ToolCall, bool]]) -> None:
-        """Before anything runs, ask ``policy`` again about the calls ``recheck``."""
-        self._policy_again = policy
-        self._recheck = tuple(recheck)
-
-    async def run(self) -> RunResult:
-        if self._policy_again is not None:
-            token = run_context(self)
-            try:
-                await _ask_policy_again(self._policy_again, self._recheck)
-            finally:
-                reset_run_context(token)
-            self._policy_again = None  # agreed: a second run() is refused by AgentRun
-        return await super().run()
-
-
 async def resume_agent(
     state: RunResult | Mapping[str, Any],
     *,
@@ -294,7 +269,9 @@ async def resume_agent(
 ) -> RunResult[OutputT]:
     """Continue a run suspended in ``AwaitingUser`` (see ``resume_run``, which also
     says what is checked before anything runs; the options are ``ResumeOptions``)."""
-    return await resume_run(state, model=model, **options).run()
+    run = resume_run(state, model=model, **options)
+    del options, state  # resolved into the run: not held while it waits
+    return await run.run()
 
 
 def resume_agent_sync(

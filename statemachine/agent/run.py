@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, Generic, TypeVar, Unpack
+from typing import Any, Generic, Unpack
 
 import attrs
 
@@ -43,9 +43,8 @@ from statemachine.agent.events import (
     ToolQuestion,
     run_error,
 )
-from statemachine.agent.executor import AsyncioExecutor, current_tool_call
-from statemachine.agent.hook_calls import Hooks
-from statemachine.agent.loop import ActionLoop, Executor, Inbox, RunInbox
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Backend, current_tool_call
+from statemachine.agent.loop import ActionLoop, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
@@ -66,6 +65,7 @@ from statemachine.errors import InvalidInputError, UsageError
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "AgentRun",
+    "check_first",
     "check_tools",
     "continue_run",
     "run_agent",
@@ -75,17 +75,6 @@ __all__ = [
 
 
 _NO_SETTINGS = ModelSettings()  # frozen, so one serves every run given none
-_NO_HOOKS = Hooks()  # likewise
-
-
-def _hooks(options: Options) -> Hooks:
-    """The run's ``Hooks`` (the four hooks, then the steps, ``agent/hook_calls.py``); one
-    shared by every run without any."""
-    o = options
-    hooks = (o.before_tool_call, o.after_tool_call, o.should_continue, o.transform_context)
-    if all(h is None for h in hooks) and not o.steps:
-        return _NO_HOOKS
-    return Hooks(*hooks, o.steps)
 
 
 def _checked_model(model: ModelClient | str, options: Options) -> tuple[ModelClient, ModelSettings]:
@@ -169,7 +158,6 @@ class AgentRun(Generic[OutputT]):
         judge = output.judge if output is not None and output.awaits else None
         self._model = RunModel(model, instructions, settings, self._stream, context, engine, judge)
         self._tools = {t.name: t for t in opts.tools}
-        self._hooks = _hooks(opts)
         self._not_started()
 
     def _not_started(self) -> None:
@@ -178,14 +166,25 @@ class AgentRun(Generic[OutputT]):
         self._first: tuple[Event, ...] = ()
         # What a backend may replace (``use_backend``).
         self._inbox: Inbox | None = None
-        self._executor: ExecutorFactory = AsyncioExecutor
+        self._backend: Backend = IN_PROCESS
         self._on_handle: Callable[[Event], None] | None = None
+        # Asked before anything runs (``check_first``): a resumed run's policy again.
+        self._check_first: Callable[[], Awaitable[None]] | None = None
         # While run() runs: the action loop, bound to the event loop's thread.
         self._loop: ActionLoop | None = None
         self._loop_thread = 0
-        self._early: list[Event] = []  # input and aborts before run() started
+        # Input and aborts before run() started: a tuple, grown by a new one, as most
+        # runs have none (an empty tuple is shared, a list would be one per run).
+        self._early: tuple[Event, ...] = ()
         self._started = False
         self._outcome: RunResult[OutputT] | None = None
+
+    @property
+    def aborting(self) -> bool:
+        """Whether the run is being aborted: an abort was asked while it runs, so no
+        model call or tool call starts any more."""
+        loop = self._loop
+        return loop is not None and loop.aborting
 
     @property
     def result(self) -> RunResult[OutputT] | None:
@@ -210,7 +209,7 @@ class AgentRun(Generic[OutputT]):
         loop = self._loop
         if loop is None:
             if not self._started:
-                self._early.append(AbortRequested(text))
+                self._early += (AbortRequested(text),)
             return  # ended: nothing left to abort; not an error (abort is idempotent)
         self._on_loop_thread(loop, loop.abort, text)
 
@@ -268,16 +267,15 @@ class AgentRun(Generic[OutputT]):
             )
         event = InputQueued(message, kind)
         if loop is None:
-            self._early.append(event)
+            self._early += (event,)
         else:
-            # From a tool, hook or model client of this run (the loop's own thread):
-            # queued now, so it is ahead of the event that the calling operation
-            # reports next.
+            # From a tool, hook or model client of this run: queued now (ordering
+            # rule O4, ``agent/loop.py``).
             self._on_loop_thread(loop, loop.inbox.put_nowait, event)
 
     def _on_loop_thread(self, loop: ActionLoop, act: Callable[[Any], None], arg: Any) -> None:
         """``act(arg)`` now on the event loop's thread, else handed to ``loop`` (done
-        before it handles its next event)."""
+        before it handles its next event: O3, ``agent/loop.py``)."""
         if threading.get_ident() == self._loop_thread:
             act(arg)
             return
@@ -292,6 +290,14 @@ class AgentRun(Generic[OutputT]):
         """Drive the run to a terminal state or ``AwaitingUser``; never raises for
         how it ends (see ``RunResult``), only a ``KeyboardInterrupt`` or
         ``SystemExit`` raised under it, once the run is closed (module docstring)."""
+        check = self._check_first
+        if check is not None:
+            token = run_context(self)
+            try:
+                await check()
+            finally:
+                reset_run_context(token)
+            self._check_first = None  # agreed: a second run() is refused below
         # Tasks created before run() was awaited (subscribers of events()) start first.
         await asyncio.sleep(0)
         if self._started:
@@ -305,11 +311,12 @@ class AgentRun(Generic[OutputT]):
             controller=AbortController(),  # what tools and the model client hold
             log=self.options.logger,  # None: the library's
             executor=partial(
-                self._executor,
+                AsyncioExecutor,
                 model=self._model,
                 tools=self._tools,
-                hooks=self._hooks,
+                hooks=self.options,  # the hooks are its fields
                 grace=float(self.options.grace_period),
+                backend=self._backend,
             ),
             on_handle=self._on_handle,
         )
@@ -420,39 +427,40 @@ def _table_option(table: Table) -> dict[str, Any]:
     return {} if table is BASE_TABLE else {"table": table}
 
 
-ExecutorFactory = Callable[..., Executor]
-"""What builds a run's executor: called with the ``ActionLoop`` and the keywords
-``model``, ``tools``, ``hooks`` and ``grace`` (``AsyncioExecutor`` is one)."""
-
-_Run = TypeVar("_Run", bound=AgentRun)
-
-
-def continue_run(
-    run_type: type[_Run], engine: Engine, first_events: Sequence[Event], **options: Any
-) -> _Run:
-    """A run of ``run_type`` that goes on with ``engine`` (restored from a snapshot, or
-    a durable run's after a wait) by handing it ``first_events`` (the person's
-    decisions, or a new message) instead of ``Start``; ``options`` are the keywords
-    of ``run_type`` (``messages``, ``max_turns`` and ``run_id`` are the engine's)."""
-    run = run_type(engine_factory=lambda **_: engine, **options)
+def continue_run(engine: Engine, first_events: Sequence[Event], **options: Any) -> AgentRun:
+    """A run that goes on with ``engine`` (restored from a snapshot, or a durable run's
+    after a wait) by handing it ``first_events`` (the person's decisions, or a new
+    message) instead of ``Start``; ``options`` are ``AgentRun``'s keywords
+    (``messages``, ``max_turns`` and ``run_id`` are the engine's)."""
+    run: AgentRun = AgentRun(engine_factory=lambda **_: engine, **options)
     run._first = tuple(first_events)
     return run
+
+
+def check_first(run: AgentRun, check: Callable[[], Awaitable[None]]) -> None:
+    """Have ``run`` await ``check()`` (in the run's context) before anything runs; an
+    exception it raises is ``run()``'s, and nothing runs (a resumed run's policy,
+    asked again). Before ``run()`` only."""
+    if run._started:
+        raise UsageError("a check is given before the run starts")
+    run._check_first = check
 
 
 def use_backend(
     run: AgentRun,
     *,
     inbox: Inbox,
-    executor: ExecutorFactory,
+    backend: Backend,
     on_handle: Callable[[Event], None] | None = None,
 ) -> None:
-    """Run ``run`` with a backend's ``inbox`` and ``executor`` (the durable backend's
-    record each operation); ``on_handle`` is told of every event before the engine
-    gets it. Before ``run()`` only."""
+    """Run ``run`` with a backend's ``inbox`` and ``backend`` (``agent/executor.py``:
+    how its operations are started, the durable ones recording each);
+    ``on_handle`` is told of every event before the engine gets it. Before ``run()``
+    only."""
     if run._started:
         raise UsageError("a backend is chosen before the run starts")
     run._inbox = inbox
-    run._executor = executor
+    run._backend = backend
     run._on_handle = on_handle
     # Nobody holds a backend's run to answer a question its tools would ask through it.
     run._stream.takes_questions = False

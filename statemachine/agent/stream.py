@@ -20,7 +20,6 @@ iterator is closed (``aclose()``: a watcher left) is let go at once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -79,7 +78,28 @@ _TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
 
 
 class EventStream:
-    """The subscribers of one run, and the timings and counts of its stats."""
+    """The subscribers of one run, and the timings and counts of its stats (slots:
+    every waiting run holds one)."""
+
+    __slots__ = (
+        "_calls",
+        "_children",
+        "_closed",
+        "_first_message",
+        "_model_calls",
+        "_previous",
+        "_questions",
+        "_seen_messages",
+        "_seen_trace",
+        "_subscribers",
+        "_t0",
+        "_tool_counts",
+        "_tool_seconds",
+        "_turn",
+        "_turn_seconds",
+        "_turn_start",
+        "takes_questions",
+    )
 
     def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
         self._previous = previous  # a resumed run's stats before the suspension
@@ -100,16 +120,18 @@ class EventStream:
         self._tool_seconds: dict[str, float] = {}
         self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
+        # Whether a person holds the run to answer its tools' questions (not a durable
+        # backend's run: ``use_backend``).
+        self.takes_questions = True
+        self._questions: RunQuestions | None = None
 
-    takes_questions = True
-    """Whether a person holds the run to answer its tools' questions (not a durable
-    backend's run: ``use_backend``)."""
-
-    @functools.cached_property
+    @property
     def questions(self) -> RunQuestions:
         """The questions the run's tools wait on a person for (made when first asked
         or looked at: most runs have none)."""
-        return RunQuestions(self.emit)
+        if self._questions is None:
+            self._questions = RunQuestions(self.emit)
+        return self._questions
 
     # -- subscribers -----------------------------------------------------------------------
 

@@ -9,24 +9,46 @@ handed to the resumed run. At the end, every message still stored for the run is
 taken (``Lane.drain``): steers and follow-ups become the result's ``queued_input``,
 so none that was acknowledged is lost. The backend's workflow runs this, and an
 export runs it again over the saved steps, so both follow the same course.
+
+Each part of a durable run (from its start, or from a wait for a person to the next)
+is a ``LaneRun``: it holds the driver's ``AgentRun`` (not a subclass of it), given
+the backend that starts its operations and an inbox that places the lane's messages
+between two engine events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
 
 from statemachine.agent.events import RunResult, RunStats
+from statemachine.agent.executor import CONTINUE, MODEL, PERMISSIONS, TOOL, Backend, Operation
+from statemachine.agent.loop import Inbox
+from statemachine.agent.run import AgentRun, continue_run, use_backend
+from statemachine.core.engine import Engine
 from statemachine.core.events import ApprovalDecided, Event, InputKind, InputQueued
 from statemachine.core.messages import ToolCall, UserMessage
-from statemachine.core.table import TurnState
-from statemachine.core.wire import message_from_dict
+from statemachine.core.table import State, TurnState
+from statemachine.core.wire import message_from_dict, messages_from_dicts
+from statemachine.durable import _journal
 from statemachine.durable._wire import merge_stats
 from statemachine.errors import InvalidInputError
+from statemachine.journal import Journal, JournalingEngine
 
-__all__ = ["CourseRun", "Lane", "Publish", "Resume", "drive", "user_message"]
+__all__ = [
+    "CourseRun",
+    "Lane",
+    "LaneRun",
+    "Publish",
+    "Resume",
+    "drive",
+    "replay_course",
+    "step_name",
+    "user_message",
+]
 
 
 class Lane(Protocol):
@@ -54,6 +76,75 @@ class CourseRun(Protocol):
     def steer(self, message: str | UserMessage) -> None: ...
 
     def follow_up(self, message: str | UserMessage) -> None: ...
+
+
+class LaneRun:
+    """One part of a durable run (module docstring): ``part`` (an ``AgentRun``), whose
+    operations ``backend`` starts and whose inbox (``inbox(self)``) places the
+    messages of the control lane ``control``; a ``CourseRun``."""
+
+    def __init__(
+        self,
+        part: AgentRun,
+        control: Any,
+        inbox: Callable[[LaneRun], Inbox],
+        backend: Backend,
+    ) -> None:
+        self.part = part
+        self.control = control
+        self.inbox = inbox(self)
+        use_backend(part, inbox=self.inbox, backend=backend, on_handle=partial(_count, control))
+
+    @property
+    def engine(self) -> Engine:
+        return self.part.engine
+
+    @property
+    def aborting(self) -> bool:
+        return self.part.aborting
+
+    async def run(self) -> RunResult:
+        return await self.part.run()
+
+    def abort(self, reason: object = None) -> None:
+        self.part.abort(reason)
+
+    def steer(self, message: str | UserMessage) -> None:
+        self.part.steer(message)
+
+    def follow_up(self, message: str | UserMessage) -> None:
+        self.part.follow_up(message)
+
+    def take(self, message: Any) -> Event | None:
+        """A message to the run, taking effect now: the event to hand the engine
+        next, if any (an abort goes ahead by itself; a late decision is dropped)."""
+        if not isinstance(message, Mapping):
+            return None  # a listener's wait ended without a message
+        kind = message.get("kind")
+        if kind == "abort":
+            self.abort(message.get("reason") or "aborted by the caller")
+        elif kind in ("steer", "follow_up"):
+            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
+            return InputQueued(user_message(message), which)
+        return None
+
+
+def _count(control: Any, event: Event) -> None:
+    """One more engine event handed over (where the lane places messages)."""
+    control.handled += 1
+
+
+_STEP_NAMES = {
+    MODEL: _journal.MODEL_STEP,
+    TOOL: _journal.TOOL_STEP,
+    PERMISSIONS: _journal.PERMISSION_STEP,
+    CONTINUE: _journal.CONTINUE_STEP,
+}
+
+
+def step_name(op: Operation) -> str:
+    """The name under which a backend records the operation ``op``."""
+    return _STEP_NAMES.get(op.kind, _journal.DECISION_STEP)
 
 
 Resume = Callable[[Any, list[Event]], Any]  # (the run that stopped, decisions) -> resumed
@@ -145,3 +236,42 @@ def user_message(message: Mapping[str, Any]) -> UserMessage:
     if not isinstance(user, UserMessage):
         raise InvalidInputError("a queued message must be a user message")
     return user
+
+
+async def replay_course(
+    spec: Mapping[str, Any],
+    run_id: str,
+    journal: Journal,
+    chosen: Mapping[str, Any],
+    part: Callable[[AgentRun], LaneRun],
+) -> tuple[RunResult | None, State]:
+    """Run a durable run's course again over what it recorded, writing ``journal``
+    (an export; ``part`` makes each part of the run a backend's, answered from the
+    record; ``chosen``: the run's options as it recorded them). The result (``None``
+    where the record ends first) and the state its engine is in."""
+    kwargs: dict[str, Any] = {
+        "model": _journal.NoModel(),
+        "max_turns": spec["max_turns"],
+        "run_id": run_id,
+        **chosen,
+    }
+    first = AgentRun(
+        messages=messages_from_dicts(spec["messages"]),
+        engine_factory=partial(JournalingEngine, journal=journal),
+        **kwargs,
+    )
+    runs = [part(first)]
+
+    def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
+        runs.append(part(continue_run(done.engine, decisions, **kwargs)))
+        return runs[-1]
+
+    try:
+        result, _ = await drive(runs[0], resume, _publish_nothing)
+    except _journal.RecordEndedError:
+        return None, runs[-1].engine.state
+    return result, result.state
+
+
+async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
+    """An export publishes nothing."""

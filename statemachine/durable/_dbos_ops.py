@@ -4,7 +4,7 @@
 have written for it (``statemachine.journal``: header, events, checkpoints), so
 ``statemachine replay``, ``statemachine check`` and the transcript checker read it
 unchanged. It is built the way a recovery rebuilds the run: the run's own course
-(``_course.drive`` and ``DurableRun``, as the workflow runs them) goes again over a
+(``_course.drive`` over ``durable_run``'s parts, as the workflow runs them) goes again over a
 ``JournalingEngine``, every model call, tool call and hook check answered by the
 events its recorded step saved, never by running it, and each message the run took
 (steer, follow-up, abort, decision) taking effect after the number of engine events
@@ -38,28 +38,25 @@ import attrs
 from dbos import DBOSClient
 
 from statemachine.agent.events import RunResult
-from statemachine.agent.loop import ActionLoop
-from statemachine.agent.run import continue_run
+from statemachine.agent.executor import AsyncioExecutor, Operation
+from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
-from statemachine.core.events import Event, ModelCancelled, ToolCancelled
-from statemachine.core.messages import ToolCall
+from statemachine.core.events import ModelCancelled, ToolCancelled
 from statemachine.core.table import State
-from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import (
     ExportedJournal,
     ExportError,
     ListedRun,
     UnknownRunError,
 )
-from statemachine.durable._course import drive
+from statemachine.durable._course import LaneRun, replay_course
 from statemachine.durable._dbos_control import Control, recorded_looks
-from statemachine.durable._dbos_run import ControlInbox, DurableExecutor, DurableRun
+from statemachine.durable._dbos_run import ControlInbox, DBOSBackend, StepBody
 from statemachine.durable._dbos_status import STATES, WORKFLOW, pending_calls, status_of
 from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     NOT_RECORDED,
-    NoModel,
     Recorded,
     RecordEndedError,
     SavedStep,
@@ -70,7 +67,7 @@ from statemachine.durable._journal import (
 )
 from statemachine.durable._registry import replay_options
 from statemachine.errors import InvalidInputError
-from statemachine.journal import Journal, JournalingEngine
+from statemachine.journal import Journal
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
@@ -126,43 +123,48 @@ class _ReplayControl(Control):
 
 
 class _ReplayInbox(ControlInbox):
-    """The run's inbox; an empty one is the end of the recorded steps (``_ReplayRun``)."""
+    """The run's inbox; an empty one is the end of the recorded steps (``_replay_run``)."""
 
     async def _wait(self) -> None:
         raise RecordEndedError
 
 
-class _ReplayExecutor(DurableExecutor):
-    """Answers every step by its recorded output, never runs it (``_ReplayRun``)."""
+class _ReplayBackend:
+    """Answers every step by its recorded output, never runs it (``_replay_run``); a
+    ``Backend`` that holds the run's ``DBOSBackend`` for what they share."""
 
-    def __init__(self, loop: ActionLoop, *, recorded: Recorded, **parts: Any) -> None:
-        super().__init__(loop, **parts)
+    def __init__(self, control: Control, recorded: Recorded) -> None:
         self._recorded = recorded
         self._unrecorded: list[str] = []  # operations started but not recorded
+        self._steps = DBOSBackend(control, self._saved)
 
-    async def saved(self, name: str, key: str, step: Any) -> Any:
+    async def _saved(self, name: str, key: str, step: StepBody) -> Any:
         saved = self._recorded.take(name, key)
         if saved is NOT_RECORDED:
             self._unrecorded.append(key)
         return saved
 
-    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        self._steps.start(driver, op)
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         """An operation cancelled after the abort saved no output: answered as the
         end of the grace period answers one that ended without a word."""
         for key in keys:
-            if key in self._unrecorded and key not in self.loop.reported:
-                self.deliver(key, [ModelCancelled() if key == "model" else ToolCancelled(key)])
+            if key in self._unrecorded and key not in driver.loop.reported:
+                self._steps.handover.deliver(
+                    key, [ModelCancelled() if key == "model" else ToolCancelled(key)]
+                )
+
+    def reported(self, key: str) -> None:
+        self._steps.reported(key)
 
 
-class _ReplayRun(DurableRun):
-    """``DurableRun`` whose steps are answered by their recorded outputs, never run.
-    Every recorded answer is posted when its step starts, so a loop that would wait
-    has reached the end of the recorded steps."""
-
-    _inbox_type = _ReplayInbox
-
-    def __init__(self, recorded: Recorded, **kwargs: Any) -> None:
-        super().__init__(executor=partial(_ReplayExecutor, recorded=recorded), **kwargs)
+def _replay_run(part: AgentRun, control: Control, recorded: Recorded) -> LaneRun:
+    """``part`` with its steps answered by their recorded outputs, never run. Every
+    recorded answer is posted when its step starts, so a loop that would wait has
+    reached the end of the recorded steps."""
+    return LaneRun(part, control, _ReplayInbox, _ReplayBackend(control, recorded))
 
 
 # -- the export --------------------------------------------------------------------------------
@@ -180,37 +182,12 @@ async def _rebuild(
     workflow does), writing ``journal``; the result (``None`` where the recorded steps
     end first) and the state the engine is in."""
     control = _ReplayControl(steps)
-    kwargs: dict[str, Any] = {
-        "model": NoModel(),
-        "max_turns": spec["max_turns"],
-        "run_id": run_id,
-        "control": control,
-        **chosen,
-    }
-    runs = [
-        _ReplayRun(
-            recorded,
-            messages=messages_from_dicts(spec["messages"]),
-            engine_factory=partial(JournalingEngine, journal=journal),
-            **kwargs,
-        )
-    ]
-
-    def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-        runs.append(continue_run(_ReplayRun, done.engine, decisions, recorded=recorded, **kwargs))
-        return runs[-1]
-
     try:
-        result, _ = await drive(runs[0], resume, _publish_nothing)
-    except RecordEndedError:
-        return None, runs[-1].engine.state
+        return await replay_course(
+            spec, run_id, journal, chosen, partial(_replay_run, control=control, recorded=recorded)
+        )
     except RuntimeError as exc:  # Control: a recorded message has no place in this course
         raise ExportError(f"run {run_id!r}: {exc}") from None
-    return result, result.state
-
-
-async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
-    """An export publishes nothing."""
 
 
 def _saved(step: Mapping[str, Any]) -> SavedStep:

@@ -5,16 +5,18 @@ engine in call order, so that the engine's sequence of events (and so history an
 trace) does not depend on timing: a recovery, which answers the tools from their
 saved outputs at once, hands the engine the same sequence as the run that ran them.
 ``CallOrder`` keeps the started calls in call order and the reports of those that
-finished early, and posts each report once every earlier call has reported.
+finished early, and posts each report once every earlier call has reported;
+``Handover`` is what a durable backend holds of it for one run's part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from statemachine.agent.executor import TOOL, AsyncioExecutor, Operation
 from statemachine.core.events import Event
 
-__all__ = ["CallOrder"]
+__all__ = ["CallOrder", "Handover"]
 
 
 class CallOrder:
@@ -62,3 +64,39 @@ class CallOrder:
             elif head not in self._reported:
                 return  # still running
             self._order.pop(0)
+
+
+class Handover:
+    """How a durable backend hands the loop of one run's part what its operations
+    reported: a started tool call's events in call order (``CallOrder``), any other
+    operation's at once. Bound to the loop when the first operation starts."""
+
+    __slots__ = ("_order",)
+
+    def __init__(self) -> None:
+        self._order: CallOrder | None = None
+
+    def started(self, driver: AsyncioExecutor, op: Operation) -> None:
+        """``op`` is starting (a tool call, in call order)."""
+        if self._order is None:
+            self._order = CallOrder(_poster(driver.loop.inbox.put_nowait), driver.loop.reported)
+        if op.kind == TOOL:
+            self._order.started(op.key)
+
+    def deliver(self, key: str, events: list[Event]) -> None:
+        """Hand the loop the events of the operation ``key``."""
+        assert self._order is not None  # only a started operation reports
+        self._order.deliver(key, events)
+
+    def flush(self) -> None:
+        """The driver posted a report itself: post what is now next in call order."""
+        if self._order is not None:
+            self._order.flush()
+
+
+def _poster(put: Callable[[Event], None]) -> Callable[[Iterable[Event]], None]:
+    def post(events: Iterable[Event]) -> None:
+        for event in events:
+            put(event)
+
+    return post

@@ -2,7 +2,7 @@
 
 A run is one DBOS workflow, named ``statemachine.run``, whose id is the run id. It
 drives the same ``AgentRun`` as ``run_agent`` (the one action loop of
-``statemachine.agent.loop``); only the executor differs (``_dbos_run``): each model
+``statemachine.agent.loop``); only the backend differs (``_dbos_run``): each model
 call, each tool call, each batch of ``before_tool_call`` checks, each
 ``should_continue`` check and each decision of a declared step (``steps=``,
 ``statemachine.steps``) runs as a DBOS step whose recorded output is the JSON of the
@@ -70,7 +70,7 @@ This module holds the worker (``DBOSRunner``) and the workflow it registers; the
 rest lives in private modules: the handle of a run (``_dbos_handle``), the store
 seen from other processes (``_dbos_store``), held runs (``_dbos_held``), reading a
 run's DBOS status (``_dbos_status``), the bounds on callers' input (``_inputs``),
-the executor and control lane inside the workflow (``_dbos_run``, ``_dbos_control``),
+the backend and control lane inside the workflow (``_dbos_run``, ``_dbos_control``),
 exports and listings (``_dbos_ops``) and the database's failures (``_dbos_errors``).
 """
 
@@ -86,11 +86,10 @@ from typing import IO, Any, NoReturn, Unpack
 import sqlalchemy.exc
 from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions, SetWorkflowID
 
-from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import Instructions
-from statemachine.agent.options import NewRunOptions, resolve
-from statemachine.agent.run import continue_run
+from statemachine.agent.options import HookOptions, NewRunOptions, resolve
+from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.steps import Step
 from statemachine.agent.tools import Tool
 from statemachine.core.engine import Engine
@@ -106,7 +105,7 @@ from statemachine.durable import (
     _dbos_ops,
     _dbos_patches,
 )
-from statemachine.durable._course import drive
+from statemachine.durable._course import LaneRun, drive
 from statemachine.durable._dbos_control import Control
 from statemachine.durable._dbos_errors import (
     DBOSUnexpectedStepError,
@@ -118,7 +117,7 @@ from statemachine.durable._dbos_errors import (
 )
 from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
-from statemachine.durable._dbos_run import DurableRun
+from statemachine.durable._dbos_run import durable_run
 from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
 from statemachine.durable._dbos_store import DBOSStore, connect, open_store
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
@@ -185,9 +184,6 @@ class DBOSRunner:
         models: Mapping[str, ModelClient],
         tools: Sequence[Tool] = (),
         database_url: str = "sqlite:///statemachine.sqlite",
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
         executor_id: str = "local",
         queues: Mapping[str, int] | None = None,
         name: str = "statemachine",
@@ -198,6 +194,7 @@ class DBOSRunner:
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
         steps: Sequence[Step] = (),
+        **hooks: Unpack[HookOptions],
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -209,11 +206,9 @@ class DBOSRunner:
         self.models = dict(models)
         self.tools = {t.name: t for t in tools}
         self.database_url = check_url(database_url)
-        self.hooks: dict[str, Any] = {
-            "before_tool_call": before_tool_call,
-            "after_tool_call": after_tool_call,
-            "should_continue": should_continue,
-        }
+        # The hooks, the same for every run of this worker (code: not in a run's input).
+        self.options = resolve("DBOSRunner", hooks, HookOptions)
+        self.hooks: dict[str, Any] = dict(hooks)  # by name, as the manifest records them
         self.patches, self.deprecated_patches = check_patches(patches, deprecated_patches)
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
@@ -355,24 +350,28 @@ class DBOSRunner:
         self,
         run_id: str,
         spec: Mapping[str, Any],
+        control: Control,
         resumed: tuple[Engine, list[Event]] | None = None,
-        **kwargs: Any,
-    ) -> DurableRun:
-        """The run of ``spec``; ``resumed``: the engine it goes on with after a wait,
-        and the decisions it goes on with."""
+    ) -> LaneRun:
+        """The run of ``spec`` (a part of it, its messages through ``control``);
+        ``resumed``: the engine it goes on with after a wait, and the decisions it
+        goes on with."""
         given = {
             "tools": [self.tools[n] for n in spec["tools"]],
             "max_turns": spec["max_turns"],
             "run_id": run_id,
             **run_options(spec, self.instructions, self.output_types),
-            **self.hooks,
             "steps": self.steps,
         }
-        options = resolve("DBOSRunner", given, NewRunOptions)  # the run's record
+        # The run's record: the runner's (its hooks) with the run's own options.
+        options = resolve("DBOSRunner", given, NewRunOptions, self.options)
         model = self.models[spec["model"]]
         if resumed is None:
-            return DurableRun(model=model, options=options, **kwargs)
-        return continue_run(DurableRun, *resumed, model=model, options=options, **kwargs)
+            messages = messages_from_dicts(spec["messages"])
+            part = AgentRun(model=model, messages=messages, options=options)
+        else:
+            part = continue_run(*resumed, model=model, options=options)
+        return durable_run(part, control)
 
     async def _execute(self, run_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         await self._check_code(run_id, spec)
@@ -400,11 +399,10 @@ class DBOSRunner:
         control.mismatch = asyncio.get_running_loop().create_future()
         control.start()
         try:
-            messages = messages_from_dicts(spec["messages"])
-            runs = [self._new_run(run_id, spec, control=control, messages=messages)]
+            runs = [self._new_run(run_id, spec, control)]
 
-            def resume(done: DurableRun, decisions: list[Event]) -> DurableRun:
-                runs.append(self._new_run(run_id, spec, (done.engine, decisions), control=control))
+            def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
+                runs.append(self._new_run(run_id, spec, control, (done.engine, decisions)))
                 return runs[-1]
 
             course = asyncio.ensure_future(drive(runs[0], resume, _publish))

@@ -65,15 +65,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import IO, Any, Unpack
 
+import attrs
 from temporalio.client import Client, WorkflowHistory
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.worker import Replayer, Worker
 
-from statemachine.agent.hook_calls import Hooks
-from statemachine.agent.hooks import AfterToolCall, BeforeToolCall, ShouldContinue
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings
 from statemachine.agent.model_call import Instructions
+from statemachine.agent.options import HookOptions, resolve
 from statemachine.agent.steps import Step
 from statemachine.agent.sync import DEFAULT_GRACE_PERIOD
 from statemachine.agent.tools import Tool
@@ -178,9 +178,6 @@ class TemporalRunner:
         models: Mapping[str, ModelClient],
         tools: Sequence[Tool] = (),
         task_queue: str = "statemachine",
-        before_tool_call: BeforeToolCall | None = None,
-        after_tool_call: AfterToolCall | None = None,
-        should_continue: ShouldContinue | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         heartbeat: float = 10.0,
         model_timeout: float = 600.0,
@@ -194,6 +191,7 @@ class TemporalRunner:
         instructions: Mapping[str, Instructions] | None = None,
         output_types: Mapping[str, type[Any] | Mapping[str, Any]] | None = None,
         steps: Sequence[Step] = (),
+        **hooks: Unpack[HookOptions],
     ) -> None:
         if not models:
             raise InvalidInputError("models must name at least one model client")
@@ -202,11 +200,9 @@ class TemporalRunner:
         self.task_queue = task_queue
         self.models = dict(models)
         self.tools = _by_name(tools)
-        self.hooks: dict[str, Any] = {
-            "before_tool_call": before_tool_call,
-            "after_tool_call": after_tool_call,
-            "should_continue": should_continue,
-        }
+        # The hooks, the same for every run of this worker (code: not in a run's input).
+        self.options = resolve("TemporalRunner", hooks, HookOptions)
+        self.hooks: dict[str, Any] = dict(hooks)  # by name, as the manifest records them
         self.instructions = dict(instructions or {})
         self.output_types = dict(output_types or {})
         self.steps = tuple(steps)
@@ -237,7 +233,7 @@ class TemporalRunner:
             raise UsageError("this runner is launched already")
         if self.task_queue in registries:
             raise UsageError(f"a runner of task queue {self.task_queue!r} runs in this process")
-        hooks = Hooks(**self.hooks, steps=self.steps)
+        hooks = attrs.evolve(self.options, steps=self.steps)
         activities = Activities(
             self.models,
             self.tools,

@@ -40,9 +40,9 @@ from temporalio.exceptions import ApplicationError
 from statemachine._log import library_logger
 from statemachine.agent.context import RunContext
 from statemachine.agent.executor import AsyncioExecutor
-from statemachine.agent.hook_calls import Hooks
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model_call import Instructions, RunModel
+from statemachine.agent.options import Options
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController
 from statemachine.core.engine import ABANDONED
@@ -180,7 +180,7 @@ class Activities:
         self,
         models: Mapping[str, ModelClient],
         tools: Mapping[str, Tool],
-        hooks: Hooks,
+        hooks: Options,
         grace: float,
         heartbeat: float,
         instructions: Mapping[str, Instructions] | None = None,

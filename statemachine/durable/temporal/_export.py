@@ -3,7 +3,7 @@
 The journal is the one ``run_agent_journaled`` would have written for the run
 (``statemachine.journal``), so ``statemachine replay``, ``statemachine check`` and
 the transcript checker read it unchanged. It is built as the DBOS backend builds
-its own (``_dbos_ops``): the run's course (``_course.drive`` over a ``RemoteRun``)
+its own (``_dbos_ops``): the run's course (``_course.drive`` over ``remote_run``'s parts)
 goes again over a ``JournalingEngine``, every operation answered by the result its
 activity recorded in the history, never by running it, and each message taking
 effect after the number of engine events its place names (the workflow's output
@@ -26,20 +26,16 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from statemachine.agent.run import continue_run
 from statemachine.agent.tools import Tool
-from statemachine.core.events import Event, ModelCancelled, ToolCancelled
-from statemachine.core.messages import ToolCall
+from statemachine.core.events import ModelCancelled, ToolCancelled
 from statemachine.core.table import State
-from statemachine.core.wire import messages_from_dicts
 from statemachine.durable import ExportedJournal, ExportError, UnknownRunError
-from statemachine.durable._course import drive
+from statemachine.durable._course import replay_course
 from statemachine.durable._inputs import check_run_id
 from statemachine.durable._journal import (
     MAX_EXPORT_STEPS,
     MODEL_STEP,
     TOOL_STEP,
-    NoModel,
     Recorded,
     RecordEndedError,
     SavedStep,
@@ -50,8 +46,8 @@ from statemachine.durable._journal import (
 )
 from statemachine.durable._registry import replay_options
 from statemachine.durable._wire import call_from_dict, encode_step_events
-from statemachine.durable.temporal._run import Lane, RemoteRun
-from statemachine.journal import Journal, JournalingEngine
+from statemachine.durable.temporal._run import Lane, remote_run
+from statemachine.journal import Journal
 
 __all__ = ["carried_steps", "export_journal", "recorded_steps", "run_input"]
 
@@ -169,36 +165,12 @@ async def _rebuild(
     result (``None`` where the recorded steps end first) and the engine's state."""
     replayed = _Replayed(recorded)
     lane = Lane(replayed, schedule=places)
-    kwargs: dict[str, Any] = {
-        "model": NoModel(),
-        "max_turns": spec["max_turns"],
-        "run_id": run_id,
-        "control": lane,
-        **chosen,
-    }
-    runs = [
-        RemoteRun(
-            messages=messages_from_dicts(spec["messages"]),
-            engine_factory=partial(JournalingEngine, journal=journal),
-            **kwargs,
-        )
-    ]
-
-    def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
-        runs.append(continue_run(RemoteRun, done.engine, decisions, **kwargs))
-        return runs[-1]
-
-    try:
-        result, _ = await drive(runs[0], resume, _publish_nothing)
-    except RecordEndedError:
-        if replayed.misfit:
-            raise ExportError(f"run {run_id!r}: {replayed.misfit}") from None
-        return None, runs[-1].engine.state
-    return result, result.state
-
-
-async def _publish_nothing(calls: Sequence[ToolCall]) -> None:
-    """An export publishes nothing."""
+    result, state = await replay_course(
+        spec, run_id, journal, chosen, partial(remote_run, lane=lane)
+    )
+    if result is None and replayed.misfit:
+        raise ExportError(f"run {run_id!r}: {replayed.misfit}") from None
+    return result, state
 
 
 async def export_journal(

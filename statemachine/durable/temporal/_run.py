@@ -1,15 +1,17 @@
 """The run inside a Temporal workflow: ``AgentRun`` with each operation an activity.
 
-The workflow drives the same ``AgentRun`` as ``run_agent``; only the executor and
-the inbox differ. Each model call, tool call, batch of ``before_tool_call`` checks,
-``should_continue`` check and declared step's decision is one operation whose
-output is the JSON of the engine events it reported (``_wire``): in the workflow an activity
-(``Operations``), in an export the output the workflow history holds for it. The
-tool results of a batch are handed to the engine in call order (``_order``), so
-that history and trace do not depend on which tool finished first. The last summary
-of each compaction step (its ``compacted`` decision, recorded like any other) goes
-with every later model call and step decision, so that the activity sends the model
-the compacted view the run is in, on any worker, after any replay.
+The workflow drives the same ``AgentRun`` as ``run_agent``, held by a ``LaneRun``
+(``_course``); only the backend (``TemporalBackend``, a ``Backend`` of
+``agent/executor.py``) and the inbox differ. Each model call, tool call, batch of
+``before_tool_call`` checks, ``should_continue`` check and declared step's decision
+is one operation whose output is the JSON of the engine events it reported
+(``_wire``): in the workflow an activity (``Operations``), in an export the output
+the workflow history holds for it. The tool results of a batch are handed to the
+engine in call order (``_order``), so that history and trace do not depend on which
+tool finished first. The last summary of each compaction step (its ``compacted``
+decision, recorded like any other) goes with every later model call and step
+decision, so that the activity sends the model the compacted view the run is in, on
+any worker, after any replay.
 
 Messages to the run (steer, follow-up, abort, decisions) are kept by the
 workflow's handlers in the run's lane (``Lane``); the inbox takes them between two
@@ -22,42 +24,29 @@ again at the same points of the history.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from statemachine.agent.executor import AsyncioExecutor
-from statemachine.agent.loop import ActionLoop
-from statemachine.agent.run import AgentRun, use_backend
+from statemachine.agent import executor
+from statemachine.agent.executor import AsyncioExecutor, Operation, start_task
+from statemachine.agent.run import AgentRun
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
-    CallModel,
     Event,
-    InputKind,
-    InputQueued,
     ModelCancelled,
     ModelFailed,
     ModelResponded,
-    RunStep,
     StepDecided,
     ToolCancelled,
     ToolFinished,
 )
-from statemachine.core.messages import ToolCall
 from statemachine.core.wire import action_to_dict, messages_to_dicts
-from statemachine.durable._course import user_message
-from statemachine.durable._journal import (
-    CONTINUE_STEP,
-    DECISION_STEP,
-    MODEL_STEP,
-    NOT_RECORDED,
-    PERMISSION_STEP,
-    TOOL_STEP,
-)
-from statemachine.durable._order import CallOrder
+from statemachine.durable._course import LaneRun, step_name
+from statemachine.durable._journal import DECISION_STEP, MODEL_STEP, NOT_RECORDED, TOOL_STEP
+from statemachine.durable._order import Handover
 from statemachine.durable._wire import call_to_dict, decode_step_events
 
-__all__ = ["NOTHING", "Lane", "Operations", "RemoteExecutor", "RemoteRun"]
+__all__ = ["NOTHING", "Lane", "Operations", "TemporalBackend", "remote_run"]
 
 NOTHING: Any = object()  # no message takes effect now
 MODEL_ANSWERS = (ModelResponded, ModelFailed, ModelCancelled)
@@ -146,7 +135,7 @@ class RunInbox:
     """The loop's inbox: the operations' events, with the lane's messages placed
     before the next one (an ``Inbox``)."""
 
-    def __init__(self, run: RemoteRun) -> None:
+    def __init__(self, run: LaneRun) -> None:
         self._queue: deque[Event] = deque()
         self._run = run
 
@@ -173,76 +162,75 @@ class RunInbox:
             await lane.ops.wait(lambda: bool(self._queue) or lane.has_due())
 
 
-class RemoteExecutor(AsyncioExecutor):
-    """Performs each operation through ``Operations`` (module docstring)."""
+class TemporalBackend:
+    """Performs each operation through ``Operations`` (module docstring); a
+    ``Backend``."""
 
-    def __init__(self, loop: ActionLoop, *, ops: Operations, **parts: Any) -> None:
-        super().__init__(loop, **parts)
+    def __init__(self, ops: Operations) -> None:
         self.ops = ops
-        self._order = CallOrder(self._post, loop.reported)
-        self._run_id = loop.engine.run_id
+        self.handover = Handover()  # tools in call order
         # The last summary of each compaction step, by step (module docstring).
         self._views: dict[str, str] = {}
 
-    def report(self, key: str, event: Event) -> None:
-        super().report(key, event)
-        self._order.flush()
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        if op.kind == executor.MODEL:
+            running = [t for t in (*driver.tasks.values(), *driver.helpers) if not t.done()]
+            if not running and self.ops.roll_over():
+                return  # the run goes on in a new execution, which makes this call
+        self.handover.started(driver, op)
+        payload = self._payload(driver, op)
+        driver.keep(
+            op, start_task(self._remote(driver, step_name(op), op.key, payload), eager=False)
+        )
 
-    # -- the Executor protocol --------------------------------------------------------
+    def _payload(self, driver: AsyncioExecutor, op: Operation) -> dict[str, Any]:
+        """What the activity of ``op`` is sent."""
+        subject = op.subject
+        if op.kind == executor.MODEL:
+            return {"action": action_to_dict(subject), "views": dict(self._views)}
+        if op.kind == executor.TOOL:
+            return {"call": call_to_dict(subject)}
+        if op.kind == executor.PERMISSIONS:
+            return {"calls": [call_to_dict(c) for c in subject]}
+        messages = messages_to_dicts(driver.loop.engine.messages)
+        if op.kind == executor.CONTINUE:
+            return {"messages": messages, "turn": subject}
+        return {"step": subject.step, "messages": messages, "views": dict(self._views)}
 
-    def start_model(self, action: CallModel, alone: bool) -> None:
-        running = [t for t in (*self.tasks.values(), *self.helpers) if not t.done()]
-        if not running and self.ops.roll_over():
-            return  # the run goes on in a new execution, which makes this call
-        payload = {"action": action_to_dict(action), "views": dict(self._views)}
-        self.start_operation("model", self._remote(MODEL_STEP, "model", payload), eager=False)
-
-    def start_tool(self, call: ToolCall, alone: bool) -> None:
-        self._order.started(call.id)
-        payload = {"call": call_to_dict(call)}
-        self.start_operation(call.id, self._remote(TOOL_STEP, call.id, payload), eager=False)
-
-    def start_permission_checks(self, calls: Sequence[ToolCall]) -> None:
-        payload = {"calls": [call_to_dict(c) for c in calls]}
-        self.start_helper(self._remote(PERMISSION_STEP, "", payload))
-
-    def start_continue_check(self, turn: int) -> None:
-        messages = messages_to_dicts(self.loop.engine.messages)
-        payload = {"messages": messages, "turn": turn}
-        self.start_helper(self._remote(CONTINUE_STEP, "", payload))
-
-    def start_step(self, action: RunStep) -> None:
-        messages = messages_to_dicts(self.loop.engine.messages)
-        payload = {"step": action.step, "messages": messages, "views": dict(self._views)}
-        self.start_helper(self._remote(DECISION_STEP, "", payload))
-
-    def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
         """Ask each running operation to stop: the activity fires the signal its
         tool or model client holds and gives it the grace period, as ``run_agent``
         does, then answers. One that has not answered a grace period (plus a
         heartbeat) later is abandoned."""
         for key in keys:
             self.ops.cancel(key)
-        self.start_helper(self._abandon_after_grace(keys, reason))
+        task = start_task(self._abandon_after_grace(driver, keys, reason), eager=False)
+        driver.track_helper(task)
 
-    async def _abandon_after_grace(self, keys: Sequence[str], reason: str) -> None:
-        await self.ops.sleep(self.grace * 2 + 1)
+    def reported(self, key: str) -> None:
+        self.handover.flush()
+
+    async def _abandon_after_grace(
+        self, driver: AsyncioExecutor, keys: Sequence[str], reason: str
+    ) -> None:
+        await self.ops.sleep(driver.grace * 2 + 1)
+        loop = driver.loop
         for key in keys:
-            if key in self.loop.reported:
+            if key in loop.reported:
                 continue
-            self.loop.abandoned.add(key)
-            self.loop.log.warning("operation_abandoned", key=key, reason=reason)
+            loop.abandoned.add(key)
+            loop.log.warning("operation_abandoned", key=key, reason=reason)
             event: Event = (
                 ModelCancelled(f"{ABANDONED}: it did not answer after the abort")
                 if key == "model"
                 else ToolCancelled(key, f"{ABANDONED}: the tool did not answer after the abort")
             )
-            self.deliver(key, [event])
+            self.handover.deliver(key, [event])
 
-    # -- operations ----------------------------------------------------------------------
-
-    async def _remote(self, name: str, key: str, payload: dict[str, Any]) -> None:
-        payload = {**payload, "run_id": self._run_id}
+    async def _remote(
+        self, driver: AsyncioExecutor, name: str, key: str, payload: dict[str, Any]
+    ) -> None:
+        payload = {**payload, "run_id": driver.loop.engine.run_id}
         saved = await self.ops.run(name, key, payload)
         if saved is NOT_RECORDED:
             return
@@ -256,43 +244,13 @@ class RemoteExecutor(AsyncioExecutor):
                 self._views[event.step] = event.message
             elif isinstance(event, StepDecided) and event.outcome == "kept":
                 self._views.pop(event.step, None)
-        self.deliver(key, events)
-
-    def deliver(self, key: str, events: list[Event]) -> None:
-        """Hand the loop the events of the operation ``key`` (tools in call order)."""
-        self._order.deliver(key, events)
-
-    def _post(self, events: Iterable[Event]) -> None:
-        for event in events:
-            self.loop.inbox.put_nowait(event)
+        self.handover.deliver(key, events)
 
 
-class RemoteRun(AgentRun):
-    """``AgentRun`` whose operations are performed by ``ops`` and whose messages
-    come through ``control`` (module docstring)."""
-
-    def __init__(self, *, control: Lane, **kwargs: Any) -> None:
-        self.control = control
-        super().__init__(**kwargs)
-        self.inbox = RunInbox(self)
-        executor = partial(RemoteExecutor, ops=control.ops)
-        use_backend(self, inbox=self.inbox, executor=executor, on_handle=self._count)
-
-    def _count(self, event: Event) -> None:
-        self.control.handled += 1
-
-    def take(self, message: Any) -> Event | None:
-        """A message taking effect now: the event to hand the engine next, if any
-        (an abort goes ahead by itself; a late decision is dropped)."""
-        if not isinstance(message, Mapping):
-            return None
-        kind = message.get("kind")
-        if kind == "abort":
-            self.abort(message.get("reason") or "aborted by the caller")
-        elif kind in ("steer", "follow_up"):
-            which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
-            return InputQueued(user_message(message), which)
-        return None
+def remote_run(part: AgentRun, lane: Lane) -> LaneRun:
+    """``part`` run inside the workflow (or an export): each operation performed by
+    ``lane.ops``, its messages through ``lane``."""
+    return LaneRun(part, lane, RunInbox, TemporalBackend(lane.ops))
 
 
 def _misfit(name: str, key: str, events: Sequence[Event]) -> str:

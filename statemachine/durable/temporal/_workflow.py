@@ -2,7 +2,7 @@
 
 Its input (``spec``) names the run's model and tools and holds its first messages;
 the worker's registry (``Registry``, found by the workflow's task queue) resolves
-the names. It drives the run's course (``_course.drive``) over a ``RemoteRun``
+the names. It drives the run's course (``_course.drive``) over ``remote_run``'s parts
 whose operations are activities (``_activities``). Messages come as updates, each
 refused by its validator when it cannot be taken: a decision for a call that is not
 pending (``NotPendingError``), a steer or follow-up once the run has taken its last
@@ -27,13 +27,13 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from statemachine.agent.options import NewRunOptions, resolve
-from statemachine.agent.run import continue_run
+from statemachine.agent.options import NewRunOptions, Options, resolve
+from statemachine.agent.run import AgentRun, continue_run
 from statemachine.agent.tools import Tool
 from statemachine.core.events import Event, ModelCancelled, ToolCancelled
 from statemachine.core.messages import ToolCall
 from statemachine.core.wire import messages_from_dicts
-from statemachine.durable._course import drive
+from statemachine.durable._course import LaneRun, drive
 from statemachine.durable._journal import MODEL_STEP, NOT_RECORDED, NoModel, Recorded, stand_in_hook
 from statemachine.durable._registry import (
     differences,
@@ -50,7 +50,7 @@ from statemachine.durable._wire import (
 )
 from statemachine.durable.temporal._activities import CODE_MISMATCH
 from statemachine.durable.temporal._export import carried_steps
-from statemachine.durable.temporal._run import Lane, RemoteRun
+from statemachine.durable.temporal._run import Lane, remote_run
 from statemachine.errors import RunHeldError
 
 __all__ = ["WORKFLOW", "Registry", "RunWorkflow", "Settings", "hold_unless_it_fits", "registries"]
@@ -221,26 +221,13 @@ class RunWorkflow:
         self._ops.take(spec, registry.settings)
         carried = spec.get("carried", {})
         self._lane.schedule(carried.get("places", ()), carried.get("incoming", ()))
-        # The run's output type and usage limits; its instructions are the model
-        # activity's to send (the model call is made there).
-        extras = run_options(spec, registry.instructions, registry.output_types)
-        extras.pop("instructions", None)
-        given = {
-            "tools": [registry.tools[n] for n in spec["tools"]],
-            "max_turns": spec["max_turns"],
-            "run_id": workflow.info().workflow_id,
-            "grace_period": registry.settings.grace,
-            **{h: stand_in_hook for h in registry.hooks},
-            # The run's steps as it recorded them (their decisions are activities).
-            "steps": replay_options(spec).get("steps", ()),
-            **extras,
-        }
-        options = resolve("TemporalRunner", given, NewRunOptions)  # the run's record
-        parts: dict[str, Any] = {"model": NoModel(), "options": options, "control": self._lane}
-        runs = [RemoteRun(messages=messages_from_dicts(spec["messages"]), **parts)]
+        options = _run_options(spec, registry)
+        parts: dict[str, Any] = {"model": NoModel(), "options": options}
+        first = AgentRun(messages=messages_from_dicts(spec["messages"]), **parts)
+        runs = [remote_run(first, self._lane)]
 
-        def resume(done: RemoteRun, decisions: list[Event]) -> RemoteRun:
-            runs.append(continue_run(RemoteRun, done.engine, decisions, **parts))
+        def resume(done: LaneRun, decisions: list[Event]) -> LaneRun:
+            runs.append(remote_run(continue_run(done.engine, decisions, **parts), self._lane))
             return runs[-1]
 
         loop = asyncio.get_running_loop()
@@ -346,3 +333,22 @@ def hold_unless_it_fits(spec: Mapping[str, Any], registry: Registry) -> list[str
     if blocking:
         raise RunHeldError("; ".join(blocking))
     return notes
+
+
+def _run_options(spec: Mapping[str, Any], registry: Registry) -> Options:
+    """The run's record: its options from ``spec`` and the worker's ``registry``."""
+    # The run's output type and usage limits; its instructions are the model
+    # activity's to send (the model call is made there).
+    extras = run_options(spec, registry.instructions, registry.output_types)
+    extras.pop("instructions", None)
+    given = {
+        "tools": [registry.tools[n] for n in spec["tools"]],
+        "max_turns": spec["max_turns"],
+        "run_id": workflow.info().workflow_id,
+        "grace_period": registry.settings.grace,
+        **{h: stand_in_hook for h in registry.hooks},
+        # The run's steps as it recorded them (their decisions are activities).
+        "steps": replay_options(spec).get("steps", ()),
+        **extras,
+    }
+    return resolve("TemporalRunner", given, NewRunOptions)
