@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from statemachine.core.messages import AssistantMessage, Message, StopReason, ToolResultMessage
-from statemachine.core.table import TERMINAL, TurnState
+from statemachine.core.steps import Point, StepSpec
+from statemachine.core.table import State, TurnState
 from statemachine.testing._history import (
     calls_and_results,
     findings,
@@ -37,6 +38,7 @@ from statemachine.testing._history import (
     response_findings,
     result_order_findings,
 )
+from statemachine.testing._step_decisions import StepPlan
 from statemachine.testing._transcript_rules import Level
 from statemachine.testing.scenario import AbortKind, RunRecord, Scenario, call_key
 
@@ -73,36 +75,58 @@ PROPERTY_TITLES: Mapping[str, str] = {
 
 @attrs.frozen
 class Expectation:
-    """What a correct loop does with a scenario."""
+    """What a correct loop does with a scenario (and its steps' answers)."""
 
     model_calls: int
-    state: TurnState
+    state: State
     abort_fires: bool
     reason: str  # why the run ends there, in words
+    # Answers of the steps that the table never asks for (a step run too often).
+    unasked: tuple[str, ...] = ()
 
 
-def expected_run(scenario: Scenario) -> Expectation:
-    """How many model calls a correct loop makes, and the state it ends in."""
+def expected_run(
+    scenario: Scenario,
+    steps: Sequence[StepSpec] = (),
+    decisions: Sequence[tuple[str, str]] = (),
+) -> Expectation:
+    """How many model calls a correct loop makes, and the state it ends in.
+
+    ``steps`` are the team's steps of the run's table and ``decisions`` what they
+    answered, ``(step, outcome)`` in order (a ``RunRecord``'s): each point runs its
+    steps as the table does, and the answers lead where the declarations say (an
+    end, a retry within its budget: one more model call through the turn boundary,
+    whose limits hold)."""
+    plan = StepPlan(steps, decisions)
+    found = _expected(scenario, plan)
+    return attrs.evolve(found, unasked=tuple(plan.unused()))
+
+
+def _expected(scenario: Scenario, plan: StepPlan) -> Expectation:
     abort = scenario.abort
     if abort.kind is AbortKind.BEFORE_START:
         return Expectation(0, TurnState.ABORTED, True, "the signal was aborted before the start")
     n = 0
-    while True:
+    verdict = plan.at(Point.BEFORE_MODEL, "before model call 1")
+    while verdict is None:
         n += 1
         turn = scenario.turn(n)
         if abort.kind is AbortKind.MODEL_CALL and abort.turn == n:
             return Expectation(n, TurnState.ABORTED, True, f"the abort fired during model call {n}")
-        if turn is None:
-            return Expectation(n, TurnState.DONE, False, f"model call {n} answered without tools")
-        if turn.raises:
+        if turn is not None and turn.raises:
             return Expectation(n, TurnState.FAILED, False, f"model call {n} raised")
-        if turn.stop_reason is StopReason.ERROR:
+        if turn is not None and turn.stop_reason is StopReason.ERROR:
             return Expectation(n, TurnState.FAILED, False, f"model call {n} reported an error")
-        if turn.stop_reason is StopReason.ABORTED:
+        if turn is not None and turn.stop_reason is StopReason.ABORTED:
             return Expectation(n, TurnState.ABORTED, False, f"model call {n} reported an abort")
-        if not turn.calls:
-            return Expectation(n, TurnState.DONE, False, f"model call {n} answered without tools")
-        if (
+        if turn is None or not turn.calls:
+            verdict = plan.at(Point.AFTER_FINAL, f"after the answer of model call {n}")
+            if verdict is None:
+                final = f"model call {n} answered without tools"
+                return Expectation(n, TurnState.DONE, False, final)
+            if verdict.state is not None:
+                break
+        elif (
             abort.kind is AbortKind.TOOL_START
             and abort.turn == n
             and 0 <= abort.call < len(turn.calls)
@@ -115,12 +139,20 @@ def expected_run(scenario: Scenario) -> Expectation:
                 f"the abort fired when tool call {call_key(n, abort.call)} started",
             )
         if n >= scenario.max_turns:
+            asked = verdict.reason if verdict is not None else f"model call {n} asked for work"
             return Expectation(
                 n,
                 TurnState.TURN_LIMIT_EXCEEDED,
                 False,
-                f"model call {n} asked for work at the limit max_turns={scenario.max_turns}",
+                f"{asked} at the limit max_turns={scenario.max_turns}",
             )
+        verdict = plan.at(Point.BEFORE_MODEL, f"before model call {n + 1}")
+    assert verdict.state is not None  # before_model steps never retry (core/steps.py)
+    return Expectation(n, verdict.state, False, verdict.reason)
+
+
+def _expectation(record: RunRecord) -> Expectation:
+    return expected_run(record.scenario, record.steps, record.decisions)
 
 
 # -- the properties ---------------------------------------------------------------------
@@ -245,8 +277,13 @@ def _history_findings(
 def _stopping_findings(record: RunRecord, transcript: Sequence[Message]) -> list[str]:
     """The loop stopped too early or too late, or ended Done with calls unanswered."""
     out: list[str] = []
-    expected = expected_run(record.scenario)
-    if record.model_calls < expected.model_calls and not record.abort_fired:
+    expected = _expectation(record)
+    if record.model_calls < expected.model_calls and not record.abort_fired and record.decisions:
+        out.append(
+            f"the loop stopped after {record.model_calls} model call(s); with what its steps "
+            f"answered, a correct loop makes {expected.model_calls} ({expected.reason})"
+        )
+    elif record.model_calls < expected.model_calls and not record.abort_fired:
         what = (
             f"response {record.model_calls} asked for tools"
             if record.model_calls
@@ -266,6 +303,7 @@ def _stopping_findings(record: RunRecord, transcript: Sequence[Message]) -> list
             f"the loop called the model {record.model_calls} times; it should have stopped "
             f"after {expected.model_calls} ({expected.reason})"
         )
+    out += list(expected.unasked)
     result = record.result
     if result is not None and result.state is TurnState.DONE:
         last_assistant = next(
@@ -300,7 +338,7 @@ def check_terminal(record: RunRecord) -> list[str]:
     if result is None:
         return []
     out: list[str] = []
-    if result.state not in TERMINAL:
+    if not result.state.is_terminal:
         out.append(f"the run returned in {result.state}, which is not terminal")
     if not isinstance(result.explanation, str) or not result.explanation.strip():
         out.append(f"the run ended {result.state} without an explanation")
@@ -308,10 +346,12 @@ def check_terminal(record: RunRecord) -> list[str]:
         out.append(
             f"the run ended {result.state} with error={result.error!r}: only Done has no error"
         )
-    expected = expected_run(record.scenario)
-    if result.state is not expected.state:
+    expected = _expectation(record)
+    if result.state != expected.state:
+        should = "end" if expected.state.is_terminal else "go on to its step in"
         out.append(
-            f"the run ended {result.state}, but it should end {expected.state} ({expected.reason})"
+            f"the run ended {result.state}, but it should {should} {expected.state} "
+            f"({expected.reason})"
         )
     return out
 
@@ -367,7 +407,7 @@ def check_limits(record: RunRecord) -> list[str]:
     out: list[str] = []
     if record.model_calls > limit:
         out.append(f"the loop made {record.model_calls} model calls with max_turns={limit}")
-    expected = expected_run(record.scenario)
+    expected = _expectation(record)
     result = record.result
     if result is not None and expected.state is TurnState.TURN_LIMIT_EXCEEDED:
         if result.state is not TurnState.TURN_LIMIT_EXCEEDED:

@@ -21,6 +21,7 @@ from statemachine.agent.run import (
 )
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
+from statemachine.core.engine import Engine
 from statemachine.core.messages import (
     AssistantMessage,
     Message,
@@ -30,6 +31,7 @@ from statemachine.core.messages import (
 from statemachine.core.wire import (
     message_from_dict,
 )
+from statemachine.testing._step_decisions import recording_decisions, recording_engines
 from statemachine.testing.clock import runner_for
 from statemachine.testing.scenario import AgentLoop, RunRecord, Scenario
 from statemachine.testing.world import ScenarioHooks, Scripted
@@ -75,15 +77,16 @@ async def run_scenario_async(
     """
     world = Scripted(scenario, hang_limit=hang_limit)
     extra = {"hooks": world.hooks} if world.hooks is not None else {}
-    call = loop(
-        model=world.model,
-        tools=world.tools,
-        messages=list(scenario.history),
-        max_turns=scenario.max_turns,
-        signal=world.signal,
-        **extra,
-    )
-    value, error, timed_out = await _returned(call, timeout)
+    with recording_decisions() as log:
+        call = loop(
+            model=world.model,
+            tools=world.tools,
+            messages=list(scenario.history),
+            max_turns=scenario.max_turns,
+            signal=world.signal,
+            **extra,
+        )
+        value, error, timed_out = await _returned(call, timeout)
     transcript, result = None, None
     if error is None:
         transcript, result, error = _as_messages(value)
@@ -110,6 +113,8 @@ async def run_scenario_async(
         model_calls_after_abort=obs.model_calls_after_abort,
         model_hang_expired=obs.model_hang_expired,
         requests=tuple(obs.requests),
+        steps=log.steps,
+        decisions=tuple(log.decisions),
         finish_order=tuple(obs.finish_order),
     )
 
@@ -173,6 +178,8 @@ def agent_loop(*, grace_period: float = 0.02, **run_agent_kwargs: Any) -> AgentL
         hooks: ScenarioHooks | None = None,
     ) -> RunResult:
         options = dict(run_agent_kwargs)
+        # The kit reads what the team's steps answered (``expected_run``).
+        options["engine_factory"] = recording_engines(options.get("engine_factory", Engine))
         if hooks is not None:
             if hooks.hooks.permissions:
                 options["before_tool_call"] = hooks.before_tool_call

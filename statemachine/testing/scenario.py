@@ -46,6 +46,7 @@ from statemachine.agent.events import (
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import AssistantMessage, Message, StopReason, Usage, UserMessage
+from statemachine.core.steps import StepSpec
 from statemachine.core.tools import ToolDefinition
 from statemachine.errors import ScriptedToolError
 
@@ -394,6 +395,10 @@ class RunRecord:
     model_hang_expired: bool = False
     requests: tuple[tuple[Message, ...], ...] = ()  # what the model was sent, per call
     finish_order: tuple[str, ...] = ()  # keys of the tool calls, in the order they ended
+    # The team's steps of the run's table, and what they answered, (step, outcome) in
+    # order (``_step_decisions.py``): ``expected_run`` takes them into account.
+    steps: tuple[StepSpec, ...] = ()
+    decisions: tuple[tuple[str, str], ...] = ()
 
 
 TOOL_DEFINITIONS: Mapping[str, ToolDefinition] = {
