@@ -46,7 +46,10 @@ def test_a_journal_of_a_run_that_counted_them_replays_to_tool_retries_exceeded(
     with Journal(path) as journal:
         result = asyncio.run(
             run_agent_journaled(
-                journal=journal, model=model, messages=[UserMessage("go")], output_retries=1
+                journal=journal,
+                model=model,
+                messages=[UserMessage("go")],
+                unknown_tool_retries=1,
             )
         )
     assert result.state is TurnState.TOOL_RETRIES_EXCEEDED

@@ -368,3 +368,22 @@ def test_a_plain_text_run_suspended_for_approval_is_judged_again_when_resumed() 
     assert second.ok
     assert second.output == "HI PLEASE"
     assert second.messages[-2].text == "Your answer was not accepted: Say please. Answer again."
+
+
+def test_run_agent_answers_unknown_tools_until_max_turns_unless_a_budget_is_given() -> None:
+    # The minimal loop answers a call of a tool it does not offer with an error result
+    # and goes on (max_turns bounds it); counting them is the Agent's default, or asked.
+
+    def script() -> ScriptedModel:
+        calls = [
+            sm.AssistantMessage([sm.ToolCall(f"c{i}", "ghost", {})], "toolUse") for i in range(4)
+        ]
+        return ScriptedModel(*calls, "done")
+
+    plain = asyncio.run(sm.run_agent(model=script(), messages=[sm.UserMessage("go")]))
+    assert plain.state is sm.TurnState.DONE
+    counted = asyncio.run(
+        sm.run_agent(model=script(), messages=[sm.UserMessage("go")], unknown_tool_retries=2)
+    )
+    assert counted.state is sm.TurnState.TOOL_RETRIES_EXCEEDED
+    assert "ghost" in counted.explanation

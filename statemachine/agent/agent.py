@@ -294,6 +294,9 @@ class Agent(Generic[DepsT, OutputT]):
             signal=signal,
             output_type=output_type,
             instructions=instructions,
+            unknown_tool_retries=(
+                o.output_retries if o.unknown_tool_retries is None else o.unknown_tool_retries
+            ),
         )
 
     # -- run --------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ from statemachine.core.engine import Engine
 from statemachine.core.limits import UsageLimits, check_usage_limits
 from statemachine.core.messages import UserMessage
 from statemachine.core.output import DEFAULT_OUTPUT_RETRIES, EndStrategy, check_end_strategy
+from statemachine.core.tools import check_retry_budget
 from statemachine.errors import InvalidInputError
 
 __all__ = [
@@ -130,6 +131,12 @@ class AgentOptions(HookOptions, Generic[OutputT], total=False):
     output_mode: OutputMode
     """How the answer is asked for: ``"tool"``, ``"native"`` (the provider's structured
     output) or ``"auto"`` (native where the client supports it)."""
+    unknown_tool_retries: int | None
+    """Calls of one tool name the run does not offer that the model may make before
+    the run ends ``ToolRetriesExceeded`` (rule 14). ``None``, the default of
+    ``run_agent``: not counted, each answered with an error result and bounded by
+    ``max_turns``. An ``Agent`` counts them against its ``output_retries`` unless
+    given, as PydanticAI does."""
     end_strategy: EndStrategy
     """What becomes of the other tool calls of a response whose final result is valid:
     ``"early"`` (the default, as PydanticAI's) answers them as not run and ends the
@@ -223,6 +230,11 @@ def _grace_period(_: object, __: object, value: Any) -> None:
         raise InvalidInputError(f"grace_period must be a non-negative number, got {value!r}")
 
 
+def _unknown_tool_retries(_: object, __: object, value: Any) -> None:
+    if value is not None:
+        check_retry_budget("unknown_tool_retries", value)
+
+
 def _end_strategy(_: object, __: object, value: Any) -> None:
     check_end_strategy(value)
 
@@ -250,6 +262,7 @@ class Options:
     output_type: Any = None  # OutputType, or Validated (an Agent's validators)
     output_retries: int = DEFAULT_OUTPUT_RETRIES  # checked with the type (compile_output)
     output_mode: OutputMode = "auto"
+    unknown_tool_retries: int | None = attrs.field(default=None, validator=_unknown_tool_retries)
     end_strategy: EndStrategy = attrs.field(default="early", validator=_end_strategy)
     before_tool_call: BeforeToolCall | None = None
     after_tool_call: AfterToolCall | None = None

@@ -555,17 +555,18 @@ def budget_options(
     usage_limits: UsageLimits | None,
     output: Output | None,
     tools: Sequence[Tool],
-    output_retries: int = DEFAULT_OUTPUT_RETRIES,
+    unknown_tool_retries: int | None = None,
 ) -> dict[str, Any]:
     """The engine options of a run's budget, given only when set (so that an
     ``engine_factory`` written before them still works for runs without them).
 
-    Calls of a tool the run does not offer are counted against ``output_retries``
-    (``unknown_tool_retries``, always given): PydanticAI counts them against its
+    ``unknown_tool_retries`` counts calls of a tool the run does not offer (rule 14);
+    an ``Agent`` gives its ``output_retries``, as PydanticAI counts them against its
     agent's retries for output validation."""
     budgets = retries_of(tools)
     options: dict[str, Any] = {"tool_retries": budgets} if budgets else {}
-    options["unknown_tool_retries"] = output_retries
+    if unknown_tool_retries is not None:
+        options["unknown_tool_retries"] = unknown_tool_retries
     if check_usage_limits(usage_limits) is not None:
         options["usage_limits"] = usage_limits
     if output is not None:

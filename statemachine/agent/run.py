@@ -132,7 +132,7 @@ class AgentRun(Generic[OutputT]):
             tools=[t.definition for t in opts.tools],
             messages=(UserMessage(messages),) if isinstance(messages, str) else messages,
             max_turns=opts.max_turns,
-            **budget_options(opts.usage_limits, output, opts.tools, opts.output_retries),
+            **budget_options(opts.usage_limits, output, opts.tools, opts.unknown_tool_retries),
             **_table_option(check_steps(opts.steps)),
             check_permissions=opts.before_tool_call is not None,
             check_continue=opts.should_continue is not None,
