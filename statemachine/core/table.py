@@ -151,8 +151,9 @@ the tool executions it triggers::
     run does not offer (rule 3's "Unknown tool" result) is a retry request of that name
     too, against the run's ``unknown_tool_retries`` (an ``Agent`` gives its
     ``output_retries``, as PydanticAI counts them against its retries for output
-    validation; ``run_agent`` only when asked); an engine given none does not count them, as runs recorded before
-    did not, so their journals and snapshots replay as they ran.
+    validation; ``run_agent`` only when asked); an engine given none does not count
+    them, as runs recorded before did not, so their journals and snapshots replay as
+    they ran.
 15. **A team's own steps** (``core/steps.py``) are rows of a run's table too, never of
     ``TRANSITIONS``: a run with steps interprets a ``Table`` of these rows with some
     redirected into the steps' states (``DeclaredState``) and the steps' own rows
