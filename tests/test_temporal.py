@@ -20,11 +20,13 @@ from typing import Any, TypeVar
 import pytest
 from durable_worker import TOOLS, answer, beta_needs_approval, replays_to, result_json
 from temporal_support import temporal_server  # noqa: F401 - the session's server
+from temporalio.client import Interceptor, OutboundInterceptor, StartWorkflowUpdateInput
 
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
 from statemachine.durable import RunHandle
-from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
+from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner, _inflight
+from statemachine.durable.temporal._inflight import IN_FLIGHT, in_flight
 from statemachine.errors import (
     InvalidInputError,
     NotPendingError,
@@ -365,6 +367,96 @@ def test_steers_sent_at_once_through_several_handles_all_reach_the_next_model_ca
     assert sorted(said) == sorted(
         ["go", *(f"steer {i}-{n}" for i in range(handles) for n in range(each))]
     )
+
+
+class _Watch(Interceptor):
+    """A client interceptor (temporalio's public hook) that counts the most updates in
+    flight at once."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _Counting(next, self)
+
+
+class _Counting(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, watch: _Watch) -> None:
+        super().__init__(next)
+        self.watch = watch
+
+    async def start_workflow_update(self, input: StartWorkflowUpdateInput) -> Any:
+        self.watch.now += 1
+        self.watch.most = max(self.watch.most, self.watch.now)
+        try:
+            return await super().start_workflow_update(input)
+        finally:
+            self.watch.now -= 1
+
+
+@pytest.mark.timeout(240)
+def test_steers_sent_at_once_through_a_handle_each_share_the_runs_ten_updates_in_flight(
+    temporal_address: str,
+) -> None:
+    """300 handles of one run, one steer each, all at once: the handles of a run in one
+    process share its ten updates in flight (the server's limit), rather than each
+    sending its own and waiting on the server's refusals (299 at once, most of them
+    ``StoreUnavailableError`` after ``message_timeout``), so every steer is
+    acknowledged within it."""
+    from temporalio.client import Client
+
+    handles = 300
+    watch = _Watch()
+
+    async def body(runner: TemporalRunner) -> sm.RunResult:
+        run_id = f"crowds-{uuid.uuid4().hex[:8]}"
+        _gate[:] = [asyncio.Event(), asyncio.Event()]
+        handle = await runner.start(run_id, model="m", messages="go")
+        await asyncio.wait_for(_gate[0].wait(), 30)
+        client = await Client.connect(temporal_address, interceptors=[watch])
+        senders = [TemporalRunHandle(client, run_id, message_timeout=30) for _ in range(handles)]
+        await asyncio.gather(*(s.steer(f"steer {i}") for i, s in enumerate(senders)))
+        _gate[1].set()
+        return await handle.result(timeout=60)
+
+    result = _with_runner(temporal_address, body, models={"m": _one_call("gate")}, tools=[gate])
+    assert watch.most <= IN_FLIGHT, watch.most  # the server's limit, shared by the 300 handles
+    assert result.final_text == f"heard {1 + handles}"
+    said = [m.text for m in result.messages if isinstance(m, sm.UserMessage)]
+    assert sorted(said) == sorted(["go", *(f"steer {i}" for i in range(handles))])
+
+
+@pytest.mark.timeout(30)
+def test_the_runs_in_flight_registry_empties_once_no_update_waits_or_is_in_flight() -> None:
+    """Updates of one run share ``IN_FLIGHT`` slots per event loop; the run's entry
+    goes once the last one is done, also when one was cancelled while it waited."""
+    held: list[int] = [0, 0]  # now, most
+
+    async def update(run: str, opened: asyncio.Event) -> None:
+        async with in_flight(run):
+            held[0] += 1
+            held[1] = max(held)
+            await opened.wait()
+            held[0] -= 1
+
+    async def burst() -> set[str]:
+        opened = asyncio.Event()
+        tasks = [asyncio.create_task(update(f"run-{i % 2}", opened)) for i in range(50)]
+        waiter = asyncio.create_task(update("run-0", opened))
+        while held[0] < 2 * IN_FLIGHT:
+            await asyncio.sleep(0)
+        waiter.cancel()  # waits for a slot: cancelled, it leaves its run's entry
+        await asyncio.gather(waiter, return_exceptions=True)
+        runs = {run for run, _ in _inflight._REGISTRY}
+        opened.set()
+        await asyncio.gather(*tasks)
+        return runs
+
+    assert asyncio.run(burst()) == {"run-0", "run-1"}
+    assert held == [0, 2 * IN_FLIGHT]  # ten of each run at once, never more
+    assert _inflight._REGISTRY == {}
+    assert asyncio.run(burst()) == {"run-0", "run-1"}  # a second loop has its own slots
+    assert _inflight._REGISTRY == {}
 
 
 _EXIT_SCRIPT = """

@@ -7,9 +7,10 @@ last answer, is in the result's ``queued_input``. A refused update is
 ``NotPendingError`` (a decision for a call that is not pending) or
 ``RunClosedError`` (input once the run took its last). An update needs a live
 worker of the run: one that does not answer within ``message_timeout`` seconds is
-a ``StoreUnavailableError`` (the message may still reach the run later). A handle
-has at most ``IN_FLIGHT`` updates in flight (the server's limit for one run) and
-sends again, under the same update id, one the server turned away (``_send``). An abort
+a ``StoreUnavailableError`` (the message may still reach the run later). The handles
+of a run in one process have at most ``IN_FLIGHT`` updates of it in flight together
+(the server's limit for one run: ``_inflight``) and send again, under the same update
+id, one the server turned away (``_send``). An abort
 is a signal: it is stored even with no live worker, and reaches the run when a
 worker runs it again.
 """
@@ -44,6 +45,7 @@ from statemachine.durable._inputs import checked_text, user_dict
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
+from statemachine.durable.temporal._inflight import in_flight
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
 from statemachine.errors import (
     InvalidInputError,
@@ -62,7 +64,6 @@ QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
 STATUS_TRIES = 2  # queries status() makes before it says no worker answered
 UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
 MAX_NOTES = 100  # notes status() reads from a worker
-IN_FLIGHT = 10  # updates of one run Temporal's server takes in flight at once (its default)
 FIRST_PAUSE = 0.05  # seconds before an update the server turned away is sent again
 LAST_PAUSE = 1.0  # ... doubling up to this
 # How the server turns an update away for a while: too many in flight, or aborted
@@ -108,9 +109,6 @@ class TemporalRunHandle:
         self._client = client
         self._workflow: WorkflowHandle[Any, Any] = client.get_workflow_handle(run_id)
         self._message_timeout = message_timeout
-        # This handle's updates in flight: no more than the server takes of one run
-        # (a semaphore of the event loop it is used from).
-        self._in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def _describe(self) -> Any:
         try:
@@ -355,19 +353,17 @@ class TemporalRunHandle:
 
     async def _send(self, name: str, message: dict[str, Any]) -> None:
         """Send the update, again while the server turns it away for the updates of
-        the run it has in flight (it takes ``IN_FLIGHT`` at once) or aborts it, until
+        the run it has in flight (it takes ``IN_FLIGHT`` at once, which every handle of
+        the run in this process shares: ``_inflight``) or aborts it, until
         ``message_timeout`` has passed. Every try has the same update id: the server
         takes the message once, however many tries reach it."""
         update_id = f"{name}-{uuid.uuid4().hex}"
         loop = asyncio.get_running_loop()
-        if self._in_flight is None or self._in_flight[0] is not loop:
-            self._in_flight = (loop, asyncio.Semaphore(IN_FLIGHT))
-        slots = self._in_flight[1]
         deadline = loop.time() + self._message_timeout
         pause = FIRST_PAUSE
         while True:
             try:
-                async with asyncio.timeout_at(deadline), slots:
+                async with asyncio.timeout_at(deadline), in_flight(self.run_id):
                     left = deadline - loop.time()
                     await self._workflow.execute_update(
                         name, message, id=update_id, rpc_timeout=timedelta(seconds=left)
