@@ -144,7 +144,9 @@ def result_from_dict(
     output converted to its type when ``output_types`` (a runner's registry) has it,
     else the validated JSON object."""
     table = table_from_data(d["steps"]) if d.get("steps") else BASE_TABLE
-    state = _state(table, d["state"])
+    # Every state of the run's table by name, made once: the trace names two a row.
+    states = {s.value: s for s in table.states}
+    state = _state(states, d["state"])
     output = d.get("output")
     value = None
     if isinstance(output, Mapping):
@@ -161,7 +163,7 @@ def result_from_dict(
         turns=d["turns"],
         explanation=d["explanation"],
         trace=tuple(
-            TransitionRecord(_state(table, s), Trigger(t), _state(table, e), n)
+            TransitionRecord(_state(states, s), Trigger(t), _state(states, e), n)
             for s, t, e, n in d["trace"]
         ),
         run_id=run_id,
@@ -173,7 +175,7 @@ def result_from_dict(
     )
 
 
-def _state(table: Table, name: str) -> State:
-    """The state named ``name`` in the run's ``table`` (one of the library's, or one of
-    its steps'); ``ValueError`` for another."""
-    return table.state_named(name) or TurnState(name)
+def _state(states: Mapping[str, State], name: str) -> State:
+    """The state named ``name`` among the run's ``states`` (the library's, or its
+    steps'); ``ValueError`` for another."""
+    return states.get(name) or TurnState(name)
