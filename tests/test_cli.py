@@ -785,6 +785,8 @@ def test_check_redraws_the_running_configuration_while_it_runs(
             return super().write(text)
 
     terminal = Terminal()
+    # Wide enough for the longest configuration's line (the display is cut to the width).
+    monkeypatch.setenv("COLUMNS", "200")
 
     def slow_check(bounds: Bounds, strategy: Literal["snapshot", "replay"]) -> CheckReport:
         # Until the display has shown a running time: a check that takes a while.
