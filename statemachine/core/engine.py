@@ -520,9 +520,16 @@ class Engine:
         """How many retry requests in a row ``tool`` may make (rule 14); for a name the
         run does not offer, how many calls of it (``unknown_tool_retries``)."""
         run = self._run
-        if run.unknown_tool_retries is not None and tool not in run.tools_by_name:
+        if self._counts_unknown(tool):
+            assert run.unknown_tool_retries is not None  # _counts_unknown says so
             return run.unknown_tool_retries
         return run.tool_retries.get(tool, DEFAULT_TOOL_RETRIES)
+
+    def _counts_unknown(self, tool: str) -> bool:
+        """A call of ``tool`` is a retry request because the run does not offer it, and
+        the run counts such calls (``unknown_tool_retries`` given; rule 14)."""
+        run = self._run
+        return run.unknown_tool_retries is not None and tool not in run.tools_by_name
 
     def tool_failures(self, tool: str) -> int:
         """The retry requests ``tool`` made in a row so far (rule 14)."""
@@ -860,7 +867,7 @@ class Engine:
             if refusal is not None:
                 slot.answer(refusal, is_error=True)
                 refused = True
-                if run.unknown_tool_retries is not None and slot.call.name not in run.tools_by_name:
+                if self._counts_unknown(slot.call.name):
                     # a tool that does not exist: the model must try again (rule 14)
                     self._count_retry(slot.call.name, refusal, retry=True)
                 continue
