@@ -46,10 +46,6 @@ from statemachine.agent.events import (
     TurnEnded,
     TurnStarted,
 )
-from statemachine.agent.executor import (
-    current_tool_call,
-    report_progress,
-)
 from statemachine.agent.hooks import (
     Deny,
     RequireApproval,
@@ -63,6 +59,10 @@ from statemachine.agent.run import (
     AgentRun,
     run_agent,
     run_agent_sync,
+)
+from statemachine.agent.running import (
+    current_tool_call,
+    report_progress,
 )
 from statemachine.agent.tools import Tool, tool
 from statemachine.core.abort import AbortController, AbortSignal

@@ -7,7 +7,7 @@ import asyncio
 import contextvars
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -17,14 +17,16 @@ import structlog
 from driver_support import asks, make_tool, on_virtual_time, watched
 
 import statemachine as sm
+from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation, start_task
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.options import DEFAULTS
+from statemachine.agent.questions import Answer
 from statemachine.agent.run import use_backend
 from statemachine.agent.stream import EventStream
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.events import ModelCancelled, ToolCancelled
-from statemachine.core.messages import AssistantMessage, ToolResultMessage, UserMessage
+from statemachine.core.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from statemachine.core.table import TurnState
 from statemachine.engine import Engine
 from statemachine.testing import ScriptedModel
@@ -56,6 +58,15 @@ class _Keeping:
 
     def reported(self, key: str) -> None:
         IN_PROCESS.reported(key)
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        return await IN_PROCESS.ask(driver, call, make, signal)
 
 
 def _kept(run: sm.AgentRun) -> list[AsyncioExecutor]:

@@ -474,7 +474,7 @@ def test_without_graphviz_the_page_lists_the_states_to_light(
 
 async def _ask_for_a_row(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
     """A tool that asks a person through its run, as an MCP server's elicitation does."""
-    from statemachine.agent.executor import ask_person
+    from statemachine.agent.running import ask_person
 
     def question(question_id: str, call: ToolCall) -> sm.hooks.ToolQuestion:
         schema = {"type": "object", "properties": {"row": {"type": "integer"}}}

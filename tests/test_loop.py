@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 import statemachine as sm
+from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import (
     CONTINUE,
     IN_PROCESS,
@@ -20,8 +21,11 @@ from statemachine.agent.executor import (
     Operation,
     start_task,
 )
+from statemachine.agent.questions import Answer
 from statemachine.agent.run import use_backend
+from statemachine.core.abort import AbortSignal
 from statemachine.core.events import Event
+from statemachine.core.messages import ToolCall
 from statemachine.testing import ScriptedModel
 
 GO = [sm.UserMessage("go")]
@@ -69,6 +73,15 @@ class Recording:
 
     def reported(self, key: str) -> None:
         """Nothing kept: the loop holds the report."""
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        return await IN_PROCESS.ask(driver, call, make, signal)
 
     def report(self, key: str, event: Event) -> None:
         self.seen.append(("report", f"{key} {type(event).__name__}"))

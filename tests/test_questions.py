@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 
 import statemachine as sm
 import statemachine.messages
-from statemachine.agent.executor import ask_person
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation
+from statemachine.agent.questions import Answer
+from statemachine.agent.run import use_backend
+from statemachine.agent.running import ask_person
+from statemachine.core.abort import AbortSignal
+from statemachine.core.messages import ToolCall
 from statemachine.hooks import MAX_PENDING_QUESTIONS, ToolAnswered, ToolAsked, ToolQuestion
 from statemachine.testing import FunctionModel
 
@@ -228,9 +233,8 @@ def test_asking_outside_a_run_gives_none() -> None:
 @pytest.mark.timeout(30)
 def test_a_temporal_activity_has_no_one_to_ask() -> None:
     pytest.importorskip("temporalio", reason="the [temporal] extra is not installed")
-    from statemachine.agent.executor import AsyncioExecutor
     from statemachine.agent.options import DEFAULTS
-    from statemachine.durable.temporal._activities import _OneOperation
+    from statemachine.durable.temporal._activities import _InActivity, _OneOperation
 
     async def scenario() -> list[Any]:
         loop = _OneOperation("r1")
@@ -241,6 +245,7 @@ def test_a_temporal_activity_has_no_one_to_ask() -> None:
             tools={"ask": tool},
             hooks=DEFAULTS,
             grace=1.0,
+            backend=_InActivity(),
         )
         await executor.run_tool(sm.ToolCall("c1", "ask", {}))
         return loop.events
@@ -249,14 +254,36 @@ def test_a_temporal_activity_has_no_one_to_ask() -> None:
     assert finished.output.content[0].text == "None"  # asked nobody: the tool is told so
 
 
+class _NoOneToAsk:
+    """``run_agent``'s backend, but no one to ask (as a durable backend's today)."""
+
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        IN_PROCESS.start(driver, op)
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        IN_PROCESS.cancel(driver, keys, reason)
+
+    def reported(self, key: str) -> None:
+        IN_PROCESS.reported(key)
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        return None
+
+
 @pytest.mark.timeout(30)
-def test_a_run_held_by_a_backend_has_no_one_to_ask() -> None:
-    from statemachine.agent.executor import IN_PROCESS
-    from statemachine.agent.run import use_backend
-
-    async def scenario() -> sm.RunResult:
+def test_a_backend_with_no_one_to_ask_tells_the_tool_so_and_nothing_is_pending() -> None:
+    async def scenario() -> tuple[sm.RunResult, tuple[ToolQuestion, ...]]:
         run: sm.AgentRun[Any] = sm.AgentRun(**_asking())
-        use_backend(run, inbox=asyncio.Queue(), backend=IN_PROCESS)
-        return await run.run()
+        use_backend(run, inbox=asyncio.Queue(), backend=_NoOneToAsk())
+        result = await run.run()
+        return result, run.pending_questions()
 
-    assert asyncio.run(scenario()).final_text == "None"  # asked nobody: the tool is told so
+    result, pending = asyncio.run(scenario())
+    assert pending == ()
+    assert result.final_text == "None"  # asked nobody: the tool is told so

@@ -38,7 +38,6 @@ then runs from when the loop is free again.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -47,13 +46,14 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
 from statemachine.agent.context import start_spending, stop_spending
-from statemachine.agent.events import RunEvent, ToolLog, ToolProgress, ToolQuestion
+from statemachine.agent.events import RunEvent, ToolQuestion
 from statemachine.agent.hook_calls import HookCaller
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import Options
 from statemachine.agent.questions import Answer, RunQuestions
+from statemachine.agent.running import running_call
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
@@ -80,73 +80,8 @@ __all__ = [
     "InProcess",
     "Operation",
     "Reports",
-    "ask_person",
-    "current_tool_call",
-    "report_log",
-    "report_progress",
     "start_task",
 ]
-
-# -- progress reports from inside tools ------------------------------------------------
-
-_running: contextvars.ContextVar[tuple[AsyncioExecutor, ToolCall] | None] = contextvars.ContextVar(
-    "statemachine_running_call", default=None
-)
-"""The executor running a tool call, and the call: set in the call's own context."""
-
-
-def current_tool_call() -> ToolCall | None:
-    """The call a tool is executing (its id, name and arguments), or ``None``
-    outside a tool run by the driver; works in sync tools' worker threads too."""
-    running = _running.get()
-    return None if running is None else running[1]
-
-
-def report_progress(data: object) -> bool:
-    """Report progress from inside a running tool (async or sync, any thread).
-
-    Subscribers of ``AgentRun.events()`` receive a ``ToolProgress`` event. Returns
-    False (and does nothing) outside a tool run by the driver.
-    """
-    running = _running.get()
-    if running is None:
-        return False
-    executor, call = running
-    executor.tell(partial(ToolProgress, call.id, data))
-    return True
-
-
-def report_log(level: str, data: object, logger: str | None = None) -> bool:
-    """Report a log message from inside a running tool (any thread), as
-    ``report_progress`` does: subscribers receive a ``ToolLog`` event (an MCP server's
-    ``notifications/message`` during a call arrive so)."""
-    running = _running.get()
-    if running is None:
-        return False
-    executor, call = running
-    executor.tell(partial(ToolLog, call.id, level, data, logger))
-    return True
-
-
-async def ask_person(
-    make: Callable[[str, ToolCall], ToolQuestion], signal: AbortSignal
-) -> Answer | None:
-    """Ask a person, through the run, the question ``make(id, call)`` builds, from
-    inside a running tool (``statemachine.agent.questions``); its answer ("cancel"
-    once ``signal``, the call's own, fires). ``None`` outside a tool run by the driver,
-    and in a durable run (no one holds it to answer)."""
-    running = _running.get()
-    if running is None:
-        return None
-    executor, call = running
-    aborting = executor.loop.controller.signal
-    stream = executor.loop.stream
-    # A durable run is held by its backend, a Temporal activity's stream keeps nothing:
-    # no one could answer there.
-    if not getattr(stream, "takes_questions", False):
-        return None
-    questions: RunQuestions = stream.questions
-    return await questions.ask(lambda qid: make(qid, call), signal, lambda: aborting.aborted)
 
 
 def start_task(coro: Coroutine[Any, Any, _T], *, eager: bool) -> asyncio.Task[_T]:
@@ -226,6 +161,18 @@ class Backend(Protocol):
     def reported(self, key: str) -> None:
         """The driver has just posted the report of operation ``key`` to the loop."""
 
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        """Ask a person the question ``make(question_id)`` that the running ``call``
+        asks (an MCP server's elicitation), and wait for the answer: "cancel" once
+        ``signal``, the call's own, fires. ``None``: no one can be asked here (the
+        server is refused at once)."""
+
 
 class InProcess:
     """The backend of ``run_agent``: each operation an asyncio task of this process
@@ -243,6 +190,19 @@ class InProcess:
 
     def reported(self, key: str) -> None:
         """Nothing to do: the loop holds the report."""
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        """Pending on the run (``AgentRun.pending_questions``) until a person answers
+        it (``AgentRun.answer``); "cancel" once ``signal`` fires."""
+        aborting = driver.loop.controller.signal
+        questions: RunQuestions = driver.loop.stream.questions
+        return await questions.ask(make, signal, lambda: aborting.aborted)
 
 
 IN_PROCESS = InProcess()
@@ -460,12 +420,12 @@ class AsyncioExecutor:
 
     async def _tool_output(self, call: ToolCall) -> ToolOutput:
         tool = self.tools[call.name]
-        token = _running.set((self, call))
+        token = running_call.set((self, call))
         try:
             return await self.execute(tool, call)
         finally:
             try:
-                _running.reset(token)
+                running_call.reset(token)
             except ValueError:
                 pass  # an abandoned call closed later, from another context
 

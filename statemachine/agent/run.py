@@ -43,13 +43,14 @@ from statemachine.agent.events import (
     ToolQuestion,
     run_error,
 )
-from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Backend, current_tool_call
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Backend
 from statemachine.agent.loop import ActionLoop, Inbox, RunInbox
 from statemachine.agent.model import ModelClient, ModelSettings, check_settings, resolve_model
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import DEFAULTS, NewRunOptions, Options, resolve
 from statemachine.agent.output import Output, budget_options, compile_output, run_output
 from statemachine.agent.questions import Answer
+from statemachine.agent.running import current_tool_call
 from statemachine.agent.session import run_in_session
 from statemachine.agent.steps import check_steps
 from statemachine.agent.stream import DEFAULT_MAX_BUFFERED_EVENTS, EventStream
@@ -462,8 +463,6 @@ def use_backend(
     run._inbox = inbox
     run._backend = backend
     run._on_handle = on_handle
-    # Nobody holds a backend's run to answer a question its tools would ask through it.
-    run._stream.takes_questions = False
 
 
 async def run_agent(

@@ -98,7 +98,6 @@ class EventStream:
         "_turn",
         "_turn_seconds",
         "_turn_start",
-        "takes_questions",
     )
 
     def __init__(self, engine: Engine, previous: RunStats | None = None) -> None:
@@ -120,9 +119,6 @@ class EventStream:
         self._tool_seconds: dict[str, float] = {}
         self._tool_counts: dict[tuple[str, str], int] = {}  # (tool, outcome) -> calls
         self._model_calls = 0
-        # Whether a person holds the run to answer its tools' questions (not a durable
-        # backend's run: ``use_backend``).
-        self.takes_questions = True
         self._questions: RunQuestions | None = None
 
     @property

@@ -61,7 +61,7 @@ from typing import IO, Protocol, Required, TypedDict, Union, Unpack, runtime_che
 import attrs
 
 from statemachine.agent.events import RunResult
-from statemachine.agent.executor import current_tool_call
+from statemachine.agent.running import current_tool_call
 from statemachine.agent.tools import Tool
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import Message, ToolCall, UserMessage

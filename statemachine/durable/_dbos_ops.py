@@ -30,18 +30,21 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import IO, Any, Final
 
 import attrs
 from dbos import DBOSClient
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation
+from statemachine.agent.questions import Answer
 from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
+from statemachine.core.abort import AbortSignal
 from statemachine.core.events import ModelCancelled, ToolCancelled
+from statemachine.core.messages import ToolCall
 from statemachine.core.table import State
 from statemachine.durable import (
     ExportedJournal,
@@ -158,6 +161,16 @@ class _ReplayBackend:
 
     def reported(self, key: str) -> None:
         self._steps.reported(key)
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        """No one is asked: a durable run's tools cannot ask a person yet."""
+        return None
 
 
 def _replay_run(part: AgentRun, control: Control, recorded: Recorded) -> LaneRun:

@@ -27,9 +27,13 @@ from typing import Any
 
 from dbos import DBOS, StepOptions
 
+from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation
+from statemachine.agent.questions import Answer
 from statemachine.agent.run import AgentRun
+from statemachine.core.abort import AbortSignal
 from statemachine.core.events import Event, ModelResponded, StepDecided
+from statemachine.core.messages import ToolCall
 from statemachine.durable import _durable_run_id
 from statemachine.durable._course import LaneRun, step_name
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
@@ -169,6 +173,16 @@ class DBOSBackend:
 
     def reported(self, key: str) -> None:
         self.handover.flush()
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        """No one is asked: a durable run's tools cannot ask a person yet."""
+        return None
 
     async def _step(self, driver: AsyncioExecutor, op: Operation) -> None:
         """Run ``op`` as its DBOS step; hand its events to the loop."""

@@ -28,9 +28,9 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from statemachine._log import library_logger
 from statemachine.agent.events import ToolQuestion
-from statemachine.agent.executor import ask_person, report_log, report_progress
 from statemachine.agent.model import ModelClient, ModelSettings, takes_options
 from statemachine.agent.run import run_agent
+from statemachine.agent.running import ask_person, report_log, report_progress
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (
     AssistantMessage,

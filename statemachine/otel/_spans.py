@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 import attrs
 from opentelemetry.trace import Span, SpanKind
 
-from statemachine.agent.executor import current_tool_call
 from statemachine.agent.model import CallOptions, ModelClient, takes_options
 from statemachine.agent.model_call import answer_of
+from statemachine.agent.running import current_tool_call
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import (

@@ -39,12 +39,14 @@ from temporalio.exceptions import ApplicationError
 
 from statemachine._log import library_logger
 from statemachine.agent.context import RunContext
-from statemachine.agent.executor import AsyncioExecutor
+from statemachine.agent.events import ToolQuestion
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model_call import Instructions, RunModel
 from statemachine.agent.options import Options
+from statemachine.agent.questions import Answer
 from statemachine.agent.tools import Tool
-from statemachine.core.abort import AbortController
+from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
     CallModel,
@@ -54,7 +56,7 @@ from statemachine.core.events import (
     StepDecided,
     ToolCancelled,
 )
-from statemachine.core.messages import Message
+from statemachine.core.messages import Message, ToolCall
 from statemachine.core.wire import action_from_dict, messages_from_dicts
 from statemachine.durable import _durable_run_id
 from statemachine.durable._journal import (
@@ -144,6 +146,31 @@ class _Engine:
         self.messages = list(messages)
 
 
+class _InActivity:
+    """The operations of an activity start as ``run_agent``'s do (``IN_PROCESS``);
+    a question a tool asks has no one to answer it here: refused at once."""
+
+    __slots__ = ()
+
+    def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+        IN_PROCESS.start(driver, op)
+
+    def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+        IN_PROCESS.cancel(driver, keys, reason)
+
+    def reported(self, key: str) -> None:
+        IN_PROCESS.reported(key)
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        return None
+
+
 class _OneOperation:
     """What ``AsyncioExecutor`` needs of its loop, for one operation: what it
     reports is kept (``events``), in order."""
@@ -221,6 +248,7 @@ class Activities:
             tools=self.tools,
             hooks=self.hooks,
             grace=self.grace,
+            backend=_InActivity(),
         )
         if isinstance(views, Mapping):
             for step, message in views.items():

@@ -28,8 +28,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from statemachine.agent import executor
+from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation, start_task
+from statemachine.agent.questions import Answer
 from statemachine.agent.run import AgentRun
+from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import ABANDONED
 from statemachine.core.events import (
     Event,
@@ -40,6 +43,7 @@ from statemachine.core.events import (
     ToolCancelled,
     ToolFinished,
 )
+from statemachine.core.messages import ToolCall
 from statemachine.core.wire import action_to_dict, messages_to_dicts
 from statemachine.durable._course import LaneRun, step_name
 from statemachine.durable._journal import DECISION_STEP, MODEL_STEP, NOT_RECORDED, TOOL_STEP
@@ -209,6 +213,16 @@ class TemporalBackend:
 
     def reported(self, key: str) -> None:
         self.handover.flush()
+
+    async def ask(
+        self,
+        driver: AsyncioExecutor,
+        call: ToolCall,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+    ) -> Answer | None:
+        """No one is asked: a durable run's tools cannot ask a person yet."""
+        return None
 
     async def _abandon_after_grace(
         self, driver: AsyncioExecutor, keys: Sequence[str], reason: str
