@@ -122,6 +122,14 @@ _KINDS: Final[Mapping[type, str]] = {
     _events.StepDecided: "step",
 }
 
+_CALL_WORDS: Final[Mapping[type, str]] = {
+    _events.ToolPermitted: "permitted",
+    _events.ToolDenied: "denied",
+    _events.ToolCancelled: "cancelled",
+    _events.ApprovalRequired: "needs approval",
+}
+"""What an event about one call says after the tool's name, where that is fixed."""
+
 
 def _title(event: _events.Event, calls: Mapping[str, tuple[str, str]]) -> str:
     """One line that says what happened, in words."""
@@ -137,14 +145,8 @@ def _title(event: _events.Event, calls: Mapping[str, tuple[str, str]]) -> str:
         return f"{name} {'failed' if event.output.is_error else 'returned'}"
     call_id = getattr(event, "call_id", None)
     name = calls.get(call_id, ("?", ""))[0] if isinstance(call_id, str) else ""
-    if isinstance(event, _events.ToolPermitted):
-        return f"{name} permitted"
-    if isinstance(event, _events.ToolDenied):
-        return f"{name} denied"
-    if isinstance(event, _events.ToolCancelled):
-        return f"{name} cancelled"
-    if isinstance(event, _events.ApprovalRequired):
-        return f"{name} needs approval"
+    if type(event) in _CALL_WORDS:
+        return f"{name} {_CALL_WORDS[type(event)]}"
     if isinstance(event, _events.ApprovalDecided):
         return f"{name} {'approved' if event.approved else 'rejected'}"
     if isinstance(event, _events.InputQueued):

@@ -19,7 +19,8 @@ shape each adapter can translate one message at a time:
 ``alternating_turns`` lays a history out for the APIs whose roles alternate and that
 want the user first (Anthropic's Messages, Bedrock's Converse); ``media_parts`` turns
 a message's text and image blocks into a provider's parts, with the one rule they
-share (empty text is left out).
+share (empty text is left out). ``function_tools`` is the tool list of OpenAI's Chat
+Completions, which its compatible servers and Ollama take too.
 
 Inbound, ``MessageBuilder`` reassembles a stream (text and thinking deltas, tool-call
 argument fragments) into one ``AssistantMessage``, and ``parse_arguments`` turns the
@@ -52,6 +53,7 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
+from statemachine.core.tools import ToolDefinition
 from statemachine.errors import WireFormatError
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "add_turn",
     "alternating_turns",
     "foreign_signature",
+    "function_tools",
     "generated_call_id",
     "media_parts",
     "normalise_id",
@@ -188,6 +191,21 @@ def sendable_history(messages: Sequence[Message]) -> list[Message]:
             out.append(result)
         out.extend(m for m in segment if isinstance(m, UserMessage))
     return out
+
+
+def function_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """Our tool definitions as Chat Completions ``tools`` (the ``function`` kind)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.schema_dict(),
+            },
+        }
+        for t in tools
+    ]
 
 
 def media_parts(

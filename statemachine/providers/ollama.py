@@ -65,7 +65,7 @@ from statemachine.providers._adapter import (
 )
 from statemachine.providers._errors import Failure, classify
 from statemachine.providers._native import checked_flag
-from statemachine.providers._projection import sendable_history
+from statemachine.providers._projection import function_tools, sendable_history
 
 __all__ = ["DEFAULT_BASE_URL", "OllamaModel", "project_messages"]
 
@@ -276,17 +276,7 @@ class OllamaModel(ModelAdapter):
             "stream": self.stream,
         }
         if tools:
-            body["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.schema_dict(),
-                    },
-                }
-                for t in tools
-            ]
+            body["tools"] = function_tools(tools)
         if self.think is not None:
             body["think"] = self.think
         options = dict(self.ollama_options)

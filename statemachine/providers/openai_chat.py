@@ -90,6 +90,7 @@ from statemachine.providers._adapter import (
 )
 from statemachine.providers._errors import Failure
 from statemachine.providers._native import checked_flag, openai_json_schema
+from statemachine.providers._projection import function_tools as project_tools
 from statemachine.providers._projection import media_parts, normalise_id, sendable_history
 
 __all__ = ["OpenAIChatModel", "project_messages", "project_tools"]
@@ -195,21 +196,6 @@ def project_messages(
             )
     flush_images()
     return out
-
-
-def project_tools(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
-    """Our tool definitions as Chat Completions ``tools``."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": t.name,
-                "description": t.description,
-                "parameters": t.schema_dict(),
-            },
-        }
-        for t in tools
-    ]
 
 
 def _usage(raw: Any) -> Usage | None:
