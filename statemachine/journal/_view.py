@@ -16,9 +16,6 @@ some line shows the run up to there, and says where and why).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import html
 import json
 import logging
 import os
@@ -27,6 +24,7 @@ from typing import Any, Final
 
 import structlog
 
+from statemachine._page import document
 from statemachine.agent.handoff import handed_to
 from statemachine.core import events as _events
 from statemachine.core.messages import thaw_json
@@ -36,7 +34,7 @@ from statemachine.errors import DiagramError
 from statemachine.journal._format import JournalError
 from statemachine.journal._reader import DEFAULT_MAX_LINE_BYTES
 from statemachine.journal._replay import ReplayResult, ReplayStep, describe_event, replay
-from statemachine.journal._view_page import PAGE, SCRIPT, STYLE
+from statemachine.journal._view_page import BODY, SCRIPT, STYLE
 
 __all__ = ["DEFAULT_MAX_VIEW_BYTES", "DEFAULT_MAX_VIEW_TEXT", "view_html"]
 
@@ -326,10 +324,6 @@ def _embed(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _sha256(text: str) -> str:
-    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
-
-
 def _speaker(agent: Any, table: Table) -> str | None:
     """Who speaks first in a team's run: the start of ``agent``'s team, else (a journal
     of a team alone does not name it) the first agent; ``None`` for one agent's run."""
@@ -421,17 +415,9 @@ def view_html(
     # Every step is checked against the table the drawing shows, as the diagram
     # command's overlay does; the page draws the path over the drawing itself.
     svg = _drawing(result, agent)
-    script = SCRIPT
-    policy = (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-        f"script-src 'sha256-{_sha256(script)}'"
-    )
-    title = html.escape(f"run {_cut(str(result.header.run_id), 80)} · statemachine view")
-    return PAGE.format(
-        policy=html.escape(policy),
-        title=title,
-        style=STYLE,
+    body = BODY.format(
         svg=svg_inline(svg, fit=False),
         data=_embed(_page_data(result, max_text, _speaker(agent, result.engine.table))),
-        script=script,
     )
+    title = f"run {_cut(str(result.header.run_id), 80)} · statemachine view"
+    return document(title=title, style=STYLE, body=body, script=SCRIPT)

@@ -1,23 +1,14 @@
-"""The viewer page's markup, style and script (``view_html`` fills the page in): kept
-apart from the code that turns a journal into the page's data, and read whole."""
+"""The viewer page's markup, style and script (``view_html`` fills the page in), after
+what it shares with the live page (``statemachine._page``): kept apart from the code
+that turns a journal into the page's data, and read whole."""
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["PAGE", "SCRIPT", "STYLE"]
+__all__ = ["BODY", "SCRIPT", "STYLE"]
 
-PAGE: Final = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{policy}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-<header>
+BODY: Final = """<header>
   <h1>Run <span id="run-id"></span> <span id="run-state" class="badge"></span></h1>
   <p id="run-summary"></p>
   <p id="run-error" class="error" hidden></p>
@@ -41,32 +32,15 @@ PAGE: Final = """<!doctype html>
     <ol id="messages"></ol>
   </section>
 </main>
-<script type="application/json" id="run-data">{data}</script>
-<script>{script}</script>
-</body>
-</html>
-"""
+<script type="application/json" id="run-data">{data}</script>"""
 
 STYLE: Final = """
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, sans-serif; color: #1f2328; background: #fff; }
-header { padding: 0.6rem 1rem; border-bottom: 1px solid #d0d7de; }
-h1 { font-size: 1.2rem; margin: 0; }
-h2 { font-size: 1rem; margin: 0 0 0.5rem; }
-.badge { font-size: 0.85rem; padding: 0.1rem 0.5rem; border-radius: 1rem; background: #eef; }
-.error { color: #b91c1c; white-space: pre-wrap; }
-main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
-       grid-template-rows: auto minmax(0, 1fr); gap: 0.75rem; padding: 0.75rem;
-       height: calc(100vh - 5rem); min-height: 36rem; }
-#diagram { grid-column: 1; grid-row: 1; overflow: auto; max-height: 55vh;
-           border: 1px solid #d0d7de; border-radius: 6px; }
-#diagram svg { display: block; }
+main { grid-template-rows: auto minmax(0, 1fr); height: calc(100vh - 5rem); min-height: 36rem; }
+#diagram { grid-column: 1; grid-row: 1; max-height: 55vh; }
 #timeline { grid-column: 1; grid-row: 2; display: flex; flex-direction: column; min-height: 0; }
-#transcript { grid-column: 2; grid-row: 1 / span 2; overflow: auto; min-height: 0;
-              border-left: 1px solid #d0d7de; padding-left: 0.75rem; }
+#transcript { min-height: 0; }
 .controls { display: flex; gap: 0.4rem; align-items: center; }
 .controls input { flex: 1; }
-button { font: inherit; padding: 0.15rem 0.6rem; }
 #position { margin: 0.3rem 0; font-weight: 600; }
 #detail { margin: 0 0 0.4rem; padding: 0.4rem 0.6rem; background: #f6f8fa; border-radius: 6px;
           white-space: pre-wrap; overflow-wrap: anywhere; max-height: 9rem; overflow: auto; }
@@ -82,17 +56,11 @@ button { font: inherit; padding: 0.15rem 0.6rem; }
 #events li.abort { border-left-color: #b91c1c; }
 #events li.step { border-left-color: #0e7490; }
 #events li.vw-active { background: #fde68a; }
-#messages { list-style: none; margin: 0; padding: 0; }
-#messages li { margin: 0 0 0.5rem; padding: 0.4rem 0.6rem; border-radius: 8px;
-               white-space: pre-wrap; overflow-wrap: anywhere; max-width: 95%; }
-#messages li .who { display: block; font-size: 0.75rem; color: #57606a; }
-#messages li.user { background: #eef2ff; margin-left: auto; }
-#messages li.assistant { background: #f6f8fa; }
+#messages li { max-width: 95%; }
+#messages li.user { margin-left: auto; }
 #messages li.toolResult { background: #f0fdf4; font-family: ui-monospace, monospace;
                           font-size: 0.85rem; }
 #messages li.toolResult.failed { background: #fef2f2; }
-#messages li .call { display: block; font-family: ui-monospace, monospace; font-size: 0.85rem;
-                     color: #15803d; }
 #messages li.vw-active { outline: 3px solid #f59e0b; }
 #diagram g.node.vw-path path, #diagram g.node.vw-path polygon { fill: #dbeafe; stroke: #1d4ed8;
   stroke-width: 2px; }
@@ -106,17 +74,9 @@ button { font: inherit; padding: 0.15rem 0.6rem; }
 """
 
 SCRIPT: Final = """
-"use strict";
 (() => {
-  const data = JSON.parse(document.getElementById("run-data").textContent);
+  const data = JSON.parse($("run-data").textContent);
   const steps = data.steps, messages = data.messages, run = data.run;
-  const $ = (id) => document.getElementById(id);
-  const el = (tag, cls, text) => {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  };
   $("run-id").textContent = run.id;
   $("run-state").textContent = run.state;
   $("run-summary").textContent = run.state + " after " + steps.length + " event(s), " +
@@ -129,18 +89,7 @@ SCRIPT: Final = """
     $("run-error").textContent = "The journal stops replaying here: " + run.error +
       " (everything before that line is shown).";
   }
-  const svg = document.querySelector("#diagram svg");
-  const nodes = new Map(), edges = new Map();
-  for (const g of svg.querySelectorAll("g.node")) {
-    const t = g.querySelector("title");
-    if (t) nodes.set(t.textContent, g);
-  }
-  for (const g of svg.querySelectorAll("g.edge")) {
-    const t = g.querySelector("title");
-    if (!t) continue;
-    if (!edges.has(t.textContent)) edges.set(t.textContent, []);
-    edges.get(t.textContent).push(g);
-  }
+  const { nodes, edges } = diagramParts($("diagram"));
   const edgesOf = (move) => {
     const all = edges.get(move[0] + "->" + move[2]) || [];
     const named = all.filter((g) => g.textContent.includes(move[1]));

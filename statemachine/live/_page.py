@@ -22,11 +22,10 @@ lit the same way.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import html
 from typing import Final
 
+from statemachine._page import document
 from statemachine.errors import StateMachineError
 
 __all__ = ["page_html"]
@@ -49,33 +48,18 @@ def _diagram() -> str:
     return svg_inline(svg)
 
 
-def _sha256(text: str) -> str:
-    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
-
-
 def page_html() -> str:
     """The live page (it holds no run: its script asks the server)."""
-    policy = (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; "
-        f"script-src 'sha256-{_sha256(_SCRIPT)}'; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    )
-    return _PAGE.format(
-        policy=html.escape(policy), style=_STYLE, diagram=_diagram(), script=_SCRIPT
+    return document(
+        title="statemachine live",
+        style=_STYLE,
+        body=_BODY.format(diagram=_diagram()),
+        script=_SCRIPT,
+        policy="connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     )
 
 
-_PAGE: Final = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{policy}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>statemachine live</title>
-<style>{style}</style>
-</head>
-<body>
-<header>
+_BODY: Final = """<header>
   <h1>Run <span id="run-id">(none)</span> <span id="run-state" class="badge"></span></h1>
   <p id="run-summary">Choose a run, or start one.</p>
   <p id="dropped" class="warning" hidden></p>
@@ -107,51 +91,32 @@ _PAGE: Final = """<!doctype html>
     <h2>Messages</h2>
     <ol id="messages"></ol>
   </section>
-</main>
-<script>{script}</script>
-</body>
-</html>
-"""
+</main>"""
 
 _STYLE: Final = """
-* { box-sizing: border-box; }
-body { margin: 0; font: 15px/1.45 system-ui, sans-serif; color: #1f2328; background: #fff; }
-header { padding: 0.6rem 1rem; border-bottom: 1px solid #d0d7de; }
-h1 { font-size: 1.25rem; margin: 0; }
-h2 { font-size: 1rem; margin: 0.5rem 0; }
-.badge { font-size: 0.9rem; padding: 0.1rem 0.6rem; border-radius: 1rem; background: #fde68a; }
-.error { color: #b91c1c; white-space: pre-wrap; margin: 0.3rem 0 0; }
-.warning { color: #9a6700; margin: 0.3rem 0 0; }
+h2 { margin: 0.5rem 0; }
+.badge { background: #fde68a; }
+.error, .warning { margin: 0.3rem 0 0; }
+.warning { color: #9a6700; }
 #run-summary { margin: 0.3rem 0 0; color: #57606a; }
 #waiting, #questions { margin: 0.4rem 0 0; padding: 0.4rem 0.6rem; background: #fef9c3;
                        border-radius: 6px; }
 #waiting p, #questions p { margin: 0.2rem 0; }
-main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 0.75rem;
-       padding: 0.75rem; }
 #diagram-box { grid-column: 1; position: relative; }
 #fit { position: absolute; right: 0.4rem; top: 0.4rem; z-index: 1; }
-#diagram { overflow: auto; max-height: 60vh; border: 1px solid #d0d7de; border-radius: 6px; }
-#diagram svg { display: block; height: auto; }
+#diagram { max-height: 60vh; }
+#diagram svg { height: auto; }
 #diagram.fit svg { width: 100% !important; }
 #controls { grid-column: 1; }
-#transcript { grid-column: 2; grid-row: 1 / span 2; border-left: 1px solid #d0d7de;
-              padding-left: 0.75rem; max-height: calc(100vh - 6rem); overflow: auto; }
+#transcript { max-height: calc(100vh - 6rem); }
 form { display: flex; gap: 0.4rem; align-items: center; margin: 0 0 0.5rem; }
 form textarea, form input { flex: 1; font: inherit; }
-button { font: inherit; padding: 0.15rem 0.6rem; }
 #runs li { cursor: pointer; }
 #runs li.current { font-weight: 600; }
-#messages { list-style: none; margin: 0; padding: 0; }
-#messages li { margin: 0 0 0.5rem; padding: 0.4rem 0.6rem; border-radius: 8px;
-               white-space: pre-wrap; overflow-wrap: anywhere; }
-#messages li .who { display: block; font-size: 0.8rem; color: #57606a; }
-#messages li.user { background: #eef2ff; margin-left: 10%; }
-#messages li.assistant { background: #f6f8fa; }
+#messages li.user { margin-left: 10%; }
 #messages li.streaming { outline: 2px dashed #d97706; }
-#messages li.tool { background: #f0fdf4; font-family: ui-monospace, monospace; font-size: 0.9rem; }
+#messages li.tool { font-family: ui-monospace, monospace; font-size: 0.85rem; background: #f0fdf4; }
 #messages li.tool.failed { background: #fef2f2; }
-#messages li .call { display: block; font-family: ui-monospace, monospace; font-size: 0.9rem;
-                     color: #15803d; }
 #messages li .call.running::after { content: "  running…"; color: #d97706; }
 #states { list-style: none; display: flex; flex-wrap: wrap; gap: 0.4rem; padding: 0.5rem; }
 #states li { padding: 0.2rem 0.6rem; border: 1px solid #57606a; border-radius: 1rem; }
@@ -163,26 +128,8 @@ button { font: inherit; padding: 0.15rem 0.6rem; }
 """
 
 _SCRIPT: Final = """
-"use strict";
 (() => {
-  const $ = (id) => document.getElementById(id);
-  const el = (tag, cls, text) => {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined) e.textContent = text;
-    return e;
-  };
-  const nodes = new Map(), edges = new Map();
-  for (const g of document.querySelectorAll("#diagram g.node, #diagram li.node")) {
-    const t = g.querySelector("title");
-    nodes.set(t ? t.textContent : g.dataset.state, g);
-  }
-  for (const g of document.querySelectorAll("#diagram g.edge")) {
-    const t = g.querySelector("title");
-    if (!t) continue;
-    if (!edges.has(t.textContent)) edges.set(t.textContent, []);
-    edges.get(t.textContent).push(g);
-  }
+  const { nodes, edges } = diagramParts($("diagram"));
   const body = document.body;
   // The token this page was opened with, sent as a header (never a cookie: a browser
   // would hand a cookie to every server of this host, whatever its port).
