@@ -358,7 +358,9 @@ class ModelAdapter(abc.ABC):
         }
 
     def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        raise NotImplementedError  # the SDK client this adapter talks through
+        """The SDK client this adapter talks through. The OpenAI and Anthropic SDKs both
+        name theirs ``AsyncClient``; an adapter on another SDK builds its own."""
+        return self.sdk.AsyncClient(api_key=key, **self._sdk_options(base_url))
 
     def _raw_base_url(self) -> str:
         """The base URL as the client holds it (an adapter whose SDK client does not

@@ -484,9 +484,6 @@ class AnthropicModel(ModelAdapter):
 
     needs_key = True  # False for Anthropic on Vertex AI, which authenticates with Google
 
-    def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        return anthropic.AsyncAnthropic(api_key=key, **self._sdk_options(base_url))
-
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
     ) -> dict[str, Any]:

@@ -494,9 +494,6 @@ class OpenAIChatModel(ModelAdapter):
         self.stream_usage = stream_usage
         self._client = client or self._new_client(key, base_url)
 
-    def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        return openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
-
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
     ) -> dict[str, Any]:

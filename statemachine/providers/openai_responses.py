@@ -450,9 +450,6 @@ class OpenAIResponsesModel(ModelAdapter):
         self.stream = stream
         self._client = client or self._new_client(key, base_url)
 
-    def _new_client(self, key: str | None, base_url: str | None) -> Any:
-        return openai.AsyncOpenAI(api_key=key, **self._sdk_options(base_url))
-
     def request_body(
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
     ) -> dict[str, Any]:
