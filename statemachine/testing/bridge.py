@@ -44,7 +44,9 @@ import json
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
+
+import attrs
 
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
@@ -428,34 +430,20 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
             process.kill()
 
 
+@attrs.frozen(repr=False)
 class BridgeLoop:
-    """An ``AgentLoop`` whose loop runs in a peer process (see ``bridge_loop``)."""
+    """An ``AgentLoop`` whose loop runs in a peer process: the options ``bridge_loop``
+    checked, which it made this from."""
 
     # Waiting for the peer process to exit is reported by a watcher thread, which an
     # idle-skipping event loop cannot see coming (statemachine/testing/clock.py).
-    needs_real_time = True
+    needs_real_time: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        command: Sequence[str],
-        *,
-        silence_timeout: float = 5.0,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    ) -> None:
-        if isinstance(command, str) or not command:
-            raise InvalidInputError(
-                "command must be a non-empty sequence of arguments, not a string"
-            )
-        if not silence_timeout > 0:
-            raise InvalidInputError(f"silence_timeout must be positive, got {silence_timeout!r}")
-        positive_int("max_line_bytes", max_line_bytes)
-        self.command = tuple(str(part) for part in command)
-        self.silence_timeout = silence_timeout
-        self.max_line_bytes = max_line_bytes
-        self.cwd = cwd
-        self.env = dict(env) if env is not None else None
+    command: tuple[str, ...]
+    silence_timeout: float
+    cwd: str | os.PathLike[str] | None
+    env: Mapping[str, str] | None
+    max_line_bytes: int
 
     def __repr__(self) -> str:
         return f"bridge_loop({list(self.command)!r})"
@@ -521,6 +509,15 @@ def bridge_loop(
     ``max_line_bytes`` (default 16 MiB) caps one line the peer writes; a longer one
     fails the run with ``BridgeProtocolError``.
     """
+    if isinstance(command, str) or not command:
+        raise InvalidInputError("command must be a non-empty sequence of arguments, not a string")
+    if not silence_timeout > 0:
+        raise InvalidInputError(f"silence_timeout must be positive, got {silence_timeout!r}")
+    positive_int("max_line_bytes", max_line_bytes)
     return BridgeLoop(
-        command, silence_timeout=silence_timeout, cwd=cwd, env=env, max_line_bytes=max_line_bytes
+        tuple(str(part) for part in command),
+        silence_timeout,
+        cwd,
+        dict(env) if env is not None else None,
+        max_line_bytes,
     )
