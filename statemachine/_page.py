@@ -5,7 +5,8 @@ Each is one HTML document that holds its style and its one script, under a
 Content-Security-Policy that names that script by its hash: no other script runs, so
 a run's text, which both pages show, can never become code. ``document`` lays such a
 page out and writes its policy; ``STYLE`` and ``SCRIPT`` are the rules and the script
-helpers both pages start from, each page adding its own after them.
+helpers both pages start from, each page adding its own after them, and ``MESSAGES``
+the column of the run's messages that both show.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hashlib
 import html
 from typing import Final
 
-__all__ = ["SCRIPT", "STYLE", "document"]
+__all__ = ["MESSAGES", "SCRIPT", "STYLE", "document"]
 
 
 def document(*, title: str, style: str, body: str, script: str, policy: str = "") -> str:
@@ -55,6 +56,12 @@ _DOCUMENT: Final = """<!doctype html>
 </body>
 </html>
 """
+
+MESSAGES: Final = """<section id="transcript" aria-label="the messages">
+    <h2>Messages</h2>
+    <ol id="messages"></ol>
+  </section>"""
+"""The column of the run's messages, laid out by ``STYLE``; each page's script fills it."""
 
 STYLE: Final = """
 * { box-sizing: border-box; }

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import structlog
 
-from statemachine._page import document
+from statemachine._page import MESSAGES, document
 from statemachine.agent.handoff import handed_to
 from statemachine.core import events as _events
 from statemachine.core.messages import thaw_json
@@ -417,6 +417,7 @@ def view_html(
     svg = _drawing(result, agent)
     body = BODY.format(
         svg=svg_inline(svg, fit=False),
+        messages=MESSAGES,
         data=_embed(_page_data(result, max_text, _speaker(agent, result.engine.table))),
     )
     title = f"run {_cut(str(result.header.run_id), 80)} · statemachine view"

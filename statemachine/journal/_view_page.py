@@ -27,10 +27,7 @@ BODY: Final = """<header>
     <pre id="detail"></pre>
     <ol id="events"></ol>
   </section>
-  <section id="transcript" aria-label="the messages">
-    <h2>Messages</h2>
-    <ol id="messages"></ol>
-  </section>
+  {messages}
 </main>
 <script type="application/json" id="run-data">{data}</script>"""
 

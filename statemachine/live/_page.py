@@ -25,7 +25,7 @@ from __future__ import annotations
 import html
 from typing import Final
 
-from statemachine._page import document
+from statemachine._page import MESSAGES, document
 from statemachine.errors import StateMachineError
 
 __all__ = ["page_html"]
@@ -53,7 +53,7 @@ def page_html() -> str:
     return document(
         title="statemachine live",
         style=_STYLE,
-        body=_BODY.format(diagram=_diagram()),
+        body=_BODY.format(diagram=_diagram(), messages=MESSAGES),
         script=_SCRIPT,
         policy="connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     )
@@ -87,10 +87,7 @@ _BODY: Final = """<header>
     <h2>Runs</h2>
     <ol id="runs"></ol>
   </section>
-  <section id="transcript" aria-label="the messages, as they arrive">
-    <h2>Messages</h2>
-    <ol id="messages"></ol>
-  </section>
+  {messages}
 </main>"""
 
 _STYLE: Final = """
