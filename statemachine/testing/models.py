@@ -156,17 +156,45 @@ def _stream(message: AssistantMessage, options: CallOptions | None) -> None:
             options.on_tool_call_delta(index, block.id, block.name, arguments)
 
 
-class _Recording:
+class _FakeModel:
+    """What the fake models share: each call is recorded, answered by a step (the
+    model's ``_step``), and streamed when asked to."""
+
     # Recording keeps the whole context of every call: quadratic in the run's length,
     # which a long run (a benchmark of 10,000 turns) turns off with record=False.
-    def __init__(self, record: bool, stream: bool, native_output: bool) -> None:
+    def __init__(self, record: bool, stream: bool, native_output: bool, with_signal: bool) -> None:
         if not isinstance(native_output, bool):
             raise UsageError("native_output must be a bool")
         self.native_output = native_output
         self.requests: list[Request] = []
         self._record_requests = record
         self._stream = stream
+        self._with_signal = with_signal
         self._calls = 0
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolDefinition],
+        signal: AbortSignal,
+        *,
+        options: CallOptions | None = None,
+    ) -> AssistantMessage:
+        self._record(messages, tools, options)
+        step, takes_options = self._step()
+        signal_given = signal if self._with_signal else None
+        response = _response(step, messages, tools, signal_given, options, takes_options)
+        if inspect.isawaitable(response):
+            response = await response
+        message = as_message(response)
+        if self._stream:
+            _stream(message, options)
+        return message
+
+    def _step(self) -> tuple[Step, bool]:
+        """What answers the call just recorded, and whether it is a function that
+        declares ``options``."""
+        raise NotImplementedError
 
     @property
     def calls(self) -> int:
@@ -202,13 +230,8 @@ class _Recording:
                 )
             )
 
-    def _streamed(self, message: AssistantMessage, options: CallOptions | None) -> AssistantMessage:
-        if self._stream:
-            _stream(message, options)
-        return message
 
-
-class ScriptedModel(_Recording):
+class ScriptedModel(_FakeModel):
     """Answers model call *n* with the *n*-th response of the script.
 
     A call past the end of the script raises ``UsageError`` (the run ends ``Failed``,
@@ -225,45 +248,29 @@ class ScriptedModel(_Recording):
         stream: bool = False,
         native_output: bool = False,
     ) -> None:
-        super().__init__(record, stream, native_output)
+        super().__init__(record, stream, native_output, with_signal=with_signal)
         self._script = list(responses)
         self._takes_options = [
             callable(step) and not isinstance(step, type) and declares_options(step)
             for step in self._script
         ]
-        self._with_signal = with_signal
 
     @property
     def remaining(self) -> int:
         """Responses not used yet."""
         return len(self._script) - self.calls
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-        *,
-        options: CallOptions | None = None,
-    ) -> AssistantMessage:
-        number = self.calls + 1
-        self._record(messages, tools, options)
+    def _step(self) -> tuple[Step, bool]:
+        number = self.calls
         if number > len(self._script):
             raise UsageError(
                 f"ScriptedModel: model call {number}, but the script has "
                 f"{len(self._script)} response(s)"
             )
-        step = self._script[number - 1]
-        signal_given = signal if self._with_signal else None
-        response = _response(
-            step, messages, tools, signal_given, options, self._takes_options[number - 1]
-        )
-        if inspect.isawaitable(response):
-            response = await response
-        return self._streamed(as_message(response), options)
+        return self._script[number - 1], self._takes_options[number - 1]
 
 
-class FunctionModel(_Recording):
+class FunctionModel(_FakeModel):
     """Answers with ``fn(messages, tools)`` (``fn(messages, tools, signal)`` with
     ``with_signal``); ``fn`` may be sync or async."""
 
@@ -278,30 +285,15 @@ class FunctionModel(_Recording):
     ) -> None:
         if not callable(fn):
             raise UsageError(f"FunctionModel needs a function, got {type(fn).__name__}")
-        super().__init__(record, stream, native_output)
+        super().__init__(record, stream, native_output, with_signal=with_signal)
         self._fn = fn
         self._fn_takes_options = declares_options(fn)
-        self._with_signal = with_signal
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-        *,
-        options: CallOptions | None = None,
-    ) -> AssistantMessage:
-        self._record(messages, tools, options)
-        signal_given = signal if self._with_signal else None
-        response = _response(
-            self._fn, messages, tools, signal_given, options, self._fn_takes_options
-        )
-        if inspect.isawaitable(response):
-            response = await response
-        return self._streamed(as_message(response), options)
+    def _step(self) -> tuple[Step, bool]:
+        return self._fn, self._fn_takes_options
 
 
-class TestModel(_Recording):
+class TestModel(_FakeModel):
     """A model that needs no script: it calls every tool it is offered once, with
     arguments made from each tool's JSON Schema, then gives a valid output made from
     the output's schema (as PydanticAI's ``TestModel``), so a test exercises an agent's
@@ -335,27 +327,19 @@ class TestModel(_Recording):
     ) -> None:
         if call_tools != "all" and (isinstance(call_tools, str) or not _all_str(call_tools)):
             raise UsageError('TestModel: call_tools is "all" or a list of tool names')
-        super().__init__(record, stream, native_output)
+        super().__init__(record, stream, native_output, with_signal=False)
         self._call_tools = call_tools
         self._text = custom_output_text
         self._args = custom_output_args
 
-    async def complete(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[ToolDefinition],
-        signal: AbortSignal,
-        *,
-        options: CallOptions | None = None,
-    ) -> AssistantMessage:
-        self._record(messages, tools, options)
-        return self._streamed(self._answer(messages, tools, options), options)
+    def _step(self) -> tuple[Step, bool]:
+        return self._answer, True
 
     def _answer(
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolDefinition],
-        options: CallOptions | None,
+        options: CallOptions,
     ) -> AssistantMessage:
         callable_tools = [
             t
@@ -376,7 +360,7 @@ class TestModel(_Recording):
             return AssistantMessage([call], stop_reason=StopReason.TOOL_USE)
         if self._text is not None:
             return AssistantMessage(self._text)
-        schema = options.output_schema if options is not None else None
+        schema = options.output_schema
         if schema is not None:
             value = self._args if self._args is not None else schema_value(schema)
             return AssistantMessage(json.dumps(value))
