@@ -269,7 +269,7 @@ def test_an_answer_recorded_before_a_kill_is_given_to_the_rerun_without_a_person
         kill(first)
         gate.touch()
         again = start_worker(db, "kept", out, log, "asking", DURABLE_GATE=str(gate))
-        assert again.wait(timeout=120) == 0  # nobody answers again
+        assert again.wait(timeout=60) == 0  # nobody answers again
     finally:
         kill(first)
         if again is not None:
