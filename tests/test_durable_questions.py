@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +31,7 @@ from durable_worker import (
     start_worker,
     wait_for_log,
 )
-from test_durable_shared import EXTRAS, Engine
+from test_durable_shared import Engine, engine_of
 from test_mcp_questions import _calling, _features
 
 import statemachine as sm
@@ -48,11 +47,7 @@ QUESTION_BACKENDS = ["dbos"]  # the backends whose handles answer questions
 @pytest.fixture(params=QUESTION_BACKENDS)
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
     """Each backend in turn (test_durable_shared's ``engine``, for these backends)."""
-    name = str(request.param)
-    if os.environ.get("CI") != "true":
-        pytest.importorskip(EXTRAS[name])
-    address = str(request.getfixturevalue("temporal_address")) if name == "temporal" else ""
-    return Engine(name, tmp_path, address)
+    return engine_of(request, tmp_path)
 
 
 ASKING: dict[str, Any] = {"models": {"scripted": FunctionModel(asks)}, "tools": [asking_tool()]}
@@ -104,7 +99,7 @@ def test_an_answer_is_checked_against_its_schema_and_a_stale_id_is_refused(
         with pytest.raises(InvalidInputError, match=r"answer\.row: 'three' is not of type"):
             await handle.answer(question.id, {"row": "three"})
         with pytest.raises(InvalidInputError, match='"decline" or "cancel"'):
-            await handle.answer(question.id, "maybe")  # type: ignore[arg-type]
+            await handle.answer(question.id, "maybe")
         assert await handle.pending_questions() == (question,)  # nothing changed
         with pytest.raises(NotPendingError, match="no question 'c9:1' is pending"):
             await handle.answer("c9:1", {"row": 3})
@@ -120,70 +115,68 @@ def test_an_answer_is_checked_against_its_schema_and_a_stale_id_is_refused(
     replays_to(tmp_path / "checked.jsonl", result)  # the export replays a run that asked
 
 
+def _seat_run(
+    engine: Engine,
+    log: Path,
+    act: Callable[[RunHandle, ToolQuestion], Awaitable[None]],
+    **options: Any,
+) -> sm.RunResult:
+    """A durable run of the features server's ``seat`` (a real server process, its
+    answers logged to ``log``), started, then ``act(handle, question)`` once its
+    question is pending; the run's result."""
+
+    async def go() -> sm.RunResult:
+        async with _features(log, elicitation="run", **options) as server:
+            models = {"scripted": _calling("seat")}
+            async with engine.runner(models=models, tools=server.tools) as runner:
+                handle = await runner.start("seated", model="scripted", messages="seat")
+                question = await _question(handle)
+                assert (question.id, question.source) == ("c0:1", server.name)
+                await act(handle, question)
+                result: sm.RunResult = await handle.result(timeout=60)
+                assert await handle.pending_questions() == ()
+                with pytest.raises(NotPendingError):
+                    await handle.answer(question.id, {"row": 1})
+                return result
+
+    return asyncio.run(go())
+
+
 @pytest.mark.timeout(90)
 def test_a_question_nobody_answers_ends_with_its_calls_timeout_and_the_server_hears_cancel(
     engine: Engine, tmp_path: Path
 ) -> None:
-    log = tmp_path / "server.log"
+    async def wait(handle: RunHandle, question: ToolQuestion) -> None:
+        """Nobody answers."""
 
-    async def go() -> sm.RunResult:
-        async with _features(log, elicitation="run", call_timeout=2) as server:
-            models = {"scripted": _calling("seat")}
-            async with engine.runner(models=models, tools=server.tools) as runner:
-                handle = await runner.start("late", model="scripted", messages="seat")
-                question = await _question(handle)
-                assert (question.id, question.source) == ("c0:1", server.name)
-                result = await handle.result(timeout=60)
-                assert await handle.pending_questions() == ()
-                return result
-
-    result = asyncio.run(go())
+    result = _seat_run(engine, tmp_path / "server.log", wait, call_timeout=2)
     assert result.final_text == "Tool seat timed out after 2 s"
-    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
+    assert (tmp_path / "server.log").read_text(encoding="utf-8") == "seat: cancel\n"
 
 
 @pytest.mark.timeout(90)
 def test_an_abort_while_a_question_is_pending_ends_the_run_aborted(
     engine: Engine, tmp_path: Path
 ) -> None:
-    log = tmp_path / "server.log"
+    async def abort(handle: RunHandle, question: ToolQuestion) -> None:
+        await handle.abort("nobody is there")
 
-    async def go() -> sm.RunResult:
-        async with _features(log, elicitation="run") as server:
-            models = {"scripted": _calling("seat")}
-            async with engine.runner(models=models, tools=server.tools) as runner:
-                handle = await runner.start("stopped", model="scripted", messages="seat")
-                question = await _question(handle)
-                await handle.abort("nobody is there")
-                result = await handle.result(timeout=60)
-                with pytest.raises(NotPendingError):
-                    await handle.answer(question.id, {"row": 1})
-                return result
-
-    result = asyncio.run(go())
+    result = _seat_run(engine, tmp_path / "server.log", abort)
     assert result.state is sm.TurnState.ABORTED
-    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
+    assert (tmp_path / "server.log").read_text(encoding="utf-8") == "seat: cancel\n"
 
 
 @pytest.mark.timeout(90)
 def test_a_real_servers_question_is_answered_through_a_durable_run(
     engine: Engine, tmp_path: Path
 ) -> None:
-    log = tmp_path / "server.log"
+    async def answer(handle: RunHandle, question: ToolQuestion) -> None:
+        assert question.schema["properties"]["row"]["type"] == "integer"
+        await handle.answer(question.id, {"row": 7})
 
-    async def go() -> sm.RunResult:
-        async with _features(log, elicitation="run") as server:
-            models = {"scripted": _calling("seat")}
-            async with engine.runner(models=models, tools=server.tools) as runner:
-                handle = await runner.start("seated", model="scripted", messages="seat")
-                question = await _question(handle)
-                assert question.schema["properties"]["row"]["type"] == "integer"
-                await handle.answer(question.id, {"row": 7})
-                return await handle.result(timeout=60)
-
-    result = asyncio.run(go())
+    result = _seat_run(engine, tmp_path / "server.log", answer)
     assert result.final_text == "row 7"
-    assert log.read_text(encoding="utf-8") == "seat: row 7\n"
+    assert (tmp_path / "server.log").read_text(encoding="utf-8") == "seat: row 7\n"
 
 
 # -- kill -9 (DBOS worker processes) ------------------------------------------------------------
@@ -284,3 +277,58 @@ def test_an_answer_recorded_before_a_kill_is_given_to_the_rerun_without_a_person
         ["end", "c0"],
     ]
     assert lines[0][2] != lines[2][2]  # the call ran again, in the second worker
+
+
+# -- what a run takes from outside: bounded and checked -----------------------------------------
+
+ROW_SCHEMA = {"type": "object", "properties": {"row": {"type": "integer"}}, "required": ["row"]}
+
+
+def _row_question(message: str = "Which row?") -> ToolQuestion:
+    return ToolQuestion("c0:1", "c0", "ask", message, ROW_SCHEMA, None, "test")
+
+
+def test_a_recorded_answer_is_given_back_only_to_the_same_question() -> None:
+    from statemachine.durable._questions import DurableQuestions, answer_message
+
+    asked = _row_question()
+    places = [{"at": 3, "message": answer_message(asked, {"row": 2})}]
+    questions = DurableQuestions(places, None)
+    assert questions.recorded(asked) == {"row": 2}
+    assert questions.recorded(_row_question("Which seat?")) is None  # asked anew
+    other_id = ToolQuestion("c0:2", "c0", "ask", "Which row?", ROW_SCHEMA, None, "test")
+    assert questions.recorded(other_id) is None
+    # A record whose answer does not fit the question's schema is no answer to it.
+    broken = {**answer_message(asked, {"row": 2}), "answer": {"row": "two"}}
+    assert DurableQuestions([{"at": 3, "message": broken}], None).recorded(asked) is None
+
+
+def test_an_answer_and_a_question_are_bounded() -> None:
+    from statemachine.durable._questions import MAX_QUESTION_JSON, DurableQuestions, answer_message
+
+    free = ToolQuestion("c0:1", "c0", "ask", "Say", {"type": "object"}, None, "test")
+    with pytest.raises(InvalidInputError, match=f"at most {MAX_QUESTION_JSON} characters"):
+        answer_message(free, {"text": "x" * MAX_QUESTION_JSON})
+    huge = ToolQuestion("c0:1", "c0", "ask", "x" * MAX_QUESTION_JSON, {}, None, "test")
+    call = sm.ToolCall("c0", "ask", {})
+    no_run: Any = None  # refused before the run is reached
+    asking = DurableQuestions([], None).ask(
+        no_run,
+        call,
+        lambda question_id: huge,
+        sm.AbortController().signal,
+    )
+    with pytest.raises(InvalidInputError, match=f"at most {MAX_QUESTION_JSON} characters"):
+        asyncio.run(asking)
+
+
+def test_published_questions_are_read_bounded_and_malformed_ones_are_skipped() -> None:
+    from statemachine.agent.questions import MAX_PENDING_QUESTIONS
+    from statemachine.durable._questions import question_to_dict, questions_from_published
+
+    good = question_to_dict(_row_question())
+    published = [{"id": 1}, "junk", {**good, "schema": "none"}, {**good, "url": 5}]
+    published += [good] * (MAX_PENDING_QUESTIONS + 3)
+    read = questions_from_published(published)
+    assert read == (_row_question(),) * (MAX_PENDING_QUESTIONS - 4)
+    assert questions_from_published({"not": "a list"}) == ()
