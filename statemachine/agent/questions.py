@@ -11,6 +11,8 @@ approval is given; ``ToolAnswered`` says how it ended.
 Bounded: at most ``MAX_PENDING_QUESTIONS`` pending on one run at once (past it the
 asker is refused), each one ends with its call (its timeout or an abort answer it
 "cancel"), and an answer is checked against the question's schema before it is taken.
+A durable run keeps its questions here too, and publishes them and takes their
+answers through its backend (``statemachine.durable._questions``).
 """
 
 from __future__ import annotations
