@@ -332,3 +332,19 @@ def test_published_questions_are_read_bounded_and_malformed_ones_are_skipped() -
     read = questions_from_published(published)
     assert read == (_row_question(),) * (MAX_PENDING_QUESTIONS - 4)
     assert questions_from_published({"not": "a list"}) == ()
+
+
+def test_an_answer_taken_before_its_question_is_asked_again_is_kept_for_it() -> None:
+    from statemachine.agent.questions import MAX_PENDING_QUESTIONS
+    from statemachine.durable._questions import DurableQuestions, answer_message
+
+    asked = _row_question()
+    questions = DurableQuestions([], None)
+    questions.take({"kind": "answer", "answer": {"row": 1}})  # names no question: dropped
+    questions.take(answer_message(asked, {"row": 4}))  # the call has not asked again yet
+    assert questions.recorded(asked) == {"row": 4}
+    # Only the last MAX_PENDING_QUESTIONS such answers are kept.
+    for n in range(MAX_PENDING_QUESTIONS):
+        other = ToolQuestion(f"c{n + 1}:1", f"c{n + 1}", "ask", "Which row?", ROW_SCHEMA)
+        questions.take(answer_message(other, {"row": n}))
+    assert questions.recorded(asked) is None

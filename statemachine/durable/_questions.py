@@ -187,10 +187,11 @@ class DurableQuestions:
         call, or asked before a crash and not again)."""
         run = self._run
         question_id = message.get("question_id")
-        if run is None or not isinstance(question_id, str):
+        if not isinstance(question_id, str) or len(question_id) > MAX_QUESTION_JSON:
             return
-        question = next((q for q in run.pending() if q.id == question_id), None)
-        if question is None:
+        pending = () if run is None else run.pending()
+        question = next((q for q in pending if q.id == question_id), None)
+        if run is None or question is None:
             self._keep(question_id, message)
             return
         if message.get("asked") != fingerprint(question):
