@@ -14,7 +14,9 @@ repeats what the person said), "broken" (tools also run outside their
 steps), "gated"
 (one tool that waits until the file DURABLE_GATE exists; the model repeats what the
 person said; "gated-dies": the same, dying when a message has come, before its
-place is recorded) or "serve" (no run of its own: it takes runs from the queue "jobs",
+place is recorded), "asking" (one tool, ``ask``, that asks a person for a row and
+then waits for the file DURABLE_GATE, if set; the model says what it answered) or
+"serve" (no run of its own: it takes runs from the queue "jobs",
 first taking over the runs of the workers named in DURABLE_RECOVER; then it makes
 the file OUT.ready, and it stops when the file OUT exists). Every other mode starts
 RUN_ID (or takes it back after a restart), waits for its result and writes it as
@@ -227,6 +229,47 @@ def echo(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.
     return sm.AssistantMessage(f"heard: {said(messages)}")
 
 
+ROW = {"type": "object", "properties": {"row": {"type": "integer"}}, "required": ["row"]}
+ANSWERS: list[Any] = []  # what ``ask`` was answered, in this process
+
+
+async def _ask_row(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+    """Ask a person for a row (as an MCP server's elicitation would), logged as
+    ``start c0``, ``answered c0`` and ``end c0``; between the last two it waits until
+    the file DURABLE_GATE exists, if that is set."""
+    from statemachine.agent.running import ask_person
+    from statemachine.hooks import ToolQuestion
+
+    call = sm.current_tool_call()
+    assert call is not None
+    _log(f"start {call.id}")
+
+    def question(question_id: str, call: sm.ToolCall) -> ToolQuestion:
+        return ToolQuestion(question_id, call.id, call.name, "Which row?", ROW, None, "test")
+
+    answer = await ask_person(question, signal)
+    ANSWERS.append(answer)
+    _log(f"answered {call.id}")
+    gate = os.environ.get("DURABLE_GATE")
+    while gate and not os.path.exists(gate):
+        await asyncio.sleep(0.01)
+    _log(f"end {call.id}")
+    return repr(answer)
+
+
+def asking_tool(timeout: float | None = None) -> sm.Tool:
+    """The tool ``ask`` (``_ask_row``), with the call timeout ``timeout``."""
+    return sm.Tool(sm.ToolDefinition("ask", "Ask a person for a row."), _ask_row, timeout=timeout)
+
+
+def asks(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """The "asking" runs: call ``ask`` once, then say what it answered."""
+    results = [m.text for m in messages if isinstance(m, sm.ToolResultMessage)]
+    if not results:
+        return sm.AssistantMessage([sm.ToolCall("c0", "ask", {})])
+    return sm.AssistantMessage(f"answered: {results[0]}")
+
+
 @sm.tool
 async def guarded() -> str:
     """A tool a person must approve."""
@@ -344,6 +387,7 @@ def _model_of(mode: str) -> Any:
         "gated": echo,
         "gated-dies": echo,
         "compacted": tells_its_view,
+        "asking": asks,
     }
     return models.get(mode, answer)
 
@@ -353,6 +397,14 @@ def _hook_of(mode: str) -> Any:
     return hooks.get(mode)
 
 
+def _tools_of(mode: str) -> list[sm.Tool]:
+    if mode == "listening":
+        return [wait_at_gate, guarded]
+    if mode.startswith("gated"):
+        return [wait_at_gate]
+    return [asking_tool()] if mode == "asking" else TOOLS
+
+
 async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
     from statemachine.durable.dbos import DBOSRunner
 
@@ -360,7 +412,6 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         _run_tools_outside_their_steps()
     if mode == "gated-dies":
         _die_before_placing_a_message()
-    gated = mode.startswith("gated")
     listening = mode == "listening"
     typed = mode == "typed"
     # Only a typed worker has more in its registry: the others keep the version the
@@ -373,7 +424,7 @@ async def main(db_url: str, run_id: str, out: str, mode: str) -> None:
         }
     runner = DBOSRunner(
         models={"scripted": FunctionModel(_model_of(mode))},
-        tools=[wait_at_gate, guarded] if listening else [wait_at_gate] if gated else TOOLS,
+        tools=_tools_of(mode),
         database_url=db_url,
         before_tool_call=_hook_of(mode),
         notification_interval=0.05 if listening else 0.1,

@@ -132,14 +132,19 @@ class Engine:
         return asyncio.run(go())
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    """Each backend in turn (module docstring)."""
+def engine_of(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    """The ``Engine`` of the backend ``request.param`` (an ``engine`` fixture's value)."""
     name = str(request.param)
     if os.environ.get("CI") != "true":
         pytest.importorskip(EXTRAS[name])
     address = str(request.getfixturevalue("temporal_address")) if name == "temporal" else ""
     return Engine(name, tmp_path, address)
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    """Each backend in turn (module docstring)."""
+    return engine_of(request, tmp_path)
 
 
 async def _pending(handle: RunHandle, call_id: str, timeout: float = 30) -> list[str]:

@@ -11,6 +11,8 @@ approval is given; ``ToolAnswered`` says how it ended.
 Bounded: at most ``MAX_PENDING_QUESTIONS`` pending on one run at once (past it the
 asker is refused), each one ends with its call (its timeout or an abort answer it
 "cancel"), and an answer is checked against the question's schema before it is taken.
+A durable run keeps its questions here too, and publishes them and takes their
+answers through its backend (``statemachine.durable._questions``).
 """
 
 from __future__ import annotations
@@ -86,11 +88,26 @@ class RunQuestions:
         _settle(entry[1], checked, outcome)
 
     async def ask(
-        self, make: Callable[[str], ToolQuestion], signal: AbortSignal, aborting: Callable[[], bool]
+        self,
+        make: Callable[[str], ToolQuestion],
+        signal: AbortSignal,
+        aborting: Callable[[], bool],
+        *,
+        question_id: str | None = None,
+        given: Answer | None = None,
+        changed: Callable[[], None] | None = None,
     ) -> Answer:
         """Ask ``make(id)`` and wait for its answer: "cancel" once ``signal`` fires (the
         call's timeout, or an abort: ``aborting()`` tells which). ``InvalidInputError``
-        past ``MAX_PENDING_QUESTIONS``."""
+        past ``MAX_PENDING_QUESTIONS``. A durable run names the question
+        (``question_id``), may hold its answer already (``given``, recorded before a
+        crash: taken at once) and publishes what is pending (``changed()``, called
+        when a question is added or ends)."""
+        if given is not None:
+            question = make(question_id or "q0")
+            self._emit(ToolAsked(question))
+            self._emit(ToolAnswered(question, given if isinstance(given, str) else "accept"))
+            return given
         future: asyncio.Future[tuple[Answer, str]] = asyncio.get_running_loop().create_future()
         with self._lock:
             if len(self._pending) >= self._limit:
@@ -99,8 +116,12 @@ class RunQuestions:
                     "(MAX_PENDING_QUESTIONS): answer them first"
                 )
             self._asked += 1
-            question = make(f"q{self._asked}")
+            question = make(question_id or f"q{self._asked}")
+            if question.id in self._pending:
+                raise InvalidInputError(f"question {question.id!r} is pending already")
             self._pending[question.id] = (question, future)
+        if changed is not None:
+            changed()
 
         def ended(_reason: object) -> None:
             with self._lock:
@@ -118,6 +139,8 @@ class RunQuestions:
             remove()
             with self._lock:
                 self._pending.pop(question.id, None)
+            if changed is not None:
+                changed()
             if future.done() and not future.cancelled():
                 outcome = future.result()[1]  # settled, then cancelled before it was read
             self._emit(ToolAnswered(question, outcome))

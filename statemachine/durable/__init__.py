@@ -48,6 +48,17 @@ What is promised
   (``pending_approvals()``) and waits in the database; ``decide`` may come from any
   process, before or after restarts. A call that is not pending (unknown, or already
   decided) is refused with ``NotPendingError``.
+- **A running tool's question waits for a person durably** (an MCP server's
+  elicitation, ``MCPServer(elicitation="run")``): it is published
+  (``pending_questions()``) while its call runs, and ``answer(question_id, answer)``
+  may come from any process; the answer is checked against the question's schema
+  (``InvalidInputError``), a question that is not pending is refused
+  (``NotPendingError``), and the answer is recorded as a message of the run. Its id
+  is ``"{call_id}:{n}"`` (the call's n-th question, from 1). A call that runs again
+  after a crash and asks the same question (same id, message and schema) gets the
+  recorded answer at once, without a person; any other question is asked anew. A
+  question ends with its call: its timeout or an abort answers it "cancel". At most
+  ``MAX_PENDING_QUESTIONS`` are pending on a run at once.
 """
 
 from __future__ import annotations
@@ -60,7 +71,8 @@ from typing import IO, Protocol, Required, TypedDict, Union, Unpack, runtime_che
 
 import attrs
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, ToolQuestion
+from statemachine.agent.questions import Answer
 from statemachine.agent.running import current_tool_call
 from statemachine.agent.tools import Tool
 from statemachine.core.limits import UsageLimits
@@ -184,6 +196,16 @@ class RunHandle(Protocol):
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         """Approve or deny a pending call; ``NotPendingError`` if it is not pending."""
+        ...
+
+    async def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for (an MCP
+        server's elicitation), oldest first; none once the run has ended."""
+        ...
+
+    async def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question (``InvalidInputError`` if the answer does not fit
+        its schema); ``NotPendingError`` if it is not pending."""
         ...
 
     async def steer(self, message: str | UserMessage) -> None:

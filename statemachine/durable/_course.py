@@ -81,7 +81,8 @@ class CourseRun(Protocol):
 class LaneRun:
     """One part of a durable run (module docstring): ``part`` (an ``AgentRun``), whose
     operations ``backend`` starts and whose inbox (``inbox(self)``) places the
-    messages of the control lane ``control``; a ``CourseRun``."""
+    messages of the control lane ``control``; a ``CourseRun``. ``answers`` takes the
+    answers to its tools' questions, where the backend lets them ask a person."""
 
     def __init__(
         self,
@@ -89,9 +90,11 @@ class LaneRun:
         control: Any,
         inbox: Callable[[LaneRun], Inbox],
         backend: Backend,
+        answers: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.part = part
         self.control = control
+        self._answers = answers  # takes an answer to a tool's question (``_questions``)
         self.inbox = inbox(self)
         use_backend(part, inbox=self.inbox, backend=backend, on_handle=partial(_count, control))
 
@@ -126,6 +129,8 @@ class LaneRun:
         elif kind in ("steer", "follow_up"):
             which = InputKind.STEER if kind == "steer" else InputKind.FOLLOW_UP
             return InputQueued(user_message(message), which)
+        elif kind == "answer" and self._answers is not None:
+            self._answers(message)
         return None
 
 

@@ -6,7 +6,8 @@ publishes whether it is ending as the DBOS event ``OPEN``, and sends itself its
 markers with ``DBOS.send``. It looks without waiting (``_look``) with a ``recv`` that
 does not wait, then a step ``statemachine.look`` that records what it took and
 whether the listener's ``recv`` has taken a message (DBOS records a ``recv`` with the
-message it takes, in the same transaction). The lane's logic is ``_lane``'s.
+message it takes, in the same transaction). The lane's logic is ``_lane``'s. An answer
+to a tool's question is one of its messages (``_questions``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from dbos import DBOS, StepOptions, StepReservation
 
 from statemachine.durable._lane import NOTHING, OPEN, SYNC, ControlLane, start_now
+from statemachine.durable._questions import DurableQuestions, PublishQuestions
 
 __all__ = [
     "LOOK",
@@ -68,13 +70,17 @@ class Control(ControlLane):
     """The control lane of one execution of a run's workflow, on DBOS; ``recorded``:
     the workflow's steps as DBOS lists them (the places of earlier executions)."""
 
-    def __init__(self, recorded: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, recorded: Sequence[Mapping[str, Any]], publish: PublishQuestions | None = None
+    ) -> None:
         places = [
             s["output"]
             for s in sorted(recorded, key=lambda s: s["function_id"])
             if s["function_name"] == STEP and isinstance(s.get("output"), dict)
         ]
         super().__init__(places, max((s["function_id"] for s in recorded), default=0))
+        # The questions its tools ask a person, published by ``publish``.
+        self.questions = DurableQuestions(places, publish)
         # Set by a step that does not fit what the run recorded (``_dbos_run``).
         self.mismatch: asyncio.Future[str] | None = None
 

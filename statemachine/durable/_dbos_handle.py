@@ -1,5 +1,6 @@
 """The handle of one durable run on DBOS, from any process: its result and status,
-and the messages sent to it (decisions, steer, follow-up, abort; the docstring of
+and the messages sent to it (decisions, answers to its tools' questions, steer,
+follow-up, abort; the docstring of
 ``statemachine.durable.dbos``), which go through the database, so no live worker is
 needed. A handle made by a runner refuses to serve once that runner is destroyed.
 """
@@ -16,7 +17,8 @@ from typing import IO, Any, Protocol
 import attrs
 from dbos import DBOSClient, WorkflowHandleAsync
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, ToolQuestion
+from statemachine.agent.questions import Answer
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import (
@@ -36,9 +38,11 @@ from statemachine.durable._dbos_status import (
     described,
     find,
     pending_calls,
+    pending_questions,
     status_of,
 )
 from statemachine.durable._inputs import check_run_id, checked_text, user_dict
+from statemachine.durable._questions import answer_message
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import result_from_dict
 from statemachine.errors import InvalidInputError, UsageError
@@ -185,6 +189,28 @@ class DBOSRunHandle:
             )
         message = {"kind": "decision", "call_id": call_id, "approve": approve, "reason": text}
         await self._send(message, f"{self.run_id}:{call_id}")
+
+    async def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for, oldest first
+        (``statemachine.agent.questions``); none once the run has ended."""
+        return pending_questions(await find(self._client, self.run_id))
+
+    async def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question, checked against its schema as ``AgentRun.answer``
+        checks it (``InvalidInputError``); ``NotPendingError`` if it is not pending.
+        The answer is a message of the run: its worker takes it (``_questions``)."""
+        if not isinstance(question_id, str):
+            raise InvalidInputError(f"question_id must be a str, got {type(question_id).__name__}")
+        question = next((q for q in await self.pending_questions() if q.id == question_id), None)
+        if question is None:
+            raise NotPendingError(
+                f"no question {question_id[:200]!r} is pending on run {self.run_id!r} "
+                "(unknown, answered already, ended with its call, or the run has ended)"
+            )
+        message = answer_message(question, answer)
+        # One answer per question: a second one sent before the run took the first is
+        # the same message to DBOS, which keeps one.
+        await self._send(message, f"{self.run_id}:{question_id}:{message['asked'][:16]}")
 
     async def steer(self, message: str | UserMessage) -> None:
         """Queue a message for the model. Once this returns, the message reaches the

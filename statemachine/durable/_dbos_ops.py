@@ -169,15 +169,17 @@ class _ReplayBackend:
         make: Callable[[str], ToolQuestion],
         signal: AbortSignal,
     ) -> Answer | None:
-        """No one is asked: a durable run's tools cannot ask a person yet."""
-        return None
+        """No one is asked: the answer the run recorded for the same question, if any
+        (a tool's recorded step gives back its output, so none runs here)."""
+        return self._steps.control.questions.replayed(call, make)
 
 
 def _replay_run(part: AgentRun, control: Control, recorded: Recorded) -> LaneRun:
     """``part`` with its steps answered by their recorded outputs, never run. Every
     recorded answer is posted when its step starts, so a loop that would wait has
     reached the end of the recorded steps."""
-    return LaneRun(part, control, _ReplayInbox, _ReplayBackend(control, recorded))
+    backend = _ReplayBackend(control, recorded)
+    return LaneRun(part, control, _ReplayInbox, backend, control.questions.take)
 
 
 # -- the export --------------------------------------------------------------------------------

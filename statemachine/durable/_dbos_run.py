@@ -8,7 +8,9 @@ the steps in the engine's order (``_lane.start_now``). The tool results of a bat
 are handed to the engine in call order, whatever order the tools finish in, so that
 this order does not depend on timing. Messages to the run come through its inbox, between two
 engine events, at the place ``_dbos_control.Control`` records; before a final
-answer the inbox first takes every message stored for the run (``_lane``). A step
+answer the inbox first takes every message stored for the run (``_lane``). A running
+tool's question to a person is pending on the run and published; its answer is one of
+those messages (``_questions``). A step
 that does not fit what the run recorded in its place (the worker's code differs)
 hands nothing to the engine: it tells the workflow, which holds the run.
 
@@ -25,7 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from dbos import DBOS, StepOptions
+from dbos import DBOS, DBOSClient, StepOptions
 
 from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation
@@ -38,11 +40,20 @@ from statemachine.durable import _durable_run_id
 from statemachine.durable._course import LaneRun, step_name
 from statemachine.durable._dbos_control import NOTHING, Control, start_now
 from statemachine.durable._dbos_errors import DBOSUnexpectedStepError
+from statemachine.durable._dbos_status import QUESTIONS, find, pending_questions
 from statemachine.durable._journal import NOT_RECORDED
 from statemachine.durable._order import Handover
+from statemachine.durable._questions import PublishQuestions
 from statemachine.durable._wire import decode_step_events, encode_step_events
 
-__all__ = ["ControlInbox", "DBOSBackend", "Saved", "durable_run"]
+__all__ = [
+    "ControlInbox",
+    "DBOSBackend",
+    "Saved",
+    "durable_run",
+    "forget_questions",
+    "question_publisher",
+]
 
 StepBody = Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]
 Saved = Callable[[str, str, StepBody], Awaitable[Any]]
@@ -181,8 +192,10 @@ class DBOSBackend:
         make: Callable[[str], ToolQuestion],
         signal: AbortSignal,
     ) -> Answer | None:
-        """No one is asked: a durable run's tools cannot ask a person yet."""
-        return None
+        """Pending on the run and published for any process until a person answers it
+        from a handle (``DBOSRunHandle.answer``, a message of the run); the answer
+        recorded before a crash if the same question is asked again (``_questions``)."""
+        return await self.control.questions.ask(driver, call, make, signal)
 
     async def _step(self, driver: AsyncioExecutor, op: Operation) -> None:
         """Run ``op`` as its DBOS step; hand its events to the loop."""
@@ -226,9 +239,30 @@ class DBOSBackend:
             self.handover.deliver(op.key, events)
 
 
+def question_publisher(client: DBOSClient, run_id: str) -> PublishQuestions:
+    """Publishes the run's pending questions as its attribute ``QUESTIONS``: written
+    by the client, outside the workflow's numbered operations (``_questions``)."""
+
+    async def publish(questions: list[dict[str, Any]]) -> None:
+        await client.update_workflow_attributes_async(run_id, {QUESTIONS: questions}, merge=True)
+
+    return publish
+
+
+async def forget_questions(client: DBOSClient, run_id: str) -> None:
+    """As an execution of the run begins: the questions an earlier one published are
+    not pending any more (a tool that runs again asks anew)."""
+    if pending_questions(await find(client, run_id)):
+        await client.update_workflow_attributes_async(run_id, {QUESTIONS: []}, merge=True)
+
+
 def durable_run(part: AgentRun, control: Control, backend: DBOSBackend | None = None) -> LaneRun:
     """``part`` run as a durable run's part: each operation a DBOS step
     (``backend``, by default one that runs them), its messages through ``control``."""
     return LaneRun(
-        part, control, ControlInbox, backend if backend is not None else DBOSBackend(control)
+        part,
+        control,
+        ControlInbox,
+        backend if backend is not None else DBOSBackend(control),
+        control.questions.take,
     )

@@ -1,6 +1,6 @@
 """What DBOS keeps of a run, read as the library's ``RunStatus``: the workflow's name
 runs are found by, the run's attributes (held, ended by an operator, code notes), the
-published pending approvals, and the state a worker of a given application version
+published pending approvals and questions, and the state a worker of a given application version
 sees. Reading only: the runner, the handle and the held-run operations write.
 """
 
@@ -11,9 +11,11 @@ from typing import Any
 
 from dbos import DBOSClient
 
+from statemachine.agent.events import ToolQuestion
 from statemachine.core.messages import ToolCall
 from statemachine.durable import RunStatus, UnknownRunError
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS
+from statemachine.durable._questions import questions_from_published
 from statemachine.durable._wire import call_from_dict
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "HELD",
     "NOTES",
     "PENDING",
+    "QUESTIONS",
     "STATES",
     "WORKFLOW",
     "attributes",
@@ -30,11 +33,13 @@ __all__ = [
     "find",
     "newest_version",
     "pending_calls",
+    "pending_questions",
     "status_of",
 ]
 
 WORKFLOW = "statemachine.run"  # the name the run's workflow is registered under
 PENDING = "pending"  # the event holding the calls waiting for a decision
+QUESTIONS = "statemachine.questions"  # the attribute holding the pending questions
 DONE = "statemachine.done"  # the event a run sets last, on PostgreSQL (it notifies)
 
 # The run's attributes (kept by DBOS with its status, written outside its steps).
@@ -116,3 +121,11 @@ async def pending_calls(client: DBOSClient, run_id: str) -> tuple[ToolCall, ...]
     if published is None:
         await find(client, run_id)
     return tuple(call_from_dict(c) for c in published or ())
+
+
+def pending_questions(found: Any) -> tuple[ToolQuestion, ...]:
+    """The questions the run (its DBOS status ``found``) published as pending; none
+    once it has ended."""
+    if status_of(found).state in ENDED:
+        return ()
+    return questions_from_published(attributes(found).get(QUESTIONS))

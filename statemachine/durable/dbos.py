@@ -117,7 +117,7 @@ from statemachine.durable._dbos_errors import (
 )
 from statemachine.durable._dbos_handle import ENDING_WAIT as ENDING_WAIT  # documented
 from statemachine.durable._dbos_handle import DBOSRunHandle, open_handle
-from statemachine.durable._dbos_run import durable_run
+from statemachine.durable._dbos_run import durable_run, forget_questions, question_publisher
 from statemachine.durable._dbos_status import DONE, NOTES, PENDING, WORKFLOW
 from statemachine.durable._dbos_store import DBOSStore, connect, open_store
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
@@ -389,8 +389,11 @@ class DBOSRunner:
                 ],
             )
         taken = await _dbos_patches.apply(self.patches, self.deprecated_patches, recorded)
+        client = self._require_client()
+        await forget_questions(client, run_id)
+        control = Control(recorded, question_publisher(client, run_id))
         with patches_applied(self.patches, taken):
-            return await self._drive(run_id, spec, Control(recorded))
+            return await self._drive(run_id, spec, control)
 
     async def _drive(
         self, run_id: str, spec: Mapping[str, Any], control: Control
@@ -422,6 +425,7 @@ class DBOSRunner:
                     mismatch = str(exc)
         finally:
             await control.close()
+            await control.questions.settle()
         if mismatch is not None:
             await self._hold(
                 run_id, [f"the run's recorded steps do not fit this worker's code: {mismatch}"]
