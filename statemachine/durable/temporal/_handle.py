@@ -18,6 +18,7 @@ worker runs it again.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import uuid
@@ -37,15 +38,17 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, ToolQuestion
+from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
-from statemachine.durable._inputs import checked_text, user_dict
+from statemachine.durable._inputs import MAX_MESSAGE_CHARS, checked_text, user_dict
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._inflight import in_flight
+from statemachine.durable.temporal._questions import INVALID, question_from_dict, refused_answer
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
 from statemachine.errors import (
     InvalidInputError,
@@ -177,6 +180,49 @@ class TemporalRunHandle:
                 raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
             return tuple(call_from_dict(c) for c in pending)
         return None
+
+    async def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for (an MCP server's
+        elicitation, ``MCPServer(elicitation="run")``), oldest first (a query, as
+        ``pending_approvals``: none while the run is not running)."""
+        description = await self._describe()
+        if _STATES.get(description.status) != "running":
+            return ()
+        try:
+            pending = await self._workflow.query(
+                "pending_questions", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+            )
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
+                return ()  # held: no worker replays it now (``status``)
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
+            ) from None
+        return tuple(question_from_dict(q) for q in pending[:MAX_PENDING_QUESTIONS])
+
+    async def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question, as ``AgentRun.answer`` does: a mapping of its
+        schema's fields accepts, "decline" says no, "cancel" dismisses it.
+        ``InvalidInputError`` for an answer that does not fit the schema (or is more
+        than ``MAX_MESSAGE_CHARS`` of JSON), ``NotPendingError`` for a question that is
+        not pending. Once this returns, the run's history holds the answer."""
+        if not isinstance(question_id, str):
+            raise InvalidInputError(f"question_id must be a str, got {question_id!r}")
+        if answer not in ("decline", "cancel") and not isinstance(answer, Mapping):
+            raise InvalidInputError(
+                f"question {question_id!r}: an answer is a mapping of the schema's fields, "
+                f'"decline" or "cancel", not {type(answer).__name__}'
+            )
+        try:
+            size = len(json.dumps(answer))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"question {question_id!r}: an answer is JSON: {exc}") from None
+        if size > MAX_MESSAGE_CHARS:
+            raise InvalidInputError(
+                f"question {question_id!r}: an answer is at most {MAX_MESSAGE_CHARS} "
+                f"characters of JSON, got {size}"
+            )
+        await self._update("answer", {"question_id": question_id, "answer": answer})
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         if not isinstance(call_id, str):
@@ -328,8 +374,8 @@ class TemporalRunHandle:
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
-            if kind in (NOT_PENDING, CLOSED):
-                self._refuse(name, message)
+            if kind in (NOT_PENDING, CLOSED, INVALID):
+                self._refuse(name, message, cause)
             raise
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             # No worker took it in time: a worker that does not fit the run fails its
@@ -378,7 +424,14 @@ class TemporalRunHandle:
             await asyncio.sleep(random.uniform(pause / 2, pause))
             pause = min(pause * 2, LAST_PAUSE)
 
-    def _refuse(self, name: str, message: dict[str, Any] | None = None) -> None:
+    def _refuse(
+        self, name: str, message: dict[str, Any] | None = None, cause: object = None
+    ) -> None:
+        if name == "answer":
+            assert message is not None
+            text = cause.message if isinstance(cause, ApplicationError) else ""
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            raise refused_answer(message["question_id"], self.run_id, kind, text)
         if name == "decide":
             call_id = None if message is None else message.get("call_id")
             raise NotPendingError(

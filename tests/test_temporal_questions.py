@@ -1,0 +1,295 @@
+"""A running tool's question to a person (an MCP server's elicitation,
+``MCPServer(elicitation="run")``) in a durable run on Temporal: pending on the run's
+workflow, seen and answered from any handle, checked as ``AgentRun.answer`` checks,
+"cancel" once its call ends, and kept in the run's history so that a worker killed
+while it waits, or after it was answered, loses nothing (tests/temporal_worker.py's
+"asking" mode is the killed worker; the session's dev server is
+temporal_support.temporal_address)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporal_support import temporal_server  # noqa: F401 - the session's server
+from temporal_worker import ROW, ask_row, asking
+from test_mcp import DEVNULL
+from test_temporal_kill import Trials
+
+import statemachine as sm
+from statemachine.core.tools import ToolDefinition
+from statemachine.core.wire import messages_from_dicts
+from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
+from statemachine.errors import InvalidInputError, NotPendingError
+from statemachine.hooks import MAX_PENDING_QUESTIONS, ToolQuestion
+from statemachine.mcp import MCPServer
+from statemachine.testing import FunctionModel
+
+FEATURES = Path(__file__).resolve().parent / "mcp_servers" / "features.py"
+
+
+def _features(log: Path | None = None, **options: Any) -> MCPServer:
+    env = {"MCP_TEST_LOG": str(log)} if log else {}
+    return MCPServer.stdio(
+        sys.executable, [str(FEATURES), "stdio"], env=env, stderr=DEVNULL, **options
+    )
+
+
+def _calling(name: str, count: int = 1) -> FunctionModel:
+    """Calls ``name`` ``count`` times at once, then answers with what the calls said."""
+
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        said = [m.text for m in messages if isinstance(m, sm.ToolResultMessage)]
+        if said:
+            return sm.AssistantMessage(" | ".join(said))
+        calls = tuple(sm.ToolCall(f"c{i}", name, {}) for i in range(count))
+        return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
+
+    return FunctionModel(model)
+
+
+@asynccontextmanager
+async def _runner(address: str, tools: Sequence[sm.Tool], **options: Any) -> AsyncIterator[Any]:
+    """A worker with ``tools``, the models "seat" (calls "seat") and "asking"."""
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    models = {"seat": _calling("seat"), "asking": FunctionModel(asking)}
+    models.update(options.pop("models", {}))
+    runner = TemporalRunner(
+        client,
+        models=models,
+        tools=tools,
+        task_queue=f"q-{uuid.uuid4().hex[:8]}",
+        heartbeat=1.0,
+        **options,
+    )
+    async with runner:
+        yield runner
+
+
+async def _asked(handle: TemporalRunHandle, count: int = 1) -> tuple[ToolQuestion, ...]:
+    """The run's pending questions, once there are ``count``."""
+    async with asyncio.timeout(30):
+        while True:
+            questions = await handle.pending_questions()
+            if len(questions) >= count:
+                return questions
+            await asyncio.sleep(0.05)
+
+
+def _sync(test: Callable[..., Any]) -> Callable[..., None]:
+    import functools
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_a_question_is_pending_on_the_run_and_answered_from_another_handle(
+    temporal_address: str,
+) -> None:
+    async with _features(elicitation="run") as server, _runner(temporal_address, server.tools) as r:
+        handle = await r.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="book")
+        (question,) = await _asked(handle)
+        assert (question.id, question.call_id, question.tool_name, question.message) == (
+            "c0:1",
+            "c0",
+            "seat",
+            "Which row?",
+        )
+        assert question.source == server.name
+        assert question.schema["properties"]["row"]["type"] == "integer"
+        other = await r.handle(handle.run_id)  # another handle, as another process has
+        assert await other.pending_questions() == (question,)
+        await other.answer(question.id, {"row": 3})
+        result = await handle.result(timeout=60)
+        assert await handle.pending_questions() == ()
+    assert result.state is sm.TurnState.DONE
+    assert result.final_text == "row 3"
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_an_answer_is_checked_against_the_schema_and_a_stale_id_is_refused(
+    temporal_address: str,
+) -> None:
+    async with _runner(temporal_address, [ask_row]) as runner:
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
+        (question,) = await _asked(handle)
+        assert (question.id, dict(question.schema)) == ("a1:1", ROW)
+        with pytest.raises(InvalidInputError, match=r"answer\.row: 'three' is not of type"):
+            await handle.answer(question.id, {"row": "three"})
+        with pytest.raises(InvalidInputError, match="an answer is a mapping"):
+            await handle.answer(question.id, "maybe")  # type: ignore[arg-type]
+        with pytest.raises(NotPendingError, match="no question 'a1:2' is pending"):
+            await handle.answer("a1:2", {"row": 1})
+        assert await handle.pending_questions() == (question,)  # refused: nothing changed
+        await handle.answer(question.id, {"row": 4})
+        with pytest.raises(NotPendingError, match="no question 'a1:1' is pending"):
+            await handle.answer(question.id, {"row": 5})  # answered already
+        result = await handle.result(timeout=60)
+        with pytest.raises(NotPendingError):
+            await handle.answer(question.id, "cancel")  # the run has ended
+    assert result.final_text == 'got {"row": 4}'
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_a_person_may_decline_a_question(temporal_address: str) -> None:
+    async with _runner(temporal_address, [ask_row]) as runner:
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
+        (question,) = await _asked(handle)
+        await handle.answer(question.id, "decline")
+        result = await handle.result(timeout=60)
+    assert result.final_text == 'got "decline"'
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_a_question_nobody_answers_ends_at_the_calls_timeout_and_the_server_hears_cancel(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    # The grace period lets the server answer the "cancel" before the call is given up.
+    async with (
+        _features(log, elicitation="run", call_timeout=2) as server,
+        _runner(temporal_address, server.tools, grace_period=30) as runner,
+    ):
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="seat")
+        (question,) = await _asked(handle)
+        result = await handle.result(timeout=60)
+        with pytest.raises(NotPendingError):
+            await handle.answer(question.id, {"row": 1})
+    assert result.final_text == "Tool seat timed out after 2 s"
+    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_an_abort_while_a_question_is_pending_ends_the_run_aborted(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    async with (
+        _features(log, elicitation="run") as server,
+        _runner(temporal_address, server.tools, grace_period=30) as runner,
+    ):
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="seat")
+        (question,) = await _asked(handle)
+        await handle.abort("the person left")
+        result = await handle.result(timeout=60)
+        with pytest.raises(NotPendingError):
+            await handle.answer(question.id, "cancel")
+    assert result.state is sm.TurnState.ABORTED
+    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
+
+
+@pytest.mark.timeout(120)
+@_sync
+async def test_a_run_holds_at_most_so_many_questions_pending(temporal_address: str) -> None:
+    calls = MAX_PENDING_QUESTIONS + 1
+    many = FunctionModel(_many_asks(calls))
+    async with _runner(temporal_address, [ask_row], models={"many": many}) as runner:
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="many", messages="ask")
+        asked = await _asked(handle, MAX_PENDING_QUESTIONS)
+        assert len(asked) == MAX_PENDING_QUESTIONS
+        for question in asked:
+            await handle.answer(question.id, {"row": 1})
+        result = await handle.result(timeout=60)
+    said = result.final_text.split(" | ")
+    assert said.count('got {"row": 1}') == MAX_PENDING_QUESTIONS
+    (refused,) = [s for s in said if s != 'got {"row": 1}']
+    assert f"this run has {MAX_PENDING_QUESTIONS} questions pending already" in refused
+
+
+def _many_asks(count: int) -> Callable[..., sm.AssistantMessage]:
+    def model(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> Any:
+        said = [m.text for m in messages if isinstance(m, sm.ToolResultMessage)]
+        if said:
+            return sm.AssistantMessage(" | ".join(said))
+        calls = tuple(sm.ToolCall(f"a{i}", "ask_row", {}) for i in range(count))
+        return sm.AssistantMessage(calls, stop_reason=sm.messages.StopReason.TOOL_USE)
+
+    return model
+
+
+# -- a worker killed while a question waits, or after its answer ---------------------------
+
+
+async def _killed_worker_trial(address: str, tmp: Path, kill_after_answer: bool) -> Trials:
+    """One "asking" run: its worker killed while the question waits (then the answer),
+    or once the tool has its answer (the answer first); the next worker finishes it."""
+    from temporalio.client import Client
+
+    trials = Trials(address, tmp, "asking", 1)
+    try:
+        client = await Client.connect(address)
+        handle = TemporalRunHandle(client, trials.run_id)
+        async with asyncio.timeout(60):
+            while not trials.lines():  # the run's workflow exists once the tool began
+                await asyncio.sleep(0.02)
+        (question,) = await _asked(handle)
+        if kill_after_answer:
+            await handle.answer(question.id, {"row": 3})
+            await trials.kill_when(lambda lines, pid: ["got", "a1", str(pid)] in _head(lines))
+        else:
+            await trials.kill_when(lambda lines, pid: True)
+            await handle.answer(question.id, {"row": 3})
+        async with asyncio.timeout(90):
+            while trials.current.poll() is None:
+                await asyncio.sleep(0.05)
+        assert trials.current.returncode == 0
+    finally:
+        trials.close()
+    return trials
+
+
+def _final_text(trials: Trials) -> str:
+    """The final text of the result the last worker wrote."""
+    messages = messages_from_dicts(json.loads(trials.out.read_text())["messages"])
+    last = messages[-1]
+    assert isinstance(last, sm.AssistantMessage)
+    return last.text
+
+
+def _head(lines: list[list[str]]) -> list[list[str]]:
+    return [line[:3] for line in lines]
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_killed_while_a_question_is_pending_and_a_new_worker_takes_the_answer(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    trials = asyncio.run(_killed_worker_trial(temporal_address, tmp_path, False))
+    assert _final_text(trials) == 'got {"row": 3}'
+    lines = _head(trials.lines())
+    (killed,) = [str(pid) for pid in trials.killed]
+    assert ["asked", "a1", killed] in lines  # the killed worker's tool asked ...
+    assert ["got", "a1", killed] not in lines  # ... and never had the answer
+    assert [line[0] for line in lines if line[2] != killed] == ["asked", "got", "end"]
+
+
+@pytest.mark.timeout(180)
+def test_an_answer_recorded_before_the_worker_is_killed_reaches_the_retried_call(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    trials = asyncio.run(_killed_worker_trial(temporal_address, tmp_path, True))
+    assert _final_text(trials) == 'got {"row": 3}'
+    lines = _head(trials.lines())
+    (killed,) = [str(pid) for pid in trials.killed]
+    assert [line[0] for line in lines if line[2] == killed] == ["asked", "got"]
+    # The retried call asked the same question and had its recorded answer, with no
+    # person answering again (the test answered once).
+    assert [line[0] for line in lines if line[2] != killed] == ["asked", "got", "end"]
