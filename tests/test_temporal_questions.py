@@ -147,13 +147,55 @@ async def test_an_answer_is_checked_against_the_schema_and_a_stale_id_is_refused
 
 @pytest.mark.timeout(90)
 @_sync
-async def test_a_person_may_decline_a_question(temporal_address: str) -> None:
+async def test_a_call_waiting_longer_than_its_heartbeat_timeout_runs_once_and_may_be_declined(
+    temporal_address: str,
+) -> None:
+    from temporalio.api.enums.v1 import EventType
+
     async with _runner(temporal_address, [ask_row]) as runner:
         handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
         (question,) = await _asked(handle)
+        await asyncio.sleep(3.0)  # three heartbeat timeouts: the waiting call heartbeats
+        assert await handle.pending_questions() == (question,)
         await handle.answer(question.id, "decline")
         result = await handle.result(timeout=60)
+        history = await runner.client.get_workflow_handle(handle.run_id).fetch_history()
     assert result.final_text == 'got "decline"'
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]
+    assert attempts == [1, 1, 1]  # the model, the tool, the model: none retried
+
+
+async def _ask_long(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+    from statemachine.agent.running import ask_person
+
+    def question(question_id: str, call: sm.ToolCall) -> ToolQuestion:
+        return ToolQuestion(question_id, call.id, call.name, "Which? " * 20_000, ROW)
+
+    return repr(await ask_person(question, signal))
+
+
+@pytest.mark.timeout(90)
+@_sync
+async def test_a_question_or_an_answer_too_long_for_the_history_is_refused(
+    temporal_address: str,
+) -> None:
+    long_ask = sm.Tool(sm.ToolDefinition("ask_row", "Ask at length."), _ask_long)
+    async with _runner(temporal_address, [long_ask]) as runner:
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
+        result = await handle.result(timeout=60)
+    assert "a question is at most 100000 characters of JSON" in result.final_text
+    async with _runner(temporal_address, [ask_row]) as runner:
+        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
+        (question,) = await _asked(handle)
+        with pytest.raises(InvalidInputError, match="an answer is at most 100000 characters"):
+            await handle.answer(question.id, {"row": "9" * 100_000})
+        await handle.answer(question.id, {"row": 9})
+        result = await handle.result(timeout=60)
+    assert result.final_text == 'got {"row": 9}'
 
 
 @pytest.mark.timeout(90)

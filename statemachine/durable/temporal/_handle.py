@@ -9,8 +9,8 @@ last answer, is in the result's ``queued_input``. A refused update is
 worker of the run: one that does not answer within ``message_timeout`` seconds is
 a ``StoreUnavailableError`` (the message may still reach the run later). The handles
 of a run in one process have at most ``IN_FLIGHT`` updates of it in flight together
-(the server's limit for one run: ``_inflight``) and send again, under the same update
-id, one the server turned away (``_send``). An abort
+(the server's limit for one run) and send again, under the same update id, one the
+server turned away (``_inflight``). An abort
 is a signal: it is stored even with no live worker, and reaches the run when a
 worker runs it again.
 """
@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import IO, Any
@@ -47,7 +45,7 @@ from statemachine.durable._inputs import MAX_MESSAGE_CHARS, checked_text, user_d
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
-from statemachine.durable.temporal._inflight import in_flight
+from statemachine.durable.temporal._inflight import send_update
 from statemachine.durable.temporal._questions import INVALID, question_from_dict, refused_answer
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
 from statemachine.errors import (
@@ -67,11 +65,6 @@ QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
 STATUS_TRIES = 2  # queries status() makes before it says no worker answered
 UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
 MAX_NOTES = 100  # notes status() reads from a worker
-FIRST_PAUSE = 0.05  # seconds before an update the server turned away is sent again
-LAST_PAUSE = 1.0  # ... doubling up to this
-# How the server turns an update away for a while: too many in flight, or aborted
-# (the run's workflow task was given to a worker again).
-_BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE)
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -398,31 +391,8 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
     async def _send(self, name: str, message: dict[str, Any]) -> None:
-        """Send the update, again while the server turns it away for the updates of
-        the run it has in flight (it takes ``IN_FLIGHT`` at once, which every handle of
-        the run in this process shares: ``_inflight``) or aborts it, until
-        ``message_timeout`` has passed. Every try has the same update id: the server
-        takes the message once, however many tries reach it."""
-        update_id = f"{name}-{uuid.uuid4().hex}"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._message_timeout
-        pause = FIRST_PAUSE
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline), in_flight(self.run_id):
-                    left = deadline - loop.time()
-                    await self._workflow.execute_update(
-                        name, message, id=update_id, rpc_timeout=timedelta(seconds=left)
-                    )
-                return
-            except TimeoutError:
-                raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
-            except RPCError as exc:
-                if exc.status not in _BUSY or deadline - loop.time() <= pause:
-                    raise
-            # Spread the tries of messages sent at once, so they do not come back together.
-            await asyncio.sleep(random.uniform(pause / 2, pause))
-            pause = min(pause * 2, LAST_PAUSE)
+        """Send the update within ``message_timeout`` (``_inflight.send_update``)."""
+        await send_update(self._workflow, name, message, self._message_timeout)
 
     def _refuse(
         self, name: str, message: dict[str, Any] | None = None, cause: object = None

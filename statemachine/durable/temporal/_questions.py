@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -41,6 +44,7 @@ from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, check_an
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import ToolCall
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS
+from statemachine.durable.temporal._inflight import send_update
 from statemachine.errors import InvalidInputError, NotPendingError, StoreUnavailableError
 
 __all__ = [
@@ -105,7 +109,11 @@ class WorkflowQuestions:
             raise ApplicationError(
                 f"a question is at most {MAX_MESSAGE_CHARS} characters of JSON", type=INVALID
             )
-        again = question.get("id") in self.pending or question.get("id") in self.answers
+        qid, call_id = question.get("id"), question.get("call_id")
+        if not isinstance(qid, str) or qid.rpartition(":")[0] != call_id:
+            raise ApplicationError(f"a question's id is its call's: {qid!r}", type=INVALID)
+        recorded = self.answers.get(qid)
+        again = qid in self.pending or (recorded is not None and recorded[0] == question)
         if not again and len(self.pending) >= MAX_PENDING_QUESTIONS:
             raise ApplicationError(
                 f"this run has {MAX_PENDING_QUESTIONS} questions pending already "
@@ -178,20 +186,14 @@ class Asker:
             return "cancel"
         workflow = self._client.get_workflow_handle(self._run_id)
         try:
-            recorded = await workflow.execute_update(
-                "ask",
-                question_to_dict(question),
-                id=f"ask-{uuid.uuid4().hex}",
-                rpc_timeout=timedelta(seconds=ASK_TIMEOUT),
-            )
+            recorded = await send_update(workflow, "ask", question_to_dict(question), ASK_TIMEOUT)
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             raise InvalidInputError(
                 cause.message if isinstance(cause, ApplicationError) else str(exc)
             ) from None
-        except RPCError as exc:
-            text = f"the run did not take the question: {exc.message}"
-            raise StoreUnavailableError(text) from None
+        except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as exc:
+            raise StoreUnavailableError(f"the run did not take the question: {exc}") from None
         if recorded:
             answer: Answer = recorded["answer"]
             return answer
