@@ -85,6 +85,13 @@ async def _asked(handle: TemporalRunHandle, count: int = 1) -> tuple[ToolQuestio
             await asyncio.sleep(0.05)
 
 
+async def _asking(runner: TemporalRunner) -> tuple[TemporalRunHandle, ToolQuestion]:
+    """A run of the "asking" model (one call of ``ask_row``), and its question."""
+    handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
+    (question,) = await _asked(handle)
+    return handle, question
+
+
 def _sync(test: Callable[..., Any]) -> Callable[..., None]:
     import functools
 
@@ -126,8 +133,7 @@ async def test_an_answer_is_checked_against_the_schema_and_a_stale_id_is_refused
     temporal_address: str,
 ) -> None:
     async with _runner(temporal_address, [ask_row]) as runner:
-        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
-        (question,) = await _asked(handle)
+        handle, question = await _asking(runner)
         assert (question.id, dict(question.schema)) == ("a1:1", ROW)
         with pytest.raises(InvalidInputError, match=r"answer\.row: 'three' is not of type"):
             await handle.answer(question.id, {"row": "three"})
@@ -153,8 +159,7 @@ async def test_a_call_waiting_longer_than_its_heartbeat_timeout_runs_once_and_ma
     from temporalio.api.enums.v1 import EventType
 
     async with _runner(temporal_address, [ask_row]) as runner:
-        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
-        (question,) = await _asked(handle)
+        handle, question = await _asking(runner)
         await asyncio.sleep(3.0)  # three heartbeat timeouts: the waiting call heartbeats
         assert await handle.pending_questions() == (question,)
         await handle.answer(question.id, "decline")
@@ -189,8 +194,7 @@ async def test_a_question_or_an_answer_too_long_for_the_history_is_refused(
         result = await handle.result(timeout=60)
     assert "a question is at most 100000 characters of JSON" in result.final_text
     async with _runner(temporal_address, [ask_row]) as runner:
-        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="asking", messages="ask")
-        (question,) = await _asked(handle)
+        handle, question = await _asking(runner)
         with pytest.raises(InvalidInputError, match="an answer is at most 100000 characters"):
             await handle.answer(question.id, {"row": "9" * 100_000})
         await handle.answer(question.id, {"row": 9})
@@ -289,10 +293,7 @@ async def _killed_worker_trial(address: str, tmp: Path, kill_after_answer: bool)
         else:
             await trials.kill_when(lambda lines, pid: True)
             await handle.answer(question.id, {"row": 3})
-        async with asyncio.timeout(90):
-            while trials.current.poll() is None:
-                await asyncio.sleep(0.05)
-        assert trials.current.returncode == 0
+        await trials.finished()
     finally:
         trials.close()
     return trials

@@ -146,52 +146,52 @@ class TemporalRunHandle:
         """The calls waiting for a decision, in call order (a query: it needs a live
         worker of the run; none while the run is not running).
         ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
-        pending = await self._pending(tries=1)
-        if pending is None:
-            raise StoreUnavailableError(
-                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
-            )
-        return pending
+        return tuple(call_from_dict(c) for c in await self._answered("pending_approvals"))
 
     async def _pending(self, tries: int) -> tuple[ToolCall, ...] | None:
-        """The pending calls; ``None`` when no worker answered ``tries`` queries of
-        ``QUERY_TIMEOUT`` seconds each (none is up, or the one that was is gone and
-        Temporal still hands the run's tasks to it)."""
+        """The pending calls; ``None`` when no worker answered (``_query``)."""
+        pending = await self._query("pending_approvals", tries)
+        return None if pending is None else tuple(call_from_dict(c) for c in pending)
+
+    async def _query(self, name: str, tries: int) -> list[Any] | None:
+        """The query's answer (none while the run is not running, or held); ``None``
+        when no worker answered ``tries`` queries of ``QUERY_TIMEOUT`` seconds each
+        (none is up, or the one that was is gone and Temporal still hands the run's
+        tasks to it)."""
         description = await self._describe()
         if _STATES.get(description.status) != "running":
-            return ()
+            return []
         for _ in range(tries):
             try:
-                pending = await self._workflow.query(
-                    "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+                found = await self._workflow.query(
+                    name, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
                 )
             except RPCError as exc:
                 if exc.status is RPCStatusCode.FAILED_PRECONDITION:
-                    return ()  # held: no worker replays it now (``status``)
+                    return []  # held: no worker replays it now (``status``)
                 if exc.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
                     continue  # the SDK's own deadline is a cancellation
                 raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-            return tuple(call_from_dict(c) for c in pending)
+            return list(found)
         return None
 
     async def pending_questions(self) -> tuple[ToolQuestion, ...]:
         """The questions the run's running tools wait on a person for (an MCP server's
         elicitation, ``MCPServer(elicitation="run")``), oldest first (a query, as
-        ``pending_approvals``: none while the run is not running)."""
-        description = await self._describe()
-        if _STATES.get(description.status) != "running":
-            return ()
-        try:
-            pending = await self._workflow.query(
-                "pending_questions", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
-            )
-        except RPCError as exc:
-            if exc.status is RPCStatusCode.FAILED_PRECONDITION:
-                return ()  # held: no worker replays it now (``status``)
+        ``pending_approvals``: none while the run is not running).
+        ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
+        pending = await self._answered("pending_questions")
+        return tuple(question_from_dict(q) for q in pending[:MAX_PENDING_QUESTIONS])
+
+    async def _answered(self, name: str) -> list[Any]:
+        """The query's answer (``_query``); ``StoreUnavailableError`` if no worker
+        answers within ``QUERY_TIMEOUT``."""
+        found = await self._query(name, tries=1)
+        if found is None:
             raise StoreUnavailableError(
                 f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
-            ) from None
-        return tuple(question_from_dict(q) for q in pending[:MAX_PENDING_QUESTIONS])
+            )
+        return found
 
     async def answer(self, question_id: str, answer: Answer) -> None:
         """Answer a pending question, as ``AgentRun.answer`` does: a mapping of its
