@@ -148,6 +148,9 @@ async def test_an_answer_is_checked_against_the_schema_and_a_stale_id_is_refused
         result = await handle.result(timeout=60)
         with pytest.raises(NotPendingError):
             await handle.answer(question.id, "cancel")  # the run has ended
+        # Its history, with the question and the answers, replays on this code.
+        history = await runner.client.get_workflow_handle(handle.run_id).fetch_history()
+        await runner.replay([history])
     assert result.final_text == 'got {"row": 4}'
 
 

@@ -60,6 +60,9 @@ __all__ = [
 ANSWER_POLL = 0.25  # seconds between two looks of a waiting activity for its answer
 MAX_KEPT_ANSWERS = 64  # answers of running calls a run keeps (for their retries)
 ASK_TIMEOUT = 30.0  # seconds the ``ask`` update waits for a worker of the run
+# Seconds one look for the answer waits for a worker of the run: short, so that the
+# call's end (its timeout, an abort) is heard soon even while no worker answers.
+LOOK_TIMEOUT = 2.0
 INVALID = "InvalidInputError"  # the type of a refused answer or question
 NOT_PENDING = "NotPendingError"  # as the workflow's (``_workflow``)
 
@@ -210,7 +213,7 @@ class Asker:
         while not ended.is_set():
             try:
                 state = await workflow.query(
-                    "answer_of", question_id, rpc_timeout=timedelta(seconds=ASK_TIMEOUT)
+                    "answer_of", question_id, rpc_timeout=timedelta(seconds=LOOK_TIMEOUT)
                 )
             except RPCError:
                 state = {}  # no worker answered now (one restarting): look again
