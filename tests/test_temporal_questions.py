@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from temporal_support import temporal_server  # noqa: F401 - the session's server
 from temporal_worker import ROW, ask_row, asking
+from temporalio.exceptions import ApplicationError
 from test_mcp import DEVNULL
 from test_temporal_kill import Trials
 
@@ -27,6 +28,11 @@ import statemachine as sm
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_from_dicts
 from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
+from statemachine.durable.temporal._questions import (
+    MAX_KEPT_ANSWERS,
+    WorkflowQuestions,
+    question_to_dict,
+)
 from statemachine.errors import InvalidInputError, NotPendingError
 from statemachine.hooks import MAX_PENDING_QUESTIONS, ToolQuestion
 from statemachine.mcp import MCPServer
@@ -339,3 +345,48 @@ def test_an_answer_recorded_before_the_worker_is_killed_reaches_the_retried_call
     # The retried call asked the same question and had its recorded answer, with no
     # person answering again (the test answered once).
     assert [line[0] for line in lines if line[2] != killed] == ["asked", "got", "end"]
+
+
+# -- what the run's workflow holds -------------------------------------------------------
+
+
+def _question(question_id: str, message: str = "Which row?") -> dict[str, Any]:
+    call_id = question_id.rpartition(":")[0]
+    return question_to_dict(ToolQuestion(question_id, call_id, "ask_row", message, ROW))
+
+
+def test_the_workflow_drops_a_finished_calls_questions_and_keeps_so_many_answers() -> None:
+    held = WorkflowQuestions()
+    assert held.ask(_question("c1:1")) is None
+    held.answer("c1:1", {"row": 1})
+    assert held.ask(_question("c1:1")) == {"answer": {"row": 1}}  # a retry: at once
+    assert held.ask(_question("c2:1")) is None
+    held.call_ended("c1")
+    assert (list(held.pending), list(held.answers)) == (["c2:1"], [])
+    for n in range(1, MAX_KEPT_ANSWERS + 6):
+        held.ask(_question(f"c3:{n}"))
+        held.answer(f"c3:{n}", {"row": n})
+    assert len(held.answers) == MAX_KEPT_ANSWERS
+    assert held.answer_of("c3:1") is None  # the oldest went: a retry asks it anew
+    assert held.ask(_question("c3:1")) is None
+    assert held.answer_of("c3:6") == {"answer": {"row": 6}}
+    # Another question under a recorded answer's id is asked anew.
+    assert held.ask(_question("c3:6", "Which seat?")) is None
+    assert held.answer_of("c3:6") == {}
+
+
+def test_the_workflow_refuses_a_question_past_the_limit_or_not_of_its_call() -> None:
+    held = WorkflowQuestions()
+    for n in range(1, MAX_PENDING_QUESTIONS + 1):
+        held.check_ask(_question(f"c{n}:1"), running=True)
+        held.ask(_question(f"c{n}:1"))
+    with pytest.raises(ApplicationError, match="8 questions pending already") as refused:
+        held.check_ask(_question("c9:1"), running=True)
+    assert refused.value.type == "InvalidInputError"
+    held.check_ask(_question("c1:1"), running=True)  # asked again by a retry: taken
+    with pytest.raises(ApplicationError, match="not running"):
+        held.check_ask(_question("c1:1"), running=False)
+    with pytest.raises(ApplicationError, match="a question's id is its call's"):
+        held.check_ask({**_question("c1:1"), "call_id": "c2"}, running=True)
+    with pytest.raises(ApplicationError, match="at most 100000 characters"):
+        held.check_ask(_question("c1:1", "x" * 100_000), running=True)

@@ -1,11 +1,13 @@
 """The handle of one durable run on Temporal, from any process with a client.
 
-Decisions, steers and follow-ups are workflow updates: when ``decide``, ``steer``
-or ``follow_up`` returns, the run's workflow has accepted the message (its
-validator let it in), so it takes effect, or, for input that came after the run's
-last answer, is in the result's ``queued_input``. A refused update is
-``NotPendingError`` (a decision for a call that is not pending) or
-``RunClosedError`` (input once the run took its last). An update needs a live
+Decisions, steers, follow-ups and answers to a tool's questions are workflow
+updates: when ``decide``, ``steer``, ``follow_up`` or ``answer`` returns, the run's
+workflow has accepted the message (its validator let it in), so it takes effect, or,
+for input that came after the run's last answer, is in the result's
+``queued_input``. A refused update is ``NotPendingError`` (a decision for a call, or
+an answer for a question, that is not pending), ``InvalidInputError`` (an answer
+that does not fit its question's schema) or ``RunClosedError`` (input once the run
+took its last). An update needs a live
 worker of the run: one that does not answer within ``message_timeout`` seconds is
 a ``StoreUnavailableError`` (the message may still reach the run later). The handles
 of a run in one process have at most ``IN_FLIGHT`` updates of it in flight together

@@ -201,7 +201,12 @@ class Asker:
             answer: Answer = recorded["answer"]
             return answer
         ended = asyncio.Event()
-        remove = signal.add_listener(lambda _reason: ended.set())
+        loop = asyncio.get_running_loop()
+
+        def fired(_reason: object) -> None:
+            loop.call_soon_threadsafe(ended.set)  # the signal may fire from any thread
+
+        remove = signal.add_listener(fired)
         try:
             return await self._wait(workflow, question.id, ended)
         finally:
