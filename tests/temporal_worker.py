@@ -7,7 +7,10 @@ MODE is "tools" (TEMPORAL_TURNS turns of two parallel tools, then the answer),
 an output guardrail whose check is slow and logged, ``reviewed_steps``), "compacted"
 (``durable_worker``'s, with its summariser and model logged: ``compacting_steps``), "typed"
 (the same as "tools" with instructions, an output type and usage limits: ``typed``)
-or "echo" (one slow tool call, then the model repeats what the person said). The
+"echo" (one slow tool call, then the model repeats what the person said) or "asking"
+(one call of ``ask_row``, which asks a person a question through the run, logs
+``got`` with the answer and holds ``TOOL_HOLD`` seconds, then the model repeats its
+result). The
 worker starts RUN_ID (or finds it, after a restart), waits for its result and writes
 it as JSON to OUT. With TEMPORAL_GO set it first imports everything and waits for
 that file to exist (a test starts the next worker while the current one runs, to
@@ -198,6 +201,38 @@ def compacting_steps() -> list[Step]:
     return [compaction(summarize, max_messages=5, keep_last=2)]
 
 
+ROW = {"type": "object", "properties": {"row": {"type": "integer"}}, "required": ["row"]}
+TOOL_HOLD = 1.0  # seconds ask_row holds after its answer: a test kills the worker in it
+
+
+async def _ask_row(arguments: dict[str, Any], signal: sm.AbortSignal) -> str:
+    from statemachine.agent.running import ask_person
+    from statemachine.hooks import ToolQuestion
+
+    def question(question_id: str, call: sm.ToolCall) -> ToolQuestion:
+        return ToolQuestion(question_id, call.id, call.name, "Which row?", ROW, None, "test")
+
+    call = sm.current_tool_call()
+    assert call is not None
+    _log(f"asked {call.id}")
+    answer = await ask_person(question, signal)
+    _log(f"got {call.id}")
+    await asyncio.sleep(TOOL_HOLD)
+    _log(f"end {call.id}")
+    return f"got {json.dumps(answer, sort_keys=True)}"
+
+
+ask_row = sm.Tool(sm.ToolDefinition("ask_row", "Ask a person for a row."), _ask_row)
+
+
+def asking(messages: Sequence[sm.Message], tools: Sequence[ToolDefinition]) -> sm.AssistantMessage:
+    """Call ``ask_row`` once, then repeat what it said."""
+    said = [m.text for m in messages if isinstance(m, sm.ToolResultMessage)]
+    if said:
+        return sm.AssistantMessage(" | ".join(said))
+    return sm.AssistantMessage([sm.ToolCall("a1", "ask_row", {})])
+
+
 def beta_needs_approval(call: sm.ToolCall) -> sm.RequireApproval | None:
     return sm.RequireApproval("beta needs a person") if call.name == "beta" else None
 
@@ -212,13 +247,14 @@ async def main(address: str, queue: str, run_id: str, out: str, mode: str) -> No
     while go and not os.path.exists(go):
         time.sleep(0.005)
     client = await Client.connect(address)
-    model: Any = {"echo": echo, "typed": typed, "compacted": viewer}.get(mode, answer)
+    models = {"echo": echo, "typed": typed, "compacted": viewer, "asking": asking}
+    model: Any = models.get(mode, answer)
     # How long a task waits for this worker's sticky queue (Temporal's default is 5 s).
     sticky = float(os.environ.get("TEMPORAL_STICKY", "0.5"))
     runner = TemporalRunner(
         client,
         models={"scripted": FunctionModel(model)},
-        tools=[slow] if mode == "echo" else TOOLS,
+        tools={"echo": [slow], "asking": [ask_row]}.get(mode, TOOLS),
         task_queue=queue,
         before_tool_call=beta_needs_approval if mode == "approvals" else None,
         heartbeat=1.5,  # a killed worker's call is retried 1.5 s later

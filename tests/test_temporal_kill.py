@@ -95,6 +95,13 @@ class Trials:
         self.killed.append(self.current.pid)
         self.current = self._go()
 
+    async def finished(self) -> None:
+        """Wait until the current worker has written the run's result and exited."""
+        async with asyncio.timeout(90):
+            while self.current.poll() is None:
+                await asyncio.sleep(0.05)
+        assert self.current.returncode == 0
+
     def close(self) -> None:
         for proc in (self.current, self._spare):
             if proc.poll() is None:
@@ -337,10 +344,7 @@ def test_a_steer_acknowledged_before_a_kill_reaches_the_model(
                     await asyncio.sleep(0.005)
             await handle.execute_update("queue_input", message)  # acknowledged: in the history
             await trials.kill_when(lambda lines, pid: True)
-            async with asyncio.timeout(90):
-                while trials.current.poll() is None:
-                    await asyncio.sleep(0.05)
-            assert trials.current.returncode == 0
+            await trials.finished()
         finally:
             trials.close()
         KILLS.append(len(trials.killed))

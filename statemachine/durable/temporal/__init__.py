@@ -41,6 +41,8 @@ sent while a tool runs reaches the model at the next turn boundary). ``abort`` i
 signal; it fires the signal of the running tools and model client (through the
 activities' cancellation), which then get the grace period, as in ``run_agent``;
 every started call still gets its result (I6). ``pending_approvals`` is a query.
+A running tool's question to a person (an MCP server's elicitation) waits in the
+run's workflow: ``pending_questions`` is a query, ``answer`` an update (``_questions``).
 
 How it differs from the DBOS backend
 ------------------------------------

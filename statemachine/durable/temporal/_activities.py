@@ -22,7 +22,9 @@ finish on its own and cancels it, as ``run_agent`` does, and answers what it
 reported. Inside a tool, ``statemachine.durable.idempotency_key()`` is
 ``"{run_id}:{call_id}"``, the same on every attempt. While a tool holds the
 worker's event loop, a thread heartbeats its call instead (``_heartbeat``), so a
-blocking tool is not retried beside itself.
+blocking tool is not retried beside itself. A question a tool asks a person (an MCP
+server's elicitation) goes to the run's workflow and waits there for its answer
+(``_questions``), the activity heartbeating meanwhile.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from statemachine.durable._journal import (
 )
 from statemachine.durable._wire import call_from_dict, encode_step_events
 from statemachine.durable.temporal._heartbeat import Beating, Standby
+from statemachine.durable.temporal._questions import Asker
 from statemachine.errors import InvalidInputError, UsageError
 
 __all__ = [
@@ -147,10 +150,14 @@ class _Engine:
 
 
 class _InActivity:
-    """The operations of an activity start as ``run_agent``'s do (``IN_PROCESS``);
-    a question a tool asks has no one to answer it here: refused at once."""
+    """The operations of an activity start as ``run_agent``'s do (``IN_PROCESS``); a
+    question a tool asks goes to the run's workflow (``asker``: ``_questions``), or
+    is refused at once where there is none (an activity that runs no tool)."""
 
-    __slots__ = ()
+    __slots__ = ("asker",)
+
+    def __init__(self, asker: Asker | None = None) -> None:
+        self.asker = asker
 
     def start(self, driver: AsyncioExecutor, op: Operation) -> None:
         IN_PROCESS.start(driver, op)
@@ -168,7 +175,9 @@ class _InActivity:
         make: Callable[[str], ToolQuestion],
         signal: AbortSignal,
     ) -> Answer | None:
-        return None
+        if self.asker is None:
+            return None
+        return await self.asker.ask(call, make, signal)
 
 
 class _OneOperation:
@@ -237,7 +246,11 @@ class Activities:
             )
 
     def _executor(
-        self, loop: _OneOperation, client: Any = None, views: Any = None
+        self,
+        loop: _OneOperation,
+        client: Any = None,
+        views: Any = None,
+        asker: Asker | None = None,
     ) -> AsyncioExecutor:
         """The executor of one operation; ``views``: the run's last summary of each
         compaction step (``_run``), which its model calls and steps go on from."""
@@ -248,7 +261,7 @@ class Activities:
             tools=self.tools,
             hooks=self.hooks,
             grace=self.grace,
-            backend=_InActivity(),
+            backend=_InActivity(asker),
         )
         if isinstance(views, Mapping):
             for step, message in views.items():
@@ -297,7 +310,7 @@ class Activities:
                 f"this worker has no tool {call.name!r}", type=CODE_MISMATCH, non_retryable=True
             )
         loop = _OneOperation(payload["run_id"])
-        executor = self._executor(loop)
+        executor = self._executor(loop, asker=Asker())
         token = _durable_run_id.set(payload["run_id"])
         try:
             await self._perform(loop, call.id, executor.run_tool(call))

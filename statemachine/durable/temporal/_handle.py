@@ -1,16 +1,18 @@
 """The handle of one durable run on Temporal, from any process with a client.
 
-Decisions, steers and follow-ups are workflow updates: when ``decide``, ``steer``
-or ``follow_up`` returns, the run's workflow has accepted the message (its
-validator let it in), so it takes effect, or, for input that came after the run's
-last answer, is in the result's ``queued_input``. A refused update is
-``NotPendingError`` (a decision for a call that is not pending) or
-``RunClosedError`` (input once the run took its last). An update needs a live
+Decisions, steers, follow-ups and answers to a tool's questions are workflow
+updates: when ``decide``, ``steer``, ``follow_up`` or ``answer`` returns, the run's
+workflow has accepted the message (its validator let it in), so it takes effect, or,
+for input that came after the run's last answer, is in the result's
+``queued_input``. A refused update is ``NotPendingError`` (a decision for a call, or
+an answer for a question, that is not pending), ``InvalidInputError`` (an answer
+that does not fit its question's schema) or ``RunClosedError`` (input once the run
+took its last). An update needs a live
 worker of the run: one that does not answer within ``message_timeout`` seconds is
 a ``StoreUnavailableError`` (the message may still reach the run later). The handles
 of a run in one process have at most ``IN_FLIGHT`` updates of it in flight together
-(the server's limit for one run: ``_inflight``) and send again, under the same update
-id, one the server turned away (``_send``). An abort
+(the server's limit for one run) and send again, under the same update id, one the
+server turned away (``_inflight``). An abort
 is a signal: it is stored even with no live worker, and reaches the run when a
 worker runs it again.
 """
@@ -18,9 +20,8 @@ worker runs it again.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import random
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import IO, Any
@@ -37,15 +38,17 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from statemachine.agent.events import RunResult
+from statemachine.agent.events import RunResult, ToolQuestion
+from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
-from statemachine.durable._inputs import checked_text, user_dict
+from statemachine.durable._inputs import MAX_MESSAGE_CHARS, checked_text, user_dict
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
-from statemachine.durable.temporal._inflight import in_flight
+from statemachine.durable.temporal._inflight import send_update
+from statemachine.durable.temporal._questions import INVALID, question_from_dict, refused_answer
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
 from statemachine.errors import (
     InvalidInputError,
@@ -64,11 +67,6 @@ QUERY_TIMEOUT = 5.0  # seconds a query (pending approvals) waits for a worker
 STATUS_TRIES = 2  # queries status() makes before it says no worker answered
 UNANSWERED = "no worker of the run answered"  # how status() begins that explanation
 MAX_NOTES = 100  # notes status() reads from a worker
-FIRST_PAUSE = 0.05  # seconds before an update the server turned away is sent again
-LAST_PAUSE = 1.0  # ... doubling up to this
-# How the server turns an update away for a while: too many in flight, or aborted
-# (the run's workflow task was given to a worker again).
-_BUSY = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE)
 HELD_AFTER = 2  # attempts of a workflow task after which a run counts as held
 
 _STATES = {
@@ -150,33 +148,76 @@ class TemporalRunHandle:
         """The calls waiting for a decision, in call order (a query: it needs a live
         worker of the run; none while the run is not running).
         ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
-        pending = await self._pending(tries=1)
-        if pending is None:
-            raise StoreUnavailableError(
-                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
-            )
-        return pending
+        return tuple(call_from_dict(c) for c in await self._answered("pending_approvals"))
 
     async def _pending(self, tries: int) -> tuple[ToolCall, ...] | None:
-        """The pending calls; ``None`` when no worker answered ``tries`` queries of
-        ``QUERY_TIMEOUT`` seconds each (none is up, or the one that was is gone and
-        Temporal still hands the run's tasks to it)."""
+        """The pending calls; ``None`` when no worker answered (``_query``)."""
+        pending = await self._query("pending_approvals", tries)
+        return None if pending is None else tuple(call_from_dict(c) for c in pending)
+
+    async def _query(self, name: str, tries: int) -> list[Any] | None:
+        """The query's answer (none while the run is not running, or held); ``None``
+        when no worker answered ``tries`` queries of ``QUERY_TIMEOUT`` seconds each
+        (none is up, or the one that was is gone and Temporal still hands the run's
+        tasks to it)."""
         description = await self._describe()
         if _STATES.get(description.status) != "running":
-            return ()
+            return []
         for _ in range(tries):
             try:
-                pending = await self._workflow.query(
-                    "pending_approvals", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
+                found = await self._workflow.query(
+                    name, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT)
                 )
             except RPCError as exc:
                 if exc.status is RPCStatusCode.FAILED_PRECONDITION:
-                    return ()  # held: no worker replays it now (``status``)
+                    return []  # held: no worker replays it now (``status``)
                 if exc.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
                     continue  # the SDK's own deadline is a cancellation
                 raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
-            return tuple(call_from_dict(c) for c in pending)
+            return list(found)
         return None
+
+    async def pending_questions(self) -> tuple[ToolQuestion, ...]:
+        """The questions the run's running tools wait on a person for (an MCP server's
+        elicitation, ``MCPServer(elicitation="run")``), oldest first (a query, as
+        ``pending_approvals``: none while the run is not running).
+        ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
+        pending = await self._answered("pending_questions")
+        return tuple(question_from_dict(q) for q in pending[:MAX_PENDING_QUESTIONS])
+
+    async def _answered(self, name: str) -> list[Any]:
+        """The query's answer (``_query``); ``StoreUnavailableError`` if no worker
+        answers within ``QUERY_TIMEOUT``."""
+        found = await self._query(name, tries=1)
+        if found is None:
+            raise StoreUnavailableError(
+                f"no worker of run {self.run_id!r} answered within {QUERY_TIMEOUT:g} s"
+            )
+        return found
+
+    async def answer(self, question_id: str, answer: Answer) -> None:
+        """Answer a pending question, as ``AgentRun.answer`` does: a mapping of its
+        schema's fields accepts, "decline" says no, "cancel" dismisses it.
+        ``InvalidInputError`` for an answer that does not fit the schema (or is more
+        than ``MAX_MESSAGE_CHARS`` of JSON), ``NotPendingError`` for a question that is
+        not pending. Once this returns, the run's history holds the answer."""
+        if not isinstance(question_id, str):
+            raise InvalidInputError(f"question_id must be a str, got {question_id!r}")
+        if answer not in ("decline", "cancel") and not isinstance(answer, Mapping):
+            raise InvalidInputError(
+                f"question {question_id!r}: an answer is a mapping of the schema's fields, "
+                f'"decline" or "cancel", not {type(answer).__name__}'
+            )
+        try:
+            size = len(json.dumps(answer))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"question {question_id!r}: an answer is JSON: {exc}") from None
+        if size > MAX_MESSAGE_CHARS:
+            raise InvalidInputError(
+                f"question {question_id!r}: an answer is at most {MAX_MESSAGE_CHARS} "
+                f"characters of JSON, got {size}"
+            )
+        await self._update("answer", {"question_id": question_id, "answer": answer})
 
     async def decide(self, call_id: str, approve: bool, reason: str | None = None) -> None:
         if not isinstance(call_id, str):
@@ -328,8 +369,8 @@ class TemporalRunHandle:
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
-            if kind in (NOT_PENDING, CLOSED):
-                self._refuse(name, message)
+            if kind in (NOT_PENDING, CLOSED, INVALID):
+                self._refuse(name, message, cause)
             raise
         except WorkflowUpdateRPCTimeoutOrCancelledError:
             # No worker took it in time: a worker that does not fit the run fails its
@@ -352,33 +393,17 @@ class TemporalRunHandle:
             raise StoreUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
     async def _send(self, name: str, message: dict[str, Any]) -> None:
-        """Send the update, again while the server turns it away for the updates of
-        the run it has in flight (it takes ``IN_FLIGHT`` at once, which every handle of
-        the run in this process shares: ``_inflight``) or aborts it, until
-        ``message_timeout`` has passed. Every try has the same update id: the server
-        takes the message once, however many tries reach it."""
-        update_id = f"{name}-{uuid.uuid4().hex}"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._message_timeout
-        pause = FIRST_PAUSE
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline), in_flight(self.run_id):
-                    left = deadline - loop.time()
-                    await self._workflow.execute_update(
-                        name, message, id=update_id, rpc_timeout=timedelta(seconds=left)
-                    )
-                return
-            except TimeoutError:
-                raise WorkflowUpdateRPCTimeoutOrCancelledError() from None
-            except RPCError as exc:
-                if exc.status not in _BUSY or deadline - loop.time() <= pause:
-                    raise
-            # Spread the tries of messages sent at once, so they do not come back together.
-            await asyncio.sleep(random.uniform(pause / 2, pause))
-            pause = min(pause * 2, LAST_PAUSE)
+        """Send the update within ``message_timeout`` (``_inflight.send_update``)."""
+        await send_update(self._workflow, name, message, self._message_timeout)
 
-    def _refuse(self, name: str, message: dict[str, Any] | None = None) -> None:
+    def _refuse(
+        self, name: str, message: dict[str, Any] | None = None, cause: object = None
+    ) -> None:
+        if name == "answer":
+            assert message is not None
+            text = cause.message if isinstance(cause, ApplicationError) else ""
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            raise refused_answer(message["question_id"], self.run_id, kind, text)
         if name == "decide":
             call_id = None if message is None else message.get("call_id")
             raise NotPendingError(

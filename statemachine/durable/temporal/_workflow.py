@@ -7,7 +7,8 @@ whose operations are activities (``_activities``). Messages come as updates, eac
 refused by its validator when it cannot be taken: a decision for a call that is not
 pending (``NotPendingError``), a steer or follow-up once the run has taken its last
 input (``RunClosedError``). An abort is a signal. ``pending_approvals`` and
-``places`` are queries.
+``places`` are queries. A running tool's questions to a person come as ``ask``
+updates and their answers as ``answer`` updates (``_questions``).
 
 The workflow is not sandboxed: everything it runs is this library's own code, which
 keeps no state between runs and reads no clock or randomness that steers the run
@@ -50,6 +51,7 @@ from statemachine.durable._wire import (
 )
 from statemachine.durable.temporal._activities import CODE_MISMATCH
 from statemachine.durable.temporal._export import carried_steps
+from statemachine.durable.temporal._questions import WorkflowQuestions
 from statemachine.durable.temporal._run import Lane, remote_run
 from statemachine.errors import RunHeldError
 
@@ -106,6 +108,7 @@ class WorkflowOperations:
         self.rolling: asyncio.Future[None] | None = None  # set by ``run``
         self.carried = Recorded([])  # what an earlier execution recorded
         self.saved: list[list[Any]] = []  # every operation's [name, output], in order
+        self.questions = WorkflowQuestions()  # what the running tools ask a person
 
     def take(self, spec: Mapping[str, Any], settings: Settings) -> None:
         """Take the run's model, instructions and version, and what an earlier
@@ -188,6 +191,7 @@ class WorkflowOperations:
             raise _HeldError(str(exc.cause or exc)) from None
         finally:
             self.handles.pop(key, None)
+            self.questions.call_ended(key)
 
     def cancel(self, key: str) -> None:
         handle = self.handles.get(key)
@@ -294,6 +298,37 @@ class RunWorkflow:
     @workflow.query(name="pending_approvals")
     def pending_approvals(self) -> list[dict[str, Any]]:
         return self._pending
+
+    @workflow.update(name="ask")
+    def ask(self, question: dict[str, Any]) -> dict[str, Any] | None:
+        """A running tool's question (``_questions``): its recorded answer, or
+        ``None`` (pending)."""
+        return self._ops.questions.ask(question)
+
+    @ask.validator
+    def _check_question(self, question: dict[str, Any]) -> None:
+        call_id = question.get("call_id") if isinstance(question, dict) else None
+        self._ops.questions.check_ask(question, call_id in self._ops.handles)
+
+    @workflow.update(name="answer")
+    def answer(self, message: dict[str, Any]) -> None:
+        self._ops.questions.answer(message["question_id"], message["answer"])
+
+    @answer.validator
+    def _check_answer(self, message: dict[str, Any]) -> None:
+        self._ops.questions.check_answer(message.get("question_id"), message.get("answer"))
+
+    @workflow.signal(name="question_ended")
+    def question_ended(self, question_id: str) -> None:
+        self._ops.questions.ended(question_id)
+
+    @workflow.query(name="pending_questions")
+    def pending_questions(self) -> list[dict[str, Any]]:
+        return list(self._ops.questions.pending.values())
+
+    @workflow.query(name="answer_of")
+    def answer_of(self, question_id: str) -> dict[str, Any] | None:
+        return self._ops.questions.answer_of(question_id)
 
     @workflow.query(name="notes")
     def notes(self) -> list[str]:
