@@ -7,15 +7,18 @@ restart, and an answer recorded before the death is given back to the call that
 runs again, without a person.
 
 The contract's cases run once per backend of ``QUESTION_BACKENDS``, through
-test_durable_shared's ``Engine``; the kills use DBOS worker processes
-(tests/durable_worker.py, mode "asking"); the MCP cases a real server process
-(tests/mcp_servers/features.py).
+test_durable_shared's ``Engine``; the kills here use DBOS worker processes
+(tests/durable_worker.py, mode "asking"; Temporal's are in test_temporal_questions.py);
+the MCP cases a real server process (tests/mcp_servers/features.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import os
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,14 +37,17 @@ from durable_worker import (
 from test_durable_shared import Engine, engine_of
 from test_mcp_questions import _calling, _features
 
+if importlib.util.find_spec("temporalio") is not None or os.environ.get("CI") == "true":
+    from temporal_support import temporal_server  # noqa: F401 - the session's server
+
 import statemachine as sm
-from statemachine.durable import RunHandle, open_store
+from statemachine.durable import BACKENDS, RunHandle, open_store
 from statemachine.errors import InvalidInputError, NotPendingError, UnknownRunError
 from statemachine.hooks import ToolQuestion
 from statemachine.testing import FunctionModel
 
 T = TypeVar("T")
-QUESTION_BACKENDS = ["dbos"]  # the backends whose handles answer questions
+QUESTION_BACKENDS = sorted(BACKENDS)  # every backend answers questions
 
 
 @pytest.fixture(params=QUESTION_BACKENDS)
@@ -129,7 +135,8 @@ def _seat_run(
         async with _features(log, elicitation="run", **options) as server:
             models = {"scripted": _calling("seat")}
             async with engine.runner(models=models, tools=server.tools) as runner:
-                handle = await runner.start("seated", model="scripted", messages="seat")
+                run_id = f"seated-{uuid.uuid4().hex[:8]}"  # the Temporal server is the session's
+                handle = await runner.start(run_id, model="scripted", messages="seat")
                 question = await _question(handle)
                 assert (question.id, question.source) == ("c0:1", server.name)
                 await act(handle, question)

@@ -4,7 +4,8 @@ workflow, seen and answered from any handle, checked as ``AgentRun.answer`` chec
 "cancel" once its call ends, and kept in the run's history so that a worker killed
 while it waits, or after it was answered, loses nothing (tests/temporal_worker.py's
 "asking" mode is the killed worker; the session's dev server is
-temporal_support.temporal_address)."""
+temporal_support.temporal_address). What every backend shares (a question answered from
+another handle, its call's timeout, an abort) is held in test_durable_questions.py."""
 
 from __future__ import annotations
 
@@ -110,31 +111,6 @@ def _sync(test: Callable[..., Any]) -> Callable[..., None]:
 
 @pytest.mark.timeout(90)
 @_sync
-async def test_a_question_is_pending_on_the_run_and_answered_from_another_handle(
-    temporal_address: str,
-) -> None:
-    async with _features(elicitation="run") as server, _runner(temporal_address, server.tools) as r:
-        handle = await r.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="book")
-        (question,) = await _asked(handle)
-        assert (question.id, question.call_id, question.tool_name, question.message) == (
-            "c0:1",
-            "c0",
-            "seat",
-            "Which row?",
-        )
-        assert question.source == server.name
-        assert question.schema["properties"]["row"]["type"] == "integer"
-        other = await r.handle(handle.run_id)  # another handle, as another process has
-        assert await other.pending_questions() == (question,)
-        await other.answer(question.id, {"row": 3})
-        result = await handle.result(timeout=60)
-        assert await handle.pending_questions() == ()
-    assert result.state is sm.TurnState.DONE
-    assert result.final_text == "row 3"
-
-
-@pytest.mark.timeout(90)
-@_sync
 async def test_an_answer_is_checked_against_the_schema_and_a_stale_id_is_refused(
     temporal_address: str,
 ) -> None:
@@ -209,46 +185,6 @@ async def test_a_question_or_an_answer_too_long_for_the_history_is_refused(
         await handle.answer(question.id, {"row": 9})
         result = await handle.result(timeout=60)
     assert result.final_text == 'got {"row": 9}'
-
-
-@pytest.mark.timeout(90)
-@_sync
-async def test_a_question_nobody_answers_ends_at_the_calls_timeout_and_the_server_hears_cancel(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    log = tmp_path / "server.log"
-    # The grace period lets the server answer the "cancel" before the call is given up.
-    async with (
-        _features(log, elicitation="run", call_timeout=2) as server,
-        _runner(temporal_address, server.tools, grace_period=30) as runner,
-    ):
-        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="seat")
-        (question,) = await _asked(handle)
-        result = await handle.result(timeout=60)
-        with pytest.raises(NotPendingError):
-            await handle.answer(question.id, {"row": 1})
-    assert result.final_text == "Tool seat timed out after 2 s"
-    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
-
-
-@pytest.mark.timeout(90)
-@_sync
-async def test_an_abort_while_a_question_is_pending_ends_the_run_aborted(
-    temporal_address: str, tmp_path: Path
-) -> None:
-    log = tmp_path / "server.log"
-    async with (
-        _features(log, elicitation="run") as server,
-        _runner(temporal_address, server.tools, grace_period=30) as runner,
-    ):
-        handle = await runner.start(f"q-{uuid.uuid4().hex[:6]}", model="seat", messages="seat")
-        (question,) = await _asked(handle)
-        await handle.abort("the person left")
-        result = await handle.result(timeout=60)
-        with pytest.raises(NotPendingError):
-            await handle.answer(question.id, "cancel")
-    assert result.state is sm.TurnState.ABORTED
-    assert log.read_text(encoding="utf-8") == "seat: cancel\n"
 
 
 @pytest.mark.timeout(120)
