@@ -34,7 +34,6 @@ from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.core.table import State, TurnState
 from statemachine.core.wire import message_from_dict, messages_from_dicts
 from statemachine.durable import _journal
-from statemachine.durable._wire import merge_stats
 from statemachine.errors import InvalidInputError
 from statemachine.journal import Journal, JournalingEngine
 
@@ -180,7 +179,8 @@ async def drive(
         for message in others:
             _take_early(run, message)
         result = await run.run()
-        stats = merge_stats(stats, result.stats) if result.stats else stats
+        if result.stats is not None:  # the parts of a run resumed after approvals, added up
+            stats = result.stats if stats is None else stats + result.stats
     # Messages sent before the end and not yet taken: the result's queued input.
     late = [(user_message(m), m["kind"]) for m in await run.control.drain() if _is_input(m)]
     if late:

@@ -34,7 +34,6 @@ from statemachine.core.wire import (
 __all__ = [
     "decode_step_events",
     "encode_step_events",
-    "merge_stats",
     "output_json",
     "result_from_dict",
     "result_to_dict",
@@ -60,25 +59,6 @@ def call_from_dict(d: Any) -> ToolCall:
     call = block_from_dict(d, ("toolCall",), "call")
     assert isinstance(call, ToolCall)
     return call
-
-
-def merge_stats(first: RunStats | None, second: RunStats) -> RunStats:
-    """The stats of a run resumed after approvals: its parts added up."""
-    if first is None:
-        return second
-    tools: dict[str, dict[str, int]] = {k: dict(v) for k, v in first.tool_calls.items()}
-    for name, counts in second.tool_calls.items():
-        mine = tools.setdefault(name, {})
-        for outcome, n in counts.items():
-            mine[outcome] = mine.get(outcome, 0) + n
-    return RunStats(
-        model_calls=first.model_calls + second.model_calls,
-        tool_calls=tools,
-        usage=first.usage + second.usage,
-        turn_seconds=first.turn_seconds + second.turn_seconds,
-        tool_seconds={**first.tool_seconds, **second.tool_seconds},
-        wall_seconds=first.wall_seconds + second.wall_seconds,
-    )
 
 
 def _stats_to_dict(stats: RunStats) -> dict[str, Any]:
