@@ -331,7 +331,8 @@ def test_an_answer_and_a_question_are_bounded() -> None:
 
 def test_published_questions_are_read_bounded_and_malformed_ones_are_skipped() -> None:
     from statemachine.agent.questions import MAX_PENDING_QUESTIONS
-    from statemachine.durable._questions import question_to_dict, questions_from_published
+    from statemachine.durable._questions import questions_from_published
+    from statemachine.durable._wire import question_to_dict
 
     good = question_to_dict(_row_question())
     published = [{"id": 1}, "junk", {**good, "schema": "none"}, {**good, "url": 5}]

@@ -28,12 +28,9 @@ from test_temporal_kill import Trials
 import statemachine as sm
 from statemachine.core.tools import ToolDefinition
 from statemachine.core.wire import messages_from_dicts
+from statemachine.durable._wire import question_to_dict
 from statemachine.durable.temporal import TemporalRunHandle, TemporalRunner
-from statemachine.durable.temporal._questions import (
-    MAX_KEPT_ANSWERS,
-    WorkflowQuestions,
-    question_to_dict,
-)
+from statemachine.durable.temporal._questions import MAX_KEPT_ANSWERS, WorkflowQuestions
 from statemachine.errors import InvalidInputError, NotPendingError
 from statemachine.hooks import MAX_PENDING_QUESTIONS, ToolQuestion
 from statemachine.mcp import MCPServer

@@ -34,6 +34,7 @@ from statemachine.agent.executor import AsyncioExecutor
 from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, RunQuestions, check_answer
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import ToolCall
+from statemachine.durable._wire import question_from_dict, question_to_dict
 from statemachine.errors import InvalidInputError, NotPendingError
 
 __all__ = [
@@ -43,8 +44,6 @@ __all__ = [
     "PublishQuestions",
     "answer_message",
     "fingerprint",
-    "question_from_dict",
-    "question_to_dict",
     "questions_from_published",
 ]
 
@@ -55,33 +54,6 @@ question is refused to its asker, an answer to the person."""
 
 PublishQuestions = Callable[[list[dict[str, Any]]], Awaitable[None]]
 """Publishes the pending questions (as ``question_to_dict``) for any process."""
-
-
-def question_to_dict(question: ToolQuestion) -> dict[str, Any]:
-    return {
-        "id": question.id,
-        "call_id": question.call_id,
-        "tool_name": question.tool_name,
-        "message": question.message,
-        "schema": dict(question.schema),
-        "url": question.url,
-        "source": question.source,
-    }
-
-
-def question_from_dict(data: object) -> ToolQuestion | None:
-    """The question published as ``data`` (read from the database); ``None`` if it
-    is not one."""
-    if not isinstance(data, Mapping):
-        return None
-    texts = [data.get(k) for k in ("id", "call_id", "tool_name", "message", "source")]
-    url, schema = data.get("url"), data.get("schema")
-    if not all(isinstance(t, str) for t in texts) or not isinstance(schema, Mapping):
-        return None
-    if url is not None and not isinstance(url, str):
-        return None
-    question_id, call_id, tool_name, message, source = (str(t) for t in texts)
-    return ToolQuestion(question_id, call_id, tool_name, message, schema, url, source)
 
 
 def questions_from_published(published: object) -> tuple[ToolQuestion, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statemachine.agent.events import RunResult, RunStats, run_error
+from statemachine.agent.events import RunResult, RunStats, ToolQuestion, run_error
 from statemachine.agent.output import Output, compile_output
 from statemachine.core.engine import Engine
 from statemachine.core.events import Event, InputQueued
@@ -35,6 +35,8 @@ __all__ = [
     "decode_step_events",
     "encode_step_events",
     "output_json",
+    "question_from_dict",
+    "question_to_dict",
     "result_from_dict",
     "result_to_dict",
 ]
@@ -159,3 +161,30 @@ def _state(states: Mapping[str, State], name: str) -> State:
     """The state named ``name`` among the run's ``states`` (the library's, or its
     steps'); ``ValueError`` for another."""
     return states.get(name) or TurnState(name)
+
+
+def question_to_dict(question: ToolQuestion) -> dict[str, Any]:
+    return {
+        "id": question.id,
+        "call_id": question.call_id,
+        "tool_name": question.tool_name,
+        "message": question.message,
+        "schema": dict(question.schema),
+        "url": question.url,
+        "source": question.source,
+    }
+
+
+def question_from_dict(data: object) -> ToolQuestion | None:
+    """The question published as ``data`` (read from a database or a workflow); ``None`` if it
+    is not one."""
+    if not isinstance(data, Mapping):
+        return None
+    texts = [data.get(k) for k in ("id", "call_id", "tool_name", "message", "source")]
+    url, schema = data.get("url"), data.get("schema")
+    if not all(isinstance(t, str) for t in texts) or not isinstance(schema, Mapping):
+        return None
+    if url is not None and not isinstance(url, str):
+        return None
+    question_id, call_id, tool_name, message, source = (str(t) for t in texts)
+    return ToolQuestion(question_id, call_id, tool_name, message, schema, url, source)

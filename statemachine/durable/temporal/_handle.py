@@ -39,16 +39,17 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from statemachine.agent.events import RunResult, ToolQuestion
-from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer
+from statemachine.agent.questions import Answer
 from statemachine.agent.tools import Tool
 from statemachine.core.messages import ToolCall, UserMessage
 from statemachine.durable import ExportedJournal, RunStatus
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS, checked_text, user_dict
+from statemachine.durable._questions import questions_from_published
 from statemachine.durable._watch import unless_held
 from statemachine.durable._wire import call_from_dict, result_from_dict
 from statemachine.durable.temporal import _export
 from statemachine.durable.temporal._inflight import send_update
-from statemachine.durable.temporal._questions import INVALID, question_from_dict, refused_answer
+from statemachine.durable.temporal._questions import INVALID, refused_answer
 from statemachine.durable.temporal._workflow import CLOSED, NOT_PENDING
 from statemachine.errors import (
     InvalidInputError,
@@ -183,7 +184,7 @@ class TemporalRunHandle:
         ``pending_approvals``: none while the run is not running).
         ``StoreUnavailableError`` if no worker answers within ``QUERY_TIMEOUT``."""
         pending = await self._answered("pending_questions")
-        return tuple(question_from_dict(q) for q in pending[:MAX_PENDING_QUESTIONS])
+        return questions_from_published(pending)
 
     async def _answered(self, name: str) -> list[Any]:
         """The query's answer (``_query``); ``StoreUnavailableError`` if no worker

@@ -44,6 +44,7 @@ from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, check_an
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import ToolCall
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS
+from statemachine.durable._wire import question_from_dict, question_to_dict
 from statemachine.durable.temporal._inflight import send_update
 from statemachine.errors import InvalidInputError, NotPendingError, StoreUnavailableError
 
@@ -53,8 +54,6 @@ __all__ = [
     "MAX_KEPT_ANSWERS",
     "Asker",
     "WorkflowQuestions",
-    "question_from_dict",
-    "question_to_dict",
 ]
 
 ANSWER_POLL = 0.25  # seconds between two looks of a waiting activity for its answer
@@ -65,30 +64,6 @@ ASK_TIMEOUT = 30.0  # seconds the ``ask`` update waits for a worker of the run
 LOOK_TIMEOUT = 2.0
 INVALID = "InvalidInputError"  # the type of a refused answer or question
 NOT_PENDING = "NotPendingError"  # as the workflow's (``_workflow``)
-
-
-def question_to_dict(question: ToolQuestion) -> dict[str, Any]:
-    return {
-        "id": question.id,
-        "call_id": question.call_id,
-        "tool_name": question.tool_name,
-        "message": question.message,
-        "schema": dict(question.schema),
-        "url": question.url,
-        "source": question.source,
-    }
-
-
-def question_from_dict(data: Mapping[str, Any]) -> ToolQuestion:
-    return ToolQuestion(
-        str(data["id"]),
-        str(data["call_id"]),
-        str(data["tool_name"]),
-        str(data["message"]),
-        dict(data.get("schema") or {}),
-        data.get("url"),
-        str(data.get("source", "")),
-    )
 
 
 def _json_chars(value: object) -> int:
@@ -140,8 +115,11 @@ class WorkflowQuestions:
         question = self.pending.get(question_id) if isinstance(question_id, str) else None
         if question is None:
             raise ApplicationError(f"no question {question_id!r} is pending", type=NOT_PENDING)
+        asked = question_from_dict(question)
+        if asked is None:  # the workflow keeps only questions it read whole (``ask``)
+            raise ApplicationError(f"no question {question_id!r} is pending", type=NOT_PENDING)
         try:
-            check_answer(question_from_dict(question), answer)
+            check_answer(asked, answer)
         except InvalidInputError as exc:
             raise ApplicationError(str(exc), type=INVALID) from None
 

@@ -221,7 +221,8 @@ class TemporalBackend:
         make: Callable[[str], ToolQuestion],
         signal: AbortSignal,
     ) -> Answer | None:
-        """No one is asked: a durable run's tools cannot ask a person yet."""
+        """Never asked: a Temporal run's tools run in activities, which ask through
+        the workflow (``_questions``), never in the workflow itself."""
         return None
 
     async def _abandon_after_grace(
