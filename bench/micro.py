@@ -9,6 +9,7 @@ piece that has not landed yet is reported as such, never guessed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.util
 import statistics
@@ -147,7 +148,7 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
     """Journal append (``Journal.record`` alone, default flush per event, to a file in a
     temporary directory) and ``replay`` (parse, rebuild the engine, re-handle every
     event, verify every state and the checkpoint) of a ``turns``-long run."""
-    from statemachine.journal import Journal, JournalingEngine, replay
+    from statemachine.journal import Journal, replay
     from statemachine.journal._format import JournalHeader
 
     events = _engine_events(turns)
@@ -169,21 +170,25 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
                     journal.record(event, state)
                 append_rates.append(len(events) / ((time.perf_counter_ns() - start) / 1e9))
             path = Path(tmp) / f"run-{rep}.jsonl"
-            with Journal(path) as journal:
-                engine = _echo_engine(turns, JournalingEngine, journal=journal)
-                for event in events:
-                    engine.handle(event)
+            _write_journal(path, turns, events)
+            # Each replay starts from a collected heap that holds no earlier replay: a
+            # process replaying one journal does not keep the last five runs alive, and
+            # every full collection inside the replay would walk them too.
+            gc.collect()
             start = time.perf_counter_ns()
             result = replay(path, logger=quiet_logger())
             elapsed = (time.perf_counter_ns() - start) / 1e9
             if not result.ok or result.state is not sm.TurnState.DONE:
                 raise RuntimeError(f"replay failed: {result.error}")
             replay_rates.append(len(result.steps) / elapsed)
+            del result
             # The same with every step read (its record per event made on first read).
+            gc.collect()
             start = time.perf_counter_ns()
             stepped = replay(path, logger=quiet_logger())
             count = sum(len(step.transitions) > 0 for step in stepped.steps)
             stepped_rates.append(len(events) / ((time.perf_counter_ns() - start) / 1e9))
+            del stepped
             if count != len(events):
                 raise RuntimeError("a replayed event without its transitions")
         floor = _replay_floor(path, events, turns, repetitions)
@@ -216,6 +221,16 @@ def journal_figures(turns: int, repetitions: int) -> list[Figure]:
             for name, rate, what in floor
         ),
     ]
+
+
+def _write_journal(path: Path, turns: int, events: list[Any]) -> None:
+    """The journal of a ``turns``-long run handed ``events``; its engine is dropped."""
+    from statemachine.journal import Journal, JournalingEngine
+
+    with Journal(path) as journal:
+        engine = _echo_engine(turns, JournalingEngine, journal=journal)
+        for event in events:
+            engine.handle(event)
 
 
 def _replay_own_figure(replay_rate: float, ceiling: float, how: str) -> Figure:
