@@ -8,7 +8,7 @@ transition log, the counters, the batch of calls, the queued input, the flags.
 One engine event goes through ``handle`` like this:
 
 1. In an absorbing (terminal) state, the event is logged and dropped (I4).
-2. The rows for (state, the event's trigger) are read with ``rows_from``. None: the
+2. The rows for (state, the event's trigger) are read with ``leaving``. None: the
    event is not accepted here, and ``ProtocolError`` is raised before anything
    changes (I8); so it is when the payload does not fit (the trigger's check in
    ``_ON_INPUT``: a result for a call that is not running...).
@@ -18,8 +18,9 @@ One engine event goes through ``handle`` like this:
    of the state record per ``Guard``), records the transition in ``trace`` and runs
    the destination's entry effect (``_ENTRIES``: e.g. entering ``AwaitingModel`` asks
    for a model call).
-5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) while their guard
-   holds, each again through ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
+5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) that can fire from
+   the state (``Leaving.internal``) while their guard holds, each again through
+   ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
 
 The actions the entry effects asked for are returned. The record holds its parts by
 composition: the current ``Batch`` of tool calls (``core/batch.py``), the
@@ -115,6 +116,7 @@ from statemachine.core.table import (
     RETURNS_TO_CALLER,
     DeclaredState,
     Guard,
+    Leaving,
     OutcomeIs,
     RowGuard,
     State,
@@ -122,8 +124,7 @@ from statemachine.core.table import (
     Transition,
     Trigger,
     TurnState,
-    rows_from,
-    triggers_from,
+    leaving,
 )
 from statemachine.core.tools import (
     DEFAULT_TOOL_RETRIES,
@@ -434,19 +435,15 @@ class Engine:
             self._log = log  # used at every transition or at the end of the run
         self._actions = []
 
-    def _rows_from(self, state: State, trigger: Trigger) -> tuple[Transition, ...]:
-        # The base table through the module's own function: it reads the rows as the
-        # module holds them now (a test may install other rows there).
+    def _leaving(self, state: State) -> Leaving:
+        """What leaves ``state`` in the run's table (its rows, the internal triggers
+        that can fire from it). The base table through the module's own function: it
+        reads the rows as the module holds them now (a test may install other rows
+        there)."""
         table = self._run.table
         if table is BASE_TABLE:
-            return rows_from(state, trigger)
-        return table.rows_from(state, trigger)
-
-    def _triggers_from(self, state: State) -> Mapping[Trigger, tuple[Transition, ...]]:
-        table = self._run.table
-        if table is BASE_TABLE:
-            return triggers_from(state)
-        return table.triggers_from(state)
+            return leaving(state)
+        return table.leaving(state)
 
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
@@ -552,11 +549,10 @@ class Engine:
                     "event_absorbed", turn=self._run.turns, state=state.value, trigger=trigger.value
                 )
             return ()
-        rows = self._rows_from(state, trigger)
+        here = self._leaving(state).by_trigger
+        rows = here.get(trigger, ())
         if not rows:
-            accepted = sorted(
-                t.value for t in self._triggers_from(state) if t not in INTERNAL_TRIGGERS
-            )
+            accepted = sorted(t.value for t in here if t not in INTERNAL_TRIGGERS)
             raise ProtocolError(
                 f"{trigger.value!r} is not accepted in state {state.value}; "
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
@@ -799,17 +795,16 @@ class Engine:
         a broken table or guard into an error that shows the loop instead of a hang."""
         fired = 0
         while True:
-            # The internal trigger due now: the first with rows from this state whose
-            # firing guard holds.
-            rows_here = self._triggers_from(self._run.state)
-            for trigger, guard in INTERNAL_TRIGGERS.items():
-                if trigger in rows_here and self.guard_holds(guard):
+            # The internal trigger due now: the first that can fire from this state
+            # (the table says which, ``Leaving.internal``) whose firing guard holds.
+            for due in self._leaving(self._run.state).internal:
+                if self.guard_holds(due.guard):
                     break
             else:
                 return  # none is due: settled
             if fired == MAX_INTERNAL_TRANSITIONS:
-                self._runaway(trigger, fired)
-            self._fire(rows_here[trigger], holds=guard)
+                self._runaway(due.trigger, fired)
+            self._fire(due.rows, holds=due.guard)
             fired += 1
 
     def _runaway(self, trigger: Trigger, fired: int) -> NoReturn:
