@@ -8,7 +8,7 @@ transition log, the counters, the batch of calls, the queued input, the flags.
 One engine event goes through ``handle`` like this:
 
 1. In an absorbing (terminal) state, the event is logged and dropped (I4).
-2. The rows for (state, the event's trigger) are read with ``leaving``. None: the
+2. The rows for (state, the event's trigger) are read with ``Table.leaving``. None: the
    event is not accepted here, and ``ProtocolError`` is raised before anything
    changes (I8); so it is when the payload does not fit (the trigger's check in
    ``_ON_INPUT``: a result for a call that is not running...).
@@ -37,6 +37,7 @@ the table's rules (see ``TransitionHook``). The engine never imports the
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import operator
@@ -116,7 +117,6 @@ from statemachine.core.table import (
     RETURNS_TO_CALLER,
     DeclaredState,
     Guard,
-    Leaving,
     OutcomeIs,
     RowGuard,
     State,
@@ -124,7 +124,6 @@ from statemachine.core.table import (
     Transition,
     Trigger,
     TurnState,
-    leaving,
 )
 from statemachine.core.tools import (
     DEFAULT_TOOL_RETRIES,
@@ -200,7 +199,7 @@ GuardFunction = Callable[[EngineState], bool]
 """A guard: whether it holds for the run in this state (pure: asking changes nothing)."""
 
 
-def _response_reports(run: EngineState, stop: StopReason) -> bool:
+def _response_reports(stop: StopReason, run: EngineState) -> bool:
     # The rows that ask are those of model_responded: the response is the last message
     # of the history by then, since it enters history first (rule 1).
     last = run.history[-1] if run.history else None
@@ -220,8 +219,10 @@ def _output_retries_exhausted(run: EngineState) -> bool:
 
 GUARDS: Final[Mapping[Guard, GuardFunction]] = MappingProxyType(
     {
-        G.REPORTS_ERROR: lambda run: _response_reports(run, StopReason.ERROR),
-        G.REPORTS_ABORT: lambda run: _response_reports(run, StopReason.ABORTED),
+        # The stop reason is bound once: reading a member off its enum class runs
+        # Python code on CPython 3.11 (EnumType.__getattr__), and every turn asks these.
+        G.REPORTS_ERROR: functools.partial(_response_reports, StopReason.ERROR),
+        G.REPORTS_ABORT: functools.partial(_response_reports, StopReason.ABORTED),
         G.HAS_TOOL_CALLS: lambda run: bool(run.batch.slots),
         G.INPUT_QUEUED: lambda run: bool(run.queue),
         G.ALL_CALLS_RESOLVED: lambda run: not run.batch.any_with(WAITING_PERMISSION),
@@ -435,16 +436,6 @@ class Engine:
             self._log = log  # used at every transition or at the end of the run
         self._actions = []
 
-    def _leaving(self, state: State) -> Leaving:
-        """What leaves ``state`` in the run's table (its rows, the internal triggers
-        that can fire from it). The base table through the module's own function: it
-        reads the rows as the module holds them now (a test may install other rows
-        there)."""
-        table = self._run.table
-        if table is BASE_TABLE:
-            return leaving(state)
-        return table.leaving(state)
-
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
         if self._log is None:
@@ -549,7 +540,7 @@ class Engine:
                     "event_absorbed", turn=self._run.turns, state=state.value, trigger=trigger.value
                 )
             return ()
-        here = self._leaving(state).by_trigger
+        here = self._run.table.leaving(state).by_trigger
         rows = here.get(trigger, ())
         if not rows:
             accepted = sorted(t.value for t in here if t not in INTERNAL_TRIGGERS)
@@ -648,7 +639,7 @@ class Engine:
             text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
             self._count_retry(call.name, text, retry=output.retry)
         slot.status = DONE
-        if run.state is S.COLLECTING_RESULTS and len(run.batch.slots) > 1:
+        if len(run.batch.slots) > 1 and run.state is S.COLLECTING_RESULTS:
             self._start_runnable()  # the calls this one held back (a lone call held none)
         self._flush()
 
@@ -797,7 +788,7 @@ class Engine:
         while True:
             # The internal trigger due now: the first that can fire from this state
             # (the table says which, ``Leaving.internal``) whose firing guard holds.
-            for due in self._leaving(self._run.state).internal:
+            for due in self._run.table.leaving(self._run.state).internal:
                 if self.guard_holds(due.guard):
                     break
             else:
@@ -931,7 +922,7 @@ class Engine:
         source = row.source
         if type(source) is DeclaredState:
             self._retried(source)
-        if source is S.AWAITING_MODEL and run.output is not None and run.output_call is None:
+        if run.output is not None and source is S.AWAITING_MODEL and run.output_call is None:
             # A final text answer where a final result is required: one failed attempt.
             run.output_failures += 1
             last = run.history[-1]

@@ -2,7 +2,7 @@
 
 This module is the single source of truth. The engine interprets ``TRANSITIONS``
 below as it stands (``core/engine.py`` reads what leaves the run's state with
-``leaving`` on every event); the diagrams, the docs, the exhaustive checker, the
+``Table.leaving`` on every event); the diagrams, the docs, the exhaustive checker, the
 reference ``transitions`` machine of the tests and the tests themselves are derived
 from it; nothing restates it by hand. If you want to know what the loop can do, read
 this file; if you want to change what it does, change this table (and the engine's
@@ -678,8 +678,10 @@ class Table:
 
     def leaving(self, source: State) -> Leaving:
         """What leaves ``source``: its rows by trigger, and the internal triggers that
-        can fire from it."""
-        return self._index.get(source, _NOTHING_LEAVES)
+        can fire from it. The base table reads the module's index as it holds it now
+        (``leaving``; a test may install other rows there)."""
+        by_source = _BY_SOURCE if self is BASE_TABLE else self._index
+        return by_source.get(source, _NOTHING_LEAVES)
 
     def state_named(self, name: str) -> State | None:
         """The state whose value is ``name`` (``None``: no such state here)."""
