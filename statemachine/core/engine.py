@@ -792,12 +792,13 @@ class Engine:
         without an input in between (DispatchingTools -> CollectingResults ->
         TurnBoundary -> AwaitingModel waits for the model), so this ends; the cap turns
         a broken table or guard into an error that shows the loop instead of a hang."""
+        run, guards = self._run, self.guards
         fired = 0
         while True:
             # The internal trigger due now: the first that can fire from this state
             # (the table says which, ``Leaving.internal``) whose firing guard holds.
-            for due in self._run.table.leaving(self._run.state).internal:
-                if self.guard_holds(due.guard):
+            for due in run.table.leaving(run.state).internal:
+                if guards[due.guard](run):  # a firing guard is a ``Guard``
                     break
             else:
                 return  # none is due: settled
