@@ -332,8 +332,8 @@ def test_the_harness_installs_the_edited_rows_where_the_engine_reads_them() -> N
         assert _table.rows_from(S.READY, T.START)[0].dest is S.DONE
         assert _groups(rows) == {
             (source, trigger): group
-            for source, by_trigger in _table._BY_SOURCE.items()
-            for trigger, group in by_trigger.items()
+            for source, leaving in _table._BY_SOURCE.items()
+            for trigger, group in leaving.by_trigger.items()
         }
     assert _table.rows_from(S.READY, T.START)[0].dest is S.AWAITING_MODEL
 

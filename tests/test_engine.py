@@ -1240,7 +1240,9 @@ def test_the_engine_leaves_the_logging_configuration_alone() -> None:
 
 def _install_row(monkeypatch: pytest.MonkeyPatch, row: Transition) -> None:
     """Make ``row`` the only row of its (source, trigger) in the table the engine reads."""
-    monkeypatch.setitem(table_module._BY_SOURCE[row.source], row.trigger, (row,))
+    group = (row.source, row.trigger)
+    kept = tuple(r for r in table_module.TRANSITIONS if (r.source, r.trigger) != group)
+    monkeypatch.setattr(table_module, "_BY_SOURCE", table_module.index((*kept, row)))
 
 
 @pytest.mark.timeout(10)

@@ -8,7 +8,7 @@ transition log, the counters, the batch of calls, the queued input, the flags.
 One engine event goes through ``handle`` like this:
 
 1. In an absorbing (terminal) state, the event is logged and dropped (I4).
-2. The rows for (state, the event's trigger) are read with ``rows_from``. None: the
+2. The rows for (state, the event's trigger) are read with ``Table.leaving``. None: the
    event is not accepted here, and ``ProtocolError`` is raised before anything
    changes (I8); so it is when the payload does not fit (the trigger's check in
    ``_ON_INPUT``: a result for a call that is not running...).
@@ -18,8 +18,9 @@ One engine event goes through ``handle`` like this:
    of the state record per ``Guard``), records the transition in ``trace`` and runs
    the destination's entry effect (``_ENTRIES``: e.g. entering ``AwaitingModel`` asks
    for a model call).
-5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) while their guard
-   holds, each again through ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
+5. ``_settle`` fires the internal triggers (``INTERNAL_TRIGGERS``) that can fire from
+   the state (``Leaving.internal``) while their guard holds, each again through
+   ``_fire``, at most ``MAX_INTERNAL_TRANSITIONS`` times.
 
 The actions the entry effects asked for are returned. The record holds its parts by
 composition: the current ``Batch`` of tool calls (``core/batch.py``), the
@@ -36,6 +37,7 @@ the table's rules (see ``TransitionHook``). The engine never imports the
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import operator
@@ -122,8 +124,6 @@ from statemachine.core.table import (
     Transition,
     Trigger,
     TurnState,
-    rows_from,
-    triggers_from,
 )
 from statemachine.core.tools import (
     DEFAULT_TOOL_RETRIES,
@@ -199,7 +199,7 @@ GuardFunction = Callable[[EngineState], bool]
 """A guard: whether it holds for the run in this state (pure: asking changes nothing)."""
 
 
-def _response_reports(run: EngineState, stop: StopReason) -> bool:
+def _response_reports(stop: StopReason, run: EngineState) -> bool:
     # The rows that ask are those of model_responded: the response is the last message
     # of the history by then, since it enters history first (rule 1).
     last = run.history[-1] if run.history else None
@@ -219,8 +219,10 @@ def _output_retries_exhausted(run: EngineState) -> bool:
 
 GUARDS: Final[Mapping[Guard, GuardFunction]] = MappingProxyType(
     {
-        G.REPORTS_ERROR: lambda run: _response_reports(run, StopReason.ERROR),
-        G.REPORTS_ABORT: lambda run: _response_reports(run, StopReason.ABORTED),
+        # The stop reason is bound once: reading a member off its enum class runs
+        # Python code on CPython 3.11 (EnumType.__getattr__), and every turn asks these.
+        G.REPORTS_ERROR: functools.partial(_response_reports, StopReason.ERROR),
+        G.REPORTS_ABORT: functools.partial(_response_reports, StopReason.ABORTED),
         G.HAS_TOOL_CALLS: lambda run: bool(run.batch.slots),
         G.INPUT_QUEUED: lambda run: bool(run.queue),
         G.ALL_CALLS_RESOLVED: lambda run: not run.batch.any_with(WAITING_PERMISSION),
@@ -434,20 +436,6 @@ class Engine:
             self._log = log  # used at every transition or at the end of the run
         self._actions = []
 
-    def _rows_from(self, state: State, trigger: Trigger) -> tuple[Transition, ...]:
-        # The base table through the module's own function: it reads the rows as the
-        # module holds them now (a test may install other rows there).
-        table = self._run.table
-        if table is BASE_TABLE:
-            return rows_from(state, trigger)
-        return table.rows_from(state, trigger)
-
-    def _triggers_from(self, state: State) -> Mapping[Trigger, tuple[Transition, ...]]:
-        table = self._run.table
-        if table is BASE_TABLE:
-            return triggers_from(state)
-        return table.triggers_from(state)
-
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
         if self._log is None:
@@ -552,11 +540,10 @@ class Engine:
                     "event_absorbed", turn=self._run.turns, state=state.value, trigger=trigger.value
                 )
             return ()
-        rows = self._rows_from(state, trigger)
+        here = self._run.table.leaving(state).by_trigger
+        rows = here.get(trigger, ())
         if not rows:
-            accepted = sorted(
-                t.value for t in self._triggers_from(state) if t not in INTERNAL_TRIGGERS
-            )
+            accepted = sorted(t.value for t in here if t not in INTERNAL_TRIGGERS)
             raise ProtocolError(
                 f"{trigger.value!r} is not accepted in state {state.value}; "
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
@@ -652,7 +639,7 @@ class Engine:
             text = "\n".join(b.text for b in output.content if isinstance(b, TextContent))
             self._count_retry(call.name, text, retry=output.retry)
         slot.status = DONE
-        if run.state is S.COLLECTING_RESULTS and len(run.batch.slots) > 1:
+        if len(run.batch.slots) > 1 and run.state is S.COLLECTING_RESULTS:
             self._start_runnable()  # the calls this one held back (a lone call held none)
         self._flush()
 
@@ -755,12 +742,20 @@ class Engine:
         record the transition, and run the destination's entry effect when the state
         changes. ``holds``: a guard known to hold (the one that fired an internal
         trigger), not asked again."""
+        run, guards = self._run, self.guards
         for row in rows:
-            if row.guard is None or row.guard is holds or self.guard_holds(row.guard):
+            guard = row.guard
+            if guard is None or guard is holds:
+                break
+            # What ``guard_holds`` answers, without a call to it: a turn asks ten
+            # guards here (seven at the turn boundary alone).
+            if type(guard) is OutcomeIs:
+                if outcome_holds(run, guard):
+                    break
+            elif guards[guard](run):  # type: ignore[index]
                 break
         else:
             self._no_row(rows[0].source, rows[0].trigger)
-        run = self._run
         source, trigger, dest = row.source, row.trigger, row.dest
         if self.transition_hook is not None:
             self.transition_hook(self, source, trigger, dest)
@@ -797,19 +792,19 @@ class Engine:
         without an input in between (DispatchingTools -> CollectingResults ->
         TurnBoundary -> AwaitingModel waits for the model), so this ends; the cap turns
         a broken table or guard into an error that shows the loop instead of a hang."""
+        run, guards = self._run, self.guards
         fired = 0
         while True:
-            # The internal trigger due now: the first with rows from this state whose
-            # firing guard holds.
-            rows_here = self._triggers_from(self._run.state)
-            for trigger, guard in INTERNAL_TRIGGERS.items():
-                if trigger in rows_here and self.guard_holds(guard):
+            # The internal trigger due now: the first that can fire from this state
+            # (the table says which, ``Leaving.internal``) whose firing guard holds.
+            for due in run.table.leaving(run.state).internal:
+                if guards[due.guard](run):  # a firing guard is a ``Guard``
                     break
             else:
                 return  # none is due: settled
             if fired == MAX_INTERNAL_TRANSITIONS:
-                self._runaway(trigger, fired)
-            self._fire(rows_here[trigger], holds=guard)
+                self._runaway(due.trigger, fired)
+            self._fire(due.rows, holds=due.guard)
             fired += 1
 
     def _runaway(self, trigger: Trigger, fired: int) -> NoReturn:
@@ -936,7 +931,7 @@ class Engine:
         source = row.source
         if type(source) is DeclaredState:
             self._retried(source)
-        if source is S.AWAITING_MODEL and run.output is not None and run.output_call is None:
+        if run.output is not None and source is S.AWAITING_MODEL and run.output_call is None:
             # A final text answer where a final result is required: one failed attempt.
             run.output_failures += 1
             last = run.history[-1]

@@ -1,12 +1,13 @@
 """The transition table: every state, trigger, guard and destination of the loop.
 
 This module is the single source of truth. The engine interprets ``TRANSITIONS``
-below as it stands (``core/engine.py`` reads the rows with ``rows_from`` on every
-event); the diagrams, the docs, the exhaustive checker, the reference ``transitions``
-machine of the tests and the tests themselves are derived from it; nothing restates
-it by hand. If you want to know what the loop can do, read this file; if you want to
-change what it does, change this table (and the engine's guard predicates, which are
-named here and defined in ``core/engine.py``'s ``GUARDS``).
+below as it stands (``core/engine.py`` reads what leaves the run's state with
+``Table.leaving`` on every event); the diagrams, the docs, the exhaustive checker, the
+reference ``transitions`` machine of the tests and the tests themselves are derived
+from it; nothing restates it by hand. If you want to know what the loop can do, read
+this file; if you want to change what it does, change this table (and the engine's
+guard predicates, which are named here and defined in ``core/engine.py``'s
+``GUARDS``).
 
 Rules
 =====
@@ -179,7 +180,10 @@ steps, so that each state's meaning is exact (``DispatchingTools`` really means 
 call is still waiting for permission, ``CollectingResults`` really means a started
 call has no result yet, ``TurnBoundary`` really means the should_continue hook has
 not answered yet). ``INTERNAL_TRIGGERS`` lists them with the guard that fires
-them; the engine fires them to a fixed point after every input.
+them; the engine fires them to a fixed point after every input. Only a trigger with
+a row from the run's state can fire: ``index`` derives, once per state, which ones
+(``Leaving.internal``, in the order of ``INTERNAL_TRIGGERS``), and the engine asks
+the guards of those alone.
 
 Rows that share a source and a trigger are tried in table order; the first whose
 guard holds wins. The last row of a group has no guard, so exactly one row always
@@ -194,7 +198,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 import attrs
 
@@ -213,7 +218,9 @@ __all__ = [
     "TRANSITIONS",
     "TRIGGER_DOCS",
     "DeclaredState",
+    "Firing",
     "Guard",
+    "Leaving",
     "OutcomeIs",
     "RowGuard",
     "State",
@@ -222,6 +229,7 @@ __all__ = [
     "Trigger",
     "TurnState",
     "index",
+    "leaving",
     "rows_from",
     "triggers_from",
 ]
@@ -558,30 +566,67 @@ TRIGGER_DOCS: Mapping[Trigger, str] = {
     T.SETTLED: "internal: after an abort, nothing is outstanding",
 }
 
-RowIndex = dict[State, dict[Trigger, tuple[Transition, ...]]]
+
+class Firing(NamedTuple):
+    """An internal trigger that can fire from a state: the guard that fires it, and its
+    rows from there (in table order)."""
+
+    trigger: Trigger
+    guard: Guard
+    rows: tuple[Transition, ...]
+
+
+@attrs.frozen
+class Leaving:
+    """What leaves one state: the rows of each trigger, in table order; and, derived
+    from them once, the internal triggers that can fire from it, in the order of
+    ``INTERNAL_TRIGGERS`` (the first whose guard holds fires), so that after each event
+    the engine asks only the guards that can fire from where the run is."""
+
+    by_trigger: Mapping[Trigger, tuple[Transition, ...]]
+    internal: tuple[Firing, ...]
+
+    @classmethod
+    def of(cls, by_trigger: Mapping[Trigger, tuple[Transition, ...]]) -> Leaving:
+        internal = tuple(
+            Firing(trigger, guard, by_trigger[trigger])
+            for trigger, guard in INTERNAL_TRIGGERS.items()
+            if trigger in by_trigger
+        )
+        return cls(MappingProxyType(dict(by_trigger)), internal)
+
+
+RowIndex = dict[State, Leaving]
 
 
 def index(rows: Iterable[Transition]) -> RowIndex:
-    """``rows`` grouped by source state, then by trigger, each group in table order
-    (every state has an entry, empty for a state no row leaves)."""
-    out: RowIndex = {state: {} for state in TurnState}
+    """``rows`` grouped by source state (every state has an entry, empty for a state
+    no row leaves), then by trigger, each group in table order."""
+    grouped: dict[State, dict[Trigger, tuple[Transition, ...]]] = {s: {} for s in TurnState}
     for row in rows:
-        group = out.setdefault(row.source, {})
+        group = grouped.setdefault(row.source, {})
         group[row.trigger] = (*group.get(row.trigger, ()), row)
-        out.setdefault(row.dest, {})
-    return out
+        grouped.setdefault(row.dest, {})
+    return {state: Leaving.of(by_trigger) for state, by_trigger in grouped.items()}
 
 
 _BY_SOURCE: RowIndex = index(TRANSITIONS)
+_NOTHING_LEAVES: Leaving = Leaving.of({})
 
 
 def rows_from(source: State, trigger: Trigger) -> tuple[Transition, ...]:
     """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
-    return _BY_SOURCE[source].get(trigger, ())
+    return _BY_SOURCE[source].by_trigger.get(trigger, ())
 
 
 def triggers_from(source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
     """Every trigger that has a row from ``source``, with its rows in table order."""
+    return _BY_SOURCE[source].by_trigger
+
+
+def leaving(source: State) -> Leaving:
+    """What leaves ``source``: its rows by trigger, and the internal triggers that can
+    fire from it."""
     return _BY_SOURCE[source]
 
 
@@ -625,11 +670,18 @@ class Table:
 
     def rows_from(self, source: State, trigger: Trigger) -> tuple[Transition, ...]:
         """The rows for ``(source, trigger)`` in table order (empty: not accepted)."""
-        return self._index.get(source, {}).get(trigger, ())
+        return self.leaving(source).by_trigger.get(trigger, ())
 
     def triggers_from(self, source: State) -> Mapping[Trigger, tuple[Transition, ...]]:
         """Every trigger that has a row from ``source``, with its rows in table order."""
-        return self._index.get(source, {})
+        return self.leaving(source).by_trigger
+
+    def leaving(self, source: State) -> Leaving:
+        """What leaves ``source``: its rows by trigger, and the internal triggers that
+        can fire from it. The base table reads the module's index as it holds it now
+        (``leaving``; a test may install other rows there)."""
+        by_source = _BY_SOURCE if self is BASE_TABLE else self._index
+        return by_source.get(source, _NOTHING_LEAVES)
 
     def state_named(self, name: str) -> State | None:
         """The state whose value is ``name`` (``None``: no such state here)."""
