@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -299,6 +299,59 @@ class BareTyped:
         return Outcome(len(assistants), results, assistants[-1].text)
 
 
+class BareTypedTasked(BareTyped):
+    """The typed loop with what a loop needs to abort a run within a grace period
+    whatever its tools do (as ``bench/scale.py``'s floor, on our types): each operation
+    (the model call, each tool call) an asyncio task of its own, reporting into the
+    run's inbox, read one report at a time. What ``run_agent`` costs over this is the
+    engine, the record and the driver's bookkeeping; what this costs over
+    ``BareTyped`` is the tasks themselves."""
+
+    name = "bare loop, a task per operation (our types)"
+
+    async def execute(self, script: Script) -> object:
+        client = _scripted_client(script)
+        definitions = [_sm_echo.definition]
+        signal = sm.AbortSignal()
+        messages: list[sm.Message] = [sm.UserMessage("go")]
+        inbox: asyncio.Queue[sm.Message] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()  # referenced until done, as asyncio asks
+
+        def start(operation: Coroutine[Any, Any, None]) -> None:
+            task = asyncio.ensure_future(operation)
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+        async def call_model() -> None:
+            inbox.put_nowait(await client.complete(messages, definitions, signal))
+
+        async def call_tool(call: sm.ToolCall) -> None:
+            value = await _sm_echo.execute(call.arguments_dict(), signal)
+            output = value if isinstance(value, sm.ToolOutput) else sm.ToolOutput(value)
+            inbox.put_nowait(
+                sm.ToolResultMessage(call.id, call.name, output.content, output.is_error)
+            )
+
+        start(call_model())
+        for _ in range(script.n):
+            assistant = await inbox.get()
+            assert isinstance(assistant, sm.AssistantMessage)
+            messages.append(assistant)
+            calls = assistant.tool_calls
+            if not calls:
+                return messages
+            for call in calls:
+                start(call_tool(call))
+            results = {}
+            while len(results) < len(calls):
+                result = await inbox.get()
+                assert isinstance(result, sm.ToolResultMessage)
+                results[result.tool_call_id] = result
+            messages.extend(results[call.id] for call in calls)
+            start(call_model())
+        raise RuntimeError(f"the tasked loop exceeded {script.n} turns")
+
+
 # -- PydanticAI ---------------------------------------------------------------------------
 
 
@@ -511,6 +564,7 @@ class LangGraph:
 CONTENDERS: tuple[tuple[str, Callable[[], Contender]], ...] = (
     (BareTyped.name, BareTyped),
     (Bare.name, Bare),
+    (BareTypedTasked.name, BareTypedTasked),
     ("statemachine run_agent", Ours),
     ("statemachine Agent.run", OursAgent),
     (PydanticAI.name, PydanticAI),
