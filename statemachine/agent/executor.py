@@ -210,12 +210,12 @@ IN_PROCESS = InProcess()
 
 class AsyncioExecutor:
     """Performs the loop's actions as asyncio tasks started by its ``backend`` (module
-    docstring); an ``Executor`` and a ``Reports``. Slots, and the helpers' set and the
-    hook caller made when first asked for, as ``ActionLoop``'s."""
+    docstring); an ``Executor`` and a ``Reports``. It is given the ``loop`` it reports
+    to, which never holds it (``agent/loop.py``). Slots, and the hook caller made when
+    first asked for, as ``ActionLoop``'s."""
 
     __slots__ = (
         "_event_loop",
-        "_helpers",
         "_hook_caller",
         "_thread",
         "backend",
@@ -246,16 +246,13 @@ class AsyncioExecutor:
         self.backend = backend  # how each operation starts (module docstring)
         self._event_loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._helpers: set[asyncio.Future[None]] | None = None
         self._hook_caller: HookCaller | None = None
 
     @property
     def helpers(self) -> set[asyncio.Future[None]]:
-        """The hook calls and grace timers under way (made with the first: most runs
-        ask no hook and are never aborted)."""
-        if self._helpers is None:
-            self._helpers = set()
-        return self._helpers
+        """The hook calls and grace timers under way: the loop's, as an abort cancels
+        them (``ActionLoop.helpers``)."""
+        return self.loop.helpers
 
     @property
     def hook_caller(self) -> HookCaller:
@@ -305,10 +302,6 @@ class AsyncioExecutor:
 
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         self.backend.cancel(self, keys, reason)
-
-    def stop_hooks(self) -> None:
-        for task in self.helpers:
-            task.cancel()  # their calls are answered by the engine
 
     async def close(self) -> None:
         # Normally nothing is left: every operation reported before the run ended,

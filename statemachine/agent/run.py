@@ -311,34 +311,38 @@ class AgentRun(Generic[OutputT]):
             stream=self._stream,
             controller=AbortController(),  # what tools and the model client hold
             log=self.options.logger,  # None: the library's
-            executor=partial(
-                AsyncioExecutor,
-                model=self._model,
-                tools=self._tools,
-                hooks=self.options,  # the hooks are its fields
-                grace=float(self.options.grace_period),
-                backend=self._backend,
-            ),
             on_handle=self._on_handle,
+        )
+        # It reports to the loop, which never holds it (``agent/loop.py``).
+        executor = AsyncioExecutor(
+            loop,
+            model=self._model,
+            tools=self._tools,
+            hooks=self.options,  # the hooks are its fields
+            grace=float(self.options.grace_period),
+            backend=self._backend,
         )
         self._loop = loop
         remove = self._listen(loop)
         token = run_context(self)  # every task inherits it
         try:
             self._stream.run_started(self.run_id)
-            self._first_events(loop)
+            self._first_events(loop, executor)
             try:
-                await loop.drive()
+                await loop.drive(executor)
             except asyncio.CancelledError:
                 # The caller cancelled run() (asyncio.Runner does on Ctrl-C): close the
                 # run as an abort, so every call still gets its result, then go on.
                 loop.abort("the caller cancelled the run")
-                await loop.drive()
+                await loop.drive(executor)
                 raise
         finally:
             reset_run_context(token)
             remove()
-            await loop.close()
+            try:
+                await executor.close()
+            finally:
+                loop.close()
             self._outcome = self._result(loop)
             self._loop = None
         if loop.fatal is not None:
@@ -356,7 +360,7 @@ class AgentRun(Generic[OutputT]):
             lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
         )
 
-    def _first_events(self, loop: ActionLoop) -> None:
+    def _first_events(self, loop: ActionLoop, executor: AsyncioExecutor) -> None:
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run
         goes on with), and what was queued before ``run()``; or, if it was aborted
         already, the abort."""
@@ -368,12 +372,12 @@ class AgentRun(Generic[OutputT]):
                 [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
             )
             for event in first:
-                loop.handle(event)
+                loop.handle(event, executor)
             return
         # Aborted before anything started: no model call is made at all.
         if not self._first:
             for queued in early_inputs:
-                loop.handle(queued)  # kept as queued input, nothing is lost
+                loop.handle(queued, executor)  # kept as queued input, nothing is lost
         if early_abort is not None:
             reason = early_abort.reason
         else:
@@ -381,7 +385,7 @@ class AgentRun(Generic[OutputT]):
             reason = str(signal.reason)
         loop.aborting = True
         loop.controller.abort(reason)
-        loop.handle(AbortRequested(reason))
+        loop.handle(AbortRequested(reason), executor)
 
     def _result(self, loop: ActionLoop) -> RunResult[OutputT]:
         engine = self.engine
