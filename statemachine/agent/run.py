@@ -305,23 +305,7 @@ class AgentRun(Generic[OutputT]):
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
         self._loop_thread = threading.get_ident()
-        loop = ActionLoop(
-            self.engine,
-            inbox=self._inbox if self._inbox is not None else RunInbox(),
-            stream=self._stream,
-            controller=AbortController(),  # what tools and the model client hold
-            log=self.options.logger,  # None: the library's
-            on_handle=self._on_handle,
-        )
-        # It reports to the loop, which never holds it (``agent/loop.py``).
-        executor = AsyncioExecutor(
-            loop,
-            model=self._model,
-            tools=self._tools,
-            hooks=self.options,  # the hooks are its fields
-            grace=float(self.options.grace_period),
-            backend=self._backend,
-        )
+        loop, executor = self._action_loop()
         self._loop = loop
         remove = self._listen(loop)
         token = run_context(self)  # every task inherits it
@@ -348,6 +332,27 @@ class AgentRun(Generic[OutputT]):
         if loop.fatal is not None:
             raise loop.fatal
         return self._outcome
+
+    def _action_loop(self) -> tuple[ActionLoop, AsyncioExecutor]:
+        """The run's action loop, and the executor that reports to it (which the loop
+        never holds: ``agent/loop.py``)."""
+        loop = ActionLoop(
+            self.engine,
+            inbox=self._inbox if self._inbox is not None else RunInbox(),
+            stream=self._stream,
+            controller=AbortController(),  # what tools and the model client hold
+            log=self.options.logger,  # None: the library's
+            on_handle=self._on_handle,
+        )
+        executor = AsyncioExecutor(
+            loop,
+            model=self._model,
+            tools=self._tools,
+            hooks=self.options,  # the hooks are its fields
+            grace=float(self.options.grace_period),
+            backend=self._backend,
+        )
+        return loop, executor
 
     def _listen(self, loop: ActionLoop) -> Callable[[], None]:
         """Abort ``loop`` when the caller's signal fires; what removes the listener."""
