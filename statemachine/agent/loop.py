@@ -284,8 +284,9 @@ class ActionLoop:
         inbox = self.inbox
         while not self._done:
             await asyncio.sleep(0)  # O1 (module docstring)
-            # No frame holds an event while the next is awaited.
-            self._take(inbox.get_nowait() if not inbox.empty() else await inbox.get(), executor)
+            # Always get(): a backend's inbox places messages of its own there. No frame
+            # holds an event while the next is awaited.
+            self._take(await inbox.get(), executor)
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():

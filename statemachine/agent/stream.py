@@ -177,13 +177,14 @@ class EventStream:
         for record in records:
             if listening:
                 self.emit(StateChanged(record))
-            if record.dest is TurnState.AWAITING_MODEL:
+            dest = record.dest
+            if dest is TurnState.AWAITING_MODEL:
                 self._turn = record.turn + 1
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
             elif self._turn_start is not None and (
-                record.dest in _TURN_ENDS or record.dest in engine.table.terminal  # a step's end
+                dest in _TURN_ENDS or dest in engine.table.terminal  # a step's end
             ):
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
