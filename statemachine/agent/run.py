@@ -107,6 +107,28 @@ class AgentRun(Generic[OutputT]):
     back to the loop's inbox.
     """
 
+    # Slots: thousands of runs may wait in one process, each holding its handle.
+    __slots__ = (
+        "_backend",
+        "_check_first",
+        "_early",
+        "_first",
+        "_given",
+        "_inbox",
+        "_loop",
+        "_loop_thread",
+        "_model",
+        "_on_handle",
+        "_outcome",
+        "_output",
+        "_started",
+        "_stream",
+        "_tools",
+        "engine",
+        "options",
+        "run_id",
+    )
+
     def __init__(
         self,
         *,

@@ -220,6 +220,10 @@ class EventStream:
         """A tool call's one answer, as the engine is about to get it."""
         call_id = event.call_id
         begun = self._calls.pop(call_id, None)
+        if not self._calls:
+            # A run waits for its model between batches: with an empty table, not the
+            # one its batch grew (thousands of runs may wait in one process).
+            self._calls = {}
         if begun is None:
             self._tool_seconds[call_id] = 0.0
             return
