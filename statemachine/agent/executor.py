@@ -392,7 +392,7 @@ class AsyncioExecutor:
         to = to or self
         spent, token = start_spending()
         try:
-            output = await self._tool_output(call)
+            output = await self.execute(call)
             if self.hooks.after_tool_call is not None:
                 output = await self.hook_caller.after_tool_call(call, output)
         except asyncio.CancelledError:
@@ -411,20 +411,12 @@ class AsyncioExecutor:
             stop_spending(token)
         to.report(call.id, ToolFinished(call.id, spent.joined(output)))
 
-    async def _tool_output(self, call: ToolCall) -> ToolOutput:
+    async def execute(self, call: ToolCall) -> ToolOutput:
+        """Run the tool of ``call``, the call set in its context (``running_call``):
+        its result, or the error result of its failure."""
         tool = self.tools[call.name]
-        token = running_call.set((self, call))
-        try:
-            return await self.execute(tool, call)
-        finally:
-            try:
-                running_call.reset(token)
-            except ValueError:
-                pass  # an abandoned call closed later, from another context
-
-    async def execute(self, tool: Tool, call: ToolCall) -> ToolOutput:
-        """Run ``tool`` for ``call``: its result, or the error result of its failure."""
         run_signal = self.loop.controller.signal
+        token = running_call.set((self, call))
         try:
             if tool.timeout is None:
                 value = await tool.execute(call.arguments_dict(), run_signal)
@@ -441,6 +433,11 @@ class AsyncioExecutor:
             if output is None:
                 raise
             return output
+        finally:
+            try:
+                running_call.reset(token)
+            except ValueError:
+                pass  # an abandoned call closed later, from another context
         normalised = tool_output_from(value)
         if normalised is None:
             error = ToolOutputError(
