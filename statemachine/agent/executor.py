@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -105,6 +104,15 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     past its timeout and then raised), so that asyncio does not log it as lost."""
     if not task.cancelled():
         task.exception()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in the caller's thread, if any (a sync tool's worker
+    thread has none)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class _TimedOutError(Exception):
@@ -217,7 +225,6 @@ class AsyncioExecutor:
     __slots__ = (
         "_event_loop",
         "_hook_caller",
-        "_thread",
         "backend",
         "grace",
         "hooks",
@@ -245,7 +252,6 @@ class AsyncioExecutor:
         self.grace = grace
         self.backend = backend  # how each operation starts (module docstring)
         self._event_loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
         self._hook_caller: HookCaller | None = None
 
     @property
@@ -278,7 +284,7 @@ class AsyncioExecutor:
         """A running tool's progress report or log message, handed to the subscribers
         on the loop (built only if someone listens)."""
         deliver = partial(self.loop.stream.emit, event)
-        if threading.get_ident() == self._thread:
+        if _running_loop() is self._event_loop:
             deliver()
         else:
             self._event_loop.call_soon_threadsafe(deliver)

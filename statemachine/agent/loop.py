@@ -130,11 +130,15 @@ class RunInbox:
     def __init__(self) -> None:
         # A list, not a deque: it holds a few events at a time (a batch's results),
         # and a deque holds a block of 64 slots from the start, in every waiting run.
-        self._events: list[Event] = []
+        # None while empty, as a waiting run's inbox is: no list is held then.
+        self._events: list[Event] | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
-        self._events.append(item)
+        if self._events is None:
+            self._events = [item]
+        else:
+            self._events.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -145,7 +149,7 @@ class RunInbox:
     def get_nowait(self) -> Event:
         if not self._events:
             raise asyncio.QueueEmpty
-        return self._events.pop(0)
+        return self._pop(self._events)
 
     async def get(self) -> Event:
         """The next event, once there is one."""
@@ -157,7 +161,13 @@ class RunInbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._events.pop(0)
+        return self._pop(self._events)
+
+    def _pop(self, events: list[Event]) -> Event:
+        event = events.pop(0)
+        if not events:
+            self._events = None
+        return event
 
 
 class Executor(Protocol):
