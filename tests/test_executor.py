@@ -8,7 +8,6 @@ import contextvars
 import gc
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import attrs
@@ -217,12 +216,10 @@ def test_an_operation_that_ends_without_reporting_is_answered_as_cancelled() -> 
             stream=EventStream(engine),
             controller=AbortController(),
             log=quiet,
-            executor=partial(
-                AsyncioExecutor, model=ScriptedModel("done"), tools={}, hooks=DEFAULTS, grace=1.0
-            ),
         )
-        executor = loop.executor
-        assert isinstance(executor, AsyncioExecutor)
+        executor = AsyncioExecutor(
+            loop, model=ScriptedModel("done"), tools={}, hooks=DEFAULTS, grace=1.0
+        )
         for key in ("model", "c1"):
             executor.tasks[key] = task = asyncio.ensure_future(silent())
             await task

@@ -713,8 +713,8 @@ def test_the_properties_catch_a_driver_that_rewrites_odd_text(
 ) -> None:
     execute = AsyncioExecutor.execute
 
-    async def tidy(self: AsyncioExecutor, tool: sm.Tool, call: sm.ToolCall) -> Any:
-        output = await execute(self, tool, call)
+    async def tidy(self: AsyncioExecutor, call: sm.ToolCall) -> Any:
+        output = await execute(self, call)
         text = "".join(getattr(block, "text", "") for block in output.content)
         return sm.ToolOutput(text.encode("utf-8", "replace").decode("utf-8"), output.is_error)
 

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 import statemachine as sm
+from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation
 from statemachine.agent.model import CallOptions, takes_options
+from statemachine.agent.run import use_backend
 from statemachine.core.engine import Engine
 from statemachine.testing import FunctionModel, ScriptedModel
 
@@ -240,6 +242,32 @@ def test_a_finished_run_leaves_no_cyclic_garbage() -> None:
 
     garbage = asyncio.run(main())
     assert [type(o).__name__ for o in garbage] == []
+
+
+@pytest.mark.timeout(30)
+def test_a_running_run_holds_no_reference_cycle_between_its_loop_and_its_executor() -> None:
+    # The executor reports to the loop; the loop is handed the executor, never keeps it.
+    seen: list[tuple[bool, bool]] = []
+
+    class Looking:
+        def start(self, driver: AsyncioExecutor, op: Operation) -> None:
+            loop = driver.loop
+            seen.append((loop in gc.get_referents(driver), driver in gc.get_referents(loop)))
+            IN_PROCESS.start(driver, op)
+
+        def cancel(self, driver: AsyncioExecutor, keys: Sequence[str], reason: str) -> None:
+            IN_PROCESS.cancel(driver, keys, reason)
+
+        def reported(self, key: str) -> None:
+            IN_PROCESS.reported(key)
+
+        async def ask(self, driver: AsyncioExecutor, *args: Any) -> None:
+            return None
+
+    run = _run(model=FunctionModel(_two_turns, record=False))
+    use_backend(run, inbox=asyncio.Queue(), backend=Looking())
+    assert asyncio.run(run.run()).state is sm.TurnState.DONE
+    assert seen == [(True, False)] * 3  # two model calls and a tool call
 
 
 class _Waiting:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -105,6 +104,15 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     past its timeout and then raised), so that asyncio does not log it as lost."""
     if not task.cancelled():
         task.exception()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in the caller's thread, if any (a sync tool's worker
+    thread has none)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class _TimedOutError(Exception):
@@ -210,14 +218,13 @@ IN_PROCESS = InProcess()
 
 class AsyncioExecutor:
     """Performs the loop's actions as asyncio tasks started by its ``backend`` (module
-    docstring); an ``Executor`` and a ``Reports``. Slots, and the helpers' set and the
-    hook caller made when first asked for, as ``ActionLoop``'s."""
+    docstring); an ``Executor`` and a ``Reports``. It is given the ``loop`` it reports
+    to, which never holds it (``agent/loop.py``). Slots, and the hook caller made when
+    first asked for, as ``ActionLoop``'s."""
 
     __slots__ = (
         "_event_loop",
-        "_helpers",
         "_hook_caller",
-        "_thread",
         "backend",
         "grace",
         "hooks",
@@ -245,17 +252,13 @@ class AsyncioExecutor:
         self.grace = grace
         self.backend = backend  # how each operation starts (module docstring)
         self._event_loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
-        self._helpers: set[asyncio.Future[None]] | None = None
         self._hook_caller: HookCaller | None = None
 
     @property
     def helpers(self) -> set[asyncio.Future[None]]:
-        """The hook calls and grace timers under way (made with the first: most runs
-        ask no hook and are never aborted)."""
-        if self._helpers is None:
-            self._helpers = set()
-        return self._helpers
+        """The hook calls and grace timers under way: the loop's, as an abort cancels
+        them (``ActionLoop.helpers``)."""
+        return self.loop.helpers
 
     @property
     def hook_caller(self) -> HookCaller:
@@ -281,7 +284,7 @@ class AsyncioExecutor:
         """A running tool's progress report or log message, handed to the subscribers
         on the loop (built only if someone listens)."""
         deliver = partial(self.loop.stream.emit, event)
-        if threading.get_ident() == self._thread:
+        if _running_loop() is self._event_loop:
             deliver()
         else:
             self._event_loop.call_soon_threadsafe(deliver)
@@ -305,10 +308,6 @@ class AsyncioExecutor:
 
     def start_cancellation(self, keys: Sequence[str], reason: str) -> None:
         self.backend.cancel(self, keys, reason)
-
-    def stop_hooks(self) -> None:
-        for task in self.helpers:
-            task.cancel()  # their calls are answered by the engine
 
     async def close(self) -> None:
         # Normally nothing is left: every operation reported before the run ended,
@@ -399,7 +398,7 @@ class AsyncioExecutor:
         to = to or self
         spent, token = start_spending()
         try:
-            output = await self._tool_output(call)
+            output = await self.execute(call)
             if self.hooks.after_tool_call is not None:
                 output = await self.hook_caller.after_tool_call(call, output)
         except asyncio.CancelledError:
@@ -418,20 +417,12 @@ class AsyncioExecutor:
             stop_spending(token)
         to.report(call.id, ToolFinished(call.id, spent.joined(output)))
 
-    async def _tool_output(self, call: ToolCall) -> ToolOutput:
+    async def execute(self, call: ToolCall) -> ToolOutput:
+        """Run the tool of ``call``, the call set in its context (``running_call``):
+        its result, or the error result of its failure."""
         tool = self.tools[call.name]
-        token = running_call.set((self, call))
-        try:
-            return await self.execute(tool, call)
-        finally:
-            try:
-                running_call.reset(token)
-            except ValueError:
-                pass  # an abandoned call closed later, from another context
-
-    async def execute(self, tool: Tool, call: ToolCall) -> ToolOutput:
-        """Run ``tool`` for ``call``: its result, or the error result of its failure."""
         run_signal = self.loop.controller.signal
+        token = running_call.set((self, call))
         try:
             if tool.timeout is None:
                 value = await tool.execute(call.arguments_dict(), run_signal)
@@ -448,6 +439,11 @@ class AsyncioExecutor:
             if output is None:
                 raise
             return output
+        finally:
+            try:
+                running_call.reset(token)
+            except ValueError:
+                pass  # an abandoned call closed later, from another context
         normalised = tool_output_from(value)
         if normalised is None:
             error = ToolOutputError(

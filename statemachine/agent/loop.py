@@ -58,6 +58,12 @@ performed is the ``Executor`` protocol below, whose every operation must end in
 exactly one ``post`` (or one event per permission check or continue check). The
 in-process executor (``statemachine.agent.executor``) performs them as asyncio tasks;
 the durable one (``statemachine.durable``) as recorded steps.
+
+The executor is given the loop it reports to; the loop never holds the executor:
+whoever runs the loop hands it over for the actions of each event
+(``drive(executor)``, ``handle(event, executor)``) and closes it. So a finished run
+is no reference cycle. The hook calls under way are the loop's to keep
+(``helpers``), since an abort, which is the loop's, cancels them.
 """
 
 from __future__ import annotations
@@ -124,11 +130,15 @@ class RunInbox:
     def __init__(self) -> None:
         # A list, not a deque: it holds a few events at a time (a batch's results),
         # and a deque holds a block of 64 slots from the start, in every waiting run.
-        self._events: list[Event] = []
+        # None while empty, as a waiting run's inbox is: no list is held then.
+        self._events: list[Event] | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: Event, /) -> None:
-        self._events.append(item)
+        if self._events is None:
+            self._events = [item]
+        else:
+            self._events.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -139,7 +149,7 @@ class RunInbox:
     def get_nowait(self) -> Event:
         if not self._events:
             raise asyncio.QueueEmpty
-        return self._events.pop(0)
+        return self._pop(self._events)
 
     async def get(self) -> Event:
         """The next event, once there is one."""
@@ -151,7 +161,13 @@ class RunInbox:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._events.pop(0)
+        return self._pop(self._events)
+
+    def _pop(self, events: list[Event]) -> Event:
+        event = events.pop(0)
+        if not events:
+            self._events = None
+        return event
 
 
 class Executor(Protocol):
@@ -180,9 +196,6 @@ class Executor(Protocol):
         """End the operations ``keys`` ("model" or call ids) within the grace period;
         each one not yet reported is then reported cancelled or abandoned."""
 
-    def stop_hooks(self) -> None:
-        """The run was aborted: stop asking hooks (the engine answers their calls)."""
-
     async def close(self) -> None:
         """The run returned to its caller: end whatever is left (normally nothing)."""
 
@@ -190,9 +203,9 @@ class Executor(Protocol):
 class ActionLoop:
     """Hands the engine one event at a time and the executor each action it answers.
 
-    Its fields are slots, and what most runs never use (the abandoned keys, a bound
-    logger) is made when first asked for: thousands of runs may wait in one process,
-    each holding one loop."""
+    Its fields are slots, and what most runs never use (the abandoned keys, the hook
+    calls, a bound logger) is made when first asked for: thousands of runs may wait in
+    one process, each holding one loop."""
 
     __slots__ = (
         "_abandoned",
@@ -201,12 +214,12 @@ class ActionLoop:
         "_closed",
         "_done",
         "_event_loop",
+        "_helpers",
         "_later",
         "_log",
         "aborting",
         "controller",
         "engine",
-        "executor",
         "fatal",
         "inbox",
         "late_input",
@@ -225,7 +238,6 @@ class ActionLoop:
         stream: EventStream,
         controller: AbortController,
         log: Any | None,
-        executor: Callable[[ActionLoop], Executor],
         on_handle: Callable[[Event], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -246,10 +258,10 @@ class ActionLoop:
         # never ask (a deque would hold a block of 64 slots from the start).
         self._later: list[Callable[[], None]] | None = None
         self._event_loop = asyncio.get_running_loop()
-        self._closed = False  # close() has let go of the executor
+        self._closed = False  # the run is closed: an abort comes too late
         self._abandoned: set[str] | None = None
+        self._helpers: set[asyncio.Future[None]] | None = None
         self._log: Any = None
-        self.executor = executor(self)
 
     @property
     def abandoned(self) -> set[str]:
@@ -260,6 +272,14 @@ class ActionLoop:
         return self._abandoned
 
     @property
+    def helpers(self) -> set[asyncio.Future[None]]:
+        """The hook calls and grace timers under way, which an abort cancels (made with
+        the first: most runs ask no hook and are never aborted)."""
+        if self._helpers is None:
+            self._helpers = set()
+        return self._helpers
+
+    @property
     def log(self) -> Any:
         """The run's logger (``log``, or the library's when ``None``), the run id bound:
         made when first used (most runs log nothing of their own)."""
@@ -268,18 +288,21 @@ class ActionLoop:
             self._log = base.bind(run_id=self.engine.run_id)
         return self._log
 
-    async def drive(self) -> None:
-        """Hand the engine the inbox's events until it returns to the caller."""
+    async def drive(self, executor: Executor) -> None:
+        """Hand the engine the inbox's events until it returns to the caller, and
+        ``executor`` the actions it answers with."""
         inbox = self.inbox
         while not self._done:
             await asyncio.sleep(0)  # O1 (module docstring)
-            self._take(await inbox.get())  # no frame holds an event while the next is awaited
+            # Always get(): a backend's inbox places messages of its own there. No frame
+            # holds an event while the next is awaited.
+            self._take(await inbox.get(), executor)
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
             self._keep_late(inbox.get_nowait())
 
-    def _take(self, event: Event) -> None:
+    def _take(self, event: Event, executor: Executor) -> None:
         """Hand the engine ``event``, after what was asked to be done before it (O3)
         and an abort that goes ahead of it (O2)."""
         if self._later:
@@ -287,31 +310,26 @@ class ActionLoop:
         first = self._abort_first
         if first is not None:
             self._abort_first = None
-            self.handle(first)
+            self.handle(first, executor)
             if event is first:
                 return
             if self._done:
                 self._keep_late(event)
                 return
-        self.handle(event)
+        self.handle(event, executor)
 
-    async def close(self) -> None:
-        """The run returned to its caller: the executor ends what is left, and the loop
-        lets go of it. The executor refers back to the loop (operations report to it),
-        so holding it on would make every finished run garbage that only the cycle
-        collector frees."""
-        try:
-            await self.executor.close()
-        finally:
-            self._closed = True  # nothing asks the executor for anything from now on
-            del self.executor
+    def close(self) -> None:
+        """The run is closed (its executor has ended what was left): an abort from now
+        on comes too late, and is not taken."""
+        self._closed = True
 
     def _keep_late(self, event: Event) -> None:
         if isinstance(event, InputQueued):
             self.late_input += (event,)
 
-    def handle(self, event: Event) -> None:
-        """Hand ``event`` to the engine, tell the stream, perform the actions."""
+    def handle(self, event: Event, executor: Executor) -> None:
+        """Hand ``event`` to the engine, tell the stream, have ``executor`` perform the
+        actions."""
         if self.on_handle is not None:
             self.on_handle(event)
         if isinstance(event, ToolFinished):
@@ -325,11 +343,10 @@ class ActionLoop:
         if self._done and not self.returned:
             self.returned = True
             self.stream.run_returned(engine)
-        self._perform(actions)
+        self._perform(actions, executor)
 
-    def _perform(self, actions: Sequence[Action]) -> None:
+    def _perform(self, actions: Sequence[Action], executor: Executor) -> None:
         alone = len(actions) == 1
-        executor = self.executor
         checks: list[ToolCall] = []
         for action in actions:
             if isinstance(action, CallModel):
@@ -381,7 +398,8 @@ class ActionLoop:
             self.controller.abort(reason)
         except FATAL as exc:  # a tool's abort listener: first close the run
             self.fatal = self.fatal or exc
-        self.executor.stop_hooks()
+        for task in self._helpers or ():
+            task.cancel()  # stop asking hooks: the engine answers their calls
         self.inbox.put_nowait(event)
 
     def note_failure(self, exc: BaseException, where: str) -> None:

@@ -131,7 +131,20 @@ async def _ask(
 class RunModel:
     """Calls ``client`` with this run's ``CallOptions`` (``complete`` as a
     ``ModelClient``'s, returning what to await). ``context`` makes the run's
-    ``RunContext``, for instructions given by a function (``None`` for others)."""
+    ``RunContext``, for instructions given by a function (``None`` for others). Slots:
+    every waiting run holds one."""
+
+    __slots__ = (
+        "_answered",
+        "_base",
+        "_context",
+        "_fixed",
+        "_function_takes_context",
+        "_instructions",
+        "_judge",
+        "_note",
+        "client",
+    )
 
     def __init__(
         self,

@@ -107,6 +107,28 @@ class AgentRun(Generic[OutputT]):
     back to the loop's inbox.
     """
 
+    # Slots: thousands of runs may wait in one process, each holding its handle.
+    __slots__ = (
+        "_backend",
+        "_check_first",
+        "_early",
+        "_first",
+        "_given",
+        "_inbox",
+        "_loop",
+        "_loop_thread",
+        "_model",
+        "_on_handle",
+        "_outcome",
+        "_output",
+        "_started",
+        "_stream",
+        "_tools",
+        "engine",
+        "options",
+        "run_id",
+    )
+
     def __init__(
         self,
         *,
@@ -305,45 +327,54 @@ class AgentRun(Generic[OutputT]):
             raise UsageError("an AgentRun runs once; create a new one (or resume_agent)")
         self._started = True
         self._loop_thread = threading.get_ident()
+        loop, executor = self._action_loop()
+        self._loop = loop
+        remove = self._listen(loop)
+        token = run_context(self)  # every task inherits it
+        try:
+            self._stream.run_started(self.run_id)
+            self._first_events(loop, executor)
+            try:
+                await loop.drive(executor)
+            except asyncio.CancelledError:
+                # The caller cancelled run() (asyncio.Runner does on Ctrl-C): close the
+                # run as an abort, so every call still gets its result, then go on.
+                loop.abort("the caller cancelled the run")
+                await loop.drive(executor)
+                raise
+        finally:
+            reset_run_context(token)
+            remove()
+            try:
+                await executor.close()
+            finally:
+                loop.close()
+            self._outcome = self._result(loop)
+            self._loop = None
+        if loop.fatal is not None:
+            raise loop.fatal
+        return self._outcome
+
+    def _action_loop(self) -> tuple[ActionLoop, AsyncioExecutor]:
+        """The run's action loop, and the executor that reports to it (which the loop
+        never holds: ``agent/loop.py``)."""
         loop = ActionLoop(
             self.engine,
             inbox=self._inbox if self._inbox is not None else RunInbox(),
             stream=self._stream,
             controller=AbortController(),  # what tools and the model client hold
             log=self.options.logger,  # None: the library's
-            executor=partial(
-                AsyncioExecutor,
-                model=self._model,
-                tools=self._tools,
-                hooks=self.options,  # the hooks are its fields
-                grace=float(self.options.grace_period),
-                backend=self._backend,
-            ),
             on_handle=self._on_handle,
         )
-        self._loop = loop
-        remove = self._listen(loop)
-        token = run_context(self)  # every task inherits it
-        try:
-            self._stream.run_started(self.run_id)
-            self._first_events(loop)
-            try:
-                await loop.drive()
-            except asyncio.CancelledError:
-                # The caller cancelled run() (asyncio.Runner does on Ctrl-C): close the
-                # run as an abort, so every call still gets its result, then go on.
-                loop.abort("the caller cancelled the run")
-                await loop.drive()
-                raise
-        finally:
-            reset_run_context(token)
-            remove()
-            await loop.close()
-            self._outcome = self._result(loop)
-            self._loop = None
-        if loop.fatal is not None:
-            raise loop.fatal
-        return self._outcome
+        executor = AsyncioExecutor(
+            loop,
+            model=self._model,
+            tools=self._tools,
+            hooks=self.options,  # the hooks are its fields
+            grace=float(self.options.grace_period),
+            backend=self._backend,
+        )
+        return loop, executor
 
     def _listen(self, loop: ActionLoop) -> Callable[[], None]:
         """Abort ``loop`` when the caller's signal fires; what removes the listener."""
@@ -356,7 +387,7 @@ class AgentRun(Generic[OutputT]):
             lambda reason: self._on_loop_thread(loop, loop.abort, str(reason))
         )
 
-    def _first_events(self, loop: ActionLoop) -> None:
+    def _first_events(self, loop: ActionLoop, executor: AsyncioExecutor) -> None:
         """Hand the engine what starts the run: ``Start`` (or the events a resumed run
         goes on with), and what was queued before ``run()``; or, if it was aborted
         already, the abort."""
@@ -368,12 +399,12 @@ class AgentRun(Generic[OutputT]):
                 [*self._first, *early_inputs] if self._first else [*early_inputs, Start()]
             )
             for event in first:
-                loop.handle(event)
+                loop.handle(event, executor)
             return
         # Aborted before anything started: no model call is made at all.
         if not self._first:
             for queued in early_inputs:
-                loop.handle(queued)  # kept as queued input, nothing is lost
+                loop.handle(queued, executor)  # kept as queued input, nothing is lost
         if early_abort is not None:
             reason = early_abort.reason
         else:
@@ -381,7 +412,7 @@ class AgentRun(Generic[OutputT]):
             reason = str(signal.reason)
         loop.aborting = True
         loop.controller.abort(reason)
-        loop.handle(AbortRequested(reason))
+        loop.handle(AbortRequested(reason), executor)
 
     def _result(self, loop: ActionLoop) -> RunResult[OutputT]:
         engine = self.engine

@@ -75,6 +75,7 @@ _KEPT: frozenset[type] = frozenset(
 # A turn starts on entering AwaitingModel and ends at the next turn boundary or where
 # the run returns to its caller.
 _TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
+_AWAITING_MODEL = TurnState.AWAITING_MODEL  # read for every transition: a member lookup once
 
 
 class EventStream:
@@ -93,6 +94,7 @@ class EventStream:
         "_seen_trace",
         "_subscribers",
         "_t0",
+        "_terminal",
         "_tool_counts",
         "_tool_seconds",
         "_turn",
@@ -111,6 +113,7 @@ class EventStream:
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
+        self._terminal = engine.table.terminal  # the engine's table is fixed: read once
         self._t0 = time.perf_counter()
         self._turn_start: float | None = None
         self._turn_seconds: list[float] = []
@@ -177,13 +180,14 @@ class EventStream:
         for record in records:
             if listening:
                 self.emit(StateChanged(record))
-            if record.dest is TurnState.AWAITING_MODEL:
+            dest = record.dest
+            if dest is _AWAITING_MODEL:
                 self._turn = record.turn + 1
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
             elif self._turn_start is not None and (
-                record.dest in _TURN_ENDS or record.dest in engine.table.terminal  # a step's end
+                dest in _TURN_ENDS or dest in self._terminal  # a step's end
             ):
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
@@ -219,6 +223,10 @@ class EventStream:
         """A tool call's one answer, as the engine is about to get it."""
         call_id = event.call_id
         begun = self._calls.pop(call_id, None)
+        if not self._calls:
+            # A run waits for its model between batches: with an empty table, not the
+            # one its batch grew (thousands of runs may wait in one process).
+            self._calls = {}
         if begun is None:
             self._tool_seconds[call_id] = 0.0
             return
