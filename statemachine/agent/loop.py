@@ -347,7 +347,7 @@ class ActionLoop:
 
     def _perform(self, actions: Sequence[Action], executor: Executor) -> None:
         alone = len(actions) == 1
-        checks: list[ToolCall] = []
+        checks: list[ToolCall] | None = None  # made for a batch that asks before_tool_call
         for action in actions:
             if isinstance(action, CallModel):
                 self.reported.discard("model")  # the key of every model call
@@ -367,6 +367,8 @@ class ActionLoop:
                 self.stream.tool_started(call)
                 executor.start_tool(call, alone)
             elif isinstance(action, CheckPermission):
+                if checks is None:
+                    checks = []
                 checks.append(action.call)
             elif isinstance(action, CheckContinue):
                 executor.start_continue_check(action.turn)

@@ -51,7 +51,7 @@ from statemachine.agent.questions import RunQuestions
 from statemachine.core.engine import Engine
 from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
-from statemachine.core.table import RETURNS_TO_CALLER, TurnState
+from statemachine.core.table import BASE_TABLE, RETURNS_TO_CALLER, State, Table, TurnState
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import InvalidInputError
 
@@ -72,10 +72,16 @@ _KEPT: frozenset[type] = frozenset(
     {RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned, ToolAsked, ToolAnswered}
 )
 
-# A turn starts on entering AwaitingModel and ends at the next turn boundary or where
-# the run returns to its caller.
+# A turn starts on entering AwaitingModel and ends at the next turn boundary, where
+# the run returns to its caller, or in a terminal state of the run's table (a step's
+# end). One set per table, read once per run: the base table's is shared by every run.
 _TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
+_BASE_TURN_ENDS = _TURN_ENDS | BASE_TABLE.terminal
 _AWAITING_MODEL = TurnState.AWAITING_MODEL  # read for every transition: a member lookup once
+
+
+def _turn_ends(table: Table) -> frozenset[State]:
+    return _BASE_TURN_ENDS if table is BASE_TABLE else _TURN_ENDS | table.terminal
 
 
 class EventStream:
@@ -94,10 +100,10 @@ class EventStream:
         "_seen_trace",
         "_subscribers",
         "_t0",
-        "_terminal",
         "_tool_counts",
         "_tool_seconds",
         "_turn",
+        "_turn_ends",
         "_turn_seconds",
         "_turn_start",
     )
@@ -113,7 +119,7 @@ class EventStream:
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
-        self._terminal = engine.table.terminal  # the engine's table is fixed: read once
+        self._turn_ends = _turn_ends(engine.table)  # the engine's table is fixed
         self._t0 = time.perf_counter()
         self._turn_start: float | None = None
         self._turn_seconds: list[float] = []
@@ -186,9 +192,7 @@ class EventStream:
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
-            elif self._turn_start is not None and (
-                dest in _TURN_ENDS or dest in self._terminal  # a step's end
-            ):
+            elif self._turn_start is not None and dest in self._turn_ends:
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
                 self._turn_seconds.append(seconds)
@@ -225,8 +229,9 @@ class EventStream:
         begun = self._calls.pop(call_id, None)
         if not self._calls:
             # A run waits for its model between batches: with an empty table, not the
-            # one its batch grew (thousands of runs may wait in one process).
-            self._calls = {}
+            # one its batch grew (thousands of runs may wait in one process); clear()
+            # lets the table go without making a new dict.
+            self._calls.clear()
         if begun is None:
             self._tool_seconds[call_id] = 0.0
             return
