@@ -294,9 +294,13 @@ class ActionLoop:
         inbox = self.inbox
         while not self._done:
             await asyncio.sleep(0)  # O1 (module docstring)
-            # Always get(): a backend's inbox places messages of its own there. No frame
-            # holds an event while the next is awaited.
-            self._take(await inbox.get(), executor)
+            # Always get(): a backend's inbox places messages of its own there.
+            event = await inbox.get()
+            if self._later or self._abort_first is not None:
+                self._take(event, executor)  # something goes ahead of it (O3, O2)
+            else:
+                self.handle(event, executor)
+            del event  # no frame holds an event while the next is awaited
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():

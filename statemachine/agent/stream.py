@@ -53,6 +53,7 @@ from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
 from statemachine.core.table import BASE_TABLE, RETURNS_TO_CALLER, State, Table, TurnState
 from statemachine.core.tools import ToolOutput
+from statemachine.core.trace import TransitionRecord
 from statemachine.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -74,14 +75,15 @@ _KEPT: frozenset[type] = frozenset(
 
 # A turn starts on entering AwaitingModel and ends at the next turn boundary, where
 # the run returns to its caller, or in a terminal state of the run's table (a step's
-# end). One set per table, read once per run: the base table's is shared by every run.
-_TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
-_BASE_TURN_ENDS = _TURN_ENDS | BASE_TABLE.terminal
-_AWAITING_MODEL = TurnState.AWAITING_MODEL  # read for every transition: a member lookup once
+# end): the states that mark turns, one set per table, read once per run (the base
+# table's is shared by every run).
+_AWAITING_MODEL = TurnState.AWAITING_MODEL
+_MARKS = frozenset({_AWAITING_MODEL, TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
+_BASE_MARKS = _MARKS | BASE_TABLE.terminal
 
 
-def _turn_ends(table: Table) -> frozenset[State]:
-    return _BASE_TURN_ENDS if table is BASE_TABLE else _TURN_ENDS | table.terminal
+def _turn_marks(table: Table) -> frozenset[State]:
+    return _BASE_MARKS if table is BASE_TABLE else _MARKS | table.terminal
 
 
 class EventStream:
@@ -103,7 +105,7 @@ class EventStream:
         "_tool_counts",
         "_tool_seconds",
         "_turn",
-        "_turn_ends",
+        "_turn_marks",
         "_turn_seconds",
         "_turn_start",
     )
@@ -119,7 +121,7 @@ class EventStream:
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
-        self._turn_ends = _turn_ends(engine.table)  # the engine's table is fixed
+        self._turn_marks = _turn_marks(engine.table)  # the engine's table is fixed
         self._t0 = time.perf_counter()
         self._turn_start: float | None = None
         self._turn_seconds: list[float] = []
@@ -174,30 +176,45 @@ class EventStream:
             self.emit(RunStarted(run_id))
 
     def engine_moved(self, engine: Engine) -> None:
-        """After each event: the new messages and transitions, and the turns timed."""
-        listening = bool(self._subscribers)
-        if listening:
-            history = engine.messages
-            for index in range(self._seen_messages, len(history)):
-                self.emit(MessageAdded(index, history[index]))
-            self._seen_messages = len(history)
+        """After each event: the turns timed, and the new messages and transitions told."""
+        if self._subscribers:
+            self._tell_moves(engine)
+            return
         records = engine.trace[self._seen_trace :]  # the new ones, read at once
         self._seen_trace += len(records)
+        for record in records:  # a few per event; a turn starts or ends at one or two
+            if record.dest in self._turn_marks:
+                self._timed(record)
+
+    def _tell_moves(self, engine: Engine) -> None:
+        history = engine.messages
+        for index in range(self._seen_messages, len(history)):
+            self.emit(MessageAdded(index, history[index]))
+        self._seen_messages = len(history)
+        records = engine.trace[self._seen_trace :]
+        self._seen_trace += len(records)
         for record in records:
-            if listening:
-                self.emit(StateChanged(record))
-            dest = record.dest
-            if dest is _AWAITING_MODEL:
-                self._turn = record.turn + 1
-                self._turn_start = time.perf_counter()
-                if listening:
+            self.emit(StateChanged(record))
+            if record.dest in self._turn_marks:
+                seconds = self._timed(record)
+                if record.dest is _AWAITING_MODEL:
                     self.emit(TurnStarted(record.turn + 1))
-            elif self._turn_start is not None and dest in self._turn_ends:
-                seconds = time.perf_counter() - self._turn_start
-                self._turn_start = None
-                self._turn_seconds.append(seconds)
-                if listening:
+                elif seconds is not None:
                     self.emit(TurnEnded(record.turn, seconds))
+
+    def _timed(self, record: TransitionRecord) -> float | None:
+        """Start the turn ``record`` enters, or end the one it leaves: how long that
+        one lasted."""
+        if record.dest is _AWAITING_MODEL:
+            self._turn = record.turn + 1
+            self._turn_start = time.perf_counter()
+            return None
+        if self._turn_start is None:
+            return None
+        seconds = time.perf_counter() - self._turn_start
+        self._turn_start = None
+        self._turn_seconds.append(seconds)
+        return seconds
 
     def model_called(self) -> None:
         self._model_calls += 1
@@ -240,13 +257,15 @@ class EventStream:
         self._tool_seconds[call_id] = seconds
         if isinstance(event, ToolFinished):
             outcome = "error" if event.output.is_error else "ok"
-            output = event.output
         else:
             outcome = "cancelled"
-            output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
         key = (call.name, outcome)
         self._tool_counts[key] = self._tool_counts.get(key, 0) + 1
-        if self._subscribers:
+        if self._subscribers:  # the event is made only for someone listening
+            if isinstance(event, ToolFinished):
+                output = event.output
+            else:
+                output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
             cancelled = isinstance(event, ToolCancelled)
             self.emit(ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
 
