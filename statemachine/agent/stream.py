@@ -53,7 +53,6 @@ from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
 from statemachine.core.table import BASE_TABLE, RETURNS_TO_CALLER, State, Table, TurnState
 from statemachine.core.tools import ToolOutput
-from statemachine.core.trace import TransitionRecord
 from statemachine.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -177,44 +176,30 @@ class EventStream:
 
     def engine_moved(self, engine: Engine) -> None:
         """After each event: the turns timed, and the new messages and transitions told."""
-        if self._subscribers:
-            self._tell_moves(engine)
-            return
+        listening = bool(self._subscribers)
+        if listening:
+            history = engine.messages
+            for index in range(self._seen_messages, len(history)):
+                self.emit(MessageAdded(index, history[index]))
+            self._seen_messages = len(history)
         records = engine.trace[self._seen_trace :]  # the new ones, read at once
         self._seen_trace += len(records)
-        for record in records:  # a few per event; a turn starts or ends at one or two
-            if record.dest in self._turn_marks:
-                self._timed(record)
-
-    def _tell_moves(self, engine: Engine) -> None:
-        history = engine.messages
-        for index in range(self._seen_messages, len(history)):
-            self.emit(MessageAdded(index, history[index]))
-        self._seen_messages = len(history)
-        records = engine.trace[self._seen_trace :]
-        self._seen_trace += len(records)
         for record in records:
-            self.emit(StateChanged(record))
-            if record.dest in self._turn_marks:
-                seconds = self._timed(record)
-                if record.dest is _AWAITING_MODEL:
+            if listening:
+                self.emit(StateChanged(record))
+            if record.dest not in self._turn_marks:
+                continue  # most transitions: a turn neither starts nor ends there
+            if record.dest is _AWAITING_MODEL:
+                self._turn = record.turn + 1
+                self._turn_start = time.perf_counter()
+                if listening:
                     self.emit(TurnStarted(record.turn + 1))
-                elif seconds is not None:
+            elif self._turn_start is not None:
+                seconds = time.perf_counter() - self._turn_start
+                self._turn_start = None
+                self._turn_seconds.append(seconds)
+                if listening:
                     self.emit(TurnEnded(record.turn, seconds))
-
-    def _timed(self, record: TransitionRecord) -> float | None:
-        """Start the turn ``record`` enters, or end the one it leaves: how long that
-        one lasted."""
-        if record.dest is _AWAITING_MODEL:
-            self._turn = record.turn + 1
-            self._turn_start = time.perf_counter()
-            return None
-        if self._turn_start is None:
-            return None
-        seconds = time.perf_counter() - self._turn_start
-        self._turn_start = None
-        self._turn_seconds.append(seconds)
-        return seconds
 
     def model_called(self) -> None:
         self._model_calls += 1
