@@ -334,3 +334,13 @@ def test_a_turn_that_a_step_ends_is_timed_and_reported_ended() -> None:
     assert isinstance(returned, RunReturned)
     assert returned.state.value == "OutputBlocked"
     assert len(returned.stats.turn_seconds) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_that_a_step_ends_is_timed_when_nobody_listens() -> None:
+    guard = output_guardrail("refund_limit", _refund_limit, retries=0)
+    run = AgentRun(model=ScriptedModel("1000 EUR"), messages="refund", steps=[guard])
+    result = asyncio.run(run.run())
+    assert result.state.value == "OutputBlocked"
+    assert result.stats is not None
+    assert len(result.stats.turn_seconds) == 1

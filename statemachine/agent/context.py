@@ -128,27 +128,31 @@ class RunContext(Generic[DepsT]):
         return self.tool_name is not None and self.retry >= self.max_retries
 
 
+# One lock for every call's ``Spent``, not one made per call: most calls add nothing,
+# and a call that adds holds it for two additions.
+_SPENDING_LOCK = threading.Lock()
+
+
 class Spent:
     """What one tool call spent on the run's behalf (``RunContext.add_usage``), shared by
     every context made in the call (its threads and tasks too). A plain class: one is
     made for every tool call, and most calls add nothing."""
 
-    __slots__ = ("_lock", "requests", "usage")
+    __slots__ = ("requests", "usage")
 
     def __init__(self) -> None:
         self.usage: Usage | None = None
         self.requests = 0
-        self._lock = threading.Lock()
 
     def add(self, usage: Usage | None, requests: int) -> None:
-        with self._lock:  # a sync tool adds from its worker thread
+        with _SPENDING_LOCK:  # a sync tool adds from its worker thread
             if usage is not None:
                 self.usage = usage if self.usage is None else self.usage + usage
             self.requests += requests
 
     def joined(self, output: ToolOutput) -> ToolOutput:
         """``output`` carrying what was spent too (unchanged when nothing was)."""
-        with self._lock:
+        with _SPENDING_LOCK:
             usage, requests = self.usage, self.requests
         if usage is None and not requests:
             return output

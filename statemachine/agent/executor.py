@@ -230,6 +230,7 @@ class AsyncioExecutor:
         "hooks",
         "loop",
         "model",
+        "signal",
         "tasks",
         "tools",
     )
@@ -251,6 +252,7 @@ class AsyncioExecutor:
         self.hooks = hooks  # the run's options record: its hooks are fields of it
         self.grace = grace
         self.backend = backend  # how each operation starts (module docstring)
+        self.signal = loop.controller.signal  # the run's, which the model and tools hold
         self._event_loop = asyncio.get_running_loop()
         self._hook_caller: HookCaller | None = None
 
@@ -358,7 +360,7 @@ class AsyncioExecutor:
             context = action.messages
             if self.hooks.transform_context is not None or self.hooks.steps:
                 context = await self.hook_caller.transformed(context)
-            message = await self.model.complete(context, action.tools, self.loop.controller.signal)
+            message = await self.model.complete(context, action.tools, self.signal)
         except BaseException as exc:
             if self._model_raised(exc, action, to):
                 raise
@@ -421,7 +423,7 @@ class AsyncioExecutor:
         """Run the tool of ``call``, the call set in its context (``running_call``):
         its result, or the error result of its failure."""
         tool = self.tools[call.name]
-        run_signal = self.loop.controller.signal
+        run_signal = self.signal
         token = running_call.set((self, call))
         try:
             if tool.timeout is None:
@@ -458,7 +460,7 @@ class AsyncioExecutor:
         """The result of a call that raised ``exc``; None for a cancellation someone
         asked for (to be raised on)."""
         log = self.loop.log
-        aborted = self.loop.controller.signal.aborted
+        aborted = self.signal.aborted
         if isinstance(exc, asyncio.CancelledError):
             if cancel_requested():
                 return None

@@ -294,9 +294,13 @@ class ActionLoop:
         inbox = self.inbox
         while not self._done:
             await asyncio.sleep(0)  # O1 (module docstring)
-            # Always get(): a backend's inbox places messages of its own there. No frame
-            # holds an event while the next is awaited.
-            self._take(await inbox.get(), executor)
+            # Always get(): a backend's inbox places messages of its own there.
+            event = await inbox.get()
+            if self._later or self._abort_first is not None:
+                self._take(event, executor)  # something goes ahead of it (O3, O2)
+            else:
+                self.handle(event, executor)
+            del event  # no frame holds an event while the next is awaited
         # Input that was queued but arrived after the run returned is not dropped: it
         # is reported with the result, like input the run never got to inject.
         while not inbox.empty():
@@ -347,7 +351,7 @@ class ActionLoop:
 
     def _perform(self, actions: Sequence[Action], executor: Executor) -> None:
         alone = len(actions) == 1
-        checks: list[ToolCall] = []
+        checks: list[ToolCall] | None = None  # made for a batch that asks before_tool_call
         for action in actions:
             if isinstance(action, CallModel):
                 self.reported.discard("model")  # the key of every model call
@@ -367,6 +371,8 @@ class ActionLoop:
                 self.stream.tool_started(call)
                 executor.start_tool(call, alone)
             elif isinstance(action, CheckPermission):
+                if checks is None:
+                    checks = []
                 checks.append(action.call)
             elif isinstance(action, CheckContinue):
                 executor.start_continue_check(action.turn)

@@ -51,7 +51,7 @@ from statemachine.agent.questions import RunQuestions
 from statemachine.core.engine import Engine
 from statemachine.core.events import ToolCancelled, ToolFinished
 from statemachine.core.messages import AssistantMessage, ToolCall, Usage
-from statemachine.core.table import RETURNS_TO_CALLER, TurnState
+from statemachine.core.table import BASE_TABLE, RETURNS_TO_CALLER, State, Table, TurnState
 from statemachine.core.tools import ToolOutput
 from statemachine.errors import InvalidInputError
 
@@ -72,10 +72,17 @@ _KEPT: frozenset[type] = frozenset(
     {RunStarted, MessageAdded, ToolStarted, ToolEnded, RunReturned, ToolAsked, ToolAnswered}
 )
 
-# A turn starts on entering AwaitingModel and ends at the next turn boundary or where
-# the run returns to its caller.
-_TURN_ENDS = frozenset({TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
-_AWAITING_MODEL = TurnState.AWAITING_MODEL  # read for every transition: a member lookup once
+# A turn starts on entering AwaitingModel and ends at the next turn boundary, where
+# the run returns to its caller, or in a terminal state of the run's table (a step's
+# end): the states that mark turns, one set per table, read once per run (the base
+# table's is shared by every run).
+_AWAITING_MODEL = TurnState.AWAITING_MODEL
+_MARKS = frozenset({_AWAITING_MODEL, TurnState.TURN_BOUNDARY, *RETURNS_TO_CALLER})
+_BASE_MARKS = _MARKS | BASE_TABLE.terminal
+
+
+def _turn_marks(table: Table) -> frozenset[State]:
+    return _BASE_MARKS if table is BASE_TABLE else _MARKS | table.terminal
 
 
 class EventStream:
@@ -94,10 +101,10 @@ class EventStream:
         "_seen_trace",
         "_subscribers",
         "_t0",
-        "_terminal",
         "_tool_counts",
         "_tool_seconds",
         "_turn",
+        "_turn_marks",
         "_turn_seconds",
         "_turn_start",
     )
@@ -113,7 +120,7 @@ class EventStream:
         self._seen_messages = len(engine.messages)
         self._first_message = self._seen_messages  # the usage of this run starts here
         self._seen_trace = len(engine.trace)
-        self._terminal = engine.table.terminal  # the engine's table is fixed: read once
+        self._turn_marks = _turn_marks(engine.table)  # the engine's table is fixed
         self._t0 = time.perf_counter()
         self._turn_start: float | None = None
         self._turn_seconds: list[float] = []
@@ -168,7 +175,7 @@ class EventStream:
             self.emit(RunStarted(run_id))
 
     def engine_moved(self, engine: Engine) -> None:
-        """After each event: the new messages and transitions, and the turns timed."""
+        """After each event: the turns timed, and the new messages and transitions told."""
         listening = bool(self._subscribers)
         if listening:
             history = engine.messages
@@ -180,15 +187,14 @@ class EventStream:
         for record in records:
             if listening:
                 self.emit(StateChanged(record))
-            dest = record.dest
-            if dest is _AWAITING_MODEL:
+            if record.dest not in self._turn_marks:
+                continue  # most transitions: a turn neither starts nor ends there
+            if record.dest is _AWAITING_MODEL:
                 self._turn = record.turn + 1
                 self._turn_start = time.perf_counter()
                 if listening:
                     self.emit(TurnStarted(record.turn + 1))
-            elif self._turn_start is not None and (
-                dest in _TURN_ENDS or dest in self._terminal  # a step's end
-            ):
+            elif self._turn_start is not None:
                 seconds = time.perf_counter() - self._turn_start
                 self._turn_start = None
                 self._turn_seconds.append(seconds)
@@ -225,8 +231,9 @@ class EventStream:
         begun = self._calls.pop(call_id, None)
         if not self._calls:
             # A run waits for its model between batches: with an empty table, not the
-            # one its batch grew (thousands of runs may wait in one process).
-            self._calls = {}
+            # one its batch grew (thousands of runs may wait in one process); clear()
+            # lets the table go without making a new dict.
+            self._calls.clear()
         if begun is None:
             self._tool_seconds[call_id] = 0.0
             return
@@ -235,13 +242,15 @@ class EventStream:
         self._tool_seconds[call_id] = seconds
         if isinstance(event, ToolFinished):
             outcome = "error" if event.output.is_error else "ok"
-            output = event.output
         else:
             outcome = "cancelled"
-            output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
         key = (call.name, outcome)
         self._tool_counts[key] = self._tool_counts.get(key, 0) + 1
-        if self._subscribers:
+        if self._subscribers:  # the event is made only for someone listening
+            if isinstance(event, ToolFinished):
+                output = event.output
+            else:
+                output = ToolOutput(f"Operation aborted: {event.reason}", is_error=True)
             cancelled = isinstance(event, ToolCancelled)
             self.emit(ToolEnded(call, output, seconds, cancelled, cancelled and abandoned))
 
