@@ -9,6 +9,8 @@ ends is reported, never dropped (``queued``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from statemachine.core.events import InputKind, InputQueued
 from statemachine.core.messages import UserMessage
 
@@ -16,18 +18,24 @@ __all__ = ["InputQueue"]
 
 
 class InputQueue:
-    """Steering messages and follow-ups, each in the order they were queued."""
+    """Steering messages and follow-ups, each in the order they were queued.
+
+    Each kind is a tuple, replaced as input is queued or taken: an empty queue (most
+    runs never queue input) holds no container the garbage collector tracks.
+    """
 
     __slots__ = ("follow_up", "steer")
 
     def __init__(
-        self, steer: list[UserMessage] | None = None, follow_up: list[UserMessage] | None = None
+        self,
+        steer: Sequence[UserMessage] = (),
+        follow_up: Sequence[UserMessage] = (),
     ) -> None:
-        self.steer: list[UserMessage] = steer if steer is not None else []
-        self.follow_up: list[UserMessage] = follow_up if follow_up is not None else []
+        self.steer: tuple[UserMessage, ...] = tuple(steer)
+        self.follow_up: tuple[UserMessage, ...] = tuple(follow_up)
 
     def copy(self) -> InputQueue:
-        return InputQueue(list(self.steer), list(self.follow_up))
+        return InputQueue(self.steer, self.follow_up)
 
     def __bool__(self) -> bool:
         return bool(self.steer or self.follow_up)
@@ -37,19 +45,19 @@ class InputQueue:
 
     def add(self, message: UserMessage, kind: InputKind) -> None:
         if kind is InputKind.FOLLOW_UP:
-            self.follow_up.append(message)
+            self.follow_up += (message,)
         else:
-            self.steer.append(message)
+            self.steer += (message,)
 
-    def take(self, *, model_would_finish: bool) -> list[UserMessage]:
+    def take(self, *, model_would_finish: bool) -> tuple[UserMessage, ...]:
         """What enters the history as a model call starts, removed from the queue:
         the steering messages; else, if the model would finish, the follow-ups."""
         if self.steer:
-            taken, self.steer = self.steer, []
+            taken, self.steer = self.steer, ()
         elif self.follow_up and model_would_finish:
-            taken, self.follow_up = self.follow_up, []
+            taken, self.follow_up = self.follow_up, ()
         else:
-            taken = []
+            taken = ()
         return taken
 
     def queued(self) -> tuple[InputQueued, ...]:

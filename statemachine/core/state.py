@@ -156,8 +156,9 @@ class EngineState:
     # -- record -------------------------------------------------------------------------------
     history: list[Message] = attrs.field(metadata=_record(copy=list))
     trace: Trace = attrs.field(metadata=_record(copy=Trace.copy))
-    # every tool-call id so far, only to rename repeats
-    seen_ids: set[str] = attrs.field(metadata=_record(copy=set))
+    # every tool-call id so far (as keys), only to rename repeats: a dict, not a set,
+    # because the garbage collector tracks every set but no dict of strings alone
+    seen_ids: dict[str, None] = attrs.field(metadata=_record(copy=dict))
     explanation: str | None = attrs.field(default=None, metadata=_record())
 
     # -- control ------------------------------------------------------------------------------
@@ -226,7 +227,9 @@ class EngineState:
         by_name = {d.name: d for d in tools}
         if output is not None:  # native, plain text: no tool (core/output.py)
             by_name.update((d.name, d) for d in output.offered(()))
-        seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
+        seen = dict.fromkeys(
+            c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
+        )
         return cls(
             run_id=run_id,
             tools=tools,
