@@ -102,6 +102,7 @@ from statemachine.core.output import (
     OutputSpec,
     check_output,
 )
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
     DEFAULT_MAX_SNAPSHOT_DEPTH,
@@ -698,9 +699,12 @@ class Engine:
             self._answer_unresolved(
                 "Tool call not run: it was not approved (the user sent a message instead)"
             )
-            self._run.queue.add(event.message, InputKind.STEER)
+            kind = InputKind.STEER
         else:
-            self._run.queue.add(event.message, event.kind)
+            kind = event.kind
+        if self._run.queue is NO_INPUT:  # shared by the runs that queued nothing
+            self._run.queue = InputQueue()
+        self._run.queue.add(event.message, kind)
 
     def _record_permitted(self, event: ToolPermitted) -> None:
         self._run.batch.by_id[event.call_id].status = READY

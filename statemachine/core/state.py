@@ -29,7 +29,7 @@ from statemachine.core.batch import RUNNING, Batch, CallSlot
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
 from statemachine.core.output import OutputSpec
-from statemachine.core.queue import InputQueue
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.steps import StepSpec, step_named
 from statemachine.core.table import BASE_TABLE, DeclaredState, State, Table
 from statemachine.core.tools import Scheduling, ToolDefinition
@@ -173,8 +173,9 @@ class EngineState:
     tool_calls: int = attrs.field(default=0, metadata=_control())
     model_outstanding: bool = attrs.field(default=False, metadata=_control())
     batch: Batch = attrs.field(factory=Batch, metadata=_control(copy=Batch.copy, key=_batch_key))
+    # input queued for a turn boundary (NO_INPUT until some is)
     queue: InputQueue = attrs.field(
-        factory=InputQueue, metadata=_control(copy=InputQueue.copy, key=_queue_key)
+        default=NO_INPUT, metadata=_control(copy=InputQueue.copy, key=_queue_key)
     )
     # retry requests in a row, per tool (rule 14)
     tool_failures: Mapping[str, int] = attrs.field(
