@@ -122,6 +122,27 @@ def _sorted_items(mapping: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(mapping.items()))
 
 
+# Runs of one agent offer the same definitions, each run in a sequence of its own: the
+# tuple and the index by name are made once and shared by those runs, as forks share
+# them (configuration never changes), so a waiting run holds neither. Keyed by the
+# definitions' ids; each entry holds the definitions, so that no id is reused while it
+# exists. Bounded: cleared when full (a cache, not a store).
+_Toolset = tuple[tuple[ToolDefinition, ...], Mapping[str, ToolDefinition]]
+_TOOLSETS: dict[tuple[int, ...], _Toolset] = {}
+_TOOLSETS_MAX: Final = 1 << 8
+
+
+def _toolset(tools: tuple[ToolDefinition, ...]) -> _Toolset:
+    """``tools`` and the index by name, as the runs that offered them before hold them."""
+    key = tuple(map(id, tools))
+    known = _TOOLSETS.get(key)
+    if known is None:
+        if len(_TOOLSETS) >= _TOOLSETS_MAX:
+            _TOOLSETS.clear()
+        known = _TOOLSETS[key] = (tools, MappingProxyType({d.name: d for d in tools}))
+    return known
+
+
 @attrs.define(eq=False, repr=False, kw_only=True, weakref_slot=False)
 class EngineState:
     """Everything an engine decides by, by role (see the module docstring).
@@ -134,7 +155,7 @@ class EngineState:
     run_id: str = attrs.field(metadata=_configuration())
     tools: tuple[ToolDefinition, ...] = attrs.field(metadata=_configuration())
     # the tools by name, with the run's final-result tools (rule 13) when it has some
-    tools_by_name: dict[str, ToolDefinition] = attrs.field(metadata=_configuration())
+    tools_by_name: Mapping[str, ToolDefinition] = attrs.field(metadata=_configuration())
     # how each tool's calls may run concurrently (rule 4); a tool absent runs beside all
     scheduling: dict[str, Scheduling] = attrs.field(metadata=_configuration())
     max_turns: int = attrs.field(metadata=_configuration(keyed=True))
@@ -225,9 +246,9 @@ class EngineState:
     ) -> EngineState:
         """A run's state before its first event (checked values only: ``Engine``
         checks what a caller gives, ``core/snapshot.py`` what a snapshot holds)."""
-        by_name = {d.name: d for d in tools}
+        tools, by_name = _toolset(tools)
         if output is not None:  # native, plain text: no tool (core/output.py)
-            by_name.update((d.name, d) for d in output.offered(()))
+            by_name = {**by_name, **{d.name: d for d in output.offered(())}}
         seen = dict.fromkeys(
             c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
         )
