@@ -171,8 +171,9 @@ def test_an_engine_waiting_for_its_model_holds_only_its_record_history_and_log()
         {"UserMessage": 1, "AssistantMessage": 1, "ToolCall": 1, "mappingproxy": 1}
         | {"ToolResultMessage": 1, "TextContent": 2, "tuple": 3}
     )
-    # the engine, its record, the batch (empty), the trace and its list, the history
-    engine = Counter({"Engine": 1, "EngineState": 1, "Batch": 1, "Trace": 1, "list": 2})
+    # the engine, its record, the batch (empty), the trace and its list, the history,
+    # the tool-call ids seen
+    engine = Counter({"Engine": 1, "EngineState": 1, "Batch": 1, "Trace": 1, "list": 2, "set": 1})
     assert held == engine + messages
 
 

@@ -354,7 +354,7 @@ class Engine:
     _info: bool  # whether it keeps info events (the end of the run)
     # What the event's entry effects asked for, while it is handled: a tuple, so that an
     # engine between events holds the empty one (no container the collector tracks).
-    _actions: tuple[Action, ...] = ()
+    _actions: tuple[Action, ...]
 
     guards: ClassVar[Mapping[Guard, GuardFunction]] = GUARDS
 
@@ -437,6 +437,7 @@ class Engine:
         self._info = _enabled(log, logging.INFO)
         if self._debug or self._info:
             self._log = log  # used at every transition or at the end of the run
+        self._actions = ()
 
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
@@ -1166,8 +1167,8 @@ class Engine:
         """Whether every call has an id no call had before (and records them if so)."""
         ids = {call.id for call in calls}
         seen = self._run.seen_ids
-        if len(ids) == len(calls) and "" not in ids and seen.keys().isdisjoint(ids):
-            seen.update(dict.fromkeys(ids))
+        if len(ids) == len(calls) and "" not in ids and seen.isdisjoint(ids):
+            seen |= ids
             return True
         return False
 
@@ -1181,7 +1182,7 @@ class Engine:
             if isinstance(block, ToolCall):
                 if not block.id or block.id in seen:
                     block = ToolCall(self._fresh_id(block, index), block.name, block.arguments)
-                seen[block.id] = None
+                seen.add(block.id)
                 index += 1
             content.append(block)
         return attrs.evolve(message, content=tuple(content))

@@ -325,7 +325,7 @@ def _load_progress(run: EngineState, data: Mapping[str, Any]) -> None:
     run.batch = Batch.of(slots, integer(data, "flushed", p, minimum=0))
     if len(run.batch.by_id) != len(slots):
         raise SnapshotError("snapshot.batch: call ids repeat")
-    run.seen_ids.update(dict.fromkeys(run.batch.by_id))
+    run.seen_ids.update(run.batch.by_id)
     run.denial = _denial_from(run.batch, field(data, "denial", p))
     steer = [_user(d, f"snapshot.steer[{i}]") for i, d in enumerate(array(data, "steer", p))]
     follow_up = [

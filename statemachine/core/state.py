@@ -139,7 +139,7 @@ def _toolset(tools: tuple[ToolDefinition, ...]) -> _Toolset:
     if known is None:
         if len(_TOOLSETS) >= _TOOLSETS_MAX:
             _TOOLSETS.clear()
-        known = _TOOLSETS[key] = (tools, MappingProxyType({d.name: d for d in tools}))
+        known = _TOOLSETS[key] = (tools, {d.name: d for d in tools})
     return known
 
 
@@ -177,9 +177,8 @@ class EngineState:
     # -- record -------------------------------------------------------------------------------
     history: list[Message] = attrs.field(metadata=_record(copy=list))
     trace: Trace = attrs.field(metadata=_record(copy=Trace.copy))
-    # every tool-call id so far (as keys), only to rename repeats: a dict, not a set,
-    # because the garbage collector tracks every set but no dict of strings alone
-    seen_ids: dict[str, None] = attrs.field(metadata=_record(copy=dict))
+    # every tool-call id so far, only to rename repeats
+    seen_ids: set[str] = attrs.field(metadata=_record(copy=set))
     explanation: str | None = attrs.field(default=None, metadata=_record())
 
     # -- control ------------------------------------------------------------------------------
@@ -249,9 +248,7 @@ class EngineState:
         tools, by_name = _toolset(tools)
         if output is not None:  # native, plain text: no tool (core/output.py)
             by_name = {**by_name, **{d.name: d for d in output.offered(())}}
-        seen = dict.fromkeys(
-            c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls
-        )
+        seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
         return cls(
             run_id=run_id,
             tools=tools,
