@@ -114,7 +114,7 @@ class Batch:
     def reset(self, calls: Sequence[ToolCall] = ()) -> None:
         """Hold ``calls`` instead (none: empty), none of them flushed. An engine keeps
         one batch for its run and refills it each turn rather than making new ones."""
-        self.slots = tuple(map(CallSlot, calls)) if calls else ()
+        self.slots = tuple([CallSlot(call) for call in calls]) if calls else ()
         self.by_id.clear()
         self.flushed = 0
         for slot in self.slots:

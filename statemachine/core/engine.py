@@ -559,11 +559,6 @@ class Engine:
         actions, self._actions = self._actions, ()
         return actions
 
-    def _ask(self, action: Action) -> None:
-        """Add ``action`` to what the event being handled asks for (an entry effect's
-        one way to ask)."""
-        self._actions += (action,)
-
     def _check_payload(self, event: Event) -> None:
         """Refuse an event whose data does not fit the bookkeeping; change nothing.
         The check is its trigger's (``_ON_INPUT``)."""
@@ -847,7 +842,7 @@ class Engine:
         run.model_outstanding = True
         run.batch.reset()
         offered = run.tools if run.output is None else run.output.offered(run.tools)
-        self._ask(CallModel(HistoryView(run.history), offered, run.turns))
+        self._actions += (CallModel(HistoryView(run.history), offered, run.turns),)
 
     def _enter_DispatchingTools(self, row: Transition) -> None:
         run = self._run
@@ -881,7 +876,7 @@ class Engine:
                 slot.classify(scheduling, self._bound_log)
             if run.check_permissions:
                 slot.status = WAITING_PERMISSION
-                self._ask(CheckPermission(slot.call, run.turns))
+                self._actions += (CheckPermission(slot.call, run.turns),)
         if refused:
             self._flush()  # the refusals that are next in call order
 
@@ -950,7 +945,7 @@ class Engine:
             run.output_remind = True
         if run.check_continue:
             run.continue_pending = True
-            self._ask(CheckContinue(run.turns))
+            self._actions += (CheckContinue(run.turns),)
 
     def _retried(self, source: DeclaredState) -> None:
         """A step's retry (the only row from a step's state to the turn boundary): its
@@ -976,7 +971,7 @@ class Engine:
         if not dest.terminal:
             step = step_named(run.steps, dest)
             assert step is not None
-            self._ask(RunStep(step.name, run.turns))
+            self._actions += (RunStep(step.name, run.turns),)
             return
         step = step_named(run.steps, row.source)
         decision = run.step_decision
@@ -991,7 +986,7 @@ class Engine:
         reason = run.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
         running = run.batch.running_ids()
-        self._ask(CancelOperations(run.model_outstanding, running, reason))
+        self._actions += (CancelOperations(run.model_outstanding, running, reason),)
         run.abort_context = (
             f"during the model call of turn {run.turns}"
             if run.model_outstanding
@@ -1106,7 +1101,7 @@ class Engine:
         """Entering a state that returns to the caller: explain it, announce it."""
         run = self._run
         run.explanation = explanation
-        self._ask(ReturnToCaller(run.state, explanation))
+        self._actions += (ReturnToCaller(run.state, explanation),)
         if self._info:
             self._log.info(
                 "run_ended", turn=run.turns, state=run.state.value, explanation=explanation
@@ -1125,7 +1120,7 @@ class Engine:
         """Start every call that may run now (rule 4)."""
         turn = self._run.turns
         for call in self._run.batch.start_runnable():
-            self._ask(StartTool(call, turn))
+            self._actions += (StartTool(call, turn),)
 
     def _model_would_finish(self) -> bool:
         # Only a final answer ends a run: the last message is the model's, without a tool
