@@ -222,7 +222,7 @@ class NoCancelEngine(Engine):
 
     def _enter_Aborting(self, row: Transition) -> None:
         super()._enter_Aborting(row)
-        self._actions = [a for a in self._actions if not isinstance(a, CancelOperations)]
+        self._actions = tuple(a for a in self._actions if not isinstance(a, CancelOperations))
 
     _ENTRIES: ClassVar[Mapping[State, Callable[[Engine, Transition], None]]] = {
         **Engine._ENTRIES,

@@ -241,8 +241,8 @@ class LeavesOthersUnanswered(Engine):
         if self.output_call is None:
             super()._enter_DispatchingTools(row)
             return
-        kept = [slot for slot in batch.slots if slot.result is not None]
-        batch.slots[:] = kept
+        kept = tuple(slot for slot in batch.slots if slot.result is not None)
+        batch.slots = kept
         batch.by_id = {slot.call.id: slot for slot in kept}
         self._flush()
 

@@ -1,17 +1,22 @@
 """What an engine makes and keeps as a run goes on: one batch refilled each turn
 (never a new one), the zero usage shared until a response reports some, and a fork
-whose batch stays its own when the engine it came from refills its batch, and
-transition records shared by the engines that take the same transitions."""
+whose batch stays its own when the engine it came from refills its batch, transition
+records shared by the engines that take the same transitions, and the tools' tuple and
+index shared by the engines that offer the same definitions: an engine waiting for its
+model holds few objects of its own for the garbage collector to scan."""
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections import Counter
 from typing import Any
 
 import pytest
 from engine_support import ECHO
 
 from statemachine.core import batch as batch_module
+from statemachine.core import state as state_module
 from statemachine.core import trace as trace_module
 from statemachine.core.engine import Engine
 from statemachine.core.events import ModelResponded, Start, ToolFinished
@@ -22,8 +27,9 @@ from statemachine.core.messages import (
     Usage,
     UserMessage,
 )
+from statemachine.core.output import OutputSpec
 from statemachine.core.table import TurnState
-from statemachine.core.tools import ToolOutput
+from statemachine.core.tools import ToolDefinition, ToolOutput
 
 S = TurnState
 
@@ -132,3 +138,69 @@ def test_an_engine_keeps_no_bound_logger_it_will_not_log_with_and_binds_one_to_w
     assert warned == ["tool_call_id_normalised"]
     assert binds == [{"run_id": "r1"}, {"run_id": "r1"}]  # asked at construction, then to warn
     assert engine.pending_calls()[0].id == "call_t2_0"
+
+
+def _own_tracked(engine: Engine, other: Engine) -> Counter[str]:
+    """The objects the collector tracks that ``engine`` holds and ``other`` does not
+    (what every run holds of its own), by type."""
+
+    def reachable(start: object) -> dict[int, object]:
+        found: dict[int, object] = {}
+        todo = [start]
+        while todo:
+            obj = todo.pop()
+            if id(obj) in found or not gc.is_tracked(obj) or isinstance(obj, type):
+                continue
+            found[id(obj)] = obj
+            todo.extend(gc.get_referents(obj))
+        return found
+
+    gc.collect()  # the collector untracks the tuples and dicts that hold nothing it tracks
+    shared = reachable(other)
+    return Counter(type(o).__name__ for k, o in reachable(engine).items() if k not in shared)
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_waiting_for_its_model_holds_only_its_record_history_and_log() -> None:
+    first, second = _engine(), _engine()
+    _turn(first, "a")
+    _turn(second, "a")
+    assert first.state is S.AWAITING_MODEL
+    held = _own_tracked(first, second)
+    messages = Counter(
+        {"UserMessage": 1, "AssistantMessage": 1, "ToolCall": 1, "mappingproxy": 1}
+        | {"ToolResultMessage": 1, "TextContent": 2, "tuple": 3}
+    )
+    # the engine, its record, the batch (empty), the trace and its list, the history,
+    # the tool-call ids seen
+    engine = Counter({"Engine": 1, "EngineState": 1, "Batch": 1, "Trace": 1, "list": 2, "set": 1})
+    assert held == engine + messages
+
+
+@pytest.mark.timeout(30)
+def test_engines_offering_the_same_definitions_share_their_tuple_and_index() -> None:
+    first, second = _engine(), _engine()
+    assert first.tools is second.tools
+    assert first._run.tools_by_name is second._run.tools_by_name
+    same_name = ToolDefinition("echo", "Another echo.")
+    other = Engine(tools=[same_name], messages=[UserMessage("go")])
+    assert other.tools == (same_name,)
+    assert other._run.tools_by_name == {"echo": same_name}
+    assert first._run.tools_by_name == {"echo": ECHO}
+    output = OutputSpec.of({"type": "object", "properties": {"n": {"type": "integer"}}})
+    with_output = Engine(tools=[ECHO], messages=[UserMessage("go")], output=output)
+    assert with_output.tools is first.tools
+    assert set(with_output._run.tools_by_name) == {"echo", *(d.name for d in output.offered(()))}
+    assert set(first._run.tools_by_name) == {"echo"}
+
+
+@pytest.mark.timeout(30)
+def test_the_shared_tool_sets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "_TOOLSETS", {})
+    monkeypatch.setattr(state_module, "_TOOLSETS_MAX", 2)
+    engines = [
+        Engine(tools=[ToolDefinition(f"t{i}", "A tool.")], messages=[UserMessage("go")])
+        for i in range(5)
+    ]
+    assert len(state_module._TOOLSETS) <= 2
+    assert [e.tools[0].name for e in engines] == ["t0", "t1", "t2", "t3", "t4"]

@@ -163,7 +163,7 @@ class StartsEverything(Engine):
         for slot in self._run.batch:
             if slot.status == "ready":
                 slot.status = "running"
-                self._actions.append(sm.engine.StartTool(slot.call, self.turns))
+                self._actions += (sm.engine.StartTool(slot.call, self.turns),)
 
 
 def test_the_scheduling_property_catches_an_engine_that_starts_everything() -> None:

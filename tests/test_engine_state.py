@@ -24,7 +24,7 @@ from statemachine.core.batch import Batch
 from statemachine.core.engine import Engine, EngineState
 from statemachine.core.events import Action, CallModel, Event, ModelResponded, Start, ToolFinished
 from statemachine.core.messages import AssistantMessage, StopReason, ToolCall, UserMessage
-from statemachine.core.queue import InputQueue
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.table import INPUT_TRIGGERS
 from statemachine.core.tools import ToolOutput
 from statemachine.core.trace import Trace
@@ -121,7 +121,7 @@ def _assert_no_shared_mutables(original: Engine, fork: Engine) -> None:
         if field.name in configuration:
             continue  # fixed for the run: never written after the engine is made
         value = getattr(original._run, field.name)
-        if isinstance(value, _MUTABLE):
+        if isinstance(value, _MUTABLE) and value is not NO_INPUT:  # NO_INPUT never changes
             assert getattr(fork._run, field.name) is not value, f"the fork shares {field.name}"
     mine, theirs = original._run.batch, fork._run.batch
     for slot, copied_slot in zip(mine, theirs, strict=True):

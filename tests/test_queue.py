@@ -80,3 +80,29 @@ def test_a_follow_up_waits_for_the_answer_to_a_continued_conversation() -> None:
     assert any(isinstance(a, CallModel) for a in actions)
     assert engine.messages[-2:] == (AssistantMessage("answered"), UserMessage("and then this"))
     assert engine.queued_input() == ()
+
+
+@pytest.mark.timeout(30)
+def test_input_queued_in_one_run_never_shows_in_a_run_that_queued_none() -> None:
+    # Runs that queued nothing share one empty queue; a run queues into its own.
+    quiet = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    steered = Engine(tools=[ECHO], messages=[UserMessage("go")])
+    steered.handle(Start())
+    fork = steered.fork()
+    steered.handle(InputQueued(UserMessage("steer")))
+    steered.handle(InputQueued(UserMessage("later"), InputKind.FOLLOW_UP))
+    assert [q.message for q in steered.queued_input()] == [
+        UserMessage("steer"),
+        UserMessage("later"),
+    ]
+    assert (
+        quiet.queued_input(),
+        fork.queued_input(),
+        Engine(tools=[ECHO], messages=[UserMessage("go")]).queued_input(),
+    ) == ((), (), ())
+    fork.handle(InputQueued(UserMessage("fork's own")))
+    assert [q.message for q in steered.queued_input()] == [
+        UserMessage("steer"),
+        UserMessage("later"),
+    ]
+    assert quiet.queued_input() == ()

@@ -85,7 +85,7 @@ class CallSlot:
                 "resources_failed", call_id=self.call.id, tool=self.call.name, error=repr(exc)
             )
 
-    def may_run_beside(self, earlier: list[CallSlot]) -> bool:
+    def may_run_beside(self, earlier: Sequence[CallSlot]) -> bool:
         """Whether this call may run beside every call of ``earlier`` (the unfinished
         calls before it): neither is sequential, and they touch no common resource."""
         for other in earlier:
@@ -98,13 +98,15 @@ class Batch:
     """The tool calls of the last model response, with the results not yet flushed.
 
     ``slots`` is in call order; ``flushed`` counts the results already appended to the
-    history (always a prefix of the batch).
+    history (always a prefix of the batch). The slots are a tuple, replaced when the
+    batch is refilled: an empty batch (a run waiting for its model) then holds no
+    container the garbage collector tracks.
     """
 
     __slots__ = ("by_id", "flushed", "slots")
 
     def __init__(self, calls: Sequence[ToolCall] = ()) -> None:
-        self.slots: list[CallSlot] = []
+        self.slots: tuple[CallSlot, ...] = ()
         self.by_id: dict[str, CallSlot] = {}
         self.flushed = 0
         self.reset(calls)
@@ -112,26 +114,24 @@ class Batch:
     def reset(self, calls: Sequence[ToolCall] = ()) -> None:
         """Hold ``calls`` instead (none: empty), none of them flushed. An engine keeps
         one batch for its run and refills it each turn rather than making new ones."""
-        self.slots.clear()
+        self.slots = tuple([CallSlot(call) for call in calls]) if calls else ()
         self.by_id.clear()
         self.flushed = 0
-        for call in calls:
-            slot = CallSlot(call)
-            self.slots.append(slot)
-            self.by_id[call.id] = slot
+        for slot in self.slots:
+            self.by_id[slot.call.id] = slot
 
     @classmethod
-    def of(cls, slots: list[CallSlot], flushed: int) -> Batch:
+    def of(cls, slots: Sequence[CallSlot], flushed: int) -> Batch:
         """A batch holding these slots, ``flushed`` results already in history."""
         batch = cls()
-        batch.slots = slots
+        batch.slots = tuple(slots)
         batch.by_id = {slot.call.id: slot for slot in slots}
         batch.flushed = flushed
         return batch
 
     def copy(self) -> Batch:
         """An independent batch: each slot copied (calls and results are immutable)."""
-        return Batch.of([slot.copy() for slot in self.slots], self.flushed)
+        return Batch.of(tuple(slot.copy() for slot in self.slots), self.flushed)
 
     def __len__(self) -> int:
         return len(self.slots)

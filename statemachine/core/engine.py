@@ -102,6 +102,7 @@ from statemachine.core.output import (
     OutputSpec,
     check_output,
 )
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.snapshot import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
     DEFAULT_MAX_SNAPSHOT_DEPTH,
@@ -351,7 +352,9 @@ class Engine:
     _log: Any = None
     _debug: bool  # whether the logger keeps debug events (the transition log)
     _info: bool  # whether it keeps info events (the end of the run)
-    _actions: list[Action]  # what the event's entry effects asked for, while it is handled
+    # What the event's entry effects asked for, while it is handled: a tuple, so that an
+    # engine between events holds the empty one (no container the collector tracks).
+    _actions: tuple[Action, ...]
 
     guards: ClassVar[Mapping[Guard, GuardFunction]] = GUARDS
 
@@ -434,7 +437,7 @@ class Engine:
         self._info = _enabled(log, logging.INFO)
         if self._debug or self._info:
             self._log = log  # used at every transition or at the end of the run
-        self._actions = []
+        self._actions = ()
 
     def _bound_log(self) -> Any:
         """The logger, the run id bound (for a warning: bound now if not yet)."""
@@ -549,12 +552,11 @@ class Engine:
                 f"accepted here: {', '.join(accepted) or 'nothing'}"
             )
         self._check_payload(event)
-        self._actions.clear()  # left by an event whose handling raised
+        self._actions = ()  # left by an event whose handling raised
         self._record(event)
         self._fire(rows)
         self._settle()
-        actions = tuple(self._actions)
-        self._actions.clear()
+        actions, self._actions = self._actions, ()
         return actions
 
     def _check_payload(self, event: Event) -> None:
@@ -693,9 +695,12 @@ class Engine:
             self._answer_unresolved(
                 "Tool call not run: it was not approved (the user sent a message instead)"
             )
-            self._run.queue.add(event.message, InputKind.STEER)
+            kind = InputKind.STEER
         else:
-            self._run.queue.add(event.message, event.kind)
+            kind = event.kind
+        if self._run.queue is NO_INPUT:  # shared by the runs that queued nothing
+            self._run.queue = InputQueue()
+        self._run.queue.add(event.message, kind)
 
     def _record_permitted(self, event: ToolPermitted) -> None:
         self._run.batch.by_id[event.call_id].status = READY
@@ -837,7 +842,7 @@ class Engine:
         run.model_outstanding = True
         run.batch.reset()
         offered = run.tools if run.output is None else run.output.offered(run.tools)
-        self._actions.append(CallModel(HistoryView(run.history), offered, run.turns))
+        self._actions += (CallModel(HistoryView(run.history), offered, run.turns),)
 
     def _enter_DispatchingTools(self, row: Transition) -> None:
         run = self._run
@@ -871,7 +876,7 @@ class Engine:
                 slot.classify(scheduling, self._bound_log)
             if run.check_permissions:
                 slot.status = WAITING_PERMISSION
-                self._actions.append(CheckPermission(slot.call, run.turns))
+                self._actions += (CheckPermission(slot.call, run.turns),)
         if refused:
             self._flush()  # the refusals that are next in call order
 
@@ -940,7 +945,7 @@ class Engine:
             run.output_remind = True
         if run.check_continue:
             run.continue_pending = True
-            self._actions.append(CheckContinue(run.turns))
+            self._actions += (CheckContinue(run.turns),)
 
     def _retried(self, source: DeclaredState) -> None:
         """A step's retry (the only row from a step's state to the turn boundary): its
@@ -966,7 +971,7 @@ class Engine:
         if not dest.terminal:
             step = step_named(run.steps, dest)
             assert step is not None
-            self._actions.append(RunStep(step.name, run.turns))
+            self._actions += (RunStep(step.name, run.turns),)
             return
         step = step_named(run.steps, row.source)
         decision = run.step_decision
@@ -981,7 +986,7 @@ class Engine:
         reason = run.abort_reason or "aborted"
         self._answer_unresolved(f"Tool call not started: the run was aborted ({reason})")
         running = run.batch.running_ids()
-        self._actions.append(CancelOperations(run.model_outstanding, running, reason))
+        self._actions += (CancelOperations(run.model_outstanding, running, reason),)
         run.abort_context = (
             f"during the model call of turn {run.turns}"
             if run.model_outstanding
@@ -1096,7 +1101,7 @@ class Engine:
         """Entering a state that returns to the caller: explain it, announce it."""
         run = self._run
         run.explanation = explanation
-        self._actions.append(ReturnToCaller(run.state, explanation))
+        self._actions += (ReturnToCaller(run.state, explanation),)
         if self._info:
             self._log.info(
                 "run_ended", turn=run.turns, state=run.state.value, explanation=explanation
@@ -1115,7 +1120,7 @@ class Engine:
         """Start every call that may run now (rule 4)."""
         turn = self._run.turns
         for call in self._run.batch.start_runnable():
-            self._actions.append(StartTool(call, turn))
+            self._actions += (StartTool(call, turn),)
 
     def _model_would_finish(self) -> bool:
         # Only a final answer ends a run: the last message is the model's, without a tool
@@ -1211,7 +1216,6 @@ class Engine:
         fields = new.__dict__
         fields.update(self.__dict__)
         fields["_run"] = self._run.copy()
-        fields["_actions"] = list(self._actions)
         for name in fields.keys() - _DECLARED:  # a subclass's own attributes
             value = fields[name]
             if type(value) in (list, dict, set):

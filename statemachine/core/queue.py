@@ -1,18 +1,22 @@
 """Input queued for a turn boundary: steering messages and follow-ups (rule 6).
 
 A steering message or a follow-up may be queued in any live state. The engine holds
-one ``InputQueue``; when a model call starts it asks ``take`` for what enters the
-history now: every steering message (in queue order), or, when there is none and
-the model would otherwise finish, every follow-up. What is still queued when a run
-ends is reported, never dropped (``queued``).
+one ``InputQueue``: ``NO_INPUT``, the empty queue every run shares and none changes,
+until input is first queued (most runs never queue any), then one of its own. When
+a model call starts it asks ``take`` for what enters the history now: every steering
+message (in queue order), or, when there is none and the model would otherwise
+finish, every follow-up. What is still queued when a run ends is reported, never
+dropped (``queued``).
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from statemachine.core.events import InputKind, InputQueued
 from statemachine.core.messages import UserMessage
 
-__all__ = ["InputQueue"]
+__all__ = ["NO_INPUT", "InputQueue"]
 
 
 class InputQueue:
@@ -27,6 +31,9 @@ class InputQueue:
         self.follow_up: list[UserMessage] = follow_up if follow_up is not None else []
 
     def copy(self) -> InputQueue:
+        """An independent queue with the same input (none: the shared empty one)."""
+        if not self:
+            return NO_INPUT
         return InputQueue(list(self.steer), list(self.follow_up))
 
     def __bool__(self) -> bool:
@@ -58,3 +65,8 @@ class InputQueue:
         return tuple(InputQueued(m, InputKind.STEER) for m in self.steer) + tuple(
             InputQueued(m, InputKind.FOLLOW_UP) for m in self.follow_up
         )
+
+
+# The empty queue of every run that has queued nothing: never changed (an engine puts a
+# queue of its own in its place before it queues input).
+NO_INPUT: Final = InputQueue()

@@ -56,7 +56,7 @@ from statemachine.core.messages import (
     thaw_json,
 )
 from statemachine.core.output import OUTPUT_ACCEPTED, TEXT_OUTPUT, OutputSpec
-from statemachine.core.queue import InputQueue
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.state import EngineState
 from statemachine.core.table import (
     BASE_TABLE,
@@ -327,10 +327,11 @@ def _load_progress(run: EngineState, data: Mapping[str, Any]) -> None:
         raise SnapshotError("snapshot.batch: call ids repeat")
     run.seen_ids.update(run.batch.by_id)
     run.denial = _denial_from(run.batch, field(data, "denial", p))
-    run.queue = InputQueue(
-        [_user(d, f"snapshot.steer[{i}]") for i, d in enumerate(array(data, "steer", p))],
-        [_user(d, f"snapshot.followUp[{i}]") for i, d in enumerate(array(data, "followUp", p))],
-    )
+    steer = [_user(d, f"snapshot.steer[{i}]") for i, d in enumerate(array(data, "steer", p))]
+    follow_up = [
+        _user(d, f"snapshot.followUp[{i}]") for i, d in enumerate(array(data, "followUp", p))
+    ]
+    run.queue = InputQueue(steer, follow_up) if steer or follow_up else NO_INPUT
     run.continue_pending = boolean(data, "continuePending", p)
     run.stop_reason = string(data, "stopReason", p, optional=True)
     run.abort_reason = string(data, "abortReason", p, optional=True)

@@ -29,7 +29,7 @@ from statemachine.core.batch import RUNNING, Batch, CallSlot
 from statemachine.core.limits import UsageLimits
 from statemachine.core.messages import AssistantMessage, Message, ToolCall, Usage
 from statemachine.core.output import OutputSpec
-from statemachine.core.queue import InputQueue
+from statemachine.core.queue import NO_INPUT, InputQueue
 from statemachine.core.steps import StepSpec, step_named
 from statemachine.core.table import BASE_TABLE, DeclaredState, State, Table
 from statemachine.core.tools import Scheduling, ToolDefinition
@@ -122,6 +122,27 @@ def _sorted_items(mapping: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(mapping.items()))
 
 
+# Runs of one agent offer the same definitions, each run in a sequence of its own: the
+# tuple and the index by name are made once and shared by those runs, as forks share
+# them (configuration never changes), so a waiting run holds neither. Keyed by the
+# definitions' ids; each entry holds the definitions, so that no id is reused while it
+# exists. Bounded: cleared when full (a cache, not a store).
+_Toolset = tuple[tuple[ToolDefinition, ...], Mapping[str, ToolDefinition]]
+_TOOLSETS: dict[tuple[int, ...], _Toolset] = {}
+_TOOLSETS_MAX: Final = 1 << 8
+
+
+def _toolset(tools: tuple[ToolDefinition, ...]) -> _Toolset:
+    """``tools`` and the index by name, as the runs that offered them before hold them."""
+    key = tuple(map(id, tools))
+    known = _TOOLSETS.get(key)
+    if known is None:
+        if len(_TOOLSETS) >= _TOOLSETS_MAX:
+            _TOOLSETS.clear()
+        known = _TOOLSETS[key] = (tools, {d.name: d for d in tools})
+    return known
+
+
 @attrs.define(eq=False, repr=False, kw_only=True, weakref_slot=False)
 class EngineState:
     """Everything an engine decides by, by role (see the module docstring).
@@ -134,7 +155,7 @@ class EngineState:
     run_id: str = attrs.field(metadata=_configuration())
     tools: tuple[ToolDefinition, ...] = attrs.field(metadata=_configuration())
     # the tools by name, with the run's final-result tools (rule 13) when it has some
-    tools_by_name: dict[str, ToolDefinition] = attrs.field(metadata=_configuration())
+    tools_by_name: Mapping[str, ToolDefinition] = attrs.field(metadata=_configuration())
     # how each tool's calls may run concurrently (rule 4); a tool absent runs beside all
     scheduling: dict[str, Scheduling] = attrs.field(metadata=_configuration())
     max_turns: int = attrs.field(metadata=_configuration(keyed=True))
@@ -172,8 +193,9 @@ class EngineState:
     tool_calls: int = attrs.field(default=0, metadata=_control())
     model_outstanding: bool = attrs.field(default=False, metadata=_control())
     batch: Batch = attrs.field(factory=Batch, metadata=_control(copy=Batch.copy, key=_batch_key))
+    # input queued for a turn boundary (NO_INPUT until some is)
     queue: InputQueue = attrs.field(
-        factory=InputQueue, metadata=_control(copy=InputQueue.copy, key=_queue_key)
+        default=NO_INPUT, metadata=_control(copy=InputQueue.copy, key=_queue_key)
     )
     # retry requests in a row, per tool (rule 14)
     tool_failures: Mapping[str, int] = attrs.field(
@@ -223,9 +245,9 @@ class EngineState:
     ) -> EngineState:
         """A run's state before its first event (checked values only: ``Engine``
         checks what a caller gives, ``core/snapshot.py`` what a snapshot holds)."""
-        by_name = {d.name: d for d in tools}
+        tools, by_name = _toolset(tools)
         if output is not None:  # native, plain text: no tool (core/output.py)
-            by_name.update((d.name, d) for d in output.offered(()))
+            by_name = {**by_name, **{d.name: d for d in output.offered(())}}
         seen = {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
         return cls(
             run_id=run_id,
