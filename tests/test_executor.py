@@ -7,7 +7,7 @@ import asyncio
 import contextvars
 import gc
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -16,11 +16,10 @@ import structlog
 from driver_support import asks, make_tool, on_virtual_time, watched
 
 import statemachine as sm
-from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation, start_task
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.options import DEFAULTS
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import use_backend
 from statemachine.agent.stream import EventStream
 from statemachine.core.abort import AbortController, AbortSignal
@@ -59,11 +58,7 @@ class _Keeping:
         IN_PROCESS.reported(key)
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         return await IN_PROCESS.ask(driver, call, make, signal)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
 import statemachine as sm
-from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import (
     CONTINUE,
     IN_PROCESS,
@@ -21,7 +20,7 @@ from statemachine.agent.executor import (
     Operation,
     start_task,
 )
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import use_backend
 from statemachine.core.abort import AbortSignal
 from statemachine.core.events import Event
@@ -75,11 +74,7 @@ class Recording:
         """Nothing kept: the loop holds the report."""
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         return await IN_PROCESS.ask(driver, call, make, signal)
 

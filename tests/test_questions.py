@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ import pytest
 import statemachine as sm
 import statemachine.messages
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import use_backend
 from statemachine.agent.running import ask_person
 from statemachine.core.abort import AbortSignal
@@ -267,11 +267,7 @@ class _NoOneToAsk:
         IN_PROCESS.reported(key)
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         return None
 

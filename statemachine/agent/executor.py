@@ -45,13 +45,13 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from statemachine.agent.calls import cancel_requested, carried, describe
 from statemachine.agent.context import start_spending, stop_spending
-from statemachine.agent.events import RunEvent, ToolQuestion
+from statemachine.agent.events import RunEvent
 from statemachine.agent.hook_calls import HookCaller
 from statemachine.agent.loop import ActionLoop
 from statemachine.agent.model import ModelClient
 from statemachine.agent.model_call import RunModel
 from statemachine.agent.options import Options
-from statemachine.agent.questions import Answer, RunQuestions
+from statemachine.agent.questions import Answer, MakeQuestion, RunQuestions
 from statemachine.agent.running import running_call
 from statemachine.agent.tools import Tool, tool_output_from
 from statemachine.core.abort import AbortController, AbortSignal
@@ -170,11 +170,7 @@ class Backend(Protocol):
         """The driver has just posted the report of operation ``key`` to the loop."""
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         """Ask a person the question ``make(question_id)`` that the running ``call``
         asks (an MCP server's elicitation), and wait for the answer: "cancel" once
@@ -200,11 +196,7 @@ class InProcess:
         """Nothing to do: the loop holds the report."""
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         """Pending on the run (``AgentRun.pending_questions``) until a person answers
         it (``AgentRun.answer``); "cancel" once ``signal`` fires."""

@@ -27,10 +27,14 @@ from statemachine.core.abort import AbortSignal
 from statemachine.core.tools import ToolDefinition, validate_arguments
 from statemachine.errors import InvalidInputError, NotPendingError
 
-__all__ = ["MAX_PENDING_QUESTIONS", "Answer", "RunQuestions", "check_answer"]
+__all__ = ["MAX_PENDING_QUESTIONS", "Answer", "MakeQuestion", "RunQuestions", "check_answer"]
 
 MAX_PENDING_QUESTIONS = 8
 """Questions one run may have pending at once; the asker of one more is refused."""
+
+MakeQuestion: TypeAlias = Callable[[str], ToolQuestion]
+"""What builds a running tool's question once its id is known (the backend that asks
+gives the id: ``Backend.ask``)."""
 
 Answer: TypeAlias = Mapping[str, Any] | Literal["decline", "cancel"]
 """A person's answer: a mapping accepts (its values as the question's schema says),
@@ -89,7 +93,7 @@ class RunQuestions:
 
     async def ask(
         self,
-        make: Callable[[str], ToolQuestion],
+        make: MakeQuestion,
         signal: AbortSignal,
         aborting: Callable[[], bool],
         *,

@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import IO, Any, Final
 
 import attrs
 from dbos import DBOSClient
 
-from statemachine.agent.events import RunResult, ToolQuestion
+from statemachine.agent.events import RunResult
 from statemachine.agent.executor import AsyncioExecutor, Operation
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import AgentRun
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortSignal
@@ -163,11 +163,7 @@ class _ReplayBackend:
         self._steps.reported(key)
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         """No one is asked: the answer the run recorded for the same question, if any
         (a tool's recorded step gives back its output, so none runs here)."""

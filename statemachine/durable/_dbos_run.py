@@ -29,9 +29,8 @@ from typing import Any
 
 from dbos import DBOS, DBOSClient, StepOptions
 
-from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import AgentRun
 from statemachine.core.abort import AbortSignal
 from statemachine.core.events import Event, ModelResponded, StepDecided
@@ -186,11 +185,7 @@ class DBOSBackend:
         self.handover.flush()
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         """Pending on the run and published for any process until a person answers it
         from a handle (``DBOSRunHandle.answer``, a message of the run); the answer

@@ -31,7 +31,13 @@ from typing import Any
 
 from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor
-from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, RunQuestions, check_answer
+from statemachine.agent.questions import (
+    MAX_PENDING_QUESTIONS,
+    Answer,
+    MakeQuestion,
+    RunQuestions,
+    check_answer,
+)
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import ToolCall
 from statemachine.durable._wire import question_from_dict, question_to_dict
@@ -118,11 +124,7 @@ class DurableQuestions:
             return None
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer:
         """Ask ``make(id)`` on the run (``RunQuestions.ask``), published while it is
         pending, answered at once if it was answered before a crash."""
@@ -143,12 +145,12 @@ class DurableQuestions:
             changed=self._changed if self._publish is not None else None,
         )
 
-    def replayed(self, call: ToolCall, make: Callable[[str], ToolQuestion]) -> Answer | None:
+    def replayed(self, call: ToolCall, make: MakeQuestion) -> Answer | None:
         """The recorded answer to the question ``make(id)``, asked by ``call`` where
         nobody can be asked (an export)."""
         return self.recorded(self._next(call, make))
 
-    def _next(self, call: ToolCall, make: Callable[[str], ToolQuestion]) -> ToolQuestion:
+    def _next(self, call: ToolCall, make: MakeQuestion) -> ToolQuestion:
         """The call's next question, named ``"{call_id}:{n}"``."""
         count = self._asked[call.id] = self._asked.get(call.id, 0) + 1
         return make(f"{call.id}:{count}")

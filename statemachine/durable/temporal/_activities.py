@@ -41,12 +41,11 @@ from temporalio.exceptions import ApplicationError
 
 from statemachine._log import library_logger
 from statemachine.agent.context import RunContext
-from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import IN_PROCESS, AsyncioExecutor, Operation
 from statemachine.agent.model import ModelClient, ModelSettings
 from statemachine.agent.model_call import Instructions, RunModel
 from statemachine.agent.options import Options
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.tools import Tool
 from statemachine.core.abort import AbortController, AbortSignal
 from statemachine.core.engine import ABANDONED
@@ -169,11 +168,7 @@ class _InActivity:
         IN_PROCESS.reported(key)
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         if self.asker is None:
             return None

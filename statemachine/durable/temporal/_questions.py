@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -39,8 +39,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from statemachine.agent.events import ToolQuestion
-from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, check_answer
+from statemachine.agent.questions import MAX_PENDING_QUESTIONS, Answer, MakeQuestion, check_answer
 from statemachine.core.abort import AbortSignal
 from statemachine.core.messages import ToolCall
 from statemachine.durable._inputs import MAX_MESSAGE_CHARS
@@ -157,9 +156,7 @@ class Asker:
         self._run_id = str(activity.info().workflow_id)
         self._asked: dict[str, int] = {}  # questions asked, by call id
 
-    async def ask(
-        self, call: ToolCall, make: Callable[[str], ToolQuestion], signal: AbortSignal
-    ) -> Answer:
+    async def ask(self, call: ToolCall, make: MakeQuestion, signal: AbortSignal) -> Answer:
         """The answer to ``make(id)``; "cancel" once ``signal`` fires."""
         self._asked[call.id] = n = self._asked.get(call.id, 0) + 1
         question = make(f"{call.id}:{n}")

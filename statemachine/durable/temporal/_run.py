@@ -28,9 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from statemachine.agent import executor
-from statemachine.agent.events import ToolQuestion
 from statemachine.agent.executor import AsyncioExecutor, Operation, start_task
-from statemachine.agent.questions import Answer
+from statemachine.agent.questions import Answer, MakeQuestion
 from statemachine.agent.run import AgentRun
 from statemachine.core.abort import AbortSignal
 from statemachine.core.engine import ABANDONED
@@ -215,11 +214,7 @@ class TemporalBackend:
         self.handover.flush()
 
     async def ask(
-        self,
-        driver: AsyncioExecutor,
-        call: ToolCall,
-        make: Callable[[str], ToolQuestion],
-        signal: AbortSignal,
+        self, driver: AsyncioExecutor, call: ToolCall, make: MakeQuestion, signal: AbortSignal
     ) -> Answer | None:
         """Never asked: a Temporal run's tools run in activities, which ask through
         the workflow (``_questions``), never in the workflow itself."""
