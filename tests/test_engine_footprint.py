@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import types
 from collections import Counter
 from typing import Any
 
@@ -140,6 +141,12 @@ def test_an_engine_keeps_no_bound_logger_it_will_not_log_with_and_binds_one_to_w
     assert engine.pending_calls()[0].id == "call_t2_0"
 
 
+# Where the walk stops: code and the modules it leads to are the program's, not a run's;
+# through a function's globals the walk would reach the whole heap (whatever other
+# tests left there, and this test's own frame holding both engines).
+_CODE = (type, types.ModuleType, types.FunctionType, types.MethodType, types.FrameType)
+
+
 def _own_tracked(engine: Engine, other: Engine) -> Counter[str]:
     """The objects the collector tracks that ``engine`` holds and ``other`` does not
     (what every run holds of its own), by type."""
@@ -149,7 +156,7 @@ def _own_tracked(engine: Engine, other: Engine) -> Counter[str]:
         todo = [start]
         while todo:
             obj = todo.pop()
-            if id(obj) in found or not gc.is_tracked(obj) or isinstance(obj, type):
+            if id(obj) in found or not gc.is_tracked(obj) or isinstance(obj, _CODE):
                 continue
             found[id(obj)] = obj
             todo.extend(gc.get_referents(obj))
